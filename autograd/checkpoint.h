@@ -1,0 +1,23 @@
+// ndtrain: activation checkpointing (recompute in backward).
+//
+//   auto outs = autograd::checkpoint([&](const std::vector<Tensor>& in) {
+//     return std::vector<Tensor>{block.forward(in[0])};
+//   }, {x});
+//
+// The forward runs fn without recording a graph, so its intermediate activations are freed
+// at once; only the inputs are kept. In backward, fn runs again with grad enabled and the
+// gradients flow through the recomputed graph, into the inputs and into any parameter fn
+// uses. fn must be deterministic (same inputs -> same outputs).
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace ndt::autograd {
+
+using CheckpointFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs);
+
+}  // namespace ndt::autograd

@@ -1,0 +1,50 @@
+// ndtrain: the two hooks FSDP builds on.
+//
+// (a) GradGroup: fires a callback once every parameter of a group has received its
+//     gradient in the current backward (FSDP: reduce-scatter that unit's flat grads).
+//
+//       auto g = autograd::GradGroup::create({w1, b1, w2}, [&] { reduce_scatter(unit); });
+//       ndt::backward(loss);      // callback runs right after the last of w1, b1, w2
+//
+//     A parameter that gets no gradient in a backward does not block the group: at the end
+//     of the outermost backward, any group that got some but not all gradients fires then.
+//     Gradients accumulated inside an activation-checkpoint recompute count too.
+//
+// (b) on_backward(x, fn): an identity op whose backward first calls fn() -- put it on a
+//     region's output, and fn runs just before the region's backward starts (FSDP:
+//     re-gather this unit's parameters and prefetch the next).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace ndt::autograd {
+
+class GradGroup : public std::enable_shared_from_this<GradGroup> {
+ public:
+  // Every tensor must be a leaf requiring grad and in no other group.
+  static std::shared_ptr<GradGroup> create(const std::vector<Tensor>& params,
+                                           std::function<void()> on_ready);
+  int size() const { return size_; }
+  int received() const { return received_; }
+  int fired() const { return fired_; }  // times the callback ran
+
+  // Called by AccumulateGrad and the engine.
+  void note_gradient();
+  void flush();  // end of the outermost backward: fire if partially received
+
+ private:
+  GradGroup(int size, std::function<void()> on_ready) : size_(size), on_ready_(std::move(on_ready)) {}
+  void fire();
+  int size_;
+  int received_ = 0;
+  int fired_ = 0;
+  std::function<void()> on_ready_;
+};
+
+Tensor on_backward(const Tensor& x, std::function<void()> fn);
+
+}  // namespace ndt::autograd

@@ -1,0 +1,88 @@
+#include "autograd/node.h"
+
+#include <atomic>
+
+#include "autograd/hooks.h"
+#include "tensor/kernels.h"
+
+namespace ndt::autograd {
+namespace {
+std::atomic<uint64_t> next_seq{0};
+thread_local bool tl_grad_enabled = true;
+}  // namespace
+
+Node::Node(std::string name, int num_outputs, std::vector<Edge> next, BackwardFn fn)
+    : name_(std::move(name)), seq_(next_seq.fetch_add(1)), num_outputs_(num_outputs),
+      next_(std::move(next)), fn_(std::move(fn)) {}
+
+Grads Node::apply(const Grads& grad_outputs) {
+  NDT_CHECK(fn_, "backward through '", name_, "' a second time: its saved tensors were freed; "
+            "pass retain_graph=true to the first backward");
+  Grads g = fn_(grad_outputs);
+  NDT_CHECK(g.size() == next_.size(), "internal: backward of '", name_, "' returned ", g.size(),
+            " gradients for ", next_.size(), " inputs");
+  return g;
+}
+
+AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
+    : Node("AccumulateGrad", 1, {}, [](const Grads&) { return Grads{}; }), leaf_(std::move(leaf)) {}
+
+Grads AccumulateGrad::apply(const Grads& grad_outputs) {
+  const Tensor& g = grad_outputs[0];
+  if (g.defined()) {
+    Tensor leaf(leaf_);
+    NDT_CHECK(g.shape() == leaf.shape(), "gradient ", g.shape_str(), " does not match parameter ",
+              leaf.name(), leaf.shape_str());
+    if (!leaf_->grad) {
+      Tensor z = Tensor::zeros(leaf.shape(), leaf.dtype(), leaf.device());
+      leaf_->grad = z.impl_ptr();
+    }
+    Tensor grad(leaf_->grad);
+    kernels::add_(grad, g.dtype() == grad.dtype() ? g.contiguous() : g.to(grad.dtype()));  // grad += g
+  }
+  if (leaf_->group) leaf_->group->note_gradient();
+  return {};
+}
+
+bool grad_enabled() { return tl_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(tl_grad_enabled) { tl_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { tl_grad_enabled = prev_; }
+EnableGradGuard::EnableGradGuard() : prev_(tl_grad_enabled) { tl_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { tl_grad_enabled = prev_; }
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!tl_grad_enabled) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+Edge edge_of(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  TensorImpl& impl = t.impl();
+  if (impl.grad_fn) return {impl.grad_fn, impl.output_nr};
+  std::shared_ptr<Node> acc = impl.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    impl.grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+void record(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+            BackwardFn fn) {
+  if (!needs_grad(inputs)) return;
+  std::vector<Edge> next;
+  next.reserve(inputs.size());
+  for (const Tensor& t : inputs) next.push_back(edge_of(t));
+  auto node = std::make_shared<Node>(name, static_cast<int>(outputs.size()), std::move(next), std::move(fn));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl& o = outputs[i].impl();
+    o.requires_grad = true;
+    o.grad_fn = node;
+    o.output_nr = static_cast<int>(i);
+    node->output_meta.push_back({o.shape, o.dtype, outputs[i].device()});
+  }
+}
+
+}  // namespace ndt::autograd

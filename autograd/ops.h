@@ -1,0 +1,83 @@
+// ndtrain: the differentiable ops. Each computes its result with tensor/kernels.h and
+// records its backward beside it (autograd/node.h). Sources: autograd/ops/*.cpp, one file
+// per family, forward and backward side by side.
+//
+//   Tensor h = ndt::gelu(ndt::linear(x, w, b));     // x (N,C), w (C,OC), b (OC)
+//   Tensor loss = ndt::cross_entropy(logits, targets);
+//   ndt::backward(loss);
+//
+// Shape legend: N rows, C channels, OC output channels, V vocab, B batch, T time,
+// NH heads, HS head size. Inputs of one op share dtype (f32, bf16 or f64) and device;
+// ops check this and throw ndt::Error naming the op, shapes and dtypes otherwise.
+// Outputs are contiguous. Gradients flow to every floating input that requires grad.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace ndt {
+
+// ---- matmul (ops/matmul.cpp) -----------------------------------------------------
+// a (M,K) @ b (K,N) -> (M,N); a (Bt,M,K) @ b (Bt,K,N) -> (Bt,M,N); a (Bt,M,K) @ b (K,N)
+// -> (Bt,M,N). trans_a / trans_b use the transposed last two dims of a / b.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// x (..., C) @ w (C, OC) + b (OC) -> (..., OC). w is stored in x out (GPT-2 Conv1D) layout.
+// b may be undefined (no bias).
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+
+// ---- elementwise (ops/elementwise.cpp) -------------------------------------------
+// b has a's shape, or is a row vector (last dim of a) broadcast over the other dims.
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& a, double s);
+Tensor gelu(const Tensor& x);                // tanh approximation
+Tensor cast(const Tensor& x, DType dtype);   // gradient cast back to x's dtype
+
+// ---- reductions (ops/reduce.cpp) -------------------------------------------------
+// To a one-element tensor of x's dtype; summed in f64 on CPU (f32 on CUDA).
+Tensor sum(const Tensor& x);
+Tensor mean(const Tensor& x);
+Tensor sum_squares(const Tensor& x);
+
+// ---- normalization and softmax (ops/norm.cpp) ------------------------------------
+// x (..., C), w (C), b (C) -> (..., C); saves mean and rstd for the backward.
+Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps = 1e-5);
+Tensor softmax(const Tensor& x);  // over the last dim
+// logits (N, V), targets (N) i32 -> scalar mean of -log softmax(logits)[target] over rows
+// whose target != ignore_index (0 if none). v_limit < V ignores padded vocab columns
+// (-1: all V). Fused: the (N,V) probabilities are never stored.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -1,
+                     int64_t v_limit = -1);
+
+// ---- embedding (ops/embedding.cpp) -----------------------------------------------
+// ids (...) i32, table (V, C) -> (..., C). Backward scatter-adds, deterministically.
+Tensor embedding(const Tensor& ids, const Tensor& table);
+
+// ---- attention (ops/attention.cpp) -----------------------------------------------
+struct AttentionOut {
+  Tensor out;  // (B, NH, Tq, HS)
+  Tensor lse;  // (B, NH, Tq) f32 (f64 for f64): log-sum-exp of each query's scaled scores
+};
+// Causal scaled-dot-product attention: q (B,NH,Tq,HS), k and v (B,NH,Tk,HS). Query i is
+// at global position q_offset+i, key j at k_offset+j; i sees j iff k_offset+j <= q_offset+i.
+// scale defaults to 1/sqrt(HS). A query that sees no key gets out = 0 and lse = -inf.
+// Both outputs are differentiable, so partial results over key blocks can be merged
+// through the lse (ring attention).
+AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset = 0,
+                       int64_t k_offset = 0, double scale = 0.0);
+
+// ---- shapes (ops/shape.cpp) ------------------------------------------------------
+Tensor view(const Tensor& x, const Shape& shape);           // x contiguous
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);  // result contiguous
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);  // result contiguous
+// Split the last dim into pieces of the given sizes (they must add up), and its inverse.
+std::vector<Tensor> split_last(const Tensor& x, const std::vector<int64_t>& sizes);
+Tensor concat_last(const std::vector<Tensor>& xs);
+// (B, T, NH, HS) <-> (B, NH, T, HS)
+Tensor heads_to_front(const Tensor& x);
+Tensor heads_to_back(const Tensor& x);
+
+}  // namespace ndt

@@ -1,0 +1,70 @@
+// matmul and linear. Legend: M, K, N matrix dims; Bt batch; C in, OC out channels.
+#include "autograd/ops/common.h"
+
+namespace ndt {
+using namespace ops_detail;
+
+namespace {
+Shape matmul_shape(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  NDT_CHECK((a.dim() == 2 && b.dim() == 2) || (a.dim() == 3 && (b.dim() == 2 || b.dim() == 3)),
+            "matmul: expected 2-D @ 2-D, 3-D @ 3-D or 3-D @ 2-D, got ", a.shape_str(), " @ ", b.shape_str());
+  const int64_t m = ta ? a.size(-1) : a.size(-2), k = ta ? a.size(-2) : a.size(-1);
+  const int64_t kb = tb ? b.size(-1) : b.size(-2), n = tb ? b.size(-2) : b.size(-1);
+  NDT_CHECK(k == kb, "matmul: inner dimensions differ: ", a.shape_str(), (ta ? "^T" : ""), " @ ",
+            b.shape_str(), (tb ? "^T" : ""), " (", k, " vs ", kb, ")");
+  NDT_CHECK(!(a.dim() == 3 && b.dim() == 2 && ta), "matmul: a transposed 3-D a with a 2-D b is not supported");
+  if (a.dim() == 3 && b.dim() == 3)
+    NDT_CHECK(a.size(0) == b.size(0), "matmul: batch sizes differ: ", a.shape_str(), " @ ", b.shape_str());
+  return a.dim() == 3 ? Shape{a.size(0), m, n} : Shape{m, n};
+}
+}  // namespace
+
+// a (M,K) @ b (K,N) -> (M,N), optionally batched, optionally transposed operands
+Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
+  check_same("matmul", {&a_in, &b_in});
+  Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  Tensor out = Tensor::empty(matmul_shape(a, b, ta, tb), a.dtype(), a.device());
+  kernels::gemm(a, ta, b, tb, out);
+  autograd::record("matmul", {out}, {a_in, b_in},
+                   [a = a.detach(), b = b.detach(), ta, tb, na = a_in.requires_grad(),
+                    nb = b_in.requires_grad()](const Grads& g) -> Grads {
+    // forward: out = op(a) @ op(b); so d op(a) = dout @ op(b)^T and d op(b) = op(a)^T @ dout
+    const Tensor dout = g[0].contiguous();
+    Tensor da, db;
+    if (na) {
+      da = empty_like(a);
+      if (!ta) kernels::gemm(dout, false, b, !tb, da);  // da = dout @ op(b)^T
+      else kernels::gemm(b, tb, dout, true, da);        // da = (dout @ op(b)^T)^T = op(b) @ dout^T
+    }
+    if (nb) {
+      db = Tensor::zeros(b.shape(), b.dtype(), b.device());
+      if (b.dim() == 2 && a.dim() == 3) {
+        // b shared by every batch: sum the per-batch gradients, i.e. flatten (Bt*M) rows
+        const Tensor a2 = a.view({-1, a.size(-1)}), d2 = dout.view({-1, dout.size(-1)});
+        if (!tb) kernels::gemm(a2, true, d2, false, db);  // db = a^T @ dout
+        else kernels::gemm(d2, true, a2, false, db);      // db = dout^T @ a
+      } else {
+        if (!tb) kernels::gemm(a, !ta, dout, false, db);  // db = op(a)^T @ dout
+        else kernels::gemm(dout, true, a, ta, db);        // db = (op(a)^T @ dout)^T = dout^T @ op(a)
+      }
+    }
+    return {da, db};
+  });
+  return out;
+}
+
+// x (..., C) @ w (C, OC) + b (OC) -> (..., OC)
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_same("linear", {&x, &w, &b});
+  NDT_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(0), "linear: input ", x.shape_str(),
+            " does not match weight ", w.shape_str(), " (expected x (..., C) and w (C, OC))");
+  NDT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(1)), "linear: bias ", b.shape_str(),
+            " does not match weight ", w.shape_str(), " (expected (OC))");
+  Shape out_shape = x.shape();
+  out_shape.back() = w.size(1);
+  Tensor y = matmul(view(x, {-1, x.size(-1)}), w);
+  if (b.defined()) y = add(y, b);
+  return view(y, out_shape);
+}
+
+}  // namespace ndt

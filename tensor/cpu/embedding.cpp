@@ -1,0 +1,53 @@
+// CPU embedding lookup and its deterministic scatter-add backward.
+// Legend: N tokens, V vocab, C channels.
+#include <algorithm>
+#include <cstring>
+
+#include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/kernels.h"
+
+namespace ndt::cpu {
+
+// ids (N), table (V,C) -> out (N,C): out[n] = table[ids[n]]
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  const int64_t N = ids.numel(), V = table.size(0), C = table.size(1);
+  const int32_t* pid = ids.data<int32_t>();
+  for (int64_t n = 0; n < N; ++n)
+    NDT_CHECK(pid[n] >= 0 && pid[n] < V, "embedding: id ", pid[n], " at position ", n,
+              " is outside the table's ", V, " rows");
+  const size_t row_bytes = C * dtype_size(table.dtype());
+  const char* src = static_cast<const char*>(table.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+#pragma omp parallel for schedule(static) if (N * C > 65536)
+  for (int64_t n = 0; n < N; ++n) std::memcpy(dst + n * row_bytes, src + pid[n] * row_bytes, row_bytes);
+}
+
+// In the forward out[n] = table[ids[n]]; so dtable[v] = sum_{n: ids[n]==v} dout[n].
+// Columns are split across threads and every thread walks n in order: deterministic.
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+  dispatch_float(dtable.dtype(), "embedding_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t N = ids.numel(), V = dtable.size(0), C = dtable.size(1);
+    const int32_t* pid = ids.data<int32_t>();
+    const T* pd = static_cast<const T*>(dout.data_ptr());
+    T* pt = static_cast<T*>(dtable.data_ptr());
+    std::memset(static_cast<void*>(pt), 0, V * C * sizeof(T));
+    if constexpr (std::is_same_v<T, bf16>) {
+      // accumulate in f32, round once
+      Tensor acc = Tensor::zeros({V, C}, DType::f32);
+      float* pa = acc.data<float>();
+#pragma omp parallel for schedule(static) if (N * C > 65536)
+      for (int64_t c0 = 0; c0 < C; c0 += 64)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t c = c0; c < std::min(C, c0 + 64); ++c) pa[pid[n] * C + c] += load(pd[n * C + c]);
+      copy(dtable, acc);
+    } else {
+#pragma omp parallel for schedule(static) if (N * C > 65536)
+      for (int64_t c0 = 0; c0 < C; c0 += 64)
+        for (int64_t n = 0; n < N; ++n)
+          for (int64_t c = c0; c < std::min(C, c0 + 64); ++c) pt[pid[n] * C + c] += pd[n * C + c];
+    }
+  });
+}
+
+}  // namespace ndt::cpu

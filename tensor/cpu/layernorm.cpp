@@ -1,0 +1,97 @@
+// CPU LayerNorm over the last dim. Legend: N rows, C channels.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/kernels.h"
+
+namespace ndt::cpu {
+
+// x (N,C), w (C), b (C) -> out (N,C), mean (N), rstd (N)
+// out = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(var + eps) (biased variance)
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
+                       const Tensor& mean, const Tensor& rstd) {
+  dispatch_float(x.dtype(), "layernorm_forward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
+    const T *px = static_cast<const T*>(x.data_ptr()), *pw = static_cast<const T*>(w.data_ptr()),
+            *pb = static_cast<const T*>(b.data_ptr());
+    T* po = static_cast<T*>(out.data_ptr());
+    A* pm = static_cast<A*>(mean.data_ptr());
+    A* pr = static_cast<A*>(rstd.data_ptr());
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = px + n * C;
+      A m = 0;
+      for (int64_t c = 0; c < C; ++c) m += load(row[c]);
+      m /= C;
+      A v = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const A d = load(row[c]) - m;
+        v += d * d;
+      }
+      v /= C;
+      const A r = A(1) / std::sqrt(v + A(eps));
+      for (int64_t c = 0; c < C; ++c) po[n * C + c] = st<T>((load(row[c]) - m) * r * load(pw[c]) + load(pb[c]));
+      pm[n] = m;
+      pr[n] = r;
+    }
+  });
+}
+
+// In the forward, xhat = (x - mean) * rstd and out = xhat * w + b; so
+//   db = sum_n dout,  dw = sum_n dout * xhat,
+//   dx = rstd * (dxhat - mean_c(dxhat) - xhat * mean_c(dxhat * xhat)),  dxhat = dout * w
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  dispatch_float(x.dtype(), "layernorm_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
+    const T *pd = static_cast<const T*>(dout.data_ptr()), *px = static_cast<const T*>(x.data_ptr()),
+            *pw = static_cast<const T*>(w.data_ptr());
+    const A* pm = static_cast<const A*>(mean.data_ptr());
+    const A* pr = static_cast<const A*>(rstd.data_ptr());
+    T* pdx = static_cast<T*>(dx.data_ptr());
+    // dx: rows are independent
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (int64_t n = 0; n < N; ++n) {
+      const T *drow = pd + n * C, *xrow = px + n * C;
+      A mean_dxhat = 0, mean_dxhat_xhat = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        const A xhat = (load(xrow[c]) - pm[n]) * pr[n];
+        const A dxhat = load(drow[c]) * load(pw[c]);
+        mean_dxhat += dxhat;
+        mean_dxhat_xhat += dxhat * xhat;
+      }
+      mean_dxhat /= C;
+      mean_dxhat_xhat /= C;
+      for (int64_t c = 0; c < C; ++c) {
+        const A xhat = (load(xrow[c]) - pm[n]) * pr[n];
+        const A dxhat = load(drow[c]) * load(pw[c]);
+        pdx[n * C + c] = st<T>(pr[n] * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat));
+      }
+    }
+    // dw, db: columns are independent; rows summed in order (deterministic)
+    T *pdw = static_cast<T*>(dw.data_ptr()), *pdb = static_cast<T*>(db.data_ptr());
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (int64_t c0 = 0; c0 < C; c0 += 64) {
+      const int64_t c1 = std::min(C, c0 + 64);
+      A aw[64] = {}, ab[64] = {};
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = c0; c < c1; ++c) {
+          const A d = load(pd[n * C + c]);
+          aw[c - c0] += d * (load(px[n * C + c]) - pm[n]) * pr[n];
+          ab[c - c0] += d;
+        }
+      for (int64_t c = c0; c < c1; ++c) {
+        pdw[c] = st<T>(aw[c - c0]);
+        pdb[c] = st<T>(ab[c - c0]);
+      }
+    }
+  });
+}
+
+}  // namespace ndt::cpu

@@ -1,0 +1,67 @@
+// CPU GEMM through OpenBLAS (cblas). f32 -> sgemm, f64 -> dgemm, bf16 -> converted to f32,
+// sgemm, rounded back (f32 accumulation, as on the GPU).
+#include <cblas.h>
+
+#include <vector>
+
+#include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/kernels.h"
+
+namespace ndt::cpu {
+namespace {
+
+struct GemmDims {
+  int64_t batch, m, n, k;
+  bool b_shared;  // 2-D b used by every batch
+};
+
+GemmDims gemm_dims(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c) {
+  GemmDims g{};
+  const int64_t ad = a.dim();
+  g.batch = ad == 3 ? a.size(0) : 1;
+  g.m = ta ? a.size(-1) : a.size(-2);
+  g.k = ta ? a.size(-2) : a.size(-1);
+  g.n = tb ? b.size(-2) : b.size(-1);
+  g.b_shared = b.dim() == 2 && ad == 3;
+  return g;
+}
+
+Tensor to_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : t.to(DType::f32); }
+
+}  // namespace
+
+void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha, double beta) {
+  const GemmDims g = gemm_dims(a, ta, b, tb, c);
+  const int64_t sa = g.m * g.k, sb = g.b_shared ? 0 : g.k * g.n, sc = g.m * g.n;
+  const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  const int lda = ta ? g.m : g.k, ldb = tb ? g.k : g.n, ldc = g.n;
+  if (g.m == 0 || g.n == 0) return;
+  if (c.dtype() == DType::f64) {
+    const double *pa = a.data<double>(), *pb = b.data<double>();
+    double* pc = c.data<double>();
+    if (g.b_shared && !ta) {  // one big GEMM: (batch*m, k) @ (k, n)
+      cblas_dgemm(CblasRowMajor, opa, opb, g.batch * g.m, g.n, g.k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+      return;
+    }
+    for (int64_t i = 0; i < g.batch; ++i)
+      cblas_dgemm(CblasRowMajor, opa, opb, g.m, g.n, g.k, alpha, pa + i * sa, lda, pb + i * sb, ldb, beta,
+                  pc + i * sc, ldc);
+    return;
+  }
+  // f32 (and bf16 through f32)
+  const bool is_bf16 = c.dtype() == DType::bf16;
+  Tensor a32 = to_f32(a), b32 = to_f32(b);
+  Tensor c32 = is_bf16 ? (beta != 0.0f ? c.to(DType::f32) : Tensor::empty(c.shape(), DType::f32)) : c;
+  const float *pa = a32.data<float>(), *pb = b32.data<float>();
+  float* pc = c32.data<float>();
+  if (g.b_shared && !ta) {
+    cblas_sgemm(CblasRowMajor, opa, opb, g.batch * g.m, g.n, g.k, alpha, pa, lda, pb, ldb, beta, pc, ldc);
+  } else {
+    for (int64_t i = 0; i < g.batch; ++i)
+      cblas_sgemm(CblasRowMajor, opa, opb, g.m, g.n, g.k, alpha, pa + i * sa, lda, pb + i * sb, ldb, beta,
+                  pc + i * sc, ldc);
+  }
+  if (is_bf16) copy(c, c32);
+}
+
+}  // namespace ndt::cpu

@@ -1,0 +1,109 @@
+// CPU softmax and fused softmax + cross-entropy over rows. Legend: N rows, C/V columns.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/kernels.h"
+
+namespace ndt::cpu {
+
+// x (N,C) -> out (N,C): out = exp(x - max) / sum exp(x - max)
+void softmax_forward(const Tensor& x, const Tensor& out) {
+  dispatch_float(x.dtype(), "softmax_forward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
+    const T* px = static_cast<const T*>(x.data_ptr());
+    T* po = static_cast<T*>(out.data_ptr());
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (int64_t n = 0; n < N; ++n) {
+      A mx = -std::numeric_limits<A>::infinity();
+      for (int64_t c = 0; c < C; ++c) mx = std::max(mx, load(px[n * C + c]));
+      A s = 0;
+      for (int64_t c = 0; c < C; ++c) s += std::exp(load(px[n * C + c]) - mx);
+      for (int64_t c = 0; c < C; ++c) po[n * C + c] = st<T>(std::exp(load(px[n * C + c]) - mx) / s);
+    }
+  });
+}
+
+// In the forward y = softmax(x); so dx = y * (dy - sum_c(dy * y))
+void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  dispatch_float(y.dtype(), "softmax_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const int64_t C = y.size(-1), N = C ? y.numel() / C : 0;
+    const T *py = static_cast<const T*>(y.data_ptr()), *pdy = static_cast<const T*>(dy.data_ptr());
+    T* pdx = static_cast<T*>(dx.data_ptr());
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (int64_t n = 0; n < N; ++n) {
+      A dot = 0;
+      for (int64_t c = 0; c < C; ++c) dot += load(pdy[n * C + c]) * load(py[n * C + c]);
+      for (int64_t c = 0; c < C; ++c)
+        pdx[n * C + c] = st<T>(load(py[n * C + c]) * (load(pdy[n * C + c]) - dot));
+    }
+  });
+}
+
+// logits (N,V), targets (N) -> losses (N) = lse - logit[target], lse (N); ignored rows: 0
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index,
+                           const Tensor& losses, const Tensor& lse) {
+  const int64_t V = logits.size(-1), N = logits.size(0);
+  const int32_t* tg = targets.data<int32_t>();
+  for (int64_t n = 0; n < N; ++n)
+    NDT_CHECK(tg[n] == ignore_index || (tg[n] >= 0 && tg[n] < v_limit), "cross_entropy: target ", tg[n],
+              " at row ", n, " is outside the vocabulary [0, ", v_limit, ")");
+  dispatch_float(logits.dtype(), "cross_entropy_forward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const T* pl = static_cast<const T*>(logits.data_ptr());
+    A* ploss = static_cast<A*>(losses.data_ptr());
+    A* plse = static_cast<A*>(lse.data_ptr());
+#pragma omp parallel for schedule(static) if (N * V > 16384)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = pl + n * V;
+      A mx = -std::numeric_limits<A>::infinity();
+      for (int64_t c = 0; c < v_limit; ++c) mx = std::max(mx, load(row[c]));
+      A s = 0;
+      for (int64_t c = 0; c < v_limit; ++c) s += std::exp(load(row[c]) - mx);
+      const A l = mx + std::log(s);
+      plse[n] = l;
+      ploss[n] = tg[n] == ignore_index ? A(0) : l - load(row[tg[n]]);
+    }
+  });
+}
+
+// In the forward loss = mean_n (lse_n - logit[n, t_n]); so
+// dlogits[n, c] = (exp(logit[n,c] - lse_n) - [c == t_n]) * grad_scale, 0 on ignored rows
+// and padded columns.
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit,
+                            int64_t ignore_index, double grad_scale, const Tensor& dlogits) {
+  dispatch_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const int64_t V = logits.size(-1), N = logits.size(0);
+    const T* pl = static_cast<const T*>(logits.data_ptr());
+    const int32_t* tg = targets.data<int32_t>();
+    const A* plse = static_cast<const A*>(lse.data_ptr());
+    T* pd = static_cast<T*>(dlogits.data_ptr());
+    const A gs = grad_scale;
+#pragma omp parallel for schedule(static) if (N * V > 16384)
+    for (int64_t n = 0; n < N; ++n) {
+      const bool ignored = tg[n] == ignore_index;
+      for (int64_t c = 0; c < V; ++c) {
+        A g = 0;
+        if (!ignored && c < v_limit) g = (std::exp(load(pl[n * V + c]) - plse[n]) - (c == tg[n] ? A(1) : A(0))) * gs;
+        pd[n * V + c] = st<T>(g);
+      }
+    }
+  });
+}
+
+int64_t count_not_equal(const Tensor& targets, int64_t ignore_index) {
+  const int32_t* tg = targets.data<int32_t>();
+  int64_t c = 0;
+  for (int64_t i = 0; i < targets.numel(); ++i) c += tg[i] != ignore_index;
+  return c;
+}
+
+}  // namespace ndt::cpu

@@ -1,0 +1,24 @@
+// The CUDA runtime entry points of a CPU-only build: nothing is available, and any use
+// says how to get a CUDA build.
+#include "tensor/cuda/runtime.h"
+#include "tensor/error.h"
+
+namespace ndt::cuda {
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  NDT_FAIL(what, ": ndtrain was built without CUDA; rebuild with -DNDT_CUDA=ON on a machine "
+           "with the CUDA toolkit, or use device cpu");
+}
+}  // namespace
+
+bool compiled() { return false; }
+bool available() { return false; }
+int device_count() { return 0; }
+void set_device(int) { no_cuda("set_device"); }
+void* alloc(size_t, int) { no_cuda("cuda alloc"); }
+void free(void*, int) { no_cuda("cuda free"); }
+void trim_pool(int) {}
+void memcpy(void*, const void*, size_t, CopyKind, int) { no_cuda("cuda memcpy"); }
+void synchronize(int) {}
+
+}  // namespace ndt::cuda

@@ -1,0 +1,165 @@
+// Dispatch from ndt::kernels to the CPU or CUDA implementation by the device of the
+// first tensor argument. Every tensor argument must be on that device.
+#include "tensor/kernels.h"
+
+#include "tensor/cpu/kernels.h"
+#ifdef NDT_WITH_CUDA
+#include "tensor/cuda/kernels.h"
+#endif
+
+namespace ndt::kernels {
+namespace {
+
+void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : ts) {
+    if (!t->defined()) continue;
+    if (!first) first = t;
+    NDT_CHECK(t->device() == first->device(), op, ": tensors on different devices (",
+              first->device().str(), " and ", t->device().str(), ")");
+  }
+}
+
+}  // namespace
+
+#ifdef NDT_WITH_CUDA
+#define NDT_DISPATCH(dev, fn, ...)                 \
+  if ((dev).is_cpu()) return cpu::fn(__VA_ARGS__); \
+  return cuda::fn(__VA_ARGS__)
+#else
+#define NDT_DISPATCH(dev, fn, ...)                 \
+  if ((dev).is_cpu()) return cpu::fn(__VA_ARGS__); \
+  NDT_FAIL(#fn ": ndtrain was built without CUDA; rebuild with -DNDT_CUDA=ON or use device cpu")
+#endif
+
+void fill(const Tensor& t, double value) {
+  same_device("fill", {&t});
+  NDT_DISPATCH(t.device(), fill, t, value);
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  same_device("copy", {&dst, &src});
+  NDT_DISPATCH(dst.device(), copy, dst, src);
+}
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha, double beta) {
+  same_device("gemm", {&a, &b, &c});
+  NDT_DISPATCH(a.device(), gemm, a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
+  same_device("add", {&a, &b, &out});
+  NDT_DISPATCH(a.device(), add, a, b, out, alpha, beta);
+}
+
+void mul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  same_device("mul", {&a, &b, &out});
+  NDT_DISPATCH(a.device(), mul, a, b, out);
+}
+
+void scale(const Tensor& a, double s, const Tensor& out) {
+  same_device("scale", {&a, &out});
+  NDT_DISPATCH(a.device(), scale, a, s, out);
+}
+
+void add_(const Tensor& dst, const Tensor& src, double alpha) {
+  same_device("add_", {&dst, &src});
+  NDT_DISPATCH(dst.device(), add_, dst, src, alpha);
+}
+
+void gelu_forward(const Tensor& x, const Tensor& out) {
+  same_device("gelu_forward", {&x, &out});
+  NDT_DISPATCH(x.device(), gelu_forward, x, out);
+}
+
+void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
+  same_device("gelu_backward", {&x, &dout, &dx});
+  NDT_DISPATCH(x.device(), gelu_backward, x, dout, dx);
+}
+
+void sum(const Tensor& x, const Tensor& out) {
+  same_device("sum", {&x, &out});
+  NDT_DISPATCH(x.device(), sum, x, out);
+}
+
+void sum_squares(const Tensor& x, const Tensor& out) {
+  same_device("sum_squares", {&x, &out});
+  NDT_DISPATCH(x.device(), sum_squares, x, out);
+}
+
+void sum_rows(const Tensor& x, const Tensor& out) {
+  same_device("sum_rows", {&x, &out});
+  NDT_DISPATCH(x.device(), sum_rows, x, out);
+}
+
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  same_device("layernorm_forward", {&x, &w, &b, &out, &mean, &rstd});
+  NDT_DISPATCH(x.device(), layernorm_forward, x, w, b, eps, out, mean, rstd);
+}
+
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+  same_device("layernorm_backward", {&dout, &x, &w, &mean, &rstd, &dx, &dw, &db});
+  NDT_DISPATCH(dout.device(), layernorm_backward, dout, x, w, mean, rstd, dx, dw, db);
+}
+
+void softmax_forward(const Tensor& x, const Tensor& out) {
+  same_device("softmax_forward", {&x, &out});
+  NDT_DISPATCH(x.device(), softmax_forward, x, out);
+}
+
+void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  same_device("softmax_backward", {&y, &dy, &dx});
+  NDT_DISPATCH(y.device(), softmax_backward, y, dy, dx);
+}
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index, const Tensor& losses, const Tensor& lse) {
+  same_device("cross_entropy_forward", {&logits, &targets, &losses, &lse});
+  NDT_DISPATCH(logits.device(), cross_entropy_forward, logits, targets, v_limit, ignore_index, losses, lse);
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit, int64_t ignore_index, double grad_scale, const Tensor& dlogits) {
+  same_device("cross_entropy_backward", {&logits, &targets, &lse, &dlogits});
+  NDT_DISPATCH(logits.device(), cross_entropy_backward, logits, targets, lse, v_limit, ignore_index, grad_scale, dlogits);
+}
+
+int64_t count_not_equal(const Tensor& targets, int64_t ignore_index) {
+  same_device("count_not_equal", {&targets});
+  NDT_DISPATCH(targets.device(), count_not_equal, targets, ignore_index);
+}
+
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) {
+  same_device("embedding_forward", {&ids, &table, &out});
+  NDT_DISPATCH(ids.device(), embedding_forward, ids, table, out);
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+  same_device("embedding_backward", {&ids, &dout, &dtable});
+  NDT_DISPATCH(ids.device(), embedding_backward, ids, dout, dtable);
+}
+
+void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset, const Tensor& lse) {
+  same_device("attention_softmax_forward", {&s, &lse});
+  NDT_DISPATCH(s.device(), attention_softmax_forward, s, scale, q_offset, k_offset, lse);
+}
+
+void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse, double scale) {
+  same_device("attention_softmax_backward", {&p, &dp, &d, &dlse});
+  NDT_DISPATCH(p.device(), attention_softmax_backward, p, dp, d, dlse, scale);
+}
+
+void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out) {
+  same_device("rowwise_dot", {&a, &b, &out});
+  NDT_DISPATCH(a.device(), rowwise_dot, a, b, out);
+}
+
+void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi) {
+  same_device("fill_uniform", {&t});
+  NDT_DISPATCH(t.device(), fill_uniform, t, seed, stream, start, lo, hi);
+}
+
+void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std) {
+  same_device("fill_normal", {&t});
+  NDT_DISPATCH(t.device(), fill_normal, t, seed, stream, start, mean, std);
+}
+
+}  // namespace ndt::kernels

@@ -1,0 +1,141 @@
+#include "tensor/storage.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "tensor/cuda/runtime.h"
+#include "tensor/error.h"
+
+namespace ndt {
+namespace {
+
+constexpr int kMaxCudaDevices = 16;
+
+struct Counter {
+  std::atomic<int64_t> in_use{0};
+  std::atomic<int64_t> peak{0};
+
+  void add(int64_t n) {
+    int64_t now = in_use.fetch_add(n) + n;
+    int64_t p = peak.load();
+    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    }
+  }
+  void sub(int64_t n) { in_use.fetch_sub(n); }
+};
+
+// The allocators are process-wide like the devices they manage (one per device).
+Counter& counter(Device d) {
+  static Counter cpu;
+  static std::array<Counter, kMaxCudaDevices> gpus;
+  if (d.is_cpu()) return cpu;
+  NDT_CHECK(d.index >= 0 && d.index < kMaxCudaDevices, "device ", d.str(), " out of range");
+  return gpus[d.index];
+}
+
+// CPU blocks rounded up to 64 bytes; freed blocks wait in a per-size free list.
+class CpuCache {
+ public:
+  void* alloc(size_t nbytes) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = free_.find(nbytes);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_ -= nbytes;
+        return p;
+      }
+    }
+    void* p = std::aligned_alloc(64, nbytes);
+    if (!p) {
+      empty();
+      p = std::aligned_alloc(64, nbytes);
+    }
+    NDT_CHECK(p != nullptr, "out of CPU memory allocating ", nbytes, " bytes");
+    return p;
+  }
+  void free(void* p, size_t nbytes) {
+    std::lock_guard<std::mutex> g(mu_);
+    if (cached_ + nbytes > kMaxCached) {
+      std::free(p);
+      return;
+    }
+    free_[nbytes].push_back(p);
+    cached_ += nbytes;
+  }
+  void empty() {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& [n, v] : free_)
+      for (void* p : v) std::free(p);
+    free_.clear();
+    cached_ = 0;
+  }
+  int64_t cached() {
+    std::lock_guard<std::mutex> g(mu_);
+    return cached_;
+  }
+
+ private:
+  static constexpr int64_t kMaxCached = int64_t(8) << 30;
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+  int64_t cached_ = 0;
+};
+
+CpuCache& cpu_cache() {
+  static CpuCache* c = new CpuCache();  // never destroyed: storages may outlive statics
+  return *c;
+}
+
+size_t round_up(size_t n) { return std::max<size_t>(64, (n + 63) / 64 * 64); }
+
+}  // namespace
+
+Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
+  size_t n = round_up(nbytes);
+  if (device.is_cpu()) {
+    data_ = cpu_cache().alloc(n);
+  } else {
+    data_ = cuda::alloc(n, device.index);
+  }
+  counter(device).add(static_cast<int64_t>(n));
+}
+
+Storage::~Storage() {
+  size_t n = round_up(nbytes_);
+  counter(device_).sub(static_cast<int64_t>(n));
+  if (device_.is_cpu()) {
+    cpu_cache().free(data_, n);
+  } else {
+    try {
+      cuda::free(data_, device_.index);
+    } catch (...) {
+      // A destructor must not throw; a failing free during shutdown is not recoverable.
+    }
+  }
+}
+
+MemoryStats memory_stats(Device d) {
+  MemoryStats s;
+  s.in_use = counter(d).in_use.load();
+  s.peak = counter(d).peak.load();
+  s.cached = d.is_cpu() ? cpu_cache().cached() : 0;
+  return s;
+}
+
+void reset_peak_memory(Device d) { counter(d).peak.store(counter(d).in_use.load()); }
+
+void empty_cache(Device d) {
+  if (d.is_cpu())
+    cpu_cache().empty();
+  else
+    cuda::trim_pool(d.index);
+}
+
+}  // namespace ndt

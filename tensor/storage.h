@@ -1,0 +1,49 @@
+// ndtrain: reference-counted memory and the allocators behind it.
+//
+// A Storage is one allocation on one device; tensors are views into it (shared_ptr).
+//   CPU : 64-byte aligned, with a small cache of freed blocks by size so a training step
+//         reuses the previous step's memory instead of calling the OS again.
+//   CUDA: cudaMallocAsync from the device's stream-ordered memory pool (tensor/cuda/).
+// Each device counts the bytes its live storages hold and the peak since the last reset:
+//
+//   reset_peak_memory(Device::cpu());
+//   ... run something ...
+//   MemoryStats s = memory_stats(Device::cpu());   // s.in_use, s.peak (bytes)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "tensor/dtype.h"
+
+namespace ndt {
+
+struct MemoryStats {
+  int64_t in_use = 0;  // bytes held by live storages
+  int64_t peak = 0;    // most bytes in use since the last reset_peak_memory
+  int64_t cached = 0;  // bytes kept for reuse by the allocator (not in use)
+};
+
+MemoryStats memory_stats(Device d);
+void reset_peak_memory(Device d);
+void empty_cache(Device d);  // return cached blocks to the system
+
+class Storage {
+ public:
+  Storage(size_t nbytes, Device device);  // uninitialized memory
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+};
+
+}  // namespace ndt
