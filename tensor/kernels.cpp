@@ -162,4 +162,9 @@ void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start
   NDT_DISPATCH(t.device(), fill_normal, t, seed, stream, start, mean, std);
 }
 
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a) {
+  same_device("adamw_step", {&param, &grad, &m, &v});
+  NDT_DISPATCH(param.device(), adamw_step, param, grad, m, v, a);
+}
+
 }  // namespace ndt::kernels

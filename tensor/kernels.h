@@ -102,4 +102,20 @@ void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t star
 void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean,
                  float std);
 
+// ---- optimizer (tensor/{cpu,cuda}/adamw) -----------------------------------------
+struct AdamWArgs {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  double grad_scale = 1.0;   // gradients are multiplied by this first (clipping)
+  int64_t step = 1;          // 1-based, for bias correction
+  int64_t decay_end = 0;     // elements with global index < decay_end take weight decay
+  int64_t index_offset = 0;  // global index of element 0 (a shard of a larger buffer)
+};
+// One AdamW step over a flat buffer, PyTorch's torch.optim.AdamW:
+//   g = grad * grad_scale
+//   p -= lr * weight_decay * p                     (decoupled; decayed elements only)
+//   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
+//   p -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+// param (n) f32 or f64, grad (n) same dtype, m and v (n) same dtype as param.
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a);
+
 }  // namespace ndt::kernels

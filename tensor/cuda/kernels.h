@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
 namespace ndt::cuda {
@@ -34,5 +35,6 @@ void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor&
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out);
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi);
 void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std);
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const kernels::AdamWArgs& a);
 
 }  // namespace ndt::cuda

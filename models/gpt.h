@@ -1,0 +1,63 @@
+// ndtrain: GPT-2 (Radford et al. 2019), as in the paper and in llm.c.
+//
+//   token + position embeddings -> n_layer pre-LN blocks -> final LayerNorm
+//   -> logits through the token embedding (lm_head tied to wte) -> cross-entropy
+//
+// Shape legend: B batch, T time, C = n_embd, NH = n_head, V vocab, Vp padded vocab.
+//
+//   models::GPTConfig cfg{.n_layer = 2, .n_head = 3, .n_embd = 12, .vocab_size = 11, .block_size = 8};
+//   models::GPT gpt(cfg);                                   // described only
+//   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 1337);
+//   Tensor loss = gpt.forward(idx, targets).loss;           // idx, targets (B, T) i32
+//   ndt::backward(loss);                                    // grads in params.units[*].grad
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/flat.h"
+#include "nn/layers.h"
+
+namespace ndt::models {
+
+struct GPTConfig {
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  int64_t vocab_size = 50257;
+  int64_t block_size = 1024;  // maximum sequence length (positions)
+  int64_t vocab_multiple = 1;  // pad the vocab to a multiple of this (e.g. 128); 1 = none
+  bool activation_checkpointing = false;  // recompute each block in backward
+
+  int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
+  void validate() const;  // throws ndt::Error naming the bad key
+  std::string str() const;
+};
+
+struct GPTOutput {
+  Tensor logits;  // (B*T, Vp); padded columns never affect the loss
+  Tensor loss;    // scalar mean cross-entropy, when targets were given
+};
+
+class GPT : public nn::Module {
+ public:
+  explicit GPT(const GPTConfig& cfg);
+
+  // idx (B, T) i32; targets (B, T) i32 or undefined (then no loss).
+  GPTOutput forward(const Tensor& idx, const Tensor& targets) const;
+
+  // The FSDP units: "embeddings" (wte, wpe, ln_f) first, then one per block "h.i".
+  std::vector<nn::UnitSpec> units() const;
+
+  // Model FLOPs per token for forward + backward (6N + attention), for MFU / GFLOP/s.
+  double flops_per_token(int64_t T) const;
+
+  const GPTConfig cfg;
+  nn::Embedding wte, wpe;
+  std::vector<std::unique_ptr<nn::Block>> h;
+  nn::LayerNorm ln_f;
+};
+
+}  // namespace ndt::models

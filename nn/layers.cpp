@@ -1,0 +1,63 @@
+#include "nn/layers.h"
+
+namespace ndt::nn {
+
+Linear::Linear(int64_t in_, int64_t out_, bool has_bias, float std) : in(in_), out(out_) {
+  param("weight", &weight, {in, out}, Init::normal(std), true);
+  if (has_bias) param("bias", &bias, {out}, Init::zeros(), false);
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+Embedding::Embedding(int64_t num, int64_t dim, float std, int64_t live_rows) {
+  param("weight", &weight, {num, dim}, Init::normal(std, live_rows), true);
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(ids, weight); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
+  param("weight", &weight, {dim}, Init::ones(), false);
+  param("bias", &bias, {dim}, Init::zeros(), false);
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const { return layernorm(x, weight, bias, eps); }
+
+MLP::MLP(int64_t C, float std, float proj_std) : c_fc(C, 4 * C, true, std), c_proj(4 * C, C, true, proj_std) {
+  child("c_fc", &c_fc);
+  child("c_proj", &c_proj);
+}
+
+// x (B,T,C) -> c_fc (B,T,4C) -> gelu -> c_proj (B,T,C)
+Tensor MLP::forward(const Tensor& x) const { return c_proj.forward(gelu(c_fc.forward(x))); }
+
+CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t nh, float std, float proj_std)
+    : c_attn(C, 3 * C, true, std), c_proj(C, C, true, proj_std), n_head(nh) {
+  NDT_CHECK(nh > 0 && C % nh == 0, "attention: n_embd ", C, " is not divisible by n_head ", nh);
+  child("c_attn", &c_attn);
+  child("c_proj", &c_proj);
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), NH = n_head, HS = C / NH;
+  // x (B,T,C) -> qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
+  std::vector<Tensor> qkv = split_last(c_attn.forward(x), {C, C, C});
+  auto heads = [&](const Tensor& t) { return heads_to_front(view(t, {B, T, NH, HS})); };
+  Tensor y = attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2])).out;  // (B,NH,T,HS)
+  // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,C) -> c_proj
+  return c_proj.forward(view(heads_to_back(y), {B, T, C}));
+}
+
+Block::Block(int64_t C, int64_t n_head, float std, float proj_std)
+    : ln_1(C), attn(C, n_head, std, proj_std), ln_2(C), mlp(C, std, proj_std) {
+  child("ln_1", &ln_1);
+  child("attn", &attn);
+  child("ln_2", &ln_2);
+  child("mlp", &mlp);
+}
+
+Tensor Block::forward(const Tensor& x) const {
+  Tensor h = add(x, attn.forward(ln_1.forward(x)));
+  return add(h, mlp.forward(ln_2.forward(h)));
+}
+
+}  // namespace ndt::nn

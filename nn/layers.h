@@ -1,0 +1,68 @@
+// ndtrain: the GPT-2 building blocks. Each layer registers its parameters (nn/module.h)
+// and its forward is a few ops; the backward comes from the ops (autograd/ops.h).
+//
+// Shape legend: B batch, T time, C channels, NH heads, HS = C/NH head size, V vocab.
+// Linear weights use GPT-2's Conv1D layout (in, out): y = x @ W + b.
+#pragma once
+
+#include <cstdint>
+
+#include "autograd/ops.h"
+#include "nn/module.h"
+
+namespace ndt::nn {
+
+class Linear : public Module {
+ public:
+  // weight (in, out) ~ N(0, std), bias (out) = 0 when bias is true.
+  Linear(int64_t in, int64_t out, bool bias, float std);
+  Tensor forward(const Tensor& x) const;  // x (..., in) -> (..., out)
+  Tensor weight, bias;
+  int64_t in, out;
+};
+
+class Embedding : public Module {
+ public:
+  // live_rows < num: rows past it (vocab padding) start at zero; -1: all rows drawn
+  Embedding(int64_t num, int64_t dim, float std, int64_t live_rows = -1);
+  Tensor forward(const Tensor& ids) const;  // ids (...) i32 -> (..., dim)
+  Tensor weight;                            // (num, dim)
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(int64_t dim, double eps = 1e-5);
+  Tensor forward(const Tensor& x) const;  // (..., C) -> (..., C)
+  Tensor weight, bias;
+  double eps;
+};
+
+// c_fc (C -> 4C), GELU, c_proj (4C -> C)
+class MLP : public Module {
+ public:
+  MLP(int64_t C, float std, float proj_std);
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  Linear c_fc, c_proj;
+};
+
+// c_attn (C -> 3C) gives q, k, v; causal attention per head; c_proj (C -> C).
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t C, int64_t n_head, float std, float proj_std);
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  Linear c_attn, c_proj;
+  int64_t n_head;
+};
+
+// Pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
+class Block : public Module {
+ public:
+  Block(int64_t C, int64_t n_head, float std, float proj_std);
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  LayerNorm ln_1;
+  CausalSelfAttention attn;
+  LayerNorm ln_2;
+  MLP mlp;
+};
+
+}  // namespace ndt::nn

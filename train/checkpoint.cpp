@@ -1,0 +1,198 @@
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "tensor/kernels.h"
+#include "train/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace ndt::ckpt {
+namespace {
+
+constexpr const char* kPrefix = "transformer.";
+
+bool ignored_name(const std::string& n) {
+  auto ends = [&](const std::string& s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
+  return ends(".attn.bias") || ends(".attn.masked_bias");
+}
+
+// wte is stored padded in memory (Vp rows) but saved with vocab_size rows.
+Shape saved_shape(const models::GPT& gpt, const nn::FlatParam& p) {
+  Shape s = p.spec.shape;
+  if (p.spec.name == "wte.weight") s[0] = gpt.cfg.vocab_size;
+  return s;
+}
+
+}  // namespace
+
+void save_weights(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
+                  const std::map<std::string, std::string>& metadata) {
+  io::SafeTensorsWriter w;
+  for (const nn::ParamSpec& spec : gpt.parameters()) {  // HF order
+    const nn::FlatParam* p = params.find(spec.name);
+    NDT_CHECK(p, "save_weights: parameter ", spec.name, " is not materialized");
+    Tensor v = p->value;
+    if (spec.name == "wte.weight") v = v.narrow(0, 0, gpt.cfg.vocab_size);
+    w.add(spec.name, v);
+  }
+  w.metadata = metadata;
+  w.metadata["format"] = "pt";
+  w.write(path);
+}
+
+void load_weights(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params) {
+  io::SafeTensorsReader r(path);
+  std::set<std::string> expected;
+  for (const nn::ParamSpec& spec : gpt.parameters()) expected.insert(spec.name);
+  // Map file names (with or without the "transformer." prefix) to our names.
+  std::map<std::string, std::string> ours_to_file;
+  std::vector<std::string> extra, problems;
+  std::string lm_head;
+  for (auto& [fname, e] : r.entries()) {
+    std::string n = fname.rfind(kPrefix, 0) == 0 ? fname.substr(std::string(kPrefix).size()) : fname;
+    if (ignored_name(n)) continue;
+    if (n == "lm_head.weight") {
+      lm_head = fname;
+      continue;
+    }
+    if (!expected.count(n)) {
+      extra.push_back(fname);
+      continue;
+    }
+    ours_to_file[n] = fname;
+  }
+  std::vector<std::string> missing;
+  for (const std::string& n : expected) {
+    auto it = ours_to_file.find(n);
+    if (it == ours_to_file.end()) {
+      missing.push_back(n);
+      continue;
+    }
+    const nn::FlatParam* p = params.find(n);
+    const Shape want = saved_shape(gpt, *p);
+    const Shape got = r.entries().at(it->second).shape;
+    if (got != want) problems.push_back(it->second + " has shape " + shape_str(got) + ", the model needs " + shape_str(want));
+  }
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 6; ++i) s += (i ? ", " : "") + v[i];
+    if (v.size() > 6) s += ", ... (" + std::to_string(v.size()) + " in all)";
+    return s;
+  };
+  NDT_CHECK(missing.empty(), "weights ", path, ": missing tensors: ", join(missing),
+            "; does the file match model.n_layer/n_embd/vocab_size (", gpt.cfg.str(), ")?");
+  NDT_CHECK(extra.empty(), "weights ", path, ": unexpected tensors: ", join(extra), "; the model is ", gpt.cfg.str());
+  NDT_CHECK(problems.empty(), "weights ", path, ": ", join(problems), "; the model is ", gpt.cfg.str());
+  if (!lm_head.empty()) {
+    NDT_CHECK(r.entries().at(lm_head).shape == r.entries().at(ours_to_file["wte.weight"]).shape,
+              "weights ", path, ": lm_head.weight differs in shape from wte.weight; ndtrain ties them");
+    std::vector<float> a = r.get(lm_head).to_vector<float>(), b = r.get(ours_to_file["wte.weight"]).to_vector<float>();
+    NDT_CHECK(a == b, "weights ", path, ": lm_head.weight differs from wte.weight; ndtrain ties them (GPT-2 does too)");
+  }
+  // All checks passed: copy.
+  for (auto& [n, fname] : ours_to_file) {
+    const nn::FlatParam* p = params.find(n);
+    Tensor src = r.get(fname, p->value.dtype());
+    Tensor dst = p->value;
+    if (n == "wte.weight") {
+      kernels::fill(dst, 0.0);  // padded rows stay zero
+      dst = dst.narrow(0, 0, gpt.cfg.vocab_size);
+    }
+    dst.copy_(src);
+  }
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  std::ifstream f(fs::path(dir) / "latest");
+  if (!f.good()) return std::nullopt;
+  std::string name;
+  std::getline(f, name);
+  NDT_CHECK(!name.empty() && name.find('/') == std::string::npos, "checkpoint ", dir, "/latest is malformed ('", name,
+            "'); it should name a step_* directory");
+  const fs::path p = fs::path(dir) / name;
+  NDT_CHECK(fs::is_directory(p), "checkpoint ", dir, "/latest names ", name, ", which does not exist");
+  return p.string();
+}
+
+std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
+                            const optim::AdamW& opt, const TrainState& state, int keep) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(state.step));
+  fs::create_directories(dir);
+  const fs::path final_dir = fs::path(dir) / name, tmp_dir = fs::path(dir) / (std::string(".tmp_") + name);
+  fs::remove_all(tmp_dir);
+  fs::create_directories(tmp_dir);
+  save_weights((tmp_dir / "model.safetensors").string(), gpt, params, {{"step", std::to_string(state.step)}});
+  io::SafeTensorsWriter w;
+  for (size_t i = 0; i < params.units.size(); ++i) {
+    w.add("adam.m." + params.units[i].name, opt.m()[i]);
+    w.add("adam.v." + params.units[i].name, opt.v()[i]);
+  }
+  w.metadata = state.extra;
+  w.metadata["step"] = std::to_string(state.step);
+  w.metadata["adam_steps"] = std::to_string(opt.steps_taken());
+  w.metadata["loader_epoch"] = std::to_string(state.loader.epoch);
+  w.metadata["loader_window"] = std::to_string(state.loader.window);
+  w.write((tmp_dir / "state.safetensors").string());
+  // Move into place; an existing directory of the same step is replaced only after the new one is complete.
+  const fs::path old_dir = fs::path(dir) / (std::string(".old_") + name);
+  fs::remove_all(old_dir);
+  if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
+  fs::rename(tmp_dir, final_dir);
+  fs::remove_all(old_dir);
+  io::write_file_atomic((fs::path(dir) / "latest").string(), std::string(name) + "\n");
+  if (keep > 0) {
+    std::vector<fs::path> steps;
+    for (auto& e : fs::directory_iterator(dir))
+      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path());
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + keep < steps.size(); ++i) fs::remove_all(steps[i]);
+  }
+  return final_dir.string();
+}
+
+TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
+                           optim::AdamW& opt) {
+  const fs::path dir(path);
+  io::SafeTensorsReader st((dir / "state.safetensors").string());
+  // Validate the optimizer state before touching anything.
+  for (size_t i = 0; i < params.units.size(); ++i) {
+    for (const char* k : {"adam.m.", "adam.v."}) {
+      const std::string n = k + params.units[i].name;
+      NDT_CHECK(st.has(n), "checkpoint ", path, ": optimizer state lacks ", n, "; the model differs from the checkpoint's");
+      NDT_CHECK(st.entries().at(n).shape == params.units[i].data.shape(), "checkpoint ", path, ": ", n, " has shape ",
+                shape_str(st.entries().at(n).shape), ", the model needs ", params.units[i].data.shape_str(),
+                "; the model config differs from the checkpoint's");
+    }
+  }
+  auto meta_int = [&](const char* key) -> int64_t {
+    auto it = st.metadata().find(key);
+    NDT_CHECK(it != st.metadata().end(), "checkpoint ", path, ": state lacks '", key, "'");
+    try {
+      return std::stoll(it->second);
+    } catch (...) {
+      NDT_FAIL("checkpoint ", path, ": state '", key, "' is not a number");
+    }
+  };
+  TrainState s;
+  s.step = meta_int("step");
+  s.loader.epoch = meta_int("loader_epoch");
+  s.loader.window = meta_int("loader_window");
+  const int64_t adam_steps = meta_int("adam_steps");
+  s.extra = st.metadata();
+  load_weights((dir / "model.safetensors").string(), gpt, params);
+  for (size_t i = 0; i < params.units.size(); ++i) {
+    opt.m()[i].copy_(st.get("adam.m." + params.units[i].name, opt.m()[i].dtype()));
+    opt.v()[i].copy_(st.get("adam.v." + params.units[i].name, opt.v()[i].dtype()));
+  }
+  opt.set_steps_taken(adam_steps);
+  return s;
+}
+
+}  // namespace ndt::ckpt

@@ -1,0 +1,51 @@
+// ndtrain: model weights with Hugging Face GPT-2 names, and training checkpoints.
+//
+// Weights: a safetensors file with HF GPT-2 names (wte.weight, wpe.weight,
+// h.{i}.ln_1.weight, h.{i}.attn.c_attn.weight [C, 3C] in Conv1D (in x out) layout, ...,
+// ln_f.bias), optionally under a "transformer." prefix, F32/BF16/F16. So a model can start
+// from GPT-2 weights downloaded from the Hub (docs/gpt2-weights.md), and our checkpoints
+// load there too. lm_head.weight, if present, must equal wte.weight (tied); attn.bias and
+// attn.masked_bias (causal-mask buffers) are ignored.
+//
+// Checkpoints: <dir>/step_NNNNNNNN/{model.safetensors, state.safetensors} and <dir>/latest
+// naming the newest complete one. A checkpoint is written into a temporary directory and
+// renamed into place, then `latest` is replaced atomically, so a crash mid-write leaves the
+// previous checkpoint intact and `latest` pointing at it.
+//
+//   ckpt::save_weights("gpt.safetensors", gpt, params);
+//   ckpt::load_weights("gpt2.safetensors", gpt, params);   // throws on missing/extra/mis-shaped
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "models/gpt.h"
+#include "nn/flat.h"
+#include "optim/adamw.h"
+#include "train/data.h"
+
+namespace ndt::ckpt {
+
+void save_weights(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
+                  const std::map<std::string, std::string>& metadata = {});
+// Validates every name and shape first, and only then copies into params.
+void load_weights(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params);
+
+struct TrainState {
+  int64_t step = 0;  // steps completed
+  data::LoaderState loader;
+  std::map<std::string, std::string> extra;  // e.g. config text, for messages
+};
+
+// Writes a complete checkpoint of step `state.step`; keeps the newest `keep` (0: all).
+std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
+                            const optim::AdamW& opt, const TrainState& state, int keep);
+// The directory named by <dir>/latest, or nullopt when there is none.
+std::optional<std::string> latest_checkpoint(const std::string& dir);
+// Loads weights, optimizer moments and state from a checkpoint directory.
+TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
+                           optim::AdamW& opt);
+
+}  // namespace ndt::ckpt

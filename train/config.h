@@ -1,0 +1,69 @@
+// ndtrain: the train_gpt configuration, from an INI file and the command line.
+//
+// Every INI key `key` in section `[sec]` is also the option `--sec.key`; the command line
+// wins over the file. `train_gpt --help` lists every key with its default and meaning.
+//
+//   [model]
+//   n_layer = 4
+//   [train]
+//   steps = 500
+//
+//   train_gpt --config gpt.ini --train.steps 100
+//
+// An unknown key or a bad value throws ConfigError (train_gpt exits with code 2).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tensor/error.h"
+
+namespace ndt::train {
+
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct Config {
+  // [model]
+  int64_t n_layer = 4, n_head = 4, n_embd = 128, vocab_size = 256, block_size = 128, vocab_multiple = 1;
+  std::string init_from;
+  // [data]
+  std::string train_data, val_data, vocab;
+  bool shuffle = false;
+  // [train]
+  int64_t micro_batch_size = 8, seq_len = 128, grad_accum_steps = 1, steps = 100, eval_every = 50, eval_steps = 10;
+  uint64_t seed = 1337;
+  std::string device = "cpu", dtype = "float32";
+  bool activation_checkpointing = false;
+  int threads = 0;
+  // [optim]
+  double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+  int64_t warmup_steps = 0;
+  std::string schedule = "cosine";
+  // [checkpoint]
+  std::string ckpt_dir;
+  int64_t ckpt_every = 0;
+  bool resume = false;
+  int ckpt_keep = 2;
+  // [log]
+  std::string metrics, report;
+  int64_t log_every = 1;
+  double peak_tflops = 0;
+  // [sample]
+  int64_t sample_every = 0, sample_length = 200, top_k = 0;
+  double temperature = 1.0;
+  std::string prompt = "\n";
+  // [parallel]
+  int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
+
+  std::string config_path;  // the --config file, if any
+};
+
+// Returns false when --help was asked (help text written to `help_out`).
+bool parse_config(int argc, const char* const* argv, Config& cfg, std::string& help_out);
+// Checks values and combinations; throws ConfigError naming the key.
+void validate(const Config& cfg);
+
+}  // namespace ndt::train

@@ -1,0 +1,101 @@
+// ndtrain: token shards and the data loader.
+//
+// A shard is llm.c's format, so shards prepared for llm.c work as they are:
+//   int32 header[256]: header[0] = 20240520 (magic), header[1] = 1 (version),
+//                      header[2] = number of tokens
+//   then that many uint16 tokens.
+// Shards are memory-mapped and validated on open (magic, version, exact file size).
+//
+// The loader cuts the token stream into windows of B*T+1 tokens (inputs are the first B*T,
+// targets the same shifted by one). With shuffle off, micro-batch k of a single-process run
+// starts at token k*B*T; when the next batch does not fit in a shard it moves to the next
+// shard, and after the last one back to the first (a new epoch). With `world` data-parallel
+// ranks, the ranks take consecutive windows: rank r reads at pos + r*B*T and the position
+// advances by world*B*T. With shuffle on, the order of the windows is a seeded permutation,
+// new every epoch. The position (epoch, window) is saved in checkpoints.
+//
+//   data::DataLoader train("data/train_*.bin", /*B=*/8, /*T=*/128, /*rank=*/0, /*world=*/1,
+//                          /*shuffle=*/false, /*seed=*/0, /*vocab_size=*/256);
+//   data::Batch b = train.next();   // b.inputs, b.targets (B, T) int32 on the CPU
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace ndt::data {
+
+constexpr int32_t kShardMagic = 20240520;
+constexpr int32_t kShardVersion = 1;
+constexpr int64_t kHeaderInts = 256;
+
+// A read-only memory map of one shard.
+class Shard {
+ public:
+  explicit Shard(const std::string& path);  // throws ndt::Error naming the file and the problem
+  ~Shard();
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+  const std::string& path() const { return path_; }
+  int64_t size() const { return ntok_; }
+  const uint16_t* tokens() const { return tokens_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const uint16_t* tokens_ = nullptr;
+  int64_t ntok_ = 0;
+};
+
+// Writes a shard atomically (a temporary file beside it, then rename).
+void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+
+// Sorted paths matching a glob pattern; throws if none match.
+std::vector<std::string> glob_paths(const std::string& pattern);
+
+struct Batch {
+  Tensor inputs;   // (B, T) int32
+  Tensor targets;  // (B, T) int32
+};
+
+struct LoaderState {
+  int64_t epoch = 0;
+  int64_t window = 0;  // index of the next window in this epoch's order
+};
+
+class DataLoader {
+ public:
+  DataLoader(const std::string& pattern, int64_t B, int64_t T, int rank, int world, bool shuffle, uint64_t seed,
+             int64_t vocab_size);
+  Batch next();
+  LoaderState state() const { return state_; }
+  void restore(const LoaderState& s);
+  void reset() { restore({}); }
+  int64_t windows_per_epoch() const { return static_cast<int64_t>(windows_.size()); }
+  int64_t total_tokens() const;
+  const std::string& pattern() const { return pattern_; }
+
+ private:
+  struct Window {
+    int32_t shard;
+    int64_t pos;  // first token of rank 0's part
+  };
+  void build_order();  // this epoch's window order
+
+  std::string pattern_;
+  int64_t B_, T_;
+  int rank_, world_;
+  bool shuffle_;
+  uint64_t seed_;
+  int64_t vocab_size_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::vector<Window> windows_;     // in stream order
+  std::vector<int64_t> order_;      // this epoch's permutation of windows_
+  LoaderState state_;
+};
+
+}  // namespace ndt::data

@@ -1,0 +1,114 @@
+#include "train/vocab.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tensor/error.h"
+
+namespace ndt::data {
+
+std::vector<std::string> utf8_chars(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 1;
+    if (i + n > s.size()) n = 1;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) n = 1;
+    out.push_back(s.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+Vocab Vocab::byte_level() {
+  Vocab v;
+  v.kind_ = kByte;
+  for (int b = 0; b < 256; ++b) v.tokens_.push_back(std::string(1, static_cast<char>(b)));
+  return v;
+}
+
+Vocab Vocab::build_char(const std::string& text) {
+  std::set<std::string> chars;
+  for (const std::string& c : utf8_chars(text)) chars.insert(c);
+  NDT_CHECK(chars.size() <= 65536, "char vocabulary: ", chars.size(), " distinct characters do not fit uint16 tokens");
+  Vocab v;
+  v.kind_ = kChar;
+  v.tokens_.assign(chars.begin(), chars.end());
+  return v;
+}
+
+std::vector<uint16_t> Vocab::encode(const std::string& text) const {
+  std::vector<uint16_t> out;
+  if (kind_ == kByte) {
+    for (unsigned char c : text) out.push_back(c);
+    return out;
+  }
+  std::map<std::string, uint16_t> index;
+  for (size_t i = 0; i < tokens_.size(); ++i) index[tokens_[i]] = static_cast<uint16_t>(i);
+  for (const std::string& c : utf8_chars(text)) {
+    auto it = index.find(c);
+    NDT_CHECK(it != index.end(), "char vocabulary: character '", c, "' is not in the vocabulary");
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+std::string Vocab::decode(const std::vector<int32_t>& ids) const {
+  std::string s;
+  for (int32_t id : ids) s += (id >= 0 && id < size()) ? tokens_[id] : std::string("?");
+  return s;
+}
+
+void Vocab::save(const std::string& path) const {
+  nlohmann::json j;
+  j["type"] = kind_ == kByte ? "byte" : "char";
+  if (kind_ == kChar) {
+    // raw bytes that are not valid UTF-8 are stored as their code (0..255) instead of text
+    nlohmann::json toks = nlohmann::json::array();
+    for (const std::string& t : tokens_) {
+      const bool valid = utf8_chars(t).size() == 1 && (t.size() == 1 ? static_cast<unsigned char>(t[0]) < 0x80 : true);
+      if (valid) toks.push_back(t);
+      else toks.push_back(static_cast<int>(static_cast<unsigned char>(t[0])));
+    }
+    j["tokens"] = toks;
+  }
+  j["size"] = size();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    NDT_CHECK(f.good(), "vocab: cannot write ", tmp);
+    f << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    NDT_CHECK(f.good(), "vocab: writing ", tmp, " failed");
+  }
+  NDT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "vocab: cannot rename ", tmp, " to ", path);
+}
+
+Vocab Vocab::load(const std::string& path) {
+  std::ifstream f(path);
+  NDT_CHECK(f.good(), "vocab file ", path, ": cannot open");
+  nlohmann::json j;
+  try {
+    f >> j;
+  } catch (const std::exception& e) {
+    NDT_FAIL("vocab file ", path, ": not valid JSON (", e.what(), ")");
+  }
+  NDT_CHECK(j.is_object() && j.contains("type"), "vocab file ", path, ": missing \"type\"");
+  const std::string type = j["type"].get<std::string>();
+  if (type == "byte") return byte_level();
+  NDT_CHECK(type == "char" && j.contains("tokens") && j["tokens"].is_array(), "vocab file ", path,
+            ": expected type byte or char with a tokens array");
+  Vocab v;
+  v.kind_ = kChar;
+  for (const auto& t : j["tokens"]) {
+    if (t.is_number_integer()) v.tokens_.push_back(std::string(1, static_cast<char>(t.get<int>())));
+    else v.tokens_.push_back(t.get<std::string>());
+  }
+  return v;
+}
+
+}  // namespace ndt::data
