@@ -99,7 +99,10 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
   try {
     run_backward(outputs, grads, retain_graph);
   } catch (...) {
-    if (outermost) autograd::tl_touched_groups = nullptr;
+    if (outermost) {
+      autograd::tl_touched_groups = nullptr;
+      for (auto& g : touched) g->reset();  // no stale counts in the next backward
+    }
     throw;
   }
   if (outermost) {

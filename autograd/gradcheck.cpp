@@ -70,7 +70,7 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
       const double scale = std::max(std::abs(num), std::abs(ana[e]));
       res.checked++;
       res.max_abs_err = std::max(res.max_abs_err, err);
-      if (scale > 0) res.max_rel_err = std::max(res.max_rel_err, err / scale);
+      if (scale >= 1e-4) res.max_rel_err = std::max(res.max_rel_err, err / scale);  // not for ~0 entries
       if (err > opt.atol + opt.rtol * scale && res.ok) {
         res.ok = false;
         std::ostringstream os;

@@ -18,17 +18,24 @@ std::shared_ptr<GradGroup> GradGroup::create(const std::vector<Tensor>& params,
   return g;
 }
 
-void GradGroup::note_gradient() {
-  if (received_ == 0) note_group_touched(shared_from_this());
-  if (++received_ == size_) fire();
+void GradGroup::note_gradient(const TensorImpl* param) {
+  if (received_.empty()) note_group_touched(shared_from_this());  // flush() at the end
+  if (!received_.insert(param).second || done_) return;           // counted, or fired already
+  if (static_cast<int>(received_.size()) == size_) fire();
 }
 
 void GradGroup::flush() {
-  if (received_ > 0) fire();
+  if (!received_.empty() && !done_) fire();
+  reset();
+}
+
+void GradGroup::reset() {
+  received_.clear();
+  done_ = false;
 }
 
 void GradGroup::fire() {
-  received_ = 0;
+  done_ = true;
   ++fired_;
   if (on_ready_) on_ready_();
 }

@@ -8,7 +8,11 @@
 //
 //     A parameter that gets no gradient in a backward does not block the group: at the end
 //     of the outermost backward, any group that got some but not all gradients fires then.
-//     Gradients accumulated inside an activation-checkpoint recompute count too.
+//     Gradients accumulated inside an activation-checkpoint recompute count too. The group
+//     counts parameters, not gradient arrivals, and fires at most once per backward: a
+//     parameter whose AccumulateGrad runs twice (used inside a checkpoint and outside it)
+//     counts once. (If its second gradient comes after the group fired, the callback has
+//     seen only the first: keep a group's parameters in one region.)
 //
 // (b) on_backward(x, fn): an identity op whose backward first calls fn() -- put it on a
 //     region's output, and fn runs just before the region's backward starts (FSDP:
@@ -17,6 +21,7 @@
 
 #include <functional>
 #include <memory>
+#include <unordered_set>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -29,18 +34,20 @@ class GradGroup : public std::enable_shared_from_this<GradGroup> {
   static std::shared_ptr<GradGroup> create(const std::vector<Tensor>& params,
                                            std::function<void()> on_ready);
   int size() const { return size_; }
-  int received() const { return received_; }
+  int received() const { return static_cast<int>(received_.size()); }  // in this backward
   int fired() const { return fired_; }  // times the callback ran
 
   // Called by AccumulateGrad and the engine.
-  void note_gradient();
-  void flush();  // end of the outermost backward: fire if partially received
+  void note_gradient(const TensorImpl* param);
+  void flush();  // end of the outermost backward: fire if partially received, then reset
+  void reset();  // a backward failed: forget what it delivered, without firing
 
  private:
   GradGroup(int size, std::function<void()> on_ready) : size_(size), on_ready_(std::move(on_ready)) {}
   void fire();
   int size_;
-  int received_ = 0;
+  std::unordered_set<const TensorImpl*> received_;  // parameters with a gradient this backward
+  bool done_ = false;                               // fired in this backward
   int fired_ = 0;
   std::function<void()> on_ready_;
 };

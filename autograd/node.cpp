@@ -40,7 +40,7 @@ Grads AccumulateGrad::apply(const Grads& grad_outputs) {
     Tensor grad(leaf_->grad);
     kernels::add_(grad, g.dtype() == grad.dtype() ? g.contiguous() : g.to(grad.dtype()));  // grad += g
   }
-  if (leaf_->group) leaf_->group->note_gradient();
+  if (leaf_->group) leaf_->group->note_gradient(leaf_.get());
   return {};
 }
 

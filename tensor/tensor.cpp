@@ -57,7 +57,7 @@ Device Device::parse(const std::string& s) {
   if (s == "cuda") return cuda(0);
   if (s.rfind("cuda:", 0) == 0) {
     const std::string idx = s.substr(5);
-    NDT_CHECK(!idx.empty() && std::all_of(idx.begin(), idx.end(), ::isdigit),
+    NDT_CHECK(!idx.empty() && idx.size() <= 6 && std::all_of(idx.begin(), idx.end(), ::isdigit),
               "bad device '", s, "' (expected cpu, cuda or cuda:N)");
     return cuda(std::stoi(idx));
   }
@@ -210,8 +210,9 @@ Tensor Tensor::view(const Shape& shape_in) const {
   }
   NDT_CHECK(numel_of(shape) == numel(), "view: shape ", ndt::shape_str(shape_in), " has ",
             numel_of(shape), " elements but the tensor ", this->shape_str(), " has ", numel());
-  NDT_CHECK(is_contiguous(), "view: tensor ", this->shape_str(),
-            " is not contiguous; call contiguous() or reshape()");
+  NDT_CHECK(is_contiguous(), "view: cannot view tensor ", this->shape_str(), " with strides ",
+            ndt::shape_str(strides()), " as ", ndt::shape_str(shape_in),
+            ": it is not contiguous; call contiguous() or reshape()");
   return make_view(*this, shape, contiguous_strides(shape), offset());
 }
 

@@ -42,7 +42,9 @@ po::options_description describe(Config& c) {
       ("train.dtype", po::value(&c.dtype)->default_value(c.dtype), "float32 (bfloat16 arrives with mixed precision)")
       ("train.activation_checkpointing", po::value(&c.activation_checkpointing)->default_value(c.activation_checkpointing),
        "recompute each block in backward to save memory (true/false)")
-      ("train.threads", po::value(&c.threads)->default_value(c.threads), "CPU threads (0: all cores)");
+      ("train.threads", po::value(&c.threads)->default_value(c.threads), "CPU threads (0: all cores)")
+      ("train.stop_after", po::value(&c.stop_after)->default_value(c.stop_after),
+       "stop after this many steps of this run, with a checkpoint, to resume later (0: run to train.steps)");
   po::options_description optim("[optim]");
   optim.add_options()
       ("optim.lr", po::value(&c.lr)->default_value(c.lr), "peak learning rate")
@@ -126,7 +128,9 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
   } catch (const ConfigError&) {
     throw;
   } catch (const po::unknown_option& e) {
-    throw ConfigError("unknown key '" + e.get_option_name() + "'" + (vm.count("config") ? " (in " + vm["config"].as<std::string>() + " or on the command line)" : "") +
+    std::string name = e.get_option_name();
+    while (!name.empty() && name[0] == '-') name.erase(0, 1);
+    throw ConfigError("unknown key '" + name + "'" + (vm.count("config") ? " (in " + vm["config"].as<std::string>() + " or on the command line)" : "") +
                       "; run train_gpt --help for every key");
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run train_gpt --help for every key and its allowed values");
@@ -153,6 +157,7 @@ void validate(const Config& c) {
   need(c.dtype == "float32" || c.dtype == "bfloat16", "train.dtype must be float32 or bfloat16, got '" + c.dtype + "'");
   need(c.dtype == "float32", "train.dtype = bfloat16 is not supported yet (mixed precision is a later issue); use float32");
   need(c.threads >= 0, "train.threads must be >= 0");
+  need(c.stop_after >= 0, "train.stop_after must be >= 0");
   need(c.lr > 0, "optim.lr must be > 0");
   need(c.min_lr_frac >= 0 && c.min_lr_frac <= 1, "optim.min_lr_frac must be in [0, 1]");
   need(c.warmup_steps >= 0, "optim.warmup_steps must be >= 0");

@@ -112,6 +112,8 @@ void Trainer::run() {
                         (cuda::compiled() ? "" : " (this build has no CUDA backend)") + "; use train.device = cpu");
     cuda::set_device(device_.index);
   }
+  if (device_.is_cpu()) out_ << "device: cpu, " << num_threads() << " threads, OpenBLAS kernel " << blas_core() << "\n";
+  else out_ << "device: " << device_.str() << "\n";
   // ---- model: describe, then materialize
   models::GPTConfig mc;
   mc.n_layer = c_.n_layer;
@@ -241,6 +243,11 @@ void Trainer::run() {
     log_json({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", sec * 1e3},
               {"tokens_per_sec", tok_s}, {"gflops_per_sec", flops_per_step / sec / 1e9}, {"mem_in_use", mem.in_use},
               {"mem_peak", mem.peak}});
+    if (c_.stop_after > 0 && step + 1 - start == c_.stop_after && step + 1 < c_.steps) {
+      save(step + 1);
+      out_ << "stopped after " << c_.stop_after << " steps (train.stop_after); resume with checkpoint.resume = true\n";
+      return;
+    }
     if (c_.ckpt_every > 0 && (step + 1) % c_.ckpt_every == 0 && step + 1 < c_.steps) save(step + 1);
   }
   // ---- the end: eval, checkpoint, sample, report

@@ -5,9 +5,16 @@ namespace ndt {
 using namespace ops_detail;
 
 namespace {
-// A one-element tensor filled with the value of the one-element tensor g, shaped like x.
-Tensor broadcast_scalar(const Tensor& g, const Tensor& x, double factor) {
-  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+// What a reduction's backward needs of its input: not the data, only its shape and kind.
+struct Like {
+  Shape shape;
+  DType dtype;
+  Device device;
+  explicit Like(const Tensor& x) : shape(x.shape()), dtype(x.dtype()), device(x.device()) {}
+};
+// A tensor shaped like x filled with factor times the value of the one-element tensor g.
+Tensor broadcast_scalar(const Tensor& g, const Like& x, double factor) {
+  Tensor out = Tensor::empty(x.shape, x.dtype, x.device);
   kernels::fill(out, g.item() * factor);
   return out;
 }
@@ -18,7 +25,7 @@ Tensor sum(const Tensor& x_in) {
   Tensor x = x_in.contiguous();
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
   kernels::sum(x, out);
-  autograd::record("sum", {out}, {x_in}, [x = x.detach()](const Grads& g) -> Grads {
+  autograd::record("sum", {out}, {x_in}, [x = Like(x)](const Grads& g) -> Grads {
     // forward: out = sum x; so dx = dout everywhere
     return {broadcast_scalar(g[0], x, 1.0)};
   });
@@ -33,9 +40,9 @@ Tensor mean(const Tensor& x_in) {
   kernels::sum(x, s);
   Tensor out = Tensor::empty({}, x.dtype(), x.device());
   kernels::scale(s, 1.0 / x.numel(), out);
-  autograd::record("mean", {out}, {x_in}, [x = x.detach()](const Grads& g) -> Grads {
+  autograd::record("mean", {out}, {x_in}, [x = Like(x), n = x.numel()](const Grads& g) -> Grads {
     // forward: out = sum x / n; so dx = dout / n everywhere
-    return {broadcast_scalar(g[0], x, 1.0 / x.numel())};
+    return {broadcast_scalar(g[0], x, 1.0 / n)};
   });
   return out;
 }

@@ -7,7 +7,9 @@
 //   });
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "tensor/tensor.h"
 
@@ -26,7 +28,20 @@ inline float load(uint16_t x) { return static_cast<float>(x); }
 template <typename T> inline T store(double v);
 template <> inline float store<float>(double v) { return static_cast<float>(v); }
 template <> inline double store<double>(double v) { return v; }
-template <> inline bf16 store<bf16>(double v) { return float_to_bf16(static_cast<float>(v)); }
+// double -> bf16 in one rounding (to nearest even). Rounding to f32 first could land exactly
+// on a bf16 tie and then round the wrong way, so the f32 step rounds to odd instead: f32
+// keeps 16 bits more than bf16, and a sticky last bit cannot make a false tie.
+inline bf16 double_to_bf16(double v) {
+  float f = static_cast<float>(v);
+  if (std::isnan(v) || static_cast<double>(f) == v) return float_to_bf16(f);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(v)) --u;  // toward zero (inf -> FLT_MAX)
+  u |= 1u;                                                    // inexact: sticky bit
+  std::memcpy(&f, &u, 4);
+  return float_to_bf16(f);
+}
+template <> inline bf16 store<bf16>(double v) { return double_to_bf16(v); }
 template <> inline int32_t store<int32_t>(double v) { return static_cast<int32_t>(v); }
 template <> inline uint16_t store<uint16_t>(double v) { return static_cast<uint16_t>(v); }
 // float -> T without a detour through double (keeps bf16 rounding single-step).

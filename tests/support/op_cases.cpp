@@ -1,0 +1,454 @@
+// The op case registry (see op_cases.h). Legend: N rows, C channels, V vocab, B batch,
+// T time, NH heads, HS head size; M, K, N matrix dims and Bt batch for matmul.
+#include "support/op_cases.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "autograd/checkpoint.h"
+#include "autograd/engine.h"
+#include "autograd/hooks.h"
+#include "autograd/ops.h"
+#include "tensor/kernels.h"
+
+namespace ndt::testing {
+
+namespace {
+
+constexpr uint64_t kSeed = 20240611;
+
+// One input of a case: normal floats (mean, std), or int32 ids in [0, ids_hi) when ids_hi > 0.
+struct Spec {
+  Shape shape;
+  float mean = 0.0f;
+  float std = 1.0f;
+  int32_t ids_hi = 0;
+};
+Spec ids(const Shape& shape, int32_t hi) { return {shape, 0.0f, 1.0f, hi}; }
+
+// Every input gets its own RNG stream, so no two inputs of a case share values.
+std::function<std::vector<Tensor>(DType, Device)> inputs_of(std::vector<Spec> specs) {
+  return [specs](DType dt, Device dev) {
+    std::vector<Tensor> v;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const Spec& s = specs[i];
+      const uint64_t stream = 100 + i;
+      v.push_back(s.ids_hi > 0 ? random_ids(s.shape, s.ids_hi, dev, stream)
+                               : randn(s.shape, dt, dev, stream, s.mean, s.std));
+    }
+    return v;
+  };
+}
+
+std::vector<bool> all_grad(size_t n) { return std::vector<bool>(n, true); }
+
+// Sets a few int32 entries of a CPU or device tensor (targets: ignored rows).
+Tensor with_entries(const Tensor& t, const std::vector<std::pair<int64_t, int32_t>>& entries) {
+  std::vector<int32_t> v = t.to_vector<int32_t>();
+  for (auto [i, val] : entries) v[i] = val;
+  return Tensor::from_vector<int32_t>(v, t.shape(), t.device());
+}
+
+// ---- the composite cases ------------------------------------------------------------
+
+constexpr int64_t kB = 2, kT = 7, kC = 12, kNH = 3, kV = 11;
+
+// The 13 tensors of one pre-LN block after x: ln_1 (w, b), c_attn (w, b), attn c_proj (w, b),
+// ln_2 (w, b), c_fc (w, b), mlp c_proj (w, b). Weights in (C, OC) layout.
+std::vector<Spec> block_param_specs() {
+  return {{{kC}, 1.0f, 0.3f},         {{kC}, 0.0f, 0.3f},      // ln_1
+          {{kC, 3 * kC}, 0.0f, 0.3f}, {{3 * kC}, 0.0f, 0.1f},  // c_attn
+          {{kC, kC}, 0.0f, 0.3f},     {{kC}, 0.0f, 0.1f},      // attn c_proj
+          {{kC}, 1.0f, 0.3f},         {{kC}, 0.0f, 0.3f},      // ln_2
+          {{kC, 4 * kC}, 0.0f, 0.3f}, {{4 * kC}, 0.0f, 0.1f},  // c_fc
+          {{4 * kC, kC}, 0.0f, 0.2f}, {{kC}, 0.0f, 0.1f}};     // mlp c_proj
+}
+
+// x (B,T,C), p[first..first+12) the block's tensors -> (B,T,C)
+Tensor transformer_block(const Tensor& x, const std::vector<Tensor>& p, size_t first) {
+  const Tensor* w = &p[first];
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), HS = C / kNH;
+  // attention: x + c_proj(attn(split(c_attn(ln_1(x)))))
+  Tensor h = layernorm(x, w[0], w[1]);
+  Tensor qkv = linear(h, w[2], w[3]);  // (B,T,3C)
+  std::vector<Tensor> parts = split_last(qkv, {C, C, C});
+  auto heads = [&](const Tensor& t) { return heads_to_front(view(t, {B, T, kNH, HS})); };  // (B,NH,T,HS)
+  AttentionOut a = attention(heads(parts[0]), heads(parts[1]), heads(parts[2]));
+  Tensor y = view(heads_to_back(a.out), {B, T, C});
+  Tensor x1 = add(x, linear(y, w[4], w[5]));
+  // MLP: x1 + c_proj(gelu(c_fc(ln_2(x1))))
+  Tensor m = linear(gelu(linear(layernorm(x1, w[6], w[7]), w[8], w[9])), w[10], w[11]);
+  return add(x1, m);
+}
+
+// ---- the registry ---------------------------------------------------------------------
+
+std::vector<OpCase> build_cases() {
+  std::vector<OpCase> cs;
+  auto add_case = [&](OpCase c) { cs.push_back(std::move(c)); };
+
+  // matmul: every operand layout the op supports
+  struct MM {
+    const char* name;
+    Shape a, b;
+    bool ta, tb;
+  };
+  const MM mms[] = {
+      {"matmul_2d", {5, 7}, {7, 6}, false, false},
+      {"matmul_2d_ta", {7, 5}, {7, 6}, true, false},
+      {"matmul_2d_tb", {5, 7}, {6, 7}, false, true},
+      {"matmul_2d_ta_tb", {7, 5}, {6, 7}, true, true},
+      {"matmul_3d_3d", {3, 5, 7}, {3, 7, 6}, false, false},
+      {"matmul_3d_3d_ta_tb", {3, 7, 5}, {3, 6, 7}, true, true},
+      {"matmul_3d_3d_tb", {3, 5, 7}, {3, 6, 7}, false, true},
+      {"matmul_3d_2d", {3, 5, 7}, {7, 6}, false, false},
+      {"matmul_3d_2d_tb", {3, 5, 7}, {6, 7}, false, true},
+  };
+  for (const MM& m : mms) {
+    const bool ta = m.ta, tb = m.tb;
+    add_case(
+        {m.name, inputs_of({{m.a}, {m.b}}),
+         [ta, tb](const std::vector<Tensor>& x) { return std::vector<Tensor>{matmul(x[0], x[1], ta, tb)}; },
+         all_grad(2)});
+  }
+  add_case({"matmul_2d_a_only",
+            inputs_of({{{5, 7}}, {{7, 6}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{matmul(x[0], x[1])}; },
+            {true, false}});
+  add_case({"matmul_2d_b_only",
+            inputs_of({{{5, 7}}, {{7, 6}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{matmul(x[0], x[1])}; },
+            {false, true}});
+
+  // linear: x (B,T,C) @ w (C,OC) + b (OC)
+  add_case({"linear_bias", inputs_of({{{kB, 5, kC}}, {{kC, 9}, 0.0f, 0.3f}, {{9}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear(x[0], x[1], x[2])}; },
+            all_grad(3)});
+  add_case({"linear_no_bias", inputs_of({{{kT, kC}}, {{kC, 5}, 0.0f, 0.3f}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear(x[0], x[1], Tensor())}; },
+            all_grad(2)});
+
+  // elementwise, same shape and row (bias) broadcast
+  using BinOp = Tensor (*)(const Tensor&, const Tensor&);
+  const std::pair<const char*, BinOp> bins[] = {{"add", &add}, {"sub", &sub}, {"mul", &mul}};
+  for (auto [name, op] : bins) {
+    add_case({std::string(name) + "_same", inputs_of({{{5, 7}}, {{5, 7}}}),
+              [op](const std::vector<Tensor>& x) { return std::vector<Tensor>{op(x[0], x[1])}; },
+              all_grad(2)});
+    add_case({std::string(name) + "_row", inputs_of({{{3, 5, 7}}, {{7}}}),
+              [op](const std::vector<Tensor>& x) { return std::vector<Tensor>{op(x[0], x[1])}; },
+              all_grad(2)});
+  }
+  add_case({"scale", inputs_of({{{5, 7}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{scale(x[0], -1.7)}; },
+            all_grad(1)});
+  add_case({"gelu", inputs_of({{{5, 7}, 0.0f, 2.0f}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{gelu(x[0])}; }, all_grad(1)});
+  // cast: the identity cast checks exactly; a detour through f32 rounds the forward to
+  // float precision, so its finite differences need a large eps (cast is linear, so that
+  // costs nothing but rounding: error ~ 2^-24 |x| / eps ~ 1e-5).
+  add_case({"cast_identity", inputs_of({{{5, 7}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{cast(x[0], x[0].dtype())}; },
+            all_grad(1)});
+  {
+    OpCase c{"cast_via_f32", inputs_of({{{5, 7}}}),
+             [](const std::vector<Tensor>& x) {
+               return std::vector<Tensor>{cast(cast(x[0], DType::f32), x[0].dtype())};
+             },
+             all_grad(1)};
+    c.gradcheck.eps = 1e-2;
+    c.gradcheck.rtol = 1e-4;
+    c.gradcheck.atol = 1e-6;
+    add_case(c);
+  }
+
+  // reductions
+  add_case({"sum", inputs_of({{{5, 7}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{sum(x[0])}; }, all_grad(1)});
+  add_case({"mean", inputs_of({{{3, 5, 7}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{mean(x[0])}; }, all_grad(1)});
+  add_case({"sum_squares", inputs_of({{{5, 7}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{sum_squares(x[0])}; },
+            all_grad(1)});
+
+  // normalization, softmax, loss
+  add_case({"layernorm", inputs_of({{{kB, 5, kC}, 0.5f, 2.0f}, {{kC}, 1.0f, 0.5f}, {{kC}, 0.0f, 0.5f}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{layernorm(x[0], x[1], x[2])}; },
+            all_grad(3)});
+  add_case({"softmax", inputs_of({{{kT, kV}, 0.0f, 2.0f}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{softmax(x[0])}; }, all_grad(1)});
+  add_case({"softmax_3d", inputs_of({{{2, 3, 5}, 0.0f, 2.0f}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{softmax(x[0])}; }, all_grad(1)});
+  add_case({"cross_entropy",
+            inputs_of({{{kT, kV}, 0.0f, 2.0f}, ids({kT}, kV)}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{cross_entropy(x[0], x[1])}; },
+            {true, false}});
+  {
+    // rows 1 and 4 ignored (ignore_index -100), only the first 8 of 11 columns are vocabulary
+    auto base = inputs_of({{{kT, kV}, 0.0f, 2.0f}, ids({kT}, 8)});
+    add_case(
+        {"cross_entropy_ignore_vlimit",
+         [base](DType dt, Device dev) {
+           std::vector<Tensor> v = base(dt, dev);
+           v[1] = with_entries(v[1], {{1, -100}, {4, -100}});
+           return v;
+         },
+         [](const std::vector<Tensor>& x) { return std::vector<Tensor>{cross_entropy(x[0], x[1], -100, 8)}; },
+         {true, false}});
+  }
+
+  // embedding: 14 ids into 11 rows, so some ids repeat (and their gradients must add)
+  add_case({"embedding",
+            inputs_of({ids({kB, kT}, kV), {{kV, 6}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{embedding(x[0], x[1])}; },
+            {false, true}});
+
+  // attention: q (B,NH,Tq,HS), k, v (B,NH,Tk,HS); both outputs
+  struct Att {
+    const char* name;
+    int64_t tq, tk, q_off, k_off;
+    int64_t masked_rows;  // leading queries that see no key: their lse is -inf, left out
+  };
+  const Att atts[] = {
+      {"attention_causal", kT, kT, 0, 0, 0},
+      {"attention_block_q7_k3", 5, 6, 7, 3, 0},   // query 7 sees keys 3..7, later ones all 6
+      {"attention_masked_rows", kT, 4, 0, 3, 3},  // queries 0..2 see no key at all
+      {"attention_past_block", 4, 5, 9, 0, 0},    // every key lies before every query
+  };
+  for (const Att& a : atts) {
+    const int64_t qo = a.q_off, ko = a.k_off, mr = a.masked_rows, tq = a.tq;
+    add_case({a.name, inputs_of({{{kB, kNH, a.tq, 4}}, {{kB, kNH, a.tk, 4}}, {{kB, kNH, a.tk, 4}}}),
+              [qo, ko, mr, tq](const std::vector<Tensor>& x) {
+                AttentionOut r = attention(x[0], x[1], x[2], qo, ko);
+                Tensor lse = mr ? split_last(r.lse, {mr, tq - mr})[1] : r.lse;
+                return std::vector<Tensor>{r.out, lse};
+              },
+              all_grad(3)});
+  }
+  add_case({"attention_out_only_scale", inputs_of({{{1, 2, 5, 3}}, {{1, 2, 5, 3}}, {{1, 2, 5, 3}}}),
+            [](const std::vector<Tensor>& x) {
+              return std::vector<Tensor>{attention(x[0], x[1], x[2], 0, 0, 0.7).out};
+            },
+            all_grad(3)});
+  add_case({"attention_lse_only",
+            inputs_of({{{1, 2, 5, 3}}, {{1, 2, 6, 3}}, {{1, 2, 6, 3}}}),
+            [](const std::vector<Tensor>& x) {
+              return std::vector<Tensor>{attention(x[0], x[1], x[2], 4, 0).lse};
+            },
+            {true, true, false}});
+
+  // shapes
+  add_case({"view", inputs_of({{{3, 7, 2}}}),
+            [](const std::vector<Tensor>& x) {
+              return std::vector<Tensor>{view(x[0], {7, -1})};
+            },
+            all_grad(1)});
+  add_case({"permute", inputs_of({{{2, 3, 5}}}),
+            [](const std::vector<Tensor>& x) {
+              return std::vector<Tensor>{permute(x[0], {2, 0, 1})};
+            },
+            all_grad(1)});
+  add_case({"transpose", inputs_of({{{3, 5, 2}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{transpose(x[0], -1, 0)}; },
+            all_grad(1)});
+  add_case({"split_last", inputs_of({{{3, kC}}}),
+            [](const std::vector<Tensor>& x) {
+              return split_last(x[0], {5, 3, 4});
+            },
+            all_grad(1)});
+  add_case({"split_last_unused_piece", inputs_of({{{3, kC}}}),
+            [](const std::vector<Tensor>& x) {
+              std::vector<Tensor> p = split_last(x[0], {5, 3, 4});
+              return std::vector<Tensor>{p[0], p[2]};  // the middle piece gets no gradient
+            },
+            all_grad(1)});
+  add_case({"concat_last",
+            inputs_of({{{3, 2}}, {{3, 5}}, {{3, 1}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{concat_last(x)}; },
+            {true, false, true}});
+  add_case({"heads_to_front", inputs_of({{{kB, kT, kNH, 4}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{heads_to_front(x[0])}; },
+            all_grad(1)});
+  add_case({"heads_to_back", inputs_of({{{kB, kNH, kT, 4}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{heads_to_back(x[0])}; },
+            all_grad(1)});
+
+  // autograd machinery used as ops: on_backward (identity) and checkpoint (recompute)
+  add_case({"on_backward", inputs_of({{{5, 7}}}),
+            [](const std::vector<Tensor>& x) {
+              return std::vector<Tensor>{autograd::on_backward(gelu(x[0]), [] {})};
+            },
+            all_grad(1)});
+  add_case({"checkpoint_mlp",
+            inputs_of({{{5, kC}}, {{kC, 20}, 0.0f, 0.3f}, {{20}}, {{20, kC}, 0.0f, 0.3f}, {{kC}}}),
+            [](const std::vector<Tensor>& x) {
+              // the parameters are captured, not passed: their gradients come from the recompute
+              auto mlp = [w1 = x[1], b1 = x[2], w2 = x[3], b2 = x[4]](const std::vector<Tensor>& in) {
+                return std::vector<Tensor>{linear(gelu(linear(in[0], w1, b1)), w2, b2)};
+              };
+              return autograd::checkpoint(mlp, {x[0]});
+            },
+            all_grad(5)});
+
+  // a pre-LN transformer block: x, then its 12 tensors
+  {
+    std::vector<Spec> specs = {{{kB, kT, kC}}};
+    for (const Spec& s : block_param_specs()) specs.push_back(s);
+    add_case({"transformer_block", inputs_of(specs),
+              [](const std::vector<Tensor>& x) { return std::vector<Tensor>{transformer_block(x[0], x, 1)}; },
+              all_grad(specs.size())});
+  }
+  // a one-block GPT with tied embeddings and a padded vocab, to the loss:
+  // ids (B,T), targets (B*T), wte (V,C), wpe (T,C), the block's 12, ln_f (w, b)
+  {
+    std::vector<Spec> specs = {
+        ids({kB, kT}, kV), ids({kB * kT}, kV - 2), {{kV, kC}, 0.0f, 0.5f}, {{kT, kC}, 0.0f, 0.5f}};
+    for (const Spec& s : block_param_specs()) specs.push_back(s);
+    specs.push_back({{kC}, 1.0f, 0.3f});
+    specs.push_back({{kC}, 0.0f, 0.3f});
+    auto base = inputs_of(specs);
+    std::vector<bool> rg(specs.size(), true);
+    rg[0] = rg[1] = false;
+    OpCase c{"gpt_tiny_loss",
+             [base](DType dt, Device dev) {
+               std::vector<Tensor> v = base(dt, dev);
+               v[1] = with_entries(v[1], {{3, -1}});  // one ignored target
+               return v;
+             },
+             [](const std::vector<Tensor>& x) {
+               const Tensor &idx = x[0], &tgt = x[1], &wte = x[2], &wpe = x[3];
+               const int64_t B = idx.size(0), T = idx.size(1), C = wte.size(1), V = wte.size(0);
+               std::vector<int32_t> pos(B * T);
+               for (int64_t i = 0; i < B * T; ++i) pos[i] = static_cast<int32_t>(i % T);
+               Tensor pos_ids = Tensor::from_vector<int32_t>(pos, {B, T}, idx.device());
+               Tensor h = add(embedding(idx, wte), embedding(pos_ids, wpe));  // (B,T,C)
+               h = transformer_block(h, x, 4);
+               h = layernorm(h, x[16], x[17]);
+               Tensor logits = matmul(view(h, {B * T, C}), wte, false, true);  // (B*T,V), tied wte
+               return std::vector<Tensor>{cross_entropy(logits, tgt, -1, V - 2)};
+             },
+             rg};
+    // bf16 rounds every activation of ~20 chained ops, and the deepest gradients (ln_1,
+    // c_attn, wpe) are small sums of cancelling terms: measured 1.9e-2 against f32.
+    c.bf16_tol = 4e-2;
+    add_case(c);
+  }
+  return cs;
+}
+
+}  // namespace
+
+const std::vector<OpCase>& op_cases() {
+  static const std::vector<OpCase> cases = [] {
+    std::vector<OpCase> cs = build_cases();
+    std::map<std::string, int> seen;
+    for (const OpCase& c : cs) {
+      NDT_CHECK(seen[c.name]++ == 0, "op_cases: duplicate case name '", c.name, "'");
+      NDT_CHECK(
+          std::all_of(c.name.begin(), c.name.end(), [](char ch) { return std::isalnum(ch) || ch == '_'; }),
+          "op_cases: case name '", c.name, "' is not a valid test name");
+    }
+    return cs;
+  }();
+  return cases;
+}
+
+const OpCase& op_case(const std::string& name) {
+  for (const OpCase& c : op_cases())
+    if (c.name == name) return c;
+  NDT_FAIL("op_case: no case named '", name, "'");
+}
+
+std::vector<std::string> op_case_names() {
+  std::vector<std::string> names;
+  for (const OpCase& c : op_cases()) names.push_back(c.name);
+  return names;
+}
+
+std::vector<Tensor> case_inputs(const OpCase& c, DType dtype, Device device) {
+  std::vector<Tensor> in = c.make_inputs(dtype, device);
+  NDT_CHECK(in.size() == c.requires_grad.size(), "case ", c.name, ": ", in.size(), " inputs but ",
+            c.requires_grad.size(), " requires_grad flags");
+  for (size_t i = 0; i < in.size(); ++i)
+    if (c.requires_grad[i]) in[i].set_requires_grad(true);
+  return in;
+}
+
+std::vector<Tensor> convert_inputs(const OpCase& c, const std::vector<Tensor>& inputs, DType dtype,
+                                   Device device) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    Tensor y = x.detach().to(device);
+    if (is_floating(y.dtype())) y = y.to(dtype);
+    if (y.shares_storage(x)) y = y.clone();  // a fresh leaf, never the caller's storage
+    if (c.requires_grad[i]) y.set_requires_grad(true);
+    out.push_back(y);
+  }
+  return out;
+}
+
+CaseRun run_case(const OpCase& c, const std::vector<Tensor>& inputs) {
+  CaseRun r;
+  std::vector<Tensor> outs = c.fn(inputs);
+  std::vector<Tensor> used, grads;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    // R_k: standard normal, rounded to bf16 so that every dtype projects with equal values
+    Tensor rk = randn(outs[k].shape(), DType::f32, Device::cpu(), 1000 + k).to(DType::bf16);
+    if (outs[k].requires_grad()) {
+      used.push_back(outs[k]);
+      grads.push_back(rk.to(outs[k].dtype()).to(outs[k].device()));
+    }
+    r.outputs.push_back(outs[k].to(Device::cpu()).to(DType::f64).contiguous());
+  }
+  if (!used.empty()) backward(used, grads);
+  for (const Tensor& x : inputs) {
+    if (!x.requires_grad()) {
+      r.grads.emplace_back();
+      continue;
+    }
+    // an input no output depends on has no grad: that is a zero gradient
+    r.grads.push_back(x.grad().defined() ? x.grad().to(Device::cpu()).to(DType::f64).contiguous()
+                                         : Tensor::zeros(x.shape(), DType::f64));
+  }
+  return r;
+}
+
+double rel_error(const Tensor& a, const Tensor& b) {
+  NDT_CHECK(a.shape() == b.shape(), "rel_error: shapes ", a.shape_str(), " and ", b.shape_str(), " differ");
+  std::vector<double> va = a.to_vector<double>(), vb = b.to_vector<double>();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    num += (va[i] - vb[i]) * (va[i] - vb[i]);
+    den += vb[i] * vb[i];
+  }
+  if (std::isnan(num) || std::isnan(den)) return std::numeric_limits<double>::quiet_NaN();
+  if (den == 0) return num == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(num / den);
+}
+
+Tensor randn(const Shape& shape, DType dtype, Device device, uint64_t stream, float mean, float std) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  kernels::fill_normal(t, kSeed, stream, 0, mean, std);
+  return t;
+}
+
+Tensor randu(const Shape& shape, DType dtype, Device device, uint64_t stream, float lo, float hi) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  kernels::fill_uniform(t, kSeed, stream, 0, lo, hi);
+  return t;
+}
+
+Tensor random_ids(const Shape& shape, int32_t hi, Device device, uint64_t stream) {
+  std::vector<float> u =
+      randu(shape, DType::f32, Device::cpu(), stream, 0.0f, static_cast<float>(hi)).to_vector<float>();
+  std::vector<int32_t> v(u.size());
+  // the uniform value can round up to exactly hi in float: clamp
+  for (size_t i = 0; i < u.size(); ++i) v[i] = std::min(hi - 1, static_cast<int32_t>(std::floor(u[i])));
+  return Tensor::from_vector<int32_t>(v, shape, device);
+}
+
+}  // namespace ndt::testing

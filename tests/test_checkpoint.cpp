@@ -1,0 +1,268 @@
+// safetensors I/O, GPT weights with Hugging Face names, and training checkpoints.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/gpt.h"
+#include "tensor/kernels.h"
+#include "train/checkpoint.h"
+#include "train/safetensors.h"
+
+using namespace ndt;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path tmpdir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("ndt_test_ckpt_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+models::GPTConfig tiny() {
+  models::GPTConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 8;
+  c.vocab_size = 10;
+  c.block_size = 6;
+  c.vocab_multiple = 8;  // padded to 16 in memory, saved with 10 rows
+  return c;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Writes a safetensors file by hand from (name, dtype, shape, raw bytes).
+struct Raw {
+  std::string name, dtype;
+  Shape shape;
+  std::string bytes;
+};
+void write_raw(const fs::path& path, const std::vector<Raw>& ts) {
+  nlohmann::json h;
+  uint64_t off = 0;
+  for (const Raw& t : ts) {
+    h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + t.bytes.size()}}};
+    off += t.bytes.size();
+  }
+  std::string hs = h.dump();
+  uint64_t n = hs.size();
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << hs;
+  for (const Raw& t : ts) f << t.bytes;
+}
+
+// Every tensor of a GPT as HF would name them, from a model's parameters.
+std::vector<Raw> hf_tensors(const models::GPT& gpt, const nn::FlatParams& params, const std::string& prefix) {
+  std::vector<Raw> out;
+  for (const nn::ParamSpec& s : gpt.parameters()) {
+    Tensor v = params.find(s.name)->value;
+    if (s.name == "wte.weight") v = v.narrow(0, 0, gpt.cfg.vocab_size);
+    std::vector<float> f = v.to_vector<float>();
+    out.push_back({prefix + s.name, "F32", v.shape(), std::string(reinterpret_cast<const char*>(f.data()), f.size() * 4)});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(SafeTensors, RoundTripKeepsDtypesShapesAndMetadata) {
+  fs::path d = tmpdir("rt");
+  Tensor a = Tensor::empty({3, 5});
+  kernels::fill_normal(a, 1, 1, 0, 0.0f, 1.0f);
+  Tensor b = a.to(DType::bf16);
+  Tensor c = Tensor::from_vector<int32_t>({1, -2, 3}, {3});
+  io::SafeTensorsWriter w;
+  w.add("a", a);
+  w.add("b", b);
+  w.add("c", c);
+  w.metadata["step"] = "7";
+  w.write((d / "x.safetensors").string());
+  EXPECT_FALSE(fs::exists(d / "x.safetensors.tmp"));
+  io::SafeTensorsReader r((d / "x.safetensors").string());
+  EXPECT_EQ(r.entries().at("b").dtype, "BF16");
+  EXPECT_EQ(r.metadata().at("step"), "7");
+  EXPECT_EQ(r.get("a").to_vector<float>(), a.to_vector<float>());
+  EXPECT_EQ(r.get("b").to_vector<float>(), b.to_vector<float>());  // bf16 widens exactly
+  EXPECT_EQ(r.get("c", DType::i32).to_vector<int32_t>(), c.to_vector<int32_t>());
+}
+
+TEST(SafeTensors, ReadsHalfPrecision) {
+  fs::path d = tmpdir("f16");
+  // 1.0, -2.5, 65504 (max half), 2^-24 (smallest subnormal)
+  const uint16_t h[4] = {0x3C00, 0xC100, 0x7BFF, 0x0001};
+  write_raw(d / "h.safetensors", {{"x", "F16", {4}, std::string(reinterpret_cast<const char*>(h), 8)}});
+  io::SafeTensorsReader r((d / "h.safetensors").string());
+  std::vector<float> v = r.get("x").to_vector<float>();
+  EXPECT_EQ(v, (std::vector<float>{1.0f, -2.5f, 65504.0f, std::ldexp(1.0f, -24)}));
+}
+
+TEST(SafeTensors, CorruptFilesGiveClearErrors) {
+  fs::path d = tmpdir("corrupt");
+  std::ofstream(d / "short.safetensors") << "abc";
+  EXPECT_NE(error_of([&] { io::SafeTensorsReader r((d / "short.safetensors").string()); }).find("not a safetensors file"),
+            std::string::npos);
+  {
+    std::ofstream f(d / "hdr.safetensors", std::ios::binary);
+    uint64_t n = 1000;
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << "{}";
+  }
+  EXPECT_NE(error_of([&] { io::SafeTensorsReader r((d / "hdr.safetensors").string()); }).find("exceeds the file size"),
+            std::string::npos);
+  write_raw(d / "range.safetensors", {{"x", "F32", {4}, std::string(8, '\0')}});  // 8 bytes for 16 needed
+  EXPECT_NE(error_of([&] { io::SafeTensorsReader r((d / "range.safetensors").string()); }).find("do not match its shape"),
+            std::string::npos);
+}
+
+TEST(Weights, SaveLoadRoundTripWithHuggingFaceNames) {
+  fs::path d = tmpdir("weights");
+  models::GPT g1(tiny()), g2(tiny());
+  nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
+  ckpt::save_weights((d / "m.safetensors").string(), g1, p1);
+  io::SafeTensorsReader r((d / "m.safetensors").string());
+  EXPECT_TRUE(r.has("h.1.attn.c_attn.weight"));
+  EXPECT_EQ(r.entries().at("h.1.attn.c_attn.weight").shape, (Shape{8, 24}));  // Conv1D: in x out
+  EXPECT_EQ(r.entries().at("h.0.mlp.c_fc.weight").shape, (Shape{8, 32}));
+  EXPECT_EQ(r.entries().at("wte.weight").shape, (Shape{10, 8}));  // unpadded
+  ckpt::load_weights((d / "m.safetensors").string(), g2, p2);
+  for (size_t u = 0; u < p1.units.size(); ++u)
+    EXPECT_EQ(p1.units[u].data.to_vector<float>(), p2.units[u].data.to_vector<float>()) << p1.units[u].name;
+}
+
+TEST(Weights, AcceptsTransformerPrefixTiedHeadAndMaskBuffers) {
+  fs::path d = tmpdir("hf");
+  models::GPT g1(tiny()), g2(tiny());
+  nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
+  std::vector<Raw> ts = hf_tensors(g1, p1, "transformer.");
+  Raw head = ts[0];  // wte
+  ASSERT_EQ(head.name, "transformer.wte.weight");
+  head.name = "lm_head.weight";
+  ts.push_back(head);
+  ts.push_back({"transformer.h.0.attn.bias", "F32", {1, 1, 6, 6}, std::string(36 * 4, '\0')});
+  ts.push_back({"transformer.h.0.attn.masked_bias", "F32", {}, std::string(4, '\0')});
+  write_raw(d / "hf.safetensors", ts);
+  ckpt::load_weights((d / "hf.safetensors").string(), g2, p2);
+  EXPECT_EQ(p1.units[1].data.to_vector<float>(), p2.units[1].data.to_vector<float>());
+  // an untied head is refused
+  ts[ts.size() - 3].bytes[0] ^= 1;
+  write_raw(d / "untied.safetensors", ts);
+  EXPECT_NE(error_of([&] { ckpt::load_weights((d / "untied.safetensors").string(), g2, p2); }).find("lm_head.weight differs"),
+            std::string::npos);
+}
+
+TEST(Weights, MissingExtraAndMisshapenTensorsAreNamedAndNothingIsLoaded) {
+  fs::path d = tmpdir("bad");
+  models::GPT g1(tiny()), g2(tiny());
+  nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
+  const std::vector<float> before = p2.units[0].data.to_vector<float>();
+  std::vector<Raw> ts = hf_tensors(g1, p1, "");
+  std::vector<Raw> missing(ts.begin(), ts.end() - 1);  // no ln_f.bias
+  write_raw(d / "missing.safetensors", missing);
+  std::string e = error_of([&] { ckpt::load_weights((d / "missing.safetensors").string(), g2, p2); });
+  EXPECT_NE(e.find("missing tensors: ln_f.bias"), std::string::npos) << e;
+  std::vector<Raw> extra = ts;
+  extra.push_back({"h.7.mlp.c_fc.weight", "F32", {1}, std::string(4, '\0')});
+  write_raw(d / "extra.safetensors", extra);
+  e = error_of([&] { ckpt::load_weights((d / "extra.safetensors").string(), g2, p2); });
+  EXPECT_NE(e.find("unexpected tensors: h.7.mlp.c_fc.weight"), std::string::npos) << e;
+  std::vector<Raw> shaped = ts;
+  for (Raw& r : shaped)
+    if (r.name == "h.0.attn.c_proj.weight") r.shape = {4, 16};  // same bytes, wrong shape
+  write_raw(d / "shape.safetensors", shaped);
+  e = error_of([&] { ckpt::load_weights((d / "shape.safetensors").string(), g2, p2); });
+  EXPECT_NE(e.find("h.0.attn.c_proj.weight has shape (4, 16), the model needs (8, 8)"), std::string::npos) << e;
+  EXPECT_EQ(p2.units[0].data.to_vector<float>(), before);  // nothing was copied
+}
+
+TEST(Checkpoint, SaveLoadRestoresWeightsMomentsAndPosition) {
+  fs::path d = tmpdir("state");
+  models::GPT g1(tiny()), g2(tiny());
+  nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
+  optim::AdamW o1(p1, {}), o2(p2, {});
+  // gradients on the parameters only: no gradient ever reaches padding or padded vocab rows
+  for (auto& u : p1.units)
+    for (auto& fp : u.params) kernels::fill_normal(fp.value.grad(), 4, nn::name_hash(fp.spec.name), 0, 0.0f, 1.0f);
+  kernels::fill(g1.wte.weight.grad().narrow(0, 10, 6), 0.0);
+  o1.step(0.01);
+  o1.step(0.01);
+  ckpt::TrainState st;
+  st.step = 2;
+  st.loader = {3, 17};
+  std::string where = ckpt::save_checkpoint(d.string(), g1, p1, o1, st, 2);
+  EXPECT_EQ(ckpt::latest_checkpoint(d.string()).value(), where);
+  ckpt::TrainState got = ckpt::load_checkpoint(where, g2, p2, o2);
+  EXPECT_EQ(got.step, 2);
+  EXPECT_EQ(got.loader.epoch, 3);
+  EXPECT_EQ(got.loader.window, 17);
+  EXPECT_EQ(o2.steps_taken(), 2);
+  for (size_t u = 0; u < p1.units.size(); ++u) {
+    EXPECT_EQ(p1.units[u].data.to_vector<float>(), p2.units[u].data.to_vector<float>());
+    EXPECT_EQ(o1.m()[u].to_vector<float>(), o2.m()[u].to_vector<float>());
+    EXPECT_EQ(o1.v()[u].to_vector<float>(), o2.v()[u].to_vector<float>());
+  }
+  // keep = 2: older checkpoints are removed
+  for (int s : {4, 6}) {
+    st.step = s;
+    ckpt::save_checkpoint(d.string(), g1, p1, o1, st, 2);
+  }
+  EXPECT_FALSE(fs::exists(d / "step_00000002"));
+  EXPECT_TRUE(fs::exists(d / "step_00000004"));
+  EXPECT_TRUE(fs::exists(d / "step_00000006"));
+}
+
+TEST(Checkpoint, ACrashMidWriteLeavesTheLastGoodCheckpoint) {
+  fs::path d = tmpdir("crash");
+  models::GPT g(tiny());
+  nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
+  optim::AdamW o(p, {});
+  ckpt::TrainState st;
+  st.step = 5;
+  const std::string good = ckpt::save_checkpoint(d.string(), g, p, o, st, 0);
+  // What a crash while writing step 10 leaves: a partial temporary directory and a
+  // partial latest.tmp; `latest` itself is only ever replaced by rename.
+  fs::create_directories(d / ".tmp_step_00000010");
+  std::ofstream(d / ".tmp_step_00000010" / "model.safetensors.tmp") << "partial";
+  std::ofstream(d / "latest.tmp") << "step_000";
+  EXPECT_EQ(ckpt::latest_checkpoint(d.string()).value(), good);
+  models::GPT g2(tiny());
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 9);
+  optim::AdamW o2(p2, {});
+  EXPECT_EQ(ckpt::load_checkpoint(good, g2, p2, o2).step, 5);
+  // the next save cleans up after the crash
+  st.step = 10;
+  ckpt::save_checkpoint(d.string(), g, p, o, st, 0);
+  EXPECT_FALSE(fs::exists(d / ".tmp_step_00000010"));
+  EXPECT_TRUE(fs::exists(d / "step_00000010" / "state.safetensors"));
+}
+
+TEST(Checkpoint, StateFromADifferentModelIsRefused) {
+  fs::path d = tmpdir("mismatch");
+  models::GPT g(tiny());
+  nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
+  optim::AdamW o(p, {});
+  const std::string where = ckpt::save_checkpoint(d.string(), g, p, o, {}, 0);
+  models::GPTConfig c = tiny();
+  c.n_embd = 12;
+  models::GPT g2(c);
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 1);
+  optim::AdamW o2(p2, {});
+  std::string e = error_of([&] { ckpt::load_checkpoint(where, g2, p2, o2); });
+  EXPECT_NE(e.find("config differs"), std::string::npos) << e;
+}

@@ -1,0 +1,508 @@
+// The CUDA backend against the CPU reference (label gpu). Every op case of
+// tests/support/op_cases runs forward and backward on CPU and on CUDA from the same random
+// inputs, in f32 and bf16; larger shapes exercise the multi-block paths of the kernels; and
+// the runtime (RNG, memory, copies, errors) is checked on its own.
+//
+// Without a CUDA device every test is skipped (GTEST_SKIP), so the suite passes anywhere.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/ops.h"
+#include "support/op_cases.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/kernels.h"
+#include "tensor/storage.h"
+
+using namespace ndt;
+using namespace ndt::testing;
+
+namespace {
+
+constexpr double kTolF32 = 1e-5, kTolBf16 = 1e-2;  // relative error, CUDA vs CPU
+double tol_for(DType dt) { return dt == DType::bf16 ? kTolBf16 : kTolF32; }
+
+const Device kGpu = Device::cuda(0);
+
+// ||a - ref|| / ||ref|| over all elements (a and ref on any device, any float dtype).
+// Entries equal in both count as no error, so matching infinities (the lse = -inf of a
+// query that sees no key) are fine; an unmatched infinity or a NaN gives NaN. 0 when both
+// are zero, inf when only ref is.
+double rel_err(const Tensor& a, const Tensor& ref) {
+  EXPECT_EQ(a.shape(), ref.shape()) << "rel_err: shapes differ";
+  if (a.shape() != ref.shape()) return std::numeric_limits<double>::infinity();
+  const std::vector<double> va = a.to_vector<double>(), vr = ref.to_vector<double>();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < va.size(); ++i) {
+    if (va[i] == vr[i]) {
+      if (std::isfinite(vr[i])) den += vr[i] * vr[i];
+      continue;
+    }
+    num += (va[i] - vr[i]) * (va[i] - vr[i]);
+    den += vr[i] * vr[i];
+  }
+  if (std::isnan(num) || std::isnan(den) || std::isinf(num)) return std::numeric_limits<double>::quiet_NaN();
+  if (den == 0) return num == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(num / den);
+}
+
+std::string skip_reason() {
+  return cuda::compiled() ? "no CUDA device: built with CUDA but no device is visible"
+                          : "no CUDA device: ndtrain was built without CUDA";
+}
+
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::available()) GTEST_SKIP() << skip_reason();
+  }
+};
+
+// Outputs and input gradients of two runs of one case, output by output.
+void expect_close(const std::string& what, const CaseRun& got, const CaseRun& ref, double tol) {
+  ASSERT_EQ(got.outputs.size(), ref.outputs.size()) << what;
+  for (size_t k = 0; k < ref.outputs.size(); ++k) {
+    const double e = rel_err(got.outputs[k], ref.outputs[k]);
+    EXPECT_LE(e, tol) << what << ": output " << k << " " << ref.outputs[k].shape_str() << " relative error "
+                      << e;
+  }
+  ASSERT_EQ(got.grads.size(), ref.grads.size()) << what;
+  for (size_t i = 0; i < ref.grads.size(); ++i) {
+    ASSERT_EQ(got.grads[i].defined(), ref.grads[i].defined()) << what << ": gradient " << i;
+    if (!ref.grads[i].defined()) continue;
+    const double e = rel_err(got.grads[i], ref.grads[i]);
+    EXPECT_LE(e, tol) << what << ": gradient of input " << i << " " << ref.grads[i].shape_str()
+                      << " relative error " << e;
+  }
+}
+
+// Runs case c forward and backward on CPU and on CUDA from the same inputs in dtype dt.
+void compare_case(const OpCase& c, DType dt) {
+  std::vector<Tensor> cpu_in = case_inputs(c, dt, Device::cpu());
+  std::vector<Tensor> gpu_in = convert_inputs(c, cpu_in, dt, kGpu);
+  for (const Tensor& t : gpu_in) ASSERT_TRUE(t.device().is_cuda());
+  CaseRun ref = run_case(c, cpu_in);
+  CaseRun got = run_case(c, gpu_in);
+  expect_close(c.name + " " + dtype_name(dt) + " cuda vs cpu", got, ref, tol_for(dt));
+}
+
+std::vector<bool> all_grad(size_t n) { return std::vector<bool>(n, true); }
+
+// int32 targets in [0, hi) with every `every`-th one set to ignore_index
+Tensor targets_with_ignored(int64_t n, int32_t hi, int64_t every, int32_t ignore_index, Device dev,
+                            uint64_t stream) {
+  std::vector<int32_t> v = random_ids({n}, hi, Device::cpu(), stream).to_vector<int32_t>();
+  for (int64_t i = 0; i < n; i += every) v[i] = ignore_index;
+  return Tensor::from_vector<int32_t>(v, {n}, dev);
+}
+
+// Larger shapes than the registry's: several blocks, several row chunks, long rows.
+std::vector<OpCase> large_cases() {
+  std::vector<OpCase> cs;
+  auto normals = [](std::vector<std::tuple<Shape, float, float>> specs) {
+    return [specs](DType dt, Device dev) {
+      std::vector<Tensor> v;
+      for (size_t i = 0; i < specs.size(); ++i)
+        v.push_back(
+            randn(std::get<0>(specs[i]), dt, dev, 500 + i, std::get<1>(specs[i]), std::get<2>(specs[i])));
+      return v;
+    };
+  };
+  using V = std::vector<Tensor>;
+  cs.push_back({"matmul_tall_3d_2d", normals({{{3, 65, 130}, 0.f, 1.f}, {{130, 97}, 0.f, 1.f}}),
+                [](const V& x) { return V{matmul(x[0], x[1])}; }, all_grad(2)});
+  cs.push_back({"matmul_3d_2d_tb", normals({{{3, 65, 130}, 0.f, 1.f}, {{97, 130}, 0.f, 1.f}}),
+                [](const V& x) { return V{matmul(x[0], x[1], false, true)}; }, all_grad(2)});
+  cs.push_back({"matmul_batched_ta", normals({{{4, 130, 65}, 0.f, 1.f}, {{4, 130, 97}, 0.f, 1.f}}),
+                [](const V& x) { return V{matmul(x[0], x[1], true, false)}; }, all_grad(2)});
+  cs.push_back({"linear_gpt", normals({{{4, 64, 192}, 0.f, 1.f}, {{192, 576}, 0.f, 0.1f}, {{576}, 0.f, 1.f}}),
+                [](const V& x) { return V{linear(x[0], x[1], x[2])}; }, all_grad(3)});
+  cs.push_back({"mul_row_many_rows", normals({{{600, 257}, 0.f, 1.f}, {{257}, 0.f, 1.f}}),
+                [](const V& x) { return V{mul(x[0], x[1])}; }, all_grad(2)});
+  cs.push_back({"gelu_big", normals({{{1000, 257}, 0.f, 2.f}}), [](const V& x) { return V{gelu(x[0])}; },
+                all_grad(1)});
+  cs.push_back(
+      {"sum_big", normals({{{1000, 257}, 0.3f, 1.f}}), [](const V& x) { return V{sum(x[0])}; }, all_grad(1)});
+  cs.push_back({"mean_big", normals({{{1000, 257}, 0.3f, 1.f}}), [](const V& x) { return V{mean(x[0])}; },
+                all_grad(1)});
+  cs.push_back({"sum_squares_big", normals({{{1000, 257}, 0.f, 1.f}}),
+                [](const V& x) { return V{sum_squares(x[0])}; }, all_grad(1)});
+  cs.push_back({"layernorm_768", normals({{{300, 768}, 0.5f, 2.f}, {{768}, 1.f, 0.5f}, {{768}, 0.f, 0.5f}}),
+                [](const V& x) { return V{layernorm(x[0], x[1], x[2])}; }, all_grad(3)});
+  cs.push_back({"layernorm_odd", normals({{{2, 77, 37}, 0.5f, 2.f}, {{37}, 1.f, 0.5f}, {{37}, 0.f, 0.5f}}),
+                [](const V& x) { return V{layernorm(x[0], x[1], x[2])}; }, all_grad(3)});
+  cs.push_back({"softmax_wide", normals({{{37, 5000}, 0.f, 2.f}}),
+                [](const V& x) { return V{softmax(x[0])}; }, all_grad(1)});
+  cs.push_back({"cross_entropy_wide",
+                [normals](DType dt, Device dev) {
+                  V v = normals({{{300, 2053}, 0.f, 2.f}})(dt, dev);
+                  v.push_back(targets_with_ignored(300, 2040, 7, -100, dev, 600));
+                  return v;
+                },
+                [](const V& x) { return V{cross_entropy(x[0], x[1], -100, 2040)}; },
+                {true, false}});
+  cs.push_back({"embedding_repeats",
+                [normals](DType dt, Device dev) {
+                  V v{random_ids({4, 250}, 37, dev, 601)};
+                  v.push_back(normals({{{37, 96}, 0.f, 1.f}})(dt, dev)[0]);
+                  return v;
+                },
+                [](const V& x) { return V{embedding(x[0], x[1])}; },
+                {false, true}});
+  // attention: causal; a later query block (ring attention); leading queries fully masked
+  struct Att {
+    const char* name;
+    int64_t tq, tk, q_off, k_off;
+  };
+  for (Att a : {Att{"attention_causal_128", 128, 128, 0, 0}, Att{"attention_ring_block", 64, 96, 64, 0},
+                Att{"attention_fully_masked_rows", 64, 64, 0, 16}}) {
+    cs.push_back(
+        {a.name,
+         normals({{{2, 4, a.tq, 32}, 0.f, 1.f}, {{2, 4, a.tk, 32}, 0.f, 1.f}, {{2, 4, a.tk, 32}, 0.f, 1.f}}),
+         [a](const V& x) {
+           AttentionOut r = attention(x[0], x[1], x[2], a.q_off, a.k_off);
+           return V{r.out, r.lse};
+         },
+         all_grad(3)});
+  }
+  return cs;
+}
+
+const OpCase& large_case(const std::string& name) {
+  static const std::vector<OpCase> cases = large_cases();
+  for (const OpCase& c : cases)
+    if (c.name == name) return c;
+  NDT_FAIL("no large case named ", name);
+}
+
+std::vector<std::string> large_case_names() {
+  std::vector<std::string> n;
+  for (const OpCase& c : large_cases()) n.push_back(c.name);
+  return n;
+}
+
+using CaseParam = std::tuple<std::string, DType>;
+std::string case_param_name(const ::testing::TestParamInfo<CaseParam>& info) {
+  return std::get<0>(info.param) + (std::get<1>(info.param) == DType::bf16 ? "_bf16" : "_f32");
+}
+
+class CudaOps : public ::testing::TestWithParam<CaseParam> {
+ protected:
+  void SetUp() override {
+    if (!cuda::available()) GTEST_SKIP() << skip_reason();
+  }
+};
+
+// Bit-level distance between two floats, in units in the last place.
+int64_t ulp_distance(float a, float b) {
+  int32_t ia, ib;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  auto ordered = [](int32_t i) { return i < 0 ? int64_t(INT32_MIN) - i : int64_t(i); };
+  return std::llabs(ordered(ia) - ordered(ib));
+}
+
+}  // namespace
+
+// ---- every op case: CUDA vs CPU ----------------------------------------------------------
+
+class CudaVsCpu : public CudaOps {};
+
+TEST_P(CudaVsCpu, Registry) { compare_case(op_case(std::get<0>(GetParam())), std::get<1>(GetParam())); }
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaVsCpu,
+                         ::testing::Combine(::testing::ValuesIn(op_case_names()),
+                                            ::testing::Values(DType::f32, DType::bf16)),
+                         case_param_name);
+
+class CudaVsCpuLarge : public CudaOps {};
+
+TEST_P(CudaVsCpuLarge, Shapes) { compare_case(large_case(std::get<0>(GetParam())), std::get<1>(GetParam())); }
+
+INSTANTIATE_TEST_SUITE_P(Ops, CudaVsCpuLarge,
+                         ::testing::Combine(::testing::ValuesIn(large_case_names()),
+                                            ::testing::Values(DType::f32, DType::bf16)),
+                         case_param_name);
+
+// ---- kernels the ops do not reach with these arguments ------------------------------------
+
+// gemm honours alpha and beta (c = alpha op(a) op(b) + beta c), 2-D and batched.
+TEST_F(Cuda, GemmAlphaBeta) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    for (bool batched : {false, true}) {
+      Shape sa = batched ? Shape{3, 33, 17} : Shape{33, 17}, sc = batched ? Shape{3, 33, 21} : Shape{33, 21};
+      Tensor a = randn(sa, dt, Device::cpu(), 1), b = randn({21, 17}, dt, Device::cpu(), 2);
+      Tensor c = randn(sc, dt, Device::cpu(), 3);
+      Tensor ga = a.to(kGpu), gb = b.to(kGpu), gc = c.to(kGpu);
+      kernels::gemm(a, false, b, true, c, 0.5, 2.0);
+      kernels::gemm(ga, false, gb, true, gc, 0.5, 2.0);
+      EXPECT_LE(rel_err(gc, c), tol_for(dt)) << dtype_name(dt) << (batched ? " batched" : " 2-D");
+    }
+  }
+}
+
+// The queries that see no key: out = 0, lse = -inf, exactly as on the CPU.
+TEST_F(Cuda, AttentionFullyMaskedRows) {
+  Tensor q = randn({1, 2, 6, 8}, DType::f32, Device::cpu(), 1),
+         k = randn({1, 2, 5, 8}, DType::f32, Device::cpu(), 2);
+  Tensor v = randn({1, 2, 5, 8}, DType::f32, Device::cpu(), 3);
+  AttentionOut ref = attention(q, k, v, 0, 2);  // queries 0 and 1 see nothing
+  AttentionOut got = attention(q.to(kGpu), k.to(kGpu), v.to(kGpu), 0, 2);
+  std::vector<float> lse = got.lse.to_vector<float>(), out = got.out.to_vector<float>();
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t i = 0; i < 6; ++i) {
+      const float l = lse[h * 6 + i];
+      if (i < 2) {
+        EXPECT_TRUE(std::isinf(l) && l < 0) << "head " << h << " query " << i << " lse " << l;
+        for (int64_t d = 0; d < 8; ++d) EXPECT_EQ(out[(h * 6 + i) * 8 + d], 0.0f);
+      } else {
+        EXPECT_TRUE(std::isfinite(l)) << "head " << h << " query " << i;
+      }
+    }
+  EXPECT_LE(rel_err(got.lse, ref.lse), kTolF32);
+  EXPECT_LE(rel_err(got.out, ref.out), kTolF32);
+}
+
+// The backward with an undefined dlse (only out used) and with dlse.
+TEST_F(Cuda, AttentionSoftmaxBackwardWithAndWithoutDlse) {
+  const int64_t Bh = 3, Tq = 9, Tk = 11;
+  Tensor p = randn({Bh, Tq, Tk}, DType::f32, Device::cpu(), 1);
+  Tensor lse = Tensor::empty({Bh, Tq}, DType::f32);
+  kernels::attention_softmax_forward(p, 0.7, 2, 0, lse);
+  Tensor gp = p.to(kGpu);
+  Tensor d = randn({Bh, Tq}, DType::f32, Device::cpu(), 2),
+         dlse = randn({Bh, Tq}, DType::f32, Device::cpu(), 3);
+  for (bool with_dlse : {false, true}) {
+    Tensor dp = randn({Bh, Tq, Tk}, DType::f32, Device::cpu(), 4), gdp = dp.to(kGpu);
+    kernels::attention_softmax_backward(p, dp, d, with_dlse ? dlse : Tensor(), 0.7);
+    kernels::attention_softmax_backward(gp, gdp, d.to(kGpu), with_dlse ? dlse.to(kGpu) : Tensor(), 0.7);
+    EXPECT_LE(rel_err(gdp, dp), kTolF32) << (with_dlse ? "with" : "without") << " dlse";
+  }
+}
+
+// Gradients of leaves accumulate (+=) on the device as on the CPU.
+TEST_F(Cuda, GradientsAccumulateAcrossBackwards) {
+  Tensor x = randn({5, 7}, DType::f32, Device::cpu(), 1).set_requires_grad(true);
+  Tensor gx = x.detach().to(kGpu).set_requires_grad(true);
+  for (int i = 0; i < 2; ++i) {
+    backward(sum_squares(gelu(x)));
+    backward(sum_squares(gelu(gx)));
+  }
+  EXPECT_LE(rel_err(gx.grad(), x.grad()), kTolF32);
+}
+
+// ---- determinism: the same inputs give the same bits ------------------------------------
+
+TEST_F(Cuda, DeterministicReductions) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor ids = random_ids({2000}, 13, kGpu, 1);  // many repeats per row of the table
+    Tensor dout = randn({2000, 64}, dt, kGpu, 2), x = randn({3000, 96}, dt, kGpu, 3);
+    Tensor w = randn({96}, dt, kGpu, 4), b = randn({96}, dt, kGpu, 5), dy = randn({3000, 96}, dt, kGpu, 6);
+    auto run = [&] {
+      std::vector<std::vector<double>> r;
+      Tensor dtable = Tensor::empty({13, 64}, dt, kGpu);
+      kernels::embedding_backward(ids, dout, dtable);
+      r.push_back(dtable.to_vector<double>());
+      Tensor out = Tensor::empty({3000, 96}, dt, kGpu), mean = Tensor::empty({3000}, DType::f32, kGpu);
+      Tensor rstd = Tensor::empty({3000}, DType::f32, kGpu);
+      kernels::layernorm_forward(x, w, b, 1e-5, out, mean, rstd);
+      Tensor dx = Tensor::empty({3000, 96}, dt, kGpu), dw = Tensor::empty({96}, dt, kGpu),
+             db = Tensor::empty({96}, dt, kGpu);
+      kernels::layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
+      r.push_back(dw.to_vector<double>());
+      r.push_back(db.to_vector<double>());
+      Tensor s = Tensor::empty({}, DType::f32, kGpu);
+      kernels::sum(x, s);
+      r.push_back(s.to_vector<double>());
+      Tensor cols = Tensor::empty({96}, dt, kGpu);
+      kernels::sum_rows(x, cols);
+      r.push_back(cols.to_vector<double>());
+      return r;
+    };
+    EXPECT_EQ(run(), run()) << dtype_name(dt);
+  }
+}
+
+// ---- RNG: the same values on CPU and CUDA --------------------------------------------------
+
+TEST_F(Cuda, RngMatchesCpu) {
+  const int64_t n = 100003;
+  const uint64_t seed = 1234, stream = 7, start = 98765;
+  for (bool normal : {true, false}) {
+    Tensor c = Tensor::empty({n}, DType::f32), g = Tensor::empty({n}, DType::f32, kGpu);
+    if (normal) {
+      kernels::fill_normal(c, seed, stream, start, 0.5f, 2.0f);
+      kernels::fill_normal(g, seed, stream, start, 0.5f, 2.0f);
+    } else {
+      kernels::fill_uniform(c, seed, stream, start, -3.0f, 5.0f);
+      kernels::fill_uniform(g, seed, stream, start, -3.0f, 5.0f);
+    }
+    std::vector<float> vc = c.to_vector<float>(), vg = g.to_vector<float>();
+    int64_t differ = 0, max_ulp = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t u = ulp_distance(vc[i], vg[i]);
+      differ += u != 0;
+      max_ulp = std::max(max_ulp, u);
+    }
+    std::cout << "[ rng      ] " << (normal ? "normal" : "uniform") << ": " << differ << " of " << n
+              << " float32 values differ between CPU and CUDA (max " << max_ulp << " ulp)\n";
+    RecordProperty(normal ? "normal_values_differing" : "uniform_values_differing", std::to_string(differ));
+    EXPECT_LE(max_ulp, 1) << (normal ? "normal" : "uniform");
+  }
+  // bf16 fills round the same floats: equal bits (up to the f32 ulp above, which bf16 hides)
+  Tensor c16 = Tensor::empty({n}, DType::bf16), g16 = Tensor::empty({n}, DType::bf16, kGpu);
+  kernels::fill_normal(c16, seed, stream, 0, 0.0f, 1.0f);
+  kernels::fill_normal(g16, seed, stream, 0, 0.0f, 1.0f);
+  EXPECT_LE(rel_err(g16, c16), 1e-3);
+  // a slice generated alone equals the same slice of the whole
+  Tensor whole = Tensor::empty({1000}, DType::f32, kGpu), part = Tensor::empty({300}, DType::f32, kGpu);
+  kernels::fill_normal(whole, seed, stream, 0, 0.0f, 1.0f);
+  kernels::fill_normal(part, seed, stream, 401, 0.0f, 1.0f);
+  EXPECT_EQ(part.to_vector<float>(), whole.narrow(0, 401, 300).contiguous().to_vector<float>());
+}
+
+// ---- runtime: memory, copies, dtypes ----------------------------------------------------------
+
+TEST_F(Cuda, MemoryStatsFollowAllocations) {
+  cuda::synchronize(0);
+  const MemoryStats s0 = memory_stats(kGpu);
+  reset_peak_memory(kGpu);
+  const int64_t nbytes = int64_t(4) << 20;
+  {
+    Tensor t = Tensor::empty({nbytes / 4}, DType::f32, kGpu);
+    const MemoryStats s1 = memory_stats(kGpu);
+    EXPECT_GE(s1.in_use - s0.in_use, nbytes);
+    EXPECT_GE(s1.peak, s1.in_use);
+  }
+  const MemoryStats s2 = memory_stats(kGpu);
+  EXPECT_EQ(s2.in_use, s0.in_use);
+  EXPECT_GE(s2.peak, s0.in_use + nbytes);
+  reset_peak_memory(kGpu);
+  EXPECT_EQ(memory_stats(kGpu).peak, s0.in_use);
+  EXPECT_NO_THROW(empty_cache(kGpu));
+}
+
+TEST_F(Cuda, RawAllocAndMemcpy) {
+  std::vector<float> host(1000), back(1000, -1.0f);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i) * 0.5f;
+  void* a = cuda::alloc(4000, 0);
+  void* b = cuda::alloc(4000, 0);
+  cuda::memcpy(a, host.data(), 4000, cuda::CopyKind::kHostToDevice, 0);
+  cuda::memcpy(b, a, 4000, cuda::CopyKind::kDeviceToDevice, 0);
+  cuda::memcpy(back.data(), b, 4000, cuda::CopyKind::kDeviceToHost, 0);
+  EXPECT_EQ(back, host);
+  cuda::free(a, 0);
+  cuda::free(b, 0);
+  cuda::synchronize(0);
+  EXPECT_GE(cuda::device_count(), 1);
+  EXPECT_TRUE(cuda::compiled());
+}
+
+TEST_F(Cuda, ToRoundTrip) {
+  Tensor f = randn({7, 13}, DType::f32, Device::cpu(), 1);
+  EXPECT_EQ(f.to(kGpu).to(Device::cpu()).to_vector<float>(), f.to_vector<float>());
+  Tensor h = f.to(DType::bf16);
+  EXPECT_EQ(rel_err(h.to(kGpu).to(Device::cpu()), h), 0.0);
+  Tensor d = f.to(DType::f64);
+  EXPECT_EQ(d.to(kGpu).to(Device::cpu()).to_vector<double>(), d.to_vector<double>());
+  Tensor i = Tensor::from_vector<int32_t>({-3, 0, 7, 1 << 20}, {2, 2});
+  EXPECT_EQ(i.to(kGpu).to(Device::cpu()).to_vector<int32_t>(), i.to_vector<int32_t>());
+  Tensor u = Tensor::from_vector<uint16_t>({0, 1, 65535}, {3});
+  EXPECT_EQ(u.to(kGpu).to(Device::cpu()).to_vector<uint16_t>(), u.to_vector<uint16_t>());
+  Tensor empty = Tensor::empty({0, 4}, DType::f32, kGpu);
+  EXPECT_EQ(empty.to(Device::cpu()).numel(), 0);
+}
+
+// Strided copies and dtype conversions on the device equal the CPU's, bit for bit.
+TEST_F(Cuda, StridedCopyAndConversions) {
+  Tensor x = randn({3, 4, 5, 6}, DType::f32, Device::cpu(), 1), gx = x.to(kGpu);
+  auto same = [](const Tensor& g, const Tensor& c, const char* what) {
+    EXPECT_EQ(g.to(Device::cpu()).contiguous().to_vector<double>(), c.contiguous().to_vector<double>())
+        << what;
+  };
+  same(gx.permute({3, 1, 0, 2}).contiguous(), x.permute({3, 1, 0, 2}).contiguous(), "permute");
+  same(gx.transpose(1, 3).narrow(0, 1, 2).contiguous(), x.transpose(1, 3).narrow(0, 1, 2).contiguous(),
+       "narrow");
+  same(gx.select(2, 3).contiguous(), x.select(2, 3).contiguous(), "select");
+  for (DType to : {DType::bf16, DType::f64, DType::i32, DType::u16}) {
+    Tensor src = to == DType::u16 ? x.narrow(0, 0, 1).contiguous() : x;  // keep u16 in range below
+    Tensor scaled = Tensor::empty(src.shape());
+    kernels::scale(src, 100.0, scaled);
+    if (to == DType::u16) kernels::add(scaled, Tensor::full({6}, 1000.0), scaled, 1.0, 1.0);
+    same(scaled.to(kGpu).to(to), scaled.to(to), dtype_name(to));
+    same(scaled.to(to).to(kGpu).to(DType::f32), scaled.to(to).to(DType::f32), dtype_name(to));
+    same(scaled.to(kGpu).transpose(0, 2).to(to), scaled.transpose(0, 2).to(to), "strided conversion");
+  }
+  // fill on a strided view
+  Tensor c = Tensor::zeros({4, 6}), g = Tensor::zeros({4, 6}, DType::f32, kGpu);
+  kernels::fill(c.narrow(1, 2, 3), 2.5);
+  kernels::fill(g.narrow(1, 2, 3), 2.5);
+  same(g, c, "strided fill");
+  // copy into a strided view (what concat_last does)
+  Tensor part = randn({4, 3}, DType::bf16, Device::cpu(), 2);
+  kernels::copy(c.narrow(1, 0, 3), part);
+  kernels::copy(g.narrow(1, 0, 3), part.to(kGpu));
+  same(g, c, "copy into a view with conversion");
+}
+
+// ---- errors -------------------------------------------------------------------------------
+
+TEST_F(Cuda, BadEmbeddingIdThrows) {
+  Tensor table = randn({5, 3}, DType::f32, kGpu, 1);
+  for (int32_t bad : {5, -1}) {
+    Tensor ids = Tensor::from_vector<int32_t>({0, 4, bad, 1}, {2, 2}, kGpu);
+    try {
+      embedding(ids, table);
+      ADD_FAILURE() << "embedding with id " << bad << " did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("id " + std::to_string(bad) + " at position 2"), std::string::npos)
+          << e.what();
+    }
+  }
+  // the device is fine afterwards
+  Tensor ok = embedding(Tensor::from_vector<int32_t>({4, 0}, {2}, kGpu), table);
+  EXPECT_EQ(ok.to_vector<float>(),
+            embedding(Tensor::from_vector<int32_t>({4, 0}, {2}), table.to(Device::cpu())).to_vector<float>());
+  cuda::synchronize(0);
+}
+
+TEST_F(Cuda, BadCrossEntropyTargetThrows) {
+  Tensor logits = randn({3, 6}, DType::f32, kGpu, 1);
+  auto targets = [](std::vector<int32_t> v) { return Tensor::from_vector<int32_t>(v, {3}, kGpu); };
+  EXPECT_THROW(cross_entropy(logits, targets({0, 6, 1})), Error);         // beyond V
+  EXPECT_THROW(cross_entropy(logits, targets({0, -2, 1})), Error);        // negative, not ignored
+  EXPECT_THROW(cross_entropy(logits, targets({0, 5, 1}), -1, 5), Error);  // a padded column
+  try {
+    cross_entropy(logits, targets({0, 1, 9}));
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 9 at row 2"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(cross_entropy(logits, targets({0, -1, 5})));  // -1 is ignored
+  cuda::synchronize(0);
+}
+
+TEST_F(Cuda, Float64IsCpuOnly) {
+  Tensor x = Tensor::full({4}, 1.5, DType::f64, kGpu);  // storage, fill and copies work
+  EXPECT_EQ(x.to_vector<double>(), std::vector<double>(4, 1.5));
+  try {
+    gelu(x);
+    ADD_FAILURE() << "gelu on a float64 CUDA tensor did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CPU only"), std::string::npos) << e.what();
+  }
+}
+
+// Without a device the runtime says so and does not crash (runs everywhere).
+TEST(CudaRuntime, AvailabilityIsConsistent) {
+  EXPECT_EQ(cuda::available(), cuda::device_count() > 0);
+  if (!cuda::available()) GTEST_SKIP() << skip_reason();
+  EXPECT_TRUE(cuda::compiled());
+}

@@ -1,0 +1,159 @@
+// Token shards, the loader's order (sequential and shuffled), vocabularies, and the errors
+// for bad data.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include "train/data.h"
+#include "train/vocab.h"
+
+using namespace ndt;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path tmpdir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("ndt_test_data_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+std::vector<uint16_t> iota_tokens(int64_t n, int mod) {
+  std::vector<uint16_t> t(n);
+  for (int64_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(i % mod);
+  return t;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Data, SequentialBatchesFollowTheStreamAcrossShards) {
+  fs::path d = tmpdir("seq");
+  // two shards: 50 and 30 tokens, values = global index, so positions are visible
+  std::vector<uint16_t> all(80);
+  std::iota(all.begin(), all.end(), 0);
+  data::write_shard((d / "train_000.bin").string(), {all.begin(), all.begin() + 50});
+  data::write_shard((d / "train_001.bin").string(), {all.begin() + 50, all.end()});
+  const int64_t B = 2, T = 5;  // 10 tokens a batch, 11 read
+  data::DataLoader dl((d / "train_*.bin").string(), B, T, 0, 1, false, 0, 1000);
+  // shard 0: windows at 0, 10, 20, 30 (40+11 > 50); shard 1: 0, 10 (20+11 > 30)
+  EXPECT_EQ(dl.windows_per_epoch(), 6);
+  const std::vector<int> starts = {0, 10, 20, 30, 50, 60, 0, 10};
+  for (size_t k = 0; k < starts.size(); ++k) {
+    data::Batch b = dl.next();
+    std::vector<int32_t> x = b.inputs.to_vector<int32_t>(), y = b.targets.to_vector<int32_t>();
+    ASSERT_EQ(b.inputs.shape(), (Shape{B, T}));
+    for (int64_t i = 0; i < B * T; ++i) {
+      EXPECT_EQ(x[i], starts[k] + i) << "batch " << k;
+      EXPECT_EQ(y[i], starts[k] + i + 1) << "batch " << k;
+    }
+  }
+  EXPECT_EQ(dl.state().epoch, 1);
+}
+
+TEST(Data, RanksTakeConsecutiveWindows) {
+  fs::path d = tmpdir("ranks");
+  std::vector<uint16_t> all(100);
+  std::iota(all.begin(), all.end(), 0);
+  data::write_shard((d / "s.bin").string(), all);
+  data::DataLoader r0((d / "s.bin").string(), 1, 4, 0, 2, false, 0, 1000), r1((d / "s.bin").string(), 1, 4, 1, 2, false, 0, 1000);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(r0.next().inputs.to_vector<int32_t>()[0], 8 * k);
+    EXPECT_EQ(r1.next().inputs.to_vector<int32_t>()[0], 8 * k + 4);
+  }
+}
+
+TEST(Data, ShuffleIsASeededPermutationPerEpochAndRestores) {
+  fs::path d = tmpdir("shuf");
+  std::vector<uint16_t> all(401);
+  std::iota(all.begin(), all.end(), 0);
+  data::write_shard((d / "s.bin").string(), all);
+  auto epoch_starts = [&](data::DataLoader& dl) {
+    std::vector<int32_t> s;
+    for (int64_t i = 0; i < dl.windows_per_epoch(); ++i) s.push_back(dl.next().inputs.to_vector<int32_t>()[0]);
+    return s;
+  };
+  data::DataLoader a((d / "s.bin").string(), 1, 10, 0, 1, true, 7, 1000), b((d / "s.bin").string(), 1, 10, 0, 1, true, 7, 1000);
+  std::vector<int32_t> e0 = epoch_starts(a), e1 = epoch_starts(a);
+  EXPECT_EQ(e0, epoch_starts(b));  // same seed, same order
+  std::vector<int32_t> sorted = e0;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) EXPECT_EQ(sorted[i], 10 * static_cast<int>(i));  // a permutation
+  EXPECT_NE(e0, e1);  // a new order each epoch
+  std::vector<int32_t> seq(e0.size());
+  for (size_t i = 0; i < seq.size(); ++i) seq[i] = 10 * static_cast<int>(i);
+  EXPECT_NE(e0, seq);
+  // restore mid-epoch
+  data::DataLoader c((d / "s.bin").string(), 1, 10, 0, 1, true, 7, 1000);
+  c.restore({1, 5});
+  EXPECT_EQ(c.next().inputs.to_vector<int32_t>()[0], e1[5]);
+}
+
+TEST(Data, BadShardsGiveClearErrors) {
+  fs::path d = tmpdir("bad");
+  data::write_shard((d / "good.bin").string(), iota_tokens(100, 50));
+  // bad magic
+  {
+    std::vector<char> bytes(1024 + 200, 0);
+    int32_t h[3] = {12345, 1, 100};
+    std::memcpy(bytes.data(), h, sizeof(h));
+    std::ofstream((d / "magic.bin").string(), std::ios::binary).write(bytes.data(), bytes.size());
+  }
+  EXPECT_NE(error_of([&] { data::Shard s((d / "magic.bin").string()); }).find("bad magic 12345"), std::string::npos);
+  // truncated: header says 100 tokens, file holds 60
+  {
+    std::ifstream in((d / "good.bin").string(), std::ios::binary);
+    std::vector<char> bytes(1024 + 120);
+    in.read(bytes.data(), bytes.size());
+    std::ofstream((d / "trunc.bin").string(), std::ios::binary).write(bytes.data(), bytes.size());
+  }
+  std::string e = error_of([&] { data::Shard s((d / "trunc.bin").string()); });
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  EXPECT_NE(e.find("trunc.bin"), std::string::npos) << e;
+  // too short for a header
+  std::ofstream((d / "short.bin").string()) << "hello";
+  EXPECT_NE(error_of([&] { data::Shard s((d / "short.bin").string()); }).find("too short"), std::string::npos);
+  // missing
+  EXPECT_NE(error_of([&] { data::DataLoader l((d / "nope_*.bin").string(), 1, 4, 0, 1, false, 0, 50); }).find("no data files match"),
+            std::string::npos);
+  // token >= vocab_size
+  e = error_of([&] {
+    data::DataLoader l((d / "good.bin").string(), 1, 4, 0, 1, false, 0, 3);
+    l.next();
+  });
+  EXPECT_NE(e.find("token 3 at position 3 is >= model.vocab_size 3"), std::string::npos) << e;
+  // not enough tokens for one batch
+  e = error_of([&] { data::DataLoader l((d / "good.bin").string(), 10, 10, 0, 1, false, 0, 50); });
+  EXPECT_NE(e.find("101 tokens are needed"), std::string::npos) << e;
+}
+
+TEST(Vocab, CharRoundTripAndSaveLoad) {
+  fs::path d = tmpdir("vocab");
+  const std::string text = "Hello, w\xc3\xb6rld!\n\tTabs and \xe2\x82\xac.";
+  data::Vocab v = data::Vocab::build_char(text);
+  std::vector<uint16_t> ids = v.encode(text);
+  EXPECT_EQ(ids.size(), data::utf8_chars(text).size());
+  v.save((d / "vocab.json").string());
+  data::Vocab w = data::Vocab::load((d / "vocab.json").string());
+  EXPECT_EQ(w.size(), v.size());
+  std::vector<int32_t> ids32(ids.begin(), ids.end());
+  EXPECT_EQ(w.decode(ids32), text);
+  EXPECT_THROW(v.encode("Q"), Error);
+  data::Vocab b = data::Vocab::byte_level();
+  EXPECT_EQ(b.size(), 256);
+  std::vector<uint16_t> bi = b.encode("\xff" "a");
+  EXPECT_EQ(bi, (std::vector<uint16_t>{255, 97}));
+  std::ofstream((d / "bad.json").string()) << "{ not json";
+  EXPECT_THROW(data::Vocab::load((d / "bad.json").string()), Error);
+}

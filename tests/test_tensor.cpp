@@ -1,0 +1,632 @@
+// Tensor, dtypes, devices, views, copies, printing, memory accounting, error messages and
+// the counter-based RNG.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+#include "autograd/ops.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/kernels.h"
+#include "tensor/rng.h"
+#include "tensor/tensor.h"
+
+using namespace ndt;
+
+namespace {
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t to_bf16_bits(uint32_t float_bits_in) { return float_to_bf16(bits_float(float_bits_in)).bits; }
+
+// 0, 1, 2, ... as f32 in `shape`
+Tensor arange(const Shape& shape) {
+  std::vector<float> v(numel_of(shape));
+  std::iota(v.begin(), v.end(), 0.0f);
+  return Tensor::from_vector<float>(v, shape);
+}
+
+// The message of the ndt::Error that f throws ("" and a test failure if it throws none).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-ndt exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "did not throw";
+  return "";
+}
+
+#define EXPECT_CONTAINS(haystack, needle)                          \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) \
+      << "'" << (haystack) << "' lacks '" << (needle) << "'"
+
+}  // namespace
+
+// ---- dtypes and devices ------------------------------------------------------------------
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(dtype_size(DType::f32), 4u);
+  EXPECT_EQ(dtype_size(DType::bf16), 2u);
+  EXPECT_EQ(dtype_size(DType::f64), 8u);
+  EXPECT_EQ(dtype_size(DType::i32), 4u);
+  EXPECT_EQ(dtype_size(DType::u16), 2u);
+  for (DType t : {DType::f32, DType::bf16, DType::f64, DType::i32, DType::u16})
+    EXPECT_EQ(dtype_from_name(dtype_name(t)), t) << dtype_name(t);
+  EXPECT_STREQ(dtype_name(DType::f32), "float32");
+  EXPECT_STREQ(dtype_name(DType::bf16), "bfloat16");
+  EXPECT_EQ(dtype_from_name("bf16"), DType::bf16);
+  EXPECT_EQ(dtype_from_name("f64"), DType::f64);
+  EXPECT_CONTAINS(error_of([] { dtype_from_name("float16"); }), "float16");
+  EXPECT_TRUE(is_floating(DType::bf16));
+  EXPECT_FALSE(is_floating(DType::i32));
+  EXPECT_EQ(sizeof(bf16), 2u);
+}
+
+TEST(Bf16, RoundToNearestEven) {
+  EXPECT_EQ(to_bf16_bits(0x3F800000u), 0x3F80);  // 1.0 exact
+  EXPECT_EQ(to_bf16_bits(0x3F808000u), 0x3F80);  // 1 + 2^-8: tie, 0x3F80 is even -> down
+  EXPECT_EQ(to_bf16_bits(0x3F818000u), 0x3F82);  // 1 + 3*2^-8: tie, 0x3F81 is odd -> up
+  EXPECT_EQ(to_bf16_bits(0x3F808001u), 0x3F81);  // just above the tie -> up
+  EXPECT_EQ(to_bf16_bits(0x3F807FFFu), 0x3F80);  // just below the tie -> down
+  EXPECT_EQ(to_bf16_bits(0xBF818000u), 0xBF82);  // negative tie to even
+  EXPECT_EQ(to_bf16_bits(0x3F80FFFFu), 0x3F81);
+  EXPECT_EQ(to_bf16_bits(0x3F7FFFFFu), 0x3F80);  // carries into the exponent
+  EXPECT_EQ(to_bf16_bits(0x7F7FFFFFu), 0x7F80);  // FLT_MAX rounds to +inf
+  EXPECT_EQ(to_bf16_bits(0x7F800000u), 0x7F80);  // +inf
+  EXPECT_EQ(to_bf16_bits(0xFF800000u), 0xFF80);  // -inf
+  EXPECT_EQ(to_bf16_bits(0x00000000u), 0x0000);
+  EXPECT_EQ(to_bf16_bits(0x80000000u), 0x8000);  // -0 keeps its sign
+  EXPECT_EQ(to_bf16_bits(0x00008000u), 0x0000);  // subnormal tie to even
+  EXPECT_EQ(to_bf16_bits(0x00018000u), 0x0002);
+  // NaN stays NaN, including a NaN whose payload lies only in the dropped bits
+  for (uint32_t nan : {0x7FC00000u, 0x7F800001u, 0xFF800001u, 0x7FFFFFFFu}) {
+    const bf16 h = float_to_bf16(bits_float(nan));
+    EXPECT_TRUE(std::isnan(bf16_to_float(h))) << std::hex << nan;
+    EXPECT_EQ(h.bits & 0x8000, (nan >> 16) & 0x8000) << "sign kept";
+  }
+  // every bf16 value converts to float and back unchanged
+  for (uint32_t b = 0; b < 0x10000; ++b) {
+    const float f = bf16_to_float(bf16{static_cast<uint16_t>(b)});
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_bf16(f).bits, b) << std::hex << b;
+  }
+}
+
+TEST(Device, Parse) {
+  EXPECT_EQ(Device::parse("cpu"), Device::cpu());
+  EXPECT_EQ(Device::parse("cuda"), Device::cuda(0));
+  const Device d = Device::parse("cuda:3");
+  EXPECT_TRUE(d.is_cuda());
+  EXPECT_EQ(d.index, 3);
+  EXPECT_EQ(d.str(), "cuda:3");
+  EXPECT_EQ(Device::parse(Device::cuda(12).str()), Device::cuda(12));
+  EXPECT_NE(Device::cuda(0), Device::cuda(1));
+  EXPECT_NE(Device::cpu(), Device::cuda(0));
+  for (const char* bad : {"gpu", "", "CPU", "cuda:", "cuda:x", "cuda:-1", "cuda:1:2", "cuda:+1", "cuda1",
+                          "cuda:99999999999999999999"}) {
+    const std::string msg = error_of([&] { Device::parse(bad); });
+    EXPECT_CONTAINS(msg, std::string("'") + bad + "'");
+    EXPECT_CONTAINS(msg, "cuda:N");
+  }
+}
+
+// ---- views ----------------------------------------------------------------------------
+
+TEST(Views, NarrowSelectShareStorageAndIndex) {
+  Tensor x = arange({2, 3, 4});
+  Tensor n = x.narrow(1, 1, 2);  // (2,2,4): x[:, 1:3, :]
+  EXPECT_EQ(n.shape(), (Shape{2, 2, 4}));
+  EXPECT_TRUE(n.shares_storage(x));
+  EXPECT_FALSE(n.is_contiguous());
+  std::vector<float> expect;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 1; j < 3; ++j)
+      for (int k = 0; k < 4; ++k) expect.push_back(i * 12 + j * 4 + k);
+  EXPECT_EQ(n.to_vector<float>(), expect);
+
+  Tensor s = x.select(2, 1);  // (2,3): x[:, :, 1]
+  EXPECT_EQ(s.shape(), (Shape{2, 3}));
+  EXPECT_TRUE(s.shares_storage(x));
+  EXPECT_EQ(s.to_vector<float>(), (std::vector<float>{1, 5, 9, 13, 17, 21}));
+  EXPECT_EQ(x.select(0, 1).select(0, 2).to_vector<float>(), (std::vector<float>{20, 21, 22, 23}));
+  EXPECT_EQ(x.narrow(-1, 3, 1).select(-1, 0).to_vector<float>(), (std::vector<float>{3, 7, 11, 15, 19, 23}));
+
+  // writing through a view changes the base
+  kernels::fill(n, -1.0);
+  std::vector<float> v = x.to_vector<float>();
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(v[i], (i % 12) >= 4 ? -1.0f : static_cast<float>(i)) << i;
+
+  EXPECT_CONTAINS(error_of([&] { x.narrow(1, 2, 2); }), "(2, 3, 4)");
+  EXPECT_CONTAINS(error_of([&] { x.select(0, 2); }), "(2, 3, 4)");
+  EXPECT_CONTAINS(error_of([&] { x.narrow(3, 0, 1); }), "out of range");
+}
+
+TEST(Views, TransposePermuteUnsqueeze) {
+  Tensor x = arange({2, 3, 4});
+  Tensor t = x.transpose(0, 2);  // (4,3,2), t[k][j][i] = x[i][j][k]
+  EXPECT_EQ(t.shape(), (Shape{4, 3, 2}));
+  EXPECT_TRUE(t.shares_storage(x));
+  EXPECT_FALSE(t.is_contiguous());
+  std::vector<float> tv = t.to_vector<float>();
+  for (int k = 0; k < 4; ++k)
+    for (int j = 0; j < 3; ++j)
+      for (int i = 0; i < 2; ++i) EXPECT_EQ(tv[k * 6 + j * 2 + i], i * 12 + j * 4 + k);
+
+  Tensor p = x.permute({1, 2, 0});  // (3,4,2), p[j][k][i] = x[i][j][k]
+  EXPECT_EQ(p.shape(), (Shape{3, 4, 2}));
+  EXPECT_TRUE(p.shares_storage(x));
+  std::vector<float> pv = p.to_vector<float>();
+  for (int j = 0; j < 3; ++j)
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < 2; ++i) EXPECT_EQ(pv[j * 8 + k * 2 + i], i * 12 + j * 4 + k);
+  EXPECT_EQ(x.permute({0, 1, 2}).to_vector<float>(), x.to_vector<float>());
+  EXPECT_EQ(x.permute({2, 0, 1}).permute({1, 2, 0}).to_vector<float>(), x.to_vector<float>());
+  EXPECT_CONTAINS(error_of([&] { x.permute({0, 0, 1}); }), "repeated");
+  EXPECT_CONTAINS(error_of([&] { x.permute({0, 1}); }), "permute");
+
+  for (int64_t d = 0; d <= 3; ++d) {
+    Tensor u = x.unsqueeze(d);
+    Shape expect = {2, 3, 4};
+    expect.insert(expect.begin() + d, 1);
+    EXPECT_EQ(u.shape(), expect);
+    EXPECT_TRUE(u.is_contiguous());
+    EXPECT_TRUE(u.shares_storage(x));
+    EXPECT_EQ(u.to_vector<float>(), x.to_vector<float>());
+  }
+  // unsqueeze of a transposed view indexes like its base
+  EXPECT_EQ(t.unsqueeze(1).to_vector<float>(), tv);
+}
+
+TEST(Views, ViewAtIsAParameterInsideAFlatBuffer) {
+  Tensor buf = Tensor::zeros({40});
+  Tensor w = buf.view_at(5, {3, 4});
+  Tensor b = buf.view_at(17, {4});
+  EXPECT_TRUE(w.shares_storage(buf));
+  EXPECT_TRUE(w.is_contiguous());
+  kernels::fill(w, 2.0);
+  kernels::fill(b, 3.0);
+  std::vector<float> v = buf.to_vector<float>();
+  for (int i = 0; i < 40; ++i)
+    EXPECT_EQ(v[i], i >= 5 && i < 17 ? 2.0f : (i >= 17 && i < 21 ? 3.0f : 0.0f)) << i;
+  // a view_at of a view_at is relative to the inner view
+  Tensor inner = buf.view_at(10, {20}).view_at(2, {2});
+  kernels::fill(inner, 7.0);
+  EXPECT_EQ(buf.to_vector<float>()[12], 7.0f);
+  EXPECT_EQ(buf.to_vector<float>()[13], 7.0f);
+  EXPECT_CONTAINS(error_of([&] { buf.view_at(38, {3}); }), "40");
+  EXPECT_CONTAINS(error_of([&] { buf.view({4, 10}).transpose(0, 1).view_at(0, {2}); }), "contiguous");
+}
+
+TEST(Views, ViewReshapesContiguousAndRefusesStrided) {
+  Tensor x = arange({2, 3, 4});
+  Tensor v = x.view({6, -1});
+  EXPECT_EQ(v.shape(), (Shape{6, 4}));
+  EXPECT_TRUE(v.shares_storage(x));
+  EXPECT_EQ(v.to_vector<float>(), x.to_vector<float>());
+  EXPECT_EQ(x.view({-1}).shape(), (Shape{24}));
+  EXPECT_CONTAINS(error_of([&] { x.view({5, 5}); }), "(5, 5)");
+  EXPECT_CONTAINS(error_of([&] { x.view({-1, -1}); }), "-1");
+
+  Tensor t = x.transpose(1, 2);  // (2,4,3), not contiguous
+  const std::string msg = error_of([&] { t.view({8, 3}); });
+  EXPECT_CONTAINS(msg, "view");
+  EXPECT_CONTAINS(msg, "(2, 4, 3)");  // the tensor's shape
+  EXPECT_CONTAINS(msg, "(8, 3)");     // the requested shape
+  EXPECT_CONTAINS(msg, "contiguous");
+  // reshape copies instead
+  Tensor r = t.reshape({8, 3});
+  EXPECT_FALSE(r.shares_storage(x));
+  EXPECT_EQ(r.to_vector<float>(), t.to_vector<float>());
+  // a narrow along the first dim stays contiguous and can be viewed
+  Tensor n = x.narrow(0, 1, 1).view({12});
+  EXPECT_TRUE(n.shares_storage(x));
+  EXPECT_EQ(n.to_vector<float>()[0], 12.0f);
+}
+
+// ---- copies ----------------------------------------------------------------------------
+
+TEST(Copies, ContiguousCloneAndDtypes) {
+  Tensor x = arange({3, 4});
+  EXPECT_TRUE(x.contiguous().same(x));  // already contiguous: no copy
+  Tensor t = x.transpose(0, 1);
+  Tensor c = t.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_FALSE(c.shares_storage(x));
+  EXPECT_EQ(c.shape(), (Shape{4, 3}));
+  EXPECT_EQ(c.to_vector<float>(), t.to_vector<float>());
+  EXPECT_EQ(c.to_vector<float>()[1], 4.0f);  // c[0][1] = x[1][0]
+
+  Tensor k = x.clone();
+  EXPECT_FALSE(k.shares_storage(x));
+  kernels::fill(k, 0.0);
+  EXPECT_EQ(x.to_vector<float>()[5], 5.0f);  // the clone is independent
+
+  EXPECT_TRUE(x.to(DType::f32).same(x));
+  Tensor d = x.to(DType::f64);
+  EXPECT_EQ(d.dtype(), DType::f64);
+  EXPECT_EQ(d.to_vector<double>()[7], 7.0);
+  EXPECT_EQ(d.to(DType::f32).to_vector<float>(), x.to_vector<float>());
+  // a strided source converts element by element
+  EXPECT_EQ(t.to(DType::f64).to_vector<double>(), c.to(DType::f64).to_vector<double>());
+}
+
+TEST(Copies, ToBf16RoundsToNearestEven) {
+  std::vector<float> v = {1.0f,
+                          bits_float(0x3F808000u),
+                          bits_float(0x3F818000u),
+                          bits_float(0x3F808001u),
+                          -2.5f,
+                          1e-3f,
+                          3.14159265f,
+                          65504.0f,
+                          -0.0f};
+  Tensor x = Tensor::from_vector<float>(v, {3, 3});
+  Tensor h = x.to(DType::bf16);
+  EXPECT_EQ(h.dtype(), DType::bf16);
+  EXPECT_EQ(h.nbytes(), 18u);
+  const bf16* p = h.data<bf16>();
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(p[i].bits, float_to_bf16(v[i]).bits) << i;
+  std::vector<float> back = h.to_vector<float>();
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_EQ(back[i], bf16_to_float(float_to_bf16(v[i]))) << i;
+  // from a transposed view too
+  Tensor ht = x.transpose(0, 1).to(DType::bf16);
+  EXPECT_EQ(ht.to_vector<float>()[1], bf16_to_float(float_to_bf16(v[3])));
+  // f64 -> bf16 rounds once: 1 + 2^-8 + 2^-40 is above the tie, so it rounds up
+  // (rounding to f32 first would land exactly on the tie and then round down to 1.0)
+  Tensor d = Tensor::from_vector<double>(
+      {1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40), 1.0 + std::ldexp(1.0, -8),
+       -(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40))},
+      {3});
+  const bf16* pd = d.to(DType::bf16).data<bf16>();
+  EXPECT_EQ(pd[0].bits, 0x3F81);
+  EXPECT_EQ(pd[1].bits, 0x3F80);
+  EXPECT_EQ(pd[2].bits, 0xBF81);
+  EXPECT_EQ(
+      Tensor::full({1}, 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40), DType::bf16).data<bf16>()[0].bits,
+      0x3F81);
+}
+
+TEST(Copies, CopyIntoStridedDestinationConverts) {
+  Tensor dst = Tensor::zeros({4, 3}, DType::f64);
+  Tensor src = arange({3, 4});
+  dst.transpose(0, 1).copy_(src);  // dst^T = src
+  std::vector<double> v = dst.to_vector<double>();
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 3; ++j) EXPECT_EQ(v[i * 3 + j], j * 4 + i);
+  EXPECT_CONTAINS(error_of([&] { dst.copy_(src); }), "(3, 4)");
+}
+
+// ---- printing ---------------------------------------------------------------------------
+
+TEST(Printing, ShowsDtypeShapeAndValues) {
+  std::ostringstream os;
+  os << Tensor::from_vector<float>({1.5f, 2, 3, 4, 5, 6}, {2, 3});
+  const std::string s = os.str();
+  EXPECT_CONTAINS(s, "float32");
+  EXPECT_CONTAINS(s, "(2, 3)");
+  EXPECT_CONTAINS(s, "cpu");
+  EXPECT_CONTAINS(s, "1.5");
+  EXPECT_CONTAINS(s, "6");
+  EXPECT_EQ(s.find("..."), std::string::npos);
+
+  std::ostringstream og;
+  og << Tensor::zeros({2}, DType::f64).set_requires_grad(true) << " " << Tensor();
+  EXPECT_CONTAINS(og.str(), "float64");
+  EXPECT_CONTAINS(og.str(), "requires_grad");
+  EXPECT_CONTAINS(og.str(), "undefined");
+}
+
+TEST(Printing, ElidesLargeTensors) {
+  Tensor big = arange({1000, 1000});
+  std::ostringstream os;
+  os << big;
+  const std::string s = os.str();
+  EXPECT_CONTAINS(s, "(1000, 1000)");
+  EXPECT_CONTAINS(s, "...");
+  EXPECT_CONTAINS(s, "994 more rows");
+  EXPECT_LT(s.size(), 1000u) << "a million elements print as a short summary";
+  // the first and last three rows and columns are shown, the middle elided
+  std::ostringstream o10;
+  o10 << arange({10, 10});
+  const std::string s10 = o10.str();
+  EXPECT_CONTAINS(s10, "4 more rows");
+  EXPECT_CONTAINS(s10, "[0, 1, 2 ..., 7, 8, 9]");
+  EXPECT_CONTAINS(s10, "[90, 91, 92 ..., 97, 98, 99]");
+  EXPECT_EQ(s10.find("55"), std::string::npos);  // row 5 is elided
+  EXPECT_EQ(s10.find("14"), std::string::npos);  // column 4 is elided
+  std::ostringstream ob;
+  ob << big.to(DType::bf16);
+  EXPECT_CONTAINS(ob.str(), "bfloat16");
+}
+
+// ---- memory accounting ---------------------------------------------------------------------
+
+TEST(Memory, InUseAndPeakFollowAllocations) {
+  const Device cpu = Device::cpu();
+  const int64_t base = memory_stats(cpu).in_use;
+  reset_peak_memory(cpu);
+  EXPECT_EQ(memory_stats(cpu).peak, base);
+  const int64_t mb = 1 << 20;
+  {
+    Tensor a = Tensor::empty({mb / 4});  // 1 MiB
+    EXPECT_EQ(memory_stats(cpu).in_use, base + mb);
+    {
+      Tensor b = Tensor::empty({mb / 2}, DType::f64);  // 4 MiB
+      Tensor view = b.narrow(0, 10, 100);              // a view allocates nothing
+      EXPECT_EQ(memory_stats(cpu).in_use, base + 5 * mb);
+    }
+    EXPECT_EQ(memory_stats(cpu).in_use, base + mb);
+    EXPECT_EQ(memory_stats(cpu).peak, base + 5 * mb);
+    Tensor small = Tensor::empty({3}, DType::bf16);  // rounded up to 64 bytes
+    EXPECT_EQ(memory_stats(cpu).in_use, base + mb + 64);
+  }
+  EXPECT_EQ(memory_stats(cpu).in_use, base);
+  EXPECT_EQ(memory_stats(cpu).peak, base + 5 * mb);
+  EXPECT_GE(memory_stats(cpu).cached, 5 * mb);  // freed blocks wait in the cache
+  reset_peak_memory(cpu);
+  EXPECT_EQ(memory_stats(cpu).peak, base);
+  {
+    Tensor again = Tensor::empty({mb / 4});  // served from the cache, still counted
+    EXPECT_EQ(memory_stats(cpu).in_use, base + mb);
+  }
+  empty_cache(cpu);
+  EXPECT_EQ(memory_stats(cpu).cached, 0);
+  EXPECT_EQ(memory_stats(cpu).in_use, base);
+}
+
+// ---- error messages ------------------------------------------------------------------------
+
+TEST(Errors, ShapeMismatchesNameTheOpAndShapes) {
+  Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4, 5});
+  std::string m = error_of([&] { matmul(a, b); });
+  EXPECT_CONTAINS(m, "matmul");
+  EXPECT_CONTAINS(m, "(2, 3)");
+  EXPECT_CONTAINS(m, "(4, 5)");
+  m = error_of([&] { matmul(Tensor::zeros({2, 3, 4, 5}), b); });
+  EXPECT_CONTAINS(m, "matmul");
+  EXPECT_CONTAINS(m, "(2, 3, 4, 5)");
+  m = error_of([&] { matmul(Tensor::zeros({2, 3, 4}), Tensor::zeros({3, 4, 5})); });
+  EXPECT_CONTAINS(m, "batch");
+  EXPECT_CONTAINS(m, "(3, 4, 5)");
+  m = error_of([&] { add(a, b); });
+  EXPECT_CONTAINS(m, "add");
+  EXPECT_CONTAINS(m, "(2, 3)");
+  EXPECT_CONTAINS(m, "(4, 5)");
+  m = error_of([&] { mul(a, Tensor::zeros({2})); });
+  EXPECT_CONTAINS(m, "mul");
+  EXPECT_CONTAINS(m, "(2)");
+  m = error_of([&] { linear(Tensor::zeros({7, 12}), Tensor::zeros({10, 4}), Tensor()); });
+  EXPECT_CONTAINS(m, "linear");
+  EXPECT_CONTAINS(m, "(7, 12)");
+  EXPECT_CONTAINS(m, "(10, 4)");
+  m = error_of([&] { linear(Tensor::zeros({7, 12}), Tensor::zeros({12, 4}), Tensor::zeros({5})); });
+  EXPECT_CONTAINS(m, "bias");
+  EXPECT_CONTAINS(m, "(5)");
+  m = error_of([&] { layernorm(Tensor::zeros({7, 12}), Tensor::zeros({11}), Tensor::zeros({12})); });
+  EXPECT_CONTAINS(m, "layernorm");
+  EXPECT_CONTAINS(m, "(11)");
+  m = error_of([&] {
+    attention(Tensor::zeros({1, 2, 5, 4}), Tensor::zeros({1, 2, 5, 3}), Tensor::zeros({1, 2, 5, 3}));
+  });
+  EXPECT_CONTAINS(m, "attention");
+  EXPECT_CONTAINS(m, "(1, 2, 5, 4)");
+  EXPECT_CONTAINS(m, "(1, 2, 5, 3)");
+  m = error_of([&] { split_last(Tensor::zeros({3, 12}), {5, 5}); });
+  EXPECT_CONTAINS(m, "split_last");
+  EXPECT_CONTAINS(m, "(3, 12)");
+  m = error_of([&] { concat_last({Tensor::zeros({3, 2}), Tensor::zeros({4, 2})}); });
+  EXPECT_CONTAINS(m, "concat_last");
+  EXPECT_CONTAINS(m, "(4, 2)");
+  m = error_of([&] { heads_to_front(Tensor::zeros({2, 7, 12})); });
+  EXPECT_CONTAINS(m, "heads_to_front");
+  EXPECT_CONTAINS(m, "(2, 7, 12)");
+  m = error_of([&] { view(Tensor::zeros({2, 7}), {3, 5}); });
+  EXPECT_CONTAINS(m, "(3, 5)");
+}
+
+TEST(Errors, DtypeMismatchesNameTheOpAndDtypes) {
+  std::string m = error_of([] { matmul(Tensor::zeros({2, 3}), Tensor::zeros({3, 4}, DType::f64)); });
+  EXPECT_CONTAINS(m, "matmul");
+  EXPECT_CONTAINS(m, "float32");
+  EXPECT_CONTAINS(m, "float64");
+  m = error_of([] { add(Tensor::zeros({2, 3}, DType::bf16), Tensor::zeros({2, 3})); });
+  EXPECT_CONTAINS(m, "add");
+  EXPECT_CONTAINS(m, "bfloat16");
+  m = error_of([] { gelu(Tensor::zeros({2}, DType::i32)); });
+  EXPECT_CONTAINS(m, "gelu");
+  EXPECT_CONTAINS(m, "int32");
+  m = error_of([] { cross_entropy(Tensor::zeros({7, 11}), Tensor::zeros({7})); });
+  EXPECT_CONTAINS(m, "cross_entropy");
+  EXPECT_CONTAINS(m, "int32");
+  EXPECT_CONTAINS(m, "float32(7)");
+  m = error_of([] { embedding(Tensor::zeros({4}), Tensor::zeros({11, 3})); });
+  EXPECT_CONTAINS(m, "embedding");
+  EXPECT_CONTAINS(m, "float32");
+  m = error_of([] { Tensor::zeros({2}, DType::i32).set_requires_grad(true); });
+  EXPECT_CONTAINS(m, "int32");
+  m = error_of([] { Tensor::zeros({2}).data<double>(); });
+  EXPECT_CONTAINS(m, "float64");
+  EXPECT_CONTAINS(m, "float32");
+}
+
+TEST(Errors, BadValuesNameThemselves) {
+  Tensor logits = Tensor::zeros({3, 11});
+  std::string m = error_of([&] { cross_entropy(logits, Tensor::from_vector<int32_t>({1, 11, 2}, {3})); });
+  EXPECT_CONTAINS(m, "cross_entropy");
+  EXPECT_CONTAINS(m, "target 11");
+  m = error_of([&] { cross_entropy(logits, Tensor::from_vector<int32_t>({1, 9, 2}, {3}), -1, 8); });
+  EXPECT_CONTAINS(m, "target 9");  // inside V but past v_limit
+  m = error_of([&] { cross_entropy(logits, Tensor::from_vector<int32_t>({1, 2, 2}, {3}), -1, 12); });
+  EXPECT_CONTAINS(m, "v_limit 12");
+  m = error_of([] { embedding(Tensor::from_vector<int32_t>({0, 11}, {2}), Tensor::zeros({11, 3})); });
+  EXPECT_CONTAINS(m, "embedding");
+  EXPECT_CONTAINS(m, "id 11");
+  m = error_of([] { embedding(Tensor::from_vector<int32_t>({-1}, {1}), Tensor::zeros({11, 3})); });
+  EXPECT_CONTAINS(m, "id -1");
+  m = error_of([] { Tensor::zeros({2, 3}).item(); });
+  EXPECT_CONTAINS(m, "(2, 3)");
+  m = error_of([] { Tensor::from_vector<float>({1, 2, 3}, {2, 2}); });
+  EXPECT_CONTAINS(m, "(2, 2)");
+  m = error_of([] { Tensor::empty({2, -3}); });
+  EXPECT_CONTAINS(m, "(2, -3)");
+}
+
+TEST(Errors, DeviceMismatchOrMissingCuda) {
+  if (!cuda::available()) {
+    // a CPU-only build (or a machine without a GPU) says so instead of crashing
+    const std::string m = error_of([] { Tensor::zeros({2}, DType::f32, Device::cuda(0)); });
+    EXPECT_CONTAINS(m, "CUDA");
+    return;
+  }
+  Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({3, 4}, DType::f32, Device::cuda(0));
+  const std::string m = error_of([&] { matmul(a, b); });
+  EXPECT_CONTAINS(m, "matmul");
+  EXPECT_CONTAINS(m, "cpu");
+  EXPECT_CONTAINS(m, "cuda:0");
+}
+
+// ---- RNG -----------------------------------------------------------------------------------
+
+// Random123's known-answer vectors for Philox4x32-10 (its tests/kat_vectors).
+TEST(Rng, PhiloxKnownAnswers) {
+  struct Kat {
+    uint32_t ctr[4], key[2], out[4];
+  };
+  const Kat kats[] = {
+      {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+      {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+       {0xffffffff, 0xffffffff},
+       {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+      {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+       {0xa4093822, 0x299f31d0},
+       {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+  };
+  for (const Kat& k : kats) {
+    uint32_t c[4] = {k.ctr[0], k.ctr[1], k.ctr[2], k.ctr[3]};
+    Philox::block(c, k.key[0], k.key[1]);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(c[i], k.out[i]) << i;
+  }
+}
+
+namespace {
+Tensor normal(int64_t n, uint64_t seed, uint64_t stream, uint64_t start, DType dt = DType::f32,
+              float mean = 0, float std = 1) {
+  Tensor t = Tensor::empty({n}, dt);
+  kernels::fill_normal(t, seed, stream, start, mean, std);
+  return t;
+}
+Tensor uniform(int64_t n, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi) {
+  Tensor t = Tensor::empty({n});
+  kernels::fill_uniform(t, seed, stream, start, lo, hi);
+  return t;
+}
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
+}
+}  // namespace
+
+TEST(Rng, SameCountersSameValues) {
+  EXPECT_TRUE(bitwise_equal(normal(1001, 7, 3, 0), normal(1001, 7, 3, 0)));
+  EXPECT_TRUE(bitwise_equal(uniform(1001, 7, 3, 0, -1, 2), uniform(1001, 7, 3, 0, -1, 2)));
+  EXPECT_EQ(normal(5, 7, 3, 0).to_vector<float>()[2], Philox::normal(7, 3, 2, 0.0f, 1.0f));
+}
+
+TEST(Rng, SliceAloneEqualsSliceOfWhole) {
+  const int64_t n = 1003;
+  Tensor whole_n = normal(n, 1337, 9, 0), whole_u = uniform(n, 1337, 9, 0, -3, 5);
+  // odd starts and lengths cross Philox block (4) and Box-Muller pair (2) boundaries
+  for (auto [start, len] :
+       std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 6}, {3, 5}, {13, 200}, {500, 503}, {1002, 1}}) {
+    EXPECT_TRUE(bitwise_equal(normal(len, 1337, 9, start), whole_n.narrow(0, start, len).contiguous()))
+        << "normal [" << start << ", " << start + len << ")";
+    EXPECT_TRUE(
+        bitwise_equal(uniform(len, 1337, 9, start, -3, 5), whole_u.narrow(0, start, len).contiguous()))
+        << "uniform [" << start << ", " << start + len << ")";
+  }
+  // rows of a 2-D parameter generated shard by shard
+  Tensor w = Tensor::empty({6, 7});
+  kernels::fill_normal(w, 1, 2, 0, 0.0f, 0.02f);
+  Tensor shard = Tensor::empty({2, 7});
+  kernels::fill_normal(shard, 1, 2, 3 * 7, 0.0f, 0.02f);
+  EXPECT_TRUE(bitwise_equal(shard, w.narrow(0, 3, 2).contiguous()));
+}
+
+TEST(Rng, DifferentStreamsAndSeedsDiffer) {
+  const std::vector<float> a = normal(64, 1, 0, 0).to_vector<float>();
+  const std::vector<float> b = normal(64, 1, 1, 0).to_vector<float>();
+  const std::vector<float> c = normal(64, 2, 0, 0).to_vector<float>();
+  const std::vector<float> d = normal(64, 1, 0, 64).to_vector<float>();
+  int same_ab = 0, same_ac = 0, same_ad = 0;
+  for (int i = 0; i < 64; ++i) {
+    same_ab += a[i] == b[i];
+    same_ac += a[i] == c[i];
+    same_ad += a[i] == d[i];
+  }
+  EXPECT_EQ(same_ab, 0);
+  EXPECT_EQ(same_ac, 0);
+  EXPECT_EQ(same_ad, 0);
+  // streams above 2^32 and seeds above 2^32 matter too
+  EXPECT_FALSE(bitwise_equal(normal(8, 1, 1ull << 33, 0), normal(8, 1, 0, 0)));
+  EXPECT_FALSE(bitwise_equal(normal(8, 1ull << 33, 0, 0), normal(8, 0, 0, 0)));
+}
+
+TEST(Rng, NormalAndUniformStatistics) {
+  const int64_t n = 100000;
+  auto stats = [](const std::vector<float>& v) {
+    double s = 0, s2 = 0;
+    for (float x : v) s += x;
+    const double m = s / v.size();
+    for (float x : v) s2 += (x - m) * (x - m);
+    return std::pair<double, double>{m, std::sqrt(s2 / v.size())};
+  };
+  // standard error of the mean is 1/sqrt(n) ~ 0.003; bounds are ~6 sigma
+  auto [m, s] = stats(normal(n, 42, 0, 0).to_vector<float>());
+  EXPECT_NEAR(m, 0.0, 0.02);
+  EXPECT_NEAR(s, 1.0, 0.02);
+  auto [m2, s2] = stats(normal(n, 42, 1, 0, DType::f32, 3.0f, 0.5f).to_vector<float>());
+  EXPECT_NEAR(m2, 3.0, 0.01);
+  EXPECT_NEAR(s2, 0.5, 0.01);
+  std::vector<float> nv = normal(n, 42, 2, 0).to_vector<float>();
+  int64_t within1 = 0;
+  for (float x : nv) within1 += std::abs(x) < 1.0f;
+  EXPECT_NEAR(static_cast<double>(within1) / n, 0.6827, 0.01);  // the 68% rule: it is normal
+
+  std::vector<float> u = uniform(n, 42, 3, 0, -2.0f, 6.0f).to_vector<float>();
+  for (float x : u) {
+    ASSERT_GT(x, -2.0f);
+    ASSERT_LT(x, 6.0f);
+  }
+  auto [mu, su] = stats(u);
+  EXPECT_NEAR(mu, 2.0, 0.05);
+  EXPECT_NEAR(su, 8.0 / std::sqrt(12.0), 0.05);
+}
+
+TEST(Rng, F32AndF64FillsAgree) {
+  std::vector<float> f = normal(999, 5, 6, 17).to_vector<float>();
+  std::vector<double> d = normal(999, 5, 6, 17, DType::f64).to_vector<double>();
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_NEAR(d[i], f[i], 6e-8 * std::abs(f[i])) << i;
+  Tensor u64 = Tensor::empty({999}, DType::f64);
+  kernels::fill_uniform(u64, 5, 6, 17, -1.0f, 1.0f);
+  std::vector<double> ud = u64.to_vector<double>();
+  std::vector<float> uf = uniform(999, 5, 6, 17, -1.0f, 1.0f).to_vector<float>();
+  for (size_t i = 0; i < uf.size(); ++i) EXPECT_NEAR(ud[i], uf[i], 6e-8 * std::abs(uf[i])) << i;
+  // bf16 fills are the f32 values rounded once
+  std::vector<float> h = normal(999, 5, 6, 17, DType::bf16).to_vector<float>();
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(h[i], bf16_to_float(float_to_bf16(f[i]))) << i;
+}

@@ -1,0 +1,235 @@
+// train_gpt end to end, in-process: config parsing and its errors, training that learns,
+// bit-exact resume, and bad input (one clear line, non-zero exit, checkpoints untouched).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "models/gpt.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/trainer.h"
+#include "train/vocab.h"
+
+using namespace ndt;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunResult {
+  int rc;
+  std::string out, err;
+};
+
+RunResult run(std::vector<std::string> args) {
+  args.insert(args.begin(), "train_gpt");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  int rc = train::train_main(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {rc, out.str(), err.str()};
+}
+
+// A small char-level corpus: sentences from a fixed word list, picked by an LCG.
+fs::path make_data(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("ndt_test_train_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "data");
+  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "see", "it"};
+  std::string text;
+  uint64_t x = 42;
+  for (int i = 0; i < 6000; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    text += words[(x >> 33) % 12];
+    text += (i % 9 == 8) ? ".\n" : " ";
+  }
+  data::Vocab v = data::Vocab::build_char(text);
+  std::vector<uint16_t> t = v.encode(text);
+  const size_t split = t.size() * 9 / 10;
+  data::write_shard((d / "data" / "train_000000.bin").string(), {t.begin(), t.begin() + split});
+  data::write_shard((d / "data" / "val_000000.bin").string(), {t.begin() + split, t.end()});
+  v.save((d / "data" / "vocab.json").string());
+  std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << v.size()
+                               << "\nblock_size = 32\n[data]\ntrain = " << (d / "data" / "train_*.bin").string()
+                               << "\nval = " << (d / "data" / "val_*.bin").string()
+                               << "\n[train]\nmicro_batch_size = 4\nseq_len = 32\nsteps = 8\neval_every = 4\n"
+                                  "eval_steps = 2\nthreads = 1\n[optim]\nlr = 0.01\nwarmup_steps = 2\n"
+                                  "[sample]\nevery = -1\n[log]\nevery = 1\n";
+  return d;
+}
+
+std::vector<double> losses(const fs::path& metrics) {
+  std::vector<double> l;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) l.push_back(j["loss"].get<double>());
+  }
+  return l;
+}
+
+// Every file under dir with its bytes, to show a failed run changed nothing.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> s;
+  if (!fs::exists(dir)) return s;
+  for (auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream f(e.path(), std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    s[e.path().string()] = ss.str();
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(TrainGpt, HelpListsEveryKeyWithDefaults) {
+  RunResult r = run({"--help"});
+  EXPECT_EQ(r.rc, 0);
+  for (const char* key : {"model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size", "model.block_size",
+                          "model.init_from", "data.train", "data.val", "data.shuffle", "train.micro_batch_size",
+                          "train.seq_len", "train.grad_accum_steps", "train.steps", "train.eval_every", "train.eval_steps",
+                          "train.seed", "train.device", "train.dtype", "optim.lr", "optim.min_lr_frac",
+                          "optim.warmup_steps", "optim.schedule", "optim.weight_decay", "optim.beta1", "optim.beta2",
+                          "optim.eps", "optim.grad_clip", "checkpoint.dir", "checkpoint.every", "checkpoint.resume",
+                          "log.metrics", "log.every", "sample.every", "sample.length", "sample.temperature",
+                          "sample.top_k", "sample.prompt", "parallel.dp_replicate_size", "parallel.dp_shard_size",
+                          "parallel.tp_size", "parallel.cp_size"})
+    EXPECT_NE(r.out.find(key), std::string::npos) << key;
+  EXPECT_NE(r.out.find("(=0.001)"), std::string::npos);  // defaults are shown
+}
+
+TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
+  fs::path d = make_data("learn");
+  RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "30", "--log.metrics", (d / "m.jsonl").string(),
+               "--log.report", (d / "report.html").string(), "--sample.every", "0", "--sample.length", "20",
+               "--checkpoint.dir", (d / "ckpt").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::vector<double> l = losses(d / "m.jsonl");
+  ASSERT_EQ(l.size(), 30u);
+  EXPECT_LT(l.back(), l.front() - 0.8) << r.out;  // it learns
+  EXPECT_NE(r.out.find("parameters: "), std::string::npos);
+  EXPECT_NE(r.out.find("tokens per step"), std::string::npos);
+  EXPECT_NE(r.out.find("val loss"), std::string::npos);
+  EXPECT_NE(r.out.find("sample at step 30"), std::string::npos);
+  EXPECT_NE(r.out.find("GFLOP/s"), std::string::npos);
+  std::ifstream rep(d / "report.html");
+  std::stringstream ss;
+  ss << rep.rdbuf();
+  EXPECT_NE(ss.str().find("<svg"), std::string::npos);
+  EXPECT_NE(ss.str().find("<polyline"), std::string::npos);
+  // the final checkpoint loads back as weights (init_from)
+  EXPECT_TRUE(fs::exists(d / "ckpt" / "step_00000030" / "model.safetensors"));
+  RunResult r2 = run({"--config", (d / "gpt.ini").string(), "--train.steps", "1", "--model.init_from",
+                (d / "ckpt" / "step_00000030" / "model.safetensors").string(), "--log.metrics", (d / "m2.jsonl").string()});
+  ASSERT_EQ(r2.rc, 0) << r2.err;
+  EXPECT_LT(losses(d / "m2.jsonl")[0], l.front() - 0.8);  // starts where training left off
+}
+
+TEST(TrainGpt, ResumedRunMatchesUninterruptedRunBitForBit) {
+  fs::path d = make_data("resume");
+  const std::string ini = (d / "gpt.ini").string();
+  for (const char* shuffle : {"false", "true"}) {
+    fs::remove_all(d / "a");
+    fs::remove_all(d / "b");
+    RunResult full = run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2", "--log.metrics",
+                    (d / "full.jsonl").string()});
+    ASSERT_EQ(full.rc, 0) << full.err;
+    RunResult part = run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2", "--log.metrics",
+                    (d / "b.jsonl").string(), "--checkpoint.dir", (d / "b").string(), "--train.stop_after", "3"});
+    ASSERT_EQ(part.rc, 0) << part.err;
+    EXPECT_NE(part.out.find("stopped after 3 steps"), std::string::npos);
+    EXPECT_EQ(losses(d / "b.jsonl").size(), 3u);
+    RunResult rest = run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2", "--log.metrics",
+                    (d / "b.jsonl").string(), "--checkpoint.dir", (d / "b").string(), "--checkpoint.resume", "true"});
+    ASSERT_EQ(rest.rc, 0) << rest.err;
+    EXPECT_NE(rest.out.find("resumed from"), std::string::npos);
+    std::vector<double> a = losses(d / "full.jsonl"), b = losses(d / "b.jsonl");
+    ASSERT_EQ(a.size(), 8u);
+    ASSERT_EQ(b.size(), 8u);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1 << " shuffle " << shuffle;
+  }
+}
+
+TEST(TrainGpt, ConfigErrorsExitWithCode2AndNameTheKey) {
+  fs::path d = make_data("config");
+  const std::string ini = (d / "gpt.ini").string();
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  std::ofstream(d / "unknown.ini") << "[model]\nn_layers = 4\n";
+  std::ofstream(d / "badval.ini") << "[train]\nsteps = many\n";
+  const std::vector<Case> cases = {
+      {{"--config", (d / "unknown.ini").string()}, "unknown key 'model.n_layers'"},
+      {{"--config", (d / "badval.ini").string()}, "train.steps"},
+      {{"--config", (d / "missing.ini").string()}, "cannot read config file"},
+      {{"--config", ini, "--train.bogus", "1"}, "unknown key 'train.bogus'"},
+      {{"--config", ini, "--train.seq_len", "64"}, "train.seq_len (64) must be <= model.block_size (32)"},
+      {{"--config", ini, "--parallel.tp_size", "2"}, "parallel.tp_size = 2"},
+      {{"--config", ini, "--optim.schedule", "exp"}, "optim.schedule must be cosine, linear or constant"},
+      {{"--config", ini, "--train.dtype", "bfloat16"}, "bfloat16 is not supported yet"},
+      {{"--config", ini, "--train.device", "tpu"}, "train.device must be cpu, cuda or cuda:N"},
+      {{"--config", ini, "--model.n_head", "3"}, "model.n_embd (32) must be a positive multiple of model.n_head (3)"},
+  };
+  for (const Case& c : cases) {
+    RunResult r = run(c.args);
+    EXPECT_EQ(r.rc, 2) << c.expect << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+  }
+}
+
+TEST(TrainGpt, BadInputFailsCleanlyAndLeavesCheckpointsAlone) {
+  fs::path d = make_data("badinput");
+  const std::string ini = (d / "gpt.ini").string(), ck = (d / "ckpt").string();
+  ASSERT_EQ(run({"--config", ini, "--train.steps", "2", "--checkpoint.dir", ck}).rc, 0);
+  const auto before = snapshot(d / "ckpt");
+  ASSERT_FALSE(before.empty());
+  // corrupt and truncated shards, a token >= vocab_size, a bad init_from file
+  {
+    std::ifstream in(d / "data" / "train_000000.bin", std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string bytes = ss.str();
+    std::ofstream(d / "trunc.bin", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+    std::string bad = bytes;
+    bad[0] = 'X';
+    std::ofstream(d / "magic.bin", std::ios::binary) << bad;
+  }
+  data::write_shard((d / "bigtok.bin").string(), std::vector<uint16_t>(1000, 500));
+  std::ofstream(d / "junk.safetensors") << "not a safetensors file at all";
+  models::GPTConfig other;
+  other.n_layer = 1, other.n_head = 2, other.n_embd = 32, other.vocab_size = 20, other.block_size = 32;
+  models::GPT og(other);
+  nn::FlatParams op = nn::materialize(og.units(), Device::cpu(), DType::f32, 1);
+  ckpt::save_weights((d / "other.safetensors").string(), og, op);
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{"--data.train", (d / "nothing_*.bin").string()}, "no data files match"},
+      {{"--data.train", (d / "trunc.bin").string()}, "truncated or corrupt"},
+      {{"--data.train", (d / "magic.bin").string()}, "bad magic"},
+      {{"--data.train", (d / "bigtok.bin").string()}, "token 500 at position"},
+      {{"--model.init_from", (d / "junk.safetensors").string()}, "junk.safetensors"},
+      {{"--model.init_from", (d / "other.safetensors").string()}, "missing tensors: h.1."},
+      {{"--model.init_from", (d / "nope.safetensors").string()}, "cannot open"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"--config", ini, "--checkpoint.dir", ck, "--checkpoint.resume", "true"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    if (c.args[0] == "--model.init_from") args[5] = "false";  // init_from applies to fresh runs
+    RunResult r = run(args);
+    EXPECT_EQ(r.rc, 1) << c.expect << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+    EXPECT_EQ(snapshot(d / "ckpt"), before) << c.expect;
+  }
+}
