@@ -1,4 +1,4 @@
-// train_gpt: train a GPT from an INI config. See `train_gpt --help` and docs/config.md.
+// train_gpt: train a GPT from an INI config. See `train_gpt --help` and docs/training.md.
 #include <iostream>
 
 #include "tensor/threads.h"

@@ -197,7 +197,7 @@ void Trainer::run() {
     if (val_ && c_.eval_every > 0 && step % c_.eval_every == 0) {
       last_val = evaluate();
       curves_.val.push_back({step, last_val});
-      out_ << "step " << step << " | val loss " << last_val << "\n";
+      out_ << "step " << step << " | val loss " << last_val << std::endl;
       log_json({{"step", step}, {"val_loss", last_val}});
     }
     if (c_.sample_every > 0 && step > 0 && step % c_.sample_every == 0) sample(step);
@@ -238,7 +238,7 @@ void Trainer::run() {
                     (long long)step + 1, (long long)c_.steps, loss, lr, norm, sec * 1e3, tok_s, speed.c_str(),
                     human_bytes(static_cast<double>(mem.in_use)).c_str(), human_bytes(static_cast<double>(mem.peak)).c_str(),
                     human_time(avg * static_cast<double>(c_.steps - step - 1)).c_str());
-      out_ << line << "\n";
+      out_ << line << std::endl;  // flushed: progress shows through pipes and tee
     }
     log_json({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", sec * 1e3},
               {"tokens_per_sec", tok_s}, {"gflops_per_sec", flops_per_step / sec / 1e9}, {"mem_in_use", mem.in_use},

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/fastmath.h"
 #include "tensor/cpu/kernels.h"
 
 namespace ndt::cpu {
@@ -76,10 +77,10 @@ void gelu_forward(const Tensor& x, const Tensor& out) {
     T* po = static_cast<T*>(out.data_ptr());
     const int64_t n = x.numel();
     const A k = std::sqrt(A(2) / A(M_PI));
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) {
       const A v = load(px[i]);
-      po[i] = st<T>(A(0.5) * v * (A(1) + std::tanh(k * (v + A(0.044715) * v * v * v))));
+      po[i] = st<T>(A(0.5) * v * (A(1) + fast_tanh(k * (v + A(0.044715) * v * v * v))));
     }
   });
 }
@@ -94,10 +95,10 @@ void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     T* pdx = static_cast<T*>(dx.data_ptr());
     const int64_t n = x.numel();
     const A k = std::sqrt(A(2) / A(M_PI));
-#pragma omp parallel for schedule(static) if (n > kParallelMin)
+#pragma omp parallel for simd schedule(static) if (n > kParallelMin)
     for (int64_t i = 0; i < n; ++i) {
       const A v = load(px[i]);
-      const A t = std::tanh(k * (v + A(0.044715) * v * v * v));
+      const A t = fast_tanh(k * (v + A(0.044715) * v * v * v));
       const A grad = A(0.5) * (A(1) + t) + A(0.5) * v * (A(1) - t * t) * k * (A(1) + A(3 * 0.044715) * v * v);
       pdx[i] = st<T>(grad * load(pd[i]));
     }

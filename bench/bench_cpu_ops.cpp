@@ -1,0 +1,243 @@
+// CPU op benchmarks (Google Benchmark): GEMM through the kernel, through the op and
+// straight through cblas_sgemm; causal attention; LayerNorm. Results: docs/PERFORMANCE.md.
+//
+//   build/bench_cpu_ops --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//
+// BLAS: ndt::use_optimized_blas first (re-executes with OPENBLAS_CORETYPE set where
+// Debian's OpenBLAS misdetects the CPU; NDT_NO_BLAS_REEXEC=1 keeps what it detected).
+// Threads: ndt::set_num_threads(NDT_BENCH_THREADS) (default 2, the reference machine's
+// cores) sets both OpenMP and OpenBLAS.
+// Under noise from other processes, compare the min_time / max_FLOPS rows of repetitions.
+// FLOP counters count the arithmetic the kernels do (attention: full, unmasked score
+// GEMMs, which is what the CPU path computes).
+//
+// Legend: N square matrix size; B batch, NH heads, T time, HS head size; R rows, C channels.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "tensor/kernels.h"
+#include "tensor/threads.h"
+
+using namespace ndt;
+
+namespace {
+
+Tensor randn(const Shape& shape, uint64_t stream, DType dt = DType::f32) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  kernels::fill_normal(t, /*seed=*/7, stream, 0, 0.0f, 1.0f);
+  return dt == DType::f32 ? t : t.to(dt);
+}
+
+// Extra statistics over repetitions: the fastest run (min time) and its rate (max).
+double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+void setup(benchmark::internal::Benchmark* b) {
+  b->UseRealTime()->ComputeStatistics("min", min_of)->ComputeStatistics("max", max_of);
+}
+
+void flops(benchmark::State& state, double per_iteration) {
+  state.counters["FLOPS"] = benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- (a) matmul: a (N,N) @ b (N,N) -> c (N,N), f32 ---------------------------------------
+
+// The kernel with a preallocated output: ndt::kernels::gemm -> cpu::gemm -> cblas_sgemm.
+void BM_gemm_kernel(benchmark::State& state) {
+  const int64_t N = state.range(0);
+  Tensor a = randn({N, N}, 0), b = randn({N, N}, 1), c = Tensor::empty({N, N});
+  for (auto _ : state) {
+    kernels::gemm(a, false, b, false, c);
+    benchmark::DoNotOptimize(c.data_ptr());
+    benchmark::ClobberMemory();
+  }
+  flops(state, 2.0 * N * N * N);
+}
+
+// The differentiable op, no grad: checks, allocates the output (from the CPU cache), GEMM.
+void BM_matmul_op(benchmark::State& state) {
+  const int64_t N = state.range(0);
+  Tensor a = randn({N, N}, 0), b = randn({N, N}, 1);
+  for (auto _ : state) {
+    Tensor c = ndt::matmul(a, b);
+    benchmark::DoNotOptimize(c.data_ptr());
+    benchmark::ClobberMemory();
+  }
+  flops(state, 2.0 * N * N * N);
+}
+
+// The baseline: cblas_sgemm on the same buffers.
+void BM_cblas_sgemm(benchmark::State& state) {
+  const int64_t N = state.range(0);
+  Tensor a = randn({N, N}, 0), b = randn({N, N}, 1), c = Tensor::empty({N, N});
+  const int n = static_cast<int>(N);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(),
+                n, 0.0f, c.data<float>(), n);
+    benchmark::DoNotOptimize(c.data_ptr());
+    benchmark::ClobberMemory();
+  }
+  flops(state, 2.0 * N * N * N);
+}
+
+BENCHMARK(BM_cblas_sgemm)
+    ->Arg(32)
+    ->Arg(256)
+    ->Arg(512)
+    ->Arg(1024)
+    ->Unit(benchmark::kMicrosecond)
+    ->Apply(setup);
+BENCHMARK(BM_gemm_kernel)
+    ->Arg(32)
+    ->Arg(256)
+    ->Arg(512)
+    ->Arg(1024)
+    ->Unit(benchmark::kMicrosecond)
+    ->Apply(setup);
+BENCHMARK(BM_matmul_op)->Arg(32)->Arg(256)->Arg(512)->Arg(1024)->Unit(benchmark::kMicrosecond)->Apply(setup);
+
+// The three paths back to back in every iteration (order rotating), each call timed on
+// its own: the median over iterations of (path time / cblas time - 1) is the framework's
+// overhead, robust to the slow drifts a shared machine adds to separate benchmarks.
+void BM_matmul_overhead_paired(benchmark::State& state) {
+  const int64_t N = state.range(0);
+  const int n = static_cast<int>(N);
+  Tensor a = randn({N, N}, 0), b = randn({N, N}, 1), c = Tensor::empty({N, N});
+  using clock = std::chrono::steady_clock;
+  std::vector<double> kernel_ratio, op_ratio;
+  int64_t it = 0;
+  for (auto _ : state) {
+    double t[3] = {};
+    for (int j = 0; j < 3; ++j) {
+      const int path = static_cast<int>((it + j) % 3);
+      const auto t0 = clock::now();
+      if (path == 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data<float>(), n,
+                    b.data<float>(), n, 0.0f, c.data<float>(), n);
+      } else if (path == 1) {
+        kernels::gemm(a, false, b, false, c);
+      } else {
+        Tensor o = ndt::matmul(a, b);
+        benchmark::DoNotOptimize(o.data_ptr());
+      }
+      benchmark::ClobberMemory();
+      t[path] = std::chrono::duration<double>(clock::now() - t0).count();
+    }
+    kernel_ratio.push_back(t[1] / t[0] - 1);
+    op_ratio.push_back(t[2] / t[0] - 1);
+    ++it;
+  }
+  auto median = [](std::vector<double> v) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  state.counters["kernel_overhead_pct"] = 100 * median(kernel_ratio);
+  state.counters["op_overhead_pct"] = 100 * median(op_ratio);
+  flops(state, 3 * 2.0 * N * N * N);
+}
+BENCHMARK(BM_matmul_overhead_paired)->Arg(32)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+// ---- (b) causal attention: q, k, v (B,NH,T,HS) -> out (B,NH,T,HS), f32 ---------------------
+constexpr int64_t kB = 4, kNH = 4, kT = 256, kHS = 64;
+// forward: q k^T and p v, 2*T*T*HS each per head; backward: four more GEMMs of that size
+constexpr double kAttnGemmFlops = 2.0 * kB * kNH * kT * kT * kHS;
+
+void BM_attention_forward(benchmark::State& state) {
+  Tensor q = randn({kB, kNH, kT, kHS}, 0), k = randn({kB, kNH, kT, kHS}, 1), v = randn({kB, kNH, kT, kHS}, 2);
+  autograd::NoGradGuard no_grad;
+  for (auto _ : state) {
+    AttentionOut r = ndt::attention(q, k, v);
+    benchmark::DoNotOptimize(r.out.data_ptr());
+  }
+  flops(state, 2 * kAttnGemmFlops);
+  state.counters["tokens"] = benchmark::Counter(kB * kT, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_attention_forward_backward(benchmark::State& state) {
+  Tensor q = randn({kB, kNH, kT, kHS}, 0), k = randn({kB, kNH, kT, kHS}, 1), v = randn({kB, kNH, kT, kHS}, 2);
+  Tensor dout = randn({kB, kNH, kT, kHS}, 3);
+  for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  for (auto _ : state) {
+    AttentionOut r = ndt::attention(q, k, v);
+    ndt::backward({r.out}, {dout});
+    benchmark::DoNotOptimize(q.grad().data_ptr());
+    for (Tensor* t : {&q, &k, &v}) t->set_grad(Tensor());  // fresh gradients each iteration
+  }
+  flops(state, 6 * kAttnGemmFlops);
+  state.counters["tokens"] = benchmark::Counter(kB * kT, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_attention_forward)->Unit(benchmark::kMillisecond)->Apply(setup);
+BENCHMARK(BM_attention_forward_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
+
+// ---- (c) layernorm: x (R,C), w (C), b (C) -> out (R,C), f32 --------------------------------
+constexpr int64_t kR = 8192, kC = 768;
+
+void BM_layernorm_forward(benchmark::State& state) {
+  Tensor x = randn({kR, kC}, 0), w = randn({kC}, 1), b = randn({kC}, 2);
+  Tensor out = Tensor::empty({kR, kC}), mean = Tensor::empty({kR}), rstd = Tensor::empty({kR});
+  for (auto _ : state) {
+    kernels::layernorm_forward(x, w, b, 1e-5, out, mean, rstd);
+    benchmark::DoNotOptimize(out.data_ptr());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * 2 * kR * kC * 4);  // read x, write out
+}
+
+void BM_layernorm_backward(benchmark::State& state) {
+  Tensor x = randn({kR, kC}, 0), w = randn({kC}, 1), b = randn({kC}, 2), dout = randn({kR, kC}, 3);
+  Tensor out = Tensor::empty({kR, kC}), mean = Tensor::empty({kR}), rstd = Tensor::empty({kR});
+  kernels::layernorm_forward(x, w, b, 1e-5, out, mean, rstd);
+  Tensor dx = Tensor::empty({kR, kC}), dw = Tensor::empty({kC}), db = Tensor::empty({kC});
+  for (auto _ : state) {
+    kernels::layernorm_backward(dout, x, w, mean, rstd, dx, dw, db);
+    benchmark::DoNotOptimize(dx.data_ptr());
+    benchmark::ClobberMemory();
+  }
+  // reads dout and x (each twice: the dx pass, then the dw/db pass), writes dx
+  state.SetBytesProcessed(state.iterations() * 5 * kR * kC * 4);
+}
+
+// The op, forward and backward (allocation, the graph, both kernels).
+void BM_layernorm_op_forward_backward(benchmark::State& state) {
+  Tensor x = randn({kR, kC}, 0), w = randn({kC}, 1), b = randn({kC}, 2), dout = randn({kR, kC}, 3);
+  for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+  for (auto _ : state) {
+    Tensor y = ndt::layernorm(x, w, b);
+    ndt::backward({y}, {dout});
+    benchmark::DoNotOptimize(x.grad().data_ptr());
+    for (Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+  }
+  state.SetBytesProcessed(state.iterations() * 7 * kR * kC * 4);  // the two kernels above
+}
+
+BENCHMARK(BM_layernorm_forward)->Unit(benchmark::kMillisecond)->Apply(setup);
+BENCHMARK(BM_layernorm_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
+BENCHMARK(BM_layernorm_op_forward_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ndt::use_optimized_blas(argv);
+  const char* env = std::getenv("NDT_BENCH_THREADS");
+  const int threads = env ? std::atoi(env) : 2;
+  ndt::set_num_threads(threads);  // OpenMP and OpenBLAS
+  benchmark::AddCustomContext("openblas_threads", std::to_string(openblas_get_num_threads()));
+  benchmark::AddCustomContext("openblas_config", openblas_get_config());
+  benchmark::AddCustomContext("openblas_core", ndt::blas_core());
+  benchmark::AddCustomContext("omp_max_threads", std::to_string(omp_get_max_threads()));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# scripts/demo.sh: the first thing to run on a fresh machine. Installs what ndtrain needs
+# and builds it (scripts/setup.sh), then runs the engine demo: a byte-bigram MLP
+# (linear -> gelu -> linear) trained with SGD on the fortunes text, its loss going down,
+# and a float64 gradient check of the model (examples/engine_demo.cpp).
+#
+#   scripts/demo.sh                 # setup + demo
+#   scripts/demo.sh --steps 1000    # arguments go to engine_demo
+#
+# NDT_BUILD_DIR and NDT_CUDA work as in scripts/setup.sh.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${NDT_BUILD_DIR:-build}"
+[[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
+
+"$ROOT/scripts/setup.sh"
+echo "[demo] $BUILD/engine_demo $*"
+exec "$BUILD/engine_demo" "$@"

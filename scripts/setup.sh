@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# scripts/setup.sh: get a fresh Debian/Ubuntu machine ready for ndtrain, then build it.
+#
+#   scripts/setup.sh               # install missing packages (apt), configure and build (Release)
+#   scripts/setup.sh --deps-only   # only the packages
+#   scripts/setup.sh --build-only  # only configure and build (what scripts/test.sh calls)
+#
+# Environment:
+#   NDT_BUILD_DIR    build folder (default: build, relative to the repository root)
+#   NDT_CUDA         AUTO (default: CUDA backend when nvcc is found, also at
+#                    /usr/local/cuda/bin/nvcc), ON (required) or OFF (CPU only)
+#   NDT_BUILD_TYPE   CMake build type (default: Release)
+#   NDT_CMAKE_ARGS   extra arguments for the CMake configure step
+#
+# Idempotent and non-interactive: apt runs only when a package is missing (dpkg-query),
+# with sudo only when not root. A configured build folder is rebuilt incrementally.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${NDT_BUILD_DIR:-build}"
+[[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
+
+# Everything ndtrain needs: compilers and CMake, OpenBLAS (CPU GEMM; CMake prefers the
+# OpenMP build, which shares its threads with our OpenMP loops), Open MPI (CPU
+# collectives), Boost.Program_options (config), nlohmann-json (reports), GoogleTest and
+# Google Benchmark, and the fortunes text (the offline training corpus).
+PACKAGES=(
+  build-essential cmake pkg-config
+  libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
+  libboost-program-options-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  fortunes fortunes-min
+)
+
+log() { echo "[setup] $*"; }
+die() { echo "[setup] error: $*" >&2; exit 1; }
+
+install_deps() {
+  local missing=() p
+  for p in "${PACKAGES[@]}"; do
+    if [[ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)" != installed ]]; then
+      missing+=("$p")
+    fi
+  done
+  if [[ ${#missing[@]} -eq 0 ]]; then
+    log "packages: all ${#PACKAGES[@]} already installed, skipping apt"
+    return
+  fi
+  command -v apt-get >/dev/null || die "apt-get not found; install by hand: ${missing[*]}"
+  local sudo=()
+  if [[ $EUID -ne 0 ]]; then
+    command -v sudo >/dev/null || die "not root and sudo is not available; as root run: apt-get install ${missing[*]}"
+    sudo=(sudo)
+  fi
+  log "packages: missing ${missing[*]}"
+  log "apt-get update"
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  log "apt-get install ${#PACKAGES[@]} packages"
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    -o Dpkg::Use-Pty=0 "${PACKAGES[@]}"
+  log "packages: done"
+}
+
+build() {
+  local jobs
+  jobs="$(nproc)"
+  local args=(-DCMAKE_BUILD_TYPE="${NDT_BUILD_TYPE:-Release}")
+  if [[ -n "${NDT_CUDA:-}" ]]; then args+=(-DNDT_CUDA="$NDT_CUDA"); fi
+  # shellcheck disable=SC2206  # NDT_CMAKE_ARGS is a word list on purpose
+  if [[ -n "${NDT_CMAKE_ARGS:-}" ]]; then args+=(${NDT_CMAKE_ARGS}); fi
+  if [[ -f "$BUILD/CMakeCache.txt" && -z "${NDT_CUDA:-}" && -z "${NDT_CMAKE_ARGS:-}" && -z "${NDT_BUILD_TYPE:-}" ]]; then
+    log "configure: $BUILD already configured (the build re-runs CMake if needed)"
+  else
+    log "configure: cmake -S $ROOT -B $BUILD ${args[*]}"
+    cmake -S "$ROOT" -B "$BUILD" "${args[@]}"
+  fi
+  local cuda
+  cuda="$(sed -n 's/^NDT_CUDA:STRING=//p' "$BUILD/CMakeCache.txt")"
+  log "build: $BUILD (${NDT_BUILD_TYPE:-Release}, NDT_CUDA=${cuda:-AUTO}, -j$jobs)"
+  local t0=$SECONDS
+  cmake --build "$BUILD" -j"$jobs"
+  log "build: done in $((SECONDS - t0)) s"
+}
+
+case "${1:-}" in
+  "") install_deps; build ;;
+  --deps-only) install_deps ;;
+  --build-only) build ;;
+  -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+  *) die "unknown option '$1' (try --help)" ;;
+esac

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# scripts/train_fortunes.sh: the main job. On a fresh machine: installs what ndtrain needs
+# and builds it (scripts/setup.sh), turns the text of Debian's fortune cookies (installed by
+# setup) into character-level token shards (build/prepare_text -> data/fortunes/), and
+# trains a small GPT on CPU for a few minutes (configs/fortunes_char.ini), printing the
+# loss, the validation loss, samples, and writing out/fortunes/report.html.
+#
+#   scripts/train_fortunes.sh                       # setup + data + training
+#   scripts/train_fortunes.sh --train.steps 100     # extra arguments go to train_gpt
+#
+# NDT_BUILD_DIR and NDT_CUDA work as in scripts/setup.sh.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD="${NDT_BUILD_DIR:-build}"
+[[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
+CORPUS=/usr/share/games/fortunes
+
+"$ROOT/scripts/setup.sh"
+cd "$ROOT"
+if [[ ! -f data/fortunes/vocab.json ]]; then
+  [[ -d "$CORPUS" ]] || { echo "[train] error: $CORPUS not found; run scripts/setup.sh (it installs fortunes)" >&2; exit 1; }
+  # the cookie files themselves: not the .dat indexes, not the .u8 links to the same files
+  mapfile -t files < <(find "$CORPUS" -maxdepth 1 -type f ! -name '*.dat' | sort)
+  echo "[train] preparing data/fortunes from ${#files[@]} files in $CORPUS"
+  "$BUILD/prepare_text" --out data/fortunes --vocab char --val_fraction 0.05 "${files[@]}"
+fi
+vocab_size=$(sed -n 's/^ *"size": *\([0-9]*\).*/\1/p' data/fortunes/vocab.json)
+echo "[train] $BUILD/train_gpt --config configs/fortunes_char.ini --model.vocab_size $vocab_size $*"
+exec "$BUILD/train_gpt" --config configs/fortunes_char.ini --model.vocab_size "$vocab_size" "$@"

@@ -1,0 +1,121 @@
+// CUDA pieces of causal attention, the twins of tensor/cpu/attention.cpp: masked softmax
+// with log-sum-exp, its backward, and the row-wise dot product.
+// Legend: Bh = batch*heads, Tq queries, Tk keys, HS head size.
+#include <algorithm>
+
+#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/kernels.h"
+
+namespace ndt::cuda {
+namespace {
+
+constexpr int kRowsPerBlock = kThreads / 32;  // rowwise_dot: one warp per row
+
+// ---- kernels ------------------------------------------------------------------------
+
+// s (Bh,Tq,Tk) scores -> p in place; lse (Bh,Tq); block r does row r (query i = r % Tq).
+// Query i sees key j iff k_offset + j <= q_offset + i; p = exp(scale*s - lse) there, 0
+// elsewhere; a row that sees no key gets p = 0 and lse = -inf.
+template <typename T>
+__global__ void attention_softmax_forward_kernel(T* s, float scale, int64_t Tq, int64_t Tk, int64_t q_offset,
+                                                 int64_t k_offset, float* lse) {
+  const int64_t r = blockIdx.x, i = r % Tq;
+  // number of visible keys: j <= q_offset + i - k_offset (the same for the whole block)
+  const int64_t nvis = min(max(q_offset + i - k_offset + 1, int64_t(0)), Tk);
+  T* row = s + r * Tk;
+  if (nvis == 0) {
+    for (int64_t j = threadIdx.x; j < Tk; j += blockDim.x) row[j] = store<T>(0.0f);
+    if (threadIdx.x == 0) lse[r] = -INFINITY;
+    return;
+  }
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < nvis; j += blockDim.x) mx = fmaxf(mx, scale * load(row[j]));
+  mx = block_max(mx);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < nvis; j += blockDim.x) sum += expf(scale * load(row[j]) - mx);
+  sum = block_sum(sum);
+  const float l = mx + logf(sum);
+  // each thread rewrites only the entries it read
+  for (int64_t j = threadIdx.x; j < Tk; j += blockDim.x)
+    row[j] = store<T>(j < nvis ? expf(scale * load(row[j]) - l) : 0.0f);
+  if (threadIdx.x == 0) lse[r] = l;
+}
+
+// In the forward p = exp(scale*s - lse), out = p v, and lse = log sum_j exp(scale*s_j); so
+// ds = scale * p * (dp - d + dlse), with dp = dout v^T and d = rowsum(dout * out).
+// p, dp (rows,Tk), d, dlse (rows) (dlse may be null) -> ds in place of dp
+template <typename T>
+__global__ void attention_softmax_backward_kernel(const T* p, T* dp, const float* d, const float* dlse,
+                                                  float scale, int64_t rows, int64_t Tk) {
+  NDT_GRID_STRIDE(k, rows * Tk) {
+    const int64_t r = k / Tk;
+    const float extra = dlse ? dlse[r] : 0.0f;
+    dp[k] = store<T>(scale * load(p[k]) * (load(dp[k]) - d[r] + extra));
+  }
+}
+
+// a, b (rows,HS) -> out (rows): out = sum_HS a*b; one warp per row
+template <typename T>
+__global__ void rowwise_dot_kernel(const T* a, const T* b, float* out, int64_t rows, int64_t HS) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  if (r >= rows) return;
+  float s = 0.0f;
+  for (int64_t h = lane; h < HS; h += 32) s += load(a[r * HS + h]) * load(b[r * HS + h]);
+  s = warp_sum(s);
+  if (lane == 0) out[r] = s;
+}
+
+int row_threads(int64_t C) { return static_cast<int>(std::clamp<int64_t>((C + 31) / 32 * 32, 32, kThreads)); }
+
+}  // namespace
+
+// ---- launchers ----------------------------------------------------------------------
+
+void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
+                               const Tensor& lse) {
+  const int64_t Tq = s.size(1), Tk = s.size(2), rows = s.size(0) * Tq;
+  if (rows == 0) return;
+  check_stat(lse, "attention_softmax_forward", "lse");
+  Launch L(s);
+  dispatch_float(s.dtype(), "attention_softmax_forward", [&](auto tag) {
+    using T = decltype(tag);
+    attention_softmax_forward_kernel<T><<<static_cast<unsigned>(rows), row_threads(Tk), 0, L.stream>>>(
+        static_cast<T*>(s.data_ptr()), static_cast<float>(scale), Tq, Tk, q_offset, k_offset,
+        lse.data<float>());
+    NDT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,
+                                double scale) {
+  const int64_t Tk = p.size(2), rows = p.size(0) * p.size(1);
+  if (rows * Tk == 0) return;
+  check_stat(d, "attention_softmax_backward", "d");
+  if (dlse.defined()) check_stat(dlse, "attention_softmax_backward", "dlse");
+  Launch L(p);
+  dispatch_float(p.dtype(), "attention_softmax_backward", [&](auto tag) {
+    using T = decltype(tag);
+    attention_softmax_backward_kernel<T><<<grid_for(rows * Tk), kThreads, 0, L.stream>>>(
+        static_cast<const T*>(p.data_ptr()), static_cast<T*>(dp.data_ptr()), d.data<float>(),
+        dlse.defined() ? dlse.data<float>() : nullptr, static_cast<float>(scale), rows, Tk);
+    NDT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t HS = a.size(-1), rows = HS ? a.numel() / HS : 0;
+  if (rows == 0) return;
+  check_stat(out, "rowwise_dot", "out");
+  Launch L(a);
+  dispatch_float(a.dtype(), "rowwise_dot", [&](auto tag) {
+    using T = decltype(tag);
+    const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    rowwise_dot_kernel<T><<<blocks, kThreads, 0, L.stream>>>(static_cast<const T*>(a.data_ptr()),
+                                                             static_cast<const T*>(b.data_ptr()),
+                                                             out.data<float>(), rows, HS);
+    NDT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace ndt::cuda

@@ -1,0 +1,182 @@
+// ndtrain CUDA backend: what every tensor/cuda/*.cu file shares (private to tensor/cuda).
+//
+//   void scale(const Tensor& a, double s, const Tensor& out) {
+//     Launch L(a);                                   // sets a's device, picks its stream
+//     dispatch_float(a.dtype(), "scale", [&](auto tag) {
+//       using T = decltype(tag);                     // float or __nv_bfloat16
+//       scale_kernel<T><<<grid_for(n), kThreads, 0, L.stream>>>(...);
+//       NDT_CUDA_CHECK_LAUNCH();
+//     });
+//   }
+//
+// Check macros throw ndt::Error with file:line (tensor/error.h). Device code loads every
+// float type into float (f32 compute, bf16 rounds to nearest even on the way back).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+
+// ---- check macros ------------------------------------------------------------------
+#define NDT_CUDA_CHECK(expr)                                                                         \
+  do {                                                                                               \
+    const cudaError_t ndt_err_ = (expr);                                                             \
+    if (ndt_err_ != cudaSuccess)                                                                     \
+      ::ndt::detail::throw_error(__FILE__, __LINE__,                                                 \
+                                 ::ndt::detail::cat("CUDA error ", cudaGetErrorName(ndt_err_), " (", \
+                                                    cudaGetErrorString(ndt_err_), ") in ", #expr));  \
+  } while (0)
+
+#define NDT_CUBLAS_CHECK(expr)                                                                           \
+  do {                                                                                                   \
+    const cublasStatus_t ndt_st_ = (expr);                                                               \
+    if (ndt_st_ != CUBLAS_STATUS_SUCCESS)                                                                \
+      ::ndt::detail::throw_error(__FILE__, __LINE__,                                                     \
+                                 ::ndt::detail::cat("cuBLAS error ", cublasGetStatusName(ndt_st_), " (", \
+                                                    cublasGetStatusString(ndt_st_), ") in ", #expr));    \
+  } while (0)
+
+// After a <<<...>>> launch: a bad configuration is reported here; faults inside the kernel
+// surface at the next synchronizing call.
+#define NDT_CUDA_CHECK_LAUNCH() NDT_CUDA_CHECK(cudaGetLastError())
+
+namespace ndt::cuda {
+
+// ---- per-device runtime state (runtime.cu) -------------------------------------------
+cudaStream_t stream(int device);    // the device's compute stream (non-blocking, lazy)
+cublasHandle_t cublas(int device);  // bound to stream(device), lazy
+
+// Makes `device` current for the scope and restores the previous one.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) : device_(device) {
+    NDT_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ != device_) NDT_CUDA_CHECK(cudaSetDevice(device_));
+  }
+  ~DeviceGuard() {
+    if (prev_ != device_) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int device_;
+  int prev_ = 0;
+};
+
+// What a launcher needs: the tensor's device made current, and its stream.
+struct Launch {
+  explicit Launch(const Tensor& t) : device(t.device().index), guard(device), stream(cuda::stream(device)) {}
+  int device;
+  DeviceGuard guard;
+  cudaStream_t stream;
+};
+
+// ---- launch geometry -----------------------------------------------------------------
+// A grid-stride loop over [0, n): NDT_GRID_STRIDE(i, n) out[i] = ...;
+#define NDT_GRID_STRIDE(i, n)                                               \
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n); \
+       i += int64_t(gridDim.x) * blockDim.x)
+
+constexpr int kThreads = 256;
+// Blocks for a grid-stride loop over n items (capped; the loop covers the rest).
+inline unsigned grid_for(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(std::clamp<int64_t>(b, 1, int64_t(1) << 20));
+}
+
+// ---- dtype dispatch (host) -------------------------------------------------------------
+template <typename F>
+void dispatch_float(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      f(float{});
+      break;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      break;
+    case DType::f64:
+      NDT_FAIL(op,
+               ": float64 is CPU only (the CUDA kernels take float32 or bfloat16); "
+               "move the tensors to cpu or cast them");
+    default:
+      NDT_FAIL(op, ": dtype ", dtype_name(dt), " is not supported on CUDA (float32 or bfloat16)");
+  }
+}
+
+// Every dtype (fill and copy).
+template <typename F>
+void dispatch_all(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32:
+      f(float{});
+      break;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      break;
+    case DType::f64:
+      f(double{});
+      break;
+    case DType::i32:
+      f(int32_t{});
+      break;
+    case DType::u16:
+      f(uint16_t{});
+      break;
+  }
+}
+
+inline void check_stat(const Tensor& t, const char* op, const char* what) {
+  NDT_CHECK(t.dtype() == DType::f32, op, ": ", what, " must be float32 on CUDA, got ", t.desc());
+}
+
+// ---- device load/store -----------------------------------------------------------------
+__device__ __forceinline__ float load(float x) { return x; }
+__device__ __forceinline__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T store(float v);
+template <>
+__device__ __forceinline__ float store<float>(float v) {
+  return v;
+}
+// round to nearest even, like float_to_bf16 in tensor/dtype.h
+template <>
+__device__ __forceinline__ __nv_bfloat16 store<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// ---- deterministic reductions (fixed order for a fixed launch shape) --------------------
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Every thread of the block gets the result. blockDim.x a multiple of 32, at most 1024.
+// Uses shared memory; safe to call several times in a row.
+template <bool kMax>
+__device__ float block_reduce(float v) {
+  __shared__ float shared[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+  v = kMax ? warp_max(v) : warp_sum(v);
+  __syncthreads();  // a previous call may still be reading shared
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const float id = kMax ? -INFINITY : 0.0f;
+  float w = lane < nwarps ? shared[lane] : id;
+  return kMax ? warp_max(w) : warp_sum(w);
+}
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
+
+}  // namespace ndt::cuda

@@ -1,0 +1,144 @@
+// The CUDA runtime of ndtrain: devices, one compute stream per device, stream-ordered
+// allocation from the device's default memory pool, copies, and the cuBLAS handles.
+//
+// Memory: cudaMallocAsync/cudaFreeAsync on the compute stream, from the default pool with
+// its release threshold at UINT64_MAX, so freed blocks stay in the pool for the next step
+// instead of going back to the driver; trim_pool hands them back.
+#include <array>
+#include <cstdint>
+#include <mutex>
+
+#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/runtime.h"
+
+namespace ndt::cuda {
+namespace {
+
+constexpr int kMaxDevices = 16;  // as in tensor/storage.cpp
+
+struct DeviceState {
+  std::once_flag stream_once, cublas_once;
+  cudaStream_t stream = nullptr;
+  cudaMemPool_t pool = nullptr;
+  cublasHandle_t cublas = nullptr;
+};
+
+// Never destroyed: storages and handles may be released during static destruction, after
+// which the CUDA runtime may already be gone.
+DeviceState& state(int device) {
+  static auto* states = new std::array<DeviceState, kMaxDevices>();
+  NDT_CHECK(device >= 0 && device < device_count(), "cuda:", device, " does not exist (", device_count(),
+            " CUDA device(s) visible)");
+  NDT_CHECK(device < kMaxDevices, "cuda:", device, ": at most ", kMaxDevices, " devices are supported");
+  return (*states)[device];
+}
+
+}  // namespace
+
+bool compiled() { return true; }
+
+int device_count() {
+  // cudaGetDeviceCount fails (no driver, no device) without aborting; that means zero.
+  static const int n = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      cudaGetLastError();  // clear the error so later calls do not see it
+      return 0;
+    }
+    return count;
+  }();
+  return n;
+}
+
+bool available() { return device_count() > 0; }
+
+void set_device(int device) {
+  state(device);  // range check
+  NDT_CUDA_CHECK(cudaSetDevice(device));
+}
+
+cudaStream_t stream(int device) {
+  DeviceState& s = state(device);
+  std::call_once(s.stream_once, [&] {
+    DeviceGuard g(device);
+    NDT_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    NDT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&s.pool, device));
+    uint64_t threshold = UINT64_MAX;  // keep freed memory in the pool
+    NDT_CUDA_CHECK(cudaMemPoolSetAttribute(s.pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  });
+  return s.stream;
+}
+
+cublasHandle_t cublas(int device) {
+  DeviceState& s = state(device);
+  std::call_once(s.cublas_once, [&] {
+    cudaStream_t st = stream(device);
+    DeviceGuard g(device);
+    NDT_CUBLAS_CHECK(cublasCreate(&s.cublas));
+    NDT_CUBLAS_CHECK(cublasSetStream(s.cublas, st));
+  });
+  return s.cublas;
+}
+
+void* alloc(size_t nbytes, int device) {
+  cudaStream_t st = stream(device);
+  DeviceState& s = state(device);
+  DeviceGuard g(device);
+  void* p = nullptr;
+  cudaError_t err = cudaMallocFromPoolAsync(&p, nbytes, s.pool, st);
+  if (err == cudaErrorMemoryAllocation) {
+    // Freed blocks may still wait on the stream: let them finish, give unused memory back
+    // to the driver, and try once more.
+    cudaGetLastError();
+    NDT_CUDA_CHECK(cudaStreamSynchronize(st));
+    NDT_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+    err = cudaMallocFromPoolAsync(&p, nbytes, s.pool, st);
+  }
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    NDT_FAIL("out of CUDA memory on cuda:", device, " allocating ", nbytes, " bytes (", free_b >> 20,
+             " MiB free of ", total_b >> 20,
+             " MiB); reduce the batch size or "
+             "enable activation checkpointing");
+  }
+  NDT_CUDA_CHECK(err);
+  return p;
+}
+
+void free(void* p, int device) {
+  if (!p) return;
+  cudaStream_t st = stream(device);
+  DeviceGuard g(device);
+  NDT_CUDA_CHECK(cudaFreeAsync(p, st));
+}
+
+void trim_pool(int device) {
+  if (!available()) return;
+  cudaStream_t st = stream(device);
+  DeviceState& s = state(device);
+  DeviceGuard g(device);
+  NDT_CUDA_CHECK(cudaStreamSynchronize(st));  // so blocks freed on the stream are releasable
+  NDT_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
+}
+
+void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device) {
+  if (nbytes == 0) return;
+  cudaStream_t st = stream(device);
+  DeviceGuard g(device);
+  const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
+                           : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
+                                                             : cudaMemcpyDeviceToDevice;
+  NDT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, st));
+  // The host buffer may be reused as soon as we return (and D2H results read at once).
+  if (kind != CopyKind::kDeviceToDevice) NDT_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+void synchronize(int device) {
+  cudaStream_t st = stream(device);
+  DeviceGuard g(device);
+  NDT_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+}  // namespace ndt::cuda
