@@ -38,6 +38,8 @@ Grads AccumulateGrad::apply(const Grads& grad_outputs) {
       leaf_->grad = z.impl_ptr();
     }
     Tensor grad(leaf_->grad);
+    NDT_CHECK(grad.is_contiguous() && grad.shape() == leaf.shape(), "the .grad of parameter '", leaf.name(), "' is ",
+              grad.desc(), (grad.is_contiguous() ? "" : " (not contiguous)"), "; gradients accumulate into a contiguous tensor of the parameter's shape");
     kernels::add_(grad, g.dtype() == grad.dtype() ? g.contiguous() : g.to(grad.dtype()));  // grad += g
   }
   if (leaf_->group) leaf_->group->note_gradient(leaf_.get());

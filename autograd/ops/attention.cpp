@@ -40,7 +40,7 @@ AttentionOut attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
   r.out = o.view({B, NH, Tq, HS}).to(io);
   r.lse = lse.view({B, NH, Tq});
   autograd::record("attention", {r.out, r.lse}, {q_in, k_in, v_in},
-                   [q, k, v, p, o, lse, scale, B, NH, Tq, Tk, HS, io, cd](const Grads& g) -> Grads {
+                   [q, k, v, p, o, scale, B, NH, Tq, Tk, HS, io, cd](const Grads& g) -> Grads {
     // forward: p = exp(scale*q k^T - lse) (masked), out = p v, lse = log sum exp(scale*q k^T); so
     //   dv = p^T dout,  dp = dout v^T,  ds = scale * p * (dp - rowsum(dout*out) + dlse),
     //   dq = ds k,  dk = ds^T q

@@ -25,20 +25,22 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   Tensor a = a_in.contiguous(), b = b_in.contiguous();
   Tensor out = Tensor::empty(matmul_shape(a, b, ta, tb), a.dtype(), a.device());
   kernels::gemm(a, ta, b, tb, out);
+  const bool na = a_in.requires_grad(), nb = b_in.requires_grad();
+  // da needs b and db needs a: save only what the backward will use
   autograd::record("matmul", {out}, {a_in, b_in},
-                   [a = a.detach(), b = b.detach(), ta, tb, na = a_in.requires_grad(),
-                    nb = b_in.requires_grad()](const Grads& g) -> Grads {
+                   [a = nb ? a.detach() : Tensor(), b = na ? b.detach() : Tensor(), ashape = a.shape(),
+                    bshape = b.shape(), dt = a.dtype(), dev = a.device(), ta, tb, na, nb](const Grads& g) -> Grads {
     // forward: out = op(a) @ op(b); so d op(a) = dout @ op(b)^T and d op(b) = op(a)^T @ dout
     const Tensor dout = g[0].contiguous();
     Tensor da, db;
     if (na) {
-      da = empty_like(a);
+      da = Tensor::empty(ashape, dt, dev);
       if (!ta) kernels::gemm(dout, false, b, !tb, da);  // da = dout @ op(b)^T
       else kernels::gemm(b, tb, dout, true, da);        // da = (dout @ op(b)^T)^T = op(b) @ dout^T
     }
     if (nb) {
-      db = Tensor::zeros(b.shape(), b.dtype(), b.device());
-      if (b.dim() == 2 && a.dim() == 3) {
+      db = Tensor::empty(bshape, dt, dev);
+      if (bshape.size() == 2 && ashape.size() == 3) {
         // b shared by every batch: sum the per-batch gradients, i.e. flatten (Bt*M) rows
         const Tensor a2 = a.view({-1, a.size(-1)}), d2 = dout.view({-1, dout.size(-1)});
         if (!tb) kernels::gemm(a2, true, d2, false, db);  // db = a^T @ dout

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/fastmath.h"
 #include "tensor/cpu/kernels.h"
 
 namespace ndt::cpu {
@@ -34,9 +35,9 @@ void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, 
       A mx = -std::numeric_limits<A>::infinity();
       for (int64_t j = 0; j < nvis; ++j) mx = std::max(mx, sc * load(row[j]));
       A sum = 0;
-      for (int64_t j = 0; j < nvis; ++j) sum += std::exp(sc * load(row[j]) - mx);
+      for (int64_t j = 0; j < nvis; ++j) sum += fast_exp(sc * load(row[j]) - mx);
       const A l = mx + std::log(sum);
-      for (int64_t j = 0; j < nvis; ++j) row[j] = st<T>(std::exp(sc * load(row[j]) - l));
+      for (int64_t j = 0; j < nvis; ++j) row[j] = st<T>(fast_exp(sc * load(row[j]) - l));
       for (int64_t j = nvis; j < Tk; ++j) row[j] = st<T>(A(0));
       pl[r] = l;
     }

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/fastmath.h"
 #include "tensor/cpu/kernels.h"
 
 namespace ndt::cpu {
@@ -21,8 +22,8 @@ void softmax_forward(const Tensor& x, const Tensor& out) {
       A mx = -std::numeric_limits<A>::infinity();
       for (int64_t c = 0; c < C; ++c) mx = std::max(mx, load(px[n * C + c]));
       A s = 0;
-      for (int64_t c = 0; c < C; ++c) s += std::exp(load(px[n * C + c]) - mx);
-      for (int64_t c = 0; c < C; ++c) po[n * C + c] = st<T>(std::exp(load(px[n * C + c]) - mx) / s);
+      for (int64_t c = 0; c < C; ++c) s += fast_exp(load(px[n * C + c]) - mx);
+      for (int64_t c = 0; c < C; ++c) po[n * C + c] = st<T>(fast_exp(load(px[n * C + c]) - mx) / s);
     }
   });
 }
@@ -65,7 +66,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
       A mx = -std::numeric_limits<A>::infinity();
       for (int64_t c = 0; c < v_limit; ++c) mx = std::max(mx, load(row[c]));
       A s = 0;
-      for (int64_t c = 0; c < v_limit; ++c) s += std::exp(load(row[c]) - mx);
+      for (int64_t c = 0; c < v_limit; ++c) s += fast_exp(load(row[c]) - mx);
       const A l = mx + std::log(s);
       plse[n] = l;
       ploss[n] = tg[n] == ignore_index ? A(0) : l - load(row[tg[n]]);
@@ -92,7 +93,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
       const bool ignored = tg[n] == ignore_index;
       for (int64_t c = 0; c < V; ++c) {
         A g = 0;
-        if (!ignored && c < v_limit) g = (std::exp(load(pl[n * V + c]) - plse[n]) - (c == tg[n] ? A(1) : A(0))) * gs;
+        if (!ignored && c < v_limit) g = (fast_exp(load(pl[n * V + c]) - plse[n]) - (c == tg[n] ? A(1) : A(0))) * gs;
         pd[n * V + c] = st<T>(g);
       }
     }
