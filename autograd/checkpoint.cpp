@@ -46,16 +46,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     return dx;
   };
   // Attach the node even if no input requires grad (parameters inside fn might).
-  std::vector<Edge> next;
-  for (const Tensor& t : inputs) next.push_back(edge_of(t));
-  auto node = std::make_shared<Node>("checkpoint", static_cast<int>(outputs.size()), std::move(next), node_fn);
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    TensorImpl& o = outputs[i].impl();
-    o.requires_grad = true;
-    o.grad_fn = node;
-    o.output_nr = static_cast<int>(i);
-    node->output_meta.push_back({o.shape, o.dtype, outputs[i].device()});
-  }
+  attach("checkpoint", outputs, inputs, node_fn);
   return outputs;
 }
 

@@ -74,6 +74,10 @@ Edge edge_of(const Tensor& t) {
 void record(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
             BackwardFn fn) {
   if (!needs_grad(inputs)) return;
+  attach(name, outputs, inputs, std::move(fn));
+}
+
+void attach(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, BackwardFn fn) {
   std::vector<Edge> next;
   next.reserve(inputs.size());
   for (const Tensor& t : inputs) next.push_back(edge_of(t));

@@ -3,6 +3,8 @@
 // on_backward) and activation checkpointing.
 #include <gtest/gtest.h>
 
+#include "support/testing.h"
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "tensor/kernels.h"
 
 using namespace ndt;
+using ndt::testing::error_of;
 using ndt::testing::randn;
 using Log = std::vector<std::string>;
 
@@ -46,16 +49,6 @@ void expect_near(const Tensor& a, const Tensor& b, double tol, const std::string
   ASSERT_EQ(a.shape(), b.shape()) << what;
   std::vector<double> va = a.to_vector<double>(), vb = b.to_vector<double>();
   for (size_t i = 0; i < va.size(); ++i) EXPECT_NEAR(va[i], vb[i], tol) << what << " element " << i;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no ndt::Error thrown";
-  return "";
 }
 
 }  // namespace

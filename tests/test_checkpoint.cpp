@@ -1,6 +1,8 @@
 // safetensors I/O, GPT weights with Hugging Face names, and training checkpoints.
 #include <gtest/gtest.h>
 
+#include "support/testing.h"
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,16 +14,10 @@
 #include "train/safetensors.h"
 
 using namespace ndt;
+using ndt::testing::error_of;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path tmpdir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("ndt_test_ckpt_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
 
 models::GPTConfig tiny() {
   models::GPTConfig c;
@@ -32,15 +28,6 @@ models::GPTConfig tiny() {
   c.block_size = 6;
   c.vocab_multiple = 8;  // padded to 16 in memory, saved with 10 rows
   return c;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Writes a safetensors file by hand from (name, dtype, shape, raw bytes).
@@ -79,7 +66,7 @@ std::vector<Raw> hf_tensors(const models::GPT& gpt, const nn::FlatParams& params
 }  // namespace
 
 TEST(SafeTensors, RoundTripKeepsDtypesShapesAndMetadata) {
-  fs::path d = tmpdir("rt");
+  fs::path d = ndt::testing::fresh_dir("ckpt_rt");
   Tensor a = Tensor::empty({3, 5});
   kernels::fill_normal(a, 1, 1, 0, 0.0f, 1.0f);
   Tensor b = a.to(DType::bf16);
@@ -100,7 +87,7 @@ TEST(SafeTensors, RoundTripKeepsDtypesShapesAndMetadata) {
 }
 
 TEST(SafeTensors, ReadsHalfPrecision) {
-  fs::path d = tmpdir("f16");
+  fs::path d = ndt::testing::fresh_dir("ckpt_f16");
   // 1.0, -2.5, 65504 (max half), 2^-24 (smallest subnormal)
   const uint16_t h[4] = {0x3C00, 0xC100, 0x7BFF, 0x0001};
   write_raw(d / "h.safetensors", {{"x", "F16", {4}, std::string(reinterpret_cast<const char*>(h), 8)}});
@@ -110,7 +97,7 @@ TEST(SafeTensors, ReadsHalfPrecision) {
 }
 
 TEST(SafeTensors, CorruptFilesGiveClearErrors) {
-  fs::path d = tmpdir("corrupt");
+  fs::path d = ndt::testing::fresh_dir("ckpt_corrupt");
   std::ofstream(d / "short.safetensors") << "abc";
   EXPECT_NE(error_of([&] { io::SafeTensorsReader r((d / "short.safetensors").string()); }).find("not a safetensors file"),
             std::string::npos);
@@ -128,7 +115,7 @@ TEST(SafeTensors, CorruptFilesGiveClearErrors) {
 }
 
 TEST(Weights, SaveLoadRoundTripWithHuggingFaceNames) {
-  fs::path d = tmpdir("weights");
+  fs::path d = ndt::testing::fresh_dir("ckpt_weights");
   models::GPT g1(tiny()), g2(tiny());
   nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
@@ -144,7 +131,7 @@ TEST(Weights, SaveLoadRoundTripWithHuggingFaceNames) {
 }
 
 TEST(Weights, AcceptsTransformerPrefixTiedHeadAndMaskBuffers) {
-  fs::path d = tmpdir("hf");
+  fs::path d = ndt::testing::fresh_dir("ckpt_hf");
   models::GPT g1(tiny()), g2(tiny());
   nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
@@ -166,7 +153,7 @@ TEST(Weights, AcceptsTransformerPrefixTiedHeadAndMaskBuffers) {
 }
 
 TEST(Weights, MissingExtraAndMisshapenTensorsAreNamedAndNothingIsLoaded) {
-  fs::path d = tmpdir("bad");
+  fs::path d = ndt::testing::fresh_dir("ckpt_bad");
   models::GPT g1(tiny()), g2(tiny());
   nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
@@ -191,7 +178,7 @@ TEST(Weights, MissingExtraAndMisshapenTensorsAreNamedAndNothingIsLoaded) {
 }
 
 TEST(Checkpoint, SaveLoadRestoresWeightsMomentsAndPosition) {
-  fs::path d = tmpdir("state");
+  fs::path d = ndt::testing::fresh_dir("ckpt_state");
   models::GPT g1(tiny()), g2(tiny());
   nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
@@ -228,7 +215,7 @@ TEST(Checkpoint, SaveLoadRestoresWeightsMomentsAndPosition) {
 }
 
 TEST(Checkpoint, ACrashMidWriteLeavesTheLastGoodCheckpoint) {
-  fs::path d = tmpdir("crash");
+  fs::path d = ndt::testing::fresh_dir("ckpt_crash");
   models::GPT g(tiny());
   nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
   optim::AdamW o(p, {});
@@ -253,7 +240,7 @@ TEST(Checkpoint, ACrashMidWriteLeavesTheLastGoodCheckpoint) {
 }
 
 TEST(Checkpoint, StateFromADifferentModelIsRefused) {
-  fs::path d = tmpdir("mismatch");
+  fs::path d = ndt::testing::fresh_dir("ckpt_mismatch");
   models::GPT g(tiny());
   nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
   optim::AdamW o(p, {});

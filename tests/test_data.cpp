@@ -2,6 +2,8 @@
 // for bad data.
 #include <gtest/gtest.h>
 
+#include "support/testing.h"
+
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -10,16 +12,10 @@
 #include "train/vocab.h"
 
 using namespace ndt;
+using ndt::testing::error_of;
 namespace fs = std::filesystem;
 
 namespace {
-
-fs::path tmpdir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("ndt_test_data_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
 
 std::vector<uint16_t> iota_tokens(int64_t n, int mod) {
   std::vector<uint16_t> t(n);
@@ -27,19 +23,10 @@ std::vector<uint16_t> iota_tokens(int64_t n, int mod) {
   return t;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST(Data, SequentialBatchesFollowTheStreamAcrossShards) {
-  fs::path d = tmpdir("seq");
+  fs::path d = ndt::testing::fresh_dir("data_seq");
   // two shards: 50 and 30 tokens, values = global index, so positions are visible
   std::vector<uint16_t> all(80);
   std::iota(all.begin(), all.end(), 0);
@@ -63,7 +50,7 @@ TEST(Data, SequentialBatchesFollowTheStreamAcrossShards) {
 }
 
 TEST(Data, RanksTakeConsecutiveWindows) {
-  fs::path d = tmpdir("ranks");
+  fs::path d = ndt::testing::fresh_dir("data_ranks");
   std::vector<uint16_t> all(100);
   std::iota(all.begin(), all.end(), 0);
   data::write_shard((d / "s.bin").string(), all);
@@ -75,7 +62,7 @@ TEST(Data, RanksTakeConsecutiveWindows) {
 }
 
 TEST(Data, ShuffleIsASeededPermutationPerEpochAndRestores) {
-  fs::path d = tmpdir("shuf");
+  fs::path d = ndt::testing::fresh_dir("data_shuf");
   std::vector<uint16_t> all(401);
   std::iota(all.begin(), all.end(), 0);
   data::write_shard((d / "s.bin").string(), all);
@@ -101,7 +88,7 @@ TEST(Data, ShuffleIsASeededPermutationPerEpochAndRestores) {
 }
 
 TEST(Data, BadShardsGiveClearErrors) {
-  fs::path d = tmpdir("bad");
+  fs::path d = ndt::testing::fresh_dir("data_bad");
   data::write_shard((d / "good.bin").string(), iota_tokens(100, 50));
   // bad magic
   {
@@ -139,7 +126,7 @@ TEST(Data, BadShardsGiveClearErrors) {
 }
 
 TEST(Vocab, CharRoundTripAndSaveLoad) {
-  fs::path d = tmpdir("vocab");
+  fs::path d = ndt::testing::fresh_dir("data_vocab");
   const std::string text = "Hello, w\xc3\xb6rld!\n\tTabs and \xe2\x82\xac.";
   data::Vocab v = data::Vocab::build_char(text);
   std::vector<uint16_t> ids = v.encode(text);

@@ -2,6 +2,8 @@
 // the counter-based RNG.
 #include <gtest/gtest.h>
 
+#include "support/testing.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,6 +17,7 @@
 #include "tensor/tensor.h"
 
 using namespace ndt;
+using ndt::testing::error_of;
 
 namespace {
 
@@ -35,21 +38,6 @@ Tensor arange(const Shape& shape) {
   std::vector<float> v(numel_of(shape));
   std::iota(v.begin(), v.end(), 0.0f);
   return Tensor::from_vector<float>(v, shape);
-}
-
-// The message of the ndt::Error that f throws ("" and a test failure if it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-ndt exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
 }
 
 #define EXPECT_CONTAINS(haystack, needle)                          \
