@@ -46,6 +46,11 @@ bench_log="$BUILD/gpu_check_bench.log"
 bench_rc=0
 timeout 300 "$BUILD/bench_gpu_ops" --benchmark_min_time="$MIN_TIME" 2>&1 | tee "$bench_log" || bench_rc=$?
 
+echo "[gpu_check] bench_gpt_train GPT2 0 cuda (GPT-2 124M, B 16, T 1024, f32)"
+gpt_log="$BUILD/gpu_check_gpt2.log"
+gpt_rc=0
+timeout 240 "$BUILD/bench_gpt_train" GPT2 0 cuda 2>&1 | tee "$gpt_log" || gpt_rc=$?
+
 all_rc=0
 all_line="not run (--gpu-only)"
 if [[ "${1:-}" != --gpu-only ]]; then
@@ -62,6 +67,7 @@ printf '%-11s %s\n' "build" "ok ($BUILD, ${BUILD_TIME}s)"
 printf '%-11s %s\n' "gpu tests" "$([[ $gpu_rc -eq 0 ]] && echo ok || echo FAILED): ${gpu_line:-no result} ($log)"
 printf '%-11s %s\n' "all tests" "$([[ $all_rc -eq 0 ]] && echo ok || echo FAILED): ${all_line:-no result}"
 printf '%-11s %s\n' "bench" "$([[ $bench_rc -eq 0 ]] && echo ok || echo "exit $bench_rc") ($bench_log)"
+printf '%-11s %s\n' "gpt2 124M" "$([[ $gpt_rc -eq 0 ]] && grep -E '^\| GPT2' "$gpt_log" || echo "exit $gpt_rc ($gpt_log)")"
 printf '%-11s %s\n' "time" "$((SECONDS - START))s"
 sed -n '/^== bench_gpu_ops summary/,$p' "$bench_log"
 [[ $gpu_rc -eq 0 && $all_rc -eq 0 ]]

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "models/gpt.h"
+#include "tensor/cuda/runtime.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/trainer.h"
@@ -177,6 +178,11 @@ TEST(TrainGpt, ConfigErrorsExitWithCode2AndNameTheKey) {
       {{"--config", ini, "--train.device", "tpu"}, "train.device must be cpu, cuda or cuda:N"},
       {{"--config", ini, "--model.n_head", "3"}, "model.n_embd (32) must be a positive multiple of model.n_head (3)"},
   };
+  if (!cuda::available()) {  // on a machine without a GPU, asking for one is a config error
+    RunResult r = run({"--config", ini, "--train.device", "cuda"});
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_NE(r.err.find("no CUDA device is visible"), std::string::npos) << r.err;
+  }
   for (const Case& c : cases) {
     RunResult r = run(c.args);
     EXPECT_EQ(r.rc, 2) << c.expect << "\n" << r.err;
