@@ -41,10 +41,9 @@ struct BySeq {
   bool operator()(const Node* a, const Node* b) const { return a->seq() < b->seq(); }
 };
 
-void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads,
-                  bool retain_graph) {
-  NDT_CHECK(outputs.size() == grads.size(), "backward: ", outputs.size(), " outputs but ",
-            grads.size(), " gradients");
+void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads, bool retain_graph) {
+  NDT_CHECK(outputs.size() == grads.size(), "backward: ", outputs.size(), " outputs but ", grads.size(),
+            " gradients");
   std::unordered_map<Node*, Grads> pending;  // gradient slots of nodes not yet run
   std::unordered_map<Node*, std::shared_ptr<Node>> keep;
   std::priority_queue<Node*, std::vector<Node*>, BySeq> ready;

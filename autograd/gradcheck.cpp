@@ -55,8 +55,8 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& x = inputs[i];
     if (!x.requires_grad()) continue;
-    std::vector<double> ana = x.grad().defined() ? x.grad().to_vector<double>()
-                                                  : std::vector<double>(x.numel(), 0.0);
+    std::vector<double> ana =
+        x.grad().defined() ? x.grad().to_vector<double>() : std::vector<double>(x.numel(), 0.0);
     double* p = x.data<double>();
     for (int64_t e = 0; e < x.numel(); ++e) {
       const double orig = p[e];
@@ -76,8 +76,8 @@ GradcheckResult gradcheck(const GradcheckFn& fn, const std::vector<Tensor>& inpu
         std::ostringstream os;
         os.precision(10);
         os << "input " << i << " " << (x.name().empty() ? "" : "'" + x.name() + "' ") << x.shape_str()
-           << " element " << e << ": finite difference " << num << " vs autograd " << ana[e]
-           << " (abs err " << err << ")";
+           << " element " << e << ": finite difference " << num << " vs autograd " << ana[e] << " (abs err "
+           << err << ")";
         res.message = os.str();
       }
     }

@@ -31,8 +31,8 @@ struct GradcheckResult {
   bool ok = true;
   double max_abs_err = 0;
   double max_rel_err = 0;  // over elements whose gradient is >= 1e-4 in magnitude
-  int64_t checked = 0;  // elements compared
-  std::string message;  // the worst element, when !ok
+  int64_t checked = 0;     // elements compared
+  std::string message;     // the worst element, when !ok
 };
 
 using GradcheckFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;

@@ -31,11 +31,10 @@ namespace ndt::autograd {
 class GradGroup : public std::enable_shared_from_this<GradGroup> {
  public:
   // Every tensor must be a leaf requiring grad and in no other group.
-  static std::shared_ptr<GradGroup> create(const std::vector<Tensor>& params,
-                                           std::function<void()> on_ready);
+  static std::shared_ptr<GradGroup> create(const std::vector<Tensor>& params, std::function<void()> on_ready);
   int size() const { return size_; }
   int received() const { return static_cast<int>(received_.size()); }  // in this backward
-  int fired() const { return fired_; }  // times the callback ran
+  int fired() const { return fired_; }                                 // times the callback ran
 
   // Called by AccumulateGrad and the engine.
   void note_gradient(const TensorImpl* param);

@@ -12,11 +12,15 @@ thread_local bool tl_grad_enabled = true;
 }  // namespace
 
 Node::Node(std::string name, int num_outputs, std::vector<Edge> next, BackwardFn fn)
-    : name_(std::move(name)), seq_(next_seq.fetch_add(1)), num_outputs_(num_outputs),
-      next_(std::move(next)), fn_(std::move(fn)) {}
+    : name_(std::move(name)),
+      seq_(next_seq.fetch_add(1)),
+      num_outputs_(num_outputs),
+      next_(std::move(next)),
+      fn_(std::move(fn)) {}
 
 Grads Node::apply(const Grads& grad_outputs) {
-  NDT_CHECK(fn_, "backward through '", name_, "' a second time: its saved tensors were freed; "
+  NDT_CHECK(fn_, "backward through '", name_,
+            "' a second time: its saved tensors were freed; "
             "pass retain_graph=true to the first backward");
   Grads g = fn_(grad_outputs);
   NDT_CHECK(g.size() == next_.size(), "internal: backward of '", name_, "' returned ", g.size(),
@@ -38,8 +42,9 @@ Grads AccumulateGrad::apply(const Grads& grad_outputs) {
       leaf_->grad = z.impl_ptr();
     }
     Tensor grad(leaf_->grad);
-    NDT_CHECK(grad.is_contiguous() && grad.shape() == leaf.shape(), "the .grad of parameter '", leaf.name(), "' is ",
-              grad.desc(), (grad.is_contiguous() ? "" : " (not contiguous)"), "; gradients accumulate into a contiguous tensor of the parameter's shape");
+    NDT_CHECK(grad.is_contiguous() && grad.shape() == leaf.shape(), "the .grad of parameter '", leaf.name(),
+              "' is ", grad.desc(), (grad.is_contiguous() ? "" : " (not contiguous)"),
+              "; gradients accumulate into a contiguous tensor of the parameter's shape");
     kernels::add_(grad, g.dtype() == grad.dtype() ? g.contiguous() : g.to(grad.dtype()));  // grad += g
   }
   if (leaf_->group) leaf_->group->note_gradient(leaf_.get());
@@ -77,7 +82,8 @@ void record(const char* name, const std::vector<Tensor>& outputs, const std::vec
   attach(name, outputs, inputs, std::move(fn));
 }
 
-void attach(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, BackwardFn fn) {
+void attach(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+            BackwardFn fn) {
   std::vector<Edge> next;
   next.reserve(inputs.size());
   for (const Tensor& t : inputs) next.push_back(edge_of(t));

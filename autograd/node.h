@@ -111,7 +111,8 @@ void record(const char* name, const std::vector<Tensor>& outputs, const std::vec
 
 // record() without the needs_grad test: always attaches (checkpoint uses it, since the
 // parameters inside its function may need gradients when no input does).
-void attach(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, BackwardFn fn);
+void attach(const char* name, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+            BackwardFn fn);
 
 // The edge an input's gradient takes: its grad_fn, its AccumulateGrad, or none.
 Edge edge_of(const Tensor& t);

@@ -33,8 +33,8 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, double s);
-Tensor gelu(const Tensor& x);                // tanh approximation
-Tensor cast(const Tensor& x, DType dtype);   // gradient cast back to x's dtype
+Tensor gelu(const Tensor& x);               // tanh approximation
+Tensor cast(const Tensor& x, DType dtype);  // gradient cast back to x's dtype
 
 // ---- reductions (ops/reduce.cpp) -------------------------------------------------
 // To a one-element tensor of x's dtype; summed in f64 on CPU (f32 on CUDA).
@@ -70,9 +70,9 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_
                        int64_t k_offset = 0, double scale = 0.0);
 
 // ---- shapes (ops/shape.cpp) ------------------------------------------------------
-Tensor view(const Tensor& x, const Shape& shape);           // x contiguous
+Tensor view(const Tensor& x, const Shape& shape);                   // x contiguous
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);  // result contiguous
-Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);  // result contiguous
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);          // result contiguous
 // Split the last dim into pieces of the given sizes (they must add up), and its inverse.
 std::vector<Tensor> split_last(const Tensor& x, const std::vector<int64_t>& sizes);
 Tensor concat_last(const std::vector<Tensor>& xs);

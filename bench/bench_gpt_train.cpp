@@ -53,7 +53,9 @@ int main(int argc, char** argv) {
   }
   set_num_threads(threads);
   std::printf("threads: %d, OpenBLAS kernel: %s\n\n", num_threads(), blas_core().c_str());
-  std::printf("| config | params | tokens/step | ms/step | tokens/s | GFLOP/s | device |\n|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| config | params | tokens/step | ms/step | tokens/s | GFLOP/s | device "
+      "|\n|---|---|---|---|---|---|---|\n");
   for (const Case& c : cases) {
     if (only.empty() ? std::string(c.name) == "GPT2" : only != c.name) continue;
     models::GPTConfig cfg;
@@ -66,7 +68,8 @@ int main(int argc, char** argv) {
     double total = 0;
     const int warmup = 2, steps = 10;
     for (int s = 0; s < warmup + steps; ++s) {
-      Tensor x = random_ids(c.B, c.T, c.vocab, 2 * s).to(device), y = random_ids(c.B, c.T, c.vocab, 2 * s + 1).to(device);
+      Tensor x = random_ids(c.B, c.T, c.vocab, 2 * s).to(device),
+             y = random_ids(c.B, c.T, c.vocab, 2 * s + 1).to(device);
       const auto t0 = std::chrono::steady_clock::now();
       params.zero_grad();
       backward(gpt.forward(x, y).loss);
@@ -77,11 +80,11 @@ int main(int argc, char** argv) {
     }
     const double ms = total / steps * 1e3, tok = static_cast<double>(c.B * c.T);
     const double gflops = gpt.flops_per_token(c.T) * tok / (ms / 1e3) / 1e9;
-    std::printf("| %s (L%lld H%lld C%lld V%lld B%lld T%lld) | %.2fM | %.0f | %.1f | %.0f | %.1f | %s%s |\n", c.name,
-                (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)c.vocab, (long long)c.B,
-                (long long)c.T, params.param_count() / 1e6, tok, ms, tok / (ms / 1e3),
-                gflops, device.str().c_str(),
-                device.is_cuda() ? (" MFU " + std::to_string(gflops / 67e3 * 100).substr(0, 4) + "%").c_str() : "");
+    std::printf(
+        "| %s (L%lld H%lld C%lld V%lld B%lld T%lld) | %.2fM | %.0f | %.1f | %.0f | %.1f | %s%s |\n", c.name,
+        (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)c.vocab, (long long)c.B,
+        (long long)c.T, params.param_count() / 1e6, tok, ms, tok / (ms / 1e3), gflops, device.str().c_str(),
+        device.is_cuda() ? (" MFU " + std::to_string(gflops / 67e3 * 100).substr(0, 4) + "%").c_str() : "");
   }
   return 0;
 }

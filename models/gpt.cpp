@@ -11,17 +11,18 @@ namespace ndt::models {
 void GPTConfig::validate() const {
   NDT_CHECK(n_layer >= 1, "model.n_layer must be >= 1, got ", n_layer);
   NDT_CHECK(n_head >= 1, "model.n_head must be >= 1, got ", n_head);
-  NDT_CHECK(n_embd >= 1 && n_embd % n_head == 0, "model.n_embd (", n_embd, ") must be a positive multiple of model.n_head (",
-            n_head, ")");
-  NDT_CHECK(vocab_size >= 1 && vocab_size <= 65536, "model.vocab_size must be in [1, 65536] (tokens are uint16), got ",
-            vocab_size);
+  NDT_CHECK(n_embd >= 1 && n_embd % n_head == 0, "model.n_embd (", n_embd,
+            ") must be a positive multiple of model.n_head (", n_head, ")");
+  NDT_CHECK(vocab_size >= 1 && vocab_size <= 65536,
+            "model.vocab_size must be in [1, 65536] (tokens are uint16), got ", vocab_size);
   NDT_CHECK(block_size >= 1, "model.block_size must be >= 1, got ", block_size);
   NDT_CHECK(vocab_multiple >= 1, "model.vocab_multiple must be >= 1, got ", vocab_multiple);
 }
 
 std::string GPTConfig::str() const {
   std::ostringstream os;
-  os << "GPT(n_layer=" << n_layer << ", n_head=" << n_head << ", n_embd=" << n_embd << ", vocab_size=" << vocab_size;
+  os << "GPT(n_layer=" << n_layer << ", n_head=" << n_head << ", n_embd=" << n_embd
+     << ", vocab_size=" << vocab_size;
   if (padded_vocab() != vocab_size) os << " (padded to " << padded_vocab() << ")";
   os << ", block_size=" << block_size << ")";
   return os.str();
@@ -34,7 +35,10 @@ float proj_std(const GPTConfig& c) { return kStd / std::sqrt(2.0f * static_cast<
 }  // namespace
 
 GPT::GPT(const GPTConfig& c)
-    : cfg((c.validate(), c)), wte(c.padded_vocab(), c.n_embd, kStd, c.vocab_size), wpe(c.block_size, c.n_embd, kStd), ln_f(c.n_embd) {
+    : cfg((c.validate(), c)),
+      wte(c.padded_vocab(), c.n_embd, kStd, c.vocab_size),
+      wpe(c.block_size, c.n_embd, kStd),
+      ln_f(c.n_embd) {
   child("wte", &wte);
   child("wpe", &wpe);
   for (int64_t i = 0; i < c.n_layer; ++i) {
@@ -81,8 +85,8 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) const {
   for (const auto& block : h) {
     if (cfg.activation_checkpointing) {
       const nn::Block* b = block.get();
-      x = autograd::checkpoint([b](const std::vector<Tensor>& in) { return std::vector<Tensor>{b->forward(in[0])}; },
-                               {x})[0];
+      x = autograd::checkpoint(
+          [b](const std::vector<Tensor>& in) { return std::vector<Tensor>{b->forward(in[0])}; }, {x})[0];
     } else {
       x = block->forward(x);
     }
@@ -91,7 +95,8 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) const {
   GPTOutput out;
   out.logits = matmul(view(x, {B * T, C}), wte.weight, false, true);  // (B*T, C) @ wte^T -> (B*T, Vp)
   if (targets.defined()) {
-    NDT_CHECK(targets.shape() == idx.shape(), "GPT: targets ", targets.shape_str(), " must match idx ", idx.shape_str());
+    NDT_CHECK(targets.shape() == idx.shape(), "GPT: targets ", targets.shape_str(), " must match idx ",
+              idx.shape_str());
     out.loss = cross_entropy(out.logits, targets.view({B * T}), -1, cfg.vocab_size);
   }
   return out;

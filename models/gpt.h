@@ -27,8 +27,8 @@ struct GPTConfig {
   int64_t n_head = 12;
   int64_t n_embd = 768;
   int64_t vocab_size = 50257;
-  int64_t block_size = 1024;  // maximum sequence length (positions)
-  int64_t vocab_multiple = 1;  // pad the vocab to a multiple of this (e.g. 128); 1 = none
+  int64_t block_size = 1024;              // maximum sequence length (positions)
+  int64_t vocab_multiple = 1;             // pad the vocab to a multiple of this (e.g. 128); 1 = none
   bool activation_checkpointing = false;  // recompute each block in backward
 
   int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }

@@ -45,8 +45,10 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
     u.name = us.name;
     // decayed parameters first, registration order within each group
     std::vector<ParamSpec> order;
-    for (const ParamSpec& p : us.params) if (p.weight_decay) order.push_back(p);
-    for (const ParamSpec& p : us.params) if (!p.weight_decay) order.push_back(p);
+    for (const ParamSpec& p : us.params)
+      if (p.weight_decay) order.push_back(p);
+    for (const ParamSpec& p : us.params)
+      if (!p.weight_decay) order.push_back(p);
     int64_t off = 0;
     bool in_decay = true;
     for (const ParamSpec& p : order) {
@@ -65,11 +67,14 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
       fp.value = u.data.view_at(fp.offset, fp.spec.shape);
       switch (fp.spec.init.kind) {
         case Init::kNormal:
-          kernels::fill_normal(fp.spec.init.rows >= 0 ? fp.value.narrow(0, 0, fp.spec.init.rows) : fp.value, seed,
-                               name_hash(fp.spec.name), 0, 0.0f, fp.spec.init.std);
+          kernels::fill_normal(fp.spec.init.rows >= 0 ? fp.value.narrow(0, 0, fp.spec.init.rows) : fp.value,
+                               seed, name_hash(fp.spec.name), 0, 0.0f, fp.spec.init.std);
           break;
-        case Init::kOnes: kernels::fill(fp.value, 1.0); break;
-        case Init::kZeros: break;  // the buffer starts zeroed
+        case Init::kOnes:
+          kernels::fill(fp.value, 1.0);
+          break;
+        case Init::kZeros:
+          break;  // the buffer starts zeroed
       }
       fp.value.set_requires_grad(true);
       fp.value.set_name(fp.spec.name);

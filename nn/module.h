@@ -36,8 +36,8 @@ struct Init {
 };
 
 struct ParamSpec {
-  std::string name;           // full dotted name, e.g. "h.0.attn.c_attn.weight"
-  Shape shape;                // global shape
+  std::string name;  // full dotted name, e.g. "h.0.attn.c_attn.weight"
+  Shape shape;       // global shape
   Init init;
   bool weight_decay = false;  // AdamW decays 2-D weights (matmuls, embeddings) only
   Tensor* slot = nullptr;     // the module field that receives the materialized view

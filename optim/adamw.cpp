@@ -55,14 +55,18 @@ Schedule::Kind Schedule::parse(const std::string& name) {
 }
 
 double lr_at(int64_t step, const Schedule& s) {
-  if (step < s.warmup_steps) return s.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  if (step < s.warmup_steps)
+    return s.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
   const double min_lr = s.lr * s.min_lr_frac;
   const int64_t span = s.total_steps - 1 - s.warmup_steps;
   const double progress = span <= 0 ? 1.0 : std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
   switch (s.kind) {
-    case Schedule::kCosine: return min_lr + (s.lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
-    case Schedule::kLinear: return s.lr - (s.lr - min_lr) * progress;
-    case Schedule::kConstant: return s.lr;
+    case Schedule::kCosine:
+      return min_lr + (s.lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * progress));
+    case Schedule::kLinear:
+      return s.lr - (s.lr - min_lr) * progress;
+    case Schedule::kConstant:
+      return s.lr;
   }
   return s.lr;
 }

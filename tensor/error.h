@@ -32,8 +32,8 @@ std::string cat(const Args&... args) {
 }  // namespace ndt
 
 // Throws ndt::Error("msg... (file:line)") when cond is false.
-#define NDT_CHECK(cond, ...)                                                          \
-  do {                                                                                \
+#define NDT_CHECK(cond, ...)                                                                      \
+  do {                                                                                            \
     if (!(cond)) ::ndt::detail::throw_error(__FILE__, __LINE__, ::ndt::detail::cat(__VA_ARGS__)); \
   } while (0)
 

@@ -15,8 +15,8 @@ void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts) {
     if (!t->defined()) continue;
     if (!first) first = t;
-    NDT_CHECK(t->device() == first->device(), op, ": tensors on different devices (",
-              first->device().str(), " and ", t->device().str(), ")");
+    NDT_CHECK(t->device() == first->device(), op, ": tensors on different devices (", first->device().str(),
+              " and ", t->device().str(), ")");
   }
 }
 
@@ -42,7 +42,8 @@ void copy(const Tensor& dst, const Tensor& src) {
   NDT_DISPATCH(dst.device(), copy, dst, src);
 }
 
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha, double beta) {
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
+          double beta) {
   same_device("gemm", {&a, &b, &c});
   NDT_DISPATCH(a.device(), gemm, a, trans_a, b, trans_b, c, alpha, beta);
 }
@@ -92,12 +93,14 @@ void sum_rows(const Tensor& x, const Tensor& out) {
   NDT_DISPATCH(x.device(), sum_rows, x, out);
 }
 
-void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
+                       const Tensor& mean, const Tensor& rstd) {
   same_device("layernorm_forward", {&x, &w, &b, &out, &mean, &rstd});
   NDT_DISPATCH(x.device(), layernorm_forward, x, w, b, eps, out, mean, rstd);
 }
 
-void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
   same_device("layernorm_backward", {&dout, &x, &w, &mean, &rstd, &dx, &dw, &db});
   NDT_DISPATCH(dout.device(), layernorm_backward, dout, x, w, mean, rstd, dx, dw, db);
 }
@@ -112,14 +115,17 @@ void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   NDT_DISPATCH(y.device(), softmax_backward, y, dy, dx);
 }
 
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index, const Tensor& losses, const Tensor& lse) {
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index,
+                           const Tensor& losses, const Tensor& lse) {
   same_device("cross_entropy_forward", {&logits, &targets, &losses, &lse});
   NDT_DISPATCH(logits.device(), cross_entropy_forward, logits, targets, v_limit, ignore_index, losses, lse);
 }
 
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit, int64_t ignore_index, double grad_scale, const Tensor& dlogits) {
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit,
+                            int64_t ignore_index, double grad_scale, const Tensor& dlogits) {
   same_device("cross_entropy_backward", {&logits, &targets, &lse, &dlogits});
-  NDT_DISPATCH(logits.device(), cross_entropy_backward, logits, targets, lse, v_limit, ignore_index, grad_scale, dlogits);
+  NDT_DISPATCH(logits.device(), cross_entropy_backward, logits, targets, lse, v_limit, ignore_index,
+               grad_scale, dlogits);
 }
 
 int64_t count_not_equal(const Tensor& targets, int64_t ignore_index) {
@@ -137,12 +143,14 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
   NDT_DISPATCH(ids.device(), embedding_backward, ids, dout, dtable);
 }
 
-void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset, const Tensor& lse) {
+void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
+                               const Tensor& lse) {
   same_device("attention_softmax_forward", {&s, &lse});
   NDT_DISPATCH(s.device(), attention_softmax_forward, s, scale, q_offset, k_offset, lse);
 }
 
-void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse, double scale) {
+void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,
+                                double scale) {
   same_device("attention_softmax_backward", {&p, &dp, &d, &dlse});
   NDT_DISPATCH(p.device(), attention_softmax_backward, p, dp, d, dlse, scale);
 }
@@ -162,7 +170,8 @@ void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start
   NDT_DISPATCH(t.device(), fill_normal, t, seed, stream, start, mean, std);
 }
 
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a) {
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const AdamWArgs& a) {
   same_device("adamw_step", {&param, &grad, &m, &v});
   NDT_DISPATCH(param.device(), adamw_step, param, grad, m, v, a);
 }

@@ -16,23 +16,23 @@
 namespace ndt::kernels {
 
 // ---- memory (tensor/{cpu,cuda}/copy) -------------------------------------------------
-void fill(const Tensor& t, double value);             // t may be strided
-void copy(const Tensor& dst, const Tensor& src);      // same shape, any strides and dtypes;
-                                                      // same device (cross-device is Tensor::to)
+void fill(const Tensor& t, double value);         // t may be strided
+void copy(const Tensor& dst, const Tensor& src);  // same shape, any strides and dtypes;
+                                                  // same device (cross-device is Tensor::to)
 
 // ---- matmul (tensor/{cpu,cuda}/matmul) ---------------------------------------------
 // c = alpha * op(a) @ op(b) + beta * c, accumulated in f32 (f64 for f64).
 //   2-D: a (M,K) or (K,M) if trans_a; b (K,N) or (N,K) if trans_b; c (M,N)
 //   3-D: a (Bt,M,K), b (Bt,K,N) or 2-D b shared by every batch, c (Bt,M,N)
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-          double alpha = 1.0, double beta = 0.0);
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha = 1.0,
+          double beta = 0.0);
 
 // ---- elementwise (tensor/{cpu,cuda}/elementwise) ------------------------------------
 // b is either a's shape or a row vector broadcast over a's last dim (a bias).
 void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0,
-         double beta = 1.0);                            // out = alpha*a + beta*b
-void mul(const Tensor& a, const Tensor& b, const Tensor& out);  // out = a*b
-void scale(const Tensor& a, double s, const Tensor& out);        // out = s*a
+         double beta = 1.0);                                          // out = alpha*a + beta*b
+void mul(const Tensor& a, const Tensor& b, const Tensor& out);        // out = a*b
+void scale(const Tensor& a, double s, const Tensor& out);             // out = s*a
 void add_(const Tensor& dst, const Tensor& src, double alpha = 1.0);  // dst += alpha*src
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 void gelu_forward(const Tensor& x, const Tensor& out);
@@ -48,12 +48,11 @@ void sum_rows(const Tensor& x, const Tensor& out);
 
 // ---- layernorm (tensor/{cpu,cuda}/layernorm) ----------------------------------------
 // x (N,C), w (C), b (C) -> out (N,C), mean (N), rstd (N) (mean/rstd f32, f64 for f64 x)
-void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps,
-                       const Tensor& out, const Tensor& mean, const Tensor& rstd);
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
+                       const Tensor& mean, const Tensor& rstd);
 // dout (N,C) -> dx (N,C), dw (C), db (C); all written, not accumulated
-void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w,
-                        const Tensor& mean, const Tensor& rstd, const Tensor& dx,
-                        const Tensor& dw, const Tensor& db);
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db);
 
 // ---- softmax and cross-entropy (tensor/{cpu,cuda}/softmax) --------------------------
 void softmax_forward(const Tensor& x, const Tensor& out);                    // (N,C), rows
@@ -61,13 +60,12 @@ void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);  // 
 // logits (N,V), targets (N) i32 -> losses (N) f32 (f64 for f64 logits), lse (N) same.
 // Only the first v_limit columns take part (vocab padding); a row whose target equals
 // ignore_index gets loss 0. A target outside [0, v_limit) that is not ignore_index throws.
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit,
-                           int64_t ignore_index, const Tensor& losses, const Tensor& lse);
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index,
+                           const Tensor& losses, const Tensor& lse);
 // dlogits = (softmax(logits) - onehot(target)) * grad_scale for kept rows, 0 for ignored
 // rows and padded columns. grad_scale = dloss / (number of kept rows), computed by the op.
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
-                            int64_t v_limit, int64_t ignore_index, double grad_scale,
-                            const Tensor& dlogits);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit,
+                            int64_t ignore_index, double grad_scale, const Tensor& dlogits);
 // targets (N) i32 -> number of entries != ignore_index
 int64_t count_not_equal(const Tensor& targets, int64_t ignore_index);
 
@@ -84,23 +82,21 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
 // query i (global position q_offset+i) sees key j (global position k_offset+j) iff
 // k_offset+j <= q_offset+i. lse (Bh,Tq) f32 (f64 for f64) receives the log-sum-exp of
 // the scaled, masked scores; a row that sees no key gets p = 0 and lse = -inf.
-void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset,
-                               int64_t k_offset, const Tensor& lse);
+void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
+                               const Tensor& lse);
 // In the forward, p = exp(scale*s - lse) (masked). Given dp = dout @ v^T, the row terms
 // d (Bh,Tq) = rowsum(dout*out) and the gradient dlse (Bh,Tq) of the lse output (may be
 // undefined), writes ds = p * (dp - d + dlse) * scale into dp (in place).
-void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d,
-                                const Tensor& dlse, double scale);
+void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,
+                                double scale);
 // out (Bh,T,HS), dout (Bh,T,HS) -> d (Bh,T): d = sum over HS of out*dout
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out);
 
 // ---- random fills (tensor/{cpu,cuda}/rng) -------------------------------------------
 // Element i of t (contiguous) gets a value that depends only on (seed, stream, start+i):
 // counter-based Philox4x32-10, identical on CPU and CUDA. See tensor/rng.h.
-void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo,
-                  float hi);
-void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean,
-                 float std);
+void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi);
+void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std);
 
 // ---- optimizer (tensor/{cpu,cuda}/adamw) -----------------------------------------
 struct AdamWArgs {
@@ -116,6 +112,7 @@ struct AdamWArgs {
 //   m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2
 //   p -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
 // param (n) f32 or f64, grad (n) same dtype, m and v (n) same dtype as param.
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWArgs& a);
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const AdamWArgs& a);
 
 }  // namespace ndt::kernels

@@ -23,22 +23,32 @@ void throw_error(const char* file, int line, const std::string& msg) {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::bf16: return 2;
-    case DType::f64: return 8;
-    case DType::i32: return 4;
-    case DType::u16: return 2;
+    case DType::f32:
+      return 4;
+    case DType::bf16:
+      return 2;
+    case DType::f64:
+      return 8;
+    case DType::i32:
+      return 4;
+    case DType::u16:
+      return 2;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "float32";
-    case DType::bf16: return "bfloat16";
-    case DType::f64: return "float64";
-    case DType::i32: return "int32";
-    case DType::u16: return "uint16";
+    case DType::f32:
+      return "float32";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f64:
+      return "float64";
+    case DType::i32:
+      return "int32";
+    case DType::u16:
+      return "uint16";
   }
   return "?";
 }
@@ -130,8 +140,8 @@ Tensor Tensor::scalar(double value, DType dtype, Device device) { return full({}
 
 template <typename T>
 Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
-  NDT_CHECK(static_cast<int64_t>(values.size()) == numel_of(shape), "from_vector: ",
-            values.size(), " values do not fill shape ", ndt::shape_str(shape));
+  NDT_CHECK(static_cast<int64_t>(values.size()) == numel_of(shape), "from_vector: ", values.size(),
+            " values do not fill shape ", ndt::shape_str(shape));
   Tensor t = empty(shape, dtype_of<T>(), Device::cpu());
   if (!values.empty()) std::memcpy(t.data_ptr(), values.data(), values.size() * sizeof(T));
   return device.is_cpu() ? t : t.to(device);
@@ -167,8 +177,8 @@ void* Tensor::data_ptr() const {
 
 template <typename T>
 T* Tensor::data() const {
-  NDT_CHECK(dtype() == dtype_of<T>(), "data<", dtype_name(dtype_of<T>()), ">() on a ",
-            dtype_name(dtype()), " tensor");
+  NDT_CHECK(dtype() == dtype_of<T>(), "data<", dtype_name(dtype_of<T>()), ">() on a ", dtype_name(dtype()),
+            " tensor");
   return static_cast<T*>(data_ptr());
 }
 template float* Tensor::data<float>() const;
@@ -208,8 +218,8 @@ Tensor Tensor::view(const Shape& shape_in) const {
               ndt::shape_str(shape_in));
     shape[infer] = numel() / known;
   }
-  NDT_CHECK(numel_of(shape) == numel(), "view: shape ", ndt::shape_str(shape_in), " has ",
-            numel_of(shape), " elements but the tensor ", this->shape_str(), " has ", numel());
+  NDT_CHECK(numel_of(shape) == numel(), "view: shape ", ndt::shape_str(shape_in), " has ", numel_of(shape),
+            " elements but the tensor ", this->shape_str(), " has ", numel());
   NDT_CHECK(is_contiguous(), "view: cannot view tensor ", this->shape_str(), " with strides ",
             ndt::shape_str(strides()), " as ", ndt::shape_str(shape_in),
             ": it is not contiguous; call contiguous() or reshape()");
@@ -231,8 +241,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
   d = wrap_dim(d, dim(), "select");
-  NDT_CHECK(index >= 0 && index < shape()[d], "select: index ", index, " out of range for dim ",
-            d, " of ", this->shape_str());
+  NDT_CHECK(index >= 0 && index < shape()[d], "select: index ", index, " out of range for dim ", d, " of ",
+            this->shape_str());
   Shape sh = shape(), st = strides();
   int64_t off = offset() + index * st[d];
   sh.erase(sh.begin() + d);
@@ -250,8 +260,8 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 }
 
 Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
-  NDT_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: ", dims.size(),
-            " dims given for a ", dim(), "-D tensor");
+  NDT_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: ", dims.size(), " dims given for a ", dim(),
+            "-D tensor");
   Shape sh(dims.size()), st(dims.size());
   std::vector<bool> seen(dims.size(), false);
   for (size_t i = 0; i < dims.size(); ++i) {
@@ -277,8 +287,8 @@ Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offs
 
 Tensor Tensor::view_at(int64_t off, const Shape& shape) const {
   NDT_CHECK(is_contiguous(), "view_at: the base tensor must be contiguous");
-  NDT_CHECK(off >= 0 && off + numel_of(shape) <= numel(), "view_at: [", off, ", ",
-            off + numel_of(shape), ") does not fit in a buffer of ", numel(), " elements");
+  NDT_CHECK(off >= 0 && off + numel_of(shape) <= numel(), "view_at: [", off, ", ", off + numel_of(shape),
+            ") does not fit in a buffer of ", numel(), " elements");
   return make_view(*this, shape, contiguous_strides(shape), offset() + off);
 }
 
@@ -307,8 +317,7 @@ Tensor Tensor::to(Device dev) const {
   if (dev.is_cuda() && src.device().is_cpu()) {
     cuda::memcpy(out.data_ptr(), src.data_ptr(), nbytes(), cuda::CopyKind::kHostToDevice, dev.index);
   } else if (dev.is_cpu() && src.device().is_cuda()) {
-    cuda::memcpy(out.data_ptr(), src.data_ptr(), nbytes(), cuda::CopyKind::kDeviceToHost,
-                 src.device().index);
+    cuda::memcpy(out.data_ptr(), src.data_ptr(), nbytes(), cuda::CopyKind::kDeviceToHost, src.device().index);
   } else {
     // GPU to GPU: through the host; peer copies are the job of the communicators.
     return src.to(Device::cpu()).to(dev);

@@ -45,12 +45,12 @@ struct TensorImpl {
 
   // Autograd state, owned by autograd/ (see autograd/node.h).
   bool requires_grad = false;
-  std::shared_ptr<TensorImpl> grad;           // accumulated gradient (may view a flat buffer)
-  std::shared_ptr<autograd::Node> grad_fn;    // the op that produced this tensor
-  int output_nr = 0;                          // which output of grad_fn this is
-  std::shared_ptr<autograd::GradGroup> group; // fires a hook when the group's grads are done
+  std::shared_ptr<TensorImpl> grad;                // accumulated gradient (may view a flat buffer)
+  std::shared_ptr<autograd::Node> grad_fn;         // the op that produced this tensor
+  int output_nr = 0;                               // which output of grad_fn this is
+  std::shared_ptr<autograd::GradGroup> group;      // fires a hook when the group's grads are done
   std::weak_ptr<autograd::Node> grad_accumulator;  // a leaf's AccumulateGrad node, shared by uses
-  std::string name;                           // optional, for messages
+  std::string name;                                // optional, for messages
 };
 
 class Tensor {
@@ -67,8 +67,7 @@ class Tensor {
   // Copies host values into a new tensor of the matching dtype (float->f32, double->f64,
   // int32_t->i32, uint16_t->u16), then moves it to `device`.
   template <typename T>
-  static Tensor from_vector(const std::vector<T>& values, const Shape& shape,
-                            Device device = Device::cpu());
+  static Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = Device::cpu());
 
   // --- properties -----------------------------------------------------------------
   bool defined() const { return impl_ != nullptr; }
@@ -109,7 +108,7 @@ class Tensor {
   Tensor contiguous() const;  // this if already contiguous
   Tensor clone() const;       // always a fresh contiguous copy
   Tensor to(Device device) const;
-  Tensor to(DType dtype) const;  // bf16 rounds to nearest even
+  Tensor to(DType dtype) const;         // bf16 rounds to nearest even
   void copy_(const Tensor& src) const;  // same shape; converts dtype and device
   template <typename T>
   std::vector<T> to_vector() const;  // host copy in T (converting from dtype)
@@ -123,7 +122,10 @@ class Tensor {
   const std::shared_ptr<autograd::Node>& grad_fn() const { return impl().grad_fn; }
   bool is_leaf() const { return impl().grad_fn == nullptr; }
   const std::string& name() const { return impl().name; }
-  Tensor& set_name(const std::string& n) { impl().name = n; return *this; }
+  Tensor& set_name(const std::string& n) {
+    impl().name = n;
+    return *this;
+  }
 
   TensorImpl& impl() const {
     NDT_CHECK(impl_ != nullptr, "use of an undefined tensor");
@@ -144,10 +146,25 @@ Shape contiguous_strides(const Shape& shape);
 // Which C++ type stores each dtype.
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<double>() { return DType::f64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<uint16_t>() { return DType::u16; }
-template <> constexpr DType dtype_of<bf16>() { return DType::bf16; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+constexpr DType dtype_of<uint16_t>() {
+  return DType::u16;
+}
+template <>
+constexpr DType dtype_of<bf16>() {
+  return DType::bf16;
+}
 
 }  // namespace ndt

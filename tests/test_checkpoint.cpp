@@ -58,7 +58,8 @@ std::vector<Raw> hf_tensors(const models::GPT& gpt, const nn::FlatParams& params
     Tensor v = params.find(s.name)->value;
     if (s.name == "wte.weight") v = v.narrow(0, 0, gpt.cfg.vocab_size);
     std::vector<float> f = v.to_vector<float>();
-    out.push_back({prefix + s.name, "F32", v.shape(), std::string(reinterpret_cast<const char*>(f.data()), f.size() * 4)});
+    out.push_back({prefix + s.name, "F32", v.shape(),
+                   std::string(reinterpret_cast<const char*>(f.data()), f.size() * 4)});
   }
   return out;
 }
@@ -99,7 +100,9 @@ TEST(SafeTensors, ReadsHalfPrecision) {
 TEST(SafeTensors, CorruptFilesGiveClearErrors) {
   fs::path d = ndt::testing::fresh_dir("ckpt_corrupt");
   std::ofstream(d / "short.safetensors") << "abc";
-  EXPECT_NE(error_of([&] { io::SafeTensorsReader r((d / "short.safetensors").string()); }).find("not a safetensors file"),
+  EXPECT_NE(error_of([&] {
+              io::SafeTensorsReader r((d / "short.safetensors").string());
+            }).find("not a safetensors file"),
             std::string::npos);
   {
     std::ofstream f(d / "hdr.safetensors", std::ios::binary);
@@ -107,10 +110,14 @@ TEST(SafeTensors, CorruptFilesGiveClearErrors) {
     f.write(reinterpret_cast<const char*>(&n), 8);
     f << "{}";
   }
-  EXPECT_NE(error_of([&] { io::SafeTensorsReader r((d / "hdr.safetensors").string()); }).find("exceeds the file size"),
+  EXPECT_NE(error_of([&] {
+              io::SafeTensorsReader r((d / "hdr.safetensors").string());
+            }).find("exceeds the file size"),
             std::string::npos);
   write_raw(d / "range.safetensors", {{"x", "F32", {4}, std::string(8, '\0')}});  // 8 bytes for 16 needed
-  EXPECT_NE(error_of([&] { io::SafeTensorsReader r((d / "range.safetensors").string()); }).find("do not match its shape"),
+  EXPECT_NE(error_of([&] {
+              io::SafeTensorsReader r((d / "range.safetensors").string());
+            }).find("do not match its shape"),
             std::string::npos);
 }
 
@@ -148,7 +155,9 @@ TEST(Weights, AcceptsTransformerPrefixTiedHeadAndMaskBuffers) {
   // an untied head is refused
   ts[ts.size() - 3].bytes[0] ^= 1;
   write_raw(d / "untied.safetensors", ts);
-  EXPECT_NE(error_of([&] { ckpt::load_weights((d / "untied.safetensors").string(), g2, p2); }).find("lm_head.weight differs"),
+  EXPECT_NE(error_of([&] {
+              ckpt::load_weights((d / "untied.safetensors").string(), g2, p2);
+            }).find("lm_head.weight differs"),
             std::string::npos);
 }
 
@@ -173,7 +182,8 @@ TEST(Weights, MissingExtraAndMisshapenTensorsAreNamedAndNothingIsLoaded) {
     if (r.name == "h.0.attn.c_proj.weight") r.shape = {4, 16};  // same bytes, wrong shape
   write_raw(d / "shape.safetensors", shaped);
   e = error_of([&] { ckpt::load_weights((d / "shape.safetensors").string(), g2, p2); });
-  EXPECT_NE(e.find("h.0.attn.c_proj.weight has shape (4, 16), the model needs (8, 8)"), std::string::npos) << e;
+  EXPECT_NE(e.find("h.0.attn.c_proj.weight has shape (4, 16), the model needs (8, 8)"), std::string::npos)
+      << e;
   EXPECT_EQ(p2.units[0].data.to_vector<float>(), before);  // nothing was copied
 }
 
@@ -185,7 +195,8 @@ TEST(Checkpoint, SaveLoadRestoresWeightsMomentsAndPosition) {
   optim::AdamW o1(p1, {}), o2(p2, {});
   // gradients on the parameters only: no gradient ever reaches padding or padded vocab rows
   for (auto& u : p1.units)
-    for (auto& fp : u.params) kernels::fill_normal(fp.value.grad(), 4, nn::name_hash(fp.spec.name), 0, 0.0f, 1.0f);
+    for (auto& fp : u.params)
+      kernels::fill_normal(fp.value.grad(), 4, nn::name_hash(fp.spec.name), 0, 0.0f, 1.0f);
   kernels::fill(g1.wte.weight.grad().narrow(0, 10, 6), 0.0);
   o1.step(0.01);
   o1.step(0.01);

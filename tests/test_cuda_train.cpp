@@ -19,11 +19,33 @@ namespace {
 
 std::vector<double> train_losses(const fs::path& d, const std::string& device) {
   const std::string metrics = (d / ("m_" + device + ".jsonl")).string();
-  std::vector<std::string> args = {"train_gpt", "--data.train", (d / "train.bin").string(), "--model.n_layer", "2",
-                                   "--model.n_head", "2", "--model.n_embd", "32", "--model.vocab_size", "50",
-                                   "--model.block_size", "16", "--train.seq_len", "16", "--train.micro_batch_size",
-                                   "4", "--train.steps", "5", "--train.device", device, "--sample.every", "-1",
-                                   "--log.metrics", metrics, "--optim.lr", "0.01"};
+  std::vector<std::string> args = {"train_gpt",
+                                   "--data.train",
+                                   (d / "train.bin").string(),
+                                   "--model.n_layer",
+                                   "2",
+                                   "--model.n_head",
+                                   "2",
+                                   "--model.n_embd",
+                                   "32",
+                                   "--model.vocab_size",
+                                   "50",
+                                   "--model.block_size",
+                                   "16",
+                                   "--train.seq_len",
+                                   "16",
+                                   "--train.micro_batch_size",
+                                   "4",
+                                   "--train.steps",
+                                   "5",
+                                   "--train.device",
+                                   device,
+                                   "--sample.every",
+                                   "-1",
+                                   "--log.metrics",
+                                   metrics,
+                                   "--optim.lr",
+                                   "0.01"};
   std::vector<const char*> argv;
   for (auto& a : args) argv.push_back(a.c_str());
   std::ostringstream out, err;
@@ -40,7 +62,8 @@ std::vector<double> train_losses(const fs::path& d, const std::string& device) {
 }  // namespace
 
 TEST(CudaTrain, LossesMatchTheCpuRun) {
-  if (!cuda::available()) GTEST_SKIP() << "no CUDA device: " << (cuda::compiled() ? "none visible" : "built without CUDA");
+  if (!cuda::available())
+    GTEST_SKIP() << "no CUDA device: " << (cuda::compiled() ? "none visible" : "built without CUDA");
   fs::path d = ndt::testing::fresh_dir("cuda_train");
   std::vector<uint16_t> tokens(4000);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7 + i / 13) % 50);
@@ -48,6 +71,7 @@ TEST(CudaTrain, LossesMatchTheCpuRun) {
   std::vector<double> cpu = train_losses(d, "cpu"), gpu = train_losses(d, "cuda");
   ASSERT_EQ(cpu.size(), 5u);
   ASSERT_EQ(gpu.size(), 5u);
-  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * std::abs(cpu[i])) << "step " << i + 1;
+  for (size_t i = 0; i < cpu.size(); ++i)
+    EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * std::abs(cpu[i])) << "step " << i + 1;
   EXPECT_LT(cpu.back(), cpu.front());
 }

@@ -54,7 +54,8 @@ TEST(Data, RanksTakeConsecutiveWindows) {
   std::vector<uint16_t> all(100);
   std::iota(all.begin(), all.end(), 0);
   data::write_shard((d / "s.bin").string(), all);
-  data::DataLoader r0((d / "s.bin").string(), 1, 4, 0, 2, false, 0, 1000), r1((d / "s.bin").string(), 1, 4, 1, 2, false, 0, 1000);
+  data::DataLoader r0((d / "s.bin").string(), 1, 4, 0, 2, false, 0, 1000),
+      r1((d / "s.bin").string(), 1, 4, 1, 2, false, 0, 1000);
   for (int k = 0; k < 3; ++k) {
     EXPECT_EQ(r0.next().inputs.to_vector<int32_t>()[0], 8 * k);
     EXPECT_EQ(r1.next().inputs.to_vector<int32_t>()[0], 8 * k + 4);
@@ -68,10 +69,12 @@ TEST(Data, ShuffleIsASeededPermutationPerEpochAndRestores) {
   data::write_shard((d / "s.bin").string(), all);
   auto epoch_starts = [&](data::DataLoader& dl) {
     std::vector<int32_t> s;
-    for (int64_t i = 0; i < dl.windows_per_epoch(); ++i) s.push_back(dl.next().inputs.to_vector<int32_t>()[0]);
+    for (int64_t i = 0; i < dl.windows_per_epoch(); ++i)
+      s.push_back(dl.next().inputs.to_vector<int32_t>()[0]);
     return s;
   };
-  data::DataLoader a((d / "s.bin").string(), 1, 10, 0, 1, true, 7, 1000), b((d / "s.bin").string(), 1, 10, 0, 1, true, 7, 1000);
+  data::DataLoader a((d / "s.bin").string(), 1, 10, 0, 1, true, 7, 1000),
+      b((d / "s.bin").string(), 1, 10, 0, 1, true, 7, 1000);
   std::vector<int32_t> e0 = epoch_starts(a), e1 = epoch_starts(a);
   EXPECT_EQ(e0, epoch_starts(b));  // same seed, same order
   std::vector<int32_t> sorted = e0;
@@ -97,7 +100,8 @@ TEST(Data, BadShardsGiveClearErrors) {
     std::memcpy(bytes.data(), h, sizeof(h));
     std::ofstream((d / "magic.bin").string(), std::ios::binary).write(bytes.data(), bytes.size());
   }
-  EXPECT_NE(error_of([&] { data::Shard s((d / "magic.bin").string()); }).find("bad magic 12345"), std::string::npos);
+  EXPECT_NE(error_of([&] { data::Shard s((d / "magic.bin").string()); }).find("bad magic 12345"),
+            std::string::npos);
   // truncated: header says 100 tokens, file holds 60
   {
     std::ifstream in((d / "good.bin").string(), std::ios::binary);
@@ -110,9 +114,12 @@ TEST(Data, BadShardsGiveClearErrors) {
   EXPECT_NE(e.find("trunc.bin"), std::string::npos) << e;
   // too short for a header
   std::ofstream((d / "short.bin").string()) << "hello";
-  EXPECT_NE(error_of([&] { data::Shard s((d / "short.bin").string()); }).find("too short"), std::string::npos);
+  EXPECT_NE(error_of([&] { data::Shard s((d / "short.bin").string()); }).find("too short"),
+            std::string::npos);
   // missing
-  EXPECT_NE(error_of([&] { data::DataLoader l((d / "nope_*.bin").string(), 1, 4, 0, 1, false, 0, 50); }).find("no data files match"),
+  EXPECT_NE(error_of([&] {
+              data::DataLoader l((d / "nope_*.bin").string(), 1, 4, 0, 1, false, 0, 50);
+            }).find("no data files match"),
             std::string::npos);
   // token >= vocab_size
   e = error_of([&] {
@@ -139,7 +146,9 @@ TEST(Vocab, CharRoundTripAndSaveLoad) {
   EXPECT_THROW(v.encode("Q"), Error);
   data::Vocab b = data::Vocab::byte_level();
   EXPECT_EQ(b.size(), 256);
-  std::vector<uint16_t> bi = b.encode("\xff" "a");
+  std::vector<uint16_t> bi = b.encode(
+      "\xff"
+      "a");
   EXPECT_EQ(bi, (std::vector<uint16_t>{255, 97}));
   std::ofstream((d / "bad.json").string()) << "{ not json";
   EXPECT_THROW(data::Vocab::load((d / "bad.json").string()), Error);

@@ -64,13 +64,15 @@ struct Ref {
           double mx = -1e300, z = 0;
           for (int64_t s = 0; s <= t; ++s) {
             double d = 0;
-            for (int64_t i = 0; i < HS; ++i) d += qkv[t * 3 * C + hd * HS + i] * qkv[s * 3 * C + C + hd * HS + i];
+            for (int64_t i = 0; i < HS; ++i)
+              d += qkv[t * 3 * C + hd * HS + i] * qkv[s * 3 * C + C + hd * HS + i];
             a[s] = d / std::sqrt(static_cast<double>(HS));
             mx = std::max(mx, a[s]);
           }
           for (int64_t s = 0; s <= t; ++s) z += a[s] = std::exp(a[s] - mx);
           for (int64_t s = 0; s <= t; ++s)
-            for (int64_t i = 0; i < HS; ++i) y[t * C + hd * HS + i] += a[s] / z * qkv[s * 3 * C + 2 * C + hd * HS + i];
+            for (int64_t i = 0; i < HS; ++i)
+              y[t * C + hd * HS + i] += a[s] / z * qkv[s * 3 * C + 2 * C + hd * HS + i];
         }
       Mat proj = linear(y, T, C, C, h + ".attn.c_proj");
       for (int64_t i = 0; i < T * C; ++i) x[i] += proj[i];
@@ -106,7 +108,8 @@ TEST(GPTReference, LogitsAndLossMatchANaiveImplementation) {
   kernels::fill(gpt.wte.weight.narrow(0, 11, 5), 0.0);  // padded rows as in training
   const int64_t B = 2, T = 9;
   std::vector<int32_t> ids(B * T), tg(B * T);
-  for (int64_t i = 0; i < B * T; ++i) ids[i] = static_cast<int32_t>((7 * i + 3) % 11), tg[i] = static_cast<int32_t>((5 * i + 1) % 11);
+  for (int64_t i = 0; i < B * T; ++i)
+    ids[i] = static_cast<int32_t>((7 * i + 3) % 11), tg[i] = static_cast<int32_t>((5 * i + 1) % 11);
   autograd::NoGradGuard no_grad;
   models::GPTOutput out = gpt.forward(Tensor::from_vector(ids, {B, T}), Tensor::from_vector(tg, {B, T}));
   ASSERT_EQ(out.logits.shape(), (Shape{B * T, 16}));  // padded vocab
@@ -118,7 +121,8 @@ TEST(GPTReference, LogitsAndLossMatchANaiveImplementation) {
     for (int64_t t = 0; t < T; ++t) {
       double mx = -1e300, z = 0;
       for (int64_t v = 0; v < 11; ++v) {
-        EXPECT_NEAR(got[(b * T + t) * 16 + v], want[t * 11 + v], 1e-12) << "b " << b << " t " << t << " v " << v;
+        EXPECT_NEAR(got[(b * T + t) * 16 + v], want[t * 11 + v], 1e-12)
+            << "b " << b << " t " << t << " v " << v;
         mx = std::max(mx, want[t * 11 + v]);
       }
       for (int64_t v = 0; v < 11; ++v) z += std::exp(want[t * 11 + v] - mx);

@@ -23,8 +23,8 @@ struct Two : nn::Module {
 // PyTorch torch.optim.AdamW, written out per element.
 struct RefAdamW {
   std::vector<double> m, v;
-  void step(std::vector<double>& p, const std::vector<double>& g, int t, double lr, double b1, double b2, double eps,
-            double wd, const std::vector<bool>& decay, double clip) {
+  void step(std::vector<double>& p, const std::vector<double>& g, int t, double lr, double b1, double b2,
+            double eps, double wd, const std::vector<bool>& decay, double clip) {
     if (m.empty()) m.assign(p.size(), 0), v.assign(p.size(), 0);
     for (size_t i = 0; i < p.size(); ++i) {
       const double gi = g[i] * clip;
@@ -68,7 +68,8 @@ TEST(AdamW, MatchesReferenceOverSeveralStepsWithDecayMaskAndClipping) {
       ref.step(p, g, t, lr, 0.9, 0.95, 1e-8, 0.1, decay, std::min(1.0, 1.0 / (std::sqrt(sq) + 1e-6)));
       std::vector<double> got = u.data.to_vector<double>();
       const double tol = dt == DType::f64 ? 1e-12 : 2e-6;
-      for (size_t i = 0; i < p.size(); ++i) ASSERT_NEAR(got[i], p[i], tol) << "step " << t << " element " << i;
+      for (size_t i = 0; i < p.size(); ++i)
+        ASSERT_NEAR(got[i], p[i], tol) << "step " << t << " element " << i;
     }
   }
 }
@@ -96,8 +97,8 @@ TEST(Schedule, WarmupThenCosineLinearConstant) {
   EXPECT_DOUBLE_EQ(optim::lr_at(4, s), 0.5);
   EXPECT_DOUBLE_EQ(optim::lr_at(9, s), 1.0);
   EXPECT_DOUBLE_EQ(optim::lr_at(10, s), 1.0);
-  EXPECT_NEAR(optim::lr_at(109, s), 0.1, 1e-12);                // last step: lr * min_lr_frac
-  EXPECT_NEAR(optim::lr_at(10 + 99 / 2.0, s), 0.55, 1e-2);      // half way
+  EXPECT_NEAR(optim::lr_at(109, s), 0.1, 1e-12);            // last step: lr * min_lr_frac
+  EXPECT_NEAR(optim::lr_at(10 + 99 / 2.0, s), 0.55, 1e-2);  // half way
   s.kind = optim::Schedule::kLinear;
   EXPECT_NEAR(optim::lr_at(109, s), 0.1, 1e-12);
   EXPECT_NEAR(optim::lr_at(10 + 33, s), 1.0 - 0.9 * 33.0 / 99.0, 1e-12);

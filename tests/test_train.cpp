@@ -54,7 +54,8 @@ fs::path make_data(const std::string& name) {
   data::write_shard((d / "data" / "val_000000.bin").string(), {t.begin() + split, t.end()});
   v.save((d / "data" / "vocab.json").string());
   std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << v.size()
-                               << "\nblock_size = 32\n[data]\ntrain = " << (d / "data" / "train_*.bin").string()
+                               << "\nblock_size = 32\n[data]\ntrain = "
+                               << (d / "data" / "train_*.bin").string()
                                << "\nval = " << (d / "data" / "val_*.bin").string()
                                << "\n[train]\nmicro_batch_size = 4\nseq_len = 32\nsteps = 8\neval_every = 4\n"
                                   "eval_steps = 2\nthreads = 1\n[optim]\nlr = 0.01\nwarmup_steps = 2\n"
@@ -92,24 +93,56 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
 TEST(TrainGpt, HelpListsEveryKeyWithDefaults) {
   RunResult r = run({"--help"});
   EXPECT_EQ(r.rc, 0);
-  for (const char* key : {"model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size", "model.block_size",
-                          "model.init_from", "data.train", "data.val", "data.shuffle", "train.micro_batch_size",
-                          "train.seq_len", "train.grad_accum_steps", "train.steps", "train.eval_every", "train.eval_steps",
-                          "train.seed", "train.device", "train.dtype", "optim.lr", "optim.min_lr_frac",
-                          "optim.warmup_steps", "optim.schedule", "optim.weight_decay", "optim.beta1", "optim.beta2",
-                          "optim.eps", "optim.grad_clip", "checkpoint.dir", "checkpoint.every", "checkpoint.resume",
-                          "log.metrics", "log.every", "sample.every", "sample.length", "sample.temperature",
-                          "sample.top_k", "sample.prompt", "parallel.dp_replicate_size", "parallel.dp_shard_size",
-                          "parallel.tp_size", "parallel.cp_size"})
+  for (const char* key : {"model.n_layer",
+                          "model.n_head",
+                          "model.n_embd",
+                          "model.vocab_size",
+                          "model.block_size",
+                          "model.init_from",
+                          "data.train",
+                          "data.val",
+                          "data.shuffle",
+                          "train.micro_batch_size",
+                          "train.seq_len",
+                          "train.grad_accum_steps",
+                          "train.steps",
+                          "train.eval_every",
+                          "train.eval_steps",
+                          "train.seed",
+                          "train.device",
+                          "train.dtype",
+                          "optim.lr",
+                          "optim.min_lr_frac",
+                          "optim.warmup_steps",
+                          "optim.schedule",
+                          "optim.weight_decay",
+                          "optim.beta1",
+                          "optim.beta2",
+                          "optim.eps",
+                          "optim.grad_clip",
+                          "checkpoint.dir",
+                          "checkpoint.every",
+                          "checkpoint.resume",
+                          "log.metrics",
+                          "log.every",
+                          "sample.every",
+                          "sample.length",
+                          "sample.temperature",
+                          "sample.top_k",
+                          "sample.prompt",
+                          "parallel.dp_replicate_size",
+                          "parallel.dp_shard_size",
+                          "parallel.tp_size",
+                          "parallel.cp_size"})
     EXPECT_NE(r.out.find(key), std::string::npos) << key;
   EXPECT_NE(r.out.find("(=0.001)"), std::string::npos);  // defaults are shown
 }
 
 TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
   fs::path d = make_data("learn");
-  RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "30", "--log.metrics", (d / "m.jsonl").string(),
-               "--log.report", (d / "report.html").string(), "--sample.every", "0", "--sample.length", "20",
-               "--checkpoint.dir", (d / "ckpt").string()});
+  RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "30", "--log.metrics",
+                     (d / "m.jsonl").string(), "--log.report", (d / "report.html").string(), "--sample.every",
+                     "0", "--sample.length", "20", "--checkpoint.dir", (d / "ckpt").string()});
   ASSERT_EQ(r.rc, 0) << r.err;
   std::vector<double> l = losses(d / "m.jsonl");
   ASSERT_EQ(l.size(), 30u);
@@ -127,7 +160,8 @@ TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
   // the final checkpoint loads back as weights (init_from)
   EXPECT_TRUE(fs::exists(d / "ckpt" / "step_00000030" / "model.safetensors"));
   RunResult r2 = run({"--config", (d / "gpt.ini").string(), "--train.steps", "1", "--model.init_from",
-                (d / "ckpt" / "step_00000030" / "model.safetensors").string(), "--log.metrics", (d / "m2.jsonl").string()});
+                      (d / "ckpt" / "step_00000030" / "model.safetensors").string(), "--log.metrics",
+                      (d / "m2.jsonl").string()});
   ASSERT_EQ(r2.rc, 0) << r2.err;
   EXPECT_LT(losses(d / "m2.jsonl")[0], l.front() - 0.8);  // starts where training left off
 }
@@ -138,16 +172,18 @@ TEST(TrainGpt, ResumedRunMatchesUninterruptedRunBitForBit) {
   for (const char* shuffle : {"false", "true"}) {
     fs::remove_all(d / "a");
     fs::remove_all(d / "b");
-    RunResult full = run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2", "--log.metrics",
-                    (d / "full.jsonl").string()});
+    RunResult full = run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2",
+                          "--log.metrics", (d / "full.jsonl").string()});
     ASSERT_EQ(full.rc, 0) << full.err;
-    RunResult part = run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2", "--log.metrics",
-                    (d / "b.jsonl").string(), "--checkpoint.dir", (d / "b").string(), "--train.stop_after", "3"});
+    RunResult part =
+        run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2", "--log.metrics",
+             (d / "b.jsonl").string(), "--checkpoint.dir", (d / "b").string(), "--train.stop_after", "3"});
     ASSERT_EQ(part.rc, 0) << part.err;
     EXPECT_NE(part.out.find("stopped after 3 steps"), std::string::npos);
     EXPECT_EQ(losses(d / "b.jsonl").size(), 3u);
-    RunResult rest = run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2", "--log.metrics",
-                    (d / "b.jsonl").string(), "--checkpoint.dir", (d / "b").string(), "--checkpoint.resume", "true"});
+    RunResult rest = run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2",
+                          "--log.metrics", (d / "b.jsonl").string(), "--checkpoint.dir", (d / "b").string(),
+                          "--checkpoint.resume", "true"});
     ASSERT_EQ(rest.rc, 0) << rest.err;
     EXPECT_NE(rest.out.find("resumed from"), std::string::npos);
     std::vector<double> a = losses(d / "full.jsonl"), b = losses(d / "b.jsonl");
@@ -176,7 +212,8 @@ TEST(TrainGpt, ConfigErrorsExitWithCode2AndNameTheKey) {
       {{"--config", ini, "--optim.schedule", "exp"}, "optim.schedule must be cosine, linear or constant"},
       {{"--config", ini, "--train.dtype", "bfloat16"}, "bfloat16 is not supported yet"},
       {{"--config", ini, "--train.device", "tpu"}, "train.device must be cpu, cuda or cuda:N"},
-      {{"--config", ini, "--model.n_head", "3"}, "model.n_embd (32) must be a positive multiple of model.n_head (3)"},
+      {{"--config", ini, "--model.n_head", "3"},
+       "model.n_embd (32) must be a positive multiple of model.n_head (3)"},
   };
   if (!cuda::available()) {  // on a machine without a GPU, asking for one is a config error
     RunResult r = run({"--config", ini, "--train.device", "cuda"});

@@ -18,7 +18,9 @@ namespace {
 constexpr const char* kPrefix = "transformer.";
 
 bool ignored_name(const std::string& n) {
-  auto ends = [&](const std::string& s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
+  auto ends = [&](const std::string& s) {
+    return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
+  };
   return ends(".attn.bias") || ends(".attn.masked_bias");
 }
 
@@ -77,7 +79,9 @@ void load_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
     const nn::FlatParam* p = params.find(n);
     const Shape want = saved_shape(gpt, *p);
     const Shape got = r.entries().at(it->second).shape;
-    if (got != want) problems.push_back(it->second + " has shape " + shape_str(got) + ", the model needs " + shape_str(want));
+    if (got != want)
+      problems.push_back(it->second + " has shape " + shape_str(got) + ", the model needs " +
+                         shape_str(want));
   }
   auto join = [](const std::vector<std::string>& v) {
     std::string s;
@@ -87,13 +91,16 @@ void load_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
   };
   NDT_CHECK(missing.empty(), "weights ", path, ": missing tensors: ", join(missing),
             "; does the file match model.n_layer/n_embd/vocab_size (", gpt.cfg.str(), ")?");
-  NDT_CHECK(extra.empty(), "weights ", path, ": unexpected tensors: ", join(extra), "; the model is ", gpt.cfg.str());
+  NDT_CHECK(extra.empty(), "weights ", path, ": unexpected tensors: ", join(extra), "; the model is ",
+            gpt.cfg.str());
   NDT_CHECK(problems.empty(), "weights ", path, ": ", join(problems), "; the model is ", gpt.cfg.str());
   if (!lm_head.empty()) {
-    NDT_CHECK(r.entries().at(lm_head).shape == r.entries().at(ours_to_file["wte.weight"]).shape,
-              "weights ", path, ": lm_head.weight differs in shape from wte.weight; ndtrain ties them");
-    std::vector<float> a = r.get(lm_head).to_vector<float>(), b = r.get(ours_to_file["wte.weight"]).to_vector<float>();
-    NDT_CHECK(a == b, "weights ", path, ": lm_head.weight differs from wte.weight; ndtrain ties them (GPT-2 does too)");
+    NDT_CHECK(r.entries().at(lm_head).shape == r.entries().at(ours_to_file["wte.weight"]).shape, "weights ",
+              path, ": lm_head.weight differs in shape from wte.weight; ndtrain ties them");
+    std::vector<float> a = r.get(lm_head).to_vector<float>(),
+                       b = r.get(ours_to_file["wte.weight"]).to_vector<float>();
+    NDT_CHECK(a == b, "weights ", path,
+              ": lm_head.weight differs from wte.weight; ndtrain ties them (GPT-2 does too)");
   }
   // All checks passed: copy.
   for (auto& [n, fname] : ours_to_file) {
@@ -113,8 +120,8 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   if (!f.good()) return std::nullopt;
   std::string name;
   std::getline(f, name);
-  NDT_CHECK(!name.empty() && name.find('/') == std::string::npos, "checkpoint ", dir, "/latest is malformed ('", name,
-            "'); it should name a step_* directory");
+  NDT_CHECK(!name.empty() && name.find('/') == std::string::npos, "checkpoint ", dir,
+            "/latest is malformed ('", name, "'); it should name a step_* directory");
   const fs::path p = fs::path(dir) / name;
   NDT_CHECK(fs::is_directory(p), "checkpoint ", dir, "/latest names ", name, ", which does not exist");
   return p.string();
@@ -165,10 +172,11 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
   for (size_t i = 0; i < params.units.size(); ++i) {
     for (const char* k : {"adam.m.", "adam.v."}) {
       const std::string n = k + params.units[i].name;
-      NDT_CHECK(st.has(n), "checkpoint ", path, ": optimizer state lacks ", n, "; the model differs from the checkpoint's");
-      NDT_CHECK(st.entries().at(n).shape == params.units[i].data.shape(), "checkpoint ", path, ": ", n, " has shape ",
-                shape_str(st.entries().at(n).shape), ", the model needs ", params.units[i].data.shape_str(),
-                "; the model config differs from the checkpoint's");
+      NDT_CHECK(st.has(n), "checkpoint ", path, ": optimizer state lacks ", n,
+                "; the model differs from the checkpoint's");
+      NDT_CHECK(st.entries().at(n).shape == params.units[i].data.shape(), "checkpoint ", path, ": ", n,
+                " has shape ", shape_str(st.entries().at(n).shape), ", the model needs ",
+                params.units[i].data.shape_str(), "; the model config differs from the checkpoint's");
     }
   }
   auto meta_int = [&](const char* key) -> int64_t {

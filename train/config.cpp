@@ -9,6 +9,8 @@ namespace po = boost::program_options;
 namespace ndt::train {
 namespace {
 
+// One option a line reads best as a table.
+// clang-format off
 po::options_description describe(Config& c) {
   po::options_description model("[model]");
   model.add_options()
@@ -86,6 +88,7 @@ po::options_description describe(Config& c) {
   all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par);
   return all;
 }
+// clang-format on
 
 std::string unescape(const std::string& s) {
   std::string out;
@@ -104,8 +107,11 @@ std::string unescape(const std::string& s) {
 
 bool parse_config(int argc, const char* const* argv, Config& c, std::string& help_out) {
   po::options_description keys = describe(c);
-  po::options_description generic("train_gpt: train a GPT on token shards.\n\nUsage: train_gpt --config gpt.ini [--sec.key value ...]\n\nOptions");
-  generic.add_options()("help,h", "print this help and exit")("config", po::value(&c.config_path), "INI file with [section] key = value lines");
+  po::options_description generic(
+      "train_gpt: train a GPT on token shards.\n\nUsage: train_gpt --config gpt.ini [--sec.key value "
+      "...]\n\nOptions");
+  generic.add_options()("help,h", "print this help and exit")("config", po::value(&c.config_path),
+                                                              "INI file with [section] key = value lines");
   po::options_description cmdline;
   cmdline.add(generic).add(keys);
   po::variables_map vm;
@@ -130,8 +136,10 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
   } catch (const po::unknown_option& e) {
     std::string name = e.get_option_name();
     while (!name.empty() && name[0] == '-') name.erase(0, 1);
-    throw ConfigError("unknown key '" + name + "'" + (vm.count("config") ? " (in " + vm["config"].as<std::string>() + " or on the command line)" : "") +
-                      "; run train_gpt --help for every key");
+    throw ConfigError(
+        "unknown key '" + name + "'" +
+        (vm.count("config") ? " (in " + vm["config"].as<std::string>() + " or on the command line)" : "") +
+        "; run train_gpt --help for every key");
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run train_gpt --help for every key and its allowed values");
   }
@@ -147,15 +155,17 @@ void validate(const Config& c) {
   need(!c.train_data.empty(), "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
   need(c.micro_batch_size >= 1, "train.micro_batch_size must be >= 1");
   need(c.seq_len >= 1, "train.seq_len must be >= 1");
-  need(c.seq_len <= c.block_size, "train.seq_len (" + std::to_string(c.seq_len) + ") must be <= model.block_size (" +
-                                      std::to_string(c.block_size) + ")");
+  need(c.seq_len <= c.block_size, "train.seq_len (" + std::to_string(c.seq_len) +
+                                      ") must be <= model.block_size (" + std::to_string(c.block_size) + ")");
   need(c.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1");
   need(c.steps >= 1, "train.steps must be >= 1");
   need(c.eval_every >= 0 && c.eval_steps >= 1, "train.eval_every must be >= 0 and train.eval_steps >= 1");
   need(c.device == "cpu" || c.device == "cuda" || c.device.rfind("cuda:", 0) == 0,
        "train.device must be cpu, cuda or cuda:N, got '" + c.device + "'");
-  need(c.dtype == "float32" || c.dtype == "bfloat16", "train.dtype must be float32 or bfloat16, got '" + c.dtype + "'");
-  need(c.dtype == "float32", "train.dtype = bfloat16 is not supported yet (mixed precision is a later issue); use float32");
+  need(c.dtype == "float32" || c.dtype == "bfloat16",
+       "train.dtype must be float32 or bfloat16, got '" + c.dtype + "'");
+  need(c.dtype == "float32",
+       "train.dtype = bfloat16 is not supported yet (mixed precision is a later issue); use float32");
   need(c.threads >= 0, "train.threads must be >= 0");
   need(c.stop_after >= 0, "train.stop_after must be >= 0");
   need(c.lr > 0, "optim.lr must be > 0");
@@ -164,7 +174,8 @@ void validate(const Config& c) {
   need(c.schedule == "cosine" || c.schedule == "linear" || c.schedule == "constant",
        "optim.schedule must be cosine, linear or constant, got '" + c.schedule + "'");
   need(c.weight_decay >= 0, "optim.weight_decay must be >= 0");
-  need(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1, "optim.beta1 and optim.beta2 must be in [0, 1)");
+  need(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1,
+       "optim.beta1 and optim.beta2 must be in [0, 1)");
   need(c.eps > 0, "optim.eps must be > 0");
   need(c.grad_clip >= 0, "optim.grad_clip must be >= 0");
   need(c.ckpt_every >= 0 && c.ckpt_keep >= 0, "checkpoint.every and checkpoint.keep must be >= 0");
@@ -174,7 +185,8 @@ void validate(const Config& c) {
   need(c.sample_length >= 0 && c.top_k >= 0, "sample.length and sample.top_k must be >= 0");
   need(c.temperature > 0, "sample.temperature must be > 0");
   for (auto [key, v] : {std::pair<const char*, int64_t>{"parallel.dp_replicate_size", c.dp_replicate_size},
-                        {"parallel.dp_shard_size", c.dp_shard_size}, {"parallel.tp_size", c.tp_size},
+                        {"parallel.dp_shard_size", c.dp_shard_size},
+                        {"parallel.tp_size", c.tp_size},
                         {"parallel.cp_size", c.cp_size}})
     need(v == 1, std::string(key) + " = " + std::to_string(v) +
                      ": parallelism is not available yet (a later issue); every [parallel] size must be 1");

@@ -33,14 +33,16 @@ struct Config {
   std::string train_data, val_data, vocab;
   bool shuffle = false;
   // [train]
-  int64_t micro_batch_size = 8, seq_len = 128, grad_accum_steps = 1, steps = 100, eval_every = 50, eval_steps = 10;
+  int64_t micro_batch_size = 8, seq_len = 128, grad_accum_steps = 1, steps = 100, eval_every = 50,
+          eval_steps = 10;
   uint64_t seed = 1337;
   std::string device = "cpu", dtype = "float32";
   bool activation_checkpointing = false;
   int threads = 0;
   int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this run; 0: never
   // [optim]
-  double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, grad_clip = 1.0;
+  double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8,
+         grad_clip = 1.0;
   int64_t warmup_steps = 0;
   std::string schedule = "cosine";
   // [checkpoint]

@@ -23,7 +23,8 @@ Shard::Shard(const std::string& path) : path_(path) {
   const int64_t bytes = st.st_size;
   if (bytes < kHeaderInts * 4) {
     ::close(fd);
-    NDT_FAIL("data shard ", path, ": ", bytes, " bytes is too short for the 1024-byte header; is it a token shard?");
+    NDT_FAIL("data shard ", path, ": ", bytes,
+             " bytes is too short for the 1024-byte header; is it a token shard?");
   }
   map_ = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -78,7 +79,8 @@ std::vector<std::string> glob_paths(const std::string& pattern) {
   if (rc == 0)
     for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
   globfree(&g);
-  NDT_CHECK(!out.empty(), "no data files match '", pattern, "'; check the path (prepare shards with prepare_text)");
+  NDT_CHECK(!out.empty(), "no data files match '", pattern,
+            "'; check the path (prepare shards with prepare_text)");
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -94,7 +96,13 @@ uint64_t splitmix64(uint64_t& x) {
 
 DataLoader::DataLoader(const std::string& pattern, int64_t B, int64_t T, int rank, int world, bool shuffle,
                        uint64_t seed, int64_t vocab_size)
-    : pattern_(pattern), B_(B), T_(T), rank_(rank), world_(world), shuffle_(shuffle), seed_(seed),
+    : pattern_(pattern),
+      B_(B),
+      T_(T),
+      rank_(rank),
+      world_(world),
+      shuffle_(shuffle),
+      seed_(seed),
       vocab_size_(vocab_size) {
   NDT_CHECK(B >= 1 && T >= 1, "data loader: batch size ", B, " and sequence length ", T, " must be >= 1");
   NDT_CHECK(world >= 1 && rank >= 0 && rank < world, "data loader: rank ", rank, " outside world ", world);
@@ -105,14 +113,15 @@ DataLoader::DataLoader(const std::string& pattern, int64_t B, int64_t T, int ran
     for (int64_t pos = 0; pos + span + 1 <= s.size(); pos += span)
       windows_.push_back({static_cast<int32_t>(shards_.size() - 1), pos});
   }
-  NDT_CHECK(!windows_.empty(), "data '", pattern, "': no shard holds one batch: ", span + 1,
-            " tokens are needed (micro_batch_size x seq_len x data-parallel ranks + 1); the largest shard has ",
-            [&] {
-              int64_t m = 0;
-              for (auto& s : shards_) m = std::max(m, s->size());
-              return m;
-            }(),
-            "; lower train.micro_batch_size or train.seq_len, or use more data");
+  NDT_CHECK(
+      !windows_.empty(), "data '", pattern, "': no shard holds one batch: ", span + 1,
+      " tokens are needed (micro_batch_size x seq_len x data-parallel ranks + 1); the largest shard has ",
+      [&] {
+        int64_t m = 0;
+        for (auto& s : shards_) m = std::max(m, s->size());
+        return m;
+      }(),
+      "; lower train.micro_batch_size or train.seq_len, or use more data");
   build_order();
 }
 
@@ -136,8 +145,9 @@ void DataLoader::build_order() {
 }
 
 void DataLoader::restore(const LoaderState& s) {
-  NDT_CHECK(s.window >= 0 && s.window <= windows_per_epoch() && s.epoch >= 0, "data loader: saved position (epoch ",
-            s.epoch, ", window ", s.window, ") does not fit the data (", windows_per_epoch(),
+  NDT_CHECK(s.window >= 0 && s.window <= windows_per_epoch() && s.epoch >= 0,
+            "data loader: saved position (epoch ", s.epoch, ", window ", s.window,
+            ") does not fit the data (", windows_per_epoch(),
             " windows per epoch); was the data or batch size changed?");
   state_ = s;
   build_order();

@@ -69,8 +69,8 @@ struct LoaderState {
 
 class DataLoader {
  public:
-  DataLoader(const std::string& pattern, int64_t B, int64_t T, int rank, int world, bool shuffle, uint64_t seed,
-             int64_t vocab_size);
+  DataLoader(const std::string& pattern, int64_t B, int64_t T, int rank, int world, bool shuffle,
+             uint64_t seed, int64_t vocab_size);
   Batch next();
   LoaderState state() const { return state_; }
   void restore(const LoaderState& s);
@@ -93,8 +93,8 @@ class DataLoader {
   uint64_t seed_;
   int64_t vocab_size_;
   std::vector<std::unique_ptr<Shard>> shards_;
-  std::vector<Window> windows_;     // in stream order
-  std::vector<int64_t> order_;      // this epoch's permutation of windows_
+  std::vector<Window> windows_;  // in stream order
+  std::vector<int64_t> order_;   // this epoch's permutation of windows_
   LoaderState state_;
 };
 

@@ -24,13 +24,15 @@ int main(int argc, char** argv) {
   double val_fraction = 0.05;
   int64_t shard_tokens = 100'000'000;
   std::vector<std::string> files;
-  po::options_description opts("prepare_text: text files -> token shards + vocab.json\n\nUsage: prepare_text --out DIR [options] FILE...\n\nOptions");
-  opts.add_options()("help,h", "print this help")
-      ("out", po::value(&out_dir)->required(), "output directory")
-      ("vocab", po::value(&kind)->default_value(kind), "char or byte")
-      ("val_fraction", po::value(&val_fraction)->default_value(val_fraction), "fraction of tokens for validation (at the end)")
-      ("shard_tokens", po::value(&shard_tokens)->default_value(shard_tokens), "tokens per training shard")
-      ("files", po::value(&files), "input text files");
+  po::options_description opts(
+      "prepare_text: text files -> token shards + vocab.json\n\nUsage: prepare_text --out DIR [options] "
+      "FILE...\n\nOptions");
+  opts.add_options()("help,h", "print this help")("out", po::value(&out_dir)->required(), "output directory")(
+      "vocab", po::value(&kind)->default_value(kind), "char or byte")(
+      "val_fraction", po::value(&val_fraction)->default_value(val_fraction),
+      "fraction of tokens for validation (at the end)")(
+      "shard_tokens", po::value(&shard_tokens)->default_value(shard_tokens), "tokens per training shard")(
+      "files", po::value(&files), "input text files");
   po::positional_options_description pos;
   pos.add("files", -1);
   try {
@@ -44,7 +46,8 @@ int main(int argc, char** argv) {
     if (kind != "char" && kind != "byte") throw po::error("--vocab must be char or byte, got '" + kind + "'");
     if (files.empty()) throw po::error("no input files");
     if (!(val_fraction > 0 && val_fraction < 1)) throw po::error("--val_fraction must be in (0, 1)");
-    if (shard_tokens < 1 || shard_tokens >= (int64_t(1) << 31)) throw po::error("--shard_tokens must be in [1, 2^31)");
+    if (shard_tokens < 1 || shard_tokens >= (int64_t(1) << 31))
+      throw po::error("--shard_tokens must be in [1, 2^31)");
   } catch (const po::error& e) {
     std::cerr << "prepare_text: " << e.what() << " (see --help)\n";
     return 2;
@@ -69,7 +72,8 @@ int main(int argc, char** argv) {
     NDT_CHECK(!text.empty(), "the input files hold no text");
     data::Vocab vocab = kind == "char" ? data::Vocab::build_char(text) : data::Vocab::byte_level();
     std::vector<uint16_t> tokens = vocab.encode(text);
-    const int64_t n_val = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(tokens.size()) * val_fraction));
+    const int64_t n_val =
+        std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(tokens.size()) * val_fraction));
     const int64_t n_train = static_cast<int64_t>(tokens.size()) - n_val;
     NDT_CHECK(n_train > 0, "too little text for a train/val split");
     fs::create_directories(out_dir);
@@ -78,14 +82,15 @@ int main(int argc, char** argv) {
       char name[64];
       std::snprintf(name, sizeof(name), "train_%06d.bin", shard);
       const int64_t e = std::min(n_train, s + shard_tokens);
-      data::write_shard((fs::path(out_dir) / name).string(), std::vector<uint16_t>(tokens.begin() + s, tokens.begin() + e));
+      data::write_shard((fs::path(out_dir) / name).string(),
+                        std::vector<uint16_t>(tokens.begin() + s, tokens.begin() + e));
     }
     data::write_shard((fs::path(out_dir) / "val_000000.bin").string(),
                       std::vector<uint16_t>(tokens.begin() + n_train, tokens.end()));
     vocab.save((fs::path(out_dir) / "vocab.json").string());
-    std::cout << "prepare_text: " << used << " files, " << text.size() << " bytes -> " << tokens.size() << " tokens ("
-              << kind << " vocab of " << vocab.size() << "): " << n_train << " train in " << shard << " shard(s), "
-              << n_val << " val, in " << out_dir << "\n";
+    std::cout << "prepare_text: " << used << " files, " << text.size() << " bytes -> " << tokens.size()
+              << " tokens (" << kind << " vocab of " << vocab.size() << "): " << n_train << " train in "
+              << shard << " shard(s), " << n_val << " val, in " << out_dir << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "prepare_text: error: " << e.what() << "\n";

@@ -40,10 +40,12 @@ std::string loss_svg(const LossCurves& c, int W, int H) {
     << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
   for (int i = 0; i <= 4; ++i) {  // grid and y labels
     const double y = y0 + (y1 - y0) * i / 4;
-    o << "<line x1='" << L << "' x2='" << W - R << "' y1='" << py(y) << "' y2='" << py(y) << "' stroke='#ddd'/>"
+    o << "<line x1='" << L << "' x2='" << W - R << "' y1='" << py(y) << "' y2='" << py(y)
+      << "' stroke='#ddd'/>"
       << "<text x='" << L - 6 << "' y='" << py(y) + 4 << "' text-anchor='end'>" << fmt(y) << "</text>\n";
     const double x = x0 + (x1 - x0) * i / 4;
-    o << "<text x='" << px(x) << "' y='" << H - B + 16 << "' text-anchor='middle'>" << fmt(x, 6) << "</text>\n";
+    o << "<text x='" << px(x) << "' y='" << H - B + 16 << "' text-anchor='middle'>" << fmt(x, 6)
+      << "</text>\n";
   }
   o << "<text x='" << (L + W - R) / 2 << "' y='" << H - 6 << "' text-anchor='middle'>step</text>\n"
     << "<text x='14' y='" << (T + H - B) / 2 << "' transform='rotate(-90 14 " << (T + H - B) / 2
@@ -56,15 +58,20 @@ std::string loss_svg(const LossCurves& c, int W, int H) {
     o << "'/>\n";
     if (s.size() < 40)
       for (auto& [x, y] : s)
-        if (std::isfinite(y)) o << "<circle cx='" << px(static_cast<double>(x)) << "' cy='" << py(y) << "' r='2.5' fill='" << color << "'/>\n";
+        if (std::isfinite(y))
+          o << "<circle cx='" << px(static_cast<double>(x)) << "' cy='" << py(y) << "' r='2.5' fill='"
+            << color << "'/>\n";
   };
   line(c.train, "#1f77b4");
   line(c.val, "#d62728");
-  o << "<rect x='" << W - R - 130 << "' y='" << T + 4 << "' width='124' height='40' fill='white' stroke='#ccc'/>"
+  o << "<rect x='" << W - R - 130 << "' y='" << T + 4
+    << "' width='124' height='40' fill='white' stroke='#ccc'/>"
     << "<line x1='" << W - R - 122 << "' x2='" << W - R - 102 << "' y1='" << T + 16 << "' y2='" << T + 16
-    << "' stroke='#1f77b4' stroke-width='2'/><text x='" << W - R - 96 << "' y='" << T + 20 << "'>train loss</text>"
+    << "' stroke='#1f77b4' stroke-width='2'/><text x='" << W - R - 96 << "' y='" << T + 20
+    << "'>train loss</text>"
     << "<line x1='" << W - R - 122 << "' x2='" << W - R - 102 << "' y1='" << T + 34 << "' y2='" << T + 34
-    << "' stroke='#d62728' stroke-width='2'/><text x='" << W - R - 96 << "' y='" << T + 38 << "'>val loss</text>\n";
+    << "' stroke='#d62728' stroke-width='2'/><text x='" << W - R - 96 << "' y='" << T + 38
+    << "'>val loss</text>\n";
   o << "</svg>\n";
   return o.str();
 }
@@ -73,9 +80,11 @@ void write_report(const std::string& path, const std::string& title, const LossC
                   const std::vector<std::string>& summary) {
   std::ostringstream o;
   o << "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>" << esc(title) << "</title></head>\n"
-    << "<body style='font-family:sans-serif;max-width:760px;margin:2em auto'>\n<h1>" << esc(title) << "</h1>\n"
+    << "<body style='font-family:sans-serif;max-width:760px;margin:2em auto'>\n<h1>" << esc(title)
+    << "</h1>\n"
     << loss_svg(c) << "<ul>\n";
-  for (const std::string& s : summary) o << "<li><pre style='margin:0;white-space:pre-wrap'>" << esc(s) << "</pre></li>\n";
+  for (const std::string& s : summary)
+    o << "<li><pre style='margin:0;white-space:pre-wrap'>" << esc(s) << "</pre></li>\n";
   o << "</ul>\n</body></html>\n";
   io::write_file_atomic(path, o.str());
 }

@@ -24,11 +24,16 @@ size_t st_dtype_size(const std::string& d) {
 
 const char* st_name(DType t) {
   switch (t) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f64: return "F64";
-    case DType::i32: return "I32";
-    case DType::u16: return "U16";
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f64:
+      return "F64";
+    case DType::i32:
+      return "I32";
+    case DType::u16:
+      return "U16";
   }
   return "?";
 }
@@ -37,9 +42,12 @@ const char* st_name(DType t) {
 float half_to_float(uint16_t h) {
   const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
   float v;
-  if (exp == 0) v = std::ldexp(static_cast<float>(mant), -24);
-  else if (exp == 31) v = mant ? NAN : INFINITY;
-  else v = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
+  if (exp == 0)
+    v = std::ldexp(static_cast<float>(mant), -24);
+  else if (exp == 31)
+    v = mant ? NAN : INFINITY;
+  else
+    v = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
   return sign ? -v : v;
 }
 
@@ -65,7 +73,8 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
   };
   uint64_t n = 0;
   std::memcpy(&n, map_, 8);
-  if (n > bytes_ - 8) fail("header length " + std::to_string(n) + " exceeds the file size; truncated or not safetensors");
+  if (n > bytes_ - 8)
+    fail("header length " + std::to_string(n) + " exceeds the file size; truncated or not safetensors");
   const char* base = static_cast<const char*>(map_);
   nlohmann::json h;
   try {
@@ -77,28 +86,28 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
   data_ = base + 8 + n;
   const uint64_t data_bytes = bytes_ - 8 - n;
   try {
-  for (auto& [name, v] : h.items()) {
-    if (name == "__metadata__") {
-      if (v.is_object())
-        for (auto& [k, s] : v.items())
-          if (s.is_string()) metadata_[k] = s.get<std::string>();
-      continue;
+    for (auto& [name, v] : h.items()) {
+      if (name == "__metadata__") {
+        if (v.is_object())
+          for (auto& [k, s] : v.items())
+            if (s.is_string()) metadata_[k] = s.get<std::string>();
+        continue;
+      }
+      if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+        fail("entry '" + name + "' lacks dtype, shape or data_offsets");
+      Entry e;
+      e.dtype = v["dtype"].get<std::string>();
+      for (auto& d : v["shape"]) e.shape.push_back(d.get<int64_t>());
+      e.begin = v["data_offsets"][0].get<uint64_t>();
+      e.end = v["data_offsets"][1].get<uint64_t>();
+      const size_t es = st_dtype_size(e.dtype);
+      if (es == 0) fail("entry '" + name + "' has unknown dtype " + e.dtype);
+      if (e.end < e.begin || e.end > data_bytes || e.end - e.begin != numel_of(e.shape) * es)
+        fail("entry '" + name + "' has data_offsets [" + std::to_string(e.begin) + ", " +
+             std::to_string(e.end) + ") that do not match its shape " + shape_str(e.shape) + " and dtype " +
+             e.dtype + " within the file; truncated or corrupt");
+      entries_[name] = e;
     }
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
-      fail("entry '" + name + "' lacks dtype, shape or data_offsets");
-    Entry e;
-    e.dtype = v["dtype"].get<std::string>();
-    for (auto& d : v["shape"]) e.shape.push_back(d.get<int64_t>());
-    e.begin = v["data_offsets"][0].get<uint64_t>();
-    e.end = v["data_offsets"][1].get<uint64_t>();
-    const size_t es = st_dtype_size(e.dtype);
-    if (es == 0) fail("entry '" + name + "' has unknown dtype " + e.dtype);
-    if (e.end < e.begin || e.end > data_bytes || e.end - e.begin != numel_of(e.shape) * es)
-      fail("entry '" + name + "' has data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-           ") that do not match its shape " + shape_str(e.shape) + " and dtype " + e.dtype +
-           " within the file; truncated or corrupt");
-    entries_[name] = e;
-  }
   } catch (const nlohmann::json::exception& e) {
     fail(std::string("malformed header (") + e.what() + ")");
   }
@@ -115,11 +124,16 @@ Tensor SafeTensorsReader::get(const std::string& name, DType dtype) const {
   const char* src = data_ + e.begin;
   const int64_t n = numel_of(e.shape);
   Tensor raw;
-  if (e.dtype == "F32") raw = Tensor::empty(e.shape, DType::f32);
-  else if (e.dtype == "BF16") raw = Tensor::empty(e.shape, DType::bf16);
-  else if (e.dtype == "F64") raw = Tensor::empty(e.shape, DType::f64);
-  else if (e.dtype == "I32") raw = Tensor::empty(e.shape, DType::i32);
-  else if (e.dtype == "U16") raw = Tensor::empty(e.shape, DType::u16);
+  if (e.dtype == "F32")
+    raw = Tensor::empty(e.shape, DType::f32);
+  else if (e.dtype == "BF16")
+    raw = Tensor::empty(e.shape, DType::bf16);
+  else if (e.dtype == "F64")
+    raw = Tensor::empty(e.shape, DType::f64);
+  else if (e.dtype == "I32")
+    raw = Tensor::empty(e.shape, DType::i32);
+  else if (e.dtype == "U16")
+    raw = Tensor::empty(e.shape, DType::u16);
   else if (e.dtype == "F16") {
     Tensor t = Tensor::empty(e.shape, DType::f32);
     float* p = t.data<float>();
@@ -147,7 +161,8 @@ void SafeTensorsWriter::write(const std::string& path) const {
   nlohmann::json h = nlohmann::json::object();
   uint64_t off = 0;
   for (auto& [name, t] : tensors_) {
-    h[name] = {{"dtype", st_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {off, off + t.nbytes()}}};
+    h[name] = {
+        {"dtype", st_name(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {off, off + t.nbytes()}}};
     off += t.nbytes();
   }
   if (!metadata.empty()) h["__metadata__"] = metadata;

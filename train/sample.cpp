@@ -9,8 +9,8 @@
 
 namespace ndt::train {
 
-std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, int64_t length, double temperature,
-                              int64_t top_k, uint64_t seed, Device device) {
+std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, int64_t length,
+                              double temperature, int64_t top_k, uint64_t seed, Device device) {
   autograd::NoGradGuard no_grad;
   if (ids.empty()) ids.push_back(0);
   const int64_t V = gpt.cfg.vocab_size;
@@ -25,8 +25,9 @@ std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, 
     std::vector<int32_t> order(V);
     std::iota(order.begin(), order.end(), 0);
     const int64_t k = top_k > 0 ? std::min(top_k, V) : V;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int32_t a, int32_t b) { return last[a] > last[b] || (last[a] == last[b] && a < b); });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      return last[a] > last[b] || (last[a] == last[b] && a < b);
+    });
     std::vector<double> p(k);
     const double mx = last[order[0]];
     double sum = 0;

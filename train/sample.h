@@ -15,7 +15,7 @@
 
 namespace ndt::train {
 
-std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> prompt, int64_t length, double temperature,
-                              int64_t top_k, uint64_t seed, Device device);
+std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> prompt, int64_t length,
+                              double temperature, int64_t top_k, uint64_t seed, Device device);
 
 }  // namespace ndt::train

@@ -34,16 +34,20 @@ using Clock = std::chrono::steady_clock;
 
 std::string human_bytes(double b) {
   char s[32];
-  if (b >= 1 << 30) std::snprintf(s, sizeof(s), "%.2f GiB", b / (1 << 30));
-  else std::snprintf(s, sizeof(s), "%.1f MiB", b / (1 << 20));
+  if (b >= 1 << 30)
+    std::snprintf(s, sizeof(s), "%.2f GiB", b / (1 << 30));
+  else
+    std::snprintf(s, sizeof(s), "%.1f MiB", b / (1 << 20));
   return s;
 }
 
 std::string human_time(double sec) {
   char s[32];
   const int64_t t = static_cast<int64_t>(sec + 0.5);
-  if (t >= 3600) std::snprintf(s, sizeof(s), "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
-  else std::snprintf(s, sizeof(s), "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
+  if (t >= 3600)
+    std::snprintf(s, sizeof(s), "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
+  else
+    std::snprintf(s, sizeof(s), "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
   return s;
 }
 
@@ -97,7 +101,8 @@ void Trainer::sample(int64_t step) {
   if (!vocab_ || c_.sample_length == 0) return;
   std::vector<int32_t> prompt;
   for (uint16_t t : vocab_->encode(c_.prompt)) prompt.push_back(t);
-  std::vector<int32_t> ids = generate(*gpt_, prompt, c_.sample_length, c_.temperature, c_.top_k, c_.seed + step, device_);
+  std::vector<int32_t> ids =
+      generate(*gpt_, prompt, c_.sample_length, c_.temperature, c_.top_k, c_.seed + step, device_);
   out_ << "sample at step " << step << ":\n  " << printable(vocab_->decode(ids)) << "\n";
   log_json({{"step", step}, {"sample", vocab_->decode(ids)}});
 }
@@ -109,11 +114,14 @@ void Trainer::run() {
   if (device_.is_cuda()) {
     if (!cuda::available())
       throw ConfigError("train.device = " + c_.device + " but no CUDA device is visible" +
-                        (cuda::compiled() ? "" : " (this build has no CUDA backend)") + "; use train.device = cpu");
+                        (cuda::compiled() ? "" : " (this build has no CUDA backend)") +
+                        "; use train.device = cpu");
     cuda::set_device(device_.index);
   }
-  if (device_.is_cpu()) out_ << "device: cpu, " << num_threads() << " threads, OpenBLAS kernel " << blas_core() << "\n";
-  else out_ << "device: " << device_.str() << "\n";
+  if (device_.is_cpu())
+    out_ << "device: cpu, " << num_threads() << " threads, OpenBLAS kernel " << blas_core() << "\n";
+  else
+    out_ << "device: " << device_.str() << "\n";
   // ---- model: describe, then materialize
   models::GPTConfig mc;
   mc.n_layer = c_.n_layer;
@@ -139,11 +147,11 @@ void Trainer::run() {
     out_ << "initialized from " << c_.init_from << "\n";
   }
   // ---- data
-  train_ = std::make_unique<data::DataLoader>(c_.train_data, c_.micro_batch_size, c_.seq_len, 0, 1, c_.shuffle, c_.seed,
-                                              c_.vocab_size);
+  train_ = std::make_unique<data::DataLoader>(c_.train_data, c_.micro_batch_size, c_.seq_len, 0, 1,
+                                              c_.shuffle, c_.seed, c_.vocab_size);
   if (!c_.val_data.empty())
-    val_ = std::make_unique<data::DataLoader>(c_.val_data, c_.micro_batch_size, c_.seq_len, 0, 1, false, c_.seed,
-                                              c_.vocab_size);
+    val_ = std::make_unique<data::DataLoader>(c_.val_data, c_.micro_batch_size, c_.seq_len, 0, 1, false,
+                                              c_.seed, c_.vocab_size);
   std::string vocab_path = c_.vocab;
   if (vocab_path.empty()) {
     const fs::path guess = fs::path(data::glob_paths(c_.train_data)[0]).parent_path() / "vocab.json";
@@ -155,12 +163,15 @@ void Trainer::run() {
                       " tokens but model.vocab_size is " + std::to_string(c_.vocab_size));
   const int64_t dp = 1;
   const int64_t tokens_per_step = c_.micro_batch_size * c_.grad_accum_steps * dp * c_.seq_len;
-  out_ << "batch: " << c_.micro_batch_size << " x " << c_.grad_accum_steps << " accum x " << dp << " data-parallel x "
-       << c_.seq_len << " = " << tokens_per_step << " tokens per step; train data " << train_->total_tokens()
-       << " tokens (" << train_->windows_per_epoch() << " micro-batches per epoch)\n";
+  out_ << "batch: " << c_.micro_batch_size << " x " << c_.grad_accum_steps << " accum x " << dp
+       << " data-parallel x " << c_.seq_len << " = " << tokens_per_step << " tokens per step; train data "
+       << train_->total_tokens() << " tokens (" << train_->windows_per_epoch()
+       << " micro-batches per epoch)\n";
   // ---- optimizer, schedule
-  opt_ = std::make_unique<optim::AdamW>(params_, optim::AdamWConfig{c_.beta1, c_.beta2, c_.eps, c_.weight_decay});
-  optim::Schedule sched{optim::Schedule::parse(c_.schedule), c_.lr, c_.min_lr_frac, c_.warmup_steps, c_.steps};
+  opt_ = std::make_unique<optim::AdamW>(params_,
+                                        optim::AdamWConfig{c_.beta1, c_.beta2, c_.eps, c_.weight_decay});
+  optim::Schedule sched{optim::Schedule::parse(c_.schedule), c_.lr, c_.min_lr_frac, c_.warmup_steps,
+                        c_.steps};
   // ---- resume
   int64_t start = 0;
   if (c_.resume) {
@@ -227,25 +238,37 @@ void Trainer::run() {
     const double tok_s = static_cast<double>(tokens_per_step) / sec;
     const MemoryStats mem = memory_stats(device_);
     curves_.train.push_back({step, loss});
-    if (!std::isfinite(loss)) throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
-                                          "; lower optim.lr or check the data");
+    if (!std::isfinite(loss))
+      throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
+                  "; lower optim.lr or check the data");
     if (step % c_.log_every == 0 || step == c_.steps - 1) {
       char line[512];
       const double gflops = flops_per_step / sec / 1e9;
-      std::string speed = device_.is_cuda() ? "MFU " + std::to_string(static_cast<int>(100 * gflops * 1e9 / peak)) + "%"
-                                            : std::to_string(static_cast<int>(gflops)) + " GFLOP/s";
-      std::snprintf(line, sizeof(line), "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s | mem %s (peak %s) | eta %s",
+      std::string speed = device_.is_cuda()
+                              ? "MFU " + std::to_string(static_cast<int>(100 * gflops * 1e9 / peak)) + "%"
+                              : std::to_string(static_cast<int>(gflops)) + " GFLOP/s";
+      std::snprintf(line, sizeof(line),
+                    "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s | mem %s "
+                    "(peak %s) | eta %s",
                     (long long)step + 1, (long long)c_.steps, loss, lr, norm, sec * 1e3, tok_s, speed.c_str(),
-                    human_bytes(static_cast<double>(mem.in_use)).c_str(), human_bytes(static_cast<double>(mem.peak)).c_str(),
+                    human_bytes(static_cast<double>(mem.in_use)).c_str(),
+                    human_bytes(static_cast<double>(mem.peak)).c_str(),
                     human_time(avg * static_cast<double>(c_.steps - step - 1)).c_str());
       out_ << line << std::endl;  // flushed: progress shows through pipes and tee
     }
-    log_json({{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"ms", sec * 1e3},
-              {"tokens_per_sec", tok_s}, {"gflops_per_sec", flops_per_step / sec / 1e9}, {"mem_in_use", mem.in_use},
+    log_json({{"step", step + 1},
+              {"loss", loss},
+              {"lr", lr},
+              {"grad_norm", norm},
+              {"ms", sec * 1e3},
+              {"tokens_per_sec", tok_s},
+              {"gflops_per_sec", flops_per_step / sec / 1e9},
+              {"mem_in_use", mem.in_use},
               {"mem_peak", mem.peak}});
     if (c_.stop_after > 0 && step + 1 - start == c_.stop_after && step + 1 < c_.steps) {
       save(step + 1);
-      out_ << "stopped after " << c_.stop_after << " steps (train.stop_after); resume with checkpoint.resume = true\n";
+      out_ << "stopped after " << c_.stop_after
+           << " steps (train.stop_after); resume with checkpoint.resume = true\n";
       return;
     }
     if (c_.ckpt_every > 0 && (step + 1) % c_.ckpt_every == 0 && step + 1 < c_.steps) save(step + 1);
@@ -261,14 +284,17 @@ void Trainer::run() {
   if (c_.sample_every >= 0) sample(c_.steps);
   if (timed) {
     const double avg = time_sum / timed;
-    out_ << "average " << avg * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step) / avg << " tok/s\n";
+    out_ << "average " << avg * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step) / avg
+         << " tok/s\n";
   }
   if (!c_.report.empty()) {
     std::vector<std::string> summary = {mc.str(), "steps " + std::to_string(c_.steps) + ", " +
                                                       std::to_string(tokens_per_step) + " tokens per step"};
-    if (!curves_.train.empty()) summary.push_back("final train loss " + std::to_string(curves_.train.back().second));
+    if (!curves_.train.empty())
+      summary.push_back("final train loss " + std::to_string(curves_.train.back().second));
     if (std::isfinite(last_val)) summary.push_back("final val loss " + std::to_string(last_val));
-    if (timed) summary.push_back("average " + std::to_string(time_sum / timed * 1e3) + " ms/step on " + device_.str());
+    if (timed)
+      summary.push_back("average " + std::to_string(time_sum / timed * 1e3) + " ms/step on " + device_.str());
     if (fs::path(c_.report).has_parent_path()) fs::create_directories(fs::path(c_.report).parent_path());
     write_report(c_.report, "ndtrain: " + mc.str(), curves_, summary);
     out_ << "report: " << c_.report << "\n";

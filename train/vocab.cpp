@@ -35,7 +35,8 @@ Vocab Vocab::byte_level() {
 Vocab Vocab::build_char(const std::string& text) {
   std::set<std::string> chars;
   for (const std::string& c : utf8_chars(text)) chars.insert(c);
-  NDT_CHECK(chars.size() <= 65536, "char vocabulary: ", chars.size(), " distinct characters do not fit uint16 tokens");
+  NDT_CHECK(chars.size() <= 65536, "char vocabulary: ", chars.size(),
+            " distinct characters do not fit uint16 tokens");
   Vocab v;
   v.kind_ = kChar;
   v.tokens_.assign(chars.begin(), chars.end());
@@ -71,9 +72,12 @@ void Vocab::save(const std::string& path) const {
     // raw bytes that are not valid UTF-8 are stored as their code (0..255) instead of text
     nlohmann::json toks = nlohmann::json::array();
     for (const std::string& t : tokens_) {
-      const bool valid = utf8_chars(t).size() == 1 && (t.size() == 1 ? static_cast<unsigned char>(t[0]) < 0x80 : true);
-      if (valid) toks.push_back(t);
-      else toks.push_back(static_cast<int>(static_cast<unsigned char>(t[0])));
+      const bool valid =
+          utf8_chars(t).size() == 1 && (t.size() == 1 ? static_cast<unsigned char>(t[0]) < 0x80 : true);
+      if (valid)
+        toks.push_back(t);
+      else
+        toks.push_back(static_cast<int>(static_cast<unsigned char>(t[0])));
     }
     j["tokens"] = toks;
   }
@@ -105,8 +109,10 @@ Vocab Vocab::load(const std::string& path) {
   Vocab v;
   v.kind_ = kChar;
   for (const auto& t : j["tokens"]) {
-    if (t.is_number_integer()) v.tokens_.push_back(std::string(1, static_cast<char>(t.get<int>())));
-    else v.tokens_.push_back(t.get<std::string>());
+    if (t.is_number_integer())
+      v.tokens_.push_back(std::string(1, static_cast<char>(t.get<int>())));
+    else
+      v.tokens_.push_back(t.get<std::string>());
   }
   return v;
 }

@@ -28,19 +28,20 @@ Tensor add_impl(const char* op, const Tensor& a_in, const Tensor& b_in, double b
   Tensor out = empty_like(a);
   kernels::add(a, b, out, 1.0, beta);
   autograd::record(op, {out}, {a_in, b_in},
-                   [bshape = b.shape(), beta, na = a_in.requires_grad(), nb = b_in.requires_grad()](const Grads& g) -> Grads {
-    // forward: out = a + beta*b; so da = dout, db = beta * dout (summed over broadcast rows)
-    Tensor db;
-    if (nb) {
-      db = reduce_to(g[0], bshape);
-      if (beta != 1.0) {
-        Tensor s = empty_like(db);
-        kernels::scale(db.contiguous(), beta, s);
-        db = s;
-      }
-    }
-    return {na ? g[0] : Tensor(), db};
-  });
+                   [bshape = b.shape(), beta, na = a_in.requires_grad(),
+                    nb = b_in.requires_grad()](const Grads& g) -> Grads {
+                     // forward: out = a + beta*b; so da = dout, db = beta * dout (summed over broadcast rows)
+                     Tensor db;
+                     if (nb) {
+                       db = reduce_to(g[0], bshape);
+                       if (beta != 1.0) {
+                         Tensor s = empty_like(db);
+                         kernels::scale(db.contiguous(), beta, s);
+                         db = s;
+                       }
+                     }
+                     return {na ? g[0] : Tensor(), db};
+                   });
   return out;
 }
 }  // namespace
@@ -54,21 +55,22 @@ Tensor mul(const Tensor& a_in, const Tensor& b_in) {
   Tensor out = empty_like(a);
   kernels::mul(a, b, out);
   autograd::record("mul", {out}, {a_in, b_in},
-                   [a = a.detach(), b = b.detach(), na = a_in.requires_grad(), nb = b_in.requires_grad()](const Grads& g) -> Grads {
-    // forward: out = a*b; so da = dout*b, db = dout*a (summed over broadcast rows)
-    const Tensor dout = g[0].contiguous();
-    Tensor da, db;
-    if (na) {
-      da = empty_like(a);
-      kernels::mul(dout, b, da);
-    }
-    if (nb) {
-      Tensor full = empty_like(a);
-      kernels::mul(dout, a, full);
-      db = reduce_to(full, b.shape());
-    }
-    return {da, db};
-  });
+                   [a = a.detach(), b = b.detach(), na = a_in.requires_grad(),
+                    nb = b_in.requires_grad()](const Grads& g) -> Grads {
+                     // forward: out = a*b; so da = dout*b, db = dout*a (summed over broadcast rows)
+                     const Tensor dout = g[0].contiguous();
+                     Tensor da, db;
+                     if (na) {
+                       da = empty_like(a);
+                       kernels::mul(dout, b, da);
+                     }
+                     if (nb) {
+                       Tensor full = empty_like(a);
+                       kernels::mul(dout, a, full);
+                       db = reduce_to(full, b.shape());
+                     }
+                     return {da, db};
+                   });
   return out;
 }
 

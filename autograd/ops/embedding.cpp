@@ -9,20 +9,21 @@ Tensor embedding(const Tensor& ids_in, const Tensor& table_in) {
   check_same("embedding", {&table_in});
   NDT_CHECK(ids_in.dtype() == DType::i32, "embedding: ids must be int32, got ", ids_in.desc());
   NDT_CHECK(table_in.dim() == 2, "embedding: table must be (V, C), got ", table_in.shape_str());
-  NDT_CHECK(ids_in.device() == table_in.device(), "embedding: ids on ", ids_in.device().str(), " but table on ",
-            table_in.device().str());
+  NDT_CHECK(ids_in.device() == table_in.device(), "embedding: ids on ", ids_in.device().str(),
+            " but table on ", table_in.device().str());
   Tensor ids = ids_in.contiguous(), table = table_in.contiguous();
   Shape shape = ids.shape();
   shape.push_back(table.size(1));
   Tensor out = Tensor::empty(shape, table.dtype(), table.device());
   kernels::embedding_forward(ids, table, out);
-  autograd::record("embedding", {out}, {table_in}, [ids, tshape = table.shape(), dt = table.dtype(),
-                                                    dev = table.device()](const Grads& g) -> Grads {
-    // forward: out[n] = table[ids[n]]; so dtable[v] = sum of dout[n] over n with ids[n] == v
-    Tensor dtable = Tensor::empty(tshape, dt, dev);
-    kernels::embedding_backward(ids, g[0].contiguous(), dtable);
-    return {dtable};
-  });
+  autograd::record(
+      "embedding", {out}, {table_in},
+      [ids, tshape = table.shape(), dt = table.dtype(), dev = table.device()](const Grads& g) -> Grads {
+        // forward: out[n] = table[ids[n]]; so dtable[v] = sum of dout[n] over n with ids[n] == v
+        Tensor dtable = Tensor::empty(tshape, dt, dev);
+        kernels::embedding_backward(ids, g[0].contiguous(), dtable);
+        return {dtable};
+      });
   return out;
 }
 

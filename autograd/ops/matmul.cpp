@@ -12,7 +12,8 @@ Shape matmul_shape(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   const int64_t kb = tb ? b.size(-1) : b.size(-2), n = tb ? b.size(-2) : b.size(-1);
   NDT_CHECK(k == kb, "matmul: inner dimensions differ: ", a.shape_str(), (ta ? "^T" : ""), " @ ",
             b.shape_str(), (tb ? "^T" : ""), " (", k, " vs ", kb, ")");
-  NDT_CHECK(!(a.dim() == 3 && b.dim() == 2 && ta), "matmul: a transposed 3-D a with a 2-D b is not supported");
+  NDT_CHECK(!(a.dim() == 3 && b.dim() == 2 && ta),
+            "matmul: a transposed 3-D a with a 2-D b is not supported");
   if (a.dim() == 3 && b.dim() == 3)
     NDT_CHECK(a.size(0) == b.size(0), "matmul: batch sizes differ: ", a.shape_str(), " @ ", b.shape_str());
   return a.dim() == 3 ? Shape{a.size(0), m, n} : Shape{m, n};
@@ -27,31 +28,38 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   kernels::gemm(a, ta, b, tb, out);
   const bool na = a_in.requires_grad(), nb = b_in.requires_grad();
   // da needs b and db needs a: save only what the backward will use
-  autograd::record("matmul", {out}, {a_in, b_in},
-                   [a = nb ? a.detach() : Tensor(), b = na ? b.detach() : Tensor(), ashape = a.shape(),
-                    bshape = b.shape(), dt = a.dtype(), dev = a.device(), ta, tb, na, nb](const Grads& g) -> Grads {
-    // forward: out = op(a) @ op(b); so d op(a) = dout @ op(b)^T and d op(b) = op(a)^T @ dout
-    const Tensor dout = g[0].contiguous();
-    Tensor da, db;
-    if (na) {
-      da = Tensor::empty(ashape, dt, dev);
-      if (!ta) kernels::gemm(dout, false, b, !tb, da);  // da = dout @ op(b)^T
-      else kernels::gemm(b, tb, dout, true, da);        // da = (dout @ op(b)^T)^T = op(b) @ dout^T
-    }
-    if (nb) {
-      db = Tensor::empty(bshape, dt, dev);
-      if (bshape.size() == 2 && ashape.size() == 3) {
-        // b shared by every batch: sum the per-batch gradients, i.e. flatten (Bt*M) rows
-        const Tensor a2 = a.view({-1, a.size(-1)}), d2 = dout.view({-1, dout.size(-1)});
-        if (!tb) kernels::gemm(a2, true, d2, false, db);  // db = a^T @ dout
-        else kernels::gemm(d2, true, a2, false, db);      // db = dout^T @ a
-      } else {
-        if (!tb) kernels::gemm(a, !ta, dout, false, db);  // db = op(a)^T @ dout
-        else kernels::gemm(dout, true, a, ta, db);        // db = (op(a)^T @ dout)^T = dout^T @ op(a)
-      }
-    }
-    return {da, db};
-  });
+  autograd::record(
+      "matmul", {out}, {a_in, b_in},
+      [a = nb ? a.detach() : Tensor(), b = na ? b.detach() : Tensor(), ashape = a.shape(), bshape = b.shape(),
+       dt = a.dtype(), dev = a.device(), ta, tb, na, nb](const Grads& g) -> Grads {
+        // forward: out = op(a) @ op(b); so d op(a) = dout @ op(b)^T and d op(b) = op(a)^T @ dout
+        const Tensor dout = g[0].contiguous();
+        Tensor da, db;
+        if (na) {
+          da = Tensor::empty(ashape, dt, dev);
+          if (!ta)
+            kernels::gemm(dout, false, b, !tb, da);  // da = dout @ op(b)^T
+          else
+            kernels::gemm(b, tb, dout, true, da);  // da = (dout @ op(b)^T)^T = op(b) @ dout^T
+        }
+        if (nb) {
+          db = Tensor::empty(bshape, dt, dev);
+          if (bshape.size() == 2 && ashape.size() == 3) {
+            // b shared by every batch: sum the per-batch gradients, i.e. flatten (Bt*M) rows
+            const Tensor a2 = a.view({-1, a.size(-1)}), d2 = dout.view({-1, dout.size(-1)});
+            if (!tb)
+              kernels::gemm(a2, true, d2, false, db);  // db = a^T @ dout
+            else
+              kernels::gemm(d2, true, a2, false, db);  // db = dout^T @ a
+          } else {
+            if (!tb)
+              kernels::gemm(a, !ta, dout, false, db);  // db = op(a)^T @ dout
+            else
+              kernels::gemm(dout, true, a, ta, db);  // db = (op(a)^T @ dout)^T = dout^T @ op(a)
+          }
+        }
+        return {da, db};
+      });
   return out;
 }
 

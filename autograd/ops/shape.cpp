@@ -18,7 +18,8 @@ Tensor view(const Tensor& x, const Shape& shape) {
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   Tensor out = x.permute(dims).clone();
   std::vector<int64_t> inv(dims.size());
-  for (size_t i = 0; i < dims.size(); ++i) inv[dims[i] < 0 ? dims[i] + dims.size() : dims[i]] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < dims.size(); ++i)
+    inv[dims[i] < 0 ? dims[i] + dims.size() : dims[i]] = static_cast<int64_t>(i);
   autograd::record("permute", {out}, {x}, [inv](const Grads& g) -> Grads {
     // forward: out = x.permute(dims); so dx = dout.permute(inverse of dims)
     return {g[0].permute(inv).clone()};
@@ -31,7 +32,8 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   std::iota(dims.begin(), dims.end(), 0);
   d0 = d0 < 0 ? d0 + x.dim() : d0;
   d1 = d1 < 0 ? d1 + x.dim() : d1;
-  NDT_CHECK(d0 >= 0 && d0 < x.dim() && d1 >= 0 && d1 < x.dim(), "transpose: dims out of range for ", x.shape_str());
+  NDT_CHECK(d0 >= 0 && d0 < x.dim() && d1 >= 0 && d1 < x.dim(), "transpose: dims out of range for ",
+            x.shape_str());
   std::swap(dims[d0], dims[d1]);
   return permute(x, dims);
 }
@@ -39,27 +41,30 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
 std::vector<Tensor> split_last(const Tensor& x, const std::vector<int64_t>& sizes) {
   NDT_CHECK(x.dim() >= 1, "split_last: expected at least 1-D input, got ", x.desc());
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  NDT_CHECK(total == x.size(-1), "split_last: sizes add up to ", total, " but the last dim of ", x.shape_str(),
-            " is ", x.size(-1));
+  NDT_CHECK(total == x.size(-1), "split_last: sizes add up to ", total, " but the last dim of ",
+            x.shape_str(), " is ", x.size(-1));
   std::vector<Tensor> outs;
   int64_t start = 0;
   for (int64_t s : sizes) {
     outs.push_back(x.narrow(-1, start, s).clone());
     start += s;
   }
-  autograd::record("split_last", outs, {x}, [xs = x.shape(), dt = x.dtype(), dev = x.device(), sizes](const Grads& g) -> Grads {
-    // forward: piece i = x[..., start_i : start_i + size_i]; so dx is the pieces' gradients
-    // side by side, zero where a piece got none
-    Tensor dx = Tensor::empty(xs, dt, dev);
-    int64_t start = 0;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      Tensor slot = dx.narrow(-1, start, sizes[i]);
-      if (g[i].defined()) kernels::copy(slot, g[i]);
-      else kernels::fill(slot, 0.0);
-      start += sizes[i];
-    }
-    return {dx};
-  });
+  autograd::record("split_last", outs, {x},
+                   [xs = x.shape(), dt = x.dtype(), dev = x.device(), sizes](const Grads& g) -> Grads {
+                     // forward: piece i = x[..., start_i : start_i + size_i]; so dx is the pieces' gradients
+                     // side by side, zero where a piece got none
+                     Tensor dx = Tensor::empty(xs, dt, dev);
+                     int64_t start = 0;
+                     for (size_t i = 0; i < sizes.size(); ++i) {
+                       Tensor slot = dx.narrow(-1, start, sizes[i]);
+                       if (g[i].defined())
+                         kernels::copy(slot, g[i]);
+                       else
+                         kernels::fill(slot, 0.0);
+                       start += sizes[i];
+                     }
+                     return {dx};
+                   });
   return outs;
 }
 
@@ -72,9 +77,11 @@ Tensor concat_last(const std::vector<Tensor>& xs) {
   for (const Tensor& t : xs) {
     check_same("concat_last", {&xs[0], &t});
     Shape a = t.shape(), b = shape;
-    NDT_CHECK(a.size() == b.size(), "concat_last: ", t.shape_str(), " and ", xs[0].shape_str(), " differ in rank");
+    NDT_CHECK(a.size() == b.size(), "concat_last: ", t.shape_str(), " and ", xs[0].shape_str(),
+              " differ in rank");
     a.back() = b.back() = 0;
-    NDT_CHECK(a == b, "concat_last: ", t.shape_str(), " and ", xs[0].shape_str(), " differ outside the last dim");
+    NDT_CHECK(a == b, "concat_last: ", t.shape_str(), " and ", xs[0].shape_str(),
+              " differ outside the last dim");
     sizes.push_back(t.size(-1));
     total += t.size(-1);
   }

@@ -8,7 +8,8 @@
 
 namespace ndt::cpu {
 
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const kernels::AdamWArgs& a) {
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const kernels::AdamWArgs& a) {
   auto run = [&](auto* p, const auto* g, auto* mm, auto* vv) {
     using T = std::remove_pointer_t<decltype(p)>;
     const int64_t n = param.numel();
@@ -34,9 +35,14 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
     body(split, n, T(1));
   };
   switch (param.dtype()) {
-    case DType::f32: run(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>()); break;
-    case DType::f64: run(param.data<double>(), grad.data<double>(), m.data<double>(), v.data<double>()); break;
-    default: NDT_FAIL("adamw_step: parameters must be float32 or float64, got ", param.desc());
+    case DType::f32:
+      run(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>());
+      break;
+    case DType::f64:
+      run(param.data<double>(), grad.data<double>(), m.data<double>(), v.data<double>());
+      break;
+    default:
+      NDT_FAIL("adamw_step: parameters must be float32 or float64, got ", param.desc());
   }
 }
 

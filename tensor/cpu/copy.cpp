@@ -51,7 +51,8 @@ void fill(const Tensor& t, double value) {
 }
 
 void copy(const Tensor& dst, const Tensor& src) {
-  NDT_CHECK(dst.shape() == src.shape(), "copy: shapes differ, dst ", dst.shape_str(), " src ", src.shape_str());
+  NDT_CHECK(dst.shape() == src.shape(), "copy: shapes differ, dst ", dst.shape_str(), " src ",
+            src.shape_str());
   if (dst.numel() == 0) return;
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     std::memmove(dst.data_ptr(), src.data_ptr(), dst.nbytes());

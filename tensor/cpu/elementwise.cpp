@@ -129,7 +129,8 @@ void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   if (x.dtype() == DType::f32) {
     const float *px = x.data<float>(), *pd = dout.data<float>();
     float* pdx = dx.data<float>();
-    return parallel_chunks(n, [&](int64_t lo, int64_t hi) { gelu_backward_f32(px + lo, pd + lo, pdx + lo, hi - lo); });
+    return parallel_chunks(
+        n, [&](int64_t lo, int64_t hi) { gelu_backward_f32(px + lo, pd + lo, pdx + lo, hi - lo); });
   }
   dispatch_float(x.dtype(), "gelu_backward", [&](auto tag) {
     using T = decltype(tag);
@@ -138,7 +139,8 @@ void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     const T* pd = static_cast<const T*>(dout.data_ptr());
     T* pdx = static_cast<T*>(dx.data_ptr());
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
-    for (int64_t i = 0; i < n; ++i) pdx[i] = st<T>(gelu_grad<A>(load(px[i]), std::sqrt(A(2) / A(M_PI))) * load(pd[i]));
+    for (int64_t i = 0; i < n; ++i)
+      pdx[i] = st<T>(gelu_grad<A>(load(px[i]), std::sqrt(A(2) / A(M_PI))) * load(pd[i]));
   });
 }
 

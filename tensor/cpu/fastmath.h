@@ -22,8 +22,8 @@ namespace ndt::cpu {
 // adding and subtracting 1.5 * 2^23), min/max as comparisons, the power of two built in bits.
 inline float fast_exp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float t = x * 1.44269504088896341f;                 // x / ln 2
-  const float n = (t + 12582912.0f) - 12582912.0f;          // round(t), |t| < 2^22
+  const float t = x * 1.44269504088896341f;                      // x / ln 2
+  const float n = (t + 12582912.0f) - 12582912.0f;               // round(t), |t| < 2^22
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // x - n ln 2, in two parts
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;

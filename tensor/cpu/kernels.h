@@ -11,7 +11,8 @@ namespace ndt::cpu {
 
 void fill(const Tensor& t, double value);
 void copy(const Tensor& dst, const Tensor& src);
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha, double beta);
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
+          double beta);
 void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);
 void mul(const Tensor& a, const Tensor& b, const Tensor& out);
 void scale(const Tensor& a, double s, const Tensor& out);
@@ -21,20 +22,27 @@ void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx);
 void sum(const Tensor& x, const Tensor& out);
 void sum_squares(const Tensor& x, const Tensor& out);
 void sum_rows(const Tensor& x, const Tensor& out);
-void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out, const Tensor& mean, const Tensor& rstd);
-void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db);
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
+                       const Tensor& mean, const Tensor& rstd);
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db);
 void softmax_forward(const Tensor& x, const Tensor& out);
 void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index, const Tensor& losses, const Tensor& lse);
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit, int64_t ignore_index, double grad_scale, const Tensor& dlogits);
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index,
+                           const Tensor& losses, const Tensor& lse);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit,
+                            int64_t ignore_index, double grad_scale, const Tensor& dlogits);
 int64_t count_not_equal(const Tensor& targets, int64_t ignore_index);
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out);
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable);
-void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset, const Tensor& lse);
-void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse, double scale);
+void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
+                               const Tensor& lse);
+void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,
+                                double scale);
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out);
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi);
 void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std);
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const kernels::AdamWArgs& a);
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const kernels::AdamWArgs& a);
 
 }  // namespace ndt::cpu

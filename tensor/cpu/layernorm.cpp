@@ -34,7 +34,8 @@ void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double
       }
       v /= C;
       const A r = A(1) / std::sqrt(v + A(eps));
-      for (int64_t c = 0; c < C; ++c) po[n * C + c] = st<T>((load(row[c]) - m) * r * load(pw[c]) + load(pb[c]));
+      for (int64_t c = 0; c < C; ++c)
+        po[n * C + c] = st<T>((load(row[c]) - m) * r * load(pw[c]) + load(pb[c]));
       pm[n] = m;
       pr[n] = r;
     }

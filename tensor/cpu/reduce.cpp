@@ -32,7 +32,9 @@ void write_scalar(const Tensor& out, double v) {
 
 }  // namespace
 
-void sum(const Tensor& x, const Tensor& out) { write_scalar(out, reduce_all(x, "sum", [](double v) { return v; })); }
+void sum(const Tensor& x, const Tensor& out) {
+  write_scalar(out, reduce_all(x, "sum", [](double v) { return v; }));
+}
 
 void sum_squares(const Tensor& x, const Tensor& out) {
   write_scalar(out, reduce_all(x, "sum_squares", [](double v) { return v * v; }));

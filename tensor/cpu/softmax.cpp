@@ -93,7 +93,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
       const bool ignored = tg[n] == ignore_index;
       for (int64_t c = 0; c < V; ++c) {
         A g = 0;
-        if (!ignored && c < v_limit) g = (fast_exp(load(pl[n * V + c]) - plse[n]) - (c == tg[n] ? A(1) : A(0))) * gs;
+        if (!ignored && c < v_limit)
+          g = (fast_exp(load(pl[n * V + c]) - plse[n]) - (c == tg[n] ? A(1) : A(0))) * gs;
         pd[n * V + c] = st<T>(g);
       }
     }

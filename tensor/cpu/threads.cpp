@@ -33,7 +33,9 @@ void use_optimized_blas(char** argv) {
   if (!generic) return;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  const char* better = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
+  const char* better = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                         : nullptr;
   if (!better) return;
   ::setenv("OPENBLAS_CORETYPE", better, 1);
   ::execv("/proc/self/exe", argv);  // returns only on failure: carry on with the generic kernels

@@ -30,7 +30,8 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 
 // ---- launchers ----------------------------------------------------------------------
 
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const kernels::AdamWArgs& a) {
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const kernels::AdamWArgs& a) {
   NDT_CHECK(param.dtype() == DType::f32 && grad.dtype() == DType::f32 && m.dtype() == DType::f32 &&
                 v.dtype() == DType::f32,
             "adamw_step: CUDA parameters, gradients and moments must be float32, got ", param.desc(), " and ",
@@ -43,9 +44,9 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   const int64_t split = std::clamp<int64_t>(a.decay_end - a.index_offset, 0, n);
   adamw_kernel<<<grid_for(n), kThreads, 0, L.stream>>>(
       param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), n, split,
-      static_cast<float>(1.0 - a.lr * a.weight_decay), static_cast<float>(a.beta1), static_cast<float>(a.beta2),
-      static_cast<float>(a.eps), static_cast<float>(a.grad_scale), static_cast<float>(a.lr / bc1),
-      static_cast<float>(bc2_sqrt));
+      static_cast<float>(1.0 - a.lr * a.weight_decay), static_cast<float>(a.beta1),
+      static_cast<float>(a.beta2), static_cast<float>(a.eps), static_cast<float>(a.grad_scale),
+      static_cast<float>(a.lr / bc1), static_cast<float>(bc2_sqrt));
   NDT_CUDA_CHECK_LAUNCH();
 }
 
