@@ -204,7 +204,11 @@ TEST(TrainGpt, ConfigErrorsExitWithCode2AndNameTheKey) {
   std::ofstream(d / "badval.ini") << "[train]\nsteps = many\n";
   const std::vector<Case> cases = {
       {{"--config", (d / "unknown.ini").string()}, "unknown key 'model.n_layers'"},
-      {{"--config", (d / "badval.ini").string()}, "train.steps"},
+      {{"--config", (d / "badval.ini").string()}, "bad value for 'train.steps'"},
+      {{"--config", ini, "--data.shuffle", "maybe"}, "bad value for 'data.shuffle'"},
+      {{"--config", ini, "--optim.lr", "fast"}, "it takes a number"},
+      {{"--config", ini, "--sample.every", "0", "--sample.prompt", "Zebra"},
+       "sample.prompt cannot be encoded"},
       {{"--config", (d / "missing.ini").string()}, "cannot read config file"},
       {{"--config", ini, "--train.bogus", "1"}, "unknown key 'train.bogus'"},
       {{"--config", ini, "--train.seq_len", "64"}, "train.seq_len (64) must be <= model.block_size (32)"},

@@ -90,6 +90,17 @@ po::options_description describe(Config& c) {
 }
 // clang-format on
 
+// What kind of value an option takes, for error messages.
+std::string value_kind(const po::option_description& d) {
+  const po::value_semantic* v = d.semantic().get();
+  if (dynamic_cast<const po::typed_value<bool>*>(v)) return "true or false";
+  if (dynamic_cast<const po::typed_value<int64_t>*>(v) || dynamic_cast<const po::typed_value<int>*>(v))
+    return "an integer";
+  if (dynamic_cast<const po::typed_value<uint64_t>*>(v)) return "a non-negative integer";
+  if (dynamic_cast<const po::typed_value<double>*>(v)) return "a number";
+  return "text";
+}
+
 std::string unescape(const std::string& s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -140,6 +151,12 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
         "unknown key '" + name + "'" +
         (vm.count("config") ? " (in " + vm["config"].as<std::string>() + " or on the command line)" : "") +
         "; run train_gpt --help for every key");
+  } catch (const po::validation_error& e) {
+    std::string name = e.get_option_name();
+    while (!name.empty() && name[0] == '-') name.erase(0, 1);
+    const po::option_description* d = keys.find_nothrow(name, false);
+    throw ConfigError("bad value for '" + name + "': " + e.what() + "; it takes " +
+                      (d ? value_kind(*d) : std::string("a value")) + " (see train_gpt --help)");
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run train_gpt --help for every key and its allowed values");
   }

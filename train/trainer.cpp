@@ -161,6 +161,13 @@ void Trainer::run() {
   if (vocab_ && vocab_->size() > c_.vocab_size)
     throw ConfigError("the vocabulary " + vocab_path + " has " + std::to_string(vocab_->size()) +
                       " tokens but model.vocab_size is " + std::to_string(c_.vocab_size));
+  if (vocab_ && c_.sample_every >= 0 && c_.sample_length > 0) {  // fail now, not after training
+    try {
+      vocab_->encode(c_.prompt);
+    } catch (const Error& e) {
+      throw ConfigError("sample.prompt cannot be encoded with " + vocab_path + ": " + e.what());
+    }
+  }
   const int64_t dp = 1;
   const int64_t tokens_per_step = c_.micro_batch_size * c_.grad_accum_steps * dp * c_.seq_len;
   out_ << "batch: " << c_.micro_batch_size << " x " << c_.grad_accum_steps << " accum x " << dp
