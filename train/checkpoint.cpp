@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "tensor/kernels.h"
+#include "train/files.h"
 #include "train/safetensors.h"
 
 namespace fs = std::filesystem;

@@ -1,5 +1,7 @@
 #include "train/data.h"
 
+#include "train/files.h"
+
 #include <fcntl.h>
 #include <glob.h>
 #include <sys/mman.h>
@@ -10,7 +12,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <numeric>
 
 namespace ndt::data {
@@ -60,16 +61,8 @@ void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
   header[0] = kShardMagic;
   header[1] = kShardVersion;
   header[2] = static_cast<int32_t>(tokens.size());
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    NDT_CHECK(f.good(), "write_shard: cannot write ", tmp);
-    f.write(reinterpret_cast<const char*>(header), sizeof(header));
-    f.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(tokens.size() * 2));
-    f.flush();
-    NDT_CHECK(f.good(), "write_shard: writing ", tmp, " failed (disk full?)");
-  }
-  NDT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "write_shard: cannot rename ", tmp, " to ", path);
+  io::write_file_atomic(path, {{reinterpret_cast<const char*>(header), sizeof(header)},
+                               {reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2}});
 }
 
 std::vector<std::string> glob_paths(const std::string& pattern) {

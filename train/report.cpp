@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "train/safetensors.h"
+#include "train/files.h"
 
 namespace ndt::train {
 namespace {

@@ -1,5 +1,7 @@
 #include "train/safetensors.h"
 
+#include "train/files.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -168,36 +170,11 @@ void SafeTensorsWriter::write(const std::string& path) const {
   if (!metadata.empty()) h["__metadata__"] = metadata;
   std::string header = h.dump();
   while ((8 + header.size()) % 8) header += ' ';  // data section 8-byte aligned
-  std::string bytes;
-  bytes.reserve(8 + header.size() + off);
   const uint64_t n = header.size();
-  bytes.append(reinterpret_cast<const char*>(&n), 8);
-  bytes += header;
-  for (auto& [name, t] : tensors_) bytes.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
-  write_file_atomic(path, bytes);
-}
-
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  NDT_CHECK(fd >= 0, "cannot write ", tmp, " (", std::strerror(errno), ")");
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (w < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      NDT_FAIL("writing ", tmp, " failed (", std::strerror(err), ")");
-    }
-    done += static_cast<size_t>(w);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    NDT_FAIL("cannot move ", tmp, " to ", path, " (", std::strerror(errno), ")");
-  }
+  // the tensors are written from their own memory, never copied into one big buffer
+  std::vector<std::string_view> pieces = {{reinterpret_cast<const char*>(&n), 8}, header};
+  for (auto& [name, t] : tensors_) pieces.emplace_back(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  write_file_atomic(path, pieces);
 }
 
 }  // namespace ndt::io

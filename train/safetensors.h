@@ -58,7 +58,4 @@ class SafeTensorsWriter {
   std::vector<std::pair<std::string, Tensor>> tensors_;
 };
 
-// Writes `bytes` to path atomically (path.tmp, fsync, rename).
-void write_file_atomic(const std::string& path, const std::string& bytes);
-
 }  // namespace ndt::io

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tensor/error.h"
+#include "train/files.h"
 
 namespace ndt::data {
 
@@ -82,14 +83,7 @@ void Vocab::save(const std::string& path) const {
     j["tokens"] = toks;
   }
   j["size"] = size();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    NDT_CHECK(f.good(), "vocab: cannot write ", tmp);
-    f << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    NDT_CHECK(f.good(), "vocab: writing ", tmp, " failed");
-  }
-  NDT_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "vocab: cannot rename ", tmp, " to ", path);
+  io::write_file_atomic(path, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 Vocab Vocab::load(const std::string& path) {

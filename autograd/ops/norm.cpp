@@ -63,13 +63,10 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
   const int64_t kept = kernels::count_not_equal(targets, ignore_index);
   Tensor total = Tensor::empty({}, sd, logits.device());
   kernels::sum(losses, total);
-  Tensor out = Tensor::empty({}, logits.dtype(), logits.device());
-  kernels::scale(total.to(logits.dtype()), kept ? 1.0 / kept : 0.0, out);
-  if (logits.dtype() != DType::f64) {  // mean in f32 even for bf16 logits, then round once
-    Tensor m = Tensor::empty({}, DType::f32, logits.device());
-    kernels::scale(total, kept ? 1.0 / kept : 0.0, m);
-    out = m.to(logits.dtype());
-  }
+  // the mean in the statistics dtype (f32 even for bf16 logits), rounded once to the logits' dtype
+  Tensor mean_loss = Tensor::empty({}, sd, logits.device());
+  kernels::scale(total, kept ? 1.0 / kept : 0.0, mean_loss);
+  Tensor out = mean_loss.to(logits.dtype());
   autograd::record(
       "cross_entropy", {out}, {logits_in},
       [logits = logits.detach(), targets, lse, v_limit, ignore_index, kept](const Grads& g) -> Grads {

@@ -30,23 +30,23 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
     const int64_t N = ids.numel(), V = dtable.size(0), C = dtable.size(1);
     const int32_t* pid = ids.data<int32_t>();
     const T* pd = static_cast<const T*>(dout.data_ptr());
-    T* pt = static_cast<T*>(dtable.data_ptr());
-    std::memset(static_cast<void*>(pt), 0, V * C * sizeof(T));
-    if constexpr (std::is_same_v<T, bf16>) {
-      // accumulate in f32, round once
-      Tensor acc = Tensor::zeros({V, C}, DType::f32);
-      float* pa = acc.data<float>();
-#pragma omp parallel for schedule(static) if (N * C > 65536)
-      for (int64_t c0 = 0; c0 < C; c0 += 64)
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t c = c0; c < std::min(C, c0 + 64); ++c) pa[pid[n] * C + c] += load(pd[n * C + c]);
-      copy(dtable, acc);
+    // accumulate in the accumulator type: in place for f32/f64, in an f32 buffer for bf16
+    // (rounded once at the end)
+    using A = acc_t<T>;
+    Tensor buf;
+    A* pa;
+    if constexpr (std::is_same_v<T, A>) {
+      pa = static_cast<A*>(dtable.data_ptr());
+      std::memset(static_cast<void*>(pa), 0, V * C * sizeof(A));
     } else {
-#pragma omp parallel for schedule(static) if (N * C > 65536)
-      for (int64_t c0 = 0; c0 < C; c0 += 64)
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t c = c0; c < std::min(C, c0 + 64); ++c) pt[pid[n] * C + c] += pd[n * C + c];
+      buf = Tensor::zeros({V, C}, DType::f32);
+      pa = buf.data<float>();
     }
+#pragma omp parallel for schedule(static) if (N * C > 65536)
+    for (int64_t c0 = 0; c0 < C; c0 += 64)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t c = c0; c < std::min(C, c0 + 64); ++c) pa[pid[n] * C + c] += load(pd[n * C + c]);
+    if constexpr (!std::is_same_v<T, A>) copy(dtable, buf);
   });
 }
 
