@@ -8,10 +8,10 @@
 //   loss = cross_entropy(logits, next byte)
 // Legend: N byte pairs per step, V = 256 byte values, H hidden units.
 //
-// As in the GPT trainer to come, the parameters live in one flat buffer and their
-// gradients in a twin buffer (DESIGN.md idea 1): each parameter is a view into the first,
-// its .grad a view into the second, so the SGD step and zeroing the gradients are one
-// kernel call each. PATH is a text file or a folder of them (default: the fortunes that
+// As in the GPT trainer (nn/flat.h; docs/design.md, decision 1), the parameters live in
+// one flat buffer and their gradients in a twin buffer: each parameter is a view into the
+// first, its .grad a view into the second, so the SGD step and zeroing the gradients are
+// one kernel call each. PATH is a text file or a folder of them (default: the fortunes that
 // scripts/setup.sh installs, /usr/share/games/fortunes).
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-// ndtrain: parameters in flat buffers (DESIGN.md idea 1).
+// ndtrain: parameters in flat buffers (docs/design.md, decision 1).
 //
 // Each FSDP unit (a transformer block; the embeddings and final norm form one more) owns
 // one contiguous buffer for its parameters and a twin for their gradients; every parameter

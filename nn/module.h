@@ -3,7 +3,7 @@
 // Building a model only records each parameter's name, global shape, init rule and
 // whether weight decay applies (a ParamSpec). Memory comes later, when nn/flat.h
 // materializes the specs into flat buffers and points each module's Tensor at its view.
-// This is DESIGN.md idea 2: describe -> parallelize -> materialize.
+// This is docs/design.md decision 2: describe -> parallelize -> materialize.
 //
 //   struct Affine : nn::Module {
 //     Tensor w, b;

@@ -1,8 +1,10 @@
 // AdamW against a hand-written reference (PyTorch's formulas), the weight-decay mask,
-// global-norm clipping and the LR schedules.
+// AdamW on shards of a flat buffer (index_offset), global-norm clipping and the LR schedules.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "nn/flat.h"
 #include "optim/adamw.h"
@@ -83,6 +85,110 @@ TEST(AdamW, WeightDecayOnlyTouchesTwoDimensionalWeights) {
   std::vector<double> w1 = m.w.to_vector<double>(), b1 = m.b.to_vector<double>();
   for (size_t i = 0; i < w0.size(); ++i) EXPECT_NEAR(w1[i], w0[i] * (1 - 0.1 * 0.5), 1e-15);
   for (size_t i = 0; i < b0.size(); ++i) EXPECT_EQ(b1[i], b0[i]);
+}
+
+namespace {
+
+// A flat buffer of kN elements whose first kDecayEnd take weight decay (as nn::materialize
+// lays out a unit), stepped as a whole or as shards [offset, offset + len).
+constexpr int64_t kN = 1000, kDecayEnd = 437;
+
+kernels::AdamWArgs shard_test_args(int t, int64_t index_offset) {
+  kernels::AdamWArgs a;
+  a.lr = 1e-2 * t;
+  a.beta1 = 0.9;
+  a.beta2 = 0.95;
+  a.eps = 1e-8;
+  a.weight_decay = 0.1;
+  a.grad_scale = 0.5 + 0.25 * t;
+  a.step = t;
+  a.decay_end = kDecayEnd;
+  a.index_offset = index_offset;
+  return a;
+}
+
+// Success when a and b hold the same bits; otherwise names the first element that differs.
+template <typename T>
+::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
+  const std::vector<T> x = a.to_vector<T>(), y = b.to_vector<T>();
+  if (x.size() != y.size())
+    return ::testing::AssertionFailure() << x.size() << " vs " << y.size() << " elements";
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::memcmp(&x[i], &y[i], sizeof(T)) != 0)
+      return ::testing::AssertionFailure() << "element " << i << ": " << x[i] << " vs " << y[i];
+  return ::testing::AssertionSuccess();
+}
+
+struct Moments {
+  Tensor p, m, v;
+};
+
+// Steps the whole buffer and, beside it, every shard between consecutive `bounds` with
+// index_offset = the shard's offset, 3 steps; after every step each shard must equal its
+// slice of the whole, bit for bit. Each shard has its own storage, as a rank holds it, or
+// (in_place) is a view into a second copy of the whole buffer.
+template <typename T>
+void expect_shards_match_whole(const std::vector<int64_t>& bounds, bool in_place) {
+  const DType dt = dtype_of<T>();
+  Moments whole{Tensor::empty({kN}, dt), Tensor::zeros({kN}, dt), Tensor::zeros({kN}, dt)};
+  kernels::fill_normal(whole.p, 3, 0, 0, 0.0f, 1.0f);
+  const Moments copy{whole.p.clone(), whole.m.clone(), whole.v.clone()};
+  std::vector<Moments> shards;
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+    const int64_t lo = bounds[s], len = bounds[s + 1] - lo;
+    Moments sh{copy.p.narrow(0, lo, len), copy.m.narrow(0, lo, len), copy.v.narrow(0, lo, len)};
+    if (!in_place) sh = {sh.p.clone(), sh.m.clone(), sh.v.clone()};
+    shards.push_back(sh);
+  }
+  for (int t = 1; t <= 3; ++t) {
+    Tensor g = Tensor::empty({kN}, dt);
+    kernels::fill_normal(g, 5, t, 0, 0.0f, 1.0f);
+    kernels::adamw_step(whole.p, g, whole.m, whole.v, shard_test_args(t, 0));
+    for (size_t s = 0; s < shards.size(); ++s) {
+      const int64_t lo = bounds[s], len = bounds[s + 1] - lo;
+      Moments& sh = shards[s];
+      kernels::adamw_step(sh.p, g.narrow(0, lo, len).clone(), sh.m, sh.v, shard_test_args(t, lo));
+      SCOPED_TRACE(::testing::Message()
+                   << dtype_name(dt) << (in_place ? " in place" : " own storage") << " step " << t
+                   << " shard [" << lo << ", " << lo + len << ") of " << kN << ", decay_end " << kDecayEnd);
+      EXPECT_TRUE(same_bits<T>(sh.p, whole.p.narrow(0, lo, len))) << "parameters";
+      EXPECT_TRUE(same_bits<T>(sh.m, whole.m.narrow(0, lo, len))) << "first moments";
+      EXPECT_TRUE(same_bits<T>(sh.v, whole.v.narrow(0, lo, len))) << "second moments";
+    }
+  }
+}
+
+}  // namespace
+
+// FSDP steps each rank's shard of a unit's buffer alone: index_offset tells the kernel
+// where the shard starts, so decay stops at the same global element decay_end.
+TEST(AdamW, ShardsWithIndexOffsetMatchOneStepOverTheWholeBufferBitForBit) {
+  const std::vector<std::vector<int64_t>> layouts = {
+      {0, 250, 500, 750, 1000},     // before decay_end, straddling it, after it (twice)
+      {0, 300, 600, 900, 1000},     // 300 does not divide 1000: a short last shard
+      {0, 437, 1000},               // a boundary exactly at decay_end
+      {0, 1, 436, 438, 999, 1000},  // one-element shards at both ends, two around decay_end
+  };
+  for (const auto& bounds : layouts) {
+    for (bool in_place : {false, true}) {
+      expect_shards_match_whole<float>(bounds, in_place);
+      expect_shards_match_whole<double>(bounds, in_place);
+    }
+  }
+}
+
+// The check above can fail: a shard past decay_end stepped as if it started at element 0
+// takes weight decay it should not.
+TEST(AdamW, ShardWithoutIndexOffsetIsDecayedWrongly) {
+  const int64_t lo = 500, len = 250;
+  Tensor p = Tensor::full({kN}, 1.0, DType::f64), g = Tensor::zeros({kN}, DType::f64);
+  Tensor m = Tensor::zeros({kN}, DType::f64), v = Tensor::zeros({kN}, DType::f64);
+  Tensor sp = p.narrow(0, lo, len).clone(), sg = g.narrow(0, lo, len).clone();
+  Tensor sm = m.narrow(0, lo, len).clone(), sv = v.narrow(0, lo, len).clone();
+  kernels::adamw_step(p, g, m, v, shard_test_args(1, 0));
+  kernels::adamw_step(sp, sg, sm, sv, shard_test_args(1, /*index_offset=*/0));
+  EXPECT_EQ(p.narrow(0, lo, len).to_vector<double>(), std::vector<double>(len, 1.0));  // not decayed
+  EXPECT_FALSE(same_bits<double>(sp, p.narrow(0, lo, len)));
 }
 
 TEST(Clip, ScaleFollowsPyTorch) {
