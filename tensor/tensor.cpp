@@ -1,5 +1,7 @@
 #include "tensor/tensor.h"
 
+#include "tensor/checked.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -84,7 +86,9 @@ std::string shape_str(const Shape& s) {
 
 int64_t numel_of(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n))
+      NDT_FAIL("shape ", shape_str(s), " has more elements than a 64-bit count holds");
   return n;
 }
 
@@ -93,7 +97,8 @@ Shape contiguous_strides(const Shape& shape) {
   int64_t s = 1;
   for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
     st[i] = s;
-    s *= std::max<int64_t>(shape[i], 1);
+    if (__builtin_mul_overflow(s, std::max<int64_t>(shape[i], 1), &s))
+      NDT_FAIL("shape ", shape_str(shape), " has more elements than a 64-bit count holds");
   }
   return st;
 }
@@ -119,7 +124,9 @@ static Tensor make_view(const Tensor& base, Shape shape, Shape strides, int64_t 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) NDT_CHECK(d >= 0, "Tensor::empty: negative dimension in ", ndt::shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(numel_of(shape) * dtype_size(dtype), device);
+  const int64_t bytes =
+      checked_mul(numel_of(shape), static_cast<int64_t>(dtype_size(dtype)), "Tensor::empty bytes");
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(bytes), device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
