@@ -1,14 +1,18 @@
 #include "train/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "tensor/kernels.h"
 #include "train/files.h"
+#include "train/guard.h"
 #include "train/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -17,6 +21,8 @@ namespace ndt::ckpt {
 namespace {
 
 constexpr const char* kPrefix = "transformer.";
+constexpr const char* kManifest = "checkpoint.json";
+constexpr const char* kFiles[] = {"model.safetensors", "state.safetensors"};
 
 bool ignored_name(const std::string& n) {
   auto ends = [&](const std::string& s) {
@@ -50,6 +56,10 @@ void save_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
 }
 
 void load_weights(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params) {
+  // model.safetensors of one of our checkpoints: check it against the checkpoint's checksums
+  const fs::path manifest = fs::path(path).parent_path() / kManifest;
+  if (fs::path(path).filename() == kFiles[0] && fs::exists(manifest))
+    verify_checkpoint(fs::path(path).parent_path().string(), {kFiles[0]});
   io::SafeTensorsReader r(path);
   std::set<std::string> expected;
   for (const nn::ParamSpec& spec : gpt.parameters()) expected.insert(spec.name);
@@ -103,10 +113,18 @@ void load_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
     NDT_CHECK(a == b, "weights ", path,
               ": lm_head.weight differs from wte.weight; ndtrain ties them (GPT-2 does too)");
   }
-  // All checks passed: copy.
+  // Read and check every value before copying any.
+  std::map<std::string, Tensor> values;
   for (auto& [n, fname] : ours_to_file) {
+    Tensor src = r.get(fname, params.find(n)->value.dtype());
+    for (float x : src.to_vector<float>())
+      NDT_CHECK(std::isfinite(x), "weights ", path, ": tensor ", fname, " holds ",
+                std::isnan(x) ? "NaN" : "Inf",
+                " values; the file is damaged or was saved from a diverged run");
+    values[n] = src;
+  }
+  for (auto& [n, src] : values) {
     const nn::FlatParam* p = params.find(n);
-    Tensor src = r.get(fname, p->value.dtype());
     Tensor dst = p->value;
     if (n == "wte.weight") {
       kernels::fill(dst, 0.0);  // padded rows stay zero
@@ -116,22 +134,70 @@ void load_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
   }
 }
 
+std::optional<int64_t> step_of(const std::string& name) {
+  if (name.size() <= 5 || name.rfind("step_", 0) != 0 || name.size() > 5 + 18) return std::nullopt;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
-  std::ifstream f(fs::path(dir) / "latest");
-  if (!f.good()) return std::nullopt;
+  const fs::path lp = fs::path(dir) / "latest";
+  std::error_code ec;
+  if (!fs::exists(lp, ec)) return std::nullopt;
+  NDT_CHECK(fs::is_regular_file(lp, ec), "checkpoint ", lp.string(),
+            " is not a file; it should hold the name of a step_* directory (remove it to start over)");
+  std::ifstream f(lp);
+  NDT_CHECK(f.good(), "checkpoint ", lp.string(), ": cannot read");
   std::string name;
   std::getline(f, name);
-  NDT_CHECK(!name.empty() && name.find('/') == std::string::npos, "checkpoint ", dir,
-            "/latest is malformed ('", name, "'); it should name a step_* directory");
+  NDT_CHECK(!name.empty(), "checkpoint ", lp.string(),
+            " is empty; it should name a step_* directory (point it at the newest complete one)");
+  NDT_CHECK(step_of(name).has_value(), "checkpoint ", lp.string(), " is malformed ('", name,
+            "'); it should name a step_* directory such as step_00000100");
   const fs::path p = fs::path(dir) / name;
-  NDT_CHECK(fs::is_directory(p), "checkpoint ", dir, "/latest names ", name, ", which does not exist");
+  NDT_CHECK(fs::is_directory(p, ec), "checkpoint ", lp.string(), " names ", name, ", which does not exist");
   return p.string();
+}
+
+void verify_checkpoint(const std::string& path, const std::vector<std::string>& only) {
+  const fs::path dir(path), mp = fs::path(path) / kManifest;
+  std::ifstream f(mp);
+  NDT_CHECK(f.good(), "checkpoint ", path, " has no ", kManifest,
+            " (the checksums of its files); it is incomplete or was written by an older ndtrain");
+  nlohmann::json m;
+  try {
+    f >> m;
+    NDT_CHECK(m.is_object() && m.contains("files") && m["files"].is_object(), "no \"files\" object");
+    for (const std::string name : kFiles) {
+      if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) continue;
+      NDT_CHECK(m["files"].contains(name), "no entry for ", name);
+      const auto& e = m["files"][name];
+      const std::string file = (dir / name).string();
+      std::error_code ec;
+      const uint64_t size = fs::file_size(file, ec);
+      NDT_CHECK(!ec, "checkpoint file ", file, " is missing (", ec.message(), ")");
+      NDT_CHECK(size == e.at("bytes").get<uint64_t>(), "checkpoint file ", file, " has ", size, " bytes, ",
+                kManifest, " says ", e.at("bytes").get<uint64_t>(), "; the file is truncated or damaged");
+      const std::string got = io::hex64(io::file_xxh64(file)), want = e.at("xxh64").get<std::string>();
+      NDT_CHECK(got == want, "checkpoint file ", file, " fails its checksum (xxh64 ", got, ", ", kManifest,
+                " says ", want, "); the file is damaged");
+    }
+  } catch (const nlohmann::json::exception& e) {
+    NDT_FAIL("checkpoint ", mp.string(), " is malformed (", e.what(), ")");
+  }
 }
 
 std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
                             const optim::AdamW& opt, const TrainState& state, int keep) {
   char name[32];
   std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(state.step));
+  const std::string bad = train::first_nonfinite_param(params);
+  NDT_CHECK(bad.empty(), "checkpoint of step ", state.step, " not written: parameter ", bad,
+            " is not finite; the previous checkpoint is kept");
   fs::create_directories(dir);
   const fs::path final_dir = fs::path(dir) / name, tmp_dir = fs::path(dir) / (std::string(".tmp_") + name);
   fs::remove_all(tmp_dir);
@@ -148,19 +214,31 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
   w.metadata["loader_epoch"] = std::to_string(state.loader.epoch);
   w.metadata["loader_window"] = std::to_string(state.loader.window);
   w.write((tmp_dir / "state.safetensors").string());
+  // The checksums, last: a checkpoint directory without them was never completed.
+  nlohmann::json m = {{"step", state.step}, {"files", nlohmann::json::object()}};
+  for (const char* f : kFiles) {
+    const std::string fp = (tmp_dir / f).string();
+    m["files"][f] = {{"bytes", fs::file_size(fp)}, {"xxh64", io::hex64(io::file_xxh64(fp))}};
+  }
+  io::write_file_atomic((tmp_dir / kManifest).string(), m.dump(1) + "\n");
+  io::fsync_dir(tmp_dir.string());
   // Move into place; an existing directory of the same step is replaced only after the new one is complete.
   const fs::path old_dir = fs::path(dir) / (std::string(".old_") + name);
   fs::remove_all(old_dir);
   if (fs::exists(final_dir)) fs::rename(final_dir, old_dir);
   fs::rename(tmp_dir, final_dir);
   fs::remove_all(old_dir);
+  io::fsync_dir(dir);
   io::write_file_atomic((fs::path(dir) / "latest").string(), std::string(name) + "\n");
-  if (keep > 0) {
-    std::vector<fs::path> steps;
+  io::fsync_dir(dir);
+  if (keep > 0) {  // the newest `keep` by step number (names sort wrongly past 8 digits)
+    std::vector<std::pair<int64_t, fs::path>> steps;
     for (auto& e : fs::directory_iterator(dir))
-      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path());
+      if (auto n = step_of(e.path().filename().string()); n && e.is_directory())
+        steps.push_back({*n, e.path()});
     std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + keep < steps.size(); ++i) fs::remove_all(steps[i]);
+    for (size_t i = 0; i + keep < steps.size(); ++i)
+      if (steps[i].second != final_dir) fs::remove_all(steps[i].second);
   }
   return final_dir.string();
 }
@@ -168,6 +246,7 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
 TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
                            optim::AdamW& opt) {
   const fs::path dir(path);
+  verify_checkpoint(path);  // every file against its checksum, before anything is read
   io::SafeTensorsReader st((dir / "state.safetensors").string());
   // Validate the optimizer state before touching anything.
   for (size_t i = 0; i < params.units.size(); ++i) {

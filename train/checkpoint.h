@@ -10,7 +10,10 @@
 // Checkpoints: <dir>/step_NNNNNNNN/{model.safetensors, state.safetensors} and <dir>/latest
 // naming the newest complete one. A checkpoint is written into a temporary directory and
 // renamed into place, then `latest` is replaced atomically, so a crash mid-write leaves the
-// previous checkpoint intact and `latest` pointing at it.
+// previous checkpoint intact and `latest` pointing at it. Each checkpoint directory also
+// holds checkpoint.json, written last, with the size and XXH64 checksum of each file;
+// load_checkpoint (and load_weights of a checkpoint's model.safetensors) verify them
+// before any value is used. Weights holding NaN or Inf are never saved nor loaded.
 //
 //   ckpt::save_weights("gpt.safetensors", gpt, params);
 //   ckpt::load_weights("gpt2.safetensors", gpt, params);   // throws on missing/extra/mis-shaped
@@ -20,6 +23,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "models/gpt.h"
 #include "nn/flat.h"
@@ -44,6 +48,11 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
                             const optim::AdamW& opt, const TrainState& state, int keep);
 // The directory named by <dir>/latest, or nullopt when there is none.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
+// The step of a checkpoint directory name "step_<digits>", or nullopt.
+std::optional<int64_t> step_of(const std::string& name);
+// Checks the files of a checkpoint directory (all, or those named in `only`) against
+// the sizes and checksums in its checkpoint.json; throws one line naming the bad file.
+void verify_checkpoint(const std::string& path, const std::vector<std::string>& only = {});
 // Loads weights, optimizer moments and state from a checkpoint directory.
 TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
                            optim::AdamW& opt);

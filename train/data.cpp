@@ -4,7 +4,6 @@
 
 #include <fcntl.h>
 #include <glob.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,45 +13,78 @@
 #include <cstring>
 #include <numeric>
 
+#include "tensor/checked.h"
+
 namespace ndt::data {
 
 Shard::Shard(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
-  NDT_CHECK(fd >= 0, "data shard ", path, ": cannot open (", std::strerror(errno), ")");
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused just below.
+  fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  NDT_CHECK(fd_ >= 0, "data shard ", path, ": cannot open (", std::strerror(errno), ")");
   struct stat st {};
-  ::fstat(fd, &st);
-  const int64_t bytes = st.st_size;
-  if (bytes < kHeaderInts * 4) {
-    ::close(fd);
-    NDT_FAIL("data shard ", path, ": ", bytes,
-             " bytes is too short for the 1024-byte header; is it a token shard?");
-  }
-  map_ = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  NDT_CHECK(map_ != MAP_FAILED, "data shard ", path, ": mmap failed (", std::strerror(errno), ")");
-  map_bytes_ = bytes;
-  const int32_t* h = static_cast<const int32_t*>(map_);
-  const int32_t magic = h[0], version = h[1];
-  ntok_ = h[2];
   std::string err;
-  if (magic != kShardMagic)
-    err = "bad magic " + std::to_string(magic) + " (expected " + std::to_string(kShardMagic) +
-          "); make shards with prepare_text or llm.c's scripts";
-  else if (version != kShardVersion)
-    err = "unsupported version " + std::to_string(version) + " (expected 1: uint16 tokens)";
-  else if (ntok_ < 0 || bytes != kHeaderInts * 4 + 2 * ntok_)
-    err = "header says " + std::to_string(ntok_) + " tokens (" + std::to_string(kHeaderInts * 4 + 2 * ntok_) +
-          " bytes) but the file has " + std::to_string(bytes) + " bytes; the file is truncated or corrupt";
+  if (::fstat(fd_, &st) != 0)
+    err = std::string("cannot stat (") + std::strerror(errno) + ")";
+  else if (!S_ISREG(st.st_mode))
+    err = S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file (a FIFO or device?)";
+  else if (st.st_size < kHeaderInts * 4)
+    err = std::to_string(st.st_size) + " bytes is too short for the 1024-byte header; is it a token shard?";
+  int32_t h[kHeaderInts] = {};
+  if (err.empty() && ::pread(fd_, h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h)))
+    err = std::string("cannot read the header (") + std::strerror(errno) + ")";
+  bytes_ = st.st_size;
+  ntok_ = h[2];
   if (!err.empty()) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
+  } else if (h[0] != kShardMagic) {
+    err = "bad magic " + std::to_string(h[0]) + " (expected " + std::to_string(kShardMagic) +
+          "); make shards with prepare_text or llm.c's scripts";
+  } else if (h[1] != kShardVersion) {
+    err = "unsupported version " + std::to_string(h[1]) + " (expected 1: uint16 tokens)";
+  } else if (ntok_ < 0 || bytes_ != kHeaderInts * 4 + 2 * ntok_) {
+    err = "header says " + std::to_string(ntok_) + " tokens (" + std::to_string(kHeaderInts * 4 + 2 * ntok_) +
+          " bytes) but the file has " + std::to_string(bytes_) + " bytes; the file is truncated or corrupt";
+  }
+  if (!err.empty()) {
+    ::close(fd_);
+    fd_ = -1;
     NDT_FAIL("data shard ", path, ": ", err);
   }
-  tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + kHeaderInts * 4);
 }
 
 Shard::~Shard() {
-  if (map_) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Shard::read(int64_t pos, int64_t n, uint16_t* out) const {
+  NDT_CHECK(pos >= 0 && n >= 0 && n <= ntok_ - pos, "data shard ", path_, ": tokens [", pos, ", ", pos + n,
+            ") outside its ", ntok_, " tokens");
+  struct stat st {};
+  NDT_CHECK(::fstat(fd_, &st) == 0 && st.st_size == bytes_, "data shard ", path_,
+            " changed size during the run (", bytes_, " bytes at open, now ", st.st_size,
+            "); shards must not change while train_gpt reads them");
+  char* dst = reinterpret_cast<char*>(out);
+  const int64_t want = 2 * n;
+  int64_t done = 0;
+  while (done < want) {
+    const ssize_t r =
+        ::pread(fd_, dst + done, static_cast<size_t>(want - done), kHeaderInts * 4 + 2 * pos + done);
+    if (r < 0 && errno == EINTR) continue;
+    NDT_CHECK(r > 0, "data shard ", path_, ": read failed at token ", pos + done / 2, " (",
+              r == 0 ? "end of file: the shard shrank during the run" : std::strerror(errno), ")");
+    done += r;
+  }
+}
+
+void Shard::check_tokens(int64_t vocab_size) const {
+  std::vector<uint16_t> buf;
+  for (int64_t pos = 0; pos < ntok_; pos += 1 << 20) {
+    const int64_t n = std::min<int64_t>(1 << 20, ntok_ - pos);
+    buf.resize(static_cast<size_t>(n));
+    read(pos, n, buf.data());
+    for (int64_t i = 0; i < n; ++i)
+      NDT_CHECK(buf[i] < vocab_size, "data shard ", path_, ": token ", buf[i], " at position ", pos + i,
+                " is >= model.vocab_size ", vocab_size, "; the data was made for a larger vocabulary");
+  }
 }
 
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
@@ -99,11 +131,16 @@ DataLoader::DataLoader(const std::string& pattern, int64_t B, int64_t T, int ran
       vocab_size_(vocab_size) {
   NDT_CHECK(B >= 1 && T >= 1, "data loader: batch size ", B, " and sequence length ", T, " must be >= 1");
   NDT_CHECK(world >= 1 && rank >= 0 && rank < world, "data loader: rank ", rank, " outside world ", world);
-  const int64_t span = B * T * world;  // tokens consumed by one step of all ranks
+  // tokens consumed by one step of all ranks
+  const int64_t span =
+      checked_mul(checked_mul(B, T, "data loader B x T"), world, "data loader B x T x ranks");
+  NDT_CHECK(span < (int64_t(1) << 40), "data loader: ", span,
+            " tokens per step is more than any shard holds");
   for (const std::string& p : glob_paths(pattern)) {
     shards_.push_back(std::make_unique<Shard>(p));
     const Shard& s = *shards_.back();
-    for (int64_t pos = 0; pos + span + 1 <= s.size(); pos += span)
+    s.check_tokens(vocab_size);  // now, not when an evaluation reaches it hours later
+    for (int64_t pos = 0; span < s.size() - pos; pos += span)
       windows_.push_back({static_cast<int32_t>(shards_.size() - 1), pos});
   }
   NDT_CHECK(
@@ -155,7 +192,8 @@ Batch DataLoader::next() {
   const Window& w = windows_[order_[state_.window++]];
   const Shard& s = *shards_[w.shard];
   const int64_t start = w.pos + static_cast<int64_t>(rank_) * B_ * T_;
-  const uint16_t* tok = s.tokens() + start;
+  std::vector<uint16_t> tok(static_cast<size_t>(B_ * T_ + 1));
+  s.read(start, B_ * T_ + 1, tok.data());
   std::vector<int32_t> x(B_ * T_), y(B_ * T_);
   for (int64_t i = 0; i <= B_ * T_; ++i)
     NDT_CHECK(tok[i] < vocab_size_, "data shard ", s.path(), ": token ", tok[i], " at position ", start + i,

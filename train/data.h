@@ -4,7 +4,10 @@
 //   int32 header[256]: header[0] = 20240520 (magic), header[1] = 1 (version),
 //                      header[2] = number of tokens
 //   then that many uint16 tokens.
-// Shards are memory-mapped and validated on open (magic, version, exact file size).
+// Shards are read with pread (no memory map: a shard truncated under a running job is an
+// error, not a SIGBUS) and validated on open: a regular file, magic, version, exact file
+// size, and, by the loader, every token < vocab_size. A shard that changes size during a
+// run is an error at the next read.
 //
 // The loader cuts the token stream into windows of B*T+1 tokens (inputs are the first B*T,
 // targets the same shifted by one). With shuffle off, micro-batch k of a single-process run
@@ -32,7 +35,7 @@ constexpr int32_t kShardMagic = 20240520;
 constexpr int32_t kShardVersion = 1;
 constexpr int64_t kHeaderInts = 256;
 
-// A read-only memory map of one shard.
+// One open shard.
 class Shard {
  public:
   explicit Shard(const std::string& path);  // throws ndt::Error naming the file and the problem
@@ -41,13 +44,15 @@ class Shard {
   Shard& operator=(const Shard&) = delete;
   const std::string& path() const { return path_; }
   int64_t size() const { return ntok_; }
-  const uint16_t* tokens() const { return tokens_; }
+  // Copies tokens [pos, pos + n) into `out`; throws if the file changed size or a read fails.
+  void read(int64_t pos, int64_t n, uint16_t* out) const;
+  // Throws naming the first token >= vocab_size and its position.
+  void check_tokens(int64_t vocab_size) const;
 
  private:
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  int fd_ = -1;
+  int64_t bytes_ = 0;
   int64_t ntok_ = 0;
 };
 

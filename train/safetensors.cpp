@@ -7,11 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
 
 namespace ndt::io {
 namespace {
@@ -56,10 +58,13 @@ float half_to_float(uint16_t h) {
 }  // namespace
 
 SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY);
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO must not block us
   NDT_CHECK(fd >= 0, "safetensors file ", path, ": cannot open (", std::strerror(errno), ")");
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    NDT_FAIL("safetensors file ", path, ": not a regular file");
+  }
   bytes_ = static_cast<size_t>(st.st_size);
   if (bytes_ < 8) {
     ::close(fd);
@@ -79,12 +84,29 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
     fail("header length " + std::to_string(n) + " exceeds the file size; truncated or not safetensors");
   const char* base = static_cast<const char*>(map_);
   nlohmann::json h;
+  std::string duplicate;
   try {
-    h = nlohmann::json::parse(base + 8, base + 8 + n);
+    // A name given twice in the header would silently keep one of them: refuse it.
+    std::vector<std::set<std::string>> seen;
+    auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+      using E = nlohmann::json::parse_event_t;
+      if (ev == E::object_start) {  // depth: of the new object's parent; its keys come at depth + 1
+        seen.resize(static_cast<size_t>(depth));
+        seen.emplace_back();
+      } else if (ev == E::key && depth >= 1 && static_cast<size_t>(depth) <= seen.size()) {
+        if (!seen[depth - 1].insert(parsed.get<std::string>()).second && duplicate.empty())
+          duplicate = parsed.get<std::string>();
+      } else if (ev == E::object_end) {
+        seen.resize(static_cast<size_t>(depth));
+      }
+      return true;
+    };
+    h = nlohmann::json::parse(base + 8, base + 8 + n, cb);
   } catch (const std::exception& e) {
     fail(std::string("header is not valid JSON (") + e.what() + ")");
   }
   if (!h.is_object()) fail("header is not a JSON object");
+  if (!duplicate.empty()) fail("the header names '" + duplicate + "' twice");
   data_ = base + 8 + n;
   const uint64_t data_bytes = bytes_ - 8 - n;
   try {
@@ -104,7 +126,11 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
       e.end = v["data_offsets"][1].get<uint64_t>();
       const size_t es = st_dtype_size(e.dtype);
       if (es == 0) fail("entry '" + name + "' has unknown dtype " + e.dtype);
-      if (e.end < e.begin || e.end > data_bytes || e.end - e.begin != numel_of(e.shape) * es)
+      int64_t bytes = static_cast<int64_t>(es);
+      for (int64_t d : e.shape)
+        if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes))
+          fail("entry '" + name + "' has a negative or impossibly large shape " + shape_str(e.shape));
+      if (e.end < e.begin || e.end > data_bytes || e.end - e.begin != static_cast<uint64_t>(bytes))
         fail("entry '" + name + "' has data_offsets [" + std::to_string(e.begin) + ", " +
              std::to_string(e.end) + ") that do not match its shape " + shape_str(e.shape) + " and dtype " +
              e.dtype + " within the file; truncated or corrupt");
@@ -113,6 +139,14 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
   } catch (const nlohmann::json::exception& e) {
     fail(std::string("malformed header (") + e.what() + ")");
   }
+  // Tensors must not share bytes (a crafted file could alias two parameters).
+  std::vector<std::pair<uint64_t, std::string>> spans;
+  for (auto& [name, e] : entries_)
+    if (e.end > e.begin) spans.push_back({e.begin, name});
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (entries_[spans[i - 1].second].end > spans[i].first)
+      fail("tensors '" + spans[i - 1].second + "' and '" + spans[i].second + "' overlap in the file");
 }
 
 SafeTensorsReader::~SafeTensorsReader() {

@@ -87,6 +87,7 @@ void Vocab::save(const std::string& path) const {
 }
 
 Vocab Vocab::load(const std::string& path) {
+  io::require_regular_file(path, "vocab file");
   std::ifstream f(path);
   NDT_CHECK(f.good(), "vocab file ", path, ": cannot open");
   nlohmann::json j;
@@ -95,18 +96,26 @@ Vocab Vocab::load(const std::string& path) {
   } catch (const std::exception& e) {
     NDT_FAIL("vocab file ", path, ": not valid JSON (", e.what(), ")");
   }
-  NDT_CHECK(j.is_object() && j.contains("type"), "vocab file ", path, ": missing \"type\"");
+  NDT_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(), "vocab file ", path,
+            ": missing \"type\" (\"byte\" or \"char\")");
   const std::string type = j["type"].get<std::string>();
   if (type == "byte") return byte_level();
   NDT_CHECK(type == "char" && j.contains("tokens") && j["tokens"].is_array(), "vocab file ", path,
             ": expected type byte or char with a tokens array");
   Vocab v;
   v.kind_ = kChar;
+  NDT_CHECK(j["tokens"].size() <= 65536, "vocab file ", path, ": ", j["tokens"].size(),
+            " tokens do not fit uint16 token ids");
+  size_t i = 0;
   for (const auto& t : j["tokens"]) {
-    if (t.is_number_integer())
+    if (t.is_number_integer() && t.get<int64_t>() >= 0 && t.get<int64_t>() <= 255)
       v.tokens_.push_back(std::string(1, static_cast<char>(t.get<int>())));
-    else
+    else if (t.is_string())
       v.tokens_.push_back(t.get<std::string>());
+    else
+      NDT_FAIL("vocab file ", path, ": token ", i, " is ", t.dump(),
+               "; each token must be a string or a byte value 0..255");
+    ++i;
   }
   return v;
 }

@@ -1,0 +1,174 @@
+#include "train/guard.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "tensor/checked.h"
+
+namespace fs = std::filesystem;
+
+namespace ndt::train {
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal != 0) {  // the second signal: die now, as if we had no handler
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+}
+
+std::string errno_str() { return std::strerror(errno); }
+
+// Creates `dir` if needed and proves it is a writable directory by creating a file in it.
+void check_writable_dir(const fs::path& dir, const std::string& key) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) {
+    fs::create_directories(dir, ec);
+    if (ec) throw ConfigError(key + ": cannot create directory " + dir.string() + " (" + ec.message() + ")");
+  }
+  if (!fs::is_directory(dir, ec))
+    throw ConfigError(key + ": " + dir.string() + " exists and is not a directory");
+  const fs::path probe = dir / (".write_probe_" + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd < 0) throw ConfigError(key + ": cannot write in " + dir.string() + " (" + errno_str() + ")");
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+// An output file: its directory must be writable and the path must not be a directory.
+void check_output_file(const std::string& path, const std::string& key) {
+  const fs::path p(path);
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) throw ConfigError(key + ": " + path + " is a directory; give a file name");
+  check_writable_dir(p.has_parent_path() ? p.parent_path() : fs::path("."), key);
+  if (fs::exists(p, ec) && ::access(path.c_str(), W_OK) != 0)
+    throw ConfigError(key + ": cannot write " + path + " (" + errno_str() + ")");
+}
+
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+}  // namespace
+
+StopSignals::StopSignals() {
+  g_stop_signal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // a signal must not make a write fail half-way
+  ::sigaction(SIGINT, &sa, &old_int_);
+  ::sigaction(SIGTERM, &sa, &old_term_);
+}
+
+StopSignals::~StopSignals() {
+  ::sigaction(SIGINT, &old_int_, nullptr);
+  ::sigaction(SIGTERM, &old_term_, nullptr);
+}
+
+bool stop_requested() { return g_stop_signal != 0; }
+int stop_signal() { return g_stop_signal; }
+
+RunLock::RunLock(const std::string& dir) {
+  const std::string path = (fs::path(dir) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  NDT_CHECK(fd_ >= 0, "checkpoint.dir ", dir, ": cannot open the lock file ", path, " (", errno_str(), ")");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
+    std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("?");
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      NDT_FAIL("checkpoint.dir ", dir, " is in use by another train_gpt (pid ", holder,
+               "); wait for it to finish or use another checkpoint.dir");
+    NDT_FAIL("checkpoint.dir ", dir, ": cannot lock ", path, " (", std::strerror(err), ")");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 ||
+      ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    const std::string why = errno_str();
+    ::close(fd_);
+    fd_ = -1;
+    NDT_FAIL("checkpoint.dir ", dir, ": cannot write the lock file ", path, " (", why, ")");
+  }
+}
+
+RunLock::~RunLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+void clean_temporaries(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  std::vector<fs::path> tmp, old;
+  for (auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (starts_with(n, ".tmp_") || n == "latest.tmp" || starts_with(n, ".write_probe_"))
+      tmp.push_back(e.path());
+    if (starts_with(n, ".old_")) old.push_back(e.path());
+  }
+  for (const fs::path& p : tmp) fs::remove_all(p);
+  // save_checkpoint renames step_N to .old_step_N before moving the new step_N in; a crash
+  // between the two renames leaves only the old one, which is complete: put it back.
+  for (const fs::path& p : old) {
+    const fs::path back = fs::path(dir) / p.filename().string().substr(5);
+    if (fs::exists(back))
+      fs::remove_all(p);
+    else
+      fs::rename(p, back);
+  }
+}
+
+void check_output_paths(const Config& c) {
+  if (!c.ckpt_dir.empty()) check_writable_dir(c.ckpt_dir, "checkpoint.dir");
+  if (!c.metrics.empty()) check_output_file(c.metrics, "log.metrics");
+  if (!c.report.empty()) check_output_file(c.report, "log.report");
+}
+
+void check_fits_in_memory(int64_t param_count, Device device) {
+  const int64_t need = checked_mul(param_count, 16, "parameter memory");
+  if (!device.is_cpu()) return;  // a CUDA allocation that does not fit fails at once, with its size
+  const int64_t have = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  if (have > 0 && need > have)
+    throw ConfigError(
+        "the model has " + std::to_string(param_count) + " parameters: " + std::to_string(need >> 30) +
+        " GiB for weights, gradients and AdamW moments, more than the " + std::to_string(have >> 30) +
+        " GiB of memory of this machine; lower model.n_layer, model.n_embd or model.vocab_size");
+}
+
+void check_step_finite(int64_t step, double loss, double grad_norm) {
+  if (std::isfinite(loss) && std::isfinite(grad_norm)) return;
+  auto str = [](double v) { return std::string(std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf"); };
+  std::string what;
+  if (!std::isfinite(loss)) what = "the loss is " + str(loss);
+  if (!std::isfinite(grad_norm))
+    what += (what.empty() ? "" : " and ") + std::string("the gradient norm is ") + str(grad_norm);
+  throw NonFiniteError("step " + std::to_string(step) + ": " + what +
+                       "; the update was not applied and nothing was saved; lower optim.lr (or set "
+                       "optim.grad_clip) or check the data, and resume from the last checkpoint");
+}
+
+std::string first_nonfinite_param(const nn::FlatParams& params) {
+  for (const nn::FlatUnit& u : params.units)
+    for (const nn::FlatParam& p : u.params) {
+      const std::vector<float> v = p.value.to(Device::cpu()).contiguous().to_vector<float>();
+      for (float x : v)
+        if (!std::isfinite(x)) return p.spec.name + (std::isnan(x) ? " (NaN)" : " (Inf)");
+    }
+  return "";
+}
+
+}  // namespace ndt::train

@@ -1,0 +1,88 @@
+// ndtrain: what keeps a training run from being lost: the lock on a checkpoint directory,
+// the stop-on-signal flag for graceful preemption, the finiteness check of a step, and
+// the output-path checks done before any work starts.
+//
+//   StopSignals signals;                      // SIGINT/SIGTERM set a flag; a second one kills
+//   check_output_paths(cfg);                  // every file and directory we will write, now
+//   RunLock lock(cfg.ckpt_dir);               // throws naming the pid that holds the directory
+//   clean_temporaries(cfg.ckpt_dir);          // leftovers of a crashed checkpoint write
+//   ...
+//   check_step_finite(step, loss, grad_norm); // throws NonFiniteError before the update
+//   if (stop_requested()) { save(); return kExitPreempted; }
+//
+// In a multi-rank run, stop_requested() and check_step_finite() are the two decisions every
+// rank must take together.
+#pragma once
+
+#include <csignal>
+#include <cstdint>
+#include <string>
+
+#include "nn/flat.h"
+#include "tensor/error.h"
+#include "train/config.h"
+
+namespace ndt::train {
+
+// Exit code of train_gpt when SIGINT or SIGTERM stopped it after the current step (and a
+// checkpoint, when checkpoint.dir is set). Distinct from 0 (done), 1 (error), 2 (config).
+constexpr int kExitPreempted = 3;
+
+// While alive, the first SIGINT or SIGTERM only sets a flag (stop_requested()); a second
+// one restores the default action and re-raises, so the process dies at once. The
+// destructor restores the previous handlers. One at a time per process.
+class StopSignals {
+ public:
+  StopSignals();
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
+
+// True once a stop signal arrived (the training loop stops after the current step).
+bool stop_requested();
+// The signal that asked to stop (SIGINT, SIGTERM), 0 if none.
+int stop_signal();
+
+// An exclusive flock on <dir>/.lock, which holds the holder's pid. Throws ndt::Error
+// naming that pid when another process holds it. Released when destroyed (or the process
+// dies). The file stays (removing it would race with the next run taking it).
+class RunLock {
+ public:
+  explicit RunLock(const std::string& dir);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Removes what a crashed or killed checkpoint write left in `dir` (.tmp_* directories,
+// latest.tmp) and puts back a .old_step_* directory whose replacement never arrived.
+// Call only while holding the RunLock.
+void clean_temporaries(const std::string& dir);
+
+// Throws ConfigError (one line naming the key) if any output of the run cannot be written:
+// checkpoint.dir, log.metrics, log.report. Creates missing directories, writes nothing else.
+void check_output_paths(const Config& c);
+
+// Throws ConfigError when `param_count` f32 parameters with their gradients and AdamW
+// moments (16 bytes each) cannot fit in the memory of `device` (CPU: physical memory).
+void check_fits_in_memory(int64_t param_count, Device device);
+
+// A step whose loss or gradient norm is not finite must not be applied or saved.
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
+};
+// Throws NonFiniteError naming the step and what was not finite.
+void check_step_finite(int64_t step, double loss, double grad_norm);
+// The first parameter holding NaN or Inf, as "name (NaN)"; empty when all are finite.
+std::string first_nonfinite_param(const nn::FlatParams& params);
+
+}  // namespace ndt::train
