@@ -1,10 +1,15 @@
 #include "train/config.h"
 
 #include <boost/program_options.hpp>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <thread>
 
 namespace po = boost::program_options;
+namespace fs = std::filesystem;
 
 namespace ndt::train {
 namespace {
@@ -114,6 +119,65 @@ std::string unescape(const std::string& s) {
   return out;
 }
 
+// The INI file: `[section]` lines, `key = value` lines, comments from `#` (or a line
+// starting with `;`). A value in double quotes is taken literally up to the last quote on
+// the line, `#` included; outside quotes `\#` is a literal `#`. Returns what
+// boost::program_options would have parsed, so the command line and the file share one
+// store.
+po::parsed_options parse_ini(const std::string& path, const po::options_description& keys) {
+  std::ifstream f(path);
+  if (!f.good()) throw ConfigError("cannot read config file '" + path + "'");
+  auto trim = [](std::string t) {
+    const size_t a = t.find_first_not_of(" \t\r"), b = t.find_last_not_of(" \t\r");
+    return a == std::string::npos ? std::string() : t.substr(a, b - a + 1);
+  };
+  po::parsed_options parsed(&keys);
+  std::string line, section;
+  for (int lineno = 1; std::getline(f, line); ++lineno) {
+    const std::string where = path + ":" + std::to_string(lineno);
+    line = trim(line);
+    if (line.empty() || line[0] == '#' || line[0] == ';') continue;
+    if (line[0] == '[') {
+      const size_t close = line.find(']');
+      const std::string rest = close == std::string::npos ? "" : trim(line.substr(close + 1));
+      if (close == std::string::npos || (!rest.empty() && rest[0] != '#'))
+        throw ConfigError(where + ": malformed section line '" + line + "'");
+      section = trim(line.substr(1, close - 1));
+      continue;
+    }
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw ConfigError(where + ": expected 'key = value' or '[section]', got '" + line + "'");
+    const std::string key = trim(line.substr(0, eq));
+    std::string raw = trim(line.substr(eq + 1)), value;
+    if (!raw.empty() && raw[0] == '"') {
+      const size_t last = raw.rfind('"');
+      if (last == 0) throw ConfigError(where + ": the value of '" + key + "' opens a quote it never closes");
+      const std::string rest = trim(raw.substr(last + 1));
+      if (!rest.empty() && rest[0] != '#')
+        throw ConfigError(where + ": text after the closing quote of '" + key + "': '" + rest + "'");
+      value = raw.substr(1, last - 1);
+    } else {
+      for (size_t i = 0; i < raw.size(); ++i) {
+        if (raw[i] == '\\' && i + 1 < raw.size() && raw[i + 1] == '#') {
+          value += '#';
+          ++i;
+        } else if (raw[i] == '#') {
+          break;
+        } else {
+          value += raw[i];
+        }
+      }
+      value = trim(value);
+    }
+    const std::string name = section.empty() ? key : section + "." + key;
+    if (!keys.find_nothrow(name, false))
+      throw ConfigError("unknown key '" + name + "' (" + where + "); run train_gpt --help for every key");
+    parsed.options.push_back(po::option(name, {value}));
+  }
+  return parsed;
+}
+
 }  // namespace
 
 bool parse_config(int argc, const char* const* argv, Config& c, std::string& help_out) {
@@ -125,21 +189,44 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
                                                               "INI file with [section] key = value lines");
   po::options_description cmdline;
   cmdline.add(generic).add(keys);
+  // Words that are not options land here, to be refused by name.
+  std::vector<std::string> stray;
+  po::options_description hidden;
+  hidden.add_options()("stray-argument", po::value(&stray));
+  po::options_description parser_opts;
+  parser_opts.add(cmdline).add(hidden);
+  po::positional_options_description positional;
+  positional.add("stray-argument", -1);
   po::variables_map vm;
   try {
-    po::store(po::parse_command_line(argc, argv, cmdline), vm);  // the command line wins: stored first
+    // No prefix matching: --optim.l must not mean --optim.lr.
+    const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+    po::store(
+        po::command_line_parser(argc, argv).options(parser_opts).positional(positional).style(style).run(),
+        vm);  // the command line wins: stored first
+    if (vm.count("stray-argument")) {
+      const std::string a = vm["stray-argument"].as<std::vector<std::string>>().front();
+      throw ConfigError("unexpected argument '" + a + "': every setting is --section.key value" +
+                        (a.size() > 4 && a.substr(a.size() - 4) == ".ini"
+                             ? " (did you mean --config " + a + "?)"
+                             : std::string()));
+    }
     if (vm.count("help")) {
       std::ostringstream os;
       os << cmdline << "\nEvery key may be given in the INI file as `key = value` under `[section]`,\n"
-         << "or on the command line as --section.key value; the command line wins.\n";
+         << "or on the command line as --section.key value; the command line wins. In the file, `#`\n"
+         << "starts a comment; quote a value (prompt = \"C# rocks\") or write \\# to keep a `#`.\n";
       help_out = os.str();
       return false;
     }
     if (vm.count("config")) {
       const std::string path = vm["config"].as<std::string>();
-      std::ifstream f(path);
-      if (!f.good()) throw ConfigError("cannot read config file '" + path + "'");
-      po::store(po::parse_config_file(f, keys, /*allow_unregistered=*/false), vm);
+      std::error_code ec;
+      if (!fs::exists(path, ec))
+        throw ConfigError("cannot read config file '" + path + "': it does not exist");
+      if (!fs::is_regular_file(path, ec))
+        throw ConfigError("config file '" + path + "' is not a regular file (a directory?)");
+      po::store(parse_ini(path, keys), vm);
     }
     po::notify(vm);
   } catch (const ConfigError&) {
@@ -169,44 +256,88 @@ void validate(const Config& c) {
   auto need = [](bool ok, const std::string& msg) {
     if (!ok) throw ConfigError(msg);
   };
+  // Integer keys have ranges far beyond any real run, so that no size computed from them
+  // can overflow and a typo fails here, in one line, before anything is allocated.
+  auto range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
+    need(v >= lo && v <= hi, std::string(key) + " = " + std::to_string(v) + " is outside [" +
+                                 std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  };
+  auto finite = [&](const char* key, double v, bool positive) {
+    need(std::isfinite(v) && (positive ? v > 0 : v >= 0), std::string(key) + " must be a finite number " +
+                                                              (positive ? "> 0" : ">= 0") + ", got " +
+                                                              std::to_string(v));
+  };
+  constexpr int64_t kBig = int64_t(1) << 40;
   need(!c.train_data.empty(), "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
-  need(c.micro_batch_size >= 1, "train.micro_batch_size must be >= 1");
-  need(c.seq_len >= 1, "train.seq_len must be >= 1");
+  range("model.n_layer", c.n_layer, 1, 1024);
+  range("model.n_head", c.n_head, 1, 1024);
+  range("model.n_embd", c.n_embd, 1, 65536);
+  range("model.vocab_size", c.vocab_size, 1, 65536);
+  range("model.block_size", c.block_size, 1, int64_t(1) << 20);
+  range("model.vocab_multiple", c.vocab_multiple, 1, 65536);
+  range("train.micro_batch_size", c.micro_batch_size, 1, int64_t(1) << 20);
+  range("train.seq_len", c.seq_len, 1, int64_t(1) << 20);
   need(c.seq_len <= c.block_size, "train.seq_len (" + std::to_string(c.seq_len) +
                                       ") must be <= model.block_size (" + std::to_string(c.block_size) + ")");
-  need(c.grad_accum_steps >= 1, "train.grad_accum_steps must be >= 1");
-  need(c.steps >= 1, "train.steps must be >= 1");
-  need(c.eval_every >= 0 && c.eval_steps >= 1, "train.eval_every must be >= 0 and train.eval_steps >= 1");
-  need(c.device == "cpu" || c.device == "cuda" || c.device.rfind("cuda:", 0) == 0,
+  need(c.micro_batch_size * c.seq_len <= (int64_t(1) << 31),
+       "train.micro_batch_size x train.seq_len = " + std::to_string(c.micro_batch_size * c.seq_len) +
+           " tokens per micro-batch; at most 2^31");
+  range("train.grad_accum_steps", c.grad_accum_steps, 1, int64_t(1) << 20);
+  range("train.steps", c.steps, 1, kBig);
+  range("train.eval_every", c.eval_every, 0, kBig);
+  range("train.eval_steps", c.eval_steps, 1, int64_t(1) << 20);
+  range("train.seed", c.seed, 0, std::numeric_limits<int64_t>::max());
+  need(c.device == "cpu" || c.device == "cuda" ||
+           (c.device.size() > 5 && c.device.size() <= 7 && c.device.rfind("cuda:", 0) == 0 &&
+            c.device.find_first_not_of("0123456789", 5) == std::string::npos),
        "train.device must be cpu, cuda or cuda:N, got '" + c.device + "'");
   need(c.dtype == "float32" || c.dtype == "bfloat16",
        "train.dtype must be float32 or bfloat16, got '" + c.dtype + "'");
   need(c.dtype == "float32",
        "train.dtype = bfloat16 is not supported yet (mixed precision is a later issue); use float32");
-  need(c.threads >= 0, "train.threads must be >= 0");
-  need(c.stop_after >= 0, "train.stop_after must be >= 0");
-  need(c.lr > 0, "optim.lr must be > 0");
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  need(c.threads >= 0 && c.threads <= cores, "train.threads = " + std::to_string(c.threads) +
+                                                 " but this machine has " + std::to_string(cores) +
+                                                 " CPUs; use 0 for all of them");
+  range("train.stop_after", c.stop_after, 0, kBig);
+  need(c.stop_after == 0 || !c.ckpt_dir.empty(),
+       "train.stop_after needs checkpoint.dir: without it the stopped run could not be resumed");
+  finite("optim.lr", c.lr, true);
   need(c.min_lr_frac >= 0 && c.min_lr_frac <= 1, "optim.min_lr_frac must be in [0, 1]");
-  need(c.warmup_steps >= 0, "optim.warmup_steps must be >= 0");
+  range("optim.warmup_steps", c.warmup_steps, 0, kBig);
   need(c.schedule == "cosine" || c.schedule == "linear" || c.schedule == "constant",
        "optim.schedule must be cosine, linear or constant, got '" + c.schedule + "'");
-  need(c.weight_decay >= 0, "optim.weight_decay must be >= 0");
+  finite("optim.weight_decay", c.weight_decay, false);
   need(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1,
        "optim.beta1 and optim.beta2 must be in [0, 1)");
-  need(c.eps > 0, "optim.eps must be > 0");
-  need(c.grad_clip >= 0, "optim.grad_clip must be >= 0");
-  need(c.ckpt_every >= 0 && c.ckpt_keep >= 0, "checkpoint.every and checkpoint.keep must be >= 0");
+  finite("optim.eps", c.eps, true);
+  finite("optim.grad_clip", c.grad_clip, false);
+  range("checkpoint.every", c.ckpt_every, 0, kBig);
+  range("checkpoint.keep", c.ckpt_keep, 0, 1000000);
   need(!c.resume || !c.ckpt_dir.empty(), "checkpoint.resume needs checkpoint.dir");
-  need(c.log_every >= 1, "log.every must be >= 1");
-  need(c.sample_every >= -1, "sample.every must be >= -1");
-  need(c.sample_length >= 0 && c.top_k >= 0, "sample.length and sample.top_k must be >= 0");
-  need(c.temperature > 0, "sample.temperature must be > 0");
+  range("log.every", c.log_every, 1, kBig);
+  finite("log.peak_tflops", c.peak_tflops, false);
+  range("sample.every", c.sample_every, -1, kBig);
+  range("sample.length", c.sample_length, 0, 65536);
+  range("sample.top_k", c.top_k, 0, 65536);
+  finite("sample.temperature", c.temperature, true);
+  need(c.prompt.size() <= 65536, "sample.prompt is " + std::to_string(c.prompt.size()) +
+                                     " bytes; at most 65536 (the model sees only "
+                                     "the last model.block_size tokens anyway)");
   for (auto [key, v] : {std::pair<const char*, int64_t>{"parallel.dp_replicate_size", c.dp_replicate_size},
                         {"parallel.dp_shard_size", c.dp_shard_size},
                         {"parallel.tp_size", c.tp_size},
                         {"parallel.cp_size", c.cp_size}})
     need(v == 1, std::string(key) + " = " + std::to_string(v) +
                      ": parallelism is not available yet (a later issue); every [parallel] size must be 1");
+}
+
+std::vector<std::string> warnings(const Config& c) {
+  std::vector<std::string> w;
+  if (c.warmup_steps > c.steps)
+    w.push_back("optim.warmup_steps (" + std::to_string(c.warmup_steps) + ") > train.steps (" +
+                std::to_string(c.steps) + "): the learning rate never reaches optim.lr");
+  return w;
 }
 
 }  // namespace ndt::train

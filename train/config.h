@@ -10,11 +10,14 @@
 //
 //   train_gpt --config gpt.ini --train.steps 100
 //
-// An unknown key or a bad value throws ConfigError (train_gpt exits with code 2).
+// An unknown key or a bad value throws ConfigError (train_gpt exits with code 2). Every
+// integer key has a range, checked before anything is allocated. In the INI file `#` starts
+// a comment; a value in double quotes keeps its `#` (prompt = "C# rocks"), as does `\#`.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tensor/error.h"
 
@@ -35,7 +38,7 @@ struct Config {
   // [train]
   int64_t micro_batch_size = 8, seq_len = 128, grad_accum_steps = 1, steps = 100, eval_every = 50,
           eval_steps = 10;
-  uint64_t seed = 1337;
+  int64_t seed = 1337;  // >= 0
   std::string device = "cpu", dtype = "float32";
   bool activation_checkpointing = false;
   int threads = 0;
@@ -68,5 +71,7 @@ struct Config {
 bool parse_config(int argc, const char* const* argv, Config& cfg, std::string& help_out);
 // Checks values and combinations; throws ConfigError naming the key.
 void validate(const Config& cfg);
+// Legal but probably unintended settings, one line each (train_gpt prints them at start).
+std::vector<std::string> warnings(const Config& cfg);
 
 }  // namespace ndt::train

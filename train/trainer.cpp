@@ -16,11 +16,14 @@
 #include "autograd/ops.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
+#include "tensor/checked.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/threads.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
+#include "train/files.h"
+#include "train/guard.h"
 #include "train/report.h"
 #include "train/sample.h"
 #include "train/vocab.h"
@@ -60,7 +63,7 @@ std::string printable(const std::string& s) {
 class Trainer {
  public:
   Trainer(const Config& c, std::ostream& out) : c_(c), out_(out) {}
-  void run();
+  int run();  // the exit code: 0, or kExitPreempted
 
  private:
   double evaluate();
@@ -75,14 +78,18 @@ class Trainer {
   std::unique_ptr<optim::AdamW> opt_;
   std::unique_ptr<data::DataLoader> train_, val_;
   std::unique_ptr<data::Vocab> vocab_;
-  std::ofstream metrics_;
+  io::LineWriter metrics_;
+  bool metrics_warned_ = false;
+  std::unique_ptr<RunLock> lock_;
   LossCurves curves_;
 };
 
 void Trainer::log_json(const nlohmann::json& j) {
-  if (metrics_.is_open()) {
-    metrics_ << j.dump() << "\n";
-    metrics_.flush();
+  if (!metrics_.is_open()) return;
+  metrics_.write_line(j.dump());
+  if (!metrics_.error().empty() && !metrics_warned_) {  // loud now, an error at the end
+    out_ << "warning: " << metrics_.error() << "; no more metrics are written, training goes on" << std::endl;
+    metrics_warned_ = true;
   }
 }
 
@@ -107,7 +114,7 @@ void Trainer::sample(int64_t step) {
   log_json({{"step", step}, {"sample", vocab_->decode(ids)}});
 }
 
-void Trainer::run() {
+int Trainer::run() {
   // ---- devices and threads
   set_num_threads(c_.threads);
   device_ = Device::parse(c_.device);
@@ -122,6 +129,7 @@ void Trainer::run() {
     out_ << "device: cpu, " << num_threads() << " threads, OpenBLAS kernel " << blas_core() << "\n";
   else
     out_ << "device: " << device_.str() << "\n";
+  for (const std::string& w : warnings(c_)) out_ << "warning: " << w << "\n";
   // ---- model: describe, then materialize
   models::GPTConfig mc;
   mc.n_layer = c_.n_layer;
@@ -130,13 +138,23 @@ void Trainer::run() {
   mc.vocab_size = c_.vocab_size;
   mc.block_size = c_.block_size;
   mc.vocab_multiple = c_.vocab_multiple;
-  mc.activation_checkpointing = c_.activation_checkpointing;
   try {
     mc.validate();
   } catch (const Error& e) {
     throw ConfigError(e.what());
   }
+  // ---- outputs, before any work: writable, and the checkpoint directory ours alone
+  check_output_paths(c_);
+  if (!c_.ckpt_dir.empty()) {
+    lock_ = std::make_unique<RunLock>(c_.ckpt_dir);
+    clean_temporaries(c_.ckpt_dir);
+  }
   gpt_ = std::make_unique<models::GPT>(mc);
+  if (c_.activation_checkpointing) gpt_->add_unit_wrapper(nn::activation_checkpointing());
+  int64_t param_count = 0;
+  for (const nn::ParamSpec& p : gpt_->parameters())
+    param_count = checked_add(param_count, numel_of(p.shape), "parameter count");
+  check_fits_in_memory(param_count, device_);
   params_ = nn::materialize(gpt_->units(), device_, DType::f32, c_.seed);
   out_ << "model: " << mc.str() << "\n";
   out_ << "parameters: " << params_.param_count() << " in " << params_.units.size() << " flat buffers:";
@@ -184,6 +202,10 @@ void Trainer::run() {
   if (c_.resume) {
     if (auto latest = ckpt::latest_checkpoint(c_.ckpt_dir)) {
       ckpt::TrainState st = ckpt::load_checkpoint(*latest, *gpt_, params_, *opt_);
+      if (st.step > c_.steps)  // going on would save the later weights under an earlier step
+        throw ConfigError("checkpoint " + *latest + " is at step " + std::to_string(st.step) +
+                          " but train.steps is " + std::to_string(c_.steps) +
+                          "; raise train.steps to continue, or use another checkpoint.dir");
       train_->restore(st.loader);
       start = st.step;
       out_ << "resumed from " << *latest << " at step " << start << "\n";
@@ -191,34 +213,45 @@ void Trainer::run() {
       out_ << "no checkpoint in " << c_.ckpt_dir << " yet; starting from scratch\n";
     }
   }
-  if (!c_.metrics.empty()) {
-    if (fs::path(c_.metrics).has_parent_path()) fs::create_directories(fs::path(c_.metrics).parent_path());
-    metrics_.open(c_.metrics, start > 0 ? std::ios::app : std::ios::trunc);
-    if (!metrics_.good()) throw Error("cannot write metrics file " + c_.metrics);
-  }
+  if (!c_.metrics.empty()) metrics_.open(c_.metrics, /*append=*/start > 0);
   // ---- the loop
   const double flops_per_step = gpt_->flops_per_token(c_.seq_len) * static_cast<double>(tokens_per_step);
   const double peak = c_.peak_tflops > 0 ? c_.peak_tflops * 1e12 : 67e12;
+  int64_t saved_step = start;  // the newest step on disk (or where we began)
   auto save = [&](int64_t step) {
-    if (c_.ckpt_dir.empty()) return;
+    if (c_.ckpt_dir.empty() || (step == saved_step && step > 0 && step != c_.steps)) return;
     ckpt::TrainState st;
     st.step = step;
     st.loader = train_->state();
     st.extra["model"] = mc.str();
     const std::string where = ckpt::save_checkpoint(c_.ckpt_dir, *gpt_, params_, *opt_, st, c_.ckpt_keep);
-    out_ << "checkpoint: " << where << "\n";
+    saved_step = step;
+    out_ << "checkpoint: " << where << std::endl;
+  };
+  // An evaluation or a sample that fails between steps must not cost the steps since the
+  // last checkpoint: save them first, then report the failure.
+  auto between_steps = [&](int64_t step, const char* what, auto&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      if (c_.ckpt_dir.empty() || step == saved_step) throw;
+      save(step);
+      throw Error(std::string(what) + " failed at step " + std::to_string(step) +
+                  " (checkpoint saved): " + e.what());
+    }
   };
   double time_sum = 0;
   int64_t timed = 0;
   double last_val = NAN;
   for (int64_t step = start; step < c_.steps; ++step) {
     if (val_ && c_.eval_every > 0 && step % c_.eval_every == 0) {
-      last_val = evaluate();
+      between_steps(step, "evaluation", [&] { last_val = evaluate(); });
       curves_.val.push_back({step, last_val});
       out_ << "step " << step << " | val loss " << last_val << std::endl;
       log_json({{"step", step}, {"val_loss", last_val}});
     }
-    if (c_.sample_every > 0 && step > 0 && step % c_.sample_every == 0) sample(step);
+    if (c_.sample_every > 0 && step > 0 && step % c_.sample_every == 0)
+      between_steps(step, "sampling", [&] { sample(step); });
 
     const auto t0 = Clock::now();
     reset_peak_memory(device_);
@@ -233,6 +266,7 @@ void Trainer::run() {
     }
     const double loss = loss_sum / static_cast<double>(c_.grad_accum_steps);
     const double norm = optim::grad_norm(params_);
+    check_step_finite(step + 1, loss, norm);  // a non-finite step is neither applied nor saved
     const double lr = optim::lr_at(step, sched);
     opt_->step(lr, optim::clip_scale(norm, c_.grad_clip));
     if (device_.is_cuda()) cuda::synchronize(device_.index);
@@ -245,9 +279,6 @@ void Trainer::run() {
     const double tok_s = static_cast<double>(tokens_per_step) / sec;
     const MemoryStats mem = memory_stats(device_);
     curves_.train.push_back({step, loss});
-    if (!std::isfinite(loss))
-      throw Error("loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
-                  "; lower optim.lr or check the data");
     if (step % c_.log_every == 0 || step == c_.steps - 1) {
       char line[512];
       const double gflops = flops_per_step / sec / 1e9;
@@ -276,18 +307,31 @@ void Trainer::run() {
       save(step + 1);
       out_ << "stopped after " << c_.stop_after
            << " steps (train.stop_after); resume with checkpoint.resume = true\n";
-      return;
+      return 0;
     }
     if (c_.ckpt_every > 0 && (step + 1) % c_.ckpt_every == 0 && step + 1 < c_.steps) save(step + 1);
+    if (stop_requested() && step + 1 < c_.steps) {  // preempted: this step is done; save it, go
+      save(step + 1);
+      out_ << "stopped by signal " << stop_signal() << " after step " << step + 1
+           << (c_.ckpt_dir.empty() ? " (no checkpoint.dir: nothing saved)"
+                                   : "; resume with checkpoint.resume = true")
+           << std::endl;
+      return kExitPreempted;
+    }
   }
-  // ---- the end: eval, checkpoint, sample, report
+  // ---- the end: checkpoint first (nothing after it may cost the run), eval, sample, report
+  if (start < c_.steps || c_.ckpt_every == 0) save(c_.steps);
+  if (stop_requested()) {
+    out_ << "stopped by signal " << stop_signal() << " after the last step, its checkpoint saved"
+         << std::endl;
+    return kExitPreempted;
+  }
   if (val_) {
     last_val = evaluate();
     curves_.val.push_back({c_.steps, last_val});
     out_ << "final val loss " << last_val << "\n";
     log_json({{"step", c_.steps}, {"val_loss", last_val}});
   }
-  if (start < c_.steps || c_.ckpt_every == 0) save(c_.steps);
   if (c_.sample_every >= 0) sample(c_.steps);
   if (timed) {
     const double avg = time_sum / timed;
@@ -302,10 +346,13 @@ void Trainer::run() {
     if (std::isfinite(last_val)) summary.push_back("final val loss " + std::to_string(last_val));
     if (timed)
       summary.push_back("average " + std::to_string(time_sum / timed * 1e3) + " ms/step on " + device_.str());
-    if (fs::path(c_.report).has_parent_path()) fs::create_directories(fs::path(c_.report).parent_path());
     write_report(c_.report, "ndtrain: " + mc.str(), curves_, summary);
     out_ << "report: " << c_.report << "\n";
   }
+  if (!metrics_.error().empty())
+    throw Error(metrics_.error() +
+                "; training finished (and its checkpoint is saved) but the metrics are incomplete");
+  return 0;
 }
 
 }  // namespace
@@ -318,8 +365,8 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
       out << help;
       return 0;
     }
-    Trainer(c, out).run();
-    return 0;
+    StopSignals signals;  // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
+    return Trainer(c, out).run();
   } catch (const ConfigError& e) {
     err << "train_gpt: config error: " << e.what() << "\n";
     return 2;

@@ -1,0 +1,655 @@
+// train_gpt against hostile input and faults: runs and checkpoints are never lost or
+// silently wrong. In-process through train_main like tests/test_train.cpp, and, for
+// signals, kills and concurrent runs, the real train_gpt binary as a child process.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "models/gpt.h"
+#include "support/testing.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/data.h"
+#include "train/files.h"
+#include "train/guard.h"
+#include "train/safetensors.h"
+#include "train/trainer.h"
+#include "train/vocab.h"
+
+using namespace ndt;
+using ndt::testing::error_of;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct RunResult {
+  int rc;
+  std::string out, err;
+};
+
+RunResult run(std::vector<std::string> args) {
+  args.insert(args.begin(), "train_gpt");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  int rc = train::train_main(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {rc, out.str(), err.str()};
+}
+
+int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
+bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+// A small char-level corpus (as in test_train.cpp) and gpt.ini for it.
+fs::path make_data(const std::string& name) {
+  fs::path d = ndt::testing::fresh_dir("robust_" + name);
+  fs::create_directories(d / "data");
+  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "see", "it"};
+  std::string text;
+  uint64_t x = 42;
+  for (int i = 0; i < 6000; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    text += words[(x >> 33) % 12];
+    text += (i % 9 == 8) ? ".\n" : " ";
+  }
+  data::Vocab v = data::Vocab::build_char(text);
+  std::vector<uint16_t> t = v.encode(text);
+  const size_t split = t.size() * 9 / 10;
+  data::write_shard((d / "data" / "train_000000.bin").string(), {t.begin(), t.begin() + split});
+  data::write_shard((d / "data" / "val_000000.bin").string(), {t.begin() + split, t.end()});
+  v.save((d / "data" / "vocab.json").string());
+  std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << v.size()
+                               << "\nblock_size = 32\n[data]\ntrain = "
+                               << (d / "data" / "train_*.bin").string()
+                               << "\nval = " << (d / "data" / "val_*.bin").string()
+                               << "\n[train]\nmicro_batch_size = 4\nseq_len = 32\nsteps = 8\neval_every = 4\n"
+                                  "eval_steps = 2\nthreads = 1\n[optim]\nlr = 0.01\nwarmup_steps = 2\n"
+                                  "[sample]\nevery = -1\n[log]\nevery = 1\n";
+  return d;
+}
+
+// Losses by step; a step logged twice (a killed run, then its resume) keeps the last.
+std::map<int64_t, double> losses(const fs::path& metrics) {
+  std::map<int64_t, double> l;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) l[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return l;
+}
+
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> s;
+  for (auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::ifstream f(e.path(), std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    s[e.path().string()] = ss.str();
+  }
+  return s;
+}
+
+std::string read_all(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void flip_byte(const fs::path& p, size_t at) {
+  std::string b = read_all(p);
+  ASSERT_LT(at, b.size());
+  b[at] = static_cast<char>(b[at] ^ 0x5A);
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << b;
+}
+
+// ---- the real binary as a child process ------------------------------------------
+
+struct Child {
+  pid_t pid = -1;
+  FILE* out = nullptr;  // its stdout and stderr together
+  std::string seen;
+
+  explicit Child(std::vector<std::string> args) {
+    args.insert(args.begin(), NDT_TRAIN_GPT_BIN);
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fds[1], 1);
+      ::dup2(fds[1], 2);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out = ::fdopen(fds[0], "r");
+  }
+  ~Child() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      wait();
+    }
+    if (out) ::fclose(out);
+  }
+  // Reads output until a line contains `what`; false at end of output.
+  bool wait_for(const std::string& what) {
+    char buf[4096];
+    while (std::fgets(buf, sizeof(buf), out)) {
+      seen += buf;
+      if (has(buf, what)) return true;
+    }
+    return false;
+  }
+  // Waits for exit; returns the exit code, or 128 + signal.
+  int wait() {
+    char buf[4096];
+    while (out && std::fgets(buf, sizeof(buf), out)) seen += buf;
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    pid = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+};
+
+bool has_temporaries(const fs::path& dir) {
+  for (auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".tmp_", 0) == 0 || n.rfind(".old_", 0) == 0 || n.find(".tmp") != std::string::npos)
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// ---- runs and checkpoints that must not be lost or wrong --------------------------
+
+TEST(Robust, ResumeWithFewerStepsThanTheCheckpointRefusesAndTouchesNothing) {
+  fs::path d = make_data("fewer");
+  const std::string ini = (d / "gpt.ini").string(), ck = (d / "ck").string();
+  ASSERT_EQ(
+      run({"--config", ini, "--train.steps", "10", "--checkpoint.dir", ck, "--checkpoint.keep", "1"}).rc, 0);
+  const auto before = snapshot(ck);
+  RunResult r =
+      run({"--config", ini, "--train.steps", "5", "--checkpoint.dir", ck, "--checkpoint.resume", "true"});
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_TRUE(has(r.err, "is at step 10 but train.steps is 5")) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  EXPECT_EQ(snapshot(ck), before);
+  RunResult again =
+      run({"--config", ini, "--train.steps", "12", "--checkpoint.dir", ck, "--checkpoint.resume", "true"});
+  EXPECT_EQ(again.rc, 0) << again.err;
+  EXPECT_TRUE(has(again.out, "at step 10")) << again.out;
+}
+
+TEST(Robust, BadTokenInAnyShardIsFoundBeforeTraining) {
+  fs::path d = make_data("valtoken");
+  std::vector<uint16_t> val(3000, 1);
+  val[1000] = 200;
+  data::write_shard((d / "badval.bin").string(), val);
+  RunResult r = run({"--config", (d / "gpt.ini").string(), "--data.val", (d / "badval.bin").string(),
+                     "--checkpoint.dir", (d / "ck").string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(has(r.err, "badval.bin: token 200 at position 1000")) << r.err;
+  EXPECT_FALSE(has(r.out, "step ")) << "no step may run before the data is checked:\n" << r.out;
+}
+
+TEST(Robust, NonFiniteStepIsNeitherAppliedNorSaved) {
+  fs::path d = make_data("nan");
+  const std::string ck = (d / "ck").string();
+  RunResult r = run({"--config", (d / "gpt.ini").string(), "--optim.lr", "1e6", "--optim.grad_clip", "0",
+                     "--checkpoint.every", "1", "--checkpoint.dir", ck, "--train.steps", "30"});
+  ASSERT_EQ(r.rc, 1) << r.out;
+  EXPECT_TRUE(has(r.err, "not applied")) << r.err;
+  EXPECT_TRUE(has(r.err, "is NaN") || has(r.err, "Inf")) << r.err;
+  EXPECT_TRUE(has(r.err, "step ")) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+  // every checkpoint left behind is finite and `latest` names one of them: it resumes
+  auto latest = ckpt::latest_checkpoint(ck);
+  ASSERT_TRUE(latest.has_value());
+  for (auto& e : fs::directory_iterator(ck)) {
+    if (!ckpt::step_of(e.path().filename().string())) continue;
+    io::SafeTensorsReader st((e.path() / "model.safetensors").string());
+    for (auto& [name, entry] : st.entries())
+      for (float v : st.get(name).to_vector<float>())
+        ASSERT_TRUE(std::isfinite(v)) << e.path() << " " << name;
+  }
+  // the failing step is named, and the newest checkpoint is the step before it
+  const int64_t failed = std::stoll(r.err.substr(r.err.find("step ") + 5));
+  EXPECT_EQ(ckpt::step_of(fs::path(*latest).filename().string()).value(), failed - 1) << r.err;
+}
+
+TEST(Robust, NonFiniteInitFromWeightsHaveTheirOwnMessage) {
+  fs::path d = make_data("naninit");
+  ASSERT_EQ(run({"--config", (d / "gpt.ini").string(), "--train.steps", "1", "--checkpoint.dir",
+                 (d / "ck").string()})
+                .rc,
+            0);
+  // a plain weights file (no checkpoint.json beside it) with one NaN
+  io::SafeTensorsReader src((d / "ck" / "step_00000001" / "model.safetensors").string());
+  io::SafeTensorsWriter w;
+  for (auto& [name, e] : src.entries()) {
+    Tensor t = src.get(name);
+    if (name == "h.1.mlp.c_fc.weight") t.data<float>()[7] = NAN;
+    w.add(name, t);
+  }
+  w.write((d / "nan.safetensors").string());
+  RunResult r =
+      run({"--config", (d / "gpt.ini").string(), "--model.init_from", (d / "nan.safetensors").string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(has(r.err, "h.1.mlp.c_fc.weight holds NaN")) << r.err;
+  EXPECT_FALSE(has(r.err, "optim.lr")) << r.err;
+}
+
+TEST(Robust, UnwritableOutputsAreFoundAtStart) {
+  fs::path d = make_data("outputs");
+  const std::string ini = (d / "gpt.ini").string();
+  std::ofstream(d / "plainfile") << "x";
+  fs::create_directories(d / "adir");
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{"--checkpoint.dir", (d / "plainfile").string()}, "checkpoint.dir: "},
+      {{"--checkpoint.dir", (d / "plainfile" / "ck").string()}, "checkpoint.dir: cannot create"},
+      {{"--checkpoint.dir", "/proc/ndt_ck"}, "checkpoint.dir: cannot create"},  // a read-only file system
+      {{"--log.metrics", (d / "adir").string()}, "log.metrics: "},
+      {{"--log.report", "/proc/ndt/report.html"}, "log.report: cannot create"},
+      {{"--log.metrics", "/proc/version"}, "log.metrics: cannot write"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"--config", ini};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    RunResult r = run(args);
+    EXPECT_EQ(r.rc, 2) << c.expect << "\n" << r.err;
+    EXPECT_TRUE(has(r.err, c.expect)) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_FALSE(has(r.out, "step ")) << r.out;
+  }
+}
+
+TEST(Robust, ACheckpointDirectoryHasOneTrainerAtATime) {
+  fs::path d = make_data("lock");
+  const std::string ck = (d / "ck").string();
+  fs::create_directories(ck);
+  {
+    train::RunLock held(ck);  // flock conflicts between open files, even in one process
+    RunResult r = run({"--config", (d / "gpt.ini").string(), "--checkpoint.dir", ck});
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_TRUE(has(r.err, "in use by another train_gpt (pid " + std::to_string(::getpid()) + ")")) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_FALSE(fs::exists(fs::path(ck) / "latest"));
+  }
+  EXPECT_EQ(run({"--config", (d / "gpt.ini").string(), "--checkpoint.dir", ck, "--train.steps", "1"}).rc, 0);
+}
+
+TEST(Robust, TwoTrainerProcessesOnOneDirectory) {
+  fs::path d = make_data("lock2");
+  const std::string ck = (d / "ck").string();
+  Child first({"--config", (d / "gpt.ini").string(), "--checkpoint.dir", ck, "--train.steps", "100000"});
+  ASSERT_TRUE(first.wait_for("step ")) << first.seen;
+  Child second({"--config", (d / "gpt.ini").string(), "--checkpoint.dir", ck, "--train.steps", "3"});
+  EXPECT_EQ(second.wait(), 1) << second.seen;
+  EXPECT_TRUE(has(second.seen, "(pid " + std::to_string(first.pid) + ")")) << second.seen;
+  ::kill(first.pid, SIGKILL);
+  first.wait();
+}
+
+TEST(Robust, AFlippedByteInAnyCheckpointFileIsCaught) {
+  fs::path d = make_data("flip");
+  const std::string ini = (d / "gpt.ini").string(), ck = (d / "ck").string();
+  ASSERT_EQ(run({"--config", ini, "--train.steps", "2", "--checkpoint.dir", ck}).rc, 0);
+  const fs::path step = fs::path(ck) / "step_00000002";
+  const auto good = snapshot(ck);
+  struct Case {
+    fs::path file;
+    double where;  // fraction of the file
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {step / "model.safetensors", 0.7, "model.safetensors fails its checksum"},
+      {step / "model.safetensors", 0.0, "model.safetensors fails its checksum"},  // the header length
+      {step / "state.safetensors", 0.9, "state.safetensors fails its checksum"},
+      {step / "state.safetensors", 0.01, "state.safetensors fails its checksum"},  // the JSON header
+      {step / "checkpoint.json", 0.5, "checkpoint"},
+      {fs::path(ck) / "latest", 0.5, "latest"},
+  };
+  for (const Case& c : cases) {
+    for (auto& [p, bytes] : good) std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+    flip_byte(c.file, static_cast<size_t>(c.where * static_cast<double>(fs::file_size(c.file))));
+    RunResult r =
+        run({"--config", ini, "--train.steps", "4", "--checkpoint.dir", ck, "--checkpoint.resume", "true"});
+    EXPECT_EQ(r.rc, 1) << c.file << " " << r.out;
+    EXPECT_TRUE(has(r.err, c.expect)) << c.file << ": " << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    if (c.file.filename() == "model.safetensors") {  // init_from of our own checkpoint checks it too
+      RunResult i = run({"--config", ini, "--model.init_from", c.file.string()});
+      EXPECT_EQ(i.rc, 1);
+      EXPECT_TRUE(has(i.err, "fails its checksum")) << i.err;
+    }
+  }
+}
+
+TEST(Robust, MetricsWriteFailureIsAnErrorAfterTheCheckpoint) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  fs::path d = make_data("full");
+  RunResult r = run({"--config", (d / "gpt.ini").string(), "--log.metrics", "/dev/full", "--checkpoint.dir",
+                     (d / "ck").string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(has(r.err, "/dev/full")) << r.err;
+  EXPECT_TRUE(has(r.err, "No space left on device")) << r.err;
+  EXPECT_TRUE(has(r.out, "warning: writing /dev/full failed")) << r.out;
+  EXPECT_TRUE(fs::exists(d / "ck" / "step_00000008" / "checkpoint.json"));
+}
+
+TEST(Robust, PruningKeepsTheNewestByStepNumber) {
+  fs::path d = ndt::testing::fresh_dir("robust_prune");
+  models::GPTConfig mc{.n_layer = 1, .n_head = 1, .n_embd = 8, .vocab_size = 10, .block_size = 4};
+  models::GPT gpt(mc);
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 1);
+  optim::AdamW opt(params, optim::AdamWConfig{});
+  for (int64_t step : {99999998ll, 99999999ll, 100000000ll, 100000001ll}) {
+    ckpt::TrainState st;
+    st.step = step;
+    ckpt::save_checkpoint(d.string(), gpt, params, opt, st, /*keep=*/2);
+  }
+  EXPECT_TRUE(fs::exists(d / "step_100000001"));
+  EXPECT_TRUE(fs::exists(d / "step_100000000"));
+  EXPECT_FALSE(fs::exists(d / "step_99999999"));
+  EXPECT_FALSE(fs::exists(d / "step_99999998"));
+  EXPECT_EQ(ckpt::latest_checkpoint(d.string()).value(), (d / "step_100000001").string());
+}
+
+TEST(Robust, LatestThatIsEmptyADirectoryOrEscapesIsRefusedClearly) {
+  fs::path d = ndt::testing::fresh_dir("robust_latest");
+  std::ofstream(d / "latest") << "";
+  EXPECT_TRUE(has(error_of([&] { ckpt::latest_checkpoint(d.string()); }), "latest is empty"));
+  for (const char* bad : {"..\n", "../x\n", "step_12a\n", "/etc\n"}) {
+    std::ofstream(d / "latest", std::ios::trunc) << bad;
+    EXPECT_TRUE(has(error_of([&] { ckpt::latest_checkpoint(d.string()); }), "is malformed")) << bad;
+  }
+  fs::remove(d / "latest");
+  fs::create_directories(d / "latest");
+  EXPECT_TRUE(has(error_of([&] { ckpt::latest_checkpoint(d.string()); }), "is not a file"));
+}
+
+TEST(Robust, StopAfterNeedsACheckpointDirectory) {
+  fs::path d = make_data("stopafter");
+  RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.stop_after", "2"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_TRUE(has(r.err, "train.stop_after needs checkpoint.dir")) << r.err;
+}
+
+// ---- signals and kills --------------------------------------------------------------
+
+TEST(Robust, FirstStopSignalSetsTheFlagTheSecondKills) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    train::StopSignals s;
+    if (train::stop_requested()) ::_exit(10);
+    ::raise(SIGTERM);
+    if (!train::stop_requested() || train::stop_signal() != SIGTERM) ::_exit(11);
+    ::raise(SIGINT);  // the second: the process dies of it
+    ::_exit(12);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "exit " << WEXITSTATUS(status);
+  EXPECT_EQ(WTERMSIG(status), SIGINT);
+  train::StopSignals s;  // a new run starts with the flag clear
+  EXPECT_FALSE(train::stop_requested());
+}
+
+TEST(Robust, SigtermSavesACheckpointAndTheResumedRunContinuesBitForBit) {
+  fs::path d = make_data("sigterm");
+  const std::string ini = (d / "gpt.ini").string(), ck = (d / "ck").string();
+  ASSERT_EQ(run({"--config", ini, "--train.steps", "40", "--log.metrics", (d / "full.jsonl").string()}).rc,
+            0);
+  Child c({"--config", ini, "--train.steps", "40", "--checkpoint.dir", ck, "--log.metrics",
+           (d / "part.jsonl").string()});
+  ASSERT_TRUE(c.wait_for("step     3/40")) << c.seen;
+  ::kill(c.pid, SIGTERM);
+  EXPECT_EQ(c.wait(), train::kExitPreempted) << c.seen;
+  EXPECT_TRUE(has(c.seen, "stopped by signal 15")) << c.seen;
+  EXPECT_FALSE(has_temporaries(ck));
+  auto latest = ckpt::latest_checkpoint(ck);
+  ASSERT_TRUE(latest.has_value());
+  const int64_t stopped_at = ckpt::step_of(fs::path(*latest).filename().string()).value();
+  EXPECT_GE(stopped_at, 3);
+  EXPECT_LT(stopped_at, 40);
+  RunResult rest = run({"--config", ini, "--train.steps", "40", "--checkpoint.dir", ck, "--checkpoint.resume",
+                        "true", "--log.metrics", (d / "part.jsonl").string()});
+  ASSERT_EQ(rest.rc, 0) << rest.err;
+  EXPECT_EQ(losses(d / "part.jsonl"), losses(d / "full.jsonl"));
+}
+
+TEST(Robust, Kill9DuringCheckpointWritesThenResumeIsBitIdentical) {
+  fs::path d = make_data("kill9");
+  const std::string ini = (d / "gpt.ini").string(), ck = (d / "ck").string();
+  ASSERT_EQ(run({"--config", ini, "--train.steps", "24", "--log.metrics", (d / "full.jsonl").string()}).rc,
+            0);
+  // a checkpoint every step, killed just as step k's checkpoint starts to be written
+  for (int k : {2, 7, 13}) {
+    Child c({"--config", ini, "--train.steps", "24", "--checkpoint.every", "1", "--checkpoint.dir", ck,
+             "--checkpoint.resume", "true", "--log.metrics", (d / "part.jsonl").string()});
+    char line[32];
+    std::snprintf(line, sizeof(line), "step %5d/24", k);
+    ASSERT_TRUE(c.wait_for(line)) << c.seen;
+    ::kill(c.pid, SIGKILL);
+    EXPECT_EQ(c.wait(), 128 + SIGKILL);
+  }
+  RunResult rest = run({"--config", ini, "--train.steps", "24", "--checkpoint.every", "1", "--checkpoint.dir",
+                        ck, "--checkpoint.resume", "true", "--log.metrics", (d / "part.jsonl").string()});
+  ASSERT_EQ(rest.rc, 0) << rest.err;
+  EXPECT_FALSE(has_temporaries(ck));
+  EXPECT_EQ(losses(d / "part.jsonl"), losses(d / "full.jsonl"));
+}
+
+TEST(Robust, LeftoversOfACrashedWriteAreCleanedAtStart) {
+  fs::path d = make_data("leftovers");
+  const std::string ini = (d / "gpt.ini").string(), ck = (d / "ck").string();
+  ASSERT_EQ(run({"--config", ini, "--train.steps", "2", "--checkpoint.dir", ck}).rc, 0);
+  fs::create_directories(fs::path(ck) / ".tmp_step_00000003");
+  std::ofstream(fs::path(ck) / ".tmp_step_00000003" / "model.safetensors") << "half";
+  std::ofstream(fs::path(ck) / "latest.tmp") << "step_000";
+  // a crash between the two renames of a re-save: only .old_ holds the checkpoint
+  fs::rename(fs::path(ck) / "step_00000002", fs::path(ck) / ".old_step_00000002");
+  RunResult r =
+      run({"--config", ini, "--train.steps", "4", "--checkpoint.dir", ck, "--checkpoint.resume", "true"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "at step 2")) << r.out;
+  EXPECT_FALSE(has_temporaries(ck));
+}
+
+// ---- memory safety and hangs -----------------------------------------------------------
+
+TEST(Robust, OverflowSizedConfigValuesFailInOneLineBeforeAllocating) {
+  fs::path d = make_data("overflow");
+  const std::string ini = (d / "gpt.ini").string();
+  const std::vector<std::vector<std::string>> cases = {
+      {"--model.vocab_multiple", "576460752303423488"},
+      {"--model.block_size", "4611686018427387904"},
+      {"--train.micro_batch_size", "4611686018427387904", "--train.seq_len", "4"},
+      {"--model.n_layer", "1000000000"},
+      {"--model.n_embd", "65536", "--model.n_layer", "1024", "--model.n_head", "1"},  // 52 T parameters
+      {"--train.grad_accum_steps", "9223372036854775807"},
+      {"--train.steps", "9223372036854775807"},
+      {"--sample.length", "1000000000000"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = {"--config", ini};
+    args.insert(args.end(), c.begin(), c.end());
+    RunResult r = run(args);
+    EXPECT_EQ(r.rc, 2) << c[0] << ": " << r.err;
+    EXPECT_TRUE(has(r.err, c[0].substr(2)) || has(r.err, "parameters")) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_FALSE(has(r.out, "parameters: ")) << "nothing may be allocated:\n" << r.out;
+  }
+}
+
+TEST(Robust, ElementCountsAndByteSizesAreChecked) {
+  const int64_t big = int64_t(1) << 62;
+  EXPECT_TRUE(has(error_of([&] { numel_of({big, 4}); }), "64-bit count"));
+  EXPECT_TRUE(has(error_of([&] { contiguous_strides({4, big, 2}); }), "64-bit count"));
+  EXPECT_TRUE(has(error_of([&] { Tensor::empty({big / 2}, DType::f32); }), "overflows"));
+  EXPECT_EQ(numel_of({3, 0, big}), 0);
+}
+
+TEST(Robust, ShardsMustBeRegularFilesThatDoNotChangeUnderTheRun) {
+  fs::path d = make_data("fifo");
+  ASSERT_EQ(::mkfifo((d / "fifo.bin").c_str(), 0644), 0);
+  RunResult r = run({"--config", (d / "gpt.ini").string(), "--data.train", (d / "fifo.bin").string()});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(has(r.err, "fifo.bin: is not a regular file")) << r.err;
+  // truncated while open: an error naming the shard, not SIGBUS
+  data::write_shard((d / "t.bin").string(), std::vector<uint16_t>(5000, 3));
+  data::DataLoader dl((d / "t.bin").string(), 2, 8, 0, 1, false, 0, 10);
+  dl.next();
+  fs::resize_file(d / "t.bin", 2000);
+  EXPECT_TRUE(has(error_of([&] { dl.next(); }), "t.bin changed size during the run"));
+  // a vocabulary or weights file that is a FIFO
+  EXPECT_TRUE(has(error_of([&] { data::Vocab::load((d / "fifo.bin").string()); }), "not a regular file"));
+  EXPECT_TRUE(
+      has(error_of([&] { io::SafeTensorsReader s((d / "fifo.bin").string()); }), "not a regular file"));
+}
+
+// ---- the config and command line -------------------------------------------------------
+
+TEST(Robust, ConfigThatIsADirectoryAndStrayArgumentsAreErrors) {
+  fs::path d = make_data("cmdline");
+  const std::string ini = (d / "gpt.ini").string();
+  RunResult dir = run({"--config", d.string()});
+  EXPECT_EQ(dir.rc, 2);
+  EXPECT_TRUE(has(dir.err, "not a regular file")) << dir.err;
+  RunResult stray = run({"--data.train", (d / "data" / "train_*.bin").string(), "base.ini"});
+  EXPECT_EQ(stray.rc, 2);
+  EXPECT_TRUE(has(stray.err, "unexpected argument 'base.ini'")) << stray.err;
+  EXPECT_TRUE(has(stray.err, "did you mean --config base.ini")) << stray.err;
+  RunResult abbrev = run({"--config", ini, "--optim.l", "0.5"});
+  EXPECT_EQ(abbrev.rc, 2) << "prefixes must not match keys";
+  EXPECT_EQ(lines(abbrev.err), 1) << abbrev.err;
+}
+
+TEST(Robust, HashInsideAQuotedOrEscapedValueIsKept) {
+  fs::path d = ndt::testing::fresh_dir("robust_hash");
+  std::ofstream(d / "a.ini") << "[data]\ntrain = x.bin   # a comment\n[sample]\nprompt = \"C# rocks\"  # c\n";
+  std::ofstream(d / "b.ini") << "[data]\ntrain = x.bin\n[sample]\nprompt = C\\# rocks\\n\n";
+  std::ofstream(d / "c.ini") << "[data]\ntrain = x.bin\n[sample]\nprompt = C# rocks\n";
+  std::ofstream(d / "d.ini") << "[data]\ntrain = x.bin\n[sample]\nprompt = \"C# rocks\n";
+  std::ofstream(d / "e.ini") << "[data]\ntrain = x.bin\njust words\n";
+  auto prompt_of = [&](const char* file) {
+    train::Config c;
+    std::string help;
+    const std::string p = (d / file).string();
+    const char* argv[] = {"train_gpt", "--config", p.c_str()};
+    train::parse_config(3, argv, c, help);
+    EXPECT_EQ(c.train_data, "x.bin");
+    return c.prompt;
+  };
+  EXPECT_EQ(prompt_of("a.ini"), "C# rocks");
+  EXPECT_EQ(prompt_of("b.ini"), "C# rocks\n");
+  EXPECT_EQ(prompt_of("c.ini"), "C");  // unquoted: # starts a comment, as documented
+  EXPECT_TRUE(has(error_of([&] { prompt_of("d.ini"); }), "never closes"));
+  EXPECT_TRUE(has(error_of([&] { prompt_of("e.ini"); }), "e.ini:3: expected 'key = value'"));
+}
+
+TEST(Robust, PoorValuesAreRefused) {
+  fs::path d = make_data("poor");
+  const std::string ini = (d / "gpt.ini").string();
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--optim.lr", "inf"}, "optim.lr must be a finite number"},
+      {{"--optim.weight_decay", "inf"}, "optim.weight_decay must be a finite number"},
+      {{"--optim.eps", "inf"}, "optim.eps must be a finite number"},
+      {{"--optim.lr", "nan"}, "optim.lr must be a finite number"},
+      {{"--train.seed", "-1"}, "train.seed = -1"},
+      {{"--train.threads", "10000"}, "train.threads = 10000 but this machine has"},
+      {{"--train.device", "cuda:abc"}, "train.device must be cpu, cuda or cuda:N"},
+      {{"--sample.length", "100000"}, "sample.length = 100000"},
+      {{"--sample.prompt", std::string(100000, 'a')}, "sample.prompt is 100000 bytes"},
+  };
+  for (auto& [args, expect] : cases) {
+    std::vector<std::string> a = {"--config", ini};
+    a.insert(a.end(), args.begin(), args.end());
+    RunResult r = run(a);
+    EXPECT_EQ(r.rc, 2) << expect << ": " << r.err;
+    EXPECT_TRUE(has(r.err, expect)) << r.err;
+  }
+}
+
+TEST(Robust, WarmupLongerThanTheRunIsAWarning) {
+  fs::path d = make_data("warmup");
+  RunResult r =
+      run({"--config", (d / "gpt.ini").string(), "--optim.warmup_steps", "9", "--train.steps", "1"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "warning: optim.warmup_steps (9) > train.steps (1)")) << r.out;
+}
+
+TEST(Robust, VocabWithNonStringTokensNamesTheFile) {
+  fs::path d = ndt::testing::fresh_dir("robust_vocab");
+  std::ofstream(d / "v.json") << R"({"type": "char", "tokens": ["a", {"x": 1}, "b"]})";
+  const std::string e = error_of([&] { data::Vocab::load((d / "v.json").string()); });
+  EXPECT_TRUE(has(e, "v.json: token 1 is {\"x\":1}")) << e;
+  std::ofstream(d / "t.json") << R"({"type": 5})";
+  EXPECT_TRUE(has(error_of([&] { data::Vocab::load((d / "t.json").string()); }), "t.json"));
+}
+
+TEST(Robust, SafetensorsWithDuplicateOrOverlappingTensorsAreRefused) {
+  fs::path d = ndt::testing::fresh_dir("robust_st");
+  auto write = [&](const std::string& name, const std::string& header, size_t data_bytes) {
+    std::string h = header;
+    while ((8 + h.size()) % 8) h += ' ';
+    const uint64_t n = h.size();
+    std::string bytes(reinterpret_cast<const char*>(&n), 8);
+    bytes += h + std::string(data_bytes, '\0');
+    std::ofstream(d / name, std::ios::binary) << bytes;
+    return (d / name).string();
+  };
+  const std::string dup = write("dup.safetensors",
+                                R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                R"("a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                                16);
+  EXPECT_TRUE(has(error_of([&] { io::SafeTensorsReader r(dup); }), "names 'a' twice"));
+  const std::string over = write("over.safetensors",
+                                 R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                                 R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                                 16);
+  EXPECT_TRUE(has(error_of([&] { io::SafeTensorsReader r(over); }), "'a' and 'b' overlap"));
+  const std::string huge =
+      write("huge.safetensors",
+            R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,16]}})", 16);
+  EXPECT_TRUE(has(error_of([&] { io::SafeTensorsReader r(huge); }), "impossibly large shape"));
+}
+
+TEST(Robust, Xxh64MatchesTheReferenceVectors) {
+  EXPECT_EQ(io::xxh64("", 0), 0xEF46DB3751D8E999ull);
+  EXPECT_EQ(io::xxh64("a", 1), 0xD24EC4F1A98C6E5Bull);
+  EXPECT_EQ(io::xxh64("abc", 3), 0x44BC2CF5AD770999ull);
+  // fed in pieces of every size, a long input hashes the same as at once
+  std::string s;
+  for (int i = 0; i < 1000; ++i) s += static_cast<char>(i * 7 + 3);
+  const uint64_t whole = io::xxh64(s.data(), s.size());
+  for (size_t piece : {1, 5, 31, 32, 33, 100}) {
+    io::XXH64 h;
+    for (size_t i = 0; i < s.size(); i += piece) h.update(s.data() + i, std::min(piece, s.size() - i));
+    EXPECT_EQ(h.digest(), whole) << piece;
+  }
+}
