@@ -294,7 +294,7 @@ void validate(const Config& c) {
   need(c.dtype == "float32" || c.dtype == "bfloat16",
        "train.dtype must be float32 or bfloat16, got '" + c.dtype + "'");
   need(c.dtype == "float32",
-       "train.dtype = bfloat16 is not supported yet (mixed precision is a later issue); use float32");
+       "train.dtype = bfloat16 is not supported yet (mixed precision is not implemented); use float32");
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   need(c.threads >= 0 && c.threads <= cores, "train.threads = " + std::to_string(c.threads) +
                                                  " but this machine has " + std::to_string(cores) +
@@ -329,7 +329,7 @@ void validate(const Config& c) {
                         {"parallel.tp_size", c.tp_size},
                         {"parallel.cp_size", c.cp_size}})
     need(v == 1, std::string(key) + " = " + std::to_string(v) +
-                     ": parallelism is not available yet (a later issue); every [parallel] size must be 1");
+                     ": parallelism is not available yet; every [parallel] size must be 1");
 }
 
 std::vector<std::string> warnings(const Config& c) {
