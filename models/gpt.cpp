@@ -3,7 +3,6 @@
 #include <cmath>
 #include <sstream>
 
-#include "autograd/checkpoint.h"
 #include "autograd/ops.h"
 
 namespace ndt::models {
@@ -71,25 +70,22 @@ double GPT::flops_per_token(int64_t T) const {
   return 6.0 * n + 12.0 * L * static_cast<double>(T) * C;
 }
 
-GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets) const {
+GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset) const {
   NDT_CHECK(idx.dtype() == DType::i32 && idx.dim() == 2, "GPT: idx must be int32 (B, T), got ", idx.desc());
   const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
-  NDT_CHECK(T <= cfg.block_size, "GPT: sequence length ", T, " exceeds model.block_size ", cfg.block_size,
+  NDT_CHECK(pos_offset >= 0 && pos_offset + T <= cfg.block_size, "GPT: positions ", pos_offset, "..",
+            pos_offset + T - 1, " exceed model.block_size ", cfg.block_size,
             "; lower train.seq_len or raise model.block_size");
-  // positions 0..T-1 for every row: pos (B, T)
+  // positions pos_offset .. pos_offset+T-1 for every row: pos (B, T)
   std::vector<int32_t> pos_host(B * T);
-  for (int64_t i = 0; i < B * T; ++i) pos_host[i] = static_cast<int32_t>(i % T);
+  for (int64_t i = 0; i < B * T; ++i) pos_host[i] = static_cast<int32_t>(pos_offset + i % T);
   Tensor pos = Tensor::from_vector(pos_host, {B, T}, idx.device());
 
   Tensor x = add(wte.forward(idx), wpe.forward(pos));  // (B, T, C)
-  for (const auto& block : h) {
-    if (cfg.activation_checkpointing) {
-      const nn::Block* b = block.get();
-      x = autograd::checkpoint(
-          [b](const std::vector<Tensor>& in) { return std::vector<Tensor>{b->forward(in[0])}; }, {x})[0];
-    } else {
-      x = block->forward(x);
-    }
+  for (size_t i = 0; i < h.size(); ++i) {
+    const nn::Block* b = h[i].get();
+    x = nn::wrap_unit(wrappers_, static_cast<int64_t>(i),
+                      [b, pos_offset](const Tensor& in) { return b->forward(in, pos_offset); })(x);
   }
   x = ln_f.forward(x);
   GPTOutput out;

@@ -19,6 +19,7 @@
 
 #include "nn/flat.h"
 #include "nn/layers.h"
+#include "nn/unit.h"
 
 namespace ndt::models {
 
@@ -29,7 +30,6 @@ struct GPTConfig {
   int64_t vocab_size = 50257;
   int64_t block_size = 1024;              // maximum sequence length (positions)
   int64_t vocab_multiple = 1;             // pad the vocab to a multiple of this (e.g. 128); 1 = none
-  bool activation_checkpointing = false;  // recompute each block in backward
 
   int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   void validate() const;  // throws ndt::Error naming the bad key
@@ -45,8 +45,16 @@ class GPT : public nn::Module {
  public:
   explicit GPT(const GPTConfig& cfg);
 
-  // idx (B, T) i32; targets (B, T) i32 or undefined (then no loss).
-  GPTOutput forward(const Tensor& idx, const Tensor& targets) const;
+  // idx (B, T) i32; targets (B, T) i32 or undefined (then no loss). The tokens sit at
+  // positions pos_offset .. pos_offset+T-1 of their sequences (context parallelism gives
+  // each rank a later piece of the sequence); pos_offset + T <= block_size.
+  GPTOutput forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset = 0) const;
+
+  // Each block runs through these wrappers (nn/unit.h), added from outside: activation
+  // checkpointing, FSDP's gather and free. Block i is unit i (the embeddings are not a
+  // wrapped unit: wte is used at both ends of the model).
+  void add_unit_wrapper(nn::UnitWrapper w) { wrappers_.push_back(std::move(w)); }
+  void clear_unit_wrappers() { wrappers_.clear(); }
 
   // The FSDP units: "embeddings" (wte, wpe, ln_f) first, then one per block "h.i".
   std::vector<nn::UnitSpec> units() const;
@@ -58,6 +66,9 @@ class GPT : public nn::Module {
   nn::Embedding wte, wpe;
   std::vector<std::unique_ptr<nn::Block>> h;
   nn::LayerNorm ln_f;
+
+ private:
+  std::vector<nn::UnitWrapper> wrappers_;
 };
 
 }  // namespace ndt::models

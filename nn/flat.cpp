@@ -38,7 +38,52 @@ const FlatParam* FlatParams::find(const std::string& name) const {
   return nullptr;
 }
 
-FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType dtype, uint64_t seed) {
+int64_t FlatParams::shard_bytes() const {
+  int64_t b = 0;
+  for (const FlatUnit& u : units) b += static_cast<int64_t>(u.data.nbytes() + u.grad.nbytes());
+  return b;
+}
+
+namespace {
+
+// A tensor of `numel` elements whose storage starts released (no memory until gathered).
+Tensor released_buffer(int64_t numel, DType dtype, Device device) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(numel) * dtype_size(dtype), device, false);
+  impl->shape = {numel};
+  impl->strides = {1};
+  impl->dtype = dtype;
+  return Tensor(impl);
+}
+
+// Initializes the elements [lo, hi) of parameter p (indices within the parameter), which
+// live in `dst` (hi - lo elements): same values as initializing the whole parameter.
+void init_range(const FlatParam& p, const Tensor& dst, int64_t lo, int64_t hi, uint64_t seed) {
+  const Init& init = p.spec.init;
+  switch (init.kind) {
+    case Init::kNormal: {
+      // only the first `rows` rows are drawn (vocabulary padding stays zero)
+      const int64_t drawn = init.rows >= 0 ? init.rows * (numel_of(p.spec.shape) / p.spec.shape[0]) : hi;
+      const int64_t end = std::min(hi, drawn);
+      if (end > lo)
+        kernels::fill_normal(dst.narrow(0, 0, end - lo), seed, name_hash(p.spec.name), static_cast<uint64_t>(lo),
+                             0.0f, init.std);
+      break;
+    }
+    case Init::kOnes:
+      kernels::fill(dst, 1.0);
+      break;
+    case Init::kZeros:
+      break;  // the buffer starts zeroed
+  }
+}
+
+}  // namespace
+
+FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType dtype, uint64_t seed,
+                       ShardSpec shard) {
+  NDT_CHECK(shard.count >= 1 && shard.rank >= 0 && shard.rank < shard.count, "materialize: bad shard ", shard.rank,
+            " of ", shard.count);
   FlatParams out;
   for (const UnitSpec& us : specs) {
     FlatUnit u;
@@ -61,24 +106,27 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
     }
     if (in_decay) u.decay_end = off;
     u.numel = off;
-    u.data = Tensor::zeros({u.numel}, dtype, device);
-    u.grad = Tensor::zeros({u.numel}, dtype, device);
+    u.padded_numel = (off + shard.count - 1) / shard.count * shard.count;
+    u.shard_numel = u.padded_numel / shard.count;
+    u.shard_offset = shard.rank * u.shard_numel;
+    u.data = Tensor::zeros({u.shard_numel}, dtype, device);
+    u.grad = Tensor::zeros({u.shard_numel}, dtype, device);
+    if (shard.count == 1) {
+      u.full = u.data;
+      u.full_grad = u.grad;
+    } else {
+      u.full = released_buffer(u.padded_numel, dtype, device);
+      u.full_grad = released_buffer(u.padded_numel, dtype, device);
+    }
+    const int64_t s0 = u.shard_offset, s1 = s0 + u.shard_numel;
     for (FlatParam& fp : u.params) {
-      fp.value = u.data.view_at(fp.offset, fp.spec.shape);
-      switch (fp.spec.init.kind) {
-        case Init::kNormal:
-          kernels::fill_normal(fp.spec.init.rows >= 0 ? fp.value.narrow(0, 0, fp.spec.init.rows) : fp.value,
-                               seed, name_hash(fp.spec.name), 0, 0.0f, fp.spec.init.std);
-          break;
-        case Init::kOnes:
-          kernels::fill(fp.value, 1.0);
-          break;
-        case Init::kZeros:
-          break;  // the buffer starts zeroed
-      }
+      // this rank's part of the parameter: buffer elements [a, b)
+      const int64_t a = std::max(fp.offset, s0), b = std::min(fp.offset + numel_of(fp.spec.shape), s1);
+      if (a < b) init_range(fp, u.data.narrow(0, a - s0, b - a), a - fp.offset, b - fp.offset, seed);
+      fp.value = u.full.view_at(fp.offset, fp.spec.shape);
       fp.value.set_requires_grad(true);
       fp.value.set_name(fp.spec.name);
-      fp.value.set_grad(u.grad.view_at(fp.offset, fp.spec.shape));
+      fp.value.set_grad(u.full_grad.view_at(fp.offset, fp.spec.shape));
       if (fp.spec.slot) *fp.spec.slot = fp.value;
     }
     out.units.push_back(std::move(u));

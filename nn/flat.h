@@ -42,23 +42,44 @@ struct FlatParam {
 struct FlatUnit {
   std::string name;
   std::vector<FlatParam> params;  // in buffer order (decayed first)
-  int64_t numel = 0;              // buffer length, padding included
+  int64_t numel = 0;              // buffer length, alignment gaps included
   int64_t decay_end = 0;          // elements [0, decay_end) take weight decay
-  Tensor data;                    // (numel) parameters
-  Tensor grad;                    // (numel) gradients
-  int64_t param_count() const;    // parameters without padding
+  // Sharding (FSDP): the buffer is padded to padded_numel, a multiple of the shard count,
+  // and this rank owns elements [shard_offset, shard_offset + shard_numel). Unsharded, the
+  // one shard is the whole buffer.
+  int64_t padded_numel = 0;
+  int64_t shard_offset = 0;
+  int64_t shard_numel = 0;
+  Tensor data;       // (shard_numel) this rank's parameters: what the optimizer updates
+  Tensor grad;       // (shard_numel) their gradients
+  Tensor full;       // (padded_numel) the whole buffer, which every parameter views
+  Tensor full_grad;  // (padded_numel) its gradient, which every parameter's .grad views
+  // Unsharded, full and data are one tensor (and full_grad and grad). Sharded, full and
+  // full_grad start with their memory released: FSDP gathers into them when the unit runs
+  // and releases them after (Storage::allocate/release), while the views stay valid.
+  bool sharded() const { return !full.same(data); }
+  int64_t param_count() const;  // parameters without padding
 };
 
 struct FlatParams {
   std::vector<FlatUnit> units;
-  void zero_grad() const;
+  void zero_grad() const;  // the shards' gradients
   int64_t param_count() const;
   const FlatParam* find(const std::string& name) const;  // nullptr if absent
+  int64_t shard_bytes() const;                           // data + grad of every shard
+};
+
+// Which part of every buffer this rank holds: shard `rank` of `count`.
+struct ShardSpec {
+  int64_t rank = 0, count = 1;
 };
 
 // Allocates each unit's buffers on `device`, points every spec's slot at its view (with
-// requires_grad and .grad set), and initializes values from (seed, name, index).
-FlatParams materialize(const std::vector<UnitSpec>& units, Device device, DType dtype, uint64_t seed);
+// requires_grad and .grad set), and initializes values from (seed, name, index). With a
+// ShardSpec of count > 1, only this rank's shard is allocated and initialized: element i
+// of a parameter gets the same value on every layout, and no rank holds the whole model.
+FlatParams materialize(const std::vector<UnitSpec>& units, Device device, DType dtype, uint64_t seed,
+                       ShardSpec shard = {});
 
 // Stable 64-bit FNV-1a hash of a parameter name: its RNG stream id.
 uint64_t name_hash(const std::string& name);

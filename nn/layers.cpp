@@ -37,12 +37,12 @@ CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t nh, float std, float
   child("c_proj", &c_proj);
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) const {
+Tensor CausalSelfAttention::forward(const Tensor& x, int64_t pos_offset) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), NH = n_head, HS = C / NH;
   // x (B,T,C) -> qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
   std::vector<Tensor> qkv = split_last(c_attn.forward(x), {C, C, C});
   auto heads = [&](const Tensor& t) { return heads_to_front(view(t, {B, T, NH, HS})); };
-  Tensor y = attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2])).out;  // (B,NH,T,HS)
+  Tensor y = attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), pos_offset, pos_offset).out;  // (B,NH,T,HS)
   // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,C) -> c_proj
   return c_proj.forward(view(heads_to_back(y), {B, T, C}));
 }
@@ -55,8 +55,8 @@ Block::Block(int64_t C, int64_t n_head, float std, float proj_std)
   child("mlp", &mlp);
 }
 
-Tensor Block::forward(const Tensor& x) const {
-  Tensor h = add(x, attn.forward(ln_1.forward(x)));
+Tensor Block::forward(const Tensor& x, int64_t pos_offset) const {
+  Tensor h = add(x, attn.forward(ln_1.forward(x), pos_offset));
   return add(h, mlp.forward(ln_2.forward(h)));
 }
 

@@ -49,7 +49,8 @@ class MLP : public Module {
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(int64_t C, int64_t n_head, float std, float proj_std);
-  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  // x (B, T, C) at positions pos_offset.. -> (B, T, C); the causal mask uses positions
+  Tensor forward(const Tensor& x, int64_t pos_offset = 0) const;
   Linear c_attn, c_proj;
   int64_t n_head;
 };
@@ -58,7 +59,7 @@ class CausalSelfAttention : public Module {
 class Block : public Module {
  public:
   Block(int64_t C, int64_t n_head, float std, float proj_std);
-  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x, int64_t pos_offset = 0) const;  // (B, T, C) -> (B, T, C)
   LayerNorm ln_1;
   CausalSelfAttention attn;
   LayerNorm ln_2;

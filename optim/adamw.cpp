@@ -26,19 +26,21 @@ void AdamW::step(double lr, double grad_scale) {
     a.grad_scale = grad_scale;
     a.step = t_;
     a.decay_end = u.decay_end;
-    a.index_offset = 0;
+    a.index_offset = u.shard_offset;  // a shard's elements keep their global index (decay_end)
     kernels::adamw_step(u.data, u.grad, m_[i], v_[i], a);
   }
 }
 
-double grad_norm(const nn::FlatParams& params) {
+double grad_norm(const nn::FlatParams& params) { return std::sqrt(grad_sum_squares(params)); }
+
+double grad_sum_squares(const nn::FlatParams& params) {
   double total = 0;
   for (const nn::FlatUnit& u : params.units) {
     Tensor s = Tensor::empty({}, u.grad.dtype() == DType::f64 ? DType::f64 : DType::f32, u.grad.device());
     kernels::sum_squares(u.grad, s);
     total += s.item();
   }
-  return std::sqrt(total);
+  return total;
 }
 
 double clip_scale(double norm, double max_norm) {

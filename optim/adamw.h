@@ -45,6 +45,9 @@ class AdamW {
 
 // sqrt of the sum of squares of every gradient buffer (padding is zero).
 double grad_norm(const nn::FlatParams& params);
+// The sum of squares of this rank's gradient shards; summed over the ranks that shard the
+// buffers (each element counted once), its square root is the global norm.
+double grad_sum_squares(const nn::FlatParams& params);
 // PyTorch clip_grad_norm_: scale = max_norm / (norm + 1e-6) when that is < 1, else 1.
 // max_norm <= 0 disables clipping.
 double clip_scale(double norm, double max_norm);

@@ -97,27 +97,35 @@ size_t round_up(size_t n) { return std::max<size_t>(64, (n + 63) / 64 * 64); }
 
 }  // namespace
 
-Storage::Storage(size_t nbytes, Device device) : nbytes_(nbytes), device_(device) {
-  size_t n = round_up(nbytes);
-  if (device.is_cpu()) {
-    data_ = cpu_cache().alloc(n);
-  } else {
-    data_ = cuda::alloc(n, device.index);
-  }
-  counter(device).add(static_cast<int64_t>(n));
+Storage::Storage(size_t nbytes, Device device) : Storage(nbytes, device, true) {}
+
+Storage::Storage(size_t nbytes, Device device, bool allocate_now) : nbytes_(nbytes), device_(device) {
+  if (allocate_now) allocate();
+}
+
+void Storage::allocate() {
+  if (data_) return;
+  const size_t n = round_up(nbytes_);
+  data_ = device_.is_cpu() ? cpu_cache().alloc(n) : cuda::alloc(n, device_.index);
+  counter(device_).add(static_cast<int64_t>(n));
+}
+
+void Storage::release() {
+  if (!data_) return;
+  const size_t n = round_up(nbytes_);
+  counter(device_).sub(static_cast<int64_t>(n));
+  if (device_.is_cpu())
+    cpu_cache().free(data_, n);
+  else
+    cuda::free(data_, device_.index);
+  data_ = nullptr;
 }
 
 Storage::~Storage() {
-  size_t n = round_up(nbytes_);
-  counter(device_).sub(static_cast<int64_t>(n));
-  if (device_.is_cpu()) {
-    cpu_cache().free(data_, n);
-  } else {
-    try {
-      cuda::free(data_, device_.index);
-    } catch (...) {
-      // A destructor must not throw; a failing free during shutdown is not recoverable.
-    }
+  try {
+    release();
+  } catch (...) {
+    // A destructor must not throw; a failing free during shutdown is not recoverable.
   }
 }
 

@@ -32,12 +32,22 @@ void empty_cache(Device d);  // return cached blocks to the system
 class Storage {
  public:
   Storage(size_t nbytes, Device device);  // uninitialized memory
+  // With allocate = false the storage starts released (no memory until allocate()).
+  Storage(size_t nbytes, Device device, bool allocate);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
+
+  // FSDP frees a gathered unit between its uses while every view of it (the parameters,
+  // tensors saved for backward) keeps pointing at this Storage: release() gives the memory
+  // back (counted as freed), allocate() takes it again, uninitialized. Both are no-ops when
+  // already in that state.
+  void release();
+  void allocate();
+  bool allocated() const { return data_ != nullptr; }
   Device device() const { return device_; }
 
  private:

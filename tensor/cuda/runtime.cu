@@ -141,4 +141,6 @@ void synchronize(int device) {
   NDT_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
+void* compute_stream(int device) { return stream(device); }
+
 }  // namespace ndt::cuda

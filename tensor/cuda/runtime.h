@@ -25,4 +25,8 @@ enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);
 void synchronize(int device);
 
+// The device's compute stream as an opaque handle (a cudaStream_t), for the one file that
+// orders other streams against it (the NCCL communicator in dist/comm).
+void* compute_stream(int device);
+
 }  // namespace ndt::cuda

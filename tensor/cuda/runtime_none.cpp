@@ -20,5 +20,6 @@ void free(void*, int) { no_cuda("cuda free"); }
 void trim_pool(int) {}
 void memcpy(void*, const void*, size_t, CopyKind, int) { no_cuda("cuda memcpy"); }
 void synchronize(int) {}
+void* compute_stream(int) { no_cuda("compute_stream"); }
 
 }  // namespace ndt::cuda

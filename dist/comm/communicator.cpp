@@ -1,0 +1,135 @@
+#include "dist/comm/communicator.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "tensor/kernels.h"
+
+namespace ndt::dist {
+
+const char* comm_kind_name(CommKind k) {
+  switch (k) {
+    case CommKind::kAllReduce:
+      return "all_reduce";
+    case CommKind::kAllGather:
+      return "all_gather";
+    case CommKind::kReduceScatter:
+      return "reduce_scatter";
+    case CommKind::kBroadcast:
+      return "broadcast";
+    case CommKind::kSend:
+      return "send";
+    case CommKind::kRecv:
+      return "recv";
+    case CommKind::kCount:
+      break;
+  }
+  return "?";
+}
+
+int64_t CommStats::total_bytes() const {
+  int64_t t = 0;
+  for (int64_t b : bytes) t += b;
+  return t;
+}
+
+void Communicator::check_one(const char* call, const Tensor& t) const {
+  NDT_CHECK(t.defined() && t.is_contiguous(), name_, ".", call, " on rank ", rank_,
+            ": the tensor must be defined and contiguous, got ", t.desc());
+}
+
+void Communicator::check_same(const char* call, const Tensor& a, const Tensor& b, int64_t num, int64_t den) const {
+  check_one(call, a);
+  check_one(call, b);
+  NDT_CHECK(a.dtype() == b.dtype() && a.device() == b.device(), name_, ".", call, " on rank ", rank_,
+            ": tensors differ in dtype or device: ", a.desc(), " and ", b.desc());
+  NDT_CHECK(a.numel() * num == b.numel() * den, name_, ".", call, " on rank ", rank_, ": sizes ", a.numel(),
+            " and ", b.numel(), " do not match the group of ", size_, " (pad the buffer to a multiple of ",
+            size_, ")");
+}
+
+void Communicator::count(CommKind k, int64_t bytes) {
+  stats_.bytes[static_cast<size_t>(k)] += bytes;
+  stats_.calls[static_cast<size_t>(k)] += 1;
+}
+
+double Communicator::all_reduce_scalar(double v, ReduceOp op) {
+  if (size_ == 1) return v;
+  Tensor t = Tensor::scalar(v, DType::f64);
+  all_reduce(t.view({1}), op)->wait();
+  return t.item();
+}
+
+namespace {
+
+class DoneWork : public Work {
+ public:
+  void wait() override {}
+  bool done() override { return true; }
+};
+
+// A group of one rank: reductions leave the data as it is, gathers and scatters copy.
+class LocalCommunicator : public Communicator {
+ public:
+  explicit LocalCommunicator(std::string name) : Communicator(0, 1, std::move(name)) {}
+  std::string backend() const override { return "local"; }
+  WorkPtr all_reduce(const Tensor& t, ReduceOp) override {
+    check_one("all_reduce", t);
+    return done_work();
+  }
+  WorkPtr all_gather(const Tensor& out, const Tensor& in) override {
+    check_same("all_gather", in, out, 1, 1);
+    if (!out.same(in) && out.data_ptr() != in.data_ptr()) out.copy_(in);
+    return done_work();
+  }
+  WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp) override {
+    check_same("reduce_scatter", out, in, 1, 1);
+    if (out.data_ptr() != in.data_ptr()) out.copy_(in);
+    return done_work();
+  }
+  WorkPtr broadcast(const Tensor& t, int root) override {
+    NDT_CHECK(root == 0, name_, ".broadcast: root ", root, " is not a rank of a group of 1");
+    return done_work();
+  }
+  WorkPtr send(const Tensor&, int peer) override { NDT_FAIL(name_, ".send to ", peer, ": a group of one rank"); }
+  WorkPtr recv(const Tensor&, int peer) override { NDT_FAIL(name_, ".recv from ", peer, ": a group of one rank"); }
+  void barrier() override {}
+  std::shared_ptr<Communicator> split(int, int, const std::string& name) override {
+    return std::make_shared<LocalCommunicator>(name);
+  }
+  [[noreturn]] void abort(int code) override { std::_Exit(code); }
+};
+
+int env_int(std::initializer_list<const char*> names, int fallback) {
+  for (const char* n : names)
+    if (const char* v = std::getenv(n)) {
+      try {
+        return std::stoi(v);
+      } catch (...) {
+      }
+    }
+  return fallback;
+}
+
+}  // namespace
+
+WorkPtr done_work() {
+  static const WorkPtr w = std::make_shared<DoneWork>();  // stateless, shared
+  return w;
+}
+
+std::shared_ptr<Communicator> local_communicator(const std::string& name) {
+  return std::make_shared<LocalCommunicator>(name);
+}
+
+bool launched_with_several_ranks() {
+  return env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS"}, 1) > 1;
+}
+
+int local_rank() { return env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"}, 0); }
+
+int local_size() {
+  return env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"}, 1);
+}
+
+}  // namespace ndt::dist

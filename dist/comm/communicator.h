@@ -1,0 +1,124 @@
+// ndtrain: Communicator, the one interface every collective goes through.
+//
+// A communicator is a group of ranks (the world, or one dimension of the device mesh).
+// Collectives work on contiguous flat tensors and are asynchronous: each returns a Work
+// handle, and the result may be read only after wait(). Sizes need not divide the group:
+// the caller pads (FSDP pads each flat buffer to a multiple of the shard count).
+//
+//   std::shared_ptr<dist::Communicator> world = dist::init_world();   // MPI, or local (1 rank)
+//   dist::WorkPtr w = world->all_reduce(grad, dist::ReduceOp::kAvg);  // starts it
+//   ... compute something else ...
+//   w->wait();                                                        // grad is now the mean
+//
+// Two backends: MPI for CPU tensors (dist/comm/mpi.cpp: a progress thread owns the MPI
+// calls, so collectives advance while the rank computes) and NCCL for CUDA tensors
+// (dist/comm/nccl.cpp: its own stream, ordered against the compute stream by events).
+// With a group of size 1 every collective is a copy or a no-op.
+//
+// Byte counters: each communicator counts, per kind, the bytes this rank sends under the
+// ring algorithms that MPI and NCCL use for large messages, so that the figures are exact
+// functions of the sizes (the tests and the step log read them):
+//   all_reduce      2 (n-1)/n x bytes          all_gather      (n-1) x input bytes
+//   reduce_scatter  (n-1)/n x input bytes      broadcast       bytes (on the root; 0 elsewhere)
+//   send            bytes                      recv            0 (counted by the sender)
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor/tensor.h"
+
+namespace ndt::dist {
+
+class Trace;
+
+enum class ReduceOp { kSum, kAvg, kMax };
+
+// A collective in flight. wait() blocks until it is done and rethrows its error, if any;
+// waiting twice is fine. Handles may be waited on in any order.
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+  virtual bool done() = 0;  // true once finished (never blocks)
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+enum class CommKind { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kSend, kRecv, kCount };
+const char* comm_kind_name(CommKind k);
+
+struct CommStats {
+  std::array<int64_t, static_cast<size_t>(CommKind::kCount)> bytes{};  // see the table above
+  std::array<int64_t, static_cast<size_t>(CommKind::kCount)> calls{};
+  int64_t total_bytes() const;
+  int64_t operator[](CommKind k) const { return bytes[static_cast<size_t>(k)]; }
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }  // "world", "dp_shard", ...
+  virtual std::string backend() const = 0;           // "mpi", "nccl", "local"
+
+  // t (n) in place: the sum, mean or max over the group.
+  virtual WorkPtr all_reduce(const Tensor& t, ReduceOp op) = 0;
+  // in (n) from every rank -> out (size * n), rank r's input at [r*n, (r+1)*n).
+  virtual WorkPtr all_gather(const Tensor& out, const Tensor& in) = 0;
+  // in (size * n) on every rank -> out (n): chunk `rank` of the reduction (sum or mean).
+  virtual WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) = 0;
+  // t from rank `root` to every rank.
+  virtual WorkPtr broadcast(const Tensor& t, int root) = 0;
+  // Point to point (ring attention); a send must meet a recv of the same size on the peer.
+  virtual WorkPtr send(const Tensor& t, int peer) = 0;
+  virtual WorkPtr recv(const Tensor& t, int peer) = 0;
+  virtual void barrier() = 0;
+
+  // Ranks that pass the same color form a new communicator, ordered by key. Collective
+  // over this communicator: every rank calls it.
+  virtual std::shared_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+
+  // Brings the whole job down (every rank) with this exit code; used when one rank fails,
+  // so that the others do not wait forever in a collective.
+  [[noreturn]] virtual void abort(int code) = 0;
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+  // Optional timeline: each collective becomes an event on the "comm" track.
+  void set_trace(Trace* t) { trace_ = t; }
+
+  // Blocking conveniences for small host values (metrics, norms, flags).
+  double all_reduce_scalar(double v, ReduceOp op);
+
+ protected:
+  Communicator(int rank, int size, std::string name) : rank_(rank), size_(size), name_(std::move(name)) {}
+  // Checks a collective's arguments (contiguous, dtype, sizes); throws naming the call.
+  void check_same(const char* call, const Tensor& a, const Tensor& b, int64_t b_factor_num,
+                  int64_t b_factor_den) const;
+  void check_one(const char* call, const Tensor& t) const;
+  void count(CommKind k, int64_t bytes);
+
+  int rank_, size_;
+  std::string name_;
+  CommStats stats_;
+  Trace* trace_ = nullptr;
+};
+
+// A finished Work (size-1 groups, or errors found before starting).
+WorkPtr done_work();
+
+// The group of one: every collective is a local copy (or nothing).
+std::shared_ptr<Communicator> local_communicator(const std::string& name = "local");
+
+// True when this process was started by a launcher (mpirun, srun) with more than one
+// rank, read from the environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS).
+bool launched_with_several_ranks();
+// This process's index among the ranks on its node (OMPI_COMM_WORLD_LOCAL_RANK,
+// SLURM_LOCALID, LOCAL_RANK), and how many ranks share the node; 0 and 1 when unknown.
+int local_rank();
+int local_size();
+
+}  // namespace ndt::dist

@@ -1,0 +1,454 @@
+// The MPI backend: a queue of operations, one thread that starts them (MPI_I*) and polls
+// them to completion. See dist/comm/mpi.h.
+#include "dist/comm/mpi.h"
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <list>
+#include <mutex>
+#include <thread>
+
+#include "dist/trace.h"
+
+namespace ndt::dist {
+namespace {
+
+std::string mpi_error_string(int rc) {
+  char s[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(rc);
+  return std::string(s, static_cast<size_t>(len));
+}
+
+// One handle; completed by the communication thread.
+class MpiWork : public Work {
+ public:
+  MpiWork(std::string what, Trace* trace) : what_(std::move(what)), trace_(trace) {}
+  void wait() override {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (!done_) {
+      const int64_t t0 = trace_ ? trace_->now_us() : 0;
+      cv_.wait(lk, [&] { return done_; });
+      if (trace_) trace_->add("wait " + what_, Trace::kWait, t0, trace_->now_us());
+    }
+    if (!error_.empty()) throw Error(error_);
+  }
+  bool done() override {
+    std::lock_guard<std::mutex> g(mu_);
+    return done_;
+  }
+  void complete(std::string error) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      done_ = true;
+      error_ = std::move(error);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::string what_;
+  Trace* trace_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+};
+
+struct Op {
+  std::string what;                             // "dp_shard.all_gather", for errors and the trace
+  std::function<int(MPI_Request*)> start;       // returns an MPI error code
+  std::function<void()> finish;                 // after completion (convert, scale)
+  std::shared_ptr<MpiWork> work;
+  Trace* trace = nullptr;
+  int64_t bytes = -1;
+  MPI_Request req = MPI_REQUEST_NULL;
+  int64_t t0 = 0;
+};
+
+// The process's MPI: initialized once, finalized at exit, with its communication thread.
+class Engine {
+ public:
+  static Engine& get() {
+    static Engine* e = new Engine();  // lives until exit (see shutdown)
+    return *e;
+  }
+
+  void submit(Op op) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      NDT_CHECK(!stop_, "MPI is shut down; cannot start ", op.what);
+      queue_.push_back(std::move(op));
+    }
+    cv_.notify_one();
+  }
+
+  // Runs fn on the communication thread and waits for it (setup calls: split, free).
+  void run_sync(const std::string& what, std::function<int()> fn) {
+    auto work = std::make_shared<MpiWork>(what, nullptr);
+    Op op;
+    op.what = what;
+    op.start = [fn](MPI_Request* r) {
+      *r = MPI_REQUEST_NULL;
+      return fn();
+    };
+    op.work = work;
+    submit(std::move(op));
+    work->wait();
+  }
+
+  bool running() {
+    std::lock_guard<std::mutex> g(mu_);
+    return !stop_;
+  }
+
+ private:
+  Engine() {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    int provided = 0;
+    if (!inited) {
+      const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+      NDT_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed: ", mpi_error_string(rc));
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    NDT_CHECK(provided >= MPI_THREAD_SERIALIZED, "this MPI library offers thread level ", provided,
+              " but ndtrain's communication thread needs MPI_THREAD_SERIALIZED or better");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    thread_ = std::thread([this] { loop(); });
+    std::atexit([] { Engine::get().shutdown(); });
+  }
+
+  void shutdown() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (stop_) return;
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    // Requests still in flight (a peer failed) would make MPI_Finalize wait forever.
+    if (!finalized && inflight_.empty()) MPI_Finalize();
+  }
+
+  void fail(Op& op, const std::string& why) {
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    op.work->complete(op.what + " failed on world rank " + std::to_string(rank) + ": " + why);
+  }
+
+  void finish(Op& op) {
+    try {
+      if (op.finish) op.finish();
+      if (op.trace) op.trace->add(op.what, Trace::kComm, op.t0, op.trace->now_us(), op.bytes);
+      op.work->complete("");
+    } catch (const std::exception& e) {
+      fail(op, e.what());
+    }
+  }
+
+  void loop() {
+    auto idle = std::chrono::microseconds(10);
+    for (;;) {
+      std::deque<Op> fresh;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        if (inflight_.empty()) cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        fresh.swap(queue_);
+      }
+      bool progressed = !fresh.empty();
+      for (Op& op : fresh) {
+        op.t0 = op.trace ? op.trace->now_us() : 0;
+        int rc = MPI_SUCCESS;
+        try {
+          rc = op.start(&op.req);
+        } catch (const std::exception& e) {
+          fail(op, e.what());
+          continue;
+        }
+        if (rc != MPI_SUCCESS) {
+          fail(op, mpi_error_string(rc));
+          continue;
+        }
+        inflight_.push_back(std::move(op));
+      }
+      for (auto it = inflight_.begin(); it != inflight_.end();) {
+        int flag = 0;
+        const int rc = MPI_Test(&it->req, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) {
+          fail(*it, mpi_error_string(rc));
+        } else if (flag) {
+          finish(*it);
+        } else {
+          ++it;
+          continue;
+        }
+        it = inflight_.erase(it);
+        progressed = true;
+      }
+      if (progressed) {
+        idle = std::chrono::microseconds(10);
+      } else if (!inflight_.empty()) {
+        // Nothing finished: poll again soon, without taking a core from the compute threads.
+        std::this_thread::sleep_for(idle);
+        idle = std::min(idle * 2, std::chrono::microseconds(200));
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;
+  std::list<Op> inflight_;  // touched by the communication thread only
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+MPI_Datatype mpi_type(DType d) {
+  switch (d) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::u16:
+    case DType::bf16:  // moved as raw 16-bit words; reduced through f32 (below)
+      return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM; }
+
+int count_of(const std::string& what, const Tensor& t) {
+  NDT_CHECK(t.numel() <= std::numeric_limits<int>::max(), what, ": ", t.numel(),
+            " elements exceed MPI's int count; split the buffer");
+  return static_cast<int>(t.numel());
+}
+
+// Scales a CPU f32/f64 buffer in place (the mean of a sum).
+void scale_inplace(const Tensor& t, double s) {
+  if (t.dtype() == DType::f32) {
+    float* p = t.data<float>();
+    const float f = static_cast<float>(s);
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] *= f;
+  } else if (t.dtype() == DType::f64) {
+    double* p = t.data<double>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] *= s;
+  } else {
+    NDT_FAIL("mean reduction of ", dtype_name(t.dtype()), " is not supported (use sum)");
+  }
+}
+
+class MpiCommunicator : public Communicator {
+ public:
+  MpiCommunicator(MPI_Comm comm, int rank, int size, std::string name, bool owned)
+      : Communicator(rank, size, std::move(name)), comm_(comm), owned_(owned) {}
+  ~MpiCommunicator() override {
+    if (!owned_) return;
+    Engine& e = Engine::get();
+    if (!e.running()) return;
+    MPI_Comm c = comm_;
+    try {
+      e.run_sync(name_ + ".free", [c]() mutable { return MPI_Comm_free(&c); });
+    } catch (...) {
+    }
+  }
+  std::string backend() const override { return "mpi"; }
+
+  WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
+    check_one("all_reduce", t);
+    check_cpu("all_reduce", t);
+    count(CommKind::kAllReduce, size_ == 1 ? 0 : 2 * (size_ - 1) * static_cast<int64_t>(t.nbytes()) / size_);
+    if (size_ == 1) return done_work();
+    const std::string what = name_ + ".all_reduce";
+    NDT_CHECK(!(op == ReduceOp::kAvg && t.dtype() == DType::i32), what, ": mean of int32 is not supported");
+    Tensor buf = t.dtype() == DType::bf16 ? Tensor() : t;  // bf16: reduced in an f32 copy
+    auto staging = std::make_shared<Tensor>(buf);
+    const int n = count_of(what, t);
+    const int size = size_;
+    return submit(
+        what, static_cast<int64_t>(2 * (size_ - 1) * t.nbytes() / size_),
+        [=, comm = comm_](MPI_Request* r) {
+          if (!staging->defined()) *staging = t.to(DType::f32);
+          return MPI_Iallreduce(MPI_IN_PLACE, staging->data_ptr(), n, mpi_type(staging->dtype()), mpi_op(op), comm, r);
+        },
+        [=] {
+          if (op == ReduceOp::kAvg) scale_inplace(*staging, 1.0 / size);
+          if (!staging->same(t)) t.copy_(*staging);
+        });
+  }
+
+  WorkPtr all_gather(const Tensor& out, const Tensor& in) override {
+    check_same("all_gather", in, out, size_, 1);
+    check_cpu("all_gather", in);
+    count(CommKind::kAllGather, static_cast<int64_t>(size_ - 1) * static_cast<int64_t>(in.nbytes()));
+    if (size_ == 1) {
+      if (out.data_ptr() != in.data_ptr()) out.copy_(in);
+      return done_work();
+    }
+    const std::string what = name_ + ".all_gather";
+    const int n = count_of(what, in);
+    return submit(
+        what, static_cast<int64_t>(size_ - 1) * static_cast<int64_t>(in.nbytes()),
+        [=, comm = comm_](MPI_Request* r) {
+          const MPI_Datatype dt = mpi_type(in.dtype());
+          return MPI_Iallgather(in.data_ptr(), n, dt, out.data_ptr(), n, dt, comm, r);
+        },
+        nullptr);
+  }
+
+  WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) override {
+    check_same("reduce_scatter", out, in, size_, 1);
+    check_cpu("reduce_scatter", in);
+    NDT_CHECK(op != ReduceOp::kMax, name_, ".reduce_scatter: max is not supported (sum or mean)");
+    count(CommKind::kReduceScatter, static_cast<int64_t>(size_ - 1) * static_cast<int64_t>(out.nbytes()));
+    if (size_ == 1) {
+      if (out.data_ptr() != in.data_ptr()) out.copy_(in);
+      return done_work();
+    }
+    const std::string what = name_ + ".reduce_scatter";
+    NDT_CHECK(!(op == ReduceOp::kAvg && in.dtype() == DType::i32), what, ": mean of int32 is not supported");
+    const int n = count_of(what, out);
+    const bool via_f32 = in.dtype() == DType::bf16;
+    auto src = std::make_shared<Tensor>(), dst = std::make_shared<Tensor>();
+    const int size = size_;
+    return submit(
+        what, static_cast<int64_t>(size_ - 1) * static_cast<int64_t>(out.nbytes()),
+        [=, comm = comm_](MPI_Request* r) {
+          *src = via_f32 ? in.to(DType::f32) : in;
+          *dst = via_f32 ? Tensor::empty(out.shape(), DType::f32) : out;
+          return MPI_Ireduce_scatter_block(src->data_ptr(), dst->data_ptr(), n, mpi_type(src->dtype()), mpi_op(op),
+                                           comm, r);
+        },
+        [=] {
+          if (op == ReduceOp::kAvg) scale_inplace(*dst, 1.0 / size);
+          if (!dst->same(out)) out.copy_(*dst);
+          *src = Tensor();  // the f32 copy of the input is no longer needed
+        });
+  }
+
+  WorkPtr broadcast(const Tensor& t, int root) override {
+    check_one("broadcast", t);
+    check_cpu("broadcast", t);
+    NDT_CHECK(root >= 0 && root < size_, name_, ".broadcast: root ", root, " is not in a group of ", size_);
+    count(CommKind::kBroadcast, rank_ == root && size_ > 1 ? static_cast<int64_t>(t.nbytes()) : 0);
+    if (size_ == 1) return done_work();
+    const std::string what = name_ + ".broadcast";
+    const int n = count_of(what, t);
+    return submit(
+        what, static_cast<int64_t>(t.nbytes()),
+        [=, comm = comm_](MPI_Request* r) { return MPI_Ibcast(t.data_ptr(), n, mpi_type(t.dtype()), root, comm, r); },
+        nullptr);
+  }
+
+  WorkPtr send(const Tensor& t, int peer) override {
+    check_one("send", t);
+    check_cpu("send", t);
+    check_peer("send", peer);
+    count(CommKind::kSend, static_cast<int64_t>(t.nbytes()));
+    const std::string what = name_ + ".send";
+    const int n = count_of(what, t);
+    return submit(
+        what, static_cast<int64_t>(t.nbytes()),
+        [=, comm = comm_](MPI_Request* r) { return MPI_Isend(t.data_ptr(), n, mpi_type(t.dtype()), peer, 0, comm, r); },
+        nullptr);
+  }
+
+  WorkPtr recv(const Tensor& t, int peer) override {
+    check_one("recv", t);
+    check_cpu("recv", t);
+    check_peer("recv", peer);
+    count(CommKind::kRecv, 0);
+    const std::string what = name_ + ".recv";
+    const int n = count_of(what, t);
+    return submit(
+        what, static_cast<int64_t>(t.nbytes()),
+        [=, comm = comm_](MPI_Request* r) {
+          return MPI_Irecv(t.data_ptr(), n, mpi_type(t.dtype()), peer, 0, comm, r);
+        },
+        nullptr);
+  }
+
+  void barrier() override {
+    if (size_ == 1) return;
+    submit(name_ + ".barrier", -1, [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); }, nullptr)->wait();
+  }
+
+  std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {
+    MPI_Comm parent = comm_, sub = MPI_COMM_NULL;
+    Engine::get().run_sync(name_ + ".split", [&] {
+      int rc = MPI_Comm_split(parent, color, key, &sub);
+      if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+      return rc;
+    });
+    int r = 0, s = 0;
+    Engine::get().run_sync(name + ".size", [&] {
+      int rc = MPI_Comm_rank(sub, &r);
+      return rc == MPI_SUCCESS ? MPI_Comm_size(sub, &s) : rc;
+    });
+    return std::make_shared<MpiCommunicator>(sub, r, s, name, true);
+  }
+
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);
+  }
+
+ private:
+  void check_cpu(const char* call, const Tensor& t) const {
+    NDT_CHECK(t.device().is_cpu(), name_, ".", call, ": the MPI backend moves CPU tensors, got ", t.desc(),
+              "; CUDA tensors go through the NCCL backend");
+  }
+  void check_peer(const char* call, int peer) const {
+    NDT_CHECK(peer >= 0 && peer < size_ && peer != rank_, name_, ".", call, " on rank ", rank_, ": bad peer ",
+              peer, " in a group of ", size_);
+  }
+  WorkPtr submit(const std::string& what, int64_t bytes, std::function<int(MPI_Request*)> start,
+                 std::function<void()> finish) {
+    auto work = std::make_shared<MpiWork>(what, trace_);
+    Op op;
+    op.what = what;
+    op.start = std::move(start);
+    op.finish = std::move(finish);
+    op.work = work;
+    op.trace = trace_;
+    op.bytes = bytes;
+    Engine::get().submit(std::move(op));
+    return work;
+  }
+
+  MPI_Comm comm_;
+  bool owned_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> mpi_world() {
+  Engine& e = Engine::get();
+  int r = 0, s = 0;
+  e.run_sync("world.size", [&] {
+    int rc = MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return rc == MPI_SUCCESS ? MPI_Comm_size(MPI_COMM_WORLD, &s) : rc;
+  });
+  return std::make_shared<MpiCommunicator>(MPI_COMM_WORLD, r, s, "world", false);
+}
+
+std::shared_ptr<Communicator> init_world(bool force_mpi) {
+  if (force_mpi || launched_with_several_ranks()) return mpi_world();
+  return local_communicator("world");
+}
+
+}  // namespace ndt::dist

@@ -1,0 +1,33 @@
+#include "dist/data_parallel.h"
+
+#include <cmath>
+
+#include "autograd/hooks.h"
+#include "optim/adamw.h"
+
+namespace ndt::dist {
+
+double NoParallelism::grad_norm() { return optim::grad_norm(params_); }
+
+DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas) : params_(params), comm_(replicas) {
+  for (size_t i = 1; i < params.units.size(); ++i) {
+    const nn::FlatUnit& u = params.units[i];
+    std::vector<Tensor> ps;
+    for (const nn::FlatParam& p : u.params) ps.push_back(p.value);
+    // in backward, right after the last gradient of this unit: average it over the replicas
+    autograd::GradGroup::create(ps, [this, &u] {
+      if (sync_) pending_.push_back(comm_.all_reduce(u.grad, ReduceOp::kAvg));
+    });
+  }
+}
+
+void DataParallel::end_micro() {
+  if (!sync_) return;
+  pending_.push_back(comm_.all_reduce(params_.units[0].grad, ReduceOp::kAvg));  // the embeddings, last
+  for (const WorkPtr& w : pending_) w->wait();
+  pending_.clear();
+}
+
+double DataParallel::grad_norm() { return optim::grad_norm(params_); }  // replicas hold the same gradients
+
+}  // namespace ndt::dist

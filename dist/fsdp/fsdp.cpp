@@ -1,0 +1,197 @@
+#include "dist/fsdp/fsdp.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "autograd/hooks.h"
+#include "autograd/node.h"
+#include "optim/adamw.h"
+#include "tensor/kernels.h"
+
+namespace ndt::dist {
+namespace {
+Storage& storage_of(const Tensor& t) { return *t.impl().storage; }
+}  // namespace
+
+FullyShardedDataParallel::FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shards,
+                                                   Communicator* replicas)
+    : params_(params), shards_(shards), replicas_(replicas && replicas->size() > 1 ? replicas : nullptr) {
+  state_.resize(params.units.size());
+  backward_began_.resize(params.units.size());
+  for (size_t i = 0; i < params.units.size(); ++i) {
+    const nn::FlatUnit& u = params.units[i];
+    NDT_CHECK(u.shard_numel * shards.size() == u.padded_numel, "FSDP: unit ", u.name, " is cut into ",
+              u.padded_numel / std::max<int64_t>(u.shard_numel, 1), " shards but the group ", shards.name(), " has ",
+              shards.size(), " ranks; materialize with ShardSpec{", shards.rank(), ", ", shards.size(), "}");
+    if (i == 0) continue;  // the embeddings are reduced after backward (end_micro)
+    std::vector<Tensor> ps;
+    for (const nn::FlatParam& p : u.params) ps.push_back(p.value);
+    autograd::GradGroup::create(ps, [this, i] { reduce_unit(i); });
+  }
+}
+
+std::string FullyShardedDataParallel::name() const { return replicas_ ? "HSDP" : "FSDP"; }
+
+// ---- gathering parameters ----------------------------------------------------------
+
+void FullyShardedDataParallel::start_gather(size_t i) {
+  UnitState& s = state_[i];
+  if (s.gathered || s.gather) return;
+  const nn::FlatUnit& u = params_.units[i];
+  storage_of(u.full).allocate();
+  s.gather = shards_.all_gather(u.full, u.data);  // full (padded_numel) <- every rank's data
+  if (i > 0) max_gathered_ = std::max(max_gathered_, ++gathered_blocks_);
+}
+
+void FullyShardedDataParallel::wait_gather(size_t i) {
+  start_gather(i);
+  UnitState& s = state_[i];
+  if (s.gather) {
+    s.gather->wait();
+    s.gather = nullptr;
+    s.gathered = true;
+  }
+}
+
+void FullyShardedDataParallel::release(size_t i) {
+  UnitState& s = state_[i];
+  if (s.gather) wait_gather(i);  // never free memory a collective is writing
+  if (!s.gathered) return;
+  storage_of(params_.units[i].full).release();
+  s.gathered = false;
+  if (i > 0) --gathered_blocks_;
+}
+
+void FullyShardedDataParallel::alloc_grad(size_t i) {
+  UnitState& s = state_[i];
+  if (s.grad_live) return;
+  const nn::FlatUnit& u = params_.units[i];
+  storage_of(u.full_grad).allocate();
+  kernels::fill(u.full_grad, 0.0);  // parameter gradients accumulate (+=) into it
+  s.grad_live = true;
+}
+
+// ---- the unit wrapper: forward, and the hooks that drive backward ----------------------
+
+nn::UnitWrapper FullyShardedDataParallel::wrapper() {
+  return [this](int64_t block, const nn::UnitFn& fn, const Tensor& x) {
+    const size_t i = static_cast<size_t>(block) + 1;
+    const bool last = i + 1 == params_.units.size();
+    const bool training = autograd::grad_enabled();
+    wait_gather(i);                // prefetched during the previous block, if any
+    if (!last) start_gather(i + 1);  // prefetch the next block while this one computes
+    Tensor y;
+    {
+      Trace::Scope t(trace_, "forward " + params_.units[i].name, Trace::kCompute);
+      y = fn(x);
+    }
+    if (!training) {
+      release(i);
+      return y;
+    }
+    if (!last) release(i);  // reshard after forward; the last block is the first backward needs
+    return autograd::on_backward(y, [this, i] { before_backward(i); });
+  };
+}
+
+void FullyShardedDataParallel::before_backward(size_t i) {
+  drain(false);
+  wait_gather(i);
+  if (i > 1) start_gather(i - 1);  // prefetch the block whose backward comes next
+  alloc_grad(i);
+  if (trace_) backward_began_[i] = trace_->now_us();
+}
+
+// GradGroup of unit i: every parameter of the unit has its gradient for this micro-step.
+void FullyShardedDataParallel::reduce_unit(size_t i) {
+  if (trace_) trace_->add("backward " + params_.units[i].name, Trace::kCompute, backward_began_[i], trace_->now_us());
+  release(i);  // the parameters are not needed again in this backward
+  const nn::FlatUnit& u = params_.units[i];
+  PendingReduce p;
+  p.unit = i;
+  p.out = Tensor::empty({u.shard_numel}, u.grad.dtype(), u.grad.device());
+  p.work = shards_.reduce_scatter(p.out, u.full_grad, ReduceOp::kAvg);
+  pending_.push_back(std::move(p));
+}
+
+// Finishes reduce-scatters in the order they started (so every rank starts the HSDP
+// all-reduces in the same order); without `block`, stops at the first one still running.
+void FullyShardedDataParallel::drain(bool block) {
+  size_t n = 0;
+  for (; n < pending_.size(); ++n) {
+    PendingReduce& p = pending_[n];
+    if (!block && !p.work->done()) break;
+    p.work->wait();
+    const nn::FlatUnit& u = params_.units[p.unit];
+    storage_of(u.full_grad).release();
+    state_[p.unit].grad_live = false;
+    kernels::add_(u.grad, p.out);  // accumulate over micro-steps
+    if (sync_ && replicas_) replica_pending_.push_back(replicas_->all_reduce(u.grad, ReduceOp::kAvg));
+  }
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+// ---- the step --------------------------------------------------------------------------
+
+void FullyShardedDataParallel::begin_step() {}
+
+void FullyShardedDataParallel::begin_micro(bool sync) {
+  sync_ = sync;
+  wait_gather(0);  // the embeddings stay gathered for the whole step
+  if (params_.units.size() > 1) start_gather(1);
+  alloc_grad(0);
+}
+
+void FullyShardedDataParallel::end_micro() {
+  drain(true);
+  if (sync_) {  // the embeddings' gradients, accumulated over the micro-steps
+    const nn::FlatUnit& u = params_.units[0];
+    Tensor out = Tensor::empty({u.shard_numel}, u.grad.dtype(), u.grad.device());
+    shards_.reduce_scatter(out, u.full_grad, ReduceOp::kAvg)->wait();
+    storage_of(u.full_grad).release();
+    state_[0].grad_live = false;
+    kernels::add_(u.grad, out);
+    if (replicas_) replica_pending_.push_back(replicas_->all_reduce(u.grad, ReduceOp::kAvg));
+  }
+  for (const WorkPtr& w : replica_pending_) w->wait();
+  replica_pending_.clear();
+}
+
+double FullyShardedDataParallel::grad_norm() {
+  // each element lives in exactly one shard of the group (replicas hold equal copies)
+  return std::sqrt(shards_.all_reduce_scalar(optim::grad_sum_squares(params_), ReduceOp::kSum));
+}
+
+void FullyShardedDataParallel::end_step() { release_all(); }  // gathered copies are stale now
+
+void FullyShardedDataParallel::begin_forward_only() {
+  wait_gather(0);
+  if (params_.units.size() > 1) start_gather(1);
+}
+
+void FullyShardedDataParallel::end_forward_only() { release_all(); }
+
+void FullyShardedDataParallel::gather_all() {
+  for (size_t i = 0; i < state_.size(); ++i) start_gather(i);
+  for (size_t i = 0; i < state_.size(); ++i) wait_gather(i);
+}
+
+void FullyShardedDataParallel::release_all() {
+  for (size_t i = 0; i < state_.size(); ++i) release(i);
+}
+
+Tensor FullyShardedDataParallel::gather_buffer(const nn::FlatUnit& u, const Tensor& shard) {
+  Tensor full = Tensor::empty({u.padded_numel}, shard.dtype(), shard.device());
+  shards_.all_gather(full, shard)->wait();
+  return full;
+}
+
+void FullyShardedDataParallel::keep_shard(const nn::FlatUnit& u, const Tensor& full, const Tensor& shard) {
+  NDT_CHECK(full.numel() >= u.shard_offset + u.shard_numel || full.numel() == u.numel, "keep_shard: ", u.name);
+  // the whole buffer may come unpadded (numel): the padding of the last shard stays zero
+  const int64_t n = std::max<int64_t>(0, std::min(u.shard_numel, full.numel() - u.shard_offset));
+  kernels::fill(shard, 0.0);
+  if (n > 0) shard.narrow(0, 0, n).copy_(full.narrow(0, u.shard_offset, n));
+}
+
+}  // namespace ndt::dist

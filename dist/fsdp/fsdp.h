@@ -1,0 +1,108 @@
+// ndtrain: fully sharded data parallel (FSDP, ZeRO-3) and hybrid sharding (HSDP).
+//
+// Each unit's flat buffer is padded to a multiple of the n shard ranks and cut into n
+// shards; a rank allocates only its shard of parameters, gradients and AdamW moments
+// (nn::materialize with a ShardSpec). The whole buffer exists only while its unit runs:
+//
+//   forward of block i   all-gather unit i (prefetched during block i-1), start unit
+//                        i+1's all-gather, compute, release unit i (the last block stays:
+//                        backward starts with it)
+//   backward of block i  unit i is gathered again (prefetched during block i+1's backward),
+//                        start unit i-1's all-gather, compute; when unit i's GradGroup
+//                        fires, release its parameters and reduce-scatter its gradients
+//                        (mean) into this rank's gradient shard
+//   the embeddings       (wte, wpe, ln_f: unit 0, used at both ends of the model) stay
+//                        gathered for the whole step, their gradients accumulate locally
+//                        and are reduce-scattered once, after the last micro-step
+//
+// So besides the embeddings at most two units are gathered at any time: the one computing
+// and the one being prefetched. HSDP: the mesh's replicate dimension holds copies of the
+// sharded model; after the last micro-step each gradient shard is averaged over the
+// replicas with one all-reduce (it starts as soon as that unit's reduce-scatter is done).
+//
+//   dist::FullyShardedDataParallel fsdp(params, mesh.fsdp(), &mesh.replicate());
+//   gpt.add_unit_wrapper(fsdp.wrapper());   // after activation checkpointing (outermost)
+//
+// Communication per step, per rank, with n shards and padded unit bytes P: forward
+// all-gathers (n-1)/n P of every unit; backward again of every block but the last;
+// reduce-scatters (n-1)/n P of every block per micro-step, and of the embeddings once.
+// HSDP adds one all-reduce of the shard (2 (r-1)/r P/n) per unit and step.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dist/comm/communicator.h"
+#include "dist/strategy.h"
+#include "dist/trace.h"
+#include "nn/unit.h"
+
+namespace ndt::dist {
+
+class FullyShardedDataParallel : public Strategy {
+ public:
+  // params: sharded over `shards` (materialized with ShardSpec{shards.rank(), shards.size()}).
+  // replicas: HSDP's replicate group, or nullptr / a group of one for plain FSDP.
+  FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shards, Communicator* replicas = nullptr);
+  std::string name() const override;
+
+  // Install on the model (GPT::add_unit_wrapper): block i is unit i + 1.
+  nn::UnitWrapper wrapper();
+
+  void begin_step() override;
+  void begin_micro(bool sync) override;
+  void end_micro() override;
+  double grad_norm() override;
+  void end_step() override;
+  void begin_forward_only() override;
+  void end_forward_only() override;
+
+  // Gathers every unit into its whole buffer (checkpoints, weights export) / releases all.
+  void gather_all();
+  void release_all();
+
+  // Each rank's copy of a whole buffer (padded_numel) from the shards of every rank, and
+  // back: for checkpoints of AdamW moments (collective over the shard group).
+  Tensor gather_buffer(const nn::FlatUnit& u, const Tensor& shard);
+  static void keep_shard(const nn::FlatUnit& u, const Tensor& full, const Tensor& shard);
+
+  // Forward and backward of each block on the trace's compute track.
+  void set_trace(Trace* t) { trace_ = t; }
+
+  // Most block units gathered at once since the last reset (the embeddings not counted).
+  int max_gathered() const { return max_gathered_; }
+  void reset_max_gathered() { max_gathered_ = gathered_blocks_; }
+
+ private:
+  struct UnitState {
+    WorkPtr gather;     // all-gather in flight into full
+    bool gathered = false;
+    bool grad_live = false;  // full_grad holds memory
+  };
+  struct PendingReduce {
+    size_t unit;
+    Tensor out;   // (shard_numel) the reduce-scatter's result, added to the shard's grad
+    WorkPtr work;
+  };
+
+  void start_gather(size_t u);
+  void wait_gather(size_t u);
+  void release(size_t u);
+  void alloc_grad(size_t u);
+  void reduce_unit(size_t u);        // start the reduce-scatter of unit u's full gradient
+  void drain(bool block);            // finish the reduce-scatters that are done (or all)
+  void before_backward(size_t u);    // on_backward hook of block unit u
+
+  const nn::FlatParams& params_;
+  Communicator& shards_;
+  Communicator* replicas_;  // HSDP, or nullptr
+  std::vector<UnitState> state_;
+  std::vector<PendingReduce> pending_;
+  std::vector<WorkPtr> replica_pending_;
+  bool sync_ = true;
+  Trace* trace_ = nullptr;
+  std::vector<int64_t> backward_began_;  // per unit, for the trace
+  int gathered_blocks_ = 0, max_gathered_ = 0;
+};
+
+}  // namespace ndt::dist

@@ -1,0 +1,82 @@
+// ndtrain: the layout of the ranks (ParallelDims) and one communicator per dimension
+// (DeviceMesh).
+//
+// Four dimensions, named as in Hugging Face Accelerate's ParallelismConfig, from outermost
+// to innermost: dp_replicate x dp_shard x cp x tp. So rank = ((r*S + s)*CP + c)*TP + t:
+// TP neighbours are adjacent ranks (inside a node), replicas are furthest apart (HSDP:
+// sharding inside a node, one gradient all-reduce across nodes).
+//
+//   dist::ParallelDims dims = dist::ParallelDims::resolve(/*replicate=*/2, /*shard=*/-1, 1, 1, world->size());
+//   dist::DeviceMesh mesh(dims, world);
+//   mesh.fsdp().all_gather(full, shard);   // shard x cp: the ranks that shard parameters
+//   mesh.dp().size();                      // replicate x shard: ranks that read different data
+//
+// Flattened groups: dp = replicate x shard (the data-parallel ranks: each reads its own
+// batch); fsdp = shard x cp (the ranks over which parameters are sharded: CP ranks hold
+// different tokens of the same sequences, so they reduce gradients like data-parallel ranks).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/comm/communicator.h"
+
+namespace ndt::dist {
+
+struct ParallelDims {
+  int64_t dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1;
+
+  // Resolves dp_shard = -1 ("the rest of the world") and checks every size against the
+  // world; throws ndt::Error naming the four sizes and the world size.
+  static ParallelDims resolve(int64_t dp_replicate, int64_t dp_shard, int64_t cp, int64_t tp, int64_t world);
+
+  int64_t world() const { return dp_replicate * dp_shard * cp * tp; }
+  int64_t dp() const { return dp_replicate * dp_shard; }  // ranks with different data
+  int64_t fsdp() const { return dp_shard * cp; }          // ranks that shard parameters
+  bool sharded() const { return fsdp() > 1; }
+
+  struct Coords {
+    int64_t replicate = 0, shard = 0, cp = 0, tp = 0;
+  };
+  Coords coords(int64_t rank) const;
+  int64_t rank_of(const Coords& c) const;
+  std::string str() const;  // "dp_replicate 2 x dp_shard 2 x cp 1 x tp 1 = 4 ranks"
+  std::string strategy() const;  // "single process", "DP", "FSDP", "HSDP", ...
+};
+
+class DeviceMesh {
+ public:
+  // Collective over `world`: every rank builds the same mesh.
+  DeviceMesh(const ParallelDims& dims, std::shared_ptr<Communicator> world);
+
+  const ParallelDims& dims() const { return dims_; }
+  const ParallelDims::Coords& coords() const { return coords_; }
+  int64_t dp_rank() const { return coords_.replicate * dims_.dp_shard + coords_.shard; }
+  int64_t fsdp_rank() const { return coords_.shard * dims_.cp + coords_.cp; }
+
+  Communicator& world() const { return *world_; }
+  Communicator& replicate() const { return *replicate_; }
+  Communicator& shard() const { return *shard_; }
+  Communicator& cp() const { return *cp_; }
+  Communicator& tp() const { return *tp_; }
+  Communicator& dp() const { return *dp_; }
+  Communicator& fsdp() const { return *fsdp_; }
+
+  // Every communicator once (the world first), for byte counters and the trace.
+  std::vector<Communicator*> all() const;
+  int64_t bytes_sent() const;  // sum over all()
+  void reset_stats() const;
+
+  // Collective: the layout, one line per rank with its coordinates and host (ranges of
+  // ranks per host when the world is large). Meant to be printed by rank 0.
+  std::string describe() const;
+
+ private:
+  ParallelDims dims_;
+  ParallelDims::Coords coords_;
+  std::shared_ptr<Communicator> world_, replicate_, shard_, cp_, tp_, dp_, fsdp_;
+};
+
+}  // namespace ndt::dist

@@ -1,0 +1,93 @@
+#include "dist/trace.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "tensor/error.h"
+
+namespace ndt::dist {
+
+Trace::Trace(int rank) : rank_(rank), start_(std::chrono::steady_clock::now()) {}
+
+int64_t Trace::now_us() const {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void Trace::add(const std::string& name, Track track, int64_t begin_us, int64_t end_us, int64_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  events_.push_back({name, track, begin_us, end_us, bytes});
+}
+
+size_t Trace::size() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return events_.size();
+}
+
+namespace {
+std::string escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    o += c;
+  }
+  return o;
+}
+}  // namespace
+
+void Trace::write(const std::string& path) const {
+  std::lock_guard<std::mutex> g(mu_);
+  const char* tracks[] = {"compute", "comm", "wait"};
+  std::string s = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+                rank_, rank_);
+  s += buf;
+  for (int t = 0; t < 3; ++t) {
+    std::snprintf(buf, sizeof(buf),
+                  ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", rank_,
+                  t, tracks[t]);
+    s += buf;
+  }
+  for (const Event& e : events_) {
+    s += ",\n{\"ph\":\"X\",\"name\":\"" + escape(e.name) + "\"";
+    std::snprintf(buf, sizeof(buf), ",\"pid\":%d,\"tid\":%d,\"ts\":%lld,\"dur\":%lld", rank_, static_cast<int>(e.track),
+                  static_cast<long long>(e.begin), static_cast<long long>(e.end - e.begin));
+    s += buf;
+    if (e.bytes >= 0) {
+      std::snprintf(buf, sizeof(buf), ",\"args\":{\"bytes\":%lld}", static_cast<long long>(e.bytes));
+      s += buf;
+    }
+    s += "}";
+  }
+  s += "\n]}\n";
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  NDT_CHECK(f, "cannot write trace ", tmp, " (", std::strerror(errno), ")");
+  const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    NDT_FAIL("writing trace ", path, " failed (", std::strerror(err), ")");
+  }
+}
+
+Trace::Scope::Scope(Trace* t, std::string name, Track track, int64_t bytes)
+    : t_(t), name_(std::move(name)), track_(track), bytes_(bytes) {
+  if (t_) begin_ = t_->now_us();
+}
+
+Trace::Scope::~Scope() {
+  if (t_) t_->add(name_, track_, begin_, t_->now_us(), bytes_);
+}
+
+std::string trace_path_for_rank(const std::string& path, int rank) {
+  std::filesystem::path p(path);
+  const std::string ext = p.has_extension() ? p.extension().string() : ".json";
+  return (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(rank) + ext)).string();
+}
+
+}  // namespace ndt::dist

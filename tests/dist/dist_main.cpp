@@ -1,0 +1,31 @@
+// main() of the distributed test programs (tests/test_dist_*.cpp), run under mpirun:
+// every rank runs every test; only rank 0 prints; the program fails when any rank failed.
+#include <gtest/gtest.h>
+
+#include "dist/comm/mpi.h"
+#include "dist_testing.h"
+#include "tensor/threads.h"
+
+namespace ndt::testing {
+namespace {
+std::shared_ptr<dist::Communicator> g_world;
+}
+std::shared_ptr<dist::Communicator> world() { return g_world; }
+}  // namespace ndt::testing
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ndt::testing::g_world = ndt::dist::init_world(/*force_mpi=*/true);
+  ndt::set_num_threads(1);
+  auto& world = *ndt::testing::g_world;
+  if (world.rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  const int rc = RUN_ALL_TESTS();
+  // a failure on any rank fails the program on every rank
+  const double failed = world.all_reduce_scalar(rc != 0 ? 1.0 : 0.0, ndt::dist::ReduceOp::kMax);
+  if (world.rank() == 0)
+    std::printf("[dist] %d ranks: %s\n", world.size(), failed > 0 ? "FAILED on some rank" : "passed on every rank");
+  return failed > 0 ? 1 : 0;
+}
