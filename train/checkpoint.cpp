@@ -193,6 +193,15 @@ void verify_checkpoint(const std::string& path, const std::vector<std::string>& 
 
 std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
                             const optim::AdamW& opt, const TrainState& state, int keep) {
+  for (const nn::FlatUnit& u : params.units)
+    NDT_CHECK(!u.sharded(), "save_checkpoint: unit ", u.name, " is sharded; pass its gathered Moments");
+  return save_checkpoint(dir, gpt, params, Moments{opt.m(), opt.v(), opt.steps_taken()}, state, keep);
+}
+
+std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
+                            const Moments& opt, const TrainState& state, int keep) {
+  NDT_CHECK(opt.m.size() == params.units.size() && opt.v.size() == params.units.size(),
+            "save_checkpoint: one m and one v per unit");
   char name[32];
   std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(state.step));
   const std::string bad = train::first_nonfinite_param(params);
@@ -205,12 +214,13 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
   save_weights((tmp_dir / "model.safetensors").string(), gpt, params, {{"step", std::to_string(state.step)}});
   io::SafeTensorsWriter w;
   for (size_t i = 0; i < params.units.size(); ++i) {
-    w.add("adam.m." + params.units[i].name, opt.m()[i]);
-    w.add("adam.v." + params.units[i].name, opt.v()[i]);
+    const int64_t n = params.units[i].numel;  // without the shard padding
+    w.add("adam.m." + params.units[i].name, opt.m[i].narrow(0, 0, n));
+    w.add("adam.v." + params.units[i].name, opt.v[i].narrow(0, 0, n));
   }
   w.metadata = state.extra;
   w.metadata["step"] = std::to_string(state.step);
-  w.metadata["adam_steps"] = std::to_string(opt.steps_taken());
+  w.metadata["adam_steps"] = std::to_string(opt.steps);
   w.metadata["loader_epoch"] = std::to_string(state.loader.epoch);
   w.metadata["loader_window"] = std::to_string(state.loader.window);
   w.write((tmp_dir / "state.safetensors").string());
@@ -245,6 +255,20 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
 
 TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
                            optim::AdamW& opt) {
+  for (const nn::FlatUnit& u : params.units)
+    NDT_CHECK(!u.sharded(), "load_checkpoint: unit ", u.name, " is sharded; load whole Moments");
+  Moments m;
+  TrainState s = load_checkpoint(path, gpt, params, m);
+  for (size_t i = 0; i < params.units.size(); ++i) {
+    opt.m()[i].copy_(m.m[i]);
+    opt.v()[i].copy_(m.v[i]);
+  }
+  opt.set_steps_taken(m.steps);
+  return s;
+}
+
+TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
+                           Moments& opt) {
   const fs::path dir(path);
   verify_checkpoint(path);  // every file against its checksum, before anything is read
   io::SafeTensorsReader st((dir / "state.safetensors").string());
@@ -254,9 +278,9 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
       const std::string n = k + params.units[i].name;
       NDT_CHECK(st.has(n), "checkpoint ", path, ": optimizer state lacks ", n,
                 "; the model differs from the checkpoint's");
-      NDT_CHECK(st.entries().at(n).shape == params.units[i].data.shape(), "checkpoint ", path, ": ", n,
-                " has shape ", shape_str(st.entries().at(n).shape), ", the model needs ",
-                params.units[i].data.shape_str(), "; the model config differs from the checkpoint's");
+      NDT_CHECK(st.entries().at(n).shape == Shape{params.units[i].numel}, "checkpoint ", path, ": ", n,
+                " has shape ", shape_str(st.entries().at(n).shape), ", the model needs (", params.units[i].numel,
+                "); the model config differs from the checkpoint's");
     }
   }
   auto meta_int = [&](const char* key) -> int64_t {
@@ -275,11 +299,13 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
   const int64_t adam_steps = meta_int("adam_steps");
   s.extra = st.metadata();
   load_weights((dir / "model.safetensors").string(), gpt, params);
-  for (size_t i = 0; i < params.units.size(); ++i) {
-    opt.m()[i].copy_(st.get("adam.m." + params.units[i].name, opt.m()[i].dtype()));
-    opt.v()[i].copy_(st.get("adam.v." + params.units[i].name, opt.v()[i].dtype()));
+  opt.m.clear();
+  opt.v.clear();
+  for (const nn::FlatUnit& u : params.units) {
+    opt.m.push_back(st.get("adam.m." + u.name, u.data.dtype()));
+    opt.v.push_back(st.get("adam.v." + u.name, u.data.dtype()));
   }
-  opt.set_steps_taken(adam_steps);
+  opt.steps = adam_steps;
   return s;
 }
 

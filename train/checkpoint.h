@@ -43,9 +43,20 @@ struct TrainState {
   std::map<std::string, std::string> extra;  // e.g. config text, for messages
 };
 
+// AdamW's moments as whole unit buffers, one (numel) tensor per unit: what a checkpoint
+// holds, whatever the layout that wrote it (sharded runs gather them first, and keep only
+// their shard of what they load), so a checkpoint resumes in any layout.
+struct Moments {
+  std::vector<Tensor> m, v;
+  int64_t steps = 0;  // AdamW steps taken (bias correction)
+};
+
 // Writes a complete checkpoint of step `state.step`; keeps the newest `keep` (0: all).
+// The parameters' values must be whole (gathered when sharded).
 std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
-                            const optim::AdamW& opt, const TrainState& state, int keep);
+                            const Moments& moments, const TrainState& state, int keep);
+std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
+                            const optim::AdamW& opt, const TrainState& state, int keep);  // unsharded
 // The directory named by <dir>/latest, or nullopt when there is none.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 // The step of a checkpoint directory name "step_<digits>", or nullopt.
@@ -53,8 +64,11 @@ std::optional<int64_t> step_of(const std::string& name);
 // Checks the files of a checkpoint directory (all, or those named in `only`) against
 // the sizes and checksums in its checkpoint.json; throws one line naming the bad file.
 void verify_checkpoint(const std::string& path, const std::vector<std::string>& only = {});
-// Loads weights, optimizer moments and state from a checkpoint directory.
+// Loads weights (into the parameters' values, which must be whole), the moments (whole
+// buffers, on the CPU) and the state from a checkpoint directory.
 TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
-                           optim::AdamW& opt);
+                           Moments& moments);
+TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
+                           optim::AdamW& opt);  // unsharded
 
 }  // namespace ndt::ckpt

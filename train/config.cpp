@@ -62,7 +62,11 @@ po::options_description describe(Config& c) {
       ("optim.beta1", po::value(&c.beta1)->default_value(c.beta1), "AdamW beta1")
       ("optim.beta2", po::value(&c.beta2)->default_value(c.beta2), "AdamW beta2")
       ("optim.eps", po::value(&c.eps)->default_value(c.eps), "AdamW epsilon")
-      ("optim.grad_clip", po::value(&c.grad_clip)->default_value(c.grad_clip), "clip the global gradient norm to this (0: off)");
+      ("optim.grad_clip", po::value(&c.grad_clip)->default_value(c.grad_clip), "clip the global gradient norm to this (0: off)")
+      ("optim.lr_scaling", po::value(&c.lr_scaling)->default_value(c.lr_scaling),
+       "scale optim.lr with the effective batch: none, linear (lr x batch/base) or sqrt (lr x sqrt(batch/base))")
+      ("optim.lr_base_batch", po::value(&c.lr_base_batch)->default_value(c.lr_base_batch),
+       "the effective batch, in sequences, that optim.lr was tuned for (needed by lr_scaling)");
   po::options_description ckpt("[checkpoint]");
   ckpt.add_options()
       ("checkpoint.dir", po::value(&c.ckpt_dir)->default_value(c.ckpt_dir), "checkpoint directory (empty: none)")
@@ -74,6 +78,10 @@ po::options_description describe(Config& c) {
       ("log.metrics", po::value(&c.metrics)->default_value(c.metrics), "JSON-lines metrics file (empty: none)")
       ("log.every", po::value(&c.log_every)->default_value(c.log_every), "print a line every N steps")
       ("log.report", po::value(&c.report)->default_value(c.report), "HTML report with loss curves, written at the end (empty: none)")
+      ("log.trace", po::value(&c.trace)->default_value(c.trace),
+       "Chrome trace of each rank's steps (out/trace.json -> out/trace.rank0.json, ...; empty: none)")
+      ("log.grads", po::value(&c.grads_file)->default_value(c.grads_file),
+       "write the first step's gradients (whole unit buffers, safetensors) here, to compare layouts (empty: none)")
       ("log.peak_tflops", po::value(&c.peak_tflops)->default_value(c.peak_tflops),
        "peak TFLOP/s of one device for MFU on GPU (0: 989 for H100 bf16 / 67 f32)");
   po::options_description sample("[sample]");
@@ -85,10 +93,12 @@ po::options_description describe(Config& c) {
       ("sample.prompt", po::value(&c.prompt)->default_value(c.prompt), "text to start from (\\n for a newline)");
   po::options_description par("[parallel]");
   par.add_options()
-      ("parallel.dp_replicate_size", po::value(&c.dp_replicate_size)->default_value(c.dp_replicate_size), "data-parallel replicas")
-      ("parallel.dp_shard_size", po::value(&c.dp_shard_size)->default_value(c.dp_shard_size), "FSDP shards")
-      ("parallel.tp_size", po::value(&c.tp_size)->default_value(c.tp_size), "tensor-parallel degree")
-      ("parallel.cp_size", po::value(&c.cp_size)->default_value(c.cp_size), "context-parallel degree");
+      ("parallel.dp_replicate_size", po::value(&c.dp_replicate_size)->default_value(c.dp_replicate_size),
+       "data-parallel replicas (DP; with dp_shard_size > 1: HSDP)")
+      ("parallel.dp_shard_size", po::value(&c.dp_shard_size)->default_value(c.dp_shard_size),
+       "FSDP shards (-1: the rest of the world)")
+      ("parallel.tp_size", po::value(&c.tp_size)->default_value(c.tp_size), "tensor-parallel degree (must be 1 for now)")
+      ("parallel.cp_size", po::value(&c.cp_size)->default_value(c.cp_size), "context-parallel degree (must be 1 for now)");
   po::options_description all;
   all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par);
   return all;
@@ -324,12 +334,21 @@ void validate(const Config& c) {
   need(c.prompt.size() <= 65536, "sample.prompt is " + std::to_string(c.prompt.size()) +
                                      " bytes; at most 65536 (the model sees only "
                                      "the last model.block_size tokens anyway)");
-  for (auto [key, v] : {std::pair<const char*, int64_t>{"parallel.dp_replicate_size", c.dp_replicate_size},
-                        {"parallel.dp_shard_size", c.dp_shard_size},
-                        {"parallel.tp_size", c.tp_size},
-                        {"parallel.cp_size", c.cp_size}})
-    need(v == 1, std::string(key) + " = " + std::to_string(v) +
-                     ": parallelism is not available yet; every [parallel] size must be 1");
+  range("parallel.dp_replicate_size", c.dp_replicate_size, 1, 1 << 20);
+  need(c.dp_shard_size == -1 || (c.dp_shard_size >= 1 && c.dp_shard_size <= (1 << 20)),
+       "parallel.dp_shard_size must be >= 1, or -1 for the rest of the world, got " + std::to_string(c.dp_shard_size));
+  need(c.tp_size == 1, "parallel.tp_size = " + std::to_string(c.tp_size) +
+                           ": tensor parallelism is not implemented yet; use tp_size = 1 (data parallel, FSDP "
+                           "and HSDP work: dp_replicate_size, dp_shard_size)");
+  need(c.cp_size == 1, "parallel.cp_size = " + std::to_string(c.cp_size) +
+                           ": context parallelism is not implemented yet; use cp_size = 1 (data parallel, FSDP "
+                           "and HSDP work: dp_replicate_size, dp_shard_size)");
+  need(c.lr_scaling == "none" || c.lr_scaling == "linear" || c.lr_scaling == "sqrt",
+       "optim.lr_scaling must be none, linear or sqrt, got '" + c.lr_scaling + "'");
+  range("optim.lr_base_batch", c.lr_base_batch, 0, kBig);
+  need(c.lr_scaling == "none" || c.lr_base_batch > 0,
+       "optim.lr_scaling = " + c.lr_scaling +
+           " needs optim.lr_base_batch: the effective batch, in sequences, that optim.lr was tuned for");
 }
 
 std::vector<std::string> warnings(const Config& c) {

@@ -48,6 +48,8 @@ struct Config {
          grad_clip = 1.0;
   int64_t warmup_steps = 0;
   std::string schedule = "cosine";
+  std::string lr_scaling = "none";  // none, linear or sqrt in effective batch / lr_base_batch
+  int64_t lr_base_batch = 0;        // sequences
   // [checkpoint]
   std::string ckpt_dir;
   int64_t ckpt_every = 0;
@@ -55,6 +57,8 @@ struct Config {
   int ckpt_keep = 2;
   // [log]
   std::string metrics, report;
+  std::string trace;       // Chrome trace, one file per rank (path.rankN.json)
+  std::string grads_file;  // the first step's gradients as whole buffers (comparing layouts)
   int64_t log_every = 1;
   double peak_tflops = 0;
   // [sample]

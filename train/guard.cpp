@@ -1,5 +1,7 @@
 #include "train/guard.h"
 
+#include "dist/trace.h"
+
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -132,10 +134,14 @@ void clean_temporaries(const std::string& dir) {
   }
 }
 
-void check_output_paths(const Config& c) {
-  if (!c.ckpt_dir.empty()) check_writable_dir(c.ckpt_dir, "checkpoint.dir");
-  if (!c.metrics.empty()) check_output_file(c.metrics, "log.metrics");
-  if (!c.report.empty()) check_output_file(c.report, "log.report");
+void check_output_paths(const Config& c, int rank) {
+  if (rank == 0) {  // the files rank 0 writes
+    if (!c.ckpt_dir.empty()) check_writable_dir(c.ckpt_dir, "checkpoint.dir");
+    if (!c.metrics.empty()) check_output_file(c.metrics, "log.metrics");
+    if (!c.report.empty()) check_output_file(c.report, "log.report");
+    if (!c.grads_file.empty()) check_output_file(c.grads_file, "log.grads");
+  }
+  if (!c.trace.empty()) check_output_file(dist::trace_path_for_rank(c.trace, rank), "log.trace");  // every rank's own
 }
 
 void check_fits_in_memory(int64_t param_count, Device device) {

@@ -67,9 +67,10 @@ class RunLock {
 // Call only while holding the RunLock.
 void clean_temporaries(const std::string& dir);
 
-// Throws ConfigError (one line naming the key) if any output of the run cannot be written:
-// checkpoint.dir, log.metrics, log.report. Creates missing directories, writes nothing else.
-void check_output_paths(const Config& c);
+// Throws ConfigError (one line naming the key) if any output of this rank cannot be
+// written: rank 0's checkpoint.dir, log.metrics, log.report, log.grads, and every rank's
+// own log.trace file. Creates missing directories, writes nothing else.
+void check_output_paths(const Config& c, int rank = 0);
 
 // Throws ConfigError when `param_count` f32 parameters with their gradients and AdamW
 // moments (16 bytes each) cannot fit in the memory of `device` (CPU: physical memory).

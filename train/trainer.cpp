@@ -1,5 +1,7 @@
-// The training loop: config -> model (described, materialized in flat buffers) -> data ->
-// AdamW -> steps with gradient accumulation, clipping, eval, sampling, checkpoints, report.
+// The training run: setup (devices, the mesh of ranks) -> describe (the model's parameters
+// as names and global shapes) -> parallelize (the unit wrappers) -> materialize (this
+// rank's shards, data, AdamW, resume) -> the loop (steps with gradient accumulation,
+// clipping, eval, sampling, checkpoints), then the report.
 #include "train/trainer.h"
 
 #include <chrono>
@@ -10,10 +12,17 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "autograd/engine.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "dist/comm/mpi.h"
+#include "dist/comm/nccl.h"
+#include "dist/data_parallel.h"
+#include "dist/fsdp/fsdp.h"
+#include "dist/mesh.h"
+#include "dist/trace.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "tensor/checked.h"
@@ -25,6 +34,7 @@
 #include "train/files.h"
 #include "train/guard.h"
 #include "train/report.h"
+#include "train/safetensors.h"
 #include "train/sample.h"
 #include "train/vocab.h"
 
@@ -60,116 +70,191 @@ std::string printable(const std::string& s) {
   return o;
 }
 
+// A stream that drops everything: the output of ranks other than 0.
+class NullBuffer : public std::streambuf {
+ protected:
+  int overflow(int c) override { return c; }
+};
+
+// The training run in five phases (run()): setup -> describe -> parallelize ->
+// materialize -> loop. Rank 0 prints and writes the logs; every rank trains.
 class Trainer {
  public:
-  Trainer(const Config& c, std::ostream& out) : c_(c), out_(out) {}
-  int run();  // the exit code: 0, or kExitPreempted
+  Trainer(const Config& c, std::shared_ptr<dist::Communicator> world, std::ostream& out)
+      : c_(c), world_(std::move(world)), out_(world_->rank() == 0 ? out : null_out_) {}
+  int run() {
+    setup();
+    describe();
+    parallelize();
+    materialize();
+    return loop();
+  }
 
  private:
+  void setup();        // devices, threads, the mesh, outputs and the checkpoint lock
+  void describe();     // the model as a description: names, global shapes, init rules
+  void parallelize();  // the data-parallel strategy and the wrappers around each block
+  void materialize();  // memory (this rank's shards), weights, optimizer, data, resume
+  int loop();          // the steps, with evaluation, samples and checkpoints; then the end
+
+  double train_step(int64_t step);  // one optimizer step; returns the mean loss
   double evaluate();
   void sample(int64_t step);
+  void save(int64_t step);
+  void load_weights(const std::string& path);   // init_from, into this rank's shards
+  void resume_from(const std::string& path);
+  void write_grads(const std::string& path);    // log.grads
   void log_json(const nlohmann::json& j);
+  void write_trace();
+  bool lead() const { return world_->rank() == 0; }
+  // a whole-buffer view of every unit (gathered under FSDP) for as long as fn runs
+  template <typename F>
+  void with_whole_buffers(F&& fn);
 
   const Config& c_;
+  std::shared_ptr<dist::Communicator> world_;
+  NullBuffer null_buf_;
+  std::ostream null_out_{&null_buf_};
   std::ostream& out_;
   Device device_;
+  dist::ParallelDims dims_;
+  std::unique_ptr<dist::DeviceMesh> mesh_;
+  std::unique_ptr<dist::Trace> trace_;
+  models::GPTConfig mc_;
   std::unique_ptr<models::GPT> gpt_;
   nn::FlatParams params_;
+  std::unique_ptr<dist::Strategy> strategy_;
+  dist::FullyShardedDataParallel* fsdp_ = nullptr;  // the strategy, when sharded
   std::unique_ptr<optim::AdamW> opt_;
+  optim::Schedule sched_;
+  double lr_ = 0;  // optim.lr after lr_scaling
   std::unique_ptr<data::DataLoader> train_, val_;
   std::unique_ptr<data::Vocab> vocab_;
+  int64_t tokens_per_step_ = 0, start_ = 0, saved_step_ = 0;
   io::LineWriter metrics_;
   bool metrics_warned_ = false;
   std::unique_ptr<RunLock> lock_;
   LossCurves curves_;
 };
 
-void Trainer::log_json(const nlohmann::json& j) {
-  if (!metrics_.is_open()) return;
-  metrics_.write_line(j.dump());
-  if (!metrics_.error().empty() && !metrics_warned_) {  // loud now, an error at the end
-    out_ << "warning: " << metrics_.error() << "; no more metrics are written, training goes on" << std::endl;
-    metrics_warned_ = true;
-  }
-}
+// ---- phase 1: setup ----------------------------------------------------------------
 
-double Trainer::evaluate() {
-  autograd::NoGradGuard no_grad;
-  val_->reset();  // the same validation batches every time
-  double total = 0;
-  for (int64_t i = 0; i < c_.eval_steps; ++i) {
-    data::Batch b = val_->next();
-    total += gpt_->forward(b.inputs.to(device_), b.targets.to(device_)).loss.item();
-  }
-  return total / static_cast<double>(c_.eval_steps);
-}
-
-void Trainer::sample(int64_t step) {
-  if (!vocab_ || c_.sample_length == 0) return;
-  std::vector<int32_t> prompt;
-  for (uint16_t t : vocab_->encode(c_.prompt)) prompt.push_back(t);
-  std::vector<int32_t> ids =
-      generate(*gpt_, prompt, c_.sample_length, c_.temperature, c_.top_k, c_.seed + step, device_);
-  out_ << "sample at step " << step << ":\n  " << printable(vocab_->decode(ids)) << "\n";
-  log_json({{"step", step}, {"sample", vocab_->decode(ids)}});
-}
-
-int Trainer::run() {
-  // ---- devices and threads
-  set_num_threads(c_.threads);
+void Trainer::setup() {
+  // devices: one process per GPU, the GPU chosen by the rank's place on its node
   device_ = Device::parse(c_.device);
   if (device_.is_cuda()) {
     if (!cuda::available())
       throw ConfigError("train.device = " + c_.device + " but no CUDA device is visible" +
-                        (cuda::compiled() ? "" : " (this build has no CUDA backend)") +
-                        "; use train.device = cpu");
+                        (cuda::compiled() ? "" : " (this build has no CUDA backend)") + "; use train.device = cpu");
+    if (c_.device == "cuda") device_ = Device::cuda(dist::local_rank() % std::max(1, cuda::device_count()));
     cuda::set_device(device_.index);
   }
-  if (device_.is_cpu())
-    out_ << "device: cpu, " << num_threads() << " threads, OpenBLAS kernel " << blas_core() << "\n";
-  else
-    out_ << "device: " << device_.str() << "\n";
-  for (const std::string& w : warnings(c_)) out_ << "warning: " << w << "\n";
-  // ---- model: describe, then materialize
-  models::GPTConfig mc;
-  mc.n_layer = c_.n_layer;
-  mc.n_head = c_.n_head;
-  mc.n_embd = c_.n_embd;
-  mc.vocab_size = c_.vocab_size;
-  mc.block_size = c_.block_size;
-  mc.vocab_multiple = c_.vocab_multiple;
+  // threads: this rank's share of the node's cores (train.threads = 0)
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  set_num_threads(c_.threads > 0 ? c_.threads : std::max(1, cores / std::max(1, dist::local_size())));
+  // the mesh: dp_replicate x dp_shard x cp x tp ranks, a communicator per dimension
   try {
-    mc.validate();
+    dims_ = dist::ParallelDims::resolve(c_.dp_replicate_size, c_.dp_shard_size, c_.cp_size, c_.tp_size,
+                                        world_->size());
   } catch (const Error& e) {
     throw ConfigError(e.what());
   }
-  // ---- outputs, before any work: writable, and the checkpoint directory ours alone
-  check_output_paths(c_);
-  if (!c_.ckpt_dir.empty()) {
+  std::shared_ptr<dist::Communicator> world = world_;
+  if (device_.is_cuda() && world_->size() > 1) world = dist::nccl_communicator(world_, device_.index);
+  mesh_ = std::make_unique<dist::DeviceMesh>(dims_, world);
+  if (!c_.trace.empty()) {
+    trace_ = std::make_unique<dist::Trace>(world_->rank());
+    for (dist::Communicator* comm : mesh_->all()) comm->set_trace(trace_.get());
+  }
+  const std::string layout = mesh_->describe();  // collective
+  if (device_.is_cpu())
+    out_ << "device: cpu, " << num_threads() << " threads per rank, OpenBLAS kernel " << blas_core() << "\n";
+  else
+    out_ << "device: " << device_.str() << (world_->size() > 1 ? " (rank 0; cuda:<local rank> on every rank)" : "")
+         << "\n";
+  if (world_->size() > 1) out_ << layout;
+  for (const std::string& w : warnings(c_)) out_ << "warning: " << w << "\n";
+  // outputs, before any work: writable, and the checkpoint directory ours alone
+  check_output_paths(c_, world_->rank());
+  if (lead() && !c_.ckpt_dir.empty()) {
     lock_ = std::make_unique<RunLock>(c_.ckpt_dir);
     clean_temporaries(c_.ckpt_dir);
   }
-  gpt_ = std::make_unique<models::GPT>(mc);
-  if (c_.activation_checkpointing) gpt_->add_unit_wrapper(nn::activation_checkpointing());
+  world_->barrier();  // every rank's checks passed
+}
+
+// ---- phase 2: describe -------------------------------------------------------------
+
+void Trainer::describe() {
+  mc_.n_layer = c_.n_layer;
+  mc_.n_head = c_.n_head;
+  mc_.n_embd = c_.n_embd;
+  mc_.vocab_size = c_.vocab_size;
+  mc_.block_size = c_.block_size;
+  mc_.vocab_multiple = c_.vocab_multiple;
+  try {
+    mc_.validate();
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+  gpt_ = std::make_unique<models::GPT>(mc_);  // names, global shapes, init rules; no memory yet
   int64_t param_count = 0;
   for (const nn::ParamSpec& p : gpt_->parameters())
     param_count = checked_add(param_count, numel_of(p.shape), "parameter count");
-  check_fits_in_memory(param_count, device_);
-  params_ = nn::materialize(gpt_->units(), device_, DType::f32, c_.seed);
-  out_ << "model: " << mc.str() << "\n";
+  check_fits_in_memory(param_count / dims_.fsdp(), device_);  // this rank's share
+  out_ << "model: " << mc_.str() << "\n";
+}
+
+// ---- phase 3: parallelize ----------------------------------------------------------
+
+void Trainer::parallelize() {
+  // Wrappers compose inside out: activation checkpointing around the block's own forward,
+  // FSDP's gather/release around that (so a recompute finds the block gathered).
+  if (c_.activation_checkpointing) gpt_->add_unit_wrapper(nn::activation_checkpointing());
+  if (trace_ && !dims_.sharded())  // FSDP traces its units itself
+    gpt_->add_unit_wrapper([this](int64_t i, const nn::UnitFn& fn, const Tensor& x) {
+      dist::Trace::Scope s(trace_.get(), "forward h." + std::to_string(i), dist::Trace::kCompute);
+      return fn(x);
+    });
+  // The strategy is chosen after materialize (it needs the buffers); nothing to allocate here.
+}
+
+// ---- phase 4: materialize ----------------------------------------------------------
+
+void Trainer::materialize() {
+  // this rank's shard of every flat buffer (all of it without FSDP), values from the
+  // counter-based RNG: the same numbers on every layout
+  params_ = nn::materialize(gpt_->units(), device_, DType::f32, static_cast<uint64_t>(c_.seed),
+                            nn::ShardSpec{mesh_->fsdp_rank(), dims_.fsdp()});
+  if (dims_.sharded()) {
+    auto f = std::make_unique<dist::FullyShardedDataParallel>(params_, mesh_->fsdp(), &mesh_->replicate());
+    f->set_trace(trace_.get());
+    gpt_->add_unit_wrapper(f->wrapper());
+    fsdp_ = f.get();
+    strategy_ = std::move(f);
+  } else if (dims_.dp_replicate > 1) {
+    strategy_ = std::make_unique<dist::DataParallel>(params_, mesh_->replicate());
+  } else {
+    strategy_ = std::make_unique<dist::NoParallelism>(params_);
+  }
   out_ << "parameters: " << params_.param_count() << " in " << params_.units.size() << " flat buffers:";
   for (const nn::FlatUnit& u : params_.units) out_ << " " << u.name << "=" << u.param_count();
   out_ << "\n";
+  if (world_->size() > 1)
+    out_ << "strategy: " << strategy_->name() << "; each rank holds " << human_bytes(static_cast<double>(
+                                                                              params_.shard_bytes() * 2))
+         << " of parameters, gradients and AdamW moments\n";
   if (!c_.init_from.empty()) {
-    ckpt::load_weights(c_.init_from, *gpt_, params_);
+    load_weights(c_.init_from);
     out_ << "initialized from " << c_.init_from << "\n";
   }
-  // ---- data
-  train_ = std::make_unique<data::DataLoader>(c_.train_data, c_.micro_batch_size, c_.seq_len, 0, 1,
-                                              c_.shuffle, c_.seed, c_.vocab_size);
+  // data: rank r of the dp ranks reads its own micro-batches; tp and cp ranks share them
+  const int dp_rank = static_cast<int>(mesh_->dp_rank()), dp = static_cast<int>(dims_.dp());
+  train_ = std::make_unique<data::DataLoader>(c_.train_data, c_.micro_batch_size, c_.seq_len, dp_rank, dp,
+                                              c_.shuffle, static_cast<uint64_t>(c_.seed), c_.vocab_size);
   if (!c_.val_data.empty())
-    val_ = std::make_unique<data::DataLoader>(c_.val_data, c_.micro_batch_size, c_.seq_len, 0, 1, false,
-                                              c_.seed, c_.vocab_size);
+    val_ = std::make_unique<data::DataLoader>(c_.val_data, c_.micro_batch_size, c_.seq_len, dp_rank, dp, false,
+                                              static_cast<uint64_t>(c_.seed), c_.vocab_size);
   std::string vocab_path = c_.vocab;
   if (vocab_path.empty()) {
     const fs::path guess = fs::path(data::glob_paths(c_.train_data)[0]).parent_path() / "vocab.json";
@@ -186,64 +271,205 @@ int Trainer::run() {
       throw ConfigError("sample.prompt cannot be encoded with " + vocab_path + ": " + e.what());
     }
   }
-  const int64_t dp = 1;
-  const int64_t tokens_per_step = c_.micro_batch_size * c_.grad_accum_steps * dp * c_.seq_len;
-  out_ << "batch: " << c_.micro_batch_size << " x " << c_.grad_accum_steps << " accum x " << dp
-       << " data-parallel x " << c_.seq_len << " = " << tokens_per_step << " tokens per step; train data "
-       << train_->total_tokens() << " tokens (" << train_->windows_per_epoch()
-       << " micro-batches per epoch)\n";
-  // ---- optimizer, schedule
-  opt_ = std::make_unique<optim::AdamW>(params_,
-                                        optim::AdamWConfig{c_.beta1, c_.beta2, c_.eps, c_.weight_decay});
-  optim::Schedule sched{optim::Schedule::parse(c_.schedule), c_.lr, c_.min_lr_frac, c_.warmup_steps,
-                        c_.steps};
-  // ---- resume
-  int64_t start = 0;
+  // the effective batch: micro x accum x dp_replicate x dp_shard sequences
+  const int64_t seqs = checked_mul(checked_mul(c_.micro_batch_size, c_.grad_accum_steps, "batch"), dp, "batch");
+  tokens_per_step_ = checked_mul(seqs, c_.seq_len, "tokens per step");
+  out_ << "batch: " << c_.micro_batch_size << " sequences x " << c_.grad_accum_steps << " accumulation x " << dp
+       << " data-parallel = " << seqs << " sequences = " << tokens_per_step_ << " tokens per step; train data "
+       << train_->total_tokens() << " tokens (" << train_->windows_per_epoch() << " steps of "
+       << c_.micro_batch_size * dp << " sequences per epoch)\n";
+  // the optimizer on this rank's shards, and the learning rate for this batch
+  opt_ = std::make_unique<optim::AdamW>(params_, optim::AdamWConfig{c_.beta1, c_.beta2, c_.eps, c_.weight_decay});
+  lr_ = c_.lr;
+  if (c_.lr_scaling != "none") {
+    const double ratio = static_cast<double>(seqs) / static_cast<double>(c_.lr_base_batch);
+    lr_ = c_.lr * (c_.lr_scaling == "linear" ? ratio : std::sqrt(ratio));
+    out_ << "lr: " << c_.lr << " x " << (c_.lr_scaling == "linear" ? "" : "sqrt") << "(" << seqs << " / "
+         << c_.lr_base_batch << ") = " << lr_ << " (optim.lr_scaling = " << c_.lr_scaling << ")\n";
+  }
+  sched_ = optim::Schedule{optim::Schedule::parse(c_.schedule), lr_, c_.min_lr_frac, c_.warmup_steps, c_.steps};
+  // resume: the newest checkpoint, written by any layout
   if (c_.resume) {
     if (auto latest = ckpt::latest_checkpoint(c_.ckpt_dir)) {
-      ckpt::TrainState st = ckpt::load_checkpoint(*latest, *gpt_, params_, *opt_);
-      if (st.step > c_.steps)  // going on would save the later weights under an earlier step
-        throw ConfigError("checkpoint " + *latest + " is at step " + std::to_string(st.step) +
-                          " but train.steps is " + std::to_string(c_.steps) +
-                          "; raise train.steps to continue, or use another checkpoint.dir");
-      train_->restore(st.loader);
-      start = st.step;
-      out_ << "resumed from " << *latest << " at step " << start << "\n";
+      resume_from(*latest);
+      out_ << "resumed from " << *latest << " at step " << start_ << "\n";
     } else {
       out_ << "no checkpoint in " << c_.ckpt_dir << " yet; starting from scratch\n";
     }
   }
-  if (!c_.metrics.empty()) metrics_.open(c_.metrics, /*append=*/start > 0);
-  // ---- the loop
-  const double flops_per_step = gpt_->flops_per_token(c_.seq_len) * static_cast<double>(tokens_per_step);
+  saved_step_ = start_;
+  if (lead() && !c_.metrics.empty()) metrics_.open(c_.metrics, /*append=*/start_ > 0);
+}
+
+template <typename F>
+void Trainer::with_whole_buffers(F&& fn) {
+  if (fsdp_) fsdp_->gather_all();
+  try {
+    fn();
+  } catch (...) {
+    if (fsdp_) fsdp_->release_all();
+    throw;
+  }
+  if (fsdp_) fsdp_->release_all();
+}
+
+void Trainer::load_weights(const std::string& path) {
+  // every rank reads the file and keeps its shard of each buffer
+  with_whole_buffers([&] {
+    ckpt::load_weights(path, *gpt_, params_);
+    for (const nn::FlatUnit& u : params_.units)
+      if (u.sharded()) dist::FullyShardedDataParallel::keep_shard(u, u.full, u.data);
+  });
+}
+
+void Trainer::resume_from(const std::string& path) {
+  ckpt::Moments m;
+  ckpt::TrainState st;
+  with_whole_buffers([&] {
+    st = ckpt::load_checkpoint(path, *gpt_, params_, m);
+    for (size_t i = 0; i < params_.units.size(); ++i) {
+      const nn::FlatUnit& u = params_.units[i];
+      if (u.sharded()) dist::FullyShardedDataParallel::keep_shard(u, u.full, u.data);
+      dist::FullyShardedDataParallel::keep_shard(u, m.m[i].to(device_), opt_->m()[i]);
+      dist::FullyShardedDataParallel::keep_shard(u, m.v[i].to(device_), opt_->v()[i]);
+    }
+  });
+  opt_->set_steps_taken(m.steps);
+  if (st.step > c_.steps)  // going on would save the later weights under an earlier step
+    throw ConfigError("checkpoint " + path + " is at step " + std::to_string(st.step) + " but train.steps is " +
+                      std::to_string(c_.steps) + "; raise train.steps to continue, or use another checkpoint.dir");
+  train_->restore(st.loader);
+  start_ = st.step;
+}
+
+void Trainer::save(int64_t step) {
+  if (c_.ckpt_dir.empty() || (step == saved_step_ && step > 0 && step != c_.steps)) return;
+  ckpt::TrainState st;
+  st.step = step;
+  st.loader = train_->state();
+  st.extra["model"] = mc_.str();
+  st.extra["layout"] = dims_.str();
+  std::string where;
+  with_whole_buffers([&] {
+    // the moments as whole buffers: gathered from the shards (every rank takes part)
+    ckpt::Moments m{{}, {}, opt_->steps_taken()};
+    for (size_t i = 0; i < params_.units.size(); ++i) {
+      const nn::FlatUnit& u = params_.units[i];
+      m.m.push_back(fsdp_ ? fsdp_->gather_buffer(u, opt_->m()[i]) : opt_->m()[i]);
+      m.v.push_back(fsdp_ ? fsdp_->gather_buffer(u, opt_->v()[i]) : opt_->v()[i]);
+    }
+    // rank 0 writes; the others wait, so that a failed write stops every rank
+    std::string error;
+    if (lead()) {
+      try {
+        where = ckpt::save_checkpoint(c_.ckpt_dir, *gpt_, params_, m, st, c_.ckpt_keep);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    if (world_->all_reduce_scalar(error.empty() ? 0.0 : 1.0, dist::ReduceOp::kMax) > 0)
+      throw Error(lead() ? error : "rank 0 failed to write the checkpoint of step " + std::to_string(step));
+  });
+  saved_step_ = step;
+  out_ << "checkpoint: " << where << std::endl;
+}
+
+void Trainer::write_grads(const std::string& path) {
+  io::SafeTensorsWriter w;
+  std::vector<Tensor> keep;
+  for (const nn::FlatUnit& u : params_.units) {
+    Tensor g = fsdp_ ? fsdp_->gather_buffer(u, u.grad) : u.grad;
+    keep.push_back(g.narrow(0, 0, u.numel).to(Device::cpu()).contiguous());
+    w.add("grad." + u.name, keep.back());
+  }
+  w.metadata["layout"] = dims_.str();
+  if (lead()) w.write(path);
+  world_->barrier();
+}
+
+void Trainer::write_trace() {
+  if (!trace_) return;
+  const std::string path = dist::trace_path_for_rank(c_.trace, world_->rank());
+  trace_->write(path);
+  out_ << "trace: " << path << (world_->size() > 1 ? " (and one per rank)" : "") << "\n";
+}
+
+// ---- phase 5: the loop --------------------------------------------------------------
+
+void Trainer::log_json(const nlohmann::json& j) {
+  if (!metrics_.is_open()) return;
+  metrics_.write_line(j.dump());
+  if (!metrics_.error().empty() && !metrics_warned_) {  // loud now, an error at the end
+    out_ << "warning: " << metrics_.error() << "; no more metrics are written, training goes on" << std::endl;
+    metrics_warned_ = true;
+  }
+}
+
+double Trainer::evaluate() {
+  autograd::NoGradGuard no_grad;
+  val_->reset();  // the same validation batches every time
+  strategy_->begin_forward_only();
+  double total = 0;
+  for (int64_t i = 0; i < c_.eval_steps; ++i) {
+    data::Batch b = val_->next();
+    total += gpt_->forward(b.inputs.to(device_), b.targets.to(device_)).loss.item();
+  }
+  strategy_->end_forward_only();
+  // each dp rank saw its own batches, as many tokens as any other: the mean of the means
+  return mesh_->dp().all_reduce_scalar(total / static_cast<double>(c_.eval_steps), dist::ReduceOp::kAvg);
+}
+
+void Trainer::sample(int64_t step) {
+  if (!vocab_ || c_.sample_length == 0) return;
+  if (!fsdp_ && !lead()) return;  // sharded: every rank takes part in the gathers
+  std::vector<int32_t> prompt;
+  for (uint16_t t : vocab_->encode(c_.prompt)) prompt.push_back(t);
+  strategy_->begin_forward_only();
+  std::vector<int32_t> ids = generate(*gpt_, prompt, c_.sample_length, c_.temperature, c_.top_k,
+                                      static_cast<uint64_t>(c_.seed + step), device_);
+  strategy_->end_forward_only();
+  out_ << "sample at step " << step << ":\n  " << printable(vocab_->decode(ids)) << "\n";
+  log_json({{"step", step}, {"sample", vocab_->decode(ids)}});
+}
+
+double Trainer::train_step(int64_t step) {
+  params_.zero_grad();
+  strategy_->begin_step();
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < c_.grad_accum_steps; ++micro) {
+    data::Batch b = train_->next();
+    strategy_->begin_micro(/*sync=*/micro == c_.grad_accum_steps - 1);
+    Tensor loss = gpt_->forward(b.inputs.to(device_), b.targets.to(device_)).loss;
+    loss_sum += loss.item();
+    // mean over micro-batches: each backward adds 1/accum of its gradient
+    {
+      dist::Trace::Scope s(trace_.get(), "backward", dist::Trace::kCompute);
+      backward(c_.grad_accum_steps == 1 ? loss : scale(loss, 1.0 / static_cast<double>(c_.grad_accum_steps)));
+    }
+    strategy_->end_micro();
+  }
+  return mesh_->dp().all_reduce_scalar(loss_sum / static_cast<double>(c_.grad_accum_steps), dist::ReduceOp::kAvg);
+}
+
+int Trainer::loop() {
+  const double flops_per_step = gpt_->flops_per_token(c_.seq_len) * static_cast<double>(tokens_per_step_);
   const double peak = c_.peak_tflops > 0 ? c_.peak_tflops * 1e12 : 67e12;
-  int64_t saved_step = start;  // the newest step on disk (or where we began)
-  auto save = [&](int64_t step) {
-    if (c_.ckpt_dir.empty() || (step == saved_step && step > 0 && step != c_.steps)) return;
-    ckpt::TrainState st;
-    st.step = step;
-    st.loader = train_->state();
-    st.extra["model"] = mc.str();
-    const std::string where = ckpt::save_checkpoint(c_.ckpt_dir, *gpt_, params_, *opt_, st, c_.ckpt_keep);
-    saved_step = step;
-    out_ << "checkpoint: " << where << std::endl;
-  };
   // An evaluation or a sample that fails between steps must not cost the steps since the
   // last checkpoint: save them first, then report the failure.
   auto between_steps = [&](int64_t step, const char* what, auto&& fn) {
     try {
       fn();
     } catch (const std::exception& e) {
-      if (c_.ckpt_dir.empty() || step == saved_step) throw;
+      if (c_.ckpt_dir.empty() || step == saved_step_) throw;
       save(step);
-      throw Error(std::string(what) + " failed at step " + std::to_string(step) +
-                  " (checkpoint saved): " + e.what());
+      throw Error(std::string(what) + " failed at step " + std::to_string(step) + " (checkpoint saved): " + e.what());
     }
   };
-  double time_sum = 0;
+  // A stop signal may reach only some ranks: they all stop when any one got it.
+  auto stop_now = [&] { return world_->all_reduce_scalar(stop_requested() ? 1 : 0, dist::ReduceOp::kMax) > 0; };
+  double time_sum = 0, last_val = NAN;
   int64_t timed = 0;
-  double last_val = NAN;
-  for (int64_t step = start; step < c_.steps; ++step) {
+  for (int64_t step = start_; step < c_.steps; ++step) {
     if (val_ && c_.eval_every > 0 && step % c_.eval_every == 0) {
       between_steps(step, "evaluation", [&] { last_val = evaluate(); });
       curves_.val.push_back({step, last_val});
@@ -255,41 +481,39 @@ int Trainer::run() {
 
     const auto t0 = Clock::now();
     reset_peak_memory(device_);
-    params_.zero_grad();
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < c_.grad_accum_steps; ++micro) {
-      data::Batch b = train_->next();
-      Tensor loss = gpt_->forward(b.inputs.to(device_), b.targets.to(device_)).loss;
-      loss_sum += loss.item();
-      // mean over micro-batches: each backward adds 1/accum of its gradient
-      backward(c_.grad_accum_steps == 1 ? loss : scale(loss, 1.0 / static_cast<double>(c_.grad_accum_steps)));
-    }
-    const double loss = loss_sum / static_cast<double>(c_.grad_accum_steps);
-    const double norm = optim::grad_norm(params_);
+    const int64_t bytes0 = mesh_->bytes_sent();
+    const double loss = train_step(step);
+    const double norm = strategy_->grad_norm();  // global: the same number on every rank
+    if (step == start_ && !c_.grads_file.empty()) write_grads(c_.grads_file);
     check_step_finite(step + 1, loss, norm);  // a non-finite step is neither applied nor saved
-    const double lr = optim::lr_at(step, sched);
-    opt_->step(lr, optim::clip_scale(norm, c_.grad_clip));
+    const double lr = optim::lr_at(step, sched_);
+    {
+      dist::Trace::Scope s(trace_.get(), "optimizer", dist::Trace::kCompute);
+      opt_->step(lr, optim::clip_scale(norm, c_.grad_clip));
+    }
+    strategy_->end_step();
     if (device_.is_cuda()) cuda::synchronize(device_.index);
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (step > start) {  // the first step warms caches
+    const int64_t comm_bytes = mesh_->bytes_sent() - bytes0;
+    if (step > start_) {  // the first step warms caches
       time_sum += sec;
       ++timed;
     }
     const double avg = timed ? time_sum / timed : sec;
-    const double tok_s = static_cast<double>(tokens_per_step) / sec;
+    const double tok_s = static_cast<double>(tokens_per_step_) / sec;
     const MemoryStats mem = memory_stats(device_);
     curves_.train.push_back({step, loss});
     if (step % c_.log_every == 0 || step == c_.steps - 1) {
-      char line[512];
-      const double gflops = flops_per_step / sec / 1e9;
-      std::string speed = device_.is_cuda()
-                              ? "MFU " + std::to_string(static_cast<int>(100 * gflops * 1e9 / peak)) + "%"
-                              : std::to_string(static_cast<int>(gflops)) + " GFLOP/s";
+      char line[600];
+      const double gflops = flops_per_step / sec / 1e9 / static_cast<double>(world_->size());  // per rank
+      std::string speed = device_.is_cuda() ? "MFU " + std::to_string(static_cast<int>(100 * gflops * 1e9 / peak)) + "%"
+                                            : std::to_string(static_cast<int>(gflops)) + " GFLOP/s";
+      std::string comm = world_->size() > 1 ? " | comm " + human_bytes(static_cast<double>(comm_bytes)) : "";
       std::snprintf(line, sizeof(line),
-                    "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s | mem %s "
+                    "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
                     "(peak %s) | eta %s",
                     (long long)step + 1, (long long)c_.steps, loss, lr, norm, sec * 1e3, tok_s, speed.c_str(),
-                    human_bytes(static_cast<double>(mem.in_use)).c_str(),
+                    comm.c_str(), human_bytes(static_cast<double>(mem.in_use)).c_str(),
                     human_bytes(static_cast<double>(mem.peak)).c_str(),
                     human_time(avg * static_cast<double>(c_.steps - step - 1)).c_str());
       out_ << line << std::endl;  // flushed: progress shows through pipes and tee
@@ -301,29 +525,30 @@ int Trainer::run() {
               {"ms", sec * 1e3},
               {"tokens_per_sec", tok_s},
               {"gflops_per_sec", flops_per_step / sec / 1e9},
+              {"comm_bytes", comm_bytes},
               {"mem_in_use", mem.in_use},
               {"mem_peak", mem.peak}});
-    if (c_.stop_after > 0 && step + 1 - start == c_.stop_after && step + 1 < c_.steps) {
+    if (c_.stop_after > 0 && step + 1 - start_ == c_.stop_after && step + 1 < c_.steps) {
       save(step + 1);
-      out_ << "stopped after " << c_.stop_after
-           << " steps (train.stop_after); resume with checkpoint.resume = true\n";
+      out_ << "stopped after " << c_.stop_after << " steps (train.stop_after); resume with checkpoint.resume = true\n";
+      write_trace();
       return 0;
     }
     if (c_.ckpt_every > 0 && (step + 1) % c_.ckpt_every == 0 && step + 1 < c_.steps) save(step + 1);
-    if (stop_requested() && step + 1 < c_.steps) {  // preempted: this step is done; save it, go
+    if (step + 1 < c_.steps && stop_now()) {  // preempted: this step is done; save it, go
       save(step + 1);
       out_ << "stopped by signal " << stop_signal() << " after step " << step + 1
-           << (c_.ckpt_dir.empty() ? " (no checkpoint.dir: nothing saved)"
-                                   : "; resume with checkpoint.resume = true")
+           << (c_.ckpt_dir.empty() ? " (no checkpoint.dir: nothing saved)" : "; resume with checkpoint.resume = true")
            << std::endl;
+      write_trace();
       return kExitPreempted;
     }
   }
   // ---- the end: checkpoint first (nothing after it may cost the run), eval, sample, report
-  if (start < c_.steps || c_.ckpt_every == 0) save(c_.steps);
-  if (stop_requested()) {
-    out_ << "stopped by signal " << stop_signal() << " after the last step, its checkpoint saved"
-         << std::endl;
+  if (start_ < c_.steps || c_.ckpt_every == 0) save(c_.steps);
+  write_trace();
+  if (stop_now()) {
+    out_ << "stopped by signal " << stop_signal() << " after the last step, its checkpoint saved" << std::endl;
     return kExitPreempted;
   }
   if (val_) {
@@ -335,23 +560,20 @@ int Trainer::run() {
   if (c_.sample_every >= 0) sample(c_.steps);
   if (timed) {
     const double avg = time_sum / timed;
-    out_ << "average " << avg * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step) / avg
-         << " tok/s\n";
+    out_ << "average " << avg * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step_) / avg << " tok/s\n";
   }
-  if (!c_.report.empty()) {
-    std::vector<std::string> summary = {mc.str(), "steps " + std::to_string(c_.steps) + ", " +
-                                                      std::to_string(tokens_per_step) + " tokens per step"};
-    if (!curves_.train.empty())
-      summary.push_back("final train loss " + std::to_string(curves_.train.back().second));
+  if (lead() && !c_.report.empty()) {
+    std::vector<std::string> summary = {mc_.str(), "steps " + std::to_string(c_.steps) + ", " +
+                                                       std::to_string(tokens_per_step_) + " tokens per step"};
+    if (world_->size() > 1) summary.push_back("layout " + dims_.str() + " (" + strategy_->name() + ")");
+    if (!curves_.train.empty()) summary.push_back("final train loss " + std::to_string(curves_.train.back().second));
     if (std::isfinite(last_val)) summary.push_back("final val loss " + std::to_string(last_val));
-    if (timed)
-      summary.push_back("average " + std::to_string(time_sum / timed * 1e3) + " ms/step on " + device_.str());
-    write_report(c_.report, "ndtrain: " + mc.str(), curves_, summary);
+    if (timed) summary.push_back("average " + std::to_string(time_sum / timed * 1e3) + " ms/step on " + device_.str());
+    write_report(c_.report, "ndtrain: " + mc_.str(), curves_, summary);
     out_ << "report: " << c_.report << "\n";
   }
   if (!metrics_.error().empty())
-    throw Error(metrics_.error() +
-                "; training finished (and its checkpoint is saved) but the metrics are incomplete");
+    throw Error(metrics_.error() + "; training finished (and its checkpoint is saved) but the metrics are incomplete");
   return 0;
 }
 
@@ -359,21 +581,42 @@ int Trainer::run() {
 
 int train_main(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
   Config c;
+  // Config errors come before MPI starts and are the same on every rank: the launcher's
+  // rank 0 prints them.
+  const bool quiet = dist::launcher_rank() != 0;
   try {
     std::string help;
     if (!parse_config(argc, argv, c, help)) {
-      out << help;
+      if (!quiet) out << help;
       return 0;
     }
-    StopSignals signals;  // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
-    return Trainer(c, out).run();
   } catch (const ConfigError& e) {
-    err << "train_gpt: config error: " << e.what() << "\n";
+    if (!quiet) err << "train_gpt: config error: " << e.what() << "\n";
     return 2;
-  } catch (const std::exception& e) {
-    err << "train_gpt: error: " << e.what() << "\n";
-    return 1;
   }
+  std::shared_ptr<dist::Communicator> world;
+  int code = 0;
+  std::string message;
+  try {
+    world = dist::init_world();  // MPI under a launcher with several ranks, else a group of one
+    StopSignals signals;         // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
+    return Trainer(c, world, out).run();
+  } catch (const ConfigError& e) {
+    code = 2;
+    message = std::string("config error: ") + e.what();
+  } catch (const std::exception& e) {
+    code = 1;
+    message = std::string("error: ") + e.what();
+  }
+  if (!world || world->size() == 1) {
+    err << "train_gpt: " << message << "\n";
+    return code;
+  }
+  // One rank failed (or all did): say which, then bring the whole job down, so that no
+  // rank waits forever in a collective for this one.
+  err << "train_gpt: rank " << world->rank() << ": " << message << std::endl;
+  world->abort(code);
+  return code;  // not reached
 }
 
 }  // namespace ndt::train

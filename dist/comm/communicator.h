@@ -116,6 +116,9 @@ std::shared_ptr<Communicator> local_communicator(const std::string& name = "loca
 // True when this process was started by a launcher (mpirun, srun) with more than one
 // rank, read from the environment (OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS).
 bool launched_with_several_ranks();
+// This process's rank as the launcher numbers it (OMPI_COMM_WORLD_RANK, PMI_RANK,
+// SLURM_PROCID), before MPI starts; 0 when not launched.
+int launcher_rank();
 // This process's index among the ranks on its node (OMPI_COMM_WORLD_LOCAL_RANK,
 // SLURM_LOCALID, LOCAL_RANK), and how many ranks share the node; 0 and 1 when unknown.
 int local_rank();
