@@ -1,0 +1,229 @@
+// train_gpt under mpirun, end to end: every data-parallel layout (dp2, fsdp2, fsdp3 with
+// padding, fsdp4, hsdp 2x2), with gradient accumulation 2, against the single process on
+// the same global batch and data: the losses of every step, the gradients of the first
+// step and the parameters after the last; a checkpoint written under fsdp2 resumes under
+// dp2 and under one process; a failing rank brings the job down; bad layouts are refused.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "train/data.h"
+#include "train/safetensors.h"
+#include "train/vocab.h"
+
+using namespace ndt;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int rc;
+  std::string out;
+  double seconds;
+};
+
+// Runs a shell command, output and errors together.
+Result shell(const std::string& cmd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int st = ::pclose(p);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out, s};
+}
+
+std::string mpirun(int np) {
+  return std::string(NDT_MPIRUN) +
+         " --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none -np " +
+         std::to_string(np) + " ";
+}
+
+class DistTrain : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("ndt_test_dist_train_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "data");
+    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "see", "it"};
+    std::string text;
+    uint64_t x = 7;
+    for (int i = 0; i < 8000; ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      text += words[(x >> 33) % 12];
+      text += (i % 9 == 8) ? ".\n" : " ";
+    }
+    data::Vocab v = data::Vocab::build_char(text);
+    std::vector<uint16_t> t = v.encode(text);
+    data::write_shard((dir_ / "data" / "train_000000.bin").string(), t);
+    v.save((dir_ / "data" / "vocab.json").string());
+    std::ofstream(dir_ / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << v.size()
+                                    << "\nblock_size = 32\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
+                                    << "\n[train]\nseq_len = 16\ngrad_accum_steps = 2\nsteps = 5\nthreads = 1\n"
+                                       "[optim]\nlr = 0.01\nwarmup_steps = 1\neps = 1e-4\n[sample]\nevery = -1\n[log]\nevery = 1\n";
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  // AdamW's eps is 1e-4, not 1e-8: with a tiny eps an element whose gradient is near zero
+  // moves by about +-lr whatever its size, so float32 rounding (which differs between
+  // layouts: sums in another order) would decide its sign. With eps above those gradients
+  // the update is smooth in the gradient and the layouts can be compared tightly. (The
+  // float64 component tests compare the default eps.)
+  // train_gpt (under mpirun when np > 1) with its metrics, final checkpoint and first-step
+  // gradients in dir_/name.
+  static Result train(const std::string& name, int np, const std::string& args) {
+    const fs::path d = dir_ / name;
+    fs::create_directories(d);
+    const std::string cmd = (np > 1 ? mpirun(np) : std::string()) + NDT_TRAIN_GPT_BIN + " --config " +
+                            (dir_ / "gpt.ini").string() + " --log.metrics " + (d / "metrics.jsonl").string() +
+                            " --checkpoint.dir " + (d / "ck").string() + " --log.grads " + (d / "grads.safetensors").string() +
+                            " " + args;
+    return shell(cmd);
+  }
+  static std::vector<double> losses(const std::string& name) {
+    std::vector<double> l;
+    std::ifstream f(dir_ / name / "metrics.jsonl");
+    std::string line;
+    while (std::getline(f, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (j.contains("loss")) l.push_back(j["loss"].get<double>());
+    }
+    return l;
+  }
+  // The largest difference between two safetensors files, relative to each tensor's scale.
+  static double max_rel_diff(const fs::path& a, const fs::path& b) {
+    io::SafeTensorsReader ra(a.string()), rb(b.string());
+    EXPECT_EQ(ra.entries().size(), rb.entries().size());
+    double worst = 0;
+    for (auto& [name, e] : ra.entries()) {
+      if (!rb.has(name)) {
+        ADD_FAILURE() << name << " missing in " << b;
+        continue;
+      }
+      std::vector<float> x = ra.get(name).to_vector<float>(), y = rb.get(name).to_vector<float>();
+      EXPECT_EQ(x.size(), y.size()) << name;
+      double scale = 1e-30;
+      for (float v : x) scale = std::max(scale, static_cast<double>(std::abs(v)));
+      for (size_t i = 0; i < std::min(x.size(), y.size()); ++i)
+        worst = std::max(worst, std::abs(static_cast<double>(x[i]) - y[i]) / scale);
+    }
+    return worst;
+  }
+  static fs::path last_model(const std::string& name) {
+    return dir_ / name / "ck" / "step_00000005" / "model.safetensors";
+  }
+
+  static fs::path dir_;
+};
+fs::path DistTrain::dir_;
+
+struct Layout {
+  const char* name;
+  int np;
+  int replicate, shard;
+};
+
+TEST_F(DistTrain, EveryLayoutEqualsOneProcess) {
+  const int B = 2;  // sequences per rank and micro-step
+  for (int dp : {2, 3, 4}) {
+    Result r = train("single_b" + std::to_string(B * dp), 1, "--train.micro_batch_size " + std::to_string(B * dp));
+    ASSERT_EQ(r.rc, 0) << r.out;
+  }
+  for (Layout L : {Layout{"dp2", 2, 2, 1}, Layout{"fsdp2", 2, 1, 2}, Layout{"fsdp3", 3, 1, 3},
+                   Layout{"fsdp4", 4, 1, 4}, Layout{"hsdp2x2", 4, 2, 2}}) {
+    SCOPED_TRACE(L.name);
+    Result r = train(L.name, L.np,
+                  "--train.micro_batch_size " + std::to_string(B) + " --parallel.dp_replicate_size " +
+                      std::to_string(L.replicate) + " --parallel.dp_shard_size " + std::to_string(L.shard));
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_NE(r.out.find("= " + std::to_string(B * 2 * L.np) + " sequences"), std::string::npos) << r.out;
+    const std::string ref = "single_b" + std::to_string(B * L.np);
+    std::vector<double> got = losses(L.name), want = losses(ref);
+    ASSERT_EQ(got.size(), 5u);
+    ASSERT_EQ(want.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+    const double g = max_rel_diff(dir_ / L.name / "grads.safetensors", dir_ / ref / "grads.safetensors");
+    EXPECT_LT(g, 1e-5) << "gradients of the first step";
+    const double p = max_rel_diff(last_model(L.name), last_model(ref));
+    EXPECT_LT(p, 1e-5) << "parameters after the last step";
+    std::printf("%-8s losses %.6f..%.6f, first-step gradients within %.1e, parameters within %.1e\n", L.name,
+                got.front(), got.back(), g, p);
+  }
+}
+
+TEST_F(DistTrain, CheckpointOfOneLayoutResumesInAnother) {
+  // 5 uninterrupted steps in one process; the same run stopped after 3 under fsdp2, then
+  // continued under dp2 and (separately) under one process
+  Result ref = train("resume_ref", 1, "--train.micro_batch_size 4");
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  Result a = train("resume_fsdp2", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --train.stop_after 3");
+  ASSERT_EQ(a.rc, 0) << a.out;
+  ASSERT_TRUE(fs::exists(dir_ / "resume_fsdp2" / "ck" / "step_00000003"));
+  fs::copy(dir_ / "resume_fsdp2", dir_ / "resume_single", fs::copy_options::recursive);
+  Result b = train("resume_fsdp2", 2, "--train.micro_batch_size 2 --parallel.dp_replicate_size 2 --checkpoint.resume true");
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  Result c = train("resume_single", 1, "--train.micro_batch_size 4 --checkpoint.resume true");
+  ASSERT_EQ(c.rc, 0) << c.out;
+  std::vector<double> want = losses("resume_ref");
+  for (const char* name : {"resume_fsdp2", "resume_single"}) {
+    std::vector<double> got = losses(name);  // 3 steps, then 2 more after the resume
+    ASSERT_EQ(got.size(), 5u) << name;
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << name << " step " << i + 1;
+    EXPECT_LT(max_rel_diff(last_model(name), last_model("resume_ref")), 2e-5) << name;
+  }
+}
+
+TEST_F(DistTrain, OneFailingRankEndsTheJobWithItsMessage) {
+  // rank 1 cannot write its trace file (a directory is in the way): it fails at start,
+  // while rank 0 goes on to the first collective; the whole job must end, quickly
+  fs::create_directories(dir_ / "fail" / "trace.rank1.json");
+  Result r = train("fail", 2,
+                "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --log.trace " +
+                    (dir_ / "fail" / "trace.json").string());
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_LT(r.seconds, 10.0) << r.out;
+  EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("log.trace"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("is a directory"), std::string::npos) << r.out;
+  for (auto& e : fs::recursive_directory_iterator(dir_ / "fail"))  // nothing half-written
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+TEST_F(DistTrain, BadLayoutsAreOneClearLine) {
+  Result r = train("bad1", 2, "--parallel.dp_shard_size 3");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("multiply to 3 ranks but the job has 2"), std::string::npos) << r.out;
+  r = train("bad2", 2, "--parallel.tp_size 2");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("tensor parallelism is not implemented yet"), std::string::npos) << r.out;
+  r = train("bad3", 1, "--parallel.dp_shard_size -2");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("parallel.dp_shard_size"), std::string::npos) << r.out;
+  r = train("bad4", 1, "--optim.lr_scaling linear");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("optim.lr_base_batch"), std::string::npos) << r.out;
+}
+
+TEST_F(DistTrain, EffectiveBatchAndLearningRateScaling) {
+  Result r = train("lrscale", 2,
+                "--train.micro_batch_size 2 --parallel.dp_shard_size -1 --optim.lr_scaling sqrt --optim.lr_base_batch 2 "
+                "--train.steps 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  // 2 sequences x 2 accumulation x 2 ranks = 8 sequences; sqrt(8 / 2) = 2: lr 0.02
+  EXPECT_NE(r.out.find("= 8 sequences = 128 tokens per step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("= 0.02 (optim.lr_scaling = sqrt)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mesh: dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 = 2 ranks (FSDP)"), std::string::npos)
+      << r.out;
+}
+
+}  // namespace
