@@ -212,6 +212,24 @@ TEST(Robust, BadTokenInAnyShardIsFoundBeforeTraining) {
   EXPECT_FALSE(has(r.out, "step ")) << "no step may run before the data is checked:\n" << r.out;
 }
 
+TEST(Robust, AnEvaluationThatFailsMidRunSavesTheStepsFirst) {
+  fs::path d = make_data("evalfail");
+  const std::string ck = (d / "ck").string();
+  Child c({"--config", (d / "gpt.ini").string(), "--train.steps", "100000", "--train.eval_every", "4",
+           "--checkpoint.dir", ck});
+  ASSERT_TRUE(c.wait_for("step     3/")) << c.seen;
+  fs::resize_file(d / "data" / "val_000000.bin", 2048);  // the next evaluation cannot read it
+  EXPECT_EQ(c.wait(), 1) << c.seen;
+  const size_t at = c.seen.find("evaluation failed at step ");
+  ASSERT_NE(at, std::string::npos) << c.seen;
+  EXPECT_TRUE(has(c.seen, "(checkpoint saved)")) << c.seen;
+  EXPECT_TRUE(has(c.seen, "val_000000.bin changed size during the run")) << c.seen;
+  const int64_t step = std::stoll(c.seen.substr(at + 26));
+  auto latest = ckpt::latest_checkpoint(ck);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(ckpt::step_of(fs::path(*latest).filename().string()).value(), step);
+}
+
 TEST(Robust, NonFiniteStepIsNeitherAppliedNorSaved) {
   fs::path d = make_data("nan");
   const std::string ck = (d / "ck").string();
