@@ -4,7 +4,9 @@
 // step and the parameters after the last; a checkpoint written under fsdp2 resumes under
 // dp2 and under one process; a failing rank brings the job down; bad layouts are refused.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "train/data.h"
 #include "train/safetensors.h"
@@ -197,6 +200,62 @@ TEST_F(DistTrain, OneFailingRankEndsTheJobWithItsMessage) {
   EXPECT_NE(r.out.find("is a directory"), std::string::npos) << r.out;
   for (auto& e : fs::recursive_directory_iterator(dir_ / "fail"))  // nothing half-written
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+}
+
+TEST_F(DistTrain, SigtermToTheJobSavesAndResumesBitIdentically) {
+  // the uninterrupted run
+  Result ref = train("sig_ref", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --train.steps 300");
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  // the same run, and SIGTERM to one of its ranks after 2 steps
+  const fs::path d = dir_ / "sig";
+  fs::create_directories(d);
+  const std::string cmd = mpirun(2) + NDT_TRAIN_GPT_BIN + " --config " + (dir_ / "gpt.ini").string() +
+                          " --log.metrics " + (d / "metrics.jsonl").string() + " --checkpoint.dir " +
+                          (d / "ck").string() +
+                          " --train.micro_batch_size 2 --parallel.dp_shard_size 2 --train.steps 300 > " +
+                          (d / "out.txt").string() + " 2>&1";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 600 && losses("sig").size() < 2; ++i) ::usleep(20000);
+  ASSERT_GE(losses("sig").size(), 2u) << "no step within 12 s";
+  // one rank gets the signal (as when a scheduler signals tasks, or a node is preempted):
+  // every rank must stop after the same step
+  std::vector<pid_t> ranks;
+  {
+    Result ps = shell("pgrep -f -- '--checkpoint.dir " + (d / "ck").string() + "'");
+    std::istringstream is(ps.out);
+    for (pid_t p; is >> p;) {  // mpirun and the shell running pgrep match too
+      std::ifstream comm("/proc/" + std::to_string(p) + "/comm");
+      std::string name;
+      std::getline(comm, name);
+      if (name == "train_gpt") ranks.push_back(p);
+    }
+  }
+  ASSERT_EQ(ranks.size(), 2u) << "the two train_gpt ranks";
+  ::kill(ranks.back(), SIGTERM);
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  std::ifstream f(d / "out.txt");
+  const std::string out((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(out.find("stopped by signal 15 after step"), std::string::npos) << out;
+  const size_t done = losses("sig").size();
+  ASSERT_LT(done, 300u) << "the signal came too late to test anything";
+  ASSERT_TRUE(fs::exists(d / "ck" / "latest")) << out;
+  for (auto& e : fs::directory_iterator(d / "ck"))
+    EXPECT_EQ(e.path().filename().string().rfind(".tmp", 0), std::string::npos) << e.path();
+  // resume: the rest of the run, the same numbers as without the signal
+  Result r = train("sig", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --train.steps 300 --checkpoint.resume true");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::vector<double> got = losses("sig"), want = losses("sig_ref");
+  ASSERT_EQ(got.size(), 300u);
+  for (size_t i = 0; i < 300; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1 << " (stopped after " << done << ")";
 }
 
 TEST_F(DistTrain, BadLayoutsAreOneClearLine) {

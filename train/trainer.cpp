@@ -465,8 +465,9 @@ int Trainer::loop() {
       throw Error(std::string(what) + " failed at step " + std::to_string(step) + " (checkpoint saved): " + e.what());
     }
   };
-  // A stop signal may reach only some ranks: they all stop when any one got it.
-  auto stop_now = [&] { return world_->all_reduce_scalar(stop_requested() ? 1 : 0, dist::ReduceOp::kMax) > 0; };
+  // A stop signal may reach only some ranks: they all stop when any one got it (the
+  // number of the signal, or 0).
+  auto stop_now = [&] { return static_cast<int>(world_->all_reduce_scalar(stop_signal(), dist::ReduceOp::kMax)); };
   double time_sum = 0, last_val = NAN;
   int64_t timed = 0;
   for (int64_t step = start_; step < c_.steps; ++step) {
@@ -535,9 +536,9 @@ int Trainer::loop() {
       return 0;
     }
     if (c_.ckpt_every > 0 && (step + 1) % c_.ckpt_every == 0 && step + 1 < c_.steps) save(step + 1);
-    if (step + 1 < c_.steps && stop_now()) {  // preempted: this step is done; save it, go
+    if (const int sig = step + 1 < c_.steps ? stop_now() : 0) {  // preempted: this step is done; save it, go
       save(step + 1);
-      out_ << "stopped by signal " << stop_signal() << " after step " << step + 1
+      out_ << "stopped by signal " << sig << " after step " << step + 1
            << (c_.ckpt_dir.empty() ? " (no checkpoint.dir: nothing saved)" : "; resume with checkpoint.resume = true")
            << std::endl;
       write_trace();
@@ -547,8 +548,8 @@ int Trainer::loop() {
   // ---- the end: checkpoint first (nothing after it may cost the run), eval, sample, report
   if (start_ < c_.steps || c_.ckpt_every == 0) save(c_.steps);
   write_trace();
-  if (stop_now()) {
-    out_ << "stopped by signal " << stop_signal() << " after the last step, its checkpoint saved" << std::endl;
+  if (const int sig = stop_now()) {
+    out_ << "stopped by signal " << sig << " after the last step, its checkpoint saved" << std::endl;
     return kExitPreempted;
   }
   if (val_) {
