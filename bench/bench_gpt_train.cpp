@@ -1,5 +1,5 @@
 // Training speed of a GPT: forward + backward + clipping + AdamW on random tokens, 10 timed
-// steps after 2 warm-up steps. Configs: S and M (issue 3's CPU configs) and GPT2 (124M,
+// steps after 2 warm-up steps. Configs: S and M (the CPU configs of docs/PERFORMANCE.md) and GPT2 (124M,
 // B 16, T 1024, vocab padded to 50304; for a GPU).
 //
 //   build/bench_gpt_train                 # S and M on CPU, all cores

@@ -9,7 +9,8 @@ namespace ndt::dist {
 
 double NoParallelism::grad_norm() { return optim::grad_norm(params_); }
 
-DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas) : params_(params), comm_(replicas) {
+DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas)
+    : params_(params), comm_(replicas) {
   for (size_t i = 1; i < params.units.size(); ++i) {
     const nn::FlatUnit& u = params.units[i];
     std::vector<Tensor> ps;

@@ -12,17 +12,19 @@ ParallelDims ParallelDims::resolve(int64_t r, int64_t s, int64_t c, int64_t t, i
     return "dp_replicate_size " + std::to_string(r) + ", dp_shard_size " + std::to_string(s) + ", cp_size " +
            std::to_string(c) + ", tp_size " + std::to_string(t);
   };
-  NDT_CHECK(r >= 1 && c >= 1 && t >= 1 && (s >= 1 || s == -1), "[parallel] sizes must be >= 1 (dp_shard_size may be -1: ",
-            "the rest of the world), got ", sizes());
+  NDT_CHECK(r >= 1 && c >= 1 && t >= 1 && (s >= 1 || s == -1),
+            "[parallel] sizes must be >= 1 (dp_shard_size may be -1: ", "the rest of the world), got ",
+            sizes());
   if (s == -1) {
     const int64_t rest = r * c * t;
     NDT_CHECK(world % rest == 0, "[parallel] dp_shard_size = -1 takes the rest of the world, but ", world,
-              " ranks are not divisible by dp_replicate_size x cp_size x tp_size = ", rest, " (", sizes(), ")");
+              " ranks are not divisible by dp_replicate_size x cp_size x tp_size = ", rest, " (", sizes(),
+              ")");
     s = world / rest;
   }
   ParallelDims d{r, s, c, t};
-  NDT_CHECK(d.world() == world, "[parallel] ", sizes(), " multiply to ", d.world(), " ranks but the job has ", world,
-            "; make the product equal the number of ranks (mpirun -np ", d.world(),
+  NDT_CHECK(d.world() == world, "[parallel] ", sizes(), " multiply to ", d.world(), " ranks but the job has ",
+            world, "; make the product equal the number of ranks (mpirun -np ", d.world(),
             ") or set dp_shard_size = -1 to take the rest");
   return d;
 }
@@ -38,12 +40,14 @@ ParallelDims::Coords ParallelDims::coords(int64_t rank) const {
   return c;
 }
 
-int64_t ParallelDims::rank_of(const Coords& c) const { return ((c.replicate * dp_shard + c.shard) * cp + c.cp) * tp + c.tp; }
+int64_t ParallelDims::rank_of(const Coords& c) const {
+  return ((c.replicate * dp_shard + c.shard) * cp + c.cp) * tp + c.tp;
+}
 
 std::string ParallelDims::str() const {
   std::ostringstream os;
-  os << "dp_replicate " << dp_replicate << " x dp_shard " << dp_shard << " x cp " << cp << " x tp " << tp << " = "
-     << world() << (world() == 1 ? " rank" : " ranks");
+  os << "dp_replicate " << dp_replicate << " x dp_shard " << dp_shard << " x cp " << cp << " x tp " << tp
+     << " = " << world() << (world() == 1 ? " rank" : " ranks");
   return os.str();
 }
 
@@ -65,8 +69,8 @@ std::string ParallelDims::strategy() const {
 
 DeviceMesh::DeviceMesh(const ParallelDims& dims, std::shared_ptr<Communicator> world)
     : dims_(dims), world_(std::move(world)) {
-  NDT_CHECK(dims_.world() == world_->size(), "DeviceMesh: ", dims_.str(), " but the world has ", world_->size(),
-            " ranks");
+  NDT_CHECK(dims_.world() == world_->size(), "DeviceMesh: ", dims_.str(), " but the world has ",
+            world_->size(), " ranks");
   coords_ = dims_.coords(world_->rank());
   const auto& [r, s, c, t] = coords_;
   const int64_t S = dims_.dp_shard, C = dims_.cp, T = dims_.tp;
@@ -119,8 +123,8 @@ std::string DeviceMesh::describe() const {
   if (n <= 16) {
     for (int64_t i = 0; i < n; ++i) {
       const ParallelDims::Coords c = dims_.coords(i);
-      os << "  rank " << i << ": replicate " << c.replicate << ", shard " << c.shard << ", cp " << c.cp << ", tp "
-         << c.tp << " on " << hosts[static_cast<size_t>(i)] << "\n";
+      os << "  rank " << i << ": replicate " << c.replicate << ", shard " << c.shard << ", cp " << c.cp
+         << ", tp " << c.tp << " on " << hosts[static_cast<size_t>(i)] << "\n";
     }
   } else {
     for (int64_t i = 0; i < n;) {

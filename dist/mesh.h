@@ -6,10 +6,10 @@
 // TP neighbours are adjacent ranks (inside a node), replicas are furthest apart (HSDP:
 // sharding inside a node, one gradient all-reduce across nodes).
 //
-//   dist::ParallelDims dims = dist::ParallelDims::resolve(/*replicate=*/2, /*shard=*/-1, 1, 1, world->size());
-//   dist::DeviceMesh mesh(dims, world);
-//   mesh.fsdp().all_gather(full, shard);   // shard x cp: the ranks that shard parameters
-//   mesh.dp().size();                      // replicate x shard: ranks that read different data
+//   dist::ParallelDims dims = dist::ParallelDims::resolve(/*replicate=*/2, /*shard=*/-1, 1, 1,
+//   world->size()); dist::DeviceMesh mesh(dims, world); mesh.fsdp().all_gather(full, shard);   // shard x cp:
+//   the ranks that shard parameters mesh.dp().size();                      // replicate x shard: ranks that
+//   read different data
 //
 // Flattened groups: dp = replicate x shard (the data-parallel ranks: each reads its own
 // batch); fsdp = shard x cp (the ranks over which parameters are sharded: CP ranks hold
@@ -42,7 +42,7 @@ struct ParallelDims {
   };
   Coords coords(int64_t rank) const;
   int64_t rank_of(const Coords& c) const;
-  std::string str() const;  // "dp_replicate 2 x dp_shard 2 x cp 1 x tp 1 = 4 ranks"
+  std::string str() const;       // "dp_replicate 2 x dp_shard 2 x cp 1 x tp 1 = 4 ranks"
   std::string strategy() const;  // "single process", "DP", "FSDP", "HSDP", ...
 };
 

@@ -12,7 +12,8 @@ namespace ndt::dist {
 Trace::Trace(int rank) : rank_(rank), start_(std::chrono::steady_clock::now()) {}
 
 int64_t Trace::now_us() const {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start_).count();
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start_)
+      .count();
 }
 
 void Trace::add(const std::string& name, Track track, int64_t begin_us, int64_t end_us, int64_t bytes) {
@@ -42,19 +43,22 @@ void Trace::write(const std::string& path) const {
   const char* tracks[] = {"compute", "comm", "wait"};
   std::string s = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
-                rank_, rank_);
+  std::snprintf(buf, sizeof(buf),
+                "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_,
+                rank_);
   s += buf;
   for (int t = 0; t < 3; ++t) {
-    std::snprintf(buf, sizeof(buf),
-                  ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", rank_,
-                  t, tracks[t]);
+    std::snprintf(
+        buf, sizeof(buf),
+        ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", rank_,
+        t, tracks[t]);
     s += buf;
   }
   for (const Event& e : events_) {
     s += ",\n{\"ph\":\"X\",\"name\":\"" + escape(e.name) + "\"";
-    std::snprintf(buf, sizeof(buf), ",\"pid\":%d,\"tid\":%d,\"ts\":%lld,\"dur\":%lld", rank_, static_cast<int>(e.track),
-                  static_cast<long long>(e.begin), static_cast<long long>(e.end - e.begin));
+    std::snprintf(buf, sizeof(buf), ",\"pid\":%d,\"tid\":%d,\"ts\":%lld,\"dur\":%lld", rank_,
+                  static_cast<int>(e.track), static_cast<long long>(e.begin),
+                  static_cast<long long>(e.end - e.begin));
     s += buf;
     if (e.bytes >= 0) {
       std::snprintf(buf, sizeof(buf), ",\"args\":{\"bytes\":%lld}", static_cast<long long>(e.bytes));

@@ -47,7 +47,8 @@ Result shell(const std::string& cmd) {
 
 std::string mpirun(int np) {
   return std::string(NDT_MPIRUN) +
-         " --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none -np " +
+         " --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none "
+         "-np " +
          std::to_string(np) + " ";
 }
 
@@ -69,10 +70,11 @@ class DistTrain : public ::testing::Test {
     std::vector<uint16_t> t = v.encode(text);
     data::write_shard((dir_ / "data" / "train_000000.bin").string(), t);
     v.save((dir_ / "data" / "vocab.json").string());
-    std::ofstream(dir_ / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << v.size()
-                                    << "\nblock_size = 32\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
-                                    << "\n[train]\nseq_len = 16\ngrad_accum_steps = 2\nsteps = 5\nthreads = 1\n"
-                                       "[optim]\nlr = 0.01\nwarmup_steps = 1\neps = 1e-4\n[sample]\nevery = -1\n[log]\nevery = 1\n";
+    std::ofstream(dir_ / "gpt.ini")
+        << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << v.size()
+        << "\nblock_size = 32\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
+        << "\n[train]\nseq_len = 16\ngrad_accum_steps = 2\nsteps = 5\nthreads = 1\n"
+           "[optim]\nlr = 0.01\nwarmup_steps = 1\neps = 1e-4\n[sample]\nevery = -1\n[log]\nevery = 1\n";
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
@@ -88,8 +90,8 @@ class DistTrain : public ::testing::Test {
     fs::create_directories(d);
     const std::string cmd = (np > 1 ? mpirun(np) : std::string()) + NDT_TRAIN_GPT_BIN + " --config " +
                             (dir_ / "gpt.ini").string() + " --log.metrics " + (d / "metrics.jsonl").string() +
-                            " --checkpoint.dir " + (d / "ck").string() + " --log.grads " + (d / "grads.safetensors").string() +
-                            " " + args;
+                            " --checkpoint.dir " + (d / "ck").string() + " --log.grads " +
+                            (d / "grads.safetensors").string() + " " + args;
     return shell(cmd);
   }
   static std::vector<double> losses(const std::string& name) {
@@ -138,15 +140,17 @@ struct Layout {
 TEST_F(DistTrain, EveryLayoutEqualsOneProcess) {
   const int B = 2;  // sequences per rank and micro-step
   for (int dp : {2, 3, 4}) {
-    Result r = train("single_b" + std::to_string(B * dp), 1, "--train.micro_batch_size " + std::to_string(B * dp));
+    Result r =
+        train("single_b" + std::to_string(B * dp), 1, "--train.micro_batch_size " + std::to_string(B * dp));
     ASSERT_EQ(r.rc, 0) << r.out;
   }
   for (Layout L : {Layout{"dp2", 2, 2, 1}, Layout{"fsdp2", 2, 1, 2}, Layout{"fsdp3", 3, 1, 3},
                    Layout{"fsdp4", 4, 1, 4}, Layout{"hsdp2x2", 4, 2, 2}}) {
     SCOPED_TRACE(L.name);
-    Result r = train(L.name, L.np,
-                  "--train.micro_batch_size " + std::to_string(B) + " --parallel.dp_replicate_size " +
-                      std::to_string(L.replicate) + " --parallel.dp_shard_size " + std::to_string(L.shard));
+    Result r =
+        train(L.name, L.np,
+              "--train.micro_batch_size " + std::to_string(B) + " --parallel.dp_replicate_size " +
+                  std::to_string(L.replicate) + " --parallel.dp_shard_size " + std::to_string(L.shard));
     ASSERT_EQ(r.rc, 0) << r.out;
     EXPECT_NE(r.out.find("= " + std::to_string(B * 2 * L.np) + " sequences"), std::string::npos) << r.out;
     const std::string ref = "single_b" + std::to_string(B * L.np);
@@ -168,11 +172,13 @@ TEST_F(DistTrain, CheckpointOfOneLayoutResumesInAnother) {
   // continued under dp2 and (separately) under one process
   Result ref = train("resume_ref", 1, "--train.micro_batch_size 4");
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  Result a = train("resume_fsdp2", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --train.stop_after 3");
+  Result a =
+      train("resume_fsdp2", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --train.stop_after 3");
   ASSERT_EQ(a.rc, 0) << a.out;
   ASSERT_TRUE(fs::exists(dir_ / "resume_fsdp2" / "ck" / "step_00000003"));
   fs::copy(dir_ / "resume_fsdp2", dir_ / "resume_single", fs::copy_options::recursive);
-  Result b = train("resume_fsdp2", 2, "--train.micro_batch_size 2 --parallel.dp_replicate_size 2 --checkpoint.resume true");
+  Result b = train("resume_fsdp2", 2,
+                   "--train.micro_batch_size 2 --parallel.dp_replicate_size 2 --checkpoint.resume true");
   ASSERT_EQ(b.rc, 0) << b.out;
   EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
   Result c = train("resume_single", 1, "--train.micro_batch_size 4 --checkpoint.resume true");
@@ -191,8 +197,8 @@ TEST_F(DistTrain, OneFailingRankEndsTheJobWithItsMessage) {
   // while rank 0 goes on to the first collective; the whole job must end, quickly
   fs::create_directories(dir_ / "fail" / "trace.rank1.json");
   Result r = train("fail", 2,
-                "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --log.trace " +
-                    (dir_ / "fail" / "trace.json").string());
+                   "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --log.trace " +
+                       (dir_ / "fail" / "trace.json").string());
   EXPECT_NE(r.rc, 0) << r.out;
   EXPECT_LT(r.seconds, 10.0) << r.out;
   EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
@@ -251,11 +257,14 @@ TEST_F(DistTrain, SigtermToTheJobSavesAndResumesBitIdentically) {
   for (auto& e : fs::directory_iterator(d / "ck"))
     EXPECT_EQ(e.path().filename().string().rfind(".tmp", 0), std::string::npos) << e.path();
   // resume: the rest of the run, the same numbers as without the signal
-  Result r = train("sig", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --train.steps 300 --checkpoint.resume true");
+  Result r = train(
+      "sig", 2,
+      "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --train.steps 300 --checkpoint.resume true");
   ASSERT_EQ(r.rc, 0) << r.out;
   std::vector<double> got = losses("sig"), want = losses("sig_ref");
   ASSERT_EQ(got.size(), 300u);
-  for (size_t i = 0; i < 300; ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1 << " (stopped after " << done << ")";
+  for (size_t i = 0; i < 300; ++i)
+    EXPECT_EQ(got[i], want[i]) << "step " << i + 1 << " (stopped after " << done << ")";
 }
 
 TEST_F(DistTrain, BadLayoutsAreOneClearLine) {
@@ -275,8 +284,9 @@ TEST_F(DistTrain, BadLayoutsAreOneClearLine) {
 
 TEST_F(DistTrain, EffectiveBatchAndLearningRateScaling) {
   Result r = train("lrscale", 2,
-                "--train.micro_batch_size 2 --parallel.dp_shard_size -1 --optim.lr_scaling sqrt --optim.lr_base_batch 2 "
-                "--train.steps 1");
+                   "--train.micro_batch_size 2 --parallel.dp_shard_size -1 --optim.lr_scaling sqrt "
+                   "--optim.lr_base_batch 2 "
+                   "--train.steps 1");
   ASSERT_EQ(r.rc, 0) << r.out;
   // 2 sequences x 2 accumulation x 2 ranks = 8 sequences; sqrt(8 / 2) = 2: lr 0.02
   EXPECT_NE(r.out.find("= 8 sequences = 128 tokens per step"), std::string::npos) << r.out;

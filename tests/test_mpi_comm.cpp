@@ -55,7 +55,8 @@ TEST(DistComm, AllReduceSumMeanMaxEveryDtype) {
       std::vector<double> want(len, op == ReduceOp::kMax ? -1e300 : 0.0);
       for (int r = 0; r < n; ++r) {
         std::vector<double> x = values(input(r, len, d, 1));
-        for (int64_t i = 0; i < len; ++i) want[i] = op == ReduceOp::kMax ? std::max(want[i], x[i]) : want[i] + x[i];
+        for (int64_t i = 0; i < len; ++i)
+          want[i] = op == ReduceOp::kMax ? std::max(want[i], x[i]) : want[i] + x[i];
       }
       std::vector<double> got = values(t);
       double worst = 0;
@@ -78,7 +79,8 @@ TEST(DistComm, AllGatherAndReduceScatterWithPaddedSizes) {
     std::vector<double> got = values(all);
     for (int r = 0; r < n; ++r) {
       std::vector<double> x = values(input(r, chunk, d, 2));
-      for (int64_t i = 0; i < chunk; ++i) ASSERT_EQ(got[r * chunk + i], x[i]) << dtype_name(d) << " rank " << r;
+      for (int64_t i = 0; i < chunk; ++i)
+        ASSERT_EQ(got[r * chunk + i], x[i]) << dtype_name(d) << " rank " << r;
     }
     if (d == DType::i32) continue;  // reduce-scatter with mean: float types
     Tensor in = input(w->rank(), chunk * n, d, 3), out = Tensor::zeros({chunk}, d);
@@ -89,7 +91,8 @@ TEST(DistComm, AllGatherAndReduceScatterWithPaddedSizes) {
       for (int64_t i = 0; i < chunk; ++i) want[i] += x[w->rank() * chunk + i] / n;
     }
     std::vector<double> o = values(out);
-    for (int64_t i = 0; i < chunk; ++i) EXPECT_NEAR(o[i], want[i], tol(d) * (1 + std::abs(want[i]))) << dtype_name(d);
+    for (int64_t i = 0; i < chunk; ++i)
+      EXPECT_NEAR(o[i], want[i], tol(d) * (1 + std::abs(want[i]))) << dtype_name(d);
   }
 }
 

@@ -95,7 +95,8 @@ void check_layout(const Layout& L, bool checkpointing) {
       backward(scale(ref.forward(x, y).loss, 1.0 / kAccum));
       strategy->begin_micro(m == kAccum - 1);
       const int64_t r0 = mesh.dp_rank() * B;
-      backward(scale(gpt.forward(x.narrow(0, r0, B).contiguous(), y.narrow(0, r0, B).contiguous()).loss, 1.0 / kAccum));
+      backward(scale(gpt.forward(x.narrow(0, r0, B).contiguous(), y.narrow(0, r0, B).contiguous()).loss,
+                     1.0 / kAccum));
       strategy->end_micro();
     }
     const double ref_norm = optim::grad_norm(ref_p), norm = strategy->grad_norm();
@@ -106,7 +107,8 @@ void check_layout(const Layout& L, bool checkpointing) {
       std::vector<double> g = u.grad.to_vector<double>(),
                           want = ref_p.units[i].grad.narrow(0, u.shard_offset, n).to_vector<double>();
       double worst = 0;
-      for (int64_t k = 0; k < n; ++k) worst = std::max(worst, std::abs(g[k] - want[k]) / (1e-6 + std::abs(want[k])));
+      for (int64_t k = 0; k < n; ++k)
+        worst = std::max(worst, std::abs(g[k] - want[k]) / (1e-6 + std::abs(want[k])));
       for (int64_t k = n; k < u.shard_numel; ++k) EXPECT_EQ(g[k], 0.0) << "padding of " << u.name;
       EXPECT_LT(worst, 1e-9) << "gradients of " << u.name << " at step " << step;
     }
@@ -158,7 +160,8 @@ TEST(DistFSDP, DataParallelEqualsOneProcess) { check_layout({"dp", -1, 1}, false
 TEST(DistFSDP, FullyShardedEqualsOneProcess) { check_layout({"fsdp", 1, -1}, false); }
 TEST(DistFSDP, FullyShardedWithActivationCheckpointing) { check_layout({"fsdp", 1, -1}, true); }
 TEST(DistFSDP, HybridShardedEqualsOneProcess) {
-  if (ndt::testing::world()->size() % 2 != 0 || ndt::testing::world()->size() < 4) GTEST_SKIP() << "needs 2 x k ranks";
+  if (ndt::testing::world()->size() % 2 != 0 || ndt::testing::world()->size() < 4)
+    GTEST_SKIP() << "needs 2 x k ranks";
   check_layout({"hsdp", 2, -1}, false);
 }
 

@@ -580,8 +580,8 @@ TEST(Robust, HashInsideAQuotedOrEscapedValueIsKept) {
     const std::string p = (d / file).string();
     const char* argv[] = {"train_gpt", "--config", p.c_str()};
     train::parse_config(3, argv, c, help);
-    EXPECT_EQ(c.train_data, "x.bin");
-    return c.prompt;
+    EXPECT_EQ(c.data.train, "x.bin");
+    return c.sample.prompt;
   };
   EXPECT_EQ(prompt_of("a.ini"), "C# rocks");
   EXPECT_EQ(prompt_of("b.ini"), "C# rocks\n");

@@ -19,86 +19,86 @@ namespace {
 po::options_description describe(Config& c) {
   po::options_description model("[model]");
   model.add_options()
-      ("model.n_layer", po::value(&c.n_layer)->default_value(c.n_layer), "transformer blocks")
-      ("model.n_head", po::value(&c.n_head)->default_value(c.n_head), "attention heads (must divide n_embd)")
-      ("model.n_embd", po::value(&c.n_embd)->default_value(c.n_embd), "channels C")
-      ("model.vocab_size", po::value(&c.vocab_size)->default_value(c.vocab_size),
+      ("model.n_layer", po::value(&c.model.n_layer)->default_value(c.model.n_layer), "transformer blocks")
+      ("model.n_head", po::value(&c.model.n_head)->default_value(c.model.n_head), "attention heads (must divide n_embd)")
+      ("model.n_embd", po::value(&c.model.n_embd)->default_value(c.model.n_embd), "channels C")
+      ("model.vocab_size", po::value(&c.model.vocab_size)->default_value(c.model.vocab_size),
        "vocabulary size V (every token in the data must be < V; 50257 for GPT-2)")
-      ("model.block_size", po::value(&c.block_size)->default_value(c.block_size), "maximum sequence length (positions)")
-      ("model.vocab_multiple", po::value(&c.vocab_multiple)->default_value(c.vocab_multiple),
+      ("model.block_size", po::value(&c.model.block_size)->default_value(c.model.block_size), "maximum sequence length (positions)")
+      ("model.vocab_multiple", po::value(&c.model.vocab_multiple)->default_value(c.model.vocab_multiple),
        "pad the vocabulary to a multiple of this (e.g. 128) for speed; padded logits never affect the loss")
-      ("model.init_from", po::value(&c.init_from)->default_value(c.init_from),
+      ("model.init_from", po::value(&c.model.init_from)->default_value(c.model.init_from),
        "safetensors file with HF GPT-2 names to start from (empty: random init)");
   po::options_description data("[data]");
   data.add_options()
-      ("data.train", po::value(&c.train_data)->default_value(c.train_data), "glob of training shards (llm.c format)")
-      ("data.val", po::value(&c.val_data)->default_value(c.val_data), "glob of validation shards (empty: no eval)")
-      ("data.shuffle", po::value(&c.shuffle)->default_value(c.shuffle), "shuffle batch windows each epoch (true/false)")
-      ("data.vocab", po::value(&c.vocab)->default_value(c.vocab),
+      ("data.train", po::value(&c.data.train)->default_value(c.data.train), "glob of training shards (llm.c format)")
+      ("data.val", po::value(&c.data.val)->default_value(c.data.val), "glob of validation shards (empty: no eval)")
+      ("data.shuffle", po::value(&c.data.shuffle)->default_value(c.data.shuffle), "shuffle batch windows each epoch (true/false)")
+      ("data.vocab", po::value(&c.data.vocab)->default_value(c.data.vocab),
        "vocab.json for decoding samples (empty: vocab.json beside the training shards, if any)");
   po::options_description train("[train]");
   train.add_options()
-      ("train.micro_batch_size", po::value(&c.micro_batch_size)->default_value(c.micro_batch_size), "sequences per micro-batch B")
-      ("train.seq_len", po::value(&c.seq_len)->default_value(c.seq_len), "tokens per sequence T (<= model.block_size)")
-      ("train.grad_accum_steps", po::value(&c.grad_accum_steps)->default_value(c.grad_accum_steps), "micro-batches per optimizer step")
-      ("train.steps", po::value(&c.steps)->default_value(c.steps), "optimizer steps")
-      ("train.eval_every", po::value(&c.eval_every)->default_value(c.eval_every), "evaluate every N steps (0: only at the end)")
-      ("train.eval_steps", po::value(&c.eval_steps)->default_value(c.eval_steps), "validation batches per evaluation")
-      ("train.seed", po::value(&c.seed)->default_value(c.seed), "seed for init, shuffling and sampling")
-      ("train.device", po::value(&c.device)->default_value(c.device), "cpu or cuda (cuda:N)")
-      ("train.dtype", po::value(&c.dtype)->default_value(c.dtype), "float32 (bfloat16 arrives with mixed precision)")
-      ("train.activation_checkpointing", po::value(&c.activation_checkpointing)->default_value(c.activation_checkpointing),
+      ("train.micro_batch_size", po::value(&c.train.micro_batch_size)->default_value(c.train.micro_batch_size), "sequences per micro-batch B")
+      ("train.seq_len", po::value(&c.train.seq_len)->default_value(c.train.seq_len), "tokens per sequence T (<= model.block_size)")
+      ("train.grad_accum_steps", po::value(&c.train.grad_accum_steps)->default_value(c.train.grad_accum_steps), "micro-batches per optimizer step")
+      ("train.steps", po::value(&c.train.steps)->default_value(c.train.steps), "optimizer steps")
+      ("train.eval_every", po::value(&c.train.eval_every)->default_value(c.train.eval_every), "evaluate every N steps (0: only at the end)")
+      ("train.eval_steps", po::value(&c.train.eval_steps)->default_value(c.train.eval_steps), "validation batches per evaluation")
+      ("train.seed", po::value(&c.train.seed)->default_value(c.train.seed), "seed for init, shuffling and sampling")
+      ("train.device", po::value(&c.train.device)->default_value(c.train.device), "cpu or cuda (cuda:N)")
+      ("train.dtype", po::value(&c.train.dtype)->default_value(c.train.dtype), "float32 (bfloat16 arrives with mixed precision)")
+      ("train.activation_checkpointing", po::value(&c.train.activation_checkpointing)->default_value(c.train.activation_checkpointing),
        "recompute each block in backward to save memory (true/false)")
-      ("train.threads", po::value(&c.threads)->default_value(c.threads), "CPU threads (0: all cores)")
-      ("train.stop_after", po::value(&c.stop_after)->default_value(c.stop_after),
+      ("train.threads", po::value(&c.train.threads)->default_value(c.train.threads), "CPU threads (0: all cores)")
+      ("train.stop_after", po::value(&c.train.stop_after)->default_value(c.train.stop_after),
        "stop after this many steps of this run, with a checkpoint, to resume later (0: run to train.steps)");
   po::options_description optim("[optim]");
   optim.add_options()
-      ("optim.lr", po::value(&c.lr)->default_value(c.lr), "peak learning rate")
-      ("optim.min_lr_frac", po::value(&c.min_lr_frac)->default_value(c.min_lr_frac), "final lr = lr * min_lr_frac")
-      ("optim.warmup_steps", po::value(&c.warmup_steps)->default_value(c.warmup_steps), "linear warmup steps")
-      ("optim.schedule", po::value(&c.schedule)->default_value(c.schedule), "after warmup: cosine, linear or constant")
-      ("optim.weight_decay", po::value(&c.weight_decay)->default_value(c.weight_decay), "AdamW decoupled decay (2-D weights only)")
-      ("optim.beta1", po::value(&c.beta1)->default_value(c.beta1), "AdamW beta1")
-      ("optim.beta2", po::value(&c.beta2)->default_value(c.beta2), "AdamW beta2")
-      ("optim.eps", po::value(&c.eps)->default_value(c.eps), "AdamW epsilon")
-      ("optim.grad_clip", po::value(&c.grad_clip)->default_value(c.grad_clip), "clip the global gradient norm to this (0: off)")
-      ("optim.lr_scaling", po::value(&c.lr_scaling)->default_value(c.lr_scaling),
+      ("optim.lr", po::value(&c.optim.lr)->default_value(c.optim.lr), "peak learning rate")
+      ("optim.min_lr_frac", po::value(&c.optim.min_lr_frac)->default_value(c.optim.min_lr_frac), "final lr = lr * min_lr_frac")
+      ("optim.warmup_steps", po::value(&c.optim.warmup_steps)->default_value(c.optim.warmup_steps), "linear warmup steps")
+      ("optim.schedule", po::value(&c.optim.schedule)->default_value(c.optim.schedule), "after warmup: cosine, linear or constant")
+      ("optim.weight_decay", po::value(&c.optim.weight_decay)->default_value(c.optim.weight_decay), "AdamW decoupled decay (2-D weights only)")
+      ("optim.beta1", po::value(&c.optim.beta1)->default_value(c.optim.beta1), "AdamW beta1")
+      ("optim.beta2", po::value(&c.optim.beta2)->default_value(c.optim.beta2), "AdamW beta2")
+      ("optim.eps", po::value(&c.optim.eps)->default_value(c.optim.eps), "AdamW epsilon")
+      ("optim.grad_clip", po::value(&c.optim.grad_clip)->default_value(c.optim.grad_clip), "clip the global gradient norm to this (0: off)")
+      ("optim.lr_scaling", po::value(&c.optim.lr_scaling)->default_value(c.optim.lr_scaling),
        "scale optim.lr with the effective batch: none, linear (lr x batch/base) or sqrt (lr x sqrt(batch/base))")
-      ("optim.lr_base_batch", po::value(&c.lr_base_batch)->default_value(c.lr_base_batch),
+      ("optim.lr_base_batch", po::value(&c.optim.lr_base_batch)->default_value(c.optim.lr_base_batch),
        "the effective batch, in sequences, that optim.lr was tuned for (needed by lr_scaling)");
   po::options_description ckpt("[checkpoint]");
   ckpt.add_options()
-      ("checkpoint.dir", po::value(&c.ckpt_dir)->default_value(c.ckpt_dir), "checkpoint directory (empty: none)")
-      ("checkpoint.every", po::value(&c.ckpt_every)->default_value(c.ckpt_every), "checkpoint every N steps (0: only at the end)")
-      ("checkpoint.resume", po::value(&c.resume)->default_value(c.resume), "resume from the latest checkpoint in dir (true/false)")
-      ("checkpoint.keep", po::value(&c.ckpt_keep)->default_value(c.ckpt_keep), "checkpoints to keep (0: all)");
+      ("checkpoint.dir", po::value(&c.checkpoint.dir)->default_value(c.checkpoint.dir), "checkpoint directory (empty: none)")
+      ("checkpoint.every", po::value(&c.checkpoint.every)->default_value(c.checkpoint.every), "checkpoint every N steps (0: only at the end)")
+      ("checkpoint.resume", po::value(&c.checkpoint.resume)->default_value(c.checkpoint.resume), "resume from the latest checkpoint in dir (true/false)")
+      ("checkpoint.keep", po::value(&c.checkpoint.keep)->default_value(c.checkpoint.keep), "checkpoints to keep (0: all)");
   po::options_description log("[log]");
   log.add_options()
-      ("log.metrics", po::value(&c.metrics)->default_value(c.metrics), "JSON-lines metrics file (empty: none)")
-      ("log.every", po::value(&c.log_every)->default_value(c.log_every), "print a line every N steps")
-      ("log.report", po::value(&c.report)->default_value(c.report), "HTML report with loss curves, written at the end (empty: none)")
-      ("log.trace", po::value(&c.trace)->default_value(c.trace),
+      ("log.metrics", po::value(&c.log.metrics)->default_value(c.log.metrics), "JSON-lines metrics file (empty: none)")
+      ("log.every", po::value(&c.log.every)->default_value(c.log.every), "print a line every N steps")
+      ("log.report", po::value(&c.log.report)->default_value(c.log.report), "HTML report with loss curves, written at the end (empty: none)")
+      ("log.trace", po::value(&c.log.trace)->default_value(c.log.trace),
        "Chrome trace of each rank's steps (out/trace.json -> out/trace.rank0.json, ...; empty: none)")
-      ("log.grads", po::value(&c.grads_file)->default_value(c.grads_file),
+      ("log.grads", po::value(&c.log.grads)->default_value(c.log.grads),
        "write the first step's gradients (whole unit buffers, safetensors) here, to compare layouts (empty: none)")
-      ("log.peak_tflops", po::value(&c.peak_tflops)->default_value(c.peak_tflops),
+      ("log.peak_tflops", po::value(&c.log.peak_tflops)->default_value(c.log.peak_tflops),
        "peak TFLOP/s of one device for MFU on GPU (0: 989 for H100 bf16 / 67 f32)");
   po::options_description sample("[sample]");
   sample.add_options()
-      ("sample.every", po::value(&c.sample_every)->default_value(c.sample_every), "sample every N steps (0: only at the end; -1: never)")
-      ("sample.length", po::value(&c.sample_length)->default_value(c.sample_length), "tokens to generate")
-      ("sample.temperature", po::value(&c.temperature)->default_value(c.temperature), "softmax temperature (> 0)")
-      ("sample.top_k", po::value(&c.top_k)->default_value(c.top_k), "sample from the k most likely tokens (0: all)")
-      ("sample.prompt", po::value(&c.prompt)->default_value(c.prompt), "text to start from (\\n for a newline)");
+      ("sample.every", po::value(&c.sample.every)->default_value(c.sample.every), "sample every N steps (0: only at the end; -1: never)")
+      ("sample.length", po::value(&c.sample.length)->default_value(c.sample.length), "tokens to generate")
+      ("sample.temperature", po::value(&c.sample.temperature)->default_value(c.sample.temperature), "softmax temperature (> 0)")
+      ("sample.top_k", po::value(&c.sample.top_k)->default_value(c.sample.top_k), "sample from the k most likely tokens (0: all)")
+      ("sample.prompt", po::value(&c.sample.prompt)->default_value(c.sample.prompt), "text to start from (\\n for a newline)");
   po::options_description par("[parallel]");
   par.add_options()
-      ("parallel.dp_replicate_size", po::value(&c.dp_replicate_size)->default_value(c.dp_replicate_size),
+      ("parallel.dp_replicate_size", po::value(&c.parallel.dp_replicate_size)->default_value(c.parallel.dp_replicate_size),
        "data-parallel replicas (DP; with dp_shard_size > 1: HSDP)")
-      ("parallel.dp_shard_size", po::value(&c.dp_shard_size)->default_value(c.dp_shard_size),
+      ("parallel.dp_shard_size", po::value(&c.parallel.dp_shard_size)->default_value(c.parallel.dp_shard_size),
        "FSDP shards (-1: the rest of the world)")
-      ("parallel.tp_size", po::value(&c.tp_size)->default_value(c.tp_size), "tensor-parallel degree (must be 1 for now)")
-      ("parallel.cp_size", po::value(&c.cp_size)->default_value(c.cp_size), "context-parallel degree (must be 1 for now)");
+      ("parallel.tp_size", po::value(&c.parallel.tp_size)->default_value(c.parallel.tp_size), "tensor-parallel degree (must be 1 for now)")
+      ("parallel.cp_size", po::value(&c.parallel.cp_size)->default_value(c.parallel.cp_size), "context-parallel degree (must be 1 for now)");
   po::options_description all;
   all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par);
   return all;
@@ -257,7 +257,7 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run train_gpt --help for every key and its allowed values");
   }
-  c.prompt = unescape(c.prompt);
+  c.sample.prompt = unescape(c.sample.prompt);
   validate(c);
   return true;
 }
@@ -278,84 +278,84 @@ void validate(const Config& c) {
                                                               std::to_string(v));
   };
   constexpr int64_t kBig = int64_t(1) << 40;
-  need(!c.train_data.empty(), "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
-  range("model.n_layer", c.n_layer, 1, 1024);
-  range("model.n_head", c.n_head, 1, 1024);
-  range("model.n_embd", c.n_embd, 1, 65536);
-  range("model.vocab_size", c.vocab_size, 1, 65536);
-  range("model.block_size", c.block_size, 1, int64_t(1) << 20);
-  range("model.vocab_multiple", c.vocab_multiple, 1, 65536);
-  range("train.micro_batch_size", c.micro_batch_size, 1, int64_t(1) << 20);
-  range("train.seq_len", c.seq_len, 1, int64_t(1) << 20);
-  need(c.seq_len <= c.block_size, "train.seq_len (" + std::to_string(c.seq_len) +
-                                      ") must be <= model.block_size (" + std::to_string(c.block_size) + ")");
-  need(c.micro_batch_size * c.seq_len <= (int64_t(1) << 31),
-       "train.micro_batch_size x train.seq_len = " + std::to_string(c.micro_batch_size * c.seq_len) +
+  need(!c.data.train.empty(), "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
+  range("model.n_layer", c.model.n_layer, 1, 1024);
+  range("model.n_head", c.model.n_head, 1, 1024);
+  range("model.n_embd", c.model.n_embd, 1, 65536);
+  range("model.vocab_size", c.model.vocab_size, 1, 65536);
+  range("model.block_size", c.model.block_size, 1, int64_t(1) << 20);
+  range("model.vocab_multiple", c.model.vocab_multiple, 1, 65536);
+  range("train.micro_batch_size", c.train.micro_batch_size, 1, int64_t(1) << 20);
+  range("train.seq_len", c.train.seq_len, 1, int64_t(1) << 20);
+  need(c.train.seq_len <= c.model.block_size, "train.seq_len (" + std::to_string(c.train.seq_len) +
+                                      ") must be <= model.block_size (" + std::to_string(c.model.block_size) + ")");
+  need(c.train.micro_batch_size * c.train.seq_len <= (int64_t(1) << 31),
+       "train.micro_batch_size x train.seq_len = " + std::to_string(c.train.micro_batch_size * c.train.seq_len) +
            " tokens per micro-batch; at most 2^31");
-  range("train.grad_accum_steps", c.grad_accum_steps, 1, int64_t(1) << 20);
-  range("train.steps", c.steps, 1, kBig);
-  range("train.eval_every", c.eval_every, 0, kBig);
-  range("train.eval_steps", c.eval_steps, 1, int64_t(1) << 20);
-  range("train.seed", c.seed, 0, std::numeric_limits<int64_t>::max());
-  need(c.device == "cpu" || c.device == "cuda" ||
-           (c.device.size() > 5 && c.device.size() <= 7 && c.device.rfind("cuda:", 0) == 0 &&
-            c.device.find_first_not_of("0123456789", 5) == std::string::npos),
-       "train.device must be cpu, cuda or cuda:N, got '" + c.device + "'");
-  need(c.dtype == "float32" || c.dtype == "bfloat16",
-       "train.dtype must be float32 or bfloat16, got '" + c.dtype + "'");
-  need(c.dtype == "float32",
+  range("train.grad_accum_steps", c.train.grad_accum_steps, 1, int64_t(1) << 20);
+  range("train.steps", c.train.steps, 1, kBig);
+  range("train.eval_every", c.train.eval_every, 0, kBig);
+  range("train.eval_steps", c.train.eval_steps, 1, int64_t(1) << 20);
+  range("train.seed", c.train.seed, 0, std::numeric_limits<int64_t>::max());
+  need(c.train.device == "cpu" || c.train.device == "cuda" ||
+           (c.train.device.size() > 5 && c.train.device.size() <= 7 && c.train.device.rfind("cuda:", 0) == 0 &&
+            c.train.device.find_first_not_of("0123456789", 5) == std::string::npos),
+       "train.device must be cpu, cuda or cuda:N, got '" + c.train.device + "'");
+  need(c.train.dtype == "float32" || c.train.dtype == "bfloat16",
+       "train.dtype must be float32 or bfloat16, got '" + c.train.dtype + "'");
+  need(c.train.dtype == "float32",
        "train.dtype = bfloat16 is not supported yet (mixed precision is not implemented); use float32");
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  need(c.threads >= 0 && c.threads <= cores, "train.threads = " + std::to_string(c.threads) +
+  need(c.train.threads >= 0 && c.train.threads <= cores, "train.threads = " + std::to_string(c.train.threads) +
                                                  " but this machine has " + std::to_string(cores) +
                                                  " CPUs; use 0 for all of them");
-  range("train.stop_after", c.stop_after, 0, kBig);
-  need(c.stop_after == 0 || !c.ckpt_dir.empty(),
+  range("train.stop_after", c.train.stop_after, 0, kBig);
+  need(c.train.stop_after == 0 || !c.checkpoint.dir.empty(),
        "train.stop_after needs checkpoint.dir: without it the stopped run could not be resumed");
-  finite("optim.lr", c.lr, true);
-  need(c.min_lr_frac >= 0 && c.min_lr_frac <= 1, "optim.min_lr_frac must be in [0, 1]");
-  range("optim.warmup_steps", c.warmup_steps, 0, kBig);
-  need(c.schedule == "cosine" || c.schedule == "linear" || c.schedule == "constant",
-       "optim.schedule must be cosine, linear or constant, got '" + c.schedule + "'");
-  finite("optim.weight_decay", c.weight_decay, false);
-  need(c.beta1 >= 0 && c.beta1 < 1 && c.beta2 >= 0 && c.beta2 < 1,
+  finite("optim.lr", c.optim.lr, true);
+  need(c.optim.min_lr_frac >= 0 && c.optim.min_lr_frac <= 1, "optim.min_lr_frac must be in [0, 1]");
+  range("optim.warmup_steps", c.optim.warmup_steps, 0, kBig);
+  need(c.optim.schedule == "cosine" || c.optim.schedule == "linear" || c.optim.schedule == "constant",
+       "optim.schedule must be cosine, linear or constant, got '" + c.optim.schedule + "'");
+  finite("optim.weight_decay", c.optim.weight_decay, false);
+  need(c.optim.beta1 >= 0 && c.optim.beta1 < 1 && c.optim.beta2 >= 0 && c.optim.beta2 < 1,
        "optim.beta1 and optim.beta2 must be in [0, 1)");
-  finite("optim.eps", c.eps, true);
-  finite("optim.grad_clip", c.grad_clip, false);
-  range("checkpoint.every", c.ckpt_every, 0, kBig);
-  range("checkpoint.keep", c.ckpt_keep, 0, 1000000);
-  need(!c.resume || !c.ckpt_dir.empty(), "checkpoint.resume needs checkpoint.dir");
-  range("log.every", c.log_every, 1, kBig);
-  finite("log.peak_tflops", c.peak_tflops, false);
-  range("sample.every", c.sample_every, -1, kBig);
-  range("sample.length", c.sample_length, 0, 65536);
-  range("sample.top_k", c.top_k, 0, 65536);
-  finite("sample.temperature", c.temperature, true);
-  need(c.prompt.size() <= 65536, "sample.prompt is " + std::to_string(c.prompt.size()) +
+  finite("optim.eps", c.optim.eps, true);
+  finite("optim.grad_clip", c.optim.grad_clip, false);
+  range("checkpoint.every", c.checkpoint.every, 0, kBig);
+  range("checkpoint.keep", c.checkpoint.keep, 0, 1000000);
+  need(!c.checkpoint.resume || !c.checkpoint.dir.empty(), "checkpoint.resume needs checkpoint.dir");
+  range("log.every", c.log.every, 1, kBig);
+  finite("log.peak_tflops", c.log.peak_tflops, false);
+  range("sample.every", c.sample.every, -1, kBig);
+  range("sample.length", c.sample.length, 0, 65536);
+  range("sample.top_k", c.sample.top_k, 0, 65536);
+  finite("sample.temperature", c.sample.temperature, true);
+  need(c.sample.prompt.size() <= 65536, "sample.prompt is " + std::to_string(c.sample.prompt.size()) +
                                      " bytes; at most 65536 (the model sees only "
                                      "the last model.block_size tokens anyway)");
-  range("parallel.dp_replicate_size", c.dp_replicate_size, 1, 1 << 20);
-  need(c.dp_shard_size == -1 || (c.dp_shard_size >= 1 && c.dp_shard_size <= (1 << 20)),
-       "parallel.dp_shard_size must be >= 1, or -1 for the rest of the world, got " + std::to_string(c.dp_shard_size));
-  need(c.tp_size == 1, "parallel.tp_size = " + std::to_string(c.tp_size) +
+  range("parallel.dp_replicate_size", c.parallel.dp_replicate_size, 1, 1 << 20);
+  need(c.parallel.dp_shard_size == -1 || (c.parallel.dp_shard_size >= 1 && c.parallel.dp_shard_size <= (1 << 20)),
+       "parallel.dp_shard_size must be >= 1, or -1 for the rest of the world, got " + std::to_string(c.parallel.dp_shard_size));
+  need(c.parallel.tp_size == 1, "parallel.tp_size = " + std::to_string(c.parallel.tp_size) +
                            ": tensor parallelism is not implemented yet; use tp_size = 1 (data parallel, FSDP "
                            "and HSDP work: dp_replicate_size, dp_shard_size)");
-  need(c.cp_size == 1, "parallel.cp_size = " + std::to_string(c.cp_size) +
+  need(c.parallel.cp_size == 1, "parallel.cp_size = " + std::to_string(c.parallel.cp_size) +
                            ": context parallelism is not implemented yet; use cp_size = 1 (data parallel, FSDP "
                            "and HSDP work: dp_replicate_size, dp_shard_size)");
-  need(c.lr_scaling == "none" || c.lr_scaling == "linear" || c.lr_scaling == "sqrt",
-       "optim.lr_scaling must be none, linear or sqrt, got '" + c.lr_scaling + "'");
-  range("optim.lr_base_batch", c.lr_base_batch, 0, kBig);
-  need(c.lr_scaling == "none" || c.lr_base_batch > 0,
-       "optim.lr_scaling = " + c.lr_scaling +
+  need(c.optim.lr_scaling == "none" || c.optim.lr_scaling == "linear" || c.optim.lr_scaling == "sqrt",
+       "optim.lr_scaling must be none, linear or sqrt, got '" + c.optim.lr_scaling + "'");
+  range("optim.lr_base_batch", c.optim.lr_base_batch, 0, kBig);
+  need(c.optim.lr_scaling == "none" || c.optim.lr_base_batch > 0,
+       "optim.lr_scaling = " + c.optim.lr_scaling +
            " needs optim.lr_base_batch: the effective batch, in sequences, that optim.lr was tuned for");
 }
 
 std::vector<std::string> warnings(const Config& c) {
   std::vector<std::string> w;
-  if (c.warmup_steps > c.steps)
-    w.push_back("optim.warmup_steps (" + std::to_string(c.warmup_steps) + ") > train.steps (" +
-                std::to_string(c.steps) + "): the learning rate never reaches optim.lr");
+  if (c.optim.warmup_steps > c.train.steps)
+    w.push_back("optim.warmup_steps (" + std::to_string(c.optim.warmup_steps) + ") > train.steps (" +
+                std::to_string(c.train.steps) + "): the learning rate never reaches optim.lr");
   return w;
 }
 

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "models/gpt.h"
+#include "optim/adamw.h"
 #include "tensor/error.h"
 
 namespace ndt::train {
@@ -28,46 +30,76 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
-struct Config {
-  // [model]
-  int64_t n_layer = 4, n_head = 4, n_embd = 128, vocab_size = 256, block_size = 128, vocab_multiple = 1;
-  std::string init_from;
-  // [data]
-  std::string train_data, val_data, vocab;
+// One struct per INI section; [model] and [optim] extend the model's and the optimizer's
+// own config types, so the trainer hands them over as they are.
+struct ModelSection : models::GPTConfig {  // [model]
+  ModelSection() {
+    n_layer = 4;
+    n_head = 4;
+    n_embd = 128;
+    vocab_size = 256;
+    block_size = 128;
+  }
+  std::string init_from;  // safetensors weights to start from
+};
+
+struct DataSection {              // [data]
+  std::string train, val, vocab;  // shard globs, vocab.json
   bool shuffle = false;
-  // [train]
+};
+
+struct TrainSection {  // [train]
   int64_t micro_batch_size = 8, seq_len = 128, grad_accum_steps = 1, steps = 100, eval_every = 50,
           eval_steps = 10;
   int64_t seed = 1337;  // >= 0
   std::string device = "cpu", dtype = "float32";
   bool activation_checkpointing = false;
-  int threads = 0;
+  int threads = 0;         // 0: this rank's share of the node's cores
   int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this run; 0: never
-  // [optim]
-  double lr = 1e-3, min_lr_frac = 0.1, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, eps = 1e-8,
-         grad_clip = 1.0;
+};
+
+struct OptimSection : optim::AdamWConfig {  // [optim]: AdamW's betas, eps, weight decay, and
+  double lr = 1e-3, min_lr_frac = 0.1, grad_clip = 1.0;
   int64_t warmup_steps = 0;
   std::string schedule = "cosine";
   std::string lr_scaling = "none";  // none, linear or sqrt in effective batch / lr_base_batch
   int64_t lr_base_batch = 0;        // sequences
-  // [checkpoint]
-  std::string ckpt_dir;
-  int64_t ckpt_every = 0;
+};
+
+struct CheckpointSection {  // [checkpoint]
+  std::string dir;
+  int64_t every = 0;
   bool resume = false;
-  int ckpt_keep = 2;
-  // [log]
+  int keep = 2;
+};
+
+struct LogSection {  // [log]
   std::string metrics, report;
-  std::string trace;       // Chrome trace, one file per rank (path.rankN.json)
-  std::string grads_file;  // the first step's gradients as whole buffers (comparing layouts)
-  int64_t log_every = 1;
+  std::string trace;  // Chrome trace, one file per rank (path.rankN.json)
+  std::string grads;  // the first step's gradients as whole buffers (comparing layouts)
+  int64_t every = 1;
   double peak_tflops = 0;
-  // [sample]
-  int64_t sample_every = 0, sample_length = 200, top_k = 0;
+};
+
+struct SampleSection {  // [sample]
+  int64_t every = 0, length = 200, top_k = 0;
   double temperature = 1.0;
   std::string prompt = "\n";
-  // [parallel]
-  int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
+};
 
+struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's ParallelismConfig
+  int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
+};
+
+struct Config {
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+  OptimSection optim;
+  CheckpointSection checkpoint;
+  LogSection log;
+  SampleSection sample;
+  ParallelSection parallel;
   std::string config_path;  // the --config file, if any
 };
 

@@ -136,12 +136,12 @@ void clean_temporaries(const std::string& dir) {
 
 void check_output_paths(const Config& c, int rank) {
   if (rank == 0) {  // the files rank 0 writes
-    if (!c.ckpt_dir.empty()) check_writable_dir(c.ckpt_dir, "checkpoint.dir");
-    if (!c.metrics.empty()) check_output_file(c.metrics, "log.metrics");
-    if (!c.report.empty()) check_output_file(c.report, "log.report");
-    if (!c.grads_file.empty()) check_output_file(c.grads_file, "log.grads");
+    if (!c.checkpoint.dir.empty()) check_writable_dir(c.checkpoint.dir, "checkpoint.dir");
+    if (!c.log.metrics.empty()) check_output_file(c.log.metrics, "log.metrics");
+    if (!c.log.report.empty()) check_output_file(c.log.report, "log.report");
+    if (!c.log.grads.empty()) check_output_file(c.log.grads, "log.grads");
   }
-  if (!c.trace.empty()) check_output_file(dist::trace_path_for_rank(c.trace, rank), "log.trace");  // every rank's own
+  if (!c.log.trace.empty()) check_output_file(dist::trace_path_for_rank(c.log.trace, rank), "log.trace");  // every rank's own
 }
 
 void check_fits_in_memory(int64_t param_count, Device device) {

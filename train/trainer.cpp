@@ -101,9 +101,9 @@ class Trainer {
   double evaluate();
   void sample(int64_t step);
   void save(int64_t step);
-  void load_weights(const std::string& path);   // init_from, into this rank's shards
+  void load_weights(const std::string& path);  // init_from, into this rank's shards
   void resume_from(const std::string& path);
-  void write_grads(const std::string& path);    // log.grads
+  void write_grads(const std::string& path);  // log.grads
   void log_json(const nlohmann::json& j);
   void write_trace();
   bool lead() const { return world_->rank() == 0; }
@@ -141,28 +141,31 @@ class Trainer {
 
 void Trainer::setup() {
   // devices: one process per GPU, the GPU chosen by the rank's place on its node
-  device_ = Device::parse(c_.device);
+  device_ = Device::parse(c_.train.device);
   if (device_.is_cuda()) {
     if (!cuda::available())
-      throw ConfigError("train.device = " + c_.device + " but no CUDA device is visible" +
-                        (cuda::compiled() ? "" : " (this build has no CUDA backend)") + "; use train.device = cpu");
-    if (c_.device == "cuda") device_ = Device::cuda(dist::local_rank() % std::max(1, cuda::device_count()));
+      throw ConfigError("train.device = " + c_.train.device + " but no CUDA device is visible" +
+                        (cuda::compiled() ? "" : " (this build has no CUDA backend)") +
+                        "; use train.device = cpu");
+    if (c_.train.device == "cuda")
+      device_ = Device::cuda(dist::local_rank() % std::max(1, cuda::device_count()));
     cuda::set_device(device_.index);
   }
   // threads: this rank's share of the node's cores (train.threads = 0)
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  set_num_threads(c_.threads > 0 ? c_.threads : std::max(1, cores / std::max(1, dist::local_size())));
+  set_num_threads(c_.train.threads > 0 ? c_.train.threads
+                                       : std::max(1, cores / std::max(1, dist::local_size())));
   // the mesh: dp_replicate x dp_shard x cp x tp ranks, a communicator per dimension
   try {
-    dims_ = dist::ParallelDims::resolve(c_.dp_replicate_size, c_.dp_shard_size, c_.cp_size, c_.tp_size,
-                                        world_->size());
+    dims_ = dist::ParallelDims::resolve(c_.parallel.dp_replicate_size, c_.parallel.dp_shard_size,
+                                        c_.parallel.cp_size, c_.parallel.tp_size, world_->size());
   } catch (const Error& e) {
     throw ConfigError(e.what());
   }
   std::shared_ptr<dist::Communicator> world = world_;
   if (device_.is_cuda() && world_->size() > 1) world = dist::nccl_communicator(world_, device_.index);
   mesh_ = std::make_unique<dist::DeviceMesh>(dims_, world);
-  if (!c_.trace.empty()) {
+  if (!c_.log.trace.empty()) {
     trace_ = std::make_unique<dist::Trace>(world_->rank());
     for (dist::Communicator* comm : mesh_->all()) comm->set_trace(trace_.get());
   }
@@ -170,15 +173,15 @@ void Trainer::setup() {
   if (device_.is_cpu())
     out_ << "device: cpu, " << num_threads() << " threads per rank, OpenBLAS kernel " << blas_core() << "\n";
   else
-    out_ << "device: " << device_.str() << (world_->size() > 1 ? " (rank 0; cuda:<local rank> on every rank)" : "")
-         << "\n";
+    out_ << "device: " << device_.str()
+         << (world_->size() > 1 ? " (rank 0; cuda:<local rank> on every rank)" : "") << "\n";
   if (world_->size() > 1) out_ << layout;
   for (const std::string& w : warnings(c_)) out_ << "warning: " << w << "\n";
   // outputs, before any work: writable, and the checkpoint directory ours alone
   check_output_paths(c_, world_->rank());
-  if (lead() && !c_.ckpt_dir.empty()) {
-    lock_ = std::make_unique<RunLock>(c_.ckpt_dir);
-    clean_temporaries(c_.ckpt_dir);
+  if (lead() && !c_.checkpoint.dir.empty()) {
+    lock_ = std::make_unique<RunLock>(c_.checkpoint.dir);
+    clean_temporaries(c_.checkpoint.dir);
   }
   world_->barrier();  // every rank's checks passed
 }
@@ -186,12 +189,7 @@ void Trainer::setup() {
 // ---- phase 2: describe -------------------------------------------------------------
 
 void Trainer::describe() {
-  mc_.n_layer = c_.n_layer;
-  mc_.n_head = c_.n_head;
-  mc_.n_embd = c_.n_embd;
-  mc_.vocab_size = c_.vocab_size;
-  mc_.block_size = c_.block_size;
-  mc_.vocab_multiple = c_.vocab_multiple;
+  mc_ = c_.model;  // [model] is a GPTConfig (and init_from)
   try {
     mc_.validate();
   } catch (const Error& e) {
@@ -210,7 +208,7 @@ void Trainer::describe() {
 void Trainer::parallelize() {
   // Wrappers compose inside out: activation checkpointing around the block's own forward,
   // FSDP's gather/release around that (so a recompute finds the block gathered).
-  if (c_.activation_checkpointing) gpt_->add_unit_wrapper(nn::activation_checkpointing());
+  if (c_.train.activation_checkpointing) gpt_->add_unit_wrapper(nn::activation_checkpointing());
   if (trace_ && !dims_.sharded())  // FSDP traces its units itself
     gpt_->add_unit_wrapper([this](int64_t i, const nn::UnitFn& fn, const Tensor& x) {
       dist::Trace::Scope s(trace_.get(), "forward h." + std::to_string(i), dist::Trace::kCompute);
@@ -224,7 +222,7 @@ void Trainer::parallelize() {
 void Trainer::materialize() {
   // this rank's shard of every flat buffer (all of it without FSDP), values from the
   // counter-based RNG: the same numbers on every layout
-  params_ = nn::materialize(gpt_->units(), device_, DType::f32, static_cast<uint64_t>(c_.seed),
+  params_ = nn::materialize(gpt_->units(), device_, DType::f32, static_cast<uint64_t>(c_.train.seed),
                             nn::ShardSpec{mesh_->fsdp_rank(), dims_.fsdp()});
   if (dims_.sharded()) {
     auto f = std::make_unique<dist::FullyShardedDataParallel>(params_, mesh_->fsdp(), &mesh_->replicate());
@@ -241,64 +239,70 @@ void Trainer::materialize() {
   for (const nn::FlatUnit& u : params_.units) out_ << " " << u.name << "=" << u.param_count();
   out_ << "\n";
   if (world_->size() > 1)
-    out_ << "strategy: " << strategy_->name() << "; each rank holds " << human_bytes(static_cast<double>(
-                                                                              params_.shard_bytes() * 2))
+    out_ << "strategy: " << strategy_->name() << "; each rank holds "
+         << human_bytes(static_cast<double>(params_.shard_bytes() * 2))
          << " of parameters, gradients and AdamW moments\n";
-  if (!c_.init_from.empty()) {
-    load_weights(c_.init_from);
-    out_ << "initialized from " << c_.init_from << "\n";
+  if (!c_.model.init_from.empty()) {
+    load_weights(c_.model.init_from);
+    out_ << "initialized from " << c_.model.init_from << "\n";
   }
   // data: rank r of the dp ranks reads its own micro-batches; tp and cp ranks share them
   const int dp_rank = static_cast<int>(mesh_->dp_rank()), dp = static_cast<int>(dims_.dp());
-  train_ = std::make_unique<data::DataLoader>(c_.train_data, c_.micro_batch_size, c_.seq_len, dp_rank, dp,
-                                              c_.shuffle, static_cast<uint64_t>(c_.seed), c_.vocab_size);
-  if (!c_.val_data.empty())
-    val_ = std::make_unique<data::DataLoader>(c_.val_data, c_.micro_batch_size, c_.seq_len, dp_rank, dp, false,
-                                              static_cast<uint64_t>(c_.seed), c_.vocab_size);
-  std::string vocab_path = c_.vocab;
+  train_ = std::make_unique<data::DataLoader>(c_.data.train, c_.train.micro_batch_size, c_.train.seq_len,
+                                              dp_rank, dp, c_.data.shuffle,
+                                              static_cast<uint64_t>(c_.train.seed), c_.model.vocab_size);
+  if (!c_.data.val.empty())
+    val_ = std::make_unique<data::DataLoader>(c_.data.val, c_.train.micro_batch_size, c_.train.seq_len,
+                                              dp_rank, dp, false, static_cast<uint64_t>(c_.train.seed),
+                                              c_.model.vocab_size);
+  std::string vocab_path = c_.data.vocab;
   if (vocab_path.empty()) {
-    const fs::path guess = fs::path(data::glob_paths(c_.train_data)[0]).parent_path() / "vocab.json";
+    const fs::path guess = fs::path(data::glob_paths(c_.data.train)[0]).parent_path() / "vocab.json";
     if (fs::exists(guess)) vocab_path = guess.string();
   }
   if (!vocab_path.empty()) vocab_ = std::make_unique<data::Vocab>(data::Vocab::load(vocab_path));
-  if (vocab_ && vocab_->size() > c_.vocab_size)
+  if (vocab_ && vocab_->size() > c_.model.vocab_size)
     throw ConfigError("the vocabulary " + vocab_path + " has " + std::to_string(vocab_->size()) +
-                      " tokens but model.vocab_size is " + std::to_string(c_.vocab_size));
-  if (vocab_ && c_.sample_every >= 0 && c_.sample_length > 0) {  // fail now, not after training
+                      " tokens but model.vocab_size is " + std::to_string(c_.model.vocab_size));
+  if (vocab_ && c_.sample.every >= 0 && c_.sample.length > 0) {  // fail now, not after training
     try {
-      vocab_->encode(c_.prompt);
+      vocab_->encode(c_.sample.prompt);
     } catch (const Error& e) {
       throw ConfigError("sample.prompt cannot be encoded with " + vocab_path + ": " + e.what());
     }
   }
   // the effective batch: micro x accum x dp_replicate x dp_shard sequences
-  const int64_t seqs = checked_mul(checked_mul(c_.micro_batch_size, c_.grad_accum_steps, "batch"), dp, "batch");
-  tokens_per_step_ = checked_mul(seqs, c_.seq_len, "tokens per step");
-  out_ << "batch: " << c_.micro_batch_size << " sequences x " << c_.grad_accum_steps << " accumulation x " << dp
-       << " data-parallel = " << seqs << " sequences = " << tokens_per_step_ << " tokens per step; train data "
-       << train_->total_tokens() << " tokens (" << train_->windows_per_epoch() << " steps of "
-       << c_.micro_batch_size * dp << " sequences per epoch)\n";
+  const int64_t seqs =
+      checked_mul(checked_mul(c_.train.micro_batch_size, c_.train.grad_accum_steps, "batch"), dp, "batch");
+  tokens_per_step_ = checked_mul(seqs, c_.train.seq_len, "tokens per step");
+  out_ << "batch: " << c_.train.micro_batch_size << " sequences x " << c_.train.grad_accum_steps
+       << " accumulation x " << dp << " data-parallel = " << seqs << " sequences = " << tokens_per_step_
+       << " tokens per step; train data " << train_->total_tokens() << " tokens ("
+       << train_->windows_per_epoch() << " steps of " << c_.train.micro_batch_size * dp
+       << " sequences per epoch)\n";
   // the optimizer on this rank's shards, and the learning rate for this batch
-  opt_ = std::make_unique<optim::AdamW>(params_, optim::AdamWConfig{c_.beta1, c_.beta2, c_.eps, c_.weight_decay});
-  lr_ = c_.lr;
-  if (c_.lr_scaling != "none") {
-    const double ratio = static_cast<double>(seqs) / static_cast<double>(c_.lr_base_batch);
-    lr_ = c_.lr * (c_.lr_scaling == "linear" ? ratio : std::sqrt(ratio));
-    out_ << "lr: " << c_.lr << " x " << (c_.lr_scaling == "linear" ? "" : "sqrt") << "(" << seqs << " / "
-         << c_.lr_base_batch << ") = " << lr_ << " (optim.lr_scaling = " << c_.lr_scaling << ")\n";
+  opt_ = std::make_unique<optim::AdamW>(params_, c_.optim /* an AdamWConfig */);
+  lr_ = c_.optim.lr;
+  if (c_.optim.lr_scaling != "none") {
+    const double ratio = static_cast<double>(seqs) / static_cast<double>(c_.optim.lr_base_batch);
+    lr_ = c_.optim.lr * (c_.optim.lr_scaling == "linear" ? ratio : std::sqrt(ratio));
+    out_ << "lr: " << c_.optim.lr << " x " << (c_.optim.lr_scaling == "linear" ? "" : "sqrt") << "(" << seqs
+         << " / " << c_.optim.lr_base_batch << ") = " << lr_ << " (optim.lr_scaling = " << c_.optim.lr_scaling
+         << ")\n";
   }
-  sched_ = optim::Schedule{optim::Schedule::parse(c_.schedule), lr_, c_.min_lr_frac, c_.warmup_steps, c_.steps};
+  sched_ = optim::Schedule{optim::Schedule::parse(c_.optim.schedule), lr_, c_.optim.min_lr_frac,
+                           c_.optim.warmup_steps, c_.train.steps};
   // resume: the newest checkpoint, written by any layout
-  if (c_.resume) {
-    if (auto latest = ckpt::latest_checkpoint(c_.ckpt_dir)) {
+  if (c_.checkpoint.resume) {
+    if (auto latest = ckpt::latest_checkpoint(c_.checkpoint.dir)) {
       resume_from(*latest);
       out_ << "resumed from " << *latest << " at step " << start_ << "\n";
     } else {
-      out_ << "no checkpoint in " << c_.ckpt_dir << " yet; starting from scratch\n";
+      out_ << "no checkpoint in " << c_.checkpoint.dir << " yet; starting from scratch\n";
     }
   }
   saved_step_ = start_;
-  if (lead() && !c_.metrics.empty()) metrics_.open(c_.metrics, /*append=*/start_ > 0);
+  if (lead() && !c_.log.metrics.empty()) metrics_.open(c_.log.metrics, /*append=*/start_ > 0);
 }
 
 template <typename F>
@@ -335,15 +339,16 @@ void Trainer::resume_from(const std::string& path) {
     }
   });
   opt_->set_steps_taken(m.steps);
-  if (st.step > c_.steps)  // going on would save the later weights under an earlier step
-    throw ConfigError("checkpoint " + path + " is at step " + std::to_string(st.step) + " but train.steps is " +
-                      std::to_string(c_.steps) + "; raise train.steps to continue, or use another checkpoint.dir");
+  if (st.step > c_.train.steps)  // going on would save the later weights under an earlier step
+    throw ConfigError("checkpoint " + path + " is at step " + std::to_string(st.step) +
+                      " but train.steps is " + std::to_string(c_.train.steps) +
+                      "; raise train.steps to continue, or use another checkpoint.dir");
   train_->restore(st.loader);
   start_ = st.step;
 }
 
 void Trainer::save(int64_t step) {
-  if (c_.ckpt_dir.empty() || (step == saved_step_ && step > 0 && step != c_.steps)) return;
+  if (c_.checkpoint.dir.empty() || (step == saved_step_ && step > 0 && step != c_.train.steps)) return;
   ckpt::TrainState st;
   st.step = step;
   st.loader = train_->state();
@@ -362,7 +367,7 @@ void Trainer::save(int64_t step) {
     std::string error;
     if (lead()) {
       try {
-        where = ckpt::save_checkpoint(c_.ckpt_dir, *gpt_, params_, m, st, c_.ckpt_keep);
+        where = ckpt::save_checkpoint(c_.checkpoint.dir, *gpt_, params_, m, st, c_.checkpoint.keep);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -389,7 +394,7 @@ void Trainer::write_grads(const std::string& path) {
 
 void Trainer::write_trace() {
   if (!trace_) return;
-  const std::string path = dist::trace_path_for_rank(c_.trace, world_->rank());
+  const std::string path = dist::trace_path_for_rank(c_.log.trace, world_->rank());
   trace_->write(path);
   out_ << "trace: " << path << (world_->size() > 1 ? " (and one per rank)" : "") << "\n";
 }
@@ -410,23 +415,24 @@ double Trainer::evaluate() {
   val_->reset();  // the same validation batches every time
   strategy_->begin_forward_only();
   double total = 0;
-  for (int64_t i = 0; i < c_.eval_steps; ++i) {
+  for (int64_t i = 0; i < c_.train.eval_steps; ++i) {
     data::Batch b = val_->next();
     total += gpt_->forward(b.inputs.to(device_), b.targets.to(device_)).loss.item();
   }
   strategy_->end_forward_only();
   // each dp rank saw its own batches, as many tokens as any other: the mean of the means
-  return mesh_->dp().all_reduce_scalar(total / static_cast<double>(c_.eval_steps), dist::ReduceOp::kAvg);
+  return mesh_->dp().all_reduce_scalar(total / static_cast<double>(c_.train.eval_steps),
+                                       dist::ReduceOp::kAvg);
 }
 
 void Trainer::sample(int64_t step) {
-  if (!vocab_ || c_.sample_length == 0) return;
+  if (!vocab_ || c_.sample.length == 0) return;
   if (!fsdp_ && !lead()) return;  // sharded: every rank takes part in the gathers
   std::vector<int32_t> prompt;
-  for (uint16_t t : vocab_->encode(c_.prompt)) prompt.push_back(t);
+  for (uint16_t t : vocab_->encode(c_.sample.prompt)) prompt.push_back(t);
   strategy_->begin_forward_only();
-  std::vector<int32_t> ids = generate(*gpt_, prompt, c_.sample_length, c_.temperature, c_.top_k,
-                                      static_cast<uint64_t>(c_.seed + step), device_);
+  std::vector<int32_t> ids = generate(*gpt_, prompt, c_.sample.length, c_.sample.temperature, c_.sample.top_k,
+                                      static_cast<uint64_t>(c_.train.seed + step), device_);
   strategy_->end_forward_only();
   out_ << "sample at step " << step << ":\n  " << printable(vocab_->decode(ids)) << "\n";
   log_json({{"step", step}, {"sample", vocab_->decode(ids)}});
@@ -436,48 +442,55 @@ double Trainer::train_step(int64_t step) {
   params_.zero_grad();
   strategy_->begin_step();
   double loss_sum = 0;
-  for (int64_t micro = 0; micro < c_.grad_accum_steps; ++micro) {
+  for (int64_t micro = 0; micro < c_.train.grad_accum_steps; ++micro) {
     data::Batch b = train_->next();
-    strategy_->begin_micro(/*sync=*/micro == c_.grad_accum_steps - 1);
+    strategy_->begin_micro(/*sync=*/micro == c_.train.grad_accum_steps - 1);
     Tensor loss = gpt_->forward(b.inputs.to(device_), b.targets.to(device_)).loss;
     loss_sum += loss.item();
     // mean over micro-batches: each backward adds 1/accum of its gradient
     {
       dist::Trace::Scope s(trace_.get(), "backward", dist::Trace::kCompute);
-      backward(c_.grad_accum_steps == 1 ? loss : scale(loss, 1.0 / static_cast<double>(c_.grad_accum_steps)));
+      backward(c_.train.grad_accum_steps == 1
+                   ? loss
+                   : scale(loss, 1.0 / static_cast<double>(c_.train.grad_accum_steps)));
     }
     strategy_->end_micro();
   }
-  return mesh_->dp().all_reduce_scalar(loss_sum / static_cast<double>(c_.grad_accum_steps), dist::ReduceOp::kAvg);
+  return mesh_->dp().all_reduce_scalar(loss_sum / static_cast<double>(c_.train.grad_accum_steps),
+                                       dist::ReduceOp::kAvg);
 }
 
 int Trainer::loop() {
-  const double flops_per_step = gpt_->flops_per_token(c_.seq_len) * static_cast<double>(tokens_per_step_);
-  const double peak = c_.peak_tflops > 0 ? c_.peak_tflops * 1e12 : 67e12;
+  const double flops_per_step =
+      gpt_->flops_per_token(c_.train.seq_len) * static_cast<double>(tokens_per_step_);
+  const double peak = c_.log.peak_tflops > 0 ? c_.log.peak_tflops * 1e12 : 67e12;
   // An evaluation or a sample that fails between steps must not cost the steps since the
   // last checkpoint: save them first, then report the failure.
   auto between_steps = [&](int64_t step, const char* what, auto&& fn) {
     try {
       fn();
     } catch (const std::exception& e) {
-      if (c_.ckpt_dir.empty() || step == saved_step_) throw;
+      if (c_.checkpoint.dir.empty() || step == saved_step_) throw;
       save(step);
-      throw Error(std::string(what) + " failed at step " + std::to_string(step) + " (checkpoint saved): " + e.what());
+      throw Error(std::string(what) + " failed at step " + std::to_string(step) +
+                  " (checkpoint saved): " + e.what());
     }
   };
   // A stop signal may reach only some ranks: they all stop when any one got it (the
   // number of the signal, or 0).
-  auto stop_now = [&] { return static_cast<int>(world_->all_reduce_scalar(stop_signal(), dist::ReduceOp::kMax)); };
+  auto stop_now = [&] {
+    return static_cast<int>(world_->all_reduce_scalar(stop_signal(), dist::ReduceOp::kMax));
+  };
   double time_sum = 0, last_val = NAN;
   int64_t timed = 0;
-  for (int64_t step = start_; step < c_.steps; ++step) {
-    if (val_ && c_.eval_every > 0 && step % c_.eval_every == 0) {
+  for (int64_t step = start_; step < c_.train.steps; ++step) {
+    if (val_ && c_.train.eval_every > 0 && step % c_.train.eval_every == 0) {
       between_steps(step, "evaluation", [&] { last_val = evaluate(); });
       curves_.val.push_back({step, last_val});
       out_ << "step " << step << " | val loss " << last_val << std::endl;
       log_json({{"step", step}, {"val_loss", last_val}});
     }
-    if (c_.sample_every > 0 && step > 0 && step % c_.sample_every == 0)
+    if (c_.sample.every > 0 && step > 0 && step % c_.sample.every == 0)
       between_steps(step, "sampling", [&] { sample(step); });
 
     const auto t0 = Clock::now();
@@ -485,12 +498,12 @@ int Trainer::loop() {
     const int64_t bytes0 = mesh_->bytes_sent();
     const double loss = train_step(step);
     const double norm = strategy_->grad_norm();  // global: the same number on every rank
-    if (step == start_ && !c_.grads_file.empty()) write_grads(c_.grads_file);
+    if (step == start_ && !c_.log.grads.empty()) write_grads(c_.log.grads);
     check_step_finite(step + 1, loss, norm);  // a non-finite step is neither applied nor saved
     const double lr = optim::lr_at(step, sched_);
     {
       dist::Trace::Scope s(trace_.get(), "optimizer", dist::Trace::kCompute);
-      opt_->step(lr, optim::clip_scale(norm, c_.grad_clip));
+      opt_->step(lr, optim::clip_scale(norm, c_.optim.grad_clip));
     }
     strategy_->end_step();
     if (device_.is_cuda()) cuda::synchronize(device_.index);
@@ -504,19 +517,21 @@ int Trainer::loop() {
     const double tok_s = static_cast<double>(tokens_per_step_) / sec;
     const MemoryStats mem = memory_stats(device_);
     curves_.train.push_back({step, loss});
-    if (step % c_.log_every == 0 || step == c_.steps - 1) {
+    if (step % c_.log.every == 0 || step == c_.train.steps - 1) {
       char line[600];
       const double gflops = flops_per_step / sec / 1e9 / static_cast<double>(world_->size());  // per rank
-      std::string speed = device_.is_cuda() ? "MFU " + std::to_string(static_cast<int>(100 * gflops * 1e9 / peak)) + "%"
-                                            : std::to_string(static_cast<int>(gflops)) + " GFLOP/s";
+      std::string speed = device_.is_cuda()
+                              ? "MFU " + std::to_string(static_cast<int>(100 * gflops * 1e9 / peak)) + "%"
+                              : std::to_string(static_cast<int>(gflops)) + " GFLOP/s";
       std::string comm = world_->size() > 1 ? " | comm " + human_bytes(static_cast<double>(comm_bytes)) : "";
-      std::snprintf(line, sizeof(line),
-                    "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
-                    "(peak %s) | eta %s",
-                    (long long)step + 1, (long long)c_.steps, loss, lr, norm, sec * 1e3, tok_s, speed.c_str(),
-                    comm.c_str(), human_bytes(static_cast<double>(mem.in_use)).c_str(),
-                    human_bytes(static_cast<double>(mem.peak)).c_str(),
-                    human_time(avg * static_cast<double>(c_.steps - step - 1)).c_str());
+      std::snprintf(
+          line, sizeof(line),
+          "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
+          "(peak %s) | eta %s",
+          (long long)step + 1, (long long)c_.train.steps, loss, lr, norm, sec * 1e3, tok_s, speed.c_str(),
+          comm.c_str(), human_bytes(static_cast<double>(mem.in_use)).c_str(),
+          human_bytes(static_cast<double>(mem.peak)).c_str(),
+          human_time(avg * static_cast<double>(c_.train.steps - step - 1)).c_str());
       out_ << line << std::endl;  // flushed: progress shows through pipes and tee
     }
     log_json({{"step", step + 1},
@@ -529,24 +544,28 @@ int Trainer::loop() {
               {"comm_bytes", comm_bytes},
               {"mem_in_use", mem.in_use},
               {"mem_peak", mem.peak}});
-    if (c_.stop_after > 0 && step + 1 - start_ == c_.stop_after && step + 1 < c_.steps) {
+    if (c_.train.stop_after > 0 && step + 1 - start_ == c_.train.stop_after && step + 1 < c_.train.steps) {
       save(step + 1);
-      out_ << "stopped after " << c_.stop_after << " steps (train.stop_after); resume with checkpoint.resume = true\n";
+      out_ << "stopped after " << c_.train.stop_after
+           << " steps (train.stop_after); resume with checkpoint.resume = true\n";
       write_trace();
       return 0;
     }
-    if (c_.ckpt_every > 0 && (step + 1) % c_.ckpt_every == 0 && step + 1 < c_.steps) save(step + 1);
-    if (const int sig = step + 1 < c_.steps ? stop_now() : 0) {  // preempted: this step is done; save it, go
+    if (c_.checkpoint.every > 0 && (step + 1) % c_.checkpoint.every == 0 && step + 1 < c_.train.steps)
+      save(step + 1);
+    if (const int sig =
+            step + 1 < c_.train.steps ? stop_now() : 0) {  // preempted: this step is done; save it, go
       save(step + 1);
       out_ << "stopped by signal " << sig << " after step " << step + 1
-           << (c_.ckpt_dir.empty() ? " (no checkpoint.dir: nothing saved)" : "; resume with checkpoint.resume = true")
+           << (c_.checkpoint.dir.empty() ? " (no checkpoint.dir: nothing saved)"
+                                         : "; resume with checkpoint.resume = true")
            << std::endl;
       write_trace();
       return kExitPreempted;
     }
   }
   // ---- the end: checkpoint first (nothing after it may cost the run), eval, sample, report
-  if (start_ < c_.steps || c_.ckpt_every == 0) save(c_.steps);
+  if (start_ < c_.train.steps || c_.checkpoint.every == 0) save(c_.train.steps);
   write_trace();
   if (const int sig = stop_now()) {
     out_ << "stopped by signal " << sig << " after the last step, its checkpoint saved" << std::endl;
@@ -554,27 +573,31 @@ int Trainer::loop() {
   }
   if (val_) {
     last_val = evaluate();
-    curves_.val.push_back({c_.steps, last_val});
+    curves_.val.push_back({c_.train.steps, last_val});
     out_ << "final val loss " << last_val << "\n";
-    log_json({{"step", c_.steps}, {"val_loss", last_val}});
+    log_json({{"step", c_.train.steps}, {"val_loss", last_val}});
   }
-  if (c_.sample_every >= 0) sample(c_.steps);
+  if (c_.sample.every >= 0) sample(c_.train.steps);
   if (timed) {
     const double avg = time_sum / timed;
-    out_ << "average " << avg * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step_) / avg << " tok/s\n";
+    out_ << "average " << avg * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step_) / avg
+         << " tok/s\n";
   }
-  if (lead() && !c_.report.empty()) {
-    std::vector<std::string> summary = {mc_.str(), "steps " + std::to_string(c_.steps) + ", " +
+  if (lead() && !c_.log.report.empty()) {
+    std::vector<std::string> summary = {mc_.str(), "steps " + std::to_string(c_.train.steps) + ", " +
                                                        std::to_string(tokens_per_step_) + " tokens per step"};
     if (world_->size() > 1) summary.push_back("layout " + dims_.str() + " (" + strategy_->name() + ")");
-    if (!curves_.train.empty()) summary.push_back("final train loss " + std::to_string(curves_.train.back().second));
+    if (!curves_.train.empty())
+      summary.push_back("final train loss " + std::to_string(curves_.train.back().second));
     if (std::isfinite(last_val)) summary.push_back("final val loss " + std::to_string(last_val));
-    if (timed) summary.push_back("average " + std::to_string(time_sum / timed * 1e3) + " ms/step on " + device_.str());
-    write_report(c_.report, "ndtrain: " + mc_.str(), curves_, summary);
-    out_ << "report: " << c_.report << "\n";
+    if (timed)
+      summary.push_back("average " + std::to_string(time_sum / timed * 1e3) + " ms/step on " + device_.str());
+    write_report(c_.log.report, "ndtrain: " + mc_.str(), curves_, summary);
+    out_ << "report: " << c_.log.report << "\n";
   }
   if (!metrics_.error().empty())
-    throw Error(metrics_.error() + "; training finished (and its checkpoint is saved) but the metrics are incomplete");
+    throw Error(metrics_.error() +
+                "; training finished (and its checkpoint is saved) but the metrics are incomplete");
   return 0;
 }
 

@@ -38,7 +38,8 @@ void Communicator::check_one(const char* call, const Tensor& t) const {
             ": the tensor must be defined and contiguous, got ", t.desc());
 }
 
-void Communicator::check_same(const char* call, const Tensor& a, const Tensor& b, int64_t num, int64_t den) const {
+void Communicator::check_same(const char* call, const Tensor& a, const Tensor& b, int64_t num,
+                              int64_t den) const {
   check_one(call, a);
   check_one(call, b);
   NDT_CHECK(a.dtype() == b.dtype() && a.device() == b.device(), name_, ".", call, " on rank ", rank_,
@@ -91,8 +92,12 @@ class LocalCommunicator : public Communicator {
     NDT_CHECK(root == 0, name_, ".broadcast: root ", root, " is not a rank of a group of 1");
     return done_work();
   }
-  WorkPtr send(const Tensor&, int peer) override { NDT_FAIL(name_, ".send to ", peer, ": a group of one rank"); }
-  WorkPtr recv(const Tensor&, int peer) override { NDT_FAIL(name_, ".recv from ", peer, ": a group of one rank"); }
+  WorkPtr send(const Tensor&, int peer) override {
+    NDT_FAIL(name_, ".send to ", peer, ": a group of one rank");
+  }
+  WorkPtr recv(const Tensor&, int peer) override {
+    NDT_FAIL(name_, ".recv from ", peer, ": a group of one rank");
+  }
   void barrier() override {}
   std::shared_ptr<Communicator> split(int, int, const std::string& name) override {
     return std::make_shared<LocalCommunicator>(name);
@@ -128,10 +133,13 @@ bool launched_with_several_ranks() {
 
 int launcher_rank() { return env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"}, 0); }
 
-int local_rank() { return env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"}, 0); }
+int local_rank() {
+  return env_int({"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"}, 0);
+}
 
 int local_size() {
-  return env_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"}, 1);
+  return env_int(
+      {"OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"}, 1);
 }
 
 }  // namespace ndt::dist

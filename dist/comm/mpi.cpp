@@ -63,9 +63,9 @@ class MpiWork : public Work {
 };
 
 struct Op {
-  std::string what;                             // "dp_shard.all_gather", for errors and the trace
-  std::function<int(MPI_Request*)> start;       // returns an MPI error code
-  std::function<void()> finish;                 // after completion (convert, scale)
+  std::string what;                        // "dp_shard.all_gather", for errors and the trace
+  std::function<int(MPI_Request*)> start;  // returns an MPI error code
+  std::function<void()> finish;            // after completion (convert, scale)
   std::shared_ptr<MpiWork> work;
   Trace* trace = nullptr;
   int64_t bytes = -1;
@@ -283,7 +283,8 @@ class MpiCommunicator : public Communicator {
         what, static_cast<int64_t>(2 * (size_ - 1) * t.nbytes() / size_),
         [=, comm = comm_](MPI_Request* r) {
           if (!staging->defined()) *staging = t.to(DType::f32);
-          return MPI_Iallreduce(MPI_IN_PLACE, staging->data_ptr(), n, mpi_type(staging->dtype()), mpi_op(op), comm, r);
+          return MPI_Iallreduce(MPI_IN_PLACE, staging->data_ptr(), n, mpi_type(staging->dtype()), mpi_op(op),
+                                comm, r);
         },
         [=] {
           if (op == ReduceOp::kAvg) scale_inplace(*staging, 1.0 / size);
@@ -330,8 +331,8 @@ class MpiCommunicator : public Communicator {
         [=, comm = comm_](MPI_Request* r) {
           *src = via_f32 ? in.to(DType::f32) : in;
           *dst = via_f32 ? Tensor::empty(out.shape(), DType::f32) : out;
-          return MPI_Ireduce_scatter_block(src->data_ptr(), dst->data_ptr(), n, mpi_type(src->dtype()), mpi_op(op),
-                                           comm, r);
+          return MPI_Ireduce_scatter_block(src->data_ptr(), dst->data_ptr(), n, mpi_type(src->dtype()),
+                                           mpi_op(op), comm, r);
         },
         [=] {
           if (op == ReduceOp::kAvg) scale_inplace(*dst, 1.0 / size);
@@ -350,7 +351,9 @@ class MpiCommunicator : public Communicator {
     const int n = count_of(what, t);
     return submit(
         what, static_cast<int64_t>(t.nbytes()),
-        [=, comm = comm_](MPI_Request* r) { return MPI_Ibcast(t.data_ptr(), n, mpi_type(t.dtype()), root, comm, r); },
+        [=, comm = comm_](MPI_Request* r) {
+          return MPI_Ibcast(t.data_ptr(), n, mpi_type(t.dtype()), root, comm, r);
+        },
         nullptr);
   }
 
@@ -363,7 +366,9 @@ class MpiCommunicator : public Communicator {
     const int n = count_of(what, t);
     return submit(
         what, static_cast<int64_t>(t.nbytes()),
-        [=, comm = comm_](MPI_Request* r) { return MPI_Isend(t.data_ptr(), n, mpi_type(t.dtype()), peer, 0, comm, r); },
+        [=, comm = comm_](MPI_Request* r) {
+          return MPI_Isend(t.data_ptr(), n, mpi_type(t.dtype()), peer, 0, comm, r);
+        },
         nullptr);
   }
 
@@ -384,7 +389,9 @@ class MpiCommunicator : public Communicator {
 
   void barrier() override {
     if (size_ == 1) return;
-    submit(name_ + ".barrier", -1, [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); }, nullptr)->wait();
+    submit(
+        name_ + ".barrier", -1, [comm = comm_](MPI_Request* r) { return MPI_Ibarrier(comm, r); }, nullptr)
+        ->wait();
   }
 
   std::shared_ptr<Communicator> split(int color, int key, const std::string& name) override {

@@ -13,17 +13,18 @@
 namespace ndt::dist {
 namespace {
 
-#define NDT_NCCL_CHECK(call, comm_name, rank)                                                           \
-  do {                                                                                                  \
-    const ncclResult_t r_ = (call);                                                                     \
-    NDT_CHECK(r_ == ncclSuccess, #call, " failed on ", comm_name, " rank ", rank, ": ", ncclGetErrorString(r_), \
-              " (", __FILE__, ":", __LINE__, ")");                                                      \
+#define NDT_NCCL_CHECK(call, comm_name, rank)                                           \
+  do {                                                                                  \
+    const ncclResult_t r_ = (call);                                                     \
+    NDT_CHECK(r_ == ncclSuccess, #call, " failed on ", comm_name, " rank ", rank, ": ", \
+              ncclGetErrorString(r_), " (", __FILE__, ":", __LINE__, ")");              \
   } while (0)
 
-#define NDT_CUDART_CHECK(call)                                                                           \
-  do {                                                                                                  \
-    const cudaError_t e_ = (call);                                                                      \
-    NDT_CHECK(e_ == cudaSuccess, #call, " failed: ", cudaGetErrorString(e_), " (", __FILE__, ":", __LINE__, ")"); \
+#define NDT_CUDART_CHECK(call)                                                                              \
+  do {                                                                                                      \
+    const cudaError_t e_ = (call);                                                                          \
+    NDT_CHECK(e_ == cudaSuccess, #call, " failed: ", cudaGetErrorString(e_), " (", __FILE__, ":", __LINE__, \
+              ")");                                                                                         \
   } while (0)
 
 ncclDataType_t nccl_type(DType d) {
@@ -102,8 +103,8 @@ class NcclCommunicator : public Communicator {
     check_same("all_gather", in, out, size_, 1);
     count(CommKind::kAllGather, static_cast<int64_t>(size_ - 1) * static_cast<int64_t>(in.nbytes()));
     return launch({out, in}, [&](cudaStream_t s) {
-      return ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()),
-                           comm_, s);
+      return ncclAllGather(in.data_ptr(), out.data_ptr(), static_cast<size_t>(in.numel()),
+                           nccl_type(in.dtype()), comm_, s);
     });
   }
   WorkPtr reduce_scatter(const Tensor& out, const Tensor& in, ReduceOp op) override {
@@ -119,8 +120,8 @@ class NcclCommunicator : public Communicator {
     check_one("broadcast", t);
     count(CommKind::kBroadcast, rank_ == root && size_ > 1 ? static_cast<int64_t>(t.nbytes()) : 0);
     return launch({t}, [&](cudaStream_t s) {
-      return ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), root,
-                           comm_, s);
+      return ncclBroadcast(t.data_ptr(), t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()),
+                           root, comm_, s);
     });
   }
   WorkPtr send(const Tensor& t, int peer) override {

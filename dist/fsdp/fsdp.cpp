@@ -21,8 +21,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(const nn::FlatParams& params,
   for (size_t i = 0; i < params.units.size(); ++i) {
     const nn::FlatUnit& u = params.units[i];
     NDT_CHECK(u.shard_numel * shards.size() == u.padded_numel, "FSDP: unit ", u.name, " is cut into ",
-              u.padded_numel / std::max<int64_t>(u.shard_numel, 1), " shards but the group ", shards.name(), " has ",
-              shards.size(), " ranks; materialize with ShardSpec{", shards.rank(), ", ", shards.size(), "}");
+              u.padded_numel / std::max<int64_t>(u.shard_numel, 1), " shards but the group ", shards.name(),
+              " has ", shards.size(), " ranks; materialize with ShardSpec{", shards.rank(), ", ",
+              shards.size(), "}");
     if (i == 0) continue;  // the embeddings are reduced after backward (end_micro)
     std::vector<Tensor> ps;
     for (const nn::FlatParam& p : u.params) ps.push_back(p.value);
@@ -78,7 +79,7 @@ nn::UnitWrapper FullyShardedDataParallel::wrapper() {
     const size_t i = static_cast<size_t>(block) + 1;
     const bool last = i + 1 == params_.units.size();
     const bool training = autograd::grad_enabled();
-    wait_gather(i);                // prefetched during the previous block, if any
+    wait_gather(i);                  // prefetched during the previous block, if any
     if (!last) start_gather(i + 1);  // prefetch the next block while this one computes
     Tensor y;
     {
@@ -104,7 +105,8 @@ void FullyShardedDataParallel::before_backward(size_t i) {
 
 // GradGroup of unit i: every parameter of the unit has its gradient for this micro-step.
 void FullyShardedDataParallel::reduce_unit(size_t i) {
-  if (trace_) trace_->add("backward " + params_.units[i].name, Trace::kCompute, backward_began_[i], trace_->now_us());
+  if (trace_)
+    trace_->add("backward " + params_.units[i].name, Trace::kCompute, backward_began_[i], trace_->now_us());
   release(i);  // the parameters are not needed again in this backward
   const nn::FlatUnit& u = params_.units[i];
   PendingReduce p;
@@ -187,7 +189,8 @@ Tensor FullyShardedDataParallel::gather_buffer(const nn::FlatUnit& u, const Tens
 }
 
 void FullyShardedDataParallel::keep_shard(const nn::FlatUnit& u, const Tensor& full, const Tensor& shard) {
-  NDT_CHECK(full.numel() >= u.shard_offset + u.shard_numel || full.numel() == u.numel, "keep_shard: ", u.name);
+  NDT_CHECK(full.numel() >= u.shard_offset + u.shard_numel || full.numel() == u.numel,
+            "keep_shard: ", u.name);
   // the whole buffer may come unpadded (numel): the padding of the last shard stays zero
   const int64_t n = std::max<int64_t>(0, std::min(u.shard_numel, full.numel() - u.shard_offset));
   kernels::fill(shard, 0.0);

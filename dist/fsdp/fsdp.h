@@ -43,7 +43,8 @@ class FullyShardedDataParallel : public Strategy {
  public:
   // params: sharded over `shards` (materialized with ShardSpec{shards.rank(), shards.size()}).
   // replicas: HSDP's replicate group, or nullptr / a group of one for plain FSDP.
-  FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shards, Communicator* replicas = nullptr);
+  FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shards,
+                           Communicator* replicas = nullptr);
   std::string name() const override;
 
   // Install on the model (GPT::add_unit_wrapper): block i is unit i + 1.
@@ -75,13 +76,13 @@ class FullyShardedDataParallel : public Strategy {
 
  private:
   struct UnitState {
-    WorkPtr gather;     // all-gather in flight into full
+    WorkPtr gather;  // all-gather in flight into full
     bool gathered = false;
     bool grad_live = false;  // full_grad holds memory
   };
   struct PendingReduce {
     size_t unit;
-    Tensor out;   // (shard_numel) the reduce-scatter's result, added to the shard's grad
+    Tensor out;  // (shard_numel) the reduce-scatter's result, added to the shard's grad
     WorkPtr work;
   };
 
@@ -89,9 +90,9 @@ class FullyShardedDataParallel : public Strategy {
   void wait_gather(size_t u);
   void release(size_t u);
   void alloc_grad(size_t u);
-  void reduce_unit(size_t u);        // start the reduce-scatter of unit u's full gradient
-  void drain(bool block);            // finish the reduce-scatters that are done (or all)
-  void before_backward(size_t u);    // on_backward hook of block unit u
+  void reduce_unit(size_t u);      // start the reduce-scatter of unit u's full gradient
+  void drain(bool block);          // finish the reduce-scatters that are done (or all)
+  void before_backward(size_t u);  // on_backward hook of block unit u
 
   const nn::FlatParams& params_;
   Communicator& shards_;

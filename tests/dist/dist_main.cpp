@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   // a failure on any rank fails the program on every rank
   const double failed = world.all_reduce_scalar(rc != 0 ? 1.0 : 0.0, ndt::dist::ReduceOp::kMax);
   if (world.rank() == 0)
-    std::printf("[dist] %d ranks: %s\n", world.size(), failed > 0 ? "FAILED on some rank" : "passed on every rank");
+    std::printf("[dist] %d ranks: %s\n", world.size(),
+                failed > 0 ? "FAILED on some rank" : "passed on every rank");
   return failed > 0 ? 1 : 0;
 }
