@@ -108,10 +108,11 @@ std::string DeviceMesh::describe() const {
   ::gethostname(host, sizeof(host) - 1);
   const int64_t n = dims_.world();
   std::vector<std::string> hosts(static_cast<size_t>(n), host);
-  if (n > 1 && world_->backend() == "mpi") {
-    Tensor mine = Tensor::zeros({kWords}, DType::i32), all = Tensor::zeros({kWords * n}, DType::i32);
+  if (n > 1) {
+    Tensor mine = Tensor::zeros({kWords}, DType::i32), all = Tensor::zeros({kWords * n}, DType::i32, world_->device());
     std::memcpy(mine.data_ptr(), host, sizeof(host));
-    world_->all_gather(all, mine)->wait();
+    world_->all_gather(all, mine.to(world_->device()))->wait();
+    all = all.to(Device::cpu());
     for (int64_t i = 0; i < n; ++i) {
       const char* p = static_cast<const char*>(all.data_ptr()) + i * kWords * 4;
       hosts[static_cast<size_t>(i)] = std::string(p, strnlen(p, kWords * 4 - 1));

@@ -177,12 +177,18 @@ TEST_F(DistTrain, CheckpointOfOneLayoutResumesInAnother) {
   ASSERT_EQ(a.rc, 0) << a.out;
   ASSERT_TRUE(fs::exists(dir_ / "resume_fsdp2" / "ck" / "step_00000003"));
   fs::copy(dir_ / "resume_fsdp2", dir_ / "resume_single", fs::copy_options::recursive);
+  fs::copy(dir_ / "resume_fsdp2", dir_ / "resume_half", fs::copy_options::recursive);
   Result b = train("resume_fsdp2", 2,
                    "--train.micro_batch_size 2 --parallel.dp_replicate_size 2 --checkpoint.resume true");
   ASSERT_EQ(b.rc, 0) << b.out;
   EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
   Result c = train("resume_single", 1, "--train.micro_batch_size 4 --checkpoint.resume true");
   ASSERT_EQ(c.rc, 0) << c.out;
+  // another global batch: the data goes on from the same token (3 steps x 2 micro-steps x
+  // 4 sequences x 16 tokens = 384), now in windows of 2 sequences
+  Result h = train("resume_half", 1, "--train.micro_batch_size 2 --checkpoint.resume true");
+  ASSERT_EQ(h.rc, 0) << h.out;
+  EXPECT_NE(h.out.find("this run reads 32; the data continues at token 384 of epoch 0"), std::string::npos) << h.out;
   std::vector<double> want = losses("resume_ref");
   for (const char* name : {"resume_fsdp2", "resume_single"}) {
     std::vector<double> got = losses(name);  // 3 steps, then 2 more after the resume

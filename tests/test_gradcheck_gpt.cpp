@@ -68,3 +68,37 @@ TEST(GradcheckGPT, PaddedVocabRowsGetNoGradient) {
   std::vector<double> w = gpt.wte.weight.narrow(0, 11, 1).to_vector<double>();
   for (double v : w) EXPECT_EQ(v, 0.0);  // padded rows start at zero
 }
+
+TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {
+  // The seam the trainer uses (activation checkpointing, FSDP) must not change a number:
+  // no wrapper, a pass-through wrapper, and checkpointing give the same bits.
+  auto run = [](int mode) {
+    models::GPTConfig c = tiny();
+    models::GPT gpt(c);
+    if (mode == 1) gpt.add_unit_wrapper([](int64_t, const nn::UnitFn& fn, const Tensor& x) { return fn(x); });
+    if (mode == 2) gpt.add_unit_wrapper(nn::activation_checkpointing());
+    nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 42);
+    Tensor loss = gpt.forward(ids(2, 5, 11, 1), ids(2, 5, 11, 2)).loss;
+    backward(loss);
+    std::vector<float> out = {static_cast<float>(loss.item())};
+    for (const nn::FlatUnit& u : params.units)
+      for (float g : u.grad.to_vector<float>()) out.push_back(g);
+    return out;
+  };
+  const std::vector<float> plain = run(0);
+  EXPECT_EQ(run(1), plain);
+  EXPECT_EQ(run(2), plain);
+}
+
+TEST(GPTUnits, PositionOffsetShiftsThePositionEmbeddings) {
+  // tokens at positions 2..4 see the same causal context as at 0..2 but other wpe rows:
+  // the loss differs, and offset 0 is the default
+  models::GPT gpt(tiny());
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 42);
+  const Tensor x = ids(2, 3, 11, 1), y = ids(2, 3, 11, 2);
+  const double l0 = gpt.forward(x, y).loss.item(), l0b = gpt.forward(x, y, 0).loss.item();
+  const double l2 = gpt.forward(x, y, 2).loss.item();
+  EXPECT_EQ(l0, l0b);
+  EXPECT_NE(l0, l2);
+  EXPECT_THROW(gpt.forward(x, y, 5), Error);  // 5 + 3 > block_size 7
+}

@@ -245,3 +245,32 @@ TEST(DistMesh, EveryDimensionGroupsTheRightRanks) {
 }
 
 }  // namespace
+
+#include "dist/comm/nccl.h"
+#include "tensor/cuda/runtime.h"
+
+namespace {
+
+TEST(DistNccl, CollectivesOnTheGpuMatchTheCpu) {
+  // One GPU may be shared by every rank here, and NCCL refuses two ranks on one device: each
+  // rank builds a NCCL communicator over a group of its own, on its local GPU, and checks
+  // that the collectives run on the device and leave the right values. (With one rank per
+  // GPU, train_gpt's NCCL world is the same code over more ranks.)
+  if (!cuda::available() || !dist::nccl_compiled()) GTEST_SKIP() << "no GPU or no NCCL in this build";
+  auto w = ndt::testing::world();
+  auto mine = w->split(w->rank(), 0, "self");
+  auto nccl = dist::nccl_communicator(mine, dist::local_rank() % cuda::device_count());
+  const Device gpu = Device::cuda(dist::local_rank() % cuda::device_count());
+  EXPECT_EQ(nccl->backend(), "nccl");
+  for (DType d : {DType::f32, DType::bf16}) {
+    Tensor host = input(w->rank(), 1000, d, 21);
+    Tensor t = host.to(gpu), out = Tensor::zeros({1000}, d, gpu);
+    nccl->all_reduce(t, ReduceOp::kAvg)->wait();
+    nccl->all_gather(out, t)->wait();
+    nccl->reduce_scatter(t, out, ReduceOp::kSum)->wait();
+    cuda::synchronize(gpu.index);
+    EXPECT_EQ(values(t.to(Device::cpu())), values(host)) << dtype_name(d);
+  }
+}
+
+}  // namespace

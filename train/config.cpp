@@ -49,7 +49,7 @@ po::options_description describe(Config& c) {
       ("train.dtype", po::value(&c.train.dtype)->default_value(c.train.dtype), "float32 (bfloat16 arrives with mixed precision)")
       ("train.activation_checkpointing", po::value(&c.train.activation_checkpointing)->default_value(c.train.activation_checkpointing),
        "recompute each block in backward to save memory (true/false)")
-      ("train.threads", po::value(&c.train.threads)->default_value(c.train.threads), "CPU threads (0: all cores)")
+      ("train.threads", po::value(&c.train.threads)->default_value(c.train.threads), "CPU threads of each rank (0: the node's cores / the ranks on this node)")
       ("train.stop_after", po::value(&c.train.stop_after)->default_value(c.train.stop_after),
        "stop after this many steps of this run, with a checkpoint, to resume later (0: run to train.steps)");
   po::options_description optim("[optim]");

@@ -278,7 +278,7 @@ void Trainer::materialize() {
   out_ << "batch: " << c_.train.micro_batch_size << " sequences x " << c_.train.grad_accum_steps
        << " accumulation x " << dp << " data-parallel = " << seqs << " sequences = " << tokens_per_step_
        << " tokens per step; train data " << train_->total_tokens() << " tokens ("
-       << train_->windows_per_epoch() << " steps of " << c_.train.micro_batch_size * dp
+       << train_->windows_per_epoch() << " micro-steps of " << c_.train.micro_batch_size * dp
        << " sequences per epoch)\n";
   // the optimizer on this rank's shards, and the learning rate for this batch
   opt_ = std::make_unique<optim::AdamW>(params_, c_.optim /* an AdamWConfig */);
@@ -343,6 +343,17 @@ void Trainer::resume_from(const std::string& path) {
     throw ConfigError("checkpoint " + path + " is at step " + std::to_string(st.step) +
                       " but train.steps is " + std::to_string(c_.train.steps) +
                       "; raise train.steps to continue, or use another checkpoint.dir");
+  // The loader's position counts windows of micro_batch_size x dp sequences: with another
+  // global micro-batch, the same tokens are at another window number.
+  const int64_t window_tokens = c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len;
+  if (auto it = st.extra.find("window_tokens"); it != st.extra.end() && std::stoll(it->second) != window_tokens) {
+    const int64_t old_tokens = std::stoll(it->second), pos = st.loader.window * old_tokens;
+    st.loader.window = pos / window_tokens;
+    out_ << "warning: the checkpoint read " << old_tokens << " tokens per micro-step, this run reads " << window_tokens
+         << "; the data continues at token " << st.loader.window * window_tokens << " of epoch " << st.loader.epoch
+         << (pos % window_tokens ? " (rounded down)" : "")
+         << (c_.data.shuffle ? ", but data.shuffle orders windows of the new size differently" : "") << "\n";
+  }
   train_->restore(st.loader);
   start_ = st.step;
 }
@@ -354,6 +365,7 @@ void Trainer::save(int64_t step) {
   st.loader = train_->state();
   st.extra["model"] = mc_.str();
   st.extra["layout"] = dims_.str();
+  st.extra["window_tokens"] = std::to_string(c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len);
   std::string where;
   with_whole_buffers([&] {
     // the moments as whole buffers: gathered from the shards (every rank takes part)

@@ -56,9 +56,9 @@ void Communicator::count(CommKind k, int64_t bytes) {
 
 double Communicator::all_reduce_scalar(double v, ReduceOp op) {
   if (size_ == 1) return v;
-  Tensor t = Tensor::scalar(v, DType::f64);
+  Tensor t = Tensor::scalar(v, DType::f64, device());
   all_reduce(t.view({1}), op)->wait();
-  return t.item();
+  return t.item();  // a copy to the host, after the collective
 }
 
 namespace {

@@ -90,7 +90,11 @@ class Communicator {
   // Optional timeline: each collective becomes an event on the "comm" track.
   void set_trace(Trace* t) { trace_ = t; }
 
-  // Blocking conveniences for small host values (metrics, norms, flags).
+  // Where this backend's tensors live: the CPU for MPI, the communicator's GPU for NCCL.
+  virtual Device device() const { return Device::cpu(); }
+
+  // Blocking conveniences for small host values (metrics, norms, flags); the value travels
+  // in a tensor on device().
   double all_reduce_scalar(double v, ReduceOp op);
 
  protected:

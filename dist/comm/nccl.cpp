@@ -90,6 +90,7 @@ class NcclCommunicator : public Communicator {
     cudaStreamDestroy(stream_);
   }
   std::string backend() const override { return "nccl"; }
+  Device device() const override { return Device::cuda(device_); }
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_one("all_reduce", t);
