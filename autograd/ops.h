@@ -68,6 +68,14 @@ struct AttentionOut {
 // through the lse (ring attention).
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset = 0,
                        int64_t k_offset = 0, double scale = 0.0);
+// Merges two attention results of the same queries over disjoint key blocks, a and b,
+// through their log-sum-exps: out_a, out_b (B,NH,T,HS), lse_a, lse_b (B,NH,T) as attention()
+// returns them -> out (B,NH,T,HS), lse (B,NH,T), equal to attention over both blocks:
+//   lse = logaddexp(lse_a, lse_b),  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b
+// A query that saw no key in one block (lse -inf) takes the other's result; in neither,
+// out = 0 and lse = -inf. The order of a and b does not matter. Both outputs differentiable.
+AttentionOut merge_attention(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                             const Tensor& lse_b);
 
 // ---- shapes (ops/shape.cpp) ------------------------------------------------------
 Tensor view(const Tensor& x, const Shape& shape);                   // x contiguous

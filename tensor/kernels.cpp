@@ -20,6 +20,13 @@ void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
   }
 }
 
+// Vocabulary-parallel kernels: logits (N, Vl) with 0 <= v_live <= Vl live columns.
+void check_live_columns(const char* op, const Tensor& logits, int64_t v_live) {
+  NDT_CHECK(logits.dim() == 2, op, ": logits must be (N, Vl), got ", logits.shape_str());
+  NDT_CHECK(v_live >= 0 && v_live <= logits.size(1), op, ": v_live ", v_live, " outside [0, ", logits.size(1),
+            "] for logits ", logits.shape_str());
+}
+
 }  // namespace
 
 #ifdef NDT_WITH_CUDA
@@ -158,6 +165,46 @@ void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor&
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out) {
   same_device("rowwise_dot", {&a, &b, &out});
   NDT_DISPATCH(a.device(), rowwise_dot, a, b, out);
+}
+
+void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                             const Tensor& lse_b, const Tensor& out, const Tensor& lse) {
+  same_device("attention_merge_forward", {&out_a, &lse_a, &out_b, &lse_b, &out, &lse});
+  NDT_DISPATCH(out_a.device(), attention_merge_forward, out_a, lse_a, out_b, lse_b, out, lse);
+}
+
+void attention_merge_backward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                              const Tensor& lse_b, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                              const Tensor& dlse, const Tensor& dout_a, const Tensor& dlse_a,
+                              const Tensor& dout_b, const Tensor& dlse_b) {
+  same_device("attention_merge_backward",
+              {&out_a, &lse_a, &out_b, &lse_b, &out, &lse, &dout, &dlse, &dout_a, &dlse_a, &dout_b, &dlse_b});
+  NDT_DISPATCH(out_a.device(), attention_merge_backward, out_a, lse_a, out_b, lse_b, out, lse, dout, dlse,
+               dout_a, dlse_a, dout_b, dlse_b);
+}
+
+void rowmax(const Tensor& logits, int64_t v_live, const Tensor& out) {
+  same_device("rowmax", {&logits, &out});
+  check_live_columns("rowmax", logits, v_live);
+  NDT_DISPATCH(logits.device(), rowmax, logits, v_live, out);
+}
+
+void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& gmax, int64_t v_start,
+                            int64_t v_live, int64_t ignore_index, const Tensor& sumexp,
+                            const Tensor& target_logit) {
+  same_device("cross_entropy_partials", {&logits, &targets, &gmax, &sumexp, &target_logit});
+  check_live_columns("cross_entropy_partials", logits, v_live);
+  NDT_DISPATCH(logits.device(), cross_entropy_partials, logits, targets, gmax, v_start, v_live, ignore_index,
+               sumexp, target_logit);
+}
+
+void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets, const Tensor& gmax,
+                                     const Tensor& sumexp_global, int64_t v_start, int64_t v_live,
+                                     int64_t ignore_index, double grad_scale, const Tensor& dlogits) {
+  same_device("cross_entropy_parallel_backward", {&logits, &targets, &gmax, &sumexp_global, &dlogits});
+  check_live_columns("cross_entropy_parallel_backward", logits, v_live);
+  NDT_DISPATCH(logits.device(), cross_entropy_parallel_backward, logits, targets, gmax, sumexp_global,
+               v_start, v_live, ignore_index, grad_scale, dlogits);
 }
 
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi) {

@@ -91,6 +91,44 @@ void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor&
                                 double scale);
 // out (Bh,T,HS), dout (Bh,T,HS) -> d (Bh,T): d = sum over HS of out*dout
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out);
+// Merging two partial attention results over disjoint key blocks through their lse (ring
+// attention): out_a, out_b, out (Bh,T,HS); lse_a, lse_b, lse (Bh,T) f32 (f64 for f64).
+//   lse = logaddexp(lse_a, lse_b),  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b
+// A row whose lse_a (lse_b) is -inf saw no key in that block and contributes nothing; if
+// both are -inf, out = 0 and lse = -inf. Never NaN.
+void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                             const Tensor& lse_b, const Tensor& out, const Tensor& lse);
+// The backward, with out and lse the forward's results and w_a = exp(lse_a - lse) (0 where
+// lse_a = -inf): from dout (Bh,T,HS) and dlse (Bh,T) (either may be undefined: zero), writes
+//   dout_a = w_a dout,  dlse_a = w_a (dlse + sum over HS of dout * (out_a - out)),
+// and the same for b (dout_b, dlse_b).
+void attention_merge_backward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                              const Tensor& lse_b, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                              const Tensor& dlse, const Tensor& dout_a, const Tensor& dlse_a,
+                              const Tensor& dout_b, const Tensor& dlse_b);
+
+// ---- vocabulary-parallel cross-entropy (tensor/{cpu,cuda}/vocab_parallel) ---------------
+// Each tensor-parallel rank holds the logits of a contiguous slice of the vocabulary,
+// global columns [v_start, v_start + Vl); its local columns j >= v_live are padded
+// vocabulary and never count. With the statistics all-reduced between the calls (by the
+// caller, dist/), the loss of row n is
+//   gmax = max over ranks of rowmax,  sumexp = sum over ranks of sum_j exp(logit_j - gmax)
+//   loss = log(sumexp) + gmax - logit[target]   (target_logit summed over ranks)
+// logits (N,Vl) f32, bf16 or f64; targets (N) i32; statistics (N) f32 (f64 for f64).
+// Targets are not range-checked here (the caller knows the global vocabulary); v_live
+// outside [0, Vl] throws.
+// out = max over the live columns j < v_live of logits (-inf if v_live = 0)
+void rowmax(const Tensor& logits, int64_t v_live, const Tensor& out);
+// sumexp = sum over live columns of exp(logit - gmax); target_logit = logit[target - v_start]
+// when that is a live local column, else 0 (0 too for rows whose target is ignore_index).
+void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& gmax, int64_t v_start,
+                            int64_t v_live, int64_t ignore_index, const Tensor& sumexp,
+                            const Tensor& target_logit);
+// dlogits (N,Vl) = grad_scale * (exp(logit - gmax) / sumexp_global - [v_start + j == target])
+// on live columns of rows whose target != ignore_index; 0 on padded columns and ignored rows.
+void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets, const Tensor& gmax,
+                                     const Tensor& sumexp_global, int64_t v_start, int64_t v_live,
+                                     int64_t ignore_index, double grad_scale, const Tensor& dlogits);
 
 // ---- random fills (tensor/{cpu,cuda}/rng) -------------------------------------------
 // Element i of t (contiguous) gets a value that depends only on (seed, stream, start+i):

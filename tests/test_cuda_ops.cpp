@@ -172,6 +172,20 @@ std::vector<OpCase> large_cases() {
          },
          all_grad(3)});
   }
+  // ring attention: a query block against a past key block and its own, merged
+  cs.push_back({"merge_attention_ring",
+                normals({{{2, 4, 64, 40}, 0.f, 1.f},
+                         {{2, 4, 64, 40}, 0.f, 1.f},
+                         {{2, 4, 64, 40}, 0.f, 1.f},
+                         {{2, 4, 96, 40}, 0.f, 1.f},
+                         {{2, 4, 96, 40}, 0.f, 1.f}}),
+                [](const V& x) {
+                  AttentionOut a = attention(x[0], x[1], x[2], 64, 0);   // keys 0..63: all visible
+                  AttentionOut b = attention(x[0], x[3], x[4], 64, 64);  // keys 64..159: causal, then masked
+                  AttentionOut r = merge_attention(b.out, b.lse, a.out, a.lse);
+                  return V{r.out, r.lse};
+                },
+                all_grad(5)});
   return cs;
 }
 
@@ -284,6 +298,85 @@ TEST_F(Cuda, AttentionSoftmaxBackwardWithAndWithoutDlse) {
     kernels::attention_softmax_backward(p, dp, d, with_dlse ? dlse : Tensor(), 0.7);
     kernels::attention_softmax_backward(gp, gdp, d.to(kGpu), with_dlse ? dlse.to(kGpu) : Tensor(), 0.7);
     EXPECT_LE(rel_err(gdp, dp), kTolF32) << (with_dlse ? "with" : "without") << " dlse";
+  }
+}
+
+// The merge kernels on rows that saw keys in both parts, in one, or in neither (lse -inf),
+// with HS above a warp's width; the backward with and without dout and dlse.
+TEST_F(Cuda, AttentionMergeKernels) {
+  const int64_t Bh = 5, T = 37, HS = 70;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor oa = randn({Bh, T, HS}, dt, Device::cpu(), 1), ob = randn({Bh, T, HS}, dt, Device::cpu(), 2);
+    std::vector<float> la = randn({Bh, T}, DType::f32, Device::cpu(), 3, 0.0f, 3.0f).to_vector<float>();
+    std::vector<float> lb = randn({Bh, T}, DType::f32, Device::cpu(), 4, 0.0f, 3.0f).to_vector<float>();
+    for (int64_t r = 0; r < Bh * T; r += 3) la[r] = -INFINITY;  // every 3rd row: none in a
+    for (int64_t r = 0; r < Bh * T; r += 4) lb[r] = -INFINITY;  // every 4th: none in b (12th: neither)
+    Tensor lse_a = Tensor::from_vector<float>(la, {Bh, T}), lse_b = Tensor::from_vector<float>(lb, {Bh, T});
+    Tensor out = Tensor::empty({Bh, T, HS}, dt), lse = Tensor::empty({Bh, T}, DType::f32);
+    kernels::attention_merge_forward(oa, lse_a, ob, lse_b, out, lse);
+    Tensor gout = Tensor::empty({Bh, T, HS}, dt, kGpu), glse = Tensor::empty({Bh, T}, DType::f32, kGpu);
+    kernels::attention_merge_forward(oa.to(kGpu), lse_a.to(kGpu), ob.to(kGpu), lse_b.to(kGpu), gout, glse);
+    EXPECT_LE(rel_err(gout, out), tol_for(dt)) << dtype_name(dt) << " out";
+    EXPECT_LE(rel_err(glse, lse), kTolF32) << dtype_name(dt) << " lse";
+    EXPECT_TRUE(std::isinf(glse.to_vector<float>()[0])) << "row 0 saw no key in either part";
+    Tensor dout = randn({Bh, T, HS}, dt, Device::cpu(), 5),
+           dlse = randn({Bh, T}, DType::f32, Device::cpu(), 6);
+    for (int with : {0, 1, 2, 3}) {  // bit 0: dout defined, bit 1: dlse defined
+      const Tensor d_o = with & 1 ? dout : Tensor(), d_l = with & 2 ? dlse : Tensor();
+      std::vector<Tensor> ref = {Tensor::empty({Bh, T, HS}, dt), Tensor::empty({Bh, T}, DType::f32),
+                                 Tensor::empty({Bh, T, HS}, dt), Tensor::empty({Bh, T}, DType::f32)};
+      std::vector<Tensor> got;
+      for (const Tensor& t : ref) got.push_back(Tensor::empty(t.shape(), t.dtype(), kGpu));
+      kernels::attention_merge_backward(oa, lse_a, ob, lse_b, out, lse, d_o, d_l, ref[0], ref[1], ref[2],
+                                        ref[3]);
+      kernels::attention_merge_backward(oa.to(kGpu), lse_a.to(kGpu), ob.to(kGpu), lse_b.to(kGpu),
+                                        out.to(kGpu), lse.to(kGpu), d_o.defined() ? d_o.to(kGpu) : Tensor(),
+                                        d_l.defined() ? d_l.to(kGpu) : Tensor(), got[0], got[1], got[2],
+                                        got[3]);
+      const char* names[] = {"dout_a", "dlse_a", "dout_b", "dlse_b"};
+      for (int i = 0; i < 4; ++i)
+        EXPECT_LE(rel_err(got[i], ref[i]), tol_for(dt))
+            << dtype_name(dt) << " " << names[i] << (with & 1 ? " with" : " without") << " dout,"
+            << (with & 2 ? " with" : " without") << " dlse";
+    }
+  }
+}
+
+// The vocabulary-parallel cross-entropy kernels on a slice in the middle of the vocabulary,
+// one at its end with padding, and one of padding only; long rows, some targets ignored.
+TEST_F(Cuda, VocabParallelCrossEntropyKernels) {
+  const int64_t N = 300, Vl = 517, ignore = -100;
+  // targets over a 2000-column vocabulary: some fall into each slice below
+  Tensor targets = targets_with_ignored(N, 2000, 7, ignore, Device::cpu(), 7), gtargets = targets.to(kGpu);
+  struct Slice {
+    int64_t v_start, v_live;
+  };
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor logits = randn({N, Vl}, dt, Device::cpu(), 8, 0.0f, 2.0f), glogits = logits.to(kGpu);
+    for (Slice s : {Slice{1000, Vl}, Slice{1700, 300}, Slice{2000, 0}}) {
+      const std::string what = std::string(dtype_name(dt)) + " slice at " + std::to_string(s.v_start) +
+                               " with " + std::to_string(s.v_live) + " live columns";
+      Tensor m = Tensor::empty({N}, DType::f32), gm = Tensor::empty({N}, DType::f32, kGpu);
+      kernels::rowmax(logits, s.v_live, m);
+      kernels::rowmax(glogits, s.v_live, gm);
+      EXPECT_LE(rel_err(gm, m), 0.0) << what << ": rowmax is exact";
+      // a global max above this slice's own, as the all-reduce gives
+      Tensor gmax = randu({N}, DType::f32, Device::cpu(), 9, 5.0f, 6.0f);
+      Tensor se = Tensor::empty({N}, DType::f32), tl = Tensor::empty({N}, DType::f32);
+      Tensor gse = Tensor::empty({N}, DType::f32, kGpu), gtl = Tensor::empty({N}, DType::f32, kGpu);
+      kernels::cross_entropy_partials(logits, targets, gmax, s.v_start, s.v_live, ignore, se, tl);
+      kernels::cross_entropy_partials(glogits, gtargets, gmax.to(kGpu), s.v_start, s.v_live, ignore, gse,
+                                      gtl);
+      EXPECT_LE(rel_err(gse, se), kTolF32) << what << ": sumexp";
+      EXPECT_LE(rel_err(gtl, tl), 0.0) << what << ": target logit is exact";
+      Tensor sumexp = randu({N}, DType::f32, Device::cpu(), 10, 50.0f, 60.0f);  // the global sum
+      Tensor d = Tensor::empty({N, Vl}, dt), gd = Tensor::full({N, Vl}, 123.0, dt, kGpu);
+      kernels::cross_entropy_parallel_backward(logits, targets, gmax, sumexp, s.v_start, s.v_live, ignore,
+                                               0.01, d);
+      kernels::cross_entropy_parallel_backward(glogits, gtargets, gmax.to(kGpu), sumexp.to(kGpu), s.v_start,
+                                               s.v_live, ignore, 0.01, gd);
+      EXPECT_LE(rel_err(gd, d), tol_for(dt)) << what << ": dlogits";
+    }
   }
 }
 

@@ -7,6 +7,9 @@
 //   p, lse = masked_softmax(scale * s)  p in place of s; lse (Bh,Tq)
 //   out = p @ v                         (Bh,Tq,HS)
 // bf16 inputs are computed in f32 (scores and probabilities are never stored in bf16).
+//
+// merge_attention combines two such results of the same queries over disjoint key blocks
+// (ring attention: one block per step) through their log-sum-exps.
 #include <cmath>
 
 #include "autograd/ops/common.h"
@@ -64,6 +67,52 @@ AttentionOut attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
                      auto back = [&](const Tensor& t, int64_t T) { return t.view({B, NH, T, HS}).to(io); };
                      return {back(dq, Tq), back(dk, Tk), back(dv, Tk)};
                    });
+  return r;
+}
+
+// out_a, out_b (B,NH,T,HS), lse_a, lse_b (B,NH,T) -> out (B,NH,T,HS), lse (B,NH,T)
+AttentionOut merge_attention(const Tensor& out_a_in, const Tensor& lse_a_in, const Tensor& out_b_in,
+                             const Tensor& lse_b_in) {
+  check_same("merge_attention", {&out_a_in, &out_b_in});
+  NDT_CHECK(out_a_in.dim() == 4 && out_a_in.shape() == out_b_in.shape(),
+            "merge_attention: out_a and out_b must be (B, NH, T, HS) of one shape, got ",
+            out_a_in.shape_str(), " and ", out_b_in.shape_str());
+  const int64_t B = out_a_in.size(0), NH = out_a_in.size(1), T = out_a_in.size(2), HS = out_a_in.size(3);
+  const DType io = out_a_in.dtype(), cd = io == DType::bf16 ? DType::f32 : io;  // compute dtype
+  const DType sd = stat_dtype(cd);
+  for (const Tensor* l : {&lse_a_in, &lse_b_in}) {
+    NDT_CHECK(l->shape() == Shape({B, NH, T}), "merge_attention: lse must be (B, NH, T) = (", B, ", ", NH,
+              ", ", T, "), got ", l->shape_str());
+    NDT_CHECK(l->dtype() == sd && l->device() == out_a_in.device(), "merge_attention: lse must be ",
+              dtype_name(sd), " on ", out_a_in.device().str(), " (as attention() returns it for ",
+              dtype_name(io), " outputs), got ", l->desc());
+  }
+
+  // (B,NH,T,HS) -> (Bh,T,HS) in the compute dtype; (B,NH,T) -> (Bh,T)
+  auto flat = [&](const Tensor& t) { return t.contiguous().to(cd).view({B * NH, T, HS}).detach(); };
+  auto flat_lse = [&](const Tensor& t) { return t.contiguous().view({B * NH, T}).detach(); };
+  Tensor oa = flat(out_a_in), ob = flat(out_b_in), la = flat_lse(lse_a_in), lb = flat_lse(lse_b_in);
+  Tensor o = Tensor::empty({B * NH, T, HS}, cd, oa.device()),
+         lse = Tensor::empty({B * NH, T}, sd, oa.device());
+  kernels::attention_merge_forward(oa, la, ob, lb, o, lse);
+
+  AttentionOut r;
+  r.out = o.view({B, NH, T, HS}).to(io);
+  r.lse = lse.view({B, NH, T});
+  autograd::record(
+      "merge_attention", {r.out, r.lse}, {out_a_in, lse_a_in, out_b_in, lse_b_in},
+      [oa, la, ob, lb, o, lse, B, NH, T, HS, io, cd](const Grads& g) -> Grads {
+        // forward: lse = logaddexp(lse_a, lse_b), out = w_a out_a + w_b out_b with
+        // w_a = exp(lse_a - lse); so dout_a = w_a dout and
+        // dlse_a = w_a (dlse + rowsum(dout * (out_a - out))), the same for b
+        // (the kernel's comment derives it)
+        Tensor dout = g[0].defined() ? g[0].contiguous().to(cd).view({B * NH, T, HS}) : Tensor();
+        Tensor dlse = g[1].defined() ? g[1].contiguous().view({B * NH, T}) : Tensor();
+        Tensor doa = empty_like(oa), dob = empty_like(ob), dla = empty_like(la), dlb = empty_like(lb);
+        kernels::attention_merge_backward(oa, la, ob, lb, o, lse, dout, dlse, doa, dla, dob, dlb);
+        auto back = [&](const Tensor& t) { return t.view({B, NH, T, HS}).to(io); };
+        return {back(doa), dla.view({B, NH, T}), back(dob), dlb.view({B, NH, T})};
+      });
   return r;
 }
 

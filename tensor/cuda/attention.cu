@@ -1,5 +1,6 @@
 // CUDA pieces of causal attention, the twins of tensor/cpu/attention.cpp: masked softmax
-// with log-sum-exp, its backward, and the row-wise dot product.
+// with log-sum-exp, its backward, the row-wise dot product, and the merge of partial
+// results over key blocks (ring attention).
 // Legend: Bh = batch*heads, Tq queries, Tk keys, HS head size.
 #include <algorithm>
 
@@ -9,7 +10,7 @@
 namespace ndt::cuda {
 namespace {
 
-constexpr int kRowsPerBlock = kThreads / 32;  // rowwise_dot: one warp per row
+constexpr int kRowsPerBlock = kThreads / 32;  // rowwise_dot, merges: one warp per row
 
 // ---- kernels ------------------------------------------------------------------------
 
@@ -66,6 +67,65 @@ __global__ void rowwise_dot_kernel(const T* a, const T* b, float* out, int64_t r
   if (lane == 0) out[r] = s;
 }
 
+// The weight of one partial result in the merge: exp(lse_part - lse), 0 for a part that saw
+// no key (lse_part = -inf; also when lse = -inf, where the subtraction would give NaN).
+__device__ __forceinline__ float merge_weight(float lse_part, float lse) {
+  return lse_part == -INFINITY ? 0.0f : expf(lse_part - lse);
+}
+
+// out_a, out_b (rows,HS), lse_a, lse_b (rows) -> out (rows,HS), lse (rows); one warp per row:
+// lse = logaddexp(lse_a, lse_b), out = w_a out_a + w_b out_b with w = exp(lse_part - lse)
+template <typename T>
+__global__ void attention_merge_forward_kernel(const T* out_a, const float* lse_a, const T* out_b,
+                                               const float* lse_b, T* out, float* lse, int64_t rows,
+                                               int64_t HS) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const float la = lse_a[r], lb = lse_b[r], mx = fmaxf(la, lb);
+  // logaddexp, shifted by the larger so that nothing overflows; -inf if both are
+  const float l = mx == -INFINITY ? -INFINITY : mx + log1pf(expf(fminf(la, lb) - mx));
+  const float wa = merge_weight(la, l), wb = merge_weight(lb, l);
+  for (int64_t h = lane; h < HS; h += 32) {
+    const int64_t k = r * HS + h;
+    // a part with weight 0 is not read, so whatever it holds cannot turn into NaN
+    const float va = wa != 0.0f ? wa * load(out_a[k]) : 0.0f, vb = wb != 0.0f ? wb * load(out_b[k]) : 0.0f;
+    out[k] = store<T>(va + vb);
+  }
+  if (lane == 0) lse[r] = l;
+}
+
+// In the forward pass this was lse = log(exp(lse_a) + exp(lse_b)) and
+// out = w_a out_a + w_b out_b with w_a = exp(lse_a - lse); so (tensor/cpu/attention.cpp
+// derives it) dout_a = w_a dout, dlse_a = w_a (dlse + sum_HS dout * (out_a - out)), same for
+// b. dout and dlse may be null (zero). One warp per row.
+template <typename T>
+__global__ void attention_merge_backward_kernel(const T* out_a, const float* lse_a, const T* out_b,
+                                                const float* lse_b, const T* out, const float* lse,
+                                                const T* dout, const float* dlse, T* dout_a, float* dlse_a,
+                                                T* dout_b, float* dlse_b, int64_t rows, int64_t HS) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const float wa = merge_weight(lse_a[r], lse[r]), wb = merge_weight(lse_b[r], lse[r]);
+  float dot_a = 0.0f, dot_b = 0.0f;  // sum over HS of dout * (out_part - out)
+  for (int64_t h = lane; h < HS; h += 32) {
+    const int64_t k = r * HS + h;
+    const float g = dout ? load(dout[k]) : 0.0f;
+    dout_a[k] = store<T>(wa * g);
+    dout_b[k] = store<T>(wb * g);
+    if (wa != 0.0f) dot_a += g * (load(out_a[k]) - load(out[k]));
+    if (wb != 0.0f) dot_b += g * (load(out_b[k]) - load(out[k]));
+  }
+  dot_a = warp_sum(dot_a);
+  dot_b = warp_sum(dot_b);
+  if (lane == 0) {
+    const float gl = dlse ? dlse[r] : 0.0f;
+    dlse_a[r] = wa * (gl + dot_a);
+    dlse_b[r] = wb * (gl + dot_b);
+  }
+}
+
 int row_threads(int64_t C) { return static_cast<int>(std::clamp<int64_t>((C + 31) / 32 * 32, 32, kThreads)); }
 
 }  // namespace
@@ -114,6 +174,44 @@ void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out) {
     rowwise_dot_kernel<T><<<blocks, kThreads, 0, L.stream>>>(static_cast<const T*>(a.data_ptr()),
                                                              static_cast<const T*>(b.data_ptr()),
                                                              out.data<float>(), rows, HS);
+    NDT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                             const Tensor& lse_b, const Tensor& out, const Tensor& lse) {
+  const int64_t HS = out_a.size(-1), rows = lse_a.numel();
+  if (rows == 0) return;
+  for (const Tensor* t : {&lse_a, &lse_b, &lse}) check_stat(*t, "attention_merge_forward", "lse");
+  Launch L(out_a);
+  dispatch_float(out_a.dtype(), "attention_merge_forward", [&](auto tag) {
+    using T = decltype(tag);
+    const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    attention_merge_forward_kernel<T><<<blocks, kThreads, 0, L.stream>>>(
+        static_cast<const T*>(out_a.data_ptr()), lse_a.data<float>(), static_cast<const T*>(out_b.data_ptr()),
+        lse_b.data<float>(), static_cast<T*>(out.data_ptr()), lse.data<float>(), rows, HS);
+    NDT_CUDA_CHECK_LAUNCH();
+  });
+}
+
+void attention_merge_backward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                              const Tensor& lse_b, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                              const Tensor& dlse, const Tensor& dout_a, const Tensor& dlse_a,
+                              const Tensor& dout_b, const Tensor& dlse_b) {
+  const int64_t HS = out_a.size(-1), rows = lse_a.numel();
+  if (rows == 0) return;
+  for (const Tensor* t : {&lse_a, &lse_b, &lse, &dlse, &dlse_a, &dlse_b})
+    if (t->defined()) check_stat(*t, "attention_merge_backward", "lse and its gradients");
+  Launch L(out_a);
+  dispatch_float(out_a.dtype(), "attention_merge_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const unsigned blocks = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+    attention_merge_backward_kernel<T><<<blocks, kThreads, 0, L.stream>>>(
+        static_cast<const T*>(out_a.data_ptr()), lse_a.data<float>(), static_cast<const T*>(out_b.data_ptr()),
+        lse_b.data<float>(), static_cast<const T*>(out.data_ptr()), lse.data<float>(),
+        dout.defined() ? static_cast<const T*>(dout.data_ptr()) : nullptr,
+        dlse.defined() ? dlse.data<float>() : nullptr, static_cast<T*>(dout_a.data_ptr()),
+        dlse_a.data<float>(), static_cast<T*>(dout_b.data_ptr()), dlse_b.data<float>(), rows, HS);
     NDT_CUDA_CHECK_LAUNCH();
   });
 }

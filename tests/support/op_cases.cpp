@@ -240,6 +240,41 @@ std::vector<OpCase> build_cases() {
             },
             {true, true, false}});
 
+  // merge_attention: the queries' attention over two key blocks, each computed alone and
+  // merged through the lse (ring attention). q (B,NH,Tq,HS), then k and v of block a, then
+  // of block b; a block at k_off holds global keys k_off.. k_off+tk-1.
+  struct Merge {
+    const char* name;
+    int64_t tq, q_off, tk_a, k_off_a, tk_b, k_off_b;
+    int64_t masked_rows;  // leading queries that see no key in either block: lse -inf, left out
+  };
+  const Merge merges[] = {
+      // keys 0..2 and 3..6: queries 0..2 see nothing in block b (its lse is -inf there)
+      {"merge_attention_two_blocks", kT, 0, 3, 0, 4, 3, 0},
+      // a ring step: the query block 4..7 against the past block 0..3 and its own block 4..7
+      {"merge_attention_ring_step", 4, 4, 4, 0, 4, 4, 0},
+      // block a (keys 5..7) is masked for every query; block b (keys 2..4) for queries 0 and 1,
+      // which therefore see no key at all (out 0, lse -inf)
+      {"merge_attention_masked_block", 5, 0, 3, 5, 3, 2, 2},
+  };
+  for (const Merge& m : merges) {
+    add_case(
+        {m.name,
+         inputs_of({{{kB, kNH, m.tq, 4}},
+                    {{kB, kNH, m.tk_a, 4}},
+                    {{kB, kNH, m.tk_a, 4}},
+                    {{kB, kNH, m.tk_b, 4}},
+                    {{kB, kNH, m.tk_b, 4}}}),
+         [m](const std::vector<Tensor>& x) {
+           AttentionOut a = attention(x[0], x[1], x[2], m.q_off, m.k_off_a);
+           AttentionOut b = attention(x[0], x[3], x[4], m.q_off, m.k_off_b);
+           AttentionOut r = merge_attention(a.out, a.lse, b.out, b.lse);
+           Tensor lse = m.masked_rows ? split_last(r.lse, {m.masked_rows, m.tq - m.masked_rows})[1] : r.lse;
+           return std::vector<Tensor>{r.out, lse};
+         },
+         all_grad(5)});
+  }
+
   // shapes
   add_case({"view", inputs_of({{{3, 7, 2}}}),
             [](const std::vector<Tensor>& x) {
