@@ -5,7 +5,9 @@
 #   STEPS=10 bench/bench_dist.sh S # one config, fewer steps
 #
 # For each config, the same global batch (8 sequences) trained by one process with 2
-# threads and by 2 ranks x 1 thread as DP and as FSDP (each rank 4 sequences). Tokens/s
+# threads and by 2 ranks x 1 thread in each 2-rank layout: DP and FSDP (each rank 4
+# sequences), TP and CP (both ranks the same 8 sequences; TP splits the layers, CP the
+# sequence). LAYOUTS="dp2 fsdp2 tp2 cp2" (default) picks them. Tokens/s
 # are train_gpt's averages over the steps after the first. With FSDP the Chrome trace of
 # every rank gives the exposed communication: the share of the step the compute thread
 # spent waiting on a collective (scripts/trace_summary.py).
@@ -36,10 +38,16 @@ for cfg in ${1:-S M}; do
   "$BUILD/train_gpt" "$@" --train.micro_batch_size 8 --train.threads 2 > "$OUT/single.txt" 2>&1
   read -r ms0 tok0 < <(speed "$OUT/single.txt")
   printf "%-6s %-22s %10.1f %10.0f %8s %10s\n" "$cfg" "1 process x 2 threads" "$ms0" "$tok0" "1.00x" "-"
-  for layout in dp2 fsdp2; do
-    par="--parallel.dp_replicate_size 2"; [[ $layout == fsdp2 ]] && par="--parallel.dp_shard_size 2"
+  for layout in ${LAYOUTS:-dp2 fsdp2 tp2 cp2}; do
+    case $layout in
+      dp2) par="--parallel.dp_replicate_size 2"; B=4 ;;
+      fsdp2) par="--parallel.dp_shard_size 2"; B=4 ;;
+      tp2) par="--parallel.tp_size 2"; B=8 ;;
+      cp2) par="--parallel.cp_size 2"; B=8 ;;
+      *) echo "unknown layout $layout" >&2; exit 1 ;;
+    esac
     rm -f "$OUT"/trace*
-    "${MPIRUN[@]}" -np 2 "$BUILD/train_gpt" "$@" --train.micro_batch_size 4 --train.threads 1 $par \
+    "${MPIRUN[@]}" -np 2 "$BUILD/train_gpt" "$@" --train.micro_batch_size $B --train.threads 1 $par \
       --log.trace "$OUT/trace.json" > "$OUT/$layout.txt" 2>&1
     read -r ms tok < <(speed "$OUT/$layout.txt")
     exposed=$(python3 scripts/trace_summary.py --skip 2 "$OUT"/trace.rank*.json | awk 'NR>1 {s+=$6; n++} END {printf "%.1f%%", s/n}')

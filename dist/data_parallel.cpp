@@ -7,7 +7,15 @@
 
 namespace ndt::dist {
 
-double NoParallelism::grad_norm() { return optim::grad_norm(params_); }
+double Strategy::global_norm(const nn::FlatParams& params, Communicator* shards) {
+  const int64_t tp = tp_ ? tp_->size() : 1;
+  double s = optim::grad_sum_squares(params, tp);
+  if (shards) s = shards->all_reduce_scalar(s, ReduceOp::kSum);
+  if (tp > 1) s = tp_->all_reduce_scalar(s, ReduceOp::kSum);
+  return std::sqrt(s);
+}
+
+double NoParallelism::grad_norm() { return global_norm(params_, nullptr); }
 
 DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas)
     : params_(params), comm_(replicas) {
@@ -29,6 +37,6 @@ void DataParallel::end_micro() {
   pending_.clear();
 }
 
-double DataParallel::grad_norm() { return optim::grad_norm(params_); }  // replicas hold the same gradients
+double DataParallel::grad_norm() { return global_norm(params_, nullptr); }  // replicas hold the same gradients
 
 }  // namespace ndt::dist

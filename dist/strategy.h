@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 
+#include "dist/comm/communicator.h"
 #include "nn/flat.h"
 
 namespace ndt::dist {
@@ -31,6 +32,9 @@ namespace ndt::dist {
 class Strategy {
  public:
   virtual ~Strategy() = default;
+  // Tensor parallelism: gradients of split parameters live on different tp ranks; the
+  // global norm sums over them (replicated parameters counted once).
+  void set_tensor_parallel(Communicator* tp) { tp_ = tp; }
   virtual std::string name() const = 0;
   virtual void begin_step() {}
   virtual void begin_micro(bool sync) {}
@@ -39,6 +43,12 @@ class Strategy {
   virtual void end_step() {}
   virtual void begin_forward_only() {}
   virtual void end_forward_only() {}
+
+ protected:
+  // sqrt of the sum of squares over this rank's gradient shards, summed over `shards` (the
+  // ranks that hold different parts of each buffer; nullptr: none) and the tp group.
+  double global_norm(const nn::FlatParams& params, Communicator* shards);
+  Communicator* tp_ = nullptr;
 };
 
 // Gradients stay where backward put them: one process.

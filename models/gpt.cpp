@@ -76,10 +76,14 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
   NDT_CHECK(pos_offset >= 0 && pos_offset + T <= cfg.block_size, "GPT: positions ", pos_offset, "..",
             pos_offset + T - 1, " exceed model.block_size ", cfg.block_size,
             "; lower train.seq_len or raise model.block_size");
-  // positions pos_offset .. pos_offset+T-1 for every row: pos (B, T)
-  std::vector<int32_t> pos_host(B * T);
-  for (int64_t i = 0; i < B * T; ++i) pos_host[i] = static_cast<int32_t>(pos_offset + i % T);
-  Tensor pos = Tensor::from_vector(pos_host, {B, T}, idx.device());
+  Tensor pos;  // (B, T) i32: positions pos_offset .. pos_offset+T-1 for every row
+  if (positions) {
+    pos = positions(idx, pos_offset);
+  } else {
+    std::vector<int32_t> pos_host(B * T);
+    for (int64_t i = 0; i < B * T; ++i) pos_host[i] = static_cast<int32_t>(pos_offset + i % T);
+    pos = Tensor::from_vector(pos_host, {B, T}, idx.device());
+  }
 
   Tensor x = add(wte.forward(idx), wpe.forward(pos));  // (B, T, C)
   for (size_t i = 0; i < h.size(); ++i) {
@@ -89,11 +93,16 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
   }
   x = ln_f.forward(x);
   GPTOutput out;
-  out.logits = matmul(view(x, {B * T, C}), wte.weight, false, true);  // (B*T, C) @ wte^T -> (B*T, Vp)
+  x = view(x, {B * T, C});
+  if (before_lm_head) x = before_lm_head(x);
+  out.logits = matmul(x, wte.weight, false, true);  // (B*T, C) @ wte^T -> (B*T, Vp) (Vp/tp with TP)
   if (targets.defined()) {
     NDT_CHECK(targets.shape() == idx.shape(), "GPT: targets ", targets.shape_str(), " must match idx ",
               idx.shape_str());
-    out.loss = cross_entropy(out.logits, targets.view({B * T}), -1, cfg.vocab_size);
+    out.loss = loss_fn ? loss_fn(out.logits, targets.view({B * T}))
+                       : cross_entropy(out.logits, targets.view({B * T}), -1, cfg.vocab_size);
+  } else if (gather_logits) {
+    out.logits = gather_logits(out.logits);
   }
   return out;
 }

@@ -28,8 +28,8 @@ struct GPTConfig {
   int64_t n_head = 12;
   int64_t n_embd = 768;
   int64_t vocab_size = 50257;
-  int64_t block_size = 1024;              // maximum sequence length (positions)
-  int64_t vocab_multiple = 1;             // pad the vocab to a multiple of this (e.g. 128); 1 = none
+  int64_t block_size = 1024;   // maximum sequence length (positions)
+  int64_t vocab_multiple = 1;  // pad the vocab to a multiple of this (e.g. 128); 1 = none
 
   int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   void validate() const;  // throws ndt::Error naming the bad key
@@ -55,6 +55,14 @@ class GPT : public nn::Module {
   // wrapped unit: wte is used at both ends of the model).
   void add_unit_wrapper(nn::UnitWrapper w) { wrappers_.push_back(std::move(w)); }
   void clear_unit_wrappers() { wrappers_.clear(); }
+
+  // Set by tensor and context parallelism (dist/), empty on one process:
+  nn::TensorFn before_lm_head;  // TP: copy to the group (f) before the vocab-sliced lm_head
+  // TP: the loss over vocab-sliced logits (vocab-parallel cross-entropy)
+  std::function<Tensor(const Tensor& logits, const Tensor& targets)> loss_fn;
+  nn::TensorFn gather_logits;  // TP: (N, Vp/tp) -> (N, Vp), for sampling
+  // CP: the position of every token (B, T) i32 (a rank's tokens are two pieces of the sequence)
+  std::function<Tensor(const Tensor& idx, int64_t pos_offset)> positions;
 
   // The FSDP units: "embeddings" (wte, wpe, ln_f) first, then one per block "h.i".
   std::vector<nn::UnitSpec> units() const;

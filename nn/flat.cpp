@@ -56,18 +56,47 @@ Tensor released_buffer(int64_t numel, DType dtype, Device device) {
   return Tensor(impl);
 }
 
-// Initializes the elements [lo, hi) of parameter p (indices within the parameter), which
-// live in `dst` (hi - lo elements): same values as initializing the whole parameter.
+}  // namespace
+
+std::pair<int64_t, int64_t> tp_global_run(const ParamSpec& s, int64_t i) {
+  const int64_t n = numel_of(s.shape);
+  if (!s.tp.split()) return {i, n - i};
+  const Shape& g = s.tp.global;
+  const int64_t cols = s.shape.size() > 1 ? s.shape[1] : 1, gcols = g.size() > 1 ? g[1] : 1;
+  const int64_t r = i / cols, c = i % cols;
+  const int64_t block = g[s.tp.dim] / (s.tp.groups * s.tp.parts);  // local elements per group
+  // local index j along the split dimension -> global index
+  auto global_of = [&](int64_t j) {
+    return j / block * (g[s.tp.dim] / s.tp.groups) + s.tp.rank * block + j % block;
+  };
+  if (s.tp.dim == 0) {  // whole rows; a run ends with the rank's block of rows
+    const int64_t rows_left = block - r % block;
+    return {global_of(r) * gcols + c, rows_left * cols - c};
+  }
+  // dim 1: a run ends with the block of columns (or the row)
+  return {r * gcols + global_of(c), block - c % block};
+}
+
+namespace {
+
+// Initializes the elements [lo, hi) of parameter p (indices within this rank's part of
+// it), which live in `dst` (hi - lo elements): the same values as the same elements of the
+// whole parameter initialized on one process.
 void init_range(const FlatParam& p, const Tensor& dst, int64_t lo, int64_t hi, uint64_t seed) {
   const Init& init = p.spec.init;
   switch (init.kind) {
     case Init::kNormal: {
       // only the first `rows` rows are drawn (vocabulary padding stays zero)
-      const int64_t drawn = init.rows >= 0 ? init.rows * (numel_of(p.spec.shape) / p.spec.shape[0]) : hi;
-      const int64_t end = std::min(hi, drawn);
-      if (end > lo)
-        kernels::fill_normal(dst.narrow(0, 0, end - lo), seed, name_hash(p.spec.name), static_cast<uint64_t>(lo),
-                             0.0f, init.std);
+      const Shape& g = p.spec.global_shape();
+      const int64_t drawn = init.rows >= 0 ? init.rows * (numel_of(g) / g[0]) : numel_of(g);
+      for (int64_t i = lo; i < hi;) {
+        const auto [start, run] = tp_global_run(p.spec, i);
+        const int64_t n = std::min(run, hi - i), live = std::max<int64_t>(0, std::min(n, drawn - start));
+        if (live > 0)
+          kernels::fill_normal(dst.narrow(0, i - lo, live), seed, name_hash(p.spec.name),
+                               static_cast<uint64_t>(start), 0.0f, init.std);
+        i += n;
+      }
       break;
     }
     case Init::kOnes:

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/module.h"
@@ -80,6 +81,10 @@ struct ShardSpec {
 // of a parameter gets the same value on every layout, and no rank holds the whole model.
 FlatParams materialize(const std::vector<UnitSpec>& units, Device device, DType dtype, uint64_t seed,
                        ShardSpec shard = {});
+
+// Tensor parallelism: the global flat index of this rank's element i (flat, in its slice)
+// of parameter s, and how many elements from i on stay contiguous in the whole parameter.
+std::pair<int64_t, int64_t> tp_global_run(const ParamSpec& s, int64_t i);
 
 // Stable 64-bit FNV-1a hash of a parameter name: its RNG stream id.
 uint64_t name_hash(const std::string& name);

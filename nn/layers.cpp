@@ -7,13 +7,20 @@ Linear::Linear(int64_t in_, int64_t out_, bool has_bias, float std) : in(in_), o
   if (has_bias) param("bias", &bias, {out}, Init::zeros(), false);
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) const {
+  const Tensor in = before ? before(x) : x;
+  if (!reduce_before_bias) return linear(in, weight, bias);
+  const Tensor y = reduce_before_bias(linear(in, weight, Tensor()));  // the sum of every rank's part
+  return bias.defined() ? add(y, bias) : y;
+}
 
 Embedding::Embedding(int64_t num, int64_t dim, float std, int64_t live_rows) {
   param("weight", &weight, {num, dim}, Init::normal(std, live_rows), true);
 }
 
-Tensor Embedding::forward(const Tensor& ids) const { return embedding(ids, weight); }
+Tensor Embedding::forward(const Tensor& ids) const {
+  return lookup ? lookup(ids, weight) : embedding(ids, weight);
+}
 
 LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
   param("weight", &weight, {dim}, Init::ones(), false);
@@ -38,11 +45,14 @@ CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t nh, float std, float
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x, int64_t pos_offset) const {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), NH = n_head, HS = C / NH;
-  // x (B,T,C) -> qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
+  // C: this rank's channels of q, k and v (n_embd, or n_embd / tp with tensor parallelism)
+  const int64_t B = x.size(0), T = x.size(1), C = c_attn.weight.size(1) / 3, NH = n_head, HS = C / NH;
+  // x (B,T,n_embd) -> qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
   std::vector<Tensor> qkv = split_last(c_attn.forward(x), {C, C, C});
   auto heads = [&](const Tensor& t) { return heads_to_front(view(t, {B, T, NH, HS})); };
-  Tensor y = attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), pos_offset, pos_offset).out;  // (B,NH,T,HS)
+  const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  Tensor y =
+      attend ? attend(q, k, v, pos_offset) : attention(q, k, v, pos_offset, pos_offset).out;  // (B,NH,T,HS)
   // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,C) -> c_proj
   return c_proj.forward(view(heads_to_back(y), {B, T, C}));
 }

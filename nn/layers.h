@@ -6,11 +6,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "autograd/ops.h"
 #include "nn/module.h"
 
 namespace ndt::nn {
+
+// A function of one tensor: the communication that tensor parallelism puts around a layer.
+using TensorFn = std::function<Tensor(const Tensor&)>;
 
 class Linear : public Module {
  public:
@@ -19,6 +23,10 @@ class Linear : public Module {
   Tensor forward(const Tensor& x) const;  // x (..., in) -> (..., out)
   Tensor weight, bias;
   int64_t in, out;
+  // Tensor parallelism (dist/tensor_parallel) sets these: a column-parallel layer copies
+  // its input to the group first (f), a row-parallel one sums its partial outputs over the
+  // group (g) before adding the bias, which is whole on every rank.
+  TensorFn before, reduce_before_bias;
 };
 
 class Embedding : public Module {
@@ -27,6 +35,8 @@ class Embedding : public Module {
   Embedding(int64_t num, int64_t dim, float std, int64_t live_rows = -1);
   Tensor forward(const Tensor& ids) const;  // ids (...) i32 -> (..., dim)
   Tensor weight;                            // (num, dim)
+  // Vocabulary parallelism replaces the lookup (each rank holds a slice of the rows).
+  std::function<Tensor(const Tensor& ids, const Tensor& table)> lookup;
 };
 
 class LayerNorm : public Module {
@@ -52,7 +62,10 @@ class CausalSelfAttention : public Module {
   // x (B, T, C) at positions pos_offset.. -> (B, T, C); the causal mask uses positions
   Tensor forward(const Tensor& x, int64_t pos_offset = 0) const;
   Linear c_attn, c_proj;
-  int64_t n_head;
+  int64_t n_head;  // heads on this rank (n_head / tp under tensor parallelism)
+  // Context parallelism replaces the attention core (ring attention over the sequence
+  // pieces of the group): q, k, v (B,NH,T,HS) -> (B,NH,T,HS).
+  std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset)> attend;
 };
 
 // Pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)).

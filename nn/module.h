@@ -35,12 +35,26 @@ struct Init {
   static Init ones() { return {kOnes, 0.0f, -1}; }
 };
 
+// A tensor-parallel slice of a parameter: this rank holds part `rank` of `parts` along
+// dimension `dim`. With groups > 1 the dimension is made of `groups` equal blocks (c_attn's
+// q, k and v columns) and the rank holds its part of each block:
+//   global index along dim = g * (L / groups) + rank * (L / (groups * parts)) + j
+// for the j-th element of the rank's g-th block (L the global length of dim).
+struct TpSlice {
+  int dim = -1;  // -1: replicated (every tensor-parallel rank holds all of it)
+  int64_t parts = 1, rank = 0, groups = 1;
+  Shape global;  // the whole parameter's shape
+  bool split() const { return dim >= 0 && parts > 1; }
+};
+
 struct ParamSpec {
   std::string name;  // full dotted name, e.g. "h.0.attn.c_attn.weight"
-  Shape shape;       // global shape
+  Shape shape;       // this rank's shape (the global shape unless tensor-parallel split)
   Init init;
   bool weight_decay = false;  // AdamW decays 2-D weights (matmuls, embeddings) only
   Tensor* slot = nullptr;     // the module field that receives the materialized view
+  TpSlice tp;                 // set by tensor parallelism (dist/tensor_parallel)
+  const Shape& global_shape() const { return tp.dim >= 0 ? tp.global : shape; }
 };
 
 class Module {
@@ -52,6 +66,10 @@ class Module {
 
   // Every parameter below this module, in registration order, with full names.
   std::vector<ParamSpec> parameters(const std::string& prefix = "") const;
+
+  // Tensor parallelism (before materialize): this rank keeps part `rank` of `parts` of
+  // parameter `name` (of this module) along `dim`, in `groups` blocks (see TpSlice).
+  void split_param(const std::string& name, int dim, int64_t parts, int64_t rank, int64_t groups = 1);
 
  protected:
   void param(const std::string& name, Tensor* slot, Shape shape, Init init, bool weight_decay);

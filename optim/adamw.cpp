@@ -1,5 +1,6 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tensor/kernels.h"
@@ -39,6 +40,22 @@ double grad_sum_squares(const nn::FlatParams& params) {
     Tensor s = Tensor::empty({}, u.grad.dtype() == DType::f64 ? DType::f64 : DType::f32, u.grad.device());
     kernels::sum_squares(u.grad, s);
     total += s.item();
+  }
+  return total;
+}
+
+double grad_sum_squares(const nn::FlatParams& params, int64_t tp) {
+  if (tp == 1) return grad_sum_squares(params);
+  double total = 0;
+  for (const nn::FlatUnit& u : params.units) {
+    const int64_t s0 = u.shard_offset, s1 = s0 + u.shard_numel;
+    for (const nn::FlatParam& p : u.params) {  // this shard's part of each parameter
+      const int64_t a = std::max(p.offset, s0), b = std::min(p.offset + numel_of(p.spec.shape), s1);
+      if (a >= b) continue;
+      Tensor s = Tensor::empty({}, u.grad.dtype() == DType::f64 ? DType::f64 : DType::f32, u.grad.device());
+      kernels::sum_squares(u.grad.narrow(0, a - s0, b - a), s);
+      total += s.item() / (p.spec.tp.split() ? 1.0 : static_cast<double>(tp));
+    }
   }
   return total;
 }

@@ -52,6 +52,18 @@ std::string mpirun(int np) {
          std::to_string(np) + " ";
 }
 
+struct Layout {
+  const char* name;
+  int np;
+  int replicate, shard, cp = 1, tp = 1;
+  int dp() const { return replicate * shard; }
+  std::string args() const {
+    return " --parallel.dp_replicate_size " + std::to_string(replicate) + " --parallel.dp_shard_size " +
+           std::to_string(shard) + " --parallel.cp_size " + std::to_string(cp) + " --parallel.tp_size " +
+           std::to_string(tp);
+  }
+};
+
 class DistTrain : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -71,7 +83,7 @@ class DistTrain : public ::testing::Test {
     data::write_shard((dir_ / "data" / "train_000000.bin").string(), t);
     v.save((dir_ / "data" / "vocab.json").string());
     std::ofstream(dir_ / "gpt.ini")
-        << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << v.size()
+        << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 32\nvocab_multiple = 4\nvocab_size = " << v.size()
         << "\nblock_size = 32\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
         << "\n[train]\nseq_len = 16\ngrad_accum_steps = 2\nsteps = 5\nthreads = 1\n"
            "[optim]\nlr = 0.01\nwarmup_steps = 1\neps = 1e-4\n[sample]\nevery = -1\n[log]\nevery = 1\n";
@@ -127,44 +139,59 @@ class DistTrain : public ::testing::Test {
     return dir_ / name / "ck" / "step_00000005" / "model.safetensors";
   }
 
+  // Each layout against one process on the same global batch and data (B sequences per
+  // data-parallel rank and micro-step): the losses of every step, the first step's
+  // gradients and the parameters after the last.
+  static void check_layouts(const std::vector<Layout>& layouts, int B) {
+    for (const Layout& L : layouts) {
+      SCOPED_TRACE(L.name);
+      const std::string ref = "single_b" + std::to_string(B * L.dp());
+      if (!fs::exists(dir_ / ref / "metrics.jsonl")) {
+        Result r = train(ref, 1, "--train.micro_batch_size " + std::to_string(B * L.dp()));
+        ASSERT_EQ(r.rc, 0) << r.out;
+      }
+      Result r = train(L.name, L.np, "--train.micro_batch_size " + std::to_string(B) + L.args());
+      ASSERT_EQ(r.rc, 0) << r.out;
+      EXPECT_NE(r.out.find("= " + std::to_string(B * 2 * L.dp()) + " sequences"), std::string::npos) << r.out;
+      std::vector<double> got = losses(L.name), want = losses(ref);
+      ASSERT_EQ(got.size(), 5u);
+      ASSERT_EQ(want.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+      const double g = max_rel_diff(dir_ / L.name / "grads.safetensors", dir_ / ref / "grads.safetensors");
+      EXPECT_LT(g, 1e-5) << "gradients of the first step";
+      const double p = max_rel_diff(last_model(L.name), last_model(ref));
+      EXPECT_LT(p, 3e-5) << "parameters after the last step";
+      std::printf(
+          "%-14s %2d ranks: losses %.6f..%.6f, first-step gradients within %.1e, parameters within %.1e\n",
+          L.name, L.np, got.front(), got.back(), g, p);
+    }
+  }
+
   static fs::path dir_;
 };
 fs::path DistTrain::dir_;
 
-struct Layout {
-  const char* name;
-  int np;
-  int replicate, shard;
-};
+TEST_F(DistTrain, EveryDataParallelLayoutEqualsOneProcess) {
+  check_layouts(
+      {{"dp2", 2, 2, 1}, {"fsdp2", 2, 1, 2}, {"fsdp3", 3, 1, 3}, {"fsdp4", 4, 1, 4}, {"hsdp2x2", 4, 2, 2}},
+      2);
+}
 
-TEST_F(DistTrain, EveryLayoutEqualsOneProcess) {
-  const int B = 2;  // sequences per rank and micro-step
-  for (int dp : {2, 3, 4}) {
-    Result r =
-        train("single_b" + std::to_string(B * dp), 1, "--train.micro_batch_size " + std::to_string(B * dp));
-    ASSERT_EQ(r.rc, 0) << r.out;
-  }
-  for (Layout L : {Layout{"dp2", 2, 2, 1}, Layout{"fsdp2", 2, 1, 2}, Layout{"fsdp3", 3, 1, 3},
-                   Layout{"fsdp4", 4, 1, 4}, Layout{"hsdp2x2", 4, 2, 2}}) {
-    SCOPED_TRACE(L.name);
-    Result r =
-        train(L.name, L.np,
-              "--train.micro_batch_size " + std::to_string(B) + " --parallel.dp_replicate_size " +
-                  std::to_string(L.replicate) + " --parallel.dp_shard_size " + std::to_string(L.shard));
-    ASSERT_EQ(r.rc, 0) << r.out;
-    EXPECT_NE(r.out.find("= " + std::to_string(B * 2 * L.np) + " sequences"), std::string::npos) << r.out;
-    const std::string ref = "single_b" + std::to_string(B * L.np);
-    std::vector<double> got = losses(L.name), want = losses(ref);
-    ASSERT_EQ(got.size(), 5u);
-    ASSERT_EQ(want.size(), 5u);
-    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
-    const double g = max_rel_diff(dir_ / L.name / "grads.safetensors", dir_ / ref / "grads.safetensors");
-    EXPECT_LT(g, 1e-5) << "gradients of the first step";
-    const double p = max_rel_diff(last_model(L.name), last_model(ref));
-    EXPECT_LT(p, 1e-5) << "parameters after the last step";
-    std::printf("%-8s losses %.6f..%.6f, first-step gradients within %.1e, parameters within %.1e\n", L.name,
-                got.front(), got.back(), g, p);
-  }
+TEST_F(DistTrain, TensorAndContextParallelLayoutsEqualOneProcess) {
+  check_layouts({{"tp2", 2, 1, 1, 1, 2},
+                 {"tp4", 4, 1, 1, 1, 4},
+                 {"cp2", 2, 1, 1, 2, 1},
+                 {"cp4", 4, 1, 1, 4, 1},
+                 {"fsdp2_tp2", 4, 1, 2, 1, 2},
+                 {"fsdp2_cp2", 4, 1, 2, 2, 1},
+                 {"hsdp2x2_tp2", 8, 2, 2, 1, 2},
+                 {"s2_cp2_tp2", 8, 1, 2, 2, 2}},
+                2);
+}
+
+TEST_F(DistTrain, FourDimensionsOnSixteenRanks) {
+  // replicate 2 x shard 2 x cp 2 x tp 2: every dimension at once
+  check_layouts({{"r2_s2_cp2_tp2", 16, 2, 2, 2, 2}}, 1);
 }
 
 TEST_F(DistTrain, CheckpointOfOneLayoutResumesInAnother) {
@@ -188,7 +215,8 @@ TEST_F(DistTrain, CheckpointOfOneLayoutResumesInAnother) {
   // 4 sequences x 16 tokens = 384), now in windows of 2 sequences
   Result h = train("resume_half", 1, "--train.micro_batch_size 2 --checkpoint.resume true");
   ASSERT_EQ(h.rc, 0) << h.out;
-  EXPECT_NE(h.out.find("this run reads 32; the data continues at token 384 of epoch 0"), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("this run reads 32; the data continues at token 384 of epoch 0"), std::string::npos)
+      << h.out;
   std::vector<double> want = losses("resume_ref");
   for (const char* name : {"resume_fsdp2", "resume_single"}) {
     std::vector<double> got = losses(name);  // 3 steps, then 2 more after the resume
@@ -196,6 +224,25 @@ TEST_F(DistTrain, CheckpointOfOneLayoutResumesInAnother) {
     for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << name << " step " << i + 1;
     EXPECT_LT(max_rel_diff(last_model(name), last_model("resume_ref")), 2e-5) << name;
   }
+}
+
+TEST_F(DistTrain, ChainOfLayoutsTp2ThenFsdp2CpThenOneProcess) {
+  // tensor-parallel slices, FSDP shards and CP chunks all write and read the one format
+  Result ref = train("chain_ref", 1, "--train.micro_batch_size 4");
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  Result a = train("chain", 2, "--train.micro_batch_size 4 --parallel.tp_size 2 --train.stop_after 2");
+  ASSERT_EQ(a.rc, 0) << a.out;
+  Result b =
+      train("chain", 4,
+            "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.cp_size 2 --train.stop_after 2 "
+            "--checkpoint.resume true");
+  ASSERT_EQ(b.rc, 0) << b.out;
+  Result c = train("chain", 1, "--train.micro_batch_size 4 --checkpoint.resume true");
+  ASSERT_EQ(c.rc, 0) << c.out;
+  std::vector<double> got = losses("chain"), want = losses("chain_ref");
+  ASSERT_EQ(got.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << "step " << i + 1;
+  EXPECT_LT(max_rel_diff(last_model("chain"), last_model("chain_ref")), 3e-5);
 }
 
 TEST_F(DistTrain, OneFailingRankEndsTheJobWithItsMessage) {
@@ -277,9 +324,16 @@ TEST_F(DistTrain, BadLayoutsAreOneClearLine) {
   Result r = train("bad1", 2, "--parallel.dp_shard_size 3");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("multiply to 3 ranks but the job has 2"), std::string::npos) << r.out;
-  r = train("bad2", 2, "--parallel.tp_size 2");
+  r = train("bad2", 3, "--parallel.tp_size 3");
   EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("tensor parallelism is not implemented yet"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("model.n_head = 4 is not divisible by tp_size = 3"), std::string::npos) << r.out;
+  r = train("bad2b", 3, "--parallel.cp_size 3");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("train.seq_len = 16 must be divisible by 2 x parallel.cp_size = 6"), std::string::npos)
+      << r.out;
+  r = train("bad2c", 2, "--parallel.tp_size 2 --model.vocab_multiple 1 --model.vocab_size 17");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("vocabulary of 17 rows"), std::string::npos) << r.out;
   r = train("bad3", 1, "--parallel.dp_shard_size -2");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("parallel.dp_shard_size"), std::string::npos) << r.out;

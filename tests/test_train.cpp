@@ -212,7 +212,7 @@ TEST(TrainGpt, ConfigErrorsExitWithCode2AndNameTheKey) {
       {{"--config", (d / "missing.ini").string()}, "cannot read config file"},
       {{"--config", ini, "--train.bogus", "1"}, "unknown key 'train.bogus'"},
       {{"--config", ini, "--train.seq_len", "64"}, "train.seq_len (64) must be <= model.block_size (32)"},
-      {{"--config", ini, "--parallel.tp_size", "2"}, "parallel.tp_size = 2"},
+      {{"--config", ini, "--parallel.tp_size", "2"}, "tp_size 2 multiply to 2 ranks but the job has 1"},
       {{"--config", ini, "--optim.schedule", "exp"}, "optim.schedule must be cosine, linear or constant"},
       {{"--config", ini, "--train.dtype", "bfloat16"}, "bfloat16 is not supported yet"},
       {{"--config", ini, "--train.device", "tpu"}, "train.device must be cpu, cuda or cuda:N"},

@@ -97,8 +97,8 @@ po::options_description describe(Config& c) {
        "data-parallel replicas (DP; with dp_shard_size > 1: HSDP)")
       ("parallel.dp_shard_size", po::value(&c.parallel.dp_shard_size)->default_value(c.parallel.dp_shard_size),
        "FSDP shards (-1: the rest of the world)")
-      ("parallel.tp_size", po::value(&c.parallel.tp_size)->default_value(c.parallel.tp_size), "tensor-parallel degree (must be 1 for now)")
-      ("parallel.cp_size", po::value(&c.parallel.cp_size)->default_value(c.parallel.cp_size), "context-parallel degree (must be 1 for now)");
+      ("parallel.tp_size", po::value(&c.parallel.tp_size)->default_value(c.parallel.tp_size), "tensor-parallel degree (divides model.n_head and the padded vocabulary)")
+      ("parallel.cp_size", po::value(&c.parallel.cp_size)->default_value(c.parallel.cp_size), "context-parallel degree (2 x cp_size divides train.seq_len)");
   po::options_description all;
   all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par);
   return all;
@@ -337,12 +337,11 @@ void validate(const Config& c) {
   range("parallel.dp_replicate_size", c.parallel.dp_replicate_size, 1, 1 << 20);
   need(c.parallel.dp_shard_size == -1 || (c.parallel.dp_shard_size >= 1 && c.parallel.dp_shard_size <= (1 << 20)),
        "parallel.dp_shard_size must be >= 1, or -1 for the rest of the world, got " + std::to_string(c.parallel.dp_shard_size));
-  need(c.parallel.tp_size == 1, "parallel.tp_size = " + std::to_string(c.parallel.tp_size) +
-                           ": tensor parallelism is not implemented yet; use tp_size = 1 (data parallel, FSDP "
-                           "and HSDP work: dp_replicate_size, dp_shard_size)");
-  need(c.parallel.cp_size == 1, "parallel.cp_size = " + std::to_string(c.parallel.cp_size) +
-                           ": context parallelism is not implemented yet; use cp_size = 1 (data parallel, FSDP "
-                           "and HSDP work: dp_replicate_size, dp_shard_size)");
+  range("parallel.tp_size", c.parallel.tp_size, 1, 1 << 16);
+  range("parallel.cp_size", c.parallel.cp_size, 1, 1 << 16);
+  need(c.parallel.cp_size == 1 || c.train.seq_len % (2 * c.parallel.cp_size) == 0,
+       "train.seq_len = " + std::to_string(c.train.seq_len) + " must be divisible by 2 x parallel.cp_size = " +
+           std::to_string(2 * c.parallel.cp_size) + " (each context-parallel rank holds two chunks of every sequence)");
   need(c.optim.lr_scaling == "none" || c.optim.lr_scaling == "linear" || c.optim.lr_scaling == "sqrt",
        "optim.lr_scaling must be none, linear or sqrt, got '" + c.optim.lr_scaling + "'");
   range("optim.lr_base_batch", c.optim.lr_base_batch, 0, kBig);

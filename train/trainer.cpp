@@ -19,9 +19,12 @@
 #include "autograd/ops.h"
 #include "dist/comm/mpi.h"
 #include "dist/comm/nccl.h"
+#include "dist/context_parallel/ring_attention.h"
 #include "dist/data_parallel.h"
 #include "dist/fsdp/fsdp.h"
 #include "dist/mesh.h"
+#include "dist/tensor_parallel/comm.h"
+#include "dist/tensor_parallel/tensor_parallel.h"
 #include "dist/trace.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
@@ -106,10 +109,20 @@ class Trainer {
   void write_grads(const std::string& path);  // log.grads
   void log_json(const nlohmann::json& j);
   void write_trace();
+  Tensor local(const Tensor& tokens) const;  // this rank's part of a batch, on the device
+  double mean_over_ranks(double loss) const;
   bool lead() const { return world_->rank() == 0; }
-  // a whole-buffer view of every unit (gathered under FSDP) for as long as fn runs
-  template <typename F>
-  void with_whole_buffers(F&& fn);
+  // The model as one process holds it (checkpoints and weight files use that layout):
+  // gathered from every rank's shards and slices (collective; only `keep` ranks hold it),
+  // and scattered back, each rank keeping its shards and slices.
+  struct Whole {
+    std::unique_ptr<models::GPT> gpt;
+    nn::FlatParams params;  // on the CPU; with grads = true, they hold the gradients
+    ckpt::Moments moments;
+  };
+  std::unique_ptr<Whole> make_whole();
+  std::unique_ptr<Whole> gather_whole(bool keep, bool grads);
+  void scatter_whole(const Whole& w, bool moments);
 
   const Config& c_;
   std::shared_ptr<dist::Communicator> world_;
@@ -125,6 +138,7 @@ class Trainer {
   nn::FlatParams params_;
   std::unique_ptr<dist::Strategy> strategy_;
   dist::FullyShardedDataParallel* fsdp_ = nullptr;  // the strategy, when sharded
+  std::unique_ptr<dist::ContextParallel> cp_;       // when cp > 1
   std::unique_ptr<optim::AdamW> opt_;
   optim::Schedule sched_;
   double lr_ = 0;  // optim.lr after lr_scaling
@@ -206,6 +220,17 @@ void Trainer::describe() {
 // ---- phase 3: parallelize ----------------------------------------------------------
 
 void Trainer::parallelize() {
+  // Tensor parallelism splits the described parameters (local shapes, slices of the global
+  // init) and puts f/g around the layers; context parallelism replaces attention by the
+  // ring and gives each rank two chunks of every sequence.
+  try {
+    if (dims_.tp > 1) dist::check_tensor_parallel(mc_, dims_.tp);
+    if (dims_.cp > 1) dist::check_context_parallel(c_.train.seq_len, dims_.cp);
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+  if (dims_.tp > 1) dist::apply_tensor_parallel(*gpt_, mesh_->tp());
+  if (dims_.cp > 1) cp_ = std::make_unique<dist::ContextParallel>(*gpt_, mesh_->cp(), c_.train.seq_len);
   // Wrappers compose inside out: activation checkpointing around the block's own forward,
   // FSDP's gather/release around that (so a recompute finds the block gathered).
   if (c_.train.activation_checkpointing) gpt_->add_unit_wrapper(nn::activation_checkpointing());
@@ -235,6 +260,7 @@ void Trainer::materialize() {
   } else {
     strategy_ = std::make_unique<dist::NoParallelism>(params_);
   }
+  if (dims_.tp > 1) strategy_->set_tensor_parallel(&mesh_->tp());
   out_ << "parameters: " << params_.param_count() << " in " << params_.units.size() << " flat buffers:";
   for (const nn::FlatUnit& u : params_.units) out_ << " " << u.name << "=" << u.param_count();
   out_ << "\n";
@@ -305,40 +331,89 @@ void Trainer::materialize() {
   if (lead() && !c_.log.metrics.empty()) metrics_.open(c_.log.metrics, /*append=*/start_ > 0);
 }
 
-template <typename F>
-void Trainer::with_whole_buffers(F&& fn) {
-  if (fsdp_) fsdp_->gather_all();
-  try {
-    fn();
-  } catch (...) {
-    if (fsdp_) fsdp_->release_all();
-    throw;
+std::unique_ptr<Trainer::Whole> Trainer::make_whole() {
+  // the single-process layout, on the CPU (its initial values are overwritten)
+  auto w = std::make_unique<Whole>();
+  w->gpt = std::make_unique<models::GPT>(mc_);
+  w->params = nn::materialize(w->gpt->units(), Device::cpu(), DType::f32, 0);
+  for (const nn::FlatUnit& u : w->params.units) {
+    w->moments.m.push_back(Tensor::zeros({u.numel}, DType::f32));
+    w->moments.v.push_back(Tensor::zeros({u.numel}, DType::f32));
   }
-  if (fsdp_) fsdp_->release_all();
+  w->moments.steps = opt_ ? opt_->steps_taken() : 0;
+  return w;
+}
+
+std::unique_ptr<Trainer::Whole> Trainer::gather_whole(bool keep, bool grads) {
+  std::unique_ptr<Whole> w = keep ? make_whole() : nullptr;
+  const int64_t tp = dims_.tp;
+  for (size_t i = 0; i < params_.units.size(); ++i) {
+    const nn::FlatUnit& u = params_.units[i];
+    // this rank's whole unit buffers (every rank of the FSDP group takes part) ...
+    auto whole_unit = [&](const Tensor& shard) { return fsdp_ ? fsdp_->gather_buffer(u, shard) : shard; };
+    const Tensor data = whole_unit(grads ? u.grad : u.data);
+    const Tensor m = grads ? Tensor() : whole_unit(opt_->m()[i]),
+                 v = grads ? Tensor() : whole_unit(opt_->v()[i]);
+    // ... then each parameter whole (every rank of the tp group takes part)
+    for (const nn::FlatParam& p : u.params) {
+      const int64_t n = numel_of(p.spec.shape);
+      auto whole_param = [&](const Tensor& buf) {
+        Tensor local = buf.narrow(0, p.offset, n).view(p.spec.shape);
+        return (tp > 1 ? dist::gather_param(p.spec, local, mesh_->tp()) : local).to(Device::cpu());
+      };
+      const Tensor value = whole_param(data);
+      const Tensor mv[2] = {grads ? Tensor() : whole_param(m), grads ? Tensor() : whole_param(v)};
+      if (!keep) continue;
+      const nn::FlatParam* wp = w->params.find(p.spec.name);
+      NDT_CHECK(wp, "gather_whole: ", p.spec.name, " is not in the single-process model");
+      wp->value.copy_(value);
+      for (int k = 0; k < 2 && !grads; ++k)
+        (k ? w->moments.v : w->moments.m)[i]
+            .narrow(0, wp->offset, value.numel())
+            .copy_(mv[k].view({value.numel()}));
+    }
+  }
+  return w;
+}
+
+void Trainer::scatter_whole(const Whole& w, bool moments) {
+  for (size_t i = 0; i < params_.units.size(); ++i) {
+    const nn::FlatUnit& u = params_.units[i];
+    // this rank's whole unit buffers (unsharded), from the parameters' slices
+    Tensor full[3];
+    for (int k = 0; k < (moments ? 3 : 1); ++k)
+      full[k] = Tensor::zeros({u.padded_numel}, u.data.dtype(), device_);
+    for (const nn::FlatParam& p : u.params) {
+      const nn::FlatParam* wp = w.params.find(p.spec.name);
+      NDT_CHECK(wp, "scatter_whole: ", p.spec.name, " is not in the single-process model");
+      const int64_t n = numel_of(p.spec.shape), wn = wp->value.numel();
+      const Tensor sources[3] = {
+          wp->value, moments ? w.moments.m[i].narrow(0, wp->offset, wn).view(wp->spec.shape) : Tensor(),
+          moments ? w.moments.v[i].narrow(0, wp->offset, wn).view(wp->spec.shape) : Tensor()};
+      for (int k = 0; k < (moments ? 3 : 1); ++k)
+        full[k].narrow(0, p.offset, n).copy_(dist::slice_param(p.spec, sources[k]).contiguous().view({n}));
+    }
+    // ... and of those, this rank's FSDP shard
+    dist::FullyShardedDataParallel::keep_shard(u, full[0], u.data);
+    if (moments) {
+      dist::FullyShardedDataParallel::keep_shard(u, full[1], opt_->m()[i]);
+      dist::FullyShardedDataParallel::keep_shard(u, full[2], opt_->v()[i]);
+    }
+  }
+  if (moments) opt_->set_steps_taken(w.moments.steps);
 }
 
 void Trainer::load_weights(const std::string& path) {
-  // every rank reads the file and keeps its shard of each buffer
-  with_whole_buffers([&] {
-    ckpt::load_weights(path, *gpt_, params_);
-    for (const nn::FlatUnit& u : params_.units)
-      if (u.sharded()) dist::FullyShardedDataParallel::keep_shard(u, u.full, u.data);
-  });
+  // every rank reads the file into the single-process layout and keeps its slices and shards
+  std::unique_ptr<Whole> w = make_whole();
+  ckpt::load_weights(path, *w->gpt, w->params);
+  scatter_whole(*w, /*moments=*/false);
 }
 
 void Trainer::resume_from(const std::string& path) {
-  ckpt::Moments m;
-  ckpt::TrainState st;
-  with_whole_buffers([&] {
-    st = ckpt::load_checkpoint(path, *gpt_, params_, m);
-    for (size_t i = 0; i < params_.units.size(); ++i) {
-      const nn::FlatUnit& u = params_.units[i];
-      if (u.sharded()) dist::FullyShardedDataParallel::keep_shard(u, u.full, u.data);
-      dist::FullyShardedDataParallel::keep_shard(u, m.m[i].to(device_), opt_->m()[i]);
-      dist::FullyShardedDataParallel::keep_shard(u, m.v[i].to(device_), opt_->v()[i]);
-    }
-  });
-  opt_->set_steps_taken(m.steps);
+  std::unique_ptr<Whole> w = make_whole();
+  ckpt::TrainState st = ckpt::load_checkpoint(path, *w->gpt, w->params, w->moments);
+  scatter_whole(*w, /*moments=*/true);
   if (st.step > c_.train.steps)  // going on would save the later weights under an earlier step
     throw ConfigError("checkpoint " + path + " is at step " + std::to_string(st.step) +
                       " but train.steps is " + std::to_string(c_.train.steps) +
@@ -346,12 +421,13 @@ void Trainer::resume_from(const std::string& path) {
   // The loader's position counts windows of micro_batch_size x dp sequences: with another
   // global micro-batch, the same tokens are at another window number.
   const int64_t window_tokens = c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len;
-  if (auto it = st.extra.find("window_tokens"); it != st.extra.end() && std::stoll(it->second) != window_tokens) {
+  if (auto it = st.extra.find("window_tokens");
+      it != st.extra.end() && std::stoll(it->second) != window_tokens) {
     const int64_t old_tokens = std::stoll(it->second), pos = st.loader.window * old_tokens;
     st.loader.window = pos / window_tokens;
-    out_ << "warning: the checkpoint read " << old_tokens << " tokens per micro-step, this run reads " << window_tokens
-         << "; the data continues at token " << st.loader.window * window_tokens << " of epoch " << st.loader.epoch
-         << (pos % window_tokens ? " (rounded down)" : "")
+    out_ << "warning: the checkpoint read " << old_tokens << " tokens per micro-step, this run reads "
+         << window_tokens << "; the data continues at token " << st.loader.window * window_tokens
+         << " of epoch " << st.loader.epoch << (pos % window_tokens ? " (rounded down)" : "")
          << (c_.data.shuffle ? ", but data.shuffle orders windows of the new size differently" : "") << "\n";
   }
   train_->restore(st.loader);
@@ -366,41 +442,34 @@ void Trainer::save(int64_t step) {
   st.extra["model"] = mc_.str();
   st.extra["layout"] = dims_.str();
   st.extra["window_tokens"] = std::to_string(c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len);
-  std::string where;
-  with_whole_buffers([&] {
-    // the moments as whole buffers: gathered from the shards (every rank takes part)
-    ckpt::Moments m{{}, {}, opt_->steps_taken()};
-    for (size_t i = 0; i < params_.units.size(); ++i) {
-      const nn::FlatUnit& u = params_.units[i];
-      m.m.push_back(fsdp_ ? fsdp_->gather_buffer(u, opt_->m()[i]) : opt_->m()[i]);
-      m.v.push_back(fsdp_ ? fsdp_->gather_buffer(u, opt_->v()[i]) : opt_->v()[i]);
+  // the single-process layout, gathered from every rank's shards and slices onto rank 0,
+  // which writes it; the others wait, so that a failed write stops every rank
+  std::unique_ptr<Whole> w = gather_whole(/*keep=*/lead(), /*grads=*/false);
+  std::string where, error;
+  if (lead()) {
+    try {
+      where =
+          ckpt::save_checkpoint(c_.checkpoint.dir, *w->gpt, w->params, w->moments, st, c_.checkpoint.keep);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
-    // rank 0 writes; the others wait, so that a failed write stops every rank
-    std::string error;
-    if (lead()) {
-      try {
-        where = ckpt::save_checkpoint(c_.checkpoint.dir, *gpt_, params_, m, st, c_.checkpoint.keep);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-    }
-    if (world_->all_reduce_scalar(error.empty() ? 0.0 : 1.0, dist::ReduceOp::kMax) > 0)
-      throw Error(lead() ? error : "rank 0 failed to write the checkpoint of step " + std::to_string(step));
-  });
+  }
+  if (world_->all_reduce_scalar(error.empty() ? 0.0 : 1.0, dist::ReduceOp::kMax) > 0)
+    throw Error(lead() ? error : "rank 0 failed to write the checkpoint of step " + std::to_string(step));
   saved_step_ = step;
   out_ << "checkpoint: " << where << std::endl;
 }
 
 void Trainer::write_grads(const std::string& path) {
-  io::SafeTensorsWriter w;
-  std::vector<Tensor> keep;
-  for (const nn::FlatUnit& u : params_.units) {
-    Tensor g = fsdp_ ? fsdp_->gather_buffer(u, u.grad) : u.grad;
-    keep.push_back(g.narrow(0, 0, u.numel).to(Device::cpu()).contiguous());
-    w.add("grad." + u.name, keep.back());
+  // each parameter's whole gradient, by name: comparable between any two layouts
+  std::unique_ptr<Whole> w = gather_whole(/*keep=*/lead(), /*grads=*/true);
+  if (lead()) {
+    io::SafeTensorsWriter out;
+    for (const nn::FlatUnit& u : w->params.units)
+      for (const nn::FlatParam& p : u.params) out.add("grad." + p.spec.name, p.value);
+    out.metadata["layout"] = dims_.str();
+    out.write(path);
   }
-  w.metadata["layout"] = dims_.str();
-  if (lead()) w.write(path);
   world_->barrier();
 }
 
@@ -429,22 +498,36 @@ double Trainer::evaluate() {
   double total = 0;
   for (int64_t i = 0; i < c_.train.eval_steps; ++i) {
     data::Batch b = val_->next();
-    total += gpt_->forward(b.inputs.to(device_), b.targets.to(device_)).loss.item();
+    total += gpt_->forward(local(b.inputs), local(b.targets)).loss.item();
   }
   strategy_->end_forward_only();
-  // each dp rank saw its own batches, as many tokens as any other: the mean of the means
-  return mesh_->dp().all_reduce_scalar(total / static_cast<double>(c_.train.eval_steps),
-                                       dist::ReduceOp::kAvg);
+  return mean_over_ranks(total / static_cast<double>(c_.train.eval_steps));
+}
+
+Tensor Trainer::local(const Tensor& tokens) const {
+  return (cp_ ? cp_->local(tokens) : tokens).to(device_);  // CP: this rank's two chunks
+}
+
+double Trainer::mean_over_ranks(double loss) const {
+  // each dp rank saw its own sequences and each cp rank its own chunks of them, as many
+  // tokens as any other: the mean of the means is the mean over every token (tp ranks
+  // hold the same loss)
+  loss = mesh_->dp().all_reduce_scalar(loss, dist::ReduceOp::kAvg);
+  return dims_.cp > 1 ? mesh_->cp().all_reduce_scalar(loss, dist::ReduceOp::kAvg) : loss;
 }
 
 void Trainer::sample(int64_t step) {
   if (!vocab_ || c_.sample.length == 0) return;
-  if (!fsdp_ && !lead()) return;  // sharded: every rank takes part in the gathers
+  // sharded or tensor-parallel: every rank takes part in the collectives (and draws the
+  // same tokens); CP ranks each run the whole sequence here
+  if (!fsdp_ && dims_.tp == 1 && !lead()) return;
   std::vector<int32_t> prompt;
   for (uint16_t t : vocab_->encode(c_.sample.prompt)) prompt.push_back(t);
   strategy_->begin_forward_only();
+  if (cp_) cp_->set_active(false);
   std::vector<int32_t> ids = generate(*gpt_, prompt, c_.sample.length, c_.sample.temperature, c_.sample.top_k,
                                       static_cast<uint64_t>(c_.train.seed + step), device_);
+  if (cp_) cp_->set_active(true);
   strategy_->end_forward_only();
   out_ << "sample at step " << step << ":\n  " << printable(vocab_->decode(ids)) << "\n";
   log_json({{"step", step}, {"sample", vocab_->decode(ids)}});
@@ -457,7 +540,7 @@ double Trainer::train_step(int64_t step) {
   for (int64_t micro = 0; micro < c_.train.grad_accum_steps; ++micro) {
     data::Batch b = train_->next();
     strategy_->begin_micro(/*sync=*/micro == c_.train.grad_accum_steps - 1);
-    Tensor loss = gpt_->forward(b.inputs.to(device_), b.targets.to(device_)).loss;
+    Tensor loss = gpt_->forward(local(b.inputs), local(b.targets)).loss;
     loss_sum += loss.item();
     // mean over micro-batches: each backward adds 1/accum of its gradient
     {
@@ -468,8 +551,7 @@ double Trainer::train_step(int64_t step) {
     }
     strategy_->end_micro();
   }
-  return mesh_->dp().all_reduce_scalar(loss_sum / static_cast<double>(c_.train.grad_accum_steps),
-                                       dist::ReduceOp::kAvg);
+  return mean_over_ranks(loss_sum / static_cast<double>(c_.train.grad_accum_steps));
 }
 
 int Trainer::loop() {

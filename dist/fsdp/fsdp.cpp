@@ -161,7 +161,7 @@ void FullyShardedDataParallel::end_micro() {
 
 double FullyShardedDataParallel::grad_norm() {
   // each element lives in exactly one shard of the group (replicas hold equal copies)
-  return std::sqrt(shards_.all_reduce_scalar(optim::grad_sum_squares(params_), ReduceOp::kSum));
+  return global_norm(params_, &shards_);
 }
 
 void FullyShardedDataParallel::end_step() { release_all(); }  // gathered copies are stale now

@@ -1,0 +1,100 @@
+#include "dist/context_parallel/ring_attention.h"
+
+#include <array>
+
+#include "autograd/checkpoint.h"
+#include "autograd/ops.h"
+#include "dist/context_parallel/comm.h"
+
+namespace ndt::dist {
+
+void check_context_parallel(int64_t seq_len, int64_t cp) {
+  NDT_CHECK(seq_len % (2 * cp) == 0, "context parallelism: train.seq_len = ", seq_len,
+            " must be divisible by 2 x cp_size = ", 2 * cp,
+            " (each rank holds two chunks of seq_len / (2 cp))");
+}
+
+namespace {
+
+// (B, NH, 2Tc, X) -> its two halves along time, (B, NH, Tc, X) each; and back.
+std::array<Tensor, 2> halves(const Tensor& t) {
+  const int64_t Tc = t.size(2) / 2;
+  std::vector<Tensor> h = split_last(permute(t, {0, 1, 3, 2}), {Tc, Tc});  // time last
+  return {permute(h[0], {0, 1, 3, 2}), permute(h[1], {0, 1, 3, 2})};
+}
+Tensor join(const Tensor& a, const Tensor& b) {
+  return permute(concat_last({permute(a, {0, 1, 3, 2}), permute(b, {0, 1, 3, 2})}), {0, 1, 3, 2});
+}
+
+}  // namespace
+
+Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& cp) {
+  const int64_t n = cp.size(), r = cp.rank(), Tc = q.size(2) / 2, HS = q.size(3);
+  const std::array<Tensor, 2> qh = halves(q);
+  const std::array<int64_t, 2> q_chunk = {r, 2 * n - 1 - r};
+  std::array<AttentionOut, 2> acc;
+  Tensor kv = concat_last({k, v});  // (B, NH, 2Tc, 2HS): one message per step
+  int64_t owner = r;                // whose chunks kv holds
+  for (int64_t step = 0; step < n; ++step) {
+    RingPass next;
+    if (step + 1 < n) next = ring_pass(kv, cp);  // in flight while we compute on kv
+    const std::array<Tensor, 2> kvh = halves(kv);
+    const std::array<int64_t, 2> k_chunk = {owner, 2 * n - 1 - owner};
+    for (int a = 0; a < 2; ++a)
+      for (int b = 0; b < 2; ++b) {
+        if (k_chunk[b] > q_chunk[a]) continue;  // every key is after every query: all masked
+        std::vector<Tensor> kvs = split_last(kvh[b], {HS, HS});
+        // recomputed in backward instead of keeping its (Tc x Tc) probabilities: one score
+        // block alive at a time
+        const int64_t qo = q_chunk[a] * Tc, ko = k_chunk[b] * Tc;
+        std::vector<Tensor> r = autograd::checkpoint(
+            [qo, ko](const std::vector<Tensor>& in) {
+              AttentionOut o = attention(in[0], in[1], in[2], qo, ko);
+              return std::vector<Tensor>{o.out, o.lse};
+            },
+            {qh[a], kvs[0], kvs[1]});
+        AttentionOut o{r[0], r[1]};
+        acc[a] = acc[a].out.defined() ? merge_attention(acc[a].out, acc[a].lse, o.out, o.lse) : o;
+      }
+    if (step + 1 < n) {
+      next.done->wait();
+      kv = next.out;
+      owner = (owner + n - 1) % n;
+    }
+  }
+  return join(acc[0].out, acc[1].out);  // each query chunk saw at least its own diagonal block
+}
+
+ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq_len) : cp_(cp), T_(seq_len) {
+  check_context_parallel(seq_len, cp.size());
+  std::shared_ptr<bool> active = active_;
+  Communicator* c = &cp;
+  for (auto& block : gpt.h)
+    block->attn.attend = [c, active](const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset) {
+      return *active ? ring_attention(q, k, v, *c) : attention(q, k, v, pos_offset, pos_offset).out;
+    };
+  const int64_t n = cp.size(), r = cp.rank(), Tc = seq_len / (2 * n);
+  gpt.positions = [active, n, r, Tc](const Tensor& idx, int64_t pos_offset) {
+    const int64_t B = idx.size(0), T = idx.size(1);
+    std::vector<int32_t> pos(static_cast<size_t>(B * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        pos[b * T + t] = static_cast<int32_t>(!*active ? pos_offset + t
+                                              : t < Tc ? r * Tc + t
+                                                       : (2 * n - 1 - r) * Tc + (t - Tc));
+    return Tensor::from_vector(pos, {B, T}, idx.device());
+  };
+}
+
+Tensor ContextParallel::local(const Tensor& tokens) const {
+  const int64_t n = cp_.size(), r = cp_.rank(), B = tokens.size(0), Tc = T_ / (2 * n);
+  NDT_CHECK(tokens.size(1) == T_, "context parallelism: a batch of ", tokens.size(1),
+            " tokens per row, expected ", T_);
+  Tensor head = tokens.narrow(1, r * Tc, Tc), tail = tokens.narrow(1, (2 * n - 1 - r) * Tc, Tc);
+  Tensor out = Tensor::empty({B, 2 * Tc}, tokens.dtype(), tokens.device());
+  out.narrow(1, 0, Tc).copy_(head);
+  out.narrow(1, Tc, Tc).copy_(tail);
+  return out;
+}
+
+}  // namespace ndt::dist

@@ -1,0 +1,56 @@
+// ndtrain: context parallelism: the sequence cut across the cp ranks, attention as a ring
+// (RingAttention, Liu et al. 2023) with head-tail load balancing.
+//
+// The T positions of a sequence are cut into 2 cp chunks of Tc = T / (2 cp); rank r holds
+// chunks r and 2cp-1-r (its "head" and "tail"), so that under the causal mask every rank
+// has the same work. Its tokens, targets and positions are those two chunks side by side,
+// (B, 2 Tc). Everything but attention is per token and runs unchanged on them.
+//
+// Attention: each rank starts with the keys and values of its own two chunks; cp - 1 times
+// it passes its current K/V block to rank r+1 and receives rank r-1's (the next pass starts
+// before this block is computed on, so it travels during the compute). For each of its two
+// query chunks and each key chunk it holds, it computes attention with the global positions
+// (skipping the pairs the causal mask hides entirely) and merges the partial outputs
+// through their log-sum-exp, in f32. Backward is autograd's: dQ stays, and the gradients of
+// the K/V blocks flow back around the ring to their owners (dist/context_parallel/comm.h).
+//
+//   dist::ContextParallel cp(gpt, mesh.cp(), seq_len);   // installs the attention and positions
+//   Tensor x = cp.local(batch.inputs), y = cp.local(batch.targets);   // (B, T) -> (B, 2 Tc)
+//   loss = gpt.forward(x, y).loss;   // the mean over this rank's tokens; the trainer averages ranks
+//
+// Per layer and micro-step, each rank sends cp - 1 K/V blocks forward (2 B NH 2Tc HS values
+// each) and, in backward, cp - 1 gradient blocks of the same size. Attention memory per
+// rank: one (Tc x Tc) score block at a time, about 1/(4 cp^2) of the single process's T x T.
+#pragma once
+
+#include <memory>
+
+#include "dist/comm/communicator.h"
+#include "models/gpt.h"
+
+namespace ndt::dist {
+
+// Throws ndt::Error when seq_len does not divide into 2 x cp chunks.
+void check_context_parallel(int64_t seq_len, int64_t cp);
+
+// Attention of this rank's queries over the whole sequence, around the ring. q, k, v
+// (B, NH, 2 Tc, HS): the rank's head chunk, then its tail chunk -> (B, NH, 2 Tc, HS).
+Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& cp);
+
+class ContextParallel {
+ public:
+  // Installs ring attention and the head-tail positions on every block of gpt.
+  ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq_len);
+  // (B, T) tokens of the whole sequences -> (B, 2 Tc): this rank's head and tail chunks.
+  Tensor local(const Tensor& tokens) const;
+  // While false (sampling, where every rank runs the whole sequence), the model attends
+  // and positions as on one process.
+  void set_active(bool on) { *active_ = on; }
+
+ private:
+  Communicator& cp_;
+  int64_t T_;
+  std::shared_ptr<bool> active_ = std::make_shared<bool>(true);
+};
+
+}  // namespace ndt::dist

@@ -1,0 +1,162 @@
+#include "dist/tensor_parallel/comm.h"
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/node.h"
+#include "autograd/ops.h"
+#include "nn/flat.h"
+#include "tensor/kernels.h"
+
+namespace ndt::dist {
+
+// ---- f and g ---------------------------------------------------------------------------
+
+Tensor copy_to_tp(const Tensor& x, Communicator& tp) {
+  if (tp.size() == 1) return x;
+  Tensor out = x.detach();  // forward: the identity
+  autograd::record("copy_to_tp", {out}, {x}, [&tp](const autograd::Grads& g) -> autograd::Grads {
+    // forward was y = x on every rank, and every rank's y feeds its own slice of the next
+    // layer; so dx = sum over ranks of dy
+    Tensor dx = g[0].contiguous().clone();
+    tp.all_reduce(dx, ReduceOp::kSum)->wait();
+    return {dx};
+  });
+  return out;
+}
+
+Tensor reduce_from_tp(const Tensor& x, Communicator& tp) {
+  if (tp.size() == 1) return x;
+  Tensor out = x.contiguous().clone();
+  tp.all_reduce(out, ReduceOp::kSum)->wait();  // forward: y = sum over ranks of x
+  autograd::record("reduce_from_tp", {out}, {x}, [](const autograd::Grads& g) -> autograd::Grads {
+    return {g[0]};  // so dx = dy on every rank
+  });
+  return out;
+}
+
+// ---- the vocabulary-parallel embedding ---------------------------------------------------
+
+Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& table, int64_t v_start, Communicator& tp) {
+  if (tp.size() == 1) return embedding(ids, table);
+  const int64_t Vl = table.size(0), C = table.size(1), N = ids.numel();
+  // the rank's ids (0 for the ids of other ranks) and a mask that zeroes their rows
+  std::vector<int32_t> all = ids.to(Device::cpu()).contiguous().to_vector<int32_t>(), mine(all.size());
+  std::vector<float> keep(static_cast<size_t>(N * C));
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t j = all[i] - v_start;
+    const bool here = j >= 0 && j < Vl;
+    mine[i] = here ? static_cast<int32_t>(j) : 0;
+    std::fill(keep.begin() + i * C, keep.begin() + (i + 1) * C, here ? 1.0f : 0.0f);
+  }
+  Shape out_shape = ids.shape();
+  out_shape.push_back(C);
+  Tensor local = Tensor::from_vector(mine, ids.shape(), table.device());
+  Tensor mask = Tensor::from_vector(keep, out_shape, table.device()).to(table.dtype());
+  // rows of other ranks are zero here (and their gradient too: it is multiplied by 0)
+  return reduce_from_tp(mul(embedding(local, table), mask), tp);
+}
+
+// ---- the vocabulary-parallel cross-entropy -------------------------------------------------
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t v_start,
+                                    int64_t v_live, int64_t ignore_index, Communicator& tp) {
+  NDT_CHECK(logits.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits.size(0) &&
+                targets.dtype() == DType::i32,
+            "vocab_parallel_cross_entropy: logits (N, Vl) and targets (N) i32, got ", logits.desc(), " and ",
+            targets.desc());
+  const int64_t N = logits.size(0);
+  const DType sd = logits.dtype() == DType::f64 ? DType::f64 : DType::f32;  // statistics
+  const Device dev = logits.device();
+  Tensor x = logits.contiguous(), t = targets.contiguous().to(dev);
+  // gmax: the row maximum over every rank's slice
+  Tensor gmax = Tensor::empty({N}, sd, dev);
+  kernels::rowmax(x, v_live, gmax);
+  tp.all_reduce(gmax, ReduceOp::kMax)->wait();
+  // sum of exp(logit - gmax) and the target's logit (held by one rank), summed over ranks
+  Tensor sumexp = Tensor::empty({N}, sd, dev), target = Tensor::empty({N}, sd, dev);
+  kernels::cross_entropy_partials(x, t, gmax, v_start, v_live, ignore_index, sumexp, target);
+  dist::WorkPtr w1 = tp.all_reduce(sumexp, ReduceOp::kSum), w2 = tp.all_reduce(target, ReduceOp::kSum);
+  w1->wait();
+  w2->wait();
+  // loss = mean over counted rows of log(sumexp) + gmax - target (on the host: N numbers)
+  std::vector<double> s = sumexp.to_vector<double>(), m = gmax.to_vector<double>(),
+                      z = target.to_vector<double>();
+  std::vector<int32_t> tv = t.to(Device::cpu()).to_vector<int32_t>();
+  double total = 0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    if (tv[i] == ignore_index) continue;
+    total += std::log(s[i]) + m[i] - z[i];
+    ++count;
+  }
+  Tensor loss = Tensor::scalar(count ? total / static_cast<double>(count) : 0.0, logits.dtype(), dev);
+  autograd::record("vocab_parallel_cross_entropy", {loss}, {logits},
+                   [x, t, gmax, sumexp, v_start, v_live, ignore_index,
+                    count](const autograd::Grads& g) -> autograd::Grads {
+                     // forward: loss = mean_n (log sum_j exp(l_nj) - l_n,target); so
+                     // dl_nj = dloss / count * (softmax_nj - [j == target]), each rank on its slice
+                     const double dloss = g[0].item();
+                     Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+                     kernels::cross_entropy_parallel_backward(
+                         x, t, gmax, sumexp, v_start, v_live, ignore_index,
+                         count ? dloss / static_cast<double>(count) : 0.0, dx);
+                     return {dx};
+                   });
+  return loss;
+}
+
+Tensor gather_vocab(const Tensor& logits, Communicator& tp) {
+  if (tp.size() == 1) return logits;
+  const int64_t N = logits.size(0), Vl = logits.size(1), n = tp.size();
+  Tensor all = Tensor::empty({n * N * Vl}, logits.dtype(), logits.device());
+  tp.all_gather(all, logits.contiguous().view({N * Vl}))->wait();
+  // (n, N, Vl) -> (N, n, Vl) = (N, Vp)
+  return all.view({n, N, Vl}).permute({1, 0, 2}).contiguous().view({N, n * Vl});
+}
+
+// ---- parameters for checkpoints ----------------------------------------------------------
+
+namespace {
+// Calls fn(local_index, global_index, length) for every run of the rank `rank`'s slice.
+template <typename F>
+void for_each_run(nn::ParamSpec s, int64_t rank, F&& fn) {
+  s.tp.rank = rank;
+  const int64_t n = numel_of(s.shape);
+  for (int64_t i = 0; i < n;) {
+    const auto [start, run] = nn::tp_global_run(s, i);
+    const int64_t len = std::min(run, n - i);
+    fn(i, start, len);
+    i += len;
+  }
+}
+}  // namespace
+
+Tensor gather_param(const nn::ParamSpec& spec, const Tensor& local, Communicator& tp) {
+  if (!spec.tp.split()) return local;
+  const int64_t n = tp.size(), L = local.numel();
+  NDT_CHECK(n == spec.tp.parts, "gather_param: ", spec.name, " is cut in ", spec.tp.parts,
+            " parts, the group has ", n);
+  Tensor all = Tensor::empty({n * L}, local.dtype(), local.device());
+  tp.all_gather(all, local.contiguous().view({L}))->wait();
+  Tensor whole = Tensor::empty({numel_of(spec.tp.global)}, local.dtype(), local.device());
+  for (int64_t q = 0; q < n; ++q)
+    for_each_run(spec, q, [&](int64_t i, int64_t g, int64_t len) {
+      whole.narrow(0, g, len).copy_(all.narrow(0, q * L + i, len));
+    });
+  return whole.view(spec.tp.global);
+}
+
+Tensor slice_param(const nn::ParamSpec& spec, const Tensor& whole) {
+  if (!spec.tp.split()) return whole;
+  NDT_CHECK(whole.shape() == spec.tp.global, "slice_param: ", spec.name, " is ", whole.shape_str(),
+            ", expected ", shape_str(spec.tp.global));
+  Tensor flat = whole.contiguous().view({whole.numel()});
+  Tensor local = Tensor::empty({numel_of(spec.shape)}, whole.dtype(), whole.device());
+  for_each_run(spec, spec.tp.rank, [&](int64_t i, int64_t g, int64_t len) {
+    local.narrow(0, i, len).copy_(flat.narrow(0, g, len));
+  });
+  return local.view(spec.shape);
+}
+
+}  // namespace ndt::dist

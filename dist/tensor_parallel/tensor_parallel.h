@@ -1,0 +1,39 @@
+// ndtrain: tensor parallelism (Megatron-LM) applied to a described GPT, before materialize.
+//
+// Every rank of the tp group holds a slice of each block's matrices and computes its share
+// of the heads and of the MLP's hidden units:
+//
+//   attention   c_attn (C, 3C) column-parallel: the rank's heads' columns of q, of k and of
+//               v (three blocks); its heads' attention; c_proj (C, C) row-parallel: those
+//               heads' rows. In: f. Out: g, then the bias.
+//   MLP         c_fc (C, 4C) column-parallel, GELU, c_proj (4C, C) row-parallel.
+//   LayerNorms  whole on every rank (their inputs and gradients are whole, thanks to f/g).
+//   wte         (Vp, C) split by vocabulary rows: the lookup masks the ids of other ranks
+//               and g sums; the tied lm_head gives each rank the logits of its vocabulary
+//               slice, and the vocabulary-parallel cross-entropy never gathers them.
+//
+//   dist::apply_tensor_parallel(gpt, mesh.tp());   // after describe, before materialize
+//   nn::FlatParams p = nn::materialize(gpt.units(), ...);   // local shapes, same init values
+//
+// Communication per micro-step, per rank, with activations of N = B*T rows x C channels:
+// forward, one all-reduce (g) of N x C per attention and per MLP, one for the embedding;
+// backward, one (f) per attention, per MLP and for lm_head's input; and three all-reduces
+// of N numbers in the cross-entropy. Each all-reduce sends 2 (tp-1)/tp of its bytes.
+#pragma once
+
+#include "dist/comm/communicator.h"
+#include "models/gpt.h"
+
+namespace ndt::dist {
+
+// Throws ndt::Error naming the sizes when n_head, 4 n_embd or the padded vocabulary do
+// not divide by tp.
+void check_tensor_parallel(const models::GPTConfig& cfg, int64_t tp);
+
+// Splits gpt's parameters (their specs: local shapes, TpSlice) and installs the f/g ops,
+// the vocabulary-parallel embedding and loss. The communicator must outlive the model.
+void apply_tensor_parallel(models::GPT& gpt, Communicator& tp);
+// One block's share: its heads, its MLP hidden units (used by the GPT's, and by tests).
+void apply_tensor_parallel(nn::Block& block, Communicator& tp);
+
+}  // namespace ndt::dist
