@@ -48,6 +48,18 @@ TEST(TensorParallel, BlockEqualsTheWholeBlock) {
   dist::apply_tensor_parallel(part, tp);
   nn::FlatParams wp = nn::materialize({{"b", whole.parameters("b")}}, Device::cpu(), DType::f64, 5);
   nn::FlatParams pp = nn::materialize({{"b", part.parameters("b")}}, Device::cpu(), DType::f64, 5);
+  // each rank holds 1/tp of the split matrices and biases, all of the LayerNorms
+  int64_t split_whole = 0, split_part = 0;
+  for (const nn::FlatParam& f : pp.units[0].params)
+    if (f.spec.tp.split()) {
+      split_part += numel_of(f.spec.shape);
+      split_whole += numel_of(f.spec.global_shape());
+    } else {
+      const bool norm = f.spec.name.find(".ln_") != std::string::npos;
+      const bool row_bias = f.spec.name.size() > 11 && f.spec.name.substr(f.spec.name.size() - 11) == "c_proj.bias";
+      EXPECT_TRUE(norm || row_bias) << f.spec.name << ": only LayerNorms and row-parallel biases stay whole";
+    }
+  EXPECT_EQ(split_part * tp.size(), split_whole);
   // random values everywhere (biases and LayerNorms start at 0 and 1), the part's its slice
   for (const nn::FlatParam& f : pp.units[0].params) {
     const Tensor v = randn(f.spec.global_shape(), nn::name_hash(f.spec.name) % 100000);
