@@ -618,3 +618,26 @@ TEST(Rng, F32AndF64FillsAgree) {
   std::vector<float> h = normal(999, 5, 6, 17, DType::bf16).to_vector<float>();
   for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(h[i], bf16_to_float(float_to_bf16(f[i]))) << i;
 }
+
+TEST(TensorConversions, IntegersAboveTwoToTheTwentyFourAreExact) {
+  // int32 values read through item(), to_vector<double>() and copies into f64 keep every
+  // digit (float holds integers exactly only up to 2^24): error flags and indices need it
+  for (int32_t v : {INT32_MAX, INT32_MIN + 1, (1 << 24) + 1, -((1 << 24) + 3), 123456789}) {
+    Tensor t = Tensor::full({1}, v, DType::i32);
+    EXPECT_EQ(t.item(), static_cast<double>(v));
+    EXPECT_EQ(t.to_vector<double>()[0], static_cast<double>(v));
+    EXPECT_EQ(t.to_vector<int32_t>()[0], v);
+    EXPECT_EQ(t.to(DType::f64).item(), static_cast<double>(v));
+    Tensor back = t.to(DType::f64).to(DType::i32);
+    EXPECT_EQ(back.to_vector<int32_t>()[0], v);
+  }
+  // to f32 and bf16: one rounding, from the exact value
+  Tensor big = Tensor::full({1}, (1 << 24) + 1, DType::i32);
+  EXPECT_EQ(big.to(DType::f32).item(), 16777216.0);  // round to nearest even
+  std::vector<int32_t> ids = {0, 1, (1 << 24) + 1, INT32_MAX};
+  EXPECT_EQ(Tensor::from_vector(ids, {4}).to_vector<int32_t>(), ids);
+  // a strided (non-contiguous) integer copy too
+  Tensor m = Tensor::from_vector(std::vector<int32_t>{INT32_MAX, 1, 2, (1 << 24) + 1}, {2, 2}).transpose(0, 1);
+  EXPECT_EQ(m.contiguous().to(DType::f64).to_vector<double>(),
+            (std::vector<double>{2147483647.0, 2.0, 1.0, 16777217.0}));
+}

@@ -70,6 +70,10 @@ void copy(const Tensor& dst, const Tensor& src) {
         for (int64_t i = 0; i < n; ++i) {
           if constexpr (std::is_same_v<D, S>) {
             d[doff + i * dstep] = s[soff + i * sstep];
+          } else if constexpr (std::is_same_v<S, int32_t> || std::is_same_v<S, uint16_t>) {
+            // integers go through double, which holds every int32 exactly (float holds only
+            // those up to 2^24)
+            d[doff + i * dstep] = store<D>(static_cast<double>(s[soff + i * sstep]));
           } else if constexpr (std::is_same_v<D, bf16> && !std::is_same_v<S, double>) {
             d[doff + i * dstep] = float_to_bf16(load(s[soff + i * sstep]));
           } else {

@@ -57,12 +57,17 @@ __host__ __device__ inline __nv_bfloat16 double_to_bf16(double v) {
   return __float2bfloat16_rn(f);
 }
 
-// Conversions as on the CPU: to bf16 from a float-like or integer type through float (one
-// rounding), from double in one rounding; integers are read as float, as on the CPU.
+// Conversions as on the CPU: integers through double (exact for every int32), to bf16 from
+// a float-like type through float (one rounding), from double in one rounding.
 template <typename D, typename S>
 __device__ __forceinline__ D convert(S v) {
   if constexpr (std::is_same_v<D, S>) {
     return v;
+  } else if constexpr (std::is_integral_v<S>) {
+    if constexpr (std::is_same_v<D, __nv_bfloat16>)
+      return double_to_bf16(static_cast<double>(v));
+    else
+      return static_cast<D>(static_cast<double>(v));
   } else if constexpr (std::is_same_v<D, __nv_bfloat16>) {
     if constexpr (std::is_same_v<S, double>)
       return double_to_bf16(v);
@@ -70,8 +75,6 @@ __device__ __forceinline__ D convert(S v) {
       return __float2bfloat16_rn(static_cast<float>(v));
   } else if constexpr (std::is_same_v<S, __nv_bfloat16>) {
     return static_cast<D>(__bfloat162float(v));
-  } else if constexpr (std::is_integral_v<S>) {
-    return static_cast<D>(static_cast<double>(static_cast<float>(v)));  // the CPU loads ints as float
   } else {
     return static_cast<D>(v);
   }

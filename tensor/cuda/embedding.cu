@@ -71,7 +71,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
       launch(uint64_t{});
       break;
   }
-  const int64_t n = static_cast<int64_t>(bad.item());  // synchronizes
+  const int64_t n = bad.to_vector<int32_t>()[0];  // read as an integer; synchronizes
   if (n != INT_MAX) {
     const int64_t id = static_cast<int64_t>(ids.view({-1}).narrow(0, n, 1).item());
     NDT_FAIL("embedding: id ", id, " at position ", n, " is outside the table's ", V, " rows");

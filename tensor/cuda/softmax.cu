@@ -138,7 +138,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
         losses.data<float>(), lse.data<float>(), bad_row.data<int32_t>());
     NDT_CUDA_CHECK_LAUNCH();
   });
-  const int64_t n = static_cast<int64_t>(bad_row.item());  // synchronizes
+  const int64_t n = bad_row.to_vector<int32_t>()[0];  // read as an integer; synchronizes
   if (n != INT_MAX) {
     const int64_t t = static_cast<int64_t>(targets.narrow(0, n, 1).item());
     NDT_FAIL("cross_entropy: target ", t, " at row ", n, " is outside the vocabulary [0, ", v_limit, ")");
@@ -170,7 +170,7 @@ int64_t count_not_equal(const Tensor& targets, int64_t ignore_index) {
   count_not_equal_kernel<<<grid_for(n), kThreads, 0, L.stream>>>(targets.data<int32_t>(), n, ignore_index,
                                                                  count.data<int32_t>());
   NDT_CUDA_CHECK_LAUNCH();
-  return static_cast<int64_t>(count.item());  // synchronizes
+  return count.to_vector<int32_t>()[0];  // read as an integer; synchronizes
 }
 
 }  // namespace ndt::cuda
