@@ -52,11 +52,11 @@ std::string ParallelDims::str() const {
 }
 
 std::string ParallelDims::strategy() const {
+  // how gradients are synchronized: FSDP whenever parameters are sharded (over shard x cp),
+  // HSDP when there are replicas of the sharded model too, DP with replicas only
   std::vector<std::string> parts;
-  if (dp_replicate > 1 && dp_shard > 1)
-    parts.push_back("HSDP");
-  else if (dp_shard > 1 || (cp > 1 && dp_replicate == 1))
-    parts.push_back(dp_shard > 1 ? "FSDP" : "FSDP over cp");
+  if (fsdp() > 1)
+    parts.push_back(std::string(dp_replicate > 1 ? "HSDP" : "FSDP") + (dp_shard == 1 ? " over cp" : ""));
   else if (dp_replicate > 1)
     parts.push_back("DP");
   if (cp > 1) parts.push_back("CP");

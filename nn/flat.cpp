@@ -109,11 +109,10 @@ void init_range(const FlatParam& p, const Tensor& dst, int64_t lo, int64_t hi, u
 
 }  // namespace
 
-FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType dtype, uint64_t seed,
-                       ShardSpec shard) {
+std::vector<FlatUnit> plan(const std::vector<UnitSpec>& specs, ShardSpec shard) {
   NDT_CHECK(shard.count >= 1 && shard.rank >= 0 && shard.rank < shard.count, "materialize: bad shard ", shard.rank,
             " of ", shard.count);
-  FlatParams out;
+  std::vector<FlatUnit> out;
   for (const UnitSpec& us : specs) {
     FlatUnit u;
     u.name = us.name;
@@ -138,6 +137,15 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
     u.padded_numel = (off + shard.count - 1) / shard.count * shard.count;
     u.shard_numel = u.padded_numel / shard.count;
     u.shard_offset = shard.rank * u.shard_numel;
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
+FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType dtype, uint64_t seed,
+                       ShardSpec shard) {
+  FlatParams out;
+  for (FlatUnit& u : plan(specs, shard)) {
     u.data = Tensor::zeros({u.shard_numel}, dtype, device);
     u.grad = Tensor::zeros({u.shard_numel}, dtype, device);
     if (shard.count == 1) {

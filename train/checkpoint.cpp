@@ -33,7 +33,7 @@ bool ignored_name(const std::string& n) {
 
 // wte is stored padded in memory (Vp rows) but saved with vocab_size rows.
 Shape saved_shape(const models::GPT& gpt, const nn::FlatParam& p) {
-  Shape s = p.spec.shape;
+  Shape s = p.spec.global_shape();
   if (p.spec.name == "wte.weight") s[0] = gpt.cfg.vocab_size;
   return s;
 }
@@ -55,12 +55,11 @@ void save_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
   w.write(path);
 }
 
-void load_weights(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params) {
-  // model.safetensors of one of our checkpoints: check it against the checkpoint's checksums
-  const fs::path manifest = fs::path(path).parent_path() / kManifest;
-  if (fs::path(path).filename() == kFiles[0] && fs::exists(manifest))
-    verify_checkpoint(fs::path(path).parent_path().string(), {kFiles[0]});
-  io::SafeTensorsReader r(path);
+// Checks a weights file against the model (names, with or without "transformer."; the whole
+// shapes) and returns our name -> the file's name; lm_head (if present) in *lm_head.
+static std::map<std::string, std::string> match_weights(const io::SafeTensorsReader& r, const std::string& path,
+                                                 const models::GPT& gpt, const nn::FlatParams& params,
+                                                 std::string* lm_head_out) {
   std::set<std::string> expected;
   for (const nn::ParamSpec& spec : gpt.parameters()) expected.insert(spec.name);
   // Map file names (with or without the "transformer." prefix) to our names.
@@ -105,9 +104,22 @@ void load_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
   NDT_CHECK(extra.empty(), "weights ", path, ": unexpected tensors: ", join(extra), "; the model is ",
             gpt.cfg.str());
   NDT_CHECK(problems.empty(), "weights ", path, ": ", join(problems), "; the model is ", gpt.cfg.str());
-  if (!lm_head.empty()) {
+  if (!lm_head.empty())
     NDT_CHECK(r.entries().at(lm_head).shape == r.entries().at(ours_to_file["wte.weight"]).shape, "weights ",
               path, ": lm_head.weight differs in shape from wte.weight; ndtrain ties them");
+  *lm_head_out = lm_head;
+  return ours_to_file;
+}
+
+void load_weights(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params) {
+  // model.safetensors of one of our checkpoints: check it against the checkpoint's checksums
+  const fs::path manifest = fs::path(path).parent_path() / kManifest;
+  if (fs::path(path).filename() == kFiles[0] && fs::exists(manifest))
+    verify_checkpoint(fs::path(path).parent_path().string(), {kFiles[0]});
+  io::SafeTensorsReader r(path);
+  std::string lm_head;
+  std::map<std::string, std::string> ours_to_file = match_weights(r, path, gpt, params, &lm_head);
+  if (!lm_head.empty()) {
     std::vector<float> a = r.get(lm_head).to_vector<float>(),
                        b = r.get(ours_to_file["wte.weight"]).to_vector<float>();
     NDT_CHECK(a == b, "weights ", path,
@@ -306,6 +318,150 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
     opt.v.push_back(st.get("adam.v." + u.name, u.data.dtype()));
   }
   opt.steps = adam_steps;
+  return s;
+}
+
+// ---- RAM-efficient loading: each rank reads only its own elements -------------------------
+
+namespace {
+
+// Calls fn(offset in the shard, global element index, length) for every run of parameter
+// p's elements that this rank's shard of unit u holds (its tensor-parallel slice of p, and
+// of that the part inside [shard_offset, shard_offset + shard_numel)).
+template <typename F>
+void for_each_local_run(const nn::FlatUnit& u, const nn::FlatParam& p, F&& fn) {
+  const int64_t n = numel_of(p.spec.shape), s0 = u.shard_offset, s1 = s0 + u.shard_numel;
+  const int64_t a = std::max(p.offset, s0) - p.offset, b = std::min(p.offset + n, s1) - p.offset;
+  for (int64_t i = a; i < b;) {
+    const auto [g, run] = nn::tp_global_run(p.spec, i);
+    const int64_t len = std::min(run, b - i);
+    fn(p.offset + i - s0, g, len);
+    i += len;
+  }
+}
+
+void check_finite(const Tensor& t, const std::string& path, const std::string& name) {
+  const Tensor h = t.dtype() == DType::f32 || t.dtype() == DType::f64 ? t : t.to(DType::f32);
+  const bool f64 = h.dtype() == DType::f64;
+  for (int64_t i = 0; i < h.numel(); ++i)
+    if (const double x = f64 ? h.data<double>()[i] : h.data<float>()[i]; !std::isfinite(x))
+      NDT_FAIL("weights ", path, ": tensor ", name, " holds ", std::isnan(x) ? "NaN" : "Inf",
+               " values; the file is damaged or was saved from a diverged run");
+}
+
+// Calls fn(unit, offset in the shard, the file's tensor, element index in it, length) for
+// every piece of this rank's elements, pieces of at most 256K elements (reading a piece at a
+// time keeps the memory that loading adds to a few MiB).
+constexpr int64_t kPiece = int64_t(1) << 18;
+
+template <typename F>
+void for_each_piece(const io::SafeTensorsReader& r, const nn::FlatParams& params,
+                    const std::map<std::string, std::string>& ours_to_file, F&& fn) {
+  for (size_t i = 0; i < params.units.size(); ++i)
+    for (const nn::FlatParam& p : params.units[i].params) {
+      const std::string& fname = ours_to_file.at(p.spec.name);
+      const int64_t file_numel = numel_of(r.entries().at(fname).shape);  // wte: without padding rows
+      for_each_local_run(params.units[i], p, [&](int64_t dst, int64_t g, int64_t len) {
+        const int64_t live = std::clamp<int64_t>(file_numel - g, 0, len);  // the rest: padding, zero
+        for (int64_t k = 0; k < live; k += kPiece) fn(i, dst + k, fname, g + k, std::min(kPiece, live - k));
+      });
+    }
+}
+
+// The rank's elements of every parameter, from a file of whole tensors: all checked first
+// (finite, lm_head tied), then copied into the shards.
+void read_local_weights(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params) {
+  io::SafeTensorsReader r(path);
+  std::string lm_head;
+  const std::map<std::string, std::string> ours_to_file = match_weights(r, path, gpt, params, &lm_head);
+  const std::string wte_file = ours_to_file.at("wte.weight");
+  // two reusable buffers of one piece: the memory loading adds stays a few MiB
+  const DType dt = params.units.empty() ? DType::f32 : params.units[0].data.dtype();
+  Tensor piece = Tensor::empty({kPiece}, dt), other = Tensor::empty({kPiece}, dt);
+  for_each_piece(r, params, ours_to_file, [&](size_t, int64_t, const std::string& fname, int64_t g, int64_t n) {
+    Tensor part = piece.narrow(0, 0, n);
+    r.read_range(fname, g, part);
+    check_finite(part, path, fname);
+    if (!lm_head.empty() && fname == wte_file) {
+      Tensor tied = other.narrow(0, 0, n);
+      r.read_range(lm_head, g, tied);
+      NDT_CHECK(std::memcmp(tied.data_ptr(), part.data_ptr(), part.nbytes()) == 0, "weights ", path,
+                ": lm_head.weight differs from wte.weight; ndtrain ties them (GPT-2 does too)");
+    }
+  });
+  for (const nn::FlatUnit& u : params.units) kernels::fill(u.data, 0.0);  // padding and gaps stay zero
+  for_each_piece(r, params, ours_to_file, [&](size_t i, int64_t dst, const std::string& fname, int64_t g, int64_t n) {
+    const Tensor to = params.units[i].data.narrow(0, dst, n);
+    if (to.device().is_cpu() && to.dtype() == dt) {
+      r.read_range(fname, g, to);  // straight into the shard
+    } else {
+      r.read_range(fname, g, piece.narrow(0, 0, n));
+      to.copy_(piece.narrow(0, 0, n));
+    }
+  });
+}
+
+}  // namespace
+
+void load_weights_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params) {
+  const fs::path manifest = fs::path(path).parent_path() / kManifest;
+  if (fs::path(path).filename() == kFiles[0] && fs::exists(manifest))
+    verify_checkpoint(fs::path(path).parent_path().string(), {kFiles[0]});  // read(), not mapped
+  read_local_weights(path, gpt, params);
+}
+
+TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
+                                 const std::vector<nn::FlatUnit>& whole, const std::vector<Tensor>& m,
+                                 const std::vector<Tensor>& v, int64_t* adam_steps) {
+  const fs::path dir(path);
+  verify_checkpoint(path);  // every file against its checksum, before anything is read
+  io::SafeTensorsReader st((dir / "state.safetensors").string());
+  NDT_CHECK(whole.size() == params.units.size() && m.size() == params.units.size() && v.size() == m.size(),
+            "load_checkpoint_local: one whole unit, m and v per unit");
+  for (const nn::FlatUnit& w : whole)
+    for (const char* k : {"adam.m.", "adam.v."}) {
+      const std::string n = k + w.name;
+      NDT_CHECK(st.has(n), "checkpoint ", path, ": optimizer state lacks ", n, "; the model differs from the checkpoint's");
+      NDT_CHECK(st.entries().at(n).shape == Shape{w.numel}, "checkpoint ", path, ": ", n, " has shape ",
+                shape_str(st.entries().at(n).shape), ", the model needs (", w.numel,
+                "); the model config differs from the checkpoint's");
+    }
+  auto meta_int = [&](const char* key) -> int64_t {
+    auto it = st.metadata().find(key);
+    NDT_CHECK(it != st.metadata().end(), "checkpoint ", path, ": state lacks '", key, "'");
+    try {
+      return std::stoll(it->second);
+    } catch (...) {
+      NDT_FAIL("checkpoint ", path, ": state '", key, "' is not a number");
+    }
+  };
+  TrainState s;
+  s.step = meta_int("step");
+  s.loader.epoch = meta_int("loader_epoch");
+  s.loader.window = meta_int("loader_window");
+  *adam_steps = meta_int("adam_steps");
+  s.extra = st.metadata();
+  read_local_weights((dir / "model.safetensors").string(), gpt, params);
+  // the moments: whole buffers of the single-process layout; each parameter at its offset there
+  for (size_t i = 0; i < params.units.size(); ++i) {
+    const nn::FlatUnit& u = params.units[i];
+    kernels::fill(m[i], 0.0);
+    kernels::fill(v[i], 0.0);
+    for (const nn::FlatParam& p : u.params) {
+      const nn::FlatParam* wp = nullptr;
+      for (const nn::FlatParam& q : whole[i].params)
+        if (q.spec.name == p.spec.name) wp = &q;
+      NDT_CHECK(wp, "checkpoint ", path, ": ", p.spec.name, " is not in unit ", whole[i].name);
+      for_each_local_run(u, p, [&](int64_t dst, int64_t g, int64_t len) {
+        constexpr int64_t kPiece = int64_t(1) << 18;  // a few MiB at a time
+        for (int64_t k = 0; k < len; k += kPiece) {
+          const int64_t n = std::min(kPiece, len - k);
+          m[i].narrow(0, dst + k, n).copy_(st.get_range("adam.m." + u.name, wp->offset + g + k, n, m[i].dtype()));
+          v[i].narrow(0, dst + k, n).copy_(st.get_range("adam.v." + u.name, wp->offset + g + k, n, v[i].dtype()));
+        }
+      });
+    }
+  }
   return s;
 }
 

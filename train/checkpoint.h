@@ -71,4 +71,15 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
 TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
                            optim::AdamW& opt);  // unsharded
 
+// RAM-efficient loading, for any layout: each rank reads, from the memory-mapped files,
+// only the bytes of its own elements (its tensor-parallel slice of each parameter, and of
+// that its FSDP shard) into its shards (params.units[i].data); no rank holds the model.
+void load_weights_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params);
+// The same for a checkpoint: weights, this rank's shards of the AdamW moments (m and v, one
+// shard-sized tensor per unit), and the state. `whole` is the single-process layout of the
+// units (nn::plan of the undivided model), which the checkpoint's moment buffers follow.
+TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
+                                 const std::vector<nn::FlatUnit>& whole, const std::vector<Tensor>& m,
+                                 const std::vector<Tensor>& v, int64_t* adam_steps);
+
 }  // namespace ndt::ckpt

@@ -156,23 +156,31 @@ SafeTensorsReader::~SafeTensorsReader() {
 Tensor SafeTensorsReader::get(const std::string& name, DType dtype) const {
   auto it = entries_.find(name);
   NDT_CHECK(it != entries_.end(), "safetensors file ", path_, ": no tensor '", name, "'");
+  const int64_t n = numel_of(it->second.shape);
+  return get_range(name, 0, n, dtype).view(it->second.shape);
+}
+
+Tensor SafeTensorsReader::get_range(const std::string& name, int64_t begin, int64_t n, DType dtype) const {
+  auto it = entries_.find(name);
+  NDT_CHECK(it != entries_.end(), "safetensors file ", path_, ": no tensor '", name, "'");
   const Entry& e = it->second;
-  const char* src = data_ + e.begin;
-  const int64_t n = numel_of(e.shape);
-  Tensor raw;
+  NDT_CHECK(begin >= 0 && n >= 0 && begin + n <= numel_of(e.shape), "safetensors file ", path_, ": elements [",
+            begin, ", ", begin + n, ") of '", name, "' ", shape_str(e.shape), " do not exist");
+  DType stored;
   if (e.dtype == "F32")
-    raw = Tensor::empty(e.shape, DType::f32);
+    stored = DType::f32;
   else if (e.dtype == "BF16")
-    raw = Tensor::empty(e.shape, DType::bf16);
+    stored = DType::bf16;
   else if (e.dtype == "F64")
-    raw = Tensor::empty(e.shape, DType::f64);
+    stored = DType::f64;
   else if (e.dtype == "I32")
-    raw = Tensor::empty(e.shape, DType::i32);
+    stored = DType::i32;
   else if (e.dtype == "U16")
-    raw = Tensor::empty(e.shape, DType::u16);
+    stored = DType::u16;
   else if (e.dtype == "F16") {
-    Tensor t = Tensor::empty(e.shape, DType::f32);
+    Tensor t = Tensor::empty({n}, DType::f32);
     float* p = t.data<float>();
+    const char* src = data_ + e.begin + 2 * begin;
     for (int64_t i = 0; i < n; ++i) {
       uint16_t h;
       std::memcpy(&h, src + 2 * i, 2);
@@ -183,8 +191,44 @@ Tensor SafeTensorsReader::get(const std::string& name, DType dtype) const {
     NDT_FAIL("safetensors file ", path_, ": tensor '", name, "' has dtype ", e.dtype,
              ", which ndtrain cannot read (F32, BF16, F16, F64, I32, U16)");
   }
+  Tensor raw = Tensor::empty({n}, stored);
+  const char* src = data_ + e.begin + begin * static_cast<int64_t>(dtype_size(stored));
   if (n) std::memcpy(raw.data_ptr(), src, raw.nbytes());
+  release(src, raw.nbytes());
   return raw.to(dtype);
+}
+
+void SafeTensorsReader::read_range(const std::string& name, int64_t begin, const Tensor& dst) const {
+  NDT_CHECK(dst.is_contiguous() && dst.device().is_cpu(), "read_range: dst must be a contiguous CPU tensor");
+  auto it = entries_.find(name);
+  NDT_CHECK(it != entries_.end(), "safetensors file ", path_, ": no tensor '", name, "'");
+  const Entry& e = it->second;
+  const int64_t n = dst.numel();
+  const bool same = (e.dtype == "F32" && dst.dtype() == DType::f32) || (e.dtype == "F64" && dst.dtype() == DType::f64) ||
+                    (e.dtype == "BF16" && dst.dtype() == DType::bf16);
+  if (!same) {
+    dst.copy_(get_range(name, begin, n, dst.dtype()));
+    return;
+  }
+  NDT_CHECK(begin >= 0 && begin + n <= numel_of(e.shape), "safetensors file ", path_, ": elements [", begin, ", ",
+            begin + n, ") of '", name, "' ", shape_str(e.shape), " do not exist");
+  const char* src = data_ + e.begin + begin * static_cast<int64_t>(dtype_size(dst.dtype()));
+  if (n == 0) return;
+  std::memcpy(dst.data_ptr(), src, dst.nbytes());
+  release(src, dst.nbytes());
+}
+
+void SafeTensorsReader::release(const char* p, size_t n) const {
+  // A mapped page that was read stays in this process's resident set until unmapped, and
+  // the kernel maps some pages around each one it faults in: drop them all, so that reading
+  // a file piece by piece never holds more than a piece of it.
+  constexpr uintptr_t kAround = 1 << 20;
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(map_), end = base + bytes_;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), b = a + n;
+  const uintptr_t lo = std::max(base, a > kAround ? a - kAround : 0) / page * page;
+  const uintptr_t hi = std::min(end, b + kAround);
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
 void SafeTensorsWriter::add(const std::string& name, const Tensor& t) {

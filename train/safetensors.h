@@ -37,8 +37,15 @@ class SafeTensorsReader {
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
   // A CPU copy converted to `dtype` (f32 by default; F16 and BF16 widen exactly).
   Tensor get(const std::string& name, DType dtype = DType::f32) const;
+  // Elements [begin, begin + n) of the flattened tensor, as a 1-D CPU tensor of `dtype`:
+  // only those bytes of the memory-mapped file are read (RAM-efficient loading).
+  Tensor get_range(const std::string& name, int64_t begin, int64_t n, DType dtype = DType::f32) const;
+  // The same into dst (a contiguous CPU tensor of n elements), without allocating when the
+  // file stores dst's dtype.
+  void read_range(const std::string& name, int64_t begin, const Tensor& dst) const;
 
  private:
+  void release(const char* p, size_t n) const;  // drop the mapped pages around [p, p + n)
   std::string path_;
   void* map_ = nullptr;
   size_t bytes_ = 0;

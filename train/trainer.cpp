@@ -67,6 +67,16 @@ std::string human_time(double sec) {
   return s;
 }
 
+// This process's peak resident set (VmHWM in /proc/self/status), 0 where unknown. It counts
+// the pages of memory-mapped files that were touched, so it shows what loading really read.
+int64_t peak_resident_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:  1234 kB"
+  return 0;
+}
+
 std::string printable(const std::string& s) {
   std::string o;
   for (char c : s) o += c == '\n' ? std::string("\n  ") : std::string(1, c);
@@ -112,9 +122,9 @@ class Trainer {
   Tensor local(const Tensor& tokens) const;  // this rank's part of a batch, on the device
   double mean_over_ranks(double loss) const;
   bool lead() const { return world_->rank() == 0; }
-  // The model as one process holds it (checkpoints and weight files use that layout):
-  // gathered from every rank's shards and slices (collective; only `keep` ranks hold it),
-  // and scattered back, each rank keeping its shards and slices.
+  // The model as one process holds it (checkpoints and weight files use that layout),
+  // gathered from every rank's shards and slices (collective; only `keep` ranks hold it).
+  // Loading goes the other way without it: each rank reads only its own elements.
   struct Whole {
     std::unique_ptr<models::GPT> gpt;
     nn::FlatParams params;  // on the CPU; with grads = true, they hold the gradients
@@ -122,7 +132,6 @@ class Trainer {
   };
   std::unique_ptr<Whole> make_whole();
   std::unique_ptr<Whole> gather_whole(bool keep, bool grads);
-  void scatter_whole(const Whole& w, bool moments);
 
   const Config& c_;
   std::shared_ptr<dist::Communicator> world_;
@@ -265,13 +274,19 @@ void Trainer::materialize() {
   for (const nn::FlatUnit& u : params_.units) out_ << " " << u.name << "=" << u.param_count();
   out_ << "\n";
   if (world_->size() > 1)
-    out_ << "strategy: " << strategy_->name() << "; each rank holds "
+    out_ << "strategy: " << dims_.strategy() << "; each rank holds "
          << human_bytes(static_cast<double>(params_.shard_bytes() * 2))
          << " of parameters, gradients and AdamW moments\n";
   if (!c_.model.init_from.empty()) {
     load_weights(c_.model.init_from);
     out_ << "initialized from " << c_.model.init_from << "\n";
   }
+  // what materializing (and loading) cost in resident memory, on the rank that paid most:
+  // random init and loading must both stay near the rank's shards, never the whole model
+  if (const int64_t hwm = peak_resident_bytes(); hwm > 0)
+    out_ << "resident memory after materialize: peak " << human_bytes(world_->all_reduce_scalar(
+                                                                 static_cast<double>(hwm), dist::ReduceOp::kMax))
+         << " (the largest rank's VmHWM)\n";
   // data: rank r of the dp ranks reads its own micro-batches; tp and cp ranks share them
   const int dp_rank = static_cast<int>(mesh_->dp_rank()), dp = static_cast<int>(dims_.dp());
   train_ = std::make_unique<data::DataLoader>(c_.data.train, c_.train.micro_batch_size, c_.train.seq_len,
@@ -376,44 +391,18 @@ std::unique_ptr<Trainer::Whole> Trainer::gather_whole(bool keep, bool grads) {
   return w;
 }
 
-void Trainer::scatter_whole(const Whole& w, bool moments) {
-  for (size_t i = 0; i < params_.units.size(); ++i) {
-    const nn::FlatUnit& u = params_.units[i];
-    // this rank's whole unit buffers (unsharded), from the parameters' slices
-    Tensor full[3];
-    for (int k = 0; k < (moments ? 3 : 1); ++k)
-      full[k] = Tensor::zeros({u.padded_numel}, u.data.dtype(), device_);
-    for (const nn::FlatParam& p : u.params) {
-      const nn::FlatParam* wp = w.params.find(p.spec.name);
-      NDT_CHECK(wp, "scatter_whole: ", p.spec.name, " is not in the single-process model");
-      const int64_t n = numel_of(p.spec.shape), wn = wp->value.numel();
-      const Tensor sources[3] = {
-          wp->value, moments ? w.moments.m[i].narrow(0, wp->offset, wn).view(wp->spec.shape) : Tensor(),
-          moments ? w.moments.v[i].narrow(0, wp->offset, wn).view(wp->spec.shape) : Tensor()};
-      for (int k = 0; k < (moments ? 3 : 1); ++k)
-        full[k].narrow(0, p.offset, n).copy_(dist::slice_param(p.spec, sources[k]).contiguous().view({n}));
-    }
-    // ... and of those, this rank's FSDP shard
-    dist::FullyShardedDataParallel::keep_shard(u, full[0], u.data);
-    if (moments) {
-      dist::FullyShardedDataParallel::keep_shard(u, full[1], opt_->m()[i]);
-      dist::FullyShardedDataParallel::keep_shard(u, full[2], opt_->v()[i]);
-    }
-  }
-  if (moments) opt_->set_steps_taken(w.moments.steps);
-}
-
 void Trainer::load_weights(const std::string& path) {
-  // every rank reads the file into the single-process layout and keeps its slices and shards
-  std::unique_ptr<Whole> w = make_whole();
-  ckpt::load_weights(path, *w->gpt, w->params);
-  scatter_whole(*w, /*moments=*/false);
+  // each rank reads only its own elements of the file (RAM-efficient loading)
+  ckpt::load_weights_local(path, *gpt_, params_);
 }
 
 void Trainer::resume_from(const std::string& path) {
-  std::unique_ptr<Whole> w = make_whole();
-  ckpt::TrainState st = ckpt::load_checkpoint(path, *w->gpt, w->params, w->moments);
-  scatter_whole(*w, /*moments=*/true);
+  // the checkpoint holds the single-process layout; each rank reads only its elements
+  const std::vector<nn::FlatUnit> whole = nn::plan(models::GPT(mc_).units());
+  int64_t adam_steps = 0;
+  ckpt::TrainState st =
+      ckpt::load_checkpoint_local(path, *gpt_, params_, whole, opt_->m(), opt_->v(), &adam_steps);
+  opt_->set_steps_taken(adam_steps);
   if (st.step > c_.train.steps)  // going on would save the later weights under an earlier step
     throw ConfigError("checkpoint " + path + " is at step " + std::to_string(st.step) +
                       " but train.steps is " + std::to_string(c_.train.steps) +
