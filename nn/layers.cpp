@@ -1,5 +1,7 @@
 #include "nn/layers.h"
 
+#include "nn/unit.h"
+
 namespace ndt::nn {
 
 Linear::Linear(int64_t in_, int64_t out_, bool has_bias, float std) : in(in_), out(out_) {
@@ -44,17 +46,25 @@ CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t nh, float std, float
   child("c_proj", &c_proj);
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x, int64_t pos_offset) const {
+Tensor CausalSelfAttention::core(const Tensor& qkv, int64_t pos_offset) const {
   // C: this rank's channels of q, k and v (n_embd, or n_embd / tp with tensor parallelism)
-  const int64_t B = x.size(0), T = x.size(1), C = c_attn.weight.size(1) / 3, NH = n_head, HS = C / NH;
-  // x (B,T,n_embd) -> qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
-  std::vector<Tensor> qkv = split_last(c_attn.forward(x), {C, C, C});
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, NH = n_head, HS = C / NH;
+  // qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
+  std::vector<Tensor> parts = split_last(qkv, {C, C, C});
   auto heads = [&](const Tensor& t) { return heads_to_front(view(t, {B, T, NH, HS})); };
-  const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  const Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
   Tensor y =
       attend ? attend(q, k, v, pos_offset) : attention(q, k, v, pos_offset, pos_offset).out;  // (B,NH,T,HS)
-  // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,C) -> c_proj
-  return c_proj.forward(view(heads_to_back(y), {B, T, C}));
+  // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,C)
+  return view(heads_to_back(y), {B, T, C});
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x, int64_t pos_offset) const {
+  // x (B,T,n_embd) -> c_attn -> qkv (B,T,3C) -> attention core -> (B,T,C) -> c_proj. Under
+  // selective activation checkpointing the core keeps only qkv and runs again in backward.
+  const Tensor y = recompute_selected([this, pos_offset](const Tensor& qkv) { return core(qkv, pos_offset); },
+                                      c_attn.forward(x));
+  return c_proj.forward(y);
 }
 
 Block::Block(int64_t C, int64_t n_head, float std, float proj_std)

@@ -61,6 +61,11 @@ class CausalSelfAttention : public Module {
   CausalSelfAttention(int64_t C, int64_t n_head, float std, float proj_std);
   // x (B, T, C) at positions pos_offset.. -> (B, T, C); the causal mask uses positions
   Tensor forward(const Tensor& x, int64_t pos_offset = 0) const;
+  // The attention core, between the two linears: qkv (B, T, 3C) -> heads, causal softmax
+  // attention, heads merged -> (B, T, C). It has no parameters; selective activation
+  // checkpointing recomputes it in backward (nn::recompute_selected) instead of keeping
+  // q, k, v, the (B*NH, T, T) probabilities and the output.
+  Tensor core(const Tensor& qkv, int64_t pos_offset = 0) const;
   Linear c_attn, c_proj;
   int64_t n_head;  // heads on this rank (n_head / tp under tensor parallelism)
   // Context parallelism replaces the attention core (ring attention over the sequence

@@ -4,14 +4,57 @@
 
 namespace ndt::nn {
 
-UnitWrapper activation_checkpointing(int64_t every) {
+namespace {
+// Set while a unit wrapped by selective checkpointing runs its forward on this thread.
+thread_local bool t_selective = false;
+
+class SelectiveScope {
+ public:
+  explicit SelectiveScope(bool on) : prev_(t_selective) { t_selective = on; }
+  ~SelectiveScope() { t_selective = prev_; }
+  SelectiveScope(const SelectiveScope&) = delete;
+  SelectiveScope& operator=(const SelectiveScope&) = delete;
+
+ private:
+  bool prev_;
+};
+}  // namespace
+
+UnitWrapper activation_checkpointing(int64_t every) { return activation_checkpointing(ACMode::full, every); }
+
+UnitWrapper activation_checkpointing(ACMode mode, int64_t every) {
   NDT_CHECK(every >= 1, "activation_checkpointing: every must be >= 1, got ", every);
-  return [every](int64_t unit, const UnitFn& fn, const Tensor& x) {
-    if (unit % every != 0) return fn(x);
-    // fn is copied: backward recomputes it long after this call returned
-    return autograd::checkpoint(
-        [fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; }, {x})[0];
-  };
+  switch (mode) {
+    case ACMode::none:
+      return [](int64_t, const UnitFn& fn, const Tensor& x) { return fn(x); };
+    case ACMode::full:
+      return [every](int64_t unit, const UnitFn& fn, const Tensor& x) {
+        if (unit % every != 0) return fn(x);
+        // fn is copied: backward recomputes it long after this call returned
+        return autograd::checkpoint(
+            [fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; }, {x})[0];
+      };
+    case ACMode::selective:
+      return [every](int64_t unit, const UnitFn& fn, const Tensor& x) {
+        if (unit % every != 0) return fn(x);
+        SelectiveScope scope(true);  // the unit's layers see it in recompute_selected()
+        return fn(x);
+      };
+  }
+  NDT_CHECK(false, "activation_checkpointing: unknown mode ", static_cast<int>(mode));
+  return {};
+}
+
+Tensor recompute_selected(const std::function<Tensor(const Tensor&)>& fn, const Tensor& x) {
+  if (!t_selective) return fn(x);
+  // fn is copied (backward recomputes it after this call returned) and runs outside the
+  // scope, in forward and in the recompute alike: nothing inside it is checkpointed twice.
+  return autograd::checkpoint(
+      [fn](const std::vector<Tensor>& in) {
+        SelectiveScope plain(false);
+        return std::vector<Tensor>{fn(in[0])};
+      },
+      {x})[0];
 }
 
 UnitFn wrap_unit(const std::vector<UnitWrapper>& wrappers, int64_t unit, UnitFn fn) {

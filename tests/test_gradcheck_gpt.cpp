@@ -1,11 +1,15 @@
 // The whole GPT in float64: the loss gradient with respect to every parameter against
-// central finite differences, with activation checkpointing off and on.
+// central finite differences, with activation checkpointing off, full and selective; and
+// in float32, every checkpointing mode gives the same bits and keeps less memory.
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include "autograd/engine.h"
 #include "autograd/gradcheck.h"
 #include "models/gpt.h"
 #include "tensor/kernels.h"
+#include "tensor/storage.h"
 
 using namespace ndt;
 
@@ -30,9 +34,9 @@ Tensor ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
   return Tensor::from_vector(v, {B, T});
 }
 
-void check_gpt(bool ckpt) {
+void check_gpt(nn::ACMode ac) {
   models::GPT gpt(tiny());
-  if (ckpt) gpt.add_unit_wrapper(nn::activation_checkpointing());
+  if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, 1));
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 42);
   // The GPT-2 init puts many parameters at exactly 0 or 1 (biases, LayerNorm): perturb
   // every buffer so every parameter's gradient is generic.
@@ -56,8 +60,9 @@ void check_gpt(bool ckpt) {
 
 }  // namespace
 
-TEST(GradcheckGPT, EveryParameter) { check_gpt(false); }
-TEST(GradcheckGPT, EveryParameterWithActivationCheckpointing) { check_gpt(true); }
+TEST(GradcheckGPT, EveryParameter) { check_gpt(nn::ACMode::none); }
+TEST(GradcheckGPT, EveryParameterWithActivationCheckpointing) { check_gpt(nn::ACMode::full); }
+TEST(GradcheckGPT, EveryParameterWithSelectiveCheckpointing) { check_gpt(nn::ACMode::selective); }
 
 TEST(GradcheckGPT, PaddedVocabRowsGetNoGradient) {
   models::GPT gpt(tiny());
@@ -88,6 +93,75 @@ TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {
   const std::vector<float> plain = run(0);
   EXPECT_EQ(run(1), plain);
   EXPECT_EQ(run(2), plain);
+}
+
+// Loss and every gradient of the tiny GPT (f32), with train.activation_checkpointing =
+// `ac` on blocks 0, every, 2*every, ...
+std::vector<float> loss_and_grads(nn::ACMode ac, int64_t every) {
+  models::GPT gpt(tiny());
+  if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, every));
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 42);
+  Tensor loss = gpt.forward(ids(2, 5, 11, 1), ids(2, 5, 11, 2)).loss;
+  backward(loss);
+  std::vector<float> out = {static_cast<float>(loss.item())};
+  for (const nn::FlatUnit& u : params.units)
+    for (float g : u.grad.to_vector<float>()) out.push_back(g);
+  return out;
+}
+
+TEST(GPTUnits, EveryCheckpointingModeGivesBitIdenticalGradients) {
+  const std::vector<float> none = loss_and_grads(nn::ACMode::none, 1);
+  ASSERT_GT(none.size(), 1000u);
+  for (nn::ACMode ac : {nn::ACMode::none, nn::ACMode::full, nn::ACMode::selective})
+    for (int64_t every : {1, 2}) {
+      const std::vector<float> got = loss_and_grads(ac, every);
+      ASSERT_EQ(got.size(), none.size());
+      // bit for bit: memcmp, not ==, so -0 against +0 would count as a difference
+      EXPECT_EQ(std::memcmp(got.data(), none.data(), none.size() * sizeof(float)), 0)
+          << "mode " << static_cast<int>(ac) << " every " << every;
+    }
+}
+
+TEST(GPTUnits, CheckpointingKeepsLessActivationMemory) {
+  // Bytes the forward leaves allocated for backward (in use after it minus before), and the
+  // allocator's peak during it, on a GPT where the attention probabilities (B*NH, T, T)
+  // are a large part of a block's activations.
+  models::GPTConfig c;
+  c.n_layer = 4, c.n_head = 4, c.n_embd = 32, c.vocab_size = 64, c.block_size = 32;
+  const Tensor x = ids(4, 32, 64, 1), y = ids(4, 32, 64, 2);
+  struct Bytes {
+    int64_t held, peak;
+  };
+  auto measure = [&](nn::ACMode ac, int64_t every) {
+    models::GPT gpt(c);
+    if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, every));
+    nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 42);
+    backward(gpt.forward(x, y).loss);  // gradient buffers allocated before measuring
+    const int64_t before = memory_stats(Device::cpu()).in_use;
+    reset_peak_memory(Device::cpu());
+    Tensor loss = gpt.forward(x, y).loss;
+    const MemoryStats after = memory_stats(Device::cpu());
+    backward(loss);
+    return Bytes{after.in_use - before, after.peak - before};
+  };
+  const Bytes none = measure(nn::ACMode::none, 1), full = measure(nn::ACMode::full, 1),
+              sel = measure(nn::ACMode::selective, 1), full2 = measure(nn::ACMode::full, 2),
+              sel2 = measure(nn::ACMode::selective, 2);
+  std::cout << "held after forward / peak during forward, bytes: none " << none.held << " / " << none.peak
+            << ", selective " << sel.held << " / " << sel.peak << ", full " << full.held << " / " << full.peak
+            << "; every 2: selective " << sel2.held << " / " << sel2.peak << ", full " << full2.held << " / "
+            << full2.peak << "\n";
+  // the probabilities of one block: B * NH * T * T floats
+  const int64_t probs = 4 * 4 * 32 * 32 * 4;
+  EXPECT_LT(full.held, sel.held);
+  EXPECT_LT(sel.held + c.n_layer * probs, none.held);  // selective drops at least p in every block
+  EXPECT_LT(full.peak, sel.peak);
+  EXPECT_LT(sel.peak, none.peak);
+  // every 2nd block: between every block and none
+  EXPECT_LT(full.held, full2.held);
+  EXPECT_LT(full2.held, none.held);
+  EXPECT_LT(sel.held, sel2.held);
+  EXPECT_LT(sel2.held, none.held);
 }
 
 TEST(GPTUnits, PositionOffsetShiftsThePositionEmbeddings) {

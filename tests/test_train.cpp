@@ -111,6 +111,8 @@ TEST(TrainGpt, HelpListsEveryKeyWithDefaults) {
                           "train.seed",
                           "train.device",
                           "train.dtype",
+                          "train.activation_checkpointing",
+                          "train.ac_every",
                           "optim.lr",
                           "optim.min_lr_frac",
                           "optim.warmup_steps",
@@ -193,6 +195,44 @@ TEST(TrainGpt, ResumedRunMatchesUninterruptedRunBitForBit) {
   }
 }
 
+TEST(TrainGpt, ActivationCheckpointingModesTrainTheSameBits) {
+  // none, full (also spelled true, as when the key was a bool), selective and every 2nd
+  // block: the same losses, bit for bit; false still means none
+  fs::path d = make_data("ac");
+  const std::string ini = (d / "gpt.ini").string();
+  auto train = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "--config",           ini, "--train.steps", "3",
+        "--train.eval_every", "0", "--log.metrics", (d / (name + ".jsonl")).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    RunResult r = run(args);
+    EXPECT_EQ(r.rc, 0) << name << ": " << r.err;
+    return std::make_pair(losses(d / (name + ".jsonl")), r.out);
+  };
+  const auto [none, none_out] = train("none", {});
+  ASSERT_EQ(none.size(), 3u);
+  EXPECT_EQ(none_out.find("activation checkpointing"), std::string::npos);
+  const auto [off, off_out] = train("false", {"--train.activation_checkpointing", "false"});
+  EXPECT_EQ(off, none);
+  EXPECT_EQ(off_out.find("activation checkpointing"), std::string::npos);
+  const auto [full, full_out] = train("true", {"--train.activation_checkpointing", "true"});
+  EXPECT_EQ(full, none);
+  EXPECT_NE(
+      full_out.find("activation checkpointing: full (the whole block recomputed in backward) in every block"),
+      std::string::npos)
+      << full_out;
+  const auto [sel, sel_out] =
+      train("selective", {"--train.activation_checkpointing", "selective", "--train.ac_every", "2"});
+  EXPECT_EQ(sel, none);
+  EXPECT_NE(sel_out.find("activation checkpointing: selective (the attention core recomputed in backward) in "
+                         "blocks 0, 2, 4, ..."),
+            std::string::npos)
+      << sel_out;
+  const auto [every3, every3_out] = train("every3", {"--train.ac_every", "3"});  // ignored, with a warning
+  EXPECT_EQ(every3, none);
+  EXPECT_NE(every3_out.find("warning: train.ac_every = 3 has no effect"), std::string::npos) << every3_out;
+}
+
 TEST(TrainGpt, ConfigErrorsExitWithCode2AndNameTheKey) {
   fs::path d = make_data("config");
   const std::string ini = (d / "gpt.ini").string();
@@ -218,6 +258,10 @@ TEST(TrainGpt, ConfigErrorsExitWithCode2AndNameTheKey) {
       {{"--config", ini, "--train.device", "tpu"}, "train.device must be cpu, cuda or cuda:N"},
       {{"--config", ini, "--model.n_head", "3"},
        "model.n_embd (32) must be a positive multiple of model.n_head (3)"},
+      {{"--config", ini, "--train.activation_checkpointing", "partial"},
+       "train.activation_checkpointing must be none, full or selective"},
+      {{"--config", ini, "--train.ac_every", "0"}, "train.ac_every = 0 is outside [1, 1024]"},
+      {{"--config", ini, "--train.ac_every", "two"}, "bad value for 'train.ac_every'"},
   };
   if (!cuda::available()) {  // on a machine without a GPU, asking for one is a config error
     RunResult r = run({"--config", ini, "--train.device", "cuda"});

@@ -1,6 +1,7 @@
 #include "train/config.h"
 
 #include <boost/program_options.hpp>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -48,7 +49,12 @@ po::options_description describe(Config& c) {
       ("train.device", po::value(&c.train.device)->default_value(c.train.device), "cpu or cuda (cuda:N)")
       ("train.dtype", po::value(&c.train.dtype)->default_value(c.train.dtype), "float32 (bfloat16 arrives with mixed precision)")
       ("train.activation_checkpointing", po::value(&c.train.activation_checkpointing)->default_value(c.train.activation_checkpointing),
-       "recompute each block in backward to save memory (true/false)")
+       "recompute activations in backward instead of keeping them: none; full (each checkpointed block keeps only its "
+       "input and runs its whole forward again in backward); selective (each checkpointed block recomputes only its "
+       "attention core -- heads, q k^T, causal softmax, p v -- and keeps every linear's and LayerNorm's and GELU's "
+       "tensors). true and false, from older configs, mean full and none")
+      ("train.ac_every", po::value(&c.train.ac_every)->default_value(c.train.ac_every),
+       "checkpoint only blocks 0, k, 2k, ... (k = ac_every) with the mode of train.activation_checkpointing; 1: every block")
       ("train.threads", po::value(&c.train.threads)->default_value(c.train.threads), "CPU threads of each rank (0: the node's cores / the ranks on this node)")
       ("train.stop_after", po::value(&c.train.stop_after)->default_value(c.train.stop_after),
        "stop after this many steps of this run, with a checkpoint, to resume later (0: run to train.steps)");
@@ -258,6 +264,12 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
     throw ConfigError(std::string(e.what()) + "; run train_gpt --help for every key and its allowed values");
   }
   c.sample.prompt = unescape(c.sample.prompt);
+  {  // the key was a bool: its old spellings (those boost accepted) still mean full / none
+    std::string ac = c.train.activation_checkpointing;
+    for (char& ch : ac) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (ac == "true" || ac == "yes" || ac == "on" || ac == "1") c.train.activation_checkpointing = "full";
+    if (ac == "false" || ac == "no" || ac == "off" || ac == "0") c.train.activation_checkpointing = "none";
+  }
   validate(c);
   return true;
 }
@@ -309,6 +321,11 @@ void validate(const Config& c) {
   need(c.train.threads >= 0 && c.train.threads <= cores, "train.threads = " + std::to_string(c.train.threads) +
                                                  " but this machine has " + std::to_string(cores) +
                                                  " CPUs; use 0 for all of them");
+  need(c.train.activation_checkpointing == "none" || c.train.activation_checkpointing == "full" ||
+           c.train.activation_checkpointing == "selective",
+       "train.activation_checkpointing must be none, full or selective (or true/false for full/none), got '" +
+           c.train.activation_checkpointing + "'");
+  range("train.ac_every", c.train.ac_every, 1, 1024);
   range("train.stop_after", c.train.stop_after, 0, kBig);
   need(c.train.stop_after == 0 || !c.checkpoint.dir.empty(),
        "train.stop_after needs checkpoint.dir: without it the stopped run could not be resumed");
@@ -350,8 +367,22 @@ void validate(const Config& c) {
            " needs optim.lr_base_batch: the effective batch, in sequences, that optim.lr was tuned for");
 }
 
+nn::ACMode ac_mode(const TrainSection& t) {
+  if (t.activation_checkpointing == "full") return nn::ACMode::full;
+  if (t.activation_checkpointing == "selective") return nn::ACMode::selective;
+  if (t.activation_checkpointing == "none") return nn::ACMode::none;
+  throw ConfigError("train.activation_checkpointing must be none, full or selective, got '" +
+                    t.activation_checkpointing + "'");
+}
+
 std::vector<std::string> warnings(const Config& c) {
   std::vector<std::string> w;
+  if (c.train.ac_every > 1 && c.train.activation_checkpointing == "none")
+    w.push_back("train.ac_every = " + std::to_string(c.train.ac_every) +
+                " has no effect: train.activation_checkpointing is none");
+  if (c.train.ac_every > c.model.n_layer && c.train.activation_checkpointing != "none")
+    w.push_back("train.ac_every (" + std::to_string(c.train.ac_every) + ") > model.n_layer (" +
+                std::to_string(c.model.n_layer) + "): only block 0 is checkpointed");
   if (c.optim.warmup_steps > c.train.steps)
     w.push_back("optim.warmup_steps (" + std::to_string(c.optim.warmup_steps) + ") > train.steps (" +
                 std::to_string(c.train.steps) + "): the learning rate never reaches optim.lr");

@@ -53,7 +53,10 @@ struct TrainSection {  // [train]
           eval_steps = 10;
   int64_t seed = 1337;  // >= 0
   std::string device = "cpu", dtype = "float32";
-  bool activation_checkpointing = false;
+  // none, full or selective (nn::ACMode); parse_config turns the old true/false into
+  // full/none. ac_every = k: only blocks 0, k, 2k, ... are recomputed.
+  std::string activation_checkpointing = "none";
+  int64_t ac_every = 1;
   int threads = 0;         // 0: this rank's share of the node's cores
   int64_t stop_after = 0;  // stop (with a checkpoint) after this many steps of this run; 0: never
 };
@@ -107,6 +110,8 @@ struct Config {
 bool parse_config(int argc, const char* const* argv, Config& cfg, std::string& help_out);
 // Checks values and combinations; throws ConfigError naming the key.
 void validate(const Config& cfg);
+// train.activation_checkpointing as the wrapper's mode (none, full, selective).
+nn::ACMode ac_mode(const TrainSection& t);
 // Legal but probably unintended settings, one line each (train_gpt prints them at start).
 std::vector<std::string> warnings(const Config& cfg);
 

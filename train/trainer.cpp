@@ -242,7 +242,16 @@ void Trainer::parallelize() {
   if (dims_.cp > 1) cp_ = std::make_unique<dist::ContextParallel>(*gpt_, mesh_->cp(), c_.train.seq_len);
   // Wrappers compose inside out: activation checkpointing around the block's own forward,
   // FSDP's gather/release around that (so a recompute finds the block gathered).
-  if (c_.train.activation_checkpointing) gpt_->add_unit_wrapper(nn::activation_checkpointing());
+  if (const nn::ACMode ac = ac_mode(c_.train); ac != nn::ACMode::none) {
+    gpt_->add_unit_wrapper(nn::activation_checkpointing(ac, c_.train.ac_every));
+    const int64_t k = c_.train.ac_every;
+    out_ << "activation checkpointing: " << c_.train.activation_checkpointing
+         << (ac == nn::ACMode::full ? " (the whole block recomputed in backward)"
+                                    : " (the attention core recomputed in backward)")
+         << (k == 1 ? " in every block"
+                    : " in blocks 0, " + std::to_string(k) + ", " + std::to_string(2 * k) + ", ...")
+         << "\n";
+  }
   if (trace_ && !dims_.sharded())  // FSDP traces its units itself
     gpt_->add_unit_wrapper([this](int64_t i, const nn::UnitFn& fn, const Tensor& x) {
       dist::Trace::Scope s(trace_.get(), "forward h." + std::to_string(i), dist::Trace::kCompute);
