@@ -44,6 +44,36 @@ int64_t FlatParams::shard_bytes() const {
   return b;
 }
 
+void for_each_shard_run(const FlatUnit& u, const FlatParam& p,
+                        const std::function<void(int64_t dst, int64_t global, int64_t len)>& fn) {
+  const int64_t n = numel_of(p.spec.shape), s0 = u.shard_offset, s1 = s0 + u.shard_numel;
+  const int64_t a = std::max(p.offset, s0) - p.offset, b = std::min(p.offset + n, s1) - p.offset;
+  for (int64_t i = a; i < b;) {
+    const auto [g, run] = tp_global_run(p.spec, i);
+    const int64_t len = std::min(run, b - i);
+    fn(p.offset + i - s0, g, len);
+    i += len;
+  }
+}
+
+std::pair<int64_t, int64_t> tp_local_of(const ParamSpec& s, int64_t g) {
+  if (!s.tp.split()) return {0, g};
+  const Shape& gs = s.tp.global;
+  const int64_t gcols = gs.size() > 1 ? gs[1] : 1;
+  const int64_t L = gs[s.tp.dim], G = L / s.tp.groups, b = G / s.tp.parts;  // per group, per rank in it
+  // the index along the split dimension -> (rank, local index along it)
+  auto local_of = [&](int64_t x) {
+    const int64_t group = x / G, w = x % G;
+    return std::pair<int64_t, int64_t>{w / b, group * b + w % b};
+  };
+  if (s.tp.dim == 0) {
+    const auto [rank, row] = local_of(g / gcols);
+    return {rank, row * gcols + g % gcols};
+  }
+  const auto [rank, col] = local_of(g % gcols);
+  return {rank, g / gcols * (L / s.tp.parts) + col};
+}
+
 namespace {
 
 // A tensor of `numel` elements whose storage starts released (no memory until gathered).

@@ -245,6 +245,57 @@ TEST_F(DistTrain, ChainOfLayoutsTp2ThenFsdp2CpThenOneProcess) {
   EXPECT_LT(max_rel_diff(last_model("chain"), last_model("chain_ref")), 3e-5);
 }
 
+TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
+  // every rank writes its own shards; fsdp2 x tp2 -> hsdp 2x2 -> cp2 -> one process, each
+  // reading the previous layout's files, continue one process's run
+  Result ref = train("sharded_ref", 1, "--train.micro_batch_size 4 --train.steps 6");
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  const std::string sharded = " --checkpoint.format sharded --train.steps 6";
+  Result a = train("sharded", 4, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.tp_size 2 "
+                                 "--train.stop_after 2" + sharded);
+  ASSERT_EQ(a.rc, 0) << a.out;
+  const fs::path step2 = dir_ / "sharded" / "ck" / "step_00000002";
+  for (const char* f : {"shard_tp0_fsdp0.safetensors", "shard_tp0_fsdp1.safetensors", "shard_tp1_fsdp0.safetensors",
+                        "shard_tp1_fsdp1.safetensors", "checkpoint.json"})
+    EXPECT_TRUE(fs::exists(step2 / f)) << f;
+  Result b = train("sharded", 4, "--train.micro_batch_size 1 --parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 "
+                                 "--train.stop_after 1 --checkpoint.resume true" + sharded);
+  ASSERT_EQ(b.rc, 0) << b.out;
+  // HSDP: the replicas hold copies, only replicate 0 writes (2 shard files)
+  int files = 0;
+  for (auto& e : fs::directory_iterator(dir_ / "sharded" / "ck" / "step_00000003"))
+    files += e.path().extension() == ".safetensors";
+  EXPECT_EQ(files, 2);
+  Result c = train("sharded", 2, "--train.micro_batch_size 4 --parallel.cp_size 2 --train.stop_after 2 "
+                                 "--checkpoint.resume true" + sharded);
+  ASSERT_EQ(c.rc, 0) << c.out;
+  Result d = train("sharded", 1, "--train.micro_batch_size 4 --checkpoint.resume true" + sharded);
+  ASSERT_EQ(d.rc, 0) << d.out;
+  std::vector<double> got = losses("sharded"), want = losses("sharded_ref");
+  ASSERT_EQ(got.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << "step " << i + 1;
+  // the last checkpoint as one file with GPT-2 names equals the reference run's weights
+  const fs::path exported = dir_ / "sharded" / "exported.safetensors";
+  Result x = shell(std::string(NDT_EXPORT_BIN) + " " + (dir_ / "sharded" / "ck" / "step_00000006").string() + " " +
+                   exported.string());
+  ASSERT_EQ(x.rc, 0) << x.out;
+  EXPECT_LT(max_rel_diff(exported, dir_ / "sharded_ref" / "ck" / "step_00000006" / "model.safetensors"), 3e-5);
+  // a damaged shard is one clear line naming the file
+  const fs::path bad = dir_ / "damaged" / "ck" / "step_00000006";
+  fs::create_directories(bad.parent_path());
+  fs::copy(dir_ / "sharded" / "ck" / "step_00000006", bad);
+  std::ofstream(bad.parent_path() / "latest") << "step_00000006\n";
+  {
+    std::fstream f(bad / "shard_tp0_fsdp0.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(2000);
+    f.put('\x55');
+  }
+  Result e = train("damaged", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --checkpoint.resume true" +
+                                     std::string(" --checkpoint.format sharded --train.steps 8"));
+  EXPECT_NE(e.rc, 0) << e.out;
+  EXPECT_NE(e.out.find("shard_tp0_fsdp0.safetensors fails its checksum"), std::string::npos) << e.out;
+}
+
 TEST_F(DistTrain, OneFailingRankEndsTheJobWithItsMessage) {
   // rank 1 cannot write its trace file (a directory is in the way): it fails at start,
   // while rank 0 goes on to the first collective; the whole job must end, quickly

@@ -184,7 +184,12 @@ void verify_checkpoint(const std::string& path, const std::vector<std::string>& 
   try {
     f >> m;
     NDT_CHECK(m.is_object() && m.contains("files") && m["files"].is_object(), "no \"files\" object");
-    for (const std::string name : kFiles) {
+    std::vector<std::string> names(std::begin(kFiles), std::end(kFiles));
+    if (m.value("format", "full") == "sharded") {  // one file per writing rank, all listed
+      names.clear();
+      for (auto& [name, e] : m["files"].items()) names.push_back(name);
+    }
+    for (const std::string& name : names) {
       if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) continue;
       NDT_CHECK(m["files"].contains(name), "no entry for ", name);
       const auto& e = m["files"][name];
@@ -220,7 +225,7 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
   NDT_CHECK(bad.empty(), "checkpoint of step ", state.step, " not written: parameter ", bad,
             " is not finite; the previous checkpoint is kept");
   fs::create_directories(dir);
-  const fs::path final_dir = fs::path(dir) / name, tmp_dir = fs::path(dir) / (std::string(".tmp_") + name);
+  const fs::path tmp_dir = fs::path(dir) / (std::string(".tmp_") + name);
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
   save_weights((tmp_dir / "model.safetensors").string(), gpt, params, {{"step", std::to_string(state.step)}});
@@ -243,6 +248,12 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
     m["files"][f] = {{"bytes", fs::file_size(fp)}, {"xxh64", io::hex64(io::file_xxh64(fp))}};
   }
   io::write_file_atomic((tmp_dir / kManifest).string(), m.dump(1) + "\n");
+  return publish_checkpoint(dir, name, tmp_dir.string(), keep);
+}
+
+std::string publish_checkpoint(const std::string& dir, const std::string& name, const std::string& tmp,
+                               int keep) {
+  const fs::path tmp_dir(tmp), final_dir = fs::path(dir) / name;
   io::fsync_dir(tmp_dir.string());
   // Move into place; an existing directory of the same step is replaced only after the new one is complete.
   const fs::path old_dir = fs::path(dir) / (std::string(".old_") + name);
@@ -325,19 +336,9 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
 
 namespace {
 
-// Calls fn(offset in the shard, global element index, length) for every run of parameter
-// p's elements that this rank's shard of unit u holds (its tensor-parallel slice of p, and
-// of that the part inside [shard_offset, shard_offset + shard_numel)).
-template <typename F>
-void for_each_local_run(const nn::FlatUnit& u, const nn::FlatParam& p, F&& fn) {
-  const int64_t n = numel_of(p.spec.shape), s0 = u.shard_offset, s1 = s0 + u.shard_numel;
-  const int64_t a = std::max(p.offset, s0) - p.offset, b = std::min(p.offset + n, s1) - p.offset;
-  for (int64_t i = a; i < b;) {
-    const auto [g, run] = nn::tp_global_run(p.spec, i);
-    const int64_t len = std::min(run, b - i);
-    fn(p.offset + i - s0, g, len);
-    i += len;
-  }
+void for_each_local_run(const nn::FlatUnit& u, const nn::FlatParam& p,
+                        const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  nn::for_each_shard_run(u, p, fn);
 }
 
 void check_finite(const Tensor& t, const std::string& path, const std::string& name) {

@@ -57,6 +57,9 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
                             const Moments& moments, const TrainState& state, int keep);
 std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
                             const optim::AdamW& opt, const TrainState& state, int keep);  // unsharded
+// Moves the complete checkpoint directory `tmp` (written and fsynced) to <dir>/<name>, points
+// <dir>/latest at it, and keeps the newest `keep` checkpoints (0: all). Returns the path.
+std::string publish_checkpoint(const std::string& dir, const std::string& name, const std::string& tmp, int keep);
 // The directory named by <dir>/latest, or nullopt when there is none.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 // The step of a checkpoint directory name "step_<digits>", or nullopt.

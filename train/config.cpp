@@ -78,7 +78,10 @@ po::options_description describe(Config& c) {
       ("checkpoint.dir", po::value(&c.checkpoint.dir)->default_value(c.checkpoint.dir), "checkpoint directory (empty: none)")
       ("checkpoint.every", po::value(&c.checkpoint.every)->default_value(c.checkpoint.every), "checkpoint every N steps (0: only at the end)")
       ("checkpoint.resume", po::value(&c.checkpoint.resume)->default_value(c.checkpoint.resume), "resume from the latest checkpoint in dir (true/false)")
-      ("checkpoint.keep", po::value(&c.checkpoint.keep)->default_value(c.checkpoint.keep), "checkpoints to keep (0: all)");
+      ("checkpoint.keep", po::value(&c.checkpoint.keep)->default_value(c.checkpoint.keep), "checkpoints to keep (0: all)")
+      ("checkpoint.format", po::value(&c.checkpoint.format)->default_value(c.checkpoint.format),
+       "full (rank 0 writes whole tensors with GPT-2 names) or sharded (every rank writes its shards, in parallel; "
+       "any layout resumes either)");
   po::options_description log("[log]");
   log.add_options()
       ("log.metrics", po::value(&c.log.metrics)->default_value(c.log.metrics), "JSON-lines metrics file (empty: none)")
@@ -203,6 +206,10 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
       "...]\n\nOptions");
   generic.add_options()("help,h", "print this help and exit")("config", po::value(&c.config_path),
                                                               "INI file with [section] key = value lines");
+  generic.add_options()("plan", po::bool_switch(&c.plan),
+                        "print the per-rank memory and per-step communication plan and exit (no data, no MPI)")(
+      "json", po::bool_switch(&c.plan_json), "with --plan: print the plan as JSON")(
+      "plan.world", po::value(&c.plan_world), "with --plan: the number of ranks (needed when dp_shard_size = -1)");
   po::options_description cmdline;
   cmdline.add(generic).add(keys);
   // Words that are not options land here, to be refused by name.
@@ -290,7 +297,7 @@ void validate(const Config& c) {
                                                               std::to_string(v));
   };
   constexpr int64_t kBig = int64_t(1) << 40;
-  need(!c.data.train.empty(), "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
+  need(c.plan || !c.data.train.empty(), "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
   range("model.n_layer", c.model.n_layer, 1, 1024);
   range("model.n_head", c.model.n_head, 1, 1024);
   range("model.n_embd", c.model.n_embd, 1, 65536);
@@ -341,6 +348,8 @@ void validate(const Config& c) {
   finite("optim.grad_clip", c.optim.grad_clip, false);
   range("checkpoint.every", c.checkpoint.every, 0, kBig);
   range("checkpoint.keep", c.checkpoint.keep, 0, 1000000);
+  need(c.checkpoint.format == "full" || c.checkpoint.format == "sharded",
+       "checkpoint.format must be full or sharded, got '" + c.checkpoint.format + "'");
   need(!c.checkpoint.resume || !c.checkpoint.dir.empty(), "checkpoint.resume needs checkpoint.dir");
   range("log.every", c.log.every, 1, kBig);
   finite("log.peak_tflops", c.log.peak_tflops, false);

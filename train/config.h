@@ -74,6 +74,7 @@ struct CheckpointSection {  // [checkpoint]
   int64_t every = 0;
   bool resume = false;
   int keep = 2;
+  std::string format = "full";  // full: one file of whole tensors (rank 0); sharded: every rank its own
 };
 
 struct LogSection {  // [log]
@@ -104,6 +105,10 @@ struct Config {
   SampleSection sample;
   ParallelSection parallel;
   std::string config_path;  // the --config file, if any
+  // train_gpt --plan [--json] [--plan.world N]: print the memory and communication plan
+  // (train/plan.h) and exit, without data, memory or MPI
+  bool plan = false, plan_json = false;
+  int64_t plan_world = 0;  // 0: the product of the [parallel] sizes
 };
 
 // Returns false when --help was asked (help text written to `help_out`).

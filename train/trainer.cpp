@@ -36,8 +36,10 @@
 #include "train/data.h"
 #include "train/files.h"
 #include "train/guard.h"
+#include "train/plan.h"
 #include "train/report.h"
 #include "train/safetensors.h"
+#include "train/sharded.h"
 #include "train/sample.h"
 #include "train/vocab.h"
 
@@ -406,12 +408,15 @@ void Trainer::load_weights(const std::string& path) {
 }
 
 void Trainer::resume_from(const std::string& path) {
-  // the checkpoint holds the single-process layout; each rank reads only its elements
-  const std::vector<nn::FlatUnit> whole = nn::plan(models::GPT(mc_).units());
-  int64_t adam_steps = 0;
-  ckpt::TrainState st =
-      ckpt::load_checkpoint_local(path, *gpt_, params_, whole, opt_->m(), opt_->v(), &adam_steps);
-  opt_->set_steps_taken(adam_steps);
+  ckpt::TrainState st;
+  if (ckpt::is_sharded(path)) {  // the writers' shards, whatever their layout
+    st = ckpt::load_sharded(path, mc_, params_, *opt_);
+  } else {  // the single-process layout; each rank reads only its elements
+    const std::vector<nn::FlatUnit> whole = nn::plan(models::GPT(mc_).units());
+    int64_t adam_steps = 0;
+    st = ckpt::load_checkpoint_local(path, *gpt_, params_, whole, opt_->m(), opt_->v(), &adam_steps);
+    opt_->set_steps_taken(adam_steps);
+  }
   if (st.step > c_.train.steps)  // going on would save the later weights under an earlier step
     throw ConfigError("checkpoint " + path + " is at step " + std::to_string(st.step) +
                       " but train.steps is " + std::to_string(c_.train.steps) +
@@ -440,6 +445,12 @@ void Trainer::save(int64_t step) {
   st.extra["model"] = mc_.str();
   st.extra["layout"] = dims_.str();
   st.extra["window_tokens"] = std::to_string(c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len);
+  if (c_.checkpoint.format == "sharded") {  // every rank writes its own shards, nobody gathers
+    const std::string where = ckpt::save_sharded(c_.checkpoint.dir, st, params_, *opt_, *mesh_, mc_, c_.checkpoint.keep);
+    saved_step_ = step;
+    out_ << "checkpoint: " << where << " (sharded)" << std::endl;
+    return;
+  }
   // the single-process layout, gathered from every rank's shards and slices onto rank 0,
   // which writes it; the others wait, so that a failed write stops every rank
   std::unique_ptr<Whole> w = gather_whole(/*keep=*/lead(), /*grads=*/false);
@@ -709,6 +720,16 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
   } catch (const ConfigError& e) {
     if (!quiet) err << "train_gpt: config error: " << e.what() << "\n";
     return 2;
+  }
+  if (c.plan) {  // before MPI: nothing is allocated, no rank starts (train/plan.h)
+    try {
+      const Plan p = plan(c, plan_world(c));
+      if (!quiet) c.plan_json ? print_plan_json(p, out) : print_plan(p, out);
+      return 0;
+    } catch (const ConfigError& e) {
+      if (!quiet) err << "train_gpt: config error: " << e.what() << "\n";
+      return 2;
+    }
   }
   std::shared_ptr<dist::Communicator> world;
   int code = 0;

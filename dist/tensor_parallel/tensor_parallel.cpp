@@ -19,18 +19,16 @@ void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
 
 namespace {
 
-// A column-parallel linear: this rank's slice of the output columns (in `groups` blocks).
-void column_parallel(nn::Linear& l, Communicator& tp, int64_t groups) {
-  l.split_param("weight", 1, tp.size(), tp.rank(), groups);
-  l.split_param("bias", 0, tp.size(), tp.rank(), groups);           // GPT-2 linears all have one
-  l.before = [&tp](const Tensor& x) { return copy_to_tp(x, tp); };  // f
-}
-
-// A row-parallel linear: this rank's slice of the input rows; the partial outputs are
-// summed (g) before the bias, which every rank holds whole.
-void row_parallel(nn::Linear& l, Communicator& tp) {
-  l.split_param("weight", 0, tp.size(), tp.rank());
-  l.reduce_before_bias = [&tp](const Tensor& y) { return reduce_from_tp(y, tp); };  // g
+// The parameter splits of one block for rank `rank` of `parts`: column-parallel c_attn (its
+// heads' columns of q, k and v: three blocks) and c_fc, row-parallel c_proj's.
+void split_block(nn::Block& b, int64_t parts, int64_t rank) {
+  for (nn::Linear* l : {&b.attn.c_attn, &b.mlp.c_fc}) {
+    const int64_t groups = l == &b.attn.c_attn ? 3 : 1;
+    l->split_param("weight", 1, parts, rank, groups);
+    l->split_param("bias", 0, parts, rank, groups);  // GPT-2 linears all have one
+  }
+  for (nn::Linear* l : {&b.attn.c_proj, &b.mlp.c_proj}) l->split_param("weight", 0, parts, rank);
+  b.attn.n_head /= parts;
 }
 
 }  // namespace
@@ -39,11 +37,20 @@ void apply_tensor_parallel(nn::Block& block, Communicator& tp) {
   if (tp.size() == 1) return;
   NDT_CHECK(block.attn.n_head % tp.size() == 0, "tensor parallelism: ", block.attn.n_head,
             " heads do not divide among ", tp.size(), " ranks");
-  column_parallel(block.attn.c_attn, tp, /*groups=*/3);  // q, k and v: each rank its heads' columns
-  block.attn.n_head /= tp.size();
-  row_parallel(block.attn.c_proj, tp);
-  column_parallel(block.mlp.c_fc, tp, 1);
-  row_parallel(block.mlp.c_proj, tp);
+  split_block(block, tp.size(), tp.rank());
+  // column-parallel layers take their input through f; row-parallel ones sum their partial
+  // outputs (g) before the bias, which every rank holds whole
+  for (nn::Linear* l : {&block.attn.c_attn, &block.mlp.c_fc})
+    l->before = [&tp](const Tensor& x) { return copy_to_tp(x, tp); };
+  for (nn::Linear* l : {&block.attn.c_proj, &block.mlp.c_proj})
+    l->reduce_before_bias = [&tp](const Tensor& y) { return reduce_from_tp(y, tp); };
+}
+
+void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
+  if (parts == 1) return;
+  check_tensor_parallel(gpt.cfg, parts);
+  for (auto& block : gpt.h) split_block(*block, parts, rank);
+  gpt.wte.split_param("weight", 0, parts, rank);
 }
 
 void apply_tensor_parallel(models::GPT& gpt, Communicator& tp) {

@@ -35,5 +35,8 @@ void check_tensor_parallel(const models::GPTConfig& cfg, int64_t tp);
 void apply_tensor_parallel(models::GPT& gpt, Communicator& tp);
 // One block's share: its heads, its MLP hidden units (used by the GPT's, and by tests).
 void apply_tensor_parallel(nn::Block& block, Communicator& tp);
+// Only the splits, as rank `rank` of `parts` would hold them (no communication installed):
+// the layout of another tensor-parallel rank, e.g. to read its checkpoint shards.
+void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank);
 
 }  // namespace ndt::dist

@@ -1,0 +1,50 @@
+// ndtrain: sharded checkpoints. Every rank writes only what it holds, in parallel, and any
+// other layout (another dp_shard, tp or cp, replicas, one process) resumes from them.
+//
+//   <dir>/step_00000100/
+//     shard_tp0_fsdp0.safetensors   data.<unit>, m.<unit>, v.<unit>: one writer's shards
+//     shard_tp0_fsdp1.safetensors   (a writer: the rank with replicate coordinate 0 for each
+//     ...                            tensor-parallel rank and FSDP shard; replicas hold copies)
+//     checkpoint.json                format "sharded", step, loader position, AdamW steps, the
+//                                    model and layout that wrote it, each file's size and
+//                                    checksum -- written last, by rank 0
+//
+// No rank gathers anything. Atomic as a whole: the files go to .tmp_step_N, the directory is
+// renamed into place and `latest` moves only after every writer's file is complete and
+// fsynced, so a crash at any moment leaves the previous checkpoint intact.
+//
+// Loading into another layout: the writers' layouts follow from the model and their layout
+// (nn::plan of the model as tensor rank t of tp holds it, sharded over fsdp), so for each of
+// its own elements a rank knows which file holds it and where, and reads only those bytes
+// (memory-mapped, a piece at a time).
+//
+//   ckpt::save_sharded(dir, state, params, opt, mesh, cfg, keep);   // every rank
+//   ckpt::TrainState st = ckpt::load_sharded(path, cfg, params, opt); // every rank, any layout
+//   ckpt::export_weights(path, "gpt2.safetensors");                  // one file, HF names
+#pragma once
+
+#include <string>
+
+#include "dist/mesh.h"
+#include "models/gpt.h"
+#include "nn/flat.h"
+#include "optim/adamw.h"
+#include "train/checkpoint.h"
+
+namespace ndt::ckpt {
+
+// Collective over the mesh's world. Throws (on every rank) if any rank failed to write.
+std::string save_sharded(const std::string& dir, const TrainState& state, const nn::FlatParams& params,
+                         const optim::AdamW& opt, const dist::DeviceMesh& mesh, const models::GPTConfig& cfg,
+                         int keep);
+// True when the checkpoint directory holds a sharded checkpoint.
+bool is_sharded(const std::string& path);
+// Reads this rank's shards of the parameters and AdamW moments (params and opt describe this
+// rank's layout: its TP slices and FSDP shards) from a sharded checkpoint written in any layout.
+TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params,
+                        optim::AdamW& opt);
+// A sharded checkpoint as one safetensors file of whole parameters with GPT-2 names (one
+// process; the model's bytes in memory once).
+void export_weights(const std::string& path, const std::string& out);
+
+}  // namespace ndt::ckpt
