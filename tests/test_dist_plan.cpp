@@ -1,0 +1,140 @@
+// train_gpt --plan against the run it plans: for several layouts (one process, FSDP, DP,
+// TP, CP, HSDP, FSDP x CP x TP on 8 ranks, and activation checkpointing), the planned peak
+// bytes of rank 0 are within 10% of the allocator's measured peak (mem_peak of a step after
+// the first, in metrics.jsonl), and the planned bytes sent per step within 10% of the
+// communicators' counters (comm_bytes). --plan needs no MPI, no data and no memory; a
+// dp_shard_size of -1 needs --plan.world.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "train/data.h"
+#include "train/vocab.h"
+
+using namespace ndt;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int rc;
+  std::string out;
+};
+
+Result shell(const std::string& cmd) {
+  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int st = ::pclose(p);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
+}
+
+std::string mpirun(int np) {
+  return std::string(NDT_MPIRUN) +
+         " --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none -np " +
+         std::to_string(np) + " ";
+}
+
+struct Layout {
+  const char* name;
+  int replicate, shard, cp, tp;
+  const char* extra = "";
+  int np() const { return replicate * shard * cp * tp; }
+  std::string args() const {
+    return " --parallel.dp_replicate_size " + std::to_string(replicate) + " --parallel.dp_shard_size " +
+           std::to_string(shard) + " --parallel.cp_size " + std::to_string(cp) + " --parallel.tp_size " +
+           std::to_string(tp) + " " + extra;
+  }
+};
+
+class DistPlan : public ::testing::TestWithParam<Layout> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("ndt_test_dist_plan_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "data");
+    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "see", "it"};
+    std::string text;
+    uint64_t x = 7;
+    for (int i = 0; i < 20000; ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      text += words[(x >> 33) % 12];
+      text += (i % 9 == 8) ? ".\n" : " ";
+    }
+    data::Vocab v = data::Vocab::build_char(text);
+    data::write_shard((dir_ / "data" / "train_000000.bin").string(), v.encode(text));
+    // a model whose activations outweigh its parameters, so the bound tests the activations
+    std::ofstream(dir_ / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 64\nvocab_multiple = 8\n"
+                                       "vocab_size = "
+                                    << v.size() << "\nblock_size = 64\n[data]\ntrain = "
+                                    << (dir_ / "data" / "train_*.bin").string()
+                                    << "\n[train]\nmicro_batch_size = 8\nseq_len = 64\nsteps = 3\nthreads = 1\n"
+                                       "eval_every = 0\n[sample]\nevery = -1\n[log]\nevery = 1\n";
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  static fs::path dir_;
+};
+fs::path DistPlan::dir_;
+
+TEST_P(DistPlan, PlannedBytesMatchTheRun) {
+  const Layout& l = GetParam();
+  const std::string base = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + l.args();
+  const Result planned = shell(base + " --plan --json");
+  ASSERT_EQ(planned.rc, 0) << planned.out;
+  const nlohmann::json plan = nlohmann::json::parse(planned.out);
+  const fs::path metrics = dir_ / (std::string(l.name) + ".jsonl");
+  const Result run = shell((l.np() > 1 ? mpirun(l.np()) : std::string()) + base + " --log.metrics " + metrics.string());
+  ASSERT_EQ(run.rc, 0) << run.out;
+  // step 3: the first step warms the allocator's cache and the communicators
+  nlohmann::json last;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("mem_peak")) last = j;
+  }
+  ASSERT_FALSE(last.is_null());
+  ASSERT_EQ(last["step"].get<int64_t>(), 3);
+  const double mem = last["mem_peak"].get<double>(), comm = last["comm_bytes"].get<double>();
+  const double pmem = plan["memory"]["peak"].get<double>(), pcomm = plan["comm_bytes"].get<double>();
+  std::printf("[ plan     ] %-22s peak planned %9.0f measured %9.0f (%+.1f%%) | comm planned %9.0f measured %9.0f\n",
+              l.name, pmem, mem, 100 * (pmem / mem - 1), pcomm, comm);
+  EXPECT_NEAR(pmem / mem, 1.0, 0.10) << "planned peak " << pmem << " measured " << mem << "\n" << planned.out;
+  if (l.np() == 1)
+    EXPECT_EQ(comm, 0);
+  else
+    EXPECT_NEAR(pcomm / comm, 1.0, 0.10) << "planned comm " << pcomm << " measured " << comm << "\n" << planned.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, DistPlan,
+                         ::testing::Values(Layout{"single", 1, 1, 1, 1}, Layout{"fsdp2", 1, 2, 1, 1},
+                                           Layout{"dp2", 2, 1, 1, 1}, Layout{"tp2", 1, 1, 1, 2},
+                                           Layout{"cp2", 1, 1, 2, 1}, Layout{"hsdp2x2", 2, 2, 1, 1},
+                                           Layout{"shard2_cp2_tp2", 1, 2, 2, 2},
+                                           Layout{"fsdp2_full_ac", 1, 2, 1, 1, "--train.activation_checkpointing full"},
+                                           Layout{"tp2_selective_ac_accum2", 1, 1, 1, 2,
+                                                  "--train.activation_checkpointing selective --train.grad_accum_steps 2"}),
+                         [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
+
+TEST(Plan, NeedsTheWorldForTheRestOfIt) {
+  const std::string bin = NDT_TRAIN_GPT_BIN;
+  Result r = shell(bin + " --plan --parallel.dp_shard_size -1");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--plan.world"), std::string::npos) << r.out;
+  r = shell(bin + " --plan --json --parallel.dp_shard_size -1 --parallel.tp_size 2 --plan.world 8");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["dp_shard"].get<int64_t>(), 4);
+  // a layout that does not fill the world is refused like the trainer refuses it
+  r = shell(bin + " --plan --parallel.dp_shard_size 3 --plan.world 8");
+  EXPECT_EQ(r.rc, 2) << r.out;
+}
+
+}  // namespace

@@ -1,0 +1,422 @@
+// The plan of a training config: sizes from the described model, memory from what the ops
+// save for backward, communication from the formulas the communicators count. Every count
+// below names the code it follows; when that code changes, this file must change with it
+// (tests/test_dist_plan.cpp compares the two under mpirun).
+//
+// Legend (this rank's view): B micro-batch, T sequence, Tl = T / cp tokens of a sequence on
+// this rank, N = B Tl rows, C = n_embd, Cl = C / tp attention channels, H = 4C / tp MLP
+// hidden units, NHl = n_head / tp heads, Vl = Vp / tp vocabulary rows, L blocks, f = 4
+// bytes (float32; the only training dtype so far).
+#include "train/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "dist/context_parallel/ring_attention.h"
+#include "dist/tensor_parallel/tensor_parallel.h"
+#include "models/gpt.h"
+#include "nn/flat.h"
+
+namespace ndt::train {
+namespace {
+
+constexpr int64_t kF = 4;  // bytes of a float32
+
+// A communicator that has a size and a rank and nothing else: apply_tensor_parallel reads
+// them to split the described parameters; any collective would be a bug in the planner.
+class ShapeOnlyComm : public dist::Communicator {
+ public:
+  ShapeOnlyComm(int rank, int size) : Communicator(rank, size, "tp (plan)") {}
+  std::string backend() const override { return "none"; }
+  dist::WorkPtr all_reduce(const Tensor&, dist::ReduceOp) override { fail(); }
+  dist::WorkPtr all_gather(const Tensor&, const Tensor&) override { fail(); }
+  dist::WorkPtr reduce_scatter(const Tensor&, const Tensor&, dist::ReduceOp) override { fail(); }
+  dist::WorkPtr broadcast(const Tensor&, int) override { fail(); }
+  dist::WorkPtr send(const Tensor&, int) override { fail(); }
+  dist::WorkPtr recv(const Tensor&, int) override { fail(); }
+  void barrier() override { fail(); }
+  std::shared_ptr<Communicator> split(int, int, const std::string&) override { fail(); }
+  [[noreturn]] void abort(int) override { fail(); }
+
+ private:
+  [[noreturn]] static void fail() { NDT_FAIL("internal: the planner's communicator cannot communicate"); }
+};
+
+// Bytes an all-reduce of `bytes` sends on n ranks (MpiCommunicator::all_reduce's counter).
+int64_t all_reduce_bytes(int64_t bytes, int64_t n) { return n > 1 ? 2 * (n - 1) * bytes / n : 0; }
+
+std::string human(double b) {
+  char s[32];
+  if (b >= double(1 << 30))
+    std::snprintf(s, sizeof(s), "%.2f GiB", b / double(1 << 30));
+  else if (b >= double(1 << 20))
+    std::snprintf(s, sizeof(s), "%.2f MiB", b / double(1 << 20));
+  else
+    std::snprintf(s, sizeof(s), "%.1f KiB", b / 1024.0);
+  return s;
+}
+
+// What one block keeps for backward, and the most it holds on top of the blocks before it
+// while its own backward runs (elements; the block's input belongs to the block before).
+struct BlockMem {
+  int64_t saved = 0;  // kept from its forward to its backward (its output included)
+  int64_t during_backward = 0;  // live while its backward runs, besides the earlier blocks
+};
+
+struct Dims {
+  int64_t B, Tl, N, C, Cl, H, NHl, Vl, cp;
+};
+
+// The attention core's saved tensors (autograd/ops/attention.cpp or, with cp > 1, the ring
+// of dist/context_parallel/ring_attention.cpp), without the c_proj input.
+//   one process: q, k, v (permuted copies, 3 N Cl), the probabilities p (B NHl Tl^2),
+//                the output o (N Cl)
+//   ring:        per (query chunk, key chunk) pair that the causal mask leaves (2 cp + 1 of
+//                them on every rank) the checkpointed attention keeps its K and V halves
+//                (N Cl together: split_last copies them for each pair), both query halves
+//                (N Cl, shared), each pair's output and lse and each merge's (4 cp - 1
+//                halves of N Cl / 2; 4 cp lse of N NHl / 2); the probabilities are
+//                recomputed per pair in backward (one (Tl/2)^2 block at a time)
+int64_t core_saved(const Dims& d) {
+  if (d.cp == 1) return 4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl;
+  const int64_t pairs = 2 * d.cp + 1;
+  return d.N * d.Cl + pairs * d.N * d.Cl + (4 * d.cp - 1) * d.N * d.Cl / 2 + 2 * d.cp * d.N * d.NHl;
+}
+// The attention backward's own tensors: dout, dv, dq, dk (4 N Cl) and ds (p's shape; with
+// the ring one score block of (Tl/2)^2 per pair, recomputed, plus the pair's p).
+int64_t core_backward(const Dims& d) {
+  if (d.cp == 1) return 4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl;
+  const int64_t Tc = d.Tl / 2;
+  return 4 * d.N * d.Cl + 2 * d.B * d.NHl * Tc * Tc;
+}
+
+// nn::Block::forward with the ops of autograd/ops/*.cpp, per mode (nn::ACMode):
+//   none       ln_1: mean, rstd (2N); c_attn keeps its input ln_1(x) (N C); the core
+//              (above) and c_proj's input (N Cl: heads_to_back's copy); h = x + attn
+//              (N C, kept by ln_2) and ln_2's mean, rstd (2N); c_fc's input (N C); GELU's
+//              input (N H) and c_proj's input, GELU's output (N H); the block's output
+//              (N C, kept by the next block). (c_attn's (N, 3Cl) output dies: split_last
+//              copies q, k, v out of it and keeps nothing.)
+//   selective  the same but the core keeps only its input qkv (3 N Cl) and its output
+//              (N Cl, c_proj's input); q, k, v, p, o are made again in backward.
+//   full       the output only (N C); the input is the block before's output.
+// During backward, on top of the earlier blocks: the MLP's (everything saved but the
+// output, which ln_f or the next block has released, plus the incoming gradient N C, the
+// GELU's dx and input gradient 2 N H less the GELU output already released N H, and
+// c_proj's weight gradient H C before it is accumulated); then the attention's (ln_1's
+// output and stats, the core, two gradients of N C on the residual, the core's backward).
+// Full recomputes the block from its input inside backward: the saved set of `none`
+// comes back for the duration, plus the incoming gradient.
+BlockMem block_mem(const Dims& d, nn::ACMode mode) {
+  const int64_t N = d.N, C = d.C, Cl = d.Cl, H = d.H;
+  const int64_t mlp_part = N * C /*h*/ + 2 * N + N * C /*ln_2 out*/ + 2 * N * H;
+  const int64_t none_saved = N * C /*ln_1 out*/ + 2 * N + core_saved(d) + N * Cl + mlp_part + N * C;
+  auto mlp_moment = [&](int64_t saved) { return saved - N * C + N * C + N * H + H * C; };
+  auto attn_moment = [&](int64_t core_live) {
+    return N * C + 2 * N + core_live + 2 * N * C + core_backward(d);
+  };
+  BlockMem m;
+  switch (mode) {
+    case nn::ACMode::none:
+      m.saved = none_saved;
+      m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
+      break;
+    case nn::ACMode::selective: {
+      m.saved = N * C + 2 * N + 3 * N * Cl + N * Cl + mlp_part + N * C;
+      // the core made again in backward, besides its kept input
+      m.during_backward = std::max(mlp_moment(m.saved), attn_moment(3 * N * Cl + core_saved(d)));
+      break;
+    }
+    case nn::ACMode::full:
+      m.saved = N * C;
+      m.during_backward =
+          N * C /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
+      break;
+  }
+  return m;
+}
+
+nn::ACMode block_mode(nn::ACMode ac, int64_t every, int64_t i) {
+  return ac != nn::ACMode::none && i % every == 0 ? ac : nn::ACMode::none;
+}
+
+}  // namespace
+
+int64_t plan_world(const Config& c) {
+  if (c.plan_world > 0) return c.plan_world;
+  if (c.parallel.dp_shard_size == -1)
+    throw ConfigError(
+        "--plan with parallel.dp_shard_size = -1 needs the world size: add --plan.world N (the number of "
+        "ranks the job would have)");
+  return c.parallel.dp_replicate_size * c.parallel.dp_shard_size * c.parallel.cp_size * c.parallel.tp_size;
+}
+
+Plan plan(const Config& c, int64_t world) {
+  Plan p;
+  try {
+    p.dims = dist::ParallelDims::resolve(c.parallel.dp_replicate_size, c.parallel.dp_shard_size,
+                                         c.parallel.cp_size, c.parallel.tp_size, world);
+    c.model.validate();
+    if (p.dims.tp > 1) dist::check_tensor_parallel(c.model, p.dims.tp);
+    if (p.dims.cp > 1) dist::check_context_parallel(c.train.seq_len, p.dims.cp);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
+  const dist::ParallelDims& D = p.dims;
+  p.strategy = D.strategy();
+  const nn::ACMode ac = ac_mode(c.train);
+  p.ac = c.train.activation_checkpointing;
+  p.ac_every = c.train.ac_every;
+  const models::GPTConfig& mc = c.model;
+  p.n_layer = mc.n_layer;
+  p.n_head = mc.n_head;
+  p.n_embd = mc.n_embd;
+  p.padded_vocab = mc.padded_vocab();
+
+  // ---- the batch (Trainer::materialize): micro x accum x dp sequences
+  p.micro_batch = c.train.micro_batch_size;
+  p.seq_len = c.train.seq_len;
+  p.local_seq = c.train.seq_len / D.cp;
+  p.accum = c.train.grad_accum_steps;
+  p.sequences = p.micro_batch * p.accum * D.dp();
+  p.tokens = p.sequences * p.seq_len;
+
+  // ---- parameters: the described model, split as tensor parallelism splits it, laid out
+  // as FSDP shards it (rank 0 of each group; every rank holds the same sizes)
+  models::GPT gpt(mc);
+  for (const nn::ParamSpec& s : gpt.parameters()) p.params_global += numel_of(s.global_shape());
+  ShapeOnlyComm tp(0, static_cast<int>(D.tp));
+  if (D.tp > 1) dist::apply_tensor_parallel(gpt, tp);
+  const std::vector<nn::FlatUnit> units = nn::plan(gpt.units(), nn::ShardSpec{0, D.fsdp()});
+  int64_t shard = 0, emb_full = 0, block_full = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    p.params_rank += units[i].param_count();
+    shard += units[i].shard_numel;
+    if (i == 0) emb_full = units[i].padded_numel;
+    else block_full = std::max(block_full, units[i].padded_numel);
+  }
+  p.param_bytes = shard * kF;
+  p.grad_bytes = shard * kF;
+  p.optim_bytes = 2 * shard * kF;  // AdamW's m and v (optim/adamw.cpp), shard-sized
+
+  // ---- activations of one micro-step (forward kept for backward)
+  Dims d{p.micro_batch, p.local_seq, p.micro_batch * p.local_seq, mc.n_embd, mc.n_embd / D.tp,
+         4 * mc.n_embd / D.tp, mc.n_head / D.tp, mc.padded_vocab() / D.tp, D.cp};
+  const int64_t N = d.N, C = d.C, Vl = d.Vl;
+  // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
+  // vocab_parallel_embedding: mul keeps the lookup and the mask (2 N C), g sums.
+  const int64_t emb_saved = N * C + (D.tp > 1 ? 2 * N * C : 0);
+  // FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
+  // embeddings and their gradient (gathered for the whole step), block i and block i-1
+  // (prefetched), block i's whole gradient and, but for the last block (the first whose
+  // backward runs), block i+1's, whose reduce-scatter is drained only when the next
+  // block's backward begins (so it may still be live; it is counted).
+  const bool sharded = D.sharded();
+  const int64_t L = mc.n_layer;
+  auto gathered_in_block = [&](int64_t i) -> int64_t {
+    if (!sharded) return 0;
+    return 2 * emb_full + block_full * (1 + (i > 0 ? 1 : 0)) + block_full * (1 + (i + 1 < L ? 1 : 0));
+  };
+  int64_t blocks_saved = 0, prefix = emb_saved, worst_block = 0, worst_block_gathered = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const BlockMem m = block_mem(d, block_mode(ac, c.train.ac_every, i));
+    if (prefix + m.during_backward + gathered_in_block(i) > worst_block + worst_block_gathered) {
+      worst_block = prefix + m.during_backward;
+      worst_block_gathered = gathered_in_block(i);
+    }
+    prefix += m.saved;
+    blocks_saved += m.saved;
+  }
+  p.block_activation_bytes = block_mem(d, block_mode(ac, c.train.ac_every, 1 % mc.n_layer)).saved * kF;
+  // ln_f: mean, rstd (2N) and its output (N C, lm_head's input); the logits (N Vl) are kept
+  // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
+  const int64_t head_saved = 2 * N + N * C;
+  const int64_t logits = N * Vl;
+  const int64_t ce_saved = D.tp > 1 ? 3 * N : N;
+  p.activation_bytes = (emb_saved + blocks_saved + head_saved) * kF;
+  p.logits_bytes = logits * kF;
+  p.loss_temp_bytes = (logits + ce_saved) * kF;  // dlogits (N Vl) in backward, and the kept statistics
+  // the batch (inputs and targets, B T i32 each; with CP this rank's copy too) and positions
+  p.other_bytes = (2 * p.micro_batch * p.seq_len + (D.cp > 1 ? 2 * N : 0) + N) * 4;
+
+  // at the end of forward the embeddings (and their gradient) and the last block are whole
+  const int64_t g_fwd_end = sharded ? 2 * emb_full + block_full : 0;
+  p.gathered_max_bytes = sharded ? (2 * emb_full + 4 * block_full) * kF : 0;
+
+  // ---- the moments at which memory peaks
+  const int64_t persistent = p.param_bytes + p.grad_bytes + p.optim_bytes + p.other_bytes;
+  auto add = [&](const std::string& name, int64_t acts, int64_t gathered, int64_t transient) {
+    PlanMoment m{name, acts * kF, gathered * kF, transient * kF, 0};
+    m.total = persistent + m.activations + m.gathered + m.transient;
+    p.moments.push_back(m);
+  };
+  const int64_t all_saved = emb_saved + blocks_saved + head_saved + logits + ce_saved;
+  // the loss's backward: every activation, the logits and their gradient
+  add("loss backward (logits and dlogits)", all_saved, g_fwd_end, logits);
+  // lm_head's backward: the logits are released; dlogits, dx (N C) and dwte (Vl C)
+  add("lm_head backward", all_saved - logits, g_fwd_end, N * C + Vl * C);
+  // the blocks' backward, the worst block (earlier blocks' activations still kept)
+  add("block backward", worst_block, worst_block_gathered, 0);
+  auto top = std::max_element(p.moments.begin(), p.moments.end(),
+                              [](const PlanMoment& a, const PlanMoment& b) { return a.total < b.total; });
+  p.peak_bytes = top->total;
+  p.peak_at = top->name;
+  p.gathered_bytes = top->gathered;
+
+  // ---- communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp)
+  const int64_t A = p.accum, n = D.fsdp(), r = D.dp_replicate, t = D.tp, cp = D.cp;
+  auto comm = [&](const std::string& dim, const std::string& what, const std::string& formula, int64_t b) {
+    if (b > 0) p.comm.push_back({dim, what, formula, b});
+  };
+  if (sharded) {
+    int64_t blocks_full_bytes = 0, blocks_but_last = 0;
+    for (size_t i = 1; i < units.size(); ++i) {
+      blocks_full_bytes += units[i].padded_numel * kF;
+      if (i + 1 < units.size()) blocks_but_last += units[i].padded_numel * kF;
+    }
+    const int64_t emb_bytes = emb_full * kF;
+    comm("fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb", (n - 1) * (emb_bytes / n));
+    comm("fsdp", "all-gather of every block (forward, each micro-step)", "accum (n-1)/n sum P_block",
+         A * (n - 1) * (blocks_full_bytes / n) / 1);
+    comm("fsdp", "all-gather of every block but the last (backward)", "accum (n-1)/n sum P_block[<L]",
+         A * (n - 1) * (blocks_but_last / n));
+    comm("fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block",
+         A * (n - 1) * (blocks_full_bytes / n));
+    comm("fsdp", "reduce-scatter of the embeddings' gradient (last micro-step)", "(n-1)/n P_emb",
+         (n - 1) * (emb_bytes / n));
+    if (r > 1) {
+      int64_t b = 0;
+      for (const nn::FlatUnit& u : units) b += all_reduce_bytes(u.shard_numel * kF, r);
+      comm("replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
+    }
+  } else if (r > 1) {
+    int64_t b = 0;
+    for (const nn::FlatUnit& u : units) b += all_reduce_bytes(u.shard_numel * kF, r);
+    comm("replicate", "DP all-reduce of every gradient buffer (last micro-step)", "2 (r-1)/r sum P", b);
+  }
+  // recomputed blocks run their forward communication again in backward
+  int64_t full_blocks = 0, recomputed_cores = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const nn::ACMode m = block_mode(ac, c.train.ac_every, i);
+    if (m == nn::ACMode::full) ++full_blocks;
+    if (m != nn::ACMode::none) ++recomputed_cores;
+  }
+  if (t > 1) {
+    const int64_t x = N * C * kF;
+    comm("tp", "g: all-reduce after each attention and MLP, and the embedding (forward)",
+         "accum (2L+1) 2 (t-1)/t N C f", A * (2 * L + 1) * all_reduce_bytes(x, t));
+    if (full_blocks)
+      comm("tp", "g again in the blocks full checkpointing recomputes", "accum 2 L_full 2 (t-1)/t N C f",
+           A * 2 * full_blocks * all_reduce_bytes(x, t));
+    comm("tp", "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)",
+         "accum (2L+1) 2 (t-1)/t N C f", A * (2 * L + 1) * all_reduce_bytes(x, t));
+    comm("tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
+         "accum 3 2 (t-1)/t N f", A * 3 * all_reduce_bytes(N * kF, t));
+  }
+  if (cp > 1) {
+    const int64_t block = 2 * N * d.Cl * kF;  // K and V of this rank's two chunks
+    comm("cp", "ring: K/V blocks forward and their gradients back, every block", "accum L 2 (cp-1) 2 N Cl f",
+         A * L * 2 * (cp - 1) * block);
+    if (recomputed_cores)
+      comm("cp", "ring again in the attention that checkpointing recomputes", "accum L_ac (cp-1) 2 N Cl f",
+           A * recomputed_cores * (cp - 1) * block);
+  }
+  // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp ranks, the
+  // gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group
+  int64_t scalars = all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, t);
+  if (sharded) scalars += all_reduce_bytes(8, n);
+  comm("scalars", "loss mean and gradient norm", "2 (k-1)/k 8 per group", scalars);
+  for (const PlanComm& x : p.comm) p.comm_bytes += x.bytes;
+
+  // ---- notes
+  if (D.tp > 1 && mc.n_head % D.tp) p.notes.push_back("n_head does not divide by tp");
+  if (ac != nn::ACMode::none && c.train.ac_every > 1)
+    p.notes.push_back("activation checkpointing on blocks 0, " + std::to_string(c.train.ac_every) + ", " +
+                      std::to_string(2 * c.train.ac_every) + ", ...; the others keep everything");
+  if (D.cp > 1)
+    p.notes.push_back("context parallelism: the numbers are rank 0's, which keeps the most ring blocks");
+  return p;
+}
+
+void print_plan(const Plan& p, std::ostream& o) {
+  const dist::ParallelDims& D = p.dims;
+  char line[256];
+  o << "plan: " << D.str() << " (" << p.strategy << ")\n";
+  o << "model: " << p.n_layer << " layers, " << p.n_head << " heads, n_embd " << p.n_embd << ", vocabulary "
+    << p.padded_vocab << " (padded); " << p.params_global << " parameters, " << p.params_rank
+    << " on each tensor-parallel rank\n";
+  o << "batch: " << p.micro_batch << " sequences x " << p.accum << " accumulation x " << D.dp()
+    << " data-parallel = " << p.sequences << " sequences = " << p.tokens << " tokens per step; each rank runs "
+    << p.micro_batch << " x " << p.local_seq << " tokens per micro-step\n";
+  o << "activation checkpointing: " << p.ac << (p.ac != "none" && p.ac_every > 1 ? " every " + std::to_string(p.ac_every) : "")
+    << "\n";
+  o << "memory per rank (float32):\n";
+  auto row = [&](const char* what, int64_t b, const std::string& how) {
+    std::snprintf(line, sizeof(line), "  %-22s %12s  %s\n", what, human(double(b)).c_str(), how.c_str());
+    o << line;
+  };
+  row("parameters", p.param_bytes, D.sharded() ? "this rank's shard (1/" + std::to_string(D.fsdp()) + ")" : "");
+  row("gradients", p.grad_bytes, "");
+  row("AdamW moments", p.optim_bytes, "m and v");
+  if (D.sharded())
+    row("gathered (FSDP)", p.gathered_bytes,
+        "whole buffers at the peak (up to " + human(double(p.gathered_max_bytes)) +
+            ": embeddings and their gradient, two blocks and two block gradients)");
+  row("activations", p.activation_bytes,
+      "kept for backward, one micro-step (a block: " + human(double(p.block_activation_bytes)) + ")");
+  row("logits", p.logits_bytes, "B T Vp/tp floats");
+  row("loss temporaries", p.loss_temp_bytes, "dlogits and the kept statistics");
+  row("batch, positions", p.other_bytes, "");
+  row("peak estimate", p.peak_bytes, "at " + p.peak_at);
+  for (const PlanMoment& m : p.moments) {
+    std::snprintf(line, sizeof(line), "    %-36s %12s  (activations %s, gathered %s, temporaries %s)\n",
+                  m.name.c_str(), human(double(m.total)).c_str(), human(double(m.activations)).c_str(),
+                  human(double(m.gathered)).c_str(), human(double(m.transient)).c_str());
+    o << line;
+  }
+  o << "communication per step, sent by each rank:\n";
+  for (const PlanComm& c : p.comm) {
+    std::snprintf(line, sizeof(line), "  %-9s %12s  %s [%s]\n", c.dim.c_str(), human(double(c.bytes)).c_str(),
+                  c.what.c_str(), c.formula.c_str());
+    o << line;
+  }
+  std::snprintf(line, sizeof(line), "  %-9s %12s  (%lld bytes)\n", "total", human(double(p.comm_bytes)).c_str(),
+                (long long)p.comm_bytes);
+  o << line;
+  for (const std::string& n : p.notes) o << "note: " << n << "\n";
+}
+
+void print_plan_json(const Plan& p, std::ostream& o) {
+  nlohmann::json j;
+  j["layout"] = {{"dp_replicate", p.dims.dp_replicate}, {"dp_shard", p.dims.dp_shard}, {"cp", p.dims.cp},
+                 {"tp", p.dims.tp}, {"world", p.dims.world()}, {"strategy", p.strategy}};
+  j["activation_checkpointing"] = p.ac;
+  j["ac_every"] = p.ac_every;
+  j["batch"] = {{"micro_batch_size", p.micro_batch}, {"seq_len", p.seq_len}, {"local_seq_len", p.local_seq},
+                {"grad_accum_steps", p.accum}, {"sequences", p.sequences}, {"tokens", p.tokens}};
+  j["model"] = {{"n_layer", p.n_layer}, {"n_head", p.n_head}, {"n_embd", p.n_embd},
+                {"padded_vocab", p.padded_vocab}, {"params", p.params_global}, {"params_per_tp_rank", p.params_rank}};
+  j["memory"] = {{"params", p.param_bytes},          {"grads", p.grad_bytes},
+                 {"optimizer", p.optim_bytes},       {"gathered", p.gathered_bytes},
+                 {"gathered_max", p.gathered_max_bytes}, {"activations", p.activation_bytes},
+                 {"activations_per_block", p.block_activation_bytes}, {"logits", p.logits_bytes},
+                 {"loss_temporaries", p.loss_temp_bytes}, {"other", p.other_bytes},
+                 {"peak", p.peak_bytes},             {"peak_at", p.peak_at}};
+  nlohmann::json moments = nlohmann::json::array();
+  for (const PlanMoment& m : p.moments)
+    moments.push_back({{"name", m.name}, {"total", m.total}, {"activations", m.activations},
+                       {"gathered", m.gathered}, {"temporaries", m.transient}});
+  j["memory"]["moments"] = moments;
+  nlohmann::json comm = nlohmann::json::array();
+  for (const PlanComm& c : p.comm)
+    comm.push_back({{"dim", c.dim}, {"what", c.what}, {"formula", c.formula}, {"bytes", c.bytes}});
+  j["comm"] = comm;
+  j["comm_bytes"] = p.comm_bytes;
+  j["notes"] = p.notes;
+  o << j.dump(2) << "\n";
+}
+
+}  // namespace ndt::train

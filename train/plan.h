@@ -1,0 +1,77 @@
+// ndtrain: the memory and communication plan of a training config, without running it
+// (train_gpt --plan): per rank, the bytes of parameters, gradients, AdamW moments, the
+// units FSDP gathers, the activations of one micro-step under the chosen activation
+// checkpointing, the logits and the loss's temporaries, a peak estimate; and the bytes each
+// dimension of the mesh sends per step, by the formulas the communicators count.
+//
+//   train_gpt --config gpt.ini --plan                    # world = the [parallel] sizes' product
+//   train_gpt --config gpt.ini --plan --plan.world 16    # needed when dp_shard_size = -1
+//   train_gpt --config gpt.ini --plan --json             # the same as one JSON object
+//
+// Nothing is allocated and MPI never starts: the model is described, tensor parallelism
+// splits the description (dist::apply_tensor_parallel against a communicator that has only
+// a size and a rank), and nn::plan lays out the FSDP shards. docs/planner.md explains how
+// to read the result; tests/test_dist_plan.cpp compares it with the allocator's measured
+// peak and the communicators' byte counters under mpirun.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "dist/mesh.h"
+#include "train/config.h"
+
+namespace ndt::train {
+
+struct PlanComm {
+  std::string dim;      // "fsdp", "replicate", "tp", "cp", "dp", "scalars"
+  std::string what;     // e.g. "all-gather of every block (forward)"
+  std::string formula;  // how the bytes follow from the sizes
+  int64_t bytes = 0;    // sent per optimizer step by the planned rank
+};
+
+// One moment of the step at which memory is at its highest, and what is live then.
+struct PlanMoment {
+  std::string name;
+  int64_t activations = 0, gathered = 0, transient = 0;
+  int64_t total = 0;  // with the persistent bytes
+};
+
+struct Plan {
+  dist::ParallelDims dims;
+  std::string strategy;
+  std::string ac;  // none, full, selective
+  int64_t ac_every = 1;
+  // the batch
+  int64_t micro_batch = 0, seq_len = 0, local_seq = 0, accum = 0, sequences = 0, tokens = 0;
+  // the model
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, padded_vocab = 0;
+  int64_t params_global = 0;  // every parameter once
+  int64_t params_rank = 0;    // on this rank after tensor parallelism, before FSDP sharding
+  // bytes per rank (float32)
+  int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;   // the shards this rank owns
+  int64_t gathered_bytes = 0;                                 // FSDP: whole buffers at the peak
+  int64_t gathered_max_bytes = 0;                             // the most FSDP ever holds whole
+  int64_t activation_bytes = 0;                               // saved for backward, one micro-step
+  int64_t block_activation_bytes = 0;                         // of that, one block (mode of block 1, or 0)
+  int64_t logits_bytes = 0, loss_temp_bytes = 0, other_bytes = 0;
+  int64_t peak_bytes = 0;
+  std::string peak_at;
+  std::vector<PlanMoment> moments;
+  std::vector<PlanComm> comm;
+  int64_t comm_bytes = 0;
+  std::vector<std::string> notes;
+};
+
+// The plan of config c on `world` ranks (the [parallel] sizes must multiply to it, or
+// dp_shard_size = -1 takes the rest). Throws ConfigError on a layout the trainer refuses.
+Plan plan(const Config& c, int64_t world);
+// The world size for --plan: plan_world when given, else the product of the [parallel]
+// sizes; dp_shard_size = -1 without plan_world is a ConfigError.
+int64_t plan_world(const Config& c);
+void print_plan(const Plan& p, std::ostream& out);
+void print_plan_json(const Plan& p, std::ostream& out);
+
+}  // namespace ndt::train
