@@ -7,7 +7,9 @@
 # For each config, the same global batch (8 sequences) trained by one process with 2
 # threads and by 2 ranks x 1 thread in each 2-rank layout: DP and FSDP (each rank 4
 # sequences), TP and CP (both ranks the same 8 sequences; TP splits the layers, CP the
-# sequence). LAYOUTS="dp2 fsdp2 tp2 cp2" (default) picks them. Tokens/s
+# sequence). LAYOUTS="dp2 fsdp2 tp2 cp2" (default) picks them; the 4-rank layouts
+# fsdp2_tp2, fsdp2_cp2, hsdp2x2 and tp2_cp2 run 4 ranks x 1 thread on the same cores
+# (oversubscribed 2x on a 2-core machine: compare them with each other, not with 1 x 2). Tokens/s
 # are train_gpt's averages over the steps after the first. With FSDP the Chrome trace of
 # every rank gives the exposed communication: the share of the step the compute thread
 # spent waiting on a collective (scripts/trace_summary.py).
@@ -39,20 +41,25 @@ for cfg in ${1:-S M}; do
   read -r ms0 tok0 < <(speed "$OUT/single.txt")
   printf "%-6s %-22s %10.1f %10.0f %8s %10s\n" "$cfg" "1 process x 2 threads" "$ms0" "$tok0" "1.00x" "-"
   for layout in ${LAYOUTS:-dp2 fsdp2 tp2 cp2}; do
+    np=2
     case $layout in
       dp2) par="--parallel.dp_replicate_size 2"; B=4 ;;
       fsdp2) par="--parallel.dp_shard_size 2"; B=4 ;;
       tp2) par="--parallel.tp_size 2"; B=8 ;;
       cp2) par="--parallel.cp_size 2"; B=8 ;;
+      fsdp2_tp2) par="--parallel.dp_shard_size 2 --parallel.tp_size 2"; B=4; np=4 ;;
+      fsdp2_cp2) par="--parallel.dp_shard_size 2 --parallel.cp_size 2"; B=4; np=4 ;;
+      hsdp2x2) par="--parallel.dp_replicate_size 2 --parallel.dp_shard_size 2"; B=2; np=4 ;;
+      tp2_cp2) par="--parallel.tp_size 2 --parallel.cp_size 2"; B=8; np=4 ;;
       *) echo "unknown layout $layout" >&2; exit 1 ;;
     esac
     rm -f "$OUT"/trace*
-    "${MPIRUN[@]}" -np 2 "$BUILD/train_gpt" "$@" --train.micro_batch_size $B --train.threads 1 $par \
+    "${MPIRUN[@]}" -np $np "$BUILD/train_gpt" "$@" --train.micro_batch_size $B --train.threads 1 $par \
       --log.trace "$OUT/trace.json" > "$OUT/$layout.txt" 2>&1
     read -r ms tok < <(speed "$OUT/$layout.txt")
     exposed=$(python3 scripts/trace_summary.py --skip 2 "$OUT"/trace.rank*.json | awk 'NR>1 {s+=$6; n++} END {printf "%.1f%%", s/n}')
     ratio=$(awk -v a="$tok" -v b="$tok0" 'BEGIN {printf "%.2fx", a/b}')
-    printf "%-6s %-22s %10.1f %10.0f %8s %10s\n" "$cfg" "$layout (2 ranks x 1)" "$ms" "$tok" "$ratio" "$exposed"
+    printf "%-6s %-22s %10.1f %10.0f %8s %10s\n" "$cfg" "$layout ($np ranks x 1)" "$ms" "$tok" "$ratio" "$exposed"
     if [[ $layout == fsdp2 && -n "${SVG:-}" ]]; then
       python3 scripts/trace_summary.py --skip 2 --window 3 --svg "$SVG" "$OUT"/trace.rank*.json > /dev/null
     fi
