@@ -15,6 +15,10 @@ double Strategy::global_norm(const nn::FlatParams& params, Communicator* shards)
   return std::sqrt(s);
 }
 
+void NoParallelism::end_micro() {
+  for (const nn::FlatUnit& u : params_.units) nn::fold_grad(u);
+}
+
 double NoParallelism::grad_norm() { return global_norm(params_, nullptr); }
 
 DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas)
@@ -25,18 +29,22 @@ DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas)
     for (const nn::FlatParam& p : u.params) ps.push_back(p.value);
     // in backward, right after the last gradient of this unit: average it over the replicas
     autograd::GradGroup::create(ps, [this, &u] {
+      nn::fold_grad(u);  // mixed precision: into the master's dtype first, reduced there
       if (sync_) pending_.push_back(comm_.all_reduce(u.grad, ReduceOp::kAvg));
     });
   }
 }
 
 void DataParallel::end_micro() {
+  nn::fold_grad(params_.units[0]);
   if (!sync_) return;
   pending_.push_back(comm_.all_reduce(params_.units[0].grad, ReduceOp::kAvg));  // the embeddings, last
   for (const WorkPtr& w : pending_) w->wait();
   pending_.clear();
 }
 
-double DataParallel::grad_norm() { return global_norm(params_, nullptr); }  // replicas hold the same gradients
+double DataParallel::grad_norm() {
+  return global_norm(params_, nullptr);
+}  // replicas hold the same gradients
 
 }  // namespace ndt::dist

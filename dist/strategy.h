@@ -56,6 +56,7 @@ class NoParallelism : public Strategy {
  public:
   explicit NoParallelism(const nn::FlatParams& params) : params_(params) {}
   std::string name() const override { return "single process"; }
+  void end_micro() override;  // mixed precision: the micro-step's gradients into the master's
   double grad_norm() override;
 
  private:

@@ -22,7 +22,22 @@ int64_t FlatUnit::param_count() const {
 }
 
 void FlatParams::zero_grad() const {
-  for (const FlatUnit& u : units) kernels::fill(u.grad, 0.0);
+  for (const FlatUnit& u : units) {
+    kernels::fill(u.grad, 0.0);
+    if (u.mixed() && !u.sharded()) kernels::fill(u.full_grad, 0.0);
+  }
+}
+
+void FlatParams::refresh_compute() const {
+  for (const FlatUnit& u : units)
+    if (u.mixed()) u.compute_shard.copy_(u.data);  // rounds to the compute dtype
+}
+
+void fold_grad(const FlatUnit& u) {
+  if (u.full_grad.same(u.grad)) return;
+  NDT_CHECK(!u.sharded(), "fold_grad: unit ", u.name, " is sharded (FSDP reduces full_grad itself)");
+  kernels::add_(u.grad, u.full_grad.to(u.grad.dtype()));
+  kernels::fill(u.full_grad, 0.0);
 }
 
 int64_t FlatParams::param_count() const {
@@ -140,8 +155,8 @@ void init_range(const FlatParam& p, const Tensor& dst, int64_t lo, int64_t hi, u
 }  // namespace
 
 std::vector<FlatUnit> plan(const std::vector<UnitSpec>& specs, ShardSpec shard) {
-  NDT_CHECK(shard.count >= 1 && shard.rank >= 0 && shard.rank < shard.count, "materialize: bad shard ", shard.rank,
-            " of ", shard.count);
+  NDT_CHECK(shard.count >= 1 && shard.rank >= 0 && shard.rank < shard.count, "materialize: bad shard ",
+            shard.rank, " of ", shard.count);
   std::vector<FlatUnit> out;
   for (const UnitSpec& us : specs) {
     FlatUnit u;
@@ -173,18 +188,26 @@ std::vector<FlatUnit> plan(const std::vector<UnitSpec>& specs, ShardSpec shard) 
 }
 
 FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType dtype, uint64_t seed,
-                       ShardSpec shard) {
+                       ShardSpec shard, std::optional<DType> compute_dtype) {
+  const DType cd = compute_dtype.value_or(dtype);
   FlatParams out;
   for (FlatUnit& u : plan(specs, shard)) {
+    u.shards = shard.count;
     u.data = Tensor::zeros({u.shard_numel}, dtype, device);
     u.grad = Tensor::zeros({u.shard_numel}, dtype, device);
-    if (shard.count == 1) {
+    if (shard.count == 1 && cd == dtype) {
       u.full = u.data;
       u.full_grad = u.grad;
+    } else if (shard.count == 1) {  // mixed precision: the model's copy, and its gradient
+      u.full = Tensor::zeros({u.padded_numel}, cd, device);
+      u.full_grad = Tensor::zeros({u.padded_numel}, cd, device);
     } else {
-      u.full = released_buffer(u.padded_numel, dtype, device);
-      u.full_grad = released_buffer(u.padded_numel, dtype, device);
+      u.full = released_buffer(u.padded_numel, cd, device);
+      u.full_grad = released_buffer(u.padded_numel, cd, device);
     }
+    u.compute_shard = cd == dtype        ? u.data
+                      : shard.count == 1 ? u.full
+                                         : Tensor::zeros({u.shard_numel}, cd, device);
     const int64_t s0 = u.shard_offset, s1 = s0 + u.shard_numel;
     for (FlatParam& fp : u.params) {
       // this rank's part of the parameter: buffer elements [a, b)
@@ -198,6 +221,7 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
     }
     out.units.push_back(std::move(u));
   }
+  out.refresh_compute();  // the model computes with the initial values too
   return out;
 }
 

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +53,7 @@ struct FlatUnit {
   int64_t padded_numel = 0;
   int64_t shard_offset = 0;
   int64_t shard_numel = 0;
+  int64_t shards = 1;
   Tensor data;       // (shard_numel) this rank's parameters: what the optimizer updates
   Tensor grad;       // (shard_numel) their gradients
   Tensor full;       // (padded_numel) the whole buffer, which every parameter views
@@ -59,13 +61,24 @@ struct FlatUnit {
   // Unsharded, full and data are one tensor (and full_grad and grad). Sharded, full and
   // full_grad start with their memory released: FSDP gathers into them when the unit runs
   // and releases them after (Storage::allocate/release), while the views stay valid.
-  bool sharded() const { return !full.same(data); }
+  //
+  // Mixed precision (a compute dtype below the master dtype, e.g. bf16 over f32): data and
+  // grad stay in the master dtype (the optimizer's), full and full_grad are in the compute
+  // dtype and never the same tensors as data and grad; compute_shard is the compute-dtype
+  // copy of data that FSDP gathers from (unsharded: full itself). refresh_compute() makes
+  // the copies after the optimizer has stepped; fold_grad() adds full_grad into grad.
+  Tensor compute_shard;
+  bool sharded() const { return shards > 1; }
+  bool mixed() const { return full.dtype() != data.dtype(); }
   int64_t param_count() const;  // parameters without padding
 };
 
 struct FlatParams {
   std::vector<FlatUnit> units;
-  void zero_grad() const;  // the shards' gradients
+  void zero_grad() const;  // the shards' gradients (and, mixed and unsharded, full_grad)
+  // Mixed precision: the compute-dtype copies of the parameters from the master shards
+  // (after every optimizer step and every load); a no-op otherwise.
+  void refresh_compute() const;
   int64_t param_count() const;
   const FlatParam* find(const std::string& name) const;  // nullptr if absent
   int64_t shard_bytes() const;                           // data + grad of every shard
@@ -85,8 +98,14 @@ std::vector<FlatUnit> plan(const std::vector<UnitSpec>& units, ShardSpec shard =
 // requires_grad and .grad set), and initializes values from (seed, name, index). With a
 // ShardSpec of count > 1, only this rank's shard is allocated and initialized: element i
 // of a parameter gets the same value on every layout, and no rank holds the whole model.
+// With compute_dtype set and different from dtype, mixed precision: dtype is the master
+// (the optimizer's) and the parameters the model computes with are compute_dtype copies.
 FlatParams materialize(const std::vector<UnitSpec>& units, Device device, DType dtype, uint64_t seed,
-                       ShardSpec shard = {});
+                       ShardSpec shard = {}, std::optional<DType> compute_dtype = std::nullopt);
+
+// Mixed precision, unsharded: grad += full_grad (converted), then full_grad = 0; no-op when
+// full_grad is grad.
+void fold_grad(const FlatUnit& u);
 
 // Tensor parallelism: the global flat index of this rank's element i (flat, in its slice)
 // of parameter s, and how many elements from i on stay contiguous in the whole parameter.

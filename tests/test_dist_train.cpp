@@ -189,6 +189,33 @@ TEST_F(DistTrain, TensorAndContextParallelLayoutsEqualOneProcess) {
                 2);
 }
 
+TEST_F(DistTrain, Bfloat16LayoutsFollowOneProcess) {
+  // mixed precision: bf16 parameters and activations, f32 master, gradients reduced in f32
+  // (or bf16); every layout against the bf16 single process, within bf16's precision
+  const std::string bf16 = " --train.dtype bfloat16";
+  Result ref = train("bf16_single", 1, "--train.micro_batch_size 4" + bf16);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  for (Layout L : {Layout{"bf16_fsdp2", 2, 1, 2}, Layout{"bf16_dp2", 2, 2, 1}, Layout{"bf16_tp2", 2, 1, 1, 1, 2},
+                   Layout{"bf16_cp2", 2, 1, 1, 2, 1}}) {
+    SCOPED_TRACE(L.name);
+    Result r = train(L.name, L.np, "--train.micro_batch_size " + std::to_string(4 / L.dp()) + L.args() + bf16);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    std::vector<double> got = losses(L.name), want = losses("bf16_single");
+    ASSERT_EQ(got.size(), 5u);
+    double worst = 0;
+    for (size_t i = 0; i < 5; ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / want[i]);
+    const double g = max_rel_diff(dir_ / L.name / "grads.safetensors", dir_ / "bf16_single" / "grads.safetensors");
+    std::printf("%-10s losses within %.1e, first-step gradients within %.1e\n", L.name, worst, g);
+    EXPECT_LT(worst, 1e-2) << "losses";
+    EXPECT_LT(g, 3e-2) << "first-step gradients";
+  }
+  Result rd = train("bf16_fsdp2_rd", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.reduce_dtype "
+                                        "bfloat16" + bf16);
+  ASSERT_EQ(rd.rc, 0) << rd.out;
+  std::vector<double> got = losses("bf16_fsdp2_rd"), want = losses("bf16_single");
+  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-2 * want[i]) << "reduce_dtype bfloat16, step " << i + 1;
+}
+
 TEST_F(DistTrain, FourDimensionsOnSixteenRanks) {
   // replicate 2 x shard 2 x cp 2 x tp 2: every dimension at once
   check_layouts({{"r2_s2_cp2_tp2", 16, 2, 2, 2, 2}}, 1);

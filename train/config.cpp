@@ -47,7 +47,7 @@ po::options_description describe(Config& c) {
       ("train.eval_steps", po::value(&c.train.eval_steps)->default_value(c.train.eval_steps), "validation batches per evaluation")
       ("train.seed", po::value(&c.train.seed)->default_value(c.train.seed), "seed for init, shuffling and sampling")
       ("train.device", po::value(&c.train.device)->default_value(c.train.device), "cpu or cuda (cuda:N)")
-      ("train.dtype", po::value(&c.train.dtype)->default_value(c.train.dtype), "float32 (bfloat16 arrives with mixed precision)")
+      ("train.dtype", po::value(&c.train.dtype)->default_value(c.train.dtype), "float32, or bfloat16: mixed precision (bf16 parameters in compute, f32 master copy, AdamW and loss)")
       ("train.activation_checkpointing", po::value(&c.train.activation_checkpointing)->default_value(c.train.activation_checkpointing),
        "recompute activations in backward instead of keeping them: none; full (each checkpointed block keeps only its "
        "input and runs its whole forward again in backward); selective (each checkpointed block recomputes only its "
@@ -107,6 +107,8 @@ po::options_description describe(Config& c) {
       ("parallel.dp_shard_size", po::value(&c.parallel.dp_shard_size)->default_value(c.parallel.dp_shard_size),
        "FSDP shards (-1: the rest of the world)")
       ("parallel.tp_size", po::value(&c.parallel.tp_size)->default_value(c.parallel.tp_size), "tensor-parallel degree (divides model.n_head and the padded vocabulary)")
+      ("parallel.reduce_dtype", po::value(&c.parallel.reduce_dtype)->default_value(c.parallel.reduce_dtype),
+       "with train.dtype = bfloat16: the dtype FSDP reduce-scatters gradients in (float32, or bfloat16 for half the bytes)")
       ("parallel.cp_size", po::value(&c.parallel.cp_size)->default_value(c.parallel.cp_size), "context-parallel degree (2 x cp_size divides train.seq_len)");
   po::options_description all;
   all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par);
@@ -322,8 +324,8 @@ void validate(const Config& c) {
        "train.device must be cpu, cuda or cuda:N, got '" + c.train.device + "'");
   need(c.train.dtype == "float32" || c.train.dtype == "bfloat16",
        "train.dtype must be float32 or bfloat16, got '" + c.train.dtype + "'");
-  need(c.train.dtype == "float32",
-       "train.dtype = bfloat16 is not supported yet (mixed precision is not implemented); use float32");
+  need(c.parallel.reduce_dtype == "float32" || c.parallel.reduce_dtype == "bfloat16",
+       "parallel.reduce_dtype must be float32 or bfloat16, got '" + c.parallel.reduce_dtype + "'");
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
   need(c.train.threads >= 0 && c.train.threads <= cores, "train.threads = " + std::to_string(c.train.threads) +
                                                  " but this machine has " + std::to_string(cores) +

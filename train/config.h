@@ -93,6 +93,7 @@ struct SampleSection {  // [sample]
 
 struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's ParallelismConfig
   int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
+  std::string reduce_dtype = "float32";  // mixed precision: FSDP's reduce-scatter dtype
 };
 
 struct Config {

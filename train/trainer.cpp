@@ -267,10 +267,15 @@ void Trainer::parallelize() {
 void Trainer::materialize() {
   // this rank's shard of every flat buffer (all of it without FSDP), values from the
   // counter-based RNG: the same numbers on every layout
+  // (bfloat16: mixed precision, an f32 master and bf16 copies that the model computes with)
+  const bool bf16 = c_.train.dtype == "bfloat16";
   params_ = nn::materialize(gpt_->units(), device_, DType::f32, static_cast<uint64_t>(c_.train.seed),
-                            nn::ShardSpec{mesh_->fsdp_rank(), dims_.fsdp()});
+                            nn::ShardSpec{mesh_->fsdp_rank(), dims_.fsdp()},
+                            bf16 ? std::optional<DType>(DType::bf16) : std::nullopt);
   if (dims_.sharded()) {
-    auto f = std::make_unique<dist::FullyShardedDataParallel>(params_, mesh_->fsdp(), &mesh_->replicate());
+    auto f = std::make_unique<dist::FullyShardedDataParallel>(
+        params_, mesh_->fsdp(), &mesh_->replicate(),
+        bf16 && c_.parallel.reduce_dtype == "bfloat16" ? std::optional<DType>(DType::bf16) : std::nullopt);
     f->set_trace(trace_.get());
     gpt_->add_unit_wrapper(f->wrapper());
     fsdp_ = f.get();
@@ -405,6 +410,7 @@ std::unique_ptr<Trainer::Whole> Trainer::gather_whole(bool keep, bool grads) {
 void Trainer::load_weights(const std::string& path) {
   // each rank reads only its own elements of the file (RAM-efficient loading)
   ckpt::load_weights_local(path, *gpt_, params_);
+  params_.refresh_compute();
 }
 
 void Trainer::resume_from(const std::string& path) {
@@ -433,6 +439,7 @@ void Trainer::resume_from(const std::string& path) {
          << " of epoch " << st.loader.epoch << (pos % window_tokens ? " (rounded down)" : "")
          << (c_.data.shuffle ? ", but data.shuffle orders windows of the new size differently" : "") << "\n";
   }
+  params_.refresh_compute();
   train_->restore(st.loader);
   start_ = st.step;
 }
@@ -607,6 +614,7 @@ int Trainer::loop() {
     {
       dist::Trace::Scope s(trace_.get(), "optimizer", dist::Trace::kCompute);
       opt_->step(lr, optim::clip_scale(norm, c_.optim.grad_clip));
+      params_.refresh_compute();  // mixed precision: the bf16 copies of the new parameters
     }
     strategy_->end_step();
     if (device_.is_cuda()) cuda::synchronize(device_.index);

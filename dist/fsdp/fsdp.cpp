@@ -14,8 +14,11 @@ Storage& storage_of(const Tensor& t) { return *t.impl().storage; }
 }  // namespace
 
 FullyShardedDataParallel::FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shards,
-                                                   Communicator* replicas)
-    : params_(params), shards_(shards), replicas_(replicas && replicas->size() > 1 ? replicas : nullptr) {
+                                                   Communicator* replicas, std::optional<DType> reduce_dtype)
+    : params_(params),
+      shards_(shards),
+      replicas_(replicas && replicas->size() > 1 ? replicas : nullptr),
+      reduce_dtype_(reduce_dtype) {
   state_.resize(params.units.size());
   backward_began_.resize(params.units.size());
   for (size_t i = 0; i < params.units.size(); ++i) {
@@ -40,7 +43,7 @@ void FullyShardedDataParallel::start_gather(size_t i) {
   if (s.gathered || s.gather) return;
   const nn::FlatUnit& u = params_.units[i];
   storage_of(u.full).allocate();
-  s.gather = shards_.all_gather(u.full, u.data);  // full (padded_numel) <- every rank's data
+  s.gather = shards_.all_gather(u.full, u.compute_shard);  // full (padded_numel) <- every rank's shard
   if (i > 0) max_gathered_ = std::max(max_gathered_, ++gathered_blocks_);
 }
 
@@ -108,12 +111,24 @@ void FullyShardedDataParallel::reduce_unit(size_t i) {
   if (trace_)
     trace_->add("backward " + params_.units[i].name, Trace::kCompute, backward_began_[i], trace_->now_us());
   release(i);  // the parameters are not needed again in this backward
+  pending_.push_back(start_reduce(i));
+}
+
+// The mean over the shard group of unit i's full gradient, this rank's chunk of it: in the
+// gradient's own dtype, or (mixed precision) in reduce_dtype, the master's by default.
+FullyShardedDataParallel::PendingReduce FullyShardedDataParallel::start_reduce(size_t i) {
   const nn::FlatUnit& u = params_.units[i];
   PendingReduce p;
   p.unit = i;
-  p.out = Tensor::empty({u.shard_numel}, u.grad.dtype(), u.grad.device());
-  p.work = shards_.reduce_scatter(p.out, u.full_grad, ReduceOp::kAvg);
-  pending_.push_back(std::move(p));
+  const DType rd = reduce_dtype_.value_or(u.grad.dtype());
+  p.in = u.full_grad.dtype() == rd ? u.full_grad : u.full_grad.to(rd);
+  if (!p.in.same(u.full_grad)) {  // the copy is what is reduced: the full gradient can go now
+    storage_of(u.full_grad).release();
+    state_[i].grad_live = false;
+  }
+  p.out = Tensor::empty({u.shard_numel}, rd, u.grad.device());
+  p.work = shards_.reduce_scatter(p.out, p.in, ReduceOp::kAvg);
+  return p;
 }
 
 // Finishes reduce-scatters in the order they started (so every rank starts the HSDP
@@ -127,7 +142,7 @@ void FullyShardedDataParallel::drain(bool block) {
     const nn::FlatUnit& u = params_.units[p.unit];
     storage_of(u.full_grad).release();
     state_[p.unit].grad_live = false;
-    kernels::add_(u.grad, p.out);  // accumulate over micro-steps
+    kernels::add_(u.grad, p.out.dtype() == u.grad.dtype() ? p.out : p.out.to(u.grad.dtype()));  // accumulate
     if (sync_ && replicas_) replica_pending_.push_back(replicas_->all_reduce(u.grad, ReduceOp::kAvg));
   }
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
@@ -148,11 +163,11 @@ void FullyShardedDataParallel::end_micro() {
   drain(true);
   if (sync_) {  // the embeddings' gradients, accumulated over the micro-steps
     const nn::FlatUnit& u = params_.units[0];
-    Tensor out = Tensor::empty({u.shard_numel}, u.grad.dtype(), u.grad.device());
-    shards_.reduce_scatter(out, u.full_grad, ReduceOp::kAvg)->wait();
+    PendingReduce p = start_reduce(0);
+    p.work->wait();
     storage_of(u.full_grad).release();
     state_[0].grad_live = false;
-    kernels::add_(u.grad, out);
+    kernels::add_(u.grad, p.out.dtype() == u.grad.dtype() ? p.out : p.out.to(u.grad.dtype()));
     if (replicas_) replica_pending_.push_back(replicas_->all_reduce(u.grad, ReduceOp::kAvg));
   }
   for (const WorkPtr& w : replica_pending_) w->wait();

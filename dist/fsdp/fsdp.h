@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "dist/comm/communicator.h"
@@ -43,8 +44,11 @@ class FullyShardedDataParallel : public Strategy {
  public:
   // params: sharded over `shards` (materialized with ShardSpec{shards.rank(), shards.size()}).
   // replicas: HSDP's replicate group, or nullptr / a group of one for plain FSDP.
+  // Mixed precision: gradients are reduce-scattered in reduce_dtype (the master dtype, or
+  // the compute dtype to halve those bytes) and accumulated in the master dtype.
   FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shards,
-                           Communicator* replicas = nullptr);
+                           Communicator* replicas = nullptr,
+                           std::optional<DType> reduce_dtype = std::nullopt);
   std::string name() const override;
 
   // Install on the model (GPT::add_unit_wrapper): block i is unit i + 1.
@@ -82,9 +86,11 @@ class FullyShardedDataParallel : public Strategy {
   };
   struct PendingReduce {
     size_t unit;
+    Tensor in;   // (padded_numel) what is reduced: full_grad, or its copy in reduce_dtype
     Tensor out;  // (shard_numel) the reduce-scatter's result, added to the shard's grad
     WorkPtr work;
   };
+  PendingReduce start_reduce(size_t unit);
 
   void start_gather(size_t u);
   void wait_gather(size_t u);
@@ -99,6 +105,7 @@ class FullyShardedDataParallel : public Strategy {
   Communicator* replicas_;  // HSDP, or nullptr
   std::vector<UnitState> state_;
   std::vector<PendingReduce> pending_;
+  std::optional<DType> reduce_dtype_;
   std::vector<WorkPtr> replica_pending_;
   bool sync_ = true;
   Trace* trace_ = nullptr;
