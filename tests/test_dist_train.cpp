@@ -86,7 +86,8 @@ class DistTrain : public ::testing::Test {
         << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 32\nvocab_multiple = 4\nvocab_size = " << v.size()
         << "\nblock_size = 32\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
         << "\n[train]\nseq_len = 16\ngrad_accum_steps = 2\nsteps = 5\nthreads = 1\n"
-           "[optim]\nlr = 0.01\nwarmup_steps = 1\neps = 1e-4\n[sample]\nevery = -1\n[log]\nevery = 1\n";
+           "[optim]\nlr = 0.01\nwarmup_steps = 1\neps = 1e-4\n[sample]\nevery = -1\n[log]\nevery = 1\n"
+           "[checkpoint]\nformat = full  # the tests compare model.safetensors files\n";
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
@@ -307,6 +308,13 @@ TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
                    exported.string());
   ASSERT_EQ(x.rc, 0) << x.out;
   EXPECT_LT(max_rel_diff(exported, dir_ / "sharded_ref" / "ck" / "step_00000006" / "model.safetensors"), 3e-5);
+  // a sharded checkpoint's directory as model.init_from, in yet another layout: it starts
+  // from the trained weights (a lower first loss than the random init's)
+  Result init = train("init_sharded", 2, "--train.micro_batch_size 2 --parallel.tp_size 2 --train.steps 1 "
+                                         "--model.init_from " + (dir_ / "sharded" / "ck" / "step_00000006").string());
+  ASSERT_EQ(init.rc, 0) << init.out;
+  ASSERT_EQ(losses("init_sharded").size(), 1u);
+  EXPECT_LT(losses("init_sharded")[0], want[0] - 0.2);
   // a damaged shard is one clear line naming the file
   const fs::path bad = dir_ / "damaged" / "ck" / "step_00000006";
   fs::create_directories(bad.parent_path());

@@ -74,7 +74,7 @@ fs::path make_data(const std::string& name) {
                                << "\nval = " << (d / "data" / "val_*.bin").string()
                                << "\n[train]\nmicro_batch_size = 4\nseq_len = 32\nsteps = 8\neval_every = 4\n"
                                   "eval_steps = 2\nthreads = 1\n[optim]\nlr = 0.01\nwarmup_steps = 2\n"
-                                  "[sample]\nevery = -1\n[log]\nevery = 1\n";
+                                  "[sample]\nevery = -1\n[log]\nevery = 1\n[checkpoint]\nformat = full  # these tests read model.safetensors\n";
   return d;
 }
 

@@ -29,7 +29,8 @@ po::options_description describe(Config& c) {
       ("model.vocab_multiple", po::value(&c.model.vocab_multiple)->default_value(c.model.vocab_multiple),
        "pad the vocabulary to a multiple of this (e.g. 128) for speed; padded logits never affect the loss")
       ("model.init_from", po::value(&c.model.init_from)->default_value(c.model.init_from),
-       "safetensors file with HF GPT-2 names to start from (empty: random init)");
+       "safetensors file with HF GPT-2 names, or a sharded checkpoint's step_* directory, to start from "
+       "(empty: random init)");
   po::options_description data("[data]");
   data.add_options()
       ("data.train", po::value(&c.data.train)->default_value(c.data.train), "glob of training shards (llm.c format)")
@@ -80,8 +81,8 @@ po::options_description describe(Config& c) {
       ("checkpoint.resume", po::value(&c.checkpoint.resume)->default_value(c.checkpoint.resume), "resume from the latest checkpoint in dir (true/false)")
       ("checkpoint.keep", po::value(&c.checkpoint.keep)->default_value(c.checkpoint.keep), "checkpoints to keep (0: all)")
       ("checkpoint.format", po::value(&c.checkpoint.format)->default_value(c.checkpoint.format),
-       "full (rank 0 writes whole tensors with GPT-2 names) or sharded (every rank writes its shards, in parallel; "
-       "any layout resumes either)");
+       "sharded (every rank writes its shards, in parallel) or full (rank 0 writes whole tensors with GPT-2 names); "
+       "any layout resumes either; build/export_weights turns sharded into full");
   po::options_description log("[log]");
   log.add_options()
       ("log.metrics", po::value(&c.log.metrics)->default_value(c.log.metrics), "JSON-lines metrics file (empty: none)")

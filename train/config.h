@@ -74,7 +74,7 @@ struct CheckpointSection {  // [checkpoint]
   int64_t every = 0;
   bool resume = false;
   int keep = 2;
-  std::string format = "full";  // full: one file of whole tensors (rank 0); sharded: every rank its own
+  std::string format = "sharded";  // sharded: every rank its own files; full: one file of whole tensors (rank 0)
 };
 
 struct LogSection {  // [log]

@@ -237,6 +237,19 @@ TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, c
   }
 }
 
+void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params) {
+  const nlohmann::json m = read_manifest(path);
+  NDT_CHECK(m.value("format", "full") == "sharded", "checkpoint ", path, " is not sharded");
+  try {
+    check_model(path, m, cfg);
+    std::vector<Tensor> data;
+    for (const nn::FlatUnit& u : params.units) data.push_back(u.data);
+    read_kind(path, m, cfg, params, "data", data);
+  } catch (const nlohmann::json::exception& e) {
+    NDT_FAIL("checkpoint ", path, "/", kManifest, " is malformed (", e.what(), ")");
+  }
+}
+
 void export_weights(const std::string& path, const std::string& out) {
   const nlohmann::json m = read_manifest(path);
   NDT_CHECK(m.value("format", "full") == "sharded", "checkpoint ", path,

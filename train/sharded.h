@@ -43,6 +43,9 @@ bool is_sharded(const std::string& path);
 // rank's layout: its TP slices and FSDP shards) from a sharded checkpoint written in any layout.
 TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params,
                         optim::AdamW& opt);
+// Only the parameters of a sharded checkpoint, into this rank's shards (model.init_from of
+// a checkpoint directory).
+void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params);
 // A sharded checkpoint as one safetensors file of whole parameters with GPT-2 names (one
 // process; the model's bytes in memory once).
 void export_weights(const std::string& path, const std::string& out);

@@ -409,7 +409,10 @@ std::unique_ptr<Trainer::Whole> Trainer::gather_whole(bool keep, bool grads) {
 
 void Trainer::load_weights(const std::string& path) {
   // each rank reads only its own elements of the file (RAM-efficient loading)
-  ckpt::load_weights_local(path, *gpt_, params_);
+  if (fs::is_directory(path) && ckpt::is_sharded(path))
+    ckpt::load_sharded_weights(path, mc_, params_);  // a sharded checkpoint's parameters
+  else
+    ckpt::load_weights_local(path, *gpt_, params_);
   params_.refresh_compute();
 }
 
