@@ -153,6 +153,11 @@ int64_t plan_world(const Config& c) {
 }
 
 Plan plan(const Config& c, int64_t world) {
+  if (c.train.dtype != "float32")
+    throw ConfigError("train_gpt --plan models float32 training only; with train.dtype = " + c.train.dtype +
+                      " the activations and the model's copy of the parameters take 2 bytes and each rank adds an "
+                      "f32 master copy (docs/training.md, Mixed precision): plan with --train.dtype float32 for an "
+                      "upper bound of the activations");
   Plan p;
   try {
     p.dims = dist::ParallelDims::resolve(c.parallel.dp_replicate_size, c.parallel.dp_shard_size,
