@@ -41,6 +41,18 @@ if grep -q "(Skipped)" "$log"; then
   gpu_line="${gpu_line}; some SKIPPED (the CUDA backend saw no device)"
 fi
 
+# The NCCL communicator (one rank: its collectives on the device and its stream/event order).
+nccl_rc=0
+nccl_line="not run (no mpirun here)"
+if command -v mpirun >/dev/null && [[ -x "$BUILD/test_mpi_comm" ]]; then
+  echo "[gpu_check] mpirun -np 1 test_mpi_comm --gtest_filter=DistNccl*"
+  nccl_log="$BUILD/gpu_check_nccl.log"
+  OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 mpirun --allow-run-as-root --oversubscribe -np 1 \
+    "$BUILD/test_mpi_comm" --gtest_filter='DistNccl*' 2>&1 | tee "$nccl_log" || nccl_rc=$?
+  nccl_line="$(grep -E 'PASSED|FAILED|SKIPPED' "$nccl_log" | head -1 || true)"
+  if grep -q SKIPPED "$nccl_log"; then nccl_rc=1; nccl_line="$nccl_line (skipped with a GPU: no NCCL in the build?)"; fi
+fi
+
 echo "[gpu_check] bench_gpu_ops --benchmark_min_time=$MIN_TIME"
 bench_log="$BUILD/gpu_check_bench.log"
 bench_rc=0
@@ -66,8 +78,9 @@ printf '%-11s %s\n' "gpu" "$GPU"
 printf '%-11s %s\n' "build" "ok ($BUILD, ${BUILD_TIME}s)"
 printf '%-11s %s\n' "gpu tests" "$([[ $gpu_rc -eq 0 ]] && echo ok || echo FAILED): ${gpu_line:-no result} ($log)"
 printf '%-11s %s\n' "all tests" "$([[ $all_rc -eq 0 ]] && echo ok || echo FAILED): ${all_line:-no result}"
+printf '%-11s %s\n' "nccl" "$([[ $nccl_rc -eq 0 ]] && echo ok || echo FAILED): $nccl_line"
 printf '%-11s %s\n' "bench" "$([[ $bench_rc -eq 0 ]] && echo ok || echo "exit $bench_rc") ($bench_log)"
 printf '%-11s %s\n' "gpt2 124M" "$([[ $gpt_rc -eq 0 ]] && grep -E '^\| GPT2' "$gpt_log" || echo "exit $gpt_rc ($gpt_log)")"
 printf '%-11s %s\n' "time" "$((SECONDS - START))s"
 sed -n '/^== bench_gpu_ops summary/,$p' "$bench_log"
-[[ $gpu_rc -eq 0 && $all_rc -eq 0 ]]
+[[ $gpu_rc -eq 0 && $all_rc -eq 0 && $nccl_rc -eq 0 ]]
