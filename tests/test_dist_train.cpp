@@ -4,6 +4,8 @@
 // step and the parameters after the last; a checkpoint written under fsdp2 resumes under
 // dp2 and under one process; a failing rank brings the job down; bad layouts are refused.
 #include <gtest/gtest.h>
+
+#include "support/corpus.h"
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -69,21 +71,9 @@ class DistTrain : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("ndt_test_dist_train_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
-    fs::create_directories(dir_ / "data");
-    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "see", "it"};
-    std::string text;
-    uint64_t x = 7;
-    for (int i = 0; i < 8000; ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      text += words[(x >> 33) % 12];
-      text += (i % 9 == 8) ? ".\n" : " ";
-    }
-    data::Vocab v = data::Vocab::build_char(text);
-    std::vector<uint16_t> t = v.encode(text);
-    data::write_shard((dir_ / "data" / "train_000000.bin").string(), t);
-    v.save((dir_ / "data" / "vocab.json").string());
+    const int64_t V = ndt::testing::write_word_corpus(dir_ / "data", 8000, 7, 0.0);
     std::ofstream(dir_ / "gpt.ini")
-        << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 32\nvocab_multiple = 4\nvocab_size = " << v.size()
+        << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 32\nvocab_multiple = 4\nvocab_size = " << V
         << "\nblock_size = 32\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
         << "\n[train]\nseq_len = 16\ngrad_accum_steps = 2\nsteps = 5\nthreads = 1\n"
            "[optim]\nlr = 0.01\nwarmup_steps = 1\neps = 1e-4\n[sample]\nevery = -1\n[log]\nevery = 1\n"

@@ -2,6 +2,8 @@
 // silently wrong. In-process through train_main like tests/test_train.cpp, and, for
 // signals, kills and concurrent runs, the real train_gpt binary as a child process.
 #include <gtest/gtest.h>
+
+#include "support/corpus.h"
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -53,22 +55,8 @@ bool has(const std::string& s, const std::string& what) { return s.find(what) !=
 // A small char-level corpus (as in test_train.cpp) and gpt.ini for it.
 fs::path make_data(const std::string& name) {
   fs::path d = ndt::testing::fresh_dir("robust_" + name);
-  fs::create_directories(d / "data");
-  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "see", "it"};
-  std::string text;
-  uint64_t x = 42;
-  for (int i = 0; i < 6000; ++i) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    text += words[(x >> 33) % 12];
-    text += (i % 9 == 8) ? ".\n" : " ";
-  }
-  data::Vocab v = data::Vocab::build_char(text);
-  std::vector<uint16_t> t = v.encode(text);
-  const size_t split = t.size() * 9 / 10;
-  data::write_shard((d / "data" / "train_000000.bin").string(), {t.begin(), t.begin() + split});
-  data::write_shard((d / "data" / "val_000000.bin").string(), {t.begin() + split, t.end()});
-  v.save((d / "data" / "vocab.json").string());
-  std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << v.size()
+  const int64_t V = ndt::testing::write_word_corpus(d / "data", 6000, 42, 0.1);
+  std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << V
                                << "\nblock_size = 32\n[data]\ntrain = "
                                << (d / "data" / "train_*.bin").string()
                                << "\nval = " << (d / "data" / "val_*.bin").string()

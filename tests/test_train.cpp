@@ -2,6 +2,8 @@
 // bit-exact resume, and bad input (one clear line, non-zero exit, checkpoints untouched).
 #include <gtest/gtest.h>
 
+#include "support/corpus.h"
+
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -38,22 +40,8 @@ RunResult run(std::vector<std::string> args) {
 fs::path make_data(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("ndt_test_train_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
-  fs::create_directories(d / "data");
-  const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "see", "it"};
-  std::string text;
-  uint64_t x = 42;
-  for (int i = 0; i < 6000; ++i) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    text += words[(x >> 33) % 12];
-    text += (i % 9 == 8) ? ".\n" : " ";
-  }
-  data::Vocab v = data::Vocab::build_char(text);
-  std::vector<uint16_t> t = v.encode(text);
-  const size_t split = t.size() * 9 / 10;
-  data::write_shard((d / "data" / "train_000000.bin").string(), {t.begin(), t.begin() + split});
-  data::write_shard((d / "data" / "val_000000.bin").string(), {t.begin() + split, t.end()});
-  v.save((d / "data" / "vocab.json").string());
-  std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << v.size()
+  const int64_t V = ndt::testing::write_word_corpus(d / "data", 6000, 42, 0.1);
+  std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << V
                                << "\nblock_size = 32\n[data]\ntrain = "
                                << (d / "data" / "train_*.bin").string()
                                << "\nval = " << (d / "data" / "val_*.bin").string()
