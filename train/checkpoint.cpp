@@ -57,9 +57,10 @@ void save_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
 
 // Checks a weights file against the model (names, with or without "transformer."; the whole
 // shapes) and returns our name -> the file's name; lm_head (if present) in *lm_head.
-static std::map<std::string, std::string> match_weights(const io::SafeTensorsReader& r, const std::string& path,
-                                                 const models::GPT& gpt, const nn::FlatParams& params,
-                                                 std::string* lm_head_out) {
+static std::map<std::string, std::string> match_weights(const io::SafeTensorsReader& r,
+                                                        const std::string& path, const models::GPT& gpt,
+                                                        const nn::FlatParams& params,
+                                                        std::string* lm_head_out) {
   std::set<std::string> expected;
   for (const nn::ParamSpec& spec : gpt.parameters()) expected.insert(spec.name);
   // Map file names (with or without the "transformer." prefix) to our names.
@@ -208,6 +209,42 @@ void verify_checkpoint(const std::string& path, const std::vector<std::string>& 
   }
 }
 
+namespace {
+
+// state.safetensors of a full checkpoint: the AdamW moments of each unit of the single-process
+// layout `units` (checked: present, whole-buffer shaped) and the step, data position and
+// AdamW steps from its metadata. Throws one line naming what is missing or malformed.
+TrainState read_state(const io::SafeTensorsReader& st, const std::string& path,
+                      const std::vector<nn::FlatUnit>& units, int64_t* adam_steps) {
+  for (const nn::FlatUnit& w : units)
+    for (const char* k : {"adam.m.", "adam.v."}) {
+      const std::string n = k + w.name;
+      NDT_CHECK(st.has(n), "checkpoint ", path, ": optimizer state lacks ", n,
+                "; the model differs from the checkpoint's");
+      NDT_CHECK(st.entries().at(n).shape == Shape{w.numel}, "checkpoint ", path, ": ", n, " has shape ",
+                shape_str(st.entries().at(n).shape), ", the model needs (", w.numel,
+                "); the model config differs from the checkpoint's");
+    }
+  auto meta_int = [&](const char* key) -> int64_t {
+    auto it = st.metadata().find(key);
+    NDT_CHECK(it != st.metadata().end(), "checkpoint ", path, ": state lacks '", key, "'");
+    try {
+      return std::stoll(it->second);
+    } catch (...) {
+      NDT_FAIL("checkpoint ", path, ": state '", key, "' is not a number");
+    }
+  };
+  TrainState s;
+  s.step = meta_int("step");
+  s.loader.epoch = meta_int("loader_epoch");
+  s.loader.window = meta_int("loader_window");
+  *adam_steps = meta_int("adam_steps");
+  s.extra = st.metadata();
+  return s;
+}
+
+}  // namespace
+
 std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
                             const optim::AdamW& opt, const TrainState& state, int keep) {
   for (const nn::FlatUnit& u : params.units)
@@ -295,32 +332,8 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
   const fs::path dir(path);
   verify_checkpoint(path);  // every file against its checksum, before anything is read
   io::SafeTensorsReader st((dir / "state.safetensors").string());
-  // Validate the optimizer state before touching anything.
-  for (size_t i = 0; i < params.units.size(); ++i) {
-    for (const char* k : {"adam.m.", "adam.v."}) {
-      const std::string n = k + params.units[i].name;
-      NDT_CHECK(st.has(n), "checkpoint ", path, ": optimizer state lacks ", n,
-                "; the model differs from the checkpoint's");
-      NDT_CHECK(st.entries().at(n).shape == Shape{params.units[i].numel}, "checkpoint ", path, ": ", n,
-                " has shape ", shape_str(st.entries().at(n).shape), ", the model needs (", params.units[i].numel,
-                "); the model config differs from the checkpoint's");
-    }
-  }
-  auto meta_int = [&](const char* key) -> int64_t {
-    auto it = st.metadata().find(key);
-    NDT_CHECK(it != st.metadata().end(), "checkpoint ", path, ": state lacks '", key, "'");
-    try {
-      return std::stoll(it->second);
-    } catch (...) {
-      NDT_FAIL("checkpoint ", path, ": state '", key, "' is not a number");
-    }
-  };
-  TrainState s;
-  s.step = meta_int("step");
-  s.loader.epoch = meta_int("loader_epoch");
-  s.loader.window = meta_int("loader_window");
-  const int64_t adam_steps = meta_int("adam_steps");
-  s.extra = st.metadata();
+  int64_t adam_steps = 0;
+  TrainState s = read_state(st, path, params.units, &adam_steps);  // validated before touching anything
   load_weights((dir / "model.safetensors").string(), gpt, params);
   opt.m.clear();
   opt.v.clear();
@@ -379,27 +392,29 @@ void read_local_weights(const std::string& path, const models::GPT& gpt, const n
   // two reusable buffers of one piece: the memory loading adds stays a few MiB
   const DType dt = params.units.empty() ? DType::f32 : params.units[0].data.dtype();
   Tensor piece = Tensor::empty({kPiece}, dt), other = Tensor::empty({kPiece}, dt);
-  for_each_piece(r, params, ours_to_file, [&](size_t, int64_t, const std::string& fname, int64_t g, int64_t n) {
-    Tensor part = piece.narrow(0, 0, n);
-    r.read_range(fname, g, part);
-    check_finite(part, path, fname);
-    if (!lm_head.empty() && fname == wte_file) {
-      Tensor tied = other.narrow(0, 0, n);
-      r.read_range(lm_head, g, tied);
-      NDT_CHECK(std::memcmp(tied.data_ptr(), part.data_ptr(), part.nbytes()) == 0, "weights ", path,
-                ": lm_head.weight differs from wte.weight; ndtrain ties them (GPT-2 does too)");
-    }
-  });
+  for_each_piece(
+      r, params, ours_to_file, [&](size_t, int64_t, const std::string& fname, int64_t g, int64_t n) {
+        Tensor part = piece.narrow(0, 0, n);
+        r.read_range(fname, g, part);
+        check_finite(part, path, fname);
+        if (!lm_head.empty() && fname == wte_file) {
+          Tensor tied = other.narrow(0, 0, n);
+          r.read_range(lm_head, g, tied);
+          NDT_CHECK(std::memcmp(tied.data_ptr(), part.data_ptr(), part.nbytes()) == 0, "weights ", path,
+                    ": lm_head.weight differs from wte.weight; ndtrain ties them (GPT-2 does too)");
+        }
+      });
   for (const nn::FlatUnit& u : params.units) kernels::fill(u.data, 0.0);  // padding and gaps stay zero
-  for_each_piece(r, params, ours_to_file, [&](size_t i, int64_t dst, const std::string& fname, int64_t g, int64_t n) {
-    const Tensor to = params.units[i].data.narrow(0, dst, n);
-    if (to.device().is_cpu() && to.dtype() == dt) {
-      r.read_range(fname, g, to);  // straight into the shard
-    } else {
-      r.read_range(fname, g, piece.narrow(0, 0, n));
-      to.copy_(piece.narrow(0, 0, n));
-    }
-  });
+  for_each_piece(r, params, ours_to_file,
+                 [&](size_t i, int64_t dst, const std::string& fname, int64_t g, int64_t n) {
+                   const Tensor to = params.units[i].data.narrow(0, dst, n);
+                   if (to.device().is_cpu() && to.dtype() == dt) {
+                     r.read_range(fname, g, to);  // straight into the shard
+                   } else {
+                     r.read_range(fname, g, piece.narrow(0, 0, n));
+                     to.copy_(piece.narrow(0, 0, n));
+                   }
+                 });
 }
 
 }  // namespace
@@ -411,37 +426,16 @@ void load_weights_local(const std::string& path, const models::GPT& gpt, const n
   read_local_weights(path, gpt, params);
 }
 
-TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
-                                 const std::vector<nn::FlatUnit>& whole, const std::vector<Tensor>& m,
-                                 const std::vector<Tensor>& v, int64_t* adam_steps) {
+TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt,
+                                 const nn::FlatParams& params, const std::vector<nn::FlatUnit>& whole,
+                                 const std::vector<Tensor>& m, const std::vector<Tensor>& v,
+                                 int64_t* adam_steps) {
   const fs::path dir(path);
   verify_checkpoint(path);  // every file against its checksum, before anything is read
   io::SafeTensorsReader st((dir / "state.safetensors").string());
   NDT_CHECK(whole.size() == params.units.size() && m.size() == params.units.size() && v.size() == m.size(),
             "load_checkpoint_local: one whole unit, m and v per unit");
-  for (const nn::FlatUnit& w : whole)
-    for (const char* k : {"adam.m.", "adam.v."}) {
-      const std::string n = k + w.name;
-      NDT_CHECK(st.has(n), "checkpoint ", path, ": optimizer state lacks ", n, "; the model differs from the checkpoint's");
-      NDT_CHECK(st.entries().at(n).shape == Shape{w.numel}, "checkpoint ", path, ": ", n, " has shape ",
-                shape_str(st.entries().at(n).shape), ", the model needs (", w.numel,
-                "); the model config differs from the checkpoint's");
-    }
-  auto meta_int = [&](const char* key) -> int64_t {
-    auto it = st.metadata().find(key);
-    NDT_CHECK(it != st.metadata().end(), "checkpoint ", path, ": state lacks '", key, "'");
-    try {
-      return std::stoll(it->second);
-    } catch (...) {
-      NDT_FAIL("checkpoint ", path, ": state '", key, "' is not a number");
-    }
-  };
-  TrainState s;
-  s.step = meta_int("step");
-  s.loader.epoch = meta_int("loader_epoch");
-  s.loader.window = meta_int("loader_window");
-  *adam_steps = meta_int("adam_steps");
-  s.extra = st.metadata();
+  TrainState s = read_state(st, path, whole, adam_steps);
   read_local_weights((dir / "model.safetensors").string(), gpt, params);
   // the moments: whole buffers of the single-process layout; each parameter at its offset there
   for (size_t i = 0; i < params.units.size(); ++i) {
@@ -457,8 +451,10 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
         constexpr int64_t kPiece = int64_t(1) << 18;  // a few MiB at a time
         for (int64_t k = 0; k < len; k += kPiece) {
           const int64_t n = std::min(kPiece, len - k);
-          m[i].narrow(0, dst + k, n).copy_(st.get_range("adam.m." + u.name, wp->offset + g + k, n, m[i].dtype()));
-          v[i].narrow(0, dst + k, n).copy_(st.get_range("adam.v." + u.name, wp->offset + g + k, n, v[i].dtype()));
+          m[i].narrow(0, dst + k, n)
+              .copy_(st.get_range("adam.m." + u.name, wp->offset + g + k, n, m[i].dtype()));
+          v[i].narrow(0, dst + k, n)
+              .copy_(st.get_range("adam.v." + u.name, wp->offset + g + k, n, v[i].dtype()));
         }
       });
     }

@@ -216,13 +216,9 @@ void check_model(const std::string& path, const nlohmann::json& m, const models:
 
 TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params,
                         optim::AdamW& opt) {
+  load_sharded_weights(path, cfg, params);  // checks the manifest and the model first
   const nlohmann::json m = read_manifest(path);
-  NDT_CHECK(m.value("format", "full") == "sharded", "checkpoint ", path, " is not sharded");
   try {
-    check_model(path, m, cfg);
-    std::vector<Tensor> data;
-    for (const nn::FlatUnit& u : params.units) data.push_back(u.data);
-    read_kind(path, m, cfg, params, "data", data);
     read_kind(path, m, cfg, params, "m", opt.m());
     read_kind(path, m, cfg, params, "v", opt.v());
     opt.set_steps_taken(m.at("adam_steps").get<int64_t>());
@@ -237,7 +233,8 @@ TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, c
   }
 }
 
-void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params) {
+void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg,
+                          const nn::FlatParams& params) {
   const nlohmann::json m = read_manifest(path);
   NDT_CHECK(m.value("format", "full") == "sharded", "checkpoint ", path, " is not sharded");
   try {
