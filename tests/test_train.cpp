@@ -22,19 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct RunResult {
-  int rc;
-  std::string out, err;
-};
-
-RunResult run(std::vector<std::string> args) {
-  args.insert(args.begin(), "train_gpt");
-  std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  int rc = train::train_main(static_cast<int>(argv.size()), argv.data(), out, err);
-  return {rc, out.str(), err.str()};
-}
+using ndt::testing::RunResult;
+RunResult run(std::vector<std::string> args) { return ndt::testing::run_train_gpt(std::move(args)); }
 
 // A small char-level corpus: sentences from a fixed word list, picked by an LCG.
 fs::path make_data(const std::string& name) {

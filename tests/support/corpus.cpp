@@ -4,7 +4,10 @@
 #include <string>
 #include <vector>
 
+#include <sstream>
+
 #include "train/data.h"
+#include "train/trainer.h"
 #include "train/vocab.h"
 
 namespace ndt::testing {
@@ -27,6 +30,15 @@ int64_t write_word_corpus(const std::filesystem::path& dir, int words, uint64_t 
   if (split < t.size()) data::write_shard((dir / "val_000000.bin").string(), {t.begin() + split, t.end()});
   v.save((dir / "vocab.json").string());
   return v.size();
+}
+
+RunResult run_train_gpt(std::vector<std::string> args) {
+  args.insert(args.begin(), "train_gpt");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  const int rc = train::train_main(static_cast<int>(argv.size()), argv.data(), out, err);
+  return {rc, out.str(), err.str()};
 }
 
 }  // namespace ndt::testing

@@ -1,14 +1,24 @@
-// A small char-level corpus for the training tests: sentences from a fixed word list,
-// picked by an LCG, so the text is the same on every machine.
+// What the training tests share: a small char-level corpus (sentences from a fixed word
+// list, picked by an LCG, so the text is the same on every machine), and train_gpt run
+// in-process.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 namespace ndt::testing {
 
 // Writes dir/train_000000.bin (and, with val_fraction > 0, dir/val_000000.bin holding the
 // last val_fraction of the tokens) and dir/vocab.json; returns the vocabulary size.
 int64_t write_word_corpus(const std::filesystem::path& dir, int words, uint64_t seed, double val_fraction);
+
+struct RunResult {
+  int rc;
+  std::string out, err;
+};
+// train_gpt with these arguments (argv[0] added), in this process: its exit code and output.
+RunResult run_train_gpt(std::vector<std::string> args);
 
 }  // namespace ndt::testing
