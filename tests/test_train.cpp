@@ -244,6 +244,9 @@ TEST(TrainGpt, ConfigErrorsExitWithCode2AndNameTheKey) {
     RunResult r = run({"--config", ini, "--train.device", "cuda"});
     EXPECT_EQ(r.rc, 2) << r.err;
     EXPECT_NE(r.err.find("no CUDA device is visible"), std::string::npos) << r.err;
+    // and says why: no backend, no device, or a driver older than the CUDA runtime
+    EXPECT_FALSE(cuda::unavailable_reason().empty());
+    EXPECT_NE(r.err.find("(" + cuda::unavailable_reason() + ")"), std::string::npos) << r.err;
   }
   for (const Case& c : cases) {
     RunResult r = run(c.args);

@@ -169,8 +169,8 @@ void Trainer::setup() {
   device_ = Device::parse(c_.train.device);
   if (device_.is_cuda()) {
     if (!cuda::available())
-      throw ConfigError("train.device = " + c_.train.device + " but no CUDA device is visible" +
-                        (cuda::compiled() ? "" : " (this build has no CUDA backend)") +
+      throw ConfigError("train.device = " + c_.train.device + " but no CUDA device is visible (" +
+                        cuda::unavailable_reason() + ")" +
                         "; use train.device = cpu");
     if (c_.train.device == "cuda")
       device_ = Device::cuda(dist::local_rank() % std::max(1, cuda::device_count()));

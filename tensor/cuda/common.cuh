@@ -43,10 +43,14 @@
   } while (0)
 
 // After a <<<...>>> launch: a bad configuration is reported here; faults inside the kernel
-// surface at the next synchronizing call.
-#define NDT_CUDA_CHECK_LAUNCH() NDT_CUDA_CHECK(cudaGetLastError())
+// surface at the next synchronizing call -- or here, when the environment sets
+// NDT_CUDA_SYNC=1 (debugging: every launch is followed by a device synchronize).
+#define NDT_CUDA_CHECK_LAUNCH() ::ndt::cuda::check_launch(__FILE__, __LINE__)
 
 namespace ndt::cuda {
+
+// NDT_CUDA_CHECK_LAUNCH's work: the launch error, and with NDT_CUDA_SYNC=1 the kernel's own.
+void check_launch(const char* file, int line);
 
 // ---- per-device runtime state (runtime.cu) -------------------------------------------
 cudaStream_t stream(int device);    // the device's compute stream (non-blocking, lazy)

@@ -11,6 +11,9 @@
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/runtime.h"
 
+#include <cstdlib>
+#include <string>
+
 namespace ndt::cuda {
 namespace {
 
@@ -37,17 +40,60 @@ DeviceState& state(int device) {
 
 bool compiled() { return true; }
 
-int device_count() {
-  // cudaGetDeviceCount fails (no driver, no device) without aborting; that means zero.
-  static const int n = [] {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+namespace {
+// cudaGetDeviceCount fails (no driver, no device, a driver older than the runtime) without
+// aborting; that means zero devices, and the reason is kept for the messages.
+struct DeviceQuery {
+  int count = 0;
+  std::string why;
+};
+const DeviceQuery& device_query() {
+  static const DeviceQuery q = [] {
+    DeviceQuery d;
+    const cudaError_t e = cudaGetDeviceCount(&d.count);
+    if (e != cudaSuccess) {
       cudaGetLastError();  // clear the error so later calls do not see it
-      return 0;
+      d.count = 0;
+      int driver = 0, runtime = 0;
+      cudaDriverGetVersion(&driver);
+      cudaRuntimeGetVersion(&runtime);
+      if (e == cudaErrorInsufficientDriver && driver == 0)
+        d.why = "no NVIDIA driver is installed";
+      else if (e == cudaErrorInsufficientDriver)
+        d.why = "the NVIDIA driver supports CUDA " + std::to_string(driver / 1000) + "." +
+                std::to_string(driver % 1000 / 10) + " but this build needs " +
+                std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) +
+                ": update the driver";
+      else
+        d.why = cudaGetErrorString(e);
+    } else if (d.count == 0) {
+      d.why = "no CUDA device";
     }
-    return count;
+    return d;
   }();
-  return n;
+  return q;
+}
+}  // namespace
+
+int device_count() { return device_query().count; }
+
+std::string unavailable_reason() { return device_query().why; }
+
+void check_launch(const char* file, int line) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    ::ndt::detail::throw_error(file, line, ::ndt::detail::cat("CUDA launch error: ", cudaGetErrorString(e)));
+  static const bool sync = [] {
+    const char* v = std::getenv("NDT_CUDA_SYNC");
+    return v && std::string(v) == "1";
+  }();
+  if (!sync) return;
+  const cudaError_t k = cudaDeviceSynchronize();
+  if (k != cudaSuccess)
+    ::ndt::detail::throw_error(
+        file, line,
+        ::ndt::detail::cat("CUDA kernel fault: ", cudaGetErrorString(k),
+                           " (NDT_CUDA_SYNC=1: reported at the launch that caused it)"));
 }
 
 bool available() { return device_count() > 0; }

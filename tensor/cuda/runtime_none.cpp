@@ -14,6 +14,7 @@ namespace {
 bool compiled() { return false; }
 bool available() { return false; }
 int device_count() { return 0; }
+std::string unavailable_reason() { return "this build has no CUDA backend"; }
 void set_device(int) { no_cuda("set_device"); }
 void* alloc(size_t, int) { no_cuda("cuda alloc"); }
 void free(void*, int) { no_cuda("cuda free"); }
