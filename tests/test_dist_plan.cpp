@@ -5,6 +5,8 @@
 // communicators' counters (comm_bytes). --plan needs no MPI, no data and no memory; a
 // dp_shard_size of -1 needs --plan.world.
 #include <gtest/gtest.h>
+
+#include "support/corpus.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,27 +23,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int rc;
-  std::string out;
-};
-
-Result shell(const std::string& cmd) {
-  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = ::pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out};
-}
-
-std::string mpirun(int np) {
-  return std::string(NDT_MPIRUN) +
-         " --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none -np " +
-         std::to_string(np) + " ";
-}
+using Result = ndt::testing::ShellResult;
+Result shell(const std::string& cmd) { return ndt::testing::run_shell(cmd); }
+std::string mpirun(int np) { return ndt::testing::mpirun_prefix(NDT_MPIRUN, np); }
 
 struct Layout {
   const char* name;

@@ -41,17 +41,10 @@ RunResult run(std::vector<std::string> args) { return ndt::testing::run_train_gp
 int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
 
-// A small char-level corpus (as in test_train.cpp) and gpt.ini for it.
+// The small run of tests/support/corpus.h in a directory of its own.
 fs::path make_data(const std::string& name) {
   fs::path d = ndt::testing::fresh_dir("robust_" + name);
-  const int64_t V = ndt::testing::write_word_corpus(d / "data", 6000, 42, 0.1);
-  std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << V
-                               << "\nblock_size = 32\n[data]\ntrain = "
-                               << (d / "data" / "train_*.bin").string()
-                               << "\nval = " << (d / "data" / "val_*.bin").string()
-                               << "\n[train]\nmicro_batch_size = 4\nseq_len = 32\nsteps = 8\neval_every = 4\n"
-                                  "eval_steps = 2\nthreads = 1\n[optim]\nlr = 0.01\nwarmup_steps = 2\n"
-                                  "[sample]\nevery = -1\n[log]\nevery = 1\n[checkpoint]\nformat = full  # these tests read model.safetensors\n";
+  ndt::testing::write_small_run(d);
   return d;
 }
 

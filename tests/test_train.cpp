@@ -25,18 +25,11 @@ namespace {
 using ndt::testing::RunResult;
 RunResult run(std::vector<std::string> args) { return ndt::testing::run_train_gpt(std::move(args)); }
 
-// A small char-level corpus: sentences from a fixed word list, picked by an LCG.
+// The small run of tests/support/corpus.h in a directory of its own.
 fs::path make_data(const std::string& name) {
   fs::path d = fs::temp_directory_path() / ("ndt_test_train_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(d);
-  const int64_t V = ndt::testing::write_word_corpus(d / "data", 6000, 42, 0.1);
-  std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = " << V
-                               << "\nblock_size = 32\n[data]\ntrain = "
-                               << (d / "data" / "train_*.bin").string()
-                               << "\nval = " << (d / "data" / "val_*.bin").string()
-                               << "\n[train]\nmicro_batch_size = 4\nseq_len = 32\nsteps = 8\neval_every = 4\n"
-                                  "eval_steps = 2\nthreads = 1\n[optim]\nlr = 0.01\nwarmup_steps = 2\n"
-                                  "[sample]\nevery = -1\n[log]\nevery = 1\n[checkpoint]\nformat = full  # these tests read model.safetensors\n";
+  ndt::testing::write_small_run(d);
   return d;
 }
 

@@ -14,6 +14,21 @@ namespace ndt::testing {
 // last val_fraction of the tokens) and dir/vocab.json; returns the vocabulary size.
 int64_t write_word_corpus(const std::filesystem::path& dir, int words, uint64_t seed, double val_fraction);
 
+// The tests' small run: the corpus in dir/data (6000 words, a tenth for validation) and
+// dir/gpt.ini, a 2-layer GPT for 8 steps that writes full-format checkpoints (the tests read
+// model.safetensors).
+void write_small_run(const std::filesystem::path& dir);
+
+// A shell command's exit code, output and errors together, and its wall time.
+struct ShellResult {
+  int rc;
+  std::string out;
+  double seconds;
+};
+ShellResult run_shell(const std::string& cmd);
+// "<mpirun> --allow-run-as-root --oversubscribe ... -np N ": what the tests launch ranks with.
+std::string mpirun_prefix(const std::string& mpirun, int np);
+
 struct RunResult {
   int rc;
   std::string out, err;
