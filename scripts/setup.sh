@@ -61,14 +61,52 @@ install_deps() {
   log "packages: done"
 }
 
+# cuDNN frontend (header-only C++ API over cuDNN's graph backend), used by the fused attention
+# on CUDA (tensor/cuda/sdpa.cu). Pinned; the PyPI wheel carries the headers in include/.
+# Fetched only when the CUDA backend will be built; without it (no network) ndtrain builds
+# and attention uses the composed kernels.
+CUDNN_FRONTEND_VERSION=1.23.0
+CUDNN_FRONTEND_DIR="$ROOT/third_party/cudnn_frontend"
+
+cuda_backend_wanted() {  # the decision CMake makes for NDT_CUDA (AUTO: when nvcc is found)
+  [[ "${NDT_CUDA:-AUTO}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }
+}
+
+fetch_cudnn_frontend() {
+  cuda_backend_wanted || return 0
+  if [[ -f "$CUDNN_FRONTEND_DIR/include/cudnn_frontend.h" ]]; then
+    log "cudnn frontend: $CUDNN_FRONTEND_DIR/include already there"
+    return 0
+  fi
+  local tmp
+  tmp="$(mktemp -d)"
+  if python3 -m pip download --quiet --no-deps --only-binary=:all: -d "$tmp" \
+       "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION" >/dev/null 2>&1 &&
+     mkdir -p "$CUDNN_FRONTEND_DIR" &&
+     python3 -c 'import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])' \
+       "$tmp"/nvidia_cudnn_frontend-*.whl "$tmp/wheel" &&
+     [[ -f "$tmp/wheel/include/cudnn_frontend.h" ]]; then
+    rm -rf "$CUDNN_FRONTEND_DIR/include"
+    mv "$tmp/wheel/include" "$CUDNN_FRONTEND_DIR/include"
+    log "cudnn frontend: $CUDNN_FRONTEND_VERSION headers in $CUDNN_FRONTEND_DIR/include"
+    CUDNN_FRONTEND_FETCHED=1
+  else
+    log "cudnn frontend: could not fetch nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION (no network?); building without fused attention"
+  fi
+  rm -rf "$tmp"
+}
+
 build() {
+  fetch_cudnn_frontend
   local jobs
   jobs="$(nproc)"
   local args=(-DCMAKE_BUILD_TYPE="${NDT_BUILD_TYPE:-Release}")
   if [[ -n "${NDT_CUDA:-}" ]]; then args+=(-DNDT_CUDA="$NDT_CUDA"); fi
   # shellcheck disable=SC2206  # NDT_CMAKE_ARGS is a word list on purpose
   if [[ -n "${NDT_CMAKE_ARGS:-}" ]]; then args+=(${NDT_CMAKE_ARGS}); fi
-  if [[ -f "$BUILD/CMakeCache.txt" && -z "${NDT_CUDA:-}" && -z "${NDT_CMAKE_ARGS:-}" && -z "${NDT_BUILD_TYPE:-}" ]]; then
+  # (freshly fetched frontend headers: configure again, CMake looks for them at configure time)
+  if [[ -f "$BUILD/CMakeCache.txt" && -z "${NDT_CUDA:-}" && -z "${NDT_CMAKE_ARGS:-}" && -z "${NDT_BUILD_TYPE:-}" &&
+        -z "${CUDNN_FRONTEND_FETCHED:-}" ]]; then
     log "configure: $BUILD already configured (the build re-runs CMake if needed)"
   else
     log "configure: cmake -S $ROOT -B $BUILD ${args[*]}"
