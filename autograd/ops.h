@@ -66,8 +66,14 @@ struct AttentionOut {
 // scale defaults to 1/sqrt(HS). A query that sees no key gets out = 0 and lse = -inf.
 // Both outputs are differentiable, so partial results over key blocks can be merged
 // through the lse (ring attention).
+// On CUDA, bf16 inputs run fused (cuDNN flash attention, tensor/cuda/sdpa.h) where the
+// mask allows it; everything else runs attention_composed. NDT_SDPA=0 turns fusion off.
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset = 0,
                        int64_t k_offset = 0, double scale = 0.0);
+// The same, always composed from GEMMs and the masked-softmax kernels (materializes the
+// (Tq, Tk) scores): every device and dtype, and the reference the fused path is tested against.
+AttentionOut attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset = 0,
+                                int64_t k_offset = 0, double scale = 0.0);
 // Merges two attention results of the same queries over disjoint key blocks, a and b,
 // through their log-sum-exps: out_a, out_b (B,NH,T,HS), lse_a, lse_b (B,NH,T) as attention()
 // returns them -> out (B,NH,T,HS), lse (B,NH,T), equal to attention over both blocks:

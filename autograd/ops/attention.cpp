@@ -2,31 +2,120 @@
 // and the per-query log-sum-exp. Legend: B batch, NH heads, Tq queries, Tk keys, HS head size,
 // Bh = B*NH.
 //
-// Composed from batched GEMMs and two small kernels, the same on CPU and CUDA:
-//   s = q @ k^T                         (Bh,Tq,Tk)
-//   p, lse = masked_softmax(scale * s)  p in place of s; lse (Bh,Tq)
-//   out = p @ v                         (Bh,Tq,HS)
-// bf16 inputs are computed in f32 (scores and probabilities are never stored in bf16).
+// Two paths compute the same thing:
+// - composed (attention_composed), the same on CPU and CUDA and the reference:
+//     s = q @ k^T                         (Bh,Tq,Tk)
+//     p, lse = masked_softmax(scale * s)  p in place of s; lse (Bh,Tq)
+//     out = p @ v                         (Bh,Tq,HS)
+//   bf16 inputs are computed in f32 (scores and probabilities are never stored in bf16).
+// - fused, on CUDA for bf16 when cuda::sdpa_supported() says so: cuDNN's flash attention
+//   (tensor/cuda/sdpa.h), which never stores the (Tq,Tk) scores; its backward needs only
+//   q, k, v, out and lse. attention() picks the path; NDT_SDPA=0 forces the composed one.
 //
 // merge_attention combines two such results of the same queries over disjoint key blocks
 // (ring attention: one block per step) through their log-sum-exps.
+
 #include <cmath>
 
 #include "autograd/ops/common.h"
+#include "tensor/cuda/sdpa.h"
 
 namespace ndt {
 using namespace ops_detail;
 
-AttentionOut attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t q_offset,
-                       int64_t k_offset, double scale) {
-  check_same("attention", {&q_in, &k_in, &v_in});
-  NDT_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4,
-            "attention: q, k, v must be (B, NH, T, HS), got ", q_in.shape_str(), ", ", k_in.shape_str(), ", ",
-            v_in.shape_str());
-  NDT_CHECK(k_in.shape() == v_in.shape(), "attention: k ", k_in.shape_str(), " and v ", v_in.shape_str(),
-            " differ");
-  NDT_CHECK(q_in.size(0) == k_in.size(0) && q_in.size(1) == k_in.size(1) && q_in.size(3) == k_in.size(3),
-            "attention: q ", q_in.shape_str(), " and k ", k_in.shape_str(), " differ in B, NH or HS");
+namespace {
+
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_same("attention", {&q, &k, &v});
+  NDT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be (B, NH, T, HS), got ",
+            q.shape_str(), ", ", k.shape_str(), ", ", v.shape_str());
+  NDT_CHECK(k.shape() == v.shape(), "attention: k ", k.shape_str(), " and v ", v.shape_str(), " differ");
+  NDT_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3), "attention: q ",
+            q.shape_str(), " and k ", k.shape_str(), " differ in B, NH or HS");
+}
+
+// q (Bh,Tq,HS), k (Bh,Tk,HS) -> p (Bh,Tq,Tk) = masked softmax(scale * q @ k^T), lse (Bh,Tq)
+void attention_probs(const Tensor& q, const Tensor& k, double scale, int64_t q_offset, int64_t k_offset,
+                     const Tensor& p, const Tensor& lse) {
+  kernels::gemm(q, false, k, true, p);  // s = q @ k^T
+  kernels::attention_softmax_forward(p, scale, q_offset, k_offset, lse);
+}
+
+// The composed backward: q (Bh,Tq,HS), k, v (Bh,Tk,HS), p (Bh,Tq,Tk), o (Bh,Tq,HS) in the
+// compute dtype, the gradients of out (B,NH,Tq,HS) and lse (B,NH,Tq), either undefined
+//   -> dq (B,NH,Tq,HS), dk, dv (B,NH,Tk,HS) in io
+Grads composed_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& p, const Tensor& o,
+                        const Tensor& dout_in, const Tensor& dlse_in, double scale, int64_t B, int64_t NH,
+                        DType io) {
+  // forward: p = exp(scale*q k^T - lse) (masked), out = p v, lse = log sum exp(scale*q k^T); so
+  //   dv = p^T dout,  dp = dout v^T,  ds = scale * p * (dp - rowsum(dout*out) + dlse),
+  //   dq = ds k,  dk = ds^T q
+  const int64_t Bh = q.size(0), Tq = q.size(1), Tk = k.size(1), HS = q.size(2);
+  const DType cd = q.dtype();
+  Tensor dout = dout_in.defined() ? dout_in.contiguous().to(cd).view({Bh, Tq, HS})
+                                  : Tensor::zeros({Bh, Tq, HS}, cd, q.device());
+  Tensor dlse = dlse_in.defined() ? dlse_in.contiguous().view({Bh, Tq}) : Tensor();
+  Tensor dv = Tensor::empty({Bh, Tk, HS}, cd, q.device());
+  kernels::gemm(p, true, dout, false, dv);
+  Tensor ds = Tensor::empty({Bh, Tq, Tk}, cd, q.device());
+  kernels::gemm(dout, false, v, true, ds);  // dp, turned into ds in place below
+  Tensor d = Tensor::empty({Bh, Tq}, stat_dtype(cd), q.device());
+  kernels::rowwise_dot(o, dout, d);
+  kernels::attention_softmax_backward(p, ds, d, dlse, scale);
+  Tensor dq = Tensor::empty({Bh, Tq, HS}, cd, q.device());
+  Tensor dk = Tensor::empty({Bh, Tk, HS}, cd, q.device());
+  kernels::gemm(ds, false, k, false, dq);
+  kernels::gemm(ds, true, q, false, dk);
+  auto back = [&](const Tensor& t, int64_t T) { return t.view({B, NH, T, HS}).to(io); };
+  return {back(dq, Tq), back(dk, Tk), back(dv, Tk)};
+}
+
+// The fused path (cuDNN SDPA): q (B,NH,Tq,HS), k, v (B,NH,Tk,HS) bf16, as they come (no
+// copies) -> out (B,NH,Tq,HS) bf16 contiguous, lse (B,NH,Tq) f32. sdpa_supported() has
+// checked that the mask is causal from the top-left corner or empty.
+AttentionOut attention_fused(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t q_offset,
+                             int64_t k_offset, double scale) {
+  const int64_t B = q_in.size(0), NH = q_in.size(1), Tq = q_in.size(2), Tk = k_in.size(2), HS = q_in.size(3);
+  const bool causal = k_offset + Tk - 1 > q_offset;  // else every key is visible to every query
+  const Device dev = q_in.device();
+  Tensor q = q_in.detach(), k = k_in.detach(), v = v_in.detach();
+  Tensor out = Tensor::empty({B, NH, Tq, HS}, DType::bf16, dev), lse = Tensor::empty({B, NH, Tq}, DType::f32, dev);
+  cuda::sdpa_forward(q, k, v, causal, scale, out, lse);
+
+  AttentionOut r{out, lse};
+  autograd::record(
+      "attention", {r.out, r.lse}, {q_in, k_in, v_in},
+      [q, k, v, o = out.detach(), lse = lse.detach(), causal, scale, q_offset, k_offset, B, NH, Tq, Tk,
+       HS](const Grads& g) -> Grads {
+        // forward: out = softmax(scale * q k^T + mask) v, lse its rows' log-sum-exp (as in
+        // composed_backward). cuDNN differentiates out only: its backward computes
+        // rowsum(dout*out) itself and has no input for dlse. A dlse (ring attention merges
+        // through lse) adds scale * p * dlse to ds, so with one this node recomputes p from
+        // q, k and differentiates through the composed kernels: exact, at the composed cost.
+        if (g[1].defined()) {
+          auto flat = [&](const Tensor& t, int64_t T) { return t.contiguous().to(DType::f32).view({B * NH, T, HS}); };
+          Tensor qf = flat(q, Tq), kf = flat(k, Tk), vf = flat(v, Tk), of = flat(o, Tq);
+          Tensor p = Tensor::empty({B * NH, Tq, Tk}, DType::f32, q.device());
+          Tensor lse_again = Tensor::empty({B * NH, Tq}, DType::f32, q.device());
+          attention_probs(qf, kf, scale, q_offset, k_offset, p, lse_again);
+          return composed_backward(qf, kf, vf, p, of, g[0], g[1], scale, B, NH, DType::bf16);
+        }
+        // dout (B,NH,Tq,HS) -> dq (B,NH,Tq,HS), dk, dv (B,NH,Tk,HS), all bf16
+        Tensor dout = g[0].contiguous().to(DType::bf16);
+        Tensor dq = Tensor::empty({B, NH, Tq, HS}, DType::bf16, q.device());
+        Tensor dk = Tensor::empty({B, NH, Tk, HS}, DType::bf16, q.device());
+        Tensor dv = Tensor::empty({B, NH, Tk, HS}, DType::bf16, q.device());
+        cuda::sdpa_backward(q, k, v, o, lse, dout, causal, scale, dq, dk, dv);
+        return {dq, dk, dv};
+      });
+  return r;
+}
+
+}  // namespace
+
+AttentionOut attention_composed(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t q_offset,
+                                int64_t k_offset, double scale) {
+  check_attention(q_in, k_in, v_in);
   const int64_t B = q_in.size(0), NH = q_in.size(1), Tq = q_in.size(2), Tk = k_in.size(2), HS = q_in.size(3);
   if (scale == 0.0) scale = 1.0 / std::sqrt(static_cast<double>(HS));
   const DType io = q_in.dtype(), cd = io == DType::bf16 ? DType::f32 : io;  // compute dtype
@@ -36,8 +125,7 @@ AttentionOut attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
   Tensor q = flat(q_in), k = flat(k_in), v = flat(v_in);
   Tensor p = Tensor::empty({B * NH, Tq, Tk}, cd, q.device());
   Tensor lse = Tensor::empty({B * NH, Tq}, stat_dtype(cd), q.device());
-  kernels::gemm(q, false, k, true, p);  // s = q @ k^T
-  kernels::attention_softmax_forward(p, scale, q_offset, k_offset, lse);
+  attention_probs(q, k, scale, q_offset, k_offset, p, lse);
   Tensor o = Tensor::empty({B * NH, Tq, HS}, cd, q.device());
   kernels::gemm(p, false, v, false, o);  // out = p @ v
 
@@ -45,29 +133,18 @@ AttentionOut attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
   r.out = o.view({B, NH, Tq, HS}).to(io);
   r.lse = lse.view({B, NH, Tq});
   autograd::record("attention", {r.out, r.lse}, {q_in, k_in, v_in},
-                   [q, k, v, p, o, scale, B, NH, Tq, Tk, HS, io, cd](const Grads& g) -> Grads {
-                     // forward: p = exp(scale*q k^T - lse) (masked), out = p v, lse = log sum exp(scale*q
-                     // k^T); so
-                     //   dv = p^T dout,  dp = dout v^T,  ds = scale * p * (dp - rowsum(dout*out) + dlse),
-                     //   dq = ds k,  dk = ds^T q
-                     Tensor dout = g[0].defined() ? g[0].contiguous().to(cd).view({B * NH, Tq, HS})
-                                                  : Tensor::zeros({B * NH, Tq, HS}, cd, q.device());
-                     Tensor dlse = g[1].defined() ? g[1].contiguous().view({B * NH, Tq}) : Tensor();
-                     Tensor dv = Tensor::empty({B * NH, Tk, HS}, cd, q.device());
-                     kernels::gemm(p, true, dout, false, dv);
-                     Tensor ds = Tensor::empty({B * NH, Tq, Tk}, cd, q.device());
-                     kernels::gemm(dout, false, v, true, ds);  // dp, turned into ds in place below
-                     Tensor d = Tensor::empty({B * NH, Tq}, stat_dtype(cd), q.device());
-                     kernels::rowwise_dot(o, dout, d);
-                     kernels::attention_softmax_backward(p, ds, d, dlse, scale);
-                     Tensor dq = Tensor::empty({B * NH, Tq, HS}, cd, q.device());
-                     Tensor dk = Tensor::empty({B * NH, Tk, HS}, cd, q.device());
-                     kernels::gemm(ds, false, k, false, dq);
-                     kernels::gemm(ds, true, q, false, dk);
-                     auto back = [&](const Tensor& t, int64_t T) { return t.view({B, NH, T, HS}).to(io); };
-                     return {back(dq, Tq), back(dk, Tk), back(dv, Tk)};
+                   [q, k, v, p, o, scale, B, NH, io](const Grads& g) -> Grads {
+                     return composed_backward(q, k, v, p, o, g[0], g[1], scale, B, NH, io);
                    });
   return r;
+}
+
+AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, int64_t k_offset,
+                       double scale) {
+  check_attention(q, k, v);
+  if (!cuda::sdpa_supported(q, k, v, q_offset, k_offset)) return attention_composed(q, k, v, q_offset, k_offset, scale);
+  if (scale == 0.0) scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  return attention_fused(q, k, v, q_offset, k_offset, scale);
 }
 
 // out_a, out_b (B,NH,T,HS), lse_a, lse_b (B,NH,T) -> out (B,NH,T,HS), lse (B,NH,T)
