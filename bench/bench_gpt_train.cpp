@@ -4,28 +4,46 @@
 //
 //   build/bench_gpt_train                 # S and M on CPU, all cores
 //   build/bench_gpt_train S 2             # one config, 2 threads
-//   build/bench_gpt_train GPT2 0 cuda     # GPT-2 124M on the first GPU
+//   build/bench_gpt_train GPT2 0 cuda     # GPT-2 124M on the first GPU, f32
+//   build/bench_gpt_train GPT2 0 cuda none --dtype bf16 --batch 8   # bf16 mixed precision, B 8
 //   build/bench_gpt_train S,M 2 cpu none,full,selective   # activation checkpointing modes
 //
+// Positional arguments: configs, threads, device, checkpointing modes. Options (anywhere):
+//   --dtype f32|bf16   f32 (default), or bf16 mixed precision as train_gpt's train.dtype =
+//                      bfloat16 does it: an f32 master copy with f32 AdamW moments, bf16 copies
+//                      that the model computes with (nn::materialize's compute dtype), each
+//                      step's bf16 gradients folded into the f32 master (nn::fold_grad), the
+//                      bf16 copies refreshed after the optimizer (refresh_compute)
+//   --batch B          sequences per step (default: the config's)
+//   --steps N --warmup N   timed and warm-up steps (default 10 and 2)
+//   --tf32             f32 GEMMs on TF32 tensor cores (cuda::set_allow_tf32; off by default)
+//
 // Prints a table: ms/step, tokens/s and achieved GFLOP/s (model FLOPs, 6N + attention; a
-// recompute is not counted), and on a GPU the MFU against 67 TFLOP/s (H100/H200 dense f32,
-// no TF32). The 4th argument lists activation checkpointing modes (nn::ACMode; "full/2" or
-// "selective/2": only every 2nd block); their steps are interleaved, one of each in turn,
-// so that a busy machine slows them alike. For each mode the table also gives the activation
-// memory from the allocator: "saved" is what the forward leaves allocated for backward (in
-// use after forward minus before), "peak" the allocator's peak during forward + backward
-// minus what was in use before the step (parameters, gradients, AdamW moments), and whether
-// the losses equal those of the first mode bit for bit.
+// recompute is not counted), and on a GPU the MFU against the H100/H200 SXM dense peak of
+// the arithmetic used: 989 TFLOP/s for bf16, 495 for TF32, 67 for plain f32 (the vendor's
+// datasheet figures, without sparsity). The 4th argument lists activation checkpointing
+// modes (nn::ACMode; "full/2" or "selective/2": only every 2nd block); their steps are
+// interleaved, one of each in turn, so that a busy machine slows them alike. For each mode
+// the table also gives the activation memory from the allocator: "saved" is what the
+// forward leaves allocated for backward (in use after forward minus before), "peak" the
+// allocator's peak during forward + backward minus what was in use before the step
+// (parameters, gradients, AdamW moments), "total peak" the allocator's peak over the whole
+// step (everything held, optimizer included), and whether the losses equal those of the
+// first mode bit for bit. After the table, one line per run for scripts:
+//   RESULT config=GPT2 dtype=bf16 B=8 T=1024 mode=none ms=... tokens_per_s=... mfu_pct=... total_peak_mib=...
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "autograd/engine.h"
 #include "models/gpt.h"
+#include "nn/flat.h"
 #include "optim/adamw.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/kernels.h"
@@ -88,7 +106,44 @@ struct Run {
   double total_s = 0;
   int64_t saved = 0, peak = 0;
   std::vector<double> losses;
+  int64_t total_peak = 0;
 };
+
+// --name value options, taken out of argv; what is left are the positional arguments
+struct Options {
+  std::string dtype = "f32";
+  int64_t batch = 0, steps = 10, warmup = 2;
+  bool tf32 = false;
+  std::vector<std::string> positional;
+};
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      NDT_CHECK(i + 1 < argc, "bench_gpt_train: ", a, " needs a value");
+      return argv[++i];
+    };
+    if (a == "--dtype")
+      o.dtype = value();
+    else if (a == "--batch")
+      o.batch = std::stoll(value());
+    else if (a == "--steps")
+      o.steps = std::stoll(value());
+    else if (a == "--warmup")
+      o.warmup = std::stoll(value());
+    else if (a == "--tf32")
+      o.tf32 = true;
+    else if (a.rfind("--", 0) == 0)
+      NDT_CHECK(false, "bench_gpt_train: unknown option ", a);
+    else
+      o.positional.push_back(a);
+  }
+  NDT_CHECK(o.dtype == "f32" || o.dtype == "bf16", "bench_gpt_train: --dtype must be f32 or bf16, got ", o.dtype);
+  NDT_CHECK(o.batch >= 0 && o.steps >= 1 && o.warmup >= 0, "bench_gpt_train: bad --batch/--steps/--warmup");
+  return o;
+}
 
 }  // namespace
 
@@ -96,24 +151,34 @@ int main(int argc, char** argv) {
   use_optimized_blas(argv);
   const std::vector<Case> cases = {
       {"S", 4, 4, 256, 512, 8, 128}, {"M", 6, 6, 384, 4096, 8, 256}, {"GPT2", 12, 12, 768, 50257, 16, 1024}};
-  const std::vector<std::string> only = split(argc > 1 ? argv[1] : "");
-  const int threads = argc > 2 ? std::atoi(argv[2]) : 0;
-  const Device device = Device::parse(argc > 3 ? argv[3] : "cpu");
+  const Options opt = parse_options(argc, argv);
+  const std::vector<std::string>& pos = opt.positional;
+  const std::vector<std::string> only = split(pos.size() > 0 ? pos[0] : "");
+  const int threads = pos.size() > 1 ? std::atoi(pos[1].c_str()) : 0;
+  const Device device = Device::parse(pos.size() > 2 ? pos[2] : "cpu");
   std::vector<Mode> modes;
-  for (const std::string& m : split(argc > 4 ? argv[4] : "none")) modes.push_back(parse_mode(m));
+  for (const std::string& m : split(pos.size() > 3 ? pos[3] : "none")) modes.push_back(parse_mode(m));
   if (device.is_cuda() && !cuda::available()) {
     std::printf("no CUDA device visible; skipping\n");
     return 0;
   }
+  const bool bf16 = opt.dtype == "bf16";
+  if (device.is_cuda() && opt.tf32) cuda::set_allow_tf32(device.index, true);
+  // H100/H200 SXM dense peaks (no sparsity): bf16 989.4, TF32 494.7, plain f32 66.9 TFLOP/s
+  const double peak_tflops = bf16 ? 989.0 : (opt.tf32 && device.is_cuda() ? 495.0 : 67.0);
+  const char* arith = bf16 ? "bf16" : (opt.tf32 && device.is_cuda() ? "tf32" : "f32");
   set_num_threads(threads);
-  std::printf("threads: %d, OpenBLAS kernel: %s\n\n", num_threads(), blas_core().c_str());
+  std::printf("threads: %d, OpenBLAS kernel: %s, dtype: %s%s\n\n", num_threads(), blas_core().c_str(),
+              bf16 ? "bf16 mixed precision (f32 master and AdamW)" : "f32", opt.tf32 ? ", TF32 GEMMs" : "");
   std::printf(
       "| config | params | tokens/step | checkpointing | ms/step | tokens/s | GFLOP/s | saved MB | peak MB | "
-      "same loss | device |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "total peak MB | same loss | device |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::string> results;
   for (const Case& c : cases) {
     bool wanted = only.empty() ? std::string(c.name) != "GPT2" : false;
     for (const std::string& o : only) wanted = wanted || o == c.name;
     if (!wanted) continue;
+    const int64_t B = opt.batch > 0 ? opt.batch : c.B, T = c.T;
     models::GPTConfig cfg;
     cfg.n_layer = c.n_layer, cfg.n_head = c.n_head, cfg.n_embd = c.n_embd, cfg.vocab_size = c.vocab,
     cfg.block_size = c.T;
@@ -124,25 +189,30 @@ int main(int argc, char** argv) {
       runs[m].gpt = std::make_unique<models::GPT>(cfg);
       if (modes[m].ac != nn::ACMode::none)
         runs[m].gpt->add_unit_wrapper(nn::activation_checkpointing(modes[m].ac, modes[m].every));
-      runs[m].params = nn::materialize(runs[m].gpt->units(), device, DType::f32, 1);
+      runs[m].params = nn::materialize(runs[m].gpt->units(), device, DType::f32, 1, nn::ShardSpec{},
+                                       bf16 ? std::optional<DType>(DType::bf16) : std::nullopt);
       runs[m].opt = std::make_unique<optim::AdamW>(runs[m].params, optim::AdamWConfig{});
     }
-    const int warmup = 2, steps = 10;
-    for (int s = 0; s < warmup + steps; ++s) {
-      Tensor x = random_ids(c.B, c.T, c.vocab, 2 * s).to(device),
-             y = random_ids(c.B, c.T, c.vocab, 2 * s + 1).to(device);
+    const int64_t warmup = opt.warmup, steps = opt.steps;
+    for (int64_t s = 0; s < warmup + steps; ++s) {
+      Tensor x = random_ids(B, T, c.vocab, 2 * s).to(device), y = random_ids(B, T, c.vocab, 2 * s + 1).to(device);
       for (Run& r : runs) {  // one step of each mode in turn
         if (device.is_cuda()) cuda::synchronize(device.index);
         const auto t0 = std::chrono::steady_clock::now();
+        reset_peak_memory(device);
         r.params.zero_grad();
         const int64_t before = memory_stats(device).in_use;
-        reset_peak_memory(device);
         Tensor loss = r.gpt->forward(x, y).loss;
         const int64_t saved = memory_stats(device).in_use - before;
         backward(loss);
         const int64_t peak = memory_stats(device).peak - before;
+        // mixed precision: the bf16 gradients into the f32 master's (no-op in f32), as
+        // dist::NoParallelism::end_micro does for train_gpt
+        for (const nn::FlatUnit& u : r.params.units) nn::fold_grad(u);
         r.opt->step(1e-4, optim::clip_scale(optim::grad_norm(r.params), 1.0));
+        r.params.refresh_compute();  // mixed precision: the bf16 copies of the new parameters
         if (device.is_cuda()) cuda::synchronize(device.index);
+        r.total_peak = std::max(r.total_peak, memory_stats(device).peak);
         const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         r.losses.push_back(loss.item());
         if (s >= warmup) r.total_s += sec;
@@ -150,20 +220,31 @@ int main(int argc, char** argv) {
       }
     }
     for (const Run& r : runs) {
-      const double ms = r.total_s / steps * 1e3, tok = static_cast<double>(c.B * c.T);
-      const double gflops = r.gpt->flops_per_token(c.T) * tok / (ms / 1e3) / 1e9;
+      const double ms = r.total_s / static_cast<double>(steps) * 1e3, tok = static_cast<double>(B * T);
+      const double gflops = r.gpt->flops_per_token(T) * tok / (ms / 1e3) / 1e9;
+      const double mfu = gflops / (peak_tflops * 1e3) * 100;
       const bool same =
           std::memcmp(r.losses.data(), runs[0].losses.data(), r.losses.size() * sizeof(double)) == 0;
+      char mfu_text[64] = "";
+      if (device.is_cuda()) std::snprintf(mfu_text, sizeof mfu_text, " MFU %.1f%% of %.0f (%s)", mfu, peak_tflops, arith);
       std::printf(
-          "| %s (L%lld H%lld C%lld V%lld B%lld T%lld) | %.2fM | %.0f | %s | %.1f | %.0f | %.1f | %.1f | %.1f "
-          "| %s "
-          "| %s%s |\n",
-          c.name, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)c.vocab,
-          (long long)c.B, (long long)c.T, r.params.param_count() / 1e6, tok, r.mode.label.c_str(), ms,
-          tok / (ms / 1e3), gflops, r.saved / 1048576.0, r.peak / 1048576.0, same ? "yes" : "NO",
-          device.str().c_str(),
-          device.is_cuda() ? (" MFU " + std::to_string(gflops / 67e3 * 100).substr(0, 4) + "%").c_str() : "");
+          "| %s (L%lld H%lld C%lld V%lld B%lld T%lld) %s | %.2fM | %.0f | %s | %.1f | %.0f | %.1f | %.1f | %.1f "
+          "| %.1f | %s | %s%s |\n",
+          c.name, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)c.vocab, (long long)B,
+          (long long)T, opt.dtype.c_str(), r.params.param_count() / 1e6, tok, r.mode.label.c_str(), ms,
+          tok / (ms / 1e3), gflops, r.saved / 1048576.0, r.peak / 1048576.0, r.total_peak / 1048576.0,
+          same ? "yes" : "NO", device.str().c_str(), mfu_text);
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "RESULT config=%s dtype=%s B=%lld T=%lld mode=%s device=%s ms=%.2f tokens_per_s=%.0f "
+                    "gflops=%.1f mfu_pct=%.2f peak_tflops=%.0f total_peak_mib=%.1f final_loss=%.4f",
+                    c.name, arith, (long long)B, (long long)T, r.mode.label.c_str(), device.str().c_str(), ms,
+                    tok / (ms / 1e3), gflops, device.is_cuda() ? mfu : 0.0, peak_tflops,
+                    r.total_peak / 1048576.0, r.losses.empty() ? 0.0 : r.losses.back());
+      results.push_back(line);
     }
   }
+  std::printf("\n");
+  for (const std::string& l : results) std::printf("%s\n", l.c_str());
   return 0;
 }
