@@ -70,7 +70,8 @@ class CudaAttention : public ::testing::Test {
   void SetUp() override {
     if (!cuda::available())
       GTEST_SKIP() << (cuda::compiled() ? "no CUDA device visible" : "ndtrain was built without CUDA");
-    if (!cuda::sdpa_compiled()) GTEST_SKIP() << "built without the cuDNN frontend headers (no fused attention)";
+    if (!cuda::sdpa_compiled())
+      GTEST_SKIP() << "built without the cuDNN frontend headers (no fused attention)";
   }
 };
 
@@ -85,7 +86,8 @@ Result run(bool fused, const Tensor& q, const Tensor& k, const Tensor& v, int64_
   Tensor lq = leaf(q), lk = leaf(k), lv = leaf(v);
   if (fused) {
     std::string why;
-    EXPECT_TRUE(cuda::sdpa_supported(lq, lk, lv, q_off, k_off, &why)) << "the fused path is not taken: " << why;
+    EXPECT_TRUE(cuda::sdpa_supported(lq, lk, lv, q_off, k_off, &why))
+        << "the fused path is not taken: " << why;
   }
   AttentionOut r = fused ? attention(lq, lk, lv, q_off, k_off) : attention_composed(lq, lk, lv, q_off, k_off);
   Tensor loss = sum(mul(r.out, dout));
@@ -107,11 +109,14 @@ void compare(int64_t B, int64_t NH, int64_t Tq, int64_t Tk, int64_t HS, int64_t 
              bool with_dlse = false) {
   const std::string what = "B" + std::to_string(B) + " NH" + std::to_string(NH) + " Tq" + std::to_string(Tq) +
                            " Tk" + std::to_string(Tk) + " HS" + std::to_string(HS) + " q_off" +
-                           std::to_string(q_off) + " k_off" + std::to_string(k_off) + (with_dlse ? " dlse" : "");
+                           std::to_string(q_off) + " k_off" + std::to_string(k_off) +
+                           (with_dlse ? " dlse" : "");
   Tensor q = randn({B, NH, Tq, HS}, DType::bf16, kGpu, 1), k = randn({B, NH, Tk, HS}, DType::bf16, kGpu, 2),
-         v = randn({B, NH, Tk, HS}, DType::bf16, kGpu, 3), dout = randn({B, NH, Tq, HS}, DType::bf16, kGpu, 4);
+         v = randn({B, NH, Tk, HS}, DType::bf16, kGpu, 3),
+         dout = randn({B, NH, Tq, HS}, DType::bf16, kGpu, 4);
   Tensor dlse = with_dlse ? randn({B, NH, Tq}, DType::f32, kGpu, 5) : Tensor();
-  expect_match(run(true, q, k, v, q_off, k_off, dout, dlse), run(false, q, k, v, q_off, k_off, dout, dlse), what);
+  expect_match(run(true, q, k, v, q_off, k_off, dout, dlse), run(false, q, k, v, q_off, k_off, dout, dlse),
+               what);
 }
 
 }  // namespace
@@ -143,19 +148,19 @@ TEST(SdpaSupported, FalseWithAReasonForCpuTensorsAndF32) {
 TEST_F(CudaAttention, SupportedForCausalAndUnmaskedOnly) {
   Tensor q = randn({2, 3, 64, 64}, DType::bf16, kGpu, 1), k = randn({2, 3, 64, 64}, DType::bf16, kGpu, 2);
   std::string why;
-  EXPECT_TRUE(cuda::sdpa_supported(q, k, k, 0, 0, &why)) << why;     // causal from the top-left
-  EXPECT_TRUE(cuda::sdpa_supported(q, k, k, 64, 0, &why)) << why;    // every key before every query
-  EXPECT_TRUE(cuda::sdpa_supported(q, k, k, 500, 7, &why)) << why;   // the same, further apart
-  EXPECT_FALSE(cuda::sdpa_supported(q, k, k, 32, 0, &why));          // partial diagonal
+  EXPECT_TRUE(cuda::sdpa_supported(q, k, k, 0, 0, &why)) << why;    // causal from the top-left
+  EXPECT_TRUE(cuda::sdpa_supported(q, k, k, 64, 0, &why)) << why;   // every key before every query
+  EXPECT_TRUE(cuda::sdpa_supported(q, k, k, 500, 7, &why)) << why;  // the same, further apart
+  EXPECT_FALSE(cuda::sdpa_supported(q, k, k, 32, 0, &why));         // partial diagonal
   EXPECT_NE(why.find("mask"), std::string::npos) << why;
-  EXPECT_FALSE(cuda::sdpa_supported(q, k, k, 0, 2, &why));           // rows that see no key
+  EXPECT_FALSE(cuda::sdpa_supported(q, k, k, 0, 2, &why));  // rows that see no key
   Tensor k100 = randn({2, 3, 100, 64}, DType::bf16, kGpu, 3);
-  EXPECT_FALSE(cuda::sdpa_supported(q, k100, k100, 0, 0, &why));     // Tq != Tk with a diagonal
+  EXPECT_FALSE(cuda::sdpa_supported(q, k100, k100, 0, 0, &why));  // Tq != Tk with a diagonal
   EXPECT_TRUE(cuda::sdpa_supported(q, k100, k100, 100, 0, &why)) << why;
-  Tensor q12 = randn({2, 3, 64, 12}, DType::bf16, kGpu, 4);          // head size not a multiple of 8
+  Tensor q12 = randn({2, 3, 64, 12}, DType::bf16, kGpu, 4);  // head size not a multiple of 8
   EXPECT_FALSE(cuda::sdpa_supported(q12, q12, q12, 0, 0, &why));
   EXPECT_NE(why.find("head size"), std::string::npos) << why;
-  Tensor q256 = randn({1, 1, 16, 256}, DType::bf16, kGpu, 5);        // above 128
+  Tensor q256 = randn({1, 1, 16, 256}, DType::bf16, kGpu, 5);  // above 128
   EXPECT_FALSE(cuda::sdpa_supported(q256, q256, q256, 0, 0, &why));
 }
 
@@ -217,12 +222,14 @@ TEST_F(CudaAttention, MergedBlocks) {
 // passed to cuDNN without copies.
 TEST_F(CudaAttention, StridedViewsOfQkv) {
   const int64_t B = 2, T = 100, NH = 3, HS = 64;
-  Tensor qkv = randn({B, T, 3, NH, HS}, DType::bf16, kGpu, 1), dout = randn({B, NH, T, HS}, DType::bf16, kGpu, 2);
+  Tensor qkv = randn({B, T, 3, NH, HS}, DType::bf16, kGpu, 1),
+         dout = randn({B, NH, T, HS}, DType::bf16, kGpu, 2);
   auto part = [&](int64_t i) { return qkv.select(2, i).permute({0, 2, 1, 3}); };  // (B,NH,T,HS)
   Tensor q = part(0), k = part(1), v = part(2);
   ASSERT_FALSE(q.is_contiguous());
   expect_match(run(true, q, k, v, 0, 0, dout, Tensor()),
-               run(false, q.contiguous(), k.contiguous(), v.contiguous(), 0, 0, dout, Tensor()), "strided qkv");
+               run(false, q.contiguous(), k.contiguous(), v.contiguous(), 0, 0, dout, Tensor()),
+               "strided qkv");
 }
 
 // NDT_SDPA=0 turns the fused path off.

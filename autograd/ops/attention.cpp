@@ -79,35 +79,37 @@ AttentionOut attention_fused(const Tensor& q_in, const Tensor& k_in, const Tenso
   const bool causal = k_offset + Tk - 1 > q_offset;  // else every key is visible to every query
   const Device dev = q_in.device();
   Tensor q = q_in.detach(), k = k_in.detach(), v = v_in.detach();
-  Tensor out = Tensor::empty({B, NH, Tq, HS}, DType::bf16, dev), lse = Tensor::empty({B, NH, Tq}, DType::f32, dev);
+  Tensor out = Tensor::empty({B, NH, Tq, HS}, DType::bf16, dev),
+         lse = Tensor::empty({B, NH, Tq}, DType::f32, dev);
   cuda::sdpa_forward(q, k, v, causal, scale, out, lse);
 
   AttentionOut r{out, lse};
-  autograd::record(
-      "attention", {r.out, r.lse}, {q_in, k_in, v_in},
-      [q, k, v, o = out.detach(), lse = lse.detach(), causal, scale, q_offset, k_offset, B, NH, Tq, Tk,
-       HS](const Grads& g) -> Grads {
-        // forward: out = softmax(scale * q k^T + mask) v, lse its rows' log-sum-exp (as in
-        // composed_backward). cuDNN differentiates out only: its backward computes
-        // rowsum(dout*out) itself and has no input for dlse. A dlse (ring attention merges
-        // through lse) adds scale * p * dlse to ds, so with one this node recomputes p from
-        // q, k and differentiates through the composed kernels: exact, at the composed cost.
-        if (g[1].defined()) {
-          auto flat = [&](const Tensor& t, int64_t T) { return t.contiguous().to(DType::f32).view({B * NH, T, HS}); };
-          Tensor qf = flat(q, Tq), kf = flat(k, Tk), vf = flat(v, Tk), of = flat(o, Tq);
-          Tensor p = Tensor::empty({B * NH, Tq, Tk}, DType::f32, q.device());
-          Tensor lse_again = Tensor::empty({B * NH, Tq}, DType::f32, q.device());
-          attention_probs(qf, kf, scale, q_offset, k_offset, p, lse_again);
-          return composed_backward(qf, kf, vf, p, of, g[0], g[1], scale, B, NH, DType::bf16);
-        }
-        // dout (B,NH,Tq,HS) -> dq (B,NH,Tq,HS), dk, dv (B,NH,Tk,HS), all bf16
-        Tensor dout = g[0].contiguous().to(DType::bf16);
-        Tensor dq = Tensor::empty({B, NH, Tq, HS}, DType::bf16, q.device());
-        Tensor dk = Tensor::empty({B, NH, Tk, HS}, DType::bf16, q.device());
-        Tensor dv = Tensor::empty({B, NH, Tk, HS}, DType::bf16, q.device());
-        cuda::sdpa_backward(q, k, v, o, lse, dout, causal, scale, dq, dk, dv);
-        return {dq, dk, dv};
-      });
+  autograd::record("attention", {r.out, r.lse}, {q_in, k_in, v_in},
+                   [q, k, v, o = out.detach(), lse = lse.detach(), causal, scale, q_offset, k_offset, B, NH,
+                    Tq, Tk, HS](const Grads& g) -> Grads {
+                     // forward: out = softmax(scale * q k^T + mask) v, lse its rows' log-sum-exp (as in
+                     // composed_backward). cuDNN differentiates out only: its backward computes
+                     // rowsum(dout*out) itself and has no input for dlse. A dlse (ring attention merges
+                     // through lse) adds scale * p * dlse to ds, so with one this node recomputes p from
+                     // q, k and differentiates through the composed kernels: exact, at the composed cost.
+                     if (g[1].defined()) {
+                       auto flat = [&](const Tensor& t, int64_t T) {
+                         return t.contiguous().to(DType::f32).view({B * NH, T, HS});
+                       };
+                       Tensor qf = flat(q, Tq), kf = flat(k, Tk), vf = flat(v, Tk), of = flat(o, Tq);
+                       Tensor p = Tensor::empty({B * NH, Tq, Tk}, DType::f32, q.device());
+                       Tensor lse_again = Tensor::empty({B * NH, Tq}, DType::f32, q.device());
+                       attention_probs(qf, kf, scale, q_offset, k_offset, p, lse_again);
+                       return composed_backward(qf, kf, vf, p, of, g[0], g[1], scale, B, NH, DType::bf16);
+                     }
+                     // dout (B,NH,Tq,HS) -> dq (B,NH,Tq,HS), dk, dv (B,NH,Tk,HS), all bf16
+                     Tensor dout = g[0].contiguous().to(DType::bf16);
+                     Tensor dq = Tensor::empty({B, NH, Tq, HS}, DType::bf16, q.device());
+                     Tensor dk = Tensor::empty({B, NH, Tk, HS}, DType::bf16, q.device());
+                     Tensor dv = Tensor::empty({B, NH, Tk, HS}, DType::bf16, q.device());
+                     cuda::sdpa_backward(q, k, v, o, lse, dout, causal, scale, dq, dk, dv);
+                     return {dq, dk, dv};
+                   });
   return r;
 }
 
@@ -142,7 +144,8 @@ AttentionOut attention_composed(const Tensor& q_in, const Tensor& k_in, const Te
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, int64_t k_offset,
                        double scale) {
   check_attention(q, k, v);
-  if (!cuda::sdpa_supported(q, k, v, q_offset, k_offset)) return attention_composed(q, k, v, q_offset, k_offset, scale);
+  if (!cuda::sdpa_supported(q, k, v, q_offset, k_offset))
+    return attention_composed(q, k, v, q_offset, k_offset, scale);
   if (scale == 0.0) scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
   return attention_fused(q, k, v, q_offset, k_offset, scale);
 }

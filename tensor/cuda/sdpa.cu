@@ -35,22 +35,23 @@
 namespace fe = cudnn_frontend;
 
 // cuDNN's own calls (handle, stream): like NDT_CUDA_CHECK.
-#define NDT_CUDNN_CHECK(expr)                                                                                \
-  do {                                                                                                       \
-    const cudnnStatus_t ndt_st_ = (expr);                                                                    \
-    if (ndt_st_ != CUDNN_STATUS_SUCCESS)                                                                     \
-      ::ndt::detail::throw_error(__FILE__, __LINE__,                                                         \
-                                 ::ndt::detail::cat("cuDNN error ", cudnnGetErrorString(ndt_st_), " in ", #expr)); \
+#define NDT_CUDNN_CHECK(expr)                                                               \
+  do {                                                                                      \
+    const cudnnStatus_t ndt_st_ = (expr);                                                   \
+    if (ndt_st_ != CUDNN_STATUS_SUCCESS)                                                    \
+      ::ndt::detail::throw_error(                                                           \
+          __FILE__, __LINE__,                                                               \
+          ::ndt::detail::cat("cuDNN error ", cudnnGetErrorString(ndt_st_), " in ", #expr)); \
   } while (0)
 
 // A frontend step (validate, build, execute) that failed: one line with the step, the shapes
 // and the frontend's message, and the way around it.
-#define NDT_CUDNN_FE_CHECK(expr, what)                                                                  \
-  do {                                                                                                  \
-    fe::error_t ndt_fe_ = (expr);                                                                       \
-    if (ndt_fe_.is_bad())                                                                               \
-      ::ndt::detail::throw_error(__FILE__, __LINE__,                                                    \
-                                 ::ndt::detail::cat("cuDNN SDPA ", what, ": ", ndt_fe_.get_message(), \
+#define NDT_CUDNN_FE_CHECK(expr, what)                                                                   \
+  do {                                                                                                   \
+    fe::error_t ndt_fe_ = (expr);                                                                        \
+    if (ndt_fe_.is_bad())                                                                                \
+      ::ndt::detail::throw_error(__FILE__, __LINE__,                                                     \
+                                 ::ndt::detail::cat("cuDNN SDPA ", what, ": ", ndt_fe_.get_message(),    \
                                                     " (set NDT_SDPA=0 to use the composed attention)")); \
   } while (0)
 #endif
@@ -99,8 +100,8 @@ struct Problem {
   std::vector<int64_t> key() const {
     int64_t scale_bits = 0;
     std::memcpy(&scale_bits, &scale, sizeof scale);
-    return {backward, device, B, NH, Tq, Tk, HS, qs[0], qs[1], qs[2], ks[0], ks[1], ks[2],
-            vs[0],    vs[1],  vs[2], causal, scale_bits};
+    return {backward, device, B,     NH,    Tq,    Tk,    HS,    qs[0],  qs[1],
+            qs[2],    ks[0],  ks[1], ks[2], vs[0], vs[1], vs[2], causal, scale_bits};
   }
   std::string str() const {
     return detail::cat(backward ? "backward" : "forward", " B=", B, " NH=", NH, " Tq=", Tq, " Tk=", Tk,
@@ -108,7 +109,8 @@ struct Problem {
   }
 };
 
-Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, bool backward) {
+Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                   bool backward) {
   Problem p;
   p.backward = backward;
   p.device = q.device().index;
@@ -135,7 +137,8 @@ GraphPtr describe(const Problem& p, bool deterministic) {
       .set_compute_data_type(fe::DataType_t::FLOAT);
   auto tensor = [&](const char* name, int64_t uid, const std::vector<int64_t>& dim,
                     const std::vector<int64_t>& stride) {
-    return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
+    return g->tensor(
+        fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
   };
   const std::vector<int64_t> qdim = {p.B, p.NH, p.Tq, p.HS}, kdim = {p.B, p.NH, p.Tk, p.HS};
   const std::vector<int64_t> stats_dim = {p.B, p.NH, p.Tq, 1}, stats_stride = {p.NH * p.Tq, p.Tq, 1, 1};
@@ -153,8 +156,11 @@ GraphPtr describe(const Problem& p, bool deterministic) {
       opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     auto [O, Stats] = g->sdpa(Q, K, V, opts);
     O->set_output(true).set_uid(kO).set_dim(qdim).set_stride(contiguous_strides(qdim));
-    Stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT).set_dim(stats_dim).set_stride(
-        stats_stride);
+    Stats->set_output(true)
+        .set_uid(kStats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim)
+        .set_stride(stats_stride);
   } else {
     // the same forward, differentiated for a given dO (no dStats: see attention.cpp)
     auto O = tensor("O", kO, qdim, contiguous_strides(qdim));
@@ -169,7 +175,8 @@ GraphPtr describe(const Problem& p, bool deterministic) {
                     .set_name("ndt_attention_backward")
                     .set_attn_scale(static_cast<float>(p.scale))
                     .set_deterministic_algorithm(deterministic);
-    if (p.causal) opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+    if (p.causal)
+      opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, opts);
     dQ->set_output(true).set_uid(kDQ).set_dim(qdim).set_stride(contiguous_strides(qdim));
     dK->set_output(true).set_uid(kDK).set_dim(kdim).set_stride(contiguous_strides(kdim));
@@ -252,31 +259,37 @@ bool sdpa_supported(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q
     return fail(why, "NDT_SDPA=0 in the environment");
   for (const Tensor* t : {&q, &k, &v}) {
     if (!t->device().is_cuda()) return fail(why, "tensors on " + t->device().str() + ", not cuda");
-    if (t->dtype() != DType::bf16) return fail(why, "dtype " + std::string(dtype_name(t->dtype())) + ", not bf16");
+    if (t->dtype() != DType::bf16)
+      return fail(why, "dtype " + std::string(dtype_name(t->dtype())) + ", not bf16");
     if (t->dim() != 4) return fail(why, "not (B, NH, T, HS): " + t->shape_str());
   }
   if (k.device() != q.device() || v.device() != q.device()) return fail(why, "q, k, v on different devices");
   if (k.shape() != v.shape() || k.size(0) != q.size(0) || k.size(1) != q.size(1) || k.size(3) != q.size(3))
-    return fail(why, "q " + q.shape_str() + ", k " + k.shape_str() + ", v " + v.shape_str() + " do not match");
+    return fail(why,
+                "q " + q.shape_str() + ", k " + k.shape_str() + ", v " + v.shape_str() + " do not match");
   const int64_t Tq = q.size(2), Tk = k.size(2), HS = q.size(3);
   if (q.numel() == 0 || k.numel() == 0) return fail(why, "empty tensors");
-  if (HS % 8 != 0 || HS > 128) return fail(why, detail::cat("head size ", HS, " (cuDNN: a multiple of 8, at most 128)"));
+  if (HS % 8 != 0 || HS > 128)
+    return fail(why, detail::cat("head size ", HS, " (cuDNN: a multiple of 8, at most 128)"));
   for (const Tensor* t : {&q, &k, &v}) {
-    if (t->strides()[3] != 1) return fail(why, "the head dim is not contiguous (strides " + shape_str(t->strides()) + ")");
+    if (t->strides()[3] != 1)
+      return fail(why, "the head dim is not contiguous (strides " + shape_str(t->strides()) + ")");
     for (int d = 0; d < 3; ++d)
-      if (t->strides()[d] % 8 != 0) return fail(why, "strides " + shape_str(t->strides()) + " not 16-byte aligned");
+      if (t->strides()[d] % 8 != 0)
+        return fail(why, "strides " + shape_str(t->strides()) + " not 16-byte aligned");
     if (reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 != 0) return fail(why, "data not 16-byte aligned");
   }
   const bool all_visible = k_offset + Tk - 1 <= q_offset;
   const bool top_left_causal = q_offset == k_offset && Tq == Tk;
   if (!all_visible && !top_left_causal)
-    return fail(why, detail::cat("mask (q_offset ", q_offset, ", k_offset ", k_offset, ", Tq ", Tq, ", Tk ", Tk,
-                                 ") is neither causal from the top-left corner nor empty"));
+    return fail(why, detail::cat("mask (q_offset ", q_offset, ", k_offset ", k_offset, ", Tq ", Tq, ", Tk ",
+                                 Tk, ") is neither causal from the top-left corner nor empty"));
   if (cudnnGetVersion() < 90000)
     return fail(why, detail::cat("cuDNN ", cudnnGetVersion(), " is older than 9.0"));
   int major = 0;
   NDT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index));
-  if (major < 8) return fail(why, detail::cat("compute capability ", major, ".x (cuDNN SDPA needs 8.0 or newer)"));
+  if (major < 8)
+    return fail(why, detail::cat("compute capability ", major, ".x (cuDNN SDPA needs 8.0 or newer)"));
   if (why) why->clear();
   return true;
 }
@@ -290,8 +303,11 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
   NDT_CHECK(lse.shape() == Shape({B, NH, Tq}) && lse.dtype() == DType::f32 && lse.is_contiguous(),
             "sdpa_forward: lse must be contiguous f32 (B, NH, Tq), got ", lse.desc());
   const Problem p = problem_of(q, k, v, causal, scale, /*backward=*/false);
-  std::unordered_map<int64_t, void*> pack = {
-      {kQ, q.data_ptr()}, {kK, k.data_ptr()}, {kV, v.data_ptr()}, {kO, out.data_ptr()}, {kStats, lse.data_ptr()}};
+  std::unordered_map<int64_t, void*> pack = {{kQ, q.data_ptr()},
+                                             {kK, k.data_ptr()},
+                                             {kV, v.data_ptr()},
+                                             {kO, out.data_ptr()},
+                                             {kStats, lse.data_ptr()}};
   execute(p, pack);
 }
 
@@ -309,9 +325,10 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
                 lse.is_contiguous(),
             "sdpa_backward: lse must be contiguous f32 (B, NH, Tq), got ", lse.desc());
   const Problem p = problem_of(q, k, v, causal, scale, /*backward=*/true);
-  std::unordered_map<int64_t, void*> pack = {{kQ, q.data_ptr()},     {kK, k.data_ptr()},   {kV, v.data_ptr()},
-                                             {kO, out.data_ptr()},   {kDO, dout.data_ptr()}, {kStats, lse.data_ptr()},
-                                             {kDQ, dq.data_ptr()},   {kDK, dk.data_ptr()}, {kDV, dv.data_ptr()}};
+  std::unordered_map<int64_t, void*> pack = {
+      {kQ, q.data_ptr()},   {kK, k.data_ptr()},     {kV, v.data_ptr()},
+      {kO, out.data_ptr()}, {kDO, dout.data_ptr()}, {kStats, lse.data_ptr()},
+      {kDQ, dq.data_ptr()}, {kDK, dk.data_ptr()},   {kDV, dv.data_ptr()}};
   execute(p, pack);
 }
 
@@ -319,7 +336,8 @@ void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
 
 namespace {
 [[noreturn]] void no_sdpa(const char* what) {
-  NDT_FAIL(what, ": ndtrain was built without the cuDNN frontend headers (scripts/setup.sh fetches them "
+  NDT_FAIL(what,
+           ": ndtrain was built without the cuDNN frontend headers (scripts/setup.sh fetches them "
            "into third_party/cudnn_frontend); attention uses the composed kernels");
 }
 }  // namespace
@@ -332,8 +350,8 @@ bool sdpa_supported(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_
 void sdpa_forward(const Tensor&, const Tensor&, const Tensor&, bool, double, const Tensor&, const Tensor&) {
   no_sdpa("sdpa_forward");
 }
-void sdpa_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
-                   double, const Tensor&, const Tensor&, const Tensor&) {
+void sdpa_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                   bool, double, const Tensor&, const Tensor&, const Tensor&) {
   no_sdpa("sdpa_backward");
 }
 

@@ -13,8 +13,8 @@ bool sdpa_supported(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_
 void sdpa_forward(const Tensor&, const Tensor&, const Tensor&, bool, double, const Tensor&, const Tensor&) {
   NDT_FAIL("sdpa_forward: ndtrain was built without CUDA");
 }
-void sdpa_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool,
-                   double, const Tensor&, const Tensor&, const Tensor&) {
+void sdpa_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                   bool, double, const Tensor&, const Tensor&, const Tensor&) {
   NDT_FAIL("sdpa_backward: ndtrain was built without CUDA");
 }
 
