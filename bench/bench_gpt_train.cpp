@@ -16,21 +16,22 @@
 //                      bf16 copies refreshed after the optimizer (refresh_compute)
 //   --batch B          sequences per step (default: the config's)
 //   --steps N --warmup N   timed and warm-up steps (default 10 and 2)
-//   --tf32             f32 GEMMs on TF32 tensor cores (cuda::set_allow_tf32; off by default)
 //
 // Prints a table: ms/step, tokens/s and achieved GFLOP/s (model FLOPs, 6N + attention; a
 // recompute is not counted), and on a GPU the MFU against the H100/H200 SXM dense peak of
-// the arithmetic used: 989 TFLOP/s for bf16, 495 for TF32, 67 for plain f32 (the vendor's
-// datasheet figures, without sparsity). The 4th argument lists activation checkpointing
-// modes (nn::ACMode; "full/2" or "selective/2": only every 2nd block); their steps are
-// interleaved, one of each in turn, so that a busy machine slows them alike. For each mode
-// the table also gives the activation memory from the allocator: "saved" is what the
-// forward leaves allocated for backward (in use after forward minus before), "peak" the
-// allocator's peak during forward + backward minus what was in use before the step
-// (parameters, gradients, AdamW moments), "total peak" the allocator's peak over the whole
-// step (everything held, optimizer included), and whether the losses equal those of the
-// first mode bit for bit. After the table, one line per run for scripts:
-//   RESULT config=GPT2 dtype=bf16 B=8 T=1024 mode=none ms=... tokens_per_s=... mfu_pct=... total_peak_mib=...
+// the arithmetic used: 989 TFLOP/s for bf16, 67 for f32 (the vendor's datasheet figures,
+// without sparsity; this program never turns TF32 on, so its f32 GEMMs are plain f32).
+// The 4th argument lists activation checkpointing modes (nn::ACMode; "full/2" or
+// "selective/2": only every 2nd block); their steps are interleaved, one of each in turn, so
+// that a busy machine slows them alike. For each mode the table also gives the activation
+// memory from the allocator: "saved" is what the forward leaves allocated for backward (in use
+// after forward minus before), "peak" the allocator's peak during forward + backward minus
+// what was in use before the step (parameters, gradients, AdamW moments), "total peak" the
+// allocator's peak over the whole step (everything held, optimizer included), and whether the
+// losses equal those of the first mode bit for bit. After the table, one line per run for
+// scripts:
+//   RESULT config=GPT2 dtype=bf16 B=8 T=1024 mode=none ... ms=... tokens_per_s=... mfu_pct=...
+//          total_peak_mib=... final_loss=...
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -113,7 +114,6 @@ struct Run {
 struct Options {
   std::string dtype = "f32";
   int64_t batch = 0, steps = 10, warmup = 2;
-  bool tf32 = false;
   std::vector<std::string> positional;
 };
 
@@ -133,8 +133,6 @@ Options parse_options(int argc, char** argv) {
       o.steps = std::stoll(value());
     else if (a == "--warmup")
       o.warmup = std::stoll(value());
-    else if (a == "--tf32")
-      o.tf32 = true;
     else if (a.rfind("--", 0) == 0)
       NDT_CHECK(false, "bench_gpt_train: unknown option ", a);
     else
@@ -163,13 +161,12 @@ int main(int argc, char** argv) {
     return 0;
   }
   const bool bf16 = opt.dtype == "bf16";
-  if (device.is_cuda() && opt.tf32) cuda::set_allow_tf32(device.index, true);
-  // H100/H200 SXM dense peaks (no sparsity): bf16 989.4, TF32 494.7, plain f32 66.9 TFLOP/s
-  const double peak_tflops = bf16 ? 989.0 : (opt.tf32 && device.is_cuda() ? 495.0 : 67.0);
-  const char* arith = bf16 ? "bf16" : (opt.tf32 && device.is_cuda() ? "tf32" : "f32");
+  // H100/H200 SXM dense peaks (no sparsity): bf16 989.4, plain f32 66.9 TFLOP/s
+  const double peak_tflops = bf16 ? 989.0 : 67.0;
+  const char* arith = bf16 ? "bf16" : "f32";
   set_num_threads(threads);
-  std::printf("threads: %d, OpenBLAS kernel: %s, dtype: %s%s\n\n", num_threads(), blas_core().c_str(),
-              bf16 ? "bf16 mixed precision (f32 master and AdamW)" : "f32", opt.tf32 ? ", TF32 GEMMs" : "");
+  std::printf("threads: %d, OpenBLAS kernel: %s, dtype: %s\n\n", num_threads(), blas_core().c_str(),
+              bf16 ? "bf16 mixed precision (f32 master and AdamW)" : "f32");
   std::printf(
       "| config | params | tokens/step | checkpointing | ms/step | tokens/s | GFLOP/s | saved MB | peak MB | "
       "total peak MB | same loss | device |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
