@@ -232,6 +232,9 @@ TEST(TrainGpt, ConfigErrorsExitWithCode2AndNameTheKey) {
        "train.activation_checkpointing must be none, full or selective"},
       {{"--config", ini, "--train.ac_every", "0"}, "train.ac_every = 0 is outside [1, 1024]"},
       {{"--config", ini, "--train.ac_every", "two"}, "bad value for 'train.ac_every'"},
+      {{"--config", ini, "--train.tf32", "sometimes"}, "bad value for 'train.tf32'"},
+      {{"--config", ini, "--parallel.backend", "gloo"}, "parallel.backend must be auto, mpi or nccl"},
+      {{"--config", ini, "--parallel.backend", "nccl"}, "parallel.backend = nccl needs train.device = cuda"},
   };
   if (!cuda::available()) {  // on a machine without a GPU, asking for one is a config error
     RunResult r = run({"--config", ini, "--train.device", "cuda"});

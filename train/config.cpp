@@ -49,6 +49,9 @@ po::options_description describe(Config& c) {
       ("train.seed", po::value(&c.train.seed)->default_value(c.train.seed), "seed for init, shuffling and sampling")
       ("train.device", po::value(&c.train.device)->default_value(c.train.device), "cpu or cuda (cuda:N)")
       ("train.dtype", po::value(&c.train.dtype)->default_value(c.train.dtype), "float32, or bfloat16: mixed precision (bf16 parameters in compute, f32 master copy, AdamW and loss)")
+      ("train.tf32", po::value(&c.train.tf32)->default_value(c.train.tf32),
+       "on a GPU, float32 matrix products on TF32 tensor cores (10-bit mantissa inputs, f32 accumulation; "
+       "much faster, relative error ~1e-3); false: strict float32. bfloat16 runs are not affected")
       ("train.activation_checkpointing", po::value(&c.train.activation_checkpointing)->default_value(c.train.activation_checkpointing),
        "recompute activations in backward instead of keeping them: none; full (each checkpointed block keeps only its "
        "input and runs its whole forward again in backward); selective (each checkpointed block recomputes only its "
@@ -110,6 +113,9 @@ po::options_description describe(Config& c) {
       ("parallel.tp_size", po::value(&c.parallel.tp_size)->default_value(c.parallel.tp_size), "tensor-parallel degree (divides model.n_head and the padded vocabulary)")
       ("parallel.reduce_dtype", po::value(&c.parallel.reduce_dtype)->default_value(c.parallel.reduce_dtype),
        "with train.dtype = bfloat16: the dtype FSDP reduce-scatters gradients in (float32, or bfloat16 for half the bytes)")
+      ("parallel.backend", po::value(&c.parallel.backend)->default_value(c.parallel.backend),
+       "collectives: auto (NCCL between GPUs when there is more than one rank, else MPI), mpi, or nccl "
+       "(NCCL even for one rank; needs train.device = cuda)")
       ("parallel.cp_size", po::value(&c.parallel.cp_size)->default_value(c.parallel.cp_size), "context-parallel degree (2 x cp_size divides train.seq_len)");
   po::options_description all;
   all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par);
@@ -325,6 +331,10 @@ void validate(const Config& c) {
        "train.device must be cpu, cuda or cuda:N, got '" + c.train.device + "'");
   need(c.train.dtype == "float32" || c.train.dtype == "bfloat16",
        "train.dtype must be float32 or bfloat16, got '" + c.train.dtype + "'");
+  need(c.parallel.backend == "auto" || c.parallel.backend == "mpi" || c.parallel.backend == "nccl",
+       "parallel.backend must be auto, mpi or nccl, got '" + c.parallel.backend + "'");
+  need(c.parallel.backend != "nccl" || c.train.device.rfind("cuda", 0) == 0,
+       "parallel.backend = nccl needs train.device = cuda (NCCL moves GPU memory); use mpi or auto on cpu");
   need(c.parallel.reduce_dtype == "float32" || c.parallel.reduce_dtype == "bfloat16",
        "parallel.reduce_dtype must be float32 or bfloat16, got '" + c.parallel.reduce_dtype + "'");
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());

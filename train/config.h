@@ -53,6 +53,7 @@ struct TrainSection {  // [train]
           eval_steps = 10;
   int64_t seed = 1337;  // >= 0
   std::string device = "cpu", dtype = "float32";
+  bool tf32 = true;  // float32 GEMMs on TF32 tensor cores (CUDA only)
   // none, full or selective (nn::ACMode); parse_config turns the old true/false into
   // full/none. ac_every = k: only blocks 0, k, 2k, ... are recomputed.
   std::string activation_checkpointing = "none";
@@ -94,6 +95,7 @@ struct SampleSection {  // [sample]
 struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's ParallelismConfig
   int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
   std::string reduce_dtype = "float32";  // mixed precision: FSDP's reduce-scatter dtype
+  std::string backend = "auto";          // collectives: auto (NCCL on GPUs when world > 1), mpi, nccl
 };
 
 struct Config {

@@ -175,6 +175,7 @@ void Trainer::setup() {
     if (c_.train.device == "cuda")
       device_ = Device::cuda(dist::local_rank() % std::max(1, cuda::device_count()));
     cuda::set_device(device_.index);
+    cuda::set_allow_tf32(device_.index, c_.train.tf32);
   }
   // threads: this rank's share of the node's cores (train.threads = 0)
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -188,7 +189,9 @@ void Trainer::setup() {
     throw ConfigError(e.what());
   }
   std::shared_ptr<dist::Communicator> world = world_;
-  if (device_.is_cuda() && world_->size() > 1) world = dist::nccl_communicator(world_, device_.index);
+  const bool nccl = c_.parallel.backend == "nccl" ||
+                    (c_.parallel.backend == "auto" && device_.is_cuda() && world_->size() > 1);
+  if (nccl) world = dist::nccl_communicator(world_, device_.index);
   mesh_ = std::make_unique<dist::DeviceMesh>(dims_, world);
   if (!c_.log.trace.empty()) {
     trace_ = std::make_unique<dist::Trace>(world_->rank());
@@ -199,7 +202,10 @@ void Trainer::setup() {
     out_ << "device: cpu, " << num_threads() << " threads per rank, OpenBLAS kernel " << blas_core() << "\n";
   else
     out_ << "device: " << device_.str()
-         << (world_->size() > 1 ? " (rank 0; cuda:<local rank> on every rank)" : "") << "\n";
+         << (world_->size() > 1 ? " (rank 0; cuda:<local rank> on every rank)" : "")
+         << (c_.train.dtype == "float32" ? (c_.train.tf32 ? ", float32 GEMMs in TF32" : ", strict float32")
+                                         : "")
+         << (nccl ? ", collectives over NCCL" : "") << "\n";
   if (world_->size() > 1) out_ << layout;
   for (const std::string& w : warnings(c_)) out_ << "warning: " << w << "\n";
   // outputs, before any work: writable, and the checkpoint directory ours alone

@@ -1,5 +1,7 @@
 // CUDA GEMM through cuBLAS, the twin of tensor/cpu/matmul.cpp. f32 and bf16 operands,
-// accumulated in f32 (CUBLAS_COMPUTE_32F: true f32, no TF32). Legend: Bt batch, M, N, K.
+// accumulated in f32: bf16 on tensor cores; f32 in strict f32 (CUBLAS_COMPUTE_32F), or on
+// TF32 tensor cores when the device allows it (cuda::set_allow_tf32, train.tf32).
+// Legend: Bt batch, M, N, K.
 //
 // cuBLAS is column-major. A row-major (M,N) matrix is the column-major (N,M) matrix C^T,
 // and C = op(A) op(B) is C^T = op(B)^T op(A)^T: so we hand cuBLAS b as the left operand
@@ -8,6 +10,7 @@
 
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/runtime.h"
 
 namespace ndt::cuda {
 
@@ -39,20 +42,22 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
   Launch L(c);
   cublasHandle_t h = cublas(L.device);
   const cudaDataType t = c.dtype() == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cublasComputeType_t compute =
+      c.dtype() == DType::f32 && allow_tf32(L.device) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
   const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n), ldc = static_cast<int>(n);
   if (tall) {
     NDT_CUBLAS_CHECK(cublasGemmEx(h, opb, opa, static_cast<int>(n), static_cast<int>(batch * m),
                                   static_cast<int>(k), &al, b.data_ptr(), t, ldb, a.data_ptr(), t, lda, &be,
-                                  c.data_ptr(), t, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                  c.data_ptr(), t, ldc, compute, CUBLAS_GEMM_DEFAULT));
     return;
   }
   const long long sa = m * k, sb = b_shared ? 0 : k * n, sc = m * n;
-  NDT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
-      h, opb, opa, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &al, b.data_ptr(), t, ldb,
-      sb, a.data_ptr(), t, lda, sa, &be, c.data_ptr(), t, ldc, sc, static_cast<int>(batch),
-      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  NDT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, opb, opa, static_cast<int>(n), static_cast<int>(m),
+                                              static_cast<int>(k), &al, b.data_ptr(), t, ldb, sb,
+                                              a.data_ptr(), t, lda, sa, &be, c.data_ptr(), t, ldc, sc,
+                                              static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace ndt::cuda

@@ -5,6 +5,7 @@
 // its release threshold at UINT64_MAX, so freed blocks stay in the pool for the next step
 // instead of going back to the driver; trim_pool hands them back.
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 
@@ -12,6 +13,7 @@
 #include "tensor/cuda/runtime.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace ndt::cuda {
@@ -24,6 +26,10 @@ struct DeviceState {
   cudaStream_t stream = nullptr;
   cudaMemPool_t pool = nullptr;
   cublasHandle_t cublas = nullptr;
+  std::atomic<bool> tf32{false};  // set_allow_tf32
+  std::once_flag errors_once;
+  ErrorRecord* errors_host = nullptr;    // mapped pinned memory: the host's view
+  ErrorRecord* errors_device = nullptr;  // the same memory as kernels see it
 };
 
 // Never destroyed: storages and handles may be released during static destruction, after
@@ -79,6 +85,47 @@ int device_count() { return device_query().count; }
 
 std::string unavailable_reason() { return device_query().why; }
 
+namespace {
+DeviceState& errors_of(int device) {
+  DeviceState& s = state(device);
+  std::call_once(s.errors_once, [&] {
+    DeviceGuard g(device);
+    void* h = nullptr;
+    NDT_CUDA_CHECK(cudaHostAlloc(&h, sizeof(ErrorRecord), cudaHostAllocMapped));
+    std::memset(h, 0, sizeof(ErrorRecord));
+    void* d = nullptr;
+    NDT_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
+    s.errors_host = static_cast<ErrorRecord*>(h);
+    s.errors_device = static_cast<ErrorRecord*>(d);
+  });
+  return s;
+}
+}  // namespace
+
+ErrorRecord* error_record(int device) { return errors_of(device).errors_device; }
+
+// Called after the host waited for the device's stream (or the whole device).
+void check_kernel_errors(int device) {
+  DeviceState& s = state(device);
+  if (!s.errors_host) return;  // no kernel that records errors has run
+  volatile ErrorRecord* r = s.errors_host;
+  const int code = r->code;
+  if (code == 0) return;
+  const long long index = r->index, value = r->value, limit = r->limit;
+  r->code = 0;  // reported once; the device is usable again
+  const char* when = " (found by a CUDA kernel on cuda:";
+  switch (static_cast<KernelError>(code)) {
+    case KernelError::kEmbeddingId:
+      NDT_FAIL("embedding: id ", value, " at position ", index, " is outside the table's ", limit, " rows",
+               when, device, ")");
+    case KernelError::kCrossEntropyTarget:
+      NDT_FAIL("cross_entropy: target ", value, " at row ", index, " is outside the vocabulary [0, ", limit,
+               ")", when, device, ")");
+    default:
+      NDT_FAIL("a CUDA kernel on cuda:", device, " reported error code ", code);
+  }
+}
+
 void check_launch(const char* file, int line) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
@@ -94,6 +141,9 @@ void check_launch(const char* file, int line) {
         file, line,
         ::ndt::detail::cat("CUDA kernel fault: ", cudaGetErrorString(k),
                            " (NDT_CUDA_SYNC=1: reported at the launch that caused it)"));
+  int device = 0;
+  NDT_CUDA_CHECK(cudaGetDevice(&device));
+  check_kernel_errors(device);
 }
 
 bool available() { return device_count() > 0; }
@@ -102,6 +152,9 @@ void set_device(int device) {
   state(device);  // range check
   NDT_CUDA_CHECK(cudaSetDevice(device));
 }
+
+void set_allow_tf32(int device, bool allow) { state(device).tf32 = allow; }
+bool allow_tf32(int device) { return state(device).tf32; }
 
 cudaStream_t stream(int device) {
   DeviceState& s = state(device);
@@ -178,13 +231,17 @@ void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device
                                                              : cudaMemcpyDeviceToDevice;
   NDT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, st));
   // The host buffer may be reused as soon as we return (and D2H results read at once).
-  if (kind != CopyKind::kDeviceToDevice) NDT_CUDA_CHECK(cudaStreamSynchronize(st));
+  if (kind != CopyKind::kDeviceToDevice) {
+    NDT_CUDA_CHECK(cudaStreamSynchronize(st));
+    check_kernel_errors(device);
+  }
 }
 
 void synchronize(int device) {
   cudaStream_t st = stream(device);
   DeviceGuard g(device);
   NDT_CUDA_CHECK(cudaStreamSynchronize(st));
+  check_kernel_errors(device);
 }
 
 void* compute_stream(int device) { return stream(device); }

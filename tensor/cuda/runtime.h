@@ -19,6 +19,13 @@ int device_count();   // 0 when not available
 std::string unavailable_reason();
 void set_device(int device);
 
+// float32 GEMMs on `device` may use TF32 tensor cores (inputs rounded to 10 mantissa bits,
+// f32 accumulation: about 8x the f32 rate on A100/H100, a relative error near 1e-3).
+// Off until asked for: train_gpt turns it on with train.tf32 (its default on GPUs), the
+// tests compare against the CPU in strict f32. bf16 GEMMs are not affected.
+void set_allow_tf32(int device, bool allow);
+bool allow_tf32(int device);
+
 // Stream-ordered allocation on the device's compute stream (cudaMallocAsync pool).
 void* alloc(size_t nbytes, int device);
 void free(void* p, int device);

@@ -16,6 +16,8 @@ bool available() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return "this build has no CUDA backend"; }
 void set_device(int) { no_cuda("set_device"); }
+void set_allow_tf32(int, bool) { no_cuda("set_allow_tf32"); }
+bool allow_tf32(int) { return false; }
 void* alloc(size_t, int) { no_cuda("cuda alloc"); }
 void free(void*, int) { no_cuda("cuda free"); }
 void trim_pool(int) {}
