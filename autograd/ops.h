@@ -25,7 +25,11 @@ namespace ndt {
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // x (..., C) @ w (C, OC) + b (OC) -> (..., OC). w is stored in x out (GPT-2 Conv1D) layout.
 // b may be undefined (no bias).
+// One node: on CUDA the bias is a cuBLASLt epilogue of the GEMM (kernels::linear_forward).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
+// gelu(linear(x, w, b)) as one node, the bias and GELU fused into the GEMM where the backend
+// can; keeps the pre-activation for the backward (as gelu() keeps its input).
+Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& b);
 
 // ---- elementwise (ops/elementwise.cpp) -------------------------------------------
 // b has a's shape, or is a row vector (last dim of a) broadcast over the other dims.
@@ -45,12 +49,27 @@ Tensor sum_squares(const Tensor& x);
 // ---- normalization and softmax (ops/norm.cpp) ------------------------------------
 // x (..., C), w (C), b (C) -> (..., C); saves mean and rstd for the backward.
 Tensor layernorm(const Tensor& x, const Tensor& w, const Tensor& b, double eps = 1e-5);
+// The residual stream's add and the LayerNorm after it, in one pass each way:
+// a, b (..., C) -> sum = a + b and out = layernorm(sum, w, bias), as add then layernorm
+// (bit-equal), with the gradients of both outputs joined in the LayerNorm's backward.
+struct AddNormOut {
+  Tensor sum, out;
+};
+AddNormOut add_layernorm(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias,
+                         double eps = 1e-5);
 Tensor softmax(const Tensor& x);  // over the last dim
 // logits (N, V), targets (N) i32 -> scalar mean of -log softmax(logits)[target] over rows
 // whose target != ignore_index (0 if none). v_limit < V ignores padded vocab columns
 // (-1: all V). Fused: the (N,V) probabilities are never stored.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -1,
                      int64_t v_limit = -1);
+// The same loss as the fused classifier of a training step: the forward also computes the
+// gradient for dloss = 1 and writes it over the logits' memory (no (N,V) dlogits buffer, no
+// second pass over the logits in backward but one scaling by dloss). The logits must be an
+// intermediate result that nothing reads afterwards (GPT's lm_head output), and the node may
+// be backpropagated once. Without gradients it is cross_entropy.
+Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -1,
+                           int64_t v_limit = -1);
 
 // ---- embedding (ops/embedding.cpp) -----------------------------------------------
 // ids (...) i32, table (V, C) -> (..., C). Backward scatter-adds, deterministically.

@@ -1,4 +1,7 @@
-// GPU op benchmarks (Google Benchmark): GEMM, attention forward+backward, LayerNorm.
+// GPU op benchmarks (Google Benchmark): GEMM, attention forward+backward, LayerNorm, and the
+// kernels of a GPT-2 124M step at B 16 x T 1024 (N = 16384 tokens, C 768, V 50304): the
+// fused linear epilogues, add + LayerNorm, the fused classifier, the embedding backward,
+// GELU's backward and AdamW over 124M parameters.
 //
 //   build-gpu/bench_gpu_ops --benchmark_min_time=0.2
 //
@@ -10,6 +13,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -90,7 +94,99 @@ void BM_LayerNorm(benchmark::State& state, DType dt, bool backward_pass) {
   state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One kernel call of a GPT-2 step, timed; its useful FLOPs and bytes (read + written once)
+// give the TFLOP/s or GB/s counter.
+void BM_Kernel(benchmark::State& state, std::function<void()> fn, double flops, double bytes) {
+  fn();  // warm-up (heuristics, graph caches, pool)
+  cuda::synchronize(0);
+  for (auto _ : state) {
+    fn();
+    cuda::synchronize(0);
+  }
+  if (flops > 0)
+    state.counters["TFLOP/s"] =
+        benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  else
+    state.counters["GB/s"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void register_gpt2_step_kernels() {
+  const DType dt = DType::bf16;
+  const int64_t N = 16384, C = 768, V = 50304, VL = 50257;
+  const double e = 2.0;  // bytes per bf16
+  auto reg = [](const std::string& name, std::function<void()> fn, double flops, double bytes) {
+    benchmark::RegisterBenchmark(("gpt2_" + name).c_str(), BM_Kernel, std::move(fn), flops, bytes)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  };
+  {  // qkv: bias epilogue
+    Tensor x = randn({N, C}, dt, 1), w = randn({C, 3 * C}, dt, 2, 0.02f), b = randn({3 * C}, dt, 3);
+    Tensor out = Tensor::empty({N, 3 * C}, dt, kGpu);
+    reg(
+        "linear_bias_16384x768x2304_bf16", [=] { kernels::linear_forward(x, w, b, false, out, Tensor()); },
+        2.0 * N * C * 3 * C, 0);
+  }
+  {  // c_fc: bias + GELU epilogue, the pre-activation kept
+    Tensor x = randn({N, C}, dt, 4), w = randn({C, 4 * C}, dt, 5, 0.02f), b = randn({4 * C}, dt, 6);
+    Tensor out = Tensor::empty({N, 4 * C}, dt, kGpu), pre = Tensor::empty({N, 4 * C}, dt, kGpu);
+    reg(
+        "linear_gelu_16384x768x3072_bf16", [=] { kernels::linear_forward(x, w, b, true, out, pre); },
+        2.0 * N * C * 4 * C, 0);
+    Tensor dx = Tensor::empty({N, 4 * C}, dt, kGpu);
+    reg(
+        "gelu_backward_16384x3072_bf16", [=] { kernels::gelu_backward(pre, out, dx); }, 0,
+        3.0 * N * 4 * C * e);
+  }
+  {  // residual add + ln_2
+    Tensor a = randn({N, C}, dt, 7), r = randn({N, C}, dt, 8), w = randn({C}, dt, 9), b = randn({C}, dt, 10);
+    Tensor sum = Tensor::empty({N, C}, dt, kGpu), out = Tensor::empty({N, C}, dt, kGpu);
+    Tensor mean = Tensor::empty({N}, DType::f32, kGpu), rstd = Tensor::empty({N}, DType::f32, kGpu);
+    reg(
+        "add_layernorm_16384x768_bf16",
+        [=] { kernels::add_layernorm_forward(a, r, w, b, 1e-5, sum, out, mean, rstd); }, 0, 4.0 * N * C * e);
+    Tensor dx = Tensor::empty({N, C}, dt, kGpu), dw = Tensor::empty({C}, dt, kGpu),
+           db = Tensor::empty({C}, dt, kGpu);
+    reg(
+        "layernorm_backward_residual_16384x768_bf16",
+        [=] { kernels::layernorm_backward(out, sum, w, mean, rstd, dx, dw, db, r); }, 0, 4.0 * N * C * e);
+  }
+  {  // the fused classifier: loss, lse and the gradient over the logits (refilled by nothing:
+     // after the first call the logits hold gradients, which is as fast to read)
+    Tensor logits = randn({N, V}, dt, 11, 2.0f);
+    Tensor targets = Tensor::empty({N}, DType::i32, kGpu);
+    kernels::fill(targets, 17.0);
+    Tensor kept = Tensor::empty({1}, DType::i32, kGpu);
+    kernels::count_not_equal(targets, -1, kept);
+    Tensor losses = Tensor::empty({N}, DType::f32, kGpu), lse = Tensor::empty({N}, DType::f32, kGpu);
+    reg(
+        "cross_entropy_fused_16384x50304_bf16",
+        [=] { kernels::cross_entropy_forward(logits, targets, kept, VL, -1, losses, lse, logits); }, 0,
+        3.0 * N * V * e);  // read twice (max/sum, gradient), written once
+  }
+  {  // wte's backward: 16384 ids, many repeats
+    std::vector<int32_t> host(N);
+    for (int64_t i = 0; i < N; ++i) host[i] = static_cast<int32_t>((i * 7919) % 5000);
+    Tensor ids = Tensor::from_vector(host, {N}, kGpu);
+    Tensor dout = randn({N, C}, dt, 13), dtable = Tensor::empty({V, C}, dt, kGpu);
+    reg(
+        "embedding_backward_16384ids_50304x768_bf16", [=] { kernels::embedding_backward(ids, dout, dtable); },
+        0, (N * C + V * C) * e);
+  }
+  {  // AdamW over GPT-2 124M's parameters (f32 master, moments): reads p, g, m, v, writes p, m, v
+    const int64_t P = 124439808;
+    Tensor p = randn({P}, DType::f32, 14, 0.02f), g = randn({P}, DType::f32, 15, 1e-3f);
+    Tensor m = Tensor::zeros({P}, DType::f32, kGpu), v = Tensor::zeros({P}, DType::f32, kGpu);
+    kernels::AdamWArgs a;
+    a.lr = 6e-4;
+    a.weight_decay = 0.1;
+    a.decay_end = P;
+    reg(
+        "adamw_124M_f32", [=] { kernels::adamw_step(p, g, m, v, a); }, 0, 7.0 * P * 4);
+  }
+}
+
 void register_all() {
+  register_gpt2_step_kernels();
   for (DType dt : {DType::f32, DType::bf16}) {
     const std::string s = dt == DType::f32 ? "f32" : "bf16";
     benchmark::RegisterBenchmark(("matmul_2048_" + s).c_str(), BM_Matmul, dt)
@@ -118,7 +214,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   }
   void PrintSummary() const {
     std::printf("\n== bench_gpu_ops summary (%s) ==\n", "cuda:0");
-    std::printf("%-44s %12s %14s\n", "benchmark", "time/iter", "throughput");
+    std::printf("%-50s %12s %14s\n", "benchmark", "time/iter", "throughput");
     for (const Run& r : runs_) {
       const double ms = r.GetAdjustedRealTime() * benchmark::GetTimeUnitMultiplier(benchmark::kMillisecond) /
                         benchmark::GetTimeUnitMultiplier(r.time_unit);
@@ -131,7 +227,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
         std::snprintf(buf, sizeof buf, "%.0f GB/s", it2->second.value);
         tp = buf;
       }
-      std::printf("%-44s %9.3f ms %14s\n", r.benchmark_name().c_str(), ms, tp.c_str());
+      std::printf("%-50s %9.3f ms %14s\n", r.benchmark_name().c_str(), ms, tp.c_str());
     }
   }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "autograd/node.h"
 #include "autograd/ops.h"
 
 namespace ndt::models {
@@ -99,8 +100,15 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
   if (targets.defined()) {
     NDT_CHECK(targets.shape() == idx.shape(), "GPT: targets ", targets.shape_str(), " must match idx ",
               idx.shape_str());
-    out.loss = loss_fn ? loss_fn(out.logits, targets.view({B * T}))
-                       : cross_entropy(out.logits, targets.view({B * T}), -1, cfg.vocab_size);
+    if (loss_fn) {
+      out.loss = loss_fn(out.logits, targets.view({B * T}));
+    } else if (autograd::needs_grad({out.logits})) {
+      // training: the fused classifier writes the loss's gradient over the logits
+      out.loss = cross_entropy_fused(out.logits, targets.view({B * T}), -1, cfg.vocab_size);
+      out.logits = Tensor();
+    } else {
+      out.loss = cross_entropy(out.logits, targets.view({B * T}), -1, cfg.vocab_size);
+    }
   } else if (gather_logits) {
     out.logits = gather_logits(out.logits);
   }

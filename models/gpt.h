@@ -37,7 +37,9 @@ struct GPTConfig {
 };
 
 struct GPTOutput {
-  Tensor logits;  // (B*T, Vp); padded columns never affect the loss
+  Tensor logits;  // (B*T, Vp); padded columns never affect the loss. Undefined after a
+                  // forward with targets and gradients on (single process): the fused loss
+                  // (cross_entropy_fused) keeps its gradient in their memory
   Tensor loss;    // scalar mean cross-entropy, when targets were given
 };
 

@@ -16,6 +16,11 @@ Tensor Linear::forward(const Tensor& x) const {
   return bias.defined() ? add(y, bias) : y;
 }
 
+Tensor Linear::forward_gelu(const Tensor& x) const {
+  if (reduce_before_bias) return gelu(forward(x));  // the bias comes after the reduction
+  return linear_gelu(before ? before(x) : x, weight, bias);
+}
+
 Embedding::Embedding(int64_t num, int64_t dim, float std, int64_t live_rows) {
   param("weight", &weight, {num, dim}, Init::normal(std, live_rows), true);
 }
@@ -37,7 +42,7 @@ MLP::MLP(int64_t C, float std, float proj_std) : c_fc(C, 4 * C, true, std), c_pr
 }
 
 // x (B,T,C) -> c_fc (B,T,4C) -> gelu -> c_proj (B,T,C)
-Tensor MLP::forward(const Tensor& x) const { return c_proj.forward(gelu(c_fc.forward(x))); }
+Tensor MLP::forward(const Tensor& x) const { return c_proj.forward(c_fc.forward_gelu(x)); }
 
 CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t nh, float std, float proj_std)
     : c_attn(C, 3 * C, true, std), c_proj(C, C, true, proj_std), n_head(nh) {
@@ -75,9 +80,11 @@ Block::Block(int64_t C, int64_t n_head, float std, float proj_std)
   child("mlp", &mlp);
 }
 
+// x + attn(ln_1(x)) -> h;  h + mlp(ln_2(h)) -> out; the first add and ln_2 in one pass
 Tensor Block::forward(const Tensor& x, int64_t pos_offset) const {
-  Tensor h = add(x, attn.forward(ln_1.forward(x), pos_offset));
-  return add(h, mlp.forward(ln_2.forward(h)));
+  AddNormOut h =
+      add_layernorm(x, attn.forward(ln_1.forward(x), pos_offset), ln_2.weight, ln_2.bias, ln_2.eps);
+  return add(h.sum, mlp.forward(h.out));
 }
 
 }  // namespace ndt::nn

@@ -20,7 +20,8 @@ class Linear : public Module {
  public:
   // weight (in, out) ~ N(0, std), bias (out) = 0 when bias is true.
   Linear(int64_t in, int64_t out, bool bias, float std);
-  Tensor forward(const Tensor& x) const;  // x (..., in) -> (..., out)
+  Tensor forward(const Tensor& x) const;       // x (..., in) -> (..., out)
+  Tensor forward_gelu(const Tensor& x) const;  // gelu(forward(x)), fused where it can be
   Tensor weight, bias;
   int64_t in, out;
   // Tensor parallelism (dist/tensor_parallel) sets these: a column-parallel layer copies

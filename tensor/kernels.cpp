@@ -2,6 +2,8 @@
 // first tensor argument. Every tensor argument must be on that device.
 #include "tensor/kernels.h"
 
+#include <utility>
+
 #include "tensor/cpu/kernels.h"
 #ifdef NDT_WITH_CUDA
 #include "tensor/cuda/kernels.h"
@@ -18,6 +20,34 @@ void same_device(const char* op, std::initializer_list<const Tensor*> ts) {
     NDT_CHECK(t->device() == first->device(), op, ": tensors on different devices (", first->device().str(),
               " and ", t->device().str(), ")");
   }
+}
+
+// Every kernel but fill and copy reads and writes its tensors as dense row-major arrays:
+// a strided view (a transpose, a narrow of a non-leading dim) would be read as the wrong
+// numbers, so it is refused here, for both backends, with the op and the tensor named.
+void contiguous(const char* op, std::initializer_list<const Tensor*> ts) {
+  int i = 0;
+  for (const Tensor* t : ts) {
+    ++i;
+    if (!t->defined()) continue;
+    NDT_CHECK(t->is_contiguous(), op, ": tensor argument ", i, " ", t->desc(), " with strides ",
+              shape_str(t->strides()), " is not contiguous; pass t.contiguous()");
+  }
+}
+
+// Whether two views may touch the same bytes: same storage and intersecting address ranges
+// (conservative: two interleaved views that never share an element also count).
+bool may_overlap(const Tensor& a, const Tensor& b) {
+  if (!a.shares_storage(b) || a.numel() == 0 || b.numel() == 0) return false;
+  auto range = [](const Tensor& t) {
+    int64_t last = 0;  // offset of the last element touched, from the first
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.strides()[d];
+    const auto* p = static_cast<const char*>(t.data_ptr());
+    return std::pair{p, p + (last + 1) * static_cast<int64_t>(dtype_size(t.dtype()))};
+  };
+  const auto [a0, a1] = range(a);
+  const auto [b0, b1] = range(b);
+  return a0 < b1 && b0 < a1;
 }
 
 // Vocabulary-parallel kernels: logits (N, Vl) with 0 <= v_live <= Vl live columns.
@@ -46,130 +76,203 @@ void fill(const Tensor& t, double value) {
 
 void copy(const Tensor& dst, const Tensor& src) {
   same_device("copy", {&dst, &src});
+  if (may_overlap(dst, src)) {
+    // The same view: nothing to do. Otherwise the result is that of reading all of src
+    // before writing dst (as memmove does), on every backend: through a fresh copy.
+    if (dst.data_ptr() == src.data_ptr() && dst.strides() == src.strides() && dst.dtype() == src.dtype())
+      return;
+    const Tensor tmp = src.clone();
+    NDT_DISPATCH(dst.device(), copy, dst, tmp);
+  }
   NDT_DISPATCH(dst.device(), copy, dst, src);
 }
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
           double beta) {
   same_device("gemm", {&a, &b, &c});
+  contiguous("gemm", {&a, &b, &c});
   NDT_DISPATCH(a.device(), gemm, a, trans_a, b, trans_b, c, alpha, beta);
+}
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
+                    const Tensor& pre) {
+  same_device("linear_forward", {&x, &w, &bias, &out, &pre});
+  contiguous("linear_forward", {&x, &w, &bias, &out, &pre});
+  NDT_CHECK(
+      x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(0) && out.shape() == Shape({x.size(0), w.size(1)}),
+      "linear_forward: x ", x.shape_str(), " @ w ", w.shape_str(), " -> out ", out.shape_str());
+  NDT_CHECK(!bias.defined() || bias.shape() == Shape({w.size(1)}), "linear_forward: bias ", bias.shape_str());
+  NDT_CHECK(!gelu || (pre.defined() && pre.shape() == out.shape()),
+            "linear_forward: gelu needs pre of out's shape");
+  NDT_DISPATCH(x.device(), linear_forward, x, w, bias, gelu, out, pre);
 }
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta) {
   same_device("add", {&a, &b, &out});
+  contiguous("add", {&a, &b, &out});
   NDT_DISPATCH(a.device(), add, a, b, out, alpha, beta);
+}
+
+void scale_by(const Tensor& t, const Tensor& s) {
+  same_device("scale_by", {&t, &s});
+  contiguous("scale_by", {&t, &s});
+  NDT_CHECK(s.numel() == 1, "scale_by: the factor must have one element, got ", s.desc());
+  NDT_DISPATCH(t.device(), scale_by, t, s);
 }
 
 void mul(const Tensor& a, const Tensor& b, const Tensor& out) {
   same_device("mul", {&a, &b, &out});
+  contiguous("mul", {&a, &b, &out});
   NDT_DISPATCH(a.device(), mul, a, b, out);
 }
 
 void scale(const Tensor& a, double s, const Tensor& out) {
   same_device("scale", {&a, &out});
+  contiguous("scale", {&a, &out});
   NDT_DISPATCH(a.device(), scale, a, s, out);
 }
 
 void add_(const Tensor& dst, const Tensor& src, double alpha) {
   same_device("add_", {&dst, &src});
+  contiguous("add_", {&dst, &src});
   NDT_DISPATCH(dst.device(), add_, dst, src, alpha);
 }
 
 void gelu_forward(const Tensor& x, const Tensor& out) {
   same_device("gelu_forward", {&x, &out});
+  contiguous("gelu_forward", {&x, &out});
   NDT_DISPATCH(x.device(), gelu_forward, x, out);
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
   same_device("gelu_backward", {&x, &dout, &dx});
+  contiguous("gelu_backward", {&x, &dout, &dx});
   NDT_DISPATCH(x.device(), gelu_backward, x, dout, dx);
 }
 
 void sum(const Tensor& x, const Tensor& out) {
   same_device("sum", {&x, &out});
+  contiguous("sum", {&x, &out});
   NDT_DISPATCH(x.device(), sum, x, out);
 }
 
 void sum_squares(const Tensor& x, const Tensor& out) {
   same_device("sum_squares", {&x, &out});
+  contiguous("sum_squares", {&x, &out});
   NDT_DISPATCH(x.device(), sum_squares, x, out);
 }
 
 void sum_rows(const Tensor& x, const Tensor& out) {
   same_device("sum_rows", {&x, &out});
+  contiguous("sum_rows", {&x, &out});
   NDT_DISPATCH(x.device(), sum_rows, x, out);
 }
 
 void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
                        const Tensor& mean, const Tensor& rstd) {
   same_device("layernorm_forward", {&x, &w, &b, &out, &mean, &rstd});
+  contiguous("layernorm_forward", {&x, &w, &b, &out, &mean, &rstd});
   NDT_DISPATCH(x.device(), layernorm_forward, x, w, b, eps, out, mean, rstd);
 }
 
 void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
-                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db) {
-  same_device("layernorm_backward", {&dout, &x, &w, &mean, &rstd, &dx, &dw, &db});
-  NDT_DISPATCH(dout.device(), layernorm_backward, dout, x, w, mean, rstd, dx, dw, db);
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db,
+                        const Tensor& dresidual) {
+  same_device("layernorm_backward", {&dout, &x, &w, &mean, &rstd, &dx, &dw, &db, &dresidual});
+  contiguous("layernorm_backward", {&dout, &x, &w, &mean, &rstd, &dx, &dw, &db, &dresidual});
+  NDT_CHECK(!dresidual.defined() || (dresidual.shape() == dx.shape() && dresidual.dtype() == dx.dtype()),
+            "layernorm_backward: dresidual ", dresidual.desc(), " must match dx ", dx.desc());
+  NDT_DISPATCH(dout.device(), layernorm_backward, dout, x, w, mean, rstd, dx, dw, db, dresidual);
+}
+
+void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
+                           const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd) {
+  same_device("add_layernorm_forward", {&a, &b, &w, &bias, &sum, &out, &mean, &rstd});
+  contiguous("add_layernorm_forward", {&a, &b, &w, &bias, &sum, &out, &mean, &rstd});
+  NDT_DISPATCH(a.device(), add_layernorm_forward, a, b, w, bias, eps, sum, out, mean, rstd);
 }
 
 void softmax_forward(const Tensor& x, const Tensor& out) {
   same_device("softmax_forward", {&x, &out});
+  contiguous("softmax_forward", {&x, &out});
   NDT_DISPATCH(x.device(), softmax_forward, x, out);
 }
 
 void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   same_device("softmax_backward", {&y, &dy, &dx});
+  contiguous("softmax_backward", {&y, &dy, &dx});
   NDT_DISPATCH(y.device(), softmax_backward, y, dy, dx);
 }
 
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index,
-                           const Tensor& losses, const Tensor& lse) {
-  same_device("cross_entropy_forward", {&logits, &targets, &losses, &lse});
-  NDT_DISPATCH(logits.device(), cross_entropy_forward, logits, targets, v_limit, ignore_index, losses, lse);
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& kept, int64_t v_limit,
+                           int64_t ignore_index, const Tensor& losses, const Tensor& lse,
+                           const Tensor& dlogits) {
+  same_device("cross_entropy_forward", {&logits, &targets, &kept, &losses, &lse, &dlogits});
+  contiguous("cross_entropy_forward", {&logits, &targets, &kept, &losses, &lse, &dlogits});
+  // dlogits may be logits itself (written over), but no other overlap
+  NDT_CHECK(!dlogits.defined() || dlogits.data_ptr() == logits.data_ptr() || !may_overlap(dlogits, logits),
+            "cross_entropy_forward: dlogits partly overlaps logits");
+  NDT_DISPATCH(logits.device(), cross_entropy_forward, logits, targets, kept, v_limit, ignore_index, losses,
+               lse, dlogits);
 }
 
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit,
-                            int64_t ignore_index, double grad_scale, const Tensor& dlogits) {
-  same_device("cross_entropy_backward", {&logits, &targets, &lse, &dlogits});
-  NDT_DISPATCH(logits.device(), cross_entropy_backward, logits, targets, lse, v_limit, ignore_index,
-               grad_scale, dlogits);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& kept, const Tensor& dloss, int64_t v_limit, int64_t ignore_index,
+                            const Tensor& dlogits) {
+  same_device("cross_entropy_backward", {&logits, &targets, &lse, &kept, &dloss, &dlogits});
+  contiguous("cross_entropy_backward", {&logits, &targets, &lse, &kept, &dloss, &dlogits});
+  NDT_DISPATCH(logits.device(), cross_entropy_backward, logits, targets, lse, kept, dloss, v_limit,
+               ignore_index, dlogits);
 }
 
-int64_t count_not_equal(const Tensor& targets, int64_t ignore_index) {
-  same_device("count_not_equal", {&targets});
-  NDT_DISPATCH(targets.device(), count_not_equal, targets, ignore_index);
+void mean_of_kept(const Tensor& losses, const Tensor& kept, const Tensor& out) {
+  same_device("mean_of_kept", {&losses, &kept, &out});
+  contiguous("mean_of_kept", {&losses, &kept, &out});
+  NDT_DISPATCH(losses.device(), mean_of_kept, losses, kept, out);
+}
+
+void count_not_equal(const Tensor& targets, int64_t ignore_index, const Tensor& kept) {
+  same_device("count_not_equal", {&targets, &kept});
+  contiguous("count_not_equal", {&targets, &kept});
+  NDT_DISPATCH(targets.device(), count_not_equal, targets, ignore_index, kept);
 }
 
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) {
   same_device("embedding_forward", {&ids, &table, &out});
+  contiguous("embedding_forward", {&ids, &table, &out});
   NDT_DISPATCH(ids.device(), embedding_forward, ids, table, out);
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
   same_device("embedding_backward", {&ids, &dout, &dtable});
+  contiguous("embedding_backward", {&ids, &dout, &dtable});
   NDT_DISPATCH(ids.device(), embedding_backward, ids, dout, dtable);
 }
 
 void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
                                const Tensor& lse) {
   same_device("attention_softmax_forward", {&s, &lse});
+  contiguous("attention_softmax_forward", {&s, &lse});
   NDT_DISPATCH(s.device(), attention_softmax_forward, s, scale, q_offset, k_offset, lse);
 }
 
 void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,
                                 double scale) {
   same_device("attention_softmax_backward", {&p, &dp, &d, &dlse});
+  contiguous("attention_softmax_backward", {&p, &dp, &d, &dlse});
   NDT_DISPATCH(p.device(), attention_softmax_backward, p, dp, d, dlse, scale);
 }
 
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out) {
   same_device("rowwise_dot", {&a, &b, &out});
+  contiguous("rowwise_dot", {&a, &b, &out});
   NDT_DISPATCH(a.device(), rowwise_dot, a, b, out);
 }
 
 void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                              const Tensor& lse_b, const Tensor& out, const Tensor& lse) {
   same_device("attention_merge_forward", {&out_a, &lse_a, &out_b, &lse_b, &out, &lse});
+  contiguous("attention_merge_forward", {&out_a, &lse_a, &out_b, &lse_b, &out, &lse});
   NDT_DISPATCH(out_a.device(), attention_merge_forward, out_a, lse_a, out_b, lse_b, out, lse);
 }
 
@@ -179,12 +282,15 @@ void attention_merge_backward(const Tensor& out_a, const Tensor& lse_a, const Te
                               const Tensor& dout_b, const Tensor& dlse_b) {
   same_device("attention_merge_backward",
               {&out_a, &lse_a, &out_b, &lse_b, &out, &lse, &dout, &dlse, &dout_a, &dlse_a, &dout_b, &dlse_b});
+  contiguous("attention_merge_backward",
+             {&out_a, &lse_a, &out_b, &lse_b, &out, &lse, &dout, &dlse, &dout_a, &dlse_a, &dout_b, &dlse_b});
   NDT_DISPATCH(out_a.device(), attention_merge_backward, out_a, lse_a, out_b, lse_b, out, lse, dout, dlse,
                dout_a, dlse_a, dout_b, dlse_b);
 }
 
 void rowmax(const Tensor& logits, int64_t v_live, const Tensor& out) {
   same_device("rowmax", {&logits, &out});
+  contiguous("rowmax", {&logits, &out});
   check_live_columns("rowmax", logits, v_live);
   NDT_DISPATCH(logits.device(), rowmax, logits, v_live, out);
 }
@@ -193,6 +299,7 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
                             int64_t v_live, int64_t ignore_index, const Tensor& sumexp,
                             const Tensor& target_logit) {
   same_device("cross_entropy_partials", {&logits, &targets, &gmax, &sumexp, &target_logit});
+  contiguous("cross_entropy_partials", {&logits, &targets, &gmax, &sumexp, &target_logit});
   check_live_columns("cross_entropy_partials", logits, v_live);
   NDT_DISPATCH(logits.device(), cross_entropy_partials, logits, targets, gmax, v_start, v_live, ignore_index,
                sumexp, target_logit);
@@ -202,6 +309,7 @@ void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets
                                      const Tensor& sumexp_global, int64_t v_start, int64_t v_live,
                                      int64_t ignore_index, double grad_scale, const Tensor& dlogits) {
   same_device("cross_entropy_parallel_backward", {&logits, &targets, &gmax, &sumexp_global, &dlogits});
+  contiguous("cross_entropy_parallel_backward", {&logits, &targets, &gmax, &sumexp_global, &dlogits});
   check_live_columns("cross_entropy_parallel_backward", logits, v_live);
   NDT_DISPATCH(logits.device(), cross_entropy_parallel_backward, logits, targets, gmax, sumexp_global,
                v_start, v_live, ignore_index, grad_scale, dlogits);
@@ -209,17 +317,20 @@ void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets
 
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi) {
   same_device("fill_uniform", {&t});
+  contiguous("fill_uniform", {&t});
   NDT_DISPATCH(t.device(), fill_uniform, t, seed, stream, start, lo, hi);
 }
 
 void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std) {
   same_device("fill_normal", {&t});
+  contiguous("fill_normal", {&t});
   NDT_DISPATCH(t.device(), fill_normal, t, seed, stream, start, mean, std);
 }
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const AdamWArgs& a) {
   same_device("adamw_step", {&param, &grad, &m, &v});
+  contiguous("adamw_step", {&param, &grad, &m, &v});
   NDT_DISPATCH(param.device(), adamw_step, param, grad, m, v, a);
 }
 

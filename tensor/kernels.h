@@ -1,7 +1,8 @@
 // ndtrain: the op kernels, one entry point per kernel, dispatched by device.
 //
 // Kernels do arithmetic only: the caller (autograd/ops) has checked shapes and dtypes and
-// allocated every output. Unless noted, tensors are contiguous and share one dtype
+// allocated every output. Unless noted, tensors are contiguous (checked here, on every
+// backend: a strided view is one clear error, never wrong numbers) and share one dtype
 // (f32, bf16 or f64; bf16 is computed in f32; f64 is CPU only) and one device.
 // Every kernel here has a CPU version in tensor/cpu/ and a CUDA twin in tensor/cuda/
 // with the same file name; tests/test_cuda_ops.cpp compares them.
@@ -18,7 +19,8 @@ namespace ndt::kernels {
 // ---- memory (tensor/{cpu,cuda}/copy) -------------------------------------------------
 void fill(const Tensor& t, double value);         // t may be strided
 void copy(const Tensor& dst, const Tensor& src);  // same shape, any strides and dtypes;
-                                                  // same device (cross-device is Tensor::to)
+                                                  // same device (cross-device is Tensor::to);
+                                                  // dst and src may overlap (as memmove)
 
 // ---- matmul (tensor/{cpu,cuda}/matmul) ---------------------------------------------
 // c = alpha * op(a) @ op(b) + beta * c, accumulated in f32 (f64 for f64).
@@ -27,6 +29,13 @@ void copy(const Tensor& dst, const Tensor& src);  // same shape, any strides and
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha = 1.0,
           double beta = 0.0);
 
+// A linear layer's forward, bias and GELU fused where the backend can (tensor/cpu/matmul,
+// tensor/cuda/linear: cuBLASLt epilogues): x (M,K) @ w (K,N) + bias (N) -> out (M,N), no bias
+// when bias is undefined; with gelu, out = GELU(x @ w + bias) and pre (M,N) = x @ w + bias
+// (what the GELU's backward needs). CPU: gemm, add, gelu_forward in turn.
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
+                    const Tensor& pre);
+
 // ---- elementwise (tensor/{cpu,cuda}/elementwise) ------------------------------------
 // b is either a's shape or a row vector broadcast over a's last dim (a bias).
 void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0,
@@ -34,6 +43,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0
 void mul(const Tensor& a, const Tensor& b, const Tensor& out);        // out = a*b
 void scale(const Tensor& a, double s, const Tensor& out);             // out = s*a
 void add_(const Tensor& dst, const Tensor& src, double alpha = 1.0);  // dst += alpha*src
+void scale_by(const Tensor& t, const Tensor& s);  // t *= s, s one element of any float dtype
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 void gelu_forward(const Tensor& x, const Tensor& out);
 void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx);  // dx written
@@ -50,24 +60,42 @@ void sum_rows(const Tensor& x, const Tensor& out);
 // x (N,C), w (C), b (C) -> out (N,C), mean (N), rstd (N) (mean/rstd f32, f64 for f64 x)
 void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
                        const Tensor& mean, const Tensor& rstd);
-// dout (N,C) -> dx (N,C), dw (C), db (C); all written, not accumulated
+// dout (N,C) -> dx (N,C), dw (C), db (C); all written, not accumulated. With dresidual
+// (N,C) defined, dx = the LayerNorm's gradient + dresidual (the residual stream's gradient
+// joins in the same pass; see add_layernorm_forward).
 void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
-                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db);
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db,
+                        const Tensor& dresidual = Tensor());
+// The residual add and the LayerNorm after it in one pass over the rows:
+// a, b (N,C) -> sum (N,C) = a + b (rounded to the dtype, as add), then layernorm_forward of
+// sum: out (N,C), mean, rstd (N). Bit-equal to add followed by layernorm_forward.
+void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
+                           const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd);
 
 // ---- softmax and cross-entropy (tensor/{cpu,cuda}/softmax) --------------------------
 void softmax_forward(const Tensor& x, const Tensor& out);                    // (N,C), rows
 void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);  // dx written
-// logits (N,V), targets (N) i32 -> losses (N) f32 (f64 for f64 logits), lse (N) same.
-// Only the first v_limit columns take part (vocab padding); a row whose target equals
-// ignore_index gets loss 0. A target outside [0, v_limit) that is not ignore_index throws.
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index,
-                           const Tensor& losses, const Tensor& lse);
-// dlogits = (softmax(logits) - onehot(target)) * grad_scale for kept rows, 0 for ignored
-// rows and padded columns. grad_scale = dloss / (number of kept rows), computed by the op.
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit,
-                            int64_t ignore_index, double grad_scale, const Tensor& dlogits);
-// targets (N) i32 -> number of entries != ignore_index
-int64_t count_not_equal(const Tensor& targets, int64_t ignore_index);
+// The loss is the mean over the kept rows (target != ignore_index); every count and scale
+// stays on the device, so a training step never waits for the host here.
+// targets (N) i32 -> kept (1) i32: the number of entries != ignore_index
+void count_not_equal(const Tensor& targets, int64_t ignore_index, const Tensor& kept);
+// logits (N,V), targets (N) i32, kept (1) i32 -> losses (N) f32 (f64 for f64 logits), lse
+// (N) same. Only the first v_limit columns take part (vocab padding); a row whose target
+// equals ignore_index gets loss 0. A target outside [0, v_limit) that is not ignore_index
+// throws (on CUDA at the next synchronization: tensor/cuda/common.cuh).
+// The fused classifier: when dlogits (N,V) is defined, it also receives the gradient of the
+// mean loss for dloss = 1, (softmax(logits) - onehot(target)) / kept, 0 on ignored rows and
+// padded columns. dlogits may be logits itself: each row is read before it is overwritten.
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& kept, int64_t v_limit,
+                           int64_t ignore_index, const Tensor& losses, const Tensor& lse,
+                           const Tensor& dlogits);
+// dlogits = (softmax(logits) - onehot(target)) * dloss / kept for kept rows, 0 for ignored
+// rows and padded columns; dloss (1) in logits' dtype or f32, kept (1) i32, both on the device.
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& kept, const Tensor& dloss, int64_t v_limit, int64_t ignore_index,
+                            const Tensor& dlogits);
+// losses (N), kept (1) i32 -> out (1) = sum(losses) / kept, 0 when kept = 0 (stat dtype)
+void mean_of_kept(const Tensor& losses, const Tensor& kept, const Tensor& out);
 
 // ---- embedding (tensor/{cpu,cuda}/embedding) ----------------------------------------
 // ids (N) i32, table (V,C) -> out (N,C). An id outside [0,V) throws.

@@ -124,6 +124,14 @@ std::vector<OpCase> large_cases() {
                 [](const V& x) { return V{matmul(x[0], x[1], true, false)}; }, all_grad(2)});
   cs.push_back({"linear_gpt", normals({{{4, 64, 192}, 0.f, 1.f}, {{192, 576}, 0.f, 0.1f}, {{576}, 0.f, 1.f}}),
                 [](const V& x) { return V{linear(x[0], x[1], x[2])}; }, all_grad(3)});
+  // the MLP's c_fc: bias and GELU as cuBLASLt epilogues (aux leading dimension 768, a multiple of 8)
+  cs.push_back({"linear_gelu_gpt",
+                normals({{{4, 64, 192}, 0.f, 1.f}, {{192, 768}, 0.f, 0.1f}, {{768}, 0.f, 1.f}}),
+                [](const V& x) { return V{linear_gelu(x[0], x[1], x[2])}; }, all_grad(3)});
+  // an output width that is not a multiple of 8: the composed fallback
+  cs.push_back({"linear_gelu_odd",
+                normals({{{2, 33, 40}, 0.f, 1.f}, {{40, 37}, 0.f, 0.2f}, {{37}, 0.f, 1.f}}),
+                [](const V& x) { return V{linear_gelu(x[0], x[1], x[2])}; }, all_grad(3)});
   cs.push_back({"mul_row_many_rows", normals({{{600, 257}, 0.f, 1.f}, {{257}, 0.f, 1.f}}),
                 [](const V& x) { return V{mul(x[0], x[1])}; }, all_grad(2)});
   cs.push_back({"gelu_big", normals({{{1000, 257}, 0.f, 2.f}}), [](const V& x) { return V{gelu(x[0])}; },
@@ -553,6 +561,7 @@ TEST_F(Cuda, BadEmbeddingIdThrows) {
     Tensor ids = Tensor::from_vector<int32_t>({0, 4, bad, 1}, {2, 2}, kGpu);
     try {
       embedding(ids, table);
+      cuda::synchronize(0);  // a kernel's finding is reported where the host waits for the device
       ADD_FAILURE() << "embedding with id " << bad << " did not throw";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("id " + std::to_string(bad) + " at position 2"), std::string::npos)
@@ -569,17 +578,37 @@ TEST_F(Cuda, BadEmbeddingIdThrows) {
 TEST_F(Cuda, BadCrossEntropyTargetThrows) {
   Tensor logits = randn({3, 6}, DType::f32, kGpu, 1);
   auto targets = [](std::vector<int32_t> v) { return Tensor::from_vector<int32_t>(v, {3}, kGpu); };
-  EXPECT_THROW(cross_entropy(logits, targets({0, 6, 1})), Error);         // beyond V
-  EXPECT_THROW(cross_entropy(logits, targets({0, -2, 1})), Error);        // negative, not ignored
-  EXPECT_THROW(cross_entropy(logits, targets({0, 5, 1}), -1, 5), Error);  // a padded column
+  // reported at the next wait for the device: here the loss's copy to the host
+  auto loss_of = [&](const Tensor& t, int64_t v_limit) {
+    return cross_entropy(logits, t, -1, v_limit).item();
+  };
+  EXPECT_THROW(loss_of(targets({0, 6, 1}), -1), Error);   // beyond V
+  EXPECT_THROW(loss_of(targets({0, -2, 1}), -1), Error);  // negative, not ignored
+  EXPECT_THROW(loss_of(targets({0, 5, 1}), 5), Error);    // a padded column
   try {
-    cross_entropy(logits, targets({0, 1, 9}));
+    loss_of(targets({0, 1, 9}), -1);
     ADD_FAILURE() << "no throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("target 9 at row 2"), std::string::npos) << e.what();
   }
-  EXPECT_NO_THROW(cross_entropy(logits, targets({0, -1, 5})));  // -1 is ignored
+  EXPECT_NO_THROW(loss_of(targets({0, -1, 5}), -1));  // -1 is ignored
   cuda::synchronize(0);
+}
+
+// No launcher waits for the device to check its input: a bad id is found by the kernel and
+// reported at the next synchronization, once, after which the device is usable again; with
+// NDT_CUDA_SYNC=1 it would be reported at the op itself.
+TEST_F(Cuda, KernelErrorsAreReportedAtTheNextSynchronizationOnce) {
+  Tensor table = randn({5, 3}, DType::f32, kGpu, 1);
+  Tensor out = embedding(Tensor::from_vector<int32_t>({0, 7}, {2}, kGpu), table);  // no throw here
+  try {
+    cuda::synchronize(0);
+    ADD_FAILURE() << "synchronize did not report the bad id";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("id 7 at position 1"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(cuda::synchronize(0));       // reported once
+  EXPECT_EQ(out.to_vector<float>()[3], 0.0f);  // the bad row is zeros
 }
 
 TEST_F(Cuda, Float64IsCpuOnly) {
@@ -591,4 +620,134 @@ TEST_F(Cuda, Float64IsCpuOnly) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("CPU only"), std::string::npos) << e.what();
   }
+}
+
+// ---- the shapes of GPT-2 124M training (B 16 x T 1024 tokens) ----------------------------
+// Each against the CPU on the same inputs; where the full CPU run would be slow, on sampled
+// rows. These need a few GiB of device memory and take seconds, not minutes.
+
+namespace {
+// rows `rows` of t (N, ...) as a CPU tensor
+Tensor rows_to_cpu(const Tensor& t, const std::vector<int64_t>& rows) {
+  Shape shape = t.shape();
+  shape[0] = static_cast<int64_t>(rows.size());
+  Tensor out = Tensor::empty(shape, t.dtype());
+  for (size_t i = 0; i < rows.size(); ++i)
+    out.narrow(0, static_cast<int64_t>(i), 1).copy_(t.narrow(0, rows[i], 1));
+  return out;
+}
+std::vector<int64_t> sample_rows(int64_t n, int64_t count) {
+  std::vector<int64_t> r;
+  for (int64_t i = 0; i < count; ++i) r.push_back((i * 7919 + 13) % n);
+  r.push_back(0);
+  r.push_back(n - 1);
+  return r;
+}
+}  // namespace
+
+// The fused classifier at (16384, 50304) bf16 with the GPT-2 vocabulary limit 50257: loss,
+// lse and the gradient written over the logits, on 258 sampled rows against the CPU with the
+// same kept count; rows with ignore_index included.
+TEST_F(Cuda, CrossEntropyAtGpt2ShapeBf16) {
+  const int64_t N = 16384, V = 50304, v_limit = 50257;
+  Tensor logits = randn({N, V}, DType::bf16, kGpu, 71, 0.0f, 2.0f);
+  Tensor targets = targets_with_ignored(N, static_cast<int32_t>(v_limit), 97, -1, kGpu, 72);
+  const std::vector<int64_t> rows = sample_rows(N, 256);
+  Tensor logits_rows = rows_to_cpu(logits, rows);  // before the logits become the gradient
+  Tensor kept = Tensor::empty({1}, DType::i32, kGpu);
+  kernels::count_not_equal(targets, -1, kept);
+  Tensor losses = Tensor::empty({N}, DType::f32, kGpu), lse = Tensor::empty({N}, DType::f32, kGpu);
+  kernels::cross_entropy_forward(logits, targets, kept, v_limit, -1, losses, lse, logits);
+
+  Tensor kept_cpu = kept.to(Device::cpu());
+  EXPECT_EQ(kept_cpu.to_vector<int32_t>()[0], N - (N + 96) / 97);
+  Tensor t_rows = rows_to_cpu(targets, rows);
+  const int64_t R = static_cast<int64_t>(rows.size());
+  Tensor ref_losses = Tensor::empty({R}, DType::f32), ref_lse = Tensor::empty({R}, DType::f32);
+  Tensor ref_grad = Tensor::empty({R, V}, DType::bf16);
+  kernels::cross_entropy_forward(logits_rows, t_rows, kept_cpu, v_limit, -1, ref_losses, ref_lse, ref_grad);
+  EXPECT_LE(rel_err(rows_to_cpu(losses, rows), ref_losses), 1e-5);
+  EXPECT_LE(rel_err(rows_to_cpu(lse, rows), ref_lse), 1e-5);
+  EXPECT_LE(rel_err(rows_to_cpu(logits, rows), ref_grad), kTolBf16);
+  std::vector<float> g = rows_to_cpu(logits, {1}).to_vector<float>();  // padded columns: zero gradient
+  for (int64_t c = v_limit; c < V; ++c) ASSERT_EQ(g[c], 0.0f) << c;
+}
+
+// The embedding backward at V 50304 x C 768 from 16384 ids drawn from 300 values (every id
+// repeats ~55 times): deterministic, against the CPU's in-order sums.
+TEST_F(Cuda, EmbeddingBackwardAtGpt2ShapeWithRepeats) {
+  const int64_t N = 16384, V = 50304, C = 768;
+  std::vector<int32_t> ids = random_ids({N}, 300, Device::cpu(), 81).to_vector<int32_t>();
+  for (int32_t& id : ids) id = id * 167 + (id % 3);  // spread over the table, < V
+  Tensor ids_cpu = Tensor::from_vector<int32_t>(ids, {N});
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor dout = randn({N, C}, dt, kGpu, 82);
+    Tensor d1 = Tensor::empty({V, C}, dt, kGpu), d2 = Tensor::empty({V, C}, dt, kGpu);
+    Tensor ids_gpu = ids_cpu.to(kGpu);
+    kernels::embedding_backward(ids_gpu, dout, d1);
+    kernels::embedding_backward(ids_gpu, dout, d2);
+    Tensor ref = Tensor::empty({V, C}, dt);
+    kernels::embedding_backward(ids_cpu, dout.to(Device::cpu()), ref);
+    EXPECT_LE(rel_err(d1, ref), dt == DType::bf16 ? 4e-3 : 1e-6) << dtype_name(dt);
+    EXPECT_EQ(d1.to_vector<float>(), d2.to_vector<float>()) << "not deterministic, " << dtype_name(dt);
+  }
+}
+
+// Attention at B 2 x NH 12 x T 1024 x HS 64, causal, forward and backward, bf16 and f32.
+TEST_F(Cuda, AttentionAtGpt2Shape) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    std::vector<Tensor> in;
+    for (uint64_t s = 0; s < 3; ++s) in.push_back(randn({2, 12, 1024, 64}, dt, Device::cpu(), 90 + s));
+    auto run = [&](Device dev) {
+      std::vector<Tensor> x;
+      for (const Tensor& t : in) x.push_back(t.to(dev).set_requires_grad(true));
+      AttentionOut r = attention(x[0], x[1], x[2]);
+      Tensor dout = randn(r.out.shape(), dt, dev, 95);
+      ndt::backward({r.out}, {dout});
+      return std::vector<Tensor>{r.out, r.lse, x[0].grad(), x[1].grad(), x[2].grad()};
+    };
+    std::vector<Tensor> got = run(kGpu), ref = run(Device::cpu());
+    const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_LE(rel_err(got[i], ref[i]), dt == DType::bf16 ? 2e-2 : 1e-4)
+          << names[i] << " " << dtype_name(dt);
+  }
+}
+
+// A tensor of more than 2^31 elements: 64-bit indexing in the grid-stride loops of fill,
+// scale, copies (contiguous and strided, with conversion) and AdamW, checked on both sides of
+// element 2^31.
+TEST_F(Cuda, TensorsAboveTwoToThe31Elements) {
+  const int64_t n = (int64_t(1) << 31) + 4099;
+  const std::vector<int64_t> probe = {0, (int64_t(1) << 31) - 1, int64_t(1) << 31, n - 1};
+  auto at = [](const Tensor& t, int64_t i) { return t.view({-1}).narrow(0, i, 1).to_vector<double>()[0]; };
+  Tensor x = Tensor::empty({n}, DType::bf16, kGpu);
+  kernels::fill(x, 1.5);
+  kernels::scale(x, 2.0, x);
+  for (int64_t i : probe) EXPECT_EQ(at(x, i), 3.0) << i;
+  {
+    Tensor y = Tensor::empty({n}, DType::f32, kGpu);
+    kernels::copy(y, x);  // contiguous with conversion
+    for (int64_t i : probe) EXPECT_EQ(at(y, i), 3.0) << i;
+  }
+  {
+    // strided: (2, n/2) viewed transposed; the element at [j, i] lands at j * rows + i
+    const int64_t half = n / 2;  // n is odd: the last element is left out
+    Tensor src = x.narrow(0, 0, 2 * half).view({2, half});
+    kernels::fill(src.narrow(0, 1, 1), -1.0);
+    Tensor dst = Tensor::empty({half, 2}, DType::bf16, kGpu);
+    kernels::copy(dst, src.transpose(0, 1));
+    EXPECT_EQ(at(dst, 0), 3.0);
+    EXPECT_EQ(at(dst, 1), -1.0);
+    EXPECT_EQ(at(dst, 2 * half - 2), 3.0);
+    EXPECT_EQ(at(dst, 2 * half - 1), -1.0);
+  }
+  x = Tensor();
+  Tensor p = Tensor::full({n}, 1.0, DType::f32, kGpu), g = Tensor::full({n}, 0.5, DType::f32, kGpu);
+  Tensor m = Tensor::zeros({n}, DType::f32, kGpu), v = Tensor::zeros({n}, DType::f32, kGpu);
+  kernels::AdamWArgs a;
+  a.lr = 0.1;
+  a.weight_decay = 0.0;
+  kernels::adamw_step(p, g, m, v, a);
+  for (int64_t i : probe) EXPECT_NEAR(at(p, i), 0.9, 1e-6) << i;  // the first step moves by lr
 }

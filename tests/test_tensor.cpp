@@ -300,6 +300,88 @@ TEST(Copies, CopyIntoStridedDestinationConverts) {
   EXPECT_CONTAINS(error_of([&] { dst.copy_(src); }), "(3, 4)");
 }
 
+// Overlapping source and destination in one storage: the result is that of reading all of
+// the source first (memmove), whatever the strides and dtypes.
+TEST(Copies, OverlappingCopiesBehaveLikeMemmove) {
+  Tensor buf = arange({10});
+  buf.narrow(0, 1, 9).copy_(buf.narrow(0, 0, 9));  // shift right by one, contiguous
+  EXPECT_EQ(buf.to_vector<float>(), (std::vector<float>{0, 0, 1, 2, 3, 4, 5, 6, 7, 8}));
+  buf = arange({10});
+  buf.narrow(0, 0, 9).copy_(buf.narrow(0, 1, 9));  // shift left
+  EXPECT_EQ(buf.to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9, 9}));
+
+  Tensor t = arange({4, 4});
+  t.copy_(t.transpose(0, 1));  // in-place transpose: every element read before written
+  std::vector<float> v = t.to_vector<float>();
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(v[i * 4 + j], j * 4 + i) << i << "," << j;
+
+  Tensor r = arange({3, 4});  // strided overlap: column k+1 = column k, k = 0..2
+  r.narrow(1, 1, 3).copy_(r.narrow(1, 0, 3));
+  EXPECT_EQ(r.to_vector<float>(), (std::vector<float>{0, 0, 1, 2, 4, 4, 5, 6, 8, 8, 9, 10}));
+
+  Tensor same = arange({5});
+  same.copy_(same);  // the same view: unchanged
+  EXPECT_EQ(same.to_vector<float>(), (std::vector<float>{0, 1, 2, 3, 4}));
+}
+
+// Every kernel but fill and copy takes dense tensors; a strided view is refused by name
+// rather than read as the wrong numbers.
+TEST(Errors, StridedInputsToDenseKernelsAreRefused) {
+  Tensor x = arange({4, 6}).transpose(0, 1);  // (6, 4), strided
+  Tensor w = Tensor::full({4}, 1.0), b = Tensor::zeros({4});
+  Tensor out = Tensor::empty({6, 4}), mean = Tensor::empty({6}), rstd = Tensor::empty({6});
+  std::string e = error_of([&] { kernels::layernorm_forward(x, w, b, 1e-5, out, mean, rstd); });
+  EXPECT_CONTAINS(e, "layernorm_forward");
+  EXPECT_CONTAINS(e, "not contiguous");
+  EXPECT_CONTAINS(e, "(6, 4)");
+  Tensor c = Tensor::empty({6, 6});
+  EXPECT_CONTAINS(error_of([&] { kernels::gemm(x, false, arange({4, 6}), false, c); }), "gemm");
+  EXPECT_CONTAINS(error_of([&] {
+                    kernels::scale(x, 2.0, Tensor::empty({6, 4}).transpose(0, 1));
+                  }),
+                  "not contiguous");
+  // the same data made contiguous is accepted
+  kernels::layernorm_forward(x.contiguous(), w, b, 1e-5, out, mean, rstd);
+}
+
+// The fused residual add + LayerNorm is add followed by layernorm, bit for bit, and its
+// backward with the residual's gradient is the LayerNorm's dx plus that gradient.
+TEST(Copies, AddLayernormIsAddThenLayernormBitForBit) {
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    Tensor a = arange({6, 10}).to(dt), b = Tensor::empty({6, 10}, dt), w = Tensor::empty({10}, dt),
+           bias = Tensor::empty({10}, dt);
+    kernels::scale(a, 0.37, a);
+    kernels::fill_normal(b, 1, 2, 0, 0.0f, 1.0f);
+    kernels::fill_normal(w, 1, 3, 0, 1.0f, 0.5f);
+    kernels::fill_normal(bias, 1, 4, 0, 0.0f, 0.5f);
+    const DType sd = dt == DType::f64 ? DType::f64 : DType::f32;
+    Tensor sum = Tensor::empty({6, 10}, dt), out = Tensor::empty({6, 10}, dt), mean = Tensor::empty({6}, sd),
+           rstd = Tensor::empty({6}, sd);
+    kernels::add_layernorm_forward(a, b, w, bias, 1e-5, sum, out, mean, rstd);
+    Tensor sum2 = Tensor::empty({6, 10}, dt), out2 = Tensor::empty({6, 10}, dt),
+           mean2 = Tensor::empty({6}, sd), rstd2 = Tensor::empty({6}, sd);
+    kernels::add(a, b, sum2);
+    kernels::layernorm_forward(sum2, w, bias, 1e-5, out2, mean2, rstd2);
+    EXPECT_EQ(sum.to_vector<double>(), sum2.to_vector<double>()) << dtype_name(dt);
+    EXPECT_EQ(out.to_vector<double>(), out2.to_vector<double>()) << dtype_name(dt);
+    EXPECT_EQ(rstd.to_vector<double>(), rstd2.to_vector<double>()) << dtype_name(dt);
+
+    Tensor dout = Tensor::empty({6, 10}, dt), dres = Tensor::empty({6, 10}, dt);
+    kernels::fill_normal(dout, 1, 5, 0, 0.0f, 1.0f);
+    kernels::fill_normal(dres, 1, 6, 0, 0.0f, 1.0f);
+    Tensor dx = Tensor::empty({6, 10}, dt), dw = Tensor::empty({10}, dt), db = Tensor::empty({10}, dt);
+    kernels::layernorm_backward(dout, sum, w, mean, rstd, dx, dw, db, dres);
+    Tensor dx2 = Tensor::empty({6, 10}, dt), dw2 = Tensor::empty({10}, dt), db2 = Tensor::empty({10}, dt);
+    kernels::layernorm_backward(dout, sum, w, mean, rstd, dx2, dw2, db2);
+    std::vector<double> g = dx.to_vector<double>(), g2 = dx2.to_vector<double>(),
+                        r = dres.to_vector<double>();
+    const double tol = dt == DType::bf16 ? 2e-2 : dt == DType::f32 ? 1e-6 : 1e-14;
+    for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], g2[i] + r[i], tol * (1 + std::fabs(g[i]))) << i;
+    EXPECT_EQ(dw.to_vector<double>(), dw2.to_vector<double>());
+  }
+}
+
 // ---- printing ---------------------------------------------------------------------------
 
 TEST(Printing, ShowsDtypeShapeAndValues) {

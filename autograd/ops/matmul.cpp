@@ -63,18 +63,71 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
   return out;
 }
 
-// x (..., C) @ w (C, OC) + b (OC) -> (..., OC)
+namespace {
+
+// x (..., C) @ w (C, OC) + b (OC) -> (..., OC), then GELU if gelu: one node, the bias (and
+// GELU) fused into the GEMM where the backend can (kernels::linear_forward)
+Tensor linear_impl(const char* op, const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, bool gelu) {
+  check_same(op, {&x_in, &w_in, &b_in});
+  NDT_CHECK(w_in.dim() == 2 && x_in.dim() >= 1 && x_in.size(-1) == w_in.size(0), op, ": input ",
+            x_in.shape_str(), " does not match weight ", w_in.shape_str(),
+            " (expected x (..., C) and w (C, OC))");
+  NDT_CHECK(!b_in.defined() || (b_in.dim() == 1 && b_in.size(0) == w_in.size(1)), op, ": bias ",
+            b_in.shape_str(), " does not match weight ", w_in.shape_str(), " (expected (OC))");
+  const int64_t C = w_in.size(0), OC = w_in.size(1);
+  Shape out_shape = x_in.shape();
+  out_shape.back() = OC;
+  const Tensor x = x_in.contiguous().view({-1, C}), w = w_in.contiguous();
+  const Tensor b = b_in.defined() ? b_in.contiguous() : Tensor();
+  const int64_t N = x.size(0);
+  Tensor out = Tensor::empty({N, OC}, x.dtype(), x.device());
+  Tensor pre = gelu ? Tensor::empty({N, OC}, x.dtype(), x.device()) : Tensor();
+  kernels::linear_forward(x, w, b, gelu, out, pre);
+  Tensor y = out.view(out_shape);
+
+  const bool nx = x_in.requires_grad(), nw = w_in.requires_grad(), nb = b.defined() && b_in.requires_grad();
+  std::vector<Tensor> inputs{x_in, w_in};
+  if (b.defined()) inputs.push_back(b_in);
+  // dx needs w and dw needs x: save only what the backward will use
+  autograd::record(
+      op, {y}, inputs,
+      [x = nw ? x.detach() : Tensor(), w = nx ? w.detach() : Tensor(), pre, xshape = x_in.shape(), C, OC, N,
+       nx, nw, nb, has_b = b.defined()](const Grads& g) -> Grads {
+        // forward: pre = x @ w + b, out = GELU(pre) (or out = pre); so
+        //   dpre = GELU'(pre) * dout,  dx = dpre @ w^T,  dw = x^T @ dpre,  db = sum_rows(dpre)
+        Tensor dpre = g[0].contiguous().view({N, OC});
+        if (pre.defined()) {
+          Tensor d = empty_like(dpre);
+          kernels::gelu_backward(pre, dpre, d);
+          dpre = d;
+        }
+        Grads r(has_b ? 3 : 2);
+        if (nx) {
+          Tensor dx = Tensor::empty({N, C}, dpre.dtype(), dpre.device());
+          kernels::gemm(dpre, false, w, true, dx);
+          r[0] = dx.view(xshape);
+        }
+        if (nw) {
+          r[1] = Tensor::empty({C, OC}, dpre.dtype(), dpre.device());
+          kernels::gemm(x, true, dpre, false, r[1]);
+        }
+        if (nb) {
+          r[2] = Tensor::empty({OC}, dpre.dtype(), dpre.device());
+          kernels::sum_rows(dpre, r[2]);
+        }
+        return r;
+      });
+  return y;
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  check_same("linear", {&x, &w, &b});
-  NDT_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(0), "linear: input ", x.shape_str(),
-            " does not match weight ", w.shape_str(), " (expected x (..., C) and w (C, OC))");
-  NDT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(1)), "linear: bias ", b.shape_str(),
-            " does not match weight ", w.shape_str(), " (expected (OC))");
-  Shape out_shape = x.shape();
-  out_shape.back() = w.size(1);
-  Tensor y = matmul(view(x, {-1, x.size(-1)}), w);
-  if (b.defined()) y = add(y, b);
-  return view(y, out_shape);
+  return linear_impl("linear", x, w, b, false);
+}
+
+Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return linear_impl("linear_gelu", x, w, b, true);
 }
 
 }  // namespace ndt

@@ -62,6 +62,8 @@ void scale(const Tensor& a, double s, const Tensor& out) {
   });
 }
 
+void scale_by(const Tensor& t, const Tensor& s) { scale(t, s.item(), t); }
+
 void add_(const Tensor& dst, const Tensor& src, double alpha) {
   dispatch_float(dst.dtype(), "add_", [&](auto tag) {
     using T = decltype(tag);

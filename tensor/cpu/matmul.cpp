@@ -64,4 +64,13 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
   if (is_bf16) copy(c, c32);
 }
 
+// x (M,K) @ w (K,N) (+ bias) (-> GELU, keeping pre): the composed ops' arithmetic
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
+                    const Tensor& pre) {
+  const Tensor& y = gelu ? pre : out;
+  gemm(x, false, w, false, y, 1.0, 0.0);
+  if (bias.defined()) add(y, bias, y, 1.0, 1.0);
+  if (gelu) gelu_forward(pre, out);
+}
+
 }  // namespace ndt::cpu

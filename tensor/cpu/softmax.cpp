@@ -1,6 +1,7 @@
 // CPU softmax and fused softmax + cross-entropy over rows. Legend: N rows, C/V columns.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "tensor/cpu/dispatch.h"
@@ -46,20 +47,30 @@ void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx) {
   });
 }
 
-// logits (N,V), targets (N) -> losses (N) = lse - logit[target], lse (N); ignored rows: 0
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index,
-                           const Tensor& losses, const Tensor& lse) {
+namespace {
+int64_t kept_rows(const Tensor& kept) { return kept.data<int32_t>()[0]; }
+}  // namespace
+
+// logits (N,V), targets (N), kept (1) -> losses (N) = lse - logit[target], lse (N); ignored
+// rows: 0. With dlogits (N,V) defined (may be logits itself): the gradient of the mean loss,
+// (softmax - onehot) / kept, written after the row's loss is taken.
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& kept, int64_t v_limit,
+                           int64_t ignore_index, const Tensor& losses, const Tensor& lse,
+                           const Tensor& dlogits) {
   const int64_t V = logits.size(-1), N = logits.size(0);
   const int32_t* tg = targets.data<int32_t>();
   for (int64_t n = 0; n < N; ++n)
     NDT_CHECK(tg[n] == ignore_index || (tg[n] >= 0 && tg[n] < v_limit), "cross_entropy: target ", tg[n],
               " at row ", n, " is outside the vocabulary [0, ", v_limit, ")");
+  const int64_t k = kept_rows(kept);
   dispatch_float(logits.dtype(), "cross_entropy_forward", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
     const T* pl = static_cast<const T*>(logits.data_ptr());
+    T* pd = dlogits.defined() ? static_cast<T*>(dlogits.data_ptr()) : nullptr;
     A* ploss = static_cast<A*>(losses.data_ptr());
     A* plse = static_cast<A*>(lse.data_ptr());
+    const A inv_kept = k ? A(1) / A(k) : A(0);
 #pragma omp parallel for schedule(static) if (N * V > 16384)
     for (int64_t n = 0; n < N; ++n) {
       const T* row = pl + n * V;
@@ -68,17 +79,28 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t 
       A s = 0;
       for (int64_t c = 0; c < v_limit; ++c) s += fast_exp(load(row[c]) - mx);
       const A l = mx + std::log(s);
+      const bool ignored = tg[n] == ignore_index;
       plse[n] = l;
-      ploss[n] = tg[n] == ignore_index ? A(0) : l - load(row[tg[n]]);
+      ploss[n] = ignored ? A(0) : l - load(row[tg[n]]);
+      if (!pd) continue;
+      T* drow = pd + n * V;
+      for (int64_t c = 0; c < V; ++c) {  // after the loss: drow may be row
+        A g = 0;
+        if (!ignored && c < v_limit) g = (fast_exp(load(row[c]) - l) - (c == tg[n] ? A(1) : A(0))) * inv_kept;
+        drow[c] = st<T>(g);
+      }
     }
   });
 }
 
-// In the forward loss = mean_n (lse_n - logit[n, t_n]); so
-// dlogits[n, c] = (exp(logit[n,c] - lse_n) - [c == t_n]) * grad_scale, 0 on ignored rows
+// In the forward loss = mean over kept rows of (lse_n - logit[n, t_n]); so
+// dlogits[n, c] = (exp(logit[n,c] - lse_n) - [c == t_n]) * dloss / kept, 0 on ignored rows
 // and padded columns.
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit,
-                            int64_t ignore_index, double grad_scale, const Tensor& dlogits) {
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& kept, const Tensor& dloss, int64_t v_limit, int64_t ignore_index,
+                            const Tensor& dlogits) {
+  const int64_t k = kept_rows(kept);
+  const double grad_scale = k ? dloss.item() / static_cast<double>(k) : 0.0;
   dispatch_float(logits.dtype(), "cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -87,7 +109,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
     const int32_t* tg = targets.data<int32_t>();
     const A* plse = static_cast<const A*>(lse.data_ptr());
     T* pd = static_cast<T*>(dlogits.data_ptr());
-    const A gs = grad_scale;
+    const A gs = static_cast<A>(grad_scale);
 #pragma omp parallel for schedule(static) if (N * V > 16384)
     for (int64_t n = 0; n < N; ++n) {
       const bool ignored = tg[n] == ignore_index;
@@ -101,11 +123,26 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   });
 }
 
-int64_t count_not_equal(const Tensor& targets, int64_t ignore_index) {
+// losses (N) -> out = sum / kept (0 when no row is kept); the sum as sum() takes it
+void mean_of_kept(const Tensor& losses, const Tensor& kept, const Tensor& out) {
+  const int64_t k = kept_rows(kept);
+  sum(losses, out);
+  const double s = out.item();
+  dispatch_float(out.dtype(), "mean_of_kept", [&](auto tag) {
+    using T = decltype(tag);
+    using A = acc_t<T>;
+    const A total = static_cast<A>(s);  // the sum in the statistics dtype, then * (1/kept)
+    static_cast<T*>(out.data_ptr())[0] =
+        st<T>(k ? total * static_cast<A>(1.0 / static_cast<double>(k)) : A(0));
+  });
+}
+
+void count_not_equal(const Tensor& targets, int64_t ignore_index, const Tensor& kept) {
   const int32_t* tg = targets.data<int32_t>();
   int64_t c = 0;
   for (int64_t i = 0; i < targets.numel(); ++i) c += tg[i] != ignore_index;
-  return c;
+  NDT_CHECK(c <= INT32_MAX, "count_not_equal: ", c, " entries do not fit the int32 count");
+  kept.data<int32_t>()[0] = static_cast<int32_t>(c);
 }
 
 }  // namespace ndt::cpu

@@ -52,6 +52,33 @@ namespace ndt::cuda {
 // NDT_CUDA_CHECK_LAUNCH's work: the launch error, and with NDT_CUDA_SYNC=1 the kernel's own.
 void check_launch(const char* file, int line);
 
+// ---- bad input found by a kernel (runtime.cu) -------------------------------------------
+// A kernel cannot throw. One that finds bad input (an id outside the embedding table, a
+// target outside the vocabulary) records the first finding in its device's error record and
+// goes on with a harmless value. The host looks at the record whenever it waits for the
+// device anyway -- synchronize(), every copy to or from the host (where the trainer reads
+// the loss) -- and throws there, naming the op, the position and the value. So no launcher
+// synchronizes to check its input; with NDT_CUDA_SYNC=1 the check follows every launch and
+// the error surfaces at the op that found it.
+enum class KernelError : int { kNone = 0, kEmbeddingId = 1, kCrossEntropyTarget = 2 };
+struct ErrorRecord {
+  int code;  // a KernelError; 0 while nothing was found
+  int unused;
+  long long index, value, limit;  // where (position, row), what (id, target), the bound
+};
+ErrorRecord* error_record(int device);  // device-visible (mapped pinned host memory)
+void check_kernel_errors(int device);   // throws, and clears the record, if a kernel wrote it
+
+__device__ __forceinline__ void record_error(ErrorRecord* r, KernelError code, int64_t index, int64_t value,
+                                             int64_t limit) {
+  if (atomicCAS(&r->code, 0, static_cast<int>(code)) == 0) {  // the first finding wins
+    r->index = index;
+    r->value = value;
+    r->limit = limit;
+    __threadfence_system();
+  }
+}
+
 // ---- per-device runtime state (runtime.cu) -------------------------------------------
 cudaStream_t stream(int device);    // the device's compute stream (non-blocking, lazy)
 cublasHandle_t cublas(int device);  // bound to stream(device), lazy
@@ -94,6 +121,17 @@ inline unsigned grid_for(int64_t n, int threads = kThreads) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<unsigned>(std::clamp<int64_t>(b, 1, int64_t(1) << 20));
 }
+
+// ---- 128-bit accesses ------------------------------------------------------------------
+// Pack<T>: 16 bytes of T (4 floats, 8 bf16), loaded and stored as one 128-bit access by the
+// elementwise kernels when every pointer they touch is 16-byte aligned (pool allocations
+// are; views into a flat buffer may not be, and take the scalar loop).
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / sizeof(T);
+  T v[kN];
+};
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // ---- dtype dispatch (host) -------------------------------------------------------------
 template <typename F>

@@ -1,8 +1,9 @@
 // CUDA embedding lookup and its deterministic backward, the twins of
 // tensor/cpu/embedding.cpp. Legend: N tokens, V vocab, C channels.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <type_traits>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/kernels.h"
@@ -13,14 +14,14 @@ namespace {
 // ---- kernels ------------------------------------------------------------------------
 
 // ids (N), table (V,C) -> out (N,C): out[n] = table[ids[n]]. E is a same-size raw type, so
-// the rows are copied bit for bit. A bad id records its position in *bad (first wins).
+// the rows are copied bit for bit. A bad id is recorded (common.cuh) and gives a zero row.
 template <typename E>
 __global__ void embedding_forward_kernel(const int32_t* ids, const E* table, E* out, int64_t N, int64_t V,
-                                         int64_t C, int* bad) {
+                                         int64_t C, ErrorRecord* err) {
   NDT_GRID_STRIDE(i, N * C) {
     const int64_t n = i / C, c = i % C, id = ids[n];
     if (id < 0 || id >= V) {
-      if (c == 0) atomicMin(bad, static_cast<int>(n));
+      if (c == 0) record_error(err, KernelError::kEmbeddingId, n, id, V);
       out[i] = E{};
       continue;
     }
@@ -28,17 +29,30 @@ __global__ void embedding_forward_kernel(const int32_t* ids, const E* table, E* 
   }
 }
 
+// positions (n) = 0, 1, ..., n-1
+__global__ void iota_kernel(int32_t* positions, int64_t n) {
+  NDT_GRID_STRIDE(i, n) positions[i] = static_cast<int32_t>(i);
+}
+
 // In the forward out[n] = table[ids[n]]; so dtable[v] = sum_{n: ids[n]==v} dout[n].
-// Thread c owns column c of acc (V,C) (zeroed) and walks n = 0..N-1 in order: no two
-// threads touch one element, and the order is fixed, so the result is deterministic.
+// Bucketed: the ids sorted stably with their positions, (sorted_ids, order) (N), group the
+// uses of each id, in ascending position. Block i owns sorted entry i; if it starts a run of
+// equal ids, its threads (one per column) sum the run's dout rows in that order and write
+// the row of the table once. No atomics, the CPU's order: deterministic, and bit-equal to the
+// CPU in f32. Rows no id uses were zeroed before. Ids outside [0, V) are skipped (the forward
+// reported them).
 template <typename T>
-__global__ void embedding_backward_kernel(const int32_t* ids, const T* dout, float* acc, int64_t N, int64_t V,
-                                          int64_t C) {
-  NDT_GRID_STRIDE(c, C) {
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t id = ids[n];
-      if (id >= 0 && id < V) acc[id * C + c] += load(dout[n * C + c]);
-    }
+__global__ void embedding_backward_kernel(const int32_t* sorted_ids, const int32_t* order, const T* dout,
+                                          T* dtable, int64_t N, int64_t V, int64_t C) {
+  const int64_t i = blockIdx.x;
+  const int32_t id = sorted_ids[i];
+  if ((i > 0 && sorted_ids[i - 1] == id) || id < 0 || id >= V) return;  // not the start of a run
+  int64_t end = i + 1;
+  while (end < N && sorted_ids[end] == id) ++end;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = i; j < end; ++j) acc += load(dout[static_cast<int64_t>(order[j]) * C + c]);
+    dtable[static_cast<int64_t>(id) * C + c] = store<T>(acc);
   }
 }
 
@@ -52,12 +66,12 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
   NDT_CHECK(ids.dtype() == DType::i32, "embedding: ids must be int32, got ", ids.desc());
   NDT_CHECK(N < INT_MAX, "embedding: too many ids (", N, ")");
   Launch L(ids);
-  Tensor bad = Tensor::full({1}, INT_MAX, DType::i32, ids.device());
+  ErrorRecord* err = error_record(L.device);  // read at the next synchronization
   auto launch = [&](auto tag) {
     using E = decltype(tag);
     embedding_forward_kernel<E><<<grid_for(N * C), kThreads, 0, L.stream>>>(
         ids.data<int32_t>(), static_cast<const E*>(table.data_ptr()), static_cast<E*>(out.data_ptr()), N, V,
-        C, bad.data<int32_t>());
+        C, err);
     NDT_CUDA_CHECK_LAUNCH();
   };
   switch (dtype_size(table.dtype())) {
@@ -71,29 +85,37 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
       launch(uint64_t{});
       break;
   }
-  const int64_t n = bad.to_vector<int32_t>()[0];  // read as an integer; synchronizes
-  if (n != INT_MAX) {
-    const int64_t id = static_cast<int64_t>(ids.view({-1}).narrow(0, n, 1).item());
-    NDT_FAIL("embedding: id ", id, " at position ", n, " is outside the table's ", V, " rows");
-  }
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
   const int64_t N = ids.numel(), V = dtable.size(0), C = dtable.size(1);
   if (V * C == 0) return;
+  NDT_CHECK(ids.dtype() == DType::i32, "embedding_backward: ids must be int32, got ", ids.desc());
+  NDT_CHECK(N < INT_MAX && N <= UINT_MAX, "embedding_backward: too many ids (", N, ")");
   Launch L(ids);
+  fill(dtable, 0.0);  // rows no id uses
+  if (N == 0) return;
+  // sort (id, position) pairs by id, stably: CUB's radix sort, its scratch from our pool
+  Tensor positions = Tensor::empty({N}, DType::i32, ids.device());
+  Tensor sorted_ids = Tensor::empty({N}, DType::i32, ids.device()),
+         order = Tensor::empty({N}, DType::i32, ids.device());
+  iota_kernel<<<grid_for(N), kThreads, 0, L.stream>>>(positions.data<int32_t>(), N);
+  NDT_CUDA_CHECK_LAUNCH();
+  size_t scratch_bytes = 0;
+  NDT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, scratch_bytes, ids.data<int32_t>(), sorted_ids.data<int32_t>(), positions.data<int32_t>(),
+      order.data<int32_t>(), static_cast<int>(N), 0, 32, L.stream));
+  Tensor scratch = Tensor::empty({static_cast<int64_t>(scratch_bytes / 2 + 1)}, DType::u16, ids.device());
+  NDT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      scratch.data_ptr(), scratch_bytes, ids.data<int32_t>(), sorted_ids.data<int32_t>(),
+      positions.data<int32_t>(), order.data<int32_t>(), static_cast<int>(N), 0, 32, L.stream));
   dispatch_float(dtable.dtype(), "embedding_backward", [&](auto tag) {
     using T = decltype(tag);
-    // f32 accumulates in place; bf16 in an f32 table, rounded once at the end
-    constexpr bool kF32 = std::is_same_v<T, float>;
-    Tensor acc = kF32 ? dtable : Tensor::empty({V, C}, DType::f32, dtable.device());
-    fill(acc, 0.0);
-    if (N > 0) {
-      embedding_backward_kernel<T><<<grid_for(C), kThreads, 0, L.stream>>>(
-          ids.data<int32_t>(), static_cast<const T*>(dout.data_ptr()), acc.data<float>(), N, V, C);
-      NDT_CUDA_CHECK_LAUNCH();
-    }
-    if (!kF32) copy(dtable, acc);
+    const int threads = static_cast<int>(std::clamp<int64_t>((C + 31) / 32 * 32, 32, kThreads));
+    embedding_backward_kernel<T><<<static_cast<unsigned>(N), threads, 0, L.stream>>>(
+        sorted_ids.data<int32_t>(), order.data<int32_t>(), static_cast<const T*>(dout.data_ptr()),
+        static_cast<T*>(dtable.data_ptr()), N, V, C);
+    NDT_CUDA_CHECK_LAUNCH();
   });
 }
 

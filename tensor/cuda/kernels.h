@@ -12,22 +12,34 @@ namespace ndt::cuda {
 void fill(const Tensor& t, double value);
 void copy(const Tensor& dst, const Tensor& src);
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha, double beta);
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
+                    const Tensor& pre);
 void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);
 void mul(const Tensor& a, const Tensor& b, const Tensor& out);
 void scale(const Tensor& a, double s, const Tensor& out);
 void add_(const Tensor& dst, const Tensor& src, double alpha);
+void scale_by(const Tensor& t, const Tensor& s);
 void gelu_forward(const Tensor& x, const Tensor& out);
 void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx);
 void sum(const Tensor& x, const Tensor& out);
 void sum_squares(const Tensor& x, const Tensor& out);
 void sum_rows(const Tensor& x, const Tensor& out);
 void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out, const Tensor& mean, const Tensor& rstd);
-void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db);
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
+                        const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db,
+                        const Tensor& dresidual);
+void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
+                           const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd);
 void softmax_forward(const Tensor& x, const Tensor& out);
 void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, int64_t v_limit, int64_t ignore_index, const Tensor& losses, const Tensor& lse);
-void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse, int64_t v_limit, int64_t ignore_index, double grad_scale, const Tensor& dlogits);
-int64_t count_not_equal(const Tensor& targets, int64_t ignore_index);
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Tensor& kept, int64_t v_limit,
+                           int64_t ignore_index, const Tensor& losses, const Tensor& lse,
+                           const Tensor& dlogits);
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
+                            const Tensor& kept, const Tensor& dloss, int64_t v_limit, int64_t ignore_index,
+                            const Tensor& dlogits);
+void mean_of_kept(const Tensor& losses, const Tensor& kept, const Tensor& out);
+void count_not_equal(const Tensor& targets, int64_t ignore_index, const Tensor& kept);
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out);
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable);
 void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset, const Tensor& lse);

@@ -127,6 +127,9 @@ std::vector<OpCase> build_cases() {
   add_case({"linear_bias", inputs_of({{{kB, 5, kC}}, {{kC, 9}, 0.0f, 0.3f}, {{9}}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear(x[0], x[1], x[2])}; },
             all_grad(3)});
+  add_case({"linear_gelu", inputs_of({{{kB, 5, kC}}, {{kC, 16}, 0.0f, 0.5f}, {{16}, 0.0f, 0.5f}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear_gelu(x[0], x[1], x[2])}; },
+            all_grad(3)});
   add_case({"linear_no_bias", inputs_of({{{kT, kC}}, {{kC, 5}, 0.0f, 0.3f}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear(x[0], x[1], Tensor())}; },
             all_grad(2)});
@@ -178,6 +181,15 @@ std::vector<OpCase> build_cases() {
   add_case({"layernorm", inputs_of({{{kB, 5, kC}, 0.5f, 2.0f}, {{kC}, 1.0f, 0.5f}, {{kC}, 0.0f, 0.5f}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{layernorm(x[0], x[1], x[2])}; },
             all_grad(3)});
+  add_case(
+      {"add_layernorm",
+       inputs_of(
+           {{{kB, 5, kC}, 0.5f, 2.0f}, {{kB, 5, kC}, 0.0f, 1.0f}, {{kC}, 1.0f, 0.5f}, {{kC}, 0.0f, 0.5f}}),
+       [](const std::vector<Tensor>& x) {
+         AddNormOut r = add_layernorm(x[0], x[1], x[2], x[3]);
+         return std::vector<Tensor>{r.sum, r.out};
+       },
+       all_grad(4)});
   add_case({"softmax", inputs_of({{{kT, kV}, 0.0f, 2.0f}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{softmax(x[0])}; }, all_grad(1)});
   add_case({"softmax_3d", inputs_of({{{2, 3, 5}, 0.0f, 2.0f}}),
@@ -198,6 +210,28 @@ std::vector<OpCase> build_cases() {
          },
          [](const std::vector<Tensor>& x) { return std::vector<Tensor>{cross_entropy(x[0], x[1], -100, 8)}; },
          {true, false}});
+  }
+
+  // the fused classifier writes its gradient over the logits, so they must be an
+  // intermediate: scale(x, 1.5) stands for the lm_head's output
+  add_case({"cross_entropy_fused",
+            inputs_of({{{kT, kV}, 0.0f, 2.0f}, ids({kT}, kV)}),
+            [](const std::vector<Tensor>& x) {
+              return std::vector<Tensor>{cross_entropy_fused(scale(x[0], 1.5), x[1])};
+            },
+            {true, false}});
+  {
+    auto base = inputs_of({{{kT, kV}, 0.0f, 2.0f}, ids({kT}, 8)});
+    add_case({"cross_entropy_fused_ignore_vlimit",
+              [base](DType dt, Device dev) {
+                std::vector<Tensor> v = base(dt, dev);
+                v[1] = with_entries(v[1], {{1, -100}, {4, -100}});
+                return v;
+              },
+              [](const std::vector<Tensor>& x) {
+                return std::vector<Tensor>{cross_entropy_fused(scale(x[0], 1.5), x[1], -100, 8)};
+              },
+              {true, false}});
   }
 
   // embedding: 14 ids into 11 rows, so some ids repeat (and their gradients must add)
