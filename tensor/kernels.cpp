@@ -307,12 +307,26 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
 
 void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets, const Tensor& gmax,
                                      const Tensor& sumexp_global, int64_t v_start, int64_t v_live,
-                                     int64_t ignore_index, double grad_scale, const Tensor& dlogits) {
-  same_device("cross_entropy_parallel_backward", {&logits, &targets, &gmax, &sumexp_global, &dlogits});
-  contiguous("cross_entropy_parallel_backward", {&logits, &targets, &gmax, &sumexp_global, &dlogits});
+                                     int64_t ignore_index, const Tensor& kept, const Tensor& dloss,
+                                     const Tensor& dlogits) {
+  same_device("cross_entropy_parallel_backward",
+              {&logits, &targets, &gmax, &sumexp_global, &kept, &dloss, &dlogits});
+  contiguous("cross_entropy_parallel_backward",
+             {&logits, &targets, &gmax, &sumexp_global, &kept, &dloss, &dlogits});
   check_live_columns("cross_entropy_parallel_backward", logits, v_live);
   NDT_DISPATCH(logits.device(), cross_entropy_parallel_backward, logits, targets, gmax, sumexp_global,
-               v_start, v_live, ignore_index, grad_scale, dlogits);
+               v_start, v_live, ignore_index, kept, dloss, dlogits);
+}
+
+void cross_entropy_parallel_losses(const Tensor& gmax, const Tensor& sumexp_global,
+                                   const Tensor& target_logit_global, const Tensor& targets,
+                                   int64_t ignore_index, const Tensor& losses) {
+  same_device("cross_entropy_parallel_losses",
+              {&gmax, &sumexp_global, &target_logit_global, &targets, &losses});
+  contiguous("cross_entropy_parallel_losses",
+             {&gmax, &sumexp_global, &target_logit_global, &targets, &losses});
+  NDT_DISPATCH(gmax.device(), cross_entropy_parallel_losses, gmax, sumexp_global, target_logit_global,
+               targets, ignore_index, losses);
 }
 
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi) {

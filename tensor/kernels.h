@@ -152,11 +152,18 @@ void rowmax(const Tensor& logits, int64_t v_live, const Tensor& out);
 void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& gmax, int64_t v_start,
                             int64_t v_live, int64_t ignore_index, const Tensor& sumexp,
                             const Tensor& target_logit);
-// dlogits (N,Vl) = grad_scale * (exp(logit - gmax) / sumexp_global - [v_start + j == target])
+// losses (N) = log(sumexp_global) + gmax - target_logit_global, 0 for rows whose target is
+// ignore_index (the mean over kept rows is then mean_of_kept with count_not_equal's kept)
+void cross_entropy_parallel_losses(const Tensor& gmax, const Tensor& sumexp_global,
+                                   const Tensor& target_logit_global, const Tensor& targets,
+                                   int64_t ignore_index, const Tensor& losses);
+// dlogits (N,Vl) = dloss / kept * (exp(logit - gmax) / sumexp_global - [v_start + j == target])
 // on live columns of rows whose target != ignore_index; 0 on padded columns and ignored rows.
+// kept (1) i32 and dloss (1) f32 (f64 for f64 logits) on the device: no host round trip.
 void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets, const Tensor& gmax,
                                      const Tensor& sumexp_global, int64_t v_start, int64_t v_live,
-                                     int64_t ignore_index, double grad_scale, const Tensor& dlogits);
+                                     int64_t ignore_index, const Tensor& kept, const Tensor& dloss,
+                                     const Tensor& dlogits);
 
 // ---- random fills (tensor/{cpu,cuda}/rng) -------------------------------------------
 // Element i of t (contiguous) gets a value that depends only on (seed, stream, start+i):

@@ -379,10 +379,18 @@ TEST_F(Cuda, VocabParallelCrossEntropyKernels) {
       EXPECT_LE(rel_err(gtl, tl), 0.0) << what << ": target logit is exact";
       Tensor sumexp = randu({N}, DType::f32, Device::cpu(), 10, 50.0f, 60.0f);  // the global sum
       Tensor d = Tensor::empty({N, Vl}, dt), gd = Tensor::full({N, Vl}, 123.0, dt, kGpu);
+      // dloss / kept = 0.5 / 50 = 0.01
+      Tensor kept = Tensor::full({1}, 50, DType::i32), dloss = Tensor::full({1}, 0.5, DType::f32);
       kernels::cross_entropy_parallel_backward(logits, targets, gmax, sumexp, s.v_start, s.v_live, ignore,
-                                               0.01, d);
+                                               kept, dloss, d);
       kernels::cross_entropy_parallel_backward(glogits, gtargets, gmax.to(kGpu), sumexp.to(kGpu), s.v_start,
-                                               s.v_live, ignore, 0.01, gd);
+                                               s.v_live, ignore, kept.to(kGpu), dloss.to(kGpu), gd);
+      // and the per-row losses from the global statistics
+      Tensor losses = Tensor::empty({N}, DType::f32), glosses = Tensor::empty({N}, DType::f32, kGpu);
+      kernels::cross_entropy_parallel_losses(gmax, sumexp, tl, targets, ignore, losses);
+      kernels::cross_entropy_parallel_losses(gmax.to(kGpu), sumexp.to(kGpu), tl.to(kGpu), gtargets, ignore,
+                                             glosses);
+      EXPECT_LE(rel_err(glosses, losses), 1e-6) << what << ": losses";
       EXPECT_LE(rel_err(gd, d), tol_for(dt)) << what << ": dlogits";
     }
   }

@@ -246,13 +246,23 @@ TEST(RingMath, VocabParallelCrossEntropyMatchesCrossEntropy) {
         if (tg[n] != ignore) loss += std::log(sumexp[n]) + gmax[n] - target_logit[n];
       loss /= kept;
       EXPECT_NEAR(loss, ref_loss.item(), tol * std::max(1.0, std::fabs(ref_loss.item()))) << what << ": loss";
-      // dlogits, slice by slice into one (N, V) tensor
+      // the same loss from the kernels that keep it on the device
       Tensor sumexp_t = Tensor::from_vector<double>(sumexp, {N}).to(sd);
+      Tensor target_t = Tensor::from_vector<double>(target_logit, {N}).to(sd);
+      Tensor losses = Tensor::empty({N}, sd), kept_t = Tensor::empty({1}, DType::i32),
+             mean = Tensor::empty({}, sd);
+      kernels::cross_entropy_parallel_losses(gmax_t, sumexp_t, target_t, targets, ignore, losses);
+      kernels::count_not_equal(targets, ignore, kept_t);
+      kernels::mean_of_kept(losses, kept_t, mean);
+      EXPECT_EQ(kept_t.to_vector<int32_t>()[0], kept);
+      EXPECT_NEAR(mean.item(), ref_loss.item(), tol * std::max(1.0, std::fabs(ref_loss.item()))) << what;
+      // dlogits, slice by slice into one (N, V) tensor, for dloss = 1
+      Tensor dloss_t = Tensor::full({1}, 1.0, sd);
       Tensor grad = Tensor::full({N, V}, 123.0, dt);  // every entry must be written
       for (const Slice& s : slices) {
         Tensor d = Tensor::empty({N, s.len}, dt);
         kernels::cross_entropy_parallel_backward(s.logits, targets, gmax_t, sumexp_t, s.start, s.live, ignore,
-                                                 1.0 / kept, d);
+                                                 kept_t, dloss_t, d);
         kernels::copy(grad.narrow(1, s.start, s.len), d);
       }
       expect_close(grad, ref_grad, tol, what + ": dlogits");

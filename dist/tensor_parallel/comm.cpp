@@ -82,28 +82,23 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   dist::WorkPtr w1 = tp.all_reduce(sumexp, ReduceOp::kSum), w2 = tp.all_reduce(target, ReduceOp::kSum);
   w1->wait();
   w2->wait();
-  // loss = mean over counted rows of log(sumexp) + gmax - target (on the host: N numbers)
-  std::vector<double> s = sumexp.to_vector<double>(), m = gmax.to_vector<double>(),
-                      z = target.to_vector<double>();
-  std::vector<int32_t> tv = t.to(Device::cpu()).to_vector<int32_t>();
-  double total = 0;
-  int64_t count = 0;
-  for (int64_t i = 0; i < N; ++i) {
-    if (tv[i] == ignore_index) continue;
-    total += std::log(s[i]) + m[i] - z[i];
-    ++count;
-  }
-  Tensor loss = Tensor::scalar(count ? total / static_cast<double>(count) : 0.0, logits.dtype(), dev);
+  // loss = mean over kept rows of log(sumexp) + gmax - target, all on the device
+  Tensor losses = Tensor::empty({N}, sd, dev), kept = Tensor::empty({1}, DType::i32, dev);
+  kernels::cross_entropy_parallel_losses(gmax, sumexp, target, t, ignore_index, losses);
+  kernels::count_not_equal(t, ignore_index, kept);
+  Tensor mean_loss = Tensor::empty({}, sd, dev);
+  kernels::mean_of_kept(losses, kept, mean_loss);
+  Tensor loss = mean_loss.to(logits.dtype());
   autograd::record("vocab_parallel_cross_entropy", {loss}, {logits},
-                   [x, t, gmax, sumexp, v_start, v_live, ignore_index,
-                    count](const autograd::Grads& g) -> autograd::Grads {
+                   [x, t, gmax, sumexp, kept, v_start, v_live, ignore_index,
+                    sd](const autograd::Grads& g) -> autograd::Grads {
                      // forward: loss = mean_n (log sum_j exp(l_nj) - l_n,target); so
-                     // dl_nj = dloss / count * (softmax_nj - [j == target]), each rank on its slice
-                     const double dloss = g[0].item();
+                     // dl_nj = dloss / kept * (softmax_nj - [j == target]), each rank on its slice
+                     const Tensor dloss =
+                         g[0].dtype() == sd ? g[0].contiguous().view({1}) : g[0].to(sd).view({1});
                      Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-                     kernels::cross_entropy_parallel_backward(
-                         x, t, gmax, sumexp, v_start, v_live, ignore_index,
-                         count ? dloss / static_cast<double>(count) : 0.0, dx);
+                     kernels::cross_entropy_parallel_backward(x, t, gmax, sumexp, v_start, v_live,
+                                                              ignore_index, kept, dloss, dx);
                      return {dx};
                    });
   return loss;

@@ -61,7 +61,11 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
                             const Tensor& target_logit);
 void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets, const Tensor& gmax,
                                      const Tensor& sumexp_global, int64_t v_start, int64_t v_live,
-                                     int64_t ignore_index, double grad_scale, const Tensor& dlogits);
+                                     int64_t ignore_index, const Tensor& kept, const Tensor& dloss,
+                                     const Tensor& dlogits);
+void cross_entropy_parallel_losses(const Tensor& gmax, const Tensor& sumexp_global,
+                                   const Tensor& target_logit_global, const Tensor& targets,
+                                   int64_t ignore_index, const Tensor& losses);
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi);
 void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std);
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

@@ -56,11 +56,12 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
 
 // In the forward loss_n = log(sumexp_n) + gmax_n - logit[n, t_n], where sumexp_n sums
 // exp(logit - gmax_n) over every rank's live columns; so
-// dlogits[n, j] = (exp(logit[n,j] - gmax_n) / sumexp_n - [v_start + j == t_n]) * grad_scale,
+// dlogits[n, j] = (exp(logit[n,j] - gmax_n) / sumexp_n - [v_start + j == t_n]) * dloss / kept,
 // 0 on ignored rows and padded columns.
 void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets, const Tensor& gmax,
                                      const Tensor& sumexp_global, int64_t v_start, int64_t v_live,
-                                     int64_t ignore_index, double grad_scale, const Tensor& dlogits) {
+                                     int64_t ignore_index, const Tensor& kept, const Tensor& dloss,
+                                     const Tensor& dlogits) {
   dispatch_float(logits.dtype(), "cross_entropy_parallel_backward", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -70,7 +71,8 @@ void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets
     const A *pm = static_cast<const A*>(gmax.data_ptr()),
             *ps = static_cast<const A*>(sumexp_global.data_ptr());
     T* pd = static_cast<T*>(dlogits.data_ptr());
-    const A gs = grad_scale;
+    const int64_t k = kept.data<int32_t>()[0];
+    const A gs = k ? static_cast<A>(dloss.item() / static_cast<double>(k)) : A(0);
 #pragma omp parallel for schedule(static) if (N * Vl > 16384)
     for (int64_t n = 0; n < N; ++n) {
       const bool ignored = tg[n] == ignore_index;
@@ -82,6 +84,24 @@ void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets
         pd[n * Vl + j] = st<T>(g);
       }
     }
+  });
+}
+
+// loss_n = log(sumexp_n) + gmax_n - logit[n, t_n] (the last summed over ranks), 0 if ignored
+void cross_entropy_parallel_losses(const Tensor& gmax, const Tensor& sumexp_global,
+                                   const Tensor& target_logit_global, const Tensor& targets,
+                                   int64_t ignore_index, const Tensor& losses) {
+  dispatch_float(losses.dtype(), "cross_entropy_parallel_losses", [&](auto tag) {
+    using T = decltype(tag);
+    const int64_t N = losses.numel();
+    const T *pm = static_cast<const T*>(gmax.data_ptr()),
+            *ps = static_cast<const T*>(sumexp_global.data_ptr()),
+            *pt = static_cast<const T*>(target_logit_global.data_ptr());
+    const int32_t* tg = targets.data<int32_t>();
+    T* pl = static_cast<T*>(losses.data_ptr());
+    using A = acc_t<T>;
+    for (int64_t n = 0; n < N; ++n)
+      pl[n] = st<T>(tg[n] == ignore_index ? A(0) : std::log(load(ps[n])) + load(pm[n]) - load(pt[n]));
   });
 }
 

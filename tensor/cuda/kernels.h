@@ -49,7 +49,13 @@ void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Ten
 void attention_merge_backward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b, const Tensor& lse_b, const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dlse, const Tensor& dout_a, const Tensor& dlse_a, const Tensor& dout_b, const Tensor& dlse_b);
 void rowmax(const Tensor& logits, int64_t v_live, const Tensor& out);
 void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& gmax, int64_t v_start, int64_t v_live, int64_t ignore_index, const Tensor& sumexp, const Tensor& target_logit);
-void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets, const Tensor& gmax, const Tensor& sumexp_global, int64_t v_start, int64_t v_live, int64_t ignore_index, double grad_scale, const Tensor& dlogits);
+void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets, const Tensor& gmax,
+                                     const Tensor& sumexp_global, int64_t v_start, int64_t v_live,
+                                     int64_t ignore_index, const Tensor& kept, const Tensor& dloss,
+                                     const Tensor& dlogits);
+void cross_entropy_parallel_losses(const Tensor& gmax, const Tensor& sumexp_global,
+                                   const Tensor& target_logit_global, const Tensor& targets,
+                                   int64_t ignore_index, const Tensor& losses);
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi);
 void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std);
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const kernels::AdamWArgs& a);
