@@ -55,7 +55,7 @@ void check_launch(const char* file, int line);
 // ---- bad input found by a kernel (runtime.cu) -------------------------------------------
 // A kernel cannot throw. One that finds bad input (an id outside the embedding table, a
 // target outside the vocabulary) records the first finding in its device's error record and
-// goes on with a harmless value. The host looks at the record whenever it waits for the
+// goes on with a harmless value. The host reads the record whenever it waits for the
 // device anyway -- synchronize(), every copy to or from the host (where the trainer reads
 // the loss) -- and throws there, naming the op, the position and the value. So no launcher
 // synchronizes to check its input; with NDT_CUDA_SYNC=1 the check follows every launch and
@@ -66,7 +66,7 @@ struct ErrorRecord {
   int unused;
   long long index, value, limit;  // where (position, row), what (id, target), the bound
 };
-ErrorRecord* error_record(int device);  // device-visible (mapped pinned host memory)
+ErrorRecord* error_record(int device);  // in device memory
 void check_kernel_errors(int device);   // throws, and clears the record, if a kernel wrote it
 
 __device__ __forceinline__ void record_error(ErrorRecord* r, KernelError code, int64_t index, int64_t value,
@@ -75,7 +75,6 @@ __device__ __forceinline__ void record_error(ErrorRecord* r, KernelError code, i
     r->index = index;
     r->value = value;
     r->limit = limit;
-    __threadfence_system();
   }
 }
 

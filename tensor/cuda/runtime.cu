@@ -28,8 +28,7 @@ struct DeviceState {
   cublasHandle_t cublas = nullptr;
   std::atomic<bool> tf32{false};  // set_allow_tf32
   std::once_flag errors_once;
-  ErrorRecord* errors_host = nullptr;    // mapped pinned memory: the host's view
-  ErrorRecord* errors_device = nullptr;  // the same memory as kernels see it
+  ErrorRecord* errors = nullptr;  // device memory, zero while no kernel found anything
 };
 
 // Never destroyed: storages and handles may be released during static destruction, after
@@ -90,29 +89,32 @@ DeviceState& errors_of(int device) {
   DeviceState& s = state(device);
   std::call_once(s.errors_once, [&] {
     DeviceGuard g(device);
-    void* h = nullptr;
-    NDT_CUDA_CHECK(cudaHostAlloc(&h, sizeof(ErrorRecord), cudaHostAllocMapped));
-    std::memset(h, 0, sizeof(ErrorRecord));
     void* d = nullptr;
-    NDT_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
-    s.errors_host = static_cast<ErrorRecord*>(h);
-    s.errors_device = static_cast<ErrorRecord*>(d);
+    NDT_CUDA_CHECK(cudaMalloc(&d, sizeof(ErrorRecord)));  // once per device, outside the pool
+    NDT_CUDA_CHECK(cudaMemset(d, 0, sizeof(ErrorRecord)));
+    s.errors = static_cast<ErrorRecord*>(d);
   });
   return s;
 }
 }  // namespace
 
-ErrorRecord* error_record(int device) { return errors_of(device).errors_device; }
+ErrorRecord* error_record(int device) { return errors_of(device).errors; }
 
-// Called after the host waited for the device's stream (or the whole device).
+// Called after the host waited for the device's stream (or the whole device): the record's
+// 32 bytes come back with one small copy on the (idle) stream.
 void check_kernel_errors(int device) {
   DeviceState& s = state(device);
-  if (!s.errors_host) return;  // no kernel that records errors has run
-  volatile ErrorRecord* r = s.errors_host;
-  const int code = r->code;
-  if (code == 0) return;
-  const long long index = r->index, value = r->value, limit = r->limit;
-  r->code = 0;  // reported once; the device is usable again
+  if (!s.errors) return;  // no kernel that records errors has run on this device
+  DeviceGuard g(device);
+  ErrorRecord r{};
+  NDT_CUDA_CHECK(cudaMemcpyAsync(&r, s.errors, sizeof r, cudaMemcpyDeviceToHost, s.stream));
+  NDT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  if (r.code == 0) return;
+  // reported once; the device is usable again
+  NDT_CUDA_CHECK(cudaMemsetAsync(s.errors, 0, sizeof(ErrorRecord), s.stream));
+  NDT_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  const int code = r.code;
+  const long long index = r.index, value = r.value, limit = r.limit;
   const char* when = " (found by a CUDA kernel on cuda:";
   switch (static_cast<KernelError>(code)) {
     case KernelError::kEmbeddingId:
