@@ -81,9 +81,13 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
   if (positions) {
     pos = positions(idx, pos_offset);
   } else {
-    std::vector<int32_t> pos_host(B * T);
-    for (int64_t i = 0; i < B * T; ++i) pos_host[i] = static_cast<int32_t>(pos_offset + i % T);
-    pos = Tensor::from_vector(pos_host, {B, T}, idx.device());
+    PositionsCache& c = pos_cache_;
+    if (!(c.pos.defined() && c.B == B && c.T == T && c.offset == pos_offset && c.device == idx.device())) {
+      std::vector<int32_t> pos_host(B * T);
+      for (int64_t i = 0; i < B * T; ++i) pos_host[i] = static_cast<int32_t>(pos_offset + i % T);
+      c = {B, T, pos_offset, idx.device(), Tensor::from_vector(pos_host, {B, T}, idx.device())};
+    }
+    pos = c.pos;
   }
 
   Tensor x = add(wte.forward(idx), wpe.forward(pos));  // (B, T, C)

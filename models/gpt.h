@@ -79,6 +79,14 @@ class GPT : public nn::Module {
 
  private:
   std::vector<nn::UnitWrapper> wrappers_;
+  // The last (B, T) positions tensor and what it was made for: uploaded once, not every step
+  // (an upload waits for the device).
+  struct PositionsCache {
+    int64_t B = -1, T = -1, offset = -1;
+    Device device;
+    Tensor pos;
+  };
+  mutable PositionsCache pos_cache_;
 };
 
 }  // namespace ndt::models
