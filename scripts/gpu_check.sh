@@ -52,9 +52,11 @@
 #   - Karpathy's llm.c announcement (day 24): ~7% faster than PyTorch nightly with
 #     torch.compile and flash attention, ~46% faster than PyTorch 2.3.0.
 # The default floor, 150k tokens/s at B 16 (~13% MFU, about a third of llm.c's per-GPU rate),
-# is deliberately modest: ndtrain runs op by op (no fusion, no CUDA graphs), so it is a
-# "the bf16 GPU path is not badly broken or pathologically slow" line, not a target. The
-# PyTorch columns of the summary say where ndtrain stands against a framework.
+# is deliberately modest until a GPU run has measured ndtrain: it launches op by op (some
+# fusion: cuBLASLt epilogues, add + LayerNorm, the fused classifier, cuDNN attention; no CUDA
+# graphs), so it is a "the bf16 GPU path is not badly broken or pathologically slow" line,
+# not the goal (llm.c's tokens/s on the same GPU). The PyTorch columns of the summary say
+# where ndtrain stands against a framework.
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -414,7 +416,7 @@ for c in "$CUDA_HOME/bin/compute-sanitizer" "$CUDA_HOME/compute-sanitizer/comput
   [[ -n "$SAN" ]] || { [[ -x "$c" ]] && SAN="$c"; }
 done
 # every registry op at its small shapes in both dtypes, and the kernels the ops do not reach
-MEMCHECK_FILTER='Ops/CudaVsCpu.Registry/*:Cuda.GemmAlphaBeta:Cuda.DeterministicReductions:Cuda.StridedCopyAndConversions:Cuda.AttentionMergeKernels:Cuda.VocabParallelCrossEntropyKernels'
+MEMCHECK_FILTER='Ops/CudaVsCpu.Registry/*:Cuda.GemmAlphaBeta:Cuda.DeterministicReductions:Cuda.StridedCopyAndConversions:Cuda.AttentionMergeKernels:Cuda.VocabParallelCrossEntropyKernels:Cuda.KernelErrorsAreReportedAtTheNextSynchronizationOnce'
 # racecheck (slower): the kernels that share memory between threads (reductions, softmax,
 # LayerNorm, cross-entropy, attention)
 RACECHECK_FILTER='Ops/CudaVsCpu.Registry/*layernorm*:Ops/CudaVsCpu.Registry/*softmax*:Ops/CudaVsCpu.Registry/*cross_entropy*:Ops/CudaVsCpu.Registry/*attention*:Ops/CudaVsCpu.Registry/sum*:Ops/CudaVsCpu.Registry/mean*:Cuda.DeterministicReductions:Cuda.AttentionMergeKernels'
