@@ -514,6 +514,32 @@ TEST_F(Cuda, RawAllocAndMemcpy) {
   EXPECT_TRUE(cuda::compiled());
 }
 
+// Uploads return without waiting for the device (through pinned staging buffers, used in
+// turn): the host buffer is overwritten right after each upload, more uploads than buffers
+// are queued behind a long kernel, and every device copy must still hold the values it was
+// given; one upload above the staging size takes the synchronous path.
+TEST_F(Cuda, UploadsReturnAtOnceAndKeepTheirValues) {
+  Tensor busy = randn({4096, 4096}, DType::f32, kGpu, 3),
+         busy_out = Tensor::empty({4096, 4096}, DType::f32, kGpu);
+  kernels::gemm(busy, false, busy, false, busy_out);  // keeps the stream busy while we upload
+  std::vector<int32_t> host(16384);
+  std::vector<Tensor> up;
+  for (int r = 0; r < 11; ++r) {
+    for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<int32_t>(i * 31 + r);
+    up.push_back(Tensor::from_vector(host, {16384}, kGpu));
+  }
+  std::vector<float> big(3 << 20);  // 12 MiB: above the staging size
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 1000);
+  Tensor big_gpu = Tensor::from_vector(big, {static_cast<int64_t>(big.size())}, kGpu);
+  big[5] = -1.0f;
+  for (int r = 0; r < 11; ++r) {
+    std::vector<int32_t> got = up[r].to_vector<int32_t>();
+    for (size_t i = 0; i < got.size(); i += 997)
+      ASSERT_EQ(got[i], static_cast<int32_t>(i * 31 + r)) << r << " " << i;
+  }
+  EXPECT_EQ(big_gpu.view({-1}).narrow(0, 5, 1).to_vector<float>()[0], 5.0f);
+}
+
 TEST_F(Cuda, ToRoundTrip) {
   Tensor f = randn({7, 13}, DType::f32, Device::cpu(), 1);
   EXPECT_EQ(f.to(kGpu).to(Device::cpu()).to_vector<float>(), f.to_vector<float>());

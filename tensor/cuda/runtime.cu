@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <vector>
 
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/runtime.h"
@@ -29,7 +30,19 @@ struct DeviceState {
   std::atomic<bool> tf32{false};  // set_allow_tf32
   std::once_flag errors_once;
   ErrorRecord* errors = nullptr;  // device memory, zero while no kernel found anything
+  // Pinned staging buffers for small host-to-device copies (memcpy): a copy from pageable
+  // memory would wait for the stream; from pinned memory it is queued like a kernel.
+  std::mutex staging_mu;
+  struct Staging {
+    void* host = nullptr;        // kStagingBytes of page-locked memory
+    cudaEvent_t done = nullptr;  // recorded after the copy out of it was queued
+  };
+  std::vector<Staging> staging;  // kStagingSlots, used in turn
+  size_t next_staging = 0;
 };
+
+constexpr size_t kStagingBytes = size_t(8) << 20;  // a batch of tokens fits many times over
+constexpr size_t kStagingSlots = 4;
 
 // Never destroyed: storages and handles may be released during static destruction, after
 // which the CUDA runtime may already be gone.
@@ -231,6 +244,26 @@ void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device
   const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
                            : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
                                                              : cudaMemcpyDeviceToDevice;
+  if (kind == CopyKind::kHostToDevice && nbytes <= kStagingBytes) {
+    // Through a pinned buffer: the caller's buffer is free once copied into it, and the
+    // host does not wait for the device. A slot is reused only after its last copy is done.
+    DeviceState& s = state(device);
+    std::lock_guard<std::mutex> lock(s.staging_mu);
+    if (s.staging.empty()) {
+      s.staging.resize(kStagingSlots);
+      for (DeviceState::Staging& b : s.staging) {
+        NDT_CUDA_CHECK(cudaHostAlloc(&b.host, kStagingBytes, cudaHostAllocDefault));
+        NDT_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+      }
+    }
+    DeviceState::Staging& b = s.staging[s.next_staging];
+    s.next_staging = (s.next_staging + 1) % s.staging.size();
+    NDT_CUDA_CHECK(cudaEventSynchronize(b.done));  // returns at once if never recorded
+    std::memcpy(b.host, src, nbytes);
+    NDT_CUDA_CHECK(cudaMemcpyAsync(dst, b.host, nbytes, cudaMemcpyHostToDevice, st));
+    NDT_CUDA_CHECK(cudaEventRecord(b.done, st));
+    return;
+  }
   NDT_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, k, st));
   // The host buffer may be reused as soon as we return (and D2H results read at once).
   if (kind != CopyKind::kDeviceToDevice) {

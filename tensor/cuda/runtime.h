@@ -32,7 +32,10 @@ void free(void* p, int device);
 void trim_pool(int device);  // release unused pool memory to the system
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
-// Ordered on the device's compute stream; host copies synchronize before returning.
+// Ordered on the device's compute stream. A copy to the host synchronizes before returning;
+// one from the host returns once `src` may be reused: up to 8 MiB through a pinned staging
+// buffer without waiting for the device (uploading a batch does not stall the queue), larger
+// ones after the copy.
 void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device);
 void synchronize(int device);
 
