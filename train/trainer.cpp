@@ -561,12 +561,14 @@ void Trainer::sample(int64_t step) {
 double Trainer::train_step(int64_t step) {
   params_.zero_grad();
   strategy_->begin_step();
-  double loss_sum = 0;
+  // the micro-batches' losses stay on the device until every backward is queued: reading
+  // one between its forward and backward would make the host wait for the device there
+  std::vector<Tensor> losses;
   for (int64_t micro = 0; micro < c_.train.grad_accum_steps; ++micro) {
     data::Batch b = train_->next();
     strategy_->begin_micro(/*sync=*/micro == c_.train.grad_accum_steps - 1);
     Tensor loss = gpt_->forward(local(b.inputs), local(b.targets)).loss;
-    loss_sum += loss.item();
+    losses.push_back(loss.detach());
     // mean over micro-batches: each backward adds 1/accum of its gradient
     {
       dist::Trace::Scope s(trace_.get(), "backward", dist::Trace::kCompute);
@@ -576,6 +578,8 @@ double Trainer::train_step(int64_t step) {
     }
     strategy_->end_micro();
   }
+  double loss_sum = 0;
+  for (const Tensor& l : losses) loss_sum += l.item();
   return mean_over_ranks(loss_sum / static_cast<double>(c_.train.grad_accum_steps));
 }
 
