@@ -1,15 +1,22 @@
 // train_gpt on a GPU against the same run on the CPU: a tiny GPT, a few steps; the losses
-// agree to f32 rounding in strict f32, to TF32's and bf16's rounding with those (label gpu;
-// skips without a CUDA device).
+// agree to f32 rounding in strict f32, to TF32's and bf16's rounding with those; and steady
+// training steps take no memory from the driver (label gpu; skips without a CUDA device).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
+#include "autograd/engine.h"
+#include "models/gpt.h"
+#include "nn/flat.h"
+#include "optim/adamw.h"
 #include "support/testing.h"
 #include "tensor/cuda/runtime.h"
+#include "tensor/kernels.h"
 #include "train/data.h"
 #include "train/trainer.h"
 
@@ -92,4 +99,41 @@ TEST(CudaTrain, LossesMatchTheCpuRun) {
   ASSERT_EQ(nccl.size(), 5u);
   for (size_t i = 0; i < cpu.size(); ++i)
     EXPECT_NEAR(nccl[i], gpu[i], 1e-6 * std::abs(gpu[i])) << "nccl, step " << i + 1;
+}
+
+// After the first steps the pool has every block a step needs: later steps (forward,
+// backward, clipping, AdamW, bf16 refresh) take nothing more from the driver, and leave as
+// much memory in use as they found.
+TEST(CudaTrain, SteadyStateStepsTakeNothingFromTheDriver) {
+  if (!cuda::available())
+    GTEST_SKIP() << "no CUDA device: " << (cuda::compiled() ? "none visible" : "built without CUDA");
+  const Device dev = Device::cuda(0);
+  for (bool bf16 : {false, true}) {
+    models::GPTConfig c;
+    c.n_layer = 2, c.n_head = 4, c.n_embd = 128, c.vocab_size = 1000, c.block_size = 64;
+    models::GPT gpt(c);
+    nn::FlatParams params = nn::materialize(gpt.units(), dev, DType::f32, 1, nn::ShardSpec{},
+                                            bf16 ? std::optional<DType>(DType::bf16) : std::nullopt);
+    optim::AdamW opt(params, optim::AdamWConfig{});
+    std::vector<int32_t> ids(8 * 64);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 7919) % 1000);
+    const Tensor x = Tensor::from_vector(ids, {8, 64}, dev);
+    auto step = [&] {
+      params.zero_grad();
+      Tensor loss = gpt.forward(x, x).loss;
+      backward(loss);
+      for (const nn::FlatUnit& u : params.units) nn::fold_grad(u);
+      opt.step(1e-4, optim::clip_scale(optim::grad_norm(params), 1.0));
+      params.refresh_compute();
+      return loss.item();
+    };
+    for (int i = 0; i < 3; ++i) step();  // warm-up: the pool grows, cuBLAS(Lt)/cuDNN set up
+    cuda::synchronize(0);
+    const size_t reserved = cuda::pool_reserved_bytes(0);
+    const int64_t in_use = memory_stats(dev).in_use;
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(std::isfinite(step()));
+    cuda::synchronize(0);
+    EXPECT_EQ(cuda::pool_reserved_bytes(0), reserved) << (bf16 ? "bf16" : "f32") << ": the pool grew";
+    EXPECT_EQ(memory_stats(dev).in_use, in_use) << (bf16 ? "bf16" : "f32") << ": a step leaks";
+  }
 }

@@ -237,6 +237,13 @@ void trim_pool(int device) {
   NDT_CUDA_CHECK(cudaMemPoolTrimTo(s.pool, 0));
 }
 
+size_t pool_reserved_bytes(int device) {
+  stream(device);  // the pool is set up with the stream
+  uint64_t reserved = 0;
+  NDT_CUDA_CHECK(cudaMemPoolGetAttribute(state(device).pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  return static_cast<size_t>(reserved);
+}
+
 void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device) {
   if (nbytes == 0) return;
   cudaStream_t st = stream(device);

@@ -30,6 +30,9 @@ bool allow_tf32(int device);
 void* alloc(size_t nbytes, int device);
 void free(void* p, int device);
 void trim_pool(int device);  // release unused pool memory to the system
+// Bytes the device's pool holds from the driver (in use or kept for reuse). Constant from
+// one training step to the next once the pool has warmed up: no driver allocation.
+size_t pool_reserved_bytes(int device);
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 // Ordered on the device's compute stream. A copy to the host synchronizes before returning;

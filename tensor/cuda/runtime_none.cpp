@@ -21,6 +21,7 @@ bool allow_tf32(int) { return false; }
 void* alloc(size_t, int) { no_cuda("cuda alloc"); }
 void free(void*, int) { no_cuda("cuda free"); }
 void trim_pool(int) {}
+size_t pool_reserved_bytes(int) { return 0; }
 void memcpy(void*, const void*, size_t, CopyKind, int) { no_cuda("cuda memcpy"); }
 void synchronize(int) {}
 void* compute_stream(int) { no_cuda("compute_stream"); }
