@@ -14,13 +14,15 @@
 //                      that the model computes with (nn::materialize's compute dtype), each
 //                      step's bf16 gradients folded into the f32 master (nn::fold_grad), the
 //                      bf16 copies refreshed after the optimizer (refresh_compute)
+//   --tf32             f32 runs on a GPU: GEMMs on TF32 tensor cores (train.tf32; MFU then
+//                      against the TF32 peak, 495 TFLOP/s)
 //   --batch B          sequences per step (default: the config's)
 //   --steps N --warmup N   timed and warm-up steps (default 10 and 2)
 //
 // Prints a table: ms/step, tokens/s and achieved GFLOP/s (model FLOPs, 6N + attention; a
 // recompute is not counted), and on a GPU the MFU against the H100/H200 SXM dense peak of
-// the arithmetic used: 989 TFLOP/s for bf16, 67 for f32 (the vendor's datasheet figures,
-// without sparsity; this program never turns TF32 on, so its f32 GEMMs are plain f32).
+// the arithmetic used: 989 TFLOP/s for bf16, 495 for TF32, 67 for f32 (the vendor's datasheet
+// figures, without sparsity; f32 GEMMs are strict f32 unless --tf32).
 // The 4th argument lists activation checkpointing modes (nn::ACMode; "full/2" or
 // "selective/2": only every 2nd block); their steps are interleaved, one of each in turn, so
 // that a busy machine slows them alike. For each mode the table also gives the activation
@@ -113,6 +115,7 @@ struct Run {
 // --name value options, taken out of argv; what is left are the positional arguments
 struct Options {
   std::string dtype = "f32";
+  bool tf32 = false;
   int64_t batch = 0, steps = 10, warmup = 2;
   std::vector<std::string> positional;
 };
@@ -127,6 +130,8 @@ Options parse_options(int argc, char** argv) {
     };
     if (a == "--dtype")
       o.dtype = value();
+    else if (a == "--tf32")
+      o.tf32 = true;
     else if (a == "--batch")
       o.batch = std::stoll(value());
     else if (a == "--steps")
@@ -160,10 +165,11 @@ int main(int argc, char** argv) {
     std::printf("no CUDA device visible; skipping\n");
     return 0;
   }
-  const bool bf16 = opt.dtype == "bf16";
-  // H100/H200 SXM dense peaks (no sparsity): bf16 989.4, plain f32 66.9 TFLOP/s
-  const double peak_tflops = bf16 ? 989.0 : 67.0;
-  const char* arith = bf16 ? "bf16" : "f32";
+  const bool bf16 = opt.dtype == "bf16", tf32 = !bf16 && opt.tf32 && device.is_cuda();
+  if (tf32) cuda::set_allow_tf32(device.index, true);
+  // H100/H200 SXM dense peaks (no sparsity): bf16 989.4, TF32 494.7, plain f32 66.9 TFLOP/s
+  const double peak_tflops = bf16 ? 989.0 : tf32 ? 495.0 : 67.0;
+  const char* arith = bf16 ? "bf16" : tf32 ? "tf32" : "f32";
   set_num_threads(threads);
   std::printf("threads: %d, OpenBLAS kernel: %s, dtype: %s\n\n", num_threads(), blas_core().c_str(),
               bf16 ? "bf16 mixed precision (f32 master and AdamW)" : "f32");
