@@ -15,8 +15,27 @@ constexpr int64_t kRowChunk = 64;             // rows per partial sum of dw, db
 
 // ---- kernels ------------------------------------------------------------------------
 
-// x (N,C), w (C), b (C) -> out (N,C), mean (N), rstd (N)
-// out = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(var + eps) (biased variance)
+// One row by one warp, given the lane's partial sum s of the row xr (C): out (C) =
+// (x - mean) * rstd * w + b, rstd = 1 / sqrt(var + eps) (biased variance); lane 0 writes the
+// row's mean and rstd
+template <typename T>
+__device__ void layernorm_row(const T* xr, float s, const T* w, const T* b, float eps, T* out, int64_t C,
+                              int lane, float* mean, float* rstd) {
+  const float m = warp_sum(s) / C;
+  float v = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float d = load(xr[c]) - m;
+    v += d * d;
+  }
+  const float r = 1.0f / sqrtf(warp_sum(v) / C + eps);
+  for (int64_t c = lane; c < C; c += 32) out[c] = store<T>((load(xr[c]) - m) * r * load(w[c]) + load(b[c]));
+  if (lane == 0) {
+    *mean = m;
+    *rstd = r;
+  }
+}
+
+// x (N,C), w (C), b (C) -> out (N,C), mean (N), rstd (N); one warp per row
 template <typename T>
 __global__ void layernorm_forward_kernel(const T* x, const T* w, const T* b, float eps, T* out, float* mean,
                                          float* rstd, int64_t N, int64_t C) {
@@ -26,19 +45,7 @@ __global__ void layernorm_forward_kernel(const T* x, const T* w, const T* b, flo
   const T* xr = x + n * C;
   float s = 0.0f;
   for (int64_t c = lane; c < C; c += 32) s += load(xr[c]);
-  const float m = warp_sum(s) / C;
-  float v = 0.0f;
-  for (int64_t c = lane; c < C; c += 32) {
-    const float d = load(xr[c]) - m;
-    v += d * d;
-  }
-  const float r = 1.0f / sqrtf(warp_sum(v) / C + eps);
-  for (int64_t c = lane; c < C; c += 32)
-    out[n * C + c] = store<T>((load(xr[c]) - m) * r * load(w[c]) + load(b[c]));
-  if (lane == 0) {
-    mean[n] = m;
-    rstd[n] = r;
-  }
+  layernorm_row(xr, s, w, b, eps, out + n * C, C, lane, mean + n, rstd + n);
 }
 
 // a, b (N,C) -> sum (N,C) = a + b, then as layernorm_forward_kernel on sum: one warp per
@@ -56,19 +63,7 @@ __global__ void add_layernorm_forward_kernel(const T* a, const T* b, const T* w,
     sr[c] = v;
     s += load(v);
   }
-  const float m = warp_sum(s) / C;
-  float v = 0.0f;
-  for (int64_t c = lane; c < C; c += 32) {
-    const float d = load(sr[c]) - m;
-    v += d * d;
-  }
-  const float r = 1.0f / sqrtf(warp_sum(v) / C + eps);
-  for (int64_t c = lane; c < C; c += 32)
-    out[n * C + c] = store<T>((load(sr[c]) - m) * r * load(w[c]) + load(bias[c]));
-  if (lane == 0) {
-    mean[n] = m;
-    rstd[n] = r;
-  }
+  layernorm_row<T>(sr, s, w, bias, eps, out + n * C, C, lane, mean + n, rstd + n);
 }
 
 // The backward in one kernel. In the forward, xhat = (x - mean) * rstd, out = xhat * w + b; so
