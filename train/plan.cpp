@@ -243,7 +243,10 @@ Plan plan(const Config& c, int64_t world) {
   const int64_t ce_saved = D.tp > 1 ? 3 * N : N;
   p.activation_bytes = (emb_saved + blocks_saved + head_saved) * kF;
   p.logits_bytes = logits * kF;
-  p.loss_temp_bytes = (logits + ce_saved) * kF;  // dlogits (N Vl) in backward, and the kept statistics
+  // dlogits (N Vl): with TP the vocabulary-parallel loss allocates it in backward; otherwise
+  // the fused classifier (cross_entropy_fused) writes it over the logits in the forward
+  const int64_t dlogits = D.tp > 1 ? logits : 0;
+  p.loss_temp_bytes = (dlogits + ce_saved) * kF;  // and the kept statistics
   // the batch (inputs and targets, B T i32 each; with CP this rank's copy too) and positions
   p.other_bytes = (2 * p.micro_batch * p.seq_len + (D.cp > 1 ? 2 * N : 0) + N) * 4;
 
@@ -260,9 +263,10 @@ Plan plan(const Config& c, int64_t world) {
   };
   const int64_t all_saved = emb_saved + blocks_saved + head_saved + logits + ce_saved;
   // the loss's backward: every activation, the logits and their gradient
-  add("loss backward (logits and dlogits)", all_saved, g_fwd_end, logits);
-  // lm_head's backward: the logits are released; dlogits, dx (N C) and dwte (Vl C)
-  add("lm_head backward", all_saved - logits, g_fwd_end, N * C + Vl * C);
+  add("loss backward (logits and dlogits)", all_saved, g_fwd_end, dlogits);
+  // lm_head's backward: dx (N C) and dwte (Vl C); with TP the logits are released and
+  // dlogits takes their place, without it dlogits is the logits' memory
+  add("lm_head backward", all_saved, g_fwd_end, N * C + Vl * C);
   // the blocks' backward, the worst block (earlier blocks' activations still kept)
   add("block backward", worst_block, worst_block_gathered, 0);
   auto top = std::max_element(p.moments.begin(), p.moments.end(),
@@ -373,7 +377,7 @@ void print_plan(const Plan& p, std::ostream& o) {
   row("activations", p.activation_bytes,
       "kept for backward, one micro-step (a block: " + human(double(p.block_activation_bytes)) + ")");
   row("logits", p.logits_bytes, "B T Vp/tp floats");
-  row("loss temporaries", p.loss_temp_bytes, "dlogits and the kept statistics");
+  row("loss temporaries", p.loss_temp_bytes, "dlogits (TP only: else it is the logits) and statistics");
   row("batch, positions", p.other_bytes, "");
   row("peak estimate", p.peak_bytes, "at " + p.peak_at);
   for (const PlanMoment& m : p.moments) {
