@@ -13,6 +13,7 @@
 // float type into float (f32 compute, bf16 rounds to nearest even on the way back).
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -81,6 +82,7 @@ __device__ __forceinline__ void record_error(ErrorRecord* r, KernelError code, i
 // ---- per-device runtime state (runtime.cu) -------------------------------------------
 cudaStream_t stream(int device);    // the device's compute stream (non-blocking, lazy)
 cublasHandle_t cublas(int device);  // bound to stream(device), lazy
+cublasLtHandle_t cublaslt(int device);  // lazy; its calls take the stream
 
 // Makes `device` current for the scope and restores the previous one.
 class DeviceGuard {

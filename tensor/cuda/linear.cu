@@ -12,35 +12,34 @@
 // launcher composes gemm, add and gelu_forward instead (the same arithmetic as the CPU).
 #include <cublasLt.h>
 
+#include <array>
 #include <climits>
+#include <map>
 #include <mutex>
+#include <optional>
 
 #include "tensor/cuda/common.cuh"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/runtime.h"
-
-#define NDT_CUBLASLT_CHECK(expr)                                                                           \
-  do {                                                                                                     \
-    const cublasStatus_t ndt_st_ = (expr);                                                                 \
-    if (ndt_st_ != CUBLAS_STATUS_SUCCESS)                                                                  \
-      ::ndt::detail::throw_error(__FILE__, __LINE__,                                                       \
-                                 ::ndt::detail::cat("cuBLASLt error ", cublasGetStatusName(ndt_st_), " (", \
-                                                    cublasGetStatusString(ndt_st_), ") in ", #expr));      \
-  } while (0)
 
 namespace ndt::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // what cuBLAS asks for on Hopper
 
-// One cuBLASLt handle per device, created on first use and kept (as the cuBLAS handles).
-cublasLtHandle_t lt_handle(int device) {
-  static std::mutex mu;
-  static cublasLtHandle_t handles[16] = {};
-  NDT_CHECK(device >= 0 && device < 16, "cuBLASLt: device ", device, " out of range");
-  std::lock_guard<std::mutex> lock(mu);
-  if (!handles[device]) NDT_CUBLASLT_CHECK(cublasLtCreate(&handles[device]));
-  return handles[device];
+// What the heuristic's choice depends on: shapes, dtype, epilogue, TF32, the pointers'
+// 16-byte alignment (cuBLASLt reads their values for that), the device.
+using AlgoKey = std::array<int64_t, 8>;
+
+// The algorithm cuBLASLt chose for a key, asked once: the heuristic query costs more than a
+// small GEMM. nullopt: none exists (the launcher composes instead).
+struct AlgoCache {
+  std::mutex mu;
+  std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> algos;
+};
+AlgoCache& algo_cache() {
+  static auto* c = new AlgoCache();  // never destroyed, as the handles
+  return *c;
 }
 
 // The descriptors of one call, destroyed on every path out.
@@ -65,44 +64,69 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
   const cublasComputeType_t compute =
       out.dtype() == DType::f32 && allow_tf32(device) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   LtCall c;
-  NDT_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&c.op, compute, CUDA_R_32F));
+  NDT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.op, compute, CUDA_R_32F));
   const cublasOperation_t no = CUBLAS_OP_N;
-  NDT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof(no)));
-  NDT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSB, &no, sizeof(no)));
+  NDT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof(no)));
+  NDT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSB, &no, sizeof(no)));
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
   if (bias.defined()) epi = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
-  NDT_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+  NDT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   if (bias.defined()) {
     const void* bp = bias.data_ptr();
-    NDT_CUBLASLT_CHECK(
+    NDT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
   }
   if (gelu) {
     if (N % 8 != 0) return false;  // the aux leading dimension must be a multiple of 8
     void* ap = pre.data_ptr();
     const int64_t ld = N;
-    NDT_CUBLASLT_CHECK(
+    NDT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof(ap)));
-    NDT_CUBLASLT_CHECK(
+    NDT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
   }
   // column-major: A = w^T (N,K) ld N, B = x^T (K,M) ld K, D = out^T (N,M) ld N
-  NDT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&c.a, t, N, K, N));
-  NDT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&c.b, t, K, M, K));
-  NDT_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&c.d, t, N, M, N));
-  NDT_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&c.pref));
-  NDT_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                          &kWorkspaceBytes, sizeof(kWorkspaceBytes)));
-  cublasLtMatmulHeuristicResult_t heur{};
-  int found = 0;
-  const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(lt_handle(device), c.op, c.a, c.b, c.d, c.d, c.pref, 1, &heur, &found);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.a, t, N, K, N));
+  NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.b, t, K, M, K));
+  NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.d, t, N, M, N));
+  NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&c.pref));
+  NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                        &kWorkspaceBytes, sizeof(kWorkspaceBytes)));
+  const AlgoKey key{device,
+                    M,
+                    N,
+                    K,
+                    static_cast<int64_t>(t),
+                    static_cast<int64_t>(epi),
+                    compute,
+                    (aligned16(x.data_ptr()) ? 1 : 0) | (aligned16(w.data_ptr()) ? 2 : 0) |
+                        (aligned16(out.data_ptr()) ? 4 : 0) |
+                        (!bias.defined() || aligned16(bias.data_ptr()) ? 8 : 0) |
+                        (!gelu || aligned16(pre.data_ptr()) ? 16 : 0)};
+  std::optional<cublasLtMatmulAlgo_t> algo;
+  {
+    AlgoCache& cache = algo_cache();
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.algos.find(key);
+    if (it == cache.algos.end()) {
+      cublasLtMatmulHeuristicResult_t heur{};
+      int found = 0;
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt(device), c.op, c.a, c.b, c.d, c.d,
+                                                               c.pref, 1, &heur, &found);
+      it = cache.algos
+               .emplace(key, st == CUBLAS_STATUS_SUCCESS && found > 0
+                                 ? std::optional<cublasLtMatmulAlgo_t>(heur.algo)
+                                 : std::nullopt)
+               .first;
+    }
+    algo = it->second;
+  }
+  if (!algo) return false;
   Tensor workspace = Tensor::empty({static_cast<int64_t>(kWorkspaceBytes / 2)}, DType::u16, out.device());
   const float one = 1.0f, zero = 0.0f;
-  NDT_CUBLASLT_CHECK(cublasLtMatmul(lt_handle(device), c.op, &one, w.data_ptr(), c.a, x.data_ptr(), c.b,
-                                    &zero, out.data_ptr(), c.d, out.data_ptr(), c.d, &heur.algo,
-                                    workspace.data_ptr(), kWorkspaceBytes, stream));
+  NDT_CUBLAS_CHECK(cublasLtMatmul(cublaslt(device), c.op, &one, w.data_ptr(), c.a, x.data_ptr(), c.b, &zero,
+                                  out.data_ptr(), c.d, out.data_ptr(), c.d, &*algo, workspace.data_ptr(),
+                                  kWorkspaceBytes, stream));
   return true;
 }
 

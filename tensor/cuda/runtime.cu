@@ -23,10 +23,11 @@ namespace {
 constexpr int kMaxDevices = 16;  // as in tensor/storage.cpp
 
 struct DeviceState {
-  std::once_flag stream_once, cublas_once;
+  std::once_flag stream_once, cublas_once, cublaslt_once;
   cudaStream_t stream = nullptr;
   cudaMemPool_t pool = nullptr;
   cublasHandle_t cublas = nullptr;
+  cublasLtHandle_t cublaslt = nullptr;
   std::atomic<bool> tf32{false};  // set_allow_tf32
   std::once_flag errors_once;
   ErrorRecord* errors = nullptr;  // device memory, zero while no kernel found anything
@@ -192,6 +193,15 @@ cublasHandle_t cublas(int device) {
     NDT_CUBLAS_CHECK(cublasSetStream(s.cublas, st));
   });
   return s.cublas;
+}
+
+cublasLtHandle_t cublaslt(int device) {
+  DeviceState& s = state(device);
+  std::call_once(s.cublaslt_once, [&] {
+    DeviceGuard g(device);
+    NDT_CUBLAS_CHECK(cublasLtCreate(&s.cublaslt));
+  });
+  return s.cublaslt;
 }
 
 void* alloc(size_t nbytes, int device) {
