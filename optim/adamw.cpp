@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "tensor/kernels.h"
 
@@ -34,29 +36,36 @@ void AdamW::step(double lr, double grad_scale) {
 
 double grad_norm(const nn::FlatParams& params) { return std::sqrt(grad_sum_squares(params)); }
 
-double grad_sum_squares(const nn::FlatParams& params) {
-  double total = 0;
-  for (const nn::FlatUnit& u : params.units) {
-    Tensor s = Tensor::empty({}, u.grad.dtype() == DType::f64 ? DType::f64 : DType::f32, u.grad.device());
-    kernels::sum_squares(u.grad, s);
-    total += s.item();
-  }
-  return total;
-}
+double grad_sum_squares(const nn::FlatParams& params) { return grad_sum_squares(params, 1); }
 
 double grad_sum_squares(const nn::FlatParams& params, int64_t tp) {
-  if (tp == 1) return grad_sum_squares(params);
-  double total = 0;
+  // The pieces to square and their weights: whole buffers without TP; with TP each parameter's
+  // part of this shard, a replicated one at 1/tp.
+  std::vector<std::pair<Tensor, double>> pieces;
   for (const nn::FlatUnit& u : params.units) {
+    if (tp == 1) {
+      pieces.emplace_back(u.grad, 1.0);
+      continue;
+    }
     const int64_t s0 = u.shard_offset, s1 = s0 + u.shard_numel;
-    for (const nn::FlatParam& p : u.params) {  // this shard's part of each parameter
+    for (const nn::FlatParam& p : u.params) {
       const int64_t a = std::max(p.offset, s0), b = std::min(p.offset + numel_of(p.spec.shape), s1);
-      if (a >= b) continue;
-      Tensor s = Tensor::empty({}, u.grad.dtype() == DType::f64 ? DType::f64 : DType::f32, u.grad.device());
-      kernels::sum_squares(u.grad.narrow(0, a - s0, b - a), s);
-      total += s.item() / (p.spec.tp.split() ? 1.0 : static_cast<double>(tp));
+      if (a < b)
+        pieces.emplace_back(u.grad.narrow(0, a - s0, b - a),
+                            p.spec.tp.split() ? 1.0 : 1.0 / static_cast<double>(tp));
     }
   }
+  if (pieces.empty()) return 0.0;
+  // one sum per piece into one buffer on the device, read back once: the host waits for the
+  // device a single time here, not once per buffer
+  const Tensor& g = pieces.front().first;
+  Tensor sums = Tensor::empty({static_cast<int64_t>(pieces.size())},
+                              g.dtype() == DType::f64 ? DType::f64 : DType::f32, g.device());
+  for (size_t i = 0; i < pieces.size(); ++i)
+    kernels::sum_squares(pieces[i].first, sums.narrow(0, static_cast<int64_t>(i), 1));
+  const std::vector<double> v = sums.to_vector<double>();
+  double total = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) total += v[i] * pieces[i].second;
   return total;
 }
 
