@@ -212,6 +212,8 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Te
   // dlogits may be logits itself (written over), but no other overlap
   NDT_CHECK(!dlogits.defined() || dlogits.data_ptr() == logits.data_ptr() || !may_overlap(dlogits, logits),
             "cross_entropy_forward: dlogits partly overlaps logits");
+  NDT_CHECK(logits.dim() == 2 && v_limit >= 1 && v_limit <= logits.size(1), "cross_entropy_forward: v_limit ",
+            v_limit, " outside [1, columns] of logits ", logits.desc());
   NDT_DISPATCH(logits.device(), cross_entropy_forward, logits, targets, kept, v_limit, ignore_index, losses,
                lse, dlogits);
 }
@@ -221,6 +223,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
                             const Tensor& dlogits) {
   same_device("cross_entropy_backward", {&logits, &targets, &lse, &kept, &dloss, &dlogits});
   contiguous("cross_entropy_backward", {&logits, &targets, &lse, &kept, &dloss, &dlogits});
+  NDT_CHECK(logits.dim() == 2 && v_limit >= 1 && v_limit <= logits.size(1),
+            "cross_entropy_backward: v_limit ", v_limit, " outside [1, columns] of logits ", logits.desc());
   NDT_DISPATCH(logits.device(), cross_entropy_backward, logits, targets, lse, kept, dloss, v_limit,
                ignore_index, dlogits);
 }
@@ -325,6 +329,9 @@ void cross_entropy_parallel_losses(const Tensor& gmax, const Tensor& sumexp_glob
               {&gmax, &sumexp_global, &target_logit_global, &targets, &losses});
   contiguous("cross_entropy_parallel_losses",
              {&gmax, &sumexp_global, &target_logit_global, &targets, &losses});
+  NDT_CHECK(targets.numel() == losses.numel(),
+            "cross_entropy_parallel_losses: targets must have one entry per loss (", losses.numel(),
+            "), got ", targets.desc());
   NDT_DISPATCH(gmax.device(), cross_entropy_parallel_losses, gmax, sumexp_global, target_logit_global,
                targets, ignore_index, losses);
 }

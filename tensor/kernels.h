@@ -43,7 +43,7 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha = 1.0
 void mul(const Tensor& a, const Tensor& b, const Tensor& out);        // out = a*b
 void scale(const Tensor& a, double s, const Tensor& out);             // out = s*a
 void add_(const Tensor& dst, const Tensor& src, double alpha = 1.0);  // dst += alpha*src
-void scale_by(const Tensor& t, const Tensor& s);  // t *= s, s one element of any float dtype
+void scale_by(const Tensor& t, const Tensor& s);  // t *= s, s one element (f32; CPU: any float)
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 void gelu_forward(const Tensor& x, const Tensor& out);
 void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx);  // dx written
@@ -90,7 +90,8 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, const Te
                            int64_t ignore_index, const Tensor& losses, const Tensor& lse,
                            const Tensor& dlogits);
 // dlogits = (softmax(logits) - onehot(target)) * dloss / kept for kept rows, 0 for ignored
-// rows and padded columns; dloss (1) in logits' dtype or f32, kept (1) i32, both on the device.
+// rows and padded columns; dloss (1) in the statistics' dtype (f32; f64 for f64 logits on the
+// CPU), kept (1) i32, both on the device.
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& lse,
                             const Tensor& kept, const Tensor& dloss, int64_t v_limit, int64_t ignore_index,
                             const Tensor& dlogits);

@@ -128,6 +128,9 @@ std::vector<OpCase> large_cases() {
   cs.push_back({"linear_gelu_gpt",
                 normals({{{4, 64, 192}, 0.f, 1.f}, {{192, 768}, 0.f, 0.1f}, {{768}, 0.f, 1.f}}),
                 [](const V& x) { return V{linear_gelu(x[0], x[1], x[2])}; }, all_grad(3)});
+  // no bias: the GELU_AUX epilogue
+  cs.push_back({"linear_gelu_gpt_no_bias", normals({{{4, 64, 192}, 0.f, 1.f}, {{192, 768}, 0.f, 0.1f}}),
+                [](const V& x) { return V{linear_gelu(x[0], x[1], Tensor())}; }, all_grad(2)});
   // an output width that is not a multiple of 8: the composed fallback
   cs.push_back({"linear_gelu_odd",
                 normals({{{2, 33, 40}, 0.f, 1.f}, {{40, 37}, 0.f, 0.2f}, {{37}, 0.f, 1.f}}),

@@ -112,10 +112,10 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
     const A gs = static_cast<A>(grad_scale);
 #pragma omp parallel for schedule(static) if (N * V > 16384)
     for (int64_t n = 0; n < N; ++n) {
-      const bool ignored = tg[n] == ignore_index;
+      const bool skipped = tg[n] == ignore_index || tg[n] < 0 || tg[n] >= v_limit;  // ignored or bad: 0
       for (int64_t c = 0; c < V; ++c) {
         A g = 0;
-        if (!ignored && c < v_limit)
+        if (!skipped && c < v_limit)
           g = (fast_exp(load(pl[n * V + c]) - plse[n]) - (c == tg[n] ? A(1) : A(0))) * gs;
         pd[n * V + c] = st<T>(g);
       }

@@ -3,8 +3,11 @@
 // K in, N out channels.
 //
 //   out = x (M,K) @ w (K,N) + bias (N)              epilogue BIAS
-//   out = GELU(x @ w + bias), pre = x @ w + bias    epilogue GELU_AUX_BIAS (pre kept for the
-//                                                   backward; tanh GELU, as gelu_forward)
+//   out = GELU(x @ w + bias), pre = x @ w + bias    epilogue GELU_AUX_BIAS (GELU_AUX without
+//                                                   bias; pre kept for the backward)
+// cuBLASLt's GELU is its own fast tanh approximation: it is fused for bf16 outputs and TF32
+// GEMMs only, where the output is rounded more coarsely than it differs; strict f32 writes
+// the GEMM and bias into pre and applies gelu_forward (the CPU's numbers).
 // The bias is added to the f32 accumulator before the one rounding to the output dtype.
 // Row-major out (M,N) is column-major out^T (N,M) = w^T (N,K) @ x^T (K,M): w is cuBLASLt's A
 // and x its B, untransposed, and the bias runs along out^T's rows, as cuBLASLt adds it.
@@ -14,6 +17,7 @@
 
 #include <array>
 #include <climits>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -28,7 +32,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;  // what cuBLAS asks for on Hopper
 
 // What the heuristic's choice depends on: shapes, dtype, epilogue, TF32, the pointers'
-// 16-byte alignment (cuBLASLt reads their values for that), the device.
+// alignments (told to the heuristic; log2 of each, packed), the device.
 using AlgoKey = std::array<int64_t, 8>;
 
 // The algorithm cuBLASLt chose for a key, asked once: the heuristic query costs more than a
@@ -56,28 +60,55 @@ struct LtCall {
   }
 };
 
+// The largest power of two, up to cuBLASLt's default assumption of 256, that divides p's
+// address: what the heuristic must be told (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES, default
+// 256) so that it never picks a kernel the pointers are too loosely aligned for.
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+int64_t log2_of(uint32_t al) {
+  int64_t l = 0;
+  while ((1u << l) < al) ++l;
+  return l;
+}
+
 // Runs the fused GEMM; false when cuBLASLt has no algorithm for it (nothing was launched).
+// With gelu, `gelu_done` says whether the GELU was fused too (else the caller applies
+// gelu_forward(pre, out): the GEMM and bias went into pre).
 bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
-               const Tensor& pre, int device, cudaStream_t stream) {
+               const Tensor& pre, int device, cudaStream_t stream, bool& gelu_done) {
   const int64_t M = x.size(0), K = x.size(1), N = w.size(1);
   const cudaDataType t = out.dtype() == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
   const cublasComputeType_t compute =
       out.dtype() == DType::f32 && allow_tf32(device) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // cuBLASLt's GELU epilogue is its own (fast) tanh approximation: fused only where the
+  // output is rounded coarsely anyway (bf16, TF32); strict f32 keeps gelu_forward's numbers.
+  const bool fuse_gelu = gelu && (out.dtype() == DType::bf16 || compute == CUBLAS_COMPUTE_32F_FAST_TF32) &&
+                         N % 8 == 0;  // the aux leading dimension must be a multiple of 8
+  gelu_done = fuse_gelu;
+  const Tensor& d = gelu && !fuse_gelu ? pre : out;  // where the GEMM (+ bias) lands
+  if (bias.defined() && alignment_of(bias.data_ptr()) < 16) return false;  // no alignment pref for it
+  if (fuse_gelu && alignment_of(pre.data_ptr()) < 16) return false;
   LtCall c;
   NDT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.op, compute, CUDA_R_32F));
   const cublasOperation_t no = CUBLAS_OP_N;
   NDT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof(no)));
   NDT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSB, &no, sizeof(no)));
   cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
-  if (bias.defined()) epi = gelu ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  if (fuse_gelu)
+    epi = bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  else if (bias.defined())
+    epi = CUBLASLT_EPILOGUE_BIAS;
   NDT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
   if (bias.defined()) {
     const void* bp = bias.data_ptr();
     NDT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
   }
-  if (gelu) {
-    if (N % 8 != 0) return false;  // the aux leading dimension must be a multiple of 8
+  if (fuse_gelu) {
     void* ap = pre.data_ptr();
     const int64_t ld = N;
     NDT_CUBLAS_CHECK(
@@ -90,8 +121,20 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
   NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.b, t, K, M, K));
   NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.d, t, N, M, N));
   NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&c.pref));
-  NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                        &kWorkspaceBytes, sizeof(kWorkspaceBytes)));
+  const uint64_t ws = kWorkspaceBytes;
+  NDT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  // the heuristic sees the bias and aux pointers (desc) but assumes 256-byte A, B, C, D
+  const uint32_t al_a = alignment_of(w.data_ptr()), al_b = alignment_of(x.data_ptr()),
+                 al_d = alignment_of(d.data_ptr());
+  NDT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+  NDT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+  NDT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
+  NDT_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
   const AlgoKey key{device,
                     M,
                     N,
@@ -99,10 +142,9 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
                     static_cast<int64_t>(t),
                     static_cast<int64_t>(epi),
                     compute,
-                    (aligned16(x.data_ptr()) ? 1 : 0) | (aligned16(w.data_ptr()) ? 2 : 0) |
-                        (aligned16(out.data_ptr()) ? 4 : 0) |
-                        (!bias.defined() || aligned16(bias.data_ptr()) ? 8 : 0) |
-                        (!gelu || aligned16(pre.data_ptr()) ? 16 : 0)};
+                    log2_of(al_a) | log2_of(al_b) << 4 | log2_of(al_d) << 8 |
+                        (bias.defined() ? log2_of(alignment_of(bias.data_ptr())) : 0) << 12 |
+                        (fuse_gelu ? log2_of(alignment_of(pre.data_ptr())) : 0) << 16};
   std::optional<cublasLtMatmulAlgo_t> algo;
   {
     AlgoCache& cache = algo_cache();
@@ -114,7 +156,7 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
       const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt(device), c.op, c.a, c.b, c.d, c.d,
                                                                c.pref, 1, &heur, &found);
       it = cache.algos
-               .emplace(key, st == CUBLAS_STATUS_SUCCESS && found > 0
+               .emplace(key, st == CUBLAS_STATUS_SUCCESS && found > 0 && heur.state == CUBLAS_STATUS_SUCCESS
                                  ? std::optional<cublasLtMatmulAlgo_t>(heur.algo)
                                  : std::nullopt)
                .first;
@@ -124,9 +166,17 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
   if (!algo) return false;
   Tensor workspace = Tensor::empty({static_cast<int64_t>(kWorkspaceBytes / 2)}, DType::u16, out.device());
   const float one = 1.0f, zero = 0.0f;
-  NDT_CUBLAS_CHECK(cublasLtMatmul(cublaslt(device), c.op, &one, w.data_ptr(), c.a, x.data_ptr(), c.b, &zero,
-                                  out.data_ptr(), c.d, out.data_ptr(), c.d, &*algo, workspace.data_ptr(),
-                                  kWorkspaceBytes, stream));
+  const cublasStatus_t st =
+      cublasLtMatmul(cublaslt(device), c.op, &one, w.data_ptr(), c.a, x.data_ptr(), c.b, &zero, d.data_ptr(),
+                     c.d, d.data_ptr(), c.d, &*algo, workspace.data_ptr(), kWorkspaceBytes, stream);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED) {  // nothing launched: remember, and compose instead
+    AlgoCache& cache = algo_cache();
+    std::lock_guard<std::mutex> lock(cache.mu);
+    cache.algos.erase(key);
+    cache.algos.emplace(key, std::optional<cublasLtMatmulAlgo_t>());
+    return false;
+  }
+  NDT_CUBLAS_CHECK(st);
   return true;
 }
 
@@ -135,16 +185,20 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
                     const Tensor& pre) {
   NDT_CHECK(
-      x.dtype() == w.dtype() && out.dtype() == x.dtype() && (!bias.defined() || bias.dtype() == x.dtype()),
+      x.dtype() == w.dtype() && out.dtype() == x.dtype() && (!bias.defined() || bias.dtype() == x.dtype()) &&
+          (!gelu || pre.dtype() == x.dtype()),
       "linear_forward: dtypes differ: ", x.desc(), ", ", w.desc(), ", ", out.desc());
   NDT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, "linear_forward: ", dtype_name(x.dtype()),
             " is not supported on CUDA (float32 or bfloat16)");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(1);
   if (M == 0 || N == 0) return;
   Launch L(out);
+  bool gelu_done = false;
   if (K > 0 && M <= INT_MAX && N <= INT_MAX && K <= INT_MAX &&
-      lt_linear(x, w, bias, gelu, out, pre, L.device, L.stream))
+      lt_linear(x, w, bias, gelu, out, pre, L.device, L.stream, gelu_done)) {
+    if (gelu && !gelu_done) gelu_forward(pre, out);
     return;
+  }
   // composed: what the CPU does
   const Tensor& y = gelu ? pre : out;
   gemm(x, false, w, false, y, 1.0, 0.0);

@@ -105,7 +105,11 @@ DeviceState& errors_of(int device) {
     DeviceGuard g(device);
     void* d = nullptr;
     NDT_CUDA_CHECK(cudaMalloc(&d, sizeof(ErrorRecord)));  // once per device, outside the pool
-    NDT_CUDA_CHECK(cudaMemset(d, 0, sizeof(ErrorRecord)));
+    // zeroed on the compute stream (non-blocking: a plain cudaMemset on the legacy stream
+    // would not be ordered before the kernels that write the record), once per device
+    cudaStream_t s0 = stream(device);
+    NDT_CUDA_CHECK(cudaMemsetAsync(d, 0, sizeof(ErrorRecord), s0));
+    NDT_CUDA_CHECK(cudaStreamSynchronize(s0));
     s.errors = static_cast<ErrorRecord*>(d);
   });
   return s;
@@ -266,12 +270,13 @@ void memcpy(void* dst, const void* src, size_t nbytes, CopyKind kind, int device
     // host does not wait for the device. A slot is reused only after its last copy is done.
     DeviceState& s = state(device);
     std::lock_guard<std::mutex> lock(s.staging_mu);
-    if (s.staging.empty()) {
-      s.staging.resize(kStagingSlots);
-      for (DeviceState::Staging& b : s.staging) {
+    if (s.staging.empty()) {  // all slots or none: a failed allocation leaves no half-made slot
+      std::vector<DeviceState::Staging> slots(kStagingSlots);
+      for (DeviceState::Staging& b : slots) {
         NDT_CUDA_CHECK(cudaHostAlloc(&b.host, kStagingBytes, cudaHostAllocDefault));
         NDT_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
       }
+      s.staging = std::move(slots);
     }
     DeviceState::Staging& b = s.staging[s.next_staging];
     s.next_staging = (s.next_staging + 1) % s.staging.size();

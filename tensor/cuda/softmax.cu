@@ -72,7 +72,15 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const int32_t* tar
   const int64_t n = blockIdx.x;
   const T* row = logits + n * V;
   MaxSum acc{-INFINITY, 0.0f};
-  for (int64_t c = threadIdx.x; c < v_limit; c += blockDim.x) acc = combine(acc, {load(row[c]), 1.0f});
+  for (int64_t c = threadIdx.x; c < v_limit; c += blockDim.x) {  // combine(acc, {x, 1}) with one exp
+    const float x = load(row[c]);
+    if (x > acc.m) {  // a new maximum rescales the sum (from m = -inf: exp(-inf) = 0)
+      acc.s = acc.s * expf(acc.m - x) + 1.0f;
+      acc.m = x;
+    } else if (x != -INFINITY) {  // -inf adds nothing (and -inf - -inf would be NaN); NaN propagates
+      acc.s += expf(x - acc.m);
+    }
+  }
   acc = block_max_sum(acc);
   const float l = acc.m + logf(acc.s);
   const int64_t t = targets[n];
@@ -104,7 +112,7 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int32_t* ta
   NDT_GRID_STRIDE(i, N * V) {
     const int64_t n = i / V, c = i % V, t = targets[n];
     float g = 0.0f;
-    if (t != ignore_index && c < v_limit)
+    if (t != ignore_index && t >= 0 && t < v_limit && c < v_limit)  // a bad target: 0, as in the forward
       g = (expf(load(logits[i]) - lse[n]) - (c == t ? 1.0f : 0.0f)) * grad_scale;
     dlogits[i] = store<T>(g);
   }
