@@ -88,6 +88,11 @@ Result run(bool fused, const Tensor& q, const Tensor& k, const Tensor& v, int64_
     std::string why;
     EXPECT_TRUE(cuda::sdpa_supported(lq, lk, lv, q_off, k_off, &why))
         << "the fused path is not taken: " << why;
+    // attention() falls back to the composed path when cuDNN cannot build the graphs: make
+    // sure it did not (the comparison would then pass trivially)
+    const bool causal = k_off + k.size(2) - 1 > q_off;
+    EXPECT_TRUE(cuda::sdpa_prepare(lq, lk, lv, causal, 1.0 / std::sqrt(double(q.size(3))), true, &why))
+        << "cuDNN cannot build the graphs: " << why;
   }
   AttentionOut r = fused ? attention(lq, lk, lv, q_off, k_off) : attention_composed(lq, lk, lv, q_off, k_off);
   Tensor loss = sum(mul(r.out, dout));

@@ -146,8 +146,13 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_
   check_attention(q, k, v);
   if (!cuda::sdpa_supported(q, k, v, q_offset, k_offset))
     return attention_composed(q, k, v, q_offset, k_offset, scale);
-  if (scale == 0.0) scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-  return attention_fused(q, k, v, q_offset, k_offset, scale);
+  const double s = scale == 0.0 ? 1.0 / std::sqrt(static_cast<double>(q.size(3))) : scale;
+  // cuDNN may still refuse to build this shape (or its backward, which is built now so that a
+  // refusal cannot surface in the middle of backward()): then the composed path
+  const bool causal = k_offset + k.size(2) - 1 > q_offset;
+  if (!cuda::sdpa_prepare(q, k, v, causal, s, autograd::needs_grad({q, k, v})))
+    return attention_composed(q, k, v, q_offset, k_offset, scale);
+  return attention_fused(q, k, v, q_offset, k_offset, s);
 }
 
 // out_a, out_b (B,NH,T,HS), lse_a, lse_b (B,NH,T) -> out (B,NH,T,HS), lse (B,NH,T)

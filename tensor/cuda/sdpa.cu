@@ -14,6 +14,7 @@
 #include "tensor/cuda/sdpa.h"
 
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -129,8 +130,11 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& dim) {
 
 using GraphPtr = std::shared_ptr<fe::graph::Graph>;
 
-// Describes the graph of p; build() below turns it into an executable plan.
-GraphPtr describe(const Problem& p, bool deterministic) {
+// Describes the graph of p; build() below turns it into an executable plan. The forward
+// lets the frontend choose its SDPA node (the unified one on cuDNN >= 9.13.1 for unmasked
+// attention, the composite one otherwise) unless composite is asked for; the backward has
+// only the composite node and an optional deterministic algorithm.
+GraphPtr describe(const Problem& p, bool deterministic, bool composite) {
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -152,6 +156,7 @@ GraphPtr describe(const Problem& p, bool deterministic) {
                     .set_name("ndt_attention")
                     .set_generate_stats(true)
                     .set_attn_scale(static_cast<float>(p.scale));
+    if (composite) opts.set_implementation(fe::AttentionImplementation_t::COMPOSITE);
     if (p.causal)  // key j visible to query i iff j <= i: the diagonal from the top-left corner
       opts.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
     auto [O, Stats] = g->sdpa(Q, K, V, opts);
@@ -195,24 +200,45 @@ fe::error_t build(fe::graph::Graph& g, cudnnHandle_t handle) {
   return g.build_plans();
 }
 
-// The built graph for p, from the cache or built now. The backward asks for cuDNN's
-// deterministic algorithm first (ndtrain's kernels reduce in a fixed order) and takes the
-// default one where that is not supported.
-const fe::graph::Graph& graph_for(const Problem& p) {
+// The built graph for p, from the cache or built now; nullptr (and *why) when cuDNN cannot
+// build it, a result that is cached as well (no second attempt for the same key). The
+// backward asks for cuDNN's deterministic algorithm first (ndtrain's kernels reduce in a
+// fixed order) and takes the default one where that is not supported. Anything the
+// frontend or cuDNN throws (sdpa() throws std::runtime_error when no implementation fits,
+// cudnnCreate may fail on a broken install) counts as "cannot build".
+const fe::graph::Graph* find_or_build(const Problem& p, std::string* why) {
   static std::mutex mutex;
-  static auto* cache = new std::map<std::vector<int64_t>, GraphPtr>();  // never destroyed, as the handles
+  static auto* cache = new std::map<std::vector<int64_t>, GraphPtr>();      // never destroyed, as the handles
+  static auto* failed = new std::map<std::vector<int64_t>, std::string>();  // and why
   std::lock_guard<std::mutex> lock(mutex);
   const std::vector<int64_t> key = p.key();
-  if (auto it = cache->find(key); it != cache->end()) return *it->second;
-  cudnnHandle_t handle = cudnn(p.device);
-  DeviceGuard guard(p.device);
-  GraphPtr g = describe(p, /*deterministic=*/true);
-  if (fe::error_t st = build(*g, handle); st.is_bad()) {
-    if (!p.backward) NDT_CUDNN_FE_CHECK(st, detail::cat("could not build the graph for ", p.str()));
-    g = describe(p, /*deterministic=*/false);
-    NDT_CUDNN_FE_CHECK(build(*g, handle), detail::cat("could not build the graph for ", p.str()));
+  if (auto it = cache->find(key); it != cache->end()) return it->second.get();
+  if (auto it = failed->find(key); it != failed->end()) {
+    if (why) *why = it->second;
+    return nullptr;
   }
-  return *cache->emplace(key, std::move(g)).first->second;
+  std::string msg;
+  // forward: the frontend's choice of node, then the composite node; backward: the
+  // deterministic algorithm, then the default one
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      cudnnHandle_t handle = cudnn(p.device);
+      DeviceGuard guard(p.device);
+      GraphPtr g = p.backward ? describe(p, /*deterministic=*/attempt == 0, /*composite=*/false)
+                              : describe(p, /*deterministic=*/false, /*composite=*/attempt == 1);
+      fe::error_t st = build(*g, handle);
+      if (st.is_good()) return cache->emplace(key, std::move(g)).first->second.get();
+      msg += detail::cat(attempt ? "; then: " : "", st.get_message());
+    } catch (const std::exception& e) {
+      msg += detail::cat(attempt ? "; then: " : "", e.what());
+    }
+  }
+  msg = detail::cat("cuDNN SDPA cannot build the graph for ", p.str(), ": ", msg);
+  failed->emplace(key, msg);
+  // said once per shape: the run goes on, slower, through the composed attention
+  std::fprintf(stderr, "ndtrain: %s; attention takes the composed path for this shape\n", msg.c_str());
+  if (why) *why = msg;
+  return nullptr;
 }
 
 // Workspace from ndtrain's pool, ordered on the compute stream like the execution, so it can
@@ -237,7 +263,11 @@ class Workspace {
 };
 
 void execute(const Problem& p, std::unordered_map<int64_t, void*>& pack) {
-  const fe::graph::Graph& g = graph_for(p);
+  std::string why;
+  const fe::graph::Graph* built = find_or_build(p, &why);
+  NDT_CHECK(built, why,
+            " (sdpa_prepare() should have said so; set NDT_SDPA=0 to use the composed attention)");
+  const fe::graph::Graph& g = *built;
   DeviceGuard guard(p.device);
   Workspace ws(g, p.device);
   NDT_CUDNN_FE_CHECK(g.execute(cudnn(p.device), pack, ws.get()), detail::cat("execute ", p.str()));
@@ -269,6 +299,7 @@ bool sdpa_supported(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q
                 "q " + q.shape_str() + ", k " + k.shape_str() + ", v " + v.shape_str() + " do not match");
   const int64_t Tq = q.size(2), Tk = k.size(2), HS = q.size(3);
   if (q.numel() == 0 || k.numel() == 0) return fail(why, "empty tensors");
+  if (Tq == 1 && Tk == 1) return fail(why, "Tq = Tk = 1 (cuDNN's SDPA backward does not support it)");
   if (HS % 8 != 0 || HS > 128)
     return fail(why, detail::cat("head size ", HS, " (cuDNN: a multiple of 8, at most 128)"));
   for (const Tensor* t : {&q, &k, &v}) {
@@ -290,6 +321,14 @@ bool sdpa_supported(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q
   NDT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index));
   if (major < 8)
     return fail(why, detail::cat("compute capability ", major, ".x (cuDNN SDPA needs 8.0 or newer)"));
+  if (why) why->clear();
+  return true;
+}
+
+bool sdpa_prepare(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, bool backward,
+                  std::string* why) {
+  if (!find_or_build(problem_of(q, k, v, causal, scale, /*backward=*/false), why)) return false;
+  if (backward && !find_or_build(problem_of(q, k, v, causal, scale, /*backward=*/true), why)) return false;
   if (why) why->clear();
   return true;
 }
@@ -344,6 +383,10 @@ namespace {
 
 bool sdpa_compiled() { return false; }
 bool sdpa_supported(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_t, std::string* why) {
+  if (why) *why = "built without the cuDNN frontend headers (NDT_WITH_CUDNN_SDPA)";
+  return false;
+}
+bool sdpa_prepare(const Tensor&, const Tensor&, const Tensor&, bool, double, bool, std::string* why) {
   if (why) *why = "built without the cuDNN frontend headers (NDT_WITH_CUDNN_SDPA)";
   return false;
 }

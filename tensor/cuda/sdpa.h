@@ -34,8 +34,17 @@ bool sdpa_compiled();  // built with NDT_WITH_CUDNN_SDPA (CUDA, libcudnn and the
 //   causal from the top-left corner: q_offset == k_offset and Tq == Tk, or
 //   no mask: every key visible to every query, k_offset + Tk - 1 <= q_offset.
 // Anything else (partial diagonals, rows that see no key) goes to the composed path.
+// Also refused: Tq == Tk == 1 (cuDNN's backward rejects it).
 bool sdpa_supported(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, int64_t k_offset,
                     std::string* why = nullptr);
+
+// Builds (or finds in the cache) the forward graph and, with backward, the backward graph
+// for these q, k, v (shapes and strides), mask and scale. False, with *why, when cuDNN
+// cannot build one of them (an unsupported configuration on this cuDNN, an engine that
+// fails to compile, a missing library): the failure is cached and attention() takes the
+// composed path instead. Call it after sdpa_supported() said yes.
+bool sdpa_prepare(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, bool backward,
+                  std::string* why = nullptr);
 
 // q (B,NH,Tq,HS), k and v (B,NH,Tk,HS) bf16, any strides with the last dim contiguous
 //   -> out (B,NH,Tq,HS) bf16 contiguous, lse (B,NH,Tq) f32 contiguous

@@ -10,6 +10,10 @@ bool sdpa_supported(const Tensor&, const Tensor&, const Tensor&, int64_t, int64_
   if (why) *why = "ndtrain was built without CUDA";
   return false;
 }
+bool sdpa_prepare(const Tensor&, const Tensor&, const Tensor&, bool, double, bool, std::string* why) {
+  if (why) *why = "ndtrain was built without CUDA";
+  return false;
+}
 void sdpa_forward(const Tensor&, const Tensor&, const Tensor&, bool, double, const Tensor&, const Tensor&) {
   NDT_FAIL("sdpa_forward: ndtrain was built without CUDA");
 }
