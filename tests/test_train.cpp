@@ -14,6 +14,7 @@
 #include "tensor/cuda/runtime.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "train/sample.h"
 #include "train/trainer.h"
 #include "train/vocab.h"
 
@@ -365,4 +366,23 @@ TEST(TrainGpt, Bfloat16FollowsFloat32OnTheMainJobsData) {
   EXPECT_NEAR(b16, f32, 0.02 * f32);
   EXPECT_NEAR(b16_val, f32_val, 0.02 * f32_val);
   fs::remove_all(d);
+}
+
+// Padding the context on the right (what generate() does on CUDA, for cuDNN's graph cache)
+// does not change the sampled tokens: causal attention keeps position T-1 blind to the pad.
+TEST(Generate, RightPaddedContextSamplesTheSameTokens) {
+  models::GPTConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.vocab_size = 29;
+  c.block_size = 24;
+  models::GPT gpt(c);
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7);
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+  const std::vector<int32_t> plain = train::generate(gpt, prompt, 30, 1.0, 0, 11, Device::cpu(), 1);
+  ASSERT_EQ(plain.size(), prompt.size() + 30);  // past block_size: the window slides
+  for (int64_t bucket : {4, 8, 64})
+    EXPECT_EQ(train::generate(gpt, prompt, 30, 1.0, 0, 11, Device::cpu(), bucket), plain)
+        << "bucket " << bucket;
 }

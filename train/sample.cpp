@@ -10,15 +10,20 @@
 namespace ndt::train {
 
 std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, int64_t length,
-                              double temperature, int64_t top_k, uint64_t seed, Device device) {
+                              double temperature, int64_t top_k, uint64_t seed, Device device,
+                              int64_t bucket) {
   autograd::NoGradGuard no_grad;
+  if (bucket <= 0) bucket = device.is_cuda() ? 64 : 1;
   if (ids.empty()) ids.push_back(0);
   const int64_t V = gpt.cfg.vocab_size;
   const size_t start = ids.size();
   for (int64_t n = 0; n < length; ++n) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(ids.size()), gpt.cfg.block_size);
     std::vector<int32_t> ctx(ids.end() - T, ids.end());
-    Tensor logits = gpt.forward(Tensor::from_vector(ctx, {1, T}, device), Tensor()).logits;  // (T, Vp)
+    // right padding to the bucket (positions >= T do not change position T-1's logits)
+    const int64_t Tp = std::min<int64_t>((T + bucket - 1) / bucket * bucket, gpt.cfg.block_size);
+    ctx.resize(static_cast<size_t>(Tp), 0);
+    Tensor logits = gpt.forward(Tensor::from_vector(ctx, {1, Tp}, device), Tensor()).logits;  // (Tp, Vp)
     std::vector<float> last = logits.narrow(0, T - 1, 1).to_vector<float>();
     last.resize(V);  // drop padded columns
     // softmax(logits / temperature) restricted to the top k
