@@ -203,7 +203,8 @@ fe::error_t build(fe::graph::Graph& g, cudnnHandle_t handle) {
 // The built graph for p, from the cache or built now; nullptr (and *why) when cuDNN cannot
 // build it, a result that is cached as well (no second attempt for the same key). The
 // backward asks for cuDNN's deterministic algorithm first (ndtrain's kernels reduce in a
-// fixed order) and takes the default one where that is not supported. Anything the
+// fixed order; NDT_SDPA_DETERMINISTIC=0 skips it: faster on Hopper, dq summed with atomics)
+// and takes the default one where that is not supported. Anything the
 // frontend or cuDNN throws (sdpa() throws std::runtime_error when no implementation fits,
 // cudnnCreate may fail on a broken install) counts as "cannot build".
 const fe::graph::Graph* find_or_build(const Problem& p, std::string* why) {
@@ -220,7 +221,9 @@ const fe::graph::Graph* find_or_build(const Problem& p, std::string* why) {
   std::string msg;
   // forward: the frontend's choice of node, then the composite node; backward: the
   // deterministic algorithm, then the default one
-  for (int attempt = 0; attempt < 2; ++attempt) {
+  const char* det = std::getenv("NDT_SDPA_DETERMINISTIC");
+  const int first = p.backward && det && std::strcmp(det, "0") == 0 ? 1 : 0;
+  for (int attempt = first; attempt < 2; ++attempt) {
     try {
       cudnnHandle_t handle = cudnn(p.device);
       DeviceGuard guard(p.device);
@@ -228,9 +231,9 @@ const fe::graph::Graph* find_or_build(const Problem& p, std::string* why) {
                               : describe(p, /*deterministic=*/false, /*composite=*/attempt == 1);
       fe::error_t st = build(*g, handle);
       if (st.is_good()) return cache->emplace(key, std::move(g)).first->second.get();
-      msg += detail::cat(attempt ? "; then: " : "", st.get_message());
+      msg += detail::cat(attempt > first ? "; then: " : "", st.get_message());
     } catch (const std::exception& e) {
-      msg += detail::cat(attempt ? "; then: " : "", e.what());
+      msg += detail::cat(attempt > first ? "; then: " : "", e.what());
     }
   }
   msg = detail::cat("cuDNN SDPA cannot build the graph for ", p.str(), ": ", msg);
