@@ -73,7 +73,9 @@ Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, int64_t 
 
 // ---- embedding (ops/embedding.cpp) -----------------------------------------------
 // ids (...) i32, table (V, C) -> (..., C). Backward scatter-adds, deterministically.
-Tensor embedding(const Tensor& ids, const Tensor& table);
+// A table that holds rows [v_start, v_start + V) of a vocabulary of v_total ids (tensor
+// parallelism; -1: v_start + V) gives zero rows for the ids it does not hold.
+Tensor embedding(const Tensor& ids, const Tensor& table, int64_t v_start = 0, int64_t v_total = -1);
 
 // ---- attention (ops/attention.cpp) -----------------------------------------------
 struct AttentionOut {

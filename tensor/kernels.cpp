@@ -241,16 +241,23 @@ void count_not_equal(const Tensor& targets, int64_t ignore_index, const Tensor& 
   NDT_DISPATCH(targets.device(), count_not_equal, targets, ignore_index, kept);
 }
 
-void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) {
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, int64_t v_start,
+                       int64_t v_total) {
   same_device("embedding_forward", {&ids, &table, &out});
   contiguous("embedding_forward", {&ids, &table, &out});
-  NDT_DISPATCH(ids.device(), embedding_forward, ids, table, out);
+  if (v_total < 0) v_total = v_start + table.size(0);
+  NDT_CHECK(v_start >= 0 && v_start + table.size(0) <= v_total && v_total <= INT32_MAX,
+            "embedding_forward: rows [", v_start, ", ", v_start + table.size(0), ") of a vocabulary of ",
+            v_total, " do not fit");
+  NDT_DISPATCH(ids.device(), embedding_forward, ids, table, out, v_start, v_total);
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, int64_t v_start) {
   same_device("embedding_backward", {&ids, &dout, &dtable});
   contiguous("embedding_backward", {&ids, &dout, &dtable});
-  NDT_DISPATCH(ids.device(), embedding_backward, ids, dout, dtable);
+  NDT_CHECK(v_start >= 0 && v_start + dtable.size(0) <= INT32_MAX, "embedding_backward: v_start ", v_start,
+            " out of range");
+  NDT_DISPATCH(ids.device(), embedding_backward, ids, dout, dtable, v_start);
 }
 
 void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,

@@ -99,11 +99,15 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 void mean_of_kept(const Tensor& losses, const Tensor& kept, const Tensor& out);
 
 // ---- embedding (tensor/{cpu,cuda}/embedding) ----------------------------------------
-// ids (N) i32, table (V,C) -> out (N,C). An id outside [0,V) throws.
-void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out);
-// dtable (V,C) written: dtable[v] = sum over n with ids[n]==v of dout[n], summed in order
-// of n, so the result is deterministic.
-void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable);
+// ids (N) i32, table (V,C) -> out (N,C): out[n] = table[ids[n] - v_start]. The table may be
+// rows [v_start, v_start + V) of a vocabulary of v_total ids (a tensor-parallel shard; -1:
+// v_start + V): an id of another shard gives a zero row, an id outside [0, v_total) throws
+// (on CUDA at the next synchronization).
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, int64_t v_start = 0,
+                       int64_t v_total = -1);
+// dtable (V,C) written: dtable[v] = sum over n with ids[n]==v_start+v of dout[n], summed in
+// order of n, so the result is deterministic; ids outside the shard add nothing.
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, int64_t v_start = 0);
 
 // ---- attention pieces (tensor/{cpu,cuda}/attention) ---------------------------------
 // Causal attention is composed by autograd/ops from gemm and these two kernels.

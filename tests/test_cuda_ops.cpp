@@ -167,6 +167,15 @@ std::vector<OpCase> large_cases() {
                 },
                 [](const V& x) { return V{embedding(x[0], x[1])}; },
                 {false, true}});
+  // a vocabulary shard: rows [37, 74) of 148 (tensor parallelism's lookup)
+  cs.push_back({"embedding_shard_repeats",
+                [normals](DType dt, Device dev) {
+                  V v{random_ids({4, 250}, 148, dev, 602)};
+                  v.push_back(normals({{{37, 96}, 0.f, 1.f}})(dt, dev)[0]);
+                  return v;
+                },
+                [](const V& x) { return V{embedding(x[0], x[1], 37, 148)}; },
+                {false, true}});
   // attention: causal; a later query block (ring attention); leading queries fully masked
   struct Att {
     const char* name;

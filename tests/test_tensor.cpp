@@ -549,6 +549,11 @@ TEST(Errors, BadValuesNameThemselves) {
   EXPECT_CONTAINS(m, "id 11");
   m = error_of([] { embedding(Tensor::from_vector<int32_t>({-1}, {1}), Tensor::zeros({11, 3})); });
   EXPECT_CONTAINS(m, "id -1");
+  // a shard: ids are checked against the whole vocabulary, and the rows must fit in it
+  m = error_of([] { embedding(Tensor::from_vector<int32_t>({12}, {1}), Tensor::zeros({3, 2}), 6, 12); });
+  EXPECT_CONTAINS(m, "id 12");
+  m = error_of([] { embedding(Tensor::from_vector<int32_t>({1}, {1}), Tensor::zeros({3, 2}), 10, 12); });
+  EXPECT_CONTAINS(m, "rows [10, 13) of a vocabulary of 12");
   m = error_of([] { Tensor::zeros({2, 3}).item(); });
   EXPECT_CONTAINS(m, "(2, 3)");
   m = error_of([] { Tensor::from_vector<float>({1, 2, 3}, {2, 2}); });
@@ -722,4 +727,19 @@ TEST(TensorConversions, IntegersAboveTwoToTheTwentyFourAreExact) {
   Tensor m = Tensor::from_vector(std::vector<int32_t>{INT32_MAX, 1, 2, (1 << 24) + 1}, {2, 2}).transpose(0, 1);
   EXPECT_EQ(m.contiguous().to(DType::f64).to_vector<double>(),
             (std::vector<double>{2147483647.0, 2.0, 1.0, 16777217.0}));
+}
+
+// A vocabulary shard (tensor parallelism): rows [2, 5) of 6 ids. The shard's ids get their
+// rows, the others zero rows, and the backward adds only the shard's ids.
+TEST(Embedding, ShardOfTheVocabulary) {
+  Tensor table = Tensor::from_vector<float>({10, 11, 20, 21, 30, 31}, {3, 2});
+  Tensor ids = Tensor::from_vector<int32_t>({0, 2, 4, 5, 3, 2}, {6});
+  Tensor out = Tensor::empty({6, 2});
+  kernels::embedding_forward(ids, table, out, 2, 6);
+  EXPECT_EQ(out.to_vector<float>(), (std::vector<float>{0, 0, 10, 11, 30, 31, 0, 0, 20, 21, 10, 11}));
+  Tensor dout = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {6, 2});
+  Tensor dtable = Tensor::empty({3, 2});
+  kernels::embedding_backward(ids, dout, dtable, 2);
+  // row 0 (id 2): positions 1 and 5; row 1 (id 3): position 4; row 2 (id 4): position 2
+  EXPECT_EQ(dtable.to_vector<float>(), (std::vector<float>{3 + 11, 4 + 12, 9, 10, 5, 6}));
 }

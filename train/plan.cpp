@@ -212,8 +212,9 @@ Plan plan(const Config& c, int64_t world) {
          4 * mc.n_embd / D.tp, mc.n_head / D.tp, mc.padded_vocab() / D.tp, D.cp};
   const int64_t N = d.N, C = d.C, Vl = d.Vl;
   // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
-  // vocab_parallel_embedding: mul keeps the lookup and the mask (2 N C), g sums.
-  const int64_t emb_saved = N * C + (D.tp > 1 ? 2 * N * C : 0);
+  // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
+  // lookup keeps only the ids.
+  const int64_t emb_saved = N * C;
   // FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
   // embeddings and their gradient (gathered for the whole step), block i and block i-1
   // (prefetched), block i's whole gradient and, but for the last block (the first whose

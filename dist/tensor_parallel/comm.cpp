@@ -39,25 +39,9 @@ Tensor reduce_from_tp(const Tensor& x, Communicator& tp) {
 
 Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& table, int64_t v_start, Communicator& tp) {
   if (tp.size() == 1) return embedding(ids, table);
-  const int64_t Vl = table.size(0), C = table.size(1);
-  // the rank's ids (0 for the ids of other ranks), and whether each id is the rank's
-  std::vector<int32_t> all = ids.to(Device::cpu()).contiguous().to_vector<int32_t>(), mine(all.size()),
-                       here(all.size());
-  for (size_t i = 0; i < all.size(); ++i) {
-    const int64_t j = all[i] - v_start;
-    here[i] = j >= 0 && j < Vl;
-    mine[i] = here[i] ? static_cast<int32_t>(j) : 0;
-  }
-  // the mask (..., C): row 1 of a (2, C) table of zeros and ones, looked up on the device
-  Shape out_shape = ids.shape();
-  out_shape.push_back(C);
-  Tensor rows = Tensor::zeros({2, C}, table.dtype(), table.device()),
-         mask = Tensor::empty(out_shape, table.dtype(), table.device());
-  kernels::fill(rows.narrow(0, 1, 1), 1.0);
-  kernels::embedding_forward(Tensor::from_vector(here, ids.shape(), table.device()), rows, mask);
-  // rows of other ranks are zero here (and their gradient too: it is multiplied by 0)
-  return reduce_from_tp(mul(embedding(Tensor::from_vector(mine, ids.shape(), table.device()), table), mask),
-                        tp);
+  // the rank's rows for its ids, zero rows for the others' (their gradient adds nothing
+  // here), all on the device; an id outside the whole vocabulary throws
+  return reduce_from_tp(embedding(ids, table, v_start, tp.size() * table.size(0)), tp);
 }
 
 // ---- the vocabulary-parallel cross-entropy -------------------------------------------------

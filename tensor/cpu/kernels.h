@@ -42,8 +42,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
                             const Tensor& dlogits);
 void mean_of_kept(const Tensor& losses, const Tensor& kept, const Tensor& out);
 void count_not_equal(const Tensor& targets, int64_t ignore_index, const Tensor& kept);
-void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out);
-void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable);
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, int64_t v_start,
+                       int64_t v_total);
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, int64_t v_start);
 void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
                                const Tensor& lse);
 void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,

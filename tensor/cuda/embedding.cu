@@ -13,19 +13,21 @@ namespace {
 
 // ---- kernels ------------------------------------------------------------------------
 
-// ids (N), table (V,C) -> out (N,C): out[n] = table[ids[n]]. E is a same-size raw type, so
-// the rows are copied bit for bit. A bad id is recorded (common.cuh) and gives a zero row.
+// ids (N), table (V,C) rows [v_start, v_start + V) of v_total -> out (N,C):
+// out[n] = table[ids[n] - v_start], a zero row for another shard's id. E is a same-size raw
+// type, so the rows are copied bit for bit. An id outside [0, v_total) is recorded
+// (common.cuh) and gives a zero row.
 template <typename E>
 __global__ void embedding_forward_kernel(const int32_t* ids, const E* table, E* out, int64_t N, int64_t V,
-                                         int64_t C, ErrorRecord* err) {
+                                         int64_t C, int64_t v_start, int64_t v_total, ErrorRecord* err) {
   NDT_GRID_STRIDE(i, N * C) {
-    const int64_t n = i / C, c = i % C, id = ids[n];
-    if (id < 0 || id >= V) {
-      if (c == 0) record_error(err, KernelError::kEmbeddingId, n, id, V);
+    const int64_t n = i / C, c = i % C, id = ids[n], j = id - v_start;
+    if (id < 0 || id >= v_total) {
+      if (c == 0) record_error(err, KernelError::kEmbeddingId, n, id, v_total);
       out[i] = E{};
       continue;
     }
-    out[i] = table[id * C + c];
+    out[i] = j >= 0 && j < V ? table[j * C + c] : E{};
   }
 }
 
@@ -39,20 +41,21 @@ __global__ void iota_kernel(int32_t* positions, int64_t n) {
 // uses of each id, in ascending position. Block i owns sorted entry i; if it starts a run of
 // equal ids, its threads (one per column) sum the run's dout rows in that order and write
 // the row of the table once. No atomics, the CPU's order: deterministic, and bit-equal to the
-// CPU in f32. Rows no id uses were zeroed before. Ids outside [0, V) are skipped (the forward
-// reported them).
+// CPU in f32. Rows no id uses were zeroed before. Ids outside the shard's rows [v_start,
+// v_start + V) are skipped (another shard's, or bad ones the forward reported).
 template <typename T>
 __global__ void embedding_backward_kernel(const int32_t* sorted_ids, const int32_t* order, const T* dout,
-                                          T* dtable, int64_t N, int64_t V, int64_t C) {
+                                          T* dtable, int64_t N, int64_t V, int64_t C, int64_t v_start) {
   const int64_t i = blockIdx.x;
   const int32_t id = sorted_ids[i];
-  if ((i > 0 && sorted_ids[i - 1] == id) || id < 0 || id >= V) return;  // not the start of a run
+  const int64_t row = static_cast<int64_t>(id) - v_start;
+  if ((i > 0 && sorted_ids[i - 1] == id) || row < 0 || row >= V) return;  // not the start of a run
   int64_t end = i + 1;
   while (end < N && sorted_ids[end] == id) ++end;
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
     float acc = 0.0f;
     for (int64_t j = i; j < end; ++j) acc += load(dout[static_cast<int64_t>(order[j]) * C + c]);
-    dtable[static_cast<int64_t>(id) * C + c] = store<T>(acc);
+    dtable[row * C + c] = store<T>(acc);
   }
 }
 
@@ -60,7 +63,8 @@ __global__ void embedding_backward_kernel(const int32_t* sorted_ids, const int32
 
 // ---- launchers ----------------------------------------------------------------------
 
-void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out) {
+void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, int64_t v_start,
+                       int64_t v_total) {
   const int64_t N = ids.numel(), V = table.size(0), C = table.size(1);
   if (N == 0 || C == 0) return;
   NDT_CHECK(ids.dtype() == DType::i32, "embedding: ids must be int32, got ", ids.desc());
@@ -71,7 +75,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
     using E = decltype(tag);
     embedding_forward_kernel<E><<<grid_for(N * C), kThreads, 0, L.stream>>>(
         ids.data<int32_t>(), static_cast<const E*>(table.data_ptr()), static_cast<E*>(out.data_ptr()), N, V,
-        C, err);
+        C, v_start, v_total, err);
     NDT_CUDA_CHECK_LAUNCH();
   };
   switch (dtype_size(table.dtype())) {
@@ -87,7 +91,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
   }
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, int64_t v_start) {
   const int64_t N = ids.numel(), V = dtable.size(0), C = dtable.size(1);
   if (V * C == 0) return;
   NDT_CHECK(ids.dtype() == DType::i32, "embedding_backward: ids must be int32, got ", ids.desc());
@@ -114,7 +118,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
     const int threads = static_cast<int>(std::clamp<int64_t>((C + 31) / 32 * 32, 32, kThreads));
     embedding_backward_kernel<T><<<static_cast<unsigned>(N), threads, 0, L.stream>>>(
         sorted_ids.data<int32_t>(), order.data<int32_t>(), static_cast<const T*>(dout.data_ptr()),
-        static_cast<T*>(dtable.data_ptr()), N, V, C);
+        static_cast<T*>(dtable.data_ptr()), N, V, C, v_start);
     NDT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -243,6 +243,12 @@ std::vector<OpCase> build_cases() {
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{embedding(x[0], x[1])}; },
             {false, true}});
 
+  // a vocabulary shard (tensor parallelism): rows [4, 9) of 11; the other ids give zero rows
+  add_case({"embedding_shard",
+            inputs_of({ids({kB, kT}, kV), {{5, 6}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{embedding(x[0], x[1], 4, kV)}; },
+            {false, true}});
+
   // attention: q (B,NH,Tq,HS), k, v (B,NH,Tk,HS); both outputs
   struct Att {
     const char* name;
