@@ -54,6 +54,27 @@ void Communicator::count(CommKind k, int64_t bytes) {
   stats_.calls[static_cast<size_t>(k)] += 1;
 }
 
+namespace {
+// Done when both halves of an exchange are.
+class BothWork : public Work {
+ public:
+  BothWork(WorkPtr a, WorkPtr b) : a_(std::move(a)), b_(std::move(b)) {}
+  void wait() override {
+    a_->wait();
+    b_->wait();
+  }
+  bool done() override { return a_->done() && b_->done(); }
+
+ private:
+  WorkPtr a_, b_;
+};
+}  // namespace
+
+WorkPtr Communicator::sendrecv(const Tensor& out_t, int to, const Tensor& in_t, int from) {
+  WorkPtr r = recv(in_t, from), s = send(out_t, to);
+  return std::make_shared<BothWork>(std::move(r), std::move(s));
+}
+
 double Communicator::all_reduce_scalar(double v, ReduceOp op) {
   if (size_ == 1) return v;
   Tensor t = Tensor::scalar(v, DType::f64, device());

@@ -75,6 +75,11 @@ class Communicator {
   // Point to point (ring attention); a send must meet a recv of the same size on the peer.
   virtual WorkPtr send(const Tensor& t, int peer) = 0;
   virtual WorkPtr recv(const Tensor& t, int peer) = 0;
+  // Sends `out_t` to `to` and receives `in_t` from `from` as one operation, the step of a
+  // ring that every rank takes at once. The default posts the receive and the send (the MPI
+  // backend's are non-blocking); NCCL groups them, since two separate calls on one stream
+  // would make each rank's receive wait for a send queued behind the peer's receive.
+  virtual WorkPtr sendrecv(const Tensor& out_t, int to, const Tensor& in_t, int from);
   virtual void barrier() = 0;
 
   // Ranks that pass the same color form a new communicator, ordered by key. Collective

@@ -127,6 +127,7 @@ class NcclCommunicator : public Communicator {
   }
   WorkPtr send(const Tensor& t, int peer) override {
     check_one("send", t);
+    check_peer("send", peer);
     count(CommKind::kSend, static_cast<int64_t>(t.nbytes()));
     return launch({t}, [&](cudaStream_t s) {
       return ncclSend(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), peer, comm_, s);
@@ -134,9 +135,29 @@ class NcclCommunicator : public Communicator {
   }
   WorkPtr recv(const Tensor& t, int peer) override {
     check_one("recv", t);
+    check_peer("recv", peer);
     count(CommKind::kRecv, 0);
     return launch({t}, [&](cudaStream_t s) {
       return ncclRecv(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), peer, comm_, s);
+    });
+  }
+  WorkPtr sendrecv(const Tensor& out_t, int to, const Tensor& in_t, int from) override {
+    check_one("sendrecv", out_t);
+    check_one("sendrecv", in_t);
+    check_peer("sendrecv", to);
+    check_peer("sendrecv", from);
+    count(CommKind::kSend, static_cast<int64_t>(out_t.nbytes()));
+    count(CommKind::kRecv, 0);
+    return launch({out_t, in_t}, [&](cudaStream_t s) {
+      // one group: NCCL runs the send and the receive together (each alone would wait for its peer)
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      const ncclResult_t a = ncclSend(out_t.data_ptr(), static_cast<size_t>(out_t.numel()),
+                                      nccl_type(out_t.dtype()), to, comm_, s);
+      const ncclResult_t b = ncclRecv(in_t.data_ptr(), static_cast<size_t>(in_t.numel()),
+                                      nccl_type(in_t.dtype()), from, comm_, s);
+      r = ncclGroupEnd();  // always closed, even after an error inside
+      return a != ncclSuccess ? a : b != ncclSuccess ? b : r;
     });
   }
   void barrier() override {
@@ -160,6 +181,9 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
+  void check_peer(const char* call, int peer) const {
+    NDT_CHECK(peer >= 0 && peer < size_, name_, ".", call, ": peer ", peer, " outside the group of ", size_);
+  }
   template <typename F>
   WorkPtr launch(std::vector<Tensor> keep, F&& call) {
     for (const Tensor& t : keep)

@@ -5,27 +5,12 @@
 namespace ndt::dist {
 namespace {
 
-// Done when both halves of an exchange are.
-class BothWork : public Work {
- public:
-  BothWork(WorkPtr a, WorkPtr b) : a_(std::move(a)), b_(std::move(b)) {}
-  void wait() override {
-    a_->wait();
-    b_->wait();
-  }
-  bool done() override { return a_->done() && b_->done(); }
-
- private:
-  WorkPtr a_, b_;
-};
-
 // Sends x to `to` and receives a tensor of x's shape from `from`.
 RingPass exchange(const Tensor& x, int to, int from, Communicator& cp) {
   Tensor in = x.contiguous();
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
-  WorkPtr r = cp.recv(out, from), s = cp.send(in, to);
-  // the sent buffer must live until the send is done: the handle keeps `in` through the lambda
-  return {out, std::make_shared<BothWork>(r, s)};
+  // the sent buffer must live until the send is done: the backends' handles keep it
+  return {out, cp.sendrecv(in, to, out, from)};
 }
 
 }  // namespace
