@@ -390,6 +390,14 @@ TEST_F(DistTrain, BadLayoutsAreOneClearLine) {
   r = train("bad3", 1, "--parallel.dp_shard_size -2");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("parallel.dp_shard_size"), std::string::npos) << r.out;
+  r = train("bad3b", 2, "--train.device cuda --parallel.backend mpi");  // before looking for a GPU
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("parallel.backend = mpi moves CPU tensors, but train.device = cuda on 2 ranks"),
+            std::string::npos)
+      << r.out;
+  r = train("bad3c", 2, "--train.device cuda:0");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("puts all 2 ranks of this node on one GPU"), std::string::npos) << r.out;
   r = train("bad4", 1, "--optim.lr_scaling linear");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("optim.lr_base_batch"), std::string::npos) << r.out;

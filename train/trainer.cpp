@@ -167,6 +167,13 @@ class Trainer {
 void Trainer::setup() {
   // devices: one process per GPU, the GPU chosen by the rank's place on its node
   device_ = Device::parse(c_.train.device);
+  // GPUs on several ranks: NCCL between them (MPI moves CPU tensors only), one GPU per rank
+  if (device_.is_cuda() && world_->size() > 1 && c_.parallel.backend == "mpi")
+    throw ConfigError("parallel.backend = mpi moves CPU tensors, but train.device = " + c_.train.device + " on " +
+                      std::to_string(world_->size()) + " ranks; use parallel.backend = nccl or auto");
+  if (device_.is_cuda() && c_.train.device != "cuda" && dist::local_size() > 1)
+    throw ConfigError("train.device = " + c_.train.device + " puts all " + std::to_string(dist::local_size()) +
+                      " ranks of this node on one GPU; use train.device = cuda (each rank takes cuda:<local rank>)");
   if (device_.is_cuda()) {
     if (!cuda::available())
       throw ConfigError("train.device = " + c_.train.device + " but no CUDA device is visible (" +
@@ -396,7 +403,8 @@ std::unique_ptr<Trainer::Whole> Trainer::gather_whole(bool keep, bool grads) {
       const int64_t n = numel_of(p.spec.shape);
       auto whole_param = [&](const Tensor& buf) {
         Tensor local = buf.narrow(0, p.offset, n).view(p.spec.shape);
-        return (tp > 1 ? dist::gather_param(p.spec, local, mesh_->tp()) : local).to(Device::cpu());
+        const Tensor whole = tp > 1 ? dist::gather_param(p.spec, local, mesh_->tp()) : local;  // collective
+        return keep ? whole.to(Device::cpu()) : whole;  // only the keeping rank needs it on the host
       };
       const Tensor value = whole_param(data);
       const Tensor mv[2] = {grads ? Tensor() : whole_param(m), grads ? Tensor() : whole_param(v)};
