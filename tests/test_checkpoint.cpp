@@ -137,6 +137,25 @@ TEST(Weights, SaveLoadRoundTripWithHuggingFaceNames) {
     EXPECT_EQ(p1.units[u].data.to_vector<float>(), p2.units[u].data.to_vector<float>()) << p1.units[u].name;
 }
 
+// Mixed precision (bf16 compute copies over f32 masters): the file holds the f32 masters,
+// loading writes the masters (not the compute copies, which the next refresh would
+// overwrite) and refreshes the copies.
+TEST(Weights, MixedPrecisionSavesAndLoadsTheMasters) {
+  fs::path d = ndt::testing::fresh_dir("ckpt_weights_mixed");
+  models::GPT g1(tiny()), g2(tiny());
+  nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1, {}, DType::bf16);
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2, {}, DType::bf16);
+  ASSERT_TRUE(p1.units[0].mixed());
+  ckpt::save_weights((d / "m.safetensors").string(), g1, p1);
+  io::SafeTensorsReader r((d / "m.safetensors").string());
+  EXPECT_EQ(r.entries().at("h.0.mlp.c_fc.weight").dtype, "F32");
+  ckpt::load_weights((d / "m.safetensors").string(), g2, p2);
+  for (size_t u = 0; u < p1.units.size(); ++u) {
+    EXPECT_EQ(p1.units[u].data.to_vector<float>(), p2.units[u].data.to_vector<float>()) << p1.units[u].name;
+    EXPECT_EQ(p1.units[u].full.to_vector<float>(), p2.units[u].full.to_vector<float>()) << p1.units[u].name;
+  }
+}
+
 TEST(Weights, AcceptsTransformerPrefixTiedHeadAndMaskBuffers) {
   fs::path d = ndt::testing::fresh_dir("ckpt_hf");
   models::GPT g1(tiny()), g2(tiny());

@@ -40,13 +40,25 @@ Shape saved_shape(const models::GPT& gpt, const nn::FlatParam& p) {
 
 }  // namespace
 
+namespace {
+// Parameter `name` in the master dtype, a view of unsharded params: its value, or with
+// mixed precision its slice of the master buffer (the value is the compute copy).
+Tensor master_value(const nn::FlatParams& params, const std::string& name, const char* op) {
+  for (const nn::FlatUnit& u : params.units)
+    for (const nn::FlatParam& p : u.params) {
+      if (p.spec.name != name) continue;
+      NDT_CHECK(!u.sharded(), op, ": unit ", u.name, " is sharded (use the _local / sharded functions)");
+      return u.mixed() ? u.data.narrow(0, p.offset, numel_of(p.spec.shape)).view(p.spec.shape) : p.value;
+    }
+  NDT_FAIL(op, ": parameter ", name, " is not materialized");
+}
+}  // namespace
+
 void save_weights(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
                   const std::map<std::string, std::string>& metadata) {
   io::SafeTensorsWriter w;
   for (const nn::ParamSpec& spec : gpt.parameters()) {  // HF order
-    const nn::FlatParam* p = params.find(spec.name);
-    NDT_CHECK(p, "save_weights: parameter ", spec.name, " is not materialized");
-    Tensor v = p->value;
+    Tensor v = master_value(params, spec.name, "save_weights");
     if (spec.name == "wte.weight") v = v.narrow(0, 0, gpt.cfg.vocab_size);
     w.add(spec.name, v);
   }
@@ -129,7 +141,7 @@ void load_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
   // Read and check every value before copying any.
   std::map<std::string, Tensor> values;
   for (auto& [n, fname] : ours_to_file) {
-    Tensor src = r.get(fname, params.find(n)->value.dtype());
+    Tensor src = r.get(fname, master_value(params, n, "load_weights").dtype());
     for (float x : src.to_vector<float>())
       NDT_CHECK(std::isfinite(x), "weights ", path, ": tensor ", fname, " holds ",
                 std::isnan(x) ? "NaN" : "Inf",
@@ -137,14 +149,14 @@ void load_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
     values[n] = src;
   }
   for (auto& [n, src] : values) {
-    const nn::FlatParam* p = params.find(n);
-    Tensor dst = p->value;
+    Tensor dst = master_value(params, n, "load_weights");
     if (n == "wte.weight") {
       kernels::fill(dst, 0.0);  // padded rows stay zero
       dst = dst.narrow(0, 0, gpt.cfg.vocab_size);
     }
     dst.copy_(src);
   }
+  params.refresh_compute();  // mixed precision: the compute copies of what was loaded
 }
 
 std::optional<int64_t> step_of(const std::string& name) {
