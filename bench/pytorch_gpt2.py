@@ -93,7 +93,13 @@ def run(args, mode, B, device, cfg):
     fused = device.type == "cuda"
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-4, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-    step_model = torch.compile(model) if mode == "compile" else model
+    if mode == "compile":
+        # a fresh compile per batch size, static shapes: without the reset, the second batch size
+        # recompiles the cached code with a dynamic batch dimension (dynamic=None's default)
+        torch._dynamo.reset()
+        step_model = torch.compile(model, dynamic=False)
+    else:
+        step_model = model
     T, V = cfg["T"], cfg["vocab"]
     V_ids = cfg.get("vocab_real", V)  # ids and targets from the real vocabulary, as bench_gpt_train draws them
     gen = torch.Generator().manual_seed(0)
@@ -156,9 +162,10 @@ def main():
         if not torch.cuda.is_available():
             print("pytorch_gpt2: no CUDA device visible to PyTorch", file=sys.stderr)
             return 2
-        # as llm.c's and nanoGPT's PyTorch trainers do: TF32 for any f32 matmul left
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        # TF32 for any f32 matmul left outside autocast. set_float32_matmul_precision, not the
+        # allow_tf32 flags: those are deprecated since torch 2.9, and mixing them with the new
+        # fp32_precision API (which inductor reads) has broken torch.compile (pytorch#166387)
+        torch.set_float32_matmul_precision("high")
         print(f"pytorch_gpt2: torch {torch.__version__}, {torch.cuda.get_device_name(device)}", flush=True)
     else:
         print(f"pytorch_gpt2: torch {torch.__version__}, cpu", flush=True)

@@ -6,20 +6,21 @@
 # throughput floor, the same step in PyTorch (eager and torch.compile) for comparison, and a
 # one-rank NCCL training step under mpirun. One markdown summary table comes last.
 #
-#   scripts/gpu_check.sh            # everything, about 8 minutes on an H200 with 16 cores
-#   scripts/gpu_check.sh --quick    # about 4: build, gpu tests, GPT-2 bf16 B 8, PyTorch eager
+#   scripts/gpu_check.sh            # everything, at most ~9 minutes with the build (16 cores)
+#   scripts/gpu_check.sh --quick    # at most ~6: build, gpu tests, GPT-2 bf16 B 8, PyTorch eager
 #                                   # B 8, the NCCL step; no sanitizer, no torch.compile
 #
 # Through the device tool (the command string, carry and timeout_s of one `run` call):
 #
 #   command:   set -o pipefail; NDT_GPU_CHECK_OUT=$OUT bash scripts/gpu_check.sh 2>&1 | tee $OUT/gpu_check.log
 #   carry:     [".gpu-deps", "third_party"]
-#   timeout_s: 600            (--quick: add --quick to the command and use 330)
+#   timeout_s: 600            (--quick: add --quick to the command and use 420)
 #
 # .gpu-deps comes from scripts/gpu_deps.sh (run it first, on a machine with apt); third_party
 # holds the cuDNN frontend headers scripts/setup.sh fetches (without them the build has no
-# fused attention, nothing fails). With NDT_GPU_CHECK_OUT set, summary.md and logs.tar.gz
-# are written there too (the device tool brings back what is under $OUT).
+# fused attention and test_cuda_attention skips, which fails the check). With
+# NDT_GPU_CHECK_OUT set, summary.md and logs.tar.gz are written there too, also when the
+# script stops early (the device tool brings back what is under $OUT).
 #
 # Environment:
 #   NDT_BUILD_DIR        build folder (default build-gpu; kept between runs on a warm machine)
@@ -27,7 +28,8 @@
 #   NDT_JOBS             build parallelism (default 16)
 #   NDT_BUILD_TIMEOUT_S  the build's limit (default 300; 7200 in a dry run)
 #   NDT_GPU_CHECK_DRY=1  deps, configure and build only, then stop (for a machine without GPU)
-#   NDT_GPU_CHECK_BUDGET_S   total seconds for the stages (default 480, --quick 240): each
+#   NDT_GPU_CHECK_BUDGET_S   seconds from the script's start, build included (default 550,
+#                        --quick 370; keep it ~50 s under the run's timeout_s): each
 #                        stage's timeout is cut to what is left; a stage with no time left is
 #                        reported NOT RUN and fails the check
 #   NDT_GPT2_FLOOR       tokens/s the GPT-2 bf16 B 16 run must reach (default 150000; --quick
@@ -74,12 +76,21 @@ DEPS="${NDT_DEPS_PREFIX:-/tmp/ndt-deps}"
 JOBS="${NDT_JOBS:-16}"
 DRY="${NDT_GPU_CHECK_DRY:-0}"
 FLOOR="${NDT_GPT2_FLOOR:-150000}"
-if [[ $QUICK -eq 1 ]]; then BUDGET="${NDT_GPU_CHECK_BUDGET_S:-240}"; else BUDGET="${NDT_GPU_CHECK_BUDGET_S:-480}"; fi
+if [[ $QUICK -eq 1 ]]; then BUDGET="${NDT_GPU_CHECK_BUDGET_S:-370}"; else BUDGET="${NDT_GPU_CHECK_BUDGET_S:-550}"; fi
 ARCH=x86_64-linux-gnu
 LOGS="$BUILD/gpu_check"
 START=$SECONDS
 
 log() { echo "[gpu_check] $*"; }
+# whatever way the script ends (a missing dependency, a failed configure or build, the end),
+# the logs go to NDT_GPU_CHECK_OUT: the one run on a lent GPU must bring back build.log too
+save_logs() {
+  [[ -n "${NDT_GPU_CHECK_OUT:-}" && -d "$LOGS" ]] || return 0
+  mkdir -p "$NDT_GPU_CHECK_OUT"
+  [[ -f "$LOGS/summary.md" ]] && cp "$LOGS/summary.md" "$NDT_GPU_CHECK_OUT/summary.md"
+  tar -C "$BUILD" -czf "$NDT_GPU_CHECK_OUT/logs.tar.gz" --exclude='gpu_check/nccl_run/*.bin' gpu_check 2>/dev/null || true
+}
+trap save_logs EXIT
 missing() { echo "[gpu_check] missing: $*" >&2; exit 2; }
 
 FAILURES=()   # one line per failed check, for the summary
@@ -169,7 +180,11 @@ if [[ -d "$ROOT/.gpu-deps" ]]; then
     n=$((n + 1))
   done
   [[ -f "$ROOT/.gpu-deps/boost1.74-headers-trimmed.tar.xz" ]] || missing ".gpu-deps/boost1.74-headers-trimmed.tar.xz (run scripts/gpu_deps.sh)"
-  tar -C "$DEPS" -xJf "$ROOT/.gpu-deps/boost1.74-headers-trimmed.tar.xz"
+  # tar -J runs the xz program, which a bare image may lack; python3's tarfile reads .tar.xz too
+  tar -C "$DEPS" -xJf "$ROOT/.gpu-deps/boost1.74-headers-trimmed.tar.xz" 2>/dev/null ||
+    "${PYTHON:-python3}" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+      "$ROOT/.gpu-deps/boost1.74-headers-trimmed.tar.xz" "$DEPS" ||
+    missing "the Boost headers of .gpu-deps/boost1.74-headers-trimmed.tar.xz unpacked (neither tar -xJ nor python3 could)"
   P="$DEPS/usr"
   L="$P/lib/$ARCH"
   # what Debian's alternatives system would have linked: the MPI commands, the PSM library
@@ -183,10 +198,16 @@ if [[ -d "$ROOT/.gpu-deps" ]]; then
     [[ -e "$deb" ]] || continue
     unpack "$deb" "$DEPS/fallback-root"
   done
+  ldcache="$(ldconfig -p 2>/dev/null || true)"  # read once: `ldconfig -p | grep -q` dies of SIGPIPE under pipefail
+  have_lib() {
+    local dir
+    grep -q "^[[:space:]]*$1 " <<<"$ldcache" && return 0
+    for dir in /lib/$ARCH /usr/lib/$ARCH /lib64 /usr/lib64; do [[ -e "$dir/$1" ]] && return 0; done
+    return 1
+  }
   while IFS= read -r lib; do
     name="$(basename "$lib")"
-    if ! { ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$name "; } &&
-       ! ls /lib/$ARCH/"$name" /usr/lib/$ARCH/"$name" /lib64/"$name" /usr/lib64/"$name" >/dev/null 2>&1; then
+    if ! have_lib "$name"; then
       ln -sf "$lib" "$DEPS/fallback-lib/$name"
       fallback_used+=("$name")
     fi
@@ -217,6 +238,8 @@ else
 fi
 # the same MPI settings as the tests use: one node, shared memory, no single-copy mechanism
 export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
+# a failing NCCL init says why (one-shot run: no second chance to turn it on)
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 
 # NCCL and cuDNN: the toolkit's or /usr's, else the Python wheels (PyTorch's nvidia-*-cu13)
 wheel_dir() {  # wheel_dir NAME SONAME: the folder holding include/ and lib/SONAME in python3's path
@@ -276,6 +299,11 @@ else
   log "cuDNN: $CUDNN_FROM (optional)"
 fi
 export LD_LIBRARY_PATH="$EXTRA/lib:$LD_LIBRARY_PATH"
+# cuDNN compiles its attention engines at run time with NVRTC, which loads
+# libnvrtc-builtins by soname: the toolkit's copy must be findable (last: it shadows nothing)
+for d in "$CUDA_HOME/lib64" "$CUDA_HOME/lib"; do [[ -d "$d" ]] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; done
+# a graph cuDNN cannot build says why in the logs (the run goes on with the composed attention)
+export CUDNN_FRONTEND_LOG_INFO="${CUDNN_FRONTEND_LOG_INFO:-1}" CUDNN_FRONTEND_LOG_FILE="${CUDNN_FRONTEND_LOG_FILE:-$LOGS/cudnn_frontend.log}"
 log "NCCL: $NCCL_FROM; cuDNN: $CUDNN_FROM"
 STAGE_TIMES+=("deps: $((SECONDS - t0))s")
 
@@ -309,9 +337,10 @@ if [[ "$DRY" = 1 ]]; then
 fi
 
 # ---- 3. the GPU tests: any failure or skip fails ----------------------------------------------
-# 4 at a time on the one GPU; each gets 4 of the 16 cores for its CPU reference
+# 8 at a time on the one GPU (each test is its own process: start-up, CUDA context and library
+# loading dominate the small ones); each gets 2 of the 16 cores for its CPU reference
 run_stage "gpu tests" 150 "$LOGS/ctest_gpu.log" \
-  env OMP_NUM_THREADS=4 ctest --test-dir "$BUILD" -L gpu -j4 --no-tests=error --output-on-failure --timeout 120
+  env OMP_NUM_THREADS=2 ctest --test-dir "$BUILD" -L gpu -j8 --no-tests=error --output-on-failure --timeout 90
 ctest_rc=$STAGE_RC
 total="$(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\2/p' "$LOGS/ctest_gpu.log" | tail -1)"
 failed="$(sed -n 's/.*tests passed, \([0-9]*\) tests\{0,1\} failed out of.*/\1/p' "$LOGS/ctest_gpu.log" | tail -1)"
@@ -410,46 +439,7 @@ EOF
   fi
 fi
 
-# ---- 6. compute-sanitizer on the fast op tests ----------------------------------------------
-SAN="$(command -v compute-sanitizer || true)"
-for c in "$CUDA_HOME/bin/compute-sanitizer" "$CUDA_HOME/compute-sanitizer/compute-sanitizer"; do
-  [[ -n "$SAN" ]] || { [[ -x "$c" ]] && SAN="$c"; }
-done
-# every registry op at its small shapes in both dtypes, and the kernels the ops do not reach
-MEMCHECK_FILTER='Ops/CudaVsCpu.Registry/*:Cuda.GemmAlphaBeta:Cuda.DeterministicReductions:Cuda.StridedCopyAndConversions:Cuda.AttentionMergeKernels:Cuda.VocabParallelCrossEntropyKernels:Cuda.KernelErrorsAreReportedAtTheNextSynchronizationOnce'
-# racecheck (slower): the kernels that share memory between threads (reductions, softmax,
-# LayerNorm, cross-entropy, attention)
-RACECHECK_FILTER='Ops/CudaVsCpu.Registry/*layernorm*:Ops/CudaVsCpu.Registry/*softmax*:Ops/CudaVsCpu.Registry/*cross_entropy*:Ops/CudaVsCpu.Registry/*attention*:Ops/CudaVsCpu.Registry/sum*:Ops/CudaVsCpu.Registry/mean*:Cuda.DeterministicReductions:Cuda.AttentionMergeKernels'
-sanitize() {  # sanitize TOOL FILTER -> SAN_LINE
-  local tool="$1" filter="$2" logf="$LOGS/sanitizer_$1.log"
-  run_stage "compute-sanitizer $tool" 60 "$logf" "$SAN" --tool "$tool" --error-exitcode 99 --print-limit 20 \
-    "$BUILD/test_cuda_ops" --gtest_filter="$filter" --gtest_brief=1 --gtest_color=no
-  local summary
-  summary="$(grep -E '(ERROR|RACECHECK) SUMMARY' "$logf" | tail -1 | sed 's/^========= //')"
-  local tests
-  tests="$(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$logf" | head -2 | tr '\n' ' ')"
-  if grep -q "Device not supported" "$logf"; then
-    SAN_LINE="unsupported on this machine (compute-sanitizer: Device not supported; a gVisor runtime?)"
-  elif [[ $STAGE_RC -eq 0 ]]; then
-    SAN_LINE="ok: ${summary:-no summary} ${tests}"
-  else
-    SAN_LINE="exit $STAGE_RC: ${summary:-no summary} ${tests}"
-    [[ $STAGE_RC -eq 124 ]] && SAN_LINE="TIMEOUT: $SAN_LINE"
-    fail "compute-sanitizer $tool: $SAN_LINE"
-  fi
-}
-MEMCHECK_LINE="not run (--quick)" RACECHECK_LINE="not run (--quick)"
-if [[ $QUICK -eq 0 ]]; then
-  if [[ -z "$SAN" ]]; then
-    MEMCHECK_LINE="compute-sanitizer not found" RACECHECK_LINE="$MEMCHECK_LINE"
-    fail "compute-sanitizer not found (PATH, $CUDA_HOME/bin, $CUDA_HOME/compute-sanitizer)"
-  else
-    sanitize memcheck "$MEMCHECK_FILTER"; MEMCHECK_LINE="$SAN_LINE"
-    sanitize racecheck "$RACECHECK_FILTER"; RACECHECK_LINE="$SAN_LINE"
-  fi
-fi
-
-# ---- 7. the GPU op benchmark --------------------------------------------------------------
+# ---- 6. the GPU op benchmark --------------------------------------------------------------
 OPS_LINE="not run (--quick)"
 if [[ $QUICK -eq 0 ]]; then
   run_stage "bench_gpu_ops" 60 "$LOGS/bench_gpu_ops.log" "$BUILD/bench_gpu_ops" --benchmark_min_time=0.1
@@ -467,18 +457,22 @@ if [[ $QUICK -eq 0 ]]; then
   fi
 fi
 
-# ---- 8. PyTorch, the same GPT-2 step (bench/pytorch_gpt2.py) ---------------------------------
+# ---- 7. PyTorch, the same GPT-2 step (bench/pytorch_gpt2.py) ---------------------------------
 declare -A PT_TOK
 PT_LINE="not run"
-if [[ -z "$PYTHON" ]] || ! "$PYTHON" -c 'import torch' >/dev/null 2>&1; then
+if [[ -z "$PYTHON" ]] || ! env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "$PYTHON" -c 'import torch' >/dev/null 2>&1; then
   PT_LINE="not run (no python3 with torch)"
   fail "PyTorch reference: $PT_LINE"
 else
   PT_MODES=eager,compile PT_BATCHES=8,16 PT_CAP=170
   [[ $QUICK -eq 1 ]] && PT_MODES=eager PT_BATCHES=8 PT_CAP=60
-  # the runs it may still start: the time left less ~40 s for the last one (a compile)
-  left=$((BUDGET - (SECONDS - START) - 10))
-  pt_budget=$(((PT_CAP < left ? PT_CAP : left) - 40))
+  # what is left, less ~2 x 45 s kept for the two sanitizer stages that come after
+  san_reserve=90
+  [[ $QUICK -eq 1 ]] && san_reserve=0
+  left=$((BUDGET - (SECONDS - START) - 10 - san_reserve))
+  PT_CAP=$((PT_CAP < left ? PT_CAP : left))
+  # the runs it may still start: that, less ~40 s for the last one (a compile)
+  pt_budget=$((PT_CAP - 40))
   ((pt_budget >= 1)) || pt_budget=1
   # PyTorch loads its own CUDA libraries: the loader path it came with
   run_stage "PyTorch GPT-2" "$PT_CAP" "$LOGS/pytorch_gpt2.log" env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" \
@@ -492,6 +486,51 @@ else
   [[ $pt_rc -eq 0 ]] || fail "PyTorch reference: exit $pt_rc ($LOGS/pytorch_gpt2.log)"
 fi
 
+# ---- 8. compute-sanitizer on the fast op tests (last: the slowest, and unsupported on gVisor) ----------------------------------------
+SAN="$(command -v compute-sanitizer || true)"
+for c in "$CUDA_HOME/bin/compute-sanitizer" "$CUDA_HOME/compute-sanitizer/compute-sanitizer"; do
+  [[ -n "$SAN" ]] || { [[ -x "$c" ]] && SAN="$c"; }
+done
+# every registry op at its small shapes in both dtypes, and the kernels the ops do not reach
+MEMCHECK_FILTER='Ops/CudaVsCpu.Registry/*:Cuda.GemmAlphaBeta:Cuda.DeterministicReductions:Cuda.StridedCopyAndConversions:Cuda.AttentionMergeKernels:Cuda.VocabParallelCrossEntropyKernels:Cuda.KernelErrorsAreReportedAtTheNextSynchronizationOnce'
+# racecheck (slower): the kernels that share memory between threads (reductions, softmax,
+# LayerNorm, cross-entropy, attention)
+RACECHECK_FILTER='Ops/CudaVsCpu.Registry/*layernorm*:Ops/CudaVsCpu.Registry/*softmax*:Ops/CudaVsCpu.Registry/*cross_entropy*:Ops/CudaVsCpu.Registry/*attention*:Ops/CudaVsCpu.Registry/sum*:Ops/CudaVsCpu.Registry/mean*:Cuda.DeterministicReductions:Cuda.AttentionMergeKernels'
+sanitize() {  # sanitize TOOL FILTER -> SAN_LINE
+  local tool="$1" filter="$2" logf="$LOGS/sanitizer_$1.log"
+  # only ndtrain's own kernels (namespace ndt): cuBLAS/cuDNN kernels under racecheck take minutes
+  local only_ours=()
+  [[ "$("$SAN" --help 2>&1)" == *"--kernel-name "* ]] && only_ours=(--kernel-name kns=ndt)
+  run_stage "compute-sanitizer $tool" 60 "$logf" "$SAN" --tool "$tool" --error-exitcode 99 --print-limit 20 \
+    "${only_ours[@]}" "$BUILD/test_cuda_ops" --gtest_filter="$filter" --gtest_brief=1 --gtest_color=no
+  local summary
+  summary="$(grep -E '(ERROR|RACECHECK) SUMMARY' "$logf" | tail -1 | sed 's/^========= //')"
+  local tests
+  tests="$(grep -E '^\[  PASSED  \]|^\[  FAILED  \]' "$logf" | head -2 | tr '\n' ' ')"
+  if grep -q "Device not supported" "$logf"; then
+    SAN_LINE="unsupported on this machine (compute-sanitizer: Device not supported; a gVisor runtime?)"
+  elif [[ $STAGE_RC -eq 0 ]] && grep -q '^\[  PASSED  \] [1-9]' "$logf" && ! grep -q '^\[  SKIPPED \]' "$logf"; then
+    SAN_LINE="ok: ${summary:-no summary} ${tests}"
+  elif [[ $STAGE_RC -eq 0 ]]; then
+    SAN_LINE="checked nothing (no test passed, or tests skipped): ${tests}"
+    fail "compute-sanitizer $tool: $SAN_LINE"
+  else
+    SAN_LINE="exit $STAGE_RC: ${summary:-no summary} ${tests}"
+    [[ $STAGE_RC -eq 124 ]] && SAN_LINE="TIMEOUT: $SAN_LINE"
+    fail "compute-sanitizer $tool: $SAN_LINE"
+  fi
+}
+MEMCHECK_LINE="not run (--quick)" RACECHECK_LINE="not run (--quick)"
+if [[ $QUICK -eq 0 ]]; then
+  if [[ -z "$SAN" ]]; then
+    MEMCHECK_LINE="compute-sanitizer not found" RACECHECK_LINE="$MEMCHECK_LINE"
+    fail "compute-sanitizer not found (PATH, $CUDA_HOME/bin, $CUDA_HOME/compute-sanitizer)"
+  else
+    sanitize memcheck "$MEMCHECK_FILTER"; MEMCHECK_LINE="$SAN_LINE"
+    sanitize racecheck "$RACECHECK_FILTER"; RACECHECK_LINE="$SAN_LINE"
+  fi
+fi
+
 # ---- summary -----------------------------------------------------------------------------
 TOTAL=$((SECONDS - START))
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && b > 0) printf "%.2fx", a / b; else printf "-" }'; }
@@ -503,7 +542,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$
   echo "|---|---|"
   echo "| GPU | $GPU |"
   echo "| toolchain | $("$NVCC" --version | sed -n 's/.*release \([0-9.]*\).*/nvcc \1/p'), $(g++ --version | head -1), $(cmake --version | head -1) |"
-  echo "| NCCL / cuDNN | $NCCL_FROM / $CUDNN_FROM |"
+  echo "| NCCL / cuDNN | $NCCL_FROM / $CUDNN_FROM; $(grep -o 'fused attention (cuDNN SDPA) [A-Z]*' "$LOGS/configure.log" | head -1) |"
+  echo "| machine | kernel $(uname -r), $(nproc) cores |"
   echo "| build | Release, sm_90, -j$JOBS, ${#TARGETS[@]} targets: configure ${CONFIGURE_TIME}s, build ${BUILD_TIME}s |"
   echo "| gpu tests (ctest -L gpu) | $TESTS_LINE |"
   echo "| compute-sanitizer memcheck | $MEMCHECK_LINE |"
@@ -535,9 +575,4 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$
     for f in "${FAILURES[@]}"; do echo "- $f"; done
   fi
 } | tee "$LOGS/summary.md"
-if [[ -n "${NDT_GPU_CHECK_OUT:-}" ]]; then
-  mkdir -p "$NDT_GPU_CHECK_OUT"
-  cp "$LOGS/summary.md" "$NDT_GPU_CHECK_OUT/summary.md"
-  tar -C "$BUILD" -czf "$NDT_GPU_CHECK_OUT/logs.tar.gz" --exclude='gpu_check/nccl_run/*.bin' gpu_check
-fi
 [[ ${#FAILURES[@]} -eq 0 ]]
