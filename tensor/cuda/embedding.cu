@@ -38,11 +38,11 @@ __global__ void iota_kernel(int32_t* positions, int64_t n) {
 
 // In the forward out[n] = table[ids[n]]; so dtable[v] = sum_{n: ids[n]==v} dout[n].
 // Bucketed: the ids sorted stably with their positions, (sorted_ids, order) (N), group the
-// uses of each id, in ascending position. Block i owns sorted entry i; if it starts a run of
-// equal ids, its threads (one per column) sum the run's dout rows in that order and write
-// the row of the table once. No atomics, the CPU's order: deterministic, and bit-equal to the
-// CPU in f32. Rows no id uses were zeroed before. Ids outside the shard's rows [v_start,
-// v_start + V) are skipped (another shard's, or bad ones the forward reported).
+// uses of each id, in ascending position. Blocks (i, tile) own sorted entry i; if it starts
+// a run of equal ids, their threads (one per column of the tile) sum the run's dout rows in
+// that order and write the row of the table once. No atomics, the CPU's order: deterministic, and bit-equal
+// to the CPU in f32. Rows no id uses were zeroed before. Ids outside the shard's rows [v_start, v_start + V)
+// are skipped (another shard's, or bad ones the forward reported).
 template <typename T>
 __global__ void embedding_backward_kernel(const int32_t* sorted_ids, const int32_t* order, const T* dout,
                                           T* dtable, int64_t N, int64_t V, int64_t C, int64_t v_start) {
@@ -52,11 +52,13 @@ __global__ void embedding_backward_kernel(const int32_t* sorted_ids, const int32
   if ((i > 0 && sorted_ids[i - 1] == id) || row < 0 || row >= V) return;  // not the start of a run
   int64_t end = i + 1;
   while (end < N && sorted_ids[end] == id) ++end;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t j = i; j < end; ++j) acc += load(dout[static_cast<int64_t>(order[j]) * C + c]);
-    dtable[row * C + c] = store<T>(acc);
-  }
+  // blockIdx.y picks a tile of columns: a frequent id's long run is summed by C / blockDim.x
+  // blocks side by side, each thread one column
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float acc = 0.0f;
+  for (int64_t j = i; j < end; ++j) acc += load(dout[static_cast<int64_t>(order[j]) * C + c]);
+  dtable[row * C + c] = store<T>(acc);
 }
 
 }  // namespace
@@ -95,7 +97,8 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
   const int64_t N = ids.numel(), V = dtable.size(0), C = dtable.size(1);
   if (V * C == 0) return;
   NDT_CHECK(ids.dtype() == DType::i32, "embedding_backward: ids must be int32, got ", ids.desc());
-  NDT_CHECK(N < INT_MAX && N <= UINT_MAX, "embedding_backward: too many ids (", N, ")");
+  NDT_CHECK(N < INT_MAX && N <= UINT_MAX && C / 32 < 65535, "embedding_backward: too many ids (", N,
+            ") or columns (", C, ")");
   Launch L(ids);
   fill(dtable, 0.0);  // rows no id uses
   if (N == 0) return;
@@ -115,8 +118,9 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
       positions.data<int32_t>(), order.data<int32_t>(), static_cast<int>(N), 0, 32, L.stream));
   dispatch_float(dtable.dtype(), "embedding_backward", [&](auto tag) {
     using T = decltype(tag);
-    const int threads = static_cast<int>(std::clamp<int64_t>((C + 31) / 32 * 32, 32, kThreads));
-    embedding_backward_kernel<T><<<static_cast<unsigned>(N), threads, 0, L.stream>>>(
+    const int threads = static_cast<int>(std::clamp<int64_t>((C + 31) / 32 * 32, 32, 128));
+    const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((C + threads - 1) / threads));
+    embedding_backward_kernel<T><<<grid, threads, 0, L.stream>>>(
         sorted_ids.data<int32_t>(), order.data<int32_t>(), static_cast<const T*>(dout.data_ptr()),
         static_cast<T*>(dtable.data_ptr()), N, V, C, v_start);
     NDT_CUDA_CHECK_LAUNCH();
