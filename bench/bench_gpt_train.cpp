@@ -34,6 +34,9 @@
 // scripts:
 //   RESULT config=GPT2 dtype=bf16 B=8 T=1024 mode=none ... ms=... tokens_per_s=... mfu_pct=...
 //          total_peak_mib=... final_loss=...
+// and one PHASES line per run from one more step, synchronized between phases: the
+// time the host took to queue forward, backward and the optimizer, and when the device had
+// finished each (queue times near the finish times: the host sets the pace, not the GPU).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -221,6 +224,48 @@ int main(int argc, char** argv) {
         if (s >= warmup) r.total_s += sec;
         r.saved = saved, r.peak = peak;
       }
+    }
+    // One more step of each run timed phase by phase: how long the host takes to queue each
+    // phase (autograd, launches) against when the device has finished it. On a GPU, queue
+    // times close to the finish times mean the host, not the GPU, sets the pace (on the CPU
+    // the two are the same).
+    auto sync = [&] {
+      if (device.is_cuda()) cuda::synchronize(device.index);
+    };
+    for (Run& r : runs) {
+      Tensor x = random_ids(B, T, c.vocab, 7777).to(device), y = random_ids(B, T, c.vocab, 7778).to(device);
+      sync();
+      using Clock = std::chrono::steady_clock;
+      auto ms_since = [](Clock::time_point t) {
+        return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+      };
+      double queued[3], done[3];
+      auto t = Clock::now();
+      r.params.zero_grad();
+      Tensor loss = r.gpt->forward(x, y).loss;
+      queued[0] = ms_since(t);
+      sync();
+      done[0] = ms_since(t);
+      t = Clock::now();
+      backward(loss);
+      for (const nn::FlatUnit& u : r.params.units) nn::fold_grad(u);
+      queued[1] = ms_since(t);
+      sync();
+      done[1] = ms_since(t);
+      t = Clock::now();
+      r.opt->step(1e-4, optim::clip_scale(optim::grad_norm(r.params), 1.0));  // reads the norm: waits
+      r.params.refresh_compute();
+      queued[2] = ms_since(t);
+      sync();
+      done[2] = ms_since(t);
+      char line[400];
+      std::snprintf(line, sizeof line,
+                    "PHASES config=%s dtype=%s B=%lld mode=%s forward_queued_ms=%.2f forward_done_ms=%.2f "
+                    "backward_queued_ms=%.2f backward_done_ms=%.2f optimizer_queued_ms=%.2f "
+                    "optimizer_done_ms=%.2f",
+                    c.name, arith, (long long)B, r.mode.label.c_str(), queued[0], done[0], queued[1], done[1],
+                    queued[2], done[2]);
+      results.push_back(line);
     }
     for (const Run& r : runs) {
       const double ms = r.total_s / static_cast<double>(steps) * 1e3, tok = static_cast<double>(B * T);

@@ -354,7 +354,7 @@ fi
 [[ "$skipped" -eq 0 ]] || fail "gpu tests: $skipped skipped although a GPU is visible"
 
 # ---- 4. GPT-2 124M training, bf16 mixed precision, T 1024 ----------------------------------
-declare -A GPT_TOK GPT_MFU GPT_MEM GPT_MS GPT_STATUS
+declare -A GPT_TOK GPT_MFU GPT_MEM GPT_MS GPT_STATUS GPT_PHASES
 BATCHES=(8 16)
 [[ $QUICK -eq 1 ]] && BATCHES=(8)
 for B in "${BATCHES[@]}"; do
@@ -364,6 +364,8 @@ for B in "${BATCHES[@]}"; do
   if [[ $STAGE_RC -eq 0 && -n "$line" ]]; then
     GPT_TOK[$B]="$(kv tokens_per_s "$line")" GPT_MFU[$B]="$(kv mfu_pct "$line")"
     GPT_MEM[$B]="$(kv total_peak_mib "$line")" GPT_MS[$B]="$(kv ms "$line")" GPT_STATUS[$B]=ok
+    ph="$(grep '^PHASES ' "$logf" | tail -1)"  # host queue time vs device finish, per phase
+    [[ -n "$ph" ]] && GPT_PHASES[$B]="forward $(kv forward_queued_ms "$ph")/$(kv forward_done_ms "$ph"), backward $(kv backward_queued_ms "$ph")/$(kv backward_done_ms "$ph"), optimizer $(kv optimizer_queued_ms "$ph")/$(kv optimizer_done_ms "$ph") ms"
   else
     if grep -qi "out of memory" "$logf"; then GPT_STATUS[$B]=OOM
     elif [[ $STAGE_RC -eq 124 ]]; then GPT_STATUS[$B]=TIMEOUT
@@ -567,6 +569,10 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$
       echo "| $B | $st | | | | ${PT_TOK[eager,$B]:--} | ${PT_TOK[compile,$B]:--} | | |"
     fi
   done
+  echo
+  echo "One more step per batch size, phase by phase (host queued / device done; equal: the host sets the pace):"
+  echo
+  for B in 8 16; do [[ -n "${GPT_PHASES[$B]:-}" ]] && echo "- B $B: ${GPT_PHASES[$B]}"; done
   echo
   if [[ ${#FAILURES[@]} -eq 0 ]]; then
     echo "**Result: PASSED** (every stage)"
