@@ -26,6 +26,24 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// train_gpt in-process with these arguments (argv[0] first); its standard output.
+std::string train_gpt(const std::vector<std::string>& args) {
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out, err;
+  EXPECT_EQ(train::train_main(static_cast<int>(argv.size()), argv.data(), out, err), 0) << err.str();
+  return out.str();
+}
+
+// The training losses of a log.metrics file, in step order.
+std::vector<double> read_losses(const fs::path& metrics) {
+  std::vector<double> l;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);)
+    if (auto j = nlohmann::json::parse(line); j.contains("loss")) l.push_back(j["loss"].get<double>());
+  return l;
+}
+
 std::vector<double> train_losses(const fs::path& d, const std::string& device,
                                  const std::vector<std::string>& extra = {}) {
   static int run = 0;
@@ -58,17 +76,8 @@ std::vector<double> train_losses(const fs::path& d, const std::string& device,
                                    "--optim.lr",
                                    "0.01"};
   args.insert(args.end(), extra.begin(), extra.end());
-  std::vector<const char*> argv;
-  for (auto& a : args) argv.push_back(a.c_str());
-  std::ostringstream out, err;
-  EXPECT_EQ(train::train_main(static_cast<int>(argv.size()), argv.data(), out, err), 0) << err.str();
-  std::vector<double> l;
-  std::ifstream f(metrics);
-  for (std::string line; std::getline(f, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) l.push_back(j["loss"].get<double>());
-  }
-  return l;
+  train_gpt(args);
+  return read_losses(metrics);
 }
 
 }  // namespace
@@ -166,19 +175,7 @@ TEST(CudaTrain, EvalSampleCheckpointAndBitExactResume) {
                                      "--sample.length",
                                      "12"};
     args.insert(args.end(), extra.begin(), extra.end());
-    std::vector<const char*> argv;
-    for (auto& a : args) argv.push_back(a.c_str());
-    std::ostringstream out, err;
-    const int rc = train::train_main(static_cast<int>(argv.size()), argv.data(), out, err);
-    EXPECT_EQ(rc, 0) << err.str();
-    return out.str();
-  };
-  auto losses = [](const fs::path& metrics) {
-    std::vector<double> l;
-    std::ifstream f(metrics);
-    for (std::string line; std::getline(f, line);)
-      if (auto j = nlohmann::json::parse(line); j.contains("loss")) l.push_back(j["loss"].get<double>());
-    return l;
+    return train_gpt(args);
   };
   const std::string full = run({"--log.metrics", (d / "full.jsonl").string(), "--log.grads",
                                 (d / "grads.safetensors").string(), "--checkpoint.dir", (d / "a").string()});
@@ -190,7 +187,7 @@ TEST(CudaTrain, EvalSampleCheckpointAndBitExactResume) {
   const std::string rest = run({"--log.metrics", (d / "b.jsonl").string(), "--checkpoint.dir",
                                 (d / "b").string(), "--checkpoint.resume", "true"});
   EXPECT_NE(rest.find("resumed from"), std::string::npos) << rest;
-  const std::vector<double> a = losses(d / "full.jsonl"), b = losses(d / "b.jsonl");
+  const std::vector<double> a = read_losses(d / "full.jsonl"), b = read_losses(d / "b.jsonl");
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
@@ -198,12 +195,8 @@ TEST(CudaTrain, EvalSampleCheckpointAndBitExactResume) {
   // the GPU's final weights on the CPU
   const fs::path weights = d / "a" / "step_00000008" / "model.safetensors";
   ASSERT_TRUE(fs::exists(weights));
-  std::vector<std::string> args = {
-      "train_gpt",         "--config",       (d / "gpt.ini").string(), "--train.steps",           "1",
-      "--model.init_from", weights.string(), "--log.metrics",          (d / "cpu.jsonl").string()};
-  std::vector<const char*> argv;
-  for (auto& s : args) argv.push_back(s.c_str());
-  std::ostringstream out, err;
-  ASSERT_EQ(train::train_main(static_cast<int>(argv.size()), argv.data(), out, err), 0) << err.str();
-  EXPECT_LT(losses(d / "cpu.jsonl")[0], a.front() - 0.3) << "the CPU starts where the GPU left off";
+  train_gpt({"train_gpt", "--config", (d / "gpt.ini").string(), "--train.steps", "1", "--model.init_from",
+             weights.string(), "--log.metrics", (d / "cpu.jsonl").string()});
+  ASSERT_EQ(read_losses(d / "cpu.jsonl").size(), 1u);
+  EXPECT_LT(read_losses(d / "cpu.jsonl")[0], a.front() - 0.3) << "the CPU starts where the GPU left off";
 }
