@@ -184,6 +184,22 @@ TEST_F(DistTrain, Bfloat16LayoutsFollowOneProcess) {
   for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-2 * want[i]) << "reduce_dtype bfloat16, step " << i + 1;
 }
 
+TEST_F(DistTrain, Bfloat16AccumulationSumsInTheMaster) {
+  // with gradient accumulation, bf16 gradients are added into the f32 master every
+  // micro-step on every layout (the embeddings' too, under FSDP): FSDP and DP then agree to
+  // f32 rounding (summing a unit's micro-steps in bf16 would differ by bf16's, ~4e-3)
+  const std::string common =
+      " --train.micro_batch_size 2 --train.grad_accum_steps 2 --train.dtype bfloat16 "
+      "--train.steps 1";
+  Result dp = train("bf16_acc_dp2", 2, "--parallel.dp_replicate_size 2" + common);
+  ASSERT_EQ(dp.rc, 0) << dp.out;
+  Result fsdp = train("bf16_acc_fsdp2", 2, "--parallel.dp_shard_size 2" + common);
+  ASSERT_EQ(fsdp.rc, 0) << fsdp.out;
+  EXPECT_LT(max_rel_diff(dir_ / "bf16_acc_fsdp2" / "grads.safetensors",
+                         dir_ / "bf16_acc_dp2" / "grads.safetensors"),
+            1e-5);
+}
+
 TEST_F(DistTrain, FourDimensionsOnSixteenRanks) {
   // replicate 2 x shard 2 x cp 2 x tp 2: every dimension at once
   check_layouts({{"r2_s2_cp2_tp2", 16, 2, 2, 2, 2}}, 1);

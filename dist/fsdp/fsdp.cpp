@@ -99,7 +99,7 @@ nn::UnitWrapper FullyShardedDataParallel::wrapper() {
 }
 
 void FullyShardedDataParallel::before_backward(size_t i) {
-  drain(false);
+  drain(1);  // all but the newest: the all-gather below queues behind them anyway
   wait_gather(i);
   if (i > 1) start_gather(i - 1);  // prefetch the block whose backward comes next
   alloc_grad(i);
@@ -131,13 +131,15 @@ FullyShardedDataParallel::PendingReduce FullyShardedDataParallel::start_reduce(s
   return p;
 }
 
-// Finishes reduce-scatters in the order they started (so every rank starts the HSDP
-// all-reduces in the same order); without `block`, stops at the first one still running.
-void FullyShardedDataParallel::drain(bool block) {
+// Finishes the reduce-scatters but the `keep` newest, in the order they started. By count,
+// never by whether one happens to be done: every rank then starts the HSDP all-reduces at
+// the same point among its collectives, a rule NCCL needs across communicators (ranks
+// launching the replicas' all-reduce and the shards' all-gather in different orders can
+// deadlock).
+void FullyShardedDataParallel::drain(size_t keep) {
   size_t n = 0;
-  for (; n < pending_.size(); ++n) {
+  for (; n + keep < pending_.size(); ++n) {
     PendingReduce& p = pending_[n];
-    if (!block && !p.work->done()) break;
     p.work->wait();
     const nn::FlatUnit& u = params_.units[p.unit];
     storage_of(u.full_grad).release();
@@ -160,15 +162,18 @@ void FullyShardedDataParallel::begin_micro(bool sync) {
 }
 
 void FullyShardedDataParallel::end_micro() {
-  drain(true);
-  if (sync_) {  // the embeddings' gradients, accumulated over the micro-steps
-    const nn::FlatUnit& u = params_.units[0];
+  drain(0);
+  // The embeddings' gradients: accumulated in the whole buffer over the micro-steps and
+  // reduced at the last one; with mixed precision reduced every micro-step, like the blocks,
+  // so that the sum over micro-steps is taken in the master dtype, not the compute dtype.
+  const nn::FlatUnit& u = params_.units[0];
+  if (sync_ || u.mixed()) {
     PendingReduce p = start_reduce(0);
     p.work->wait();
     storage_of(u.full_grad).release();
     state_[0].grad_live = false;
     kernels::add_(u.grad, p.out.dtype() == u.grad.dtype() ? p.out : p.out.to(u.grad.dtype()));
-    if (replicas_) replica_pending_.push_back(replicas_->all_reduce(u.grad, ReduceOp::kAvg));
+    if (sync_ && replicas_) replica_pending_.push_back(replicas_->all_reduce(u.grad, ReduceOp::kAvg));
   }
   for (const WorkPtr& w : replica_pending_) w->wait();
   replica_pending_.clear();

@@ -97,7 +97,7 @@ class FullyShardedDataParallel : public Strategy {
   void release(size_t u);
   void alloc_grad(size_t u);
   void reduce_unit(size_t u);      // start the reduce-scatter of unit u's full gradient
-  void drain(bool block);          // finish the reduce-scatters that are done (or all)
+  void drain(size_t keep);         // finish all but the `keep` newest reduce-scatters
   void before_backward(size_t u);  // on_backward hook of block unit u
 
   const nn::FlatParams& params_;
