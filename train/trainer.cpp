@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -179,8 +180,11 @@ void Trainer::setup() {
       throw ConfigError("train.device = " + c_.train.device + " but no CUDA device is visible (" +
                         cuda::unavailable_reason() + ")" +
                         "; use train.device = cpu");
-    if (c_.train.device == "cuda")
-      device_ = Device::cuda(dist::local_rank() % std::max(1, cuda::device_count()));
+    if (c_.train.device == "cuda" && dist::local_size() > cuda::device_count())
+      throw ConfigError(std::to_string(dist::local_size()) + " ranks on this node but " +
+                        std::to_string(cuda::device_count()) +
+                        " visible GPU(s): one rank per GPU (mpirun -np, or CUDA_VISIBLE_DEVICES)");
+    if (c_.train.device == "cuda") device_ = Device::cuda(dist::local_rank());
     cuda::set_device(device_.index);
     cuda::set_allow_tf32(device_.index, c_.train.tf32);
   }
@@ -596,16 +600,27 @@ int Trainer::loop() {
       gpt_->flops_per_token(c_.train.seq_len) * static_cast<double>(tokens_per_step_);
   const double peak = c_.log.peak_tflops > 0 ? c_.log.peak_tflops * 1e12 : 67e12;
   // An evaluation or a sample that fails between steps must not cost the steps since the
-  // last checkpoint: save them first, then report the failure.
+  // last checkpoint: save them first, then report the failure. Every rank first learns
+  // whether any rank failed (under DP only rank 0 samples), so that all of them save
+  // together: a rank saving alone would wait forever in the checkpoint's collectives.
   auto between_steps = [&](int64_t step, const char* what, auto&& fn) {
+    std::string err;
+    std::exception_ptr failure;
     try {
       fn();
     } catch (const std::exception& e) {
-      if (c_.checkpoint.dir.empty() || step == saved_step_) throw;
-      save(step);
-      throw Error(std::string(what) + " failed at step " + std::to_string(step) +
-                  " (checkpoint saved): " + e.what());
+      err = e.what();
+      failure = std::current_exception();
     }
+    if (world_->all_reduce_scalar(failure ? 1.0 : 0.0, dist::ReduceOp::kMax) == 0) return;
+    if (!failure) err = "it failed on another rank";
+    if (c_.checkpoint.dir.empty() || step == saved_step_) {
+      if (failure) std::rethrow_exception(failure);
+      throw Error(std::string(what) + " failed on another rank at step " + std::to_string(step));
+    }
+    save(step);
+    throw Error(std::string(what) + " failed at step " + std::to_string(step) +
+                " (checkpoint saved): " + err);
   };
   // A stop signal may reach only some ranks: they all stop when any one got it (the
   // number of the signal, or 0).
