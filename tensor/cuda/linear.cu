@@ -16,6 +16,7 @@
 #include <cublasLt.h>
 
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <map>
@@ -41,6 +42,8 @@ struct AlgoCache {
   std::mutex mu;
   std::map<AlgoKey, std::optional<cublasLtMatmulAlgo_t>> algos;
 };
+std::atomic<int64_t> g_fused_calls{0};  // diagnostics: fused_linear_calls()
+
 AlgoCache& algo_cache() {
   static auto* c = new AlgoCache();  // never destroyed, as the handles
   return *c;
@@ -177,10 +180,13 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
     return false;
   }
   NDT_CUBLAS_CHECK(st);
+  g_fused_calls.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
 }  // namespace
+
+int64_t fused_linear_calls() { return g_fused_calls.load(std::memory_order_relaxed); }
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
                     const Tensor& pre) {

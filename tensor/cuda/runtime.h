@@ -33,6 +33,9 @@ void trim_pool(int device);  // release unused pool memory to the system
 // Bytes the device's pool holds from the driver (in use or kept for reuse). Constant from
 // one training step to the next once the pool has warmed up: no driver allocation.
 size_t pool_reserved_bytes(int device);
+// How many linear_forward calls (all devices) ran as one cuBLASLt GEMM with its bias / GELU
+// epilogue rather than composed: lets a test see that the fused path really ran.
+int64_t fused_linear_calls();
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 // Ordered on the device's compute stream. A copy to the host synchronizes before returning;

@@ -22,6 +22,7 @@ void* alloc(size_t, int) { no_cuda("cuda alloc"); }
 void free(void*, int) { no_cuda("cuda free"); }
 void trim_pool(int) {}
 size_t pool_reserved_bytes(int) { return 0; }
+int64_t fused_linear_calls() { return 0; }
 void memcpy(void*, const void*, size_t, CopyKind, int) { no_cuda("cuda memcpy"); }
 void synchronize(int) {}
 void* compute_stream(int) { no_cuda("compute_stream"); }

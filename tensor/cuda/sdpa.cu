@@ -230,7 +230,14 @@ const fe::graph::Graph* find_or_build(const Problem& p, std::string* why) {
       GraphPtr g = p.backward ? describe(p, /*deterministic=*/attempt == 0, /*composite=*/false)
                               : describe(p, /*deterministic=*/false, /*composite=*/attempt == 1);
       fe::error_t st = build(*g, handle);
-      if (st.is_good()) return cache->emplace(key, std::move(g)).first->second.get();
+      if (st.is_good()) {
+        if (p.backward && attempt > first)  // said once per shape: results vary run to run
+          std::fprintf(
+              stderr,
+              "ndtrain: cuDNN has no deterministic SDPA backward for %s (%s); using its default one\n",
+              p.str().c_str(), msg.c_str());
+        return cache->emplace(key, std::move(g)).first->second.get();
+      }
       msg += detail::cat(attempt > first ? "; then: " : "", st.get_message());
     } catch (const std::exception& e) {
       msg += detail::cat(attempt > first ? "; then: " : "", e.what());
