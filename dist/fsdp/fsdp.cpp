@@ -162,19 +162,11 @@ void FullyShardedDataParallel::begin_micro(bool sync) {
 }
 
 void FullyShardedDataParallel::end_micro() {
-  drain(0);
   // The embeddings' gradients: accumulated in the whole buffer over the micro-steps and
   // reduced at the last one; with mixed precision reduced every micro-step, like the blocks,
   // so that the sum over micro-steps is taken in the master dtype, not the compute dtype.
-  const nn::FlatUnit& u = params_.units[0];
-  if (sync_ || u.mixed()) {
-    PendingReduce p = start_reduce(0);
-    p.work->wait();
-    storage_of(u.full_grad).release();
-    state_[0].grad_live = false;
-    kernels::add_(u.grad, p.out.dtype() == u.grad.dtype() ? p.out : p.out.to(u.grad.dtype()));
-    if (sync_ && replicas_) replica_pending_.push_back(replicas_->all_reduce(u.grad, ReduceOp::kAvg));
-  }
+  if (sync_ || params_.units[0].mixed()) pending_.push_back(start_reduce(0));
+  drain(0);  // the blocks' reduce-scatters, then the embeddings': in the order they started
   for (const WorkPtr& w : replica_pending_) w->wait();
   replica_pending_.clear();
 }
