@@ -60,7 +60,9 @@ AddNormOut add_layernorm(const Tensor& a, const Tensor& b, const Tensor& w, cons
 Tensor softmax(const Tensor& x);  // over the last dim
 // logits (N, V), targets (N) i32 -> scalar mean of -log softmax(logits)[target] over rows
 // whose target != ignore_index (0 if none). v_limit < V ignores padded vocab columns
-// (-1: all V). Fused: the (N,V) probabilities are never stored.
+// (-1: all V). Fused: the (N,V) probabilities are never stored. The loss is in the
+// statistics dtype: f32 for bf16 (and f32) logits, f64 for f64; its gradient may come in
+// that dtype too (a bf16 run's loss, its 1/accum scaling and backward's seed stay f32).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -1,
                      int64_t v_limit = -1);
 // The same loss as the fused classifier of a training step: the forward also computes the

@@ -20,6 +20,7 @@
 
 #include "models/gpt.h"
 #include "support/testing.h"
+#include "tensor/threads.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -40,6 +41,10 @@ RunResult run(std::vector<std::string> args) { return ndt::testing::run_train_gp
 
 int lines(const std::string& s) { return static_cast<int>(std::count(s.begin(), s.end(), '\n')); }
 bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+// A bit-exact comparison between this process and a train_gpt child holds only when both
+// compute with the same GEMM kernel (tests/support/gtest_main.cpp picks it as train_gpt does).
+std::string same_kernel_line() { return "OpenBLAS kernel " + ndt::blas_core(); }
 
 // The small run of tests/support/corpus.h in a directory of its own.
 fs::path make_data(const std::string& name) {
@@ -418,6 +423,7 @@ TEST(Robust, SigtermSavesACheckpointAndTheResumedRunContinuesBitForBit) {
   ::kill(c.pid, SIGTERM);
   EXPECT_EQ(c.wait(), train::kExitPreempted) << c.seen;
   EXPECT_TRUE(has(c.seen, "stopped by signal 15")) << c.seen;
+  ASSERT_TRUE(has(c.seen, same_kernel_line())) << "the child ran another GEMM kernel than this test: " << c.seen;
   EXPECT_FALSE(has_temporaries(ck));
   auto latest = ckpt::latest_checkpoint(ck);
   ASSERT_TRUE(latest.has_value());
@@ -442,6 +448,7 @@ TEST(Robust, Kill9DuringCheckpointWritesThenResumeIsBitIdentical) {
     char line[32];
     std::snprintf(line, sizeof(line), "step %5d/24", k);
     ASSERT_TRUE(c.wait_for(line)) << c.seen;
+    ASSERT_TRUE(has(c.seen, same_kernel_line())) << "the child ran another GEMM kernel than this test: " << c.seen;
     ::kill(c.pid, SIGKILL);
     EXPECT_EQ(c.wait(), 128 + SIGKILL);
   }

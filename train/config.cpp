@@ -1,8 +1,10 @@
 #include "train/config.h"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -116,12 +118,29 @@ po::options_description describe(Config& c) {
       ("parallel.backend", po::value(&c.parallel.backend)->default_value(c.parallel.backend),
        "collectives: auto (NCCL between GPUs when there is more than one rank, else MPI), mpi, or nccl "
        "(NCCL even for one rank; needs train.device = cuda)")
-      ("parallel.cp_size", po::value(&c.parallel.cp_size)->default_value(c.parallel.cp_size), "context-parallel degree (2 x cp_size divides train.seq_len)");
+      ("parallel.cp_size", po::value(&c.parallel.cp_size)->default_value(c.parallel.cp_size), "context-parallel degree (2 x cp_size divides train.seq_len)")
+      ("parallel.timeout_s", po::value(&c.parallel.timeout_s)->default_value(c.parallel.timeout_s),
+       "seconds a rank asked to stop (SIGTERM) may go without finishing its step (a peer dead or stopped) "
+       "before it ends the whole job (exit code 4)");
   po::options_description all;
   all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par);
   return all;
 }
 // clang-format on
+
+// A parsed value as text, for comparing configs between ranks.
+std::string value_text(const boost::any& v) {
+  if (auto* p = boost::any_cast<int64_t>(&v)) return std::to_string(*p);
+  if (auto* p = boost::any_cast<int>(&v)) return std::to_string(*p);
+  if (auto* p = boost::any_cast<bool>(&v)) return *p ? "true" : "false";
+  if (auto* p = boost::any_cast<std::string>(&v)) return *p;
+  if (auto* p = boost::any_cast<double>(&v)) {
+    char s[32];
+    std::snprintf(s, sizeof(s), "%.17g", *p);  // every bit of the double
+    return s;
+  }
+  NDT_FAIL("config: a value of an unexpected type (", v.type().name(), "); value_text needs a case for it");
+}
 
 // What kind of value an option takes, for error messages.
 std::string value_kind(const po::option_description& d) {
@@ -261,6 +280,11 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
       po::store(parse_ini(path, keys), vm);
     }
     po::notify(vm);
+    for (const auto& d : keys.options()) {
+      const std::string& name = d->long_name();
+      if (vm.count(name)) c.values.emplace_back(name, value_text(vm[name].value()));
+    }
+    std::sort(c.values.begin(), c.values.end());
   } catch (const ConfigError&) {
     throw;
   } catch (const po::unknown_option& e) {
@@ -370,6 +394,7 @@ void validate(const Config& c) {
   range("sample.length", c.sample.length, 0, 65536);
   range("sample.top_k", c.sample.top_k, 0, 65536);
   finite("sample.temperature", c.sample.temperature, true);
+  finite("parallel.timeout_s", c.parallel.timeout_s, true);
   need(c.sample.prompt.size() <= 65536, "sample.prompt is " + std::to_string(c.sample.prompt.size()) +
                                      " bytes; at most 65536 (the model sees only "
                                      "the last model.block_size tokens anyway)");

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/gpt.h"
@@ -96,6 +97,9 @@ struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's P
   int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
   std::string reduce_dtype = "float32";  // mixed precision: FSDP's reduce-scatter dtype
   std::string backend = "auto";          // collectives: auto (NCCL on GPUs when world > 1), mpi, nccl
+  // A rank asked to stop (SIGINT/SIGTERM) that makes no progress for this long (stuck in a
+  // collective with a dead or stopped peer) ends the job with kExitStuck (train/guard.h).
+  double timeout_s = 300;
 };
 
 struct Config {
@@ -112,6 +116,9 @@ struct Config {
   // (train/plan.h) and exit, without data, memory or MPI
   bool plan = false, plan_json = false;
   int64_t plan_world = 0;  // 0: the product of the [parallel] sizes
+  // Every [section] key with its value as parsed (file, command line or default), sorted:
+  // what ranks compare to find a stale config file on one node.
+  std::vector<std::pair<std::string, std::string>> values;
 };
 
 // Returns false when --help was asked (help text written to `help_out`).

@@ -7,10 +7,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "tensor/checked.h"
@@ -20,14 +28,26 @@ namespace fs = std::filesystem;
 namespace ndt::train {
 namespace {
 
+// Written by the signal handler, so process-wide by necessity (there is one set of
+// handlers per process); read through stop_signal() and Watchdog.
 volatile std::sig_atomic_t g_stop_signal = 0;
+std::atomic<int64_t> g_stop_time_ns{0};  // CLOCK_MONOTONIC of the first signal
+
+int64_t monotonic_ns() {
+  struct timespec ts {};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal != 0) {  // the second signal: die now, as if we had no handler
-    std::signal(sig, SIG_DFL);
+  if (g_stop_signal != 0) {
+    // the same request again (timeout and schedulers signal the process group too): ignore
+    if (monotonic_ns() - g_stop_time_ns.load() < static_cast<int64_t>(kSignalRepeatWindowS * 1e9)) return;
+    std::signal(sig, SIG_DFL);  // a second request: die now, as if we had no handler
     std::raise(sig);
     return;
   }
+  g_stop_time_ns.store(monotonic_ns());
   g_stop_signal = sig;
 }
 
@@ -80,6 +100,70 @@ StopSignals::~StopSignals() {
 
 bool stop_requested() { return g_stop_signal != 0; }
 int stop_signal() { return g_stop_signal; }
+
+struct Watchdog::State {
+  double timeout_s;
+  bool watch_launcher;
+  int rank;
+  pid_t parent;
+  std::atomic<int64_t> last_beat_ns{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread thread;
+};
+
+namespace {
+// One line on stderr from the watchdog thread, then the end of this process. write(2), not
+// a stream: the main thread may hold the streams' locks, stuck where it is.
+[[noreturn]] void end_process(int rank, const std::string& what, int code) {
+  const std::string line = "train_gpt: rank " + std::to_string(rank) + ": " + what + "\n";
+  [[maybe_unused]] ssize_t n = ::write(2, line.data(), line.size());
+  ::_exit(code);
+}
+}  // namespace
+
+Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank) : s_(std::make_unique<State>()) {
+  s_->timeout_s = timeout_s;
+  s_->watch_launcher = watch_launcher;
+  s_->rank = rank;
+  s_->parent = ::getppid();
+  s_->last_beat_ns = monotonic_ns();
+  s_->thread = std::thread([s = s_.get()] {
+    std::unique_lock<std::mutex> lock(s->mu);
+    while (!s->cv.wait_for(lock, std::chrono::milliseconds(200), [s] { return s->done; })) {
+      if (s->watch_launcher && ::getppid() != s->parent)
+        end_process(s->rank,
+                    "the launcher (parent pid " + std::to_string(s->parent) +
+                        ") is gone: stopping now, without a new checkpoint (exit code 5)",
+                    kExitOrphaned);
+      const int64_t asked = g_stop_time_ns.load();
+      if (g_stop_signal == 0 || asked == 0) continue;
+      const int64_t since = monotonic_ns() - std::max(asked, s->last_beat_ns.load());
+      if (static_cast<double>(since) > s->timeout_s * 1e9) {
+        char secs[32];
+        std::snprintf(secs, sizeof(secs), "%.0f", s->timeout_s);
+        end_process(s->rank,
+                    "asked to stop by signal " + std::to_string(static_cast<int>(g_stop_signal)) +
+                        ", but the step has not finished in parallel.timeout_s = " + secs +
+                        " s (a rank dead, stopped or cut off, so a collective cannot complete); ending "
+                        "the job without a new checkpoint (exit code 4): the last complete one resumes",
+                    kExitStuck);
+      }
+    }
+  });
+}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->done = true;
+  }
+  s_->cv.notify_all();
+  s_->thread.join();
+}
+
+void Watchdog::beat() { s_->last_beat_ns = monotonic_ns(); }
 
 RunLock::RunLock(const std::string& dir) {
   const std::string path = (fs::path(dir) / ".lock").string();

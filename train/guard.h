@@ -16,6 +16,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "nn/flat.h"
@@ -27,10 +28,23 @@ namespace ndt::train {
 // Exit code of train_gpt when SIGINT or SIGTERM stopped it after the current step (and a
 // checkpoint, when checkpoint.dir is set). Distinct from 0 (done), 1 (error), 2 (config).
 constexpr int kExitPreempted = 3;
+// Exit code when a stop was asked but the rank made no progress for parallel.timeout_s (a
+// peer dead, stopped or cut off, so a collective never completes): the job is ended
+// without a new checkpoint; the last complete one resumes.
+constexpr int kExitStuck = 4;
+// Exit code of a rank whose launcher (mpirun, its daemon, srun's step) has died: it stops
+// at once instead of training on, unseen, and publishing checkpoints.
+constexpr int kExitOrphaned = 5;
+
+// Stop signals that arrive within this many seconds of the first are the same request:
+// coreutils' `timeout` and job schedulers signal the process and its process group, so
+// one request often arrives twice within microseconds.
+constexpr double kSignalRepeatWindowS = 2.0;
 
 // While alive, the first SIGINT or SIGTERM only sets a flag (stop_requested()); a second
-// one restores the default action and re-raises, so the process dies at once. The
-// destructor restores the previous handlers. One at a time per process.
+// one, more than kSignalRepeatWindowS after the first, restores the default action and
+// re-raises, so the process dies at once. The destructor restores the previous handlers.
+// One at a time per process.
 class StopSignals {
  public:
   StopSignals();
@@ -47,6 +61,27 @@ class StopSignals {
 bool stop_requested();
 // The signal that asked to stop (SIGINT, SIGTERM), 0 if none.
 int stop_signal();
+
+// A thread that ends this process when waiting any longer would only hold the allocation:
+// - a stop signal arrived and the run made no progress (beat()) for `timeout_s` since the
+//   later of the signal and the last beat: one line on stderr, exit kExitStuck (under a
+//   launcher the others are then ended by it: mpirun ends a job one of whose ranks exits
+//   without finalizing);
+// - with `watch_launcher`, this process's parent (the launcher or its daemon) has gone
+//   (the parent pid changed): one line, exit kExitOrphaned, within about a second.
+// The trainer beats at every step and around checkpoint writes.
+class Watchdog {
+ public:
+  Watchdog(double timeout_s, bool watch_launcher, int rank);
+  ~Watchdog();
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  void beat();
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 // An exclusive flock on <dir>/.lock, which holds the holder's pid. Throws ndt::Error
 // naming that pid when another process holds it. Released when destroyed (or the process

@@ -32,6 +32,7 @@
 #include "tensor/checked.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/threads.h"
+#include "train/agree.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/data.h"
@@ -96,8 +97,8 @@ class NullBuffer : public std::streambuf {
 // materialize -> loop. Rank 0 prints and writes the logs; every rank trains.
 class Trainer {
  public:
-  Trainer(const Config& c, std::shared_ptr<dist::Communicator> world, std::ostream& out)
-      : c_(c), world_(std::move(world)), out_(world_->rank() == 0 ? out : null_out_) {}
+  Trainer(const Config& c, std::shared_ptr<dist::Communicator> world, std::ostream& out, Watchdog& watchdog)
+      : c_(c), world_(std::move(world)), out_(world_->rank() == 0 ? out : null_out_), watchdog_(watchdog) {}
   int run() {
     setup();
     describe();
@@ -113,9 +114,19 @@ class Trainer {
   void materialize();  // memory (this rank's shards), weights, optimizer, data, resume
   int loop();          // the steps, with evaluation, samples and checkpoints; then the end
 
-  double train_step(int64_t step);  // one optimizer step; returns the mean loss
-  double evaluate();
-  void sample(int64_t step);
+  double train_step(int64_t step);  // one optimizer step on batches_; returns the mean loss
+  std::string read_batches();       // the next step's micro-batches into batches_; "" or the error
+  // What every rank learns at the end of a step: a stop signal on any rank, and whether
+  // any rank failed to read the next step's data (one small collective).
+  struct Agreement {
+    int signal = 0;
+    bool data_failed = false;
+  };
+  Agreement agree_on(bool data_failed) const;
+  std::vector<data::Batch> read_val_batches();  // this rank's evaluation batches (no collective)
+  double evaluate(const std::vector<data::Batch>& batches);
+  std::vector<int32_t> generate_sample(int64_t step);  // collective under FSDP and TP
+  void print_sample(int64_t step, const std::vector<int32_t>& ids);
   void save(int64_t step);
   void load_weights(const std::string& path);  // init_from, into this rank's shards
   void resume_from(const std::string& path);
@@ -125,6 +136,10 @@ class Trainer {
   Tensor local(const Tensor& tokens) const;  // this rank's part of a batch, on the device
   double mean_over_ranks(double loss) const;
   bool lead() const { return world_->rank() == 0; }
+  // What decides the last bits of the numbers: a resume elsewhere continues, not bit for bit.
+  std::string compute_identity() const {
+    return device_.is_cpu() ? "cpu, OpenBLAS kernel " + blas_core() : device_.str();
+  }
   // The model as one process holds it (checkpoints and weight files use that layout),
   // gathered from every rank's shards and slices (collective; only `keep` ranks hold it).
   // Loading goes the other way without it: each rank reads only its own elements.
@@ -161,11 +176,19 @@ class Trainer {
   bool metrics_warned_ = false;
   std::unique_ptr<RunLock> lock_;
   LossCurves curves_;
+  Watchdog& watchdog_;
+  // the next step's micro-batches, read ahead so that a failed read is agreed on by every
+  // rank before any collective; batches_from_ is the loader's position before them
+  std::vector<data::Batch> batches_;
+  data::LoaderState batches_from_;
 };
 
 // ---- phase 1: setup ----------------------------------------------------------------
 
 void Trainer::setup() {
+  // every rank started with the same config and sees the same data (a stale gpt.ini on one
+  // node would train silently wrong, or hang): checked before anything depends on it
+  check_same_config(c_, *world_);
   // devices: one process per GPU, the GPU chosen by the rank's place on its node
   device_ = Device::parse(c_.train.device);
   // GPUs on several ranks: NCCL between them (MPI moves CPU tensors only), one GPU per rank
@@ -225,6 +248,10 @@ void Trainer::setup() {
     lock_ = std::make_unique<RunLock>(c_.checkpoint.dir);
     clean_temporaries(c_.checkpoint.dir);
   }
+  // every rank that writes (sharded: the first replica's) or reads the checkpoints must see
+  // rank 0's directory: found now, not at the first save after hours of training
+  check_checkpoint_dir_shared(
+      c_, c_.checkpoint.format == "sharded" ? mesh_->coords().replicate == 0 : lead(), *world_);
   world_->barrier();  // every rank's checks passed
 }
 
@@ -370,6 +397,7 @@ void Trainer::materialize() {
   if (c_.checkpoint.resume) {
     if (auto latest = ckpt::latest_checkpoint(c_.checkpoint.dir)) {
       resume_from(*latest);
+      world_->barrier();  // said once every rank has loaded its part (a rank that failed ends the job)
       out_ << "resumed from " << *latest << " at step " << start_ << "\n";
     } else {
       out_ << "no checkpoint in " << c_.checkpoint.dir << " yet; starting from scratch\n";
@@ -451,9 +479,19 @@ void Trainer::resume_from(const std::string& path) {
   // The loader's position counts windows of micro_batch_size x dp sequences: with another
   // global micro-batch, the same tokens are at another window number.
   const int64_t window_tokens = c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len;
-  if (auto it = st.extra.find("window_tokens");
-      it != st.extra.end() && std::stoll(it->second) != window_tokens) {
-    const int64_t old_tokens = std::stoll(it->second), pos = st.loader.window * old_tokens;
+  int64_t old_tokens = window_tokens;
+  if (auto it = st.extra.find("window_tokens"); it != st.extra.end()) {
+    char* end = nullptr;
+    old_tokens = std::strtoll(it->second.c_str(), &end, 10);
+    if (it->second.empty() || *end != '\0' || old_tokens < 1)
+      throw Error("checkpoint " + path + ": its window_tokens '" + it->second +
+                  "' is not a positive number; the checkpoint is damaged: resume from an earlier one");
+  }
+  if (auto it = st.extra.find("compute"); it != st.extra.end() && it->second != compute_identity())
+    out_ << "note: the checkpoint was computed with " << it->second << ", this run with " << compute_identity()
+         << ": the losses continue, but not bit for bit\n";
+  if (old_tokens != window_tokens) {
+    const int64_t pos = checked_mul(st.loader.window, old_tokens, "the checkpoint's data position");
     st.loader.window = pos / window_tokens;
     out_ << "warning: the checkpoint read " << old_tokens << " tokens per micro-step, this run reads "
          << window_tokens << "; the data continues at token " << st.loader.window * window_tokens
@@ -467,12 +505,15 @@ void Trainer::resume_from(const std::string& path) {
 
 void Trainer::save(int64_t step) {
   if (c_.checkpoint.dir.empty() || (step == saved_step_ && step > 0 && step != c_.train.steps)) return;
+  watchdog_.beat();  // a long write is progress, not a hang
   ckpt::TrainState st;
   st.step = step;
-  st.loader = train_->state();
+  // the position of the step after `step`: before the batches read ahead for it, if any
+  st.loader = batches_.empty() ? train_->state() : batches_from_;
   st.extra["model"] = mc_.str();
   st.extra["layout"] = dims_.str();
   st.extra["window_tokens"] = std::to_string(c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len);
+  st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
   if (c_.checkpoint.format == "sharded") {  // every rank writes its own shards, nobody gathers
     const std::string where = ckpt::save_sharded(c_.checkpoint.dir, st, params_, *opt_, *mesh_, mc_, c_.checkpoint.keep);
     saved_step_ = step;
@@ -528,17 +569,20 @@ void Trainer::log_json(const nlohmann::json& j) {
   }
 }
 
-double Trainer::evaluate() {
-  autograd::NoGradGuard no_grad;
+std::vector<data::Batch> Trainer::read_val_batches() {
   val_->reset();  // the same validation batches every time
+  std::vector<data::Batch> batches;
+  for (int64_t i = 0; i < c_.train.eval_steps; ++i) batches.push_back(val_->next());
+  return batches;
+}
+
+double Trainer::evaluate(const std::vector<data::Batch>& batches) {
+  autograd::NoGradGuard no_grad;
   strategy_->begin_forward_only();
   double total = 0;
-  for (int64_t i = 0; i < c_.train.eval_steps; ++i) {
-    data::Batch b = val_->next();
-    total += gpt_->forward(local(b.inputs), local(b.targets)).loss.item();
-  }
+  for (const data::Batch& b : batches) total += gpt_->forward(local(b.inputs), local(b.targets)).loss.item();
   strategy_->end_forward_only();
-  return mean_over_ranks(total / static_cast<double>(c_.train.eval_steps));
+  return mean_over_ranks(total / static_cast<double>(batches.size()));
 }
 
 Tensor Trainer::local(const Tensor& tokens) const {
@@ -553,11 +597,11 @@ double Trainer::mean_over_ranks(double loss) const {
   return dims_.cp > 1 ? mesh_->cp().all_reduce_scalar(loss, dist::ReduceOp::kAvg) : loss;
 }
 
-void Trainer::sample(int64_t step) {
-  if (!vocab_ || c_.sample.length == 0) return;
+std::vector<int32_t> Trainer::generate_sample(int64_t step) {
+  if (!vocab_ || c_.sample.length == 0) return {};
   // sharded or tensor-parallel: every rank takes part in the collectives (and draws the
   // same tokens); CP ranks each run the whole sequence here
-  if (!fsdp_ && dims_.tp == 1 && !lead()) return;
+  if (!fsdp_ && dims_.tp == 1 && !lead()) return {};
   std::vector<int32_t> prompt;
   for (uint16_t t : vocab_->encode(c_.sample.prompt)) prompt.push_back(t);
   strategy_->begin_forward_only();
@@ -566,18 +610,52 @@ void Trainer::sample(int64_t step) {
                                       static_cast<uint64_t>(c_.train.seed + step), device_);
   if (cp_) cp_->set_active(true);
   strategy_->end_forward_only();
-  out_ << "sample at step " << step << ":\n  " << printable(vocab_->decode(ids)) << "\n";
-  log_json({{"step", step}, {"sample", vocab_->decode(ids)}});
+  return ids;
+}
+
+void Trainer::print_sample(int64_t step, const std::vector<int32_t>& ids) {
+  if (!lead() || !vocab_ || c_.sample.length == 0) return;
+  const std::string text = vocab_->decode(ids);
+  out_ << "sample at step " << step << ":\n  " << printable(text) << "\n";
+  log_json({{"step", step}, {"sample", text}});
+}
+
+std::string Trainer::read_batches() {
+  batches_from_ = train_->state();
+  batches_.clear();
+  try {
+    for (int64_t micro = 0; micro < c_.train.grad_accum_steps; ++micro) batches_.push_back(train_->next());
+  } catch (const std::exception& e) {
+    train_->restore(batches_from_);
+    batches_.clear();
+    return e.what();
+  }
+  return "";
+}
+
+Trainer::Agreement Trainer::agree_on(bool data_failed) const {
+  std::vector<double> v = {static_cast<double>(stop_signal()), data_failed ? 1.0 : 0.0};
+  if (world_->size() > 1) {
+    Tensor t = Tensor::from_vector(v, {2}).to(world_->device());
+    world_->all_reduce(t, dist::ReduceOp::kMax)->wait();
+    v = t.to(Device::cpu()).to_vector<double>();
+  }
+  return {static_cast<int>(v[0]), v[1] > 0};
 }
 
 double Trainer::train_step(int64_t step) {
+  NDT_CHECK(static_cast<int64_t>(batches_.size()) == c_.train.grad_accum_steps, "train_step: step ", step + 1,
+            " has ", batches_.size(), " micro-batches read ahead, not train.grad_accum_steps = ",
+            c_.train.grad_accum_steps);
+  const std::vector<data::Batch> batches = std::move(batches_);
+  batches_.clear();
   params_.zero_grad();
   strategy_->begin_step();
   // the micro-batches' losses stay on the device until every backward is queued: reading
   // one between its forward and backward would make the host wait for the device there
   std::vector<Tensor> losses;
   for (int64_t micro = 0; micro < c_.train.grad_accum_steps; ++micro) {
-    data::Batch b = train_->next();
+    const data::Batch& b = batches[static_cast<size_t>(micro)];
     strategy_->begin_micro(/*sync=*/micro == c_.train.grad_accum_steps - 1);
     Tensor loss = gpt_->forward(local(b.inputs), local(b.targets)).loss;
     losses.push_back(loss.detach());
@@ -599,45 +677,55 @@ int Trainer::loop() {
   const double flops_per_step =
       gpt_->flops_per_token(c_.train.seq_len) * static_cast<double>(tokens_per_step_);
   const double peak = c_.log.peak_tflops > 0 ? c_.log.peak_tflops * 1e12 : 67e12;
-  // An evaluation or a sample that fails between steps must not cost the steps since the
-  // last checkpoint: save them first, then report the failure. Every rank first learns
-  // whether any rank failed (under DP only rank 0 samples), so that all of them save
-  // together: a rank saving alone would wait forever in the checkpoint's collectives.
-  auto between_steps = [&](int64_t step, const char* what, auto&& fn) {
+  // A failure between steps (reading evaluation or training data, printing a sample) must
+  // not cost the steps since the last checkpoint: save them first, then report it. Such
+  // work is rank-local (no collective inside), so that every rank can first learn whether
+  // any rank failed and all of them save together: a rank saving alone, or one leaving for
+  // the agreement while the others are inside evaluate()'s collectives, would wait forever.
+  auto saved_then_fail = [&](int64_t step, const std::string& what, bool failed_here, const std::string& err) {
+    if (c_.checkpoint.dir.empty() || step == saved_step_)
+      throw Error(what + " failed at step " + std::to_string(step) + ": " +
+                  (failed_here ? err : "it failed on another rank"));
+    save(step);
+    throw Error(what + " failed at step " + std::to_string(step) + " (checkpoint saved): " +
+                (failed_here ? err : "it failed on another rank"));
+  };
+  auto between_steps = [&](int64_t step, const char* what, auto&& local_fn) {
     std::string err;
-    std::exception_ptr failure;
+    bool failed = false;
     try {
-      fn();
+      local_fn();
     } catch (const std::exception& e) {
       err = e.what();
-      failure = std::current_exception();
+      failed = true;
     }
-    if (world_->all_reduce_scalar(failure ? 1.0 : 0.0, dist::ReduceOp::kMax) == 0) return;
-    if (!failure) err = "it failed on another rank";
-    if (c_.checkpoint.dir.empty() || step == saved_step_) {
-      if (failure) std::rethrow_exception(failure);
-      throw Error(std::string(what) + " failed on another rank at step " + std::to_string(step));
-    }
-    save(step);
-    throw Error(std::string(what) + " failed at step " + std::to_string(step) +
-                " (checkpoint saved): " + err);
+    if (world_->all_reduce_scalar(failed ? 1.0 : 0.0, dist::ReduceOp::kMax) > 0)
+      saved_then_fail(step, what, failed, err);
   };
-  // A stop signal may reach only some ranks: they all stop when any one got it (the
-  // number of the signal, or 0).
-  auto stop_now = [&] {
-    return static_cast<int>(world_->all_reduce_scalar(stop_signal(), dist::ReduceOp::kMax));
+  auto evaluation = [&](int64_t step) {
+    std::vector<data::Batch> batches;
+    between_steps(step, "evaluation", [&] { batches = read_val_batches(); });
+    return evaluate(batches);  // collective: every rank has its batches
   };
+  auto sampling = [&](int64_t step) {
+    const std::vector<int32_t> ids = generate_sample(step);  // collective under FSDP and TP
+    between_steps(step, "sampling", [&] { print_sample(step, ids); });
+  };
+  // The first step's data, agreed on like every later step's (train_step reads none itself).
+  if (start_ < c_.train.steps) {
+    const std::string err = read_batches();
+    if (agree_on(!err.empty()).data_failed) saved_then_fail(start_, "reading the training data", !err.empty(), err);
+  }
   double time_sum = 0, last_val = NAN;
   int64_t timed = 0;
   for (int64_t step = start_; step < c_.train.steps; ++step) {
     if (val_ && c_.train.eval_every > 0 && step % c_.train.eval_every == 0) {
-      between_steps(step, "evaluation", [&] { last_val = evaluate(); });
+      last_val = evaluation(step);
       curves_.val.push_back({step, last_val});
       out_ << "step " << step << " | val loss " << last_val << std::endl;
       log_json({{"step", step}, {"val_loss", last_val}});
     }
-    if (c_.sample.every > 0 && step > 0 && step % c_.sample.every == 0)
-      between_steps(step, "sampling", [&] { sample(step); });
+    if (c_.sample.every > 0 && step > 0 && step % c_.sample.every == 0) sampling(step);
 
     const auto t0 = Clock::now();
     reset_peak_memory(device_);
@@ -700,8 +788,13 @@ int Trainer::loop() {
     }
     if (c_.checkpoint.every > 0 && (step + 1) % c_.checkpoint.every == 0 && step + 1 < c_.train.steps)
       save(step + 1);
-    if (const int sig =
-            step + 1 < c_.train.steps ? stop_now() : 0) {  // preempted: this step is done; save it, go
+    watchdog_.beat();
+    if (step + 1 == c_.train.steps) break;
+    // the next step's data, and whether any rank was asked to stop: one agreement
+    const std::string err = read_batches();
+    const Agreement next = agree_on(!err.empty());
+    if (next.data_failed) saved_then_fail(step + 1, "reading the training data", !err.empty(), err);
+    if (const int sig = next.signal) {  // preempted: this step is done; save it, go
       save(step + 1);
       out_ << "stopped by signal " << sig << " after step " << step + 1
            << (c_.checkpoint.dir.empty() ? " (no checkpoint.dir: nothing saved)"
@@ -714,17 +807,17 @@ int Trainer::loop() {
   // ---- the end: checkpoint first (nothing after it may cost the run), eval, sample, report
   if (start_ < c_.train.steps || c_.checkpoint.every == 0) save(c_.train.steps);
   write_trace();
-  if (const int sig = stop_now()) {
+  if (const int sig = agree_on(false).signal) {
     out_ << "stopped by signal " << sig << " after the last step, its checkpoint saved" << std::endl;
     return kExitPreempted;
   }
   if (val_) {
-    last_val = evaluate();
+    last_val = evaluation(c_.train.steps);
     curves_.val.push_back({c_.train.steps, last_val});
     out_ << "final val loss " << last_val << "\n";
     log_json({{"step", c_.train.steps}, {"val_loss", last_val}});
   }
-  if (c_.sample.every >= 0) sample(c_.train.steps);
+  if (c_.sample.every >= 0) sampling(c_.train.steps);
   if (timed) {
     const double avg = time_sum / timed;
     out_ << "average " << avg * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step_) / avg
@@ -781,7 +874,12 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
   try {
     world = dist::init_world();  // MPI under a launcher with several ranks, else a group of one
     StopSignals signals;         // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
-    return Trainer(c, world, out).run();
+    // a stop that cannot finish (a peer stuck) or a dead launcher ends this process
+    Watchdog watchdog(c.parallel.timeout_s, dist::launched_with_several_ranks(), world->rank());
+    return Trainer(c, world, out, watchdog).run();
+  } catch (const AgreedConfigError& e) {  // every rank found it together: one line, no abort
+    if (world->rank() == 0) err << "train_gpt: config error: " << e.what() << "\n";
+    return 2;
   } catch (const ConfigError& e) {
     code = 2;
     message = std::string("config error: ") + e.what();

@@ -106,10 +106,10 @@ Tensor cross_entropy(const Tensor& logits_in, const Tensor& targets_in, int64_t 
   Tensor kept = Tensor::empty({1}, DType::i32, logits.device());  // rows that count, on the device
   kernels::count_not_equal(targets, ignore_index, kept);
   kernels::cross_entropy_forward(logits, targets, kept, v_limit, ignore_index, losses, lse, Tensor());
-  // the mean in the statistics dtype (f32 even for bf16 logits), rounded once to the logits' dtype
-  Tensor mean_loss = Tensor::empty({}, sd, logits.device());
-  kernels::mean_of_kept(losses, kept, mean_loss);
-  Tensor out = mean_loss.to(logits.dtype());
+  // the mean in the statistics dtype, which is also the loss's dtype: f32 for bf16 logits,
+  // so that a bf16 run reports (and scales, and seeds backward with) an f32 loss
+  Tensor out = Tensor::empty({}, sd, logits.device());
+  kernels::mean_of_kept(losses, kept, out);
   autograd::record(
       "cross_entropy", {out}, {logits_in},
       [logits = logits.detach(), targets, lse, kept, v_limit, ignore_index, sd](const Grads& g) -> Grads {
@@ -138,9 +138,8 @@ Tensor cross_entropy_fused(const Tensor& logits_in, const Tensor& targets_in, in
   kernels::count_not_equal(targets, ignore_index, kept);
   // logits become (softmax - onehot) / kept: the gradient for dloss = 1, in their own memory
   kernels::cross_entropy_forward(logits, targets, kept, v_limit, ignore_index, losses, lse, logits);
-  Tensor mean_loss = Tensor::empty({}, sd, logits.device());
-  kernels::mean_of_kept(losses, kept, mean_loss);
-  Tensor out = mean_loss.to(logits.dtype());
+  Tensor out = Tensor::empty({}, sd, logits.device());  // the loss in the statistics dtype, as above
+  kernels::mean_of_kept(losses, kept, out);
   autograd::record("cross_entropy_fused", {out}, {logits_in},
                    [dlogits = logits, sd](const Grads& g) -> Grads {
                      // forward wrote dlogits = (softmax - onehot) / kept; the chain rule scales it by dloss

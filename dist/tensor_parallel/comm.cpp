@@ -70,9 +70,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
   Tensor losses = Tensor::empty({N}, sd, dev), kept = Tensor::empty({1}, DType::i32, dev);
   kernels::cross_entropy_parallel_losses(gmax, sumexp, target, t, ignore_index, losses);
   kernels::count_not_equal(t, ignore_index, kept);
-  Tensor mean_loss = Tensor::empty({}, sd, dev);
-  kernels::mean_of_kept(losses, kept, mean_loss);
-  Tensor loss = mean_loss.to(logits.dtype());
+  Tensor loss = Tensor::empty({}, sd, dev);  // f32 for bf16 logits, like cross_entropy
+  kernels::mean_of_kept(losses, kept, loss);
   autograd::record("vocab_parallel_cross_entropy", {loss}, {logits},
                    [x, t, gmax, sumexp, kept, v_start, v_live, ignore_index,
                     sd](const autograd::Grads& g) -> autograd::Grads {

@@ -1,5 +1,7 @@
-// main() of the distributed test programs (tests/test_dist_*.cpp), run under mpirun:
+// main() of the distributed test programs (tests/test_mpi_*.cpp), run under mpirun:
 // every rank runs every test; only rank 0 prints; the program fails when any rank failed.
+// Like train_gpt, each rank first picks the OpenBLAS kernel (may re-execute, before MPI
+// starts), so that every rank and every program computes with the same GEMM kernels.
 #include <gtest/gtest.h>
 
 #include "dist/comm/mpi.h"
@@ -14,6 +16,7 @@ std::shared_ptr<dist::Communicator> world() { return g_world; }
 }  // namespace ndt::testing
 
 int main(int argc, char** argv) {
+  ndt::use_optimized_blas(argv);
   ::testing::InitGoogleTest(&argc, argv);
   ndt::testing::g_world = ndt::dist::init_world(/*force_mpi=*/true);
   ndt::set_num_threads(1);

@@ -1,0 +1,43 @@
+// ndtrain: checks that every rank of a job makes together at start, before any work, so that
+// a difference between nodes (a stale config file, a checkpoint directory that is not shared)
+// is one clear refusal instead of a wrong result, a hang or a run that saves nothing.
+//
+//   check_same_config(cfg, world);                  // throws AgreedConfigError on every rank
+//   check_checkpoint_dir_shared(cfg, writer, world); // likewise
+//
+// Both are collective over `world` (every rank calls them, in the same order) and cost a
+// few small collectives once per run.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/comm/communicator.h"
+#include "train/config.h"
+
+namespace ndt::train {
+
+// A config error found by every rank at once (after an agreement): rank 0 reports it, and
+// the job ends with exit code 2 without aborting anyone.
+class AgreedConfigError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
+// The keys and values that must be equal on every rank: every [section] key as parsed
+// (cfg.values) and, as `data.train files` / `data.val files`, the names and sizes of the data
+// files each pattern matches here.
+std::vector<std::pair<std::string, std::string>> rank_identity(const Config& cfg);
+
+// Compares rank_identity(cfg) with rank 0's. On a difference, throws AgreedConfigError on
+// every rank naming each key that differs, rank 0's value and the ranks that have another.
+void check_same_config(const Config& cfg, dist::Communicator& world);
+
+// With checkpoint.dir set and several ranks: rank 0 writes a marker file there, and every
+// rank that will read the directory (all of them, except with checkpoint.format = full and
+// no resume) must see it, and every `writer` must be able to write there. Otherwise throws
+// AgreedConfigError on every rank naming the ranks (and their hosts) that do not.
+void check_checkpoint_dir_shared(const Config& cfg, bool writer, dist::Communicator& world);
+
+}  // namespace ndt::train
