@@ -401,7 +401,11 @@ TEST(Robust, FirstStopSignalSetsTheFlagTheSecondKills) {
     if (train::stop_requested()) ::_exit(10);
     ::raise(SIGTERM);
     if (!train::stop_requested() || train::stop_signal() != SIGTERM) ::_exit(11);
-    ::raise(SIGINT);  // the second: the process dies of it
+    // `timeout` signals the process and its group: the same request twice, microseconds apart
+    ::raise(SIGTERM);
+    if (train::stop_signal() != SIGTERM) ::_exit(13);
+    ::usleep(static_cast<useconds_t>(train::kSignalRepeatWindowS * 1e6) + 200000);
+    ::raise(SIGINT);  // a second request, after the window: the process dies of it
     ::_exit(12);
   }
   int status = 0;
