@@ -189,7 +189,7 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 }
 
 void verify_checkpoint(const std::string& path, const std::vector<std::string>& only) {
-  const fs::path dir(path), mp = fs::path(path) / kManifest;
+  const fs::path mp = fs::path(path) / kManifest;
   std::ifstream f(mp);
   NDT_CHECK(f.good(), "checkpoint ", path, " has no ", kManifest,
             " (the checksums of its files); it is incomplete or was written by an older ndtrain");
@@ -202,23 +202,30 @@ void verify_checkpoint(const std::string& path, const std::vector<std::string>& 
       names.clear();
       for (auto& [name, e] : m["files"].items()) names.push_back(name);
     }
+    for (const std::string& name : only)  // a file that is not listed has no checksum to trust
+      NDT_CHECK(std::find(names.begin(), names.end(), name) != names.end(), "checkpoint ", path, ": ",
+                kManifest, " does not list ", name, "; the file is not part of this checkpoint");
     for (const std::string& name : names) {
       if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) continue;
       NDT_CHECK(m["files"].contains(name), "no entry for ", name);
       const auto& e = m["files"][name];
-      const std::string file = (dir / name).string();
-      std::error_code ec;
-      const uint64_t size = fs::file_size(file, ec);
-      NDT_CHECK(!ec, "checkpoint file ", file, " is missing (", ec.message(), ")");
-      NDT_CHECK(size == e.at("bytes").get<uint64_t>(), "checkpoint file ", file, " has ", size, " bytes, ",
-                kManifest, " says ", e.at("bytes").get<uint64_t>(), "; the file is truncated or damaged");
-      const std::string got = io::hex64(io::file_xxh64(file)), want = e.at("xxh64").get<std::string>();
-      NDT_CHECK(got == want, "checkpoint file ", file, " fails its checksum (xxh64 ", got, ", ", kManifest,
-                " says ", want, "); the file is damaged");
+      verify_file(path, name, e.at("bytes").get<uint64_t>(), e.at("xxh64").get<std::string>());
     }
   } catch (const nlohmann::json::exception& e) {
     NDT_FAIL("checkpoint ", mp.string(), " is malformed (", e.what(), ")");
   }
+}
+
+void verify_file(const std::string& dir, const std::string& name, uint64_t bytes, const std::string& xxh64) {
+  const std::string file = (fs::path(dir) / name).string();
+  std::error_code ec;
+  const uint64_t size = fs::file_size(file, ec);
+  NDT_CHECK(!ec, "checkpoint file ", file, " is missing (", ec.message(), ")");
+  NDT_CHECK(size == bytes, "checkpoint file ", file, " has ", size, " bytes, ", kManifest, " says ", bytes,
+            "; the file is truncated or damaged");
+  const std::string got = io::hex64(io::file_xxh64(file));
+  NDT_CHECK(got == xxh64, "checkpoint file ", file, " fails its checksum (xxh64 ", got, ", ", kManifest,
+            " says ", xxh64, "); the file is damaged");
 }
 
 namespace {

@@ -66,7 +66,11 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 std::optional<int64_t> step_of(const std::string& name);
 // Checks the files of a checkpoint directory (all, or those named in `only`) against
 // the sizes and checksums in its checkpoint.json; throws one line naming the bad file.
+// Every name in `only` must be listed there.
 void verify_checkpoint(const std::string& path, const std::vector<std::string>& only = {});
+// Checks one file of a checkpoint directory against its size and checksum (16 hex digits);
+// throws one line naming the file.
+void verify_file(const std::string& dir, const std::string& name, uint64_t bytes, const std::string& xxh64);
 // Loads weights (into the parameters' values, which must be whole), the moments (whole
 // buffers, on the CPU) and the state from a checkpoint directory.
 TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
