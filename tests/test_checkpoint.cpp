@@ -635,3 +635,50 @@ TEST(ShardedCheckpoint, NonFiniteValuesAreRefusedNamingTheParameterAndTheFile) {
     }
   }
 }
+
+TEST(ShardedCheckpoint, ResumesWithAnotherVocabularyPadding) {
+  // the padded rows of wte hold zeros that are never trained (their logits are masked), so a
+  // checkpoint resumes under another model.vocab_multiple: rows are dropped or added as zeros
+  fs::path d = ndt::testing::fresh_dir("sh_repad");
+  Model a(tiny(), 1);  // vocab 10 padded to 16
+  const std::string where = save_sharded_step2(d, a);
+  const std::vector<float> wte = a.gpt.wte.weight.to_vector<float>();
+  for (size_t i = 10 * 8; i < wte.size(); ++i) ASSERT_EQ(wte[i], 0.0f) << "padded rows stay zero";
+  for (int64_t vm : {1, 32}) {
+    SCOPED_TRACE(vm);
+    models::GPTConfig c = tiny();
+    c.vocab_multiple = vm;
+    Model b(c, 2);
+    ASSERT_EQ(ckpt::load_sharded(where, c, b.params, b.opt).step, 2);
+    const int64_t live = 10 * 8, rows = c.padded_vocab();
+    std::vector<float> got = b.gpt.wte.weight.to_vector<float>(), want(wte.begin(), wte.begin() + live);
+    want.resize(rows * 8, 0.0f);
+    EXPECT_EQ(got, want);
+    for (const char* n : {"wpe.weight", "ln_f.weight", "h.1.mlp.c_fc.weight"})
+      EXPECT_EQ(b.params.find(n)->value.to_vector<float>(), a.params.find(n)->value.to_vector<float>()) << n;
+    // the moments follow the parameters: the first element of wpe's, wherever wte ends
+    const int64_t off_a = a.params.find("wpe.weight")->offset, off_b = b.params.find("wpe.weight")->offset;
+    EXPECT_EQ(b.opt.v()[0].narrow(0, off_b, 48).to_vector<float>(),
+              a.opt.v()[0].narrow(0, off_a, 48).to_vector<float>());
+    // and the full format does the same
+    const fs::path full = d / ("full" + std::to_string(vm));
+    ckpt::TrainState st;
+    st.step = 2;
+    const std::string fwhere = ckpt::save_checkpoint(full.string(), a.gpt, a.params, a.opt, st, 0);
+    Model f(c, 3);
+    int64_t adam = 0;
+    ckpt::load_checkpoint_local(fwhere, f.gpt, f.params, nn::plan(models::GPT(c).units()), f.opt.m(),
+                                f.opt.v(), &adam);
+    EXPECT_EQ(f.gpt.wte.weight.to_vector<float>(), want);
+    EXPECT_EQ(f.opt.v()[0].narrow(0, off_b, 48).to_vector<float>(),
+              a.opt.v()[0].narrow(0, off_a, 48).to_vector<float>());
+    EXPECT_EQ(f.opt.m()[0].narrow(0, 0, live).to_vector<float>(),
+              a.opt.m()[0].narrow(0, 0, live).to_vector<float>());
+  }
+  // another model is still refused, naming what differs
+  models::GPTConfig other = tiny();
+  other.n_layer = 3;
+  Model o(other, 2);
+  const std::string e = error_of([&] { ckpt::load_sharded(where, other, o.params, o.opt); });
+  EXPECT_TRUE(has(e, "resume with the same [model] section")) << e;
+}

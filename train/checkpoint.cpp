@@ -436,6 +436,29 @@ void read_local_weights(const std::string& path, const models::GPT& gpt, const n
                  });
 }
 
+// The single-process layout that wrote a full checkpoint's moments: `whole` (the model's),
+// unless the checkpoint was written with another model.vocab_multiple. Only the length of wte
+// depends on it, so the stored length of the unit that holds wte tells its padded rows.
+std::vector<nn::FlatUnit> written_layout(const io::SafeTensorsReader& st, const models::GPTConfig& cfg,
+                                         const std::vector<nn::FlatUnit>& whole) {
+  for (size_t i = 0; i < whole.size(); ++i)
+    for (const nn::FlatParam& p : whole[i].params) {
+      if (p.spec.name != "wte.weight") continue;
+      const std::string n = "adam.m." + whole[i].name;
+      if (!st.has(n) || st.entries().at(n).shape.size() != 1) return whole;  // read_state names it
+      const int64_t stored = st.entries().at(n).shape[0];
+      const int64_t aligned = (numel_of(p.spec.shape) + nn::kAlign - 1) / nn::kAlign * nn::kAlign;
+      const int64_t wte_stored = stored - (whole[i].numel - aligned);  // the others' lengths are fixed
+      const int64_t rows = wte_stored / cfg.n_embd;                    // the most rows that fit
+      if (stored == whole[i].numel || wte_stored <= 0 || rows < cfg.vocab_size) return whole;
+      models::GPTConfig c = cfg;
+      c.vocab_multiple = rows;  // padded_vocab() == rows
+      std::vector<nn::FlatUnit> w = nn::plan(models::GPT(c).units());
+      return w[i].numel == stored ? w : whole;
+    }
+  return whole;
+}
+
 }  // namespace
 
 void load_weights_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params) {
@@ -454,7 +477,8 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
   io::SafeTensorsReader st((dir / "state.safetensors").string());
   NDT_CHECK(whole.size() == params.units.size() && m.size() == params.units.size() && v.size() == m.size(),
             "load_checkpoint_local: one whole unit, m and v per unit");
-  TrainState s = read_state(st, path, whole, adam_steps);
+  const std::vector<nn::FlatUnit> written = written_layout(st, gpt.cfg, whole);
+  TrainState s = read_state(st, path, written, adam_steps);
   read_local_weights((dir / "model.safetensors").string(), gpt, params);
   // the moments: whole buffers of the single-process layout; each parameter at its offset there
   for (size_t i = 0; i < params.units.size(); ++i) {
@@ -463,10 +487,14 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
     kernels::fill(v[i], 0.0);
     for (const nn::FlatParam& p : u.params) {
       const nn::FlatParam* wp = nullptr;
-      for (const nn::FlatParam& q : whole[i].params)
+      for (const nn::FlatParam& q : written[i].params)
         if (q.spec.name == p.spec.name) wp = &q;
-      NDT_CHECK(wp, "checkpoint ", path, ": ", p.spec.name, " is not in unit ", whole[i].name);
+      NDT_CHECK(wp, "checkpoint ", path, ": ", p.spec.name, " is not in unit ", written[i].name);
+      // wte's rows past vocab_size are padding: zero in any layout, never read
+      const int64_t live =
+          p.spec.name == "wte.weight" ? gpt.cfg.vocab_size * gpt.cfg.n_embd : numel_of(p.spec.global_shape());
       for_each_local_run(u, p, [&](int64_t dst, int64_t g, int64_t len) {
+        len = std::clamp<int64_t>(live - g, 0, len);
         constexpr int64_t kPiece = int64_t(1) << 18;  // a few MiB at a time
         for (int64_t k = 0; k < len; k += kPiece) {
           const int64_t n = std::min(kPiece, len - k);

@@ -358,6 +358,9 @@ void check_piece(const Tensor& piece, const std::string& file, const std::string
 
 // Reads `kind` ("data", "m" or "v") of every unit of this rank's layout from the writers'
 // files into dst[i] (shard-sized), wherever each element lives in the writers' layout.
+// The rows of wte past model.vocab_size are padding (zero, never trained: their logits are
+// masked), so they are never read and stay zero: a checkpoint written with another
+// model.vocab_multiple loads, its padding dropped or extended.
 void read_kind(Writers& w, const models::GPTConfig& cfg, const nn::FlatParams& params,
                const std::string& kind, const std::vector<Tensor>& dst) {
   const std::vector<nn::FlatUnit>& ol = w.units();
@@ -376,7 +379,10 @@ void read_kind(Writers& w, const models::GPTConfig& cfg, const nn::FlatParams& p
       for (const nn::FlatParam& q : ol[i].params)
         if (q.spec.name == p.spec.name) op = &q;
       NDT_CHECK(op, "checkpoint ", path, ": no parameter ", p.spec.name);
+      const int64_t live =
+          p.spec.name == "wte.weight" ? cfg.vocab_size * cfg.n_embd : numel_of(p.spec.global_shape());
       nn::for_each_shard_run(u, p, [&](int64_t to, int64_t g, int64_t len) {
+        len = std::clamp<int64_t>(live - g, 0, len);
         for (int64_t k = 0; k < len;) {
           // which writer's slice holds global element g + k, and where in its unit buffer
           const auto [q, l] = nn::tp_local_of(op->spec, g + k);
@@ -398,10 +404,13 @@ void read_kind(Writers& w, const models::GPTConfig& cfg, const nn::FlatParams& p
   }
 }
 
+// The model must be the writers' but for the vocabulary's padding (model.vocab_multiple).
 void check_model(const Manifest& m, const models::GPTConfig& cfg) {
-  NDT_CHECK(model_json(m.model) == model_json(cfg), "checkpoint ", m.dir, " holds the model ",
+  models::GPTConfig theirs = m.model;
+  theirs.vocab_multiple = cfg.vocab_multiple;
+  NDT_CHECK(model_json(theirs) == model_json(cfg), "checkpoint ", m.dir, " holds the model ",
             model_json(m.model).dump(), " but the config describes ", model_json(cfg).dump(),
-            "; resume with the same [model] section");
+            "; resume with the same [model] section (model.vocab_multiple may differ)");
 }
 
 std::vector<Tensor> data_of(const nn::FlatParams& params) {

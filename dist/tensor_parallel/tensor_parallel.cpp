@@ -15,7 +15,8 @@ void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
   NDT_CHECK(c.padded_vocab() % tp == 0, "tensor parallelism: the vocabulary of ", c.padded_vocab(),
             " rows (model.vocab_size ", c.vocab_size, " padded to a multiple of model.vocab_multiple ",
             c.vocab_multiple, ") is not divisible by tp_size = ", tp,
-            "; set model.vocab_multiple to a multiple of ", tp);
+            "; set model.vocab_multiple to a multiple of ", tp,
+            " (a checkpoint written with another vocab_multiple resumes: its padded rows are unused zeros)");
 }
 
 namespace {
