@@ -1,17 +1,25 @@
-// safetensors I/O, GPT weights with Hugging Face names, and training checkpoints.
+// safetensors I/O, GPT weights with Hugging Face names, and training checkpoints (full and
+// sharded: a damaged or crafted manifest, shard file or value is one line naming it).
 #include <gtest/gtest.h>
 
 #include "support/testing.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
+#include "dist/mesh.h"
+#include "dist/tensor_parallel/tensor_parallel.h"
 #include "models/gpt.h"
+#include "optim/adamw.h"
 #include "tensor/kernels.h"
 #include "train/checkpoint.h"
+#include "train/files.h"
 #include "train/safetensors.h"
+#include "train/sharded.h"
 
 using namespace ndt;
 using ndt::testing::error_of;
@@ -282,4 +290,395 @@ TEST(Checkpoint, StateFromADifferentModelIsRefused) {
   optim::AdamW o2(p2, {});
   std::string e = error_of([&] { ckpt::load_checkpoint(where, g2, p2, o2); });
   EXPECT_NE(e.find("config differs"), std::string::npos) << e;
+}
+
+// ---- sharded checkpoints, written and read by one process ---------------------------------
+
+namespace {
+
+// A model, its parameters and AdamW, in place (the parameters' slots point into the model).
+struct Model {
+  explicit Model(const models::GPTConfig& c, uint64_t seed)
+      : gpt(c), params(nn::materialize(gpt.units(), Device::cpu(), DType::f32, seed)), opt(params, {}) {}
+  models::GPT gpt;
+  nn::FlatParams params;
+  optim::AdamW opt;
+};
+
+// Two AdamW steps on random gradients (none reaches the padded vocabulary rows, as in
+// training: their logits are masked), then a sharded checkpoint of step 2 by one process.
+std::string save_sharded_step2(const fs::path& dir, Model& r) {
+  for (auto& u : r.params.units)
+    for (auto& fp : u.params)
+      kernels::fill_normal(fp.value.grad(), 4, nn::name_hash(fp.spec.name), 0, 0.0f, 1.0f);
+  const int64_t V = r.gpt.cfg.vocab_size, Vp = r.gpt.cfg.padded_vocab();
+  if (Vp > V) kernels::fill(r.gpt.wte.weight.grad().narrow(0, V, Vp - V), 0.0);
+  r.opt.step(0.01);
+  r.opt.step(0.01);
+  ckpt::TrainState st;
+  st.step = 2;
+  st.loader = {3, 17};
+  st.extra["window_tokens"] = "24";
+  dist::DeviceMesh mesh(dist::ParallelDims{}, dist::local_communicator());
+  return ckpt::save_sharded(dir.string(), st, r.params, r.opt, mesh, r.gpt.cfg, 0);
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+// The manifest's checksum as the docs define it: XXH64 of its compact JSON (keys sorted)
+// without the checksum itself.
+std::string seal_of(nlohmann::json m) {
+  m.erase("manifest_xxh64");
+  const std::string s = m.dump();
+  return io::hex64(io::xxh64(s.data(), s.size()));
+}
+// Writes m as checkpoint.json with a checksum that matches it (a crafted, resealed manifest).
+void write_sealed(const fs::path& ckpt, nlohmann::json m) {
+  m["manifest_xxh64"] = seal_of(m);
+  std::ofstream(ckpt / "checkpoint.json", std::ios::trunc) << m.dump(1) << "\n";
+}
+// Records a rewritten shard file's size and checksum in the manifest and reseals it.
+void reseal_file(const fs::path& ckpt, const std::string& file) {
+  nlohmann::json m = read_json(ckpt / "checkpoint.json");
+  m["files"][file] = {{"bytes", fs::file_size(ckpt / file)},
+                      {"xxh64", io::hex64(io::file_xxh64((ckpt / file).string()))}};
+  write_sealed(ckpt, m);
+}
+// Rewrites a shard file with every tensor as it was (F32), but `change` applied to the raw
+// tensors first.
+void rewrite_shard(const fs::path& path, const std::function<void(std::vector<Raw>&)>& change) {
+  std::vector<Raw> ts;
+  {
+    io::SafeTensorsReader r(path.string());
+    for (auto& [name, e] : r.entries()) {
+      std::vector<float> f = r.get(name).to_vector<float>();
+      ts.push_back(
+          {name, "F32", e.shape, std::string(reinterpret_cast<const char*>(f.data()), f.size() * 4)});
+    }
+  }
+  change(ts);
+  write_raw(path, ts);
+}
+Raw& raw_named(std::vector<Raw>& ts, const std::string& name) {
+  for (Raw& t : ts)
+    if (t.name == name) return t;
+  ADD_FAILURE() << "no tensor " << name;
+  return ts.front();
+}
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(ShardedCheckpoint, RoundTripsWithASealedManifest) {
+  fs::path d = ndt::testing::fresh_dir("sh_rt");
+  Model a(tiny(), 1), b(tiny(), 2);
+  const std::string where = save_sharded_step2(d, a);
+  const nlohmann::json m = read_json(fs::path(where) / "checkpoint.json");
+  ASSERT_TRUE(m.contains("manifest_xxh64")) << m.dump(1);
+  EXPECT_EQ(m["manifest_xxh64"], seal_of(m));
+  ckpt::TrainState st = ckpt::load_sharded(where, tiny(), b.params, b.opt);
+  EXPECT_EQ(st.step, 2);
+  EXPECT_EQ(st.loader.epoch, 3);
+  EXPECT_EQ(st.loader.window, 17);
+  EXPECT_EQ(b.opt.steps_taken(), 2);
+  for (size_t u = 0; u < a.params.units.size(); ++u) {
+    EXPECT_EQ(a.params.units[u].data.to_vector<float>(), b.params.units[u].data.to_vector<float>());
+    EXPECT_EQ(a.opt.m()[u].to_vector<float>(), b.opt.m()[u].to_vector<float>());
+    EXPECT_EQ(a.opt.v()[u].to_vector<float>(), b.opt.v()[u].to_vector<float>());
+  }
+}
+
+TEST(ShardedCheckpoint, AFlippedBitInAnyManifestValueIsCaught) {
+  fs::path d = ndt::testing::fresh_dir("sh_flip");
+  Model a(tiny(), 1);
+  const fs::path where = save_sharded_step2(d, a);
+  std::string good;
+  {
+    std::ifstream f(where / "checkpoint.json");
+    good.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  for (const char* key : {"\"step\": ", "\"adam_steps\": ", "\"loader_window\": ", "\"loader_epoch\": "}) {
+    SCOPED_TRACE(key);
+    std::string text = good;
+    const size_t at = text.find(key);
+    ASSERT_NE(at, std::string::npos) << text;
+    const size_t last = text.find_first_not_of("0123456789", at + std::strlen(key)) - 1;
+    text[last] ^= 1;  // the last digit: 2 -> 3, 17 -> 16, 3 -> 2: still valid JSON, in range
+    std::ofstream(where / "checkpoint.json", std::ios::trunc) << text;
+    Model b(tiny(), 2);
+    const std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+    EXPECT_TRUE(has(e, "checkpoint.json fails its checksum")) << e;
+  }
+}
+
+TEST(ShardedCheckpoint, EveryManifestFieldIsCheckedNamingItAndItsValue) {
+  fs::path d = ndt::testing::fresh_dir("sh_fields");
+  Model a(tiny(), 1);
+  const fs::path where = save_sharded_step2(d, a);
+  const nlohmann::json good = read_json(where / "checkpoint.json");
+  struct Case {
+    std::string pointer;
+    nlohmann::json value;  // null: removed
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"/step", -5, "\"step\" is -5; it must be >= 0"},
+      {"/step", 2.5, "\"step\" is 2.5, not an integer"},
+      {"/step", "2", "\"step\" is \"2\", not an integer"},
+      {"/step", nullptr, "has no \"step\""},
+      {"/adam_steps", 3, "\"adam_steps\" is 3 but \"step\" is 2"},
+      {"/loader_window", -1, "\"loader_window\" is -1; it must be >= 0"},
+      {"/loader_epoch", -1, "\"loader_epoch\" is -1; it must be >= 0"},
+      {"/layout/dp_shard", 0, "\"layout.dp_shard\" is 0; it must be in [1, "},
+      {"/layout/cp", -1, "\"layout.cp\" is -1; it must be in [1, "},
+      {"/layout/dp_shard", 2, "\"files\" lists 1 file but \"layout\" has 2 writers"},
+      {"/layout/tp", 3, "\"layout.tp\" is 3, which does not divide the model's 2 heads"},
+      {"/model/n_layer", 0, "\"model.n_layer\" is 0; it must be in [1, "},
+      {"/model/n_embd", 7, "\"model.n_embd\" is 7, not a multiple of \"model.n_head\" 2"},
+      {"/model/vocab_multiple", 0, "\"model.vocab_multiple\" is 0; it must be in [1, "},
+      {"/format", "shardd", "checkpoint"},  // no longer sharded: not ours to read
+      {"/extra/window_tokens", "x", "\"extra.window_tokens\" is \"x\", not a positive integer"},
+      {"/files/shard_tp0_fsdp0.safetensors/bytes", -1, "\"files.shard_tp0_fsdp0.safetensors.bytes\" is -1"},
+      {"/files/shard_tp0_fsdp0.safetensors/xxh64", "12",
+       "\"files.shard_tp0_fsdp0.safetensors.xxh64\" is \"12\""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.pointer + " = " + c.value.dump());
+    nlohmann::json m = good;
+    if (c.value.is_null())
+      m.erase(c.pointer.substr(1));
+    else
+      m[nlohmann::json::json_pointer(c.pointer)] = c.value;
+    write_sealed(where, m);
+    Model b(tiny(), 2);
+    const std::vector<float> before = b.params.units[0].data.to_vector<float>();
+    const std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+    EXPECT_TRUE(has(e, c.expect)) << e;
+    if (c.pointer != "/format") EXPECT_TRUE(has(e, "checkpoint.json")) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+    EXPECT_EQ(b.params.units[0].data.to_vector<float>(), before) << "nothing is loaded from a bad manifest";
+    const std::string x =
+        error_of([&] { ckpt::export_weights(where.string(), (d / "out.safetensors").string()); });
+    EXPECT_TRUE(has(x, c.expect)) << x;
+    EXPECT_FALSE(fs::exists(d / "out.safetensors"));
+  }
+}
+
+TEST(ShardedCheckpoint, TensorParallelSizeZeroIsAnErrorNotADivisionByZero) {
+  fs::path d = ndt::testing::fresh_dir("sh_tp0");
+  Model a(tiny(), 1);
+  const fs::path where = save_sharded_step2(d, a);
+  nlohmann::json m = read_json(where / "checkpoint.json");
+  m["layout"]["tp"] = 0;  // "tp": 1 with its lowest bit flipped
+  write_sealed(where, m);
+  Model b(tiny(), 2);
+  std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+  EXPECT_TRUE(has(e, "checkpoint.json: \"layout.tp\" is 0")) << e;
+  e = error_of([&] { ckpt::export_weights(where.string(), (d / "out.safetensors").string()); });
+  EXPECT_TRUE(has(e, "checkpoint.json: \"layout.tp\" is 0")) << e;
+  // and the split itself refuses a size below one
+  models::GPT g(tiny());
+  e = error_of([&] { dist::split_tensor_parallel(g, 0, 0); });
+  EXPECT_TRUE(has(e, "tp_size must be >= 1")) << e;
+  e = error_of([&] { dist::check_tensor_parallel(tiny(), 0); });
+  EXPECT_TRUE(has(e, "tp_size must be >= 1")) << e;
+}
+
+TEST(ShardedCheckpoint, AManifestWithoutAChecksumLoadsWithAWarningButIsStillValidated) {
+  // checkpoints written before manifests were sealed keep resuming
+  fs::path d = ndt::testing::fresh_dir("sh_old");
+  Model a(tiny(), 1);
+  const fs::path where = save_sharded_step2(d, a);
+  nlohmann::json m = read_json(where / "checkpoint.json");
+  m.erase("manifest_xxh64");
+  std::ofstream(where / "checkpoint.json", std::ios::trunc) << m.dump(1) << "\n";
+  Model b(tiny(), 2);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(ckpt::load_sharded(where.string(), tiny(), b.params, b.opt).step, 2);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(has(err, "warning: checkpoint " + (where / "checkpoint.json").string() + " has no checksum"))
+      << err;
+  EXPECT_EQ(a.params.units[1].data.to_vector<float>(), b.params.units[1].data.to_vector<float>());
+  m["step"] = -5;
+  std::ofstream(where / "checkpoint.json", std::ios::trunc) << m.dump(1) << "\n";
+  ::testing::internal::CaptureStderr();
+  const std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(has(e, "\"step\" is -5")) << e;
+}
+
+TEST(ShardedCheckpoint, OnlyTheFilesTheManifestListsAreRead) {
+  fs::path d = ndt::testing::fresh_dir("sh_unlisted");
+  Model a(tiny(), 1);
+  const fs::path where = save_sharded_step2(d, a);
+  const nlohmann::json good = read_json(where / "checkpoint.json");
+  // a stray shard file that the manifest does not list: refused, naming it
+  fs::copy_file(where / "shard_tp0_fsdp0.safetensors", where / "shard_tp1_fsdp0.safetensors");
+  Model b(tiny(), 2);
+  std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+  EXPECT_TRUE(has(e, "shard_tp1_fsdp0.safetensors, which checkpoint.json does not list")) << e;
+  e = error_of([&] { ckpt::export_weights(where.string(), (d / "out.safetensors").string()); });
+  EXPECT_TRUE(has(e, "which checkpoint.json does not list")) << e;
+  fs::remove(where / "shard_tp1_fsdp0.safetensors");
+  // a layout of two writers whose second file is there but not listed (nor checksummed)
+  fs::copy_file(where / "shard_tp0_fsdp0.safetensors", where / "shard_tp0_fsdp1.safetensors");
+  nlohmann::json m = good;
+  m["layout"]["dp_shard"] = 2;
+  write_sealed(where, m);
+  e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+  EXPECT_TRUE(has(e, "\"files\" lists 1 file but \"layout\" has 2 writers")) << e;
+  // listed under a name the layout has no writer for
+  m = good;
+  m["files"]["shard_tp0_fsdp1.safetensors"] = m["files"]["shard_tp0_fsdp0.safetensors"];
+  m["files"].erase("shard_tp0_fsdp0.safetensors");
+  write_sealed(where, m);
+  e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+  EXPECT_TRUE(has(e, "\"files\" lacks shard_tp0_fsdp0.safetensors")) << e;
+  // an unlisted file that is not a shard (notes) is left alone
+  fs::remove(where / "shard_tp0_fsdp1.safetensors");
+  write_sealed(where, good);
+  std::ofstream(where / "NOTES.txt") << "lr was 3e-4\n";
+  EXPECT_EQ(ckpt::load_sharded(where.string(), tiny(), b.params, b.opt).step, 2);
+}
+
+TEST(ShardedCheckpoint, ShardTensorsMustBeF32OfTheirLayoutsLength) {
+  fs::path d = ndt::testing::fresh_dir("sh_dtype");
+  Model a(tiny(), 1);
+  const fs::path where = save_sharded_step2(d, a);
+  const fs::path shard = where / "shard_tp0_fsdp0.safetensors";
+  std::string good;
+  {
+    std::ifstream f(shard, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const nlohmann::json manifest = read_json(where / "checkpoint.json");
+  const int64_t n = a.params.units[1].shard_numel;
+  struct Case {
+    std::function<void(std::vector<Raw>&)> change;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {[](std::vector<Raw>& ts) {  // the same elements as U16 (half the bytes), resealed
+         Raw& t = raw_named(ts, "data.h.0");
+         t.dtype = "U16";
+         t.bytes.resize(t.bytes.size() / 2);
+       },
+       "tensor data.h.0 has dtype U16, ndtrain writes F32"},
+      {[](std::vector<Raw>& ts) {
+         Raw& t = raw_named(ts, "m.h.0");
+         t.shape = {t.shape[0] - 1};
+         t.bytes.resize(t.bytes.size() - 4);
+       },
+       "tensor m.h.0 has shape (" + std::to_string(n - 1) + "), the layout of checkpoint.json needs (" +
+           std::to_string(n) + ")"},
+      {[](std::vector<Raw>& ts) { ts.erase(ts.begin()); }, "lacks tensor"},
+      {[](std::vector<Raw>& ts) {
+         ts.push_back({"data.h.9", "F32", {1}, std::string(4, '\0')});
+       },
+       "holds tensor data.h.9, which the layout of checkpoint.json has no place for"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expect);
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << good;
+    write_sealed(where, manifest);
+    rewrite_shard(shard, c.change);
+    reseal_file(where, "shard_tp0_fsdp0.safetensors");
+    Model b(tiny(), 2);
+    const std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+    EXPECT_TRUE(has(e, "shard_tp0_fsdp0.safetensors")) << e;
+    EXPECT_TRUE(has(e, c.expect)) << e;
+  }
+}
+
+TEST(ShardedCheckpoint, NonFiniteValuesAreRefusedNamingTheParameterAndTheFile) {
+  fs::path d = ndt::testing::fresh_dir("sh_nan");
+  Model a(tiny(), 1);
+  const fs::path where = save_sharded_step2(d, a);
+  const fs::path shard = where / "shard_tp0_fsdp0.safetensors";
+  std::string good;
+  {
+    std::ifstream f(shard, std::ios::binary);
+    good.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const nlohmann::json manifest = read_json(where / "checkpoint.json");
+  const nn::FlatParam& p = a.params.units[1].params[1];  // not at the buffer's start
+  struct Case {
+    std::string tensor;
+    float value;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {{"data.h.0", NAN, "NaN"},
+                                   {"data.h.0", INFINITY, "Inf"},
+                                   {"m.h.0", -INFINITY, "Inf"},
+                                   {"v.h.0", -1.0f, "a negative value"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.tensor);
+    std::ofstream(shard, std::ios::binary | std::ios::trunc) << good;
+    write_sealed(where, manifest);
+    rewrite_shard(shard, [&](std::vector<Raw>& ts) {
+      std::memcpy(&raw_named(ts, c.tensor).bytes[4 * (p.offset + 3)], &c.value, 4);
+    });
+    reseal_file(where, "shard_tp0_fsdp0.safetensors");
+    Model b(tiny(), 2);
+    const std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+    EXPECT_TRUE(
+        has(e, "shard_tp0_fsdp0.safetensors: " + c.tensor + " holds " + c.expect + " in " + p.spec.name))
+        << e;
+    if (c.tensor == "data.h.0") {  // init_from and export read the weights only: refused too
+      Model w(tiny(), 2);
+      EXPECT_TRUE(
+          has(error_of([&] { ckpt::load_sharded_weights(where.string(), tiny(), w.params); }), c.expect));
+      EXPECT_TRUE(has(error_of([&] { ckpt::export_weights(where.string(), (d / "o.safetensors").string()); }),
+                      c.expect));
+    }
+  }
+}
+
+TEST(ShardedCheckpoint, ResumesWithAnotherVocabularyPadding) {
+  // the padded rows of wte hold zeros that are never trained (their logits are masked), so a
+  // checkpoint resumes under another model.vocab_multiple: rows are dropped or added as zeros
+  fs::path d = ndt::testing::fresh_dir("sh_repad");
+  Model a(tiny(), 1);  // vocab 10 padded to 16
+  const std::string where = save_sharded_step2(d, a);
+  const std::vector<float> wte = a.gpt.wte.weight.to_vector<float>();
+  for (size_t i = 10 * 8; i < wte.size(); ++i) ASSERT_EQ(wte[i], 0.0f) << "padded rows stay zero";
+  for (int64_t vm : {1, 32}) {
+    SCOPED_TRACE(vm);
+    models::GPTConfig c = tiny();
+    c.vocab_multiple = vm;
+    Model b(c, 2);
+    ASSERT_EQ(ckpt::load_sharded(where, c, b.params, b.opt).step, 2);
+    const int64_t live = 10 * 8, rows = c.padded_vocab();
+    std::vector<float> got = b.gpt.wte.weight.to_vector<float>(), want(wte.begin(), wte.begin() + live);
+    want.resize(rows * 8, 0.0f);
+    EXPECT_EQ(got, want);
+    for (const char* n : {"wpe.weight", "ln_f.weight", "h.1.mlp.c_fc.weight"})
+      EXPECT_EQ(b.params.find(n)->value.to_vector<float>(), a.params.find(n)->value.to_vector<float>()) << n;
+    // the moments follow the parameters: the first element of wpe's, wherever wte ends
+    const int64_t off_a = a.params.find("wpe.weight")->offset, off_b = b.params.find("wpe.weight")->offset;
+    EXPECT_EQ(b.opt.v()[0].narrow(0, off_b, 48).to_vector<float>(),
+              a.opt.v()[0].narrow(0, off_a, 48).to_vector<float>());
+    // and the full format does the same
+    const fs::path full = d / ("full" + std::to_string(vm));
+    ckpt::TrainState st;
+    st.step = 2;
+    const std::string fwhere = ckpt::save_checkpoint(full.string(), a.gpt, a.params, a.opt, st, 0);
+    Model f(c, 3);
+    int64_t adam = 0;
+    ckpt::load_checkpoint_local(fwhere, f.gpt, f.params, nn::plan(models::GPT(c).units()), f.opt.m(),
+                                f.opt.v(), &adam);
+    EXPECT_EQ(f.gpt.wte.weight.to_vector<float>(), want);
+    EXPECT_EQ(f.opt.v()[0].narrow(0, off_b, 48).to_vector<float>(),
+              a.opt.v()[0].narrow(0, off_a, 48).to_vector<float>());
+    EXPECT_EQ(f.opt.m()[0].narrow(0, 0, live).to_vector<float>(),
+              a.opt.m()[0].narrow(0, 0, live).to_vector<float>());
+  }
+  // another model is still refused, naming what differs
+  models::GPTConfig other = tiny();
+  other.n_layer = 3;
+  Model o(other, 2);
+  const std::string e = error_of([&] { ckpt::load_sharded(where, other, o.params, o.opt); });
+  EXPECT_TRUE(has(e, "resume with the same [model] section")) << e;
 }

@@ -48,7 +48,7 @@ class DistTrain : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("ndt_test_dist_train_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
-    const int64_t V = ndt::testing::write_word_corpus(dir_ / "data", 8000, 7, 0.0);
+    const int64_t V = V_ = ndt::testing::write_word_corpus(dir_ / "data", 8000, 7, 0.0);
     std::ofstream(dir_ / "gpt.ini")
         << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 32\nvocab_multiple = 4\nvocab_size = " << V
         << "\nblock_size = 32\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
@@ -136,8 +136,10 @@ class DistTrain : public ::testing::Test {
   }
 
   static fs::path dir_;
+  static int64_t V_;  // the corpus's vocabulary size
 };
 fs::path DistTrain::dir_;
+int64_t DistTrain::V_ = 0;
 
 TEST_F(DistTrain, EveryDataParallelLayoutEqualsOneProcess) {
   check_layouts(
@@ -312,6 +314,37 @@ TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
                                      std::string(" --checkpoint.format sharded --train.steps 8"));
   EXPECT_NE(e.rc, 0) << e.out;
   EXPECT_NE(e.out.find("shard_tp0_fsdp0.safetensors fails its checksum"), std::string::npos) << e.out;
+}
+
+TEST_F(DistTrain, ACheckpointResumesUnderATensorParallelismItsVocabularyPaddingDoesNotDivide) {
+  // a one-process run whose padded vocabulary is odd, checkpointed at step 2 in either format,
+  // continues under tp 2 with model.vocab_multiple 2: the padded rows of wte are zeros that
+  // nothing trains (their logits are masked), added on load; the losses are the one-process run's
+  int64_t vm = 1;
+  while ((V_ + vm - 1) / vm * vm % 2 == 0) ++vm;
+  const std::string odd = " --model.vocab_multiple " + std::to_string(vm);
+  Result ref =
+      train("repad_ref", 1, "--train.micro_batch_size 4 --train.steps 4 --checkpoint.format sharded" + odd);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  for (const std::string format : {"sharded", "full"}) {
+    SCOPED_TRACE(format);
+    const std::string name = "repad_" + format,
+                      args = " --train.micro_batch_size 4 --train.steps 4 --checkpoint.format " + format;
+    Result a = train(name, 1, "--train.stop_after 2" + odd + args);
+    ASSERT_EQ(a.rc, 0) << a.out;
+    // under tp 2 the odd padding is refused by one message that says what to do ...
+    Result bad = train(name, 2, "--parallel.tp_size 2 --checkpoint.resume true" + odd + args);
+    EXPECT_NE(bad.rc, 0) << bad.out;
+    EXPECT_NE(bad.out.find("set model.vocab_multiple to a multiple of 2"), std::string::npos) << bad.out;
+    // ... and doing it resumes the checkpoint
+    Result b =
+        train(name, 2, "--parallel.tp_size 2 --checkpoint.resume true --model.vocab_multiple 2" + args);
+    ASSERT_EQ(b.rc, 0) << b.out;
+    std::vector<double> got = losses(name), want = losses("repad_ref");
+    ASSERT_EQ(got.size(), 4u);
+    ASSERT_EQ(want.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << "step " << i + 1;
+  }
 }
 
 TEST_F(DistTrain, OneFailingRankEndsTheJobWithItsMessage) {

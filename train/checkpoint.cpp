@@ -189,7 +189,7 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 }
 
 void verify_checkpoint(const std::string& path, const std::vector<std::string>& only) {
-  const fs::path dir(path), mp = fs::path(path) / kManifest;
+  const fs::path mp = fs::path(path) / kManifest;
   std::ifstream f(mp);
   NDT_CHECK(f.good(), "checkpoint ", path, " has no ", kManifest,
             " (the checksums of its files); it is incomplete or was written by an older ndtrain");
@@ -202,23 +202,30 @@ void verify_checkpoint(const std::string& path, const std::vector<std::string>& 
       names.clear();
       for (auto& [name, e] : m["files"].items()) names.push_back(name);
     }
+    for (const std::string& name : only)  // a file that is not listed has no checksum to trust
+      NDT_CHECK(std::find(names.begin(), names.end(), name) != names.end(), "checkpoint ", path, ": ",
+                kManifest, " does not list ", name, "; the file is not part of this checkpoint");
     for (const std::string& name : names) {
       if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) continue;
       NDT_CHECK(m["files"].contains(name), "no entry for ", name);
       const auto& e = m["files"][name];
-      const std::string file = (dir / name).string();
-      std::error_code ec;
-      const uint64_t size = fs::file_size(file, ec);
-      NDT_CHECK(!ec, "checkpoint file ", file, " is missing (", ec.message(), ")");
-      NDT_CHECK(size == e.at("bytes").get<uint64_t>(), "checkpoint file ", file, " has ", size, " bytes, ",
-                kManifest, " says ", e.at("bytes").get<uint64_t>(), "; the file is truncated or damaged");
-      const std::string got = io::hex64(io::file_xxh64(file)), want = e.at("xxh64").get<std::string>();
-      NDT_CHECK(got == want, "checkpoint file ", file, " fails its checksum (xxh64 ", got, ", ", kManifest,
-                " says ", want, "); the file is damaged");
+      verify_file(path, name, e.at("bytes").get<uint64_t>(), e.at("xxh64").get<std::string>());
     }
   } catch (const nlohmann::json::exception& e) {
     NDT_FAIL("checkpoint ", mp.string(), " is malformed (", e.what(), ")");
   }
+}
+
+void verify_file(const std::string& dir, const std::string& name, uint64_t bytes, const std::string& xxh64) {
+  const std::string file = (fs::path(dir) / name).string();
+  std::error_code ec;
+  const uint64_t size = fs::file_size(file, ec);
+  NDT_CHECK(!ec, "checkpoint file ", file, " is missing (", ec.message(), ")");
+  NDT_CHECK(size == bytes, "checkpoint file ", file, " has ", size, " bytes, ", kManifest, " says ", bytes,
+            "; the file is truncated or damaged");
+  const std::string got = io::hex64(io::file_xxh64(file));
+  NDT_CHECK(got == xxh64, "checkpoint file ", file, " fails its checksum (xxh64 ", got, ", ", kManifest,
+            " says ", xxh64, "); the file is damaged");
 }
 
 namespace {
@@ -429,6 +436,29 @@ void read_local_weights(const std::string& path, const models::GPT& gpt, const n
                  });
 }
 
+// The single-process layout that wrote a full checkpoint's moments: `whole` (the model's),
+// unless the checkpoint was written with another model.vocab_multiple. Only the length of wte
+// depends on it, so the stored length of the unit that holds wte tells its padded rows.
+std::vector<nn::FlatUnit> written_layout(const io::SafeTensorsReader& st, const models::GPTConfig& cfg,
+                                         const std::vector<nn::FlatUnit>& whole) {
+  for (size_t i = 0; i < whole.size(); ++i)
+    for (const nn::FlatParam& p : whole[i].params) {
+      if (p.spec.name != "wte.weight") continue;
+      const std::string n = "adam.m." + whole[i].name;
+      if (!st.has(n) || st.entries().at(n).shape.size() != 1) return whole;  // read_state names it
+      const int64_t stored = st.entries().at(n).shape[0];
+      const int64_t aligned = (numel_of(p.spec.shape) + nn::kAlign - 1) / nn::kAlign * nn::kAlign;
+      const int64_t wte_stored = stored - (whole[i].numel - aligned);  // the others' lengths are fixed
+      const int64_t rows = wte_stored / cfg.n_embd;                    // the most rows that fit
+      if (stored == whole[i].numel || wte_stored <= 0 || rows < cfg.vocab_size) return whole;
+      models::GPTConfig c = cfg;
+      c.vocab_multiple = rows;  // padded_vocab() == rows
+      std::vector<nn::FlatUnit> w = nn::plan(models::GPT(c).units());
+      return w[i].numel == stored ? w : whole;
+    }
+  return whole;
+}
+
 }  // namespace
 
 void load_weights_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params) {
@@ -447,7 +477,8 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
   io::SafeTensorsReader st((dir / "state.safetensors").string());
   NDT_CHECK(whole.size() == params.units.size() && m.size() == params.units.size() && v.size() == m.size(),
             "load_checkpoint_local: one whole unit, m and v per unit");
-  TrainState s = read_state(st, path, whole, adam_steps);
+  const std::vector<nn::FlatUnit> written = written_layout(st, gpt.cfg, whole);
+  TrainState s = read_state(st, path, written, adam_steps);
   read_local_weights((dir / "model.safetensors").string(), gpt, params);
   // the moments: whole buffers of the single-process layout; each parameter at its offset there
   for (size_t i = 0; i < params.units.size(); ++i) {
@@ -456,10 +487,14 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
     kernels::fill(v[i], 0.0);
     for (const nn::FlatParam& p : u.params) {
       const nn::FlatParam* wp = nullptr;
-      for (const nn::FlatParam& q : whole[i].params)
+      for (const nn::FlatParam& q : written[i].params)
         if (q.spec.name == p.spec.name) wp = &q;
-      NDT_CHECK(wp, "checkpoint ", path, ": ", p.spec.name, " is not in unit ", whole[i].name);
+      NDT_CHECK(wp, "checkpoint ", path, ": ", p.spec.name, " is not in unit ", written[i].name);
+      // wte's rows past vocab_size are padding: zero in any layout, never read
+      const int64_t live =
+          p.spec.name == "wte.weight" ? gpt.cfg.vocab_size * gpt.cfg.n_embd : numel_of(p.spec.global_shape());
       for_each_local_run(u, p, [&](int64_t dst, int64_t g, int64_t len) {
+        len = std::clamp<int64_t>(live - g, 0, len);
         constexpr int64_t kPiece = int64_t(1) << 18;  // a few MiB at a time
         for (int64_t k = 0; k < len; k += kPiece) {
           const int64_t n = std::min(kPiece, len - k);

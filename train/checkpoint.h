@@ -66,7 +66,11 @@ std::optional<std::string> latest_checkpoint(const std::string& dir);
 std::optional<int64_t> step_of(const std::string& name);
 // Checks the files of a checkpoint directory (all, or those named in `only`) against
 // the sizes and checksums in its checkpoint.json; throws one line naming the bad file.
+// Every name in `only` must be listed there.
 void verify_checkpoint(const std::string& path, const std::vector<std::string>& only = {});
+// Checks one file of a checkpoint directory against its size and checksum (16 hex digits);
+// throws one line naming the file.
+void verify_file(const std::string& dir, const std::string& name, uint64_t bytes, const std::string& xxh64);
 // Loads weights (into the parameters' values, which must be whole), the moments (whole
 // buffers, on the CPU) and the state from a checkpoint directory.
 TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
@@ -80,7 +84,9 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
 void load_weights_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params);
 // The same for a checkpoint: weights, this rank's shards of the AdamW moments (m and v, one
 // shard-sized tensor per unit), and the state. `whole` is the single-process layout of the
-// units (nn::plan of the undivided model), which the checkpoint's moment buffers follow.
+// units (nn::plan of the undivided model), which the checkpoint's moment buffers follow but
+// for the vocabulary's padding: a checkpoint written with another model.vocab_multiple loads
+// (the padded rows of wte are zero and never trained; they are dropped or added as zeros).
 TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
                                  const std::vector<nn::FlatUnit>& whole, const std::vector<Tensor>& m,
                                  const std::vector<Tensor>& v, int64_t* adam_steps);

@@ -1,9 +1,12 @@
 #include "train/sharded.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -19,27 +22,24 @@ namespace ndt::ckpt {
 namespace {
 
 constexpr const char* kManifest = "checkpoint.json";
-constexpr int64_t kPiece = int64_t(1) << 18;  // elements read at a time
+constexpr const char* kSeal = "manifest_xxh64";  // the manifest's own checksum
+constexpr int64_t kPiece = int64_t(1) << 18;     // elements read at a time
 
 std::string shard_file(int64_t tp_rank, int64_t fsdp_rank) {
   return "shard_tp" + std::to_string(tp_rank) + "_fsdp" + std::to_string(fsdp_rank) + ".safetensors";
 }
 
+// XXH64 of the manifest's compact JSON without its checksum key (nlohmann::json keeps keys
+// sorted): whitespace does not count, any change of a key or a value does.
+std::string manifest_xxh64(nlohmann::json m) {
+  m.erase(kSeal);
+  const std::string s = m.dump();
+  return io::hex64(io::xxh64(s.data(), s.size()));
+}
+
 nlohmann::json model_json(const models::GPTConfig& c) {
   return {{"n_layer", c.n_layer},       {"n_head", c.n_head},         {"n_embd", c.n_embd},
           {"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"vocab_multiple", c.vocab_multiple}};
-}
-
-nlohmann::json read_manifest(const std::string& path) {
-  std::ifstream f(fs::path(path) / kManifest);
-  NDT_CHECK(f.good(), "checkpoint ", path, " has no ", kManifest, "; it is incomplete");
-  try {
-    nlohmann::json m;
-    f >> m;
-    return m;
-  } catch (const nlohmann::json::exception& e) {
-    NDT_FAIL("checkpoint ", path, "/", kManifest, " is malformed (", e.what(), ")");
-  }
 }
 
 bool finite_shards(const nn::FlatParams& params) {
@@ -128,6 +128,7 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
       m["files"][shard_file(c.tp, c.shard * d.cp + c.cp)] = {{"bytes", static_cast<uint64_t>(got[5 * r + 2])},
                                                              {"xxh64", io::hex64(h)}};
     }
+    m[kSeal] = manifest_xxh64(m);                                         // over everything above
     io::write_file_atomic((tmp / kManifest).string(), m.dump(1) + "\n");  // last: the directory is complete
     where = publish_checkpoint(dir, name, tmp.string(), keep);
   }
@@ -141,7 +142,7 @@ bool is_sharded(const std::string& path) {
   try {
     nlohmann::json m;
     f >> m;
-    return m.value("format", "full") == "sharded";
+    return m.is_object() && m.value("format", "full") == "sharded";
   } catch (...) {
     return false;
   }
@@ -149,29 +150,223 @@ bool is_sharded(const std::string& path) {
 
 namespace {
 
-// Reads `kind` ("data", "m" or "v") of every unit of this rank's layout from the writers'
-// files into dst[i] (shard-sized), wherever each element lives in the writers' layout.
-void read_kind(const std::string& path, const nlohmann::json& m, const models::GPTConfig& cfg,
-               const nn::FlatParams& params, const std::string& kind, const std::vector<Tensor>& dst) {
-  const auto& L = m.at("layout");
-  const int64_t old_tp = L.at("tp").get<int64_t>(),
-                old_fsdp = L.at("dp_shard").get<int64_t>() * L.at("cp").get<int64_t>();
-  // the writers' unit layout: the same for every writer but for which slice and shard it is
-  models::GPT old(cfg);
-  dist::split_tensor_parallel(old, old_tp, 0);
-  const std::vector<nn::FlatUnit> ol = nn::plan(old.units(), nn::ShardSpec{0, old_fsdp});
-  NDT_CHECK(ol.size() == params.units.size(), "checkpoint ", path, ": ", ol.size(), " units, the model has ",
-            params.units.size());
-  std::map<std::string, std::unique_ptr<io::SafeTensorsReader>> readers;
-  auto reader = [&](int64_t t, int64_t f) -> io::SafeTensorsReader& {
+// What to do about a bad checkpoint.json: it was written complete and sealed, so it was
+// changed or damaged since.
+constexpr const char* kFix =
+    "; the checkpoint is damaged: resume an older one (write its step_* name into latest) or restore the "
+    "file";
+
+struct ShardFile {
+  uint64_t bytes = 0;
+  std::string xxh64;
+};
+
+// checkpoint.json of a sharded checkpoint, read and checked in one place: its checksum, and
+// every field present, of its type, in range and consistent with the others.
+struct Manifest {
+  std::string dir, file;  // the checkpoint directory and its checkpoint.json
+  int64_t step = 0, adam_steps = 0;
+  data::LoaderState loader;
+  std::map<std::string, std::string> extra;
+  models::GPTConfig model;                 // the writers' (with their model.vocab_multiple)
+  dist::ParallelDims layout;               // the writers' layout
+  std::map<std::string, ShardFile> files;  // exactly one per writer: shard_file(t, f)
+  int64_t fsdp() const { return layout.dp_shard * layout.cp; }
+};
+
+Manifest read_manifest(const std::string& path) {
+  Manifest r;
+  r.dir = path;
+  r.file = (fs::path(path) / kManifest).string();
+  const std::string& F = r.file;
+  std::ifstream in(F);
+  NDT_CHECK(in.good(), "checkpoint ", path, " has no ", kManifest, "; it is incomplete");
+  nlohmann::json m;
+  try {
+    in >> m;
+  } catch (const nlohmann::json::exception& e) {
+    NDT_FAIL("checkpoint ", F, " is malformed (", e.what(), ")", kFix);
+  }
+  NDT_CHECK(m.is_object(), "checkpoint ", F, " is not a JSON object", kFix);
+  // the checksum first: a changed value is reported as a change, whatever the value
+  if (m.contains(kSeal)) {
+    const std::string want = manifest_xxh64(m);
+    NDT_CHECK(m[kSeal].is_string() && m[kSeal].get<std::string>() == want, "checkpoint ", F,
+              " fails its checksum (", kSeal, " ", m[kSeal].dump(), ", the content hashes to \"", want, "\")",
+              kFix);
+  } else {  // written before manifests were sealed: still validated below
+    std::cerr << "warning: checkpoint " << F << " has no checksum (" << kSeal
+              << ", written by an older ndtrain); its values are checked for range and consistency only\n";
+  }
+  NDT_CHECK(m.value("format", "") == "sharded", "checkpoint ", F, ": \"format\" is ",
+            m.contains("format") ? m["format"].dump() : "missing", ", not \"sharded\"", kFix);
+  // an integer field of object `o` (named `where`.`key`) in [lo, hi]
+  auto integer = [&](const nlohmann::json& o, const std::string& where, const char* key, int64_t lo,
+                     int64_t hi) -> int64_t {
+    const std::string field = where.empty() ? key : where + "." + key;
+    NDT_CHECK(o.contains(key), "checkpoint ", F, " has no \"", field, "\"", kFix);
+    const nlohmann::json& v = o.at(key);
+    NDT_CHECK(v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)),
+              "checkpoint ", F, ": \"", field, "\" is ", v.dump(), ", not an integer", kFix);
+    const int64_t x = v.get<int64_t>();
+    if (hi == INT64_MAX)
+      NDT_CHECK(x >= lo, "checkpoint ", F, ": \"", field, "\" is ", x, "; it must be >= ", lo, kFix);
+    else
+      NDT_CHECK(x >= lo && x <= hi, "checkpoint ", F, ": \"", field, "\" is ", x, "; it must be in [", lo,
+                ", ", hi, "]", kFix);
+    return x;
+  };
+  auto object = [&](const char* key) -> const nlohmann::json& {
+    NDT_CHECK(m.contains(key) && m[key].is_object(), "checkpoint ", F, ": \"", key, "\" is ",
+              m.contains(key) ? m[key].dump() : "missing", ", not an object", kFix);
+    return m[key];
+  };
+  constexpr int64_t kMax = INT64_MAX;
+  r.step = integer(m, "", "step", 0, kMax);
+  r.adam_steps = integer(m, "", "adam_steps", 0, kMax);
+  // every step applies one AdamW update (a non-finite step stops the run, unapplied and unsaved)
+  NDT_CHECK(r.adam_steps == r.step, "checkpoint ", F, ": \"adam_steps\" is ", r.adam_steps,
+            " but \"step\" is ", r.step, "; every step takes one AdamW step, so they are equal", kFix);
+  r.loader.epoch = integer(m, "", "loader_epoch", 0, kMax);
+  r.loader.window = integer(m, "", "loader_window", 0, kMax);
+  for (auto& [k, v] : object("extra").items()) {
+    NDT_CHECK(v.is_string(), "checkpoint ", F, ": \"extra.", k, "\" is ", v.dump(), ", not a string", kFix);
+    r.extra[k] = v.get<std::string>();
+  }
+  if (auto it = r.extra.find("window_tokens"); it != r.extra.end()) {  // the loader position's unit
+    const std::string& s = it->second;
+    const bool ok = !s.empty() && s.size() <= 15 && s.find_first_not_of("0123456789") == std::string::npos &&
+                    std::stoll(s) > 0;
+    NDT_CHECK(ok, "checkpoint ", F, ": \"extra.window_tokens\" is \"", s, "\", not a positive integer", kFix);
+  }
+  // the model: bounded so that no product of its sizes overflows
+  const nlohmann::json& mj = object("model");
+  r.model.n_layer = integer(mj, "model", "n_layer", 1, 1 << 16);
+  r.model.n_head = integer(mj, "model", "n_head", 1, 1 << 16);
+  r.model.n_embd = integer(mj, "model", "n_embd", 1, 1 << 20);
+  r.model.vocab_size = integer(mj, "model", "vocab_size", 1, 65536);
+  r.model.block_size = integer(mj, "model", "block_size", 1, 1 << 24);
+  r.model.vocab_multiple = integer(mj, "model", "vocab_multiple", 1, 65536);
+  NDT_CHECK(r.model.n_embd % r.model.n_head == 0, "checkpoint ", F, ": \"model.n_embd\" is ", r.model.n_embd,
+            ", not a multiple of \"model.n_head\" ", r.model.n_head, kFix);
+  // the layout, and the splits it implies (before anything divides by it)
+  const nlohmann::json& lj = object("layout");
+  constexpr int64_t kRanks = 1 << 20;
+  r.layout.dp_replicate = integer(lj, "layout", "dp_replicate", 1, kRanks);
+  r.layout.dp_shard = integer(lj, "layout", "dp_shard", 1, kRanks);
+  r.layout.cp = integer(lj, "layout", "cp", 1, kRanks);
+  r.layout.tp = integer(lj, "layout", "tp", 1, kRanks);
+  const int64_t tp = r.layout.tp;
+  NDT_CHECK(r.model.n_head % tp == 0 && 4 * r.model.n_embd % tp == 0 && r.model.padded_vocab() % tp == 0,
+            "checkpoint ", F, ": \"layout.tp\" is ", tp, ", which does not divide the model's ",
+            r.model.n_head, " heads, ", 4 * r.model.n_embd, " MLP units and ", r.model.padded_vocab(),
+            " vocabulary rows", kFix);
+  // the files: exactly one per writer (tensor-parallel rank x FSDP shard), each with its size and checksum
+  const nlohmann::json& fj = object("files");
+  const int64_t writers = tp * r.fsdp();
+  NDT_CHECK(static_cast<int64_t>(fj.size()) == writers, "checkpoint ", F, ": \"files\" lists ", fj.size(),
+            fj.size() == 1 ? " file" : " files", " but \"layout\" has ", writers,
+            writers == 1 ? " writer" : " writers", " (tp x dp_shard x cp)", kFix);
+  for (int64_t t = 0; t < tp; ++t)
+    for (int64_t f = 0; f < r.fsdp(); ++f) {
+      const std::string name = shard_file(t, f), field = "files." + name;
+      NDT_CHECK(fj.contains(name) && fj[name].is_object(), "checkpoint ", F, ": \"files\" lacks ", name,
+                " (writer tp ", t, ", fsdp ", f, " of the layout)", kFix);
+      const nlohmann::json& e = fj[name];
+      ShardFile s;
+      s.bytes = static_cast<uint64_t>(integer(e, field, "bytes", 0, kMax));
+      NDT_CHECK(e.contains("xxh64") && e["xxh64"].is_string() && e["xxh64"].get<std::string>().size() == 16 &&
+                    e["xxh64"].get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos,
+                "checkpoint ", F, ": \"", field, ".xxh64\" is ",
+                e.contains("xxh64") ? e["xxh64"].dump() : "missing", ", not 16 hex digits", kFix);
+      s.xxh64 = e["xxh64"].get<std::string>();
+      r.files[name] = s;
+    }
+  // exactly these files are read: a weights file in the directory that the manifest does not
+  // list is not part of this checkpoint (a checkpoint directory is written whole, then renamed)
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    const std::string name = e.path().filename().string();
+    NDT_CHECK(e.path().extension() != ".safetensors" || r.files.count(name), "checkpoint ", path, " holds ",
+              name, ", which ", kManifest,
+              " does not list; it is not part of this checkpoint: remove it, or resume "
+              "an older checkpoint (write its step_* name into latest)");
+  }
+  return r;
+}
+
+// The writers' files, each opened once, on first use: its size and checksum are verified and
+// its tensors checked against the writers' layout before any byte of it is used.
+class Writers {
+ public:
+  explicit Writers(const Manifest& m) : m_(m) {
+    models::GPT old(m.model);  // the writers' unit layout: alike for every writer but which part it holds
+    dist::split_tensor_parallel(old, m.layout.tp, 0);
+    units_ = nn::plan(old.units(), nn::ShardSpec{0, m.fsdp()});
+  }
+  const Manifest& manifest() const { return m_; }
+  const std::vector<nn::FlatUnit>& units() const { return units_; }
+
+  const io::SafeTensorsReader& file(int64_t t, int64_t f) {
     const std::string name = shard_file(t, f);
-    auto& r = readers[name];
-    if (!r) {
-      verify_checkpoint(path, {name});  // its size and checksum, before any byte is used
-      r = std::make_unique<io::SafeTensorsReader>((fs::path(path) / name).string());
+    std::unique_ptr<io::SafeTensorsReader>& r = open_[name];
+    if (r) return *r;
+    const ShardFile& e = m_.files.at(name);  // listed: read_manifest checked the set
+    verify_file(m_.dir, name, e.bytes, e.xxh64);
+    r = std::make_unique<io::SafeTensorsReader>((fs::path(m_.dir) / name).string());
+    const std::string where = "checkpoint file " + r->path() + ": ";
+    for (const nn::FlatUnit& u : units_)
+      for (const char* kind : {"data.", "m.", "v."}) {
+        const std::string n = kind + u.name;
+        NDT_CHECK(r->has(n), where, "lacks tensor ", n, ", which the layout of ", kManifest, " needs");
+        const io::SafeTensorsReader::Entry& en = r->entries().at(n);
+        NDT_CHECK(en.dtype == "F32", where, "tensor ", n, " has dtype ", en.dtype,
+                  ", ndtrain writes F32; the file was not written by ndtrain");
+        NDT_CHECK(en.shape == Shape{u.shard_numel}, where, "tensor ", n, " has shape ", shape_str(en.shape),
+                  ", the layout of ", kManifest, " needs (", u.shard_numel, ")");
+      }
+    for (const auto& [n, en] : r->entries()) {
+      bool known = false;
+      for (const nn::FlatUnit& u : units_)
+        known = known || n == "data." + u.name || n == "m." + u.name || n == "v." + u.name;
+      NDT_CHECK(known, where, "holds tensor ", n, ", which the layout of ", kManifest, " has no place for");
     }
     return *r;
-  };
+  }
+
+ private:
+  const Manifest& m_;
+  std::vector<nn::FlatUnit> units_;
+  std::map<std::string, std::unique_ptr<io::SafeTensorsReader>> open_;
+};
+
+// Throws, naming the file, the tensor and the parameter, when a piece read from a shard file
+// holds NaN or Inf (or, for v, AdamW's second moments, a negative value).
+void check_piece(const Tensor& piece, const std::string& file, const std::string& tensor,
+                 const std::string& param, bool non_negative) {
+  const Tensor h = piece.dtype() == DType::f32 ? piece : piece.to(DType::f32);
+  const float* x = h.data<float>();
+  for (int64_t i = 0; i < h.numel(); ++i)
+    if (!std::isfinite(x[i]) || (non_negative && x[i] < 0))
+      NDT_FAIL("checkpoint file ", file, ": ", tensor, " holds ",
+               std::isnan(x[i])   ? "NaN"
+               : std::isinf(x[i]) ? "Inf"
+                                  : "a negative value",
+               " in ", param,
+               "; the file is damaged or was saved from a diverged run: resume an older checkpoint");
+}
+
+// Reads `kind` ("data", "m" or "v") of every unit of this rank's layout from the writers'
+// files into dst[i] (shard-sized), wherever each element lives in the writers' layout.
+// The rows of wte past model.vocab_size are padding (zero, never trained: their logits are
+// masked), so they are never read and stay zero: a checkpoint written with another
+// model.vocab_multiple loads, its padding dropped or extended.
+void read_kind(Writers& w, const models::GPTConfig& cfg, const nn::FlatParams& params,
+               const std::string& kind, const std::vector<Tensor>& dst) {
+  const std::vector<nn::FlatUnit>& ol = w.units();
+  const std::string& path = w.manifest().dir;
+  NDT_CHECK(ol.size() == params.units.size(), "checkpoint ", path, ": ", ol.size(), " units, the model has ",
+            params.units.size());
   for (size_t i = 0; i < params.units.size(); ++i) {
     const nn::FlatUnit& u = params.units[i];
     NDT_CHECK(ol[i].name == u.name, "checkpoint ", path, ": unit ", ol[i].name, " where the model has ",
@@ -184,7 +379,10 @@ void read_kind(const std::string& path, const nlohmann::json& m, const models::G
       for (const nn::FlatParam& q : ol[i].params)
         if (q.spec.name == p.spec.name) op = &q;
       NDT_CHECK(op, "checkpoint ", path, ": no parameter ", p.spec.name);
+      const int64_t live =
+          p.spec.name == "wte.weight" ? cfg.vocab_size * cfg.n_embd : numel_of(p.spec.global_shape());
       nn::for_each_shard_run(u, p, [&](int64_t to, int64_t g, int64_t len) {
+        len = std::clamp<int64_t>(live - g, 0, len);
         for (int64_t k = 0; k < len;) {
           // which writer's slice holds global element g + k, and where in its unit buffer
           const auto [q, l] = nn::tp_local_of(op->spec, g + k);
@@ -194,12 +392,11 @@ void read_kind(const std::string& path, const nlohmann::json& m, const models::G
           const int64_t f = off / ol[i].shard_numel, in = off % ol[i].shard_numel;
           const int64_t n = std::min({len - k, run, ol[i].shard_numel - in, kPiece});
           const Tensor target = dst[i].narrow(0, to + k, n);
-          if (dst[i].device().is_cpu()) {
-            reader(q, f).read_range(tensor, in, target);
-          } else {
-            reader(q, f).read_range(tensor, in, staging.narrow(0, 0, n));
-            target.copy_(staging.narrow(0, 0, n));
-          }
+          const io::SafeTensorsReader& r = w.file(q, f);
+          const Tensor piece = dst[i].device().is_cpu() ? target : staging.narrow(0, 0, n);
+          r.read_range(tensor, in, piece);
+          check_piece(piece, r.path(), tensor, p.spec.name, kind == "v");
+          if (!dst[i].device().is_cpu()) target.copy_(piece);
           k += n;
         }
       });
@@ -207,68 +404,58 @@ void read_kind(const std::string& path, const nlohmann::json& m, const models::G
   }
 }
 
-void check_model(const std::string& path, const nlohmann::json& m, const models::GPTConfig& cfg) {
-  NDT_CHECK(m.at("model") == model_json(cfg), "checkpoint ", path, " holds the model ", m.at("model").dump(),
-            " but the config describes ", model_json(cfg).dump(), "; resume with the same [model] section");
+// The model must be the writers' but for the vocabulary's padding (model.vocab_multiple).
+void check_model(const Manifest& m, const models::GPTConfig& cfg) {
+  models::GPTConfig theirs = m.model;
+  theirs.vocab_multiple = cfg.vocab_multiple;
+  NDT_CHECK(model_json(theirs) == model_json(cfg), "checkpoint ", m.dir, " holds the model ",
+            model_json(m.model).dump(), " but the config describes ", model_json(cfg).dump(),
+            "; resume with the same [model] section (model.vocab_multiple may differ)");
+}
+
+std::vector<Tensor> data_of(const nn::FlatParams& params) {
+  std::vector<Tensor> data;
+  for (const nn::FlatUnit& u : params.units) data.push_back(u.data);
+  return data;
 }
 
 }  // namespace
 
 TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params,
                         optim::AdamW& opt) {
-  load_sharded_weights(path, cfg, params);  // checks the manifest and the model first
-  const nlohmann::json m = read_manifest(path);
-  try {
-    read_kind(path, m, cfg, params, "m", opt.m());
-    read_kind(path, m, cfg, params, "v", opt.v());
-    opt.set_steps_taken(m.at("adam_steps").get<int64_t>());
-    TrainState s;
-    s.step = m.at("step").get<int64_t>();
-    s.loader.epoch = m.at("loader_epoch").get<int64_t>();
-    s.loader.window = m.at("loader_window").get<int64_t>();
-    for (auto& [k, v] : m.at("extra").items()) s.extra[k] = v.get<std::string>();
-    return s;
-  } catch (const nlohmann::json::exception& e) {
-    NDT_FAIL("checkpoint ", path, "/", kManifest, " is malformed (", e.what(), ")");
-  }
+  const Manifest m = read_manifest(path);  // checked whole before any value is used
+  check_model(m, cfg);
+  Writers w(m);
+  read_kind(w, cfg, params, "data", data_of(params));
+  read_kind(w, cfg, params, "m", opt.m());
+  read_kind(w, cfg, params, "v", opt.v());
+  opt.set_steps_taken(m.adam_steps);
+  TrainState s;
+  s.step = m.step;
+  s.loader = m.loader;
+  s.extra = m.extra;
+  return s;
 }
 
 void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg,
                           const nn::FlatParams& params) {
-  const nlohmann::json m = read_manifest(path);
-  NDT_CHECK(m.value("format", "full") == "sharded", "checkpoint ", path, " is not sharded");
-  try {
-    check_model(path, m, cfg);
-    std::vector<Tensor> data;
-    for (const nn::FlatUnit& u : params.units) data.push_back(u.data);
-    read_kind(path, m, cfg, params, "data", data);
-  } catch (const nlohmann::json::exception& e) {
-    NDT_FAIL("checkpoint ", path, "/", kManifest, " is malformed (", e.what(), ")");
-  }
+  const Manifest m = read_manifest(path);
+  check_model(m, cfg);
+  Writers w(m);
+  read_kind(w, cfg, params, "data", data_of(params));
 }
 
 void export_weights(const std::string& path, const std::string& out) {
-  const nlohmann::json m = read_manifest(path);
-  NDT_CHECK(m.value("format", "full") == "sharded", "checkpoint ", path,
+  NDT_CHECK(is_sharded(path) || !fs::exists(fs::path(path) / kManifest), "checkpoint ", path,
             " is not sharded: its model.safetensors is already one file with GPT-2 names");
-  models::GPTConfig cfg;
-  try {
-    const auto& j = m.at("model");
-    cfg.n_layer = j.at("n_layer");
-    cfg.n_head = j.at("n_head");
-    cfg.n_embd = j.at("n_embd");
-    cfg.vocab_size = j.at("vocab_size");
-    cfg.block_size = j.at("block_size");
-    cfg.vocab_multiple = j.at("vocab_multiple");
-  } catch (const nlohmann::json::exception& e) {
-    NDT_FAIL("checkpoint ", path, "/", kManifest, " is malformed (", e.what(), ")");
-  }
-  models::GPT gpt(cfg);
+  const Manifest m = read_manifest(path);
+  Writers w(m);
+  for (int64_t t = 0; t < m.layout.tp; ++t)  // every file checked before the model is allocated
+    for (int64_t f = 0; f < m.fsdp(); ++f) w.file(t, f);
+  models::GPT gpt(m.model);
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 0);
-  std::vector<Tensor> data;
-  for (const nn::FlatUnit& u : params.units) data.push_back(u.data);
-  read_kind(path, m, cfg, params, "data", data);
-  save_weights(out, gpt, params, {{"step", std::to_string(m.at("step").get<int64_t>())}});
+  read_kind(w, m.model, params, "data", data_of(params));
+  save_weights(out, gpt, params, {{"step", std::to_string(m.step)}});
 }
 
 }  // namespace ndt::ckpt

@@ -7,7 +7,8 @@
 //     ...                            tensor-parallel rank and FSDP shard; replicas hold copies)
 //     checkpoint.json                format "sharded", step, loader position, AdamW steps, the
 //                                    model and layout that wrote it, each file's size and
-//                                    checksum -- written last, by rank 0
+//                                    checksum, and its own checksum (manifest_xxh64) --
+//                                    written last, by rank 0
 //
 // No rank gathers anything. Atomic as a whole: the files go to .tmp_step_N, the directory is
 // renamed into place and `latest` moves only after every writer's file is complete and
@@ -16,7 +17,11 @@
 // Loading into another layout: the writers' layouts follow from the model and their layout
 // (nn::plan of the model as tensor rank t of tp holds it, sharded over fsdp), so for each of
 // its own elements a rank knows which file holds it and where, and reads only those bytes
-// (memory-mapped, a piece at a time).
+// (memory-mapped, a piece at a time). Before any value is used, checkpoint.json is checked
+// whole (its checksum; every field in range and consistent with the others and with the set
+// of files), and each file the rank reads is verified (size, checksum, each tensor F32 at its
+// layout's length) and refused if unlisted; a NaN or Inf read is an error naming the file and
+// the parameter. The padded rows of wte are never read, so another model.vocab_multiple loads.
 //
 //   ckpt::save_sharded(dir, state, params, opt, mesh, cfg, keep);   // every rank
 //   ckpt::TrainState st = ckpt::load_sharded(path, cfg, params, opt); // every rank, any layout

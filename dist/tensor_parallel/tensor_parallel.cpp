@@ -7,6 +7,7 @@
 namespace ndt::dist {
 
 void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
+  NDT_CHECK(tp >= 1, "tensor parallelism: tp_size must be >= 1, got ", tp);  // before dividing by it
   NDT_CHECK(c.n_head % tp == 0, "tensor parallelism: model.n_head = ", c.n_head,
             " is not divisible by tp_size = ", tp, "; each rank computes n_head / tp_size heads");
   NDT_CHECK(4 * c.n_embd % tp == 0, "tensor parallelism: the MLP's 4 x n_embd = ", 4 * c.n_embd,
@@ -14,7 +15,8 @@ void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
   NDT_CHECK(c.padded_vocab() % tp == 0, "tensor parallelism: the vocabulary of ", c.padded_vocab(),
             " rows (model.vocab_size ", c.vocab_size, " padded to a multiple of model.vocab_multiple ",
             c.vocab_multiple, ") is not divisible by tp_size = ", tp,
-            "; set model.vocab_multiple to a multiple of ", tp);
+            "; set model.vocab_multiple to a multiple of ", tp,
+            " (a checkpoint written with another vocab_multiple resumes: its padded rows are unused zeros)");
 }
 
 namespace {
@@ -47,6 +49,8 @@ void apply_tensor_parallel(nn::Block& block, Communicator& tp) {
 }
 
 void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
+  NDT_CHECK(parts >= 1 && rank >= 0 && rank < parts, "tensor parallelism: rank ", rank, " of tp_size ", parts,
+            "; tp_size must be >= 1 and the rank in [0, tp_size)");
   if (parts == 1) return;
   check_tensor_parallel(gpt.cfg, parts);
   for (auto& block : gpt.h) split_block(*block, parts, rank);
