@@ -206,6 +206,45 @@ TEST(Weights, MissingExtraAndMisshapenTensorsAreNamedAndNothingIsLoaded) {
   EXPECT_EQ(p2.units[0].data.to_vector<float>(), before);  // nothing was copied
 }
 
+TEST(Weights, ANameWithAndWithoutTheTransformerPrefixIsRefused) {
+  // h.0.ln_1.weight and transformer.h.0.ln_1.weight are one parameter: a file holding both
+  // (with different values) must not load one of them and drop the other
+  fs::path d = ndt::testing::fresh_dir("ckpt_dup");
+  models::GPT g1(tiny()), g2(tiny());
+  nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
+  const std::vector<float> before = p2.units[1].data.to_vector<float>();
+  std::vector<Raw> ts = hf_tensors(g1, p1, "");
+  Raw twin;
+  for (const Raw& r : ts)
+    if (r.name == "h.0.ln_1.weight") twin = r;
+  ASSERT_FALSE(twin.name.empty());
+  twin.name = "transformer.h.0.ln_1.weight";
+  twin.bytes[0] ^= 1;
+  ts.push_back(twin);
+  const std::string file = (d / "dup.safetensors").string();
+  write_raw(file, ts);
+  for (bool local : {false, true}) {
+    const std::string e = error_of([&] {
+      local ? ckpt::load_weights_local(file, g2, p2) : ckpt::load_weights(file, g2, p2);
+    });
+    EXPECT_NE(e.find("weights " + file + ": holds both h.0.ln_1.weight and transformer.h.0.ln_1.weight"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_EQ(p2.units[1].data.to_vector<float>(), before);  // nothing was copied
+  // the tied head too: lm_head.weight and transformer.lm_head.weight
+  ts = hf_tensors(g1, p1, "transformer.");
+  Raw head = ts[0];
+  head.name = "lm_head.weight";
+  ts.push_back(head);
+  head.name = "transformer.lm_head.weight";
+  ts.push_back(head);
+  write_raw(file, ts);
+  const std::string e = error_of([&] { ckpt::load_weights(file, g2, p2); });
+  EXPECT_NE(e.find("holds both lm_head.weight and transformer.lm_head.weight"), std::string::npos) << e;
+}
+
 TEST(Checkpoint, SaveLoadRestoresWeightsMomentsAndPosition) {
   fs::path d = ndt::testing::fresh_dir("ckpt_state");
   models::GPT g1(tiny()), g2(tiny());

@@ -67,8 +67,8 @@ void save_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
   w.write(path);
 }
 
-// Checks a weights file against the model (names, with or without "transformer."; the whole
-// shapes) and returns our name -> the file's name; lm_head (if present) in *lm_head.
+// Checks a weights file against the model (names, with or without "transformer." but not
+// both; the whole shapes) and returns our name -> the file's name; lm_head (if present) in *lm_head.
 static std::map<std::string, std::string> match_weights(const io::SafeTensorsReader& r,
                                                         const std::string& path, const models::GPT& gpt,
                                                         const nn::FlatParams& params,
@@ -82,7 +82,14 @@ static std::map<std::string, std::string> match_weights(const io::SafeTensorsRea
   for (auto& [fname, e] : r.entries()) {
     std::string n = fname.rfind(kPrefix, 0) == 0 ? fname.substr(std::string(kPrefix).size()) : fname;
     if (ignored_name(n)) continue;
+    // "X" and "transformer.X" are one parameter: a file holding both would load one of
+    // them and silently drop the other
+    auto duplicate = [&](const std::string& first) {
+      NDT_FAIL("weights ", path, ": holds both ", first, " and ", fname, ", which name the same parameter ", n,
+               " (with and without the \"", kPrefix, "\" prefix); keep one of them");
+    };
     if (n == "lm_head.weight") {
+      if (!lm_head.empty()) duplicate(lm_head);
       lm_head = fname;
       continue;
     }
@@ -90,7 +97,7 @@ static std::map<std::string, std::string> match_weights(const io::SafeTensorsRea
       extra.push_back(fname);
       continue;
     }
-    ours_to_file[n] = fname;
+    if (auto [it, fresh] = ours_to_file.emplace(n, fname); !fresh) duplicate(it->second);
   }
   std::vector<std::string> missing;
   for (const std::string& n : expected) {

@@ -2,7 +2,8 @@
 //
 // Weights: a safetensors file with HF GPT-2 names (wte.weight, wpe.weight,
 // h.{i}.ln_1.weight, h.{i}.attn.c_attn.weight [C, 3C] in Conv1D (in x out) layout, ...,
-// ln_f.bias), optionally under a "transformer." prefix, F32/BF16/F16. So a model can start
+// ln_f.bias), optionally under a "transformer." prefix (a file holding both X and
+// transformer.X is refused: one of them would be dropped), F32/BF16/F16. So a model can start
 // from GPT-2 weights downloaded from the Hub (docs/gpt2-weights.md), and our checkpoints
 // load there too. lm_head.weight, if present, must equal wte.weight (tied); attn.bias and
 // attn.masked_bias (causal-mask buffers) are ignored.
