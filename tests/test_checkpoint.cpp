@@ -3,10 +3,12 @@
 
 #include "support/testing.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "models/gpt.h"
 #include "tensor/kernels.h"
@@ -321,4 +323,36 @@ TEST(Checkpoint, StateFromADifferentModelIsRefused) {
   optim::AdamW o2(p2, {});
   std::string e = error_of([&] { ckpt::load_checkpoint(where, g2, p2, o2); });
   EXPECT_NE(e.find("config differs"), std::string::npos) << e;
+}
+
+TEST(Checkpoint, AnOldCheckpointThatCannotBeDeletedIsAWarningOnce) {
+  // checkpoint.keep prunes old checkpoints after the new one is in place: a delete that
+  // fails (here a file with the immutable attribute) warns once per path, the save succeeds
+  fs::path d = ndt::testing::fresh_dir("ckpt_prune");
+  models::GPT g(tiny());
+  nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
+  optim::AdamW o(p, {});
+  ckpt::TrainState st;
+  st.step = 2;
+  ckpt::save_checkpoint(d.string(), g, p, o, st, 1);
+  const fs::path stuck = d / "step_00000002";
+  ndt::testing::Immutable pin(stuck / "model.safetensors");
+  if (!pin.error().empty()) GTEST_SKIP() << "cannot make a file immutable here (" << pin.error() << ")";
+  std::ostringstream out;
+  ckpt::PruneLog log{&out};
+  for (int s : {4, 6}) {
+    st.step = s;
+    std::string where;
+    EXPECT_NO_THROW(where = ckpt::save_checkpoint(d.string(), g, p, o, st, 1, &log)) << "step " << s;
+    EXPECT_EQ(ckpt::latest_checkpoint(d.string()).value_or(""), where);
+  }
+  const std::string w = out.str();
+  EXPECT_EQ(std::count(w.begin(), w.end(), '\n'), 1) << "once per path: " << w;
+  EXPECT_NE(w.find("warning: checkpoint.keep = 1: cannot delete the old checkpoint " + stuck.string() +
+                   " (Operation not permitted)"),
+            std::string::npos)
+      << w;
+  EXPECT_TRUE(fs::exists(stuck / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(d / "step_00000004"));  // the others are still pruned
+  EXPECT_TRUE(fs::exists(d / "step_00000006" / "checkpoint.json"));
 }

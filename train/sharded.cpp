@@ -55,7 +55,7 @@ bool finite_shards(const nn::FlatParams& params) {
 
 std::string save_sharded(const std::string& dir, const TrainState& state, const nn::FlatParams& params,
                          const optim::AdamW& opt, const dist::DeviceMesh& mesh, const models::GPTConfig& cfg,
-                         int keep) {
+                         int keep, PruneLog* prune_log) {
   dist::Communicator& world = mesh.world();
   char name[32];
   std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(state.step));
@@ -129,7 +129,7 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
                                                              {"xxh64", io::hex64(h)}};
     }
     io::write_file_atomic((tmp / kManifest).string(), m.dump(1) + "\n");  // last: the directory is complete
-    where = publish_checkpoint(dir, name, tmp.string(), keep);
+    where = publish_checkpoint(dir, name, tmp.string(), keep, prune_log);
   }
   world.barrier();  // nobody goes on (or writes again) before the checkpoint is in place
   return where;
