@@ -1,19 +1,24 @@
 // safetensors I/O, GPT weights with Hugging Face names, and training checkpoints.
 #include <gtest/gtest.h>
 
+#include "support/corpus.h"
 #include "support/testing.h"
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "dist/comm/mpi.h"
+#include "dist/mesh.h"
 #include "models/gpt.h"
 #include "tensor/kernels.h"
 #include "train/checkpoint.h"
 #include "train/safetensors.h"
+#include "train/sharded.h"
 
 using namespace ndt;
 using ndt::testing::error_of;
@@ -355,4 +360,90 @@ TEST(Checkpoint, AnOldCheckpointThatCannotBeDeletedIsAWarningOnce) {
   EXPECT_TRUE(fs::exists(stuck / "model.safetensors"));
   EXPECT_FALSE(fs::exists(d / "step_00000004"));  // the others are still pruned
   EXPECT_TRUE(fs::exists(d / "step_00000006" / "checkpoint.json"));
+}
+
+namespace {
+
+// Every file under dir with its bytes, to show that a refused export changed nothing.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> s;
+  for (auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) {
+      s[e.path().string()] = "(not a file)";
+      continue;
+    }
+    std::ifstream f(e.path(), std::ios::binary);
+    s[e.path().string()] = std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
+  fs::path d = ndt::testing::fresh_dir("ckpt_export");
+  models::GPT g(tiny());
+  nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
+  optim::AdamW o(p, {});
+  dist::DeviceMesh mesh(dist::ParallelDims{}, dist::init_world());  // one process
+  ckpt::TrainState st;
+  st.step = 3;
+  const fs::path ck = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, tiny(), 0);
+  st.step = 5;
+  const fs::path other = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, tiny(), 0);
+  fs::create_symlink(ck / "shard_tp0_fsdp0.safetensors", d / "link.safetensors");
+  fs::create_symlink(ck, d / "ck_link");
+  const auto before = snapshot(d / "ck");
+  struct Case {
+    std::string from, out, expect;
+  };
+  const std::string in = "refused: it is inside the checkpoint ";
+  const std::vector<Case> cases = {
+      {ck.string(), (ck / "checkpoint.json").string(), in},                       // the manifest
+      {ck.string(), (ck / "shard_tp0_fsdp0.safetensors").string(), in},           // a shard
+      {ck.string(), (ck / "gpt2.safetensors").string(), in},                      // a new file there
+      {ck.string(), (ck / "sub" / ".." / "checkpoint.json").string(), in},        // through ".."
+      {ck.string(), (d / "link.safetensors").string(), in},                       // a symlink to a shard
+      {(d / "ck_link").string(), (ck / "checkpoint.json").string(), in},          // the input via a symlink
+      {ck.string(), ck.string() + "/", "refused: it is the checkpoint directory "},  // the directory itself
+      {ck.string(), (other / "gpt2.safetensors").string(), "refused: it is inside the checkpoint " +
+                                                               fs::canonical(other).string()},  // another checkpoint
+  };
+  for (const Case& c : cases) {
+    const std::string e = error_of([&] { ckpt::export_weights(c.from, c.out); });
+    EXPECT_NE(e.find(c.expect), std::string::npos) << c.out << ": " << e;
+    EXPECT_EQ(snapshot(d / "ck"), before) << c.out;
+  }
+  ckpt::verify_checkpoint(ck.string());  // still whole
+  // outside: written, and loads as GPT-2 weights
+  const fs::path out = d / "gpt2.safetensors";
+  ckpt::export_weights(ck.string(), out.string());
+  models::GPT g2(tiny());
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
+  ckpt::load_weights(out.string(), g2, p2);
+  EXPECT_EQ(p2.units[1].data.to_vector<float>(), p.units[1].data.to_vector<float>());
+  // a failed export leaves the previous file as it was and no temporary file: a damaged
+  // checkpoint fails before writing, a directory in the way fails at the rename
+  std::ofstream(d / "old.safetensors") << "previous";
+  const fs::path bad = d / "bad";
+  fs::copy(ck, bad);
+  fs::resize_file(bad / "shard_tp0_fsdp0.safetensors", fs::file_size(bad / "shard_tp0_fsdp0.safetensors") - 1);
+  EXPECT_NE(error_of([&] { ckpt::export_weights(bad.string(), (d / "old.safetensors").string()); }).find("truncated"),
+            std::string::npos);
+  std::ifstream prev(d / "old.safetensors");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(prev), std::istreambuf_iterator<char>()), "previous");
+  fs::create_directories(d / "adir");
+  EXPECT_NE(error_of([&] { ckpt::export_weights(ck.string(), (d / "adir").string()); }).find("cannot move"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(d / "old.safetensors.tmp"));
+  EXPECT_FALSE(fs::exists(d / "adir.tmp"));
+  EXPECT_TRUE(fs::is_empty(d / "adir"));
+  // the program: one line, a non-zero exit, the checkpoint untouched
+  const ndt::testing::ShellResult r =
+      ndt::testing::run_shell(std::string(NDT_EXPORT_BIN) + " " + ck.string() + " " + (ck / "checkpoint.json").string());
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_EQ(r.out.rfind("export_weights: error: export to " + (ck / "checkpoint.json").string() + " refused", 0), 0u)
+      << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_EQ(snapshot(d / "ck"), before);
 }
