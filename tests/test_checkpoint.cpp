@@ -232,9 +232,8 @@ TEST(Weights, ANameWithAndWithoutTheTransformerPrefixIsRefused) {
   const std::string file = (d / "dup.safetensors").string();
   write_raw(file, ts);
   for (bool local : {false, true}) {
-    const std::string e = error_of([&] {
-      local ? ckpt::load_weights_local(file, g2, p2) : ckpt::load_weights(file, g2, p2);
-    });
+    const std::string e =
+        error_of([&] { local ? ckpt::load_weights_local(file, g2, p2) : ckpt::load_weights(file, g2, p2); });
     EXPECT_NE(e.find("weights " + file + ": holds both h.0.ln_1.weight and transformer.h.0.ln_1.weight"),
               std::string::npos)
         << e;
@@ -399,15 +398,15 @@ TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
   };
   const std::string in = "refused: it is inside the checkpoint ";
   const std::vector<Case> cases = {
-      {ck.string(), (ck / "checkpoint.json").string(), in},                       // the manifest
-      {ck.string(), (ck / "shard_tp0_fsdp0.safetensors").string(), in},           // a shard
-      {ck.string(), (ck / "gpt2.safetensors").string(), in},                      // a new file there
-      {ck.string(), (ck / "sub" / ".." / "checkpoint.json").string(), in},        // through ".."
-      {ck.string(), (d / "link.safetensors").string(), in},                       // a symlink to a shard
-      {(d / "ck_link").string(), (ck / "checkpoint.json").string(), in},          // the input via a symlink
+      {ck.string(), (ck / "checkpoint.json").string(), in},                 // the manifest
+      {ck.string(), (ck / "shard_tp0_fsdp0.safetensors").string(), in},     // a shard
+      {ck.string(), (ck / "gpt2.safetensors").string(), in},                // a new file there
+      {ck.string(), (ck / "sub" / ".." / "checkpoint.json").string(), in},  // through ".."
+      {ck.string(), (d / "link.safetensors").string(), in},                 // a symlink to a shard
+      {(d / "ck_link").string(), (ck / "checkpoint.json").string(), in},    // the input via a symlink
       {ck.string(), ck.string() + "/", "refused: it is the checkpoint directory "},  // the directory itself
-      {ck.string(), (other / "gpt2.safetensors").string(), "refused: it is inside the checkpoint " +
-                                                               fs::canonical(other).string()},  // another checkpoint
+      {ck.string(), (other / "gpt2.safetensors").string(),
+       "refused: it is inside the checkpoint " + fs::canonical(other).string()},  // another checkpoint
   };
   for (const Case& c : cases) {
     const std::string e = error_of([&] { ckpt::export_weights(c.from, c.out); });
@@ -427,8 +426,11 @@ TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
   std::ofstream(d / "old.safetensors") << "previous";
   const fs::path bad = d / "bad";
   fs::copy(ck, bad);
-  fs::resize_file(bad / "shard_tp0_fsdp0.safetensors", fs::file_size(bad / "shard_tp0_fsdp0.safetensors") - 1);
-  EXPECT_NE(error_of([&] { ckpt::export_weights(bad.string(), (d / "old.safetensors").string()); }).find("truncated"),
+  fs::resize_file(bad / "shard_tp0_fsdp0.safetensors",
+                  fs::file_size(bad / "shard_tp0_fsdp0.safetensors") - 1);
+  EXPECT_NE(error_of([&] {
+              ckpt::export_weights(bad.string(), (d / "old.safetensors").string());
+            }).find("truncated"),
             std::string::npos);
   std::ifstream prev(d / "old.safetensors");
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(prev), std::istreambuf_iterator<char>()), "previous");
@@ -439,10 +441,12 @@ TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
   EXPECT_FALSE(fs::exists(d / "adir.tmp"));
   EXPECT_TRUE(fs::is_empty(d / "adir"));
   // the program: one line, a non-zero exit, the checkpoint untouched
-  const ndt::testing::ShellResult r =
-      ndt::testing::run_shell(std::string(NDT_EXPORT_BIN) + " " + ck.string() + " " + (ck / "checkpoint.json").string());
+  const ndt::testing::ShellResult r = ndt::testing::run_shell(
+      std::string(NDT_EXPORT_BIN) + " " + ck.string() + " " + (ck / "checkpoint.json").string());
   EXPECT_EQ(r.rc, 1) << r.out;
-  EXPECT_EQ(r.out.rfind("export_weights: error: export to " + (ck / "checkpoint.json").string() + " refused", 0), 0u)
+  EXPECT_EQ(
+      r.out.rfind("export_weights: error: export to " + (ck / "checkpoint.json").string() + " refused", 0),
+      0u)
       << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   EXPECT_EQ(snapshot(d / "ck"), before);

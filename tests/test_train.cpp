@@ -312,10 +312,11 @@ TEST(TrainGpt, AnOldCheckpointThatCannotBeDeletedIsAWarningAndTrainingGoesOn) {
   const fs::path stuck = d / "ckpt" / "step_00000002";
   ndt::testing::Immutable pin(stuck / "model.safetensors");
   if (!pin.error().empty()) GTEST_SKIP() << "cannot make a file immutable here (" << pin.error() << ")";
-  RunResult r = run({"--config", ini, "--checkpoint.dir", ck, "--checkpoint.resume", "true", "--checkpoint.every",
-                     "2", "--checkpoint.keep", "1"});
+  RunResult r = run({"--config", ini, "--checkpoint.dir", ck, "--checkpoint.resume", "true",
+                     "--checkpoint.every", "2", "--checkpoint.keep", "1"});
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
-  const std::string warning = "warning: checkpoint.keep = 1: cannot delete the old checkpoint " + stuck.string();
+  const std::string warning =
+      "warning: checkpoint.keep = 1: cannot delete the old checkpoint " + stuck.string();
   size_t at = r.out.find(warning), warnings = 0;
   for (size_t i = at; i != std::string::npos; i = r.out.find("warning: checkpoint.keep", i + 1)) ++warnings;
   EXPECT_NE(at, std::string::npos) << r.out;

@@ -86,8 +86,8 @@ static std::map<std::string, std::string> match_weights(const io::SafeTensorsRea
     // "X" and "transformer.X" are one parameter: a file holding both would load one of
     // them and silently drop the other
     auto duplicate = [&](const std::string& first) {
-      NDT_FAIL("weights ", path, ": holds both ", first, " and ", fname, ", which name the same parameter ", n,
-               " (with and without the \"", kPrefix, "\" prefix); keep one of them");
+      NDT_FAIL("weights ", path, ": holds both ", first, " and ", fname, ", which name the same parameter ",
+               n, " (with and without the \"", kPrefix, "\" prefix); keep one of them");
     };
     if (n == "lm_head.weight") {
       if (!lm_head.empty()) duplicate(lm_head);
@@ -269,7 +269,8 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
                             const optim::AdamW& opt, const TrainState& state, int keep, PruneLog* prune_log) {
   for (const nn::FlatUnit& u : params.units)
     NDT_CHECK(!u.sharded(), "save_checkpoint: unit ", u.name, " is sharded; pass its gathered Moments");
-  return save_checkpoint(dir, gpt, params, Moments{opt.m(), opt.v(), opt.steps_taken()}, state, keep, prune_log);
+  return save_checkpoint(dir, gpt, params, Moments{opt.m(), opt.v(), opt.steps_taken()}, state, keep,
+                         prune_log);
 }
 
 std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
@@ -316,8 +317,8 @@ void prune(const fs::path& dir, const fs::path& current, int keep, PruneLog* log
   auto warn = [&](const fs::path& path, const std::error_code& ec) {
     if (log && !log->reported.insert(path.string()).second) return;  // said once already
     std::ostream& out = log && log->out ? *log->out : std::cerr;
-    out << "warning: checkpoint.keep = " << keep << ": cannot delete the old checkpoint " << path.string() << " ("
-        << ec.message() << "); it stays on disk and training goes on" << std::endl;
+    out << "warning: checkpoint.keep = " << keep << ": cannot delete the old checkpoint " << path.string()
+        << " (" << ec.message() << "); it stays on disk and training goes on" << std::endl;
   };
   std::error_code ec;
   std::vector<std::pair<int64_t, fs::path>> steps;

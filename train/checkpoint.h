@@ -73,8 +73,8 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
                             PruneLog* prune_log = nullptr);  // unsharded
 // Moves the complete checkpoint directory `tmp` (written and fsynced) to <dir>/<name>, points
 // <dir>/latest at it, and keeps the newest `keep` checkpoints (0: all). Returns the path.
-std::string publish_checkpoint(const std::string& dir, const std::string& name, const std::string& tmp, int keep,
-                               PruneLog* prune_log = nullptr);
+std::string publish_checkpoint(const std::string& dir, const std::string& name, const std::string& tmp,
+                               int keep, PruneLog* prune_log = nullptr);
 // The directory named by <dir>/latest, or nullopt when there is none.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 // The step of a checkpoint directory name "step_<digits>", or nullopt.

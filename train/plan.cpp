@@ -176,7 +176,8 @@ int64_t plan_world(const Config& c) {
         .v;
   } catch (const Error& e) {
     throw ConfigError(std::string("--plan: the world, parallel.dp_replicate_size x dp_shard_size x ") +
-                      "cp_size x tp_size, does not fit in 64 bits (" + e.what() + "); no job has that many ranks");
+                      "cp_size x tp_size, does not fit in 64 bits (" + e.what() +
+                      "); no job has that many ranks");
   }
 }
 

@@ -255,7 +255,8 @@ namespace {
 // checkpoint directory (one holding checkpoint.json), also when reached through symlinks or
 // "..". The writer's temporary file (out.tmp, files.h) is checked too.
 void check_export_target(const std::string& path, const std::string& out) {
-  NDT_CHECK(!out.empty() && !path.empty(), "export of weights: the checkpoint and the output must be non-empty paths");
+  NDT_CHECK(!out.empty() && !path.empty(),
+            "export of weights: the checkpoint and the output must be non-empty paths");
   auto resolved = [](const std::string& p) {
     std::error_code ec;
     const fs::path a = fs::absolute(p, ec);

@@ -65,7 +65,8 @@ class Immutable {
       err = std::string("FS_IOC_GETFLAGS: ") + std::strerror(errno);
     } else {
       flags = on ? flags | FS_IMMUTABLE_FL : flags & ~FS_IMMUTABLE_FL;
-      if (::ioctl(fd, FS_IOC_SETFLAGS, &flags) != 0) err = std::string("FS_IOC_SETFLAGS: ") + std::strerror(errno);
+      if (::ioctl(fd, FS_IOC_SETFLAGS, &flags) != 0)
+        err = std::string("FS_IOC_SETFLAGS: ") + std::strerror(errno);
     }
     ::close(fd);
     return err;
