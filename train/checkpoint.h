@@ -59,7 +59,8 @@ struct Moments {
 // stays on disk and is reported as one "warning: ..." line on *out, once per path
 // (`reported` remembers the paths from save to save). Without a log: std::cerr, every time.
 struct PruneLog {
-  std::ostream* out = nullptr;
+  explicit PruneLog(std::ostream* out = nullptr) : out(out) {}
+  std::ostream* out;
   std::set<std::string> reported;
 };
 
