@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -224,20 +225,40 @@ BENCHMARK(BM_layernorm_forward)->Unit(benchmark::kMillisecond)->Apply(setup);
 BENCHMARK(BM_layernorm_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
 BENCHMARK(BM_layernorm_op_forward_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
 
+void usage() {
+  std::printf(
+      "usage: bench_cpu_ops [--benchmark_filter=REGEX] [--benchmark_repetitions=N] [Google Benchmark flags]\n"
+      "  CPU op benchmarks (GEMM, attention, LayerNorm); threads from NDT_BENCH_THREADS (default 2)\n\n");
+  benchmark::PrintDefaultHelp();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   ndt::use_optimized_blas(argv);
-  const char* env = std::getenv("NDT_BENCH_THREADS");
-  const int threads = env ? std::atoi(env) : 2;
-  ndt::set_num_threads(threads);  // OpenMP and OpenBLAS
-  benchmark::AddCustomContext("openblas_threads", std::to_string(openblas_get_num_threads()));
-  benchmark::AddCustomContext("openblas_config", openblas_get_config());
-  benchmark::AddCustomContext("openblas_core", ndt::blas_core());
-  benchmark::AddCustomContext("omp_max_threads", std::to_string(omp_get_max_threads()));
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "-h") {  // Google Benchmark knows only --help
+      usage();
+      return 0;
+    }
+  try {
+    const char* env = std::getenv("NDT_BENCH_THREADS");
+    const int threads = env ? std::atoi(env) : 2;
+    ndt::set_num_threads(threads);  // OpenMP and OpenBLAS
+    benchmark::AddCustomContext("openblas_threads", std::to_string(openblas_get_num_threads()));
+    benchmark::AddCustomContext("openblas_config", openblas_get_config());
+    benchmark::AddCustomContext("openblas_core", ndt::blas_core());
+    benchmark::AddCustomContext("omp_max_threads", std::to_string(omp_get_max_threads()));
+    benchmark::Initialize(&argc, argv, usage);  // takes its flags out of argv; --help: usage, exit 0
+    if (argc > 1) {
+      std::fprintf(stderr, "bench_cpu_ops: error: unknown argument %s (see --help)\n", argv[1]);
+      return 2;
+    }
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_cpu_ops: error: %s\n", e.what());
+    return 1;
+  }
 }

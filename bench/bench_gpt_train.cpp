@@ -8,7 +8,8 @@
 //   build/bench_gpt_train GPT2 0 cuda none --dtype bf16 --batch 8   # bf16 mixed precision, B 8
 //   build/bench_gpt_train S,M 2 cpu none,full,selective   # activation checkpointing modes
 //
-// Positional arguments: configs, threads, device, checkpointing modes. Options (anywhere):
+// Positional arguments: configs, threads, device, checkpointing modes (--help lists them; a
+// bad argument is one line on stderr and exit code 2). Options (anywhere):
 //   --dtype f32|bf16   f32 (default), or bf16 mixed precision as train_gpt's train.dtype =
 //                      bfloat16 does it: an f32 master copy with f32 AdamW moments, bf16 copies
 //                      that the model computes with (nn::materialize's compute dtype), each
@@ -38,6 +39,7 @@
 // time the host took to queue forward, backward and the optimizer, and when the device had
 // finished each (queue times near the finish times: the host sets the pace, not the GPU).
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -88,18 +90,28 @@ struct Mode {
   int64_t every = 1;
 };
 
+// A whole number for `what`, all of `s` (std::stoll alone would take "2x" as 2 and say only
+// "stoll" for "x").
+int64_t integer(const std::string& what, const std::string& s) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  NDT_CHECK(ec == std::errc() && end == s.data() + s.size() && !s.empty(), what,
+            " must be a whole number, got '", s, "'");
+  return v;
+}
+
 Mode parse_mode(const std::string& s) {
   Mode m{s};
   const size_t slash = s.find('/');
   const std::string name = s.substr(0, slash);
-  if (slash != std::string::npos) m.every = std::stoll(s.substr(slash + 1));
+  if (slash != std::string::npos) m.every = integer("checkpointing mode " + s, s.substr(slash + 1));
   if (name == "full")
     m.ac = nn::ACMode::full;
   else if (name == "selective")
     m.ac = nn::ACMode::selective;
   else
-    NDT_CHECK(name == "none", "bench_gpt_train: mode must be none, full or selective[/k], got '", s, "'");
-  NDT_CHECK(m.every >= 1, "bench_gpt_train: every must be >= 1 in '", s, "'");
+    NDT_CHECK(name == "none", "checkpointing mode must be none, full or selective[/k], got '", s, "'");
+  NDT_CHECK(m.every >= 1, "checkpointing mode: every must be >= 1 in '", s, "'");
   return m;
 }
 
@@ -117,6 +129,7 @@ struct Run {
 
 // --name value options, taken out of argv; what is left are the positional arguments
 struct Options {
+  bool help = false;
   std::string dtype = "f32";
   bool tf32 = false;
   int64_t batch = 0, steps = 10, warmup = 2;
@@ -128,42 +141,48 @@ Options parse_options(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
-      NDT_CHECK(i + 1 < argc, "bench_gpt_train: ", a, " needs a value");
+      NDT_CHECK(i + 1 < argc, a, " needs a value (see --help)");
       return argv[++i];
     };
-    if (a == "--dtype")
+    if (a == "--help" || a == "-h")
+      o.help = true;
+    else if (a == "--dtype")
       o.dtype = value();
     else if (a == "--tf32")
       o.tf32 = true;
     else if (a == "--batch")
-      o.batch = std::stoll(value());
+      o.batch = integer(a, value());
     else if (a == "--steps")
-      o.steps = std::stoll(value());
+      o.steps = integer(a, value());
     else if (a == "--warmup")
-      o.warmup = std::stoll(value());
-    else if (a.rfind("--", 0) == 0)
-      NDT_CHECK(false, "bench_gpt_train: unknown option ", a);
+      o.warmup = integer(a, value());
+    else if (a.rfind("-", 0) == 0 && a.size() > 1)
+      NDT_FAIL("unknown option ", a, " (see --help)");
     else
       o.positional.push_back(a);
   }
-  NDT_CHECK(o.dtype == "f32" || o.dtype == "bf16", "bench_gpt_train: --dtype must be f32 or bf16, got ", o.dtype);
-  NDT_CHECK(o.batch >= 0 && o.steps >= 1 && o.warmup >= 0, "bench_gpt_train: bad --batch/--steps/--warmup");
+  NDT_CHECK(o.dtype == "f32" || o.dtype == "bf16", "--dtype must be f32 or bf16, got ", o.dtype);
+  NDT_CHECK(o.batch >= 0 && o.steps >= 1 && o.warmup >= 0,
+            "--batch must be >= 0, --steps >= 1 and --warmup >= 0, got ", o.batch, ", ", o.steps, ", ",
+            o.warmup);
+  NDT_CHECK(o.positional.size() <= 4,
+            "at most 4 arguments (configs, threads, device, checkpointing modes), got ", o.positional.size(),
+            " (see --help)");
   return o;
 }
 
-}  // namespace
+constexpr const char* kUsage =
+    "usage: bench_gpt_train [CONFIGS [THREADS [DEVICE [MODES]]]] [--dtype f32|bf16] [--tf32] [--batch B]\n"
+    "                       [--steps N] [--warmup N]\n"
+    "  CONFIGS  comma-separated S, M, GPT2 (default S,M)    THREADS  0: every core (default)\n"
+    "  DEVICE   cpu (default), cuda or cuda:N               MODES    none,full,selective[/k] (default none)\n"
+    "  --dtype  f32 (default) or bf16 mixed precision       --tf32   f32 GEMMs on TF32 tensor cores (GPU)\n"
+    "  --batch  sequences per step (default: the config's)  --steps, --warmup  timed, warm-up steps (10, 2)\n"
+    "prints ms/step, tokens/s, GFLOP/s (MFU on a GPU) per config and mode, then RESULT and PHASES lines\n";
 
-int main(int argc, char** argv) {
-  use_optimized_blas(argv);
-  const std::vector<Case> cases = {
-      {"S", 4, 4, 256, 512, 8, 128}, {"M", 6, 6, 384, 4096, 8, 256}, {"GPT2", 12, 12, 768, 50257, 16, 1024}};
-  const Options opt = parse_options(argc, argv);
-  const std::vector<std::string>& pos = opt.positional;
-  const std::vector<std::string> only = split(pos.size() > 0 ? pos[0] : "");
-  const int threads = pos.size() > 1 ? std::atoi(pos[1].c_str()) : 0;
-  const Device device = Device::parse(pos.size() > 2 ? pos[2] : "cpu");
-  std::vector<Mode> modes;
-  for (const std::string& m : split(pos.size() > 3 ? pos[3] : "none")) modes.push_back(parse_mode(m));
+// The benchmark itself, on arguments parse_options has checked.
+int run(const std::vector<Case>& cases, const Options& opt, const std::vector<std::string>& only, int threads,
+        const Device& device, const std::vector<Mode>& modes) {
   if (device.is_cuda() && !cuda::available()) {
     std::printf("no CUDA device visible; skipping\n");
     return 0;
@@ -295,4 +314,42 @@ int main(int argc, char** argv) {
   std::printf("\n");
   for (const std::string& l : results) std::printf("%s\n", l.c_str());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  use_optimized_blas(argv);
+  const std::vector<Case> cases = {
+      {"S", 4, 4, 256, 512, 8, 128}, {"M", 6, 6, 384, 4096, 8, 256}, {"GPT2", 12, 12, 768, 50257, 16, 1024}};
+  Options opt;
+  std::vector<std::string> only;
+  int threads = 0;
+  Device device = Device::cpu();
+  std::vector<Mode> modes;
+  try {  // a bad argument: one line and exit code 2
+    opt = parse_options(argc, argv);
+    if (opt.help) {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    const std::vector<std::string>& pos = opt.positional;
+    only = split(pos.size() > 0 ? pos[0] : "");
+    for (const std::string& o : only)
+      NDT_CHECK(std::any_of(cases.begin(), cases.end(), [&](const Case& c) { return o == c.name; }),
+                "unknown config '", o, "': S, M or GPT2 (see --help)");
+    threads = static_cast<int>(pos.size() > 1 ? integer("THREADS", pos[1]) : 0);
+    NDT_CHECK(threads >= 0, "THREADS must be >= 0 (0: every core), got ", threads);
+    device = Device::parse(pos.size() > 2 ? pos[2] : "cpu");
+    for (const std::string& m : split(pos.size() > 3 ? pos[3] : "none")) modes.push_back(parse_mode(m));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpt_train: error: %s\n", e.what());
+    return 2;
+  }
+  try {
+    return run(cases, opt, only, threads, device, modes);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpt_train: error: %s\n", e.what());
+    return 1;
+  }
 }

@@ -235,20 +235,41 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   std::vector<Run> runs_;
 };
 
+void usage() {
+  std::printf(
+      "usage: bench_gpu_ops [--benchmark_filter=REGEX] [--benchmark_min_time=S] [Google Benchmark flags]\n"
+      "  GPU op benchmarks and the kernels of a GPT-2 124M step, then a summary table; without a\n"
+      "  CUDA device it says so and exits 0\n\n");
+  benchmark::PrintDefaultHelp();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!cuda::available()) {
-    std::printf("bench_gpu_ops: no CUDA device visible (%s); nothing to measure, skipping\n",
-                cuda::compiled() ? "built with CUDA" : "built without CUDA");
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "-h") {  // Google Benchmark knows only --help
+      usage();
+      return 0;
+    }
+  try {
+    benchmark::Initialize(&argc, argv, usage);  // takes its flags out of argv; --help: usage, exit 0
+    if (argc > 1) {
+      std::fprintf(stderr, "bench_gpu_ops: error: unknown argument %s (see --help)\n", argv[1]);
+      return 2;
+    }
+    if (!cuda::available()) {
+      std::printf("bench_gpu_ops: no CUDA device visible (%s); nothing to measure, skipping\n",
+                  cuda::compiled() ? "built with CUDA" : "built without CUDA");
+      return 0;
+    }
+    register_all();
+    SummaryReporter reporter;
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    reporter.PrintSummary();
+    benchmark::Shutdown();
     return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpu_ops: error: %s\n", e.what());
+    return 1;
   }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  register_all();
-  SummaryReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  reporter.PrintSummary();
-  benchmark::Shutdown();
-  return 0;
 }

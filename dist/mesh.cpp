@@ -5,6 +5,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "tensor/checked.h"
+
 namespace ndt::dist {
 
 ParallelDims ParallelDims::resolve(int64_t r, int64_t s, int64_t c, int64_t t, int64_t world) {
@@ -16,14 +18,17 @@ ParallelDims ParallelDims::resolve(int64_t r, int64_t s, int64_t c, int64_t t, i
             "[parallel] sizes must be >= 1 (dp_shard_size may be -1: ", "the rest of the world), got ",
             sizes());
   if (s == -1) {
-    const int64_t rest = r * c * t;
+    const int64_t rest = checked_mul(checked_mul(r, c, "[parallel] sizes"), t, "[parallel] sizes");
     NDT_CHECK(world % rest == 0, "[parallel] dp_shard_size = -1 takes the rest of the world, but ", world,
               " ranks are not divisible by dp_replicate_size x cp_size x tp_size = ", rest, " (", sizes(),
               ")");
     s = world / rest;
   }
+  // the product must fit int64 before it is compared (sizes that wrap could match any world)
+  const int64_t product = checked_mul(
+      checked_mul(checked_mul(r, s, "[parallel] sizes"), c, "[parallel] sizes"), t, "[parallel] sizes");
   ParallelDims d{r, s, c, t};
-  NDT_CHECK(d.world() == world, "[parallel] ", sizes(), " multiply to ", d.world(), " ranks but the job has ",
+  NDT_CHECK(product == world, "[parallel] ", sizes(), " multiply to ", d.world(), " ranks but the job has ",
             world, "; make the product equal the number of ranks (mpirun -np ", d.world(),
             ") or set dp_shard_size = -1 to take the rest");
   return d;

@@ -2,6 +2,7 @@
 // then a float64 gradient check of the same model. Runs on CPU in a few seconds.
 //
 //   engine_demo [--corpus PATH] [--steps 1000] [--batch 512] [--hidden 64] [--lr 2.0] [--seed 1]
+//   engine_demo --help
 //
 // The model predicts the next byte from the previous one:
 //   x (N,V) one-hot -> linear(w1 (V,H), b1 (H)) -> gelu -> linear(w2 (H,V), b2 (V)) -> logits (N,V)
@@ -14,6 +15,7 @@
 // one kernel call each. PATH is a text file or a folder of them (default: the fortunes that
 // scripts/setup.sh installs, /usr/share/games/fortunes).
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -39,7 +41,13 @@ namespace {
 
 constexpr int64_t V = 256;
 
+constexpr const char* kUsage =
+    "usage: engine_demo [--corpus PATH] [--steps 1000] [--batch 512] [--hidden 64] [--lr 2.0] [--seed 1]\n"
+    "  trains a byte-bigram model with SGD on PATH (a text file or a folder of them; default the fortunes\n"
+    "  in /usr/share/games/fortunes), then checks its gradients against finite differences in float64\n";
+
 struct Options {
+  bool help = false;
   std::string corpus = "/usr/share/games/fortunes";
   int steps = 1000;
   int64_t batch = 512;
@@ -48,31 +56,46 @@ struct Options {
   uint64_t seed = 1;
 };
 
+// The value of option `a`: all of `s` as a T (std::stoi would take "2x" as 2 and say only
+// "stoi" for "x").
+template <typename T>
+T number(const std::string& a, const std::string& s) {
+  T v{};
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  NDT_CHECK(ec == std::errc() && end == s.data() + s.size() && !s.empty(), a, " takes a number, got '", s,
+            "'");
+  return v;
+}
+
 Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
-      NDT_CHECK(i + 1 < argc, "engine_demo: ", a, " needs a value");
+      NDT_CHECK(i + 1 < argc, a, " needs a value (see --help)");
       return argv[++i];
     };
-    if (a == "--corpus")
+    if (a == "--help" || a == "-h")
+      o.help = true;
+    else if (a == "--corpus")
       o.corpus = next();
     else if (a == "--steps")
-      o.steps = std::stoi(next());
+      o.steps = number<int>(a, next());
     else if (a == "--batch")
-      o.batch = std::stoll(next());
+      o.batch = number<int64_t>(a, next());
     else if (a == "--hidden")
-      o.hidden = std::stoll(next());
+      o.hidden = number<int64_t>(a, next());
     else if (a == "--lr")
-      o.lr = std::stod(next());
+      o.lr = number<double>(a, next());
     else if (a == "--seed")
-      o.seed = std::stoull(next());
+      o.seed = number<uint64_t>(a, next());
     else
-      NDT_FAIL("engine_demo: unknown option '", a,
-               "' (options: --corpus --steps --batch --hidden --lr --seed)");
+      NDT_FAIL("unknown option '", a,
+               "' (options: --corpus --steps --batch --hidden --lr --seed; see --help)");
   }
-  NDT_CHECK(o.steps >= 0 && o.batch > 0 && o.hidden > 0 && o.lr > 0, "engine_demo: bad option value");
+  NDT_CHECK(o.steps >= 0 && o.batch > 0 && o.hidden > 0 && o.lr > 0,
+            "--steps must be >= 0 and --batch, --hidden, --lr > 0, got ", o.steps, ", ", o.batch, ", ",
+            o.hidden, ", ", o.lr);
   return o;
 }
 
@@ -88,7 +111,7 @@ std::string load_corpus(const std::string& path) {
   } else if (fs::is_regular_file(path)) {
     files.push_back(path);
   }
-  NDT_CHECK(!files.empty(), "engine_demo: no text at ", path,
+  NDT_CHECK(!files.empty(), "no text at ", path,
             ": run scripts/setup.sh (it installs the fortunes packages) or pass --corpus FILE");
   std::string text, line;
   for (const auto& f : files) {
@@ -96,7 +119,7 @@ std::string load_corpus(const std::string& path) {
     while (std::getline(in, line))
       if (line != "%") text += line + '\n';
   }
-  NDT_CHECK(text.size() > 1000, "engine_demo: corpus ", path, " has only ", text.size(), " bytes");
+  NDT_CHECK(text.size() > 1000, "corpus ", path, " has only ", text.size(), " bytes");
   return text;
 }
 
@@ -149,6 +172,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) try {
   ndt::use_optimized_blas(argv);  // may re-execute with a better OpenBLAS kernel (tensor/threads.h)
   const Options opt = parse(argc, argv);
+  if (opt.help) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   const std::string text = load_corpus(opt.corpus);
   const int64_t split = static_cast<int64_t>(text.size() * 0.9);  // last 10% held out
   std::printf("cpu: %d threads, OpenBLAS kernel %s\n", ndt::num_threads(), ndt::blas_core().c_str());
@@ -252,6 +279,6 @@ int main(int argc, char** argv) try {
   if (!learned) std::printf("FAILED: validation loss went from %.4f to only %.4f\n", initial, final_val);
   return r.ok && learned ? 0 : 1;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "engine_demo: %s\n", e.what());
+  std::fprintf(stderr, "engine_demo: error: %s\n", e.what());
   return 2;
 }

@@ -1,5 +1,6 @@
 // The engine in one page (docs/engine.md): build a tiny computation, run backward, and
 // check autograd's gradients against finite differences in float64.
+#include <cstring>
 #include <iostream>
 
 #include "autograd/engine.h"
@@ -15,7 +16,8 @@ Tensor randn(const Shape& shape, uint64_t stream) {  // N(0,1), f64, same values
   return t;
 }
 
-int main() {
+// The example itself: 0 when the gradients check out.
+int example() {
   // x (4,3) @ w (3,2) + b (2) -> gelu -> sum: a scalar loss
   Tensor x = randn({4, 3}, 0);
   Tensor w = randn({3, 2}, 1).set_requires_grad(true).set_name("w");
@@ -32,4 +34,23 @@ int main() {
   std::cout << "gradcheck " << (r.ok ? "passed" : "FAILED: " + r.message) << " (" << r.checked
             << " elements, max abs err " << r.max_abs_err << ")\n";
   return r.ok ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  if (argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+    std::cout
+        << "usage: engine_example\n  builds gelu(x w + b), runs backward and checks the gradients against "
+           "finite differences in float64 (docs/engine.md); exits 1 when the check fails\n";
+    return 0;
+  }
+  if (argc > 1) {
+    std::cerr << "engine_example: error: it takes no arguments, got " << argv[1] << " (see --help)\n";
+    return 2;
+  }
+  try {
+    return example();
+  } catch (const std::exception& e) {
+    std::cerr << "engine_example: error: " << e.what() << "\n";
+    return 1;
+  }
 }

@@ -2,15 +2,20 @@
 // sharded: a damaged or crafted manifest, shard file or value is one line naming it).
 #include <gtest/gtest.h>
 
+#include "support/corpus.h"
 #include "support/testing.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "dist/comm/mpi.h"
 #include "dist/mesh.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "models/gpt.h"
@@ -212,6 +217,44 @@ TEST(Weights, MissingExtraAndMisshapenTensorsAreNamedAndNothingIsLoaded) {
   EXPECT_NE(e.find("h.0.attn.c_proj.weight has shape (4, 16), the model needs (8, 8)"), std::string::npos)
       << e;
   EXPECT_EQ(p2.units[0].data.to_vector<float>(), before);  // nothing was copied
+}
+
+TEST(Weights, ANameWithAndWithoutTheTransformerPrefixIsRefused) {
+  // h.0.ln_1.weight and transformer.h.0.ln_1.weight are one parameter: a file holding both
+  // (with different values) must not load one of them and drop the other
+  fs::path d = ndt::testing::fresh_dir("ckpt_dup");
+  models::GPT g1(tiny()), g2(tiny());
+  nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
+  const std::vector<float> before = p2.units[1].data.to_vector<float>();
+  std::vector<Raw> ts = hf_tensors(g1, p1, "");
+  Raw twin;
+  for (const Raw& r : ts)
+    if (r.name == "h.0.ln_1.weight") twin = r;
+  ASSERT_FALSE(twin.name.empty());
+  twin.name = "transformer.h.0.ln_1.weight";
+  twin.bytes[0] ^= 1;
+  ts.push_back(twin);
+  const std::string file = (d / "dup.safetensors").string();
+  write_raw(file, ts);
+  for (bool local : {false, true}) {
+    const std::string e =
+        error_of([&] { local ? ckpt::load_weights_local(file, g2, p2) : ckpt::load_weights(file, g2, p2); });
+    EXPECT_NE(e.find("weights " + file + ": holds both h.0.ln_1.weight and transformer.h.0.ln_1.weight"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_EQ(p2.units[1].data.to_vector<float>(), before);  // nothing was copied
+  // the tied head too: lm_head.weight and transformer.lm_head.weight
+  ts = hf_tensors(g1, p1, "transformer.");
+  Raw head = ts[0];
+  head.name = "lm_head.weight";
+  ts.push_back(head);
+  head.name = "transformer.lm_head.weight";
+  ts.push_back(head);
+  write_raw(file, ts);
+  const std::string e = error_of([&] { ckpt::load_weights(file, g2, p2); });
+  EXPECT_NE(e.find("holds both lm_head.weight and transformer.lm_head.weight"), std::string::npos) << e;
 }
 
 TEST(Checkpoint, SaveLoadRestoresWeightsMomentsAndPosition) {
@@ -681,4 +724,128 @@ TEST(ShardedCheckpoint, ResumesWithAnotherVocabularyPadding) {
   Model o(other, 2);
   const std::string e = error_of([&] { ckpt::load_sharded(where, other, o.params, o.opt); });
   EXPECT_TRUE(has(e, "resume with the same [model] section")) << e;
+}
+
+TEST(Checkpoint, AnOldCheckpointThatCannotBeDeletedIsAWarningOnce) {
+  // checkpoint.keep prunes old checkpoints after the new one is in place: a delete that
+  // fails (here a file with the immutable attribute) warns once per path, the save succeeds
+  fs::path d = ndt::testing::fresh_dir("ckpt_prune");
+  models::GPT g(tiny());
+  nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
+  optim::AdamW o(p, {});
+  ckpt::TrainState st;
+  st.step = 2;
+  ckpt::save_checkpoint(d.string(), g, p, o, st, 1);
+  const fs::path stuck = d / "step_00000002";
+  ndt::testing::Immutable pin(stuck / "model.safetensors");
+  if (!pin.error().empty()) GTEST_SKIP() << "cannot make a file immutable here (" << pin.error() << ")";
+  std::ostringstream out;
+  ckpt::PruneLog log{&out};
+  for (int s : {4, 6}) {
+    st.step = s;
+    std::string where;
+    EXPECT_NO_THROW(where = ckpt::save_checkpoint(d.string(), g, p, o, st, 1, &log)) << "step " << s;
+    EXPECT_EQ(ckpt::latest_checkpoint(d.string()).value_or(""), where);
+  }
+  const std::string w = out.str();
+  EXPECT_EQ(std::count(w.begin(), w.end(), '\n'), 1) << "once per path: " << w;
+  EXPECT_NE(w.find("warning: checkpoint.keep = 1: cannot delete the old checkpoint " + stuck.string() +
+                   " (Operation not permitted)"),
+            std::string::npos)
+      << w;
+  EXPECT_TRUE(fs::exists(stuck / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(d / "step_00000004"));  // the others are still pruned
+  EXPECT_TRUE(fs::exists(d / "step_00000006" / "checkpoint.json"));
+}
+
+namespace {
+
+// Every file under dir with its bytes, to show that a refused export changed nothing.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> s;
+  for (auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) {
+      s[e.path().string()] = "(not a file)";
+      continue;
+    }
+    std::ifstream f(e.path(), std::ios::binary);
+    s[e.path().string()] = std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
+  fs::path d = ndt::testing::fresh_dir("ckpt_export");
+  models::GPT g(tiny());
+  nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
+  optim::AdamW o(p, {});
+  dist::DeviceMesh mesh(dist::ParallelDims{}, dist::init_world());  // one process
+  ckpt::TrainState st;
+  for (st.step = 0; st.step < 3; ++st.step) o.step(0.01);  // a manifest's step is AdamW's step count
+  const fs::path ck = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, tiny(), 0);
+  const std::vector<float> saved = p.units[1].data.to_vector<float>();
+  for (; st.step < 5; ++st.step) o.step(0.01);
+  const fs::path other = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, tiny(), 0);
+  fs::create_symlink(ck / "shard_tp0_fsdp0.safetensors", d / "link.safetensors");
+  fs::create_symlink(ck, d / "ck_link");
+  const auto before = snapshot(d / "ck");
+  struct Case {
+    std::string from, out, expect;
+  };
+  const std::string in = "refused: it is inside the checkpoint ";
+  const std::vector<Case> cases = {
+      {ck.string(), (ck / "checkpoint.json").string(), in},                 // the manifest
+      {ck.string(), (ck / "shard_tp0_fsdp0.safetensors").string(), in},     // a shard
+      {ck.string(), (ck / "gpt2.safetensors").string(), in},                // a new file there
+      {ck.string(), (ck / "sub" / ".." / "checkpoint.json").string(), in},  // through ".."
+      {ck.string(), (d / "link.safetensors").string(), in},                 // a symlink to a shard
+      {(d / "ck_link").string(), (ck / "checkpoint.json").string(), in},    // the input via a symlink
+      {ck.string(), ck.string() + "/", "refused: it is the checkpoint directory "},  // the directory itself
+      {ck.string(), (other / "gpt2.safetensors").string(),
+       "refused: it is inside the checkpoint " + fs::canonical(other).string()},  // another checkpoint
+  };
+  for (const Case& c : cases) {
+    const std::string e = error_of([&] { ckpt::export_weights(c.from, c.out); });
+    EXPECT_NE(e.find(c.expect), std::string::npos) << c.out << ": " << e;
+    EXPECT_EQ(snapshot(d / "ck"), before) << c.out;
+  }
+  ckpt::verify_checkpoint(ck.string());  // still whole
+  // outside: written, and loads as GPT-2 weights
+  const fs::path out = d / "gpt2.safetensors";
+  ckpt::export_weights(ck.string(), out.string());
+  models::GPT g2(tiny());
+  nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
+  ckpt::load_weights(out.string(), g2, p2);
+  EXPECT_EQ(p2.units[1].data.to_vector<float>(), saved);
+  // a failed export leaves the previous file as it was and no temporary file: a damaged
+  // checkpoint fails before writing, a directory in the way fails at the rename
+  std::ofstream(d / "old.safetensors") << "previous";
+  const fs::path bad = d / "bad";
+  fs::copy(ck, bad);
+  fs::resize_file(bad / "shard_tp0_fsdp0.safetensors",
+                  fs::file_size(bad / "shard_tp0_fsdp0.safetensors") - 1);
+  EXPECT_NE(error_of([&] {
+              ckpt::export_weights(bad.string(), (d / "old.safetensors").string());
+            }).find("truncated"),
+            std::string::npos);
+  std::ifstream prev(d / "old.safetensors");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(prev), std::istreambuf_iterator<char>()), "previous");
+  fs::create_directories(d / "adir");
+  EXPECT_NE(error_of([&] { ckpt::export_weights(ck.string(), (d / "adir").string()); }).find("cannot move"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(d / "old.safetensors.tmp"));
+  EXPECT_FALSE(fs::exists(d / "adir.tmp"));
+  EXPECT_TRUE(fs::is_empty(d / "adir"));
+  // the program: one line, a non-zero exit, the checkpoint untouched
+  const ndt::testing::ShellResult r = ndt::testing::run_shell(
+      std::string(NDT_EXPORT_BIN) + " " + ck.string() + " " + (ck / "checkpoint.json").string());
+  EXPECT_EQ(r.rc, 1) << r.out;
+  EXPECT_EQ(
+      r.out.rfind("export_weights: error: export to " + (ck / "checkpoint.json").string() + " refused", 0),
+      0u)
+      << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_EQ(snapshot(d / "ck"), before);
 }

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -119,6 +120,45 @@ TEST(Plan, NeedsTheWorldForTheRestOfIt) {
   // a layout that does not fill the world is refused like the trainer refuses it
   r = shell(bin + " --plan --parallel.dp_shard_size 3 --plan.world 8");
   EXPECT_EQ(r.rc, 2) << r.out;
+}
+
+TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
+  // every size within its key's range, the products beyond int64: one line naming what
+  // overflowed, exit 2 -- never a wrapped count such as "= 0 ranks" or "0 tokens per step"
+  const std::string bin = std::string(NDT_TRAIN_GPT_BIN) + " --plan";
+  struct Case {
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      // 2^20 sequences x 2^20 accumulation x 2^40 data-parallel ranks
+      {" --train.micro_batch_size 1048576 --train.seq_len 1 --train.grad_accum_steps 1048576"
+       " --parallel.dp_replicate_size 1048576 --parallel.dp_shard_size 1048576",
+       "a count of the batch (train.micro_batch_size x grad_accum_steps x data-parallel ranks x seq_len)"},
+      // B NH T^2 attention probabilities of 2^61 elements in each of 1024 blocks
+      {" --model.n_layer 1024 --model.n_head 1024 --model.n_embd 65536 --model.block_size 1048576"
+       " --train.seq_len 1048576 --train.micro_batch_size 2048",
+       "a count of the activations of one micro-step"},
+      // 2^20 x 2^20 x 2^16 x 2^16 ranks
+      {" --parallel.dp_replicate_size 1048576 --parallel.dp_shard_size 1048576 --parallel.cp_size 65536"
+       " --parallel.tp_size 65536 --model.block_size 131072 --train.seq_len 131072"
+       " --train.micro_batch_size 1",
+       "the world, parallel.dp_replicate_size x dp_shard_size x cp_size x tp_size, does not fit in 64 bits"},
+      {" --plan.world 4611686018427387904 --parallel.dp_shard_size -1",
+       "plan.world = 4611686018427387904 is outside"},
+  };
+  for (const Case& c : cases) {
+    const Result r = shell(bin + c.args);
+    EXPECT_EQ(r.rc, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find("train_gpt: config error: "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
+  }
+  // the largest world --plan.world takes, with a batch that fits, plans
+  const Result r = shell(bin + " --json --plan.world 1099511627776 --parallel.dp_shard_size -1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["world"].get<int64_t>(), int64_t(1) << 40);
+  EXPECT_GT(j["batch"]["tokens"].get<int64_t>(), 0);
 }
 
 }  // namespace

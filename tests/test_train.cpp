@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "support/corpus.h"
+#include "support/testing.h"
 
 #include <filesystem>
 #include <fstream>
@@ -300,6 +301,30 @@ TEST(TrainGpt, BadInputFailsCleanlyAndLeavesCheckpointsAlone) {
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
     EXPECT_EQ(snapshot(d / "ckpt"), before) << c.expect;
   }
+}
+
+TEST(TrainGpt, AnOldCheckpointThatCannotBeDeletedIsAWarningAndTrainingGoesOn) {
+  // checkpoint.keep = 1 prunes at every save; the old step 2 cannot be deleted (a file with
+  // the immutable attribute): one warning naming it, every save succeeds, exit 0
+  fs::path d = make_data("prune");
+  const std::string ini = (d / "gpt.ini").string(), ck = (d / "ckpt").string();
+  ASSERT_EQ(run({"--config", ini, "--train.steps", "2", "--checkpoint.dir", ck}).rc, 0);
+  const fs::path stuck = d / "ckpt" / "step_00000002";
+  ndt::testing::Immutable pin(stuck / "model.safetensors");
+  if (!pin.error().empty()) GTEST_SKIP() << "cannot make a file immutable here (" << pin.error() << ")";
+  RunResult r = run({"--config", ini, "--checkpoint.dir", ck, "--checkpoint.resume", "true",
+                     "--checkpoint.every", "2", "--checkpoint.keep", "1"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  const std::string warning =
+      "warning: checkpoint.keep = 1: cannot delete the old checkpoint " + stuck.string();
+  size_t at = r.out.find(warning), warnings = 0;
+  for (size_t i = at; i != std::string::npos; i = r.out.find("warning: checkpoint.keep", i + 1)) ++warnings;
+  EXPECT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(warnings, 1u) << "once per path:\n" << r.out;
+  for (const char* s : {"step_00000004", "step_00000006", "step_00000008"})
+    EXPECT_NE(r.out.find(std::string("checkpoint: ") + (d / "ckpt" / s).string()), std::string::npos) << s;
+  EXPECT_EQ(ckpt::latest_checkpoint(ck).value_or(""), (d / "ckpt" / "step_00000008").string());
+  EXPECT_FALSE(fs::exists(d / "ckpt" / "step_00000006"));  // pruned as usual
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <set>
 #include <sstream>
 
@@ -67,8 +68,8 @@ void save_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
   w.write(path);
 }
 
-// Checks a weights file against the model (names, with or without "transformer."; the whole
-// shapes) and returns our name -> the file's name; lm_head (if present) in *lm_head.
+// Checks a weights file against the model (names, with or without "transformer." but not
+// both; the whole shapes) and returns our name -> the file's name; lm_head (if present) in *lm_head.
 static std::map<std::string, std::string> match_weights(const io::SafeTensorsReader& r,
                                                         const std::string& path, const models::GPT& gpt,
                                                         const nn::FlatParams& params,
@@ -82,7 +83,14 @@ static std::map<std::string, std::string> match_weights(const io::SafeTensorsRea
   for (auto& [fname, e] : r.entries()) {
     std::string n = fname.rfind(kPrefix, 0) == 0 ? fname.substr(std::string(kPrefix).size()) : fname;
     if (ignored_name(n)) continue;
+    // "X" and "transformer.X" are one parameter: a file holding both would load one of
+    // them and silently drop the other
+    auto duplicate = [&](const std::string& first) {
+      NDT_FAIL("weights ", path, ": holds both ", first, " and ", fname, ", which name the same parameter ",
+               n, " (with and without the \"", kPrefix, "\" prefix); keep one of them");
+    };
     if (n == "lm_head.weight") {
+      if (!lm_head.empty()) duplicate(lm_head);
       lm_head = fname;
       continue;
     }
@@ -90,7 +98,7 @@ static std::map<std::string, std::string> match_weights(const io::SafeTensorsRea
       extra.push_back(fname);
       continue;
     }
-    ours_to_file[n] = fname;
+    if (auto [it, fresh] = ours_to_file.emplace(n, fname); !fresh) duplicate(it->second);
   }
   std::vector<std::string> missing;
   for (const std::string& n : expected) {
@@ -265,14 +273,15 @@ TrainState read_state(const io::SafeTensorsReader& st, const std::string& path,
 }  // namespace
 
 std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
-                            const optim::AdamW& opt, const TrainState& state, int keep) {
+                            const optim::AdamW& opt, const TrainState& state, int keep, PruneLog* prune_log) {
   for (const nn::FlatUnit& u : params.units)
     NDT_CHECK(!u.sharded(), "save_checkpoint: unit ", u.name, " is sharded; pass its gathered Moments");
-  return save_checkpoint(dir, gpt, params, Moments{opt.m(), opt.v(), opt.steps_taken()}, state, keep);
+  return save_checkpoint(dir, gpt, params, Moments{opt.m(), opt.v(), opt.steps_taken()}, state, keep,
+                         prune_log);
 }
 
 std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
-                            const Moments& opt, const TrainState& state, int keep) {
+                            const Moments& opt, const TrainState& state, int keep, PruneLog* prune_log) {
   NDT_CHECK(opt.m.size() == params.units.size() && opt.v.size() == params.units.size(),
             "save_checkpoint: one m and one v per unit");
   char name[32];
@@ -304,11 +313,39 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
     m["files"][f] = {{"bytes", fs::file_size(fp)}, {"xxh64", io::hex64(io::file_xxh64(fp))}};
   }
   io::write_file_atomic((tmp_dir / kManifest).string(), m.dump(1) + "\n");
-  return publish_checkpoint(dir, name, tmp_dir.string(), keep);
+  return publish_checkpoint(dir, name, tmp_dir.string(), keep, prune_log);
 }
 
+namespace {
+
+// Deletes all but the newest `keep` step_* directories of dir (by step number: names sort
+// wrongly past 8 digits), never `current`. What cannot be deleted is a warning (PruneLog).
+void prune(const fs::path& dir, const fs::path& current, int keep, PruneLog* log) {
+  auto warn = [&](const fs::path& path, const std::error_code& ec) {
+    if (log && !log->reported.insert(path.string()).second) return;  // said once already
+    std::ostream& out = log && log->out ? *log->out : std::cerr;
+    out << "warning: checkpoint.keep = " << keep << ": cannot delete the old checkpoint " << path.string()
+        << " (" << ec.message() << "); it stays on disk and training goes on" << std::endl;
+  };
+  std::error_code ec;
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code kind;
+    if (auto n = step_of(it->path().filename().string()); n && it->is_directory(kind))
+      steps.push_back({*n, it->path()});
+  }
+  if (ec) return warn(dir, ec);
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; i + keep < steps.size(); ++i) {
+    if (steps[i].second == current) continue;
+    if (fs::remove_all(steps[i].second, ec); ec) warn(steps[i].second, ec);
+  }
+}
+
+}  // namespace
+
 std::string publish_checkpoint(const std::string& dir, const std::string& name, const std::string& tmp,
-                               int keep) {
+                               int keep, PruneLog* prune_log) {
   const fs::path tmp_dir(tmp), final_dir = fs::path(dir) / name;
   io::fsync_dir(tmp_dir.string());
   // Move into place; an existing directory of the same step is replaced only after the new one is complete.
@@ -320,15 +357,7 @@ std::string publish_checkpoint(const std::string& dir, const std::string& name, 
   io::fsync_dir(dir);
   io::write_file_atomic((fs::path(dir) / "latest").string(), std::string(name) + "\n");
   io::fsync_dir(dir);
-  if (keep > 0) {  // the newest `keep` by step number (names sort wrongly past 8 digits)
-    std::vector<std::pair<int64_t, fs::path>> steps;
-    for (auto& e : fs::directory_iterator(dir))
-      if (auto n = step_of(e.path().filename().string()); n && e.is_directory())
-        steps.push_back({*n, e.path()});
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + keep < steps.size(); ++i)
-      if (steps[i].second != final_dir) fs::remove_all(steps[i].second);
-  }
+  if (keep > 0) prune(dir, final_dir, keep, prune_log);
   return final_dir.string();
 }
 

@@ -2,7 +2,8 @@
 //
 // Weights: a safetensors file with HF GPT-2 names (wte.weight, wpe.weight,
 // h.{i}.ln_1.weight, h.{i}.attn.c_attn.weight [C, 3C] in Conv1D (in x out) layout, ...,
-// ln_f.bias), optionally under a "transformer." prefix, F32/BF16/F16. So a model can start
+// ln_f.bias), optionally under a "transformer." prefix (a file holding both X and
+// transformer.X is refused: one of them would be dropped), F32/BF16/F16. So a model can start
 // from GPT-2 weights downloaded from the Hub (docs/gpt2-weights.md), and our checkpoints
 // load there too. lm_head.weight, if present, must equal wte.weight (tied); attn.bias and
 // attn.masked_bias (causal-mask buffers) are ignored.
@@ -22,6 +23,8 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <ostream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,15 +54,28 @@ struct Moments {
   int64_t steps = 0;  // AdamW steps taken (bias correction)
 };
 
+// Pruning old checkpoints (keep > 0) never fails a save: the new checkpoint is complete and
+// `latest` names it before anything is deleted. An old checkpoint that cannot be deleted
+// stays on disk and is reported as one "warning: ..." line on *out, once per path
+// (`reported` remembers the paths from save to save). Without a log: std::cerr, every time.
+struct PruneLog {
+  explicit PruneLog(std::ostream* out = nullptr) : out(out) {}
+  std::ostream* out;
+  std::set<std::string> reported;
+};
+
 // Writes a complete checkpoint of step `state.step`; keeps the newest `keep` (0: all).
 // The parameters' values must be whole (gathered when sharded).
 std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
-                            const Moments& moments, const TrainState& state, int keep);
+                            const Moments& moments, const TrainState& state, int keep,
+                            PruneLog* prune_log = nullptr);
 std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params,
-                            const optim::AdamW& opt, const TrainState& state, int keep);  // unsharded
+                            const optim::AdamW& opt, const TrainState& state, int keep,
+                            PruneLog* prune_log = nullptr);  // unsharded
 // Moves the complete checkpoint directory `tmp` (written and fsynced) to <dir>/<name>, points
 // <dir>/latest at it, and keeps the newest `keep` checkpoints (0: all). Returns the path.
-std::string publish_checkpoint(const std::string& dir, const std::string& name, const std::string& tmp, int keep);
+std::string publish_checkpoint(const std::string& dir, const std::string& name, const std::string& tmp,
+                               int keep, PruneLog* prune_log = nullptr);
 // The directory named by <dir>/latest, or nullopt when there is none.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 // The step of a checkpoint directory name "step_<digits>", or nullopt.

@@ -330,6 +330,7 @@ void validate(const Config& c) {
                                                               std::to_string(v));
   };
   constexpr int64_t kBig = int64_t(1) << 40;
+  range("plan.world", c.plan_world, 0, kBig);
   need(c.plan || !c.data.train.empty(), "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
   range("model.n_layer", c.model.n_layer, 1, 1024);
   range("model.n_head", c.model.n_head, 1, 1024);

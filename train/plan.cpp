@@ -17,11 +17,32 @@
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "models/gpt.h"
 #include "nn/flat.h"
+#include "tensor/checked.h"
 
 namespace ndt::train {
 namespace {
 
 constexpr int64_t kF = 4;  // bytes of a float32
+
+// A count of elements or bytes whose every +, - and * is checked (tensor/checked.h): sizes
+// that do not fit int64 stop the plan with one config error instead of wrapping to
+// nonsense ("= 0 ranks", "0 tokens per step"). It converts from int64_t, so the formulas
+// below read as plain arithmetic; .v is the value.
+struct Count {
+  int64_t v = 0;
+  Count(int64_t x = 0) : v(x) {}  // implicit on purpose
+};
+Count operator+(Count a, Count b) { return checked_add(a.v, b.v, "count"); }
+Count operator*(Count a, Count b) { return checked_mul(a.v, b.v, "count"); }
+Count operator-(Count a, Count b) {
+  NDT_CHECK(a.v >= b.v, "internal: planned count ", a.v, " - ", b.v, " is negative");
+  return a.v - b.v;
+}
+Count operator/(Count a, Count b) { return a.v / b.v; }
+Count& operator+=(Count& a, Count b) { return a = a + b; }
+bool operator<(Count a, Count b) { return a.v < b.v; }
+bool operator>(Count a, Count b) { return a.v > b.v; }
+bool operator==(Count a, Count b) { return a.v == b.v; }
 
 // A communicator that has a size and a rank and nothing else: apply_tensor_parallel reads
 // them to split the described parameters; any collective would be a bug in the planner.
@@ -44,7 +65,7 @@ class ShapeOnlyComm : public dist::Communicator {
 };
 
 // Bytes an all-reduce of `bytes` sends on n ranks (MpiCommunicator::all_reduce's counter).
-int64_t all_reduce_bytes(int64_t bytes, int64_t n) { return n > 1 ? 2 * (n - 1) * bytes / n : 0; }
+Count all_reduce_bytes(Count bytes, Count n) { return n > 1 ? 2 * (n - 1) * bytes / n : 0; }
 
 std::string human(double b) {
   char s[32];
@@ -60,12 +81,12 @@ std::string human(double b) {
 // What one block keeps for backward, and the most it holds on top of the blocks before it
 // while its own backward runs (elements; the block's input belongs to the block before).
 struct BlockMem {
-  int64_t saved = 0;  // kept from its forward to its backward (its output included)
-  int64_t during_backward = 0;  // live while its backward runs, besides the earlier blocks
+  Count saved = 0;            // kept from its forward to its backward (its output included)
+  Count during_backward = 0;  // live while its backward runs, besides the earlier blocks
 };
 
 struct Dims {
-  int64_t B, Tl, N, C, Cl, H, NHl, Vl, cp;
+  Count B, Tl, N, C, Cl, H, NHl, Vl, cp;
 };
 
 // The attention core's saved tensors (autograd/ops/attention.cpp or, with cp > 1, the ring
@@ -78,16 +99,16 @@ struct Dims {
 //                (N Cl, shared), each pair's output and lse and each merge's (4 cp - 1
 //                halves of N Cl / 2; 4 cp lse of N NHl / 2); the probabilities are
 //                recomputed per pair in backward (one (Tl/2)^2 block at a time)
-int64_t core_saved(const Dims& d) {
+Count core_saved(const Dims& d) {
   if (d.cp == 1) return 4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl;
-  const int64_t pairs = 2 * d.cp + 1;
+  const Count pairs = 2 * d.cp + 1;
   return d.N * d.Cl + pairs * d.N * d.Cl + (4 * d.cp - 1) * d.N * d.Cl / 2 + 2 * d.cp * d.N * d.NHl;
 }
 // The attention backward's own tensors: dout, dv, dq, dk (4 N Cl) and ds (p's shape; with
 // the ring one score block of (Tl/2)^2 per pair, recomputed, plus the pair's p).
-int64_t core_backward(const Dims& d) {
+Count core_backward(const Dims& d) {
   if (d.cp == 1) return 4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl;
-  const int64_t Tc = d.Tl / 2;
+  const Count Tc = d.Tl / 2;
   return 4 * d.N * d.Cl + 2 * d.B * d.NHl * Tc * Tc;
 }
 
@@ -109,11 +130,11 @@ int64_t core_backward(const Dims& d) {
 // Full recomputes the block from its input inside backward: the saved set of `none`
 // comes back for the duration, plus the incoming gradient.
 BlockMem block_mem(const Dims& d, nn::ACMode mode) {
-  const int64_t N = d.N, C = d.C, Cl = d.Cl, H = d.H;
-  const int64_t mlp_part = N * C /*h*/ + 2 * N + N * C /*ln_2 out*/ + 2 * N * H;
-  const int64_t none_saved = N * C /*ln_1 out*/ + 2 * N + core_saved(d) + N * Cl + mlp_part + N * C;
-  auto mlp_moment = [&](int64_t saved) { return saved - N * C + N * C + N * H + H * C; };
-  auto attn_moment = [&](int64_t core_live) {
+  const Count N = d.N, C = d.C, Cl = d.Cl, H = d.H;
+  const Count mlp_part = N * C /*h*/ + 2 * N + N * C /*ln_2 out*/ + 2 * N * H;
+  const Count none_saved = N * C /*ln_1 out*/ + 2 * N + core_saved(d) + N * Cl + mlp_part + N * C;
+  auto mlp_moment = [&](Count saved) { return saved - N * C + N * C + N * H + H * C; };
+  auto attn_moment = [&](Count core_live) {
     return N * C + 2 * N + core_live + 2 * N * C + core_backward(d);
   };
   BlockMem m;
@@ -149,8 +170,213 @@ int64_t plan_world(const Config& c) {
     throw ConfigError(
         "--plan with parallel.dp_shard_size = -1 needs the world size: add --plan.world N (the number of "
         "ranks the job would have)");
-  return c.parallel.dp_replicate_size * c.parallel.dp_shard_size * c.parallel.cp_size * c.parallel.tp_size;
+  try {
+    return (Count(c.parallel.dp_replicate_size) * c.parallel.dp_shard_size * c.parallel.cp_size *
+            c.parallel.tp_size)
+        .v;
+  } catch (const Error& e) {
+    throw ConfigError(std::string("--plan: the world, parallel.dp_replicate_size x dp_shard_size x ") +
+                      "cp_size x tp_size, does not fit in 64 bits (" + e.what() +
+                      "); no job has that many ranks");
+  }
 }
+
+namespace {
+
+// Fills in the sizes, memory and communication of p, whose layout (p.dims) is resolved and
+// checked; `stage` names what is being computed, for the message when a count overflows.
+void plan_sizes(const Config& c, Plan& p, const char*& stage) {
+  const dist::ParallelDims& D = p.dims;
+  p.strategy = D.strategy();
+  const nn::ACMode ac = ac_mode(c.train);
+  p.ac = c.train.activation_checkpointing;
+  p.ac_every = c.train.ac_every;
+  const models::GPTConfig& mc = c.model;
+  p.n_layer = mc.n_layer;
+  p.n_head = mc.n_head;
+  p.n_embd = mc.n_embd;
+  p.padded_vocab = mc.padded_vocab();
+
+  // ---- the batch (Trainer::materialize): micro x accum x dp sequences
+  stage = "the batch (train.micro_batch_size x grad_accum_steps x data-parallel ranks x seq_len)";
+  p.micro_batch = c.train.micro_batch_size;
+  p.seq_len = c.train.seq_len;
+  p.local_seq = c.train.seq_len / D.cp;
+  p.accum = c.train.grad_accum_steps;
+  p.sequences = (Count(p.micro_batch) * p.accum * D.dp()).v;
+  p.tokens = (Count(p.sequences) * p.seq_len).v;
+
+  // ---- parameters: the described model, split as tensor parallelism splits it, laid out
+  // as FSDP shards it (rank 0 of each group; every rank holds the same sizes)
+  stage = "the parameters";
+  models::GPT gpt(mc);
+  Count params_global = 0;
+  for (const nn::ParamSpec& s : gpt.parameters()) params_global += numel_of(s.global_shape());
+  p.params_global = params_global.v;
+  ShapeOnlyComm tp(0, static_cast<int>(D.tp));
+  if (D.tp > 1) dist::apply_tensor_parallel(gpt, tp);
+  const std::vector<nn::FlatUnit> units = nn::plan(gpt.units(), nn::ShardSpec{0, D.fsdp()});
+  Count params_rank = 0, shard = 0, emb_full = 0, block_full = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    params_rank += units[i].param_count();
+    shard += units[i].shard_numel;
+    if (i == 0) emb_full = units[i].padded_numel;
+    else block_full = std::max(block_full, Count(units[i].padded_numel));
+  }
+  p.params_rank = params_rank.v;
+  p.param_bytes = (shard * kF).v;
+  p.grad_bytes = (shard * kF).v;
+  p.optim_bytes = (2 * shard * kF).v;  // AdamW's m and v (optim/adamw.cpp), shard-sized
+
+  // ---- activations of one micro-step (forward kept for backward)
+  stage = "the activations of one micro-step";
+  Dims d{p.micro_batch, p.local_seq, Count(p.micro_batch) * p.local_seq, mc.n_embd, mc.n_embd / D.tp,
+         4 * Count(mc.n_embd) / D.tp, mc.n_head / D.tp, mc.padded_vocab() / D.tp, D.cp};
+  const Count N = d.N, C = d.C, Vl = d.Vl;
+  // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
+  // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
+  // lookup keeps only the ids.
+  const Count emb_saved = N * C;
+  // FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
+  // embeddings and their gradient (gathered for the whole step), block i and block i-1
+  // (prefetched), block i's whole gradient and, but for the last block (the first whose
+  // backward runs), block i+1's, whose reduce-scatter is drained only when the next
+  // block's backward begins (so it may still be live; it is counted).
+  const bool sharded = D.sharded();
+  const int64_t L = mc.n_layer;
+  auto gathered_in_block = [&](int64_t i) -> Count {
+    if (!sharded) return 0;
+    return 2 * emb_full + block_full * (1 + (i > 0 ? 1 : 0)) + block_full * (1 + (i + 1 < L ? 1 : 0));
+  };
+  Count blocks_saved = 0, prefix = emb_saved, worst_block = 0, worst_block_gathered = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const BlockMem m = block_mem(d, block_mode(ac, c.train.ac_every, i));
+    if (prefix + m.during_backward + gathered_in_block(i) > worst_block + worst_block_gathered) {
+      worst_block = prefix + m.during_backward;
+      worst_block_gathered = gathered_in_block(i);
+    }
+    prefix += m.saved;
+    blocks_saved += m.saved;
+  }
+  p.block_activation_bytes = (block_mem(d, block_mode(ac, c.train.ac_every, 1 % mc.n_layer)).saved * kF).v;
+  // ln_f: mean, rstd (2N) and its output (N C, lm_head's input); the logits (N Vl) are kept
+  // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
+  const Count head_saved = 2 * N + N * C;
+  const Count logits = N * Vl;
+  const Count ce_saved = D.tp > 1 ? 3 * N : N;
+  p.activation_bytes = ((emb_saved + blocks_saved + head_saved) * kF).v;
+  p.logits_bytes = (logits * kF).v;
+  // dlogits (N Vl): with TP the vocabulary-parallel loss allocates it in backward; otherwise
+  // the fused classifier (cross_entropy_fused) writes it over the logits in the forward
+  const Count dlogits = D.tp > 1 ? logits : 0;
+  p.loss_temp_bytes = ((dlogits + ce_saved) * kF).v;  // and the kept statistics
+  // the batch (inputs and targets, B T i32 each; with CP this rank's copy too) and positions
+  p.other_bytes = ((2 * Count(p.micro_batch) * p.seq_len + (D.cp > 1 ? 2 * N : 0) + N) * 4).v;
+
+  // at the end of forward the embeddings (and their gradient) and the last block are whole
+  const Count g_fwd_end = sharded ? 2 * emb_full + block_full : 0;
+  p.gathered_max_bytes = sharded ? ((2 * emb_full + 4 * block_full) * kF).v : 0;
+
+  // ---- the moments at which memory peaks
+  stage = "the peak memory";
+  const Count persistent = Count(p.param_bytes) + p.grad_bytes + p.optim_bytes + p.other_bytes;
+  auto add = [&](const std::string& name, Count acts, Count gathered, Count transient) {
+    PlanMoment m{name, (acts * kF).v, (gathered * kF).v, (transient * kF).v, 0};
+    m.total = (persistent + m.activations + m.gathered + m.transient).v;
+    p.moments.push_back(m);
+  };
+  const Count all_saved = emb_saved + blocks_saved + head_saved + logits + ce_saved;
+  // the loss's backward: every activation, the logits and their gradient
+  add("loss backward (logits and dlogits)", all_saved, g_fwd_end, dlogits);
+  // lm_head's backward: dx (N C) and dwte (Vl C); with TP the logits are released and
+  // dlogits takes their place, without it dlogits is the logits' memory
+  add("lm_head backward", all_saved, g_fwd_end, N * C + Vl * C);
+  // the blocks' backward, the worst block (earlier blocks' activations still kept)
+  add("block backward", worst_block, worst_block_gathered, 0);
+  auto top = std::max_element(p.moments.begin(), p.moments.end(),
+                              [](const PlanMoment& a, const PlanMoment& b) { return a.total < b.total; });
+  p.peak_bytes = top->total;
+  p.peak_at = top->name;
+  p.gathered_bytes = top->gathered;
+
+  // ---- communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp)
+  stage = "the communication per step";
+  const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate, t = D.tp, cp = D.cp;
+  auto comm = [&](const std::string& dim, const std::string& what, const std::string& formula, Count b) {
+    if (b > 0) p.comm.push_back({dim, what, formula, b.v});
+  };
+  if (sharded) {
+    Count blocks_full_bytes = 0, blocks_but_last = 0;
+    for (size_t i = 1; i < units.size(); ++i) {
+      blocks_full_bytes += units[i].padded_numel * kF;
+      if (i + 1 < units.size()) blocks_but_last += units[i].padded_numel * kF;
+    }
+    const Count emb_bytes = emb_full * kF;
+    comm("fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb", (n - 1) * (emb_bytes / n));
+    comm("fsdp", "all-gather of every block (forward, each micro-step)", "accum (n-1)/n sum P_block",
+         A * (n - 1) * (blocks_full_bytes / n) / 1);
+    comm("fsdp", "all-gather of every block but the last (backward)", "accum (n-1)/n sum P_block[<L]",
+         A * (n - 1) * (blocks_but_last / n));
+    comm("fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block",
+         A * (n - 1) * (blocks_full_bytes / n));
+    comm("fsdp", "reduce-scatter of the embeddings' gradient (last micro-step)", "(n-1)/n P_emb",
+         (n - 1) * (emb_bytes / n));
+    if (r > 1) {
+      Count b = 0;
+      for (const nn::FlatUnit& u : units) b += all_reduce_bytes(Count(u.shard_numel) * kF, r);
+      comm("replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
+    }
+  } else if (r > 1) {
+    Count b = 0;
+    for (const nn::FlatUnit& u : units) b += all_reduce_bytes(Count(u.shard_numel) * kF, r);
+    comm("replicate", "DP all-reduce of every gradient buffer (last micro-step)", "2 (r-1)/r sum P", b);
+  }
+  // recomputed blocks run their forward communication again in backward
+  int64_t full_blocks = 0, recomputed_cores = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const nn::ACMode m = block_mode(ac, c.train.ac_every, i);
+    if (m == nn::ACMode::full) ++full_blocks;
+    if (m != nn::ACMode::none) ++recomputed_cores;
+  }
+  if (t > 1) {
+    const Count x = N * C * kF;
+    comm("tp", "g: all-reduce after each attention and MLP, and the embedding (forward)",
+         "accum (2L+1) 2 (t-1)/t N C f", A * (2 * L + 1) * all_reduce_bytes(x, t));
+    if (full_blocks)
+      comm("tp", "g again in the blocks full checkpointing recomputes", "accum 2 L_full 2 (t-1)/t N C f",
+           A * 2 * full_blocks * all_reduce_bytes(x, t));
+    comm("tp", "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)",
+         "accum (2L+1) 2 (t-1)/t N C f", A * (2 * L + 1) * all_reduce_bytes(x, t));
+    comm("tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
+         "accum 3 2 (t-1)/t N f", A * 3 * all_reduce_bytes(N * kF, t));
+  }
+  if (cp > 1) {
+    const Count block = 2 * N * d.Cl * kF;  // K and V of this rank's two chunks
+    comm("cp", "ring: K/V blocks forward and their gradients back, every block", "accum L 2 (cp-1) 2 N Cl f",
+         A * L * 2 * (cp - 1) * block);
+    if (recomputed_cores)
+      comm("cp", "ring again in the attention that checkpointing recomputes", "accum L_ac (cp-1) 2 N Cl f",
+           A * recomputed_cores * (cp - 1) * block);
+  }
+  // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp ranks, the
+  // gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group
+  Count scalars = all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, t);
+  if (sharded) scalars += all_reduce_bytes(8, n);
+  comm("scalars", "loss mean and gradient norm", "2 (k-1)/k 8 per group", scalars);
+  Count comm_bytes = 0;
+  for (const PlanComm& x : p.comm) comm_bytes += x.bytes;
+  p.comm_bytes = comm_bytes.v;
+
+  // ---- notes
+  if (D.tp > 1 && mc.n_head % D.tp) p.notes.push_back("n_head does not divide by tp");
+  if (ac != nn::ACMode::none && c.train.ac_every > 1)
+    p.notes.push_back("activation checkpointing on blocks 0, " + std::to_string(c.train.ac_every) + ", " +
+                      std::to_string(2 * c.train.ac_every) + ", ...; the others keep everything");
+  if (D.cp > 1)
+    p.notes.push_back("context parallelism: the numbers are rank 0's, which keeps the most ring blocks");
+}
+
+}  // namespace
 
 Plan plan(const Config& c, int64_t world) {
   if (c.train.dtype != "float32")
@@ -170,184 +396,13 @@ Plan plan(const Config& c, int64_t world) {
   } catch (const Error& e) {
     throw ConfigError(e.what());
   }
-  const dist::ParallelDims& D = p.dims;
-  p.strategy = D.strategy();
-  const nn::ACMode ac = ac_mode(c.train);
-  p.ac = c.train.activation_checkpointing;
-  p.ac_every = c.train.ac_every;
-  const models::GPTConfig& mc = c.model;
-  p.n_layer = mc.n_layer;
-  p.n_head = mc.n_head;
-  p.n_embd = mc.n_embd;
-  p.padded_vocab = mc.padded_vocab();
-
-  // ---- the batch (Trainer::materialize): micro x accum x dp sequences
-  p.micro_batch = c.train.micro_batch_size;
-  p.seq_len = c.train.seq_len;
-  p.local_seq = c.train.seq_len / D.cp;
-  p.accum = c.train.grad_accum_steps;
-  p.sequences = p.micro_batch * p.accum * D.dp();
-  p.tokens = p.sequences * p.seq_len;
-
-  // ---- parameters: the described model, split as tensor parallelism splits it, laid out
-  // as FSDP shards it (rank 0 of each group; every rank holds the same sizes)
-  models::GPT gpt(mc);
-  for (const nn::ParamSpec& s : gpt.parameters()) p.params_global += numel_of(s.global_shape());
-  ShapeOnlyComm tp(0, static_cast<int>(D.tp));
-  if (D.tp > 1) dist::apply_tensor_parallel(gpt, tp);
-  const std::vector<nn::FlatUnit> units = nn::plan(gpt.units(), nn::ShardSpec{0, D.fsdp()});
-  int64_t shard = 0, emb_full = 0, block_full = 0;
-  for (size_t i = 0; i < units.size(); ++i) {
-    p.params_rank += units[i].param_count();
-    shard += units[i].shard_numel;
-    if (i == 0) emb_full = units[i].padded_numel;
-    else block_full = std::max(block_full, units[i].padded_numel);
+  const char* stage = "the plan";
+  try {
+    plan_sizes(c, p, stage);
+  } catch (const Error& e) {
+    throw ConfigError(std::string("--plan: a count of ") + stage + " does not fit in 64 bits (" + e.what() +
+                      "); no machine holds such a run: lower the model's or the batch's sizes or the world");
   }
-  p.param_bytes = shard * kF;
-  p.grad_bytes = shard * kF;
-  p.optim_bytes = 2 * shard * kF;  // AdamW's m and v (optim/adamw.cpp), shard-sized
-
-  // ---- activations of one micro-step (forward kept for backward)
-  Dims d{p.micro_batch, p.local_seq, p.micro_batch * p.local_seq, mc.n_embd, mc.n_embd / D.tp,
-         4 * mc.n_embd / D.tp, mc.n_head / D.tp, mc.padded_vocab() / D.tp, D.cp};
-  const int64_t N = d.N, C = d.C, Vl = d.Vl;
-  // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
-  // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
-  // lookup keeps only the ids.
-  const int64_t emb_saved = N * C;
-  // FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
-  // embeddings and their gradient (gathered for the whole step), block i and block i-1
-  // (prefetched), block i's whole gradient and, but for the last block (the first whose
-  // backward runs), block i+1's, whose reduce-scatter is drained only when the next
-  // block's backward begins (so it may still be live; it is counted).
-  const bool sharded = D.sharded();
-  const int64_t L = mc.n_layer;
-  auto gathered_in_block = [&](int64_t i) -> int64_t {
-    if (!sharded) return 0;
-    return 2 * emb_full + block_full * (1 + (i > 0 ? 1 : 0)) + block_full * (1 + (i + 1 < L ? 1 : 0));
-  };
-  int64_t blocks_saved = 0, prefix = emb_saved, worst_block = 0, worst_block_gathered = 0;
-  for (int64_t i = 0; i < L; ++i) {
-    const BlockMem m = block_mem(d, block_mode(ac, c.train.ac_every, i));
-    if (prefix + m.during_backward + gathered_in_block(i) > worst_block + worst_block_gathered) {
-      worst_block = prefix + m.during_backward;
-      worst_block_gathered = gathered_in_block(i);
-    }
-    prefix += m.saved;
-    blocks_saved += m.saved;
-  }
-  p.block_activation_bytes = block_mem(d, block_mode(ac, c.train.ac_every, 1 % mc.n_layer)).saved * kF;
-  // ln_f: mean, rstd (2N) and its output (N C, lm_head's input); the logits (N Vl) are kept
-  // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
-  const int64_t head_saved = 2 * N + N * C;
-  const int64_t logits = N * Vl;
-  const int64_t ce_saved = D.tp > 1 ? 3 * N : N;
-  p.activation_bytes = (emb_saved + blocks_saved + head_saved) * kF;
-  p.logits_bytes = logits * kF;
-  // dlogits (N Vl): with TP the vocabulary-parallel loss allocates it in backward; otherwise
-  // the fused classifier (cross_entropy_fused) writes it over the logits in the forward
-  const int64_t dlogits = D.tp > 1 ? logits : 0;
-  p.loss_temp_bytes = (dlogits + ce_saved) * kF;  // and the kept statistics
-  // the batch (inputs and targets, B T i32 each; with CP this rank's copy too) and positions
-  p.other_bytes = (2 * p.micro_batch * p.seq_len + (D.cp > 1 ? 2 * N : 0) + N) * 4;
-
-  // at the end of forward the embeddings (and their gradient) and the last block are whole
-  const int64_t g_fwd_end = sharded ? 2 * emb_full + block_full : 0;
-  p.gathered_max_bytes = sharded ? (2 * emb_full + 4 * block_full) * kF : 0;
-
-  // ---- the moments at which memory peaks
-  const int64_t persistent = p.param_bytes + p.grad_bytes + p.optim_bytes + p.other_bytes;
-  auto add = [&](const std::string& name, int64_t acts, int64_t gathered, int64_t transient) {
-    PlanMoment m{name, acts * kF, gathered * kF, transient * kF, 0};
-    m.total = persistent + m.activations + m.gathered + m.transient;
-    p.moments.push_back(m);
-  };
-  const int64_t all_saved = emb_saved + blocks_saved + head_saved + logits + ce_saved;
-  // the loss's backward: every activation, the logits and their gradient
-  add("loss backward (logits and dlogits)", all_saved, g_fwd_end, dlogits);
-  // lm_head's backward: dx (N C) and dwte (Vl C); with TP the logits are released and
-  // dlogits takes their place, without it dlogits is the logits' memory
-  add("lm_head backward", all_saved, g_fwd_end, N * C + Vl * C);
-  // the blocks' backward, the worst block (earlier blocks' activations still kept)
-  add("block backward", worst_block, worst_block_gathered, 0);
-  auto top = std::max_element(p.moments.begin(), p.moments.end(),
-                              [](const PlanMoment& a, const PlanMoment& b) { return a.total < b.total; });
-  p.peak_bytes = top->total;
-  p.peak_at = top->name;
-  p.gathered_bytes = top->gathered;
-
-  // ---- communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp)
-  const int64_t A = p.accum, n = D.fsdp(), r = D.dp_replicate, t = D.tp, cp = D.cp;
-  auto comm = [&](const std::string& dim, const std::string& what, const std::string& formula, int64_t b) {
-    if (b > 0) p.comm.push_back({dim, what, formula, b});
-  };
-  if (sharded) {
-    int64_t blocks_full_bytes = 0, blocks_but_last = 0;
-    for (size_t i = 1; i < units.size(); ++i) {
-      blocks_full_bytes += units[i].padded_numel * kF;
-      if (i + 1 < units.size()) blocks_but_last += units[i].padded_numel * kF;
-    }
-    const int64_t emb_bytes = emb_full * kF;
-    comm("fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb", (n - 1) * (emb_bytes / n));
-    comm("fsdp", "all-gather of every block (forward, each micro-step)", "accum (n-1)/n sum P_block",
-         A * (n - 1) * (blocks_full_bytes / n) / 1);
-    comm("fsdp", "all-gather of every block but the last (backward)", "accum (n-1)/n sum P_block[<L]",
-         A * (n - 1) * (blocks_but_last / n));
-    comm("fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block",
-         A * (n - 1) * (blocks_full_bytes / n));
-    comm("fsdp", "reduce-scatter of the embeddings' gradient (last micro-step)", "(n-1)/n P_emb",
-         (n - 1) * (emb_bytes / n));
-    if (r > 1) {
-      int64_t b = 0;
-      for (const nn::FlatUnit& u : units) b += all_reduce_bytes(u.shard_numel * kF, r);
-      comm("replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
-    }
-  } else if (r > 1) {
-    int64_t b = 0;
-    for (const nn::FlatUnit& u : units) b += all_reduce_bytes(u.shard_numel * kF, r);
-    comm("replicate", "DP all-reduce of every gradient buffer (last micro-step)", "2 (r-1)/r sum P", b);
-  }
-  // recomputed blocks run their forward communication again in backward
-  int64_t full_blocks = 0, recomputed_cores = 0;
-  for (int64_t i = 0; i < L; ++i) {
-    const nn::ACMode m = block_mode(ac, c.train.ac_every, i);
-    if (m == nn::ACMode::full) ++full_blocks;
-    if (m != nn::ACMode::none) ++recomputed_cores;
-  }
-  if (t > 1) {
-    const int64_t x = N * C * kF;
-    comm("tp", "g: all-reduce after each attention and MLP, and the embedding (forward)",
-         "accum (2L+1) 2 (t-1)/t N C f", A * (2 * L + 1) * all_reduce_bytes(x, t));
-    if (full_blocks)
-      comm("tp", "g again in the blocks full checkpointing recomputes", "accum 2 L_full 2 (t-1)/t N C f",
-           A * 2 * full_blocks * all_reduce_bytes(x, t));
-    comm("tp", "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)",
-         "accum (2L+1) 2 (t-1)/t N C f", A * (2 * L + 1) * all_reduce_bytes(x, t));
-    comm("tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
-         "accum 3 2 (t-1)/t N f", A * 3 * all_reduce_bytes(N * kF, t));
-  }
-  if (cp > 1) {
-    const int64_t block = 2 * N * d.Cl * kF;  // K and V of this rank's two chunks
-    comm("cp", "ring: K/V blocks forward and their gradients back, every block", "accum L 2 (cp-1) 2 N Cl f",
-         A * L * 2 * (cp - 1) * block);
-    if (recomputed_cores)
-      comm("cp", "ring again in the attention that checkpointing recomputes", "accum L_ac (cp-1) 2 N Cl f",
-           A * recomputed_cores * (cp - 1) * block);
-  }
-  // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp ranks, the
-  // gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group
-  int64_t scalars = all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, t);
-  if (sharded) scalars += all_reduce_bytes(8, n);
-  comm("scalars", "loss mean and gradient norm", "2 (k-1)/k 8 per group", scalars);
-  for (const PlanComm& x : p.comm) p.comm_bytes += x.bytes;
-
-  // ---- notes
-  if (D.tp > 1 && mc.n_head % D.tp) p.notes.push_back("n_head does not divide by tp");
-  if (ac != nn::ACMode::none && c.train.ac_every > 1)
-    p.notes.push_back("activation checkpointing on blocks 0, " + std::to_string(c.train.ac_every) + ", " +
-                      std::to_string(2 * c.train.ac_every) + ", ...; the others keep everything");
-  if (D.cp > 1)
-    p.notes.push_back("context parallelism: the numbers are rank 0's, which keeps the most ring blocks");
   return p;
 }
 

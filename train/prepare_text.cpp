@@ -48,8 +48,8 @@ int main(int argc, char** argv) {
     if (!(val_fraction > 0 && val_fraction < 1)) throw po::error("--val_fraction must be in (0, 1)");
     if (shard_tokens < 1 || shard_tokens >= (int64_t(1) << 31))
       throw po::error("--shard_tokens must be in [1, 2^31)");
-  } catch (const po::error& e) {
-    std::cerr << "prepare_text: " << e.what() << " (see --help)\n";
+  } catch (const std::exception& e) {  // boost's po::error and its value conversions
+    std::cerr << "prepare_text: error: " << e.what() << " (see --help)\n";
     return 2;
   }
   try {

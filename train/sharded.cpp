@@ -55,7 +55,7 @@ bool finite_shards(const nn::FlatParams& params) {
 
 std::string save_sharded(const std::string& dir, const TrainState& state, const nn::FlatParams& params,
                          const optim::AdamW& opt, const dist::DeviceMesh& mesh, const models::GPTConfig& cfg,
-                         int keep) {
+                         int keep, PruneLog* prune_log) {
   dist::Communicator& world = mesh.world();
   char name[32];
   std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(state.step));
@@ -130,7 +130,7 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
     }
     m[kSeal] = manifest_xxh64(m);                                         // over everything above
     io::write_file_atomic((tmp / kManifest).string(), m.dump(1) + "\n");  // last: the directory is complete
-    where = publish_checkpoint(dir, name, tmp.string(), keep);
+    where = publish_checkpoint(dir, name, tmp.string(), keep, prune_log);
   }
   world.barrier();  // nobody goes on (or writes again) before the checkpoint is in place
   return where;
@@ -445,7 +445,40 @@ void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg,
   read_kind(w, cfg, params, "data", data_of(params));
 }
 
+namespace {
+
+// Refuses an output that would write over a checkpoint: the checkpoint directory being read
+// or anything inside it (a shard, checkpoint.json, a new file), or a file inside any other
+// checkpoint directory (one holding checkpoint.json), also when reached through symlinks or
+// "..". The writer's temporary file (out.tmp, files.h) is checked too.
+void check_export_target(const std::string& path, const std::string& out) {
+  NDT_CHECK(!out.empty() && !path.empty(),
+            "export of weights: the checkpoint and the output must be non-empty paths");
+  auto resolved = [](const std::string& p) {
+    std::error_code ec;
+    const fs::path a = fs::absolute(p, ec);
+    fs::path r = fs::weakly_canonical(a, ec);
+    if (ec) r = a.lexically_normal();
+    return r.has_filename() ? r : r.parent_path();  // "dir/" names dir
+  };
+  const fs::path ckpt = resolved(path);
+  for (const std::string& target : {out, out + ".tmp"}) {
+    const fs::path o = resolved(target);
+    const bool inside = std::mismatch(ckpt.begin(), ckpt.end(), o.begin(), o.end()).first == ckpt.end();
+    NDT_CHECK(!inside, "export to ", target, " refused: it is ",
+              o == ckpt ? "the checkpoint directory " : "inside the checkpoint ", path,
+              " being read and would write over it; write the file outside the checkpoint");
+  }
+  std::error_code ec;
+  for (fs::path d = resolved(out).parent_path(); d.has_relative_path(); d = d.parent_path())
+    NDT_CHECK(!fs::exists(d / kManifest, ec), "export to ", out, " refused: it is inside the checkpoint ",
+              d.string(), " and would change it; write the file outside every checkpoint directory");
+}
+
+}  // namespace
+
 void export_weights(const std::string& path, const std::string& out) {
+  check_export_target(path, out);  // before anything is read or written
   NDT_CHECK(is_sharded(path) || !fs::exists(fs::path(path) / kManifest), "checkpoint ", path,
             " is not sharded: its model.safetensors is already one file with GPT-2 names");
   const Manifest m = read_manifest(path);

@@ -38,10 +38,11 @@
 
 namespace ndt::ckpt {
 
-// Collective over the mesh's world. Throws (on every rank) if any rank failed to write.
+// Collective over the mesh's world. Throws (on every rank) if any rank failed to write;
+// pruning old checkpoints (rank 0) warns through prune_log instead (checkpoint.h).
 std::string save_sharded(const std::string& dir, const TrainState& state, const nn::FlatParams& params,
                          const optim::AdamW& opt, const dist::DeviceMesh& mesh, const models::GPTConfig& cfg,
-                         int keep);
+                         int keep, PruneLog* prune_log = nullptr);
 // True when the checkpoint directory holds a sharded checkpoint.
 bool is_sharded(const std::string& path);
 // Reads this rank's shards of the parameters and AdamW moments (params and opt describe this

@@ -156,6 +156,7 @@ class Trainer {
   NullBuffer null_buf_;
   std::ostream null_out_{&null_buf_};
   std::ostream& out_;
+  ckpt::PruneLog prune_log_{&out_};  // old checkpoints that checkpoint.keep could not delete
   Device device_;
   dist::ParallelDims dims_;
   std::unique_ptr<dist::DeviceMesh> mesh_;
@@ -515,7 +516,7 @@ void Trainer::save(int64_t step) {
   st.extra["window_tokens"] = std::to_string(c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len);
   st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
   if (c_.checkpoint.format == "sharded") {  // every rank writes its own shards, nobody gathers
-    const std::string where = ckpt::save_sharded(c_.checkpoint.dir, st, params_, *opt_, *mesh_, mc_, c_.checkpoint.keep);
+    const std::string where = ckpt::save_sharded(c_.checkpoint.dir, st, params_, *opt_, *mesh_, mc_, c_.checkpoint.keep, &prune_log_);
     saved_step_ = step;
     out_ << "checkpoint: " << where << " (sharded)" << std::endl;
     return;
@@ -527,7 +528,7 @@ void Trainer::save(int64_t step) {
   if (lead()) {
     try {
       where =
-          ckpt::save_checkpoint(c_.checkpoint.dir, *w->gpt, w->params, w->moments, st, c_.checkpoint.keep);
+          ckpt::save_checkpoint(c_.checkpoint.dir, *w->gpt, w->params, w->moments, st, c_.checkpoint.keep, &prune_log_);
     } catch (const std::exception& e) {
       error = e.what();
     }

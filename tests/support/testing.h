@@ -1,9 +1,14 @@
 // Small helpers shared by the test files.
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -35,5 +40,39 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
   fs::create_directories(p);
   return p;
 }
+
+// The immutable attribute (chattr +i) on a file for the guard's lifetime: not even root can
+// delete it, so the directory holding it cannot be removed either -- a real failing delete.
+// error() says why the attribute could not be set (a filesystem without it, no
+// CAP_LINUX_IMMUTABLE); tests skip then.
+class Immutable {
+ public:
+  explicit Immutable(std::filesystem::path path) : path_(std::move(path)) { error_ = set(true); }
+  ~Immutable() {
+    if (error_.empty()) set(false);
+  }
+  Immutable(const Immutable&) = delete;
+  Immutable& operator=(const Immutable&) = delete;
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string set(bool on) const {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return "open " + path_.string() + ": " + std::strerror(errno);
+    int flags = 0;
+    std::string err;
+    if (::ioctl(fd, FS_IOC_GETFLAGS, &flags) != 0) {
+      err = std::string("FS_IOC_GETFLAGS: ") + std::strerror(errno);
+    } else {
+      flags = on ? flags | FS_IMMUTABLE_FL : flags & ~FS_IMMUTABLE_FL;
+      if (::ioctl(fd, FS_IOC_SETFLAGS, &flags) != 0)
+        err = std::string("FS_IOC_SETFLAGS: ") + std::strerror(errno);
+    }
+    ::close(fd);
+    return err;
+  }
+  std::filesystem::path path_;
+  std::string error_;
+};
 
 }  // namespace ndt::testing

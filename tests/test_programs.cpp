@@ -1,0 +1,89 @@
+// Every program the build makes (the list comes from CMakeLists.txt: train_gpt,
+// prepare_text, export_weights, the examples and, when built, the benchmarks): --help and -h
+// print its usage and exit 0; a bad argument is one line on stderr, "<program>: ...error...",
+// and a non-zero exit -- never "terminate called after throwing" (an uncaught exception).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "support/corpus.h"
+
+namespace {
+
+using Result = ndt::testing::ShellResult;
+
+// name -> path, from NDT_PROGRAMS ("name=path|name=path|...")
+std::map<std::string, std::string> programs() {
+  std::map<std::string, std::string> m;
+  const std::string all = NDT_PROGRAMS;
+  for (size_t at = 0; at <= all.size();) {
+    const size_t end = std::min(all.find('|', at), all.size());
+    const std::string item = all.substr(at, end - at);
+    const size_t eq = item.find('=');
+    if (eq != std::string::npos) m[item.substr(0, eq)] = item.substr(eq + 1);
+    at = end + 1;
+  }
+  return m;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Run without the BLAS re-exec (tensor/threads.h) and on one thread: only the arguments matter.
+Result run(const std::string& path, const std::string& args) {
+  return ndt::testing::run_shell("NDT_NO_BLAS_REEXEC=1 OMP_NUM_THREADS=1 " + path + " " + args +
+                                 " </dev/null");
+}
+
+}  // namespace
+
+TEST(Programs, TheListHasEveryProgram) {
+  const auto p = programs();
+  for (const char* name : {"train_gpt", "prepare_text", "export_weights", "engine_example", "engine_demo"})
+    EXPECT_EQ(p.count(name), 1u) << name << " missing from NDT_PROGRAMS: " << NDT_PROGRAMS;
+}
+
+TEST(Programs, HelpPrintsTheUsageAndExitsZero) {
+  for (const auto& [name, path] : programs())
+    for (const char* flag : {"--help", "-h"}) {
+      const Result r = run(path, flag);
+      EXPECT_EQ(r.rc, 0) << name << " " << flag << "\n" << r.out;
+      EXPECT_NE(lower(r.out).find("usage"), std::string::npos) << name << " " << flag << "\n" << r.out;
+      EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << name << "\n" << r.out;
+    }
+}
+
+TEST(Programs, ABadArgumentIsOneLineAndANonZeroExit) {
+  std::map<std::string, std::vector<std::string>> bad;
+  for (const auto& [name, path] : programs()) bad[name] = {"--no-such-option"};
+  // the arguments each program parses itself
+  const std::map<std::string, std::vector<std::string>> more = {
+      {"bench_gpt_train",
+       {"--batch x", "--steps", "XL", "S 2x", "S 0 nodevice", "S 0 cpu half", "S 0 cpu none extra"}},
+      {"engine_demo", {"--steps x", "--lr", "--batch 0"}},
+      {"export_weights", {"only_one_argument", "a b c"}},
+      {"prepare_text", {"--out /nonexistent --vocab word file.txt", "--val_fraction x"}},
+      {"train_gpt", {"--train.steps x", "stray.ini"}},
+      {"engine_example", {"extra"}},
+      {"bench_cpu_ops", {"extra"}},
+      {"bench_gpu_ops", {"extra"}},
+  };
+  for (const auto& [name, args] : more)
+    if (bad.count(name)) bad[name].insert(bad[name].end(), args.begin(), args.end());
+  for (const auto& [name, path] : programs())
+    for (const std::string& args : bad[name]) {
+      const Result r = run(path, args);
+      const std::string what = name + " " + args + "\n" + r.out;
+      EXPECT_NE(r.rc, 0) << what;
+      EXPECT_LT(r.rc, 128) << "killed by a signal: " << what;
+      EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << what;
+      EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << what;
+      EXPECT_EQ(r.out.rfind(name + ": ", 0), 0u) << "starts with the program's name: " << what;
+      EXPECT_NE(r.out.find("error"), std::string::npos) << what;
+    }
+}
