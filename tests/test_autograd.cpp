@@ -5,6 +5,8 @@
 
 #include "support/testing.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -52,6 +54,59 @@ void expect_near(const Tensor& a, const Tensor& b, double tol, const std::string
 }
 
 }  // namespace
+
+// ---- mixed precision: the loss and backward's seed stay f32 --------------------------------
+
+TEST(MixedPrecision, ABfloat16LossAndItsAccumulationScaleAreFloat32) {
+  // bf16 logits (N, V): the loss is f32, as accurate as f32 allows from those logits; 1/3
+  // (gradient accumulation 3) scales it in f32, and the logits' gradient carries exactly
+  // 1/3, not bf16's 0.333984 (+0.195% on every gradient, and on the clip norm)
+  const int64_t N = 64, V = 50;
+  std::vector<int32_t> tg(N);
+  for (int64_t i = 0; i < N; ++i) tg[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + 11) % V);
+  const Tensor targets = Tensor::from_vector(tg, {N});
+  for (const bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "cross_entropy_fused" : "cross_entropy");
+    Tensor leaf = randn({N, V}, DType::bf16, Device::cpu(), 5, 0.0f, 2.0f).set_requires_grad(true);
+    Tensor logits = scale(leaf, 1.0);  // fused: an intermediate result, as GPT's lm_head output
+    Tensor loss = fused ? cross_entropy_fused(logits, targets) : cross_entropy(logits, targets);
+    EXPECT_EQ(loss.dtype(), DType::f32);
+    // float64 reference from the same bf16 values
+    const std::vector<double> x = leaf.to_vector<double>();
+    std::vector<double> dref(static_cast<size_t>(N * V));
+    double ref = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      const double* row = &x[static_cast<size_t>(i * V)];
+      double mx = row[0], sum = 0;
+      for (int64_t j = 0; j < V; ++j) mx = std::max(mx, row[j]);
+      for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
+      ref += (std::log(sum) + mx - row[tg[static_cast<size_t>(i)]]) / static_cast<double>(N);
+      for (int64_t j = 0; j < V; ++j)
+        dref[static_cast<size_t>(i * V + j)] =
+            (std::exp(row[j] - mx) / sum - (j == tg[static_cast<size_t>(i)] ? 1.0 : 0.0)) / (3.0 * N);
+    }
+    EXPECT_NEAR(loss.item(), ref, 1e-6 * ref);
+    Tensor scaled = scale(loss, 1.0 / 3.0);
+    EXPECT_EQ(scaled.dtype(), DType::f32);
+    EXPECT_NEAR(scaled.item(), ref / 3.0, 1e-6 * ref);
+    backward(scaled);
+    // each bf16 gradient is its exact value rounded (relative error up to 2^-9, no bias;
+    // fused: rounded twice, as the forward stores the gradient for dloss = 1 in the logits'
+    // bf16 memory and backward scales it); a bf16 seed would shift every one by +0.195%
+    const double tol = fused ? 1.0 / 128 : 1.0 / 256;
+    const std::vector<double> g = leaf.grad().to_vector<double>();
+    double bias = 0;
+    int n = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (std::abs(dref[i]) < 1e-6) continue;
+      EXPECT_NEAR(g[i], dref[i], std::abs(dref[i]) * tol + 1e-12) << "element " << i;
+      bias += g[i] / dref[i] - 1;
+      ++n;
+    }
+    bias /= n;
+    EXPECT_LT(std::abs(bias), 4e-4) << "mean relative error of the gradients over " << n << " elements";
+  }
+}
 
 // ---- the engine --------------------------------------------------------------------------
 

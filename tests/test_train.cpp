@@ -357,6 +357,24 @@ fs::path fortunes_data() {
 
 }  // namespace
 
+TEST(TrainGpt, Bfloat16LossesAreLoggedAtFloat32Resolution) {
+  // a bf16 run's loss is computed and logged in f32 (as PyTorch's under autocast): a loss
+  // rounded to bf16 would step by 2^-6 between 2 and 4 (4.5625, 4.53125, ...)
+  fs::path d = make_data("bf16_loss");
+  RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.dtype", "bfloat16", "--train.steps", "4",
+                     "--train.grad_accum_steps", "3", "--log.metrics", (d / "m.jsonl").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::vector<double> l = losses(d / "m.jsonl");
+  ASSERT_EQ(l.size(), 4u);
+  for (double v : l) {
+    const double as_bf16 = Tensor::from_vector(std::vector<double>{v}, {1}).to(DType::bf16).item();
+    const double as_f32 = static_cast<double>(static_cast<float>(v));
+    EXPECT_NE(v, as_bf16) << "the loss " << v << " is a bf16 number";
+    EXPECT_NEAR(v, as_f32, 1e-6 * v) << "the metrics keep the loss's f32 digits";
+  }
+  fs::remove_all(d);
+}
+
 TEST(TrainGpt, Bfloat16FollowsFloat32OnTheMainJobsData) {
   // mixed precision (bf16 parameters and activations, f32 master, AdamW and loss) against
   // f32 on the fortunes text: after 200 steps the losses agree within 2%

@@ -1,0 +1,406 @@
+// train_gpt under mpirun when something goes wrong on one rank or around the job: ranks
+// started with different configs or data files, a checkpoint.dir the ranks do not share, a
+// data file that fails on one rank mid-run (evaluation and training), a SIGSTOPped rank, a
+// killed launcher, and the doubled signal of `timeout`. Each must end every rank with one
+// clear line, save what can be saved and leave no process behind.
+//
+// "One node sees other files" is made with a mount namespace per rank (`unshare -m`, then a
+// bind mount over a shared path): the ranks run the same command line on the same paths, as
+// on a cluster, but rank 1 sees its own copy. Those tests need root and skip without it.
+#include <gtest/gtest.h>
+
+#include "support/corpus.h"
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+using namespace ndt;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string read_all(const fs::path& p) {
+  std::ifstream f(p);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+size_t count_of(const std::string& s, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = s.find(part); at != std::string::npos; at = s.find(part, at + 1)) ++n;
+  return n;
+}
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// The steps in a metrics file that have a training loss.
+size_t steps_logged(const fs::path& metrics) {
+  std::ifstream f(metrics);
+  size_t n = 0;
+  for (std::string line; std::getline(f, line);)
+    if (nlohmann::json::parse(line, nullptr, false).contains("loss")) ++n;
+  return n;
+}
+
+// A process alive and not a zombie.
+bool running(pid_t p) {
+  std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
+}
+
+// The train_gpt processes whose command line holds `marker`.
+std::vector<pid_t> train_gpt_ranks(const std::string& marker) {
+  std::vector<pid_t> pids;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string comm = read_all(e.path() / "comm");
+    if (comm != "train_gpt\n") continue;
+    std::string cmdline = read_all(e.path() / "cmdline");
+    for (char& c : cmdline)
+      if (c == '\0') c = ' ';
+    if (has(cmdline, marker)) pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+// A command (mpirun and its ranks) running in the background in its own process group,
+// its output in a file. Whatever happens to the test, the destructor ends the group and
+// every rank it started (also ranks that a killed mpirun left behind).
+class Job {
+ public:
+  Job(const std::string& cmd, const fs::path& out, std::string marker) : out_(out), marker_(std::move(marker)) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      const std::string line = "exec " + cmd + " > " + out.string() + " 2>&1";
+      ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Job() {
+    if (pid_ > 0 && status_ < 0) {
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    for (pid_t p : train_gpt_ranks(marker_)) ::kill(p, SIGKILL);
+  }
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  pid_t pid() const { return pid_; }
+  std::vector<pid_t> ranks() const { return train_gpt_ranks(marker_); }
+  std::string output() const { return read_all(out_); }
+  // Waits up to `s` seconds for the command to end: its exit code (128 + signal when
+  // killed), or -1 when it still runs.
+  int wait(double s) {
+    const auto t0 = Clock::now();
+    while (status_ < 0 && seconds_since(t0) < s) {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_)
+        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return status_;
+  }
+  // Waits up to `s` seconds until `done` holds; false if it never did.
+  template <class F>
+  static bool until(double s, F done) {
+    const auto t0 = Clock::now();
+    while (!done()) {
+      if (seconds_since(t0) > s) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int status_ = -1;
+  fs::path out_;
+  std::string marker_;
+};
+
+// True where this process can make mount namespaces (root, a kernel that allows them).
+bool can_unshare_mounts() { return ndt::testing::run_shell("unshare -m true").rc == 0; }
+
+// The command after it runs in a mount namespace of its own, where rank R (from the
+// launcher's OMPI_COMM_WORLD_RANK) first runs `script` (which may bind-mount its own copy
+// of a directory over the shared path). The mounts end with the rank's processes.
+std::string own_mounts(const std::string& script) {
+  return "unshare -m sh -c 'R=$OMPI_COMM_WORLD_RANK; " + script + " && exec \"$0\" \"$@\"' ";
+}
+
+class DistFaults : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("ndt_test_dist_faults_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    const int64_t V = ndt::testing::write_word_corpus(dir_ / "data", 8000, 7, 0.2);
+    std::ofstream(dir_ / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 16\nvocab_size = " << V
+                                    << "\nblock_size = 16\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
+                                    << "\nval = " << (dir_ / "data" / "val_*.bin").string()
+                                    << "\n[train]\nmicro_batch_size = 2\nseq_len = 16\nsteps = 100000\n"
+                                       "eval_every = 0\neval_steps = 2\nthreads = 1\n"
+                                       "[parallel]\ndp_shard_size = 2\n"
+                                       "[optim]\nlr = 0.01\nwarmup_steps = 1\n[sample]\nevery = -1\n[log]\nevery = 1\n";
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    name_ = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::create_directories(here());
+  }
+
+  fs::path here() const { return dir_ / name_; }
+  // train_gpt's arguments for this test: its own metrics file (which also marks its
+  // processes) and checkpoint directory.
+  std::string args(const std::string& extra = "") const {
+    return std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + " --log.metrics " +
+           (here() / "metrics.jsonl").string() + " --checkpoint.dir " + (here() / "ck").string() + " " + extra;
+  }
+  std::string mpirun(int np) const { return ndt::testing::mpirun_prefix(NDT_MPIRUN, np); }
+  std::string marker() const { return (here() / "metrics.jsonl").string(); }
+  size_t steps() const { return steps_logged(here() / "metrics.jsonl"); }
+  // The step `latest` names, or -1.
+  int64_t latest() const {
+    const std::string l = read_all(here() / "ck" / "latest");
+    return l.rfind("step_", 0) == 0 ? std::stoll(l.substr(5)) : -1;
+  }
+  void expect_no_temporaries() const {
+    if (!fs::exists(here() / "ck")) return;
+    for (const auto& e : fs::directory_iterator(here() / "ck")) {
+      const std::string n = e.path().filename().string();
+      EXPECT_TRUE(n.rfind(".tmp", 0) != 0 && n.rfind(".old_", 0) != 0 && n != "latest.tmp") << e.path();
+    }
+  }
+  // A copy of the data directory for rank R at here()/data_rankR.
+  fs::path copy_data(int rank) const {
+    const fs::path to = here() / ("data_rank" + std::to_string(rank));
+    fs::copy(dir_ / "data", to, fs::copy_options::recursive);
+    return to;
+  }
+
+  static fs::path dir_;
+  std::string name_;
+};
+fs::path DistFaults::dir_;
+
+// ---- at start ------------------------------------------------------------------------
+
+TEST_F(DistFaults, RanksStartedWithDifferentConfigsRefuseInOneLine) {
+  // a stale gpt.ini on one node: rank 1 has another seed and learning rate (each would
+  // train silently to another result) and another eval_every (which would hang)
+  const auto t0 = Clock::now();
+  ndt::testing::ShellResult r = ndt::testing::run_shell(
+      mpirun(1) + args() + " : -np 1 " + args("--train.seed 7 --optim.lr 0.02 --train.eval_every 3"));
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_LT(seconds_since(t0), 30.0);
+  EXPECT_EQ(count_of(r.out, "the ranks were not started with the same config"), 1u) << r.out;
+  EXPECT_TRUE(has(r.out, "optim.lr on rank 1 (rank 0: '0.01')")) << r.out;
+  EXPECT_TRUE(has(r.out, "train.seed on rank 1 (rank 0: '")) << r.out;
+  EXPECT_TRUE(has(r.out, "train.eval_every on rank 1 (rank 0: '0')")) << r.out;
+  EXPECT_FALSE(has(r.out, "MPI_ABORT")) << "every rank knows: no abort";
+  EXPECT_EQ(steps(), 0u) << "nothing trained";
+  EXPECT_EQ(latest(), -1);
+}
+
+TEST_F(DistFaults, ADataFileOfAnotherSizeOnOneNodeIsRefused) {
+  if (!can_unshare_mounts()) GTEST_SKIP() << "needs mount namespaces (root and unshare -m)";
+  // rank 1's node has an older copy of the training shard (another size), same name and path
+  const fs::path mine = copy_data(1);
+  ndt::testing::write_word_corpus(mine, 7000, 7, 0.2);
+  const std::string bind = "if [ $R = 1 ]; then mount --bind " + mine.string() + " " + (dir_ / "data").string() + "; fi";
+  ndt::testing::ShellResult r = ndt::testing::run_shell(mpirun(2) + own_mounts(bind) + args());
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_EQ(count_of(r.out, "the ranks were not started with the same config"), 1u) << r.out;
+  EXPECT_TRUE(has(r.out, "data.train files on rank 1 (rank 0: 'train_000000.bin:" +
+                             std::to_string(fs::file_size(dir_ / "data" / "train_000000.bin")) + "')"))
+      << r.out;
+  EXPECT_TRUE(has(r.out, "data.val files on rank 1")) << r.out;
+  EXPECT_EQ(steps(), 0u);
+}
+
+TEST_F(DistFaults, ACheckpointDirTheRanksDoNotShareIsRefusedBeforeTraining) {
+  if (!can_unshare_mounts()) GTEST_SKIP() << "needs mount namespaces (root and unshare -m)";
+  // the same path on every rank, but each node's own local disk (sharded checkpoints: every
+  // rank writes its shards there, so the first save would fail after the whole run)
+  fs::create_directories(here() / "ck");
+  fs::create_directories(here() / "ck_rank0");
+  fs::create_directories(here() / "ck_rank1");
+  const std::string bind = "mount --bind " + (here() / "ck_rank").string() + "$R " + (here() / "ck").string();
+  const auto t0 = Clock::now();
+  ndt::testing::ShellResult r = ndt::testing::run_shell(mpirun(2) + own_mounts(bind) + args());
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_LT(seconds_since(t0), 30.0);
+  EXPECT_EQ(count_of(r.out, "is not the same directory on every rank: rank 1 do"), 1u) << r.out;
+  EXPECT_TRUE(has(r.out, "checkpoint.dir " + (here() / "ck").string())) << r.out;
+  EXPECT_EQ(steps(), 0u) << "refused before training";
+  EXPECT_TRUE(fs::is_empty(here() / "ck_rank1")) << "no probe left behind";
+  // the same layout with full checkpoints (rank 0 alone writes them) trains
+  r = ndt::testing::run_shell(mpirun(2) + own_mounts(bind) + args("--checkpoint.format full --train.steps 3"));
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_TRUE(fs::exists(here() / "ck_rank0" / "latest")) << r.out;
+}
+
+// ---- a data file that fails on one rank mid-run -----------------------------------------
+
+// Every rank reads its own copy of the data; after a few steps rank 1's copy of `file` is
+// truncated. Every rank must end (no deadlock), the steps done saved first, one message
+// naming the file.
+void truncate_on_one_rank(const fs::path& here, const std::function<std::string(const std::string&)>& args,
+                          const std::string& mpirun, const std::string& marker, const std::string& file,
+                          const std::string& what, const fs::path& data) {
+  fs::path copies[2];
+  for (int r = 0; r < 2; ++r) {
+    copies[r] = here / ("data_rank" + std::to_string(r));
+    fs::copy(data, copies[r], fs::copy_options::recursive);
+  }
+  const std::string bind = "mount --bind " + (here / "data_rank").string() + "$R " + data.string();
+  Job job(mpirun + own_mounts(bind) + args(""), here / "out.txt", marker);
+  ASSERT_TRUE(Job::until(60, [&] { return steps_logged(here / "metrics.jsonl") >= 3 || job.wait(0) >= 0; }))
+      << job.output();
+  ASSERT_LT(job.wait(0), 0) << job.output();
+  fs::resize_file(copies[1] / file, fs::file_size(copies[1] / file) / 2);
+  const auto t0 = Clock::now();
+  const int rc = job.wait(60);
+  EXPECT_LT(seconds_since(t0), 30.0) << "every rank ends, none waits in a collective";
+  const std::string out = job.output();
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_TRUE(has(out, what + " failed at step ")) << out;
+  EXPECT_TRUE(has(out, "(checkpoint saved)")) << out;
+  EXPECT_TRUE(has(out, (data / file).string() + " changed size during the run")) << out;
+  EXPECT_TRUE(has(out, "it failed on another rank")) << "rank 0 says why it stops too: " << out;
+  // the checkpoint holds every step that was logged
+  const std::string l = read_all(here / "ck" / "latest");
+  ASSERT_EQ(l.rfind("step_", 0), 0u) << out;
+  EXPECT_EQ(static_cast<size_t>(std::stoll(l.substr(5))), steps_logged(here / "metrics.jsonl")) << out;
+  EXPECT_TRUE(job.ranks().empty());
+}
+
+TEST_F(DistFaults, AnEvaluationThatFailsOnOneRankSavesAndEndsEveryRank) {
+  if (!can_unshare_mounts()) GTEST_SKIP() << "needs mount namespaces (root and unshare -m)";
+  truncate_on_one_rank(
+      here(), [&](const std::string& a) { return args("--train.eval_every 1 " + a); }, mpirun(2), marker(),
+      "val_000000.bin", "evaluation", dir_ / "data");
+  expect_no_temporaries();
+}
+
+TEST_F(DistFaults, TrainingDataThatFailsOnOneRankSavesAndEndsEveryRank) {
+  if (!can_unshare_mounts()) GTEST_SKIP() << "needs mount namespaces (root and unshare -m)";
+  truncate_on_one_rank(
+      here(), [&](const std::string& a) { return args(a); }, mpirun(2), marker(), "train_000000.bin",
+      "reading the training data", dir_ / "data");
+  expect_no_temporaries();
+}
+
+// ---- stopped ranks, dead launchers, doubled signals -------------------------------------
+
+TEST_F(DistFaults, AStoppedRankDoesNotHoldTheJobPastTheTimeout) {
+  // rank 1 is SIGSTOPped (as a hung node); SIGTERM to rank 0 asks the job to stop, but its
+  // step can never finish: rank 0 gives up after parallel.timeout_s and the job ends
+  Job job(mpirun(2) + args("--parallel.timeout_s 3"), here() / "out.txt", marker());
+  ASSERT_TRUE(Job::until(60, [&] { return steps() >= 2 || job.wait(0) >= 0; })) << job.output();
+  std::vector<pid_t> ranks = job.ranks();
+  ASSERT_EQ(ranks.size(), 2u) << job.output();
+  // which is rank 1: the one whose environment says so
+  pid_t stopped = -1, healthy = -1;
+  for (pid_t p : ranks) {
+    std::string env = read_all("/proc/" + std::to_string(p) + "/environ");
+    (has(env, std::string("OMPI_COMM_WORLD_RANK=1") + '\0') ? stopped : healthy) = p;
+  }
+  ASSERT_TRUE(stopped > 0 && healthy > 0);
+  ::kill(stopped, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::kill(healthy, SIGTERM);
+  const auto t0 = Clock::now();
+  const int rc = job.wait(3 + 15);
+  const std::string out = job.output();
+  EXPECT_GE(rc, 0) << "the job still runs 18 s after the signal: " << out;
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_LT(seconds_since(t0), 3.0 + 15.0);
+  EXPECT_TRUE(has(out, "rank 0: asked to stop by signal 15, but the step has not finished in parallel.timeout_s = 3 s"))
+      << out;
+  ::kill(stopped, SIGCONT);
+  EXPECT_TRUE(Job::until(10, [&] { return job.ranks().empty(); })) << "no rank left behind";
+  expect_no_temporaries();
+}
+
+TEST_F(DistFaults, RanksWhoseLauncherIsKilledStopWithinSeconds) {
+  // each rank writes its output to a file of its own, not to mpirun's pipes (where a write
+  // after mpirun's death would end it anyway): only the rank's own watch can stop it
+  const std::string to_file = "sh -c 'exec \"$0\" \"$@\" > " + (here() / "rank").string() +
+                              "$OMPI_COMM_WORLD_RANK.txt 2>&1' ";
+  Job job(mpirun(2) + to_file + args("--checkpoint.every 5"), here() / "out.txt", marker());
+  ASSERT_TRUE(Job::until(60, [&] { return steps() >= 2 || job.wait(0) >= 0; })) << job.output();
+  const std::vector<pid_t> ranks = job.ranks();
+  ASSERT_EQ(ranks.size(), 2u) << job.output();
+  ::kill(job.pid(), SIGKILL);  // mpirun (the job's shell exec'd it)
+  EXPECT_EQ(job.wait(10), 128 + SIGKILL);
+  const auto t0 = Clock::now();
+  EXPECT_TRUE(Job::until(10, [&] {
+    for (pid_t p : ranks)
+      if (running(p)) return false;
+    return true;
+  })) << "orphaned ranks still train";
+  EXPECT_LT(seconds_since(t0), 10.0);
+  for (int r = 0; r < 2; ++r) {
+    const std::string out = read_all(here() / ("rank" + std::to_string(r) + ".txt"));
+    EXPECT_TRUE(has(out, "train_gpt: rank " + std::to_string(r) + ": the launcher (parent pid ")) << out;
+    EXPECT_TRUE(has(out, "is gone: stopping now, without a new checkpoint (exit code 5)")) << out;
+  }
+  // and they stopped: no step logged, no checkpoint published after that
+  const size_t done = steps();
+  const int64_t last = latest();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(steps(), done);
+  EXPECT_EQ(latest(), last);
+  expect_no_temporaries();
+}
+
+TEST_F(DistFaults, TwoSignalsAtOnceAreOneRequestUnderMpirun) {
+  // a scheduler signals a task and its process group: one rank gets SIGTERM twice,
+  // microseconds apart; that is one request to stop, and the job saves
+  Job job(mpirun(2) + args(), here() / "out.txt", marker());
+  ASSERT_TRUE(Job::until(60, [&] { return steps() >= 2 || job.wait(0) >= 0; })) << job.output();
+  std::vector<pid_t> ranks = job.ranks();
+  ASSERT_EQ(ranks.size(), 2u) << job.output();
+  ::kill(ranks[0], SIGTERM);
+  ::kill(ranks[0], SIGTERM);
+  const int rc = job.wait(30);
+  const std::string out = job.output();
+  EXPECT_EQ(rc, 3) << out;
+  EXPECT_TRUE(has(out, "stopped by signal 15 after step")) << out;
+  EXPECT_EQ(static_cast<size_t>(latest()), steps()) << out;
+  expect_no_temporaries();
+}
+
+TEST_F(DistFaults, TimeoutOfOneProcessSavesEveryTime) {
+  // coreutils' timeout sends SIGTERM to the child and then to its process group: the same
+  // request twice. Every run must save (it failed a third of the time when the second
+  // signal killed).
+  for (int run = 0; run < 4; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    fs::remove_all(here() / "ck");
+    fs::remove(here() / "metrics.jsonl");
+    ndt::testing::ShellResult r =
+        ndt::testing::run_shell("timeout --preserve-status -s TERM 2 " + args("--parallel.dp_shard_size 1"));
+    EXPECT_EQ(r.rc, 3) << r.out;
+    EXPECT_TRUE(has(r.out, "stopped by signal 15 after step")) << r.out;
+    ASSERT_GT(steps(), 0u) << r.out;
+    EXPECT_EQ(static_cast<size_t>(latest()), steps()) << r.out;
+    expect_no_temporaries();
+  }
+}
+
+}  // namespace
