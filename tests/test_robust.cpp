@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -525,6 +526,19 @@ TEST(Robust, ShardsMustBeRegularFilesThatDoNotChangeUnderTheRun) {
   dl.next();
   fs::resize_file(d / "t.bin", 2000);
   EXPECT_TRUE(has(error_of([&] { dl.next(); }), "t.bin changed size during the run"));
+  // rewritten in place at the same size (other tokens): found too. The file's time is set
+  // back first, as the rewrite could otherwise fall in the same clock tick as its creation.
+  data::write_shard((d / "s.bin").string(), std::vector<uint16_t>(5000, 3));
+  fs::last_write_time(d / "s.bin", fs::last_write_time(d / "s.bin") - std::chrono::hours(1));
+  data::DataLoader same((d / "s.bin").string(), 2, 8, 0, 1, false, 0, 10);
+  same.next();
+  {
+    std::fstream f(d / "s.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1024 + 200);
+    f.write("\x04\x00\x04\x00", 4);
+  }
+  ASSERT_EQ(fs::file_size(d / "s.bin"), 1024u + 2 * 5000);
+  EXPECT_TRUE(has(error_of([&] { same.next(); }), "s.bin was rewritten during the run (same size"));
   // a vocabulary or weights file that is a FIFO
   EXPECT_TRUE(has(error_of([&] { data::Vocab::load((d / "fifo.bin").string()); }), "not a regular file"));
   EXPECT_TRUE(

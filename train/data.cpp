@@ -33,6 +33,7 @@ Shard::Shard(const std::string& path) : path_(path) {
   if (err.empty() && ::pread(fd_, h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h)))
     err = std::string("cannot read the header (") + std::strerror(errno) + ")";
   bytes_ = st.st_size;
+  mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   ntok_ = h[2];
   if (!err.empty()) {
   } else if (h[0] != kShardMagic) {
@@ -62,6 +63,11 @@ void Shard::read(int64_t pos, int64_t n, uint16_t* out) const {
   NDT_CHECK(::fstat(fd_, &st) == 0 && st.st_size == bytes_, "data shard ", path_,
             " changed size during the run (", bytes_, " bytes at open, now ", st.st_size,
             "); shards must not change while train_gpt reads them");
+  // rewritten in place at the same size: its modification time moved (a shard replaced by
+  // a rename is not seen, nor harmful: this open file keeps the old tokens)
+  NDT_CHECK(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec == mtime_ns_, "data shard ",
+            path_, " was rewritten during the run (same size, but modified after train_gpt opened it); shards "
+            "must not change while train_gpt reads them: write new data under another name");
   char* dst = reinterpret_cast<char*>(out);
   const int64_t want = 2 * n;
   int64_t done = 0;

@@ -44,7 +44,8 @@ class Shard {
   Shard& operator=(const Shard&) = delete;
   const std::string& path() const { return path_; }
   int64_t size() const { return ntok_; }
-  // Copies tokens [pos, pos + n) into `out`; throws if the file changed size or a read fails.
+  // Copies tokens [pos, pos + n) into `out`; throws if the file changed (its size or its
+  // modification time) since it was opened, or a read fails.
   void read(int64_t pos, int64_t n, uint16_t* out) const;
   // Throws naming the first token >= vocab_size and its position.
   void check_tokens(int64_t vocab_size) const;
@@ -53,6 +54,7 @@ class Shard {
   std::string path_;
   int fd_ = -1;
   int64_t bytes_ = 0;
+  int64_t mtime_ns_ = 0;  // the modification time at open
   int64_t ntok_ = 0;
 };
 
