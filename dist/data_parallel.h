@@ -7,8 +7,9 @@
 // backward of the units before it. With gradient accumulation only the last micro-step
 // communicates; the others accumulate locally.
 //
-//   dist::DataParallel dp(params, mesh.replicate());
-//   model.add_unit_wrapper(...);  // nothing to wrap: DP needs only the gradient hooks
+//   dist::DataParallel dp(params, mesh.replicate());  // installs the gradient hooks
+//   dp.begin_micro(/*sync=*/last);  // ... forward, backward ...
+//   dp.end_micro();                 // on the last micro-step: waits for the all-reduces
 //
 // Communication per step: one all-reduce of every gradient buffer, 2 (n-1)/n of its bytes.
 #pragma once

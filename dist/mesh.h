@@ -6,10 +6,11 @@
 // TP neighbours are adjacent ranks (inside a node), replicas are furthest apart (HSDP:
 // sharding inside a node, one gradient all-reduce across nodes).
 //
-//   dist::ParallelDims dims = dist::ParallelDims::resolve(/*replicate=*/2, /*shard=*/-1, 1, 1,
-//   world->size()); dist::DeviceMesh mesh(dims, world); mesh.fsdp().all_gather(full, shard);   // shard x cp:
-//   the ranks that shard parameters mesh.dp().size();                      // replicate x shard: ranks that
-//   read different data
+//   // 2 replicas, the rest of the world sharded, no CP or TP
+//   auto dims = dist::ParallelDims::resolve(2, -1, 1, 1, world->size());
+//   dist::DeviceMesh mesh(dims, world);
+//   mesh.fsdp().all_gather(full, shard);  // shard x cp: the ranks that shard parameters
+//   mesh.dp().size();                     // replicate x shard: the ranks that read different data
 //
 // Flattened groups: dp = replicate x shard (the data-parallel ranks: each reads its own
 // batch); fsdp = shard x cp (the ranks over which parameters are sharded: CP ranks hold

@@ -56,7 +56,6 @@ class GPT : public nn::Module {
   // checkpointing, FSDP's gather and free. Block i is unit i (the embeddings are not a
   // wrapped unit: wte is used at both ends of the model).
   void add_unit_wrapper(nn::UnitWrapper w) { wrappers_.push_back(std::move(w)); }
-  void clear_unit_wrappers() { wrappers_.clear(); }
 
   // Set by tensor and context parallelism (dist/), empty on one process:
   nn::TensorFn before_lm_head;  // TP: copy to the group (f) before the vocab-sliced lm_head

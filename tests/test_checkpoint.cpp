@@ -366,6 +366,10 @@ std::string save_sharded_step2(const fs::path& dir, Model& r) {
   return ckpt::save_sharded(dir.string(), st, r.params, r.opt, mesh, r.gpt.cfg, 0);
 }
 
+std::string bytes_of(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
 nlohmann::json read_json(const fs::path& p) {
   std::ifstream f(p);
   return nlohmann::json::parse(f);
@@ -437,11 +441,7 @@ TEST(ShardedCheckpoint, AFlippedBitInAnyManifestValueIsCaught) {
   fs::path d = ndt::testing::fresh_dir("sh_flip");
   Model a(tiny(), 1);
   const fs::path where = save_sharded_step2(d, a);
-  std::string good;
-  {
-    std::ifstream f(where / "checkpoint.json");
-    good.assign(std::istreambuf_iterator<char>(f), {});
-  }
+  const std::string good = bytes_of(where / "checkpoint.json");
   for (const char* key : {"\"step\": ", "\"adam_steps\": ", "\"loader_window\": ", "\"loader_epoch\": "}) {
     SCOPED_TRACE(key);
     std::string text = good;
@@ -591,11 +591,7 @@ TEST(ShardedCheckpoint, ShardTensorsMustBeF32OfTheirLayoutsLength) {
   Model a(tiny(), 1);
   const fs::path where = save_sharded_step2(d, a);
   const fs::path shard = where / "shard_tp0_fsdp0.safetensors";
-  std::string good;
-  {
-    std::ifstream f(shard, std::ios::binary);
-    good.assign(std::istreambuf_iterator<char>(f), {});
-  }
+  const std::string good = bytes_of(shard);
   const nlohmann::json manifest = read_json(where / "checkpoint.json");
   const int64_t n = a.params.units[1].shard_numel;
   struct Case {
@@ -640,11 +636,7 @@ TEST(ShardedCheckpoint, NonFiniteValuesAreRefusedNamingTheParameterAndTheFile) {
   Model a(tiny(), 1);
   const fs::path where = save_sharded_step2(d, a);
   const fs::path shard = where / "shard_tp0_fsdp0.safetensors";
-  std::string good;
-  {
-    std::ifstream f(shard, std::ios::binary);
-    good.assign(std::istreambuf_iterator<char>(f), {});
-  }
+  const std::string good = bytes_of(shard);
   const nlohmann::json manifest = read_json(where / "checkpoint.json");
   const nn::FlatParam& p = a.params.units[1].params[1];  // not at the buffer's start
   struct Case {

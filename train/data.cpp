@@ -65,8 +65,9 @@ void Shard::read(int64_t pos, int64_t n, uint16_t* out) const {
             "); shards must not change while train_gpt reads them");
   // rewritten in place at the same size: its modification time moved (a shard replaced by
   // a rename is not seen, nor harmful: this open file keeps the old tokens)
-  NDT_CHECK(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec == mtime_ns_, "data shard ",
-            path_, " was rewritten during the run (same size, but modified after train_gpt opened it); shards "
+  NDT_CHECK(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec == mtime_ns_,
+            "data shard ", path_,
+            " was rewritten during the run (same size, but modified after train_gpt opened it); shards "
             "must not change while train_gpt reads them: write new data under another name");
   char* dst = reinterpret_cast<char*>(out);
   const int64_t want = 2 * n;

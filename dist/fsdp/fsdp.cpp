@@ -185,11 +185,6 @@ void FullyShardedDataParallel::begin_forward_only() {
 
 void FullyShardedDataParallel::end_forward_only() { release_all(); }
 
-void FullyShardedDataParallel::gather_all() {
-  for (size_t i = 0; i < state_.size(); ++i) start_gather(i);
-  for (size_t i = 0; i < state_.size(); ++i) wait_gather(i);
-}
-
 void FullyShardedDataParallel::release_all() {
   for (size_t i = 0; i < state_.size(); ++i) release(i);
 }
@@ -198,15 +193,6 @@ Tensor FullyShardedDataParallel::gather_buffer(const nn::FlatUnit& u, const Tens
   Tensor full = Tensor::empty({u.padded_numel}, shard.dtype(), shard.device());
   shards_.all_gather(full, shard)->wait();
   return full;
-}
-
-void FullyShardedDataParallel::keep_shard(const nn::FlatUnit& u, const Tensor& full, const Tensor& shard) {
-  NDT_CHECK(full.numel() >= u.shard_offset + u.shard_numel || full.numel() == u.numel,
-            "keep_shard: ", u.name);
-  // the whole buffer may come unpadded (numel): the padding of the last shard stays zero
-  const int64_t n = std::max<int64_t>(0, std::min(u.shard_numel, full.numel() - u.shard_offset));
-  kernels::fill(shard, 0.0);
-  if (n > 0) shard.narrow(0, 0, n).copy_(full.narrow(0, u.shard_offset, n));
 }
 
 }  // namespace ndt::dist

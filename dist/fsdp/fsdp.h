@@ -62,21 +62,18 @@ class FullyShardedDataParallel : public Strategy {
   void begin_forward_only() override;
   void end_forward_only() override;
 
-  // Gathers every unit into its whole buffer (checkpoints, weights export) / releases all.
-  void gather_all();
+  // Releases every gathered unit (the end of a forward-only pass).
   void release_all();
 
   // Each rank's copy of a whole buffer (padded_numel) from the shards of every rank, and
   // back: for checkpoints of AdamW moments (collective over the shard group).
   Tensor gather_buffer(const nn::FlatUnit& u, const Tensor& shard);
-  static void keep_shard(const nn::FlatUnit& u, const Tensor& full, const Tensor& shard);
 
   // Forward and backward of each block on the trace's compute track.
   void set_trace(Trace* t) { trace_ = t; }
 
-  // Most block units gathered at once since the last reset (the embeddings not counted).
+  // Most block units gathered at once (the embeddings not counted).
   int max_gathered() const { return max_gathered_; }
-  void reset_max_gathered() { max_gathered_ = gathered_blocks_; }
 
  private:
   struct UnitState {

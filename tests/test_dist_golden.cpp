@@ -1,0 +1,169 @@
+// Bit-for-bit figures of train_gpt, recorded once: the losses of three steps and the XXH64
+// of the final checkpoint's tensors (weights, and AdamW's moments), for one process and for
+// several layouts under mpirun. A change that only moves code (a refactor of the trainer,
+// the strategies or the tensor-parallel layers) must leave every one of them unchanged;
+// the layouts' agreement with one process at a tolerance is tests/test_dist_train.cpp's.
+//
+// The figures depend on the GEMM kernel and on the CPU's vector width (glibc's libm and
+// GELU's clones pick code by it), so the runs use OpenBLAS's Haswell kernel (any AVX2 CPU)
+// and one thread, and the figures are kept per kind of machine; on one without recorded
+// figures the test skips and says so. To record (after a change meant to change numbers,
+// or for a new kind of machine), run
+//   NDT_RECORD_GOLDEN=1 build/test_dist_golden
+// and paste what it prints into kRecorded below.
+#include <gtest/gtest.h>
+
+#include "support/corpus.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tensor/threads.h"
+#include "train/files.h"
+#include "train/safetensors.h"
+
+using namespace ndt;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A layout: its name and train_gpt arguments.
+struct Layout {
+  const char* name;
+  int np;
+  const char* args;
+};
+const std::vector<Layout> kLayouts = {
+    {"one process", 1, "--train.micro_batch_size 4"},
+    {"dp2", 2, "--train.micro_batch_size 2 --parallel.dp_replicate_size 2"},
+    {"fsdp2", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2"},
+    {"hsdp 2x2", 4, "--train.micro_batch_size 1 --parallel.dp_replicate_size 2 --parallel.dp_shard_size 2"},
+    {"tp2", 2, "--train.micro_batch_size 4 --parallel.tp_size 2"},
+    {"cp2", 2, "--train.micro_batch_size 4 --parallel.cp_size 2"},
+    {"fsdp2 x tp2", 4, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.tp_size 2"},
+    {"fsdp2 bf16 recompute", 2,
+     "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --train.dtype bfloat16 "
+     "--train.activation_checkpointing full"},
+};
+
+// What one layout trained: %.17g of each step's logged loss, and the XXH64 of the final
+// checkpoint's tensors.
+struct Figures {
+  std::vector<std::string> losses;
+  std::string model_xxh64;  // model.safetensors
+  std::string state_xxh64;  // state.safetensors
+};
+
+// Per kind of machine, the figures of kLayouts in order.
+const std::map<std::string, std::vector<Figures>> kRecorded = {
+    // clang-format off
+    // recorded 2026-12-01 on an AMD EPYC (Zen, AVX2)
+    {"x86-64 AVX2, OpenBLAS Haswell",
+     {
+      {{"2.7997465133666992", "2.6450431346893311", "2.55092453956604"}, "c8f21cf6e50bf8f0", "72e443af0e784f06"},  // one process
+      {{"2.799746572971344", "2.6450431346893311", "2.5509244203567505"}, "06cd9b260d4ad3af", "8ef02dc8199aeb01"},  // dp2
+      {{"2.799746572971344", "2.6450430750846863", "2.5509244799613953"}, "92ae087ec734c35d", "497a284ac4f33e86"},  // fsdp2
+      {{"2.7997465431690216", "2.6450431346893311", "2.5509244501590729"}, "1113936d35a51daf", "5972e0c2bae7d6f3"},  // hsdp 2x2
+      {{"2.7997465133666992", "2.6450431346893311", "2.55092453956604"}, "3ef75c9b57dd7efb", "3a7b63264de854b5"},  // tp2
+      {{"2.7997465133666992", "2.6450431346893311", "2.5509244799613953"}, "c9645b7059eb3a77", "56ab69c17b42b772"},  // cp2
+      {{"2.799746572971344", "2.6450431346893311", "2.5509244203567505"}, "cb03cef38cf1cfda", "17f498299eeb605e"},  // fsdp2 x tp2
+      {{"2.7997244000434875", "2.6440420746803284", "2.5525810122489929"}, "967f20c4264a8f20", "a56e0da72f37f8db"},  // fsdp2 bf16 recompute
+     }},
+
+    // clang-format on
+};
+
+// The kind of machine, as far as the figures care.
+std::string machine() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return "";
+  return __builtin_cpu_supports("avx512f") ? "x86-64 AVX-512, OpenBLAS Haswell"
+                                           : "x86-64 AVX2, OpenBLAS Haswell";
+#else
+  return "";
+#endif
+}
+
+// XXH64 of a safetensors file's tensors (names, then the f32 values, in name order): the
+// numbers only, not the metadata (which names this run's paths).
+std::string tensors_xxh64(const fs::path& file) {
+  io::SafeTensorsReader r(file.string());
+  std::string bytes;
+  for (const auto& [name, e] : r.entries()) {
+    const Tensor t = r.get(name).contiguous();
+    bytes += name;
+    bytes.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  }
+  return io::hex64(io::xxh64(bytes.data(), bytes.size()));
+}
+
+std::vector<std::string> logged_losses(const fs::path& metrics) {
+  std::vector<std::string> l;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("loss")) continue;
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.17g", j["loss"].get<double>());
+    l.emplace_back(buf);
+  }
+  return l;
+}
+
+TEST(Golden, EveryLayoutTrainsTheRecordedBits) {
+  const std::string kind = machine();
+  if (kind.empty()) GTEST_SKIP() << "needs an x86-64 CPU with AVX2 and FMA (OpenBLAS's Haswell kernel)";
+  const bool record = std::getenv("NDT_RECORD_GOLDEN") != nullptr;
+  const auto want = kRecorded.find(kind);
+  if (!record && want == kRecorded.end())
+    GTEST_SKIP() << "no figures recorded for " << kind << " (record them with NDT_RECORD_GOLDEN=1)";
+  if (!record) ASSERT_EQ(want->second.size(), kLayouts.size()) << "record the figures again";
+  const fs::path dir = fs::temp_directory_path() / ("ndt_test_golden_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const int64_t V = ndt::testing::write_word_corpus(dir / "data", 8000, 7, 0.0);
+  std::ofstream(dir / "gpt.ini")
+      << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 32\nvocab_multiple = 4\nvocab_size = " << V
+      << "\nblock_size = 32\n[data]\ntrain = " << (dir / "data" / "train_*.bin").string()
+      << "\n[train]\nseq_len = 16\ngrad_accum_steps = 2\nsteps = 3\nthreads = 1\n"
+         "[optim]\nlr = 0.01\nwarmup_steps = 1\n[sample]\nevery = -1\n[log]\nevery = 1\n"
+         "[checkpoint]\nformat = full\n";
+  std::string recorded = "    {\"" + kind + "\",\n     {\n";
+  for (size_t i = 0; i < kLayouts.size(); ++i) {
+    const Layout& L = kLayouts[i];
+    SCOPED_TRACE(L.name);
+    const fs::path d = dir / std::to_string(i);
+    // every rank (mpirun passes the environment on) computes with the same kernel
+    const std::string cmd = std::string("OPENBLAS_CORETYPE=Haswell ") +
+                            (L.np > 1 ? ndt::testing::mpirun_prefix(NDT_MPIRUN, L.np) : std::string()) +
+                            NDT_TRAIN_GPT_BIN + " --config " + (dir / "gpt.ini").string() +
+                            " --log.metrics " + (d / "metrics.jsonl").string() + " --checkpoint.dir " +
+                            (d / "ck").string() + " " + L.args;
+    const ndt::testing::ShellResult r = ndt::testing::run_shell(cmd);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    ASSERT_NE(r.out.find("OpenBLAS kernel Haswell"), std::string::npos) << r.out;
+    const fs::path last = d / "ck" / "step_00000003";
+    const Figures got{logged_losses(d / "metrics.jsonl"), tensors_xxh64(last / "model.safetensors"),
+                      tensors_xxh64(last / "state.safetensors")};
+    if (record) {
+      recorded += "      {{";
+      for (size_t k = 0; k < got.losses.size(); ++k) recorded += (k ? ", \"" : "\"") + got.losses[k] + "\"";
+      recorded += "}, \"" + got.model_xxh64 + "\", \"" + got.state_xxh64 + "\"},  // " + L.name + "\n";
+      continue;
+    }
+    const Figures& f = want->second[i];
+    EXPECT_EQ(got.losses, f.losses) << "the losses of steps 1 to 3";
+    EXPECT_EQ(got.model_xxh64, f.model_xxh64) << "the weights after step 3";
+    EXPECT_EQ(got.state_xxh64, f.state_xxh64) << "the AdamW state after step 3";
+  }
+  if (record) std::printf("%s     }},\n", recorded.c_str());
+  fs::remove_all(dir);
+}
+
+}  // namespace
