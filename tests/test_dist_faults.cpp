@@ -261,6 +261,21 @@ TEST_F(DistFaults, ACheckpointDirTheRanksDoNotShareIsRefusedBeforeTraining) {
   EXPECT_TRUE(fs::exists(here() / "ck_rank0" / "latest")) << r.out;
 }
 
+TEST_F(DistFaults, AnUnsealedManifestWarnsOnceNotOncePerRank) {
+  // a checkpoint written before manifests were sealed resumes with one warning
+  ndt::testing::ShellResult r = ndt::testing::run_shell(mpirun(2) + args("--train.steps 2"));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const fs::path manifest = here() / "ck" / "step_00000002" / "checkpoint.json";
+  nlohmann::json m = nlohmann::json::parse(read_all(manifest));
+  ASSERT_TRUE(m.contains("manifest_xxh64"));
+  m.erase("manifest_xxh64");
+  std::ofstream(manifest, std::ios::trunc) << m.dump(1) << "\n";
+  r = ndt::testing::run_shell(mpirun(2) + args("--train.steps 3 --checkpoint.resume true"));
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(count_of(r.out, "has no checksum"), 1u) << r.out;
+  EXPECT_EQ(steps(), 3u);
+}
+
 // ---- a data file that fails on one rank mid-run -----------------------------------------
 
 // Every rank reads its own copy of the data; after a few steps rank 1's copy of `file` is

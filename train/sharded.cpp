@@ -174,7 +174,7 @@ struct Manifest {
   int64_t fsdp() const { return layout.dp_shard * layout.cp; }
 };
 
-Manifest read_manifest(const std::string& path) {
+Manifest read_manifest(const std::string& path, std::ostream* warn) {
   Manifest r;
   r.dir = path;
   r.file = (fs::path(path) / kManifest).string();
@@ -195,8 +195,9 @@ Manifest read_manifest(const std::string& path) {
               " fails its checksum (", kSeal, " ", m[kSeal].dump(), ", the content hashes to \"", want, "\")",
               kFix);
   } else {  // written before manifests were sealed: still validated below
-    std::cerr << "warning: checkpoint " << F << " has no checksum (" << kSeal
-              << ", written by an older ndtrain); its values are checked for range and consistency only\n";
+    if (warn)
+      *warn << "warning: checkpoint " << F << " has no checksum (" << kSeal
+            << ", written by an older ndtrain); its values are checked for range and consistency only\n";
   }
   NDT_CHECK(m.value("format", "") == "sharded", "checkpoint ", F, ": \"format\" is ",
             m.contains("format") ? m["format"].dump() : "missing", ", not \"sharded\"", kFix);
@@ -422,8 +423,8 @@ std::vector<Tensor> data_of(const nn::FlatParams& params) {
 }  // namespace
 
 TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params,
-                        optim::AdamW& opt) {
-  const Manifest m = read_manifest(path);  // checked whole before any value is used
+                        optim::AdamW& opt, std::ostream* warn) {
+  const Manifest m = read_manifest(path, warn);  // checked whole before any value is used
   check_model(m, cfg);
   Writers w(m);
   read_kind(w, cfg, params, "data", data_of(params));
@@ -437,9 +438,9 @@ TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, c
   return s;
 }
 
-void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg,
-                          const nn::FlatParams& params) {
-  const Manifest m = read_manifest(path);
+void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params,
+                          std::ostream* warn) {
+  const Manifest m = read_manifest(path, warn);
   check_model(m, cfg);
   Writers w(m);
   read_kind(w, cfg, params, "data", data_of(params));
@@ -481,7 +482,7 @@ void export_weights(const std::string& path, const std::string& out) {
   check_export_target(path, out);  // before anything is read or written
   NDT_CHECK(is_sharded(path) || !fs::exists(fs::path(path) / kManifest), "checkpoint ", path,
             " is not sharded: its model.safetensors is already one file with GPT-2 names");
-  const Manifest m = read_manifest(path);
+  const Manifest m = read_manifest(path, &std::cerr);
   Writers w(m);
   for (int64_t t = 0; t < m.layout.tp; ++t)  // every file checked before the model is allocated
     for (int64_t f = 0; f < m.fsdp(); ++f) w.file(t, f);

@@ -28,6 +28,7 @@
 //   ckpt::export_weights(path, "gpt2.safetensors");                  // one file, HF names
 #pragma once
 
+#include <iostream>
 #include <string>
 
 #include "dist/mesh.h"
@@ -47,11 +48,14 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
 bool is_sharded(const std::string& path);
 // Reads this rank's shards of the parameters and AdamW moments (params and opt describe this
 // rank's layout: its TP slices and FSDP shards) from a sharded checkpoint written in any layout.
+// Warnings (a manifest written before manifests were sealed) go to `warn` (null: none, as on
+// every rank but one).
 TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params,
-                        optim::AdamW& opt);
+                        optim::AdamW& opt, std::ostream* warn = &std::cerr);
 // Only the parameters of a sharded checkpoint, into this rank's shards (model.init_from of
 // a checkpoint directory).
-void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params);
+void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params,
+                          std::ostream* warn = &std::cerr);
 // A sharded checkpoint as one safetensors file of whole parameters with GPT-2 names (one
 // process; the model's bytes in memory once).
 void export_weights(const std::string& path, const std::string& out);

@@ -41,8 +41,8 @@
 #include "train/plan.h"
 #include "train/report.h"
 #include "train/safetensors.h"
-#include "train/sharded.h"
 #include "train/sample.h"
+#include "train/sharded.h"
 #include "train/vocab.h"
 
 namespace fs = std::filesystem;
@@ -194,16 +194,17 @@ void Trainer::setup() {
   device_ = Device::parse(c_.train.device);
   // GPUs on several ranks: NCCL between them (MPI moves CPU tensors only), one GPU per rank
   if (device_.is_cuda() && world_->size() > 1 && c_.parallel.backend == "mpi")
-    throw ConfigError("parallel.backend = mpi moves CPU tensors, but train.device = " + c_.train.device + " on " +
-                      std::to_string(world_->size()) + " ranks; use parallel.backend = nccl or auto");
+    throw ConfigError("parallel.backend = mpi moves CPU tensors, but train.device = " + c_.train.device +
+                      " on " + std::to_string(world_->size()) +
+                      " ranks; use parallel.backend = nccl or auto");
   if (device_.is_cuda() && c_.train.device != "cuda" && dist::local_size() > 1)
-    throw ConfigError("train.device = " + c_.train.device + " puts all " + std::to_string(dist::local_size()) +
-                      " ranks of this node on one GPU; use train.device = cuda (each rank takes cuda:<local rank>)");
+    throw ConfigError(
+        "train.device = " + c_.train.device + " puts all " + std::to_string(dist::local_size()) +
+        " ranks of this node on one GPU; use train.device = cuda (each rank takes cuda:<local rank>)");
   if (device_.is_cuda()) {
     if (!cuda::available())
       throw ConfigError("train.device = " + c_.train.device + " but no CUDA device is visible (" +
-                        cuda::unavailable_reason() + ")" +
-                        "; use train.device = cpu");
+                        cuda::unavailable_reason() + ")" + "; use train.device = cpu");
     if (c_.train.device == "cuda" && dist::local_size() > cuda::device_count())
       throw ConfigError(std::to_string(dist::local_size()) + " ranks on this node but " +
                         std::to_string(cuda::device_count()) +
@@ -251,8 +252,8 @@ void Trainer::setup() {
   }
   // every rank that writes (sharded: the first replica's) or reads the checkpoints must see
   // rank 0's directory: found now, not at the first save after hours of training
-  check_checkpoint_dir_shared(
-      c_, c_.checkpoint.format == "sharded" ? mesh_->coords().replicate == 0 : lead(), *world_);
+  check_checkpoint_dir_shared(c_, c_.checkpoint.format == "sharded" ? mesh_->coords().replicate == 0 : lead(),
+                              *world_);
   world_->barrier();  // every rank's checks passed
 }
 
@@ -345,8 +346,8 @@ void Trainer::materialize() {
   // what materializing (and loading) cost in resident memory, on the rank that paid most:
   // random init and loading must both stay near the rank's shards, never the whole model
   if (const int64_t hwm = peak_resident_bytes(); hwm > 0)
-    out_ << "resident memory after materialize: peak " << human_bytes(world_->all_reduce_scalar(
-                                                                 static_cast<double>(hwm), dist::ReduceOp::kMax))
+    out_ << "resident memory after materialize: peak "
+         << human_bytes(world_->all_reduce_scalar(static_cast<double>(hwm), dist::ReduceOp::kMax))
          << " (the largest rank's VmHWM)\n";
   // data: rank r of the dp ranks reads its own micro-batches; tp and cp ranks share them
   const int dp_rank = static_cast<int>(mesh_->dp_rank()), dp = static_cast<int>(dims_.dp());
@@ -457,7 +458,7 @@ std::unique_ptr<Trainer::Whole> Trainer::gather_whole(bool keep, bool grads) {
 void Trainer::load_weights(const std::string& path) {
   // each rank reads only its own elements of the file (RAM-efficient loading)
   if (fs::is_directory(path) && ckpt::is_sharded(path))
-    ckpt::load_sharded_weights(path, mc_, params_);  // a sharded checkpoint's parameters
+    ckpt::load_sharded_weights(path, mc_, params_, lead() ? &std::cerr : nullptr);  // its parameters
   else
     ckpt::load_weights_local(path, *gpt_, params_);
   params_.refresh_compute();
@@ -466,7 +467,8 @@ void Trainer::load_weights(const std::string& path) {
 void Trainer::resume_from(const std::string& path) {
   ckpt::TrainState st;
   if (ckpt::is_sharded(path)) {  // the writers' shards, whatever their layout
-    st = ckpt::load_sharded(path, mc_, params_, *opt_);
+    st = ckpt::load_sharded(path, mc_, params_, *opt_,
+                            lead() ? &std::cerr : nullptr);  // one warning, not one per rank
   } else {  // the single-process layout; each rank reads only its elements
     const std::vector<nn::FlatUnit> whole = nn::plan(models::GPT(mc_).units());
     int64_t adam_steps = 0;
@@ -489,8 +491,8 @@ void Trainer::resume_from(const std::string& path) {
                   "' is not a positive number; the checkpoint is damaged: resume from an earlier one");
   }
   if (auto it = st.extra.find("compute"); it != st.extra.end() && it->second != compute_identity())
-    out_ << "note: the checkpoint was computed with " << it->second << ", this run with " << compute_identity()
-         << ": the losses continue, but not bit for bit\n";
+    out_ << "note: the checkpoint was computed with " << it->second << ", this run with "
+         << compute_identity() << ": the losses continue, but not bit for bit\n";
   if (old_tokens != window_tokens) {
     const int64_t pos = checked_mul(st.loader.window, old_tokens, "the checkpoint's data position");
     st.loader.window = pos / window_tokens;
@@ -515,8 +517,9 @@ void Trainer::save(int64_t step) {
   st.extra["layout"] = dims_.str();
   st.extra["window_tokens"] = std::to_string(c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len);
   st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
-  if (c_.checkpoint.format == "sharded") {  // every rank writes its own shards, nobody gathers
-    const std::string where = ckpt::save_sharded(c_.checkpoint.dir, st, params_, *opt_, *mesh_, mc_, c_.checkpoint.keep, &prune_log_);
+  if (c_.checkpoint.format == "sharded") {   // every rank writes its own shards, nobody gathers
+    const std::string where = ckpt::save_sharded(c_.checkpoint.dir, st, params_, *opt_, *mesh_, mc_,
+                                                 c_.checkpoint.keep, &prune_log_);
     saved_step_ = step;
     out_ << "checkpoint: " << where << " (sharded)" << std::endl;
     return;
@@ -527,8 +530,8 @@ void Trainer::save(int64_t step) {
   std::string where, error;
   if (lead()) {
     try {
-      where =
-          ckpt::save_checkpoint(c_.checkpoint.dir, *w->gpt, w->params, w->moments, st, c_.checkpoint.keep, &prune_log_);
+      where = ckpt::save_checkpoint(c_.checkpoint.dir, *w->gpt, w->params, w->moments, st, c_.checkpoint.keep,
+                                    &prune_log_);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -646,8 +649,8 @@ Trainer::Agreement Trainer::agree_on(bool data_failed) const {
 
 double Trainer::train_step(int64_t step) {
   NDT_CHECK(static_cast<int64_t>(batches_.size()) == c_.train.grad_accum_steps, "train_step: step ", step + 1,
-            " has ", batches_.size(), " micro-batches read ahead, not train.grad_accum_steps = ",
-            c_.train.grad_accum_steps);
+            " has ", batches_.size(),
+            " micro-batches read ahead, not train.grad_accum_steps = ", c_.train.grad_accum_steps);
   const std::vector<data::Batch> batches = std::move(batches_);
   batches_.clear();
   params_.zero_grad();
@@ -683,13 +686,14 @@ int Trainer::loop() {
   // work is rank-local (no collective inside), so that every rank can first learn whether
   // any rank failed and all of them save together: a rank saving alone, or one leaving for
   // the agreement while the others are inside evaluate()'s collectives, would wait forever.
-  auto saved_then_fail = [&](int64_t step, const std::string& what, bool failed_here, const std::string& err) {
+  auto saved_then_fail = [&](int64_t step, const std::string& what, bool failed_here,
+                             const std::string& err) {
     if (c_.checkpoint.dir.empty() || step == saved_step_)
       throw Error(what + " failed at step " + std::to_string(step) + ": " +
                   (failed_here ? err : "it failed on another rank"));
     save(step);
-    throw Error(what + " failed at step " + std::to_string(step) + " (checkpoint saved): " +
-                (failed_here ? err : "it failed on another rank"));
+    throw Error(what + " failed at step " + std::to_string(step) +
+                " (checkpoint saved): " + (failed_here ? err : "it failed on another rank"));
   };
   auto between_steps = [&](int64_t step, const char* what, auto&& local_fn) {
     std::string err;
@@ -715,7 +719,8 @@ int Trainer::loop() {
   // The first step's data, agreed on like every later step's (train_step reads none itself).
   if (start_ < c_.train.steps) {
     const std::string err = read_batches();
-    if (agree_on(!err.empty()).data_failed) saved_then_fail(start_, "reading the training data", !err.empty(), err);
+    if (agree_on(!err.empty()).data_failed)
+      saved_then_fail(start_, "reading the training data", !err.empty(), err);
   }
   double time_sum = 0, last_val = NAN;
   int64_t timed = 0;
