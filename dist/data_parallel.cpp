@@ -1,28 +1,11 @@
 #include "dist/data_parallel.h"
 
-#include <cmath>
-
 #include "autograd/hooks.h"
-#include "optim/adamw.h"
 
 namespace ndt::dist {
 
-double Strategy::global_norm(const nn::FlatParams& params, Communicator* shards) {
-  const int64_t tp = tp_ ? tp_->size() : 1;
-  double s = optim::grad_sum_squares(params, tp);
-  if (shards) s = shards->all_reduce_scalar(s, ReduceOp::kSum);
-  if (tp > 1) s = tp_->all_reduce_scalar(s, ReduceOp::kSum);
-  return std::sqrt(s);
-}
-
-void NoParallelism::end_micro() {
-  for (const nn::FlatUnit& u : params_.units) nn::fold_grad(u);
-}
-
-double NoParallelism::grad_norm() { return global_norm(params_, nullptr); }
-
-DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas)
-    : params_(params), comm_(replicas) {
+DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas, Communicator* tp)
+    : Strategy(params, /*shard_group=*/nullptr, tp), comm_(replicas) {  // replicas hold the same gradients
   for (size_t i = 1; i < params.units.size(); ++i) {
     const nn::FlatUnit& u = params.units[i];
     std::vector<Tensor> ps;
@@ -42,9 +25,5 @@ void DataParallel::end_micro() {
   for (const WorkPtr& w : pending_) w->wait();
   pending_.clear();
 }
-
-double DataParallel::grad_norm() {
-  return global_norm(params_, nullptr);
-}  // replicas hold the same gradients
 
 }  // namespace ndt::dist

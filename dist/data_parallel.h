@@ -25,14 +25,13 @@ class DataParallel : public Strategy {
  public:
   // Every unit except unit 0 (the embeddings: wte gets gradients at both ends of the model)
   // gets a GradGroup that starts its all-reduce.
-  DataParallel(const nn::FlatParams& params, Communicator& replicas);
+  // tp: the tensor-parallel group, for the global norm (nullptr: none).
+  DataParallel(const nn::FlatParams& params, Communicator& replicas, Communicator* tp = nullptr);
   std::string name() const override { return "DP"; }
   void begin_micro(bool sync) override { sync_ = sync; }
   void end_micro() override;
-  double grad_norm() override;
 
  private:
-  const nn::FlatParams& params_;
   Communicator& comm_;
   bool sync_ = true;
   std::vector<WorkPtr> pending_;

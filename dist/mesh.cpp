@@ -114,7 +114,8 @@ std::string DeviceMesh::describe() const {
   const int64_t n = dims_.world();
   std::vector<std::string> hosts(static_cast<size_t>(n), host);
   if (n > 1) {
-    Tensor mine = Tensor::zeros({kWords}, DType::i32), all = Tensor::zeros({kWords * n}, DType::i32, world_->device());
+    Tensor mine = Tensor::zeros({kWords}, DType::i32),
+           all = Tensor::zeros({kWords * n}, DType::i32, world_->device());
     std::memcpy(mine.data_ptr(), host, sizeof(host));
     world_->all_gather(all, mine.to(world_->device()))->wait();
     all = all.to(Device::cpu());

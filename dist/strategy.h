@@ -2,7 +2,6 @@
 //
 // The trainer does not know which strategy runs; it calls these at fixed points of a step:
 //
-//   s.begin_step();                          // a new optimizer step
 //   for (micro = 0; micro < accum; ++micro) {
 //     s.begin_micro(micro == accum - 1);     // true: this backward synchronizes gradients
 //     backward(model.forward(...).loss);     // units gather/reduce through the wrappers
@@ -16,9 +15,10 @@
 //
 //   s.begin_forward_only(); ... model.forward(...) ...; s.end_forward_only();
 //
-// Implementations: NoParallelism (one process, or TP/CP only: nothing to reduce here),
+// Implementations: NoParallelism (one process, or TP only: nothing to reduce here; CP
+// ranks reduce like data-parallel ones, so CP alone runs FSDP over the cp group),
 // DataParallel (dist/data_parallel.h), FullyShardedDataParallel (dist/fsdp/fsdp.h, also
-// HSDP).
+// HSDP). dist/parallelize.h picks one for a mesh.
 #pragma once
 
 #include <memory>
@@ -32,35 +32,37 @@ namespace ndt::dist {
 class Strategy {
  public:
   virtual ~Strategy() = default;
-  // Tensor parallelism: gradients of split parameters live on different tp ranks; the
-  // global norm sums over them (replicated parameters counted once).
-  void set_tensor_parallel(Communicator* tp) { tp_ = tp; }
   virtual std::string name() const = 0;
-  virtual void begin_step() {}
   virtual void begin_micro(bool sync) {}
   virtual void end_micro() {}
-  virtual double grad_norm() = 0;
+  // sqrt of the sum of squares of every gradient element, counted once: over this rank's
+  // gradient shards, summed over the shard group and the tp group (replicated parameters
+  // of the tp ranks counted once). The same number on every rank.
+  double grad_norm() const;
   virtual void end_step() {}
   virtual void begin_forward_only() {}
   virtual void end_forward_only() {}
 
  protected:
-  // sqrt of the sum of squares over this rank's gradient shards, summed over `shards` (the
-  // ranks that hold different parts of each buffer; nullptr: none) and the tp group.
-  double global_norm(const nn::FlatParams& params, Communicator* shards);
-  Communicator* tp_ = nullptr;
-};
-
-// Gradients stay where backward put them: one process.
-class NoParallelism : public Strategy {
- public:
-  explicit NoParallelism(const nn::FlatParams& params) : params_(params) {}
-  std::string name() const override { return "single process"; }
-  void end_micro() override;  // mixed precision: the micro-step's gradients into the master's
-  double grad_norm() override;
+  // params: this rank's buffers. shard_group: the ranks that hold different parts of each buffer
+  // (FSDP's group; nullptr: none). tp: the tensor-parallel group, whose ranks hold different
+  // slices of the split parameters (nullptr: none).
+  Strategy(const nn::FlatParams& params, Communicator* shard_group, Communicator* tp)
+      : params_(params), norm_group_(shard_group), tp_(tp) {}
+  const nn::FlatParams& params_;
 
  private:
-  const nn::FlatParams& params_;
+  Communicator* const norm_group_;  // the shard group, over which the norm sums
+  Communicator* const tp_;
+};
+
+// Gradients stay where backward put them: one process (or TP alone).
+class NoParallelism : public Strategy {
+ public:
+  explicit NoParallelism(const nn::FlatParams& params, Communicator* tp = nullptr)
+      : Strategy(params, nullptr, tp) {}
+  std::string name() const override { return "single process"; }
+  void end_micro() override;  // mixed precision: the micro-step's gradients into the master's
 };
 
 }  // namespace ndt::dist

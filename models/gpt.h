@@ -53,8 +53,9 @@ class GPT : public nn::Module {
   GPTOutput forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset = 0) const;
 
   // Each block runs through these wrappers (nn/unit.h), added from outside: activation
-  // checkpointing, FSDP's gather and free. Block i is unit i (the embeddings are not a
-  // wrapped unit: wte is used at both ends of the model).
+  // checkpointing, FSDP's gather and free. A wrapper is called with the block's index i;
+  // that block's flat buffer is units()[i + 1] (units()[0] holds the embeddings, which no
+  // wrapper runs: wte is used at both ends of the model).
   void add_unit_wrapper(nn::UnitWrapper w) { wrappers_.push_back(std::move(w)); }
 
   // Set by tensor and context parallelism (dist/), empty on one process:

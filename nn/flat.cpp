@@ -154,7 +154,7 @@ void init_range(const FlatParam& p, const Tensor& dst, int64_t lo, int64_t hi, u
 
 }  // namespace
 
-std::vector<FlatUnit> plan(const std::vector<UnitSpec>& specs, ShardSpec shard) {
+std::vector<FlatUnit> flat_layout(const std::vector<UnitSpec>& specs, ShardSpec shard) {
   NDT_CHECK(shard.count >= 1 && shard.rank >= 0 && shard.rank < shard.count, "materialize: bad shard ",
             shard.rank, " of ", shard.count);
   std::vector<FlatUnit> out;
@@ -191,7 +191,7 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
                        ShardSpec shard, std::optional<DType> compute_dtype) {
   const DType cd = compute_dtype.value_or(dtype);
   FlatParams out;
-  for (FlatUnit& u : plan(specs, shard)) {
+  for (FlatUnit& u : flat_layout(specs, shard)) {
     u.shards = shard.count;
     u.data = Tensor::zeros({u.shard_numel}, dtype, device);
     u.grad = Tensor::zeros({u.shard_numel}, dtype, device);

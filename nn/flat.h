@@ -92,7 +92,7 @@ struct ShardSpec {
 // The layout of each unit's buffer (parameter offsets, decay_end, numel, the shard) without
 // allocating anything: what materialize allocates, and where a checkpoint's whole buffers
 // keep each parameter. data/grad/full/full_grad and the parameters' values stay undefined.
-std::vector<FlatUnit> plan(const std::vector<UnitSpec>& units, ShardSpec shard = {});
+std::vector<FlatUnit> flat_layout(const std::vector<UnitSpec>& units, ShardSpec shard = {});
 
 // Allocates each unit's buffers on `device`, points every spec's slot at its view (with
 // requires_grad and .grad set), and initializes values from (seed, name, index). With a

@@ -702,7 +702,7 @@ TEST(ShardedCheckpoint, ResumesWithAnotherVocabularyPadding) {
     const std::string fwhere = ckpt::save_checkpoint(full.string(), a.gpt, a.params, a.opt, st, 0);
     Model f(c, 3);
     int64_t adam = 0;
-    ckpt::load_checkpoint_local(fwhere, f.gpt, f.params, nn::plan(models::GPT(c).units()), f.opt.m(),
+    ckpt::load_checkpoint_local(fwhere, f.gpt, f.params, nn::flat_layout(models::GPT(c).units()), f.opt.m(),
                                 f.opt.v(), &adam);
     EXPECT_EQ(f.gpt.wte.weight.to_vector<float>(), want);
     EXPECT_EQ(f.opt.v()[0].narrow(0, off_b, 48).to_vector<float>(),

@@ -88,7 +88,6 @@ void check_layout(const Layout& L, bool checkpointing) {
   for (int step = 0; step < 3; ++step) {
     ref_p.zero_grad();
     par.zero_grad();
-    strategy->begin_step();
     for (int64_t m = 0; m < kAccum; ++m) {
       const int64_t id = step * kAccum + m;
       Tensor x = tokens(dp * B, id, 1), y = tokens(dp * B, id, 2);

@@ -482,7 +482,7 @@ std::vector<nn::FlatUnit> written_layout(const io::SafeTensorsReader& st, const 
       if (stored == whole[i].numel || wte_stored <= 0 || rows < cfg.vocab_size) return whole;
       models::GPTConfig c = cfg;
       c.vocab_multiple = rows;  // padded_vocab() == rows
-      std::vector<nn::FlatUnit> w = nn::plan(models::GPT(c).units());
+      std::vector<nn::FlatUnit> w = nn::flat_layout(models::GPT(c).units());
       return w[i].numel == stored ? w : whole;
     }
   return whole;

@@ -100,7 +100,7 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
 void load_weights_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params);
 // The same for a checkpoint: weights, this rank's shards of the AdamW moments (m and v, one
 // shard-sized tensor per unit), and the state. `whole` is the single-process layout of the
-// units (nn::plan of the undivided model), which the checkpoint's moment buffers follow but
+// units (nn::flat_layout of the undivided model), which the checkpoint's moment buffers follow but
 // for the vocabulary's padding: a checkpoint written with another model.vocab_multiple loads
 // (the padded rows of wte are zero and never trained; they are dropped or added as zeros).
 TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,

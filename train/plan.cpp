@@ -215,7 +215,7 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   p.params_global = params_global.v;
   ShapeOnlyComm tp(0, static_cast<int>(D.tp));
   if (D.tp > 1) dist::apply_tensor_parallel(gpt, tp);
-  const std::vector<nn::FlatUnit> units = nn::plan(gpt.units(), nn::ShardSpec{0, D.fsdp()});
+  const std::vector<nn::FlatUnit> units = nn::flat_layout(gpt.units(), nn::ShardSpec{0, D.fsdp()});
   Count params_rank = 0, shard = 0, emb_full = 0, block_full = 0;
   for (size_t i = 0; i < units.size(); ++i) {
     params_rank += units[i].param_count();

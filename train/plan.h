@@ -10,7 +10,7 @@
 //
 // Nothing is allocated and MPI never starts: the model is described, tensor parallelism
 // splits the description (dist::apply_tensor_parallel against a communicator that has only
-// a size and a rank), and nn::plan lays out the FSDP shards. docs/planner.md explains how
+// a size and a rank), and nn::flat_layout lays out the FSDP shards. docs/planner.md explains how
 // to read the result; tests/test_dist_plan.cpp compares it with the allocator's measured
 // peak and the communicators' byte counters under mpirun.
 #pragma once

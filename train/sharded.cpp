@@ -303,7 +303,7 @@ class Writers {
   explicit Writers(const Manifest& m) : m_(m) {
     models::GPT old(m.model);  // the writers' unit layout: alike for every writer but which part it holds
     dist::split_tensor_parallel(old, m.layout.tp, 0);
-    units_ = nn::plan(old.units(), nn::ShardSpec{0, m.fsdp()});
+    units_ = nn::flat_layout(old.units(), nn::ShardSpec{0, m.fsdp()});
   }
   const Manifest& manifest() const { return m_; }
   const std::vector<nn::FlatUnit>& units() const { return units_; }

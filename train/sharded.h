@@ -15,7 +15,7 @@
 // fsynced, so a crash at any moment leaves the previous checkpoint intact.
 //
 // Loading into another layout: the writers' layouts follow from the model and their layout
-// (nn::plan of the model as tensor rank t of tp holds it, sharded over fsdp), so for each of
+// (nn::flat_layout of the model as tensor rank t of tp holds it, sharded over fsdp), so for each of
 // its own elements a rank knows which file holds it and where, and reads only those bytes
 // (memory-mapped, a piece at a time). Before any value is used, checkpoint.json is checked
 // whole (its checksum; every field in range and consistent with the others and with the set

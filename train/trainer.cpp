@@ -1,7 +1,7 @@
 // The training run: setup (devices, the mesh of ranks) -> describe (the model's parameters
-// as names and global shapes) -> parallelize (the unit wrappers) -> materialize (this
-// rank's shards, data, AdamW, resume) -> the loop (steps with gradient accumulation,
-// clipping, eval, sampling, checkpoints), then the report.
+// as names and global shapes) -> parallelize (every parallel dimension in order, then this
+// rank's shards: dist/parallelize.h) -> materialize (weights, data, AdamW, resume) -> the loop (steps with
+// gradient accumulation, clipping, eval, sampling, checkpoints), then the report.
 #include "train/trainer.h"
 
 #include <chrono>
@@ -20,12 +20,8 @@
 #include "autograd/ops.h"
 #include "dist/comm/mpi.h"
 #include "dist/comm/nccl.h"
-#include "dist/context_parallel/ring_attention.h"
-#include "dist/data_parallel.h"
-#include "dist/fsdp/fsdp.h"
 #include "dist/mesh.h"
-#include "dist/tensor_parallel/comm.h"
-#include "dist/tensor_parallel/tensor_parallel.h"
+#include "dist/parallelize.h"
 #include "dist/trace.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
@@ -110,8 +106,8 @@ class Trainer {
  private:
   void setup();        // devices, threads, the mesh, outputs and the checkpoint lock
   void describe();     // the model as a description: names, global shapes, init rules
-  void parallelize();  // the data-parallel strategy and the wrappers around each block
-  void materialize();  // memory (this rank's shards), weights, optimizer, data, resume
+  void parallelize();  // every parallel dimension, and this rank's memory (dist/parallelize.h)
+  void materialize();  // weights (init_from), data, optimizer, resume
   int loop();          // the steps, with evaluation, samples and checkpoints; then the end
 
   double train_step(int64_t step);  // one optimizer step on batches_; returns the mean loss
@@ -134,7 +130,6 @@ class Trainer {
   void log_json(const nlohmann::json& j);
   void write_trace();
   Tensor local(const Tensor& tokens) const;  // this rank's part of a batch, on the device
-  double mean_over_ranks(double loss) const;
   bool lead() const { return world_->rank() == 0; }
   // What decides the last bits of the numbers: a resume elsewhere continues, not bit for bit.
   std::string compute_identity() const {
@@ -163,10 +158,7 @@ class Trainer {
   std::unique_ptr<dist::Trace> trace_;
   models::GPTConfig mc_;
   std::unique_ptr<models::GPT> gpt_;
-  nn::FlatParams params_;
-  std::unique_ptr<dist::Strategy> strategy_;
-  dist::FullyShardedDataParallel* fsdp_ = nullptr;  // the strategy, when sharded
-  std::unique_ptr<dist::ContextParallel> cp_;       // when cp > 1
+  std::unique_ptr<dist::ParallelModel> pm_;  // this rank's buffers, the strategy, the layout's answers
   std::unique_ptr<optim::AdamW> opt_;
   optim::Schedule sched_;
   double lr_ = 0;  // optim.lr after lr_scaling
@@ -277,68 +269,45 @@ void Trainer::describe() {
 // ---- phase 3: parallelize ----------------------------------------------------------
 
 void Trainer::parallelize() {
-  // Tensor parallelism splits the described parameters (local shapes, slices of the global
-  // init) and puts f/g around the layers; context parallelism replaces attention by the
-  // ring and gives each rank two chunks of every sequence.
+  // every dimension, in order: TP, CP, activation checkpointing, this rank's memory, FSDP/DP
   try {
-    if (dims_.tp > 1) dist::check_tensor_parallel(mc_, dims_.tp);
-    if (dims_.cp > 1) dist::check_context_parallel(c_.train.seq_len, dims_.cp);
+    dist::check_parallel_model(mc_, dims_, c_.train.seq_len);
   } catch (const Error& e) {
     throw ConfigError(e.what());
   }
-  if (dims_.tp > 1) dist::apply_tensor_parallel(*gpt_, mesh_->tp());
-  if (dims_.cp > 1) cp_ = std::make_unique<dist::ContextParallel>(*gpt_, mesh_->cp(), c_.train.seq_len);
-  // Wrappers compose inside out: activation checkpointing around the block's own forward,
-  // FSDP's gather/release around that (so a recompute finds the block gathered).
-  if (const nn::ACMode ac = ac_mode(c_.train); ac != nn::ACMode::none) {
-    gpt_->add_unit_wrapper(nn::activation_checkpointing(ac, c_.train.ac_every));
+  const bool bf16 = c_.train.dtype == "bfloat16";
+  dist::ParallelizeOptions o;
+  o.device = device_;
+  o.seed = static_cast<uint64_t>(c_.train.seed);  // the counter-based RNG: the same numbers on every layout
+  if (bf16) o.compute_dtype = DType::bf16;        // mixed precision: an f32 master, bf16 copies
+  if (bf16 && c_.parallel.reduce_dtype == "bfloat16") o.reduce_dtype = DType::bf16;
+  o.seq_len = c_.train.seq_len;
+  o.ac = ac_mode(c_.train);
+  o.ac_every = c_.train.ac_every;
+  o.trace = trace_.get();
+  pm_ = dist::parallelize(*gpt_, *mesh_, o);
+  if (o.ac != nn::ACMode::none) {
     const int64_t k = c_.train.ac_every;
     out_ << "activation checkpointing: " << c_.train.activation_checkpointing
-         << (ac == nn::ACMode::full ? " (the whole block recomputed in backward)"
-                                    : " (the attention core recomputed in backward)")
+         << (o.ac == nn::ACMode::full ? " (the whole block recomputed in backward)"
+                                      : " (the attention core recomputed in backward)")
          << (k == 1 ? " in every block"
                     : " in blocks 0, " + std::to_string(k) + ", " + std::to_string(2 * k) + ", ...")
          << "\n";
   }
-  if (trace_ && !dims_.sharded())  // FSDP traces its units itself
-    gpt_->add_unit_wrapper([this](int64_t i, const nn::UnitFn& fn, const Tensor& x) {
-      dist::Trace::Scope s(trace_.get(), "forward h." + std::to_string(i), dist::Trace::kCompute);
-      return fn(x);
-    });
-  // The strategy is chosen after materialize (it needs the buffers); nothing to allocate here.
+  const nn::FlatParams& params = pm_->params;
+  out_ << "parameters: " << params.param_count() << " in " << params.units.size() << " flat buffers:";
+  for (const nn::FlatUnit& u : params.units) out_ << " " << u.name << "=" << u.param_count();
+  out_ << "\n";
+  if (world_->size() > 1)
+    out_ << "strategy: " << dims_.strategy() << "; each rank holds "
+         << human_bytes(static_cast<double>(params.shard_bytes() * 2))
+         << " of parameters, gradients and AdamW moments\n";
 }
 
 // ---- phase 4: materialize ----------------------------------------------------------
 
 void Trainer::materialize() {
-  // this rank's shard of every flat buffer (all of it without FSDP), values from the
-  // counter-based RNG: the same numbers on every layout
-  // (bfloat16: mixed precision, an f32 master and bf16 copies that the model computes with)
-  const bool bf16 = c_.train.dtype == "bfloat16";
-  params_ = nn::materialize(gpt_->units(), device_, DType::f32, static_cast<uint64_t>(c_.train.seed),
-                            nn::ShardSpec{mesh_->fsdp_rank(), dims_.fsdp()},
-                            bf16 ? std::optional<DType>(DType::bf16) : std::nullopt);
-  if (dims_.sharded()) {
-    auto f = std::make_unique<dist::FullyShardedDataParallel>(
-        params_, mesh_->fsdp(), &mesh_->replicate(),
-        bf16 && c_.parallel.reduce_dtype == "bfloat16" ? std::optional<DType>(DType::bf16) : std::nullopt);
-    f->set_trace(trace_.get());
-    gpt_->add_unit_wrapper(f->wrapper());
-    fsdp_ = f.get();
-    strategy_ = std::move(f);
-  } else if (dims_.dp_replicate > 1) {
-    strategy_ = std::make_unique<dist::DataParallel>(params_, mesh_->replicate());
-  } else {
-    strategy_ = std::make_unique<dist::NoParallelism>(params_);
-  }
-  if (dims_.tp > 1) strategy_->set_tensor_parallel(&mesh_->tp());
-  out_ << "parameters: " << params_.param_count() << " in " << params_.units.size() << " flat buffers:";
-  for (const nn::FlatUnit& u : params_.units) out_ << " " << u.name << "=" << u.param_count();
-  out_ << "\n";
-  if (world_->size() > 1)
-    out_ << "strategy: " << dims_.strategy() << "; each rank holds "
-         << human_bytes(static_cast<double>(params_.shard_bytes() * 2))
-         << " of parameters, gradients and AdamW moments\n";
   if (!c_.model.init_from.empty()) {
     load_weights(c_.model.init_from);
     out_ << "initialized from " << c_.model.init_from << "\n";
@@ -384,7 +353,7 @@ void Trainer::materialize() {
        << train_->windows_per_epoch() << " micro-steps of " << c_.train.micro_batch_size * dp
        << " sequences per epoch)\n";
   // the optimizer on this rank's shards, and the learning rate for this batch
-  opt_ = std::make_unique<optim::AdamW>(params_, c_.optim /* an AdamWConfig */);
+  opt_ = std::make_unique<optim::AdamW>(pm_->params, c_.optim /* an AdamWConfig */);
   lr_ = c_.optim.lr;
   if (c_.optim.lr_scaling != "none") {
     const double ratio = static_cast<double>(seqs) / static_cast<double>(c_.optim.lr_base_batch);
@@ -424,11 +393,10 @@ std::unique_ptr<Trainer::Whole> Trainer::make_whole() {
 
 std::unique_ptr<Trainer::Whole> Trainer::gather_whole(bool keep, bool grads) {
   std::unique_ptr<Whole> w = keep ? make_whole() : nullptr;
-  const int64_t tp = dims_.tp;
-  for (size_t i = 0; i < params_.units.size(); ++i) {
-    const nn::FlatUnit& u = params_.units[i];
+  for (size_t i = 0; i < pm_->params.units.size(); ++i) {
+    const nn::FlatUnit& u = pm_->params.units[i];
     // this rank's whole unit buffers (every rank of the FSDP group takes part) ...
-    auto whole_unit = [&](const Tensor& shard) { return fsdp_ ? fsdp_->gather_buffer(u, shard) : shard; };
+    auto whole_unit = [&](const Tensor& shard) { return pm_->whole_buffer(u, shard); };
     const Tensor data = whole_unit(grads ? u.grad : u.data);
     const Tensor m = grads ? Tensor() : whole_unit(opt_->m()[i]),
                  v = grads ? Tensor() : whole_unit(opt_->v()[i]);
@@ -437,8 +405,8 @@ std::unique_ptr<Trainer::Whole> Trainer::gather_whole(bool keep, bool grads) {
       const int64_t n = numel_of(p.spec.shape);
       auto whole_param = [&](const Tensor& buf) {
         Tensor local = buf.narrow(0, p.offset, n).view(p.spec.shape);
-        const Tensor whole = tp > 1 ? dist::gather_param(p.spec, local, mesh_->tp()) : local;  // collective
-        return keep ? whole.to(Device::cpu()) : whole;  // only the keeping rank needs it on the host
+        const Tensor whole = pm_->whole_param(p.spec, local);  // collective
+        return keep ? whole.to(Device::cpu()) : whole;         // only the keeping rank needs it on the host
       };
       const Tensor value = whole_param(data);
       const Tensor mv[2] = {grads ? Tensor() : whole_param(m), grads ? Tensor() : whole_param(v)};
@@ -458,21 +426,21 @@ std::unique_ptr<Trainer::Whole> Trainer::gather_whole(bool keep, bool grads) {
 void Trainer::load_weights(const std::string& path) {
   // each rank reads only its own elements of the file (RAM-efficient loading)
   if (fs::is_directory(path) && ckpt::is_sharded(path))
-    ckpt::load_sharded_weights(path, mc_, params_, lead() ? &std::cerr : nullptr);  // its parameters
+    ckpt::load_sharded_weights(path, mc_, pm_->params, lead() ? &std::cerr : nullptr);  // its parameters
   else
-    ckpt::load_weights_local(path, *gpt_, params_);
-  params_.refresh_compute();
+    ckpt::load_weights_local(path, *gpt_, pm_->params);
+  pm_->params.refresh_compute();
 }
 
 void Trainer::resume_from(const std::string& path) {
   ckpt::TrainState st;
   if (ckpt::is_sharded(path)) {  // the writers' shards, whatever their layout
-    st = ckpt::load_sharded(path, mc_, params_, *opt_,
+    st = ckpt::load_sharded(path, mc_, pm_->params, *opt_,
                             lead() ? &std::cerr : nullptr);  // one warning, not one per rank
   } else {  // the single-process layout; each rank reads only its elements
-    const std::vector<nn::FlatUnit> whole = nn::plan(models::GPT(mc_).units());
+    const std::vector<nn::FlatUnit> whole = nn::flat_layout(models::GPT(mc_).units());
     int64_t adam_steps = 0;
-    st = ckpt::load_checkpoint_local(path, *gpt_, params_, whole, opt_->m(), opt_->v(), &adam_steps);
+    st = ckpt::load_checkpoint_local(path, *gpt_, pm_->params, whole, opt_->m(), opt_->v(), &adam_steps);
     opt_->set_steps_taken(adam_steps);
   }
   if (st.step > c_.train.steps)  // going on would save the later weights under an earlier step
@@ -501,7 +469,7 @@ void Trainer::resume_from(const std::string& path) {
          << " of epoch " << st.loader.epoch << (pos % window_tokens ? " (rounded down)" : "")
          << (c_.data.shuffle ? ", but data.shuffle orders windows of the new size differently" : "") << "\n";
   }
-  params_.refresh_compute();
+  pm_->params.refresh_compute();
   train_->restore(st.loader);
   start_ = st.step;
 }
@@ -518,7 +486,7 @@ void Trainer::save(int64_t step) {
   st.extra["window_tokens"] = std::to_string(c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len);
   st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
   if (c_.checkpoint.format == "sharded") {   // every rank writes its own shards, nobody gathers
-    const std::string where = ckpt::save_sharded(c_.checkpoint.dir, st, params_, *opt_, *mesh_, mc_,
+    const std::string where = ckpt::save_sharded(c_.checkpoint.dir, st, pm_->params, *opt_, *mesh_, mc_,
                                                  c_.checkpoint.keep, &prune_log_);
     saved_step_ = step;
     out_ << "checkpoint: " << where << " (sharded)" << std::endl;
@@ -582,38 +550,30 @@ std::vector<data::Batch> Trainer::read_val_batches() {
 
 double Trainer::evaluate(const std::vector<data::Batch>& batches) {
   autograd::NoGradGuard no_grad;
-  strategy_->begin_forward_only();
+  pm_->strategy->begin_forward_only();
   double total = 0;
   for (const data::Batch& b : batches) total += gpt_->forward(local(b.inputs), local(b.targets)).loss.item();
-  strategy_->end_forward_only();
-  return mean_over_ranks(total / static_cast<double>(batches.size()));
+  pm_->strategy->end_forward_only();
+  return pm_->mean_over_ranks(total / static_cast<double>(batches.size()));
 }
 
 Tensor Trainer::local(const Tensor& tokens) const {
-  return (cp_ ? cp_->local(tokens) : tokens).to(device_);  // CP: this rank's two chunks
-}
-
-double Trainer::mean_over_ranks(double loss) const {
-  // each dp rank saw its own sequences and each cp rank its own chunks of them, as many
-  // tokens as any other: the mean of the means is the mean over every token (tp ranks
-  // hold the same loss)
-  loss = mesh_->dp().all_reduce_scalar(loss, dist::ReduceOp::kAvg);
-  return dims_.cp > 1 ? mesh_->cp().all_reduce_scalar(loss, dist::ReduceOp::kAvg) : loss;
+  return pm_->local(tokens).to(device_);  // CP: this rank's two chunks
 }
 
 std::vector<int32_t> Trainer::generate_sample(int64_t step) {
   if (!vocab_ || c_.sample.length == 0) return {};
   // sharded or tensor-parallel: every rank takes part in the collectives (and draws the
   // same tokens); CP ranks each run the whole sequence here
-  if (!fsdp_ && dims_.tp == 1 && !lead()) return {};
+  if (!pm_->forward_is_collective() && !lead()) return {};
   std::vector<int32_t> prompt;
   for (uint16_t t : vocab_->encode(c_.sample.prompt)) prompt.push_back(t);
-  strategy_->begin_forward_only();
-  if (cp_) cp_->set_active(false);
+  pm_->strategy->begin_forward_only();
+  pm_->split_sequences(false);
   std::vector<int32_t> ids = generate(*gpt_, prompt, c_.sample.length, c_.sample.temperature, c_.sample.top_k,
                                       static_cast<uint64_t>(c_.train.seed + step), device_);
-  if (cp_) cp_->set_active(true);
-  strategy_->end_forward_only();
+  pm_->split_sequences(true);
+  pm_->strategy->end_forward_only();
   return ids;
 }
 
@@ -653,14 +613,13 @@ double Trainer::train_step(int64_t step) {
             " micro-batches read ahead, not train.grad_accum_steps = ", c_.train.grad_accum_steps);
   const std::vector<data::Batch> batches = std::move(batches_);
   batches_.clear();
-  params_.zero_grad();
-  strategy_->begin_step();
+  pm_->params.zero_grad();
   // the micro-batches' losses stay on the device until every backward is queued: reading
   // one between its forward and backward would make the host wait for the device there
   std::vector<Tensor> losses;
   for (int64_t micro = 0; micro < c_.train.grad_accum_steps; ++micro) {
     const data::Batch& b = batches[static_cast<size_t>(micro)];
-    strategy_->begin_micro(/*sync=*/micro == c_.train.grad_accum_steps - 1);
+    pm_->strategy->begin_micro(/*sync=*/micro == c_.train.grad_accum_steps - 1);
     Tensor loss = gpt_->forward(local(b.inputs), local(b.targets)).loss;
     losses.push_back(loss.detach());
     // mean over micro-batches: each backward adds 1/accum of its gradient
@@ -670,11 +629,11 @@ double Trainer::train_step(int64_t step) {
                    ? loss
                    : scale(loss, 1.0 / static_cast<double>(c_.train.grad_accum_steps)));
     }
-    strategy_->end_micro();
+    pm_->strategy->end_micro();
   }
   double loss_sum = 0;
   for (const Tensor& l : losses) loss_sum += l.item();
-  return mean_over_ranks(loss_sum / static_cast<double>(c_.train.grad_accum_steps));
+  return pm_->mean_over_ranks(loss_sum / static_cast<double>(c_.train.grad_accum_steps));
 }
 
 int Trainer::loop() {
@@ -737,16 +696,16 @@ int Trainer::loop() {
     reset_peak_memory(device_);
     const int64_t bytes0 = mesh_->bytes_sent();
     const double loss = train_step(step);
-    const double norm = strategy_->grad_norm();  // global: the same number on every rank
+    const double norm = pm_->strategy->grad_norm();  // global: the same number on every rank
     if (step == start_ && !c_.log.grads.empty()) write_grads(c_.log.grads);
     check_step_finite(step + 1, loss, norm);  // a non-finite step is neither applied nor saved
     const double lr = optim::lr_at(step, sched_);
     {
       dist::Trace::Scope s(trace_.get(), "optimizer", dist::Trace::kCompute);
       opt_->step(lr, optim::clip_scale(norm, c_.optim.grad_clip));
-      params_.refresh_compute();  // mixed precision: the bf16 copies of the new parameters
+      pm_->params.refresh_compute();  // mixed precision: the bf16 copies of the new parameters
     }
-    strategy_->end_step();
+    pm_->strategy->end_step();
     if (device_.is_cuda()) cuda::synchronize(device_.index);
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     const int64_t comm_bytes = mesh_->bytes_sent() - bytes0;
@@ -832,7 +791,7 @@ int Trainer::loop() {
   if (lead() && !c_.log.report.empty()) {
     std::vector<std::string> summary = {mc_.str(), "steps " + std::to_string(c_.train.steps) + ", " +
                                                        std::to_string(tokens_per_step_) + " tokens per step"};
-    if (world_->size() > 1) summary.push_back("layout " + dims_.str() + " (" + strategy_->name() + ")");
+    if (world_->size() > 1) summary.push_back("layout " + dims_.str() + " (" + pm_->strategy->name() + ")");
     if (!curves_.train.empty())
       summary.push_back("final train loss " + std::to_string(curves_.train.back().second));
     if (std::isfinite(last_val)) summary.push_back("final val loss " + std::to_string(last_val));

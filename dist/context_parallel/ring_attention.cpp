@@ -47,13 +47,13 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
         // recomputed in backward instead of keeping its (Tc x Tc) probabilities: one score
         // block alive at a time
         const int64_t qo = q_chunk[a] * Tc, ko = k_chunk[b] * Tc;
-        std::vector<Tensor> r = autograd::checkpoint(
+        std::vector<Tensor> block = autograd::checkpoint(
             [qo, ko](const std::vector<Tensor>& in) {
               AttentionOut o = attention(in[0], in[1], in[2], qo, ko);
               return std::vector<Tensor>{o.out, o.lse};
             },
             {qh[a], kvs[0], kvs[1]});
-        AttentionOut o{r[0], r[1]};
+        AttentionOut o{block[0], block[1]};
         acc[a] = acc[a].out.defined() ? merge_attention(acc[a].out, acc[a].lse, o.out, o.lse) : o;
       }
     if (step + 1 < n) {

@@ -13,20 +13,22 @@ namespace {
 Storage& storage_of(const Tensor& t) { return *t.impl().storage; }
 }  // namespace
 
-FullyShardedDataParallel::FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shards,
-                                                   Communicator* replicas, std::optional<DType> reduce_dtype)
-    : params_(params),
-      shards_(shards),
+FullyShardedDataParallel::FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shard_group,
+                                                   Communicator* replicas, std::optional<DType> reduce_dtype,
+                                                   Communicator* tp)
+    // each element lives in exactly one shard of the group (replicas hold equal copies)
+    : Strategy(params, &shard_group, tp),
+      shard_group_(shard_group),
       replicas_(replicas && replicas->size() > 1 ? replicas : nullptr),
       reduce_dtype_(reduce_dtype) {
   state_.resize(params.units.size());
   backward_began_.resize(params.units.size());
   for (size_t i = 0; i < params.units.size(); ++i) {
     const nn::FlatUnit& u = params.units[i];
-    NDT_CHECK(u.shard_numel * shards.size() == u.padded_numel, "FSDP: unit ", u.name, " is cut into ",
-              u.padded_numel / std::max<int64_t>(u.shard_numel, 1), " shards but the group ", shards.name(),
-              " has ", shards.size(), " ranks; materialize with ShardSpec{", shards.rank(), ", ",
-              shards.size(), "}");
+    NDT_CHECK(u.shard_numel * shard_group.size() == u.padded_numel, "FSDP: unit ", u.name, " is cut into ",
+              u.padded_numel / std::max<int64_t>(u.shard_numel, 1), " shards but the group ",
+              shard_group.name(), " has ", shard_group.size(), " ranks; materialize with ShardSpec{",
+              shard_group.rank(), ", ", shard_group.size(), "}");
     if (i == 0) continue;  // the embeddings are reduced after backward (end_micro)
     std::vector<Tensor> ps;
     for (const nn::FlatParam& p : u.params) ps.push_back(p.value);
@@ -43,7 +45,7 @@ void FullyShardedDataParallel::start_gather(size_t i) {
   if (s.gathered || s.gather) return;
   const nn::FlatUnit& u = params_.units[i];
   storage_of(u.full).allocate();
-  s.gather = shards_.all_gather(u.full, u.compute_shard);  // full (padded_numel) <- every rank's shard
+  s.gather = shard_group_.all_gather(u.full, u.compute_shard);  // full (padded_numel) <- every rank's shard
   if (i > 0) max_gathered_ = std::max(max_gathered_, ++gathered_blocks_);
 }
 
@@ -127,7 +129,7 @@ FullyShardedDataParallel::PendingReduce FullyShardedDataParallel::start_reduce(s
     state_[i].grad_live = false;
   }
   p.out = Tensor::empty({u.shard_numel}, rd, u.grad.device());
-  p.work = shards_.reduce_scatter(p.out, p.in, ReduceOp::kAvg);
+  p.work = shard_group_.reduce_scatter(p.out, p.in, ReduceOp::kAvg);
   return p;
 }
 
@@ -152,8 +154,6 @@ void FullyShardedDataParallel::drain(size_t keep) {
 
 // ---- the step --------------------------------------------------------------------------
 
-void FullyShardedDataParallel::begin_step() {}
-
 void FullyShardedDataParallel::begin_micro(bool sync) {
   sync_ = sync;
   wait_gather(0);  // the embeddings stay gathered for the whole step
@@ -171,11 +171,6 @@ void FullyShardedDataParallel::end_micro() {
   replica_pending_.clear();
 }
 
-double FullyShardedDataParallel::grad_norm() {
-  // each element lives in exactly one shard of the group (replicas hold equal copies)
-  return global_norm(params_, &shards_);
-}
-
 void FullyShardedDataParallel::end_step() { release_all(); }  // gathered copies are stale now
 
 void FullyShardedDataParallel::begin_forward_only() {
@@ -191,7 +186,7 @@ void FullyShardedDataParallel::release_all() {
 
 Tensor FullyShardedDataParallel::gather_buffer(const nn::FlatUnit& u, const Tensor& shard) {
   Tensor full = Tensor::empty({u.padded_numel}, shard.dtype(), shard.device());
-  shards_.all_gather(full, shard)->wait();
+  shard_group_.all_gather(full, shard)->wait();
   return full;
 }
 

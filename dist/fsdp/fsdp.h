@@ -4,13 +4,13 @@
 // shards; a rank allocates only its shard of parameters, gradients and AdamW moments
 // (nn::materialize with a ShardSpec). The whole buffer exists only while its unit runs:
 //
-//   forward of block i   all-gather unit i (prefetched during block i-1), start unit
-//                        i+1's all-gather, compute, release unit i (the last block stays:
+//   forward of block i   all-gather its unit (prefetched during block i-1), start block
+//                        i+1's all-gather, compute, release the unit (the last block stays:
 //                        backward starts with it)
-//   backward of block i  unit i is gathered again (prefetched during block i+1's backward),
-//                        start unit i-1's all-gather, compute; when unit i's GradGroup
-//                        fires, release its parameters and reduce-scatter its gradients
-//                        (mean) into this rank's gradient shard
+//   backward of block i  its unit is gathered again (prefetched during block i+1's
+//                        backward), start block i-1's all-gather, compute; when the unit's
+//                        GradGroup fires, release its parameters and reduce-scatter its
+//                        gradients (mean) into this rank's gradient shard
 //   the embeddings       (wte, wpe, ln_f: unit 0, used at both ends of the model) stay
 //                        gathered for the whole step, their gradients accumulate locally
 //                        and are reduce-scattered once, after the last micro-step
@@ -42,22 +42,22 @@ namespace ndt::dist {
 
 class FullyShardedDataParallel : public Strategy {
  public:
-  // params: sharded over `shards` (materialized with ShardSpec{shards.rank(), shards.size()}).
+  // params: sharded over `shards` (materialized with ShardSpec{shard_group.rank(), shard_group.size()}).
   // replicas: HSDP's replicate group, or nullptr / a group of one for plain FSDP.
   // Mixed precision: gradients are reduce-scattered in reduce_dtype (the master dtype, or
   // the compute dtype to halve those bytes) and accumulated in the master dtype.
-  FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shards,
-                           Communicator* replicas = nullptr,
-                           std::optional<DType> reduce_dtype = std::nullopt);
+  // tp: the tensor-parallel group, for the global norm (nullptr: none).
+  FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shard_group,
+                           Communicator* replicas = nullptr, std::optional<DType> reduce_dtype = std::nullopt,
+                           Communicator* tp = nullptr);
   std::string name() const override;
 
-  // Install on the model (GPT::add_unit_wrapper): block i is unit i + 1.
+  // Install on the model (GPT::add_unit_wrapper): the wrapper of block i gathers and
+  // releases unit i + 1 (unit 0 is the embeddings).
   nn::UnitWrapper wrapper();
 
-  void begin_step() override;
   void begin_micro(bool sync) override;
   void end_micro() override;
-  double grad_norm() override;
   void end_step() override;
   void begin_forward_only() override;
   void end_forward_only() override;
@@ -97,8 +97,7 @@ class FullyShardedDataParallel : public Strategy {
   void drain(size_t keep);         // finish all but the `keep` newest reduce-scatters
   void before_backward(size_t u);  // on_backward hook of block unit u
 
-  const nn::FlatParams& params_;
-  Communicator& shards_;
+  Communicator& shard_group_;
   Communicator* replicas_;  // HSDP, or nullptr
   std::vector<UnitState> state_;
   std::vector<PendingReduce> pending_;

@@ -19,33 +19,38 @@ void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
             " (a checkpoint written with another vocab_multiple resumes: its padded rows are unused zeros)");
 }
 
+void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups, Communicator* tp) {
+  // W (C_in, C_out): this rank's columns of each of the `groups` blocks, and their bias
+  l.split_param("weight", 1, parts, rank, groups);
+  l.split_param("bias", 0, parts, rank, groups);  // GPT-2 linears all have one
+  // f: the input is whole on every rank; backward sums its gradient over the ranks
+  if (tp) l.before = [tp](const Tensor& x) { return copy_to_tp(x, *tp); };
+}
+
+void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp) {
+  // W (C_in, C_out): this rank's rows; its input is the split output of a column-parallel layer
+  l.split_param("weight", 0, parts, rank);
+  // g: the partial products summed over the ranks, then the bias (whole on every rank) once
+  if (tp) l.reduce_before_bias = [tp](const Tensor& y) { return reduce_from_tp(y, *tp); };
+}
+
 namespace {
 
-// The parameter splits of one block for rank `rank` of `parts`: column-parallel c_attn (its
-// heads' columns of q, k and v: three blocks) and c_fc, row-parallel c_proj's.
-void split_block(nn::Block& b, int64_t parts, int64_t rank) {
-  for (nn::Linear* l : {&b.attn.c_attn, &b.mlp.c_fc}) {
-    const int64_t groups = l == &b.attn.c_attn ? 3 : 1;
-    l->split_param("weight", 1, parts, rank, groups);
-    l->split_param("bias", 0, parts, rank, groups);  // GPT-2 linears all have one
-  }
-  for (nn::Linear* l : {&b.attn.c_proj, &b.mlp.c_proj}) l->split_param("weight", 0, parts, rank);
+// One block as rank `rank` of `parts` holds it; with a communicator, with its f and g.
+void parallelize_block(nn::Block& b, int64_t parts, int64_t rank, Communicator* tp) {
+  NDT_CHECK(b.attn.n_head % parts == 0, "tensor parallelism: ", b.attn.n_head, " heads do not divide among ",
+            parts, " ranks");
+  column_parallel(b.attn.c_attn, parts, rank, /*groups=*/3, tp);  // this rank's heads of q, of k, of v
+  row_parallel(b.attn.c_proj, parts, rank, tp);                   // those heads' rows
   b.attn.n_head /= parts;
+  column_parallel(b.mlp.c_fc, parts, rank, /*groups=*/1, tp);  // this rank's hidden units
+  row_parallel(b.mlp.c_proj, parts, rank, tp);
 }
 
 }  // namespace
 
 void apply_tensor_parallel(nn::Block& block, Communicator& tp) {
-  if (tp.size() == 1) return;
-  NDT_CHECK(block.attn.n_head % tp.size() == 0, "tensor parallelism: ", block.attn.n_head,
-            " heads do not divide among ", tp.size(), " ranks");
-  split_block(block, tp.size(), tp.rank());
-  // column-parallel layers take their input through f; row-parallel ones sum their partial
-  // outputs (g) before the bias, which every rank holds whole
-  for (nn::Linear* l : {&block.attn.c_attn, &block.mlp.c_fc})
-    l->before = [&tp](const Tensor& x) { return copy_to_tp(x, tp); };
-  for (nn::Linear* l : {&block.attn.c_proj, &block.mlp.c_proj})
-    l->reduce_before_bias = [&tp](const Tensor& y) { return reduce_from_tp(y, tp); };
+  if (tp.size() > 1) parallelize_block(block, tp.size(), tp.rank(), &tp);
 }
 
 void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
@@ -53,7 +58,7 @@ void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
             "; tp_size must be >= 1 and the rank in [0, tp_size)");
   if (parts == 1) return;
   check_tensor_parallel(gpt.cfg, parts);
-  for (auto& block : gpt.h) split_block(*block, parts, rank);
+  for (auto& block : gpt.h) parallelize_block(*block, parts, rank, /*tp=*/nullptr);
   gpt.wte.split_param("weight", 0, parts, rank);
 }
 

@@ -30,6 +30,16 @@ namespace ndt::dist {
 // not divide by tp.
 void check_tensor_parallel(const models::GPTConfig& cfg, int64_t tp);
 
+// The two layers of Megatron-LM's tensor parallelism, each its split and its communication
+// together (tp = nullptr: the split alone, as rank `rank` of `parts` holds it):
+// Column-parallel: W (C_in, C_out) split by columns (in `groups` equal blocks, each split:
+// c_attn's q, k and v), with the bias; the input comes through f (copy_to_tp), the output
+// stays split. Row-parallel: W split by rows, taking a column-parallel layer's split output;
+// the partial outputs are summed by g (reduce_from_tp) before the bias, held whole.
+void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups = 1,
+                     Communicator* tp = nullptr);
+void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp = nullptr);
+
 // Splits gpt's parameters (their specs: local shapes, TpSlice) and installs the f/g ops,
 // the vocabulary-parallel embedding and loss. The communicator must outlive the model.
 void apply_tensor_parallel(models::GPT& gpt, Communicator& tp);

@@ -1,0 +1,72 @@
+#include "dist/parallelize.h"
+
+#include <string>
+
+#include "dist/data_parallel.h"
+#include "dist/tensor_parallel/comm.h"
+#include "dist/tensor_parallel/tensor_parallel.h"
+
+namespace ndt::dist {
+
+void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len) {
+  if (dims.tp > 1) check_tensor_parallel(cfg, dims.tp);
+  if (dims.cp > 1) check_context_parallel(seq_len, dims.cp);
+}
+
+std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& mesh,
+                                           const ParallelizeOptions& o) {
+  const ParallelDims& dims = mesh.dims();
+  auto pm = std::make_unique<ParallelModel>();
+  pm->mesh_ = &mesh;
+  // 1-2: the description is split; nothing is allocated yet
+  if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp());
+  if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len);
+  // 3: wrappers compose inside out, the first installed runs innermost
+  if (o.ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(o.ac, o.ac_every));
+  if (o.trace && !dims.sharded())  // FSDP traces its units itself
+    gpt.add_unit_wrapper([trace = o.trace](int64_t i, const nn::UnitFn& fn, const Tensor& x) {
+      Trace::Scope s(trace, "forward h." + std::to_string(i), Trace::kCompute);
+      return fn(x);
+    });
+  // 4: this rank's shard of every buffer (all of it without FSDP)
+  pm->params = nn::materialize(gpt.units(), o.device, DType::f32, o.seed,
+                               nn::ShardSpec{mesh.fsdp_rank(), dims.fsdp()}, o.compute_dtype);
+  // 5: who reduces the gradients; the global norm also sums over the tp group
+  Communicator* tp = dims.tp > 1 ? &mesh.tp() : nullptr;
+  if (dims.sharded()) {
+    auto f = std::make_unique<FullyShardedDataParallel>(pm->params, mesh.fsdp(), &mesh.replicate(),
+                                                        o.reduce_dtype, tp);
+    f->set_trace(o.trace);
+    gpt.add_unit_wrapper(f->wrapper());  // outermost
+    pm->fsdp_ = f.get();
+    pm->strategy = std::move(f);
+  } else if (dims.dp_replicate > 1) {
+    pm->strategy = std::make_unique<DataParallel>(pm->params, mesh.replicate(), tp);
+  } else {
+    pm->strategy = std::make_unique<NoParallelism>(pm->params, tp);
+  }
+  return pm;
+}
+
+Tensor ParallelModel::local(const Tensor& tokens) const { return cp_ ? cp_->local(tokens) : tokens; }
+
+double ParallelModel::mean_over_ranks(double loss) const {
+  loss = mesh_->dp().all_reduce_scalar(loss, ReduceOp::kAvg);
+  return cp_ ? mesh_->cp().all_reduce_scalar(loss, ReduceOp::kAvg) : loss;
+}
+
+bool ParallelModel::forward_is_collective() const { return fsdp_ || mesh_->dims().tp > 1; }
+
+void ParallelModel::split_sequences(bool on) const {
+  if (cp_) cp_->set_active(on);
+}
+
+Tensor ParallelModel::whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const {
+  return fsdp_ ? fsdp_->gather_buffer(u, shard) : shard;
+}
+
+Tensor ParallelModel::whole_param(const nn::ParamSpec& spec, const Tensor& local) const {
+  return mesh_->dims().tp > 1 ? gather_param(spec, local, mesh_->tp()) : local;
+}
+
+}  // namespace ndt::dist

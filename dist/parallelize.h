@@ -1,0 +1,89 @@
+// ndtrain: every parallel dimension applied to a described GPT, in one place and in the
+// order that matters:
+//
+//   1. tensor parallel    split the attention and MLP linears (local shapes, slices of the
+//                         global init) and put f/g around them, while no memory exists
+//   2. context parallel   ring attention in every block; each rank keeps two chunks of
+//                         every sequence
+//   3. activation checkpointing   a wrapper around each block's forward
+//   4. memory             this rank's shard of every flat buffer (nn::materialize): the
+//                         same numbers as one process would draw, in any layout
+//   5. data parallel      FSDP/HSDP (a wrapper outside checkpointing, so that a recompute
+//                         finds its block gathered), DP's gradient hooks, or nothing
+//
+//   dist::check_parallel_model(gpt.cfg, mesh.dims(), seq_len);  // sizes that do not divide
+//   std::unique_ptr<dist::ParallelModel> pm = dist::parallelize(gpt, mesh, {device, seed, ...});
+//   pm->strategy->begin_micro(sync); ... gpt.forward(pm->local(inputs), pm->local(targets)) ...
+//
+// What the training loop needs afterwards lives in ParallelModel: the buffers, the strategy
+// (the hooks of dist/strategy.h) and the few questions whose answer depends on the layout
+// (this rank's part of a batch, the mean loss over ranks, whole buffers for checkpoints),
+// so the loop itself does not branch on tp, cp or fsdp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "dist/context_parallel/ring_attention.h"
+#include "dist/fsdp/fsdp.h"
+#include "dist/mesh.h"
+#include "dist/strategy.h"
+#include "dist/trace.h"
+#include "models/gpt.h"
+#include "nn/flat.h"
+#include "nn/unit.h"
+
+namespace ndt::dist {
+
+struct ParallelizeOptions {
+  Device device = Device::cpu();
+  uint64_t seed = 0;                   // the counter-based init
+  std::optional<DType> compute_dtype;  // bf16: an f32 master and bf16 copies the model computes with
+  std::optional<DType> reduce_dtype;   // FSDP's gradient reductions (nullopt: the master's dtype)
+  int64_t seq_len = 0;                 // CP: the sequences every rank takes two chunks of
+  nn::ACMode ac = nn::ACMode::none;    // activation checkpointing ...
+  int64_t ac_every = 1;                // ... of blocks 0, k, 2k, ...
+  Trace* trace = nullptr;              // each block's forward on the compute track
+};
+
+// Throws ndt::Error when the model or the sequence cannot be split as the mesh asks
+// (heads, MLP or padded vocabulary that tp does not divide; seq_len that 2 cp does not).
+void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len);
+
+// Not copied or moved: the strategy and the model's hooks refer to its buffers.
+class ParallelModel {
+ public:
+  ParallelModel() = default;
+  ParallelModel(const ParallelModel&) = delete;
+  ParallelModel& operator=(const ParallelModel&) = delete;
+
+  nn::FlatParams params;               // this rank's shards (and TP slices)
+  std::unique_ptr<Strategy> strategy;  // FSDP/HSDP, DP or NoParallelism
+
+  // (B, T) tokens of whole sequences -> this rank's part (CP: its two chunks of each).
+  Tensor local(const Tensor& tokens) const;
+  // A loss computed on this rank's sequences and chunks -> the mean over every token of the
+  // step (each dp and cp rank holds as many tokens as any other; tp ranks hold the same loss).
+  double mean_over_ranks(double loss) const;
+  // True when a forward is collective (FSDP gathers, TP reduces): every rank must run it.
+  bool forward_is_collective() const;
+  // While false, every rank runs whole sequences (sampling); CP only.
+  void split_sequences(bool on) const;
+  // Checkpoints and weight files in the single-process layout: a unit buffer whole (FSDP:
+  // all-gathered over the shard group) and a parameter whole (TP: gathered over the tp group).
+  Tensor whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const;
+  Tensor whole_param(const nn::ParamSpec& spec, const Tensor& local) const;
+
+ private:
+  friend std::unique_ptr<ParallelModel> parallelize(models::GPT&, const DeviceMesh&,
+                                                    const ParallelizeOptions&);
+  const DeviceMesh* mesh_ = nullptr;
+  FullyShardedDataParallel* fsdp_ = nullptr;  // the strategy, when sharded
+  std::unique_ptr<ContextParallel> cp_;       // when cp > 1
+};
+
+std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& mesh,
+                                           const ParallelizeOptions& o);
+
+}  // namespace ndt::dist
