@@ -63,30 +63,7 @@ void for_each_shard_run(const FlatUnit& u, const FlatParam& p,
                         const std::function<void(int64_t dst, int64_t global, int64_t len)>& fn) {
   const int64_t n = numel_of(p.spec.shape), s0 = u.shard_offset, s1 = s0 + u.shard_numel;
   const int64_t a = std::max(p.offset, s0) - p.offset, b = std::min(p.offset + n, s1) - p.offset;
-  for (int64_t i = a; i < b;) {
-    const auto [g, run] = tp_global_run(p.spec, i);
-    const int64_t len = std::min(run, b - i);
-    fn(p.offset + i - s0, g, len);
-    i += len;
-  }
-}
-
-std::pair<int64_t, int64_t> tp_local_of(const ParamSpec& s, int64_t g) {
-  if (!s.tp.split()) return {0, g};
-  const Shape& gs = s.tp.global;
-  const int64_t gcols = gs.size() > 1 ? gs[1] : 1;
-  const int64_t L = gs[s.tp.dim], G = L / s.tp.groups, b = G / s.tp.parts;  // per group, per rank in it
-  // the index along the split dimension -> (rank, local index along it)
-  auto local_of = [&](int64_t x) {
-    const int64_t group = x / G, w = x % G;
-    return std::pair<int64_t, int64_t>{w / b, group * b + w % b};
-  };
-  if (s.tp.dim == 0) {
-    const auto [rank, row] = local_of(g / gcols);
-    return {rank, row * gcols + g % gcols};
-  }
-  const auto [rank, col] = local_of(g % gcols);
-  return {rank, g / gcols * (L / s.tp.parts) + col};
+  for_each_tp_run(p.spec, a, b, [&](int64_t i, int64_t g, int64_t len) { fn(p.offset + i - s0, g, len); });
 }
 
 namespace {
@@ -103,25 +80,6 @@ Tensor released_buffer(int64_t numel, DType dtype, Device device) {
 
 }  // namespace
 
-std::pair<int64_t, int64_t> tp_global_run(const ParamSpec& s, int64_t i) {
-  const int64_t n = numel_of(s.shape);
-  if (!s.tp.split()) return {i, n - i};
-  const Shape& g = s.tp.global;
-  const int64_t cols = s.shape.size() > 1 ? s.shape[1] : 1, gcols = g.size() > 1 ? g[1] : 1;
-  const int64_t r = i / cols, c = i % cols;
-  const int64_t block = g[s.tp.dim] / (s.tp.groups * s.tp.parts);  // local elements per group
-  // local index j along the split dimension -> global index
-  auto global_of = [&](int64_t j) {
-    return j / block * (g[s.tp.dim] / s.tp.groups) + s.tp.rank * block + j % block;
-  };
-  if (s.tp.dim == 0) {  // whole rows; a run ends with the rank's block of rows
-    const int64_t rows_left = block - r % block;
-    return {global_of(r) * gcols + c, rows_left * cols - c};
-  }
-  // dim 1: a run ends with the block of columns (or the row)
-  return {r * gcols + global_of(c), block - c % block};
-}
-
 namespace {
 
 // Initializes the elements [lo, hi) of parameter p (indices within this rank's part of
@@ -134,14 +92,12 @@ void init_range(const FlatParam& p, const Tensor& dst, int64_t lo, int64_t hi, u
       // only the first `rows` rows are drawn (vocabulary padding stays zero)
       const Shape& g = p.spec.global_shape();
       const int64_t drawn = init.rows >= 0 ? init.rows * (numel_of(g) / g[0]) : numel_of(g);
-      for (int64_t i = lo; i < hi;) {
-        const auto [start, run] = tp_global_run(p.spec, i);
-        const int64_t n = std::min(run, hi - i), live = std::max<int64_t>(0, std::min(n, drawn - start));
+      for_each_tp_run(p.spec, lo, hi, [&](int64_t i, int64_t start, int64_t n) {
+        const int64_t live = std::max<int64_t>(0, std::min(n, drawn - start));
         if (live > 0)
           kernels::fill_normal(dst.narrow(0, i - lo, live), seed, name_hash(p.spec.name),
                                static_cast<uint64_t>(start), 0.0f, init.std);
-        i += n;
-      }
+      });
       break;
     }
     case Init::kOnes:

@@ -107,13 +107,6 @@ FlatParams materialize(const std::vector<UnitSpec>& units, Device device, DType 
 // full_grad is grad.
 void fold_grad(const FlatUnit& u);
 
-// Tensor parallelism: the global flat index of this rank's element i (flat, in its slice)
-// of parameter s, and how many elements from i on stay contiguous in the whole parameter.
-std::pair<int64_t, int64_t> tp_global_run(const ParamSpec& s, int64_t i);
-// The inverse: which tensor-parallel rank holds global element g of parameter s (any
-// rank's spec of it), and at which flat index of that rank's slice.
-std::pair<int64_t, int64_t> tp_local_of(const ParamSpec& s, int64_t g);
-
 // Calls fn(offset in the shard, global element index, length) for every run of parameter
 // p's elements that this rank's shard of unit u holds: its tensor-parallel slice of p, and
 // of that the part inside [shard_offset, shard_offset + shard_numel). Within a run both the

@@ -4,7 +4,7 @@ namespace ndt::nn {
 
 void Module::param(const std::string& name, Tensor* slot, Shape shape, Init init, bool weight_decay) {
   for (const Entry& e : entries_) NDT_CHECK(e.name != name, "Module: '", name, "' registered twice");
-  entries_.push_back({name, nullptr, ParamSpec{name, std::move(shape), init, weight_decay, slot}});
+  entries_.push_back({name, nullptr, ParamSpec{name, std::move(shape), init, weight_decay, slot, TpSlice{}}});
 }
 
 void Module::child(const std::string& name, Module* m) {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/tp_slice.h"
 #include "tensor/tensor.h"
 
 namespace ndt::nn {
@@ -33,18 +34,6 @@ struct Init {
   static Init normal(float std, int64_t rows = -1) { return {kNormal, std, rows}; }
   static Init zeros() { return {kZeros, 0.0f, -1}; }
   static Init ones() { return {kOnes, 0.0f, -1}; }
-};
-
-// A tensor-parallel slice of a parameter: this rank holds part `rank` of `parts` along
-// dimension `dim`. With groups > 1 the dimension is made of `groups` equal blocks (c_attn's
-// q, k and v columns) and the rank holds its part of each block:
-//   global index along dim = g * (L / groups) + rank * (L / (groups * parts)) + j
-// for the j-th element of the rank's g-th block (L the global length of dim).
-struct TpSlice {
-  int dim = -1;  // -1: replicated (every tensor-parallel rank holds all of it)
-  int64_t parts = 1, rank = 0, groups = 1;
-  Shape global;  // the whole parameter's shape
-  bool split() const { return dim >= 0 && parts > 1; }
 };
 
 struct ParamSpec {

@@ -100,16 +100,9 @@ Tensor gather_vocab(const Tensor& logits, Communicator& tp) {
 
 namespace {
 // Calls fn(local_index, global_index, length) for every run of the rank `rank`'s slice.
-template <typename F>
-void for_each_run(nn::ParamSpec s, int64_t rank, F&& fn) {
+void for_each_run(nn::ParamSpec s, int64_t rank, const std::function<void(int64_t, int64_t, int64_t)>& fn) {
   s.tp.rank = rank;
-  const int64_t n = numel_of(s.shape);
-  for (int64_t i = 0; i < n;) {
-    const auto [start, run] = nn::tp_global_run(s, i);
-    const int64_t len = std::min(run, n - i);
-    fn(i, start, len);
-    i += len;
-  }
+  nn::for_each_tp_run(s, 0, numel_of(s.shape), fn);
 }
 }  // namespace
 
