@@ -21,10 +21,10 @@
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "tensor/kernels.h"
-#include "train/checkpoint.h"
-#include "train/files.h"
-#include "train/safetensors.h"
-#include "train/sharded.h"
+#include "train/checkpoint/checkpoint.h"
+#include "train/checkpoint/sharded.h"
+#include "train/io/files.h"
+#include "train/io/safetensors.h"
 
 using namespace ndt;
 using ndt::testing::error_of;

@@ -19,7 +19,7 @@
 #include "support/testing.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/kernels.h"
-#include "train/data.h"
+#include "train/data/data.h"
 #include "train/trainer.h"
 
 using namespace ndt;

@@ -8,8 +8,8 @@
 #include <fstream>
 #include <numeric>
 
-#include "train/data.h"
-#include "train/vocab.h"
+#include "train/data/data.h"
+#include "train/data/vocab.h"
 
 using namespace ndt;
 using ndt::testing::error_of;

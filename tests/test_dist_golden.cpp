@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "tensor/threads.h"
-#include "train/files.h"
-#include "train/safetensors.h"
+#include "train/io/files.h"
+#include "train/io/safetensors.h"
 
 using namespace ndt;
 namespace fs = std::filesystem;

@@ -11,8 +11,8 @@
 #include <map>
 #include <sstream>
 
-#include "train/data.h"
-#include "train/files.h"
+#include "train/data/data.h"
+#include "train/io/files.h"
 
 namespace fs = std::filesystem;
 
@@ -21,11 +21,12 @@ namespace {
 
 // Rank 0's `text` on every rank (collective).
 std::string broadcast_text(const std::string& text, dist::Communicator& world) {
-  const int64_t n = static_cast<int64_t>(
-      world.all_reduce_scalar(world.rank() == 0 ? static_cast<double>(text.size()) : 0.0, dist::ReduceOp::kMax));
+  const int64_t n = static_cast<int64_t>(world.all_reduce_scalar(
+      world.rank() == 0 ? static_cast<double>(text.size()) : 0.0, dist::ReduceOp::kMax));
   Tensor buf = Tensor::zeros({std::max<int64_t>(n, 1)}, DType::i32);
   if (world.rank() == 0)
-    for (int64_t i = 0; i < n; ++i) static_cast<int32_t*>(buf.data_ptr())[i] = static_cast<unsigned char>(text[i]);
+    for (int64_t i = 0; i < n; ++i)
+      static_cast<int32_t*>(buf.data_ptr())[i] = static_cast<unsigned char>(text[i]);
   Tensor dev = buf.to(world.device());
   world.broadcast(dev, 0)->wait();
   buf = dev.to(Device::cpu());
@@ -120,13 +121,15 @@ void check_same_config(const Config& cfg, dist::Communicator& world) {
       if (all[static_cast<size_t>(r) * k + i] > 0) ranks.push_back(r);
     if (ranks.empty()) continue;
     if (!msg.empty()) msg += "; ";
-    msg += i + 1 < k ? zero[i].first + " on " + ranks_text(ranks) + " (rank 0: '" + shortened(zero[i].second) + "')"
-                     : "keys rank 0 does not have on " + ranks_text(ranks) + " (another train_gpt build?)";
+    msg += i + 1 < k
+               ? zero[i].first + " on " + ranks_text(ranks) + " (rank 0: '" + shortened(zero[i].second) + "')"
+               : "keys rank 0 does not have on " + ranks_text(ranks) + " (another train_gpt build?)";
   }
   if (!msg.empty())
-    throw AgreedConfigError("the ranks were not started with the same config (a stale config file or other data "
-                            "on some node?): " + msg +
-                            "; every rank must read the same config file and data");
+    throw AgreedConfigError(
+        "the ranks were not started with the same config (a stale config file or other data "
+        "on some node?): " +
+        msg + "; every rank must read the same config file and data");
 }
 
 void check_checkpoint_dir_shared(const Config& cfg, bool writer, dist::Communicator& world) {
@@ -134,8 +137,8 @@ void check_checkpoint_dir_shared(const Config& cfg, bool writer, dist::Communica
   if (world.size() == 1 || dir.empty()) return;
   // rank 0 leaves a file only this run can have written; the others look for it
   const std::string token = std::to_string(::getpid()) + "-" +
-                            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "-" +
-                            host_name();
+                            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) +
+                            "-" + host_name();
   const std::string marker_name = ".shared_probe";
   const fs::path marker = fs::path(dir) / marker_name;
   std::string error;
@@ -156,7 +159,8 @@ void check_checkpoint_dir_shared(const Config& cfg, bool writer, dist::Communica
     sees = f.good() && got.str() == expected;
   }
   if (writer && sees && world.rank() != 0) {
-    const fs::path probe = fs::path(dir) / (".write_probe_" + std::to_string(::getpid()) + "_" + std::to_string(world.rank()));
+    const fs::path probe =
+        fs::path(dir) / (".write_probe_" + std::to_string(::getpid()) + "_" + std::to_string(world.rank()));
     try {
       io::write_file_atomic(probe.string(), "");
       fs::remove(probe);
@@ -172,17 +176,19 @@ void check_checkpoint_dir_shared(const Config& cfg, bool writer, dist::Communica
   }
   std::vector<int> blind, readonly;
   for (int r = 0; r < world.size(); ++r) {
-    if (all[2 * static_cast<size_t>(r)] == 0) blind.push_back(r);
-    else if (all[2 * static_cast<size_t>(r) + 1] == 0) readonly.push_back(r);
+    if (all[2 * static_cast<size_t>(r)] == 0)
+      blind.push_back(r);
+    else if (all[2 * static_cast<size_t>(r) + 1] == 0)
+      readonly.push_back(r);
   }
   if (!error.empty())
     throw AgreedConfigError("checkpoint.dir " + dir + ": rank 0 cannot write there (" + error + ")");
   if (!blind.empty())
     throw AgreedConfigError(
         "checkpoint.dir " + dir + " is not the same directory on every rank: " + ranks_text(blind) +
-        " do not see the file rank 0 wrote there (" + (cfg.checkpoint.format == "sharded"
-                                                          ? "every rank writes its own shards into it"
-                                                          : "every rank reads its part of a resumed checkpoint") +
+        " do not see the file rank 0 wrote there (" +
+        (cfg.checkpoint.format == "sharded" ? "every rank writes its own shards into it"
+                                            : "every rank reads its part of a resumed checkpoint") +
         "); put it on a filesystem every node mounts at the same path (NFS, Lustre, ...)" +
         (cfg.checkpoint.format == "sharded" && !cfg.checkpoint.resume
              ? ", or use checkpoint.format = full (rank 0 writes alone)"

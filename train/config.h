@@ -76,7 +76,8 @@ struct CheckpointSection {  // [checkpoint]
   int64_t every = 0;
   bool resume = false;
   int keep = 2;
-  std::string format = "sharded";  // sharded: every rank its own files; full: one file of whole tensors (rank 0)
+  std::string format =
+      "sharded";  // sharded: every rank its own files; full: one file of whole tensors (rank 0)
 };
 
 struct LogSection {  // [log]
@@ -113,7 +114,7 @@ struct Config {
   ParallelSection parallel;
   std::string config_path;  // the --config file, if any
   // train_gpt --plan [--json] [--plan.world N]: print the memory and communication plan
-  // (train/plan.h) and exit, without data, memory or MPI
+  // (train/planner/plan.h) and exit, without data, memory or MPI
   bool plan = false, plan_json = false;
   int64_t plan_world = 0;  // 0: the product of the [parallel] sizes
   // Every [section] key with its value as parsed (file, command line or default), sorted:

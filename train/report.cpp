@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "train/files.h"
+#include "train/io/files.h"
 
 namespace ndt::train {
 namespace {

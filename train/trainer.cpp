@@ -29,17 +29,17 @@
 #include "tensor/cuda/runtime.h"
 #include "tensor/threads.h"
 #include "train/agree.h"
-#include "train/checkpoint.h"
+#include "train/checkpoint/checkpoint.h"
+#include "train/checkpoint/sharded.h"
 #include "train/config.h"
-#include "train/data.h"
-#include "train/files.h"
+#include "train/data/data.h"
+#include "train/data/vocab.h"
 #include "train/guard.h"
-#include "train/plan.h"
+#include "train/io/files.h"
+#include "train/io/safetensors.h"
+#include "train/planner/plan.h"
 #include "train/report.h"
-#include "train/safetensors.h"
 #include "train/sample.h"
-#include "train/sharded.h"
-#include "train/vocab.h"
 
 namespace fs = std::filesystem;
 
@@ -823,7 +823,7 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
     if (!quiet) err << "train_gpt: config error: " << e.what() << "\n";
     return 2;
   }
-  if (c.plan) {  // before MPI: nothing is allocated, no rank starts (train/plan.h)
+  if (c.plan) {  // before MPI: nothing is allocated, no rank starts (train/planner/plan.h)
     try {
       const Plan p = plan(c, plan_world(c));
       if (!quiet) c.plan_json ? print_plan_json(p, out) : print_plan(p, out);

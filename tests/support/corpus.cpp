@@ -12,9 +12,9 @@
 #include <sstream>
 
 #include "tensor/error.h"
-#include "train/data.h"
+#include "train/data/data.h"
+#include "train/data/vocab.h"
 #include "train/trainer.h"
-#include "train/vocab.h"
 
 namespace ndt::testing {
 

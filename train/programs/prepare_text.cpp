@@ -12,8 +12,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "train/data.h"
-#include "train/vocab.h"
+#include "train/data/data.h"
+#include "train/data/vocab.h"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;

@@ -31,7 +31,7 @@
 #include "models/gpt.h"
 #include "nn/flat.h"
 #include "optim/adamw.h"
-#include "train/data.h"
+#include "train/data/data.h"
 
 namespace ndt::ckpt {
 
@@ -103,8 +103,9 @@ void load_weights_local(const std::string& path, const models::GPT& gpt, const n
 // units (nn::flat_layout of the undivided model), which the checkpoint's moment buffers follow but
 // for the vocabulary's padding: a checkpoint written with another model.vocab_multiple loads
 // (the padded rows of wte are zero and never trained; they are dropped or added as zeros).
-TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt, const nn::FlatParams& params,
-                                 const std::vector<nn::FlatUnit>& whole, const std::vector<Tensor>& m,
-                                 const std::vector<Tensor>& v, int64_t* adam_steps);
+TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt,
+                                 const nn::FlatParams& params, const std::vector<nn::FlatUnit>& whole,
+                                 const std::vector<Tensor>& m, const std::vector<Tensor>& v,
+                                 int64_t* adam_steps);
 
 }  // namespace ndt::ckpt

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "train/sharded.h"
+#include "train/checkpoint/sharded.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "train/files.h"
+#include "train/io/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,6 +1,6 @@
-#include "train/safetensors.h"
+#include "train/io/safetensors.h"
 
-#include "train/files.h"
+#include "train/io/files.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -164,8 +164,9 @@ Tensor SafeTensorsReader::get_range(const std::string& name, int64_t begin, int6
   auto it = entries_.find(name);
   NDT_CHECK(it != entries_.end(), "safetensors file ", path_, ": no tensor '", name, "'");
   const Entry& e = it->second;
-  NDT_CHECK(begin >= 0 && n >= 0 && begin + n <= numel_of(e.shape), "safetensors file ", path_, ": elements [",
-            begin, ", ", begin + n, ") of '", name, "' ", shape_str(e.shape), " do not exist");
+  NDT_CHECK(begin >= 0 && n >= 0 && begin + n <= numel_of(e.shape), "safetensors file ", path_,
+            ": elements [", begin, ", ", begin + n, ") of '", name, "' ", shape_str(e.shape),
+            " do not exist");
   DType stored;
   if (e.dtype == "F32")
     stored = DType::f32;
@@ -204,14 +205,15 @@ void SafeTensorsReader::read_range(const std::string& name, int64_t begin, const
   NDT_CHECK(it != entries_.end(), "safetensors file ", path_, ": no tensor '", name, "'");
   const Entry& e = it->second;
   const int64_t n = dst.numel();
-  const bool same = (e.dtype == "F32" && dst.dtype() == DType::f32) || (e.dtype == "F64" && dst.dtype() == DType::f64) ||
+  const bool same = (e.dtype == "F32" && dst.dtype() == DType::f32) ||
+                    (e.dtype == "F64" && dst.dtype() == DType::f64) ||
                     (e.dtype == "BF16" && dst.dtype() == DType::bf16);
   if (!same) {
     dst.copy_(get_range(name, begin, n, dst.dtype()));
     return;
   }
-  NDT_CHECK(begin >= 0 && begin + n <= numel_of(e.shape), "safetensors file ", path_, ": elements [", begin, ", ",
-            begin + n, ") of '", name, "' ", shape_str(e.shape), " do not exist");
+  NDT_CHECK(begin >= 0 && begin + n <= numel_of(e.shape), "safetensors file ", path_, ": elements [", begin,
+            ", ", begin + n, ") of '", name, "' ", shape_str(e.shape), " do not exist");
   const char* src = data_ + e.begin + begin * static_cast<int64_t>(dtype_size(dst.dtype()));
   if (n == 0) return;
   std::memcpy(dst.data_ptr(), src, dst.nbytes());

@@ -1,4 +1,4 @@
-#include "train/vocab.h"
+#include "train/data/vocab.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include <set>
 
 #include "tensor/error.h"
-#include "train/files.h"
+#include "train/io/files.h"
 
 namespace ndt::data {
 

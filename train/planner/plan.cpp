@@ -7,7 +7,7 @@
 // this rank, N = B Tl rows, C = n_embd, Cl = C / tp attention channels, H = 4C / tp MLP
 // hidden units, NHl = n_head / tp heads, Vl = Vp / tp vocabulary rows, L blocks, f = 4
 // bytes (float32; the only training dtype so far).
-#include "train/plan.h"
+#include "train/planner/plan.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -220,8 +220,10 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   for (size_t i = 0; i < units.size(); ++i) {
     params_rank += units[i].param_count();
     shard += units[i].shard_numel;
-    if (i == 0) emb_full = units[i].padded_numel;
-    else block_full = std::max(block_full, Count(units[i].padded_numel));
+    if (i == 0)
+      emb_full = units[i].padded_numel;
+    else
+      block_full = std::max(block_full, Count(units[i].padded_numel));
   }
   p.params_rank = params_rank.v;
   p.param_bytes = (shard * kF).v;
@@ -230,8 +232,15 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
 
   // ---- activations of one micro-step (forward kept for backward)
   stage = "the activations of one micro-step";
-  Dims d{p.micro_batch, p.local_seq, Count(p.micro_batch) * p.local_seq, mc.n_embd, mc.n_embd / D.tp,
-         4 * Count(mc.n_embd) / D.tp, mc.n_head / D.tp, mc.padded_vocab() / D.tp, D.cp};
+  Dims d{p.micro_batch,
+         p.local_seq,
+         Count(p.micro_batch) * p.local_seq,
+         mc.n_embd,
+         mc.n_embd / D.tp,
+         4 * Count(mc.n_embd) / D.tp,
+         mc.n_head / D.tp,
+         mc.padded_vocab() / D.tp,
+         D.cp};
   const Count N = d.N, C = d.C, Vl = d.Vl;
   // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
   // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
@@ -380,10 +389,11 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
 
 Plan plan(const Config& c, int64_t world) {
   if (c.train.dtype != "float32")
-    throw ConfigError("train_gpt --plan models float32 training only; with train.dtype = " + c.train.dtype +
-                      " the activations and the model's copy of the parameters take 2 bytes and each rank adds an "
-                      "f32 master copy (docs/training.md, Mixed precision): plan with --train.dtype float32 for an "
-                      "upper bound of the activations");
+    throw ConfigError(
+        "train_gpt --plan models float32 training only; with train.dtype = " + c.train.dtype +
+        " the activations and the model's copy of the parameters take 2 bytes and each rank adds an "
+        "f32 master copy (docs/training.md, Mixed precision): plan with --train.dtype float32 for an "
+        "upper bound of the activations");
   Plan p;
   try {
     p.dims = dist::ParallelDims::resolve(c.parallel.dp_replicate_size, c.parallel.dp_shard_size,
@@ -414,16 +424,18 @@ void print_plan(const Plan& p, std::ostream& o) {
     << p.padded_vocab << " (padded); " << p.params_global << " parameters, " << p.params_rank
     << " on each tensor-parallel rank\n";
   o << "batch: " << p.micro_batch << " sequences x " << p.accum << " accumulation x " << D.dp()
-    << " data-parallel = " << p.sequences << " sequences = " << p.tokens << " tokens per step; each rank runs "
-    << p.micro_batch << " x " << p.local_seq << " tokens per micro-step\n";
-  o << "activation checkpointing: " << p.ac << (p.ac != "none" && p.ac_every > 1 ? " every " + std::to_string(p.ac_every) : "")
-    << "\n";
+    << " data-parallel = " << p.sequences << " sequences = " << p.tokens
+    << " tokens per step; each rank runs " << p.micro_batch << " x " << p.local_seq
+    << " tokens per micro-step\n";
+  o << "activation checkpointing: " << p.ac
+    << (p.ac != "none" && p.ac_every > 1 ? " every " + std::to_string(p.ac_every) : "") << "\n";
   o << "memory per rank (float32):\n";
   auto row = [&](const char* what, int64_t b, const std::string& how) {
     std::snprintf(line, sizeof(line), "  %-22s %12s  %s\n", what, human(double(b)).c_str(), how.c_str());
     o << line;
   };
-  row("parameters", p.param_bytes, D.sharded() ? "this rank's shard (1/" + std::to_string(D.fsdp()) + ")" : "");
+  row("parameters", p.param_bytes,
+      D.sharded() ? "this rank's shard (1/" + std::to_string(D.fsdp()) + ")" : "");
   row("gradients", p.grad_bytes, "");
   row("AdamW moments", p.optim_bytes, "m and v");
   if (D.sharded())
@@ -448,32 +460,47 @@ void print_plan(const Plan& p, std::ostream& o) {
                   c.what.c_str(), c.formula.c_str());
     o << line;
   }
-  std::snprintf(line, sizeof(line), "  %-9s %12s  (%lld bytes)\n", "total", human(double(p.comm_bytes)).c_str(),
-                (long long)p.comm_bytes);
+  std::snprintf(line, sizeof(line), "  %-9s %12s  (%lld bytes)\n", "total",
+                human(double(p.comm_bytes)).c_str(), (long long)p.comm_bytes);
   o << line;
   for (const std::string& n : p.notes) o << "note: " << n << "\n";
 }
 
 void print_plan_json(const Plan& p, std::ostream& o) {
   nlohmann::json j;
-  j["layout"] = {{"dp_replicate", p.dims.dp_replicate}, {"dp_shard", p.dims.dp_shard}, {"cp", p.dims.cp},
-                 {"tp", p.dims.tp}, {"world", p.dims.world()}, {"strategy", p.strategy}};
+  j["layout"] = {{"dp_replicate", p.dims.dp_replicate},
+                 {"dp_shard", p.dims.dp_shard},
+                 {"cp", p.dims.cp},
+                 {"tp", p.dims.tp},
+                 {"world", p.dims.world()},
+                 {"strategy", p.strategy}};
   j["activation_checkpointing"] = p.ac;
   j["ac_every"] = p.ac_every;
-  j["batch"] = {{"micro_batch_size", p.micro_batch}, {"seq_len", p.seq_len}, {"local_seq_len", p.local_seq},
-                {"grad_accum_steps", p.accum}, {"sequences", p.sequences}, {"tokens", p.tokens}};
-  j["model"] = {{"n_layer", p.n_layer}, {"n_head", p.n_head}, {"n_embd", p.n_embd},
-                {"padded_vocab", p.padded_vocab}, {"params", p.params_global}, {"params_per_tp_rank", p.params_rank}};
-  j["memory"] = {{"params", p.param_bytes},          {"grads", p.grad_bytes},
-                 {"optimizer", p.optim_bytes},       {"gathered", p.gathered_bytes},
-                 {"gathered_max", p.gathered_max_bytes}, {"activations", p.activation_bytes},
-                 {"activations_per_block", p.block_activation_bytes}, {"logits", p.logits_bytes},
-                 {"loss_temporaries", p.loss_temp_bytes}, {"other", p.other_bytes},
-                 {"peak", p.peak_bytes},             {"peak_at", p.peak_at}};
+  j["batch"] = {{"micro_batch_size", p.micro_batch}, {"seq_len", p.seq_len},
+                {"local_seq_len", p.local_seq},      {"grad_accum_steps", p.accum},
+                {"sequences", p.sequences},          {"tokens", p.tokens}};
+  j["model"] = {{"n_layer", p.n_layer},      {"n_head", p.n_head},
+                {"n_embd", p.n_embd},        {"padded_vocab", p.padded_vocab},
+                {"params", p.params_global}, {"params_per_tp_rank", p.params_rank}};
+  j["memory"] = {{"params", p.param_bytes},
+                 {"grads", p.grad_bytes},
+                 {"optimizer", p.optim_bytes},
+                 {"gathered", p.gathered_bytes},
+                 {"gathered_max", p.gathered_max_bytes},
+                 {"activations", p.activation_bytes},
+                 {"activations_per_block", p.block_activation_bytes},
+                 {"logits", p.logits_bytes},
+                 {"loss_temporaries", p.loss_temp_bytes},
+                 {"other", p.other_bytes},
+                 {"peak", p.peak_bytes},
+                 {"peak_at", p.peak_at}};
   nlohmann::json moments = nlohmann::json::array();
   for (const PlanMoment& m : p.moments)
-    moments.push_back({{"name", m.name}, {"total", m.total}, {"activations", m.activations},
-                       {"gathered", m.gathered}, {"temporaries", m.transient}});
+    moments.push_back({{"name", m.name},
+                       {"total", m.total},
+                       {"activations", m.activations},
+                       {"gathered", m.gathered},
+                       {"temporaries", m.transient}});
   j["memory"]["moments"] = moments;
   nlohmann::json comm = nlohmann::json::array();
   for (const PlanComm& c : p.comm)

@@ -1,6 +1,6 @@
-#include "train/data.h"
+#include "train/data/data.h"
 
-#include "train/files.h"
+#include "train/io/files.h"
 
 #include <fcntl.h>
 #include <glob.h>

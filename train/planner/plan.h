@@ -51,11 +51,11 @@ struct Plan {
   int64_t params_global = 0;  // every parameter once
   int64_t params_rank = 0;    // on this rank after tensor parallelism, before FSDP sharding
   // bytes per rank (float32)
-  int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;   // the shards this rank owns
-  int64_t gathered_bytes = 0;                                 // FSDP: whole buffers at the peak
-  int64_t gathered_max_bytes = 0;                             // the most FSDP ever holds whole
-  int64_t activation_bytes = 0;                               // saved for backward, one micro-step
-  int64_t block_activation_bytes = 0;                         // of that, one block (mode of block 1, or 0)
+  int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // the shards this rank owns
+  int64_t gathered_bytes = 0;                                // FSDP: whole buffers at the peak
+  int64_t gathered_max_bytes = 0;                            // the most FSDP ever holds whole
+  int64_t activation_bytes = 0;                              // saved for backward, one micro-step
+  int64_t block_activation_bytes = 0;                        // of that, one block (mode of block 1, or 0)
   int64_t logits_bytes = 0, loss_temp_bytes = 0, other_bytes = 0;
   int64_t peak_bytes = 0;
   std::string peak_at;

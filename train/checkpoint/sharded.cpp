@@ -1,4 +1,4 @@
-#include "train/sharded.h"
+#include "train/checkpoint/sharded.h"
 
 #include <algorithm>
 #include <cmath>
@@ -13,8 +13,8 @@
 
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "tensor/kernels.h"
-#include "train/files.h"
-#include "train/safetensors.h"
+#include "train/io/files.h"
+#include "train/io/safetensors.h"
 
 namespace fs = std::filesystem;
 

@@ -1,4 +1,4 @@
-#include "train/checkpoint.h"
+#include "train/checkpoint/checkpoint.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,9 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include "tensor/kernels.h"
-#include "train/files.h"
 #include "train/guard.h"
-#include "train/safetensors.h"
+#include "train/io/files.h"
+#include "train/io/safetensors.h"
 
 namespace fs = std::filesystem;
 

@@ -35,7 +35,7 @@
 #include "models/gpt.h"
 #include "nn/flat.h"
 #include "optim/adamw.h"
-#include "train/checkpoint.h"
+#include "train/checkpoint/checkpoint.h"
 
 namespace ndt::ckpt {
 
