@@ -6,9 +6,9 @@
 // dp_shard_size of -1 needs --plan.world.
 #include <gtest/gtest.h>
 
-#include "support/corpus.h"
 #include <sys/wait.h>
 #include <unistd.h>
+#include "support/corpus.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -57,12 +57,12 @@ class DistPlan : public ::testing::TestWithParam<Layout> {
     data::Vocab v = data::Vocab::build_char(text);
     data::write_shard((dir_ / "data" / "train_000000.bin").string(), v.encode(text));
     // a model whose activations outweigh its parameters, so the bound tests the activations
-    std::ofstream(dir_ / "gpt.ini") << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 64\nvocab_multiple = 8\n"
-                                       "vocab_size = "
-                                    << v.size() << "\nblock_size = 64\n[data]\ntrain = "
-                                    << (dir_ / "data" / "train_*.bin").string()
-                                    << "\n[train]\nmicro_batch_size = 8\nseq_len = 64\nsteps = 3\nthreads = 1\n"
-                                       "eval_every = 0\n[sample]\nevery = -1\n[log]\nevery = 1\n";
+    std::ofstream(dir_ / "gpt.ini")
+        << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 64\nvocab_multiple = 8\n"
+           "vocab_size = "
+        << v.size() << "\nblock_size = 64\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
+        << "\n[train]\nmicro_batch_size = 8\nseq_len = 64\nsteps = 3\nthreads = 1\n"
+           "eval_every = 0\n[sample]\nevery = -1\n[log]\nevery = 1\n";
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
   static fs::path dir_;
@@ -71,12 +71,14 @@ fs::path DistPlan::dir_;
 
 TEST_P(DistPlan, PlannedBytesMatchTheRun) {
   const Layout& l = GetParam();
-  const std::string base = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + l.args();
+  const std::string base =
+      std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + l.args();
   const Result planned = shell(base + " --plan --json");
   ASSERT_EQ(planned.rc, 0) << planned.out;
   const nlohmann::json plan = nlohmann::json::parse(planned.out);
   const fs::path metrics = dir_ / (std::string(l.name) + ".jsonl");
-  const Result run = shell((l.np() > 1 ? mpirun(l.np()) : std::string()) + base + " --log.metrics " + metrics.string());
+  const Result run =
+      shell((l.np() > 1 ? mpirun(l.np()) : std::string()) + base + " --log.metrics " + metrics.string());
   ASSERT_EQ(run.rc, 0) << run.out;
   // step 3: the first step warms the allocator's cache and the communicators
   nlohmann::json last;
@@ -89,24 +91,26 @@ TEST_P(DistPlan, PlannedBytesMatchTheRun) {
   ASSERT_EQ(last["step"].get<int64_t>(), 3);
   const double mem = last["mem_peak"].get<double>(), comm = last["comm_bytes"].get<double>();
   const double pmem = plan["memory"]["peak"].get<double>(), pcomm = plan["comm_bytes"].get<double>();
-  std::printf("[ plan     ] %-22s peak planned %9.0f measured %9.0f (%+.1f%%) | comm planned %9.0f measured %9.0f\n",
-              l.name, pmem, mem, 100 * (pmem / mem - 1), pcomm, comm);
+  std::printf(
+      "[ plan     ] %-22s peak planned %9.0f measured %9.0f (%+.1f%%) | comm planned %9.0f measured %9.0f\n",
+      l.name, pmem, mem, 100 * (pmem / mem - 1), pcomm, comm);
   EXPECT_NEAR(pmem / mem, 1.0, 0.10) << "planned peak " << pmem << " measured " << mem << "\n" << planned.out;
   if (l.np() == 1)
     EXPECT_EQ(comm, 0);
   else
-    EXPECT_NEAR(pcomm / comm, 1.0, 0.10) << "planned comm " << pcomm << " measured " << comm << "\n" << planned.out;
+    EXPECT_NEAR(pcomm / comm, 1.0, 0.10) << "planned comm " << pcomm << " measured " << comm << "\n"
+                                         << planned.out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, DistPlan,
-                         ::testing::Values(Layout{"single", 1, 1, 1, 1}, Layout{"fsdp2", 1, 2, 1, 1},
-                                           Layout{"dp2", 2, 1, 1, 1}, Layout{"tp2", 1, 1, 1, 2},
-                                           Layout{"cp2", 1, 1, 2, 1}, Layout{"hsdp2x2", 2, 2, 1, 1},
-                                           Layout{"shard2_cp2_tp2", 1, 2, 2, 2},
-                                           Layout{"fsdp2_full_ac", 1, 2, 1, 1, "--train.activation_checkpointing full"},
-                                           Layout{"tp2_selective_ac_accum2", 1, 1, 1, 2,
-                                                  "--train.activation_checkpointing selective --train.grad_accum_steps 2"}),
-                         [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, DistPlan,
+    ::testing::Values(Layout{"single", 1, 1, 1, 1}, Layout{"fsdp2", 1, 2, 1, 1}, Layout{"dp2", 2, 1, 1, 1},
+                      Layout{"tp2", 1, 1, 1, 2}, Layout{"cp2", 1, 1, 2, 1}, Layout{"hsdp2x2", 2, 2, 1, 1},
+                      Layout{"shard2_cp2_tp2", 1, 2, 2, 2},
+                      Layout{"fsdp2_full_ac", 1, 2, 1, 1, "--train.activation_checkpointing full"},
+                      Layout{"tp2_selective_ac_accum2", 1, 1, 1, 2,
+                             "--train.activation_checkpointing selective --train.grad_accum_steps 2"}),
+    [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
 TEST(Plan, NeedsTheWorldForTheRestOfIt) {
   const std::string bin = NDT_TRAIN_GPT_BIN;

@@ -5,10 +5,10 @@
 // dp2 and under one process; a failing rank brings the job down; bad layouts are refused.
 #include <gtest/gtest.h>
 
-#include "support/corpus.h"
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "support/corpus.h"
 
 #include <chrono>
 #include <cmath>
@@ -165,25 +165,30 @@ TEST_F(DistTrain, Bfloat16LayoutsFollowOneProcess) {
   const std::string bf16 = " --train.dtype bfloat16";
   Result ref = train("bf16_single", 1, "--train.micro_batch_size 4" + bf16);
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  for (Layout L : {Layout{"bf16_fsdp2", 2, 1, 2}, Layout{"bf16_dp2", 2, 2, 1}, Layout{"bf16_tp2", 2, 1, 1, 1, 2},
-                   Layout{"bf16_cp2", 2, 1, 1, 2, 1}}) {
+  for (Layout L : {Layout{"bf16_fsdp2", 2, 1, 2}, Layout{"bf16_dp2", 2, 2, 1},
+                   Layout{"bf16_tp2", 2, 1, 1, 1, 2}, Layout{"bf16_cp2", 2, 1, 1, 2, 1}}) {
     SCOPED_TRACE(L.name);
-    Result r = train(L.name, L.np, "--train.micro_batch_size " + std::to_string(4 / L.dp()) + L.args() + bf16);
+    Result r =
+        train(L.name, L.np, "--train.micro_batch_size " + std::to_string(4 / L.dp()) + L.args() + bf16);
     ASSERT_EQ(r.rc, 0) << r.out;
     std::vector<double> got = losses(L.name), want = losses("bf16_single");
     ASSERT_EQ(got.size(), 5u);
     double worst = 0;
     for (size_t i = 0; i < 5; ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / want[i]);
-    const double g = max_rel_diff(dir_ / L.name / "grads.safetensors", dir_ / "bf16_single" / "grads.safetensors");
+    const double g =
+        max_rel_diff(dir_ / L.name / "grads.safetensors", dir_ / "bf16_single" / "grads.safetensors");
     std::printf("%-10s losses within %.1e, first-step gradients within %.1e\n", L.name, worst, g);
     EXPECT_LT(worst, 1e-2) << "losses";
     EXPECT_LT(g, 3e-2) << "first-step gradients";
   }
-  Result rd = train("bf16_fsdp2_rd", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.reduce_dtype "
-                                        "bfloat16" + bf16);
+  Result rd = train("bf16_fsdp2_rd", 2,
+                    "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.reduce_dtype "
+                    "bfloat16" +
+                        bf16);
   ASSERT_EQ(rd.rc, 0) << rd.out;
   std::vector<double> got = losses("bf16_fsdp2_rd"), want = losses("bf16_single");
-  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-2 * want[i]) << "reduce_dtype bfloat16, step " << i + 1;
+  for (size_t i = 0; i < 5; ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-2 * want[i]) << "reduce_dtype bfloat16, step " << i + 1;
 }
 
 TEST_F(DistTrain, Bfloat16AccumulationSumsInTheMaster) {
@@ -264,23 +269,29 @@ TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
   Result ref = train("sharded_ref", 1, "--train.micro_batch_size 4 --train.steps 6");
   ASSERT_EQ(ref.rc, 0) << ref.out;
   const std::string sharded = " --checkpoint.format sharded --train.steps 6";
-  Result a = train("sharded", 4, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.tp_size 2 "
-                                 "--train.stop_after 2" + sharded);
+  Result a = train("sharded", 4,
+                   "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.tp_size 2 "
+                   "--train.stop_after 2" +
+                       sharded);
   ASSERT_EQ(a.rc, 0) << a.out;
   const fs::path step2 = dir_ / "sharded" / "ck" / "step_00000002";
-  for (const char* f : {"shard_tp0_fsdp0.safetensors", "shard_tp0_fsdp1.safetensors", "shard_tp1_fsdp0.safetensors",
-                        "shard_tp1_fsdp1.safetensors", "checkpoint.json"})
+  for (const char* f : {"shard_tp0_fsdp0.safetensors", "shard_tp0_fsdp1.safetensors",
+                        "shard_tp1_fsdp0.safetensors", "shard_tp1_fsdp1.safetensors", "checkpoint.json"})
     EXPECT_TRUE(fs::exists(step2 / f)) << f;
-  Result b = train("sharded", 4, "--train.micro_batch_size 1 --parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 "
-                                 "--train.stop_after 1 --checkpoint.resume true" + sharded);
+  Result b = train("sharded", 4,
+                   "--train.micro_batch_size 1 --parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 "
+                   "--train.stop_after 1 --checkpoint.resume true" +
+                       sharded);
   ASSERT_EQ(b.rc, 0) << b.out;
   // HSDP: the replicas hold copies, only replicate 0 writes (2 shard files)
   int files = 0;
   for (auto& e : fs::directory_iterator(dir_ / "sharded" / "ck" / "step_00000003"))
     files += e.path().extension() == ".safetensors";
   EXPECT_EQ(files, 2);
-  Result c = train("sharded", 2, "--train.micro_batch_size 4 --parallel.cp_size 2 --train.stop_after 2 "
-                                 "--checkpoint.resume true" + sharded);
+  Result c = train("sharded", 2,
+                   "--train.micro_batch_size 4 --parallel.cp_size 2 --train.stop_after 2 "
+                   "--checkpoint.resume true" +
+                       sharded);
   ASSERT_EQ(c.rc, 0) << c.out;
   Result d = train("sharded", 1, "--train.micro_batch_size 4 --checkpoint.resume true" + sharded);
   ASSERT_EQ(d.rc, 0) << d.out;
@@ -289,14 +300,17 @@ TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
   for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << "step " << i + 1;
   // the last checkpoint as one file with GPT-2 names equals the reference run's weights
   const fs::path exported = dir_ / "sharded" / "exported.safetensors";
-  Result x = shell(std::string(NDT_EXPORT_BIN) + " " + (dir_ / "sharded" / "ck" / "step_00000006").string() + " " +
-                   exported.string());
+  Result x = shell(std::string(NDT_EXPORT_BIN) + " " + (dir_ / "sharded" / "ck" / "step_00000006").string() +
+                   " " + exported.string());
   ASSERT_EQ(x.rc, 0) << x.out;
-  EXPECT_LT(max_rel_diff(exported, dir_ / "sharded_ref" / "ck" / "step_00000006" / "model.safetensors"), 3e-5);
+  EXPECT_LT(max_rel_diff(exported, dir_ / "sharded_ref" / "ck" / "step_00000006" / "model.safetensors"),
+            3e-5);
   // a sharded checkpoint's directory as model.init_from, in yet another layout: it starts
   // from the trained weights (a lower first loss than the random init's)
-  Result init = train("init_sharded", 2, "--train.micro_batch_size 2 --parallel.tp_size 2 --train.steps 1 "
-                                         "--model.init_from " + (dir_ / "sharded" / "ck" / "step_00000006").string());
+  Result init = train("init_sharded", 2,
+                      "--train.micro_batch_size 2 --parallel.tp_size 2 --train.steps 1 "
+                      "--model.init_from " +
+                          (dir_ / "sharded" / "ck" / "step_00000006").string());
   ASSERT_EQ(init.rc, 0) << init.out;
   ASSERT_EQ(losses("init_sharded").size(), 1u);
   EXPECT_LT(losses("init_sharded")[0], want[0] - 0.2);
@@ -310,8 +324,9 @@ TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
     f.seekp(2000);
     f.put('\x55');
   }
-  Result e = train("damaged", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --checkpoint.resume true" +
-                                     std::string(" --checkpoint.format sharded --train.steps 8"));
+  Result e = train("damaged", 2,
+                   "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --checkpoint.resume true" +
+                       std::string(" --checkpoint.format sharded --train.steps 8"));
   EXPECT_NE(e.rc, 0) << e.out;
   EXPECT_NE(e.out.find("shard_tp0_fsdp0.safetensors fails its checksum"), std::string::npos) << e.out;
 }

@@ -48,7 +48,8 @@ void write_streamed(const std::string& path, const models::GPT& gpt) {
     Shape shape = s.shape;
     if (s.name == "wte.weight") shape[0] = gpt.cfg.vocab_size;  // saved without padding rows
     const int64_t n = numel_of(shape);
-    h[s.name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {off, off + 4 * static_cast<uint64_t>(n)}}};
+    h[s.name] = {
+        {"dtype", "F32"}, {"shape", shape}, {"data_offsets", {off, off + 4 * static_cast<uint64_t>(n)}}};
     off += 4 * static_cast<uint64_t>(n);
     order.emplace_back(s.name, n);
   }
@@ -78,18 +79,23 @@ TEST(RamEfficientLoading, Gpt2ShapedFileAddsUnderATenthOfTheModelToAnyRank) {
   models::GPT gpt(c);
   int64_t model_bytes = 0;
   for (const nn::ParamSpec& s : gpt.parameters()) model_bytes += 4 * numel_of(s.shape);
-  const int64_t tag = static_cast<int64_t>(w.all_reduce_scalar(w.rank() == 0 ? ::getpid() : 0, dist::ReduceOp::kMax));
-  const std::string path = (std::filesystem::temp_directory_path() / ("ndt_gpt2_" + std::to_string(tag) + ".safetensors")).string();
+  const int64_t tag =
+      static_cast<int64_t>(w.all_reduce_scalar(w.rank() == 0 ? ::getpid() : 0, dist::ReduceOp::kMax));
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("ndt_gpt2_" + std::to_string(tag) + ".safetensors"))
+          .string();
   if (w.rank() == 0) write_streamed(path, gpt);
   w.barrier();
 
   // random init of this rank's shards, then the file's values over them
-  nn::FlatParams p = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 1, nn::ShardSpec{w.rank(), w.size()});
+  nn::FlatParams p =
+      nn::materialize(gpt.units(), Device::cpu(), DType::f32, 1, nn::ShardSpec{w.rank(), w.size()});
   const int64_t before = vm_hwm();
   ckpt::load_weights_local(path, gpt, p);
   const int64_t added = vm_hwm() - before;
-  std::printf("rank %d of %d: loading a %.0f MiB model added %.1f MiB to the peak resident memory (limit %.1f MiB)\n",
-              w.rank(), w.size(), model_bytes / 1048576.0, added / 1048576.0, model_bytes / 10 / 1048576.0);
+  std::printf(
+      "rank %d of %d: loading a %.0f MiB model added %.1f MiB to the peak resident memory (limit %.1f MiB)\n",
+      w.rank(), w.size(), model_bytes / 1048576.0, added / 1048576.0, model_bytes / 10 / 1048576.0);
   EXPECT_LT(added, model_bytes / 10);
 
   // every element of the rank's shard is the file's (padding rows and gaps zero)
@@ -98,9 +104,12 @@ TEST(RamEfficientLoading, Gpt2ShapedFileAddsUnderATenthOfTheModelToAnyRank) {
       const int64_t n = numel_of(f.spec.shape), s0 = u.shard_offset;
       const int64_t a = std::max(f.offset, s0), b = std::min(f.offset + n, s0 + u.shard_numel);
       if (a >= b) continue;
-      const int64_t live = f.spec.name == "wte.weight" ? std::min(b - f.offset, c.vocab_size * c.n_embd) - (a - f.offset) : b - a;
+      const int64_t live = f.spec.name == "wte.weight"
+                               ? std::min(b - f.offset, c.vocab_size * c.n_embd) - (a - f.offset)
+                               : b - a;
       const std::vector<float> got = u.data.narrow(0, a - s0, b - a).to_vector<float>();
-      const std::vector<float> want = live > 0 ? file_values(f.spec.name, a - f.offset, live).to_vector<float>() : std::vector<float>{};
+      const std::vector<float> want =
+          live > 0 ? file_values(f.spec.name, a - f.offset, live).to_vector<float>() : std::vector<float>{};
       for (int64_t k = 0; k < b - a; ++k)
         ASSERT_EQ(got[k], k < live ? want[k] : 0.0f) << f.spec.name << " element " << a - f.offset + k;
     }

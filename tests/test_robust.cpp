@@ -3,11 +3,11 @@
 // signals, kills and concurrent runs, the real train_gpt binary as a child process.
 #include <gtest/gtest.h>
 
-#include "support/corpus.h"
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "support/corpus.h"
 
 #include <chrono>
 #include <cmath>
@@ -428,7 +428,8 @@ TEST(Robust, SigtermSavesACheckpointAndTheResumedRunContinuesBitForBit) {
   ::kill(c.pid, SIGTERM);
   EXPECT_EQ(c.wait(), train::kExitPreempted) << c.seen;
   EXPECT_TRUE(has(c.seen, "stopped by signal 15")) << c.seen;
-  ASSERT_TRUE(has(c.seen, same_kernel_line())) << "the child ran another GEMM kernel than this test: " << c.seen;
+  ASSERT_TRUE(has(c.seen, same_kernel_line()))
+      << "the child ran another GEMM kernel than this test: " << c.seen;
   EXPECT_FALSE(has_temporaries(ck));
   auto latest = ckpt::latest_checkpoint(ck);
   ASSERT_TRUE(latest.has_value());
@@ -453,7 +454,8 @@ TEST(Robust, Kill9DuringCheckpointWritesThenResumeIsBitIdentical) {
     char line[32];
     std::snprintf(line, sizeof(line), "step %5d/24", k);
     ASSERT_TRUE(c.wait_for(line)) << c.seen;
-    ASSERT_TRUE(has(c.seen, same_kernel_line())) << "the child ran another GEMM kernel than this test: " << c.seen;
+    ASSERT_TRUE(has(c.seen, same_kernel_line()))
+        << "the child ran another GEMM kernel than this test: " << c.seen;
     ::kill(c.pid, SIGKILL);
     EXPECT_EQ(c.wait(), 128 + SIGKILL);
   }

@@ -337,7 +337,8 @@ fs::path fortunes_data() {
   std::string text;
   std::vector<fs::path> files;
   for (auto& e : fs::directory_iterator(src))
-    if (e.is_regular_file() && e.path().extension() != ".dat" && e.path().extension() != ".u8") files.push_back(e.path());
+    if (e.is_regular_file() && e.path().extension() != ".dat" && e.path().extension() != ".u8")
+      files.push_back(e.path());
   std::sort(files.begin(), files.end());
   for (const fs::path& f : files) {
     std::ifstream in(f, std::ios::binary);
@@ -386,13 +387,12 @@ TEST(TrainGpt, Bfloat16FollowsFloat32OnTheMainJobsData) {
   auto train = [&](const std::string& dtype) {
     RunResult r = run({"--data.train", (d / "train_*.bin").string(), "--data.val", (d / "val_*.bin").string(),
                        // the main job's model and batch (configs/fortunes_char.ini), 200 steps
-                       "--model.vocab_size", std::to_string(V), "--model.n_layer", "4", "--model.n_embd", "128",
-                       "--model.n_head", "4", "--model.block_size", "64", "--train.seq_len", "64",
+                       "--model.vocab_size", std::to_string(V), "--model.n_layer", "4", "--model.n_embd",
+                       "128", "--model.n_head", "4", "--model.block_size", "64", "--train.seq_len", "64",
                        "--train.micro_batch_size", "32", "--train.steps", "200", "--train.eval_every", "0",
                        "--train.eval_steps", "20", "--optim.lr", "2e-3", "--optim.warmup_steps", "20",
                        "--data.shuffle", "true", "--sample.every", "-1", "--log.metrics",
-                       (d / ("m_" + dtype + ".jsonl")).string(),
-                       "--train.dtype", dtype});
+                       (d / ("m_" + dtype + ".jsonl")).string(), "--train.dtype", dtype});
     EXPECT_EQ(r.rc, 0) << r.err;
     std::vector<double> l = losses(d / ("m_" + dtype + ".jsonl"));
     double last = 0;
@@ -403,8 +403,8 @@ TEST(TrainGpt, Bfloat16FollowsFloat32OnTheMainJobsData) {
   };
   const auto [f32, f32_val] = train("float32");
   const auto [b16, b16_val] = train("bfloat16");
-  std::printf("after 200 steps: train loss f32 %.4f bf16 %.4f, val loss f32 %.4f bf16 %.4f\n", f32, b16, f32_val,
-              b16_val);
+  std::printf("after 200 steps: train loss f32 %.4f bf16 %.4f, val loss f32 %.4f bf16 %.4f\n", f32, b16,
+              f32_val, b16_val);
   EXPECT_LT(f32, 2.8);  // it learned (the text's unigram entropy is 3.3 nats)
   EXPECT_NEAR(b16, f32, 0.02 * f32);
   EXPECT_NEAR(b16_val, f32_val, 0.02 * f32_val);
