@@ -28,6 +28,7 @@
 
 using namespace ndt;
 using ndt::testing::error_of;
+using ndt::testing::snapshot;  // to show that a refused export changed nothing
 namespace fs = std::filesystem;
 
 namespace {
@@ -749,24 +750,6 @@ TEST(Checkpoint, AnOldCheckpointThatCannotBeDeletedIsAWarningOnce) {
   EXPECT_FALSE(fs::exists(d / "step_00000004"));  // the others are still pruned
   EXPECT_TRUE(fs::exists(d / "step_00000006" / "checkpoint.json"));
 }
-
-namespace {
-
-// Every file under dir with its bytes, to show that a refused export changed nothing.
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> s;
-  for (auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) {
-      s[e.path().string()] = "(not a file)";
-      continue;
-    }
-    std::ifstream f(e.path(), std::ios::binary);
-    s[e.path().string()] = std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  }
-  return s;
-}
-
-}  // namespace
 
 TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
   fs::path d = ndt::testing::fresh_dir("ckpt_export");

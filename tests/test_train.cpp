@@ -21,6 +21,7 @@
 
 using namespace ndt;
 namespace fs = std::filesystem;
+using ndt::testing::snapshot;  // to show a failed run changed nothing
 
 namespace {
 
@@ -44,20 +45,6 @@ std::vector<double> losses(const fs::path& metrics) {
     if (j.contains("loss")) l.push_back(j["loss"].get<double>());
   }
   return l;
-}
-
-// Every file under dir with its bytes, to show a failed run changed nothing.
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> s;
-  if (!fs::exists(dir)) return s;
-  for (auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::ifstream f(e.path(), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    s[e.path().string()] = ss.str();
-  }
-  return s;
 }
 
 }  // namespace
