@@ -2,7 +2,7 @@
 // sharded: a damaged or crafted manifest, shard file or value is one line naming it).
 #include <gtest/gtest.h>
 
-#include "support/corpus.h"
+#include "support/launch.h"
 #include "support/testing.h"
 
 #include <algorithm>
