@@ -17,9 +17,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "train/data.h"
-#include "train/vocab.h"
-
 using namespace ndt;
 using namespace ndt::testing;  // Layout, mpirun, run_shell (tests/support/launch.h)
 namespace fs = std::filesystem;
@@ -33,22 +30,12 @@ class DistPlan : public ::testing::TestWithParam<Layout> {
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("ndt_test_dist_plan_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
-    fs::create_directories(dir_ / "data");
-    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "see", "it"};
-    std::string text;
-    uint64_t x = 7;
-    for (int i = 0; i < 20000; ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      text += words[(x >> 33) % 12];
-      text += (i % 9 == 8) ? ".\n" : " ";
-    }
-    data::Vocab v = data::Vocab::build_char(text);
-    data::write_shard((dir_ / "data" / "train_000000.bin").string(), v.encode(text));
+    const int64_t V = ndt::testing::write_word_corpus(dir_ / "data", 20000, 7, 0.0);
     // a model whose activations outweigh its parameters, so the bound tests the activations
     std::ofstream(dir_ / "gpt.ini")
         << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 64\nvocab_multiple = 8\n"
            "vocab_size = "
-        << v.size() << "\nblock_size = 64\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
+        << V << "\nblock_size = 64\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
         << "\n[train]\nmicro_batch_size = 8\nseq_len = 64\nsteps = 3\nthreads = 1\n"
            "eval_every = 0\n[sample]\nevery = -1\n[log]\nevery = 1\n";
   }

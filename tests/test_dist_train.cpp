@@ -424,33 +424,30 @@ TEST_F(DistTrain, SigtermToTheJobSavesAndResumesBitIdentically) {
 }
 
 TEST_F(DistTrain, BadLayoutsAreOneClearLine) {
-  Result r = train("bad1", 2, "--parallel.dp_shard_size 3");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("multiply to 3 ranks but the job has 2"), std::string::npos) << r.out;
-  r = train("bad2", 3, "--parallel.tp_size 3");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("model.n_head = 4 is not divisible by tp_size = 3"), std::string::npos) << r.out;
-  r = train("bad2b", 3, "--parallel.cp_size 3");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("train.seq_len = 16 must be divisible by 2 x parallel.cp_size = 6"), std::string::npos)
-      << r.out;
-  r = train("bad2c", 2, "--parallel.tp_size 2 --model.vocab_multiple 1 --model.vocab_size 17");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("vocabulary of 17 rows"), std::string::npos) << r.out;
-  r = train("bad3", 1, "--parallel.dp_shard_size -2");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("parallel.dp_shard_size"), std::string::npos) << r.out;
-  r = train("bad3b", 2, "--train.device cuda --parallel.backend mpi");  // before looking for a GPU
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("parallel.backend = mpi moves CPU tensors, but train.device = cuda on 2 ranks"),
-            std::string::npos)
-      << r.out;
-  r = train("bad3c", 2, "--train.device cuda:0");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("puts all 2 ranks of this node on one GPU"), std::string::npos) << r.out;
-  r = train("bad4", 1, "--optim.lr_scaling linear");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("optim.lr_base_batch"), std::string::npos) << r.out;
+  struct Case {
+    const char* name;
+    int np;
+    const char* args;
+    const char* expect;  // in the message
+  };
+  const std::vector<Case> cases = {
+      {"bad1", 2, "--parallel.dp_shard_size 3", "multiply to 3 ranks but the job has 2"},
+      {"bad2", 3, "--parallel.tp_size 3", "model.n_head = 4 is not divisible by tp_size = 3"},
+      {"bad2b", 3, "--parallel.cp_size 3",
+       "train.seq_len = 16 must be divisible by 2 x parallel.cp_size = 6"},
+      {"bad2c", 2, "--parallel.tp_size 2 --model.vocab_multiple 1 --model.vocab_size 17",
+       "vocabulary of 17 rows"},
+      {"bad3", 1, "--parallel.dp_shard_size -2", "parallel.dp_shard_size"},
+      {"bad3b", 2, "--train.device cuda --parallel.backend mpi",  // before looking for a GPU
+       "parallel.backend = mpi moves CPU tensors, but train.device = cuda on 2 ranks"},
+      {"bad3c", 2, "--train.device cuda:0", "puts all 2 ranks of this node on one GPU"},
+      {"bad4", 1, "--optim.lr_scaling linear", "optim.lr_base_batch"},
+  };
+  for (const Case& c : cases) {
+    Result r = train(c.name, c.np, c.args);
+    EXPECT_EQ(r.rc, 2) << c.name << ": " << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.name << ": " << r.out;
+  }
 }
 
 TEST_F(DistTrain, EffectiveBatchAndLearningRateScaling) {

@@ -69,32 +69,9 @@ TEST(GradcheckGPT, PaddedVocabRowsGetNoGradient) {
   for (double v : w) EXPECT_EQ(v, 0.0);  // padded rows start at zero
 }
 
-TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {
-  // The seam the trainer uses (activation checkpointing, FSDP) must not change a number:
-  // no wrapper, a pass-through wrapper, and checkpointing give the same bits.
-  auto run = [](int mode) {
-    models::GPTConfig c = gradcheck_gpt();
-    models::GPT gpt(c);
-    if (mode == 1) gpt.add_unit_wrapper([](int64_t, const nn::UnitFn& fn, const Tensor& x) { return fn(x); });
-    if (mode == 2) gpt.add_unit_wrapper(nn::activation_checkpointing());
-    nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 42);
-    Tensor loss = gpt.forward(ids(2, 5, 11, 1), ids(2, 5, 11, 2)).loss;
-    backward(loss);
-    std::vector<float> out = {static_cast<float>(loss.item())};
-    for (const nn::FlatUnit& u : params.units)
-      for (float g : u.grad.to_vector<float>()) out.push_back(g);
-    return out;
-  };
-  const std::vector<float> plain = run(0);
-  EXPECT_EQ(run(1), plain);
-  EXPECT_EQ(run(2), plain);
-}
-
-// Loss and every gradient of gradcheck_gpt() (f32), with train.activation_checkpointing =
-// `ac` on blocks 0, every, 2*every, ...
-std::vector<float> loss_and_grads(nn::ACMode ac, int64_t every) {
-  models::GPT gpt(gradcheck_gpt());
-  if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, every));
+// The loss and then every gradient of gpt (a gradcheck_gpt(), its wrappers added), f32:
+// its parameters drawn with seed 42, one forward and backward on a seeded (2, 5) batch.
+std::vector<float> loss_and_grads(models::GPT& gpt) {
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 42);
   Tensor loss = gpt.forward(ids(2, 5, 11, 1), ids(2, 5, 11, 2)).loss;
   backward(loss);
@@ -102,6 +79,27 @@ std::vector<float> loss_and_grads(nn::ACMode ac, int64_t every) {
   for (const nn::FlatUnit& u : params.units)
     for (float g : u.grad.to_vector<float>()) out.push_back(g);
   return out;
+}
+
+TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {
+  // The seam the trainer uses (activation checkpointing, FSDP) must not change a number:
+  // no wrapper, a pass-through wrapper, and checkpointing give the same bits.
+  auto run = [](int mode) {
+    models::GPT gpt(gradcheck_gpt());
+    if (mode == 1) gpt.add_unit_wrapper([](int64_t, const nn::UnitFn& fn, const Tensor& x) { return fn(x); });
+    if (mode == 2) gpt.add_unit_wrapper(nn::activation_checkpointing());
+    return loss_and_grads(gpt);
+  };
+  const std::vector<float> plain = run(0);
+  EXPECT_EQ(run(1), plain);
+  EXPECT_EQ(run(2), plain);
+}
+
+// loss_and_grads with train.activation_checkpointing = `ac` on blocks 0, every, 2*every, ...
+std::vector<float> loss_and_grads(nn::ACMode ac, int64_t every) {
+  models::GPT gpt(gradcheck_gpt());
+  if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, every));
+  return loss_and_grads(gpt);
 }
 
 TEST(GPTUnits, EveryCheckpointingModeGivesBitIdenticalGradients) {
