@@ -2,7 +2,7 @@
 // sharded: a damaged or crafted manifest, shard file or value is one line naming it).
 #include <gtest/gtest.h>
 
-#include "support/corpus.h"
+#include "support/launch.h"
 #include "support/testing.h"
 
 #include <algorithm>
@@ -28,19 +28,15 @@
 
 using namespace ndt;
 using ndt::testing::error_of;
+using ndt::testing::snapshot;  // to show that a refused export changed nothing
 namespace fs = std::filesystem;
 
 namespace {
 
-models::GPTConfig tiny() {
-  models::GPTConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 8;
-  c.vocab_size = 10;
-  c.block_size = 6;
-  c.vocab_multiple = 8;  // padded to 16 in memory, saved with 10 rows
-  return c;
+// 2 blocks, C 8, 2 heads, 6 positions; a vocabulary of 10 padded to 16 rows in memory
+// and saved with 10.
+models::GPTConfig padded_vocab_gpt() {
+  return {.n_layer = 2, .n_head = 2, .n_embd = 8, .vocab_size = 10, .block_size = 6, .vocab_multiple = 8};
 }
 
 // Writes a safetensors file by hand from (name, dtype, shape, raw bytes).
@@ -136,7 +132,7 @@ TEST(SafeTensors, CorruptFilesGiveClearErrors) {
 
 TEST(Weights, SaveLoadRoundTripWithHuggingFaceNames) {
   fs::path d = ndt::testing::fresh_dir("ckpt_weights");
-  models::GPT g1(tiny()), g2(tiny());
+  models::GPT g1(padded_vocab_gpt()), g2(padded_vocab_gpt());
   nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
   ckpt::save_weights((d / "m.safetensors").string(), g1, p1);
@@ -155,7 +151,7 @@ TEST(Weights, SaveLoadRoundTripWithHuggingFaceNames) {
 // overwrite) and refreshes the copies.
 TEST(Weights, MixedPrecisionSavesAndLoadsTheMasters) {
   fs::path d = ndt::testing::fresh_dir("ckpt_weights_mixed");
-  models::GPT g1(tiny()), g2(tiny());
+  models::GPT g1(padded_vocab_gpt()), g2(padded_vocab_gpt());
   nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1, {}, DType::bf16);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2, {}, DType::bf16);
   ASSERT_TRUE(p1.units[0].mixed());
@@ -171,7 +167,7 @@ TEST(Weights, MixedPrecisionSavesAndLoadsTheMasters) {
 
 TEST(Weights, AcceptsTransformerPrefixTiedHeadAndMaskBuffers) {
   fs::path d = ndt::testing::fresh_dir("ckpt_hf");
-  models::GPT g1(tiny()), g2(tiny());
+  models::GPT g1(padded_vocab_gpt()), g2(padded_vocab_gpt());
   nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
   std::vector<Raw> ts = hf_tensors(g1, p1, "transformer.");
@@ -195,7 +191,7 @@ TEST(Weights, AcceptsTransformerPrefixTiedHeadAndMaskBuffers) {
 
 TEST(Weights, MissingExtraAndMisshapenTensorsAreNamedAndNothingIsLoaded) {
   fs::path d = ndt::testing::fresh_dir("ckpt_bad");
-  models::GPT g1(tiny()), g2(tiny());
+  models::GPT g1(padded_vocab_gpt()), g2(padded_vocab_gpt());
   nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
   const std::vector<float> before = p2.units[0].data.to_vector<float>();
@@ -223,7 +219,7 @@ TEST(Weights, ANameWithAndWithoutTheTransformerPrefixIsRefused) {
   // h.0.ln_1.weight and transformer.h.0.ln_1.weight are one parameter: a file holding both
   // (with different values) must not load one of them and drop the other
   fs::path d = ndt::testing::fresh_dir("ckpt_dup");
-  models::GPT g1(tiny()), g2(tiny());
+  models::GPT g1(padded_vocab_gpt()), g2(padded_vocab_gpt());
   nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
   const std::vector<float> before = p2.units[1].data.to_vector<float>();
@@ -259,7 +255,7 @@ TEST(Weights, ANameWithAndWithoutTheTransformerPrefixIsRefused) {
 
 TEST(Checkpoint, SaveLoadRestoresWeightsMomentsAndPosition) {
   fs::path d = ndt::testing::fresh_dir("ckpt_state");
-  models::GPT g1(tiny()), g2(tiny());
+  models::GPT g1(padded_vocab_gpt()), g2(padded_vocab_gpt());
   nn::FlatParams p1 = nn::materialize(g1.units(), Device::cpu(), DType::f32, 1);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
   optim::AdamW o1(p1, {}), o2(p2, {});
@@ -297,7 +293,7 @@ TEST(Checkpoint, SaveLoadRestoresWeightsMomentsAndPosition) {
 
 TEST(Checkpoint, ACrashMidWriteLeavesTheLastGoodCheckpoint) {
   fs::path d = ndt::testing::fresh_dir("ckpt_crash");
-  models::GPT g(tiny());
+  models::GPT g(padded_vocab_gpt());
   nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
   optim::AdamW o(p, {});
   ckpt::TrainState st;
@@ -309,7 +305,7 @@ TEST(Checkpoint, ACrashMidWriteLeavesTheLastGoodCheckpoint) {
   std::ofstream(d / ".tmp_step_00000010" / "model.safetensors.tmp") << "partial";
   std::ofstream(d / "latest.tmp") << "step_000";
   EXPECT_EQ(ckpt::latest_checkpoint(d.string()).value(), good);
-  models::GPT g2(tiny());
+  models::GPT g2(padded_vocab_gpt());
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 9);
   optim::AdamW o2(p2, {});
   EXPECT_EQ(ckpt::load_checkpoint(good, g2, p2, o2).step, 5);
@@ -322,11 +318,11 @@ TEST(Checkpoint, ACrashMidWriteLeavesTheLastGoodCheckpoint) {
 
 TEST(Checkpoint, StateFromADifferentModelIsRefused) {
   fs::path d = ndt::testing::fresh_dir("ckpt_mismatch");
-  models::GPT g(tiny());
+  models::GPT g(padded_vocab_gpt());
   nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
   optim::AdamW o(p, {});
   const std::string where = ckpt::save_checkpoint(d.string(), g, p, o, {}, 0);
-  models::GPTConfig c = tiny();
+  models::GPTConfig c = padded_vocab_gpt();
   c.n_embd = 12;
   models::GPT g2(c);
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 1);
@@ -420,12 +416,12 @@ bool has(const std::string& s, const std::string& part) { return s.find(part) !=
 
 TEST(ShardedCheckpoint, RoundTripsWithASealedManifest) {
   fs::path d = ndt::testing::fresh_dir("sh_rt");
-  Model a(tiny(), 1), b(tiny(), 2);
+  Model a(padded_vocab_gpt(), 1), b(padded_vocab_gpt(), 2);
   const std::string where = save_sharded_step2(d, a);
   const nlohmann::json m = read_json(fs::path(where) / "checkpoint.json");
   ASSERT_TRUE(m.contains("manifest_xxh64")) << m.dump(1);
   EXPECT_EQ(m["manifest_xxh64"], seal_of(m));
-  ckpt::TrainState st = ckpt::load_sharded(where, tiny(), b.params, b.opt);
+  ckpt::TrainState st = ckpt::load_sharded(where, padded_vocab_gpt(), b.params, b.opt);
   EXPECT_EQ(st.step, 2);
   EXPECT_EQ(st.loader.epoch, 3);
   EXPECT_EQ(st.loader.window, 17);
@@ -439,7 +435,7 @@ TEST(ShardedCheckpoint, RoundTripsWithASealedManifest) {
 
 TEST(ShardedCheckpoint, AFlippedBitInAnyManifestValueIsCaught) {
   fs::path d = ndt::testing::fresh_dir("sh_flip");
-  Model a(tiny(), 1);
+  Model a(padded_vocab_gpt(), 1);
   const fs::path where = save_sharded_step2(d, a);
   const std::string good = bytes_of(where / "checkpoint.json");
   for (const char* key : {"\"step\": ", "\"adam_steps\": ", "\"loader_window\": ", "\"loader_epoch\": "}) {
@@ -450,15 +446,16 @@ TEST(ShardedCheckpoint, AFlippedBitInAnyManifestValueIsCaught) {
     const size_t last = text.find_first_not_of("0123456789", at + std::strlen(key)) - 1;
     text[last] ^= 1;  // the last digit: 2 -> 3, 17 -> 16, 3 -> 2: still valid JSON, in range
     std::ofstream(where / "checkpoint.json", std::ios::trunc) << text;
-    Model b(tiny(), 2);
-    const std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+    Model b(padded_vocab_gpt(), 2);
+    const std::string e =
+        error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
     EXPECT_TRUE(has(e, "checkpoint.json fails its checksum")) << e;
   }
 }
 
 TEST(ShardedCheckpoint, EveryManifestFieldIsCheckedNamingItAndItsValue) {
   fs::path d = ndt::testing::fresh_dir("sh_fields");
-  Model a(tiny(), 1);
+  Model a(padded_vocab_gpt(), 1);
   const fs::path where = save_sharded_step2(d, a);
   const nlohmann::json good = read_json(where / "checkpoint.json");
   struct Case {
@@ -495,9 +492,10 @@ TEST(ShardedCheckpoint, EveryManifestFieldIsCheckedNamingItAndItsValue) {
     else
       m[nlohmann::json::json_pointer(c.pointer)] = c.value;
     write_sealed(where, m);
-    Model b(tiny(), 2);
+    Model b(padded_vocab_gpt(), 2);
     const std::vector<float> before = b.params.units[0].data.to_vector<float>();
-    const std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+    const std::string e =
+        error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
     EXPECT_TRUE(has(e, c.expect)) << e;
     if (c.pointer != "/format") EXPECT_TRUE(has(e, "checkpoint.json")) << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
@@ -511,35 +509,35 @@ TEST(ShardedCheckpoint, EveryManifestFieldIsCheckedNamingItAndItsValue) {
 
 TEST(ShardedCheckpoint, TensorParallelSizeZeroIsAnErrorNotADivisionByZero) {
   fs::path d = ndt::testing::fresh_dir("sh_tp0");
-  Model a(tiny(), 1);
+  Model a(padded_vocab_gpt(), 1);
   const fs::path where = save_sharded_step2(d, a);
   nlohmann::json m = read_json(where / "checkpoint.json");
   m["layout"]["tp"] = 0;  // "tp": 1 with its lowest bit flipped
   write_sealed(where, m);
-  Model b(tiny(), 2);
-  std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+  Model b(padded_vocab_gpt(), 2);
+  std::string e = error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
   EXPECT_TRUE(has(e, "checkpoint.json: \"layout.tp\" is 0")) << e;
   e = error_of([&] { ckpt::export_weights(where.string(), (d / "out.safetensors").string()); });
   EXPECT_TRUE(has(e, "checkpoint.json: \"layout.tp\" is 0")) << e;
   // and the split itself refuses a size below one
-  models::GPT g(tiny());
+  models::GPT g(padded_vocab_gpt());
   e = error_of([&] { dist::split_tensor_parallel(g, 0, 0); });
   EXPECT_TRUE(has(e, "tp_size must be >= 1")) << e;
-  e = error_of([&] { dist::check_tensor_parallel(tiny(), 0); });
+  e = error_of([&] { dist::check_tensor_parallel(padded_vocab_gpt(), 0); });
   EXPECT_TRUE(has(e, "tp_size must be >= 1")) << e;
 }
 
 TEST(ShardedCheckpoint, AManifestWithoutAChecksumLoadsWithAWarningButIsStillValidated) {
   // checkpoints written before manifests were sealed keep resuming
   fs::path d = ndt::testing::fresh_dir("sh_old");
-  Model a(tiny(), 1);
+  Model a(padded_vocab_gpt(), 1);
   const fs::path where = save_sharded_step2(d, a);
   nlohmann::json m = read_json(where / "checkpoint.json");
   m.erase("manifest_xxh64");
   std::ofstream(where / "checkpoint.json", std::ios::trunc) << m.dump(1) << "\n";
-  Model b(tiny(), 2);
+  Model b(padded_vocab_gpt(), 2);
   ::testing::internal::CaptureStderr();
-  EXPECT_EQ(ckpt::load_sharded(where.string(), tiny(), b.params, b.opt).step, 2);
+  EXPECT_EQ(ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt).step, 2);
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(has(err, "warning: checkpoint " + (where / "checkpoint.json").string() + " has no checksum"))
       << err;
@@ -547,20 +545,21 @@ TEST(ShardedCheckpoint, AManifestWithoutAChecksumLoadsWithAWarningButIsStillVali
   m["step"] = -5;
   std::ofstream(where / "checkpoint.json", std::ios::trunc) << m.dump(1) << "\n";
   ::testing::internal::CaptureStderr();
-  const std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+  const std::string e =
+      error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
   ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(has(e, "\"step\" is -5")) << e;
 }
 
 TEST(ShardedCheckpoint, OnlyTheFilesTheManifestListsAreRead) {
   fs::path d = ndt::testing::fresh_dir("sh_unlisted");
-  Model a(tiny(), 1);
+  Model a(padded_vocab_gpt(), 1);
   const fs::path where = save_sharded_step2(d, a);
   const nlohmann::json good = read_json(where / "checkpoint.json");
   // a stray shard file that the manifest does not list: refused, naming it
   fs::copy_file(where / "shard_tp0_fsdp0.safetensors", where / "shard_tp1_fsdp0.safetensors");
-  Model b(tiny(), 2);
-  std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+  Model b(padded_vocab_gpt(), 2);
+  std::string e = error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
   EXPECT_TRUE(has(e, "shard_tp1_fsdp0.safetensors, which checkpoint.json does not list")) << e;
   e = error_of([&] { ckpt::export_weights(where.string(), (d / "out.safetensors").string()); });
   EXPECT_TRUE(has(e, "which checkpoint.json does not list")) << e;
@@ -570,25 +569,25 @@ TEST(ShardedCheckpoint, OnlyTheFilesTheManifestListsAreRead) {
   nlohmann::json m = good;
   m["layout"]["dp_shard"] = 2;
   write_sealed(where, m);
-  e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+  e = error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
   EXPECT_TRUE(has(e, "\"files\" lists 1 file but \"layout\" has 2 writers")) << e;
   // listed under a name the layout has no writer for
   m = good;
   m["files"]["shard_tp0_fsdp1.safetensors"] = m["files"]["shard_tp0_fsdp0.safetensors"];
   m["files"].erase("shard_tp0_fsdp0.safetensors");
   write_sealed(where, m);
-  e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+  e = error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
   EXPECT_TRUE(has(e, "\"files\" lacks shard_tp0_fsdp0.safetensors")) << e;
   // an unlisted file that is not a shard (notes) is left alone
   fs::remove(where / "shard_tp0_fsdp1.safetensors");
   write_sealed(where, good);
   std::ofstream(where / "NOTES.txt") << "lr was 3e-4\n";
-  EXPECT_EQ(ckpt::load_sharded(where.string(), tiny(), b.params, b.opt).step, 2);
+  EXPECT_EQ(ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt).step, 2);
 }
 
 TEST(ShardedCheckpoint, ShardTensorsMustBeF32OfTheirLayoutsLength) {
   fs::path d = ndt::testing::fresh_dir("sh_dtype");
-  Model a(tiny(), 1);
+  Model a(padded_vocab_gpt(), 1);
   const fs::path where = save_sharded_step2(d, a);
   const fs::path shard = where / "shard_tp0_fsdp0.safetensors";
   const std::string good = bytes_of(shard);
@@ -624,8 +623,9 @@ TEST(ShardedCheckpoint, ShardTensorsMustBeF32OfTheirLayoutsLength) {
     write_sealed(where, manifest);
     rewrite_shard(shard, c.change);
     reseal_file(where, "shard_tp0_fsdp0.safetensors");
-    Model b(tiny(), 2);
-    const std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+    Model b(padded_vocab_gpt(), 2);
+    const std::string e =
+        error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
     EXPECT_TRUE(has(e, "shard_tp0_fsdp0.safetensors")) << e;
     EXPECT_TRUE(has(e, c.expect)) << e;
   }
@@ -633,7 +633,7 @@ TEST(ShardedCheckpoint, ShardTensorsMustBeF32OfTheirLayoutsLength) {
 
 TEST(ShardedCheckpoint, NonFiniteValuesAreRefusedNamingTheParameterAndTheFile) {
   fs::path d = ndt::testing::fresh_dir("sh_nan");
-  Model a(tiny(), 1);
+  Model a(padded_vocab_gpt(), 1);
   const fs::path where = save_sharded_step2(d, a);
   const fs::path shard = where / "shard_tp0_fsdp0.safetensors";
   const std::string good = bytes_of(shard);
@@ -656,15 +656,17 @@ TEST(ShardedCheckpoint, NonFiniteValuesAreRefusedNamingTheParameterAndTheFile) {
       std::memcpy(&raw_named(ts, c.tensor).bytes[4 * (p.offset + 3)], &c.value, 4);
     });
     reseal_file(where, "shard_tp0_fsdp0.safetensors");
-    Model b(tiny(), 2);
-    const std::string e = error_of([&] { ckpt::load_sharded(where.string(), tiny(), b.params, b.opt); });
+    Model b(padded_vocab_gpt(), 2);
+    const std::string e =
+        error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
     EXPECT_TRUE(
         has(e, "shard_tp0_fsdp0.safetensors: " + c.tensor + " holds " + c.expect + " in " + p.spec.name))
         << e;
     if (c.tensor == "data.h.0") {  // init_from and export read the weights only: refused too
-      Model w(tiny(), 2);
+      Model w(padded_vocab_gpt(), 2);
       EXPECT_TRUE(
-          has(error_of([&] { ckpt::load_sharded_weights(where.string(), tiny(), w.params); }), c.expect));
+          has(error_of([&] { ckpt::load_sharded_weights(where.string(), padded_vocab_gpt(), w.params); }),
+              c.expect));
       EXPECT_TRUE(has(error_of([&] { ckpt::export_weights(where.string(), (d / "o.safetensors").string()); }),
                       c.expect));
     }
@@ -675,13 +677,13 @@ TEST(ShardedCheckpoint, ResumesWithAnotherVocabularyPadding) {
   // the padded rows of wte hold zeros that are never trained (their logits are masked), so a
   // checkpoint resumes under another model.vocab_multiple: rows are dropped or added as zeros
   fs::path d = ndt::testing::fresh_dir("sh_repad");
-  Model a(tiny(), 1);  // vocab 10 padded to 16
+  Model a(padded_vocab_gpt(), 1);  // vocab 10 padded to 16
   const std::string where = save_sharded_step2(d, a);
   const std::vector<float> wte = a.gpt.wte.weight.to_vector<float>();
   for (size_t i = 10 * 8; i < wte.size(); ++i) ASSERT_EQ(wte[i], 0.0f) << "padded rows stay zero";
   for (int64_t vm : {1, 32}) {
     SCOPED_TRACE(vm);
-    models::GPTConfig c = tiny();
+    models::GPTConfig c = padded_vocab_gpt();
     c.vocab_multiple = vm;
     Model b(c, 2);
     ASSERT_EQ(ckpt::load_sharded(where, c, b.params, b.opt).step, 2);
@@ -711,7 +713,7 @@ TEST(ShardedCheckpoint, ResumesWithAnotherVocabularyPadding) {
               a.opt.m()[0].narrow(0, 0, live).to_vector<float>());
   }
   // another model is still refused, naming what differs
-  models::GPTConfig other = tiny();
+  models::GPTConfig other = padded_vocab_gpt();
   other.n_layer = 3;
   Model o(other, 2);
   const std::string e = error_of([&] { ckpt::load_sharded(where, other, o.params, o.opt); });
@@ -722,7 +724,7 @@ TEST(Checkpoint, AnOldCheckpointThatCannotBeDeletedIsAWarningOnce) {
   // checkpoint.keep prunes old checkpoints after the new one is in place: a delete that
   // fails (here a file with the immutable attribute) warns once per path, the save succeeds
   fs::path d = ndt::testing::fresh_dir("ckpt_prune");
-  models::GPT g(tiny());
+  models::GPT g(padded_vocab_gpt());
   nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
   optim::AdamW o(p, {});
   ckpt::TrainState st;
@@ -750,36 +752,18 @@ TEST(Checkpoint, AnOldCheckpointThatCannotBeDeletedIsAWarningOnce) {
   EXPECT_TRUE(fs::exists(d / "step_00000006" / "checkpoint.json"));
 }
 
-namespace {
-
-// Every file under dir with its bytes, to show that a refused export changed nothing.
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> s;
-  for (auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) {
-      s[e.path().string()] = "(not a file)";
-      continue;
-    }
-    std::ifstream f(e.path(), std::ios::binary);
-    s[e.path().string()] = std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-  }
-  return s;
-}
-
-}  // namespace
-
 TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
   fs::path d = ndt::testing::fresh_dir("ckpt_export");
-  models::GPT g(tiny());
+  models::GPT g(padded_vocab_gpt());
   nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
   optim::AdamW o(p, {});
   dist::DeviceMesh mesh(dist::ParallelDims{}, dist::init_world());  // one process
   ckpt::TrainState st;
   for (st.step = 0; st.step < 3; ++st.step) o.step(0.01);  // a manifest's step is AdamW's step count
-  const fs::path ck = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, tiny(), 0);
+  const fs::path ck = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, padded_vocab_gpt(), 0);
   const std::vector<float> saved = p.units[1].data.to_vector<float>();
   for (; st.step < 5; ++st.step) o.step(0.01);
-  const fs::path other = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, tiny(), 0);
+  const fs::path other = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, padded_vocab_gpt(), 0);
   fs::create_symlink(ck / "shard_tp0_fsdp0.safetensors", d / "link.safetensors");
   fs::create_symlink(ck, d / "ck_link");
   const auto before = snapshot(d / "ck");
@@ -807,7 +791,7 @@ TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
   // outside: written, and loads as GPT-2 weights
   const fs::path out = d / "gpt2.safetensors";
   ckpt::export_weights(ck.string(), out.string());
-  models::GPT g2(tiny());
+  models::GPT g2(padded_vocab_gpt());
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
   ckpt::load_weights(out.string(), g2, p2);
   EXPECT_EQ(p2.units[1].data.to_vector<float>(), saved);

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "support/corpus.h"
+#include "support/launch.h"
 
 #include <chrono>
 #include <cstdio>
@@ -24,6 +25,7 @@
 
 using namespace ndt;
 namespace fs = std::filesystem;
+using ndt::testing::mpirun;
 
 namespace {
 
@@ -175,7 +177,6 @@ class DistFaults : public ::testing::Test {
            (here() / "metrics.jsonl").string() + " --checkpoint.dir " + (here() / "ck").string() + " " +
            extra;
   }
-  std::string mpirun(int np) const { return ndt::testing::mpirun_prefix(NDT_MPIRUN, np); }
   std::string marker() const { return (here() / "metrics.jsonl").string(); }
   size_t steps() const { return steps_logged(here() / "metrics.jsonl"); }
   // The step `latest` names, or -1.

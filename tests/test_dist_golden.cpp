@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "support/corpus.h"
+#include "support/launch.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -140,11 +141,10 @@ TEST(Golden, EveryLayoutTrainsTheRecordedBits) {
     SCOPED_TRACE(L.name);
     const fs::path d = dir / std::to_string(i);
     // every rank (mpirun passes the environment on) computes with the same kernel
-    const std::string cmd = std::string("OPENBLAS_CORETYPE=Haswell ") +
-                            (L.np > 1 ? ndt::testing::mpirun_prefix(NDT_MPIRUN, L.np) : std::string()) +
-                            NDT_TRAIN_GPT_BIN + " --config " + (dir / "gpt.ini").string() +
-                            " --log.metrics " + (d / "metrics.jsonl").string() + " --checkpoint.dir " +
-                            (d / "ck").string() + " " + L.args;
+    const std::string cmd =
+        std::string("OPENBLAS_CORETYPE=Haswell ") + (L.np > 1 ? ndt::testing::mpirun(L.np) : std::string()) +
+        NDT_TRAIN_GPT_BIN + " --config " + (dir / "gpt.ini").string() + " --log.metrics " +
+        (d / "metrics.jsonl").string() + " --checkpoint.dir " + (d / "ck").string() + " " + L.args;
     const ndt::testing::ShellResult r = ndt::testing::run_shell(cmd);
     ASSERT_EQ(r.rc, 0) << r.out;
     ASSERT_NE(r.out.find("OpenBLAS kernel Haswell"), std::string::npos) << r.out;

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "support/corpus.h"
+#include "support/launch.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -16,51 +17,25 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "train/data/data.h"
-#include "train/data/vocab.h"
-
 using namespace ndt;
+using namespace ndt::testing;  // Layout, mpirun, run_shell (tests/support/launch.h)
 namespace fs = std::filesystem;
 
 namespace {
 
-using Result = ndt::testing::ShellResult;
-Result shell(const std::string& cmd) { return ndt::testing::run_shell(cmd); }
-std::string mpirun(int np) { return ndt::testing::mpirun_prefix(NDT_MPIRUN, np); }
-
-struct Layout {
-  const char* name;
-  int replicate, shard, cp, tp;
-  const char* extra = "";
-  int np() const { return replicate * shard * cp * tp; }
-  std::string args() const {
-    return " --parallel.dp_replicate_size " + std::to_string(replicate) + " --parallel.dp_shard_size " +
-           std::to_string(shard) + " --parallel.cp_size " + std::to_string(cp) + " --parallel.tp_size " +
-           std::to_string(tp) + " " + extra;
-  }
-};
+using Result = ShellResult;
 
 class DistPlan : public ::testing::TestWithParam<Layout> {
  protected:
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("ndt_test_dist_plan_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
-    fs::create_directories(dir_ / "data");
-    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "see", "it"};
-    std::string text;
-    uint64_t x = 7;
-    for (int i = 0; i < 20000; ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      text += words[(x >> 33) % 12];
-      text += (i % 9 == 8) ? ".\n" : " ";
-    }
-    data::Vocab v = data::Vocab::build_char(text);
-    data::write_shard((dir_ / "data" / "train_000000.bin").string(), v.encode(text));
+    const int64_t V = ndt::testing::write_word_corpus(dir_ / "data", 20000, 7, 0.0);
     // a model whose activations outweigh its parameters, so the bound tests the activations
     std::ofstream(dir_ / "gpt.ini")
         << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 64\nvocab_multiple = 8\n"
            "vocab_size = "
-        << v.size() << "\nblock_size = 64\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
+        << V << "\nblock_size = 64\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
         << "\n[train]\nmicro_batch_size = 8\nseq_len = 64\nsteps = 3\nthreads = 1\n"
            "eval_every = 0\n[sample]\nevery = -1\n[log]\nevery = 1\n";
   }
@@ -73,12 +48,12 @@ TEST_P(DistPlan, PlannedBytesMatchTheRun) {
   const Layout& l = GetParam();
   const std::string base =
       std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + l.args();
-  const Result planned = shell(base + " --plan --json");
+  const Result planned = run_shell(base + " --plan --json");
   ASSERT_EQ(planned.rc, 0) << planned.out;
   const nlohmann::json plan = nlohmann::json::parse(planned.out);
   const fs::path metrics = dir_ / (std::string(l.name) + ".jsonl");
   const Result run =
-      shell((l.np() > 1 ? mpirun(l.np()) : std::string()) + base + " --log.metrics " + metrics.string());
+      run_shell((l.np() > 1 ? mpirun(l.np()) : std::string()) + base + " --log.metrics " + metrics.string());
   ASSERT_EQ(run.rc, 0) << run.out;
   // step 3: the first step warms the allocator's cache and the communicators
   nlohmann::json last;
@@ -114,15 +89,15 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(Plan, NeedsTheWorldForTheRestOfIt) {
   const std::string bin = NDT_TRAIN_GPT_BIN;
-  Result r = shell(bin + " --plan --parallel.dp_shard_size -1");
+  Result r = run_shell(bin + " --plan --parallel.dp_shard_size -1");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find("--plan.world"), std::string::npos) << r.out;
-  r = shell(bin + " --plan --json --parallel.dp_shard_size -1 --parallel.tp_size 2 --plan.world 8");
+  r = run_shell(bin + " --plan --json --parallel.dp_shard_size -1 --parallel.tp_size 2 --plan.world 8");
   ASSERT_EQ(r.rc, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["layout"]["dp_shard"].get<int64_t>(), 4);
   // a layout that does not fill the world is refused like the trainer refuses it
-  r = shell(bin + " --plan --parallel.dp_shard_size 3 --plan.world 8");
+  r = run_shell(bin + " --plan --parallel.dp_shard_size 3 --plan.world 8");
   EXPECT_EQ(r.rc, 2) << r.out;
 }
 
@@ -151,14 +126,14 @@ TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
        "plan.world = 4611686018427387904 is outside"},
   };
   for (const Case& c : cases) {
-    const Result r = shell(bin + c.args);
+    const Result r = run_shell(bin + c.args);
     EXPECT_EQ(r.rc, 2) << c.args << "\n" << r.out;
     EXPECT_NE(r.out.find("train_gpt: config error: "), std::string::npos) << r.out;
     EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
     EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
   }
   // the largest world --plan.world takes, with a batch that fits, plans
-  const Result r = shell(bin + " --json --plan.world 1099511627776 --parallel.dp_shard_size -1");
+  const Result r = run_shell(bin + " --json --plan.world 1099511627776 --parallel.dp_shard_size -1");
   ASSERT_EQ(r.rc, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["layout"]["world"].get<int64_t>(), int64_t(1) << 40);

@@ -15,15 +15,10 @@ using namespace ndt;
 
 namespace {
 
-models::GPTConfig tiny() {
-  models::GPTConfig c;
-  c.n_layer = 2;
-  c.n_head = 3;
-  c.n_embd = 12;
-  c.vocab_size = 11;
-  c.block_size = 7;
-  c.vocab_multiple = 4;  // padded to 12: padded logits must not matter
-  return c;
+// Small enough for central differences on every parameter: 2 blocks, C 12, 3 heads, 7
+// positions; a vocabulary of 11 padded to 12 rows (padded logits must not matter).
+models::GPTConfig gradcheck_gpt() {
+  return {.n_layer = 2, .n_head = 3, .n_embd = 12, .vocab_size = 11, .block_size = 7, .vocab_multiple = 4};
 }
 
 Tensor ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
@@ -35,7 +30,7 @@ Tensor ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
 }
 
 void check_gpt(nn::ACMode ac) {
-  models::GPT gpt(tiny());
+  models::GPT gpt(gradcheck_gpt());
   if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, 1));
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 42);
   // The GPT-2 init puts many parameters at exactly 0 or 1 (biases, LayerNorm): perturb
@@ -65,7 +60,7 @@ TEST(GradcheckGPT, EveryParameterWithActivationCheckpointing) { check_gpt(nn::AC
 TEST(GradcheckGPT, EveryParameterWithSelectiveCheckpointing) { check_gpt(nn::ACMode::selective); }
 
 TEST(GradcheckGPT, PaddedVocabRowsGetNoGradient) {
-  models::GPT gpt(tiny());
+  models::GPT gpt(gradcheck_gpt());
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 42);
   backward(gpt.forward(ids(2, 5, 11, 1), ids(2, 5, 11, 2)).loss);
   std::vector<double> g = gpt.wte.weight.grad().narrow(0, 11, 1).to_vector<double>();
@@ -74,32 +69,9 @@ TEST(GradcheckGPT, PaddedVocabRowsGetNoGradient) {
   for (double v : w) EXPECT_EQ(v, 0.0);  // padded rows start at zero
 }
 
-TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {
-  // The seam the trainer uses (activation checkpointing, FSDP) must not change a number:
-  // no wrapper, a pass-through wrapper, and checkpointing give the same bits.
-  auto run = [](int mode) {
-    models::GPTConfig c = tiny();
-    models::GPT gpt(c);
-    if (mode == 1) gpt.add_unit_wrapper([](int64_t, const nn::UnitFn& fn, const Tensor& x) { return fn(x); });
-    if (mode == 2) gpt.add_unit_wrapper(nn::activation_checkpointing());
-    nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 42);
-    Tensor loss = gpt.forward(ids(2, 5, 11, 1), ids(2, 5, 11, 2)).loss;
-    backward(loss);
-    std::vector<float> out = {static_cast<float>(loss.item())};
-    for (const nn::FlatUnit& u : params.units)
-      for (float g : u.grad.to_vector<float>()) out.push_back(g);
-    return out;
-  };
-  const std::vector<float> plain = run(0);
-  EXPECT_EQ(run(1), plain);
-  EXPECT_EQ(run(2), plain);
-}
-
-// Loss and every gradient of the tiny GPT (f32), with train.activation_checkpointing =
-// `ac` on blocks 0, every, 2*every, ...
-std::vector<float> loss_and_grads(nn::ACMode ac, int64_t every) {
-  models::GPT gpt(tiny());
-  if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, every));
+// The loss and then every gradient of gpt (a gradcheck_gpt(), its wrappers added), f32:
+// its parameters drawn with seed 42, one forward and backward on a seeded (2, 5) batch.
+std::vector<float> loss_and_grads(models::GPT& gpt) {
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 42);
   Tensor loss = gpt.forward(ids(2, 5, 11, 1), ids(2, 5, 11, 2)).loss;
   backward(loss);
@@ -107,6 +79,27 @@ std::vector<float> loss_and_grads(nn::ACMode ac, int64_t every) {
   for (const nn::FlatUnit& u : params.units)
     for (float g : u.grad.to_vector<float>()) out.push_back(g);
   return out;
+}
+
+TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {
+  // The seam the trainer uses (activation checkpointing, FSDP) must not change a number:
+  // no wrapper, a pass-through wrapper, and checkpointing give the same bits.
+  auto run = [](int mode) {
+    models::GPT gpt(gradcheck_gpt());
+    if (mode == 1) gpt.add_unit_wrapper([](int64_t, const nn::UnitFn& fn, const Tensor& x) { return fn(x); });
+    if (mode == 2) gpt.add_unit_wrapper(nn::activation_checkpointing());
+    return loss_and_grads(gpt);
+  };
+  const std::vector<float> plain = run(0);
+  EXPECT_EQ(run(1), plain);
+  EXPECT_EQ(run(2), plain);
+}
+
+// loss_and_grads with train.activation_checkpointing = `ac` on blocks 0, every, 2*every, ...
+std::vector<float> loss_and_grads(nn::ACMode ac, int64_t every) {
+  models::GPT gpt(gradcheck_gpt());
+  if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, every));
+  return loss_and_grads(gpt);
 }
 
 TEST(GPTUnits, EveryCheckpointingModeGivesBitIdenticalGradients) {
@@ -167,7 +160,7 @@ TEST(GPTUnits, CheckpointingKeepsLessActivationMemory) {
 TEST(GPTUnits, PositionOffsetShiftsThePositionEmbeddings) {
   // tokens at positions 2..4 see the same causal context as at 0..2 but other wpe rows:
   // the loss differs, and offset 0 is the default
-  models::GPT gpt(tiny());
+  models::GPT gpt(gradcheck_gpt());
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 42);
   const Tensor x = ids(2, 3, 11, 1), y = ids(2, 3, 11, 2);
   const double l0 = gpt.forward(x, y).loss.item(), l0b = gpt.forward(x, y, 0).loss.item();

@@ -38,6 +38,15 @@ void expect_close(const OpCase& c, const CaseRun& got, const CaseRun& ref, doubl
   }
 }
 
+// Case c on inputs drawn in dtype `low` against the same values converted to `high`
+// (outputs and gradients within tol).
+void expect_consistent(const OpCase& c, DType low, DType high, double tol, const char* what) {
+  std::vector<Tensor> in_low = case_inputs(c, low, Device::cpu());
+  std::vector<Tensor> in_high = convert_inputs(c, in_low, high, Device::cpu());
+  CaseRun r_low = run_case(c, in_low), r_high = run_case(c, in_high);
+  expect_close(c, r_low, r_high, tol, what);
+}
+
 }  // namespace
 
 // ---- float64 finite differences ------------------------------------------------------
@@ -64,18 +73,12 @@ class Consistency : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Consistency, F32VsF64) {
   const OpCase& c = op_case(GetParam());
-  std::vector<Tensor> in32 = case_inputs(c, DType::f32, Device::cpu());
-  std::vector<Tensor> in64 = convert_inputs(c, in32, DType::f64, Device::cpu());
-  CaseRun r32 = run_case(c, in32), r64 = run_case(c, in64);
-  expect_close(c, r32, r64, c.f32_tol, "f32 vs f64");
+  expect_consistent(c, DType::f32, DType::f64, c.f32_tol, "f32 vs f64");
 }
 
 TEST_P(Consistency, Bf16VsF32) {
   const OpCase& c = op_case(GetParam());
-  std::vector<Tensor> in16 = case_inputs(c, DType::bf16, Device::cpu());
-  std::vector<Tensor> in32 = convert_inputs(c, in16, DType::f32, Device::cpu());
-  CaseRun r16 = run_case(c, in16), r32 = run_case(c, in32);
-  expect_close(c, r16, r32, c.bf16_tol, "bf16 vs f32");
+  expect_consistent(c, DType::bf16, DType::f32, c.bf16_tol, "bf16 vs f32");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, Consistency, ::testing::ValuesIn(op_case_names()), param_name);

@@ -70,12 +70,9 @@ void write_streamed(const std::string& path, const models::GPT& gpt) {
 
 TEST(RamEfficientLoading, Gpt2ShapedFileAddsUnderATenthOfTheModelToAnyRank) {
   auto& w = *ndt::testing::world();
-  models::GPTConfig c;  // GPT-2 124M
-  c.n_layer = 12;
-  c.n_head = 12;
-  c.n_embd = 768;
-  c.vocab_size = 50257;
-  c.block_size = 1024;
+  // GPT-2 124M
+  const models::GPTConfig c{
+      .n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257, .block_size = 1024};
   models::GPT gpt(c);
   int64_t model_bytes = 0;
   for (const nn::ParamSpec& s : gpt.parameters()) model_bytes += 4 * numel_of(s.shape);

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "support/corpus.h"
+#include "support/launch.h"
 
 namespace {
 

@@ -33,6 +33,7 @@
 
 using namespace ndt;
 using ndt::testing::error_of;
+using ndt::testing::snapshot;
 namespace fs = std::filesystem;
 
 namespace {
@@ -64,18 +65,6 @@ std::map<int64_t, double> losses(const fs::path& metrics) {
     if (j.contains("loss")) l[j["step"].get<int64_t>()] = j["loss"].get<double>();
   }
   return l;
-}
-
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> s;
-  for (auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::ifstream f(e.path(), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    s[e.path().string()] = ss.str();
-  }
-  return s;
 }
 
 std::string read_all(const fs::path& p) {
@@ -328,7 +317,8 @@ TEST(Robust, AFlippedByteInAnyCheckpointFileIsCaught) {
       {fs::path(ck) / "latest", 0.5, "latest"},
   };
   for (const Case& c : cases) {
-    for (auto& [p, bytes] : good) std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
+    for (auto& [p, bytes] : good)
+      if (fs::is_regular_file(p)) std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;
     flip_byte(c.file, static_cast<size_t>(c.where * static_cast<double>(fs::file_size(c.file))));
     RunResult r =
         run({"--config", ini, "--train.steps", "4", "--checkpoint.dir", ck, "--checkpoint.resume", "true"});

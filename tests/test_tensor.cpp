@@ -724,7 +724,8 @@ TEST(TensorConversions, IntegersAboveTwoToTheTwentyFourAreExact) {
   std::vector<int32_t> ids = {0, 1, (1 << 24) + 1, INT32_MAX};
   EXPECT_EQ(Tensor::from_vector(ids, {4}).to_vector<int32_t>(), ids);
   // a strided (non-contiguous) integer copy too
-  Tensor m = Tensor::from_vector(std::vector<int32_t>{INT32_MAX, 1, 2, (1 << 24) + 1}, {2, 2}).transpose(0, 1);
+  Tensor m =
+      Tensor::from_vector(std::vector<int32_t>{INT32_MAX, 1, 2, (1 << 24) + 1}, {2, 2}).transpose(0, 1);
   EXPECT_EQ(m.contiguous().to(DType::f64).to_vector<double>(),
             (std::vector<double>{2147483647.0, 2.0, 1.0, 16777217.0}));
 }

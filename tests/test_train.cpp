@@ -21,6 +21,7 @@
 
 using namespace ndt;
 namespace fs = std::filesystem;
+using ndt::testing::snapshot;  // to show a failed run changed nothing
 
 namespace {
 
@@ -44,20 +45,6 @@ std::vector<double> losses(const fs::path& metrics) {
     if (j.contains("loss")) l.push_back(j["loss"].get<double>());
   }
   return l;
-}
-
-// Every file under dir with its bytes, to show a failed run changed nothing.
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> s;
-  if (!fs::exists(dir)) return s;
-  for (auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::ifstream f(e.path(), std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    s[e.path().string()] = ss.str();
-  }
-  return s;
 }
 
 }  // namespace
@@ -414,13 +401,7 @@ TEST(TrainGpt, Bfloat16FollowsFloat32OnTheMainJobsData) {
 // Padding the context on the right (what generate() does on CUDA, for cuDNN's graph cache)
 // does not change the sampled tokens: causal attention keeps position T-1 blind to the pad.
 TEST(Generate, RightPaddedContextSamplesTheSameTokens) {
-  models::GPTConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.vocab_size = 29;
-  c.block_size = 24;
-  models::GPT gpt(c);
+  models::GPT gpt({.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 29, .block_size = 24});
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7);
   const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
   const std::vector<int32_t> plain = train::generate(gpt, prompt, 30, 1.0, 0, 11, Device::cpu(), 1);

@@ -1,17 +1,11 @@
 #include "support/corpus.h"
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
-#include <sys/wait.h>
-
-#include <chrono>
-#include <cstdio>
-#include <fstream>
-#include <sstream>
-
-#include "tensor/error.h"
 #include "train/data/data.h"
 #include "train/data/vocab.h"
 #include "train/trainer.h"
@@ -48,26 +42,6 @@ void write_small_run(const std::filesystem::path& d) {
                                   "eval_steps = 2\nthreads = 1\n[optim]\nlr = 0.01\nwarmup_steps = 2\n"
                                   "[sample]\nevery = -1\n[log]\nevery = 1\n"
                                   "[checkpoint]\nformat = full  # these tests read model.safetensors\n";
-}
-
-ShellResult run_shell(const std::string& cmd) {
-  const auto t0 = std::chrono::steady_clock::now();
-  std::FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  NDT_CHECK(p != nullptr, "popen failed: ", cmd);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int st = ::pclose(p);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), out, s};
-}
-
-std::string mpirun_prefix(const std::string& mpirun, int np) {
-  return mpirun +
-         " --allow-run-as-root --oversubscribe --bind-to none --mca btl_vader_single_copy_mechanism none "
-         "-np " +
-         std::to_string(np) + " ";
 }
 
 RunResult run_train_gpt(std::vector<std::string> args) {

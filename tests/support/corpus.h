@@ -1,6 +1,6 @@
 // What the training tests share: a small char-level corpus (sentences from a fixed word
 // list, picked by an LCG, so the text is the same on every machine), and train_gpt run
-// in-process.
+// in-process (tests/support/launch.h runs it as a program).
 #pragma once
 
 #include <cstdint>
@@ -18,16 +18,6 @@ int64_t write_word_corpus(const std::filesystem::path& dir, int words, uint64_t 
 // dir/gpt.ini, a 2-layer GPT for 8 steps that writes full-format checkpoints (the tests read
 // model.safetensors).
 void write_small_run(const std::filesystem::path& dir);
-
-// A shell command's exit code, output and errors together, and its wall time.
-struct ShellResult {
-  int rc;
-  std::string out;
-  double seconds;
-};
-ShellResult run_shell(const std::string& cmd);
-// "<mpirun> --allow-run-as-root --oversubscribe ... -np N ": what the tests launch ranks with.
-std::string mpirun_prefix(const std::string& mpirun, int np);
 
 struct RunResult {
   int rc;

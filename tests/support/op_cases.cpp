@@ -130,9 +130,10 @@ std::vector<OpCase> build_cases() {
   add_case({"linear_gelu", inputs_of({{{kB, 5, kC}}, {{kC, 16}, 0.0f, 0.5f}, {{16}, 0.0f, 0.5f}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear_gelu(x[0], x[1], x[2])}; },
             all_grad(3)});
-  add_case({"linear_gelu_no_bias", inputs_of({{{kT, kC}}, {{kC, 8}, 0.0f, 0.5f}}),
-            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear_gelu(x[0], x[1], Tensor())}; },
-            all_grad(2)});
+  add_case(
+      {"linear_gelu_no_bias", inputs_of({{{kT, kC}}, {{kC, 8}, 0.0f, 0.5f}}),
+       [](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear_gelu(x[0], x[1], Tensor())}; },
+       all_grad(2)});
   add_case({"linear_no_bias", inputs_of({{{kT, kC}}, {{kC, 5}, 0.0f, 0.3f}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{linear(x[0], x[1], Tensor())}; },
             all_grad(2)});

@@ -10,7 +10,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
+#include <sstream>
 #include <string>
 
 #include "tensor/error.h"
@@ -39,6 +42,28 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
+}
+
+// Every entry under dir (recursively), by path: a file with its bytes, anything else (a
+// directory, a dangling link) as "(not a file)"; no entries when dir does not exist. Two
+// snapshots compare equal when nothing under dir was added, removed or changed:
+//   const auto before = snapshot(ck);  ...a run that must fail cleanly...
+//   EXPECT_EQ(snapshot(ck), before);
+inline std::map<std::string, std::string> snapshot(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::map<std::string, std::string> s;
+  if (!fs::exists(dir)) return s;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) {
+      s[e.path().string()] = "(not a file)";
+      continue;
+    }
+    std::ifstream f(e.path(), std::ios::binary);
+    std::stringstream bytes;
+    bytes << f.rdbuf();
+    s[e.path().string()] = bytes.str();
+  }
+  return s;
 }
 
 // The immutable attribute (chattr +i) on a file for the guard's lifetime: not even root can
