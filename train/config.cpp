@@ -225,19 +225,53 @@ po::parsed_options parse_ini(const std::string& path, const po::options_descript
   return parsed;
 }
 
-}  // namespace
-
-bool parse_config(int argc, const char* const* argv, Config& c, std::string& help_out) {
-  po::options_description keys = describe(c);
+// The options that are not config keys: --help, --config, --plan and its companions.
+po::options_description program_options(Config& c) {
   po::options_description generic(
       "train_gpt: train a GPT on token shards.\n\nUsage: train_gpt --config gpt.ini [--sec.key value "
       "...]\n\nOptions");
   generic.add_options()("help,h", "print this help and exit")("config", po::value(&c.config_path),
                                                               "INI file with [section] key = value lines");
-  generic.add_options()("plan", po::bool_switch(&c.plan),
-                        "print the per-rank memory and per-step communication plan and exit (no data, no MPI)")(
+  generic.add_options()(
+      "plan", po::bool_switch(&c.plan),
+      "print the per-rank memory and per-step communication plan and exit (no data, no MPI)")(
       "json", po::bool_switch(&c.plan_json), "with --plan: print the plan as JSON")(
-      "plan.world", po::value(&c.plan_world), "with --plan: the number of ranks (needed when dp_shard_size = -1)");
+      "plan.world", po::value(&c.plan_world),
+      "with --plan: the number of ranks (needed when dp_shard_size = -1)");
+  return generic;
+}
+
+std::string help_text(const po::options_description& cmdline) {
+  std::ostringstream os;
+  os << cmdline << "\nEvery key may be given in the INI file as `key = value` under `[section]`,\n"
+     << "or on the command line as --section.key value; the command line wins. In the file, `#`\n"
+     << "starts a comment; quote a value (prompt = \"C# rocks\") or write \\# to keep a `#`.\n";
+  return os.str();
+}
+
+po::parsed_options parse_ini_file(const std::string& path, const po::options_description& keys) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw ConfigError("cannot read config file '" + path + "': it does not exist");
+  if (!fs::is_regular_file(path, ec))
+    throw ConfigError("config file '" + path + "' is not a regular file (a directory?)");
+  return parse_ini(path, keys);
+}
+
+// Values as the rest of the code reads them: the prompt's escapes, and the old spellings of
+// train.activation_checkpointing (it was a bool; those boost accepted mean full / none).
+void normalize(Config& c) {
+  c.sample.prompt = unescape(c.sample.prompt);
+  std::string ac = c.train.activation_checkpointing;
+  for (char& ch : ac) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (ac == "true" || ac == "yes" || ac == "on" || ac == "1") c.train.activation_checkpointing = "full";
+  if (ac == "false" || ac == "no" || ac == "off" || ac == "0") c.train.activation_checkpointing = "none";
+}
+
+}  // namespace
+
+bool parse_config(int argc, const char* const* argv, Config& c, std::string& help_out) {
+  po::options_description keys = describe(c);
+  const po::options_description generic = program_options(c);
   po::options_description cmdline;
   cmdline.add(generic).add(keys);
   // Words that are not options land here, to be refused by name.
@@ -263,22 +297,10 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
                              : std::string()));
     }
     if (vm.count("help")) {
-      std::ostringstream os;
-      os << cmdline << "\nEvery key may be given in the INI file as `key = value` under `[section]`,\n"
-         << "or on the command line as --section.key value; the command line wins. In the file, `#`\n"
-         << "starts a comment; quote a value (prompt = \"C# rocks\") or write \\# to keep a `#`.\n";
-      help_out = os.str();
+      help_out = help_text(cmdline);
       return false;
     }
-    if (vm.count("config")) {
-      const std::string path = vm["config"].as<std::string>();
-      std::error_code ec;
-      if (!fs::exists(path, ec))
-        throw ConfigError("cannot read config file '" + path + "': it does not exist");
-      if (!fs::is_regular_file(path, ec))
-        throw ConfigError("config file '" + path + "' is not a regular file (a directory?)");
-      po::store(parse_ini(path, keys), vm);
-    }
+    if (vm.count("config")) po::store(parse_ini_file(vm["config"].as<std::string>(), keys), vm);
     po::notify(vm);
     for (const auto& d : keys.options()) {
       const std::string& name = d->long_name();
@@ -303,116 +325,148 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run train_gpt --help for every key and its allowed values");
   }
-  c.sample.prompt = unescape(c.sample.prompt);
-  {  // the key was a bool: its old spellings (those boost accepted) still mean full / none
-    std::string ac = c.train.activation_checkpointing;
-    for (char& ch : ac) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (ac == "true" || ac == "yes" || ac == "on" || ac == "1") c.train.activation_checkpointing = "full";
-    if (ac == "false" || ac == "no" || ac == "off" || ac == "0") c.train.activation_checkpointing = "none";
-  }
+  normalize(c);
   validate(c);
   return true;
 }
 
-void validate(const Config& c) {
-  auto need = [](bool ok, const std::string& msg) {
+namespace {
+
+// The checks of validate(), each one line naming the key: integer keys have ranges far
+// beyond any real run (kBig for counts of steps), so that no size computed from them can
+// overflow and a typo fails here, before anything is allocated.
+constexpr int64_t kBig = int64_t(1) << 40;
+struct Checks {
+  void need(bool ok, const std::string& msg) const {
     if (!ok) throw ConfigError(msg);
-  };
-  // Integer keys have ranges far beyond any real run, so that no size computed from them
-  // can overflow and a typo fails here, in one line, before anything is allocated.
-  auto range = [&](const char* key, int64_t v, int64_t lo, int64_t hi) {
+  }
+  void range(const char* key, int64_t v, int64_t lo, int64_t hi) const {
     need(v >= lo && v <= hi, std::string(key) + " = " + std::to_string(v) + " is outside [" +
                                  std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  };
-  auto finite = [&](const char* key, double v, bool positive) {
+  }
+  void finite(const char* key, double v, bool positive) const {
     need(std::isfinite(v) && (positive ? v > 0 : v >= 0), std::string(key) + " must be a finite number " +
                                                               (positive ? "> 0" : ">= 0") + ", got " +
                                                               std::to_string(v));
-  };
-  constexpr int64_t kBig = int64_t(1) << 40;
-  range("plan.world", c.plan_world, 0, kBig);
-  need(c.plan || !c.data.train.empty(), "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
-  range("model.n_layer", c.model.n_layer, 1, 1024);
-  range("model.n_head", c.model.n_head, 1, 1024);
-  range("model.n_embd", c.model.n_embd, 1, 65536);
-  range("model.vocab_size", c.model.vocab_size, 1, 65536);
-  range("model.block_size", c.model.block_size, 1, int64_t(1) << 20);
-  range("model.vocab_multiple", c.model.vocab_multiple, 1, 65536);
-  range("train.micro_batch_size", c.train.micro_batch_size, 1, int64_t(1) << 20);
-  range("train.seq_len", c.train.seq_len, 1, int64_t(1) << 20);
-  need(c.train.seq_len <= c.model.block_size, "train.seq_len (" + std::to_string(c.train.seq_len) +
-                                      ") must be <= model.block_size (" + std::to_string(c.model.block_size) + ")");
-  need(c.train.micro_batch_size * c.train.seq_len <= (int64_t(1) << 31),
-       "train.micro_batch_size x train.seq_len = " + std::to_string(c.train.micro_batch_size * c.train.seq_len) +
-           " tokens per micro-batch; at most 2^31");
-  range("train.grad_accum_steps", c.train.grad_accum_steps, 1, int64_t(1) << 20);
-  range("train.steps", c.train.steps, 1, kBig);
-  range("train.eval_every", c.train.eval_every, 0, kBig);
-  range("train.eval_steps", c.train.eval_steps, 1, int64_t(1) << 20);
-  range("train.seed", c.train.seed, 0, std::numeric_limits<int64_t>::max());
-  need(c.train.device == "cpu" || c.train.device == "cuda" ||
-           (c.train.device.size() > 5 && c.train.device.size() <= 7 && c.train.device.rfind("cuda:", 0) == 0 &&
-            c.train.device.find_first_not_of("0123456789", 5) == std::string::npos),
-       "train.device must be cpu, cuda or cuda:N, got '" + c.train.device + "'");
-  need(c.train.dtype == "float32" || c.train.dtype == "bfloat16",
-       "train.dtype must be float32 or bfloat16, got '" + c.train.dtype + "'");
-  need(c.parallel.backend == "auto" || c.parallel.backend == "mpi" || c.parallel.backend == "nccl",
-       "parallel.backend must be auto, mpi or nccl, got '" + c.parallel.backend + "'");
-  need(c.parallel.backend != "nccl" || c.train.device.rfind("cuda", 0) == 0,
-       "parallel.backend = nccl needs train.device = cuda (NCCL moves GPU memory); use mpi or auto on cpu");
-  need(c.parallel.reduce_dtype == "float32" || c.parallel.reduce_dtype == "bfloat16",
-       "parallel.reduce_dtype must be float32 or bfloat16, got '" + c.parallel.reduce_dtype + "'");
+  }
+};
+
+void validate_model(const Config& c, const Checks& ck) {
+  ck.range("plan.world", c.plan_world, 0, kBig);
+  ck.need(c.plan || !c.data.train.empty(),
+          "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
+  ck.range("model.n_layer", c.model.n_layer, 1, 1024);
+  ck.range("model.n_head", c.model.n_head, 1, 1024);
+  ck.range("model.n_embd", c.model.n_embd, 1, 65536);
+  ck.range("model.vocab_size", c.model.vocab_size, 1, 65536);
+  ck.range("model.block_size", c.model.block_size, 1, int64_t(1) << 20);
+  ck.range("model.vocab_multiple", c.model.vocab_multiple, 1, 65536);
+}
+
+void validate_train(const Config& c, const Checks& ck) {
+  ck.range("train.micro_batch_size", c.train.micro_batch_size, 1, int64_t(1) << 20);
+  ck.range("train.seq_len", c.train.seq_len, 1, int64_t(1) << 20);
+  ck.need(c.train.seq_len <= c.model.block_size, "train.seq_len (" + std::to_string(c.train.seq_len) +
+                                                     ") must be <= model.block_size (" +
+                                                     std::to_string(c.model.block_size) + ")");
+  ck.need(c.train.micro_batch_size * c.train.seq_len <= (int64_t(1) << 31),
+          "train.micro_batch_size x train.seq_len = " +
+              std::to_string(c.train.micro_batch_size * c.train.seq_len) +
+              " tokens per micro-batch; at most 2^31");
+  ck.range("train.grad_accum_steps", c.train.grad_accum_steps, 1, int64_t(1) << 20);
+  ck.range("train.steps", c.train.steps, 1, kBig);
+  ck.range("train.eval_every", c.train.eval_every, 0, kBig);
+  ck.range("train.eval_steps", c.train.eval_steps, 1, int64_t(1) << 20);
+  ck.range("train.seed", c.train.seed, 0, std::numeric_limits<int64_t>::max());
+  ck.need(
+      c.train.device == "cpu" || c.train.device == "cuda" ||
+          (c.train.device.size() > 5 && c.train.device.size() <= 7 && c.train.device.rfind("cuda:", 0) == 0 &&
+           c.train.device.find_first_not_of("0123456789", 5) == std::string::npos),
+      "train.device must be cpu, cuda or cuda:N, got '" + c.train.device + "'");
+  ck.need(c.train.dtype == "float32" || c.train.dtype == "bfloat16",
+          "train.dtype must be float32 or bfloat16, got '" + c.train.dtype + "'");
+  ck.need(c.parallel.backend == "auto" || c.parallel.backend == "mpi" || c.parallel.backend == "nccl",
+          "parallel.backend must be auto, mpi or nccl, got '" + c.parallel.backend + "'");
+  ck.need(
+      c.parallel.backend != "nccl" || c.train.device.rfind("cuda", 0) == 0,
+      "parallel.backend = nccl needs train.device = cuda (NCCL moves GPU memory); use mpi or auto on cpu");
+  ck.need(c.parallel.reduce_dtype == "float32" || c.parallel.reduce_dtype == "bfloat16",
+          "parallel.reduce_dtype must be float32 or bfloat16, got '" + c.parallel.reduce_dtype + "'");
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
-  need(c.train.threads >= 0 && c.train.threads <= cores, "train.threads = " + std::to_string(c.train.threads) +
-                                                 " but this machine has " + std::to_string(cores) +
-                                                 " CPUs; use 0 for all of them");
-  need(c.train.activation_checkpointing == "none" || c.train.activation_checkpointing == "full" ||
-           c.train.activation_checkpointing == "selective",
-       "train.activation_checkpointing must be none, full or selective (or true/false for full/none), got '" +
-           c.train.activation_checkpointing + "'");
-  range("train.ac_every", c.train.ac_every, 1, 1024);
-  range("train.stop_after", c.train.stop_after, 0, kBig);
-  need(c.train.stop_after == 0 || !c.checkpoint.dir.empty(),
-       "train.stop_after needs checkpoint.dir: without it the stopped run could not be resumed");
-  finite("optim.lr", c.optim.lr, true);
-  need(c.optim.min_lr_frac >= 0 && c.optim.min_lr_frac <= 1, "optim.min_lr_frac must be in [0, 1]");
-  range("optim.warmup_steps", c.optim.warmup_steps, 0, kBig);
-  need(c.optim.schedule == "cosine" || c.optim.schedule == "linear" || c.optim.schedule == "constant",
-       "optim.schedule must be cosine, linear or constant, got '" + c.optim.schedule + "'");
-  finite("optim.weight_decay", c.optim.weight_decay, false);
-  need(c.optim.beta1 >= 0 && c.optim.beta1 < 1 && c.optim.beta2 >= 0 && c.optim.beta2 < 1,
-       "optim.beta1 and optim.beta2 must be in [0, 1)");
-  finite("optim.eps", c.optim.eps, true);
-  finite("optim.grad_clip", c.optim.grad_clip, false);
-  range("checkpoint.every", c.checkpoint.every, 0, kBig);
-  range("checkpoint.keep", c.checkpoint.keep, 0, 1000000);
-  need(c.checkpoint.format == "full" || c.checkpoint.format == "sharded",
-       "checkpoint.format must be full or sharded, got '" + c.checkpoint.format + "'");
-  need(!c.checkpoint.resume || !c.checkpoint.dir.empty(), "checkpoint.resume needs checkpoint.dir");
-  range("log.every", c.log.every, 1, kBig);
-  finite("log.peak_tflops", c.log.peak_tflops, false);
-  range("sample.every", c.sample.every, -1, kBig);
-  range("sample.length", c.sample.length, 0, 65536);
-  range("sample.top_k", c.sample.top_k, 0, 65536);
-  finite("sample.temperature", c.sample.temperature, true);
-  finite("parallel.timeout_s", c.parallel.timeout_s, true);
-  need(c.sample.prompt.size() <= 65536, "sample.prompt is " + std::to_string(c.sample.prompt.size()) +
-                                     " bytes; at most 65536 (the model sees only "
-                                     "the last model.block_size tokens anyway)");
-  range("parallel.dp_replicate_size", c.parallel.dp_replicate_size, 1, 1 << 20);
-  need(c.parallel.dp_shard_size == -1 || (c.parallel.dp_shard_size >= 1 && c.parallel.dp_shard_size <= (1 << 20)),
-       "parallel.dp_shard_size must be >= 1, or -1 for the rest of the world, got " + std::to_string(c.parallel.dp_shard_size));
-  range("parallel.tp_size", c.parallel.tp_size, 1, 1 << 16);
-  range("parallel.cp_size", c.parallel.cp_size, 1, 1 << 16);
-  need(c.parallel.cp_size == 1 || c.train.seq_len % (2 * c.parallel.cp_size) == 0,
-       "train.seq_len = " + std::to_string(c.train.seq_len) + " must be divisible by 2 x parallel.cp_size = " +
-           std::to_string(2 * c.parallel.cp_size) + " (each context-parallel rank holds two chunks of every sequence)");
-  need(c.optim.lr_scaling == "none" || c.optim.lr_scaling == "linear" || c.optim.lr_scaling == "sqrt",
-       "optim.lr_scaling must be none, linear or sqrt, got '" + c.optim.lr_scaling + "'");
-  range("optim.lr_base_batch", c.optim.lr_base_batch, 0, kBig);
-  need(c.optim.lr_scaling == "none" || c.optim.lr_base_batch > 0,
-       "optim.lr_scaling = " + c.optim.lr_scaling +
-           " needs optim.lr_base_batch: the effective batch, in sequences, that optim.lr was tuned for");
+  ck.need(c.train.threads >= 0 && c.train.threads <= cores,
+          "train.threads = " + std::to_string(c.train.threads) + " but this machine has " +
+              std::to_string(cores) + " CPUs; use 0 for all of them");
+  ck.need(
+      c.train.activation_checkpointing == "none" || c.train.activation_checkpointing == "full" ||
+          c.train.activation_checkpointing == "selective",
+      "train.activation_checkpointing must be none, full or selective (or true/false for full/none), got '" +
+          c.train.activation_checkpointing + "'");
+  ck.range("train.ac_every", c.train.ac_every, 1, 1024);
+  ck.range("train.stop_after", c.train.stop_after, 0, kBig);
+  ck.need(c.train.stop_after == 0 || !c.checkpoint.dir.empty(),
+          "train.stop_after needs checkpoint.dir: without it the stopped run could not be resumed");
+}
+
+void validate_optim(const Config& c, const Checks& ck) {
+  ck.finite("optim.lr", c.optim.lr, true);
+  ck.need(c.optim.min_lr_frac >= 0 && c.optim.min_lr_frac <= 1, "optim.min_lr_frac must be in [0, 1]");
+  ck.range("optim.warmup_steps", c.optim.warmup_steps, 0, kBig);
+  ck.need(c.optim.schedule == "cosine" || c.optim.schedule == "linear" || c.optim.schedule == "constant",
+          "optim.schedule must be cosine, linear or constant, got '" + c.optim.schedule + "'");
+  ck.finite("optim.weight_decay", c.optim.weight_decay, false);
+  ck.need(c.optim.beta1 >= 0 && c.optim.beta1 < 1 && c.optim.beta2 >= 0 && c.optim.beta2 < 1,
+          "optim.beta1 and optim.beta2 must be in [0, 1)");
+  ck.finite("optim.eps", c.optim.eps, true);
+  ck.finite("optim.grad_clip", c.optim.grad_clip, false);
+  ck.need(c.optim.lr_scaling == "none" || c.optim.lr_scaling == "linear" || c.optim.lr_scaling == "sqrt",
+          "optim.lr_scaling must be none, linear or sqrt, got '" + c.optim.lr_scaling + "'");
+  ck.range("optim.lr_base_batch", c.optim.lr_base_batch, 0, kBig);
+  ck.need(c.optim.lr_scaling == "none" || c.optim.lr_base_batch > 0,
+          "optim.lr_scaling = " + c.optim.lr_scaling +
+              " needs optim.lr_base_batch: the effective batch, in sequences, that optim.lr was tuned for");
+}
+
+void validate_outputs(const Config& c, const Checks& ck) {
+  ck.range("checkpoint.every", c.checkpoint.every, 0, kBig);
+  ck.range("checkpoint.keep", c.checkpoint.keep, 0, 1000000);
+  ck.need(c.checkpoint.format == "full" || c.checkpoint.format == "sharded",
+          "checkpoint.format must be full or sharded, got '" + c.checkpoint.format + "'");
+  ck.need(!c.checkpoint.resume || !c.checkpoint.dir.empty(), "checkpoint.resume needs checkpoint.dir");
+  ck.range("log.every", c.log.every, 1, kBig);
+  ck.finite("log.peak_tflops", c.log.peak_tflops, false);
+  ck.range("sample.every", c.sample.every, -1, kBig);
+  ck.range("sample.length", c.sample.length, 0, 65536);
+  ck.range("sample.top_k", c.sample.top_k, 0, 65536);
+  ck.finite("sample.temperature", c.sample.temperature, true);
+  ck.finite("parallel.timeout_s", c.parallel.timeout_s, true);
+  ck.need(c.sample.prompt.size() <= 65536, "sample.prompt is " + std::to_string(c.sample.prompt.size()) +
+                                               " bytes; at most 65536 (the model sees only "
+                                               "the last model.block_size tokens anyway)");
+}
+
+void validate_parallel(const Config& c, const Checks& ck) {
+  ck.range("parallel.dp_replicate_size", c.parallel.dp_replicate_size, 1, 1 << 20);
+  ck.need(c.parallel.dp_shard_size == -1 ||
+              (c.parallel.dp_shard_size >= 1 && c.parallel.dp_shard_size <= (1 << 20)),
+          "parallel.dp_shard_size must be >= 1, or -1 for the rest of the world, got " +
+              std::to_string(c.parallel.dp_shard_size));
+  ck.range("parallel.tp_size", c.parallel.tp_size, 1, 1 << 16);
+  ck.range("parallel.cp_size", c.parallel.cp_size, 1, 1 << 16);
+  ck.need(c.parallel.cp_size == 1 || c.train.seq_len % (2 * c.parallel.cp_size) == 0,
+          "train.seq_len = " + std::to_string(c.train.seq_len) +
+              " must be divisible by 2 x parallel.cp_size = " + std::to_string(2 * c.parallel.cp_size) +
+              " (each context-parallel rank holds two chunks of every sequence)");
+}
+
+}  // namespace
+
+void validate(const Config& c) {
+  const Checks ck;
+  validate_model(c, ck);
+  validate_train(c, ck);
+  validate_optim(c, ck);
+  validate_outputs(c, ck);
+  validate_parallel(c, ck);
 }
 
 nn::ACMode ac_mode(const TrainSection& t) {

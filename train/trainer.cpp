@@ -10,6 +10,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -109,6 +110,24 @@ class Trainer {
   void parallelize();  // every parallel dimension, and this rank's memory (dist/parallelize.h)
   void materialize();  // weights (init_from), data, optimizer, resume
   int loop();          // the steps, with evaluation, samples and checkpoints; then the end
+
+  // the loop's parts
+  struct StepResult {
+    double loss = 0, norm = 0, lr = 0, sec = 0;
+    int64_t comm_bytes = 0;
+    MemoryStats mem;
+  };
+  StepResult step_and_time(int64_t step);  // one optimizer step, timed
+  void log_step(int64_t step, const StepResult& r, double avg_sec);
+  // Work between steps that may fail on one rank: every rank learns it, the steps done are
+  // saved, then the run ends naming what failed.
+  void between_steps(int64_t step, const char* what, const std::function<void()>& local_fn);
+  [[noreturn]] void saved_then_fail(int64_t step, const std::string& what, bool failed_here,
+                                    const std::string& err);
+  double evaluation(int64_t step);  // the validation loss (collective), logged
+  void sampling(int64_t step);
+  int stopped(int64_t step, int sig);           // a stop signal after `step`: save, exit code
+  int finish(double last_val, double avg_sec);  // after the last step: save, eval, sample, report
 
   double train_step(int64_t step);  // one optimizer step on batches_; returns the mean loss
   std::string read_batches();       // the next step's micro-batches into batches_; "" or the error
@@ -636,45 +655,116 @@ double Trainer::train_step(int64_t step) {
   return pm_->mean_over_ranks(loss_sum / static_cast<double>(c_.train.grad_accum_steps));
 }
 
-int Trainer::loop() {
+// A failure between steps (reading evaluation or training data, printing a sample) must
+// not cost the steps since the last checkpoint: save them first, then report it. Such work
+// is rank-local (no collective inside), so that every rank can first learn whether any
+// rank failed and all of them save together: a rank saving alone, or one leaving for the
+// agreement while the others are inside evaluate()'s collectives, would wait forever.
+void Trainer::saved_then_fail(int64_t step, const std::string& what, bool failed_here,
+                              const std::string& err) {
+  const std::string why = failed_here ? err : "it failed on another rank";
+  if (c_.checkpoint.dir.empty() || step == saved_step_)
+    throw Error(what + " failed at step " + std::to_string(step) + ": " + why);
+  save(step);
+  throw Error(what + " failed at step " + std::to_string(step) + " (checkpoint saved): " + why);
+}
+
+void Trainer::between_steps(int64_t step, const char* what, const std::function<void()>& local_fn) {
+  std::string err;
+  bool failed = false;
+  try {
+    local_fn();
+  } catch (const std::exception& e) {
+    err = e.what();
+    failed = true;
+  }
+  if (world_->all_reduce_scalar(failed ? 1.0 : 0.0, dist::ReduceOp::kMax) > 0)
+    saved_then_fail(step, what, failed, err);
+}
+
+double Trainer::evaluation(int64_t step) {
+  std::vector<data::Batch> batches;
+  between_steps(step, "evaluation", [&] { batches = read_val_batches(); });
+  const double loss = evaluate(batches);  // collective: every rank has its batches
+  curves_.val.push_back({step, loss});
+  log_json({{"step", step}, {"val_loss", loss}});
+  return loss;
+}
+
+void Trainer::sampling(int64_t step) {
+  const std::vector<int32_t> ids = generate_sample(step);  // collective under FSDP and TP
+  between_steps(step, "sampling", [&] { print_sample(step, ids); });
+}
+
+Trainer::StepResult Trainer::step_and_time(int64_t step) {
+  const auto t0 = Clock::now();
+  reset_peak_memory(device_);
+  const int64_t bytes0 = mesh_->bytes_sent();
+  StepResult r;
+  r.loss = train_step(step);
+  r.norm = pm_->strategy->grad_norm();  // global: the same number on every rank
+  if (step == start_ && !c_.log.grads.empty()) write_grads(c_.log.grads);
+  check_step_finite(step + 1, r.loss, r.norm);  // a non-finite step is neither applied nor saved
+  r.lr = optim::lr_at(step, sched_);
+  {
+    dist::Trace::Scope s(trace_.get(), "optimizer", dist::Trace::kCompute);
+    opt_->step(r.lr, optim::clip_scale(r.norm, c_.optim.grad_clip));
+    pm_->params.refresh_compute();  // mixed precision: the bf16 copies of the new parameters
+  }
+  pm_->strategy->end_step();
+  if (device_.is_cuda()) cuda::synchronize(device_.index);
+  r.sec = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.comm_bytes = mesh_->bytes_sent() - bytes0;
+  r.mem = memory_stats(device_);
+  return r;
+}
+
+void Trainer::log_step(int64_t step, const StepResult& r, double avg_sec) {
   const double flops_per_step =
       gpt_->flops_per_token(c_.train.seq_len) * static_cast<double>(tokens_per_step_);
-  const double peak = c_.log.peak_tflops > 0 ? c_.log.peak_tflops * 1e12 : 67e12;
-  // A failure between steps (reading evaluation or training data, printing a sample) must
-  // not cost the steps since the last checkpoint: save them first, then report it. Such
-  // work is rank-local (no collective inside), so that every rank can first learn whether
-  // any rank failed and all of them save together: a rank saving alone, or one leaving for
-  // the agreement while the others are inside evaluate()'s collectives, would wait forever.
-  auto saved_then_fail = [&](int64_t step, const std::string& what, bool failed_here,
-                             const std::string& err) {
-    if (c_.checkpoint.dir.empty() || step == saved_step_)
-      throw Error(what + " failed at step " + std::to_string(step) + ": " +
-                  (failed_here ? err : "it failed on another rank"));
-    save(step);
-    throw Error(what + " failed at step " + std::to_string(step) +
-                " (checkpoint saved): " + (failed_here ? err : "it failed on another rank"));
-  };
-  auto between_steps = [&](int64_t step, const char* what, auto&& local_fn) {
-    std::string err;
-    bool failed = false;
-    try {
-      local_fn();
-    } catch (const std::exception& e) {
-      err = e.what();
-      failed = true;
-    }
-    if (world_->all_reduce_scalar(failed ? 1.0 : 0.0, dist::ReduceOp::kMax) > 0)
-      saved_then_fail(step, what, failed, err);
-  };
-  auto evaluation = [&](int64_t step) {
-    std::vector<data::Batch> batches;
-    between_steps(step, "evaluation", [&] { batches = read_val_batches(); });
-    return evaluate(batches);  // collective: every rank has its batches
-  };
-  auto sampling = [&](int64_t step) {
-    const std::vector<int32_t> ids = generate_sample(step);  // collective under FSDP and TP
-    between_steps(step, "sampling", [&] { print_sample(step, ids); });
-  };
+  const double tok_s = static_cast<double>(tokens_per_step_) / r.sec;
+  curves_.train.push_back({step, r.loss});
+  if (step % c_.log.every == 0 || step == c_.train.steps - 1) {
+    const double peak = c_.log.peak_tflops > 0 ? c_.log.peak_tflops * 1e12 : 67e12;
+    const double gflops = flops_per_step / r.sec / 1e9 / static_cast<double>(world_->size());  // per rank
+    const std::string speed = device_.is_cuda()
+                                  ? "MFU " + std::to_string(static_cast<int>(100 * gflops * 1e9 / peak)) + "%"
+                                  : std::to_string(static_cast<int>(gflops)) + " GFLOP/s";
+    const std::string comm =
+        world_->size() > 1 ? " | comm " + human_bytes(static_cast<double>(r.comm_bytes)) : "";
+    char line[600];
+    std::snprintf(line, sizeof(line),
+                  "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
+                  "(peak %s) | eta %s",
+                  (long long)step + 1, (long long)c_.train.steps, r.loss, r.lr, r.norm, r.sec * 1e3, tok_s,
+                  speed.c_str(), comm.c_str(), human_bytes(static_cast<double>(r.mem.in_use)).c_str(),
+                  human_bytes(static_cast<double>(r.mem.peak)).c_str(),
+                  human_time(avg_sec * static_cast<double>(c_.train.steps - step - 1)).c_str());
+    out_ << line << std::endl;  // flushed: progress shows through pipes and tee
+  }
+  log_json({{"step", step + 1},
+            {"loss", r.loss},
+            {"lr", r.lr},
+            {"grad_norm", r.norm},
+            {"ms", r.sec * 1e3},
+            {"tokens_per_sec", tok_s},
+            {"gflops_per_sec", flops_per_step / r.sec / 1e9},
+            {"comm_bytes", r.comm_bytes},
+            {"mem_in_use", r.mem.in_use},
+            {"mem_peak", r.mem.peak}});
+}
+
+int Trainer::stopped(int64_t step, int sig) {
+  save(step);  // preempted: this step is done; save it, go
+  out_ << "stopped by signal " << sig << " after step " << step
+       << (c_.checkpoint.dir.empty() ? " (no checkpoint.dir: nothing saved)"
+                                     : "; resume with checkpoint.resume = true")
+       << std::endl;
+  write_trace();
+  return kExitPreempted;
+}
+
+int Trainer::loop() {
   // The first step's data, agreed on like every later step's (train_step reads none itself).
   if (start_ < c_.train.steps) {
     const std::string err = read_batches();
@@ -686,64 +776,15 @@ int Trainer::loop() {
   for (int64_t step = start_; step < c_.train.steps; ++step) {
     if (val_ && c_.train.eval_every > 0 && step % c_.train.eval_every == 0) {
       last_val = evaluation(step);
-      curves_.val.push_back({step, last_val});
       out_ << "step " << step << " | val loss " << last_val << std::endl;
-      log_json({{"step", step}, {"val_loss", last_val}});
     }
     if (c_.sample.every > 0 && step > 0 && step % c_.sample.every == 0) sampling(step);
-
-    const auto t0 = Clock::now();
-    reset_peak_memory(device_);
-    const int64_t bytes0 = mesh_->bytes_sent();
-    const double loss = train_step(step);
-    const double norm = pm_->strategy->grad_norm();  // global: the same number on every rank
-    if (step == start_ && !c_.log.grads.empty()) write_grads(c_.log.grads);
-    check_step_finite(step + 1, loss, norm);  // a non-finite step is neither applied nor saved
-    const double lr = optim::lr_at(step, sched_);
-    {
-      dist::Trace::Scope s(trace_.get(), "optimizer", dist::Trace::kCompute);
-      opt_->step(lr, optim::clip_scale(norm, c_.optim.grad_clip));
-      pm_->params.refresh_compute();  // mixed precision: the bf16 copies of the new parameters
-    }
-    pm_->strategy->end_step();
-    if (device_.is_cuda()) cuda::synchronize(device_.index);
-    const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
-    const int64_t comm_bytes = mesh_->bytes_sent() - bytes0;
+    const StepResult r = step_and_time(step);
     if (step > start_) {  // the first step warms caches
-      time_sum += sec;
+      time_sum += r.sec;
       ++timed;
     }
-    const double avg = timed ? time_sum / timed : sec;
-    const double tok_s = static_cast<double>(tokens_per_step_) / sec;
-    const MemoryStats mem = memory_stats(device_);
-    curves_.train.push_back({step, loss});
-    if (step % c_.log.every == 0 || step == c_.train.steps - 1) {
-      char line[600];
-      const double gflops = flops_per_step / sec / 1e9 / static_cast<double>(world_->size());  // per rank
-      std::string speed = device_.is_cuda()
-                              ? "MFU " + std::to_string(static_cast<int>(100 * gflops * 1e9 / peak)) + "%"
-                              : std::to_string(static_cast<int>(gflops)) + " GFLOP/s";
-      std::string comm = world_->size() > 1 ? " | comm " + human_bytes(static_cast<double>(comm_bytes)) : "";
-      std::snprintf(
-          line, sizeof(line),
-          "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
-          "(peak %s) | eta %s",
-          (long long)step + 1, (long long)c_.train.steps, loss, lr, norm, sec * 1e3, tok_s, speed.c_str(),
-          comm.c_str(), human_bytes(static_cast<double>(mem.in_use)).c_str(),
-          human_bytes(static_cast<double>(mem.peak)).c_str(),
-          human_time(avg * static_cast<double>(c_.train.steps - step - 1)).c_str());
-      out_ << line << std::endl;  // flushed: progress shows through pipes and tee
-    }
-    log_json({{"step", step + 1},
-              {"loss", loss},
-              {"lr", lr},
-              {"grad_norm", norm},
-              {"ms", sec * 1e3},
-              {"tokens_per_sec", tok_s},
-              {"gflops_per_sec", flops_per_step / sec / 1e9},
-              {"comm_bytes", comm_bytes},
-              {"mem_in_use", mem.in_use},
-              {"mem_peak", mem.peak}});
+    log_step(step, r, timed ? time_sum / static_cast<double>(timed) : r.sec);
     if (c_.train.stop_after > 0 && step + 1 - start_ == c_.train.stop_after && step + 1 < c_.train.steps) {
       save(step + 1);
       out_ << "stopped after " << c_.train.stop_after
@@ -759,17 +800,14 @@ int Trainer::loop() {
     const std::string err = read_batches();
     const Agreement next = agree_on(!err.empty());
     if (next.data_failed) saved_then_fail(step + 1, "reading the training data", !err.empty(), err);
-    if (const int sig = next.signal) {  // preempted: this step is done; save it, go
-      save(step + 1);
-      out_ << "stopped by signal " << sig << " after step " << step + 1
-           << (c_.checkpoint.dir.empty() ? " (no checkpoint.dir: nothing saved)"
-                                         : "; resume with checkpoint.resume = true")
-           << std::endl;
-      write_trace();
-      return kExitPreempted;
-    }
+    if (next.signal) return stopped(step + 1, next.signal);
   }
-  // ---- the end: checkpoint first (nothing after it may cost the run), eval, sample, report
+  return finish(last_val, timed ? time_sum / static_cast<double>(timed) : NAN);
+}
+
+// The end: the checkpoint first (nothing after it may cost the run), then the final
+// evaluation, sample and report.
+int Trainer::finish(double last_val, double avg_sec) {
   if (start_ < c_.train.steps || c_.checkpoint.every == 0) save(c_.train.steps);
   write_trace();
   if (const int sig = agree_on(false).signal) {
@@ -778,16 +816,12 @@ int Trainer::loop() {
   }
   if (val_) {
     last_val = evaluation(c_.train.steps);
-    curves_.val.push_back({c_.train.steps, last_val});
     out_ << "final val loss " << last_val << "\n";
-    log_json({{"step", c_.train.steps}, {"val_loss", last_val}});
   }
   if (c_.sample.every >= 0) sampling(c_.train.steps);
-  if (timed) {
-    const double avg = time_sum / timed;
-    out_ << "average " << avg * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step_) / avg
+  if (std::isfinite(avg_sec))
+    out_ << "average " << avg_sec * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step_) / avg_sec
          << " tok/s\n";
-  }
   if (lead() && !c_.log.report.empty()) {
     std::vector<std::string> summary = {mc_.str(), "steps " + std::to_string(c_.train.steps) + ", " +
                                                        std::to_string(tokens_per_step_) + " tokens per step"};
@@ -795,8 +829,8 @@ int Trainer::loop() {
     if (!curves_.train.empty())
       summary.push_back("final train loss " + std::to_string(curves_.train.back().second));
     if (std::isfinite(last_val)) summary.push_back("final val loss " + std::to_string(last_val));
-    if (timed)
-      summary.push_back("average " + std::to_string(time_sum / timed * 1e3) + " ms/step on " + device_.str());
+    if (std::isfinite(avg_sec))
+      summary.push_back("average " + std::to_string(avg_sec * 1e3) + " ms/step on " + device_.str());
     write_report(c_.log.report, "ndtrain: " + mc_.str(), curves_, summary);
     out_ << "report: " << c_.log.report << "\n";
   }

@@ -53,6 +53,48 @@ bool finite_shards(const nn::FlatParams& params) {
 
 }  // namespace
 
+namespace {
+
+// One rank's shard file: its size and checksum, or why it could not be written.
+struct WrittenShard {
+  uint64_t bytes = 0, xxh64 = 0;
+  std::string error;
+};
+WrittenShard write_shard(const nn::FlatParams& params, const optim::AdamW& opt, const fs::path& path) {
+  WrittenShard out;
+  try {
+    io::SafeTensorsWriter w;
+    for (size_t i = 0; i < params.units.size(); ++i) {
+      w.add("data." + params.units[i].name, params.units[i].data);
+      w.add("m." + params.units[i].name, opt.m()[i]);
+      w.add("v." + params.units[i].name, opt.v()[i]);
+    }
+    w.write(path.string());  // complete and fsynced when it returns
+    out.bytes = fs::file_size(path);
+    out.xxh64 = io::file_xxh64(path.string());
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+// checkpoint.json but its files and seal.
+nlohmann::json manifest_of(const TrainState& state, int64_t adam_steps, const models::GPTConfig& cfg,
+                           const dist::ParallelDims& d) {
+  return {
+      {"format", "sharded"},
+      {"step", state.step},
+      {"adam_steps", adam_steps},
+      {"loader_epoch", state.loader.epoch},
+      {"loader_window", state.loader.window},
+      {"extra", state.extra},
+      {"model", model_json(cfg)},
+      {"layout", {{"dp_replicate", d.dp_replicate}, {"dp_shard", d.dp_shard}, {"cp", d.cp}, {"tp", d.tp}}},
+      {"files", nlohmann::json::object()}};
+}
+
+}  // namespace
+
 std::string save_sharded(const std::string& dir, const TrainState& state, const nn::FlatParams& params,
                          const optim::AdamW& opt, const dist::DeviceMesh& mesh, const models::GPTConfig& cfg,
                          int keep, PruneLog* prune_log) {
@@ -72,23 +114,9 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
   // every writer (replicate coordinate 0: the replicas hold the same shards) writes its own
   const bool writer = mesh.coords().replicate == 0;
   const std::string file = shard_file(mesh.coords().tp, mesh.fsdp_rank());
-  std::string error;
-  uint64_t bytes = 0, hash = 0;
-  if (writer) {
-    try {
-      io::SafeTensorsWriter w;
-      for (size_t i = 0; i < params.units.size(); ++i) {
-        w.add("data." + params.units[i].name, params.units[i].data);
-        w.add("m." + params.units[i].name, opt.m()[i]);
-        w.add("v." + params.units[i].name, opt.v()[i]);
-      }
-      w.write((tmp / file).string());  // complete and fsynced when it returns
-      bytes = fs::file_size(tmp / file);
-      hash = io::file_xxh64((tmp / file).string());
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
+  const WrittenShard mine_file = writer ? write_shard(params, opt, tmp / file) : WrittenShard{};
+  const std::string& error = mine_file.error;
+  const uint64_t bytes = mine_file.bytes, hash = mine_file.xxh64;
   // rank 0 learns every file's size and checksum; everyone learns of any failure
   const int64_t n = world.size();
   Tensor mine = Tensor::zeros({5}, DType::f64), all = Tensor::zeros({5 * n}, DType::f64, world.device());
@@ -110,17 +138,8 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
   std::string where = (fs::path(dir) / name).string();
   if (world.rank() == 0) {
     const dist::ParallelDims& d = mesh.dims();
-    nlohmann::json m = {
-        {"format", "sharded"},
-        {"step", state.step},
-        {"adam_steps", opt.steps_taken()},
-        {"loader_epoch", state.loader.epoch},
-        {"loader_window", state.loader.window},
-        {"extra", state.extra},
-        {"model", model_json(cfg)},
-        {"layout", {{"dp_replicate", d.dp_replicate}, {"dp_shard", d.dp_shard}, {"cp", d.cp}, {"tp", d.tp}}},
-        {"files", nlohmann::json::object()}};
-    for (int64_t r = 0; r < n; ++r) {
+    nlohmann::json m = manifest_of(state, opt.steps_taken(), cfg, d);
+    for (int64_t r = 0; r < n; ++r) {  // the writers' files
       if (got[5 * r] == 0) continue;
       const dist::ParallelDims::Coords c = d.coords(r);
       const uint64_t h =
@@ -174,36 +193,12 @@ struct Manifest {
   int64_t fsdp() const { return layout.dp_shard * layout.cp; }
 };
 
-Manifest read_manifest(const std::string& path, std::ostream* warn) {
-  Manifest r;
-  r.dir = path;
-  r.file = (fs::path(path) / kManifest).string();
-  const std::string& F = r.file;
-  std::ifstream in(F);
-  NDT_CHECK(in.good(), "checkpoint ", path, " has no ", kManifest, "; it is incomplete");
-  nlohmann::json m;
-  try {
-    in >> m;
-  } catch (const nlohmann::json::exception& e) {
-    NDT_FAIL("checkpoint ", F, " is malformed (", e.what(), ")", kFix);
-  }
-  NDT_CHECK(m.is_object(), "checkpoint ", F, " is not a JSON object", kFix);
-  // the checksum first: a changed value is reported as a change, whatever the value
-  if (m.contains(kSeal)) {
-    const std::string want = manifest_xxh64(m);
-    NDT_CHECK(m[kSeal].is_string() && m[kSeal].get<std::string>() == want, "checkpoint ", F,
-              " fails its checksum (", kSeal, " ", m[kSeal].dump(), ", the content hashes to \"", want, "\")",
-              kFix);
-  } else {  // written before manifests were sealed: still validated below
-    if (warn)
-      *warn << "warning: checkpoint " << F << " has no checksum (" << kSeal
-            << ", written by an older ndtrain); its values are checked for range and consistency only\n";
-  }
-  NDT_CHECK(m.value("format", "") == "sharded", "checkpoint ", F, ": \"format\" is ",
-            m.contains("format") ? m["format"].dump() : "missing", ", not \"sharded\"", kFix);
+// Reading checkpoint.json's fields, each error one line naming the file and the field.
+struct Fields {
+  const std::string& F;  // checkpoint.json's path
   // an integer field of object `o` (named `where`.`key`) in [lo, hi]
-  auto integer = [&](const nlohmann::json& o, const std::string& where, const char* key, int64_t lo,
-                     int64_t hi) -> int64_t {
+  int64_t integer(const nlohmann::json& o, const std::string& where, const char* key, int64_t lo,
+                  int64_t hi) const {
     const std::string field = where.empty() ? key : where + "." + key;
     NDT_CHECK(o.contains(key), "checkpoint ", F, " has no \"", field, "\"", kFix);
     const nlohmann::json& v = o.at(key);
@@ -216,21 +211,52 @@ Manifest read_manifest(const std::string& path, std::ostream* warn) {
       NDT_CHECK(x >= lo && x <= hi, "checkpoint ", F, ": \"", field, "\" is ", x, "; it must be in [", lo,
                 ", ", hi, "]", kFix);
     return x;
-  };
-  auto object = [&](const char* key) -> const nlohmann::json& {
+  }
+  const nlohmann::json& object(const nlohmann::json& m, const char* key) const {
     NDT_CHECK(m.contains(key) && m[key].is_object(), "checkpoint ", F, ": \"", key, "\" is ",
               m.contains(key) ? m[key].dump() : "missing", ", not an object", kFix);
     return m[key];
-  };
-  constexpr int64_t kMax = INT64_MAX;
-  r.step = integer(m, "", "step", 0, kMax);
-  r.adam_steps = integer(m, "", "adam_steps", 0, kMax);
+  }
+};
+constexpr int64_t kMax = INT64_MAX;
+
+// The JSON of checkpoint.json, its seal checked first: a changed value is reported as a
+// change, whatever the value.
+nlohmann::json read_sealed(const std::string& path, const std::string& F, std::ostream* warn) {
+  std::ifstream in(F);
+  NDT_CHECK(in.good(), "checkpoint ", path, " has no ", kManifest, "; it is incomplete");
+  nlohmann::json m;
+  try {
+    in >> m;
+  } catch (const nlohmann::json::exception& e) {
+    NDT_FAIL("checkpoint ", F, " is malformed (", e.what(), ")", kFix);
+  }
+  NDT_CHECK(m.is_object(), "checkpoint ", F, " is not a JSON object", kFix);
+  if (m.contains(kSeal)) {
+    const std::string want = manifest_xxh64(m);
+    NDT_CHECK(m[kSeal].is_string() && m[kSeal].get<std::string>() == want, "checkpoint ", F,
+              " fails its checksum (", kSeal, " ", m[kSeal].dump(), ", the content hashes to \"", want, "\")",
+              kFix);
+  } else if (warn) {  // written before manifests were sealed: still validated by the caller
+    *warn << "warning: checkpoint " << F << " has no checksum (" << kSeal
+          << ", written by an older ndtrain); its values are checked for range and consistency only\n";
+  }
+  NDT_CHECK(m.value("format", "") == "sharded", "checkpoint ", F, ": \"format\" is ",
+            m.contains("format") ? m["format"].dump() : "missing", ", not \"sharded\"", kFix);
+  return m;
+}
+
+// step, adam_steps, the data position and extra.
+void read_position(const nlohmann::json& m, const Fields& in, Manifest& r) {
+  const std::string& F = in.F;
+  r.step = in.integer(m, "", "step", 0, kMax);
+  r.adam_steps = in.integer(m, "", "adam_steps", 0, kMax);
   // every step applies one AdamW update (a non-finite step stops the run, unapplied and unsaved)
   NDT_CHECK(r.adam_steps == r.step, "checkpoint ", F, ": \"adam_steps\" is ", r.adam_steps,
             " but \"step\" is ", r.step, "; every step takes one AdamW step, so they are equal", kFix);
-  r.loader.epoch = integer(m, "", "loader_epoch", 0, kMax);
-  r.loader.window = integer(m, "", "loader_window", 0, kMax);
-  for (auto& [k, v] : object("extra").items()) {
+  r.loader.epoch = in.integer(m, "", "loader_epoch", 0, kMax);
+  r.loader.window = in.integer(m, "", "loader_window", 0, kMax);
+  for (auto& [k, v] : in.object(m, "extra").items()) {
     NDT_CHECK(v.is_string(), "checkpoint ", F, ": \"extra.", k, "\" is ", v.dump(), ", not a string", kFix);
     r.extra[k] = v.get<std::string>();
   }
@@ -240,42 +266,51 @@ Manifest read_manifest(const std::string& path, std::ostream* warn) {
                     std::stoll(s) > 0;
     NDT_CHECK(ok, "checkpoint ", F, ": \"extra.window_tokens\" is \"", s, "\", not a positive integer", kFix);
   }
-  // the model: bounded so that no product of its sizes overflows
-  const nlohmann::json& mj = object("model");
-  r.model.n_layer = integer(mj, "model", "n_layer", 1, 1 << 16);
-  r.model.n_head = integer(mj, "model", "n_head", 1, 1 << 16);
-  r.model.n_embd = integer(mj, "model", "n_embd", 1, 1 << 20);
-  r.model.vocab_size = integer(mj, "model", "vocab_size", 1, 65536);
-  r.model.block_size = integer(mj, "model", "block_size", 1, 1 << 24);
-  r.model.vocab_multiple = integer(mj, "model", "vocab_multiple", 1, 65536);
+}
+
+// The model (bounded so that no product of its sizes overflows) and the layout, with the
+// splits it implies (before anything divides by it).
+void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& r) {
+  const std::string& F = in.F;
+  const nlohmann::json& mj = in.object(m, "model");
+  r.model.n_layer = in.integer(mj, "model", "n_layer", 1, 1 << 16);
+  r.model.n_head = in.integer(mj, "model", "n_head", 1, 1 << 16);
+  r.model.n_embd = in.integer(mj, "model", "n_embd", 1, 1 << 20);
+  r.model.vocab_size = in.integer(mj, "model", "vocab_size", 1, 65536);
+  r.model.block_size = in.integer(mj, "model", "block_size", 1, 1 << 24);
+  r.model.vocab_multiple = in.integer(mj, "model", "vocab_multiple", 1, 65536);
   NDT_CHECK(r.model.n_embd % r.model.n_head == 0, "checkpoint ", F, ": \"model.n_embd\" is ", r.model.n_embd,
             ", not a multiple of \"model.n_head\" ", r.model.n_head, kFix);
-  // the layout, and the splits it implies (before anything divides by it)
-  const nlohmann::json& lj = object("layout");
+  const nlohmann::json& lj = in.object(m, "layout");
   constexpr int64_t kRanks = 1 << 20;
-  r.layout.dp_replicate = integer(lj, "layout", "dp_replicate", 1, kRanks);
-  r.layout.dp_shard = integer(lj, "layout", "dp_shard", 1, kRanks);
-  r.layout.cp = integer(lj, "layout", "cp", 1, kRanks);
-  r.layout.tp = integer(lj, "layout", "tp", 1, kRanks);
+  r.layout.dp_replicate = in.integer(lj, "layout", "dp_replicate", 1, kRanks);
+  r.layout.dp_shard = in.integer(lj, "layout", "dp_shard", 1, kRanks);
+  r.layout.cp = in.integer(lj, "layout", "cp", 1, kRanks);
+  r.layout.tp = in.integer(lj, "layout", "tp", 1, kRanks);
   const int64_t tp = r.layout.tp;
   NDT_CHECK(r.model.n_head % tp == 0 && 4 * r.model.n_embd % tp == 0 && r.model.padded_vocab() % tp == 0,
             "checkpoint ", F, ": \"layout.tp\" is ", tp, ", which does not divide the model's ",
             r.model.n_head, " heads, ", 4 * r.model.n_embd, " MLP units and ", r.model.padded_vocab(),
             " vocabulary rows", kFix);
-  // the files: exactly one per writer (tensor-parallel rank x FSDP shard), each with its size and checksum
-  const nlohmann::json& fj = object("files");
-  const int64_t writers = tp * r.fsdp();
+}
+
+// The files: exactly one per writer (tensor-parallel rank x FSDP shard), each with its size
+// and checksum; and no other weights file in the directory.
+void read_files(const nlohmann::json& m, const Fields& in, Manifest& r) {
+  const std::string& F = in.F;
+  const nlohmann::json& fj = in.object(m, "files");
+  const int64_t writers = r.layout.tp * r.fsdp();
   NDT_CHECK(static_cast<int64_t>(fj.size()) == writers, "checkpoint ", F, ": \"files\" lists ", fj.size(),
             fj.size() == 1 ? " file" : " files", " but \"layout\" has ", writers,
             writers == 1 ? " writer" : " writers", " (tp x dp_shard x cp)", kFix);
-  for (int64_t t = 0; t < tp; ++t)
+  for (int64_t t = 0; t < r.layout.tp; ++t)
     for (int64_t f = 0; f < r.fsdp(); ++f) {
       const std::string name = shard_file(t, f), field = "files." + name;
       NDT_CHECK(fj.contains(name) && fj[name].is_object(), "checkpoint ", F, ": \"files\" lacks ", name,
                 " (writer tp ", t, ", fsdp ", f, " of the layout)", kFix);
       const nlohmann::json& e = fj[name];
       ShardFile s;
-      s.bytes = static_cast<uint64_t>(integer(e, field, "bytes", 0, kMax));
+      s.bytes = static_cast<uint64_t>(in.integer(e, field, "bytes", 0, kMax));
       NDT_CHECK(e.contains("xxh64") && e["xxh64"].is_string() && e["xxh64"].get<std::string>().size() == 16 &&
                     e["xxh64"].get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos,
                 "checkpoint ", F, ": \"", field, ".xxh64\" is ",
@@ -286,13 +321,24 @@ Manifest read_manifest(const std::string& path, std::ostream* warn) {
   // exactly these files are read: a weights file in the directory that the manifest does not
   // list is not part of this checkpoint (a checkpoint directory is written whole, then renamed)
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(path, ec)) {
+  for (const auto& e : fs::directory_iterator(r.dir, ec)) {
     const std::string name = e.path().filename().string();
-    NDT_CHECK(e.path().extension() != ".safetensors" || r.files.count(name), "checkpoint ", path, " holds ",
+    NDT_CHECK(e.path().extension() != ".safetensors" || r.files.count(name), "checkpoint ", r.dir, " holds ",
               name, ", which ", kManifest,
               " does not list; it is not part of this checkpoint: remove it, or resume "
               "an older checkpoint (write its step_* name into latest)");
   }
+}
+
+Manifest read_manifest(const std::string& path, std::ostream* warn) {
+  Manifest r;
+  r.dir = path;
+  r.file = (fs::path(path) / kManifest).string();
+  const nlohmann::json m = read_sealed(path, r.file, warn);
+  const Fields in{r.file};
+  read_position(m, in, r);
+  read_model_and_layout(m, in, r);
+  read_files(m, in, r);
   return r;
 }
 

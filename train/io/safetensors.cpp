@@ -55,6 +55,54 @@ float half_to_float(uint16_t h) {
   return sign ? -v : v;
 }
 
+// The header's JSON. A name given twice in one object would silently keep one of them:
+// `duplicate` gets the first such name (the caller refuses the file).
+nlohmann::json parse_header(const char* begin, const char* end, std::string& duplicate) {
+  std::vector<std::set<std::string>> seen;
+  auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) {  // depth: of the new object's parent; its keys come at depth + 1
+      seen.resize(static_cast<size_t>(depth));
+      seen.emplace_back();
+    } else if (ev == E::key && depth >= 1 && static_cast<size_t>(depth) <= seen.size()) {
+      if (!seen[depth - 1].insert(parsed.get<std::string>()).second && duplicate.empty())
+        duplicate = parsed.get<std::string>();
+    } else if (ev == E::object_end) {
+      seen.resize(static_cast<size_t>(depth));
+    }
+    return true;
+  };
+  return nlohmann::json::parse(begin, end, cb);
+}
+
+// What is wrong with an entry (its dtype, its shape, its bytes within a data section of
+// data_bytes), or "".
+std::string entry_error(const SafeTensorsReader::Entry& e, uint64_t data_bytes) {
+  const size_t es = st_dtype_size(e.dtype);
+  if (es == 0) return "has unknown dtype " + e.dtype;
+  int64_t bytes = static_cast<int64_t>(es);
+  for (int64_t d : e.shape)
+    if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes))
+      return "has a negative or impossibly large shape " + shape_str(e.shape);
+  if (e.end < e.begin || e.end > data_bytes || e.end - e.begin != static_cast<uint64_t>(bytes))
+    return "has data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+           ") that do not match its shape " + shape_str(e.shape) + " and dtype " + e.dtype +
+           " within the file; truncated or corrupt";
+  return "";
+}
+
+// The first two tensors that share bytes, or "".
+std::string overlap_error(const std::map<std::string, SafeTensorsReader::Entry>& entries) {
+  std::vector<std::pair<uint64_t, std::string>> spans;
+  for (auto& [name, e] : entries)
+    if (e.end > e.begin) spans.push_back({e.begin, name});
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i)
+    if (entries.at(spans[i - 1].second).end > spans[i].first)
+      return "tensors '" + spans[i - 1].second + "' and '" + spans[i].second + "' overlap in the file";
+  return "";
+}
+
 }  // namespace
 
 SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
@@ -86,22 +134,7 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
   nlohmann::json h;
   std::string duplicate;
   try {
-    // A name given twice in the header would silently keep one of them: refuse it.
-    std::vector<std::set<std::string>> seen;
-    auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-      using E = nlohmann::json::parse_event_t;
-      if (ev == E::object_start) {  // depth: of the new object's parent; its keys come at depth + 1
-        seen.resize(static_cast<size_t>(depth));
-        seen.emplace_back();
-      } else if (ev == E::key && depth >= 1 && static_cast<size_t>(depth) <= seen.size()) {
-        if (!seen[depth - 1].insert(parsed.get<std::string>()).second && duplicate.empty())
-          duplicate = parsed.get<std::string>();
-      } else if (ev == E::object_end) {
-        seen.resize(static_cast<size_t>(depth));
-      }
-      return true;
-    };
-    h = nlohmann::json::parse(base + 8, base + 8 + n, cb);
+    h = parse_header(base + 8, base + 8 + n, duplicate);
   } catch (const std::exception& e) {
     fail(std::string("header is not valid JSON (") + e.what() + ")");
   }
@@ -124,29 +157,15 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
       for (auto& d : v["shape"]) e.shape.push_back(d.get<int64_t>());
       e.begin = v["data_offsets"][0].get<uint64_t>();
       e.end = v["data_offsets"][1].get<uint64_t>();
-      const size_t es = st_dtype_size(e.dtype);
-      if (es == 0) fail("entry '" + name + "' has unknown dtype " + e.dtype);
-      int64_t bytes = static_cast<int64_t>(es);
-      for (int64_t d : e.shape)
-        if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes))
-          fail("entry '" + name + "' has a negative or impossibly large shape " + shape_str(e.shape));
-      if (e.end < e.begin || e.end > data_bytes || e.end - e.begin != static_cast<uint64_t>(bytes))
-        fail("entry '" + name + "' has data_offsets [" + std::to_string(e.begin) + ", " +
-             std::to_string(e.end) + ") that do not match its shape " + shape_str(e.shape) + " and dtype " +
-             e.dtype + " within the file; truncated or corrupt");
+      if (const std::string why = entry_error(e, data_bytes); !why.empty())
+        fail("entry '" + name + "' " + why);
       entries_[name] = e;
     }
   } catch (const nlohmann::json::exception& e) {
     fail(std::string("malformed header (") + e.what() + ")");
   }
   // Tensors must not share bytes (a crafted file could alias two parameters).
-  std::vector<std::pair<uint64_t, std::string>> spans;
-  for (auto& [name, e] : entries_)
-    if (e.end > e.begin) spans.push_back({e.begin, name});
-  std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i)
-    if (entries_[spans[i - 1].second].end > spans[i].first)
-      fail("tensors '" + spans[i - 1].second + "' and '" + spans[i].second + "' overlap in the file");
+  if (const std::string why = overlap_error(entries_); !why.empty()) fail(why);
 }
 
 SafeTensorsReader::~SafeTensorsReader() {

@@ -183,64 +183,46 @@ int64_t plan_world(const Config& c) {
 
 namespace {
 
-// Fills in the sizes, memory and communication of p, whose layout (p.dims) is resolved and
-// checked; `stage` names what is being computed, for the message when a count overflows.
-void plan_sizes(const Config& c, Plan& p, const char*& stage) {
+// The parameters: the described model, split as tensor parallelism splits it, laid out as
+// FSDP shards it (rank 0 of each group; every rank holds the same sizes).
+struct UnitLayout {
+  std::vector<nn::FlatUnit> units;
+  Count emb_full = 0, block_full = 0;  // the whole (padded) embeddings, the largest whole block
+};
+UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p) {
   const dist::ParallelDims& D = p.dims;
-  p.strategy = D.strategy();
-  const nn::ACMode ac = ac_mode(c.train);
-  p.ac = c.train.activation_checkpointing;
-  p.ac_every = c.train.ac_every;
-  const models::GPTConfig& mc = c.model;
-  p.n_layer = mc.n_layer;
-  p.n_head = mc.n_head;
-  p.n_embd = mc.n_embd;
-  p.padded_vocab = mc.padded_vocab();
-
-  // ---- the batch (Trainer::materialize): micro x accum x dp sequences
-  stage = "the batch (train.micro_batch_size x grad_accum_steps x data-parallel ranks x seq_len)";
-  p.micro_batch = c.train.micro_batch_size;
-  p.seq_len = c.train.seq_len;
-  p.local_seq = c.train.seq_len / D.cp;
-  p.accum = c.train.grad_accum_steps;
-  p.sequences = (Count(p.micro_batch) * p.accum * D.dp()).v;
-  p.tokens = (Count(p.sequences) * p.seq_len).v;
-
-  // ---- parameters: the described model, split as tensor parallelism splits it, laid out
-  // as FSDP shards it (rank 0 of each group; every rank holds the same sizes)
-  stage = "the parameters";
   models::GPT gpt(mc);
   Count params_global = 0;
   for (const nn::ParamSpec& s : gpt.parameters()) params_global += numel_of(s.global_shape());
   p.params_global = params_global.v;
   ShapeOnlyComm tp(0, static_cast<int>(D.tp));
   if (D.tp > 1) dist::apply_tensor_parallel(gpt, tp);
-  const std::vector<nn::FlatUnit> units = nn::flat_layout(gpt.units(), nn::ShardSpec{0, D.fsdp()});
-  Count params_rank = 0, shard = 0, emb_full = 0, block_full = 0;
-  for (size_t i = 0; i < units.size(); ++i) {
-    params_rank += units[i].param_count();
-    shard += units[i].shard_numel;
+  UnitLayout l;
+  l.units = nn::flat_layout(gpt.units(), nn::ShardSpec{0, D.fsdp()});
+  Count params_rank = 0, shard = 0;
+  for (size_t i = 0; i < l.units.size(); ++i) {
+    params_rank += l.units[i].param_count();
+    shard += l.units[i].shard_numel;
     if (i == 0)
-      emb_full = units[i].padded_numel;
+      l.emb_full = l.units[i].padded_numel;
     else
-      block_full = std::max(block_full, Count(units[i].padded_numel));
+      l.block_full = std::max(l.block_full, Count(l.units[i].padded_numel));
   }
   p.params_rank = params_rank.v;
   p.param_bytes = (shard * kF).v;
   p.grad_bytes = (shard * kF).v;
   p.optim_bytes = (2 * shard * kF).v;  // AdamW's m and v (optim/adamw.cpp), shard-sized
+  return l;
+}
 
-  // ---- activations of one micro-step (forward kept for backward)
+// The activations of one micro-step (forward kept for backward), and the moments at which
+// memory peaks: this rank's persistent buffers plus what each moment holds.
+void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, const char*& stage) {
+  const dist::ParallelDims& D = p.dims;
+  const models::GPTConfig& mc = c.model;
+  const nn::ACMode ac = ac_mode(c.train);
+  const Count emb_full = l.emb_full, block_full = l.block_full;
   stage = "the activations of one micro-step";
-  Dims d{p.micro_batch,
-         p.local_seq,
-         Count(p.micro_batch) * p.local_seq,
-         mc.n_embd,
-         mc.n_embd / D.tp,
-         4 * Count(mc.n_embd) / D.tp,
-         mc.n_head / D.tp,
-         mc.padded_vocab() / D.tp,
-         D.cp};
   const Count N = d.N, C = d.C, Vl = d.Vl;
   // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
   // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
@@ -307,9 +289,16 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   p.peak_bytes = top->total;
   p.peak_at = top->name;
   p.gathered_bytes = top->gathered;
+}
 
-  // ---- communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp)
-  stage = "the communication per step";
+// The communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp).
+void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dims& d) {
+  const dist::ParallelDims& D = p.dims;
+  const nn::ACMode ac = ac_mode(c.train);
+  const std::vector<nn::FlatUnit>& units = l.units;
+  const Count emb_full = l.emb_full, N = d.N, C = d.C;
+  const bool sharded = D.sharded();
+  const int64_t L = c.model.n_layer;
   const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate, t = D.tp, cp = D.cp;
   auto comm = [&](const std::string& dim, const std::string& what, const std::string& formula, Count b) {
     if (b > 0) p.comm.push_back({dim, what, formula, b.v});
@@ -375,7 +364,47 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   Count comm_bytes = 0;
   for (const PlanComm& x : p.comm) comm_bytes += x.bytes;
   p.comm_bytes = comm_bytes.v;
+}
 
+// Fills in the sizes, memory and communication of p, whose layout (p.dims) is resolved and
+// checked; `stage` names what is being computed, for the message when a count overflows.
+void plan_sizes(const Config& c, Plan& p, const char*& stage) {
+  const dist::ParallelDims& D = p.dims;
+  p.strategy = D.strategy();
+  const nn::ACMode ac = ac_mode(c.train);
+  p.ac = c.train.activation_checkpointing;
+  p.ac_every = c.train.ac_every;
+  const models::GPTConfig& mc = c.model;
+  p.n_layer = mc.n_layer;
+  p.n_head = mc.n_head;
+  p.n_embd = mc.n_embd;
+  p.padded_vocab = mc.padded_vocab();
+
+  // ---- the batch (Trainer::materialize): micro x accum x dp sequences
+  stage = "the batch (train.micro_batch_size x grad_accum_steps x data-parallel ranks x seq_len)";
+  p.micro_batch = c.train.micro_batch_size;
+  p.seq_len = c.train.seq_len;
+  p.local_seq = c.train.seq_len / D.cp;
+  p.accum = c.train.grad_accum_steps;
+  p.sequences = (Count(p.micro_batch) * p.accum * D.dp()).v;
+  p.tokens = (Count(p.sequences) * p.seq_len).v;
+
+  stage = "the parameters";
+  const UnitLayout l = plan_parameters(mc, p);
+  // the shapes one micro-step computes with on this rank
+  stage = "the activations of one micro-step";
+  const Dims d{p.micro_batch,
+               p.local_seq,
+               Count(p.micro_batch) * p.local_seq,
+               mc.n_embd,
+               mc.n_embd / D.tp,
+               4 * Count(mc.n_embd) / D.tp,
+               mc.n_head / D.tp,
+               mc.padded_vocab() / D.tp,
+               D.cp};
+  plan_memory(c, p, l, d, stage);
+  stage = "the communication per step";
+  plan_communication(c, p, l, d);
   // ---- notes
   if (D.tp > 1 && mc.n_head % D.tp) p.notes.push_back("n_head does not divide by tp");
   if (ac != nn::ACMode::none && c.train.ac_every > 1)
