@@ -1,6 +1,6 @@
 #include "nn/unit.h"
 
-#include "autograd/checkpoint.h"
+#include "autograd/recompute.h"
 
 namespace ndt::nn {
 
@@ -31,7 +31,7 @@ UnitWrapper activation_checkpointing(ACMode mode, int64_t every) {
       return [every](int64_t unit, const UnitFn& fn, const Tensor& x) {
         if (unit % every != 0) return fn(x);
         // fn is copied: backward recomputes it long after this call returned
-        return autograd::checkpoint(
+        return autograd::recompute(
             [fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; }, {x})[0];
       };
     case ACMode::selective:
@@ -49,7 +49,7 @@ Tensor recompute_selected(const std::function<Tensor(const Tensor&)>& fn, const 
   if (!t_selective) return fn(x);
   // fn is copied (backward recomputes it after this call returned) and runs outside the
   // scope, in forward and in the recompute alike: nothing inside it is checkpointed twice.
-  return autograd::checkpoint(
+  return autograd::recompute(
       [fn](const std::vector<Tensor>& in) {
         SelectiveScope plain(false);
         return std::vector<Tensor>{fn(in[0])};

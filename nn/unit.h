@@ -28,20 +28,20 @@ using UnitWrapper = std::function<Tensor(int64_t unit, const UnitFn& fn, const T
 
 // What activation checkpointing recomputes in backward (train.activation_checkpointing):
 //   none       nothing: every op keeps what its backward needs.
-//   full       the whole unit (autograd/checkpoint.h): only its input is kept.
+//   full       the whole unit (autograd/recompute.h): only its input is kept.
 //   selective  only the parts of the unit that its layers route through recompute_selected()
 //              (in GPT's blocks: the attention core, Megatron-LM's "selective activation
 //              recomputation", Korthikanti et al. 2022); every other op keeps its tensors,
 //              so no linear layer runs twice.
 enum class ACMode { none, full, selective };
 
-// Recompute the unit in backward instead of keeping its activations (autograd/checkpoint.h).
+// Recompute the unit in backward instead of keeping its activations (autograd/recompute.h).
 // With `every` = k, only units 0, k, 2k, ... are recomputed.
 UnitWrapper activation_checkpointing(int64_t every = 1);
 // The wrapper for `mode` on units 0, every, 2*every, ... (none: a pass-through).
 UnitWrapper activation_checkpointing(ACMode mode, int64_t every);
 
-// Inside a unit that selective checkpointing wraps (on this thread), autograd::checkpoint
+// Inside a unit that selective checkpointing wraps (on this thread), autograd::recompute
 // of fn at x: only x is kept and fn runs again in backward. Anywhere else, fn(x). A layer
 // passes through here the part of its forward that is cheap to recompute but holds much
 // memory; fn is called again in backward, after this call returned, so it must own (or

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "autograd/checkpoint.h"
 #include "autograd/engine.h"
 #include "autograd/hooks.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "autograd/recompute.h"
 #include "support/op_cases.h"
 #include "tensor/kernels.h"
 
@@ -375,7 +375,7 @@ TEST(Hooks, GradGroupCountsParametersNotGradientArrivals) {
     log.clear();
     w.set_grad(Tensor());
     b.set_grad(Tensor());
-    Tensor y = autograd::checkpoint(scaled, {add(x, b)})[0];
+    Tensor y = autograd::recompute(scaled, {add(x, b)})[0];
     backward(sum(add(y, mul(w, w))));
     EXPECT_EQ(log, (Log{"group"})) << "step " << step;
     EXPECT_EQ(g->fired(), step);
@@ -442,7 +442,7 @@ TEST(Hooks, OnBackwardRunsBeforeTheRegionItWraps) {
   EXPECT_EQ(calls, 1);
 }
 
-// ---- checkpoint --------------------------------------------------------------------------------
+// ---- recompute in backward (activation checkpointing) ------------------------------------
 
 namespace {
 
@@ -457,7 +457,7 @@ struct Mlp {
         b1(param({4 * c}, 22, DType::f32)),
         w2(param({4 * c, c}, 23, DType::f32)),
         b2(param({c}, 24, DType::f32)) {}
-  autograd::CheckpointFn fn() const {
+  autograd::RecomputeFn fn() const {
     return [w1 = w1, b1 = b1, w2 = w2, b2 = b2](const std::vector<Tensor>& in) {
       return std::vector<Tensor>{add(in[0], linear(gelu(linear(in[0], w1, b1)), w2, b2))};
     };
@@ -470,7 +470,7 @@ struct Mlp {
 
 }  // namespace
 
-TEST(Checkpoint, GradientsAreBitForBitThoseOfThePlainRun) {
+TEST(Recompute, GradientsAreBitForBitThoseOfThePlainRun) {
   Mlp mlp(33, 12);
   Tensor x = randn({33, 12}, DType::f32, Device::cpu(), 30).set_requires_grad(true);
   Tensor plain_out = mlp.fn()({x})[0];
@@ -481,7 +481,7 @@ TEST(Checkpoint, GradientsAreBitForBitThoseOfThePlainRun) {
 
   mlp.zero_grads();
   x.set_grad(Tensor());
-  Tensor ck_out = autograd::checkpoint(mlp.fn(), {x})[0];
+  Tensor ck_out = autograd::recompute(mlp.fn(), {x})[0];
   EXPECT_TRUE(bitwise_equal(ck_out, plain_out));
   backward(sum_squares(ck_out));
   EXPECT_TRUE(bitwise_equal(x.grad(), plain_dx)) << "input gradient";
@@ -489,25 +489,25 @@ TEST(Checkpoint, GradientsAreBitForBitThoseOfThePlainRun) {
     EXPECT_TRUE(bitwise_equal(mlp.params()[i].grad(), plain[i])) << "param " << i;
 }
 
-TEST(Checkpoint, ParametersGetGradientsWhenNoInputRequiresGrad) {
+TEST(Recompute, ParametersGetGradientsWhenNoInputRequiresGrad) {
   Mlp mlp(9, 12);
   Tensor x = randn({9, 12}, DType::f32, Device::cpu(), 31);
   backward(mean(mlp.fn()({x})[0]));
   std::vector<Tensor> plain;
   for (const Tensor& p : mlp.params()) plain.push_back(p.grad().clone());
   mlp.zero_grads();
-  backward(mean(autograd::checkpoint(mlp.fn(), {x})[0]));
+  backward(mean(autograd::recompute(mlp.fn(), {x})[0]));
   for (size_t i = 0; i < plain.size(); ++i)
     EXPECT_TRUE(bitwise_equal(mlp.params()[i].grad(), plain[i])) << "param " << i;
 }
 
-TEST(Checkpoint, HoldsLessMemoryAfterForward) {
+TEST(Recompute, HoldsLessMemoryAfterForward) {
   Mlp mlp(256, 32);
   Tensor x = randn({256, 32}, DType::f32, Device::cpu(), 32).set_requires_grad(true);
   const int64_t hidden = 256 * 128 * 4;  // one (N, 4C) f32 activation
   auto forward_bytes = [&](bool ckpt) {
     const int64_t before = memory_stats(Device::cpu()).in_use;
-    Tensor loss = sum_squares(ckpt ? autograd::checkpoint(mlp.fn(), {x})[0] : mlp.fn()({x})[0]);
+    Tensor loss = sum_squares(ckpt ? autograd::recompute(mlp.fn(), {x})[0] : mlp.fn()({x})[0]);
     const int64_t held = memory_stats(Device::cpu()).in_use - before;
     backward(loss);
     mlp.zero_grads();
@@ -522,7 +522,7 @@ TEST(Checkpoint, HoldsLessMemoryAfterForward) {
   EXPECT_LE(ckpt, 256 * 32 * 4 + 1024);
 }
 
-TEST(Checkpoint, GradGroupOverCheckpointedParamsFires) {
+TEST(Recompute, GradGroupOverRecomputedParamsFires) {
   Mlp mlp(7, 12);
   Tensor x = randn({7, 12}, DType::f32, Device::cpu(), 33).set_requires_grad(true);
   Log log;
@@ -533,7 +533,7 @@ TEST(Checkpoint, GradGroupOverCheckpointedParamsFires) {
   for (int step = 1; step <= 2; ++step) {
     log.clear();
     Tensor upstream = probe(x, log, "upstream");  // runs after the checkpoint's backward
-    backward(sum_squares(autograd::checkpoint(mlp.fn(), {upstream})[0]));
+    backward(sum_squares(autograd::recompute(mlp.fn(), {upstream})[0]));
     log.push_back("returned");
     // it fires inside the recompute's backward, not deferred to the end
     EXPECT_EQ(log, (Log{"group", "upstream", "returned"})) << "step " << step;

@@ -110,7 +110,7 @@ TEST(OpCases, CoverEveryDifferentiableOp) {
                          "mean",          "sum_squares", "layernorm",     "softmax",
                          "cross_entropy", "embedding",   "attention",     "merge_attention",
                          "view",          "permute",     "split_last",    "concat_last",
-                         "on_backward",   "checkpoint",  "AccumulateGrad"})
+                         "on_backward",   "recompute",   "AccumulateGrad"})
     EXPECT_TRUE(seen.count(op)) << "no op case records a '" << op << "' node";
   // composed ops (they record matmul/add/view/permute nodes) are covered by name
   std::set<std::string> names;

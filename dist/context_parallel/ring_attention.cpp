@@ -2,8 +2,8 @@
 
 #include <array>
 
-#include "autograd/checkpoint.h"
 #include "autograd/ops.h"
+#include "autograd/recompute.h"
 #include "dist/context_parallel/comm.h"
 
 namespace ndt::dist {
@@ -47,7 +47,7 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
         // recomputed in backward instead of keeping its (Tc x Tc) probabilities: one score
         // block alive at a time
         const int64_t qo = q_chunk[a] * Tc, ko = k_chunk[b] * Tc;
-        std::vector<Tensor> block = autograd::checkpoint(
+        std::vector<Tensor> block = autograd::recompute(
             [qo, ko](const std::vector<Tensor>& in) {
               AttentionOut o = attention(in[0], in[1], in[2], qo, ko);
               return std::vector<Tensor>{o.out, o.lse};

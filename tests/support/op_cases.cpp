@@ -8,10 +8,10 @@
 #include <limits>
 #include <map>
 
-#include "autograd/checkpoint.h"
 #include "autograd/engine.h"
 #include "autograd/hooks.h"
 #include "autograd/ops.h"
+#include "autograd/recompute.h"
 #include "tensor/kernels.h"
 
 namespace ndt::testing {
@@ -355,20 +355,20 @@ std::vector<OpCase> build_cases() {
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{heads_to_back(x[0])}; },
             all_grad(1)});
 
-  // autograd machinery used as ops: on_backward (identity) and checkpoint (recompute)
+  // autograd machinery used as ops: on_backward (identity) and recompute (activation checkpointing)
   add_case({"on_backward", inputs_of({{{5, 7}}}),
             [](const std::vector<Tensor>& x) {
               return std::vector<Tensor>{autograd::on_backward(gelu(x[0]), [] {})};
             },
             all_grad(1)});
-  add_case({"checkpoint_mlp",
+  add_case({"recompute_mlp",
             inputs_of({{{5, kC}}, {{kC, 20}, 0.0f, 0.3f}, {{20}}, {{20, kC}, 0.0f, 0.3f}, {{kC}}}),
             [](const std::vector<Tensor>& x) {
               // the parameters are captured, not passed: their gradients come from the recompute
               auto mlp = [w1 = x[1], b1 = x[2], w2 = x[3], b2 = x[4]](const std::vector<Tensor>& in) {
                 return std::vector<Tensor>{linear(gelu(linear(in[0], w1, b1)), w2, b2)};
               };
-              return autograd::checkpoint(mlp, {x[0]});
+              return autograd::recompute(mlp, {x[0]});
             },
             all_grad(5)});
 

@@ -1,11 +1,11 @@
-#include "autograd/checkpoint.h"
+#include "autograd/recompute.h"
 
 #include "autograd/engine.h"
 #include "autograd/node.h"
 
 namespace ndt::autograd {
 
-std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs) {
+std::vector<Tensor> recompute(const RecomputeFn& fn, const std::vector<Tensor>& inputs) {
   std::vector<Tensor> outputs;
   {
     NoGradGuard no_grad;  // forward: no graph, so fn's intermediates die here
@@ -46,7 +46,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
     return dx;
   };
   // Attach the node even if no input requires grad (parameters inside fn might).
-  attach("checkpoint", outputs, inputs, node_fn);
+  attach("recompute", outputs, inputs, node_fn);
   return outputs;
 }
 

@@ -1,6 +1,7 @@
-// ndtrain: activation checkpointing (recompute in backward).
+// ndtrain: recompute in backward (the mechanism of activation checkpointing; "checkpoint"
+// elsewhere in ndtrain means the files of train/checkpoint/).
 //
-//   auto outs = autograd::checkpoint([&](const std::vector<Tensor>& in) {
+//   auto outs = autograd::recompute([&](const std::vector<Tensor>& in) {
 //     return std::vector<Tensor>{block.forward(in[0])};
 //   }, {x});
 //
@@ -17,7 +18,7 @@
 
 namespace ndt::autograd {
 
-using CheckpointFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
-std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>& inputs);
+using RecomputeFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+std::vector<Tensor> recompute(const RecomputeFn& fn, const std::vector<Tensor>& inputs);
 
 }  // namespace ndt::autograd
