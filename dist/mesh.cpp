@@ -106,22 +106,27 @@ void DeviceMesh::reset_stats() const {
 }
 
 std::string DeviceMesh::describe() const {
-  // Every rank's host name, gathered as fixed-size words (CPU tensors: the mesh's world
-  // may be MPI or local; this runs once at start).
-  constexpr int64_t kWords = 16;  // 64 bytes of host name
+  // Every rank's host name and node-local rank (the launcher's: it picks cuda:<local rank>),
+  // gathered as fixed-size words (CPU tensors: the mesh's world may be MPI or local; this
+  // runs once at start).
+  constexpr int64_t kWords = 16;  // 64 bytes of host name, then the local rank
   char host[kWords * 4] = {};
   ::gethostname(host, sizeof(host) - 1);
   const int64_t n = dims_.world();
   std::vector<std::string> hosts(static_cast<size_t>(n), host);
+  std::vector<int32_t> locals(static_cast<size_t>(n), local_rank());
   if (n > 1) {
-    Tensor mine = Tensor::zeros({kWords}, DType::i32),
-           all = Tensor::zeros({kWords * n}, DType::i32, world_->device());
+    Tensor mine = Tensor::zeros({kWords + 1}, DType::i32),
+           all = Tensor::zeros({(kWords + 1) * n}, DType::i32, world_->device());
     std::memcpy(mine.data_ptr(), host, sizeof(host));
+    static_cast<int32_t*>(mine.data_ptr())[kWords] = local_rank();
     world_->all_gather(all, mine.to(world_->device()))->wait();
     all = all.to(Device::cpu());
     for (int64_t i = 0; i < n; ++i) {
-      const char* p = static_cast<const char*>(all.data_ptr()) + i * kWords * 4;
+      const int32_t* w = static_cast<const int32_t*>(all.data_ptr()) + i * (kWords + 1);
+      const char* p = reinterpret_cast<const char*>(w);
       hosts[static_cast<size_t>(i)] = std::string(p, strnlen(p, kWords * 4 - 1));
+      locals[static_cast<size_t>(i)] = w[kWords];
     }
   }
   std::ostringstream os;
@@ -131,7 +136,8 @@ std::string DeviceMesh::describe() const {
     for (int64_t i = 0; i < n; ++i) {
       const ParallelDims::Coords c = dims_.coords(i);
       os << "  rank " << i << ": replicate " << c.replicate << ", shard " << c.shard << ", cp " << c.cp
-         << ", tp " << c.tp << " on " << hosts[static_cast<size_t>(i)] << "\n";
+         << ", tp " << c.tp << " on " << hosts[static_cast<size_t>(i)] << " (local rank "
+         << locals[static_cast<size_t>(i)] << ")\n";
     }
   } else {
     for (int64_t i = 0; i < n;) {

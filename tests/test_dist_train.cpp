@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "support/corpus.h"
+#include "support/cluster.h"
 #include "support/launch.h"
 
 #include <chrono>
@@ -53,10 +54,12 @@ class DistTrain : public ::testing::Test {
   // float64 component tests compare the default eps.)
   // train_gpt (under mpirun when np > 1) with its metrics, final checkpoint and first-step
   // gradients in dir_/name.
-  static Result train(const std::string& name, int np, const std::string& args) {
+  // With a cluster, the ranks are spread evenly over its hosts.
+  static Result train(const std::string& name, int np, const std::string& args, const Cluster* on = nullptr) {
     const fs::path d = dir_ / name;
     fs::create_directories(d);
-    const std::string cmd = (np > 1 ? mpirun(np) : std::string()) + NDT_TRAIN_GPT_BIN + " --config " +
+    const std::string launch = on ? on->mpirun(np) : np > 1 ? mpirun(np) : std::string();
+    const std::string cmd = launch + NDT_TRAIN_GPT_BIN + " --config " +
                             (dir_ / "gpt.ini").string() + " --log.metrics " + (d / "metrics.jsonl").string() +
                             " --checkpoint.dir " + (d / "ck").string() + " --log.grads " +
                             (d / "grads.safetensors").string() + " " + args;
@@ -98,7 +101,7 @@ class DistTrain : public ::testing::Test {
   // Each layout against one process on the same global batch and data (B sequences per
   // data-parallel rank and micro-step): the losses of every step, the first step's
   // gradients and the parameters after the last.
-  static void check_layouts(const std::vector<Layout>& layouts, int B) {
+  static void check_layouts(const std::vector<Layout>& layouts, int B, const Cluster* on = nullptr) {
     for (const Layout& L : layouts) {
       SCOPED_TRACE(L.name);
       const std::string ref = "single_b" + std::to_string(B * L.dp());
@@ -106,9 +109,18 @@ class DistTrain : public ::testing::Test {
         Result r = train(ref, 1, "--train.micro_batch_size " + std::to_string(B * L.dp()));
         ASSERT_EQ(r.rc, 0) << r.out;
       }
-      Result r = train(L.name, L.np(), "--train.micro_batch_size " + std::to_string(B) + L.args());
+      Result r = train(L.name, L.np(), "--train.micro_batch_size " + std::to_string(B) + L.args(), on);
       ASSERT_EQ(r.rc, 0) << r.out;
       EXPECT_NE(r.out.find("= " + std::to_string(B * 2 * L.dp()) + " sequences"), std::string::npos) << r.out;
+      for (int h = 0; on && h < on->hosts(); ++h)  // the layout printout names each rank's host
+        for (int k = 0; k < L.np() / on->hosts(); ++k) {
+          const int rank = h * (L.np() / on->hosts()) + k;
+          EXPECT_NE(r.out.find("\n  rank " + std::to_string(rank) + ": "), std::string::npos) << r.out;
+          const size_t at = r.out.find("\n  rank " + std::to_string(rank) + ": ");
+          const std::string where = " on h" + std::to_string(h) + " (local rank " + std::to_string(k) + ")";
+          EXPECT_NE(r.out.substr(at, r.out.find('\n', at + 1) - at).find(where), std::string::npos)
+              << "rank " << rank << " should be" << where << ": " << r.out;
+        }
       std::vector<double> got = losses(L.name), want = losses(ref);
       ASSERT_EQ(got.size(), 5u);
       ASSERT_EQ(want.size(), 5u);
@@ -128,6 +140,52 @@ class DistTrain : public ::testing::Test {
 };
 fs::path DistTrain::dir_;
 int64_t DistTrain::V_ = 0;
+
+// ---- across hosts: the simulated cluster of scripts/cluster.sh (TCP between hosts) ------
+
+TEST_F(DistTrain, LayoutsAcrossTwoHostsEqualOneProcess) {
+  Cluster two(2);
+  if (!two.ok()) GTEST_SKIP() << two.why_not();
+  // 2 ranks per host: HSDP with each shard group inside a host, FSDP over both hosts, and
+  // TP inside a host with FSDP across
+  check_layouts({{"mh_hsdp2x2", 2, 2}, {"mh_fsdp4", 1, 4}, {"mh_fsdp2_tp2", 1, 2, 1, 2}}, 1, &two);
+  // one rank per host: the context-parallel ring and the tensor-parallel all-reduces cross
+  // the hosts
+  check_layouts({{"mh_cp2", 1, 1, 2, 1}, {"mh_tp2", 1, 1, 1, 2}}, 2, &two);
+}
+
+TEST_F(DistTrain, ThreeHostsEqualOneProcess) {
+  Cluster three(3);
+  if (!three.ok()) GTEST_SKIP() << three.why_not();
+  check_layouts({{"mh3_fsdp3", 1, 3}, {"mh3_dp3", 3, 1}}, 1, &three);
+}
+
+TEST_F(DistTrain, ACheckpointFromTwoHostsResumesOnOneAndBack) {
+  Cluster two(2);
+  if (!two.ok()) GTEST_SKIP() << two.why_not();
+  // 5 steps in one process; 3 under HSDP on two hosts, resumed under fsdp2 on one host;
+  // 3 under fsdp2 on one host, resumed under HSDP on two (sharded checkpoints)
+  const std::string sharded = " --checkpoint.format sharded";
+  Result ref = train("mh_ref", 1, "--train.micro_batch_size 4" + sharded);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  const std::string hsdp = "--train.micro_batch_size 1 --parallel.dp_replicate_size 2 --parallel.dp_shard_size 2";
+  const std::string fsdp2 = "--train.micro_batch_size 2 --parallel.dp_shard_size 2";
+  Result a = train("mh_down", 4, hsdp + sharded + " --train.stop_after 3", &two);
+  ASSERT_EQ(a.rc, 0) << a.out;
+  Result b = train("mh_down", 2, fsdp2 + sharded + " --checkpoint.resume true");
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+  Result c = train("mh_up", 2, fsdp2 + sharded + " --train.stop_after 3");
+  ASSERT_EQ(c.rc, 0) << c.out;
+  Result d = train("mh_up", 4, hsdp + sharded + " --checkpoint.resume true", &two);
+  ASSERT_EQ(d.rc, 0) << d.out;
+  const std::vector<double> want = losses("mh_ref");
+  for (const char* name : {"mh_down", "mh_up"}) {
+    const std::vector<double> got = losses(name);
+    ASSERT_EQ(got.size(), 5u) << name;
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << name << " step " << i + 1;
+  }
+}
 
 TEST_F(DistTrain, EveryDataParallelLayoutEqualsOneProcess) {
   check_layouts({{"dp2", 2, 1}, {"fsdp2", 1, 2}, {"fsdp3", 1, 3}, {"fsdp4", 1, 4}, {"hsdp2x2", 2, 2}}, 2);
