@@ -23,13 +23,15 @@ BUILD="${NDT_BUILD_DIR:-build}"
 # Everything ndtrain needs: compilers and CMake, OpenBLAS (CPU GEMM; CMake prefers the
 # OpenMP build, which shares its threads with our OpenMP loops), Open MPI (CPU
 # collectives), Boost.Program_options (config), nlohmann-json (reports), GoogleTest and
-# Google Benchmark, and the fortunes text (the offline training corpus).
+# Google Benchmark, the fortunes text (the offline training corpus), and iproute2 and
+# util-linux for the simulated cluster of the multi-host tests (scripts/cluster.sh).
 PACKAGES=(
   build-essential cmake pkg-config
   libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
   libboost-program-options-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fortunes fortunes-min
+  iproute2 util-linux
 )
 
 log() { echo "[setup] $*"; }
