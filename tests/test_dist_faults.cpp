@@ -149,7 +149,7 @@ std::string own_mounts(const std::string& script) {
 }
 
 class DistFaults : public ::testing::Test {
- protected:
+ public:  // the helpers below are used by free functions too
   static void SetUpTestSuite() {
     dir_ = fs::temp_directory_path() / ("ndt_test_dist_faults_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
@@ -330,34 +330,56 @@ TEST_F(DistFaults, TrainingDataThatFailsOnOneRankSavesAndEndsEveryRank) {
 
 // ---- stopped ranks, dead launchers, doubled signals -------------------------------------
 
-TEST_F(DistFaults, AStoppedRankDoesNotHoldTheJobPastTheTimeout) {
-  // rank 1 is SIGSTOPped (as a hung node); SIGTERM to rank 0 asks the job to stop, but its
-  // step can never finish: rank 0 gives up after parallel.timeout_s and the job ends
-  Job job(mpirun(2) + args("--parallel.timeout_s 3"), here() / "out.txt", marker());
-  ASSERT_TRUE(Job::until(60, [&] { return steps() >= 2 || job.wait(0) >= 0; })) << job.output();
+// Starts the job with parallel.timeout_s 3, waits for 2 steps, SIGSTOPs rank 1 (as a hung
+// node) and, with `then_sigterm`, sends SIGTERM to rank 0. The job must end within
+// timeout_s + 15 s, non-zero, naming why; returns its output.
+std::string stop_rank_one(DistFaults& t, bool then_sigterm, int& rc) {
+  Job job(ndt::testing::mpirun(2) + t.args("--parallel.timeout_s 3"), t.here() / "out.txt", t.marker());
+  EXPECT_TRUE(Job::until(60, [&] { return t.steps() >= 2 || job.wait(0) >= 0; })) << job.output();
   std::vector<pid_t> ranks = job.ranks();
-  ASSERT_EQ(ranks.size(), 2u) << job.output();
+  EXPECT_EQ(ranks.size(), 2u) << job.output();
+  if (ranks.size() != 2) return job.output();
   // which is rank 1: the one whose environment says so
   pid_t stopped = -1, healthy = -1;
   for (pid_t p : ranks) {
     std::string env = read_all("/proc/" + std::to_string(p) + "/environ");
     (has(env, std::string("OMPI_COMM_WORLD_RANK=1") + '\0') ? stopped : healthy) = p;
   }
-  ASSERT_TRUE(stopped > 0 && healthy > 0);
   ::kill(stopped, SIGSTOP);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ::kill(healthy, SIGTERM);
+  if (then_sigterm) ::kill(healthy, SIGTERM);
   const auto t0 = Clock::now();
-  const int rc = job.wait(3 + 15);
-  const std::string out = job.output();
-  EXPECT_GE(rc, 0) << "the job still runs 18 s after the signal: " << out;
-  EXPECT_NE(rc, 0) << out;
+  rc = job.wait(3 + 15);
+  EXPECT_GE(rc, 0) << "the job still runs 18 s later: " << job.output();
+  EXPECT_NE(rc, 0) << job.output();
   EXPECT_LT(seconds_since(t0), 3.0 + 15.0);
-  EXPECT_TRUE(has(
-      out, "rank 0: asked to stop by signal 15, but the step has not finished in parallel.timeout_s = 3 s"))
-      << out;
   ::kill(stopped, SIGCONT);
   EXPECT_TRUE(Job::until(10, [&] { return job.ranks().empty(); })) << "no rank left behind";
+  return job.output();
+}
+
+TEST_F(DistFaults, AStoppedRankEndsTheJobAfterTheTimeoutNamingTheCollective) {
+  // no signal: the healthy rank's collective times out, it says which, and the job ends
+  int rc = 0;
+  const std::string out = stop_rank_one(*this, false, rc);
+  EXPECT_EQ(rc, 6) << out;
+  EXPECT_TRUE(has(out, "train_gpt: rank 0: error: ")) << out;
+  EXPECT_TRUE(has(out, " on world rank 0 has not completed after 3 s (parallel.timeout_s): a rank of the group "
+                       "is dead, stopped or cut off; ending the job (exit code 6)"))
+      << out;
+  expect_no_temporaries();
+}
+
+TEST_F(DistFaults, ASigtermToAHealthyRankEndsAJobWithAStoppedRank) {
+  // SIGTERM to rank 0 asks the job to stop, but its step can never finish: the step's
+  // collective times out (exit 6) or, the signal's watch, the stop (exit 4); either way the
+  // job ends and says why
+  int rc = 0;
+  const std::string out = stop_rank_one(*this, true, rc);
+  EXPECT_TRUE(rc == 4 || rc == 6) << rc << ": " << out;
+  EXPECT_TRUE(has(out, "rank 0: asked to stop by signal 15, but the step has not finished in parallel.timeout_s = 3 s") ||
+              has(out, "on world rank 0 has not completed after 3 s (parallel.timeout_s)"))
+      << out;
   expect_no_temporaries();
 }
 

@@ -3,7 +3,9 @@
 // sub-communicators, handles waited on out of order, and the byte counters.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "dist/comm/communicator.h"
 #include "dist/mesh.h"
@@ -165,6 +167,39 @@ TEST(DistComm, ByteCountersFollowTheRingFormulas) {
   EXPECT_EQ(c->stats().calls[static_cast<size_t>(dist::CommKind::kAllGather)], 1);
   c->reset_stats();
   EXPECT_EQ(c->stats().total_bytes(), 0);
+}
+
+TEST(DistComm, ACollectiveAPeerNeverJoinsTimesOutNamingIt) {
+  // on a group of its own with a deadline: rank 0 all-reduces, the others do not (yet)
+  auto w = ndt::testing::world();
+  auto g = w->split(0, w->rank(), "late");
+  g->set_timeout(0.3);
+  auto child = g->split(0, g->rank(), "late_child");
+  EXPECT_EQ(child->timeout(), 0.3) << "groups split later inherit the deadline";
+  Tensor x = Tensor::from_vector(std::vector<float>{1.0f, 2.0f}, {2});
+  dist::WorkPtr pending;
+  if (w->rank() == 0) {
+    pending = g->all_reduce(x, ReduceOp::kSum);
+    try {
+      pending->wait();
+      ADD_FAILURE() << "no timeout";
+    } catch (const dist::CollectiveTimeout& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.rfind("late.all_reduce (", 0), 0u) << m;  // the bytes: the ring formula's
+      EXPECT_NE(m.find(" bytes) on world rank 0 has not completed after 0.3 s (parallel.timeout_s)"),
+                std::string::npos)
+          << m;
+    }
+  }
+  w->barrier();  // then the others join: the late collective completes everywhere
+  if (w->rank() != 0) g->all_reduce(x, ReduceOp::kSum)->wait();
+  if (w->rank() == 0)
+    for (int i = 0; i < 1000 && !pending->done(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (w->rank() == 0) {
+    ASSERT_TRUE(pending->done());
+  }
+  EXPECT_EQ(values(x)[0], 1.0 * w->size());  // every rank added its 1
 }
 
 TEST(DistComm, BadArgumentsNameTheCall) {

@@ -120,8 +120,8 @@ po::options_description describe(Config& c) {
        "(NCCL even for one rank; needs train.device = cuda)")
       ("parallel.cp_size", po::value(&c.parallel.cp_size)->default_value(c.parallel.cp_size), "context-parallel degree (2 x cp_size divides train.seq_len)")
       ("parallel.timeout_s", po::value(&c.parallel.timeout_s)->default_value(c.parallel.timeout_s),
-       "seconds a rank asked to stop (SIGTERM) may go without finishing its step (a peer dead or stopped) "
-       "before it ends the whole job (exit code 4)");
+       "the deadline of every collective (a peer dead, stopped or cut off: the job ends, exit code 6), "
+       "and how long a rank asked to stop (SIGTERM) may go without finishing its step (exit code 4)");
   po::options_description all;
   all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par);
   return all;

@@ -35,6 +35,9 @@ constexpr int kExitStuck = 4;
 // Exit code of a rank whose launcher (mpirun, its daemon, srun's step) has died: it stops
 // at once instead of training on, unseen, and publishing checkpoints.
 constexpr int kExitOrphaned = 5;
+// A collective did not complete within parallel.timeout_s (a rank dead, stopped or cut off
+// while no stop was asked): this rank says which, then ends the job.
+constexpr int kExitCollectiveTimeout = 6;
 
 // Stop signals that arrive within this many seconds of the first are the same request:
 // coreutils' `timeout` and job schedulers signal the process and its process group, so

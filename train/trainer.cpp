@@ -871,8 +871,9 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
   int code = 0;
   std::string message;
   try {
-    world = dist::init_world();  // MPI under a launcher with several ranks, else a group of one
-    StopSignals signals;         // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
+    world = dist::init_world();                // MPI under a launcher with several ranks, else a group of one
+    world->set_timeout(c.parallel.timeout_s);  // every collective's deadline (and the mesh's groups')
+    StopSignals signals;  // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
     // a stop that cannot finish (a peer stuck) or a dead launcher ends this process
     Watchdog watchdog(c.parallel.timeout_s, dist::launched_with_several_ranks(), world->rank());
     return Trainer(c, world, out, watchdog).run();
@@ -882,6 +883,10 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
   } catch (const ConfigError& e) {
     code = 2;
     message = std::string("config error: ") + e.what();
+  } catch (const dist::CollectiveTimeout& e) {
+    code = kExitCollectiveTimeout;
+    message = std::string("error: ") + e.what() +
+              "; ending the job (exit code 6): the last complete checkpoint resumes";
   } catch (const std::exception& e) {
     code = 1;
     message = std::string("error: ") + e.what();

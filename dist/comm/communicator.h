@@ -94,6 +94,11 @@ class Communicator {
   void reset_stats() { stats_ = {}; }
   // Optional timeline: each collective becomes an event on the "comm" track.
   void set_trace(Trace* t) { trace_ = t; }
+  // A deadline for every operation of this communicator and of those split from it later:
+  // a Work not complete `seconds` after its wait() began throws CollectiveTimeout (a peer
+  // dead, stopped or cut off). 0: wait for ever.
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
 
   // Where this backend's tensors live: the CPU for MPI, the communicator's GPU for NCCL.
   virtual Device device() const { return Device::cpu(); }
@@ -114,6 +119,14 @@ class Communicator {
   std::string name_;
   CommStats stats_;
   Trace* trace_ = nullptr;
+  double timeout_s_ = 0;
+};
+
+// An operation that did not complete within its communicator's timeout. The job cannot go
+// on (a peer will never arrive, or arrives in another collective): the caller ends it.
+class CollectiveTimeout : public Error {
+ public:
+  using Error::Error;
 };
 
 // A finished Work (size-1 groups, or errors found before starting).

@@ -30,12 +30,27 @@ std::string mpi_error_string(int rc) {
 // One handle; completed by the communication thread.
 class MpiWork : public Work {
  public:
-  MpiWork(std::string what, Trace* trace) : what_(std::move(what)), trace_(trace) {}
+  MpiWork(std::string what, Trace* trace, double timeout_s = 0, int64_t bytes = 0)
+      : what_(std::move(what)), trace_(trace), timeout_s_(timeout_s), bytes_(bytes) {}
   void wait() override {
     std::unique_lock<std::mutex> lk(mu_);
     if (!done_) {
       const int64_t t0 = trace_ ? trace_->now_us() : 0;
-      cv_.wait(lk, [&] { return done_; });
+      if (timeout_s_ > 0) {
+        const auto limit = std::chrono::duration<double>(timeout_s_);
+        if (!cv_.wait_for(lk, limit, [&] { return done_; })) {
+          int rank = -1;
+          MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+          char secs[32];
+          std::snprintf(secs, sizeof(secs), "%g", timeout_s_);
+          throw CollectiveTimeout(what_ + (bytes_ >= 0 ? " (" + std::to_string(bytes_) + " bytes)" : "") +
+                                  " on world rank " + std::to_string(rank) + " has not completed after " +
+                                  secs +
+                                  " s (parallel.timeout_s): a rank of the group is dead, stopped or cut off");
+        }
+      } else {
+        cv_.wait(lk, [&] { return done_; });
+      }
       if (trace_) trace_->add("wait " + what_, Trace::kWait, t0, trace_->now_us());
     }
     if (!error_.empty()) throw Error(error_);
@@ -56,6 +71,8 @@ class MpiWork : public Work {
  private:
   std::string what_;
   Trace* trace_;
+  double timeout_s_;
+  int64_t bytes_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -406,10 +423,18 @@ class MpiCommunicator : public Communicator {
       int rc = MPI_Comm_rank(sub, &r);
       return rc == MPI_SUCCESS ? MPI_Comm_size(sub, &s) : rc;
     });
-    return std::make_shared<MpiCommunicator>(sub, r, s, name, true);
+    auto child = std::make_shared<MpiCommunicator>(sub, r, s, name, true);
+    child->set_timeout(timeout_s_);
+    return child;
   }
 
   [[noreturn]] void abort(int code) override {
+    // MPI_Abort asks the launcher to end every rank; when the launcher cannot be reached (a
+    // host cut off) it may never return, so this process ends itself a few seconds later
+    std::thread([code] {
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+      std::_Exit(code);
+    }).detach();
     MPI_Abort(MPI_COMM_WORLD, code);
     std::_Exit(code);
   }
@@ -425,7 +450,7 @@ class MpiCommunicator : public Communicator {
   }
   WorkPtr submit(const std::string& what, int64_t bytes, std::function<int(MPI_Request*)> start,
                  std::function<void()> finish) {
-    auto work = std::make_shared<MpiWork>(what, trace_);
+    auto work = std::make_shared<MpiWork>(what, trace_, timeout_s_, bytes);
     Op op;
     op.what = what;
     op.start = std::move(start);
