@@ -368,6 +368,26 @@ TEST_F(DistFaults, AStoppedRankEndsTheJobAfterTheTimeoutNamingTheCollective) {
                        "is dead, stopped or cut off; ending the job (exit code 6)"))
       << out;
   expect_no_temporaries();
+  // the flight record of rank 0, and the report names the collective rank 0 waits in and
+  // rank 1 as the one missing from it
+  const fs::path flight = here() / "ck" / "flight";
+  ASSERT_TRUE(fs::exists(flight / "rank_0.json")) << out;
+  const nlohmann::json rec = nlohmann::json::parse(read_all(flight / "rank_0.json"));
+  EXPECT_EQ(rec["rank"], 0);
+  EXPECT_EQ(rec["world"], 2);
+  EXPECT_GE(rec["step"].get<int64_t>(), 2);
+  ASSERT_FALSE(rec["entries"].empty());
+  EXPECT_EQ(rec["entries"].back()["state"], "started") << rec.dump(1);
+  const ndt::testing::ShellResult r = ndt::testing::run_shell("python3 " + std::string(NDT_SOURCE_DIR) +
+                                                              "/scripts/flight_report.py " + flight.string());
+  EXPECT_EQ(r.rc, 0) << r.out;
+  // rank 1 may write one too, when it wakes before mpirun kills it (mpirun sends SIGCONT
+  // first): then the report gives its own reason
+  EXPECT_TRUE(has(r.out, "no record from rank 1: dead, stopped, cut off") ||
+              (has(r.out, "2 of 2 ranks wrote a record") && has(r.out, "\n  rank 1: at step ")))
+      << r.out;
+  EXPECT_TRUE(has(r.out, "rank 0 waits in ")) << r.out;
+  EXPECT_TRUE(has(r.out, std::string(rec["entries"].back()["what"]))) << r.out;
 }
 
 TEST_F(DistFaults, ASigtermToAHealthyRankEndsAJobWithAStoppedRank) {

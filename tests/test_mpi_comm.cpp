@@ -5,9 +5,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "dist/comm/communicator.h"
+#include "dist/flight.h"
 #include "dist/mesh.h"
 #include "dist/trace.h"
 #include "dist_testing.h"
@@ -200,6 +204,40 @@ TEST(DistComm, ACollectiveAPeerNeverJoinsTimesOutNamingIt) {
     ASSERT_TRUE(pending->done());
   }
   EXPECT_EQ(values(x)[0], 1.0 * w->size());  // every rank added its 1
+}
+
+TEST(DistComm, TheFlightRecorderKeepsEveryOperationOfItsGroups) {
+  auto w = ndt::testing::world();
+  dist::FlightRecorder flight;
+  auto g = w->split(0, w->rank(), "rec");  // a group of its own: sequence numbers from 1
+  g->set_flight(&flight);
+  auto h = g->split(5, w->rank(), "half");  // inherits the recorder; its group names the color
+  EXPECT_EQ(g->group(), "rec@0");
+  EXPECT_EQ(h->group(), "half@5");
+  Tensor x = Tensor::from_vector(std::vector<float>{1.0f, 2.0f}, {2});
+  flight.set_step(7);
+  g->all_reduce(x, ReduceOp::kSum)->wait();
+  g->barrier();
+  h->all_reduce(x, ReduceOp::kMax)->wait();
+  const std::string path = "/tmp/ndt_flight_" + std::to_string(::getpid()) + ".json";
+  flight.dump(path, w->rank(), w->size(), "a test");
+  std::ifstream f(path);
+  const nlohmann::json r = nlohmann::json::parse(f);
+  std::remove(path.c_str());
+  EXPECT_EQ(r["rank"], w->rank());
+  EXPECT_EQ(r["world"], w->size());
+  EXPECT_EQ(r["reason"], "a test");
+  ASSERT_EQ(r["entries"].size(), 3u) << r.dump(1);
+  const char* what[] = {"rec.all_reduce", "rec.barrier", "half.all_reduce"};
+  for (size_t i = 0; i < 3; ++i) {
+    const nlohmann::json& e = r["entries"][i];
+    EXPECT_EQ(e["what"], what[i]);
+    EXPECT_EQ(e["seq"], i < 2 ? static_cast<int64_t>(i + 1) : 1);  // per group
+    EXPECT_EQ(e["step"], 7);
+    EXPECT_EQ(e["state"], "done");
+    EXPECT_LE(e["queued_us"].get<int64_t>(), e["started_us"].get<int64_t>());
+    EXPECT_LE(e["started_us"].get<int64_t>(), e["finished_us"].get<int64_t>());
+  }
 }
 
 TEST(DistComm, BadArgumentsNameTheCall) {

@@ -110,20 +110,26 @@ struct Watchdog::State {
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
+  std::function<void(const std::string&)> last_words;
   std::thread thread;
 };
 
 namespace {
 // One line on stderr from the watchdog thread, then the end of this process. write(2), not
 // a stream: the main thread may hold the streams' locks, stuck where it is.
-[[noreturn]] void end_process(int rank, const std::string& what, int code) {
+[[noreturn]] void end_process(int rank, const std::string& what, int code,
+                              const std::function<void(const std::string&)>& last_words) {
   const std::string line = "train_gpt: rank " + std::to_string(rank) + ": " + what + "\n";
   [[maybe_unused]] ssize_t n = ::write(2, line.data(), line.size());
+  if (last_words) last_words(what);
   ::_exit(code);
 }
 }  // namespace
 
-Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank) : s_(std::make_unique<State>()) {
+Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank,
+                   std::function<void(const std::string&)> last_words)
+    : s_(std::make_unique<State>()) {
+  s_->last_words = std::move(last_words);
   s_->timeout_s = timeout_s;
   s_->watch_launcher = watch_launcher;
   s_->rank = rank;
@@ -136,7 +142,7 @@ Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank) : s_(std::ma
         end_process(s->rank,
                     "the launcher (parent pid " + std::to_string(s->parent) +
                         ") is gone: stopping now, without a new checkpoint (exit code 5)",
-                    kExitOrphaned);
+                    kExitOrphaned, s->last_words);
       const int64_t asked = g_stop_time_ns.load();
       if (g_stop_signal == 0 || asked == 0) continue;
       const int64_t since = monotonic_ns() - std::max(asked, s->last_beat_ns.load());
@@ -148,7 +154,7 @@ Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank) : s_(std::ma
                         ", but the step has not finished in parallel.timeout_s = " + secs +
                         " s (a rank dead, stopped or cut off, so a collective cannot complete); ending "
                         "the job without a new checkpoint (exit code 4): the last complete one resumes",
-                    kExitStuck);
+                    kExitStuck, s->last_words);
       }
     }
   });
@@ -225,7 +231,8 @@ void check_output_paths(const Config& c, int rank) {
     if (!c.log.report.empty()) check_output_file(c.log.report, "log.report");
     if (!c.log.grads.empty()) check_output_file(c.log.grads, "log.grads");
   }
-  if (!c.log.trace.empty()) check_output_file(dist::trace_path_for_rank(c.log.trace, rank), "log.trace");  // every rank's own
+  if (!c.log.trace.empty())
+    check_output_file(dist::trace_path_for_rank(c.log.trace, rank), "log.trace");  // every rank's own
 }
 
 void check_fits_in_memory(int64_t param_count, Device device) {

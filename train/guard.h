@@ -16,6 +16,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -75,7 +76,10 @@ int stop_signal();
 // The trainer beats at every step and around checkpoint writes.
 class Watchdog {
  public:
-  Watchdog(double timeout_s, bool watch_launcher, int rank);
+  // last_words (may be empty) runs on the watchdog's thread just before it ends the
+  // process, with the line it printed (the flight recorder's dump).
+  Watchdog(double timeout_s, bool watch_launcher, int rank,
+           std::function<void(const std::string&)> last_words = {});
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;

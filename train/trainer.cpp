@@ -21,6 +21,7 @@
 #include "autograd/ops.h"
 #include "dist/comm/mpi.h"
 #include "dist/comm/nccl.h"
+#include "dist/flight.h"
 #include "dist/mesh.h"
 #include "dist/parallelize.h"
 #include "dist/trace.h"
@@ -94,8 +95,13 @@ class NullBuffer : public std::streambuf {
 // materialize -> loop. Rank 0 prints and writes the logs; every rank trains.
 class Trainer {
  public:
-  Trainer(const Config& c, std::shared_ptr<dist::Communicator> world, std::ostream& out, Watchdog& watchdog)
-      : c_(c), world_(std::move(world)), out_(world_->rank() == 0 ? out : null_out_), watchdog_(watchdog) {}
+  Trainer(const Config& c, std::shared_ptr<dist::Communicator> world, std::ostream& out, Watchdog& watchdog,
+          dist::FlightRecorder& flight)
+      : c_(c),
+        world_(std::move(world)),
+        out_(world_->rank() == 0 ? out : null_out_),
+        watchdog_(watchdog),
+        flight_(flight) {}
   int run() {
     setup();
     describe();
@@ -189,6 +195,7 @@ class Trainer {
   std::unique_ptr<RunLock> lock_;
   LossCurves curves_;
   Watchdog& watchdog_;
+  dist::FlightRecorder& flight_;  // the step each collective belongs to
   // the next step's micro-batches, read ahead so that a failed read is agreed on by every
   // rank before any collective; batches_from_ is the loader's position before them
   std::vector<data::Batch> batches_;
@@ -779,6 +786,7 @@ int Trainer::loop() {
       out_ << "step " << step << " | val loss " << last_val << std::endl;
     }
     if (c_.sample.every > 0 && step > 0 && step % c_.sample.every == 0) sampling(step);
+    flight_.set_step(step + 1);
     const StepResult r = step_and_time(step);
     if (step > start_) {  // the first step warms caches
       time_sum += r.sec;
@@ -870,13 +878,26 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
   std::shared_ptr<dist::Communicator> world;
   int code = 0;
   std::string message;
+  // Each rank's last operations (dist/flight.h), written beside the checkpoints (or the
+  // metrics, or here) when a job of several ranks fails; scripts/flight_report.py reads them.
+  dist::FlightRecorder flight;
+  auto dump_flight = [&](const std::string& why) {
+    if (!world || world->size() == 1) return;
+    const fs::path dir = !c.checkpoint.dir.empty() ? fs::path(c.checkpoint.dir)
+                         : !c.log.metrics.empty()  ? fs::path(c.log.metrics).parent_path()
+                                                   : fs::path(".");
+    const fs::path file = dir / "flight" / ("rank_" + std::to_string(world->rank()) + ".json");
+    flight.dump(file.string(), world->rank(), world->size(), why);
+  };
   try {
     world = dist::init_world();                // MPI under a launcher with several ranks, else a group of one
     world->set_timeout(c.parallel.timeout_s);  // every collective's deadline (and the mesh's groups')
+    world->set_flight(&flight);                // and their record, dumped when the job fails
     StopSignals signals;  // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
     // a stop that cannot finish (a peer stuck) or a dead launcher ends this process
-    Watchdog watchdog(c.parallel.timeout_s, dist::launched_with_several_ranks(), world->rank());
-    return Trainer(c, world, out, watchdog).run();
+    Watchdog watchdog(c.parallel.timeout_s, dist::launched_with_several_ranks(), world->rank(),
+                      [&](const std::string& why) { dump_flight(why); });
+    return Trainer(c, world, out, watchdog, flight).run();
   } catch (const AgreedConfigError& e) {  // every rank found it together: one line, no abort
     if (world->rank() == 0) err << "train_gpt: config error: " << e.what() << "\n";
     return 2;
@@ -898,6 +919,7 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
   // One rank failed (or all did): say which, then bring the whole job down, so that no
   // rank waits forever in a collective for this one.
   err << "train_gpt: rank " << world->rank() << ": " << message << std::endl;
+  dump_flight(message);
   world->abort(code);
   return code;  // not reached
 }

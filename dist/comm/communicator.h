@@ -32,6 +32,8 @@
 
 namespace ndt::dist {
 
+class FlightRecorder;
+
 class Trace;
 
 enum class ReduceOp { kSum, kAvg, kMax };
@@ -99,6 +101,12 @@ class Communicator {
   // dead, stopped or cut off). 0: wait for ever.
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
+  // The flight recorder (dist/flight.h) of this communicator and of those split from it
+  // later: every operation is recorded under group() with its sequence number.
+  void set_flight(FlightRecorder* f) { flight_ = f; }
+  // Which group this is, the same string on every member: the name, and for a split one the
+  // color that chose it ("fsdp@1"); operations with one seq number in one group match.
+  const std::string& group() const { return group_; }
 
   // Where this backend's tensors live: the CPU for MPI, the communicator's GPU for NCCL.
   virtual Device device() const { return Device::cpu(); }
@@ -108,7 +116,8 @@ class Communicator {
   double all_reduce_scalar(double v, ReduceOp op);
 
  protected:
-  Communicator(int rank, int size, std::string name) : rank_(rank), size_(size), name_(std::move(name)) {}
+  Communicator(int rank, int size, std::string name)
+      : rank_(rank), size_(size), name_(std::move(name)), group_(name_) {}
   // Checks a collective's arguments (contiguous, dtype, sizes); throws naming the call.
   void check_same(const char* call, const Tensor& a, const Tensor& b, int64_t b_factor_num,
                   int64_t b_factor_den) const;
@@ -120,6 +129,9 @@ class Communicator {
   CommStats stats_;
   Trace* trace_ = nullptr;
   double timeout_s_ = 0;
+  FlightRecorder* flight_ = nullptr;
+  std::string group_;
+  int64_t seq_ = 0;  // operations recorded so far
 };
 
 // An operation that did not complete within its communicator's timeout. The job cannot go

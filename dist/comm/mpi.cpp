@@ -2,6 +2,8 @@
 // them to completion. See dist/comm/mpi.h.
 #include "dist/comm/mpi.h"
 
+#include "dist/flight.h"
+
 #include <mpi.h>
 
 #include <atomic>
@@ -88,6 +90,8 @@ struct Op {
   int64_t bytes = -1;
   MPI_Request req = MPI_REQUEST_NULL;
   int64_t t0 = 0;
+  FlightRecorder* flight = nullptr;  // and this op's id in it
+  int64_t flight_id = 0;
 };
 
 // The process's MPI: initialized once, finalized at exit, with its communication thread.
@@ -159,6 +163,7 @@ class Engine {
   }
 
   void fail(Op& op, const std::string& why) {
+    if (op.flight) op.flight->finished(op.flight_id, false);
     int rank = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     op.work->complete(op.what + " failed on world rank " + std::to_string(rank) + ": " + why);
@@ -168,6 +173,7 @@ class Engine {
     try {
       if (op.finish) op.finish();
       if (op.trace) op.trace->add(op.what, Trace::kComm, op.t0, op.trace->now_us(), op.bytes);
+      if (op.flight) op.flight->finished(op.flight_id, true);
       op.work->complete("");
     } catch (const std::exception& e) {
       fail(op, e.what());
@@ -198,6 +204,7 @@ class Engine {
           fail(op, mpi_error_string(rc));
           continue;
         }
+        if (op.flight) op.flight->started(op.flight_id);
         inflight_.push_back(std::move(op));
       }
       for (auto it = inflight_.begin(); it != inflight_.end();) {
@@ -425,6 +432,8 @@ class MpiCommunicator : public Communicator {
     });
     auto child = std::make_shared<MpiCommunicator>(sub, r, s, name, true);
     child->set_timeout(timeout_s_);
+    child->set_flight(flight_);
+    child->group_ = name + "@" + std::to_string(color);
     return child;
   }
 
@@ -458,6 +467,10 @@ class MpiCommunicator : public Communicator {
     op.work = work;
     op.trace = trace_;
     op.bytes = bytes;
+    if (flight_) {
+      op.flight = flight_;
+      op.flight_id = flight_->queued(group_, ++seq_, what, bytes);
+    }
     Engine::get().submit(std::move(op));
     return work;
   }

@@ -1,0 +1,104 @@
+#include "dist/flight.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace ndt::dist {
+namespace {
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string quoted(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof(b), "\\u%04x", c);
+      o += b;
+      continue;
+    }
+    o += c;
+  }
+  return o + "\"";
+}
+
+}  // namespace
+
+int64_t FlightRecorder::queued(const std::string& group, int64_t seq, const std::string& what,
+                               int64_t bytes) {
+  std::lock_guard<std::mutex> g(mu_);
+  Entry e;
+  e.id = next_id_++;
+  e.seq = seq;
+  e.bytes = bytes;
+  e.step = step_;
+  e.group = group;
+  e.what = what;
+  e.queued_us = now_us();
+  entries_.push_back(std::move(e));
+  if (entries_.size() > capacity_) entries_.pop_front();
+  return entries_.back().id;
+}
+
+FlightRecorder::Entry* FlightRecorder::find(int64_t id) {
+  if (entries_.empty() || id < entries_.front().id || id > entries_.back().id) return nullptr;
+  return &entries_[static_cast<size_t>(id - entries_.front().id)];  // ids are consecutive
+}
+
+void FlightRecorder::started(int64_t id) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (Entry* e = find(id)) e->started_us = now_us();
+}
+
+void FlightRecorder::finished(int64_t id, bool ok) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (Entry* e = find(id)) {
+    e->finished_us = now_us();
+    e->ok = ok;
+  }
+}
+
+void FlightRecorder::set_step(int64_t step) {
+  std::lock_guard<std::mutex> g(mu_);
+  step_ = step;
+}
+
+void FlightRecorder::dump(const std::string& path, int rank, int world, const std::string& reason) const {
+  std::ostringstream os;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    os << "{\"rank\": " << rank << ", \"world\": " << world << ", \"reason\": " << quoted(reason)
+       << ", \"step\": " << step_ << ", \"written_us\": " << now_us() << ",\n \"entries\": [";
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      const Entry& e = entries_[i];
+      const char* state = e.finished_us ? (e.ok ? "done" : "failed") : e.started_us ? "started" : "queued";
+      os << (i ? ",\n  " : "\n  ") << "{\"group\": " << quoted(e.group) << ", \"seq\": " << e.seq
+         << ", \"what\": " << quoted(e.what) << ", \"bytes\": " << e.bytes << ", \"step\": " << e.step
+         << ", \"state\": \"" << state << "\", \"queued_us\": " << e.queued_us
+         << ", \"started_us\": " << e.started_us << ", \"finished_us\": " << e.finished_us << "}";
+    }
+    os << "\n ]}\n";
+  }
+  try {
+    namespace fs = std::filesystem;
+    fs::create_directories(fs::path(path).parent_path());
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::trunc);
+      f << os.str();
+      if (!f) return;
+    }
+    fs::rename(tmp, path);
+  } catch (...) {  // a failing job must not fail again here
+  }
+}
+
+}  // namespace ndt::dist
