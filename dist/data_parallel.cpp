@@ -13,7 +13,9 @@ DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas,
     // in backward, right after the last gradient of this unit: average it over the replicas
     autograd::GradGroup::create(ps, [this, &u] {
       nn::fold_grad(u);  // mixed precision: into the master's dtype first, reduced there
-      if (sync_) pending_.push_back(comm_.all_reduce(u.grad, ReduceOp::kAvg));
+      if (!sync_) return;
+      comm_.note_unit(u.name);
+      pending_.push_back(comm_.all_reduce(u.grad, ReduceOp::kAvg));
     });
   }
 }
@@ -21,6 +23,7 @@ DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas,
 void DataParallel::end_micro() {
   nn::fold_grad(params_.units[0]);
   if (!sync_) return;
+  comm_.note_unit(params_.units[0].name);
   pending_.push_back(comm_.all_reduce(params_.units[0].grad, ReduceOp::kAvg));  // the embeddings, last
   for (const WorkPtr& w : pending_) w->wait();
   pending_.clear();

@@ -9,12 +9,6 @@
 namespace ndt::dist {
 namespace {
 
-int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 std::string quoted(const std::string& s) {
   std::string o = "\"";
   for (char c : s) {
@@ -31,6 +25,12 @@ std::string quoted(const std::string& s) {
 }
 
 }  // namespace
+
+int64_t FlightRecorder::now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 int64_t FlightRecorder::queued(const std::string& group, int64_t seq, const std::string& what,
                                int64_t bytes) {
@@ -69,14 +69,57 @@ void FlightRecorder::finished(int64_t id, bool ok) {
 void FlightRecorder::set_step(int64_t step) {
   std::lock_guard<std::mutex> g(mu_);
   step_ = step;
+  micro_ = -2;
+  unit_.clear();
+}
+
+void FlightRecorder::set_micro(int64_t micro, int64_t of) {
+  std::lock_guard<std::mutex> g(mu_);
+  micro_ = micro;
+  micro_of_ = of;
+  unit_.clear();
+}
+
+void FlightRecorder::set_unit(const std::string& unit) {
+  std::lock_guard<std::mutex> g(mu_);
+  unit_ = unit;
+}
+
+std::string FlightRecorder::where() const {
+  std::lock_guard<std::mutex> g(mu_);
+  if (step_ < 0) return "";
+  std::string w = "step " + std::to_string(step_);
+  if (micro_ >= 0)
+    w += ", micro-step " + std::to_string(micro_ + 1) + " of " + std::to_string(micro_of_);
+  else if (micro_ == -1)
+    w += ", after its micro-steps";
+  if (!unit_.empty()) w += ", unit " + unit_;
+  return w;
+}
+
+void FlightRecorder::set_hosts(std::vector<std::string> hosts) {
+  std::lock_guard<std::mutex> g(mu_);
+  hosts_ = std::move(hosts);
+}
+
+FlightRecorder::Pending FlightRecorder::oldest_pending() const {
+  std::lock_guard<std::mutex> g(mu_);
+  for (const Entry& e : entries_)
+    if (!e.finished_us) return {e.what, e.queued_us};
+  return {};
 }
 
 void FlightRecorder::dump(const std::string& path, int rank, int world, const std::string& reason) const {
   std::ostringstream os;
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (dumped_) return;
+    dumped_ = true;
+    dumped_to_ = path;
     os << "{\"rank\": " << rank << ", \"world\": " << world << ", \"reason\": " << quoted(reason)
-       << ", \"step\": " << step_ << ", \"written_us\": " << now_us() << ",\n \"entries\": [";
+       << ", \"step\": " << step_ << ", \"written_us\": " << now_us() << ",\n \"hosts\": [";
+    for (size_t i = 0; i < hosts_.size(); ++i) os << (i ? ", " : "") << quoted(hosts_[i]);
+    os << "],\n \"entries\": [";
     for (size_t i = 0; i < entries_.size(); ++i) {
       const Entry& e = entries_[i];
       const char* state = e.finished_us ? (e.ok ? "done" : "failed") : e.started_us ? "started" : "queued";
@@ -99,6 +142,15 @@ void FlightRecorder::dump(const std::string& path, int rank, int world, const st
     fs::rename(tmp, path);
   } catch (...) {  // a failing job must not fail again here
   }
+}
+
+void FlightRecorder::retract() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!dumped_) return;
+  std::error_code ec;
+  std::filesystem::remove(dumped_to_, ec);
+  dumped_ = false;
+  dumped_to_.clear();
 }
 
 }  // namespace ndt::dist

@@ -7,8 +7,14 @@
 //
 //   dist::FlightRecorder flight;
 //   world->set_flight(&flight);                  // every group split from world records too
-//   flight.set_step(step);                       // the loop says where it is
+//   flight.set_step(step);                       // the loop says where it is,
+//   flight.set_micro(0, 4);                      // which micro-step,
+//   flight.set_unit("h.3");                      // and the strategy which unit it syncs
+//   flight.set_hosts(hosts);                     // every rank's host, for the report
 //   flight.dump("out/ckpt/flight/rank_0.json", rank, world_size, "fsdp.all_gather timed out");
+//
+// The first dump of a process wins (its reason is the first failure; a later one, say from
+// the launcher's kill after an abort, would only blur it).
 //
 // Entries are kept per rank in a ring of `capacity`; recording is a mutex and a few stores,
 // nothing is communicated.
@@ -18,6 +24,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace ndt::dist {
 
@@ -30,9 +37,27 @@ class FlightRecorder {
   int64_t queued(const std::string& group, int64_t seq, const std::string& what, int64_t bytes);
   void started(int64_t id);
   void finished(int64_t id, bool ok);
-  void set_step(int64_t step);
-  // Writes the record as JSON (atomically: a temporary file, then rename); never throws.
+  void set_step(int64_t step);            // also clears the micro-step and unit
+  void set_micro(int64_t micro, int64_t of);  // micro-step `micro` (from 0) of `of`; -1: after them
+  void set_unit(const std::string& unit);  // the unit whose collective comes next ("" none)
+  // "step 37, micro-step 2 of 4, unit h.3": where the job is, for messages ("" before step 1).
+  std::string where() const;
+  void set_hosts(std::vector<std::string> hosts);  // every world rank's host name
+
+  // The oldest operation not finished and when it was queued (microseconds since the epoch,
+  // the clock of the record); queued_us 0 when none is pending.
+  struct Pending {
+    std::string what;
+    int64_t queued_us = 0;
+  };
+  Pending oldest_pending() const;
+  static int64_t now_us();
+
+  // Writes the record as JSON (atomically: a temporary file, then rename) unless this
+  // recorder has written one already; never throws.
   void dump(const std::string& path, int rank, int world, const std::string& reason) const;
+  // Removes the record dump() wrote (a stop that looked stuck but finished cleanly).
+  void retract();
 
  private:
   struct Entry {
@@ -45,7 +70,11 @@ class FlightRecorder {
   size_t capacity_;
   mutable std::mutex mu_;
   std::deque<Entry> entries_;
-  int64_t next_id_ = 1, step_ = -1;
+  int64_t next_id_ = 1, step_ = -1, micro_ = -2, micro_of_ = 0;
+  std::string unit_;
+  std::vector<std::string> hosts_;
+  mutable bool dumped_ = false;
+  mutable std::string dumped_to_;
 };
 
 }  // namespace ndt::dist

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -72,23 +73,124 @@ std::string ParallelDims::strategy() const {
   return s;
 }
 
+// Each group of the mesh: the coordinates that stay fixed pick it (its color), the others
+// order its members (its key).
+namespace {
+using Coords = ParallelDims::Coords;
+struct GroupRule {
+  int64_t color, key;
+};
+GroupRule replicate_rule(const ParallelDims& d, const Coords& x) {
+  return {(x.shard * d.cp + x.cp) * d.tp + x.tp, x.replicate};
+}
+GroupRule shard_rule(const ParallelDims& d, const Coords& x) {
+  return {(x.replicate * d.cp + x.cp) * d.tp + x.tp, x.shard};
+}
+GroupRule cp_rule(const ParallelDims& d, const Coords& x) {
+  return {(x.replicate * d.dp_shard + x.shard) * d.tp + x.tp, x.cp};
+}
+GroupRule tp_rule(const ParallelDims& d, const Coords& x) {
+  return {(x.replicate * d.dp_shard + x.shard) * d.cp + x.cp, x.tp};
+}
+GroupRule dp_rule(const ParallelDims& d, const Coords& x) { return {x.cp * d.tp + x.tp, x.replicate * d.dp_shard + x.shard}; }
+GroupRule fsdp_rule(const ParallelDims& d, const Coords& x) { return {x.replicate * d.tp + x.tp, x.shard * d.cp + x.cp}; }
+using Rule = GroupRule (*)(const ParallelDims&, const Coords&);
+
+// The world ranks of the group `rule` gives `rank`, in the group's order.
+std::vector<int64_t> members(const ParallelDims& d, Rule rule, int64_t rank) {
+  const int64_t color = rule(d, d.coords(rank)).color;
+  std::vector<std::pair<int64_t, int64_t>> by_key;
+  for (int64_t w = 0; w < d.world(); ++w) {
+    const GroupRule g = rule(d, d.coords(w));
+    if (g.color == color) by_key.push_back({g.key, w});
+  }
+  std::sort(by_key.begin(), by_key.end());
+  std::vector<int64_t> m;
+  for (const auto& [key, w] : by_key) m.push_back(w);
+  return m;
+}
+}  // namespace
+
 DeviceMesh::DeviceMesh(const ParallelDims& dims, std::shared_ptr<Communicator> world)
     : dims_(dims), world_(std::move(world)) {
   NDT_CHECK(dims_.world() == world_->size(), "DeviceMesh: ", dims_.str(), " but the world has ",
             world_->size(), " ranks");
   coords_ = dims_.coords(world_->rank());
-  const auto& [r, s, c, t] = coords_;
-  const int64_t S = dims_.dp_shard, C = dims_.cp, T = dims_.tp;
-  // color: the coordinates that stay fixed in the group; key: the rank inside it
-  auto split = [&](int64_t color, int64_t key, const char* name) {
-    return world_->split(static_cast<int>(color), static_cast<int>(key), name);
+  auto split = [&](Rule rule, const char* name) {
+    const GroupRule g = rule(dims_, coords_);
+    return world_->split(static_cast<int>(g.color), static_cast<int>(g.key), name);
   };
-  replicate_ = split((s * C + c) * T + t, r, "dp_replicate");
-  shard_ = split((r * C + c) * T + t, s, "dp_shard");
-  cp_ = split((r * S + s) * T + t, c, "cp");
-  tp_ = split((r * S + s) * C + c, t, "tp");
-  dp_ = split(c * T + t, r * S + s, "dp");
-  fsdp_ = split(r * T + t, s * C + c, "fsdp");
+  replicate_ = split(replicate_rule, "dp_replicate");
+  shard_ = split(shard_rule, "dp_shard");
+  cp_ = split(cp_rule, "cp");
+  tp_ = split(tp_rule, "tp");
+  dp_ = split(dp_rule, "dp");
+  fsdp_ = split(fsdp_rule, "fsdp");
+  gather_hosts();
+  describe_groups();
+}
+
+void DeviceMesh::gather_hosts() {
+  // fixed-size words in CPU tensors (the world may be MPI, NCCL or local; this runs once)
+  constexpr int64_t kWords = 16;  // 64 bytes of host name, then the local rank
+  char host[kWords * 4] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const int64_t n = dims_.world();
+  hosts_.assign(static_cast<size_t>(n), host);
+  local_ranks_.assign(static_cast<size_t>(n), local_rank());
+  if (n == 1) return;
+  Tensor mine = Tensor::zeros({kWords + 1}, DType::i32),
+         all = Tensor::zeros({(kWords + 1) * n}, DType::i32, world_->device());
+  std::memcpy(mine.data_ptr(), host, sizeof(host));
+  static_cast<int32_t*>(mine.data_ptr())[kWords] = local_rank();
+  world_->all_gather(all, mine.to(world_->device()))->wait();
+  world_->reset_stats();  // the layout's own bytes are not the training's
+  all = all.to(Device::cpu());
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t* w = static_cast<const int32_t*>(all.data_ptr()) + i * (kWords + 1);
+    const char* p = reinterpret_cast<const char*>(w);
+    hosts_[static_cast<size_t>(i)] = std::string(p, strnlen(p, kWords * 4 - 1));
+    local_ranks_[static_cast<size_t>(i)] = w[kWords];
+  }
+}
+
+void DeviceMesh::describe_groups() {
+  const int64_t me = world_->rank();
+  // "of replica 1, cp rank 0": the coordinates that pick the group, of sizes above 1
+  auto of = [&](bool r, bool s, bool c, bool t) {
+    std::vector<std::string> parts;
+    if (r && dims_.dp_replicate > 1) parts.push_back("replica " + std::to_string(coords_.replicate));
+    if (s && dims_.dp_shard > 1) parts.push_back("shard " + std::to_string(coords_.shard));
+    if (c && dims_.cp > 1) parts.push_back("cp rank " + std::to_string(coords_.cp));
+    if (t && dims_.tp > 1) parts.push_back("tp rank " + std::to_string(coords_.tp));
+    std::string o;
+    for (size_t i = 0; i < parts.size(); ++i) o += (i ? ", " : " of ") + parts[i];
+    return o;
+  };
+  struct Group {
+    Communicator* comm;
+    Rule rule;
+    std::string words;
+  };
+  const Group groups[] = {
+      {replicate_.get(), replicate_rule, "the replicate group" + of(false, true, true, true)},
+      {shard_.get(), shard_rule, "the shard group" + of(true, false, true, true)},
+      {cp_.get(), cp_rule, "the context-parallel ring" + of(true, true, false, true)},
+      {tp_.get(), tp_rule, "the tensor-parallel group" + of(true, true, true, false)},
+      {dp_.get(), dp_rule, "the data-parallel group" + of(false, false, true, true)},
+      {fsdp_.get(), fsdp_rule, "the FSDP group (shard x cp)" + of(true, false, false, true)},
+  };
+  for (const Group& g : groups) {
+    std::vector<bool> remote;
+    for (int64_t w : members(dims_, g.rule, me))
+      remote.push_back(hosts_[static_cast<size_t>(w)] != hosts_[static_cast<size_t>(me)]);
+    g.comm->set_remote_members(std::move(remote));
+    g.comm->set_description(g.words);
+  }
+  std::vector<bool> remote;
+  for (const std::string& h : hosts_) remote.push_back(h != hosts_[static_cast<size_t>(me)]);
+  world_->set_remote_members(std::move(remote));
+  world_->set_description("the world");
 }
 
 std::vector<Communicator*> DeviceMesh::all() const {
@@ -101,34 +203,25 @@ int64_t DeviceMesh::bytes_sent() const {
   return b;
 }
 
+int64_t DeviceMesh::bytes_across_hosts() const {
+  int64_t b = 0;
+  for (Communicator* c : all()) b += c->stats().across_hosts;
+  return b;
+}
+
+bool DeviceMesh::spans_hosts() const {
+  for (const std::string& h : hosts_)
+    if (h != hosts_.front()) return true;
+  return false;
+}
+
 void DeviceMesh::reset_stats() const {
   for (Communicator* c : all()) c->reset_stats();
 }
 
 std::string DeviceMesh::describe() const {
-  // Every rank's host name and node-local rank (the launcher's: it picks cuda:<local rank>),
-  // gathered as fixed-size words (CPU tensors: the mesh's world may be MPI or local; this
-  // runs once at start).
-  constexpr int64_t kWords = 16;  // 64 bytes of host name, then the local rank
-  char host[kWords * 4] = {};
-  ::gethostname(host, sizeof(host) - 1);
   const int64_t n = dims_.world();
-  std::vector<std::string> hosts(static_cast<size_t>(n), host);
-  std::vector<int32_t> locals(static_cast<size_t>(n), local_rank());
-  if (n > 1) {
-    Tensor mine = Tensor::zeros({kWords + 1}, DType::i32),
-           all = Tensor::zeros({(kWords + 1) * n}, DType::i32, world_->device());
-    std::memcpy(mine.data_ptr(), host, sizeof(host));
-    static_cast<int32_t*>(mine.data_ptr())[kWords] = local_rank();
-    world_->all_gather(all, mine.to(world_->device()))->wait();
-    all = all.to(Device::cpu());
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t* w = static_cast<const int32_t*>(all.data_ptr()) + i * (kWords + 1);
-      const char* p = reinterpret_cast<const char*>(w);
-      hosts[static_cast<size_t>(i)] = std::string(p, strnlen(p, kWords * 4 - 1));
-      locals[static_cast<size_t>(i)] = w[kWords];
-    }
-  }
+  const auto& hosts = hosts_;
   std::ostringstream os;
   os << "mesh: " << dims_.str() << " (" << dims_.strategy() << "), rank = ((replicate*" << dims_.dp_shard
      << " + shard)*" << dims_.cp << " + cp)*" << dims_.tp << " + tp\n";
@@ -137,7 +230,7 @@ std::string DeviceMesh::describe() const {
       const ParallelDims::Coords c = dims_.coords(i);
       os << "  rank " << i << ": replicate " << c.replicate << ", shard " << c.shard << ", cp " << c.cp
          << ", tp " << c.tp << " on " << hosts[static_cast<size_t>(i)] << " (local rank "
-         << locals[static_cast<size_t>(i)] << ")\n";
+         << local_ranks_[static_cast<size_t>(i)] << ")\n";
     }
   } else {
     for (int64_t i = 0; i < n;) {

@@ -70,13 +70,25 @@ class DeviceMesh {
   int64_t bytes_sent() const;  // sum over all()
   void reset_stats() const;
 
-  // Collective: the layout, one line per rank with its coordinates and host (ranges of
-  // ranks per host when the world is large). Meant to be printed by rank 0.
+  int64_t bytes_across_hosts() const;  // of bytes_sent(), those sent to ranks on other hosts
+
+  // Every world rank's host name and node-local rank (the launcher's: it picks cuda:<n>),
+  // gathered when the mesh was made.
+  const std::vector<std::string>& hosts() const { return hosts_; }
+  bool spans_hosts() const;
+
+  // The layout, one line per rank with its coordinates and host (ranges of ranks per host
+  // when the world is large). Meant to be printed by rank 0.
   std::string describe() const;
 
  private:
+  void gather_hosts();
+  // Tells each group which of its members are on another host, and names it in words.
+  void describe_groups();
   ParallelDims dims_;
   ParallelDims::Coords coords_;
+  std::vector<std::string> hosts_;
+  std::vector<int32_t> local_ranks_;
   std::shared_ptr<Communicator> world_, replicate_, shard_, cp_, tp_, dp_, fsdp_;
 };
 

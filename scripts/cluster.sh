@@ -72,6 +72,11 @@ up() {
     ip -n "$nsh" addr add "$(addr "$h")/24" dev eth0
     ip -n "$nsh" link set eth0 up
     ip -n "$nsh" link set lo up
+    # A host whose link is cut must be noticed in seconds, not in the 15 minutes of Linux's
+    # default 15 TCP retransmissions: mpirun learns that a daemon is gone only when its TCP
+    # connection fails, and until then holds the job (and the allocation). 3 retries give up
+    # after about 3 s. Real cluster nodes need the same (docs/parallel/multi-node.md).
+    ip netns exec "$nsh" sysctl -q -w net.ipv4.tcp_retries2=3
     ip -n "$(ns br)" link set "${NAME}b$i" master br0
     ip -n "$(ns br)" link set "${NAME}b$i" up
   done

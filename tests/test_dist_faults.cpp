@@ -4,6 +4,11 @@
 // killed launcher, and the doubled signal of `timeout`. Each must end every rank with one
 // clear line, save what can be saved and leave no process behind.
 //
+// On the simulated cluster (scripts/cluster.sh: two hosts as network namespaces, TCP between
+// them): a cut link, a host whose ranks are killed (and its checkpoint resumed on the host
+// that is left, on the same loss curve), and a rank that throws. Each must end the job
+// within parallel.timeout_s + 15 s, and the flight report must name the cause.
+//
 // "One node sees other files" is made with a mount namespace per rank (`unshare -m`, then a
 // bind mount over a shared path): the ranks run the same command line on the same paths, as
 // on a cluster, but rank 1 sees its own copy. Those tests need root and skip without it.
@@ -12,6 +17,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "support/cluster.h"
 #include "support/corpus.h"
 #include "support/launch.h"
 
@@ -20,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -53,6 +60,17 @@ size_t steps_logged(const fs::path& metrics) {
   for (std::string line; std::getline(f, line);)
     if (nlohmann::json::parse(line, nullptr, false).contains("loss")) ++n;
   return n;
+}
+
+// Step -> loss of a metrics file.
+std::map<int64_t, double> losses_by_step(const fs::path& metrics) {
+  std::map<int64_t, double> l;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("loss")) l[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  return l;
 }
 
 // A process alive and not a zombie.
@@ -173,10 +191,13 @@ class DistFaults : public ::testing::Test {
   fs::path here() const { return dir_ / name_; }
   // train_gpt's arguments for this test: its own metrics file (which also marks its
   // processes) and checkpoint directory.
-  std::string args(const std::string& extra = "") const {
+  std::string args(const std::string& extra = "") const { return args_of("", extra); }
+  // The same for another run of this test: its metrics in <run>.jsonl, checkpoints in <run>_ck.
+  std::string args_of(const std::string& run, const std::string& extra) const {
+    const fs::path metrics = here() / (run.empty() ? "metrics.jsonl" : run + ".jsonl"),
+                   ck = here() / (run.empty() ? "ck" : run + "_ck");
     return std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + " --log.metrics " +
-           (here() / "metrics.jsonl").string() + " --checkpoint.dir " + (here() / "ck").string() + " " +
-           extra;
+           metrics.string() + " --checkpoint.dir " + ck.string() + " " + extra;
   }
   std::string marker() const { return (here() / "metrics.jsonl").string(); }
   size_t steps() const { return steps_logged(here() / "metrics.jsonl"); }
@@ -395,12 +416,13 @@ TEST_F(DistFaults, AStoppedRankEndsTheJobAfterTheTimeoutNamingTheCollective) {
   const ndt::testing::ShellResult r = ndt::testing::run_shell("python3 " + std::string(NDT_SOURCE_DIR) +
                                                               "/scripts/flight_report.py " + flight.string());
   EXPECT_EQ(r.rc, 0) << r.out;
-  EXPECT_TRUE(has(r.out, "  rank 0: at step ")) << r.out;
+  EXPECT_TRUE(has(r.out, "  rank 0 (")) << r.out;  // "  rank 0 (<host>): at step 5: error: ..."
   // rank 1 may write one too, when it wakes before mpirun kills it: then the report gives
   // its own reason
   EXPECT_TRUE(has(r.out, "no record from rank 1: dead, stopped, cut off") ||
-              (has(r.out, "2 of 2 ranks wrote a record") && has(r.out, "\n  rank 1: at step ")))
+              (has(r.out, "2 of 2 ranks wrote a record") && has(r.out, "\n  rank 1 (")))
       << r.out;
+  if (has(r.out, "no record from rank 1")) EXPECT_TRUE(has(r.out, "verdict:\n  rank 1 fell behind or wrote nothing"));
   if (pending) EXPECT_TRUE(has(r.out, "rank 0 waits in " + timed_out)) << r.out;
 }
 
@@ -490,6 +512,139 @@ TEST_F(DistFaults, TimeoutOfOneProcessSavesEveryTime) {
     EXPECT_EQ(static_cast<size_t>(latest()), steps()) << r.out;
     expect_no_temporaries();
   }
+}
+
+// ---- across hosts: the simulated cluster ----------------------------------------------
+
+// The train_gpt ranks of a job whose world rank is in `which` (from their environment).
+std::vector<pid_t> ranks_numbered(const std::vector<pid_t>& ranks, const std::vector<int>& which) {
+  std::vector<pid_t> out;
+  for (pid_t p : ranks) {
+    const std::string env = read_all("/proc/" + std::to_string(p) + "/environ");
+    for (int r : which)
+      if (has(env, "OMPI_COMM_WORLD_RANK=" + std::to_string(r) + '\0')) out.push_back(p);
+  }
+  return out;
+}
+
+// scripts/flight_report.py on this test's flight records.
+ndt::testing::ShellResult flight_report(const DistFaults& t) {
+  return ndt::testing::run_shell("python3 " + std::string(NDT_SOURCE_DIR) + "/scripts/flight_report.py " +
+                                 (t.here() / "ck" / "flight").string());
+}
+
+// HSDP 2 x 2 on two hosts (each shard group inside a host, the replicas' all-reduce across).
+const char* kHsdpOnTwoHosts =
+    "--parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --train.micro_batch_size 1 --parallel.timeout_s 3 ";
+
+TEST_F(DistFaults, ACutLinkEndsTheJobAndTheReportNamesTheNetwork) {
+  ndt::testing::Cluster two(2);
+  if (!two.ok()) GTEST_SKIP() << two.why_not();
+  Job job("env " + two.mpirun(4) + args(std::string(kHsdpOnTwoHosts) + "--checkpoint.every 2"),
+          here() / "out.txt", marker());
+  ASSERT_TRUE(Job::until(90, [&] { return steps() >= 3 || job.wait(0) >= 0; })) << job.output();
+  ASSERT_EQ(job.wait(0), -1) << job.output();
+  two.cut(1);
+  const auto t0 = Clock::now();
+  const int rc = job.wait(3 + 15);
+  const std::string out = job.output();
+  EXPECT_EQ(rc, 6) << "within timeout_s + 15 s: " << out;
+  EXPECT_LT(seconds_since(t0), 3.0 + 15.0);
+  // the line of host 0's ranks (host 1's cannot reach mpirun): the collective, its group in
+  // words, where the step was, the bytes and the wait
+  // (which collective the cut catches depends on the moment: mostly the replicas' all-reduce)
+  const size_t at = out.find("train_gpt: rank 0: error: ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  EXPECT_TRUE(has(line, " bytes; the ")) << line;  // "the replicate group of shard 0", "the world"
+  EXPECT_TRUE(has(line, "; step ")) << line;
+  EXPECT_TRUE(has(line, ") on world rank 0 has not completed after 3 s (parallel.timeout_s)")) << line;
+  EXPECT_GE(latest(), 2) << "a complete checkpoint from before the cut";
+  expect_no_temporaries();
+  const ndt::testing::ShellResult r = flight_report(*this);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  // each host's ranks wrote (the file system is shared); nobody fell behind: the collective
+  // that spans the hosts never completed
+  EXPECT_TRUE(has(r.out, "  rank 0 (h0): at step ")) << r.out;
+  EXPECT_TRUE(has(r.out, "verdict:\n  no rank fell behind: every rank that wrote reached ")) << r.out;
+  EXPECT_TRUE(has(r.out, "it spans hosts h0, h1: the network between them")) << r.out;
+  two.heal(1);
+}
+
+TEST_F(DistFaults, AHostWhoseRanksAreKilledEndsTheJobAndTheHostLeftContinuesTheCurve) {
+  ndt::testing::Cluster two(2);
+  if (!two.ok()) GTEST_SKIP() << two.why_not();
+  // the curve to continue: one process on the same global batch (8 sequences a step)
+  const std::string run = " --train.steps 30 --optim.warmup_steps 2 ";
+  {
+    const ndt::testing::ShellResult ref =
+        ndt::testing::run_shell(args_of("ref", run + "--train.grad_accum_steps 2 --parallel.dp_shard_size 1 --train.micro_batch_size 4"));
+    ASSERT_EQ(ref.rc, 0) << ref.out;
+  }
+  // the job: HSDP over two hosts, host 1's link slowed so that it is caught mid-run
+  two.rate(1, "1mbit");
+  Job job("env " + two.mpirun(4) + args(std::string(kHsdpOnTwoHosts) + run + "--train.grad_accum_steps 2 --checkpoint.every 3"),
+          here() / "out.txt", marker());
+  ASSERT_TRUE(Job::until(120, [&] { return steps() >= 4 || job.wait(0) >= 0; })) << job.output();
+  ASSERT_EQ(job.wait(0), -1) << job.output();
+  const std::vector<pid_t> host1 = ranks_numbered(job.ranks(), {2, 3});
+  ASSERT_EQ(host1.size(), 2u) << job.output();
+  for (pid_t p : host1) ::kill(p, SIGKILL);
+  const auto t0 = Clock::now();
+  const int rc = job.wait(3 + 15);
+  EXPECT_GT(rc, 0) << "within timeout_s + 15 s: " << job.output();
+  EXPECT_LT(seconds_since(t0), 3.0 + 15.0);
+  const int64_t saved = latest();
+  ASSERT_GE(saved, 3) << job.output();
+  expect_no_temporaries();
+  const ndt::testing::ShellResult r = flight_report(*this);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "no record from ranks 2, 3")) << r.out;
+  EXPECT_TRUE(has(r.out, "every rank of host h1 (ranks 2, 3) fell behind or wrote nothing: look at h1")) << r.out;
+
+  // the host that is left resumes with its 2 ranks, accumulating twice as many micro-steps:
+  // the same 8 sequences a step, the same data, the same curve
+  fs::rename(here() / "metrics.jsonl", here() / "before.jsonl");
+  two.rate(1, "none");
+  const ndt::testing::ShellResult resumed = ndt::testing::run_shell(
+      two.mpirun(2, /*on_hosts=*/1) +
+      args(run + "--parallel.dp_shard_size 2 --train.micro_batch_size 1 --train.grad_accum_steps 4 "
+                 "--checkpoint.resume true --checkpoint.every 3"));
+  ASSERT_EQ(resumed.rc, 0) << resumed.out;
+  EXPECT_TRUE(has(resumed.out, "resumed from")) << resumed.out;
+  EXPECT_TRUE(has(resumed.out, "  rank 1: replicate 0, shard 1, cp 0, tp 0 on h0")) << resumed.out;
+  const std::map<int64_t, double> want = losses_by_step(here() / "ref.jsonl"),
+                                   before = losses_by_step(here() / "before.jsonl"),
+                                   after = losses_by_step(here() / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 30u);
+  ASSERT_EQ(after.size(), static_cast<size_t>(30 - saved)) << resumed.out;
+  for (const auto& [step, loss] : want) {
+    const auto& from = step <= saved ? before : after;
+    ASSERT_TRUE(from.count(step)) << "step " << step;
+    EXPECT_NEAR(from.at(step), loss, 2e-5 * loss) << "step " << step << (step <= saved ? " before" : " after");
+  }
+  std::printf("killed host 1 after %zu logged steps; resumed from step %lld on host 0: 30 losses within 2e-5\n",
+              before.size(), static_cast<long long>(saved));
+}
+
+TEST_F(DistFaults, ARankThatThrowsMidStepEndsTheJobAndTheReportNamesIt) {
+  ndt::testing::Cluster two(2);
+  if (!two.ok()) GTEST_SKIP() << two.why_not();
+  Job job("env " + two.mpirun(4) + args(std::string(kHsdpOnTwoHosts) + "--parallel.fail_at_step 4 --parallel.fail_rank 3"),
+          here() / "out.txt", marker());
+  const auto t0 = Clock::now();
+  const int rc = job.wait(90);
+  const std::string out = job.output();
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_LT(seconds_since(t0), 60.0);
+  EXPECT_TRUE(has(out, "train_gpt: rank 3: error: parallel.fail_at_step = 4: failing on purpose in the middle of "
+                       "the step"))
+      << out;
+  EXPECT_EQ(steps(), 3u) << out;
+  const ndt::testing::ShellResult r = flight_report(*this);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "  rank 3 (h1): at step 4: error: parallel.fail_at_step = 4")) << r.out;
+  EXPECT_TRUE(has(r.out, "verdict:\n  rank 3 on h1 failed on its own")) << r.out;
 }
 
 }  // namespace

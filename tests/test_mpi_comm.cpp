@@ -169,8 +169,34 @@ TEST(DistComm, ByteCountersFollowTheRingFormulas) {
   EXPECT_EQ(c->stats()[dist::CommKind::kAllGather], (n - 1) * B / n);
   EXPECT_EQ(c->stats()[dist::CommKind::kReduceScatter], (n - 1) * B / n);
   EXPECT_EQ(c->stats().calls[static_cast<size_t>(dist::CommKind::kAllGather)], 1);
+  EXPECT_EQ(c->stats().across_hosts, 0) << "without hosts every member is local";
   c->reset_stats();
   EXPECT_EQ(c->stats().total_bytes(), 0);
+}
+
+TEST(DistComm, BytesToAnotherHostAreCountedByTheRingsNextMember) {
+  // pretend ranks 0..n/2-1 are on one host and the rest on another: in a ring each rank
+  // sends to the next member, so the bytes cross hosts on the last rank of each host
+  auto w = ndt::testing::world();
+  const int n = w->size(), r = w->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto c = w->split(0, r, "hosts");
+  auto host = [&](int q) { return q < (n + 1) / 2 ? 0 : 1; };
+  std::vector<bool> remote;
+  for (int q = 0; q < n; ++q) remote.push_back(host(q) != host(r));
+  c->set_remote_members(remote);
+  EXPECT_TRUE(c->spans_hosts());
+  Tensor t = Tensor::zeros({n * 64}), part = Tensor::zeros({64});
+  c->all_reduce(t, ReduceOp::kSum)->wait();
+  c->all_gather(t, part)->wait();
+  const int64_t sent = c->stats().total_bytes();
+  EXPECT_GT(sent, 0);
+  EXPECT_EQ(c->stats().across_hosts, host((r + 1) % n) != host(r) ? sent : 0) << "rank " << r;
+  // a send counts by its destination
+  c->reset_stats();
+  if (r == 0) c->send(part, n - 1)->wait();
+  if (r == n - 1) c->recv(part, 0)->wait();
+  if (r == 0) EXPECT_EQ(c->stats().across_hosts, host(n - 1) != host(0) ? 256 : 0);
 }
 
 TEST(DistComm, ACollectiveAPeerNeverJoinsTimesOutNamingIt) {
@@ -190,7 +216,8 @@ TEST(DistComm, ACollectiveAPeerNeverJoinsTimesOutNamingIt) {
     } catch (const dist::CollectiveTimeout& e) {
       const std::string m = e.what();
       EXPECT_EQ(m.rfind("late.all_reduce (", 0), 0u) << m;  // the bytes: the ring formula's
-      EXPECT_NE(m.find(" bytes) on world rank 0 has not completed after 0.3 s (parallel.timeout_s)"),
+      // then the group in words (its name, without a mesh): "(8 bytes; late)"
+      EXPECT_NE(m.find(" bytes; late) on world rank 0 has not completed after 0.3 s (parallel.timeout_s)"),
                 std::string::npos)
           << m;
     }

@@ -121,7 +121,11 @@ po::options_description describe(Config& c) {
       ("parallel.cp_size", po::value(&c.parallel.cp_size)->default_value(c.parallel.cp_size), "context-parallel degree (2 x cp_size divides train.seq_len)")
       ("parallel.timeout_s", po::value(&c.parallel.timeout_s)->default_value(c.parallel.timeout_s),
        "the deadline of every collective (a peer dead, stopped or cut off: the job ends, exit code 6), "
-       "and how long a rank asked to stop (SIGTERM) may go without finishing its step (exit code 4)");
+       "and how long a rank asked to stop (SIGTERM) may go without finishing its step (exit code 4)")
+      ("parallel.fail_at_step", po::value(&c.parallel.fail_at_step)->default_value(c.parallel.fail_at_step),
+       "rehearse a failure: rank parallel.fail_rank throws in the middle of this step (0: never)")
+      ("parallel.fail_rank", po::value(&c.parallel.fail_rank)->default_value(c.parallel.fail_rank),
+       "the rank that fails at parallel.fail_at_step");
   po::options_description all;
   all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par);
   return all;
@@ -452,6 +456,8 @@ void validate_parallel(const Config& c, const Checks& ck) {
               std::to_string(c.parallel.dp_shard_size));
   ck.range("parallel.tp_size", c.parallel.tp_size, 1, 1 << 16);
   ck.range("parallel.cp_size", c.parallel.cp_size, 1, 1 << 16);
+  ck.range("parallel.fail_at_step", c.parallel.fail_at_step, 0, kBig);
+  ck.range("parallel.fail_rank", c.parallel.fail_rank, 0, 1 << 20);
   ck.need(c.parallel.cp_size == 1 || c.train.seq_len % (2 * c.parallel.cp_size) == 0,
           "train.seq_len = " + std::to_string(c.train.seq_len) +
               " must be divisible by 2 x parallel.cp_size = " + std::to_string(2 * c.parallel.cp_size) +

@@ -101,6 +101,9 @@ struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's P
   // A rank asked to stop (SIGINT/SIGTERM) that makes no progress for this long (stuck in a
   // collective with a dead or stopped peer) ends the job with kExitStuck (train/guard.h).
   double timeout_s = 300;
+  // A rehearsal of a failure (the fault tests, and a user trying the flight report): rank
+  // fail_rank throws in the middle of step fail_at_step (after its first forward); 0: never.
+  int64_t fail_at_step = 0, fail_rank = 0;
 };
 
 struct Config {

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -111,6 +112,7 @@ struct Watchdog::State {
   std::condition_variable cv;
   bool done = false;
   std::function<void(const std::string&)> last_words;
+  const dist::FlightRecorder* flight = nullptr;
   std::thread thread;
 };
 
@@ -124,12 +126,39 @@ namespace {
   if (last_words) last_words(what);
   ::_exit(code);
 }
+
+// The live watchdog, for the exit() hook below: process-wide, as exit() is.
+std::atomic<Watchdog::State*> g_watchdog{nullptr};
+
+// exit() called while a watchdog lives: not train_gpt's own return (which ends the
+// watchdog first) but a library ending the process, Open MPI when a peer disconnected.
+extern "C" void on_library_exit() {
+  Watchdog::State* s = g_watchdog.exchange(nullptr);
+  if (!s || !s->last_words) return;
+  const std::string in = s->flight ? s->flight->oldest_pending().what : "";
+  s->last_words("ended by a library call to exit()" + (in.empty() ? std::string() : " while waiting in " + in) +
+                " (Open MPI does so when a peer process dies or disconnects: its message above names the host)");
+}
+
+// A stop signal that finds this rank stuck: the collective pending at the signal is still
+// pending 0.3 s later. The launcher of a failed job sends SIGTERM, then SIGKILL a second
+// later: the record must be written now.
+bool stuck_since_signal(const Watchdog::State& s, int64_t asked_ns) {
+  if (!s.flight || monotonic_ns() - asked_ns < 300'000'000) return false;
+  const dist::FlightRecorder::Pending p = s.flight->oldest_pending();
+  const int64_t signal_us = dist::FlightRecorder::now_us() - (monotonic_ns() - asked_ns) / 1000;
+  return p.queued_us > 0 && p.queued_us < signal_us;
+}
 }  // namespace
 
 Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank,
-                   std::function<void(const std::string&)> last_words)
+                   std::function<void(const std::string&)> last_words, const dist::FlightRecorder* flight)
     : s_(std::make_unique<State>()) {
   s_->last_words = std::move(last_words);
+  s_->flight = flight;
+  static const bool hooked = std::atexit(on_library_exit) == 0;  // once per process
+  (void)hooked;
+  g_watchdog.store(s_.get());
   s_->timeout_s = timeout_s;
   s_->watch_launcher = watch_launcher;
   s_->rank = rank;
@@ -137,7 +166,8 @@ Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank,
   s_->last_beat_ns = monotonic_ns();
   s_->thread = std::thread([s = s_.get()] {
     std::unique_lock<std::mutex> lock(s->mu);
-    while (!s->cv.wait_for(lock, std::chrono::milliseconds(200), [s] { return s->done; })) {
+    bool recorded = false;  // the record written for a stop signal that found this rank stuck
+    while (!s->cv.wait_for(lock, std::chrono::milliseconds(100), [s] { return s->done; })) {
       if (s->watch_launcher && ::getppid() != s->parent)
         end_process(s->rank,
                     "the launcher (parent pid " + std::to_string(s->parent) +
@@ -145,6 +175,11 @@ Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank,
                     kExitOrphaned, s->last_words);
       const int64_t asked = g_stop_time_ns.load();
       if (g_stop_signal == 0 || asked == 0) continue;
+      if (!recorded && s->last_words && stuck_since_signal(*s, asked)) {
+        recorded = true;
+        s->last_words("asked to stop by signal " + std::to_string(static_cast<int>(g_stop_signal)) +
+                      " while waiting in " + s->flight->oldest_pending().what);
+      }
       const int64_t since = monotonic_ns() - std::max(asked, s->last_beat_ns.load());
       if (static_cast<double>(since) > s->timeout_s * 1e9) {
         char secs[32];
@@ -161,6 +196,7 @@ Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank,
 }
 
 Watchdog::~Watchdog() {
+  g_watchdog.store(nullptr);
   {
     std::lock_guard<std::mutex> lock(s_->mu);
     s_->done = true;

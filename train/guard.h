@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "dist/flight.h"
 #include "nn/flat.h"
 #include "tensor/error.h"
 #include "train/config.h"
@@ -74,19 +75,28 @@ int stop_signal();
 // - with `watch_launcher`, this process's parent (the launcher or its daemon) has gone
 //   (the parent pid changed): one line, exit kExitOrphaned, within about a second.
 // The trainer beats at every step and around checkpoint writes.
+//
+// With a flight recorder and last_words (its dump), it also writes the record while the
+// process can still write: when a stop signal finds this rank waiting in a collective that
+// was queued before the signal and is still not done 0.3 s later (a launcher ending a failed
+// job sends SIGTERM, then SIGKILL a second later), and when the process is ended by a call
+// to exit() from inside a library while the watchdog lives (Open MPI does so when a peer
+// process disconnects). One Watchdog per process.
 class Watchdog {
  public:
   // last_words (may be empty) runs on the watchdog's thread just before it ends the
   // process, with the line it printed (the flight recorder's dump).
   Watchdog(double timeout_s, bool watch_launcher, int rank,
-           std::function<void(const std::string&)> last_words = {});
+           std::function<void(const std::string&)> last_words = {},
+           const dist::FlightRecorder* flight = nullptr);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   void beat();
 
- private:
   struct State;
+
+ private:
   std::unique_ptr<State> s_;
 };
 

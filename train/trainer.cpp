@@ -120,7 +120,7 @@ class Trainer {
   // the loop's parts
   struct StepResult {
     double loss = 0, norm = 0, lr = 0, sec = 0;
-    int64_t comm_bytes = 0;
+    int64_t comm_bytes = 0, across_hosts = 0;  // this rank's, under the ring model (dist/comm)
     MemoryStats mem;
   };
   StepResult step_and_time(int64_t step);  // one optimizer step, timed
@@ -246,12 +246,13 @@ void Trainer::setup() {
   const bool nccl = c_.parallel.backend == "nccl" ||
                     (c_.parallel.backend == "auto" && device_.is_cuda() && world_->size() > 1);
   if (nccl) world = dist::nccl_communicator(world_, device_.index);
-  mesh_ = std::make_unique<dist::DeviceMesh>(dims_, world);
+  mesh_ = std::make_unique<dist::DeviceMesh>(dims_, world);  // collective: it learns every rank's host
+  flight_.set_hosts(mesh_->hosts());
   if (!c_.log.trace.empty()) {
     trace_ = std::make_unique<dist::Trace>(world_->rank());
     for (dist::Communicator* comm : mesh_->all()) comm->set_trace(trace_.get());
   }
-  const std::string layout = mesh_->describe();  // collective
+  const std::string layout = mesh_->describe();
   if (device_.is_cpu())
     out_ << "device: cpu, " << num_threads() << " threads per rank, OpenBLAS kernel " << blas_core() << "\n";
   else
@@ -645,9 +646,13 @@ double Trainer::train_step(int64_t step) {
   std::vector<Tensor> losses;
   for (int64_t micro = 0; micro < c_.train.grad_accum_steps; ++micro) {
     const data::Batch& b = batches[static_cast<size_t>(micro)];
+    flight_.set_micro(micro, c_.train.grad_accum_steps);
     pm_->strategy->begin_micro(/*sync=*/micro == c_.train.grad_accum_steps - 1);
     Tensor loss = gpt_->forward(local(b.inputs), local(b.targets)).loss;
     losses.push_back(loss.detach());
+    if (step + 1 == c_.parallel.fail_at_step && micro == 0 && world_->rank() == c_.parallel.fail_rank)
+      throw Error("parallel.fail_at_step = " + std::to_string(step + 1) +
+                  ": failing on purpose in the middle of the step (a rehearsal)");
     // mean over micro-batches: each backward adds 1/accum of its gradient
     {
       dist::Trace::Scope s(trace_.get(), "backward", dist::Trace::kCompute);
@@ -657,6 +662,7 @@ double Trainer::train_step(int64_t step) {
     }
     pm_->strategy->end_micro();
   }
+  flight_.set_micro(-1, c_.train.grad_accum_steps);  // the gradient norm, the optimizer
   double loss_sum = 0;
   for (const Tensor& l : losses) loss_sum += l.item();
   return pm_->mean_over_ranks(loss_sum / static_cast<double>(c_.train.grad_accum_steps));
@@ -706,7 +712,7 @@ void Trainer::sampling(int64_t step) {
 Trainer::StepResult Trainer::step_and_time(int64_t step) {
   const auto t0 = Clock::now();
   reset_peak_memory(device_);
-  const int64_t bytes0 = mesh_->bytes_sent();
+  const int64_t bytes0 = mesh_->bytes_sent(), across0 = mesh_->bytes_across_hosts();
   StepResult r;
   r.loss = train_step(step);
   r.norm = pm_->strategy->grad_norm();  // global: the same number on every rank
@@ -722,6 +728,7 @@ Trainer::StepResult Trainer::step_and_time(int64_t step) {
   if (device_.is_cuda()) cuda::synchronize(device_.index);
   r.sec = std::chrono::duration<double>(Clock::now() - t0).count();
   r.comm_bytes = mesh_->bytes_sent() - bytes0;
+  r.across_hosts = mesh_->bytes_across_hosts() - across0;
   r.mem = memory_stats(device_);
   return r;
 }
@@ -737,8 +744,8 @@ void Trainer::log_step(int64_t step, const StepResult& r, double avg_sec) {
     const std::string speed = device_.is_cuda()
                                   ? "MFU " + std::to_string(static_cast<int>(100 * gflops * 1e9 / peak)) + "%"
                                   : std::to_string(static_cast<int>(gflops)) + " GFLOP/s";
-    const std::string comm =
-        world_->size() > 1 ? " | comm " + human_bytes(static_cast<double>(r.comm_bytes)) : "";
+    std::string comm = world_->size() > 1 ? " | comm " + human_bytes(static_cast<double>(r.comm_bytes)) : "";
+    if (mesh_->spans_hosts()) comm += " (" + human_bytes(static_cast<double>(r.across_hosts)) + " across hosts)";
     char line[600];
     std::snprintf(line, sizeof(line),
                   "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
@@ -757,12 +764,14 @@ void Trainer::log_step(int64_t step, const StepResult& r, double avg_sec) {
             {"tokens_per_sec", tok_s},
             {"gflops_per_sec", flops_per_step / r.sec / 1e9},
             {"comm_bytes", r.comm_bytes},
+            {"comm_bytes_across_hosts", r.across_hosts},
             {"mem_in_use", r.mem.in_use},
             {"mem_peak", r.mem.peak}});
 }
 
 int Trainer::stopped(int64_t step, int sig) {
   save(step);  // preempted: this step is done; save it, go
+  flight_.retract();  // the watchdog may have written one while a collective was slow
   out_ << "stopped by signal " << sig << " after step " << step
        << (c_.checkpoint.dir.empty() ? " (no checkpoint.dir: nothing saved)"
                                      : "; resume with checkpoint.resume = true")
@@ -896,7 +905,7 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
     StopSignals signals;  // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
     // a stop that cannot finish (a peer stuck) or a dead launcher ends this process
     Watchdog watchdog(c.parallel.timeout_s, dist::launched_with_several_ranks(), world->rank(),
-                      [&](const std::string& why) { dump_flight(why); });
+                      [&](const std::string& why) { dump_flight(why); }, &flight);
     return Trainer(c, world, out, watchdog, flight).run();
   } catch (const AgreedConfigError& e) {  // every rank found it together: one line, no abort
     if (world->rank() == 0) err << "train_gpt: config error: " << e.what() << "\n";

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "dist/flight.h"
 #include "tensor/kernels.h"
 
 namespace ndt::dist {
@@ -49,9 +50,26 @@ void Communicator::check_same(const char* call, const Tensor& a, const Tensor& b
             size_, ")");
 }
 
-void Communicator::count(CommKind k, int64_t bytes) {
+void Communicator::count(CommKind k, int64_t bytes, int to) {
   stats_.bytes[static_cast<size_t>(k)] += bytes;
   stats_.calls[static_cast<size_t>(k)] += 1;
+  if (to < 0) to = (rank_ + 1) % size_;
+  if (static_cast<size_t>(to) < remote_.size() && remote_[static_cast<size_t>(to)]) stats_.across_hosts += bytes;
+}
+
+bool Communicator::spans_hosts() const {
+  for (bool r : remote_)
+    if (r) return true;
+  return false;
+}
+
+void Communicator::note_unit(const std::string& unit) const {
+  if (flight_) flight_->set_unit(unit);
+}
+
+std::string Communicator::context() const {
+  std::string where = flight_ ? flight_->where() : std::string();
+  return description() + (where.empty() ? "" : "; " + where);
 }
 
 namespace {

@@ -21,12 +21,16 @@
 //   all_reduce      2 (n-1)/n x bytes          all_gather      (n-1) x input bytes
 //   reduce_scatter  (n-1)/n x input bytes      broadcast       bytes (on the root; 0 elsewhere)
 //   send            bytes                      recv            0 (counted by the sender)
+// and, of those, the bytes that leave this rank's host: in a ring each rank sends to the next
+// member of its group (the destination of a send), so they cross hosts when that member is on
+// another host (set_remote_members; the mesh knows every rank's host).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -54,6 +58,7 @@ const char* comm_kind_name(CommKind k);
 struct CommStats {
   std::array<int64_t, static_cast<size_t>(CommKind::kCount)> bytes{};  // see the table above
   std::array<int64_t, static_cast<size_t>(CommKind::kCount)> calls{};
+  int64_t across_hosts = 0;  // of all the bytes, those sent to a rank on another host
   int64_t total_bytes() const;
   int64_t operator[](CommKind k) const { return bytes[static_cast<size_t>(k)]; }
 };
@@ -104,9 +109,19 @@ class Communicator {
   // The flight recorder (dist/flight.h) of this communicator and of those split from it
   // later: every operation is recorded under group() with its sequence number.
   void set_flight(FlightRecorder* f) { flight_ = f; }
+  // Names the unit (e.g. "h.3") the next operations sync, in the flight record and timeout
+  // messages; a no-op without a recorder.
+  void note_unit(const std::string& unit) const;
   // Which group this is, the same string on every member: the name, and for a split one the
   // color that chose it ("fsdp@1"); operations with one seq number in one group match.
   const std::string& group() const { return group_; }
+  // The group in words, for messages ("the shard group of replica 1"); the name by default.
+  void set_description(std::string d) { description_ = std::move(d); }
+  const std::string& description() const { return description_.empty() ? name_ : description_; }
+  // remote[i]: member i of this group is on another host than this rank (size() entries).
+  // Unset: every member counts as on this host.
+  void set_remote_members(std::vector<bool> remote) { remote_ = std::move(remote); }
+  bool spans_hosts() const;
 
   // Where this backend's tensors live: the CPU for MPI, the communicator's GPU for NCCL.
   virtual Device device() const { return Device::cpu(); }
@@ -122,7 +137,11 @@ class Communicator {
   void check_same(const char* call, const Tensor& a, const Tensor& b, int64_t b_factor_num,
                   int64_t b_factor_den) const;
   void check_one(const char* call, const Tensor& t) const;
-  void count(CommKind k, int64_t bytes);
+  // Adds `bytes` sent to group member `to` (-1: the next member, a ring's destination).
+  void count(CommKind k, int64_t bytes, int to = -1);
+  // The context of an operation queued now, for its timeout message: the group in words and
+  // where the job is (the flight recorder's step, micro-step and unit).
+  std::string context() const;
 
   int rank_, size_;
   std::string name_;
@@ -130,7 +149,8 @@ class Communicator {
   Trace* trace_ = nullptr;
   double timeout_s_ = 0;
   FlightRecorder* flight_ = nullptr;
-  std::string group_;
+  std::string group_, description_;
+  std::vector<bool> remote_;
   int64_t seq_ = 0;  // operations recorded so far
 };
 

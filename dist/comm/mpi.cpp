@@ -32,8 +32,9 @@ std::string mpi_error_string(int rc) {
 // One handle; completed by the communication thread.
 class MpiWork : public Work {
  public:
-  MpiWork(std::string what, Trace* trace, double timeout_s = 0, int64_t bytes = 0)
-      : what_(std::move(what)), trace_(trace), timeout_s_(timeout_s), bytes_(bytes) {}
+  // context: the group in words and where the job was when it was queued (for the message)
+  MpiWork(std::string what, Trace* trace, double timeout_s = 0, int64_t bytes = 0, std::string context = "")
+      : what_(std::move(what)), context_(std::move(context)), trace_(trace), timeout_s_(timeout_s), bytes_(bytes) {}
   void wait() override {
     std::unique_lock<std::mutex> lk(mu_);
     if (!done_) {
@@ -45,9 +46,12 @@ class MpiWork : public Work {
           MPI_Comm_rank(MPI_COMM_WORLD, &rank);
           char secs[32];
           std::snprintf(secs, sizeof(secs), "%g", timeout_s_);
-          throw CollectiveTimeout(what_ + (bytes_ >= 0 ? " (" + std::to_string(bytes_) + " bytes)" : "") +
-                                  " on world rank " + std::to_string(rank) + " has not completed after " +
-                                  secs +
+          // "fsdp.all_gather (38112 bytes; the shard group of replica 1; step 37, micro-step 2 of 2,
+          // unit h.0) on world rank 0 has not completed after 3 s (parallel.timeout_s): ..."
+          std::string about = bytes_ >= 0 ? std::to_string(bytes_) + " bytes" : "";
+          if (!context_.empty()) about += (about.empty() ? "" : "; ") + context_;
+          throw CollectiveTimeout(what_ + (about.empty() ? "" : " (" + about + ")") + " on world rank " +
+                                  std::to_string(rank) + " has not completed after " + secs +
                                   " s (parallel.timeout_s): a rank of the group is dead, stopped or cut off");
         }
       } else {
@@ -71,7 +75,7 @@ class MpiWork : public Work {
   }
 
  private:
-  std::string what_;
+  std::string what_, context_;
   Trace* trace_;
   double timeout_s_;
   int64_t bytes_;
@@ -385,7 +389,7 @@ class MpiCommunicator : public Communicator {
     check_one("send", t);
     check_cpu("send", t);
     check_peer("send", peer);
-    count(CommKind::kSend, static_cast<int64_t>(t.nbytes()));
+    count(CommKind::kSend, static_cast<int64_t>(t.nbytes()), peer);
     const std::string what = name_ + ".send";
     const int n = count_of(what, t);
     return submit(
@@ -459,7 +463,7 @@ class MpiCommunicator : public Communicator {
   }
   WorkPtr submit(const std::string& what, int64_t bytes, std::function<int(MPI_Request*)> start,
                  std::function<void()> finish) {
-    auto work = std::make_shared<MpiWork>(what, trace_, timeout_s_, bytes);
+    auto work = std::make_shared<MpiWork>(what, trace_, timeout_s_, bytes, timeout_s_ > 0 ? context() : "");
     Op op;
     op.what = what;
     op.start = std::move(start);

@@ -128,7 +128,7 @@ class NcclCommunicator : public Communicator {
   WorkPtr send(const Tensor& t, int peer) override {
     check_one("send", t);
     check_peer("send", peer);
-    count(CommKind::kSend, static_cast<int64_t>(t.nbytes()));
+    count(CommKind::kSend, static_cast<int64_t>(t.nbytes()), peer);
     return launch({t}, [&](cudaStream_t s) {
       return ncclSend(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), peer, comm_, s);
     });
@@ -146,7 +146,7 @@ class NcclCommunicator : public Communicator {
     check_one("sendrecv", in_t);
     check_peer("sendrecv", to);
     check_peer("sendrecv", from);
-    count(CommKind::kSend, static_cast<int64_t>(out_t.nbytes()));
+    count(CommKind::kSend, static_cast<int64_t>(out_t.nbytes()), to);
     count(CommKind::kRecv, 0);
     return launch({out_t, in_t}, [&](cudaStream_t s) {
       // one group: NCCL runs the send and the receive together (each alone would wait for its peer)

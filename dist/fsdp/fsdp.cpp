@@ -45,6 +45,7 @@ void FullyShardedDataParallel::start_gather(size_t i) {
   if (s.gathered || s.gather) return;
   const nn::FlatUnit& u = params_.units[i];
   storage_of(u.full).allocate();
+  shard_group_.note_unit(u.name);
   s.gather = shard_group_.all_gather(u.full, u.compute_shard);  // full (padded_numel) <- every rank's shard
   if (i > 0) max_gathered_ = std::max(max_gathered_, ++gathered_blocks_);
 }
@@ -129,6 +130,7 @@ FullyShardedDataParallel::PendingReduce FullyShardedDataParallel::start_reduce(s
     state_[i].grad_live = false;
   }
   p.out = Tensor::empty({u.shard_numel}, rd, u.grad.device());
+  shard_group_.note_unit(u.name);
   p.work = shard_group_.reduce_scatter(p.out, p.in, ReduceOp::kAvg);
   return p;
 }
@@ -147,7 +149,10 @@ void FullyShardedDataParallel::drain(size_t keep) {
     storage_of(u.full_grad).release();
     state_[p.unit].grad_live = false;
     kernels::add_(u.grad, p.out.dtype() == u.grad.dtype() ? p.out : p.out.to(u.grad.dtype()));  // accumulate
-    if (sync_ && replicas_) replica_pending_.push_back(replicas_->all_reduce(u.grad, ReduceOp::kAvg));
+    if (sync_ && replicas_) {
+      replicas_->note_unit(u.name);
+      replica_pending_.push_back(replicas_->all_reduce(u.grad, ReduceOp::kAvg));
+    }
   }
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(n));
 }

@@ -22,9 +22,11 @@ std::string Cluster::script(const std::string& args) const {
          " " + args;
 }
 
-std::string Cluster::mpirun(int np) const {
-  NDT_CHECK(np % hosts_ == 0, "Cluster::mpirun: ", np, " ranks do not divide among ", hosts_, " hosts");
-  return script("mpirun -np " + std::to_string(np) + " --map-by ppr:" + std::to_string(np / hosts_) + ":node ");
+std::string Cluster::mpirun(int np, int on_hosts) const {
+  const int n = on_hosts > 0 ? on_hosts : hosts_;
+  NDT_CHECK(n <= hosts_ && np % n == 0, "Cluster::mpirun: ", np, " ranks do not divide among ", n, " of ", hosts_,
+            " hosts");
+  return script("mpirun -np " + std::to_string(np) + " --map-by ppr:" + std::to_string(np / n) + ":node ");
 }
 
 void Cluster::rate(int h, const std::string& r) const {

@@ -24,8 +24,9 @@ class Cluster {
   bool ok() const { return ok_; }
   const std::string& why_not() const { return why_not_; }  // why it could not be made here
   int hosts() const { return hosts_; }
-  // mpirun inside host 0 for np ranks, np / hosts on each host (ranks 0.. on host 0, ...).
-  std::string mpirun(int np) const;
+  // mpirun inside host 0 for np ranks, np / on_hosts on each of the first on_hosts hosts
+  // (ranks 0.. on host 0, ...); on_hosts 0: all of them.
+  std::string mpirun(int np, int on_hosts = 0) const;
   // A rate limit on host h's link ("100mbit", "1gbit"; "none" lifts it), and cutting or
   // healing the link; each throws when the script fails.
   void rate(int h, const std::string& r) const;
