@@ -11,10 +11,11 @@
 # traffic between the hosts. Layouts: FSDP over all 4 ranks, HSDP (shard inside a host,
 # replicas across), DP over 4, TP2 x DP2 with the TP pairs inside a host and across hosts
 # (ranks placed round-robin), FSDP2 x TP2 (TP inside), CP2 x DP2 with the ring across hosts.
-# Per layout: train_gpt's average ms/step; the bytes rank 0 sent to the other host per step
-# (its counter: a communicator knows which members share its host; ring model, see
-# dist/comm/communicator.h); the bytes that really left the hosts per step (both hosts'
-# interface counters between the end of step 2 and the end, over those steps); and the
+# Per layout: train_gpt's average ms/step; the bytes sent to the other host per step as
+# train_gpt counts them (a communicator knows which members share its host; ring model, see
+# dist/comm/communicator.h), by rank 0 (its step log) and by all ranks (the line at the end);
+# the bytes that really left the hosts per step (both hosts' interface counters from the end
+# of step 2 to the end, over those steps); and the
 # exposed communication (the share of the step the compute threads waited on collectives,
 # from the Chrome traces, scripts/trace_summary.py). Needs the fortunes shards
 # (scripts/train_fortunes.sh prepares data/fortunes).
@@ -41,7 +42,7 @@ tx() {  # bytes sent by both hosts' interfaces so far
 }
 speed() { sed -n 's/^average \([0-9.]*\) ms\/step, \([0-9.]*\) tok\/s$/\1/p' "$1"; }
 
-printf "%-8s %-26s %10s %14s %14s %9s\n" rate layout "ms/step" "rank 0 MiB" "wire MiB" exposed
+printf "%-8s %-16s %9s %11s %11s %11s %9s\n" rate layout "ms/step" "rank 0 MiB" "ranks MiB" "wire MiB" exposed
 for rate in ${RATES:-none 1gbit 100mbit}; do
   $C rate h1 "$rate"
   for layout in ${LAYOUTS:-fsdp4 hsdp2x2 dp4 tp2_in_dp2 tp2_across_dp2 fsdp2_tp2_in cp2_across_dp2}; do
@@ -61,14 +62,16 @@ for rate in ${RATES:-none 1gbit 100mbit}; do
     $C mpirun -np 4 $map "$BUILD/train_gpt" "$@" --train.micro_batch_size $B $par \
       --log.metrics "$OUT/m.jsonl" --log.trace "$OUT/trace.json" > "$OUT/$layout.txt" 2>&1 &
     job=$!
-    until [[ $(wc -l < "$OUT/m.jsonl" 2>/dev/null || echo 0) -ge 2 ]] || ! kill -0 $job 2>/dev/null; do sleep 0.05; done
+    until [[ -f "$OUT/m.jsonl" && $(grep -c '"loss"' "$OUT/m.jsonl") -ge 2 ]] || ! kill -0 $job 2>/dev/null; do sleep 0.05; done
     tx0=$(tx)
     wait $job || { echo "$layout at $rate failed:" >&2; tail -5 "$OUT/$layout.txt" >&2; exit 1; }
     tx1=$(tx)
     ms=$(speed "$OUT/$layout.txt")
-    ours=$(python3 -c "import json,sys; r=[json.loads(l) for l in open('$OUT/m.jsonl')][2:]; print('%.2f' % (sum(x['comm_bytes_across_hosts'] for x in r)/len(r)/2**20))")
-    wire=$(awk -v a="$tx0" -v b="$tx1" -v n=$((STEPS - 2)) 'BEGIN {printf "%.2f", (b - a) / n / 2^20}')
+    rank0=$(python3 -c "import json; r=[j for j in map(json.loads, open('$OUT/m.jsonl')) if 'loss' in j][2:]; print('%.1f' % (sum(x['comm_bytes_across_hosts'] for x in r)/len(r)/2**20))")
+    # "across hosts: 25.4 MiB per step from all ranks (ring model)"
+    ours=$(awk '/^across hosts: / {v = $3; u = $4; f = u == "KiB" ? 1 / 1024 : u == "GiB" ? 1024 : u == "MiB" ? 1 : 1 / 1048576; printf "%.1f", v * f}' "$OUT/$layout.txt")
+    wire=$(awk -v a="$tx0" -v b="$tx1" -v n=$((STEPS - 2)) 'BEGIN {printf "%.1f", (b - a) / n / 2^20}')
     exposed=$(python3 scripts/trace_summary.py --skip 2 "$OUT"/trace.rank*.json | awk 'NR>1 {s+=$6; n++} END {printf "%.0f%%", s/n}')
-    printf "%-8s %-26s %10.0f %14s %14s %9s\n" "$rate" "$layout" "$ms" "$ours" "$wire" "$exposed"
+    printf "%-8s %-16s %9.0f %11s %11s %11s %9s\n" "$rate" "$layout" "$ms" "$rank0" "$ours" "$wire" "$exposed"
   done
 done

@@ -111,8 +111,14 @@ def report(records):
         whole = [h for h, ks in by_host.items() if hosts and len(by_host) > 1 and set(ks) <= behind]
         if whole:
             for h in whole:
-                lines.append(f"  every rank of host {h} ({ranks_str(by_host[h])}) fell behind or wrote nothing: "
-                             f"look at {h} and its network link first (a dead node or a cut link)")
+                alive = all(k in records for k in by_host[h])
+                if alive:  # each waited and wrote: the host lives, its link does not
+                    lines.append(f"  every rank of host {h} ({ranks_str(by_host[h])}) fell behind, yet each is "
+                                 f"alive (it wrote its record after waiting): the network between {h} and the "
+                                 "other hosts failed (a cut link, a failed switch port)")
+                else:
+                    lines.append(f"  every rank of host {h} ({ranks_str(by_host[h])}) fell behind or wrote nothing: "
+                                 f"look at {h} and its network link first (a dead node or a cut link)")
         else:
             lines.append(f"  {ranks_str(behind)} fell behind or wrote nothing: look there first "
                          "(a stopped or dead process)")

@@ -556,18 +556,27 @@ TEST_F(DistFaults, ACutLinkEndsTheJobAndTheReportNamesTheNetwork) {
   const size_t at = out.find("train_gpt: rank 0: error: ");
   ASSERT_NE(at, std::string::npos) << out;
   const std::string line = out.substr(at, out.find('\n', at) - at);
-  EXPECT_TRUE(has(line, " bytes; the ")) << line;  // "the replicate group of shard 0", "the world"
+  // "(25408 bytes; the replicate group of shard 0; step 5, ...", "(the world; step 6, ..." (a barrier)
+  EXPECT_TRUE(has(line, " bytes; the ") || has(line, " (the ")) << line;
   EXPECT_TRUE(has(line, "; step ")) << line;
   EXPECT_TRUE(has(line, ") on world rank 0 has not completed after 3 s (parallel.timeout_s)")) << line;
-  EXPECT_GE(latest(), 2) << "a complete checkpoint from before the cut";
-  expect_no_temporaries();
+  // a complete checkpoint from before the cut (one being written when the link went is left
+  // as .tmp_*, which the next start removes)
+  ASSERT_GE(latest(), 2);
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(latest()));
+  EXPECT_TRUE(fs::exists(here() / "ck" / name / "checkpoint.json")) << name;
   const ndt::testing::ShellResult r = flight_report(*this);
   EXPECT_EQ(r.rc, 0) << r.out;
-  // each host's ranks wrote (the file system is shared); nobody fell behind: the collective
-  // that spans the hosts never completed
+  // each host's ranks wrote (the file system is shared) and timed out: either nobody fell
+  // behind (the collective that spans the hosts never completed anywhere) or host 1's ranks
+  // did (it completed on host 0 first); either way the verdict is the network
   EXPECT_TRUE(has(r.out, "  rank 0 (h0): at step ")) << r.out;
-  EXPECT_TRUE(has(r.out, "verdict:\n  no rank fell behind: every rank that wrote reached ")) << r.out;
-  EXPECT_TRUE(has(r.out, "it spans hosts h0, h1: the network between them")) << r.out;
+  EXPECT_TRUE(has(r.out, "  rank 3 (h1): at step ")) << r.out;
+  const std::string verdict = r.out.substr(r.out.find("verdict:"));
+  EXPECT_TRUE(has(verdict, "it spans hosts h0, h1: the network between them") ||
+              has(verdict, "yet each is alive (it wrote its record after waiting): the network between h"))
+      << r.out;
   two.heal(1);
 }
 

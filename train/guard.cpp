@@ -207,6 +207,10 @@ Watchdog::~Watchdog() {
 
 void Watchdog::beat() { s_->last_beat_ns = monotonic_ns(); }
 
+void Watchdog::last_words(const std::string& why) const {
+  if (s_->last_words) s_->last_words(why);
+}
+
 RunLock::RunLock(const std::string& dir) {
   const std::string path = (fs::path(dir) / ".lock").string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);

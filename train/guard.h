@@ -93,6 +93,8 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   void beat();
+  // Runs last_words now (the flight record), for a failure found off the main thread.
+  void last_words(const std::string& why) const;
 
   struct State;
 

@@ -4,6 +4,8 @@
 // gradient accumulation, clipping, eval, sampling, checkpoints), then the report.
 #include "train/trainer.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -180,6 +182,7 @@ class Trainer {
   Device device_;
   dist::ParallelDims dims_;
   std::unique_ptr<dist::DeviceMesh> mesh_;
+  int64_t across_hosts_timed_ = 0;  // this rank's bytes to other hosts over the timed steps
   std::unique_ptr<dist::Trace> trace_;
   models::GPTConfig mc_;
   std::unique_ptr<models::GPT> gpt_;
@@ -245,7 +248,14 @@ void Trainer::setup() {
   std::shared_ptr<dist::Communicator> world = world_;
   const bool nccl = c_.parallel.backend == "nccl" ||
                     (c_.parallel.backend == "auto" && device_.is_cuda() && world_->size() > 1);
-  if (nccl) world = dist::nccl_communicator(world_, device_.index);
+  if (nccl)  // a missed deadline is found by NCCL's watch thread: the same line, record and exit code
+    world = dist::nccl_communicator(world_, device_.index, [this](const std::string& why) {
+      const std::string line = "train_gpt: rank " + std::to_string(world_->rank()) + ": error: " + why +
+                               "; ending the job (exit code 6): the last complete checkpoint resumes\n";
+      [[maybe_unused]] ssize_t n = ::write(2, line.data(), line.size());
+      watchdog_.last_words("error: " + why);
+      world_->abort(kExitCollectiveTimeout);
+    });
   mesh_ = std::make_unique<dist::DeviceMesh>(dims_, world);  // collective: it learns every rank's host
   flight_.set_hosts(mesh_->hosts());
   if (!c_.log.trace.empty()) {
@@ -800,6 +810,7 @@ int Trainer::loop() {
     if (step > start_) {  // the first step warms caches
       time_sum += r.sec;
       ++timed;
+      across_hosts_timed_ += r.across_hosts;
     }
     log_step(step, r, timed ? time_sum / static_cast<double>(timed) : r.sec);
     if (c_.train.stop_after > 0 && step + 1 - start_ == c_.train.stop_after && step + 1 < c_.train.steps) {
@@ -839,6 +850,12 @@ int Trainer::finish(double last_val, double avg_sec) {
   if (std::isfinite(avg_sec))
     out_ << "average " << avg_sec * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step_) / avg_sec
          << " tok/s\n";
+  if (mesh_->spans_hosts() && std::isfinite(avg_sec) && start_ + 1 < c_.train.steps) {
+    // every rank's bytes to other hosts over the timed steps: one sum at the end, none per step
+    const double all = world_->all_reduce_scalar(static_cast<double>(across_hosts_timed_), dist::ReduceOp::kSum);
+    out_ << "across hosts: " << human_bytes(all / static_cast<double>(c_.train.steps - start_ - 1))
+         << " per step from all ranks (ring model)\n";
+  }
   if (lead() && !c_.log.report.empty()) {
     std::vector<std::string> summary = {mc_.str(), "steps " + std::to_string(c_.train.steps) + ", " +
                                                        std::to_string(tokens_per_step_) + " tokens per step"};

@@ -109,6 +109,7 @@ class Communicator {
   // The flight recorder (dist/flight.h) of this communicator and of those split from it
   // later: every operation is recorded under group() with its sequence number.
   void set_flight(FlightRecorder* f) { flight_ = f; }
+  FlightRecorder* flight() const { return flight_; }
   // Names the unit (e.g. "h.3") the next operations sync, in the flight record and timeout
   // messages; a no-op without a recorder.
   void note_unit(const std::string& unit) const;

@@ -166,7 +166,16 @@ class Engine {
     if (!finalized && inflight_.empty()) MPI_Finalize();
   }
 
+  // The op's closures hold its tensors: they are dropped before the Work completes, so that
+  // a waiter that frees its own references frees the memory then, on its own thread (the
+  // memory counters of a rank are exact at any point after a wait()).
+  static void release(Op& op) {
+    op.start = nullptr;
+    op.finish = nullptr;
+  }
+
   void fail(Op& op, const std::string& why) {
+    release(op);
     if (op.flight) op.flight->finished(op.flight_id, false);
     int rank = -1;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -176,6 +185,7 @@ class Engine {
   void finish(Op& op) {
     try {
       if (op.finish) op.finish();
+      release(op);
       if (op.trace) op.trace->add(op.what, Trace::kComm, op.t0, op.trace->now_us(), op.bytes);
       if (op.flight) op.flight->finished(op.flight_id, true);
       op.work->complete("");
