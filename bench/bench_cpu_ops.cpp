@@ -12,6 +12,9 @@
 // GEMMs, which is what the CPU path computes).
 //
 // Legend: N square matrix size; B batch, NH heads, T time, HS head size; R rows, C channels.
+//
+// And the bookkeeping every collective pays for its deadline message and the flight
+// recorder (dist/flight.h): the context string, queued, started and finished.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
@@ -26,6 +29,7 @@
 #include "autograd/engine.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "dist/flight.h"
 #include "tensor/kernels.h"
 #include "tensor/threads.h"
 
@@ -233,6 +237,29 @@ void usage() {
 }
 
 }  // namespace
+
+// ---- per-collective bookkeeping -------------------------------------------------------
+
+// What a collective adds on the issuing thread and the communication thread: its timeout
+// message's context ("the shard group of replica 1; step 37, micro-step 2 of 4, unit h.3")
+// and its three flight-record updates. Compare with a step's collectives (the flight record
+// of a run lists them) to bound the cost per step.
+void BM_collective_bookkeeping(benchmark::State& state) {
+  dist::FlightRecorder flight;
+  flight.set_step(37);
+  flight.set_micro(1, 4);
+  const std::string description = "the shard group of replica 1";
+  int64_t seq = 0;
+  for (auto _ : state) {
+    flight.set_unit("h.3");
+    std::string context = description + "; " + flight.where();
+    benchmark::DoNotOptimize(context);
+    const int64_t id = flight.queued("dp_shard@1", ++seq, "dp_shard.all_gather", 396544);
+    flight.started(id);
+    flight.finished(id, true);
+  }
+}
+BENCHMARK(BM_collective_bookkeeping)->Unit(benchmark::kNanosecond);
 
 int main(int argc, char** argv) {
   ndt::use_optimized_blas(argv);
