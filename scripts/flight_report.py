@@ -22,6 +22,7 @@ Exit code 0 when it could read at least one record, 1 otherwise.
 import glob
 import json
 import os
+import re
 import sys
 
 
@@ -45,6 +46,102 @@ def ranks_str(ks):
 # Reasons a rank gives when it only waited for others (not the cause of the failure).
 WAITED = ("has not completed after", "asked to stop by signal", "ended by a library call to exit()",
           "it failed on another rank", "the launcher (parent pid")
+
+
+def waited_s(r):
+    """How long a rank had waited in its oldest unfinished operation when it wrote."""
+    pend = [e for e in r.get("entries", []) if e["state"] in ("started", "queued")]
+    if not pend:
+        return None
+    return (r["written_us"] - pend[0]["queued_us"]) / 1e6
+
+
+def verdict(records, world, hosts, host, missing, groups, stalled):
+    """The likely cause, in one or two lines: a rank that failed on its own; else the ranks
+    that wrote nothing; else a rank that was not running; else the ranks the others wait
+    for (the ends of the wait-for graph); else the network."""
+    on = (lambda k: f" on {host(k)}") if hosts else (lambda k: "")
+    by_host = {}
+    for k in range(world):
+        by_host.setdefault(host(k), []).append(k)
+    failed = [k for k in sorted(records) if records[k].get("reason", "").startswith("error:")
+              and not any(w in records[k]["reason"] for w in WAITED)]
+    if failed:
+        k = failed[0]
+        return [f"  rank {k}{on(k)} failed on its own: {records[k]['reason']}; the others only waited for it"]
+    if missing:
+        whole = [h for h, ks in by_host.items() if hosts and len(by_host) > 1 and set(ks) <= set(missing)]
+        if whole:
+            return [f"  every rank of host {h} ({ranks_str(by_host[h])}) wrote nothing: look at {h} and its "
+                    "network link first (a dead node or a cut link)" for h in whole]
+        return [f"  {ranks_str(missing)} fell behind or wrote nothing: look there first (a stopped or dead process)"]
+
+    # A rank that was not running (SIGSTOPped, then woken by the launcher's SIGCONT before
+    # its SIGTERM) writes a record like the others', but its clock shows the pause: an
+    # operation queued but started only seconds later (a running rank's communication
+    # thread starts one within milliseconds), or a wait far longer than the deadline at
+    # which the others gave up.
+    deadlines = [float(m.group(1)) for r in records.values()
+                 for m in [re.search(r"has not completed after ([0-9.]+) s", r.get("reason", ""))] if m]
+    waited = {k: waited_s(r) for k, r in records.items() if waited_s(r) is not None}
+    paused = {}
+    for k, r in records.items():
+        es = sorted(r.get("entries", []), key=lambda e: e["queued_us"])
+        gaps = [(e["started_us"] - e["queued_us"]) / 1e6 for e in es if e["started_us"]]
+        idle = [(b["queued_us"] - a["queued_us"]) / 1e6 for a, b in zip(es, es[1:])]
+        if gaps and max(gaps) > 1.0:
+            paused[k] = f"an operation of it started {max(gaps):.1f} s after it was queued"
+        elif deadlines and idle and max(idle) > max(deadlines):
+            paused[k] = f"it queued no collective for {max(idle):.1f} s, longer than the others' deadline"
+    if deadlines and len(waited) > 1:
+        for k, w in waited.items():
+            others = sorted(v for j, v in waited.items() if j != k)
+            if k not in paused and w > max(deadlines) + 1.0 and w > others[len(others) // 2] + 1.0:
+                paused[k] = f"it waited {w:.1f} s where the others gave up after {max(deadlines):g} s"
+    if paused:
+        return [f"  rank {k} fell behind: look there first ({why}{on(k)}: it was not running, stopped or "
+                "starved)" for k, why in sorted(paused.items())]
+
+    # Who waits for whom: rank k waits in #seq of a group for the members that have not
+    # reached it. The ends of those chains are the suspects.
+    pending = {}
+    for name, g in groups.items():
+        for k, st in g.items():
+            for e in st["pending"]:
+                if k not in pending or e["queued_us"] < pending[k][1]["queued_us"]:
+                    pending[k] = (name, e)
+    waits_for = {k: [j for j, st in groups[name].items() if st["last"] < e["seq"]] for k, (name, e) in pending.items()}
+    waited_on = {j for js in waits_for.values() for j in js}
+    idle = sorted(j for j in waited_on if j not in pending)                 # in no collective at all
+
+    def completed(j, name, seq):
+        return any(e["group"] == name and e["seq"] == seq and e["state"] == "done"
+                   for e in records[j].get("entries", []))
+
+    # in a collective that other members completed: what they sent it never arrived
+    lost = sorted(k for k, (name, e) in pending.items()
+                  if not waits_for[k] and any(completed(j, name, e["seq"]) for j in groups[name] if j != k))
+    out = []
+    if idle:
+        waiting = sorted(k for k, js in waits_for.items() if set(js) & set(idle))
+        out.append(f"  {ranks_str(idle)} fell behind: in no collective while {ranks_str(waiting)} waited "
+                   "(stopped, or stuck in its own work): look there first")
+    if lost:
+        for h in sorted({host(k) for k in lost}):
+            ks = [k for k in lost if host(k) == h]
+            where = (f"the network between {h} and the other hosts failed" if hosts and len(by_host) > 1
+                     else "the network or the transport failed")
+            out.append(f"  {ranks_str(ks)}{' of host ' + h if hosts else ''} wait in a collective the other members "
+                       f"completed, so what they sent never arrived: {where} (a cut link, a failed switch port)")
+    if out:
+        return out
+    if stalled:
+        name, seq, what, ks = stalled[0]
+        hs = sorted({host(k) for k in ks})
+        return [f"  no rank fell behind: every rank that wrote reached {what} (#{seq} of group {name}) and it never "
+                "completed" + (f"; it spans hosts {', '.join(hs)}: the network between them (a cut link, a failed "
+                               "switch port)" if len(hs) > 1 else "")]
+    return ["  no rank waits in a collective: the failure is in the reasons above"]
 
 
 def report(records):
@@ -74,7 +171,7 @@ def report(records):
         pend = [e for e in records[k].get("entries", []) if e["state"] in ("started", "queued")]
         return f"{pend[0]['what']} (group {pend[0]['group']} #{pend[0]['seq']})" if pend else "no collective"
 
-    behind = set(missing)
+    late_any = set()  # ranks that did not reach a collective other members of a group reached
     stalled = []  # (group, seq, what): collectives every recorded member reached, none completed
     for name in sorted(groups):
         g = groups[name]
@@ -91,45 +188,13 @@ def report(records):
         for k in late:
             lines.append(f"  rank {k} has not reached #{first}: its last in this group is #{g[k]['last']}; "
                          f"it waits in {where(k)}")
-        behind.update(late)
+        late_any.update(late)
         if not late:
             e = min(waiting.values(), key=lambda x: x["seq"])
             stalled.append((name, first, e["what"], sorted(g)))
 
-    # the verdict
-    failed = [k for k in sorted(records) if records[k].get("reason", "").startswith("error:")
-              and not any(w in records[k]["reason"] for w in WAITED)]
     lines.append("verdict:")
-    if failed:
-        k = failed[0]
-        lines.append(f"  rank {k}{' on ' + host(k) if hosts else ''} failed on its own: "
-                     f"{records[k]['reason']}; the others only waited for it")
-    elif behind:
-        by_host = {}
-        for k in range(world):
-            by_host.setdefault(host(k), []).append(k)
-        whole = [h for h, ks in by_host.items() if hosts and len(by_host) > 1 and set(ks) <= behind]
-        if whole:
-            for h in whole:
-                alive = all(k in records for k in by_host[h])
-                if alive:  # each waited and wrote: the host lives, its link does not
-                    lines.append(f"  every rank of host {h} ({ranks_str(by_host[h])}) fell behind, yet each is "
-                                 f"alive (it wrote its record after waiting): the network between {h} and the "
-                                 "other hosts failed (a cut link, a failed switch port)")
-                else:
-                    lines.append(f"  every rank of host {h} ({ranks_str(by_host[h])}) fell behind or wrote nothing: "
-                                 f"look at {h} and its network link first (a dead node or a cut link)")
-        else:
-            lines.append(f"  {ranks_str(behind)} fell behind or wrote nothing: look there first "
-                         "(a stopped or dead process)")
-    elif stalled:
-        name, seq, what, ks = stalled[0]
-        on = sorted({host(k) for k in ks})
-        lines.append(f"  no rank fell behind: every rank that wrote reached {what} (#{seq} of group {name}) and "
-                     "it never completed" + (f"; it spans hosts {', '.join(on)}: the network between them "
-                                             "(a cut link, a failed switch port)" if len(on) > 1 else ""))
-    else:
-        lines.append("  no rank waits in a collective: the failure is in the reasons above")
+    lines.extend(verdict(records, world, hosts, host, missing, groups, stalled))
     return "\n".join(lines)
 
 
