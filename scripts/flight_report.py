@@ -13,10 +13,11 @@ order, so the same sequence number is the same collective on every member. The r
   - which ranks wrote no record (dead, stopped, cut off, or killed before they could);
   - per group, the operations some ranks wait in (started, not done) and how far each rank
     got; a rank whose last operation in the group is behind the others' fell behind;
-  - a verdict: the rank that failed on its own (an error that is not a timeout), else the
-    ranks that fell behind or wrote nothing, and when those are every rank of a host, that
-    host (a dead node or a cut link look like this); when nobody fell behind but a group
-    that spans hosts never completed, the network between them.
+  - a verdict, from the wait-for graph (who waits in which collective for whom): the rank
+    that failed on its own (an error that is not a timeout); else the ranks that wrote
+    nothing (a whole host of them: that host or its link); else a rank whose own clock shows
+    it was not running (stopped, starved); else the ranks the others wait for; else a
+    collective that every member reached or that the others completed: the network.
 Exit code 0 when it could read at least one record, 1 otherwise.
 """
 import glob
