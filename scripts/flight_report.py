@@ -139,9 +139,14 @@ def verdict(records, world, hosts, host, missing, groups, stalled):
     if stalled:
         name, seq, what, ks = stalled[0]
         hs = sorted({host(k) for k in ks})
-        return [f"  no rank fell behind: every rank that wrote reached {what} (#{seq} of group {name}) and it never "
-                "completed" + (f"; it spans hosts {', '.join(hs)}: the network between them (a cut link, a failed "
-                               "switch port)" if len(hs) > 1 else "")]
+        if len(hs) > 1:
+            return [f"  no rank fell behind: every rank that wrote reached {what} (#{seq} of group {name}) and it "
+                    f"never completed; it spans hosts {', '.join(hs)}: the network between them (a cut link, a "
+                    "failed switch port)"]
+        # inside one host no network is involved: a member stopped progressing inside it
+        return [f"  no rank fell behind: {ranks_str(ks)}{' (on ' + hs[0] + ')' if hosts else ''} reached {what} "
+                f"(#{seq} of group {name}) and it never completed: one of them stopped progressing inside it "
+                "(a stopped or hung process): look there first"]
     return ["  no rank waits in a collective: the failure is in the reasons above"]
 
 

@@ -601,7 +601,11 @@ TEST_F(DistFaults, AStoppedRankOnAnotherHostEndsTheJobAndTheReportNamesIt) {
   // rank 3 wrote nothing, or (woken by the launcher's SIGCONT before its SIGTERM) a late
   // record, or one in no collective while the others wait for it: the verdict names it
   const std::string verdict = r.out.substr(r.out.find("verdict:"));
-  EXPECT_TRUE(has(verdict, "verdict:\n  rank 3 fell behind")) << r.out;
+  // (stopped inside a collective of its own host's group and woken at its deadline, its
+  // record looks like its partner's: then the verdict names that group's two ranks)
+  EXPECT_TRUE(has(verdict, "verdict:\n  rank 3 fell behind") ||
+              has(verdict, "no rank fell behind: ranks 2, 3 (on h1) reached "))
+      << r.out;
 }
 
 TEST_F(DistFaults, AHostWhoseRanksAreKilledEndsTheJobAndTheHostLeftContinuesTheCurve) {

@@ -944,7 +944,8 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
   }
   // One rank failed (or all did): say which, then bring the whole job down, so that no
   // rank waits forever in a collective for this one.
-  err << "train_gpt: rank " << world->rank() << ": " << message << std::endl;
+  // one write: the ranks' stderr meet in the launcher, and pieces would interleave
+  err << ("train_gpt: rank " + std::to_string(world->rank()) + ": " + message + "\n") << std::flush;
   dump_flight(message);
   world->abort(code);
   return code;  // not reached
