@@ -177,7 +177,6 @@ def report(records):
         pend = [e for e in records[k].get("entries", []) if e["state"] in ("started", "queued")]
         return f"{pend[0]['what']} (group {pend[0]['group']} #{pend[0]['seq']})" if pend else "no collective"
 
-    late_any = set()  # ranks that did not reach a collective other members of a group reached
     stalled = []  # (group, seq, what): collectives every recorded member reached, none completed
     for name in sorted(groups):
         g = groups[name]
@@ -194,7 +193,6 @@ def report(records):
         for k in late:
             lines.append(f"  rank {k} has not reached #{first}: its last in this group is #{g[k]['last']}; "
                          f"it waits in {where(k)}")
-        late_any.update(late)
         if not late:
             e = min(waiting.values(), key=lambda x: x["seq"])
             stalled.append((name, first, e["what"], sorted(g)))
