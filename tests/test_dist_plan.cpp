@@ -8,10 +8,12 @@
 
 #include <sys/wait.h>
 #include <unistd.h>
+#include "support/cluster.h"
 #include "support/corpus.h"
 #include "support/launch.h"
 
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -138,6 +140,205 @@ TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["layout"]["world"].get<int64_t>(), int64_t(1) << 40);
   EXPECT_GT(j["batch"]["tokens"].get<int64_t>(), 0);
+}
+
+// ---- the time model and the search (no MPI: the binary plans and exits) -----------------
+
+// GPT-2 124M (or another width) at T 1024, B 8, on GPUs
+std::string planner(const std::string& args, const std::string& width = "--model.n_head 12 --model.n_embd 768") {
+  return std::string(NDT_TRAIN_GPT_BIN) + " --model.n_layer 12 " + width +
+         " --model.vocab_size 50257 --model.vocab_multiple 128 --model.block_size 1024 --train.seq_len 1024"
+         " --train.device cuda --train.micro_batch_size 8 --plan " +
+         args;
+}
+
+TEST(PlanTime, ACutOrSlowLinkBetweenHostsCostsWhatCrossesIt) {
+  // GPT-2 124M on 2 hosts of 8: HSDP (shards inside a host) against FSDP over all 16, with
+  // fast and with slow links between the hosts: the slow links cost FSDP far more
+  auto step = [](const std::string& layout, const std::string& inter) {
+    const Result r = run_shell(planner("--json --cluster.preset h100-sxm-8 --cluster.hosts 2 " + layout +
+                                       " --cluster.inter_gbps " + inter));
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out)["time"];
+  };
+  const std::string hsdp = "--parallel.dp_replicate_size 2 --parallel.dp_shard_size 8",
+                    fsdp = "--parallel.dp_shard_size 16";
+  const nlohmann::json hsdp_fast = step(hsdp, "50"), hsdp_slow = step(hsdp, "0.5"), fsdp_fast = step(fsdp, "50"),
+                       fsdp_slow = step(fsdp, "0.5");
+  EXPECT_EQ(hsdp_fast["across_hosts"], nlohmann::json::array({"dp_replicate"}));
+  EXPECT_EQ(fsdp_fast["across_hosts"], nlohmann::json::array({"dp_shard"}));
+  // compute does not depend on the links
+  EXPECT_DOUBLE_EQ(hsdp_fast["compute_s"].get<double>(), hsdp_slow["compute_s"].get<double>());
+  const double hsdp_cost = hsdp_slow["step_s"].get<double>() - hsdp_fast["step_s"].get<double>(),
+               fsdp_cost = fsdp_slow["step_s"].get<double>() - fsdp_fast["step_s"].get<double>();
+  EXPECT_GT(hsdp_cost, 0);
+  EXPECT_GT(fsdp_cost, 2 * hsdp_cost) << "FSDP sends the model three times per step across the hosts";
+  EXPECT_GT(fsdp_slow["exposed_by_dim"]["fsdp"].get<double>(), 0.5 * fsdp_cost);
+  EXPECT_NE(fsdp_slow["bottleneck"].get<std::string>().find("across hosts"), std::string::npos);
+  // step = compute + recompute + exposed communication
+  for (const nlohmann::json& t : {hsdp_fast, hsdp_slow, fsdp_fast, fsdp_slow})
+    EXPECT_NEAR(t["step_s"].get<double>(),
+                t["compute_s"].get<double>() + t["recompute_s"].get<double>() + t["exposed_s"].get<double>(), 1e-9);
+}
+
+TEST(PlanTime, TensorParallelismAcrossHostsWaitsOnTheSlowLink) {
+  // a model of 16 heads: tp 8 inside one host against tp 16 over two whose hosts have one
+  // 100 Gb/s link per GPU (its rings leave the host); each rank all-reduces the same N C
+  // activations, the second over the slower link
+  auto tp_time = [](int hosts, int tp) {
+    const Result r = run_shell(planner("--json --cluster.preset h100-sxm-8 --cluster.inter_gbps 12.5 --cluster.hosts " + std::to_string(hosts) +
+                                           " --parallel.tp_size " + std::to_string(tp),
+                                       "--model.n_head 16 --model.n_embd 1024"));
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out)["time"];
+  };
+  const nlohmann::json inside = tp_time(1, 8), across = tp_time(2, 16);
+  EXPECT_EQ(inside["across_hosts"], nlohmann::json::array());
+  EXPECT_EQ(across["across_hosts"], nlohmann::json::array({"tp"}));
+  const double in = inside["exposed_by_dim"]["tp"].get<double>(), out = across["exposed_by_dim"]["tp"].get<double>();
+  EXPECT_GT(in, 0);
+  EXPECT_GT(out, 2 * in) << "450 GB/s NVLink against the hosts' 100 GB/s";
+}
+
+TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
+  const Result r = run_shell(planner("--plan.search --json --plan.top 100000 --plan.batch 64 "
+                                     "--cluster.preset h100-sxm-8 --cluster.hosts 2"));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["world"].get<int64_t>(), 16);
+  const nlohmann::json& plans = j["plans"];
+  ASSERT_GT(plans.size(), 10u);
+  EXPECT_GT(j["refused"].get<int64_t>(), 0);  // tp 16 (12 heads), cp that does not divide T, ...
+  EXPECT_EQ(j["tried"].get<int64_t>(), j["refused"].get<int64_t>() + j["too_big"].get<int64_t>() +
+                                           static_cast<int64_t>(plans.size()));
+  double last = 0;
+  std::map<std::string, int> strategies;
+  for (const nlohmann::json& p : plans) {
+    const nlohmann::json& L = p["layout"];
+    const int64_t r_ = L["dp_replicate"], s_ = L["dp_shard"], cp = L["cp"], tp = L["tp"];
+    EXPECT_EQ(r_ * s_ * cp * tp, 16);
+    EXPECT_EQ(12 % tp, 0) << "tp must divide the heads";
+    EXPECT_EQ(1024 % (2 * cp), 0);
+    EXPECT_EQ(p["micro_batch_size"].get<int64_t>() * p["grad_accum_steps"].get<int64_t>() * r_ * s_, 64)
+        << "every plan trains the same batch";
+    EXPECT_LE(p["peak_bytes"].get<double>(), 0.9 * 80e9);
+    EXPECT_GE(p["step_s"].get<double>(), last) << "ranked fastest first";
+    last = p["step_s"].get<double>();
+    strategies[L["strategy"].get<std::string>()]++;
+  }
+  EXPECT_GE(strategies.size(), 5u);
+  EXPECT_FALSE(j["why"].get<std::string>().empty());
+  // the table: a header, ten rows, the best and why, the command line that runs it
+  const Result t = run_shell(planner("--plan.search --plan.batch 64 --cluster.preset h100-sxm-8 --cluster.hosts 2"));
+  ASSERT_EQ(t.rc, 0) << t.out;
+  EXPECT_NE(t.out.find("\n  10  "), std::string::npos) << t.out;
+  EXPECT_EQ(t.out.find("\n  11  "), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("\nwhy: "), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("\nrun it: --parallel.dp_replicate_size "), std::string::npos) << t.out;
+}
+
+TEST(PlanSearch, WithoutAFittingPlanSaysSo) {
+  // the 7B-class shape on one device of 80 GB: nothing fits
+  const Result r = run_shell(std::string(NDT_TRAIN_GPT_BIN) +
+                             " --model.n_layer 32 --model.n_head 32 --model.n_embd 4096 --model.vocab_size 32000"
+                             " --model.block_size 4096 --train.seq_len 4096 --train.device cuda --plan --plan.search"
+                             " --cluster.preset h100-sxm-8 --cluster.devices_per_host 1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("no plan fits"), std::string::npos) << r.out;
+}
+
+TEST(PlanCluster, BadClustersAreOneClearError) {
+  const std::string bin = std::string(NDT_TRAIN_GPT_BIN) + " --plan ";
+  const fs::path dir = fs::temp_directory_path() / ("ndt_plan_cluster_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "mixed.ini") << "[cluster]\nhosts = 2\n[train]\nsteps = 3\n";
+  std::ofstream(dir / "ok.ini") << "[cluster]\npreset = a100-sxm-8\nhosts = 2\n";
+  struct Case {
+    std::string args, expect;
+  };
+  const std::vector<Case> cases = {
+      {"--plan.search", "--plan.search needs a cluster"},
+      {"--cluster.preset dgx9", "cluster.preset = 'dgx9' is not a preset"},
+      {"--cluster.hosts 2 --cluster.devices_per_host 4", "the [cluster] section lacks cluster.device_tflops"},
+      {"--cluster " + (dir / "mixed.ini").string(), "'train.steps' is not a [cluster] key"},
+      {"--cluster " + (dir / "none.ini").string(), "does not exist"},
+      {"--cluster.preset h100-sxm-8 --cluster.efficiency 1.5", "cluster.efficiency must be in (0, 1]"},
+      {"--cluster.preset h100-sxm-8 --plan.world 4", "the cluster has 8 devices"},
+      {"--cluster.preset h100-sxm-8 --parallel.tp_size 3", "tp"},
+  };
+  for (const Case& c : cases) {
+    const Result r = run_shell(bin + c.args);
+    EXPECT_EQ(r.rc, 2) << c.args << "\n" << r.out;
+    EXPECT_NE(r.out.find("train_gpt: config error: "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
+  }
+  // a cluster file, and the command line over it
+  Result r = run_shell(bin + "--json --parallel.dp_shard_size -1 --cluster " + (dir / "ok.ini").string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["world"].get<int64_t>(), 16);
+  EXPECT_EQ(j["cluster"]["name"], "a100-sxm-8");
+  r = run_shell(bin + "--json --parallel.dp_shard_size -1 --cluster.hosts 3 --cluster " + (dir / "ok.ini").string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["layout"]["world"].get<int64_t>(), 24);
+  fs::remove_all(dir);
+}
+
+// ---- the prediction against runs on the simulated cluster (2 hosts x 2 ranks) ------------
+
+// On links of 100 Mbit/s between the hosts, where the layouts differ by a factor of two:
+// calibrate, plan three layouts, train them, compare. A loose bound (the full table, with
+// its 25% target, is bench/bench_planner.py's, in docs/planner.md).
+TEST(PlanOnACluster, PredictedStepTimesFollowTheMeasuredOnes) {
+  ndt::testing::Cluster two(2);
+  if (!two.ok()) GTEST_SKIP() << two.why_not();
+  const fs::path dir = fs::temp_directory_path() / ("ndt_plan_on_cluster_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const int64_t V = ndt::testing::write_word_corpus(dir / "data", 20000, 7, 0.0);
+  std::ofstream(dir / "gpt.ini") << "[model]\nn_layer = 4\nn_head = 4\nn_embd = 256\nblock_size = 128\nvocab_size = "
+                                 << V << "\n[data]\ntrain = " << (dir / "data" / "train_*.bin").string()
+                                 << "\n[train]\nseq_len = 128\nsteps = 5\nthreads = 1\neval_every = 0\n"
+                                    "[sample]\nevery = -1\n[log]\nevery = 1\n[parallel]\ntimeout_s = 120\n";
+  two.rate(1, "100mbit");
+  const std::string bin = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir / "gpt.ini").string();
+  const fs::path cal = dir / "cluster.ini";
+  Result r = run_shell(two.mpirun(4) + bin + " --train.micro_batch_size 2 --plan --plan.calibrate " + cal.string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::vector<std::pair<std::string, std::string>> layouts = {
+      {"hsdp2x2", "--parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --train.micro_batch_size 2"},
+      {"fsdp2_tp2", "--parallel.dp_shard_size 2 --parallel.tp_size 2 --train.micro_batch_size 4"},
+      {"fsdp4", "--parallel.dp_shard_size 4 --train.micro_batch_size 2"}};
+  std::vector<double> predicted, measured;
+  for (const auto& [name, args] : layouts) {
+    r = run_shell(bin + " " + args + " --plan --json --cluster " + cal.string());
+    ASSERT_EQ(r.rc, 0) << r.out;
+    predicted.push_back(nlohmann::json::parse(r.out)["time"]["step_s"].get<double>() * 1e3);
+    const fs::path metrics = dir / (name + ".jsonl");
+    r = run_shell(two.mpirun(4) + bin + " " + args + " --log.metrics " + metrics.string());
+    ASSERT_EQ(r.rc, 0) << r.out;
+    std::vector<double> ms;
+    std::ifstream f(metrics);
+    for (std::string line; std::getline(f, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss") && j.contains("ms")) ms.push_back(j["ms"].get<double>());
+    }
+    ASSERT_EQ(ms.size(), 5u);
+    ms.erase(ms.begin(), ms.begin() + 2);  // the first steps warm up
+    std::sort(ms.begin(), ms.end());
+    measured.push_back(ms[1]);
+    std::printf("[ plan     ] %-10s predicted %6.0f ms, measured %6.0f ms (%+.0f%%)\n", name.c_str(), predicted.back(),
+                measured.back(), 100 * (predicted.back() / measured.back() - 1));
+  }
+  for (size_t i = 0; i < layouts.size(); ++i)
+    EXPECT_NEAR(predicted[i] / measured[i], 1.0, 0.5) << layouts[i].first;
+  // the same order: HSDP sends one gradient all-reduce across, FSDP x TP the shards' traffic
+  // of half the model, FSDP over four the whole model three times
+  for (size_t i = 0; i + 1 < layouts.size(); ++i) {
+    EXPECT_LT(measured[i], measured[i + 1]) << layouts[i].first << " vs " << layouts[i + 1].first;
+    EXPECT_LT(predicted[i], predicted[i + 1]) << layouts[i].first << " vs " << layouts[i + 1].first;
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -126,8 +126,27 @@ po::options_description describe(Config& c) {
        "rehearse a failure: rank parallel.fail_rank throws in the middle of this step (0: never)")
       ("parallel.fail_rank", po::value(&c.parallel.fail_rank)->default_value(c.parallel.fail_rank),
        "the rank that fails at parallel.fail_at_step");
+  po::options_description cluster("[cluster] (for --plan; 0: from the preset)");
+  cluster.add_options()
+      ("cluster.preset", po::value(&c.cluster.preset)->default_value(c.cluster.preset),
+       "h100-sxm-8, a100-sxm-8, h100-pcie-8, h200-8 (one node of 8; set cluster.hosts for more) or cpu-sim "
+       "(the simulated 2 x 2 CPU cluster, measured); docs/planner.md gives each number's source")
+      ("cluster.hosts", po::value(&c.cluster.hosts)->default_value(c.cluster.hosts), "hosts (nodes)")
+      ("cluster.devices_per_host", po::value(&c.cluster.devices_per_host)->default_value(c.cluster.devices_per_host), "GPUs (or ranks) per host")
+      ("cluster.device_tflops", po::value(&c.cluster.device_tflops)->default_value(c.cluster.device_tflops),
+       "dense TFLOP/s of one device for the training dtype (float32: TF32 tensor cores with train.tf32)")
+      ("cluster.efficiency", po::value(&c.cluster.efficiency)->default_value(c.cluster.efficiency),
+       "share of device_tflops the matrix products reach (0 < e <= 1; a calibrated file has 1)")
+      ("cluster.memory_gbps", po::value(&c.cluster.memory_gbps)->default_value(c.cluster.memory_gbps), "device memory bandwidth, GB/s")
+      ("cluster.device_memory_gb", po::value(&c.cluster.device_memory_gb)->default_value(c.cluster.device_memory_gb), "memory of one device, GB")
+      ("cluster.intra_gbps", po::value(&c.cluster.intra_gbps)->default_value(c.cluster.intra_gbps),
+       "bandwidth between the devices of a host, GB/s per device and direction (NVLink, PCIe, shared memory)")
+      ("cluster.intra_latency_us", po::value(&c.cluster.intra_latency_us)->default_value(c.cluster.intra_latency_us), "latency of one message inside a host, microseconds")
+      ("cluster.inter_gbps", po::value(&c.cluster.inter_gbps)->default_value(c.cluster.inter_gbps),
+       "bandwidth between hosts, GB/s per device and direction (a host's links carry devices_per_host times it)")
+      ("cluster.inter_latency_us", po::value(&c.cluster.inter_latency_us)->default_value(c.cluster.inter_latency_us), "latency of one message between hosts, microseconds");
   po::options_description all;
-  all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par);
+  all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par).add(cluster);
   return all;
 }
 // clang-format on
@@ -241,7 +260,18 @@ po::options_description program_options(Config& c) {
       "print the per-rank memory and per-step communication plan and exit (no data, no MPI)")(
       "json", po::bool_switch(&c.plan_json), "with --plan: print the plan as JSON")(
       "plan.world", po::value(&c.plan_world),
-      "with --plan: the number of ranks (needed when dp_shard_size = -1)");
+      "with --plan: the number of ranks (needed when dp_shard_size = -1 and no cluster is given)")(
+      "cluster", po::value(&c.cluster_path),
+      "with --plan: an INI file with only a [cluster] section (the command line wins over it, it over --config)")(
+      "plan.search", po::bool_switch(&c.plan_search),
+      "with --plan and a cluster: rank every layout, micro-batch and checkpointing mode by predicted tokens/s")(
+      "plan.batch", po::value(&c.plan_batch),
+      "with --plan.search: sequences per optimizer step (0: micro_batch_size x grad_accum_steps x the config's "
+      "data-parallel ranks)")(
+      "plan.top", po::value(&c.plan_top), "with --plan.search: how many plans to print (default 10)")(
+      "plan.calibrate", po::value(&c.plan_calibrate),
+      "measure this machine (under mpirun: every rank; the hosts from their names) at the model's shapes and "
+      "write a --cluster file here");
   return generic;
 }
 
@@ -259,6 +289,17 @@ po::parsed_options parse_ini_file(const std::string& path, const po::options_des
   if (!fs::is_regular_file(path, ec))
     throw ConfigError("config file '" + path + "' is not a regular file (a directory?)");
   return parse_ini(path, keys);
+}
+
+// A --cluster file: an INI file of [cluster] keys only.
+po::parsed_options parse_cluster_file(const std::string& path, const po::options_description& keys) {
+  po::parsed_options parsed = parse_ini_file(path, keys);
+  for (const po::option& o : parsed.options)
+    if (o.string_key.rfind("cluster.", 0) != 0)
+      throw ConfigError("--cluster " + path + ": '" + o.string_key +
+                        "' is not a [cluster] key; a cluster file holds only the [cluster] section (put the "
+                        "rest in --config)");
+  return parsed;
 }
 
 // Values as the rest of the code reads them: the prompt's escapes, and the old spellings of
@@ -304,6 +345,7 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
       help_out = help_text(cmdline);
       return false;
     }
+    if (vm.count("cluster")) po::store(parse_cluster_file(vm["cluster"].as<std::string>(), keys), vm);
     if (vm.count("config")) po::store(parse_ini_file(vm["config"].as<std::string>(), keys), vm);
     po::notify(vm);
     for (const auto& d : keys.options()) {
@@ -357,6 +399,10 @@ struct Checks {
 
 void validate_model(const Config& c, const Checks& ck) {
   ck.range("plan.world", c.plan_world, 0, kBig);
+  ck.range("plan.batch", c.plan_batch, 0, kBig);
+  ck.range("plan.top", c.plan_top, 1, 100000);
+  ck.need(!c.plan_search || c.plan, "--plan.search needs --plan");
+  ck.need(c.plan_calibrate.empty() || c.plan, "--plan.calibrate needs --plan");
   ck.need(c.plan || !c.data.train.empty(),
           "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
   ck.range("model.n_layer", c.model.n_layer, 1, 1024);
@@ -448,6 +494,21 @@ void validate_outputs(const Config& c, const Checks& ck) {
                                                "the last model.block_size tokens anyway)");
 }
 
+void validate_cluster(const Config& c, const Checks& ck) {
+  const ClusterSection& k = c.cluster;
+  ck.range("cluster.hosts", k.hosts, 0, 1 << 16);
+  ck.range("cluster.devices_per_host", k.devices_per_host, 0, 1024);
+  ck.finite("cluster.device_tflops", k.device_tflops, false);
+  ck.need(std::isfinite(k.efficiency) && k.efficiency >= 0 && k.efficiency <= 1,
+          "cluster.efficiency must be in (0, 1] (0: the preset's), got " + std::to_string(k.efficiency));
+  ck.finite("cluster.memory_gbps", k.memory_gbps, false);
+  ck.finite("cluster.device_memory_gb", k.device_memory_gb, false);
+  ck.finite("cluster.intra_gbps", k.intra_gbps, false);
+  ck.finite("cluster.intra_latency_us", k.intra_latency_us, false);
+  ck.finite("cluster.inter_gbps", k.inter_gbps, false);
+  ck.finite("cluster.inter_latency_us", k.inter_latency_us, false);
+}
+
 void validate_parallel(const Config& c, const Checks& ck) {
   ck.range("parallel.dp_replicate_size", c.parallel.dp_replicate_size, 1, 1 << 20);
   ck.need(c.parallel.dp_shard_size == -1 ||
@@ -473,6 +534,7 @@ void validate(const Config& c) {
   validate_optim(c, ck);
   validate_outputs(c, ck);
   validate_parallel(c, ck);
+  validate_cluster(c, ck);
 }
 
 nn::ACMode ac_mode(const TrainSection& t) {

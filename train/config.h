@@ -106,6 +106,21 @@ struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's P
   int64_t fail_at_step = 0, fail_rank = 0;
 };
 
+// [cluster]: the machines a plan's time model runs on (train/planner/cluster.h). Every
+// number left at 0 comes from the preset; without a preset and without hosts, --plan
+// predicts memory and bytes only. `train_gpt --cluster FILE` reads a file that holds only
+// this section (one written by --plan.calibrate, or a user's own).
+struct ClusterSection {
+  std::string preset;  // h100-sxm-8, a100-sxm-8, h100-pcie-8, h200-8, cpu-sim (empty: none)
+  int64_t hosts = 0, devices_per_host = 0;
+  double device_tflops = 0;       // dense TFLOP/s of one device for the training dtype
+  double efficiency = 0;          // the share of device_tflops the model's matrix products reach
+  double memory_gbps = 0;         // device memory bandwidth, GB/s (the element-wise ops)
+  double device_memory_gb = 0;    // memory of one device, GB (the search keeps plans that fit)
+  double intra_gbps = 0, intra_latency_us = 0;  // between devices of a host, per device, per direction
+  double inter_gbps = 0, inter_latency_us = 0;  // between hosts, per device, per direction
+};
+
 struct Config {
   ModelSection model;
   DataSection data;
@@ -115,11 +130,20 @@ struct Config {
   LogSection log;
   SampleSection sample;
   ParallelSection parallel;
-  std::string config_path;  // the --config file, if any
+  ClusterSection cluster;
+  std::string config_path;   // the --config file, if any
+  std::string cluster_path;  // the --cluster file, if any
   // train_gpt --plan [--json] [--plan.world N]: print the memory and communication plan
   // (train/planner/plan.h) and exit, without data, memory or MPI
   bool plan = false, plan_json = false;
-  int64_t plan_world = 0;  // 0: the product of the [parallel] sizes
+  int64_t plan_world = 0;  // 0: the product of the [parallel] sizes (or the cluster's devices)
+  // --plan --plan.search: every layout, micro-batch and checkpointing mode for the cluster,
+  // the best plan.top by predicted tokens/s, at plan.batch sequences per step (0: the config's)
+  bool plan_search = false;
+  int64_t plan_batch = 0, plan_top = 10;
+  // --plan.calibrate FILE (under mpirun on the cluster itself): measure the matrix-product
+  // rate at the model's shapes, the memory bandwidth and the links; write a --cluster file
+  std::string plan_calibrate;
   // Every [section] key with its value as parsed (file, command line or default), sorted:
   // what ranks compare to find a stale config file on one node.
   std::vector<std::pair<std::string, std::string>> values;

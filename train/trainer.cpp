@@ -41,7 +41,9 @@
 #include "train/guard.h"
 #include "train/io/files.h"
 #include "train/io/safetensors.h"
+#include "train/planner/calibrate.h"
 #include "train/planner/plan.h"
+#include "train/planner/search.h"
 #include "train/report.h"
 #include "train/sample.h"
 
@@ -891,10 +893,40 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
     if (!quiet) err << "train_gpt: config error: " << e.what() << "\n";
     return 2;
   }
+  if (c.plan && !c.plan_calibrate.empty()) return calibrate_main(c, out, err);  // under mpirun
   if (c.plan) {  // before MPI: nothing is allocated, no rank starts (train/planner/plan.h)
     try {
-      const Plan p = plan(c, plan_world(c));
-      if (!quiet) c.plan_json ? print_plan_json(p, out) : print_plan(p, out);
+      if (quiet) return 0;
+      if (c.plan_search) {
+        if (!has_cluster(c.cluster))
+          throw ConfigError(
+              "--plan.search needs a cluster: --cluster FILE (one --plan.calibrate wrote, or your own), or "
+              "--cluster.preset h100-sxm-8 (and --cluster.hosts N); train_gpt --help lists the [cluster] keys");
+        const Cluster k = resolve_cluster(c.cluster, c.train.device, c.train.tf32);
+        const SearchResult s = search(c, k);
+        c.plan_json ? print_search_json(s, k, c.plan_top, out) : print_search(s, k, c.plan_top, out);
+        return 0;
+      }
+      if (!has_cluster(c.cluster)) {
+        const Plan p = plan(c, plan_world(c));
+        c.plan_json ? print_plan_json(p, out) : print_plan(p, out);
+        return 0;
+      }
+      const Cluster k = resolve_cluster(c.cluster, c.train.device, c.train.tf32);
+      if (c.plan_world > 0 && c.plan_world != k.devices())
+        throw ConfigError("--plan.world " + std::to_string(c.plan_world) + " but the cluster has " +
+                          std::to_string(k.devices()) + " devices (cluster.hosts x devices_per_host); drop one");
+      const Plan p = plan(c, k.devices());
+      const StepTime t = predict_time(c, p, k);
+      if (c.plan_json) {
+        nlohmann::json j = plan_to_json(p);
+        j["cluster"] = cluster_to_json(k);
+        j["time"] = time_to_json(t);
+        out << j.dump(2) << "\n";
+      } else {
+        print_plan(p, out);
+        print_time(p, t, k, out);
+      }
       return 0;
     } catch (const ConfigError& e) {
       if (!quiet) err << "train_gpt: config error: " << e.what() << "\n";

@@ -203,6 +203,8 @@ UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p) {
   for (size_t i = 0; i < l.units.size(); ++i) {
     params_rank += l.units[i].param_count();
     shard += l.units[i].shard_numel;
+    p.unit_numel.push_back(l.units[i].padded_numel);
+    p.unit_shard_numel.push_back(l.units[i].shard_numel);
     if (i == 0)
       l.emb_full = l.units[i].padded_numel;
     else
@@ -495,7 +497,9 @@ void print_plan(const Plan& p, std::ostream& o) {
   for (const std::string& n : p.notes) o << "note: " << n << "\n";
 }
 
-void print_plan_json(const Plan& p, std::ostream& o) {
+void print_plan_json(const Plan& p, std::ostream& o) { o << plan_to_json(p).dump(2) << "\n"; }
+
+nlohmann::json plan_to_json(const Plan& p) {
   nlohmann::json j;
   j["layout"] = {{"dp_replicate", p.dims.dp_replicate},
                  {"dp_shard", p.dims.dp_shard},
@@ -537,7 +541,7 @@ void print_plan_json(const Plan& p, std::ostream& o) {
   j["comm"] = comm;
   j["comm_bytes"] = p.comm_bytes;
   j["notes"] = p.notes;
-  o << j.dump(2) << "\n";
+  return j;
 }
 
 }  // namespace ndt::train

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -50,6 +51,9 @@ struct Plan {
   int64_t n_layer = 0, n_head = 0, n_embd = 0, padded_vocab = 0;
   int64_t params_global = 0;  // every parameter once
   int64_t params_rank = 0;    // on this rank after tensor parallelism, before FSDP sharding
+  // the flat units (the embeddings, then each block) on this rank: whole (padded) and shard
+  // elements; the time model sends them
+  std::vector<int64_t> unit_numel, unit_shard_numel;
   // bytes per rank (float32)
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // the shards this rank owns
   int64_t gathered_bytes = 0;                                // FSDP: whole buffers at the peak
@@ -73,5 +77,6 @@ Plan plan(const Config& c, int64_t world);
 int64_t plan_world(const Config& c);
 void print_plan(const Plan& p, std::ostream& out);
 void print_plan_json(const Plan& p, std::ostream& out);
+nlohmann::json plan_to_json(const Plan& p);
 
 }  // namespace ndt::train

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""bench/bench_planner.py: the planner's predicted step time against measured runs on the
+simulated cluster (scripts/cluster.sh: 2 hosts x 2 ranks, TCP between the hosts; needs root).
+
+    bench/bench_planner.py                          # rates none and 100mbit, every layout
+    bench/bench_planner.py --rates 100mbit --layouts hsdp2x2,dp4 --steps 5
+
+For each rate: `train_gpt --plan --plan.calibrate` measures the cluster (the matrix
+products at the model's shapes, memory, both link classes) into a cluster file; every
+layout is planned against it (`--plan --cluster FILE --json`) and trained for --steps
+steps (the median ms of the steps after the first two); `--plan --plan.search` recommends
+a plan for the same batch, which is trained too. Prints one row per layout (predicted,
+measured, error), then per rate and over both: the largest error, the Spearman correlation
+of the two rankings, and the recommended plan's measured time against the fastest measured.
+Config S (bench/bench_dist.sh), 8 sequences per step, 4 ranks x 1 thread. Needs the
+fortunes shards (scripts/train_fortunes.sh prepares data/fortunes). Exits 1 when a bound
+given with --max-error, --min-spearman or --max-pick-loss is not met.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUILD = os.environ.get("NDT_BUILD_DIR", os.path.join(ROOT, "build"))
+CLUSTER = os.path.join(ROOT, "scripts", "cluster.sh")
+S = ("--model.n_layer 4 --model.n_head 4 --model.n_embd 256 --model.vocab_size 512 "
+     "--model.block_size 128 --train.seq_len 128").split()
+BATCH = 8  # sequences per step
+
+# name: (dp_replicate, dp_shard, cp, tp); ranks sit on the hosts in order (ppr:2:node)
+LAYOUTS = {
+    "fsdp4": (1, 4, 1, 1), "hsdp2x2": (2, 2, 1, 1), "dp4": (4, 1, 1, 1),
+    "dp2_tp2": (2, 1, 1, 2), "fsdp2_tp2": (1, 2, 1, 2), "dp2_cp2": (2, 1, 2, 1),
+    "fsdp2_cp2": (1, 2, 2, 1), "cp2_tp2": (1, 1, 2, 2), "tp4": (1, 1, 1, 4), "cp4": (1, 1, 4, 1),
+}
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
+
+
+def layout_args(r, s, cp, tp, micro=None, accum=1, ac="none"):
+    dp = r * s
+    micro = micro or BATCH // dp
+    return ["--parallel.dp_replicate_size", str(r), "--parallel.dp_shard_size", str(s),
+            "--parallel.cp_size", str(cp), "--parallel.tp_size", str(tp),
+            "--train.micro_batch_size", str(micro), "--train.grad_accum_steps", str(accum),
+            "--train.activation_checkpointing", ac]
+
+
+def spearman(a, b):
+    def ranks(x):
+        order = sorted(range(len(x)), key=lambda i: x[i])
+        r = [0.0] * len(x)
+        for pos, i in enumerate(order):
+            r[i] = float(pos)
+        return r
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    if n < 2:
+        return 1.0
+    d2 = sum((x - y) ** 2 for x, y in zip(ra, rb))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", default="none,100mbit")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS))
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--max-error", type=float, default=None, help="fail when a prediction is off by more (0.25: 25%%)")
+    ap.add_argument("--min-spearman", type=float, default=None)
+    ap.add_argument("--max-pick-loss", type=float, default=None,
+                    help="fail when the recommended plan is slower than the fastest measured by more (0.1: 10%%)")
+    ap.add_argument("--json", help="write the rows here")
+    a = ap.parse_args()
+    if not os.path.isfile(os.path.join(ROOT, "data/fortunes/vocab.json")):
+        sys.exit("run scripts/train_fortunes.sh once first (it prepares data/fortunes)")
+    env = dict(os.environ, NDT_CLUSTER=os.environ.get("NDT_CLUSTER", "plan"), NDT_CLUSTER_OWNER=str(os.getpid()),
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    tmp = tempfile.mkdtemp(prefix="ndt_bench_planner_")
+    train_gpt = os.path.join(BUILD, "train_gpt")
+    base = [train_gpt, "--config", os.path.join(ROOT, "configs/fortunes_char.ini"), *S, "--train.threads", "1",
+            "--parallel.timeout_s", "120"]
+    run_args = ["--train.steps", str(a.steps), "--train.eval_every", "0", "--data.val", "", "--sample.every", "-1",
+                "--log.every", "1", "--log.report", "", "--data.shuffle", "false", "--optim.warmup_steps", "1",
+                "--checkpoint.dir", ""]
+    mpirun = [CLUSTER, "mpirun", "-np", "4", "--map-by", "ppr:2:node"]
+    subprocess.run([CLUSTER, "down"], env=env, capture_output=True)
+    sh([CLUSTER, "up", "2"], env=env)
+    rows, failed = [], []
+    try:
+        for rate in a.rates.split(","):
+            sh([CLUSTER, "rate", "h1", rate], env=env)
+            cal = os.path.join(tmp, f"cluster_{rate}.ini")
+            sh(mpirun + base + ["--train.micro_batch_size", "2", "--plan", "--plan.calibrate", cal], env=env)
+
+            def predict(args):
+                return json.loads(sh(base + args + ["--plan", "--cluster", cal, "--json"]))["time"]["step_s"] * 1e3
+
+            def measure(args, name):
+                metrics = os.path.join(tmp, f"{rate}_{name}.jsonl")
+                sh(mpirun + base + run_args + args + ["--log.metrics", metrics], env=env)
+                ms = [j["ms"] for j in map(json.loads, open(metrics)) if "loss" in j and "ms" in j][2:]
+                return statistics.median(ms), (max(ms) - min(ms)) / statistics.median(ms)
+
+            search = json.loads(sh(base + ["--plan", "--plan.search", "--cluster", cal, "--plan.batch", str(BATCH),
+                                           "--json"]))
+            best = search["plans"][0]
+            L = best["layout"]
+            pick = layout_args(L["dp_replicate"], L["dp_shard"], L["cp"], L["tp"], best["micro_batch_size"],
+                               best["grad_accum_steps"], best["activation_checkpointing"])
+            pick_name = (f"pick {L['dp_replicate']}x{L['dp_shard']}x{L['cp']}x{L['tp']} "
+                         f"B{best['micro_batch_size']}x{best['grad_accum_steps']} {best['activation_checkpointing']}")
+            here = []
+            for name in a.layouts.split(","):
+                args = layout_args(*LAYOUTS[name])
+                p = predict(args)
+                m, spread = measure(args, name)
+                here.append({"rate": rate, "layout": name, "predicted_ms": p, "measured_ms": m, "spread": spread,
+                             "error": p / m - 1})
+                print(f"{rate:8s} {name:12s} predicted {p:8.0f} ms  measured {m:8.0f} ms (spread {100 * spread:3.0f}%)"
+                      f"  error {100 * (p / m - 1):+5.0f}%", flush=True)
+            pm, _ = measure(pick, "pick")
+            fastest = min(here, key=lambda r: r["measured_ms"])
+            loss = pm / fastest["measured_ms"] - 1
+            print(f"{rate:8s} {pick_name}: predicted {best['step_s'] * 1e3:.0f} ms, measured {pm:.0f} ms; "
+                  f"fastest measured {fastest['layout']} {fastest['measured_ms']:.0f} ms ({100 * loss:+.0f}%)")
+            rho = spearman([r["predicted_ms"] for r in here], [r["measured_ms"] for r in here])
+            worst = max(abs(r["error"]) for r in here)
+            print(f"{rate:8s} largest error {100 * worst:.0f}%, Spearman {rho:.2f}")
+            for r in here:
+                r["pick_loss"] = loss
+            rows += here
+            if a.max_error is not None and worst > a.max_error:
+                failed.append(f"{rate}: a prediction is off by {100 * worst:.0f}% (bound {100 * a.max_error:.0f}%)")
+            if a.max_pick_loss is not None and loss > a.max_pick_loss:
+                failed.append(f"{rate}: the recommended plan is {100 * loss:.0f}% slower than the fastest measured")
+        rho = spearman([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows])
+        print(f"all      {len(rows)} runs: largest error {100 * max(abs(r['error']) for r in rows):.0f}%, "
+              f"Spearman {rho:.2f}")
+        if a.min_spearman is not None and rho < a.min_spearman:
+            failed.append(f"Spearman {rho:.2f} < {a.min_spearman}")
+        if a.json:
+            json.dump(rows, open(a.json, "w"), indent=1)
+    except subprocess.CalledProcessError as e:
+        print(f"failed: {' '.join(e.cmd)}\n{e.stdout}\n{e.stderr}", file=sys.stderr)
+        failed.append("a command failed")
+    finally:
+        subprocess.run([CLUSTER, "down"], env=env, capture_output=True)
+    for f in failed:
+        print("FAILED:", f, file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

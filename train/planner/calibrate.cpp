@@ -1,0 +1,259 @@
+// The measurement behind a calibrated cluster file (train/planner/calibrate.h).
+#include "train/planner/calibrate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "autograd/engine.h"
+#include "dist/comm/mpi.h"
+#include "dist/mesh.h"
+#include "models/gpt.h"
+#include "nn/flat.h"
+#include "optim/adamw.h"
+#include "tensor/kernels.h"
+#include "tensor/threads.h"
+#include "train/io/files.h"
+#include "train/planner/cluster.h"
+#include "train/planner/plan.h"
+#include "train/planner/time.h"
+
+namespace ndt::train {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// fn() repeated until `at_least` seconds have passed (after one warm-up call): seconds per call.
+template <class Fn>
+double time_per_call(Fn fn, double at_least) {
+  fn();
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t n = 0;
+  do {
+    fn();
+    ++n;
+  } while (seconds_since(t0) < at_least);
+  return seconds_since(t0) / double(n);
+}
+
+// The mean of x over the ranks that measured it (weight 1) or not (weight 0).
+double mean_over(dist::Communicator& world, double x, bool measured) {
+  Tensor t = Tensor::empty({2}, DType::f64);
+  static_cast<double*>(t.data_ptr())[0] = measured ? x : 0.0;
+  static_cast<double*>(t.data_ptr())[1] = measured ? 1.0 : 0.0;
+  world.all_reduce(t, dist::ReduceOp::kSum)->wait();
+  const double* v = static_cast<const double*>(t.data_ptr());
+  return v[1] > 0 ? v[0] / v[1] : 0.0;
+}
+
+// One matrix product of the model's micro-step: (batch of) m x k times k x n, `count` of
+// them per micro-step.
+struct Gemm {
+  const char* what;
+  int64_t batch, m, k, n, count;
+};
+
+// The matrix products of one micro-step of the config's model on one rank (tp = cp = 1),
+// forward; backward runs each shape twice more (its transposes), at about the same rate.
+std::vector<Gemm> model_gemms(const Config& c) {
+  const int64_t B = c.train.micro_batch_size, T = c.train.seq_len, C = c.model.n_embd, NH = c.model.n_head;
+  const int64_t N = B * T, L = c.model.n_layer, V = c.model.padded_vocab();
+  return {{"c_attn", 1, N, C, 3 * C, L},   {"attn c_proj", 1, N, C, C, L},
+          {"c_fc", 1, N, C, 4 * C, L},     {"mlp c_proj", 1, N, 4 * C, C, L},
+          {"q k^T", B * NH, T, C / NH, T, L}, {"p v", B * NH, T, T, C / NH, L},
+          {"lm_head", 1, N, C, V, 1}};
+}
+
+// All-reduces of `small` and `large` bytes on a group of two: 2 latency + S / bandwidth each.
+struct LinkFit {
+  double bps = 0, latency = 0;
+};
+// The pair's two members must make the same number of calls: a fixed count, not a time.
+LinkFit fit_pair(dist::Communicator& world, dist::Communicator& pair, bool measure) {
+  constexpr int64_t kSmall = 1024, kLarge = int64_t(1) << 20;  // floats: 4 KiB, 4 MiB
+  Tensor small = Tensor::full({kSmall}, 1.0), large = Tensor::full({kLarge}, 1.0);
+  auto per_call = [&](const Tensor& t, int calls) {
+    pair.all_reduce(t, dist::ReduceOp::kSum)->wait();  // warm-up
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) pair.all_reduce(t, dist::ReduceOp::kSum)->wait();
+    return seconds_since(t0) / calls;
+  };
+  double t_small = 0, t_large = 0;
+  world.barrier();
+  if (measure) t_small = per_call(small, 100);
+  world.barrier();
+  if (measure) t_large = per_call(large, 8);
+  t_small = mean_over(world, t_small, measure);
+  t_large = mean_over(world, t_large, measure);
+  LinkFit f;
+  const double dbytes = double(kLarge - kSmall) * 4;
+  f.bps = dbytes / std::max(1e-9, t_large - t_small);
+  f.latency = std::max(0.0, (t_small - double(kSmall) * 4 / f.bps) / 2);
+  return f;
+}
+
+// Token ids, uniform in [0, V).
+Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
+  Tensor u = Tensor::empty({B, T});
+  kernels::fill_uniform(u, 7, stream, 0, 0.0f, static_cast<float>(V));
+  std::vector<int32_t> v;
+  for (float x : u.to_vector<float>()) v.push_back(std::min<int32_t>(static_cast<int32_t>(x), int32_t(V - 1)));
+  return Tensor::from_vector(v, {B, T});
+}
+
+// Seconds of one optimizer step of the config's model on this rank alone (tp = cp = 1, one
+// micro-step, no communication): forward, backward, the norm, AdamW; the median of 3 after
+// a warm-up.
+double model_step_s(const Config& c) {
+  models::GPT gpt(c.model);
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, c.train.seed, nn::ShardSpec{});
+  optim::AdamW opt(params, c.optim);
+  const int64_t B = c.train.micro_batch_size, T = c.train.seq_len, V = c.model.vocab_size;
+  std::vector<double> times;
+  for (int s = 0; s < 4; ++s) {
+    Tensor x = random_ids(B, T, V, 2 * s), y = random_ids(B, T, V, 2 * s + 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    params.zero_grad();
+    backward(gpt.forward(x, y).loss);
+    opt.step(1e-4, optim::clip_scale(optim::grad_norm(params), 1.0));
+    if (s > 0) times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
+  std::shared_ptr<dist::Communicator> world;
+  try {
+    world = dist::init_world();
+    world->set_timeout(c.parallel.timeout_s);
+    const int64_t W = world->size(), me = world->rank();
+    dist::DeviceMesh mesh(dist::ParallelDims::resolve(W, 1, 1, 1, W), world);
+    // the hosts, in rank order: every host's ranks together and as many on each
+    const std::vector<std::string>& names = mesh.hosts();
+    std::vector<std::string> hosts;
+    for (const std::string& h : names)
+      if (hosts.empty() || hosts.back() != h) hosts.push_back(h);
+    const int64_t H = static_cast<int64_t>(hosts.size()), D = W / H;
+    const std::set<std::string> distinct(names.begin(), names.end());
+    bool regular = static_cast<int64_t>(distinct.size()) == H && W % H == 0;
+    for (int64_t r = 0; regular && r < W; ++r) regular = names[size_t(r)] == hosts[size_t(r / D)];
+    if (!regular)
+      throw ConfigError("--plan.calibrate needs the same number of ranks on every host, in rank order (mpirun "
+                        "--map-by ppr:N:node); these ranks sit on " +
+                        std::to_string(distinct.size()) + " hosts unevenly or interleaved");
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    set_num_threads(c.train.threads > 0 ? c.train.threads : std::max(1, cores / int(D)));
+
+    // ---- the matrix products, every rank at once
+    double flops = 0, secs = 0;
+    std::ostringstream shapes;
+    for (const Gemm& g : model_gemms(c)) {
+      Tensor a = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.m, g.k} : Shape{g.m, g.k}),
+             b = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.k, g.n} : Shape{g.k, g.n}),
+             o = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.m, g.n} : Shape{g.m, g.n});
+      kernels::fill_uniform(a, 1, 0, 0, -1, 1);
+      kernels::fill_uniform(b, 1, 1, 0, -1, 1);
+      world->barrier();
+      const double t = mean_over(*world, time_per_call([&] { kernels::gemm(a, false, b, false, o); }, 0.3), true);
+      const double f = 2.0 * double(g.batch) * double(g.m) * double(g.k) * double(g.n);
+      flops += f * double(g.count);
+      secs += t * double(g.count);
+      char line[160];
+      std::snprintf(line, sizeof(line), "  %-12s %4lld x %6lld x %5lld x %6lld  %8.1f GFLOP/s\n", g.what,
+                    (long long)g.batch, (long long)g.m, (long long)g.k, (long long)g.n, f / t / 1e9);
+      shapes << line;
+    }
+    // ---- an element-wise pass: out = a + b reads two floats and writes one
+    const int64_t n = int64_t(1) << 22;
+    Tensor x = Tensor::full({n}, 1.0), y = Tensor::full({n}, 2.0), z = Tensor::empty({n});
+    world->barrier();
+    const double t_add = mean_over(*world, time_per_call([&] { kernels::add(x, y, z); }, 0.3), true);
+    const double memory_bps = 3.0 * double(n) * 4 / t_add;
+    // ---- the model's own step, every rank at once: what the two rates above leave out (the
+    // element-wise kernels that compute more than they move, the autograd engine, threads
+    // sharing cores) becomes a factor on both, so that they predict this step
+    world->barrier();
+    const double step_measured = mean_over(*world, model_step_s(c), true);
+    Cluster one;
+    one.name = "one rank";
+    one.hosts = one.devices_per_host = 1;
+    one.flops = one.peak_flops = flops / secs;
+    one.memory_bps = memory_bps;
+    one.memory_bytes = 1e18;
+    Config c1 = c;
+    c1.parallel = ParallelSection{};
+    c1.train.grad_accum_steps = 1;
+    c1.train.activation_checkpointing = "none";
+    c1.train.device = "cpu";
+    const double step_predicted = predict_time(c1, plan(c1, 1), one).step_s;
+    const double factor = step_predicted / step_measured;
+
+    // ---- the links: pairs inside a host, pairs across two hosts, every pair at once
+    Cluster k;
+    k.name = "calibrated";
+    k.hosts = H;
+    k.devices_per_host = D;
+    k.flops = k.peak_flops = flops / secs * factor;
+    k.memory_bps = memory_bps * factor;
+    k.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / double(D);
+    if (D > 1) {
+      const int64_t local = me % D;
+      const bool paired = local / 2 * 2 + 1 < D;  // an odd last rank of a host sits out
+      auto pair = world->split(int(paired ? me / 2 : W + me), int(me), "calibration pair inside a host");
+      const LinkFit f = fit_pair(*world, *pair, paired);
+      k.intra_bps = f.bps;
+      k.intra_latency_s = f.latency;
+    }
+    if (H > 1) {
+      const int64_t h = me / D;
+      const bool paired = h % 2 == 1 || h + 1 < H;  // an odd last host sits out
+      const int64_t partner = h % 2 == 0 ? me + D : me - D;
+      auto pair = world->split(int(paired ? std::min(me, partner) : W + me), int(me), "calibration pair across hosts");
+      const LinkFit f = fit_pair(*world, *pair, paired);
+      k.inter_bps = f.bps;
+      k.inter_latency_s = f.latency;
+    }
+    if (me == 0) {
+      std::string host_list;
+      for (const std::string& h : hosts) host_list += (host_list.empty() ? "" : ", ") + h;
+      char when[32];
+      const std::time_t now = std::time(nullptr);
+      std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+      std::ostringstream head;
+      head << "measured by train_gpt --plan.calibrate on " << when << ": " << W << " ranks on " << H
+           << " hosts (" << host_list << ")\nthe matrix products of one micro-step of the model (n_layer "
+           << c.model.n_layer << ", n_embd " << c.model.n_embd << ", micro-batch " << c.train.micro_batch_size
+           << " x " << c.train.seq_len << "), every rank at once:\n"
+           << shapes.str() << "element-wise (a + b): " << memory_bps / 1e9
+           << " GB/s; the model's step alone on every rank at once: " << step_measured * 1e3
+           << " ms, which these rates predict as " << step_predicted * 1e3 << " ms:\nboth are scaled by "
+           << factor << " below\n";
+      const std::string ini = cluster_ini(k, head.str());
+      io::write_file_atomic(c.plan_calibrate, ini);
+      out << ini << "written to " << c.plan_calibrate << "\n";
+    }
+    world->barrier();
+    return 0;
+  } catch (const ConfigError& e) {
+    if (!world || world->rank() == 0) err << "train_gpt: config error: " << e.what() << "\n";
+    if (world && world->size() > 1) world->abort(2);
+    return 2;
+  } catch (const std::exception& e) {
+    err << "train_gpt: --plan.calibrate: " << e.what() << "\n";
+    if (world && world->size() > 1) world->abort(1);
+    return 1;
+  }
+}
+
+}  // namespace ndt::train

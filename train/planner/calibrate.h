@@ -1,0 +1,24 @@
+// ndtrain: measure the machine a plan will run on and write a --cluster file.
+//
+//   mpirun -np 4 --map-by ppr:2:node build/train_gpt --config gpt.ini --plan --plan.calibrate cluster.ini
+//   build/train_gpt --config gpt.ini --plan --plan.search --cluster cluster.ini
+//
+// Every rank measures at once, as they will train: the matrix products of one micro-step
+// of the config's model (each linear's shape, the attention's batched products, lm_head,
+// in the proportions one micro-step runs them), an element-wise pass over memory, and then
+// all-reduces of two sizes between pairs of ranks inside a host and between pairs on
+// different hosts (every pair at once: each rank's share of its host's links). The hosts
+// are the ranks' host names; ranks must sit on them in order, the same number on each.
+#pragma once
+
+#include <ostream>
+
+#include "train/config.h"
+
+namespace ndt::train {
+
+// Runs the measurement on the launcher's ranks; rank 0 prints what it measured and writes
+// c.plan_calibrate. Returns the exit code.
+int calibrate_main(const Config& c, std::ostream& out, std::ostream& err);
+
+}  // namespace ndt::train

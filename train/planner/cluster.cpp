@@ -1,0 +1,124 @@
+// The presets and the resolution of a [cluster] section. Each preset number is a vendor
+// figure (docs/planner.md lists the sources); what a run reaches of it is `efficiency` for
+// the matrix products and 80% of the memory bandwidth for the element-wise ops, typical
+// figures, not measurements: a calibrated cluster file replaces both with what was measured.
+#include "train/planner/cluster.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace ndt::train {
+namespace {
+
+struct Preset {
+  const char* name;
+  int64_t devices_per_host;
+  double tf32_tflops, fp32_tflops;  // dense: without sparsity
+  double memory_gbps, memory_gb;
+  double intra_gbps, intra_latency_us, inter_gbps, inter_latency_us;  // per device, per direction
+  double efficiency;
+};
+
+// The simulated CPU cluster (scripts/cluster.sh: 2 hosts x 2 ranks on one 2-core machine,
+// inter-host links unlimited) as --plan.calibrate measured it; its rate already includes
+// the four ranks sharing two cores. Rate limits on the links: set cluster.inter_gbps.
+constexpr Preset kPresets[] = {
+    // name          D  TF32   FP32  HBM GB/s  GB   intra GB/s us  inter GB/s us  eff
+    {"h100-sxm-8", 8, 494.7, 66.9, 3350, 80, 450, 3, 50, 8, 0.6},   // NVLink 4, ConnectX-7 400 Gb/s each
+    {"h200-8", 8, 494.7, 66.9, 4800, 141, 450, 3, 50, 8, 0.6},      // H100's compute, HBM3e
+    {"a100-sxm-8", 8, 156, 19.5, 2039, 80, 300, 3, 25, 8, 0.6},     // NVLink 3, HDR 200 Gb/s each
+    {"h100-pcie-8", 8, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},     // no NVLink: PCIe 5 through the host
+};
+
+const Preset* find_preset(const std::string& name) {
+  for (const Preset& p : kPresets)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+std::string preset_list() {
+  std::string s;
+  for (const Preset& p : kPresets) s += std::string(s.empty() ? "" : ", ") + p.name;
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> cluster_presets() {
+  std::vector<std::string> v;
+  for (const Preset& p : kPresets) v.emplace_back(p.name);
+  return v;
+}
+
+bool has_cluster(const ClusterSection& k) { return !k.preset.empty() || k.hosts > 0; }
+
+Cluster resolve_cluster(const ClusterSection& k, const std::string& device, bool tf32) {
+  Cluster c;
+  const Preset* p = nullptr;
+  if (!k.preset.empty()) {
+    p = find_preset(k.preset);
+    if (!p)
+      throw ConfigError("cluster.preset = '" + k.preset + "' is not a preset; the presets are " + preset_list() +
+                        " (or leave it empty and give every [cluster] number, or --cluster FILE)");
+  }
+  c.name = p ? p->name : "custom";
+  auto pick = [&](double given, double preset_value) { return given > 0 ? given : p ? preset_value : 0.0; };
+  c.hosts = k.hosts > 0 ? k.hosts : 1;
+  c.devices_per_host = k.devices_per_host > 0 ? k.devices_per_host : p ? p->devices_per_host : 0;
+  const bool gpu = device.rfind("cuda", 0) == 0;
+  const double rate = pick(k.device_tflops, p ? (gpu && tf32 ? p->tf32_tflops : p->fp32_tflops) : 0);
+  const double eff = pick(k.efficiency, p ? p->efficiency : 0);
+  c.peak_flops = rate * 1e12;
+  c.flops = rate * eff * 1e12;
+  c.memory_bps = pick(k.memory_gbps, p ? 0.8 * p->memory_gbps : 0) * 1e9;
+  c.memory_bytes = pick(k.device_memory_gb, p ? p->memory_gb : 0) * 1e9;
+  c.intra_bps = pick(k.intra_gbps, p ? p->intra_gbps : 0) * 1e9;
+  c.intra_latency_s = pick(k.intra_latency_us, p ? p->intra_latency_us : 0) * 1e-6;
+  c.inter_bps = pick(k.inter_gbps, p ? p->inter_gbps : 0) * 1e9;
+  c.inter_latency_s = pick(k.inter_latency_us, p ? p->inter_latency_us : 0) * 1e-6;
+  std::string missing;
+  auto need = [&](bool ok, const char* key) {
+    if (!ok) missing += std::string(missing.empty() ? "" : ", ") + key;
+  };
+  need(c.devices_per_host > 0, "cluster.devices_per_host");
+  need(rate > 0, "cluster.device_tflops");
+  need(eff > 0, "cluster.efficiency");
+  need(c.memory_bps > 0, "cluster.memory_gbps");
+  need(c.memory_bytes > 0, "cluster.device_memory_gb");
+  need(c.devices_per_host == 1 || c.intra_bps > 0, "cluster.intra_gbps");
+  need(c.hosts == 1 || c.inter_bps > 0, "cluster.inter_gbps");
+  if (!missing.empty())
+    throw ConfigError("the [cluster] section lacks " + missing +
+                      ": give them, or start from a preset (cluster.preset = " + preset_list() +
+                      "), or measure this machine with --plan.calibrate FILE");
+  return c;
+}
+
+std::string cluster_ini(const Cluster& c, const std::string& comment) {
+  std::ostringstream o;
+  char line[160];
+  std::istringstream lines(comment);
+  for (std::string l; std::getline(lines, l);) o << "# " << l << "\n";
+  o << "[cluster]\n";
+  auto num = [&](const char* key, double v, const char* unit) {
+    std::snprintf(line, sizeof(line), "%-17s = %.6g   # %s\n", key, v, unit);
+    o << line;
+  };
+  o << "hosts             = " << c.hosts << "\n";
+  o << "devices_per_host  = " << c.devices_per_host << "\n";
+  num("device_tflops", c.flops / 1e12, "TFLOP/s the matrix products reached (measured)");
+  num("efficiency", 1, "the rate above is what was reached");
+  num("memory_gbps", c.memory_bps / 1e9, "GB/s the element-wise ops reached");
+  num("device_memory_gb", c.memory_bytes / 1e9, "GB per rank (the host's memory / its ranks)");
+  if (c.devices_per_host > 1) {
+    num("intra_gbps", c.intra_bps / 1e9, "GB/s per rank and direction inside a host");
+    num("intra_latency_us", c.intra_latency_s * 1e6, "us");
+  }
+  if (c.hosts > 1) {
+    num("inter_gbps", c.inter_bps / 1e9, "GB/s per rank and direction between hosts, every rank sending");
+    num("inter_latency_us", c.inter_latency_s * 1e6, "us");
+  }
+  return o.str();
+}
+
+}  // namespace ndt::train

@@ -1,0 +1,48 @@
+// ndtrain: the machines a plan runs on: hosts of devices, each device's matrix-product rate
+// and memory, and two classes of link (between the devices of a host; between hosts).
+//
+//   [cluster]
+//   preset = h100-sxm-8     # one node of 8 H100 SXM (NVLink, 8 x 400 Gb/s InfiniBand)
+//   hosts = 16              # ... sixteen of them
+//
+//   train_gpt --config gpt.ini --plan --cluster calibrated.ini   # a file with only [cluster]
+//
+// A preset fills every number the config leaves at 0; docs/planner.md gives each preset
+// number's public source. `--plan.calibrate FILE` measures the machine it runs on and
+// writes such a file (train/planner/calibrate.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+
+namespace ndt::train {
+
+struct Cluster {
+  std::string name;  // the preset, "calibrated", or "custom"
+  int64_t hosts = 0, devices_per_host = 0;
+  double flops = 0;         // FLOP/s one device's matrix products reach (rate x efficiency)
+  double peak_flops = 0;    // the dense peak, for MFU
+  double memory_bps = 0;    // bytes/s, the element-wise ops
+  double memory_bytes = 0;  // of one device
+  double intra_bps = 0, intra_latency_s = 0;
+  double inter_bps = 0, inter_latency_s = 0;
+
+  int64_t devices() const { return hosts * devices_per_host; }
+  int64_t host_of(int64_t rank) const { return rank / devices_per_host; }  // mpirun --map-by ppr:D:node
+};
+
+// The names of the presets, for messages.
+std::vector<std::string> cluster_presets();
+// True when the config names a cluster (a preset, or hosts).
+bool has_cluster(const ClusterSection& k);
+// The cluster of the config: the preset's numbers where the section has 0, checked for
+// what the time model needs (each missing number named with its key). `dtype` picks the
+// preset's rate: float32 runs on TF32 tensor cores when tf32 is set.
+Cluster resolve_cluster(const ClusterSection& k, const std::string& device, bool tf32);
+// The [cluster] section that describes c, as an INI file (what --plan.calibrate writes).
+std::string cluster_ini(const Cluster& c, const std::string& comment);
+
+}  // namespace ndt::train

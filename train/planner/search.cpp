@@ -1,0 +1,208 @@
+// The layout search: enumerate, plan, keep what fits, time, rank.
+#include "train/planner/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+namespace ndt::train {
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      d.push_back(i);
+      if (i != n / i) d.push_back(n / i);
+    }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+// "2 x 4 x 1 x 1" as dp_replicate x dp_shard x cp x tp
+std::string sizes(const dist::ParallelDims& D) {
+  char s[64];
+  std::snprintf(s, sizeof(s), "%lld x %lld x %lld x %lld", (long long)D.dp_replicate, (long long)D.dp_shard,
+                (long long)D.cp, (long long)D.tp);
+  return s;
+}
+
+std::string describe(const Candidate& x) {
+  return sizes(x.plan.dims) + " (" + x.plan.strategy + "), micro-batch " + std::to_string(x.plan.micro_batch) +
+         ", checkpointing " + x.plan.ac;
+}
+
+std::string ms(double s) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.1f ms", s * 1e3);
+  return b;
+}
+
+// Why the first beats the second: the part of the step that differs most.
+std::string why_first(const std::vector<Candidate>& r) {
+  if (r.empty()) return "no plan fits in memory";
+  const StepTime& a = r[0].time;
+  if (r.size() == 1) return "it is the only plan that fits";
+  // the best plan of another layout (the runner-up often differs only in micro-batch)
+  const Candidate* other = nullptr;
+  for (size_t i = 1; i < r.size() && !other; ++i)
+    if (r[i].plan.dims.dp_replicate != r[0].plan.dims.dp_replicate ||
+        r[i].plan.dims.dp_shard != r[0].plan.dims.dp_shard || r[i].plan.dims.cp != r[0].plan.dims.cp ||
+        r[i].plan.dims.tp != r[0].plan.dims.tp)
+      other = &r[i];
+  if (!other) other = &r[1];
+  const StepTime& b = other->time;
+  const double d_compute = b.compute_s - a.compute_s, d_re = b.recompute_s - a.recompute_s,
+               d_exp = b.exposed_s - a.exposed_s;
+  std::string part;
+  if (d_exp >= d_compute && d_exp >= d_re) {
+    std::string dim;
+    double most = -1;
+    for (const auto& [k, s] : b.exposed_by_dim) {
+      const auto it = a.exposed_by_dim.find(k);
+      const double d = s - (it == a.exposed_by_dim.end() ? 0.0 : it->second);
+      if (d > most) most = d, dim = k;
+    }
+    part = "waits " + ms(d_exp) + " more on communication (" + dim + " " + ms(std::max(0.0, most)) + ")";
+  } else if (d_re >= d_compute) {
+    part = "recomputes " + ms(d_re) + " more (activation checkpointing " + other->plan.ac + ")";
+  } else {
+    part = "computes " + ms(d_compute) + " more (micro-batch " + std::to_string(other->plan.micro_batch) +
+           " and its shapes)";
+  }
+  char pct[32];
+  std::snprintf(pct, sizeof(pct), "%.0f%%", 100 * (b.step_s / a.step_s - 1));
+  return "the best other layout, " + sizes(other->plan.dims) + " (" + other->plan.strategy + "), is " + pct +
+         " slower (" + ms(b.step_s) + " against " + ms(a.step_s) + "): it " + part;
+}
+
+}  // namespace
+
+SearchResult search(const Config& c, const Cluster& k) {
+  SearchResult out;
+  out.world = k.devices();
+  const int64_t W = out.world;
+  if (c.plan_batch > 0) {
+    out.batch = c.plan_batch;
+  } else {  // the config's batch per step
+    const ParallelSection& P = c.parallel;
+    const int64_t shard = P.dp_shard_size > 0 ? P.dp_shard_size
+                                              : std::max<int64_t>(1, W / (P.dp_replicate_size * P.cp_size * P.tp_size));
+    out.batch = c.train.micro_batch_size * c.train.grad_accum_steps * P.dp_replicate_size * shard;
+  }
+  const char* modes[] = {"none", "selective", "full"};
+  for (int64_t tp : divisors(W))
+    for (int64_t cp : divisors(W / tp)) {
+      const int64_t dp = W / (tp * cp);
+      if (out.batch % dp) {
+        out.refused += static_cast<int64_t>(divisors(dp).size()) * 3;
+        out.tried += static_cast<int64_t>(divisors(dp).size()) * 3;
+        continue;
+      }
+      const int64_t per_rank = out.batch / dp;
+      for (int64_t rep : divisors(dp))
+        for (int64_t micro : divisors(per_rank))
+          for (const char* mode : modes) {
+            ++out.tried;
+            Config x = c;
+            x.parallel.dp_replicate_size = rep;
+            x.parallel.dp_shard_size = dp / rep;
+            x.parallel.cp_size = cp;
+            x.parallel.tp_size = tp;
+            x.train.micro_batch_size = micro;
+            x.train.grad_accum_steps = per_rank / micro;
+            x.train.activation_checkpointing = mode;
+            x.train.ac_every = 1;
+            if (micro * x.train.seq_len > (int64_t(1) << 31)) {
+              ++out.refused;
+              continue;
+            }
+            Candidate cand;
+            try {
+              cand.plan = plan(x, W);
+            } catch (const ConfigError&) {  // tp or cp the model or the sequence cannot take
+              ++out.refused;
+              continue;
+            }
+            if (double(cand.plan.peak_bytes) > 0.9 * k.memory_bytes) {
+              ++out.too_big;
+              continue;
+            }
+            cand.time = predict_time(x, cand.plan, k);
+            out.ranked.push_back(std::move(cand));
+          }
+    }
+  std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const Candidate& a, const Candidate& b) {
+    return a.time.step_s < b.time.step_s;
+  });
+  out.why = why_first(out.ranked);
+  return out;
+}
+
+void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ostream& o) {
+  print_cluster(k, o);
+  o << "search: " << s.world << " devices, " << s.batch << " sequences per step; " << s.tried
+    << " plans (layouts x micro-batches x checkpointing), " << s.refused << " refused by the trainer's rules, "
+    << s.too_big << " over 90% of a device's memory, " << s.ranked.size() << " ranked\n";
+  char line[400];
+  std::snprintf(line, sizeof(line), "%4s  %-17s %-22s %6s %-9s %10s %11s %6s %10s %10s %10s %9s  %s\n", "#",
+                "rep x shard x cp x tp", "strategy", "micro", "AC", "step ms", "tokens/s", "MFU", "compute",
+                "exposed", "recompute", "peak GB", "across hosts");
+  o << line;
+  for (size_t i = 0; i < s.ranked.size() && int64_t(i) < top; ++i) {
+    const Plan& p = s.ranked[i].plan;
+    const StepTime& t = s.ranked[i].time;
+    std::string across;
+    for (const std::string& a : t.across_hosts) across += (across.empty() ? "" : ",") + a;
+    std::snprintf(line, sizeof(line), "%4zu  %-21s %-22s %2lld x %-2lld %-9s %10.1f %11.0f %5.1f%% %10.1f %10.1f %10.1f %9.2f  %s\n",
+                  i + 1, sizes(p.dims).c_str(), p.strategy.c_str(), (long long)p.micro_batch, (long long)p.accum,
+                  p.ac.c_str(), t.step_s * 1e3, t.tokens_per_s, 100 * t.mfu, t.compute_s * 1e3,
+                  t.exposed_s * 1e3, t.recompute_s * 1e3, double(p.peak_bytes) / 1e9,
+                  across.empty() ? "-" : across.c_str());
+    o << line;
+  }
+  if (!s.ranked.empty()) {
+    o << "best: " << describe(s.ranked[0]) << "; " << s.ranked[0].time.bottleneck << "\n";
+    o << "why: " << s.why << "\n";
+    const Plan& p = s.ranked[0].plan;
+    o << "run it: --parallel.dp_replicate_size " << p.dims.dp_replicate << " --parallel.dp_shard_size "
+      << p.dims.dp_shard << " --parallel.cp_size " << p.dims.cp << " --parallel.tp_size " << p.dims.tp
+      << " --train.micro_batch_size " << p.micro_batch << " --train.grad_accum_steps " << p.accum
+      << " --train.activation_checkpointing " << p.ac << "\n";
+  } else {
+    o << "no plan fits in 90% of a device's " << k.memory_bytes / 1e9
+      << " GB: a smaller model, a shorter sequence, a smaller batch (--plan.batch) or more devices\n";
+  }
+}
+
+void print_search_json(const SearchResult& s, const Cluster& k, int64_t top, std::ostream& o) {
+  nlohmann::json j;
+  j["cluster"] = cluster_to_json(k);
+  j["world"] = s.world;
+  j["batch"] = s.batch;
+  j["tried"] = s.tried;
+  j["refused"] = s.refused;
+  j["too_big"] = s.too_big;
+  j["why"] = s.why;
+  nlohmann::json plans = nlohmann::json::array();
+  for (size_t i = 0; i < s.ranked.size() && int64_t(i) < top; ++i) {
+    const Plan& p = s.ranked[i].plan;
+    nlohmann::json x = time_to_json(s.ranked[i].time);
+    x["layout"] = {{"dp_replicate", p.dims.dp_replicate},
+                   {"dp_shard", p.dims.dp_shard},
+                   {"cp", p.dims.cp},
+                   {"tp", p.dims.tp},
+                   {"strategy", p.strategy}};
+    x["micro_batch_size"] = p.micro_batch;
+    x["grad_accum_steps"] = p.accum;
+    x["activation_checkpointing"] = p.ac;
+    x["peak_bytes"] = p.peak_bytes;
+    x["comm_bytes"] = p.comm_bytes;
+    plans.push_back(x);
+  }
+  j["plans"] = plans;
+  o << j.dump(2) << "\n";
+}
+
+}  // namespace ndt::train

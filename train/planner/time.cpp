@@ -1,0 +1,468 @@
+// The step, replayed in time. Legend as in plan.cpp (this rank's view): B micro-batch,
+// Tl = T / cp tokens, N = B Tl rows, C = n_embd, Cl = C / tp, H = 4 C / tp, NHl heads, hd
+// = C / n_head, Vl = Vp / tp, L blocks, A accumulation steps, f = 4 bytes.
+//
+// Compute: each piece of a block is its matrix products' FLOPs at the cluster's reached
+// rate plus its element-wise passes (floats read and written) at its memory bandwidth.
+// Communication: each collective's ring time on the link of its dimension,
+//   all-reduce of S bytes on n ranks       2 (n-1) (latency + S / n / bandwidth)
+//   all-gather, reduce-scatter (S whole)     (n-1) (latency + S / n / bandwidth)
+//   ring attention's exchange of b bytes              latency + b / bandwidth
+// where the bandwidth is the slowest edge of the ring: inside a host the intra-host link,
+// between hosts a host's share of its links (devices_per_host x inter_gbps) among the ring
+// edges that leave it at once. Ranks sit on hosts in order (rank / devices_per_host), as
+// mpirun places them by default; the mesh puts tp innermost, then cp, dp_shard,
+// dp_replicate (dist/mesh.h), so the outer dimensions are the ones that cross hosts.
+#include "train/planner/time.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <limits>
+
+#include "models/gpt.h"
+
+namespace ndt::train {
+namespace {
+
+constexpr double kF = 4;  // bytes of a float32
+
+// ---- links ------------------------------------------------------------------------------
+
+enum class Dim { replicate, fsdp, cp, tp, dp };
+
+// The next member of `rank`'s ring in dimension d (the communicator's order).
+int64_t successor(const dist::ParallelDims& D, int64_t rank, Dim d) {
+  dist::ParallelDims::Coords c = D.coords(rank);
+  switch (d) {
+    case Dim::replicate: c.replicate = (c.replicate + 1) % D.dp_replicate; break;
+    case Dim::tp: c.tp = (c.tp + 1) % D.tp; break;
+    case Dim::cp: c.cp = (c.cp + 1) % D.cp; break;
+    case Dim::fsdp: {  // shard x cp, cp inner
+      const int64_t i = (c.shard * D.cp + c.cp + 1) % D.fsdp();
+      c.shard = i / D.cp;
+      c.cp = i % D.cp;
+      break;
+    }
+    case Dim::dp: {  // replicate x shard, shard inner
+      const int64_t i = (c.replicate * D.dp_shard + c.shard + 1) % D.dp();
+      c.replicate = i / D.dp_shard;
+      c.shard = i % D.dp_shard;
+      break;
+    }
+  }
+  return D.rank_of(c);
+}
+
+struct Link {
+  double bps = std::numeric_limits<double>::infinity(), latency = 0;
+  bool crosses = false;     // some ring of this dimension leaves a host
+  double cross_share = 0;   // of a host's ranks, the share whose ring successor is on another host
+};
+
+// The link a dimension's rings run on. Host 0 stands for every host: the layouts are
+// regular, so each host has as many ring edges leaving it.
+Link link_of(const dist::ParallelDims& D, const Cluster& k, Dim d) {
+  Link l;
+  int64_t leaving = 0, members = 0;
+  bool intra_edge = false;
+  const int64_t first_host = std::min(k.devices_per_host, D.world());
+  for (int64_t r = 0; r < first_host; ++r) {
+    const int64_t s = successor(D, r, d);
+    if (s == r) continue;
+    ++members;
+    if (k.host_of(s) != k.host_of(r)) {
+      ++leaving;
+    } else {
+      intra_edge = true;
+    }
+  }
+  if (leaving == 0 && !intra_edge) return l;  // a group of one
+  if (leaving == 0) {
+    l.bps = k.intra_bps;
+    l.latency = k.intra_latency_s;
+    return l;
+  }
+  l.crosses = true;
+  l.cross_share = double(leaving) / double(members);
+  const double host_share = k.inter_bps * double(k.devices_per_host) / double(leaving);
+  l.bps = intra_edge ? std::min(k.intra_bps, host_share) : host_share;
+  l.latency = k.inter_latency_s;
+  return l;
+}
+
+double all_reduce_s(double bytes, int64_t n, const Link& l) {
+  return n > 1 ? 2.0 * double(n - 1) * (l.latency + bytes / double(n) / l.bps) : 0.0;
+}
+double gather_s(double whole_bytes, int64_t n, const Link& l) {  // all-gather or reduce-scatter
+  return n > 1 ? double(n - 1) * (l.latency + whole_bytes / double(n) / l.bps) : 0.0;
+}
+double exchange_s(double bytes, const Link& l) { return l.latency + bytes / l.bps; }
+
+// ---- compute ----------------------------------------------------------------------------
+
+// A piece of compute: matrix-product FLOPs and element-wise floats moved.
+struct Work {
+  double flops = 0, floats = 0;
+};
+struct Piece {
+  double s = 0, gemm_s = 0;
+};
+
+struct Shapes {
+  double B, Tl, N, C, Cl, H, NHl, hd, Vl;
+  int64_t cp, tp;
+  double S;  // attention scores one block computes (all query-key pairs it evaluates)
+};
+
+// One block's pieces, forward and backward (the ops of nn::Block and autograd/ops/*.cpp).
+struct BlockWork {
+  Work attn_in, core, attn_out, mlp;              // forward: ln_1 + c_attn + split; core; c_proj + residual; MLP
+  Work attn_in_b, core_b, attn_out_b, mlp_b;      // their backward
+};
+
+BlockWork block_work(const Shapes& d) {
+  const double N = d.N, C = d.C, Cl = d.Cl, H = d.H;
+  BlockWork w;
+  // forward: ln_1 (read, write N C); c_attn 2 N C 3Cl; split_last's copies of q, k, v
+  w.attn_in = {2 * N * C * 3 * Cl, 2 * N * C + 6 * N * Cl};
+  // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the scores
+  w.core = {4 * d.S * d.hd, 2 * d.S};
+  // heads_to_back's copy; c_proj 2 N Cl C; the residual add
+  w.attn_out = {2 * N * Cl * C, 2 * N * Cl + 3 * N * C};
+  // ln_2, c_fc 2 N C H with GELU (N H written again), c_proj 2 N H C, the residual add
+  w.mlp = {4 * N * C * H, 2 * N * C + 2 * N * H + 3 * N * C};
+  // backward: twice the FLOPs (input and weight gradients); LayerNorm's backward reads
+  // three tensors and writes one, each bias gradient reads its output gradient, each weight
+  // gradient is made and then added into the unit's gradient (3 passes of its size)
+  w.attn_in_b = {2 * w.attn_in.flops, 4 * N * C + 6 * N * Cl + 3 * N * Cl + 3 * (3 * C * Cl)};
+  w.core_b = {2 * w.core.flops, 3 * d.S};
+  w.attn_out_b = {2 * w.attn_out.flops, 2 * N * Cl + 2 * N * C + N * C + 3 * Cl * C};
+  w.mlp_b = {2 * w.mlp.flops, 4 * N * C + 3 * N * H + N * (H + C) + 2 * N * C + 3 * (2 * C * H)};
+  return w;
+}
+
+// ---- the replay -------------------------------------------------------------------------
+
+// One rank's step: the compute thread's clock, one queue per communicator (a collective
+// starts when both the thread has issued it and the one before it on the queue is done).
+struct Replay {
+  double now = 0, compute = 0, recompute = 0, gemm = 0;
+  std::map<std::string, double> queue_free, exposed;
+
+  double start(const std::string& dim, double dur) {
+    double& f = queue_free[dim];
+    f = std::max(f, now) + dur;
+    return f;
+  }
+  void wait(const std::string& dim, double done) {
+    if (done > now) {
+      exposed[dim] += done - now;
+      now = done;
+    }
+  }
+  void sync(const std::string& dim, double dur) {
+    if (dur > 0) wait(dim, start(dim, dur));
+  }
+  void run(const Piece& p, bool again) {
+    now += p.s;
+    (again ? recompute : compute) += p.s;
+    gemm += p.gemm_s;
+  }
+};
+
+nn::ACMode block_mode(const std::string& ac, int64_t every, int64_t i) {
+  if (ac == "none" || i % every != 0) return nn::ACMode::none;
+  return ac == "full" ? nn::ACMode::full : nn::ACMode::selective;
+}
+
+}  // namespace
+
+StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
+  const dist::ParallelDims& D = p.dims;
+  NDT_CHECK(D.world() == k.devices(), "internal: a plan of ", D.world(), " ranks on a cluster of ", k.devices(),
+            " devices");
+  const bool gpu = c.train.device.rfind("cuda", 0) == 0;
+  Shapes d;
+  d.B = double(p.micro_batch);
+  d.Tl = double(p.local_seq);
+  d.N = d.B * d.Tl;
+  d.C = double(p.n_embd);
+  d.Cl = d.C / double(D.tp);
+  d.H = 4 * d.C / double(D.tp);
+  d.NHl = double(p.n_head / D.tp);
+  d.hd = d.C / double(p.n_head);
+  d.Vl = double(p.padded_vocab / D.tp);
+  d.cp = D.cp;
+  d.tp = D.tp;
+  // the scores: one process evaluates every (query, key) pair (the CPU kernels) or the
+  // causal half (cuDNN skips masked tiles); the ring evaluates 2 cp + 1 pairs of chunks of
+  // T / (2 cp) on every rank
+  if (D.cp == 1) {
+    d.S = d.B * d.NHl * d.Tl * d.Tl * (gpu ? 0.5 : 1.0);
+  } else {
+    const double Tc = d.Tl / 2;
+    d.S = d.B * d.NHl * Tc * Tc * double(2 * D.cp + 1);
+  }
+  auto piece = [&](const Work& w) {
+    Piece q;
+    q.gemm_s = w.flops / k.flops;
+    q.s = q.gemm_s + w.floats * kF / k.memory_bps;
+    return q;
+  };
+  auto scaled = [&](const Work& w, double f) { return piece(Work{w.flops * f, w.floats * f}); };
+  const BlockWork bw = block_work(d);
+  const double N = d.N, C = d.C, Vl = d.Vl;
+  // embeddings: wte(idx) + wpe(pos); backward scatters into their gradients
+  const Piece emb_f = piece({0, 3 * N * C}), emb_b = piece({0, 3 * N * C});
+  // ln_f, lm_head 2 N C Vl, the fused cross-entropy's passes over the logits (max,
+  // exponentials, the gradient written)
+  const Piece head_f = piece({2 * N * C * Vl, 2 * N * C + 3 * N * Vl});
+  // lm_head's backward, and its weight gradient added into the tied embeddings' (3 Vl C)
+  const Piece head_b = piece({4 * N * C * Vl, 3 * Vl * C + N * C});
+  // AdamW on this rank's shard (read p g m v, write p m v), the norm and the clip's scale
+  double owned = 0;
+  for (int64_t s : p.unit_shard_numel) owned += double(s);
+  const Piece optimizer = piece({0, 12 * owned});
+
+  const Link tp_link = link_of(D, k, Dim::tp), cp_link = link_of(D, k, Dim::cp),
+             fsdp_link = link_of(D, k, Dim::fsdp), rep_link = link_of(D, k, Dim::replicate),
+             dp_link = link_of(D, k, Dim::dp);
+  const double act_bytes = N * C * kF;  // TP's all-reduces: one activation (or its gradient)
+  const double kv_bytes = 2 * N * d.Cl * kF;  // the ring's K and V of this rank's two chunks
+  const int64_t A = p.accum;
+  Replay r;
+
+  // ring attention: cp steps, each computing one chunk of keys while the next travels
+  auto core = [&](const Work& w, double bytes_per_step, bool again) {
+    if (D.cp == 1) return r.run(piece(w), again);
+    for (int64_t s = 0; s < D.cp; ++s) {
+      const double done = s + 1 < D.cp ? r.start("cp", exchange_s(bytes_per_step, cp_link)) : 0;
+      r.run(scaled(w, 1.0 / double(D.cp)), again);
+      if (s + 1 < D.cp) r.wait("cp", done);
+    }
+  };
+  auto tp_all_reduce = [&]() {
+    if (D.tp > 1) r.sync("tp", all_reduce_s(act_bytes, D.tp, tp_link));
+  };
+  auto block_forward = [&](bool again) {
+    r.run(piece(bw.attn_in), again);
+    core(bw.core, kv_bytes, again);
+    r.run(piece(bw.attn_out), again);
+    tp_all_reduce();  // g after the attention
+    r.run(piece(bw.mlp), again);
+    tp_all_reduce();  // g after the MLP
+  };
+  auto block_backward = [&](nn::ACMode mode) {
+    if (mode == nn::ACMode::full) block_forward(true);
+    r.run(piece(bw.mlp_b), false);
+    tp_all_reduce();  // f: the MLP's input gradient
+    r.run(piece(bw.attn_out_b), false);
+    if (mode == nn::ACMode::selective) core(bw.core, kv_bytes, true);
+    core(bw.core_b, 2 * kv_bytes, false);  // K/V forward and their gradients back
+    r.run(piece(bw.attn_in_b), false);
+    tp_all_reduce();  // f: the attention's input gradient
+  };
+
+  // FSDP (dist/fsdp/fsdp.cpp): unit u's all-gather and reduce-scatter on the shard group
+  const bool sharded = D.sharded();
+  const int64_t U = static_cast<int64_t>(p.unit_numel.size());
+  std::vector<double> gathered(static_cast<size_t>(U), 0.0);
+  auto unit_bytes = [&](int64_t u) { return double(p.unit_numel[static_cast<size_t>(u)]) * kF; };
+  auto shard_bytes = [&](int64_t u) { return double(p.unit_shard_numel[static_cast<size_t>(u)]) * kF; };
+  auto start_gather = [&](int64_t u) {
+    gathered[static_cast<size_t>(u)] = r.start("fsdp", gather_s(unit_bytes(u), D.fsdp(), fsdp_link));
+  };
+  std::deque<std::pair<int64_t, double>> reducing;  // (unit, done) of the reduce-scatters
+  std::vector<double> replica_done;
+  auto drain = [&](size_t keep, bool sync) {  // FullyShardedDataParallel::drain
+    while (reducing.size() > keep) {
+      const auto [u, done] = reducing.front();
+      reducing.pop_front();
+      r.wait("fsdp", done);
+      if (sync && D.dp_replicate > 1)
+        replica_done.push_back(r.start("replicate", all_reduce_s(shard_bytes(u), D.dp_replicate, rep_link)));
+    }
+  };
+  auto reduce = [&](int64_t u) {
+    if (sharded) {
+      reducing.emplace_back(u, r.start("fsdp", gather_s(unit_bytes(u), D.fsdp(), fsdp_link)));
+    } else if (D.dp_replicate > 1) {  // DP: each unit's all-reduce as its gradient is ready
+      replica_done.push_back(r.start("replicate", all_reduce_s(unit_bytes(u), D.dp_replicate, rep_link)));
+    }
+  };
+
+  for (int64_t m = 0; m < A; ++m) {
+    const bool sync = m + 1 == A;
+    if (sharded) {
+      if (m == 0) {
+        start_gather(0);  // the embeddings, gathered once for the whole step
+        r.wait("fsdp", gathered[0]);
+      }
+      if (U > 1) start_gather(1);
+    }
+    r.run(emb_f, false);
+    tp_all_reduce();  // the vocabulary-parallel embedding's sum
+    for (int64_t u = 1; u < U; ++u) {
+      if (sharded) {
+        r.wait("fsdp", gathered[static_cast<size_t>(u)]);
+        if (u + 1 < U) start_gather(u + 1);
+      }
+      block_forward(false);
+    }
+    r.run(head_f, false);
+    if (D.tp > 1)
+      for (int i = 0; i < 3; ++i) r.sync("tp", all_reduce_s(N * kF, D.tp, tp_link));  // max, sum, target
+    r.run(head_b, false);
+    tp_all_reduce();  // f: lm_head's input gradient
+    for (int64_t u = U - 1; u >= 1; --u) {
+      if (sharded) {
+        drain(1, sync);
+        if (u + 1 < U) r.wait("fsdp", gathered[static_cast<size_t>(u)]);  // the last stayed whole
+        if (u > 1) start_gather(u - 1);
+      }
+      block_backward(block_mode(p.ac, p.ac_every, u - 1));
+      if (sharded || sync) reduce(u);
+    }
+    r.run(emb_b, false);
+    if (sync) reduce(0);
+    if (sharded) drain(0, sync);
+    for (double done : replica_done) r.wait("replicate", done);
+    replica_done.clear();
+  }
+  // the step: the loss over dp and cp, the gradient norm over the shards and tp, AdamW
+  r.sync("scalars", all_reduce_s(8, D.dp(), dp_link) + all_reduce_s(8, D.cp, cp_link));
+  r.sync("scalars", (sharded ? all_reduce_s(8, D.fsdp(), fsdp_link) : 0) + all_reduce_s(8, D.tp, tp_link));
+  r.run(optimizer, false);
+
+  StepTime t;
+  t.step_s = r.now;
+  t.compute_s = r.compute;
+  t.recompute_s = r.recompute;
+  t.gemm_s = r.gemm;
+  t.exposed_by_dim = r.exposed;
+  for (const auto& [dim, s] : r.exposed) t.exposed_s += s;
+  t.tokens_per_s = double(p.tokens) / t.step_s;
+  models::GPTConfig mc = c.model;
+  const double model_flops = models::GPT(mc).flops_per_token(p.seq_len) * double(p.tokens);
+  t.mfu = k.peak_flops > 0 ? model_flops / t.step_s / double(D.world()) / k.peak_flops : 0;
+  auto link_for = [&](const std::string& dim) -> const Link& {
+    return dim == "tp" ? tp_link : dim == "cp" ? cp_link : dim == "fsdp" ? fsdp_link
+                       : dim == "scalars" ? dp_link : rep_link;
+  };
+  for (const PlanComm& x : p.comm) {  // a rank's bytes go to its ring successor (the ring model)
+    const int64_t inter = static_cast<int64_t>(std::llround(double(x.bytes) * link_for(x.dim).cross_share));
+    t.bytes_inter += inter;
+    t.bytes_intra += x.bytes - inter;
+  }
+  const std::pair<const char*, const Link*> named[] = {{"dp_replicate", &rep_link},
+                                                       {"dp_shard", &fsdp_link},
+                                                       {"cp", &cp_link},
+                                                       {"tp", &tp_link}};
+  for (const auto& [name, l] : named)
+    if (l->crosses) t.across_hosts.emplace_back(name);
+
+  // the bottleneck: the largest share of the step
+  auto pct = [&](double s) { return static_cast<int>(std::lround(100 * s / t.step_s)); };
+  std::string worst_dim;
+  double worst = 0;
+  for (const auto& [dim, s] : t.exposed_by_dim)
+    if (s > worst) worst = s, worst_dim = dim;
+  const std::map<std::string, std::string> words = {
+      {"fsdp", "FSDP's all-gathers and reduce-scatters"},
+      {"replicate", D.sharded() ? "HSDP's all-reduce of the gradient shards" : "DP's gradient all-reduce"},
+      {"tp", "tensor parallelism's all-reduces (each waited for)"},
+      {"cp", "ring attention's K/V exchange"},
+      {"scalars", "the loss and norm all-reduces (latency)"}};
+  if (worst > 0.2 * t.step_s) {
+    t.bottleneck = "communication: " + words.at(worst_dim) + " not hidden, " + std::to_string(pct(worst)) +
+                   "% of the step" + (link_for(worst_dim).crosses ? ", across hosts" : ", inside a host");
+  } else if (t.recompute_s > 0.2 * t.step_s) {
+    t.bottleneck = "recomputation: activation checkpointing's forward again, " +
+                   std::to_string(pct(t.recompute_s)) + "% of the step";
+  } else {
+    const double ew = t.compute_s + t.recompute_s - t.gemm_s;
+    t.bottleneck = t.gemm_s >= ew ? "compute: matrix products, " + std::to_string(pct(t.gemm_s)) + "% of the step"
+                                  : "compute: element-wise passes over memory, " + std::to_string(pct(ew)) +
+                                        "% of the step";
+  }
+  return t;
+}
+
+void print_cluster(const Cluster& k, std::ostream& o) {
+  char line[320];
+  std::snprintf(line, sizeof(line),
+                "cluster: %s, %lld hosts x %lld devices; %.3g TFLOP/s reached per device (peak %.3g), memory %.3g GB/s, "
+                "%.3g GB per device\n",
+                k.name.c_str(), (long long)k.hosts, (long long)k.devices_per_host, k.flops / 1e12,
+                k.peak_flops / 1e12, k.memory_bps / 1e9, k.memory_bytes / 1e9);
+  o << line;
+  std::snprintf(line, sizeof(line),
+                "  links per device and direction: inside a host %.3g GB/s (%.3g us), between hosts %.3g GB/s "
+                "(%.3g us)\n",
+                k.intra_bps / 1e9, k.intra_latency_s * 1e6, k.inter_bps / 1e9, k.inter_latency_s * 1e6);
+  o << line;
+}
+
+void print_time(const Plan& p, const StepTime& t, const Cluster& k, std::ostream& o) {
+  (void)p;
+  char line[320];
+  print_cluster(k, o);
+  o << "time per step (predicted):\n";
+  auto ms = [](double s) { return s * 1e3; };
+  std::snprintf(line, sizeof(line), "  step           %10.1f ms  %.0f tokens/s, MFU %.1f%%\n", ms(t.step_s),
+                t.tokens_per_s, 100 * t.mfu);
+  o << line;
+  std::snprintf(line, sizeof(line), "  compute        %10.1f ms  (matrix products %.1f ms of compute and recompute)\n",
+                ms(t.compute_s), ms(t.gemm_s));
+  o << line;
+  std::snprintf(line, sizeof(line), "  recompute      %10.1f ms\n", ms(t.recompute_s));
+  o << line;
+  std::string by;
+  for (const auto& [dim, s] : t.exposed_by_dim) {
+    char b[64];
+    std::snprintf(b, sizeof(b), "%s%s %.1f ms", by.empty() ? "" : ", ", dim.c_str(), ms(s));
+    by += b;
+  }
+  std::snprintf(line, sizeof(line), "  exposed comm   %10.1f ms  %s\n", ms(t.exposed_s), by.c_str());
+  o << line;
+  std::string across;
+  for (const std::string& a : t.across_hosts) across += (across.empty() ? "" : ", ") + a;
+  std::snprintf(line, sizeof(line), "  sent per step  %10.2f MiB inside a host, %.2f MiB to other hosts, a rank on average (%s)\n",
+                double(t.bytes_intra) / (1 << 20), double(t.bytes_inter) / (1 << 20),
+                across.empty() ? "no dimension crosses hosts" : ("across hosts: " + across).c_str());
+  o << line;
+  o << "  bottleneck: " << t.bottleneck << "\n";
+}
+
+nlohmann::json time_to_json(const StepTime& t) {
+  return {{"step_s", t.step_s},
+          {"compute_s", t.compute_s},
+          {"recompute_s", t.recompute_s},
+          {"exposed_s", t.exposed_s},
+          {"gemm_s", t.gemm_s},
+          {"exposed_by_dim", t.exposed_by_dim},
+          {"tokens_per_s", t.tokens_per_s},
+          {"mfu", t.mfu},
+          {"bytes_intra", t.bytes_intra},
+          {"bytes_inter", t.bytes_inter},
+          {"across_hosts", t.across_hosts},
+          {"bottleneck", t.bottleneck}};
+}
+
+nlohmann::json cluster_to_json(const Cluster& k) {
+  return {{"name", k.name},
+          {"hosts", k.hosts},
+          {"devices_per_host", k.devices_per_host},
+          {"flops", k.flops},
+          {"peak_flops", k.peak_flops},
+          {"memory_bps", k.memory_bps},
+          {"memory_bytes", k.memory_bytes},
+          {"intra_bps", k.intra_bps},
+          {"intra_latency_s", k.intra_latency_s},
+          {"inter_bps", k.inter_bps},
+          {"inter_latency_s", k.inter_latency_s}};
+}
+
+}  // namespace ndt::train
