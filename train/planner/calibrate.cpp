@@ -54,6 +54,13 @@ double mean_over(dist::Communicator& world, double x, bool measured) {
   return v[1] > 0 ? v[0] / v[1] : 0.0;
 }
 
+// The largest x over the ranks.
+double max_over(dist::Communicator& world, double x) {
+  Tensor t = Tensor::full({1}, x, DType::f64);
+  world.all_reduce(t, dist::ReduceOp::kMax)->wait();
+  return static_cast<const double*>(t.data_ptr())[0];
+}
+
 // One matrix product of the model's micro-step: (batch of) m x k times k x n, `count` of
 // them per micro-step.
 struct Gemm {
@@ -91,8 +98,9 @@ LinkFit fit_pair(dist::Communicator& world, dist::Communicator& pair, bool measu
   if (measure) t_small = per_call(small, 100);
   world.barrier();
   if (measure) t_large = per_call(large, 8);
-  t_small = mean_over(world, t_small, measure);
-  t_large = mean_over(world, t_large, measure);
+  // the slowest pair: the links are shared unevenly, and a step waits for its last rank
+  t_small = max_over(world, t_small);
+  t_large = max_over(world, t_large);
   LinkFit f;
   const double dbytes = double(kLarge - kSmall) * 4;
   f.bps = dbytes / std::max(1e-9, t_large - t_small);

@@ -19,15 +19,18 @@ struct Preset {
   double efficiency;
 };
 
-// The simulated CPU cluster (scripts/cluster.sh: 2 hosts x 2 ranks on one 2-core machine,
-// inter-host links unlimited) as --plan.calibrate measured it; its rate already includes
-// the four ranks sharing two cores. Rate limits on the links: set cluster.inter_gbps.
+// cpu-sim: the simulated CPU cluster (scripts/cluster.sh: 2 hosts x 2 ranks of 1 thread on
+// one 2-core machine, links between the hosts not limited) as --plan.calibrate measured it
+// for config S; its rates include the four ranks sharing two cores. With a rate limit on
+// the links, set cluster.inter_gbps (100 Mbit/s: about 0.0047 per rank, measured).
 constexpr Preset kPresets[] = {
     // name          D  TF32   FP32  HBM GB/s  GB   intra GB/s us  inter GB/s us  eff
     {"h100-sxm-8", 8, 494.7, 66.9, 3350, 80, 450, 3, 50, 8, 0.6},   // NVLink 4, ConnectX-7 400 Gb/s each
     {"h200-8", 8, 494.7, 66.9, 4800, 141, 450, 3, 50, 8, 0.6},      // H100's compute, HBM3e
     {"a100-sxm-8", 8, 156, 19.5, 2039, 80, 300, 3, 25, 8, 0.6},     // NVLink 3, HDR 200 Gb/s each
     {"h100-pcie-8", 8, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},     // no NVLink: PCIe 5 through the host
+    // measured 2026-12-01 (bench/bench_planner.py, config S); memory_gbps already reached
+    {"cpu-sim", 2, 0.0295619, 0.0295619, 5.38677 / 0.8, 12.638, 0.119162, 503, 0.499948, 483, 1.0},
 };
 
 const Preset* find_preset(const std::string& name) {
@@ -66,6 +69,10 @@ Cluster resolve_cluster(const ClusterSection& k, const std::string& device, bool
   c.hosts = k.hosts > 0 ? k.hosts : 1;
   c.devices_per_host = k.devices_per_host > 0 ? k.devices_per_host : p ? p->devices_per_host : 0;
   const bool gpu = device.rfind("cuda", 0) == 0;
+  // a GPU preset's rate for a CPU run, or the other way round, is a config mistake
+  if (p && (std::string(p->name) == "cpu-sim") == gpu)
+    throw ConfigError("cluster.preset = " + k.preset + " describes " + (gpu ? "CPU ranks" : "GPUs") +
+                      " but train.device = " + device + "; pick a preset of that kind of device");
   const double rate = pick(k.device_tflops, p ? (gpu && tf32 ? p->tf32_tflops : p->fp32_tflops) : 0);
   const double eff = pick(k.efficiency, p ? p->efficiency : 0);
   c.peak_flops = rate * 1e12;

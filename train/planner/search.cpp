@@ -146,7 +146,7 @@ void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ost
     << " plans (layouts x micro-batches x checkpointing), " << s.refused << " refused by the trainer's rules, "
     << s.too_big << " over 90% of a device's memory, " << s.ranked.size() << " ranked\n";
   char line[400];
-  std::snprintf(line, sizeof(line), "%4s  %-17s %-22s %6s %-9s %10s %11s %6s %10s %10s %10s %9s  %s\n", "#",
+  std::snprintf(line, sizeof(line), "%4s  %-21s %-22s %-7s %-9s %10s %11s %6s %10s %10s %10s %9s  %s\n", "#",
                 "rep x shard x cp x tp", "strategy", "micro", "AC", "step ms", "tokens/s", "MFU", "compute",
                 "exposed", "recompute", "peak GB", "across hosts");
   o << line;

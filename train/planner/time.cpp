@@ -145,14 +145,17 @@ BlockWork block_work(const Shapes& d) {
 
 // ---- the replay -------------------------------------------------------------------------
 
-// One rank's step: the compute thread's clock, one queue per communicator (a collective
-// starts when both the thread has issued it and the one before it on the queue is done).
+// One rank's step: the compute thread's clock and the queues collectives run on (one starts
+// when the thread has issued it and the one before it on its queue is done): one per
+// communicator inside a host, and one for the host's links to other hosts, which every
+// dimension that crosses them shares.
 struct Replay {
   double now = 0, compute = 0, recompute = 0, gemm = 0;
   std::map<std::string, double> queue_free, exposed;
+  std::map<std::string, bool> crosses;  // the dimensions whose rings leave the host
 
   double start(const std::string& dim, double dur) {
-    double& f = queue_free[dim];
+    double& f = queue_free[crosses[dim] ? std::string("between hosts") : dim];
     f = std::max(f, now) + dur;
     return f;
   }
@@ -233,6 +236,11 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   const double kv_bytes = 2 * N * d.Cl * kF;  // the ring's K and V of this rank's two chunks
   const int64_t A = p.accum;
   Replay r;
+  r.crosses = {{"tp", tp_link.crosses},
+               {"cp", cp_link.crosses},
+               {"fsdp", fsdp_link.crosses},
+               {"replicate", rep_link.crosses},
+               {"scalars", false}};  // a few bytes: latency, not the queue
 
   // ring attention: cp steps, each computing one chunk of keys while the next travels
   auto core = [&](const Work& w, double bytes_per_step, bool again) {

@@ -6,8 +6,9 @@
 //
 // The model replays the step as the trainer runs it (train/planner/time.cpp): one compute
 // thread that runs each block's forward and backward (matrix products at the cluster's
-// rate, element-wise passes at its memory bandwidth) and one queue of collectives per
-// communicator, each collective's time from the ring formulas (latency + bytes / the
+// rate, element-wise passes at its memory bandwidth) and queues of collectives (one per
+// communicator inside a host; one for a host's links to the others, shared by every
+// dimension that crosses them), each collective's time from the ring formulas (latency + bytes / the
 // bandwidth of the slowest link its ring crosses). The compute thread waits only where the
 // trainer waits: TP's all-reduces at once, FSDP's prefetched all-gather when the block
 // starts, a reduce-scatter one block later, DP's all-reduces and ring attention's K/V at
