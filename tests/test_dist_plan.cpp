@@ -248,7 +248,7 @@ TEST(PlanSearch, WithoutAFittingPlanSaysSo) {
 }
 
 TEST(PlanCluster, BadClustersAreOneClearError) {
-  const std::string bin = std::string(NDT_TRAIN_GPT_BIN) + " --plan ";
+  const std::string bin = std::string(NDT_TRAIN_GPT_BIN) + " --plan --train.device cuda ";
   const fs::path dir = fs::temp_directory_path() / ("ndt_plan_cluster_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "mixed.ini") << "[cluster]\nhosts = 2\n[train]\nsteps = 3\n";
@@ -265,6 +265,7 @@ TEST(PlanCluster, BadClustersAreOneClearError) {
       {"--cluster.preset h100-sxm-8 --cluster.efficiency 1.5", "cluster.efficiency must be in (0, 1]"},
       {"--cluster.preset h100-sxm-8 --plan.world 4", "the cluster has 8 devices"},
       {"--cluster.preset h100-sxm-8 --parallel.tp_size 3", "tp"},
+      {"--cluster.preset cpu-sim", "cluster.preset = cpu-sim describes CPU ranks but train.device = cuda"},
   };
   for (const Case& c : cases) {
     const Result r = run_shell(bin + c.args);
@@ -282,6 +283,34 @@ TEST(PlanCluster, BadClustersAreOneClearError) {
   r = run_shell(bin + "--json --parallel.dp_shard_size -1 --cluster.hosts 3 --cluster " + (dir / "ok.ini").string());
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["layout"]["world"].get<int64_t>(), 24);
+  fs::remove_all(dir);
+}
+
+TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
+  const fs::path dir = fs::temp_directory_path() / ("ndt_plan_calibrate_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string bin = std::string(NDT_TRAIN_GPT_BIN) +
+                          " --model.n_layer 2 --model.n_head 2 --model.n_embd 64 --model.vocab_size 96"
+                          " --model.block_size 64 --train.seq_len 64 --train.micro_batch_size 4 --train.threads 1 --plan ";
+  const fs::path file = dir / "cluster.ini";
+  Result r = run_shell(bin + "--plan.calibrate " + file.string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::ifstream f(file);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("[cluster]\nhosts             = 1\ndevices_per_host  = 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("c_fc"), std::string::npos) << "the shapes it measured, as comments: " << text;
+  r = run_shell(bin + "--json --cluster " + file.string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["cluster"]["name"], "custom");
+  EXPECT_GT(j["cluster"]["flops"].get<double>(), 1e8);
+  EXPECT_GT(j["time"]["step_s"].get<double>(), 0);
+  // GPUs are not measured: a preset is the way
+  r = run_shell(bin + "--train.device cuda --plan.calibrate " + (dir / "gpu.ini").string());
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("measures float32 on CPU ranks"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir / "gpu.ini"));
   fs::remove_all(dir);
 }
 

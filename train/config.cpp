@@ -129,8 +129,8 @@ po::options_description describe(Config& c) {
   po::options_description cluster("[cluster] (for --plan; 0: from the preset)");
   cluster.add_options()
       ("cluster.preset", po::value(&c.cluster.preset)->default_value(c.cluster.preset),
-       "h100-sxm-8, a100-sxm-8, h100-pcie-8, h200-8 (one node of 8; set cluster.hosts for more) or cpu-sim "
-       "(the simulated 2 x 2 CPU cluster, measured); docs/planner.md gives each number's source")
+       "h100-sxm-8, a100-sxm-8, h100-pcie-8, h200-8 (one node of 8 GPUs; set cluster.hosts for more) or cpu-sim "
+       "(one host of the simulated CPU cluster, 2 ranks, measured); docs/planner.md gives each number's source")
       ("cluster.hosts", po::value(&c.cluster.hosts)->default_value(c.cluster.hosts), "hosts (nodes)")
       ("cluster.devices_per_host", po::value(&c.cluster.devices_per_host)->default_value(c.cluster.devices_per_host), "GPUs (or ranks) per host")
       ("cluster.device_tflops", po::value(&c.cluster.device_tflops)->default_value(c.cluster.device_tflops),

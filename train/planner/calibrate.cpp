@@ -143,6 +143,9 @@ double model_step_s(const Config& c) {
 int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
   std::shared_ptr<dist::Communicator> world;
   try {
+    if (c.train.device != "cpu" || c.train.dtype != "float32")
+      throw ConfigError("--plan.calibrate measures float32 on CPU ranks (train.device = cpu, train.dtype = float32); "
+                        "for GPUs start from a preset (cluster.preset = h100-sxm-8, ...) and set cluster.efficiency");
     world = dist::init_world();
     world->set_timeout(c.parallel.timeout_s);
     const int64_t W = world->size(), me = world->rank();
