@@ -310,6 +310,7 @@ STAGE_TIMES+=("deps: $((SECONDS - t0))s")
 # ---- 2. configure and build only what runs -------------------------------------------------
 TARGETS=(test_cuda_ops test_cuda_train train_gpt bench_gpu_ops bench_gpt_train test_mpi_comm)
 [[ -f tests/test_cuda_attention.cpp ]] && TARGETS+=(test_cuda_attention)
+[[ -f tests/test_cuda_nccl.cpp ]] && TARGETS+=(test_cuda_nccl)
 t0=$SECONDS
 log "configure: $BUILD"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNDT_CUDA=ON \
