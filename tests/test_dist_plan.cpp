@@ -317,8 +317,8 @@ TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
 // ---- the prediction against runs on the simulated cluster (2 hosts x 2 ranks) ------------
 
 // On links of 100 Mbit/s between the hosts, where the layouts differ by a factor of two:
-// calibrate, plan three layouts, train them, compare. A loose bound (the full table, with
-// its 25% target, is bench/bench_planner.py's, in docs/planner.md).
+// calibrate, plan three layouts, train them, compare. A loose bound, 35% (they came within
+// 8% here; the full table is bench/bench_planner.py's, in docs/planner.md).
 TEST(PlanOnACluster, PredictedStepTimesFollowTheMeasuredOnes) {
   ndt::testing::Cluster two(2);
   if (!two.ok()) GTEST_SKIP() << two.why_not();
@@ -360,7 +360,7 @@ TEST(PlanOnACluster, PredictedStepTimesFollowTheMeasuredOnes) {
                 measured.back(), 100 * (predicted.back() / measured.back() - 1));
   }
   for (size_t i = 0; i < layouts.size(); ++i)
-    EXPECT_NEAR(predicted[i] / measured[i], 1.0, 0.5) << layouts[i].first;
+    EXPECT_NEAR(predicted[i] / measured[i], 1.0, 0.35) << layouts[i].first;
   // the same order: HSDP sends one gradient all-reduce across, FSDP x TP the shards' traffic
   // of half the model, FSDP over four the whole model three times
   for (size_t i = 0; i + 1 < layouts.size(); ++i) {

@@ -226,14 +226,23 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
       k.intra_bps = f.bps;
       k.intra_latency_s = f.latency;
     }
+    std::string inter_note;
     if (H > 1) {
       const int64_t h = me / D;
       const bool paired = h % 2 == 1 || h + 1 < H;  // an odd last host sits out
       const int64_t partner = h % 2 == 0 ? me + D : me - D;
       auto pair = world->split(int(paired ? std::min(me, partner) : W + me), int(me), "calibration pair across hosts");
-      const LinkFit f = fit_pair(*world, *pair, paired);
-      k.inter_bps = f.bps;
-      k.inter_latency_s = f.latency;
+      // every pair at once: each rank's share when all of a host's ranks send together
+      const LinkFit all = fit_pair(*world, *pair, paired);
+      // one pair alone (ranks 0 and D): what one stream gets of a host's links
+      const LinkFit one = fit_pair(*world, *pair, me == 0 || me == D);
+      // A step's transfers reach the second figure, not the first, on the simulated cluster
+      // (docs/planner.md, "Checked against measurement"): a host's links count as what one
+      // pair moves, shared by the host's ranks (inter_gbps x devices_per_host = that).
+      k.inter_bps = std::min(all.bps, one.bps / double(D));
+      k.inter_latency_s = one.latency;
+      inter_note = "between hosts: every pair at once " + std::to_string(all.bps / 1e6) + " MB/s per rank, one pair alone " +
+                   std::to_string(one.bps / 1e6) + " MB/s\n";
     }
     if (me == 0) {
       std::string host_list;
@@ -249,7 +258,7 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
            << shapes.str() << "element-wise (a + b): " << memory_bps / 1e9
            << " GB/s; the model's step alone on every rank at once: " << step_measured * 1e3
            << " ms, which these rates predict as " << step_predicted * 1e3 << " ms:\nboth are scaled by "
-           << factor << " below\n";
+           << factor << " below\n" << inter_note;
       const std::string ini = cluster_ini(k, head.str());
       io::write_file_atomic(c.plan_calibrate, ini);
       out << ini << "written to " << c.plan_calibrate << "\n";

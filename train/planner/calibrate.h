@@ -6,8 +6,9 @@
 // Every rank measures at once, as they will train: the matrix products of one micro-step
 // of the config's model (each linear's shape, the attention's batched products, lm_head,
 // in the proportions one micro-step runs them), an element-wise pass over memory, and then
-// all-reduces of two sizes between pairs of ranks inside a host and between pairs on
-// different hosts (every pair at once: each rank's share of its host's links). The hosts
+// all-reduces of two sizes between pairs of ranks inside a host (every pair at once) and
+// between two hosts (every pair at once, and one pair alone: a host's links count as what
+// one pair moves, shared by the host's ranks, which is what training steps reach). The hosts
 // are the ranks' host names; ranks must sit on them in order, the same number on each.
 #pragma once
 

@@ -22,7 +22,7 @@ struct Preset {
 // cpu-sim: the simulated CPU cluster (scripts/cluster.sh: 2 hosts x 2 ranks of 1 thread on
 // one 2-core machine, links between the hosts not limited) as --plan.calibrate measured it
 // for config S; its rates include the four ranks sharing two cores. With a rate limit on
-// the links, set cluster.inter_gbps (100 Mbit/s: about 0.0047 per rank, measured).
+// the links, set cluster.inter_gbps (100 Mbit/s: about 0.0029 per rank, measured).
 constexpr Preset kPresets[] = {
     // name          D  TF32   FP32  HBM GB/s  GB   intra GB/s us  inter GB/s us  eff
     {"h100-sxm-8", 8, 494.7, 66.9, 3350, 80, 450, 3, 50, 8, 0.6},   // NVLink 4, ConnectX-7 400 Gb/s each
@@ -30,7 +30,7 @@ constexpr Preset kPresets[] = {
     {"a100-sxm-8", 8, 156, 19.5, 2039, 80, 300, 3, 25, 8, 0.6},     // NVLink 3, HDR 200 Gb/s each
     {"h100-pcie-8", 8, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},     // no NVLink: PCIe 5 through the host
     // measured 2026-12-01 (bench/bench_planner.py, config S); memory_gbps already reached
-    {"cpu-sim", 2, 0.0295619, 0.0295619, 5.38677 / 0.8, 12.638, 0.119162, 503, 0.499948, 483, 1.0},
+    {"cpu-sim", 2, 0.0242798, 0.0242798, 5.3795 / 0.8, 12.638, 0.0691986, 1309, 0.131064, 819, 1.0},
 };
 
 const Preset* find_preset(const std::string& name) {
@@ -122,7 +122,7 @@ std::string cluster_ini(const Cluster& c, const std::string& comment) {
     num("intra_latency_us", c.intra_latency_s * 1e6, "us");
   }
   if (c.hosts > 1) {
-    num("inter_gbps", c.inter_bps / 1e9, "GB/s per rank and direction between hosts, every rank sending");
+    num("inter_gbps", c.inter_bps / 1e9, "GB/s per rank and direction between hosts (a host's links / its ranks)");
     num("inter_latency_us", c.inter_latency_s * 1e6, "us");
   }
   return o.str();
