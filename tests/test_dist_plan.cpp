@@ -27,6 +27,15 @@ namespace {
 
 using Result = ShellResult;
 
+// cmd fails as a config error should: exit 2, one line, naming `expect`
+void expect_one_config_error(const std::string& cmd, const std::string& expect) {
+  const Result r = run_shell(cmd);
+  EXPECT_EQ(r.rc, 2) << cmd << "\n" << r.out;
+  EXPECT_NE(r.out.find("train_gpt: config error: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(expect), std::string::npos) << cmd << "\n" << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
+}
+
 class DistPlan : public ::testing::TestWithParam<Layout> {
  protected:
   static void SetUpTestSuite() {
@@ -127,13 +136,7 @@ TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
       {" --plan.world 4611686018427387904 --parallel.dp_shard_size -1",
        "plan.world = 4611686018427387904 is outside"},
   };
-  for (const Case& c : cases) {
-    const Result r = run_shell(bin + c.args);
-    EXPECT_EQ(r.rc, 2) << c.args << "\n" << r.out;
-    EXPECT_NE(r.out.find("train_gpt: config error: "), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
-    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
-  }
+  for (const Case& c : cases) expect_one_config_error(bin + c.args, c.expect);
   // the largest world --plan.world takes, with a batch that fits, plans
   const Result r = run_shell(bin + " --json --plan.world 1099511627776 --parallel.dp_shard_size -1");
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -267,13 +270,7 @@ TEST(PlanCluster, BadClustersAreOneClearError) {
       {"--cluster.preset h100-sxm-8 --parallel.tp_size 3", "tp"},
       {"--cluster.preset cpu-sim", "cluster.preset = cpu-sim describes CPU ranks but train.device = cuda"},
   };
-  for (const Case& c : cases) {
-    const Result r = run_shell(bin + c.args);
-    EXPECT_EQ(r.rc, 2) << c.args << "\n" << r.out;
-    EXPECT_NE(r.out.find("train_gpt: config error: "), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.args << "\n" << r.out;
-    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
-  }
+  for (const Case& c : cases) expect_one_config_error(bin + c.args, c.expect);
   // a cluster file, and the command line over it
   Result r = run_shell(bin + "--json --parallel.dp_shard_size -1 --cluster " + (dir / "ok.ini").string());
   ASSERT_EQ(r.rc, 0) << r.out;
