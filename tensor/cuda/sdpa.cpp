@@ -24,7 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tensor/cuda/common.cuh"
+#include "tensor/cuda/host.h"
 #include "tensor/cuda/runtime.h"
 
 #ifdef NDT_WITH_CUDNN_SDPA
