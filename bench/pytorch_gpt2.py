@@ -10,6 +10,7 @@ backward, global-norm clipping at 1.0, AdamW (fused=True on CUDA; lr 1e-4, betas
 weight decay 0.1 on 2-D weights). Random tokens, as bench_gpt_train uses.
 
     python3 bench/pytorch_gpt2.py --batch 8,16 --mode eager,compile       # on a GPU
+    python3 bench/pytorch_gpt2.py --runs eager:16,compile:16              # these, in this order
     python3 bench/pytorch_gpt2.py --device cpu --tiny                     # a check without GPU
 
 Prints one line per (mode, batch) after warm-up steps, timed with torch.cuda.synchronize():
@@ -155,7 +156,18 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps (compilation happens here)")
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model at T 64 (checks the script, no speed)")
     ap.add_argument("--budget-s", type=float, default=0, help="start no run after this many seconds (0: no limit)")
+    ap.add_argument("--runs", default="", help="mode:B pairs in order, e.g. eager:16,compile:16 (instead of --mode x --batch)")
     args = ap.parse_args()
+    if args.runs:
+        try:
+            runs = [(m, int(b)) for m, b in (r.split(":") for r in args.runs.split(",") if r)]
+        except ValueError:
+            ap.error(f"--runs {args.runs!r}: want mode:B pairs, e.g. eager:16,compile:16")
+    else:
+        runs = [(m, int(b)) for m in args.mode.split(",") if m for b in args.batch.split(",") if b]
+    for m, _ in runs:
+        if m not in ("eager", "compile"):
+            ap.error(f"mode {m!r}: want eager or compile")
 
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -174,19 +186,18 @@ def main():
         cfg = dict(n_layer=2, n_head=2, n_embd=64, vocab=512, T=64)
     start = time.perf_counter()
     rc = 0
-    for mode in [m for m in args.mode.split(",") if m]:
-        for B in [int(b) for b in args.batch.split(",") if b]:
-            if args.budget_s > 0 and time.perf_counter() - start > args.budget_s:
-                print(f"RESULT impl=pytorch mode={mode} B={B} T={cfg['T']} skipped=time_budget", flush=True)
-                continue
-            try:
-                run(args, mode, B, device, cfg)
-            except Exception as e:  # an OOM or a compile failure ends this run, not the others
-                print(f"RESULT impl=pytorch mode={mode} B={B} T={cfg['T']} error={type(e).__name__}: "
-                      f"{str(e).splitlines()[0] if str(e) else ''}", flush=True)
-                rc = 1
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
+    for mode, B in runs:
+        if args.budget_s > 0 and time.perf_counter() - start > args.budget_s:
+            print(f"RESULT impl=pytorch mode={mode} B={B} T={cfg['T']} skipped=time_budget", flush=True)
+            continue
+        try:
+            run(args, mode, B, device, cfg)
+        except Exception as e:  # an OOM or a compile failure ends this run, not the others
+            print(f"RESULT impl=pytorch mode={mode} B={B} T={cfg['T']} error={type(e).__name__}: "
+                  f"{str(e).splitlines()[0] if str(e) else ''}", flush=True)
+            rc = 1
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     return rc
 
 

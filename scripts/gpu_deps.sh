@@ -12,9 +12,11 @@
 #   .gpu-deps/MANIFEST                     package, version, bytes; the total
 #
 #   scripts/gpu_deps.sh            # (re)download everything into .gpu-deps
+#   scripts/gpu_deps.sh --list     # the package names it takes, one per line (no download)
 #
 # scripts/gpu_check.sh unpacks it into /tmp/ndt-deps and points CMake, the compiler, the
 # loader and Open MPI (OPAL_PREFIX) there. The device tool carries it: carry [".gpu-deps"].
+# scripts/gpu_prepare.sh runs this (when .gpu-deps is missing or stale) and checks the result.
 # Needs apt-get (run apt-get update first if apt-get download cannot find a package),
 # dpkg-deb, g++ (to find the Boost headers program_options includes), tar and xz.
 set -euo pipefail
@@ -65,6 +67,14 @@ BOOST_KEEP_DIRS=(
   exception container_hash assert utility iterator lexical_cast concept bind type_index move
   numeric/conversion range integer
 )
+
+if [[ "${1:-}" = --list ]]; then
+  printf '%s\n' "${PACKAGES[@]}" "${FALLBACK[@]}"
+  exit 0
+elif [[ -n "${1:-}" ]]; then
+  echo "[gpu_deps] unknown option '$1' (--list, or nothing)" >&2
+  exit 2
+fi
 
 log() { echo "[gpu_deps] $*"; }
 die() { echo "[gpu_deps] error: $*" >&2; exit 1; }

@@ -4,6 +4,8 @@
 #   scripts/setup.sh               # install missing packages (apt), configure and build (Release)
 #   scripts/setup.sh --deps-only   # only the packages
 #   scripts/setup.sh --build-only  # only configure and build (what scripts/test.sh calls)
+#   scripts/setup.sh --cudnn-frontend  # only the cuDNN frontend headers, into third_party/
+#                                  # (with or without nvcc here; an error if they cannot be had)
 #
 # Environment:
 #   NDT_BUILD_DIR    build folder (default: build, relative to the repository root)
@@ -65,7 +67,7 @@ install_deps() {
 }
 
 # cuDNN frontend (header-only C++ API over cuDNN's graph backend), used by the fused attention
-# on CUDA (tensor/cuda/sdpa.cu). Pinned; the PyPI wheel carries the headers in include/.
+# on CUDA (tensor/cuda/sdpa.cpp). Pinned; the PyPI wheel carries the headers in include/.
 # Fetched only when the CUDA backend will be built; without it (no network) ndtrain builds
 # and attention uses the composed kernels.
 CUDNN_FRONTEND_VERSION=1.23.0
@@ -75,8 +77,8 @@ cuda_backend_wanted() {  # the decision CMake makes for NDT_CUDA (AUTO: when nvc
   [[ "${NDT_CUDA:-AUTO}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }
 }
 
-fetch_cudnn_frontend() {
-  cuda_backend_wanted || return 0
+fetch_cudnn_frontend() {  # fetch_cudnn_frontend [required]
+  [[ "${1:-}" = required ]] || cuda_backend_wanted || return 0
   if [[ -f "$CUDNN_FRONTEND_DIR/include/cudnn_frontend.h" ]]; then
     log "cudnn frontend: $CUDNN_FRONTEND_DIR/include already there"
     return 0
@@ -93,6 +95,9 @@ fetch_cudnn_frontend() {
     mv "$tmp/wheel/include" "$CUDNN_FRONTEND_DIR/include"
     log "cudnn frontend: $CUDNN_FRONTEND_VERSION headers in $CUDNN_FRONTEND_DIR/include"
     CUDNN_FRONTEND_FETCHED=1
+  elif [[ "${1:-}" = required ]]; then
+    rm -rf "$tmp"
+    die "could not fetch nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION from PyPI (python3 -m pip download; no network?)"
   else
     log "cudnn frontend: could not fetch nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION (no network?); building without fused attention"
   fi
@@ -127,6 +132,7 @@ case "${1:-}" in
   "") install_deps; build ;;
   --deps-only) install_deps ;;
   --build-only) build ;;
-  -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+  --cudnn-frontend) fetch_cudnn_frontend required ;;
+  -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
   *) die "unknown option '$1' (try --help)" ;;
 esac

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# scripts/gpu_prepare.sh: on this kind of machine (Debian 12 with apt and network, no GPU
+# needed), make everything scripts/gpu_check.sh carries to a lent GPU machine, check it the
+# way the GPU machine will use it, and print the device calls.
+#
+#   scripts/gpu_prepare.sh           # make and check (about a minute; what .ci/run does)
+#   scripts/gpu_prepare.sh --build   # also build the check's targets for sm_90 against the
+#                                    # carried packages, as the GPU machine will, and rehearse
+#                                    # both device calls on that build (minutes here)
+#   scripts/gpu_prepare.sh --fresh   # download .gpu-deps again even if it is up to date, and
+#                                    # build from scratch (the build folder is reused otherwise)
+#
+# What it makes (both git-ignored, both carried):
+#   .gpu-deps/                    the Debian packages of the build (OpenBLAS, Boost.Program_options,
+#                                 GoogleTest, Google Benchmark, nlohmann-json, Open MPI and what
+#                                 its plugins link): scripts/gpu_deps.sh, run when .gpu-deps is
+#                                 missing or its list differs from that script's
+#   third_party/cudnn_frontend/   the cuDNN frontend headers (scripts/setup.sh --cudnn-frontend)
+#
+# What it checks: the pre-flight of gpu_check.sh (without GPU or PyTorch), then gpu_check.sh
+# with NDT_GPU_CHECK_DRY=configure: .gpu-deps unpacked into a prefix, CMake configured with
+# every package found there and not on this machine, then the size of what travels (the
+# working tree that the device tool sends plus the carried folders; limit 64 MiB). Exit
+# status 0 when all of it holds, else 1 with one line saying what failed.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+BUILD_TOO=0
+FRESH=0
+for arg in "$@"; do
+  case "$arg" in
+    --build) BUILD_TOO=1 ;;
+    --fresh) FRESH=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "[gpu_prepare] unknown option '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+CARRY=(.gpu-deps third_party)
+LIMIT_MIB=64
+CHECK_BUILD="${NDT_GPU_PREPARE_BUILD_DIR:-/tmp/ndt-gpu-prepare-build}"
+CHECK_DEPS="${NDT_GPU_PREPARE_DEPS_PREFIX:-/tmp/ndt-gpu-prepare-deps}"
+
+log() { echo "[gpu_prepare] $*"; }
+die() { echo "[gpu_prepare] error: $*" >&2; exit 1; }
+mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
+T0=$SECONDS
+
+for tool in git python3 awk; do command -v "$tool" >/dev/null || die "$tool not found"; done
+
+# ---- 1. .gpu-deps: made again when missing, incomplete, or listing other packages ----------
+deps_current() {
+  [[ -f .gpu-deps/MANIFEST && -f .gpu-deps/boost1.74-headers-trimmed.tar.xz ]] || return 1
+  local want have
+  want="$(scripts/gpu_deps.sh --list | sort)"
+  have="$(grep -v '^#\|^total \|^boost' .gpu-deps/MANIFEST | awk '{ print $1 }' | sort)"
+  [[ "$want" = "$have" ]] || return 1
+  [[ "$(find .gpu-deps -name '*.deb' | wc -l)" -eq "$(wc -l <<<"$want")" ]]
+}
+if [[ $FRESH -eq 0 ]] && deps_current; then
+  log ".gpu-deps: up to date ($(grep -vc '^#\|^total \|^boost' .gpu-deps/MANIFEST) packages + the Boost headers, made $(sed -n '1s/.* on \([0-9-]*\) .*/\1/p' .gpu-deps/MANIFEST))"
+else
+  log ".gpu-deps: making it (scripts/gpu_deps.sh)"
+  if ! scripts/gpu_deps.sh; then
+    # apt's package lists may be missing or stale (a fresh machine, or an old one)
+    [[ $EUID -eq 0 ]] || die "scripts/gpu_deps.sh failed (as root: apt-get update, then run this again)"
+    log "apt-get update, then once more"
+    DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null
+    scripts/gpu_deps.sh || die "scripts/gpu_deps.sh failed after apt-get update (its lines above say which package)"
+  fi
+  deps_current || die ".gpu-deps does not hold what scripts/gpu_deps.sh lists"
+fi
+
+# the tree this was prepared from: the GPU machine's copy has no .git to say it
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD 2>/dev/null || echo ' + local changes')" >.gpu-deps/TREE
+
+# ---- 2. the cuDNN frontend headers ------------------------------------------------------------
+scripts/setup.sh --cudnn-frontend | sed 's/^\[setup\]/[gpu_prepare]/'
+
+# A rehearsal of both device calls on the build just made, with stand-ins for what this
+# machine lacks: an nvidia-smi that names no real GPU, a torch module that imports but has no
+# CUDA, a compute-sanitizer that says "Device not supported". Every GPU stage then fails here,
+# and must fail the way it would on a broken GPU machine: exit 1, a summary.md in
+# NDT_GPU_CHECK_OUT that names each failed stage, and no shell error on the way. It runs every
+# line of the script that a GPU run will, up to what the GPU itself would answer.
+rehearse() {
+  local fake part rc out
+  fake="$(mktemp -d)"
+  mkdir -p "$fake/bin" "$fake/py/torch"
+  printf '#!/bin/sh
+case "$*" in *-L*) echo "GPU 0: rehearsal stand-in (no GPU here)" ;; *) echo "rehearsal stand-in, 0 MiB, none" ;; esac
+' >"$fake/bin/nvidia-smi"
+  printf '#!/bin/sh
+echo "========= Error: Device not supported"
+exit 1
+' >"$fake/bin/compute-sanitizer"
+  chmod +x "$fake/bin/nvidia-smi" "$fake/bin/compute-sanitizer"
+  printf '__version__ = "0+rehearsal"
+
+
+class version:
+    cuda = None
+' >"$fake/py/torch/__init__.py"
+  for part in quick rest; do
+    out="$fake/out-$part"
+    PATH="$fake/bin:$PATH" PYTHONPATH="$fake/py" NDT_GPU_CHECK_OUT="$out" NDT_BUILD_DIR="$CHECK_BUILD" \
+      NDT_DEPS_PREFIX="$CHECK_DEPS" NDT_JOBS="$(nproc)" scripts/gpu_check.sh --$part >"$fake/$part.log" 2>&1 && rc=0 || rc=$?
+    local expect=()
+    case "$part" in
+      quick) expect=("gpu tests: " "GPT-2 bf16 B16: " "PyTorch reference: ") ;;
+      rest) expect=("NCCL comm test: " "NCCL train step: " "PyTorch reference: ") ;;
+    esac
+    local problems=()
+    ((rc == 1)) || problems+=("exit $rc, not 1")
+    [[ -f "$out/summary.md" && -f "$out/logs.tar.gz" ]] || problems+=("no summary.md and logs.tar.gz in NDT_GPU_CHECK_OUT")
+    grep -q '^\*\*Result: FAILED\*\*' "$out/summary.md" 2>/dev/null || problems+=("the summary has no FAILED result")
+    for e in "${expect[@]}"; do grep -q -- "^- $e" "$out/summary.md" 2>/dev/null || problems+=("the summary does not list '$e'"); done
+    if grep -nE 'syntax error|unbound variable|command not found|bad substitution|integer expression expected|bad array subscript' "$fake/$part.log" >"$fake/errors"; then
+      problems+=("shell errors: $(head -3 "$fake/errors" | tr '\n' ' ')")
+    fi
+    if ((${#problems[@]})); then
+      tail -30 "$fake/$part.log" | sed 's/^/  /'
+      die "the rehearsal of gpu_check.sh --$part: $(IFS=';'; echo "${problems[*]}") (its log: $fake/$part.log)"
+    fi
+    log "rehearsal of gpu_check.sh --$part with a stand-in GPU: every stage ran and failed as it must ($(grep -c '^- ' "$out/summary.md") failures listed, exit 1, summary.md and logs.tar.gz written)"
+  done
+  rm -rf "$fake"
+}
+
+# ---- 3. the check, as the GPU machine will run it, up to the configure (or the build) -----------
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  dry=configure
+  [[ $BUILD_TOO -eq 1 ]] && dry=1
+  log "gpu_check.sh with NDT_GPU_CHECK_DRY=$dry (build folder $CHECK_BUILD, packages unpacked in $CHECK_DEPS)"
+  [[ $FRESH -eq 1 ]] && rm -rf "$CHECK_BUILD"
+  t0=$SECONDS
+  NDT_GPU_CHECK_DRY=$dry NDT_BUILD_DIR="$CHECK_BUILD" NDT_DEPS_PREFIX="$CHECK_DEPS" NDT_JOBS="$(nproc)" \
+    scripts/gpu_check.sh --quick 2>&1 | sed 's/^/  /' ||
+    die "the dry run of scripts/gpu_check.sh failed (its lines above; logs in $CHECK_BUILD/gpu_check)"
+  log "gpu_check.sh dry run ($dry): ok in $((SECONDS - t0))s"
+  if [[ $BUILD_TOO -eq 1 ]]; then
+    rehearse
+    cpu="$(awk 'NR > 1 { s += ($2 - $1) / 1000 } END { printf "%.0f", s }' "$CHECK_BUILD/.ninja_log")"
+    longest="$(awk 'NR > 1 { t = ($2 - $1) / 1000; if (t > m) { m = t; n = $4 } } END { printf "%.0f s (%s)", m, n }' "$CHECK_BUILD/.ninja_log")"
+    log "build: $cpu s of compile and link steps in all, the longest $longest: on the GPU machine's 16 cores the longest one is the build's floor"
+  fi
+else
+  log "no nvcc here: .gpu-deps and the headers are made, but the check's dry run needs the CUDA toolkit (not tried)"
+fi
+
+# ---- 4. what travels, against the device tool's limit --------------------------------------------
+# the tool sends tracked files and untracked ones git does not ignore, plus the carried folders
+tree_bytes="$(git ls-files -z -c -o --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')"
+carry_bytes="$(du -sb "${CARRY[@]}" | awk '{ s += $1 } END { print s + 0 }')"
+total=$((tree_bytes + carry_bytes))
+log "travels: working tree $(mib "$tree_bytes") + $(for c in "${CARRY[@]}"; do printf '%s %s, ' "$c" "$(mib "$(du -sb "$c" | cut -f1)")"; done | sed 's/, $//') = $(mib "$total") of $LIMIT_MIB MiB"
+((total <= LIMIT_MIB * 1048576)) || die "what travels is over the device tool's $LIMIT_MIB MiB: trim .gpu-deps or untracked files"
+
+carry_json="$(printf '"%s", ' "${CARRY[@]}" | sed 's/, $//')"
+cat <<EOF
+[gpu_prepare] ready in $((SECONDS - T0))s. The device calls (the device tool's run; the first one, then the second only if
+[gpu_prepare] at least ~5 minutes of device time are left, right after, while the machine is warm and keeps the build):
+  1. command:   set -o pipefail; NDT_GPU_CHECK_OUT=\$OUT bash scripts/gpu_check.sh --quick 2>&1 | tee \$OUT/gpu_check.log
+     carry:     [$carry_json]
+     timeout_s: 300
+  2. command:   set -o pipefail; NDT_GPU_CHECK_OUT=\$OUT bash scripts/gpu_check.sh --rest 2>&1 | tee \$OUT/gpu_check.log
+     carry:     [$carry_json]
+     timeout_s: 330
+EOF
