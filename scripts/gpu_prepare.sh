@@ -132,7 +132,11 @@ if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   dry=configure
   [[ $BUILD_TOO -eq 1 ]] && dry=1
   log "gpu_check.sh with NDT_GPU_CHECK_DRY=$dry (build folder $CHECK_BUILD, packages unpacked in $CHECK_DEPS)"
-  [[ $FRESH -eq 1 ]] && rm -rf "$CHECK_BUILD"
+  # reused for an incremental build, unless --fresh or it was configured from another tree
+  if [[ $FRESH -eq 1 ]] || { [[ -f "$CHECK_BUILD/CMakeCache.txt" ]] &&
+       [[ "$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$CHECK_BUILD/CMakeCache.txt")" != "$ROOT" ]]; }; then
+    rm -rf "$CHECK_BUILD"
+  fi
   t0=$SECONDS
   NDT_GPU_CHECK_DRY=$dry NDT_BUILD_DIR="$CHECK_BUILD" NDT_DEPS_PREFIX="$CHECK_DEPS" NDT_JOBS="$(nproc)" \
     scripts/gpu_check.sh --quick 2>&1 | sed 's/^/  /' ||
