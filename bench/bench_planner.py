@@ -4,6 +4,9 @@ simulated cluster (scripts/cluster.sh: 2 hosts x 2 ranks, TCP between the hosts;
 
     bench/bench_planner.py                          # rates none and 100mbit, every layout
     bench/bench_planner.py --rates 100mbit --layouts hsdp2x2,dp4 --steps 5
+    bench/bench_planner.py --keep out/planner       # also keep the cluster files and the rows
+    bench/bench_planner.py --from out/planner       # predict those runs again (the model changed),
+                                                    # measuring nothing: no root, seconds
 
 For each rate: `train_gpt --plan --plan.calibrate` measures the cluster (the matrix
 products at the model's shapes, memory, both link classes) into a cluster file; every
@@ -67,6 +70,44 @@ def spearman(a, b):
     return 1 - 6 * d2 / (n * (n * n - 1))
 
 
+def summarize(rows, label):
+    rho = spearman([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows])
+    worst = max(abs(r["error"]) for r in rows)
+    within = sum(abs(r["error"]) <= 0.25 for r in rows)
+    mean = statistics.mean(abs(r["error"]) for r in rows)
+    print(f"{label:8s} {len(rows)} runs: {within} within 25%, mean abs error {100 * mean:.0f}%, "
+          f"largest {100 * worst:.0f}%, Spearman {rho:.2f}")
+
+
+def again(a):
+    """The runs kept by --keep, predicted by this train_gpt against their cluster files."""
+    rows = json.load(open(os.path.join(a.from_dir, "rows.json")))
+    base = [os.path.join(BUILD, "train_gpt"), "--config", os.path.join(ROOT, "configs/fortunes_char.ini"), *S,
+            "--train.threads", "1"]
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        cal = os.path.join(a.from_dir, f"cluster_{rate}.ini")
+        here = [r for r in rows if r["rate"] == rate]
+        for r in here:
+            out = json.loads(sh(base + r["args"] + ["--plan", "--cluster", cal, "--json"]))
+            old = r["predicted_ms"]
+            r["predicted_ms"] = out["time"]["step_s"] * 1e3
+            r["error"] = r["predicted_ms"] / r["measured_ms"] - 1
+            print(f"{rate:8s} {r['layout']:12s} predicted {r['predicted_ms']:8.0f} ms (was {old:6.0f})  "
+                  f"measured {r['measured_ms']:8.0f} ms (spread {100 * r['spread']:3.0f}%)  "
+                  f"error {100 * r['error']:+5.0f}%")
+        search = json.loads(sh(base + ["--plan", "--plan.search", "--cluster", cal, "--plan.batch", str(BATCH),
+                                       "--json"]))
+        L = search["plans"][0]["layout"]
+        kept = here[0].get("pick", {})
+        print(f"{rate:8s} the search now picks {L['dp_replicate']}x{L['dp_shard']}x{L['cp']}x{L['tp']} "
+              f"B{search['plans'][0]['micro_batch_size']}x{search['plans'][0]['grad_accum_steps']} "
+              f"{search['plans'][0]['activation_checkpointing']} (kept run: {kept.get('name', '?')}, "
+              f"{kept.get('measured_ms', 0):.0f} ms)")
+        summarize(here, rate)
+    summarize(rows, "all")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="none,100mbit")
@@ -77,12 +118,17 @@ def main():
     ap.add_argument("--max-pick-loss", type=float, default=None,
                     help="fail when the recommended plan is slower than the fastest measured by more (0.1: 10%%)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--keep", help="keep the cluster files and the rows (rows.json) in this folder")
+    ap.add_argument("--from", dest="from_dir", help="predict the runs kept in this folder again; measure nothing")
     a = ap.parse_args()
+    if a.from_dir:
+        return again(a)
     if not os.path.isfile(os.path.join(ROOT, "data/fortunes/vocab.json")):
         sys.exit("run scripts/train_fortunes.sh once first (it prepares data/fortunes)")
     env = dict(os.environ, NDT_CLUSTER=os.environ.get("NDT_CLUSTER", "plan"), NDT_CLUSTER_OWNER=str(os.getpid()),
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    tmp = tempfile.mkdtemp(prefix="ndt_bench_planner_")
+    tmp = a.keep or tempfile.mkdtemp(prefix="ndt_bench_planner_")
+    os.makedirs(tmp, exist_ok=True)
     train_gpt = os.path.join(BUILD, "train_gpt")
     base = [train_gpt, "--config", os.path.join(ROOT, "configs/fortunes_char.ini"), *S, "--train.threads", "1",
             "--parallel.timeout_s", "120"]
@@ -122,7 +168,7 @@ def main():
                 p = predict(args)
                 m, spread = measure(args, name)
                 here.append({"rate": rate, "layout": name, "predicted_ms": p, "measured_ms": m, "spread": spread,
-                             "error": p / m - 1})
+                             "error": p / m - 1, "args": args})
                 print(f"{rate:8s} {name:12s} predicted {p:8.0f} ms  measured {m:8.0f} ms (spread {100 * spread:3.0f}%)"
                       f"  error {100 * (p / m - 1):+5.0f}%", flush=True)
             pm, _ = measure(pick, "pick")
@@ -135,18 +181,20 @@ def main():
             print(f"{rate:8s} largest error {100 * worst:.0f}%, Spearman {rho:.2f}")
             for r in here:
                 r["pick_loss"] = loss
+                r["pick"] = {"name": pick_name, "args": pick, "measured_ms": pm}
             rows += here
             if a.max_error is not None and worst > a.max_error:
                 failed.append(f"{rate}: a prediction is off by {100 * worst:.0f}% (bound {100 * a.max_error:.0f}%)")
             if a.max_pick_loss is not None and loss > a.max_pick_loss:
                 failed.append(f"{rate}: the recommended plan is {100 * loss:.0f}% slower than the fastest measured")
         rho = spearman([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows])
-        print(f"all      {len(rows)} runs: largest error {100 * max(abs(r['error']) for r in rows):.0f}%, "
-              f"Spearman {rho:.2f}")
+        summarize(rows, "all")
         if a.min_spearman is not None and rho < a.min_spearman:
             failed.append(f"Spearman {rho:.2f} < {a.min_spearman}")
         if a.json:
             json.dump(rows, open(a.json, "w"), indent=1)
+        if a.keep:
+            json.dump(rows, open(os.path.join(tmp, "rows.json"), "w"), indent=1)
     except subprocess.CalledProcessError as e:
         print(f"failed: {' '.join(e.cmd)}\n{e.stdout}\n{e.stderr}", file=sys.stderr)
         failed.append("a command failed")

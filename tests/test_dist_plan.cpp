@@ -19,6 +19,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "train/planner/time.h"
+
 using namespace ndt;
 using namespace ndt::testing;  // Layout, mpirun, run_shell (tests/support/launch.h)
 namespace fs = std::filesystem;
@@ -182,6 +184,33 @@ TEST(PlanTime, ACutOrSlowLinkBetweenHostsCostsWhatCrossesIt) {
   for (const nlohmann::json& t : {hsdp_fast, hsdp_slow, fsdp_fast, fsdp_slow})
     EXPECT_NEAR(t["step_s"].get<double>(),
                 t["compute_s"].get<double>() + t["recompute_s"].get<double>() + t["exposed_s"].get<double>(), 1e-9);
+}
+
+// The host's links between hosts, shared by the transfers in flight: each of k moves at 1/k
+// of its rate alone, so a short transfer during a long one ends after about twice its own
+// time (not after the long one), and the link still moves all the work.
+TEST(PlanTime, TransfersBetweenHostsShareTheLinkWhileInFlight) {
+  using train::SharedLink;
+  SharedLink alone;
+  const int a0 = alone.add(0.5, 2.0);
+  EXPECT_DOUBLE_EQ(alone.end(a0), 2.5);
+
+  SharedLink l;
+  const int a = l.add(0, 10), b = l.add(1, 1);  // b shares the link with a from t = 1
+  EXPECT_DOUBLE_EQ(l.end(b), 3.0);              // 1 s of work at half the rate
+  EXPECT_DOUBLE_EQ(l.end(a), 11.0);             // 11 s of work in all
+
+  SharedLink three;
+  const int x = three.add(0, 3), y = three.add(0, 3), z = three.add(0, 6);
+  EXPECT_DOUBLE_EQ(three.end(x), 9.0);  // a third of the rate each until x and y end
+  EXPECT_DOUBLE_EQ(three.end(y), 9.0);
+  EXPECT_DOUBLE_EQ(three.end(z), 12.0);  // then z alone: 3 s of work left
+
+  SharedLink gap;  // an idle link between transfers: the second starts fresh
+  const int g1 = gap.add(0, 4);
+  EXPECT_DOUBLE_EQ(gap.end(g1), 4.0);
+  const int g2 = gap.add(5, 2);
+  EXPECT_DOUBLE_EQ(gap.end(g2), 7.0);
 }
 
 TEST(PlanTime, TensorParallelismAcrossHostsWaitsOnTheSlowLink) {

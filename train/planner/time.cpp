@@ -10,7 +10,8 @@
 //   ring attention's exchange of b bytes              latency + b / bandwidth
 // where the bandwidth is the slowest edge of the ring: inside a host the intra-host link,
 // between hosts a host's share of its links (devices_per_host x inter_gbps) among the ring
-// edges that leave it at once. Ranks sit on hosts in order (rank / devices_per_host), as
+// edges that leave it at once; collectives in flight between hosts at the same time share
+// those links (SharedLink). Ranks sit on hosts in order (rank / devices_per_host), as
 // mpirun places them by default; the mesh puts tp innermost, then cp, dp_shard,
 // dp_replicate (dist/mesh.h), so the outer dimensions are the ones that cross hosts.
 #include "train/planner/time.h"
@@ -20,10 +21,44 @@
 #include <cstdio>
 #include <deque>
 #include <limits>
+#include <vector>
 
 #include "models/gpt.h"
 
 namespace ndt::train {
+
+// ---- SharedLink ---------------------------------------------------------------------------
+
+int SharedLink::add(double t, double alone) {
+  advance_to(t);
+  ends_.push_back(-1);
+  active_.push_back({static_cast<int>(ends_.size()) - 1, alone});
+  return active_.back().id;
+}
+
+double SharedLink::end(int id) {
+  while (ends_[static_cast<size_t>(id)] < 0) step(std::numeric_limits<double>::infinity());
+  return ends_[static_cast<size_t>(id)];
+}
+
+void SharedLink::advance_to(double t) {
+  while (!active_.empty() && clock_ < t) step(t);
+  clock_ = std::max(clock_, t);
+}
+
+void SharedLink::step(double until) {
+  const double k = double(active_.size());
+  double first = std::numeric_limits<double>::infinity();
+  for (const Flow& f : active_) first = std::min(first, f.left);
+  const double dt = std::min(first * k, until - clock_);
+  clock_ += dt;
+  for (Flow& f : active_) f.left -= dt / k;
+  const double eps = 1e-12 * std::max(1.0, clock_);
+  for (const Flow& f : active_)
+    if (f.left <= eps) ends_[static_cast<size_t>(f.id)] = clock_;
+  std::erase_if(active_, [&](const Flow& f) { return f.left <= eps; });
+}
+
 namespace {
 
 constexpr double kF = 4;  // bytes of a float32
@@ -145,21 +180,30 @@ BlockWork block_work(const Shapes& d) {
 
 // ---- the replay -------------------------------------------------------------------------
 
-// One rank's step: the compute thread's clock and the queues collectives run on (one starts
-// when the thread has issued it and the one before it on its queue is done): one per
-// communicator inside a host, and one for the host's links to other hosts, which every
-// dimension that crosses them shares.
+// A collective in flight: its end on a queue inside the host, or its flow between hosts.
+struct Ticket {
+  double done = 0;
+  int flow = -1;
+};
+
+// One rank's step: the compute thread's clock and where collectives run. Inside a host each
+// communicator is a queue (a collective starts when the thread has issued it and the one
+// before it on that communicator is done); between hosts every dimension that crosses them
+// shares the host's links (SharedLink).
 struct Replay {
   double now = 0, compute = 0, recompute = 0, gemm = 0;
   std::map<std::string, double> queue_free, exposed;
   std::map<std::string, bool> crosses;  // the dimensions whose rings leave the host
+  SharedLink between_hosts;
 
-  double start(const std::string& dim, double dur) {
-    double& f = queue_free[crosses[dim] ? std::string("between hosts") : dim];
+  Ticket start(const std::string& dim, double dur) {
+    if (crosses[dim]) return {0, between_hosts.add(now, dur)};
+    double& f = queue_free[dim];
     f = std::max(f, now) + dur;
-    return f;
+    return {f, -1};
   }
-  void wait(const std::string& dim, double done) {
+  void wait(const std::string& dim, const Ticket& t) {
+    const double done = t.flow >= 0 ? between_hosts.end(t.flow) : t.done;
     if (done > now) {
       exposed[dim] += done - now;
       now = done;
@@ -242,13 +286,23 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
                {"replicate", rep_link.crosses},
                {"scalars", false}};  // a few bytes: latency, not the queue
 
-  // ring attention: cp steps, each computing one chunk of keys while the next travels
-  auto core = [&](const Work& w, double bytes_per_step, bool again) {
+  // ring attention (dist/context_parallel): cp steps, each computing on one rank's K/V
+  // while the next travels
+  auto core = [&](const Work& w, bool again) {
     if (D.cp == 1) return r.run(piece(w), again);
     for (int64_t s = 0; s < D.cp; ++s) {
-      const double done = s + 1 < D.cp ? r.start("cp", exchange_s(bytes_per_step, cp_link)) : 0;
+      const Ticket done = s + 1 < D.cp ? r.start("cp", exchange_s(kv_bytes, cp_link)) : Ticket{};
       r.run(scaled(w, 1.0 / double(D.cp)), again);
       if (s + 1 < D.cp) r.wait("cp", done);
+    }
+  };
+  // its backward: each pass's K/V gradient goes back to the rank it came from (the other
+  // way round the ring), waited for at once by the pass's backward node; the K/V were kept
+  auto core_backward = [&](const Work& w) {
+    if (D.cp == 1) return r.run(piece(w), false);
+    for (int64_t s = 0; s < D.cp; ++s) {
+      r.run(scaled(w, 1.0 / double(D.cp)), false);
+      if (s + 1 < D.cp) r.sync("cp", exchange_s(kv_bytes, cp_link));
     }
   };
   auto tp_all_reduce = [&]() {
@@ -256,7 +310,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   };
   auto block_forward = [&](bool again) {
     r.run(piece(bw.attn_in), again);
-    core(bw.core, kv_bytes, again);
+    core(bw.core, again);
     r.run(piece(bw.attn_out), again);
     tp_all_reduce();  // g after the attention
     r.run(piece(bw.mlp), again);
@@ -267,8 +321,8 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
     r.run(piece(bw.mlp_b), false);
     tp_all_reduce();  // f: the MLP's input gradient
     r.run(piece(bw.attn_out_b), false);
-    if (mode == nn::ACMode::selective) core(bw.core, kv_bytes, true);
-    core(bw.core_b, 2 * kv_bytes, false);  // K/V forward and their gradients back
+    if (mode == nn::ACMode::selective) core(bw.core, true);
+    core_backward(bw.core_b);
     r.run(piece(bw.attn_in_b), false);
     tp_all_reduce();  // f: the attention's input gradient
   };
@@ -276,14 +330,14 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   // FSDP (dist/fsdp/fsdp.cpp): unit u's all-gather and reduce-scatter on the shard group
   const bool sharded = D.sharded();
   const int64_t U = static_cast<int64_t>(p.unit_numel.size());
-  std::vector<double> gathered(static_cast<size_t>(U), 0.0);
+  std::vector<Ticket> gathered(static_cast<size_t>(U));
   auto unit_bytes = [&](int64_t u) { return double(p.unit_numel[static_cast<size_t>(u)]) * kF; };
   auto shard_bytes = [&](int64_t u) { return double(p.unit_shard_numel[static_cast<size_t>(u)]) * kF; };
   auto start_gather = [&](int64_t u) {
     gathered[static_cast<size_t>(u)] = r.start("fsdp", gather_s(unit_bytes(u), D.fsdp(), fsdp_link));
   };
-  std::deque<std::pair<int64_t, double>> reducing;  // (unit, done) of the reduce-scatters
-  std::vector<double> replica_done;
+  std::deque<std::pair<int64_t, Ticket>> reducing;  // (unit, collective) of the reduce-scatters
+  std::vector<Ticket> replica_done;
   auto drain = [&](size_t keep, bool sync) {  // FullyShardedDataParallel::drain
     while (reducing.size() > keep) {
       const auto [u, done] = reducing.front();
@@ -336,7 +390,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
     r.run(emb_b, false);
     if (sync) reduce(0);
     if (sharded) drain(0, sync);
-    for (double done : replica_done) r.wait("replicate", done);
+    for (const Ticket& done : replica_done) r.wait("replicate", done);
     replica_done.clear();
   }
   // the step: the loss over dp and cp, the gradient norm over the shards and tp, AdamW

@@ -6,10 +6,10 @@
 //
 // The model replays the step as the trainer runs it (train/planner/time.cpp): one compute
 // thread that runs each block's forward and backward (matrix products at the cluster's
-// rate, element-wise passes at its memory bandwidth) and queues of collectives (one per
-// communicator inside a host; one for a host's links to the others, shared by every
-// dimension that crosses them), each collective's time from the ring formulas (latency + bytes / the
-// bandwidth of the slowest link its ring crosses). The compute thread waits only where the
+// rate, element-wise passes at its memory bandwidth), a queue of collectives per
+// communicator inside a host, and a host's links to the others, which the collectives in
+// flight between hosts share (SharedLink); each collective's time from the ring formulas
+// (latency + bytes / the bandwidth of the slowest link its ring crosses). The compute thread waits only where the
 // trainer waits: TP's all-reduces at once, FSDP's prefetched all-gather when the block
 // starts, a reduce-scatter one block later, DP's all-reduces and ring attention's K/V at
 // the end of the step or of the ring step they run under. What it waits is the exposed
@@ -28,6 +28,36 @@
 #include "train/planner/plan.h"
 
 namespace ndt::train {
+
+// The host's links to other hosts, which every transfer in flight between hosts shares: k
+// transfers at once each move at 1/k of the rate they would have alone (processor sharing,
+// as concurrent TCP streams and Open MPI's progress of several non-blocking collectives do).
+// A short transfer that starts during a long one (a ring-attention step during an FSDP
+// all-gather) so ends after about twice its own time, not after the long one. predict_time's
+// replay issues transfers in time order from the compute thread, so an end is only found
+// when it is waited for: the link then runs forward until that transfer ends, and nothing
+// can start before then, since the thread that would start it is the one waiting.
+//
+//   SharedLink l;
+//   int a = l.add(0, 10), b = l.add(1, 1);   // b shares the link with a from t = 1
+//   l.end(b);  // 3: 1 s of work at half the rate
+//   l.end(a);  // 11: the link moved 11 s of work in all
+class SharedLink {
+ public:
+  int add(double t, double alone);  // a transfer issued at t that alone would take `alone` s
+  double end(int id);               // when transfer `id` ends
+
+ private:
+  struct Flow {
+    int id;
+    double left;  // seconds it would still take alone
+  };
+  void advance_to(double t);
+  void step(double until);  // to the next end of a transfer, or to `until` if sooner
+  double clock_ = 0;
+  std::vector<Flow> active_;
+  std::vector<double> ends_;  // by transfer; -1 while it runs
+};
 
 struct StepTime {
   double step_s = 0;       // one optimizer step
