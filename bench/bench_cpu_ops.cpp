@@ -3,7 +3,7 @@
 //
 //   build/bench_cpu_ops --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //
-// BLAS: ndt::use_optimized_blas first (re-executes with OPENBLAS_CORETYPE set where
+// BLAS: ndt::use_cpu_defaults first (re-executes with OPENBLAS_CORETYPE set where
 // Debian's OpenBLAS misdetects the CPU; NDT_NO_BLAS_REEXEC=1 keeps what it detected).
 // Threads: ndt::set_num_threads(NDT_BENCH_THREADS) (default 2, the reference machine's
 // cores) sets both OpenMP and OpenBLAS.
@@ -262,7 +262,7 @@ void BM_collective_bookkeeping(benchmark::State& state) {
 BENCHMARK(BM_collective_bookkeeping)->Unit(benchmark::kNanosecond);
 
 int main(int argc, char** argv) {
-  ndt::use_optimized_blas(argv);
+  ndt::use_cpu_defaults(argv);
   for (int i = 1; i < argc; ++i)
     if (std::string(argv[i]) == "-h") {  // Google Benchmark knows only --help
       usage();

@@ -319,7 +319,7 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
 }  // namespace
 
 int main(int argc, char** argv) {
-  use_optimized_blas(argv);
+  use_cpu_defaults(argv);
   const std::vector<Case> cases = {
       {"S", 4, 4, 256, 512, 8, 128}, {"M", 6, 6, 384, 4096, 8, 256}, {"GPT2", 12, 12, 768, 50257, 16, 1024}};
   Options opt;

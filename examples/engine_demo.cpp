@@ -170,7 +170,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  ndt::use_optimized_blas(argv);  // may re-execute with a better OpenBLAS kernel (tensor/threads.h)
+  ndt::use_cpu_defaults(argv);  // may re-execute with OpenMP's and OpenBLAS's settings (tensor/threads.h)
   const Options opt = parse(argc, argv);
   if (opt.help) {
     std::printf("%s", kUsage);

@@ -1,10 +1,15 @@
-// Tensor, dtypes, devices, views, copies, printing, memory accounting, error messages and
-// the counter-based RNG.
+// Tensor, dtypes, devices, views, copies, printing, memory accounting, error messages, the
+// counter-based RNG and the CPU threads' defaults.
 #include <gtest/gtest.h>
 
+#include "support/launch.h"
 #include "support/testing.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -743,4 +748,33 @@ TEST(Embedding, ShardOfTheVocabulary) {
   kernels::embedding_backward(ids, dout, dtable, 2);
   // row 0 (id 2): positions 1 and 5; row 1 (id 3): position 4; row 2 (id 4): position 2
   EXPECT_EQ(dtable.to_vector<float>(), (std::vector<float>{3 + 11, 4 + 12, 9, 10, 5, 6}));
+}
+
+// OpenMP's idle workers spin a bounded time (use_cpu_defaults, called by this program's
+// main, sets GOMP_SPINCOUNT and re-executes it) unless the user chose: either variable set is
+// left as it is, and NDT_NO_BLAS_REEXEC=1 keeps the environment as started. The test runs
+// this program again under each environment; the child prints what its tests see.
+TEST(Threads, OpenMPSpinningIsBoundedUnlessTheUserChose) {
+  if (std::getenv("NDT_PRINT_SPIN")) {  // the child
+    const char* s = std::getenv("GOMP_SPINCOUNT");
+    const char* w = std::getenv("OMP_WAIT_POLICY");
+    std::printf("SPIN=%s WAIT=%s\n", s ? s : "unset", w ? w : "unset");
+    return;
+  }
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  ASSERT_GT(n, 0);
+  self[n] = '\0';
+  auto child = [&](const std::string& env) {
+    const auto r = ndt::testing::run_shell("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u NDT_NO_BLAS_REEXEC " + env + " NDT_PRINT_SPIN=1 '" +
+                                           std::string(self) + "' --gtest_filter=" +
+                                           "Threads.OpenMPSpinningIsBoundedUnlessTheUserChose");
+    EXPECT_EQ(r.rc, 0) << r.out;
+    const size_t at = r.out.find("SPIN=");
+    return at == std::string::npos ? r.out : r.out.substr(at, r.out.find('\n', at) - at);
+  };
+  EXPECT_EQ(child(""), "SPIN=300 WAIT=unset");
+  EXPECT_EQ(child("GOMP_SPINCOUNT=123456"), "SPIN=123456 WAIT=unset");
+  EXPECT_EQ(child("OMP_WAIT_POLICY=active"), "SPIN=unset WAIT=active");
+  EXPECT_EQ(child("NDT_NO_BLAS_REEXEC=1"), "SPIN=unset WAIT=unset");
 }

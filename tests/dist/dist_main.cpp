@@ -38,7 +38,7 @@ std::shared_ptr<dist::Communicator> world() { return g_world; }
 }  // namespace ndt::testing
 
 int main(int argc, char** argv) {
-  ndt::use_optimized_blas(argv);
+  ndt::use_cpu_defaults(argv);
   ::testing::InitGoogleTest(&argc, argv);
   ndt::testing::g_world = ndt::dist::init_world(/*force_mpi=*/true);
   ndt::set_num_threads(1);

@@ -5,6 +5,6 @@
 #include "train/trainer.h"
 
 int main(int argc, char** argv) {
-  ndt::use_optimized_blas(argv);
+  ndt::use_cpu_defaults(argv);
   return ndt::train::train_main(argc, argv, std::cout, std::cerr);
 }
