@@ -1,24 +1,34 @@
 #!/usr/bin/env python3
-"""PyTorch reference for bench_gpt_train: the same GPT-2 124M training step, timed.
+"""PyTorch twin of bench_gpt_train: the same GPT training step, timed.
 
-Model: n_layer 12, n_head 12, n_embd 768, vocab 50304 (GPT-2's 50257 padded to a multiple of
-128, as bench_gpt_train pads it), T 1024, learned position embeddings, pre-LayerNorm blocks
+Model (as models/gpt.cpp builds it): learned position embeddings, pre-LayerNorm blocks
 (LayerNorm with bias), GELU (tanh approximation), tied token embedding / lm_head, causal
-attention through F.scaled_dot_product_attention (PyTorch's fused kernels). Step: forward
-and cross-entropy under bf16 autocast (parameters, gradients and AdamW state stay f32),
-backward, global-norm clipping at 1.0, AdamW (fused=True on CUDA; lr 1e-4, betas 0.9/0.95,
-weight decay 0.1 on 2-D weights). Random tokens, as bench_gpt_train uses.
+attention through F.scaled_dot_product_attention (PyTorch's fused kernels on GPU and CPU),
+GPT-2 init (N(0, 0.02), residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases).
+Configs are bench_gpt_train's: S, M (CPU), GPT2 (124M, vocab 50257 padded to 50304), and
+tiny (a check of the script). Step: forward and cross-entropy (under bf16 autocast with
+--dtype bf16: parameters, gradients and AdamW state stay f32, as ndtrain's bf16 keeps an f32
+master), backward, global-norm clipping at 1.0, AdamW (fused=True, on CPU too; lr 1e-4,
+betas 0.9/0.95, eps 1e-8, weight decay 0.1 on 2-D weights). Random tokens, as
+bench_gpt_train draws them.
 
-    python3 bench/pytorch_gpt2.py --batch 8,16 --mode eager,compile       # on a GPU
+    python3 bench/pytorch_gpt2.py --batch 8,16 --mode eager,compile       # GPT-2 bf16 on a GPU
     python3 bench/pytorch_gpt2.py --runs eager:16,compile:16              # these, in this order
+    python3 bench/pytorch_gpt2.py --device cpu --config S --dtype f32 --threads 2 --runs eager:8
     python3 bench/pytorch_gpt2.py --device cpu --tiny                     # a check without GPU
 
-Prints one line per (mode, batch) after warm-up steps, timed with torch.cuda.synchronize():
-    RESULT impl=pytorch mode=eager B=8 T=1024 ms=... tokens_per_s=... mfu_pct=... peak_mib=...
+Prints one line per (mode, batch) after warm-up steps (timed with torch.cuda.synchronize()
+on a GPU):
+    RESULT impl=pytorch mode=eager config=GPT2 dtype=bf16 B=8 T=1024 ms=... tokens_per_s=...
 tokens_per_s counts B*T tokens per optimizer step; MFU uses bench_gpt_train's FLOP count
 (6 per parameter per token, token embeddings excluded but the lm_head counted, plus
 12 * n_layer * T * n_embd for attention) against 989 TFLOP/s (H100/H200 SXM dense bf16).
 With --budget-s, runs that would start after that many seconds are reported as skipped.
+
+--serve keeps the models between rounds, for bench/vs_pytorch.py's interleaved rounds: it
+builds and warms up (compiles) one model per --mode, prints READY, then for each line
+"MODE STEPS" on stdin runs one warm-up and STEPS timed steps of that model and prints its
+RESULT line and READY again; "quit" or end of input ends it.
 """
 import argparse
 import math
@@ -30,6 +40,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 PEAK_BF16_TFLOPS = 989.0
+
+# bench_gpt_train's cases: vocab is what token ids are drawn from, padded the embedding rows
+CONFIGS = {
+    "S": dict(n_layer=4, n_head=4, n_embd=256, vocab=512, B=8, T=128),
+    "M": dict(n_layer=6, n_head=6, n_embd=384, vocab=4096, B=8, T=256),
+    "GPT2": dict(n_layer=12, n_head=12, n_embd=768, vocab=50257, B=16, T=1024),
+    "tiny": dict(n_layer=2, n_head=2, n_embd=64, vocab=512, B=2, T=64),
+}
+
+
+def padded_vocab(vocab):  # bench_gpt_train: vocab_multiple 128 above 4096, else none
+    return (vocab + 127) // 128 * 128 if vocab > 4096 else vocab
 
 
 class Block(nn.Module):
@@ -86,78 +108,132 @@ class GPT(nn.Module):
         return 6.0 * n + 12.0 * L * T * C
 
 
-def run(args, mode, B, device, cfg):
-    torch.manual_seed(1337)
-    model = GPT(cfg["n_layer"], cfg["n_head"], cfg["n_embd"], cfg["vocab"], cfg["T"]).to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    fused = device.type == "cuda"
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-4, betas=(0.9, 0.95), eps=1e-8, fused=fused)
-    if mode == "compile":
-        # a fresh compile per batch size, static shapes: without the reset, the second batch size
-        # recompiles the cached code with a dynamic batch dimension (dynamic=None's default)
-        torch._dynamo.reset()
-        step_model = torch.compile(model, dynamic=False)
-    else:
-        step_model = model
-    T, V = cfg["T"], cfg["vocab"]
-    V_ids = cfg.get("vocab_real", V)  # ids and targets from the real vocabulary, as bench_gpt_train draws them
-    gen = torch.Generator().manual_seed(0)
+class Trainer:
+    """One model, its optimizer and its (possibly compiled) step, for one mode and batch."""
 
-    def batch():
-        x = torch.randint(0, V_ids, (B, T), generator=gen)
-        y = torch.randint(0, V_ids, (B, T), generator=gen)
-        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    def __init__(self, mode, B, device, cfg, dtype):
+        torch.manual_seed(1337)
+        self.mode, self.B, self.device, self.cfg, self.dtype = mode, B, device, cfg, dtype
+        self.V = padded_vocab(cfg["vocab"])
+        self.model = GPT(cfg["n_layer"], cfg["n_head"], cfg["n_embd"], self.V, cfg["T"]).to(device)
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+        try:  # the fused kernel exists for CPU too since torch 2.4
+            self.opt = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
+        except (RuntimeError, TypeError):
+            self.opt = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True)
+        if mode == "compile":
+            # a fresh compile per model, static shapes: without the reset, a second batch size
+            # recompiles the cached code with a dynamic batch dimension (dynamic=None's default)
+            torch._dynamo.reset()
+            self.step_model = torch.compile(self.model, dynamic=False)
+        else:
+            self.step_model = self.model
+        self.gen = torch.Generator().manual_seed(0)
+        self.loss = float("nan")
 
-    def step(x, y):
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-            loss = step_model(x, y)
+    def batch(self):
+        T, V = self.cfg["T"], self.cfg["vocab"]  # ids from the real vocabulary, as bench_gpt_train draws them
+        x = torch.randint(0, V, (self.B, T), generator=self.gen)
+        y = torch.randint(0, V, (self.B, T), generator=self.gen)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+    def step(self, x, y):
+        self.opt.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.dtype == "bf16"):
+            loss = self.step_model(x, y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
         return loss
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    def sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
+    def warm(self, steps):
+        """Untimed steps (the first compiles under torch.compile); returns their seconds."""
+        t = time.perf_counter()
+        for _ in range(steps):
+            self.loss = self.step(*self.batch()).item()
+        self.sync()
+        return time.perf_counter() - t
+
+    def timed(self, steps):
+        """Mean seconds per step over `steps` steps on batches made beforehand."""
+        data = [self.batch() for _ in range(steps)]
+        self.sync()
+        t0 = time.perf_counter()
+        for x, y in data:
+            loss = self.step(x, y)
+        self.sync()
+        dt = (time.perf_counter() - t0) / steps
+        self.loss = loss.item()
+        return dt
+
+    def result(self, dt, warm_s, config):
+        T = self.cfg["T"]
+        tok_s = self.B * T / dt
+        mfu = self.model.flops_per_token(T, self.V) * tok_s / (PEAK_BF16_TFLOPS * 1e12) * 100
+        peak = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.device.type == "cuda" else 0.0
+        return (f"RESULT impl=pytorch mode={self.mode} config={config} dtype={self.dtype} B={self.B} T={T} "
+                f"ms={dt * 1e3:.2f} tokens_per_s={tok_s:.0f} mfu_pct={mfu:.2f} peak_mib={peak:.1f} "
+                f"warmup_s={warm_s:.1f} final_loss={self.loss:.4f}")
+
+
+def run(args, mode, B, device, cfg):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    t_first = time.perf_counter()
-    for _ in range(args.warmup):  # the first compiles under torch.compile
-        loss = step(*batch())
-    sync()
-    warm_s = time.perf_counter() - t_first
-    data = [batch() for _ in range(args.steps)]
-    sync()
-    t0 = time.perf_counter()
-    for x, y in data:
-        loss = step(x, y)
-    sync()
-    dt = (time.perf_counter() - t0) / args.steps
-    tok_s = B * T / dt
-    mfu = model.flops_per_token(T, V) * tok_s / (PEAK_BF16_TFLOPS * 1e12) * 100
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
-    print(f"RESULT impl=pytorch mode={mode} B={B} T={T} ms={dt * 1e3:.2f} tokens_per_s={tok_s:.0f} "
-          f"mfu_pct={mfu:.2f} peak_mib={peak:.1f} warmup_s={warm_s:.1f} final_loss={loss.item():.4f}", flush=True)
-    del model, opt, step_model, data
+    t = Trainer(mode, B, device, cfg, args.dtype)
+    warm_s = t.warm(args.warmup)
+    dt = t.timed(args.steps)
+    print(t.result(dt, warm_s, args.config), flush=True)
+    del t
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def serve(args, runs, device, cfg):
+    """The models of `runs` kept warm; one timed round per "MODE STEPS" line on stdin."""
+    trainers, warm_s = {}, {}
+    for mode, B in runs:
+        trainers[mode] = Trainer(mode, B, device, cfg, args.dtype)
+        warm_s[mode] = trainers[mode].warm(max(args.warmup, 1))
+    print("READY", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        mode, steps = words[0], int(words[1]) if len(words) > 1 else args.steps
+        if mode not in trainers:
+            print(f"RESULT impl=pytorch mode={mode} error=not_served", flush=True)
+        else:
+            t = trainers[mode]
+            t.warm(1)  # what bench_gpt_train's warm-up does for a fresh process: caches, pages
+            print(t.result(t.timed(steps), warm_s[mode], args.config), flush=True)
+        print("READY", flush=True)
+    return 0
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--config", default="GPT2", choices=sorted(CONFIGS), help="bench_gpt_train's config (default GPT2)")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f32"],
+                    help="bf16: autocast with f32 master weights (default); f32: no autocast")
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: PyTorch's default)")
     ap.add_argument("--batch", default="8,16", help="comma-separated batch sizes")
     ap.add_argument("--mode", default="eager,compile", help="eager, compile or both (comma-separated)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps (compilation happens here)")
-    ap.add_argument("--tiny", action="store_true", help="a 2-layer model at T 64 (checks the script, no speed)")
+    ap.add_argument("--tiny", action="store_true", help="--config tiny: a 2-layer model at T 64 (checks the script)")
     ap.add_argument("--budget-s", type=float, default=0, help="start no run after this many seconds (0: no limit)")
     ap.add_argument("--runs", default="", help="mode:B pairs in order, e.g. eager:16,compile:16 (instead of --mode x --batch)")
+    ap.add_argument("--serve", action="store_true", help="keep the models of --runs warm, one round per stdin line")
     args = ap.parse_args()
+    if args.tiny:
+        args.config = "tiny"
     if args.runs:
         try:
             runs = [(m, int(b)) for m, b in (r.split(":") for r in args.runs.split(",") if r)]
@@ -168,7 +244,11 @@ def main():
     for m, _ in runs:
         if m not in ("eager", "compile"):
             ap.error(f"mode {m!r}: want eager or compile")
+    if args.serve and len({m for m, _ in runs}) != len(runs):
+        ap.error("--serve: one batch size per mode")
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -177,23 +257,25 @@ def main():
         # TF32 for any f32 matmul left outside autocast. set_float32_matmul_precision, not the
         # allow_tf32 flags: those are deprecated since torch 2.9, and mixing them with the new
         # fp32_precision API (which inductor reads) has broken torch.compile (pytorch#166387)
-        torch.set_float32_matmul_precision("high")
+        if args.dtype == "bf16":
+            torch.set_float32_matmul_precision("high")
         print(f"pytorch_gpt2: torch {torch.__version__}, {torch.cuda.get_device_name(device)}", flush=True)
     else:
-        print(f"pytorch_gpt2: torch {torch.__version__}, cpu", flush=True)
-    cfg = dict(n_layer=12, n_head=12, n_embd=768, vocab=50304, vocab_real=50257, T=1024)
-    if args.tiny:
-        cfg = dict(n_layer=2, n_head=2, n_embd=64, vocab=512, T=64)
+        print(f"pytorch_gpt2: torch {torch.__version__}, cpu, {torch.get_num_threads()} threads", flush=True)
+    cfg = CONFIGS[args.config]
+    if args.serve:
+        return serve(args, runs, device, cfg)
     start = time.perf_counter()
     rc = 0
     for mode, B in runs:
         if args.budget_s > 0 and time.perf_counter() - start > args.budget_s:
-            print(f"RESULT impl=pytorch mode={mode} B={B} T={cfg['T']} skipped=time_budget", flush=True)
+            print(f"RESULT impl=pytorch mode={mode} config={args.config} B={B} T={cfg['T']} skipped=time_budget",
+                  flush=True)
             continue
         try:
             run(args, mode, B, device, cfg)
         except Exception as e:  # an OOM or a compile failure ends this run, not the others
-            print(f"RESULT impl=pytorch mode={mode} B={B} T={cfg['T']} error={type(e).__name__}: "
+            print(f"RESULT impl=pytorch mode={mode} config={args.config} B={B} T={cfg['T']} error={type(e).__name__}: "
                   f"{str(e).splitlines()[0] if str(e) else ''}", flush=True)
             rc = 1
             if device.type == "cuda":
