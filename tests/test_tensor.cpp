@@ -766,7 +766,10 @@ TEST(Threads, OpenMPSpinningIsBoundedUnlessTheUserChose) {
   ASSERT_GT(n, 0);
   self[n] = '\0';
   auto child = [&](const std::string& env) {
-    const auto r = ndt::testing::run_shell("env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u NDT_NO_BLAS_REEXEC " + env + " NDT_PRINT_SPIN=1 '" +
+    // (gtest's shard variables too: under a sharded run the child must still run this test)
+    const std::string clean =
+        "env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u NDT_NO_BLAS_REEXEC -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX ";
+    const auto r = ndt::testing::run_shell(clean + env + " NDT_PRINT_SPIN=1 '" +
                                            std::string(self) + "' --gtest_filter=" +
                                            "Threads.OpenMPSpinningIsBoundedUnlessTheUserChose");
     EXPECT_EQ(r.rc, 0) << r.out;
