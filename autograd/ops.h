@@ -97,6 +97,15 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_
 // (Tq, Tk) scores): every device and dtype, and the reference the fused path is tested against.
 AttentionOut attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset = 0,
                                 int64_t k_offset = 0, double scale = 0.0);
+// Causal self-attention of a sequence on itself, from c_attn's packed output: qkv (B,T,3C)
+// holds q, k and v side by side in each row (head h in columns [h HS, (h+1) HS) of each
+// third, HS = C / n_head) -> y (B,T,C) with the heads side by side again; query t sees keys
+// <= t, scale 1/sqrt(HS). On CPU one fused kernel reads the heads in place and never stores
+// the (T,T) probabilities (tensor/cpu/self_attention.cpp); elsewhere, and as the reference,
+// self_attention_composed: split_last, heads_to_front, attention, heads_to_back. NDT_SDPA=0
+// turns the CPU's fusion off too.
+Tensor self_attention(const Tensor& qkv, int64_t n_head);
+Tensor self_attention_composed(const Tensor& qkv, int64_t n_head);
 // Merges two attention results of the same queries over disjoint key blocks, a and b,
 // through their log-sum-exps: out_a, out_b (B,NH,T,HS), lse_a, lse_b (B,NH,T) as attention()
 // returns them -> out (B,NH,T,HS), lse (B,NH,T), equal to attention over both blocks:

@@ -184,6 +184,27 @@ void BM_attention_forward_backward(benchmark::State& state) {
 BENCHMARK(BM_attention_forward)->Unit(benchmark::kMillisecond)->Apply(setup);
 BENCHMARK(BM_attention_forward_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
 
+// The whole attention core of a GPT block from c_attn's packed output, as the model runs it:
+// qkv (B,T,3C) -> y (B,T,C), forward + backward, at config M's sizes. Arg 1: the CPU's fused
+// kernel (ndt::self_attention); arg 0: composed (split, permute, attention, permute back).
+constexpr int64_t kSB = 8, kST = 256, kSC = 384, kSNH = 6;
+
+void BM_self_attention_forward_backward(benchmark::State& state) {
+  const bool fused = state.range(0) == 1;
+  Tensor qkv = randn({kSB, kST, 3 * kSC}, 4), dy = randn({kSB, kST, kSC}, 5);
+  qkv.set_requires_grad(true);
+  for (auto _ : state) {
+    Tensor y = fused ? ndt::self_attention(qkv, kSNH) : ndt::self_attention_composed(qkv, kSNH);
+    ndt::backward({y}, {dy});
+    benchmark::DoNotOptimize(qkv.grad().data_ptr());
+    qkv.set_grad(Tensor());
+  }
+  // the composed path's six full (T,T,HS) GEMMs per head, for both arguments (a rate to compare)
+  flops(state, 6 * 2.0 * kSB * kST * kST * kSC);
+  state.counters["tokens"] = benchmark::Counter(kSB * kST, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_self_attention_forward_backward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Apply(setup);
+
 // ---- (c) layernorm: x (R,C), w (C), b (C) -> out (R,C), f32 --------------------------------
 constexpr int64_t kR = 8192, kC = 768;
 

@@ -53,13 +53,15 @@ CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t nh, float std, float
 
 Tensor CausalSelfAttention::core(const Tensor& qkv, int64_t pos_offset) const {
   // C: this rank's channels of q, k and v (n_embd, or n_embd / tp with tensor parallelism)
+  // qkv (B,T,3C) -> y (B,T,C): the sequence attends to itself (the offset cancels out of the
+  // mask), on CPU without copying a head out of qkv
+  if (!attend) return self_attention(qkv, n_head);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, NH = n_head, HS = C / NH;
   // qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
   std::vector<Tensor> parts = split_last(qkv, {C, C, C});
   auto heads = [&](const Tensor& t) { return heads_to_front(view(t, {B, T, NH, HS})); };
   const Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  Tensor y =
-      attend ? attend(q, k, v, pos_offset) : attention(q, k, v, pos_offset, pos_offset).out;  // (B,NH,T,HS)
+  Tensor y = attend(q, k, v, pos_offset);  // (B,NH,T,HS), e.g. ring attention over the cp group
   // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,C)
   return view(heads_to_back(y), {B, T, C});
 }

@@ -65,7 +65,8 @@ class CausalSelfAttention : public Module {
   // The attention core, between the two linears: qkv (B, T, 3C) -> heads, causal softmax
   // attention, heads merged -> (B, T, C). It has no parameters; selective activation
   // checkpointing recomputes it in backward (nn::recompute_selected) instead of keeping
-  // q, k, v, the (B*NH, T, T) probabilities and the output.
+  // what it saves (on CPU the fused kernel's log-sum-exps; composed, q, k, v, the
+  // (B*NH, T, T) probabilities and the output). Without `attend`, ndt::self_attention.
   Tensor core(const Tensor& qkv, int64_t pos_offset = 0) const;
   Linear c_attn, c_proj;
   int64_t n_head;  // heads on this rank (n_head / tp under tensor parallelism)

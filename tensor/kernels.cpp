@@ -280,6 +280,42 @@ void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out) {
   NDT_DISPATCH(a.device(), rowwise_dot, a, b, out);
 }
 
+// The packed self-attention kernels exist on the CPU only: on CUDA, ndt::self_attention
+// composes the attention pieces instead (tensor/kernels.h).
+static void check_self_attention(const char* op, const Tensor& qkv, int64_t n_head, const Tensor& y,
+                                 const Tensor& lse) {
+  NDT_CHECK(qkv.device().is_cpu(), op, ": CPU only, got ", qkv.desc(),
+            " (CUDA composes the attention pieces)");
+  NDT_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0 && n_head > 0 && qkv.size(2) / 3 % n_head == 0, op,
+            ": qkv must be (B, T, 3C) with C divisible by n_head ", n_head, ", got ", qkv.shape_str());
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  NDT_CHECK(y.shape() == Shape({B, T, C}) && lse.shape() == Shape({B, n_head, T}), op, ": y must be (", B,
+            ", ", T, ", ", C, ") and lse (", B, ", ", n_head, ", ", T, "), got ", y.shape_str(), " and ",
+            lse.shape_str());
+  NDT_CHECK(y.dtype() == qkv.dtype() && lse.dtype() == qkv.dtype(), op, ": qkv ", qkv.desc(), ", y ",
+            y.desc(), " and lse ", lse.desc(), " must share one dtype");
+}
+
+void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, const Tensor& y,
+                            const Tensor& lse) {
+  same_device("self_attention_forward", {&qkv, &y, &lse});
+  contiguous("self_attention_forward", {&qkv, &y, &lse});
+  check_self_attention("self_attention_forward", qkv, n_head, y, lse);
+  cpu::self_attention_forward(qkv, n_head, scale, y, lse);
+}
+
+void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
+                             int64_t n_head, double scale, const Tensor& dqkv) {
+  same_device("self_attention_backward", {&qkv, &y, &lse, &dy, &dqkv});
+  contiguous("self_attention_backward", {&qkv, &y, &lse, &dy, &dqkv});
+  check_self_attention("self_attention_backward", qkv, n_head, y, lse);
+  NDT_CHECK(dy.shape() == y.shape() && dqkv.shape() == qkv.shape() && dy.dtype() == y.dtype() &&
+                dqkv.dtype() == qkv.dtype(),
+            "self_attention_backward: dy ", dy.desc(), " and dqkv ", dqkv.desc(), " must match y ", y.desc(),
+            " and qkv ", qkv.desc());
+  cpu::self_attention_backward(qkv, y, lse, dy, n_head, scale, dqkv);
+}
+
 void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                              const Tensor& lse_b, const Tensor& out, const Tensor& lse) {
   same_device("attention_merge_forward", {&out_a, &lse_a, &out_b, &lse_b, &out, &lse});

@@ -124,6 +124,19 @@ void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor&
                                 double scale);
 // out (Bh,T,HS), dout (Bh,T,HS) -> d (Bh,T): d = sum over HS of out*dout
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out);
+// Causal self-attention on the packed c_attn output, CPU only (CUDA composes the pieces
+// above, or runs cuDNN's fused kernel): qkv (B,T,3C) holds q, k, v side by side in each row,
+// head h in columns [h HS, (h+1) HS) of each third, HS = C / n_head. Query t sees keys <= t.
+//   y (B,T,C) = softmax(scale q k^T, masked) v per head, heads side by side as in qkv;
+//   lse (B,n_head,T) the log-sum-exp of each query's scaled, masked scores.
+// f32 or f64 (lse in the same dtype). No (T,T) buffer: a block of queries at a time.
+void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, const Tensor& y,
+                            const Tensor& lse);
+// Its backward from the forward's qkv, y, lse and the gradient dy (B,T,C): writes every
+// element of dqkv (B,T,3C) (dq, dk, dv in the layout of qkv); the probabilities are computed
+// again from q, k and lse.
+void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
+                             int64_t n_head, double scale, const Tensor& dqkv);
 // Merging two partial attention results over disjoint key blocks through their lse (ring
 // attention): out_a, out_b, out (Bh,T,HS); lse_a, lse_b, lse (Bh,T) f32 (f64 for f64).
 //   lse = logaddexp(lse_a, lse_b),  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b

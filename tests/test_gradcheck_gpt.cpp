@@ -3,6 +3,7 @@
 // in float32, every checkpointing mode gives the same bits and keeps less memory.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "autograd/engine.h"
@@ -118,14 +119,19 @@ TEST(GPTUnits, EveryCheckpointingModeGivesBitIdenticalGradients) {
 TEST(GPTUnits, CheckpointingKeepsLessActivationMemory) {
   // Bytes the forward leaves allocated for backward (in use after it minus before), and the
   // allocator's peak during it, on a GPT where the attention probabilities (B*NH, T, T)
-  // are a large part of a block's activations.
+  // of the composed attention are a large part of a block's activations.
   models::GPTConfig c;
   c.n_layer = 4, c.n_head = 4, c.n_embd = 32, c.vocab_size = 64, c.block_size = 32;
   const Tensor x = ids(4, 32, 64, 1), y = ids(4, 32, 64, 2);
   struct Bytes {
     int64_t held, peak;
   };
-  auto measure = [&](nn::ACMode ac, int64_t every) {
+  // the composed attention (NDT_SDPA=0), which keeps p; the CPU's fused kernel keeps none
+  auto measure = [&](nn::ACMode ac, int64_t every, bool fused = false) {
+    if (!fused) setenv("NDT_SDPA", "0", 1);
+    struct Unset {
+      ~Unset() { unsetenv("NDT_SDPA"); }
+    } unset;
     models::GPT gpt(c);
     if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, every));
     nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 42);
@@ -155,6 +161,11 @@ TEST(GPTUnits, CheckpointingKeepsLessActivationMemory) {
   EXPECT_LT(full2.held, none.held);
   EXPECT_LT(sel.held, sel2.held);
   EXPECT_LT(sel2.held, none.held);
+  // the fused CPU attention keeps no probabilities at all, so less than selective does
+  const Bytes fused = measure(nn::ACMode::none, 1, true);
+  std::cout << "fused attention, none: " << fused.held << " / " << fused.peak << "\n";
+  EXPECT_LT(fused.held + c.n_layer * probs, none.held);
+  EXPECT_LT(fused.peak, none.peak);
 }
 
 TEST(GPTUnits, PositionOffsetShiftsThePositionEmbeddings) {

@@ -10,6 +10,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "support/op_cases.h"
+#include "tensor/threads.h"
 
 using namespace ndt;
 using namespace ndt::testing;
@@ -105,12 +106,12 @@ TEST(OpCases, CoverEveryDifferentiableOp) {
         if (e.node) stack.push_back(e.node);
     }
   }
-  for (const char* op : {"matmul",        "add",         "sub",           "mul",
-                         "scale",         "gelu",        "cast",          "sum",
-                         "mean",          "sum_squares", "layernorm",     "softmax",
-                         "cross_entropy", "embedding",   "attention",     "merge_attention",
-                         "view",          "permute",     "split_last",    "concat_last",
-                         "on_backward",   "recompute",   "AccumulateGrad"})
+  for (const char* op : {"matmul",         "add",         "sub",       "mul",
+                         "scale",          "gelu",        "cast",      "sum",
+                         "mean",           "sum_squares", "layernorm", "softmax",
+                         "cross_entropy",  "embedding",   "attention", "merge_attention",
+                         "self_attention", "view",        "permute",   "split_last",
+                         "concat_last",    "on_backward", "recompute", "AccumulateGrad"})
     EXPECT_TRUE(seen.count(op)) << "no op case records a '" << op << "' node";
   // composed ops (they record matmul/add/view/permute nodes) are covered by name
   std::set<std::string> names;
@@ -157,4 +158,66 @@ TEST(OpCases, CrossEntropyAllIgnored) {
   EXPECT_EQ(loss.item(), 0.0);
   backward(loss);
   for (double g : logits.grad().to_vector<double>()) EXPECT_EQ(g, 0.0);
+}
+
+// ---- the CPU's fused self-attention against the composed path -----------------------------
+
+namespace {
+
+// self_attention (fused on CPU) and self_attention_composed as two cases on the same inputs:
+// qkv (B,T,3C) at GPT-like sizes, several query blocks, the last one partial.
+OpCase self_attention_case(bool fused, int64_t B, int64_t T, int64_t C, int64_t nh) {
+  return {fused ? "fused" : "composed",
+          [=](DType dt, Device dev) {
+            Tensor x = randn({B, T, 3 * C}, dt, dev, 900, 0.0f, 1.5f);
+            x.set_requires_grad(true);
+            return std::vector<Tensor>{x};
+          },
+          [fused, nh](const std::vector<Tensor>& x) {
+            return std::vector<Tensor>{fused ? self_attention(x[0], nh) : self_attention_composed(x[0], nh)};
+          },
+          {true}};
+}
+
+}  // namespace
+
+TEST(SelfAttention, FusedCpuKernelMatchesTheComposedPath) {
+  const OpCase fused = self_attention_case(true, 2, 200, 48, 4),
+               composed = self_attention_case(false, 2, 200, 48, 4);
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    std::vector<Tensor> in = case_inputs(fused, dt, Device::cpu());
+    CaseRun a = run_case(fused, in), b = run_case(composed, convert_inputs(composed, in, dt, Device::cpu()));
+    // the same arithmetic but for the order of the exp-sums and where the scale is applied;
+    // bf16 outputs and gradients round both results to 8 bits
+    const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 2e-6 : 1e-2;
+    expect_close(fused, a, b, tol, dtype_name(dt));
+  }
+}
+
+// Tasks write disjoint outputs and sum in a fixed order: one thread and two give the same bits.
+TEST(SelfAttention, SameBitsOnOneThreadAndTwo) {
+  const OpCase c = self_attention_case(true, 3, 150, 32, 2);
+  const int before = num_threads();
+  set_num_threads(1);
+  CaseRun one = run_case(c, case_inputs(c, DType::f32, Device::cpu()));
+  set_num_threads(2);
+  CaseRun two = run_case(c, case_inputs(c, DType::f32, Device::cpu()));
+  set_num_threads(before);
+  EXPECT_EQ(rel_error(one.outputs[0], two.outputs[0]), 0.0);
+  EXPECT_EQ(rel_error(one.grads[0], two.grads[0]), 0.0);
+}
+
+// Bad shapes are refused with the op named.
+TEST(SelfAttention, RefusesBadShapes) {
+  EXPECT_THROW(
+      {
+        try {
+          self_attention(Tensor::zeros({2, 5, 10}), 2);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("self_attention"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  EXPECT_THROW(self_attention(Tensor::zeros({2, 5, 12}), 3), Error);  // 4 channels into 3 heads
 }

@@ -16,6 +16,9 @@
 // (ring attention: one block per step) through their log-sum-exps.
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 #include "autograd/ops/common.h"
 #include "tensor/cuda/sdpa.h"
@@ -153,6 +156,62 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_
   if (!cuda::sdpa_prepare(q, k, v, causal, s, autograd::needs_grad({q, k, v})))
     return attention_composed(q, k, v, q_offset, k_offset, scale);
   return attention_fused(q, k, v, q_offset, k_offset, s);
+}
+
+namespace {
+
+void check_self_attention(const Tensor& qkv, int64_t n_head) {
+  check_same("self_attention", {&qkv});
+  NDT_CHECK(qkv.dim() == 3 && qkv.size(2) % 3 == 0, "self_attention: qkv must be (B, T, 3C), got ",
+            qkv.shape_str());
+  NDT_CHECK(n_head > 0 && qkv.size(2) / 3 % n_head == 0, "self_attention: the ", qkv.size(2) / 3,
+            " channels of q, k and v do not split into ", n_head, " heads");
+}
+
+}  // namespace
+
+Tensor self_attention_composed(const Tensor& qkv, int64_t n_head) {
+  check_self_attention(qkv, n_head);
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, NH = n_head, HS = C / NH;
+  // qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
+  std::vector<Tensor> parts = split_last(qkv, {C, C, C});
+  auto heads = [&](const Tensor& t) { return heads_to_front(view(t, {B, T, NH, HS})); };
+  Tensor y = attention(heads(parts[0]), heads(parts[1]), heads(parts[2])).out;  // (B,NH,T,HS)
+  // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,C)
+  return view(heads_to_back(y), {B, T, C});
+}
+
+Tensor self_attention(const Tensor& qkv, int64_t n_head) {
+  check_self_attention(qkv, n_head);
+  const char* sdpa = std::getenv("NDT_SDPA");  // NDT_SDPA=0: no fused attention, either backend
+  if (!qkv.device().is_cpu() || (sdpa && std::string(sdpa) == "0"))
+    return self_attention_composed(qkv, n_head);
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(C / n_head));
+  const DType io = qkv.dtype(), cd = io == DType::bf16 ? DType::f32 : io;  // compute dtype
+  // bf16 is computed in f32 (as the composed path does): qkv converted in, y rounded out
+  const Tensor q32 = qkv.contiguous().to(cd).detach();
+  Tensor y = Tensor::empty({B, T, C}, cd, qkv.device()),
+         lse = Tensor::empty({B, n_head, T}, cd, qkv.device());
+  kernels::self_attention_forward(q32, n_head, scale, y, lse);
+
+  Tensor out = y.to(io);
+  // saved: qkv as it came (bf16 stays bf16; converted again in backward), y in the compute
+  // dtype (f32: the output itself) and lse
+  autograd::record("self_attention", {out}, {qkv},
+                   [qkv_saved = qkv.contiguous().detach(), y = y.detach(), lse, n_head, scale, cd,
+                    io](const Grads& g) -> Grads {
+                     const Tensor q = qkv_saved.to(cd);
+                     Tensor dqkv = Tensor::empty(q.shape(), cd, q.device());
+                     if (!g[0].defined()) {
+                       kernels::fill(dqkv, 0.0);
+                       return {dqkv.to(io)};
+                     }
+                     kernels::self_attention_backward(q, y, lse, g[0].contiguous().to(cd), n_head, scale,
+                                                      dqkv);
+                     return {dqkv.to(io)};
+                   });
+  return out;
 }
 
 // out_a, out_b (B,NH,T,HS), lse_a, lse_b (B,NH,T) -> out (B,NH,T,HS), lse (B,NH,T)

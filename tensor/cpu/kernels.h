@@ -50,6 +50,10 @@ void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, 
 void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,
                                 double scale);
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out);
+void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, const Tensor& y,
+                            const Tensor& lse);
+void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
+                             int64_t n_head, double scale, const Tensor& dqkv);
 void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                              const Tensor& lse_b, const Tensor& out, const Tensor& lse);
 void attention_merge_backward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,

@@ -284,6 +284,20 @@ std::vector<OpCase> build_cases() {
             },
             {true, true, false}});
 
+  // self_attention: the sequence on itself from packed qkv (B,T,3C); on CPU the fused kernel
+  // (blocks of 64 queries: T 130 makes three, the last partial), on CUDA the composed path
+  struct SelfAtt {
+    const char* name;
+    int64_t B, T, C, NH;
+  };
+  const SelfAtt sas[] = {{"self_attention", kB, kT, kC, kNH}, {"self_attention_blocks", 1, 130, 6, 2}};
+  for (const SelfAtt& a : sas) {
+    const int64_t nh = a.NH;
+    add_case({a.name, inputs_of({{{a.B, a.T, 3 * a.C}}}),
+              [nh](const std::vector<Tensor>& x) { return std::vector<Tensor>{self_attention(x[0], nh)}; },
+              all_grad(1)});
+  }
+
   // merge_attention: the queries' attention over two key blocks, each computed alone and
   // merged through the lse (ring attention). q (B,NH,Tq,HS), then k and v of block a, then
   // of block b; a block at k_off holds global keys k_off.. k_off+tk-1.

@@ -87,11 +87,13 @@ struct BlockMem {
 
 struct Dims {
   Count B, Tl, N, C, Cl, H, NHl, Vl, cp;
+  bool fused_attention;  // ndt::self_attention's CPU kernel (train.device cpu, cp 1)
 };
 
 // The attention core's saved tensors (autograd/ops/attention.cpp or, with cp > 1, the ring
 // of dist/context_parallel/ring_attention.cpp), without the c_proj input.
-//   one process: q, k, v (permuted copies, 3 N Cl), the probabilities p (B NHl Tl^2),
+//   fused (CPU): its input qkv (3 N Cl) and lse (N NHl); its output y is c_proj's input
+//   composed:    q, k, v (permuted copies, 3 N Cl), the probabilities p (B NHl Tl^2),
 //                the output o (N Cl)
 //   ring:        per (query chunk, key chunk) pair that the causal mask leaves (2 cp + 1 of
 //                them on every rank) the checkpointed attention keeps its K and V halves
@@ -100,13 +102,16 @@ struct Dims {
 //                halves of N Cl / 2; 4 cp lse of N NHl / 2); the probabilities are
 //                recomputed per pair in backward (one (Tl/2)^2 block at a time)
 Count core_saved(const Dims& d) {
+  if (d.fused_attention) return 3 * d.N * d.Cl + d.N * d.NHl;
   if (d.cp == 1) return 4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl;
   const Count pairs = 2 * d.cp + 1;
   return d.N * d.Cl + pairs * d.N * d.Cl + (4 * d.cp - 1) * d.N * d.Cl / 2 + 2 * d.cp * d.N * d.NHl;
 }
-// The attention backward's own tensors: dout, dv, dq, dk (4 N Cl) and ds (p's shape; with
-// the ring one score block of (Tl/2)^2 per pair, recomputed, plus the pair's p).
+// The attention backward's own tensors: fused, dqkv (3 N Cl; the score blocks are per-thread
+// scratch of 64 x Tl); composed, dout, dv, dq, dk (4 N Cl) and ds (p's shape; with the ring
+// one score block of (Tl/2)^2 per pair, recomputed, plus the pair's p).
 Count core_backward(const Dims& d) {
+  if (d.fused_attention) return 3 * d.N * d.Cl;
   if (d.cp == 1) return 4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl;
   const Count Tc = d.Tl / 2;
   return 4 * d.N * d.Cl + 2 * d.B * d.NHl * Tc * Tc;
@@ -114,13 +119,14 @@ Count core_backward(const Dims& d) {
 
 // nn::Block::forward with the ops of autograd/ops/*.cpp, per mode (nn::ACMode):
 //   none       ln_1: mean, rstd (2N); c_attn keeps its input ln_1(x) (N C); the core
-//              (above) and c_proj's input (N Cl: heads_to_back's copy); h = x + attn
-//              (N C, kept by ln_2) and ln_2's mean, rstd (2N); c_fc's input (N C); GELU's
-//              input (N H) and c_proj's input, GELU's output (N H); the block's output
-//              (N C, kept by the next block). (c_attn's (N, 3Cl) output dies: split_last
-//              copies q, k, v out of it and keeps nothing.)
+//              (above) and c_proj's input (N Cl: the fused core's output, or heads_to_back's
+//              copy); h = x + attn (N C, kept by ln_2) and ln_2's mean, rstd (2N); c_fc's
+//              input (N C); GELU's input (N H) and c_proj's input, GELU's output (N H); the
+//              block's output (N C, kept by the next block). (Composed, c_attn's (N, 3Cl)
+//              output dies: split_last copies q, k, v out of it and keeps nothing.)
 //   selective  the same but the core keeps only its input qkv (3 N Cl) and its output
-//              (N Cl, c_proj's input); q, k, v, p, o are made again in backward.
+//              (N Cl, c_proj's input); the rest of the core is made again in backward
+//              (fused: a second output and lse, N Cl + N NHl, beside the kept qkv).
 //   full       the output only (N C); the input is the block before's output.
 // During backward, on top of the earlier blocks: the MLP's (everything saved but the
 // output, which ln_f or the next block has released, plus the incoming gradient N C, the
@@ -146,7 +152,8 @@ BlockMem block_mem(const Dims& d, nn::ACMode mode) {
     case nn::ACMode::selective: {
       m.saved = N * C + 2 * N + 3 * N * Cl + N * Cl + mlp_part + N * C;
       // the core made again in backward, besides its kept input
-      m.during_backward = std::max(mlp_moment(m.saved), attn_moment(3 * N * Cl + core_saved(d)));
+      const Count again = d.fused_attention ? N * Cl + N * d.NHl : core_saved(d);
+      m.during_backward = std::max(mlp_moment(m.saved), attn_moment(3 * N * Cl + again));
       break;
     }
     case nn::ACMode::full:
@@ -403,7 +410,8 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
                4 * Count(mc.n_embd) / D.tp,
                mc.n_head / D.tp,
                mc.padded_vocab() / D.tp,
-               D.cp};
+               D.cp,
+               c.train.device == "cpu" && D.cp == 1};
   plan_memory(c, p, l, d, stage);
   stage = "the communication per step";
   plan_communication(c, p, l, d);

@@ -71,9 +71,15 @@ enum class Dim { replicate, fsdp, cp, tp, dp };
 int64_t successor(const dist::ParallelDims& D, int64_t rank, Dim d) {
   dist::ParallelDims::Coords c = D.coords(rank);
   switch (d) {
-    case Dim::replicate: c.replicate = (c.replicate + 1) % D.dp_replicate; break;
-    case Dim::tp: c.tp = (c.tp + 1) % D.tp; break;
-    case Dim::cp: c.cp = (c.cp + 1) % D.cp; break;
+    case Dim::replicate:
+      c.replicate = (c.replicate + 1) % D.dp_replicate;
+      break;
+    case Dim::tp:
+      c.tp = (c.tp + 1) % D.tp;
+      break;
+    case Dim::cp:
+      c.cp = (c.cp + 1) % D.cp;
+      break;
     case Dim::fsdp: {  // shard x cp, cp inner
       const int64_t i = (c.shard * D.cp + c.cp + 1) % D.fsdp();
       c.shard = i / D.cp;
@@ -92,8 +98,8 @@ int64_t successor(const dist::ParallelDims& D, int64_t rank, Dim d) {
 
 struct Link {
   double bps = std::numeric_limits<double>::infinity(), latency = 0;
-  bool crosses = false;     // some ring of this dimension leaves a host
-  double cross_share = 0;   // of a host's ranks, the share whose ring successor is on another host
+  bool crosses = false;    // some ring of this dimension leaves a host
+  double cross_share = 0;  // of a host's ranks, the share whose ring successor is on another host
 };
 
 // The link a dimension's rings run on. Host 0 stands for every host: the layouts are
@@ -148,31 +154,35 @@ struct Piece {
 struct Shapes {
   double B, Tl, N, C, Cl, H, NHl, hd, Vl;
   int64_t cp, tp;
-  double S;  // attention scores one block computes (all query-key pairs it evaluates)
+  double S;    // attention scores one block computes (all query-key pairs it evaluates)
+  bool fused;  // the CPU's fused attention core (cp 1): no copies, scores made again in backward
 };
 
 // One block's pieces, forward and backward (the ops of nn::Block and autograd/ops/*.cpp).
 struct BlockWork {
-  Work attn_in, core, attn_out, mlp;              // forward: ln_1 + c_attn + split; core; c_proj + residual; MLP
-  Work attn_in_b, core_b, attn_out_b, mlp_b;      // their backward
+  Work attn_in, core, attn_out, mlp;          // forward: ln_1 + c_attn + split; core; c_proj + residual; MLP
+  Work attn_in_b, core_b, attn_out_b, mlp_b;  // their backward
 };
 
 BlockWork block_work(const Shapes& d) {
   const double N = d.N, C = d.C, Cl = d.Cl, H = d.H;
   BlockWork w;
   // forward: ln_1 (read, write N C); c_attn 2 N C 3Cl; split_last's copies of q, k, v
-  w.attn_in = {2 * N * C * 3 * Cl, 2 * N * C + 6 * N * Cl};
+  // (composed only: the fused core reads them in place)
+  const double copies = d.fused ? 0.0 : 1.0;
+  w.attn_in = {2 * N * C * 3 * Cl, 2 * N * C + copies * 6 * N * Cl};
   // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the scores
   w.core = {4 * d.S * d.hd, 2 * d.S};
   // heads_to_back's copy; c_proj 2 N Cl C; the residual add
-  w.attn_out = {2 * N * Cl * C, 2 * N * Cl + 3 * N * C};
+  w.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * N * C};
   // ln_2, c_fc 2 N C H with GELU (N H written again), c_proj 2 N H C, the residual add
   w.mlp = {4 * N * C * H, 2 * N * C + 2 * N * H + 3 * N * C};
   // backward: twice the FLOPs (input and weight gradients); LayerNorm's backward reads
   // three tensors and writes one, each bias gradient reads its output gradient, each weight
   // gradient is made and then added into the unit's gradient (3 passes of its size)
   w.attn_in_b = {2 * w.attn_in.flops, 4 * N * C + 6 * N * Cl + 3 * N * Cl + 3 * (3 * C * Cl)};
-  w.core_b = {2 * w.core.flops, 3 * d.S};
+  // (fused: q k^T once more, to make the probabilities again, 2.5x the forward's FLOPs)
+  w.core_b = {(d.fused ? 2.5 : 2.0) * w.core.flops, 3 * d.S};
   w.attn_out_b = {2 * w.attn_out.flops, 2 * N * Cl + 2 * N * C + N * C + 3 * Cl * C};
   w.mlp_b = {2 * w.mlp.flops, 4 * N * C + 3 * N * H + N * (H + C) + 2 * N * C + 3 * (2 * C * H)};
   return w;
@@ -228,8 +238,8 @@ nn::ACMode block_mode(const std::string& ac, int64_t every, int64_t i) {
 
 StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   const dist::ParallelDims& D = p.dims;
-  NDT_CHECK(D.world() == k.devices(), "internal: a plan of ", D.world(), " ranks on a cluster of ", k.devices(),
-            " devices");
+  NDT_CHECK(D.world() == k.devices(), "internal: a plan of ", D.world(), " ranks on a cluster of ",
+            k.devices(), " devices");
   const bool gpu = c.train.device.rfind("cuda", 0) == 0;
   Shapes d;
   d.B = double(p.micro_batch);
@@ -243,10 +253,18 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   d.Vl = double(p.padded_vocab / D.tp);
   d.cp = D.cp;
   d.tp = D.tp;
-  // the scores: one process evaluates every (query, key) pair (the CPU kernels) or the
-  // causal half (cuDNN skips masked tiles); the ring evaluates 2 cp + 1 pairs of chunks of
-  // T / (2 cp) on every rank
-  if (D.cp == 1) {
+  // the scores: one process evaluates the causal half (cuDNN skips masked tiles; the CPU's
+  // fused kernel takes blocks of 64 queries against the keys up to the block's last; the
+  // composed path on a GPU without cuDNN's kernel every pair); the ring evaluates 2 cp + 1
+  // pairs of chunks of T / (2 cp) on every rank
+  d.fused = !gpu && D.cp == 1;
+  if (d.fused) {
+    const int64_t T = static_cast<int64_t>(d.Tl);
+    double pairs = 0;  // sum over the query blocks of their queries x visible keys
+    for (int64_t r0 = 0; r0 < T; r0 += 64)
+      pairs += double(std::min<int64_t>(64, T - r0)) * double(std::min<int64_t>(T, r0 + 64));
+    d.S = d.B * d.NHl * pairs;
+  } else if (D.cp == 1) {
     d.S = d.B * d.NHl * d.Tl * d.Tl * (gpu ? 0.5 : 1.0);
   } else {
     const double Tc = d.Tl / 2;
@@ -276,7 +294,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   const Link tp_link = link_of(D, k, Dim::tp), cp_link = link_of(D, k, Dim::cp),
              fsdp_link = link_of(D, k, Dim::fsdp), rep_link = link_of(D, k, Dim::replicate),
              dp_link = link_of(D, k, Dim::dp);
-  const double act_bytes = N * C * kF;  // TP's all-reduces: one activation (or its gradient)
+  const double act_bytes = N * C * kF;        // TP's all-reduces: one activation (or its gradient)
   const double kv_bytes = 2 * N * d.Cl * kF;  // the ring's K and V of this rank's two chunks
   const int64_t A = p.accum;
   Replay r;
@@ -410,18 +428,19 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   const double model_flops = models::GPT(mc).flops_per_token(p.seq_len) * double(p.tokens);
   t.mfu = k.peak_flops > 0 ? model_flops / t.step_s / double(D.world()) / k.peak_flops : 0;
   auto link_for = [&](const std::string& dim) -> const Link& {
-    return dim == "tp" ? tp_link : dim == "cp" ? cp_link : dim == "fsdp" ? fsdp_link
-                       : dim == "scalars" ? dp_link : rep_link;
+    return dim == "tp"        ? tp_link
+           : dim == "cp"      ? cp_link
+           : dim == "fsdp"    ? fsdp_link
+           : dim == "scalars" ? dp_link
+                              : rep_link;
   };
   for (const PlanComm& x : p.comm) {  // a rank's bytes go to its ring successor (the ring model)
     const int64_t inter = static_cast<int64_t>(std::llround(double(x.bytes) * link_for(x.dim).cross_share));
     t.bytes_inter += inter;
     t.bytes_intra += x.bytes - inter;
   }
-  const std::pair<const char*, const Link*> named[] = {{"dp_replicate", &rep_link},
-                                                       {"dp_shard", &fsdp_link},
-                                                       {"cp", &cp_link},
-                                                       {"tp", &tp_link}};
+  const std::pair<const char*, const Link*> named[] = {
+      {"dp_replicate", &rep_link}, {"dp_shard", &fsdp_link}, {"cp", &cp_link}, {"tp", &tp_link}};
   for (const auto& [name, l] : named)
     if (l->crosses) t.across_hosts.emplace_back(name);
 
@@ -445,9 +464,10 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
                    std::to_string(pct(t.recompute_s)) + "% of the step";
   } else {
     const double ew = t.compute_s + t.recompute_s - t.gemm_s;
-    t.bottleneck = t.gemm_s >= ew ? "compute: matrix products, " + std::to_string(pct(t.gemm_s)) + "% of the step"
-                                  : "compute: element-wise passes over memory, " + std::to_string(pct(ew)) +
-                                        "% of the step";
+    t.bottleneck =
+        t.gemm_s >= ew
+            ? "compute: matrix products, " + std::to_string(pct(t.gemm_s)) + "% of the step"
+            : "compute: element-wise passes over memory, " + std::to_string(pct(ew)) + "% of the step";
   }
   return t;
 }
@@ -455,15 +475,17 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
 void print_cluster(const Cluster& k, std::ostream& o) {
   char line[320];
   std::snprintf(line, sizeof(line),
-                "cluster: %s, %lld hosts x %lld devices; %.3g TFLOP/s reached per device (peak %.3g), memory %.3g GB/s, "
+                "cluster: %s, %lld hosts x %lld devices; %.3g TFLOP/s reached per device (peak %.3g), memory "
+                "%.3g GB/s, "
                 "%.3g GB per device\n",
                 k.name.c_str(), (long long)k.hosts, (long long)k.devices_per_host, k.flops / 1e12,
                 k.peak_flops / 1e12, k.memory_bps / 1e9, k.memory_bytes / 1e9);
   o << line;
-  std::snprintf(line, sizeof(line),
-                "  links per device and direction: inside a host %.3g GB/s (%.3g us), between hosts %.3g GB/s "
-                "(%.3g us)\n",
-                k.intra_bps / 1e9, k.intra_latency_s * 1e6, k.inter_bps / 1e9, k.inter_latency_s * 1e6);
+  std::snprintf(
+      line, sizeof(line),
+      "  links per device and direction: inside a host %.3g GB/s (%.3g us), between hosts %.3g GB/s "
+      "(%.3g us)\n",
+      k.intra_bps / 1e9, k.intra_latency_s * 1e6, k.inter_bps / 1e9, k.inter_latency_s * 1e6);
   o << line;
 }
 
@@ -476,7 +498,8 @@ void print_time(const Plan& p, const StepTime& t, const Cluster& k, std::ostream
   std::snprintf(line, sizeof(line), "  step           %10.1f ms  %.0f tokens/s, MFU %.1f%%\n", ms(t.step_s),
                 t.tokens_per_s, 100 * t.mfu);
   o << line;
-  std::snprintf(line, sizeof(line), "  compute        %10.1f ms  (matrix products %.1f ms of compute and recompute)\n",
+  std::snprintf(line, sizeof(line),
+                "  compute        %10.1f ms  (matrix products %.1f ms of compute and recompute)\n",
                 ms(t.compute_s), ms(t.gemm_s));
   o << line;
   std::snprintf(line, sizeof(line), "  recompute      %10.1f ms\n", ms(t.recompute_s));
@@ -491,9 +514,11 @@ void print_time(const Plan& p, const StepTime& t, const Cluster& k, std::ostream
   o << line;
   std::string across;
   for (const std::string& a : t.across_hosts) across += (across.empty() ? "" : ", ") + a;
-  std::snprintf(line, sizeof(line), "  sent per step  %10.2f MiB inside a host, %.2f MiB to other hosts, a rank on average (%s)\n",
-                double(t.bytes_intra) / (1 << 20), double(t.bytes_inter) / (1 << 20),
-                across.empty() ? "no dimension crosses hosts" : ("across hosts: " + across).c_str());
+  std::snprintf(
+      line, sizeof(line),
+      "  sent per step  %10.2f MiB inside a host, %.2f MiB to other hosts, a rank on average (%s)\n",
+      double(t.bytes_intra) / (1 << 20), double(t.bytes_inter) / (1 << 20),
+      across.empty() ? "no dimension crosses hosts" : ("across hosts: " + across).c_str());
   o << line;
   o << "  bottleneck: " << t.bottleneck << "\n";
 }
