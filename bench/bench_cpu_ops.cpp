@@ -151,6 +151,25 @@ void BM_matmul_overhead_paired(benchmark::State& state) {
 }
 BENCHMARK(BM_matmul_overhead_paired)->Arg(32)->Arg(512)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
+// A linear with bias at config M's c_fc shape, x (2048,384) @ w (384,1536) + b: arg 0 the
+// GEMM into a zeroed output and then the bias added (two passes over y), arg 1
+// kernels::linear_forward (the bias copied into y, the GEMM adds onto it: one pass).
+void BM_linear_bias(benchmark::State& state) {
+  Tensor x = randn({2048, 384}, 6), w = randn({384, 1536}, 7), b = randn({1536}, 8);
+  Tensor y = Tensor::empty({2048, 1536});
+  for (auto _ : state) {
+    if (state.range(0) == 1) {
+      kernels::linear_forward(x, w, b, false, y, Tensor());
+    } else {
+      kernels::gemm(x, false, w, false, y, 1.0, 0.0);
+      kernels::add(y, b, y, 1.0, 1.0);
+    }
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  flops(state, 2.0 * 2048 * 384 * 1536);
+}
+BENCHMARK(BM_linear_bias)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Apply(setup);
+
 // ---- (b) causal attention: q, k, v (B,NH,T,HS) -> out (B,NH,T,HS), f32 ---------------------
 constexpr int64_t kB = 4, kNH = 4, kT = 256, kHS = 64;
 // forward: q k^T and p v, 2*T*T*HS each per head; backward: four more GEMMs of that size

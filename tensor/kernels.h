@@ -32,7 +32,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
 // A linear layer's forward, bias and GELU fused where the backend can (tensor/cpu/matmul,
 // tensor/cuda/linear: cuBLASLt epilogues): x (M,K) @ w (K,N) + bias (N) -> out (M,N), no bias
 // when bias is undefined; with gelu, out = GELU(x @ w + bias) and pre (M,N) = x @ w + bias
-// (what the GELU's backward needs). CPU: gemm, add, gelu_forward in turn.
+// (what the GELU's backward needs). CPU: the bias copied into the output rows, gemm with
+// beta 1 onto it (f32, f64; bf16: gemm, then add), then gelu_forward.
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
                     const Tensor& pre);
 
