@@ -170,6 +170,39 @@ void BM_linear_bias(benchmark::State& state) {
 }
 BENCHMARK(BM_linear_bias)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Apply(setup);
 
+// One GEMM of a GPT step at config M (2048 tokens, C 384), as f32 sgemm (path 0) and in bf16
+// converted to f32 for sgemm (1) or on oneDNN's bf16 kernels (2; tensor/cpu/onednn_gemm.cpp).
+// Shapes (m, k, n, trans_a, trans_b): 0 c_attn forward, 1 c_fc forward, 2 c_proj (MLP)
+// forward, 3 lm_head forward, 4 c_fc's dW (x^T @ dy), 5 c_fc's dX (dy @ w^T).
+void BM_gemm_bf16(benchmark::State& state) {
+  struct G {
+    int64_t m, k, n;
+    bool ta, tb;
+  };
+  const G shapes[] = {{2048, 384, 1152, false, false}, {2048, 384, 1536, false, false},
+                      {2048, 1536, 384, false, false}, {2048, 384, 4096, false, false},
+                      {384, 2048, 1536, true, false},  {2048, 1536, 384, false, true}};
+  const G g = shapes[state.range(1)];
+  const int path = static_cast<int>(state.range(0));
+  const DType dt = path == 0 ? DType::f32 : DType::bf16;
+  Tensor a = randn(g.ta ? Shape{g.k, g.m} : Shape{g.m, g.k}, 9, dt);
+  Tensor b = randn(g.tb ? Shape{g.n, g.k} : Shape{g.k, g.n}, 10, dt);
+  Tensor c = Tensor::empty({g.m, g.n}, dt);
+  if (path == 1) setenv("NDT_BF16_GEMM", "f32", 1);
+  if (path == 2) setenv("NDT_BF16_GEMM", "onednn", 1);
+  for (auto _ : state) {
+    kernels::gemm(a, g.ta, b, g.tb, c);
+    benchmark::DoNotOptimize(c.data_ptr());
+  }
+  unsetenv("NDT_BF16_GEMM");
+  flops(state, 2.0 * g.m * g.k * g.n);
+}
+BENCHMARK(BM_gemm_bf16)
+    ->ArgsProduct({{0, 1, 2}, {0, 1, 2, 3, 4, 5}})
+    ->ArgNames({"path", "shape"})
+    ->Unit(benchmark::kMicrosecond)
+    ->Apply(setup);
+
 // ---- (b) causal attention: q, k, v (B,NH,T,HS) -> out (B,NH,T,HS), f32 ---------------------
 constexpr int64_t kB = 4, kNH = 4, kT = 256, kHS = 64;
 // forward: q k^T and p v, 2*T*T*HS each per head; backward: four more GEMMs of that size

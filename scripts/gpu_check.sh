@@ -473,7 +473,9 @@ if [[ -d "$ROOT/.gpu-deps" ]]; then
   export OMPI_MCA_plm_rsh_agent=false
   CMAKE_DEP_ARGS+=(-DNDT_BLAS_LIBRARY="$L/openblas-openmp/libopenblas.so"
                    -DNDT_BLAS_INCLUDE_DIR="$P/include/$ARCH/openblas-openmp"
-                   -DMPI_CXX_COMPILER="$P/bin/mpicxx" -DMPIEXEC_EXECUTABLE="$P/bin/mpirun")
+                   -DMPI_CXX_COMPILER="$P/bin/mpicxx" -DMPIEXEC_EXECUTABLE="$P/bin/mpirun"
+                   -DNDT_ONEDNN=OFF)  # not in .gpu-deps: the GPU's bf16 GEMMs are cuBLAS's; the
+                                      # dry run here then builds what the GPU machine builds
   log "deps: $n packages + trimmed Boost headers unpacked into $DEPS in $((SECONDS - t0))s; fallback libraries used: ${fallback_used[*]:-none}"
 else
   log "deps: no .gpu-deps here (scripts/gpu_deps.sh makes it); using the system's packages"

@@ -23,14 +23,15 @@ BUILD="${NDT_BUILD_DIR:-build}"
 [[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
 
 # Everything ndtrain needs: compilers and CMake, OpenBLAS (CPU GEMM; CMake prefers the
-# OpenMP build, which shares its threads with our OpenMP loops), Open MPI (CPU
+# OpenMP build, which shares its threads with our OpenMP loops), oneDNN (bf16 GEMMs on CPUs
+# with bf16 instructions), Open MPI (CPU
 # collectives), Boost.Program_options (config), nlohmann-json (reports), GoogleTest and
 # Google Benchmark, the fortunes text (the offline training corpus), iproute2 and
 # util-linux for the simulated cluster of the multi-host tests (scripts/cluster.sh), and
 # python3 for the scripts (scripts/flight_report.py, the trace summary).
 PACKAGES=(
   build-essential cmake pkg-config
-  libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
+  libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
   libboost-program-options-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fortunes fortunes-min

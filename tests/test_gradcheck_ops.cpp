@@ -2,14 +2,23 @@
 // the same case in f32 against f64 and in bf16 against f32 (outputs and gradients).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <set>
+#include <vector>
 
 #include "autograd/engine.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "support/op_cases.h"
+#include "support/testing.h"
+#include "tensor/cpu/fastmath.h"
+#include "tensor/cpu/kernels.h"
+#include "tensor/cpu/onednn_gemm.h"
+#include "tensor/kernels.h"
 #include "tensor/threads.h"
 
 using namespace ndt;
@@ -220,4 +229,233 @@ TEST(SelfAttention, RefusesBadShapes) {
       },
       Error);
   EXPECT_THROW(self_attention(Tensor::zeros({2, 5, 12}), 3), Error);  // 4 channels into 3 heads
+}
+
+// ---- bf16 GEMMs on the CPU: oneDNN's kernels and the f32 path (tensor/cpu/matmul) ----------
+
+namespace {
+
+// NDT_BF16_GEMM for one scope (the CPU gemm reads it at each call).
+struct Bf16GemmChoice {
+  explicit Bf16GemmChoice(const char* value) { setenv("NDT_BF16_GEMM", value, 1); }
+  ~Bf16GemmChoice() { unsetenv("NDT_BF16_GEMM"); }
+};
+
+// alpha op(a) op(b) + beta c0 (+ bias) in f64 from the same bf16 values: what a bf16 GEMM
+// with f32 accumulation approximates to within one bf16 rounding of the result.
+Tensor gemm_f64(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c0, double alpha, double beta) {
+  Tensor c = c0.to(DType::f64);
+  kernels::gemm(a.to(DType::f64), ta, b.to(DType::f64), tb, c, alpha, beta);
+  return c;
+}
+
+}  // namespace
+
+// Every shape the CPU gemm takes (2-D, batched, a 2-D b shared by the batch; each operand
+// transposed or not; alpha and beta), in bf16 through oneDNN and through f32, against f64.
+TEST(Bf16Gemm, OneDnnAndTheF32PathAgreeWithFloat64) {
+  if (cpu::bf16_gemm_library().rfind("none", 0) == 0) GTEST_SKIP() << cpu::bf16_gemm_library();
+  struct Shape3 {
+    int64_t batch;
+    bool b_shared;
+  };
+  const int64_t m = 37, n = 29, k = 53;
+  uint64_t stream = 1000;
+  for (Shape3 s : {Shape3{0, false}, Shape3{3, false}, Shape3{3, true}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        if (s.b_shared && ta) continue;  // not a shape matmul makes
+        auto shape = [&](int64_t r, int64_t c, bool batched) {
+          return batched && s.batch > 0 ? ndt::Shape{s.batch, r, c} : ndt::Shape{r, c};
+        };
+        const Tensor a = randn(ta ? shape(k, m, true) : shape(m, k, true), DType::bf16, Device::cpu(), stream++);
+        const Tensor b = randn(tb ? shape(n, k, !s.b_shared) : shape(k, n, !s.b_shared), DType::bf16,
+                               Device::cpu(), stream++);
+        const Tensor c0 = randn(shape(m, n, true), DType::bf16, Device::cpu(), stream++);
+        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.0}}) {
+          const Tensor want = gemm_f64(a, ta, b, tb, c0, alpha, beta);
+          for (const char* choice : {"onednn", "f32"}) {
+            Bf16GemmChoice scoped(choice);
+            Tensor c = c0.clone();
+            kernels::gemm(a, ta, b, tb, c, alpha, beta);
+            const double e = rel_error(c.to(DType::f64), want);
+            EXPECT_LT(e, 5e-3) << choice << " batch " << s.batch << (s.b_shared ? " shared b" : "") << " ta " << ta
+                               << " tb " << tb << " alpha " << alpha << " beta " << beta;
+          }
+        }
+      }
+}
+
+// linear_forward with a bias, and with GELU: oneDNN adds the bias before the one rounding.
+TEST(Bf16Gemm, LinearWithBiasOnBothPaths) {
+  if (cpu::bf16_gemm_library().rfind("none", 0) == 0) GTEST_SKIP() << cpu::bf16_gemm_library();
+  const Tensor x = randn({70, 48}, DType::bf16, Device::cpu(), 1100), w = randn({48, 40}, DType::bf16, Device::cpu(), 1101);
+  const Tensor bias = randn({40}, DType::bf16, Device::cpu(), 1102, 0.0f, 3.0f);
+  Tensor want = Tensor::empty({70, 40}, DType::f64), want_gelu = Tensor::empty({70, 40}, DType::f64);
+  kernels::linear_forward(x.to(DType::f64), w.to(DType::f64), bias.to(DType::f64), false, want, Tensor());
+  kernels::gelu_forward(want, want_gelu);
+  for (const char* choice : {"onednn", "f32"}) {
+    Bf16GemmChoice scoped(choice);
+    Tensor y = Tensor::empty({70, 40}, DType::bf16), out = Tensor::empty({70, 40}, DType::bf16),
+           pre = Tensor::empty({70, 40}, DType::bf16);
+    kernels::linear_forward(x, w, bias, false, y, Tensor());
+    kernels::linear_forward(x, w, bias, true, out, pre);
+    EXPECT_LT(rel_error(y.to(DType::f64), want), 5e-3) << choice;
+    EXPECT_LT(rel_error(pre.to(DType::f64), want), 5e-3) << choice;
+    EXPECT_LT(rel_error(out.to(DType::f64), want_gelu), 1e-2) << choice;
+  }
+}
+
+// auto takes oneDNN exactly where the CPU has bf16 dot products; a wrong value is refused.
+TEST(Bf16Gemm, AutoFollowsTheCpuAndBadChoicesAreRefused) {
+#if defined(__x86_64__)
+  if (cpu::bf16_gemm_library().rfind("none", 0) != 0) {
+    __builtin_cpu_init();
+    EXPECT_EQ(cpu::bf16_gemm_native(), __builtin_cpu_supports("avx512bf16") != 0) << cpu::bf16_gemm_library();
+  }
+#endif
+  Bf16GemmChoice scoped("fast");
+  const Tensor a = randn({4, 4}, DType::bf16, Device::cpu(), 1200);
+  Tensor c = Tensor::empty({4, 4}, DType::bf16);
+  const std::string e = ndt::testing::error_of([&] { kernels::gemm(a, false, a, false, c); });
+  EXPECT_NE(e.find("NDT_BF16_GEMM=fast"), std::string::npos) << e;
+}
+
+// ---- the CPU's vectorized loops keep their plain loops' bits ----------------------------------
+//
+// GELU on bf16, the fused cross-entropy and AdamW run as AVX-512 / AVX2 clones of loops whose
+// every operation is IEEE (no reassociation, no contraction): the results below are the plain
+// element-by-element definitions, compared bit for bit, on random inputs and special values.
+
+namespace {
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+std::vector<float> floats_of(const Tensor& t) { return t.to(DType::f32).to_vector<float>(); }
+
+void expect_same_bits(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (bits_of(got[i]) != bits_of(want[i]) && bad++ < 3)
+      ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " vs " << want[i];
+  EXPECT_EQ(bad, 0) << what;
+}
+
+}  // namespace
+
+TEST(VectorKernels, Bf16ConversionsKeepTheScalarBits) {
+  std::vector<bf16> every(65536);  // every bf16 pattern, NaNs included
+  for (uint32_t b = 0; b < 65536; ++b) every[b].bits = static_cast<uint16_t>(b);
+  std::vector<float> wide(65536);
+  cpu::bf16_to_f32(every.data(), wide.data(), 65536);
+  for (uint32_t b = 0; b < 65536; ++b) ASSERT_EQ(bits_of(wide[b]), bits_of(bf16_to_float(every[b]))) << b;
+  // rounding: random floats, ties both ways, the largest finite, infinities, NaNs, denormals
+  std::vector<float> f = randn({4001}, DType::f32, Device::cpu(), 1300, 0.0f, 100.0f).to_vector<float>();
+  for (uint32_t u : {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u,
+                     0xffffffffu, 0x00000001u, 0x80008000u, 0x00000000u, 0x80000000u}) {
+    float x;
+    std::memcpy(&x, &u, 4);
+    f.push_back(x);
+  }
+  std::vector<bf16> narrow(f.size());
+  cpu::f32_to_bf16(f.data(), narrow.data(), static_cast<int64_t>(f.size()));
+  for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(narrow[i].bits, float_to_bf16(f[i]).bits) << f[i];
+}
+
+TEST(VectorKernels, Bf16GeluIsTheFloatFormulaRoundedOnce) {
+  const int64_t n = 2000;  // several blocks, the last partial
+  const Tensor x = randn({n}, DType::bf16, Device::cpu(), 1310, 0.0f, 3.0f);
+  const Tensor dy = randn({n}, DType::bf16, Device::cpu(), 1311);
+  Tensor y = Tensor::empty({n}, DType::bf16), dx = Tensor::empty({n}, DType::bf16);
+  kernels::gelu_forward(x, y);
+  kernels::gelu_backward(x, dy, dx);
+  const float k = std::sqrt(2.0f / static_cast<float>(M_PI));
+  std::vector<float> want_y, want_dx;
+  const std::vector<float> xs = floats_of(x), ds = floats_of(dy);
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = xs[i], t = cpu::fast_tanh(k * (v + 0.044715f * v * v * v));
+    want_y.push_back(bf16_to_float(float_to_bf16(0.5f * v * (1.0f + t))));
+    const float grad = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + float(3 * 0.044715) * v * v);
+    want_dx.push_back(bf16_to_float(float_to_bf16(grad * ds[i])));
+  }
+  expect_same_bits(floats_of(y), want_y, "gelu_forward bf16");
+  expect_same_bits(floats_of(dx), want_dx, "gelu_backward bf16");
+}
+
+// The fused cross-entropy against its row-by-row definition: f32 and bf16, the gradient in a
+// separate buffer and in place, padded columns (v_limit < V), one ignored row.
+TEST(VectorKernels, CrossEntropyKeepsThePlainLoopsBits) {
+  const int64_t N = 9, V = 301, v_limit = 290, ignore = -100;
+  std::vector<int32_t> tg = random_ids({N}, static_cast<int32_t>(v_limit), Device::cpu(), 1320).to_vector<int32_t>();
+  tg[4] = ignore;
+  const Tensor targets = Tensor::from_vector(tg, {N});
+  Tensor kept = Tensor::empty({1}, DType::i32);
+  kernels::count_not_equal(targets, ignore, kept);
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool in_place : {false, true}) {
+      const Tensor logits = randn({N, V}, dt, Device::cpu(), 1321, 0.0f, 4.0f);
+      const std::vector<float> x = floats_of(logits);
+      Tensor work = logits.clone();
+      Tensor grad = in_place ? work : Tensor::empty({N, V}, dt);
+      Tensor losses = Tensor::empty({N}, DType::f32), lse = Tensor::empty({N}, DType::f32);
+      kernels::cross_entropy_forward(work, targets, kept, v_limit, ignore, losses, lse, grad);
+      std::vector<float> want_loss, want_lse, want_grad;
+      const float inv_kept = 1.0f / float(N - 1);
+      for (int64_t r = 0; r < N; ++r) {
+        const float* row = x.data() + r * V;
+        float mx = -INFINITY, s = 0;
+        for (int64_t c = 0; c < v_limit; ++c) mx = std::max(mx, row[c]);
+        for (int64_t c = 0; c < v_limit; ++c) s += cpu::fast_exp(row[c] - mx);
+        const float l = mx + std::log(s);
+        const bool ignored = tg[r] == ignore;
+        want_lse.push_back(l);
+        want_loss.push_back(ignored ? 0.0f : l - row[tg[r]]);
+        for (int64_t c = 0; c < V; ++c) {
+          float g = 0;
+          if (!ignored && c < v_limit) g = (cpu::fast_exp(row[c] - l) - (c == tg[r] ? 1.0f : 0.0f)) * inv_kept;
+          want_grad.push_back(dt == DType::bf16 ? bf16_to_float(float_to_bf16(g)) : g);
+        }
+      }
+      const std::string what = std::string(dtype_name(dt)) + (in_place ? " in place" : "");
+      expect_same_bits(floats_of(losses), want_loss, ("losses " + what).c_str());
+      expect_same_bits(floats_of(lse), want_lse, ("lse " + what).c_str());
+      expect_same_bits(floats_of(grad), want_grad, ("dlogits " + what).c_str());
+    }
+}
+
+TEST(VectorKernels, AdamWKeepsThePlainLoopsBits) {
+  const int64_t n = 100003;  // two threads' chunks, a remainder for the vector loop
+  Tensor p = randn({n}, DType::f32, Device::cpu(), 1330), g = randn({n}, DType::f32, Device::cpu(), 1331);
+  Tensor m = randn({n}, DType::f32, Device::cpu(), 1332, 0.0f, 0.1f);
+  Tensor v = randu({n}, DType::f32, Device::cpu(), 1333, 0.0f, 0.01f);
+  std::vector<float> P = p.to_vector<float>(), G = g.to_vector<float>(), M = m.to_vector<float>(),
+                     S = v.to_vector<float>();
+  kernels::AdamWArgs a;
+  a.lr = 3e-4;
+  a.beta1 = 0.9;
+  a.beta2 = 0.95;
+  a.weight_decay = 0.1;
+  a.grad_scale = 0.7;
+  a.step = 7;
+  a.decay_end = 60001;
+  a.index_offset = 10;
+  kernels::adamw_step(p, g, m, v, a);
+  const float b1 = a.beta1, b2 = a.beta2, gs = a.grad_scale, eps = a.eps;
+  const float step_size = a.lr / static_cast<float>(1 - std::pow(a.beta1, 7.0));
+  const float bc2_sqrt = std::sqrt(1 - std::pow(a.beta2, 7.0));
+  for (int64_t i = 0; i < n; ++i) {
+    const float decay = i < a.decay_end - a.index_offset ? static_cast<float>(1 - a.lr * a.weight_decay) : 1.0f;
+    const float gi = G[i] * gs, mi = b1 * M[i] + (1 - b1) * gi, vi = b2 * S[i] + (1 - b2) * gi * gi;
+    P[i] = P[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+    M[i] = mi;
+    S[i] = vi;
+  }
+  expect_same_bits(p.to_vector<float>(), P, "param");
+  expect_same_bits(m.to_vector<float>(), M, "m");
+  expect_same_bits(v.to_vector<float>(), S, "v");
 }

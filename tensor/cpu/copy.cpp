@@ -3,9 +3,29 @@
 #include <vector>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/fastmath.h"
 #include "tensor/cpu/kernels.h"
 
 namespace ndt::cpu {
+
+// bf16 is the top half of an f32: widening is a shift; narrowing rounds to nearest even and
+// keeps NaNs quiet (float_to_bf16's rule), as selects the compiler can vectorize.
+NDT_VECTOR_CLONES void bf16_to_f32(const bf16* src, float* dst, int64_t n) {
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+  uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
+}
+NDT_VECTOR_CLONES void f32_to_bf16(const float* src, bf16* dst, int64_t n) {
+  const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
+  uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = s[i];
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (u >> 16) | 0x40u;
+    d[i] = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  }
+}
+
 namespace {
 
 // Calls f(dst_offset, src_offset, n) for each run of the innermost dim, in row-major order
@@ -67,6 +87,11 @@ void copy(const Tensor& dst, const Tensor& src) {
       const int64_t nd = dst.dim();
       const int64_t dstep = nd ? dst.strides().back() : 1, sstep = nd ? src.strides().back() : 1;
       for_each_row(dst.shape(), dst.strides(), src.strides(), [&](int64_t doff, int64_t soff, int64_t n) {
+        if constexpr (std::is_same_v<D, float> && std::is_same_v<S, bf16>) {
+          if (dstep == 1 && sstep == 1) return bf16_to_f32(s + soff, d + doff, n);
+        } else if constexpr (std::is_same_v<D, bf16> && std::is_same_v<S, float>) {
+          if (dstep == 1 && sstep == 1) return f32_to_bf16(s + soff, d + doff, n);
+        }
         for (int64_t i = 0; i < n; ++i) {
           if constexpr (std::is_same_v<D, S>) {
             d[doff + i * dstep] = s[soff + i * sstep];

@@ -1,6 +1,7 @@
 // CPU elementwise kernels: add/mul/scale with row broadcast, in-place accumulate, GELU.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "tensor/cpu/dispatch.h"
@@ -63,7 +64,7 @@ void scale(const Tensor& a, double s, const Tensor& out) {
 }
 
 void scale_by(const Tensor& t, const Tensor& s) {
-  const double f = s.item();  // on the CPU reading it costs nothing
+  const double f = s.item();     // on the CPU reading it costs nothing
   if (f != 1.0) scale(t, f, t);  // x * 1 = x: the usual dloss of a loss needs no pass
 }
 
@@ -92,11 +93,38 @@ inline T gelu_grad(T v, T k) {
 }
 
 // The f32 loops, one vectorized function each (NDT_VECTOR_CLONES), on one thread's chunk.
-NDT_VECTOR_CLONES void gelu_forward_f32(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = gelu_value(x[i], kGeluK);
+NDT_VECTOR_CLONES void gelu_forward_f32(const float* x, float* y, int64_t n, float k = kGeluK) {
+  for (int64_t i = 0; i < n; ++i) y[i] = gelu_value(x[i], k);
 }
-NDT_VECTOR_CLONES void gelu_backward_f32(const float* x, const float* dy, float* dx, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i], kGeluK) * dy[i];
+NDT_VECTOR_CLONES void gelu_backward_f32(const float* x, const float* dy, float* dx, int64_t n,
+                                         float k = kGeluK) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(x[i], k) * dy[i];
+}
+
+// bf16 through the f32 loops, a block at a time: widened, computed, rounded once (the same
+// bits as the element-by-element formula). Its sqrt(2/pi) is the one bf16 has always used,
+// computed in float (1 ulp below kGeluK), so that recorded bf16 runs keep their bits.
+constexpr int64_t kBf16Block = 256;
+const float kGeluKBf16 = std::sqrt(2.0f / static_cast<float>(M_PI));
+
+void gelu_forward_bf16(const bf16* x, bf16* y, int64_t n) {
+  float a[kBf16Block], b[kBf16Block];
+  for (int64_t lo = 0; lo < n; lo += kBf16Block) {
+    const int64_t m = std::min(kBf16Block, n - lo);
+    bf16_to_f32(x + lo, a, m);
+    gelu_forward_f32(a, b, m, kGeluKBf16);
+    f32_to_bf16(b, y + lo, m);
+  }
+}
+void gelu_backward_bf16(const bf16* x, const bf16* dy, bf16* dx, int64_t n) {
+  float a[kBf16Block], d[kBf16Block], g[kBf16Block];
+  for (int64_t lo = 0; lo < n; lo += kBf16Block) {
+    const int64_t m = std::min(kBf16Block, n - lo);
+    bf16_to_f32(x + lo, a, m);
+    bf16_to_f32(dy + lo, d, m);
+    gelu_backward_f32(a, d, g, m, kGeluKBf16);
+    f32_to_bf16(g, dx + lo, m);
+  }
 }
 
 // Splits [0, n) into one contiguous chunk per thread.
@@ -119,6 +147,11 @@ void gelu_forward(const Tensor& x, const Tensor& out) {
     float* po = out.data<float>();
     return parallel_chunks(n, [&](int64_t lo, int64_t hi) { gelu_forward_f32(px + lo, po + lo, hi - lo); });
   }
+  if (x.dtype() == DType::bf16) {
+    const bf16* px = x.data<bf16>();
+    bf16* po = out.data<bf16>();
+    return parallel_chunks(n, [&](int64_t lo, int64_t hi) { gelu_forward_bf16(px + lo, po + lo, hi - lo); });
+  }
   dispatch_float(x.dtype(), "gelu_forward", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -136,6 +169,12 @@ void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx) {
     float* pdx = dx.data<float>();
     return parallel_chunks(
         n, [&](int64_t lo, int64_t hi) { gelu_backward_f32(px + lo, pd + lo, pdx + lo, hi - lo); });
+  }
+  if (x.dtype() == DType::bf16) {
+    const bf16 *px = x.data<bf16>(), *pd = dout.data<bf16>();
+    bf16* pdx = dx.data<bf16>();
+    return parallel_chunks(
+        n, [&](int64_t lo, int64_t hi) { gelu_backward_bf16(px + lo, pd + lo, pdx + lo, hi - lo); });
   }
   dispatch_float(x.dtype(), "gelu_backward", [&](auto tag) {
     using T = decltype(tag);

@@ -76,4 +76,9 @@ void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const kernels::AdamWArgs& a);
 
+// Helpers of the kernels above (not dispatched): contiguous bf16 <-> f32 runs on one thread,
+// vectorized (AVX-512 / AVX2 clones), the same bits as bf16_to_float / float_to_bf16.
+void bf16_to_f32(const bf16* src, float* dst, int64_t n);
+void f32_to_bf16(const float* src, bf16* dst, int64_t n);
+
 }  // namespace ndt::cpu

@@ -1,12 +1,16 @@
-// CPU GEMM through OpenBLAS (cblas). f32 -> sgemm, f64 -> dgemm, bf16 -> converted to f32,
-// sgemm, rounded back (f32 accumulation, as on the GPU).
+// CPU GEMM. f32 -> OpenBLAS sgemm, f64 -> dgemm; bf16 -> oneDNN's bf16 kernels where the
+// CPU has bf16 instructions (tensor/cpu/onednn_gemm.cpp), otherwise converted to f32, sgemm,
+// rounded back. Either way f32 accumulation and one rounding to bf16, as on the GPU.
 #include <cblas.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/kernels.h"
+#include "tensor/cpu/onednn_gemm.h"
 
 namespace ndt::cpu {
 namespace {
@@ -29,6 +33,18 @@ GemmDims gemm_dims(const Tensor& a, bool ta, const Tensor& b, bool tb, const Ten
 
 Tensor to_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : t.to(DType::f32); }
 
+// Which bf16 GEMM: NDT_BF16_GEMM=onednn (oneDNN's kernels), f32 (convert, sgemm), or unset /
+// auto: oneDNN where it runs on the CPU's bf16 units. Read at each call (the tests switch it).
+bool bf16_on_onednn(const Tensor& a, const Tensor& b, const Tensor& c) {
+  if (a.dtype() != DType::bf16 || b.dtype() != DType::bf16 || c.dtype() != DType::bf16) return false;
+  const char* env = std::getenv("NDT_BF16_GEMM");
+  const std::string choice = env ? env : "";
+  if (choice == "f32") return false;
+  if (choice == "onednn") return true;
+  NDT_CHECK(choice.empty() || choice == "auto", "NDT_BF16_GEMM=", choice, ": expected auto, onednn or f32");
+  return bf16_gemm_native();
+}
+
 }  // namespace
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha, double beta) {
@@ -47,6 +63,10 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
     for (int64_t i = 0; i < g.batch; ++i)
       cblas_dgemm(CblasRowMajor, opa, opb, g.m, g.n, g.k, alpha, pa + i * sa, lda, pb + i * sb, ldb, beta,
                   pc + i * sc, ldc);
+    return;
+  }
+  if (g.k > 0 && bf16_on_onednn(a, b, c)) {
+    onednn_gemm_bf16(a, ta, b, tb, c, static_cast<float>(alpha), static_cast<float>(beta));
     return;
   }
   // f32 (and bf16 through f32)
@@ -68,11 +88,14 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
 // x (M,K) @ w (K,N) (+ bias) (-> GELU, keeping pre): the composed ops' arithmetic. With a
 // bias (f32, f64), y starts as the bias in every row and the GEMM adds x @ w to it (beta 1):
 // one pass over y instead of two (OpenBLAS's zeroing for beta 0, then the bias add), and the
-// same rounding, fl(x @ w + bias). bf16 keeps gemm, then add (its GEMM runs in f32 anyway).
+// same rounding, fl(x @ w + bias). bf16 on oneDNN: the bias added in f32 before the one
+// rounding; bf16 through f32: gemm, then add.
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
                     const Tensor& pre) {
   const Tensor& y = gelu ? pre : out;
-  if (bias.defined() && y.dtype() != DType::bf16 && y.numel() > 0) {
+  if (y.numel() > 0 && bf16_on_onednn(x, w, y) && (!bias.defined() || bias.dtype() == DType::bf16)) {
+    onednn_gemm_bf16(x, false, w, false, y, 1.0f, 0.0f, bias);
+  } else if (bias.defined() && y.dtype() != DType::bf16 && y.numel() > 0) {
     const int64_t n = y.size(-1), rows = y.numel() / n;
     const size_t row_bytes = static_cast<size_t>(n) * dtype_size(y.dtype());
     auto* py = static_cast<char*>(y.data_ptr());

@@ -1,0 +1,170 @@
+// bf16 GEMMs on the CPU's bf16 instructions (AVX512-BF16's dot products, AMX's tiles) through
+// oneDNN's matmul: bf16 operands, f32 accumulation, one rounding of the result to bf16 (the
+// GPU's arithmetic). Debian's OpenBLAS has no bf16 GEMM, and converting both operands to f32
+// for sgemm runs at f32's speed; oneDNN's bf16 kernels run about twice as fast as the best
+// sgemm on a CPU with AVX512-BF16 (docs/PERFORMANCE.md, "bf16 on the CPU's bf16 units").
+//
+// Where the CPU has no bf16 instructions oneDNN would emulate them, slower than the f32 path,
+// so bf16_gemm_native() says whether oneDNN's implementation for a bf16 matmul is a native
+// one; tensor/cpu/matmul.cpp uses it only then (or when NDT_BF16_GEMM says so).
+//
+//   c (batch, m, n) = alpha op(a) (batch, m, k) @ op(b) (batch or shared, k, n) [+ bias (n)]
+//                     + beta c
+//
+// Primitives are built once per shape and kept in a small table: building one (oneDNN picks
+// and JIT-compiles a kernel) costs far more than running a small one.
+#include "tensor/cpu/onednn_gemm.h"
+
+#if NDT_WITH_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#endif
+
+#include "tensor/error.h"
+
+namespace ndt::cpu {
+
+#if NDT_WITH_ONEDNN
+namespace {
+
+using dnnl::memory;
+
+// Everything a primitive depends on; the data pointers are given at each call.
+struct Key {
+  int64_t batch, m, n, k;
+  bool ta, tb, b_shared, has_bias, dst_f32;
+  float alpha, beta;
+  auto tie() const { return std::tie(batch, m, n, k, ta, tb, b_shared, has_bias, dst_f32, alpha, beta); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+// The CPU engine and the primitives built so far. oneDNN keeps its own cache too, but a
+// primitive descriptor costs an implementation search each time it is made.
+struct Primitive {
+  dnnl::matmul matmul;
+  memory::desc a, b, c, bias;
+};
+struct Library {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex mutex;
+  std::map<Key, Primitive> primitives;
+};
+
+Library& library() {
+  static Library lib;
+  return lib;
+}
+
+// (batch, rows, cols) of a row-major (rows, cols) matrix per batch, read as its transpose
+// when trans: dims (batch, r, c) of op(x), strides of the stored layout.
+memory::desc matrix(int64_t batch, int64_t r, int64_t c, bool trans, bool shared, memory::data_type t) {
+  const int64_t batch_stride = shared ? 0 : r * c;
+  const memory::dims strides = trans ? memory::dims{batch_stride, 1, r} : memory::dims{batch_stride, c, 1};
+  return memory::desc({shared ? 1 : batch, r, c}, t, strides);
+}
+
+dnnl::matmul::primitive_desc describe(const Key& key, const dnnl::engine& engine) {
+  using dt = memory::data_type;
+  const memory::desc a = matrix(key.batch, key.m, key.k, key.ta, false, dt::bf16);
+  const memory::desc b = matrix(key.batch, key.k, key.n, key.tb, key.b_shared, dt::bf16);
+  const memory::desc c = matrix(key.batch, key.m, key.n, false, false, key.dst_f32 ? dt::f32 : dt::bf16);
+  dnnl::primitive_attr attr;
+  if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+  if (key.beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(key.beta);
+    attr.set_post_ops(ops);
+  }
+  if (key.has_bias) {
+    const memory::desc bias({1, 1, key.n}, dt::bf16, memory::dims{key.n, key.n, 1});
+    return {dnnl::matmul::desc(a, b, bias, c), attr, engine};
+  }
+  return {dnnl::matmul::desc(a, b, c), attr, engine};
+}
+
+const Primitive& primitive(Library& lib, const Key& key) {
+  std::lock_guard<std::mutex> lock(lib.mutex);
+  auto it = lib.primitives.find(key);
+  if (it == lib.primitives.end()) {
+    const dnnl::matmul::primitive_desc pd = describe(key, lib.engine);
+    Primitive p{dnnl::matmul(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc(),
+                key.has_bias ? pd.bias_desc() : memory::desc()};
+    it = lib.primitives.emplace(key, std::move(p)).first;
+  }
+  return it->second;
+}
+
+// What oneDNN would run for a bf16 matmul on this CPU: "brg:avx512_core_bf16",
+// "brg:avx512_core_amx", ... or an emulation ("ref:any", "gemm:jit" over f32 conversions).
+std::string bf16_implementation() {
+  try {
+    const Key probe{1, 256, 256, 256, false, false, false, false, false, 1.0f, 0.0f};
+    return describe(probe, library().engine).impl_info_str();
+  } catch (const dnnl::error& e) {
+    return std::string("none (") + e.what() + ")";
+  }
+}
+
+}  // namespace
+
+bool bf16_gemm_native() {
+  static const bool native = [] {
+    const std::string impl = bf16_implementation();
+    return impl.find("bf16") != std::string::npos || impl.find("amx") != std::string::npos;
+  }();
+  return native;
+}
+
+std::string bf16_gemm_library() { return "oneDNN " + bf16_implementation(); }
+
+void onednn_gemm_bf16(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, float alpha,
+                      float beta, const Tensor& bias) {
+  NDT_CHECK(a.dtype() == DType::bf16 && b.dtype() == DType::bf16 &&
+                (c.dtype() == DType::bf16 || c.dtype() == DType::f32) &&
+                (!bias.defined() || bias.dtype() == DType::bf16),
+            "onednn_gemm_bf16: expected bf16 operands and a bf16 or f32 result");
+  Key key{};
+  key.batch = a.dim() == 3 ? a.size(0) : 1;
+  key.m = ta ? a.size(-1) : a.size(-2);
+  key.k = ta ? a.size(-2) : a.size(-1);
+  key.n = tb ? b.size(-2) : b.size(-1);
+  key.b_shared = b.dim() == 2 && a.dim() == 3;
+  if (key.b_shared && !ta) {  // one GEMM over (batch*m, k) rows, as for sgemm
+    key.m *= key.batch;
+    key.batch = 1;
+    key.b_shared = false;
+  }
+  key.ta = ta;
+  key.tb = tb;
+  key.has_bias = bias.defined();
+  key.dst_f32 = c.dtype() == DType::f32;
+  key.alpha = alpha;
+  key.beta = beta;
+  Library& lib = library();
+  const Primitive& p = primitive(lib, key);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(p.a, lib.engine, a.data_ptr())},
+                                       {DNNL_ARG_WEIGHTS, memory(p.b, lib.engine, b.data_ptr())},
+                                       {DNNL_ARG_DST, memory(p.c, lib.engine, c.data_ptr())}};
+  if (key.has_bias) args.emplace(DNNL_ARG_BIAS, memory(p.bias, lib.engine, bias.data_ptr()));
+  dnnl::stream stream(lib.engine);
+  p.matmul.execute(stream, args);
+  stream.wait();
+}
+
+#else  // built without oneDNN
+
+bool bf16_gemm_native() { return false; }
+std::string bf16_gemm_library() { return "none (built without oneDNN)"; }
+void onednn_gemm_bf16(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float, const Tensor&) {
+  NDT_CHECK(false, "onednn_gemm_bf16: this build has no oneDNN (install libdnnl-dev and configure again)");
+}
+
+#endif
+
+}  // namespace ndt::cpu
