@@ -18,6 +18,11 @@
 
 namespace ndt::cpu {
 
+// Lanes of the fixed-order reductions (tensor/cpu/self_attention.cpp, softmax.cpp): lane l
+// takes elements l, l+L, ..., then the lanes combine in a fixed order, so the result is the
+// same at every vector width (no reassociation left to the compiler).
+constexpr int kLanes = 16;
+
 // Written so GCC vectorizes it at the baseline x86-64 ISA (SSE2): no floor (rounding by
 // adding and subtracting 1.5 * 2^23), min/max as comparisons, the power of two built in bits.
 inline float fast_exp(float x) {

@@ -2,7 +2,7 @@
 // oneDNN's matmul: bf16 operands, f32 accumulation, one rounding of the result to bf16 (the
 // GPU's arithmetic). Debian's OpenBLAS has no bf16 GEMM, and converting both operands to f32
 // for sgemm runs at f32's speed; oneDNN's bf16 kernels run about twice as fast as the best
-// sgemm on a CPU with AVX512-BF16 (docs/PERFORMANCE.md, "bf16 on the CPU's bf16 units").
+// sgemm on a CPU with AVX512-BF16 (docs/PERFORMANCE.md, "On a Zen 5 with AVX512-BF16").
 //
 // Where the CPU has no bf16 instructions oneDNN would emulate them, slower than the f32 path,
 // so bf16_gemm_native() says whether oneDNN's implementation for a bf16 matmul is a native
@@ -18,7 +18,6 @@
 #if NDT_WITH_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>

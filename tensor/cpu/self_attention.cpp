@@ -42,10 +42,7 @@ void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, 
               a, lda, b, ldb, beta, c, ldc);
 }
 
-// Sums with L fixed lanes, lane l taking elements l, l+L, ..., then the lanes in a fixed
-// order: the same result at every vector width (no reassociation left to the compiler).
-constexpr int kLanes = 16;
-
+// The lanes' sum in their fixed order (kLanes, tensor/cpu/fastmath.h).
 template <typename T>
 T lanes_total(const T (&acc)[kLanes]) {
   T s = 0;

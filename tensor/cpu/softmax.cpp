@@ -62,7 +62,6 @@ namespace {
 // results of the plain loops bit for bit: a max is exact in any order (16 lanes, NaNs never
 // win, as with std::max), and each exp is the same function of its own element; only the
 // sum of the exps stays one sequential loop (its order is part of the recorded figures).
-constexpr int kLanes = 16;
 
 NDT_VECTOR_CLONES float row_max_f32(const float* x, int64_t n) {
   float lane[kLanes];
