@@ -7,6 +7,7 @@ simulated cluster (scripts/cluster.sh: 2 hosts x 2 ranks, TCP between the hosts;
     bench/bench_planner.py --keep out/planner       # also keep the cluster files and the rows
     bench/bench_planner.py --from out/planner       # predict those runs again (the model changed),
                                                     # measuring nothing: no root, seconds
+    bench/bench_planner.py --dtype bfloat16         # mixed precision: calibrated, planned, trained in bf16
 
 For each rate: `train_gpt --plan --plan.calibrate` measures the cluster (the matrix
 products at the model's shapes, memory, both link classes) into a cluster file; every
@@ -83,7 +84,7 @@ def again(a):
     """The runs kept by --keep, predicted by this train_gpt against their cluster files."""
     rows = json.load(open(os.path.join(a.from_dir, "rows.json")))
     base = [os.path.join(BUILD, "train_gpt"), "--config", os.path.join(ROOT, "configs/fortunes_char.ini"), *S,
-            "--train.threads", "1"]
+            "--train.threads", "1", "--train.dtype", rows[0].get("dtype", "float32")]
     for rate in dict.fromkeys(r["rate"] for r in rows):
         cal = os.path.join(a.from_dir, f"cluster_{rate}.ini")
         here = [r for r in rows if r["rate"] == rate]
@@ -113,6 +114,7 @@ def main():
     ap.add_argument("--rates", default="none,100mbit")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="train.dtype of every run")
     ap.add_argument("--max-error", type=float, default=None, help="fail when a prediction is off by more (0.25: 25%%)")
     ap.add_argument("--min-spearman", type=float, default=None)
     ap.add_argument("--max-pick-loss", type=float, default=None,
@@ -131,7 +133,7 @@ def main():
     os.makedirs(tmp, exist_ok=True)
     train_gpt = os.path.join(BUILD, "train_gpt")
     base = [train_gpt, "--config", os.path.join(ROOT, "configs/fortunes_char.ini"), *S, "--train.threads", "1",
-            "--parallel.timeout_s", "120"]
+            "--train.dtype", a.dtype, "--parallel.timeout_s", "120"]
     run_args = ["--train.steps", str(a.steps), "--train.eval_every", "0", "--data.val", "", "--sample.every", "-1",
                 "--log.every", "1", "--log.report", "", "--data.shuffle", "false", "--optim.warmup_steps", "1",
                 "--checkpoint.dir", ""]
@@ -167,7 +169,7 @@ def main():
                 args = layout_args(*LAYOUTS[name])
                 p = predict(args)
                 m, spread = measure(args, name)
-                here.append({"rate": rate, "layout": name, "predicted_ms": p, "measured_ms": m, "spread": spread,
+                here.append({"rate": rate, "dtype": a.dtype, "layout": name, "predicted_ms": p, "measured_ms": m, "spread": spread,
                              "error": p / m - 1, "args": args})
                 print(f"{rate:8s} {name:12s} predicted {p:8.0f} ms  measured {m:8.0f} ms (spread {100 * spread:3.0f}%)"
                       f"  error {100 * (p / m - 1):+5.0f}%", flush=True)

@@ -135,6 +135,8 @@ po::options_description describe(Config& c) {
       ("cluster.devices_per_host", po::value(&c.cluster.devices_per_host)->default_value(c.cluster.devices_per_host), "GPUs (or ranks) per host")
       ("cluster.device_tflops", po::value(&c.cluster.device_tflops)->default_value(c.cluster.device_tflops),
        "dense TFLOP/s of one device for the training dtype (float32: TF32 tensor cores with train.tf32)")
+      ("cluster.dtype", po::value(&c.cluster.dtype)->default_value(c.cluster.dtype),
+       "the training dtype device_tflops is for (--plan.calibrate writes it; a plan of another dtype is refused)")
       ("cluster.efficiency", po::value(&c.cluster.efficiency)->default_value(c.cluster.efficiency),
        "share of device_tflops the matrix products reach (0 < e <= 1; a calibrated file has 1)")
       ("cluster.memory_gbps", po::value(&c.cluster.memory_gbps)->default_value(c.cluster.memory_gbps), "device memory bandwidth, GB/s")
@@ -499,6 +501,10 @@ void validate_cluster(const Config& c, const Checks& ck) {
   ck.range("cluster.hosts", k.hosts, 0, 1 << 16);
   ck.range("cluster.devices_per_host", k.devices_per_host, 0, 1024);
   ck.finite("cluster.device_tflops", k.device_tflops, false);
+  ck.need(k.dtype.empty() || k.dtype == c.train.dtype,
+          "cluster.dtype = " + k.dtype + ": the cluster's device_tflops is " + k.dtype + "'s rate, but train.dtype = " +
+              c.train.dtype + "; measure it again with --train.dtype " + c.train.dtype +
+              " (--plan.calibrate), or give cluster.device_tflops for " + c.train.dtype + " and no cluster.dtype");
   ck.need(std::isfinite(k.efficiency) && k.efficiency >= 0 && k.efficiency <= 1,
           "cluster.efficiency must be in (0, 1] (0: the preset's), got " + std::to_string(k.efficiency));
   ck.finite("cluster.memory_gbps", k.memory_gbps, false);

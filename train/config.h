@@ -114,6 +114,7 @@ struct ClusterSection {
   std::string preset;  // h100-sxm-8, a100-sxm-8, h100-pcie-8, h200-8, cpu-sim (empty: none)
   int64_t hosts = 0, devices_per_host = 0;
   double device_tflops = 0;       // dense TFLOP/s of one device for the training dtype
+  std::string dtype;              // what device_tflops was measured for (empty: train.dtype)
   double efficiency = 0;          // the share of device_tflops the model's matrix products reach
   double memory_gbps = 0;         // device memory bandwidth, GB/s (the element-wise ops)
   double device_memory_gb = 0;    // memory of one device, GB (the search keeps plans that fit)

@@ -902,7 +902,7 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
           throw ConfigError(
               "--plan.search needs a cluster: --cluster FILE (one --plan.calibrate wrote, or your own), or "
               "--cluster.preset h100-sxm-8 (and --cluster.hosts N); train_gpt --help lists the [cluster] keys");
-        const Cluster k = resolve_cluster(c.cluster, c.train.device, c.train.tf32);
+        const Cluster k = resolve_cluster(c.cluster, c.train.device, c.train.dtype, c.train.tf32);
         const SearchResult s = search(c, k);
         c.plan_json ? print_search_json(s, k, c.plan_top, out) : print_search(s, k, c.plan_top, out);
         return 0;
@@ -912,7 +912,7 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
         c.plan_json ? print_plan_json(p, out) : print_plan(p, out);
         return 0;
       }
-      const Cluster k = resolve_cluster(c.cluster, c.train.device, c.train.tf32);
+      const Cluster k = resolve_cluster(c.cluster, c.train.device, c.train.dtype, c.train.tf32);
       if (c.plan_world > 0 && c.plan_world != k.devices())
         throw ConfigError("--plan.world " + std::to_string(c.plan_world) + " but the cluster has " +
                           std::to_string(k.devices()) + " devices (cluster.hosts x devices_per_host); drop one");

@@ -309,7 +309,9 @@ class MpiCommunicator : public Communicator {
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_one("all_reduce", t);
     check_cpu("all_reduce", t);
-    count(CommKind::kAllReduce, size_ == 1 ? 0 : 2 * (size_ - 1) * static_cast<int64_t>(t.nbytes()) / size_);
+    // bf16 travels as its f32 copy (below)
+    const int64_t wire = static_cast<int64_t>(t.nbytes()) * (t.dtype() == DType::bf16 ? 2 : 1);
+    count(CommKind::kAllReduce, size_ == 1 ? 0 : 2 * (size_ - 1) * wire / size_);
     if (size_ == 1) return done_work();
     const std::string what = name_ + ".all_reduce";
     NDT_CHECK(!(op == ReduceOp::kAvg && t.dtype() == DType::i32), what, ": mean of int32 is not supported");
@@ -318,7 +320,7 @@ class MpiCommunicator : public Communicator {
     const int n = count_of(what, t);
     const int size = size_;
     return submit(
-        what, static_cast<int64_t>(2 * (size_ - 1) * t.nbytes() / size_),
+        what, 2 * (size_ - 1) * wire / size_,
         [=, comm = comm_](MPI_Request* r) {
           if (!staging->defined()) *staging = t.to(DType::f32);
           return MPI_Iallreduce(MPI_IN_PLACE, staging->data_ptr(), n, mpi_type(staging->dtype()), mpi_op(op),
@@ -353,7 +355,8 @@ class MpiCommunicator : public Communicator {
     check_same("reduce_scatter", out, in, size_, 1);
     check_cpu("reduce_scatter", in);
     NDT_CHECK(op != ReduceOp::kMax, name_, ".reduce_scatter: max is not supported (sum or mean)");
-    count(CommKind::kReduceScatter, static_cast<int64_t>(size_ - 1) * static_cast<int64_t>(out.nbytes()));
+    const int64_t wire = static_cast<int64_t>(out.nbytes()) * (in.dtype() == DType::bf16 ? 2 : 1);  // bf16 in f32
+    count(CommKind::kReduceScatter, static_cast<int64_t>(size_ - 1) * wire);
     if (size_ == 1) {
       if (out.data_ptr() != in.data_ptr()) out.copy_(in);
       return done_work();
@@ -365,7 +368,7 @@ class MpiCommunicator : public Communicator {
     auto src = std::make_shared<Tensor>(), dst = std::make_shared<Tensor>();
     const int size = size_;
     return submit(
-        what, static_cast<int64_t>(size_ - 1) * static_cast<int64_t>(out.nbytes()),
+        what, static_cast<int64_t>(size_ - 1) * wire,
         [=, comm = comm_](MPI_Request* r) {
           *src = via_f32 ? in.to(DType::f32) : in;
           *dst = via_f32 ? Tensor::empty(out.shape(), DType::f32) : out;

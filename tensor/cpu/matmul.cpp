@@ -33,16 +33,10 @@ GemmDims gemm_dims(const Tensor& a, bool ta, const Tensor& b, bool tb, const Ten
 
 Tensor to_f32(const Tensor& t) { return t.dtype() == DType::f32 ? t : t.to(DType::f32); }
 
-// Which bf16 GEMM: NDT_BF16_GEMM=onednn (oneDNN's kernels), f32 (convert, sgemm), or unset /
-// auto: oneDNN where it runs on the CPU's bf16 units. Read at each call (the tests switch it).
+// oneDNN for bf16 operands where bf16_gemm_on_onednn() says so (tensor/cpu/onednn_gemm.h)
 bool bf16_on_onednn(const Tensor& a, const Tensor& b, const Tensor& c) {
   if (a.dtype() != DType::bf16 || b.dtype() != DType::bf16 || c.dtype() != DType::bf16) return false;
-  const char* env = std::getenv("NDT_BF16_GEMM");
-  const std::string choice = env ? env : "";
-  if (choice == "f32") return false;
-  if (choice == "onednn") return true;
-  NDT_CHECK(choice.empty() || choice == "auto", "NDT_BF16_GEMM=", choice, ": expected auto, onednn or f32");
-  return bf16_gemm_native();
+  return bf16_gemm_on_onednn();
 }
 
 }  // namespace

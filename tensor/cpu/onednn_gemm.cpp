@@ -25,6 +25,9 @@
 #include <unordered_map>
 #endif
 
+#include <cstdlib>
+#include <string>
+
 #include "tensor/error.h"
 
 namespace ndt::cpu {
@@ -165,5 +168,14 @@ void onednn_gemm_bf16(const Tensor&, bool, const Tensor&, bool, const Tensor&, f
 }
 
 #endif
+
+bool bf16_gemm_on_onednn() {
+  const char* env = std::getenv("NDT_BF16_GEMM");
+  const std::string choice = env ? env : "";
+  if (choice == "f32") return false;
+  if (choice == "onednn") return true;
+  NDT_CHECK(choice.empty() || choice == "auto", "NDT_BF16_GEMM=", choice, ": expected auto, onednn or f32");
+  return bf16_gemm_native();
+}
 
 }  // namespace ndt::cpu

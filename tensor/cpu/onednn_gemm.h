@@ -11,6 +11,12 @@ namespace ndt::cpu {
 // (AVX512-BF16 or AMX), not an emulation.
 bool bf16_gemm_native();
 
+// Whether the CPU's bf16 GEMMs go to oneDNN: NDT_BF16_GEMM=onednn or f32 (convert both
+// operands, sgemm, round), unset or auto: bf16_gemm_native(). Read at each call (the tests
+// switch it); another value throws naming it. tensor/cpu/matmul.cpp and the planner's
+// memory model (the f32 path's converted copies) both ask this.
+bool bf16_gemm_on_onednn();
+
 // What runs a bf16 matmul here, in words ("oneDNN brg:avx512_core_bf16", "none (...)").
 std::string bf16_gemm_library();
 

@@ -62,21 +62,25 @@ double max_over(dist::Communicator& world, double x) {
 }
 
 // One matrix product of the model's micro-step: (batch of) m x k times k x n, `count` of
-// them per micro-step.
+// them per micro-step, in the dtype the trainer runs it in.
 struct Gemm {
   const char* what;
   int64_t batch, m, k, n, count;
+  DType dtype;
 };
 
 // The matrix products of one micro-step of the config's model on one rank (tp = cp = 1),
 // forward; backward runs each shape twice more (its transposes), at about the same rate.
+// Under bf16 the linears and lm_head take bf16 operands (oneDNN where the CPU has bf16
+// instructions); the attention core computes in f32 either way (autograd/ops/attention.cpp).
 std::vector<Gemm> model_gemms(const Config& c) {
   const int64_t B = c.train.micro_batch_size, T = c.train.seq_len, C = c.model.n_embd, NH = c.model.n_head;
   const int64_t N = B * T, L = c.model.n_layer, V = c.model.padded_vocab();
-  return {{"c_attn", 1, N, C, 3 * C, L},   {"attn c_proj", 1, N, C, C, L},
-          {"c_fc", 1, N, C, 4 * C, L},     {"mlp c_proj", 1, N, 4 * C, C, L},
-          {"q k^T", B * NH, T, C / NH, T, L}, {"p v", B * NH, T, T, C / NH, L},
-          {"lm_head", 1, N, C, V, 1}};
+  const DType w = c.train.dtype == "bfloat16" ? DType::bf16 : DType::f32, f = DType::f32;
+  return {{"c_attn", 1, N, C, 3 * C, L, w},      {"attn c_proj", 1, N, C, C, L, w},
+          {"c_fc", 1, N, C, 4 * C, L, w},        {"mlp c_proj", 1, N, 4 * C, C, L, w},
+          {"q k^T", B * NH, T, C / NH, T, L, f}, {"p v", B * NH, T, T, C / NH, L, f},
+          {"lm_head", 1, N, C, V, 1, w}};
 }
 
 // All-reduces of `small` and `large` bytes on a group of two: 2 latency + S / bandwidth each.
@@ -119,10 +123,13 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
 
 // Seconds of one optimizer step of the config's model on this rank alone (tp = cp = 1, one
 // micro-step, no communication): forward, backward, the norm, AdamW; the median of 3 after
-// a warm-up.
+// a warm-up. Under bf16 as the trainer runs it: bf16 copies over the f32 master, the
+// gradients folded into the master's, the copies made again after the step.
 double model_step_s(const Config& c) {
   models::GPT gpt(c.model);
-  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, c.train.seed, nn::ShardSpec{});
+  const bool bf16 = c.train.dtype == "bfloat16";
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, c.train.seed, nn::ShardSpec{},
+                                          bf16 ? std::optional<DType>(DType::bf16) : std::nullopt);
   optim::AdamW opt(params, c.optim);
   const int64_t B = c.train.micro_batch_size, T = c.train.seq_len, V = c.model.vocab_size;
   std::vector<double> times;
@@ -131,7 +138,9 @@ double model_step_s(const Config& c) {
     const auto t0 = std::chrono::steady_clock::now();
     params.zero_grad();
     backward(gpt.forward(x, y).loss);
+    for (const nn::FlatUnit& u : params.units) nn::fold_grad(u);
     opt.step(1e-4, optim::clip_scale(optim::grad_norm(params), 1.0));
+    params.refresh_compute();
     if (s > 0) times.push_back(seconds_since(t0));
   }
   std::sort(times.begin(), times.end());
@@ -143,9 +152,9 @@ double model_step_s(const Config& c) {
 int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
   std::shared_ptr<dist::Communicator> world;
   try {
-    if (c.train.device != "cpu" || c.train.dtype != "float32")
-      throw ConfigError("--plan.calibrate measures float32 on CPU ranks (train.device = cpu, train.dtype = float32); "
-                        "for GPUs start from a preset (cluster.preset = h100-sxm-8, ...) and set cluster.efficiency");
+    if (c.train.device != "cpu")
+      throw ConfigError("--plan.calibrate measures CPU ranks (train.device = cpu); for GPUs start from a preset "
+                        "(cluster.preset = h100-sxm-8, ...) and set cluster.efficiency");
     world = dist::init_world();
     world->set_timeout(c.parallel.timeout_s);
     const int64_t W = world->size(), me = world->rank();
@@ -172,17 +181,18 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
     for (const Gemm& g : model_gemms(c)) {
       Tensor a = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.m, g.k} : Shape{g.m, g.k}),
              b = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.k, g.n} : Shape{g.k, g.n}),
-             o = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.m, g.n} : Shape{g.m, g.n});
+             o = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.m, g.n} : Shape{g.m, g.n}, g.dtype);
       kernels::fill_uniform(a, 1, 0, 0, -1, 1);
       kernels::fill_uniform(b, 1, 1, 0, -1, 1);
+      if (g.dtype != DType::f32) a = a.to(g.dtype), b = b.to(g.dtype);
       world->barrier();
       const double t = mean_over(*world, time_per_call([&] { kernels::gemm(a, false, b, false, o); }, 0.3), true);
       const double f = 2.0 * double(g.batch) * double(g.m) * double(g.k) * double(g.n);
       flops += f * double(g.count);
       secs += t * double(g.count);
       char line[160];
-      std::snprintf(line, sizeof(line), "  %-12s %4lld x %6lld x %5lld x %6lld  %8.1f GFLOP/s\n", g.what,
-                    (long long)g.batch, (long long)g.m, (long long)g.k, (long long)g.n, f / t / 1e9);
+      std::snprintf(line, sizeof(line), "  %-12s %4lld x %6lld x %5lld x %6lld  %-8s %8.1f GFLOP/s\n", g.what,
+                    (long long)g.batch, (long long)g.m, (long long)g.k, (long long)g.n, dtype_name(g.dtype), f / t / 1e9);
       shapes << line;
     }
     // ---- an element-wise pass: out = a + b reads two floats and writes one
@@ -213,6 +223,7 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
     // ---- the links: pairs inside a host, pairs across two hosts, every pair at once
     Cluster k;
     k.name = "calibrated";
+    k.dtype = c.train.dtype;
     k.hosts = H;
     k.devices_per_host = D;
     k.flops = k.peak_flops = flops / secs * factor;
@@ -254,7 +265,7 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
       head << "measured by train_gpt --plan.calibrate on " << when << ": " << W << " ranks on " << H
            << " hosts (" << host_list << ")\nthe matrix products of one micro-step of the model (n_layer "
            << c.model.n_layer << ", n_embd " << c.model.n_embd << ", micro-batch " << c.train.micro_batch_size
-           << " x " << c.train.seq_len << "), every rank at once:\n"
+           << " x " << c.train.seq_len << ", " << c.train.dtype << "), every rank at once:\n"
            << shapes.str() << "element-wise (a + b): " << memory_bps / 1e9
            << " GB/s; the model's step alone on every rank at once: " << step_measured * 1e3
            << " ms, which these rates predict as " << step_predicted * 1e3 << " ms:\nboth are scaled by "

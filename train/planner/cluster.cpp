@@ -13,7 +13,7 @@ namespace {
 struct Preset {
   const char* name;
   int64_t devices_per_host;
-  double tf32_tflops, fp32_tflops;  // dense: without sparsity
+  double bf16_tflops, tf32_tflops, fp32_tflops;  // dense: without sparsity
   double memory_gbps, memory_gb;
   double intra_gbps, intra_latency_us, inter_gbps, inter_latency_us;  // per device, per direction
   double efficiency;
@@ -24,13 +24,13 @@ struct Preset {
 // for config S; its rates include the four ranks sharing two cores. With a rate limit on
 // the links, set cluster.inter_gbps (100 Mbit/s: about 0.0029 per rank, measured).
 constexpr Preset kPresets[] = {
-    // name          D  TF32   FP32  HBM GB/s  GB   intra GB/s us  inter GB/s us  eff
-    {"h100-sxm-8", 8, 494.7, 66.9, 3350, 80, 450, 3, 50, 8, 0.6},   // NVLink 4, ConnectX-7 400 Gb/s each
-    {"h200-8", 8, 494.7, 66.9, 4800, 141, 450, 3, 50, 8, 0.6},      // H100's compute, HBM3e
-    {"a100-sxm-8", 8, 156, 19.5, 2039, 80, 300, 3, 25, 8, 0.6},     // NVLink 3, HDR 200 Gb/s each
-    {"h100-pcie-8", 8, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},     // no NVLink: PCIe 5 through the host
+    // name          D  BF16   TF32   FP32  HBM GB/s  GB   intra GB/s us  inter GB/s us  eff
+    {"h100-sxm-8", 8, 989.4, 494.7, 66.9, 3350, 80, 450, 3, 50, 8, 0.6},  // NVLink 4, ConnectX-7 400 Gb/s each
+    {"h200-8", 8, 989.4, 494.7, 66.9, 4800, 141, 450, 3, 50, 8, 0.6},     // H100's compute, HBM3e
+    {"a100-sxm-8", 8, 312, 156, 19.5, 2039, 80, 300, 3, 25, 8, 0.6},      // NVLink 3, HDR 200 Gb/s each
+    {"h100-pcie-8", 8, 756, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},      // no NVLink: PCIe 5 through the host
     // measured 2026-12-01 (bench/bench_planner.py, config S); memory_gbps already reached
-    {"cpu-sim", 2, 0.0242798, 0.0242798, 5.3795 / 0.8, 12.638, 0.0691986, 1309, 0.131064, 819, 1.0},
+    {"cpu-sim", 2, 0, 0.0242798, 0.0242798, 5.3795 / 0.8, 12.638, 0.0691986, 1309, 0.131064, 819, 1.0},
 };
 
 const Preset* find_preset(const std::string& name) {
@@ -55,7 +55,7 @@ std::vector<std::string> cluster_presets() {
 
 bool has_cluster(const ClusterSection& k) { return !k.preset.empty() || k.hosts > 0; }
 
-Cluster resolve_cluster(const ClusterSection& k, const std::string& device, bool tf32) {
+Cluster resolve_cluster(const ClusterSection& k, const std::string& device, const std::string& dtype, bool tf32) {
   Cluster c;
   const Preset* p = nullptr;
   if (!k.preset.empty()) {
@@ -65,6 +65,7 @@ Cluster resolve_cluster(const ClusterSection& k, const std::string& device, bool
                         " (or leave it empty and give every [cluster] number, or --cluster FILE)");
   }
   c.name = p ? p->name : "custom";
+  c.dtype = dtype;
   auto pick = [&](double given, double preset_value) { return given > 0 ? given : p ? preset_value : 0.0; };
   c.hosts = k.hosts > 0 ? k.hosts : 1;
   c.devices_per_host = k.devices_per_host > 0 ? k.devices_per_host : p ? p->devices_per_host : 0;
@@ -73,7 +74,11 @@ Cluster resolve_cluster(const ClusterSection& k, const std::string& device, bool
   if (p && (std::string(p->name) == "cpu-sim") == gpu)
     throw ConfigError("cluster.preset = " + k.preset + " describes " + (gpu ? "CPU ranks" : "GPUs") +
                       " but train.device = " + device + "; pick a preset of that kind of device");
-  const double rate = pick(k.device_tflops, p ? (gpu && tf32 ? p->tf32_tflops : p->fp32_tflops) : 0);
+  const double preset_rate = !p                    ? 0
+                            : dtype == "bfloat16" ? p->bf16_tflops
+                            : gpu && tf32         ? p->tf32_tflops
+                                                  : p->fp32_tflops;
+  const double rate = pick(k.device_tflops, preset_rate);
   const double eff = pick(k.efficiency, p ? p->efficiency : 0);
   c.peak_flops = rate * 1e12;
   c.flops = rate * eff * 1e12;
@@ -113,6 +118,7 @@ std::string cluster_ini(const Cluster& c, const std::string& comment) {
   };
   o << "hosts             = " << c.hosts << "\n";
   o << "devices_per_host  = " << c.devices_per_host << "\n";
+  if (!c.dtype.empty()) o << "dtype             = " << c.dtype << "   # train.dtype of the measurement\n";
   num("device_tflops", c.flops / 1e12, "TFLOP/s the matrix products reached (measured)");
   num("efficiency", 1, "the rate above is what was reached");
   num("memory_gbps", c.memory_bps / 1e9, "GB/s the element-wise ops reached");

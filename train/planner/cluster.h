@@ -23,6 +23,7 @@ namespace ndt::train {
 struct Cluster {
   std::string name;  // the preset, "calibrated", or "custom"
   int64_t hosts = 0, devices_per_host = 0;
+  std::string dtype;        // the training dtype the rates are for (empty: not said)
   double flops = 0;         // FLOP/s one device's matrix products reach (rate x efficiency)
   double peak_flops = 0;    // the dense peak, for MFU
   double memory_bps = 0;    // bytes/s, the element-wise ops
@@ -39,9 +40,10 @@ std::vector<std::string> cluster_presets();
 // True when the config names a cluster (a preset, or hosts).
 bool has_cluster(const ClusterSection& k);
 // The cluster of the config: the preset's numbers where the section has 0, checked for
-// what the time model needs (each missing number named with its key). `dtype` picks the
-// preset's rate: float32 runs on TF32 tensor cores when tf32 is set.
-Cluster resolve_cluster(const ClusterSection& k, const std::string& device, bool tf32);
+// what the time model needs (each missing number named with its key). `dtype` (train.dtype)
+// picks the preset's rate: bfloat16's, or float32's, on TF32 tensor cores when tf32 is set
+// on a GPU.
+Cluster resolve_cluster(const ClusterSection& k, const std::string& device, const std::string& dtype, bool tf32);
 // The [cluster] section that describes c, as an INI file (what --plan.calibrate writes).
 std::string cluster_ini(const Cluster& c, const std::string& comment);
 

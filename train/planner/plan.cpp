@@ -5,8 +5,11 @@
 //
 // Legend (this rank's view): B micro-batch, T sequence, Tl = T / cp tokens of a sequence on
 // this rank, N = B Tl rows, C = n_embd, Cl = C / tp attention channels, H = 4C / tp MLP
-// hidden units, NHl = n_head / tp heads, Vl = Vp / tp vocabulary rows, L blocks, f = 4
-// bytes (float32; the only training dtype so far).
+// hidden units, NHl = n_head / tp heads, Vl = Vp / tp vocabulary rows, L blocks.
+// Bytes of an element: a for activations and the model's copy of the parameters (4 under
+// float32, 2 under bfloat16), 4 for statistics (LayerNorm's mean and rstd, log-sum-exps),
+// the f32 master, its gradient and AdamW's moments, r for FSDP's reduce-scatters
+// (parallel.reduce_dtype under bfloat16, else 4).
 #include "train/planner/plan.h"
 
 #include <algorithm>
@@ -17,12 +20,13 @@
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "models/gpt.h"
 #include "nn/flat.h"
+#include "tensor/cpu/onednn_gemm.h"
 #include "tensor/checked.h"
 
 namespace ndt::train {
 namespace {
 
-constexpr int64_t kF = 4;  // bytes of a float32
+constexpr int64_t kF = 4;  // bytes of a float32: statistics, the master, its gradient, AdamW
 
 // A count of elements or bytes whose every +, - and * is checked (tensor/checked.h): sizes
 // that do not fit int64 stop the plan with one config error instead of wrapping to
@@ -87,34 +91,72 @@ struct BlockMem {
 
 struct Dims {
   Count B, Tl, N, C, Cl, H, NHl, Vl, cp;
-  bool fused_attention;  // ndt::self_attention's CPU kernel (train.device cpu, cp 1)
+  Count a;  // bytes of an activation (the compute dtype's)
+  enum class Core { cpu_fused, cudnn, composed, ring } core;  // how the attention core runs
 };
 
-// The attention core's saved tensors (autograd/ops/attention.cpp or, with cp > 1, the ring
-// of dist/context_parallel/ring_attention.cpp), without the c_proj input.
-//   fused (CPU): its input qkv (3 N Cl) and lse (N NHl); its output y is c_proj's input
-//   composed:    q, k, v (permuted copies, 3 N Cl), the probabilities p (B NHl Tl^2),
-//                the output o (N Cl)
-//   ring:        per (query chunk, key chunk) pair that the causal mask leaves (2 cp + 1 of
-//                them on every rank) the checkpointed attention keeps its K and V halves
-//                (N Cl together: split_last copies them for each pair), both query halves
-//                (N Cl, shared), each pair's output and lse and each merge's (4 cp - 1
-//                halves of N Cl / 2; 4 cp lse of N NHl / 2); the probabilities are
-//                recomputed per pair in backward (one (Tl/2)^2 block at a time)
-Count core_saved(const Dims& d) {
-  if (d.fused_attention) return 3 * d.N * d.Cl + d.N * d.NHl;
-  if (d.cp == 1) return 4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl;
-  const Count pairs = 2 * d.cp + 1;
-  return d.N * d.Cl + pairs * d.N * d.Cl + (4 * d.cp - 1) * d.N * d.Cl / 2 + 2 * d.cp * d.N * d.NHl;
+// Which attention core a rank runs (autograd/ops/attention.cpp): with cp > 1 the ring; on
+// the CPU the fused kernel (ndt::self_attention); on a GPU in bf16 cuDNN's flash attention
+// (for the head sizes it supports, which GPT's are), else the composed ops.
+Dims::Core core_of(const std::string& device, bool bf16, int64_t cp) {
+  if (cp > 1) return Dims::Core::ring;
+  if (device == "cpu") return Dims::Core::cpu_fused;
+  return bf16 ? Dims::Core::cudnn : Dims::Core::composed;
 }
-// The attention backward's own tensors: fused, dqkv (3 N Cl; the score blocks are per-thread
-// scratch of 64 x Tl); composed, dout, dv, dq, dk (4 N Cl) and ds (p's shape; with the ring
-// one score block of (Tl/2)^2 per pair, recomputed, plus the pair's p).
+
+// The attention core's saved tensors in bytes (autograd/ops/attention.cpp or, with cp > 1,
+// the ring of dist/context_parallel/ring_attention.cpp), without the c_proj input. Off the
+// cuDNN path the core computes in f32 under bf16 too (4-byte elements, w below).
+//   cpu_fused: its input qkv (3 N Cl, as it came) and lse (N NHl); under bf16 also its f32
+//              output y (N Cl; in f32 y is the output, c_proj's input)
+//   cudnn:     q, k, v (heads_to_front's copies, 3 N Cl), the output o (N Cl), lse (N NHl)
+//   composed:  q, k, v (contiguous copies in f32, 3 N Cl), the probabilities p (B NHl Tl^2),
+//              the output o (N Cl)
+//   ring:      per (query chunk, key chunk) pair that the causal mask leaves (2 cp + 1 of
+//              them on every rank) the checkpointed attention keeps its K and V halves
+//              (N Cl together: split_last copies them for each pair), both query halves
+//              (N Cl, shared), each pair's output and lse and each merge's (4 cp - 1
+//              halves of N Cl / 2; 4 cp lse of N NHl / 2); the probabilities are
+//              recomputed per pair in backward (one (Tl/2)^2 block at a time). Under bf16
+//              each of the 2 cp - 1 merges keeps f32 copies of its two inputs and its
+//              output (3 halves; in f32 those are the outputs themselves)
+Count core_saved(const Dims& d) {
+  const Count a = d.a, w = kF;
+  switch (d.core) {
+    case Dims::Core::cpu_fused:
+      return 3 * d.N * d.Cl * a + d.N * d.NHl * kF + (a == w ? Count(0) : d.N * d.Cl * w);
+    case Dims::Core::cudnn:
+      return 4 * d.N * d.Cl * a + d.N * d.NHl * kF;
+    case Dims::Core::composed:
+      return (4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl) * w;
+    case Dims::Core::ring:
+      break;
+  }
+  const Count pairs = 2 * d.cp + 1, lse = 2 * d.cp * d.N * d.NHl * kF;
+  if (a == w) return (d.N * d.Cl + pairs * d.N * d.Cl + (4 * d.cp - 1) * d.N * d.Cl / 2) * w + lse;
+  return (d.N * d.Cl + pairs * d.N * d.Cl) * a + 3 * (2 * d.cp - 1) * d.N * d.Cl / 2 * w + lse;
+}
+// The attention backward's own tensors, in bytes: fused, dqkv (3 N Cl in f32; the score
+// blocks are per-thread scratch of 64 x Tl), under bf16 also qkv and dy converted to f32
+// (4 N Cl) and dqkv rounded back (3 N Cl); cuDNN, the contiguous dout and dq, dk, dv (4 N
+// Cl); composed, dout, dv, dq, dk (4 N Cl) and ds (p's shape), in f32, under bf16 dq, dk,
+// dv rounded back (3 N Cl); with the ring one score block of (Tl/2)^2 per pair, recomputed,
+// plus the pair's p.
 Count core_backward(const Dims& d) {
-  if (d.fused_attention) return 3 * d.N * d.Cl;
-  if (d.cp == 1) return 4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl;
+  const Count a = d.a, w = kF;
+  const bool mixed = !(a == w);
+  switch (d.core) {
+    case Dims::Core::cpu_fused:
+      return 3 * d.N * d.Cl * w + (mixed ? 4 * d.N * d.Cl * w + 3 * d.N * d.Cl * a : Count(0));
+    case Dims::Core::cudnn:
+      return 4 * d.N * d.Cl * a;
+    case Dims::Core::composed:
+      return (4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl) * w + (mixed ? 3 * d.N * d.Cl * a : Count(0));
+    case Dims::Core::ring:
+      break;
+  }
   const Count Tc = d.Tl / 2;
-  return 4 * d.N * d.Cl + 2 * d.B * d.NHl * Tc * Tc;
+  return (4 * d.N * d.Cl + 2 * d.B * d.NHl * Tc * Tc) * w;
 }
 
 // nn::Block::forward with the ops of autograd/ops/*.cpp, per mode (nn::ACMode):
@@ -134,15 +176,14 @@ Count core_backward(const Dims& d) {
 // c_proj's weight gradient H C before it is accumulated); then the attention's (ln_1's
 // output and stats, the core, two gradients of N C on the residual, the core's backward).
 // Full recomputes the block from its input inside backward: the saved set of `none`
-// comes back for the duration, plus the incoming gradient.
+// comes back for the duration, plus the incoming gradient. In bytes: a per activation (and
+// per weight gradient: the compute dtype's), 4 per statistic.
 BlockMem block_mem(const Dims& d, nn::ACMode mode) {
-  const Count N = d.N, C = d.C, Cl = d.Cl, H = d.H;
-  const Count mlp_part = N * C /*h*/ + 2 * N + N * C /*ln_2 out*/ + 2 * N * H;
-  const Count none_saved = N * C /*ln_1 out*/ + 2 * N + core_saved(d) + N * Cl + mlp_part + N * C;
-  auto mlp_moment = [&](Count saved) { return saved - N * C + N * C + N * H + H * C; };
-  auto attn_moment = [&](Count core_live) {
-    return N * C + 2 * N + core_live + 2 * N * C + core_backward(d);
-  };
+  const Count N = d.N, C = d.C, Cl = d.Cl, H = d.H, a = d.a, stats = 2 * N * kF;
+  const Count mlp_part = (N * C /*h*/ + N * C /*ln_2 out*/ + 2 * N * H) * a + stats;
+  const Count none_saved = N * C * a /*ln_1 out*/ + stats + core_saved(d) + N * Cl * a + mlp_part + N * C * a;
+  auto mlp_moment = [&](Count saved) { return saved - N * C * a + (N * C + N * H + H * C) * a; };
+  auto attn_moment = [&](Count core_live) { return N * C * a + stats + core_live + 2 * N * C * a + core_backward(d); };
   BlockMem m;
   switch (mode) {
     case nn::ACMode::none:
@@ -150,16 +191,16 @@ BlockMem block_mem(const Dims& d, nn::ACMode mode) {
       m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
       break;
     case nn::ACMode::selective: {
-      m.saved = N * C + 2 * N + 3 * N * Cl + N * Cl + mlp_part + N * C;
+      m.saved = N * C * a + stats + 3 * N * Cl * a + N * Cl * a + mlp_part + N * C * a;
       // the core made again in backward, besides its kept input
-      const Count again = d.fused_attention ? N * Cl + N * d.NHl : core_saved(d);
-      m.during_backward = std::max(mlp_moment(m.saved), attn_moment(3 * N * Cl + again));
+      const Count again = d.core == Dims::Core::cpu_fused ? core_saved(d) - 3 * N * Cl * a + N * Cl * a : core_saved(d);
+      m.during_backward = std::max(mlp_moment(m.saved), attn_moment(3 * N * Cl * a + again));
       break;
     }
     case nn::ACMode::full:
-      m.saved = N * C;
+      m.saved = N * C * a;
       m.during_backward =
-          N * C /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
+          N * C * a /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
       break;
   }
   return m;
@@ -196,6 +237,10 @@ struct UnitLayout {
   std::vector<nn::FlatUnit> units;
   Count emb_full = 0, block_full = 0;  // the whole (padded) embeddings, the largest whole block
 };
+// Under bf16 (nn::materialize with a compute dtype) the master, its gradient and AdamW's
+// moments are f32 shards; the model computes with bf16 copies: unsharded a whole buffer and
+// its gradient (full, full_grad), kept; sharded the shard's copy that FSDP gathers from
+// (compute_shard), the whole buffers only while gathered.
 UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p) {
   const dist::ParallelDims& D = p.dims;
   models::GPT gpt(mc);
@@ -218,8 +263,12 @@ UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p) {
       l.block_full = std::max(l.block_full, Count(l.units[i].padded_numel));
   }
   p.params_rank = params_rank.v;
-  p.param_bytes = (shard * kF).v;
-  p.grad_bytes = (shard * kF).v;
+  Count whole = 0;
+  for (const nn::FlatUnit& u : l.units) whole += u.padded_numel;
+  const Count a = p.act_bytes;
+  const bool mixed = a.v != kF;
+  p.param_bytes = (shard * kF + (mixed ? (D.sharded() ? shard : whole) * a : Count(0))).v;
+  p.grad_bytes = (shard * kF + (mixed && !D.sharded() ? whole * a : Count(0))).v;
   p.optim_bytes = (2 * shard * kF).v;  // AdamW's m and v (optim/adamw.cpp), shard-sized
   return l;
 }
@@ -232,21 +281,22 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
   const nn::ACMode ac = ac_mode(c.train);
   const Count emb_full = l.emb_full, block_full = l.block_full;
   stage = "the activations of one micro-step";
-  const Count N = d.N, C = d.C, Vl = d.Vl;
+  const Count N = d.N, C = d.C, Vl = d.Vl, a = d.a, rd = p.reduce_bytes;
   // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
   // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
   // lookup keeps only the ids.
-  const Count emb_saved = N * C;
+  const Count emb_saved = N * C * a;
   // FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
   // embeddings and their gradient (gathered for the whole step), block i and block i-1
   // (prefetched), block i's whole gradient and, but for the last block (the first whose
   // backward runs), block i+1's, whose reduce-scatter is drained only when the next
-  // block's backward begins (so it may still be live; it is counted).
+  // block's backward begins (so it may still be live; it is counted). That one is in the
+  // reduce dtype: under bf16 with float32 reduction its f32 copy, the bf16 one released.
   const bool sharded = D.sharded();
   const int64_t L = mc.n_layer;
   auto gathered_in_block = [&](int64_t i) -> Count {
     if (!sharded) return 0;
-    return 2 * emb_full + block_full * (1 + (i > 0 ? 1 : 0)) + block_full * (1 + (i + 1 < L ? 1 : 0));
+    return 2 * emb_full * a + block_full * a * (1 + (i > 0 ? 1 : 0)) + block_full * (a + (i + 1 < L ? rd : 0));
   };
   Count blocks_saved = 0, prefix = emb_saved, worst_block = 0, worst_block_gathered = 0;
   for (int64_t i = 0; i < L; ++i) {
@@ -258,41 +308,48 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
     prefix += m.saved;
     blocks_saved += m.saved;
   }
-  p.block_activation_bytes = (block_mem(d, block_mode(ac, c.train.ac_every, 1 % mc.n_layer)).saved * kF).v;
+  p.block_activation_bytes = block_mem(d, block_mode(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
   // ln_f: mean, rstd (2N) and its output (N C, lm_head's input); the logits (N Vl) are kept
   // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
-  const Count head_saved = 2 * N + N * C;
-  const Count logits = N * Vl;
-  const Count ce_saved = D.tp > 1 ? 3 * N : N;
-  p.activation_bytes = ((emb_saved + blocks_saved + head_saved) * kF).v;
-  p.logits_bytes = (logits * kF).v;
+  const Count head_saved = 2 * N * kF + N * C * a;
+  const Count logits = N * Vl * a;
+  const Count ce_saved = (D.tp > 1 ? 3 * N : N) * kF;
+  p.activation_bytes = (emb_saved + blocks_saved + head_saved).v;
+  p.logits_bytes = logits.v;
   // dlogits (N Vl): with TP the vocabulary-parallel loss allocates it in backward; otherwise
   // the fused classifier (cross_entropy_fused) writes it over the logits in the forward
   const Count dlogits = D.tp > 1 ? logits : 0;
-  p.loss_temp_bytes = ((dlogits + ce_saved) * kF).v;  // and the kept statistics
+  p.loss_temp_bytes = (dlogits + ce_saved).v;  // and the kept statistics
   // the batch (inputs and targets, B T i32 each; with CP this rank's copy too) and positions
   p.other_bytes = ((2 * Count(p.micro_batch) * p.seq_len + (D.cp > 1 ? 2 * N : 0) + N) * 4).v;
 
   // at the end of forward the embeddings (and their gradient) and the last block are whole
-  const Count g_fwd_end = sharded ? 2 * emb_full + block_full : 0;
-  p.gathered_max_bytes = sharded ? ((2 * emb_full + 4 * block_full) * kF).v : 0;
+  const Count g_fwd_end = sharded ? (2 * emb_full + block_full) * a : 0;
+  p.gathered_max_bytes = sharded ? ((2 * emb_full + 3 * block_full) * a + block_full * rd).v : 0;
 
   // ---- the moments at which memory peaks
   stage = "the peak memory";
   const Count persistent = Count(p.param_bytes) + p.grad_bytes + p.optim_bytes + p.other_bytes;
   auto add = [&](const std::string& name, Count acts, Count gathered, Count transient) {
-    PlanMoment m{name, (acts * kF).v, (gathered * kF).v, (transient * kF).v, 0};
+    PlanMoment m{name, acts.v, gathered.v, transient.v, 0};
     m.total = (persistent + m.activations + m.gathered + m.transient).v;
     p.moments.push_back(m);
   };
   const Count all_saved = emb_saved + blocks_saved + head_saved + logits + ce_saved;
   // the loss's backward: every activation, the logits and their gradient
   add("loss backward (logits and dlogits)", all_saved, g_fwd_end, dlogits);
+  // bf16 GEMMs on a CPU without bf16 instructions (tensor/cpu/matmul.cpp) convert both
+  // operands and the product to f32 for sgemm: the largest product's copies, while it runs
+  const bool f32_gemms = d.a.v != kF && c.train.device == "cpu" && !cpu::bf16_gemm_on_onednn();
+  auto f32_copies = [&](Count m, Count k, Count n) { return f32_gemms ? (m * k + k * n + m * n) * kF : Count(0); };
+  if (f32_gemms)
+    p.notes.push_back("this CPU's bf16 matrix products run in f32 (no bf16 instructions, or NDT_BF16_GEMM=f32): "
+                      "the peak counts their f32 copies");
   // lm_head's backward: dx (N C) and dwte (Vl C); with TP the logits are released and
   // dlogits takes their place, without it dlogits is the logits' memory
-  add("lm_head backward", all_saved, g_fwd_end, N * C + Vl * C);
+  add("lm_head backward", all_saved, g_fwd_end, (N * C + Vl * C) * a + f32_copies(N, Vl, C));
   // the blocks' backward, the worst block (earlier blocks' activations still kept)
-  add("block backward", worst_block, worst_block_gathered, 0);
+  add("block backward", worst_block, worst_block_gathered, f32_copies(N, C, d.H));
   auto top = std::max_element(p.moments.begin(), p.moments.end(),
                               [](const PlanMoment& a, const PlanMoment& b) { return a.total < b.total; });
   p.peak_bytes = top->total;
@@ -301,11 +358,16 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
 }
 
 // The communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp).
+// Under bf16 FSDP gathers the bf16 copies and reduce-scatters in the reduce dtype; DP's and
+// HSDP's all-reduces run on the f32 gradients (folded first); TP's and the ring's traffic
+// is activations (a bytes) but for the loss's f32 statistics. A reduction moves its wire
+// dtype's bytes (Plan::wire_*: on CPU ranks MPI reduces bf16 in f32): r' for FSDP's
+// reduce-scatter, a' for TP's all-reduces.
 void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dims& d) {
   const dist::ParallelDims& D = p.dims;
   const nn::ACMode ac = ac_mode(c.train);
   const std::vector<nn::FlatUnit>& units = l.units;
-  const Count emb_full = l.emb_full, N = d.N, C = d.C;
+  const Count emb_full = l.emb_full, N = d.N, C = d.C, a = d.a, rd = p.wire_reduce_bytes;
   const bool sharded = D.sharded();
   const int64_t L = c.model.n_layer;
   const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate, t = D.tp, cp = D.cp;
@@ -313,21 +375,20 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dim
     if (b > 0) p.comm.push_back({dim, what, formula, b.v});
   };
   if (sharded) {
-    Count blocks_full_bytes = 0, blocks_but_last = 0;
+    Count blocks_full = 0, blocks_but_last = 0;  // elements
     for (size_t i = 1; i < units.size(); ++i) {
-      blocks_full_bytes += units[i].padded_numel * kF;
-      if (i + 1 < units.size()) blocks_but_last += units[i].padded_numel * kF;
+      blocks_full += units[i].padded_numel;
+      if (i + 1 < units.size()) blocks_but_last += units[i].padded_numel;
     }
-    const Count emb_bytes = emb_full * kF;
-    comm("fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb", (n - 1) * (emb_bytes / n));
-    comm("fsdp", "all-gather of every block (forward, each micro-step)", "accum (n-1)/n sum P_block",
-         A * (n - 1) * (blocks_full_bytes / n) / 1);
-    comm("fsdp", "all-gather of every block but the last (backward)", "accum (n-1)/n sum P_block[<L]",
-         A * (n - 1) * (blocks_but_last / n));
-    comm("fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block",
-         A * (n - 1) * (blocks_full_bytes / n));
-    comm("fsdp", "reduce-scatter of the embeddings' gradient (last micro-step)", "(n-1)/n P_emb",
-         (n - 1) * (emb_bytes / n));
+    comm("fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb a", (n - 1) * (emb_full * a / n));
+    comm("fsdp", "all-gather of every block (forward, each micro-step)", "accum (n-1)/n sum P_block a",
+         A * (n - 1) * (blocks_full * a / n));
+    comm("fsdp", "all-gather of every block but the last (backward)", "accum (n-1)/n sum P_block[<L] a",
+         A * (n - 1) * (blocks_but_last * a / n));
+    comm("fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block r'",
+         A * (n - 1) * (blocks_full * rd / n));
+    comm("fsdp", "reduce-scatter of the embeddings' gradient (last micro-step)", "(n-1)/n P_emb r'",
+         (n - 1) * (emb_full * rd / n));
     if (r > 1) {
       Count b = 0;
       for (const nn::FlatUnit& u : units) b += all_reduce_bytes(Count(u.shard_numel) * kF, r);
@@ -346,23 +407,23 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dim
     if (m != nn::ACMode::none) ++recomputed_cores;
   }
   if (t > 1) {
-    const Count x = N * C * kF;
+    const Count x = N * C * p.wire_act_reduce_bytes;
     comm("tp", "g: all-reduce after each attention and MLP, and the embedding (forward)",
-         "accum (2L+1) 2 (t-1)/t N C f", A * (2 * L + 1) * all_reduce_bytes(x, t));
+         "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
     if (full_blocks)
-      comm("tp", "g again in the blocks full checkpointing recomputes", "accum 2 L_full 2 (t-1)/t N C f",
+      comm("tp", "g again in the blocks full checkpointing recomputes", "accum 2 L_full 2 (t-1)/t N C a'",
            A * 2 * full_blocks * all_reduce_bytes(x, t));
     comm("tp", "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)",
-         "accum (2L+1) 2 (t-1)/t N C f", A * (2 * L + 1) * all_reduce_bytes(x, t));
+         "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
     comm("tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
-         "accum 3 2 (t-1)/t N f", A * 3 * all_reduce_bytes(N * kF, t));
+         "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
   }
   if (cp > 1) {
-    const Count block = 2 * N * d.Cl * kF;  // K and V of this rank's two chunks
-    comm("cp", "ring: K/V blocks forward and their gradients back, every block", "accum L 2 (cp-1) 2 N Cl f",
+    const Count block = 2 * N * d.Cl * a;  // K and V of this rank's two chunks
+    comm("cp", "ring: K/V blocks forward and their gradients back, every block", "accum L 2 (cp-1) 2 N Cl a",
          A * L * 2 * (cp - 1) * block);
     if (recomputed_cores)
-      comm("cp", "ring again in the attention that checkpointing recomputes", "accum L_ac (cp-1) 2 N Cl f",
+      comm("cp", "ring again in the attention that checkpointing recomputes", "accum L_ac (cp-1) 2 N Cl a",
            A * recomputed_cores * (cp - 1) * block);
   }
   // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp ranks, the
@@ -398,6 +459,14 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   p.sequences = (Count(p.micro_batch) * p.accum * D.dp()).v;
   p.tokens = (Count(p.sequences) * p.seq_len).v;
 
+  // the dtypes (Trainer: bf16 computes over an f32 master; FSDP reduces in reduce_dtype)
+  const bool bf16 = c.train.dtype == "bfloat16";
+  p.dtype = c.train.dtype;
+  p.act_bytes = bf16 ? 2 : kF;
+  p.reduce_bytes = bf16 && c.parallel.reduce_dtype == "bfloat16" ? 2 : kF;
+  const bool mpi = c.train.device == "cpu";  // MPI reduces bf16 in f32; NCCL in bf16
+  p.wire_reduce_bytes = mpi ? kF : p.reduce_bytes;
+  p.wire_act_reduce_bytes = mpi ? kF : p.act_bytes;
   stage = "the parameters";
   const UnitLayout l = plan_parameters(mc, p);
   // the shapes one micro-step computes with on this rank
@@ -411,7 +480,8 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
                mc.n_head / D.tp,
                mc.padded_vocab() / D.tp,
                D.cp,
-               c.train.device == "cpu" && D.cp == 1};
+               p.act_bytes,
+               core_of(c.train.device, bf16, D.cp)};
   plan_memory(c, p, l, d, stage);
   stage = "the communication per step";
   plan_communication(c, p, l, d);
@@ -427,12 +497,8 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
 }  // namespace
 
 Plan plan(const Config& c, int64_t world) {
-  if (c.train.dtype != "float32")
-    throw ConfigError(
-        "train_gpt --plan models float32 training only; with train.dtype = " + c.train.dtype +
-        " the activations and the model's copy of the parameters take 2 bytes and each rank adds an "
-        "f32 master copy (docs/training.md, Mixed precision): plan with --train.dtype float32 for an "
-        "upper bound of the activations");
+  if (c.train.dtype != "float32" && c.train.dtype != "bfloat16")
+    throw ConfigError("train_gpt --plan models train.dtype float32 or bfloat16, got " + c.train.dtype);
   Plan p;
   try {
     p.dims = dist::ParallelDims::resolve(c.parallel.dp_replicate_size, c.parallel.dp_shard_size,
@@ -468,7 +534,9 @@ void print_plan(const Plan& p, std::ostream& o) {
     << " tokens per micro-step\n";
   o << "activation checkpointing: " << p.ac
     << (p.ac != "none" && p.ac_every > 1 ? " every " + std::to_string(p.ac_every) : "") << "\n";
-  o << "memory per rank (float32):\n";
+  o << "memory per rank (" << (p.act_bytes == kF ? std::string("float32")
+                                                  : p.dtype + " activations and parameter copies, float32 master, "
+                                                                "gradients and AdamW") << "):\n";
   auto row = [&](const char* what, int64_t b, const std::string& how) {
     std::snprintf(line, sizeof(line), "  %-22s %12s  %s\n", what, human(double(b)).c_str(), how.c_str());
     o << line;
@@ -483,7 +551,7 @@ void print_plan(const Plan& p, std::ostream& o) {
             ": embeddings and their gradient, two blocks and two block gradients)");
   row("activations", p.activation_bytes,
       "kept for backward, one micro-step (a block: " + human(double(p.block_activation_bytes)) + ")");
-  row("logits", p.logits_bytes, "B T Vp/tp floats");
+  row("logits", p.logits_bytes, "B T Vp/tp values");
   row("loss temporaries", p.loss_temp_bytes, "dlogits (TP only: else it is the logits) and statistics");
   row("batch, positions", p.other_bytes, "");
   row("peak estimate", p.peak_bytes, "at " + p.peak_at);
@@ -515,6 +583,7 @@ nlohmann::json plan_to_json(const Plan& p) {
                  {"tp", p.dims.tp},
                  {"world", p.dims.world()},
                  {"strategy", p.strategy}};
+  j["dtype"] = p.dtype;
   j["activation_checkpointing"] = p.ac;
   j["ac_every"] = p.ac_every;
   j["batch"] = {{"micro_batch_size", p.micro_batch}, {"seq_len", p.seq_len},

@@ -54,7 +54,14 @@ struct Plan {
   // the flat units (the embeddings, then each block) on this rank: whole (padded) and shard
   // elements; the time model sends them
   std::vector<int64_t> unit_numel, unit_shard_numel;
-  // bytes per rank (float32)
+  // the dtype of training; bytes of an activation (4, or 2 under bfloat16) and of an
+  // element of FSDP's reduce-scatters (parallel.reduce_dtype under bfloat16)
+  std::string dtype = "float32";
+  int64_t act_bytes = 4, reduce_bytes = 4;
+  // bytes per element that a reduction moves: NCCL reduces bf16 as bf16, MPI (CPU ranks) in
+  // an f32 copy (dist/comm/communicator.h); FSDP's reduce-scatter and TP's all-reduces
+  int64_t wire_reduce_bytes = 4, wire_act_reduce_bytes = 4;
+  // bytes per rank
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // the shards this rank owns
   int64_t gathered_bytes = 0;                                // FSDP: whole buffers at the peak
   int64_t gathered_max_bytes = 0;                            // the most FSDP ever holds whole

@@ -1,9 +1,11 @@
 // The step, replayed in time. Legend as in plan.cpp (this rank's view): B micro-batch,
 // Tl = T / cp tokens, N = B Tl rows, C = n_embd, Cl = C / tp, H = 4 C / tp, NHl heads, hd
-// = C / n_head, Vl = Vp / tp, L blocks, A accumulation steps, f = 4 bytes.
+// = C / n_head, Vl = Vp / tp, L blocks, A accumulation steps; a bytes per activation (4,
+// or 2 under bfloat16), r per element of FSDP's reduce-scatters (Plan::reduce_bytes).
 //
 // Compute: each piece of a block is its matrix products' FLOPs at the cluster's reached
-// rate plus its element-wise passes (floats read and written) at its memory bandwidth.
+// rate (for the training dtype) plus its element-wise passes (elements read and written, a
+// bytes each) at its memory bandwidth. The optimizer's passes are over f32 (the master).
 // Communication: each collective's ring time on the link of its dimension,
 //   all-reduce of S bytes on n ranks       2 (n-1) (latency + S / n / bandwidth)
 //   all-gather, reduce-scatter (S whole)     (n-1) (latency + S / n / bandwidth)
@@ -61,7 +63,7 @@ void SharedLink::step(double until) {
 
 namespace {
 
-constexpr double kF = 4;  // bytes of a float32
+constexpr double kF = 4;  // bytes of a float32: the master, its gradient, AdamW's moments
 
 // ---- links ------------------------------------------------------------------------------
 
@@ -270,12 +272,14 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
     const double Tc = d.Tl / 2;
     d.S = d.B * d.NHl * Tc * Tc * double(2 * D.cp + 1);
   }
-  auto piece = [&](const Work& w) {
+  const double a = double(p.act_bytes);
+  auto piece_of = [&](const Work& w, double bytes_each) {
     Piece q;
     q.gemm_s = w.flops / k.flops;
-    q.s = q.gemm_s + w.floats * kF / k.memory_bps;
+    q.s = q.gemm_s + w.floats * bytes_each / k.memory_bps;
     return q;
   };
+  auto piece = [&](const Work& w) { return piece_of(w, a); };
   auto scaled = [&](const Work& w, double f) { return piece(Work{w.flops * f, w.floats * f}); };
   const BlockWork bw = block_work(d);
   const double N = d.N, C = d.C, Vl = d.Vl;
@@ -286,16 +290,23 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   const Piece head_f = piece({2 * N * C * Vl, 2 * N * C + 3 * N * Vl});
   // lm_head's backward, and its weight gradient added into the tied embeddings' (3 Vl C)
   const Piece head_b = piece({4 * N * C * Vl, 3 * Vl * C + N * C});
-  // AdamW on this rank's shard (read p g m v, write p m v), the norm and the clip's scale
-  double owned = 0;
+  // AdamW on this rank's shard (read p g m v, write p m v), the norm and the clip's scale;
+  // under bf16 also the copies made again from the master (read f32, write bf16) and, per
+  // micro-step without FSDP, the bf16 gradients folded into the f32 ones (nn::fold_grad:
+  // read both, write the f32 and zero the bf16)
+  const bool mixed = p.act_bytes != int64_t(kF);
+  double owned = 0, whole = 0;
   for (int64_t s : p.unit_shard_numel) owned += double(s);
-  const Piece optimizer = piece({0, 12 * owned});
+  for (int64_t s : p.unit_numel) whole += double(s);
+  const Piece optimizer = piece_of({0, 12 * owned + (mixed ? owned * (kF + a) / kF : 0.0)}, kF);
+  const Piece fold = piece_of({0, mixed && !D.sharded() ? whole * (2 * a + 2 * kF) / kF : 0.0}, kF);
 
   const Link tp_link = link_of(D, k, Dim::tp), cp_link = link_of(D, k, Dim::cp),
              fsdp_link = link_of(D, k, Dim::fsdp), rep_link = link_of(D, k, Dim::replicate),
              dp_link = link_of(D, k, Dim::dp);
-  const double act_bytes = N * C * kF;        // TP's all-reduces: one activation (or its gradient)
-  const double kv_bytes = 2 * N * d.Cl * kF;  // the ring's K and V of this rank's two chunks
+  // TP's all-reduces: one activation (or its gradient), in the dtype the reduction moves
+  const double act_bytes = N * C * double(p.wire_act_reduce_bytes);
+  const double kv_bytes = 2 * N * d.Cl * a;  // the ring's K and V of this rank's two chunks
   const int64_t A = p.accum;
   Replay r;
   r.crosses = {{"tp", tp_link.crosses},
@@ -349,10 +360,11 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   const bool sharded = D.sharded();
   const int64_t U = static_cast<int64_t>(p.unit_numel.size());
   std::vector<Ticket> gathered(static_cast<size_t>(U));
-  auto unit_bytes = [&](int64_t u) { return double(p.unit_numel[static_cast<size_t>(u)]) * kF; };
+  // bytes of unit u's whole buffer in the dtype of a collective, and of its f32 gradient shard
+  auto unit_bytes = [&](int64_t u, double each) { return double(p.unit_numel[static_cast<size_t>(u)]) * each; };
   auto shard_bytes = [&](int64_t u) { return double(p.unit_shard_numel[static_cast<size_t>(u)]) * kF; };
   auto start_gather = [&](int64_t u) {
-    gathered[static_cast<size_t>(u)] = r.start("fsdp", gather_s(unit_bytes(u), D.fsdp(), fsdp_link));
+    gathered[static_cast<size_t>(u)] = r.start("fsdp", gather_s(unit_bytes(u, a), D.fsdp(), fsdp_link));
   };
   std::deque<std::pair<int64_t, Ticket>> reducing;  // (unit, collective) of the reduce-scatters
   std::vector<Ticket> replica_done;
@@ -367,9 +379,10 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   };
   auto reduce = [&](int64_t u) {
     if (sharded) {
-      reducing.emplace_back(u, r.start("fsdp", gather_s(unit_bytes(u), D.fsdp(), fsdp_link)));
-    } else if (D.dp_replicate > 1) {  // DP: each unit's all-reduce as its gradient is ready
-      replica_done.push_back(r.start("replicate", all_reduce_s(unit_bytes(u), D.dp_replicate, rep_link)));
+      reducing.emplace_back(
+          u, r.start("fsdp", gather_s(unit_bytes(u, double(p.wire_reduce_bytes)), D.fsdp(), fsdp_link)));
+    } else if (D.dp_replicate > 1) {  // DP: each unit's all-reduce (f32) as its gradient is ready
+      replica_done.push_back(r.start("replicate", all_reduce_s(unit_bytes(u, kF), D.dp_replicate, rep_link)));
     }
   };
 
@@ -406,6 +419,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
       if (sharded || sync) reduce(u);
     }
     r.run(emb_b, false);
+    r.run(fold, false);
     if (sync) reduce(0);
     if (sharded) drain(0, sync);
     for (const Ticket& done : replica_done) r.wait("replicate", done);
