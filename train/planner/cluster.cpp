@@ -21,16 +21,18 @@ struct Preset {
 
 // cpu-sim: the simulated CPU cluster (scripts/cluster.sh: 2 hosts x 2 ranks of 1 thread on
 // one 2-core machine, links between the hosts not limited) as --plan.calibrate measured it
-// for config S; its rates include the four ranks sharing two cores. With a rate limit on
-// the links, set cluster.inter_gbps (100 Mbit/s: about 0.0029 per rank, measured).
+// for config S in float32 and in bfloat16 (a Zen 5 with AVX512-BF16); its rates include the
+// four ranks sharing two cores. With a rate limit on the links, set cluster.inter_gbps
+// (100 Mbit/s: about 0.0029 per rank, measured).
 constexpr Preset kPresets[] = {
     // name          D  BF16   TF32   FP32  HBM GB/s  GB   intra GB/s us  inter GB/s us  eff
     {"h100-sxm-8", 8, 989.4, 494.7, 66.9, 3350, 80, 450, 3, 50, 8, 0.6},  // NVLink 4, ConnectX-7 400 Gb/s each
     {"h200-8", 8, 989.4, 494.7, 66.9, 4800, 141, 450, 3, 50, 8, 0.6},     // H100's compute, HBM3e
     {"a100-sxm-8", 8, 312, 156, 19.5, 2039, 80, 300, 3, 25, 8, 0.6},      // NVLink 3, HDR 200 Gb/s each
     {"h100-pcie-8", 8, 756, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},      // no NVLink: PCIe 5 through the host
-    // measured 2026-12-01 (bench/bench_planner.py, config S); memory_gbps already reached
-    {"cpu-sim", 2, 0, 0.0242798, 0.0242798, 5.3795 / 0.8, 12.638, 0.0691986, 1309, 0.131064, 819, 1.0},
+    // measured 2026-12-02 (bench/bench_planner.py --dtype float32 / bfloat16, config S);
+    // memory_gbps already reached
+    {"cpu-sim", 2, 0.198419, 0.124074, 0.124074, 13.5937 / 0.8, 12.638, 0.151672, 304.9, 0.59778, 422.2, 1.0},
 };
 
 const Preset* find_preset(const std::string& name) {
