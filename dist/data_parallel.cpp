@@ -27,6 +27,7 @@ void DataParallel::end_micro() {
   pending_.push_back(comm_.all_reduce(params_.units[0].grad, ReduceOp::kAvg));  // the embeddings, last
   for (const WorkPtr& w : pending_) w->wait();
   pending_.clear();
+  sum_partial_grads_over_tp();
 }
 
 }  // namespace ndt::dist

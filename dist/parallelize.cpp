@@ -8,9 +8,11 @@
 
 namespace ndt::dist {
 
-void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len) {
+void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
+                          bool sequence_parallel) {
   if (dims.tp > 1) check_tensor_parallel(cfg, dims.tp);
   if (dims.cp > 1) check_context_parallel(seq_len, dims.cp);
+  if (dims.tp > 1 && sequence_parallel) check_sequence_parallel(seq_len, dims.cp, dims.tp);
 }
 
 std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& mesh,
@@ -19,7 +21,8 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   auto pm = std::make_unique<ParallelModel>();
   pm->mesh_ = &mesh;
   // 1-2: the description is split; nothing is allocated yet
-  if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp());
+  if (dims.tp > 1 && o.sequence_parallel) pm->sequence_parallel_ = std::make_shared<bool>(true);
+  if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp(), pm->sequence_parallel_);
   if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len);
   // 3: wrappers compose inside out, the first installed runs innermost
   if (o.ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(o.ac, o.ac_every));
@@ -45,6 +48,7 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   } else {
     pm->strategy = std::make_unique<NoParallelism>(pm->params, tp);
   }
+  pm->strategy->set_sequence_parallel(pm->sequence_parallel_ != nullptr);
   return pm;
 }
 
@@ -59,6 +63,7 @@ bool ParallelModel::forward_is_collective() const { return fsdp_ || mesh_->dims(
 
 void ParallelModel::split_sequences(bool on) const {
   if (cp_) cp_->set_active(on);
+  if (sequence_parallel_) *sequence_parallel_ = on;
 }
 
 Tensor ParallelModel::whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const {

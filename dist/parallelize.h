@@ -3,6 +3,8 @@
 //
 //   1. tensor parallel    split the attention and MLP linears (local shapes, slices of the
 //                         global init) and put f/g around them, while no memory exists
+//                         (sequence parallel: the regions between them on this rank's part
+//                         of each sequence)
 //   2. context parallel   ring attention in every block; each rank keeps two chunks of
 //                         every sequence
 //   3. activation checkpointing   a wrapper around each block's forward
@@ -42,14 +44,17 @@ struct ParallelizeOptions {
   std::optional<DType> compute_dtype;  // bf16: an f32 master and bf16 copies the model computes with
   std::optional<DType> reduce_dtype;   // FSDP's gradient reductions (nullopt: the master's dtype)
   int64_t seq_len = 0;                 // CP: the sequences every rank takes two chunks of
+  bool sequence_parallel = false;      // TP: LayerNorms, residuals, embeddings on T/tp positions
   nn::ACMode ac = nn::ACMode::none;    // activation checkpointing ...
   int64_t ac_every = 1;                // ... of blocks 0, k, 2k, ...
   Trace* trace = nullptr;              // each block's forward on the compute track
 };
 
 // Throws ndt::Error when the model or the sequence cannot be split as the mesh asks
-// (heads, MLP or padded vocabulary that tp does not divide; seq_len that 2 cp does not).
-void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len);
+// (heads, MLP or padded vocabulary that tp does not divide; seq_len that 2 cp does not;
+// with sequence parallelism, seq_len / cp that tp does not).
+void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
+                          bool sequence_parallel = false);
 
 // Not copied or moved: the strategy and the model's hooks refer to its buffers.
 class ParallelModel {
@@ -68,7 +73,8 @@ class ParallelModel {
   double mean_over_ranks(double loss) const;
   // True when a forward is collective (FSDP gathers, TP reduces): every rank must run it.
   bool forward_is_collective() const;
-  // While false, every rank runs whole sequences (sampling); CP only.
+  // While false, every rank runs whole sequences (sampling): CP's chunks and sequence
+  // parallelism's parts are off.
   void split_sequences(bool on) const;
   // Checkpoints and weight files in the single-process layout: a unit buffer whole (FSDP:
   // all-gathered over the shard group) and a parameter whole (TP: gathered over the tp group).
@@ -81,6 +87,7 @@ class ParallelModel {
   const DeviceMesh* mesh_ = nullptr;
   FullyShardedDataParallel* fsdp_ = nullptr;  // the strategy, when sharded
   std::unique_ptr<ContextParallel> cp_;       // when cp > 1
+  std::shared_ptr<bool> sequence_parallel_;   // TP's hooks read it; null without it
 };
 
 std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& mesh,

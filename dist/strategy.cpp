@@ -1,6 +1,8 @@
 #include "dist/strategy.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "optim/adamw.h"
 
@@ -14,8 +16,39 @@ double Strategy::grad_norm() const {
   return std::sqrt(s);
 }
 
+void Strategy::sum_partial_grads_over_tp() const {
+  if (!sequence_parallel_ || !tp_ || tp_->size() == 1) return;
+  // every unsplit parameter's part of this rank's gradient shards: the same offsets on
+  // every tp rank (their buffers differ only in the split parameters' contents)
+  std::vector<Tensor> parts;
+  int64_t n = 0;
+  for (const nn::FlatUnit& u : params_.units) {
+    const int64_t s0 = u.shard_offset, s1 = s0 + u.shard_numel;
+    for (const nn::FlatParam& p : u.params) {
+      const int64_t a = std::max(p.offset, s0), b = std::min(p.offset + numel_of(p.spec.shape), s1);
+      if (p.spec.tp.split() || a >= b) continue;
+      parts.push_back(u.grad.narrow(0, a - s0, b - a));
+      n += b - a;
+    }
+  }
+  if (parts.empty()) return;
+  Tensor packed = Tensor::empty({n}, parts.front().dtype(), parts.front().device());
+  int64_t at = 0;
+  for (const Tensor& t : parts) {
+    packed.narrow(0, at, t.numel()).copy_(t);
+    at += t.numel();
+  }
+  tp_->all_reduce(packed, ReduceOp::kSum)->wait();
+  at = 0;
+  for (const Tensor& t : parts) {
+    t.copy_(packed.narrow(0, at, t.numel()));
+    at += t.numel();
+  }
+}
+
 void NoParallelism::end_micro() {
   for (const nn::FlatUnit& u : params_.units) nn::fold_grad(u);
+  if (sync_) sum_partial_grads_over_tp();
 }
 
 }  // namespace ndt::dist

@@ -42,6 +42,11 @@ class Strategy {
   virtual void end_step() {}
   virtual void begin_forward_only() {}
   virtual void end_forward_only() {}
+  // Sequence parallelism (dist/tensor_parallel/tensor_parallel.h): the gradients of the
+  // parameters tensor parallelism does not split are partial on each tp rank, which saw only
+  // its part of every sequence; end_micro of the last micro-step then sums them over the tp
+  // group, after the data-parallel reductions (a sum commutes with their mean).
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  protected:
   // params: this rank's buffers. shard_group: the ranks that hold different parts of each buffer
@@ -50,10 +55,14 @@ class Strategy {
   Strategy(const nn::FlatParams& params, Communicator* shard_group, Communicator* tp)
       : params_(params), norm_group_(shard_group), tp_(tp) {}
   const nn::FlatParams& params_;
+  // Called by end_micro when its micro-step synchronizes: the sum above, one all-reduce of
+  // every such parameter's part of this rank's shards, packed (a no-op without it).
+  void sum_partial_grads_over_tp() const;
 
  private:
   Communicator* const norm_group_;  // the shard group, over which the norm sums
   Communicator* const tp_;
+  bool sequence_parallel_ = false;
 };
 
 // Gradients stay where backward put them: one process (or TP alone).
@@ -62,7 +71,11 @@ class NoParallelism : public Strategy {
   explicit NoParallelism(const nn::FlatParams& params, Communicator* tp = nullptr)
       : Strategy(params, nullptr, tp) {}
   std::string name() const override { return "single process"; }
+  void begin_micro(bool sync) override { sync_ = sync; }
   void end_micro() override;  // mixed precision: the micro-step's gradients into the master's
+
+ private:
+  bool sync_ = true;
 };
 
 }  // namespace ndt::dist

@@ -90,7 +90,8 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
     pos = c.pos;
   }
 
-  Tensor x = add(wte.forward(idx), wpe.forward(pos));  // (B, T, C)
+  if (sequence_part) pos = sequence_part(pos);          // sequence parallel: (B, T/tp)
+  Tensor x = add(wte.forward(idx), wpe.forward(pos));  // (B, T, C) (sequence parallel: (B, T/tp, C))
   for (size_t i = 0; i < h.size(); ++i) {
     const nn::Block* b = h[i].get();
     x = nn::wrap_unit(wrappers_, static_cast<int64_t>(i),
@@ -98,8 +99,8 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
   }
   x = ln_f.forward(x);
   GPTOutput out;
-  x = view(x, {B * T, C});
   if (before_lm_head) x = before_lm_head(x);
+  x = view(x, {B * T, C});
   out.logits = matmul(x, wte.weight, false, true);  // (B*T, C) @ wte^T -> (B*T, Vp) (Vp/tp with TP)
   if (targets.defined()) {
     NDT_CHECK(targets.shape() == idx.shape(), "GPT: targets ", targets.shape_str(), " must match idx ",

@@ -59,7 +59,10 @@ class GPT : public nn::Module {
   void add_unit_wrapper(nn::UnitWrapper w) { wrappers_.push_back(std::move(w)); }
 
   // Set by tensor and context parallelism (dist/), empty on one process:
-  nn::TensorFn before_lm_head;  // TP: copy to the group (f) before the vocab-sliced lm_head
+  nn::TensorFn before_lm_head;  // TP: copy to the group (f) before the vocab-sliced lm_head,
+                                // (B, T, C) -> (B, T, C) (sequence parallel: (B, T/tp, C) in)
+  // TP with sequence parallelism: the (B, T) positions -> this rank's part of them (B, T/tp)
+  nn::TensorFn sequence_part;
   // TP: the loss over vocab-sliced logits (vocab-parallel cross-entropy)
   std::function<Tensor(const Tensor& logits, const Tensor& targets)> loss_fn;
   nn::TensorFn gather_logits;  // TP: (N, Vp/tp) -> (N, Vp), for sampling

@@ -203,6 +203,29 @@ TEST_F(DistTrain, TensorAndContextParallelLayoutsEqualOneProcess) {
                 2);
 }
 
+TEST_F(DistTrain, SequenceParallelLayoutsEqualOneProcess) {
+  // LayerNorms, residuals and embeddings on each tp rank's part of the sequence; the
+  // LayerNorms', biases' and wpe's gradients summed over the tp group (with DP and FSDP
+  // after their reductions); activation checkpointing recomputes the gathers
+  const char* sp = "--parallel.sequence_parallel true";
+  check_layouts({{"tp2_sp", 1, 1, 1, 2, sp},
+                 {"tp4_sp", 1, 1, 1, 4, sp},
+                 {"fsdp2_tp2_sp", 1, 2, 1, 2, sp},
+                 {"dp2_tp2_sp", 2, 1, 1, 2, sp},
+                 {"s2_cp2_tp2_sp", 1, 2, 2, 2, sp},
+                 {"tp2_sp_full_ac", 1, 1, 1, 2, "--parallel.sequence_parallel true --train.activation_checkpointing full"},
+                 {"tp2_sp_selective_ac", 1, 1, 1, 2,
+                  "--parallel.sequence_parallel true --train.activation_checkpointing selective"}},
+                2);
+  // a rank's tokens of a sequence that do not split among tp: one clear error, before any step
+  Result bad = train("sp_bad", 4, "--train.micro_batch_size 2 --parallel.tp_size 4 --train.seq_len 18 " + std::string(sp));
+  EXPECT_EQ(bad.rc, 2) << bad.out;
+  EXPECT_NE(bad.out.find("sequence parallelism: each rank's train.seq_len / cp_size = 18 / 1 tokens of a sequence "
+                         "must be divisible by tp_size = 4"),
+            std::string::npos)
+      << bad.out;
+}
+
 TEST_F(DistTrain, Bfloat16LayoutsFollowOneProcess) {
   // mixed precision: bf16 parameters and activations, f32 master, gradients reduced in f32
   // (or bf16); every layout against the bf16 single process, within bf16's precision
@@ -210,7 +233,7 @@ TEST_F(DistTrain, Bfloat16LayoutsFollowOneProcess) {
   Result ref = train("bf16_single", 1, "--train.micro_batch_size 4" + bf16);
   ASSERT_EQ(ref.rc, 0) << ref.out;
   for (Layout L : {Layout{"bf16_fsdp2", 1, 2}, Layout{"bf16_dp2", 2, 1}, Layout{"bf16_tp2", 1, 1, 1, 2},
-                   Layout{"bf16_cp2", 1, 1, 2, 1}}) {
+                   Layout{"bf16_cp2", 1, 1, 2, 1}, Layout{"bf16_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"}}) {
     SCOPED_TRACE(L.name);
     Result r =
         train(L.name, L.np(), "--train.micro_batch_size " + std::to_string(4 / L.dp()) + L.args() + bf16);

@@ -113,6 +113,9 @@ po::options_description describe(Config& c) {
       ("parallel.dp_shard_size", po::value(&c.parallel.dp_shard_size)->default_value(c.parallel.dp_shard_size),
        "FSDP shards (-1: the rest of the world)")
       ("parallel.tp_size", po::value(&c.parallel.tp_size)->default_value(c.parallel.tp_size), "tensor-parallel degree (divides model.n_head and the padded vocabulary)")
+      ("parallel.sequence_parallel", po::value(&c.parallel.sequence_parallel)->default_value(c.parallel.sequence_parallel),
+       "with tp_size > 1: LayerNorms, residual adds and embeddings on each tp rank's seq_len / cp / tp positions "
+       "(true/false); the all-reduces become reduce-scatters and all-gathers of the same bytes")
       ("parallel.reduce_dtype", po::value(&c.parallel.reduce_dtype)->default_value(c.parallel.reduce_dtype),
        "with train.dtype = bfloat16: the dtype FSDP reduce-scatters gradients in (float32, or bfloat16 for half the bytes)")
       ("parallel.backend", po::value(&c.parallel.backend)->default_value(c.parallel.backend),

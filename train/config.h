@@ -96,6 +96,9 @@ struct SampleSection {  // [sample]
 
 struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's ParallelismConfig
   int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
+  // TP: LayerNorms, residual adds and embeddings on this rank's T / tp positions (Megatron-LM's
+  // sequence parallelism); f and g become an all-gather and a reduce-scatter
+  bool sequence_parallel = false;
   std::string reduce_dtype = "float32";  // mixed precision: FSDP's reduce-scatter dtype
   std::string backend = "auto";          // collectives: auto (NCCL on GPUs when world > 1), mpi, nccl
   // A rank asked to stop (SIGINT/SIGTERM) that makes no progress for this long (stuck in a

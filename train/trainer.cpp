@@ -310,7 +310,7 @@ void Trainer::describe() {
 void Trainer::parallelize() {
   // every dimension, in order: TP, CP, activation checkpointing, this rank's memory, FSDP/DP
   try {
-    dist::check_parallel_model(mc_, dims_, c_.train.seq_len);
+    dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel);
   } catch (const Error& e) {
     throw ConfigError(e.what());
   }
@@ -321,6 +321,7 @@ void Trainer::parallelize() {
   if (bf16) o.compute_dtype = DType::bf16;        // mixed precision: an f32 master, bf16 copies
   if (bf16 && c_.parallel.reduce_dtype == "bfloat16") o.reduce_dtype = DType::bf16;
   o.seq_len = c_.train.seq_len;
+  o.sequence_parallel = c_.parallel.sequence_parallel;
   o.ac = ac_mode(c_.train);
   o.ac_every = c_.train.ac_every;
   o.trace = trace_.get();

@@ -174,6 +174,7 @@ void FullyShardedDataParallel::end_micro() {
   drain(0);  // the blocks' reduce-scatters, then the embeddings': in the order they started
   for (const WorkPtr& w : replica_pending_) w->wait();
   replica_pending_.clear();
+  if (sync_) sum_partial_grads_over_tp();
 }
 
 void FullyShardedDataParallel::end_step() { release_all(); }  // gathered copies are stale now

@@ -35,6 +35,60 @@ Tensor reduce_from_tp(const Tensor& x, Communicator& tp) {
   return out;
 }
 
+// ---- sequence parallelism ----------------------------------------------------------------
+
+namespace {
+
+// x (B, Ts, ...) on every rank -> (B, n Ts, ...), rank q's part at positions [q Ts, (q+1) Ts)
+Tensor all_gather_sequence(const Tensor& x, Communicator& tp) {
+  const int64_t n = tp.size(), B = x.size(0), Ts = x.size(1);
+  const Tensor in = x.contiguous();
+  Shape whole = in.shape();
+  whole[1] = n * Ts;
+  Tensor all = Tensor::empty({n * in.numel()}, in.dtype(), in.device());
+  tp.all_gather(all, in.view({in.numel()}))->wait();
+  if (B == 1) return all.view(whole);  // (n, 1, Ts, ...) is already (1, n Ts, ...)
+  // (n, B, Ts ...) -> (B, n, Ts ...)
+  return all.view({n, B, in.numel() / B}).permute({1, 0, 2}).contiguous().view(whole);
+}
+
+// y (B, T, ...) on every rank -> this rank's part of the sum over ranks, (B, T/n, ...)
+Tensor reduce_scatter_sequence_sum(const Tensor& y, Communicator& tp) {
+  const int64_t n = tp.size(), B = y.size(0), T = y.size(1);
+  NDT_CHECK(T % n == 0, "sequence parallelism: ", T, " positions do not split among ", n, " ranks");
+  Shape part = y.shape();
+  part[1] = T / n;
+  // (B, n, Ts ...) -> (n, B, Ts ...): each rank's part in one piece
+  const Tensor in = B == 1 ? y.contiguous() : y.contiguous().view({B, n, y.numel() / (B * n)}).permute({1, 0, 2}).contiguous();
+  Tensor out = Tensor::empty(part, y.dtype(), y.device());
+  tp.reduce_scatter(out.view({out.numel()}), in.view({in.numel()}), ReduceOp::kSum)->wait();
+  return out;
+}
+
+}  // namespace
+
+Tensor gather_sequence(const Tensor& x, Communicator& tp) {
+  if (tp.size() == 1) return x;
+  Tensor out = all_gather_sequence(x.detach(), tp);
+  autograd::record("gather_sequence", {out}, {x}, [&tp](const autograd::Grads& g) -> autograd::Grads {
+    // forward: every rank's y holds every rank's x; each rank's dy is its own (it feeds that
+    // rank's slice of the next layer), so dx = this part of the sum over ranks of dy
+    return {reduce_scatter_sequence_sum(g[0], tp)};
+  });
+  return out;
+}
+
+Tensor reduce_scatter_sequence(const Tensor& x, Communicator& tp) {
+  if (tp.size() == 1) return x;
+  Tensor out = reduce_scatter_sequence_sum(x.detach(), tp);
+  autograd::record("reduce_scatter_sequence", {out}, {x}, [&tp](const autograd::Grads& g) -> autograd::Grads {
+    // forward: rank q's y is part q of the sum of every rank's x; so dx, on every rank, is
+    // the dy of every part: gathered
+    return {all_gather_sequence(g[0], tp)};
+  });
+  return out;
+}
+
 // ---- the vocabulary-parallel embedding ---------------------------------------------------
 
 Tensor vocab_parallel_embedding(const Tensor& ids, const Tensor& table, int64_t v_start, Communicator& tp) {

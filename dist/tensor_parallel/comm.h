@@ -22,6 +22,20 @@ namespace ndt::dist {
 Tensor copy_to_tp(const Tensor& x, Communicator& tp);
 Tensor reduce_from_tp(const Tensor& x, Communicator& tp);
 
+// Sequence parallelism (Megatron-LM's, Korthikanti et al. 2022): outside the attention and
+// the MLP (LayerNorms, residual adds, biases, embeddings) each rank holds only its part of
+// the sequence, (B, T/tp, C) of the (B, T, C) those regions see: rank q the positions
+// [q T/tp, (q+1) T/tp) of every sequence. f becomes an all-gather of the parts and g a
+// reduce-scatter into them; they move the bytes of the all-reduce they replace (an
+// all-reduce is a reduce-scatter followed by an all-gather):
+//
+//   y = gather_sequence(x, tp);          // (B, T/tp, ...) -> (B, T, ...); backward: dy's sum
+//                                        //   over the ranks, scattered into the parts
+//   y = reduce_scatter_sequence(x, tp);  // (B, T, ...) partial sums -> this rank's part of
+//                                        //   the sum, (B, T/tp, ...); backward: dy gathered
+Tensor gather_sequence(const Tensor& x, Communicator& tp);
+Tensor reduce_scatter_sequence(const Tensor& x, Communicator& tp);
+
 // ids (...) i32, table (Vl, C): this rank's rows [v_start, v_start + Vl) of the embedding.
 // Each rank looks up the ids it holds (zeros for the others) and g sums the ranks:
 // (..., C), the same on every rank.

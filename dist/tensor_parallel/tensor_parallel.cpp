@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "autograd/ops.h"
 #include "dist/tensor_parallel/comm.h"
 
 namespace ndt::dist {
@@ -19,38 +20,56 @@ void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
             " (a checkpoint written with another vocab_multiple resumes: its padded rows are unused zeros)");
 }
 
-void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups, Communicator* tp) {
+void check_sequence_parallel(int64_t seq_len, int64_t cp, int64_t tp) {
+  NDT_CHECK(seq_len % cp == 0 && (seq_len / cp) % tp == 0, "sequence parallelism: each rank's train.seq_len / cp_size = ",
+            seq_len, " / ", cp, " tokens of a sequence must be divisible by tp_size = ", tp,
+            " (each tp rank holds its part of them between the attention and the MLP)");
+}
+
+namespace {
+bool on(const SequenceParallelSwitch& sp) { return sp && *sp; }
+}  // namespace
+
+void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups, Communicator* tp,
+                     SequenceParallelSwitch sp) {
   // W (C_in, C_out): this rank's columns of each of the `groups` blocks, and their bias
   l.split_param("weight", 1, parts, rank, groups);
   l.split_param("bias", 0, parts, rank, groups);  // GPT-2 linears all have one
-  // f: the input is whole on every rank; backward sums its gradient over the ranks
-  if (tp) l.before = [tp](const Tensor& x) { return copy_to_tp(x, *tp); };
+  // f: the input is whole on every rank (sequence parallel: gathered from the ranks' parts);
+  // backward sums its gradient over the ranks (and scatters it into the parts)
+  if (tp)
+    l.before = [tp, sp](const Tensor& x) { return on(sp) ? gather_sequence(x, *tp) : copy_to_tp(x, *tp); };
 }
 
-void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp) {
+void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp, SequenceParallelSwitch sp) {
   // W (C_in, C_out): this rank's rows; its input is the split output of a column-parallel layer
   l.split_param("weight", 0, parts, rank);
-  // g: the partial products summed over the ranks, then the bias (whole on every rank) once
-  if (tp) l.reduce_before_bias = [tp](const Tensor& y) { return reduce_from_tp(y, *tp); };
+  // g: the partial products summed over the ranks (sequence parallel: each rank keeps its
+  // part of the sum), then the bias (whole on every rank) once
+  if (tp)
+    l.reduce_before_bias = [tp, sp](const Tensor& y) {
+      return on(sp) ? reduce_scatter_sequence(y, *tp) : reduce_from_tp(y, *tp);
+    };
 }
 
 namespace {
 
 // One block as rank `rank` of `parts` holds it; with a communicator, with its f and g.
-void parallelize_block(nn::Block& b, int64_t parts, int64_t rank, Communicator* tp) {
+void parallelize_block(nn::Block& b, int64_t parts, int64_t rank, Communicator* tp,
+                       const SequenceParallelSwitch& sp) {
   NDT_CHECK(b.attn.n_head % parts == 0, "tensor parallelism: ", b.attn.n_head, " heads do not divide among ",
             parts, " ranks");
-  column_parallel(b.attn.c_attn, parts, rank, /*groups=*/3, tp);  // this rank's heads of q, of k, of v
-  row_parallel(b.attn.c_proj, parts, rank, tp);                   // those heads' rows
+  column_parallel(b.attn.c_attn, parts, rank, /*groups=*/3, tp, sp);  // this rank's heads of q, of k, of v
+  row_parallel(b.attn.c_proj, parts, rank, tp, sp);                   // those heads' rows
   b.attn.n_head /= parts;
-  column_parallel(b.mlp.c_fc, parts, rank, /*groups=*/1, tp);  // this rank's hidden units
-  row_parallel(b.mlp.c_proj, parts, rank, tp);
+  column_parallel(b.mlp.c_fc, parts, rank, /*groups=*/1, tp, sp);  // this rank's hidden units
+  row_parallel(b.mlp.c_proj, parts, rank, tp, sp);
 }
 
 }  // namespace
 
-void apply_tensor_parallel(nn::Block& block, Communicator& tp) {
-  if (tp.size() > 1) parallelize_block(block, tp.size(), tp.rank(), &tp);
+void apply_tensor_parallel(nn::Block& block, Communicator& tp, SequenceParallelSwitch sp) {
+  if (tp.size() > 1) parallelize_block(block, tp.size(), tp.rank(), &tp, sp);
 }
 
 void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
@@ -58,23 +77,32 @@ void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
             "; tp_size must be >= 1 and the rank in [0, tp_size)");
   if (parts == 1) return;
   check_tensor_parallel(gpt.cfg, parts);
-  for (auto& block : gpt.h) parallelize_block(*block, parts, rank, /*tp=*/nullptr);
+  for (auto& block : gpt.h) parallelize_block(*block, parts, rank, /*tp=*/nullptr, /*sp=*/nullptr);
   gpt.wte.split_param("weight", 0, parts, rank);
 }
 
-void apply_tensor_parallel(models::GPT& gpt, Communicator& tp) {
+void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, SequenceParallelSwitch sp) {
   const int64_t n = tp.size();
   if (n == 1) return;
   check_tensor_parallel(gpt.cfg, n);
-  for (auto& block : gpt.h) apply_tensor_parallel(*block, tp);
+  for (auto& block : gpt.h) apply_tensor_parallel(*block, tp, sp);
   // the vocabulary: wte rows [v_start, v_start + Vl) on this rank
   const int64_t Vl = gpt.cfg.padded_vocab() / n, v_start = tp.rank() * Vl;
   const int64_t v_live = std::clamp<int64_t>(gpt.cfg.vocab_size - v_start, 0, Vl);  // the rest is padding
   gpt.wte.split_param("weight", 0, n, tp.rank());
-  gpt.wte.lookup = [&tp, v_start](const Tensor& ids, const Tensor& table) {
-    return vocab_parallel_embedding(ids, table, v_start, tp);
+  gpt.wte.lookup = [&tp, v_start, sp](const Tensor& ids, const Tensor& table) {
+    if (!on(sp)) return vocab_parallel_embedding(ids, table, v_start, tp);
+    // the rank's rows for its ids (zeros for the others'), summed into each rank's part
+    return reduce_scatter_sequence(embedding(ids, table, v_start, tp.size() * table.size(0)), tp);
   };
-  gpt.before_lm_head = [&tp](const Tensor& x) { return copy_to_tp(x, tp); };  // f: lm_head is column-parallel
+  // sequence parallel: the positions (B, T) i32 of this rank's part, for wpe
+  gpt.sequence_part = [&tp, sp](const Tensor& pos) {
+    if (!on(sp)) return pos;
+    const int64_t Ts = pos.size(1) / tp.size();
+    return pos.narrow(1, tp.rank() * Ts, Ts).contiguous();
+  };
+  // f: lm_head is column-parallel; its input whole on every rank (gathered, sequence parallel)
+  gpt.before_lm_head = [&tp, sp](const Tensor& x) { return on(sp) ? gather_sequence(x, tp) : copy_to_tp(x, tp); };
   gpt.loss_fn = [&tp, v_start, v_live](const Tensor& logits, const Tensor& targets) {
     return vocab_parallel_cross_entropy(logits, targets, v_start, v_live, /*ignore_index=*/-1, tp);
   };

@@ -19,7 +19,16 @@
 // forward, one all-reduce (g) of N x C per attention and per MLP, one for the embedding;
 // backward, one (f) per attention, per MLP and for lm_head's input; and three all-reduces
 // of N numbers in the cross-entropy. Each all-reduce sends 2 (tp-1)/tp of its bytes.
+//
+// Sequence parallelism (parallel.sequence_parallel; dist/tensor_parallel/comm.h) keeps the
+// LayerNorms, residual adds, the row-parallel biases and the embeddings' output on this
+// rank's part of the sequence, (B, T/tp, C): f is then an all-gather of the parts (forward)
+// and g a reduce-scatter into them, the same bytes. The parameters TP does not split (the
+// LayerNorms', the row-parallel biases, wpe) then see only this rank's positions: their
+// gradients are partial, and the strategy sums them over the tp group (dist/strategy.h).
 #pragma once
+
+#include <memory>
 
 #include "dist/comm/communicator.h"
 #include "models/gpt.h"
@@ -36,15 +45,22 @@ void check_tensor_parallel(const models::GPTConfig& cfg, int64_t tp);
 // c_attn's q, k and v), with the bias; the input comes through f (copy_to_tp), the output
 // stays split. Row-parallel: W split by rows, taking a column-parallel layer's split output;
 // the partial outputs are summed by g (reduce_from_tp) before the bias, held whole.
-void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups = 1,
-                     Communicator* tp = nullptr);
-void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp = nullptr);
+// sequence_parallel: while *sequence_parallel is true, f and g are the sequence-parallel
+// all-gather and reduce-scatter (nullptr: never). One flag for every hook, so that
+// sampling, which runs whole sequences of any length, can turn it off.
+using SequenceParallelSwitch = std::shared_ptr<const bool>;
+void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups = 1, Communicator* tp = nullptr,
+                     SequenceParallelSwitch sequence_parallel = nullptr);
+void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp = nullptr,
+                  SequenceParallelSwitch sequence_parallel = nullptr);
 
 // Splits gpt's parameters (their specs: local shapes, TpSlice) and installs the f/g ops,
 // the vocabulary-parallel embedding and loss. The communicator must outlive the model.
-void apply_tensor_parallel(models::GPT& gpt, Communicator& tp);
+void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, SequenceParallelSwitch sequence_parallel = nullptr);
 // One block's share: its heads, its MLP hidden units (used by the GPT's, and by tests).
-void apply_tensor_parallel(nn::Block& block, Communicator& tp);
+void apply_tensor_parallel(nn::Block& block, Communicator& tp, SequenceParallelSwitch sequence_parallel = nullptr);
+// Throws ndt::Error when a rank's tokens of a sequence (seq_len / cp) do not split among tp.
+void check_sequence_parallel(int64_t seq_len, int64_t cp, int64_t tp);
 // Only the splits, as rank `rank` of `parts` would hold them (no communication installed):
 // the layout of another tensor-parallel rank, e.g. to read its checkpoint shards.
 void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank);
