@@ -108,7 +108,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"cp2_bf16", 1, 1, 2, 1, "--train.dtype bfloat16"},
                       Layout{"hsdp2x2_bf16_full_ac", 2, 2, 1, 1,
                              "--train.dtype bfloat16 --train.activation_checkpointing full"},
-                      Layout{"shard2_cp2_tp2_bf16", 1, 2, 2, 2, "--train.dtype bfloat16"}),
+                      Layout{"shard2_cp2_tp2_bf16", 1, 2, 2, 2, "--train.dtype bfloat16"},
+                      // sequence parallelism: the regions between the attention and the MLP on T / tp
+                      Layout{"tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"},
+                      Layout{"tp2_sp_bf16", 1, 1, 1, 2, "--parallel.sequence_parallel true --train.dtype bfloat16"},
+                      Layout{"fsdp2_tp2_sp_full_ac", 1, 2, 1, 2,
+                             "--parallel.sequence_parallel true --train.activation_checkpointing full"},
+                      Layout{"shard2_cp2_tp2_sp", 1, 2, 2, 2, "--parallel.sequence_parallel true"}),
     [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
 TEST(Plan, NeedsTheWorldForTheRestOfIt) {

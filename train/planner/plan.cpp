@@ -93,6 +93,9 @@ struct Dims {
   Count B, Tl, N, C, Cl, H, NHl, Vl, cp;
   Count a;  // bytes of an activation (the compute dtype's)
   enum class Core { cpu_fused, cudnn, composed, ring } core;  // how the attention core runs
+  // rows of the regions between the attention and the MLP (LayerNorms, residuals): N, or
+  // N / tp with sequence parallelism
+  Count Ns;
 };
 
 // Which attention core a rank runs (autograd/ops/attention.cpp): with cp > 1 the ring; on
@@ -178,12 +181,20 @@ Count core_backward(const Dims& d) {
 // Full recomputes the block from its input inside backward: the saved set of `none`
 // comes back for the duration, plus the incoming gradient. In bytes: a per activation (and
 // per weight gradient: the compute dtype's), 4 per statistic.
+//
+// Sequence parallelism keeps the block's input, h, its output, the LayerNorms' statistics
+// and the gradients on the residual on Ns = N / tp rows; the linears' inputs (ln_1's and
+// ln_2's outputs, gathered) stay whole, and backward gathers the incoming gradient (N C)
+// for the MLP's and the attention's c_proj.
 BlockMem block_mem(const Dims& d, nn::ACMode mode) {
-  const Count N = d.N, C = d.C, Cl = d.Cl, H = d.H, a = d.a, stats = 2 * N * kF;
-  const Count mlp_part = (N * C /*h*/ + N * C /*ln_2 out*/ + 2 * N * H) * a + stats;
-  const Count none_saved = N * C * a /*ln_1 out*/ + stats + core_saved(d) + N * Cl * a + mlp_part + N * C * a;
-  auto mlp_moment = [&](Count saved) { return saved - N * C * a + (N * C + N * H + H * C) * a; };
-  auto attn_moment = [&](Count core_live) { return N * C * a + stats + core_live + 2 * N * C * a + core_backward(d); };
+  const Count N = d.N, Ns = d.Ns, C = d.C, Cl = d.Cl, H = d.H, a = d.a, stats = 2 * Ns * kF;
+  const Count gathered_grad = Ns == N ? Count(0) : N * C * a;
+  const Count mlp_part = (Ns * C /*h*/ + N * C /*ln_2 out*/ + 2 * N * H) * a + stats;
+  const Count none_saved = N * C * a /*ln_1 out*/ + stats + core_saved(d) + N * Cl * a + mlp_part + Ns * C * a;
+  auto mlp_moment = [&](Count saved) { return saved - Ns * C * a + (Ns * C + N * H + H * C) * a + gathered_grad; };
+  auto attn_moment = [&](Count core_live) {
+    return N * C * a + stats + core_live + 2 * Ns * C * a + gathered_grad + core_backward(d);
+  };
   BlockMem m;
   switch (mode) {
     case nn::ACMode::none:
@@ -191,16 +202,16 @@ BlockMem block_mem(const Dims& d, nn::ACMode mode) {
       m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
       break;
     case nn::ACMode::selective: {
-      m.saved = N * C * a + stats + 3 * N * Cl * a + N * Cl * a + mlp_part + N * C * a;
+      m.saved = N * C * a + stats + 3 * N * Cl * a + N * Cl * a + mlp_part + Ns * C * a;
       // the core made again in backward, besides its kept input
       const Count again = d.core == Dims::Core::cpu_fused ? core_saved(d) - 3 * N * Cl * a + N * Cl * a : core_saved(d);
       m.during_backward = std::max(mlp_moment(m.saved), attn_moment(3 * N * Cl * a + again));
       break;
     }
     case nn::ACMode::full:
-      m.saved = N * C * a;
+      m.saved = Ns * C * a;
       m.during_backward =
-          N * C * a /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
+          Ns * C * a /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
       break;
   }
   return m;
@@ -285,7 +296,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
   // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
   // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
   // lookup keeps only the ids.
-  const Count emb_saved = N * C * a;
+  const Count emb_saved = d.Ns * C * a;  // sequence parallel: this rank's part
   // FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
   // embeddings and their gradient (gathered for the whole step), block i and block i-1
   // (prefetched), block i's whole gradient and, but for the last block (the first whose
@@ -311,7 +322,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
   p.block_activation_bytes = block_mem(d, block_mode(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
   // ln_f: mean, rstd (2N) and its output (N C, lm_head's input); the logits (N Vl) are kept
   // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
-  const Count head_saved = 2 * N * kF + N * C * a;
+  const Count head_saved = 2 * d.Ns * kF + N * C * a;  // (sequence parallel: ln_f's on Ns rows, its output gathered)
   const Count logits = N * Vl * a;
   const Count ce_saved = (D.tp > 1 ? 3 * N : N) * kF;
   p.activation_bytes = (emb_saved + blocks_saved + head_saved).v;
@@ -406,7 +417,31 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dim
     if (m == nn::ACMode::full) ++full_blocks;
     if (m != nn::ACMode::none) ++recomputed_cores;
   }
-  if (t > 1) {
+  if (t > 1 && p.sequence_parallel) {
+    // f and g as all-gathers of the parts (a: raw values) and reduce-scatters into them
+    // (a': what the reduction moves), each (t-1)/t of the whole N C
+    const Count gather = (t - 1) * (N / t) * C * a, scatter = (t - 1) * (N / t) * C * p.wire_act_reduce_bytes;
+    comm("tp", "sequence parallel: all-gather before each attention, MLP and lm_head (forward) and of the "
+         "gradient after each attention, MLP and the embedding (backward)",
+         "accum 2 (2L+1) (t-1)/t N C a", A * 2 * (2 * L + 1) * gather);
+    comm("tp", "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and of "
+         "the input gradient of each attention, MLP and lm_head (backward)",
+         "accum 2 (2L+1) (t-1)/t N C a'", A * 2 * (2 * L + 1) * scatter);
+    if (full_blocks)
+      comm("tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
+           "accum 2 L_full (t-1)/t N C (a + a')", A * 2 * full_blocks * (gather + scatter));
+    // the unsplit parameters' partial gradients (this rank's shards of them), summed once
+    Count unsplit = 0;
+    for (const nn::FlatUnit& u : units)
+      for (const nn::FlatParam& q : u.params) {
+        const int64_t lo = std::max(q.offset, u.shard_offset);
+        const int64_t hi = std::min(q.offset + numel_of(q.spec.shape), u.shard_offset + u.shard_numel);
+        if (!q.spec.tp.split() && lo < hi) unsplit += hi - lo;
+      }
+    p.sp_grad_numel = unsplit.v;
+    comm("tp", "sequence parallel: all-reduce of the LayerNorms', biases' and wpe's gradients (last micro-step)",
+         "2 (t-1)/t P_unsplit 4", all_reduce_bytes(unsplit * kF, t));
+  } else if (t > 1) {
     const Count x = N * C * p.wire_act_reduce_bytes;
     comm("tp", "g: all-reduce after each attention and MLP, and the embedding (forward)",
          "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
@@ -415,9 +450,10 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dim
            A * 2 * full_blocks * all_reduce_bytes(x, t));
     comm("tp", "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)",
          "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
+  }
+  if (t > 1)
     comm("tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
          "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
-  }
   if (cp > 1) {
     const Count block = 2 * N * d.Cl * a;  // K and V of this rank's two chunks
     comm("cp", "ring: K/V blocks forward and their gradients back, every block", "accum L 2 (cp-1) 2 N Cl a",
@@ -481,7 +517,8 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
                mc.padded_vocab() / D.tp,
                D.cp,
                p.act_bytes,
-               core_of(c.train.device, bf16, D.cp)};
+               core_of(c.train.device, bf16, D.cp),
+               p.sequence_parallel ? Count(p.micro_batch) * p.local_seq / D.tp : Count(p.micro_batch) * p.local_seq};
   plan_memory(c, p, l, d, stage);
   stage = "the communication per step";
   plan_communication(c, p, l, d);
@@ -506,6 +543,8 @@ Plan plan(const Config& c, int64_t world) {
     c.model.validate();
     if (p.dims.tp > 1) dist::check_tensor_parallel(c.model, p.dims.tp);
     if (p.dims.cp > 1) dist::check_context_parallel(c.train.seq_len, p.dims.cp);
+    p.sequence_parallel = c.parallel.sequence_parallel && p.dims.tp > 1;
+    if (p.sequence_parallel) dist::check_sequence_parallel(c.train.seq_len, p.dims.cp, p.dims.tp);
   } catch (const ConfigError&) {
     throw;
   } catch (const Error& e) {

@@ -61,6 +61,8 @@ struct Plan {
   // bytes per element that a reduction moves: NCCL reduces bf16 as bf16, MPI (CPU ranks) in
   // an f32 copy (dist/comm/communicator.h); FSDP's reduce-scatter and TP's all-reduces
   int64_t wire_reduce_bytes = 4, wire_act_reduce_bytes = 4;
+  bool sequence_parallel = false;  // parallel.sequence_parallel with tp > 1
+  int64_t sp_grad_numel = 0;       // of this rank's shards, the unsplit parameters' (summed over tp)
   // bytes per rank
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // the shards this rank owns
   int64_t gathered_bytes = 0;                                // FSDP: whole buffers at the peak

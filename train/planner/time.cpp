@@ -155,6 +155,7 @@ struct Piece {
 
 struct Shapes {
   double B, Tl, N, C, Cl, H, NHl, hd, Vl;
+  double Ns;  // rows of the LayerNorms and residual adds: N, or N / tp with sequence parallelism
   int64_t cp, tp;
   double S;    // attention scores one block computes (all query-key pairs it evaluates)
   bool fused;  // the CPU's fused attention core (cp 1): no copies, scores made again in backward
@@ -167,26 +168,26 @@ struct BlockWork {
 };
 
 BlockWork block_work(const Shapes& d) {
-  const double N = d.N, C = d.C, Cl = d.Cl, H = d.H;
+  const double N = d.N, Ns = d.Ns, C = d.C, Cl = d.Cl, H = d.H;
   BlockWork w;
-  // forward: ln_1 (read, write N C); c_attn 2 N C 3Cl; split_last's copies of q, k, v
+  // forward: ln_1 (read, write Ns C); c_attn 2 N C 3Cl; split_last's copies of q, k, v
   // (composed only: the fused core reads them in place)
   const double copies = d.fused ? 0.0 : 1.0;
-  w.attn_in = {2 * N * C * 3 * Cl, 2 * N * C + copies * 6 * N * Cl};
+  w.attn_in = {2 * N * C * 3 * Cl, 2 * Ns * C + copies * 6 * N * Cl};
   // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the scores
   w.core = {4 * d.S * d.hd, 2 * d.S};
   // heads_to_back's copy; c_proj 2 N Cl C; the residual add
-  w.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * N * C};
+  w.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * Ns * C};
   // ln_2, c_fc 2 N C H with GELU (N H written again), c_proj 2 N H C, the residual add
-  w.mlp = {4 * N * C * H, 2 * N * C + 2 * N * H + 3 * N * C};
+  w.mlp = {4 * N * C * H, 2 * Ns * C + 2 * N * H + 3 * Ns * C};
   // backward: twice the FLOPs (input and weight gradients); LayerNorm's backward reads
   // three tensors and writes one, each bias gradient reads its output gradient, each weight
   // gradient is made and then added into the unit's gradient (3 passes of its size)
-  w.attn_in_b = {2 * w.attn_in.flops, 4 * N * C + 6 * N * Cl + 3 * N * Cl + 3 * (3 * C * Cl)};
+  w.attn_in_b = {2 * w.attn_in.flops, 4 * Ns * C + 6 * N * Cl + 3 * N * Cl + 3 * (3 * C * Cl)};
   // (fused: q k^T once more, to make the probabilities again, 2.5x the forward's FLOPs)
   w.core_b = {(d.fused ? 2.5 : 2.0) * w.core.flops, 3 * d.S};
-  w.attn_out_b = {2 * w.attn_out.flops, 2 * N * Cl + 2 * N * C + N * C + 3 * Cl * C};
-  w.mlp_b = {2 * w.mlp.flops, 4 * N * C + 3 * N * H + N * (H + C) + 2 * N * C + 3 * (2 * C * H)};
+  w.attn_out_b = {2 * w.attn_out.flops, 2 * N * Cl + 2 * N * C + Ns * C + 3 * Cl * C};
+  w.mlp_b = {2 * w.mlp.flops, 4 * Ns * C + 3 * N * H + N * (H + C) + 2 * Ns * C + 3 * (2 * C * H)};
   return w;
 }
 
@@ -253,6 +254,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   d.NHl = double(p.n_head / D.tp);
   d.hd = d.C / double(p.n_head);
   d.Vl = double(p.padded_vocab / D.tp);
+  d.Ns = p.sequence_parallel ? d.N / double(D.tp) : d.N;
   d.cp = D.cp;
   d.tp = D.tp;
   // the scores: one process evaluates the causal half (cuDNN skips masked tiles; the CPU's
@@ -334,26 +336,41 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
       if (s + 1 < D.cp) r.sync("cp", exchange_s(kv_bytes, cp_link));
     }
   };
-  auto tp_all_reduce = [&]() {
-    if (D.tp > 1) r.sync("tp", all_reduce_s(act_bytes, D.tp, tp_link));
+  // TP's f and g, each waited for where it runs: plain TP, g's all-reduce in forward and f's
+  // in backward; sequence parallel, f all-gathers in forward and reduce-scatters in
+  // backward, g the other way round (the same bytes, at twice the places)
+  const bool sp = p.sequence_parallel;
+  const double gather_bytes = N * C * a;  // an all-gather moves the raw values
+  auto tp_sync = [&](bool reduce) {
+    if (D.tp == 1) return;
+    if (!sp) return r.sync("tp", all_reduce_s(act_bytes, D.tp, tp_link));
+    r.sync("tp", gather_s(reduce ? act_bytes : gather_bytes, D.tp, tp_link));
   };
+  auto f_forward = [&]() { if (sp) tp_sync(false); };
+  auto g_forward = [&]() { tp_sync(true); };
+  auto f_backward = [&]() { tp_sync(true); };
+  auto g_backward = [&]() { if (sp) tp_sync(false); };
   auto block_forward = [&](bool again) {
+    f_forward();  // before c_attn
     r.run(piece(bw.attn_in), again);
     core(bw.core, again);
     r.run(piece(bw.attn_out), again);
-    tp_all_reduce();  // g after the attention
+    g_forward();  // after the attention
+    f_forward();  // before c_fc
     r.run(piece(bw.mlp), again);
-    tp_all_reduce();  // g after the MLP
+    g_forward();  // after the MLP
   };
   auto block_backward = [&](nn::ACMode mode) {
     if (mode == nn::ACMode::full) block_forward(true);
+    g_backward();  // the MLP's output gradient
     r.run(piece(bw.mlp_b), false);
-    tp_all_reduce();  // f: the MLP's input gradient
+    f_backward();  // the MLP's input gradient
+    g_backward();  // the attention's output gradient
     r.run(piece(bw.attn_out_b), false);
     if (mode == nn::ACMode::selective) core(bw.core, true);
     core_backward(bw.core_b);
     r.run(piece(bw.attn_in_b), false);
-    tp_all_reduce();  // f: the attention's input gradient
+    f_backward();  // the attention's input gradient
   };
 
   // FSDP (dist/fsdp/fsdp.cpp): unit u's all-gather and reduce-scatter on the shard group
@@ -396,7 +413,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
       if (U > 1) start_gather(1);
     }
     r.run(emb_f, false);
-    tp_all_reduce();  // the vocabulary-parallel embedding's sum
+    g_forward();  // the vocabulary-parallel embedding's sum
     for (int64_t u = 1; u < U; ++u) {
       if (sharded) {
         r.wait("fsdp", gathered[static_cast<size_t>(u)]);
@@ -404,11 +421,12 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
       }
       block_forward(false);
     }
+    f_forward();  // before lm_head
     r.run(head_f, false);
     if (D.tp > 1)
       for (int i = 0; i < 3; ++i) r.sync("tp", all_reduce_s(N * kF, D.tp, tp_link));  // max, sum, target
     r.run(head_b, false);
-    tp_all_reduce();  // f: lm_head's input gradient
+    f_backward();  // lm_head's input gradient
     for (int64_t u = U - 1; u >= 1; --u) {
       if (sharded) {
         drain(1, sync);
@@ -418,6 +436,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
       block_backward(block_mode(p.ac, p.ac_every, u - 1));
       if (sharded || sync) reduce(u);
     }
+    g_backward();  // the embedding's output gradient
     r.run(emb_b, false);
     r.run(fold, false);
     if (sync) reduce(0);
@@ -425,6 +444,8 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
     for (const Ticket& done : replica_done) r.wait("replicate", done);
     replica_done.clear();
   }
+  // sequence parallel: the unsplit parameters' partial gradients summed over tp
+  if (sp) r.sync("tp", all_reduce_s(double(p.sp_grad_numel) * kF, D.tp, tp_link));
   // the step: the loss over dp and cp, the gradient norm over the shards and tp, AdamW
   r.sync("scalars", all_reduce_s(8, D.dp(), dp_link) + all_reduce_s(8, D.cp, cp_link));
   r.sync("scalars", (sharded ? all_reduce_s(8, D.fsdp(), fsdp_link) : 0) + all_reduce_s(8, D.tp, tp_link));
