@@ -46,6 +46,7 @@ for cfg in ${1:-S M}; do
       dp2) par="--parallel.dp_replicate_size 2"; B=4 ;;
       fsdp2) par="--parallel.dp_shard_size 2"; B=4 ;;
       tp2) par="--parallel.tp_size 2"; B=8 ;;
+      tp2_sp) par="--parallel.tp_size 2 --parallel.sequence_parallel true"; B=8 ;;
       cp2) par="--parallel.cp_size 2"; B=8 ;;
       fsdp2_tp2) par="--parallel.dp_shard_size 2 --parallel.tp_size 2"; B=4; np=4 ;;
       fsdp2_cp2) par="--parallel.dp_shard_size 2 --parallel.cp_size 2"; B=4; np=4 ;;

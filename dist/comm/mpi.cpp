@@ -29,6 +29,17 @@ std::string mpi_error_string(int rc) {
   return std::string(s, static_cast<size_t>(len));
 }
 
+// How many threads are blocked in MpiWork::wait(). While one is, its rank has nothing to
+// compute until a collective ends, and the communication thread polls MPI without pausing
+// (Open MPI moves a non-blocking collective on only inside MPI calls, so each pause of the
+// poll is time the waiter loses); otherwise it pauses between polls, to leave the cores to
+// the compute threads while collectives run behind them. One count for the process, as
+// there is one communication thread (Engine below).
+std::atomic<int>& waiting_threads() {
+  static std::atomic<int> n{0};
+  return n;
+}
+
 // One handle; completed by the communication thread.
 class MpiWork : public Work {
  public:
@@ -39,6 +50,10 @@ class MpiWork : public Work {
     std::unique_lock<std::mutex> lk(mu_);
     if (!done_) {
       const int64_t t0 = trace_ ? trace_->now_us() : 0;
+      waiting_threads().fetch_add(1);
+      struct Done {
+        ~Done() { waiting_threads().fetch_sub(1); }
+      } done_waiting;
       if (timeout_s_ > 0) {
         const auto limit = std::chrono::duration<double>(timeout_s_);
         if (!cv_.wait_for(lk, limit, [&] { return done_; })) {
@@ -237,6 +252,10 @@ class Engine {
       }
       if (progressed) {
         idle = std::chrono::microseconds(10);
+      } else if (!inflight_.empty() && waiting_threads().load() > 0) {
+        // a thread waits for a collective: poll at once (yielding, should another thread
+        // of this rank have work)
+        std::this_thread::yield();
       } else if (!inflight_.empty()) {
         // Nothing finished: poll again soon, without taking a core from the compute threads.
         std::this_thread::sleep_for(idle);
