@@ -31,10 +31,14 @@ std::string mpi_error_string(int rc) {
 
 // How many threads are blocked in MpiWork::wait(). While one is, its rank has nothing to
 // compute until a collective ends, and the communication thread polls MPI without pausing
-// (Open MPI moves a non-blocking collective on only inside MPI calls, so each pause of the
-// poll is time the waiter loses); otherwise it pauses between polls, to leave the cores to
-// the compute threads while collectives run behind them. One count for the process, as
-// there is one communication thread (Engine below).
+// for up to kSpin (Open MPI moves a non-blocking collective on only inside MPI calls, so
+// each pause of the poll is time the waiter loses), then with pauses of kWaitPause: a long
+// wait (a slow link, a late peer) does not keep a core busy that another rank or program
+// on the machine could use. With no waiter it pauses longer between polls, to leave the
+// cores to the compute threads while collectives run behind them. One count for the
+// process, as there is one communication thread (Engine below).
+constexpr auto kSpin = std::chrono::milliseconds(2);
+constexpr auto kWaitPause = std::chrono::microseconds(20);
 std::atomic<int>& waiting_threads() {
   static std::atomic<int> n{0};
   return n;
@@ -211,6 +215,7 @@ class Engine {
 
   void loop() {
     auto idle = std::chrono::microseconds(10);
+    auto quiet_since = std::chrono::steady_clock::now();  // the last progress
     for (;;) {
       std::deque<Op> fresh;
       {
@@ -252,10 +257,14 @@ class Engine {
       }
       if (progressed) {
         idle = std::chrono::microseconds(10);
+        quiet_since = std::chrono::steady_clock::now();
       } else if (!inflight_.empty() && waiting_threads().load() > 0) {
         // a thread waits for a collective: poll at once (yielding, should another thread
-        // of this rank have work)
-        std::this_thread::yield();
+        // want the core), and after kSpin without progress, every kWaitPause
+        if (std::chrono::steady_clock::now() - quiet_since < kSpin)
+          std::this_thread::yield();
+        else
+          std::this_thread::sleep_for(kWaitPause);
       } else if (!inflight_.empty()) {
         // Nothing finished: poll again soon, without taking a core from the compute threads.
         std::this_thread::sleep_for(idle);

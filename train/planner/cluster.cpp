@@ -32,7 +32,7 @@ constexpr Preset kPresets[] = {
     {"h100-pcie-8", 8, 756, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},      // no NVLink: PCIe 5 through the host
     // measured 2026-12-02 (bench/bench_planner.py --dtype float32 / bfloat16, config S);
     // memory_gbps already reached
-    {"cpu-sim", 2, 0.198419, 0.124074, 0.124074, 13.5937 / 0.8, 12.638, 0.151672, 304.9, 0.59778, 422.2, 1.0},
+    {"cpu-sim", 2, 0.171474, 0.1058, 0.1058, 12.307 / 0.8, 12.638, 2.67713, 21.0, 0.60063, 19.3, 1.0},
 };
 
 const Preset* find_preset(const std::string& name) {
