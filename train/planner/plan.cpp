@@ -351,7 +351,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
   add("loss backward (logits and dlogits)", all_saved, g_fwd_end, dlogits);
   // bf16 GEMMs on a CPU without bf16 instructions (tensor/cpu/matmul.cpp) convert both
   // operands and the product to f32 for sgemm: the largest product's copies, while it runs
-  const bool f32_gemms = d.a.v != kF && c.train.device == "cpu" && !cpu::bf16_gemm_on_onednn();
+  const bool f32_gemms = p.bf16_gemms_in_f32;
   auto f32_copies = [&](Count m, Count k, Count n) { return f32_gemms ? (m * k + k * n + m * n) * kF : Count(0); };
   if (f32_gemms)
     p.notes.push_back("this CPU's bf16 matrix products run in f32 (no bf16 instructions, or NDT_BF16_GEMM=f32): "
@@ -544,6 +544,9 @@ Plan plan(const Config& c, int64_t world) {
     if (p.dims.tp > 1) dist::check_tensor_parallel(c.model, p.dims.tp);
     if (p.dims.cp > 1) dist::check_context_parallel(c.train.seq_len, p.dims.cp);
     p.sequence_parallel = c.parallel.sequence_parallel && p.dims.tp > 1;
+    // bf16 on CPU ranks: the matrix products on this CPU's bf16 units, or through f32
+    // (NDT_BF16_GEMM; a bad value is refused here as in training)
+    p.bf16_gemms_in_f32 = c.train.dtype == "bfloat16" && c.train.device == "cpu" && !cpu::bf16_gemm_on_onednn();
     if (p.sequence_parallel) dist::check_sequence_parallel(c.train.seq_len, p.dims.cp, p.dims.tp);
   } catch (const ConfigError&) {
     throw;

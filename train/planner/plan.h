@@ -63,6 +63,7 @@ struct Plan {
   int64_t wire_reduce_bytes = 4, wire_act_reduce_bytes = 4;
   bool sequence_parallel = false;  // parallel.sequence_parallel with tp > 1
   int64_t sp_grad_numel = 0;       // of this rank's shards, the unsplit parameters' (summed over tp)
+  bool bf16_gemms_in_f32 = false;  // bf16 on a CPU without bf16 instructions: sgemm on f32 copies
   // bytes per rank
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // the shards this rank owns
   int64_t gathered_bytes = 0;                                // FSDP: whole buffers at the peak
