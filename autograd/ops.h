@@ -12,6 +12,8 @@
 // Outputs are contiguous. Gradients flow to every floating input that requires grad.
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 #include <vector>
 
@@ -30,6 +32,13 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 // gelu(linear(x, w, b)) as one node, the bias and GELU fused into the GEMM where the backend
 // can; keeps the pre-activation for the backward (as gelu() keeps its input).
 Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& b);
+// linear (gelu: linear_gelu) of an input that arrives in parts: gather(part) makes the whole
+// input, in forward and again in backward for the weight gradient, so that only the part is
+// kept; scatter(dx) turns the whole input's gradient into the part's. Sequence parallelism's
+// column-parallel layers (dist/tensor_parallel): the all-gather and the reduce-scatter.
+Tensor linear_gathered(const Tensor& part, const Tensor& w, const Tensor& b, bool gelu,
+                       const std::function<Tensor(const Tensor&)>& gather,
+                       const std::function<Tensor(const Tensor&)>& scatter);
 
 // ---- elementwise (ops/elementwise.cpp) -------------------------------------------
 // b has a's shape, or is a row vector (last dim of a) broadcast over the other dims.

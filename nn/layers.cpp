@@ -10,6 +10,7 @@ Linear::Linear(int64_t in_, int64_t out_, bool has_bias, float std) : in(in_), o
 }
 
 Tensor Linear::forward(const Tensor& x) const {
+  if (gathered_when && gathered_when()) return linear_gathered(x, weight, bias, false, gather_input, scatter_input_grad);
   const Tensor in = before ? before(x) : x;
   if (!reduce_before_bias) return linear(in, weight, bias);
   const Tensor y = reduce_before_bias(linear(in, weight, Tensor()));  // the sum of every rank's part
@@ -18,6 +19,7 @@ Tensor Linear::forward(const Tensor& x) const {
 
 Tensor Linear::forward_gelu(const Tensor& x) const {
   if (reduce_before_bias) return gelu(forward(x));  // the bias comes after the reduction
+  if (gathered_when && gathered_when()) return linear_gathered(x, weight, bias, true, gather_input, scatter_input_grad);
   return linear_gelu(before ? before(x) : x, weight, bias);
 }
 

@@ -28,6 +28,11 @@ class Linear : public Module {
   // its input to the group first (f), a row-parallel one sums its partial outputs over the
   // group (g) before adding the bias, which is whole on every rank.
   TensorFn before, reduce_before_bias;
+  // Sequence parallelism, on a column-parallel layer: while gathered_when() is true the
+  // input comes in parts of the sequence, and the layer runs linear_gathered with these
+  // (all-gather, reduce-scatter) instead of `before`: it keeps only the part for backward.
+  std::function<bool()> gathered_when;
+  TensorFn gather_input, scatter_input_grad;
 };
 
 class Embedding : public Module {

@@ -66,6 +66,51 @@ TEST(TensorParallel, BlockEqualsTheWholeBlock) {
   }
 }
 
+// Sequence parallelism: the block's input and output in parts of the sequence (rank q holds
+// positions [q T/n, (q+1) T/n)); the LayerNorms' and row-parallel biases' gradients are
+// partial on each rank, their sum over the group the whole block's. The column-parallel
+// layers gather their input again in backward (linear_gathered).
+TEST(TensorParallel, SequenceParallelBlockEqualsTheWholeBlock) {
+  auto& tp = *ndt::testing::world();
+  const int64_t C = 24, NH = 12, B = 2, T = 12;  // T divides by 2, 3 and 4
+  const int64_t n = tp.size(), Ts = T / n, r = tp.rank();
+  nn::Block whole(C, NH, 0.3f, 0.2f), part(C, NH, 0.3f, 0.2f);
+  auto on = std::make_shared<bool>(true);
+  dist::apply_tensor_parallel(part, tp, on);
+  nn::FlatParams wp = nn::materialize({{"b", whole.parameters("b")}}, Device::cpu(), DType::f64, 5);
+  nn::FlatParams pp = nn::materialize({{"b", part.parameters("b")}}, Device::cpu(), DType::f64, 5);
+  for (const nn::FlatParam& f : pp.units[0].params) {
+    const Tensor v = randn(f.spec.global_shape(), nn::name_hash(f.spec.name) % 100000);
+    wp.find(f.spec.name)->value.copy_(v);
+    f.value.copy_(dist::slice_param(f.spec, v));
+  }
+  Tensor x = randn({B, T, C}, 1, true), w = randn({B, T, C}, 2);
+  Tensor xp = x.detach().narrow(1, r * Ts, Ts).contiguous().clone();
+  xp.set_requires_grad(true);
+  const Tensor wpart = w.narrow(1, r * Ts, Ts).contiguous();
+  Tensor y = whole.forward(x);
+  backward(sum(mul(y, w)));
+  tp.reset_stats();
+  Tensor yp = part.forward(xp);  // (B, T/n, C): this rank's positions
+  ASSERT_EQ(yp.shape(), Shape({B, Ts, C}));
+  EXPECT_LT(max_diff(y.narrow(1, r * Ts, Ts).contiguous(), yp), 1e-12) << "outputs";
+  backward(sum(mul(yp, wpart)));
+  // forward: an all-gather before each column-parallel layer and a reduce-scatter after
+  // each row-parallel one; backward: the same again the other way round, and each
+  // column-parallel layer's input gathered once more; the bytes of plain TP's all-reduces
+  const int64_t bytes = B * T * C * 8, sent = (n - 1) * bytes / n;
+  EXPECT_EQ(tp.stats()[dist::CommKind::kAllGather], 6 * sent);
+  EXPECT_EQ(tp.stats()[dist::CommKind::kReduceScatter], 4 * sent);
+  EXPECT_EQ(tp.stats()[dist::CommKind::kAllReduce], 0);
+  EXPECT_LT(max_diff(x.grad().narrow(1, r * Ts, Ts).contiguous(), xp.grad()), 1e-12) << "input gradients";
+  for (const nn::FlatParam& f : pp.units[0].params) {
+    Tensor g = f.value.grad().clone();
+    if (!f.spec.tp.split()) tp.all_reduce(g, dist::ReduceOp::kSum)->wait();  // partial: this rank's positions
+    g = dist::gather_param(f.spec, g, tp);
+    EXPECT_LT(max_diff(wp.find(f.spec.name)->value.grad(), g), 1e-12) << f.spec.name;
+  }
+}
+
 TEST(TensorParallel, VocabParallelEmbeddingAndCrossEntropy) {
   auto& tp = *ndt::testing::world();
   const int64_t n = tp.size(), Vp = 12 * 4, V = 41, C = 6, N = 14;  // Vp rows, the last 7 padding

@@ -65,10 +65,15 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
 
 namespace {
 
+using TensorFn = std::function<Tensor(const Tensor&)>;
+
 // x (..., C) @ w (C, OC) + b (OC) -> (..., OC), then GELU if gelu: one node, the bias (and
-// GELU) fused into the GEMM where the backend can (kernels::linear_forward)
-Tensor linear_impl(const char* op, const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, bool gelu) {
-  check_same(op, {&x_in, &w_in, &b_in});
+// GELU) fused into the GEMM where the backend can (kernels::linear_forward). With gather,
+// x_in is a part of the input: x = gather(x_in), made again in backward (see linear_gathered).
+Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, const Tensor& b_in, bool gelu,
+                   const TensorFn* gather = nullptr, const TensorFn* scatter = nullptr) {
+  check_same(op, {&part_in, &w_in, &b_in});
+  const Tensor x_in = gather ? (*gather)(part_in.detach()) : part_in;
   NDT_CHECK(w_in.dim() == 2 && x_in.dim() >= 1 && x_in.size(-1) == w_in.size(0), op, ": input ",
             x_in.shape_str(), " does not match weight ", w_in.shape_str(),
             " (expected x (..., C) and w (C, OC))");
@@ -85,16 +90,19 @@ Tensor linear_impl(const char* op, const Tensor& x_in, const Tensor& w_in, const
   kernels::linear_forward(x, w, b, gelu, out, pre);
   Tensor y = out.view(out_shape);
 
-  const bool nx = x_in.requires_grad(), nw = w_in.requires_grad(), nb = b.defined() && b_in.requires_grad();
-  std::vector<Tensor> inputs{x_in, w_in};
+  const bool nx = part_in.requires_grad(), nw = w_in.requires_grad(), nb = b.defined() && b_in.requires_grad();
+  std::vector<Tensor> inputs{part_in, w_in};
   if (b.defined()) inputs.push_back(b_in);
-  // dx needs w and dw needs x: save only what the backward will use
+  // dx needs w and dw needs x: save only what the backward will use (gathered: the part)
+  const Tensor x_saved = !nw ? Tensor() : gather ? part_in.contiguous().detach() : x.detach();
   autograd::record(
       op, {y}, inputs,
-      [x = nw ? x.detach() : Tensor(), w = nx ? w.detach() : Tensor(), pre, xshape = x_in.shape(), C, OC, N,
-       nx, nw, nb, has_b = b.defined()](const Grads& g) -> Grads {
+      [x_saved, w = nx ? w.detach() : Tensor(), pre, xshape = x_in.shape(), C, OC, N, nx, nw, nb,
+       has_b = b.defined(), gather = gather ? *gather : TensorFn(),
+       scatter = scatter ? *scatter : TensorFn()](const Grads& g) -> Grads {
         // forward: pre = x @ w + b, out = GELU(pre) (or out = pre); so
         //   dpre = GELU'(pre) * dout,  dx = dpre @ w^T,  dw = x^T @ dpre,  db = sum_rows(dpre)
+        // (gathered: x = gather(part) once more, and the part's gradient is scatter(dx))
         Tensor dpre = g[0].contiguous().view({N, OC});
         if (pre.defined()) {
           Tensor d = empty_like(dpre);
@@ -105,9 +113,10 @@ Tensor linear_impl(const char* op, const Tensor& x_in, const Tensor& w_in, const
         if (nx) {
           Tensor dx = Tensor::empty({N, C}, dpre.dtype(), dpre.device());
           kernels::gemm(dpre, false, w, true, dx);
-          r[0] = dx.view(xshape);
+          r[0] = scatter ? scatter(dx.view(xshape)) : dx.view(xshape);
         }
         if (nw) {
+          const Tensor x = gather ? gather(x_saved).contiguous().view({N, C}) : x_saved;
           r[1] = Tensor::empty({C, OC}, dpre.dtype(), dpre.device());
           kernels::gemm(x, true, dpre, false, r[1]);
         }
@@ -128,6 +137,11 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 
 Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& b) {
   return linear_impl("linear_gelu", x, w, b, true);
+}
+
+Tensor linear_gathered(const Tensor& part, const Tensor& w, const Tensor& b, bool gelu, const TensorFn& gather,
+                       const TensorFn& scatter) {
+  return linear_impl(gelu ? "linear_gelu_gathered" : "linear_gathered", part, w, b, gelu, &gather, &scatter);
 }
 
 }  // namespace ndt

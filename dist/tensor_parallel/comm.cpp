@@ -37,8 +37,6 @@ Tensor reduce_from_tp(const Tensor& x, Communicator& tp) {
 
 // ---- sequence parallelism ----------------------------------------------------------------
 
-namespace {
-
 // x (B, Ts, ...) on every rank -> (B, n Ts, ...), rank q's part at positions [q Ts, (q+1) Ts)
 Tensor all_gather_sequence(const Tensor& x, Communicator& tp) {
   const int64_t n = tp.size(), B = x.size(0), Ts = x.size(1);
@@ -64,8 +62,6 @@ Tensor reduce_scatter_sequence_sum(const Tensor& y, Communicator& tp) {
   tp.reduce_scatter(out.view({out.numel()}), in.view({in.numel()}), ReduceOp::kSum)->wait();
   return out;
 }
-
-}  // namespace
 
 Tensor gather_sequence(const Tensor& x, Communicator& tp) {
   if (tp.size() == 1) return x;

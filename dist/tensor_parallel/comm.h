@@ -35,6 +35,10 @@ Tensor reduce_from_tp(const Tensor& x, Communicator& tp);
 //                                        //   the sum, (B, T/tp, ...); backward: dy gathered
 Tensor gather_sequence(const Tensor& x, Communicator& tp);
 Tensor reduce_scatter_sequence(const Tensor& x, Communicator& tp);
+// The same two collectives as plain functions (no autograd): for linear_gathered, which
+// gathers a column-parallel layer's input again in backward instead of keeping it whole.
+Tensor all_gather_sequence(const Tensor& x, Communicator& tp);
+Tensor reduce_scatter_sequence_sum(const Tensor& y, Communicator& tp);
 
 // ids (...) i32, table (Vl, C): this rank's rows [v_start, v_start + Vl) of the embedding.
 // Each rank looks up the ids it holds (zeros for the others) and g sums the ranks:

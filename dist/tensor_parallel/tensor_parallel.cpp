@@ -35,10 +35,16 @@ void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups,
   // W (C_in, C_out): this rank's columns of each of the `groups` blocks, and their bias
   l.split_param("weight", 1, parts, rank, groups);
   l.split_param("bias", 0, parts, rank, groups);  // GPT-2 linears all have one
-  // f: the input is whole on every rank (sequence parallel: gathered from the ranks' parts);
-  // backward sums its gradient over the ranks (and scatters it into the parts)
-  if (tp)
-    l.before = [tp, sp](const Tensor& x) { return on(sp) ? gather_sequence(x, *tp) : copy_to_tp(x, *tp); };
+  // f: the input is whole on every rank; backward sums its gradient over the ranks
+  if (tp) l.before = [tp](const Tensor& x) { return copy_to_tp(x, *tp); };
+  // sequence parallel: f is an all-gather of the ranks' parts (backward: a reduce-scatter of
+  // the gradient into them), made again in backward for the weight gradient, so the layer
+  // keeps only this rank's part of its input
+  if (tp && sp) {
+    l.gathered_when = [sp] { return *sp; };
+    l.gather_input = [tp](const Tensor& x) { return all_gather_sequence(x, *tp); };
+    l.scatter_input_grad = [tp](const Tensor& dx) { return reduce_scatter_sequence_sum(dx, *tp); };
+  }
 }
 
 void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp, SequenceParallelSwitch sp) {

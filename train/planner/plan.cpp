@@ -182,18 +182,19 @@ Count core_backward(const Dims& d) {
 // comes back for the duration, plus the incoming gradient. In bytes: a per activation (and
 // per weight gradient: the compute dtype's), 4 per statistic.
 //
-// Sequence parallelism keeps the block's input, h, its output, the LayerNorms' statistics
-// and the gradients on the residual on Ns = N / tp rows; the linears' inputs (ln_1's and
-// ln_2's outputs, gathered) stay whole, and backward gathers the incoming gradient (N C)
-// for the MLP's and the attention's c_proj.
+// Sequence parallelism keeps the block's input, h, its output, the LayerNorms' statistics,
+// the gradients on the residual and the column-parallel linears' inputs (ln_1's and ln_2's
+// outputs: linear_gathered keeps the part and gathers it again in backward) on Ns = N / tp
+// rows; backward holds the incoming gradient gathered (N C) for each c_proj and the
+// gathered input again (N C) for each column-parallel weight gradient.
 BlockMem block_mem(const Dims& d, nn::ACMode mode) {
   const Count N = d.N, Ns = d.Ns, C = d.C, Cl = d.Cl, H = d.H, a = d.a, stats = 2 * Ns * kF;
-  const Count gathered_grad = Ns == N ? Count(0) : N * C * a;
-  const Count mlp_part = (Ns * C /*h*/ + N * C /*ln_2 out*/ + 2 * N * H) * a + stats;
-  const Count none_saved = N * C * a /*ln_1 out*/ + stats + core_saved(d) + N * Cl * a + mlp_part + Ns * C * a;
-  auto mlp_moment = [&](Count saved) { return saved - Ns * C * a + (Ns * C + N * H + H * C) * a + gathered_grad; };
+  const Count gathered = Ns == N ? Count(0) : 2 * N * C * a;  // an incoming gradient, an input
+  const Count mlp_part = (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 2 * N * H) * a + stats;
+  const Count none_saved = Ns * C * a /*ln_1 out*/ + stats + core_saved(d) + N * Cl * a + mlp_part + Ns * C * a;
+  auto mlp_moment = [&](Count saved) { return saved - Ns * C * a + (Ns * C + N * H + H * C) * a + gathered; };
   auto attn_moment = [&](Count core_live) {
-    return N * C * a + stats + core_live + 2 * Ns * C * a + gathered_grad + core_backward(d);
+    return Ns * C * a + stats + core_live + 2 * Ns * C * a + gathered + core_backward(d);
   };
   BlockMem m;
   switch (mode) {
@@ -202,7 +203,7 @@ BlockMem block_mem(const Dims& d, nn::ACMode mode) {
       m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
       break;
     case nn::ACMode::selective: {
-      m.saved = N * C * a + stats + 3 * N * Cl * a + N * Cl * a + mlp_part + Ns * C * a;
+      m.saved = Ns * C * a + stats + 3 * N * Cl * a + N * Cl * a + mlp_part + Ns * C * a;
       // the core made again in backward, besides its kept input
       const Count again = d.core == Dims::Core::cpu_fused ? core_saved(d) - 3 * N * Cl * a + N * Cl * a : core_saved(d);
       m.during_backward = std::max(mlp_moment(m.saved), attn_moment(3 * N * Cl * a + again));
@@ -421,9 +422,10 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dim
     // f and g as all-gathers of the parts (a: raw values) and reduce-scatters into them
     // (a': what the reduction moves), each (t-1)/t of the whole N C
     const Count gather = (t - 1) * (N / t) * C * a, scatter = (t - 1) * (N / t) * C * p.wire_act_reduce_bytes;
-    comm("tp", "sequence parallel: all-gather before each attention, MLP and lm_head (forward) and of the "
-         "gradient after each attention, MLP and the embedding (backward)",
-         "accum 2 (2L+1) (t-1)/t N C a", A * 2 * (2 * L + 1) * gather);
+    comm("tp", "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
+         "gradient after each attention, MLP and the embedding, and of the attention's and the MLP's "
+         "input again for their weight gradients (backward)",
+         "accum (6L+2) (t-1)/t N C a", A * (6 * L + 2) * gather);
     comm("tp", "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and of "
          "the input gradient of each attention, MLP and lm_head (backward)",
          "accum 2 (2L+1) (t-1)/t N C a'", A * 2 * (2 * L + 1) * scatter);

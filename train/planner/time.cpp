@@ -350,6 +350,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   auto g_forward = [&]() { tp_sync(true); };
   auto f_backward = [&]() { tp_sync(true); };
   auto g_backward = [&]() { if (sp) tp_sync(false); };
+  auto gather_again = [&]() { if (sp) tp_sync(false); };  // a column-parallel input, for dW
   auto block_forward = [&](bool again) {
     f_forward();  // before c_attn
     r.run(piece(bw.attn_in), again);
@@ -363,12 +364,14 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   auto block_backward = [&](nn::ACMode mode) {
     if (mode == nn::ACMode::full) block_forward(true);
     g_backward();  // the MLP's output gradient
+    gather_again();
     r.run(piece(bw.mlp_b), false);
     f_backward();  // the MLP's input gradient
     g_backward();  // the attention's output gradient
     r.run(piece(bw.attn_out_b), false);
     if (mode == nn::ACMode::selective) core(bw.core, true);
     core_backward(bw.core_b);
+    gather_again();
     r.run(piece(bw.attn_in_b), false);
     f_backward();  // the attention's input gradient
   };
