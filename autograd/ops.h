@@ -128,9 +128,12 @@ AttentionOut merge_attention(const Tensor& out_a, const Tensor& lse_a, const Ten
 Tensor view(const Tensor& x, const Shape& shape);                   // x contiguous
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);  // result contiguous
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);          // result contiguous
-// Split the last dim into pieces of the given sizes (they must add up), and its inverse.
+// Split the last dim into pieces of the given sizes (they must add up), and its inverse;
+// split and concat do the same along any dim, each piece one contiguous copy.
 std::vector<Tensor> split_last(const Tensor& x, const std::vector<int64_t>& sizes);
 Tensor concat_last(const std::vector<Tensor>& xs);
+std::vector<Tensor> split(const Tensor& x, int64_t dim, const std::vector<int64_t>& sizes);
+Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
 // (B, T, NH, HS) <-> (B, NH, T, HS)
 Tensor heads_to_front(const Tensor& x);
 Tensor heads_to_back(const Tensor& x);

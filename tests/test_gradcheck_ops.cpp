@@ -120,7 +120,8 @@ TEST(OpCases, CoverEveryDifferentiableOp) {
                          "mean",           "sum_squares", "layernorm", "softmax",
                          "cross_entropy",  "embedding",   "attention", "merge_attention",
                          "self_attention", "view",        "permute",   "split_last",
-                         "concat_last",    "on_backward", "recompute", "AccumulateGrad"})
+                         "concat_last",    "split",       "concat",    "on_backward",
+                         "recompute",      "AccumulateGrad"})
     EXPECT_TRUE(seen.count(op)) << "no op case records a '" << op << "' node";
   // composed ops (they record matmul/add/view/permute nodes) are covered by name
   std::set<std::string> names;

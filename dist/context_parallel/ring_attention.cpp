@@ -19,12 +19,10 @@ namespace {
 // (B, NH, 2Tc, X) -> its two halves along time, (B, NH, Tc, X) each; and back.
 std::array<Tensor, 2> halves(const Tensor& t) {
   const int64_t Tc = t.size(2) / 2;
-  std::vector<Tensor> h = split_last(permute(t, {0, 1, 3, 2}), {Tc, Tc});  // time last
-  return {permute(h[0], {0, 1, 3, 2}), permute(h[1], {0, 1, 3, 2})};
+  std::vector<Tensor> h = split(t, 2, {Tc, Tc});
+  return {h[0], h[1]};
 }
-Tensor join(const Tensor& a, const Tensor& b) {
-  return permute(concat_last({permute(a, {0, 1, 3, 2}), permute(b, {0, 1, 3, 2})}), {0, 1, 3, 2});
-}
+Tensor join(const Tensor& a, const Tensor& b) { return concat({a, b}, 2); }
 
 }  // namespace
 

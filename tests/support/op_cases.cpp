@@ -362,6 +362,13 @@ std::vector<OpCase> build_cases() {
             inputs_of({{{3, 2}}, {{3, 5}}, {{3, 1}}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{concat_last(x)}; },
             {true, false, true}});
+  add_case({"split_dim", inputs_of({{{2, 7, 3}}}),
+            [](const std::vector<Tensor>& x) { return split(x[0], 1, {3, 4}); },
+            all_grad(1)});
+  add_case({"concat_dim",
+            inputs_of({{{2, 3, 4}}, {{2, 1, 4}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{concat(x, 1)}; },
+            all_grad(2)});
   add_case({"heads_to_front", inputs_of({{{kB, kT, kNH, 4}}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{heads_to_front(x[0])}; },
             all_grad(1)});
