@@ -261,6 +261,7 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
   EXPECT_EQ(j["tried"].get<int64_t>(), j["refused"].get<int64_t>() + j["too_big"].get<int64_t>() +
                                            static_cast<int64_t>(plans.size()));
   double last = 0;
+  int sp_plans = 0;
   std::map<std::string, int> strategies;
   for (const nlohmann::json& p : plans) {
     const nlohmann::json& L = p["layout"];
@@ -274,7 +275,13 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
     EXPECT_GE(p["step_s"].get<double>(), last) << "ranked fastest first";
     last = p["step_s"].get<double>();
     strategies[L["strategy"].get<std::string>()]++;
+    // sequence parallelism is tried with tp, and named in the strategy
+    const bool sp = p["sequence_parallel"].get<bool>();
+    if (sp) EXPECT_GT(tp, 1);
+    EXPECT_EQ(sp, L["strategy"].get<std::string>().find(" + SP") != std::string::npos) << L["strategy"];
+    sp_plans += sp;
   }
+  EXPECT_GT(sp_plans, 0) << "no plan with sequence parallelism was ranked";
   EXPECT_GE(strategies.size(), 5u);
   EXPECT_FALSE(j["why"].get<std::string>().empty());
   // the table: a header, ten rows, the best and why, the command line that runs it

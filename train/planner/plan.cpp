@@ -478,7 +478,7 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dim
 // checked; `stage` names what is being computed, for the message when a count overflows.
 void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   const dist::ParallelDims& D = p.dims;
-  p.strategy = D.strategy();
+  p.strategy = D.strategy() + (p.sequence_parallel ? " + SP" : "");  // SP: sequence parallel
   const nn::ACMode ac = ac_mode(c.train);
   p.ac = c.train.activation_checkpointing;
   p.ac_every = c.train.ac_every;

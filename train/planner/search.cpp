@@ -29,8 +29,8 @@ std::string sizes(const dist::ParallelDims& D) {
 }
 
 std::string describe(const Candidate& x) {
-  return sizes(x.plan.dims) + " (" + x.plan.strategy + "), micro-batch " + std::to_string(x.plan.micro_batch) +
-         ", checkpointing " + x.plan.ac;
+  return sizes(x.plan.dims) + " (" + x.plan.strategy + "), micro-batch " +
+         std::to_string(x.plan.micro_batch) + ", checkpointing " + x.plan.ac;
 }
 
 std::string ms(double s) {
@@ -87,55 +87,58 @@ SearchResult search(const Config& c, const Cluster& k) {
     out.batch = c.plan_batch;
   } else {  // the config's batch per step
     const ParallelSection& P = c.parallel;
-    const int64_t shard = P.dp_shard_size > 0 ? P.dp_shard_size
-                                              : std::max<int64_t>(1, W / (P.dp_replicate_size * P.cp_size * P.tp_size));
+    const int64_t shard = P.dp_shard_size > 0
+                              ? P.dp_shard_size
+                              : std::max<int64_t>(1, W / (P.dp_replicate_size * P.cp_size * P.tp_size));
     out.batch = c.train.micro_batch_size * c.train.grad_accum_steps * P.dp_replicate_size * shard;
   }
   const char* modes[] = {"none", "selective", "full"};
   for (int64_t tp : divisors(W))
     for (int64_t cp : divisors(W / tp)) {
       const int64_t dp = W / (tp * cp);
+      const int64_t sps = tp > 1 ? 2 : 1;  // with tp, sequence parallelism off and on
       if (out.batch % dp) {
-        out.refused += static_cast<int64_t>(divisors(dp).size()) * 3;
-        out.tried += static_cast<int64_t>(divisors(dp).size()) * 3;
+        out.refused += static_cast<int64_t>(divisors(dp).size()) * 3 * sps;
+        out.tried += static_cast<int64_t>(divisors(dp).size()) * 3 * sps;
         continue;
       }
       const int64_t per_rank = out.batch / dp;
       for (int64_t rep : divisors(dp))
         for (int64_t micro : divisors(per_rank))
-          for (const char* mode : modes) {
-            ++out.tried;
-            Config x = c;
-            x.parallel.dp_replicate_size = rep;
-            x.parallel.dp_shard_size = dp / rep;
-            x.parallel.cp_size = cp;
-            x.parallel.tp_size = tp;
-            x.train.micro_batch_size = micro;
-            x.train.grad_accum_steps = per_rank / micro;
-            x.train.activation_checkpointing = mode;
-            x.train.ac_every = 1;
-            if (micro * x.train.seq_len > (int64_t(1) << 31)) {
-              ++out.refused;
-              continue;
+          for (const char* mode : modes)
+            for (int64_t sp = 0; sp < sps; ++sp) {
+              ++out.tried;
+              Config x = c;
+              x.parallel.sequence_parallel = sp == 1;
+              x.parallel.dp_replicate_size = rep;
+              x.parallel.dp_shard_size = dp / rep;
+              x.parallel.cp_size = cp;
+              x.parallel.tp_size = tp;
+              x.train.micro_batch_size = micro;
+              x.train.grad_accum_steps = per_rank / micro;
+              x.train.activation_checkpointing = mode;
+              x.train.ac_every = 1;
+              if (micro * x.train.seq_len > (int64_t(1) << 31)) {
+                ++out.refused;
+                continue;
+              }
+              Candidate cand;
+              try {
+                cand.plan = plan(x, W);
+              } catch (const ConfigError&) {  // tp or cp the model or the sequence cannot take
+                ++out.refused;
+                continue;
+              }
+              if (double(cand.plan.peak_bytes) > 0.9 * k.memory_bytes) {
+                ++out.too_big;
+                continue;
+              }
+              cand.time = predict_time(x, cand.plan, k);
+              out.ranked.push_back(std::move(cand));
             }
-            Candidate cand;
-            try {
-              cand.plan = plan(x, W);
-            } catch (const ConfigError&) {  // tp or cp the model or the sequence cannot take
-              ++out.refused;
-              continue;
-            }
-            if (double(cand.plan.peak_bytes) > 0.9 * k.memory_bytes) {
-              ++out.too_big;
-              continue;
-            }
-            cand.time = predict_time(x, cand.plan, k);
-            out.ranked.push_back(std::move(cand));
-          }
     }
-  std::stable_sort(out.ranked.begin(), out.ranked.end(), [](const Candidate& a, const Candidate& b) {
-    return a.time.step_s < b.time.step_s;
-  });
+  std::stable_sort(out.ranked.begin(), out.ranked.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.time.step_s < b.time.step_s; });
   out.why = why_first(out.ranked);
   return out;
 }
@@ -143,8 +146,9 @@ SearchResult search(const Config& c, const Cluster& k) {
 void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ostream& o) {
   print_cluster(k, o);
   o << "search: " << s.world << " devices, " << s.batch << " sequences per step; " << s.tried
-    << " plans (layouts x micro-batches x checkpointing), " << s.refused << " refused by the trainer's rules, "
-    << s.too_big << " over 90% of a device's memory, " << s.ranked.size() << " ranked\n";
+    << " plans (layouts x micro-batches x checkpointing x sequence parallelism with tp), " << s.refused
+    << " refused by the trainer's rules, " << s.too_big << " over 90% of a device's memory, "
+    << s.ranked.size() << " ranked\n";
   char line[400];
   std::snprintf(line, sizeof(line), "%4s  %-21s %-22s %-7s %-9s %10s %11s %6s %10s %10s %10s %9s  %s\n", "#",
                 "rep x shard x cp x tp", "strategy", "micro", "AC", "step ms", "tokens/s", "MFU", "compute",
@@ -155,11 +159,12 @@ void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ost
     const StepTime& t = s.ranked[i].time;
     std::string across;
     for (const std::string& a : t.across_hosts) across += (across.empty() ? "" : ",") + a;
-    std::snprintf(line, sizeof(line), "%4zu  %-21s %-22s %2lld x %-2lld %-9s %10.1f %11.0f %5.1f%% %10.1f %10.1f %10.1f %9.2f  %s\n",
-                  i + 1, sizes(p.dims).c_str(), p.strategy.c_str(), (long long)p.micro_batch, (long long)p.accum,
-                  p.ac.c_str(), t.step_s * 1e3, t.tokens_per_s, 100 * t.mfu, t.compute_s * 1e3,
-                  t.exposed_s * 1e3, t.recompute_s * 1e3, double(p.peak_bytes) / 1e9,
-                  across.empty() ? "-" : across.c_str());
+    std::snprintf(
+        line, sizeof(line),
+        "%4zu  %-21s %-22s %2lld x %-2lld %-9s %10.1f %11.0f %5.1f%% %10.1f %10.1f %10.1f %9.2f  %s\n", i + 1,
+        sizes(p.dims).c_str(), p.strategy.c_str(), (long long)p.micro_batch, (long long)p.accum, p.ac.c_str(),
+        t.step_s * 1e3, t.tokens_per_s, 100 * t.mfu, t.compute_s * 1e3, t.exposed_s * 1e3,
+        t.recompute_s * 1e3, double(p.peak_bytes) / 1e9, across.empty() ? "-" : across.c_str());
     o << line;
   }
   if (!s.ranked.empty()) {
@@ -169,7 +174,11 @@ void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ost
     o << "run it: --parallel.dp_replicate_size " << p.dims.dp_replicate << " --parallel.dp_shard_size "
       << p.dims.dp_shard << " --parallel.cp_size " << p.dims.cp << " --parallel.tp_size " << p.dims.tp
       << " --train.micro_batch_size " << p.micro_batch << " --train.grad_accum_steps " << p.accum
-      << " --train.activation_checkpointing " << p.ac << "\n";
+      << " --train.activation_checkpointing " << p.ac
+      << (p.dims.tp > 1
+              ? std::string(" --parallel.sequence_parallel ") + (p.sequence_parallel ? "true" : "false")
+              : "")
+      << "\n";
   } else {
     o << "no plan fits in 90% of a device's " << k.memory_bytes / 1e9
       << " GB: a smaller model, a shorter sequence, a smaller batch (--plan.batch) or more devices\n";
@@ -197,6 +206,7 @@ void print_search_json(const SearchResult& s, const Cluster& k, int64_t top, std
     x["micro_batch_size"] = p.micro_batch;
     x["grad_accum_steps"] = p.accum;
     x["activation_checkpointing"] = p.ac;
+    x["sequence_parallel"] = p.sequence_parallel;
     x["peak_bytes"] = p.peak_bytes;
     x["comm_bytes"] = p.comm_bytes;
     plans.push_back(x);
