@@ -12,9 +12,8 @@
 // Outputs are contiguous. Gradients flow to every floating input that requires grad.
 #pragma once
 
-#include <functional>
-
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tensor/tensor.h"

@@ -1,6 +1,5 @@
 #include "dist/strategy.h"
 
-#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -23,12 +22,11 @@ void Strategy::sum_partial_grads_over_tp() const {
   std::vector<Tensor> parts;
   int64_t n = 0;
   for (const nn::FlatUnit& u : params_.units) {
-    const int64_t s0 = u.shard_offset, s1 = s0 + u.shard_numel;
     for (const nn::FlatParam& p : u.params) {
-      const int64_t a = std::max(p.offset, s0), b = std::min(p.offset + numel_of(p.spec.shape), s1);
-      if (p.spec.tp.split() || a >= b) continue;
-      parts.push_back(u.grad.narrow(0, a - s0, b - a));
-      n += b - a;
+      const nn::ShardPart s = nn::shard_part(u, p);
+      if (p.spec.tp.split() || s.size() == 0) continue;
+      parts.push_back(u.grad.narrow(0, s.begin, s.size()));
+      n += s.size();
     }
   }
   if (parts.empty()) return;

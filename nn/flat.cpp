@@ -59,6 +59,11 @@ int64_t FlatParams::shard_bytes() const {
   return b;
 }
 
+ShardPart shard_part(const FlatUnit& u, const FlatParam& p) {
+  const int64_t s0 = u.shard_offset, s1 = s0 + u.shard_numel;
+  return {std::max(p.offset, s0) - s0, std::min(p.offset + numel_of(p.spec.shape), s1) - s0};
+}
+
 void for_each_shard_run(const FlatUnit& u, const FlatParam& p,
                         const std::function<void(int64_t dst, int64_t global, int64_t len)>& fn) {
   const int64_t n = numel_of(p.spec.shape), s0 = u.shard_offset, s1 = s0 + u.shard_numel;

@@ -107,6 +107,14 @@ FlatParams materialize(const std::vector<UnitSpec>& units, Device device, DType 
 // full_grad is grad.
 void fold_grad(const FlatUnit& u);
 
+// The elements of parameter p that this rank's shard of unit u holds: [begin, end) as
+// offsets into the shard (u.grad, u.data); empty (begin >= end) when it holds none.
+struct ShardPart {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end > begin ? end - begin : 0; }
+};
+ShardPart shard_part(const FlatUnit& u, const FlatParam& p);
+
 // Calls fn(offset in the shard, global element index, length) for every run of parameter
 // p's elements that this rank's shard of unit u holds: its tensor-parallel slice of p, and
 // of that the part inside [shard_offset, shard_offset + shard_numel). Within a run both the

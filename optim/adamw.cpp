@@ -47,11 +47,10 @@ double grad_sum_squares(const nn::FlatParams& params, int64_t tp) {
       pieces.emplace_back(u.grad, 1.0);
       continue;
     }
-    const int64_t s0 = u.shard_offset, s1 = s0 + u.shard_numel;
     for (const nn::FlatParam& p : u.params) {
-      const int64_t a = std::max(p.offset, s0), b = std::min(p.offset + numel_of(p.spec.shape), s1);
-      if (a < b)
-        pieces.emplace_back(u.grad.narrow(0, a - s0, b - a),
+      const nn::ShardPart s = nn::shard_part(u, p);
+      if (s.size() > 0)
+        pieces.emplace_back(u.grad.narrow(0, s.begin, s.size()),
                             p.spec.tp.split() ? 1.0 : 1.0 / static_cast<double>(tp));
     }
   }

@@ -23,7 +23,8 @@
 //   send            bytes                      recv            0 (counted by the sender)
 // in the dtype on the wire: NCCL reduces bf16 as bf16, MPI (which has no bf16 type) reduces
 // it in an f32 copy, so there a bf16 all_reduce or reduce_scatter moves and counts twice
-// the tensor's bytes (all_gather, broadcast and send move the raw 16-bit words); and, of those, the bytes that leave this rank's host: in a ring each rank sends to the next
+// the tensor's bytes (all_gather, broadcast and send move the raw 16-bit words); and, of
+// those, the bytes that leave this rank's host: in a ring each rank sends to the next
 // member of its group (the destination of a send), so they cross hosts when that member is on
 // another host (set_remote_members; the mesh knows every rank's host).
 #pragma once

@@ -435,11 +435,8 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dim
     // the unsplit parameters' partial gradients (this rank's shards of them), summed once
     Count unsplit = 0;
     for (const nn::FlatUnit& u : units)
-      for (const nn::FlatParam& q : u.params) {
-        const int64_t lo = std::max(q.offset, u.shard_offset);
-        const int64_t hi = std::min(q.offset + numel_of(q.spec.shape), u.shard_offset + u.shard_numel);
-        if (!q.spec.tp.split() && lo < hi) unsplit += hi - lo;
-      }
+      for (const nn::FlatParam& q : u.params)
+        if (!q.spec.tp.split()) unsplit += nn::shard_part(u, q).size();
     p.sp_grad_numel = unsplit.v;
     comm("tp", "sequence parallel: all-reduce of the LayerNorms', biases' and wpe's gradients (last micro-step)",
          "2 (t-1)/t P_unsplit 4", all_reduce_bytes(unsplit * kF, t));
