@@ -249,6 +249,40 @@ TEST(PlanTime, TensorParallelismAcrossHostsWaitsOnTheSlowLink) {
   EXPECT_GT(out, 2 * in) << "450 GB/s NVLink against the hosts' 100 GB/s";
 }
 
+// CPU ranks copy a transfer's bytes on the cores that compute: a transfer behind the
+// computation takes its link's cpu_share of its time from it, one that is waited for at
+// once (TP's) takes nothing more than its wait.
+TEST(PlanTime, OnCpuRanksATransferBehindTheComputeTakesItsShareOfIt) {
+  auto step = [](const std::string& layout, const std::string& share) {
+    const Result r = run_shell(
+        std::string(NDT_TRAIN_GPT_BIN) +
+        " --model.n_layer 4 --model.n_head 4 --model.n_embd 256 --model.vocab_size 512 --model.block_size 128"
+        " --train.seq_len 128 --plan --json --cluster.hosts 2"
+        " --cluster.devices_per_host 2 --cluster.device_tflops 0.05 --cluster.efficiency 1 --cluster.memory_gbps 10"
+        " --cluster.device_memory_gb 10 --cluster.intra_gbps 0.4 --cluster.intra_latency_us 30"
+        " --cluster.inter_gbps 0.3 --cluster.inter_latency_us 90 --cluster.intra_cpu_share " +
+        share + " --cluster.inter_cpu_share " + share + " " + layout);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out)["time"];
+  };
+  const std::string dp = "--parallel.dp_replicate_size 4 --train.micro_batch_size 2", tp = "--parallel.tp_size 4 --train.micro_batch_size 8";
+  const nlohmann::json dp_free = step(dp, "0"), dp_half = step(dp, "0.5"), dp_full = step(dp, "1");
+  EXPECT_DOUBLE_EQ(dp_free["compute_s"].get<double>(), dp_full["compute_s"].get<double>());
+  const double free_s = dp_free["step_s"].get<double>(), half_s = dp_half["step_s"].get<double>(),
+               full_s = dp_full["step_s"].get<double>();
+  EXPECT_GT(half_s, free_s);
+  EXPECT_GT(full_s, half_s);
+  // a share of 1: as if the all-reduces ran after the compute, at most (the compute still
+  // hides nothing of them, and a transfer costs no more than its own time)
+  const double compute = dp_free["compute_s"].get<double>(), serial = compute + 1.5 * 13.4e6 / 0.3e9;
+  EXPECT_LT(full_s, 1.1 * serial) << "compute " << compute << " s";
+  for (const nlohmann::json& t : {dp_free, dp_half, dp_full})
+    EXPECT_NEAR(t["step_s"].get<double>(),
+                t["compute_s"].get<double>() + t["recompute_s"].get<double>() + t["exposed_s"].get<double>(), 1e-9);
+  // TP waits for each all-reduce where it is issued: nothing runs under it
+  EXPECT_DOUBLE_EQ(step(tp, "0")["step_s"].get<double>(), step(tp, "1")["step_s"].get<double>());
+}
+
 TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
   const Result r = run_shell(planner("--plan.search --json --plan.top 100000 --plan.batch 64 "
                                      "--cluster.preset h100-sxm-8 --cluster.hosts 2"));

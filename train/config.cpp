@@ -149,7 +149,12 @@ po::options_description describe(Config& c) {
       ("cluster.intra_latency_us", po::value(&c.cluster.intra_latency_us)->default_value(c.cluster.intra_latency_us), "latency of one message inside a host, microseconds")
       ("cluster.inter_gbps", po::value(&c.cluster.inter_gbps)->default_value(c.cluster.inter_gbps),
        "bandwidth between hosts, GB/s per device and direction (a host's links carry devices_per_host times it)")
-      ("cluster.inter_latency_us", po::value(&c.cluster.inter_latency_us)->default_value(c.cluster.inter_latency_us), "latency of one message between hosts, microseconds");
+      ("cluster.inter_latency_us", po::value(&c.cluster.inter_latency_us)->default_value(c.cluster.inter_latency_us), "latency of one message between hosts, microseconds")
+      ("cluster.intra_cpu_share", po::value(&c.cluster.intra_cpu_share)->default_value(c.cluster.intra_cpu_share),
+       "of a transfer inside a host, the share of its time it takes from the computation it runs under (CPU ranks copy "
+       "its bytes on the cores that compute; 0 on GPUs; --plan.calibrate measures it)")
+      ("cluster.inter_cpu_share", po::value(&c.cluster.inter_cpu_share)->default_value(c.cluster.inter_cpu_share),
+       "the same for a transfer between hosts");
   po::options_description all;
   all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par).add(cluster);
   return all;
@@ -516,6 +521,8 @@ void validate_cluster(const Config& c, const Checks& ck) {
   ck.finite("cluster.intra_latency_us", k.intra_latency_us, false);
   ck.finite("cluster.inter_gbps", k.inter_gbps, false);
   ck.finite("cluster.inter_latency_us", k.inter_latency_us, false);
+  ck.finite("cluster.intra_cpu_share", k.intra_cpu_share, false);
+  ck.finite("cluster.inter_cpu_share", k.inter_cpu_share, false);
 }
 
 void validate_parallel(const Config& c, const Checks& ck) {

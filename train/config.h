@@ -123,6 +123,8 @@ struct ClusterSection {
   double device_memory_gb = 0;    // memory of one device, GB (the search keeps plans that fit)
   double intra_gbps = 0, intra_latency_us = 0;  // between devices of a host, per device, per direction
   double inter_gbps = 0, inter_latency_us = 0;  // between hosts, per device, per direction
+  // of a transfer's time, the share it takes from the computation it runs under (CPU ranks)
+  double intra_cpu_share = 0, inter_cpu_share = 0;
 };
 
 struct Config {

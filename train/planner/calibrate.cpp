@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -124,8 +125,11 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
 // Seconds of one optimizer step of the config's model on this rank alone (tp = cp = 1, one
 // micro-step, no communication): forward, backward, the norm, AdamW; the median of 3 after
 // a warm-up. Under bf16 as the trainer runs it: bf16 copies over the f32 master, the
-// gradients folded into the master's, the copies made again after the step.
-double model_step_s(const Config& c) {
+// gradients folded into the master's, the copies made again after the step. With `behind`,
+// each timed step calls it first (it starts transfers) and waits for what it returns (they
+// are done) before the clock stops.
+using Behind = std::function<std::function<void()>()>;
+double model_step_s(const Config& c, const Behind& behind = {}) {
   models::GPT gpt(c.model);
   const bool bf16 = c.train.dtype == "bfloat16";
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, c.train.seed, nn::ShardSpec{},
@@ -136,15 +140,48 @@ double model_step_s(const Config& c) {
   for (int s = 0; s < 4; ++s) {
     Tensor x = random_ids(B, T, V, 2 * s), y = random_ids(B, T, V, 2 * s + 1);
     const auto t0 = std::chrono::steady_clock::now();
+    const std::function<void()> done = s > 0 && behind ? behind() : std::function<void()>{};
     params.zero_grad();
     backward(gpt.forward(x, y).loss);
     for (const nn::FlatUnit& u : params.units) nn::fold_grad(u);
     opt.step(1e-4, optim::clip_scale(optim::grad_norm(params), 1.0));
     params.refresh_compute();
+    if (done) done();
     if (s > 0) times.push_back(seconds_since(t0));
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+// What a link's transfers cost the computation they run under, as a share of their own
+// time: on CPU ranks the cores that compute also copy every byte (shared memory, TCP through
+// the kernel) and poll the transfers on, so a transfer "behind" a step is not free. The
+// model's step runs again (every rank at once, as in training) while each pair runs
+// `kCalls` all-reduces behind it, sized to last about 0.7 of the step alone at the link's
+// fitted rate: share = (step with them - step alone) / their time alone. Both members of a
+// pair make the same calls: the size comes from figures every rank holds (means and
+// maxima over the world).
+double cpu_share(dist::Communicator& world, dist::Communicator& pair, bool measure, const Config& c,
+                 double step_alone, const LinkFit& f) {
+  constexpr int kCalls = 8;
+  const double per_call = 0.7 * step_alone / kCalls;  // 2 latency + S / bandwidth each
+  const int64_t floats = std::clamp<int64_t>(static_cast<int64_t>((per_call - 2 * f.latency) * f.bps / 4),
+                                             1024, int64_t(1) << 24);
+  const double call_s = 2 * f.latency + double(floats) * 4 / f.bps;
+  Tensor t = Tensor::zeros({floats});
+  std::vector<dist::WorkPtr> inflight;
+  const Behind behind = [&]() -> std::function<void()> {
+    inflight.clear();
+    for (int i = 0; i < kCalls; ++i) inflight.push_back(pair.all_reduce(t, dist::ReduceOp::kSum));
+    return [&] {
+      for (const dist::WorkPtr& w : inflight) w->wait();
+    };
+  };
+  world.barrier();
+  const double alone = model_step_s(c);
+  world.barrier();
+  const double with = model_step_s(c, measure ? behind : Behind{});
+  return mean_over(world, std::max(0.0, with - alone) / (kCalls * call_s), measure);
 }
 
 }  // namespace
@@ -236,6 +273,7 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
       const LinkFit f = fit_pair(*world, *pair, paired);
       k.intra_bps = f.bps;
       k.intra_latency_s = f.latency;
+      k.intra_cpu_share = cpu_share(*world, *pair, paired, c, step_measured, f);
     }
     std::string inter_note;
     if (H > 1) {
@@ -252,6 +290,8 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
       // pair moves, shared by the host's ranks (inter_gbps x devices_per_host = that).
       k.inter_bps = std::min(all.bps, one.bps / double(D));
       k.inter_latency_s = one.latency;
+      // (as a share of the time the model gives a transfer: at inter_bps)
+      k.inter_cpu_share = cpu_share(*world, *pair, paired, c, step_measured, LinkFit{k.inter_bps, k.inter_latency_s});
       inter_note = "between hosts: every pair at once " + std::to_string(all.bps / 1e6) + " MB/s per rank, one pair alone " +
                    std::to_string(one.bps / 1e6) + " MB/s\n";
     }
@@ -269,7 +309,10 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
            << shapes.str() << "element-wise (a + b): " << memory_bps / 1e9
            << " GB/s; the model's step alone on every rank at once: " << step_measured * 1e3
            << " ms, which these rates predict as " << step_predicted * 1e3 << " ms:\nboth are scaled by "
-           << factor << " below\n" << inter_note;
+           << factor << " below\n" << inter_note
+           << "the step with all-reduces behind it (8 per pair, about 0.7 of the step alone) took longer by "
+              "this share of their own time: inside a host "
+           << k.intra_cpu_share << ", between hosts " << k.inter_cpu_share << "\n";
       const std::string ini = cluster_ini(k, head.str());
       io::write_file_atomic(c.plan_calibrate, ini);
       out << ini << "written to " << c.plan_calibrate << "\n";

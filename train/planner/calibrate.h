@@ -8,8 +8,10 @@
 // in the proportions one micro-step runs them), an element-wise pass over memory, and then
 // all-reduces of two sizes between pairs of ranks inside a host (every pair at once) and
 // between two hosts (every pair at once, and one pair alone: a host's links count as what
-// one pair moves, shared by the host's ranks, which is what training steps reach). The hosts
-// are the ranks' host names; ranks must sit on them in order, the same number on each.
+// one pair moves, shared by the host's ranks, which is what training steps reach), and for
+// each class of link what its transfers cost the computation they run under (the model's
+// step again with all-reduces behind it: Cluster::intra_cpu_share, inter_cpu_share). The
+// hosts are the ranks' host names; ranks must sit on them in order, the same number on each.
 #pragma once
 
 #include <ostream>

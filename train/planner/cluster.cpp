@@ -17,6 +17,7 @@ struct Preset {
   double memory_gbps, memory_gb;
   double intra_gbps, intra_latency_us, inter_gbps, inter_latency_us;  // per device, per direction
   double efficiency;
+  double intra_cpu_share = 0, inter_cpu_share = 0;  // GPUs: 0, their copy engines move the bytes
 };
 
 // cpu-sim: the simulated CPU cluster (scripts/cluster.sh: 2 hosts x 2 ranks of 1 thread on
@@ -31,8 +32,9 @@ constexpr Preset kPresets[] = {
     {"a100-sxm-8", 8, 312, 156, 19.5, 2039, 80, 300, 3, 25, 8, 0.6},      // NVLink 3, HDR 200 Gb/s each
     {"h100-pcie-8", 8, 756, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},      // no NVLink: PCIe 5 through the host
     // measured 2026-12-02 (bench/bench_planner.py --dtype float32 / bfloat16, config S);
-    // memory_gbps already reached
-    {"cpu-sim", 2, 0.171474, 0.1058, 0.1058, 12.307 / 0.8, 12.638, 2.67713, 21.0, 0.60063, 19.3, 1.0},
+    // memory_gbps already reached. The CPU shares: 2026-12-02 and -03, both dtypes, four
+    // calibrations each day, ranged 0.19-0.66 inside a host and 0.06-1.0 between: the middle
+    {"cpu-sim", 2, 0.171474, 0.1058, 0.1058, 12.307 / 0.8, 12.638, 2.67713, 21.0, 0.60063, 19.3, 1.0, 0.45, 0.5},
 };
 
 const Preset* find_preset(const std::string& name) {
@@ -90,6 +92,8 @@ Cluster resolve_cluster(const ClusterSection& k, const std::string& device, cons
   c.intra_latency_s = pick(k.intra_latency_us, p ? p->intra_latency_us : 0) * 1e-6;
   c.inter_bps = pick(k.inter_gbps, p ? p->inter_gbps : 0) * 1e9;
   c.inter_latency_s = pick(k.inter_latency_us, p ? p->inter_latency_us : 0) * 1e-6;
+  c.intra_cpu_share = pick(k.intra_cpu_share, p ? p->intra_cpu_share : 0);
+  c.inter_cpu_share = pick(k.inter_cpu_share, p ? p->inter_cpu_share : 0);
   std::string missing;
   auto need = [&](bool ok, const char* key) {
     if (!ok) missing += std::string(missing.empty() ? "" : ", ") + key;
@@ -128,10 +132,12 @@ std::string cluster_ini(const Cluster& c, const std::string& comment) {
   if (c.devices_per_host > 1) {
     num("intra_gbps", c.intra_bps / 1e9, "GB/s per rank and direction inside a host");
     num("intra_latency_us", c.intra_latency_s * 1e6, "us");
+    num("intra_cpu_share", c.intra_cpu_share, "of a transfer's time, what it takes from the computation under it");
   }
   if (c.hosts > 1) {
     num("inter_gbps", c.inter_bps / 1e9, "GB/s per rank and direction between hosts (a host's links / its ranks)");
     num("inter_latency_us", c.inter_latency_s * 1e6, "us");
+    num("inter_cpu_share", c.inter_cpu_share, "the same between hosts");
   }
   return o.str();
 }

@@ -30,6 +30,9 @@ struct Cluster {
   double memory_bytes = 0;  // of one device
   double intra_bps = 0, intra_latency_s = 0;
   double inter_bps = 0, inter_latency_s = 0;
+  // Of a transfer's time, the share it costs the computation it runs under (CPU ranks,
+  // whose cores copy the bytes and poll the transfers on; 0 for devices with copy engines)
+  double intra_cpu_share = 0, inter_cpu_share = 0;
 
   int64_t devices() const { return hosts * devices_per_host; }
   int64_t host_of(int64_t rank) const { return rank / devices_per_host; }  // mpirun --map-by ppr:D:node

@@ -100,6 +100,7 @@ int64_t successor(const dist::ParallelDims& D, int64_t rank, Dim d) {
 
 struct Link {
   double bps = std::numeric_limits<double>::infinity(), latency = 0;
+  double cpu_share = 0;    // of a transfer's time, what it takes from the computation under it
   bool crosses = false;    // some ring of this dimension leaves a host
   double cross_share = 0;  // of a host's ranks, the share whose ring successor is on another host
 };
@@ -125,10 +126,12 @@ Link link_of(const dist::ParallelDims& D, const Cluster& k, Dim d) {
   if (leaving == 0) {
     l.bps = k.intra_bps;
     l.latency = k.intra_latency_s;
+    l.cpu_share = k.intra_cpu_share;
     return l;
   }
   l.crosses = true;
   l.cross_share = double(leaving) / double(members);
+  l.cpu_share = l.cross_share * k.inter_cpu_share + (1 - l.cross_share) * k.intra_cpu_share;
   const double host_share = k.inter_bps * double(k.devices_per_host) / double(leaving);
   l.bps = intra_edge ? std::min(k.intra_bps, host_share) : host_share;
   l.latency = k.inter_latency_s;
@@ -193,29 +196,47 @@ BlockWork block_work(const Shapes& d) {
 
 // ---- the replay -------------------------------------------------------------------------
 
-// A collective in flight: its end on a queue inside the host, or its flow between hosts.
+// A collective in flight: its end on a queue inside the host, or its flow between hosts;
+// its time alone, and how long the compute thread had run when it was issued.
 struct Ticket {
   double done = 0;
   int flow = -1;
+  double alone = 0, busy_at_start = 0;
 };
 
 // One rank's step: the compute thread's clock and where collectives run. Inside a host each
 // communicator is a queue (a collective starts when the thread has issued it and the one
 // before it on that communicator is done); between hosts every dimension that crosses them
-// shares the host's links (SharedLink).
+// shares the host's links (SharedLink). On CPU ranks a collective also takes its link's
+// cpu_share of its time from the computation that runs under it (the cores that compute
+// copy its bytes): charged when it is waited for, on the compute that ran since it was
+// issued, up to its time alone.
 struct Replay {
   double now = 0, compute = 0, recompute = 0, gemm = 0;
+  double busy = 0;  // the compute thread's time running: pieces and what transfers took of it
   std::map<std::string, double> queue_free, exposed;
-  std::map<std::string, bool> crosses;  // the dimensions whose rings leave the host
+  std::map<std::string, bool> crosses;         // the dimensions whose rings leave the host
+  std::map<std::string, double> cpu_share;     // their links' (Link::cpu_share)
   SharedLink between_hosts;
 
   Ticket start(const std::string& dim, double dur) {
-    if (crosses[dim]) return {0, between_hosts.add(now, dur)};
+    Ticket t{0, -1, dur, busy};
+    if (crosses[dim]) {
+      t.flow = between_hosts.add(now, dur);
+      return t;
+    }
     double& f = queue_free[dim];
     f = std::max(f, now) + dur;
-    return {f, -1};
+    t.done = f;
+    return t;
   }
   void wait(const std::string& dim, const Ticket& t) {
+    const double taken = cpu_share[dim] * std::min(t.alone, busy - t.busy_at_start);
+    if (taken > 0) {
+      now += taken;
+      busy += taken;
+      exposed[dim] += taken;
+    }
     const double done = t.flow >= 0 ? between_hosts.end(t.flow) : t.done;
     if (done > now) {
       exposed[dim] += done - now;
@@ -227,6 +248,7 @@ struct Replay {
   }
   void run(const Piece& p, bool again) {
     now += p.s;
+    busy += p.s;
     (again ? recompute : compute) += p.s;
     gemm += p.gemm_s;
   }
@@ -316,6 +338,11 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
                {"fsdp", fsdp_link.crosses},
                {"replicate", rep_link.crosses},
                {"scalars", false}};  // a few bytes: latency, not the queue
+  r.cpu_share = {{"tp", tp_link.cpu_share},
+                 {"cp", cp_link.cpu_share},
+                 {"fsdp", fsdp_link.cpu_share},
+                 {"replicate", rep_link.cpu_share},
+                 {"scalars", 0.0}};
 
   // ring attention (dist/context_parallel): cp steps, each computing on one rank's K/V
   // while the next travels
@@ -525,6 +552,13 @@ void print_cluster(const Cluster& k, std::ostream& o) {
       "(%.3g us)\n",
       k.intra_bps / 1e9, k.intra_latency_s * 1e6, k.inter_bps / 1e9, k.inter_latency_s * 1e6);
   o << line;
+  if (k.intra_cpu_share > 0 || k.inter_cpu_share > 0) {
+    std::snprintf(line, sizeof(line),
+                  "  a transfer takes from the computation under it: %.2g of its time inside a host, %.2g between "
+                  "hosts\n",
+                  k.intra_cpu_share, k.inter_cpu_share);
+    o << line;
+  }
 }
 
 void print_time(const Plan& p, const StepTime& t, const Cluster& k, std::ostream& o) {
@@ -587,7 +621,9 @@ nlohmann::json cluster_to_json(const Cluster& k) {
           {"intra_bps", k.intra_bps},
           {"intra_latency_s", k.intra_latency_s},
           {"inter_bps", k.inter_bps},
-          {"inter_latency_s", k.inter_latency_s}};
+          {"inter_latency_s", k.inter_latency_s},
+          {"intra_cpu_share", k.intra_cpu_share},
+          {"inter_cpu_share", k.inter_cpu_share}};
 }
 
 }  // namespace ndt::train

@@ -13,7 +13,8 @@
 // trainer waits: TP's all-reduces at once, FSDP's prefetched all-gather when the block
 // starts, a reduce-scatter one block later, DP's all-reduces and ring attention's K/V at
 // the end of the step or of the ring step they run under. What it waits is the exposed
-// communication.
+// communication, and on CPU ranks also what the transfers behind it took of its cores (the
+// link's cpu_share of each transfer's time, Cluster).
 #pragma once
 
 #include <cstdint>
