@@ -8,6 +8,7 @@ simulated cluster (scripts/cluster.sh: 2 hosts x 2 ranks, TCP between the hosts;
     bench/bench_planner.py --from out/planner       # predict those runs again (the model changed),
                                                     # measuring nothing: no root, seconds
     bench/bench_planner.py --dtype bfloat16         # mixed precision: calibrated, planned, trained in bf16
+    bench/bench_planner.py --rates none --rounds 3  # each layout 3 times, interleaved; how the rounds agree
 
 For each rate: `train_gpt --plan --plan.calibrate` measures the cluster (the matrix
 products at the model's shapes, memory, both link classes) into a cluster file; every
@@ -114,6 +115,8 @@ def main():
     ap.add_argument("--rates", default="none,100mbit")
     ap.add_argument("--layouts", default=",".join(LAYOUTS))
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every layout this many times, round by round; measured: the median over all")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="train.dtype of every run")
     ap.add_argument("--max-error", type=float, default=None, help="fail when a prediction is off by more (0.25: 25%%)")
     ap.add_argument("--min-spearman", type=float, default=None)
@@ -150,11 +153,10 @@ def main():
             def predict(args):
                 return json.loads(sh(base + args + ["--plan", "--cluster", cal, "--json"]))["time"]["step_s"] * 1e3
 
-            def measure(args, name):
-                metrics = os.path.join(tmp, f"{rate}_{name}.jsonl")
+            def steps_ms(args, name, rnd):  # the timed steps of one run (after the first two)
+                metrics = os.path.join(tmp, f"{rate}_{name}" + (f"_round{rnd}" if a.rounds > 1 else "") + ".jsonl")
                 sh(mpirun + base + run_args + args + ["--log.metrics", metrics], env=env)
-                ms = [j["ms"] for j in map(json.loads, open(metrics)) if "loss" in j and "ms" in j][2:]
-                return statistics.median(ms), (max(ms) - min(ms)) / statistics.median(ms)
+                return [j["ms"] for j in map(json.loads, open(metrics)) if "loss" in j and "ms" in j][2:]
 
             search = json.loads(sh(base + ["--plan", "--plan.search", "--cluster", cal, "--plan.batch", str(BATCH),
                                            "--json"]))
@@ -164,16 +166,38 @@ def main():
                                best["grad_accum_steps"], best["activation_checkpointing"])
             pick_name = (f"pick {L['dp_replicate']}x{L['dp_shard']}x{L['cp']}x{L['tp']} "
                          f"B{best['micro_batch_size']}x{best['grad_accum_steps']} {best['activation_checkpointing']}")
+            # every run once per round, the rounds one after the other: a slow minute of the
+            # machine then costs each layout a round, not one layout all of its steps
+            names = a.layouts.split(",")
+            runs = {name: layout_args(*LAYOUTS[name]) for name in names}
+            runs["pick"] = pick
+            timed = {name: [] for name in runs}  # per round, the steps' ms
+            for rnd in range(a.rounds):
+                for name, args in runs.items():
+                    timed[name].append(steps_ms(args, name, rnd))
+
+            def measured(name):  # the median over every timed step; spread: of the steps, or of the rounds
+                ms = [x for r in timed[name] for x in r]
+                med = statistics.median(ms)
+                per = [statistics.median(r) for r in timed[name]] if a.rounds > 1 else ms
+                return med, (max(per) - min(per)) / med
+
             here = []
-            for name in a.layouts.split(","):
-                args = layout_args(*LAYOUTS[name])
+            for name in names:
+                args = runs[name]
                 p = predict(args)
-                m, spread = measure(args, name)
+                m, spread = measured(name)
                 here.append({"rate": rate, "dtype": a.dtype, "layout": name, "predicted_ms": p, "measured_ms": m, "spread": spread,
-                             "error": p / m - 1, "args": args})
+                             "error": p / m - 1, "args": args,
+                             "rounds_ms": [statistics.median(r) for r in timed[name]]})
                 print(f"{rate:8s} {name:12s} predicted {p:8.0f} ms  measured {m:8.0f} ms (spread {100 * spread:3.0f}%)"
                       f"  error {100 * (p / m - 1):+5.0f}%", flush=True)
-            pm, _ = measure(pick, "pick")
+            if a.rounds > 1:  # how well the measurement agrees with itself: round against round
+                rhos = [spearman([r["rounds_ms"][i] for r in here], [r["rounds_ms"][j] for r in here])
+                        for i in range(a.rounds) for j in range(i + 1, a.rounds)]
+                print(f"{rate:8s} the rounds' own rankings agree with each other at Spearman "
+                      f"{statistics.mean(rhos):.2f} on average ({min(rhos):.2f} to {max(rhos):.2f})")
+            pm, _ = measured("pick")
             fastest = min(here, key=lambda r: r["measured_ms"])
             loss = pm / fastest["measured_ms"] - 1
             print(f"{rate:8s} {pick_name}: predicted {best['step_s'] * 1e3:.0f} ms, measured {pm:.0f} ms; "
