@@ -97,10 +97,16 @@ struct AttentionOut {
 // scale defaults to 1/sqrt(HS). A query that sees no key gets out = 0 and lse = -inf.
 // Both outputs are differentiable, so partial results over key blocks can be merged
 // through the lse (ring attention).
-// On CUDA, bf16 inputs run fused (cuDNN flash attention, tensor/cuda/sdpa.h) where the
-// mask allows it; everything else runs attention_composed. NDT_SDPA=0 turns fusion off.
+// On the CPU it runs fused (the kernel of self_attention: blocks of queries against the
+// keys they see, no (Tq, Tk) tensor kept; q, k, v read as they lie if their rows are
+// contiguous); on CUDA, bf16 inputs run fused (cuDNN flash attention, tensor/cuda/sdpa.h)
+// where the mask allows it; everything else runs attention_composed. NDT_SDPA=0 turns
+// fusion off.
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset = 0,
                        int64_t k_offset = 0, double scale = 0.0);
+// Whether attention() and self_attention() on tensors of this device take the CPU's fused
+// kernel (which keeps no probabilities for backward): the CPU, unless NDT_SDPA=0.
+bool attention_fused_on_cpu(Device device);
 // The same, always composed from GEMMs and the masked-softmax kernels (materializes the
 // (Tq, Tk) scores): every device and dtype, and the reference the fused path is tested against.
 AttentionOut attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset = 0,

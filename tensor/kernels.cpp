@@ -316,6 +316,49 @@ void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& l
   cpu::self_attention_backward(qkv, y, lse, dy, n_head, scale, dqkv);
 }
 
+// attention_fused_*: (B, NH, T, HS) operands on the CPU whose rows are contiguous.
+static void check_heads(const char* op, const Tensor& ref, std::initializer_list<const Tensor*> ts) {
+  NDT_CHECK(ref.device().is_cpu(), op, ": CPU only, got ", ref.desc(), " (CUDA composes the attention pieces)");
+  for (const Tensor* t : ts) {
+    NDT_CHECK(t->dim() == 4 && t->size(0) == ref.size(0) && t->size(1) == ref.size(1) &&
+                  t->size(3) == ref.size(3) && t->dtype() == ref.dtype(),
+              op, ": every operand must be (B, NH, T, HS) like q ", ref.desc(), ", got ", t->desc());
+    NDT_CHECK(t->strides()[3] == 1 || t->size(3) == 1, op, ": the rows of ", t->desc(),
+              " must be contiguous (last stride 1)");
+  }
+}
+static void check_lse(const char* op, const Tensor& q, const Tensor& lse) {
+  NDT_CHECK(lse.shape() == Shape({q.size(0), q.size(1), q.size(2)}) && lse.dtype() == q.dtype() &&
+                lse.is_contiguous(),
+            op, ": lse must be contiguous (", q.size(0), ", ", q.size(1), ", ", q.size(2), ") in ",
+            dtype_name(q.dtype()), ", got ", lse.desc());
+}
+
+void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
+                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse) {
+  same_device("attention_fused_forward", {&q, &k, &v, &y, &lse});
+  check_heads("attention_fused_forward", q, {&q, &k, &v, &y});
+  NDT_CHECK(k.shape() == v.shape() && y.shape() == q.shape(), "attention_fused_forward: k ", k.desc(), ", v ",
+            v.desc(), " and y ", y.desc(), " must be shaped as k, k and q ", q.desc());
+  check_lse("attention_fused_forward", q, lse);
+  cpu::attention_fused_forward(q, k, v, q_offset, k_offset, scale, y, lse);
+}
+
+void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
+                              const Tensor& lse, const Tensor& dy, const Tensor& dlse, int64_t q_offset,
+                              int64_t k_offset, double scale, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv) {
+  same_device("attention_fused_backward", {&q, &k, &v, &y, &lse, &dy, &dq, &dk, &dv});
+  check_heads("attention_fused_backward", q, {&q, &k, &v, &y, &dy, &dq, &dk, &dv});
+  NDT_CHECK(k.shape() == v.shape() && y.shape() == q.shape() && dy.shape() == q.shape() &&
+                dq.shape() == q.shape() && dk.shape() == k.shape() && dv.shape() == k.shape(),
+            "attention_fused_backward: y, dy and dq must be shaped as q ", q.desc(), ", v, dk and dv as k ",
+            k.desc());
+  check_lse("attention_fused_backward", q, lse);
+  if (dlse.defined()) check_lse("attention_fused_backward", q, dlse);
+  cpu::attention_fused_backward(q, k, v, y, lse, dy, dlse, q_offset, k_offset, scale, dq, dk, dv);
+}
+
 void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                              const Tensor& lse_b, const Tensor& out, const Tensor& lse) {
   same_device("attention_merge_forward", {&out_a, &lse_a, &out_b, &lse_b, &out, &lse});

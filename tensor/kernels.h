@@ -138,6 +138,19 @@ void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, con
 // again from q, k and lse.
 void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
                              int64_t n_head, double scale, const Tensor& dqkv);
+// The same kernel for attention() on the CPU: q (B,NH,Tq,HS), k, v (B,NH,Tk,HS), with any
+// strides but contiguous rows (the last stride 1), the mask of attention_softmax_forward
+// (query i sees key j iff k_offset+j <= q_offset+i) ->
+//   y (B,NH,Tq,HS) (same row rule), lse (B,NH,Tq) contiguous, in q's dtype (f32 or f64);
+// a query that sees no key gets y = 0 and lse = -inf.
+void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
+                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse);
+// Its backward from q, k, v, y, lse and the gradients dy (B,NH,Tq,HS) and dlse (B,NH,Tq,
+// contiguous; undefined for none): writes every element of dq, dk, dv (shaped as q, k, v).
+void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
+                              const Tensor& lse, const Tensor& dy, const Tensor& dlse, int64_t q_offset,
+                              int64_t k_offset, double scale, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv);
 // Merging two partial attention results over disjoint key blocks through their lse (ring
 // attention): out_a, out_b, out (Bh,T,HS); lse_a, lse_b, lse (Bh,T) f32 (f64 for f64).
 //   lse = logaddexp(lse_a, lse_b),  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b

@@ -232,6 +232,99 @@ TEST(SelfAttention, RefusesBadShapes) {
   EXPECT_THROW(self_attention(Tensor::zeros({2, 5, 12}), 3), Error);  // 4 channels into 3 heads
 }
 
+// ---- attention() on the CPU: the fused kernel against the composed path -------------------
+
+namespace {
+
+// attention(q, k, v, q_off, k_off) with q (B,NH,tq,HS), k, v (B,NH,tk,HS), fused or composed,
+// both outputs (the lse of the leading `masked` queries, which see no key, is -inf: left out).
+struct AttBlock {
+  int64_t tq, tk, q_off, k_off, masked;
+};
+OpCase attention_case(bool fused, const AttBlock& a) {
+  const int64_t B = 2, NH = 3, HS = 16;
+  return {fused ? "fused" : "composed",
+          [=](DType dt, Device dev) {
+            std::vector<Tensor> x = {randn({B, NH, a.tq, HS}, dt, dev, 910, 0.0f, 1.5f),
+                                     randn({B, NH, a.tk, HS}, dt, dev, 911, 0.0f, 1.5f),
+                                     randn({B, NH, a.tk, HS}, dt, dev, 912)};
+            for (Tensor& t : x) t.set_requires_grad(true);
+            return x;
+          },
+          [fused, a](const std::vector<Tensor>& x) {
+            AttentionOut r = fused ? attention(x[0], x[1], x[2], a.q_off, a.k_off)
+                                   : attention_composed(x[0], x[1], x[2], a.q_off, a.k_off);
+            if (a.masked == a.tq) return std::vector<Tensor>{r.out};
+            Tensor lse = a.masked ? split_last(r.lse, {a.masked, a.tq - a.masked})[1] : r.lse;
+            return std::vector<Tensor>{r.out, lse};
+          },
+          {true, true, true}};
+}
+
+// The blocks ring attention computes and the edges of the mask, at sizes with several
+// blocks of 64 queries (the last partial)
+const AttBlock kBlocks[] = {
+    {150, 150, 0, 0, 0},      // a diagonal block: causal from the top-left
+    {150, 130, 300, 40, 0},   // every key before every query: nothing masked
+    {150, 130, 0, 20, 20},    // queries 0..19 see no key; key rows past 149 no query sees
+    {70, 200, 100, 0, 0},     // queries see 101..170 of the 200 keys
+    {64, 64, 0, 100, 64},     // no query sees any key: out 0, every gradient 0
+};
+
+}  // namespace
+
+TEST(Attention, FusedCpuKernelMatchesTheComposedPath) {
+  for (const AttBlock& blk : kBlocks) {
+    const OpCase fused = attention_case(true, blk), composed = attention_case(false, blk);
+    for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+      std::vector<Tensor> in = case_inputs(fused, dt, Device::cpu());
+      CaseRun a = run_case(fused, in), b = run_case(composed, convert_inputs(composed, in, dt, Device::cpu()));
+      // the same arithmetic but for the order of the exp-sums and where the scale and the
+      // lse's gradient enter; bf16 outputs and gradients round both results to 8 bits
+      const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 2e-6 : 1e-2;
+      SCOPED_TRACE("tq " + std::to_string(blk.tq) + " tk " + std::to_string(blk.tk) + " q_off " +
+                   std::to_string(blk.q_off) + " k_off " + std::to_string(blk.k_off));
+      expect_close(fused, a, b, tol, dtype_name(dt));
+      if (blk.masked == blk.tq)  // nothing visible: the fused kernel writes exact zeros
+        for (const Tensor& g : a.grads) EXPECT_EQ(rel_error(g, Tensor::zeros(g.shape(), DType::f64)), 0.0);
+    }
+  }
+}
+
+// One thread and two give the same bits; q, k, v read through strides (a transposed view of
+// (B, T, NH, HS), as heads lie in c_attn's output) give the same bits as contiguous copies.
+TEST(Attention, FusedCpuKernelSameBitsOnThreadsAndStrides) {
+  const AttBlock blk = {150, 130, 0, 20, 20};
+  const OpCase c = attention_case(true, blk);
+  const int before = num_threads();
+  set_num_threads(1);
+  CaseRun one = run_case(c, case_inputs(c, DType::f32, Device::cpu()));
+  set_num_threads(2);
+  CaseRun two = run_case(c, case_inputs(c, DType::f32, Device::cpu()));
+  set_num_threads(before);
+  for (size_t i = 0; i < one.outputs.size(); ++i) EXPECT_EQ(rel_error(one.outputs[i], two.outputs[i]), 0.0);
+  for (size_t i = 0; i < one.grads.size(); ++i) EXPECT_EQ(rel_error(one.grads[i], two.grads[i]), 0.0);
+
+  const int64_t B = 2, NH = 3, HS = 16;
+  auto strided = [&](int64_t T, uint64_t stream) {  // (B, NH, T, HS) as a view of (B, T, NH, HS)
+    return randn({B, T, NH, HS}, DType::f32, Device::cpu(), stream).transpose(1, 2);
+  };
+  const Tensor q = strided(blk.tq, 1), k = strided(blk.tk, 2), v = strided(blk.tk, 3),
+               dy = strided(blk.tq, 4), dlse = randn({B, NH, blk.tq}, DType::f32, Device::cpu(), 5);
+  ASSERT_FALSE(q.is_contiguous());
+  auto run = [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dy) {
+    Tensor y = Tensor::empty({B, NH, blk.tq, HS}), lse = Tensor::empty({B, NH, blk.tq});
+    kernels::attention_fused_forward(q, k, v, blk.q_off, blk.k_off, 0.25, y, lse);
+    Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(k.shape());
+    kernels::attention_fused_backward(q, k, v, y, lse, dy, dlse, blk.q_off, blk.k_off, 0.25, dq, dk, dv);
+    return std::vector<Tensor>{y, lse, dq, dk, dv};
+  };
+  const std::vector<Tensor> views = run(q, k, v, dy),
+                            copies = run(q.contiguous(), k.contiguous(), v.contiguous(), dy.contiguous());
+  for (size_t i = 0; i < views.size(); ++i)  // bit for bit (the masked rows' lse: -inf in both)
+    EXPECT_EQ(views[i].to_vector<float>(), copies[i].to_vector<float>()) << "result " << i;
+}
+
 // ---- bf16 GEMMs on the CPU: oneDNN's kernels and the f32 path (tensor/cpu/matmul) ----------
 
 namespace {

@@ -2,7 +2,7 @@
 // float64: ring attention over cp head-tail chunks against the whole causal attention on
 // the same inputs (outputs, and dq, dk, dv after the backward), the bytes it sends against
 // the analytic volume, and its peak memory against the whole attention's (one score block
-// at a time).
+// at a time, or none where the pairs run fused).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -18,34 +18,47 @@ using namespace ndt::testing;  // world, randn, max_diff (tests/dist/dist_testin
 
 namespace {
 
-TEST(ContextParallel, RingAttentionEqualsAttention) {
+// Both ways a pair can run: the CPU's fused kernel, and (NDT_SDPA=0, as on a GPU in f32)
+// composed and recomputed in backward.
+class RingAttention : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RingAttention, EqualsAttention) {
+  if (GetParam()) setenv("NDT_SDPA", "0", 1);
   auto& cp = *ndt::testing::world();
-  const int64_t n = cp.size(), r = cp.rank(), B = 2, NH = 3, HS = 4, Tc = 3, T = 2 * n * Tc;
-  Tensor q = randn({B, NH, T, HS}, 6, true), k = randn({B, NH, T, HS}, 7, true),
-         v = randn({B, NH, T, HS}, 8, true);
-  Tensor w = randn({B, NH, T, HS}, 9);
-  Tensor out = attention(q, k, v).out;
-  backward(sum(mul(out, w)));
-  // this rank's head and tail chunks of (B, NH, T, HS)
-  auto mine = [&](const Tensor& t) {
-    Tensor m = Tensor::empty({B, NH, 2 * Tc, HS}, DType::f64);
-    m.narrow(2, 0, Tc).copy_(t.narrow(2, r * Tc, Tc));
-    m.narrow(2, Tc, Tc).copy_(t.narrow(2, (2 * n - 1 - r) * Tc, Tc));
-    return m;
-  };
-  Tensor ql = mine(q.detach()), kl = mine(k.detach()), vl = mine(v.detach());
-  for (Tensor* t : {&ql, &kl, &vl}) t->set_requires_grad(true);
-  cp.reset_stats();
-  Tensor ol = dist::ring_attention(ql, kl, vl, cp);
-  EXPECT_LT(max_diff(ol, mine(out.detach())), 1e-12) << "outputs";
-  backward(sum(mul(ol, mine(w))));
-  EXPECT_LT(max_diff(ql.grad(), mine(q.grad())), 1e-12) << "dq";
-  EXPECT_LT(max_diff(kl.grad(), mine(k.grad())), 1e-12) << "dk (came back around the ring)";
-  EXPECT_LT(max_diff(vl.grad(), mine(v.grad())), 1e-12) << "dv";
-  // forward: n-1 K/V blocks sent; backward: n-1 gradient blocks of the same size
-  const int64_t block = B * NH * 2 * Tc * 2 * HS * 8;
-  EXPECT_EQ(cp.stats()[dist::CommKind::kSend], 2 * (n - 1) * block);
+  // chunks of 3 positions, and of 70 (the fused kernel's blocks of 64 queries, the last partial)
+  for (const int64_t Tc : {3, 70}) {
+    SCOPED_TRACE("Tc " + std::to_string(Tc));
+    const int64_t n = cp.size(), r = cp.rank(), B = 2, NH = 3, HS = 4, T = 2 * n * Tc;
+    Tensor q = randn({B, NH, T, HS}, 6, true), k = randn({B, NH, T, HS}, 7, true),
+           v = randn({B, NH, T, HS}, 8, true);
+    Tensor w = randn({B, NH, T, HS}, 9);
+    Tensor out = attention(q, k, v).out;
+    backward(sum(mul(out, w)));
+    // this rank's head and tail chunks of (B, NH, T, HS)
+    auto mine = [&](const Tensor& t) {
+      Tensor m = Tensor::empty({B, NH, 2 * Tc, HS}, DType::f64);
+      m.narrow(2, 0, Tc).copy_(t.narrow(2, r * Tc, Tc));
+      m.narrow(2, Tc, Tc).copy_(t.narrow(2, (2 * n - 1 - r) * Tc, Tc));
+      return m;
+    };
+    Tensor ql = mine(q.detach()), kl = mine(k.detach()), vl = mine(v.detach());
+    for (Tensor* t : {&ql, &kl, &vl}) t->set_requires_grad(true);
+    cp.reset_stats();
+    Tensor ol = dist::ring_attention(ql, kl, vl, cp);
+    EXPECT_LT(max_diff(ol, mine(out.detach())), 1e-12) << "outputs";
+    backward(sum(mul(ol, mine(w))));
+    EXPECT_LT(max_diff(ql.grad(), mine(q.grad())), 1e-12) << "dq";
+    EXPECT_LT(max_diff(kl.grad(), mine(k.grad())), 1e-12) << "dk (came back around the ring)";
+    EXPECT_LT(max_diff(vl.grad(), mine(v.grad())), 1e-12) << "dv";
+    // forward: n-1 K/V blocks sent; backward: n-1 gradient blocks of the same size
+    const int64_t block = B * NH * 2 * Tc * 2 * HS * 8;
+    EXPECT_EQ(cp.stats()[dist::CommKind::kSend], 2 * (n - 1) * block);
+  }
+  unsetenv("NDT_SDPA");
 }
+
+INSTANTIATE_TEST_SUITE_P(Pairs, RingAttention, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "composed" : "fused"; });
 
 TEST(ContextParallel, RingAttentionHoldsOneScoreBlockAtATime) {
   auto& cp = *ndt::testing::world();
@@ -59,21 +72,33 @@ TEST(ContextParallel, RingAttentionHoldsOneScoreBlockAtATime) {
   const int64_t whole = peak_of([&] {
     Tensor q = randn({B, NH, T, HS}, 1, true), k = randn({B, NH, T, HS}, 2, true),
            v = randn({B, NH, T, HS}, 3, true);
-    backward(sum(attention(q, k, v).out));
+    backward(sum(attention_composed(q, k, v).out));
   });
-  const int64_t ring = peak_of([&] {
-    const int64_t L = T / n;
-    Tensor q = randn({B, NH, L, HS}, 1, true), k = randn({B, NH, L, HS}, 2, true),
-           v = randn({B, NH, L, HS}, 3, true);
-    backward(sum(dist::ring_attention(q, k, v, cp)));
-  });
-  // the whole attention keeps its (T x T) probabilities for backward; the ring one block of
-  // (T/2n x T/2n) at a time, besides activations of size T/n: well under 1/n^2 of the whole
+  auto ring_peak = [&] {
+    return peak_of([&] {
+      const int64_t L = T / n;
+      Tensor q = randn({B, NH, L, HS}, 1, true), k = randn({B, NH, L, HS}, 2, true),
+             v = randn({B, NH, L, HS}, 3, true);
+      backward(sum(dist::ring_attention(q, k, v, cp)));
+    });
+  };
+  // on the CPU the pairs run fused (no score block kept at all); composed (NDT_SDPA=0, as
+  // on a GPU in f32) each pair is recomputed in backward
+  const int64_t fused = ring_peak();
+  setenv("NDT_SDPA", "0", 1);
+  const int64_t composed = ring_peak();
+  unsetenv("NDT_SDPA");
+  // the whole attention keeps its (T x T) probabilities for backward; the composed ring one
+  // block of (T/2n x T/2n) at a time, besides activations of size T/n: well under 1/n^2 of
+  // the whole; the fused ring only the activations
   std::printf(
-      "rank %d: attention peak %lld bytes, ring attention over %lld ranks %lld bytes (%.3f; 1/cp^2 = %.3f)\n",
-      cp.rank(), static_cast<long long>(whole), static_cast<long long>(n), static_cast<long long>(ring),
-      static_cast<double>(ring) / static_cast<double>(whole), 1.0 / static_cast<double>(n * n));
-  EXPECT_LT(ring, whole / (n * n));
+      "rank %d: attention peak %lld bytes; ring attention over %lld ranks, composed %lld bytes (%.3f; 1/cp^2 = "
+      "%.3f), fused %lld\n",
+      cp.rank(), static_cast<long long>(whole), static_cast<long long>(n), static_cast<long long>(composed),
+      static_cast<double>(composed) / static_cast<double>(whole), 1.0 / static_cast<double>(n * n),
+      static_cast<long long>(fused));
+  EXPECT_LT(composed, whole / (n * n));
+  EXPECT_LT(fused, composed);
 }
 
 }  // namespace

@@ -8,6 +8,9 @@
 //     p, lse = masked_softmax(scale * s)  p in place of s; lse (Bh,Tq)
 //     out = p @ v                         (Bh,Tq,HS)
 //   bf16 inputs are computed in f32 (scores and probabilities are never stored in bf16).
+// - fused on the CPU (tensor/cpu/self_attention.cpp): blocks of queries against the keys
+//   they see, q, k, v read in place; backward makes the probabilities again from q, k and
+//   lse, so nothing of (Tq,Tk) is kept; the lse's gradient enters ds directly.
 // - fused, on CUDA for bf16 when cuda::sdpa_supported() says so: cuDNN's flash attention
 //   (tensor/cuda/sdpa.h), which never stores the (Tq,Tk) scores; its backward needs only
 //   q, k, v, out and lse. attention() picks the path; NDT_SDPA=0 forces the composed one.
@@ -116,6 +119,39 @@ AttentionOut attention_fused(const Tensor& q_in, const Tensor& k_in, const Tenso
   return r;
 }
 
+// The CPU's fused kernel: q (B,NH,Tq,HS), k, v (B,NH,Tk,HS) as they lie when f32/f64 with
+// contiguous rows (bf16: converted to f32 copies, as the composed path computes) ->
+// out (B,NH,Tq,HS) contiguous in q's dtype, lse (B,NH,Tq) in the compute dtype.
+AttentionOut attention_fused_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t q_offset,
+                                 int64_t k_offset, double scale) {
+  const int64_t B = q_in.size(0), NH = q_in.size(1), Tq = q_in.size(2), HS = q_in.size(3);
+  const DType io = q_in.dtype(), cd = io == DType::bf16 ? DType::f32 : io;  // compute dtype
+  auto in_cd = [cd, HS](const Tensor& t) {  // rows contiguous, in the compute dtype
+    const Tensor c = t.dtype() == cd && (t.strides()[3] == 1 || HS == 1) ? t : t.contiguous().to(cd);
+    return c.detach();
+  };
+  const Tensor q = in_cd(q_in), k = in_cd(k_in), v = in_cd(v_in);
+  Tensor o = Tensor::empty({B, NH, Tq, HS}, cd, q.device()), lse = Tensor::empty({B, NH, Tq}, cd, q.device());
+  kernels::attention_fused_forward(q, k, v, q_offset, k_offset, scale, o, lse);
+
+  AttentionOut r{o.to(io), lse.detach()};
+  // saved: q, k, v as they came (bf16 stays bf16, converted again in backward), o in the
+  // compute dtype (f32/f64: the output itself) and lse, as handles without autograd history
+  autograd::record("attention", {r.out, r.lse}, {q_in, k_in, v_in},
+                   [qs = q_in.detach(), ks = k_in.detach(), vs = v_in.detach(), o = o.detach(), lse, q_offset,
+                    k_offset, scale, cd, io, in_cd](const Grads& g) -> Grads {
+                     const Tensor q = in_cd(qs), k = in_cd(ks), v = in_cd(vs);
+                     const Tensor dout = g[0].defined() ? g[0].contiguous().to(cd) : Tensor::zeros(o.shape(), cd);
+                     const Tensor dlse = g[1].defined() ? g[1].contiguous() : Tensor();
+                     Tensor dq = Tensor::empty(q.shape(), cd), dk = Tensor::empty(k.shape(), cd),
+                            dv = Tensor::empty(v.shape(), cd);
+                     kernels::attention_fused_backward(q, k, v, o, lse, dout, dlse, q_offset, k_offset, scale, dq,
+                                                       dk, dv);
+                     return {dq.to(io), dk.to(io), dv.to(io)};
+                   });
+  return r;
+}
+
 }  // namespace
 
 AttentionOut attention_composed(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t q_offset,
@@ -144,9 +180,17 @@ AttentionOut attention_composed(const Tensor& q_in, const Tensor& k_in, const Te
   return r;
 }
 
+bool attention_fused_on_cpu(Device device) {
+  const char* sdpa = std::getenv("NDT_SDPA");  // NDT_SDPA=0: no fused attention, either backend
+  return device.is_cpu() && !(sdpa && std::string(sdpa) == "0");
+}
+
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, int64_t k_offset,
                        double scale) {
   check_attention(q, k, v);
+  if (attention_fused_on_cpu(q.device()))
+    return attention_fused_cpu(q, k, v, q_offset, k_offset,
+                               scale == 0.0 ? 1.0 / std::sqrt(static_cast<double>(q.size(3))) : scale);
   if (!cuda::sdpa_supported(q, k, v, q_offset, k_offset))
     return attention_composed(q, k, v, q_offset, k_offset, scale);
   const double s = scale == 0.0 ? 1.0 / std::sqrt(static_cast<double>(q.size(3))) : scale;
@@ -183,9 +227,7 @@ Tensor self_attention_composed(const Tensor& qkv, int64_t n_head) {
 
 Tensor self_attention(const Tensor& qkv, int64_t n_head) {
   check_self_attention(qkv, n_head);
-  const char* sdpa = std::getenv("NDT_SDPA");  // NDT_SDPA=0: no fused attention, either backend
-  if (!qkv.device().is_cpu() || (sdpa && std::string(sdpa) == "0"))
-    return self_attention_composed(qkv, n_head);
+  if (!attention_fused_on_cpu(qkv.device())) return self_attention_composed(qkv, n_head);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   const double scale = 1.0 / std::sqrt(static_cast<double>(C / n_head));
   const DType io = qkv.dtype(), cd = io == DType::bf16 ? DType::f32 : io;  // compute dtype

@@ -33,27 +33,36 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
   std::array<AttentionOut, 2> acc;
   Tensor kv = concat_last({k, v});  // (B, NH, 2Tc, 2HS): one message per step
   int64_t owner = r;                // whose chunks kv holds
+  // On the CPU attention() is fused and keeps no probabilities; elsewhere each block is
+  // recomputed in backward instead of keeping its (Tc x Tc) probabilities: one score block
+  // alive at a time
+  const bool recompute = !attention_fused_on_cpu(q.device());
   for (int64_t step = 0; step < n; ++step) {
     RingPass next;
     if (step + 1 < n) next = ring_pass(kv, cp);  // in flight while we compute on kv
     const std::array<Tensor, 2> kvh = halves(kv);
     const std::array<int64_t, 2> k_chunk = {owner, 2 * n - 1 - owner};
-    for (int a = 0; a < 2; ++a)
-      for (int b = 0; b < 2; ++b) {
+    for (int b = 0; b < 2; ++b) {
+      if (k_chunk[b] > q_chunk[1]) continue;  // after every query of both chunks: all masked
+      std::vector<Tensor> kvs = split_last(kvh[b], {HS, HS});  // K, V of key chunk b
+      for (int a = 0; a < 2; ++a) {
         if (k_chunk[b] > q_chunk[a]) continue;  // every key is after every query: all masked
-        std::vector<Tensor> kvs = split_last(kvh[b], {HS, HS});
-        // recomputed in backward instead of keeping its (Tc x Tc) probabilities: one score
-        // block alive at a time
         const int64_t qo = q_chunk[a] * Tc, ko = k_chunk[b] * Tc;
-        std::vector<Tensor> block = autograd::recompute(
-            [qo, ko](const std::vector<Tensor>& in) {
-              AttentionOut o = attention(in[0], in[1], in[2], qo, ko);
-              return std::vector<Tensor>{o.out, o.lse};
-            },
-            {qh[a], kvs[0], kvs[1]});
-        AttentionOut o{block[0], block[1]};
+        AttentionOut o;
+        if (recompute) {
+          std::vector<Tensor> block = autograd::recompute(
+              [qo, ko](const std::vector<Tensor>& in) {
+                AttentionOut r = attention(in[0], in[1], in[2], qo, ko);
+                return std::vector<Tensor>{r.out, r.lse};
+              },
+              {qh[a], kvs[0], kvs[1]});
+          o = {block[0], block[1]};
+        } else {
+          o = attention(qh[a], kvs[0], kvs[1], qo, ko);
+        }
         acc[a] = acc[a].out.defined() ? merge_attention(acc[a].out, acc[a].lse, o.out, o.lse) : o;
       }
+    }
     if (step + 1 < n) {
       next.done->wait();
       kv = next.out;

@@ -20,7 +20,9 @@
 //
 // Per layer and micro-step, each rank sends cp - 1 K/V blocks forward (2 B NH 2Tc HS values
 // each) and, in backward, cp - 1 gradient blocks of the same size. Attention memory per
-// rank: one (Tc x Tc) score block at a time, about 1/(4 cp^2) of the single process's T x T.
+// rank: on the CPU no score block is kept (the pairs run the fused kernel of attention());
+// elsewhere one (Tc x Tc) block at a time (each pair is recomputed in backward), about
+// 1/(4 cp^2) of the single process's T x T.
 #pragma once
 
 #include <memory>

@@ -54,6 +54,12 @@ void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, con
                             const Tensor& lse);
 void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
                              int64_t n_head, double scale, const Tensor& dqkv);
+void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
+                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse);
+void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
+                              const Tensor& lse, const Tensor& dy, const Tensor& dlse, int64_t q_offset,
+                              int64_t k_offset, double scale, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv);
 void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                              const Tensor& lse_b, const Tensor& out, const Tensor& lse);
 void attention_merge_backward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,

@@ -1,12 +1,18 @@
-// Causal self-attention on the CPU, straight from the packed (B,T,3C) output of c_attn:
-// q, k and v are read where c_attn wrote them and the output is written in the (B,T,C)
-// layout c_proj reads, so no head is ever copied out or back. Flash-style blocks: a block of
-// BQ queries computes its scores against the keys it can see only (the causal half above the
-// diagonal is skipped), so the largest score buffer is BQ x T per thread, not T x T per head;
-// backward computes the probabilities again from q, k and the saved log-sum-exp.
+// Causal attention on the CPU as one kernel, for two callers:
+// - self-attention straight from the packed (B,T,3C) output of c_attn: q, k and v are read
+//   where c_attn wrote them and the output is written in the (B,T,C) layout c_proj reads, so
+//   no head is ever copied out or back (ndt::self_attention);
+// - attention of Tq queries over Tk keys at global position offsets, with the log-sum-exp as
+//   a second output and its gradient in backward: (B,NH,T,HS) operands with any strides but
+//   contiguous rows (ndt::attention: one step of ring attention, dist/context_parallel).
+// Flash-style blocks: a block of BQ queries computes its scores against the keys it can see
+// only (the causal part above the diagonal is skipped), so the largest score buffer is BQ x
+// Tk per thread, not Tq x Tk per head; backward computes the probabilities again from q, k
+// and the saved log-sum-exp.
 //
-// Legend: B batch, T sequence, C = NH * HS channels, NH heads, HS head size; a block holds
-// queries [r0, r1), nr = r1 - r0 of them, and sees keys [0, r1). Row strides: qkv 3C, y C.
+// Legend: B batch, NH heads, HS head size, Tq queries, Tk keys; a block holds queries
+// [r0, r1), nr = r1 - r0 of them, and query i sees keys [0, visible(i)): nk = visible(r1-1)
+// for the block. Self-attention: Tq = Tk = T, visible(i) = i + 1, row strides qkv 3C, y C.
 //
 // Every (b, h, query block) of the forward, and every (b, h) of the backward, is one task of
 // an OpenMP loop whose GEMMs run on one thread each (OpenBLAS runs single-threaded inside a
@@ -111,75 +117,118 @@ T dot_row(const T* a, const T* b, int64_t n) {
   return lanes_total(acc);
 }
 
-struct Dims {
-  int64_t B, T, C, NH, HS;
-  int64_t blocks() const { return (T + kBlockQ - 1) / kBlockQ; }
+// One (B, NH, T, HS) operand, read or written in place: element (b, h, t, e) at
+// p[b sb + h sh + t st + e]. Rows are contiguous (HS elements); the strides let q, k and v
+// be the columns of c_attn's (B, T, 3C) output and y the columns of c_proj's (B, T, C) input.
+template <typename T>
+struct Heads {
+  T* p;
+  int64_t sb, sh, st;
+  T* at(int64_t b, int64_t h, int64_t t) const { return p + b * sb + h * sh + t * st; }
 };
 
-Dims dims_of(const Tensor& qkv, int64_t n_head) {
-  const int64_t C = qkv.size(2) / 3;
-  return {qkv.size(0), qkv.size(1), C, n_head, C / n_head};
-}
+// The shapes and the mask: Tq queries at global positions q_offset.., Tk keys at k_offset..;
+// query i sees key j iff k_offset + j <= q_offset + i.
+struct Dims {
+  int64_t B, NH, Tq, Tk, HS, q_offset, k_offset;
+  int64_t blocks() const { return (Tq + kBlockQ - 1) / kBlockQ; }
+  int64_t visible(int64_t i) const { return std::clamp<int64_t>(q_offset - k_offset + i + 1, 0, Tk); }
+  bool parallel() const { return B * NH > 1 && Tq * Tk * HS > 16384; }
+};
 
 template <typename T>
-void forward_impl(const Dims& d, const T* qkv, T* y, T* lse, T scale) {
-  const int64_t C3 = 3 * d.C, nb = d.blocks(), tasks = d.B * d.NH * nb;
+void zero_rows(T* p, int64_t rows, int64_t stride, int64_t n) {
+  for (int64_t i = 0; i < rows; ++i) std::fill(p + i * stride, p + i * stride + n, T(0));
+}
+
+// lse (B, NH, Tq) contiguous
+template <typename T>
+void forward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<const T> v, Heads<T> y, T* lse,
+                  T scale) {
+  const int64_t nb = d.blocks(), tasks = d.B * d.NH * nb;
   // later blocks see more keys: hand them out first (dynamic), so the last tasks are short
-#pragma omp parallel if (tasks > 1 && d.T * d.T * d.HS > 16384)
+#pragma omp parallel if (d.parallel())
   {
-    std::vector<T> s(static_cast<size_t>(kBlockQ * d.T));
+    std::vector<T> s(static_cast<size_t>(kBlockQ * d.Tk));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t blk = nb - 1 - task % nb, bh = task / nb, b = bh / d.NH, h = bh % d.NH;
-      const int64_t r0 = blk * kBlockQ, r1 = std::min(d.T, r0 + kBlockQ), nr = r1 - r0, nk = r1;
-      const T* q = qkv + (b * d.T + r0) * C3 + h * d.HS;  // (nr, HS), row stride 3C
-      const T* k = qkv + b * d.T * C3 + d.C + h * d.HS;   // (nk, HS)
-      const T* v = k + d.C;                               // (nk, HS)
-      blas_gemm(false, true, nr, nk, d.HS, scale, q, C3, k, C3, T(0), s.data(), nk);  // s = scale q k^T
+      const int64_t r0 = blk * kBlockQ, r1 = std::min(d.Tq, r0 + kBlockQ), nr = r1 - r0;
+      const int64_t nk = d.visible(r1 - 1);  // the keys the block's last query sees
+      T* yb = y.at(b, h, r0);                // (nr, HS)
+      if (nk == 0) {  // no query of the block sees a key: out 0, lse -inf
+        zero_rows(yb, nr, y.st, d.HS);
+        std::fill(lse + bh * d.Tq + r0, lse + bh * d.Tq + r1, -std::numeric_limits<T>::infinity());
+        continue;
+      }
+      const T* qb = q.at(b, h, r0);  // (nr, HS)
+      const T* kb = k.at(b, h, 0);   // (nk, HS)
+      const T* vb = v.at(b, h, 0);   // (nk, HS)
+      blas_gemm(false, true, nr, nk, d.HS, scale, qb, q.st, kb, k.st, T(0), s.data(), nk);  // s = scale q k^T
       for (int64_t i = 0; i < nr; ++i)
-        lse[bh * d.T + r0 + i] = softmax_row_of(s.data() + i * nk, r0 + i + 1, nk);
-      blas_gemm(false, false, nr, d.HS, nk, T(1), s.data(), nk, v, C3, T(0),
-                y + (b * d.T + r0) * d.C + h * d.HS,
-                d.C);  // y = p v
+        lse[bh * d.Tq + r0 + i] = softmax_row_of(s.data() + i * nk, d.visible(r0 + i), nk);
+      blas_gemm(false, false, nr, d.HS, nk, T(1), s.data(), nk, vb, v.st, T(0), yb, y.st);  // y = p v
     }
   }
 }
 
+// lse, dlse (B, NH, Tq) contiguous; dlse may be null (no gradient on lse)
 template <typename T>
-void backward_impl(const Dims& d, const T* qkv, const T* y, const T* lse, const T* dy, T* dqkv, T scale) {
-  const int64_t C3 = 3 * d.C, nb = d.blocks(), tasks = d.B * d.NH;
-#pragma omp parallel if (tasks > 1 && d.T * d.T * d.HS > 16384)
+void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<const T> v, Heads<const T> y,
+                   const T* lse, Heads<const T> dy, const T* dlse, Heads<T> dq, Heads<T> dk, Heads<T> dv,
+                   T scale) {
+  const int64_t nb = d.blocks(), tasks = d.B * d.NH;
+#pragma omp parallel if (d.parallel())
   {
-    std::vector<T> p(static_cast<size_t>(kBlockQ * d.T)), dp(p.size()), dd(kBlockQ);
+    std::vector<T> p(static_cast<size_t>(kBlockQ * d.Tk)), dp(p.size()), dd(kBlockQ);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bh = 0; bh < tasks; ++bh) {
-      const int64_t b = bh / d.NH, h = bh % d.NH, row0 = b * d.T;
-      const T* k = qkv + row0 * C3 + d.C + h * d.HS;
-      const T* v = k + d.C;
-      T* dk = dqkv + row0 * C3 + d.C + h * d.HS;
-      T* dv = dk + d.C;
-      // the last block sees every key: it writes dk and dv (beta 0), the earlier ones add
+      const int64_t b = bh / d.NH, h = bh % d.NH;
+      const T* kb = k.at(b, h, 0);
+      const T* vb = v.at(b, h, 0);
+      T* dkb = dk.at(b, h, 0);
+      T* dvb = dv.at(b, h, 0);
+      // the last block sees the most keys: it writes dk and dv (beta 0; rows no query sees
+      // are zeroed), the earlier ones add
+      bool first = true;
       for (int64_t blk = nb - 1; blk >= 0; --blk) {
-        const int64_t r0 = blk * kBlockQ, r1 = std::min(d.T, r0 + kBlockQ), nr = r1 - r0, nk = r1;
-        const T beta = blk == nb - 1 ? T(0) : T(1);
-        const T* q = qkv + (row0 + r0) * C3 + h * d.HS;
-        const T* yb = y + (row0 + r0) * d.C + h * d.HS;
-        const T* dyb = dy + (row0 + r0) * d.C + h * d.HS;
-        T* dq = dqkv + (row0 + r0) * C3 + h * d.HS;
-        // forward: s = scale q k^T, p = exp(s - lse) (masked), y = p v; so
-        //   dv = p^T dy,  dp = dy v^T,  ds = scale p (dp - rowsum(dy * y)),  dq = ds k,  dk = ds^T q
-        // (the scale of s is in ds; the GEMM for s is the forward's again)
-        blas_gemm(false, true, nr, nk, d.HS, scale, q, C3, k, C3, T(0), p.data(), nk);
-        for (int64_t i = 0; i < nr; ++i) {
-          probs_row_of(p.data() + i * nk, r0 + i + 1, nk, lse[bh * d.T + r0 + i]);
-          dd[i] = dot_row(dyb + i * d.C, yb + i * d.C, d.HS);
+        const int64_t r0 = blk * kBlockQ, r1 = std::min(d.Tq, r0 + kBlockQ), nr = r1 - r0;
+        const int64_t nk = d.visible(r1 - 1);
+        T* dqb = dq.at(b, h, r0);
+        if (nk == 0) {  // and so for every earlier block
+          zero_rows(dqb, nr, dq.st, d.HS);
+          continue;
         }
-        blas_gemm(true, false, nk, d.HS, nr, T(1), p.data(), nk, dyb, d.C, beta, dv, C3);
-        blas_gemm(false, true, nr, nk, d.HS, T(1), dyb, d.C, v, C3, T(0), dp.data(), nk);
+        if (first) {
+          zero_rows(dkb + nk * dk.st, d.Tk - nk, dk.st, d.HS);
+          zero_rows(dvb + nk * dv.st, d.Tk - nk, dv.st, d.HS);
+        }
+        const T beta = first ? T(0) : T(1);
+        first = false;
+        const T* qb = q.at(b, h, r0);
+        const T* yb = y.at(b, h, r0);
+        const T* dyb = dy.at(b, h, r0);
+        // forward: s = scale q k^T, p = exp(s - lse) (masked), y = p v, lse = log sum exp s; so
+        //   dv = p^T dy,  dp = dy v^T,  ds = scale p (dp - rowsum(dy * y) + dlse),
+        //   dq = ds k,  dk = ds^T q
+        // (the scale of s is in ds; the GEMM for s is the forward's again)
+        blas_gemm(false, true, nr, nk, d.HS, scale, qb, q.st, kb, k.st, T(0), p.data(), nk);
+        for (int64_t i = 0; i < nr; ++i) {
+          const int64_t row = bh * d.Tq + r0 + i;
+          probs_row_of(p.data() + i * nk, d.visible(r0 + i), nk, lse[row]);
+          dd[i] = dot_row(dyb + i * dy.st, yb + i * y.st, d.HS);
+          if (dlse) dd[i] -= dlse[row];
+        }
+        blas_gemm(true, false, nk, d.HS, nr, T(1), p.data(), nk, dyb, dy.st, beta, dvb, dv.st);
+        blas_gemm(false, true, nr, nk, d.HS, T(1), dyb, dy.st, vb, v.st, T(0), dp.data(), nk);
         for (int64_t i = 0; i < nr; ++i)
           softmax_grad_row_of(p.data() + i * nk, dp.data() + i * nk, nk, dd[i], scale);
-        blas_gemm(false, false, nr, d.HS, nk, T(1), dp.data(), nk, k, C3, T(0), dq, C3);
-        blas_gemm(true, false, nk, d.HS, nr, T(1), dp.data(), nk, q, C3, beta, dk, C3);
+        blas_gemm(false, false, nr, d.HS, nk, T(1), dp.data(), nk, kb, k.st, T(0), dqb, dq.st);
+        blas_gemm(true, false, nk, d.HS, nr, T(1), dp.data(), nk, qb, q.st, beta, dkb, dk.st);
+      }
+      if (first) {  // no query saw any key
+        zero_rows(dkb, d.Tk, dk.st, d.HS);
+        zero_rows(dvb, d.Tk, dv.st, d.HS);
       }
     }
   }
@@ -192,26 +241,77 @@ void dispatch_f32_f64(DType dt, const char* op, F&& f) {
   NDT_FAIL(op, ": dtype ", dtype_name(dt), " is not supported (float32 or float64; bf16 is computed in f32)");
 }
 
+// Part `part` (0 q, 1 k, 2 v) of the packed (B, T, 3C) qkv, and the heads of a (B, T, C)
+// tensor (y, dy): head h in columns [h HS, (h+1) HS).
+template <typename T>
+Heads<T> packed_part(T* qkv, int64_t part, int64_t T_, int64_t C, int64_t n_head) {
+  return {qkv + part * C, T_ * 3 * C, C / n_head, 3 * C};
+}
+template <typename T>
+Heads<T> channels(T* y, int64_t T_, int64_t C, int64_t n_head) {
+  return {y, T_ * C, C / n_head, C};
+}
+// A (B, NH, T, HS) tensor with contiguous rows, as it lies.
+template <typename T>
+Heads<T> heads_of(const Tensor& t) {
+  return {t.data<std::remove_const_t<T>>(), t.strides()[0], t.strides()[1], t.strides()[2]};
+}
+
 }  // namespace
 
 void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, const Tensor& y,
                             const Tensor& lse) {
-  const Dims d = dims_of(qkv, n_head);
-  if (d.B * d.T == 0) return;
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  if (B * T == 0) return;
+  const Dims d{B, n_head, T, T, C / n_head, 0, 0};
   dispatch_f32_f64(qkv.dtype(), "self_attention_forward", [&](auto tag) {
-    using T = decltype(tag);
-    forward_impl<T>(d, qkv.data<T>(), y.data<T>(), lse.data<T>(), static_cast<T>(scale));
+    using F = decltype(tag);
+    const F* x = qkv.data<F>();
+    forward_impl<F>(d, packed_part(x, 0, T, C, n_head), packed_part(x, 1, T, C, n_head),
+                    packed_part(x, 2, T, C, n_head), channels(y.data<F>(), T, C, n_head), lse.data<F>(),
+                    static_cast<F>(scale));
   });
 }
 
 void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
                              int64_t n_head, double scale, const Tensor& dqkv) {
-  const Dims d = dims_of(qkv, n_head);
-  if (d.B * d.T == 0) return;
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  if (B * T == 0) return;
+  const Dims d{B, n_head, T, T, C / n_head, 0, 0};
   dispatch_f32_f64(qkv.dtype(), "self_attention_backward", [&](auto tag) {
-    using T = decltype(tag);
-    backward_impl<T>(d, qkv.data<T>(), y.data<T>(), lse.data<T>(), dy.data<T>(), dqkv.data<T>(),
-                     static_cast<T>(scale));
+    using F = decltype(tag);
+    const F* x = qkv.data<F>();
+    F* dx = dqkv.data<F>();
+    backward_impl<F>(d, packed_part(x, 0, T, C, n_head), packed_part(x, 1, T, C, n_head),
+                     packed_part(x, 2, T, C, n_head), channels<const F>(y.data<F>(), T, C, n_head),
+                     lse.data<F>(), channels<const F>(dy.data<F>(), T, C, n_head), nullptr,
+                     packed_part(dx, 0, T, C, n_head), packed_part(dx, 1, T, C, n_head),
+                     packed_part(dx, 2, T, C, n_head), static_cast<F>(scale));
+  });
+}
+
+void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
+                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse) {
+  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q_offset, k_offset};
+  if (d.B * d.NH * d.Tq == 0) return;
+  dispatch_f32_f64(q.dtype(), "attention_fused_forward", [&](auto tag) {
+    using F = decltype(tag);
+    forward_impl<F>(d, heads_of<const F>(q), heads_of<const F>(k), heads_of<const F>(v), heads_of<F>(y),
+                    lse.data<F>(), static_cast<F>(scale));
+  });
+}
+
+void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
+                              const Tensor& lse, const Tensor& dy, const Tensor& dlse, int64_t q_offset,
+                              int64_t k_offset, double scale, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv) {
+  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q_offset, k_offset};
+  if (d.B * d.NH * (d.Tq + d.Tk) == 0) return;
+  dispatch_f32_f64(q.dtype(), "attention_fused_backward", [&](auto tag) {
+    using F = decltype(tag);
+    backward_impl<F>(d, heads_of<const F>(q), heads_of<const F>(k), heads_of<const F>(v), heads_of<const F>(y),
+                     lse.data<F>(), heads_of<const F>(dy), dlse.defined() ? dlse.data<F>() : nullptr,
+                     heads_of<F>(dq), heads_of<F>(dk), heads_of<F>(dv), static_cast<F>(scale));
   });
 }
 

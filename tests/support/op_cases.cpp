@@ -272,6 +272,14 @@ std::vector<OpCase> build_cases() {
               },
               all_grad(3)});
   }
+  // the composed path (on the CPU attention() runs the fused kernel): a block at offsets
+  // with rows of every visibility
+  add_case({"attention_composed_block", inputs_of({{{kB, kNH, 5, 4}}, {{kB, kNH, 6, 4}}, {{kB, kNH, 6, 4}}}),
+            [](const std::vector<Tensor>& x) {
+              AttentionOut r = attention_composed(x[0], x[1], x[2], 7, 3);
+              return std::vector<Tensor>{r.out, r.lse};
+            },
+            all_grad(3)});
   add_case({"attention_out_only_scale", inputs_of({{{1, 2, 5, 3}}, {{1, 2, 5, 3}}, {{1, 2, 5, 3}}}),
             [](const std::vector<Tensor>& x) {
               return std::vector<Tensor>{attention(x[0], x[1], x[2], 0, 0, 0.7).out};

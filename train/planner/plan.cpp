@@ -92,17 +92,18 @@ struct BlockMem {
 struct Dims {
   Count B, Tl, N, C, Cl, H, NHl, Vl, cp;
   Count a;  // bytes of an activation (the compute dtype's)
-  enum class Core { cpu_fused, cudnn, composed, ring } core;  // how the attention core runs
+  enum class Core { cpu_fused, cudnn, composed, ring, ring_fused } core;  // how the attention core runs
   // rows of the regions between the attention and the MLP (LayerNorms, residuals): N, or
   // N / tp with sequence parallelism
   Count Ns;
 };
 
-// Which attention core a rank runs (autograd/ops/attention.cpp): with cp > 1 the ring; on
-// the CPU the fused kernel (ndt::self_attention); on a GPU in bf16 cuDNN's flash attention
-// (for the head sizes it supports, which GPT's are), else the composed ops.
+// Which attention core a rank runs (autograd/ops/attention.cpp): with cp > 1 the ring (on
+// the CPU of fused pairs); on the CPU the fused kernel (ndt::self_attention); on a GPU in
+// bf16 cuDNN's flash attention (for the head sizes it supports, which GPT's are), else the
+// composed ops.
 Dims::Core core_of(const std::string& device, bool bf16, int64_t cp) {
-  if (cp > 1) return Dims::Core::ring;
+  if (cp > 1) return device == "cpu" ? Dims::Core::ring_fused : Dims::Core::ring;
   if (device == "cpu") return Dims::Core::cpu_fused;
   return bf16 ? Dims::Core::cudnn : Dims::Core::composed;
 }
@@ -117,12 +118,15 @@ Dims::Core core_of(const std::string& device, bool bf16, int64_t cp) {
 //              the output o (N Cl)
 //   ring:      per (query chunk, key chunk) pair that the causal mask leaves (2 cp + 1 of
 //              them on every rank) the checkpointed attention keeps its K and V halves
-//              (N Cl together: split_last copies them for each pair), both query halves
-//              (N Cl, shared), each pair's output and lse and each merge's (4 cp - 1
-//              halves of N Cl / 2; 4 cp lse of N NHl / 2); the probabilities are
-//              recomputed per pair in backward (one (Tl/2)^2 block at a time). Under bf16
-//              each of the 2 cp - 1 merges keeps f32 copies of its two inputs and its
-//              output (3 halves; in f32 those are the outputs themselves)
+//              (N Cl together: split_last copies them once per key chunk, 2 cp on rank 0),
+//              both query halves (N Cl, shared), each pair's output and lse and each
+//              merge's (4 cp - 1 halves of N Cl / 2; 4 cp lse of N NHl / 2); the
+//              probabilities are recomputed per pair in backward (one (Tl/2)^2 block at a
+//              time). Under bf16 each of the 2 cp - 1 merges keeps f32 copies of its two
+//              inputs and its output (3 halves; in f32 those are the outputs themselves)
+//   ring_fused: the same tensors (the CPU's fused pairs keep their inputs, output and lse
+//              instead of a checkpoint's), and under bf16 each pair's f32 output too
+//              (2 cp + 1 halves)
 Count core_saved(const Dims& d) {
   const Count a = d.a, w = kF;
   switch (d.core) {
@@ -133,18 +137,22 @@ Count core_saved(const Dims& d) {
     case Dims::Core::composed:
       return (4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl) * w;
     case Dims::Core::ring:
+    case Dims::Core::ring_fused:
       break;
   }
-  const Count pairs = 2 * d.cp + 1, lse = 2 * d.cp * d.N * d.NHl * kF;
-  if (a == w) return (d.N * d.Cl + pairs * d.N * d.Cl + (4 * d.cp - 1) * d.N * d.Cl / 2) * w + lse;
-  return (d.N * d.Cl + pairs * d.N * d.Cl) * a + 3 * (2 * d.cp - 1) * d.N * d.Cl / 2 * w + lse;
+  const Count pairs = 2 * d.cp + 1, key_chunks = 2 * d.cp, lse = 2 * d.cp * d.N * d.NHl * kF;
+  if (a == w) return (d.N * d.Cl + key_chunks * d.N * d.Cl + (4 * d.cp - 1) * d.N * d.Cl / 2) * w + lse;
+  const Count outputs_f32 = d.core == Dims::Core::ring_fused ? pairs : Count(0);
+  return (d.N * d.Cl + key_chunks * d.N * d.Cl) * a + (3 * (2 * d.cp - 1) + outputs_f32) * d.N * d.Cl / 2 * w +
+         lse;
 }
 // The attention backward's own tensors, in bytes: fused, dqkv (3 N Cl in f32; the score
 // blocks are per-thread scratch of 64 x Tl), under bf16 also qkv and dy converted to f32
 // (4 N Cl) and dqkv rounded back (3 N Cl); cuDNN, the contiguous dout and dq, dk, dv (4 N
 // Cl); composed, dout, dv, dq, dk (4 N Cl) and ds (p's shape), in f32, under bf16 dq, dk,
 // dv rounded back (3 N Cl); with the ring one score block of (Tl/2)^2 per pair, recomputed,
-// plus the pair's p.
+// plus the pair's p; with the fused ring a pair's dq, dk, dv (3 halves of N Cl), under
+// bf16 also its q, k, v and dout in f32 (4 halves) and dq, dk, dv rounded back (3 halves).
 Count core_backward(const Dims& d) {
   const Count a = d.a, w = kF;
   const bool mixed = !(a == w);
@@ -155,6 +163,8 @@ Count core_backward(const Dims& d) {
       return 4 * d.N * d.Cl * a;
     case Dims::Core::composed:
       return (4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl) * w + (mixed ? 3 * d.N * d.Cl * a : Count(0));
+    case Dims::Core::ring_fused:
+      return 3 * d.N * d.Cl / 2 * w + (mixed ? 4 * d.N * d.Cl / 2 * w + 3 * d.N * d.Cl / 2 * a : Count(0));
     case Dims::Core::ring:
       break;
   }

@@ -161,7 +161,8 @@ struct Shapes {
   double Ns;  // rows of the LayerNorms and residual adds: N, or N / tp with sequence parallelism
   int64_t cp, tp;
   double S;    // attention scores one block computes (all query-key pairs it evaluates)
-  bool fused;  // the CPU's fused attention core (cp 1): no copies, scores made again in backward
+  bool fused;     // the CPU's fused attention kernel: scores made again in backward
+  bool in_place;  // ... reading q, k, v from c_attn's output (cp 1): no copies around the core
 };
 
 // One block's pieces, forward and backward (the ops of nn::Block and autograd/ops/*.cpp).
@@ -174,11 +175,17 @@ BlockWork block_work(const Shapes& d) {
   const double N = d.N, Ns = d.Ns, C = d.C, Cl = d.Cl, H = d.H;
   BlockWork w;
   // forward: ln_1 (read, write Ns C); c_attn 2 N C 3Cl; split_last's copies of q, k, v
-  // (composed only: the fused core reads them in place)
-  const double copies = d.fused ? 0.0 : 1.0;
+  // (not when the fused core reads them in place)
+  const double copies = d.in_place ? 0.0 : 1.0;
   w.attn_in = {2 * N * C * 3 * Cl, 2 * Ns * C + copies * 6 * N * Cl};
-  // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the scores
-  w.core = {4 * d.S * d.hd, 2 * d.S};
+  // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the scores.
+  // The ring also copies (each read and written once, in units of N Cl): q into its halves
+  // (2), k and v into one message (4), each step's K/V into halves and each of the 2 cp key
+  // chunks into K and V (4 cp + 4 cp), the output halves joined (2), and each of the 2 cp - 1
+  // merges reads two partial outputs and writes one (3/2 each); backward copies as much
+  const double cp = double(d.cp);
+  const double ring_copies = d.cp == 1 ? 0.0 : (8 + 8 * cp + 1.5 * (2 * cp - 1)) * N * Cl;
+  w.core = {4 * d.S * d.hd, 2 * d.S + ring_copies};
   // heads_to_back's copy; c_proj 2 N Cl C; the residual add
   w.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * Ns * C};
   // ln_2, c_fc 2 N C H with GELU (N H written again), c_proj 2 N H C, the residual add
@@ -188,7 +195,7 @@ BlockWork block_work(const Shapes& d) {
   // gradient is made and then added into the unit's gradient (3 passes of its size)
   w.attn_in_b = {2 * w.attn_in.flops, 4 * Ns * C + 6 * N * Cl + 3 * N * Cl + 3 * (3 * C * Cl)};
   // (fused: q k^T once more, to make the probabilities again, 2.5x the forward's FLOPs)
-  w.core_b = {(d.fused ? 2.5 : 2.0) * w.core.flops, 3 * d.S};
+  w.core_b = {(d.fused ? 2.5 : 2.0) * w.core.flops, 3 * d.S + ring_copies};
   w.attn_out_b = {2 * w.attn_out.flops, 2 * N * Cl + 2 * N * C + Ns * C + 3 * Cl * C};
   w.mlp_b = {2 * w.mlp.flops, 4 * Ns * C + 3 * N * H + N * (H + C) + 2 * Ns * C + 3 * (2 * C * H)};
   return w;
@@ -282,19 +289,23 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   // the scores: one process evaluates the causal half (cuDNN skips masked tiles; the CPU's
   // fused kernel takes blocks of 64 queries against the keys up to the block's last; the
   // composed path on a GPU without cuDNN's kernel every pair); the ring evaluates 2 cp + 1
-  // pairs of chunks of T / (2 cp) on every rank
-  d.fused = !gpu && D.cp == 1;
-  if (d.fused) {
-    const int64_t T = static_cast<int64_t>(d.Tl);
-    double pairs = 0;  // sum over the query blocks of their queries x visible keys
+  // pairs of chunks of Tc = T / (2 cp) on every rank, two of them diagonal (the fused
+  // kernel's blocks there, as in one process), the others whole
+  d.fused = !gpu;
+  d.in_place = d.fused && D.cp == 1;
+  auto causal_pairs = [](int64_t T) {  // the fused kernel's query x key pairs on a diagonal block
+    double pairs = 0;
     for (int64_t r0 = 0; r0 < T; r0 += 64)
       pairs += double(std::min<int64_t>(64, T - r0)) * double(std::min<int64_t>(T, r0 + 64));
-    d.S = d.B * d.NHl * pairs;
-  } else if (D.cp == 1) {
-    d.S = d.B * d.NHl * d.Tl * d.Tl * (gpu ? 0.5 : 1.0);
+    return pairs;
+  };
+  if (D.cp == 1) {
+    d.S = d.B * d.NHl *
+          (d.fused ? causal_pairs(static_cast<int64_t>(d.Tl)) : d.Tl * d.Tl * (gpu ? 0.5 : 1.0));
   } else {
     const double Tc = d.Tl / 2;
-    d.S = d.B * d.NHl * Tc * Tc * double(2 * D.cp + 1);
+    const double diagonal = d.fused ? causal_pairs(static_cast<int64_t>(Tc)) : Tc * Tc;
+    d.S = d.B * d.NHl * (2 * diagonal + Tc * Tc * double(2 * D.cp - 1));
   }
   const double a = double(p.act_bytes);
   auto piece_of = [&](const Work& w, double bytes_each) {
@@ -356,9 +367,11 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   };
   // its backward: each pass's K/V gradient goes back to the rank it came from (the other
   // way round the ring), waited for at once by the pass's backward node; the K/V were kept
+  // (off the CPU's fused kernel each pair's attention runs again first: autograd::recompute)
   auto core_backward = [&](const Work& w) {
     if (D.cp == 1) return r.run(piece(w), false);
     for (int64_t s = 0; s < D.cp; ++s) {
+      if (!d.fused) r.run(scaled(bw.core, 1.0 / double(D.cp)), true);
       r.run(scaled(w, 1.0 / double(D.cp)), false);
       if (s + 1 < D.cp) r.sync("cp", exchange_s(kv_bytes, cp_link));
     }
