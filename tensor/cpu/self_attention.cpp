@@ -56,10 +56,12 @@ T lanes_total(const T (&acc)[kLanes]) {
   return s;
 }
 
-// One row of scaled scores s[0, nk), of which keys [0, nvis) are visible (nvis >= 1):
+// One row of scaled scores s[0, nk), of which keys [0, nvis) are visible (none: lse -inf):
 // p = exp(s - lse) there and 0 beyond, in place; returns lse = log sum_visible exp(s).
+// Always inlined: into each vector clone below, or GCC keeps one baseline (SSE2) copy that
+// every clone calls, and the clones vectorize nothing.
 template <typename T>
-T softmax_row(T* s, int64_t nvis, int64_t nk) {
+[[gnu::always_inline]] inline T softmax_row(T* s, int64_t nvis, int64_t nk) {
   T mx = -std::numeric_limits<T>::infinity();
   for (int64_t j = 0; j < nvis; ++j) mx = s[j] > mx ? s[j] : mx;
   T acc[kLanes] = {};
