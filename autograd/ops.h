@@ -115,9 +115,9 @@ AttentionOut attention_composed(const Tensor& q, const Tensor& k, const Tensor& 
 // holds q, k and v side by side in each row (head h in columns [h HS, (h+1) HS) of each
 // third, HS = C / n_head) -> y (B,T,C) with the heads side by side again; query t sees keys
 // <= t, scale 1/sqrt(HS). On CPU one fused kernel reads the heads in place and never stores
-// the (T,T) probabilities (tensor/cpu/self_attention.cpp); elsewhere, and as the reference,
-// self_attention_composed: split_last, heads_to_front, attention, heads_to_back. NDT_SDPA=0
-// turns the CPU's fusion off too.
+// the (T,T) probabilities (tensor/cpu/self_attention.cpp); elsewhere split_last,
+// heads_to_front, attention() and heads_to_back. self_attention_composed, the reference, is
+// the same with attention_composed. NDT_SDPA=0 turns the CPU's fusion off too.
 Tensor self_attention(const Tensor& qkv, int64_t n_head);
 Tensor self_attention_composed(const Tensor& qkv, int64_t n_head);
 // Merges two attention results of the same queries over disjoint key blocks, a and b,

@@ -204,15 +204,22 @@ BENCHMARK(BM_gemm_bf16)
     ->Apply(setup);
 
 // ---- (b) causal attention: q, k, v (B,NH,T,HS) -> out (B,NH,T,HS), f32 ---------------------
+// Arg 0: composed (GEMMs over every (T,T) pair and the masked softmax); arg 1: the CPU's
+// fused kernel (blocks of 64 queries against the keys they see), as ndt::attention runs it.
 constexpr int64_t kB = 4, kNH = 4, kT = 256, kHS = 64;
 // forward: q k^T and p v, 2*T*T*HS each per head; backward: four more GEMMs of that size
+// (the composed path's count, for both arguments: a rate to compare)
 constexpr double kAttnGemmFlops = 2.0 * kB * kNH * kT * kT * kHS;
+
+AttentionOut attention_of(bool fused, const Tensor& q, const Tensor& k, const Tensor& v) {
+  return fused ? ndt::attention(q, k, v) : ndt::attention_composed(q, k, v);
+}
 
 void BM_attention_forward(benchmark::State& state) {
   Tensor q = randn({kB, kNH, kT, kHS}, 0), k = randn({kB, kNH, kT, kHS}, 1), v = randn({kB, kNH, kT, kHS}, 2);
   autograd::NoGradGuard no_grad;
   for (auto _ : state) {
-    AttentionOut r = ndt::attention(q, k, v);
+    AttentionOut r = attention_of(state.range(0) == 1, q, k, v);
     benchmark::DoNotOptimize(r.out.data_ptr());
   }
   flops(state, 2 * kAttnGemmFlops);
@@ -224,7 +231,7 @@ void BM_attention_forward_backward(benchmark::State& state) {
   Tensor dout = randn({kB, kNH, kT, kHS}, 3);
   for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
   for (auto _ : state) {
-    AttentionOut r = ndt::attention(q, k, v);
+    AttentionOut r = attention_of(state.range(0) == 1, q, k, v);
     ndt::backward({r.out}, {dout});
     benchmark::DoNotOptimize(q.grad().data_ptr());
     for (Tensor* t : {&q, &k, &v}) t->set_grad(Tensor());  // fresh gradients each iteration
@@ -233,8 +240,8 @@ void BM_attention_forward_backward(benchmark::State& state) {
   state.counters["tokens"] = benchmark::Counter(kB * kT, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK(BM_attention_forward)->Unit(benchmark::kMillisecond)->Apply(setup);
-BENCHMARK(BM_attention_forward_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
+BENCHMARK(BM_attention_forward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Apply(setup);
+BENCHMARK(BM_attention_forward_backward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Apply(setup);
 
 // The whole attention core of a GPT block from c_attn's packed output, as the model runs it:
 // qkv (B,T,3C) -> y (B,T,C), forward + backward, at config M's sizes. Arg 1: the CPU's fused

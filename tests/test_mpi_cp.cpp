@@ -32,7 +32,7 @@ TEST_P(RingAttention, EqualsAttention) {
     Tensor q = randn({B, NH, T, HS}, 6, true), k = randn({B, NH, T, HS}, 7, true),
            v = randn({B, NH, T, HS}, 8, true);
     Tensor w = randn({B, NH, T, HS}, 9);
-    Tensor out = attention(q, k, v).out;
+    Tensor out = attention_composed(q, k, v).out;  // the reference: every pair, from GEMMs
     backward(sum(mul(out, w)));
     // this rank's head and tail chunks of (B, NH, T, HS)
     auto mine = [&](const Tensor& t) {

@@ -2,7 +2,8 @@
 // in one process (label unit): partial results computed the way each rank computes them and
 // combined by hand equal the single-device ops, forward and backward.
 //   - merge_attention over key blocks [0,a) and [a,T) (and three blocks, in either order)
-//     equals attention() over all keys, including blocks no query can see;
+//     equals the whole attention (attention_composed) over all keys, including blocks no
+//     query can see;
 //   - rowmax / cross_entropy_partials / cross_entropy_parallel_backward over 1 to 4
 //     vocabulary slices equal cross_entropy() (padded vocabulary, ignored rows).
 // Legend: B batch, NH heads, T time, HS head size, N rows, V vocab, Vl local vocab.
@@ -92,7 +93,7 @@ TEST(RingMath, MergeOverKeyBlocksEqualsAttention) {
     };
     for (QBlock qb : {QBlock{0, T}, QBlock{0, 4}, QBlock{6, 3}, QBlock{2, 3}}) {
       Tensor qc = q.narrow(2, qb.q_off, qb.tq).contiguous();
-      AttentionOut ref = attention(qc, k, v, qb.q_off, 0);
+      AttentionOut ref = attention_composed(qc, k, v, qb.q_off, 0);
       std::vector<std::vector<int64_t>> splits = {{0, 1, T}, {0, 4, T}, {0, 6, T}, {0, 8, T}, {0, 3, 6, T}};
       for (const std::vector<int64_t>& cuts : splits) {
         std::vector<Tensor> kb, vb;
@@ -147,7 +148,7 @@ TEST(RingMath, MergeGradientsEqualAttentionGradients) {
         return add(sum(mul(a.out, r_out)), cast(sum(mul(a.lse, r_lse)), dt));
       };
       std::vector<Tensor> ref = leaves(), got = leaves();
-      backward(loss(attention(ref[0], ref[1], ref[2], s.q_off, 0)));
+      backward(loss(attention_composed(ref[0], ref[1], ref[2], s.q_off, 0)));
       std::vector<Tensor> kb = split_time(got[1], s.cuts), vb = split_time(got[2], s.cuts);
       backward(loss(ring_attention(got[0], kb, vb, s.cuts, s.q_off, /*reverse=*/true)));
       const char* names[] = {"dq", "dk", "dv"};

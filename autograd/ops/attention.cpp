@@ -214,20 +214,29 @@ void check_self_attention(const Tensor& qkv, int64_t n_head) {
 
 }  // namespace
 
-Tensor self_attention_composed(const Tensor& qkv, int64_t n_head) {
+namespace {
+
+// qkv (B,T,3C) -> q, k, v (B,NH,T,HS) (copies) -> attention() or attention_composed() -> (B,T,C)
+Tensor self_attention_split(const Tensor& qkv, int64_t n_head, bool composed) {
   check_self_attention(qkv, n_head);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, NH = n_head, HS = C / NH;
   // qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
   std::vector<Tensor> parts = split_last(qkv, {C, C, C});
   auto heads = [&](const Tensor& t) { return heads_to_front(view(t, {B, T, NH, HS})); };
-  Tensor y = attention(heads(parts[0]), heads(parts[1]), heads(parts[2])).out;  // (B,NH,T,HS)
+  const Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  Tensor y = (composed ? attention_composed(q, k, v) : attention(q, k, v)).out;  // (B,NH,T,HS)
   // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,C)
   return view(heads_to_back(y), {B, T, C});
 }
 
+}  // namespace
+
+Tensor self_attention_composed(const Tensor& qkv, int64_t n_head) { return self_attention_split(qkv, n_head, true); }
+
 Tensor self_attention(const Tensor& qkv, int64_t n_head) {
   check_self_attention(qkv, n_head);
-  if (!attention_fused_on_cpu(qkv.device())) return self_attention_composed(qkv, n_head);
+  // elsewhere attention() picks (cuDNN's flash attention for bf16 on CUDA, else composed)
+  if (!attention_fused_on_cpu(qkv.device())) return self_attention_split(qkv, n_head, false);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   const double scale = 1.0 / std::sqrt(static_cast<double>(C / n_head));
   const DType io = qkv.dtype(), cd = io == DType::bf16 ? DType::f32 : io;  // compute dtype
