@@ -135,7 +135,8 @@ struct Dims {
   int64_t B, NH, Tq, Tk, HS, q_offset, k_offset;
   int64_t blocks() const { return (Tq + kBlockQ - 1) / kBlockQ; }
   int64_t visible(int64_t i) const { return std::clamp<int64_t>(q_offset - k_offset + i + 1, 0, Tk); }
-  bool parallel() const { return B * NH > 1 && Tq * Tk * HS > 16384; }
+  // an OpenMP loop over `tasks` pays off only past a few GEMMs' worth of work
+  bool parallel(int64_t tasks) const { return tasks > 1 && Tq * Tk * HS > 16384; }
 };
 
 template <typename T>
@@ -149,7 +150,7 @@ void forward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<const
                   T scale) {
   const int64_t nb = d.blocks(), tasks = d.B * d.NH * nb;
   // later blocks see more keys: hand them out first (dynamic), so the last tasks are short
-#pragma omp parallel if (d.parallel())
+#pragma omp parallel if (d.parallel(tasks))
   {
     std::vector<T> s(static_cast<size_t>(kBlockQ * d.Tk));
 #pragma omp for schedule(dynamic, 1)
@@ -180,7 +181,7 @@ void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<cons
                    const T* lse, Heads<const T> dy, const T* dlse, Heads<T> dq, Heads<T> dk, Heads<T> dv,
                    T scale) {
   const int64_t nb = d.blocks(), tasks = d.B * d.NH;
-#pragma omp parallel if (d.parallel())
+#pragma omp parallel if (d.parallel(tasks))
   {
     std::vector<T> p(static_cast<size_t>(kBlockQ * d.Tk)), dp(p.size()), dd(kBlockQ);
 #pragma omp for schedule(dynamic, 1)

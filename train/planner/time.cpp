@@ -371,7 +371,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   auto core_backward = [&](const Work& w) {
     if (D.cp == 1) return r.run(piece(w), false);
     for (int64_t s = 0; s < D.cp; ++s) {
-      if (!d.fused) r.run(scaled(bw.core, 1.0 / double(D.cp)), true);
+      if (!d.fused) r.run(scaled(Work{bw.core.flops, 2 * d.S}, 1.0 / double(D.cp)), true);  // not the ring's copies
       r.run(scaled(w, 1.0 / double(D.cp)), false);
       if (s + 1 < D.cp) r.sync("cp", exchange_s(kv_bytes, cp_link));
     }
