@@ -57,6 +57,20 @@ void expect_consistent(const OpCase& c, DType low, DType high, double tol, const
   expect_close(c, r_low, r_high, tol, what);
 }
 
+// Case c in f32 on one thread and on two: every output and gradient bit for bit.
+void expect_same_bits_on_one_and_two_threads(const OpCase& c) {
+  const int before = num_threads();
+  set_num_threads(1);
+  CaseRun one = run_case(c, case_inputs(c, DType::f32, Device::cpu()));
+  set_num_threads(2);
+  CaseRun two = run_case(c, case_inputs(c, DType::f32, Device::cpu()));
+  set_num_threads(before);
+  for (size_t i = 0; i < one.outputs.size(); ++i)
+    EXPECT_EQ(rel_error(one.outputs[i], two.outputs[i]), 0.0) << c.name << ": output " << i;
+  for (size_t i = 0; i < one.grads.size(); ++i)
+    EXPECT_EQ(rel_error(one.grads[i], two.grads[i]), 0.0) << c.name << ": gradient " << i;
+}
+
 }  // namespace
 
 // ---- float64 finite differences ------------------------------------------------------
@@ -206,15 +220,7 @@ TEST(SelfAttention, FusedCpuKernelMatchesTheComposedPath) {
 
 // Tasks write disjoint outputs and sum in a fixed order: one thread and two give the same bits.
 TEST(SelfAttention, SameBitsOnOneThreadAndTwo) {
-  const OpCase c = self_attention_case(true, 3, 150, 32, 2);
-  const int before = num_threads();
-  set_num_threads(1);
-  CaseRun one = run_case(c, case_inputs(c, DType::f32, Device::cpu()));
-  set_num_threads(2);
-  CaseRun two = run_case(c, case_inputs(c, DType::f32, Device::cpu()));
-  set_num_threads(before);
-  EXPECT_EQ(rel_error(one.outputs[0], two.outputs[0]), 0.0);
-  EXPECT_EQ(rel_error(one.grads[0], two.grads[0]), 0.0);
+  expect_same_bits_on_one_and_two_threads(self_attention_case(true, 3, 150, 32, 2));
 }
 
 // Bad shapes are refused with the op named.
@@ -295,15 +301,7 @@ TEST(Attention, FusedCpuKernelMatchesTheComposedPath) {
 // (B, T, NH, HS), as heads lie in c_attn's output) give the same bits as contiguous copies.
 TEST(Attention, FusedCpuKernelSameBitsOnThreadsAndStrides) {
   const AttBlock blk = {150, 130, 0, 20, 20};
-  const OpCase c = attention_case(true, blk);
-  const int before = num_threads();
-  set_num_threads(1);
-  CaseRun one = run_case(c, case_inputs(c, DType::f32, Device::cpu()));
-  set_num_threads(2);
-  CaseRun two = run_case(c, case_inputs(c, DType::f32, Device::cpu()));
-  set_num_threads(before);
-  for (size_t i = 0; i < one.outputs.size(); ++i) EXPECT_EQ(rel_error(one.outputs[i], two.outputs[i]), 0.0);
-  for (size_t i = 0; i < one.grads.size(); ++i) EXPECT_EQ(rel_error(one.grads[i], two.grads[i]), 0.0);
+  expect_same_bits_on_one_and_two_threads(attention_case(true, blk));
 
   const int64_t B = 2, NH = 3, HS = 16;
   auto strided = [&](int64_t T, uint64_t stream) {  // (B, NH, T, HS) as a view of (B, T, NH, HS)
