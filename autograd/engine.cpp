@@ -48,6 +48,8 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
   std::unordered_map<Node*, std::shared_ptr<Node>> keep;
   std::priority_queue<Node*, std::vector<Node*>, BySeq> ready;
 
+  // g may be a leaf's .grad that already holds it (an op added it in place, see
+  // autograd::grad_to_accumulate_into): nothing to sum, but the leaf still gets told
   auto deliver = [&](const autograd::Edge& e, const Tensor& g) {
     if (!e.node || !g.defined()) return;
     Node* n = e.node.get();
@@ -57,7 +59,14 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
       keep[n] = e.node;
       ready.push(n);
     }
-    it->second[e.input_nr] = sum_grads(it->second[e.input_nr], g);
+    Tensor& slot = it->second[e.input_nr];
+    if (autograd::already_accumulated(n, g)) {
+      if (!slot.defined()) slot = g;  // else slot's gradient is still to be added
+    } else if (slot.defined() && autograd::already_accumulated(n, slot)) {
+      slot = g;  // what was in place stays there; g is to be added
+    } else {
+      slot = sum_grads(slot, g);
+    }
   };
 
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -66,7 +75,9 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
               " does not require grad (no parameter or input requiring grad reaches it)");
     NDT_CHECK(grads[i].shape() == out.shape(), "backward: gradient ", grads[i].shape_str(),
               " does not match output ", out.shape_str());
-    deliver(autograd::edge_of(out), grads[i]);
+    const autograd::Edge e = autograd::edge_of(out);
+    // a caller's gradient is never "already added", even if it is that leaf's own .grad
+    deliver(e, autograd::already_accumulated(e.node.get(), grads[i]) ? grads[i].detach().clone() : grads[i]);
   }
 
   // Highest seq first: every consumer of a node was created after it, so by the time a

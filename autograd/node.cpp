@@ -33,7 +33,7 @@ AccumulateGrad::AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
 
 Grads AccumulateGrad::apply(const Grads& grad_outputs) {
   const Tensor& g = grad_outputs[0];
-  if (g.defined()) {
+  if (g.defined() && !already_accumulated(this, g)) {
     Tensor leaf(leaf_);
     NDT_CHECK(g.shape() == leaf.shape(), "gradient ", g.shape_str(), " does not match parameter ",
               leaf.name(), leaf.shape_str());
@@ -49,6 +49,32 @@ Grads AccumulateGrad::apply(const Grads& grad_outputs) {
   }
   if (leaf_->group) leaf_->group->note_gradient(leaf_.get());
   return {};
+}
+
+std::shared_ptr<TensorImpl> accumulation_leaf(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad() || t.impl().grad_fn) return nullptr;
+  return t.impl_ptr();
+}
+
+Tensor grad_to_accumulate_into(const std::shared_ptr<TensorImpl>& leaf, const Shape& shape, DType dtype,
+                               Device device, double* beta) {
+  if (!leaf || leaf->shape != shape || leaf->dtype != dtype || Tensor(leaf).device() != device) return Tensor();
+  if (!leaf->grad) {  // the first gradient: written, not added (AccumulateGrad would start from zeros)
+    Tensor fresh = Tensor::empty(shape, dtype, device);
+    leaf->grad = fresh.impl_ptr();
+    *beta = 0.0;
+    return fresh;
+  }
+  Tensor grad(leaf->grad);
+  if (!grad.is_contiguous() || grad.shape() != shape || grad.dtype() != dtype || grad.device() != device)
+    return Tensor();
+  *beta = 1.0;
+  return grad;
+}
+
+bool already_accumulated(const Node* node, const Tensor& g) {
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(node);
+  return acc && g.defined() && acc->leaf()->grad && g.impl_ptr() == acc->leaf()->grad;
 }
 
 bool grad_enabled() { return tl_grad_enabled; }

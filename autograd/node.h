@@ -14,7 +14,8 @@
 // Closures save what the backward needs as detached tensors (Tensor::detach) so the graph
 // never holds a cycle; they are released after backward runs (saved tensors freed).
 // Gradient contract: an op's closure returns (writes) activation gradients; only leaves
-// accumulate (+=) into their .grad, which may be a view into a flat gradient buffer.
+// accumulate (+=) into their .grad, which may be a view into a flat gradient buffer (an op
+// may add a leaf's gradient there itself: see grad_to_accumulate_into below).
 #pragma once
 
 #include <cstdint>
@@ -76,6 +77,22 @@ class AccumulateGrad : public Node {
  private:
   std::shared_ptr<TensorImpl> leaf_;
 };
+
+// An op that adds an input's gradient into the leaf's .grad itself (a linear's weight: the
+// GEMM adds x^T @ dy onto w.grad with beta 1: no fresh dW, no zeroing pass, no separate
+// add). At record time, accumulation_leaf(w) is w's impl when w is a leaf that requires grad
+// (its gradient goes to its AccumulateGrad), else null. In backward,
+// grad_to_accumulate_into(leaf, ...) is that leaf's .grad when it can take the gradient in
+// place (contiguous, of the gradient's shape, dtype and device; allocated uninitialized
+// when it had none, and then *beta = 0, else 1), or an undefined tensor: return the
+// gradient as usual. The op returns that .grad itself as the input's gradient: the engine
+// and AccumulateGrad read it as "already added" and only tell the leaf's GradGroup.
+std::shared_ptr<TensorImpl> accumulation_leaf(const Tensor& t);
+Tensor grad_to_accumulate_into(const std::shared_ptr<TensorImpl>& leaf, const Shape& shape, DType dtype,
+                               Device device, double* beta);
+// True when g is what grad_to_accumulate_into gave for the leaf behind `node` (an
+// AccumulateGrad): a gradient already in that leaf's .grad.
+bool already_accumulated(const Node* node, const Tensor& g);
 
 // Grad mode: on by default, per thread.
 bool grad_enabled();

@@ -1,5 +1,6 @@
 // CPU op benchmarks (Google Benchmark): GEMM through the kernel, through the op and
-// straight through cblas_sgemm; causal attention; LayerNorm. Results: docs/PERFORMANCE.md.
+// straight through cblas_sgemm; a linear's bias and weight gradient; causal attention;
+// LayerNorm. Results: docs/PERFORMANCE.md.
 //
 //   build/bench_cpu_ops --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //
@@ -169,6 +170,26 @@ void BM_linear_bias(benchmark::State& state) {
   flops(state, 2.0 * 2048 * 384 * 1536);
 }
 BENCHMARK(BM_linear_bias)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Apply(setup);
+
+// The same linear's weight gradient, dw (384,1536) = x^T @ dpre onto a gradient buffer that
+// already holds values: arg 0 as a returned gradient (the GEMM into a fresh dw, which
+// OpenBLAS zeroes first, then AccumulateGrad's grad += dw), arg 1 as the linear does it for a
+// leaf weight (the GEMM adds onto the buffer, beta 1).
+void BM_weight_grad(benchmark::State& state) {
+  Tensor x = randn({2048, 384}, 6), dpre = randn({2048, 1536}, 9), grad = randn({384, 1536}, 10);
+  for (auto _ : state) {
+    if (state.range(0) == 1) {
+      kernels::gemm(x, true, dpre, false, grad, 1.0, 1.0);
+    } else {
+      Tensor dw = Tensor::empty({384, 1536});
+      kernels::gemm(x, true, dpre, false, dw);
+      kernels::add_(grad, dw);
+    }
+    benchmark::DoNotOptimize(grad.data_ptr());
+  }
+  flops(state, 2.0 * 2048 * 384 * 1536);
+}
+BENCHMARK(BM_weight_grad)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Apply(setup);
 
 // One GEMM of a GPT step at config M (2048 tokens, C 384), as f32 sgemm (path 0) and in bf16
 // converted to f32 for sgemm (1) or on oneDNN's bf16 kernels (2; tensor/cpu/onednn_gemm.cpp).

@@ -14,7 +14,8 @@ For each rate: `train_gpt --plan --plan.calibrate` measures the cluster (the mat
 products at the model's shapes, memory, both link classes) into a cluster file; every
 layout is planned against it (`--plan --cluster FILE --json`) and trained for --steps
 steps (the median ms of the steps after the first two); `--plan --plan.search` recommends
-a plan for the same batch, which is trained too. Prints one row per layout (predicted,
+a plan for the same batch, which is trained too (unless it is one of the layouts: then
+that row is the pick's measurement). Prints one row per layout (predicted,
 measured, error), then per rate and over both: the largest error, the Spearman correlation
 of the two rankings, and the recommended plan's measured time against the fastest measured.
 Config S (bench/bench_dist.sh), 8 sequences per step, 4 ranks x 1 thread. Needs the
@@ -170,7 +171,12 @@ def main():
             # machine then costs each layout a round, not one layout all of its steps
             names = a.layouts.split(",")
             runs = {name: layout_args(*LAYOUTS[name]) for name in names}
-            runs["pick"] = pick
+            # a pick that is one of the layouts (same sizes, micro-batch, accumulation and
+            # checkpointing) is that row's runs: the same configuration measured twice would
+            # only compare one noisy median with another
+            pick_row = next((name for name in names if runs[name] == pick), None)
+            if pick_row is None:
+                runs["pick"] = pick
             timed = {name: [] for name in runs}  # per round, the steps' ms
             for rnd in range(a.rounds):
                 for name, args in runs.items():
@@ -197,9 +203,11 @@ def main():
                         for i in range(a.rounds) for j in range(i + 1, a.rounds)]
                 print(f"{rate:8s} the rounds' own rankings agree with each other at Spearman "
                       f"{statistics.mean(rhos):.2f} on average ({min(rhos):.2f} to {max(rhos):.2f})")
-            pm, _ = measured("pick")
+            pm, _ = measured(pick_row or "pick")
             fastest = min(here, key=lambda r: r["measured_ms"])
             loss = pm / fastest["measured_ms"] - 1
+            if pick_row:
+                pick_name += f" (= {pick_row})"
             print(f"{rate:8s} {pick_name}: predicted {best['step_s'] * 1e3:.0f} ms, measured {pm:.0f} ms; "
                   f"fastest measured {fastest['layout']} {fastest['measured_ms']:.0f} ms ({100 * loss:+.0f}%)")
             rho = spearman([r["predicted_ms"] for r in here], [r["measured_ms"] for r in here])

@@ -172,6 +172,50 @@ TEST(Engine, GradientViewIntoAFlatBufferAccumulatesThere) {
   EXPECT_EQ(grads.to_vector<float>()[29], 1.0f);
 }
 
+TEST(Engine, ALinearAddsItsWeightGradientIntoTheLeafsGrad) {
+  // a linear's dw is added onto w.grad by the GEMM (beta 1) instead of returned and added:
+  // the same gradients, with w used by other ops before and after, and w.grad kept in place
+  Tensor x = randn({5, 3}, DType::f64, Device::cpu(), 2), x2 = randn({6, 3}, DType::f64, Device::cpu(), 3);
+  Tensor c = randn({3, 4}, DType::f64, Device::cpu(), 4);
+  Tensor w = param({3, 4}, 1);
+  auto grad_of = [&](const std::function<Tensor()>& loss) {  // from zero, each use on its own
+    w.set_grad(Tensor());
+    backward(loss());
+    return w.grad().clone();
+  };
+  const Tensor g_lin = grad_of([&] { return sum_squares(linear(x, w, Tensor())); });
+  const Tensor g_gelu = grad_of([&] { return sum(linear_gelu(x2, w, Tensor())); });
+  const Tensor g_mul = grad_of([&] { return sum(mul(w, c)); });
+  // the same dw through matmul, which returns its gradient
+  w.set_grad(Tensor());
+  backward(sum_squares(matmul(x, w)));
+  expect_near(g_lin, w.grad(), 1e-14, "linear's dw against matmul's");
+
+  for (int order = 0; order < 2; ++order) {  // mul's gradient reaching w.grad's node before or after
+    w.set_grad(Tensor::full({3, 4}, 0.25, DType::f64));
+    const Tensor grad = w.grad();
+    Tensor loss;
+    if (order == 0)
+      loss = add(add(sum(mul(w, c)), sum_squares(linear(x, w, Tensor()))), sum(linear_gelu(x2, w, Tensor())));
+    else
+      loss = add(add(sum_squares(linear(x, w, Tensor())), sum(linear_gelu(x2, w, Tensor()))), sum(mul(w, c)));
+    int fired = 0;
+    auto group = autograd::GradGroup::create({w}, [&] { ++fired; });
+    backward(loss);
+    EXPECT_TRUE(w.grad().same(grad)) << "w.grad stays the tensor it was";
+    expect_near(w.grad(), add(add(add(g_lin, g_gelu), g_mul), Tensor::full({3, 4}, 0.25, DType::f64)), 1e-13,
+                "three uses onto 0.25");
+    EXPECT_EQ(fired, 1) << "order " << order;
+    group.reset();
+    w.impl().group = nullptr;
+  }
+
+  // a caller's gradient that is the leaf's own .grad is added, not taken as already there
+  w.set_grad(Tensor::full({3, 4}, 1.5, DType::f64));
+  backward({w}, {w.grad()});
+  expect_near(w.grad(), Tensor::full({3, 4}, 3.0, DType::f64), 0, "w.grad + w.grad");
+}
+
 TEST(Engine, NoGradGuardRecordsNothing) {
   Tensor w = param({3, 3}, 1);
   EXPECT_TRUE(autograd::grad_enabled());

@@ -95,13 +95,16 @@ Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, co
   if (b.defined()) inputs.push_back(b_in);
   // dx needs w and dw needs x: save only what the backward will use (gathered: the part)
   const Tensor x_saved = !nw ? Tensor() : gather ? part_in.contiguous().detach() : x.detach();
+  // a leaf weight's gradient is added straight into its .grad (see grad_to_accumulate_into)
+  std::shared_ptr<TensorImpl> w_leaf = nw ? autograd::accumulation_leaf(w_in) : nullptr;
   autograd::record(
       op, {y}, inputs,
-      [x_saved, w = nx ? w.detach() : Tensor(), pre, xshape = x_in.shape(), C, OC, N, nx, nw, nb,
+      [x_saved, w = nx ? w.detach() : Tensor(), w_leaf, pre, xshape = x_in.shape(), C, OC, N, nx, nw, nb,
        has_b = b.defined(), gather = gather ? *gather : TensorFn(),
        scatter = scatter ? *scatter : TensorFn()](const Grads& g) -> Grads {
         // forward: pre = x @ w + b, out = GELU(pre) (or out = pre); so
         //   dpre = GELU'(pre) * dout,  dx = dpre @ w^T,  dw = x^T @ dpre,  db = sum_rows(dpre)
+        // (dw added onto w.grad by the GEMM, beta 1, where w is a leaf)
         // (gathered: x = gather(part) once more, and the part's gradient is scatter(dx))
         Tensor dpre = g[0].contiguous().view({N, OC});
         if (pre.defined()) {
@@ -117,8 +120,10 @@ Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, co
         }
         if (nw) {
           const Tensor x = gather ? gather(x_saved).contiguous().view({N, C}) : x_saved;
-          r[1] = Tensor::empty({C, OC}, dpre.dtype(), dpre.device());
-          kernels::gemm(x, true, dpre, false, r[1]);
+          double beta = 0.0;
+          r[1] = autograd::grad_to_accumulate_into(w_leaf, {C, OC}, dpre.dtype(), dpre.device(), &beta);
+          if (!r[1].defined()) r[1] = Tensor::empty({C, OC}, dpre.dtype(), dpre.device());
+          kernels::gemm(x, true, dpre, false, r[1], 1.0, beta);  // r[1] (+)= x^T @ dpre
         }
         if (nb) {
           r[2] = Tensor::empty({OC}, dpre.dtype(), dpre.device());

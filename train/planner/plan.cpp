@@ -185,12 +185,12 @@ Count core_backward(const Dims& d) {
 //   full       the output only (N C); the input is the block before's output.
 // During backward, on top of the earlier blocks: the MLP's (everything saved but the
 // output, which ln_f or the next block has released, plus the incoming gradient N C, the
-// GELU's dx and input gradient 2 N H less the GELU output already released N H, and
-// c_proj's weight gradient H C before it is accumulated); then the attention's (ln_1's
+// GELU's dx and input gradient 2 N H less the GELU output already released N H; the
+// weight gradients go straight into the gradient buffers); then the attention's (ln_1's
 // output and stats, the core, two gradients of N C on the residual, the core's backward).
 // Full recomputes the block from its input inside backward: the saved set of `none`
-// comes back for the duration, plus the incoming gradient. In bytes: a per activation (and
-// per weight gradient: the compute dtype's), 4 per statistic.
+// comes back for the duration, plus the incoming gradient. In bytes: a per activation (the
+// compute dtype's), 4 per statistic.
 //
 // Sequence parallelism keeps the block's input, h, its output, the LayerNorms' statistics,
 // the gradients on the residual and the column-parallel linears' inputs (ln_1's and ln_2's
@@ -202,7 +202,7 @@ BlockMem block_mem(const Dims& d, nn::ACMode mode) {
   const Count gathered = Ns == N ? Count(0) : 2 * N * C * a;  // an incoming gradient, an input
   const Count mlp_part = (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 2 * N * H) * a + stats;
   const Count none_saved = Ns * C * a /*ln_1 out*/ + stats + core_saved(d) + N * Cl * a + mlp_part + Ns * C * a;
-  auto mlp_moment = [&](Count saved) { return saved - Ns * C * a + (Ns * C + N * H + H * C) * a + gathered; };
+  auto mlp_moment = [&](Count saved) { return saved - Ns * C * a + (Ns * C + N * H) * a + gathered; };
   auto attn_moment = [&](Count core_live) {
     return Ns * C * a + stats + core_live + 2 * Ns * C * a + gathered + core_backward(d);
   };
