@@ -330,6 +330,56 @@ BENCHMARK(BM_layernorm_forward)->Unit(benchmark::kMillisecond)->Apply(setup);
 BENCHMARK(BM_layernorm_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
 BENCHMARK(BM_layernorm_op_forward_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
 
+// ---- (d) element-wise passes in f32 (arg 0) and bf16 (arg 1): what one value costs -------
+// x, y (R,C): add (read 2, write 1), GELU forward (read 1, write 1), LayerNorm forward (read
+// 1, write 1), the conversion to the other dtype (Tensor::to). Bytes: in the dtype.
+template <typename Fn>
+void elementwise(benchmark::State& state, int values_moved, Fn fn) {
+  const DType dt = state.range(0) ? DType::bf16 : DType::f32;
+  Tensor x = randn({kR, kC}, 0, dt), y = randn({kR, kC}, 1, dt), out = Tensor::empty({kR, kC}, dt);
+  for (auto _ : state) {
+    fn(x, y, out);
+    benchmark::DoNotOptimize(out.data_ptr());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * values_moved * kR * kC * int64_t(dtype_size(dt)));
+}
+void BM_add(benchmark::State& s) {
+  elementwise(s, 3, [](const Tensor& x, const Tensor& y, const Tensor& o) { kernels::add(x, y, o); });
+}
+void BM_gelu(benchmark::State& s) {
+  elementwise(s, 2, [](const Tensor& x, const Tensor&, const Tensor& o) { kernels::gelu_forward(x, o); });
+}
+void BM_layernorm_dtype(benchmark::State& s) {
+  const DType dt = s.range(0) ? DType::bf16 : DType::f32;
+  Tensor w = randn({kC}, 2, dt), b = randn({kC}, 3, dt), mean = Tensor::empty({kR}), rstd = Tensor::empty({kR});
+  elementwise(s, 2, [&](const Tensor& x, const Tensor&, const Tensor& o) {
+    kernels::layernorm_forward(x, w, b, 1e-5, o, mean, rstd);
+  });
+}
+void BM_convert(benchmark::State& s) {
+  const DType to = s.range(0) ? DType::f32 : DType::bf16;
+  elementwise(s, 1, [&](const Tensor& x, const Tensor&, const Tensor&) { benchmark::DoNotOptimize(x.to(to).data_ptr()); });
+}
+// A (B, T, C) buffer's heads laid out as (B, NH, T, HS) (attention's q, k, v split and
+// permuted) and back: the strided copy kernel, f32 (arg 0) and bf16 (arg 1). Bytes: read + write.
+void BM_permute_copy(benchmark::State& s) {
+  const DType dt = s.range(0) ? DType::bf16 : DType::f32;
+  constexpr int64_t B = 8, T = 256, NH = 12, HS = 64;
+  Tensor x = randn({B, T, NH * HS}, 0, dt);
+  for (auto _ : s) {
+    Tensor heads = x.view({B, T, NH, HS}).permute({0, 2, 1, 3}).contiguous();
+    Tensor back = heads.permute({0, 2, 1, 3}).contiguous();
+    benchmark::DoNotOptimize(back.data_ptr());
+  }
+  s.SetBytesProcessed(s.iterations() * 4 * B * T * NH * HS * int64_t(dtype_size(dt)));
+}
+BENCHMARK(BM_permute_copy)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Apply(setup);
+BENCHMARK(BM_add)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Apply(setup);
+BENCHMARK(BM_gelu)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Apply(setup);
+BENCHMARK(BM_layernorm_dtype)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Apply(setup);
+BENCHMARK(BM_convert)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Apply(setup);
+
 void usage() {
   std::printf(
       "usage: bench_cpu_ops [--benchmark_filter=REGEX] [--benchmark_repetitions=N] [Google Benchmark flags]\n"

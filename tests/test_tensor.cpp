@@ -7,12 +7,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <sstream>
 
 #include "autograd/ops.h"
@@ -303,6 +305,64 @@ TEST(Copies, CopyIntoStridedDestinationConverts) {
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 3; ++j) EXPECT_EQ(v[i * 3 + j], j * 4 + i);
   EXPECT_CONTAINS(error_of([&] { dst.copy_(src); }), "(3, 4)");
+}
+
+// Any view into any view, any dtype pair: the copy kernel merges the dimensions both sides
+// step through as one and walks the rest row by row (several threads for large ones); every
+// element lands where the element-by-element definition puts it. Values 0..255 are exact in
+// every dtype, so the comparison is exact.
+double element(const Tensor& t, const std::vector<int64_t>& index) {
+  int64_t off = 0;
+  for (size_t d = 0; d < index.size(); ++d) off += index[d] * t.strides()[d];
+  switch (t.dtype()) {
+    case DType::f32: return static_cast<const float*>(t.data_ptr())[off];
+    case DType::f64: return static_cast<const double*>(t.data_ptr())[off];
+    case DType::bf16: return bf16_to_float(static_cast<const bf16*>(t.data_ptr())[off]);
+    default: ADD_FAILURE() << "dtype"; return 0;
+  }
+}
+TEST(Copies, EveryViewIntoEveryViewCopiesElementByElement) {
+  std::mt19937 rng(11);
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  // a view of a fresh buffer: its dims permuted, one of them narrowed, size-1 dims kept
+  auto view_of = [&](const Shape& shape, DType dt, bool fill) {
+    const int64_t nd = static_cast<int64_t>(shape.size());
+    std::vector<int64_t> perm(static_cast<size_t>(nd));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    Shape outer(static_cast<size_t>(nd));  // the buffer's shape: shape permuted, one dim wider
+    for (int64_t d = 0; d < nd; ++d) outer[static_cast<size_t>(d)] = shape[static_cast<size_t>(perm[d])];
+    const int64_t wide = pick(0, nd - 1), extra = pick(0, 2);
+    outer[static_cast<size_t>(wide)] += extra;
+    Tensor buf = Tensor::empty(outer, DType::f32);
+    std::vector<float> v(static_cast<size_t>(buf.numel()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = fill ? static_cast<float>((i * 37) % 256) : -1.0f;
+    buf = Tensor::from_vector(v, outer).to(dt);
+    Tensor t = buf.narrow(wide, pick(0, extra), outer[static_cast<size_t>(wide)] - extra);
+    std::vector<int64_t> inverse(static_cast<size_t>(nd));
+    for (int64_t d = 0; d < nd; ++d) inverse[static_cast<size_t>(perm[d])] = d;
+    return t.permute(inverse);
+  };
+  const std::vector<std::pair<DType, DType>> pairs = {{DType::f32, DType::f32},   {DType::bf16, DType::bf16},
+                                                       {DType::f32, DType::bf16},  {DType::bf16, DType::f32},
+                                                       {DType::f64, DType::f32},   {DType::f32, DType::f64}};
+  for (int trial = 0; trial < 120; ++trial) {
+    Shape shape;
+    for (int64_t d = 0, rank = pick(1, 4); d < rank; ++d) shape.push_back(pick(1, 7));
+    if (trial % 10 == 0) shape = {40, 33, pick(17, 30)};  // over the threads' threshold
+    const int64_t nd = static_cast<int64_t>(shape.size());
+    const auto [src_dt, dst_dt] = pairs[static_cast<size_t>(trial) % pairs.size()];
+    const Tensor src = view_of(shape, src_dt, true);
+    const Tensor dst = trial % 3 == 0 ? Tensor::full(shape, -1.0, dst_dt) : view_of(shape, dst_dt, false);
+    ASSERT_EQ(src.shape(), shape);
+    kernels::copy(dst, src);
+    std::vector<int64_t> index(static_cast<size_t>(nd), 0);
+    for (int64_t i = 0; i < src.numel(); ++i) {
+      ASSERT_EQ(element(dst, index), element(src, index)) << "trial " << trial << " element " << i;
+      for (int64_t d = nd - 1; d >= 0 && ++index[static_cast<size_t>(d)] == shape[static_cast<size_t>(d)]; --d)
+        index[static_cast<size_t>(d)] = 0;
+    }
+  }
 }
 
 // Overlapping source and destination in one storage: the result is that of reading all of
