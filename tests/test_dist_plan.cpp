@@ -285,6 +285,35 @@ TEST(PlanTime, OnCpuRanksATransferBehindTheComputeTakesItsShareOfIt) {
   EXPECT_DOUBLE_EQ(step(tp, "0")["step_s"].get<double>(), step(tp, "1")["step_s"].get<double>());
 }
 
+// Under bf16 the activations' element-wise passes (LayerNorm, GELU, residual adds, the
+// loss's passes) run at cluster.bf16_memory_gbps: half of memory_gbps, as on a CPU that
+// computes each bf16 value in f32, costs them about what they cost in f32. Matrix products,
+// f32 plans and the optimizer's f32 passes do not depend on it.
+TEST(PlanTime, ElementwisePassesOverBf16ValuesRunAtTheirOwnRate) {
+  auto time = [](const std::string& dtype, const std::string& bf16_gbps) {
+    const Result r = run_shell(
+        std::string(NDT_TRAIN_GPT_BIN) +
+        " --model.n_layer 4 --model.n_head 4 --model.n_embd 256 --model.vocab_size 512 --model.block_size 128"
+        " --train.seq_len 128 --train.micro_batch_size 8 --plan --json --cluster.hosts 1 --cluster.devices_per_host 1"
+        " --cluster.device_tflops 0.05 --cluster.efficiency 1 --cluster.memory_gbps 10 --cluster.device_memory_gb 10"
+        " --train.dtype " + dtype + " --cluster.bf16_memory_gbps " + bf16_gbps);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out)["time"];
+  };
+  const nlohmann::json same = time("bfloat16", "0"), explicit_same = time("bfloat16", "10"), half = time("bfloat16", "5"),
+                       quarter = time("bfloat16", "2.5"), f32 = time("float32", "5"), f32_default = time("float32", "0");
+  EXPECT_DOUBLE_EQ(same["step_s"].get<double>(), explicit_same["step_s"].get<double>()) << "0: memory_gbps";
+  EXPECT_DOUBLE_EQ(same["gemm_s"].get<double>(), half["gemm_s"].get<double>());
+  EXPECT_DOUBLE_EQ(f32["step_s"].get<double>(), f32_default["step_s"].get<double>());
+  // the passes over bf16 values cost in proportion to 1 / the rate, the f32 ones (AdamW, the
+  // master's copies) do not move: from 10 to 5 GB/s adds their time once, to 2.5 three times
+  auto ew = [](const nlohmann::json& t) { return t["compute_s"].get<double>() - t["gemm_s"].get<double>(); };
+  const double once = ew(half) - ew(same), thrice = ew(quarter) - ew(same);
+  EXPECT_GT(once, 0.2 * ew(same)) << "LayerNorm, GELU, the residual and the loss are a good part of it";
+  EXPECT_NEAR(thrice, 3 * once, 1e-6 * thrice);
+  EXPECT_LT(once, ew(same)) << "the f32 passes stay";
+}
+
 TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
   const Result r = run_shell(planner("--plan.search --json --plan.top 100000 --plan.batch 64 "
                                      "--cluster.preset h100-sxm-8 --cluster.hosts 2"));
@@ -407,6 +436,8 @@ TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
   EXPECT_NE(text16.find("dtype             = bfloat16"), std::string::npos) << text16;
   EXPECT_NE(text16.find("c_fc            1 x    256 x    64 x    256  bfloat16"), std::string::npos) << text16;
   EXPECT_NE(text16.find("q k^T"), std::string::npos) << text16;
+  EXPECT_NE(text16.find("bf16_memory_gbps  = "), std::string::npos) << "the bf16 element-wise rate: " << text16;
+  EXPECT_EQ(text.find("bf16_memory_gbps"), std::string::npos) << "not measured in float32: " << text;
   r = run_shell(bin + "--train.dtype bfloat16 --json --cluster " + bf16.string());
   ASSERT_EQ(r.rc, 0) << r.out;
   const nlohmann::json j16 = nlohmann::json::parse(r.out);

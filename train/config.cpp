@@ -143,6 +143,10 @@ po::options_description describe(Config& c) {
       ("cluster.efficiency", po::value(&c.cluster.efficiency)->default_value(c.cluster.efficiency),
        "share of device_tflops the matrix products reach (0 < e <= 1; a calibrated file has 1)")
       ("cluster.memory_gbps", po::value(&c.cluster.memory_gbps)->default_value(c.cluster.memory_gbps), "device memory bandwidth, GB/s")
+      ("cluster.bf16_memory_gbps", po::value(&c.cluster.bf16_memory_gbps)->default_value(c.cluster.bf16_memory_gbps),
+       "GB/s the element-wise ops reach on bfloat16 values, counted in their 2 bytes (0: memory_gbps, as on GPUs, "
+       "where such passes are bound by memory; a CPU converts every value to f32 and back and reaches about half; "
+       "--plan.calibrate measures it)")
       ("cluster.device_memory_gb", po::value(&c.cluster.device_memory_gb)->default_value(c.cluster.device_memory_gb), "memory of one device, GB")
       ("cluster.intra_gbps", po::value(&c.cluster.intra_gbps)->default_value(c.cluster.intra_gbps),
        "bandwidth between the devices of a host, GB/s per device and direction (NVLink, PCIe, shared memory)")
@@ -516,6 +520,7 @@ void validate_cluster(const Config& c, const Checks& ck) {
   ck.need(std::isfinite(k.efficiency) && k.efficiency >= 0 && k.efficiency <= 1,
           "cluster.efficiency must be in (0, 1] (0: the preset's), got " + std::to_string(k.efficiency));
   ck.finite("cluster.memory_gbps", k.memory_gbps, false);
+  ck.finite("cluster.bf16_memory_gbps", k.bf16_memory_gbps, false);
   ck.finite("cluster.device_memory_gb", k.device_memory_gb, false);
   ck.finite("cluster.intra_gbps", k.intra_gbps, false);
   ck.finite("cluster.intra_latency_us", k.intra_latency_us, false);

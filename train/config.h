@@ -120,6 +120,7 @@ struct ClusterSection {
   std::string dtype;              // what device_tflops was measured for (empty: train.dtype)
   double efficiency = 0;          // the share of device_tflops the model's matrix products reach
   double memory_gbps = 0;         // device memory bandwidth, GB/s (the element-wise ops)
+  double bf16_memory_gbps = 0;    // the same on bf16 values, in their bytes (0: memory_gbps)
   double device_memory_gb = 0;    // memory of one device, GB (the search keeps plans that fit)
   double intra_gbps = 0, intra_latency_us = 0;  // between devices of a host, per device, per direction
   double inter_gbps = 0, inter_latency_us = 0;  // between hosts, per device, per direction

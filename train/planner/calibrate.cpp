@@ -122,14 +122,16 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
   return Tensor::from_vector(v, {B, T});
 }
 
-// Seconds of one optimizer step of the config's model on this rank alone (tp = cp = 1, one
-// micro-step, no communication): forward, backward, the norm, AdamW; the median of 3 after
-// a warm-up. Under bf16 as the trainer runs it: bf16 copies over the f32 master, the
-// gradients folded into the master's, the copies made again after the step. With `behind`,
-// each timed step calls it first (it starts transfers) and waits for what it returns (they
-// are done) before the clock stops.
+// Seconds of one optimizer step of the config's model on each rank alone (tp = cp = 1, one
+// micro-step, no communication): forward, backward, the norm, AdamW; every rank at once,
+// starting together (a barrier), and the slowest rank's time counts, as in training, where
+// every step ends with the last rank (ranks sharing cores finish unevenly); the median of 3
+// such steps after a warm-up. Under bf16 as the trainer runs it: bf16 copies over the f32
+// master, the gradients folded into the master's, the copies made again after the step.
+// With `behind`, each timed step calls it first (it starts transfers) and waits for what it
+// returns (they are done) before the clock stops. Every rank calls this the same times.
 using Behind = std::function<std::function<void()>()>;
-double model_step_s(const Config& c, const Behind& behind = {}) {
+double model_step_s(dist::Communicator& world, const Config& c, const Behind& behind = {}) {
   models::GPT gpt(c.model);
   const bool bf16 = c.train.dtype == "bfloat16";
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, c.train.seed, nn::ShardSpec{},
@@ -139,6 +141,7 @@ double model_step_s(const Config& c, const Behind& behind = {}) {
   std::vector<double> times;
   for (int s = 0; s < 4; ++s) {
     Tensor x = random_ids(B, T, V, 2 * s), y = random_ids(B, T, V, 2 * s + 1);
+    world.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     const std::function<void()> done = s > 0 && behind ? behind() : std::function<void()>{};
     params.zero_grad();
@@ -147,7 +150,7 @@ double model_step_s(const Config& c, const Behind& behind = {}) {
     opt.step(1e-4, optim::clip_scale(optim::grad_norm(params), 1.0));
     params.refresh_compute();
     if (done) done();
-    if (s > 0) times.push_back(seconds_since(t0));
+    if (s > 0) times.push_back(max_over(world, seconds_since(t0)));
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
@@ -178,9 +181,9 @@ double cpu_share(dist::Communicator& world, dist::Communicator& pair, bool measu
     };
   };
   world.barrier();
-  const double alone = model_step_s(c);
+  const double alone = model_step_s(world, c);
   world.barrier();
-  const double with = model_step_s(c, measure ? behind : Behind{});
+  const double with = model_step_s(world, c, measure ? behind : Behind{});
   return mean_over(world, std::max(0.0, with - alone) / (kCalls * call_s), measure);
 }
 
@@ -232,22 +235,28 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
                     (long long)g.batch, (long long)g.m, (long long)g.k, (long long)g.n, dtype_name(g.dtype), f / t / 1e9);
       shapes << line;
     }
-    // ---- an element-wise pass: out = a + b reads two floats and writes one
+    // ---- an element-wise pass: out = a + b reads two values and writes one; in f32, and
+    // under bf16 also in bf16 (the activations' passes: each value converted to f32 and back)
     const int64_t n = int64_t(1) << 22;
-    Tensor x = Tensor::full({n}, 1.0), y = Tensor::full({n}, 2.0), z = Tensor::empty({n});
-    world->barrier();
-    const double t_add = mean_over(*world, time_per_call([&] { kernels::add(x, y, z); }, 0.3), true);
-    const double memory_bps = 3.0 * double(n) * 4 / t_add;
+    auto add_bps = [&](DType dt) {
+      Tensor x = Tensor::full({n}, 1.0, dt), y = Tensor::full({n}, 2.0, dt), z = Tensor::empty({n}, dt);
+      world->barrier();
+      const double t_add = mean_over(*world, time_per_call([&] { kernels::add(x, y, z); }, 0.3), true);
+      return 3.0 * double(n) * double(dtype_size(dt)) / t_add;
+    };
+    const double memory_bps = add_bps(DType::f32);
+    const double bf16_memory_bps = c.train.dtype == "bfloat16" ? add_bps(DType::bf16) : memory_bps;
     // ---- the model's own step, every rank at once: what the two rates above leave out (the
     // element-wise kernels that compute more than they move, the autograd engine, threads
     // sharing cores) becomes a factor on both, so that they predict this step
     world->barrier();
-    const double step_measured = mean_over(*world, model_step_s(c), true);
+    const double step_measured = model_step_s(*world, c);
     Cluster one;
     one.name = "one rank";
     one.hosts = one.devices_per_host = 1;
     one.flops = one.peak_flops = flops / secs;
     one.memory_bps = memory_bps;
+    one.bf16_memory_bps = bf16_memory_bps;
     one.memory_bytes = 1e18;
     Config c1 = c;
     c1.parallel = ParallelSection{};
@@ -265,6 +274,7 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
     k.devices_per_host = D;
     k.flops = k.peak_flops = flops / secs * factor;
     k.memory_bps = memory_bps * factor;
+    k.bf16_memory_bps = bf16_memory_bps * factor;
     k.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / double(D);
     if (D > 1) {
       const int64_t local = me % D;
@@ -306,8 +316,9 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
            << " hosts (" << host_list << ")\nthe matrix products of one micro-step of the model (n_layer "
            << c.model.n_layer << ", n_embd " << c.model.n_embd << ", micro-batch " << c.train.micro_batch_size
            << " x " << c.train.seq_len << ", " << c.train.dtype << "), every rank at once:\n"
-           << shapes.str() << "element-wise (a + b): " << memory_bps / 1e9
-           << " GB/s; the model's step alone on every rank at once: " << step_measured * 1e3
+           << shapes.str() << "element-wise (a + b): " << memory_bps / 1e9 << " GB/s"
+           << (c.train.dtype == "bfloat16" ? " (bfloat16: " + std::to_string(bf16_memory_bps / 1e9) + " GB/s)" : "")
+           << "; the model's step alone on every rank at once (the slowest): " << step_measured * 1e3
            << " ms, which these rates predict as " << step_predicted * 1e3 << " ms:\nboth are scaled by "
            << factor << " below\n" << inter_note
            << "the step with all-reduces behind it (8 per pair, about 0.7 of the step alone) took longer by "

@@ -18,6 +18,7 @@ struct Preset {
   double intra_gbps, intra_latency_us, inter_gbps, inter_latency_us;  // per device, per direction
   double efficiency;
   double intra_cpu_share = 0, inter_cpu_share = 0;  // GPUs: 0, their copy engines move the bytes
+  double bf16_memory_gbps = 0;  // element-wise on bf16 values; 0: memory_gbps (bound by memory)
 };
 
 // cpu-sim: the simulated CPU cluster (scripts/cluster.sh: 2 hosts x 2 ranks of 1 thread on
@@ -33,8 +34,10 @@ constexpr Preset kPresets[] = {
     {"h100-pcie-8", 8, 756, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},      // no NVLink: PCIe 5 through the host
     // measured 2026-12-02 (bench/bench_planner.py --dtype float32 / bfloat16, config S);
     // memory_gbps already reached. The CPU shares: 2026-12-02 and -03, both dtypes, four
-    // calibrations each day, ranged 0.19-0.66 inside a host and 0.06-1.0 between: the middle
-    {"cpu-sim", 2, 0.171474, 0.1058, 0.1058, 12.307 / 0.8, 12.638, 2.67713, 21.0, 0.60063, 19.3, 1.0, 0.45, 0.5},
+    // calibrations each day, ranged 0.19-0.66 inside a host and 0.06-1.0 between: the middle.
+    // bf16's element-wise rate: 0.57 of f32's (a + b in bf16 against f32, 2026-12-03)
+    {"cpu-sim", 2, 0.171474, 0.1058, 0.1058, 12.307 / 0.8, 12.638, 2.67713, 21.0, 0.60063, 19.3, 1.0, 0.45, 0.5,
+     0.57 * 12.307 / 0.8},
 };
 
 const Preset* find_preset(const std::string& name) {
@@ -87,6 +90,8 @@ Cluster resolve_cluster(const ClusterSection& k, const std::string& device, cons
   c.peak_flops = rate * 1e12;
   c.flops = rate * eff * 1e12;
   c.memory_bps = pick(k.memory_gbps, p ? 0.8 * p->memory_gbps : 0) * 1e9;
+  c.bf16_memory_bps = pick(k.bf16_memory_gbps, p ? 0.8 * p->bf16_memory_gbps : 0) * 1e9;
+  if (c.bf16_memory_bps <= 0) c.bf16_memory_bps = c.memory_bps;
   c.memory_bytes = pick(k.device_memory_gb, p ? p->memory_gb : 0) * 1e9;
   c.intra_bps = pick(k.intra_gbps, p ? p->intra_gbps : 0) * 1e9;
   c.intra_latency_s = pick(k.intra_latency_us, p ? p->intra_latency_us : 0) * 1e-6;
@@ -128,6 +133,8 @@ std::string cluster_ini(const Cluster& c, const std::string& comment) {
   num("device_tflops", c.flops / 1e12, "TFLOP/s the matrix products reached (measured)");
   num("efficiency", 1, "the rate above is what was reached");
   num("memory_gbps", c.memory_bps / 1e9, "GB/s the element-wise ops reached");
+  if (c.dtype == "bfloat16")
+    num("bf16_memory_gbps", c.bf16_memory_bps / 1e9, "the same on bfloat16 values (their 2 bytes each)");
   num("device_memory_gb", c.memory_bytes / 1e9, "GB per rank (the host's memory / its ranks)");
   if (c.devices_per_host > 1) {
     num("intra_gbps", c.intra_bps / 1e9, "GB/s per rank and direction inside a host");

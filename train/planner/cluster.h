@@ -27,6 +27,9 @@ struct Cluster {
   double flops = 0;         // FLOP/s one device's matrix products reach (rate x efficiency)
   double peak_flops = 0;    // the dense peak, for MFU
   double memory_bps = 0;    // bytes/s, the element-wise ops
+  // bytes/s of the element-wise ops on bf16 values (2 bytes each): memory_bps where they are
+  // bound by memory (GPUs); on a CPU, which computes each value in f32, about half of it
+  double bf16_memory_bps = 0;
   double memory_bytes = 0;  // of one device
   double intra_bps = 0, intra_latency_s = 0;
   double inter_bps = 0, inter_latency_s = 0;

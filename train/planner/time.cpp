@@ -308,10 +308,13 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
     d.S = d.B * d.NHl * (2 * diagonal + Tc * Tc * double(2 * D.cp - 1));
   }
   const double a = double(p.act_bytes);
+  const double bf16_bps = k.bf16_memory_bps > 0 ? k.bf16_memory_bps : k.memory_bps;
+  // an element-wise pass over bf16 values runs at its own rate: a CPU computes each in f32
+  // (a conversion in, one out) and moves half the bytes in about the time of an f32 pass
   auto piece_of = [&](const Work& w, double bytes_each) {
     Piece q;
     q.gemm_s = w.flops / k.flops;
-    q.s = q.gemm_s + w.floats * bytes_each / k.memory_bps;
+    q.s = q.gemm_s + w.floats * bytes_each / (bytes_each < kF ? bf16_bps : k.memory_bps);
     return q;
   };
   auto piece = [&](const Work& w) { return piece_of(w, a); };
@@ -559,6 +562,11 @@ void print_cluster(const Cluster& k, std::ostream& o) {
                 k.name.c_str(), (long long)k.hosts, (long long)k.devices_per_host, k.flops / 1e12,
                 k.peak_flops / 1e12, k.memory_bps / 1e9, k.memory_bytes / 1e9);
   o << line;
+  if (k.dtype == "bfloat16" && k.bf16_memory_bps != k.memory_bps) {
+    std::snprintf(line, sizeof(line), "  element-wise on bfloat16 values: %.3g GB/s (their 2 bytes each)\n",
+                  k.bf16_memory_bps / 1e9);
+    o << line;
+  }
   std::snprintf(
       line, sizeof(line),
       "  links per device and direction: inside a host %.3g GB/s (%.3g us), between hosts %.3g GB/s "
@@ -630,6 +638,7 @@ nlohmann::json cluster_to_json(const Cluster& k) {
           {"flops", k.flops},
           {"peak_flops", k.peak_flops},
           {"memory_bps", k.memory_bps},
+          {"bf16_memory_bps", k.bf16_memory_bps},
           {"memory_bytes", k.memory_bytes},
           {"intra_bps", k.intra_bps},
           {"intra_latency_s", k.intra_latency_s},
