@@ -194,7 +194,9 @@ BENCHMARK(BM_weight_grad)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond)->Apply(
 // One GEMM of a GPT step at config M (2048 tokens, C 384), as f32 sgemm (path 0) and in bf16
 // converted to f32 for sgemm (1) or on oneDNN's bf16 kernels (2; tensor/cpu/onednn_gemm.cpp).
 // Shapes (m, k, n, trans_a, trans_b): 0 c_attn forward, 1 c_fc forward, 2 c_proj (MLP)
-// forward, 3 lm_head forward, 4 c_fc's dW (x^T @ dy), 5 c_fc's dX (dy @ w^T).
+// forward, 3 lm_head forward, 4 c_fc's dW (x^T @ dy), 5 c_fc's dX (dy @ w^T); config S's
+// micro-step of 256 rows (a rank of the planner's bench): 6 c_attn, 7 c_attn under TP 4,
+// 8 attn c_proj under TP 4 (K = C/4), 9 c_fc under TP 4.
 void BM_gemm_bf16(benchmark::State& state) {
   struct G {
     int64_t m, k, n;
@@ -202,7 +204,9 @@ void BM_gemm_bf16(benchmark::State& state) {
   };
   const G shapes[] = {{2048, 384, 1152, false, false}, {2048, 384, 1536, false, false},
                       {2048, 1536, 384, false, false}, {2048, 384, 4096, false, false},
-                      {384, 2048, 1536, true, false},  {2048, 1536, 384, false, true}};
+                      {384, 2048, 1536, true, false},  {2048, 1536, 384, false, true},
+                      {256, 256, 768, false, false},   {256, 256, 192, false, false},
+                      {256, 64, 256, false, false},    {256, 256, 256, false, false}};
   const G g = shapes[state.range(1)];
   const int path = static_cast<int>(state.range(0));
   const DType dt = path == 0 ? DType::f32 : DType::bf16;
@@ -219,7 +223,7 @@ void BM_gemm_bf16(benchmark::State& state) {
   flops(state, 2.0 * g.m * g.k * g.n);
 }
 BENCHMARK(BM_gemm_bf16)
-    ->ArgsProduct({{0, 1, 2}, {0, 1, 2, 3, 4, 5}})
+    ->ArgsProduct({{0, 1, 2}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}})
     ->ArgNames({"path", "shape"})
     ->Unit(benchmark::kMicrosecond)
     ->Apply(setup);

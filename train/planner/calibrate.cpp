@@ -125,7 +125,7 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
 // Seconds of one optimizer step of the config's model on each rank alone (tp = cp = 1, one
 // micro-step, no communication): forward, backward, the norm, AdamW; every rank at once,
 // starting together (a barrier), and the slowest rank's time counts, as in training, where
-// every step ends with the last rank (ranks sharing cores finish unevenly); the median of 3
+// every step ends with the last rank (ranks sharing cores finish unevenly); the median of 9
 // such steps after a warm-up. Under bf16 as the trainer runs it: bf16 copies over the f32
 // master, the gradients folded into the master's, the copies made again after the step.
 // With `behind`, each timed step calls it first (it starts transfers) and waits for what it
@@ -139,7 +139,7 @@ double model_step_s(dist::Communicator& world, const Config& c, const Behind& be
   optim::AdamW opt(params, c.optim);
   const int64_t B = c.train.micro_batch_size, T = c.train.seq_len, V = c.model.vocab_size;
   std::vector<double> times;
-  for (int s = 0; s < 4; ++s) {
+  for (int s = 0; s < 10; ++s) {
     Tensor x = random_ids(B, T, V, 2 * s), y = random_ids(B, T, V, 2 * s + 1);
     world.barrier();
     const auto t0 = std::chrono::steady_clock::now();
