@@ -249,21 +249,26 @@ TEST(PlanTime, TensorParallelismAcrossHostsWaitsOnTheSlowLink) {
   EXPECT_GT(out, 2 * in) << "450 GB/s NVLink against the hosts' 100 GB/s";
 }
 
+// The time of config S's plan (4 layers, n_embd 256, T 128) on a cluster of CPU ranks whose
+// rates the arguments give (a calibrated file's keys), as --json's "time" object.
+nlohmann::json cpu_plan_time(const std::string& args) {
+  const Result r = run_shell(
+      std::string(NDT_TRAIN_GPT_BIN) +
+      " --model.n_layer 4 --model.n_head 4 --model.n_embd 256 --model.vocab_size 512 --model.block_size 128"
+      " --train.seq_len 128 --plan --json --cluster.device_tflops 0.05 --cluster.efficiency 1"
+      " --cluster.memory_gbps 10 --cluster.device_memory_gb 10 " + args);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  return nlohmann::json::parse(r.out)["time"];
+}
+
 // CPU ranks copy a transfer's bytes on the cores that compute: a transfer behind the
 // computation takes its link's cpu_share of its time from it, one that is waited for at
 // once (TP's) takes nothing more than its wait.
 TEST(PlanTime, OnCpuRanksATransferBehindTheComputeTakesItsShareOfIt) {
   auto step = [](const std::string& layout, const std::string& share) {
-    const Result r = run_shell(
-        std::string(NDT_TRAIN_GPT_BIN) +
-        " --model.n_layer 4 --model.n_head 4 --model.n_embd 256 --model.vocab_size 512 --model.block_size 128"
-        " --train.seq_len 128 --plan --json --cluster.hosts 2"
-        " --cluster.devices_per_host 2 --cluster.device_tflops 0.05 --cluster.efficiency 1 --cluster.memory_gbps 10"
-        " --cluster.device_memory_gb 10 --cluster.intra_gbps 0.4 --cluster.intra_latency_us 30"
-        " --cluster.inter_gbps 0.3 --cluster.inter_latency_us 90 --cluster.intra_cpu_share " +
-        share + " --cluster.inter_cpu_share " + share + " " + layout);
-    EXPECT_EQ(r.rc, 0) << r.out;
-    return nlohmann::json::parse(r.out)["time"];
+    return cpu_plan_time("--cluster.hosts 2 --cluster.devices_per_host 2 --cluster.intra_gbps 0.4"
+                         " --cluster.intra_latency_us 30 --cluster.inter_gbps 0.3 --cluster.inter_latency_us 90"
+                         " --cluster.intra_cpu_share " + share + " --cluster.inter_cpu_share " + share + " " + layout);
   };
   const std::string dp = "--parallel.dp_replicate_size 4 --train.micro_batch_size 2", tp = "--parallel.tp_size 4 --train.micro_batch_size 8";
   const nlohmann::json dp_free = step(dp, "0"), dp_half = step(dp, "0.5"), dp_full = step(dp, "1");
@@ -291,14 +296,8 @@ TEST(PlanTime, OnCpuRanksATransferBehindTheComputeTakesItsShareOfIt) {
 // f32 plans and the optimizer's f32 passes do not depend on it.
 TEST(PlanTime, ElementwisePassesOverBf16ValuesRunAtTheirOwnRate) {
   auto time = [](const std::string& dtype, const std::string& bf16_gbps) {
-    const Result r = run_shell(
-        std::string(NDT_TRAIN_GPT_BIN) +
-        " --model.n_layer 4 --model.n_head 4 --model.n_embd 256 --model.vocab_size 512 --model.block_size 128"
-        " --train.seq_len 128 --train.micro_batch_size 8 --plan --json --cluster.hosts 1 --cluster.devices_per_host 1"
-        " --cluster.device_tflops 0.05 --cluster.efficiency 1 --cluster.memory_gbps 10 --cluster.device_memory_gb 10"
-        " --train.dtype " + dtype + " --cluster.bf16_memory_gbps " + bf16_gbps);
-    EXPECT_EQ(r.rc, 0) << r.out;
-    return nlohmann::json::parse(r.out)["time"];
+    return cpu_plan_time("--cluster.hosts 1 --cluster.devices_per_host 1 --train.micro_batch_size 8 --train.dtype " +
+                         dtype + " --cluster.bf16_memory_gbps " + bf16_gbps);
   };
   const nlohmann::json same = time("bfloat16", "0"), explicit_same = time("bfloat16", "10"), half = time("bfloat16", "5"),
                        quarter = time("bfloat16", "2.5"), f32 = time("float32", "5"), f32_default = time("float32", "0");
