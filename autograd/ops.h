@@ -31,13 +31,26 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b);
 // gelu(linear(x, w, b)) as one node, the bias and GELU fused into the GEMM where the backend
 // can; keeps the pre-activation for the backward (as gelu() keeps its input).
 Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& b);
-// linear (gelu: linear_gelu) of an input that arrives in parts: gather(part) makes the whole
-// input, in forward and again in backward for the weight gradient, so that only the part is
-// kept; scatter(dx) turns the whole input's gradient into the part's. Sequence parallelism's
-// column-parallel layers (dist/tensor_parallel): the all-gather and the reduce-scatter.
-Tensor linear_gathered(const Tensor& part, const Tensor& w, const Tensor& b, bool gelu,
-                       const std::function<Tensor(const Tensor&)>& gather,
-                       const std::function<Tensor(const Tensor&)>& scatter);
+
+// A collective started on a tensor: the Pending it returns waits for it and gives the result.
+using Pending = std::function<Tensor()>;
+using StartFn = std::function<Pending(const Tensor&)>;
+
+// The collectives on the input of a layer whose input every rank of a group holds (a
+// column-parallel linear of tensor parallelism, dist/tensor_parallel):
+//   reduce_grad(dx)  the input gradient summed over the ranks (sequence parallelism: this
+//                    rank's part of the sum)
+//   gather(part)     sequence parallelism only (else empty): the input arrives in parts of
+//                    the sequence, and gather makes the whole one
+struct SharedInput {
+  StartFn gather, reduce_grad;
+};
+// linear (gelu: linear_gelu) of a shared input, the collectives inside the op so that they
+// run behind its GEMMs: backward starts reduce_grad as soon as dx is made and waits for it
+// after the weight gradient's GEMM (Megatron-LM's overlap of the input gradient's
+// all-reduce). With gather, only the part is kept for backward: it is gathered again there,
+// started before dx's GEMM and waited for before the weight gradient's.
+Tensor linear_shared_input(const Tensor& x, const Tensor& w, const Tensor& b, bool gelu, const SharedInput& comm);
 
 // ---- elementwise (ops/elementwise.cpp) -------------------------------------------
 // b has a's shape, or is a row vector (last dim of a) broadcast over the other dims.

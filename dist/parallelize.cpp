@@ -21,13 +21,13 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   auto pm = std::make_unique<ParallelModel>();
   pm->mesh_ = &mesh;
   // 1-2: the description is split; nothing is allocated yet
-  if (dims.tp > 1 && o.sequence_parallel) pm->sequence_parallel_ = std::make_shared<bool>(true);
-  if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp(), pm->sequence_parallel_);
-  if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len);
+  pm->split_.sequence_parallel = dims.tp > 1 && o.sequence_parallel;
+  if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp(), &pm->split_);
+  if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len, &pm->split_);
   // 3: wrappers compose inside out, the first installed runs innermost
-  if (o.ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(o.ac, o.ac_every));
+  if (o.ac != nn::ACMode::none) gpt.add_block_wrapper(nn::activation_checkpointing(o.ac, o.ac_every));
   if (o.trace && !dims.sharded())  // FSDP traces its units itself
-    gpt.add_unit_wrapper([trace = o.trace](int64_t i, const nn::UnitFn& fn, const Tensor& x) {
+    gpt.add_block_wrapper([trace = o.trace](int64_t i, const nn::BlockFn& fn, const Tensor& x) {
       Trace::Scope s(trace, "forward h." + std::to_string(i), Trace::kCompute);
       return fn(x);
     });
@@ -40,7 +40,7 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
     auto f = std::make_unique<FullyShardedDataParallel>(pm->params, mesh.fsdp(), &mesh.replicate(),
                                                         o.reduce_dtype, tp);
     f->set_trace(o.trace);
-    gpt.add_unit_wrapper(f->wrapper());  // outermost
+    gpt.add_block_wrapper(f->wrapper());  // outermost
     pm->fsdp_ = f.get();
     pm->strategy = std::move(f);
   } else if (dims.dp_replicate > 1) {
@@ -48,7 +48,7 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   } else {
     pm->strategy = std::make_unique<NoParallelism>(pm->params, tp);
   }
-  pm->strategy->set_sequence_parallel(pm->sequence_parallel_ != nullptr);
+  pm->strategy->read_sequence_split(&pm->split_);
   return pm;
 }
 
@@ -61,10 +61,7 @@ double ParallelModel::mean_over_ranks(double loss) const {
 
 bool ParallelModel::forward_is_collective() const { return fsdp_ || mesh_->dims().tp > 1; }
 
-void ParallelModel::split_sequences(bool on) const {
-  if (cp_) cp_->set_active(on);
-  if (sequence_parallel_) *sequence_parallel_ = on;
-}
+void ParallelModel::split_sequences(bool on) { split_.active = on; }
 
 Tensor ParallelModel::whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const {
   return fsdp_ ? fsdp_->gather_buffer(u, shard) : shard;

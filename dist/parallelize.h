@@ -30,11 +30,12 @@
 #include "dist/context_parallel/ring_attention.h"
 #include "dist/fsdp/fsdp.h"
 #include "dist/mesh.h"
+#include "dist/sequence_split.h"
 #include "dist/strategy.h"
 #include "dist/trace.h"
 #include "models/gpt.h"
 #include "nn/flat.h"
-#include "nn/unit.h"
+#include "nn/block_wrapper.h"
 
 namespace ndt::dist {
 
@@ -75,7 +76,7 @@ class ParallelModel {
   bool forward_is_collective() const;
   // While false, every rank runs whole sequences (sampling): CP's chunks and sequence
   // parallelism's parts are off.
-  void split_sequences(bool on) const;
+  void split_sequences(bool on);
   // Checkpoints and weight files in the single-process layout: a unit buffer whole (FSDP:
   // all-gathered over the shard group) and a parameter whole (TP: gathered over the tp group).
   Tensor whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const;
@@ -87,7 +88,7 @@ class ParallelModel {
   const DeviceMesh* mesh_ = nullptr;
   FullyShardedDataParallel* fsdp_ = nullptr;  // the strategy, when sharded
   std::unique_ptr<ContextParallel> cp_;       // when cp > 1
-  std::shared_ptr<bool> sequence_parallel_;   // TP's hooks read it; null without it
+  SequenceSplit split_;                       // read by CP, TP and the strategy
 };
 
 std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& mesh,

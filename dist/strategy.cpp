@@ -16,7 +16,7 @@ double Strategy::grad_norm() const {
 }
 
 void Strategy::sum_partial_grads_over_tp() const {
-  if (!sequence_parallel_ || !tp_ || tp_->size() == 1) return;
+  if (!split_ || !split_->sequence_parallel || !tp_ || tp_->size() == 1) return;
   // every unsplit parameter's part of this rank's gradient shards: the same offsets on
   // every tp rank (their buffers differ only in the split parameters' contents)
   std::vector<Tensor> parts;

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "dist/comm/communicator.h"
+#include "dist/sequence_split.h"
 #include "nn/flat.h"
 
 namespace ndt::dist {
@@ -45,8 +46,9 @@ class Strategy {
   // Sequence parallelism (dist/tensor_parallel/tensor_parallel.h): the gradients of the
   // parameters tensor parallelism does not split are partial on each tp rank, which saw only
   // its part of every sequence; end_micro of the last micro-step then sums them over the tp
-  // group, after the data-parallel reductions (a sum commutes with their mean).
-  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+  // group, after the data-parallel reductions (a sum commutes with their mean). split:
+  // ParallelModel's setting (dist/sequence_split.h), which must outlive the strategy.
+  void read_sequence_split(const SequenceSplit* split) { split_ = split; }
 
  protected:
   // params: this rank's buffers. shard_group: the ranks that hold different parts of each buffer
@@ -62,7 +64,7 @@ class Strategy {
  private:
   Communicator* const norm_group_;  // the shard group, over which the norm sums
   Communicator* const tp_;
-  bool sequence_parallel_ = false;
+  const SequenceSplit* split_ = nullptr;  // nullptr: no sequence parallelism
 };
 
 // Gradients stay where backward put them: one process (or TP alone).

@@ -1,6 +1,6 @@
 #include "nn/layers.h"
 
-#include "nn/unit.h"
+#include "nn/block_wrapper.h"
 
 namespace ndt::nn {
 
@@ -9,18 +9,20 @@ Linear::Linear(int64_t in_, int64_t out_, bool has_bias, float std) : in(in_), o
   if (has_bias) param("bias", &bias, {out}, Init::zeros(), false);
 }
 
-Tensor Linear::forward(const Tensor& x) const {
-  if (gathered_when && gathered_when()) return linear_gathered(x, weight, bias, false, gather_input, scatter_input_grad);
-  const Tensor in = before ? before(x) : x;
-  if (!reduce_before_bias) return linear(in, weight, bias);
-  const Tensor y = reduce_before_bias(linear(in, weight, Tensor()));  // the sum of every rank's part
-  return bias.defined() ? add(y, bias) : y;
-}
+Tensor Linear::forward(const Tensor& x) const { return apply(x, false); }
+Tensor Linear::forward_gelu(const Tensor& x) const { return apply(x, true); }
 
-Tensor Linear::forward_gelu(const Tensor& x) const {
-  if (reduce_before_bias) return gelu(forward(x));  // the bias comes after the reduction
-  if (gathered_when && gathered_when()) return linear_gathered(x, weight, bias, true, gather_input, scatter_input_grad);
-  return linear_gelu(before ? before(x) : x, weight, bias);
+// x (..., in) -> (..., out): x -> the input's collectives -> x @ W -> the output's -> + b
+Tensor Linear::apply(const Tensor& x, bool gelu) const {
+  const SharedInput shared = comm ? comm->input() : SharedInput{};
+  auto gemm = [&](const Tensor& b, bool with_gelu) {  // the bias (and GELU) fused where it can be
+    if (shared.gather || shared.reduce_grad) return linear_shared_input(x, weight, b, with_gelu, shared);
+    return with_gelu ? linear_gelu(x, weight, b) : linear(x, weight, b);
+  };
+  if (!comm || !comm->reduces_output()) return gemm(bias, gelu);
+  Tensor y = comm->reduce_output(gemm(Tensor(), false));  // the sum of every rank's part
+  if (bias.defined()) y = add(y, bias);                   // then the bias, once
+  return gelu ? ndt::gelu(y) : y;
 }
 
 Embedding::Embedding(int64_t num, int64_t dim, float std, int64_t live_rows) {

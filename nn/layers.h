@@ -7,14 +7,38 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "autograd/ops.h"
 #include "nn/module.h"
 
 namespace ndt::nn {
 
-// A function of one tensor: the communication that tensor parallelism puts around a layer.
+// A function of one tensor: the communication a parallel layout puts around a layer.
 using TensorFn = std::function<Tensor(const Tensor&)>;
+
+// What a parallel layout does around one linear's GEMM, set by dist/tensor_parallel
+// (column_parallel, row_parallel); a linear without one is this rank's alone. Linear reads
+//
+//   x -> input(): the input's collectives, inside the op -> x @ W -> reduce_output -> + b
+//
+// Column-parallel: every rank of the group holds the same input and its own columns of W;
+// input() sums the input's gradient over the ranks in backward (Megatron-LM's f; sequence
+// parallel: it also gathers the input from the ranks' parts in forward), run inside the
+// linear's op so that backward overlaps it with the weight gradient's GEMM
+// (linear_shared_input in autograd/ops.h). Row-parallel: each rank's output is a partial
+// sum over its rows of W; reduce_output sums the ranks' (g; sequence parallel: keeps this
+// rank's part of the sum), and the bias, whole on every rank, is added once after it.
+class LinearComm {
+ public:
+  virtual ~LinearComm() = default;
+  // The collectives on a shared input for this forward (empty: the input is this rank's own).
+  virtual SharedInput input() const { return {}; }
+  // true: the GEMM's output is a partial sum that reduce_output makes whole before the bias
+  virtual bool reduces_output() const { return false; }
+  // (..., out) partial sums -> the sum over the group (an autograd op: g)
+  virtual Tensor reduce_output(const Tensor& partial) const { return partial; }
+};
 
 class Linear : public Module {
  public:
@@ -24,15 +48,10 @@ class Linear : public Module {
   Tensor forward_gelu(const Tensor& x) const;  // gelu(forward(x)), fused where it can be
   Tensor weight, bias;
   int64_t in, out;
-  // Tensor parallelism (dist/tensor_parallel) sets these: a column-parallel layer copies
-  // its input to the group first (f), a row-parallel one sums its partial outputs over the
-  // group (g) before adding the bias, which is whole on every rank.
-  TensorFn before, reduce_before_bias;
-  // Sequence parallelism, on a column-parallel layer: while gathered_when() is true the
-  // input comes in parts of the sequence, and the layer runs linear_gathered with these
-  // (all-gather, reduce-scatter) instead of `before`: it keeps only the part for backward.
-  std::function<bool()> gathered_when;
-  TensorFn gather_input, scatter_input_grad;
+  std::shared_ptr<const LinearComm> comm;  // the parallel layout's collectives (nullptr: none)
+
+ private:
+  Tensor apply(const Tensor& x, bool gelu) const;
 };
 
 class Embedding : public Module {

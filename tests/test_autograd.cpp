@@ -216,6 +216,66 @@ TEST(Engine, ALinearAddsItsWeightGradientIntoTheLeafsGrad) {
   expect_near(w.grad(), Tensor::full({3, 4}, 3.0, DType::f64), 0, "w.grad + w.grad");
 }
 
+TEST(Engine, ASharedInputsSumRunsWhileTheWeightGradientIsMade) {
+  // linear_shared_input with the collectives of a tensor-parallel group of two ranks played
+  // by functions: gather puts the other rank's part o after ours, reduce_grad adds the other
+  // rank's input gradient e and keeps our positions. Backward must start the gather before
+  // reduce_grad, wait for it before the weight gradient, and wait for reduce_grad only after
+  // the weight gradient is made, and give the gradients of the same ops done by hand.
+  const int64_t B = 2, Ts = 3, C = 4, OC = 5;
+  const Tensor o = randn({B, Ts, C}, DType::f64, Device::cpu(), 7), e = randn({B, 2 * Ts, C}, DType::f64, Device::cpu(), 8);
+  for (const bool sequence_parallel : {false, true}) {
+    for (const bool gelu : {false, true}) {
+      SCOPED_TRACE(std::string(sequence_parallel ? "gathered" : "whole") + (gelu ? ", gelu" : ""));
+      Tensor x = param({B, Ts, C}, 1), w = param({C, OC}, 2), b = param({OC}, 3);
+      auto run = [&](const Tensor& whole) {
+        return sum_squares(gelu ? linear_gelu(whole, w, b) : linear(whole, w, b));
+      };
+      // by hand: the gathered input as an op, the other rank's gradient added at the end
+      for (Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+      backward(run(sequence_parallel ? concat({x, o}, 1) : x));
+      const Tensor e_ours = split(e, 1, {Ts, Ts})[0];  // the other rank's gradient of our positions
+      const Tensor dx_ref = add(x.grad(), e_ours).clone(), dw_ref = w.grad().clone(), db_ref = b.grad().clone();
+
+      Log log;
+      Tensor w_grad_at_the_wait;
+      SharedInput comm;
+      if (sequence_parallel)
+        comm.gather = [&](const Tensor& part) -> Pending {
+          log.push_back("gather start");
+          return [&log, part, &o] {
+            log.push_back("gather wait");
+            return concat({part, o}, 1);
+          };
+        };
+      comm.reduce_grad = [&](const Tensor& dx) -> Pending {
+        log.push_back("reduce start");
+        return [&, dx] {
+          log.push_back("reduce wait");
+          w_grad_at_the_wait = w.grad().clone();
+          const Tensor sum = add(dx, sequence_parallel ? e : e_ours);
+          return sequence_parallel ? split(sum, 1, {Ts, Ts})[0] : sum;
+        };
+      };
+      x.set_grad(Tensor());
+      w.set_grad(Tensor::zeros({C, OC}, DType::f64));  // the GEMM adds dw here, so the wait can see it
+      b.set_grad(Tensor());
+      const Tensor loss = sum_squares(linear_shared_input(x, w, b, gelu, comm));
+      const Log forward_log = sequence_parallel ? Log{"gather start", "gather wait"} : Log{};
+      EXPECT_EQ(log, forward_log);
+      backward(loss);
+      Log expected = forward_log;
+      if (sequence_parallel) expected.insert(expected.end(), {"gather start", "reduce start", "gather wait", "reduce wait"});
+      else expected.insert(expected.end(), {"reduce start", "reduce wait"});
+      EXPECT_EQ(log, expected);
+      expect_near(w_grad_at_the_wait, dw_ref, 1e-12, "w.grad when reduce_grad is waited for");
+      expect_near(x.grad(), dx_ref, 1e-12, "dx");
+      expect_near(w.grad(), dw_ref, 1e-12, "dw");
+      expect_near(b.grad(), db_ref, 1e-12, "db");
+    }
+  }
+}
+
 TEST(Engine, NoGradGuardRecordsNothing) {
   Tensor w = param({3, 3}, 1);
   EXPECT_TRUE(autograd::grad_enabled());

@@ -286,8 +286,12 @@ TEST(PlanTime, OnCpuRanksATransferBehindTheComputeTakesItsShareOfIt) {
   for (const nlohmann::json& t : {dp_free, dp_half, dp_full})
     EXPECT_NEAR(t["step_s"].get<double>(),
                 t["compute_s"].get<double>() + t["recompute_s"].get<double>() + t["exposed_s"].get<double>(), 1e-9);
-  // TP waits for each all-reduce where it is issued: nothing runs under it
-  EXPECT_DOUBLE_EQ(step(tp, "0")["step_s"].get<double>(), step(tp, "1")["step_s"].get<double>());
+  // TP waits for each all-reduce where it is issued, but for a column-parallel linear's input
+  // gradient, whose sum runs under the linear's weight gradient (2 of a block's 4 in
+  // backward): the share costs TP that much of its compute, a few percent of its step
+  const double tp_free = step(tp, "0")["step_s"].get<double>(), tp_full = step(tp, "1")["step_s"].get<double>();
+  EXPECT_GT(tp_full, tp_free);
+  EXPECT_LT(tp_full, 1.1 * tp_free);
 }
 
 // Under bf16 the activations' element-wise passes (LayerNorm, GELU, residual adds, the

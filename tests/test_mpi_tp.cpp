@@ -69,14 +69,15 @@ TEST(TensorParallel, BlockEqualsTheWholeBlock) {
 // Sequence parallelism: the block's input and output in parts of the sequence (rank q holds
 // positions [q T/n, (q+1) T/n)); the LayerNorms' and row-parallel biases' gradients are
 // partial on each rank, their sum over the group the whole block's. The column-parallel
-// layers gather their input again in backward (linear_gathered).
+// layers gather their input again in backward (linear_shared_input).
 TEST(TensorParallel, SequenceParallelBlockEqualsTheWholeBlock) {
   auto& tp = *ndt::testing::world();
   const int64_t C = 24, NH = 12, B = 2, T = 12;  // T divides by 2, 3 and 4
   const int64_t n = tp.size(), Ts = T / n, r = tp.rank();
   nn::Block whole(C, NH, 0.3f, 0.2f), part(C, NH, 0.3f, 0.2f);
-  auto on = std::make_shared<bool>(true);
-  dist::apply_tensor_parallel(part, tp, on);
+  dist::SequenceSplit split;
+  split.sequence_parallel = true;
+  dist::apply_tensor_parallel(part, tp, &split);
   nn::FlatParams wp = nn::materialize({{"b", whole.parameters("b")}}, Device::cpu(), DType::f64, 5);
   nn::FlatParams pp = nn::materialize({{"b", part.parameters("b")}}, Device::cpu(), DType::f64, 5);
   for (const nn::FlatParam& f : pp.units[0].params) {

@@ -65,15 +65,15 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
 
 namespace {
 
-using TensorFn = std::function<Tensor(const Tensor&)>;
-
 // x (..., C) @ w (C, OC) + b (OC) -> (..., OC), then GELU if gelu: one node, the bias (and
-// GELU) fused into the GEMM where the backend can (kernels::linear_forward). With gather,
-// x_in is a part of the input: x = gather(x_in), made again in backward (see linear_gathered).
+// GELU) fused into the GEMM where the backend can (kernels::linear_forward). With shared,
+// the input's collectives (linear_shared_input); with its gather, x_in is a part of the
+// input: x = gather(x_in), made again in backward.
 Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, const Tensor& b_in, bool gelu,
-                   const TensorFn* gather = nullptr, const TensorFn* scatter = nullptr) {
+                   const SharedInput* shared = nullptr) {
   check_same(op, {&part_in, &w_in, &b_in});
-  const Tensor x_in = gather ? (*gather)(part_in.detach()) : part_in;
+  const StartFn gather = shared ? shared->gather : StartFn(), reduce_grad = shared ? shared->reduce_grad : StartFn();
+  const Tensor x_in = gather ? gather(part_in.detach())() : part_in;
   NDT_CHECK(w_in.dim() == 2 && x_in.dim() >= 1 && x_in.size(-1) == w_in.size(0), op, ": input ",
             x_in.shape_str(), " does not match weight ", w_in.shape_str(),
             " (expected x (..., C) and w (C, OC))");
@@ -100,12 +100,13 @@ Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, co
   autograd::record(
       op, {y}, inputs,
       [x_saved, w = nx ? w.detach() : Tensor(), w_leaf, pre, xshape = x_in.shape(), C, OC, N, nx, nw, nb,
-       has_b = b.defined(), gather = gather ? *gather : TensorFn(),
-       scatter = scatter ? *scatter : TensorFn()](const Grads& g) -> Grads {
+       has_b = b.defined(), gather, reduce_grad](const Grads& g) -> Grads {
         // forward: pre = x @ w + b, out = GELU(pre) (or out = pre); so
         //   dpre = GELU'(pre) * dout,  dx = dpre @ w^T,  dw = x^T @ dpre,  db = sum_rows(dpre)
         // (dw added onto w.grad by the GEMM, beta 1, where w is a leaf)
-        // (gathered: x = gather(part) once more, and the part's gradient is scatter(dx))
+        // shared input: dx's sum over the ranks runs while dw's GEMM does; gathered, the
+        // whole x is gathered again while dx's GEMM runs
+        const Pending x_whole = nw && gather ? gather(x_saved) : Pending();
         Tensor dpre = g[0].contiguous().view({N, OC});
         if (pre.defined()) {
           Tensor d = empty_like(dpre);
@@ -113,13 +114,17 @@ Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, co
           dpre = d;
         }
         Grads r(has_b ? 3 : 2);
+        Pending dx_sum;
         if (nx) {
           Tensor dx = Tensor::empty({N, C}, dpre.dtype(), dpre.device());
           kernels::gemm(dpre, false, w, true, dx);
-          r[0] = scatter ? scatter(dx.view(xshape)) : dx.view(xshape);
+          if (reduce_grad)
+            dx_sum = reduce_grad(dx.view(xshape));
+          else
+            r[0] = dx.view(xshape);
         }
         if (nw) {
-          const Tensor x = gather ? gather(x_saved).contiguous().view({N, C}) : x_saved;
+          const Tensor x = x_whole ? x_whole().contiguous().view({N, C}) : x_saved;
           double beta = 0.0;
           r[1] = autograd::grad_to_accumulate_into(w_leaf, {C, OC}, dpre.dtype(), dpre.device(), &beta);
           if (!r[1].defined()) r[1] = Tensor::empty({C, OC}, dpre.dtype(), dpre.device());
@@ -129,6 +134,7 @@ Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, co
           r[2] = Tensor::empty({OC}, dpre.dtype(), dpre.device());
           kernels::sum_rows(dpre, r[2]);
         }
+        if (dx_sum) r[0] = dx_sum();
         return r;
       });
   return y;
@@ -144,9 +150,8 @@ Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& b) {
   return linear_impl("linear_gelu", x, w, b, true);
 }
 
-Tensor linear_gathered(const Tensor& part, const Tensor& w, const Tensor& b, bool gelu, const TensorFn& gather,
-                       const TensorFn& scatter) {
-  return linear_impl(gelu ? "linear_gelu_gathered" : "linear_gathered", part, w, b, gelu, &gather, &scatter);
+Tensor linear_shared_input(const Tensor& x, const Tensor& w, const Tensor& b, bool gelu, const SharedInput& comm) {
+  return linear_impl(gelu ? "linear_gelu_shared_input" : "linear_shared_input", x, w, b, gelu, &comm);
 }
 
 }  // namespace ndt

@@ -24,12 +24,16 @@ std::array<Tensor, 2> halves(const Tensor& t) {
 }
 Tensor join(const Tensor& a, const Tensor& b) { return concat({a, b}, 2); }
 
+// Head-tail load balancing: of the 2 n chunks of a sequence, rank r holds chunk r (its
+// head) and this one (its tail), so every rank has as many keys to attend to as any other.
+int64_t tail_chunk(int64_t rank, int64_t n) { return 2 * n - 1 - rank; }
+
 }  // namespace
 
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& cp) {
   const int64_t n = cp.size(), r = cp.rank(), Tc = q.size(2) / 2, HS = q.size(3);
   const std::array<Tensor, 2> qh = halves(q);
-  const std::array<int64_t, 2> q_chunk = {r, 2 * n - 1 - r};
+  const std::array<int64_t, 2> q_chunk = {r, tail_chunk(r, n)};
   std::array<AttentionOut, 2> acc;
   Tensor kv = concat_last({k, v});  // (B, NH, 2Tc, 2HS): one message per step
   int64_t owner = r;                // whose chunks kv holds
@@ -41,7 +45,7 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
     RingPass next;
     if (step + 1 < n) next = ring_pass(kv, cp);  // in flight while we compute on kv
     const std::array<Tensor, 2> kvh = halves(kv);
-    const std::array<int64_t, 2> k_chunk = {owner, 2 * n - 1 - owner};
+    const std::array<int64_t, 2> k_chunk = {owner, tail_chunk(owner, n)};
     for (int b = 0; b < 2; ++b) {
       if (k_chunk[b] > q_chunk[1]) continue;  // after every query of both chunks: all masked
       std::vector<Tensor> kvs = split_last(kvh[b], {HS, HS});  // K, V of key chunk b
@@ -52,8 +56,8 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
         if (recompute) {
           std::vector<Tensor> block = autograd::recompute(
               [qo, ko](const std::vector<Tensor>& in) {
-                AttentionOut r = attention(in[0], in[1], in[2], qo, ko);
-                return std::vector<Tensor>{r.out, r.lse};
+                const AttentionOut pair = attention(in[0], in[1], in[2], qo, ko);
+                return std::vector<Tensor>{pair.out, pair.lse};
               },
               {qh[a], kvs[0], kvs[1]});
           o = {block[0], block[1]};
@@ -72,13 +76,14 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
   return join(acc[0].out, acc[1].out);  // each query chunk saw at least its own diagonal block
 }
 
-ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq_len) : cp_(cp), T_(seq_len) {
+ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq_len, const SequenceSplit* split)
+    : cp_(cp), T_(seq_len) {
   check_context_parallel(seq_len, cp.size());
-  std::shared_ptr<bool> active = active_;
+  auto active = [split] { return !split || split->active; };
   Communicator* c = &cp;
   for (auto& block : gpt.h)
     block->attn.attend = [c, active](const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset) {
-      return *active ? ring_attention(q, k, v, *c) : attention(q, k, v, pos_offset, pos_offset).out;
+      return active() ? ring_attention(q, k, v, *c) : attention(q, k, v, pos_offset, pos_offset).out;
     };
   const int64_t n = cp.size(), r = cp.rank(), Tc = seq_len / (2 * n);
   gpt.positions = [active, n, r, Tc](const Tensor& idx, int64_t pos_offset) {
@@ -86,9 +91,9 @@ ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq
     std::vector<int32_t> pos(static_cast<size_t>(B * T));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t)
-        pos[b * T + t] = static_cast<int32_t>(!*active ? pos_offset + t
+        pos[b * T + t] = static_cast<int32_t>(!active() ? pos_offset + t
                                               : t < Tc ? r * Tc + t
-                                                       : (2 * n - 1 - r) * Tc + (t - Tc));
+                                                       : tail_chunk(r, n) * Tc + (t - Tc));
     return Tensor::from_vector(pos, {B, T}, idx.device());
   };
 }
@@ -97,7 +102,7 @@ Tensor ContextParallel::local(const Tensor& tokens) const {
   const int64_t n = cp_.size(), r = cp_.rank(), B = tokens.size(0), Tc = T_ / (2 * n);
   NDT_CHECK(tokens.size(1) == T_, "context parallelism: a batch of ", tokens.size(1),
             " tokens per row, expected ", T_);
-  Tensor head = tokens.narrow(1, r * Tc, Tc), tail = tokens.narrow(1, (2 * n - 1 - r) * Tc, Tc);
+  Tensor head = tokens.narrow(1, r * Tc, Tc), tail = tokens.narrow(1, tail_chunk(r, n) * Tc, Tc);
   Tensor out = Tensor::empty({B, 2 * Tc}, tokens.dtype(), tokens.device());
   out.narrow(1, 0, Tc).copy_(head);
   out.narrow(1, Tc, Tc).copy_(tail);

@@ -28,6 +28,7 @@
 #include <memory>
 
 #include "dist/comm/communicator.h"
+#include "dist/sequence_split.h"
 #include "models/gpt.h"
 
 namespace ndt::dist {
@@ -41,18 +42,16 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
 
 class ContextParallel {
  public:
-  // Installs ring attention and the head-tail positions on every block of gpt.
-  ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq_len);
+  // Installs ring attention and the head-tail positions on every block of gpt. While
+  // split->active is false (sampling, where every rank runs the whole sequence), the model
+  // attends and positions as on one process; split: ParallelModel's (nullptr: always on).
+  ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq_len, const SequenceSplit* split = nullptr);
   // (B, T) tokens of the whole sequences -> (B, 2 Tc): this rank's head and tail chunks.
   Tensor local(const Tensor& tokens) const;
-  // While false (sampling, where every rank runs the whole sequence), the model attends
-  // and positions as on one process.
-  void set_active(bool on) { *active_ = on; }
 
  private:
   Communicator& cp_;
   int64_t T_;
-  std::shared_ptr<bool> active_ = std::make_shared<bool>(true);
 };
 
 }  // namespace ndt::dist

@@ -38,20 +38,23 @@ Tensor reduce_from_tp(const Tensor& x, Communicator& tp) {
 // ---- sequence parallelism ----------------------------------------------------------------
 
 // x (B, Ts, ...) on every rank -> (B, n Ts, ...), rank q's part at positions [q Ts, (q+1) Ts)
-Tensor all_gather_sequence(const Tensor& x, Communicator& tp) {
+Pending start_all_gather_sequence(const Tensor& x, Communicator& tp) {
   const int64_t n = tp.size(), B = x.size(0), Ts = x.size(1);
   const Tensor in = x.contiguous();
   Shape whole = in.shape();
   whole[1] = n * Ts;
   Tensor all = Tensor::empty({n * in.numel()}, in.dtype(), in.device());
-  tp.all_gather(all, in.view({in.numel()}))->wait();
-  if (B == 1) return all.view(whole);  // (n, 1, Ts, ...) is already (1, n Ts, ...)
-  // (n, B, Ts ...) -> (B, n, Ts ...)
-  return all.view({n, B, in.numel() / B}).permute({1, 0, 2}).contiguous().view(whole);
+  WorkPtr w = tp.all_gather(all, in.view({in.numel()}));
+  return [w, all, whole, n, B]() -> Tensor {
+    w->wait();
+    if (B == 1) return all.view(whole);  // (n, 1, Ts, ...) is already (1, n Ts, ...)
+    // (n, B, Ts ...) -> (B, n, Ts ...)
+    return all.view({n, B, all.numel() / (n * B)}).permute({1, 0, 2}).contiguous().view(whole);
+  };
 }
 
 // y (B, T, ...) on every rank -> this rank's part of the sum over ranks, (B, T/n, ...)
-Tensor reduce_scatter_sequence_sum(const Tensor& y, Communicator& tp) {
+Pending start_reduce_scatter_sequence_sum(const Tensor& y, Communicator& tp) {
   const int64_t n = tp.size(), B = y.size(0), T = y.size(1);
   NDT_CHECK(T % n == 0, "sequence parallelism: ", T, " positions do not split among ", n, " ranks");
   Shape part = y.shape();
@@ -59,8 +62,25 @@ Tensor reduce_scatter_sequence_sum(const Tensor& y, Communicator& tp) {
   // (B, n, Ts ...) -> (n, B, Ts ...): each rank's part in one piece
   const Tensor in = B == 1 ? y.contiguous() : y.contiguous().view({B, n, y.numel() / (B * n)}).permute({1, 0, 2}).contiguous();
   Tensor out = Tensor::empty(part, y.dtype(), y.device());
-  tp.reduce_scatter(out.view({out.numel()}), in.view({in.numel()}), ReduceOp::kSum)->wait();
-  return out;
+  WorkPtr w = tp.reduce_scatter(out.view({out.numel()}), in.view({in.numel()}), ReduceOp::kSum);
+  return [w, out]() -> Tensor {
+    w->wait();
+    return out;
+  };
+}
+
+Pending start_all_reduce_sum_in_place(const Tensor& x, Communicator& tp) {
+  NDT_CHECK(x.is_contiguous(), "start_all_reduce_sum_in_place: ", x.desc(), " must be contiguous");
+  WorkPtr w = tp.all_reduce(x, ReduceOp::kSum);
+  return [w, x]() -> Tensor {
+    w->wait();
+    return x;
+  };
+}
+
+Tensor all_gather_sequence(const Tensor& x, Communicator& tp) { return start_all_gather_sequence(x, tp)(); }
+Tensor reduce_scatter_sequence_sum(const Tensor& y, Communicator& tp) {
+  return start_reduce_scatter_sequence_sum(y, tp)();
 }
 
 Tensor gather_sequence(const Tensor& x, Communicator& tp) {

@@ -6,14 +6,17 @@
 //
 // A column-parallel linear computes its slice of the outputs from the whole input, so its
 // input goes through f (each rank's dx is partial); a row-parallel linear computes a partial
-// sum from its slice of the inputs, so its output goes through g. With a group of one rank
-// each op is the identity.
+// sum from its slice of the inputs, so its output goes through g. (The blocks' column-parallel
+// linears run f inside their own op, linear_shared_input, so that the sum of dx runs under
+// the weight gradient's GEMM; lm_head's input goes through copy_to_tp.) With a group of one
+// rank each op is the identity.
 //
 // Shape legend: N rows (B*T), C channels, Vl = Vp / tp vocabulary rows of this rank.
 #pragma once
 
 #include <cstdint>
 
+#include "autograd/ops.h"
 #include "dist/comm/communicator.h"
 #include "nn/module.h"
 
@@ -35,10 +38,16 @@ Tensor reduce_from_tp(const Tensor& x, Communicator& tp);
 //                                        //   the sum, (B, T/tp, ...); backward: dy gathered
 Tensor gather_sequence(const Tensor& x, Communicator& tp);
 Tensor reduce_scatter_sequence(const Tensor& x, Communicator& tp);
-// The same two collectives as plain functions (no autograd): for linear_gathered, which
-// gathers a column-parallel layer's input again in backward instead of keeping it whole.
+// The same two collectives as plain functions (no autograd), and started: the Pending
+// they return waits for the collective and gives its result. Column-parallel layers run
+// them inside their own op (linear_shared_input in autograd/ops.h), gathering the input
+// again in backward for the weight gradient instead of keeping it whole.
 Tensor all_gather_sequence(const Tensor& x, Communicator& tp);
 Tensor reduce_scatter_sequence_sum(const Tensor& y, Communicator& tp);
+Pending start_all_gather_sequence(const Tensor& x, Communicator& tp);
+Pending start_reduce_scatter_sequence_sum(const Tensor& y, Communicator& tp);
+// x (contiguous) summed over the ranks in place, started; the Pending gives x once done
+Pending start_all_reduce_sum_in_place(const Tensor& x, Communicator& tp);
 
 // ids (...) i32, table (Vl, C): this rank's rows [v_start, v_start + Vl) of the embedding.
 // Each rank looks up the ids it holds (zeros for the others) and g sums the ranks:

@@ -27,55 +27,78 @@ void check_sequence_parallel(int64_t seq_len, int64_t cp, int64_t tp) {
 }
 
 namespace {
-bool on(const SequenceParallelSwitch& sp) { return sp && *sp; }
+
+bool sequence_parallel_now(const SequenceSplit* split) { return split && split->sequence_parallel_now(); }
+
+// f: the input is whole on every rank, and backward sums its gradient over the ranks;
+// sequence parallel: f is an all-gather of the ranks' parts (backward: a reduce-scatter of
+// the gradient into them), made again in backward for the weight gradient, so the layer
+// keeps only this rank's part of its input. Inside the linear's own op, so that backward
+// runs them under its GEMMs (linear_shared_input).
+class ColumnParallelComm : public nn::LinearComm {
+ public:
+  ColumnParallelComm(Communicator& tp, const SequenceSplit* split) : tp_(tp), split_(split) {}
+  SharedInput input() const override {
+    Communicator* tp = &tp_;
+    if (!sequence_parallel_now(split_))
+      return {StartFn(), [tp](const Tensor& dx) { return start_all_reduce_sum_in_place(dx, *tp); }};
+    return {[tp](const Tensor& part) { return start_all_gather_sequence(part, *tp); },
+            [tp](const Tensor& dx) { return start_reduce_scatter_sequence_sum(dx, *tp); }};
+  }
+
+ private:
+  Communicator& tp_;
+  const SequenceSplit* split_;
+};
+
+// g: the partial products summed over the ranks (sequence parallel: each rank keeps its
+// part of the sum); the linear adds the bias (whole on every rank) once, after it
+class RowParallelComm : public nn::LinearComm {
+ public:
+  RowParallelComm(Communicator& tp, const SequenceSplit* split) : tp_(tp), split_(split) {}
+  bool reduces_output() const override { return true; }
+  Tensor reduce_output(const Tensor& partial) const override {
+    return sequence_parallel_now(split_) ? reduce_scatter_sequence(partial, tp_) : reduce_from_tp(partial, tp_);
+  }
+
+ private:
+  Communicator& tp_;
+  const SequenceSplit* split_;
+};
+
 }  // namespace
 
 void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups, Communicator* tp,
-                     SequenceParallelSwitch sp) {
+                     const SequenceSplit* split) {
   // W (C_in, C_out): this rank's columns of each of the `groups` blocks, and their bias
   l.split_param("weight", 1, parts, rank, groups);
   l.split_param("bias", 0, parts, rank, groups);  // GPT-2 linears all have one
-  // f: the input is whole on every rank; backward sums its gradient over the ranks
-  if (tp) l.before = [tp](const Tensor& x) { return copy_to_tp(x, *tp); };
-  // sequence parallel: f is an all-gather of the ranks' parts (backward: a reduce-scatter of
-  // the gradient into them), made again in backward for the weight gradient, so the layer
-  // keeps only this rank's part of its input
-  if (tp && sp) {
-    l.gathered_when = [sp] { return *sp; };
-    l.gather_input = [tp](const Tensor& x) { return all_gather_sequence(x, *tp); };
-    l.scatter_input_grad = [tp](const Tensor& dx) { return reduce_scatter_sequence_sum(dx, *tp); };
-  }
+  if (tp) l.comm = std::make_shared<ColumnParallelComm>(*tp, split);
 }
 
-void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp, SequenceParallelSwitch sp) {
+void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp, const SequenceSplit* split) {
   // W (C_in, C_out): this rank's rows; its input is the split output of a column-parallel layer
   l.split_param("weight", 0, parts, rank);
-  // g: the partial products summed over the ranks (sequence parallel: each rank keeps its
-  // part of the sum), then the bias (whole on every rank) once
-  if (tp)
-    l.reduce_before_bias = [tp, sp](const Tensor& y) {
-      return on(sp) ? reduce_scatter_sequence(y, *tp) : reduce_from_tp(y, *tp);
-    };
+  if (tp) l.comm = std::make_shared<RowParallelComm>(*tp, split);
 }
 
 namespace {
 
 // One block as rank `rank` of `parts` holds it; with a communicator, with its f and g.
-void parallelize_block(nn::Block& b, int64_t parts, int64_t rank, Communicator* tp,
-                       const SequenceParallelSwitch& sp) {
+void parallelize_block(nn::Block& b, int64_t parts, int64_t rank, Communicator* tp, const SequenceSplit* split) {
   NDT_CHECK(b.attn.n_head % parts == 0, "tensor parallelism: ", b.attn.n_head, " heads do not divide among ",
             parts, " ranks");
-  column_parallel(b.attn.c_attn, parts, rank, /*groups=*/3, tp, sp);  // this rank's heads of q, of k, of v
-  row_parallel(b.attn.c_proj, parts, rank, tp, sp);                   // those heads' rows
+  column_parallel(b.attn.c_attn, parts, rank, /*groups=*/3, tp, split);  // this rank's heads of q, of k, of v
+  row_parallel(b.attn.c_proj, parts, rank, tp, split);                   // those heads' rows
   b.attn.n_head /= parts;
-  column_parallel(b.mlp.c_fc, parts, rank, /*groups=*/1, tp, sp);  // this rank's hidden units
-  row_parallel(b.mlp.c_proj, parts, rank, tp, sp);
+  column_parallel(b.mlp.c_fc, parts, rank, /*groups=*/1, tp, split);  // this rank's hidden units
+  row_parallel(b.mlp.c_proj, parts, rank, tp, split);
 }
 
 }  // namespace
 
-void apply_tensor_parallel(nn::Block& block, Communicator& tp, SequenceParallelSwitch sp) {
-  if (tp.size() > 1) parallelize_block(block, tp.size(), tp.rank(), &tp, sp);
+void apply_tensor_parallel(nn::Block& block, Communicator& tp, const SequenceSplit* split) {
+  if (tp.size() > 1) parallelize_block(block, tp.size(), tp.rank(), &tp, split);
 }
 
 void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
@@ -83,32 +106,32 @@ void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
             "; tp_size must be >= 1 and the rank in [0, tp_size)");
   if (parts == 1) return;
   check_tensor_parallel(gpt.cfg, parts);
-  for (auto& block : gpt.h) parallelize_block(*block, parts, rank, /*tp=*/nullptr, /*sp=*/nullptr);
+  for (auto& block : gpt.h) parallelize_block(*block, parts, rank, /*tp=*/nullptr, /*split=*/nullptr);
   gpt.wte.split_param("weight", 0, parts, rank);
 }
 
-void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, SequenceParallelSwitch sp) {
+void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, const SequenceSplit* split) {
   const int64_t n = tp.size();
   if (n == 1) return;
   check_tensor_parallel(gpt.cfg, n);
-  for (auto& block : gpt.h) apply_tensor_parallel(*block, tp, sp);
+  for (auto& block : gpt.h) apply_tensor_parallel(*block, tp, split);
   // the vocabulary: wte rows [v_start, v_start + Vl) on this rank
   const int64_t Vl = gpt.cfg.padded_vocab() / n, v_start = tp.rank() * Vl;
   const int64_t v_live = std::clamp<int64_t>(gpt.cfg.vocab_size - v_start, 0, Vl);  // the rest is padding
   gpt.wte.split_param("weight", 0, n, tp.rank());
-  gpt.wte.lookup = [&tp, v_start, sp](const Tensor& ids, const Tensor& table) {
-    if (!on(sp)) return vocab_parallel_embedding(ids, table, v_start, tp);
+  gpt.wte.lookup = [&tp, v_start, split](const Tensor& ids, const Tensor& table) {
+    if (!sequence_parallel_now(split)) return vocab_parallel_embedding(ids, table, v_start, tp);
     // the rank's rows for its ids (zeros for the others'), summed into each rank's part
     return reduce_scatter_sequence(embedding(ids, table, v_start, tp.size() * table.size(0)), tp);
   };
   // sequence parallel: the positions (B, T) i32 of this rank's part, for wpe
-  gpt.sequence_part = [&tp, sp](const Tensor& pos) {
-    if (!on(sp)) return pos;
+  gpt.sequence_part = [&tp, split](const Tensor& pos) {
+    if (!sequence_parallel_now(split)) return pos;
     const int64_t Ts = pos.size(1) / tp.size();
     return pos.narrow(1, tp.rank() * Ts, Ts).contiguous();
   };
   // f: lm_head is column-parallel; its input whole on every rank (gathered, sequence parallel)
-  gpt.before_lm_head = [&tp, sp](const Tensor& x) { return on(sp) ? gather_sequence(x, tp) : copy_to_tp(x, tp); };
+  gpt.before_lm_head = [&tp, split](const Tensor& x) { return sequence_parallel_now(split) ? gather_sequence(x, tp) : copy_to_tp(x, tp); };
   gpt.loss_fn = [&tp, v_start, v_live](const Tensor& logits, const Tensor& targets) {
     return vocab_parallel_cross_entropy(logits, targets, v_start, v_live, /*ignore_index=*/-1, tp);
   };

@@ -28,9 +28,8 @@
 // gradients are partial, and the strategy sums them over the tp group (dist/strategy.h).
 #pragma once
 
-#include <memory>
-
 #include "dist/comm/communicator.h"
+#include "dist/sequence_split.h"
 #include "models/gpt.h"
 
 namespace ndt::dist {
@@ -40,25 +39,27 @@ namespace ndt::dist {
 void check_tensor_parallel(const models::GPTConfig& cfg, int64_t tp);
 
 // The two layers of Megatron-LM's tensor parallelism, each its split and its communication
-// together (tp = nullptr: the split alone, as rank `rank` of `parts` holds it):
+// together (tp = nullptr: the split alone, as rank `rank` of `parts` holds it), the
+// communication as the linear's nn::LinearComm (nn/layers.h):
 // Column-parallel: W (C_in, C_out) split by columns (in `groups` equal blocks, each split:
-// c_attn's q, k and v), with the bias; the input comes through f (copy_to_tp), the output
-// stays split. Row-parallel: W split by rows, taking a column-parallel layer's split output;
-// the partial outputs are summed by g (reduce_from_tp) before the bias, held whole.
-// sequence_parallel: while *sequence_parallel is true, f and g are the sequence-parallel
-// all-gather and reduce-scatter (nullptr: never). One flag for every hook, so that
-// sampling, which runs whole sequences of any length, can turn it off.
-using SequenceParallelSwitch = std::shared_ptr<const bool>;
+// c_attn's q, k and v), with the bias; the input goes through f (the sum of its gradient
+// over the ranks, inside the layer's op so that it runs under the weight gradient's GEMM:
+// linear_shared_input), the output stays split. Row-parallel: W split by rows, taking a
+// column-parallel layer's split output; the partial outputs are summed by g
+// (reduce_from_tp) before the bias, held whole.
+// split: ParallelModel's setting (dist/sequence_split.h; nullptr: no sequence
+// parallelism). While split->sequence_parallel_now(), f and g are the sequence-parallel
+// all-gather and reduce-scatter; sampling, which runs whole sequences, turns it off.
 void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups = 1, Communicator* tp = nullptr,
-                     SequenceParallelSwitch sequence_parallel = nullptr);
+                     const SequenceSplit* split = nullptr);
 void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp = nullptr,
-                  SequenceParallelSwitch sequence_parallel = nullptr);
+                  const SequenceSplit* split = nullptr);
 
 // Splits gpt's parameters (their specs: local shapes, TpSlice) and installs the f/g ops,
 // the vocabulary-parallel embedding and loss. The communicator must outlive the model.
-void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, SequenceParallelSwitch sequence_parallel = nullptr);
+void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, const SequenceSplit* split = nullptr);
 // One block's share: its heads, its MLP hidden units (used by the GPT's, and by tests).
-void apply_tensor_parallel(nn::Block& block, Communicator& tp, SequenceParallelSwitch sequence_parallel = nullptr);
+void apply_tensor_parallel(nn::Block& block, Communicator& tp, const SequenceSplit* split = nullptr);
 // Throws ndt::Error when a rank's tokens of a sequence (seq_len / cp) do not split among tp.
 void check_sequence_parallel(int64_t seq_len, int64_t cp, int64_t tp);
 // Only the splits, as rank `rank` of `parts` would hold them (no communication installed):

@@ -48,26 +48,6 @@ bool operator<(Count a, Count b) { return a.v < b.v; }
 bool operator>(Count a, Count b) { return a.v > b.v; }
 bool operator==(Count a, Count b) { return a.v == b.v; }
 
-// A communicator that has a size and a rank and nothing else: apply_tensor_parallel reads
-// them to split the described parameters; any collective would be a bug in the planner.
-class ShapeOnlyComm : public dist::Communicator {
- public:
-  ShapeOnlyComm(int rank, int size) : Communicator(rank, size, "tp (plan)") {}
-  std::string backend() const override { return "none"; }
-  dist::WorkPtr all_reduce(const Tensor&, dist::ReduceOp) override { fail(); }
-  dist::WorkPtr all_gather(const Tensor&, const Tensor&) override { fail(); }
-  dist::WorkPtr reduce_scatter(const Tensor&, const Tensor&, dist::ReduceOp) override { fail(); }
-  dist::WorkPtr broadcast(const Tensor&, int) override { fail(); }
-  dist::WorkPtr send(const Tensor&, int) override { fail(); }
-  dist::WorkPtr recv(const Tensor&, int) override { fail(); }
-  void barrier() override { fail(); }
-  std::shared_ptr<Communicator> split(int, int, const std::string&) override { fail(); }
-  [[noreturn]] void abort(int) override { fail(); }
-
- private:
-  [[noreturn]] static void fail() { NDT_FAIL("internal: the planner's communicator cannot communicate"); }
-};
-
 // Bytes an all-reduce of `bytes` sends on n ranks (MpiCommunicator::all_reduce's counter).
 Count all_reduce_bytes(Count bytes, Count n) { return n > 1 ? 2 * (n - 1) * bytes / n : 0; }
 
@@ -194,7 +174,7 @@ Count core_backward(const Dims& d) {
 //
 // Sequence parallelism keeps the block's input, h, its output, the LayerNorms' statistics,
 // the gradients on the residual and the column-parallel linears' inputs (ln_1's and ln_2's
-// outputs: linear_gathered keeps the part and gathers it again in backward) on Ns = N / tp
+// outputs: linear_shared_input keeps the part and gathers it again in backward) on Ns = N / tp
 // rows; backward holds the incoming gradient gathered (N C) for each c_proj and the
 // gathered input again (N C) for each column-parallel weight gradient.
 BlockMem block_mem(const Dims& d, nn::ACMode mode) {
@@ -269,8 +249,7 @@ UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p) {
   Count params_global = 0;
   for (const nn::ParamSpec& s : gpt.parameters()) params_global += numel_of(s.global_shape());
   p.params_global = params_global.v;
-  ShapeOnlyComm tp(0, static_cast<int>(D.tp));
-  if (D.tp > 1) dist::apply_tensor_parallel(gpt, tp);
+  dist::split_tensor_parallel(gpt, D.tp, 0);  // rank 0's shapes: every rank's are the same
   UnitLayout l;
   l.units = nn::flat_layout(gpt.units(), nn::ShardSpec{0, D.fsdp()});
   Count params_rank = 0, shard = 0;

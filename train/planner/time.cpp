@@ -168,7 +168,9 @@ struct Shapes {
 // One block's pieces, forward and backward (the ops of nn::Block and autograd/ops/*.cpp).
 struct BlockWork {
   Work attn_in, core, attn_out, mlp;          // forward: ln_1 + c_attn + split; core; c_proj + residual; MLP
-  Work attn_in_b, core_b, attn_out_b, mlp_b;  // their backward
+  Work attn_in_b, core_b, attn_out_b, mlp_b;  // their backward, up to c_attn's and c_fc's input gradients
+  Work attn_in_dw, mlp_dw;                    // ... c_attn's and c_fc's weight gradients
+  Work ln_1_b, ln_2_b;                        // ... and the LayerNorms' (with the residual's sum)
 };
 
 BlockWork block_work(const Shapes& d) {
@@ -192,12 +194,19 @@ BlockWork block_work(const Shapes& d) {
   w.mlp = {4 * N * C * H, 2 * Ns * C + 2 * N * H + 3 * Ns * C};
   // backward: twice the FLOPs (input and weight gradients); LayerNorm's backward reads
   // three tensors and writes one, each bias gradient reads its output gradient, each weight
-  // gradient is made and then added into the unit's gradient (3 passes of its size)
-  w.attn_in_b = {2 * w.attn_in.flops, 4 * Ns * C + 6 * N * Cl + 3 * N * Cl + 3 * (3 * C * Cl)};
+  // gradient is made and then added into the unit's gradient (3 passes of its size). The
+  // column-parallel c_attn and c_fc are split at their input gradient: under TP the
+  // trainer sums it over tp while their weight gradient is made (ops::linear_shared_input)
+  w.attn_in_b = {2 * N * C * 3 * Cl, 6 * N * Cl + 3 * N * Cl};
+  w.attn_in_dw = {2 * N * C * 3 * Cl, 3 * (3 * C * Cl)};
+  w.ln_1_b = {0, 4 * Ns * C};
   // (fused: q k^T once more, to make the probabilities again, 2.5x the forward's FLOPs)
   w.core_b = {(d.fused ? 2.5 : 2.0) * w.core.flops, 3 * d.S + ring_copies};
   w.attn_out_b = {2 * w.attn_out.flops, 2 * N * Cl + 2 * N * C + Ns * C + 3 * Cl * C};
-  w.mlp_b = {2 * w.mlp.flops, 4 * Ns * C + 3 * N * H + N * (H + C) + 2 * Ns * C + 3 * (2 * C * H)};
+  // c_proj's both gradients, GELU's, c_fc's input gradient; then c_fc's weight gradient
+  w.mlp_b = {6 * N * C * H, 3 * N * H + N * (H + C) + 3 * (C * H)};
+  w.mlp_dw = {2 * N * C * H, 3 * (C * H)};
+  w.ln_2_b = {0, 4 * Ns * C + 2 * Ns * C};
   return w;
 }
 
@@ -379,9 +388,10 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
       if (s + 1 < D.cp) r.sync("cp", exchange_s(kv_bytes, cp_link));
     }
   };
-  // TP's f and g, each waited for where it runs: plain TP, g's all-reduce in forward and f's
-  // in backward; sequence parallel, f all-gathers in forward and reduce-scatters in
-  // backward, g the other way round (the same bytes, at twice the places)
+  // TP's f and g: plain TP, g's all-reduce in forward and f's in backward; sequence
+  // parallel, f all-gathers in forward and reduce-scatters in backward, g the other way
+  // round (the same bytes, at twice the places). Each is waited for where it runs, but f's
+  // backward in a block's column-parallel linears (column_backward below)
   const bool sp = p.sequence_parallel;
   const double gather_bytes = N * C * a;  // an all-gather moves the raw values
   auto tp_sync = [&](bool reduce) {
@@ -391,9 +401,24 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   };
   auto f_forward = [&]() { if (sp) tp_sync(false); };
   auto g_forward = [&]() { tp_sync(true); };
-  auto f_backward = [&]() { tp_sync(true); };
+  auto f_backward = [&]() { tp_sync(true); };  // lm_head's: the tied wte's gradient waits for it
   auto g_backward = [&]() { if (sp) tp_sync(false); };
-  auto gather_again = [&]() { if (sp) tp_sync(false); };  // a column-parallel input, for dW
+  // A column-parallel linear's backward (ops::linear_shared_input): with sequence parallel
+  // its input is gathered again (for dW) while its input gradient is made; that gradient's
+  // sum over tp (f's backward) runs while the weight gradient is made, waited for after it
+  auto column_backward = [&](const Work& dx, const Work& dw) {
+    if (D.tp == 1) {
+      r.run(piece(dx), false);
+      return r.run(piece(dw), false);
+    }
+    Ticket gathered_x;
+    if (sp) gathered_x = r.start("tp", gather_s(gather_bytes, D.tp, tp_link));
+    r.run(piece(dx), false);
+    const Ticket summed = r.start("tp", sp ? gather_s(act_bytes, D.tp, tp_link) : all_reduce_s(act_bytes, D.tp, tp_link));
+    if (sp) r.wait("tp", gathered_x);
+    r.run(piece(dw), false);
+    r.wait("tp", summed);
+  };
   auto block_forward = [&](bool again) {
     f_forward();  // before c_attn
     r.run(piece(bw.attn_in), again);
@@ -407,16 +432,14 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   auto block_backward = [&](nn::ACMode mode) {
     if (mode == nn::ACMode::full) block_forward(true);
     g_backward();  // the MLP's output gradient
-    gather_again();
-    r.run(piece(bw.mlp_b), false);
-    f_backward();  // the MLP's input gradient
+    column_backward(bw.mlp_b, bw.mlp_dw);  // and the MLP's input gradient summed
+    r.run(piece(bw.ln_2_b), false);
     g_backward();  // the attention's output gradient
     r.run(piece(bw.attn_out_b), false);
     if (mode == nn::ACMode::selective) core(bw.core, true);
     core_backward(bw.core_b);
-    gather_again();
-    r.run(piece(bw.attn_in_b), false);
-    f_backward();  // the attention's input gradient
+    column_backward(bw.attn_in_b, bw.attn_in_dw);  // and the attention's input gradient summed
+    r.run(piece(bw.ln_1_b), false);
   };
 
   // FSDP (dist/fsdp/fsdp.cpp): unit u's all-gather and reduce-scatter on the shard group
