@@ -16,6 +16,7 @@
 #include "train/checkpoint/checkpoint.h"
 #include "train/data/data.h"
 #include "train/data/vocab.h"
+#include "train/planner/cluster.h"
 #include "train/sample.h"
 #include "train/trainer.h"
 
@@ -396,6 +397,27 @@ TEST(TrainGpt, Bfloat16FollowsFloat32OnTheMainJobsData) {
   EXPECT_NEAR(b16, f32, 0.02 * f32);
   EXPECT_NEAR(b16_val, f32_val, 0.02 * f32_val);
   fs::remove_all(d);
+}
+
+// MFU is measured against the device's own dense peak for the training dtype (a bf16 run on
+// an H100 against 989 TFLOP/s, not the f32 67 it once used for every run), or not at all.
+TEST(TrainGpt, MfuFollowsTheDeviceAndTheDtype) {
+  EXPECT_DOUBLE_EQ(train::device_peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16", true), 989.4);
+  EXPECT_DOUBLE_EQ(train::device_peak_tflops("NVIDIA H100 80GB HBM3", "float32", true), 494.7);  // TF32
+  EXPECT_DOUBLE_EQ(train::device_peak_tflops("NVIDIA H100 80GB HBM3", "float32", false), 66.9);
+  EXPECT_DOUBLE_EQ(train::device_peak_tflops("NVIDIA H100 PCIe", "bfloat16", true), 756);
+  EXPECT_DOUBLE_EQ(train::device_peak_tflops("NVIDIA H200", "bfloat16", true), 989.4);
+  EXPECT_DOUBLE_EQ(train::device_peak_tflops("NVIDIA A100-SXM4-80GB", "bfloat16", true), 312);
+  EXPECT_EQ(train::device_peak_tflops("NVIDIA GeForce RTX 4090", "bfloat16", true), 0);
+  // 400 TFLOP/s per GPU in bf16 on an H100: 40% (the old default said 597%)
+  EXPECT_EQ(train::speed_text(400e3, 1e12 * train::device_peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16", true)),
+            "MFU 40%");
+  EXPECT_EQ(train::speed_text(123.7, 0), "123 GFLOP/s");  // peak not known: no MFU
+  EXPECT_NE(train::mfu_peak_line("NVIDIA H100 80GB HBM3", 989.4e12, "bfloat16").find("989.4 TFLOP/s"),
+            std::string::npos);
+  const std::string unknown = train::mfu_peak_line("NVIDIA GeForce RTX 4090", 0, "bfloat16");
+  EXPECT_NE(unknown.find("not known"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("log.peak_tflops"), std::string::npos) << unknown;
 }
 
 // Padding the context on the right (what generate() does on CUDA, for cuDNN's graph cache)

@@ -98,7 +98,7 @@ po::options_description describe(Config& c) {
       ("log.grads", po::value(&c.log.grads)->default_value(c.log.grads),
        "write the first step's gradients (whole unit buffers, safetensors) here, to compare layouts (empty: none)")
       ("log.peak_tflops", po::value(&c.log.peak_tflops)->default_value(c.log.peak_tflops),
-       "peak TFLOP/s of one device for MFU on GPU (0: 989 for H100 bf16 / 67 f32)");
+       "dense peak TFLOP/s of one GPU for the training dtype, for MFU (0: the GPU's own when it is an H100, H200 or A100; else GFLOP/s are shown)");
   po::options_description sample("[sample]");
   sample.add_options()
       ("sample.every", po::value(&c.sample.every)->default_value(c.sample.every), "sample every N steps (0: only at the end; -1: never)")

@@ -42,6 +42,7 @@
 #include "train/io/files.h"
 #include "train/io/safetensors.h"
 #include "train/planner/calibrate.h"
+#include "train/planner/cluster.h"
 #include "train/planner/plan.h"
 #include "train/planner/search.h"
 #include "train/report.h"
@@ -72,6 +73,23 @@ std::string human_time(double sec) {
     std::snprintf(s, sizeof(s), "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
   return s;
 }
+
+}  // namespace
+
+std::string speed_text(double gflops_per_rank, double peak_flops) {
+  if (peak_flops > 0) return "MFU " + std::to_string(static_cast<int>(100 * gflops_per_rank * 1e9 / peak_flops)) + "%";
+  return std::to_string(static_cast<int>(gflops_per_rank)) + " GFLOP/s";
+}
+
+std::string mfu_peak_line(const std::string& gpu_name, double peak_flops, const std::string& dtype) {
+  char peak[32];
+  std::snprintf(peak, sizeof(peak), "%.1f", peak_flops / 1e12);
+  if (peak_flops > 0) return "MFU against " + std::string(peak) + " TFLOP/s per " + gpu_name + " (" + dtype + ")";
+  return "MFU: the peak TFLOP/s of a " + gpu_name + " is not known here; step lines show GFLOP/s per rank. Set " +
+         "log.peak_tflops to its dense " + dtype + " TFLOP/s for MFU";
+}
+
+namespace {
 
 // This process's peak resident set (VmHWM in /proc/self/status), 0 where unknown. It counts
 // the pages of memory-mapped files that were touched, so it shows what loading really read.
@@ -184,6 +202,8 @@ class Trainer {
   Device device_;
   dist::ParallelDims dims_;
   std::unique_ptr<dist::DeviceMesh> mesh_;
+  std::string gpu_name_;   // the driver's name of this rank's GPU ("" on CPU)
+  double peak_flops_ = 0;  // its dense peak FLOP/s for the training dtype (0: not known, no MFU)
   int64_t across_hosts_timed_ = 0;  // this rank's bytes to other hosts over the timed steps
   std::unique_ptr<dist::Trace> trace_;
   models::GPTConfig mc_;
@@ -235,6 +255,10 @@ void Trainer::setup() {
     if (c_.train.device == "cuda") device_ = Device::cuda(dist::local_rank());
     cuda::set_device(device_.index);
     cuda::set_allow_tf32(device_.index, c_.train.tf32);
+    // MFU's denominator: one device's dense peak for the training dtype
+    gpu_name_ = cuda::device_name(device_.index);
+    peak_flops_ = 1e12 * (c_.log.peak_tflops > 0 ? c_.log.peak_tflops
+                                                 : device_peak_tflops(gpu_name_, c_.train.dtype, c_.train.tf32));
   }
   // threads: this rank's share of the node's cores (train.threads = 0)
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -272,7 +296,8 @@ void Trainer::setup() {
          << (world_->size() > 1 ? " (rank 0; cuda:<local rank> on every rank)" : "")
          << (c_.train.dtype == "float32" ? (c_.train.tf32 ? ", float32 GEMMs in TF32" : ", strict float32")
                                          : "")
-         << (nccl ? ", collectives over NCCL" : "") << "\n";
+         << (nccl ? ", collectives over NCCL" : "") << "\n"
+         << mfu_peak_line(gpu_name_, peak_flops_, c_.train.dtype) << "\n";
   if (world_->size() > 1) out_ << layout;
   for (const std::string& w : warnings(c_)) out_ << "warning: " << w << "\n";
   // outputs, before any work: writable, and the checkpoint directory ours alone
@@ -752,11 +777,8 @@ void Trainer::log_step(int64_t step, const StepResult& r, double avg_sec) {
   const double tok_s = static_cast<double>(tokens_per_step_) / r.sec;
   curves_.train.push_back({step, r.loss});
   if (step % c_.log.every == 0 || step == c_.train.steps - 1) {
-    const double peak = c_.log.peak_tflops > 0 ? c_.log.peak_tflops * 1e12 : 67e12;
     const double gflops = flops_per_step / r.sec / 1e9 / static_cast<double>(world_->size());  // per rank
-    const std::string speed = device_.is_cuda()
-                                  ? "MFU " + std::to_string(static_cast<int>(100 * gflops * 1e9 / peak)) + "%"
-                                  : std::to_string(static_cast<int>(gflops)) + " GFLOP/s";
+    const std::string speed = speed_text(gflops, peak_flops_);
     std::string comm = world_->size() > 1 ? " | comm " + human_bytes(static_cast<double>(r.comm_bytes)) : "";
     if (mesh_->spans_hosts()) comm += " (" + human_bytes(static_cast<double>(r.across_hosts)) + " across hosts)";
     char line[600];

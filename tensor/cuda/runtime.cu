@@ -98,6 +98,12 @@ int device_count() { return device_query().count; }
 
 std::string unavailable_reason() { return device_query().why; }
 
+std::string device_name(int device) {
+  cudaDeviceProp prop{};
+  NDT_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
 namespace {
 DeviceState& errors_of(int device) {
   DeviceState& s = state(device);

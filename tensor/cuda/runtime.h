@@ -17,6 +17,8 @@ int device_count();   // 0 when not available
 // Why no device is available ("" when one is): no driver, no device, or a driver older than
 // this build's CUDA runtime (with both versions), for the one line a user sees.
 std::string unavailable_reason();
+// The device's name as the driver gives it, e.g. "NVIDIA H100 80GB HBM3".
+std::string device_name(int device);
 void set_device(int device);
 
 // float32 GEMMs on `device` may use TF32 tensor cores (inputs rounded to 10 mantissa bits,

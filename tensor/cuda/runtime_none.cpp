@@ -15,6 +15,7 @@ bool compiled() { return false; }
 bool available() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return "this build has no CUDA backend"; }
+std::string device_name(int) { no_cuda("device_name"); }
 void set_device(int) { no_cuda("set_device"); }
 void set_allow_tf32(int, bool) { no_cuda("set_allow_tf32"); }
 bool allow_tf32(int) { return false; }

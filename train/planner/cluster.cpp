@@ -54,10 +54,16 @@ std::string preset_list() {
 
 }  // namespace
 
-std::vector<std::string> cluster_presets() {
-  std::vector<std::string> v;
-  for (const Preset& p : kPresets) v.emplace_back(p.name);
-  return v;
+double device_peak_tflops(const std::string& device_name, const std::string& dtype, bool tf32) {
+  auto has = [&](const char* s) { return device_name.find(s) != std::string::npos; };
+  const char* preset = has("H200")                             ? "h200-8"  // GH200 too: H100's compute
+                       : has("H100") && (has("PCIe") || has("PCIE")) ? "h100-pcie-8"
+                       : has("H100")                           ? "h100-sxm-8"
+                       : has("A100")                           ? "a100-sxm-8"
+                                                               : nullptr;
+  const Preset* p = preset ? find_preset(preset) : nullptr;
+  if (!p) return 0;
+  return dtype == "bfloat16" ? p->bf16_tflops : tf32 ? p->tf32_tflops : p->fp32_tflops;
 }
 
 bool has_cluster(const ClusterSection& k) { return !k.preset.empty() || k.hosts > 0; }

@@ -41,8 +41,11 @@ struct Cluster {
   int64_t host_of(int64_t rank) const { return rank / devices_per_host; }  // mpirun --map-by ppr:D:node
 };
 
-// The names of the presets, for messages.
-std::vector<std::string> cluster_presets();
+// The dense peak TFLOP/s of one GPU for the training dtype (bfloat16, or float32 with or
+// without TF32 tensor cores), found by the name the CUDA driver gives the device ("NVIDIA
+// H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", ...) among the presets' devices; 0 when it is
+// none of them. For MFU, when log.peak_tflops is not set.
+double device_peak_tflops(const std::string& device_name, const std::string& dtype, bool tf32);
 // True when the config names a cluster (a preset, or hosts).
 bool has_cluster(const ClusterSection& k);
 // The cluster of the config: the preset's numbers where the section has 0, checked for
