@@ -44,7 +44,6 @@ class Node {
   // Runs the backward closure. Missing gradients of outputs are passed as undefined tensors.
   virtual Grads apply(const Grads& grad_outputs);
   void release() { fn_ = nullptr; }  // free saved tensors
-  bool released() const { return !fn_; }
 
   const std::string& name() const { return name_; }
   uint64_t seq() const { return seq_; }

@@ -213,7 +213,7 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
       runs[m].mode = modes[m];
       runs[m].gpt = std::make_unique<models::GPT>(cfg);
       if (modes[m].ac != nn::ACMode::none)
-        runs[m].gpt->add_unit_wrapper(nn::activation_checkpointing(modes[m].ac, modes[m].every));
+        runs[m].gpt->add_block_wrapper(nn::activation_checkpointing(modes[m].ac, modes[m].every));
       runs[m].params = nn::materialize(runs[m].gpt->units(), device, DType::f32, 1, nn::ShardSpec{},
                                        bf16 ? std::optional<DType>(DType::bf16) : std::nullopt);
       runs[m].opt = std::make_unique<optim::AdamW>(runs[m].params, optim::AdamWConfig{});

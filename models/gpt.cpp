@@ -94,7 +94,7 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
   Tensor x = add(wte.forward(idx), wpe.forward(pos));  // (B, T, C) (sequence parallel: (B, T/tp, C))
   for (size_t i = 0; i < h.size(); ++i) {
     const nn::Block* b = h[i].get();
-    x = nn::wrap_unit(wrappers_, static_cast<int64_t>(i),
+    x = nn::wrap_block(wrappers_, static_cast<int64_t>(i),
                       [b, pos_offset](const Tensor& in) { return b->forward(in, pos_offset); })(x);
   }
   x = ln_f.forward(x);

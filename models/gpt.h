@@ -19,7 +19,7 @@
 
 #include "nn/flat.h"
 #include "nn/layers.h"
-#include "nn/unit.h"
+#include "nn/block_wrapper.h"
 
 namespace ndt::models {
 
@@ -52,11 +52,11 @@ class GPT : public nn::Module {
   // each rank a later piece of the sequence); pos_offset + T <= block_size.
   GPTOutput forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset = 0) const;
 
-  // Each block runs through these wrappers (nn/unit.h), added from outside: activation
+  // Each block runs through these wrappers (nn/block_wrapper.h), added from outside: activation
   // checkpointing, FSDP's gather and free. A wrapper is called with the block's index i;
   // that block's flat buffer is units()[i + 1] (units()[0] holds the embeddings, which no
   // wrapper runs: wte is used at both ends of the model).
-  void add_unit_wrapper(nn::UnitWrapper w) { wrappers_.push_back(std::move(w)); }
+  void add_block_wrapper(nn::BlockWrapper w) { wrappers_.push_back(std::move(w)); }
 
   // Set by tensor and context parallelism (dist/), empty on one process:
   nn::TensorFn before_lm_head;  // TP: copy to the group (f) before the vocab-sliced lm_head,
@@ -81,7 +81,7 @@ class GPT : public nn::Module {
   nn::LayerNorm ln_f;
 
  private:
-  std::vector<nn::UnitWrapper> wrappers_;
+  std::vector<nn::BlockWrapper> wrappers_;
   // The last (B, T) positions tensor and what it was made for: uploaded once, not every step
   // (an upload waits for the device).
   struct PositionsCache {

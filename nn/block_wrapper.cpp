@@ -1,11 +1,11 @@
-#include "nn/unit.h"
+#include "nn/block_wrapper.h"
 
 #include "autograd/recompute.h"
 
 namespace ndt::nn {
 
 namespace {
-// Set while a unit wrapped by selective checkpointing runs its forward on this thread.
+// Set while a block wrapped by selective checkpointing runs its forward on this thread.
 thread_local bool t_selective = false;
 
 class SelectiveScope {
@@ -20,24 +20,24 @@ class SelectiveScope {
 };
 }  // namespace
 
-UnitWrapper activation_checkpointing(int64_t every) { return activation_checkpointing(ACMode::full, every); }
+BlockWrapper activation_checkpointing(int64_t every) { return activation_checkpointing(ACMode::full, every); }
 
-UnitWrapper activation_checkpointing(ACMode mode, int64_t every) {
+BlockWrapper activation_checkpointing(ACMode mode, int64_t every) {
   NDT_CHECK(every >= 1, "activation_checkpointing: every must be >= 1, got ", every);
   switch (mode) {
     case ACMode::none:
-      return [](int64_t, const UnitFn& fn, const Tensor& x) { return fn(x); };
+      return [](int64_t, const BlockFn& fn, const Tensor& x) { return fn(x); };
     case ACMode::full:
-      return [every](int64_t unit, const UnitFn& fn, const Tensor& x) {
-        if (unit % every != 0) return fn(x);
+      return [every](int64_t block, const BlockFn& fn, const Tensor& x) {
+        if (block % every != 0) return fn(x);
         // fn is copied: backward recomputes it long after this call returned
         return autograd::recompute(
             [fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; }, {x})[0];
       };
     case ACMode::selective:
-      return [every](int64_t unit, const UnitFn& fn, const Tensor& x) {
-        if (unit % every != 0) return fn(x);
-        SelectiveScope scope(true);  // the unit's layers see it in recompute_selected()
+      return [every](int64_t block, const BlockFn& fn, const Tensor& x) {
+        if (block % every != 0) return fn(x);
+        SelectiveScope scope(true);  // the block's layers see it in recompute_selected()
         return fn(x);
       };
   }
@@ -57,9 +57,9 @@ Tensor recompute_selected(const std::function<Tensor(const Tensor&)>& fn, const 
       {x})[0];
 }
 
-UnitFn wrap_unit(const std::vector<UnitWrapper>& wrappers, int64_t unit, UnitFn fn) {
-  for (const UnitWrapper& w : wrappers)
-    fn = [w, unit, inner = std::move(fn)](const Tensor& x) { return w(unit, inner, x); };
+BlockFn wrap_block(const std::vector<BlockWrapper>& wrappers, int64_t block, BlockFn fn) {
+  for (const BlockWrapper& w : wrappers)
+    fn = [w, block, inner = std::move(fn)](const Tensor& x) { return w(block, inner, x); };
   return fn;
 }
 

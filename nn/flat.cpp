@@ -153,7 +153,7 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
   const DType cd = compute_dtype.value_or(dtype);
   FlatParams out;
   for (FlatUnit& u : flat_layout(specs, shard)) {
-    u.shards = shard.count;
+    u.shard_count = shard.count;
     u.data = Tensor::zeros({u.shard_numel}, dtype, device);
     u.grad = Tensor::zeros({u.shard_numel}, dtype, device);
     if (shard.count == 1 && cd == dtype) {

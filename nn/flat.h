@@ -53,7 +53,7 @@ struct FlatUnit {
   int64_t padded_numel = 0;
   int64_t shard_offset = 0;
   int64_t shard_numel = 0;
-  int64_t shards = 1;
+  int64_t shard_count = 1;
   Tensor data;       // (shard_numel) this rank's parameters: what the optimizer updates
   Tensor grad;       // (shard_numel) their gradients
   Tensor full;       // (padded_numel) the whole buffer, which every parameter views
@@ -68,7 +68,7 @@ struct FlatUnit {
   // copy of data that FSDP gathers from (unsharded: full itself). refresh_compute() makes
   // the copies after the optimizer has stepped; fold_grad() adds full_grad into grad.
   Tensor compute_shard;
-  bool sharded() const { return shards > 1; }
+  bool sharded() const { return shard_count > 1; }
   bool mixed() const { return full.dtype() != data.dtype(); }
   int64_t param_count() const;  // parameters without padding
 };

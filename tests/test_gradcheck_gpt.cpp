@@ -32,7 +32,7 @@ Tensor ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
 
 void check_gpt(nn::ACMode ac) {
   models::GPT gpt(gradcheck_gpt());
-  if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, 1));
+  if (ac != nn::ACMode::none) gpt.add_block_wrapper(nn::activation_checkpointing(ac, 1));
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 42);
   // The GPT-2 init puts many parameters at exactly 0 or 1 (biases, LayerNorm): perturb
   // every buffer so every parameter's gradient is generic.
@@ -87,8 +87,8 @@ TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {
   // no wrapper, a pass-through wrapper, and checkpointing give the same bits.
   auto run = [](int mode) {
     models::GPT gpt(gradcheck_gpt());
-    if (mode == 1) gpt.add_unit_wrapper([](int64_t, const nn::UnitFn& fn, const Tensor& x) { return fn(x); });
-    if (mode == 2) gpt.add_unit_wrapper(nn::activation_checkpointing());
+    if (mode == 1) gpt.add_block_wrapper([](int64_t, const nn::BlockFn& fn, const Tensor& x) { return fn(x); });
+    if (mode == 2) gpt.add_block_wrapper(nn::activation_checkpointing());
     return loss_and_grads(gpt);
   };
   const std::vector<float> plain = run(0);
@@ -99,7 +99,7 @@ TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {
 // loss_and_grads with train.activation_checkpointing = `ac` on blocks 0, every, 2*every, ...
 std::vector<float> loss_and_grads(nn::ACMode ac, int64_t every) {
   models::GPT gpt(gradcheck_gpt());
-  if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, every));
+  if (ac != nn::ACMode::none) gpt.add_block_wrapper(nn::activation_checkpointing(ac, every));
   return loss_and_grads(gpt);
 }
 
@@ -133,7 +133,7 @@ TEST(GPTUnits, CheckpointingKeepsLessActivationMemory) {
       ~Unset() { unsetenv("NDT_SDPA"); }
     } unset;
     models::GPT gpt(c);
-    if (ac != nn::ACMode::none) gpt.add_unit_wrapper(nn::activation_checkpointing(ac, every));
+    if (ac != nn::ACMode::none) gpt.add_block_wrapper(nn::activation_checkpointing(ac, every));
     nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 42);
     backward(gpt.forward(x, y).loss);  // gradient buffers allocated before measuring
     const int64_t before = memory_stats(Device::cpu()).in_use;

@@ -8,26 +8,6 @@
 
 namespace ndt::dist {
 
-const char* comm_kind_name(CommKind k) {
-  switch (k) {
-    case CommKind::kAllReduce:
-      return "all_reduce";
-    case CommKind::kAllGather:
-      return "all_gather";
-    case CommKind::kReduceScatter:
-      return "reduce_scatter";
-    case CommKind::kBroadcast:
-      return "broadcast";
-    case CommKind::kSend:
-      return "send";
-    case CommKind::kRecv:
-      return "recv";
-    case CommKind::kCount:
-      break;
-  }
-  return "?";
-}
-
 int64_t CommStats::total_bytes() const {
   int64_t t = 0;
   for (int64_t b : bytes) t += b;

@@ -56,7 +56,6 @@ class Work {
 using WorkPtr = std::shared_ptr<Work>;
 
 enum class CommKind { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kSend, kRecv, kCount };
-const char* comm_kind_name(CommKind k);
 
 struct CommStats {
   std::array<int64_t, static_cast<size_t>(CommKind::kCount)> bytes{};  // see the table above

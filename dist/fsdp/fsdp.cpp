@@ -80,8 +80,8 @@ void FullyShardedDataParallel::alloc_grad(size_t i) {
 
 // ---- the unit wrapper: forward, and the hooks that drive backward ----------------------
 
-nn::UnitWrapper FullyShardedDataParallel::wrapper() {
-  return [this](int64_t block, const nn::UnitFn& fn, const Tensor& x) {
+nn::BlockWrapper FullyShardedDataParallel::wrapper() {
+  return [this](int64_t block, const nn::BlockFn& fn, const Tensor& x) {
     const size_t i = static_cast<size_t>(block) + 1;
     const bool last = i + 1 == params_.units.size();
     const bool training = autograd::grad_enabled();

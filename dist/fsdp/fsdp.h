@@ -21,7 +21,7 @@
 // replicas with one all-reduce (it starts as soon as that unit's reduce-scatter is done).
 //
 //   dist::FullyShardedDataParallel fsdp(params, mesh.fsdp(), &mesh.replicate());
-//   gpt.add_unit_wrapper(fsdp.wrapper());   // after activation checkpointing (outermost)
+//   gpt.add_block_wrapper(fsdp.wrapper());   // after activation checkpointing (outermost)
 //
 // Communication per step, per rank, with n shards and padded unit bytes P: forward
 // all-gathers (n-1)/n P of every unit; backward again of every block but the last;
@@ -36,7 +36,7 @@
 #include "dist/comm/communicator.h"
 #include "dist/strategy.h"
 #include "dist/trace.h"
-#include "nn/unit.h"
+#include "nn/block_wrapper.h"
 
 namespace ndt::dist {
 
@@ -52,9 +52,9 @@ class FullyShardedDataParallel : public Strategy {
                            Communicator* tp = nullptr);
   std::string name() const override;
 
-  // Install on the model (GPT::add_unit_wrapper): the wrapper of block i gathers and
+  // Install on the model (GPT::add_block_wrapper): the wrapper of block i gathers and
   // releases unit i + 1 (unit 0 is the embeddings).
-  nn::UnitWrapper wrapper();
+  nn::BlockWrapper wrapper();
 
   void begin_micro(bool sync) override;
   void end_micro() override;

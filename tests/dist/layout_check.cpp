@@ -55,7 +55,7 @@ void check_layout(const DataParallelLayout& L, bool checkpointing) {
 
   // ---- the layout: this rank's shard (or replica) only
   models::GPT gpt(odd_sized_gpt());
-  if (checkpointing) gpt.add_unit_wrapper(nn::activation_checkpointing());
+  if (checkpointing) gpt.add_block_wrapper(nn::activation_checkpointing());
   const MemoryStats before = memory_stats(Device::cpu());
   nn::FlatParams par = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7,
                                        nn::ShardSpec{mesh.fsdp_rank(), dims.fsdp()});
@@ -70,7 +70,7 @@ void check_layout(const DataParallelLayout& L, bool checkpointing) {
   if (dims.sharded()) {
     auto f = std::make_unique<dist::FullyShardedDataParallel>(par, mesh.fsdp(), &mesh.replicate());
     fsdp = f.get();
-    gpt.add_unit_wrapper(f->wrapper());
+    gpt.add_block_wrapper(f->wrapper());
     strategy = std::move(f);
   } else {
     strategy = std::make_unique<dist::DataParallel>(par, mesh.replicate());
