@@ -96,7 +96,7 @@ po::options_description describe(Config& c) {
       ("log.trace", po::value(&c.log.trace)->default_value(c.log.trace),
        "Chrome trace of each rank's steps (out/trace.json -> out/trace.rank0.json, ...; empty: none)")
       ("log.grads", po::value(&c.log.grads)->default_value(c.log.grads),
-       "write the first step's gradients (whole unit buffers, safetensors) here, to compare layouts (empty: none)")
+       "write the first step's gradients here (safetensors, one whole tensor per parameter: grad.<name>), to compare layouts (empty: none)")
       ("log.peak_tflops", po::value(&c.log.peak_tflops)->default_value(c.log.peak_tflops),
        "dense peak TFLOP/s of one GPU for the training dtype, for MFU (0: the GPU's own when it is an H100, H200 or A100; else GFLOP/s are shown)");
   po::options_description sample("[sample]");

@@ -2,7 +2,7 @@
 // and the per-query log-sum-exp. Legend: B batch, NH heads, Tq queries, Tk keys, HS head size,
 // Bh = B*NH.
 //
-// Two paths compute the same thing:
+// Three paths compute the same thing:
 // - composed (attention_composed), the same on CPU and CUDA and the reference:
 //     s = q @ k^T                         (Bh,Tq,Tk)
 //     p, lse = masked_softmax(scale * s)  p in place of s; lse (Bh,Tq)
