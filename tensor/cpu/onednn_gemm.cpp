@@ -123,7 +123,12 @@ bool bf16_gemm_native() {
   return native;
 }
 
-std::string bf16_gemm_library() { return "oneDNN " + bf16_implementation(); }
+// "none (...)" where oneDNN has no bf16 matmul for this CPU (one without AVX-512: its probe
+// fails), as where ndtrain was built without oneDNN: the bf16 GEMMs then run through f32.
+std::string bf16_gemm_library() {
+  const std::string impl = bf16_implementation();
+  return impl.rfind("none", 0) == 0 ? impl + ", in oneDNN on this CPU" : "oneDNN " + impl;
+}
 
 void onednn_gemm_bf16(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, float alpha,
                       float beta, const Tensor& bias) {
