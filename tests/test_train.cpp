@@ -18,6 +18,7 @@
 #include "train/data/vocab.h"
 #include "train/planner/cluster.h"
 #include "train/sample.h"
+#include "train/step_log.h"
 #include "train/trainer.h"
 
 using namespace ndt;

@@ -22,7 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "dist/comm/communicator.h"
 #include "tensor/checked.h"
+#include "tensor/cuda/runtime.h"
 
 namespace fs = std::filesystem;
 
@@ -306,6 +308,38 @@ std::string first_nonfinite_param(const nn::FlatParams& params) {
         if (!std::isfinite(x)) return p.spec.name + (std::isnan(x) ? " (NaN)" : " (Inf)");
     }
   return "";
+}
+
+Device open_device(const Config& c, int world_size) {
+  const Device device = Device::parse(c.train.device);
+  if (device.is_cpu()) return device;
+  // GPUs on several ranks: NCCL between them (MPI moves CPU tensors only), one GPU per rank
+  if (world_size > 1 && c.parallel.backend == "mpi")
+    throw ConfigError("parallel.backend = mpi moves CPU tensors, but train.device = " + c.train.device + " on " +
+                      std::to_string(world_size) + " ranks; use parallel.backend = nccl or auto");
+  if (c.train.device != "cuda" && dist::local_size() > 1)
+    throw ConfigError("train.device = " + c.train.device + " puts all " + std::to_string(dist::local_size()) +
+                      " ranks of this node on one GPU; use train.device = cuda (each rank takes cuda:<local rank>)");
+  if (!cuda::available())
+    throw ConfigError("train.device = " + c.train.device + " but no CUDA device is visible (" +
+                      cuda::unavailable_reason() + ")" + "; use train.device = cpu");
+  if (c.train.device == "cuda" && dist::local_size() > cuda::device_count())
+    throw ConfigError(std::to_string(dist::local_size()) + " ranks on this node but " +
+                      std::to_string(cuda::device_count()) +
+                      " visible GPU(s): one rank per GPU (mpirun -np, or CUDA_VISIBLE_DEVICES)");
+  // "cuda": the GPU of this rank's place on its node
+  const Device gpu = c.train.device == "cuda" ? Device::cuda(dist::local_rank()) : device;
+  cuda::set_device(gpu.index);
+  cuda::set_allow_tf32(gpu.index, c.train.tf32);
+  return gpu;
+}
+
+std::string flight_record_path(const Config& c, int rank) {
+  namespace fs = std::filesystem;
+  const fs::path dir = !c.checkpoint.dir.empty() ? fs::path(c.checkpoint.dir)
+                       : !c.log.metrics.empty()  ? fs::path(c.log.metrics).parent_path()
+                                                 : fs::path(".");
+  return (dir / "flight" / ("rank_" + std::to_string(rank) + ".json")).string();
 }
 
 }  // namespace ndt::train

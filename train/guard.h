@@ -126,6 +126,17 @@ void clean_temporaries(const std::string& dir);
 // own log.trace file. Creates missing directories, writes nothing else.
 void check_output_paths(const Config& c, int rank = 0);
 
+// This rank's device (train.device: cpu, cuda = the GPU of the rank's place on its node, or
+// cuda:N), checked as a run of `world_size` ranks needs it (a visible GPU, one per rank,
+// NCCL between GPUs): a GPU is made current and its TF32 setting (train.tf32) applied.
+// Throws ConfigError naming the key and what to set.
+Device open_device(const Config& c, int world_size);
+
+// Where this rank writes its flight record (dist/flight.h) when a job of several ranks
+// fails: <dir>/flight/rank_<rank>.json beside the checkpoints (checkpoint.dir), else beside
+// the metrics (log.metrics), else in the working directory.
+std::string flight_record_path(const Config& c, int rank);
+
 // Throws ConfigError when `param_count` f32 parameters with their gradients and AdamW
 // moments (16 bytes each) cannot fit in the memory of `device` (CPU: physical memory).
 void check_fits_in_memory(int64_t param_count, Device device);

@@ -35,18 +35,19 @@
 #include "train/agree.h"
 #include "train/checkpoint/checkpoint.h"
 #include "train/checkpoint/sharded.h"
+#include "train/checkpoint/whole.h"
 #include "train/config.h"
 #include "train/data/data.h"
 #include "train/data/vocab.h"
 #include "train/guard.h"
 #include "train/io/files.h"
+#include "train/io/format.h"
 #include "train/io/safetensors.h"
-#include "train/planner/calibrate.h"
 #include "train/planner/cluster.h"
-#include "train/planner/plan.h"
-#include "train/planner/search.h"
+#include "train/planner/plan_main.h"
 #include "train/report.h"
 #include "train/sample.h"
+#include "train/step_log.h"
 
 namespace fs = std::filesystem;
 
@@ -54,52 +55,6 @@ namespace ndt::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string human_bytes(double b) {
-  char s[32];
-  if (b >= 1 << 30)
-    std::snprintf(s, sizeof(s), "%.2f GiB", b / (1 << 30));
-  else
-    std::snprintf(s, sizeof(s), "%.1f MiB", b / (1 << 20));
-  return s;
-}
-
-std::string human_time(double sec) {
-  char s[32];
-  const int64_t t = static_cast<int64_t>(sec + 0.5);
-  if (t >= 3600)
-    std::snprintf(s, sizeof(s), "%lldh%02lldm", (long long)(t / 3600), (long long)(t % 3600 / 60));
-  else
-    std::snprintf(s, sizeof(s), "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
-  return s;
-}
-
-}  // namespace
-
-std::string speed_text(double gflops_per_rank, double peak_flops) {
-  if (peak_flops > 0) return "MFU " + std::to_string(static_cast<int>(100 * gflops_per_rank * 1e9 / peak_flops)) + "%";
-  return std::to_string(static_cast<int>(gflops_per_rank)) + " GFLOP/s";
-}
-
-std::string mfu_peak_line(const std::string& gpu_name, double peak_flops, const std::string& dtype) {
-  char peak[32];
-  std::snprintf(peak, sizeof(peak), "%.1f", peak_flops / 1e12);
-  if (peak_flops > 0) return "MFU against " + std::string(peak) + " TFLOP/s per " + gpu_name + " (" + dtype + ")";
-  return "MFU: the peak TFLOP/s of a " + gpu_name + " is not known here; step lines show GFLOP/s per rank. Set " +
-         "log.peak_tflops to its dense " + dtype + " TFLOP/s for MFU";
-}
-
-namespace {
-
-// This process's peak resident set (VmHWM in /proc/self/status), 0 where unknown. It counts
-// the pages of memory-mapped files that were touched, so it shows what loading really read.
-int64_t peak_resident_bytes() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:  1234 kB"
-  return 0;
-}
 
 std::string printable(const std::string& s) {
   std::string o;
@@ -134,9 +89,15 @@ class Trainer {
 
  private:
   void setup();        // devices, threads, the mesh, outputs and the checkpoint lock
+  bool open_mesh();    // setup's mesh: true when the collectives go over NCCL
+  void print_setup(bool nccl);
+  void claim_outputs();  // setup's output checks and checkpoint lock
   void describe();     // the model as a description: names, global shapes, init rules
   void parallelize();  // every parallel dimension, and this rank's memory (dist/parallelize.h)
   void materialize();  // weights (init_from), data, optimizer, resume
+  void open_data();
+  void open_vocabulary();
+  void open_optimizer();
   int loop();          // the steps, with evaluation, samples and checkpoints; then the end
 
   // the loop's parts
@@ -173,7 +134,6 @@ class Trainer {
   void save(int64_t step);
   void load_weights(const std::string& path);  // init_from, into this rank's shards
   void resume_from(const std::string& path);
-  void write_grads(const std::string& path);  // log.grads
   void log_json(const nlohmann::json& j);
   void write_trace();
   Tensor local(const Tensor& tokens) const;  // this rank's part of a batch, on the device
@@ -182,16 +142,6 @@ class Trainer {
   std::string compute_identity() const {
     return device_.is_cpu() ? "cpu, OpenBLAS kernel " + blas_core() : device_.str();
   }
-  // The model as one process holds it (checkpoints and weight files use that layout),
-  // gathered from every rank's shards and slices (collective; only `keep` ranks hold it).
-  // Loading goes the other way without it: each rank reads only its own elements.
-  struct Whole {
-    std::unique_ptr<models::GPT> gpt;
-    nn::FlatParams params;  // on the CPU; with grads = true, they hold the gradients
-    ckpt::Moments moments;
-  };
-  std::unique_ptr<Whole> make_whole();
-  std::unique_ptr<Whole> gather_whole(bool keep, bool grads);
 
   const Config& c_;
   std::shared_ptr<dist::Communicator> world_;
@@ -234,27 +184,8 @@ void Trainer::setup() {
   // node would train silently wrong, or hang): checked before anything depends on it
   check_same_config(c_, *world_);
   // devices: one process per GPU, the GPU chosen by the rank's place on its node
-  device_ = Device::parse(c_.train.device);
-  // GPUs on several ranks: NCCL between them (MPI moves CPU tensors only), one GPU per rank
-  if (device_.is_cuda() && world_->size() > 1 && c_.parallel.backend == "mpi")
-    throw ConfigError("parallel.backend = mpi moves CPU tensors, but train.device = " + c_.train.device +
-                      " on " + std::to_string(world_->size()) +
-                      " ranks; use parallel.backend = nccl or auto");
-  if (device_.is_cuda() && c_.train.device != "cuda" && dist::local_size() > 1)
-    throw ConfigError(
-        "train.device = " + c_.train.device + " puts all " + std::to_string(dist::local_size()) +
-        " ranks of this node on one GPU; use train.device = cuda (each rank takes cuda:<local rank>)");
+  device_ = open_device(c_, world_->size());
   if (device_.is_cuda()) {
-    if (!cuda::available())
-      throw ConfigError("train.device = " + c_.train.device + " but no CUDA device is visible (" +
-                        cuda::unavailable_reason() + ")" + "; use train.device = cpu");
-    if (c_.train.device == "cuda" && dist::local_size() > cuda::device_count())
-      throw ConfigError(std::to_string(dist::local_size()) + " ranks on this node but " +
-                        std::to_string(cuda::device_count()) +
-                        " visible GPU(s): one rank per GPU (mpirun -np, or CUDA_VISIBLE_DEVICES)");
-    if (c_.train.device == "cuda") device_ = Device::cuda(dist::local_rank());
-    cuda::set_device(device_.index);
-    cuda::set_allow_tf32(device_.index, c_.train.tf32);
     // MFU's denominator: one device's dense peak for the training dtype
     gpu_name_ = cuda::device_name(device_.index);
     peak_flops_ = 1e12 * (c_.log.peak_tflops > 0 ? c_.log.peak_tflops
@@ -264,7 +195,15 @@ void Trainer::setup() {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   set_num_threads(c_.train.threads > 0 ? c_.train.threads
                                        : std::max(1, cores / std::max(1, dist::local_size())));
-  // the mesh: dp_replicate x dp_shard x cp x tp ranks, a communicator per dimension
+  const bool nccl = open_mesh();
+  print_setup(nccl);
+  claim_outputs();
+  world_->barrier();  // every rank's checks passed
+}
+
+// The mesh: dp_replicate x dp_shard x cp x tp ranks, a communicator per dimension. Returns
+// whether the collectives go over NCCL.
+bool Trainer::open_mesh() {
   try {
     dims_ = dist::ParallelDims::resolve(c_.parallel.dp_replicate_size, c_.parallel.dp_shard_size,
                                         c_.parallel.cp_size, c_.parallel.tp_size, world_->size());
@@ -288,7 +227,10 @@ void Trainer::setup() {
     trace_ = std::make_unique<dist::Trace>(world_->rank());
     for (dist::Communicator* comm : mesh_->all()) comm->set_trace(trace_.get());
   }
-  const std::string layout = mesh_->describe();
+  return nccl;
+}
+
+void Trainer::print_setup(bool nccl) {
   if (device_.is_cpu())
     out_ << "device: cpu, " << num_threads() << " threads per rank, OpenBLAS kernel " << blas_core() << "\n";
   else
@@ -298,9 +240,12 @@ void Trainer::setup() {
                                          : "")
          << (nccl ? ", collectives over NCCL" : "") << "\n"
          << mfu_peak_line(gpu_name_, peak_flops_, c_.train.dtype) << "\n";
-  if (world_->size() > 1) out_ << layout;
+  if (world_->size() > 1) out_ << mesh_->describe();
   for (const std::string& w : warnings(c_)) out_ << "warning: " << w << "\n";
-  // outputs, before any work: writable, and the checkpoint directory ours alone
+}
+
+// Outputs, before any work: writable, and the checkpoint directory ours alone.
+void Trainer::claim_outputs() {
   check_output_paths(c_, world_->rank());
   if (lead() && !c_.checkpoint.dir.empty()) {
     lock_ = std::make_unique<RunLock>(c_.checkpoint.dir);
@@ -310,7 +255,6 @@ void Trainer::setup() {
   // rank 0's directory: found now, not at the first save after hours of training
   check_checkpoint_dir_shared(c_, c_.checkpoint.format == "sharded" ? mesh_->coords().replicate == 0 : lead(),
                               *world_);
-  world_->barrier();  // every rank's checks passed
 }
 
 // ---- phase 2: describe -------------------------------------------------------------
@@ -366,7 +310,7 @@ void Trainer::parallelize() {
   out_ << "\n";
   if (world_->size() > 1)
     out_ << "strategy: " << dims_.strategy() << "; each rank holds "
-         << human_bytes(static_cast<double>(params.shard_bytes() * 2))
+         << io::format_bytes(static_cast<double>(params.shard_bytes() * 2))
          << " of parameters, gradients and AdamW moments\n";
 }
 
@@ -381,9 +325,27 @@ void Trainer::materialize() {
   // random init and loading must both stay near the rank's shards, never the whole model
   if (const int64_t hwm = peak_resident_bytes(); hwm > 0)
     out_ << "resident memory after materialize: peak "
-         << human_bytes(world_->all_reduce_scalar(static_cast<double>(hwm), dist::ReduceOp::kMax))
+         << io::format_bytes(world_->all_reduce_scalar(static_cast<double>(hwm), dist::ReduceOp::kMax))
          << " (the largest rank's VmHWM)\n";
-  // data: rank r of the dp ranks reads its own micro-batches; tp and cp ranks share them
+  open_data();
+  open_vocabulary();
+  open_optimizer();
+  // resume: the newest checkpoint, written by any layout
+  if (c_.checkpoint.resume) {
+    if (auto latest = ckpt::latest_checkpoint(c_.checkpoint.dir)) {
+      resume_from(*latest);
+      world_->barrier();  // said once every rank has loaded its part (a rank that failed ends the job)
+      out_ << "resumed from " << *latest << " at step " << start_ << "\n";
+    } else {
+      out_ << "no checkpoint in " << c_.checkpoint.dir << " yet; starting from scratch\n";
+    }
+  }
+  saved_step_ = start_;
+  if (lead() && !c_.log.metrics.empty()) metrics_.open(c_.log.metrics, /*append=*/start_ > 0);
+}
+
+// Rank r of the dp ranks reads its own micro-batches; tp and cp ranks share them.
+void Trainer::open_data() {
   const int dp_rank = static_cast<int>(mesh_->dp_rank()), dp = static_cast<int>(dims_.dp());
   train_ = std::make_unique<data::DataLoader>(c_.data.train, c_.train.micro_batch_size, c_.train.seq_len,
                                               dp_rank, dp, c_.data.shuffle,
@@ -392,6 +354,10 @@ void Trainer::materialize() {
     val_ = std::make_unique<data::DataLoader>(c_.data.val, c_.train.micro_batch_size, c_.train.seq_len,
                                               dp_rank, dp, false, static_cast<uint64_t>(c_.train.seed),
                                               c_.model.vocab_size);
+}
+
+// data.vocab, or the vocab.json beside the training shards: for the samples' text.
+void Trainer::open_vocabulary() {
   std::string vocab_path = c_.data.vocab;
   if (vocab_path.empty()) {
     const fs::path guess = fs::path(data::glob_paths(c_.data.train)[0]).parent_path() / "vocab.json";
@@ -408,7 +374,12 @@ void Trainer::materialize() {
       throw ConfigError("sample.prompt cannot be encoded with " + vocab_path + ": " + e.what());
     }
   }
-  // the effective batch: micro x accum x dp_replicate x dp_shard sequences
+}
+
+// The effective batch (micro x accum x dp_replicate x dp_shard sequences), AdamW on this
+// rank's shards, and the learning rate and schedule for that batch.
+void Trainer::open_optimizer() {
+  const int64_t dp = dims_.dp();
   const int64_t seqs =
       checked_mul(checked_mul(c_.train.micro_batch_size, c_.train.grad_accum_steps, "batch"), dp, "batch");
   tokens_per_step_ = checked_mul(seqs, c_.train.seq_len, "tokens per step");
@@ -429,63 +400,6 @@ void Trainer::materialize() {
   }
   sched_ = optim::Schedule{optim::Schedule::parse(c_.optim.schedule), lr_, c_.optim.min_lr_frac,
                            c_.optim.warmup_steps, c_.train.steps};
-  // resume: the newest checkpoint, written by any layout
-  if (c_.checkpoint.resume) {
-    if (auto latest = ckpt::latest_checkpoint(c_.checkpoint.dir)) {
-      resume_from(*latest);
-      world_->barrier();  // said once every rank has loaded its part (a rank that failed ends the job)
-      out_ << "resumed from " << *latest << " at step " << start_ << "\n";
-    } else {
-      out_ << "no checkpoint in " << c_.checkpoint.dir << " yet; starting from scratch\n";
-    }
-  }
-  saved_step_ = start_;
-  if (lead() && !c_.log.metrics.empty()) metrics_.open(c_.log.metrics, /*append=*/start_ > 0);
-}
-
-std::unique_ptr<Trainer::Whole> Trainer::make_whole() {
-  // the single-process layout, on the CPU (its initial values are overwritten)
-  auto w = std::make_unique<Whole>();
-  w->gpt = std::make_unique<models::GPT>(mc_);
-  w->params = nn::materialize(w->gpt->units(), Device::cpu(), DType::f32, 0);
-  for (const nn::FlatUnit& u : w->params.units) {
-    w->moments.m.push_back(Tensor::zeros({u.numel}, DType::f32));
-    w->moments.v.push_back(Tensor::zeros({u.numel}, DType::f32));
-  }
-  w->moments.steps = opt_ ? opt_->steps_taken() : 0;
-  return w;
-}
-
-std::unique_ptr<Trainer::Whole> Trainer::gather_whole(bool keep, bool grads) {
-  std::unique_ptr<Whole> w = keep ? make_whole() : nullptr;
-  for (size_t i = 0; i < pm_->params.units.size(); ++i) {
-    const nn::FlatUnit& u = pm_->params.units[i];
-    // this rank's whole unit buffers (every rank of the FSDP group takes part) ...
-    auto whole_unit = [&](const Tensor& shard) { return pm_->whole_buffer(u, shard); };
-    const Tensor data = whole_unit(grads ? u.grad : u.data);
-    const Tensor m = grads ? Tensor() : whole_unit(opt_->m()[i]),
-                 v = grads ? Tensor() : whole_unit(opt_->v()[i]);
-    // ... then each parameter whole (every rank of the tp group takes part)
-    for (const nn::FlatParam& p : u.params) {
-      const int64_t n = numel_of(p.spec.shape);
-      auto whole_param = [&](const Tensor& buf) {
-        Tensor local = buf.narrow(0, p.offset, n).view(p.spec.shape);
-        const Tensor whole = pm_->whole_param(p.spec, local);  // collective
-        return keep ? whole.to(Device::cpu()) : whole;         // only the keeping rank needs it on the host
-      };
-      const Tensor value = whole_param(data);
-      const Tensor mv[2] = {grads ? Tensor() : whole_param(m), grads ? Tensor() : whole_param(v)};
-      if (!keep) continue;
-      const nn::FlatParam* wp = w->params.find(p.spec.name);
-      NDT_CHECK(wp, "gather_whole: ", p.spec.name, " is not in the single-process model");
-      wp->value.copy_(value);
-      for (int k = 0; k < 2 && !grads; ++k)
-        (k ? w->moments.v : w->moments.m)[i]
-            .narrow(0, wp->offset, value.numel())
-            .copy_(mv[k].view({value.numel()}));
-    }
-  }
-  return w;
 }
 
 void Trainer::load_weights(const std::string& path) {
@@ -559,7 +473,7 @@ void Trainer::save(int64_t step) {
   }
   // the single-process layout, gathered from every rank's shards and slices onto rank 0,
   // which writes it; the others wait, so that a failed write stops every rank
-  std::unique_ptr<Whole> w = gather_whole(/*keep=*/lead(), /*grads=*/false);
+  std::unique_ptr<ckpt::WholeModel> w = ckpt::gather_whole(mc_, *pm_, opt_.get(), /*keep=*/lead(), /*grads=*/false);
   std::string where, error;
   if (lead()) {
     try {
@@ -573,19 +487,6 @@ void Trainer::save(int64_t step) {
     throw Error(lead() ? error : "rank 0 failed to write the checkpoint of step " + std::to_string(step));
   saved_step_ = step;
   out_ << "checkpoint: " << where << std::endl;
-}
-
-void Trainer::write_grads(const std::string& path) {
-  // each parameter's whole gradient, by name: comparable between any two layouts
-  std::unique_ptr<Whole> w = gather_whole(/*keep=*/lead(), /*grads=*/true);
-  if (lead()) {
-    io::SafeTensorsWriter out;
-    for (const nn::FlatUnit& u : w->params.units)
-      for (const nn::FlatParam& p : u.params) out.add("grad." + p.spec.name, p.value);
-    out.metadata["layout"] = dims_.str();
-    out.write(path);
-  }
-  world_->barrier();
 }
 
 void Trainer::write_trace() {
@@ -754,7 +655,7 @@ Trainer::StepResult Trainer::step_and_time(int64_t step) {
   StepResult r;
   r.loss = train_step(step);
   r.norm = pm_->strategy->grad_norm();  // global: the same number on every rank
-  if (step == start_ && !c_.log.grads.empty()) write_grads(c_.log.grads);
+  if (step == start_ && !c_.log.grads.empty()) ckpt::write_whole_grads(c_.log.grads, mc_, *pm_, dims_.str(), *world_);
   check_step_finite(step + 1, r.loss, r.norm);  // a non-finite step is neither applied nor saved
   r.lr = optim::lr_at(step, sched_);
   {
@@ -772,36 +673,26 @@ Trainer::StepResult Trainer::step_and_time(int64_t step) {
 }
 
 void Trainer::log_step(int64_t step, const StepResult& r, double avg_sec) {
-  const double flops_per_step =
-      gpt_->flops_per_token(c_.train.seq_len) * static_cast<double>(tokens_per_step_);
-  const double tok_s = static_cast<double>(tokens_per_step_) / r.sec;
   curves_.train.push_back({step, r.loss});
-  if (step % c_.log.every == 0 || step == c_.train.steps - 1) {
-    const double gflops = flops_per_step / r.sec / 1e9 / static_cast<double>(world_->size());  // per rank
-    const std::string speed = speed_text(gflops, peak_flops_);
-    std::string comm = world_->size() > 1 ? " | comm " + human_bytes(static_cast<double>(r.comm_bytes)) : "";
-    if (mesh_->spans_hosts()) comm += " (" + human_bytes(static_cast<double>(r.across_hosts)) + " across hosts)";
-    char line[600];
-    std::snprintf(line, sizeof(line),
-                  "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
-                  "(peak %s) | eta %s",
-                  (long long)step + 1, (long long)c_.train.steps, r.loss, r.lr, r.norm, r.sec * 1e3, tok_s,
-                  speed.c_str(), comm.c_str(), human_bytes(static_cast<double>(r.mem.in_use)).c_str(),
-                  human_bytes(static_cast<double>(r.mem.peak)).c_str(),
-                  human_time(avg_sec * static_cast<double>(c_.train.steps - step - 1)).c_str());
-    out_ << line << std::endl;  // flushed: progress shows through pipes and tee
-  }
-  log_json({{"step", step + 1},
-            {"loss", r.loss},
-            {"lr", r.lr},
-            {"grad_norm", r.norm},
-            {"ms", r.sec * 1e3},
-            {"tokens_per_sec", tok_s},
-            {"gflops_per_sec", flops_per_step / r.sec / 1e9},
-            {"comm_bytes", r.comm_bytes},
-            {"comm_bytes_across_hosts", r.across_hosts},
-            {"mem_in_use", r.mem.in_use},
-            {"mem_peak", r.mem.peak}});
+  StepLog s;
+  s.step = step;
+  s.steps = c_.train.steps;
+  s.loss = r.loss;
+  s.lr = r.lr;
+  s.norm = r.norm;
+  s.sec = r.sec;
+  s.tokens = static_cast<double>(tokens_per_step_);
+  s.flops = gpt_->flops_per_token(c_.train.seq_len) * s.tokens;
+  s.world_size = world_->size();
+  s.peak_flops = peak_flops_;
+  s.comm_bytes = r.comm_bytes;
+  s.across_hosts = r.across_hosts;
+  s.spans_hosts = mesh_->spans_hosts();
+  s.mem = r.mem;
+  s.eta_sec = avg_sec * static_cast<double>(c_.train.steps - step - 1);
+  if (step % c_.log.every == 0 || step == c_.train.steps - 1)
+    out_ << step_line(s) << std::endl;  // flushed: progress shows through pipes and tee
+  log_json(step_json(s));
 }
 
 int Trainer::stopped(int64_t step, int sig) {
@@ -878,7 +769,7 @@ int Trainer::finish(double last_val, double avg_sec) {
   if (mesh_->spans_hosts() && std::isfinite(avg_sec) && start_ + 1 < c_.train.steps) {
     // every rank's bytes to other hosts over the timed steps: one sum at the end, none per step
     const double all = world_->all_reduce_scalar(static_cast<double>(across_hosts_timed_), dist::ReduceOp::kSum);
-    out_ << "across hosts: " << human_bytes(all / static_cast<double>(c_.train.steps - start_ - 1))
+    out_ << "across hosts: " << io::format_bytes(all / static_cast<double>(c_.train.steps - start_ - 1))
          << " per step from all ranks (ring model)\n";
   }
   if (lead() && !c_.log.report.empty()) {
@@ -899,6 +790,8 @@ int Trainer::finish(double last_val, double avg_sec) {
   return 0;
 }
 
+int run_training(const Config& c, std::ostream& out, std::ostream& err);
+
 }  // namespace
 
 int train_main(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
@@ -916,46 +809,14 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
     if (!quiet) err << "train_gpt: config error: " << e.what() << "\n";
     return 2;
   }
-  if (c.plan && !c.plan_calibrate.empty()) return calibrate_main(c, out, err);  // under mpirun
-  if (c.plan) {  // before MPI: nothing is allocated, no rank starts (train/planner/plan.h)
-    try {
-      if (quiet) return 0;
-      if (c.plan_search) {
-        if (!has_cluster(c.cluster))
-          throw ConfigError(
-              "--plan.search needs a cluster: --cluster FILE (one --plan.calibrate wrote, or your own), or "
-              "--cluster.preset h100-sxm-8 (and --cluster.hosts N); train_gpt --help lists the [cluster] keys");
-        const Cluster k = resolve_cluster(c.cluster, c.train.device, c.train.dtype, c.train.tf32);
-        const SearchResult s = search(c, k);
-        c.plan_json ? print_search_json(s, k, c.plan_top, out) : print_search(s, k, c.plan_top, out);
-        return 0;
-      }
-      if (!has_cluster(c.cluster)) {
-        const Plan p = plan(c, plan_world(c));
-        c.plan_json ? print_plan_json(p, out) : print_plan(p, out);
-        return 0;
-      }
-      const Cluster k = resolve_cluster(c.cluster, c.train.device, c.train.dtype, c.train.tf32);
-      if (c.plan_world > 0 && c.plan_world != k.devices())
-        throw ConfigError("--plan.world " + std::to_string(c.plan_world) + " but the cluster has " +
-                          std::to_string(k.devices()) + " devices (cluster.hosts x devices_per_host); drop one");
-      const Plan p = plan(c, k.devices());
-      const StepTime t = predict_time(c, p, k);
-      if (c.plan_json) {
-        nlohmann::json j = plan_to_json(p);
-        j["cluster"] = cluster_to_json(k);
-        j["time"] = time_to_json(t);
-        out << j.dump(2) << "\n";
-      } else {
-        print_plan(p, out);
-        print_time(p, t, k, out);
-      }
-      return 0;
-    } catch (const ConfigError& e) {
-      if (!quiet) err << "train_gpt: config error: " << e.what() << "\n";
-      return 2;
-    }
-  }
+  if (c.plan) return plan_main(c, quiet, out, err);  // the planner (train/planner/plan_main.h)
+  return run_training(c, out, err);
+}
+
+namespace {
+
+// The training job of this process's rank; a failure on any rank ends the whole job.
+int run_training(const Config& c, std::ostream& out, std::ostream& err) {
   std::shared_ptr<dist::Communicator> world;
   int code = 0;
   std::string message;
@@ -964,11 +825,7 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
   dist::FlightRecorder flight;
   auto dump_flight = [&](const std::string& why) {
     if (!world || world->size() == 1) return;
-    const fs::path dir = !c.checkpoint.dir.empty() ? fs::path(c.checkpoint.dir)
-                         : !c.log.metrics.empty()  ? fs::path(c.log.metrics).parent_path()
-                                                   : fs::path(".");
-    const fs::path file = dir / "flight" / ("rank_" + std::to_string(world->rank()) + ".json");
-    flight.dump(file.string(), world->rank(), world->size(), why);
+    flight.dump(flight_record_path(c, world->rank()), world->rank(), world->size(), why);
   };
   try {
     world = dist::init_world();                // MPI under a launcher with several ranks, else a group of one
@@ -1005,5 +862,7 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
   world->abort(code);
   return code;  // not reached
 }
+
+}  // namespace
 
 }  // namespace ndt::train

@@ -12,18 +12,9 @@
 #pragma once
 
 #include <ostream>
-#include <string>
 
 namespace ndt::train {
 
 int train_main(int argc, const char* const* argv, std::ostream& out, std::ostream& err);
-
-// A step line's speed: "MFU n%" of peak_flops (one device's dense peak FLOP/s for the
-// training dtype: log.peak_tflops, or the GPU's own by its name, planner/cluster.h) when it
-// is known, else "n GFLOP/s" per rank (CPU ranks, or a GPU whose peak is not known).
-std::string speed_text(double gflops_per_rank, double peak_flops);
-// What MFU is measured against, said once at the start of a GPU run: the device and its
-// peak, or that MFU cannot be computed for it and which key to set.
-std::string mfu_peak_line(const std::string& gpu_name, double peak_flops, const std::string& dtype);
 
 }  // namespace ndt::train

@@ -78,24 +78,10 @@ int64_t log2_of(uint32_t al) {
   return l;
 }
 
-// Runs the fused GEMM; false when cuBLASLt has no algorithm for it (nothing was launched).
-// With gelu, `gelu_done` says whether the GELU was fused too (else the caller applies
-// gelu_forward(pre, out): the GEMM and bias went into pre).
-bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
-               const Tensor& pre, int device, cudaStream_t stream, bool& gelu_done) {
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(1);
-  const cudaDataType t = out.dtype() == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-  const cublasComputeType_t compute =
-      out.dtype() == DType::f32 && allow_tf32(device) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  // cuBLASLt's GELU epilogue is its own (fast) tanh approximation: fused only where the
-  // output is rounded coarsely anyway (bf16, TF32); strict f32 keeps gelu_forward's numbers.
-  const bool fuse_gelu = gelu && (out.dtype() == DType::bf16 || compute == CUBLAS_COMPUTE_32F_FAST_TF32) &&
-                         N % 8 == 0;  // the aux leading dimension must be a multiple of 8
-  gelu_done = fuse_gelu;
-  const Tensor& d = gelu && !fuse_gelu ? pre : out;  // where the GEMM (+ bias) lands
-  if (bias.defined() && alignment_of(bias.data_ptr()) < 16) return false;  // no alignment pref for it
-  if (fuse_gelu && alignment_of(pre.data_ptr()) < 16) return false;
-  LtCall c;
+// The operation of a fused linear: out = x @ w, with the bias (and the GELU, writing the
+// pre-activation to pre as the aux output) as cuBLASLt's epilogue. Returns the epilogue.
+cublasLtEpilogue_t describe_linear(LtCall& c, cublasComputeType_t compute, const Tensor& bias, bool fuse_gelu,
+                                   const Tensor& pre, int64_t N) {
   NDT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&c.op, compute, CUDA_R_32F));
   const cublasOperation_t no = CUBLAS_OP_N;
   NDT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSA, &no, sizeof(no)));
@@ -119,17 +105,16 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
     NDT_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
   }
-  // column-major: A = w^T (N,K) ld N, B = x^T (K,M) ld K, D = out^T (N,M) ld N
-  NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.a, t, N, K, N));
-  NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.b, t, K, M, K));
-  NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.d, t, N, M, N));
+  return epi;
+}
+
+// The heuristic's preferences: the workspace, and the alignments of A, B and C = D (it
+// sees the bias and aux pointers in the operation, but assumes 256-byte A, B, C, D)
+void prefer(LtCall& c, uint32_t al_a, uint32_t al_b, uint32_t al_d) {
   NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&c.pref));
   const uint64_t ws = kWorkspaceBytes;
   NDT_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  // the heuristic sees the bias and aux pointers (desc) but assumes 256-byte A, B, C, D
-  const uint32_t al_a = alignment_of(w.data_ptr()), al_b = alignment_of(x.data_ptr()),
-                 al_d = alignment_of(d.data_ptr());
   NDT_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
   NDT_CUBLAS_CHECK(
@@ -138,6 +123,53 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
       cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
   NDT_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+}
+
+// The algorithm for `key`, asked of the heuristic once per key (nullopt: it has none).
+std::optional<cublasLtMatmulAlgo_t> algo_for(const AlgoKey& key, const LtCall& c, int device) {
+  AlgoCache& cache = algo_cache();
+  std::lock_guard<std::mutex> lock(cache.mu);
+  auto it = cache.algos.find(key);
+  if (it == cache.algos.end()) {
+    cublasLtMatmulHeuristicResult_t heur{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(cublaslt(device), c.op, c.a, c.b, c.d, c.d, c.pref, 1, &heur, &found);
+    it = cache.algos
+             .emplace(key, st == CUBLAS_STATUS_SUCCESS && found > 0 && heur.state == CUBLAS_STATUS_SUCCESS
+                               ? std::optional<cublasLtMatmulAlgo_t>(heur.algo)
+                               : std::nullopt)
+             .first;
+  }
+  return it->second;
+}
+
+// Runs the fused GEMM; false when cuBLASLt has no algorithm for it (nothing was launched).
+// With gelu, `gelu_done` says whether the GELU was fused too (else the caller applies
+// gelu_forward(pre, out): the GEMM and bias went into pre).
+bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
+               const Tensor& pre, int device, cudaStream_t stream, bool& gelu_done) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(1);
+  const cudaDataType t = out.dtype() == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
+  const cublasComputeType_t compute =
+      out.dtype() == DType::f32 && allow_tf32(device) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  // cuBLASLt's GELU epilogue is its own (fast) tanh approximation: fused only where the
+  // output is rounded coarsely anyway (bf16, TF32); strict f32 keeps gelu_forward's numbers.
+  const bool fuse_gelu = gelu && (out.dtype() == DType::bf16 || compute == CUBLAS_COMPUTE_32F_FAST_TF32) &&
+                         N % 8 == 0;  // the aux leading dimension must be a multiple of 8
+  gelu_done = fuse_gelu;
+  const Tensor& d = gelu && !fuse_gelu ? pre : out;  // where the GEMM (+ bias) lands
+  if (bias.defined() && alignment_of(bias.data_ptr()) < 16) return false;  // no alignment pref for it
+  if (fuse_gelu && alignment_of(pre.data_ptr()) < 16) return false;
+  LtCall c;
+  const cublasLtEpilogue_t epi = describe_linear(c, compute, bias, fuse_gelu, pre, N);
+  // column-major: A = w^T (N,K) ld N, B = x^T (K,M) ld K, D = out^T (N,M) ld N
+  NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.a, t, N, K, N));
+  NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.b, t, K, M, K));
+  NDT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&c.d, t, N, M, N));
+  const uint32_t al_a = alignment_of(w.data_ptr()), al_b = alignment_of(x.data_ptr()),
+                 al_d = alignment_of(d.data_ptr());
+  prefer(c, al_a, al_b, al_d);
   const AlgoKey key{device,
                     M,
                     N,
@@ -148,24 +180,7 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
                     log2_of(al_a) | log2_of(al_b) << 4 | log2_of(al_d) << 8 |
                         (bias.defined() ? log2_of(alignment_of(bias.data_ptr())) : 0) << 12 |
                         (fuse_gelu ? log2_of(alignment_of(pre.data_ptr())) : 0) << 16};
-  std::optional<cublasLtMatmulAlgo_t> algo;
-  {
-    AlgoCache& cache = algo_cache();
-    std::lock_guard<std::mutex> lock(cache.mu);
-    auto it = cache.algos.find(key);
-    if (it == cache.algos.end()) {
-      cublasLtMatmulHeuristicResult_t heur{};
-      int found = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(cublaslt(device), c.op, c.a, c.b, c.d, c.d,
-                                                               c.pref, 1, &heur, &found);
-      it = cache.algos
-               .emplace(key, st == CUBLAS_STATUS_SUCCESS && found > 0 && heur.state == CUBLAS_STATUS_SUCCESS
-                                 ? std::optional<cublasLtMatmulAlgo_t>(heur.algo)
-                                 : std::nullopt)
-               .first;
-    }
-    algo = it->second;
-  }
+  const std::optional<cublasLtMatmulAlgo_t> algo = algo_for(key, c, device);
   if (!algo) return false;
   Tensor workspace = Tensor::empty({static_cast<int64_t>(kWorkspaceBytes / 2)}, DType::u16, out.device());
   const float one = 1.0f, zero = 0.0f;

@@ -36,6 +36,8 @@ there is a problem, 0 when there is none. Python 3 standard library only. It che
     [data], ... read from the options_description tables of train/config.cpp) or `plan`
     (its command-line-only options), must be a declared key; so must the `key = value` lines
     under a `[section]` header in a fenced block.
+ 5. (docs/design.md) Every folder holding sources, and every header directly in dist/, is
+    named in the map of the code (check_design_map).
  4. Program options: a `--option` quoted on a command line (a fenced-block line, or inline
     code with a program in it) belongs to the nearest project program before it on that
     command (build/train_gpt, train_gpt, scripts/x.sh, python3 bench/y.py, ...) and must be
@@ -819,7 +821,37 @@ class Checker:
             mds.append(os.path.relpath(p, self.docs_root))
         for md in mds:
             self.check_md(md)
+        self.check_design_map()
         return mds
+
+    # -- 5. docs/design.md's map of the code covers the tree
+    def check_design_map(self):
+        """Every folder that holds C++/CUDA sources is named in docs/design.md (its path, or
+        its last part as `name/` in its parent's row), and every header directly in dist/
+        (a piece of the parallel core) as `dist/<stem>`, so the map cannot fall behind."""
+        md = "docs/design.md"
+        path = os.path.join(self.docs_root, md)
+        if not os.path.exists(path):
+            return
+        text = open(path, encoding="utf-8").read()
+        spans = set(re.findall(r"`([^`\n]+)`", text))
+        src_ext = (".h", ".cpp", ".cu", ".cuh")
+        skip = ("third_party", "build", "data", "out", ".git")
+        for dirpath, dirnames, filenames in os.walk(self.repo.root):
+            rel = os.path.relpath(dirpath, self.repo.root)
+            dirnames[:] = [d for d in dirnames if not d.startswith(skip) and not d.startswith(".")]
+            if rel == "." or not any(f.endswith(src_ext) for f in filenames):
+                continue
+            self.counts["paths"] += 1
+            last = os.path.basename(rel)
+            if not any(t == rel or t.startswith(rel + "/") or t.startswith(last + "/") for t in spans):
+                self.report(md, 1, f"the folder `{rel}/` holds sources but the map of the code does not name it")
+        for f in sorted(os.listdir(os.path.join(self.repo.root, "dist"))):
+            if f.endswith(".h"):
+                self.counts["paths"] += 1
+                stem = "dist/" + f[:-2]
+                if not ({stem, stem + ".h", stem + ".{h,cpp}"} & spans):
+                    self.report(md, 1, f"`{stem}` is not in the map of the code (the dist/ table)")
 
 
 def main():

@@ -1,0 +1,42 @@
+// ndtrain: the model as one process holds it, gathered from every rank's shards and slices.
+//
+// Full checkpoints, weight files and log.grads use the single-process layout, whatever the
+// layout that trained: FSDP's shards are all-gathered over the shard group into whole unit
+// buffers, TP's slices over the tp group into whole parameters. Collective: every rank of
+// the job calls it; only the ranks that `keep` hold the result (on the CPU). Loading goes
+// the other way without it: each rank reads only its own elements.
+//
+//   std::unique_ptr<ckpt::WholeModel> w = ckpt::gather_whole(mc, pm, &opt, /*keep=*/rank == 0, false);
+//   if (w) ckpt::save_checkpoint(dir, *w->gpt, w->params, w->moments, state, keep);
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dist/parallelize.h"
+#include "models/gpt.h"
+#include "nn/flat.h"
+#include "optim/adamw.h"
+#include "train/checkpoint/checkpoint.h"
+
+namespace ndt::ckpt {
+
+struct WholeModel {
+  std::unique_ptr<models::GPT> gpt;
+  nn::FlatParams params;  // on the CPU; gathered with grads = true, they hold the gradients
+  Moments moments;        // AdamW's m and v in the same layout (not with grads)
+};
+
+// The model of `mc` whole, from this rank's part of it in `pm` (parameters, or their
+// gradients with grads = true) and of AdamW's moments in `opt` (nullptr or grads: none).
+// Returns nullptr where keep is false.
+std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist::ParallelModel& pm,
+                                         const optim::AdamW* opt, bool keep, bool grads);
+
+// log.grads: every parameter's whole gradient, by name ("grad." + name), into one
+// safetensors file that rank 0 (`lead`) writes, comparable between any two layouts.
+// Collective over `world`; `layout` goes into the file's metadata.
+void write_whole_grads(const std::string& path, const models::GPTConfig& mc, const dist::ParallelModel& pm,
+                       const std::string& layout, dist::Communicator& world);
+
+}  // namespace ndt::ckpt

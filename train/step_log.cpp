@@ -1,0 +1,60 @@
+#include "train/step_log.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "train/io/format.h"
+
+namespace ndt::train {
+
+std::string step_line(const StepLog& s) {
+  const double gflops = s.flops / s.sec / 1e9 / static_cast<double>(s.world_size);  // per rank
+  std::string comm = s.world_size > 1 ? " | comm " + io::format_bytes(static_cast<double>(s.comm_bytes)) : "";
+  if (s.spans_hosts) comm += " (" + io::format_bytes(static_cast<double>(s.across_hosts)) + " across hosts)";
+  char line[600];
+  std::snprintf(line, sizeof(line),
+                "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
+                "(peak %s) | eta %s",
+                (long long)s.step + 1, (long long)s.steps, s.loss, s.lr, s.norm, s.sec * 1e3, s.tokens / s.sec,
+                speed_text(gflops, s.peak_flops).c_str(), comm.c_str(),
+                io::format_bytes(static_cast<double>(s.mem.in_use)).c_str(),
+                io::format_bytes(static_cast<double>(s.mem.peak)).c_str(), io::format_duration(s.eta_sec).c_str());
+  return line;
+}
+
+nlohmann::json step_json(const StepLog& s) {
+  return {{"step", s.step + 1},
+          {"loss", s.loss},
+          {"lr", s.lr},
+          {"grad_norm", s.norm},
+          {"ms", s.sec * 1e3},
+          {"tokens_per_sec", s.tokens / s.sec},
+          {"gflops_per_sec", s.flops / s.sec / 1e9},
+          {"comm_bytes", s.comm_bytes},
+          {"comm_bytes_across_hosts", s.across_hosts},
+          {"mem_in_use", s.mem.in_use},
+          {"mem_peak", s.mem.peak}};
+}
+
+std::string speed_text(double gflops_per_rank, double peak_flops) {
+  if (peak_flops > 0) return "MFU " + std::to_string(static_cast<int>(100 * gflops_per_rank * 1e9 / peak_flops)) + "%";
+  return std::to_string(static_cast<int>(gflops_per_rank)) + " GFLOP/s";
+}
+
+std::string mfu_peak_line(const std::string& gpu_name, double peak_flops, const std::string& dtype) {
+  char peak[32];
+  std::snprintf(peak, sizeof(peak), "%.1f", peak_flops / 1e12);
+  if (peak_flops > 0) return "MFU against " + std::string(peak) + " TFLOP/s per " + gpu_name + " (" + dtype + ")";
+  return "MFU: the peak TFLOP/s of a " + gpu_name + " is not known here; step lines show GFLOP/s per rank. Set " +
+         "log.peak_tflops to its dense " + dtype + " TFLOP/s for MFU";
+}
+
+int64_t peak_resident_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;  // "VmHWM:  1234 kB"
+  return 0;
+}
+
+}  // namespace ndt::train
