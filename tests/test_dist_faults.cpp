@@ -244,6 +244,24 @@ TEST_F(DistFaults, RanksStartedWithDifferentConfigsRefuseInOneLine) {
   EXPECT_EQ(latest(), -1);
 }
 
+// A config error that only one rank finds (a stale key in its node's gpt.ini, a file missing
+// there) used to end the job with exit code 2 and no word: every rank's error now reaches the
+// user through rank 0, naming the rank and its host; one that every rank finds is said once.
+TEST_F(DistFaults, AConfigErrorOnAnotherRankIsSaidByRankZero) {
+  ndt::testing::ShellResult r =
+      ndt::testing::run_shell(mpirun(1) + args() + " : -np 1 " + args("--train.no_such_key 3"));
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_EQ(count_of(r.out, "config error"), 1u) << r.out;
+  EXPECT_TRUE(has(r.out, "train_gpt: config error: rank 1 (on ")) << r.out;
+  EXPECT_TRUE(has(r.out, "no_such_key")) << r.out;
+  EXPECT_FALSE(has(r.out, "MPI_ABORT")) << "every rank knows: no abort";
+  EXPECT_EQ(steps(), 0u) << "nothing trained";
+  r = ndt::testing::run_shell(mpirun(2) + args("--train.no_such_key 3"));
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_EQ(count_of(r.out, "config error"), 1u) << "the same error on every rank, said once: " << r.out;
+  EXPECT_FALSE(has(r.out, "rank 1")) << r.out;
+}
+
 TEST_F(DistFaults, ADataFileOfAnotherSizeOnOneNodeIsRefused) {
   if (!can_unshare_mounts()) GTEST_SKIP() << "needs mount namespaces (root and unshare -m)";
   // rank 1's node has an older copy of the training shard (another size), same name and path

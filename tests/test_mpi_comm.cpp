@@ -233,6 +233,21 @@ TEST(DistComm, ACollectiveAPeerNeverJoinsTimesOutNamingIt) {
   EXPECT_EQ(values(x)[0], 1.0 * w->size());  // every rank added its 1
 }
 
+// parallel.timeout_s of 1e10 (a natural "forever") or the largest double must mean that:
+// the collective waits for a late peer instead of timing out at once (the deadline once
+// overflowed when converted to int64 nanoseconds).
+TEST(DistComm, AFarDeadlineWaitsForALatePeer) {
+  auto w = ndt::testing::world();
+  for (const double forever : {1e10, 1e300}) {
+    auto g = w->split(0, w->rank(), "patient");
+    g->set_timeout(forever);
+    Tensor x = Tensor::from_vector(std::vector<float>{1.0f}, {1});
+    if (w->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // late
+    EXPECT_NO_THROW(g->all_reduce(x, ReduceOp::kSum)->wait()) << forever;
+    EXPECT_EQ(values(x)[0], 1.0 * w->size());
+  }
+}
+
 TEST(DistComm, TheFlightRecorderKeepsEveryOperationOfItsGroups) {
   auto w = ndt::testing::world();
   dist::FlightRecorder flight;

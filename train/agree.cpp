@@ -19,16 +19,16 @@ namespace fs = std::filesystem;
 namespace ndt::train {
 namespace {
 
-// Rank 0's `text` on every rank (collective).
-std::string broadcast_text(const std::string& text, dist::Communicator& world) {
+// Rank `root`'s `text` on every rank (collective).
+std::string broadcast_text(const std::string& text, dist::Communicator& world, int root = 0) {
   const int64_t n = static_cast<int64_t>(world.all_reduce_scalar(
-      world.rank() == 0 ? static_cast<double>(text.size()) : 0.0, dist::ReduceOp::kMax));
+      world.rank() == root ? static_cast<double>(text.size()) : 0.0, dist::ReduceOp::kMax));
   Tensor buf = Tensor::zeros({std::max<int64_t>(n, 1)}, DType::i32);
-  if (world.rank() == 0)
+  if (world.rank() == root)
     for (int64_t i = 0; i < n; ++i)
       static_cast<int32_t*>(buf.data_ptr())[i] = static_cast<unsigned char>(text[i]);
   Tensor dev = buf.to(world.device());
-  world.broadcast(dev, 0)->wait();
+  world.broadcast(dev, root)->wait();
   buf = dev.to(Device::cpu());
   std::string out(static_cast<size_t>(n), '\0');
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<char>(static_cast<const int32_t*>(buf.data_ptr())[i]);
@@ -81,6 +81,36 @@ std::string data_files(const std::string& pattern) {
 }
 
 }  // namespace
+
+void agree_on_start(const std::string& error, dist::Communicator& world) {
+  if (world.size() == 1) {
+    if (!error.empty()) throw AgreedConfigError(error);
+    return;
+  }
+  const std::vector<double> failed = gather_flags({error.empty() ? 0.0 : 1.0}, world);
+  // each failing rank's error and host, in turn, on every rank; equal errors said once
+  std::vector<std::pair<std::string, std::vector<int>>> errors;
+  std::map<int, std::string> hosts;
+  for (int r = 0; r < world.size(); ++r) {
+    if (failed[static_cast<size_t>(r)] == 0) continue;
+    const std::string text = broadcast_text(world.rank() == r ? error : "", world, r);
+    hosts[r] = broadcast_text(world.rank() == r ? host_name() : "", world, r);
+    auto it = std::find_if(errors.begin(), errors.end(), [&](const auto& e) { return e.first == text; });
+    if (it == errors.end()) it = errors.insert(errors.end(), {text, {}});
+    it->second.push_back(r);
+  }
+  if (errors.empty()) return;
+  if (errors.size() == 1 && errors[0].second.size() == static_cast<size_t>(world.size()))
+    throw AgreedConfigError(errors[0].first);  // every rank's, the same: as one process says it
+  std::string msg;
+  for (const auto& [text, ranks] : errors) {
+    std::string where;
+    for (int r : ranks)
+      if (where.find(hosts[r]) == std::string::npos) where += (where.empty() ? "" : ", ") + hosts[r];
+    msg += (msg.empty() ? "" : "; ") + ranks_text(ranks) + " (on " + where + "): " + text;
+  }
+  throw AgreedConfigError(msg);
+}
 
 std::vector<std::pair<std::string, std::string>> rank_identity(const Config& cfg) {
   std::vector<std::pair<std::string, std::string>> v = cfg.values;

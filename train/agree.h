@@ -25,6 +25,13 @@ class AgreedConfigError : public ConfigError {
   using ConfigError::ConfigError;
 };
 
+// The first agreement of a job: `error` is this rank's config error ("" when its config
+// parsed), found before MPI started. When any rank has one, throws AgreedConfigError on
+// every rank naming each failing rank, its host and its error (once, without ranks, when
+// every rank has the same one), so that an error seen on one node only still reaches the
+// user through rank 0.
+void agree_on_start(const std::string& error, dist::Communicator& world);
+
 // The keys and values that must be equal on every rank: every [section] key as parsed
 // (cfg.values) and, as `data.train files` / `data.val files`, the names and sizes of the data
 // files each pattern matches here.

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -790,15 +791,18 @@ int Trainer::finish(double last_val, double avg_sec) {
   return 0;
 }
 
-int run_training(const Config& c, std::ostream& out, std::ostream& err);
+// start_error: this rank's config error, or "" (see train_main)
+int run_training(const Config& c, const std::string& start_error, std::ostream& out, std::ostream& err);
 
 }  // namespace
 
 int train_main(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
   Config c;
-  // Config errors come before MPI starts and are the same on every rank: the launcher's
-  // rank 0 prints them.
+  // Config errors come before MPI starts. Under a launcher every rank has its own (the same,
+  // unless a node's files differ): the ranks agree on them once MPI is up, and rank 0 says
+  // each (agree_on_start); --plan starts no MPI, so each rank says its own.
   const bool quiet = dist::launcher_rank() != 0;
+  std::string start_error;
   try {
     std::string help;
     if (!parse_config(argc, argv, c, help)) {
@@ -806,17 +810,25 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
       return 0;
     }
   } catch (const ConfigError& e) {
-    if (!quiet) err << "train_gpt: config error: " << e.what() << "\n";
-    return 2;
+    const bool planning = c.plan || std::any_of(argv, argv + argc, [](const char* a) { return std::string(a) == "--plan"; });
+    if (!dist::launched_with_several_ranks() || (planning && !quiet)) {
+      err << "train_gpt: config error: " << e.what() << "\n";
+      return 2;
+    }
+    if (planning) {
+      err << ("train_gpt: rank " + std::to_string(dist::launcher_rank()) + ": config error: " + e.what() + "\n");
+      return 2;
+    }
+    start_error = e.what();
   }
-  if (c.plan) return plan_main(c, quiet, out, err);  // the planner (train/planner/plan_main.h)
-  return run_training(c, out, err);
+  if (c.plan && start_error.empty()) return plan_main(c, quiet, out, err);  // train/planner/plan_main.h
+  return run_training(c, start_error, out, err);
 }
 
 namespace {
 
 // The training job of this process's rank; a failure on any rank ends the whole job.
-int run_training(const Config& c, std::ostream& out, std::ostream& err) {
+int run_training(const Config& c, const std::string& start_error, std::ostream& out, std::ostream& err) {
   std::shared_ptr<dist::Communicator> world;
   int code = 0;
   std::string message;
@@ -829,8 +841,10 @@ int run_training(const Config& c, std::ostream& out, std::ostream& err) {
   };
   try {
     world = dist::init_world();                // MPI under a launcher with several ranks, else a group of one
-    world->set_timeout(c.parallel.timeout_s);  // every collective's deadline (and the mesh's groups')
-    world->set_flight(&flight);                // and their record, dumped when the job fails
+    // every collective's deadline (and the mesh's groups'): a config that failed, the default
+    world->set_timeout(start_error.empty() ? c.parallel.timeout_s : ParallelSection{}.timeout_s);
+    world->set_flight(&flight);  // and their record, dumped when the job fails
+    agree_on_start(start_error, *world);  // a rank's config error ends every rank; rank 0 says it
     StopSignals signals;  // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
     // a stop that cannot finish (a peer stuck) or a dead launcher ends this process
     Watchdog watchdog(c.parallel.timeout_s, dist::launched_with_several_ranks(), world->rank(),

@@ -38,6 +38,8 @@ std::string mpi_error_string(int rc) {
 // cores to the compute threads while collectives run behind them. One count for the
 // process, as there is one communication thread (Engine below).
 constexpr auto kSpin = std::chrono::milliseconds(2);
+// The longest deadline a wait takes as one (100 years); longer ones wait without a limit.
+constexpr double kLongestDeadlineS = 100 * 365.25 * 24 * 3600;
 constexpr auto kWaitPause = std::chrono::microseconds(20);
 std::atomic<int>& waiting_threads() {
   static std::atomic<int> n{0};
@@ -58,7 +60,9 @@ class MpiWork : public Work {
       struct Done {
         ~Done() { waiting_threads().fetch_sub(1); }
       } done_waiting;
-      if (timeout_s_ > 0) {
+      // a deadline past what the clock counts (int64 nanoseconds: 292 years) would overflow
+      // into the past; such a value means no limit, as it says
+      if (timeout_s_ > 0 && timeout_s_ < kLongestDeadlineS) {
         const auto limit = std::chrono::duration<double>(timeout_s_);
         if (!cv_.wait_for(lk, limit, [&] { return done_; })) {
           int rank = -1;
