@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "support/corpus.h"
@@ -270,6 +271,37 @@ TEST(Robust, UnwritableOutputsAreFoundAtStart) {
   }
 }
 
+// Outputs written through a temporary file and a rename (weights, the report, the gradient
+// dump, a calibration) never replace what is not a regular file: a character device is
+// written through, as tools do with /dev/null; a FIFO, a socket or a directory is refused.
+// On nodes the test makes in its own folder, never the system's.
+TEST(Robust, OutputsNeverReplaceDevicesOrFifos) {
+  fs::path d = make_data("nodes");
+  const fs::path null_dev = d / "null", fifo = d / "fifo", dir = d / "adir";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  fs::create_directories(dir);
+  for (const fs::path& p : {fifo, dir}) {
+    const std::string e = ndt::testing::error_of([&] { io::write_file_atomic(p.string(), "x"); });
+    EXPECT_TRUE(has(e, "cannot write " + p.string() + ": it is a")) << e;
+    EXPECT_FALSE(fs::exists(p.string() + ".tmp"));
+  }
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_TRUE(fs::is_directory(dir));
+  // and at the start of a run, before any work
+  RunResult r = run({"--config", (d / "gpt.ini").string(), "--log.report", fifo.string()});
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_TRUE(has(r.err, "log.report: " + fifo.string() + " is not a regular file (a FIFO)")) << r.err;
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  // a private /dev/null (needs root): written through, still a device after a whole run
+  if (::mknod(null_dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) GTEST_SKIP() << "mknod needs root";
+  EXPECT_NO_THROW(io::write_file_atomic(null_dev.string(), "x"));
+  r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "2", "--log.report", null_dev.string(),
+           "--log.grads", null_dev.string()});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(fs::is_character_file(null_dev));
+  EXPECT_FALSE(fs::exists(null_dev.string() + ".tmp"));
+}
+
 TEST(Robust, ACheckpointDirectoryHasOneTrainerAtATime) {
   fs::path d = make_data("lock");
   const std::string ck = (d / "ck").string();
@@ -361,6 +393,27 @@ TEST(Robust, PruningKeepsTheNewestByStepNumber) {
   EXPECT_FALSE(fs::exists(d / "step_99999999"));
   EXPECT_FALSE(fs::exists(d / "step_99999998"));
   EXPECT_EQ(ckpt::latest_checkpoint(d.string()).value(), (d / "step_100000001").string());
+}
+
+// A crash between a checkpoint's rename into place and latest's update: latest is missing
+// (the first checkpoint) or names the one before. Resume finds the newest complete one; an
+// incomplete directory (no manifest) is never taken. Then a run resumes from it.
+TEST(Robust, ResumeFindsTheNewestCompleteCheckpointWhenLatestIsMissingOrBehind) {
+  fs::path d = make_data("latest_behind");
+  const std::string ini = (d / "gpt.ini").string(), ck = (d / "ck").string();
+  ASSERT_EQ(run({"--config", ini, "--train.steps", "8", "--checkpoint.dir", ck, "--checkpoint.every", "4"}).rc, 0);
+  ASSERT_TRUE(fs::exists(d / "ck" / "step_00000004") && fs::exists(d / "ck" / "step_00000008"));
+  fs::create_directories(d / "ck" / "step_00000012");  // no manifest: a write that never finished
+  std::ofstream(d / "ck" / "latest", std::ios::trunc) << "step_00000004\n";  // behind
+  EXPECT_EQ(ckpt::latest_checkpoint(ck).value_or(""), (d / "ck" / "step_00000008").string());
+  fs::remove(d / "ck" / "latest");  // missing
+  EXPECT_EQ(ckpt::latest_checkpoint(ck).value_or(""), (d / "ck" / "step_00000008").string());
+  fs::remove_all(d / "ck" / "step_00000012");
+  RunResult r = run({"--config", ini, "--train.steps", "10", "--checkpoint.dir", ck, "--checkpoint.resume", "true"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "resumed from " + (d / "ck" / "step_00000008").string() + " at step 8")) << r.out;
+  EXPECT_FALSE(has(r.out, "starting from scratch")) << r.out;
+  EXPECT_TRUE(ckpt::latest_checkpoint(fs::path(ck).parent_path().string() + "/none").has_value() == false);
 }
 
 TEST(Robust, LatestThatIsEmptyADirectoryOrEscapesIsRefusedClearly) {

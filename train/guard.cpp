@@ -77,6 +77,13 @@ void check_output_file(const std::string& path, const std::string& key) {
   const fs::path p(path);
   std::error_code ec;
   if (fs::is_directory(p, ec)) throw ConfigError(key + ": " + path + " is a directory; give a file name");
+  // written through a temporary file and a rename, which must never replace a FIFO, socket
+  // or device; a character device (/dev/null) is written through
+  const fs::file_status st = fs::status(p, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_character_file(st))
+    throw ConfigError(key + ": " + path + " is not a regular file (" +
+                      (fs::is_fifo(st) ? "a FIFO" : fs::is_socket(st) ? "a socket" : "a block device or other") +
+                      "); give a file name");
   check_writable_dir(p.has_parent_path() ? p.parent_path() : fs::path("."), key);
   if (fs::exists(p, ec) && ::access(path.c_str(), W_OK) != 0)
     throw ConfigError(key + ": cannot write " + path + " (" + errno_str() + ")");

@@ -177,10 +177,32 @@ std::optional<int64_t> step_of(const std::string& name) {
   return v;
 }
 
+namespace {
+
+// The newest complete step_* directory of dir (its manifest is written last, before the
+// directory is renamed into place), by step number; nullopt when there is none.
+std::optional<std::pair<int64_t, fs::path>> newest_complete(const fs::path& dir) {
+  std::optional<std::pair<int64_t, fs::path>> newest;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code kind;
+    const std::optional<int64_t> n = step_of(it->path().filename().string());
+    if (n && it->is_directory(kind) && fs::exists(it->path() / kManifest, kind) && (!newest || *n > newest->first))
+      newest = {{*n, it->path()}};
+  }
+  return newest;
+}
+
+}  // namespace
+
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
   const fs::path lp = fs::path(dir) / "latest";
   std::error_code ec;
-  if (!fs::exists(lp, ec)) return std::nullopt;
+  // `latest` is written after its checkpoint is renamed into place: a crash in between
+  // leaves it missing (the first checkpoint) or naming the one before. The newest complete
+  // checkpoint wins either way.
+  const std::optional<std::pair<int64_t, fs::path>> newest = newest_complete(dir);
+  if (!fs::exists(lp, ec)) return newest ? std::optional<std::string>(newest->second.string()) : std::nullopt;
   NDT_CHECK(fs::is_regular_file(lp, ec), "checkpoint ", lp.string(),
             " is not a file; it should hold the name of a step_* directory (remove it to start over)");
   std::ifstream f(lp);
@@ -192,6 +214,7 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   NDT_CHECK(step_of(name).has_value(), "checkpoint ", lp.string(), " is malformed ('", name,
             "'); it should name a step_* directory such as step_00000100");
   const fs::path p = fs::path(dir) / name;
+  if (newest && newest->first > *step_of(name)) return newest->second.string();  // latest is behind
   NDT_CHECK(fs::is_directory(p, ec), "checkpoint ", lp.string(), " names ", name, ", which does not exist");
   return p.string();
 }

@@ -76,7 +76,10 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
 // <dir>/latest at it, and keeps the newest `keep` checkpoints (0: all). Returns the path.
 std::string publish_checkpoint(const std::string& dir, const std::string& name, const std::string& tmp,
                                int keep, PruneLog* prune_log = nullptr);
-// The directory named by <dir>/latest, or nullopt when there is none.
+// The checkpoint to resume from: the directory named by <dir>/latest, or the newest complete
+// step_* directory when latest is missing or names an older one (a crash between a
+// checkpoint's rename and latest's update); nullopt when there is none. A latest that is
+// not a file, empty or malformed is an error.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 // The step of a checkpoint directory name "step_<digits>", or nullopt.
 std::optional<int64_t> step_of(const std::string& name);

@@ -13,10 +13,19 @@
 
 namespace ndt::io {
 
-void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  NDT_CHECK(fd >= 0, "cannot write ", tmp, " (", std::strerror(errno), ")");
+namespace {
+
+// What kind of non-regular file `st` is, for messages.
+const char* file_kind(const struct stat& st) {
+  return S_ISDIR(st.st_mode)    ? "a directory"
+         : S_ISFIFO(st.st_mode) ? "a FIFO"
+         : S_ISCHR(st.st_mode)  ? "a character device"
+         : S_ISBLK(st.st_mode)  ? "a block device"
+         : S_ISSOCK(st.st_mode) ? "a socket"
+                                : "not a regular file";
+}
+
+void write_all(int fd, const std::string& name, const std::vector<std::string_view>& pieces) {
   for (std::string_view piece : pieces) {
     size_t done = 0;
     while (done < piece.size()) {
@@ -25,11 +34,37 @@ void write_file_atomic(const std::string& path, const std::vector<std::string_vi
       if (w < 0) {
         const int err = errno;
         ::close(fd);
-        ::unlink(tmp.c_str());
-        NDT_FAIL("writing ", tmp, " failed (", std::strerror(err), ")");
+        NDT_FAIL("writing ", name, " failed (", std::strerror(err), ")");
       }
       done += static_cast<size_t>(w);
     }
+  }
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces) {
+  // Only a regular file (or nothing) is replaced. A character device (/dev/null, a terminal)
+  // is written through, as tools do; anything else is refused, never replaced by a rename
+  // (as root, renaming over /dev/null would turn the system's into a regular file).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    NDT_CHECK(S_ISCHR(st.st_mode), "cannot write ", path, ": it is ", file_kind(st),
+              ", not a regular file; give the path of a file to write");
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    NDT_CHECK(fd >= 0, "cannot write ", path, " (", std::strerror(errno), ")");
+    write_all(fd, path, pieces);
+    ::close(fd);
+    return;
+  }
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  NDT_CHECK(fd >= 0, "cannot write ", tmp, " (", std::strerror(errno), ")");
+  try {
+    write_all(fd, tmp, pieces);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
   }
   const bool synced = ::fsync(fd) == 0;
   const int sync_err = errno;
@@ -52,10 +87,7 @@ void require_regular_file(const std::string& path, const std::string& what) {
   struct stat st {};
   NDT_CHECK(::stat(path.c_str(), &st) == 0, what, " ", path, ": cannot open (", std::strerror(errno), ")");
   NDT_CHECK(S_ISREG(st.st_mode), what, " ", path, ": not a regular file (",
-            S_ISDIR(st.st_mode)    ? "a directory"
-            : S_ISFIFO(st.st_mode) ? "a FIFO"
-                                   : "a device or socket",
-            ")");
+            file_kind(st), ")");
 }
 
 LineWriter::~LineWriter() {

@@ -6,7 +6,9 @@
 //   uint64_t h = io::file_xxh64("model.safetensors");   // XXH64, seed 0
 //
 // The pieces are written in order to PATH.tmp, flushed to disk (fsync), and renamed over
-// PATH; on any failure the temporary file is removed and PATH is left as it was.
+// PATH; on any failure the temporary file is removed and PATH is left as it was. Only a
+// regular file is ever replaced: a character device given as PATH (/dev/null) is written
+// through, and a directory, FIFO, socket or block device is refused with an error.
 #pragma once
 
 #include <cstddef>
