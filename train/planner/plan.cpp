@@ -19,6 +19,7 @@
 #include "dist/context_parallel/ring_attention.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "models/gpt.h"
+#include "nn/block_wrapper.h"
 #include "nn/flat.h"
 #include "tensor/cpu/onednn_gemm.h"
 #include "tensor/checked.h"
@@ -208,10 +209,6 @@ BlockMem block_mem(const Dims& d, nn::ACMode mode) {
   return m;
 }
 
-nn::ACMode block_mode(nn::ACMode ac, int64_t every, int64_t i) {
-  return ac != nn::ACMode::none && i % every == 0 ? ac : nn::ACMode::none;
-}
-
 }  // namespace
 
 int64_t plan_world(const Config& c) {
@@ -301,7 +298,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
   };
   Count blocks_saved = 0, prefix = emb_saved, worst_block = 0, worst_block_gathered = 0;
   for (int64_t i = 0; i < L; ++i) {
-    const BlockMem m = block_mem(d, block_mode(ac, c.train.ac_every, i));
+    const BlockMem m = block_mem(d, nn::block_checkpointing(ac, c.train.ac_every, i));
     if (prefix + m.during_backward + gathered_in_block(i) > worst_block + worst_block_gathered) {
       worst_block = prefix + m.during_backward;
       worst_block_gathered = gathered_in_block(i);
@@ -309,7 +306,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
     prefix += m.saved;
     blocks_saved += m.saved;
   }
-  p.block_activation_bytes = block_mem(d, block_mode(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
+  p.block_activation_bytes = block_mem(d, nn::block_checkpointing(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
   // ln_f: mean, rstd (2N) and its output (N C, lm_head's input); the logits (N Vl) are kept
   // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
   const Count head_saved = 2 * d.Ns * kF + N * C * a;  // (sequence parallel: ln_f's on Ns rows, its output gathered)
@@ -403,7 +400,7 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dim
   // recomputed blocks run their forward communication again in backward
   int64_t full_blocks = 0, recomputed_cores = 0;
   for (int64_t i = 0; i < L; ++i) {
-    const nn::ACMode m = block_mode(ac, c.train.ac_every, i);
+    const nn::ACMode m = nn::block_checkpointing(ac, c.train.ac_every, i);
     if (m == nn::ACMode::full) ++full_blocks;
     if (m != nn::ACMode::none) ++recomputed_cores;
   }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "models/gpt.h"
+#include "nn/block_wrapper.h"
 
 namespace ndt::train {
 
@@ -270,9 +271,11 @@ struct Replay {
   }
 };
 
-nn::ACMode block_mode(const std::string& ac, int64_t every, int64_t i) {
-  if (ac == "none" || i % every != 0) return nn::ACMode::none;
-  return ac == "full" ? nn::ACMode::full : nn::ACMode::selective;
+// The plan's checkpointing mode (Plan::ac, a train.activation_checkpointing word).
+nn::ACMode ac_mode_of(const Plan& p) {
+  TrainSection t;
+  t.activation_checkpointing = p.ac;
+  return ac_mode(t);
 }
 
 }  // namespace
@@ -355,6 +358,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   const double act_bytes = N * C * double(p.wire_act_reduce_bytes);
   const double kv_bytes = 2 * N * d.Cl * a;  // the ring's K and V of this rank's two chunks
   const int64_t A = p.accum;
+  const nn::ACMode ac = ac_mode_of(p);
   Replay r;
   r.crosses = {{"tp", tp_link.crosses},
                {"cp", cp_link.crosses},
@@ -502,7 +506,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
         if (u + 1 < U) r.wait("fsdp", gathered[static_cast<size_t>(u)]);  // the last stayed whole
         if (u > 1) start_gather(u - 1);
       }
-      block_backward(block_mode(p.ac, p.ac_every, u - 1));
+      block_backward(nn::block_checkpointing(ac, p.ac_every, u - 1));
       if (sharded || sync) reduce(u);
     }
     g_backward();  // the embedding's output gradient
