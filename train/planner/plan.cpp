@@ -3,13 +3,11 @@
 // below names the code it follows; when that code changes, this file must change with it
 // (tests/test_dist_plan.cpp compares the two under mpirun).
 //
-// Legend (this rank's view): B micro-batch, T sequence, Tl = T / cp tokens of a sequence on
-// this rank, N = B Tl rows, C = n_embd, Cl = C / tp attention channels, H = 4C / tp MLP
-// hidden units, NHl = n_head / tp heads, Vl = Vp / tp vocabulary rows, L blocks.
-// Bytes of an element: a for activations and the model's copy of the parameters (4 under
-// float32, 2 under bfloat16), 4 for statistics (LayerNorm's mean and rstd, log-sum-exps),
-// the f32 master, its gradient and AdamW's moments, r for FSDP's reduce-scatters
-// (parallel.reduce_dtype under bfloat16, else 4).
+// Legend: train/planner/shapes.h (B, Tl, N, Ns, C, Cl, H, NHl, Vl, L, a for this rank).
+// Bytes of an element besides a (activations and the model's copy of the parameters): 4
+// for statistics (LayerNorm's mean and rstd, log-sum-exps), the f32 master, its gradient
+// and AdamW's moments, r for FSDP's reduce-scatters (parallel.reduce_dtype under bfloat16,
+// else 4).
 #include "train/planner/plan.h"
 
 #include <algorithm>
@@ -21,8 +19,9 @@
 #include "models/gpt.h"
 #include "nn/block_wrapper.h"
 #include "nn/flat.h"
-#include "tensor/cpu/onednn_gemm.h"
 #include "tensor/checked.h"
+#include "tensor/cpu/onednn_gemm.h"
+#include "train/planner/shapes.h"
 
 namespace ndt::train {
 namespace {
@@ -70,25 +69,6 @@ struct BlockMem {
   Count during_backward = 0;  // live while its backward runs, besides the earlier blocks
 };
 
-struct Dims {
-  Count B, Tl, N, C, Cl, H, NHl, Vl, cp;
-  Count a;  // bytes of an activation (the compute dtype's)
-  enum class Core { cpu_fused, cudnn, composed, ring, ring_fused } core;  // how the attention core runs
-  // rows of the regions between the attention and the MLP (LayerNorms, residuals): N, or
-  // N / tp with sequence parallelism
-  Count Ns;
-};
-
-// Which attention core a rank runs (autograd/ops/attention.cpp): with cp > 1 the ring (on
-// the CPU of fused pairs); on the CPU the fused kernel (ndt::self_attention); on a GPU in
-// bf16 cuDNN's flash attention (for the head sizes it supports, which GPT's are), else the
-// composed ops.
-Dims::Core core_of(const std::string& device, bool bf16, int64_t cp) {
-  if (cp > 1) return device == "cpu" ? Dims::Core::ring_fused : Dims::Core::ring;
-  if (device == "cpu") return Dims::Core::cpu_fused;
-  return bf16 ? Dims::Core::cudnn : Dims::Core::composed;
-}
-
 // The attention core's saved tensors in bytes (autograd/ops/attention.cpp or, with cp > 1,
 // the ring of dist/context_parallel/ring_attention.cpp), without the c_proj input. Off the
 // cuDNN path the core computes in f32 under bf16 too (4-byte elements, w below).
@@ -108,24 +88,23 @@ Dims::Core core_of(const std::string& device, bool bf16, int64_t cp) {
 //   ring_fused: the same tensors (the CPU's fused pairs keep their inputs, output and lse
 //              instead of a checkpoint's), and under bf16 each pair's f32 output too
 //              (2 cp + 1 halves)
-Count core_saved(const Dims& d) {
-  const Count a = d.a, w = kF;
-  switch (d.core) {
-    case Dims::Core::cpu_fused:
-      return 3 * d.N * d.Cl * a + d.N * d.NHl * kF + (a == w ? Count(0) : d.N * d.Cl * w);
-    case Dims::Core::cudnn:
-      return 4 * d.N * d.Cl * a + d.N * d.NHl * kF;
-    case Dims::Core::composed:
-      return (4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl) * w;
-    case Dims::Core::ring:
-    case Dims::Core::ring_fused:
+Count core_saved(const Shapes& s) {
+  const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, NHl = s.NHl, cp = s.cp, a = s.act_bytes, w = kF;
+  switch (s.core) {
+    case AttentionCore::cpu_fused:
+      return 3 * N * Cl * a + N * NHl * kF + (a == w ? Count(0) : N * Cl * w);
+    case AttentionCore::cudnn:
+      return 4 * N * Cl * a + N * NHl * kF;
+    case AttentionCore::composed:
+      return (4 * N * Cl + B * NHl * Tl * Tl) * w;
+    case AttentionCore::ring:
+    case AttentionCore::ring_fused:
       break;
   }
-  const Count pairs = 2 * d.cp + 1, key_chunks = 2 * d.cp, lse = 2 * d.cp * d.N * d.NHl * kF;
-  if (a == w) return (d.N * d.Cl + key_chunks * d.N * d.Cl + (4 * d.cp - 1) * d.N * d.Cl / 2) * w + lse;
-  const Count outputs_f32 = d.core == Dims::Core::ring_fused ? pairs : Count(0);
-  return (d.N * d.Cl + key_chunks * d.N * d.Cl) * a + (3 * (2 * d.cp - 1) + outputs_f32) * d.N * d.Cl / 2 * w +
-         lse;
+  const Count pairs = 2 * cp + 1, key_chunks = 2 * cp, lse = 2 * cp * N * NHl * kF;
+  if (a == w) return (N * Cl + key_chunks * N * Cl + (4 * cp - 1) * N * Cl / 2) * w + lse;
+  const Count outputs_f32 = s.core == AttentionCore::ring_fused ? pairs : Count(0);
+  return (N * Cl + key_chunks * N * Cl) * a + (3 * (2 * cp - 1) + outputs_f32) * N * Cl / 2 * w + lse;
 }
 // The attention backward's own tensors, in bytes: fused, dqkv (3 N Cl in f32; the score
 // blocks are per-thread scratch of 64 x Tl), under bf16 also qkv and dy converted to f32
@@ -134,23 +113,23 @@ Count core_saved(const Dims& d) {
 // dv rounded back (3 N Cl); with the ring one score block of (Tl/2)^2 per pair, recomputed,
 // plus the pair's p; with the fused ring a pair's dq, dk, dv (3 halves of N Cl), under
 // bf16 also its q, k, v and dout in f32 (4 halves) and dq, dk, dv rounded back (3 halves).
-Count core_backward(const Dims& d) {
-  const Count a = d.a, w = kF;
+Count core_backward(const Shapes& s) {
+  const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, NHl = s.NHl, a = s.act_bytes, w = kF;
   const bool mixed = !(a == w);
-  switch (d.core) {
-    case Dims::Core::cpu_fused:
-      return 3 * d.N * d.Cl * w + (mixed ? 4 * d.N * d.Cl * w + 3 * d.N * d.Cl * a : Count(0));
-    case Dims::Core::cudnn:
-      return 4 * d.N * d.Cl * a;
-    case Dims::Core::composed:
-      return (4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl) * w + (mixed ? 3 * d.N * d.Cl * a : Count(0));
-    case Dims::Core::ring_fused:
-      return 3 * d.N * d.Cl / 2 * w + (mixed ? 4 * d.N * d.Cl / 2 * w + 3 * d.N * d.Cl / 2 * a : Count(0));
-    case Dims::Core::ring:
+  switch (s.core) {
+    case AttentionCore::cpu_fused:
+      return 3 * N * Cl * w + (mixed ? 4 * N * Cl * w + 3 * N * Cl * a : Count(0));
+    case AttentionCore::cudnn:
+      return 4 * N * Cl * a;
+    case AttentionCore::composed:
+      return (4 * N * Cl + B * NHl * Tl * Tl) * w + (mixed ? 3 * N * Cl * a : Count(0));
+    case AttentionCore::ring_fused:
+      return 3 * N * Cl / 2 * w + (mixed ? 4 * N * Cl / 2 * w + 3 * N * Cl / 2 * a : Count(0));
+    case AttentionCore::ring:
       break;
   }
-  const Count Tc = d.Tl / 2;
-  return (4 * d.N * d.Cl + 2 * d.B * d.NHl * Tc * Tc) * w;
+  const Count Tc = Tl / 2;
+  return (4 * N * Cl + 2 * B * NHl * Tc * Tc) * w;
 }
 
 // nn::Block::forward with the ops of autograd/ops/*.cpp, per mode (nn::ACMode):
@@ -178,32 +157,34 @@ Count core_backward(const Dims& d) {
 // outputs: linear_shared_input keeps the part and gathers it again in backward) on Ns = N / tp
 // rows; backward holds the incoming gradient gathered (N C) for each c_proj and the
 // gathered input again (N C) for each column-parallel weight gradient.
-BlockMem block_mem(const Dims& d, nn::ACMode mode) {
-  const Count N = d.N, Ns = d.Ns, C = d.C, Cl = d.Cl, H = d.H, a = d.a, stats = 2 * Ns * kF;
+BlockMem block_mem(const Shapes& s, nn::ACMode mode) {
+  const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, H = s.H, a = s.act_bytes, stats = 2 * Ns * kF;
   const Count gathered = Ns == N ? Count(0) : 2 * N * C * a;  // an incoming gradient, an input
   const Count mlp_part = (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 2 * N * H) * a + stats;
-  const Count none_saved = Ns * C * a /*ln_1 out*/ + stats + core_saved(d) + N * Cl * a + mlp_part + Ns * C * a;
+  const Count none_saved =
+      Ns * C * a /*ln_1 out*/ + stats + core_saved(s) + N * Cl * a + mlp_part + Ns * C * a;
   auto mlp_moment = [&](Count saved) { return saved - Ns * C * a + (Ns * C + N * H) * a + gathered; };
   auto attn_moment = [&](Count core_live) {
-    return Ns * C * a + stats + core_live + 2 * Ns * C * a + gathered + core_backward(d);
+    return Ns * C * a + stats + core_live + 2 * Ns * C * a + gathered + core_backward(s);
   };
   BlockMem m;
   switch (mode) {
     case nn::ACMode::none:
       m.saved = none_saved;
-      m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
+      m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(s)));
       break;
     case nn::ACMode::selective: {
       m.saved = Ns * C * a + stats + 3 * N * Cl * a + N * Cl * a + mlp_part + Ns * C * a;
       // the core made again in backward, besides its kept input
-      const Count again = d.core == Dims::Core::cpu_fused ? core_saved(d) - 3 * N * Cl * a + N * Cl * a : core_saved(d);
+      const Count again =
+          s.core == AttentionCore::cpu_fused ? core_saved(s) - 3 * N * Cl * a + N * Cl * a : core_saved(s);
       m.during_backward = std::max(mlp_moment(m.saved), attn_moment(3 * N * Cl * a + again));
       break;
     }
     case nn::ACMode::full:
       m.saved = Ns * C * a;
       m.during_backward =
-          Ns * C * a /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
+          Ns * C * a /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(s)));
       break;
   }
   return m;
@@ -273,17 +254,17 @@ UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p) {
 
 // The activations of one micro-step (forward kept for backward), and the moments at which
 // memory peaks: this rank's persistent buffers plus what each moment holds.
-void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, const char*& stage) {
+void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s, const char*& stage) {
   const dist::ParallelDims& D = p.dims;
   const models::GPTConfig& mc = c.model;
   const nn::ACMode ac = ac_mode(c.train);
   const Count emb_full = l.emb_full, block_full = l.block_full;
   stage = "the activations of one micro-step";
-  const Count N = d.N, C = d.C, Vl = d.Vl, a = d.a, rd = p.reduce_bytes;
+  const Count N = s.N, Ns = s.Ns, C = s.C, Vl = s.Vl, a = s.act_bytes, rd = p.reduce_bytes;
   // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
   // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
   // lookup keeps only the ids.
-  const Count emb_saved = d.Ns * C * a;  // sequence parallel: this rank's part
+  const Count emb_saved = Ns * C * a;  // sequence parallel: this rank's part
   // FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
   // embeddings and their gradient (gathered for the whole step), block i and block i-1
   // (prefetched), block i's whole gradient and, but for the last block (the first whose
@@ -298,7 +279,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
   };
   Count blocks_saved = 0, prefix = emb_saved, worst_block = 0, worst_block_gathered = 0;
   for (int64_t i = 0; i < L; ++i) {
-    const BlockMem m = block_mem(d, nn::block_checkpointing(ac, c.train.ac_every, i));
+    const BlockMem m = block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, i));
     if (prefix + m.during_backward + gathered_in_block(i) > worst_block + worst_block_gathered) {
       worst_block = prefix + m.during_backward;
       worst_block_gathered = gathered_in_block(i);
@@ -306,10 +287,12 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
     prefix += m.saved;
     blocks_saved += m.saved;
   }
-  p.block_activation_bytes = block_mem(d, nn::block_checkpointing(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
+  p.block_activation_bytes =
+      block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
   // ln_f: mean, rstd (2N) and its output (N C, lm_head's input); the logits (N Vl) are kept
   // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
-  const Count head_saved = 2 * d.Ns * kF + N * C * a;  // (sequence parallel: ln_f's on Ns rows, its output gathered)
+  // (sequence parallel: ln_f's on Ns rows, its output gathered)
+  const Count head_saved = 2 * Ns * kF + N * C * a;
   const Count logits = N * Vl * a;
   const Count ce_saved = (D.tp > 1 ? 3 * N : N) * kF;
   p.activation_bytes = (emb_saved + blocks_saved + head_saved).v;
@@ -347,7 +330,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
   // dlogits takes their place, without it dlogits is the logits' memory
   add("lm_head backward", all_saved, g_fwd_end, (N * C + Vl * C) * a + f32_copies(N, Vl, C));
   // the blocks' backward, the worst block (earlier blocks' activations still kept)
-  add("block backward", worst_block, worst_block_gathered, f32_copies(N, C, d.H));
+  add("block backward", worst_block, worst_block_gathered, f32_copies(N, C, s.H));
   auto top = std::max_element(p.moments.begin(), p.moments.end(),
                               [](const PlanMoment& a, const PlanMoment& b) { return a.total < b.total; });
   p.peak_bytes = top->total;
@@ -361,11 +344,11 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
 // is activations (a bytes) but for the loss's f32 statistics. A reduction moves its wire
 // dtype's bytes (Plan::wire_*: on CPU ranks MPI reduces bf16 in f32): r' for FSDP's
 // reduce-scatter, a' for TP's all-reduces.
-void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dims& d) {
+void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s) {
   const dist::ParallelDims& D = p.dims;
   const nn::ACMode ac = ac_mode(c.train);
   const std::vector<nn::FlatUnit>& units = l.units;
-  const Count emb_full = l.emb_full, N = d.N, C = d.C, a = d.a, rd = p.wire_reduce_bytes;
+  const Count emb_full = l.emb_full, N = s.N, C = s.C, a = s.act_bytes, rd = p.wire_reduce_bytes;
   const bool sharded = D.sharded();
   const int64_t L = c.model.n_layer;
   const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate, t = D.tp, cp = D.cp;
@@ -440,7 +423,7 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dim
     comm("tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
          "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
   if (cp > 1) {
-    const Count block = 2 * N * d.Cl * a;  // K and V of this rank's two chunks
+    const Count block = 2 * N * Count(s.Cl) * a;  // K and V of this rank's two chunks
     comm("cp", "ring: K/V blocks forward and their gradients back, every block", "accum L 2 (cp-1) 2 N Cl a",
          A * L * 2 * (cp - 1) * block);
     if (recomputed_cores)
@@ -492,21 +475,10 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   const UnitLayout l = plan_parameters(mc, p);
   // the shapes one micro-step computes with on this rank
   stage = "the activations of one micro-step";
-  const Dims d{p.micro_batch,
-               p.local_seq,
-               Count(p.micro_batch) * p.local_seq,
-               mc.n_embd,
-               mc.n_embd / D.tp,
-               4 * Count(mc.n_embd) / D.tp,
-               mc.n_head / D.tp,
-               mc.padded_vocab() / D.tp,
-               D.cp,
-               p.act_bytes,
-               core_of(c.train.device, bf16, D.cp),
-               p.sequence_parallel ? Count(p.micro_batch) * p.local_seq / D.tp : Count(p.micro_batch) * p.local_seq};
-  plan_memory(c, p, l, d, stage);
+  const Shapes s = shapes_of(p, c.train.device);
+  plan_memory(c, p, l, s, stage);
   stage = "the communication per step";
-  plan_communication(c, p, l, d);
+  plan_communication(c, p, l, s);
   // ---- notes
   if (D.tp > 1 && mc.n_head % D.tp) p.notes.push_back("n_head does not divide by tp");
   if (ac != nn::ACMode::none && c.train.ac_every > 1)

@@ -1,7 +1,6 @@
-// The step, replayed in time. Legend as in plan.cpp (this rank's view): B micro-batch,
-// Tl = T / cp tokens, N = B Tl rows, C = n_embd, Cl = C / tp, H = 4 C / tp, NHl heads, hd
-// = C / n_head, Vl = Vp / tp, L blocks, A accumulation steps; a bytes per activation (4,
-// or 2 under bfloat16), r per element of FSDP's reduce-scatters (Plan::reduce_bytes).
+// The step, replayed in time. Legend: train/planner/shapes.h (B, Tl, N, Ns, C, Cl, H, NHl,
+// hd, Vl, L, a for this rank); A accumulation steps, r bytes per element of FSDP's
+// reduce-scatters (Plan::reduce_bytes).
 //
 // Compute: each piece of a block is its matrix products' FLOPs at the cluster's reached
 // rate (for the training dtype) plus its element-wise passes (elements read and written, a
@@ -27,6 +26,7 @@
 
 #include "models/gpt.h"
 #include "nn/block_wrapper.h"
+#include "train/planner/shapes.h"
 
 namespace ndt::train {
 
@@ -157,29 +157,45 @@ struct Piece {
   double s = 0, gemm_s = 0;
 };
 
-struct Shapes {
-  double B, Tl, N, C, Cl, H, NHl, hd, Vl;
-  double Ns;  // rows of the LayerNorms and residual adds: N, or N / tp with sequence parallelism
-  int64_t cp, tp;
-  double S;    // attention scores one block computes (all query-key pairs it evaluates)
-  bool fused;     // the CPU's fused attention kernel: scores made again in backward
-  bool in_place;  // ... reading q, k, v from c_attn's output (cp 1): no copies around the core
-};
-
 // One block's pieces, forward and backward (the ops of nn::Block and autograd/ops/*.cpp).
 struct BlockWork {
   Work attn_in, core, attn_out, mlp;          // forward: ln_1 + c_attn + split; core; c_proj + residual; MLP
   Work attn_in_b, core_b, attn_out_b, mlp_b;  // their backward, up to c_attn's and c_fc's input gradients
   Work attn_in_dw, mlp_dw;                    // ... c_attn's and c_fc's weight gradients
   Work ln_1_b, ln_2_b;                        // ... and the LayerNorms' (with the residual's sum)
+  double scores = 0;                          // the attention scores the core computes
 };
 
+// The fused kernel's query x key pairs on a diagonal block of T queries: blocks of 64
+// queries against the keys up to the block's last.
+double causal_pairs(int64_t T) {
+  double pairs = 0;
+  for (int64_t r0 = 0; r0 < T; r0 += 64)
+    pairs += double(std::min<int64_t>(64, T - r0)) * double(std::min<int64_t>(T, r0 + 64));
+  return pairs;
+}
+
+// The attention scores one block computes (all query-key pairs it evaluates): one process
+// evaluates the causal half (cuDNN skips masked tiles; the CPU's fused kernel takes blocks
+// of 64 queries against the keys up to the block's last; the composed path on a GPU is
+// counted as half too); the ring evaluates 2 cp + 1 pairs of chunks of Tc = Tl / 2 on every
+// rank, two of them diagonal (the fused kernel's blocks there, as in one process), the
+// others whole.
+double attention_scores(const Shapes& s) {
+  const double B = double(s.B), NHl = double(s.NHl), Tl = double(s.Tl);
+  if (s.cp == 1) return B * NHl * (s.core == AttentionCore::cpu_fused ? causal_pairs(s.Tl) : Tl * Tl * 0.5);
+  const double Tc = Tl / 2;
+  const double diagonal = fused(s.core) ? causal_pairs(static_cast<int64_t>(Tc)) : Tc * Tc;
+  return B * NHl * (2 * diagonal + Tc * Tc * double(2 * s.cp - 1));
+}
+
 BlockWork block_work(const Shapes& d) {
-  const double N = d.N, Ns = d.Ns, C = d.C, Cl = d.Cl, H = d.H;
+  const double N = d.N, Ns = d.Ns, C = d.C, Cl = d.Cl, H = d.H, S = attention_scores(d);
   BlockWork w;
+  w.scores = S;
   // forward: ln_1 (read, write Ns C); c_attn 2 N C 3Cl; split_last's copies of q, k, v
   // (not when the fused core reads them in place)
-  const double copies = d.in_place ? 0.0 : 1.0;
+  const double copies = d.core == AttentionCore::cpu_fused ? 0.0 : 1.0;
   w.attn_in = {2 * N * C * 3 * Cl, 2 * Ns * C + copies * 6 * N * Cl};
   // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the scores.
   // The ring also copies (each read and written once, in units of N Cl): q into its halves
@@ -188,7 +204,7 @@ BlockWork block_work(const Shapes& d) {
   // merges reads two partial outputs and writes one (3/2 each); backward copies as much
   const double cp = double(d.cp);
   const double ring_copies = d.cp == 1 ? 0.0 : (8 + 8 * cp + 1.5 * (2 * cp - 1)) * N * Cl;
-  w.core = {4 * d.S * d.hd, 2 * d.S + ring_copies};
+  w.core = {4 * S * double(d.hd), 2 * S + ring_copies};
   // heads_to_back's copy; c_proj 2 N Cl C; the residual add
   w.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * Ns * C};
   // ln_2, c_fc 2 N C H with GELU (N H written again), c_proj 2 N H C, the residual add
@@ -202,7 +218,7 @@ BlockWork block_work(const Shapes& d) {
   w.attn_in_dw = {2 * N * C * 3 * Cl, 3 * (3 * C * Cl)};
   w.ln_1_b = {0, 4 * Ns * C};
   // (fused: q k^T once more, to make the probabilities again, 2.5x the forward's FLOPs)
-  w.core_b = {(d.fused ? 2.5 : 2.0) * w.core.flops, 3 * d.S + ring_copies};
+  w.core_b = {(fused(d.core) ? 2.5 : 2.0) * w.core.flops, 3 * S + ring_copies};
   w.attn_out_b = {2 * w.attn_out.flops, 2 * N * Cl + 2 * N * C + Ns * C + 3 * Cl * C};
   // c_proj's both gradients, GELU's, c_fc's input gradient; then c_fc's weight gradient
   w.mlp_b = {6 * N * C * H, 3 * N * H + N * (H + C) + 3 * (C * H)};
@@ -284,41 +300,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   const dist::ParallelDims& D = p.dims;
   NDT_CHECK(D.world() == k.devices(), "internal: a plan of ", D.world(), " ranks on a cluster of ",
             k.devices(), " devices");
-  const bool gpu = c.train.device.rfind("cuda", 0) == 0;
-  Shapes d;
-  d.B = double(p.micro_batch);
-  d.Tl = double(p.local_seq);
-  d.N = d.B * d.Tl;
-  d.C = double(p.n_embd);
-  d.Cl = d.C / double(D.tp);
-  d.H = 4 * d.C / double(D.tp);
-  d.NHl = double(p.n_head / D.tp);
-  d.hd = d.C / double(p.n_head);
-  d.Vl = double(p.padded_vocab / D.tp);
-  d.Ns = p.sequence_parallel ? d.N / double(D.tp) : d.N;
-  d.cp = D.cp;
-  d.tp = D.tp;
-  // the scores: one process evaluates the causal half (cuDNN skips masked tiles; the CPU's
-  // fused kernel takes blocks of 64 queries against the keys up to the block's last; the
-  // composed path on a GPU without cuDNN's kernel every pair); the ring evaluates 2 cp + 1
-  // pairs of chunks of Tc = T / (2 cp) on every rank, two of them diagonal (the fused
-  // kernel's blocks there, as in one process), the others whole
-  d.fused = !gpu;
-  d.in_place = d.fused && D.cp == 1;
-  auto causal_pairs = [](int64_t T) {  // the fused kernel's query x key pairs on a diagonal block
-    double pairs = 0;
-    for (int64_t r0 = 0; r0 < T; r0 += 64)
-      pairs += double(std::min<int64_t>(64, T - r0)) * double(std::min<int64_t>(T, r0 + 64));
-    return pairs;
-  };
-  if (D.cp == 1) {
-    d.S = d.B * d.NHl *
-          (d.fused ? causal_pairs(static_cast<int64_t>(d.Tl)) : d.Tl * d.Tl * (gpu ? 0.5 : 1.0));
-  } else {
-    const double Tc = d.Tl / 2;
-    const double diagonal = d.fused ? causal_pairs(static_cast<int64_t>(Tc)) : Tc * Tc;
-    d.S = d.B * d.NHl * (2 * diagonal + Tc * Tc * double(2 * D.cp - 1));
-  }
+  const Shapes d = shapes_of(p, c.train.device);
   const double a = double(p.act_bytes);
   const double bf16_bps = k.bf16_memory_bps > 0 ? k.bf16_memory_bps : k.memory_bps;
   // an element-wise pass over bf16 values runs at its own rate: a CPU computes each in f32
@@ -332,7 +314,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   auto piece = [&](const Work& w) { return piece_of(w, a); };
   auto scaled = [&](const Work& w, double f) { return piece(Work{w.flops * f, w.floats * f}); };
   const BlockWork bw = block_work(d);
-  const double N = d.N, C = d.C, Vl = d.Vl;
+  const double N = double(d.N), C = double(d.C), Vl = double(d.Vl);
   // embeddings: wte(idx) + wpe(pos); backward scatters into their gradients
   const Piece emb_f = piece({0, 3 * N * C}), emb_b = piece({0, 3 * N * C});
   // ln_f, lm_head 2 N C Vl, the fused cross-entropy's passes over the logits (max,
@@ -356,7 +338,7 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
              dp_link = link_of(D, k, Dim::dp);
   // TP's all-reduces: one activation (or its gradient), in the dtype the reduction moves
   const double act_bytes = N * C * double(p.wire_act_reduce_bytes);
-  const double kv_bytes = 2 * N * d.Cl * a;  // the ring's K and V of this rank's two chunks
+  const double kv_bytes = 2 * N * double(d.Cl) * a;  // the ring's K and V of this rank's two chunks
   const int64_t A = p.accum;
   const nn::ACMode ac = ac_mode_of(p);
   Replay r;
@@ -387,7 +369,8 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   auto core_backward = [&](const Work& w) {
     if (D.cp == 1) return r.run(piece(w), false);
     for (int64_t s = 0; s < D.cp; ++s) {
-      if (!d.fused) r.run(scaled(Work{bw.core.flops, 2 * d.S}, 1.0 / double(D.cp)), true);  // not the ring's copies
+      if (!fused(d.core))
+        r.run(scaled(Work{bw.core.flops, 2 * bw.scores}, 1.0 / double(D.cp)), true);  // not the ring's copies
       r.run(scaled(w, 1.0 / double(D.cp)), false);
       if (s + 1 < D.cp) r.sync("cp", exchange_s(kv_bytes, cp_link));
     }
