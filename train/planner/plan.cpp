@@ -252,6 +252,42 @@ UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p) {
   return l;
 }
 
+// The blocks' activations over one micro-step, and the block whose backward holds the most
+// on top of what was kept before it, with what FSDP holds whole then (bytes).
+struct BlocksMem {
+  Count saved = 0, worst = 0, worst_gathered = 0;
+};
+
+// FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
+// embeddings and their gradient (gathered for the whole step), block i and block i-1
+// (prefetched), block i's whole gradient and, but for the last block (the first whose
+// backward runs), block i+1's, whose reduce-scatter is drained only when the next
+// block's backward begins (so it may still be live; it is counted). That one is in the
+// reduce dtype: under bf16 with float32 reduction its f32 copy, the bf16 one released.
+BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const Shapes& s, Count emb_saved) {
+  const nn::ACMode ac = ac_mode(c.train);
+  const Count emb_full = l.emb_full, block_full = l.block_full, a = s.act_bytes, rd = p.reduce_bytes;
+  const bool sharded = p.dims.sharded();
+  const int64_t L = c.model.n_layer;
+  auto gathered_in_block = [&](int64_t i) -> Count {
+    if (!sharded) return 0;
+    return 2 * emb_full * a + block_full * a * (1 + (i > 0 ? 1 : 0)) +
+           block_full * (a + (i + 1 < L ? rd : 0));
+  };
+  BlocksMem blocks;
+  Count prefix = emb_saved;
+  for (int64_t i = 0; i < L; ++i) {
+    const BlockMem m = block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, i));
+    if (prefix + m.during_backward + gathered_in_block(i) > blocks.worst + blocks.worst_gathered) {
+      blocks.worst = prefix + m.during_backward;
+      blocks.worst_gathered = gathered_in_block(i);
+    }
+    prefix += m.saved;
+    blocks.saved += m.saved;
+  }
+  return blocks;
+}
+
 // The activations of one micro-step (forward kept for backward), and the moments at which
 // memory peaks: this rank's persistent buffers plus what each moment holds.
 void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s, const char*& stage) {
@@ -265,28 +301,9 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
   // lookup keeps only the ids.
   const Count emb_saved = Ns * C * a;  // sequence parallel: this rank's part
-  // FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
-  // embeddings and their gradient (gathered for the whole step), block i and block i-1
-  // (prefetched), block i's whole gradient and, but for the last block (the first whose
-  // backward runs), block i+1's, whose reduce-scatter is drained only when the next
-  // block's backward begins (so it may still be live; it is counted). That one is in the
-  // reduce dtype: under bf16 with float32 reduction its f32 copy, the bf16 one released.
   const bool sharded = D.sharded();
-  const int64_t L = mc.n_layer;
-  auto gathered_in_block = [&](int64_t i) -> Count {
-    if (!sharded) return 0;
-    return 2 * emb_full * a + block_full * a * (1 + (i > 0 ? 1 : 0)) + block_full * (a + (i + 1 < L ? rd : 0));
-  };
-  Count blocks_saved = 0, prefix = emb_saved, worst_block = 0, worst_block_gathered = 0;
-  for (int64_t i = 0; i < L; ++i) {
-    const BlockMem m = block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, i));
-    if (prefix + m.during_backward + gathered_in_block(i) > worst_block + worst_block_gathered) {
-      worst_block = prefix + m.during_backward;
-      worst_block_gathered = gathered_in_block(i);
-    }
-    prefix += m.saved;
-    blocks_saved += m.saved;
-  }
+  const BlocksMem blocks = plan_blocks(c, p, l, s, emb_saved);
+  const Count blocks_saved = blocks.saved;
   p.block_activation_bytes =
       block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
   // ln_f: mean, rstd (2N) and its output (N C, lm_head's input); the logits (N Vl) are kept
@@ -330,7 +347,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   // dlogits takes their place, without it dlogits is the logits' memory
   add("lm_head backward", all_saved, g_fwd_end, (N * C + Vl * C) * a + f32_copies(N, Vl, C));
   // the blocks' backward, the worst block (earlier blocks' activations still kept)
-  add("block backward", worst_block, worst_block_gathered, f32_copies(N, C, s.H));
+  add("block backward", blocks.worst, blocks.worst_gathered, f32_copies(N, C, s.H));
   auto top = std::max_element(p.moments.begin(), p.moments.end(),
                               [](const PlanMoment& a, const PlanMoment& b) { return a.total < b.total; });
   p.peak_bytes = top->total;
@@ -338,48 +355,108 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   p.gathered_bytes = top->gathered;
 }
 
-// The communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp).
-// Under bf16 FSDP gathers the bf16 copies and reduce-scatters in the reduce dtype; DP's and
-// HSDP's all-reduces run on the f32 gradients (folded first); TP's and the ring's traffic
-// is activations (a bytes) but for the loss's f32 statistics. A reduction moves its wire
-// dtype's bytes (Plan::wire_*: on CPU ranks MPI reduces bf16 in f32): r' for FSDP's
-// reduce-scatter, a' for TP's all-reduces.
-void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s) {
+// A line of the plan's communication, if it sends anything.
+void add_comm(Plan& p, const std::string& dim, const std::string& what, const std::string& formula,
+              Count bytes) {
+  if (bytes > 0) p.comm.push_back({dim, what, formula, bytes.v});
+}
+
+// FSDP's all-gathers and reduce-scatters over its n ranks, and the all-reduces over the r
+// replicas (HSDP's of the gradient shards, DP's of the whole gradients).
+void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s) {
   const dist::ParallelDims& D = p.dims;
-  const nn::ACMode ac = ac_mode(c.train);
   const std::vector<nn::FlatUnit>& units = l.units;
-  const Count emb_full = l.emb_full, N = s.N, C = s.C, a = s.act_bytes, rd = p.wire_reduce_bytes;
-  const bool sharded = D.sharded();
-  const int64_t L = c.model.n_layer;
-  const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate, t = D.tp, cp = D.cp;
-  auto comm = [&](const std::string& dim, const std::string& what, const std::string& formula, Count b) {
-    if (b > 0) p.comm.push_back({dim, what, formula, b.v});
-  };
-  if (sharded) {
+  const Count emb_full = l.emb_full, a = s.act_bytes, rd = p.wire_reduce_bytes;
+  const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate;
+  if (D.sharded()) {
     Count blocks_full = 0, blocks_but_last = 0;  // elements
     for (size_t i = 1; i < units.size(); ++i) {
       blocks_full += units[i].padded_numel;
       if (i + 1 < units.size()) blocks_but_last += units[i].padded_numel;
     }
-    comm("fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb a", (n - 1) * (emb_full * a / n));
-    comm("fsdp", "all-gather of every block (forward, each micro-step)", "accum (n-1)/n sum P_block a",
-         A * (n - 1) * (blocks_full * a / n));
-    comm("fsdp", "all-gather of every block but the last (backward)", "accum (n-1)/n sum P_block[<L] a",
-         A * (n - 1) * (blocks_but_last * a / n));
-    comm("fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block r'",
-         A * (n - 1) * (blocks_full * rd / n));
-    comm("fsdp", "reduce-scatter of the embeddings' gradient (last micro-step)", "(n-1)/n P_emb r'",
-         (n - 1) * (emb_full * rd / n));
-    if (r > 1) {
-      Count b = 0;
-      for (const nn::FlatUnit& u : units) b += all_reduce_bytes(Count(u.shard_numel) * kF, r);
-      comm("replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
-    }
-  } else if (r > 1) {
+    add_comm(p, "fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb a",
+             (n - 1) * (emb_full * a / n));
+    add_comm(p, "fsdp", "all-gather of every block (forward, each micro-step)", "accum (n-1)/n sum P_block a",
+             A * (n - 1) * (blocks_full * a / n));
+    add_comm(p, "fsdp", "all-gather of every block but the last (backward)",
+             "accum (n-1)/n sum P_block[<L] a", A * (n - 1) * (blocks_but_last * a / n));
+    add_comm(p, "fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block r'",
+             A * (n - 1) * (blocks_full * rd / n));
+    add_comm(p, "fsdp", "reduce-scatter of the embeddings' gradient (last micro-step)", "(n-1)/n P_emb r'",
+             (n - 1) * (emb_full * rd / n));
+  }
+  if (r > 1) {
     Count b = 0;
     for (const nn::FlatUnit& u : units) b += all_reduce_bytes(Count(u.shard_numel) * kF, r);
-    comm("replicate", "DP all-reduce of every gradient buffer (last micro-step)", "2 (r-1)/r sum P", b);
+    if (D.sharded())
+      add_comm(p, "replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
+    else
+      add_comm(p, "replicate", "DP all-reduce of every gradient buffer (last micro-step)", "2 (r-1)/r sum P",
+               b);
   }
+}
+
+// Tensor parallelism's f and g over its t ranks (again in the blocks full checkpointing
+// recomputes), sequence parallel's sum of the unsplit gradients, and the
+// vocabulary-parallel loss's statistics.
+void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, int64_t full_blocks) {
+  const Count N = s.N, C = s.C, a = s.act_bytes, A = p.accum, t = p.dims.tp;
+  const int64_t L = p.n_layer;
+  if (t > 1 && p.sequence_parallel) {
+    // f and g as all-gathers of the parts (a: raw values) and reduce-scatters into them
+    // (a': what the reduction moves), each (t-1)/t of the whole N C
+    const Count gather = (t - 1) * (N / t) * C * a, scatter = (t - 1) * (N / t) * C * p.wire_act_reduce_bytes;
+    add_comm(p, "tp",
+             "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
+             "gradient after each attention, MLP and the embedding, and of the attention's and the MLP's "
+             "input again for their weight gradients (backward)",
+             "accum (6L+2) (t-1)/t N C a", A * (6 * L + 2) * gather);
+    add_comm(p, "tp",
+             "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and of "
+             "the input gradient of each attention, MLP and lm_head (backward)",
+             "accum 2 (2L+1) (t-1)/t N C a'", A * 2 * (2 * L + 1) * scatter);
+    if (full_blocks)
+      add_comm(p, "tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
+               "accum 2 L_full (t-1)/t N C (a + a')", A * 2 * full_blocks * (gather + scatter));
+    // the unsplit parameters' partial gradients (this rank's shards of them), summed once
+    Count unsplit = 0;
+    for (const nn::FlatUnit& u : l.units)
+      for (const nn::FlatParam& q : u.params)
+        if (!q.spec.tp.split()) unsplit += nn::shard_part(u, q).size();
+    p.sp_grad_numel = unsplit.v;
+    add_comm(
+        p, "tp",
+        "sequence parallel: all-reduce of the LayerNorms', biases' and wpe's gradients (last micro-step)",
+        "2 (t-1)/t P_unsplit 4", all_reduce_bytes(unsplit * kF, t));
+  } else if (t > 1) {
+    const Count x = N * C * p.wire_act_reduce_bytes;
+    add_comm(p, "tp", "g: all-reduce after each attention and MLP, and the embedding (forward)",
+             "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
+    if (full_blocks)
+      add_comm(p, "tp", "g again in the blocks full checkpointing recomputes",
+               "accum 2 L_full 2 (t-1)/t N C a'", A * 2 * full_blocks * all_reduce_bytes(x, t));
+    add_comm(p, "tp", "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)",
+             "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
+  }
+  if (t > 1)
+    add_comm(p, "tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
+             "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
+}
+
+// The communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp).
+// Under bf16 FSDP gathers the bf16 copies and reduce-scatters in the reduce dtype; DP's and
+// HSDP's all-reduces run on the f32 gradients (folded first); TP's and the ring's traffic
+// is activations (a bytes) but for the loss's f32 statistics. A reduction moves its wire
+// dtype's bytes (Plan::wire_*: on CPU ranks MPI reduces bf16 in f32): r' for FSDP's
+// reduce-scatter, a' for TP's all-reduces. Ranks: n of the FSDP group, r replicas, t of
+// tensor parallelism, cp of context parallelism; A micro-steps.
+void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s) {
+  const dist::ParallelDims& D = p.dims;
+  const nn::ACMode ac = ac_mode(c.train);
+  const Count N = s.N, a = s.act_bytes;
+  const int64_t L = c.model.n_layer;
+  const Count A = p.accum, n = D.fsdp(), t = D.tp, cp = D.cp;
+  plan_data_parallel_comm(p, l, s);
   // recomputed blocks run their forward communication again in backward
   int64_t full_blocks = 0, recomputed_cores = 0;
   for (int64_t i = 0; i < L; ++i) {
@@ -387,54 +464,20 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
     if (m == nn::ACMode::full) ++full_blocks;
     if (m != nn::ACMode::none) ++recomputed_cores;
   }
-  if (t > 1 && p.sequence_parallel) {
-    // f and g as all-gathers of the parts (a: raw values) and reduce-scatters into them
-    // (a': what the reduction moves), each (t-1)/t of the whole N C
-    const Count gather = (t - 1) * (N / t) * C * a, scatter = (t - 1) * (N / t) * C * p.wire_act_reduce_bytes;
-    comm("tp", "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
-         "gradient after each attention, MLP and the embedding, and of the attention's and the MLP's "
-         "input again for their weight gradients (backward)",
-         "accum (6L+2) (t-1)/t N C a", A * (6 * L + 2) * gather);
-    comm("tp", "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and of "
-         "the input gradient of each attention, MLP and lm_head (backward)",
-         "accum 2 (2L+1) (t-1)/t N C a'", A * 2 * (2 * L + 1) * scatter);
-    if (full_blocks)
-      comm("tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
-           "accum 2 L_full (t-1)/t N C (a + a')", A * 2 * full_blocks * (gather + scatter));
-    // the unsplit parameters' partial gradients (this rank's shards of them), summed once
-    Count unsplit = 0;
-    for (const nn::FlatUnit& u : units)
-      for (const nn::FlatParam& q : u.params)
-        if (!q.spec.tp.split()) unsplit += nn::shard_part(u, q).size();
-    p.sp_grad_numel = unsplit.v;
-    comm("tp", "sequence parallel: all-reduce of the LayerNorms', biases' and wpe's gradients (last micro-step)",
-         "2 (t-1)/t P_unsplit 4", all_reduce_bytes(unsplit * kF, t));
-  } else if (t > 1) {
-    const Count x = N * C * p.wire_act_reduce_bytes;
-    comm("tp", "g: all-reduce after each attention and MLP, and the embedding (forward)",
-         "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
-    if (full_blocks)
-      comm("tp", "g again in the blocks full checkpointing recomputes", "accum 2 L_full 2 (t-1)/t N C a'",
-           A * 2 * full_blocks * all_reduce_bytes(x, t));
-    comm("tp", "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)",
-         "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
-  }
-  if (t > 1)
-    comm("tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
-         "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
+  plan_tensor_parallel_comm(p, l, s, full_blocks);
   if (cp > 1) {
     const Count block = 2 * N * Count(s.Cl) * a;  // K and V of this rank's two chunks
-    comm("cp", "ring: K/V blocks forward and their gradients back, every block", "accum L 2 (cp-1) 2 N Cl a",
-         A * L * 2 * (cp - 1) * block);
+    add_comm(p, "cp", "ring: K/V blocks forward and their gradients back, every block",
+             "accum L 2 (cp-1) 2 N Cl a", A * L * 2 * (cp - 1) * block);
     if (recomputed_cores)
-      comm("cp", "ring again in the attention that checkpointing recomputes", "accum L_ac (cp-1) 2 N Cl a",
-           A * recomputed_cores * (cp - 1) * block);
+      add_comm(p, "cp", "ring again in the attention that checkpointing recomputes",
+               "accum L_ac (cp-1) 2 N Cl a", A * recomputed_cores * (cp - 1) * block);
   }
   // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp ranks, the
   // gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group
   Count scalars = all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, t);
-  if (sharded) scalars += all_reduce_bytes(8, n);
-  comm("scalars", "loss mean and gradient norm", "2 (k-1)/k 8 per group", scalars);
+  if (D.sharded()) scalars += all_reduce_bytes(8, n);
+  add_comm(p, "scalars", "loss mean and gradient norm", "2 (k-1)/k 8 per group", scalars);
   Count comm_bytes = 0;
   for (const PlanComm& x : p.comm) comm_bytes += x.bytes;
   p.comm_bytes = comm_bytes.v;
