@@ -26,84 +26,86 @@ double causal_pairs(int64_t T) {
 // counted as half too); the ring evaluates 2 cp + 1 pairs of chunks of Tc = Tl / 2 on every
 // rank, two of them diagonal (the fused kernel's blocks there, as in one process), the
 // others whole.
-double attention_scores(const Shapes& s) {
-  const double B = double(s.B), NHl = double(s.NHl), Tl = double(s.Tl);
-  if (s.cp == 1) return B * NHl * (s.core == AttentionCore::cpu_fused ? causal_pairs(s.Tl) : Tl * Tl * 0.5);
+double attention_scores(const Shapes& shapes) {
+  const double B = double(shapes.B), NHl = double(shapes.NHl), Tl = double(shapes.Tl);
+  if (shapes.cp == 1)
+    return B * NHl * (shapes.core == AttentionCore::cpu_fused ? causal_pairs(shapes.Tl) : Tl * Tl * 0.5);
   const double Tc = Tl / 2;
-  const double diagonal = fused(s.core) ? causal_pairs(static_cast<int64_t>(Tc)) : Tc * Tc;
-  return B * NHl * (2 * diagonal + Tc * Tc * double(2 * s.cp - 1));
+  const double diagonal = fused(shapes.core) ? causal_pairs(static_cast<int64_t>(Tc)) : Tc * Tc;
+  return B * NHl * (2 * diagonal + Tc * Tc * double(2 * shapes.cp - 1));
 }
 
-BlockWork block_work(const Shapes& s) {
-  const double N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, H = s.H, S = attention_scores(s);
-  BlockWork w;
-  w.scores = S;
+BlockWork block_work(const Shapes& shapes) {
+  const double N = shapes.N, Ns = shapes.Ns, C = shapes.C, Cl = shapes.Cl, H = shapes.H;
+  const double S = attention_scores(shapes);
+  BlockWork work;
+  work.scores = S;
   // forward: ln_1 (read, write Ns C); c_attn 2 N C 3Cl; split_last's copies of q, k, v
   // (not when the fused core reads them in place)
-  const double copies = s.core == AttentionCore::cpu_fused ? 0.0 : 1.0;
-  w.attn_in = {2 * N * C * 3 * Cl, 2 * Ns * C + copies * 6 * N * Cl};
+  const double copies = shapes.core == AttentionCore::cpu_fused ? 0.0 : 1.0;
+  work.attn_in = {2 * N * C * 3 * Cl, 2 * Ns * C + copies * 6 * N * Cl};
   // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the scores.
   // The ring also copies (each read and written once, in units of N Cl): q into its halves
   // (2), k and v into one message (4), each step's K/V into halves and each of the 2 cp key
   // chunks into K and V (4 cp + 4 cp), the output halves joined (2), and each of the 2 cp - 1
   // merges reads two partial outputs and writes one (3/2 each); backward copies as much
-  const double cp = double(s.cp);
-  const double ring_copies = s.cp == 1 ? 0.0 : (8 + 8 * cp + 1.5 * (2 * cp - 1)) * N * Cl;
-  w.core = {4 * S * double(s.hd), 2 * S + ring_copies};
+  const double cp = double(shapes.cp);
+  const double ring_copies = shapes.cp == 1 ? 0.0 : (8 + 8 * cp + 1.5 * (2 * cp - 1)) * N * Cl;
+  work.core = {4 * S * double(shapes.hd), 2 * S + ring_copies};
   // heads_to_back's copy; c_proj 2 N Cl C; the residual add
-  w.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * Ns * C};
+  work.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * Ns * C};
   // ln_2, c_fc 2 N C H with GELU (N H written again), c_proj 2 N H C, the residual add
-  w.mlp = {4 * N * C * H, 2 * Ns * C + 2 * N * H + 3 * Ns * C};
+  work.mlp = {4 * N * C * H, 2 * Ns * C + 2 * N * H + 3 * Ns * C};
   // backward: twice the FLOPs (input and weight gradients); LayerNorm's backward reads
   // three tensors and writes one, each bias gradient reads its output gradient, each weight
   // gradient is made and then added into the unit's gradient (3 passes of its size). The
   // column-parallel c_attn and c_fc are split at their input gradient: under TP the
   // trainer sums it over tp while their weight gradient is made (ops::linear_shared_input)
-  w.attn_in_b = {2 * N * C * 3 * Cl, 6 * N * Cl + 3 * N * Cl};
-  w.attn_in_dw = {2 * N * C * 3 * Cl, 3 * (3 * C * Cl)};
-  w.ln_1_b = {0, 4 * Ns * C};
+  work.attn_in_b = {2 * N * C * 3 * Cl, 6 * N * Cl + 3 * N * Cl};
+  work.attn_in_dw = {2 * N * C * 3 * Cl, 3 * (3 * C * Cl)};
+  work.ln_1_b = {0, 4 * Ns * C};
   // (fused: q k^T once more, to make the probabilities again, 2.5x the forward's FLOPs)
-  w.core_b = {(fused(s.core) ? 2.5 : 2.0) * w.core.flops, 3 * S + ring_copies};
-  w.attn_out_b = {2 * w.attn_out.flops, 2 * N * Cl + 2 * N * C + Ns * C + 3 * Cl * C};
+  work.core_b = {(fused(shapes.core) ? 2.5 : 2.0) * work.core.flops, 3 * S + ring_copies};
+  work.attn_out_b = {2 * work.attn_out.flops, 2 * N * Cl + 2 * N * C + Ns * C + 3 * Cl * C};
   // c_proj's both gradients, GELU's, c_fc's input gradient; then c_fc's weight gradient
-  w.mlp_b = {6 * N * C * H, 3 * N * H + N * (H + C) + 3 * (C * H)};
-  w.mlp_dw = {2 * N * C * H, 3 * (C * H)};
-  w.ln_2_b = {0, 4 * Ns * C + 2 * Ns * C};
-  return w;
+  work.mlp_b = {6 * N * C * H, 3 * N * H + N * (H + C) + 3 * (C * H)};
+  work.mlp_dw = {2 * N * C * H, 3 * (C * H)};
+  work.ln_2_b = {0, 4 * Ns * C + 2 * Ns * C};
+  return work;
 }
 
 // The plan's checkpointing mode (Plan::ac, a train.activation_checkpointing word).
-nn::ACMode checkpointing_of(const Plan& p) {
-  TrainSection t;
-  t.activation_checkpointing = p.ac;
-  return ac_mode(t);
+nn::ACMode checkpointing_of(const Plan& plan) {
+  TrainSection train;
+  train.activation_checkpointing = plan.ac;
+  return ac_mode(train);
 }
 
 }  // namespace
 
-StepWork step_work(const Plan& p, const Shapes& s) {
-  StepWork w;
-  w.block = block_work(s);
-  const double N = double(s.N), C = double(s.C), Vl = double(s.Vl), a = double(p.act_bytes);
+StepWork step_work(const Plan& plan, const Shapes& shapes) {
+  StepWork work;
+  work.block = block_work(shapes);
+  const double N = double(shapes.N), C = double(shapes.C), Vl = double(shapes.Vl), a = double(plan.act_bytes);
   // embeddings: wte(idx) + wpe(pos); backward scatters into their gradients
-  w.embeddings = {0, 3 * N * C};
-  w.embeddings_b = {0, 3 * N * C};
+  work.embeddings = {0, 3 * N * C};
+  work.embeddings_b = {0, 3 * N * C};
   // ln_f, lm_head 2 N C Vl, the fused cross-entropy's passes over the logits (max,
   // exponentials, the gradient written)
-  w.head = {2 * N * C * Vl, 2 * N * C + 3 * N * Vl};
+  work.head = {2 * N * C * Vl, 2 * N * C + 3 * N * Vl};
   // lm_head's backward, and its weight gradient added into the tied embeddings' (3 Vl C)
-  w.head_b = {4 * N * C * Vl, 3 * Vl * C + N * C};
+  work.head_b = {4 * N * C * Vl, 3 * Vl * C + N * C};
   // AdamW on this rank's shard (read p g m v, write p m v), the norm and the clip's scale;
   // under bf16 also the copies made again from the master (read f32, write bf16) and, per
   // micro-step without FSDP, the bf16 gradients folded into the f32 ones (nn::fold_grad:
   // read both, write the f32 and zero the bf16)
-  const bool mixed = p.act_bytes != int64_t(kF);
+  const bool mixed = plan.act_bytes != int64_t(kF);
   double owned = 0, whole = 0;
-  for (int64_t n : p.unit_shard_numel) owned += double(n);
-  for (int64_t n : p.unit_numel) whole += double(n);
-  w.optimizer = {0, 12 * owned + (mixed ? owned * (kF + a) / kF : 0.0)};
-  w.fold = {0, mixed && !p.dims.sharded() ? whole * (2 * a + 2 * kF) / kF : 0.0};
-  return w;
+  for (int64_t n : plan.unit_shard_numel) owned += double(n);
+  for (int64_t n : plan.unit_numel) whole += double(n);
+  work.optimizer = {0, 12 * owned + (mixed ? owned * (kF + a) / kF : 0.0)};
+  work.fold = {0, mixed && !plan.dims.sharded() ? whole * (2 * a + 2 * kF) / kF : 0.0};
+  return work;
 }
 
 // ---- the replay -----------------------------------------------------------------------------
@@ -356,10 +358,10 @@ Piece StepReplay::piece(const Work& work) const { return piece_of(work, double(p
 // (a conversion in, one out) and moves half the bytes in about the time of an f32 pass
 Piece StepReplay::piece_of(const Work& work, double bytes_each) const {
   const double bf16_bps = cluster_.bf16_memory_bps > 0 ? cluster_.bf16_memory_bps : cluster_.memory_bps;
-  Piece p;
-  p.gemm_s = work.flops / cluster_.flops;
-  p.s = p.gemm_s + work.floats * bytes_each / (bytes_each < kF ? bf16_bps : cluster_.memory_bps);
-  return p;
+  Piece cost;
+  cost.gemm_s = work.flops / cluster_.flops;
+  cost.s = cost.gemm_s + work.floats * bytes_each / (bytes_each < kF ? bf16_bps : cluster_.memory_bps);
+  return cost;
 }
 
 // One of ring attention's cp steps: 1/cp of the core's work

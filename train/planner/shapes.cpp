@@ -17,24 +17,24 @@ bool fused(AttentionCore core) {
   return core == AttentionCore::cpu_fused || core == AttentionCore::ring_fused;
 }
 
-Shapes shapes_of(const Plan& p, const std::string& device) {
-  const dist::ParallelDims& dims = p.dims;
-  Shapes s;
-  s.B = p.micro_batch;
-  s.Tl = p.local_seq;
-  s.N = checked_mul(s.B, s.Tl, "count");
-  s.C = p.n_embd;
-  s.Cl = s.C / dims.tp;
-  s.H = checked_mul(4, s.C, "count") / dims.tp;
-  s.NHl = p.n_head / dims.tp;
-  s.hd = s.C / p.n_head;
-  s.Vl = p.padded_vocab / dims.tp;
-  s.Ns = p.sequence_parallel ? s.N / dims.tp : s.N;
-  s.cp = dims.cp;
-  s.tp = dims.tp;
-  s.act_bytes = p.act_bytes;
-  s.core = attention_core(device, p.dtype, dims.cp);
-  return s;
+Shapes shapes_of(const Plan& plan, const std::string& device) {
+  const dist::ParallelDims& dims = plan.dims;
+  Shapes shapes;
+  shapes.B = plan.micro_batch;
+  shapes.Tl = plan.local_seq;
+  shapes.N = checked_mul(shapes.B, shapes.Tl, "count");
+  shapes.C = plan.n_embd;
+  shapes.Cl = shapes.C / dims.tp;
+  shapes.H = checked_mul(4, shapes.C, "count") / dims.tp;
+  shapes.NHl = plan.n_head / dims.tp;
+  shapes.hd = shapes.C / plan.n_head;
+  shapes.Vl = plan.padded_vocab / dims.tp;
+  shapes.Ns = plan.sequence_parallel ? shapes.N / dims.tp : shapes.N;
+  shapes.cp = dims.cp;
+  shapes.tp = dims.tp;
+  shapes.act_bytes = plan.act_bytes;
+  shapes.core = attention_core(device, plan.dtype, dims.cp);
+  return shapes;
 }
 
 }  // namespace ndt::train

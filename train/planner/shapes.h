@@ -52,6 +52,6 @@ struct Shapes {
 // The shapes of plan p's rank on train.device `device`: p's layout, batch, model and dtype
 // (plan() fills those first). The products are checked (tensor/checked.h): one that does
 // not fit int64 throws ndt::Error.
-Shapes shapes_of(const Plan& p, const std::string& device);
+Shapes shapes_of(const Plan& plan, const std::string& device);
 
 }  // namespace ndt::train

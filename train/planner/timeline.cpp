@@ -40,7 +40,7 @@ int64_t successor(const dist::ParallelDims& dims, int64_t rank, Dim dim) {
 // The link a dimension's rings run on. Host 0 stands for every host: the layouts are
 // regular, so each host has as many ring edges leaving it.
 Link link_of(const dist::ParallelDims& dims, const Cluster& cluster, Dim dim) {
-  Link l;
+  Link link;
   int64_t leaving = 0, members = 0;
   bool intra_edge = false;
   const int64_t first_host = std::min(cluster.devices_per_host, dims.world());
@@ -54,20 +54,21 @@ Link link_of(const dist::ParallelDims& dims, const Cluster& cluster, Dim dim) {
       intra_edge = true;
     }
   }
-  if (leaving == 0 && !intra_edge) return l;  // a group of one
+  if (leaving == 0 && !intra_edge) return link;  // a group of one
   if (leaving == 0) {
-    l.bps = cluster.intra_bps;
-    l.latency = cluster.intra_latency_s;
-    l.cpu_share = cluster.intra_cpu_share;
-    return l;
+    link.bps = cluster.intra_bps;
+    link.latency = cluster.intra_latency_s;
+    link.cpu_share = cluster.intra_cpu_share;
+    return link;
   }
-  l.crosses = true;
-  l.cross_share = double(leaving) / double(members);
-  l.cpu_share = l.cross_share * cluster.inter_cpu_share + (1 - l.cross_share) * cluster.intra_cpu_share;
+  link.crosses = true;
+  link.cross_share = double(leaving) / double(members);
+  link.cpu_share =
+      link.cross_share * cluster.inter_cpu_share + (1 - link.cross_share) * cluster.intra_cpu_share;
   const double host_share = cluster.inter_bps * double(cluster.devices_per_host) / double(leaving);
-  l.bps = intra_edge ? std::min(cluster.intra_bps, host_share) : host_share;
-  l.latency = cluster.inter_latency_s;
-  return l;
+  link.bps = intra_edge ? std::min(cluster.intra_bps, host_share) : host_share;
+  link.latency = cluster.inter_latency_s;
+  return link;
 }
 
 }  // namespace
@@ -109,15 +110,15 @@ Timeline::Timeline(const Links& links)
                  {"scalars", 0.0}} {}
 
 Ticket Timeline::start(const std::string& dim, double seconds) {
-  Ticket t{0, -1, seconds, busy_};
+  Ticket ticket{0, -1, seconds, busy_};
   if (crosses_.at(dim)) {
-    t.flow = between_hosts_.add(now_, seconds);
-    return t;
+    ticket.flow = between_hosts_.add(now_, seconds);
+    return ticket;
   }
   double& free = queue_free_[dim];
   free = std::max(free, now_) + seconds;
-  t.done = free;
-  return t;
+  ticket.done = free;
+  return ticket;
 }
 
 void Timeline::wait(const std::string& dim, const Ticket& ticket) {
