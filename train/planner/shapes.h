@@ -49,8 +49,8 @@ struct Shapes {
   AttentionCore core = AttentionCore::cpu_fused;
 };
 
-// The shapes of plan p's rank on train.device `device`: p's layout, batch, model and dtype
-// (plan() fills those first). The products are checked (tensor/checked.h): one that does
+// The shapes of the plan's rank on train.device `device`: from the plan's layout, batch,
+// model and dtype (plan() fills those first). The products are checked (tensor/checked.h): one that does
 // not fit int64 throws ndt::Error.
 Shapes shapes_of(const Plan& plan, const std::string& device);
 
