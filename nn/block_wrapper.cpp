@@ -20,6 +20,10 @@ class SelectiveScope {
 };
 }  // namespace
 
+ACMode block_checkpointing(ACMode mode, int64_t every, int64_t block) {
+  return block % every == 0 ? mode : ACMode::none;
+}
+
 BlockWrapper activation_checkpointing(int64_t every) { return activation_checkpointing(ACMode::full, every); }
 
 BlockWrapper activation_checkpointing(ACMode mode, int64_t every) {
@@ -29,14 +33,14 @@ BlockWrapper activation_checkpointing(ACMode mode, int64_t every) {
       return [](int64_t, const BlockFn& fn, const Tensor& x) { return fn(x); };
     case ACMode::full:
       return [every](int64_t block, const BlockFn& fn, const Tensor& x) {
-        if (block % every != 0) return fn(x);
+        if (block_checkpointing(ACMode::full, every, block) == ACMode::none) return fn(x);
         // fn is copied: backward recomputes it long after this call returned
         return autograd::recompute(
             [fn](const std::vector<Tensor>& in) { return std::vector<Tensor>{fn(in[0])}; }, {x})[0];
       };
     case ACMode::selective:
       return [every](int64_t block, const BlockFn& fn, const Tensor& x) {
-        if (block % every != 0) return fn(x);
+        if (block_checkpointing(ACMode::selective, every, block) == ACMode::none) return fn(x);
         SelectiveScope scope(true);  // the block's layers see it in recompute_selected()
         return fn(x);
       };

@@ -35,6 +35,11 @@ using BlockWrapper = std::function<Tensor(int64_t block, const BlockFn& fn, cons
 //              so no linear layer runs twice.
 enum class ACMode { none, full, selective };
 
+// What checkpointing does to block `block` when train.activation_checkpointing is `mode` on
+// every `every`-th block: `mode` on blocks 0, every, 2*every, ..., none on the others. The
+// wrappers below and the planner (train/planner/) ask here, so they agree on which blocks.
+ACMode block_checkpointing(ACMode mode, int64_t every, int64_t block);
+
 // Recompute the block in backward instead of keeping its activations (autograd/recompute.h).
 // With `every` = k, only blocks 0, k, 2k, ... are recomputed.
 BlockWrapper activation_checkpointing(int64_t every = 1);

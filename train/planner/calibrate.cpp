@@ -187,6 +187,194 @@ double cpu_share(dist::Communicator& world, dist::Communicator& pair, bool measu
   return mean_over(world, std::max(0.0, with - alone) / (kCalls * call_s), measure);
 }
 
+// The hosts the ranks sit on, in rank order: every host's ranks together and as many on
+// each (ConfigError otherwise).
+std::vector<std::string> hosts_in_order(const dist::DeviceMesh& mesh, int64_t world_size) {
+  const std::vector<std::string>& names = mesh.hosts();
+  std::vector<std::string> hosts;
+  for (const std::string& h : names)
+    if (hosts.empty() || hosts.back() != h) hosts.push_back(h);
+  const int64_t host_count = static_cast<int64_t>(hosts.size()), per_host = world_size / host_count;
+  const std::set<std::string> distinct(names.begin(), names.end());
+  bool regular = static_cast<int64_t>(distinct.size()) == host_count && world_size % host_count == 0;
+  for (int64_t r = 0; regular && r < world_size; ++r)
+    regular = names[size_t(r)] == hosts[size_t(r / per_host)];
+  if (!regular)
+    throw ConfigError(
+        "--plan.calibrate needs the same number of ranks on every host, in rank order (mpirun "
+        "--map-by ppr:N:node); these ranks sit on " +
+        std::to_string(distinct.size()) + " hosts unevenly or interleaved");
+  return hosts;
+}
+
+// What one rank's computation reaches, every rank at once.
+struct Rates {
+  double flops = 0;                            // the matrix products of one micro-step, per second
+  double memory_bps = 0, bf16_memory_bps = 0;  // element-wise, over f32 and bf16 values
+  std::string gemm_lines;                      // each product's rate, for the file's comment
+};
+
+// The matrix products of one micro-step, every rank at once: their FLOPs over their time.
+void measure_gemms(dist::Communicator& world, const Config& c, Rates& rates) {
+  double flops = 0, secs = 0;
+  std::ostringstream shapes;
+  for (const Gemm& g : model_gemms(c)) {
+    Tensor a = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.m, g.k} : Shape{g.m, g.k}),
+           b = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.k, g.n} : Shape{g.k, g.n}),
+           o = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.m, g.n} : Shape{g.m, g.n}, g.dtype);
+    kernels::fill_uniform(a, 1, 0, 0, -1, 1);
+    kernels::fill_uniform(b, 1, 1, 0, -1, 1);
+    if (g.dtype != DType::f32) a = a.to(g.dtype), b = b.to(g.dtype);
+    world.barrier();
+    const double t =
+        mean_over(world, time_per_call([&] { kernels::gemm(a, false, b, false, o); }, 0.3), true);
+    const double f = 2.0 * double(g.batch) * double(g.m) * double(g.k) * double(g.n);
+    flops += f * double(g.count);
+    secs += t * double(g.count);
+    char line[160];
+    std::snprintf(line, sizeof(line), "  %-12s %4lld x %6lld x %5lld x %6lld  %-8s %8.1f GFLOP/s\n", g.what,
+                  (long long)g.batch, (long long)g.m, (long long)g.k, (long long)g.n, dtype_name(g.dtype),
+                  f / t / 1e9);
+    shapes << line;
+  }
+  rates.flops = flops / secs;
+  rates.gemm_lines = shapes.str();
+}
+
+// An element-wise pass, every rank at once: out = a + b reads two values and writes one; in
+// f32, and under bf16 also in bf16 (the activations' passes: each value converted to f32
+// and back).
+void measure_elementwise(dist::Communicator& world, const Config& c, Rates& rates) {
+  const int64_t n = int64_t(1) << 22;
+  auto add_bps = [&](DType dt) {
+    Tensor x = Tensor::full({n}, 1.0, dt), y = Tensor::full({n}, 2.0, dt), z = Tensor::empty({n}, dt);
+    world.barrier();
+    const double t_add = mean_over(world, time_per_call([&] { kernels::add(x, y, z); }, 0.3), true);
+    return 3.0 * double(n) * double(dtype_size(dt)) / t_add;
+  };
+  rates.memory_bps = add_bps(DType::f32);
+  rates.bf16_memory_bps = c.train.dtype == "bfloat16" ? add_bps(DType::bf16) : rates.memory_bps;
+}
+
+// The step the rates predict for one rank alone (tp = cp = 1, one micro-step, no
+// checkpointing), by the planner's own model.
+double predicted_step_s(const Config& c, const Rates& rates) {
+  Cluster one;
+  one.name = "one rank";
+  one.hosts = one.devices_per_host = 1;
+  one.flops = one.peak_flops = rates.flops;
+  one.memory_bps = rates.memory_bps;
+  one.bf16_memory_bps = rates.bf16_memory_bps;
+  one.memory_bytes = 1e18;
+  Config c1 = c;
+  c1.parallel = ParallelSection{};
+  c1.train.grad_accum_steps = 1;
+  c1.train.activation_checkpointing = "none";
+  c1.train.device = "cpu";
+  return predict_time(c1, plan(c1, 1), one).step_s;
+}
+
+// The links inside a host: pairs of a host's ranks, every pair at once.
+void measure_intra_host(dist::Communicator& world, const Config& c, double step_measured, Cluster& k) {
+  const int64_t W = world.size(), me = world.rank(), D = k.devices_per_host;
+  const int64_t local = me % D;
+  const bool paired = local / 2 * 2 + 1 < D;  // an odd last rank of a host sits out
+  auto pair = world.split(int(paired ? me / 2 : W + me), int(me), "calibration pair inside a host");
+  const LinkFit f = fit_pair(world, *pair, paired);
+  k.intra_bps = f.bps;
+  k.intra_latency_s = f.latency;
+  k.intra_cpu_share = cpu_share(world, *pair, paired, c, step_measured, f);
+}
+
+// The links between hosts: pairs across two hosts, every pair at once; returns a line on
+// what they reached, for the file's comment.
+std::string measure_between_hosts(dist::Communicator& world, const Config& c, double step_measured,
+                                  Cluster& k) {
+  const int64_t W = world.size(), me = world.rank(), D = k.devices_per_host, H = k.hosts;
+  const int64_t h = me / D;
+  const bool paired = h % 2 == 1 || h + 1 < H;  // an odd last host sits out
+  const int64_t partner = h % 2 == 0 ? me + D : me - D;
+  auto pair =
+      world.split(int(paired ? std::min(me, partner) : W + me), int(me), "calibration pair across hosts");
+  // every pair at once: each rank's share when all of a host's ranks send together
+  const LinkFit all = fit_pair(world, *pair, paired);
+  // one pair alone (ranks 0 and D): what one stream gets of a host's links
+  const LinkFit one = fit_pair(world, *pair, me == 0 || me == D);
+  // A step's transfers reach the second figure, not the first, on the simulated cluster
+  // (docs/planner.md, "Checked against measurement"): a host's links count as what one
+  // pair moves, shared by the host's ranks (inter_gbps x devices_per_host = that).
+  k.inter_bps = std::min(all.bps, one.bps / double(D));
+  k.inter_latency_s = one.latency;
+  // (as a share of the time the model gives a transfer: at inter_bps)
+  k.inter_cpu_share =
+      cpu_share(world, *pair, paired, c, step_measured, LinkFit{k.inter_bps, k.inter_latency_s});
+  return "between hosts: every pair at once " + std::to_string(all.bps / 1e6) +
+         " MB/s per rank, one pair alone " + std::to_string(one.bps / 1e6) + " MB/s\n";
+}
+
+// What was measured, for the file's comment.
+struct Measured {
+  Rates rates;
+  double step_measured = 0, step_predicted = 0, factor = 1;
+  std::string inter_note;
+};
+
+// Rank 0 writes the cluster file: the measurement's story, then the [cluster] keys.
+void write_cluster_file(const Config& c, const std::vector<std::string>& hosts, const Measured& m,
+                        const Cluster& k, std::ostream& out) {
+  std::string host_list;
+  for (const std::string& h : hosts) host_list += (host_list.empty() ? "" : ", ") + h;
+  char when[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  std::ostringstream head;
+  head << "measured by train_gpt --plan.calibrate on " << when << ": " << k.devices() << " ranks on "
+       << k.hosts << " hosts (" << host_list
+       << ")\nthe matrix products of one micro-step of the model (n_layer " << c.model.n_layer << ", n_embd "
+       << c.model.n_embd << ", micro-batch " << c.train.micro_batch_size << " x " << c.train.seq_len << ", "
+       << c.train.dtype << "), every rank at once:\n"
+       << m.rates.gemm_lines << "element-wise (a + b): " << m.rates.memory_bps / 1e9 << " GB/s"
+       << (c.train.dtype == "bfloat16"
+               ? " (bfloat16: " + std::to_string(m.rates.bf16_memory_bps / 1e9) + " GB/s)"
+               : "")
+       << "; the model's step alone on every rank at once (the slowest): " << m.step_measured * 1e3
+       << " ms, which these rates predict as " << m.step_predicted * 1e3 << " ms:\nboth are scaled by "
+       << m.factor << " below\n"
+       << m.inter_note
+       << "the step with all-reduces behind it (8 per pair, about 0.7 of the step alone) took longer by "
+          "this share of their own time: inside a host "
+       << k.intra_cpu_share << ", between hosts " << k.inter_cpu_share << "\n";
+  const std::string ini = cluster_ini(k, head.str());
+  io::write_file_atomic(c.plan_calibrate, ini);
+  out << ini << "written to " << c.plan_calibrate << "\n";
+}
+
+// Every measurement, in the order every rank makes it; the cluster it gives.
+Cluster measure(dist::Communicator& world, const Config& c, int64_t hosts, Measured& m) {
+  measure_gemms(world, c, m.rates);
+  measure_elementwise(world, c, m.rates);
+  // the model's own step, every rank at once: what the two rates above leave out (the
+  // element-wise kernels that compute more than they move, the autograd engine, threads
+  // sharing cores) becomes a factor on both, so that they predict this step
+  world.barrier();
+  m.step_measured = model_step_s(world, c);
+  m.step_predicted = predicted_step_s(c, m.rates);
+  m.factor = m.step_predicted / m.step_measured;
+  Cluster k;
+  k.name = "calibrated";
+  k.dtype = c.train.dtype;
+  k.hosts = hosts;
+  k.devices_per_host = world.size() / hosts;
+  k.flops = k.peak_flops = m.rates.flops * m.factor;
+  k.memory_bps = m.rates.memory_bps * m.factor;
+  k.bf16_memory_bps = m.rates.bf16_memory_bps * m.factor;
+  k.memory_bytes =
+      double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / double(k.devices_per_host);
+  if (k.devices_per_host > 1) measure_intra_host(world, c, m.step_measured, k);
+  if (k.hosts > 1) m.inter_note = measure_between_hosts(world, c, m.step_measured, k);
+  return k;
+}
+
 }  // namespace
 
 int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
@@ -197,137 +385,15 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
                         "(cluster.preset = h100-sxm-8, ...) and set cluster.efficiency");
     world = dist::init_world();
     world->set_timeout(c.parallel.timeout_s);
-    const int64_t W = world->size(), me = world->rank();
+    const int64_t W = world->size();
     dist::DeviceMesh mesh(dist::ParallelDims::resolve(W, 1, 1, 1, W), world);
-    // the hosts, in rank order: every host's ranks together and as many on each
-    const std::vector<std::string>& names = mesh.hosts();
-    std::vector<std::string> hosts;
-    for (const std::string& h : names)
-      if (hosts.empty() || hosts.back() != h) hosts.push_back(h);
-    const int64_t H = static_cast<int64_t>(hosts.size()), D = W / H;
-    const std::set<std::string> distinct(names.begin(), names.end());
-    bool regular = static_cast<int64_t>(distinct.size()) == H && W % H == 0;
-    for (int64_t r = 0; regular && r < W; ++r) regular = names[size_t(r)] == hosts[size_t(r / D)];
-    if (!regular)
-      throw ConfigError("--plan.calibrate needs the same number of ranks on every host, in rank order (mpirun "
-                        "--map-by ppr:N:node); these ranks sit on " +
-                        std::to_string(distinct.size()) + " hosts unevenly or interleaved");
+    const std::vector<std::string> hosts = hosts_in_order(mesh, W);
+    const int64_t per_host = W / static_cast<int64_t>(hosts.size());
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    set_num_threads(c.train.threads > 0 ? c.train.threads : std::max(1, cores / int(D)));
-
-    // ---- the matrix products, every rank at once
-    double flops = 0, secs = 0;
-    std::ostringstream shapes;
-    for (const Gemm& g : model_gemms(c)) {
-      Tensor a = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.m, g.k} : Shape{g.m, g.k}),
-             b = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.k, g.n} : Shape{g.k, g.n}),
-             o = Tensor::empty(g.batch > 1 ? Shape{g.batch, g.m, g.n} : Shape{g.m, g.n}, g.dtype);
-      kernels::fill_uniform(a, 1, 0, 0, -1, 1);
-      kernels::fill_uniform(b, 1, 1, 0, -1, 1);
-      if (g.dtype != DType::f32) a = a.to(g.dtype), b = b.to(g.dtype);
-      world->barrier();
-      const double t = mean_over(*world, time_per_call([&] { kernels::gemm(a, false, b, false, o); }, 0.3), true);
-      const double f = 2.0 * double(g.batch) * double(g.m) * double(g.k) * double(g.n);
-      flops += f * double(g.count);
-      secs += t * double(g.count);
-      char line[160];
-      std::snprintf(line, sizeof(line), "  %-12s %4lld x %6lld x %5lld x %6lld  %-8s %8.1f GFLOP/s\n", g.what,
-                    (long long)g.batch, (long long)g.m, (long long)g.k, (long long)g.n, dtype_name(g.dtype), f / t / 1e9);
-      shapes << line;
-    }
-    // ---- an element-wise pass: out = a + b reads two values and writes one; in f32, and
-    // under bf16 also in bf16 (the activations' passes: each value converted to f32 and back)
-    const int64_t n = int64_t(1) << 22;
-    auto add_bps = [&](DType dt) {
-      Tensor x = Tensor::full({n}, 1.0, dt), y = Tensor::full({n}, 2.0, dt), z = Tensor::empty({n}, dt);
-      world->barrier();
-      const double t_add = mean_over(*world, time_per_call([&] { kernels::add(x, y, z); }, 0.3), true);
-      return 3.0 * double(n) * double(dtype_size(dt)) / t_add;
-    };
-    const double memory_bps = add_bps(DType::f32);
-    const double bf16_memory_bps = c.train.dtype == "bfloat16" ? add_bps(DType::bf16) : memory_bps;
-    // ---- the model's own step, every rank at once: what the two rates above leave out (the
-    // element-wise kernels that compute more than they move, the autograd engine, threads
-    // sharing cores) becomes a factor on both, so that they predict this step
-    world->barrier();
-    const double step_measured = model_step_s(*world, c);
-    Cluster one;
-    one.name = "one rank";
-    one.hosts = one.devices_per_host = 1;
-    one.flops = one.peak_flops = flops / secs;
-    one.memory_bps = memory_bps;
-    one.bf16_memory_bps = bf16_memory_bps;
-    one.memory_bytes = 1e18;
-    Config c1 = c;
-    c1.parallel = ParallelSection{};
-    c1.train.grad_accum_steps = 1;
-    c1.train.activation_checkpointing = "none";
-    c1.train.device = "cpu";
-    const double step_predicted = predict_time(c1, plan(c1, 1), one).step_s;
-    const double factor = step_predicted / step_measured;
-
-    // ---- the links: pairs inside a host, pairs across two hosts, every pair at once
-    Cluster k;
-    k.name = "calibrated";
-    k.dtype = c.train.dtype;
-    k.hosts = H;
-    k.devices_per_host = D;
-    k.flops = k.peak_flops = flops / secs * factor;
-    k.memory_bps = memory_bps * factor;
-    k.bf16_memory_bps = bf16_memory_bps * factor;
-    k.memory_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / double(D);
-    if (D > 1) {
-      const int64_t local = me % D;
-      const bool paired = local / 2 * 2 + 1 < D;  // an odd last rank of a host sits out
-      auto pair = world->split(int(paired ? me / 2 : W + me), int(me), "calibration pair inside a host");
-      const LinkFit f = fit_pair(*world, *pair, paired);
-      k.intra_bps = f.bps;
-      k.intra_latency_s = f.latency;
-      k.intra_cpu_share = cpu_share(*world, *pair, paired, c, step_measured, f);
-    }
-    std::string inter_note;
-    if (H > 1) {
-      const int64_t h = me / D;
-      const bool paired = h % 2 == 1 || h + 1 < H;  // an odd last host sits out
-      const int64_t partner = h % 2 == 0 ? me + D : me - D;
-      auto pair = world->split(int(paired ? std::min(me, partner) : W + me), int(me), "calibration pair across hosts");
-      // every pair at once: each rank's share when all of a host's ranks send together
-      const LinkFit all = fit_pair(*world, *pair, paired);
-      // one pair alone (ranks 0 and D): what one stream gets of a host's links
-      const LinkFit one = fit_pair(*world, *pair, me == 0 || me == D);
-      // A step's transfers reach the second figure, not the first, on the simulated cluster
-      // (docs/planner.md, "Checked against measurement"): a host's links count as what one
-      // pair moves, shared by the host's ranks (inter_gbps x devices_per_host = that).
-      k.inter_bps = std::min(all.bps, one.bps / double(D));
-      k.inter_latency_s = one.latency;
-      // (as a share of the time the model gives a transfer: at inter_bps)
-      k.inter_cpu_share = cpu_share(*world, *pair, paired, c, step_measured, LinkFit{k.inter_bps, k.inter_latency_s});
-      inter_note = "between hosts: every pair at once " + std::to_string(all.bps / 1e6) + " MB/s per rank, one pair alone " +
-                   std::to_string(one.bps / 1e6) + " MB/s\n";
-    }
-    if (me == 0) {
-      std::string host_list;
-      for (const std::string& h : hosts) host_list += (host_list.empty() ? "" : ", ") + h;
-      char when[32];
-      const std::time_t now = std::time(nullptr);
-      std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-      std::ostringstream head;
-      head << "measured by train_gpt --plan.calibrate on " << when << ": " << W << " ranks on " << H
-           << " hosts (" << host_list << ")\nthe matrix products of one micro-step of the model (n_layer "
-           << c.model.n_layer << ", n_embd " << c.model.n_embd << ", micro-batch " << c.train.micro_batch_size
-           << " x " << c.train.seq_len << ", " << c.train.dtype << "), every rank at once:\n"
-           << shapes.str() << "element-wise (a + b): " << memory_bps / 1e9 << " GB/s"
-           << (c.train.dtype == "bfloat16" ? " (bfloat16: " + std::to_string(bf16_memory_bps / 1e9) + " GB/s)" : "")
-           << "; the model's step alone on every rank at once (the slowest): " << step_measured * 1e3
-           << " ms, which these rates predict as " << step_predicted * 1e3 << " ms:\nboth are scaled by "
-           << factor << " below\n" << inter_note
-           << "the step with all-reduces behind it (8 per pair, about 0.7 of the step alone) took longer by "
-              "this share of their own time: inside a host "
-           << k.intra_cpu_share << ", between hosts " << k.inter_cpu_share << "\n";
-      const std::string ini = cluster_ini(k, head.str());
-      io::write_file_atomic(c.plan_calibrate, ini);
-      out << ini << "written to " << c.plan_calibrate << "\n";
-    }
+    set_num_threads(c.train.threads > 0 ? c.train.threads : std::max(1, cores / int(per_host)));
+    Measured m;
+    const Cluster k = measure(*world, c, static_cast<int64_t>(hosts.size()), m);
+    if (world->rank() == 0) write_cluster_file(c, hosts, m, k, out);
     world->barrier();
     return 0;
   } catch (const ConfigError& e) {

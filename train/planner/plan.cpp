@@ -3,13 +3,11 @@
 // below names the code it follows; when that code changes, this file must change with it
 // (tests/test_dist_plan.cpp compares the two under mpirun).
 //
-// Legend (this rank's view): B micro-batch, T sequence, Tl = T / cp tokens of a sequence on
-// this rank, N = B Tl rows, C = n_embd, Cl = C / tp attention channels, H = 4C / tp MLP
-// hidden units, NHl = n_head / tp heads, Vl = Vp / tp vocabulary rows, L blocks.
-// Bytes of an element: a for activations and the model's copy of the parameters (4 under
-// float32, 2 under bfloat16), 4 for statistics (LayerNorm's mean and rstd, log-sum-exps),
-// the f32 master, its gradient and AdamW's moments, r for FSDP's reduce-scatters
-// (parallel.reduce_dtype under bfloat16, else 4).
+// Legend: train/planner/shapes.h (B, Tl, N, Ns, C, Cl, H, NHl, Vl, L, a for this rank).
+// Bytes of an element besides a (activations and the model's copy of the parameters): 4
+// for statistics (LayerNorm's mean and rstd, log-sum-exps), the f32 master, its gradient
+// and AdamW's moments, r for FSDP's reduce-scatters (parallel.reduce_dtype under bfloat16,
+// else 4).
 #include "train/planner/plan.h"
 
 #include <algorithm>
@@ -19,9 +17,11 @@
 #include "dist/context_parallel/ring_attention.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "models/gpt.h"
+#include "nn/block_wrapper.h"
 #include "nn/flat.h"
-#include "tensor/cpu/onednn_gemm.h"
 #include "tensor/checked.h"
+#include "tensor/cpu/onednn_gemm.h"
+#include "train/planner/shapes.h"
 
 namespace ndt::train {
 namespace {
@@ -69,25 +69,6 @@ struct BlockMem {
   Count during_backward = 0;  // live while its backward runs, besides the earlier blocks
 };
 
-struct Dims {
-  Count B, Tl, N, C, Cl, H, NHl, Vl, cp;
-  Count a;  // bytes of an activation (the compute dtype's)
-  enum class Core { cpu_fused, cudnn, composed, ring, ring_fused } core;  // how the attention core runs
-  // rows of the regions between the attention and the MLP (LayerNorms, residuals): N, or
-  // N / tp with sequence parallelism
-  Count Ns;
-};
-
-// Which attention core a rank runs (autograd/ops/attention.cpp): with cp > 1 the ring (on
-// the CPU of fused pairs); on the CPU the fused kernel (ndt::self_attention); on a GPU in
-// bf16 cuDNN's flash attention (for the head sizes it supports, which GPT's are), else the
-// composed ops.
-Dims::Core core_of(const std::string& device, bool bf16, int64_t cp) {
-  if (cp > 1) return device == "cpu" ? Dims::Core::ring_fused : Dims::Core::ring;
-  if (device == "cpu") return Dims::Core::cpu_fused;
-  return bf16 ? Dims::Core::cudnn : Dims::Core::composed;
-}
-
 // The attention core's saved tensors in bytes (autograd/ops/attention.cpp or, with cp > 1,
 // the ring of dist/context_parallel/ring_attention.cpp), without the c_proj input. Off the
 // cuDNN path the core computes in f32 under bf16 too (4-byte elements, w below).
@@ -107,24 +88,23 @@ Dims::Core core_of(const std::string& device, bool bf16, int64_t cp) {
 //   ring_fused: the same tensors (the CPU's fused pairs keep their inputs, output and lse
 //              instead of a checkpoint's), and under bf16 each pair's f32 output too
 //              (2 cp + 1 halves)
-Count core_saved(const Dims& d) {
-  const Count a = d.a, w = kF;
-  switch (d.core) {
-    case Dims::Core::cpu_fused:
-      return 3 * d.N * d.Cl * a + d.N * d.NHl * kF + (a == w ? Count(0) : d.N * d.Cl * w);
-    case Dims::Core::cudnn:
-      return 4 * d.N * d.Cl * a + d.N * d.NHl * kF;
-    case Dims::Core::composed:
-      return (4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl) * w;
-    case Dims::Core::ring:
-    case Dims::Core::ring_fused:
+Count core_saved(const Shapes& s) {
+  const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, NHl = s.NHl, cp = s.cp, a = s.act_bytes, w = kF;
+  switch (s.core) {
+    case AttentionCore::cpu_fused:
+      return 3 * N * Cl * a + N * NHl * kF + (a == w ? Count(0) : N * Cl * w);
+    case AttentionCore::cudnn:
+      return 4 * N * Cl * a + N * NHl * kF;
+    case AttentionCore::composed:
+      return (4 * N * Cl + B * NHl * Tl * Tl) * w;
+    case AttentionCore::ring:
+    case AttentionCore::ring_fused:
       break;
   }
-  const Count pairs = 2 * d.cp + 1, key_chunks = 2 * d.cp, lse = 2 * d.cp * d.N * d.NHl * kF;
-  if (a == w) return (d.N * d.Cl + key_chunks * d.N * d.Cl + (4 * d.cp - 1) * d.N * d.Cl / 2) * w + lse;
-  const Count outputs_f32 = d.core == Dims::Core::ring_fused ? pairs : Count(0);
-  return (d.N * d.Cl + key_chunks * d.N * d.Cl) * a + (3 * (2 * d.cp - 1) + outputs_f32) * d.N * d.Cl / 2 * w +
-         lse;
+  const Count pairs = 2 * cp + 1, key_chunks = 2 * cp, lse = 2 * cp * N * NHl * kF;
+  if (a == w) return (N * Cl + key_chunks * N * Cl + (4 * cp - 1) * N * Cl / 2) * w + lse;
+  const Count outputs_f32 = s.core == AttentionCore::ring_fused ? pairs : Count(0);
+  return (N * Cl + key_chunks * N * Cl) * a + (3 * (2 * cp - 1) + outputs_f32) * N * Cl / 2 * w + lse;
 }
 // The attention backward's own tensors, in bytes: fused, dqkv (3 N Cl in f32; the score
 // blocks are per-thread scratch of 64 x Tl), under bf16 also qkv and dy converted to f32
@@ -133,23 +113,23 @@ Count core_saved(const Dims& d) {
 // dv rounded back (3 N Cl); with the ring one score block of (Tl/2)^2 per pair, recomputed,
 // plus the pair's p; with the fused ring a pair's dq, dk, dv (3 halves of N Cl), under
 // bf16 also its q, k, v and dout in f32 (4 halves) and dq, dk, dv rounded back (3 halves).
-Count core_backward(const Dims& d) {
-  const Count a = d.a, w = kF;
+Count core_backward(const Shapes& s) {
+  const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, NHl = s.NHl, a = s.act_bytes, w = kF;
   const bool mixed = !(a == w);
-  switch (d.core) {
-    case Dims::Core::cpu_fused:
-      return 3 * d.N * d.Cl * w + (mixed ? 4 * d.N * d.Cl * w + 3 * d.N * d.Cl * a : Count(0));
-    case Dims::Core::cudnn:
-      return 4 * d.N * d.Cl * a;
-    case Dims::Core::composed:
-      return (4 * d.N * d.Cl + d.B * d.NHl * d.Tl * d.Tl) * w + (mixed ? 3 * d.N * d.Cl * a : Count(0));
-    case Dims::Core::ring_fused:
-      return 3 * d.N * d.Cl / 2 * w + (mixed ? 4 * d.N * d.Cl / 2 * w + 3 * d.N * d.Cl / 2 * a : Count(0));
-    case Dims::Core::ring:
+  switch (s.core) {
+    case AttentionCore::cpu_fused:
+      return 3 * N * Cl * w + (mixed ? 4 * N * Cl * w + 3 * N * Cl * a : Count(0));
+    case AttentionCore::cudnn:
+      return 4 * N * Cl * a;
+    case AttentionCore::composed:
+      return (4 * N * Cl + B * NHl * Tl * Tl) * w + (mixed ? 3 * N * Cl * a : Count(0));
+    case AttentionCore::ring_fused:
+      return 3 * N * Cl / 2 * w + (mixed ? 4 * N * Cl / 2 * w + 3 * N * Cl / 2 * a : Count(0));
+    case AttentionCore::ring:
       break;
   }
-  const Count Tc = d.Tl / 2;
-  return (4 * d.N * d.Cl + 2 * d.B * d.NHl * Tc * Tc) * w;
+  const Count Tc = Tl / 2;
+  return (4 * N * Cl + 2 * B * NHl * Tc * Tc) * w;
 }
 
 // nn::Block::forward with the ops of autograd/ops/*.cpp, per mode (nn::ACMode):
@@ -177,39 +157,37 @@ Count core_backward(const Dims& d) {
 // outputs: linear_shared_input keeps the part and gathers it again in backward) on Ns = N / tp
 // rows; backward holds the incoming gradient gathered (N C) for each c_proj and the
 // gathered input again (N C) for each column-parallel weight gradient.
-BlockMem block_mem(const Dims& d, nn::ACMode mode) {
-  const Count N = d.N, Ns = d.Ns, C = d.C, Cl = d.Cl, H = d.H, a = d.a, stats = 2 * Ns * kF;
+BlockMem block_mem(const Shapes& s, nn::ACMode mode) {
+  const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, H = s.H, a = s.act_bytes, stats = 2 * Ns * kF;
   const Count gathered = Ns == N ? Count(0) : 2 * N * C * a;  // an incoming gradient, an input
   const Count mlp_part = (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 2 * N * H) * a + stats;
-  const Count none_saved = Ns * C * a /*ln_1 out*/ + stats + core_saved(d) + N * Cl * a + mlp_part + Ns * C * a;
+  const Count none_saved =
+      Ns * C * a /*ln_1 out*/ + stats + core_saved(s) + N * Cl * a + mlp_part + Ns * C * a;
   auto mlp_moment = [&](Count saved) { return saved - Ns * C * a + (Ns * C + N * H) * a + gathered; };
   auto attn_moment = [&](Count core_live) {
-    return Ns * C * a + stats + core_live + 2 * Ns * C * a + gathered + core_backward(d);
+    return Ns * C * a + stats + core_live + 2 * Ns * C * a + gathered + core_backward(s);
   };
   BlockMem m;
   switch (mode) {
     case nn::ACMode::none:
       m.saved = none_saved;
-      m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
+      m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(s)));
       break;
     case nn::ACMode::selective: {
       m.saved = Ns * C * a + stats + 3 * N * Cl * a + N * Cl * a + mlp_part + Ns * C * a;
       // the core made again in backward, besides its kept input
-      const Count again = d.core == Dims::Core::cpu_fused ? core_saved(d) - 3 * N * Cl * a + N * Cl * a : core_saved(d);
+      const Count again =
+          s.core == AttentionCore::cpu_fused ? core_saved(s) - 3 * N * Cl * a + N * Cl * a : core_saved(s);
       m.during_backward = std::max(mlp_moment(m.saved), attn_moment(3 * N * Cl * a + again));
       break;
     }
     case nn::ACMode::full:
       m.saved = Ns * C * a;
       m.during_backward =
-          Ns * C * a /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(d)));
+          Ns * C * a /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(s)));
       break;
   }
   return m;
-}
-
-nn::ACMode block_mode(nn::ACMode ac, int64_t every, int64_t i) {
-  return ac != nn::ACMode::none && i % every == 0 ? ac : nn::ACMode::none;
 }
 
 }  // namespace
@@ -274,45 +252,64 @@ UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p) {
   return l;
 }
 
+// The blocks' activations over one micro-step, and the block whose backward holds the most
+// on top of what was kept before it, with what FSDP holds whole then (bytes).
+struct BlocksMem {
+  Count saved = 0, worst = 0, worst_gathered = 0;
+};
+
+// FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
+// embeddings and their gradient (gathered for the whole step), block i and block i-1
+// (prefetched), block i's whole gradient and, but for the last block (the first whose
+// backward runs), block i+1's, whose reduce-scatter is drained only when the next
+// block's backward begins (so it may still be live; it is counted). That one is in the
+// reduce dtype: under bf16 with float32 reduction its f32 copy, the bf16 one released.
+BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const Shapes& s, Count emb_saved) {
+  const nn::ACMode ac = ac_mode(c.train);
+  const Count emb_full = l.emb_full, block_full = l.block_full, a = s.act_bytes, rd = p.reduce_bytes;
+  const bool sharded = p.dims.sharded();
+  const int64_t L = c.model.n_layer;
+  auto gathered_in_block = [&](int64_t i) -> Count {
+    if (!sharded) return 0;
+    return 2 * emb_full * a + block_full * a * (1 + (i > 0 ? 1 : 0)) +
+           block_full * (a + (i + 1 < L ? rd : 0));
+  };
+  BlocksMem blocks;
+  Count prefix = emb_saved;
+  for (int64_t i = 0; i < L; ++i) {
+    const BlockMem m = block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, i));
+    if (prefix + m.during_backward + gathered_in_block(i) > blocks.worst + blocks.worst_gathered) {
+      blocks.worst = prefix + m.during_backward;
+      blocks.worst_gathered = gathered_in_block(i);
+    }
+    prefix += m.saved;
+    blocks.saved += m.saved;
+  }
+  return blocks;
+}
+
 // The activations of one micro-step (forward kept for backward), and the moments at which
 // memory peaks: this rank's persistent buffers plus what each moment holds.
-void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, const char*& stage) {
+void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s, const char*& stage) {
   const dist::ParallelDims& D = p.dims;
   const models::GPTConfig& mc = c.model;
   const nn::ACMode ac = ac_mode(c.train);
   const Count emb_full = l.emb_full, block_full = l.block_full;
   stage = "the activations of one micro-step";
-  const Count N = d.N, C = d.C, Vl = d.Vl, a = d.a, rd = p.reduce_bytes;
+  const Count N = s.N, Ns = s.Ns, C = s.C, Vl = s.Vl, a = s.act_bytes, rd = p.reduce_bytes;
   // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
   // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
   // lookup keeps only the ids.
-  const Count emb_saved = d.Ns * C * a;  // sequence parallel: this rank's part
-  // FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
-  // embeddings and their gradient (gathered for the whole step), block i and block i-1
-  // (prefetched), block i's whole gradient and, but for the last block (the first whose
-  // backward runs), block i+1's, whose reduce-scatter is drained only when the next
-  // block's backward begins (so it may still be live; it is counted). That one is in the
-  // reduce dtype: under bf16 with float32 reduction its f32 copy, the bf16 one released.
+  const Count emb_saved = Ns * C * a;  // sequence parallel: this rank's part
   const bool sharded = D.sharded();
-  const int64_t L = mc.n_layer;
-  auto gathered_in_block = [&](int64_t i) -> Count {
-    if (!sharded) return 0;
-    return 2 * emb_full * a + block_full * a * (1 + (i > 0 ? 1 : 0)) + block_full * (a + (i + 1 < L ? rd : 0));
-  };
-  Count blocks_saved = 0, prefix = emb_saved, worst_block = 0, worst_block_gathered = 0;
-  for (int64_t i = 0; i < L; ++i) {
-    const BlockMem m = block_mem(d, block_mode(ac, c.train.ac_every, i));
-    if (prefix + m.during_backward + gathered_in_block(i) > worst_block + worst_block_gathered) {
-      worst_block = prefix + m.during_backward;
-      worst_block_gathered = gathered_in_block(i);
-    }
-    prefix += m.saved;
-    blocks_saved += m.saved;
-  }
-  p.block_activation_bytes = block_mem(d, block_mode(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
+  const BlocksMem blocks = plan_blocks(c, p, l, s, emb_saved);
+  const Count blocks_saved = blocks.saved;
+  p.block_activation_bytes =
+      block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
   // ln_f: mean, rstd (2N) and its output (N C, lm_head's input); the logits (N Vl) are kept
   // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
-  const Count head_saved = 2 * d.Ns * kF + N * C * a;  // (sequence parallel: ln_f's on Ns rows, its output gathered)
+  // (sequence parallel: ln_f's on Ns rows, its output gathered)
+  const Count head_saved = 2 * Ns * kF + N * C * a;
   const Count logits = N * Vl * a;
   const Count ce_saved = (D.tp > 1 ? 3 * N : N) * kF;
   p.activation_bytes = (emb_saved + blocks_saved + head_saved).v;
@@ -350,7 +347,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
   // dlogits takes their place, without it dlogits is the logits' memory
   add("lm_head backward", all_saved, g_fwd_end, (N * C + Vl * C) * a + f32_copies(N, Vl, C));
   // the blocks' backward, the worst block (earlier blocks' activations still kept)
-  add("block backward", worst_block, worst_block_gathered, f32_copies(N, C, d.H));
+  add("block backward", blocks.worst, blocks.worst_gathered, f32_copies(N, C, s.H));
   auto top = std::max_element(p.moments.begin(), p.moments.end(),
                               [](const PlanMoment& a, const PlanMoment& b) { return a.total < b.total; });
   p.peak_bytes = top->total;
@@ -358,103 +355,129 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Dims& d, c
   p.gathered_bytes = top->gathered;
 }
 
-// The communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp).
-// Under bf16 FSDP gathers the bf16 copies and reduce-scatters in the reduce dtype; DP's and
-// HSDP's all-reduces run on the f32 gradients (folded first); TP's and the ring's traffic
-// is activations (a bytes) but for the loss's f32 statistics. A reduction moves its wire
-// dtype's bytes (Plan::wire_*: on CPU ranks MPI reduces bf16 in f32): r' for FSDP's
-// reduce-scatter, a' for TP's all-reduces.
-void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Dims& d) {
+// A line of the plan's communication, if it sends anything.
+void add_comm(Plan& p, const std::string& dim, const std::string& what, const std::string& formula,
+              Count bytes) {
+  if (bytes > 0) p.comm.push_back({dim, what, formula, bytes.v});
+}
+
+// FSDP's all-gathers and reduce-scatters over its n ranks, and the all-reduces over the r
+// replicas (HSDP's of the gradient shards, DP's of the whole gradients).
+void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s) {
   const dist::ParallelDims& D = p.dims;
-  const nn::ACMode ac = ac_mode(c.train);
   const std::vector<nn::FlatUnit>& units = l.units;
-  const Count emb_full = l.emb_full, N = d.N, C = d.C, a = d.a, rd = p.wire_reduce_bytes;
-  const bool sharded = D.sharded();
-  const int64_t L = c.model.n_layer;
-  const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate, t = D.tp, cp = D.cp;
-  auto comm = [&](const std::string& dim, const std::string& what, const std::string& formula, Count b) {
-    if (b > 0) p.comm.push_back({dim, what, formula, b.v});
-  };
-  if (sharded) {
+  const Count emb_full = l.emb_full, a = s.act_bytes, rd = p.wire_reduce_bytes;
+  const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate;
+  if (D.sharded()) {
     Count blocks_full = 0, blocks_but_last = 0;  // elements
     for (size_t i = 1; i < units.size(); ++i) {
       blocks_full += units[i].padded_numel;
       if (i + 1 < units.size()) blocks_but_last += units[i].padded_numel;
     }
-    comm("fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb a", (n - 1) * (emb_full * a / n));
-    comm("fsdp", "all-gather of every block (forward, each micro-step)", "accum (n-1)/n sum P_block a",
-         A * (n - 1) * (blocks_full * a / n));
-    comm("fsdp", "all-gather of every block but the last (backward)", "accum (n-1)/n sum P_block[<L] a",
-         A * (n - 1) * (blocks_but_last * a / n));
-    comm("fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block r'",
-         A * (n - 1) * (blocks_full * rd / n));
-    comm("fsdp", "reduce-scatter of the embeddings' gradient (last micro-step)", "(n-1)/n P_emb r'",
-         (n - 1) * (emb_full * rd / n));
-    if (r > 1) {
-      Count b = 0;
-      for (const nn::FlatUnit& u : units) b += all_reduce_bytes(Count(u.shard_numel) * kF, r);
-      comm("replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
-    }
-  } else if (r > 1) {
+    add_comm(p, "fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb a",
+             (n - 1) * (emb_full * a / n));
+    add_comm(p, "fsdp", "all-gather of every block (forward, each micro-step)", "accum (n-1)/n sum P_block a",
+             A * (n - 1) * (blocks_full * a / n));
+    add_comm(p, "fsdp", "all-gather of every block but the last (backward)",
+             "accum (n-1)/n sum P_block[<L] a", A * (n - 1) * (blocks_but_last * a / n));
+    add_comm(p, "fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block r'",
+             A * (n - 1) * (blocks_full * rd / n));
+    add_comm(p, "fsdp", "reduce-scatter of the embeddings' gradient (last micro-step)", "(n-1)/n P_emb r'",
+             (n - 1) * (emb_full * rd / n));
+  }
+  if (r > 1) {
     Count b = 0;
     for (const nn::FlatUnit& u : units) b += all_reduce_bytes(Count(u.shard_numel) * kF, r);
-    comm("replicate", "DP all-reduce of every gradient buffer (last micro-step)", "2 (r-1)/r sum P", b);
+    if (D.sharded())
+      add_comm(p, "replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
+    else
+      add_comm(p, "replicate", "DP all-reduce of every gradient buffer (last micro-step)", "2 (r-1)/r sum P",
+               b);
   }
-  // recomputed blocks run their forward communication again in backward
-  int64_t full_blocks = 0, recomputed_cores = 0;
-  for (int64_t i = 0; i < L; ++i) {
-    const nn::ACMode m = block_mode(ac, c.train.ac_every, i);
-    if (m == nn::ACMode::full) ++full_blocks;
-    if (m != nn::ACMode::none) ++recomputed_cores;
-  }
+}
+
+// Tensor parallelism's f and g over its t ranks (again in the blocks full checkpointing
+// recomputes), sequence parallel's sum of the unsplit gradients, and the
+// vocabulary-parallel loss's statistics.
+void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, int64_t full_blocks) {
+  const Count N = s.N, C = s.C, a = s.act_bytes, A = p.accum, t = p.dims.tp;
+  const int64_t L = p.n_layer;
   if (t > 1 && p.sequence_parallel) {
     // f and g as all-gathers of the parts (a: raw values) and reduce-scatters into them
     // (a': what the reduction moves), each (t-1)/t of the whole N C
     const Count gather = (t - 1) * (N / t) * C * a, scatter = (t - 1) * (N / t) * C * p.wire_act_reduce_bytes;
-    comm("tp", "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
-         "gradient after each attention, MLP and the embedding, and of the attention's and the MLP's "
-         "input again for their weight gradients (backward)",
-         "accum (6L+2) (t-1)/t N C a", A * (6 * L + 2) * gather);
-    comm("tp", "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and of "
-         "the input gradient of each attention, MLP and lm_head (backward)",
-         "accum 2 (2L+1) (t-1)/t N C a'", A * 2 * (2 * L + 1) * scatter);
+    add_comm(p, "tp",
+             "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
+             "gradient after each attention, MLP and the embedding, and of the attention's and the MLP's "
+             "input again for their weight gradients (backward)",
+             "accum (6L+2) (t-1)/t N C a", A * (6 * L + 2) * gather);
+    add_comm(p, "tp",
+             "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and of "
+             "the input gradient of each attention, MLP and lm_head (backward)",
+             "accum 2 (2L+1) (t-1)/t N C a'", A * 2 * (2 * L + 1) * scatter);
     if (full_blocks)
-      comm("tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
-           "accum 2 L_full (t-1)/t N C (a + a')", A * 2 * full_blocks * (gather + scatter));
+      add_comm(p, "tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
+               "accum 2 L_full (t-1)/t N C (a + a')", A * 2 * full_blocks * (gather + scatter));
     // the unsplit parameters' partial gradients (this rank's shards of them), summed once
     Count unsplit = 0;
-    for (const nn::FlatUnit& u : units)
+    for (const nn::FlatUnit& u : l.units)
       for (const nn::FlatParam& q : u.params)
         if (!q.spec.tp.split()) unsplit += nn::shard_part(u, q).size();
     p.sp_grad_numel = unsplit.v;
-    comm("tp", "sequence parallel: all-reduce of the LayerNorms', biases' and wpe's gradients (last micro-step)",
-         "2 (t-1)/t P_unsplit 4", all_reduce_bytes(unsplit * kF, t));
+    add_comm(
+        p, "tp",
+        "sequence parallel: all-reduce of the LayerNorms', biases' and wpe's gradients (last micro-step)",
+        "2 (t-1)/t P_unsplit 4", all_reduce_bytes(unsplit * kF, t));
   } else if (t > 1) {
     const Count x = N * C * p.wire_act_reduce_bytes;
-    comm("tp", "g: all-reduce after each attention and MLP, and the embedding (forward)",
-         "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
+    add_comm(p, "tp", "g: all-reduce after each attention and MLP, and the embedding (forward)",
+             "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
     if (full_blocks)
-      comm("tp", "g again in the blocks full checkpointing recomputes", "accum 2 L_full 2 (t-1)/t N C a'",
-           A * 2 * full_blocks * all_reduce_bytes(x, t));
-    comm("tp", "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)",
-         "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
+      add_comm(p, "tp", "g again in the blocks full checkpointing recomputes",
+               "accum 2 L_full 2 (t-1)/t N C a'", A * 2 * full_blocks * all_reduce_bytes(x, t));
+    add_comm(p, "tp", "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)",
+             "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
   }
   if (t > 1)
-    comm("tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
-         "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
+    add_comm(p, "tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
+             "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
+}
+
+// The communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp).
+// Under bf16 FSDP gathers the bf16 copies and reduce-scatters in the reduce dtype; DP's and
+// HSDP's all-reduces run on the f32 gradients (folded first); TP's and the ring's traffic
+// is activations (a bytes) but for the loss's f32 statistics. A reduction moves its wire
+// dtype's bytes (Plan::wire_*: on CPU ranks MPI reduces bf16 in f32): r' for FSDP's
+// reduce-scatter, a' for TP's all-reduces. Ranks: n of the FSDP group, r replicas, t of
+// tensor parallelism, cp of context parallelism; A micro-steps.
+void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s) {
+  const dist::ParallelDims& D = p.dims;
+  const nn::ACMode ac = ac_mode(c.train);
+  const Count N = s.N, a = s.act_bytes;
+  const int64_t L = c.model.n_layer;
+  const Count A = p.accum, n = D.fsdp(), t = D.tp, cp = D.cp;
+  plan_data_parallel_comm(p, l, s);
+  // recomputed blocks run their forward communication again in backward
+  int64_t full_blocks = 0, recomputed_cores = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    const nn::ACMode m = nn::block_checkpointing(ac, c.train.ac_every, i);
+    if (m == nn::ACMode::full) ++full_blocks;
+    if (m != nn::ACMode::none) ++recomputed_cores;
+  }
+  plan_tensor_parallel_comm(p, l, s, full_blocks);
   if (cp > 1) {
-    const Count block = 2 * N * d.Cl * a;  // K and V of this rank's two chunks
-    comm("cp", "ring: K/V blocks forward and their gradients back, every block", "accum L 2 (cp-1) 2 N Cl a",
-         A * L * 2 * (cp - 1) * block);
+    const Count block = 2 * N * Count(s.Cl) * a;  // K and V of this rank's two chunks
+    add_comm(p, "cp", "ring: K/V blocks forward and their gradients back, every block",
+             "accum L 2 (cp-1) 2 N Cl a", A * L * 2 * (cp - 1) * block);
     if (recomputed_cores)
-      comm("cp", "ring again in the attention that checkpointing recomputes", "accum L_ac (cp-1) 2 N Cl a",
-           A * recomputed_cores * (cp - 1) * block);
+      add_comm(p, "cp", "ring again in the attention that checkpointing recomputes",
+               "accum L_ac (cp-1) 2 N Cl a", A * recomputed_cores * (cp - 1) * block);
   }
   // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp ranks, the
   // gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group
   Count scalars = all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, t);
-  if (sharded) scalars += all_reduce_bytes(8, n);
-  comm("scalars", "loss mean and gradient norm", "2 (k-1)/k 8 per group", scalars);
+  if (D.sharded()) scalars += all_reduce_bytes(8, n);
+  add_comm(p, "scalars", "loss mean and gradient norm", "2 (k-1)/k 8 per group", scalars);
   Count comm_bytes = 0;
   for (const PlanComm& x : p.comm) comm_bytes += x.bytes;
   p.comm_bytes = comm_bytes.v;
@@ -495,21 +518,10 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   const UnitLayout l = plan_parameters(mc, p);
   // the shapes one micro-step computes with on this rank
   stage = "the activations of one micro-step";
-  const Dims d{p.micro_batch,
-               p.local_seq,
-               Count(p.micro_batch) * p.local_seq,
-               mc.n_embd,
-               mc.n_embd / D.tp,
-               4 * Count(mc.n_embd) / D.tp,
-               mc.n_head / D.tp,
-               mc.padded_vocab() / D.tp,
-               D.cp,
-               p.act_bytes,
-               core_of(c.train.device, bf16, D.cp),
-               p.sequence_parallel ? Count(p.micro_batch) * p.local_seq / D.tp : Count(p.micro_batch) * p.local_seq};
-  plan_memory(c, p, l, d, stage);
+  const Shapes s = shapes_of(p, c.train.device);
+  plan_memory(c, p, l, s, stage);
   stage = "the communication per step";
-  plan_communication(c, p, l, d);
+  plan_communication(c, p, l, s);
   // ---- notes
   if (D.tp > 1 && mc.n_head % D.tp) p.notes.push_back("n_head does not divide by tp");
   if (ac != nn::ACMode::none && c.train.ac_every > 1)

@@ -1,31 +1,20 @@
-// The step, replayed in time. Legend as in plan.cpp (this rank's view): B micro-batch,
-// Tl = T / cp tokens, N = B Tl rows, C = n_embd, Cl = C / tp, H = 4 C / tp, NHl heads, hd
-// = C / n_head, Vl = Vp / tp, L blocks, A accumulation steps; a bytes per activation (4,
-// or 2 under bfloat16), r per element of FSDP's reduce-scatters (Plan::reduce_bytes).
-//
-// Compute: each piece of a block is its matrix products' FLOPs at the cluster's reached
-// rate (for the training dtype) plus its element-wise passes (elements read and written, a
-// bytes each) at its memory bandwidth. The optimizer's passes are over f32 (the master).
-// Communication: each collective's ring time on the link of its dimension,
-//   all-reduce of S bytes on n ranks       2 (n-1) (latency + S / n / bandwidth)
-//   all-gather, reduce-scatter (S whole)     (n-1) (latency + S / n / bandwidth)
-//   ring attention's exchange of b bytes              latency + b / bandwidth
-// where the bandwidth is the slowest edge of the ring: inside a host the intra-host link,
-// between hosts a host's share of its links (devices_per_host x inter_gbps) among the ring
-// edges that leave it at once; collectives in flight between hosts at the same time share
-// those links (SharedLink). Ranks sit on hosts in order (rank / devices_per_host), as
-// mpirun places them by default; the mesh puts tp innermost, then cp, dp_shard,
-// dp_replicate (dist/mesh.h), so the outer dimensions are the ones that cross hosts.
+// The predicted time of a step (train/planner/time.h): the step replayed on the cluster
+// (train/planner/replay.h, on the links and clock of train/planner/timeline.h), then read:
+// its parts, the bytes that cross hosts, the bottleneck in words; and the host's shared
+// links between hosts (SharedLink), which the replay's timeline sends over.
 #include "train/planner/time.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <deque>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "models/gpt.h"
+#include "train/planner/replay.h"
+#include "train/planner/shapes.h"
+#include "train/planner/timeline.h"
 
 namespace ndt::train {
 
@@ -63,492 +52,30 @@ void SharedLink::step(double until) {
 
 namespace {
 
-constexpr double kF = 4;  // bytes of a float32: the master, its gradient, AdamW's moments
-
-// ---- links ------------------------------------------------------------------------------
-
-enum class Dim { replicate, fsdp, cp, tp, dp };
-
-// The next member of `rank`'s ring in dimension d (the communicator's order).
-int64_t successor(const dist::ParallelDims& D, int64_t rank, Dim d) {
-  dist::ParallelDims::Coords c = D.coords(rank);
-  switch (d) {
-    case Dim::replicate:
-      c.replicate = (c.replicate + 1) % D.dp_replicate;
-      break;
-    case Dim::tp:
-      c.tp = (c.tp + 1) % D.tp;
-      break;
-    case Dim::cp:
-      c.cp = (c.cp + 1) % D.cp;
-      break;
-    case Dim::fsdp: {  // shard x cp, cp inner
-      const int64_t i = (c.shard * D.cp + c.cp + 1) % D.fsdp();
-      c.shard = i / D.cp;
-      c.cp = i % D.cp;
-      break;
-    }
-    case Dim::dp: {  // replicate x shard, shard inner
-      const int64_t i = (c.replicate * D.dp_shard + c.shard + 1) % D.dp();
-      c.replicate = i / D.dp_shard;
-      c.shard = i % D.dp_shard;
-      break;
-    }
-  }
-  return D.rank_of(c);
-}
-
-struct Link {
-  double bps = std::numeric_limits<double>::infinity(), latency = 0;
-  double cpu_share = 0;    // of a transfer's time, what it takes from the computation under it
-  bool crosses = false;    // some ring of this dimension leaves a host
-  double cross_share = 0;  // of a host's ranks, the share whose ring successor is on another host
-};
-
-// The link a dimension's rings run on. Host 0 stands for every host: the layouts are
-// regular, so each host has as many ring edges leaving it.
-Link link_of(const dist::ParallelDims& D, const Cluster& k, Dim d) {
-  Link l;
-  int64_t leaving = 0, members = 0;
-  bool intra_edge = false;
-  const int64_t first_host = std::min(k.devices_per_host, D.world());
-  for (int64_t r = 0; r < first_host; ++r) {
-    const int64_t s = successor(D, r, d);
-    if (s == r) continue;
-    ++members;
-    if (k.host_of(s) != k.host_of(r)) {
-      ++leaving;
-    } else {
-      intra_edge = true;
-    }
-  }
-  if (leaving == 0 && !intra_edge) return l;  // a group of one
-  if (leaving == 0) {
-    l.bps = k.intra_bps;
-    l.latency = k.intra_latency_s;
-    l.cpu_share = k.intra_cpu_share;
-    return l;
-  }
-  l.crosses = true;
-  l.cross_share = double(leaving) / double(members);
-  l.cpu_share = l.cross_share * k.inter_cpu_share + (1 - l.cross_share) * k.intra_cpu_share;
-  const double host_share = k.inter_bps * double(k.devices_per_host) / double(leaving);
-  l.bps = intra_edge ? std::min(k.intra_bps, host_share) : host_share;
-  l.latency = k.inter_latency_s;
-  return l;
-}
-
-double all_reduce_s(double bytes, int64_t n, const Link& l) {
-  return n > 1 ? 2.0 * double(n - 1) * (l.latency + bytes / double(n) / l.bps) : 0.0;
-}
-double gather_s(double whole_bytes, int64_t n, const Link& l) {  // all-gather or reduce-scatter
-  return n > 1 ? double(n - 1) * (l.latency + whole_bytes / double(n) / l.bps) : 0.0;
-}
-double exchange_s(double bytes, const Link& l) { return l.latency + bytes / l.bps; }
-
-// ---- compute ----------------------------------------------------------------------------
-
-// A piece of compute: matrix-product FLOPs and element-wise floats moved.
-struct Work {
-  double flops = 0, floats = 0;
-};
-struct Piece {
-  double s = 0, gemm_s = 0;
-};
-
-struct Shapes {
-  double B, Tl, N, C, Cl, H, NHl, hd, Vl;
-  double Ns;  // rows of the LayerNorms and residual adds: N, or N / tp with sequence parallelism
-  int64_t cp, tp;
-  double S;    // attention scores one block computes (all query-key pairs it evaluates)
-  bool fused;     // the CPU's fused attention kernel: scores made again in backward
-  bool in_place;  // ... reading q, k, v from c_attn's output (cp 1): no copies around the core
-};
-
-// One block's pieces, forward and backward (the ops of nn::Block and autograd/ops/*.cpp).
-struct BlockWork {
-  Work attn_in, core, attn_out, mlp;          // forward: ln_1 + c_attn + split; core; c_proj + residual; MLP
-  Work attn_in_b, core_b, attn_out_b, mlp_b;  // their backward, up to c_attn's and c_fc's input gradients
-  Work attn_in_dw, mlp_dw;                    // ... c_attn's and c_fc's weight gradients
-  Work ln_1_b, ln_2_b;                        // ... and the LayerNorms' (with the residual's sum)
-};
-
-BlockWork block_work(const Shapes& d) {
-  const double N = d.N, Ns = d.Ns, C = d.C, Cl = d.Cl, H = d.H;
-  BlockWork w;
-  // forward: ln_1 (read, write Ns C); c_attn 2 N C 3Cl; split_last's copies of q, k, v
-  // (not when the fused core reads them in place)
-  const double copies = d.in_place ? 0.0 : 1.0;
-  w.attn_in = {2 * N * C * 3 * Cl, 2 * Ns * C + copies * 6 * N * Cl};
-  // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the scores.
-  // The ring also copies (each read and written once, in units of N Cl): q into its halves
-  // (2), k and v into one message (4), each step's K/V into halves and each of the 2 cp key
-  // chunks into K and V (4 cp + 4 cp), the output halves joined (2), and each of the 2 cp - 1
-  // merges reads two partial outputs and writes one (3/2 each); backward copies as much
-  const double cp = double(d.cp);
-  const double ring_copies = d.cp == 1 ? 0.0 : (8 + 8 * cp + 1.5 * (2 * cp - 1)) * N * Cl;
-  w.core = {4 * d.S * d.hd, 2 * d.S + ring_copies};
-  // heads_to_back's copy; c_proj 2 N Cl C; the residual add
-  w.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * Ns * C};
-  // ln_2, c_fc 2 N C H with GELU (N H written again), c_proj 2 N H C, the residual add
-  w.mlp = {4 * N * C * H, 2 * Ns * C + 2 * N * H + 3 * Ns * C};
-  // backward: twice the FLOPs (input and weight gradients); LayerNorm's backward reads
-  // three tensors and writes one, each bias gradient reads its output gradient, each weight
-  // gradient is made and then added into the unit's gradient (3 passes of its size). The
-  // column-parallel c_attn and c_fc are split at their input gradient: under TP the
-  // trainer sums it over tp while their weight gradient is made (ops::linear_shared_input)
-  w.attn_in_b = {2 * N * C * 3 * Cl, 6 * N * Cl + 3 * N * Cl};
-  w.attn_in_dw = {2 * N * C * 3 * Cl, 3 * (3 * C * Cl)};
-  w.ln_1_b = {0, 4 * Ns * C};
-  // (fused: q k^T once more, to make the probabilities again, 2.5x the forward's FLOPs)
-  w.core_b = {(d.fused ? 2.5 : 2.0) * w.core.flops, 3 * d.S + ring_copies};
-  w.attn_out_b = {2 * w.attn_out.flops, 2 * N * Cl + 2 * N * C + Ns * C + 3 * Cl * C};
-  // c_proj's both gradients, GELU's, c_fc's input gradient; then c_fc's weight gradient
-  w.mlp_b = {6 * N * C * H, 3 * N * H + N * (H + C) + 3 * (C * H)};
-  w.mlp_dw = {2 * N * C * H, 3 * (C * H)};
-  w.ln_2_b = {0, 4 * Ns * C + 2 * Ns * C};
-  return w;
-}
-
-// ---- the replay -------------------------------------------------------------------------
-
-// A collective in flight: its end on a queue inside the host, or its flow between hosts;
-// its time alone, and how long the compute thread had run when it was issued.
-struct Ticket {
-  double done = 0;
-  int flow = -1;
-  double alone = 0, busy_at_start = 0;
-};
-
-// One rank's step: the compute thread's clock and where collectives run. Inside a host each
-// communicator is a queue (a collective starts when the thread has issued it and the one
-// before it on that communicator is done); between hosts every dimension that crosses them
-// shares the host's links (SharedLink). On CPU ranks a collective also takes its link's
-// cpu_share of its time from the computation that runs under it (the cores that compute
-// copy its bytes): charged when it is waited for, on the compute that ran since it was
-// issued, up to its time alone.
-struct Replay {
-  double now = 0, compute = 0, recompute = 0, gemm = 0;
-  double busy = 0;  // the compute thread's time running: pieces and what transfers took of it
-  std::map<std::string, double> queue_free, exposed;
-  std::map<std::string, bool> crosses;         // the dimensions whose rings leave the host
-  std::map<std::string, double> cpu_share;     // their links' (Link::cpu_share)
-  SharedLink between_hosts;
-
-  Ticket start(const std::string& dim, double dur) {
-    Ticket t{0, -1, dur, busy};
-    if (crosses[dim]) {
-      t.flow = between_hosts.add(now, dur);
-      return t;
-    }
-    double& f = queue_free[dim];
-    f = std::max(f, now) + dur;
-    t.done = f;
-    return t;
-  }
-  void wait(const std::string& dim, const Ticket& t) {
-    const double taken = cpu_share[dim] * std::min(t.alone, busy - t.busy_at_start);
-    if (taken > 0) {
-      now += taken;
-      busy += taken;
-      exposed[dim] += taken;
-    }
-    const double done = t.flow >= 0 ? between_hosts.end(t.flow) : t.done;
-    if (done > now) {
-      exposed[dim] += done - now;
-      now = done;
-    }
-  }
-  void sync(const std::string& dim, double dur) {
-    if (dur > 0) wait(dim, start(dim, dur));
-  }
-  void run(const Piece& p, bool again) {
-    now += p.s;
-    busy += p.s;
-    (again ? recompute : compute) += p.s;
-    gemm += p.gemm_s;
-  }
-};
-
-nn::ACMode block_mode(const std::string& ac, int64_t every, int64_t i) {
-  if (ac == "none" || i % every != 0) return nn::ACMode::none;
-  return ac == "full" ? nn::ACMode::full : nn::ACMode::selective;
-}
-
-}  // namespace
-
-StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
-  const dist::ParallelDims& D = p.dims;
-  NDT_CHECK(D.world() == k.devices(), "internal: a plan of ", D.world(), " ranks on a cluster of ",
-            k.devices(), " devices");
-  const bool gpu = c.train.device.rfind("cuda", 0) == 0;
-  Shapes d;
-  d.B = double(p.micro_batch);
-  d.Tl = double(p.local_seq);
-  d.N = d.B * d.Tl;
-  d.C = double(p.n_embd);
-  d.Cl = d.C / double(D.tp);
-  d.H = 4 * d.C / double(D.tp);
-  d.NHl = double(p.n_head / D.tp);
-  d.hd = d.C / double(p.n_head);
-  d.Vl = double(p.padded_vocab / D.tp);
-  d.Ns = p.sequence_parallel ? d.N / double(D.tp) : d.N;
-  d.cp = D.cp;
-  d.tp = D.tp;
-  // the scores: one process evaluates the causal half (cuDNN skips masked tiles; the CPU's
-  // fused kernel takes blocks of 64 queries against the keys up to the block's last; the
-  // composed path on a GPU without cuDNN's kernel every pair); the ring evaluates 2 cp + 1
-  // pairs of chunks of Tc = T / (2 cp) on every rank, two of them diagonal (the fused
-  // kernel's blocks there, as in one process), the others whole
-  d.fused = !gpu;
-  d.in_place = d.fused && D.cp == 1;
-  auto causal_pairs = [](int64_t T) {  // the fused kernel's query x key pairs on a diagonal block
-    double pairs = 0;
-    for (int64_t r0 = 0; r0 < T; r0 += 64)
-      pairs += double(std::min<int64_t>(64, T - r0)) * double(std::min<int64_t>(T, r0 + 64));
-    return pairs;
-  };
-  if (D.cp == 1) {
-    d.S = d.B * d.NHl *
-          (d.fused ? causal_pairs(static_cast<int64_t>(d.Tl)) : d.Tl * d.Tl * (gpu ? 0.5 : 1.0));
-  } else {
-    const double Tc = d.Tl / 2;
-    const double diagonal = d.fused ? causal_pairs(static_cast<int64_t>(Tc)) : Tc * Tc;
-    d.S = d.B * d.NHl * (2 * diagonal + Tc * Tc * double(2 * D.cp - 1));
-  }
-  const double a = double(p.act_bytes);
-  const double bf16_bps = k.bf16_memory_bps > 0 ? k.bf16_memory_bps : k.memory_bps;
-  // an element-wise pass over bf16 values runs at its own rate: a CPU computes each in f32
-  // (a conversion in, one out) and moves half the bytes in about the time of an f32 pass
-  auto piece_of = [&](const Work& w, double bytes_each) {
-    Piece q;
-    q.gemm_s = w.flops / k.flops;
-    q.s = q.gemm_s + w.floats * bytes_each / (bytes_each < kF ? bf16_bps : k.memory_bps);
-    return q;
-  };
-  auto piece = [&](const Work& w) { return piece_of(w, a); };
-  auto scaled = [&](const Work& w, double f) { return piece(Work{w.flops * f, w.floats * f}); };
-  const BlockWork bw = block_work(d);
-  const double N = d.N, C = d.C, Vl = d.Vl;
-  // embeddings: wte(idx) + wpe(pos); backward scatters into their gradients
-  const Piece emb_f = piece({0, 3 * N * C}), emb_b = piece({0, 3 * N * C});
-  // ln_f, lm_head 2 N C Vl, the fused cross-entropy's passes over the logits (max,
-  // exponentials, the gradient written)
-  const Piece head_f = piece({2 * N * C * Vl, 2 * N * C + 3 * N * Vl});
-  // lm_head's backward, and its weight gradient added into the tied embeddings' (3 Vl C)
-  const Piece head_b = piece({4 * N * C * Vl, 3 * Vl * C + N * C});
-  // AdamW on this rank's shard (read p g m v, write p m v), the norm and the clip's scale;
-  // under bf16 also the copies made again from the master (read f32, write bf16) and, per
-  // micro-step without FSDP, the bf16 gradients folded into the f32 ones (nn::fold_grad:
-  // read both, write the f32 and zero the bf16)
-  const bool mixed = p.act_bytes != int64_t(kF);
-  double owned = 0, whole = 0;
-  for (int64_t s : p.unit_shard_numel) owned += double(s);
-  for (int64_t s : p.unit_numel) whole += double(s);
-  const Piece optimizer = piece_of({0, 12 * owned + (mixed ? owned * (kF + a) / kF : 0.0)}, kF);
-  const Piece fold = piece_of({0, mixed && !D.sharded() ? whole * (2 * a + 2 * kF) / kF : 0.0}, kF);
-
-  const Link tp_link = link_of(D, k, Dim::tp), cp_link = link_of(D, k, Dim::cp),
-             fsdp_link = link_of(D, k, Dim::fsdp), rep_link = link_of(D, k, Dim::replicate),
-             dp_link = link_of(D, k, Dim::dp);
-  // TP's all-reduces: one activation (or its gradient), in the dtype the reduction moves
-  const double act_bytes = N * C * double(p.wire_act_reduce_bytes);
-  const double kv_bytes = 2 * N * d.Cl * a;  // the ring's K and V of this rank's two chunks
-  const int64_t A = p.accum;
-  Replay r;
-  r.crosses = {{"tp", tp_link.crosses},
-               {"cp", cp_link.crosses},
-               {"fsdp", fsdp_link.crosses},
-               {"replicate", rep_link.crosses},
-               {"scalars", false}};  // a few bytes: latency, not the queue
-  r.cpu_share = {{"tp", tp_link.cpu_share},
-                 {"cp", cp_link.cpu_share},
-                 {"fsdp", fsdp_link.cpu_share},
-                 {"replicate", rep_link.cpu_share},
-                 {"scalars", 0.0}};
-
-  // ring attention (dist/context_parallel): cp steps, each computing on one rank's K/V
-  // while the next travels
-  auto core = [&](const Work& w, bool again) {
-    if (D.cp == 1) return r.run(piece(w), again);
-    for (int64_t s = 0; s < D.cp; ++s) {
-      const Ticket done = s + 1 < D.cp ? r.start("cp", exchange_s(kv_bytes, cp_link)) : Ticket{};
-      r.run(scaled(w, 1.0 / double(D.cp)), again);
-      if (s + 1 < D.cp) r.wait("cp", done);
-    }
-  };
-  // its backward: each pass's K/V gradient goes back to the rank it came from (the other
-  // way round the ring), waited for at once by the pass's backward node; the K/V were kept
-  // (off the CPU's fused kernel each pair's attention runs again first: autograd::recompute)
-  auto core_backward = [&](const Work& w) {
-    if (D.cp == 1) return r.run(piece(w), false);
-    for (int64_t s = 0; s < D.cp; ++s) {
-      if (!d.fused) r.run(scaled(Work{bw.core.flops, 2 * d.S}, 1.0 / double(D.cp)), true);  // not the ring's copies
-      r.run(scaled(w, 1.0 / double(D.cp)), false);
-      if (s + 1 < D.cp) r.sync("cp", exchange_s(kv_bytes, cp_link));
-    }
-  };
-  // TP's f and g: plain TP, g's all-reduce in forward and f's in backward; sequence
-  // parallel, f all-gathers in forward and reduce-scatters in backward, g the other way
-  // round (the same bytes, at twice the places). Each is waited for where it runs, but f's
-  // backward in a block's column-parallel linears (column_backward below)
-  const bool sp = p.sequence_parallel;
-  const double gather_bytes = N * C * a;  // an all-gather moves the raw values
-  auto tp_sync = [&](bool reduce) {
-    if (D.tp == 1) return;
-    if (!sp) return r.sync("tp", all_reduce_s(act_bytes, D.tp, tp_link));
-    r.sync("tp", gather_s(reduce ? act_bytes : gather_bytes, D.tp, tp_link));
-  };
-  auto f_forward = [&]() { if (sp) tp_sync(false); };
-  auto g_forward = [&]() { tp_sync(true); };
-  auto f_backward = [&]() { tp_sync(true); };  // lm_head's: the tied wte's gradient waits for it
-  auto g_backward = [&]() { if (sp) tp_sync(false); };
-  // A column-parallel linear's backward (ops::linear_shared_input): with sequence parallel
-  // its input is gathered again (for dW) while its input gradient is made; that gradient's
-  // sum over tp (f's backward) runs while the weight gradient is made, waited for after it
-  auto column_backward = [&](const Work& dx, const Work& dw) {
-    if (D.tp == 1) {
-      r.run(piece(dx), false);
-      return r.run(piece(dw), false);
-    }
-    Ticket gathered_x;
-    if (sp) gathered_x = r.start("tp", gather_s(gather_bytes, D.tp, tp_link));
-    r.run(piece(dx), false);
-    const Ticket summed = r.start("tp", sp ? gather_s(act_bytes, D.tp, tp_link) : all_reduce_s(act_bytes, D.tp, tp_link));
-    if (sp) r.wait("tp", gathered_x);
-    r.run(piece(dw), false);
-    r.wait("tp", summed);
-  };
-  auto block_forward = [&](bool again) {
-    f_forward();  // before c_attn
-    r.run(piece(bw.attn_in), again);
-    core(bw.core, again);
-    r.run(piece(bw.attn_out), again);
-    g_forward();  // after the attention
-    f_forward();  // before c_fc
-    r.run(piece(bw.mlp), again);
-    g_forward();  // after the MLP
-  };
-  auto block_backward = [&](nn::ACMode mode) {
-    if (mode == nn::ACMode::full) block_forward(true);
-    g_backward();  // the MLP's output gradient
-    column_backward(bw.mlp_b, bw.mlp_dw);  // and the MLP's input gradient summed
-    r.run(piece(bw.ln_2_b), false);
-    g_backward();  // the attention's output gradient
-    r.run(piece(bw.attn_out_b), false);
-    if (mode == nn::ACMode::selective) core(bw.core, true);
-    core_backward(bw.core_b);
-    column_backward(bw.attn_in_b, bw.attn_in_dw);  // and the attention's input gradient summed
-    r.run(piece(bw.ln_1_b), false);
-  };
-
-  // FSDP (dist/fsdp/fsdp.cpp): unit u's all-gather and reduce-scatter on the shard group
-  const bool sharded = D.sharded();
-  const int64_t U = static_cast<int64_t>(p.unit_numel.size());
-  std::vector<Ticket> gathered(static_cast<size_t>(U));
-  // bytes of unit u's whole buffer in the dtype of a collective, and of its f32 gradient shard
-  auto unit_bytes = [&](int64_t u, double each) { return double(p.unit_numel[static_cast<size_t>(u)]) * each; };
-  auto shard_bytes = [&](int64_t u) { return double(p.unit_shard_numel[static_cast<size_t>(u)]) * kF; };
-  auto start_gather = [&](int64_t u) {
-    gathered[static_cast<size_t>(u)] = r.start("fsdp", gather_s(unit_bytes(u, a), D.fsdp(), fsdp_link));
-  };
-  std::deque<std::pair<int64_t, Ticket>> reducing;  // (unit, collective) of the reduce-scatters
-  std::vector<Ticket> replica_done;
-  auto drain = [&](size_t keep, bool sync) {  // FullyShardedDataParallel::drain
-    while (reducing.size() > keep) {
-      const auto [u, done] = reducing.front();
-      reducing.pop_front();
-      r.wait("fsdp", done);
-      if (sync && D.dp_replicate > 1)
-        replica_done.push_back(r.start("replicate", all_reduce_s(shard_bytes(u), D.dp_replicate, rep_link)));
-    }
-  };
-  auto reduce = [&](int64_t u) {
-    if (sharded) {
-      reducing.emplace_back(
-          u, r.start("fsdp", gather_s(unit_bytes(u, double(p.wire_reduce_bytes)), D.fsdp(), fsdp_link)));
-    } else if (D.dp_replicate > 1) {  // DP: each unit's all-reduce (f32) as its gradient is ready
-      replica_done.push_back(r.start("replicate", all_reduce_s(unit_bytes(u, kF), D.dp_replicate, rep_link)));
-    }
-  };
-
-  for (int64_t m = 0; m < A; ++m) {
-    const bool sync = m + 1 == A;
-    if (sharded) {
-      if (m == 0) {
-        start_gather(0);  // the embeddings, gathered once for the whole step
-        r.wait("fsdp", gathered[0]);
-      }
-      if (U > 1) start_gather(1);
-    }
-    r.run(emb_f, false);
-    g_forward();  // the vocabulary-parallel embedding's sum
-    for (int64_t u = 1; u < U; ++u) {
-      if (sharded) {
-        r.wait("fsdp", gathered[static_cast<size_t>(u)]);
-        if (u + 1 < U) start_gather(u + 1);
-      }
-      block_forward(false);
-    }
-    f_forward();  // before lm_head
-    r.run(head_f, false);
-    if (D.tp > 1)
-      for (int i = 0; i < 3; ++i) r.sync("tp", all_reduce_s(N * kF, D.tp, tp_link));  // max, sum, target
-    r.run(head_b, false);
-    f_backward();  // lm_head's input gradient
-    for (int64_t u = U - 1; u >= 1; --u) {
-      if (sharded) {
-        drain(1, sync);
-        if (u + 1 < U) r.wait("fsdp", gathered[static_cast<size_t>(u)]);  // the last stayed whole
-        if (u > 1) start_gather(u - 1);
-      }
-      block_backward(block_mode(p.ac, p.ac_every, u - 1));
-      if (sharded || sync) reduce(u);
-    }
-    g_backward();  // the embedding's output gradient
-    r.run(emb_b, false);
-    r.run(fold, false);
-    if (sync) reduce(0);
-    if (sharded) drain(0, sync);
-    for (const Ticket& done : replica_done) r.wait("replicate", done);
-    replica_done.clear();
-  }
-  // sequence parallel: the unsplit parameters' partial gradients summed over tp
-  if (sp) r.sync("tp", all_reduce_s(double(p.sp_grad_numel) * kF, D.tp, tp_link));
-  // the step: the loss over dp and cp, the gradient norm over the shards and tp, AdamW
-  r.sync("scalars", all_reduce_s(8, D.dp(), dp_link) + all_reduce_s(8, D.cp, cp_link));
-  r.sync("scalars", (sharded ? all_reduce_s(8, D.fsdp(), fsdp_link) : 0) + all_reduce_s(8, D.tp, tp_link));
-  r.run(optimizer, false);
-
-  StepTime t;
-  t.step_s = r.now;
-  t.compute_s = r.compute;
-  t.recompute_s = r.recompute;
-  t.gemm_s = r.gemm;
-  t.exposed_by_dim = r.exposed;
-  for (const auto& [dim, s] : r.exposed) t.exposed_s += s;
-  t.tokens_per_s = double(p.tokens) / t.step_s;
+// The step's FLOPs by the model's count (forward and backward, no recomputation) against
+// the world's peak
+double mfu(const Config& c, const Plan& p, const Cluster& k, double step_s) {
   models::GPTConfig mc = c.model;
   const double model_flops = models::GPT(mc).flops_per_token(p.seq_len) * double(p.tokens);
-  t.mfu = k.peak_flops > 0 ? model_flops / t.step_s / double(D.world()) / k.peak_flops : 0;
-  auto link_for = [&](const std::string& dim) -> const Link& {
-    return dim == "tp"        ? tp_link
-           : dim == "cp"      ? cp_link
-           : dim == "fsdp"    ? fsdp_link
-           : dim == "scalars" ? dp_link
-                              : rep_link;
-  };
-  for (const PlanComm& x : p.comm) {  // a rank's bytes go to its ring successor (the ring model)
-    const int64_t inter = static_cast<int64_t>(std::llround(double(x.bytes) * link_for(x.dim).cross_share));
+  return k.peak_flops > 0 ? model_flops / step_s / double(p.dims.world()) / k.peak_flops : 0;
+}
+
+// The plan's bytes by where they go: a rank's bytes go to its ring successor (the ring
+// model), on another host for its link's cross_share of them; and the dimensions that cross
+void count_bytes(const Plan& p, const Links& links, StepTime& t) {
+  for (const PlanComm& x : p.comm) {
+    const int64_t inter = static_cast<int64_t>(std::llround(double(x.bytes) * links.of(x.dim).cross_share));
     t.bytes_inter += inter;
     t.bytes_intra += x.bytes - inter;
   }
   const std::pair<const char*, const Link*> named[] = {
-      {"dp_replicate", &rep_link}, {"dp_shard", &fsdp_link}, {"cp", &cp_link}, {"tp", &tp_link}};
+      {"dp_replicate", &links.replicate}, {"dp_shard", &links.fsdp}, {"cp", &links.cp}, {"tp", &links.tp}};
   for (const auto& [name, l] : named)
     if (l->crosses) t.across_hosts.emplace_back(name);
+}
 
-  // the bottleneck: the largest share of the step
+// The bottleneck in words: the largest share of the step
+std::string bottleneck(const StepTime& t, const dist::ParallelDims& dims, const Links& links) {
   auto pct = [&](double s) { return static_cast<int>(std::lround(100 * s / t.step_s)); };
   std::string worst_dim;
   double worst = 0;
@@ -556,23 +83,41 @@ StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
     if (s > worst) worst = s, worst_dim = dim;
   const std::map<std::string, std::string> words = {
       {"fsdp", "FSDP's all-gathers and reduce-scatters"},
-      {"replicate", D.sharded() ? "HSDP's all-reduce of the gradient shards" : "DP's gradient all-reduce"},
+      {"replicate", dims.sharded() ? "HSDP's all-reduce of the gradient shards" : "DP's gradient all-reduce"},
       {"tp", "tensor parallelism's all-reduces (each waited for)"},
       {"cp", "ring attention's K/V exchange"},
       {"scalars", "the loss and norm all-reduces (latency)"}};
-  if (worst > 0.2 * t.step_s) {
-    t.bottleneck = "communication: " + words.at(worst_dim) + " not hidden, " + std::to_string(pct(worst)) +
-                   "% of the step" + (link_for(worst_dim).crosses ? ", across hosts" : ", inside a host");
-  } else if (t.recompute_s > 0.2 * t.step_s) {
-    t.bottleneck = "recomputation: activation checkpointing's forward again, " +
-                   std::to_string(pct(t.recompute_s)) + "% of the step";
-  } else {
-    const double ew = t.compute_s + t.recompute_s - t.gemm_s;
-    t.bottleneck =
-        t.gemm_s >= ew
-            ? "compute: matrix products, " + std::to_string(pct(t.gemm_s)) + "% of the step"
-            : "compute: element-wise passes over memory, " + std::to_string(pct(ew)) + "% of the step";
-  }
+  if (worst > 0.2 * t.step_s)
+    return "communication: " + words.at(worst_dim) + " not hidden, " + std::to_string(pct(worst)) +
+           "% of the step" + (links.of(worst_dim).crosses ? ", across hosts" : ", inside a host");
+  if (t.recompute_s > 0.2 * t.step_s)
+    return "recomputation: activation checkpointing's forward again, " + std::to_string(pct(t.recompute_s)) +
+           "% of the step";
+  const double ew = t.compute_s + t.recompute_s - t.gemm_s;
+  return t.gemm_s >= ew
+             ? "compute: matrix products, " + std::to_string(pct(t.gemm_s)) + "% of the step"
+             : "compute: element-wise passes over memory, " + std::to_string(pct(ew)) + "% of the step";
+}
+
+}  // namespace
+
+StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
+  NDT_CHECK(p.dims.world() == k.devices(), "internal: a plan of ", p.dims.world(), " ranks on a cluster of ",
+            k.devices(), " devices");
+  StepReplay replay(p, k, shapes_of(p, c.train.device));
+  replay.run();
+  const Timeline& timeline = replay.timeline();
+  StepTime t;
+  t.step_s = timeline.now();
+  t.compute_s = timeline.compute();
+  t.recompute_s = timeline.recompute();
+  t.gemm_s = timeline.gemm();
+  t.exposed_by_dim = timeline.exposed();
+  for (const auto& [dim, s] : t.exposed_by_dim) t.exposed_s += s;
+  t.tokens_per_s = double(p.tokens) / t.step_s;
+  t.mfu = mfu(c, p, k, t.step_s);
+  count_bytes(p, replay.links(), t);
+  t.bottleneck = bottleneck(t, p.dims, replay.links());
   return t;
 }
 

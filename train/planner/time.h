@@ -4,17 +4,17 @@
 //   const StepTime t = predict_time(config, p, resolve_cluster(...));
 //   t.step_s, t.compute_s, t.exposed_s, t.tokens_per_s, t.mfu, t.bottleneck
 //
-// The model replays the step as the trainer runs it (train/planner/time.cpp): one compute
-// thread that runs each block's forward and backward (matrix products at the cluster's
-// rate, element-wise passes at its memory bandwidth), a queue of collectives per
+// The model replays the step as the trainer runs it (StepReplay, train/planner/replay.h):
+// one compute thread that runs each block's forward and backward (matrix products at the
+// cluster's rate, element-wise passes at its memory bandwidth), a queue of collectives per
 // communicator inside a host, and a host's links to the others, which the collectives in
 // flight between hosts share (SharedLink); each collective's time from the ring formulas
-// (latency + bytes / the bandwidth of the slowest link its ring crosses). The compute thread waits only where the
-// trainer waits: TP's all-reduces at once, FSDP's prefetched all-gather when the block
-// starts, a reduce-scatter one block later, DP's all-reduces and ring attention's K/V at
-// the end of the step or of the ring step they run under. What it waits is the exposed
-// communication, and on CPU ranks also what the transfers behind it took of its cores (the
-// link's cpu_share of each transfer's time, Cluster).
+// (latency + bytes / the bandwidth of the slowest link its ring crosses). The compute
+// thread waits only where the trainer waits: TP's all-reduces at once, FSDP's prefetched
+// all-gather when the block starts, a reduce-scatter one block later, DP's all-reduces and
+// ring attention's K/V at the end of the step or of the ring step they run under. What it
+// waits is the exposed communication, and on CPU ranks also what the transfers behind it
+// took of its cores (the link's cpu_share of each transfer's time, Cluster).
 #pragma once
 
 #include <cstdint>

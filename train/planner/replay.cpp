@@ -1,0 +1,373 @@
+// One rank's step replayed in time (train/planner/replay.h). Legend: train/planner/shapes.h;
+// A accumulation steps, U flat units (the embeddings, then the blocks).
+#include "train/planner/replay.h"
+
+#include <algorithm>
+
+namespace ndt::train {
+namespace {
+
+constexpr double kF = 4;  // bytes of a float32: the master, its gradient, AdamW's moments
+
+// ---- compute ------------------------------------------------------------------------------
+
+// The fused kernel's query x key pairs on a diagonal block of T queries: blocks of 64
+// queries against the keys up to the block's last.
+double causal_pairs(int64_t T) {
+  double pairs = 0;
+  for (int64_t r0 = 0; r0 < T; r0 += 64)
+    pairs += double(std::min<int64_t>(64, T - r0)) * double(std::min<int64_t>(T, r0 + 64));
+  return pairs;
+}
+
+// The attention scores one block computes (all query-key pairs it evaluates): one process
+// evaluates the causal half (cuDNN skips masked tiles; the CPU's fused kernel takes blocks
+// of 64 queries against the keys up to the block's last; the composed path on a GPU is
+// counted as half too); the ring evaluates 2 cp + 1 pairs of chunks of Tc = Tl / 2 on every
+// rank, two of them diagonal (the fused kernel's blocks there, as in one process), the
+// others whole.
+double attention_scores(const Shapes& shapes) {
+  const double B = double(shapes.B), NHl = double(shapes.NHl), Tl = double(shapes.Tl);
+  if (shapes.cp == 1)
+    return B * NHl * (shapes.core == AttentionCore::cpu_fused ? causal_pairs(shapes.Tl) : Tl * Tl * 0.5);
+  const double Tc = Tl / 2;
+  const double diagonal = fused(shapes.core) ? causal_pairs(static_cast<int64_t>(Tc)) : Tc * Tc;
+  return B * NHl * (2 * diagonal + Tc * Tc * double(2 * shapes.cp - 1));
+}
+
+BlockWork block_work(const Shapes& shapes) {
+  const double N = shapes.N, Ns = shapes.Ns, C = shapes.C, Cl = shapes.Cl, H = shapes.H;
+  const double S = attention_scores(shapes);
+  BlockWork work;
+  work.scores = S;
+  // forward: ln_1 (read, write Ns C); c_attn 2 N C 3Cl; split_last's copies of q, k, v
+  // (not when the fused core reads them in place)
+  const double copies = shapes.core == AttentionCore::cpu_fused ? 0.0 : 1.0;
+  work.attn_in = {2 * N * C * 3 * Cl, 2 * Ns * C + copies * 6 * N * Cl};
+  // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the scores.
+  // The ring also copies (each read and written once, in units of N Cl): q into its halves
+  // (2), k and v into one message (4), each step's K/V into halves and each of the 2 cp key
+  // chunks into K and V (4 cp + 4 cp), the output halves joined (2), and each of the 2 cp - 1
+  // merges reads two partial outputs and writes one (3/2 each); backward copies as much
+  const double cp = double(shapes.cp);
+  const double ring_copies = shapes.cp == 1 ? 0.0 : (8 + 8 * cp + 1.5 * (2 * cp - 1)) * N * Cl;
+  work.core = {4 * S * double(shapes.hd), 2 * S + ring_copies};
+  // heads_to_back's copy; c_proj 2 N Cl C; the residual add
+  work.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * Ns * C};
+  // ln_2, c_fc 2 N C H with GELU (N H written again), c_proj 2 N H C, the residual add
+  work.mlp = {4 * N * C * H, 2 * Ns * C + 2 * N * H + 3 * Ns * C};
+  // backward: twice the FLOPs (input and weight gradients); LayerNorm's backward reads
+  // three tensors and writes one, each bias gradient reads its output gradient, each weight
+  // gradient is made and then added into the unit's gradient (3 passes of its size). The
+  // column-parallel c_attn and c_fc are split at their input gradient: under TP the
+  // trainer sums it over tp while their weight gradient is made (ops::linear_shared_input)
+  work.attn_in_b = {2 * N * C * 3 * Cl, 6 * N * Cl + 3 * N * Cl};
+  work.attn_in_dw = {2 * N * C * 3 * Cl, 3 * (3 * C * Cl)};
+  work.ln_1_b = {0, 4 * Ns * C};
+  // (fused: q k^T once more, to make the probabilities again, 2.5x the forward's FLOPs)
+  work.core_b = {(fused(shapes.core) ? 2.5 : 2.0) * work.core.flops, 3 * S + ring_copies};
+  work.attn_out_b = {2 * work.attn_out.flops, 2 * N * Cl + 2 * N * C + Ns * C + 3 * Cl * C};
+  // c_proj's both gradients, GELU's, c_fc's input gradient; then c_fc's weight gradient
+  work.mlp_b = {6 * N * C * H, 3 * N * H + N * (H + C) + 3 * (C * H)};
+  work.mlp_dw = {2 * N * C * H, 3 * (C * H)};
+  work.ln_2_b = {0, 4 * Ns * C + 2 * Ns * C};
+  return work;
+}
+
+// The plan's checkpointing mode (Plan::ac, a train.activation_checkpointing word).
+nn::ACMode checkpointing_of(const Plan& plan) {
+  TrainSection train;
+  train.activation_checkpointing = plan.ac;
+  return ac_mode(train);
+}
+
+}  // namespace
+
+StepWork step_work(const Plan& plan, const Shapes& shapes) {
+  StepWork work;
+  work.block = block_work(shapes);
+  const double N = double(shapes.N), C = double(shapes.C), Vl = double(shapes.Vl), a = double(plan.act_bytes);
+  // embeddings: wte(idx) + wpe(pos); backward scatters into their gradients
+  work.embeddings = {0, 3 * N * C};
+  work.embeddings_b = {0, 3 * N * C};
+  // ln_f, lm_head 2 N C Vl, the fused cross-entropy's passes over the logits (max,
+  // exponentials, the gradient written)
+  work.head = {2 * N * C * Vl, 2 * N * C + 3 * N * Vl};
+  // lm_head's backward, and its weight gradient added into the tied embeddings' (3 Vl C)
+  work.head_b = {4 * N * C * Vl, 3 * Vl * C + N * C};
+  // AdamW on this rank's shard (read p g m v, write p m v), the norm and the clip's scale;
+  // under bf16 also the copies made again from the master (read f32, write bf16) and, per
+  // micro-step without FSDP, the bf16 gradients folded into the f32 ones (nn::fold_grad:
+  // read both, write the f32 and zero the bf16)
+  const bool mixed = plan.act_bytes != int64_t(kF);
+  double owned = 0, whole = 0;
+  for (int64_t n : plan.unit_shard_numel) owned += double(n);
+  for (int64_t n : plan.unit_numel) whole += double(n);
+  work.optimizer = {0, 12 * owned + (mixed ? owned * (kF + a) / kF : 0.0)};
+  work.fold = {0, mixed && !plan.dims.sharded() ? whole * (2 * a + 2 * kF) / kF : 0.0};
+  return work;
+}
+
+// ---- the replay -----------------------------------------------------------------------------
+
+StepReplay::StepReplay(const Plan& plan, const Cluster& cluster, const Shapes& shapes)
+    : plan_(plan),
+      cluster_(cluster),
+      shapes_(shapes),
+      work_(step_work(plan, shapes)),
+      links_(links_of(plan.dims, cluster)),
+      checkpointing_(checkpointing_of(plan)),
+      sharded_(plan.dims.sharded()),
+      units_(static_cast<int64_t>(plan.unit_numel.size())),
+      tp_reduce_bytes_(double(shapes.N) * double(shapes.C) * double(plan.wire_act_reduce_bytes)),
+      tp_gather_bytes_(double(shapes.N) * double(shapes.C) * double(plan.act_bytes)),
+      kv_bytes_(2 * double(shapes.N) * double(shapes.Cl) * double(plan.act_bytes)),
+      timeline_(links_),
+      gathered_(static_cast<size_t>(units_)) {}
+
+void StepReplay::run() {
+  for (int64_t micro = 0; micro < plan_.accum; ++micro) micro_step(micro == 0, micro + 1 == plan_.accum);
+  step_end();
+}
+
+// One micro-batch's forward and backward; the last one's gradients are reduced for the step.
+void StepReplay::micro_step(bool first, bool last) {
+  forward(first);
+  loss();
+  backward(last);
+}
+
+void StepReplay::forward(bool first_micro_step) {
+  if (sharded_) {
+    if (first_micro_step) {  // the embeddings, gathered once for the whole step
+      prefetch(0);
+      wait_gathered(0);
+    }
+    if (units_ > 1) prefetch(1);
+  }
+  timeline_.run(piece(work_.embeddings), false);
+  g_forward();  // the vocabulary-parallel embedding's sum
+  for (int64_t unit = 1; unit < units_; ++unit) {
+    if (sharded_) {
+      wait_gathered(unit);
+      if (unit + 1 < units_) prefetch(unit + 1);
+    }
+    block_forward(false);
+  }
+}
+
+// ln_f, lm_head and the vocabulary-parallel cross-entropy (its max, sum and target logit
+// all-reduced over tp), and back to lm_head's input gradient
+void StepReplay::loss() {
+  f_forward();  // before lm_head
+  timeline_.run(piece(work_.head), false);
+  if (plan_.dims.tp > 1)
+    for (int i = 0; i < 3; ++i)
+      timeline_.sync("tp", all_reduce_s(double(shapes_.N) * kF, plan_.dims.tp, links_.tp));
+  timeline_.run(piece(work_.head_b), false);
+  f_backward();  // lm_head's input gradient
+}
+
+// The blocks' backward, last block first: FSDP drains the reduce-scatter of the block
+// before, waits for this block's all-gather and prefetches the next one's
+void StepReplay::backward(bool last_micro_step) {
+  for (int64_t unit = units_ - 1; unit >= 1; --unit) {
+    if (sharded_) {
+      drain(1, last_micro_step);
+      if (unit + 1 < units_) wait_gathered(unit);  // the last stayed whole
+      if (unit > 1) prefetch(unit - 1);
+    }
+    block_backward(nn::block_checkpointing(checkpointing_, plan_.ac_every, unit - 1));
+    if (sharded_ || last_micro_step) reduce_gradient(unit);
+  }
+  embeddings_backward(last_micro_step);
+}
+
+// The embeddings' backward, bf16 gradients folded into f32, and every gradient's
+// collective done
+void StepReplay::embeddings_backward(bool last_micro_step) {
+  g_backward();  // the embedding's output gradient
+  timeline_.run(piece(work_.embeddings_b), false);
+  timeline_.run(piece_of(work_.fold, kF), false);
+  if (last_micro_step) reduce_gradient(0);
+  if (sharded_) drain(0, last_micro_step);
+  wait_for_replicas();
+}
+
+// Sequence parallel's sum over tp of the unsplit parameters' partial gradients; the loss
+// over dp and cp, the gradient norm over the shards and tp; AdamW
+void StepReplay::step_end() {
+  const dist::ParallelDims& dims = plan_.dims;
+  if (plan_.sequence_parallel)
+    timeline_.sync("tp", all_reduce_s(double(plan_.sp_grad_numel) * kF, dims.tp, links_.tp));
+  timeline_.sync("scalars", all_reduce_s(8, dims.dp(), links_.dp) + all_reduce_s(8, dims.cp, links_.cp));
+  timeline_.sync("scalars", (sharded_ ? all_reduce_s(8, dims.fsdp(), links_.fsdp) : 0) +
+                                all_reduce_s(8, dims.tp, links_.tp));
+  timeline_.run(piece_of(work_.optimizer, kF), false);
+}
+
+// ---- a block ------------------------------------------------------------------------------
+
+void StepReplay::block_forward(bool again) {
+  const BlockWork& block = work_.block;
+  f_forward();  // before c_attn
+  timeline_.run(piece(block.attn_in), again);
+  attention_core_forward(again);
+  timeline_.run(piece(block.attn_out), again);
+  g_forward();  // after the attention
+  f_forward();  // before c_fc
+  timeline_.run(piece(block.mlp), again);
+  g_forward();  // after the MLP
+}
+
+// Full checkpointing runs the block's forward again first, selective the attention core
+void StepReplay::block_backward(nn::ACMode mode) {
+  const BlockWork& block = work_.block;
+  if (mode == nn::ACMode::full) block_forward(true);
+  g_backward();                                         // the MLP's output gradient
+  column_parallel_backward(block.mlp_b, block.mlp_dw);  // and the MLP's input gradient summed
+  timeline_.run(piece(block.ln_2_b), false);
+  g_backward();  // the attention's output gradient
+  timeline_.run(piece(block.attn_out_b), false);
+  if (mode == nn::ACMode::selective) attention_core_forward(true);
+  attention_core_backward();
+  column_parallel_backward(block.attn_in_b, block.attn_in_dw);  // and the attention's input gradient summed
+  timeline_.run(piece(block.ln_1_b), false);
+}
+
+// Ring attention (dist/context_parallel): cp steps, each computing on one rank's K/V while
+// the next travels
+void StepReplay::attention_core_forward(bool again) {
+  const int64_t cp = plan_.dims.cp;
+  if (cp == 1) return timeline_.run(piece(work_.block.core), again);
+  for (int64_t step = 0; step < cp; ++step) {
+    const Ticket next_kv = step + 1 < cp ? timeline_.start("cp", exchange_s(kv_bytes_, links_.cp)) : Ticket{};
+    timeline_.run(ring_step(work_.block.core), again);
+    if (step + 1 < cp) timeline_.wait("cp", next_kv);
+  }
+}
+
+// Its backward: each pass's K/V gradient goes back to the rank it came from (the other way
+// round the ring), waited for at once by the pass's backward node; the K/V were kept (off
+// the CPU's fused kernel each pair's attention runs again first: autograd::recompute)
+void StepReplay::attention_core_backward() {
+  const int64_t cp = plan_.dims.cp;
+  const BlockWork& block = work_.block;
+  if (cp == 1) return timeline_.run(piece(block.core_b), false);
+  for (int64_t step = 0; step < cp; ++step) {
+    if (!fused(shapes_.core))
+      timeline_.run(ring_step(Work{block.core.flops, 2 * block.scores}), true);  // not the ring's copies
+    timeline_.run(ring_step(block.core_b), false);
+    if (step + 1 < cp) timeline_.sync("cp", exchange_s(kv_bytes_, links_.cp));
+  }
+}
+
+// ---- tensor parallelism -------------------------------------------------------------------
+
+// TP's f and g: plain TP, g's all-reduce in forward and f's in backward; sequence parallel,
+// f all-gathers in forward and reduce-scatters in backward, g the other way round (the same
+// bytes, at twice the places). Each is waited for where it runs, but f's backward in a
+// block's column-parallel linears (column_parallel_backward)
+void StepReplay::f_forward() {
+  if (plan_.sequence_parallel) tp_collective(false);
+}
+void StepReplay::g_forward() { tp_collective(true); }
+void StepReplay::f_backward() { tp_collective(true); }  // lm_head's: the tied wte's gradient waits for it
+void StepReplay::g_backward() {
+  if (plan_.sequence_parallel) tp_collective(false);
+}
+
+// reduce: an all-reduce (a reduce-scatter under sequence parallel); else an all-gather
+void StepReplay::tp_collective(bool reduce) {
+  const int64_t tp = plan_.dims.tp;
+  if (tp == 1) return;
+  if (!plan_.sequence_parallel) return timeline_.sync("tp", all_reduce_s(tp_reduce_bytes_, tp, links_.tp));
+  timeline_.sync("tp", gather_s(reduce ? tp_reduce_bytes_ : tp_gather_bytes_, tp, links_.tp));
+}
+
+// A column-parallel linear's backward (ops::linear_shared_input): with sequence parallel
+// its input is gathered again (for dW) while its input gradient is made; that gradient's
+// sum over tp (f's backward) runs while the weight gradient is made, waited for after it
+void StepReplay::column_parallel_backward(const Work& input_grad, const Work& weight_grad) {
+  const int64_t tp = plan_.dims.tp;
+  const bool sp = plan_.sequence_parallel;
+  if (tp == 1) {
+    timeline_.run(piece(input_grad), false);
+    return timeline_.run(piece(weight_grad), false);
+  }
+  Ticket gathered_input;
+  if (sp) gathered_input = timeline_.start("tp", gather_s(tp_gather_bytes_, tp, links_.tp));
+  timeline_.run(piece(input_grad), false);
+  const Ticket summed = timeline_.start(
+      "tp", sp ? gather_s(tp_reduce_bytes_, tp, links_.tp) : all_reduce_s(tp_reduce_bytes_, tp, links_.tp));
+  if (sp) timeline_.wait("tp", gathered_input);
+  timeline_.run(piece(weight_grad), false);
+  timeline_.wait("tp", summed);
+}
+
+// ---- FSDP and DP ----------------------------------------------------------------------------
+
+// FSDP's all-gather of unit u's whole buffer (dist/fsdp/fsdp.cpp), in the compute dtype
+void StepReplay::prefetch(int64_t unit) {
+  const double bytes = double(plan_.unit_numel[static_cast<size_t>(unit)]) * double(plan_.act_bytes);
+  gathered_[static_cast<size_t>(unit)] =
+      timeline_.start("fsdp", gather_s(bytes, plan_.dims.fsdp(), links_.fsdp));
+}
+
+void StepReplay::wait_gathered(int64_t unit) { timeline_.wait("fsdp", gathered_[static_cast<size_t>(unit)]); }
+
+// A unit's gradient is ready: FSDP's reduce-scatter (in the dtype the reduction moves), or
+// DP's all-reduce (f32) at once
+void StepReplay::reduce_gradient(int64_t unit) {
+  const double numel = double(plan_.unit_numel[static_cast<size_t>(unit)]);
+  if (sharded_) {
+    const double bytes = numel * double(plan_.wire_reduce_bytes);
+    reducing_.emplace_back(unit, timeline_.start("fsdp", gather_s(bytes, plan_.dims.fsdp(), links_.fsdp)));
+  } else if (plan_.dims.dp_replicate > 1) {
+    replica_done_.push_back(
+        timeline_.start("replicate", all_reduce_s(numel * kF, plan_.dims.dp_replicate, links_.replicate)));
+  }
+}
+
+// FullyShardedDataParallel::drain: wait for all but `keep` reduce-scatters; on the last
+// micro-step HSDP then all-reduces each f32 gradient shard over the replicas
+void StepReplay::drain(size_t keep, bool last_micro_step) {
+  const int64_t replicas = plan_.dims.dp_replicate;
+  while (reducing_.size() > keep) {
+    const auto [unit, done] = reducing_.front();
+    reducing_.pop_front();
+    timeline_.wait("fsdp", done);
+    if (last_micro_step && replicas > 1) {
+      const double shard_bytes = double(plan_.unit_shard_numel[static_cast<size_t>(unit)]) * kF;
+      replica_done_.push_back(
+          timeline_.start("replicate", all_reduce_s(shard_bytes, replicas, links_.replicate)));
+    }
+  }
+}
+
+void StepReplay::wait_for_replicas() {
+  for (const Ticket& done : replica_done_) timeline_.wait("replicate", done);
+  replica_done_.clear();
+}
+
+// ---- the cost of a piece of work ------------------------------------------------------------
+
+Piece StepReplay::piece(const Work& work) const { return piece_of(work, double(plan_.act_bytes)); }
+
+// An element-wise pass over bf16 values runs at its own rate: a CPU computes each in f32
+// (a conversion in, one out) and moves half the bytes in about the time of an f32 pass
+Piece StepReplay::piece_of(const Work& work, double bytes_each) const {
+  const double bf16_bps = cluster_.bf16_memory_bps > 0 ? cluster_.bf16_memory_bps : cluster_.memory_bps;
+  Piece cost;
+  cost.gemm_s = work.flops / cluster_.flops;
+  cost.s = cost.gemm_s + work.floats * bytes_each / (bytes_each < kF ? bf16_bps : cluster_.memory_bps);
+  return cost;
+}
+
+// One of ring attention's cp steps: 1/cp of the core's work
+Piece StepReplay::ring_step(const Work& work) const {
+  const double share = 1.0 / double(plan_.dims.cp);
+  return piece(Work{work.flops * share, work.floats * share});
+}
+
+}  // namespace ndt::train

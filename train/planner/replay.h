@@ -1,0 +1,120 @@
+// ndtrain: one rank's optimizer step replayed in time, in the order the trainer runs it
+// (the engine of predict_time, train/planner/time.h).
+//
+//   StepReplay replay(plan, cluster, shapes_of(plan, config.train.device));
+//   replay.run();
+//   replay.timeline().now();      // the step's seconds
+//   replay.timeline().exposed();  // of them, the waits on communication, by dimension
+//
+// For each micro-step of gradient accumulation: the embeddings; each block's forward, with
+// FSDP's all-gather of the next block prefetched under it, TP's f and g around the
+// attention and the MLP, ring attention's steps under CP; the loss; each block's backward
+// in reverse, after activation checkpointing's recompute, with the column-parallel
+// linears' input-gradient sums under their weight gradients and FSDP's reduce-scatter
+// drained one block later; the embeddings' backward. Then the step's end: sequence
+// parallel's sum of the unsplit gradients, the loss's and the norm's scalars, AdamW.
+//
+// Each piece of compute costs its matrix products' FLOPs at the cluster's reached rate
+// (for the training dtype) plus its element-wise passes (elements read and written, a
+// bytes each) at its memory bandwidth; the optimizer's passes are over f32 (the master).
+// Collectives run on the timeline (train/planner/timeline.h). Legend:
+// train/planner/shapes.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <utility>
+#include <vector>
+
+#include "nn/block_wrapper.h"
+#include "train/planner/cluster.h"
+#include "train/planner/plan.h"
+#include "train/planner/shapes.h"
+#include "train/planner/timeline.h"
+
+namespace ndt::train {
+
+// A piece of compute: matrix-product FLOPs and element-wise floats moved.
+struct Work {
+  double flops = 0, floats = 0;
+};
+
+// One block's pieces, forward and backward (the ops of nn::Block and autograd/ops/*.cpp).
+struct BlockWork {
+  Work attn_in, core, attn_out, mlp;          // forward: ln_1 + c_attn + split; core; c_proj + residual; MLP
+  Work attn_in_b, core_b, attn_out_b, mlp_b;  // their backward, up to c_attn's and c_fc's input gradients
+  Work attn_in_dw, mlp_dw;                    // ... c_attn's and c_fc's weight gradients
+  Work ln_1_b, ln_2_b;                        // ... and the LayerNorms' (with the residual's sum)
+  double scores = 0;                          // the attention scores the core computes
+};
+
+// The step's pieces: a block's, and those around the blocks.
+struct StepWork {
+  BlockWork block;
+  Work embeddings, embeddings_b;  // wte(idx) + wpe(pos); backward scatters into their gradients
+  Work head, head_b;              // ln_f, lm_head and the loss; lm_head's backward
+  Work optimizer, fold;           // over f32 values: AdamW; bf16 gradients folded into f32 ones
+};
+
+StepWork step_work(const Plan& plan, const Shapes& shapes);
+
+class StepReplay {
+ public:
+  // plan and cluster are kept by reference: they outlive the replay
+  StepReplay(const Plan& plan, const Cluster& cluster, const Shapes& shapes);
+  void run();  // the whole step, once
+
+  const Timeline& timeline() const { return timeline_; }
+  const Links& links() const { return links_; }
+
+ private:
+  // the step (Trainer's), in order
+  void micro_step(bool first, bool last);
+  void forward(bool first_micro_step);
+  void loss();
+  void backward(bool last_micro_step);
+  void embeddings_backward(bool last_micro_step);
+  void step_end();
+  // a block (nn::Block, and what checkpointing does to it)
+  void block_forward(bool again);
+  void block_backward(nn::ACMode mode);
+  void attention_core_forward(bool again);
+  void attention_core_backward();
+  // tensor parallelism (dist/tensor_parallel): f and g, and their collective
+  void f_forward();
+  void g_forward();
+  void f_backward();
+  void g_backward();
+  void tp_collective(bool reduce);
+  void column_parallel_backward(const Work& input_grad, const Work& weight_grad);
+  // FSDP (dist/fsdp) and DP (dist/data_parallel.h): unit 0 the embeddings, unit u block u - 1
+  void prefetch(int64_t unit);
+  void wait_gathered(int64_t unit);
+  void reduce_gradient(int64_t unit);
+  void drain(size_t keep, bool last_micro_step);
+  void wait_for_replicas();
+  // the cost of a piece of work: over activations, over values of `bytes_each`, one ring step's share
+  Piece piece(const Work& work) const;
+  Piece piece_of(const Work& work, double bytes_each) const;
+  Piece ring_step(const Work& work) const;
+
+  const Plan& plan_;
+  const Cluster& cluster_;
+  const Shapes shapes_;
+  const StepWork work_;
+  const Links links_;
+  const nn::ACMode checkpointing_;
+  const bool sharded_;
+  const int64_t units_;
+  // bytes: TP's all-reduces (an activation or its gradient, in the dtype the reduction
+  // moves); an all-gather of an activation (the raw values); the ring's K and V of this
+  // rank's two chunks
+  const double tp_reduce_bytes_, tp_gather_bytes_, kv_bytes_;
+  Timeline timeline_;
+  std::vector<Ticket> gathered_;                     // FSDP's all-gathers, by unit
+  std::deque<std::pair<int64_t, Ticket>> reducing_;  // (unit, its reduce-scatter) not drained yet
+  std::vector<Ticket> replica_done_;                 // the all-reduces over dp_replicate
+};
+
+}  // namespace ndt::train

@@ -1,0 +1,149 @@
+// The links and the clock of the planner's replay (train/planner/timeline.h).
+#include "train/planner/timeline.h"
+
+#include <algorithm>
+
+namespace ndt::train {
+namespace {
+
+enum class Dim { replicate, fsdp, cp, tp, dp };
+
+// The next member of `rank`'s ring in dimension `dim` (the communicator's order).
+int64_t successor(const dist::ParallelDims& dims, int64_t rank, Dim dim) {
+  dist::ParallelDims::Coords c = dims.coords(rank);
+  switch (dim) {
+    case Dim::replicate:
+      c.replicate = (c.replicate + 1) % dims.dp_replicate;
+      break;
+    case Dim::tp:
+      c.tp = (c.tp + 1) % dims.tp;
+      break;
+    case Dim::cp:
+      c.cp = (c.cp + 1) % dims.cp;
+      break;
+    case Dim::fsdp: {  // shard x cp, cp inner
+      const int64_t next = (c.shard * dims.cp + c.cp + 1) % dims.fsdp();
+      c.shard = next / dims.cp;
+      c.cp = next % dims.cp;
+      break;
+    }
+    case Dim::dp: {  // replicate x shard, shard inner
+      const int64_t next = (c.replicate * dims.dp_shard + c.shard + 1) % dims.dp();
+      c.replicate = next / dims.dp_shard;
+      c.shard = next % dims.dp_shard;
+      break;
+    }
+  }
+  return dims.rank_of(c);
+}
+
+// The link a dimension's rings run on. Host 0 stands for every host: the layouts are
+// regular, so each host has as many ring edges leaving it.
+Link link_of(const dist::ParallelDims& dims, const Cluster& cluster, Dim dim) {
+  Link link;
+  int64_t leaving = 0, members = 0;
+  bool intra_edge = false;
+  const int64_t first_host = std::min(cluster.devices_per_host, dims.world());
+  for (int64_t rank = 0; rank < first_host; ++rank) {
+    const int64_t next = successor(dims, rank, dim);
+    if (next == rank) continue;
+    ++members;
+    if (cluster.host_of(next) != cluster.host_of(rank)) {
+      ++leaving;
+    } else {
+      intra_edge = true;
+    }
+  }
+  if (leaving == 0 && !intra_edge) return link;  // a group of one
+  if (leaving == 0) {
+    link.bps = cluster.intra_bps;
+    link.latency = cluster.intra_latency_s;
+    link.cpu_share = cluster.intra_cpu_share;
+    return link;
+  }
+  link.crosses = true;
+  link.cross_share = double(leaving) / double(members);
+  link.cpu_share =
+      link.cross_share * cluster.inter_cpu_share + (1 - link.cross_share) * cluster.intra_cpu_share;
+  const double host_share = cluster.inter_bps * double(cluster.devices_per_host) / double(leaving);
+  link.bps = intra_edge ? std::min(cluster.intra_bps, host_share) : host_share;
+  link.latency = cluster.inter_latency_s;
+  return link;
+}
+
+}  // namespace
+
+const Link& Links::of(const std::string& dim) const {
+  return dim == "tp" ? tp : dim == "cp" ? cp : dim == "fsdp" ? fsdp : dim == "scalars" ? dp : replicate;
+}
+
+Links links_of(const dist::ParallelDims& dims, const Cluster& cluster) {
+  Links links;
+  links.tp = link_of(dims, cluster, Dim::tp);
+  links.cp = link_of(dims, cluster, Dim::cp);
+  links.fsdp = link_of(dims, cluster, Dim::fsdp);
+  links.replicate = link_of(dims, cluster, Dim::replicate);
+  links.dp = link_of(dims, cluster, Dim::dp);
+  return links;
+}
+
+double all_reduce_s(double bytes, int64_t ranks, const Link& link) {
+  return ranks > 1 ? 2.0 * double(ranks - 1) * (link.latency + bytes / double(ranks) / link.bps) : 0.0;
+}
+double gather_s(double whole_bytes, int64_t ranks, const Link& link) {
+  return ranks > 1 ? double(ranks - 1) * (link.latency + whole_bytes / double(ranks) / link.bps) : 0.0;
+}
+double exchange_s(double bytes, const Link& link) { return link.latency + bytes / link.bps; }
+
+// ---- Timeline ------------------------------------------------------------------------------
+
+Timeline::Timeline(const Links& links)
+    : crosses_{{"tp", links.tp.crosses},
+               {"cp", links.cp.crosses},
+               {"fsdp", links.fsdp.crosses},
+               {"replicate", links.replicate.crosses},
+               {"scalars", false}},
+      cpu_share_{{"tp", links.tp.cpu_share},
+                 {"cp", links.cp.cpu_share},
+                 {"fsdp", links.fsdp.cpu_share},
+                 {"replicate", links.replicate.cpu_share},
+                 {"scalars", 0.0}} {}
+
+Ticket Timeline::start(const std::string& dim, double seconds) {
+  Ticket ticket{0, -1, seconds, busy_};
+  if (crosses_.at(dim)) {
+    ticket.flow = between_hosts_.add(now_, seconds);
+    return ticket;
+  }
+  double& free = queue_free_[dim];
+  free = std::max(free, now_) + seconds;
+  ticket.done = free;
+  return ticket;
+}
+
+void Timeline::wait(const std::string& dim, const Ticket& ticket) {
+  const double taken = cpu_share_.at(dim) * std::min(ticket.alone, busy_ - ticket.busy_at_start);
+  if (taken > 0) {
+    now_ += taken;
+    busy_ += taken;
+    exposed_[dim] += taken;
+  }
+  const double done = ticket.flow >= 0 ? between_hosts_.end(ticket.flow) : ticket.done;
+  if (done > now_) {
+    exposed_[dim] += done - now_;
+    now_ = done;
+  }
+}
+
+void Timeline::sync(const std::string& dim, double seconds) {
+  if (seconds > 0) wait(dim, start(dim, seconds));
+}
+
+void Timeline::run(const Piece& piece, bool again) {
+  now_ += piece.s;
+  busy_ += piece.s;
+  (again ? recompute_ : compute_) += piece.s;
+  gemm_ += piece.gemm_s;
+}
+
+}  // namespace ndt::train
