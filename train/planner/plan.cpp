@@ -20,6 +20,7 @@
 #include "nn/block_wrapper.h"
 #include "nn/flat.h"
 #include "tensor/checked.h"
+#include "train/io/format.h"
 #include "tensor/cpu/onednn_gemm.h"
 #include "train/planner/shapes.h"
 
@@ -50,17 +51,6 @@ bool operator==(Count a, Count b) { return a.v == b.v; }
 
 // Bytes an all-reduce of `bytes` sends on n ranks (MpiCommunicator::all_reduce's counter).
 Count all_reduce_bytes(Count bytes, Count n) { return n > 1 ? 2 * (n - 1) * bytes / n : 0; }
-
-std::string human(double b) {
-  char s[32];
-  if (b >= double(1 << 30))
-    std::snprintf(s, sizeof(s), "%.2f GiB", b / double(1 << 30));
-  else if (b >= double(1 << 20))
-    std::snprintf(s, sizeof(s), "%.2f MiB", b / double(1 << 20));
-  else
-    std::snprintf(s, sizeof(s), "%.1f KiB", b / 1024.0);
-  return s;
-}
 
 // What one block keeps for backward, and the most it holds on top of the blocks before it
 // while its own backward runs (elements; the block's input belongs to the block before).
@@ -580,7 +570,7 @@ void print_plan(const Plan& p, std::ostream& o) {
                                                   : p.dtype + " activations and parameter copies, float32 master, "
                                                                 "gradients and AdamW") << "):\n";
   auto row = [&](const char* what, int64_t b, const std::string& how) {
-    std::snprintf(line, sizeof(line), "  %-22s %12s  %s\n", what, human(double(b)).c_str(), how.c_str());
+    std::snprintf(line, sizeof(line), "  %-22s %12s  %s\n", what, io::format_bytes(double(b)).c_str(), how.c_str());
     o << line;
   };
   row("parameters", p.param_bytes,
@@ -589,28 +579,28 @@ void print_plan(const Plan& p, std::ostream& o) {
   row("AdamW moments", p.optim_bytes, "m and v");
   if (D.sharded())
     row("gathered (FSDP)", p.gathered_bytes,
-        "whole buffers at the peak (up to " + human(double(p.gathered_max_bytes)) +
+        "whole buffers at the peak (up to " + io::format_bytes(double(p.gathered_max_bytes)) +
             ": embeddings and their gradient, two blocks and two block gradients)");
   row("activations", p.activation_bytes,
-      "kept for backward, one micro-step (a block: " + human(double(p.block_activation_bytes)) + ")");
+      "kept for backward, one micro-step (a block: " + io::format_bytes(double(p.block_activation_bytes)) + ")");
   row("logits", p.logits_bytes, "B T Vp/tp values");
   row("loss temporaries", p.loss_temp_bytes, "dlogits (TP only: else it is the logits) and statistics");
   row("batch, positions", p.other_bytes, "");
   row("peak estimate", p.peak_bytes, "at " + p.peak_at);
   for (const PlanMoment& m : p.moments) {
     std::snprintf(line, sizeof(line), "    %-36s %12s  (activations %s, gathered %s, temporaries %s)\n",
-                  m.name.c_str(), human(double(m.total)).c_str(), human(double(m.activations)).c_str(),
-                  human(double(m.gathered)).c_str(), human(double(m.transient)).c_str());
+                  m.name.c_str(), io::format_bytes(double(m.total)).c_str(), io::format_bytes(double(m.activations)).c_str(),
+                  io::format_bytes(double(m.gathered)).c_str(), io::format_bytes(double(m.transient)).c_str());
     o << line;
   }
   o << "communication per step, sent by each rank:\n";
   for (const PlanComm& c : p.comm) {
-    std::snprintf(line, sizeof(line), "  %-9s %12s  %s [%s]\n", c.dim.c_str(), human(double(c.bytes)).c_str(),
+    std::snprintf(line, sizeof(line), "  %-9s %12s  %s [%s]\n", c.dim.c_str(), io::format_bytes(double(c.bytes)).c_str(),
                   c.what.c_str(), c.formula.c_str());
     o << line;
   }
   std::snprintf(line, sizeof(line), "  %-9s %12s  (%lld bytes)\n", "total",
-                human(double(p.comm_bytes)).c_str(), (long long)p.comm_bytes);
+                io::format_bytes(double(p.comm_bytes)).c_str(), (long long)p.comm_bytes);
   o << line;
   for (const std::string& n : p.notes) o << "note: " << n << "\n";
 }
