@@ -102,6 +102,11 @@ void FlightRecorder::set_hosts(std::vector<std::string> hosts) {
   hosts_ = std::move(hosts);
 }
 
+void FlightRecorder::set_job(const std::string& id) {
+  std::lock_guard<std::mutex> g(mu_);
+  job_ = id;
+}
+
 FlightRecorder::Pending FlightRecorder::oldest_pending() const {
   std::lock_guard<std::mutex> g(mu_);
   for (const Entry& e : entries_)
@@ -113,10 +118,11 @@ void FlightRecorder::dump(const std::string& path, int rank, int world, const st
   std::ostringstream os;
   {
     std::lock_guard<std::mutex> g(mu_);
-    if (dumped_) return;
+    if (dumped_ || job_.empty()) return;
     dumped_ = true;
     dumped_to_ = path;
-    os << "{\"rank\": " << rank << ", \"world\": " << world << ", \"reason\": " << quoted(reason)
+    os << "{\"job\": " << quoted(job_) << ", \"rank\": " << rank << ", \"world\": " << world
+       << ", \"reason\": " << quoted(reason)
        << ", \"step\": " << step_ << ", \"written_us\": " << now_us() << ",\n \"hosts\": [";
     for (size_t i = 0; i < hosts_.size(); ++i) os << (i ? ", " : "") << quoted(hosts_[i]);
     os << "],\n \"entries\": [";

@@ -43,6 +43,10 @@ class FlightRecorder {
   // "step 37, micro-step 2 of 4, unit h.3": where the job is, for messages ("" before step 1).
   std::string where() const;
   void set_hosts(std::vector<std::string> hosts);  // every world rank's host name
+  // The job the records belong to (the same id on every rank of a job, see
+  // train/agree.h). Until it is set dump() writes nothing: a job that never claimed its
+  // outputs (refused at start, say by another job's lock) leaves no record among theirs.
+  void set_job(const std::string& id);
 
   // The oldest operation not finished and when it was queued (microseconds since the epoch,
   // the clock of the record); queued_us 0 when none is pending.
@@ -54,7 +58,7 @@ class FlightRecorder {
   static int64_t now_us();
 
   // Writes the record as JSON (atomically: a temporary file, then rename) unless this
-  // recorder has written one already; never throws.
+  // recorder has written one already or has no job yet; never throws.
   void dump(const std::string& path, int rank, int world, const std::string& reason) const;
   // Removes the record dump() wrote (a stop that looked stuck but finished cleanly).
   void retract();
@@ -73,6 +77,7 @@ class FlightRecorder {
   int64_t next_id_ = 1, step_ = -1, micro_ = -2, micro_of_ = 0;
   std::string unit_;
   std::vector<std::string> hosts_;
+  std::string job_;
   mutable bool dumped_ = false;
   mutable std::string dumped_to_;
 };

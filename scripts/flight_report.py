@@ -16,8 +16,11 @@ order, so the same sequence number is the same collective on every member. The r
   - a verdict, from the wait-for graph (who waits in which collective for whom): the rank
     that failed on its own (an error that is not a timeout); else the ranks that wrote
     nothing (a whole host of them: that host or its link); else a rank whose own clock shows
-    it was not running (stopped, starved); else the ranks the others wait for; else a
+    it was not running at the fault (stopped, starved: only what ends after the oldest
+    operation still waited in was queued counts); else the ranks the others wait for; else a
     collective that every member reached or that the others completed: the network.
+Every record names its job; the report reads the newest job's records only (a directory can
+hold an earlier job's), says which job it read, and how many records of other jobs it left out.
 Exit code 0 when it could read at least one record, 1 otherwise.
 """
 import glob
@@ -28,15 +31,21 @@ import sys
 
 
 def load(directory):
-    records = {}
+    """The records of the newest job in `directory` (job ids start with the job's start time,
+    so they sort by it; records of an ndtrain that wrote no id count as the oldest job), by
+    rank; and the other jobs' ids with how many records of each were left out."""
+    jobs = {}
     for path in sorted(glob.glob(os.path.join(directory, "rank_*.json"))):
         try:
             with open(path) as f:
                 r = json.load(f)
-            records[int(r["rank"])] = r
+            jobs.setdefault(r.get("job", ""), {})[int(r["rank"])] = r
         except (OSError, ValueError, KeyError) as e:
             print(f"flight_report: skipping {path}: {e}", file=sys.stderr)
-    return records
+    if not jobs:
+        return "", {}, {}
+    newest = max(jobs)
+    return newest, jobs[newest], {j: len(rs) for j, rs in jobs.items() if j != newest}
 
 
 def ranks_str(ks):
@@ -85,11 +94,17 @@ def verdict(records, world, hosts, host, missing, groups, stalled):
     deadlines = [float(m.group(1)) for r in records.values()
                  for m in [re.search(r"has not completed after ([0-9.]+) s", r.get("reason", ""))] if m]
     waited = {k: waited_s(r) for k, r in records.items() if waited_s(r) is not None}
+    # The state at the fault, not the whole history: only what ends after the fault began
+    # (the oldest operation any rank still waits in was queued) counts, so that a pause at
+    # start-up or an early evaluation does not make a healthy rank look stopped.
+    pending_since = [e["queued_us"] for r in records.values() for e in r.get("entries", [])
+                     if e["state"] in ("started", "queued")]
+    fault_us = min(pending_since) if pending_since else 0
     paused = {}
     for k, r in records.items():
         es = sorted(r.get("entries", []), key=lambda e: e["queued_us"])
-        gaps = [(e["started_us"] - e["queued_us"]) / 1e6 for e in es if e["started_us"]]
-        idle = [(b["queued_us"] - a["queued_us"]) / 1e6 for a, b in zip(es, es[1:])]
+        gaps = [(e["started_us"] - e["queued_us"]) / 1e6 for e in es if e["started_us"] and e["started_us"] >= fault_us]
+        idle = [(b["queued_us"] - a["queued_us"]) / 1e6 for a, b in zip(es, es[1:]) if b["queued_us"] >= fault_us]
         if gaps and max(gaps) > 1.0:
             paused[k] = f"an operation of it started {max(gaps):.1f} s after it was queued"
         elif deadlines and idle and max(idle) > max(deadlines):
@@ -206,10 +221,13 @@ def main():
     if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__.strip())
         return 0 if len(sys.argv) == 2 else 2
-    records = load(sys.argv[1])
+    job, records, others = load(sys.argv[1])
     if not records:
         print(f"flight_report: no rank_*.json in {sys.argv[1]}", file=sys.stderr)
         return 1
+    print(f"job {job or '(no id: written by an older ndtrain)'}"
+          + "".join(f"; left out {n} record{'s' if n > 1 else ''} of the older job {j or '(no id)'}"
+                    for j, n in sorted(others.items())))
     print(report(records))
     return 0
 

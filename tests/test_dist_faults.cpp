@@ -262,6 +262,20 @@ TEST_F(DistFaults, AConfigErrorOnAnotherRankIsSaidByRankZero) {
   EXPECT_FALSE(has(r.out, "rank 1")) << r.out;
 }
 
+// Under DP only rank 0 used to sample: a sample longer than parallel.timeout_s left rank 1
+// waiting in the next collective past its deadline, and a healthy job ended with exit 6.
+// Every rank samples the same tokens now, so no rank waits for another's sample.
+TEST_F(DistFaults, ASampleLongerThanTheTimeoutDoesNotEndAHealthyJob) {
+  const auto t0 = Clock::now();
+  ndt::testing::ShellResult r = ndt::testing::run_shell(
+      mpirun(2) + args("--parallel.dp_shard_size 1 --parallel.dp_replicate_size 2 --parallel.timeout_s 1 "
+                       "--train.steps 3 --sample.every 2 --sample.length 60000"));
+  EXPECT_EQ(r.rc, 0) << r.out.substr(0, 4000);
+  EXPECT_TRUE(has(r.out, "sample at step 2:")) << r.out.substr(0, 4000);
+  EXPECT_FALSE(has(r.out, "has not completed")) << r.out.substr(0, 4000);
+  EXPECT_GT(seconds_since(t0), 2.0) << "the samples took less than the deadline: they test nothing";
+}
+
 TEST_F(DistFaults, ADataFileOfAnotherSizeOnOneNodeIsRefused) {
   if (!can_unshare_mounts()) GTEST_SKIP() << "needs mount namespaces (root and unshare -m)";
   // rank 1's node has an older copy of the training shard (another size), same name and path
@@ -685,6 +699,12 @@ TEST_F(DistFaults, AHostWhoseRanksAreKilledEndsTheJobAndTheHostLeftContinuesTheC
 TEST_F(DistFaults, ARankThatThrowsMidStepEndsTheJobAndTheReportNamesIt) {
   ndt::testing::Cluster two(2);
   if (!two.ok()) GTEST_SKIP() << two.why_not();
+  // an earlier job's record in the folder (of 8 ranks, it failed on its own): this job
+  // removes it at start
+  const fs::path old_record = here() / "ck" / "flight" / "rank_5.json";
+  fs::create_directories(old_record.parent_path());
+  std::ofstream(old_record) << "{\"job\": \"20200101T000000Z-h0-1\", \"rank\": 5, \"world\": 8, \"reason\": "
+                               "\"error: an earlier job's failure\", \"step\": 9, \"written_us\": 1, \"entries\": []}\n";
   Job job("env " + two.mpirun(4) + args(std::string(kHsdpOnTwoHosts) + "--parallel.fail_at_step 4 --parallel.fail_rank 3"),
           here() / "out.txt", marker());
   const auto t0 = Clock::now();
@@ -700,6 +720,14 @@ TEST_F(DistFaults, ARankThatThrowsMidStepEndsTheJobAndTheReportNamesIt) {
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_TRUE(has(r.out, "  rank 3 (h1): at step 4: error: parallel.fail_at_step = 4")) << r.out;
   EXPECT_TRUE(has(r.out, "verdict:\n  rank 3 on h1 failed on its own")) << r.out;
+  // one job's records, named; the earlier job's record is gone, not mixed in
+  const nlohmann::json rec = nlohmann::json::parse(read_all(here() / "ck" / "flight" / "rank_3.json"));
+  const std::string job_id = rec["job"].get<std::string>();
+  EXPECT_EQ(job_id.size() > 17 && job_id[8] == 'T' && job_id[15] == 'Z', true) << job_id;
+  EXPECT_EQ(r.out.rfind("job " + job_id + "\n", 0), 0u) << r.out;
+  EXPECT_FALSE(has(r.out, "an earlier job's failure")) << r.out;
+  EXPECT_FALSE(has(r.out, "left out")) << r.out;
+  EXPECT_FALSE(fs::exists(old_record));
 }
 
 }  // namespace

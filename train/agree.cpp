@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -110,6 +111,19 @@ void agree_on_start(const std::string& error, dist::Communicator& world) {
     msg += (msg.empty() ? "" : "; ") + ranks_text(ranks) + " (on " + where + "): " + text;
   }
   throw AgreedConfigError(msg);
+}
+
+std::string agree_on_job_id(dist::Communicator& world) {
+  std::string id;
+  if (world.rank() == 0) {
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char stamp[32];
+    std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &utc);
+    id = std::string(stamp) + "-" + host_name() + "-" + std::to_string(::getpid());
+  }
+  return world.size() == 1 ? id : broadcast_text(id, world);
 }
 
 std::vector<std::pair<std::string, std::string>> rank_identity(const Config& cfg) {

@@ -32,6 +32,10 @@ class AgreedConfigError : public ConfigError {
 // user through rank 0.
 void agree_on_start(const std::string& error, dist::Communicator& world);
 
+// This job's id, the same on every rank (collective): rank 0's start time in UTC, host and
+// pid, "20261204T083300Z-node1-4242", so that ids sort by start time.
+std::string agree_on_job_id(dist::Communicator& world);
+
 // The keys and values that must be equal on every rank: every [section] key as parsed
 // (cfg.values) and, as `data.train files` / `data.val files`, the names and sizes of the data
 // files each pattern matches here.

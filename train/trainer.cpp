@@ -93,6 +93,7 @@ class Trainer {
   bool open_mesh();    // setup's mesh: true when the collectives go over NCCL
   void print_setup(bool nccl);
   void claim_outputs();  // setup's output checks and checkpoint lock
+  void open_flight_record();
   void describe();     // the model as a description: names, global shapes, init rules
   void parallelize();  // every parallel dimension, and this rank's memory (dist/parallelize.h)
   void materialize();  // weights (init_from), data, optimizer, resume
@@ -200,6 +201,19 @@ void Trainer::setup() {
   print_setup(nccl);
   claim_outputs();
   world_->barrier();  // every rank's checks passed
+  open_flight_record();
+}
+
+// From here on a failure leaves this job's flight records (dist/flight.h), and only its:
+// rank 0, which holds the checkpoint directory's lock, removes the records of earlier jobs.
+void Trainer::open_flight_record() {
+  if (lead()) {
+    std::error_code ec;
+    const fs::path dir = fs::path(flight_record_path(c_, 0)).parent_path();
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename().string().rfind("rank_", 0) == 0) fs::remove(it->path(), ec);
+  }
+  flight_.set_job(agree_on_job_id(*world_));
 }
 
 // The mesh: dp_replicate x dp_shard x cp x tp ranks, a communicator per dimension. Returns
@@ -530,9 +544,10 @@ Tensor Trainer::local(const Tensor& tokens) const {
 
 std::vector<int32_t> Trainer::generate_sample(int64_t step) {
   if (!vocab_ || c_.sample.length == 0) return {};
-  // sharded or tensor-parallel: every rank takes part in the collectives (and draws the
-  // same tokens); CP ranks each run the whole sequence here
-  if (!pm_->forward_is_collective() && !lead()) return {};
+  // Every rank draws the same tokens (the same seed): sharded or tensor-parallel, each takes
+  // part in the collectives; otherwise (DP, CP: each runs the whole sequence here) each
+  // samples on its own, so that no rank waits in the next collective while rank 0 alone
+  // samples (a sample longer than parallel.timeout_s would end a healthy job)
   std::vector<int32_t> prompt;
   for (uint16_t t : vocab_->encode(c_.sample.prompt)) prompt.push_back(t);
   pm_->strategy->begin_forward_only();
