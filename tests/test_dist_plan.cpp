@@ -361,6 +361,29 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
   EXPECT_NE(t.out.find("\nrun it: --parallel.dp_replicate_size "), std::string::npos) << t.out;
 }
 
+// 7 or 13 devices: every layout is refused by the trainer's rules (12 heads, a 1024-token
+// sequence, 64 sequences per step divide by neither), not by memory. The search says so,
+// with the rules and the nearest world sizes that have plans.
+TEST(PlanSearch, WhenEveryLayoutIsRefusedItSaysWhyAndWhereItWorks) {
+  for (const auto& [devices, nearest] : {std::pair{7, std::string(" 6 8 devices")}, std::pair{13, std::string(" 12 16 devices")}}) {
+    const std::string args =
+        "--plan.search --plan.batch 64 --cluster.preset h100-sxm-8 --cluster.devices_per_host " + std::to_string(devices);
+    const Result r = run_shell(planner(args));
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(r.out.find("fits"), std::string::npos) << "memory is not the reason: " << r.out;
+    EXPECT_NE(r.out.find("no layout of " + std::to_string(devices) + " devices passes the trainer's rules:"),
+              std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("is not divisible by tp_size = " + std::to_string(devices)), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("does not split among " + std::to_string(devices) + " data-parallel ranks"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("the nearest world sizes with plans:" + nearest), std::string::npos) << r.out;
+    const nlohmann::json j = nlohmann::json::parse(run_shell(planner(args + " --json")).out);
+    EXPECT_EQ(j["plans"].size(), 0u);
+    EXPECT_EQ(j["refused"].get<int64_t>(), j["tried"].get<int64_t>());
+    EXPECT_EQ(j["nearest_worlds"].size(), 2u);
+  }
+}
+
 TEST(PlanSearch, WithoutAFittingPlanSaysSo) {
   // the 7B-class shape on one device of 80 GB: nothing fits
   const Result r = run_shell(std::string(NDT_TRAIN_GPT_BIN) +
@@ -377,6 +400,8 @@ TEST(PlanCluster, BadClustersAreOneClearError) {
   fs::create_directories(dir);
   std::ofstream(dir / "mixed.ini") << "[cluster]\nhosts = 2\n[train]\nsteps = 3\n";
   std::ofstream(dir / "ok.ini") << "[cluster]\npreset = a100-sxm-8\nhosts = 2\n";
+  std::ofstream(dir / "no_hosts.ini") << "[cluster]\ndevices_per_host = 8\ndevice_tflops = 400\nefficiency = 0.5\n";
+  std::ofstream(dir / "empty.ini") << "[cluster]\n";
   struct Case {
     std::string args, expect;
   };
@@ -390,6 +415,15 @@ TEST(PlanCluster, BadClustersAreOneClearError) {
       {"--cluster.preset h100-sxm-8 --plan.world 4", "the cluster has 8 devices"},
       {"--cluster.preset h100-sxm-8 --parallel.tp_size 3", "tp"},
       {"--cluster.preset cpu-sim", "cluster.preset = cpu-sim describes CPU ranks but train.device = cuda"},
+      // finite but absurd numbers: not a machine (they printed inf, -nan or 200-digit times)
+      {"--cluster.preset h100-sxm-8 --cluster.device_tflops 1e308", "cluster.device_tflops = "},
+      {"--cluster.preset h100-sxm-8 --cluster.intra_gbps 1e-300", "cluster.intra_gbps = "},
+      {"--cluster.preset h100-sxm-8 --cluster.inter_cpu_share 1e300", "cluster.inter_cpu_share = "},
+      {"--cluster.preset h100-sxm-8 --cluster.device_memory_gb 1e300", "cluster.device_memory_gb = "},
+      {"--cluster.preset h100-sxm-8 --cluster.inter_latency_us 1e300", "cluster.inter_latency_us = "},
+      // a cluster file without hosts or a preset is read, not ignored; one that sets nothing is an error
+      {"--plan.search --cluster " + (dir / "no_hosts.ini").string(), "the [cluster] section lacks cluster.memory_gbps"},
+      {"--plan.search --cluster " + (dir / "empty.ini").string(), "empty.ini sets no [cluster] key"},
   };
   for (const Case& c : cases) expect_one_config_error(bin + c.args, c.expect);
   // a cluster file, and the command line over it

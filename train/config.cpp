@@ -404,6 +404,14 @@ struct Checks {
     need(v >= lo && v <= hi, std::string(key) + " = " + std::to_string(v) + " is outside [" +
                                  std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
+  // 0 (the preset's value) or a number a real machine can have, in [lo, hi] `unit`
+  void physical(const char* key, double v, double lo, double hi, const char* unit) const {
+    char range[96];
+    std::snprintf(range, sizeof(range), "%g to %g %s", lo, hi, unit);
+    need(v == 0 || (std::isfinite(v) && v >= lo && v <= hi),
+         std::string(key) + " = " + std::to_string(v) + " is not a value a machine has: expected " + range +
+             " (or 0: the preset's)");
+  }
   void finite(const char* key, double v, bool positive) const {
     need(std::isfinite(v) && (positive ? v > 0 : v >= 0), std::string(key) + " must be a finite number " +
                                                               (positive ? "> 0" : ">= 0") + ", got " +
@@ -512,22 +520,22 @@ void validate_cluster(const Config& c, const Checks& ck) {
   const ClusterSection& k = c.cluster;
   ck.range("cluster.hosts", k.hosts, 0, 1 << 16);
   ck.range("cluster.devices_per_host", k.devices_per_host, 0, 1024);
-  ck.finite("cluster.device_tflops", k.device_tflops, false);
+  ck.physical("cluster.device_tflops", k.device_tflops, 1e-6, 1e5, "TFLOP/s per device");
   ck.need(k.dtype.empty() || k.dtype == c.train.dtype,
           "cluster.dtype = " + k.dtype + ": the cluster's device_tflops is " + k.dtype + "'s rate, but train.dtype = " +
               c.train.dtype + "; measure it again with --train.dtype " + c.train.dtype +
               " (--plan.calibrate), or give cluster.device_tflops for " + c.train.dtype + " and no cluster.dtype");
   ck.need(std::isfinite(k.efficiency) && k.efficiency >= 0 && k.efficiency <= 1,
           "cluster.efficiency must be in (0, 1] (0: the preset's), got " + std::to_string(k.efficiency));
-  ck.finite("cluster.memory_gbps", k.memory_gbps, false);
-  ck.finite("cluster.bf16_memory_gbps", k.bf16_memory_gbps, false);
-  ck.finite("cluster.device_memory_gb", k.device_memory_gb, false);
-  ck.finite("cluster.intra_gbps", k.intra_gbps, false);
-  ck.finite("cluster.intra_latency_us", k.intra_latency_us, false);
-  ck.finite("cluster.inter_gbps", k.inter_gbps, false);
-  ck.finite("cluster.inter_latency_us", k.inter_latency_us, false);
-  ck.finite("cluster.intra_cpu_share", k.intra_cpu_share, false);
-  ck.finite("cluster.inter_cpu_share", k.inter_cpu_share, false);
+  ck.physical("cluster.memory_gbps", k.memory_gbps, 1e-3, 1e5, "GB/s");
+  ck.physical("cluster.bf16_memory_gbps", k.bf16_memory_gbps, 1e-3, 1e5, "GB/s");
+  ck.physical("cluster.device_memory_gb", k.device_memory_gb, 1e-3, 1e5, "GB");
+  ck.physical("cluster.intra_gbps", k.intra_gbps, 1e-6, 1e5, "GB/s per device and direction");
+  ck.physical("cluster.intra_latency_us", k.intra_latency_us, 1e-3, 1e7, "microseconds");
+  ck.physical("cluster.inter_gbps", k.inter_gbps, 1e-6, 1e5, "GB/s per device and direction");
+  ck.physical("cluster.inter_latency_us", k.inter_latency_us, 1e-3, 1e7, "microseconds");
+  ck.physical("cluster.intra_cpu_share", k.intra_cpu_share, 0, 10, "times a transfer's time (a calibration measures up to about 1.3)");
+  ck.physical("cluster.inter_cpu_share", k.inter_cpu_share, 0, 10, "times a transfer's time (a calibration measures up to about 1.3)");
 }
 
 void validate_parallel(const Config& c, const Checks& ck) {

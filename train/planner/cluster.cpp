@@ -66,7 +66,14 @@ double device_peak_tflops(const std::string& device_name, const std::string& dty
   return dtype == "bfloat16" ? p->bf16_tflops : tf32 ? p->tf32_tflops : p->fp32_tflops;
 }
 
-bool has_cluster(const ClusterSection& k) { return !k.preset.empty() || k.hosts > 0; }
+bool has_cluster(const ClusterSection& k) {
+  // any number of the section given (a hand-written --cluster file need not have hosts)
+  for (const double v : {double(k.hosts), double(k.devices_per_host), k.device_tflops, k.memory_gbps,
+                         k.bf16_memory_gbps, k.device_memory_gb, k.intra_gbps, k.intra_latency_us, k.inter_gbps,
+                         k.inter_latency_us, k.intra_cpu_share, k.inter_cpu_share, k.efficiency})
+    if (v > 0) return true;
+  return !k.preset.empty();
+}
 
 Cluster resolve_cluster(const ClusterSection& k, const std::string& device, const std::string& dtype, bool tf32) {
   Cluster c;

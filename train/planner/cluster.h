@@ -46,7 +46,7 @@ struct Cluster {
 // H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", ...) among the presets' devices; 0 when it is
 // none of them. For MFU, when log.peak_tflops is not set.
 double device_peak_tflops(const std::string& device_name, const std::string& dtype, bool tf32);
-// True when the config names a cluster (a preset, or hosts).
+// True when the config names a cluster: a preset, or any [cluster] number.
 bool has_cluster(const ClusterSection& k);
 // The cluster of the config: the preset's numbers where the section has 0, checked for
 // what the time model needs (each missing number named with its key). `dtype` (train.dtype)

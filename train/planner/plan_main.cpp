@@ -48,6 +48,10 @@ int plan_main(const Config& c, bool quiet, std::ostream& out, std::ostream& err)
   if (!c.plan_calibrate.empty()) return calibrate_main(c, out, err);  // under mpirun, every rank
   if (quiet) return 0;  // before MPI: the launcher's rank 0 answers for all
   try {
+    if (!c.cluster_path.empty() && !has_cluster(c.cluster))
+      throw ConfigError("--cluster " + c.cluster_path +
+                        " sets no [cluster] key: give cluster.preset or the cluster's numbers there "
+                        "(train_gpt --help lists them), or write one with --plan.calibrate");
     if (c.plan_search) {
       print_search_of(c, out);
     } else if (has_cluster(c.cluster)) {

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "dist/parallelize.h"
+
 namespace ndt::train {
 namespace {
 
@@ -37,6 +39,26 @@ std::string ms(double s) {
   char b[32];
   std::snprintf(b, sizeof(b), "%.1f ms", s * 1e3);
   return b;
+}
+
+// Whether any (tp, cp, data-parallel) split of `world` devices passes the trainer's rules
+// for c's model and sequence, with the batch splitting among the data-parallel ranks.
+bool some_layout_divides(const Config& c, int64_t world, int64_t batch) {
+  for (int64_t tp : divisors(world))
+    for (int64_t cp : divisors(world / tp)) {
+      const int64_t dp = world / (tp * cp);
+      if (batch % dp) continue;
+      dist::ParallelDims dims;
+      dims.dp_shard = dp;
+      dims.cp = cp;
+      dims.tp = tp;
+      try {
+        dist::check_parallel_model(c.model, dims, c.train.seq_len);
+        return true;
+      } catch (const Error&) {
+      }
+    }
+  return false;
 }
 
 // Why the first beats the second: the part of the step that differs most.
@@ -98,8 +120,12 @@ SearchResult search(const Config& c, const Cluster& k) {
       const int64_t dp = W / (tp * cp);
       const int64_t sps = tp > 1 ? 2 : 1;  // with tp, sequence parallelism off and on
       if (out.batch % dp) {
-        out.refused += static_cast<int64_t>(divisors(dp).size()) * 3 * sps;
-        out.tried += static_cast<int64_t>(divisors(dp).size()) * 3 * sps;
+        const int64_t n = static_cast<int64_t>(divisors(dp).size()) * 3 * sps;
+        out.refused += n;
+        out.tried += n;
+        out.refusals["the batch of " + std::to_string(out.batch) + " sequences per step does not split among " +
+                     std::to_string(dp) + " data-parallel ranks (tp " + std::to_string(tp) + ", cp " +
+                     std::to_string(cp) + ")"] += n;
         continue;
       }
       const int64_t per_rank = out.batch / dp;
@@ -120,13 +146,15 @@ SearchResult search(const Config& c, const Cluster& k) {
               x.train.ac_every = 1;
               if (micro * x.train.seq_len > (int64_t(1) << 31)) {
                 ++out.refused;
+                ++out.refusals["a micro-batch of over 2^31 tokens"];
                 continue;
               }
               Candidate cand;
               try {
                 cand.plan = plan(x, W);
-              } catch (const ConfigError&) {  // tp or cp the model or the sequence cannot take
+              } catch (const ConfigError& e) {  // tp or cp the model or the sequence cannot take
                 ++out.refused;
+                ++out.refusals[e.what()];
                 continue;
               }
               if (double(cand.plan.peak_bytes) > 0.9 * k.memory_bytes) {
@@ -140,7 +168,31 @@ SearchResult search(const Config& c, const Cluster& k) {
   std::stable_sort(out.ranked.begin(), out.ranked.end(),
                    [](const Candidate& a, const Candidate& b) { return a.time.step_s < b.time.step_s; });
   out.why = why_first(out.ranked);
+  if (out.ranked.empty() && out.too_big == 0) {  // every plan refused: say why, and where plans exist
+    out.why = "no layout of " + std::to_string(W) + " devices passes the trainer's rules";
+    for (int64_t d = 1; d <= W && out.nearest_worlds.size() < 2; ++d)
+      for (const int64_t w : {W - d, W + d})
+        if (w >= 1 && out.nearest_worlds.size() < 2 && some_layout_divides(c, w, out.batch)) out.nearest_worlds.push_back(w);
+  }
   return out;
+}
+
+// Why no plan exists when the trainer's rules refused every one: the rules, most plans
+// first, and the nearest world sizes that have plans.
+void print_refusals(const SearchResult& s, std::ostream& o) {
+  o << s.why << ":\n";
+  std::vector<std::pair<int64_t, std::string>> rules;
+  for (const auto& [why, n] : s.refusals) rules.emplace_back(n, why);
+  std::stable_sort(rules.begin(), rules.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; i < rules.size() && i < 4; ++i) o << "  " << rules[i].first << " plans: " << rules[i].second << "\n";
+  if (rules.size() > 4) o << "  and " << rules.size() - 4 << " more rules\n";
+  if (s.nearest_worlds.empty()) {
+    o << "no world size up to " << 2 * s.world << " has a plan: change the model, the sequence or the batch\n";
+    return;
+  }
+  o << "the nearest world sizes with plans:";
+  for (int64_t w : s.nearest_worlds) o << " " << w;
+  o << " devices (or another batch: --plan.batch)\n";
 }
 
 void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ostream& o) {
@@ -149,6 +201,7 @@ void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ost
     << " plans (layouts x micro-batches x checkpointing x sequence parallelism with tp), " << s.refused
     << " refused by the trainer's rules, " << s.too_big << " over 90% of a device's memory, "
     << s.ranked.size() << " ranked\n";
+  if (s.ranked.empty() && s.too_big == 0) return print_refusals(s, o);
   char line[400];
   std::snprintf(line, sizeof(line), "%4s  %-21s %-22s %-7s %-9s %10s %11s %6s %10s %10s %10s %9s  %s\n", "#",
                 "rep x shard x cp x tp", "strategy", "micro", "AC", "step ms", "tokens/s", "MFU", "compute",
@@ -194,6 +247,8 @@ void print_search_json(const SearchResult& s, const Cluster& k, int64_t top, std
   j["refused"] = s.refused;
   j["too_big"] = s.too_big;
   j["why"] = s.why;
+  j["refusals"] = s.refusals;
+  j["nearest_worlds"] = s.nearest_worlds;
   nlohmann::json plans = nlohmann::json::array();
   for (size_t i = 0; i < s.ranked.size() && int64_t(i) < top; ++i) {
     const Plan& p = s.ranked[i].plan;

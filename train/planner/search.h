@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -29,7 +30,9 @@ struct SearchResult {
   int64_t tried = 0;                   // layouts x micro-batches x checkpointing modes
   int64_t refused = 0, too_big = 0;    // by the trainer's constraints, by memory
   std::vector<Candidate> ranked;       // fastest first
-  std::string why;                     // one line on why the first wins
+  std::string why;                     // one line on why the first wins (or why none exists)
+  std::map<std::string, int64_t> refusals;  // the trainer's rule that refused plans -> how many
+  std::vector<int64_t> nearest_worlds;       // every plan refused: the nearest world sizes with plans
 };
 
 SearchResult search(const Config& c, const Cluster& k);
