@@ -59,6 +59,9 @@ Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, double s);
 Tensor gelu(const Tensor& x);               // tanh approximation
+// SwiGLU's gate (the Llama MLP, down(silu(gate) * up)): gate, up of one shape -> silu(gate) *
+// up, silu(g) = g * sigmoid(g), one node (nothing but gate and up is kept)
+Tensor silu_mul(const Tensor& gate, const Tensor& up);
 Tensor cast(const Tensor& x, DType dtype);  // gradient cast back to x's dtype
 
 // ---- reductions (ops/reduce.cpp) -------------------------------------------------
@@ -78,6 +81,8 @@ struct AddNormOut {
 };
 AddNormOut add_layernorm(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias,
                          double eps = 1e-5);
+// RMSNorm (Llama, Qwen2): x (..., C), w (C) -> x / sqrt(mean_c(x^2) + eps) * w; saves rstd.
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps = 1e-6);
 Tensor softmax(const Tensor& x);  // over the last dim
 // logits (N, V), targets (N) i32 -> scalar mean of -log softmax(logits)[target] over rows
 // whose target != ignore_index (0 if none). v_limit < V ignores padded vocab columns
@@ -93,6 +98,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // be backpropagated once. Without gradients it is cross_entropy.
 Tensor cross_entropy_fused(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -1,
                            int64_t v_limit = -1);
+
+// ---- rotary position embedding (ops/rotary.cpp) ------------------------------------
+// x (B, T, NH, HS), cos, sin (B, T, HS/2) of x's dtype (the angle of each position and
+// frequency: models/ makes them from the positions, so context parallelism's chunks carry
+// their global positions) -> x with the pairs (i, i + HS/2) of each head turned by their
+// angle, Hugging Face's rotate_half convention; differentiable in x only.
+Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 // ---- embedding (ops/embedding.cpp) -----------------------------------------------
 // ids (...) i32, table (V, C) -> (..., C). Backward scatter-adds, deterministically.

@@ -192,6 +192,45 @@ void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, co
   NDT_DISPATCH(a.device(), add_layernorm_forward, a, b, w, bias, eps, sum, out, mean, rstd);
 }
 
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& out, const Tensor& rstd) {
+  same_device("rmsnorm_forward", {&x, &w, &out, &rstd});
+  contiguous("rmsnorm_forward", {&x, &w, &out, &rstd});
+  NDT_DISPATCH(x.device(), rmsnorm_forward, x, w, eps, out, rstd);
+}
+
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                      const Tensor& dw) {
+  same_device("rmsnorm_backward", {&dout, &x, &w, &rstd, &dx, &dw});
+  contiguous("rmsnorm_backward", {&dout, &x, &w, &rstd, &dx, &dw});
+  NDT_DISPATCH(dout.device(), rmsnorm_backward, dout, x, w, rstd, dx, dw);
+}
+
+void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  same_device("silu_mul_forward", {&gate, &up, &out});
+  contiguous("silu_mul_forward", {&gate, &up, &out});
+  NDT_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel(), "silu_mul_forward: gate ", gate.desc(),
+            ", up ", up.desc(), " and out ", out.desc(), " must have as many elements");
+  NDT_DISPATCH(gate.device(), silu_mul_forward, gate, up, out);
+}
+
+void silu_mul_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate,
+                       const Tensor& dup) {
+  same_device("silu_mul_backward", {&gate, &up, &dout, &dgate, &dup});
+  contiguous("silu_mul_backward", {&gate, &up, &dout, &dgate, &dup});
+  NDT_DISPATCH(gate.device(), silu_mul_backward, gate, up, dout, dgate, dup);
+}
+
+void rotary_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, const Tensor& out) {
+  same_device("rotary_forward", {&x, &cos, &sin, &out});
+  contiguous("rotary_forward", {&x, &cos, &sin, &out});
+  NDT_CHECK(x.dim() == 4 && x.size(3) % 2 == 0 && cos.dim() == 3 && cos.shape() == sin.shape() &&
+                cos.size(0) == x.size(0) && cos.size(1) == x.size(1) && cos.size(2) == x.size(3) / 2 &&
+                out.shape() == x.shape() && cos.dtype() == x.dtype() && sin.dtype() == x.dtype(),
+            "rotary_forward: x (B,T,NH,HS) with an even HS and cos, sin (B,T,HS/2) of its dtype, got ", x.desc(),
+            ", ", cos.desc(), ", ", sin.desc());
+  NDT_DISPATCH(x.device(), rotary_forward, x, cos, sin, inverse, out);
+}
+
 void softmax_forward(const Tensor& x, const Tensor& out) {
   same_device("softmax_forward", {&x, &out});
   contiguous("softmax_forward", {&x, &out});

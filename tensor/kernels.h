@@ -73,6 +73,27 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, co
 void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, const Tensor& bias, double eps,
                            const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd);
 
+// ---- RMSNorm (tensor/{cpu,cuda}/rmsnorm) ---------------------------------------------
+// x (N,C), w (C) -> out (N,C) = x * rstd * w, rstd (N) = 1 / sqrt(mean_c(x^2) + eps)
+// (rstd f32, f64 for f64 x)
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& out, const Tensor& rstd);
+// dout (N,C) -> dx (N,C), dw (C); written, not accumulated
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
+                      const Tensor& dw);
+
+// ---- SwiGLU's gate (tensor/{cpu,cuda}/swiglu) ------------------------------------------
+// gate, up (N) -> out (N) = silu(gate) * up, silu(g) = g * sigmoid(g)
+void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
+// dout (N) -> dgate, dup (N); written
+void silu_mul_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate,
+                       const Tensor& dup);
+
+// ---- rotary position embedding (tensor/{cpu,cuda}/rotary) --------------------------
+// x (B,T,NH,HS), cos, sin (B,T,HS/2) of x's dtype -> out (B,T,NH,HS): the pairs (i, i+HS/2)
+// of each head turned by their angle (Hugging Face's rotate_half convention); inverse turns
+// them back (the backward). out may not alias x.
+void rotary_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, const Tensor& out);
+
 // ---- softmax and cross-entropy (tensor/{cpu,cuda}/softmax) --------------------------
 void softmax_forward(const Tensor& x, const Tensor& out);                    // (N,C), rows
 void softmax_backward(const Tensor& y, const Tensor& dy, const Tensor& dx);  // dx written

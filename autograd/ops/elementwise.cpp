@@ -102,6 +102,24 @@ Tensor gelu(const Tensor& x_in) {
   return out;
 }
 
+// gate, up (...) -> silu(gate) * up (...)
+Tensor silu_mul(const Tensor& gate_in, const Tensor& up_in) {
+  check_same("silu_mul", {&gate_in, &up_in});
+  NDT_CHECK(gate_in.shape() == up_in.shape(), "silu_mul: gate ", gate_in.shape_str(), " and up ",
+            up_in.shape_str(), " differ");
+  Tensor gate = gate_in.contiguous(), up = up_in.contiguous();
+  Tensor out = empty_like(gate);
+  kernels::silu_mul_forward(gate, up, out);
+  autograd::record("silu_mul", {out}, {gate_in, up_in},
+                   [gate = gate.detach(), up = up.detach()](const Grads& g) -> Grads {
+                     // forward: out = silu(gate) * up; the kernel's comment derives dgate, dup
+                     Tensor dgate = empty_like(gate), dup = empty_like(up);
+                     kernels::silu_mul_backward(gate, up, g[0].contiguous(), dgate, dup);
+                     return {dgate, dup};
+                   });
+  return out;
+}
+
 Tensor cast(const Tensor& x, DType dtype) {
   Tensor out = x.dtype() == dtype ? x.contiguous().clone() : x.to(dtype).contiguous();
   if (!is_floating(dtype)) return out;

@@ -27,6 +27,26 @@ Tensor layernorm(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, dou
   return out;
 }
 
+// x (..., C), w (C) -> (..., C)
+Tensor rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
+  check_same("rms_norm", {&x_in, &w_in});
+  NDT_CHECK(x_in.dim() >= 1 && w_in.dim() == 1 && w_in.size(0) == x_in.size(-1), "rms_norm: input ",
+            x_in.shape_str(), " needs a weight of shape (", x_in.dim() ? x_in.size(-1) : 0, "), got ",
+            w_in.shape_str());
+  Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
+  Tensor out = empty_like(x);
+  Tensor rstd = Tensor::empty({N}, stat_dtype(x.dtype()), x.device());
+  kernels::rmsnorm_forward(x, w, eps, out, rstd);
+  autograd::record("rms_norm", {out}, {x_in, w_in}, [x = x.detach(), w = w.detach(), rstd](const Grads& g) -> Grads {
+    // forward: out = x * rstd * w; the kernel's comment derives dx and dw
+    Tensor dx = empty_like(x), dw = empty_like(w);
+    kernels::rmsnorm_backward(g[0].contiguous(), x, w, rstd, dx, dw);
+    return {dx, dw};
+  });
+  return out;
+}
+
 // a, b (..., C), w, bias (C) -> sum (..., C), out (..., C)
 AddNormOut add_layernorm(const Tensor& a_in, const Tensor& b_in, const Tensor& w_in, const Tensor& bias_in,
                          double eps) {

@@ -194,6 +194,18 @@ std::vector<OpCase> build_cases() {
          return std::vector<Tensor>{r.sum, r.out};
        },
        all_grad(4)});
+  add_case({"rms_norm", inputs_of({{{kB, 5, kC}, 0.5f, 2.0f}, {{kC}, 1.0f, 0.5f}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{rms_norm(x[0], x[1], 1e-6)}; },
+            all_grad(2)});
+  add_case({"silu_mul", inputs_of({{{5, 7}, 0.0f, 2.0f}, {{5, 7}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{silu_mul(x[0], x[1])}; }, all_grad(2)});
+  // x (B,T,NH,HS) and cos, sin (B,T,HS/2): the backward is the transpose for any cos and
+  // sin (random here, not on the unit circle); x comes as (B,NH,T,HS), as attention holds q
+  add_case({"rotary", inputs_of({{{kB, kNH, kT, 6}}, {{kB, kT, 3}}, {{kB, kT, 3}}}),
+            [](const std::vector<Tensor>& x) {
+              return std::vector<Tensor>{rotary(transpose(x[0], 1, 2), x[1], x[2])};
+            },
+            {true, false, false}});
   add_case({"softmax", inputs_of({{{kT, kV}, 0.0f, 2.0f}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{softmax(x[0])}; }, all_grad(1)});
   add_case({"softmax_3d", inputs_of({{{2, 3, 5}, 0.0f, 2.0f}}),
