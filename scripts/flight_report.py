@@ -15,7 +15,8 @@ order, so the same sequence number is the same collective on every member. The r
     got; a rank whose last operation in the group is behind the others' fell behind;
   - a verdict, from the wait-for graph (who waits in which collective for whom): the rank
     that failed on its own (an error that is not a timeout); else the ranks that wrote
-    nothing (a whole host of them: that host or its link); else a rank whose own clock shows
+    nothing (a whole host of them: that host or its link; one whose host-mates waited across
+    the hosts like everyone: cannot tell it from a cut link); else a rank whose own clock shows
     it was not running at the fault (stopped, starved: only what ends after the oldest
     operation still waited in was queued counts); else the ranks the others wait for; else a
     collective that every member reached or that the others completed: the network.
@@ -66,6 +67,30 @@ def waited_s(r):
     return (r["written_us"] - pend[0]["queued_us"]) / 1e6
 
 
+def cannot_tell_missing(records, missing, host, hosts):
+    """True when the records cannot tell a stopped rank from one the launcher ended before it
+    wrote: every rank that wrote waited (none failed on its own), and each missing rank's
+    host-mates that wrote wait in a group whose members span hosts, as everyone does when a
+    link between hosts is cut. A host-mate waiting in a group inside its host points at the
+    missing rank instead (links inside a host are not cut)."""
+    if not hosts or any(not any(w in r.get("reason", "") for w in WAITED) for r in records.values()):
+        return False
+    members = {}  # group -> the hosts of the ranks that recorded it
+    for k, r in records.items():
+        for e in r.get("entries", []):
+            members.setdefault(e["group"], set()).add(host(k))
+    for m in missing:
+        mates = [k for k in records if host(k) == host(m)]
+        if not mates:
+            return False
+        for k in mates:
+            pend = sorted((e for e in records[k].get("entries", []) if e["state"] in ("started", "queued")),
+                          key=lambda e: e["queued_us"])
+            if not pend or len(members[pend[0]["group"]]) < 2:
+                return False
+    return True
+
+
 def verdict(records, world, hosts, host, missing, groups, stalled):
     """The likely cause, in one or two lines: a rank that failed on its own; else the ranks
     that wrote nothing; else a rank that was not running; else the ranks the others wait
@@ -84,6 +109,13 @@ def verdict(records, world, hosts, host, missing, groups, stalled):
         if whole:
             return [f"  every rank of host {h} ({ranks_str(by_host[h])}) wrote nothing: look at {h} and its "
                     "network link first (a dead node or a cut link)" for h in whole]
+        if cannot_tell_missing(records, missing, host, hosts):
+            hs = ", ".join(sorted(by_host))
+            return [f"  cannot tell: {ranks_str(missing)} wrote nothing, while the ranks on the same host waited, "
+                    f"like every other rank, in collectives across the hosts: either the network between the hosts "
+                    f"({hs}) failed and the launcher ended {ranks_str(missing)} before it could write, or "
+                    f"{ranks_str(missing)} stopped; look at the network between them first, then at "
+                    f"{ranks_str(missing)}"]
         return [f"  {ranks_str(missing)} fell behind or wrote nothing: look there first (a stopped or dead process)"]
 
     # A rank that was not running (SIGSTOPped, then woken by the launcher's SIGCONT before

@@ -602,12 +602,14 @@ TEST_F(DistFaults, ACutLinkEndsTheJobAndTheReportNamesTheNetwork) {
   EXPECT_EQ(r.rc, 0) << r.out;
   // each host's ranks wrote (the file system is shared) and timed out: either nobody fell
   // behind (the collective that spans the hosts never completed anywhere) or host 1's ranks
-  // did (it completed on host 0 first); either way the verdict is the network
+  // did (it completed on host 0 first); either way the verdict is the network. When the
+  // launcher ended a rank before it wrote, the report cannot tell and names the network first
   EXPECT_TRUE(has(r.out, "  rank 0 (h0): at step ")) << r.out;
   EXPECT_TRUE(has(r.out, "  rank 3 (h1): at step ")) << r.out;
   const std::string verdict = r.out.substr(r.out.find("verdict:"));
   EXPECT_TRUE(has(verdict, "it spans hosts h0, h1: the network between them") ||
-              has(verdict, "so what they sent never arrived: the network between h"))
+              has(verdict, "so what they sent never arrived: the network between h") ||
+              has(verdict, "look at the network between them first"))  // a rank the launcher ended first
       << r.out;
   two.heal(1);
 }

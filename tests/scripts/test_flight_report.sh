@@ -58,4 +58,28 @@ python3 "$ROOT/scripts/flight_report.py" "$cut" >"$tmp/cut.txt" 2>&1
 cat "$tmp/cut.txt"
 check "a start-up pause does not make a healthy rank the suspect" bash -c "! grep -q 'rank [0-9] fell behind' '$tmp/cut.txt'"
 check "the verdict is the network between the hosts" grep -q 'it spans hosts h0, h1: the network between them' "$tmp/cut.txt"
+
+# 2 hosts x 2 ranks, a link cut, and rank 3 ended by the launcher before it wrote: rank 2, on
+# the same host, waits like ranks 0 and 1 in the replicas' all-reduce across the hosts. The
+# records cannot tell that from a stopped rank 3: the report says so, the network first.
+# With rank 2 waiting in its host's own shard group instead, rank 3 is the suspect.
+three="$tmp/three"
+mkdir -p "$three"
+for k in 0 1 2; do
+  group="replicate@$((k % 2))"
+  cat >"$three/rank_$k.json" <<JSON
+{"job": "20261204T091000Z-h0-44", "rank": $k, "world": 4, "step": 6, "written_us": 20000000,
+ "reason": "error: replicate.all_reduce (64 bytes) on world rank $k has not completed after 3 s (parallel.timeout_s): a rank of the group is dead, stopped or cut off",
+ "hosts": ["h0", "h0", "h1", "h1"],
+ "entries": [{"group": "$group", "seq": 9, "what": "replicate.all_reduce", "bytes": 64, "step": 6, "state": "started", "queued_us": 17000000, "started_us": 17000100, "finished_us": 0}]}
+JSON
+done
+python3 "$ROOT/scripts/flight_report.py" "$three" >"$tmp/three.txt" 2>&1
+cat "$tmp/three.txt"
+check "a missing rank whose host-mate waited across hosts: cannot tell" grep -q 'cannot tell: rank 3 wrote nothing' "$tmp/three.txt"
+check "... the network first" grep -q 'look at the network between them first, then at rank 3' "$tmp/three.txt"
+sed -i 's/"group": "replicate@0", "seq": 9, "what": "replicate.all_reduce"/"group": "fsdp@1", "seq": 9, "what": "fsdp.all_gather"/' "$three/rank_2.json"
+python3 "$ROOT/scripts/flight_report.py" "$three" >"$tmp/three2.txt" 2>&1
+check "a host-mate stuck inside its host: the missing rank is the suspect" grep -q 'verdict:$' "$tmp/three2.txt"
+check "... named" grep -q '  rank 3 fell behind or wrote nothing' "$tmp/three2.txt"
 exit $status
