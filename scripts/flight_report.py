@@ -70,8 +70,8 @@ def waited_s(r):
 def cannot_tell_missing(records, missing, host, hosts):
     """True when the records cannot tell a stopped rank from one the launcher ended before it
     wrote: every rank that wrote waited (none failed on its own), and each missing rank's
-    host-mates that wrote wait in a group whose members span hosts, as everyone does when a
-    link between hosts is cut. A host-mate waiting in a group inside its host points at the
+    host-mates that wrote wait only in groups whose members span hosts, as everyone does when
+    a link between hosts is cut. A host-mate waiting in a group inside its host points at the
     missing rank instead (links inside a host are not cut)."""
     if not hosts or any(not any(w in r.get("reason", "") for w in WAITED) for r in records.values()):
         return False
@@ -83,10 +83,9 @@ def cannot_tell_missing(records, missing, host, hosts):
         mates = [k for k in records if host(k) == host(m)]
         if not mates:
             return False
-        for k in mates:
-            pend = sorted((e for e in records[k].get("entries", []) if e["state"] in ("started", "queued")),
-                          key=lambda e: e["queued_us"])
-            if not pend or len(members[pend[0]["group"]]) < 2:
+        for k in mates:  # every operation they still wait in spans hosts
+            pend = [e for e in records[k].get("entries", []) if e["state"] in ("started", "queued")]
+            if not pend or any(len(members[e["group"]]) < 2 for e in pend):
                 return False
     return True
 
