@@ -4,9 +4,9 @@
 
 namespace ndt::nn {
 
-Linear::Linear(int64_t in_, int64_t out_, bool has_bias, float std) : in(in_), out(out_) {
+Linear::Linear(int64_t in_, int64_t out_, bool with_bias, float std) : in(in_), out(out_), has_bias(with_bias) {
   param("weight", &weight, {in, out}, Init::normal(std), true);
-  if (has_bias) param("bias", &bias, {out}, Init::zeros(), false);
+  if (with_bias) param("bias", &bias, {out}, Init::zeros(), false);
 }
 
 Tensor Linear::forward(const Tensor& x) const { return apply(x, false); }
@@ -39,6 +39,22 @@ LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const { return layernorm(x, weight, bias, eps); }
+
+RMSNorm::RMSNorm(int64_t dim, double eps_) : eps(eps_) { param("weight", &weight, {dim}, Init::ones(), false); }
+
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight, eps); }
+
+SwiGLU::SwiGLU(int64_t C, int64_t I, float std, float proj_std)
+    : gate_proj(C, I, false, std), up_proj(C, I, false, std), down_proj(I, C, false, proj_std) {
+  child("gate_proj", &gate_proj);
+  child("up_proj", &up_proj);
+  child("down_proj", &down_proj);
+}
+
+// x (B,T,C) -> gate, up (B,T,I) -> silu(gate) * up -> down (B,T,C)
+Tensor SwiGLU::forward(const Tensor& x) const {
+  return down_proj.forward(silu_mul(gate_proj.forward(x), up_proj.forward(x)));
+}
 
 MLP::MLP(int64_t C, float std, float proj_std) : c_fc(C, 4 * C, true, std), c_proj(4 * C, C, true, proj_std) {
   child("c_fc", &c_fc);

@@ -48,6 +48,7 @@ class Linear : public Module {
   Tensor forward_gelu(const Tensor& x) const;  // gelu(forward(x)), fused where it can be
   Tensor weight, bias;
   int64_t in, out;
+  bool has_bias;                           // described with a bias (Llama's linears have none)
   std::shared_ptr<const LinearComm> comm;  // the parallel layout's collectives (nullptr: none)
 
  private:
@@ -70,6 +71,25 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) const;  // (..., C) -> (..., C)
   Tensor weight, bias;
   double eps;
+};
+
+// RMSNorm (Llama, Qwen2): x / sqrt(mean(x^2) + eps) * w, no bias.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t dim, double eps = 1e-6);
+  Tensor forward(const Tensor& x) const;  // (..., C) -> (..., C)
+  Tensor weight;
+  double eps;
+};
+
+// The Llama family's MLP (SwiGLU): down(silu(gate x) * up x), C -> I -> C, no biases. Under
+// tensor parallelism gate and up are column-parallel and down row-parallel, each with its
+// own LinearComm, as GPT-2's c_fc and c_proj.
+class SwiGLU : public Module {
+ public:
+  SwiGLU(int64_t C, int64_t I, float std, float proj_std);
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  Linear gate_proj, up_proj, down_proj;
 };
 
 // c_fc (C -> 4C), GELU, c_proj (4C -> C)

@@ -66,6 +66,38 @@ TEST(TensorParallel, BlockEqualsTheWholeBlock) {
   }
 }
 
+// The Llama family's MLP (SwiGLU, no biases) through the same two layer kinds, one
+// LinearComm each: gate and up column-parallel, down row-parallel. Outputs, input gradients
+// and every weight's gradient equal the whole MLP's; one all-reduce forward (g) and one per
+// column-parallel linear backward (f, under its weight gradient's GEMM).
+TEST(TensorParallel, SwiGluMlpEqualsTheWholeMlp) {
+  auto& tp = *ndt::testing::world();
+  const int64_t C = 10, I = 24, B = 2, T = 3;  // 24 hidden units divide by 2, 3 and 4
+  nn::SwiGLU whole(C, I, 0.3f, 0.2f), part(C, I, 0.3f, 0.2f);
+  dist::apply_tensor_parallel(part, tp);
+  nn::FlatParams wp = nn::materialize({{"mlp", whole.parameters("mlp")}}, Device::cpu(), DType::f64, 5);
+  nn::FlatParams pp = nn::materialize({{"mlp", part.parameters("mlp")}}, Device::cpu(), DType::f64, 5);
+  for (const nn::FlatParam& f : pp.units[0].params) {
+    EXPECT_TRUE(f.spec.tp.split()) << f.spec.name << ": every weight is split";
+    const Tensor v = randn(f.spec.global_shape(), nn::name_hash(f.spec.name) % 100000);
+    wp.find(f.spec.name)->value.copy_(v);
+    f.value.copy_(dist::slice_param(f.spec, v));
+  }
+  Tensor x = randn({B, T, C}, 1, true), xp = randn({B, T, C}, 1, true), w = randn({B, T, C}, 2);
+  Tensor y = whole.forward(x);
+  backward(sum(mul(y, w)));
+  tp.reset_stats();
+  Tensor yp = part.forward(xp);
+  EXPECT_LT(max_diff(y, yp), 1e-12) << "outputs";
+  backward(sum(mul(yp, w)));
+  const int64_t n = tp.size(), bytes = B * T * C * 8;
+  EXPECT_EQ(tp.stats()[dist::CommKind::kAllReduce], 3 * (2 * (n - 1) * bytes / n));
+  EXPECT_LT(max_diff(x.grad(), xp.grad()), 1e-12) << "input gradients";
+  for (const nn::FlatParam& f : pp.units[0].params)
+    EXPECT_LT(max_diff(wp.find(f.spec.name)->value.grad(), dist::gather_param(f.spec, f.value.grad(), tp)), 1e-12)
+        << f.spec.name;
+}
+
 // Sequence parallelism: the block's input and output in parts of the sequence (rank q holds
 // positions [q T/n, (q+1) T/n)); the LayerNorms' and row-parallel biases' gradients are
 // partial on each rank, their sum over the group the whole block's. The column-parallel

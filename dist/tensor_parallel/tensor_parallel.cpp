@@ -72,7 +72,7 @@ void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups,
                      const SequenceSplit* split) {
   // W (C_in, C_out): this rank's columns of each of the `groups` blocks, and their bias
   l.split_param("weight", 1, parts, rank, groups);
-  l.split_param("bias", 0, parts, rank, groups);  // GPT-2 linears all have one
+  if (l.has_bias) l.split_param("bias", 0, parts, rank, groups);  // (the Llama family's have none)
   if (tp) l.comm = std::make_shared<ColumnParallelComm>(*tp, split);
 }
 
@@ -99,6 +99,16 @@ void parallelize_block(nn::Block& b, int64_t parts, int64_t rank, Communicator* 
 
 void apply_tensor_parallel(nn::Block& block, Communicator& tp, const SequenceSplit* split) {
   if (tp.size() > 1) parallelize_block(block, tp.size(), tp.rank(), &tp, split);
+}
+
+void apply_tensor_parallel(nn::SwiGLU& mlp, Communicator& tp, const SequenceSplit* split) {
+  const int64_t n = tp.size();
+  if (n == 1) return;
+  NDT_CHECK(mlp.gate_proj.out % n == 0, "tensor parallelism: the MLP's ", mlp.gate_proj.out,
+            " hidden units (intermediate_size) are not divisible by tp_size = ", n);
+  column_parallel(mlp.gate_proj, n, tp.rank(), 1, &tp, split);  // this rank's hidden units of the gate
+  column_parallel(mlp.up_proj, n, tp.rank(), 1, &tp, split);    // ... and of up
+  row_parallel(mlp.down_proj, n, tp.rank(), &tp, split);        // their rows of down
 }
 
 void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {

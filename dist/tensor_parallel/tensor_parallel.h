@@ -60,6 +60,9 @@ void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp =
 void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, const SequenceSplit* split = nullptr);
 // One block's share: its heads, its MLP hidden units (used by the GPT's, and by tests).
 void apply_tensor_parallel(nn::Block& block, Communicator& tp, const SequenceSplit* split = nullptr);
+// The Llama family's MLP: gate and up column-parallel (this rank's hidden units), down
+// row-parallel; intermediate_size must divide by tp.
+void apply_tensor_parallel(nn::SwiGLU& mlp, Communicator& tp, const SequenceSplit* split = nullptr);
 // Throws ndt::Error when a rank's tokens of a sequence (seq_len / cp) do not split among tp.
 void check_sequence_parallel(int64_t seq_len, int64_t cp, int64_t tp);
 // Only the splits, as rank `rank` of `parts` would hold them (no communication installed):

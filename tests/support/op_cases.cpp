@@ -197,6 +197,14 @@ std::vector<OpCase> build_cases() {
   add_case({"rms_norm", inputs_of({{{kB, 5, kC}, 0.5f, 2.0f}, {{kC}, 1.0f, 0.5f}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{rms_norm(x[0], x[1], 1e-6)}; },
             all_grad(2)});
+  // the Llama MLP as nn::SwiGLU runs it: down(silu(x gate) * (x up)), no biases, after an RMSNorm
+  add_case({"swiglu_mlp",
+            inputs_of({{{kB, 5, kC}}, {{kC}, 1.0f, 0.3f}, {{kC, 16}, 0.0f, 0.4f}, {{kC, 16}, 0.0f, 0.4f}, {{16, kC}, 0.0f, 0.3f}}),
+            [](const std::vector<Tensor>& x) {
+              const Tensor h = rms_norm(x[0], x[1], 1e-6);
+              return std::vector<Tensor>{linear(silu_mul(linear(h, x[2], Tensor()), linear(h, x[3], Tensor())), x[4], Tensor())};
+            },
+            all_grad(5)});
   add_case({"silu_mul", inputs_of({{{5, 7}, 0.0f, 2.0f}, {{5, 7}}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{silu_mul(x[0], x[1])}; }, all_grad(2)});
   // x (B,T,NH,HS) and cos, sin (B,T,HS/2): the backward is the transpose for any cos and
