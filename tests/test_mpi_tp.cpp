@@ -23,6 +23,16 @@ using namespace ndt::testing;  // world, randn, max_diff (tests/dist/dist_testin
 
 namespace {
 
+// Random values in every parameter of the whole model `wp` (biases and norms start at 0 and
+// 1), and in the split model `pp` this rank's slice of the same values.
+void set_random_values(const nn::FlatParams& wp, const nn::FlatParams& pp) {
+  for (const nn::FlatParam& f : pp.units[0].params) {
+    const Tensor v = randn(f.spec.global_shape(), nn::name_hash(f.spec.name) % 100000);
+    wp.find(f.spec.name)->value.copy_(v);
+    f.value.copy_(dist::slice_param(f.spec, v));
+  }
+}
+
 TEST(TensorParallel, BlockEqualsTheWholeBlock) {
   auto& tp = *ndt::testing::world();
   const int64_t C = 24, NH = 12, B = 2, T = 5;  // 12 heads and 96 hidden units divide by 2, 3, 4
@@ -43,12 +53,7 @@ TEST(TensorParallel, BlockEqualsTheWholeBlock) {
       EXPECT_TRUE(norm || row_bias) << f.spec.name << ": only LayerNorms and row-parallel biases stay whole";
     }
   EXPECT_EQ(split_part * tp.size(), split_whole);
-  // random values everywhere (biases and LayerNorms start at 0 and 1), the part's its slice
-  for (const nn::FlatParam& f : pp.units[0].params) {
-    const Tensor v = randn(f.spec.global_shape(), nn::name_hash(f.spec.name) % 100000);
-    wp.find(f.spec.name)->value.copy_(v);
-    f.value.copy_(dist::slice_param(f.spec, v));
-  }
+  set_random_values(wp, pp);
   Tensor x = randn({B, T, C}, 1, true), xp = randn({B, T, C}, 1, true), w = randn({B, T, C}, 2);
   Tensor y = whole.forward(x);
   backward(sum(mul(y, w)));
@@ -77,12 +82,8 @@ TEST(TensorParallel, SwiGluMlpEqualsTheWholeMlp) {
   dist::apply_tensor_parallel(part, tp);
   nn::FlatParams wp = nn::materialize({{"mlp", whole.parameters("mlp")}}, Device::cpu(), DType::f64, 5);
   nn::FlatParams pp = nn::materialize({{"mlp", part.parameters("mlp")}}, Device::cpu(), DType::f64, 5);
-  for (const nn::FlatParam& f : pp.units[0].params) {
-    EXPECT_TRUE(f.spec.tp.split()) << f.spec.name << ": every weight is split";
-    const Tensor v = randn(f.spec.global_shape(), nn::name_hash(f.spec.name) % 100000);
-    wp.find(f.spec.name)->value.copy_(v);
-    f.value.copy_(dist::slice_param(f.spec, v));
-  }
+  for (const nn::FlatParam& f : pp.units[0].params) EXPECT_TRUE(f.spec.tp.split()) << f.spec.name << ": every weight is split";
+  set_random_values(wp, pp);
   Tensor x = randn({B, T, C}, 1, true), xp = randn({B, T, C}, 1, true), w = randn({B, T, C}, 2);
   Tensor y = whole.forward(x);
   backward(sum(mul(y, w)));
@@ -112,11 +113,7 @@ TEST(TensorParallel, SequenceParallelBlockEqualsTheWholeBlock) {
   dist::apply_tensor_parallel(part, tp, &split);
   nn::FlatParams wp = nn::materialize({{"b", whole.parameters("b")}}, Device::cpu(), DType::f64, 5);
   nn::FlatParams pp = nn::materialize({{"b", part.parameters("b")}}, Device::cpu(), DType::f64, 5);
-  for (const nn::FlatParam& f : pp.units[0].params) {
-    const Tensor v = randn(f.spec.global_shape(), nn::name_hash(f.spec.name) % 100000);
-    wp.find(f.spec.name)->value.copy_(v);
-    f.value.copy_(dist::slice_param(f.spec, v));
-  }
+  set_random_values(wp, pp);
   Tensor x = randn({B, T, C}, 1, true), w = randn({B, T, C}, 2);
   Tensor xp = x.detach().narrow(1, r * Ts, Ts).contiguous().clone();
   xp.set_requires_grad(true);
