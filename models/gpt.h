@@ -1,15 +1,26 @@
-// ndtrain: GPT-2 (Radford et al. 2019), as in the paper and in llm.c.
+// ndtrain: the GPT family of decoders, in two architectures.
 //
-//   token + position embeddings -> n_layer pre-LN blocks -> final LayerNorm
-//   -> logits through the token embedding (lm_head tied to wte) -> cross-entropy
+// gpt2 (Radford et al. 2019, as in llm.c):
+//   token + learned position embeddings -> n_layer pre-LN blocks (LayerNorm, multi-head
+//   attention, GELU MLP, biases everywhere) -> final LayerNorm -> logits through the token
+//   embedding (lm_head tied to wte) -> cross-entropy
+// llama (Llama 3, Qwen2, Mistral):
+//   token embeddings -> n_layer pre-norm blocks (RMSNorm, grouped-query attention with
+//   rotary position embeddings, SwiGLU MLP, no biases but Qwen2's on q, k, v) -> final
+//   RMSNorm -> logits through lm_head (its own weight unless tie_embeddings) -> cross-entropy
 //
-// Shape legend: B batch, T time, C = n_embd, NH = n_head, V vocab, Vp padded vocab.
+// Shape legend: B batch, T time, C = n_embd, NH = n_head, NKV = n_kv_head, HS = C/NH,
+// I = intermediate_size, V vocab, Vp padded vocab.
 //
 //   models::GPTConfig cfg{.n_layer = 2, .n_head = 3, .n_embd = 12, .vocab_size = 11, .block_size = 8};
 //   models::GPT gpt(cfg);                                   // described only
 //   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 1337);
 //   Tensor loss = gpt.forward(idx, targets).loss;           // idx, targets (B, T) i32
 //   ndt::backward(loss);                                    // grads in params.units[*].grad
+//
+// Both architectures name their parameters alike: wte, h.i.{ln_1, attn.c_attn, attn.c_proj,
+// ln_2, mlp.*}, ln_f (and wpe for gpt2, lm_head for an untied llama); train/checkpoint/hf.h
+// maps them to a Hugging Face folder's names.
 #pragma once
 
 #include <cstdint>
@@ -20,17 +31,32 @@
 #include "nn/flat.h"
 #include "nn/layers.h"
 #include "nn/block_wrapper.h"
+#include "models/rope.h"
 
 namespace ndt::models {
 
 struct GPTConfig {
+  std::string arch = "gpt2";   // gpt2 or llama (Qwen2 and Mistral are llama with options)
   int64_t n_layer = 12;
   int64_t n_head = 12;
   int64_t n_embd = 768;
   int64_t vocab_size = 50257;
   int64_t block_size = 1024;   // maximum sequence length (positions)
   int64_t vocab_multiple = 1;  // pad the vocab to a multiple of this (e.g. 128); 1 = none
+  double norm_eps = 1e-5;      // LayerNorm's (gpt2) or RMSNorm's (llama) epsilon
+  // llama only:
+  int64_t n_kv_head = 0;          // key/value heads, dividing n_head (0: n_head; 1: multi-query)
+  int64_t intermediate_size = 0;  // the SwiGLU MLP's hidden units I
+  bool attention_bias = false;    // biases on q, k and v (Qwen2)
+  bool tie_embeddings = false;    // lm_head is wte (gpt2 always ties)
+  RopeConfig rope;                // rotary embeddings: theta and Llama 3's scaling
 
+  bool llama() const { return arch == "llama"; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t head_dim() const { return n_embd / n_head; }
+  bool tied() const { return !llama() || tie_embeddings; }  // logits through wte
+  // the MLP's hidden units: 4C (gpt2) or intermediate_size
+  int64_t mlp_hidden() const { return llama() ? intermediate_size : 4 * n_embd; }
   int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   void validate() const;  // throws ndt::Error naming the bad key
   std::string str() const;
@@ -69,27 +95,36 @@ class GPT : public nn::Module {
   // CP: the position of every token (B, T) i32 (a rank's tokens are two pieces of the sequence)
   std::function<Tensor(const Tensor& idx, int64_t pos_offset)> positions;
 
-  // The FSDP units: "embeddings" (wte, wpe, ln_f) first, then one per block "h.i".
+  // The FSDP units: "embeddings" (wte, wpe or lm_head, ln_f) first, then one per block "h.i".
   std::vector<nn::UnitSpec> units() const;
 
   // Model FLOPs per token for forward + backward (6N + attention), for MFU / GFLOP/s.
   double flops_per_token(int64_t T) const;
 
+  // The (Vp, C) matrix of the logits: wte (tied) or lm_head.
+  const nn::Embedding& head() const { return cfg.tied() ? wte : *lm_head; }
+  nn::Embedding& head() { return cfg.tied() ? wte : *lm_head; }
+
   const GPTConfig cfg;
-  nn::Embedding wte, wpe;
-  std::vector<std::unique_ptr<nn::Block>> h;
-  nn::LayerNorm ln_f;
+  nn::Embedding wte;
+  std::unique_ptr<nn::Embedding> wpe;      // gpt2's learned positions (llama: none)
+  std::vector<std::unique_ptr<nn::DecoderBlock>> h;
+  std::unique_ptr<nn::Module> ln_f;        // nn::LayerNorm (gpt2) or nn::RMSNorm (llama)
+  std::unique_ptr<nn::Embedding> lm_head;  // an untied llama's (Vp, C) head (else none)
 
  private:
-  std::vector<nn::BlockWrapper> wrappers_;
-  // The last (B, T) positions tensor and what it was made for: uploaded once, not every step
-  // (an upload waits for the device).
+  Tensor final_norm(const Tensor& x) const;
+  // The (B, T) positions tensor and the rotary tables of the last forward and what they
+  // were made for: uploaded once, not every step (an upload waits for the device).
   struct PositionsCache {
     int64_t B = -1, T = -1, offset = -1;
     Device device;
     Tensor pos;
+    nn::Positions rope;
   };
   mutable PositionsCache pos_cache_;
+  nn::Positions block_positions(const Tensor& pos, int64_t pos_offset, bool cached, DType dtype) const;
+  std::vector<nn::BlockWrapper> wrappers_;
 };
 
 }  // namespace ndt::models

@@ -94,8 +94,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x, int64_t pos_offset) const {
   return c_proj.forward(y);
 }
 
-Block::Block(int64_t C, int64_t n_head, float std, float proj_std)
-    : ln_1(C), attn(C, n_head, std, proj_std), ln_2(C), mlp(C, std, proj_std) {
+Block::Block(int64_t C, int64_t n_head, float std, float proj_std, double norm_eps)
+    : ln_1(C, norm_eps), attn(C, n_head, std, proj_std), ln_2(C, norm_eps), mlp(C, std, proj_std) {
   child("ln_1", &ln_1);
   child("attn", &attn);
   child("ln_2", &ln_2);
@@ -103,10 +103,64 @@ Block::Block(int64_t C, int64_t n_head, float std, float proj_std)
 }
 
 // x + attn(ln_1(x)) -> h;  h + mlp(ln_2(h)) -> out; the first add and ln_2 in one pass
-Tensor Block::forward(const Tensor& x, int64_t pos_offset) const {
+Tensor Block::forward(const Tensor& x, const Positions& pos) const {
   AddNormOut h =
-      add_layernorm(x, attn.forward(ln_1.forward(x), pos_offset), ln_2.weight, ln_2.bias, ln_2.eps);
+      add_layernorm(x, attn.forward(ln_1.forward(x), pos.offset), ln_2.weight, ln_2.bias, ln_2.eps);
   return add(h.sum, mlp.forward(h.out));
+}
+
+GroupedQueryAttention::GroupedQueryAttention(int64_t C, int64_t nh, int64_t nkv, bool qkv_bias, float std,
+                                             float proj_std)
+    : c_attn(C, (nh + 2 * nkv) * (nh > 0 ? C / nh : 0), qkv_bias, std),
+      c_proj(C, C, false, proj_std),
+      n_head(nh),
+      n_kv_head(nkv),
+      head_dim(nh > 0 ? C / nh : 0) {
+  NDT_CHECK(nh > 0 && C % nh == 0, "attention: n_embd ", C, " is not divisible by n_head ", nh);
+  NDT_CHECK(nkv > 0 && nh % nkv == 0, "attention: n_head ", nh, " is not divisible by n_kv_head ", nkv);
+  child("c_attn", &c_attn);
+  child("c_proj", &c_proj);
+}
+
+Tensor GroupedQueryAttention::core(const Tensor& qkv, const Positions& pos) const {
+  // qkv (B,T,NKV (G+2) HS), the kv groups side by side -> q (B,T,NH,HS), k, v (B,T,NKV,HS)
+  const int64_t B = qkv.size(0), T = qkv.size(1), NKV = n_kv_head, G = n_head / n_kv_head, HS = head_dim;
+  std::vector<Tensor> parts = split_last(view(qkv, {B, T, NKV, (G + 2) * HS}), {G * HS, HS, HS});
+  Tensor q = view(parts[0], {B, T, NKV * G, HS});  // query head g G + j is group g's j-th
+  Tensor k = parts[1], v = parts[2];
+  // rotary on q and k at every token's position (B,T,HS/2), then heads in front
+  q = heads_to_front(rotary(q, pos.cos, pos.sin));  // (B,NH,T,HS)
+  k = heads_to_front(rotary(k, pos.cos, pos.sin));  // (B,NKV,T,HS)
+  v = heads_to_front(v);                            // (B,NKV,T,HS)
+  Tensor y = attend ? attend(q, k, v, pos.offset) : attention(q, k, v).out;  // (B,NH,T,HS)
+  // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,NH HS)
+  return view(heads_to_back(y), {B, T, n_head * HS});
+}
+
+Tensor GroupedQueryAttention::forward(const Tensor& x, const Positions& pos) const {
+  // x (B,T,C) -> c_attn -> qkv -> attention core -> (B,T,NH HS) -> c_proj -> (B,T,C). Under
+  // selective activation checkpointing the core keeps only qkv and runs again in backward
+  // (the rotary tables are captured: they are the forward's own, not recomputed).
+  const Tensor y = recompute_selected([this, pos](const Tensor& qkv) { return core(qkv, pos); },
+                                      c_attn.forward(x));
+  return c_proj.forward(y);
+}
+
+LlamaBlock::LlamaBlock(const Dims& d, float std, float proj_std)
+    : ln_1(d.C, d.norm_eps),
+      attn(d.C, d.n_head, d.n_kv_head, d.qkv_bias, std, proj_std),
+      ln_2(d.C, d.norm_eps),
+      mlp(d.C, d.intermediate, std, proj_std) {
+  child("ln_1", &ln_1);
+  child("attn", &attn);
+  child("ln_2", &ln_2);
+  child("mlp", &mlp);
+}
+
+// x + attn(ln_1(x)) -> h;  h + mlp(ln_2(h)) -> out
+Tensor LlamaBlock::forward(const Tensor& x, const Positions& pos) const {
+  const Tensor h = add(x, attn.forward(ln_1.forward(x), pos));
+  return add(h, mlp.forward(ln_2.forward(h)));
 }
 
 }  // namespace ndt::nn

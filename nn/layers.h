@@ -1,7 +1,8 @@
-// ndtrain: the GPT-2 building blocks. Each layer registers its parameters (nn/module.h)
+// ndtrain: the building blocks of GPT-2 and of the Llama family. Each layer registers its parameters (nn/module.h)
 // and its forward is a few ops; the backward comes from the ops (autograd/ops.h).
 //
-// Shape legend: B batch, T time, C channels, NH heads, HS = C/NH head size, V vocab.
+// Shape legend: B batch, T time, C channels, NH heads, HS = C/NH head size, V vocab;
+// Llama: NKV key/value heads, G = NH/NKV query heads per kv head, I the MLP's hidden size.
 // Linear weights use GPT-2's Conv1D layout (in, out): y = x @ W + b.
 #pragma once
 
@@ -16,6 +17,10 @@ namespace ndt::nn {
 
 // A function of one tensor: the communication a parallel layout puts around a layer.
 using TensorFn = std::function<Tensor(const Tensor&)>;
+// Context parallelism replaces an attention core with ring attention over the sequence
+// pieces of its group: q (B,NH,T,HS), k, v (B,NKV,T,HS) at positions pos_offset.. ->
+// (B,NH,T,HS).
+using AttendFn = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset)>;
 
 // What a parallel layout does around one linear's GEMM, set by dist/tensor_parallel
 // (column_parallel, row_parallel); a linear without one is this rank's alone. Linear reads
@@ -114,20 +119,78 @@ class CausalSelfAttention : public Module {
   Tensor core(const Tensor& qkv, int64_t pos_offset = 0) const;
   Linear c_attn, c_proj;
   int64_t n_head;  // heads on this rank (n_head / tp under tensor parallelism)
-  // Context parallelism replaces the attention core (ring attention over the sequence
-  // pieces of the group): q, k, v (B,NH,T,HS) -> (B,NH,T,HS).
-  std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset)> attend;
+  AttendFn attend;  // context parallelism's ring attention (empty: self_attention)
 };
 
-// Pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
-class Block : public Module {
+// Where a block's tokens sit in their sequences: the offset of the first (the causal mask's)
+// and, for rotary embeddings, the cos and sin of every token's angles (B, T, HS/2)
+// (models/rope.h; undefined for GPT-2, whose positions are added once at the embeddings).
+struct Positions {
+  int64_t offset = 0;
+  Tensor cos, sin;
+};
+
+// A decoder block of either architecture; the model runs its blocks through this.
+class DecoderBlock : public Module {
  public:
-  Block(int64_t C, int64_t n_head, float std, float proj_std);
-  Tensor forward(const Tensor& x, int64_t pos_offset = 0) const;  // (B, T, C) -> (B, T, C)
+  virtual Tensor forward(const Tensor& x, const Positions& pos) const = 0;  // (B, T, C) -> (B, T, C)
+  // The attention core's replacement that context parallelism installs (ring attention)
+  virtual AttendFn& attend() = 0;
+};
+
+// GPT-2's pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
+class Block : public DecoderBlock {
+ public:
+  Block(int64_t C, int64_t n_head, float std, float proj_std, double norm_eps = 1e-5);
+  Tensor forward(const Tensor& x, const Positions& pos = {}) const override;
+  AttendFn& attend() override { return attn.attend; }
   LayerNorm ln_1;
   CausalSelfAttention attn;
   LayerNorm ln_2;
   MLP mlp;
+};
+
+// The Llama family's attention (Llama 3, Qwen2, Mistral): grouped-query attention with
+// rotary position embeddings. NH query heads share NKV key/value heads (NKV divides NH;
+// G = NH / NKV query heads per group; NKV = 1 is multi-query attention), HS = C / NH.
+//
+// q, k and v come from one linear, c_attn (C, NKV (G + 2) HS), whose columns are laid out
+// by kv group: for group g, its G query heads (g G .. g G + G - 1), then k_g, then v_g.
+// Query head h thus reads kv head h / G, as Hugging Face's repeat_kv does, and tensor
+// parallelism splits c_attn's columns into whole groups (a plain column split when tp
+// divides NKV). Hugging Face's separate q_proj, k_proj and v_proj are packed into it when a
+// model is read, and unpacked when it is written (train/checkpoint/hf.h).
+// Optional biases on q, k and v (Qwen2's attention_bias); none on c_proj.
+class GroupedQueryAttention : public Module {
+ public:
+  GroupedQueryAttention(int64_t C, int64_t n_head, int64_t n_kv_head, bool qkv_bias, float std, float proj_std);
+  // x (B, T, C) at `pos` -> (B, T, C)
+  Tensor forward(const Tensor& x, const Positions& pos) const;
+  // The attention core, between the two linears: qkv (B, T, NKV (G+2) HS) -> q, k, v,
+  // rotary on q and k, causal attention with the shared kv heads -> (B, T, NH HS). It has
+  // no parameters; selective activation checkpointing recomputes it in backward.
+  Tensor core(const Tensor& qkv, const Positions& pos) const;
+  Linear c_attn, c_proj;
+  int64_t n_head, n_kv_head, head_dim;  // heads on this rank (/ tp under tensor parallelism)
+  AttendFn attend;  // context parallelism's ring attention (empty: attention over the sequence)
+};
+
+// The Llama family's block: x + attn(ln_1(x)), then + mlp(ln_2(x)), with RMSNorms, grouped-
+// query attention with rotary embeddings and the SwiGLU MLP.
+class LlamaBlock : public DecoderBlock {
+ public:
+  struct Dims {
+    int64_t C, n_head, n_kv_head, intermediate;
+    bool qkv_bias;
+    double norm_eps;
+  };
+  LlamaBlock(const Dims& d, float std, float proj_std);
+  Tensor forward(const Tensor& x, const Positions& pos) const override;
+  AttendFn& attend() override { return attn.attend; }
+  RMSNorm ln_1;
+  GroupedQueryAttention attn;
+  RMSNorm ln_2;
+  SwiGLU mlp;
 };
 
 }  // namespace ndt::nn

@@ -30,6 +30,30 @@ po::options_description describe(Config& c) {
       ("model.block_size", po::value(&c.model.block_size)->default_value(c.model.block_size), "maximum sequence length (positions)")
       ("model.vocab_multiple", po::value(&c.model.vocab_multiple)->default_value(c.model.vocab_multiple),
        "pad the vocabulary to a multiple of this (e.g. 128) for speed; padded logits never affect the loss")
+      ("model.arch", po::value(&c.model.arch)->default_value(c.model.arch),
+       "gpt2 or llama (Llama 3, Qwen2, Mistral: RMSNorm, grouped-query attention with rotary embeddings, SwiGLU)")
+      ("model.norm_eps", po::value(&c.model.norm_eps)->default_value(c.model.norm_eps),
+       "epsilon of the LayerNorms (gpt2) or RMSNorms (llama)")
+      ("model.n_kv_head", po::value(&c.model.n_kv_head)->default_value(c.model.n_kv_head),
+       "llama: key/value heads, dividing n_head (0: n_head; 1: multi-query attention)")
+      ("model.intermediate_size", po::value(&c.model.intermediate_size)->default_value(c.model.intermediate_size),
+       "llama: the SwiGLU MLP's hidden units")
+      ("model.attention_bias", po::value(&c.model.attention_bias)->default_value(c.model.attention_bias),
+       "llama: biases on q, k and v (Qwen2)")
+      ("model.tie_embeddings", po::value(&c.model.tie_embeddings)->default_value(c.model.tie_embeddings),
+       "llama: the logits through wte instead of an own lm_head")
+      ("model.rope_theta", po::value(&c.model.rope.theta)->default_value(c.model.rope.theta),
+       "llama: the rotary embeddings' base (Llama 3: 500000)")
+      ("model.rope_scaling", po::value(&c.model.rope_scaling)->default_value(c.model.rope_scaling),
+       "llama: none, or llama3 (Llama 3.1's long-context scaling, with the four keys below)")
+      ("model.rope_factor", po::value(&c.model.llama3.factor)->default_value(c.model.llama3.factor),
+       "llama3 scaling: how much the low frequencies are stretched")
+      ("model.rope_low_freq_factor", po::value(&c.model.llama3.low_freq_factor)->default_value(c.model.llama3.low_freq_factor),
+       "llama3 scaling: wavelengths past original_max_position / this are stretched")
+      ("model.rope_high_freq_factor", po::value(&c.model.llama3.high_freq_factor)->default_value(c.model.llama3.high_freq_factor),
+       "llama3 scaling: wavelengths under original_max_position / this are kept")
+      ("model.rope_original_max_position", po::value(&c.model.llama3.original_max_position)->default_value(c.model.llama3.original_max_position),
+       "llama3 scaling: the context the model was first trained at")
       ("model.init_from", po::value(&c.model.init_from)->default_value(c.model.init_from),
        "safetensors file with HF GPT-2 names, or a sharded checkpoint's step_* directory, to start from "
        "(empty: random init)");
@@ -319,6 +343,8 @@ po::parsed_options parse_cluster_file(const std::string& path, const po::options
 // Values as the rest of the code reads them: the prompt's escapes, and the old spellings of
 // train.activation_checkpointing (it was a bool; those boost accepted mean full / none).
 void normalize(Config& c) {
+  c.model.rope.llama3.reset();  // model.rope_scaling's keys into the model's RopeConfig
+  if (c.model.rope_scaling == "llama3") c.model.rope.llama3 = c.model.llama3;
   c.sample.prompt = unescape(c.sample.prompt);
   std::string ac = c.train.activation_checkpointing;
   for (char& ch : ac) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -433,6 +459,12 @@ void validate_model(const Config& c, const Checks& ck) {
   ck.range("model.vocab_size", c.model.vocab_size, 1, 65536);
   ck.range("model.block_size", c.model.block_size, 1, int64_t(1) << 20);
   ck.range("model.vocab_multiple", c.model.vocab_multiple, 1, 65536);
+  ck.need(c.model.arch == "gpt2" || c.model.arch == "llama",
+          "model.arch must be gpt2 or llama (Qwen2 and Mistral are llama), got '" + c.model.arch + "'");
+  ck.need(c.model.rope_scaling == "none" || c.model.rope_scaling == "llama3",
+          "model.rope_scaling must be none or llama3, got '" + c.model.rope_scaling + "'");
+  ck.range("model.n_kv_head", c.model.n_kv_head, 0, 1024);
+  ck.range("model.intermediate_size", c.model.intermediate_size, 0, int64_t(1) << 20);
 }
 
 void validate_train(const Config& c, const Checks& ck) {

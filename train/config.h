@@ -42,6 +42,9 @@ struct ModelSection : models::GPTConfig {  // [model]
     block_size = 128;
   }
   std::string init_from;  // safetensors weights to start from
+  // rope.llama3 from the config's keys: model.rope_scaling (none or llama3) and its four
+  std::string rope_scaling = "none";
+  models::Llama3Scaling llama3;
 };
 
 struct DataSection {              // [data]

@@ -82,7 +82,7 @@ ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq
   auto active = [split] { return !split || split->active; };
   Communicator* c = &cp;
   for (auto& block : gpt.h)
-    block->attn.attend = [c, active](const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset) {
+    block->attend() = [c, active](const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset) {
       return active() ? ring_attention(q, k, v, *c) : attention(q, k, v, pos_offset, pos_offset).out;
     };
   const int64_t n = cp.size(), r = cp.rank(), Tc = seq_len / (2 * n);

@@ -11,8 +11,12 @@ void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
   NDT_CHECK(tp >= 1, "tensor parallelism: tp_size must be >= 1, got ", tp);  // before dividing by it
   NDT_CHECK(c.n_head % tp == 0, "tensor parallelism: model.n_head = ", c.n_head,
             " is not divisible by tp_size = ", tp, "; each rank computes n_head / tp_size heads");
-  NDT_CHECK(4 * c.n_embd % tp == 0, "tensor parallelism: the MLP's 4 x n_embd = ", 4 * c.n_embd,
-            " hidden units are not divisible by tp_size = ", tp);
+  if (c.llama())
+    NDT_CHECK(c.kv_heads() % tp == 0, "tensor parallelism: model.n_kv_head = ", c.kv_heads(),
+              " key/value heads are not divisible by tp_size = ", tp,
+              "; each rank holds whole key/value heads and the query heads that read them");
+  NDT_CHECK(c.mlp_hidden() % tp == 0, "tensor parallelism: the MLP's ", c.mlp_hidden(), " hidden units (",
+            c.llama() ? "model.intermediate_size" : "4 x model.n_embd", ") are not divisible by tp_size = ", tp);
   NDT_CHECK(c.padded_vocab() % tp == 0, "tensor parallelism: the vocabulary of ", c.padded_vocab(),
             " rows (model.vocab_size ", c.vocab_size, " padded to a multiple of model.vocab_multiple ",
             c.vocab_multiple, ") is not divisible by tp_size = ", tp,
@@ -84,7 +88,17 @@ void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp, 
 
 namespace {
 
-// One block as rank `rank` of `parts` holds it; with a communicator, with its f and g.
+// The Llama family's MLP as rank `rank` of `parts` holds it: gate and up column-parallel
+// (this rank's hidden units of each), down row-parallel (their rows)
+void parallelize_mlp(nn::SwiGLU& mlp, int64_t parts, int64_t rank, Communicator* tp, const SequenceSplit* split) {
+  NDT_CHECK(mlp.gate_proj.out % parts == 0, "tensor parallelism: the MLP's ", mlp.gate_proj.out,
+            " hidden units (intermediate_size) are not divisible by tp_size = ", parts);
+  column_parallel(mlp.gate_proj, parts, rank, 1, tp, split);
+  column_parallel(mlp.up_proj, parts, rank, 1, tp, split);
+  row_parallel(mlp.down_proj, parts, rank, tp, split);
+}
+
+// One GPT-2 block as rank `rank` of `parts` holds it; with a communicator, with its f and g.
 void parallelize_block(nn::Block& b, int64_t parts, int64_t rank, Communicator* tp, const SequenceSplit* split) {
   NDT_CHECK(b.attn.n_head % parts == 0, "tensor parallelism: ", b.attn.n_head, " heads do not divide among ",
             parts, " ranks");
@@ -95,20 +109,45 @@ void parallelize_block(nn::Block& b, int64_t parts, int64_t rank, Communicator* 
   row_parallel(b.mlp.c_proj, parts, rank, tp, split);
 }
 
+// One llama block: c_attn's columns are laid out by kv group (nn::GroupedQueryAttention), so
+// a plain column split gives each rank whole groups: its kv heads and the query heads that
+// read them; c_proj's rows of those query heads.
+void parallelize_block(nn::LlamaBlock& b, int64_t parts, int64_t rank, Communicator* tp, const SequenceSplit* split) {
+  nn::GroupedQueryAttention& a = b.attn;
+  NDT_CHECK(a.n_kv_head % parts == 0, "tensor parallelism: ", a.n_kv_head,
+            " key/value heads do not divide among ", parts, " ranks");
+  column_parallel(a.c_attn, parts, rank, /*groups=*/1, tp, split);
+  row_parallel(a.c_proj, parts, rank, tp, split);
+  a.n_head /= parts;
+  a.n_kv_head /= parts;
+  parallelize_mlp(b.mlp, parts, rank, tp, split);
+}
+
+void parallelize_any(nn::DecoderBlock& b, int64_t parts, int64_t rank, Communicator* tp, const SequenceSplit* split) {
+  if (auto* gpt2 = dynamic_cast<nn::Block*>(&b))
+    parallelize_block(*gpt2, parts, rank, tp, split);
+  else
+    parallelize_block(dynamic_cast<nn::LlamaBlock&>(b), parts, rank, tp, split);
+}
+
+// The vocabulary's rows of wte and of an untied lm_head: this rank's slice
+void split_vocabulary(models::GPT& gpt, int64_t parts, int64_t rank) {
+  gpt.wte.split_param("weight", 0, parts, rank);
+  if (gpt.lm_head) gpt.lm_head->split_param("weight", 0, parts, rank);
+}
+
 }  // namespace
 
 void apply_tensor_parallel(nn::Block& block, Communicator& tp, const SequenceSplit* split) {
   if (tp.size() > 1) parallelize_block(block, tp.size(), tp.rank(), &tp, split);
 }
 
+void apply_tensor_parallel(nn::LlamaBlock& block, Communicator& tp, const SequenceSplit* split) {
+  if (tp.size() > 1) parallelize_block(block, tp.size(), tp.rank(), &tp, split);
+}
+
 void apply_tensor_parallel(nn::SwiGLU& mlp, Communicator& tp, const SequenceSplit* split) {
-  const int64_t n = tp.size();
-  if (n == 1) return;
-  NDT_CHECK(mlp.gate_proj.out % n == 0, "tensor parallelism: the MLP's ", mlp.gate_proj.out,
-            " hidden units (intermediate_size) are not divisible by tp_size = ", n);
-  column_parallel(mlp.gate_proj, n, tp.rank(), 1, &tp, split);  // this rank's hidden units of the gate
-  column_parallel(mlp.up_proj, n, tp.rank(), 1, &tp, split);    // ... and of up
-  row_parallel(mlp.down_proj, n, tp.rank(), &tp, split);        // their rows of down
+  if (tp.size() > 1) parallelize_mlp(mlp, tp.size(), tp.rank(), &tp, split);
 }
 
 void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
@@ -116,25 +155,25 @@ void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
             "; tp_size must be >= 1 and the rank in [0, tp_size)");
   if (parts == 1) return;
   check_tensor_parallel(gpt.cfg, parts);
-  for (auto& block : gpt.h) parallelize_block(*block, parts, rank, /*tp=*/nullptr, /*split=*/nullptr);
-  gpt.wte.split_param("weight", 0, parts, rank);
+  for (auto& block : gpt.h) parallelize_any(*block, parts, rank, /*tp=*/nullptr, /*split=*/nullptr);
+  split_vocabulary(gpt, parts, rank);
 }
 
 void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, const SequenceSplit* split) {
   const int64_t n = tp.size();
   if (n == 1) return;
   check_tensor_parallel(gpt.cfg, n);
-  for (auto& block : gpt.h) apply_tensor_parallel(*block, tp, split);
+  for (auto& block : gpt.h) parallelize_any(*block, n, tp.rank(), &tp, split);
   // the vocabulary: wte rows [v_start, v_start + Vl) on this rank
   const int64_t Vl = gpt.cfg.padded_vocab() / n, v_start = tp.rank() * Vl;
   const int64_t v_live = std::clamp<int64_t>(gpt.cfg.vocab_size - v_start, 0, Vl);  // the rest is padding
-  gpt.wte.split_param("weight", 0, n, tp.rank());
+  split_vocabulary(gpt, n, tp.rank());
   gpt.wte.lookup = [&tp, v_start, split](const Tensor& ids, const Tensor& table) {
     if (!sequence_parallel_now(split)) return vocab_parallel_embedding(ids, table, v_start, tp);
     // the rank's rows for its ids (zeros for the others'), summed into each rank's part
     return reduce_scatter_sequence(embedding(ids, table, v_start, tp.size() * table.size(0)), tp);
   };
-  // sequence parallel: the positions (B, T) i32 of this rank's part, for wpe
+  // sequence parallel: the positions (B, T) i32 of this rank's part, for gpt2's wpe
   gpt.sequence_part = [&tp, split](const Tensor& pos) {
     if (!sequence_parallel_now(split)) return pos;
     const int64_t Ts = pos.size(1) / tp.size();

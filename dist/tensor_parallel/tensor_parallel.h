@@ -12,6 +12,11 @@
 //               and g sums; the tied lm_head gives each rank the logits of its vocabulary
 //               slice, and the vocabulary-parallel cross-entropy never gathers them.
 //
+// The Llama family the same way: c_attn (C, NKV (G+2) HS), laid out by kv group, column-
+// parallel in whole groups (n_kv_head / tp kv heads and their query heads per rank: tp
+// must divide n_kv_head); c_proj row-parallel; the SwiGLU MLP's gate and up column-parallel,
+// down row-parallel; RMSNorms whole; an untied lm_head (Vp, C) split by vocabulary rows as wte.
+//
 //   dist::apply_tensor_parallel(gpt, mesh.tp());   // after describe, before materialize
 //   nn::FlatParams p = nn::materialize(gpt.units(), ...);   // local shapes, same init values
 //
@@ -34,8 +39,8 @@
 
 namespace ndt::dist {
 
-// Throws ndt::Error naming the sizes when n_head, 4 n_embd or the padded vocabulary do
-// not divide by tp.
+// Throws ndt::Error naming the sizes when n_head, the MLP's hidden units, the padded
+// vocabulary or (llama) n_kv_head do not divide by tp.
 void check_tensor_parallel(const models::GPTConfig& cfg, int64_t tp);
 
 // The two layers of Megatron-LM's tensor parallelism, each its split and its communication
@@ -58,8 +63,10 @@ void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp =
 // Splits gpt's parameters (their specs: local shapes, TpSlice) and installs the f/g ops,
 // the vocabulary-parallel embedding and loss. The communicator must outlive the model.
 void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, const SequenceSplit* split = nullptr);
-// One block's share: its heads, its MLP hidden units (used by the GPT's, and by tests).
+// One block's share: its heads, its MLP hidden units (used by the GPT's, and by tests). A
+// llama block's share is whole kv groups (n_kv_head / tp key/value heads and their query heads).
 void apply_tensor_parallel(nn::Block& block, Communicator& tp, const SequenceSplit* split = nullptr);
+void apply_tensor_parallel(nn::LlamaBlock& block, Communicator& tp, const SequenceSplit* split = nullptr);
 // The Llama family's MLP: gate and up column-parallel (this rank's hidden units), down
 // row-parallel; intermediate_size must divide by tp.
 void apply_tensor_parallel(nn::SwiGLU& mlp, Communicator& tp, const SequenceSplit* split = nullptr);

@@ -37,9 +37,24 @@ std::string manifest_xxh64(nlohmann::json m) {
   return io::hex64(io::xxh64(s.data(), s.size()));
 }
 
+// The model's keys; a GPT-2 with the default epsilon writes only the sizes, as it always did.
 nlohmann::json model_json(const models::GPTConfig& c) {
-  return {{"n_layer", c.n_layer},       {"n_head", c.n_head},         {"n_embd", c.n_embd},
-          {"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"vocab_multiple", c.vocab_multiple}};
+  nlohmann::json j = {{"n_layer", c.n_layer},       {"n_head", c.n_head},         {"n_embd", c.n_embd},
+                      {"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"vocab_multiple", c.vocab_multiple}};
+  if (c.norm_eps != models::GPTConfig{}.norm_eps) j["norm_eps"] = c.norm_eps;
+  if (!c.llama()) return j;
+  j["arch"] = c.arch;
+  j["n_kv_head"] = c.kv_heads();
+  j["intermediate_size"] = c.intermediate_size;
+  j["attention_bias"] = c.attention_bias;
+  j["tie_embeddings"] = c.tie_embeddings;
+  j["rope_theta"] = c.rope.theta;
+  if (c.rope.llama3)
+    j["rope_llama3"] = {{"factor", c.rope.llama3->factor},
+                        {"low_freq_factor", c.rope.llama3->low_freq_factor},
+                        {"high_freq_factor", c.rope.llama3->high_freq_factor},
+                        {"original_max_position", c.rope.llama3->original_max_position}};
+  return j;
 }
 
 bool finite_shards(const nn::FlatParams& params) {
@@ -212,6 +227,20 @@ struct Fields {
                 ", ", hi, "]", kFix);
     return x;
   }
+  // a number (`key` of `o`, named `where`.`key`) in (lo, hi]
+  double number(const nlohmann::json& o, const std::string& where, const char* key, double lo, double hi) const {
+    const std::string field = where + "." + key;
+    NDT_CHECK(o.contains(key), "checkpoint ", F, " has no \"", field, "\"", kFix);
+    const nlohmann::json& v = o.at(key);
+    NDT_CHECK(v.is_number() && v.get<double>() > lo && v.get<double>() <= hi, "checkpoint ", F, ": \"", field,
+              "\" is ", v.dump(), "; it must be a number in (", lo, ", ", hi, "]", kFix);
+    return v.get<double>();
+  }
+  bool boolean(const nlohmann::json& o, const std::string& where, const char* key) const {
+    NDT_CHECK(o.contains(key) && o.at(key).is_boolean(), "checkpoint ", F, ": \"", where, ".", key, "\" is ",
+              o.contains(key) ? o.at(key).dump() : "missing", ", not true or false", kFix);
+    return o.at(key).get<bool>();
+  }
   const nlohmann::json& object(const nlohmann::json& m, const char* key) const {
     NDT_CHECK(m.contains(key) && m[key].is_object(), "checkpoint ", F, ": \"", key, "\" is ",
               m.contains(key) ? m[key].dump() : "missing", ", not an object", kFix);
@@ -268,6 +297,31 @@ void read_position(const nlohmann::json& m, const Fields& in, Manifest& r) {
   }
 }
 
+// A llama model's keys (model_json), checked as the config checks them.
+void read_llama_model(const nlohmann::json& mj, const Fields& in, models::GPTConfig& c) {
+  const std::string& F = in.F;
+  NDT_CHECK(mj.at("arch").is_string() && mj.at("arch").get<std::string>() == "llama", "checkpoint ", F,
+            ": \"model.arch\" is ", mj.at("arch").dump(), ", not \"llama\"", kFix);
+  c.arch = "llama";
+  c.n_kv_head = in.integer(mj, "model", "n_kv_head", 1, c.n_head);
+  c.intermediate_size = in.integer(mj, "model", "intermediate_size", 1, 1 << 24);
+  c.attention_bias = in.boolean(mj, "model", "attention_bias");
+  c.tie_embeddings = in.boolean(mj, "model", "tie_embeddings");
+  c.rope.theta = in.number(mj, "model", "rope_theta", 1, 1e12);
+  if (mj.contains("rope_llama3")) {
+    const nlohmann::json& s = in.object(mj, "rope_llama3");
+    c.rope.llama3 = models::Llama3Scaling{in.number(s, "model.rope_llama3", "factor", 0, 1e6),
+                                          in.number(s, "model.rope_llama3", "low_freq_factor", 0, 1e6),
+                                          in.number(s, "model.rope_llama3", "high_freq_factor", 0, 1e6),
+                                          in.integer(s, "model.rope_llama3", "original_max_position", 1, 1 << 30)};
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    NDT_FAIL("checkpoint ", F, ": its model is not valid (", e.what(), ")", kFix);
+  }
+}
+
 // The model (bounded so that no product of its sizes overflows) and the layout, with the
 // splits it implies (before anything divides by it).
 void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& r) {
@@ -281,6 +335,8 @@ void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& 
   r.model.vocab_multiple = in.integer(mj, "model", "vocab_multiple", 1, 65536);
   NDT_CHECK(r.model.n_embd % r.model.n_head == 0, "checkpoint ", F, ": \"model.n_embd\" is ", r.model.n_embd,
             ", not a multiple of \"model.n_head\" ", r.model.n_head, kFix);
+  if (mj.contains("norm_eps")) r.model.norm_eps = in.number(mj, "model", "norm_eps", 0, 0.5);
+  if (mj.contains("arch")) read_llama_model(mj, in, r.model);
   const nlohmann::json& lj = in.object(m, "layout");
   constexpr int64_t kRanks = 1 << 20;
   r.layout.dp_replicate = in.integer(lj, "layout", "dp_replicate", 1, kRanks);
@@ -288,10 +344,11 @@ void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& 
   r.layout.cp = in.integer(lj, "layout", "cp", 1, kRanks);
   r.layout.tp = in.integer(lj, "layout", "tp", 1, kRanks);
   const int64_t tp = r.layout.tp;
-  NDT_CHECK(r.model.n_head % tp == 0 && 4 * r.model.n_embd % tp == 0 && r.model.padded_vocab() % tp == 0,
+  NDT_CHECK(r.model.n_head % tp == 0 && r.model.kv_heads() % tp == 0 && r.model.mlp_hidden() % tp == 0 &&
+                r.model.padded_vocab() % tp == 0,
             "checkpoint ", F, ": \"layout.tp\" is ", tp, ", which does not divide the model's ",
-            r.model.n_head, " heads, ", 4 * r.model.n_embd, " MLP units and ", r.model.padded_vocab(),
-            " vocabulary rows", kFix);
+            r.model.n_head, " heads (", r.model.kv_heads(), " key/value heads), ", r.model.mlp_hidden(),
+            " MLP units and ", r.model.padded_vocab(), " vocabulary rows", kFix);
 }
 
 // The files: exactly one per writer (tensor-parallel rank x FSDP shard), each with its size
