@@ -30,8 +30,22 @@ Tensor ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
   return Tensor::from_vector(v, {B, T});
 }
 
-void check_gpt(nn::ACMode ac) {
-  models::GPT gpt(gradcheck_gpt());
+// The Llama family at the same scale: 4 query heads of size 4 sharing 2 key/value heads,
+// rotary embeddings with Llama 3's scaling (its original context short enough that the
+// scaling moves some of the frequencies), SwiGLU of 20 hidden units, an untied head, and
+// (Qwen2) biases on q, k and v.
+models::GPTConfig gradcheck_llama(int64_t n_kv_head, bool qkv_bias) {
+  models::GPTConfig c{.arch = "llama", .n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = 11,
+                      .block_size = 7, .vocab_multiple = 4};
+  c.n_kv_head = n_kv_head;
+  c.intermediate_size = 20;
+  c.attention_bias = qkv_bias;
+  c.rope = {.theta = 100, .llama3 = models::Llama3Scaling{4, 1, 2, 4}};
+  return c;
+}
+
+void check_gpt(nn::ACMode ac, const models::GPTConfig& cfg = gradcheck_gpt()) {
+  models::GPT gpt(cfg);
   if (ac != nn::ACMode::none) gpt.add_block_wrapper(nn::activation_checkpointing(ac, 1));
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 42);
   // The GPT-2 init puts many parameters at exactly 0 or 1 (biases, LayerNorm): perturb
@@ -59,6 +73,10 @@ void check_gpt(nn::ACMode ac) {
 TEST(GradcheckGPT, EveryParameter) { check_gpt(nn::ACMode::none); }
 TEST(GradcheckGPT, EveryParameterWithActivationCheckpointing) { check_gpt(nn::ACMode::full); }
 TEST(GradcheckGPT, EveryParameterWithSelectiveCheckpointing) { check_gpt(nn::ACMode::selective); }
+TEST(GradcheckGPT, LlamaEveryParameter) { check_gpt(nn::ACMode::none, gradcheck_llama(4, false)); }
+TEST(GradcheckGPT, LlamaGroupedQueryAttentionWithQkvBias) { check_gpt(nn::ACMode::none, gradcheck_llama(2, true)); }
+TEST(GradcheckGPT, LlamaMultiQueryAttentionCheckpointed) { check_gpt(nn::ACMode::full, gradcheck_llama(1, false)); }
+TEST(GradcheckGPT, LlamaSelectiveCheckpointing) { check_gpt(nn::ACMode::selective, gradcheck_llama(2, false)); }
 
 TEST(GradcheckGPT, PaddedVocabRowsGetNoGradient) {
   models::GPT gpt(gradcheck_gpt());
