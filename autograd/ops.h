@@ -117,8 +117,12 @@ struct AttentionOut {
   Tensor out;  // (B, NH, Tq, HS)
   Tensor lse;  // (B, NH, Tq) f32 (f64 for f64): log-sum-exp of each query's scaled scores
 };
-// Causal scaled-dot-product attention: q (B,NH,Tq,HS), k and v (B,NH,Tk,HS). Query i is
-// at global position q_offset+i, key j at k_offset+j; i sees j iff k_offset+j <= q_offset+i.
+// Causal scaled-dot-product attention: q (B,NH,Tq,HS), k and v (B,NKV,Tk,HS) with NKV
+// dividing NH (grouped-query attention, Llama 3 / Qwen2; NKV = NH is multi-head, NKV = 1
+// multi-query): with G = NH/NKV, query head h attends with kv head h/G (Hugging Face's
+// repeat_kv order), and no path copies K/V once per query head; dk, dv are the sums over
+// each kv head's G query heads. Query i is at global position q_offset+i, key j at
+// k_offset+j; i sees j iff k_offset+j <= q_offset+i.
 // scale defaults to 1/sqrt(HS). A query that sees no key gets out = 0 and lse = -inf.
 // Both outputs are differentiable, so partial results over key blocks can be merged
 // through the lse (ring attention).
@@ -134,6 +138,7 @@ AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_
 bool attention_fused_on_cpu(Device device);
 // The same, always composed from GEMMs and the masked-softmax kernels (materializes the
 // (Tq, Tk) scores): every device and dtype, and the reference the fused path is tested against.
+// GQA there: the G query heads of a kv head are one (G*Tq, HS) matrix against its K and V.
 AttentionOut attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset = 0,
                                 int64_t k_offset = 0, double scale = 0.0);
 // Causal self-attention of a sequence on itself, from c_attn's packed output: qkv (B,T,3C)

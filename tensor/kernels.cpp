@@ -355,13 +355,15 @@ void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& l
   cpu::self_attention_backward(qkv, y, lse, dy, n_head, scale, dqkv);
 }
 
-// attention_fused_*: (B, NH, T, HS) operands on the CPU whose rows are contiguous.
+// attention_fused_*: (B, NH, T, HS) operands on the CPU whose rows are contiguous; k, v and
+// their gradients may have NKV heads, a divisor of q's NH (grouped-query attention).
 static void check_heads(const char* op, const Tensor& ref, std::initializer_list<const Tensor*> ts) {
   NDT_CHECK(ref.device().is_cpu(), op, ": CPU only, got ", ref.desc(), " (CUDA composes the attention pieces)");
   for (const Tensor* t : ts) {
-    NDT_CHECK(t->dim() == 4 && t->size(0) == ref.size(0) && t->size(1) == ref.size(1) &&
+    NDT_CHECK(t->dim() == 4 && t->size(0) == ref.size(0) && t->size(1) > 0 && ref.size(1) % t->size(1) == 0 &&
                   t->size(3) == ref.size(3) && t->dtype() == ref.dtype(),
-              op, ": every operand must be (B, NH, T, HS) like q ", ref.desc(), ", got ", t->desc());
+              op, ": every operand must be (B, NH, T, HS) like q ", ref.desc(),
+              " (k, v: NH or a divisor of it), got ", t->desc());
     NDT_CHECK(t->strides()[3] == 1 || t->size(3) == 1, op, ": the rows of ", t->desc(),
               " must be contiguous (last stride 1)");
   }

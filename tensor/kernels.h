@@ -159,7 +159,8 @@ void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, con
 // again from q, k and lse.
 void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
                              int64_t n_head, double scale, const Tensor& dqkv);
-// The same kernel for attention() on the CPU: q (B,NH,Tq,HS), k, v (B,NH,Tk,HS), with any
+// The same kernel for attention() on the CPU: q (B,NH,Tq,HS), k, v (B,NKV,Tk,HS) with NKV
+// dividing NH (grouped-query attention: query head h reads kv head h / (NH/NKV)), with any
 // strides but contiguous rows (the last stride 1), the mask of attention_softmax_forward
 // (query i sees key j iff k_offset+j <= q_offset+i) ->
 //   y (B,NH,Tq,HS) (same row rule), lse (B,NH,Tq) contiguous, in q's dtype (f32 or f64);
@@ -167,7 +168,8 @@ void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& l
 void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
                              int64_t k_offset, double scale, const Tensor& y, const Tensor& lse);
 // Its backward from q, k, v, y, lse and the gradients dy (B,NH,Tq,HS) and dlse (B,NH,Tq,
-// contiguous; undefined for none): writes every element of dq, dk, dv (shaped as q, k, v).
+// contiguous; undefined for none): writes every element of dq, dk, dv (shaped as q, k, v);
+// dk, dv of a kv head are the sums over its NH/NKV query heads, accumulated in place.
 void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
                               const Tensor& lse, const Tensor& dy, const Tensor& dlse, int64_t q_offset,
                               int64_t k_offset, double scale, const Tensor& dq, const Tensor& dk,

@@ -2,7 +2,9 @@
 // (attention_composed) on the same GPU inputs (label gpu): out and lse of the forward, and
 // dq, dk, dv through autograd, causal and unmasked, at small shapes and at GPT-2's
 // (B 2, NH 12, T 1024, HS 64), from strided views of one qkv tensor, and with a dlse (two
-// key blocks merged as ring attention does). Legend: B batch, NH heads, T time, HS head size.
+// key blocks merged as ring attention does); and grouped-query attention (k, v with NKV < NH
+// heads) on the GPU, fused and composed, against the CPU's attention on the same values.
+// Legend: B batch, NH heads, NKV key/value heads, T time, HS head size.
 //
 // Tolerances (bf16 keeps 8 significant bits, relative rounding 2^-9 ~ 2e-3): both paths take
 // the same bf16 inputs and round out and the gradients to bf16; cuDNN also rounds the
@@ -172,6 +174,10 @@ TEST_F(CudaAttention, SupportedForCausalAndUnmaskedOnly) {
   Tensor k100 = randn({2, 3, 100, 64}, DType::bf16, kGpu, 3);
   EXPECT_FALSE(cuda::sdpa_supported(q, k100, k100, 0, 0, &why));  // Tq != Tk with a diagonal
   EXPECT_TRUE(cuda::sdpa_supported(q, k100, k100, 100, 0, &why)) << why;
+  Tensor k1 = randn({2, 1, 64, 64}, DType::bf16, kGpu, 6);  // grouped-query: 3 query heads over 1
+  EXPECT_TRUE(cuda::sdpa_supported(q, k1, k1, 0, 0, &why)) << why;
+  Tensor k2 = randn({2, 2, 64, 64}, DType::bf16, kGpu, 7);  // 2 does not divide 3
+  EXPECT_FALSE(cuda::sdpa_supported(q, k2, k2, 0, 0, &why));
   Tensor q12 = randn({2, 3, 64, 12}, DType::bf16, kGpu, 4);  // head size not a multiple of 8
   EXPECT_FALSE(cuda::sdpa_supported(q12, q12, q12, 0, 0, &why));
   EXPECT_NE(why.find("head size"), std::string::npos) << why;
@@ -250,6 +256,54 @@ TEST_F(CudaAttention, StridedViewsOfQkv) {
   expect_match(run(true, q, k, v, 0, 0, dout, Tensor()),
                run(false, q.contiguous(), k.contiguous(), v.contiguous(), 0, 0, dout, Tensor()),
                "strided qkv");
+}
+
+// Grouped-query attention, q (B,NH,Tq,HS) over k, v (B,NKV,Tk,HS): the GPU's fused path
+// (cuDNN with K, V and dK, dV of NKV heads) and its composed path (each group's query heads
+// as one matrix) against the CPU's attention (its fused kernel, in f32) on the same bf16
+// values: out, lse, dq, dk, dv, causal and unmasked, with and without a dlse (the composed
+// backward the fused node takes for one), G = 4 (Llama 3 8B's 32 over 8) and MQA.
+TEST_F(CudaAttention, GroupedQueryMatchesTheCpu) {
+  struct Shape_ {
+    int64_t NH, NKV, Tq, Tk, q_off, k_off;
+    bool dlse;
+  };
+  const Shape_ shapes[] = {
+      {8, 2, 128, 128, 0, 0, false},    // causal, G = 4
+      {8, 1, 128, 128, 0, 0, false},    // causal, multi-query
+      {8, 2, 64, 64, 64, 0, false},     // ring attention's past block: unmasked
+      {8, 2, 128, 128, 0, 0, true},     // causal with a dlse
+      {8, 1, 64, 64, 64, 0, true},      // unmasked, multi-query, with a dlse
+      {6, 3, 100, 100, 37, 37, false},  // G = 2, odd lengths
+  };
+  const int64_t B = 2, HS = 64;
+  for (const Shape_& c : shapes) {
+    const std::string what = "NH" + std::to_string(c.NH) + " NKV" + std::to_string(c.NKV) + " Tq" +
+                             std::to_string(c.Tq) + " Tk" + std::to_string(c.Tk) + " q_off" +
+                             std::to_string(c.q_off) + " k_off" + std::to_string(c.k_off) +
+                             (c.dlse ? " dlse" : "");
+    SCOPED_TRACE(what);
+    Tensor q = randn({B, c.NH, c.Tq, HS}, DType::bf16, kGpu, 11),
+           k = randn({B, c.NKV, c.Tk, HS}, DType::bf16, kGpu, 12),
+           v = randn({B, c.NKV, c.Tk, HS}, DType::bf16, kGpu, 13),
+           dout = randn({B, c.NH, c.Tq, HS}, DType::bf16, kGpu, 14);
+    Tensor dlse = c.dlse ? randn({B, c.NH, c.Tq}, DType::f32, kGpu, 15) : Tensor();
+    // the CPU's reference on the same values in f32 (bf16 -> f32 is exact)
+    auto on_cpu = [](const Tensor& t) { return t.defined() ? t.to(Device::cpu()).to(DType::f32) : t; };
+    Tensor cq = leaf(on_cpu(q)), ck = leaf(on_cpu(k)), cv = leaf(on_cpu(v));
+    AttentionOut cr = attention(cq, ck, cv, c.q_off, c.k_off);
+    Tensor loss = sum(mul(cr.out, on_cpu(dout)));
+    if (c.dlse) loss = add(loss, sum(mul(cr.lse, on_cpu(dlse))));
+    backward(loss);
+    const Result cpu{cr.out.detach(), cr.lse.detach(), cq.grad(), ck.grad(), cv.grad()};
+    ASSERT_EQ(cpu.dk.shape(), Shape({B, c.NKV, c.Tk, HS}));
+
+    const Result fused = run(true, q, k, v, c.q_off, c.k_off, dout, dlse);
+    ASSERT_EQ(fused.dk.shape(), Shape({B, c.NKV, c.Tk, HS}));
+    ASSERT_EQ(fused.dv.shape(), Shape({B, c.NKV, c.Tk, HS}));
+    expect_match(fused, cpu, what + ": fused (cuDNN) vs cpu");
+    expect_match(run(false, q, k, v, c.q_off, c.k_off, dout, dlse), cpu, what + ": composed vs cpu");
+  }
 }
 
 // NDT_SDPA=0 turns the fused path off.

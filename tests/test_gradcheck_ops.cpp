@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -242,29 +244,58 @@ TEST(SelfAttention, RefusesBadShapes) {
 
 namespace {
 
-// attention(q, k, v, q_off, k_off) with q (B,NH,tq,HS), k, v (B,NH,tk,HS), fused or composed,
+// attention(q, k, v, q_off, k_off) with q (B,NH,tq,HS), k, v (B,NKV,tk,HS), fused or composed,
 // both outputs (the lse of the leading `masked` queries, which see no key, is -inf: left out).
 struct AttBlock {
   int64_t tq, tk, q_off, k_off, masked;
 };
-OpCase attention_case(bool fused, const AttBlock& a) {
-  const int64_t B = 2, NH = 3, HS = 16;
+// Both outputs of r but the masked queries' lse.
+std::vector<Tensor> outputs_of(const AttentionOut& r, const AttBlock& a) {
+  if (a.masked == a.tq) return {r.out};
+  Tensor lse = a.masked ? split_last(r.lse, {a.masked, a.tq - a.masked})[1] : r.lse;
+  return {r.out, lse};
+}
+OpCase attention_case(bool fused, const AttBlock& a, int64_t NH = 3, int64_t NKV = 3) {
+  const int64_t B = 2, HS = 16;
   return {fused ? "fused" : "composed",
           [=](DType dt, Device dev) {
             std::vector<Tensor> x = {randn({B, NH, a.tq, HS}, dt, dev, 910, 0.0f, 1.5f),
-                                     randn({B, NH, a.tk, HS}, dt, dev, 911, 0.0f, 1.5f),
-                                     randn({B, NH, a.tk, HS}, dt, dev, 912)};
+                                     randn({B, NKV, a.tk, HS}, dt, dev, 911, 0.0f, 1.5f),
+                                     randn({B, NKV, a.tk, HS}, dt, dev, 912)};
             for (Tensor& t : x) t.set_requires_grad(true);
             return x;
           },
           [fused, a](const std::vector<Tensor>& x) {
-            AttentionOut r = fused ? attention(x[0], x[1], x[2], a.q_off, a.k_off)
-                                   : attention_composed(x[0], x[1], x[2], a.q_off, a.k_off);
-            if (a.masked == a.tq) return std::vector<Tensor>{r.out};
-            Tensor lse = a.masked ? split_last(r.lse, {a.masked, a.tq - a.masked})[1] : r.lse;
-            return std::vector<Tensor>{r.out, lse};
+            return outputs_of(fused ? attention(x[0], x[1], x[2], a.q_off, a.k_off)
+                                    : attention_composed(x[0], x[1], x[2], a.q_off, a.k_off),
+                              a);
           },
           {true, true, true}};
+}
+
+// Hugging Face's repeat_kv from the shape ops alone (split and concat, differentiable, no
+// attention code): t (B,NKV,T,HS) -> (B,NKV*G,T,HS), kv head g at heads g G .. g G + G-1.
+// Its backward sums the G copies' gradients, so dk of a kv head is the sum over its group.
+Tensor repeat_kv(const Tensor& t, int64_t G) {
+  const int64_t NKV = t.size(1);
+  const std::vector<Tensor> heads = split(t, 1, std::vector<int64_t>(static_cast<size_t>(NKV), 1));
+  std::vector<Tensor> repeated;
+  for (int64_t g = 0; g < NKV; ++g)
+    for (int64_t j = 0; j < G; ++j) repeated.push_back(heads[static_cast<size_t>(g)]);
+  return concat(repeated, 1);
+}
+
+// The GQA inputs of attention_case, through multi-head attention on k, v repeated G times.
+OpCase mha_on_repeated_kv_case(bool fused, const AttBlock& a, int64_t NH, int64_t NKV) {
+  OpCase c = attention_case(fused, a, NH, NKV);
+  c.name += "_on_repeated_kv";
+  c.fn = [fused, a, G = NH / NKV](const std::vector<Tensor>& x) {
+    const Tensor k = repeat_kv(x[1], G), v = repeat_kv(x[2], G);
+    return outputs_of(
+        fused ? attention(x[0], k, v, a.q_off, a.k_off) : attention_composed(x[0], k, v, a.q_off, a.k_off),
+        a);
+  };
+  return c;
 }
 
 // The blocks ring attention computes and the edges of the mask, at sizes with several
@@ -297,30 +328,102 @@ TEST(Attention, FusedCpuKernelMatchesTheComposedPath) {
   }
 }
 
+// Grouped-query attention, 4 query heads over 2 and over 1 kv heads: the fused kernel (kv
+// head h/G read in place, dk and dv summed over the group in one task) against the composed
+// path (each group's query heads as one matrix), on the same blocks.
+TEST(Attention, GqaFusedCpuKernelMatchesTheComposedPath) {
+  for (const int64_t nkv : {2, 1})
+    for (const AttBlock& blk : kBlocks) {
+      const OpCase fused = attention_case(true, blk, 4, nkv), composed = attention_case(false, blk, 4, nkv);
+      for (DType dt : {DType::f32, DType::f64, DType::bf16}) {
+        std::vector<Tensor> in = case_inputs(fused, dt, Device::cpu());
+        ASSERT_EQ(in[1].size(1), nkv);
+        CaseRun a = run_case(fused, in),
+                b = run_case(composed, convert_inputs(composed, in, dt, Device::cpu()));
+        const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 2e-6 : 1e-2;
+        SCOPED_TRACE("NH 4 NKV " + std::to_string(nkv) + " tq " + std::to_string(blk.tq) + " tk " +
+                     std::to_string(blk.tk) + " q_off " + std::to_string(blk.q_off) + " k_off " +
+                     std::to_string(blk.k_off));
+        expect_close(fused, a, b, tol, dtype_name(dt));
+        if (blk.masked == blk.tq)  // nothing visible: exact zeros
+          for (const Tensor& g : a.grads) EXPECT_EQ(rel_error(g, Tensor::zeros(g.shape(), DType::f64)), 0.0);
+      }
+    }
+}
+
+// The convention, checked independently of both implementations: GQA equals multi-head
+// attention on k and v with each kv head repeated G times (Hugging Face's repeat_kv, built
+// here from split and concat), in outputs and in dq, dk, dv (dk, dv: the repeats' gradients
+// summed by autograd), for the fused kernel and the composed path, G = 2, 3 and 6.
+TEST(Attention, GqaEqualsMultiHeadAttentionOnRepeatedKv) {
+  for (const bool fused : {true, false})
+    for (const int64_t nkv : {3, 2, 1})
+      for (const AttBlock& blk : kBlocks) {
+        const OpCase gqa = attention_case(fused, blk, 6, nkv),
+                     mha = mha_on_repeated_kv_case(fused, blk, 6, nkv);
+        std::vector<Tensor> in = case_inputs(gqa, DType::f64, Device::cpu());
+        CaseRun a = run_case(gqa, in), b = run_case(mha, convert_inputs(mha, in, DType::f64, Device::cpu()));
+        SCOPED_TRACE(std::string(fused ? "fused" : "composed") + " NH 6 NKV " + std::to_string(nkv) + " tq " +
+                     std::to_string(blk.tq) + " tk " + std::to_string(blk.tk) + " q_off " +
+                     std::to_string(blk.q_off) + " k_off " + std::to_string(blk.k_off));
+        ASSERT_EQ(b.grads[1].shape(), a.grads[1].shape());
+        expect_close(gqa, a, b, 1e-12, "f64");
+      }
+}
+
+// A head count that does not divide, or k and v that differ, is refused naming the counts.
+TEST(Attention, RefusesKvHeadsThatDoNotDivideTheQueryHeads) {
+  const Tensor q = randn({1, 4, 5, 8}, DType::f32, Device::cpu(), 1);
+  for (const int64_t nkv : {3, 8, 0}) {
+    const Tensor k = Tensor::zeros({1, nkv, 5, 8});
+    for (const bool fused : {true, false}) {
+      auto att = fused ? attention : attention_composed;
+      try {
+        att(q, k, k, 0, 0, 0.0);
+        ADD_FAILURE() << "attention with 4 query heads and " << nkv << " kv heads was accepted";
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("q has 4 heads and k, v " + std::to_string(nkv)), std::string::npos) << msg;
+        EXPECT_NE(msg.find("grouped-query"), std::string::npos) << msg;
+      }
+    }
+  }
+  EXPECT_THROW(attention(q, Tensor::zeros({1, 2, 5, 8}), Tensor::zeros({1, 1, 5, 8})), Error);  // k != v
+  // and the CPU kernel itself
+  Tensor k3 = Tensor::zeros({1, 3, 5, 8}), y = Tensor::empty({1, 4, 5, 8}), lse = Tensor::empty({1, 4, 5});
+  EXPECT_THROW(kernels::attention_fused_forward(q, k3, k3, 0, 0, 0.5, y, lse), Error);
+}
+
 // One thread and two give the same bits; q, k, v read through strides (a transposed view of
 // (B, T, NH, HS), as heads lie in c_attn's output) give the same bits as contiguous copies.
 TEST(Attention, FusedCpuKernelSameBitsOnThreadsAndStrides) {
   const AttBlock blk = {150, 130, 0, 20, 20};
   expect_same_bits_on_one_and_two_threads(attention_case(true, blk));
+  expect_same_bits_on_one_and_two_threads(attention_case(true, blk, 4, 2));  // GQA: dk, dv summed per group
 
-  const int64_t B = 2, NH = 3, HS = 16;
-  auto strided = [&](int64_t T, uint64_t stream) {  // (B, NH, T, HS) as a view of (B, T, NH, HS)
-    return randn({B, T, NH, HS}, DType::f32, Device::cpu(), stream).transpose(1, 2);
+  const int64_t B = 2, HS = 16;
+  // (B, H, T, HS) as a view of (B, T, H, HS)
+  auto strided = [&](int64_t H, int64_t T, uint64_t stream) {
+    return randn({B, T, H, HS}, DType::f32, Device::cpu(), stream).transpose(1, 2);
   };
-  const Tensor q = strided(blk.tq, 1), k = strided(blk.tk, 2), v = strided(blk.tk, 3),
-               dy = strided(blk.tq, 4), dlse = randn({B, NH, blk.tq}, DType::f32, Device::cpu(), 5);
-  ASSERT_FALSE(q.is_contiguous());
-  auto run = [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dy) {
-    Tensor y = Tensor::empty({B, NH, blk.tq, HS}), lse = Tensor::empty({B, NH, blk.tq});
-    kernels::attention_fused_forward(q, k, v, blk.q_off, blk.k_off, 0.25, y, lse);
-    Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(k.shape());
-    kernels::attention_fused_backward(q, k, v, y, lse, dy, dlse, blk.q_off, blk.k_off, 0.25, dq, dk, dv);
-    return std::vector<Tensor>{y, lse, dq, dk, dv};
-  };
-  const std::vector<Tensor> views = run(q, k, v, dy),
-                            copies = run(q.contiguous(), k.contiguous(), v.contiguous(), dy.contiguous());
-  for (size_t i = 0; i < views.size(); ++i)  // bit for bit (the masked rows' lse: -inf in both)
-    EXPECT_EQ(views[i].to_vector<float>(), copies[i].to_vector<float>()) << "result " << i;
+  for (const std::pair<int64_t, int64_t>& heads : {std::pair<int64_t, int64_t>{3, 3}, {4, 2}, {4, 1}}) {
+    const int64_t NH = heads.first, NKV = heads.second;  // query heads, kv heads
+    const Tensor q = strided(NH, blk.tq, 1), k = strided(NKV, blk.tk, 2), v = strided(NKV, blk.tk, 3),
+                 dy = strided(NH, blk.tq, 4), dlse = randn({B, NH, blk.tq}, DType::f32, Device::cpu(), 5);
+    ASSERT_FALSE(q.is_contiguous());
+    auto run = [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dy) {
+      Tensor y = Tensor::empty({B, NH, blk.tq, HS}), lse = Tensor::empty({B, NH, blk.tq});
+      kernels::attention_fused_forward(q, k, v, blk.q_off, blk.k_off, 0.25, y, lse);
+      Tensor dq = Tensor::empty(q.shape()), dk = Tensor::empty(k.shape()), dv = Tensor::empty(k.shape());
+      kernels::attention_fused_backward(q, k, v, y, lse, dy, dlse, blk.q_off, blk.k_off, 0.25, dq, dk, dv);
+      return std::vector<Tensor>{y, lse, dq, dk, dv};
+    };
+    const std::vector<Tensor> views = run(q, k, v, dy),
+                              copies = run(q.contiguous(), k.contiguous(), v.contiguous(), dy.contiguous());
+    for (size_t i = 0; i < views.size(); ++i)  // bit for bit (the masked rows' lse: -inf in both)
+      EXPECT_EQ(views[i].to_vector<float>(), copies[i].to_vector<float>())
+          << "NH " << NH << " NKV " << NKV << " result " << i;
+  }
 }
 
 // ---- bf16 GEMMs on the CPU: oneDNN's kernels and the f32 path (tensor/cpu/matmul) ----------

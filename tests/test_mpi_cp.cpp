@@ -1,6 +1,7 @@
 // Context parallelism (CP) at the layer level, under mpirun (2, 3 and 4 ranks), in
 // float64: ring attention over cp head-tail chunks against the whole causal attention on
-// the same inputs (outputs, and dq, dk, dv after the backward), the bytes it sends against
+// the same inputs (outputs, and dq, dk, dv after the backward), multi-head and grouped-query
+// (k, v with fewer heads than q, passed around the ring as they are), the bytes it sends against
 // the analytic volume, and its peak memory against the whole attention's (one score block
 // at a time, or none where the pairs run fused).
 #include <gtest/gtest.h>
@@ -22,21 +23,21 @@ namespace {
 // composed and recomputed in backward.
 class RingAttention : public ::testing::TestWithParam<bool> {};
 
-TEST_P(RingAttention, EqualsAttention) {
-  if (GetParam()) setenv("NDT_SDPA", "0", 1);
-  auto& cp = *ndt::testing::world();
+// Ring attention of q (B,NH,T,HS) over k, v (B,NKV,T,HS) on the cp ranks against the whole
+// attention on one process (the same inputs on every rank).
+void expect_ring_equals_attention(dist::Communicator& cp, int64_t NH, int64_t NKV) {
   // chunks of 3 positions, and of 70 (the fused kernel's blocks of 64 queries, the last partial)
   for (const int64_t Tc : {3, 70}) {
-    SCOPED_TRACE("Tc " + std::to_string(Tc));
-    const int64_t n = cp.size(), r = cp.rank(), B = 2, NH = 3, HS = 4, T = 2 * n * Tc;
-    Tensor q = randn({B, NH, T, HS}, 6, true), k = randn({B, NH, T, HS}, 7, true),
-           v = randn({B, NH, T, HS}, 8, true);
+    SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) + " Tc " + std::to_string(Tc));
+    const int64_t n = cp.size(), r = cp.rank(), B = 2, HS = 4, T = 2 * n * Tc;
+    Tensor q = randn({B, NH, T, HS}, 6, true), k = randn({B, NKV, T, HS}, 7, true),
+           v = randn({B, NKV, T, HS}, 8, true);
     Tensor w = randn({B, NH, T, HS}, 9);
     Tensor out = attention_composed(q, k, v).out;  // the reference: every pair, from GEMMs
     backward(sum(mul(out, w)));
-    // this rank's head and tail chunks of (B, NH, T, HS)
+    // this rank's head and tail chunks of (B, H, T, HS)
     auto mine = [&](const Tensor& t) {
-      Tensor m = Tensor::empty({B, NH, 2 * Tc, HS}, DType::f64);
+      Tensor m = Tensor::empty({B, t.size(1), 2 * Tc, HS}, DType::f64);
       m.narrow(2, 0, Tc).copy_(t.narrow(2, r * Tc, Tc));
       m.narrow(2, Tc, Tc).copy_(t.narrow(2, (2 * n - 1 - r) * Tc, Tc));
       return m;
@@ -50,15 +51,42 @@ TEST_P(RingAttention, EqualsAttention) {
     EXPECT_LT(max_diff(ql.grad(), mine(q.grad())), 1e-12) << "dq";
     EXPECT_LT(max_diff(kl.grad(), mine(k.grad())), 1e-12) << "dk (came back around the ring)";
     EXPECT_LT(max_diff(vl.grad(), mine(v.grad())), 1e-12) << "dv";
-    // forward: n-1 K/V blocks sent; backward: n-1 gradient blocks of the same size
-    const int64_t block = B * NH * 2 * Tc * 2 * HS * 8;
+    // forward: n-1 K/V blocks sent; backward: n-1 gradient blocks of the same size; with
+    // GQA the blocks hold the NKV kv heads only
+    const int64_t block = B * NKV * 2 * Tc * 2 * HS * 8;
     EXPECT_EQ(cp.stats()[dist::CommKind::kSend], 2 * (n - 1) * block);
   }
+}
+
+TEST_P(RingAttention, EqualsAttention) {
+  if (GetParam()) setenv("NDT_SDPA", "0", 1);
+  expect_ring_equals_attention(*ndt::testing::world(), 3, 3);
+  unsetenv("NDT_SDPA");
+}
+
+// Grouped-query attention: 4 query heads over 2 kv heads, and over 1 (multi-query).
+TEST_P(RingAttention, GqaEqualsAttention) {
+  if (GetParam()) setenv("NDT_SDPA", "0", 1);
+  expect_ring_equals_attention(*ndt::testing::world(), 4, 2);
+  expect_ring_equals_attention(*ndt::testing::world(), 4, 1);
   unsetenv("NDT_SDPA");
 }
 
 INSTANTIATE_TEST_SUITE_P(Pairs, RingAttention, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "composed" : "fused"; });
+
+// A kv head count that does not divide the query heads is refused before anything is sent
+// (every rank throws the same error; no rank waits in the ring).
+TEST(ContextParallel, RingAttentionRefusesKvHeadsThatDoNotDivide) {
+  auto& cp = *ndt::testing::world();
+  const Tensor q = randn({1, 4, 6, 4}, 1), k = randn({1, 3, 6, 4}, 2);
+  try {
+    dist::ring_attention(q, k, k, cp);
+    ADD_FAILURE() << "4 query heads over 3 kv heads accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q has 4 heads and k, v 3"), std::string::npos) << e.what();
+  }
+}
 
 TEST(ContextParallel, RingAttentionHoldsOneScoreBlockAtATime) {
   auto& cp = *ndt::testing::world();

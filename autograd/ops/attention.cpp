@@ -1,12 +1,20 @@
 // Causal scaled-dot-product attention with global position offsets, returning the output
-// and the per-query log-sum-exp. Legend: B batch, NH heads, Tq queries, Tk keys, HS head size,
-// Bh = B*NH.
+// and the per-query log-sum-exp. Legend: B batch, NH query heads, NKV key/value heads (NKV
+// divides NH), G = NH/NKV query heads per kv head, Tq queries, Tk keys, HS head size,
+// Bh = B*NH, Bkv = B*NKV.
+//
+// Grouped-query attention (GQA; NKV = NH is multi-head, NKV = 1 multi-query): query head h
+// attends with kv head h/G, Hugging Face's repeat_kv order (kv head g serves query heads
+// g G .. g G + G-1). No path copies K or V per query head.
 //
 // Three paths compute the same thing:
-// - composed (attention_composed), the same on CPU and CUDA and the reference:
-//     s = q @ k^T                         (Bh,Tq,Tk)
+// - composed (attention_composed), the same on CPU and CUDA and the reference. The G query
+//   heads of kv head g lie next to each other in q (B,NH,Tq,HS) = (B,NKV,G,Tq,HS), so as
+//   one (G*Tq, HS) matrix per kv head they meet its K and V in ordinary batched GEMMs:
+//     s = q @ k^T                         (Bkv,G*Tq,Tk), = (Bh,Tq,Tk) for the softmax
 //     p, lse = masked_softmax(scale * s)  p in place of s; lse (Bh,Tq)
-//     out = p @ v                         (Bh,Tq,HS)
+//     out = p @ v                         (Bkv,G*Tq,HS) = (B,NH,Tq,HS)
+//   and backward's dk = ds^T q, dv = p^T dout sum over the G heads inside the GEMM.
 //   bf16 inputs are computed in f32 (scores and probabilities are never stored in bf16).
 // - fused on the CPU (tensor/cpu/self_attention.cpp): blocks of queries against the keys
 //   they see, q, k, v read in place; backward makes the probabilities again from q, k and
@@ -33,55 +41,75 @@ namespace {
 
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   check_same("attention", {&q, &k, &v});
-  NDT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be (B, NH, T, HS), got ",
-            q.shape_str(), ", ", k.shape_str(), ", ", v.shape_str());
+  NDT_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+            "attention: q must be (B, NH, Tq, HS), k and v (B, NKV, Tk, HS), got ", q.shape_str(), ", ",
+            k.shape_str(), ", ", v.shape_str());
   NDT_CHECK(k.shape() == v.shape(), "attention: k ", k.shape_str(), " and v ", v.shape_str(), " differ");
-  NDT_CHECK(q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3), "attention: q ",
-            q.shape_str(), " and k ", k.shape_str(), " differ in B, NH or HS");
+  NDT_CHECK(q.size(0) == k.size(0) && q.size(3) == k.size(3), "attention: q ", q.shape_str(), " and k ",
+            k.shape_str(), " differ in B or HS");
+  NDT_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "attention: q has ", q.size(1), " heads and k, v ",
+            k.size(1), ": the kv heads must divide the query heads (grouped-query attention), q ",
+            q.shape_str(), ", k ", k.shape_str());
 }
 
-// q (Bh,Tq,HS), k (Bh,Tk,HS) -> p (Bh,Tq,Tk) = masked softmax(scale * q @ k^T), lse (Bh,Tq)
+// The grouped layout of the composed path: q-shaped (B,NH,T,HS) -> (Bkv,G*T,HS), k-shaped
+// (B,NKV,T,HS) -> (Bkv,T,HS), contiguous in dtype cd (a view where t already is).
+Tensor grouped(const Tensor& t, int64_t NKV, DType cd) {
+  const int64_t B = t.size(0), T = t.size(2), HS = t.size(3), G = t.size(1) / NKV;
+  return t.contiguous().to(cd).view({B * NKV, G * T, HS});
+}
+
+// In the grouped layout: q (Bkv,G*Tq,HS), k (Bkv,Tk,HS) -> p (Bkv,G*Tq,Tk) = masked
+// softmax(scale * q @ k^T), lse (Bh,Tq)
 void attention_probs(const Tensor& q, const Tensor& k, double scale, int64_t q_offset, int64_t k_offset,
                      const Tensor& p, const Tensor& lse) {
   kernels::gemm(q, false, k, true, p);  // s = q @ k^T
-  kernels::attention_softmax_forward(p, scale, q_offset, k_offset, lse);
+  // the mask depends on the query's position i: rows of p as (Bh,Tq,Tk), i = row % Tq
+  const int64_t Tq = lse.size(1), Tk = p.size(2);
+  kernels::attention_softmax_forward(p.view({lse.size(0), Tq, Tk}), scale, q_offset, k_offset, lse);
 }
 
-// The composed backward: q (Bh,Tq,HS), k, v (Bh,Tk,HS), p (Bh,Tq,Tk), o (Bh,Tq,HS) in the
-// compute dtype, the gradients of out (B,NH,Tq,HS) and lse (B,NH,Tq), either undefined
-//   -> dq (B,NH,Tq,HS), dk, dv (B,NH,Tk,HS) in io
+// The composed backward, in the grouped layout: q (Bkv,G*Tq,HS), k, v (Bkv,Tk,HS),
+// p (Bkv,G*Tq,Tk), o (Bkv,G*Tq,HS) in the compute dtype, the gradients of out (B,NH,Tq,HS)
+// and lse (B,NH,Tq), either undefined
+//   -> dq (B,NH,Tq,HS), dk, dv (B,NKV,Tk,HS) in io
 Grads composed_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& p, const Tensor& o,
                         const Tensor& dout_in, const Tensor& dlse_in, double scale, int64_t B, int64_t NH,
                         DType io) {
   // forward: p = exp(scale*q k^T - lse) (masked), out = p v, lse = log sum exp(scale*q k^T); so
   //   dv = p^T dout,  dp = dout v^T,  ds = scale * p * (dp - rowsum(dout*out) + dlse),
   //   dq = ds k,  dk = ds^T q
-  const int64_t Bh = q.size(0), Tq = q.size(1), Tk = k.size(1), HS = q.size(2);
+  // k and v served the G query heads of their group (the G*Tq rows of q): the GEMMs for dk
+  // and dv run over those rows, so they are the sums over the group.
+  const int64_t Bkv = k.size(0), NKV = Bkv / B, GTq = q.size(1), Tq = GTq / (NH / NKV), Tk = k.size(1),
+                HS = q.size(2);
   const DType cd = q.dtype();
-  Tensor dout = dout_in.defined() ? dout_in.contiguous().to(cd).view({Bh, Tq, HS})
-                                  : Tensor::zeros({Bh, Tq, HS}, cd, q.device());
-  Tensor dlse = dlse_in.defined() ? dlse_in.contiguous().view({Bh, Tq}) : Tensor();
-  Tensor dv = Tensor::empty({Bh, Tk, HS}, cd, q.device());
+  Tensor dout = dout_in.defined() ? dout_in.contiguous().to(cd).view({Bkv, GTq, HS})
+                                  : Tensor::zeros({Bkv, GTq, HS}, cd, q.device());
+  Tensor dlse = dlse_in.defined() ? dlse_in.contiguous().view({Bkv, GTq}) : Tensor();
+  Tensor dv = Tensor::empty({Bkv, Tk, HS}, cd, q.device());
   kernels::gemm(p, true, dout, false, dv);
-  Tensor ds = Tensor::empty({Bh, Tq, Tk}, cd, q.device());
+  Tensor ds = Tensor::empty({Bkv, GTq, Tk}, cd, q.device());
   kernels::gemm(dout, false, v, true, ds);  // dp, turned into ds in place below
-  Tensor d = Tensor::empty({Bh, Tq}, stat_dtype(cd), q.device());
+  Tensor d = Tensor::empty({Bkv, GTq}, stat_dtype(cd), q.device());
   kernels::rowwise_dot(o, dout, d);
-  kernels::attention_softmax_backward(p, ds, d, dlse, scale);
-  Tensor dq = Tensor::empty({Bh, Tq, HS}, cd, q.device());
-  Tensor dk = Tensor::empty({Bh, Tk, HS}, cd, q.device());
+  kernels::attention_softmax_backward(p, ds, d, dlse, scale);  // row by row: any grouping
+  Tensor dq = Tensor::empty({Bkv, GTq, HS}, cd, q.device());
+  Tensor dk = Tensor::empty({Bkv, Tk, HS}, cd, q.device());
   kernels::gemm(ds, false, k, false, dq);
   kernels::gemm(ds, true, q, false, dk);
-  auto back = [&](const Tensor& t, int64_t T) { return t.view({B, NH, T, HS}).to(io); };
-  return {back(dq, Tq), back(dk, Tk), back(dv, Tk)};
+  return {dq.view({B, NH, Tq, HS}).to(io), dk.view({B, NKV, Tk, HS}).to(io),
+          dv.view({B, NKV, Tk, HS}).to(io)};
 }
 
-// The fused path (cuDNN SDPA): q (B,NH,Tq,HS), k, v (B,NH,Tk,HS) bf16, as they come (no
-// copies) -> out (B,NH,Tq,HS) bf16 contiguous, lse (B,NH,Tq) f32. sdpa_supported() has
-// checked that the mask is causal from the top-left corner or empty.
+// The fused path (cuDNN SDPA): q (B,NH,Tq,HS), k, v (B,NKV,Tk,HS) bf16, as they come (no
+// copies; cuDNN reads kv head h/G for query head h) -> out (B,NH,Tq,HS) bf16 contiguous,
+// lse (B,NH,Tq) f32. sdpa_supported() has checked that the mask is causal from the top-left
+// corner or empty.
 AttentionOut attention_fused(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t q_offset,
                              int64_t k_offset, double scale) {
-  const int64_t B = q_in.size(0), NH = q_in.size(1), Tq = q_in.size(2), Tk = k_in.size(2), HS = q_in.size(3);
+  const int64_t B = q_in.size(0), NH = q_in.size(1), NKV = k_in.size(1), Tq = q_in.size(2), Tk = k_in.size(2),
+                HS = q_in.size(3);
   const bool causal = k_offset + Tk - 1 > q_offset;  // else every key is visible to every query
   const Device dev = q_in.device();
   Tensor q = q_in.detach(), k = k_in.detach(), v = v_in.detach();
@@ -92,36 +120,36 @@ AttentionOut attention_fused(const Tensor& q_in, const Tensor& k_in, const Tenso
   AttentionOut r{out, lse};
   autograd::record("attention", {r.out, r.lse}, {q_in, k_in, v_in},
                    [q, k, v, o = out.detach(), lse = lse.detach(), causal, scale, q_offset, k_offset, B, NH,
-                    Tq, Tk, HS](const Grads& g) -> Grads {
+                    NKV, Tq, Tk, HS](const Grads& g) -> Grads {
                      // forward: out = softmax(scale * q k^T + mask) v, lse its rows' log-sum-exp (as in
                      // composed_backward). cuDNN differentiates out only: its backward computes
                      // rowsum(dout*out) itself and has no input for dlse. A dlse (ring attention merges
                      // through lse) adds scale * p * dlse to ds, so with one this node recomputes p from
                      // q, k and differentiates through the composed kernels: exact, at the composed cost.
                      if (g[1].defined()) {
-                       auto flat = [&](const Tensor& t, int64_t T) {
-                         return t.contiguous().to(DType::f32).view({B * NH, T, HS});
-                       };
-                       Tensor qf = flat(q, Tq), kf = flat(k, Tk), vf = flat(v, Tk), of = flat(o, Tq);
-                       Tensor p = Tensor::empty({B * NH, Tq, Tk}, DType::f32, q.device());
+                       Tensor qf = grouped(q, NKV, DType::f32), kf = grouped(k, NKV, DType::f32),
+                              vf = grouped(v, NKV, DType::f32), of = grouped(o, NKV, DType::f32);
+                       Tensor p = Tensor::empty({B * NKV, qf.size(1), Tk}, DType::f32, q.device());
                        Tensor lse_again = Tensor::empty({B * NH, Tq}, DType::f32, q.device());
                        attention_probs(qf, kf, scale, q_offset, k_offset, p, lse_again);
                        return composed_backward(qf, kf, vf, p, of, g[0], g[1], scale, B, NH, DType::bf16);
                      }
-                     // dout (B,NH,Tq,HS) -> dq (B,NH,Tq,HS), dk, dv (B,NH,Tk,HS), all bf16
+                     // dout (B,NH,Tq,HS) -> dq (B,NH,Tq,HS), dk, dv (B,NKV,Tk,HS), all bf16 (cuDNN
+                     // sums each kv head's gradients over its G query heads)
                      Tensor dout = g[0].contiguous().to(DType::bf16);
                      Tensor dq = Tensor::empty({B, NH, Tq, HS}, DType::bf16, q.device());
-                     Tensor dk = Tensor::empty({B, NH, Tk, HS}, DType::bf16, q.device());
-                     Tensor dv = Tensor::empty({B, NH, Tk, HS}, DType::bf16, q.device());
+                     Tensor dk = Tensor::empty({B, NKV, Tk, HS}, DType::bf16, q.device());
+                     Tensor dv = Tensor::empty({B, NKV, Tk, HS}, DType::bf16, q.device());
                      cuda::sdpa_backward(q, k, v, o, lse, dout, causal, scale, dq, dk, dv);
                      return {dq, dk, dv};
                    });
   return r;
 }
 
-// The CPU's fused kernel: q (B,NH,Tq,HS), k, v (B,NH,Tk,HS) as they lie when f32/f64 with
+// The CPU's fused kernel: q (B,NH,Tq,HS), k, v (B,NKV,Tk,HS) as they lie when f32/f64 with
 // contiguous rows (bf16: converted to f32 copies, as the composed path computes) ->
-// out (B,NH,Tq,HS) contiguous in q's dtype, lse (B,NH,Tq) in the compute dtype.
+// out (B,NH,Tq,HS) contiguous in q's dtype, lse (B,NH,Tq) in the compute dtype. Query head
+// h reads kv head h/G in place; backward writes dk, dv (B,NKV,Tk,HS) as sums over groups.
 AttentionOut attention_fused_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t q_offset,
                                  int64_t k_offset, double scale) {
   const int64_t B = q_in.size(0), NH = q_in.size(1), Tq = q_in.size(2), HS = q_in.size(3);
@@ -157,17 +185,17 @@ AttentionOut attention_fused_cpu(const Tensor& q_in, const Tensor& k_in, const T
 AttentionOut attention_composed(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t q_offset,
                                 int64_t k_offset, double scale) {
   check_attention(q_in, k_in, v_in);
-  const int64_t B = q_in.size(0), NH = q_in.size(1), Tq = q_in.size(2), Tk = k_in.size(2), HS = q_in.size(3);
+  const int64_t B = q_in.size(0), NH = q_in.size(1), NKV = k_in.size(1), Tq = q_in.size(2), Tk = k_in.size(2),
+                HS = q_in.size(3), G = NH / NKV;
   if (scale == 0.0) scale = 1.0 / std::sqrt(static_cast<double>(HS));
   const DType io = q_in.dtype(), cd = io == DType::bf16 ? DType::f32 : io;  // compute dtype
 
-  // (B,NH,T,HS) -> (Bh,T,HS) in the compute dtype
-  auto flat = [&](const Tensor& t) { return t.contiguous().to(cd).view({B * NH, t.size(2), HS}); };
-  Tensor q = flat(q_in), k = flat(k_in), v = flat(v_in);
-  Tensor p = Tensor::empty({B * NH, Tq, Tk}, cd, q.device());
+  // q (B,NH,Tq,HS) -> (Bkv,G*Tq,HS), k, v (B,NKV,Tk,HS) -> (Bkv,Tk,HS), in the compute dtype
+  Tensor q = grouped(q_in, NKV, cd), k = grouped(k_in, NKV, cd), v = grouped(v_in, NKV, cd);
+  Tensor p = Tensor::empty({B * NKV, G * Tq, Tk}, cd, q.device());
   Tensor lse = Tensor::empty({B * NH, Tq}, stat_dtype(cd), q.device());
   attention_probs(q, k, scale, q_offset, k_offset, p, lse);
-  Tensor o = Tensor::empty({B * NH, Tq, HS}, cd, q.device());
+  Tensor o = Tensor::empty({B * NKV, G * Tq, HS}, cd, q.device());
   kernels::gemm(p, false, v, false, o);  // out = p @ v
 
   AttentionOut r;

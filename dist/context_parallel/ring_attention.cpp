@@ -31,11 +31,20 @@ int64_t tail_chunk(int64_t rank, int64_t n) { return 2 * n - 1 - rank; }
 }  // namespace
 
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& cp) {
+  // q (B,NH,2Tc,HS), k, v (B,NKV,2Tc,HS): checked here, before anything is sent, as every pair's
+  // attention() would check them
+  NDT_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
+                k.size(2) == q.size(2) && k.size(3) == q.size(3) && q.size(2) % 2 == 0,
+            "ring_attention: q must be (B, NH, 2 Tc, HS) and k, v (B, NKV, 2 Tc, HS), got q ", q.shape_str(),
+            ", k ", k.shape_str(), ", v ", v.shape_str());
+  NDT_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "ring_attention: q has ", q.size(1),
+            " heads and k, v ", k.size(1),
+            ": the kv heads must divide the query heads (grouped-query attention)");
   const int64_t n = cp.size(), r = cp.rank(), Tc = q.size(2) / 2, HS = q.size(3);
   const std::array<Tensor, 2> qh = halves(q);
   const std::array<int64_t, 2> q_chunk = {r, tail_chunk(r, n)};
   std::array<AttentionOut, 2> acc;
-  Tensor kv = concat_last({k, v});  // (B, NH, 2Tc, 2HS): one message per step
+  Tensor kv = concat_last({k, v});  // (B, NKV, 2Tc, 2HS): one message per step, the kv heads only
   int64_t owner = r;                // whose chunks kv holds
   // On the CPU attention() is fused and keeps no probabilities; elsewhere each block is
   // recomputed in backward instead of keeping its (Tc x Tc) probabilities: one score block

@@ -18,8 +18,9 @@
 //   Tensor x = cp.local(batch.inputs), y = cp.local(batch.targets);   // (B, T) -> (B, 2 Tc)
 //   loss = gpt.forward(x, y).loss;   // the mean over this rank's tokens; the trainer averages ranks
 //
-// Per layer and micro-step, each rank sends cp - 1 K/V blocks forward (2 B NH 2Tc HS values
-// each) and, in backward, cp - 1 gradient blocks of the same size. Attention memory per
+// Per layer and micro-step, each rank sends cp - 1 K/V blocks forward (2 B NKV 2Tc HS values
+// each: with grouped-query attention only the NKV kv heads travel, NH/NKV times less than
+// multi-head) and, in backward, cp - 1 gradient blocks of the same size. Attention memory per
 // rank: on the CPU no score block is kept (the pairs run the fused kernel of attention());
 // elsewhere one (Tc x Tc) block at a time (each pair is recomputed in backward), about
 // 1/(4 cp^2) of the single process's T x T.
@@ -36,8 +37,9 @@ namespace ndt::dist {
 // Throws ndt::Error when seq_len does not divide into 2 x cp chunks.
 void check_context_parallel(int64_t seq_len, int64_t cp);
 
-// Attention of this rank's queries over the whole sequence, around the ring. q, k, v
-// (B, NH, 2 Tc, HS): the rank's head chunk, then its tail chunk -> (B, NH, 2 Tc, HS).
+// Attention of this rank's queries over the whole sequence, around the ring. q (B, NH, 2 Tc,
+// HS), k, v (B, NKV, 2 Tc, HS) with NKV dividing NH (grouped-query attention, as attention()):
+// the rank's head chunk, then its tail chunk -> (B, NH, 2 Tc, HS).
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& cp);
 
 class ContextParallel {

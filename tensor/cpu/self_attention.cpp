@@ -4,20 +4,26 @@
 //   no head is ever copied out or back (ndt::self_attention);
 // - attention of Tq queries over Tk keys at global position offsets, with the log-sum-exp as
 //   a second output and its gradient in backward: (B,NH,T,HS) operands with any strides but
-//   contiguous rows (ndt::attention: one step of ring attention, dist/context_parallel).
+//   contiguous rows (ndt::attention: one step of ring attention, dist/context_parallel), k
+//   and v with NKV heads, a divisor of NH (grouped-query attention).
 // Flash-style blocks: a block of BQ queries computes its scores against the keys it can see
 // only (the causal part above the diagonal is skipped), so the largest score buffer is BQ x
 // Tk per thread, not Tq x Tk per head; backward computes the probabilities again from q, k
 // and the saved log-sum-exp.
 //
-// Legend: B batch, NH heads, HS head size, Tq queries, Tk keys; a block holds queries
-// [r0, r1), nr = r1 - r0 of them, and query i sees keys [0, visible(i)): nk = visible(r1-1)
-// for the block. Self-attention: Tq = Tk = T, visible(i) = i + 1, row strides qkv 3C, y C.
+// Legend: B batch, NH heads, NKV key/value heads, G = NH / NKV query heads per kv head, HS
+// head size, Tq queries, Tk keys; a block holds queries [r0, r1), nr = r1 - r0 of them, and
+// query i sees keys [0, visible(i)): nk = visible(r1-1) for the block. Self-attention:
+// NKV = NH, Tq = Tk = T, visible(i) = i + 1, row strides qkv 3C, y C.
 //
-// Every (b, h, query block) of the forward, and every (b, h) of the backward, is one task of
-// an OpenMP loop whose GEMMs run on one thread each (OpenBLAS runs single-threaded inside a
-// parallel region). Tasks write disjoint outputs and each sums in a fixed order, so results
-// do not depend on the number of threads or on the schedule.
+// Grouped-query attention (NKV < NH): query head h reads kv head h / G in place (Hugging
+// Face's repeat_kv order), so K and V are never copied per query head; in backward one task
+// owns a kv head and adds the dk, dv of its G query heads into it, one head after the other.
+//
+// Every (b, h, query block) of the forward, and every (b, kv head) of the backward, is one
+// task of an OpenMP loop whose GEMMs run on one thread each (OpenBLAS runs single-threaded
+// inside a parallel region). Tasks write disjoint outputs and each sums in a fixed order, so
+// results do not depend on the number of threads or on the schedule.
 #include <omp.h>
 
 #include <cblas.h>
@@ -130,9 +136,10 @@ struct Heads {
 };
 
 // The shapes and the mask: Tq queries at global positions q_offset.., Tk keys at k_offset..;
-// query i sees key j iff k_offset + j <= q_offset + i.
+// query i sees key j iff k_offset + j <= q_offset + i; query head h reads kv head h / G.
 struct Dims {
-  int64_t B, NH, Tq, Tk, HS, q_offset, k_offset;
+  int64_t B, NH, NKV, Tq, Tk, HS, q_offset, k_offset;
+  int64_t group() const { return NH / NKV; }  // G, query heads per kv head
   int64_t blocks() const { return (Tq + kBlockQ - 1) / kBlockQ; }
   int64_t visible(int64_t i) const { return std::clamp<int64_t>(q_offset - k_offset + i + 1, 0, Tk); }
   // an OpenMP loop over `tasks` pays off only past a few GEMMs' worth of work
@@ -164,9 +171,10 @@ void forward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<const
         std::fill(lse + bh * d.Tq + r0, lse + bh * d.Tq + r1, -std::numeric_limits<T>::infinity());
         continue;
       }
-      const T* qb = q.at(b, h, r0);  // (nr, HS)
-      const T* kb = k.at(b, h, 0);   // (nk, HS)
-      const T* vb = v.at(b, h, 0);   // (nk, HS)
+      const int64_t g = h / d.group();  // the kv head
+      const T* qb = q.at(b, h, r0);     // (nr, HS)
+      const T* kb = k.at(b, g, 0);      // (nk, HS)
+      const T* vb = v.at(b, g, 0);      // (nk, HS)
       blas_gemm(false, true, nr, nk, d.HS, scale, qb, q.st, kb, k.st, T(0), s.data(), nk);  // s = scale q k^T
       for (int64_t i = 0; i < nr; ++i)
         lse[bh * d.Tq + r0 + i] = softmax_row_of(s.data() + i * nk, d.visible(r0 + i), nk);
@@ -175,61 +183,67 @@ void forward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<const
   }
 }
 
-// lse, dlse (B, NH, Tq) contiguous; dlse may be null (no gradient on lse)
+// lse, dlse (B, NH, Tq) contiguous; dlse may be null (no gradient on lse). q, y, dy, dq have
+// NH heads, k, v, dk, dv NKV.
 template <typename T>
 void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<const T> v, Heads<const T> y,
                    const T* lse, Heads<const T> dy, const T* dlse, Heads<T> dq, Heads<T> dk, Heads<T> dv,
                    T scale) {
-  const int64_t nb = d.blocks(), tasks = d.B * d.NH;
+  const int64_t nb = d.blocks(), G = d.group(), tasks = d.B * d.NKV;
 #pragma omp parallel if (d.parallel(tasks))
   {
     std::vector<T> p(static_cast<size_t>(kBlockQ * d.Tk)), dp(p.size()), dd(kBlockQ);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t bh = 0; bh < tasks; ++bh) {
-      const int64_t b = bh / d.NH, h = bh % d.NH;
-      const T* kb = k.at(b, h, 0);
-      const T* vb = v.at(b, h, 0);
-      T* dkb = dk.at(b, h, 0);
-      T* dvb = dv.at(b, h, 0);
-      // the last block sees the most keys: it writes dk and dv (beta 0; rows no query sees
-      // are zeroed), the earlier ones add
+    for (int64_t bg = 0; bg < tasks; ++bg) {  // one kv head: dk, dv are this task's alone
+      const int64_t b = bg / d.NKV, g = bg % d.NKV;
+      const T* kb = k.at(b, g, 0);
+      const T* vb = v.at(b, g, 0);
+      T* dkb = dk.at(b, g, 0);
+      T* dvb = dv.at(b, g, 0);
+      // the kv head's query heads g G .. g G + G - 1 in turn, each from its last block (it
+      // sees the most keys) to its first: the first of them all writes dk and dv (beta 0;
+      // rows no query sees are zeroed), every later one adds
       bool first = true;
-      for (int64_t blk = nb - 1; blk >= 0; --blk) {
-        const int64_t r0 = blk * kBlockQ, r1 = std::min(d.Tq, r0 + kBlockQ), nr = r1 - r0;
-        const int64_t nk = d.visible(r1 - 1);
-        T* dqb = dq.at(b, h, r0);
-        if (nk == 0) {  // and so for every earlier block
-          zero_rows(dqb, nr, dq.st, d.HS);
-          continue;
+      for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+        const int64_t bh = b * d.NH + h;  // the query head's rows of lse and dlse
+        for (int64_t blk = nb - 1; blk >= 0; --blk) {
+          const int64_t r0 = blk * kBlockQ, r1 = std::min(d.Tq, r0 + kBlockQ), nr = r1 - r0;
+          const int64_t nk = d.visible(r1 - 1);
+          T* dqb = dq.at(b, h, r0);
+          if (nk == 0) {  // and so for every earlier block
+            zero_rows(dqb, nr, dq.st, d.HS);
+            continue;
+          }
+          if (first) {
+            zero_rows(dkb + nk * dk.st, d.Tk - nk, dk.st, d.HS);
+            zero_rows(dvb + nk * dv.st, d.Tk - nk, dv.st, d.HS);
+          }
+          const T beta = first ? T(0) : T(1);
+          first = false;
+          const T* qb = q.at(b, h, r0);
+          const T* yb = y.at(b, h, r0);
+          const T* dyb = dy.at(b, h, r0);
+          // forward: s = scale q k^T, p = exp(s - lse) (masked), y = p v, lse = log sum exp s; so
+          //   dv = p^T dy,  dp = dy v^T,  ds = scale p (dp - rowsum(dy * y) + dlse),
+          //   dq = ds k,  dk = ds^T q
+          // (the scale of s is in ds; the GEMM for s is the forward's again; with G > 1, k and
+          // v served G query heads, so their gradients are the sums over those heads)
+          blas_gemm(false, true, nr, nk, d.HS, scale, qb, q.st, kb, k.st, T(0), p.data(), nk);
+          for (int64_t i = 0; i < nr; ++i) {
+            const int64_t row = bh * d.Tq + r0 + i;
+            probs_row_of(p.data() + i * nk, d.visible(r0 + i), nk, lse[row]);
+            dd[i] = dot_row(dyb + i * dy.st, yb + i * y.st, d.HS);
+            if (dlse) dd[i] -= dlse[row];
+          }
+          blas_gemm(true, false, nk, d.HS, nr, T(1), p.data(), nk, dyb, dy.st, beta, dvb, dv.st);
+          blas_gemm(false, true, nr, nk, d.HS, T(1), dyb, dy.st, vb, v.st, T(0), dp.data(), nk);
+          for (int64_t i = 0; i < nr; ++i)
+            softmax_grad_row_of(p.data() + i * nk, dp.data() + i * nk, nk, dd[i], scale);
+          blas_gemm(false, false, nr, d.HS, nk, T(1), dp.data(), nk, kb, k.st, T(0), dqb, dq.st);
+          blas_gemm(true, false, nk, d.HS, nr, T(1), dp.data(), nk, qb, q.st, beta, dkb, dk.st);
         }
-        if (first) {
-          zero_rows(dkb + nk * dk.st, d.Tk - nk, dk.st, d.HS);
-          zero_rows(dvb + nk * dv.st, d.Tk - nk, dv.st, d.HS);
-        }
-        const T beta = first ? T(0) : T(1);
-        first = false;
-        const T* qb = q.at(b, h, r0);
-        const T* yb = y.at(b, h, r0);
-        const T* dyb = dy.at(b, h, r0);
-        // forward: s = scale q k^T, p = exp(s - lse) (masked), y = p v, lse = log sum exp s; so
-        //   dv = p^T dy,  dp = dy v^T,  ds = scale p (dp - rowsum(dy * y) + dlse),
-        //   dq = ds k,  dk = ds^T q
-        // (the scale of s is in ds; the GEMM for s is the forward's again)
-        blas_gemm(false, true, nr, nk, d.HS, scale, qb, q.st, kb, k.st, T(0), p.data(), nk);
-        for (int64_t i = 0; i < nr; ++i) {
-          const int64_t row = bh * d.Tq + r0 + i;
-          probs_row_of(p.data() + i * nk, d.visible(r0 + i), nk, lse[row]);
-          dd[i] = dot_row(dyb + i * dy.st, yb + i * y.st, d.HS);
-          if (dlse) dd[i] -= dlse[row];
-        }
-        blas_gemm(true, false, nk, d.HS, nr, T(1), p.data(), nk, dyb, dy.st, beta, dvb, dv.st);
-        blas_gemm(false, true, nr, nk, d.HS, T(1), dyb, dy.st, vb, v.st, T(0), dp.data(), nk);
-        for (int64_t i = 0; i < nr; ++i)
-          softmax_grad_row_of(p.data() + i * nk, dp.data() + i * nk, nk, dd[i], scale);
-        blas_gemm(false, false, nr, d.HS, nk, T(1), dp.data(), nk, kb, k.st, T(0), dqb, dq.st);
-        blas_gemm(true, false, nk, d.HS, nr, T(1), dp.data(), nk, qb, q.st, beta, dkb, dk.st);
       }
-      if (first) {  // no query saw any key
+      if (first) {  // no query of any of the group's heads saw any key
         zero_rows(dkb, d.Tk, dk.st, d.HS);
         zero_rows(dvb, d.Tk, dv.st, d.HS);
       }
@@ -266,7 +280,7 @@ void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, con
                             const Tensor& lse) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   if (B * T == 0) return;
-  const Dims d{B, n_head, T, T, C / n_head, 0, 0};
+  const Dims d{B, n_head, n_head, T, T, C / n_head, 0, 0};
   dispatch_f32_f64(qkv.dtype(), "self_attention_forward", [&](auto tag) {
     using F = decltype(tag);
     const F* x = qkv.data<F>();
@@ -280,7 +294,7 @@ void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& l
                              int64_t n_head, double scale, const Tensor& dqkv) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   if (B * T == 0) return;
-  const Dims d{B, n_head, T, T, C / n_head, 0, 0};
+  const Dims d{B, n_head, n_head, T, T, C / n_head, 0, 0};
   dispatch_f32_f64(qkv.dtype(), "self_attention_backward", [&](auto tag) {
     using F = decltype(tag);
     const F* x = qkv.data<F>();
@@ -295,7 +309,7 @@ void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& l
 
 void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
                              int64_t k_offset, double scale, const Tensor& y, const Tensor& lse) {
-  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q_offset, k_offset};
+  const Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), q_offset, k_offset};
   if (d.B * d.NH * d.Tq == 0) return;
   dispatch_f32_f64(q.dtype(), "attention_fused_forward", [&](auto tag) {
     using F = decltype(tag);
@@ -308,8 +322,8 @@ void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& lse, const Tensor& dy, const Tensor& dlse, int64_t q_offset,
                               int64_t k_offset, double scale, const Tensor& dq, const Tensor& dk,
                               const Tensor& dv) {
-  const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q_offset, k_offset};
-  if (d.B * d.NH * (d.Tq + d.Tk) == 0) return;
+  const Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), q_offset, k_offset};
+  if (d.B * d.NKV * (d.Tq + d.Tk) == 0) return;
   dispatch_f32_f64(q.dtype(), "attention_fused_backward", [&](auto tag) {
     using F = decltype(tag);
     backward_impl<F>(d, heads_of<const F>(q), heads_of<const F>(k), heads_of<const F>(v), heads_of<const F>(y),

@@ -1,5 +1,9 @@
 // ndtrain: fused attention through cuDNN's scaled-dot-product attention (see sdpa.h).
-// Legend: B batch, NH heads, Tq queries, Tk keys, HS head size.
+// Legend: B batch, NH heads, NKV key/value heads, Tq queries, Tk keys, HS head size.
+//
+// Grouped-query attention needs nothing but the shapes: K, V (and dK, dV) are described with
+// NKV heads, and cuDNN's SDPA pairs query head h with kv head h / (NH/NKV) (its "b (hkv g)"
+// grouping, Hugging Face's repeat_kv order) and sums dK, dV over each group itself.
 //
 // No kernels of our own: each call describes a small cuDNN graph (the frontend's sdpa or
 // sdpa_backward node), builds it once per shape and strides, and executes it on the
@@ -93,7 +97,7 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 struct Problem {
   bool backward = false;
   int device = 0;
-  int64_t B = 0, NH = 0, Tq = 0, Tk = 0, HS = 0;
+  int64_t B = 0, NH = 0, NKV = 0, Tq = 0, Tk = 0, HS = 0;
   std::array<int64_t, 3> qs{}, ks{}, vs{};  // strides of dims 0..2 (the last is 1)
   bool causal = false;
   double scale = 0;
@@ -101,12 +105,12 @@ struct Problem {
   std::vector<int64_t> key() const {
     int64_t scale_bits = 0;
     std::memcpy(&scale_bits, &scale, sizeof scale);
-    return {backward, device, B,     NH,    Tq,    Tk,    HS,    qs[0],  qs[1],
+    return {backward, device, B,     NH,    NKV,   Tq,    Tk,    HS,     qs[0],     qs[1],
             qs[2],    ks[0],  ks[1], ks[2], vs[0], vs[1], vs[2], causal, scale_bits};
   }
   std::string str() const {
-    return detail::cat(backward ? "backward" : "forward", " B=", B, " NH=", NH, " Tq=", Tq, " Tk=", Tk,
-                       " HS=", HS, causal ? " causal" : " unmasked", " on cuda:", device);
+    return detail::cat(backward ? "backward" : "forward", " B=", B, " NH=", NH, " NKV=", NKV, " Tq=", Tq,
+                       " Tk=", Tk, " HS=", HS, causal ? " causal" : " unmasked", " on cuda:", device);
   }
 };
 
@@ -115,7 +119,7 @@ Problem problem_of(const Tensor& q, const Tensor& k, const Tensor& v, bool causa
   Problem p;
   p.backward = backward;
   p.device = q.device().index;
-  p.B = q.size(0), p.NH = q.size(1), p.Tq = q.size(2), p.Tk = k.size(2), p.HS = q.size(3);
+  p.B = q.size(0), p.NH = q.size(1), p.NKV = k.size(1), p.Tq = q.size(2), p.Tk = k.size(2), p.HS = q.size(3);
   for (int d = 0; d < 3; ++d) p.qs[d] = q.strides()[d], p.ks[d] = k.strides()[d], p.vs[d] = v.strides()[d];
   p.causal = causal;
   p.scale = scale;
@@ -144,7 +148,8 @@ GraphPtr describe(const Problem& p, bool deterministic, bool composite) {
     return g->tensor(
         fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
   };
-  const std::vector<int64_t> qdim = {p.B, p.NH, p.Tq, p.HS}, kdim = {p.B, p.NH, p.Tk, p.HS};
+  // q, out, dout, dq with NH heads; k, v, dk, dv with NKV (grouped-query attention when fewer)
+  const std::vector<int64_t> qdim = {p.B, p.NH, p.Tq, p.HS}, kdim = {p.B, p.NKV, p.Tk, p.HS};
   const std::vector<int64_t> stats_dim = {p.B, p.NH, p.Tq, 1}, stats_stride = {p.NH * p.Tq, p.Tq, 1, 1};
   auto Q = tensor("Q", kQ, qdim, {p.qs[0], p.qs[1], p.qs[2], 1});
   auto K = tensor("K", kK, kdim, {p.ks[0], p.ks[1], p.ks[2], 1});
@@ -304,7 +309,9 @@ bool sdpa_supported(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q
     if (t->dim() != 4) return fail(why, "not (B, NH, T, HS): " + t->shape_str());
   }
   if (k.device() != q.device() || v.device() != q.device()) return fail(why, "q, k, v on different devices");
-  if (k.shape() != v.shape() || k.size(0) != q.size(0) || k.size(1) != q.size(1) || k.size(3) != q.size(3))
+  // k, v may have fewer heads than q, a divisor of them (grouped-query attention)
+  if (k.shape() != v.shape() || k.size(0) != q.size(0) || k.size(1) == 0 || q.size(1) % k.size(1) != 0 ||
+      k.size(3) != q.size(3))
     return fail(why,
                 "q " + q.shape_str() + ", k " + k.shape_str() + ", v " + v.shape_str() + " do not match");
   const int64_t Tq = q.size(2), Tk = k.size(2), HS = q.size(3);
@@ -343,7 +350,7 @@ bool sdpa_prepare(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
   return true;
 }
 
-// q (B,NH,Tq,HS), k, v (B,NH,Tk,HS) -> out (B,NH,Tq,HS), lse (B,NH,Tq)
+// q (B,NH,Tq,HS), k, v (B,NKV,Tk,HS) -> out (B,NH,Tq,HS), lse (B,NH,Tq)
 void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                   const Tensor& out, const Tensor& lse) {
   const int64_t B = q.size(0), NH = q.size(1), Tq = q.size(2), HS = q.size(3);
@@ -360,7 +367,7 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
   execute(p, pack);
 }
 
-// q, k, v, out, lse, dout -> dq (B,NH,Tq,HS), dk, dv (B,NH,Tk,HS)
+// q, k, v, out, lse, dout -> dq (B,NH,Tq,HS), dk, dv (B,NKV,Tk,HS)
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
                    const Tensor& dv) {

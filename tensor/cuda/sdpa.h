@@ -1,6 +1,8 @@
 // ndtrain: fused attention on CUDA through cuDNN's scaled-dot-product attention (flash
 // attention, forward and backward), via the cuDNN frontend graph API (no CUDA or cuDNN
-// headers here). Legend: B batch, NH heads, Tq queries, Tk keys, HS head size.
+// headers here). Legend: B batch, NH heads, NKV key/value heads (NKV divides NH: grouped-query
+// attention, query head h with kv head h / (NH/NKV), which cuDNN's SDPA takes natively), Tq
+// queries, Tk keys, HS head size.
 //
 // autograd/ops/attention.cpp is the only caller: it asks sdpa_supported() and otherwise runs
 // the composed path (GEMMs + masked softmax), which stays the reference.
@@ -28,9 +30,9 @@ bool sdpa_compiled();  // built with NDT_WITH_CUDNN_SDPA (CUDA, libcudnn and the
 
 // Whether attention(q, k, v, q_offset, k_offset) can run fused; if not and why is given, *why
 // names the first condition that failed. Fused needs: compiled, NDT_SDPA not "0", q/k/v on
-// one CUDA device of compute capability >= 8.0, bf16, HS % 8 == 0 and HS <= 128, the last
-// dim contiguous and the other strides and the data 16-byte aligned, and a mask cuDNN can
-// express:
+// one CUDA device of compute capability >= 8.0, bf16, k's and v's heads dividing q's,
+// HS % 8 == 0 and HS <= 128, the last dim contiguous and the other strides and the data
+// 16-byte aligned, and a mask cuDNN can express:
 //   causal from the top-left corner: q_offset == k_offset and Tq == Tk, or
 //   no mask: every key visible to every query, k_offset + Tk - 1 <= q_offset.
 // Anything else (partial diagonals, rows that see no key) goes to the composed path.
@@ -46,7 +48,7 @@ bool sdpa_supported(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q
 bool sdpa_prepare(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, bool backward,
                   std::string* why = nullptr);
 
-// q (B,NH,Tq,HS), k and v (B,NH,Tk,HS) bf16, any strides with the last dim contiguous
+// q (B,NH,Tq,HS), k and v (B,NKV,Tk,HS) bf16, any strides with the last dim contiguous
 //   -> out (B,NH,Tq,HS) bf16 contiguous, lse (B,NH,Tq) f32 contiguous
 // lse = log sum_j exp(scale * q_i . k_j) over the visible keys (cuDNN's "Stats", natural log).
 // causal: key j visible to query i iff j <= i; else every key is visible. On the device's
@@ -56,7 +58,8 @@ void sdpa_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal
 
 // The gradients of out for a given dout (dlse not included: cuDNN's backward has no input
 // for it; see attention.cpp): q, k, v, out, lse as above and as sdpa_forward gave them,
-// dout (B,NH,Tq,HS) bf16 contiguous -> dq (B,NH,Tq,HS), dk, dv (B,NH,Tk,HS) bf16 contiguous.
+// dout (B,NH,Tq,HS) bf16 contiguous -> dq (B,NH,Tq,HS), dk, dv (B,NKV,Tk,HS) bf16 contiguous
+// (dk, dv of a kv head summed over its NH/NKV query heads by cuDNN).
 void sdpa_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                    const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
                    const Tensor& dv);

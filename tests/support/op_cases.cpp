@@ -3,6 +3,7 @@
 #include "support/op_cases.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <limits>
@@ -270,21 +271,28 @@ std::vector<OpCase> build_cases() {
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{embedding(x[0], x[1], 4, kV)}; },
             {false, true}});
 
-  // attention: q (B,NH,Tq,HS), k, v (B,NH,Tk,HS); both outputs
+  // attention: q (B,NH,Tq,HS), k, v (B,NKV,Tk,HS); both outputs. NKV < NH: grouped-query
+  // attention (query head h with kv head h / (NH/NKV)), NKV = 1 multi-query
   struct Att {
     const char* name;
-    int64_t tq, tk, q_off, k_off;
+    int64_t nh, nkv, tq, tk, q_off, k_off;
     int64_t masked_rows;  // leading queries that see no key: their lse is -inf, left out
   };
   const Att atts[] = {
-      {"attention_causal", kT, kT, 0, 0, 0},
-      {"attention_block_q7_k3", 5, 6, 7, 3, 0},   // query 7 sees keys 3..7, later ones all 6
-      {"attention_masked_rows", kT, 4, 0, 3, 3},  // queries 0..2 see no key at all
-      {"attention_past_block", 4, 5, 9, 0, 0},    // every key lies before every query
+      {"attention_causal", kNH, kNH, kT, kT, 0, 0, 0},
+      {"attention_block_q7_k3", kNH, kNH, 5, 6, 7, 3, 0},   // query 7 sees keys 3..7, later ones all 6
+      {"attention_masked_rows", kNH, kNH, kT, 4, 0, 3, 3},  // queries 0..2 see no key at all
+      {"attention_past_block", kNH, kNH, 4, 5, 9, 0, 0},    // every key lies before every query
+      // GQA, 4 query heads over 2 and over 1 kv heads, at ring attention's offsets
+      {"attention_gqa_causal", 4, 2, kT, kT, 0, 0, 0},
+      {"attention_gqa_block_q7_k3", 4, 2, 5, 6, 7, 3, 0},
+      {"attention_gqa_masked_rows", 4, 2, kT, 4, 0, 3, 3},
+      {"attention_mqa_block_q7_k3", 4, 1, 5, 6, 7, 3, 0},
+      {"attention_mqa_past_block", 4, 1, 4, 5, 9, 0, 0},
   };
   for (const Att& a : atts) {
     const int64_t qo = a.q_off, ko = a.k_off, mr = a.masked_rows, tq = a.tq;
-    add_case({a.name, inputs_of({{{kB, kNH, a.tq, 4}}, {{kB, kNH, a.tk, 4}}, {{kB, kNH, a.tk, 4}}}),
+    add_case({a.name, inputs_of({{{kB, a.nh, a.tq, 4}}, {{kB, a.nkv, a.tk, 4}}, {{kB, a.nkv, a.tk, 4}}}),
               [qo, ko, mr, tq](const std::vector<Tensor>& x) {
                 AttentionOut r = attention(x[0], x[1], x[2], qo, ko);
                 Tensor lse = mr ? split_last(r.lse, {mr, tq - mr})[1] : r.lse;
@@ -293,13 +301,18 @@ std::vector<OpCase> build_cases() {
               all_grad(3)});
   }
   // the composed path (on the CPU attention() runs the fused kernel): a block at offsets
-  // with rows of every visibility
-  add_case({"attention_composed_block", inputs_of({{{kB, kNH, 5, 4}}, {{kB, kNH, 6, 4}}, {{kB, kNH, 6, 4}}}),
-            [](const std::vector<Tensor>& x) {
-              AttentionOut r = attention_composed(x[0], x[1], x[2], 7, 3);
-              return std::vector<Tensor>{r.out, r.lse};
-            },
-            all_grad(3)});
+  // with rows of every visibility; multi-head, and GQA with 2 and 1 kv heads for 4 query heads
+  const std::pair<const char*, std::array<int64_t, 2>> composed_heads[] = {
+      {"attention_composed_block", {kNH, kNH}},
+      {"attention_composed_gqa_block", {4, 2}},
+      {"attention_composed_mqa_block", {4, 1}}};
+  for (const auto& [name, heads] : composed_heads)
+    add_case({name, inputs_of({{{kB, heads[0], 5, 4}}, {{kB, heads[1], 6, 4}}, {{kB, heads[1], 6, 4}}}),
+              [](const std::vector<Tensor>& x) {
+                AttentionOut r = attention_composed(x[0], x[1], x[2], 7, 3);
+                return std::vector<Tensor>{r.out, r.lse};
+              },
+              all_grad(3)});
   add_case({"attention_out_only_scale", inputs_of({{{1, 2, 5, 3}}, {{1, 2, 5, 3}}, {{1, 2, 5, 3}}}),
             [](const std::vector<Tensor>& x) {
               return std::vector<Tensor>{attention(x[0], x[1], x[2], 0, 0, 0.7).out};
@@ -328,29 +341,31 @@ std::vector<OpCase> build_cases() {
 
   // merge_attention: the queries' attention over two key blocks, each computed alone and
   // merged through the lse (ring attention). q (B,NH,Tq,HS), then k and v of block a, then
-  // of block b; a block at k_off holds global keys k_off.. k_off+tk-1.
+  // of block b, (B,NKV,Tk,HS); a block at k_off holds global keys k_off.. k_off+tk-1.
   struct Merge {
     const char* name;
-    int64_t tq, q_off, tk_a, k_off_a, tk_b, k_off_b;
+    int64_t nh, nkv, tq, q_off, tk_a, k_off_a, tk_b, k_off_b;
     int64_t masked_rows;  // leading queries that see no key in either block: lse -inf, left out
   };
   const Merge merges[] = {
       // keys 0..2 and 3..6: queries 0..2 see nothing in block b (its lse is -inf there)
-      {"merge_attention_two_blocks", kT, 0, 3, 0, 4, 3, 0},
+      {"merge_attention_two_blocks", kNH, kNH, kT, 0, 3, 0, 4, 3, 0},
       // a ring step: the query block 4..7 against the past block 0..3 and its own block 4..7
-      {"merge_attention_ring_step", 4, 4, 4, 0, 4, 4, 0},
+      {"merge_attention_ring_step", kNH, kNH, 4, 4, 4, 0, 4, 4, 0},
       // block a (keys 5..7) is masked for every query; block b (keys 2..4) for queries 0 and 1,
       // which therefore see no key at all (out 0, lse -inf)
-      {"merge_attention_masked_block", 5, 0, 3, 5, 3, 2, 2},
+      {"merge_attention_masked_block", kNH, kNH, 5, 0, 3, 5, 3, 2, 2},
+      // the ring step with GQA: 4 query heads over 2 kv heads
+      {"merge_attention_gqa_ring_step", 4, 2, 4, 4, 4, 0, 4, 4, 0},
   };
   for (const Merge& m : merges) {
     add_case(
         {m.name,
-         inputs_of({{{kB, kNH, m.tq, 4}},
-                    {{kB, kNH, m.tk_a, 4}},
-                    {{kB, kNH, m.tk_a, 4}},
-                    {{kB, kNH, m.tk_b, 4}},
-                    {{kB, kNH, m.tk_b, 4}}}),
+         inputs_of({{{kB, m.nh, m.tq, 4}},
+                    {{kB, m.nkv, m.tk_a, 4}},
+                    {{kB, m.nkv, m.tk_a, 4}},
+                    {{kB, m.nkv, m.tk_b, 4}},
+                    {{kB, m.nkv, m.tk_b, 4}}}),
          [m](const std::vector<Tensor>& x) {
            AttentionOut a = attention(x[0], x[1], x[2], m.q_off, m.k_off_a);
            AttentionOut b = attention(x[0], x[3], x[4], m.q_off, m.k_off_b);
