@@ -26,6 +26,7 @@ set -euo pipefail
 
 NAME="${NDT_CLUSTER:-ndt}"
 [[ "$NAME" =~ ^[a-z0-9]{1,6}$ ]] || { echo "cluster.sh: NDT_CLUSTER must be 1-6 letters or digits, got '$NAME'" >&2; exit 2; }
+[[ "${NDT_CLUSTER_TCP_RETRIES:-3}" =~ ^[0-9]{1,2}$ ]] || { echo "cluster.sh: NDT_CLUSTER_TCP_RETRIES must be 0-99, got '$NDT_CLUSTER_TCP_RETRIES'" >&2; exit 2; }
 ROOT_STATE=/run/ndt-cluster
 STATE="$ROOT_STATE/$NAME"  # the host count and the owner's pid
 AGENT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/cluster_agent.sh"
@@ -74,9 +75,10 @@ up() {
     ip -n "$nsh" link set lo up
     # A host whose link is cut must be noticed in seconds, not in the 15 minutes of Linux's
     # default 15 TCP retransmissions: mpirun learns that a daemon is gone only when its TCP
-    # connection fails, and until then holds the job (and the allocation). 3 retries give up
-    # after about 3 s. Real cluster nodes need the same (docs/parallel/multi-node.md).
-    ip netns exec "$nsh" sysctl -q -w net.ipv4.tcp_retries2=3
+    # connection fails (or its keepalive does), and until then holds the job (and the
+    # allocation). 3 retries give up after about 3 s. NDT_CLUSTER_TCP_RETRIES=15 keeps
+    # Linux's default, as on nodes nobody tuned (docs/parallel/multi-node.md).
+    ip netns exec "$nsh" sysctl -q -w net.ipv4.tcp_retries2="${NDT_CLUSTER_TCP_RETRIES:-3}"
     ip -n "$(ns br)" link set "${NAME}b$i" master br0
     ip -n "$(ns br)" link set "${NAME}b$i" up
   done

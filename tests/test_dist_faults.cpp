@@ -461,17 +461,14 @@ TEST_F(DistFaults, AStoppedRankEndsTheJobAfterTheTimeoutNamingTheCollective) {
 }
 
 TEST_F(DistFaults, ASigtermToAHealthyRankEndsAJobWithAStoppedRank) {
-  // SIGTERM to rank 0 asks the job to stop, but its step can never finish: the step's
-  // collective times out (exit 6) or, the signal's watch, the stop (exit 4); either way the
-  // job ends and says why
+  // SIGTERM to rank 0 asks the job to stop, but its step can never finish: it waits in a
+  // collective, whose deadline ends the job with exit 6 (the stop signal's watch, exit 4,
+  // is for a rank stuck outside any collective)
   int rc = 0;
   const std::string out = stop_rank_one(*this, true, rc);
-  EXPECT_TRUE(rc == 4 || rc == 6) << rc << ": " << out;
-  EXPECT_TRUE(
-      has(out,
-          "rank 0: asked to stop by signal 15, but the step has not finished in parallel.timeout_s = 3 s") ||
-      has(out, "on world rank 0 has not completed after 3 s (parallel.timeout_s)"))
-      << out;
+  EXPECT_EQ(rc, 6) << out;
+  EXPECT_TRUE(has(out, "on world rank 0 has not completed after 3 s (parallel.timeout_s)")) << out;
+  EXPECT_FALSE(has(out, "exit code 4")) << out;
   expect_no_temporaries();
 }
 
@@ -584,6 +581,8 @@ TEST_F(DistFaults, ACutLinkEndsTheJobAndTheReportNamesTheNetwork) {
   const std::string out = job.output();
   EXPECT_EQ(rc, 6) << "within timeout_s + 15 s: " << out;
   EXPECT_LT(seconds_since(t0), 3.0 + 15.0);
+  // Open MPI's default keepalive (480 s) is past the deadline: the start said so
+  EXPECT_TRUE(has(out, "note: a host cut off would hold mpirun past parallel.timeout_s = 3 s")) << out;
   // the line of host 0's ranks (host 1's cannot reach mpirun): the collective, its group in
   // words, where the step was, the bytes and the wait
   // (which collective the cut catches depends on the moment: mostly the replicas' all-reduce)
@@ -612,6 +611,44 @@ TEST_F(DistFaults, ACutLinkEndsTheJobAndTheReportNamesTheNetwork) {
   EXPECT_TRUE(has(verdict, "it spans hosts h0, h1: the network between them") ||
               has(verdict, "so what they sent never arrived: the network between h") ||
               has(verdict, "look at the network between them first"))  // a rank the launcher ended first
+      << r.out;
+  two.heal(1);
+}
+
+// Hosts with Linux's default TCP retries (about 15 minutes before a connection with unsent
+// data fails): after the ranks' deadline mpirun would wait that long for the cut host's
+// daemon. Open MPI's keepalive on its daemons' connections, shorter than
+// parallel.timeout_s, has mpirun find the lost host while those connections are idle and
+// end the job itself, naming the host, within seconds (exit 205, Open MPI's own code).
+const char* kLauncherKeepalive =
+    "--mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 3 ";
+
+TEST_F(DistFaults, ACutLinkEndsTheJobOnTimeThroughTheLaunchersKeepalive) {
+  ndt::testing::Cluster two(2, /*tcp_retries2=*/15);
+  if (!two.ok()) GTEST_SKIP() << two.why_not();
+  const double timeout_s = 10;
+  Job job("env " + two.mpirun(4) + kLauncherKeepalive +
+              args("--parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --train.micro_batch_size 1 "
+                   "--parallel.timeout_s 10 --checkpoint.every 2"),
+          here() / "out.txt", marker());
+  ASSERT_TRUE(Job::until(90, [&] { return steps() >= 3 || job.wait(0) >= 0; })) << job.output();
+  ASSERT_EQ(job.wait(0), -1) << job.output();
+  two.cut(1);
+  const auto t0 = Clock::now();
+  const int rc = job.wait(static_cast<int>(timeout_s) + 15);
+  const std::string out = job.output();
+  EXPECT_EQ(rc, 205) << "within timeout_s + 15 s: " << out;
+  EXPECT_LT(seconds_since(t0), timeout_s);  // the keepalive (1 + 3 x 1 s), not the deadline
+  EXPECT_TRUE(has(out, "ORTE has lost communication with a remote daemon")) << out;
+  EXPECT_FALSE(has(out, "would hold mpirun")) << out;  // no note: the keepalive is shorter
+  EXPECT_TRUE(has(out, "on node h1")) << out;
+  // the launcher's SIGTERM found host 0's ranks waiting in a collective across the hosts:
+  // their records say so, and the report names the network
+  const ndt::testing::ShellResult r = flight_report(*this);
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "  rank 0 (h0): at step ")) << r.out;
+  const std::string verdict = r.out.substr(r.out.find("verdict:"));
+  EXPECT_TRUE(has(verdict, "the network between") || has(verdict, "look at h1 and its network link first"))
       << r.out;
   two.heal(1);
 }

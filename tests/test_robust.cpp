@@ -27,6 +27,7 @@
 #include "train/config.h"
 #include "train/data/data.h"
 #include "train/data/vocab.h"
+#include "dist/flight.h"
 #include "train/guard.h"
 #include "train/io/files.h"
 #include "train/io/safetensors.h"
@@ -458,6 +459,59 @@ TEST(Robust, FirstStopSignalSetsTheFlagTheSecondKills) {
   EXPECT_EQ(WTERMSIG(status), SIGINT);
   train::StopSignals s;  // a new run starts with the flag clear
   EXPECT_FALSE(train::stop_requested());
+}
+
+// A child that installs the stop signals and a watchdog of 0.5 s, with an operation pending
+// in its flight recorder or not, asks itself to stop and then never progresses: its exit
+// code (or 0 when the watchdog left it alone for 3 s).
+int stuck_after_a_stop(bool in_a_collective) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    train::StopSignals s;
+    dist::FlightRecorder flight;
+    flight.set_job("test");
+    if (in_a_collective) flight.started(flight.queued("dp@0", 1, "dp.all_reduce", 4));
+    train::Watchdog w(0.5, /*watch_launcher=*/false, 0, nullptr, &flight);
+    ::raise(SIGTERM);
+    ::sleep(3);  // stuck
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(Robust, AStopThatCannotFinishOutsideACollectiveEndsWithCode4) {
+  EXPECT_EQ(stuck_after_a_stop(false), train::kExitStuck);
+}
+
+TEST(Robust, AStopWaitingInACollectiveIsLeftToTheCollectivesDeadline) {
+  // the collective's own deadline ends it with exit 6 (dist/comm); the watchdog does not
+  // race it with its 4
+  EXPECT_EQ(stuck_after_a_stop(true), 0);
+}
+
+TEST(Robust, AKeepaliveLongerThanTheTimeoutUnderOpenMpiGetsANote) {
+  ::unsetenv("OMPI_MCA_oob_tcp_keepalive_time");
+  ::unsetenv("OMPI_MCA_oob_tcp_keepalive_intvl");
+  ::unsetenv("OMPI_MCA_oob_tcp_keepalive_probes");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  EXPECT_EQ(train::launcher_keepalive_note(300), "");  // not under Open MPI
+  ::setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  // Open MPI's defaults: 300 + 9 x 20 = 480 s
+  EXPECT_TRUE(has(train::launcher_keepalive_note(300), "keepalive gives up after 480 s"))
+      << train::launcher_keepalive_note(300);
+  ::setenv("OMPI_MCA_oob_tcp_keepalive_time", "5", 1);
+  ::setenv("OMPI_MCA_oob_tcp_keepalive_intvl", "2", 1);
+  ::setenv("OMPI_MCA_oob_tcp_keepalive_probes", "5", 1);
+  EXPECT_EQ(train::launcher_keepalive_note(300), "");                           // 15 s
+  EXPECT_TRUE(has(train::launcher_keepalive_note(10), "after 15 s"));           // not before the deadline
+  ::setenv("OMPI_MCA_oob_tcp_keepalive_time", "0", 1);                          // keepalive off
+  EXPECT_TRUE(has(train::launcher_keepalive_note(300), "after inf s"));
+  ::unsetenv("OMPI_MCA_oob_tcp_keepalive_time");
+  ::unsetenv("OMPI_MCA_oob_tcp_keepalive_intvl");
+  ::unsetenv("OMPI_MCA_oob_tcp_keepalive_probes");
+  ::unsetenv("OMPI_COMM_WORLD_SIZE");
 }
 
 TEST(Robust, SigtermSavesACheckpointAndTheResumedRunContinuesBitForBit) {

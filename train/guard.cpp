@@ -141,12 +141,18 @@ std::atomic<Watchdog::State*> g_watchdog{nullptr};
 
 // exit() called while a watchdog lives: not train_gpt's own return (which ends the
 // watchdog first) but a library ending the process, Open MPI when a peer disconnected.
+// Waiting in a collective, the cause is the collective's (a peer gone): the process ends
+// with kExitCollectiveTimeout and says so, rather than with the library's own code.
 extern "C" void on_library_exit() {
   Watchdog::State* s = g_watchdog.exchange(nullptr);
-  if (!s || !s->last_words) return;
+  if (!s) return;
   const std::string in = s->flight ? s->flight->oldest_pending().what : "";
-  s->last_words("ended by a library call to exit()" + (in.empty() ? std::string() : " while waiting in " + in) +
-                " (Open MPI does so when a peer process dies or disconnects: its message above names the host)");
+  const std::string why = "ended by a library call to exit()" + (in.empty() ? std::string() : " while waiting in " + in) +
+                          " (Open MPI does so when a peer process dies or disconnects: its message above names the host)";
+  if (s->last_words) s->last_words(why);
+  if (!in.empty())
+    end_process(s->rank, "error: " + why + "; ending the job (exit code 6): the last complete checkpoint resumes",
+                kExitCollectiveTimeout, nullptr);
 }
 
 // A stop signal that finds this rank stuck: the collective pending at the signal is still
@@ -189,6 +195,9 @@ Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank,
         s->last_words("asked to stop by signal " + std::to_string(static_cast<int>(g_stop_signal)) +
                       " while waiting in " + s->flight->oldest_pending().what);
       }
+      // waiting in a collective, this rank is ended by that collective's own deadline (exit
+      // kExitCollectiveTimeout), whether or not a stop was asked: one code for one cause
+      if (s->flight && s->flight->oldest_pending().queued_us > 0) continue;
       const int64_t since = monotonic_ns() - std::max(asked, s->last_beat_ns.load());
       if (static_cast<double>(since) > s->timeout_s * 1e9) {
         char secs[32];
@@ -196,7 +205,7 @@ Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank,
         end_process(s->rank,
                     "asked to stop by signal " + std::to_string(static_cast<int>(g_stop_signal)) +
                         ", but the step has not finished in parallel.timeout_s = " + secs +
-                        " s (a rank dead, stopped or cut off, so a collective cannot complete); ending "
+                        " s, and it waits in no collective (stuck in computation, I/O or a device); ending "
                         "the job without a new checkpoint (exit code 4): the last complete one resumes",
                     kExitStuck, s->last_words);
       }
@@ -249,6 +258,29 @@ RunLock::RunLock(const std::string& dir) {
 
 RunLock::~RunLock() {
   if (fd_ >= 0) ::close(fd_);  // closing the last descriptor releases the flock
+}
+
+std::string launcher_keepalive_note(double timeout_s) {
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE")) return "";
+  auto param = [](const char* name, double fallback) {  // Open MPI 4's defaults
+    const char* v = std::getenv(name);
+    char* end = nullptr;
+    const double x = v ? std::strtod(v, &end) : fallback;
+    return v && (end == v || *end != '\0') ? fallback : x;
+  };
+  const double time = param("OMPI_MCA_oob_tcp_keepalive_time", 300),
+               intvl = param("OMPI_MCA_oob_tcp_keepalive_intvl", 20),
+               probes = param("OMPI_MCA_oob_tcp_keepalive_probes", 9);
+  const double gives_up = time + intvl * probes;
+  if (time > 0 && gives_up < timeout_s) return "";
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "a host cut off would hold mpirun past parallel.timeout_s = %.0f s: Open MPI's keepalive gives up "
+                "after %.0f s, and then only TCP's retries (about 15 minutes) end the job; launch with --mca "
+                "oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 5 to end it "
+                "within about 15 s (docs/parallel/multi-node.md)",
+                timeout_s, time > 0 ? gives_up : INFINITY);
+  return line;
 }
 
 void clean_temporaries(const std::string& dir) {

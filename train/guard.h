@@ -30,9 +30,10 @@ namespace ndt::train {
 // Exit code of train_gpt when SIGINT or SIGTERM stopped it after the current step (and a
 // checkpoint, when checkpoint.dir is set). Distinct from 0 (done), 1 (error), 2 (config).
 constexpr int kExitPreempted = 3;
-// Exit code when a stop was asked but the rank made no progress for parallel.timeout_s (a
-// peer dead, stopped or cut off, so a collective never completes): the job is ended
-// without a new checkpoint; the last complete one resumes.
+// Exit code when a stop was asked but the rank made no progress for parallel.timeout_s
+// outside any collective (stuck in computation, I/O or a device; a collective that never
+// completes is kExitCollectiveTimeout): the job is ended without a new checkpoint; the last
+// complete one resumes.
 constexpr int kExitStuck = 4;
 // Exit code of a rank whose launcher (mpirun, its daemon, srun's step) has died: it stops
 // at once instead of training on, unseen, and publishing checkpoints.
@@ -69,9 +70,11 @@ int stop_signal();
 
 // A thread that ends this process when waiting any longer would only hold the allocation:
 // - a stop signal arrived and the run made no progress (beat()) for `timeout_s` since the
-//   later of the signal and the last beat: one line on stderr, exit kExitStuck (under a
-//   launcher the others are then ended by it: mpirun ends a job one of whose ranks exits
-//   without finalizing);
+//   later of the signal and the last beat, while this rank waits in no collective (stuck in
+//   computation, I/O or a device): one line on stderr, exit kExitStuck (under a launcher
+//   the others are then ended by it: mpirun ends a job one of whose ranks exits without
+//   finalizing). Waiting in a collective, that collective's own deadline ends the rank
+//   with kExitCollectiveTimeout, signal or not;
 // - with `watch_launcher`, this process's parent (the launcher or its daemon) has gone
 //   (the parent pid changed): one line, exit kExitOrphaned, within about a second.
 // The trainer beats at every step and around checkpoint writes.
@@ -136,6 +139,15 @@ Device open_device(const Config& c, int world_size);
 // fails: <dir>/flight/rank_<rank>.json beside the checkpoints (checkpoint.dir), else beside
 // the metrics (log.metrics), else in the working directory.
 std::string flight_record_path(const Config& c, int rank);
+
+// Under Open MPI's mpirun, a host cut off holds the launcher until its keepalive on the
+// daemons' connections gives up (oob_tcp_keepalive_time + _intvl x _probes, 480 s by
+// default) or, once the ranks' deadline has made it send to that host, until TCP stops
+// retransmitting (about 15 minutes on Linux): a note saying so, and the flags that end such
+// a job within seconds, when the keepalive the ranks were given (OMPI_MCA_ variables, as
+// mpirun's --mca passes them) does not give up before parallel.timeout_s. Empty otherwise,
+// and outside Open MPI.
+std::string launcher_keepalive_note(double timeout_s);
 
 // Throws ConfigError when `param_count` f32 parameters with their gradients and AdamW
 // moments (16 bytes each) cannot fit in the memory of `device` (CPU: physical memory).

@@ -256,6 +256,9 @@ void Trainer::print_setup(bool nccl) {
          << (nccl ? ", collectives over NCCL" : "") << "\n"
          << mfu_peak_line(gpu_name_, peak_flops_, c_.train.dtype) << "\n";
   if (world_->size() > 1) out_ << mesh_->describe();
+  if (mesh_ && mesh_->spans_hosts())
+    if (const std::string note = launcher_keepalive_note(c_.parallel.timeout_s); !note.empty())
+      out_ << "note: " << note << "\n";
   for (const std::string& w : warnings(c_)) out_ << "warning: " << w << "\n";
 }
 

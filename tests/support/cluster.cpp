@@ -7,10 +7,11 @@
 
 namespace ndt::testing {
 
-Cluster::Cluster(int hosts) : hosts_(hosts), name_("n" + std::to_string(::getpid() % 100000)) {
+Cluster::Cluster(int hosts, int tcp_retries2) : hosts_(hosts), name_("n" + std::to_string(::getpid() % 100000)) {
   run_shell(std::string(NDT_CLUSTER_SCRIPT) + " sweep");  // clusters of tests that were killed
   run_shell(script("down"));                             // a stale one of this pid's name
-  const ShellResult r = run_shell(script("up " + std::to_string(hosts)));
+  const ShellResult r =
+      run_shell("NDT_CLUSTER_TCP_RETRIES=" + std::to_string(tcp_retries2) + " " + script("up " + std::to_string(hosts)));
   ok_ = r.rc == 0;
   if (!ok_) why_not_ = "cannot make a cluster of network namespaces here (root and ip netns needed): " + r.out;
 }

@@ -16,7 +16,9 @@ namespace ndt::testing {
 
 class Cluster {
  public:
-  explicit Cluster(int hosts);
+  // tcp_retries2: how many times the hosts' TCP retransmits before it gives up on a peer (3:
+  // about 3 s; Linux's default 15: about 15 minutes, as on nodes nobody tuned)
+  explicit Cluster(int hosts, int tcp_retries2 = 3);
   ~Cluster();
   Cluster(const Cluster&) = delete;
   Cluster& operator=(const Cluster&) = delete;
