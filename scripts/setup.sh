@@ -33,14 +33,15 @@ BUILD="${NDT_BUILD_DIR:-build}"
 # collectives), Boost.Program_options (config), nlohmann-json (reports), GoogleTest and
 # Google Benchmark, the fortunes text (the offline training corpus), iproute2 and
 # util-linux for the simulated cluster of the multi-host tests (scripts/cluster.sh), and
-# python3 for the scripts (scripts/flight_report.py, the trace summary).
+# python3 for the scripts (scripts/flight_report.py, the trace summary), with its venv module
+# for the reference venv (--reference).
 PACKAGES=(
   build-essential cmake pkg-config
   libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
   libboost-program-options-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fortunes fortunes-min
-  iproute2 util-linux python3
+  iproute2 util-linux python3 python3-venv
 )
 
 log() { echo "[setup] $*"; }
