@@ -6,6 +6,8 @@
 #   scripts/setup.sh --build-only  # only configure and build (what scripts/test.sh calls)
 #   scripts/setup.sh --cudnn-frontend  # only the cuDNN frontend headers, into third_party/
 #                                  # (with or without nvcc here; an error if they cannot be had)
+#   scripts/setup.sh --reference   # only the reference venv: torch + transformers from PyPI, CPU
+#                                  # only, for tests/scripts/hf_reference.py (the Llama/Qwen2 tests)
 #
 # Environment:
 #   NDT_BUILD_DIR    build folder (default: build, relative to the repository root)
@@ -13,6 +15,9 @@
 #                    /usr/local/cuda/bin/nvcc), ON (required) or OFF (CPU only)
 #   NDT_BUILD_TYPE   CMake build type (default: Release)
 #   NDT_CMAKE_ARGS   extra arguments for the CMake configure step
+#   NDT_REF_VENV     the reference venv (default ~/.cache/ndtrain/ref-venv)
+#   NDT_REF_CUDA     stubs (default: torch without its NVIDIA wheels, ~1.4 GB) or wheels (with
+#                    them, as pip installs torch: ~5 GB)
 #
 # Idempotent and non-interactive: apt runs only when a package is missing (dpkg-query),
 # with sudo only when not root. A configured build folder is rebuilt incrementally.
@@ -28,14 +33,15 @@ BUILD="${NDT_BUILD_DIR:-build}"
 # collectives), Boost.Program_options (config), nlohmann-json (reports), GoogleTest and
 # Google Benchmark, the fortunes text (the offline training corpus), iproute2 and
 # util-linux for the simulated cluster of the multi-host tests (scripts/cluster.sh), and
-# python3 for the scripts (scripts/flight_report.py, the trace summary).
+# python3 for the scripts (scripts/flight_report.py, the trace summary), with its venv module
+# for the reference venv (--reference).
 PACKAGES=(
   build-essential cmake pkg-config
   libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
   libboost-program-options-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fortunes fortunes-min
-  iproute2 util-linux python3
+  iproute2 util-linux python3 python3-venv
 )
 
 log() { echo "[setup] $*"; }
@@ -105,6 +111,55 @@ fetch_cudnn_frontend() {  # fetch_cudnn_frontend [required]
   rm -rf "$tmp"
 }
 
+# The reference venv: the packages pinned in scripts/reference-requirements.txt, installed
+# with --no-deps. PyPI's Linux torch is the CUDA build, whose libraries name ~3 GB of NVIDIA
+# wheels that the loader needs at `import torch` even on a CPU; with NDT_REF_CUDA=stubs (the
+# default) scripts/reference_cuda_stubs.py builds stand-ins for them (readelf and cc, from
+# build-essential), and only the CUDA runtime and CUPTI (~50 MB, which torch's CPU library
+# links) are real. Idempotent: nothing happens when the venv imports torch, transformers and
+# safetensors at the pinned versions. A new pin reinstalls in place.
+reference_venv() {
+  local venv="${NDT_REF_VENV:-$HOME/.cache/ndtrain/ref-venv}" mode="${NDT_REF_CUDA:-stubs}"
+  local req="$ROOT/scripts/reference-requirements.txt" torch_v tf_v
+  torch_v="$(sed -n 's/^torch==//p' "$req")"
+  tf_v="$(sed -n 's/^transformers==//p' "$req")"
+  local probe="import torch, transformers, safetensors
+assert torch.__version__.split('+')[0] == '$torch_v', torch.__version__
+assert transformers.__version__ == '$tf_v', transformers.__version__"
+  if "$venv/bin/python" -c "$probe" >/dev/null 2>&1; then
+    log "reference venv: $venv has torch $torch_v and transformers $tf_v, skipping"
+    return
+  fi
+  [[ "$mode" = stubs || "$mode" = wheels ]] || die "NDT_REF_CUDA is '$mode': stubs or wheels"
+  if [[ "$mode" = stubs ]]; then
+    command -v readelf >/dev/null && command -v cc >/dev/null ||
+      die "the CUDA stubs need readelf and cc: apt-get install binutils gcc (or scripts/setup.sh --deps-only)"
+  fi
+  local t0=$SECONDS
+  log "reference venv: torch $torch_v, transformers $tf_v into $venv (CUDA libraries: $mode)"
+  if [[ ! -x "$venv/bin/python" ]]; then
+    mkdir -p "$(dirname "$venv")"
+    python3 -m venv "$venv" ||
+      die "python3 -m venv $venv failed: install Debian's python3-venv (apt-get install python3-venv)"
+  fi
+  local nodeps=(--no-deps)
+  [[ "$mode" = wheels ]] && nodeps=()
+  # --no-cache-dir: the torch wheel (~540 MB) is not kept a second time in pip's cache
+  "$venv/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check --only-binary=:all: "${nodeps[@]}" -r "$req" ||
+    die "pip install -r $req into $venv failed (see above; PyPI unreachable?)"
+  if [[ "$mode" = stubs ]]; then
+    "$venv/bin/python" "$ROOT/scripts/reference_cuda_stubs.py" \
+      "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" |
+      sed 's/^/[setup] reference venv: stub /' || die "the CUDA stubs could not be built"
+  fi
+  CUDA_VISIBLE_DEVICES="" "$venv/bin/python" -c "$probe
+x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+(x @ x.T).sum().backward()
+assert x.grad is not None and not torch.cuda.is_available()" ||
+    die "torch and transformers installed into $venv but do not work (see above)"
+  log "reference venv: done in $((SECONDS - t0)) s, $(du -sh "$venv" | cut -f1) on disk"
+}
+
 build() {
   fetch_cudnn_frontend
   local jobs
@@ -134,6 +189,7 @@ case "${1:-}" in
   --deps-only) install_deps ;;
   --build-only) build ;;
   --cudnn-frontend) fetch_cudnn_frontend required ;;
-  -h|--help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+  --reference) reference_venv ;;
+  -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
   *) die "unknown option '$1' (try --help)" ;;
 esac

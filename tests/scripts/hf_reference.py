@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""tests/scripts/hf_reference.py: Hugging Face transformers as the reference for ndtrain's Llama
+and Qwen2 models. Run it with the reference venv's python (scripts/setup.sh --reference makes
+it; default ~/.cache/ndtrain/ref-venv, $NDT_REF_VENV):
+
+  PY=~/.cache/ndtrain/ref-venv/bin/python
+  $PY tests/scripts/hf_reference.py make OUT --arch llama [--dtype float64] [--seed 0] [--stock]
+  $PY tests/scripts/hf_reference.py eval MODEL_DIR --tokens val.bin --seq-len 16 \\
+      --batch-size 2 --batches 3 [--dtype float32]
+
+Exit codes: 0 done; 3 with the one line "transformers/torch not available: ..." when torch,
+transformers or safetensors cannot be imported (the C++ tests skip on it); 1 or 2 otherwise.
+
+make OUT --arch llama|qwen2 [--dtype float64|float32] [--seed N] [--stock]
+  A random tiny model built by transformers (LlamaForCausalLM or Qwen2ForCausalLM, eager
+  attention): hidden 64, 2 layers, 4 query heads and 2 key/value heads (head_dim 16),
+  intermediate 176, vocab 96, max_position_embeddings 128, rms_norm_eps 1e-5, untied lm_head.
+    llama: rope_theta 500000 with llama3 scaling (factor 8, low_freq_factor 1, high_freq_factor 4,
+           original_max_position_embeddings 64: of the 8 frequencies, 1 is kept, 1 smoothed and 6
+           divided by 8, so every branch of the scaling is exercised; checked, see reference.json)
+    qwen2: rope_theta 1e6, default rope; biases on q, k and v (none on o_proj)
+  Every parameter is drawn from torch.Generator(seed): weights and embeddings N(0, 0.1^2),
+  biases N(0, 0.1^2), RMSNorm weights U(0.5, 1.5) (not 1: norms cannot be skipped unnoticed).
+  Writes
+    OUT/model/                 save_pretrained: config.json + model.safetensors (in the dtype)
+    OUT/reference.safetensors  inputs (B,T) int32, targets (B,T) int32, logits (B,T,V) in the
+                               dtype, loss (1,) in the dtype, and grad.<name> for every parameter
+                               <name> of the model (the HF name, e.g. grad.lm_head.weight)
+    OUT/reference.json         loss, arch, dtype, seed, B, T, the parameter names and shapes, the
+                               rope frequencies, what was patched, torch and transformers versions
+  The batch: x = randint(0, V, (B=2, T+1=17)) from torch.Generator(seed + 1); inputs x[:, :-1],
+  targets x[:, 1:]; loss = the mean over all B*T positions of cross_entropy(logits[b,t],
+  targets[b,t]) (computed on the logits, not through labels=), then backward.
+
+  float64: transformers computes three things in float32 even in a float64 model: RMSNorm's
+  normalisation, RoPE's angles and cos/sin, and the eager softmax. Unless --stock, the script
+  patches those three to run in float64 (the same formulas; inv_freq is transformers' formula in
+  float64, checked against transformers' own float32 values), so a float64 reference is exact to
+  rounding (~1e-15) rather than ~1e-7. reference.json records the patches and the largest
+  difference of the patched logits from the stock float64 model's (~1e-7: the patches change
+  precision only). float32: never patched.
+
+eval MODEL_DIR --tokens FILE --seq-len T --batch-size B --batches N [--dtype float32|float64]
+  Loads MODEL_DIR with AutoModelForCausalLM.from_pretrained (eager attention, the dtype; float64
+  patched as above unless --stock) and prints one line `loss <value>` (%.17g): the mean
+  cross-entropy over all N*B*T positions of the batches ndtrain's DataLoader gives on that one
+  shard with shuffle off and one rank: batch k reads tokens [k*B*T, k*B*T + B*T + 1); row b of
+  it is inputs tokens[k*B*T + b*T + t], targets the next token (t < T). That is, windows of T+1
+  tokens starting at j*T (consecutive windows share one token), j = 0 .. N*B-1, which needs
+  N*B*T + 1 tokens. This equals ndtrain's val_loss with train.eval_steps N, micro batch B and
+  seq_len T on that file (the mean of equal-sized batch means).
+  FILE is an ndtrain / llm.c token shard (train/data/data.h): int32 header[256] with
+  header[0] = 20240520, header[1] = 1, header[2] = the token count, then that many uint16 tokens.
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+# The reference runs on the CPU: the venv may hold stub CUDA libraries (scripts/
+# reference_cuda_stubs.py), and a float64 reference wants the CPU anyway.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never ask the hub
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+SIZES = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=176, vocab_size=96, max_position_embeddings=128,
+             rms_norm_eps=1e-5, tie_word_embeddings=False)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}
+B, T = 2, 16
+SHARD_MAGIC, SHARD_VERSION, HEADER_INTS = 20240520, 1, 256
+
+
+def imports():
+    """torch, transformers, safetensors.torch -- or exit 3 with one line."""
+    try:
+        import torch
+        import transformers
+        import safetensors.torch
+    except Exception as e:  # ImportError, or a broken install failing in its own way
+        msg = f"{type(e).__name__}: {e}".splitlines()[0]
+        print(f"transformers/torch not available: {msg} (python {sys.executable}; "
+              "scripts/setup.sh --reference makes the venv)", flush=True)
+        sys.exit(3)
+    return torch, transformers, safetensors.torch
+
+
+# ---- float64 throughout: the three places transformers computes in float32 ----
+
+def patch_float64(torch, modules):
+    """Replaces, in each modeling module (llama, qwen2), RMSNorm.forward, the rotary
+    embedding's forward and eager_attention_forward by the same formulas in the input's dtype.
+    Returns the list of what was patched."""
+
+    def rms_forward(self, h):  # transformers: h.to(float32), normalise, .to(input dtype)
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+    def rope_forward(self, x, position_ids):  # transformers: angles, cos and sin in float32
+        inv = self.ndt_inv_freq64.to(device=x.device)
+        freqs = position_ids[..., None].to(torch.float64) * inv
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * self.attention_scaling).to(x.dtype),
+                (emb.sin() * self.attention_scaling).to(x.dtype))
+
+    def make_eager(mod):
+        def eager_attention_forward(module, query, key, value, attention_mask, scaling,
+                                    dropout=0.0, **kwargs):  # transformers: softmax in float32
+            k = mod.repeat_kv(key, module.num_key_value_groups)
+            v = mod.repeat_kv(value, module.num_key_value_groups)
+            w = torch.matmul(query, k.transpose(2, 3)) * scaling
+            if attention_mask is not None:
+                w = w + attention_mask
+            w = torch.nn.functional.softmax(w, dim=-1, dtype=query.dtype)
+            w = torch.nn.functional.dropout(w, p=dropout, training=module.training)
+            return torch.matmul(w, v).transpose(1, 2).contiguous(), w
+        return eager_attention_forward
+
+    done = []
+    for mod in modules:
+        prefix = mod.__name__.rsplit(".", 1)[-1].replace("modeling_", "").capitalize()
+        getattr(mod, prefix + "RMSNorm").forward = rms_forward
+        getattr(mod, prefix + "RotaryEmbedding").forward = rope_forward
+        mod.eager_attention_forward = make_eager(mod)
+        done += [f"{mod.__name__}.{prefix}RMSNorm.forward",
+                 f"{mod.__name__}.{prefix}RotaryEmbedding.forward",
+                 f"{mod.__name__}.eager_attention_forward"]
+    return done
+
+
+def inv_freq64(config):
+    """transformers' inverse frequencies (default, or llama3-scaled) evaluated in float64:
+    [dim/2] list of floats. Same formulas as transformers.modeling_rope_utils."""
+    import math
+    rp = rope_params(config)
+    dim = config.hidden_size // config.num_attention_heads
+    inv = [1.0 / (rp["rope_theta"] ** (i / dim)) for i in range(0, dim, 2)]
+    if rp.get("rope_type", "default") == "default":
+        return inv
+    assert rp["rope_type"] == "llama3", rp
+    factor, lo, hi = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"]
+    old = rp["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / lo, old / hi
+    out = []
+    for f in inv:
+        wavelen = 2 * math.pi / f
+        g = f / factor if wavelen > low_wavelen else f
+        if not wavelen < high_wavelen and not wavelen > low_wavelen:  # the medium band
+            s = (old / wavelen - lo) / (hi - lo)
+            g = (1 - s) * g / factor + s * g
+        out.append(g)
+    return out
+
+
+def rope_params(config):  # transformers 5: rope_parameters; 4: rope_theta + rope_scaling
+    rp = getattr(config, "rope_parameters", None)
+    if rp:
+        return dict(rp)
+    rp = dict(getattr(config, "rope_scaling", None) or {"rope_type": "default"})
+    rp.setdefault("rope_type", rp.get("type", "default"))
+    rp["rope_theta"] = config.rope_theta
+    return rp
+
+
+def rotary_modules(model):
+    return [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+
+
+def set_inv_freq64(torch, model):
+    """Gives each rotary module its float64 inv_freq; checks it against transformers' own
+    (float32) inv_freq. Returns (inv64 list, transformers' float32 list)."""
+    inv = inv_freq64(model.config)
+    ref = None
+    for m in rotary_modules(model):
+        ref = m.inv_freq.to(torch.float64).cpu()
+        mine = torch.tensor(inv, dtype=torch.float64)
+        rel = ((mine - ref).abs() / ref.abs()).max().item()
+        if rel > 1e-6:
+            sys.exit(f"float64 inv_freq differs from transformers' by {rel:.3g} (relative): "
+                     f"{inv} vs {ref.tolist()}")
+        m.ndt_inv_freq64 = mine
+    return inv, (ref.tolist() if ref is not None else None)
+
+
+def modeling_modules(transformers):
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen2 import modeling_qwen2
+    return [modeling_llama, modeling_qwen2]
+
+
+def dtype_of(torch, name):
+    return {"float64": torch.float64, "float32": torch.float32}[name]
+
+
+def from_pretrained_kwargs(transformers, torch_dtype):
+    # transformers 5 calls it dtype, 4 torch_dtype
+    major = int(transformers.__version__.split(".")[0])
+    return {"dtype" if major >= 5 else "torch_dtype": torch_dtype, "attn_implementation": "eager"}
+
+
+# ---- make ----
+
+def build_config(transformers, arch):
+    if arch == "llama":
+        return transformers.LlamaConfig(**SIZES, rope_theta=500000.0, rope_scaling=dict(LLAMA3),
+                                        attention_bias=False, mlp_bias=False)
+    return transformers.Qwen2Config(**SIZES, rope_theta=1e6, use_sliding_window=False)
+
+
+def randomise(torch, model, seed):
+    """Every parameter from one generator, in named_parameters order (see the top)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                v = 0.5 + torch.rand(p.shape, generator=g, dtype=torch.float64)
+            else:
+                v = 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64)
+            p.copy_(v)
+
+
+def make(args):
+    torch, transformers, st = imports()
+    torch.manual_seed(args.seed)
+    dtype = dtype_of(torch, args.dtype)
+    config = build_config(transformers, args.arch)
+    config._attn_implementation = "eager"
+    cls = transformers.LlamaForCausalLM if args.arch == "llama" else transformers.Qwen2ForCausalLM
+    model = cls(config).to(dtype)
+    model.config._attn_implementation = "eager"
+    randomise(torch, model, args.seed)
+    model.train()  # dropout is 0 in both configs; train() only so nothing is cached
+
+    rp = rope_params(model.config)
+    inv_scaled, inv_tf = set_inv_freq64(torch, model)
+    rope = {"params": rp, "inv_freq": inv_scaled, "inv_freq_transformers_f32": inv_tf}
+    if rp.get("rope_type") == "llama3":
+        unscaled = inv_freq64(type(config)(**SIZES, rope_theta=rp["rope_theta"]))
+        kept = sum(1 for a, b in zip(inv_scaled, unscaled) if a == b)
+        divided = sum(1 for a, b in zip(inv_scaled, unscaled) if abs(a * rp["factor"] - b) <= 1e-15 * b)
+        smoothed = len(unscaled) - kept - divided
+        rope.update(inv_freq_unscaled=unscaled, kept=kept, smoothed=smoothed, divided=divided)
+        if not (kept and smoothed and divided):
+            sys.exit(f"llama3 scaling does not exercise every branch: kept {kept}, smoothed "
+                     f"{smoothed}, divided {divided}")
+
+    g = torch.Generator().manual_seed(args.seed + 1)
+    x = torch.randint(0, config.vocab_size, (B, T + 1), generator=g)
+    inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+    def forward():
+        return model(input_ids=inputs, use_cache=False).logits
+
+    patched, stock_diff = [], None
+    if dtype == torch.float64 and not args.stock:
+        with torch.no_grad():
+            stock = forward()
+        patched = patch_float64(torch, modeling_modules(transformers))
+        with torch.no_grad():
+            stock_diff = (forward() - stock).abs().max().item()
+        if stock_diff > 1e-4:
+            sys.exit(f"the float64 patches moved the logits by {stock_diff:.3g}: not a precision change")
+
+    model.zero_grad(set_to_none=True)
+    logits = forward()
+    V = logits.shape[-1]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+    loss.backward()
+
+    os.makedirs(args.out, exist_ok=True)
+    save_kwargs = {}
+    import inspect
+    if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
+        save_kwargs["safe_serialization"] = True  # transformers 4; 5 always writes safetensors
+    model.save_pretrained(os.path.join(args.out, "model"), **save_kwargs)
+
+    tensors = {"inputs": inputs.to(torch.int32), "targets": targets.to(torch.int32),
+               "logits": logits.detach().to(dtype).contiguous(),
+               "loss": loss.detach().reshape(1).to(dtype)}
+    params = []
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            sys.exit(f"no gradient for {name}")
+        tensors["grad." + name] = p.grad.detach().contiguous()
+        params.append({"name": name, "shape": list(p.shape)})
+    st.save_file(tensors, os.path.join(args.out, "reference.safetensors"),
+                 metadata={"arch": args.arch, "dtype": args.dtype, "seed": str(args.seed)})
+    info = {"loss": loss.item(), "arch": args.arch, "dtype": args.dtype, "seed": args.seed,
+            "B": B, "T": T, "vocab_size": config.vocab_size, "parameters": params,
+            "rope": rope, "float64_patches": patched,
+            "patched_vs_stock_logits_max_abs_diff": stock_diff,
+            "torch": torch.__version__, "transformers": transformers.__version__}
+    with open(os.path.join(args.out, "reference.json"), "w") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
+    print(f"{args.arch} {args.dtype}: loss {loss.item():.17g}, {len(params)} parameters -> {args.out}")
+
+
+# ---- eval ----
+
+def read_shard(path):
+    with open(path, "rb") as f:
+        header = f.read(HEADER_INTS * 4)
+        if len(header) != HEADER_INTS * 4:
+            sys.exit(f"{path}: shorter than the 1024-byte header")
+        magic, version, ntok = struct.unpack("<3i", header[:12])
+        if magic != SHARD_MAGIC or version != SHARD_VERSION:
+            sys.exit(f"{path}: not a token shard (magic {magic}, version {version}; want "
+                     f"{SHARD_MAGIC}, {SHARD_VERSION})")
+        data = f.read()
+    if len(data) != 2 * ntok:
+        sys.exit(f"{path}: header says {ntok} tokens, the file holds {len(data) // 2}")
+    return data
+
+
+def evaluate(args):
+    torch, transformers, _ = imports()
+    dtype = dtype_of(torch, args.dtype)
+    if dtype == torch.float64 and not args.stock:
+        patch_float64(torch, modeling_modules(transformers))
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        args.model_dir, **from_pretrained_kwargs(transformers, dtype))
+    model.eval()
+    if dtype == torch.float64 and not args.stock:
+        set_inv_freq64(torch, model)
+    data = read_shard(args.tokens)
+    Bn, Tn, N = args.batch_size, args.seq_len, args.batches
+    need = N * Bn * Tn + 1
+    if len(data) // 2 < need:
+        sys.exit(f"{args.tokens}: {len(data) // 2} tokens, {N} batches of {Bn} x {Tn} need {need}")
+    import numpy as np
+    tok = torch.from_numpy(np.frombuffer(data, dtype="<u2", count=need).astype(np.int64))
+    V = model.config.vocab_size
+    if int(tok.max()) >= V:
+        sys.exit(f"{args.tokens}: token {int(tok.max())} >= vocab_size {V}")
+    total = 0.0
+    with torch.no_grad():
+        for k in range(N):
+            s = tok[k * Bn * Tn: k * Bn * Tn + Bn * Tn + 1]
+            x, y = s[:-1].reshape(Bn, Tn), s[1:].reshape(Bn, Tn)
+            logits = model(input_ids=x, use_cache=False).logits
+            total += torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).to(torch.float64), y.reshape(-1)).item()
+    print(f"loss {total / N:.17g}", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make", help="a random tiny model and its logits, loss and gradients")
+    m.add_argument("out")
+    m.add_argument("--arch", choices=["llama", "qwen2"], required=True)
+    m.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--stock", action="store_true",
+                   help="float64: keep transformers' float32 RMSNorm, RoPE and softmax")
+    e = sub.add_parser("eval", help="a model folder's mean loss on a token shard")
+    e.add_argument("model_dir")
+    e.add_argument("--tokens", required=True)
+    e.add_argument("--seq-len", type=int, required=True)
+    e.add_argument("--batch-size", type=int, default=1)
+    e.add_argument("--batches", type=int, required=True)
+    e.add_argument("--dtype", choices=["float64", "float32"], default="float32")
+    e.add_argument("--stock", action="store_true",
+                   help="float64: keep transformers' float32 RMSNorm, RoPE and softmax")
+    args = p.parse_args()
+    if args.cmd == "make":
+        make(args)
+    else:
+        evaluate(args)
+
+
+if __name__ == "__main__":
+    main()
