@@ -1,5 +1,7 @@
 #include "train/config.h"
 
+#include "train/checkpoint/hf.h"
+
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cctype>
@@ -55,8 +57,9 @@ po::options_description describe(Config& c) {
       ("model.rope_original_max_position", po::value(&c.model.llama3.original_max_position)->default_value(c.model.llama3.original_max_position),
        "llama3 scaling: the context the model was first trained at")
       ("model.init_from", po::value(&c.model.init_from)->default_value(c.model.init_from),
-       "safetensors file with HF GPT-2 names, or a sharded checkpoint's step_* directory, to start from "
-       "(empty: random init)");
+       "a Hugging Face model folder (config.json and safetensors: Llama, Qwen2, Mistral, GPT-2; the model "
+       "comes from its config.json), a safetensors file with HF GPT-2 names, or a sharded checkpoint's step_* "
+       "directory, to start from (empty: random init)");
   po::options_description data("[data]");
   data.add_options()
       ("data.train", po::value(&c.data.train)->default_value(c.data.train), "glob of training shards (llm.c format)")
@@ -354,6 +357,63 @@ void normalize(Config& c) {
 
 }  // namespace
 
+// model.init_from a Hugging Face folder: the model is its config.json's. A model key given in
+// the config or on the command line must agree with it (block_size of a llama may be
+// smaller: rotary positions need no table); the others are taken from the folder.
+void apply_model_folder(Config& c, const po::variables_map& vm) {
+  if (c.model.init_from.empty() || !ckpt::is_hf_folder(c.model.init_from)) return;
+  const std::string file = (fs::path(c.model.init_from) / "config.json").string();
+  models::GPTConfig theirs;
+  try {
+    theirs = ckpt::model_config(io::read_hf_config(file));
+  } catch (const Error& e) {
+    throw ConfigError(std::string("model.init_from: ") + e.what());
+  }
+  std::vector<std::string> clashes;
+  auto given = [&](const std::string& key) { return vm.count(key) && !vm[key].defaulted(); };
+  auto take = [&](const std::string& key, auto& ours, const auto& value) {
+    if (given(key) && !(ours == value)) {
+      std::ostringstream os;
+      os << std::boolalpha << key << " = " << ours << " (given) but " << value << " in " << file;
+      clashes.push_back(os.str());
+    }
+    ours = value;
+  };
+  ModelSection& m = c.model;
+  take("model.arch", m.arch, theirs.arch);
+  take("model.n_layer", m.n_layer, theirs.n_layer);
+  take("model.n_head", m.n_head, theirs.n_head);
+  take("model.n_embd", m.n_embd, theirs.n_embd);
+  take("model.vocab_size", m.vocab_size, theirs.vocab_size);
+  take("model.norm_eps", m.norm_eps, theirs.norm_eps);
+  if (theirs.llama() && given("model.block_size") && m.block_size <= theirs.block_size) {
+    // fewer positions than the model was trained for: allowed
+  } else {
+    take("model.block_size", m.block_size, theirs.block_size);
+  }
+  if (theirs.llama()) {
+    take("model.n_kv_head", m.n_kv_head, theirs.kv_heads());
+    take("model.intermediate_size", m.intermediate_size, theirs.intermediate_size);
+    take("model.attention_bias", m.attention_bias, theirs.attention_bias);
+    take("model.tie_embeddings", m.tie_embeddings, theirs.tie_embeddings);
+    take("model.rope_theta", m.rope.theta, theirs.rope.theta);
+    take("model.rope_scaling", m.rope_scaling, std::string(theirs.rope.llama3 ? "llama3" : "none"));
+    if (theirs.rope.llama3) {
+      take("model.rope_factor", m.llama3.factor, theirs.rope.llama3->factor);
+      take("model.rope_low_freq_factor", m.llama3.low_freq_factor, theirs.rope.llama3->low_freq_factor);
+      take("model.rope_high_freq_factor", m.llama3.high_freq_factor, theirs.rope.llama3->high_freq_factor);
+      take("model.rope_original_max_position", m.llama3.original_max_position,
+           theirs.rope.llama3->original_max_position);
+    }
+  }
+  if (!clashes.empty()) {
+    std::string all;
+    for (const std::string& x : clashes) all += (all.empty() ? "" : "; ") + x;
+    throw ConfigError("model.init_from is a Hugging Face folder whose config.json describes the model, and " + all +
+                      "; drop the key or make it agree");
+  }
+}
+
 bool parse_config(int argc, const char* const* argv, Config& c, std::string& help_out) {
   po::options_description keys = describe(c);
   const po::options_description generic = program_options(c);
@@ -411,6 +471,7 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run train_gpt --help for every key and its allowed values");
   }
+  apply_model_folder(c, vm);
   normalize(c);
   validate(c);
   return true;

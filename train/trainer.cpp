@@ -29,6 +29,7 @@
 #include "dist/parallelize.h"
 #include "dist/trace.h"
 #include "models/gpt.h"
+#include "train/checkpoint/hf.h"
 #include "optim/adamw.h"
 #include "tensor/checked.h"
 #include "tensor/cuda/runtime.h"
@@ -422,7 +423,9 @@ void Trainer::open_optimizer() {
 
 void Trainer::load_weights(const std::string& path) {
   // each rank reads only its own elements of the file (RAM-efficient loading)
-  if (fs::is_directory(path) && ckpt::is_sharded(path))
+  if (ckpt::is_hf_folder(path))
+    ckpt::load_hf_local(io::HfFolder(path), *gpt_, pm_->params);
+  else if (fs::is_directory(path) && ckpt::is_sharded(path))
     ckpt::load_sharded_weights(path, mc_, pm_->params, lead() ? &std::cerr : nullptr);  // its parameters
   else
     ckpt::load_weights_local(path, *gpt_, pm_->params);

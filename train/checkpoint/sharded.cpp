@@ -1,5 +1,7 @@
 #include "train/checkpoint/sharded.h"
 
+#include "train/checkpoint/hf.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -581,7 +583,7 @@ void check_export_target(const std::string& path, const std::string& out) {
 
 }  // namespace
 
-void export_weights(const std::string& path, const std::string& out) {
+void export_weights(const std::string& path, const std::string& out, DType dtype) {
   check_export_target(path, out);  // before anything is read or written
   NDT_CHECK(is_sharded(path) || !fs::exists(fs::path(path) / kManifest), "checkpoint ", path,
             " is not sharded: its model.safetensors is already one file with GPT-2 names");
@@ -592,7 +594,14 @@ void export_weights(const std::string& path, const std::string& out) {
   models::GPT gpt(m.model);
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 0);
   read_kind(w, m.model, params, "data", data_of(params));
-  save_weights(out, gpt, params, {{"step", std::to_string(m.step)}});
+  const bool one_file = out.size() > 12 && out.ends_with(".safetensors");
+  if (one_file) {
+    NDT_CHECK(!m.model.llama(), "export to ", out, ": a ", m.model.str(),
+              " is written as a Hugging Face folder; give a directory instead of a .safetensors file");
+    save_weights(out, gpt, params, {{"step", std::to_string(m.step)}});
+  } else {
+    export_hf(out, gpt, params, dtype);
+  }
 }
 
 }  // namespace ndt::ckpt

@@ -58,6 +58,8 @@ void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg,
                           std::ostream* warn = &std::cerr);
 // A sharded checkpoint as one safetensors file of whole parameters with GPT-2 names (one
 // process; the model's bytes in memory once).
-void export_weights(const std::string& path, const std::string& out);
+// OUT ending in .safetensors: one file with GPT-2's names (GPT-2 only); else a Hugging Face
+// model folder (train/checkpoint/hf.h) in `dtype` (f32 or bf16).
+void export_weights(const std::string& path, const std::string& out, DType dtype = DType::f32);
 
 }  // namespace ndt::ckpt

@@ -1,43 +1,64 @@
-// export_weights: a sharded checkpoint as one safetensors file of whole parameters with
-// GPT-2 (Hugging Face) names, for init_from, sampling or other tools.
+// export_weights: a sharded checkpoint as whole parameters for Hugging Face transformers,
+// init_from, sampling or other tools: a model folder (config.json and safetensors, sharded
+// like transformers' past 5 GB) that AutoModelForCausalLM.from_pretrained loads, or, for
+// GPT-2, one safetensors file with GPT-2's names.
 //
-//   build/export_weights out/ckpt/step_00001000 gpt2.safetensors
+//   build/export_weights out/ckpt/step_00001000 out/hf                    # a folder, float32
+//   build/export_weights --dtype bfloat16 out/ckpt/step_00001000 out/hf   # a folder, bfloat16
+//   build/export_weights out/ckpt/step_00001000 gpt2.safetensors          # GPT-2: one file
 //
+// A folder is written as io::HfFolderWriter says (never half-written in place of a good one).
 // The output is written to OUT.tmp and renamed into place, so a failed export leaves no
 // half-written file; an output inside a checkpoint directory is refused.
-#include <cstring>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "train/checkpoint/sharded.h"
 
 namespace {
 
 constexpr const char* kUsage =
-    "usage: export_weights CHECKPOINT_DIR OUT.safetensors\n"
-    "  writes the whole parameters of a sharded checkpoint (checkpoint.format = sharded) to one file\n"
-    "  with GPT-2 names; OUT must lie outside every checkpoint directory\n";
+    "usage: export_weights [--dtype float32|bfloat16] CHECKPOINT_DIR OUT\n"
+    "  writes the whole parameters of a sharded checkpoint (checkpoint.format = sharded): OUT a directory:\n"
+    "  a Hugging Face model folder (config.json, safetensors) for transformers' from_pretrained and\n"
+    "  model.init_from; OUT ending in .safetensors (GPT-2 only): one file with GPT-2 names. OUT must lie\n"
+    "  outside every checkpoint directory. --dtype: of the folder's tensors (default float32)\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+  std::vector<std::string> args;
+  ndt::DType dtype = ndt::DType::f32;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
       std::cout << kUsage;
       return 0;
     }
-  for (int i = 1; i < argc; ++i)
-    if (argv[i][0] == '-' && argv[i][1] != '\0') {
-      std::cerr << "export_weights: error: unknown option " << argv[i] << " (see --help)\n";
+    if (a == "--dtype") {
+      const std::string v = i + 1 < argc ? argv[++i] : "";
+      if (v != "float32" && v != "bfloat16") {
+        std::cerr << "export_weights: error: --dtype takes float32 or bfloat16, got '" << v << "'\n";
+        return 2;
+      }
+      dtype = v == "bfloat16" ? ndt::DType::bf16 : ndt::DType::f32;
+      continue;
+    }
+    if (a.size() > 1 && a[0] == '-') {
+      std::cerr << "export_weights: error: unknown option " << a << " (see --help)\n";
       return 2;
     }
-  if (argc != 3) {
-    std::cerr << "export_weights: error: expected CHECKPOINT_DIR OUT.safetensors, got " << argc - 1
+    args.push_back(a);
+  }
+  if (args.size() != 2) {
+    std::cerr << "export_weights: error: expected CHECKPOINT_DIR OUT, got " << args.size()
               << " arguments (see --help)\n";
     return 2;
   }
   try {
-    ndt::ckpt::export_weights(argv[1], argv[2]);
-    std::cout << "wrote " << argv[2] << "\n";
+    ndt::ckpt::export_weights(args[0], args[1], dtype);
+    std::cout << "wrote " << args[1] << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "export_weights: error: " << e.what() << "\n";

@@ -1,0 +1,144 @@
+// The Llama family against Hugging Face transformers itself: tiny LlamaForCausalLM and
+// Qwen2ForCausalLM models that transformers builds and saves (tests/scripts/hf_reference.py,
+// in the venv of scripts/setup.sh --reference) load through model.init_from's path, and
+// ndtrain's logits, loss and every gradient equal transformers' (float64 within 1e-10,
+// float32 within 1e-5); a few steps of training in ndtrain, exported, give the same
+// validation loss in transformers. Every test skips, with the reason, where the venv is missing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "autograd/engine.h"
+#include "autograd/node.h"
+#include "models/gpt.h"
+#include "support/corpus.h"
+#include "support/launch.h"
+#include "train/checkpoint/hf.h"
+#include "train/io/safetensors.h"
+
+using namespace ndt;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string venv_python() {
+  const char* v = std::getenv("NDT_REF_VENV");
+  const std::string dir = v ? v : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache/ndtrain/ref-venv";
+  return dir + "/bin/python";
+}
+
+// hf_reference.py with the venv's python; rc 3 (or no venv): the reason to skip.
+ndt::testing::ShellResult reference(const std::string& args) {
+  if (!fs::exists(venv_python()))
+    return {3, "transformers/torch not available: no venv at " + venv_python() + " (scripts/setup.sh --reference)"};
+  return ndt::testing::run_shell(venv_python() + " " + NDT_SOURCE_DIR + "/tests/scripts/hf_reference.py " + args);
+}
+
+fs::path temp_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("ndt_test_hf_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+double max_rel(const Tensor& got, const Tensor& want) {
+  const std::vector<double> a = got.to(DType::f64).contiguous().to_vector<double>(),
+                            b = want.to(DType::f64).contiguous().to_vector<double>();
+  double scale = 0, err = 0;
+  for (size_t i = 0; i < b.size(); ++i) scale = std::max(scale, std::abs(b[i]));
+  for (size_t i = 0; i < b.size(); ++i) err = std::max(err, std::abs(a[i] - b[i]));
+  return err / std::max(scale, 1e-300);
+}
+
+// The folder made by transformers, loaded as train_gpt loads it; logits, loss and gradients
+// against transformers' within `tol` (relative to each tensor's largest value).
+void check_against_transformers(const std::string& arch, const std::string& dtype, double tol) {
+  const fs::path d = temp_dir(arch + dtype);
+  const ndt::testing::ShellResult made = reference("make " + d.string() + " --arch " + arch + " --dtype " + dtype);
+  if (made.rc == 3) GTEST_SKIP() << made.out;
+  ASSERT_EQ(made.rc, 0) << made.out;
+  const io::HfFolder folder((d / "model").string());
+  const models::GPTConfig cfg = ckpt::model_config(folder.config());
+  EXPECT_EQ(cfg.arch, "llama");
+  EXPECT_EQ(cfg.kv_heads(), 2);
+  EXPECT_EQ(cfg.attention_bias, arch == "qwen2");
+  models::GPT gpt(cfg);
+  const DType dt = dtype == "float64" ? DType::f64 : DType::f32;
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), dt, 1);
+  ckpt::load_hf_local(folder, gpt, params);
+  io::SafeTensorsReader ref((d / "reference.safetensors").string());
+  const Tensor x = ref.get("inputs", DType::i32), y = ref.get("targets", DType::i32);
+  const int64_t B = x.size(0), T = x.size(1), V = cfg.vocab_size;
+
+  {  // logits: the padded vocabulary columns aside
+    autograd::NoGradGuard no_grad;
+    const Tensor logits = gpt.forward(x, Tensor()).logits;  // (B*T, Vp)
+    const Tensor ours = logits.narrow(1, 0, V).contiguous().view({B, T, V});
+    const double err = max_rel(ours, ref.get("logits", DType::f64));
+    EXPECT_LT(err, tol) << "logits";
+    std::cout << arch << " " << dtype << ": logits within " << err << " of transformers'\n";
+  }
+  const Tensor loss = gpt.forward(x, y).loss;
+  EXPECT_LT(std::abs(loss.item() - ref.get("loss", DType::f64).item()), tol * std::abs(loss.item())) << "loss";
+  backward(loss);
+  int compared = 0;
+  double worst = 0;
+  for (auto& [name, grad] : ckpt::hf_tensors(gpt, [&](const std::string& n) { return params.find(n)->value.grad(); })) {
+    ASSERT_TRUE(ref.has("grad." + name)) << name;
+    const double err = max_rel(grad, ref.get("grad." + name, DType::f64));
+    EXPECT_LT(err, tol) << "gradient of " << name;
+    worst = std::max(worst, err);
+    ++compared;
+  }
+  std::cout << arch << " " << dtype << ": " << compared << " gradients within " << worst << "\n";
+  EXPECT_EQ(compared, static_cast<int>(ref.entries().size()) - 4);  // every parameter of transformers'
+  fs::remove_all(d);
+}
+
+}  // namespace
+
+TEST(HfModels, LlamaWithLlama3RopeEqualsTransformersInFloat64) { check_against_transformers("llama", "float64", 1e-10); }
+TEST(HfModels, Qwen2WithQkvBiasesEqualsTransformersInFloat64) { check_against_transformers("qwen2", "float64", 1e-10); }
+TEST(HfModels, LlamaEqualsTransformersInFloat32) { check_against_transformers("llama", "float32", 1e-5); }
+
+// Trained in ndtrain from the folder, exported, loaded back by transformers: the same
+// validation loss on the same windows.
+TEST(HfModels, TrainedExportedAndLoadedByTransformersGivesTheSameLoss) {
+  const fs::path d = temp_dir("roundtrip");
+  const ndt::testing::ShellResult made = reference("make " + d.string() + " --arch llama --dtype float32");
+  if (made.rc == 3) GTEST_SKIP() << made.out;
+  ASSERT_EQ(made.rc, 0) << made.out;
+  const int64_t V = ndt::testing::write_word_corpus(d / "data", 4000, 3, 0.3);
+  ASSERT_LE(V, 96) << "the corpus' vocabulary must fit the model's 96 tokens";
+  const std::string run = std::string(NDT_TRAIN_GPT_BIN) + " --model.init_from " + (d / "model").string() +
+                          " --data.train '" + (d / "data" / "train_*.bin").string() + "' --data.val '" +
+                          (d / "data" / "val_*.bin").string() +
+                          "' --train.micro_batch_size 2 --train.seq_len 16 --train.eval_steps 3 --train.eval_every 0"
+                          " --train.threads 1 --sample.every -1 --optim.lr 0.01 --optim.warmup_steps 1 --checkpoint.dir " +
+                          (d / "ck").string();
+  // a model key that contradicts config.json is one line
+  ndt::testing::ShellResult r = ndt::testing::run_shell(run + " --train.steps 3 --model.n_head 8");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_TRUE(r.out.find("model.n_head = 8 (given) but 4 in ") != std::string::npos) << r.out;
+  r = ndt::testing::run_shell(run + " --train.steps 5");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const size_t at = r.out.find("final val loss ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const double ours = std::stod(r.out.substr(at + 15));
+  r = ndt::testing::run_shell(std::string(NDT_EXPORT_BIN) + " " + (d / "ck" / "step_00000005").string() + " " +
+                         (d / "export").string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = reference("eval " + (d / "export").string() + " --tokens " + (d / "data" / "val_000000.bin").string() +
+                " --seq-len 16 --batch-size 2 --batches 3 --dtype float32");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const size_t l = r.out.find("loss ");
+  ASSERT_NE(l, std::string::npos) << r.out;
+  EXPECT_NEAR(std::stod(r.out.substr(l + 5)), ours, 1e-4 * std::abs(ours)) << r.out;
+  std::cout << "val loss after 5 steps: ndtrain " << ours << ", transformers on the export " << r.out.substr(l + 5);
+  fs::remove_all(d);
+}

@@ -1,0 +1,331 @@
+// The GPT family to and from Hugging Face model folders (see hf.h). Legend: C n_embd, NH
+// heads, NKV key/value heads, G = NH/NKV, HS head size, I intermediate size, V vocab, Vp padded.
+#include "train/checkpoint/hf.h"
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "tensor/kernels.h"
+#include "train/checkpoint/checkpoint.h"
+
+namespace fs = std::filesystem;
+
+namespace ndt::ckpt {
+
+bool is_hf_folder(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / "config.json", ec);
+}
+
+models::GPTConfig model_config(const io::HfConfig& hf) {
+  models::GPTConfig c;
+  c.arch = hf.model_type == "gpt2" ? "gpt2" : "llama";
+  c.n_layer = hf.num_hidden_layers;
+  c.n_head = hf.num_attention_heads;
+  c.n_embd = hf.hidden_size;
+  c.vocab_size = hf.vocab_size;
+  c.block_size = hf.max_position_embeddings;
+  c.norm_eps = hf.norm_eps;
+  if (c.arch == "gpt2") return c;
+  NDT_CHECK(!hf.o_proj_bias(), "a ", hf.model_type,
+            " with attention_bias = true has a bias on o_proj too, which ndtrain's llama blocks do not have "
+            "(Qwen2's biases on q, k and v only are supported)");
+  c.n_kv_head = hf.num_key_value_heads;
+  c.intermediate_size = hf.intermediate_size;
+  c.attention_bias = hf.attention_bias;
+  c.tie_embeddings = hf.tie_word_embeddings;
+  c.rope.theta = hf.rope_theta;
+  if (hf.llama3_scaling)
+    c.rope.llama3 = models::Llama3Scaling{hf.factor, hf.low_freq_factor, hf.high_freq_factor,
+                                          hf.original_max_position_embeddings};
+  return c;
+}
+
+io::HfConfig hf_config(const models::GPTConfig& c, DType dtype) {
+  io::HfConfig hf;
+  hf.model_type = c.llama() ? (c.attention_bias ? "qwen2" : "llama") : "gpt2";
+  hf.vocab_size = c.vocab_size;
+  hf.hidden_size = c.n_embd;
+  hf.num_hidden_layers = c.n_layer;
+  hf.num_attention_heads = c.n_head;
+  hf.num_key_value_heads = c.kv_heads();
+  hf.head_dim = c.head_dim();
+  hf.max_position_embeddings = c.block_size;
+  hf.norm_eps = c.norm_eps;
+  hf.intermediate_size = c.mlp_hidden();
+  hf.torch_dtype = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f64 ? "float64" : "float32";
+  if (!c.llama()) {
+    hf.hidden_act = "gelu_new";
+    hf.tie_word_embeddings = true;
+    hf.attention_bias = true;
+    hf.mlp_bias = true;
+    return hf;
+  }
+  hf.hidden_act = "silu";
+  hf.tie_word_embeddings = c.tie_embeddings;
+  hf.attention_bias = c.attention_bias;
+  hf.rope_theta = c.rope.theta;
+  if (c.rope.llama3) {
+    hf.llama3_scaling = true;
+    hf.factor = c.rope.llama3->factor;
+    hf.low_freq_factor = c.rope.llama3->low_freq_factor;
+    hf.high_freq_factor = c.rope.llama3->high_freq_factor;
+    hf.original_max_position_embeddings = c.rope.llama3->original_max_position;
+  }
+  return hf;
+}
+
+namespace {
+
+// How one of our parameters is made from the folder's tensors.
+struct Source {
+  enum Kind { renamed, transposed, packed_qkv } kind = renamed;
+  std::vector<std::string> names;  // renamed, transposed: one; packed_qkv: q, k, v
+};
+
+// Our parameter name -> its source, for a llama; GPT-2 keeps its names ("transformer." in
+// front in a folder).
+std::map<std::string, Source> sources(const models::GPTConfig& c) {
+  std::map<std::string, Source> s;
+  if (!c.llama()) {
+    for (const nn::ParamSpec& p : models::GPT(c).parameters())
+      s[p.name] = {Source::renamed, {"transformer." + p.name}};
+    return s;
+  }
+  s["wte.weight"] = {Source::renamed, {"model.embed_tokens.weight"}};
+  if (!c.tied()) s["lm_head.weight"] = {Source::renamed, {"lm_head.weight"}};
+  s["ln_f.weight"] = {Source::renamed, {"model.norm.weight"}};
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string ours = "h." + std::to_string(i) + ".", hf = "model.layers." + std::to_string(i) + ".";
+    s[ours + "ln_1.weight"] = {Source::renamed, {hf + "input_layernorm.weight"}};
+    s[ours + "ln_2.weight"] = {Source::renamed, {hf + "post_attention_layernorm.weight"}};
+    const std::string a = hf + "self_attn.";
+    s[ours + "attn.c_attn.weight"] = {Source::packed_qkv, {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}};
+    if (c.attention_bias)
+      s[ours + "attn.c_attn.bias"] = {Source::packed_qkv, {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}};
+    s[ours + "attn.c_proj.weight"] = {Source::transposed, {a + "o_proj.weight"}};
+    for (const char* m : {"gate_proj", "up_proj", "down_proj"})
+      s[ours + "mlp." + m + ".weight"] = {Source::transposed, {hf + "mlp." + m + ".weight"}};
+  }
+  return s;
+}
+
+// The folder's shapes of a source, given our whole shape `ours`: renamed ones are ours (wte
+// and lm_head without their padded rows), transposed ones swapped, packed ones q (NH HS, ..),
+// k and v (NKV HS, ..) with C after them for weights.
+std::vector<Shape> hf_shapes(const models::GPTConfig& c, const std::string& name, const Source& s, Shape ours) {
+  if (name == "wte.weight" || name == "lm_head.weight") ours[0] = c.vocab_size;
+  if (s.kind == Source::renamed) return {ours};
+  if (s.kind == Source::transposed) return {{ours[1], ours[0]}};
+  const int64_t HS = c.head_dim(), q = c.n_head * HS, kv = c.kv_heads() * HS;
+  if (ours.size() == 1) return {{q}, {kv}, {kv}};
+  return {{q, c.n_embd}, {kv, c.n_embd}, {kv, c.n_embd}};
+}
+
+// For every column block of c_attn (our packed layout, see nn::GroupedQueryAttention):
+// fn(our first column, which source (0 q, 1 k, 2 v), its first row there), HS columns each.
+void for_each_qkv_block(const models::GPTConfig& c, const std::function<void(int64_t, int, int64_t)>& fn) {
+  const int64_t NKV = c.kv_heads(), G = c.n_head / NKV, HS = c.head_dim();
+  for (int64_t g = 0; g < NKV; ++g)
+    for (int64_t s = 0; s < G + 2; ++s) {
+      const int64_t col = (g * (G + 2) + s) * HS;
+      if (s < G)
+        fn(col, 0, (g * G + s) * HS);  // query head g G + s
+      else
+        fn(col, static_cast<int>(s - G + 1), g * HS);  // k_g, v_g
+    }
+}
+
+// Our whole parameter (CPU, `dtype`) from transposed or packed sources, read whole.
+template <typename T>
+void assemble(const models::GPTConfig& c, const Source& s, const std::vector<Tensor>& src, const Tensor& out) {
+  T* o = out.data<T>();
+  if (s.kind == Source::transposed) {  // out (in, out_features) = src (out_features, in)^T
+    const int64_t rows = src[0].size(0), cols = src[0].size(1);
+    const T* a = src[0].data<T>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) o[k * rows + r] = a[r * cols + k];
+    return;
+  }
+  const int64_t HS = c.head_dim();
+  if (out.dim() == 1) {  // biases: out (NKV (G+2) HS) from q (NH HS), k, v (NKV HS)
+    for_each_qkv_block(c, [&](int64_t col, int which, int64_t row) {
+      for (int64_t d = 0; d < HS; ++d) o[col + d] = src[which].data<T>()[row + d];
+    });
+    return;
+  }
+  // out (C, NKV (G+2) HS): column col + d is row `row + d` of its source (.., C)
+  const int64_t C = out.size(0), W = out.size(1);
+  for_each_qkv_block(c, [&](int64_t col, int which, int64_t row) {
+    const T* a = src[which].data<T>();
+    for (int64_t d = 0; d < HS; ++d)
+      for (int64_t i = 0; i < C; ++i) o[i * W + col + d] = a[(row + d) * C + i];
+  });
+}
+
+// The inverse, for export: our whole parameter -> its folder tensors (same shapes as hf_shapes)
+template <typename T>
+void disassemble(const models::GPTConfig& c, const Source& s, const Tensor& ours, const std::vector<Tensor>& dst) {
+  const T* o = ours.data<T>();
+  if (s.kind == Source::transposed) {
+    const int64_t rows = dst[0].size(0), cols = dst[0].size(1);
+    T* a = dst[0].data<T>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) a[r * cols + k] = o[k * rows + r];
+    return;
+  }
+  const int64_t HS = c.head_dim();
+  if (ours.dim() == 1) {
+    for_each_qkv_block(c, [&](int64_t col, int which, int64_t row) {
+      for (int64_t d = 0; d < HS; ++d) dst[which].data<T>()[row + d] = o[col + d];
+    });
+    return;
+  }
+  const int64_t C = ours.size(0), W = ours.size(1);
+  for_each_qkv_block(c, [&](int64_t col, int which, int64_t row) {
+    T* a = dst[which].data<T>();
+    for (int64_t d = 0; d < HS; ++d)
+      for (int64_t i = 0; i < C; ++i) a[(row + d) * C + i] = o[i * W + col + d];
+  });
+}
+
+void check_finite(const Tensor& t, const std::string& dir, const std::string& name) {
+  const Tensor h = t.dtype() == DType::f32 || t.dtype() == DType::f64 ? t : t.to(DType::f32);
+  const bool f64 = h.dtype() == DType::f64;
+  for (int64_t i = 0; i < h.numel(); ++i)
+    if (const double x = f64 ? h.data<double>()[i] : h.data<float>()[i]; !std::isfinite(x))
+      NDT_FAIL("model folder ", dir, ": tensor ", name, " holds ", std::isnan(x) ? "NaN" : "Inf",
+               " values; the folder is damaged or was saved from a diverged run");
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < 6; ++i) s += (i ? ", " : "") + v[i];
+  if (v.size() > 6) s += ", ... (" + std::to_string(v.size()) + " in all)";
+  return s;
+}
+
+// The folder's name for a renamed GPT-2 tensor: with or without "transformer." (both seen on the Hub)
+std::string gpt2_name(const io::HfFolder& f, const std::string& prefixed) {
+  const std::string bare = prefixed.substr(std::string("transformer.").size());
+  NDT_CHECK(!(f.has(prefixed) && f.has(bare)), "model folder ", f.dir(), ": holds both ", bare, " and ", prefixed,
+            ", which name the same parameter; keep one of them");
+  return f.has(bare) ? bare : prefixed;
+}
+
+}  // namespace
+
+void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::FlatParams& params) {
+  const models::GPTConfig& c = gpt.cfg;
+  std::map<std::string, Source> src = sources(c);
+  if (!c.llama())
+    for (auto& [ours, s] : src) s.names[0] = gpt2_name(f, s.names[0]);
+  // every tensor present and of its shape, nothing left over, before any value is read
+  std::set<std::string> used;
+  std::vector<std::string> missing, problems;
+  for (const nn::ParamSpec& spec : gpt.parameters()) {
+    const Source& s = src.at(spec.name);
+    const std::vector<Shape> want = hf_shapes(c, spec.name, s, spec.global_shape());
+    for (size_t k = 0; k < s.names.size(); ++k) {
+      used.insert(s.names[k]);
+      if (!f.has(s.names[k])) {
+        missing.push_back(s.names[k]);
+      } else if (f.entry(s.names[k]).shape != want[k]) {
+        problems.push_back(s.names[k] + " has shape " + shape_str(f.entry(s.names[k]).shape) + ", the model needs " +
+                           shape_str(want[k]));
+      }
+    }
+  }
+  std::vector<std::string> extra;
+  for (const std::string& n : f.names()) {
+    const bool buffer = n.find("rotary_emb.inv_freq") != std::string::npos || n.ends_with(".attn.bias") ||
+                        n.ends_with(".attn.masked_bias");  // buffers, not parameters
+    const bool tied_head = n == "lm_head.weight" && c.tied();  // the same values as the embeddings
+    if (!used.count(n) && !buffer && !tied_head) extra.push_back(n);
+  }
+  const std::string model = "; the model is " + c.str();
+  NDT_CHECK(missing.empty(), "model folder ", f.dir(), ": missing tensors: ", join(missing), model);
+  NDT_CHECK(problems.empty(), "model folder ", f.dir(), ": ", join(problems), model);
+  NDT_CHECK(extra.empty(), "model folder ", f.dir(), ": unexpected tensors: ", join(extra),
+            " (ndtrain does not know what they are for)", model);
+
+  const DType dt = params.units.empty() ? DType::f32 : params.units[0].data.dtype();
+  for (const nn::FlatUnit& u : params.units) kernels::fill(u.data, 0.0);  // padding and gaps stay zero
+  constexpr int64_t kPiece = int64_t(1) << 18;  // renamed tensors: a few MiB at a time
+  Tensor piece = Tensor::empty({kPiece}, dt);
+  for (const nn::FlatUnit& u : params.units)
+    for (const nn::FlatParam& p : u.params) {
+      const Source& s = src.at(p.spec.name);
+      if (s.kind == Source::renamed) {
+        const std::string& name = s.names[0];
+        const int64_t live_numel = numel_of(f.entry(name).shape);  // wte, lm_head: without padding rows
+        nn::for_each_shard_run(u, p, [&](int64_t dst, int64_t g, int64_t len) {
+          const int64_t live = std::clamp<int64_t>(live_numel - g, 0, len);
+          for (int64_t k = 0; k < live; k += kPiece) {
+            const int64_t n = std::min(kPiece, live - k);
+            Tensor part = piece.narrow(0, 0, n);
+            f.reader(name).read_range(name, g + k, part);
+            check_finite(part, f.dir(), name);
+            u.data.narrow(0, dst + k, n).copy_(part);
+          }
+        });
+        continue;
+      }
+      std::vector<Tensor> in;  // the folder's tensors, whole, in our dtype
+      for (const std::string& n : s.names) {
+        in.push_back(f.get(n, dt));
+        check_finite(in.back(), f.dir(), n);
+      }
+      Tensor whole = Tensor::empty(p.spec.global_shape(), dt);
+      if (dt == DType::f64)
+        assemble<double>(c, s, in, whole);
+      else
+        assemble<float>(c, s, in, whole);
+      const Tensor flat = whole.view({whole.numel()});
+      nn::for_each_shard_run(u, p, [&](int64_t dst, int64_t g, int64_t len) {
+        u.data.narrow(0, dst, len).copy_(flat.narrow(0, g, len));
+      });
+    }
+}
+
+std::vector<std::pair<std::string, Tensor>> hf_tensors(const models::GPT& gpt,
+                                                       const std::function<Tensor(const std::string&)>& whole) {
+  const models::GPTConfig& c = gpt.cfg;
+  const std::map<std::string, Source> src = sources(c);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const nn::ParamSpec& spec : gpt.parameters()) {  // the model's order: embeddings, blocks, head
+    const Tensor value = whole(spec.name).to(Device::cpu()).to(DType::f64).contiguous();
+    NDT_CHECK(value.shape() == spec.global_shape(), "export: ", spec.name, " is ", value.shape_str(),
+              ", not the whole ", shape_str(spec.global_shape()));
+    const Source& s = src.at(spec.name);
+    const std::vector<Shape> shapes = hf_shapes(c, spec.name, s, spec.global_shape());
+    if (s.kind == Source::renamed) {
+      out.emplace_back(s.names[0], value.narrow(0, 0, shapes[0][0]).contiguous());  // without padded rows
+      continue;
+    }
+    std::vector<Tensor> parts;
+    for (const Shape& sh : shapes) parts.push_back(Tensor::empty(sh, DType::f64));
+    disassemble<double>(c, s, value, parts);
+    for (size_t k = 0; k < parts.size(); ++k) out.emplace_back(s.names[k], parts[k]);
+  }
+  return out;
+}
+
+void export_hf(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params, DType dtype,
+               int64_t max_shard_bytes) {
+  NDT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f64,
+            "export: a Hugging Face folder in float32, bfloat16 or float64");
+  io::HfFolderWriter w;
+  for (auto& [name, t] : hf_tensors(gpt, [&](const std::string& n) {
+         const nn::FlatParam* p = params.find(n);
+         NDT_CHECK(p && p->value.defined(), "export: no value of ", n);
+         return p->value;
+       }))
+    w.add(name, t.to(dtype));
+  w.write(dir, hf_config(gpt.cfg, dtype), max_shard_bytes);
+}
+
+}  // namespace ndt::ckpt
