@@ -18,6 +18,7 @@
 #include "models/gpt.h"
 #include "support/corpus.h"
 #include "support/launch.h"
+#include "dist/tensor_parallel/tensor_parallel.h"
 #include "train/checkpoint/hf.h"
 #include "train/io/safetensors.h"
 
@@ -140,5 +141,100 @@ TEST(HfModels, TrainedExportedAndLoadedByTransformersGivesTheSameLoss) {
   ASSERT_NE(l, std::string::npos) << r.out;
   EXPECT_NEAR(std::stod(r.out.substr(l + 5)), ours, 1e-4 * std::abs(ours)) << r.out;
   std::cout << "val loss after 5 steps: ndtrain " << ours << ", transformers on the export " << r.out.substr(l + 5);
+  fs::remove_all(d);
+}
+
+// ---- without transformers: ndtrain's own folders ------------------------------------------
+
+namespace {
+
+models::GPTConfig tiny_llama() {
+  models::GPTConfig c{.arch = "llama", .n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = 21,
+                      .block_size = 32, .vocab_multiple = 8};
+  c.n_kv_head = 2;
+  c.intermediate_size = 24;
+  c.attention_bias = true;
+  c.rope = {.theta = 10000, .llama3 = models::Llama3Scaling{8, 1, 4, 16}};
+  return c;
+}
+
+std::vector<float> all_values(const nn::FlatParams& p) {
+  std::vector<float> v;
+  for (const nn::FlatUnit& u : p.units)
+    for (float x : u.data.to_vector<float>()) v.push_back(x);
+  return v;
+}
+
+}  // namespace
+
+TEST(HfFolders, AnExportReadsBackBitForBitWholeAndAsATensorParallelRank) {
+  const fs::path d = temp_dir("own");
+  models::GPT a(tiny_llama());
+  nn::FlatParams pa = nn::materialize(a.units(), Device::cpu(), DType::f32, 5);
+  ckpt::export_hf((d / "m").string(), a, pa, DType::f32);
+  EXPECT_TRUE(ckpt::is_hf_folder((d / "m").string()));
+  const io::HfFolder folder((d / "m").string());
+  EXPECT_EQ(folder.config().model_type, "qwen2");  // biases on q, k and v
+  const models::GPTConfig back = ckpt::model_config(folder.config());
+  EXPECT_EQ(back.str(), [] { models::GPTConfig c = tiny_llama(); c.vocab_multiple = 1; return c.str(); }()) << back.str();
+  models::GPTConfig padded = back;  // the padding is ours (model.vocab_multiple), not the folder's
+  padded.vocab_multiple = 8;
+  models::GPT b(padded);
+  nn::FlatParams pb = nn::materialize(b.units(), Device::cpu(), DType::f32, 9);
+  ckpt::load_hf_local(folder, b, pb);
+  // the padded vocabulary rows (21 -> 24) are zero on both sides
+  EXPECT_EQ(all_values(pa), all_values(pb));
+  // rank 1 of tp 2 holds its kv group's columns of c_attn: the second half, as one block
+  models::GPT c(padded);
+  dist::split_tensor_parallel(c, 2, 1);
+  nn::FlatParams pc = nn::materialize(c.units(), Device::cpu(), DType::f32, 9);
+  ckpt::load_hf_local(folder, c, pc);
+  const Tensor whole = pa.find("h.1.attn.c_attn.weight")->value, part = pc.find("h.1.attn.c_attn.weight")->value;
+  const int64_t W = whole.size(1);
+  ASSERT_EQ(part.size(1), W / 2);
+  EXPECT_EQ(part.contiguous().to_vector<float>(), whole.narrow(1, W / 2, W / 2).contiguous().to_vector<float>());
+  const Tensor down = pa.find("h.0.mlp.down_proj.weight")->value, down1 = pc.find("h.0.mlp.down_proj.weight")->value;
+  EXPECT_EQ(down1.contiguous().to_vector<float>(), down.narrow(0, 12, 12).contiguous().to_vector<float>());
+  fs::remove_all(d);
+}
+
+TEST(HfFolders, AMissingMisShapedOrUnknownTensorIsNamed) {
+  const fs::path d = temp_dir("bad");
+  models::GPT a(tiny_llama());
+  nn::FlatParams pa = nn::materialize(a.units(), Device::cpu(), DType::f32, 5);
+  const auto tensors = ckpt::hf_tensors(a, [&](const std::string& n) { return pa.find(n)->value; });
+  const io::HfConfig cfg = ckpt::hf_config(a.cfg, DType::f32);
+  auto write_without = [&](const std::string& name, const std::string& folder,
+                           const std::function<void(io::HfFolderWriter&)>& more) {
+    io::HfFolderWriter w;
+    for (auto& [n, t] : tensors)
+      if (n != name) w.add(n, t.to(DType::f32));
+    more(w);
+    w.write((d / folder).string(), cfg);
+  };
+  auto load_error = [&](const std::string& folder) {
+    models::GPT b(tiny_llama());
+    nn::FlatParams pb = nn::materialize(b.units(), Device::cpu(), DType::f32, 9);
+    try {
+      ckpt::load_hf_local(io::HfFolder((d / folder).string()), b, pb);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  write_without("model.layers.1.mlp.up_proj.weight", "missing", [](io::HfFolderWriter&) {});
+  EXPECT_TRUE(load_error("missing").find("missing tensors: model.layers.1.mlp.up_proj.weight") != std::string::npos)
+      << load_error("missing");
+  write_without("model.layers.0.self_attn.k_proj.weight", "shape", [](io::HfFolderWriter& w) {
+    w.add("model.layers.0.self_attn.k_proj.weight", Tensor::zeros({8, 15}, DType::f32));
+  });
+  EXPECT_TRUE(load_error("shape").find("model.layers.0.self_attn.k_proj.weight has shape (8, 15), the model needs "
+                                       "(8, 16)") != std::string::npos)
+      << load_error("shape");
+  write_without("", "extra", [](io::HfFolderWriter& w) {
+    w.add("model.layers.0.mlp.experts.0.weight", Tensor::zeros({2}, DType::f32));
+  });
+  EXPECT_TRUE(load_error("extra").find("unexpected tensors: model.layers.0.mlp.experts.0.weight") != std::string::npos)
+      << load_error("extra");
   fs::remove_all(d);
 }
