@@ -120,13 +120,23 @@ TEST(HfModels, TrainedExportedAndLoadedByTransformersGivesTheSameLoss) {
                           " --data.train '" + (d / "data" / "train_*.bin").string() + "' --data.val '" +
                           (d / "data" / "val_*.bin").string() +
                           "' --train.micro_batch_size 2 --train.seq_len 16 --train.eval_steps 3 --train.eval_every 0"
-                          " --train.threads 1 --sample.every -1 --optim.lr 0.01 --optim.warmup_steps 1 --checkpoint.dir " +
-                          (d / "ck").string();
+                          " --train.threads 1 --sample.every -1 --optim.lr 0.01 --optim.warmup_steps 1";
+  const std::string checkpoints = " --checkpoint.dir " + (d / "ck").string();
   // a model key that contradicts config.json is one line
-  ndt::testing::ShellResult r = ndt::testing::run_shell(run + " --train.steps 3 --model.n_head 8");
+  ndt::testing::ShellResult r = ndt::testing::run_shell(run + checkpoints + " --train.steps 3 --model.n_head 8");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_TRUE(r.out.find("model.n_head = 8 (given) but 4 in ") != std::string::npos) << r.out;
-  r = ndt::testing::run_shell(run + " --train.steps 5");
+  // --train.steps 0 evaluates the folder's weights as they are: transformers' loss on them
+  r = ndt::testing::run_shell(run + " --train.steps 0");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_NE(r.out.find("final val loss "), std::string::npos) << r.out;
+  const double loaded = std::stod(r.out.substr(r.out.find("final val loss ") + 15));
+  ndt::testing::ShellResult t = reference("eval " + (d / "model").string() + " --tokens " +
+                                          (d / "data" / "val_000000.bin").string() +
+                                          " --seq-len 16 --batch-size 2 --batches 3 --dtype float32");
+  ASSERT_EQ(t.rc, 0) << t.out;
+  EXPECT_NEAR(std::stod(t.out.substr(t.out.find("loss ") + 5)), loaded, 1e-4 * loaded) << t.out;
+  r = ndt::testing::run_shell(run + checkpoints + " --train.steps 5");
   ASSERT_EQ(r.rc, 0) << r.out;
   const size_t at = r.out.find("final val loss ");
   ASSERT_NE(at, std::string::npos) << r.out;

@@ -72,7 +72,7 @@ po::options_description describe(Config& c) {
       ("train.micro_batch_size", po::value(&c.train.micro_batch_size)->default_value(c.train.micro_batch_size), "sequences per micro-batch B")
       ("train.seq_len", po::value(&c.train.seq_len)->default_value(c.train.seq_len), "tokens per sequence T (<= model.block_size)")
       ("train.grad_accum_steps", po::value(&c.train.grad_accum_steps)->default_value(c.train.grad_accum_steps), "micro-batches per optimizer step")
-      ("train.steps", po::value(&c.train.steps)->default_value(c.train.steps), "optimizer steps")
+      ("train.steps", po::value(&c.train.steps)->default_value(c.train.steps), "optimizer steps (0: only evaluate and sample the initial weights, e.g. a model from model.init_from)")
       ("train.eval_every", po::value(&c.train.eval_every)->default_value(c.train.eval_every), "evaluate every N steps (0: only at the end)")
       ("train.eval_steps", po::value(&c.train.eval_steps)->default_value(c.train.eval_steps), "validation batches per evaluation")
       ("train.seed", po::value(&c.train.seed)->default_value(c.train.seed), "seed for init, shuffling and sampling")
@@ -539,7 +539,7 @@ void validate_train(const Config& c, const Checks& ck) {
               std::to_string(c.train.micro_batch_size * c.train.seq_len) +
               " tokens per micro-batch; at most 2^31");
   ck.range("train.grad_accum_steps", c.train.grad_accum_steps, 1, int64_t(1) << 20);
-  ck.range("train.steps", c.train.steps, 1, kBig);
+  ck.range("train.steps", c.train.steps, 0, kBig);  // 0: evaluate (and sample) the weights, no step
   ck.range("train.eval_every", c.train.eval_every, 0, kBig);
   ck.range("train.eval_steps", c.train.eval_steps, 1, int64_t(1) << 20);
   ck.range("train.seed", c.train.seed, 0, std::numeric_limits<int64_t>::max());
