@@ -15,8 +15,8 @@ void GPTConfig::validate() const {
   NDT_CHECK(n_head >= 1, "model.n_head must be >= 1, got ", n_head);
   NDT_CHECK(n_embd >= 1 && n_embd % n_head == 0, "model.n_embd (", n_embd,
             ") must be a positive multiple of model.n_head (", n_head, ")");
-  NDT_CHECK(vocab_size >= 1 && vocab_size <= 65536,
-            "model.vocab_size must be in [1, 65536] (tokens are uint16), got ", vocab_size);
+  NDT_CHECK(vocab_size >= 1 && vocab_size <= (int64_t(1) << 24), "model.vocab_size must be in [1, 16777216], got ",
+            vocab_size);
   NDT_CHECK(block_size >= 1, "model.block_size must be >= 1, got ", block_size);
   NDT_CHECK(vocab_multiple >= 1, "model.vocab_multiple must be >= 1, got ", vocab_multiple);
   NDT_CHECK(norm_eps > 0 && norm_eps < 1, "model.norm_eps must be in (0, 1), got ", norm_eps);

@@ -517,7 +517,7 @@ void validate_model(const Config& c, const Checks& ck) {
   ck.range("model.n_layer", c.model.n_layer, 1, 1024);
   ck.range("model.n_head", c.model.n_head, 1, 1024);
   ck.range("model.n_embd", c.model.n_embd, 1, 65536);
-  ck.range("model.vocab_size", c.model.vocab_size, 1, 65536);
+  ck.range("model.vocab_size", c.model.vocab_size, 1, int64_t(1) << 24);  // Llama 3: 128256
   ck.range("model.block_size", c.model.block_size, 1, int64_t(1) << 20);
   ck.range("model.vocab_multiple", c.model.vocab_multiple, 1, 65536);
   ck.need(c.model.arch == "gpt2" || c.model.arch == "llama",

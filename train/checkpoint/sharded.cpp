@@ -332,7 +332,7 @@ void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& 
   r.model.n_layer = in.integer(mj, "model", "n_layer", 1, 1 << 16);
   r.model.n_head = in.integer(mj, "model", "n_head", 1, 1 << 16);
   r.model.n_embd = in.integer(mj, "model", "n_embd", 1, 1 << 20);
-  r.model.vocab_size = in.integer(mj, "model", "vocab_size", 1, 65536);
+  r.model.vocab_size = in.integer(mj, "model", "vocab_size", 1, 1 << 24);
   r.model.block_size = in.integer(mj, "model", "block_size", 1, 1 << 24);
   r.model.vocab_multiple = in.integer(mj, "model", "vocab_multiple", 1, 65536);
   NDT_CHECK(r.model.n_embd % r.model.n_head == 0, "checkpoint ", F, ": \"model.n_embd\" is ", r.model.n_embd,
