@@ -519,6 +519,11 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
                       std::to_string(2 * c.train.ac_every) + ", ...; the others keep everything");
   if (D.cp > 1)
     p.notes.push_back("context parallelism: the numbers are rank 0's, which keeps the most ring blocks");
+  if (mc.llama())
+    p.notes.push_back("a llama: parameters, gradients, AdamW and the FSDP gathers are its own; activations, "
+                      "the step's time and the attention's communication are estimated with GPT-2's shapes "
+                      "(3 C for q, k, v; 4 C MLP units), so GQA's smaller K/V and SwiGLU's three matrices are "
+                      "not yet counted");
 }
 
 }  // namespace
