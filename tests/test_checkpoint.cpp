@@ -808,13 +808,14 @@ TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
             std::string::npos);
   std::ifstream prev(d / "old.safetensors");
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(prev), std::istreambuf_iterator<char>()), "previous");
-  fs::create_directories(d / "adir");
-  EXPECT_NE(error_of([&] { ckpt::export_weights(ck.string(), (d / "adir").string()); })
-                .find("adir: it is a directory, not a regular file"),
+  // (a target not ending in .safetensors is a Hugging Face folder, written into a directory)
+  fs::create_directories(d / "adir.safetensors");
+  EXPECT_NE(error_of([&] { ckpt::export_weights(ck.string(), (d / "adir.safetensors").string()); })
+                .find("adir.safetensors: it is a directory, not a regular file"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(d / "old.safetensors.tmp"));
-  EXPECT_FALSE(fs::exists(d / "adir.tmp"));
-  EXPECT_TRUE(fs::is_empty(d / "adir"));
+  EXPECT_FALSE(fs::exists(d / "adir.safetensors.tmp"));
+  EXPECT_TRUE(fs::is_empty(d / "adir.safetensors"));
   // the program: one line, a non-zero exit, the checkpoint untouched
   const ndt::testing::ShellResult r = ndt::testing::run_shell(
       std::string(NDT_EXPORT_BIN) + " " + ck.string() + " " + (ck / "checkpoint.json").string());
