@@ -26,6 +26,9 @@ void GPTConfig::validate() const {
     NDT_CHECK(intermediate_size == 0, "model.intermediate_size is for model.arch = llama; GPT-2's MLP has 4 x n_embd");
     NDT_CHECK(!attention_bias, "model.attention_bias is for model.arch = llama; GPT-2 has biases everywhere");
     NDT_CHECK(!tie_embeddings, "model.tie_embeddings is for model.arch = llama; GPT-2's head is always wte");
+    NDT_CHECK(rope.theta == RopeConfig{}.theta && !rope.llama3,
+              "model.rope_theta and model.rope_scaling are for model.arch = llama; GPT-2 learns its "
+              "positions (wpe)");
     return;
   }
   NDT_CHECK(n_kv_head >= 0 && n_head % kv_heads() == 0, "model.n_kv_head (", n_kv_head,

@@ -101,6 +101,11 @@ class GPT : public nn::Module {
   // Model FLOPs per token for forward + backward (6N + attention), for MFU / GFLOP/s.
   double flops_per_token(int64_t T) const;
 
+  // Whether parameter `name` holds the vocabulary's rows, padded to padded_vocab(): wte, and
+  // an untied lm_head. Their rows past vocab_size are zeros that nothing trains (their logits
+  // are masked); checkpoints store only the vocab_size live rows.
+  static bool vocab_rows(const std::string& name) { return name == "wte.weight" || name == "lm_head.weight"; }
+
   // The (Vp, C) matrix of the logits: wte (tied) or lm_head.
   const nn::Embedding& head() const { return cfg.tied() ? wte : *lm_head; }
   nn::Embedding& head() { return cfg.tied() ? wte : *lm_head; }

@@ -3,6 +3,9 @@
 // the same global batch and data: the losses of every step, the gradients of the first
 // step and the parameters after the last; a checkpoint written under fsdp2 resumes under
 // dp2 and under one process; a failing rank brings the job down; bad layouts are refused.
+// The same for a tiny Llama (kLlama: grouped-query attention, rotary embeddings with Llama
+// 3's scaling, SwiGLU, RMSNorms, an untied head) in every layout, bf16, activation
+// checkpointing and checkpoints resharded across layouts.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -31,6 +34,26 @@ namespace fs = std::filesystem;
 namespace {
 
 using Result = ShellResult;
+
+// The model a test trains: gpt.ini's GPT-2, or it changed by arguments that every run of
+// the model takes (the reference runs too); its runs' directories start with `tag`.
+struct Model {
+  std::string tag, args;
+};
+const Model kGPT2{};
+// A tiny Llama 3 on gpt.ini's sizes (2 blocks, C 32): 4 query heads reading 2 key/value
+// heads, a SwiGLU MLP of 48, RMSNorms, an untied lm_head, and rotary embeddings (head size
+// 8: wavelengths 6.3, 63, 628, 6283 positions) with Llama 3's scaling from an original
+// context of 8 positions: the first frequency blended, the other three stretched 4x; the
+// sequences have 16 tokens, so every token's angles depend on the scaling.
+const Model kLlama{
+    "llama_",
+    " --model.arch llama --model.n_kv_head 2 --model.intermediate_size 48 --model.rope_theta 10000 "
+    "--model.rope_scaling llama3 --model.rope_factor 4 --model.rope_low_freq_factor 1 "
+    "--model.rope_high_freq_factor 4 --model.rope_original_max_position 8"};
+// Qwen2's options on it: biases on q, k and v, and the logits through wte (tied)
+const Model kLlamaTiedBias{"llama_tb_",
+                           kLlama.args + " --model.attention_bias true --model.tie_embeddings true"};
 
 class DistTrain : public ::testing::Test {
  protected:
@@ -101,15 +124,17 @@ class DistTrain : public ::testing::Test {
   // Each layout against one process on the same global batch and data (B sequences per
   // data-parallel rank and micro-step): the losses of every step, the first step's
   // gradients and the parameters after the last.
-  static void check_layouts(const std::vector<Layout>& layouts, int B, const Cluster* on = nullptr) {
+  static void check_layouts(const std::vector<Layout>& layouts, int B, const Cluster* on = nullptr,
+                            const Model& model = kGPT2) {
     for (const Layout& L : layouts) {
-      SCOPED_TRACE(L.name);
-      const std::string ref = "single_b" + std::to_string(B * L.dp());
+      SCOPED_TRACE(model.tag + L.name);
+      const std::string name = model.tag + L.name, ref = model.tag + "single_b" + std::to_string(B * L.dp());
       if (!fs::exists(dir_ / ref / "metrics.jsonl")) {
-        Result r = train(ref, 1, "--train.micro_batch_size " + std::to_string(B * L.dp()));
+        Result r = train(ref, 1, "--train.micro_batch_size " + std::to_string(B * L.dp()) + model.args);
         ASSERT_EQ(r.rc, 0) << r.out;
       }
-      Result r = train(L.name, L.np(), "--train.micro_batch_size " + std::to_string(B) + L.args(), on);
+      Result r =
+          train(name, L.np(), "--train.micro_batch_size " + std::to_string(B) + L.args() + model.args, on);
       ASSERT_EQ(r.rc, 0) << r.out;
       EXPECT_NE(r.out.find("= " + std::to_string(B * 2 * L.dp()) + " sequences"), std::string::npos) << r.out;
       for (int h = 0; on && h < on->hosts(); ++h)  // the layout printout names each rank's host
@@ -121,18 +146,133 @@ class DistTrain : public ::testing::Test {
           EXPECT_NE(r.out.substr(at, r.out.find('\n', at + 1) - at).find(where), std::string::npos)
               << "rank " << rank << " should be" << where << ": " << r.out;
         }
-      std::vector<double> got = losses(L.name), want = losses(ref);
+      std::vector<double> got = losses(name), want = losses(ref);
       ASSERT_EQ(got.size(), 5u);
       ASSERT_EQ(want.size(), 5u);
       for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
-      const double g = max_rel_diff(dir_ / L.name / "grads.safetensors", dir_ / ref / "grads.safetensors");
+      const double g = max_rel_diff(dir_ / name / "grads.safetensors", dir_ / ref / "grads.safetensors");
       EXPECT_LT(g, 1e-5) << "gradients of the first step";
-      const double p = max_rel_diff(last_model(L.name), last_model(ref));
+      const double p = max_rel_diff(last_model(name), last_model(ref));
       EXPECT_LT(p, 3e-5) << "parameters after the last step";
       std::printf(
-          "%-14s %2d ranks: losses %.6f..%.6f, first-step gradients within %.1e, parameters within %.1e\n",
-          L.name, L.np(), got.front(), got.back(), g, p);
+          "%-20s %2d ranks: losses %.6f..%.6f, first-step gradients within %.1e, parameters within %.1e\n",
+          name.c_str(), L.np(), got.front(), got.back(), g, p);
     }
+  }
+
+  // Mixed precision: bf16 parameters and activations, f32 master, gradients reduced in f32;
+  // each layout (4 sequences per micro-step in all) against the bf16 single process, within
+  // bf16's precision: the losses of every step and the first step's gradients.
+  static void check_bf16_layouts(const std::vector<Layout>& layouts, const Model& model = kGPT2) {
+    const std::string bf16 = " --train.dtype bfloat16" + model.args, ref = model.tag + "bf16_single";
+    Result one = train(ref, 1, "--train.micro_batch_size 4" + bf16);
+    ASSERT_EQ(one.rc, 0) << one.out;
+    for (const Layout& L : layouts) {
+      const std::string name = model.tag + L.name;
+      SCOPED_TRACE(name);
+      Result r =
+          train(name, L.np(), "--train.micro_batch_size " + std::to_string(4 / L.dp()) + L.args() + bf16);
+      ASSERT_EQ(r.rc, 0) << r.out;
+      std::vector<double> got = losses(name), want = losses(ref);
+      ASSERT_EQ(got.size(), 5u);
+      double worst = 0;
+      for (size_t i = 0; i < 5; ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / want[i]);
+      const double g = max_rel_diff(dir_ / name / "grads.safetensors", dir_ / ref / "grads.safetensors");
+      std::printf("%-20s losses within %.1e, first-step gradients within %.1e\n", name.c_str(), worst, g);
+      EXPECT_LT(worst, 1e-2) << "losses";
+      EXPECT_LT(g, 3e-2) << "first-step gradients";
+    }
+  }
+
+  // One run carried through a chain of layouts, each stage resuming the checkpoint that the
+  // one before wrote when it stopped (its train.stop_after), against one uninterrupted
+  // process (4 sequences per micro-step): the losses of every step, and the last
+  // checkpoint's weights (a sharded one exported to one file first). `common` goes to every
+  // run, the reference's too (train.steps, the model).
+  struct Stage {
+    int np;
+    std::string args;  // the layout, train.micro_batch_size, train.stop_after, checkpoint.format
+  };
+  static void check_chain(const std::string& name, const std::vector<Stage>& stages,
+                          const std::string& common, int steps) {
+    Result ref = train(name + "_ref", 1, "--train.micro_batch_size 4 " + common);
+    ASSERT_EQ(ref.rc, 0) << ref.out;
+    for (size_t i = 0; i < stages.size(); ++i) {
+      Result r =
+          train(name, stages[i].np, stages[i].args + " " + common + (i ? " --checkpoint.resume true" : ""));
+      ASSERT_EQ(r.rc, 0) << "stage " << i << ": " << r.out;
+      if (i) EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+    }
+    std::vector<double> got = losses(name), want = losses(name + "_ref");
+    ASSERT_EQ(got.size(), static_cast<size_t>(steps));
+    ASSERT_EQ(want.size(), static_cast<size_t>(steps));
+    for (int i = 0; i < steps; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << "step " << i + 1;
+    char step[32];
+    std::snprintf(step, sizeof(step), "step_%08d", steps);
+    const fs::path last = dir_ / name / "ck" / step;
+    fs::path weights = last / "model.safetensors";
+    if (!fs::exists(weights)) {  // sharded: the shards as one file
+      weights = dir_ / name / "exported.safetensors";
+      Result x = run_shell(std::string(NDT_EXPORT_BIN) + " " + last.string() + " " + weights.string());
+      ASSERT_EQ(x.rc, 0) << x.out;
+    }
+    EXPECT_LT(max_rel_diff(weights, dir_ / (name + "_ref") / "ck" / step / "model.safetensors"), 3e-5);
+  }
+
+  // A one-process run whose padded vocabulary is odd, checkpointed at step 2 in either format,
+  // continues under tp 2 with a model.vocab_multiple that pads to fewer rows (2) or to more:
+  // the padded rows of wte (and of an untied lm_head) are zeros that nothing trains (their
+  // logits are masked), dropped or added on load; the losses are the one-process run's.
+  static void check_repadded_resume(const Model& model) {
+    auto padded = [](int64_t multiple) { return (V_ + multiple - 1) / multiple * multiple; };
+    int64_t vm = 1;
+    while (padded(vm) % 2 == 0) ++vm;
+    int64_t more = 2;  // an even padding past the odd one
+    while (padded(more) <= padded(vm)) more += 2;
+    const std::string odd = " --model.vocab_multiple " + std::to_string(vm), ref = model.tag + "repad_ref";
+    Result one = train(
+        ref, 1, "--train.micro_batch_size 4 --train.steps 4 --checkpoint.format sharded" + odd + model.args);
+    ASSERT_EQ(one.rc, 0) << one.out;
+    for (const std::string format : {"sharded", "full"})
+      for (const int64_t multiple : {int64_t(2), more}) {
+        const std::string name = model.tag + "repad_" + format + "_" + std::to_string(multiple),
+                          args = " --train.micro_batch_size 4 --train.steps 4 --checkpoint.format " + format +
+                                 model.args;
+        SCOPED_TRACE(name);
+        Result a = train(name, 1, "--train.stop_after 2" + odd + args);
+        ASSERT_EQ(a.rc, 0) << a.out;
+        if (multiple == 2) {
+          // under tp 2 the odd padding is refused by one message that says what to do ...
+          Result bad = train(name, 2, "--parallel.tp_size 2 --checkpoint.resume true" + odd + args);
+          EXPECT_NE(bad.rc, 0) << bad.out;
+          EXPECT_NE(bad.out.find("set model.vocab_multiple to a multiple of 2"), std::string::npos)
+              << bad.out;
+        }
+        // ... and doing it resumes the checkpoint
+        Result b = train(name, 2,
+                         "--parallel.tp_size 2 --checkpoint.resume true --model.vocab_multiple " +
+                             std::to_string(multiple) + args);
+        ASSERT_EQ(b.rc, 0) << b.out;
+        std::vector<double> got = losses(name), want = losses(ref);
+        ASSERT_EQ(got.size(), 4u);
+        ASSERT_EQ(want.size(), 4u);
+        for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << "step " << i + 1;
+      }
+  }
+
+  // A run that must be refused before any step: exit code 2 and the message `expect`.
+  struct Refused {
+    std::string name;
+    int np;
+    std::string args;
+    std::string expect;  // in the message
+  };
+  static Result expect_refused(const Refused& c) {
+    Result r = train(c.name, c.np, c.args);
+    EXPECT_EQ(r.rc, 2) << c.name << ": " << r.out;
+    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.name << ": " << r.out;
+    EXPECT_TRUE(losses(c.name).empty()) << c.name << ": nothing trained";
+    return r;
   }
 
   static fs::path dir_;
@@ -227,27 +367,13 @@ TEST_F(DistTrain, SequenceParallelLayoutsEqualOneProcess) {
 }
 
 TEST_F(DistTrain, Bfloat16LayoutsFollowOneProcess) {
-  // mixed precision: bf16 parameters and activations, f32 master, gradients reduced in f32
-  // (or bf16); every layout against the bf16 single process, within bf16's precision
+  // every layout against the bf16 single process; then gradients reduced in bf16
+  check_bf16_layouts({{"bf16_fsdp2", 1, 2},
+                      {"bf16_dp2", 2, 1},
+                      {"bf16_tp2", 1, 1, 1, 2},
+                      {"bf16_cp2", 1, 1, 2, 1},
+                      {"bf16_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"}});
   const std::string bf16 = " --train.dtype bfloat16";
-  Result ref = train("bf16_single", 1, "--train.micro_batch_size 4" + bf16);
-  ASSERT_EQ(ref.rc, 0) << ref.out;
-  for (Layout L : {Layout{"bf16_fsdp2", 1, 2}, Layout{"bf16_dp2", 2, 1}, Layout{"bf16_tp2", 1, 1, 1, 2},
-                   Layout{"bf16_cp2", 1, 1, 2, 1}, Layout{"bf16_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"}}) {
-    SCOPED_TRACE(L.name);
-    Result r =
-        train(L.name, L.np(), "--train.micro_batch_size " + std::to_string(4 / L.dp()) + L.args() + bf16);
-    ASSERT_EQ(r.rc, 0) << r.out;
-    std::vector<double> got = losses(L.name), want = losses("bf16_single");
-    ASSERT_EQ(got.size(), 5u);
-    double worst = 0;
-    for (size_t i = 0; i < 5; ++i) worst = std::max(worst, std::abs(got[i] - want[i]) / want[i]);
-    const double g =
-        max_rel_diff(dir_ / L.name / "grads.safetensors", dir_ / "bf16_single" / "grads.safetensors");
-    std::printf("%-10s losses within %.1e, first-step gradients within %.1e\n", L.name, worst, g);
-    EXPECT_LT(worst, 1e-2) << "losses";
-    EXPECT_LT(g, 3e-2) << "first-step gradients";
-  }
   Result rd = train("bf16_fsdp2_rd", 2,
                     "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.reduce_dtype "
                     "bfloat16" +
@@ -313,21 +439,12 @@ TEST_F(DistTrain, CheckpointOfOneLayoutResumesInAnother) {
 
 TEST_F(DistTrain, ChainOfLayoutsTp2ThenFsdp2CpThenOneProcess) {
   // tensor-parallel slices, FSDP shards and CP chunks all write and read the one format
-  Result ref = train("chain_ref", 1, "--train.micro_batch_size 4");
-  ASSERT_EQ(ref.rc, 0) << ref.out;
-  Result a = train("chain", 2, "--train.micro_batch_size 4 --parallel.tp_size 2 --train.stop_after 2");
-  ASSERT_EQ(a.rc, 0) << a.out;
-  Result b =
-      train("chain", 4,
-            "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.cp_size 2 --train.stop_after 2 "
-            "--checkpoint.resume true");
-  ASSERT_EQ(b.rc, 0) << b.out;
-  Result c = train("chain", 1, "--train.micro_batch_size 4 --checkpoint.resume true");
-  ASSERT_EQ(c.rc, 0) << c.out;
-  std::vector<double> got = losses("chain"), want = losses("chain_ref");
-  ASSERT_EQ(got.size(), 5u);
-  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << "step " << i + 1;
-  EXPECT_LT(max_rel_diff(last_model("chain"), last_model("chain_ref")), 3e-5);
+  check_chain(
+      "chain",
+      {{2, "--train.micro_batch_size 4 --parallel.tp_size 2 --train.stop_after 2"},
+       {4, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.cp_size 2 --train.stop_after 2"},
+       {1, "--train.micro_batch_size 4"}},
+      "", 5);
 }
 
 TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
@@ -399,34 +516,7 @@ TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
 }
 
 TEST_F(DistTrain, ACheckpointResumesUnderATensorParallelismItsVocabularyPaddingDoesNotDivide) {
-  // a one-process run whose padded vocabulary is odd, checkpointed at step 2 in either format,
-  // continues under tp 2 with model.vocab_multiple 2: the padded rows of wte are zeros that
-  // nothing trains (their logits are masked), added on load; the losses are the one-process run's
-  int64_t vm = 1;
-  while ((V_ + vm - 1) / vm * vm % 2 == 0) ++vm;
-  const std::string odd = " --model.vocab_multiple " + std::to_string(vm);
-  Result ref =
-      train("repad_ref", 1, "--train.micro_batch_size 4 --train.steps 4 --checkpoint.format sharded" + odd);
-  ASSERT_EQ(ref.rc, 0) << ref.out;
-  for (const std::string format : {"sharded", "full"}) {
-    SCOPED_TRACE(format);
-    const std::string name = "repad_" + format,
-                      args = " --train.micro_batch_size 4 --train.steps 4 --checkpoint.format " + format;
-    Result a = train(name, 1, "--train.stop_after 2" + odd + args);
-    ASSERT_EQ(a.rc, 0) << a.out;
-    // under tp 2 the odd padding is refused by one message that says what to do ...
-    Result bad = train(name, 2, "--parallel.tp_size 2 --checkpoint.resume true" + odd + args);
-    EXPECT_NE(bad.rc, 0) << bad.out;
-    EXPECT_NE(bad.out.find("set model.vocab_multiple to a multiple of 2"), std::string::npos) << bad.out;
-    // ... and doing it resumes the checkpoint
-    Result b =
-        train(name, 2, "--parallel.tp_size 2 --checkpoint.resume true --model.vocab_multiple 2" + args);
-    ASSERT_EQ(b.rc, 0) << b.out;
-    std::vector<double> got = losses(name), want = losses("repad_ref");
-    ASSERT_EQ(got.size(), 4u);
-    ASSERT_EQ(want.size(), 4u);
-    for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << "step " << i + 1;
-  }
+  check_repadded_resume(kGPT2);
 }
 
 TEST_F(DistTrain, OneFailingRankEndsTheJobWithItsMessage) {
@@ -505,13 +595,7 @@ TEST_F(DistTrain, SigtermToTheJobSavesAndResumesBitIdentically) {
 }
 
 TEST_F(DistTrain, BadLayoutsAreOneClearLine) {
-  struct Case {
-    const char* name;
-    int np;
-    const char* args;
-    const char* expect;  // in the message
-  };
-  const std::vector<Case> cases = {
+  const std::vector<Refused> cases = {
       {"bad1", 2, "--parallel.dp_shard_size 3", "multiply to 3 ranks but the job has 2"},
       {"bad2", 3, "--parallel.tp_size 3", "model.n_head = 4 is not divisible by tp_size = 3"},
       {"bad2b", 3, "--parallel.cp_size 3",
@@ -524,11 +608,7 @@ TEST_F(DistTrain, BadLayoutsAreOneClearLine) {
       {"bad3c", 2, "--train.device cuda:0", "puts all 2 ranks of this node on one GPU"},
       {"bad4", 1, "--optim.lr_scaling linear", "optim.lr_base_batch"},
   };
-  for (const Case& c : cases) {
-    Result r = train(c.name, c.np, c.args);
-    EXPECT_EQ(r.rc, 2) << c.name << ": " << r.out;
-    EXPECT_NE(r.out.find(c.expect), std::string::npos) << c.name << ": " << r.out;
-  }
+  for (const Refused& c : cases) expect_refused(c);
 }
 
 TEST_F(DistTrain, EffectiveBatchAndLearningRateScaling) {
@@ -542,6 +622,116 @@ TEST_F(DistTrain, EffectiveBatchAndLearningRateScaling) {
   EXPECT_NE(r.out.find("= 0.02 (optim.lr_scaling = sqrt)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mesh: dp_replicate 1 x dp_shard 2 x cp 1 x tp 1 = 2 ranks (FSDP)"), std::string::npos)
       << r.out;
+}
+
+// ---- the Llama family: every layout of the GPT-2 tests above, on kLlama ------------------
+
+TEST_F(DistTrain, LlamaDataParallelLayoutsEqualOneProcess) {
+  check_layouts({{"dp2", 2, 1}, {"fsdp2", 1, 2}, {"hsdp2x2", 2, 2}}, 2, nullptr, kLlama);
+}
+
+TEST_F(DistTrain, LlamaTensorAndContextParallelLayoutsEqualOneProcess) {
+  // TP: whole kv groups of c_attn per rank, lm_head split by vocabulary rows; CP: the
+  // rotary angles of each rank's two chunks at their global positions
+  check_layouts(
+      {{"tp2", 1, 1, 1, 2}, {"cp2", 1, 1, 2, 1}, {"fsdp2_tp2", 1, 2, 1, 2}, {"cp2_tp2", 1, 1, 2, 2}}, 2,
+      nullptr, kLlama);
+}
+
+TEST_F(DistTrain, LlamaSequenceParallelLayoutsEqualOneProcess) {
+  // the RMSNorms on each tp rank's part of the sequence: their weights' partial gradients
+  // summed over the tp group (with FSDP after its reduce-scatter)
+  const char* sp = "--parallel.sequence_parallel true";
+  check_layouts(
+      {{"tp2_sp", 1, 1, 1, 2, sp}, {"fsdp2_tp2_sp", 1, 2, 1, 2, sp}, {"cp2_tp2_sp", 1, 1, 2, 2, sp}}, 2,
+      nullptr, kLlama);
+}
+
+TEST_F(DistTrain, LlamaActivationCheckpointingEqualsOneProcess) {
+  // full recomputes the block, selective the attention core with the forward's rotary tables
+  // (on one process, under CP's ring, under sequence parallelism and under FSDP)
+  check_layouts({{"full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full"},
+                 {"selective_ac", 1, 1, 1, 1, "--train.activation_checkpointing selective"},
+                 {"cp2_selective_ac", 1, 1, 2, 1, "--train.activation_checkpointing selective"},
+                 {"tp2_sp_full_ac", 1, 1, 1, 2,
+                  "--parallel.sequence_parallel true --train.activation_checkpointing full"},
+                 {"fsdp2_selective_ac", 1, 2, 1, 1, "--train.activation_checkpointing selective"}},
+                2, nullptr, kLlama);
+}
+
+TEST_F(DistTrain, LlamaWithQkvBiasesAndATiedHeadEqualsOneProcess) {
+  // Qwen2's q, k, v biases split with c_attn's kv groups; wte's gradient from both ends
+  check_layouts(
+      {{"fsdp2", 1, 2}, {"tp2", 1, 1, 1, 2}, {"cp2_tp2_sp", 1, 1, 2, 2, "--parallel.sequence_parallel true"}},
+      2, nullptr, kLlamaTiedBias);
+}
+
+TEST_F(DistTrain, LlamaBfloat16LayoutsFollowOneProcess) {
+  check_bf16_layouts({{"bf16_fsdp2", 1, 2},
+                      {"bf16_dp2", 2, 1},
+                      {"bf16_tp2", 1, 1, 1, 2},
+                      {"bf16_cp2", 1, 1, 2, 1},
+                      {"bf16_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"}},
+                     kLlama);
+}
+
+TEST_F(DistTrain, LlamaFourDimensionsOnSixteenRanks) {
+  check_layouts({{"r2_s2_cp2_tp2", 2, 2, 2, 2}}, 1, nullptr, kLlama);
+}
+
+TEST_F(DistTrain, LlamaShardedCheckpointsReshardAcrossLayouts) {
+  // fsdp2 x tp2 -> cp2 -> one process, each reading the shards of the one before (lm_head's
+  // vocabulary slices and FSDP shards); the last checkpoint exported to one file
+  const std::string sharded = " --checkpoint.format sharded";
+  check_chain(
+      "llama_sharded",
+      {{4, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.tp_size 2 --train.stop_after 2" +
+               sharded},
+       {2, "--train.micro_batch_size 4 --parallel.cp_size 2 --train.stop_after 2" + sharded},
+       {1, "--train.micro_batch_size 4" + sharded}},
+      "--train.steps 6" + kLlama.args, 6);
+}
+
+TEST_F(DistTrain, LlamaFullCheckpointsResumeAcrossLayouts) {
+  // tp2 -> fsdp2 -> one process through model.safetensors, which holds the untied lm_head
+  check_chain("llama_full",
+              {{2, "--train.micro_batch_size 4 --parallel.tp_size 2 --train.stop_after 2"},
+               {2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --train.stop_after 2"},
+               {1, "--train.micro_batch_size 4"}},
+              "--train.steps 6" + kLlama.args, 6);
+}
+
+TEST_F(DistTrain, LlamaCheckpointResumesUnderATensorParallelismItsVocabularyPaddingDoesNotDivide) {
+  check_repadded_resume(kLlama);  // the untied lm_head's padded rows as wte's
+}
+
+TEST_F(DistTrain, LlamaKeysAndLayoutsThatDoNotFitAreOneClearLine) {
+  // said once, by rank 0, and no rank aborts: every rank finds the same error
+  const std::vector<Refused> cases = {
+      {"llama_tp4", 4, "--parallel.tp_size 4" + kLlama.args,
+       "tensor parallelism: model.n_kv_head = 2 key/value heads are not divisible by tp_size = 4"},
+      {"gpt2_kv", 2, "--parallel.dp_shard_size 2 --model.n_kv_head 2",
+       "model.n_kv_head (2) is for model.arch = llama"},
+      {"gpt2_mlp", 1, "--model.intermediate_size 48", "model.intermediate_size is for model.arch = llama"},
+      {"gpt2_bias", 1, "--model.attention_bias true", "model.attention_bias is for model.arch = llama"},
+      {"gpt2_tied", 1, "--model.tie_embeddings true", "model.tie_embeddings is for model.arch = llama"},
+      {"gpt2_theta", 2, "--parallel.tp_size 2 --model.rope_theta 500000",
+       "model.rope_theta and model.rope_scaling are for model.arch = llama"},
+      {"gpt2_scaling", 1, "--model.rope_scaling llama3",
+       "model.rope_theta and model.rope_scaling are for model.arch = llama"},
+      {"rope_factor", 1,
+       "--model.rope_factor 4" + kLlama.args.substr(0, kLlama.args.find(" --model.rope_scaling")),
+       "are llama3 scaling's: set model.rope_scaling = llama3"},
+  };
+  for (const Refused& c : cases) {
+    const Result r = expect_refused(c);
+    size_t lines = 0;
+    for (size_t at = r.out.find("config error"); at != std::string::npos;
+         at = r.out.find("config error", at + 1))
+      ++lines;
+    EXPECT_EQ(lines, 1u) << c.name << ": one line: " << r.out;
+    EXPECT_EQ(r.out.find("MPI_ABORT"), std::string::npos) << c.name << ": no rank aborts: " << r.out;
+  }
 }
 
 }  // namespace

@@ -29,7 +29,8 @@ class AgreedConfigError : public ConfigError {
 // parsed), found before MPI started. When any rank has one, throws AgreedConfigError on
 // every rank naming each failing rank, its host and its error (once, without ranks, when
 // every rank has the same one), so that an error seen on one node only still reaches the
-// user through rank 0.
+// user through rank 0. Also for the errors every rank finds alike later, before anything is
+// allocated (the model and its layout: Trainer::describe).
 void agree_on_start(const std::string& error, dist::Communicator& world);
 
 // This job's id, the same on every rank (collective): rank 0's start time in UTC, host and

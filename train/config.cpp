@@ -524,6 +524,13 @@ void validate_model(const Config& c, const Checks& ck) {
           "model.arch must be gpt2 or llama (Qwen2 and Mistral are llama), got '" + c.model.arch + "'");
   ck.need(c.model.rope_scaling == "none" || c.model.rope_scaling == "llama3",
           "model.rope_scaling must be none or llama3, got '" + c.model.rope_scaling + "'");
+  const models::Llama3Scaling s = c.model.llama3, d{};
+  ck.need(
+      c.model.rope_scaling == "llama3" ||
+          (s.factor == d.factor && s.low_freq_factor == d.low_freq_factor &&
+           s.high_freq_factor == d.high_freq_factor && s.original_max_position == d.original_max_position),
+      "model.rope_factor, rope_low_freq_factor, rope_high_freq_factor and rope_original_max_position are "
+      "llama3 scaling's: set model.rope_scaling = llama3 (for model.arch = llama), or leave them out");
   ck.range("model.n_kv_head", c.model.n_kv_head, 0, 1024);
   ck.range("model.intermediate_size", c.model.intermediate_size, 0, int64_t(1) << 20);
 }

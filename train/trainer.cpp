@@ -280,11 +280,17 @@ void Trainer::claim_outputs() {
 
 void Trainer::describe() {
   mc_ = c_.model;  // [model] is a GPTConfig (and init_from)
+  // the model, and how the layout splits it (TP's heads, key/value heads, MLP units and
+  // vocabulary; CP's and sequence parallelism's tokens), before anything is allocated. Every
+  // rank finds the same error in the same config: rank 0 says it once, and no rank aborts
+  std::string error;
   try {
     mc_.validate();
+    dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel);
   } catch (const Error& e) {
-    throw ConfigError(e.what());
+    error = e.what();
   }
+  agree_on_start(error, *world_);
   gpt_ = std::make_unique<models::GPT>(mc_);  // names, global shapes, init rules; no memory yet
   int64_t param_count = 0;
   for (const nn::ParamSpec& p : gpt_->parameters())
@@ -297,11 +303,7 @@ void Trainer::describe() {
 
 void Trainer::parallelize() {
   // every dimension, in order: TP, CP, activation checkpointing, this rank's memory, FSDP/DP
-  try {
-    dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel);
-  } catch (const Error& e) {
-    throw ConfigError(e.what());
-  }
+  // (the layout was checked against the model in describe)
   const bool bf16 = c_.train.dtype == "bfloat16";
   dist::ParallelizeOptions o;
   o.device = device_;

@@ -32,10 +32,10 @@ bool ignored_name(const std::string& n) {
   return ends(".attn.bias") || ends(".attn.masked_bias");
 }
 
-// wte is stored padded in memory (Vp rows) but saved with vocab_size rows.
+// wte (and an untied lm_head) is stored padded in memory (Vp rows) but saved with vocab_size rows.
 Shape saved_shape(const models::GPT& gpt, const nn::FlatParam& p) {
   Shape s = p.spec.global_shape();
-  if (p.spec.name == "wte.weight") s[0] = gpt.cfg.vocab_size;
+  if (models::GPT::vocab_rows(p.spec.name)) s[0] = gpt.cfg.vocab_size;
   return s;
 }
 
@@ -60,7 +60,7 @@ void save_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
   io::SafeTensorsWriter w;
   for (const nn::ParamSpec& spec : gpt.parameters()) {  // HF order
     Tensor v = master_value(params, spec.name, "save_weights");
-    if (spec.name == "wte.weight") v = v.narrow(0, 0, gpt.cfg.vocab_size);
+    if (models::GPT::vocab_rows(spec.name)) v = v.narrow(0, 0, gpt.cfg.vocab_size);
     w.add(spec.name, v);
   }
   w.metadata = metadata;
@@ -89,7 +89,7 @@ static std::map<std::string, std::string> match_weights(const io::SafeTensorsRea
       NDT_FAIL("weights ", path, ": holds both ", first, " and ", fname, ", which name the same parameter ",
                n, " (with and without the \"", kPrefix, "\" prefix); keep one of them");
     };
-    if (n == "lm_head.weight") {
+    if (n == "lm_head.weight" && !expected.count(n)) {  // GPT-2's (tied) head; an untied llama's is its own
       if (!lm_head.empty()) duplicate(lm_head);
       lm_head = fname;
       continue;
@@ -158,7 +158,7 @@ void load_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
   }
   for (auto& [n, src] : values) {
     Tensor dst = master_value(params, n, "load_weights");
-    if (n == "wte.weight") {
+    if (models::GPT::vocab_rows(n)) {
       kernels::fill(dst, 0.0);  // padded rows stay zero
       dst = dst.narrow(0, 0, gpt.cfg.vocab_size);
     }
@@ -489,25 +489,28 @@ void read_local_weights(const std::string& path, const models::GPT& gpt, const n
 }
 
 // The single-process layout that wrote a full checkpoint's moments: `whole` (the model's),
-// unless the checkpoint was written with another model.vocab_multiple. Only the length of wte
-// depends on it, so the stored length of the unit that holds wte tells its padded rows.
+// unless the checkpoint was written with another model.vocab_multiple. Only the lengths of
+// the vocabulary's parameters (wte, and an untied lm_head: (rows, C) each) depend on it, so
+// the stored length of the unit that holds them tells their padded rows.
 std::vector<nn::FlatUnit> written_layout(const io::SafeTensorsReader& st, const models::GPTConfig& cfg,
                                          const std::vector<nn::FlatUnit>& whole) {
-  for (size_t i = 0; i < whole.size(); ++i)
-    for (const nn::FlatParam& p : whole[i].params) {
-      if (p.spec.name != "wte.weight") continue;
-      const std::string n = "adam.m." + whole[i].name;
-      if (!st.has(n) || st.entries().at(n).shape.size() != 1) return whole;  // read_state names it
-      const int64_t stored = st.entries().at(n).shape[0];
-      const int64_t aligned = (numel_of(p.spec.shape) + nn::kAlign - 1) / nn::kAlign * nn::kAlign;
-      const int64_t wte_stored = stored - (whole[i].numel - aligned);  // the others' lengths are fixed
-      const int64_t rows = wte_stored / cfg.n_embd;                    // the most rows that fit
-      if (stored == whole[i].numel || wte_stored <= 0 || rows < cfg.vocab_size) return whole;
-      models::GPTConfig c = cfg;
-      c.vocab_multiple = rows;  // padded_vocab() == rows
-      std::vector<nn::FlatUnit> w = nn::flat_layout(models::GPT(c).units());
-      return w[i].numel == stored ? w : whole;
-    }
+  auto aligned = [](int64_t n) { return (n + nn::kAlign - 1) / nn::kAlign * nn::kAlign; };
+  for (size_t i = 0; i < whole.size(); ++i) {
+    int64_t k = 0, vocab = 0;  // the unit's vocabulary parameters and their aligned length
+    for (const nn::FlatParam& p : whole[i].params)
+      if (models::GPT::vocab_rows(p.spec.name)) ++k, vocab += aligned(numel_of(p.spec.shape));
+    if (k == 0) continue;
+    const std::string n = "adam.m." + whole[i].name;
+    if (!st.has(n) || st.entries().at(n).shape.size() != 1) return whole;  // read_state names it
+    const int64_t stored = st.entries().at(n).shape[0];
+    const int64_t each = (stored - (whole[i].numel - vocab)) / k;  // the others' lengths are fixed
+    const int64_t rows = each / cfg.n_embd;                        // the most rows that fit
+    if (stored == whole[i].numel || each <= 0 || rows < cfg.vocab_size) return whole;
+    models::GPTConfig c = cfg;
+    c.vocab_multiple = rows;  // padded_vocab() == rows
+    std::vector<nn::FlatUnit> w = nn::flat_layout(models::GPT(c).units());
+    return w[i].numel == stored ? w : whole;
+  }
   return whole;
 }
 
@@ -543,8 +546,8 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
         if (q.spec.name == p.spec.name) wp = &q;
       NDT_CHECK(wp, "checkpoint ", path, ": ", p.spec.name, " is not in unit ", written[i].name);
       // wte's rows past vocab_size are padding: zero in any layout, never read
-      const int64_t live =
-          p.spec.name == "wte.weight" ? gpt.cfg.vocab_size * gpt.cfg.n_embd : numel_of(p.spec.global_shape());
+      const int64_t live = models::GPT::vocab_rows(p.spec.name) ? gpt.cfg.vocab_size * gpt.cfg.n_embd
+                                                                : numel_of(p.spec.global_shape());
       for_each_local_run(u, p, [&](int64_t dst, int64_t g, int64_t len) {
         len = std::clamp<int64_t>(live - g, 0, len);
         constexpr int64_t kPiece = int64_t(1) << 18;  // a few MiB at a time

@@ -5,8 +5,9 @@
 // ln_f.bias), optionally under a "transformer." prefix (a file holding both X and
 // transformer.X is refused: one of them would be dropped), F32/BF16/F16. So a model can start
 // from GPT-2 weights downloaded from the Hub (docs/gpt2-weights.md), and our checkpoints
-// load there too. lm_head.weight, if present, must equal wte.weight (tied); attn.bias and
-// attn.masked_bias (causal-mask buffers) are ignored.
+// load there too. lm_head.weight, if present, must equal wte.weight (tied) unless the model
+// has its own (an untied llama: then it is that parameter, saved with vocab_size rows as
+// wte); attn.bias and attn.masked_bias (causal-mask buffers) are ignored.
 //
 // Checkpoints: <dir>/step_NNNNNNNN/{model.safetensors, state.safetensors} and <dir>/latest
 // naming the newest complete one. A checkpoint is written into a temporary directory and
@@ -105,7 +106,8 @@ void load_weights_local(const std::string& path, const models::GPT& gpt, const n
 // shard-sized tensor per unit), and the state. `whole` is the single-process layout of the
 // units (nn::flat_layout of the undivided model), which the checkpoint's moment buffers follow but
 // for the vocabulary's padding: a checkpoint written with another model.vocab_multiple loads
-// (the padded rows of wte are zero and never trained; they are dropped or added as zeros).
+// (the padded rows of wte and of an untied lm_head are zero and never trained; they are
+// dropped or added as zeros).
 TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt,
                                  const nn::FlatParams& params, const std::vector<nn::FlatUnit>& whole,
                                  const std::vector<Tensor>& m, const std::vector<Tensor>& v,

@@ -485,8 +485,8 @@ void read_kind(Writers& w, const models::GPTConfig& cfg, const nn::FlatParams& p
       for (const nn::FlatParam& q : ol[i].params)
         if (q.spec.name == p.spec.name) op = &q;
       NDT_CHECK(op, "checkpoint ", path, ": no parameter ", p.spec.name);
-      const int64_t live =
-          p.spec.name == "wte.weight" ? cfg.vocab_size * cfg.n_embd : numel_of(p.spec.global_shape());
+      const int64_t live = models::GPT::vocab_rows(p.spec.name) ? cfg.vocab_size * cfg.n_embd
+                                                                : numel_of(p.spec.global_shape());
       nn::for_each_shard_run(u, p, [&](int64_t to, int64_t g, int64_t len) {
         len = std::clamp<int64_t>(live - g, 0, len);
         for (int64_t k = 0; k < len;) {

@@ -21,7 +21,8 @@
 // whole (its checksum; every field in range and consistent with the others and with the set
 // of files), and each file the rank reads is verified (size, checksum, each tensor F32 at its
 // layout's length) and refused if unlisted; a NaN or Inf read is an error naming the file and
-// the parameter. The padded rows of wte are never read, so another model.vocab_multiple loads.
+// the parameter. The padded rows of wte (and of an untied lm_head) are never read, so another
+// model.vocab_multiple loads.
 //
 //   ckpt::save_sharded(dir, state, params, opt, mesh, cfg, keep);   // every rank
 //   ckpt::TrainState st = ckpt::load_sharded(path, cfg, params, opt); // every rank, any layout
