@@ -59,8 +59,9 @@ void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg,
                           std::ostream* warn = &std::cerr);
 // A sharded checkpoint as one safetensors file of whole parameters with GPT-2 names (one
 // process; the model's bytes in memory once).
-// OUT ending in .safetensors: one file with GPT-2's names (GPT-2 only); else a Hugging Face
-// model folder (train/checkpoint/hf.h) in `dtype` (f32 or bf16).
+// OUT ending in .safetensors: one file of whole tensors with ndtrain's names (a GPT-2's are
+// Hugging Face's GPT-2 names; a llama's those of a full checkpoint's model.safetensors); else a
+// Hugging Face model folder (train/checkpoint/hf.h) in `dtype` (f32 or bf16).
 void export_weights(const std::string& path, const std::string& out, DType dtype = DType::f32);
 
 }  // namespace ndt::ckpt

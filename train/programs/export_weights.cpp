@@ -1,7 +1,7 @@
 // export_weights: a sharded checkpoint as whole parameters for Hugging Face transformers,
 // init_from, sampling or other tools: a model folder (config.json and safetensors, sharded
-// like transformers' past 5 GB) that AutoModelForCausalLM.from_pretrained loads, or, for
-// GPT-2, one safetensors file with GPT-2's names.
+// like transformers' past 5 GB) that AutoModelForCausalLM.from_pretrained loads, or one
+// safetensors file with ndtrain's names (for GPT-2, Hugging Face's GPT-2 names).
 //
 //   build/export_weights out/ckpt/step_00001000 out/hf                    # a folder, float32
 //   build/export_weights --dtype bfloat16 out/ckpt/step_00001000 out/hf   # a folder, bfloat16
@@ -22,7 +22,7 @@ constexpr const char* kUsage =
     "usage: export_weights [--dtype float32|bfloat16] CHECKPOINT_DIR OUT\n"
     "  writes the whole parameters of a sharded checkpoint (checkpoint.format = sharded): OUT a directory:\n"
     "  a Hugging Face model folder (config.json, safetensors) for transformers' from_pretrained and\n"
-    "  model.init_from; OUT ending in .safetensors (GPT-2 only): one file with GPT-2 names. OUT must lie\n"
+    "  model.init_from; OUT ending in .safetensors: one file with ndtrain's names (GPT-2: Hugging Face's). OUT must lie\n"
     "  outside every checkpoint directory. --dtype: of the folder's tensors (default float32)\n";
 
 }  // namespace
