@@ -220,12 +220,15 @@ void Trainer::open_flight_record() {
 // The mesh: dp_replicate x dp_shard x cp x tp ranks, a communicator per dimension. Returns
 // whether the collectives go over NCCL.
 bool Trainer::open_mesh() {
+  // every rank finds the same error in the same sizes: rank 0 says it once, no rank aborts
+  std::string error;
   try {
     dims_ = dist::ParallelDims::resolve(c_.parallel.dp_replicate_size, c_.parallel.dp_shard_size,
                                         c_.parallel.cp_size, c_.parallel.tp_size, world_->size());
   } catch (const Error& e) {
-    throw ConfigError(e.what());
+    error = e.what();
   }
+  agree_on_start(error, *world_);
   std::shared_ptr<dist::Communicator> world = world_;
   const bool nccl = c_.parallel.backend == "nccl" ||
                     (c_.parallel.backend == "auto" && device_.is_cuda() && world_->size() > 1);
