@@ -62,10 +62,28 @@ using namespace ndt;
 
 namespace {
 
+// A benchmark shape: GPT-2's architecture, or the llama family's when n_kv_head > 0
+// (grouped-query attention, SwiGLU of `inter` hidden units, RMSNorm, RoPE; an untied lm_head
+// unless `tied`).
 struct Case {
   const char* name;
   int64_t n_layer, n_head, n_embd, vocab, B, T;
+  int64_t n_kv_head = 0, inter = 0;
+  bool tied = true;
 };
+
+models::GPTConfig config_of(const Case& c) {
+  models::GPTConfig cfg;
+  cfg.n_layer = c.n_layer, cfg.n_head = c.n_head, cfg.n_embd = c.n_embd, cfg.vocab_size = c.vocab,
+  cfg.block_size = c.T;
+  cfg.vocab_multiple = c.vocab > 4096 ? 128 : 1;
+  if (c.n_kv_head > 0) {
+    cfg.arch = "llama", cfg.n_kv_head = c.n_kv_head, cfg.intermediate_size = c.inter;
+    cfg.tie_embeddings = c.tied, cfg.norm_eps = 1e-5, cfg.rope.theta = 500000;
+  }
+  cfg.validate();
+  return cfg;
+}
 
 Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
   Tensor u = Tensor::empty({B, T});
@@ -174,7 +192,7 @@ Options parse_options(int argc, char** argv) {
 constexpr const char* kUsage =
     "usage: bench_gpt_train [CONFIGS [THREADS [DEVICE [MODES]]]] [--dtype f32|bf16] [--tf32] [--batch B]\n"
     "                       [--steps N] [--warmup N]\n"
-    "  CONFIGS  comma-separated S, M, GPT2 (default S,M)    THREADS  0: every core (default)\n"
+    "  CONFIGS  comma-separated S, M, GPT2, LS, LM, L1B (default S,M)   THREADS  0: every core (default)\n"
     "  DEVICE   cpu (default), cuda or cuda:N               MODES    none,full,selective[/k] (default none)\n"
     "  --dtype  f32 (default) or bf16 mixed precision       --tf32   f32 GEMMs on TF32 tensor cores (GPU)\n"
     "  --batch  sequences per step (default: the config's)  --steps, --warmup  timed, warm-up steps (10, 2)\n"
@@ -200,14 +218,11 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
       "total peak MB | same loss | device |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> results;
   for (const Case& c : cases) {
-    bool wanted = only.empty() ? std::string(c.name) != "GPT2" : false;
+    bool wanted = only.empty() ? std::string(c.name) == "S" || std::string(c.name) == "M" : false;
     for (const std::string& o : only) wanted = wanted || o == c.name;
     if (!wanted) continue;
     const int64_t B = opt.batch > 0 ? opt.batch : c.B, T = c.T;
-    models::GPTConfig cfg;
-    cfg.n_layer = c.n_layer, cfg.n_head = c.n_head, cfg.n_embd = c.n_embd, cfg.vocab_size = c.vocab,
-    cfg.block_size = c.T;
-    cfg.vocab_multiple = c.vocab > 4096 ? 128 : 1;
+    const models::GPTConfig cfg = config_of(c);
     std::vector<Run> runs(modes.size());
     for (size_t m = 0; m < modes.size(); ++m) {
       runs[m].mode = modes[m];
@@ -320,8 +335,16 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
 
 int main(int argc, char** argv) {
   use_cpu_defaults(argv);
-  const std::vector<Case> cases = {
-      {"S", 4, 4, 256, 512, 8, 128}, {"M", 6, 6, 384, 4096, 8, 256}, {"GPT2", 12, 12, 768, 50257, 16, 1024}};
+  // GPT-2: S and M for a CPU, GPT2 the 124M model. Llama: LS and LM are S and M's sizes with
+  // 2 kv heads and SwiGLU (hidden ~8/3 C), untied like Llama 3.1; L1B has Llama-3.2-1B's
+  // layer and vocabulary shapes (32 heads, 8 kv heads, C 2048, hidden 8192, 128256 tokens,
+  // tied) but 2 of its 16 layers, so that a CPU's memory holds it beside PyTorch's twin.
+  const std::vector<Case> cases = {{"S", 4, 4, 256, 512, 8, 128},
+                                   {"M", 6, 6, 384, 4096, 8, 256},
+                                   {"GPT2", 12, 12, 768, 50257, 16, 1024},
+                                   {"LS", 4, 4, 256, 512, 8, 128, 2, 688, false},
+                                   {"LM", 6, 6, 384, 4096, 8, 256, 2, 1024, false},
+                                   {"L1B", 2, 32, 2048, 128256, 1, 512, 8, 8192, true}};
   Options opt;
   std::vector<std::string> only;
   int threads = 0;
@@ -337,7 +360,7 @@ int main(int argc, char** argv) {
     only = split(pos.size() > 0 ? pos[0] : "");
     for (const std::string& o : only)
       NDT_CHECK(std::any_of(cases.begin(), cases.end(), [&](const Case& c) { return o == c.name; }),
-                "unknown config '", o, "': S, M or GPT2 (see --help)");
+                "unknown config '", o, "': S, M, GPT2, LS, LM or L1B (see --help)");
     threads = static_cast<int>(pos.size() > 1 ? integer("THREADS", pos[1]) : 0);
     NDT_CHECK(threads >= 0, "THREADS must be >= 0 (0: every core), got ", threads);
     device = Device::parse(pos.size() > 2 ? pos[2] : "cpu");

@@ -47,6 +47,12 @@ CONFIGS = {
     "M": dict(n_layer=6, n_head=6, n_embd=384, vocab=4096, B=8, T=256),
     "GPT2": dict(n_layer=12, n_head=12, n_embd=768, vocab=50257, B=16, T=1024),
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, vocab=512, B=2, T=64),
+    # the llama family (bench_gpt_train's LS, LM, L1B): Hugging Face transformers' own
+    # LlamaForCausalLM with SDPA attention, as a user would train it
+    "LS": dict(n_layer=4, n_head=4, n_embd=256, vocab=512, B=8, T=128, n_kv_head=2, inter=688, tied=False),
+    "LM": dict(n_layer=6, n_head=6, n_embd=384, vocab=4096, B=8, T=256, n_kv_head=2, inter=1024, tied=False),
+    "L1B": dict(n_layer=2, n_head=32, n_embd=2048, vocab=128256, B=1, T=512, n_kv_head=8, inter=8192, tied=True),
+    "ltiny": dict(n_layer=2, n_head=4, n_embd=64, vocab=512, B=2, T=64, n_kv_head=2, inter=176, tied=False),
 }
 
 
@@ -108,6 +114,36 @@ class GPT(nn.Module):
         return 6.0 * n + 12.0 * L * T * C
 
 
+class Llama(nn.Module):
+    """transformers' LlamaForCausalLM (SDPA attention, its own init: N(0, 0.02)) with the
+    bench's loss: cross-entropy of the logits against the given targets (no shift)."""
+
+    def __init__(self, cfg, vocab):
+        super().__init__()
+        try:
+            from transformers import LlamaConfig, LlamaForCausalLM
+        except ImportError:
+            sys.exit("pytorch_gpt2: the llama configs need transformers (pip install transformers)")
+        self.cfg, self.V = cfg, vocab
+        hf = LlamaConfig(vocab_size=vocab, hidden_size=cfg["n_embd"], intermediate_size=cfg["inter"],
+                         num_hidden_layers=cfg["n_layer"], num_attention_heads=cfg["n_head"],
+                         num_key_value_heads=cfg["n_kv_head"], max_position_embeddings=cfg["T"],
+                         rms_norm_eps=1e-5, tie_word_embeddings=cfg["tied"], attention_bias=False,
+                         rope_theta=500000.0)
+        hf._attn_implementation = "sdpa"
+        self.model = LlamaForCausalLM(hf)
+
+    def forward(self, idx, targets):
+        logits = self.model(input_ids=idx, use_cache=False).logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+
+    def flops_per_token(self, T, vocab):  # bench_gpt_train's count (GPT::flops_per_token, llama)
+        C, L, I = float(self.cfg["n_embd"]), float(self.cfg["n_layer"]), float(self.cfg["inter"])
+        kv = C / self.cfg["n_head"] * self.cfg["n_kv_head"]
+        n = L * (C * (C + 2 * kv) + C * C + 3 * C * I + 2 * C) + vocab * C
+        return 6.0 * n + 12.0 * L * T * C
+
+
 class Trainer:
     """One model, its optimizer and its (possibly compiled) step, for one mode and batch."""
 
@@ -115,7 +151,10 @@ class Trainer:
         torch.manual_seed(1337)
         self.mode, self.B, self.device, self.cfg, self.dtype = mode, B, device, cfg, dtype
         self.V = padded_vocab(cfg["vocab"])
-        self.model = GPT(cfg["n_layer"], cfg["n_head"], cfg["n_embd"], self.V, cfg["T"]).to(device)
+        if "n_kv_head" in cfg:
+            self.model = Llama(cfg, self.V).to(device)
+        else:
+            self.model = GPT(cfg["n_layer"], cfg["n_head"], cfg["n_embd"], self.V, cfg["T"]).to(device)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
@@ -228,12 +267,13 @@ def main():
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps (compilation happens here)")
     ap.add_argument("--tiny", action="store_true", help="--config tiny: a 2-layer model at T 64 (checks the script)")
+    ap.add_argument("--ltiny", action="store_true", help="--config ltiny: the same for the llama twin")
     ap.add_argument("--budget-s", type=float, default=0, help="start no run after this many seconds (0: no limit)")
     ap.add_argument("--runs", default="", help="mode:B pairs in order, e.g. eager:16,compile:16 (instead of --mode x --batch)")
     ap.add_argument("--serve", action="store_true", help="keep the models of --runs warm, one round per stdin line")
     args = ap.parse_args()
-    if args.tiny:
-        args.config = "tiny"
+    if args.tiny or args.ltiny:
+        args.config = "tiny" if args.tiny else "ltiny"
     if args.runs:
         try:
             runs = [(m, int(b)) for m, b in (r.split(":") for r in args.runs.split(",") if r)]

@@ -28,9 +28,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 # bench_gpt_train's configs (tokens per step B * T) and defaults for a CPU run: GPT-2 124M at
 # B 1 (1024 tokens), the others at their own batch
-DEFAULT_BATCH = {"S": 8, "M": 8, "GPT2": 1}
-DEFAULT_STEPS = {"S": 10, "M": 4, "GPT2": 2}
-SEQ = {"S": 128, "M": 256, "GPT2": 1024}
+# (LS, LM and L1B: the llama family, against transformers' LlamaForCausalLM)
+DEFAULT_BATCH = {"S": 8, "M": 8, "GPT2": 1, "LS": 8, "LM": 8, "L1B": 1}
+DEFAULT_STEPS = {"S": 10, "M": 4, "GPT2": 2, "LS": 10, "LM": 4, "L1B": 2}
+SEQ = {"S": 128, "M": 256, "GPT2": 1024, "LS": 128, "LM": 256, "L1B": 512}
 
 
 def kv(key, line):
@@ -45,7 +46,7 @@ def per_config(text, default, what):
         if "=" in item:
             k, v = item.split("=", 1)
             if k not in out:
-                sys.exit(f"vs_pytorch: {what}: unknown config {k!r} (S, M or GPT2)")
+                sys.exit(f"vs_pytorch: {what}: unknown config {k!r} ({', '.join(SEQ)})")
             out[k] = int(v)
         else:
             out = {k: int(item) for k in out}
@@ -120,7 +121,7 @@ def main():
     impls = [i for i in args.impls.split(",") if i]
     for c in configs:
         if c not in SEQ:
-            ap.error(f"config {c!r}: want S, M or GPT2")
+            ap.error(f"config {c!r}: want one of {', '.join(SEQ)}")
     for d in dtypes:
         if d not in ("f32", "bf16"):
             ap.error(f"dtype {d!r}: want f32 or bf16")

@@ -11,8 +11,6 @@
 namespace ndt::cpu {
 namespace {
 
-constexpr int64_t kParallelMin = 32768;  // below this, threads cost more than they save
-
 // b is a's shape (period n) or a row vector over a's last dim (period = b.numel()).
 template <typename T, typename F>
 void binary(const Tensor& a, const Tensor& b, const Tensor& out, F&& f) {
@@ -104,7 +102,6 @@ NDT_VECTOR_CLONES void gelu_backward_f32(const float* x, const float* dy, float*
 // bf16 through the f32 loops, a block at a time: widened, computed, rounded once (the same
 // bits as the element-by-element formula). Its sqrt(2/pi) is the one bf16 has always used,
 // computed in float (1 ulp below kGeluK), so that recorded bf16 runs keep their bits.
-constexpr int64_t kBf16Block = 256;
 const float kGeluKBf16 = std::sqrt(2.0f / static_cast<float>(M_PI));
 
 void gelu_forward_bf16(const bf16* x, bf16* y, int64_t n) {
@@ -124,17 +121,6 @@ void gelu_backward_bf16(const bf16* x, const bf16* dy, bf16* dx, int64_t n) {
     bf16_to_f32(dy + lo, d, m);
     gelu_backward_f32(a, d, g, m, kGeluKBf16);
     f32_to_bf16(g, dx + lo, m);
-  }
-}
-
-// Splits [0, n) into one contiguous chunk per thread.
-template <typename F>
-void parallel_chunks(int64_t n, F&& f) {
-#pragma omp parallel if (n > kParallelMin)
-  {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
-    if (hi > lo) f(lo, hi);
   }
 }
 

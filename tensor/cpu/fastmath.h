@@ -3,6 +3,8 @@
 // polynomial after a Cody-Waite range reduction); tanh to ~2e-7 absolute.
 #pragma once
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -51,5 +53,24 @@ inline float fast_tanh(float u) { return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0
 
 // double keeps the library's tanh (gradient checks want every digit)
 inline double fast_tanh(double u) { return std::tanh(u); }
+
+// Below this many elements, an elementwise loop runs on one thread (threads cost more than
+// they save).
+constexpr int64_t kParallelMin = 32768;
+
+// Splits [0, n) into one contiguous chunk per thread: f(lo, hi) on each (a vectorized loop
+// over its chunk).
+template <typename F>
+void parallel_chunks(int64_t n, F&& f) {
+#pragma omp parallel if (n > kParallelMin)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    if (hi > lo) f(lo, hi);
+  }
+}
+
+// bf16 loops run through the f32 ones a block at a time: widened, computed, rounded once.
+constexpr int64_t kBf16Block = 256;
 
 }  // namespace ndt::cpu
