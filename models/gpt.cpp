@@ -142,9 +142,11 @@ nn::Positions GPT::block_positions(const Tensor& pos, int64_t pos_offset, bool c
   return p;
 }
 
-GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset) const {
+// idx (B, T) -> the final norm's output (B, T, C), as the lm_head reads it (TP: copied to
+// the group; sequence parallel: the whole sequence again)
+Tensor GPT::trunk(const Tensor& idx, int64_t pos_offset) const {
   NDT_CHECK(idx.dtype() == DType::i32 && idx.dim() == 2, "GPT: idx must be int32 (B, T), got ", idx.desc());
-  const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
+  const int64_t B = idx.size(0), T = idx.size(1);
   NDT_CHECK(pos_offset >= 0 && pos_offset + T <= cfg.block_size, "GPT: positions ", pos_offset, "..",
             pos_offset + T - 1, " exceed model.block_size ", cfg.block_size,
             "; lower train.seq_len or raise model.block_size");
@@ -173,9 +175,14 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
                        [b, block_pos](const Tensor& in) { return b->forward(in, block_pos); })(x);
   }
   x = final_norm(x);
-  GPTOutput out;
   if (before_lm_head) x = before_lm_head(x);
-  x = view(x, {B * T, C});
+  return x;
+}
+
+GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset) const {
+  const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
+  Tensor x = view(trunk(idx, pos_offset), {B * T, C});
+  GPTOutput out;
   out.logits = matmul(x, head().weight, false, true);  // (B*T, C) @ head^T -> (B*T, Vp) (Vp/tp with TP)
   if (targets.defined()) {
     NDT_CHECK(targets.shape() == idx.shape(), "GPT: targets ", targets.shape_str(), " must match idx ",
@@ -193,6 +200,14 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
     out.logits = gather_logits(out.logits);
   }
   return out;
+}
+
+Tensor GPT::next_token_logits(const Tensor& idx, int64_t pos_offset) const {
+  const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
+  Tensor x = trunk(idx, pos_offset);                           // (B, T, C)
+  x = view(x.narrow(1, T - 1, 1).contiguous(), {B, C});        // each row's last position
+  Tensor logits = matmul(x, head().weight, false, true);       // (B, C) @ head^T -> (B, Vp) (Vp/tp)
+  return gather_logits ? gather_logits(logits) : logits;
 }
 
 }  // namespace ndt::models

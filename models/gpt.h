@@ -77,6 +77,10 @@ class GPT : public nn::Module {
   // positions pos_offset .. pos_offset+T-1 of their sequences (context parallelism gives
   // each rank a later piece of the sequence); pos_offset + T <= block_size.
   GPTOutput forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset = 0) const;
+  // For generation: the logits of the token after each row, idx (B, T) at positions
+  // pos_offset.. -> (B, Vp). Only the last position goes through the lm_head (a prompt's
+  // other T-1 rows would cost T-1 GEMM rows of the vocabulary and be thrown away).
+  Tensor next_token_logits(const Tensor& idx, int64_t pos_offset = 0) const;
 
   // Each block runs through these wrappers (nn/block_wrapper.h), added from outside: activation
   // checkpointing, FSDP's gather and free. A wrapper is called with the block's index i;
@@ -119,6 +123,7 @@ class GPT : public nn::Module {
 
  private:
   Tensor final_norm(const Tensor& x) const;
+  Tensor trunk(const Tensor& idx, int64_t pos_offset) const;
   // The (B, T) positions tensor and the rotary tables of the last forward and what they
   // were made for: uploaded once, not every step (an upload waits for the device).
   struct PositionsCache {

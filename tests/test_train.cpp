@@ -421,15 +421,3 @@ TEST(TrainGpt, MfuFollowsTheDeviceAndTheDtype) {
   EXPECT_NE(unknown.find("log.peak_tflops"), std::string::npos) << unknown;
 }
 
-// Padding the context on the right (what generate() does on CUDA, for cuDNN's graph cache)
-// does not change the sampled tokens: causal attention keeps position T-1 blind to the pad.
-TEST(Generate, RightPaddedContextSamplesTheSameTokens) {
-  models::GPT gpt({.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 29, .block_size = 24});
-  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7);
-  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
-  const std::vector<int32_t> plain = train::generate(gpt, prompt, 30, 1.0, 0, 11, Device::cpu(), 1);
-  ASSERT_EQ(plain.size(), prompt.size() + 30);  // past block_size: the window slides
-  for (int64_t bucket : {4, 8, 64})
-    EXPECT_EQ(train::generate(gpt, prompt, 30, 1.0, 0, 11, Device::cpu(), bucket), plain)
-        << "bucket " << bucket;
-}

@@ -132,6 +132,7 @@ po::options_description describe(Config& c) {
       ("sample.length", po::value(&c.sample.length)->default_value(c.sample.length), "tokens to generate")
       ("sample.temperature", po::value(&c.sample.temperature)->default_value(c.sample.temperature), "softmax temperature (> 0)")
       ("sample.top_k", po::value(&c.sample.top_k)->default_value(c.sample.top_k), "sample from the k most likely tokens (0: all)")
+      ("sample.top_p", po::value(&c.sample.top_p)->default_value(c.sample.top_p), "then from the fewest whose probability reaches p (1: all)")
       ("sample.prompt", po::value(&c.sample.prompt)->default_value(c.sample.prompt), "text to start from (\\n for a newline)");
   po::options_description par("[parallel]");
   par.add_options()
@@ -610,6 +611,8 @@ void validate_outputs(const Config& c, const Checks& ck) {
   ck.range("sample.length", c.sample.length, 0, 65536);
   ck.range("sample.top_k", c.sample.top_k, 0, 65536);
   ck.finite("sample.temperature", c.sample.temperature, true);
+  ck.need(c.sample.top_p > 0 && c.sample.top_p <= 1,
+          "sample.top_p must be in (0, 1] (1: no nucleus cut), got " + std::to_string(c.sample.top_p));
   ck.finite("parallel.timeout_s", c.parallel.timeout_s, true);
   ck.need(c.sample.prompt.size() <= 65536, "sample.prompt is " + std::to_string(c.sample.prompt.size()) +
                                                " bytes; at most 65536 (the model sees only "

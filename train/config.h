@@ -93,7 +93,7 @@ struct LogSection {  // [log]
 
 struct SampleSection {  // [sample]
   int64_t every = 0, length = 200, top_k = 0;
-  double temperature = 1.0;
+  double temperature = 1.0, top_p = 1.0;
   std::string prompt = "\n";
 };
 

@@ -4,50 +4,71 @@
 #include <cmath>
 #include <numeric>
 
-#include "autograd/node.h"
+#include "models/kv_cache.h"
+#include "tensor/error.h"
 #include "tensor/rng.h"
 
 namespace ndt::train {
 
-std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, int64_t length,
-                              double temperature, int64_t top_k, uint64_t seed, Device device,
-                              int64_t bucket) {
-  autograd::NoGradGuard no_grad;
-  if (bucket <= 0) bucket = device.is_cuda() ? 64 : 1;
-  if (ids.empty()) ids.push_back(0);
-  const int64_t V = gpt.cfg.vocab_size;
-  const size_t start = ids.size();
-  for (int64_t n = 0; n < length; ++n) {
-    const int64_t T = std::min<int64_t>(static_cast<int64_t>(ids.size()), gpt.cfg.block_size);
-    std::vector<int32_t> ctx(ids.end() - T, ids.end());
-    // right padding to the bucket (positions >= T do not change position T-1's logits)
-    const int64_t Tp = std::min<int64_t>((T + bucket - 1) / bucket * bucket, gpt.cfg.block_size);
-    ctx.resize(static_cast<size_t>(Tp), 0);
-    Tensor logits = gpt.forward(Tensor::from_vector(ctx, {1, Tp}, device), Tensor()).logits;  // (Tp, Vp)
-    std::vector<float> last = logits.narrow(0, T - 1, 1).to_vector<float>();
-    last.resize(V);  // drop padded columns
-    // softmax(logits / temperature) restricted to the top k
-    std::vector<int32_t> order(V);
-    std::iota(order.begin(), order.end(), 0);
-    const int64_t k = top_k > 0 ? std::min(top_k, V) : V;
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      return last[a] > last[b] || (last[a] == last[b] && a < b);
-    });
-    std::vector<double> p(k);
-    const double mx = last[order[0]];
-    double sum = 0;
-    for (int64_t i = 0; i < k; ++i) sum += p[i] = std::exp((last[order[i]] - mx) / temperature);
-    const double u = Philox::uniform(seed, 0x5A3D1E, start + n, 0.0f, 1.0f) * sum;
+int32_t sample_token(const std::vector<float>& logits, const SampleOptions& o, uint64_t position) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  NDT_CHECK(V > 0, "sample_token: no logits");
+  auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  if (o.temperature <= 0)  // greedy: the most likely token (the lowest id among equals)
+    return static_cast<int32_t>(std::min_element(logits.begin(), logits.end(),
+                                                 [&](float a, float b) { return a > b; }) - logits.begin());
+  // the top k by logit, most likely first
+  const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+  std::vector<int32_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  // their softmax(logits / temperature), unnormalised
+  std::vector<double> p(k);
+  const double mx = logits[order[0]];
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i) sum += p[i] = std::exp((logits[order[i]] - mx) / o.temperature);
+  // nucleus: the shortest prefix whose probability reaches top_p (at least one token)
+  int64_t n = k;
+  if (o.top_p < 1.0) {
     double acc = 0;
-    int32_t next = order[k - 1];
-    for (int64_t i = 0; i < k; ++i) {
-      acc += p[i];
-      if (u < acc) {
-        next = order[i];
-        break;
-      }
-    }
+    for (n = 0; n < k && (n == 0 || acc < o.top_p * sum);) acc += p[n++];
+    sum = acc;
+  }
+  const double u = Philox::uniform(o.seed, 0x5A3D1E, position, 0.0f, 1.0f) * sum;
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    acc += p[i];
+    if (u < acc) return order[i];
+  }
+  return order[n - 1];
+}
+
+std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, const SampleOptions& o,
+                              Device device, const std::function<bool(int32_t)>& on_token) {
+  NDT_CHECK(o.top_p > 0 && o.top_p <= 1, "sample: top_p must be in (0, 1], got ", o.top_p);
+  if (ids.empty()) ids.push_back(0);
+  const int64_t V = gpt.cfg.vocab_size, cap = gpt.cfg.block_size;
+  models::KVCache cache(gpt, cap);
+  // the prompt (its last block_size tokens) in one forward; then each token alone
+  const int64_t keep = std::min<int64_t>(static_cast<int64_t>(ids.size()), cap);
+  Tensor logits = cache.next_token_logits(
+      Tensor::from_vector(std::vector<int32_t>(ids.end() - keep, ids.end()), {1, keep}, device));  // (1, Vp)
+  for (int64_t n = 0; n < o.max_new_tokens; ++n) {
+    std::vector<float> row = logits.to_vector<float>();
+    row.resize(V);  // padded columns are not tokens
+    const int32_t next = sample_token(row, o, ids.size());
     ids.push_back(next);
+    if (on_token && !on_token(next)) break;
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) break;
+    if (n + 1 == o.max_new_tokens) break;
+    if (cache.length() == cap) {  // full: slide to the last half block
+      cache.clear();
+      const int64_t keep = std::max<int64_t>(cap / 2, 1);
+      std::vector<int32_t> ctx(ids.end() - keep, ids.end());
+      logits = cache.next_token_logits(Tensor::from_vector(ctx, {1, keep}, device));
+    } else {
+      logits = cache.next_token_logits(Tensor::from_vector(std::vector<int32_t>{next}, {1, 1}, device));
+    }
   }
   return ids;
 }

@@ -1,28 +1,46 @@
-// ndtrain: generating text from a GPT with temperature and top-k sampling.
+// ndtrain: generating tokens from a GPT with a key/value cache (models/kv_cache.h): the
+// prompt runs through the model once, then one token per step.
 //
-//   std::vector<int32_t> ids = train::generate(gpt, prompt_ids, /*length=*/200,
-//                                              /*temperature=*/0.8, /*top_k=*/40, /*seed=*/1, device);
+//   train::SampleOptions o;
+//   o.max_new_tokens = 200, o.temperature = 0.8, o.top_k = 40, o.top_p = 0.95, o.seed = 1;
+//   o.stop_ids = {eos};                                  // ends after emitting one of these
+//   std::vector<int32_t> ids = train::generate(gpt, prompt_ids, o, device,
+//                                              [&](int32_t id) { std::cout << piece(id); return true; });
 //
-// Each new token is drawn with the counter-based RNG keyed by (seed, token index), so a
-// sample is reproducible. The context is the last block_size tokens (no KV cache: simple,
-// and fast enough for the small models it is used with here).
+// Each token is drawn from softmax(logits / temperature) restricted to the top_k most likely
+// tokens, then to the smallest set of them whose probability reaches top_p (nucleus), with
+// the counter-based RNG keyed by (seed, the token's position): a sample is reproducible, and
+// the same on every rank. temperature 0 takes the most likely token (greedy).
 //
-// `bucket` > 1 pads the context on the right to a multiple of it (at most block_size) with
-// token 0: causal attention keeps position T-1 blind to what follows, so the next token is
-// the same, and the model sees few distinct lengths. That matters on CUDA, where cuDNN's
-// fused attention builds a graph per shape (up to a second each): 0 (the default) is 64 on
-// CUDA and 1 on the CPU, where the padding would only cost time.
+// The cache holds model.block_size positions. A sequence that reaches it keeps its last
+// block_size / 2 tokens and runs them through the model again as a new prompt (positions
+// from 0), then goes on: the context slides by half a block at a time, one prefill each.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "models/gpt.h"
 
 namespace ndt::train {
 
-std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> prompt, int64_t length,
-                              double temperature, int64_t top_k, uint64_t seed, Device device,
-                              int64_t bucket = 0);
+struct SampleOptions {
+  int64_t max_new_tokens = 200;    // at most this many new tokens
+  double temperature = 1.0;        // > 0; 0: greedy
+  int64_t top_k = 0;               // 0: the whole vocabulary
+  double top_p = 1.0;              // in (0, 1]; 1: no nucleus cut
+  uint64_t seed = 1;
+  std::vector<int32_t> stop_ids;   // end after emitting one of these (end-of-text ids)
+};
+
+// The next token from one row of logits (V live entries; padded columns excluded), drawn
+// as SampleOptions says with the RNG at (seed, position).
+int32_t sample_token(const std::vector<float>& logits, const SampleOptions& o, uint64_t position);
+
+// prompt -> prompt followed by the new tokens (an empty prompt starts from token 0).
+// on_token, if given, sees each new token as it is drawn and may return false to stop.
+std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> prompt, const SampleOptions& o,
+                              Device device, const std::function<bool(int32_t)>& on_token = {});
 
 }  // namespace ndt::train
