@@ -13,7 +13,7 @@
 #include "models/kv_cache.h"
 #include "nn/flat.h"
 #include "tensor/cuda/runtime.h"
-#include "train/sample.h"
+#include "models/generate.h"
 
 using namespace ndt;
 
@@ -143,12 +143,12 @@ TEST(Generate, CachedEqualsUncached) {
   for (const models::GPTConfig& cfg : {gpt2_config(), llama_config()}) {
     models::GPT gpt(cfg);
     nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7);
-    for (const train::SampleOptions& o :
-         {train::SampleOptions{.max_new_tokens = 18, .temperature = 0.9, .top_k = 8, .top_p = 0.9, .seed = 3},
-          train::SampleOptions{.max_new_tokens = 18, .temperature = 0, .seed = 1},
-          train::SampleOptions{.max_new_tokens = 18, .temperature = 1.5, .seed = 5}}) {
+    for (const models::SampleOptions& o :
+         {models::SampleOptions{.max_new_tokens = 18, .temperature = 0.9, .top_k = 8, .top_p = 0.9, .seed = 3},
+          models::SampleOptions{.max_new_tokens = 18, .temperature = 0, .seed = 1},
+          models::SampleOptions{.max_new_tokens = 18, .temperature = 1.5, .seed = 5}}) {
       const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
-      const std::vector<int32_t> cached = train::generate(gpt, prompt, o, Device::cpu());
+      const std::vector<int32_t> cached = models::generate(gpt, prompt, o, Device::cpu());
       std::vector<int32_t> plain = prompt;
       autograd::NoGradGuard no_grad;
       for (int64_t n = 0; n < o.max_new_tokens; ++n) {
@@ -156,7 +156,7 @@ TEST(Generate, CachedEqualsUncached) {
         Tensor logits = gpt.forward(Tensor::from_vector(plain, {1, T}), Tensor()).logits;
         std::vector<float> row = logits.narrow(0, T - 1, 1).to_vector<float>();
         row.resize(cfg.vocab_size);
-        plain.push_back(train::sample_token(row, o, plain.size()));
+        plain.push_back(models::sample_token(row, o, plain.size()));
       }
       EXPECT_EQ(cached, plain) << cfg.str() << " temperature " << o.temperature;
     }
@@ -167,35 +167,35 @@ TEST(Generate, CachedEqualsUncached) {
 TEST(Generate, SlidesPastTheBlockAndStops) {
   models::GPT gpt(llama_config());
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7);
-  const train::SampleOptions o{.max_new_tokens = 60, .temperature = 1.0, .seed = 9};
+  const models::SampleOptions o{.max_new_tokens = 60, .temperature = 1.0, .seed = 9};
   const std::vector<int32_t> prompt = tokens(30, 29, 3);  // longer than block_size 24
-  const std::vector<int32_t> ids = train::generate(gpt, prompt, o, Device::cpu());
+  const std::vector<int32_t> ids = models::generate(gpt, prompt, o, Device::cpu());
   ASSERT_EQ(ids.size(), prompt.size() + 60);
-  EXPECT_EQ(train::generate(gpt, prompt, o, Device::cpu()), ids) << "the same seed draws the same tokens";
+  EXPECT_EQ(models::generate(gpt, prompt, o, Device::cpu()), ids) << "the same seed draws the same tokens";
   // stop at the first new token that is a stop id
   const int32_t stop = ids[prompt.size() + 7];
-  train::SampleOptions s = o;
+  models::SampleOptions s = o;
   s.stop_ids = {stop};
-  const std::vector<int32_t> stopped = train::generate(gpt, prompt, s, Device::cpu());
+  const std::vector<int32_t> stopped = models::generate(gpt, prompt, s, Device::cpu());
   const auto first = std::find(ids.begin() + prompt.size(), ids.end(), stop);
   EXPECT_EQ(stopped, std::vector<int32_t>(ids.begin(), first + 1));
   int seen = 0;
-  const std::vector<int32_t> three = train::generate(gpt, prompt, o, Device::cpu(), [&](int32_t) { return ++seen < 3; });
+  const std::vector<int32_t> three = models::generate(gpt, prompt, o, Device::cpu(), [&](int32_t) { return ++seen < 3; });
   EXPECT_EQ(three.size(), prompt.size() + 3);
   EXPECT_EQ(seen, 3);
-  train::SampleOptions bad = o;
+  models::SampleOptions bad = o;
   bad.top_p = 0;
-  EXPECT_THROW(train::generate(gpt, prompt, bad, Device::cpu()), Error);
+  EXPECT_THROW(models::generate(gpt, prompt, bad, Device::cpu()), Error);
 }
 
 // sample_token's distribution: over many positions, each token's frequency matches
 // softmax(logits / temperature) cut to the top k and then to the nucleus, renormalised.
 TEST(Generate, SampleTokenDrawsFromTheCutDistribution) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f, 2.5f, -1.0f};
-  auto freq = [&](const train::SampleOptions& o) {
+  auto freq = [&](const models::SampleOptions& o) {
     std::map<int32_t, double> f;
     const int n = 40000;
-    for (int i = 0; i < n; ++i) f[train::sample_token(logits, o, static_cast<uint64_t>(i))] += 1.0 / n;
+    for (int i = 0; i < n; ++i) f[models::sample_token(logits, o, static_cast<uint64_t>(i))] += 1.0 / n;
     return f;
   };
   auto expected = [&](double temp, std::vector<int32_t> keep) {
@@ -215,6 +215,6 @@ TEST(Generate, SampleTokenDrawsFromTheCutDistribution) {
   // keeps 1 and 4 (0.64 >= 0.6), top_p 0.3 keeps 1 alone
   close(freq({.temperature = 1.0, .top_p = 0.6}), expected(1.0, {1, 4}));
   close(freq({.temperature = 1.0, .top_p = 0.3}), expected(1.0, {1}));
-  EXPECT_EQ(train::sample_token(logits, {.temperature = 0}, 0), 1);  // greedy
-  EXPECT_EQ(train::sample_token({2.0f, 5.0f, 5.0f}, {.temperature = 0}, 0), 1);  // the lowest id among equals
+  EXPECT_EQ(models::sample_token(logits, {.temperature = 0}, 0), 1);  // greedy
+  EXPECT_EQ(models::sample_token({2.0f, 5.0f, 5.0f}, {.temperature = 0}, 0), 1);  // the lowest id among equals
 }

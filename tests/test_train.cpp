@@ -17,7 +17,7 @@
 #include "train/data/data.h"
 #include "train/data/vocab.h"
 #include "train/planner/cluster.h"
-#include "train/sample.h"
+#include "models/generate.h"
 #include "train/step_log.h"
 #include "train/trainer.h"
 

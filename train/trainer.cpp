@@ -48,7 +48,7 @@
 #include "train/planner/cluster.h"
 #include "train/planner/plan_main.h"
 #include "train/report.h"
-#include "train/sample.h"
+#include "models/generate.h"
 #include "train/step_log.h"
 
 namespace fs = std::filesystem;
@@ -563,10 +563,10 @@ std::vector<int32_t> Trainer::generate_sample(int64_t step) {
   for (uint16_t t : vocab_->encode(c_.sample.prompt)) prompt.push_back(t);
   pm_->strategy->begin_forward_only();
   pm_->split_sequences(false);
-  SampleOptions o;
+  models::SampleOptions o;
   o.max_new_tokens = c_.sample.length, o.temperature = c_.sample.temperature, o.top_k = c_.sample.top_k;
   o.top_p = c_.sample.top_p, o.seed = static_cast<uint64_t>(c_.train.seed + step);
-  std::vector<int32_t> ids = generate(*gpt_, prompt, o, device_);
+  std::vector<int32_t> ids = models::generate(*gpt_, prompt, o, device_);
   pm_->split_sequences(true);
   pm_->strategy->end_forward_only();
   return ids;

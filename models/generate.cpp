@@ -1,4 +1,4 @@
-#include "train/sample.h"
+#include "models/generate.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "tensor/error.h"
 #include "tensor/rng.h"
 
-namespace ndt::train {
+namespace ndt::models {
 
 int32_t sample_token(const std::vector<float>& logits, const SampleOptions& o, uint64_t position) {
   const int64_t V = static_cast<int64_t>(logits.size());
@@ -48,7 +48,7 @@ std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, 
   NDT_CHECK(o.top_p > 0 && o.top_p <= 1, "sample: top_p must be in (0, 1], got ", o.top_p);
   if (ids.empty()) ids.push_back(0);
   const int64_t V = gpt.cfg.vocab_size, cap = gpt.cfg.block_size;
-  models::KVCache cache(gpt, cap);
+  KVCache cache(gpt, cap);
   // the prompt (its last block_size tokens) in one forward; then each token alone
   const int64_t keep = std::min<int64_t>(static_cast<int64_t>(ids.size()), cap);
   Tensor logits = cache.next_token_logits(
@@ -73,4 +73,4 @@ std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, 
   return ids;
 }
 
-}  // namespace ndt::train
+}  // namespace ndt::models

@@ -1,10 +1,10 @@
 // ndtrain: generating tokens from a GPT with a key/value cache (models/kv_cache.h): the
 // prompt runs through the model once, then one token per step.
 //
-//   train::SampleOptions o;
+//   models::SampleOptions o;
 //   o.max_new_tokens = 200, o.temperature = 0.8, o.top_k = 40, o.top_p = 0.95, o.seed = 1;
 //   o.stop_ids = {eos};                                  // ends after emitting one of these
-//   std::vector<int32_t> ids = train::generate(gpt, prompt_ids, o, device,
+//   std::vector<int32_t> ids = models::generate(gpt, prompt_ids, o, device,
 //                                              [&](int32_t id) { std::cout << piece(id); return true; });
 //
 // Each token is drawn from softmax(logits / temperature) restricted to the top_k most likely
@@ -23,7 +23,7 @@
 
 #include "models/gpt.h"
 
-namespace ndt::train {
+namespace ndt::models {
 
 struct SampleOptions {
   int64_t max_new_tokens = 200;    // at most this many new tokens
@@ -43,4 +43,4 @@ int32_t sample_token(const std::vector<float>& logits, const SampleOptions& o, u
 std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> prompt, const SampleOptions& o,
                               Device device, const std::function<bool(int32_t)>& on_token = {});
 
-}  // namespace ndt::train
+}  // namespace ndt::models
