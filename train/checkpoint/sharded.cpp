@@ -583,6 +583,11 @@ void check_export_target(const std::string& path, const std::string& out) {
 
 }  // namespace
 
+models::GPTConfig sharded_model_config(const std::string& path) {
+  NDT_CHECK(is_sharded(path), path, " is not a sharded checkpoint (no checkpoint.json of format \"sharded\")");
+  return read_manifest(path, nullptr).model;
+}
+
 void export_weights(const std::string& path, const std::string& out, DType dtype) {
   check_export_target(path, out);  // before anything is read or written
   NDT_CHECK(is_sharded(path) || !fs::exists(fs::path(path) / kManifest), "checkpoint ", path,

@@ -53,6 +53,9 @@ bool is_sharded(const std::string& path);
 // every rank but one).
 TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params,
                         optim::AdamW& opt, std::ostream* warn = &std::cerr);
+// The model a sharded checkpoint holds, from its checkpoint.json (checked whole, as loading
+// checks it): what to build before load_sharded_weights.
+models::GPTConfig sharded_model_config(const std::string& path);
 // Only the parameters of a sharded checkpoint, into this rank's shards (model.init_from of
 // a checkpoint directory).
 void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg, const nn::FlatParams& params,
