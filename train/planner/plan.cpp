@@ -632,10 +632,6 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
                       std::to_string(2 * c.train.ac_every) + ", ...; the others keep everything");
   if (D.cp > 1)
     p.notes.push_back("context parallelism: the numbers are rank 0's, which keeps the most ring blocks");
-  if (mc.llama())
-    p.notes.push_back(
-        "a llama: memory and communication count its own shapes; the step's time is still "
-        "estimated with GPT-2's (3 C for q, k, v; a 4 C GELU MLP)");
 }
 
 }  // namespace
