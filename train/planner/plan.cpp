@@ -492,9 +492,13 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, in
     // again for its weight gradient
     const Count gathers = (columns + 1) + (2 * L + 1) + columns;
     add_comm(p, "tp",
-             "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
-             "gradient after each attention, MLP and the embedding, and of the attention's and the MLP's "
-             "input again for their weight gradients (backward)",
+             m == 1
+                 ? "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
+                   "gradient after each attention, MLP and the embedding, and of the attention's and the "
+                   "MLP's input again for their weight gradients (backward)"
+                 : "sequence parallel: all-gather before each attention, gate, up and lm_head (forward), of "
+                   "the gradient after each attention, MLP and the embedding, and of the attention's, gate's "
+                   "and up's input again for their weight gradients (backward)",
              m == 1 ? "accum (6L+2) (t-1)/t N C a"
                     : "accum (" + std::to_string(2 * (1 + m) + 2) + "L+2) (t-1)/t N C a",
              A * gathers * gather);
@@ -503,8 +507,11 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, in
     const Count scatters = (2 * L + 1) + (columns + 1);
     add_comm(
         p, "tp",
-        "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and of "
-        "the input gradient of each attention, MLP and lm_head (backward)",
+        m == 1
+            ? "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and "
+              "of the input gradient of each attention, MLP and lm_head (backward)"
+            : "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and "
+              "of the input gradient of each attention, gate, up and lm_head (backward)",
         m == 1 ? "accum 2 (2L+1) (t-1)/t N C a'" : "accum (" + std::to_string(3 + m) + "L+2) (t-1)/t N C a'",
         A * scatters * scatter);
     if (full_blocks)
@@ -711,9 +718,10 @@ void print_plan(const Plan& p, std::ostream& o) {
   }
   o << "communication per step, sent by each rank:\n";
   for (const PlanComm& c : p.comm) {
-    std::snprintf(line, sizeof(line), "  %-9s %12s  %s [%s]\n", c.dim.c_str(), io::format_bytes(double(c.bytes)).c_str(),
-                  c.what.c_str(), c.formula.c_str());
-    o << line;
+    // the columns in the buffer, the words after them (longer than any buffer of a line)
+    std::snprintf(line, sizeof(line), "  %-9s %12s  ", c.dim.c_str(),
+                  io::format_bytes(double(c.bytes)).c_str());
+    o << line << c.what << " [" << c.formula << "]\n";
   }
   std::snprintf(line, sizeof(line), "  %-9s %12s  (%lld bytes)\n", "total",
                 io::format_bytes(double(p.comm_bytes)).c_str(), (long long)p.comm_bytes);
