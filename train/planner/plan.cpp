@@ -3,7 +3,7 @@
 // below names the code it follows; when that code changes, this file must change with it
 // (tests/test_dist_plan.cpp compares the two under mpirun).
 //
-// Legend: train/planner/shapes.h (B, Tl, N, Ns, C, Cl, H, NHl, Vl, L, a for this rank).
+// Legend: train/planner/shapes.h (B, Tl, N, Ns, C, Cl, KVl, Q, H, NHl, Vl, L, a for this rank).
 // Bytes of an element besides a (activations and the model's copy of the parameters): 4
 // for statistics (LayerNorm's mean and rstd, RMSNorm's rstd, log-sum-exps), the f32 master, its gradient
 // and AdamW's moments, r for FSDP's reduce-scatters (parallel.reduce_dtype under bfloat16,
