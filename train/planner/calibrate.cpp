@@ -74,14 +74,23 @@ struct Gemm {
 // forward; backward runs each shape twice more (its transposes), at about the same rate.
 // Under bf16 the linears and lm_head take bf16 operands (oneDNN where the CPU has bf16
 // instructions); the attention core computes in f32 either way (autograd/ops/attention.cpp).
+// A llama's c_attn has C + 2 KV columns (KV = n_kv_head hd: grouped-query attention), its
+// MLP gate and up (C x I) and down (I x C); each query head's scores are as multi-head's.
 std::vector<Gemm> model_gemms(const Config& c) {
-  const int64_t B = c.train.micro_batch_size, T = c.train.seq_len, C = c.model.n_embd, NH = c.model.n_head;
-  const int64_t N = B * T, L = c.model.n_layer, V = c.model.padded_vocab();
+  const models::GPTConfig& m = c.model;
+  const int64_t B = c.train.micro_batch_size, T = c.train.seq_len, C = m.n_embd, NH = m.n_head;
+  const int64_t N = B * T, L = m.n_layer, V = m.padded_vocab(), KV = m.kv_heads() * m.head_dim(),
+                I = m.mlp_hidden();
   const DType w = c.train.dtype == "bfloat16" ? DType::bf16 : DType::f32, f = DType::f32;
-  return {{"c_attn", 1, N, C, 3 * C, L, w},      {"attn c_proj", 1, N, C, C, L, w},
-          {"c_fc", 1, N, C, 4 * C, L, w},        {"mlp c_proj", 1, N, 4 * C, C, L, w},
-          {"q k^T", B * NH, T, C / NH, T, L, f}, {"p v", B * NH, T, T, C / NH, L, f},
-          {"lm_head", 1, N, C, V, 1, w}};
+  std::vector<Gemm> gemms = {{"c_attn", 1, N, C, C + 2 * KV, L, w}, {"attn c_proj", 1, N, C, C, L, w}};
+  if (m.llama())
+    gemms.insert(gemms.end(), {{"gate, up", 1, N, C, I, 2 * L, w}, {"down", 1, N, I, C, L, w}});
+  else
+    gemms.insert(gemms.end(), {{"c_fc", 1, N, C, I, L, w}, {"mlp c_proj", 1, N, I, C, L, w}});
+  gemms.insert(gemms.end(), {{"q k^T", B * NH, T, C / NH, T, L, f},
+                             {"p v", B * NH, T, T, C / NH, L, f},
+                             {"lm_head", 1, N, C, V, 1, w}});
+  return gemms;
 }
 
 // All-reduces of `small` and `large` bytes on a group of two: 2 latency + S / bandwidth each.

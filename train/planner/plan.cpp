@@ -3,9 +3,9 @@
 // below names the code it follows; when that code changes, this file must change with it
 // (tests/test_dist_plan.cpp compares the two under mpirun).
 //
-// Legend: train/planner/shapes.h (B, Tl, N, Ns, C, Cl, H, NHl, Vl, L, a for this rank).
+// Legend: train/planner/shapes.h (B, Tl, N, Ns, C, Cl, KVl, Q, H, NHl, Vl, L, a for this rank).
 // Bytes of an element besides a (activations and the model's copy of the parameters): 4
-// for statistics (LayerNorm's mean and rstd, log-sum-exps), the f32 master, its gradient
+// for statistics (LayerNorm's mean and rstd, RMSNorm's rstd, log-sum-exps), the f32 master, its gradient
 // and AdamW's moments, r for FSDP's reduce-scatters (parallel.reduce_dtype under bfloat16,
 // else 4).
 #include "train/planner/plan.h"
@@ -60,16 +60,22 @@ struct BlockMem {
 };
 
 // The attention core's saved tensors in bytes (autograd/ops/attention.cpp or, with cp > 1,
-// the ring of dist/context_parallel/ring_attention.cpp), without the c_proj input. Off the
-// cuDNN path the core computes in f32 under bf16 too (4-byte elements, w below).
-//   cpu_fused: its input qkv (3 N Cl, as it came) and lse (N NHl); under bf16 also its f32
-//              output y (N Cl; in f32 y is the output, c_proj's input)
-//   cudnn:     q, k, v (heads_to_front's copies, 3 N Cl), the output o (N Cl), lse (N NHl)
-//   composed:  q, k, v (contiguous copies in f32, 3 N Cl), the probabilities p (B NHl Tl^2),
+// the ring of dist/context_parallel/ring_attention.cpp), without the c_proj input. q is
+// N Cl, k and v N KVl each (N Q together; KVl = Cl but under llama's grouped-query
+// attention, where each kv head serves NHl / NKVl query heads in place, never copied per
+// head). Off the cuDNN path the core computes in f32 under bf16 too (4-byte elements, w).
+//   cpu_fused: gpt2: the fused kernel on the packed qkv (ndt::self_attention): its input
+//              qkv (3 N Cl, as it came) and lse (N NHl); under bf16 also its f32 output y
+//              (N Cl; in f32 y is the output, c_proj's input)
+//              llama: the fused kernel of attention() on the rotated q, k, v: those (N Q, as
+//              they came), its output o in f32 (N Cl: in f32 the output itself, which
+//              heads_to_back copies for c_proj) and lse (N NHl)
+//   cudnn:     q, k, v (heads_to_front's copies, N Q), the output o (N Cl), lse (N NHl)
+//   composed:  q, k, v (contiguous copies in f32, N Q), the probabilities p (B NHl Tl^2),
 //              the output o (N Cl)
 //   ring:      per (query chunk, key chunk) pair that the causal mask leaves (2 cp + 1 of
 //              them on every rank) the checkpointed attention keeps its K and V halves
-//              (N Cl together: split_last copies them once per key chunk, 2 cp on rank 0),
+//              (N KVl together: split_last copies them once per key chunk, 2 cp on rank 0),
 //              both query halves (N Cl, shared), each pair's output and lse and each
 //              merge's (4 cp - 1 halves of N Cl / 2; 4 cp lse of N NHl / 2); the
 //              probabilities are recomputed per pair in backward (one (Tl/2)^2 block at a
@@ -79,50 +85,53 @@ struct BlockMem {
 //              instead of a checkpoint's), and under bf16 each pair's f32 output too
 //              (2 cp + 1 halves)
 Count core_saved(const Shapes& s) {
-  const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, NHl = s.NHl, cp = s.cp, a = s.act_bytes, w = kF;
+  const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, KVl = s.KVl, Q = s.Q, NHl = s.NHl, cp = s.cp,
+              a = s.act_bytes, w = kF;
   switch (s.core) {
     case AttentionCore::cpu_fused:
+      if (s.llama()) return N * Q * a + N * Cl * w + N * NHl * kF;
       return 3 * N * Cl * a + N * NHl * kF + (a == w ? Count(0) : N * Cl * w);
     case AttentionCore::cudnn:
-      return 4 * N * Cl * a + N * NHl * kF;
+      return (N * Q + N * Cl) * a + N * NHl * kF;
     case AttentionCore::composed:
-      return (4 * N * Cl + B * NHl * Tl * Tl) * w;
+      return (N * Q + N * Cl + B * NHl * Tl * Tl) * w;
     case AttentionCore::ring:
     case AttentionCore::ring_fused:
       break;
   }
   const Count pairs = 2 * cp + 1, key_chunks = 2 * cp, lse = 2 * cp * N * NHl * kF;
-  if (a == w) return (N * Cl + key_chunks * N * Cl + (4 * cp - 1) * N * Cl / 2) * w + lse;
+  if (a == w) return (N * Cl + key_chunks * N * KVl + (4 * cp - 1) * N * Cl / 2) * w + lse;
   const Count outputs_f32 = s.core == AttentionCore::ring_fused ? pairs : Count(0);
-  return (N * Cl + key_chunks * N * Cl) * a + (3 * (2 * cp - 1) + outputs_f32) * N * Cl / 2 * w + lse;
+  return (N * Cl + key_chunks * N * KVl) * a + (3 * (2 * cp - 1) + outputs_f32) * N * Cl / 2 * w + lse;
 }
-// The attention backward's own tensors, in bytes: fused, dqkv (3 N Cl in f32; the score
-// blocks are per-thread scratch of 64 x Tl), under bf16 also qkv and dy converted to f32
-// (4 N Cl) and dqkv rounded back (3 N Cl); cuDNN, the contiguous dout and dq, dk, dv (4 N
-// Cl); composed, dout, dv, dq, dk (4 N Cl) and ds (p's shape), in f32, under bf16 dq, dk,
-// dv rounded back (3 N Cl); with the ring one score block of (Tl/2)^2 per pair, recomputed,
-// plus the pair's p; with the fused ring a pair's dq, dk, dv (3 halves of N Cl), under
-// bf16 also its q, k, v and dout in f32 (4 halves) and dq, dk, dv rounded back (3 halves).
+// The attention backward's own tensors, in bytes: fused, dq, dk, dv (N Q in f32: gpt2's
+// dqkv; the score blocks are per-thread scratch of 64 x Tl), under bf16 also q, k, v and
+// dout converted to f32 (N Q + N Cl) and dq, dk, dv rounded back (N Q); cuDNN, the
+// contiguous dout and dq, dk, dv (N Cl + N Q); composed, dout, dv, dq, dk (N Cl + N Q) and
+// ds (p's shape), in f32, under bf16 dq, dk, dv rounded back (N Q); with the ring one score
+// block of (Tl/2)^2 per pair, recomputed, plus the pair's p; with the fused ring a pair's
+// dq, dk, dv (halves of N Q), under bf16 also its q, k, v and dout in f32 (halves of N Q +
+// N Cl) and dq, dk, dv rounded back (halves of N Q).
 Count core_backward(const Shapes& s) {
-  const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, NHl = s.NHl, a = s.act_bytes, w = kF;
+  const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, Q = s.Q, NHl = s.NHl, a = s.act_bytes, w = kF;
   const bool mixed = !(a == w);
   switch (s.core) {
     case AttentionCore::cpu_fused:
-      return 3 * N * Cl * w + (mixed ? 4 * N * Cl * w + 3 * N * Cl * a : Count(0));
+      return N * Q * w + (mixed ? (N * Q + N * Cl) * w + N * Q * a : Count(0));
     case AttentionCore::cudnn:
-      return 4 * N * Cl * a;
+      return (N * Cl + N * Q) * a;
     case AttentionCore::composed:
-      return (4 * N * Cl + B * NHl * Tl * Tl) * w + (mixed ? 3 * N * Cl * a : Count(0));
+      return (N * Cl + N * Q + B * NHl * Tl * Tl) * w + (mixed ? N * Q * a : Count(0));
     case AttentionCore::ring_fused:
-      return 3 * N * Cl / 2 * w + (mixed ? 4 * N * Cl / 2 * w + 3 * N * Cl / 2 * a : Count(0));
+      return N * Q / 2 * w + (mixed ? (N * Q + N * Cl) / 2 * w + N * Q / 2 * a : Count(0));
     case AttentionCore::ring:
       break;
   }
   const Count Tc = Tl / 2;
-  return (4 * N * Cl + 2 * B * NHl * Tc * Tc) * w;
+  return (N * Cl + N * Q + 2 * B * NHl * Tc * Tc) * w;
 }
 
-// nn::Block::forward with the ops of autograd/ops/*.cpp, per mode (nn::ACMode):
+// nn::Block::forward (gpt2) with the ops of autograd/ops/*.cpp, per mode (nn::ACMode):
 //   none       ln_1: mean, rstd (2N); c_attn keeps its input ln_1(x) (N C); the core
 //              (above) and c_proj's input (N Cl: the fused core's output, or heads_to_back's
 //              copy); h = x + attn (N C, kept by ln_2) and ln_2's mean, rstd (2N); c_fc's
@@ -147,7 +156,7 @@ Count core_backward(const Shapes& s) {
 // outputs: linear_shared_input keeps the part and gathers it again in backward) on Ns = N / tp
 // rows; backward holds the incoming gradient gathered (N C) for each c_proj and the
 // gathered input again (N C) for each column-parallel weight gradient.
-BlockMem block_mem(const Shapes& s, nn::ACMode mode) {
+BlockMem gpt2_block_mem(const Shapes& s, nn::ACMode mode) {
   const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, H = s.H, a = s.act_bytes, stats = 2 * Ns * kF;
   const Count gathered = Ns == N ? Count(0) : 2 * N * C * a;  // an incoming gradient, an input
   const Count mlp_part = (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 2 * N * H) * a + stats;
@@ -178,6 +187,78 @@ BlockMem block_mem(const Shapes& s, nn::ACMode mode) {
       break;
   }
   return m;
+}
+
+// nn::LlamaBlock::forward (llama) with the same ops, per mode:
+//   none       ln_1: rstd (N; RMSNorm has no mean); c_attn keeps its input ln_1(x) (N C);
+//              c_attn's output qkv (N Q) dies: split_last copies q, k and v out of it,
+//              rotary turns q and k into new tensors keeping only the angle tables (cos
+//              and sin, B Tl hd, counted with the positions: one pair for every block) and
+//              heads_to_front copies them for the core; the core (above) and c_proj's input
+//              (N Cl, heads_to_back's copy of the core's output); h = x + attn (N C, kept by
+//              ln_2) and ln_2's rstd (N); gate and up keep their one input, ln_2(h) (N C);
+//              silu_mul keeps gate's and up's outputs (2 N H), down its product (N H); the
+//              block's output (N C, kept by the next block).
+//   selective  the same but the core (split, rotary, attention, heads_to_back) keeps only
+//              its input qkv (N Q) and its output (N Cl, c_proj's input); in backward it runs
+//              again beside them: its saved set, its output and its output's gradient
+//              (2 N Cl).
+//   full       the output only (N C), as gpt2.
+// During backward, on top of the earlier blocks (the block's output released, its gradient
+// N C arrived): the MLP's largest moment of down's backward (dm, N H; sequence parallel,
+// the incoming gradient gathered, N C), silu_mul's (down's input released; dm, dgate and
+// dup, 3 N H), up's and gate's (gate, up and down's input released; dgate, dup, an input
+// gradient of N C, the gathered input; then the two input gradients and their sum); then
+// the attention's: ln_1's output and rstd, the residual's gradient and the largest of
+// c_proj's backward (its input and dy, 2 N Cl; the gathered incoming gradient), the
+// core's (the core, its output's gradient N Cl, its backward) and after it the gradients
+// of q, k and v on their way back through heads_to_front, rotary and split_last (2 N Q)
+// and c_attn's (its output's gradient N Q, its input gradient N C, the gathered input).
+BlockMem llama_block_mem(const Shapes& s, nn::ACMode mode) {
+  const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, Q = s.Q, H = s.H, a = s.act_bytes, stat = Ns * kF;
+  const Count sp = Ns == N ? Count(0) : N * C * a;  // a gathered incoming gradient or input
+  const Count mlp_part =
+      (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 3 * N * H /*gate, up, their product*/) * a + stat;
+  const Count none_saved =
+      Ns * C * a /*ln_1 out*/ + stat + core_saved(s) + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
+  // saved: the block's forward set; its output has gone and the output's gradient (Ns C) come
+  auto mlp_moment = [&](Count saved) {
+    const Count down = saved + N * H * a + sp, silu = saved + 2 * N * H * a;
+    const Count released = saved - 3 * N * H * a;  // gate, up and their product
+    const Count up_gate =
+        released + std::max(2 * N * H * a + N * C * a + sp, N * H * a + N * C * a + Ns * C * a + sp);
+    return std::max({down, silu, up_gate, released + 3 * Ns * C * a});
+  };
+  // core_kept: the core's tensors before its backward; core_again: those it makes again
+  auto attn_moment = [&](Count core_kept, Count core_again) {
+    const Count common = Ns * C * a /*ln_1 out*/ + stat + Ns * C * a /*the residual's gradient*/;
+    const Count c_proj = core_kept + 2 * N * Cl * a + sp;
+    const Count core = core_kept + core_again + N * Cl * a + core_backward(s);
+    const Count after = std::max(2 * N * Q * a, (N * Q + N * C) * a + sp);
+    return common + std::max({c_proj, core, after});
+  };
+  BlockMem m;
+  switch (mode) {
+    case nn::ACMode::none:
+      m.saved = none_saved;
+      m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(s), 0));
+      break;
+    case nn::ACMode::selective:
+      m.saved = Ns * C * a + stat + N * Q * a /*qkv*/ + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
+      m.during_backward =
+          std::max(mlp_moment(m.saved), attn_moment(N * Q * a, core_saved(s) + 2 * N * Cl * a));
+      break;
+    case nn::ACMode::full:
+      m.saved = Ns * C * a;
+      m.during_backward =
+          Ns * C * a /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(s), 0));
+      break;
+  }
+  return m;
+}
+
+BlockMem block_mem(const Shapes& s, nn::ACMode mode) {
+  return s.llama() ? llama_block_mem(s, mode) : gpt2_block_mem(s, mode);
 }
 
 }  // namespace
@@ -287,7 +368,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   const Count emb_full = l.emb_full, block_full = l.block_full;
   stage = "the activations of one micro-step";
   const Count N = s.N, Ns = s.Ns, C = s.C, Vl = s.Vl, a = s.act_bytes, rd = p.reduce_bytes;
-  // embeddings: x = wte(idx) + wpe(pos) (N C, kept by block 0). Under TP the lookup is
+  // embeddings: x = wte(idx) + wpe(pos) (llama: wte(idx)) (N C, kept by block 0). Under TP the lookup is
   // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
   // lookup keeps only the ids.
   const Count emb_saved = Ns * C * a;  // sequence parallel: this rank's part
@@ -296,10 +377,11 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   const Count blocks_saved = blocks.saved;
   p.block_activation_bytes =
       block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
-  // ln_f: mean, rstd (2N) and its output (N C, lm_head's input); the logits (N Vl) are kept
+  // ln_f: mean, rstd (2N; llama's RMSNorm rstd, N) and its output (N C, lm_head's input,
+  // wte's or an untied lm_head's: the same (N, Vl) product); the logits (N Vl) are kept
   // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
   // (sequence parallel: ln_f's on Ns rows, its output gathered)
-  const Count head_saved = 2 * Ns * kF + N * C * a;
+  const Count head_saved = (s.llama() ? Ns : 2 * Ns) * kF + N * C * a;
   const Count logits = N * Vl * a;
   const Count ce_saved = (D.tp > 1 ? 3 * N : N) * kF;
   p.activation_bytes = (emb_saved + blocks_saved + head_saved).v;
@@ -308,8 +390,11 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   // the fused classifier (cross_entropy_fused) writes it over the logits in the forward
   const Count dlogits = D.tp > 1 ? logits : 0;
   p.loss_temp_bytes = (dlogits + ce_saved).v;  // and the kept statistics
-  // the batch (inputs and targets, B T i32 each; with CP this rank's copy too) and positions
-  p.other_bytes = ((2 * Count(p.micro_batch) * p.seq_len + (D.cp > 1 ? 2 * N : 0) + N) * 4).v;
+  // the batch (inputs and targets, B T i32 each; with CP this rank's copy too) and positions;
+  // llama's rotary tables, cos and sin (B Tl hd/2 each, in the compute dtype: every block's
+  // rotary keeps them; models::GPT keeps them between steps but under CP)
+  const Count rope_tables = s.llama() ? N * s.hd * a : 0;
+  p.other_bytes = ((2 * Count(p.micro_batch) * p.seq_len + (D.cp > 1 ? 2 * N : 0) + N) * 4 + rope_tables).v;
 
   // at the end of forward the embeddings (and their gradient) and the last block are whole
   const Count g_fwd_end = sharded ? (2 * emb_full + block_full) * a : 0;
@@ -388,26 +473,52 @@ void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s) {
 
 // Tensor parallelism's f and g over its t ranks (again in the blocks full checkpointing
 // recomputes), sequence parallel's sum of the unsplit gradients, and the
-// vocabulary-parallel loss's statistics.
+// vocabulary-parallel loss's statistics. f runs once per column-parallel linear: c_attn
+// and the MLP's m = 1 (gpt2's c_fc) or 2 (llama's gate and up, each its own
+// linear_shared_input: each sums its input gradient, and under sequence parallelism each
+// gathers its input, in forward and again in backward), and lm_head's input.
 void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, int64_t full_blocks) {
   const Count N = s.N, C = s.C, a = s.act_bytes, A = p.accum, t = p.dims.tp;
-  const int64_t L = p.n_layer;
+  const int64_t L = p.n_layer, m = s.mlp_inputs();
+  const Count columns = Count(L) * (1 + m);  // the blocks' column-parallel linears
+  // the formulas in the plan's words: gpt2's m = 1 gives 2L, 6L + 2, 2 (2L+1)
+  const std::string f_ops = m == 1 ? "2L" : std::to_string(1 + m) + "L";
   if (t > 1 && p.sequence_parallel) {
     // f and g as all-gathers of the parts (a: raw values) and reduce-scatters into them
     // (a': what the reduction moves), each (t-1)/t of the whole N C
     const Count gather = (t - 1) * (N / t) * C * a, scatter = (t - 1) * (N / t) * C * p.wire_act_reduce_bytes;
+    // forward: before each column-parallel linear and lm_head; backward: the gradient after
+    // each attention, MLP and the embedding (g's), and each column-parallel linear's input
+    // again for its weight gradient
+    const Count gathers = (columns + 1) + (2 * L + 1) + columns;
     add_comm(p, "tp",
-             "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
-             "gradient after each attention, MLP and the embedding, and of the attention's and the MLP's "
-             "input again for their weight gradients (backward)",
-             "accum (6L+2) (t-1)/t N C a", A * (6 * L + 2) * gather);
-    add_comm(p, "tp",
-             "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and of "
-             "the input gradient of each attention, MLP and lm_head (backward)",
-             "accum 2 (2L+1) (t-1)/t N C a'", A * 2 * (2 * L + 1) * scatter);
+             m == 1
+                 ? "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
+                   "gradient after each attention, MLP and the embedding, and of the attention's and the "
+                   "MLP's input again for their weight gradients (backward)"
+                 : "sequence parallel: all-gather before each attention, gate, up and lm_head (forward), of "
+                   "the gradient after each attention, MLP and the embedding, and of the attention's, gate's "
+                   "and up's input again for their weight gradients (backward)",
+             m == 1 ? "accum (6L+2) (t-1)/t N C a"
+                    : "accum (" + std::to_string(2 * (1 + m) + 2) + "L+2) (t-1)/t N C a",
+             A * gathers * gather);
+    // forward: after each attention, MLP and the embedding; backward: each column-parallel
+    // linear's input gradient and lm_head's
+    const Count scatters = (2 * L + 1) + (columns + 1);
+    add_comm(
+        p, "tp",
+        m == 1
+            ? "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and "
+              "of the input gradient of each attention, MLP and lm_head (backward)"
+            : "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and "
+              "of the input gradient of each attention, gate, up and lm_head (backward)",
+        m == 1 ? "accum 2 (2L+1) (t-1)/t N C a'" : "accum (" + std::to_string(3 + m) + "L+2) (t-1)/t N C a'",
+        A * scatters * scatter);
     if (full_blocks)
       add_comm(p, "tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
-               "accum 2 L_full (t-1)/t N C (a + a')", A * 2 * full_blocks * (gather + scatter));
+               m == 1 ? "accum 2 L_full (t-1)/t N C (a + a')"
+                      : "accum L_full (t-1)/t N C (" + std::to_string(1 + m) + " a + 2 a')",
+               A * full_blocks * ((1 + m) * gather + 2 * scatter));
     // the unsplit parameters' partial gradients (this rank's shards of them), summed once
     Count unsplit = 0;
     for (const nn::FlatUnit& u : l.units)
@@ -425,8 +536,11 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, in
     if (full_blocks)
       add_comm(p, "tp", "g again in the blocks full checkpointing recomputes",
                "accum 2 L_full 2 (t-1)/t N C a'", A * 2 * full_blocks * all_reduce_bytes(x, t));
-    add_comm(p, "tp", "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)",
-             "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
+    add_comm(p, "tp",
+             m == 1
+                 ? "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)"
+                 : "f: all-reduce of the input gradient of each attention, gate, up and lm_head (backward)",
+             "accum (" + f_ops + "+1) 2 (t-1)/t N C a'", A * (columns + 1) * all_reduce_bytes(x, t));
   }
   if (t > 1)
     add_comm(p, "tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
@@ -456,12 +570,14 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
   }
   plan_tensor_parallel_comm(p, l, s, full_blocks);
   if (cp > 1) {
-    const Count block = 2 * N * Count(s.Cl) * a;  // K and V of this rank's two chunks
+    // K and V of this rank's two chunks: only the kv heads travel (KVl = Cl but under
+    // grouped-query attention)
+    const Count block = 2 * N * Count(s.KVl) * a;
     add_comm(p, "cp", "ring: K/V blocks forward and their gradients back, every block",
-             "accum L 2 (cp-1) 2 N Cl a", A * L * 2 * (cp - 1) * block);
+             "accum L 2 (cp-1) 2 N KVl a", A * L * 2 * (cp - 1) * block);
     if (recomputed_cores)
       add_comm(p, "cp", "ring again in the attention that checkpointing recomputes",
-               "accum L_ac (cp-1) 2 N Cl a", A * recomputed_cores * (cp - 1) * block);
+               "accum L_ac (cp-1) 2 N KVl a", A * recomputed_cores * (cp - 1) * block);
   }
   // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp ranks, the
   // gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group
@@ -486,6 +602,10 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   p.n_head = mc.n_head;
   p.n_embd = mc.n_embd;
   p.padded_vocab = mc.padded_vocab();
+  p.arch = mc.arch;
+  p.n_kv_head = mc.kv_heads();
+  p.mlp_hidden = mc.mlp_hidden();
+  p.qkv_bias = !mc.llama() || mc.attention_bias;
 
   // ---- the batch (Trainer::materialize): micro x accum x dp sequences
   stage = "the batch (train.micro_batch_size x grad_accum_steps x data-parallel ranks x seq_len)";
@@ -519,11 +639,6 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
                       std::to_string(2 * c.train.ac_every) + ", ...; the others keep everything");
   if (D.cp > 1)
     p.notes.push_back("context parallelism: the numbers are rank 0's, which keeps the most ring blocks");
-  if (mc.llama())
-    p.notes.push_back("a llama: parameters, gradients, AdamW and the FSDP gathers are its own; activations, "
-                      "the step's time and the attention's communication are estimated with GPT-2's shapes "
-                      "(3 C for q, k, v; 4 C MLP units), so GQA's smaller K/V and SwiGLU's three matrices are "
-                      "not yet counted");
 }
 
 }  // namespace
@@ -562,9 +677,12 @@ void print_plan(const Plan& p, std::ostream& o) {
   const dist::ParallelDims& D = p.dims;
   char line[256];
   o << "plan: " << D.str() << " (" << p.strategy << ")\n";
-  o << "model: " << p.n_layer << " layers, " << p.n_head << " heads, n_embd " << p.n_embd << ", vocabulary "
-    << p.padded_vocab << " (padded); " << p.params_global << " parameters, " << p.params_rank
-    << " on each tensor-parallel rank\n";
+  o << "model: " << (p.arch == "llama" ? "llama, " : "") << p.n_layer << " layers, " << p.n_head << " heads";
+  if (p.arch == "llama") o << " (" << p.n_kv_head << " key/value heads)";
+  o << ", n_embd " << p.n_embd;
+  if (p.arch == "llama") o << ", SwiGLU of " << p.mlp_hidden;
+  o << ", vocabulary " << p.padded_vocab << " (padded); " << p.params_global << " parameters, "
+    << p.params_rank << " on each tensor-parallel rank\n";
   o << "batch: " << p.micro_batch << " sequences x " << p.accum << " accumulation x " << D.dp()
     << " data-parallel = " << p.sequences << " sequences = " << p.tokens
     << " tokens per step; each rank runs " << p.micro_batch << " x " << p.local_seq
@@ -600,9 +718,10 @@ void print_plan(const Plan& p, std::ostream& o) {
   }
   o << "communication per step, sent by each rank:\n";
   for (const PlanComm& c : p.comm) {
-    std::snprintf(line, sizeof(line), "  %-9s %12s  %s [%s]\n", c.dim.c_str(), io::format_bytes(double(c.bytes)).c_str(),
-                  c.what.c_str(), c.formula.c_str());
-    o << line;
+    // the columns in the buffer, the words after them (longer than any buffer of a line)
+    std::snprintf(line, sizeof(line), "  %-9s %12s  ", c.dim.c_str(),
+                  io::format_bytes(double(c.bytes)).c_str());
+    o << line << c.what << " [" << c.formula << "]\n";
   }
   std::snprintf(line, sizeof(line), "  %-9s %12s  (%lld bytes)\n", "total",
                 io::format_bytes(double(p.comm_bytes)).c_str(), (long long)p.comm_bytes);
@@ -626,9 +745,15 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["batch"] = {{"micro_batch_size", p.micro_batch}, {"seq_len", p.seq_len},
                 {"local_seq_len", p.local_seq},      {"grad_accum_steps", p.accum},
                 {"sequences", p.sequences},          {"tokens", p.tokens}};
-  j["model"] = {{"n_layer", p.n_layer},      {"n_head", p.n_head},
-                {"n_embd", p.n_embd},        {"padded_vocab", p.padded_vocab},
-                {"params", p.params_global}, {"params_per_tp_rank", p.params_rank}};
+  j["model"] = {{"arch", p.arch},
+                {"n_layer", p.n_layer},
+                {"n_head", p.n_head},
+                {"n_kv_head", p.n_kv_head},
+                {"n_embd", p.n_embd},
+                {"mlp_hidden", p.mlp_hidden},
+                {"padded_vocab", p.padded_vocab},
+                {"params", p.params_global},
+                {"params_per_tp_rank", p.params_rank}};
   j["memory"] = {{"params", p.param_bytes},
                  {"grads", p.grad_bytes},
                  {"optimizer", p.optim_bytes},

@@ -47,8 +47,13 @@ struct Plan {
   int64_t ac_every = 1;
   // the batch
   int64_t micro_batch = 0, seq_len = 0, local_seq = 0, accum = 0, sequences = 0, tokens = 0;
-  // the model
+  // the model: its architecture (gpt2 or llama), sizes, key/value heads (n_head for
+  // gpt2), the MLP's hidden units (4 n_embd for gpt2, intermediate_size for llama) and
+  // whether q, k and v have biases (gpt2: yes; llama: model.attention_bias)
+  std::string arch = "gpt2";
   int64_t n_layer = 0, n_head = 0, n_embd = 0, padded_vocab = 0;
+  int64_t n_kv_head = 0, mlp_hidden = 0;
+  bool qkv_bias = true;
   int64_t params_global = 0;  // every parameter once
   int64_t params_rank = 0;    // on this rank after tensor parallelism, before FSDP sharding
   // the flat units (the embeddings, then each block) on this rank: whole (padded) and shard

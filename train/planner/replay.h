@@ -40,13 +40,19 @@ struct Work {
   double flops = 0, floats = 0;
 };
 
-// One block's pieces, forward and backward (the ops of nn::Block and autograd/ops/*.cpp).
+// One block's pieces, forward and backward (the ops of nn::Block or nn::LlamaBlock and
+// autograd/ops/*.cpp).
 struct BlockWork {
-  Work attn_in, core, attn_out, mlp;          // forward: ln_1 + c_attn + split; core; c_proj + residual; MLP
-  Work attn_in_b, core_b, attn_out_b, mlp_b;  // their backward, up to c_attn's and c_fc's input gradients
-  Work attn_in_dw, mlp_dw;                    // ... c_attn's and c_fc's weight gradients
-  Work ln_1_b, ln_2_b;                        // ... and the LayerNorms' (with the residual's sum)
-  double scores = 0;                          // the attention scores the core computes
+  Work attn_in, core, attn_out, mlp;   // forward: ln_1 + c_attn + split; core; c_proj + residual; MLP
+  Work attn_in_b, core_b, attn_out_b;  // their backward, up to c_attn's input gradient
+  Work attn_in_dw;                     // ... c_attn's weight gradient
+  // the MLP's backward by column-parallel linear, in the order it runs: (up to its input
+  // gradient, its weight gradient); gpt2: (c_proj, GELU and c_fc's input gradient, c_fc's
+  // weight gradient); llama: (down, silu_mul and up's input gradient, up's), (gate's input
+  // gradient and the sum, gate's)
+  std::vector<std::pair<Work, Work>> mlp_in;
+  Work ln_1_b, ln_2_b;  // ... and the norms' (with the residual's sum)
+  double scores = 0;    // the attention scores the core computes
 };
 
 // The step's pieces: a block's, and those around the blocks.

@@ -23,11 +23,15 @@ Shapes shapes_of(const Plan& plan, const std::string& device) {
   shapes.B = plan.micro_batch;
   shapes.Tl = plan.local_seq;
   shapes.N = checked_mul(shapes.B, shapes.Tl, "count");
+  shapes.kind = plan.arch == "llama" ? BlockKind::llama : BlockKind::gpt2;
   shapes.C = plan.n_embd;
   shapes.Cl = shapes.C / dims.tp;
-  shapes.H = checked_mul(4, shapes.C, "count") / dims.tp;
+  shapes.H = plan.mlp_hidden / dims.tp;
   shapes.NHl = plan.n_head / dims.tp;
   shapes.hd = shapes.C / plan.n_head;
+  shapes.KVl = checked_mul(plan.n_kv_head, shapes.hd, "count") / dims.tp;
+  shapes.Q = checked_add(shapes.Cl, checked_mul(2, shapes.KVl, "count"), "count");
+  shapes.qkv_bias = plan.qkv_bias;
   shapes.Vl = plan.padded_vocab / dims.tp;
   shapes.Ns = plan.sequence_parallel ? shapes.N / dims.tp : shapes.N;
   shapes.cp = dims.cp;

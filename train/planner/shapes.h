@@ -11,9 +11,13 @@
 //   Tl  = T / cp tokens of a sequence    N    = B Tl rows
 //   Ns  rows of the regions between the attention and the MLP (LayerNorms, residuals): N,
 //       or N / tp with sequence parallelism
-//   C   = n_embd                         Cl   = C / tp attention channels
-//   H   = 4 C / tp MLP hidden units      NHl  = n_head / tp heads
-//   hd  = C / n_head head size           Vl   = Vp / tp vocabulary rows (Vp: padded)
+//   C   = n_embd                         Cl   = C / tp query (and output) channels
+//   H   MLP hidden units: 4 C / tp (gpt2), intermediate_size / tp (llama's SwiGLU)
+//   NHl = n_head / tp query heads        hd   = C / n_head head size
+//   KVl = n_kv_head hd / tp key (and value) channels: Cl for gpt2; fewer under grouped-
+//         query attention (llama's n_kv_head < n_head)
+//   Q   = Cl + 2 KVl columns of c_attn's q, k, v on this rank (3 Cl for gpt2)
+//   Vl  = Vp / tp vocabulary rows (Vp: padded)
 //   L   blocks                           cp, tp  the context- and tensor-parallel degrees
 //   a   bytes of an activation (the compute dtype's: 4, or 2 under bfloat16)
 // The sizes divide: plan() refuses a layout where they do not, as the trainer does.
@@ -41,12 +45,24 @@ AttentionCore attention_core(const std::string& device, const std::string& dtype
 // The CPU's fused kernel, alone or in the ring's pairs.
 bool fused(AttentionCore core);
 
+// The block the model is made of (models/gpt.h's two architectures).
+enum class BlockKind {
+  gpt2,   // nn::Block: LayerNorms, multi-head attention on the packed qkv, GELU MLP, biases
+  llama,  // nn::LlamaBlock: RMSNorms, grouped-query attention with rotary q and k, SwiGLU
+};
+
 struct Shapes {
+  BlockKind kind = BlockKind::gpt2;
   int64_t B = 0, Tl = 0, N = 0, Ns = 0;
-  int64_t C = 0, Cl = 0, H = 0, NHl = 0, hd = 0, Vl = 0;
+  int64_t C = 0, Cl = 0, KVl = 0, Q = 0, H = 0, NHl = 0, hd = 0, Vl = 0;
   int64_t cp = 1, tp = 1;
   int64_t act_bytes = 4;  // a
+  bool qkv_bias = true;   // c_attn's bias (gpt2; llama with model.attention_bias)
   AttentionCore core = AttentionCore::cpu_fused;
+  bool llama() const { return kind == BlockKind::llama; }
+  // column-parallel linears that read the MLP's input: c_fc (gpt2), gate and up (llama);
+  // under TP each sums its own input gradient (and, sequence parallel, gathers its input)
+  int64_t mlp_inputs() const { return llama() ? 2 : 1; }
 };
 
 // The shapes of the plan's rank on train.device `device`: from the plan's layout, batch,
