@@ -66,7 +66,8 @@ po::options_description describe(Config& c) {
       ("data.val", po::value(&c.data.val)->default_value(c.data.val), "glob of validation shards (empty: no eval)")
       ("data.shuffle", po::value(&c.data.shuffle)->default_value(c.data.shuffle), "shuffle batch windows each epoch (true/false)")
       ("data.vocab", po::value(&c.data.vocab)->default_value(c.data.vocab),
-       "vocab.json for decoding samples (empty: vocab.json beside the training shards, if any)");
+       "the samples' tokenizer: a tokenizer.json, a folder holding one, or prepare_text's vocab.json (empty: "
+       "tokenizer.json or vocab.json beside the training shards, if any)");
   po::options_description train("[train]");
   train.add_options()
       ("train.micro_batch_size", po::value(&c.train.micro_batch_size)->default_value(c.train.micro_batch_size), "sequences per micro-batch B")

@@ -40,7 +40,7 @@
 #include "train/checkpoint/whole.h"
 #include "train/config.h"
 #include "train/data/data.h"
-#include "train/data/vocab.h"
+#include "train/data/text.h"
 #include "train/guard.h"
 #include "train/io/files.h"
 #include "train/io/format.h"
@@ -166,7 +166,7 @@ class Trainer {
   optim::Schedule sched_;
   double lr_ = 0;  // optim.lr after lr_scaling
   std::unique_ptr<data::DataLoader> train_, val_;
-  std::unique_ptr<data::Vocab> vocab_;
+  std::unique_ptr<data::TextCodec> vocab_;
   int64_t tokens_per_step_ = 0, start_ = 0, saved_step_ = 0;
   io::LineWriter metrics_;
   bool metrics_warned_ = false;
@@ -380,20 +380,23 @@ void Trainer::open_data() {
                                               c_.model.vocab_size);
 }
 
-// data.vocab, or the vocab.json beside the training shards: for the samples' text.
+// data.vocab, or the tokenizer.json (a model's tokenizer: prepare_text --tokenizer copies it
+// there) or vocab.json (prepare_text's char or byte vocabulary) beside the training shards:
+// for the samples' text.
 void Trainer::open_vocabulary() {
   std::string vocab_path = c_.data.vocab;
   if (vocab_path.empty()) {
-    const fs::path guess = fs::path(data::glob_paths(c_.data.train)[0]).parent_path() / "vocab.json";
-    if (fs::exists(guess)) vocab_path = guess.string();
+    const fs::path dir = fs::path(data::glob_paths(c_.data.train)[0]).parent_path();
+    for (const char* name : {"tokenizer.json", "vocab.json"})
+      if (vocab_path.empty() && fs::exists(dir / name)) vocab_path = (dir / name).string();
   }
-  if (!vocab_path.empty()) vocab_ = std::make_unique<data::Vocab>(data::Vocab::load(vocab_path));
-  if (vocab_ && vocab_->size() > c_.model.vocab_size)
-    throw ConfigError("the vocabulary " + vocab_path + " has " + std::to_string(vocab_->size()) +
+  if (!vocab_path.empty()) vocab_ = std::make_unique<data::TextCodec>(data::TextCodec::load(vocab_path));
+  if (vocab_ && vocab_->vocab_size() > c_.model.vocab_size)
+    throw ConfigError("the vocabulary " + vocab_path + " has " + std::to_string(vocab_->vocab_size()) +
                       " tokens but model.vocab_size is " + std::to_string(c_.model.vocab_size));
   if (vocab_ && c_.sample.every >= 0 && c_.sample.length > 0) {  // fail now, not after training
     try {
-      vocab_->encode(c_.sample.prompt);
+      vocab_->encode_prompt(c_.sample.prompt);
     } catch (const Error& e) {
       throw ConfigError("sample.prompt cannot be encoded with " + vocab_path + ": " + e.what());
     }
@@ -559,13 +562,13 @@ std::vector<int32_t> Trainer::generate_sample(int64_t step) {
   // part in the collectives; otherwise (DP, CP: each runs the whole sequence here) each
   // samples on its own, so that no rank waits in the next collective while rank 0 alone
   // samples (a sample longer than parallel.timeout_s would end a healthy job)
-  std::vector<int32_t> prompt;
-  for (uint16_t t : vocab_->encode(c_.sample.prompt)) prompt.push_back(t);
+  const std::vector<int32_t> prompt = vocab_->encode_prompt(c_.sample.prompt);
   pm_->strategy->begin_forward_only();
   pm_->split_sequences(false);
   models::SampleOptions o;
   o.max_new_tokens = c_.sample.length, o.temperature = c_.sample.temperature, o.top_k = c_.sample.top_k;
   o.top_p = c_.sample.top_p, o.seed = static_cast<uint64_t>(c_.train.seed + step);
+  if (vocab_->eos_id()) o.stop_ids = {*vocab_->eos_id()};  // a tokenizer's end of text ends the sample
   std::vector<int32_t> ids = models::generate(*gpt_, prompt, o, device_);
   pm_->split_sequences(true);
   pm_->strategy->end_forward_only();

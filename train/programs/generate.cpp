@@ -1,0 +1,224 @@
+// generate: text from a trained model, through its own tokenizer, with a key/value cache.
+//
+//   build/generate --model models/SmolLM2-135M --prompt "The capital of France is"
+//   build/generate --model out/fortunes/ckpt --tokenizer data/fortunes/vocab.json --prompt "Q: "
+//   build/generate --model out/hf --prompt "Once" --max-new-tokens 200 --temperature 0.8 \
+//                  --top-k 50 --top-p 0.95 --seed 7 --device cuda --dtype bfloat16
+//
+// --model is a Hugging Face model folder (config.json and safetensors: what export_weights
+// writes, or one from the Hub; its tokenizer.json is the default tokenizer and its
+// config.json's eos_token_id ends the text), or a train_gpt checkpoint: a step_* directory of
+// a sharded checkpoint, or the checkpoint.dir holding `latest`. --tokenizer: a tokenizer.json,
+// a folder holding one, or the vocab.json prepare_text wrote beside the shards.
+//
+// The prompt runs through the model once; each new token then runs alone against the cached
+// keys and values (models/kv_cache.h). The text is written to stdout as it is drawn, whole
+// characters at a time; one line on stderr says how many tokens came at what speed. A bad
+// argument, model or tokenizer is one line on stderr and exit code 2 (a failure while
+// generating: 1).
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/generate.h"
+#include "nn/flat.h"
+#include "tensor/cuda/runtime.h"
+#include "tensor/error.h"
+#include "tensor/threads.h"
+#include "train/checkpoint/checkpoint.h"
+#include "train/checkpoint/hf.h"
+#include "train/checkpoint/sharded.h"
+#include "train/data/text.h"
+
+using namespace ndt;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: generate --model PATH [--tokenizer PATH] [--prompt TEXT] [--max-new-tokens N]\n"
+    "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos]\n"
+    "                [--device cpu|cuda[:N]] [--dtype float32|bfloat16] [--threads N]\n"
+    "  --model      a Hugging Face model folder, or a train_gpt checkpoint (a step_* directory or the\n"
+    "               checkpoint.dir holding latest)\n"
+    "  --tokenizer  tokenizer.json, a folder holding it, or prepare_text's vocab.json (default: the\n"
+    "               model folder's tokenizer.json; a checkpoint needs it)\n"
+    "  --prompt     text to continue (default: empty); \\n and \\t are understood\n"
+    "  --max-new-tokens (default 200) --temperature (default 0.8; 0: greedy) --top-k (default 50;\n"
+    "               0: all) --top-p (default 0.95; 1: all) --seed (default 1)\n"
+    "  --ignore-eos  go on past the end-of-text token    --threads  CPU threads (0: every core)\n";
+
+struct Args {
+  std::string model, tokenizer, prompt, device = "cpu", dtype = "float32";
+  models::SampleOptions sample{.max_new_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1};
+  bool ignore_eos = false;
+  int threads = 0;
+};
+
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == 'n' || s[i + 1] == 't')) {
+      out += s[++i] == 'n' ? '\n' : '\t';
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+double number(const std::string& key, const std::string& v) {
+  size_t end = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  NDT_CHECK(end == v.size() && !v.empty() && std::isfinite(x), key, " takes a number, got '", v, "'");
+  return x;
+}
+
+int64_t whole(const std::string& key, const std::string& v) {
+  const double x = number(key, v);
+  NDT_CHECK(x == static_cast<double>(static_cast<int64_t>(x)), key, " takes a whole number, got '", v, "'");
+  return static_cast<int64_t>(x);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--ignore-eos") {
+      a.ignore_eos = true;
+      continue;
+    }
+    NDT_CHECK(k.rfind("--", 0) == 0, "unexpected argument '", k, "' (see --help)");
+    NDT_CHECK(i + 1 < argc, k, " needs a value (see --help)");
+    const std::string v = argv[++i];
+    if (k == "--model") a.model = v;
+    else if (k == "--tokenizer") a.tokenizer = v;
+    else if (k == "--prompt") a.prompt = unescape(v);
+    else if (k == "--device") a.device = v;
+    else if (k == "--dtype") a.dtype = v;
+    else if (k == "--max-new-tokens") a.sample.max_new_tokens = whole(k, v);
+    else if (k == "--temperature") a.sample.temperature = number(k, v);
+    else if (k == "--top-k") a.sample.top_k = whole(k, v);
+    else if (k == "--top-p") a.sample.top_p = number(k, v);
+    else if (k == "--seed") a.sample.seed = static_cast<uint64_t>(whole(k, v));
+    else if (k == "--threads") a.threads = static_cast<int>(whole(k, v));
+    else NDT_FAIL("unknown option ", k, " (see --help)");
+  }
+  NDT_CHECK(!a.model.empty(), "--model is required: a Hugging Face model folder or a train_gpt checkpoint");
+  NDT_CHECK(a.sample.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got ", a.sample.max_new_tokens);
+  NDT_CHECK(a.sample.temperature >= 0, "--temperature must be >= 0 (0: greedy), got ", a.sample.temperature);
+  NDT_CHECK(a.sample.top_k >= 0, "--top-k must be >= 0 (0: every token), got ", a.sample.top_k);
+  NDT_CHECK(a.sample.top_p > 0 && a.sample.top_p <= 1, "--top-p must be in (0, 1], got ", a.sample.top_p);
+  NDT_CHECK(a.dtype == "float32" || a.dtype == "bfloat16", "--dtype takes float32 or bfloat16, got '", a.dtype, "'");
+  NDT_CHECK(a.threads >= 0, "--threads must be >= 0, got ", a.threads);
+  return a;
+}
+
+// The model at --model, its weights on `device`, and what it says ends a text.
+struct Loaded {
+  std::unique_ptr<models::GPT> gpt;
+  nn::FlatParams params;
+  std::vector<int32_t> eos;
+  std::string tokenizer;  // the folder's tokenizer.json, if any
+  std::string what;       // for the first line
+};
+
+Loaded load(const Args& a, Device device) {
+  Loaded l;
+  const std::optional<DType> compute = a.dtype == "bfloat16" ? std::optional<DType>(DType::bf16) : std::nullopt;
+  if (ckpt::is_hf_folder(a.model)) {
+    const io::HfFolder f(a.model);
+    l.gpt = std::make_unique<models::GPT>(ckpt::model_config(f.config()));
+    l.params = nn::materialize(l.gpt->units(), device, DType::f32, 0, nn::ShardSpec{}, compute);
+    ckpt::load_hf_local(f, *l.gpt, l.params);
+    for (int64_t id : f.config().eos_token_id) l.eos.push_back(static_cast<int32_t>(id));
+    if (fs::exists(fs::path(a.model) / "tokenizer.json")) l.tokenizer = (fs::path(a.model) / "tokenizer.json").string();
+    l.what = "Hugging Face folder " + a.model;
+  } else {
+    NDT_CHECK(fs::is_directory(a.model), "--model ", a.model, " is neither a Hugging Face model folder (config.json "
+              "and safetensors) nor a checkpoint directory");
+    std::string dir = a.model;
+    if (!ckpt::is_sharded(dir)) {  // the checkpoint.dir: its newest complete checkpoint
+      const std::optional<std::string> latest = ckpt::latest_checkpoint(dir);
+      NDT_CHECK(latest.has_value(), "--model ", a.model, " holds no checkpoint (no config.json of a Hugging Face "
+                "folder, no checkpoint.json, no latest or step_* directory)");
+      dir = *latest;
+    }
+    NDT_CHECK(ckpt::is_sharded(dir), "--model ", dir, " is a full checkpoint: generate reads sharded ones "
+              "(checkpoint.format = sharded) and Hugging Face folders (export_weights writes one)");
+    l.gpt = std::make_unique<models::GPT>(ckpt::sharded_model_config(dir));
+    l.params = nn::materialize(l.gpt->units(), device, DType::f32, 0, nn::ShardSpec{}, compute);
+    ckpt::load_sharded_weights(dir, l.gpt->cfg, l.params, nullptr);
+    l.what = "checkpoint " + dir;
+  }
+  l.params.refresh_compute();  // bfloat16: the copies the model computes with
+  return l;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  use_cpu_defaults(argv);
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::cout << kUsage;
+      return 0;
+    }
+  Args a;
+  Device device = Device::cpu();
+  Loaded l;
+  std::optional<data::TextCodec> codec;
+  std::vector<int32_t> prompt;
+  try {  // everything a user gave: one line and exit code 2
+    a = parse(argc, argv);
+    device = Device::parse(a.device);
+    NDT_CHECK(!device.is_cuda() || cuda::available(), "--device ", a.device, ": no CUDA device is visible");
+    set_num_threads(a.threads);
+    l = load(a, device);
+    const std::string tok = !a.tokenizer.empty() ? a.tokenizer : l.tokenizer;
+    NDT_CHECK(!tok.empty(), "--tokenizer is needed for ", l.what, ": the tokenizer.json, or the vocab.json that "
+              "prepare_text wrote beside the shards the model was trained on");
+    codec = data::TextCodec::load(tok);
+    NDT_CHECK(codec->vocab_size() <= l.gpt->cfg.vocab_size, "the tokenizer ", codec->source(), " has ",
+              codec->vocab_size(), " tokens but the model only ", l.gpt->cfg.vocab_size, ": not the model's tokenizer");
+    prompt = codec->encode_prompt(a.prompt);
+    if (!a.ignore_eos) {
+      a.sample.stop_ids = l.eos;
+      if (codec->eos_id()) a.sample.stop_ids.push_back(*codec->eos_id());
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "generate: error: " << e.what() << "\n";
+    return 2;
+  }
+  try {
+    std::cerr << "generate: " << l.gpt->cfg.str() << " from " << l.what << "; tokenizer " << codec->describe()
+              << "; " << device.str() << " " << a.dtype << "\n";
+    std::cout << a.prompt << std::flush;
+    data::TextCodec::Stream out(*codec);
+    int64_t n = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    models::generate(*l.gpt, prompt, a.sample, device, [&](int32_t id) {
+      ++n;
+      const bool stop = std::find(a.sample.stop_ids.begin(), a.sample.stop_ids.end(), id) != a.sample.stop_ids.end();
+      if (!stop) std::cout << out.push(id) << std::flush;  // the end-of-text token is not text
+      return true;
+    });
+    std::cout << out.flush() << "\n";
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "generate: %lld tokens after a prompt of %zu in %.2f s (%.1f tokens/s)\n", (long long)n,
+                 prompt.size(), s, n / s);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "generate: error: " << e.what() << "\n";
+    return 1;
+  }
+}
