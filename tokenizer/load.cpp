@@ -24,6 +24,7 @@ class Reader {
  public:
   explicit Reader(const std::string& source) : source_(source) {}
 
+  std::string where(const std::string& field) const { return "tokenizer " + source_ + ": " + field; }
   [[noreturn]] void fail(const std::string& field, const std::string& msg) const {
     NDT_FAIL("tokenizer ", source_, ": ", field, ": ", msg);
   }
@@ -104,9 +105,9 @@ void read_pre_tokenizer(const Reader& r, const json& j, const std::string& field
     if (!j.contains("pattern")) r.fail(field, "has no \"pattern\"");
     const json& p = r.object(j["pattern"], field + ".pattern");
     if (p.contains("Regex")) {
-      s.re = std::make_unique<Regex>(r.string(p["Regex"], field + ".pattern.Regex"), false, field + ".pattern.Regex");
+      s.re = std::make_unique<Regex>(r.string(p["Regex"], field + ".pattern.Regex"), false, r.where(field + ".pattern.Regex"));
     } else if (p.contains("String")) {
-      s.re = std::make_unique<Regex>(r.string(p["String"], field + ".pattern.String"), true, field + ".pattern.String");
+      s.re = std::make_unique<Regex>(r.string(p["String"], field + ".pattern.String"), true, r.where(field + ".pattern.String"));
     } else {
       r.fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
     }
@@ -118,14 +119,14 @@ void read_pre_tokenizer(const Reader& r, const json& j, const std::string& field
     // char::is_numeric, each digit alone (Isolated) or runs of them (Contiguous)
     SplitStep s;
     const bool individual = r.boolean(j, "individual_digits", field, false);
-    s.re = std::make_unique<Regex>(individual ? R"(\p{N})" : R"(\p{N}+)", false, field);
+    s.re = std::make_unique<Regex>(individual ? R"(\p{N})" : R"(\p{N}+)", false, r.where(field));
     t.splits.push_back(std::move(s));
   } else if (type == "ByteLevel") {
     byte_level = true;
     t.prefix_space_at = r.boolean(j, "add_prefix_space", field, true) ? t.splits.size() : SIZE_MAX;
     if (r.boolean(j, "use_regex", field, true)) {
       SplitStep s;
-      s.re = std::make_unique<Regex>(kGpt2Pattern, false, field + " (GPT-2's regex)");
+      s.re = std::make_unique<Regex>(kGpt2Pattern, false, r.where(field + " (GPT-2's regex)"));
       t.splits.push_back(std::move(s));
     }
   } else {

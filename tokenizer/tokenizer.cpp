@@ -177,14 +177,98 @@ struct Encoder {
     return !(start > 0 && is_word(before)) && !(stop < text.size() && is_word(stop));
   }
 
-  void encode(std::string_view text, bool parse_special) {
+  void encode(std::string_view text, bool parse_special, int threads) {
+    const auto piece = [&](std::string_view p) {
+      if (threads > 1 && p.size() >= 2 * kChunk && can_split_in_parallel()) pre_tokenize_parallel(p, threads);
+      else pre_tokenize(p, 0);
+    };
     split_added(text, t.raw_tokens, parse_special, [&](std::string_view raw) {
-      if (t.normalizers.empty()) return split_added(raw, t.normalized_tokens, parse_special, [&](std::string_view p) { pre_tokenize(p, 0); });
+      if (t.normalizers.empty()) return split_added(raw, t.normalized_tokens, parse_special, piece);
       std::string norm(raw);
       for (NormalForm f : t.normalizers)
         if (!normalize_is_noop(f, norm)) norm = normalize(f, norm);
-      split_added(norm, t.normalized_tokens, parse_special, [&](std::string_view p) { pre_tokenize(p, 0); });
+      split_added(norm, t.normalized_tokens, parse_special, piece);
     });
+  }
+
+  // One long piece over threads. The first split is a regex whose matches are kept (Isolated,
+  // not inverted, never empty): each thread finds the matches from its own start on (the
+  // whole piece as the subject, so lookaheads see past it) until one ends past the next start;
+  // joined in order, the matches of the part after the first one to match where a sequential
+  // search would have been are the sequential ones (the match found at a position does not
+  // depend on where the search began), and where none does, the join searches on by itself.
+  // The pieces between and at the matches then go through the rest in parallel.
+  static constexpr size_t kChunk = 256 * 1024;
+  bool can_split_in_parallel() const {
+    if (t.splits.empty() || t.prefix_space_at == 0) return false;
+    const SplitStep& first = t.splits[0];
+    return first.behavior == Behavior::isolated && !first.invert && !first.re->can_match_empty();
+  }
+  void pre_tokenize_parallel(std::string_view piece, int threads) {
+    const size_t n = piece.size();
+    const int T = static_cast<int>(std::min<size_t>(threads, n / kChunk));
+    std::vector<size_t> begin(T + 1);
+    for (int k = 0; k <= T; ++k) {
+      size_t b = n * k / T;
+      while (b < n && (static_cast<unsigned char>(piece[b]) & 0xC0) == 0x80) ++b;  // a character's start
+      begin[k] = b;
+    }
+    std::vector<Ranges> found(T);
+    std::vector<std::unique_ptr<Scratch>> scratch(T);
+    for (int k = 0; k < T; ++k) scratch[k] = t.take_scratch();
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+    for (int k = 0; k < T; ++k) {
+      Regex::Matcher& m = *scratch[k]->matchers[0];
+      m.reset();
+      size_t pos = begin[k], a, b;
+      while (m.next(piece, pos, a, b)) {
+        found[k].emplace_back(a, b);
+        if (k + 1 < T && b >= begin[k + 1]) break;
+      }
+    }
+    // the sequential matches
+    Ranges all = std::move(found[0]);
+    for (int k = 1; k < T && !all.empty(); ++k) {
+      const size_t at = all.back().second;  // where a sequential search goes on
+      const Ranges& f = found[k];
+      size_t j = 0;
+      while (j < f.size() && !((j == 0 ? begin[k] : f[j - 1].second) <= at && at <= f[j].first)) ++j;
+      if (j < f.size()) {
+        all.insert(all.end(), f.begin() + j, f.end());
+      } else if (!f.empty()) {  // `at` fell inside a match of this part, or past them all
+        Regex::Matcher& m = *scratch[0]->matchers[0];
+        m.reset();
+        size_t pos = at, a, b;
+        while (m.next(piece, pos, a, b)) {
+          all.emplace_back(a, b);
+          if (k + 1 < T && b >= begin[k + 1]) break;
+        }
+      }
+    }
+    // the pieces (the text between matches and the matches) through the rest, in parallel
+    Ranges pieces;
+    size_t prev = 0;
+    for (const auto& [a, b] : all) {
+      if (prev < a) pieces.emplace_back(prev, a);
+      pieces.emplace_back(a, b);
+      prev = b;
+    }
+    if (prev < n) pieces.emplace_back(prev, n);
+    std::vector<std::vector<int32_t>> ids(T);
+    std::vector<size_t> first(T + 1);  // thread k: the pieces that start in its part
+    for (int k = 0; k <= T; ++k)
+      first[k] = std::partition_point(pieces.begin(), pieces.end(), [&](const auto& p) { return p.first < begin[k]; }) -
+                 pieces.begin();
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+    for (int k = 0; k < T; ++k) {
+      Encoder e{t, *scratch[k], ids[k]};
+      for (size_t i = first[k]; i < first[k + 1]; ++i)
+        e.pre_tokenize(piece.substr(pieces[i].first, pieces[i].second - pieces[i].first), 1);
+    }
+    for (int k = 0; k < T; ++k) {
+      out.insert(out.end(), ids[k].begin(), ids[k].end());
+      t.give_back(std::move(scratch[k]));
+    }
   }
 };
 
@@ -202,7 +286,7 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOption
   if (opt.add_special) out.insert(out.end(), t.before.begin(), t.before.end());
   std::unique_ptr<Scratch> s = t.take_scratch();
   try {
-    Encoder{t, *s, out}.encode(text, opt.parse_special);
+    Encoder{t, *s, out}.encode(text, opt.parse_special, opt.threads > 0 ? opt.threads : omp_get_max_threads());
   } catch (...) {
     t.give_back(std::move(s));
     throw;
@@ -216,6 +300,10 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(const std::vector<std:
                                                           const EncodeOptions& opt) const {
   std::vector<std::vector<int32_t>> out(texts.size());
   const int threads = opt.threads > 0 ? opt.threads : omp_get_max_threads();
+  if (texts.size() < static_cast<size_t>(threads)) {  // few documents: each over the threads
+    for (size_t i = 0; i < texts.size(); ++i) out[i] = encode(texts[i], opt);
+    return out;
+  }
   EncodeOptions one = opt;
   one.threads = 1;
   std::string error;
