@@ -190,15 +190,22 @@ TEST(Tokenizer, RegexesTakeOnigurumasMeaning) {
 
 TEST(Tokenizer, ThreadsGiveTheSameIds) {
   const tok::Tokenizer t = load(tiny());
+  // 1.6 MB in one piece (no special token): split across the threads; where the parts meet,
+  // runs of spaces and newlines make matches that cross them
   std::string text;
-  for (int i = 0; i < 20000; ++i)
-    text += i % 7 == 0 ? "the  " : i % 5 == 0 ? "\n\n" : i % 11 == 0 ? "<|endoftext|>" : " the thesis 42 ";
+  for (int i = 0; i < 120000; ++i)
+    text += i % 7 == 0 ? "the  " : i % 5 == 0 ? "\n\n" : i % 13 == 0 ? std::string(i % 50, ' ') : " the thesis 42 ";
   const std::vector<int32_t> one = t.encode(text);
   tok::EncodeOptions two;
-  two.threads = 2;
-  EXPECT_EQ(t.encode(text, two), one);
-  two.threads = 7;
-  EXPECT_EQ(t.encode(text, two), one);
+  for (int threads : {2, 3, 7}) {
+    two.threads = threads;
+    EXPECT_EQ(t.encode(text, two), one) << threads << " threads";
+  }
+  text += "<|endoftext|>" + text.substr(0, 700000);
+  EXPECT_EQ(t.encode(text, two), t.encode(text));
+  // one match across every part: a run of spaces, then of digits
+  const std::string runs = "a" + std::string(1500000, ' ') + "b " + std::string(900000, '7') + "x";
+  EXPECT_EQ(t.encode(runs, two), t.encode(runs));
   const std::vector<std::string_view> docs = {text, "", " the", text.substr(0, 1000)};
   const auto batch = t.encode_batch(docs, two);
   ASSERT_EQ(batch.size(), docs.size());
