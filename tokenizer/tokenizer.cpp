@@ -193,11 +193,12 @@ struct Encoder {
 
   // One long piece over threads. The first split is a regex whose matches are kept (Isolated,
   // not inverted, never empty): each thread finds the matches from its own start on (the
-  // whole piece as the subject, so lookaheads see past it) until one ends past the next start;
-  // joined in order, the matches of the part after the first one to match where a sequential
-  // search would have been are the sequential ones (the match found at a position does not
-  // depend on where the search began), and where none does, the join searches on by itself.
-  // The pieces between and at the matches then go through the rest in parallel.
+  // whole piece as the subject, so lookaheads see past its part) until one ends past the next
+  // part's start. A sequential search that has reached position `at` in part k finds what part
+  // k's thread found from its first match starting at or after `at`, when the thread's search
+  // had not passed `at` before that match (the match at a position does not depend on where the
+  // search began); where no match qualifies, the search from `at` is done again. Then each
+  // thread takes the pieces (matches and the text between them) of its part through the rest.
   static constexpr size_t kChunk = 256 * 1024;
   bool can_split_in_parallel() const {
     if (t.splits.empty() || t.prefix_space_at == 0) return false;
@@ -213,62 +214,62 @@ struct Encoder {
       while (b < n && (static_cast<unsigned char>(piece[b]) & 0xC0) == 0x80) ++b;  // a character's start
       begin[k] = b;
     }
-    std::vector<Ranges> found(T);
     std::vector<std::unique_ptr<Scratch>> scratch(T);
     for (int k = 0; k < T; ++k) scratch[k] = t.take_scratch();
-#pragma omp parallel for num_threads(T) schedule(static, 1)
-    for (int k = 0; k < T; ++k) {
+    // each part's matches, from its start until one ends in the next part
+    const auto scan = [&](int k, size_t from) {
       Regex::Matcher& m = *scratch[k]->matchers[0];
       m.reset();
-      size_t pos = begin[k], a, b;
+      Ranges found;  // the thread's own vector (neighbours in one array would share cache lines)
+      found.reserve((begin[k + 1] - begin[k]) / 4 + 16);
+      size_t pos = from, a, b;
       while (m.next(piece, pos, a, b)) {
-        found[k].emplace_back(a, b);
+        found.emplace_back(a, b);
         if (k + 1 < T && b >= begin[k + 1]) break;
       }
-    }
-    // the sequential matches
-    Ranges all = std::move(found[0]);
-    for (int k = 1; k < T && !all.empty(); ++k) {
-      const size_t at = all.back().second;  // where a sequential search goes on
-      const Ranges& f = found[k];
+      return found;
+    };
+    std::vector<Ranges> found(T);
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+    for (int k = 0; k < T; ++k) found[k] = scan(k, begin[k]);
+    // where the sequential search joins each part: skip[k] matches of part k are not its own,
+    // and its pieces start at from[k] (the end of the last match before them)
+    std::vector<size_t> skip(T, 0), from(T, 0);
+    size_t at = 0;
+    for (int k = 0; k < T; ++k) {
+      from[k] = at;
+      Ranges& f = found[k];
       size_t j = 0;
-      while (j < f.size() && !((j == 0 ? begin[k] : f[j - 1].second) <= at && at <= f[j].first)) ++j;
-      if (j < f.size()) {
-        all.insert(all.end(), f.begin() + j, f.end());
-      } else if (!f.empty()) {  // `at` fell inside a match of this part, or past them all
-        Regex::Matcher& m = *scratch[0]->matchers[0];
-        m.reset();
-        size_t pos = at, a, b;
-        while (m.next(piece, pos, a, b)) {
-          all.emplace_back(a, b);
-          if (k + 1 < T && b >= begin[k + 1]) break;
-        }
+      if (k > 0)
+        while (j < f.size() && !((j == 0 ? begin[k] : f[j - 1].second) <= at && at <= f[j].first)) ++j;
+      if (j == f.size() && !f.empty()) {  // `at` fell inside one of this part's matches, or past them
+        f = scan(k, at);
+        j = 0;
       }
+      skip[k] = j;
+      if (!f.empty()) at = f.back().second;
     }
-    // the pieces (the text between matches and the matches) through the rest, in parallel
-    Ranges pieces;
-    size_t prev = 0;
-    for (const auto& [a, b] : all) {
-      if (prev < a) pieces.emplace_back(prev, a);
-      pieces.emplace_back(a, b);
-      prev = b;
-    }
-    if (prev < n) pieces.emplace_back(prev, n);
+    // the pieces of each part through the rest of the pre-tokenizer and BPE
     std::vector<std::vector<int32_t>> ids(T);
-    std::vector<size_t> first(T + 1);  // thread k: the pieces that start in its part
-    for (int k = 0; k <= T; ++k)
-      first[k] = std::partition_point(pieces.begin(), pieces.end(), [&](const auto& p) { return p.first < begin[k]; }) -
-                 pieces.begin();
 #pragma omp parallel for num_threads(T) schedule(static, 1)
     for (int k = 0; k < T; ++k) {
-      Encoder e{t, *scratch[k], ids[k]};
-      for (size_t i = first[k]; i < first[k + 1]; ++i)
-        e.pre_tokenize(piece.substr(pieces[i].first, pieces[i].second - pieces[i].first), 1);
+      std::vector<int32_t> mine;
+      mine.reserve((begin[k + 1] - begin[k]) / 3 + 16);
+      Encoder e{t, *scratch[k], mine};
+      size_t prev = from[k];
+      for (size_t i = skip[k]; i < found[k].size(); ++i) {
+        const auto [a, b] = found[k][i];
+        if (prev < a) e.pre_tokenize(piece.substr(prev, a - prev), 1);
+        e.pre_tokenize(piece.substr(a, b - a), 1);
+        prev = b;
+      }
+      ids[k] = std::move(mine);
     }
     for (int k = 0; k < T; ++k) {
       out.insert(out.end(), ids[k].begin(), ids[k].end());
       t.give_back(std::move(scratch[k]));
     }
+    if (at < n) pre_tokenize(piece.substr(at), 1);  // the text after the last match
   }
 };
 
