@@ -18,7 +18,9 @@ same tokenizer.json: mergeable_ranks from the vocabulary, pat_str from its regex
 
 Each library runs in its own process per thread count: ndtrain's bench_tokenizer (encode_batch,
 OpenMP threads), tokenizers' encode_batch_fast (RAYON_NUM_THREADS) and tiktoken's
-encode_ordinary_batch (num_threads). Each repeat loads the tokenizer afresh (a cold cache, as in
+encode_ordinary_batch (num_threads); "ndtrain, one text" is the documents joined into one
+text, which encode splits across the threads (the others have no such mode: their one text
+runs on one thread). Each repeat loads the tokenizer afresh (a cold cache, as in
 a new process) and times the encoding alone; the best repeat is reported. The ids of every
 library are hashed (FNV-1a over the ids in order) and compared with tokenizers'.
 """
@@ -160,15 +162,21 @@ def main():
                                  + files, env=env, check=True, capture_output=True, text=True).stdout
             res["ndtrain"] = json.loads(out)
             res["ndtrain"]["version"] = "this build"
+            out = subprocess.run([binary, "--tokenizer", path, "--threads", str(threads), "--repeat", str(a.repeat),
+                                  "--one_text"] + files, env=env, check=True, capture_output=True, text=True).stdout
+            res["ndtrain, one text"] = json.loads(out)
+            res["ndtrain, one text"]["version"] = "this build"
             for lib in ["tokenizers", "tiktoken"]:
                 out = subprocess.run([sys.executable, "-c", WORKER, lib, path, str(threads), str(a.repeat), listing,
                                       GPT2_PATTERN], env=env, check=True, capture_output=True, text=True).stdout
                 res[lib] = json.loads(out)
-            for lib in ["ndtrain", "tokenizers", "tiktoken"]:
+            for lib in ["ndtrain", "tokenizers", "tiktoken", "ndtrain, one text"]:
                 r = res[lib]
                 same = "yes" if r["hash"] == res["tokenizers"]["hash"] else f"no ({r['tokens']} vs {res['tokenizers']['tokens']} ids)"
+                if lib == "ndtrain, one text":  # other ids where the documents meet
+                    same = "(another text)"
                 rows.append((name, lib, r["version"], threads, r["mb_per_s"], same))
-                print(f"  {name:13s} {lib:10s} {threads} thread(s): {r['mb_per_s']:7.2f} MB/s  ids as tokenizers': {same}",
+                print(f"  {name:13s} {lib:17s} {threads} thread(s): {r['mb_per_s']:7.2f} MB/s  ids as tokenizers': {same}",
                       flush=True)
     os.remove(listing)
     print("\n| tokenizer | library | version | threads | MB/s | ids equal tokenizers' |")

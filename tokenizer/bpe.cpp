@@ -69,15 +69,23 @@ const int32_t* Bpe::Cache::find(std::string_view key, uint64_t hash, size_t& n) 
 
 void Bpe::Cache::insert(std::string_view key, uint64_t hash, const int32_t* ids, size_t n) {
   if (key.empty() || key.size() > 256) return;
-  if (2 * (used_ + 1) > slots_.size()) {  // full: start again (text's common words come back at once)
-    if (slots_.size() < (1u << 20)) {
-      slots_.assign(slots_.size() * 2, Slot{});
-    } else {
+  if (2 * (used_ + 1) > slots_.size()) {
+    if (slots_.size() < (1u << 20)) {  // grow, keeping what it holds
+      std::vector<Slot> old(slots_.size() * 2);
+      old.swap(slots_);
+      const size_t mask = slots_.size() - 1;
+      for (const Slot& s : old)
+        if (s.key_len != 0) {
+          size_t i = s.hash & mask;
+          while (slots_[i].key_len != 0) i = (i + 1) & mask;
+          slots_[i] = s;
+        }
+    } else {  // full: start again (a text's common words come back at once)
       std::fill(slots_.begin(), slots_.end(), Slot{});
+      keys_.clear();
+      ids_.clear();
+      used_ = 0;
     }
-    keys_.clear();
-    ids_.clear();
-    used_ = 0;
   }
   const size_t mask = slots_.size() - 1;
   size_t i = hash & mask;

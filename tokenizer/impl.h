@@ -49,6 +49,7 @@ struct Scratch {
   Bpe::Cache cache;
   std::vector<std::vector<std::pair<size_t, size_t>>> pieces;  // per split step
   std::string prefixed;                                        // a piece with ByteLevel's prefix space
+  std::unique_ptr<Regex::Matcher> word_char;                   // single_word's test, made when needed
 };
 
 struct Tokenizer::Impl {

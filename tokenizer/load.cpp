@@ -193,7 +193,7 @@ std::string decoded_bytes(const std::string& token) {
 
 }  // namespace
 
-Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source) {
+std::shared_ptr<Tokenizer::Impl> Tokenizer::load(std::string_view text, const std::string& source) {
   const Reader r(source);
   json j;
   try {
@@ -354,7 +354,11 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source)
   if (!t->before.empty()) t->bos = t->before.front();
   for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>"})
     if (auto it = t->ids.find(name); !t->eos && it != t->ids.end() && t->special[it->second]) t->eos = it->second;
-  return Tokenizer(std::move(t));
+  return t;
+}
+
+Tokenizer Tokenizer::from_json(std::string_view text, const std::string& source) {
+  return Tokenizer(load(text, source));
 }
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
@@ -371,7 +375,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   NDT_CHECK(in.good(), "tokenizer: cannot read ", file.string());
   std::stringstream ss;
   ss << in.rdbuf();
-  Tokenizer t = from_json(ss.str(), file.string());
+  std::shared_ptr<Impl> t = load(ss.str(), file.string());
   // tokenizer_config.json beside it names the end-of-text token
   const fs::path config = file.parent_path() / "tokenizer_config.json";
   if (fs::is_regular_file(config, ec)) {
@@ -381,10 +385,10 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
       const json& e = cj["eos_token"];
       const json name = e.is_object() ? e.value("content", json()) : e;
       if (name.is_string())
-        if (auto id = t.id_of(name.get<std::string>())) std::const_pointer_cast<Impl>(t.impl_)->eos = *id;
+        if (auto it = t->ids.find(name.get<std::string>()); it != t->ids.end()) t->eos = it->second;
     }
   }
-  return t;
+  return Tokenizer(std::move(t));
 }
 
 void Trie::add(std::string_view s, int32_t value) {

@@ -161,8 +161,9 @@ struct Encoder {
   }
   // single_word: the characters on either side of [start, stop) are not word characters
   // (the regex crate's \w, as tokenizers' ends_with_word / starts_with_word test)
-  bool is_single_word(std::string_view text, size_t start, size_t stop) const {
-    Regex::Matcher m(*t.word_char);
+  bool is_single_word(std::string_view text, size_t start, size_t stop) {
+    if (!s.word_char) s.word_char = std::make_unique<Regex::Matcher>(*t.word_char);
+    Regex::Matcher& m = *s.word_char;
     const auto is_word = [&](size_t a) {
       size_t b = a, pos = 0, x, y;
       next_code_point(text, b);

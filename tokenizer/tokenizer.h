@@ -82,6 +82,7 @@ class Tokenizer {
 
  private:
   explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+  static std::shared_ptr<Impl> load(std::string_view json, const std::string& source);
   std::shared_ptr<const Impl> impl_;
 };
 
