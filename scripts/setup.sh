@@ -8,6 +8,7 @@
 #                                  # (with or without nvcc here; an error if they cannot be had)
 #   scripts/setup.sh --reference   # only the reference venv: torch + transformers from PyPI, CPU
 #                                  # only, for tests/scripts/hf_reference.py (the Llama/Qwen2 tests)
+#                                  # and tokenizer_reference.py; tiktoken for bench/bench_tokenizer.py
 #
 # Environment:
 #   NDT_BUILD_DIR    build folder (default: build, relative to the repository root)
@@ -30,7 +31,8 @@ BUILD="${NDT_BUILD_DIR:-build}"
 # Everything ndtrain needs: compilers and CMake, OpenBLAS (CPU GEMM; CMake prefers the
 # OpenMP build, which shares its threads with our OpenMP loops), oneDNN (bf16 GEMMs on CPUs
 # with bf16 instructions), Open MPI (CPU
-# collectives), Boost.Program_options (config), nlohmann-json (reports), GoogleTest and
+# collectives), Boost.Program_options (config), nlohmann-json (reports), PCRE2 and
+# libunistring (the tokenizer's regexes and Unicode normalization), GoogleTest and
 # Google Benchmark, the fortunes text (the offline training corpus), iproute2 and
 # util-linux for the simulated cluster of the multi-host tests (scripts/cluster.sh), and
 # python3 for the scripts (scripts/flight_report.py, the trace summary), with its venv module
@@ -38,7 +40,7 @@ BUILD="${NDT_BUILD_DIR:-build}"
 PACKAGES=(
   build-essential cmake pkg-config
   libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
-  libboost-program-options-dev nlohmann-json3-dev
+  libboost-program-options-dev nlohmann-json3-dev libpcre2-dev libunistring-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fortunes fortunes-min
   iproute2 util-linux python3 python3-venv
@@ -116,18 +118,20 @@ fetch_cudnn_frontend() {  # fetch_cudnn_frontend [required]
 # wheels that the loader needs at `import torch` even on a CPU; with NDT_REF_CUDA=stubs (the
 # default) scripts/reference_cuda_stubs.py builds stand-ins for them (readelf and cc, from
 # build-essential), and only the CUDA runtime and CUPTI (~50 MB, which torch's CPU library
-# links) are real. Idempotent: nothing happens when the venv imports torch, transformers and
-# safetensors at the pinned versions. A new pin reinstalls in place.
+# links) are real. Idempotent: nothing happens when the venv imports torch, transformers,
+# safetensors and tiktoken at the pinned versions. A new pin reinstalls in place.
 reference_venv() {
   local venv="${NDT_REF_VENV:-$HOME/.cache/ndtrain/ref-venv}" mode="${NDT_REF_CUDA:-stubs}"
-  local req="$ROOT/scripts/reference-requirements.txt" torch_v tf_v
+  local req="$ROOT/scripts/reference-requirements.txt" torch_v tf_v tk_v
   torch_v="$(sed -n 's/^torch==//p' "$req")"
   tf_v="$(sed -n 's/^transformers==//p' "$req")"
-  local probe="import torch, transformers, safetensors
+  tk_v="$(sed -n 's/^tiktoken==//p' "$req")"
+  local probe="import torch, transformers, safetensors, tiktoken
 assert torch.__version__.split('+')[0] == '$torch_v', torch.__version__
-assert transformers.__version__ == '$tf_v', transformers.__version__"
+assert transformers.__version__ == '$tf_v', transformers.__version__
+assert tiktoken.__version__ == '$tk_v', tiktoken.__version__"
   if "$venv/bin/python" -c "$probe" >/dev/null 2>&1; then
-    log "reference venv: $venv has torch $torch_v and transformers $tf_v, skipping"
+    log "reference venv: $venv has torch $torch_v, transformers $tf_v and tiktoken $tk_v, skipping"
     return
   fi
   [[ "$mode" = stubs || "$mode" = wheels ]] || die "NDT_REF_CUDA is '$mode': stubs or wheels"
@@ -190,6 +194,6 @@ case "${1:-}" in
   --build-only) build ;;
   --cudnn-frontend) fetch_cudnn_frontend required ;;
   --reference) reference_venv ;;
-  -h|--help) sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+  -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
   *) die "unknown option '$1' (try --help)" ;;
 esac

@@ -132,6 +132,53 @@ TEST(Data, BadShardsGiveClearErrors) {
   EXPECT_NE(e.find("101 tokens are needed"), std::string::npos) << e;
 }
 
+TEST(Data, Uint32ShardsAreLlama3sFormatAndReadBesideUint16Ones) {
+  fs::path d = ndt::testing::fresh_dir("data_u32");
+  // llm.c's Llama 3 format: magic 20240801, version 7, uint32 tokens
+  std::vector<uint32_t> big(60);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = 128000 + static_cast<uint32_t>(i);
+  EXPECT_EQ(data::shard_format_for(big), data::ShardFormat::u32);
+  EXPECT_EQ(data::shard_format_for({0, 65535}), data::ShardFormat::u16);
+  data::write_shard((d / "train_000.bin").string(), big, data::ShardFormat::u32);
+  {
+    std::ifstream in((d / "train_000.bin").string(), std::ios::binary);
+    int32_t h[3];
+    in.read(reinterpret_cast<char*>(h), sizeof(h));
+    EXPECT_EQ(h[0], 20240801);
+    EXPECT_EQ(h[1], 7);
+    EXPECT_EQ(h[2], 60);
+    EXPECT_EQ(fs::file_size(d / "train_000.bin"), 1024u + 4 * 60);
+  }
+  data::Shard s((d / "train_000.bin").string());
+  EXPECT_EQ(s.format(), data::ShardFormat::u32);
+  std::vector<uint32_t> got(5);
+  s.read(55, 5, got.data());
+  EXPECT_EQ(got, std::vector<uint32_t>(big.end() - 5, big.end()));
+  // a uint16 shard after it: the loader reads both
+  data::write_shard((d / "train_001.bin").string(), std::vector<uint32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11},
+                    data::ShardFormat::u16);
+  EXPECT_EQ(data::Shard((d / "train_001.bin").string()).format(), data::ShardFormat::u16);
+  data::DataLoader dl((d / "train_*.bin").string(), 1, 10, 0, 1, false, 0, 200000);
+  EXPECT_EQ(dl.total_tokens(), 71);
+  std::vector<int32_t> x;
+  for (int k = 0; k < 6; ++k) x = dl.next().inputs.to_vector<int32_t>();  // 5 windows in shard 0, then shard 1
+  EXPECT_EQ(x, std::vector<int32_t>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
+  // a token the model's vocabulary does not hold: the file and the position
+  std::string e = error_of([&] { data::DataLoader l((d / "train_000.bin").string(), 1, 10, 0, 1, false, 0, 128050); });
+  EXPECT_NE(e.find("train_000.bin: token 128050 at position 50 is >= model.vocab_size 128050"), std::string::npos) << e;
+  // a uint16 shard cannot hold it; a wrong version for the magic
+  e = error_of([&] { data::write_shard((d / "x.bin").string(), big, data::ShardFormat::u16); });
+  EXPECT_NE(e.find("token 128000 at position 0 does not fit a uint16 shard"), std::string::npos) << e;
+  {
+    std::vector<char> bytes(1024 + 40, 0);
+    int32_t h[3] = {20240801, 1, 10};
+    std::memcpy(bytes.data(), h, sizeof(h));
+    std::ofstream((d / "version.bin").string(), std::ios::binary).write(bytes.data(), bytes.size());
+  }
+  e = error_of([&] { data::Shard v((d / "version.bin").string()); });
+  EXPECT_NE(e.find("unsupported version 1 for magic 20240801 (expected 7)"), std::string::npos) << e;
+}
+
 TEST(Vocab, CharRoundTripAndSaveLoad) {
   fs::path d = ndt::testing::fresh_dir("data_vocab");
   const std::string text = "Hello, w\xc3\xb6rld!\n\tTabs and \xe2\x82\xac.";

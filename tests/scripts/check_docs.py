@@ -69,7 +69,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 
 # top-level folders a repository path starts with
-TOP_DIRS = ["tensor", "autograd", "nn", "dist", "models", "optim", "train", "tests", "bench",
+TOP_DIRS = ["tensor", "autograd", "nn", "dist", "models", "optim", "train", "tokenizer", "tests", "bench",
             "configs", "docs", "scripts", "examples", ".ci"]
 # names that, alone in inline code, mean a top-level file
 TOP_FILES = ["CMakeLists.txt", "CMakePresets.json", ".clang-format", ".clang-tidy", ".gitignore",

@@ -35,14 +35,17 @@ Shard::Shard(const std::string& path) : path_(path) {
   bytes_ = st.st_size;
   mtime_ns_ = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   ntok_ = h[2];
+  width_ = h[0] == kShardMagic32 ? 4 : 2;
+  const int32_t version = h[0] == kShardMagic32 ? kShardVersion32 : kShardVersion;
   if (!err.empty()) {
-  } else if (h[0] != kShardMagic) {
-    err = "bad magic " + std::to_string(h[0]) + " (expected " + std::to_string(kShardMagic) +
-          "); make shards with prepare_text or llm.c's scripts";
-  } else if (h[1] != kShardVersion) {
-    err = "unsupported version " + std::to_string(h[1]) + " (expected 1: uint16 tokens)";
-  } else if (ntok_ < 0 || bytes_ != kHeaderInts * 4 + 2 * ntok_) {
-    err = "header says " + std::to_string(ntok_) + " tokens (" + std::to_string(kHeaderInts * 4 + 2 * ntok_) +
+  } else if (h[0] != kShardMagic && h[0] != kShardMagic32) {
+    err = "bad magic " + std::to_string(h[0]) + " (expected " + std::to_string(kShardMagic) + ", uint16 tokens, or " +
+          std::to_string(kShardMagic32) + ", uint32 tokens); make shards with prepare_text or llm.c's scripts";
+  } else if (h[1] != version) {
+    err = "unsupported version " + std::to_string(h[1]) + " for magic " + std::to_string(h[0]) + " (expected " +
+          std::to_string(version) + ")";
+  } else if (ntok_ < 0 || bytes_ != kHeaderInts * 4 + width_ * ntok_) {
+    err = "header says " + std::to_string(ntok_) + " tokens (" + std::to_string(kHeaderInts * 4 + width_ * ntok_) +
           " bytes) but the file has " + std::to_string(bytes_) + " bytes; the file is truncated or corrupt";
   }
   if (!err.empty()) {
@@ -56,7 +59,7 @@ Shard::~Shard() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void Shard::read(int64_t pos, int64_t n, uint16_t* out) const {
+void Shard::read(int64_t pos, int64_t n, uint32_t* out) const {
   NDT_CHECK(pos >= 0 && n >= 0 && n <= ntok_ - pos, "data shard ", path_, ": tokens [", pos, ", ", pos + n,
             ") outside its ", ntok_, " tokens");
   struct stat st {};
@@ -69,21 +72,29 @@ void Shard::read(int64_t pos, int64_t n, uint16_t* out) const {
             "data shard ", path_,
             " was rewritten during the run (same size, but modified after train_gpt opened it); shards "
             "must not change while train_gpt reads them: write new data under another name");
-  char* dst = reinterpret_cast<char*>(out);
-  const int64_t want = 2 * n;
+  // the file's tokens land at the end of `out` (2 or 4 bytes each) and are widened in place
+  char* dst = reinterpret_cast<char*>(out) + (4 - width_) * n;
+  const int64_t want = width_ * n;
   int64_t done = 0;
   while (done < want) {
-    const ssize_t r =
-        ::pread(fd_, dst + done, static_cast<size_t>(want - done), kHeaderInts * 4 + 2 * pos + done);
+    const ssize_t r = ::pread(fd_, dst + done, static_cast<size_t>(want - done),
+                              kHeaderInts * 4 + width_ * pos + done);
     if (r < 0 && errno == EINTR) continue;
-    NDT_CHECK(r > 0, "data shard ", path_, ": read failed at token ", pos + done / 2, " (",
+    NDT_CHECK(r > 0, "data shard ", path_, ": read failed at token ", pos + done / width_, " (",
               r == 0 ? "end of file: the shard shrank during the run" : std::strerror(errno), ")");
     done += r;
+  }
+  if (width_ == 2) {
+    for (int64_t i = 0; i < n; ++i) {  // token i's bytes lie at or after out[i]: read before written
+      uint16_t t;
+      std::memcpy(&t, dst + 2 * i, 2);
+      out[i] = t;
+    }
   }
 }
 
 void Shard::check_tokens(int64_t vocab_size) const {
-  std::vector<uint16_t> buf;
+  std::vector<uint32_t> buf;
   for (int64_t pos = 0; pos < ntok_; pos += 1 << 20) {
     const int64_t n = std::min<int64_t>(1 << 20, ntok_ - pos);
     buf.resize(static_cast<size_t>(n));
@@ -94,14 +105,41 @@ void Shard::check_tokens(int64_t vocab_size) const {
   }
 }
 
-void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
-  NDT_CHECK(tokens.size() < (1ull << 31), "write_shard: ", tokens.size(), " tokens do not fit in one shard");
+namespace {
+void write_shard_bytes(const std::string& path, int32_t magic, int32_t version, int64_t ntok, const void* tokens,
+                       int64_t width) {
+  NDT_CHECK(ntok < (int64_t(1) << 31), "write_shard: ", ntok, " tokens do not fit in one shard");
   int32_t header[kHeaderInts] = {};
-  header[0] = kShardMagic;
-  header[1] = kShardVersion;
-  header[2] = static_cast<int32_t>(tokens.size());
+  header[0] = magic;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(ntok);
   io::write_file_atomic(path, {{reinterpret_cast<const char*>(header), sizeof(header)},
-                               {reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2}});
+                               {static_cast<const char*>(tokens), static_cast<size_t>(ntok * width)}});
+}
+}  // namespace
+
+void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
+  write_shard_bytes(path, kShardMagic, kShardVersion, static_cast<int64_t>(tokens.size()), tokens.data(), 2);
+}
+
+void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, ShardFormat format) {
+  if (format == ShardFormat::u32) {
+    write_shard_bytes(path, kShardMagic32, kShardVersion32, static_cast<int64_t>(tokens.size()), tokens.data(), 4);
+    return;
+  }
+  std::vector<uint16_t> narrow(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    NDT_CHECK(tokens[i] <= 0xFFFF, "write_shard ", path, ": token ", tokens[i], " at position ", i,
+              " does not fit a uint16 shard; write it as uint32 (Llama 3's format)");
+    narrow[i] = static_cast<uint16_t>(tokens[i]);
+  }
+  write_shard(path, narrow);
+}
+
+ShardFormat shard_format_for(const std::vector<uint32_t>& tokens) {
+  for (uint32_t t : tokens)
+    if (t > 0xFFFF) return ShardFormat::u32;
+  return ShardFormat::u16;
 }
 
 std::vector<std::string> glob_paths(const std::string& pattern) {
@@ -199,15 +237,15 @@ Batch DataLoader::next() {
   const Window& w = windows_[order_[state_.window++]];
   const Shard& s = *shards_[w.shard];
   const int64_t start = w.pos + static_cast<int64_t>(rank_) * B_ * T_;
-  std::vector<uint16_t> tok(static_cast<size_t>(B_ * T_ + 1));
+  std::vector<uint32_t> tok(static_cast<size_t>(B_ * T_ + 1));
   s.read(start, B_ * T_ + 1, tok.data());
   std::vector<int32_t> x(B_ * T_), y(B_ * T_);
   for (int64_t i = 0; i <= B_ * T_; ++i)
     NDT_CHECK(tok[i] < vocab_size_, "data shard ", s.path(), ": token ", tok[i], " at position ", start + i,
               " is >= model.vocab_size ", vocab_size_, "; the data was made for a larger vocabulary");
   for (int64_t i = 0; i < B_ * T_; ++i) {
-    x[i] = tok[i];
-    y[i] = tok[i + 1];
+    x[i] = static_cast<int32_t>(tok[i]);
+    y[i] = static_cast<int32_t>(tok[i + 1]);
   }
   return {Tensor::from_vector(x, {B_, T_}), Tensor::from_vector(y, {B_, T_})};
 }

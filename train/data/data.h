@@ -1,9 +1,10 @@
 // ndtrain: token shards and the data loader.
 //
-// A shard is llm.c's format, so shards prepared for llm.c work as they are:
-//   int32 header[256]: header[0] = 20240520 (magic), header[1] = 1 (version),
-//                      header[2] = number of tokens
-//   then that many uint16 tokens.
+// A shard is one of llm.c's two formats, so shards prepared for llm.c work as they are:
+//   int32 header[256]: header[0] = magic, header[1] = version, header[2] = number of tokens,
+//   then that many tokens, little-endian:
+//     GPT-2's   magic 20240520, version 1: uint16 tokens (vocabularies up to 65,536)
+//     Llama 3's magic 20240801, version 7: uint32 tokens (Llama 3's 128,256, Qwen2's 151,936)
 // Shards are read with pread (no memory map: a shard truncated under a running job is an
 // error, not a SIGBUS) and validated on open: a regular file, magic, version, exact file
 // size, and, by the loader, every token < vocab_size. A shard that changes size during a
@@ -31,9 +32,13 @@
 
 namespace ndt::data {
 
-constexpr int32_t kShardMagic = 20240520;
+constexpr int32_t kShardMagic = 20240520;  // GPT-2's format: uint16 tokens
 constexpr int32_t kShardVersion = 1;
+constexpr int32_t kShardMagic32 = 20240801;  // Llama 3's format: uint32 tokens
+constexpr int32_t kShardVersion32 = 7;
 constexpr int64_t kHeaderInts = 256;
+
+enum class ShardFormat { u16, u32 };
 
 // One open shard.
 class Shard {
@@ -44,9 +49,10 @@ class Shard {
   Shard& operator=(const Shard&) = delete;
   const std::string& path() const { return path_; }
   int64_t size() const { return ntok_; }
+  ShardFormat format() const { return width_ == 2 ? ShardFormat::u16 : ShardFormat::u32; }
   // Copies tokens [pos, pos + n) into `out`; throws if the file changed (its size or its
   // modification time) since it was opened, or a read fails.
-  void read(int64_t pos, int64_t n, uint16_t* out) const;
+  void read(int64_t pos, int64_t n, uint32_t* out) const;
   // Throws naming the first token >= vocab_size and its position.
   void check_tokens(int64_t vocab_size) const;
 
@@ -56,10 +62,15 @@ class Shard {
   int64_t bytes_ = 0;
   int64_t mtime_ns_ = 0;  // the modification time at open
   int64_t ntok_ = 0;
+  int64_t width_ = 2;  // bytes per token
 };
 
-// Writes a shard atomically (a temporary file beside it, then rename).
+// Writes a shard atomically (a temporary file beside it, then rename), in GPT-2's format;
+// the second form in the format given (u16: throws naming a token that does not fit).
 void write_shard(const std::string& path, const std::vector<uint16_t>& tokens);
+void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, ShardFormat format);
+// u16 when every token fits 16 bits, else u32.
+ShardFormat shard_format_for(const std::vector<uint32_t>& tokens);
 
 // Sorted paths matching a glob pattern; throws if none match.
 std::vector<std::string> glob_paths(const std::string& pattern);

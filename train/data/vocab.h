@@ -3,8 +3,7 @@
 //   byte: 256 tokens, token = byte value (any file, any encoding).
 //   char: one token per distinct Unicode character of the training text (UTF-8), in
 //         sorted order; saved as JSON beside the shards so samples can be decoded.
-//   (GPT-2 BPE shards come from scripts/prepare_gpt2.py with tiktoken; decoding them is
-//    left to that script.)
+//   (A model's own tokenizer, GPT-2's, Llama 3's or Qwen2's BPE, is tokenizer/tokenizer.h.)
 //
 //   data::Vocab v = data::Vocab::build_char(text);
 //   std::vector<uint16_t> ids = v.encode(text);
