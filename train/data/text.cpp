@@ -1,6 +1,7 @@
 #include "train/data/text.h"
 
 #include <filesystem>
+#include <utility>
 
 #include "tensor/error.h"
 

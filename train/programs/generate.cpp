@@ -16,7 +16,9 @@
 // characters at a time; one line on stderr says how many tokens came at what speed. A bad
 // argument, model or tokenizer is one line on stderr and exit code 2 (a failure while
 // generating: 1).
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -207,6 +209,8 @@ int main(int argc, char** argv) {
     int64_t n = 0;
     const auto t0 = std::chrono::steady_clock::now();
     models::generate(*l.gpt, prompt, a.sample, device, [&](int32_t id) {
+      NDT_CHECK(id < codec->vocab_size(), "the model drew token ", id, ", which the tokenizer ", codec->source(),
+                " (", codec->vocab_size(), " tokens) does not have: it is not the model's tokenizer");
       ++n;
       const bool stop = std::find(a.sample.stop_ids.begin(), a.sample.stop_ids.end(), id) != a.sample.stop_ids.end();
       if (!stop) std::cout << out.push(id) << std::flush;  // the end-of-text token is not text
