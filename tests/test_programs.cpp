@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "support/launch.h"
+#include "support/testing.h"
 
 namespace {
 
@@ -44,7 +46,7 @@ Result run(const std::string& path, const std::string& args) {
 
 TEST(Programs, TheListHasEveryProgram) {
   const auto p = programs();
-  for (const char* name : {"train_gpt", "prepare_text", "export_weights", "engine_example", "engine_demo"})
+  for (const char* name : {"train_gpt", "prepare_text", "export_weights", "generate", "engine_example", "engine_demo"})
     EXPECT_EQ(p.count(name), 1u) << name << " missing from NDT_PROGRAMS: " << NDT_PROGRAMS;
 }
 
@@ -67,6 +69,10 @@ TEST(Programs, ABadArgumentIsOneLineAndANonZeroExit) {
        {"--batch x", "--steps", "XL", "S 2x", "S 0 nodevice", "S 0 cpu half", "S 0 cpu none extra"}},
       {"engine_demo", {"--steps x", "--lr", "--batch 0"}},
       {"export_weights", {"only_one_argument", "a b c"}},
+      {"generate",
+       {"", "--model", "--model /nonexistent", "--model /tmp --top-p 0", "--model /tmp --temperature x",
+        "--model /tmp --dtype half", "--model /tmp --max-new-tokens 0", "stray"}},
+      {"bench_generate", {"XL", "S x", "S 0 nodevice", "--prompt 0", "S 0 cpu extra"}},
       {"prepare_text",
        {"--out /nonexistent --vocab word file.txt", "--val_fraction x", "--out /tmp/x --vocab byte --tokenizer t.json f",
         "--out /tmp/x --tokenizer /nonexistent/tokenizer.json /etc/hostname"}},
@@ -89,4 +95,39 @@ TEST(Programs, ABadArgumentIsOneLineAndANonZeroExit) {
       EXPECT_EQ(r.out.rfind(name + ": ", 0), 0u) << "starts with the program's name: " << what;
       EXPECT_NE(r.out.find("error"), std::string::npos) << what;
     }
+}
+
+// generate, end to end: a tiny llama trained two steps on the bundled fortunes text (char
+// vocabulary), then its checkpoint and its Hugging Face export continued through the
+// vocabulary: exit 0, the prompt first, the greedy text the same from both, and a tokenizer
+// that is not the model's refused.
+TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
+  const auto p = programs();
+  const std::string dir = ndt::testing::fresh_dir("generate").string();
+  const std::string src = NDT_SOURCE_DIR;
+  const Result train = run(p.at("train_gpt"), "--config " + src + "/configs/llama/fortunes_tiny.ini --data.train '" +
+                                                  src + "/data/fortunes/train_*.bin' --data.val '' --train.steps 2 "
+                                                  "--sample.length 0 --checkpoint.every 2 --checkpoint.dir " + dir +
+                                                  "/ckpt --log.metrics '' --log.report ''");
+  ASSERT_EQ(train.rc, 0) << train.out;
+  const Result exported = run(p.at("export_weights"), dir + "/ckpt/step_00000002 " + dir + "/hf");
+  ASSERT_EQ(exported.rc, 0) << exported.out;
+  const std::string vocab = " --tokenizer " + src + "/data/fortunes/vocab.json";
+  const std::string opts = " --prompt 'Q: ' --max-new-tokens 30 --temperature 0";
+  auto text = [&](const std::string& model) {  // stdout alone (the summary lines go to stderr)
+    return ndt::testing::run_shell("{ OMP_NUM_THREADS=1 " + p.at("generate") + " --model " + model + vocab + opts +
+                                   " 2>/dev/null </dev/null; }");
+  };
+  const Result a = text(dir + "/ckpt"), b = text(dir + "/hf");
+  ASSERT_EQ(a.rc, 0) << a.out;
+  ASSERT_EQ(b.rc, 0) << b.out;
+  EXPECT_EQ(a.out.rfind("Q: ", 0), 0u) << a.out;
+  EXPECT_GT(a.out.size(), 3u + 30u) << "30 characters after the prompt: " << a.out;
+  EXPECT_EQ(a.out, b.out) << "the checkpoint and its export continue alike";
+  // a byte vocabulary (256 tokens) for a model of 113 characters: refused before any text
+  ASSERT_EQ(ndt::testing::run_shell("echo '{\"type\": \"byte\"}' > " + dir + "/bytes.json").rc, 0);
+  const Result wrong = run(p.at("generate"), "--model " + dir + "/ckpt --tokenizer " + dir + "/bytes.json");
+  EXPECT_EQ(wrong.rc, 2) << wrong.out;
+  EXPECT_NE(wrong.out.find("has 256 tokens but the model only 113"), std::string::npos) << wrong.out;
+  std::filesystem::remove_all(dir);
 }
