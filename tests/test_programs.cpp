@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "support/corpus.h"
 #include "support/launch.h"
 #include "support/testing.h"
 
@@ -97,37 +98,37 @@ TEST(Programs, ABadArgumentIsOneLineAndANonZeroExit) {
     }
 }
 
-// generate, end to end: a tiny llama trained two steps on the bundled fortunes text (char
-// vocabulary), then its checkpoint and its Hugging Face export continued through the
-// vocabulary: exit 0, the prompt first, the greedy text the same from both, and a tokenizer
-// that is not the model's refused.
+// generate, end to end: a tiny llama trained two steps on the tests' char corpus, then its
+// checkpoint and its Hugging Face export continued through the vocabulary: exit 0, the prompt
+// first, the greedy text the same from both, and a tokenizer that is not the model's refused.
 TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
   const auto p = programs();
-  const std::string dir = ndt::testing::fresh_dir("generate").string();
-  const std::string src = NDT_SOURCE_DIR;
+  const std::filesystem::path dir = ndt::testing::fresh_dir("generate");
+  const int64_t V = ndt::testing::write_word_corpus(dir / "data", 3000, 5, 0.0);
+  const std::string d = dir.string(), src = NDT_SOURCE_DIR;
   const Result train = run(p.at("train_gpt"), "--config " + src + "/configs/llama/fortunes_tiny.ini --data.train '" +
-                                                  src + "/data/fortunes/train_*.bin' --data.val '' --train.steps 2 "
-                                                  "--sample.length 0 --checkpoint.every 2 --checkpoint.dir " + dir +
-                                                  "/ckpt --log.metrics '' --log.report ''");
+                                                  d + "/data/train_*.bin' --data.val '' --model.vocab_size " +
+                                                  std::to_string(V) + " --train.steps 2 --sample.length 0 "
+                                                  "--checkpoint.every 2 --checkpoint.dir " + d + "/ckpt "
+                                                  "--log.metrics '' --log.report ''");
   ASSERT_EQ(train.rc, 0) << train.out;
-  const Result exported = run(p.at("export_weights"), dir + "/ckpt/step_00000002 " + dir + "/hf");
+  const Result exported = run(p.at("export_weights"), d + "/ckpt/step_00000002 " + d + "/hf");
   ASSERT_EQ(exported.rc, 0) << exported.out;
-  const std::string vocab = " --tokenizer " + src + "/data/fortunes/vocab.json";
-  const std::string opts = " --prompt 'Q: ' --max-new-tokens 30 --temperature 0";
+  const std::string opts = " --tokenizer " + d + "/data/vocab.json --prompt 'a ' --max-new-tokens 30 --temperature 0";
   auto text = [&](const std::string& model) {  // stdout alone (the summary lines go to stderr)
-    return ndt::testing::run_shell("{ OMP_NUM_THREADS=1 " + p.at("generate") + " --model " + model + vocab + opts +
+    return ndt::testing::run_shell("{ OMP_NUM_THREADS=1 " + p.at("generate") + " --model " + model + opts +
                                    " 2>/dev/null </dev/null; }");
   };
-  const Result a = text(dir + "/ckpt"), b = text(dir + "/hf");
+  const Result a = text(d + "/ckpt"), b = text(d + "/hf");
   ASSERT_EQ(a.rc, 0) << a.out;
   ASSERT_EQ(b.rc, 0) << b.out;
-  EXPECT_EQ(a.out.rfind("Q: ", 0), 0u) << a.out;
-  EXPECT_GT(a.out.size(), 3u + 30u) << "30 characters after the prompt: " << a.out;
+  EXPECT_EQ(a.out.rfind("a ", 0), 0u) << a.out;
+  EXPECT_GT(a.out.size(), 2u + 30u) << "30 characters after the prompt: " << a.out;
   EXPECT_EQ(a.out, b.out) << "the checkpoint and its export continue alike";
-  // a byte vocabulary (256 tokens) for a model of 113 characters: refused before any text
-  ASSERT_EQ(ndt::testing::run_shell("echo '{\"type\": \"byte\"}' > " + dir + "/bytes.json").rc, 0);
-  const Result wrong = run(p.at("generate"), "--model " + dir + "/ckpt --tokenizer " + dir + "/bytes.json");
+  // a byte vocabulary (256 tokens) for a model of fewer characters: refused before any text
+  ASSERT_EQ(ndt::testing::run_shell("echo '{\"type\": \"byte\"}' > " + d + "/bytes.json").rc, 0);
+  const Result wrong = run(p.at("generate"), "--model " + d + "/ckpt --tokenizer " + d + "/bytes.json");
   EXPECT_EQ(wrong.rc, 2) << wrong.out;
-  EXPECT_NE(wrong.out.find("has 256 tokens but the model only 113"), std::string::npos) << wrong.out;
+  EXPECT_NE(wrong.out.find("has 256 tokens but the model only " + std::to_string(V)), std::string::npos) << wrong.out;
   std::filesystem::remove_all(dir);
 }
