@@ -12,6 +12,7 @@ f32 parameters), the same number of threads.
     bench/vs_pytorch.sh                                   # S, M, GPT-2 124M; f32 and bf16
     bench/vs_pytorch.sh --configs S --dtypes f32 --rounds 5
     bench/vs_pytorch.sh --configs S --contend 1           # with one busy-looping process beside
+    bench/vs_pytorch.sh --configs LS,LM,L1B               # llamas: transformers' LlamaForCausalLM as the twin
 
 Prints one markdown table: per implementation the median ms/step over rounds, the spread
 (min-max), tokens/s, and "ndtrain speed-up": the median over rounds of that round's

@@ -4,6 +4,7 @@
 #   bench/vs_pytorch.sh                          # S, M, GPT-2 124M (B 1); f32 and bf16; eager and compile
 #   bench/vs_pytorch.sh --configs S,M --dtypes f32 --rounds 5
 #   bench/vs_pytorch.sh --configs S --contend 1  # a shared machine: one busy loop beside
+#   bench/vs_pytorch.sh --configs LS,LM          # the llama family against transformers' LlamaForCausalLM
 #   bench/vs_pytorch.sh --help                   # every option (bench/vs_pytorch.py)
 #
 # Makes what it needs when missing, then runs bench/vs_pytorch.py:
