@@ -118,8 +118,8 @@ if [[ $EUID -eq 0 ]] && command -v setpriv >/dev/null && ((${#blocks[@]})); then
   last="${blocks[-1]}"
   chmod a+r "$last"
   nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups env HOME="$clone")
-  if ! "${nobody[@]}" test -x "$BUILD/train_gpt"; then
-    echo "note: nobody cannot run $BUILD/train_gpt (a folder on its path is closed to others): not run as nobody"
+  if ! "${nobody[@]}" test -x "$BUILD/train_gpt" -a -r "$last" -a -w "$clone"; then
+    echo "note: not run as nobody: a folder on the way to $BUILD/train_gpt or to $tmp is closed to others"
   elif run_block "$last" "$tmp/as_nobody.log" "${nobody[@]}"; then
     echo "ok: $(basename "$last" .sh) ran as nobody too"
   else
