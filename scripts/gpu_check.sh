@@ -556,7 +556,11 @@ log "configure: $BUILD"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNDT_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$NVCC" "${CMAKE_DEP_ARGS[@]}" \
   >"$LOGS/configure.log" 2>&1 || { tail -40 "$LOGS/configure.log"; stop_early 1 "CMake configure failed ($LOGS/configure.log)" "$(grep -m3 'Error' -A2 "$LOGS/configure.log" | tr '\n' ' ')"; }
-grep -E "ndtrain:|Found (MPI|Boost|GTest|benchmark|nlohmann)" "$LOGS/configure.log" | sed 's/^/[gpu_check]   /'
+# the found packages, then CMake's summary (from "ndtrain: configuration summary" on)
+{
+  grep -E "Found (MPI|Boost|GTest|benchmark|nlohmann)" "$LOGS/configure.log"
+  sed -n '/ndtrain: configuration summary/,/^-- Configuring done/p' "$LOGS/configure.log" | grep -v 'Configuring done'
+} | sed 's/^/[gpu_check]   /'
 CONFIGURE_TIME=$((SECONDS - t0))
 STAGE_TIMES+=("configure: ${CONFIGURE_TIME}s")
 if [[ -d "$ROOT/.gpu-deps" ]]; then
