@@ -16,7 +16,9 @@
 # are train_gpt's averages over the steps after the first. With FSDP the Chrome trace of
 # every rank gives the exposed communication: the share of the step the compute thread
 # spent waiting on a collective (scripts/trace_summary.py).
-# Needs the fortunes shards (scripts/train_fortunes.sh prepares data/fortunes).
+# Needs the fortunes shards (scripts/train_fortunes.sh prepares data/fortunes). Writes no
+# checkpoint, metrics or report (the main job's out/fortunes/ stays as it was): its logs and
+# traces go to a temporary folder, removed at the end.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${NDT_BUILD_DIR:-$ROOT/build}"
@@ -33,7 +35,7 @@ declare -A ARGS=(
   [M]="--model.n_layer 6 --model.n_head 6 --model.n_embd 384 --model.vocab_size 4096 --model.block_size 256 --train.seq_len 256"
 )
 STEPS="${STEPS:-30}"
-common="--config configs/fortunes_char.ini --train.steps $STEPS --train.eval_every 0 --sample.every -1 --log.every 1000 --log.report '' --data.shuffle false --optim.warmup_steps 1"
+common="--config configs/fortunes_char.ini --train.steps $STEPS --train.eval_every 0 --sample.every -1 --log.every 1000 --log.report '' --log.metrics '' --checkpoint.dir '' --data.shuffle false --optim.warmup_steps 1"
 
 speed() { sed -n 's/^average \([0-9.]*\) ms\/step, \([0-9.]*\) tok\/s$/\1 \2/p' "$1"; }
 

@@ -32,7 +32,7 @@ for cp in 1 2 4; do
   for ((T = 512; T <= MAX_T; T *= 2)); do
     args=(--config configs/fortunes_char.ini --model.vocab_size 113 --model.vocab_multiple 4 --model.n_layer 2
           --model.n_head 2 --model.n_embd 64 --model.block_size "$T" --train.seq_len "$T" --train.micro_batch_size 1
-          --train.steps 2 --train.eval_every 0 --sample.every -1 --log.report '' --checkpoint.dir '' --train.threads 1
+          --train.steps 2 --train.eval_every 0 --sample.every -1 --log.report '' --log.metrics '' --checkpoint.dir '' --train.threads 1
           --parallel.cp_size "$cp")
     log="$(mktemp)"
     if ((cp == 1)); then "$BUILD/train_gpt" "${args[@]}" > "$log" 2>&1 || true

@@ -1,45 +1,48 @@
 #!/usr/bin/env bash
-# scripts/gpu_check.sh: on a machine with one NVIDIA GPU (an H200 lent through the device
-# tool, or any Hopper box), build the CUDA backend and check it: the GPU tests (CUDA kernels
-# against their CPU twins), GPT-2 124M training in bf16 at T 1024 against a throughput floor,
-# the same step in PyTorch for comparison, a one-rank NCCL training step, the GPU op
-# benchmark and compute-sanitizer. One markdown summary table comes last.
+# scripts/gpu_check.sh: on a node with an NVIDIA GPU (Ampere or Hopper), build the CUDA
+# backend and check it: the GPU tests (CUDA kernels against their CPU twins), GPT-2 124M
+# training in bf16 at T 1024 against a throughput floor, the same step in PyTorch for
+# comparison, a one-rank NCCL training step, the GPU op benchmark and compute-sanitizer. One
+# markdown summary table comes last.
 #
+# Made for the usual GPU node: the CUDA toolkit, CMake, Ninja, a compiler and PyTorch are
+# there, but no Debian -dev packages and no internet. On a build host with apt and network,
+# scripts/gpu_prepare.sh makes the two git-ignored folders this script needs, .gpu-deps/
+# (the Debian packages of the build, unpacked into a prefix here, never into /) and
+# third_party/cudnn_frontend/ (the cuDNN frontend headers: without them the build has no
+# fused attention and test_cuda_attention skips, which fails the check); copy the
+# repository with both to the node and run this one script there:
+#
+#   scripts/gpu_check.sh              # everything (~9 min on a 16-core node)
 #   scripts/gpu_check.sh --preflight  # ~10 s: every tool, library and header the check needs,
 #                                     # each missing one named in one line; then stop
-#   scripts/gpu_check.sh --quick      # the first call (~3-4 min): pre-flight, build, the GPU
-#                                     # tests, GPT-2 bf16 B 16 against the floor, PyTorch
-#                                     # eager at B 16
-#   scripts/gpu_check.sh --rest       # the second call, if device time is left: the NCCL
-#                                     # test and step, bench_gpu_ops, torch.compile at B 16,
-#                                     # memcheck and racecheck (reuses the build a warm machine
-#                                     # still has; a fresh one builds again, ~1 min)
-#   scripts/gpu_check.sh              # both in one go, GPT-2 and PyTorch at B 8 too (~9 min;
-#                                     # a machine with no budget)
+#   scripts/gpu_check.sh --quick      # the first half (~3-4 min), for a node held only for
+#                                     # minutes at a time: pre-flight, build, the GPU tests,
+#                                     # GPT-2 bf16 B 16 against the floor, PyTorch eager at B 16
+#   scripts/gpu_check.sh --rest       # the second half: the NCCL test and step, bench_gpu_ops,
+#                                     # torch.compile at B 16, memcheck and racecheck (reuses
+#                                     # build-gpu/ when the node kept it; else builds, ~1 min)
 #
-# Through the device tool (the command string, carry and timeout_s of one `run` call), after
-# scripts/gpu_prepare.sh has made what travels:
+# To keep the results of a node you cannot log in to again (a batch job):
 #
-#   command:   set -o pipefail; NDT_GPU_CHECK_OUT=$OUT bash scripts/gpu_check.sh --quick 2>&1 | tee $OUT/gpu_check.log
-#   carry:     [".gpu-deps", "third_party"]
-#   timeout_s: 300            (--rest: 330; the full check: 600)
+#   set -o pipefail; NDT_GPU_CHECK_OUT=$HOME/gpu-check bash scripts/gpu_check.sh 2>&1 | tee gpu_check.log
 #
-# .gpu-deps holds the Debian packages the build needs (a GPU machine has no -dev packages
-# and no network); third_party the cuDNN frontend headers (without them the build has no
-# fused attention and test_cuda_attention skips, which fails the check). With
-# NDT_GPU_CHECK_OUT set, summary.md and logs.tar.gz are written there too, also when the
-# script stops early (the device tool brings back what is under $OUT).
+# With NDT_GPU_CHECK_OUT set, summary.md and logs.tar.gz are written there too, also when
+# the script stops early. docs/PERFORMANCE.md ("GPU check") says what each stage proves and
+# how to read the summary.
 #
 # Environment:
-#   NDT_BUILD_DIR        build folder (default build-gpu; kept between runs on a warm machine)
-#   NDT_DEPS_PREFIX      where .gpu-deps is unpacked (default /tmp/ndt-deps; removed first)
+#   NDT_BUILD_DIR        build folder (default build-gpu; reused when it is there)
+#   NDT_DEPS_PREFIX      where .gpu-deps is unpacked (default /tmp/ndt-deps-<8 hex digits of
+#                        this clone's path>; removed first)
 #   NDT_JOBS             build parallelism (default: the number of cores)
 #   NDT_BUILD_TIMEOUT_S  the build's limit (default 240; 7200 in a dry run)
 #   NDT_GPU_CHECK_DRY=1  pre-flight (no GPU, no PyTorch asked for), deps, configure and
 #                        build, then stop: the check of this script on a machine without GPU
 #                        (=configure: stop after the configure; scripts/gpu_prepare.sh does)
-#   NDT_GPU_CHECK_BUDGET_S   seconds from the script's start, build included (default: quick
-#                        250, rest 280, full 550; keep it ~50 s under the run's timeout_s):
+#   NDT_GPU_CHECK_BUDGET_S   the time limit, in seconds from the script's start, build
+#                        included (default: quick 250, rest 280, full 550; keep it ~50 s under
+#                        the job's own limit, e.g. Slurm's --time, so the summary is written):
 #                        each stage's timeout is cut to what is left; a stage with no time
 #                        left is reported NOT RUN and fails the check
 #   NDT_GPT2_FLOOR       tokens/s the GPT-2 bf16 B 16 run must reach (default 150000)
@@ -87,7 +90,14 @@ for arg in "$@"; do
 done
 BUILD="${NDT_BUILD_DIR:-build-gpu}"
 [[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
-DEPS="${NDT_DEPS_PREFIX:-/tmp/ndt-deps}"
+# 8 hex digits of this clone's path (pure bash: the pre-flight may run with a bare PATH), so
+# that the folders this script keeps outside the repository are one per clone
+clone_id() {
+  local h=5381 i c
+  for ((i = 0; i < ${#ROOT}; i++)); do printf -v c '%d' "'${ROOT:i:1}"; h=$(((h * 33 + c) & 0xffffffff)); done
+  printf '%08x' "$h"
+}
+DEPS="${NDT_DEPS_PREFIX:-/tmp/ndt-deps-$(clone_id)}"
 JOBS="${NDT_JOBS:-$(nproc)}"
 DRY="${NDT_GPU_CHECK_DRY:-0}"
 case "$DRY" in 0 | 1 | configure) ;; *) echo "[gpu_check] NDT_GPU_CHECK_DRY=$DRY: want 0, 1 or configure" >&2; exit 2 ;; esac
@@ -103,7 +113,7 @@ START=$SECONDS
 
 log() { echo "[gpu_check] $*"; }
 # whatever way the script ends (a missing dependency, a failed configure or build, the end),
-# the logs go to NDT_GPU_CHECK_OUT: the one run on a lent GPU must bring back build.log too
+# the logs go to NDT_GPU_CHECK_OUT: a node that is gone after the run must leave build.log too
 save_logs() {
   [[ -n "${NDT_GPU_CHECK_OUT:-}" && -d "$LOGS" ]] || return 0
   mkdir -p "$NDT_GPU_CHECK_OUT"
@@ -127,8 +137,8 @@ tree_id() {
     echo "?"
   fi
 }
-# stop_early CODE WHAT [DETAIL...]: the check cannot go on. A short summary.md says why (the
-# device tool brings it back as it would a full one), then exit CODE.
+# stop_early CODE WHAT [DETAIL...]: the check cannot go on. A short summary.md says why (in
+# NDT_GPU_CHECK_OUT too, as a full one would be), then exit CODE.
 stop_early() {
   local code="$1" what="$2" d
   shift 2
@@ -190,7 +200,7 @@ PF_MISSING=()   # what is missing, one line each
 found() { PF_OK+=("$*"); }
 lacks() { PF_MISSING+=("$*"); }
 mkdir -p "$LOGS"
-rm -f "$LOGS/summary.md"  # a warm machine's build folder may hold the last call's
+rm -f "$LOGS/summary.md"  # a build folder kept from the last run may hold its summary
 PF_TMP="$(mktemp -d)"
 trap 'rm -rf "$PF_TMP"; save_logs' EXIT
 
@@ -318,7 +328,7 @@ fi
 if [[ -f "$ROOT/third_party/cudnn_frontend/include/cudnn_frontend.h" ]]; then
   found "cuDNN frontend headers in third_party/"
 else
-  lacks "third_party/cudnn_frontend/include: the cuDNN frontend headers (scripts/gpu_prepare.sh fetches them; carry third_party)"
+  lacks "third_party/cudnn_frontend/include: the cuDNN frontend headers (scripts/gpu_prepare.sh fetches them on a build host; copy third_party/ here)"
 fi
 
 # the Debian packages: .gpu-deps, complete, and what unpacks it; or the system's own
@@ -345,7 +355,7 @@ else
   if command -v mpirun >/dev/null; then
     found "no .gpu-deps: the system's packages (CMake's configure checks the -dev ones)"
   else
-    lacks ".gpu-deps: no Debian packages carried and no mpirun here (run scripts/gpu_prepare.sh on a machine with apt; carry .gpu-deps)"
+    lacks ".gpu-deps: no Debian packages here and no mpirun (run scripts/gpu_prepare.sh on a build host with apt; copy .gpu-deps/ here)"
   fi
 fi
 
@@ -520,8 +530,8 @@ STAGE_TIMES+=("deps: $((SECONDS - t0))s")
 
 # ---- what this call runs ----------------------------------------------------------------
 # --quick: does the GPU path work, and how fast is GPT-2 against PyTorch? --rest: everything
-# else, as a second call. Both build every target, so that --rest on a warm machine builds
-# nothing.
+# else, as a second run. Both build every target, so that --rest after --quick on the same
+# node builds nothing.
 DO_TESTS=0 DO_NCCL=0 DO_OPS=0 DO_SAN=0
 case "$MODE" in
   quick) DO_TESTS=1 GPT_BATCHES=(16) PT_RUNS=eager:16 ;;
@@ -546,7 +556,11 @@ log "configure: $BUILD"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DNDT_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER="$NVCC" "${CMAKE_DEP_ARGS[@]}" \
   >"$LOGS/configure.log" 2>&1 || { tail -40 "$LOGS/configure.log"; stop_early 1 "CMake configure failed ($LOGS/configure.log)" "$(grep -m3 'Error' -A2 "$LOGS/configure.log" | tr '\n' ' ')"; }
-grep -E "ndtrain:|Found (MPI|Boost|GTest|benchmark|nlohmann)" "$LOGS/configure.log" | sed 's/^/[gpu_check]   /'
+# the found packages, then CMake's summary (from "ndtrain: configuration summary" on)
+{
+  grep -E "Found (MPI|Boost|GTest|benchmark|nlohmann)" "$LOGS/configure.log"
+  sed -n '/ndtrain: configuration summary/,/^-- Configuring done/p' "$LOGS/configure.log" | grep -v 'Configuring done'
+} | sed 's/^/[gpu_check]   /'
 CONFIGURE_TIME=$((SECONDS - t0))
 STAGE_TIMES+=("configure: ${CONFIGURE_TIME}s")
 if [[ -d "$ROOT/.gpu-deps" ]]; then
@@ -639,7 +653,7 @@ for B in "${GPT_BATCHES[@]}"; do
     fail "GPT-2 bf16 B$B: ${GPT_STATUS[$B]} ($logf)"
   fi
 done
-# --rest on the machine --quick ran on (warm: its build folder is still there) shows that call's
+# --rest on the node --quick ran on (its build folder is still there) shows that call's
 # B 16 figures beside torch.compile's
 GPT_FROM_QUICK=0
 if [[ $MODE = rest ]] && gpt_result 16 "$LOGS/gpt2_bf16_B16.log"; then GPT_FROM_QUICK=1; fi

@@ -14,8 +14,8 @@
 #   scripts/gpu_deps.sh            # (re)download everything into .gpu-deps
 #   scripts/gpu_deps.sh --list     # the package names it takes, one per line (no download)
 #
-# scripts/gpu_check.sh unpacks it into /tmp/ndt-deps and points CMake, the compiler, the
-# loader and Open MPI (OPAL_PREFIX) there. The device tool carries it: carry [".gpu-deps"].
+# scripts/gpu_check.sh unpacks it into /tmp/ndt-deps-<clone> and points CMake, the compiler, the
+# loader and Open MPI (OPAL_PREFIX) there; it is copied to the GPU node inside the repository.
 # scripts/gpu_prepare.sh runs this (when .gpu-deps is missing or stale) and checks the result.
 # Needs apt-get (run apt-get update first if apt-get download cannot find a package),
 # dpkg-deb, g++ (to find the Boost headers program_options includes), tar and xz.
@@ -140,12 +140,6 @@ log "Boost headers: $(wc -l <"$tmp/headers.txt") headers kept ($(du -sb "$OUT/bo
 } >"$OUT/MANIFEST"
 
 deps_bytes="$(du -sb "$OUT" | cut -f1)"
-# what the device tool sends besides: tracked files and untracked ones git does not ignore
-tree_bytes="$(cd "$ROOT" && git ls-files -z -c -o --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')"
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 echo "total $deps_bytes bytes" >>"$OUT/MANIFEST"
 log "$(find "$OUT" -name '*.deb' | wc -l) .deb files + the Boost tarball: $(mib "$deps_bytes") in $OUT"
-log "working tree that travels: $(mib "$tree_bytes"); together $(mib $((deps_bytes + tree_bytes))) (limit 64 MiB, aim < 50)"
-if (( deps_bytes + tree_bytes > 50 * 1048576 )); then
-  die "over 50 MiB together: trim further"
-fi

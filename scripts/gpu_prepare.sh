@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# scripts/gpu_prepare.sh: on this kind of machine (Debian 12 with apt and network, no GPU
-# needed), make everything scripts/gpu_check.sh carries to a lent GPU machine, check it the
-# way the GPU machine will use it, and print the device calls.
+# scripts/gpu_prepare.sh: on a build host (Debian 12 with apt and network; no GPU needed),
+# make what scripts/gpu_check.sh needs on a GPU node that has the CUDA toolkit, CMake, Ninja
+# and a compiler but no Debian -dev packages and no internet; check it the way the node will
+# use it; and say what to copy and run.
 #
 #   scripts/gpu_prepare.sh           # make and check (about a minute; what .ci/run does)
 #   scripts/gpu_prepare.sh --build   # also build the check's targets for sm_90 against the
-#                                    # carried packages, as the GPU machine will, and rehearse
-#                                    # both device calls on that build (minutes here)
+#                                    # prepared packages, as the node will, and rehearse the
+#                                    # check on that build (minutes here)
 #   scripts/gpu_prepare.sh --fresh   # download .gpu-deps again even if it is up to date, and
 #                                    # build from scratch (the build folder is reused otherwise)
 #
-# What it makes (both git-ignored, both carried):
+# What it makes (both git-ignored, both to copy to the node inside the repository):
 #   .gpu-deps/                    the Debian packages of the build (OpenBLAS, Boost.Program_options,
 #                                 GoogleTest, Google Benchmark, nlohmann-json, Open MPI and what
 #                                 its plugins link): scripts/gpu_deps.sh, run when .gpu-deps is
@@ -19,9 +20,10 @@
 #
 # What it checks: the pre-flight of gpu_check.sh (without GPU or PyTorch), then gpu_check.sh
 # with NDT_GPU_CHECK_DRY=configure: .gpu-deps unpacked into a prefix, CMake configured with
-# every package found there and not on this machine, then the size of what travels (the
-# working tree that the device tool sends plus the carried folders; limit 64 MiB). Exit
-# status 0 when all of it holds, else 1 with one line saying what failed.
+# every package found there and not on this machine; then it adds up what to copy (the
+# repository's files plus the two folders). NDT_GPU_PREPARE_LIMIT_MIB=N makes a total above
+# N MiB an error (a transfer quota). Exit status 0 when all of it holds, else 1 with one line
+# saying what failed.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,10 +38,13 @@ for arg in "$@"; do
     *) echo "[gpu_prepare] unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
-CARRY=(.gpu-deps third_party)
-LIMIT_MIB=64
-CHECK_BUILD="${NDT_GPU_PREPARE_BUILD_DIR:-/tmp/ndt-gpu-prepare-build}"
-CHECK_DEPS="${NDT_GPU_PREPARE_DEPS_PREFIX:-/tmp/ndt-gpu-prepare-deps}"
+COPY=(.gpu-deps third_party)
+LIMIT_MIB="${NDT_GPU_PREPARE_LIMIT_MIB:-}"
+# outside the repository, named after this clone's path, so that two clones on one machine
+# never share (or remove) each other's
+CLONE_ID="$(printf '%s' "$ROOT" | cksum | cut -d' ' -f1)"
+CHECK_BUILD="${NDT_GPU_PREPARE_BUILD_DIR:-/tmp/ndt-gpu-prepare-build-$CLONE_ID}"
+CHECK_DEPS="${NDT_GPU_PREPARE_DEPS_PREFIX:-/tmp/ndt-gpu-prepare-deps-$CLONE_ID}"
 
 log() { echo "[gpu_prepare] $*"; }
 die() { echo "[gpu_prepare] error: $*" >&2; exit 1; }
@@ -77,7 +82,7 @@ echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD 2>/dev/null || echo '
 # ---- 2. the cuDNN frontend headers ------------------------------------------------------------
 scripts/setup.sh --cudnn-frontend | sed 's/^\[setup\]/[gpu_prepare]/'
 
-# A rehearsal of both device calls on the build just made, with stand-ins for what this
+# A rehearsal of both halves of the check (--quick, --rest) on the build just made, with stand-ins for what this
 # machine lacks: an nvidia-smi that names no real GPU, a torch module that imports but has no
 # CUDA, a compute-sanitizer that says "Device not supported". Every GPU stage then fails here,
 # and must fail the way it would on a broken GPU machine: exit 1, a summary.md in
@@ -152,22 +157,23 @@ else
   log "no nvcc here: .gpu-deps and the headers are made, but the check's dry run needs the CUDA toolkit (not tried)"
 fi
 
-# ---- 4. what travels, against the device tool's limit --------------------------------------------
-# the tool sends tracked files and untracked ones git does not ignore, plus the carried folders
+# ---- 4. what to copy to the node ------------------------------------------------------------------
+# the repository's files (tracked, and untracked ones git does not ignore) and the two folders
 tree_bytes="$(git ls-files -z -c -o --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')"
-carry_bytes="$(du -sb "${CARRY[@]}" | awk '{ s += $1 } END { print s + 0 }')"
-total=$((tree_bytes + carry_bytes))
-log "travels: working tree $(mib "$tree_bytes") + $(for c in "${CARRY[@]}"; do printf '%s %s, ' "$c" "$(mib "$(du -sb "$c" | cut -f1)")"; done | sed 's/, $//') = $(mib "$total") of $LIMIT_MIB MiB"
-((total <= LIMIT_MIB * 1048576)) || die "what travels is over the device tool's $LIMIT_MIB MiB: trim .gpu-deps or untracked files"
+copy_bytes="$(du -sb "${COPY[@]}" | awk '{ s += $1 } END { print s + 0 }')"
+total=$((tree_bytes + copy_bytes))
+log "to copy: the repository's files $(mib "$tree_bytes") + $(for c in "${COPY[@]}"; do printf '%s %s, ' "$c/" "$(mib "$(du -sb "$c" | cut -f1)")"; done | sed 's/, $//') = $(mib "$total")"
+if [[ -n "$LIMIT_MIB" ]] && ((total > LIMIT_MIB * 1048576)); then
+  die "what to copy is over NDT_GPU_PREPARE_LIMIT_MIB=$LIMIT_MIB MiB: trim .gpu-deps or untracked files"
+fi
 
-carry_json="$(printf '"%s", ' "${CARRY[@]}" | sed 's/, $//')"
 cat <<EOF
-[gpu_prepare] ready in $((SECONDS - T0))s. The device calls (the device tool's run; the first one, then the second only if
-[gpu_prepare] at least ~5 minutes of device time are left, right after, while the machine is warm and keeps the build):
-  1. command:   set -o pipefail; NDT_GPU_CHECK_OUT=\$OUT bash scripts/gpu_check.sh --quick 2>&1 | tee \$OUT/gpu_check.log
-     carry:     [$carry_json]
-     timeout_s: 300
-  2. command:   set -o pipefail; NDT_GPU_CHECK_OUT=\$OUT bash scripts/gpu_check.sh --rest 2>&1 | tee \$OUT/gpu_check.log
-     carry:     [$carry_json]
-     timeout_s: 330
+[gpu_prepare] ready in $((SECONDS - T0))s. On the GPU node:
+  1. copy this repository there with its two git-ignored folders, .gpu-deps/ and third_party/
+     (a git clone on the node lacks them), e.g.  rsync -a --exclude 'build*' $ROOT/ node:ndtrain/
+  2. run, in the copy:  scripts/gpu_check.sh
+     (or scripts/gpu_check.sh --quick, then --rest, where the node is held for minutes at a time;
+     NDT_GPU_CHECK_OUT=DIR also leaves summary.md and logs.tar.gz in DIR)
+  3. read the summary it ends with: **Result: PASSED**, or one line per failed stage
+     (docs/PERFORMANCE.md, "GPU check", says what each stage proves)
 EOF

@@ -7,6 +7,7 @@
 #
 #   scripts/train_fortunes.sh                       # setup + data + training
 #   scripts/train_fortunes.sh --train.steps 100     # extra arguments go to train_gpt
+#   scripts/train_fortunes.sh --data-only           # setup + data, no training (out/ untouched)
 #
 # NDT_BUILD_DIR and NDT_CUDA work as in scripts/setup.sh.
 set -euo pipefail
@@ -15,6 +16,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${NDT_BUILD_DIR:-build}"
 [[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
 CORPUS=/usr/share/games/fortunes
+DATA_ONLY=0
+if [[ "${1:-}" == --data-only ]]; then
+  DATA_ONLY=1
+  shift
+fi
 
 "$ROOT/scripts/setup.sh"
 cd "$ROOT"
@@ -24,6 +30,10 @@ if [[ ! -f data/fortunes/vocab.json ]]; then
   mapfile -t files < <(find "$CORPUS" -maxdepth 1 -type f ! -name '*.dat' | sort)
   echo "[train] preparing data/fortunes from ${#files[@]} files in $CORPUS"
   "$BUILD/prepare_text" --out data/fortunes --vocab char --val_fraction 0.05 "${files[@]}"
+fi
+if [[ $DATA_ONLY -eq 1 ]]; then
+  echo "[train] data/fortunes is ready ($(ls data/fortunes/*.bin | wc -l) shards)"
+  exit 0
 fi
 vocab_size=$(sed -n 's/^ *"size": *\([0-9]*\).*/\1/p' data/fortunes/vocab.json)
 echo "[train] $BUILD/train_gpt --config configs/fortunes_char.ini --model.vocab_size $vocab_size $*"

@@ -20,6 +20,7 @@
 #include "support/cluster.h"
 #include "support/corpus.h"
 #include "support/launch.h"
+#include "support/testing.h"
 
 #include <chrono>
 #include <cstdio>
@@ -170,8 +171,7 @@ std::string own_mounts(const std::string& script) {
 class DistFaults : public ::testing::Test {
  public:  // the helpers below are used by free functions too
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("ndt_test_dist_faults_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    dir_ = ndt::testing::fresh_dir("dist_faults");
     const int64_t V = ndt::testing::write_word_corpus(dir_ / "data", 8000, 7, 0.2);
     std::ofstream(dir_ / "gpt.ini")
         << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 16\nvocab_size = " << V

@@ -15,6 +15,7 @@
 
 #include "support/corpus.h"
 #include "support/launch.h"
+#include "support/testing.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -145,8 +146,7 @@ TEST(Golden, EveryLayoutTrainsTheRecordedBits) {
   if (!record && want == kRecorded.end())
     GTEST_SKIP() << "no figures recorded for " << kind << " (record them with NDT_RECORD_GOLDEN=1)";
   if (!record) ASSERT_EQ(want->second.size(), kLayouts.size()) << "record the figures again";
-  const fs::path dir = fs::temp_directory_path() / ("ndt_test_golden_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = ndt::testing::fresh_dir("golden");
   const int64_t V = ndt::testing::write_word_corpus(dir / "data", 8000, 7, 0.0);
   std::ofstream(dir / "gpt.ini")
       << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 32\nvocab_multiple = 4\nvocab_size = " << V

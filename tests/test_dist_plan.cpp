@@ -11,6 +11,7 @@
 #include "support/cluster.h"
 #include "support/corpus.h"
 #include "support/launch.h"
+#include "support/testing.h"
 
 #include <algorithm>
 #include <map>
@@ -41,8 +42,7 @@ void expect_one_config_error(const std::string& cmd, const std::string& expect) 
 class DistPlan : public ::testing::TestWithParam<Layout> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("ndt_test_dist_plan_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    dir_ = ndt::testing::fresh_dir("dist_plan");
     const int64_t V = ndt::testing::write_word_corpus(dir_ / "data", 20000, 7, 0.0);
     // a model whose activations outweigh its parameters, so the bound tests the activations
     std::ofstream(dir_ / "gpt.ini")
@@ -458,8 +458,7 @@ TEST(PlanSearch, WithoutAFittingPlanSaysSo) {
 
 TEST(PlanCluster, BadClustersAreOneClearError) {
   const std::string bin = std::string(NDT_TRAIN_GPT_BIN) + " --plan --train.device cuda ";
-  const fs::path dir = fs::temp_directory_path() / ("ndt_plan_cluster_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = ndt::testing::fresh_dir("plan_cluster");
   std::ofstream(dir / "mixed.ini") << "[cluster]\nhosts = 2\n[train]\nsteps = 3\n";
   std::ofstream(dir / "ok.ini") << "[cluster]\npreset = a100-sxm-8\nhosts = 2\n";
   std::ofstream(dir / "no_hosts.ini") << "[cluster]\ndevices_per_host = 8\ndevice_tflops = 400\nefficiency = 0.5\n";
@@ -501,9 +500,7 @@ TEST(PlanCluster, BadClustersAreOneClearError) {
 }
 
 TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
-  const fs::path dir = fs::temp_directory_path() / ("ndt_plan_calibrate_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = ndt::testing::fresh_dir("plan_calibrate");
   const std::string bin = std::string(NDT_TRAIN_GPT_BIN) +
                           " --model.n_layer 2 --model.n_head 2 --model.n_embd 64 --model.vocab_size 96"
                           " --model.block_size 64 --train.seq_len 64 --train.micro_batch_size 4 --train.threads 1 --plan ";
@@ -555,8 +552,7 @@ TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
 void predicted_like_measured(const std::string& dtype, const std::vector<std::pair<std::string, std::string>>& layouts) {
   ndt::testing::Cluster two(2);
   if (!two.ok()) GTEST_SKIP() << two.why_not();
-  const fs::path dir = fs::temp_directory_path() / ("ndt_plan_on_cluster_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  const fs::path dir = ndt::testing::fresh_dir("plan_on_cluster");
   const int64_t V = ndt::testing::write_word_corpus(dir / "data", 20000, 7, 0.0);
   std::ofstream(dir / "gpt.ini") << "[model]\nn_layer = 4\nn_head = 4\nn_embd = 256\nblock_size = 128\nvocab_size = "
                                  << V << "\n[data]\ntrain = " << (dir / "data" / "train_*.bin").string()

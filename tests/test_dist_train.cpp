@@ -14,6 +14,7 @@
 #include "support/corpus.h"
 #include "support/cluster.h"
 #include "support/launch.h"
+#include "support/testing.h"
 
 #include <chrono>
 #include <cmath>
@@ -58,8 +59,7 @@ const Model kLlamaTiedBias{"llama_tb_",
 class DistTrain : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = fs::temp_directory_path() / ("ndt_test_dist_train_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
+    dir_ = ndt::testing::fresh_dir("dist_train");
     const int64_t V = V_ = ndt::testing::write_word_corpus(dir_ / "data", 8000, 7, 0.0);
     std::ofstream(dir_ / "gpt.ini")
         << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 32\nvocab_multiple = 4\nvocab_size = " << V

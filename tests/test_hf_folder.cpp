@@ -226,21 +226,6 @@ fs::path folder(const std::string& name) {
   return d;
 }
 
-// This program's temporary folders go when it ends.
-class RemoveTempDirs : public ::testing::Environment {
- public:
-  void TearDown() override {
-    const std::string suffix = "_" + std::to_string(::getpid());
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(fs::temp_directory_path(), ec)) {
-      const std::string n = e.path().filename().string();
-      if (n.starts_with("ndt_test_hf_") && n.ends_with(suffix)) fs::remove_all(e.path(), ec);
-    }
-  }
-};
-[[maybe_unused]] ::testing::Environment* const remove_temp_dirs =
-    ::testing::AddGlobalTestEnvironment(new RemoveTempDirs);
-
 void expect_same(const Tensor& a, const Tensor& b) {
   ASSERT_EQ(a.shape(), b.shape());
   ASSERT_EQ(a.dtype(), b.dtype());

@@ -18,6 +18,7 @@
 #include "models/gpt.h"
 #include "support/corpus.h"
 #include "support/launch.h"
+#include "support/testing.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "train/checkpoint/hf.h"
 #include "train/io/safetensors.h"
@@ -41,10 +42,7 @@ ndt::testing::ShellResult reference(const std::string& args) {
 }
 
 fs::path temp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / ("ndt_test_hf_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return ndt::testing::fresh_dir("hf_" + name);
 }
 
 double max_rel(const Tensor& got, const Tensor& want) {

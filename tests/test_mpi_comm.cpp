@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "dist/comm/communicator.h"
@@ -264,9 +265,10 @@ TEST(DistComm, TheFlightRecorderKeepsEveryOperationOfItsGroups) {
   h->all_reduce(x, ReduceOp::kMax)->wait();
   const std::string path = "/tmp/ndt_flight_" + std::to_string(::getpid()) + ".json";
   flight.dump(path, w->rank(), w->size(), "a test");
-  std::ifstream f(path);
-  const nlohmann::json r = nlohmann::json::parse(f);
-  std::remove(path.c_str());
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::remove(path.c_str());  // before anything can fail
+  const nlohmann::json r = nlohmann::json::parse(text.str());
   EXPECT_EQ(r["rank"], w->rank());
   EXPECT_EQ(r["world"], w->size());
   EXPECT_EQ(r["reason"], "a test");

@@ -81,6 +81,15 @@ TEST(RamEfficientLoading, Gpt2ShapedFileAddsUnderATenthOfTheModelToAnyRank) {
   const std::string path =
       (std::filesystem::temp_directory_path() / ("ndt_gpt2_" + std::to_string(tag) + ".safetensors"))
           .string();
+  // removed however the test ends, a failed assertion included (rank 0 wrote it)
+  struct RemoveAtEnd {
+    std::string path;
+    bool mine;
+    ~RemoveAtEnd() {
+      std::error_code ec;
+      if (mine) std::filesystem::remove(path, ec);
+    }
+  } remove_at_end{path, w.rank() == 0};
   if (w.rank() == 0) write_streamed(path, gpt);
   w.barrier();
 
@@ -110,8 +119,7 @@ TEST(RamEfficientLoading, Gpt2ShapedFileAddsUnderATenthOfTheModelToAnyRank) {
       for (int64_t k = 0; k < b - a; ++k)
         ASSERT_EQ(got[k], k < live ? want[k] : 0.0f) << f.spec.name << " element " << a - f.offset + k;
     }
-  w.barrier();
-  if (w.rank() == 0) std::filesystem::remove(path);
+  w.barrier();  // every rank has read the file before rank 0 removes it
 }
 
 }  // namespace

@@ -32,8 +32,7 @@ RunResult run(std::vector<std::string> args) { return ndt::testing::run_train_gp
 
 // The small run of tests/support/corpus.h in a directory of its own.
 fs::path make_data(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("ndt_test_train_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
+  fs::path d = ndt::testing::fresh_dir("train_" + name);
   ndt::testing::write_small_run(d);
   return d;
 }
@@ -334,8 +333,7 @@ fs::path fortunes_data() {
     text += std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
   if (text.size() < 100000) return {};
-  fs::path d = fs::temp_directory_path() / ("ndt_test_fortunes_" + std::to_string(::getpid()));
-  fs::create_directories(d);
+  fs::path d = ndt::testing::fresh_dir("fortunes");
   data::Vocab v = data::Vocab::build_char(text);
   std::vector<uint16_t> t = v.encode(text);
   const size_t split = t.size() * 95 / 100;

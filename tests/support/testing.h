@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "tensor/error.h"
 
@@ -35,12 +38,68 @@ inline std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-// An empty directory of its own under the system temp dir, for one test.
+// The folders fresh_dir made in this process. They are removed when the process ends, whether
+// its tests passed or failed; with NDT_KEEP_TEST_DIRS=1 in the environment they are kept
+// (and named on stderr) for a look at what a failing test left, until a test process runs
+// without it: folders of earlier test processes that are gone (kept ones, or those of a
+// crash or a ctest timeout) are swept away when its first folder is made.
+class TempDirs {
+ public:
+  TempDirs() : owner_(::getpid()) {
+    if (!keep()) sweep();
+  }
+  ~TempDirs() {
+    // a forked child (a death test) must not remove the folders its parent still uses
+    if (::getpid() != owner_ || dirs_.empty()) return;
+    if (keep()) {
+      for (const auto& d : dirs_) std::fprintf(stderr, "[ndt] kept %s (NDT_KEEP_TEST_DIRS=1)\n", d.c_str());
+      return;
+    }
+    std::error_code ec;
+    for (const auto& d : dirs_) std::filesystem::remove_all(d, ec);
+    if (::testing::UnitTest::GetInstance()->Failed())
+      std::fprintf(stderr, "[ndt] removed this test's folders under %s; NDT_KEEP_TEST_DIRS=1 keeps them\n",
+                   std::filesystem::temp_directory_path(ec).c_str());
+  }
+  TempDirs(const TempDirs&) = delete;
+  TempDirs& operator=(const TempDirs&) = delete;
+  void add(const std::filesystem::path& d) { dirs_.push_back(d); }
+
+ private:
+  static bool keep() {
+    const char* k = std::getenv("NDT_KEEP_TEST_DIRS");
+    return k != nullptr && std::string(k) == "1";
+  }
+  // `ndt_test_*_<pid>` folders of this user whose process is gone
+  static void sweep() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(fs::temp_directory_path(ec), ec)) {
+      const std::string n = e.path().filename().string();
+      const size_t u = n.rfind('_');
+      if (!n.starts_with("ndt_test_") || u == std::string::npos || u + 1 == n.size()) continue;
+      if (n.find_first_not_of("0123456789", u + 1) != std::string::npos) continue;
+      if (fs::exists("/proc/" + n.substr(u + 1), ec)) continue;  // its process still runs
+      if (::access(e.path().c_str(), W_OK) != 0) continue;       // another user's
+      fs::remove_all(e.path(), ec);
+    }
+  }
+  pid_t owner_;
+  std::vector<std::filesystem::path> dirs_;
+};
+inline TempDirs& temp_dirs() {
+  static TempDirs d;
+  return d;
+}
+
+// An empty directory of its own under the system temp dir, for one test (or one suite),
+// removed when the test process ends (see TempDirs).
 inline std::filesystem::path fresh_dir(const std::string& name) {
   namespace fs = std::filesystem;
   fs::path p = fs::temp_directory_path() / ("ndt_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
+  temp_dirs().add(p);
   return p;
 }
 
