@@ -219,19 +219,6 @@ std::string value_kind(const po::option_description& d) {
   return "text";
 }
 
-std::string unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size()) {
-      const char n = s[++i];
-      out += n == 'n' ? '\n' : n == 't' ? '\t' : n;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
 // The INI file: `[section]` lines, `key = value` lines, comments from `#` (or a line
 // starting with `;`). A value in double quotes is taken literally up to the last quote on
 // the line, `#` included; outside quotes `\#` is a literal `#`. Returns what
@@ -690,6 +677,19 @@ std::vector<std::string> warnings(const Config& c) {
     w.push_back("optim.warmup_steps (" + std::to_string(c.optim.warmup_steps) + ") > train.steps (" +
                 std::to_string(c.train.steps) + "): the learning rate never reaches optim.lr");
   return w;
+}
+
+std::string unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size()) {
+      const char n = s[++i];
+      out += n == 'n' ? '\n' : n == 't' ? '\t' : n;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
 }
 
 }  // namespace ndt::train

@@ -168,4 +168,8 @@ nn::ACMode ac_mode(const TrainSection& t);
 // Legal but probably unintended settings, one line each (train_gpt prints them at start).
 std::vector<std::string> warnings(const Config& cfg);
 
+// A prompt as sample.prompt reads it: \n a newline, \t a tab, \ before any other character
+// that character.
+std::string unescape(const std::string& s);
+
 }  // namespace ndt::train

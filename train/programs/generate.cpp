@@ -34,6 +34,7 @@
 #include "train/checkpoint/checkpoint.h"
 #include "train/checkpoint/hf.h"
 #include "train/checkpoint/sharded.h"
+#include "train/config.h"
 #include "train/data/text.h"
 
 using namespace ndt;
@@ -60,18 +61,6 @@ struct Args {
   bool ignore_eos = false;
   int threads = 0;
 };
-
-std::string unescape(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == 'n' || s[i + 1] == 't')) {
-      out += s[++i] == 'n' ? '\n' : '\t';
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
 
 double number(const std::string& key, const std::string& v) {
   size_t end = 0;
@@ -104,7 +93,7 @@ Args parse(int argc, char** argv) {
     const std::string v = argv[++i];
     if (k == "--model") a.model = v;
     else if (k == "--tokenizer") a.tokenizer = v;
-    else if (k == "--prompt") a.prompt = unescape(v);
+    else if (k == "--prompt") a.prompt = train::unescape(v);
     else if (k == "--device") a.device = v;
     else if (k == "--dtype") a.dtype = v;
     else if (k == "--max-new-tokens") a.sample.max_new_tokens = whole(k, v);
