@@ -20,9 +20,9 @@ DataParallel::DataParallel(const nn::FlatParams& params, Communicator& replicas,
   }
 }
 
-void DataParallel::end_micro() {
-  nn::fold_grad(params_.units[0]);
-  if (!sync_) return;
+void DataParallel::end_micro() { nn::fold_grad(params_.units[0]); }
+
+void DataParallel::end_accumulation() {
   comm_.note_unit(params_.units[0].name);
   pending_.push_back(comm_.all_reduce(params_.units[0].grad, ReduceOp::kAvg));  // the embeddings, last
   for (const WorkPtr& w : pending_) w->wait();

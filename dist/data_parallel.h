@@ -9,7 +9,8 @@
 //
 //   dist::DataParallel dp(params, mesh.replicate());  // installs the gradient hooks
 //   dp.begin_micro(/*sync=*/last);  // ... forward, backward ...
-//   dp.end_micro();                 // on the last micro-step: waits for the all-reduces
+//   dp.end_micro();
+//   dp.end_accumulation();          // after the last micro-step: waits for the all-reduces
 //
 // Communication per step: one all-reduce of every gradient buffer, 2 (n-1)/n of its bytes.
 #pragma once
@@ -30,6 +31,7 @@ class DataParallel : public Strategy {
   std::string name() const override { return "DP"; }
   void begin_micro(bool sync) override { sync_ = sync; }
   void end_micro() override;
+  void end_accumulation() override;
 
  private:
   Communicator& comm_;

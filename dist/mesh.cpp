@@ -10,25 +10,28 @@
 
 namespace ndt::dist {
 
-ParallelDims ParallelDims::resolve(int64_t r, int64_t s, int64_t c, int64_t t, int64_t world) {
+ParallelDims ParallelDims::resolve(int64_t p, int64_t r, int64_t s, int64_t c, int64_t t, int64_t world) {
   auto sizes = [&] {
-    return "dp_replicate_size " + std::to_string(r) + ", dp_shard_size " + std::to_string(s) + ", cp_size " +
-           std::to_string(c) + ", tp_size " + std::to_string(t);
+    return std::string(p > 1 ? "pp_size " + std::to_string(p) + ", " : "") + "dp_replicate_size " +
+           std::to_string(r) + ", dp_shard_size " + std::to_string(s) + ", cp_size " + std::to_string(c) +
+           ", tp_size " + std::to_string(t);
   };
-  NDT_CHECK(r >= 1 && c >= 1 && t >= 1 && (s >= 1 || s == -1),
+  NDT_CHECK(p >= 1 && r >= 1 && c >= 1 && t >= 1 && (s >= 1 || s == -1),
             "[parallel] sizes must be >= 1 (dp_shard_size may be -1: ", "the rest of the world), got ",
             sizes());
   if (s == -1) {
-    const int64_t rest = checked_mul(checked_mul(r, c, "[parallel] sizes"), t, "[parallel] sizes");
+    const int64_t rest =
+        checked_mul(checked_mul(checked_mul(p, r, "[parallel] sizes"), c, "[parallel] sizes"), t, "[parallel] sizes");
     NDT_CHECK(world % rest == 0, "[parallel] dp_shard_size = -1 takes the rest of the world, but ", world,
-              " ranks are not divisible by dp_replicate_size x cp_size x tp_size = ", rest, " (", sizes(),
-              ")");
+              " ranks are not divisible by ", p > 1 ? "pp_size x " : "", "dp_replicate_size x cp_size x tp_size = ",
+              rest, " (", sizes(), ")");
     s = world / rest;
   }
   // the product must fit int64 before it is compared (sizes that wrap could match any world)
   const int64_t product = checked_mul(
-      checked_mul(checked_mul(r, s, "[parallel] sizes"), c, "[parallel] sizes"), t, "[parallel] sizes");
-  ParallelDims d{r, s, c, t};
+      checked_mul(checked_mul(checked_mul(p, r, "[parallel] sizes"), s, "[parallel] sizes"), c, "[parallel] sizes"),
+      t, "[parallel] sizes");
+  ParallelDims d{p, r, s, c, t};
   NDT_CHECK(product == world, "[parallel] ", sizes(), " multiply to ", d.world(), " ranks but the job has ",
             world, "; make the product equal the number of ranks (mpirun -np ", d.world(),
             ") or set dp_shard_size = -1 to take the rest");
@@ -42,16 +45,19 @@ ParallelDims::Coords ParallelDims::coords(int64_t rank) const {
   c.cp = rank % cp;
   rank /= cp;
   c.shard = rank % dp_shard;
-  c.replicate = rank / dp_shard;
+  rank /= dp_shard;
+  c.replicate = rank % dp_replicate;
+  c.pp = rank / dp_replicate;
   return c;
 }
 
 int64_t ParallelDims::rank_of(const Coords& c) const {
-  return ((c.replicate * dp_shard + c.shard) * cp + c.cp) * tp + c.tp;
+  return (((c.pp * dp_replicate + c.replicate) * dp_shard + c.shard) * cp + c.cp) * tp + c.tp;
 }
 
 std::string ParallelDims::str() const {
   std::ostringstream os;
+  if (pp > 1) os << "pp " << pp << " x ";
   os << "dp_replicate " << dp_replicate << " x dp_shard " << dp_shard << " x cp " << cp << " x tp " << tp
      << " = " << world() << (world() == 1 ? " rank" : " ranks");
   return os.str();
@@ -67,6 +73,7 @@ std::string ParallelDims::strategy() const {
     parts.push_back("DP");
   if (cp > 1) parts.push_back("CP");
   if (tp > 1) parts.push_back("TP");
+  if (pp > 1) parts.push_back("PP");
   if (parts.empty()) return "single process";
   std::string s;
   for (size_t i = 0; i < parts.size(); ++i) s += (i ? " + " : "") + parts[i];
@@ -74,26 +81,37 @@ std::string ParallelDims::strategy() const {
 }
 
 // Each group of the mesh: the coordinates that stay fixed pick it (its color), the others
-// order its members (its key).
+// order its members (its key). Every group but the pipeline's lies inside one stage: the
+// stage is part of its color (in_stage).
 namespace {
 using Coords = ParallelDims::Coords;
 struct GroupRule {
   int64_t color, key;
 };
+GroupRule in_stage(const ParallelDims& d, const Coords& x, GroupRule g) {
+  return {x.pp * d.stage_size() + g.color, g.key};
+}
+GroupRule pp_rule(const ParallelDims& d, const Coords& x) {
+  return {((x.replicate * d.dp_shard + x.shard) * d.cp + x.cp) * d.tp + x.tp, x.pp};
+}
 GroupRule replicate_rule(const ParallelDims& d, const Coords& x) {
-  return {(x.shard * d.cp + x.cp) * d.tp + x.tp, x.replicate};
+  return in_stage(d, x, {(x.shard * d.cp + x.cp) * d.tp + x.tp, x.replicate});
 }
 GroupRule shard_rule(const ParallelDims& d, const Coords& x) {
-  return {(x.replicate * d.cp + x.cp) * d.tp + x.tp, x.shard};
+  return in_stage(d, x, {(x.replicate * d.cp + x.cp) * d.tp + x.tp, x.shard});
 }
 GroupRule cp_rule(const ParallelDims& d, const Coords& x) {
-  return {(x.replicate * d.dp_shard + x.shard) * d.tp + x.tp, x.cp};
+  return in_stage(d, x, {(x.replicate * d.dp_shard + x.shard) * d.tp + x.tp, x.cp});
 }
 GroupRule tp_rule(const ParallelDims& d, const Coords& x) {
-  return {(x.replicate * d.dp_shard + x.shard) * d.cp + x.cp, x.tp};
+  return in_stage(d, x, {(x.replicate * d.dp_shard + x.shard) * d.cp + x.cp, x.tp});
 }
-GroupRule dp_rule(const ParallelDims& d, const Coords& x) { return {x.cp * d.tp + x.tp, x.replicate * d.dp_shard + x.shard}; }
-GroupRule fsdp_rule(const ParallelDims& d, const Coords& x) { return {x.replicate * d.tp + x.tp, x.shard * d.cp + x.cp}; }
+GroupRule dp_rule(const ParallelDims& d, const Coords& x) {
+  return in_stage(d, x, {x.cp * d.tp + x.tp, x.replicate * d.dp_shard + x.shard});
+}
+GroupRule fsdp_rule(const ParallelDims& d, const Coords& x) {
+  return in_stage(d, x, {x.replicate * d.tp + x.tp, x.shard * d.cp + x.cp});
+}
 using Rule = GroupRule (*)(const ParallelDims&, const Coords&);
 
 // The world ranks of the group `rule` gives `rank`, in the group's order.
@@ -120,6 +138,7 @@ DeviceMesh::DeviceMesh(const ParallelDims& dims, std::shared_ptr<Communicator> w
     const GroupRule g = rule(dims_, coords_);
     return world_->split(static_cast<int>(g.color), static_cast<int>(g.key), name);
   };
+  pp_ = split(pp_rule, "pp");
   replicate_ = split(replicate_rule, "dp_replicate");
   shard_ = split(shard_rule, "dp_shard");
   cp_ = split(cp_rule, "cp");
@@ -157,8 +176,9 @@ void DeviceMesh::gather_hosts() {
 void DeviceMesh::describe_groups() {
   const int64_t me = world_->rank();
   // "of replica 1, cp rank 0": the coordinates that pick the group, of sizes above 1
-  auto of = [&](bool r, bool s, bool c, bool t) {
+  auto of = [&](bool r, bool s, bool c, bool t, bool stage = true) {
     std::vector<std::string> parts;
+    if (stage && dims_.pp > 1) parts.push_back("stage " + std::to_string(coords_.pp));
     if (r && dims_.dp_replicate > 1) parts.push_back("replica " + std::to_string(coords_.replicate));
     if (s && dims_.dp_shard > 1) parts.push_back("shard " + std::to_string(coords_.shard));
     if (c && dims_.cp > 1) parts.push_back("cp rank " + std::to_string(coords_.cp));
@@ -173,6 +193,7 @@ void DeviceMesh::describe_groups() {
     std::string words;
   };
   const Group groups[] = {
+      {pp_.get(), pp_rule, "the pipeline" + of(true, true, true, true, false)},
       {replicate_.get(), replicate_rule, "the replicate group" + of(false, true, true, true)},
       {shard_.get(), shard_rule, "the shard group" + of(true, false, true, true)},
       {cp_.get(), cp_rule, "the context-parallel ring" + of(true, true, false, true)},
@@ -194,7 +215,7 @@ void DeviceMesh::describe_groups() {
 }
 
 std::vector<Communicator*> DeviceMesh::all() const {
-  return {world_.get(), replicate_.get(), shard_.get(), cp_.get(), tp_.get(), dp_.get(), fsdp_.get()};
+  return {world_.get(), pp_.get(), replicate_.get(), shard_.get(), cp_.get(), tp_.get(), dp_.get(), fsdp_.get()};
 }
 
 int64_t DeviceMesh::bytes_sent() const {
@@ -223,12 +244,14 @@ std::string DeviceMesh::describe() const {
   const int64_t n = dims_.world();
   const auto& hosts = hosts_;
   std::ostringstream os;
-  os << "mesh: " << dims_.str() << " (" << dims_.strategy() << "), rank = ((replicate*" << dims_.dp_shard
-     << " + shard)*" << dims_.cp << " + cp)*" << dims_.tp << " + tp\n";
+  os << "mesh: " << dims_.str() << " (" << dims_.strategy() << "), rank = "
+     << (dims_.pp > 1 ? "(((stage*" + std::to_string(dims_.dp_replicate) + " + replicate)*" : "((replicate*")
+     << dims_.dp_shard << " + shard)*" << dims_.cp << " + cp)*" << dims_.tp << " + tp\n";
   if (n <= 16) {
     for (int64_t i = 0; i < n; ++i) {
       const ParallelDims::Coords c = dims_.coords(i);
-      os << "  rank " << i << ": replicate " << c.replicate << ", shard " << c.shard << ", cp " << c.cp
+      os << "  rank " << i << ": " << (dims_.pp > 1 ? "stage " + std::to_string(c.pp) + ", " : "")
+         << "replicate " << c.replicate << ", shard " << c.shard << ", cp " << c.cp
          << ", tp " << c.tp << " on " << hosts[static_cast<size_t>(i)] << " (local rank "
          << local_ranks_[static_cast<size_t>(i)] << ")\n";
     }

@@ -1,13 +1,16 @@
 // ndtrain: the layout of the ranks (ParallelDims) and one communicator per dimension
 // (DeviceMesh).
 //
-// Four dimensions, named as in Hugging Face Accelerate's ParallelismConfig, from outermost
-// to innermost: dp_replicate x dp_shard x cp x tp. So rank = ((r*S + s)*CP + c)*TP + t:
-// TP neighbours are adjacent ranks (inside a node), replicas are furthest apart (HSDP:
-// sharding inside a node, one gradient all-reduce across nodes).
+// Five dimensions, named as in Hugging Face Accelerate's ParallelismConfig, from outermost
+// to innermost: pp x dp_replicate x dp_shard x cp x tp. So
+// rank = (((p*R + r)*S + s)*CP + c)*TP + t: TP neighbours are adjacent ranks (inside a
+// node); pipeline stages are furthest apart, so under --map-by ppr:K:node the links that
+// cross nodes carry only a stage boundary's activations (one tensor per micro-batch), and
+// replicas come next (HSDP: sharding inside a node, one gradient all-reduce across nodes).
+// Every other group lies inside one pipeline stage.
 //
-//   // 2 replicas, the rest of the world sharded, no CP or TP
-//   auto dims = dist::ParallelDims::resolve(2, -1, 1, 1, world->size());
+//   // no pipeline, 2 replicas, the rest of the world sharded, no CP or TP
+//   auto dims = dist::ParallelDims::resolve(1, 2, -1, 1, 1, world->size());
 //   dist::DeviceMesh mesh(dims, world);
 //   mesh.fsdp().all_gather(full, shard);  // shard x cp: the ranks that shard parameters
 //   mesh.dp().size();                     // replicate x shard: the ranks that read different data
@@ -27,23 +30,25 @@
 namespace ndt::dist {
 
 struct ParallelDims {
-  int64_t dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1;
+  int64_t pp = 1, dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1;
 
   // Resolves dp_shard = -1 ("the rest of the world") and checks every size against the
-  // world; throws ndt::Error naming the four sizes and the world size.
-  static ParallelDims resolve(int64_t dp_replicate, int64_t dp_shard, int64_t cp, int64_t tp, int64_t world);
+  // world; throws ndt::Error naming the five sizes and the world size.
+  static ParallelDims resolve(int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t cp, int64_t tp,
+                              int64_t world);
 
-  int64_t world() const { return dp_replicate * dp_shard * cp * tp; }
+  int64_t world() const { return pp * stage_size(); }
+  int64_t stage_size() const { return dp_replicate * dp_shard * cp * tp; }  // ranks of one pipeline stage
   int64_t dp() const { return dp_replicate * dp_shard; }  // ranks with different data
   int64_t fsdp() const { return dp_shard * cp; }          // ranks that shard parameters
   bool sharded() const { return fsdp() > 1; }
 
   struct Coords {
-    int64_t replicate = 0, shard = 0, cp = 0, tp = 0;
+    int64_t pp = 0, replicate = 0, shard = 0, cp = 0, tp = 0;
   };
   Coords coords(int64_t rank) const;
   int64_t rank_of(const Coords& c) const;
-  std::string str() const;       // "dp_replicate 2 x dp_shard 2 x cp 1 x tp 1 = 4 ranks"
+  std::string str() const;       // "dp_replicate 2 x dp_shard 2 x cp 1 x tp 1 = 4 ranks" (pp first when > 1)
   std::string strategy() const;  // "single process", "DP", "FSDP", "HSDP", ...
 };
 
@@ -58,6 +63,9 @@ class DeviceMesh {
   int64_t fsdp_rank() const { return coords_.shard * dims_.cp + coords_.cp; }
 
   Communicator& world() const { return *world_; }
+  // The pipeline: the ranks with this rank's coordinates in every other dimension, one per
+  // stage, in stage order (stage s is member s).
+  Communicator& pp() const { return *pp_; }
   Communicator& replicate() const { return *replicate_; }
   Communicator& shard() const { return *shard_; }
   Communicator& cp() const { return *cp_; }
@@ -89,7 +97,7 @@ class DeviceMesh {
   ParallelDims::Coords coords_;
   std::vector<std::string> hosts_;
   std::vector<int32_t> local_ranks_;
-  std::shared_ptr<Communicator> world_, replicate_, shard_, cp_, tp_, dp_, fsdp_;
+  std::shared_ptr<Communicator> world_, pp_, replicate_, shard_, cp_, tp_, dp_, fsdp_;
 };
 
 }  // namespace ndt::dist

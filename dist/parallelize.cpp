@@ -9,7 +9,9 @@
 namespace ndt::dist {
 
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
-                          bool sequence_parallel) {
+                          bool sequence_parallel, int64_t pp_virtual) {
+  NDT_CHECK(dims.pp * pp_virtual <= cfg.n_layer, "parallel.pp_size", pp_virtual > 1 ? " x parallel.pp_virtual = " : " = ",
+            dims.pp * pp_virtual, " pipeline stages need at least as many blocks, but model.n_layer is ", cfg.n_layer);
   if (dims.tp > 1) check_tensor_parallel(cfg, dims.tp);
   if (dims.cp > 1) check_context_parallel(seq_len, dims.cp);
   if (dims.tp > 1 && sequence_parallel) check_sequence_parallel(seq_len, dims.cp, dims.tp);
@@ -49,7 +51,39 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
     pm->strategy = std::make_unique<NoParallelism>(pm->params, tp);
   }
   pm->strategy->read_sequence_split(&pm->split_);
+  // 6: the pipeline over this rank's chunks
+  if (dims.pp > 1) {
+    const models::PipelinePart& part = gpt.part();
+    const bool tied_ends = gpt.cfg.tied() && (part.first || part.last);
+    // the tied embeddings' gradients: summed between the two ends; in the norm, each end's counts half
+    pm->ends_ = mesh.pp().split(part.first || part.last ? 0 : 1, part.first ? 0 : 1, "pp_ends");
+    pm->strategy->read_pipeline(&mesh.pp(), tied_ends ? 0.5 : 1.0);
+    pm->tied_ends_ = tied_ends;
+    pm->pp_blocks = o.pp_blocks;
+    const int64_t C = gpt.cfg.n_embd, tp = dims.tp;
+    SequenceSplit* split = &pm->split_;
+    auto io_shape = [C, tp, split](const Tensor& idx) -> Shape {
+      const bool sp = split->sequence_parallel && split->active;
+      return {idx.size(0), idx.size(1) / (sp ? tp : 1), C};
+    };
+    const int64_t v = static_cast<int64_t>(part.chunks.size());
+    pm->pipeline = std::make_unique<Pipeline>(
+        gpt, mesh.pp(), *pm->strategy,
+        pp::make_schedule(pp::parse_kind(o.pp_schedule), static_cast<int>(dims.pp), static_cast<int>(o.micro_batches),
+                          static_cast<int>(v)),
+        io_shape, o.compute_dtype.value_or(DType::f32), o.trace);
+  }
   return pm;
+}
+
+void ParallelModel::end_accumulation() {
+  strategy->end_accumulation();
+  if (!tied_ends_) return;
+  // wte's gradient from the embedding (first stage) and from the logits (last stage); the
+  // unit is the same on both (its other parameters got gradients on one end only)
+  const nn::FlatUnit& u = params.units.front();
+  ends_->note_unit(u.name);
+  ends_->all_reduce(u.grad, ReduceOp::kSum)->wait();
 }
 
 Tensor ParallelModel::local(const Tensor& tokens) const { return cp_ ? cp_->local(tokens) : tokens; }
@@ -59,7 +93,7 @@ double ParallelModel::mean_over_ranks(double loss) const {
   return cp_ ? mesh_->cp().all_reduce_scalar(loss, ReduceOp::kAvg) : loss;
 }
 
-bool ParallelModel::forward_is_collective() const { return fsdp_ || mesh_->dims().tp > 1; }
+bool ParallelModel::forward_is_collective() const { return fsdp_ || mesh_->dims().tp > 1 || pipeline; }
 
 void ParallelModel::split_sequences(bool on) { split_.active = on; }
 

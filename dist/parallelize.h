@@ -12,6 +12,9 @@
 //                         same numbers as one process would draw, in any layout
 //   5. data parallel      FSDP/HSDP (a wrapper outside checkpointing, so that a recompute
 //                         finds its block gathered), DP's gradient hooks, or nothing
+//   6. pipeline parallel  the schedule this rank runs its model chunks in (the model was
+//                         described with only this rank's blocks: models::PipelinePart,
+//                         dist/pipeline_parallel/stages.h)
 //
 //   dist::check_parallel_model(gpt.cfg, mesh.dims(), seq_len);  // sizes that do not divide
 //   std::unique_ptr<dist::ParallelModel> pm = dist::parallelize(gpt, mesh, {device, seed, ...});
@@ -30,6 +33,7 @@
 #include "dist/context_parallel/ring_attention.h"
 #include "dist/fsdp/fsdp.h"
 #include "dist/mesh.h"
+#include "dist/pipeline_parallel/pipeline.h"
 #include "dist/sequence_split.h"
 #include "dist/strategy.h"
 #include "dist/trace.h"
@@ -49,13 +53,17 @@ struct ParallelizeOptions {
   nn::ACMode ac = nn::ACMode::none;    // activation checkpointing ...
   int64_t ac_every = 1;                // ... of blocks 0, k, 2k, ...
   Trace* trace = nullptr;              // each block's forward on the compute track
+  // pipeline parallelism: the schedule (pp::parse_kind's names) and its micro-batches
+  std::string pp_schedule = "1f1b";
+  int64_t micro_batches = 1;
+  std::vector<int64_t> pp_blocks;  // the blocks of each virtual stage (stages.h)
 };
 
 // Throws ndt::Error when the model or the sequence cannot be split as the mesh asks
 // (heads, MLP or padded vocabulary that tp does not divide; seq_len that 2 cp does not;
-// with sequence parallelism, seq_len / cp that tp does not).
+// with sequence parallelism, seq_len / cp that tp does not; fewer blocks than pipeline stages).
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
-                          bool sequence_parallel = false);
+                          bool sequence_parallel = false, int64_t pp_virtual = 1);
 
 // Not copied or moved: the strategy and the model's hooks refer to its buffers.
 class ParallelModel {
@@ -66,6 +74,14 @@ class ParallelModel {
 
   nn::FlatParams params;               // this rank's shards (and TP slices)
   std::unique_ptr<Strategy> strategy;  // FSDP/HSDP, DP or NoParallelism
+  std::unique_ptr<Pipeline> pipeline;  // pp > 1: runs the model's chunks (else none)
+
+  std::vector<int64_t> pp_blocks;      // pp > 1: the blocks of each virtual stage
+  const DeviceMesh& mesh() const { return *mesh_; }
+
+  // After the step's last backward: the strategy's end_accumulation, then (pipeline with tied
+  // embeddings) the sum of the embeddings' gradients of the first and the last stage.
+  void end_accumulation();
 
   // (B, T) tokens of whole sequences -> this rank's part (CP: its two chunks of each).
   Tensor local(const Tensor& tokens) const;
@@ -88,6 +104,8 @@ class ParallelModel {
   const DeviceMesh* mesh_ = nullptr;
   FullyShardedDataParallel* fsdp_ = nullptr;  // the strategy, when sharded
   std::unique_ptr<ContextParallel> cp_;       // when cp > 1
+  std::shared_ptr<Communicator> ends_;        // pp > 1: the first and the last stage
+  bool tied_ends_ = false;                    // this rank is one of them and holds the tied embeddings
   SequenceSplit split_;                       // read by CP, TP and the strategy
 };
 

@@ -9,9 +9,10 @@ namespace ndt::dist {
 
 double Strategy::grad_norm() const {
   const int64_t tp = tp_ ? tp_->size() : 1;
-  double s = optim::grad_sum_squares(params_, tp);
+  double s = optim::grad_sum_squares(params_, tp, unit0_weight_);
   if (norm_group_) s = norm_group_->all_reduce_scalar(s, ReduceOp::kSum);
   if (tp > 1) s = tp_->all_reduce_scalar(s, ReduceOp::kSum);
+  if (pp_) s = pp_->all_reduce_scalar(s, ReduceOp::kSum);
   return std::sqrt(s);
 }
 
@@ -46,7 +47,6 @@ void Strategy::sum_partial_grads_over_tp() const {
 
 void NoParallelism::end_micro() {
   for (const nn::FlatUnit& u : params_.units) nn::fold_grad(u);
-  if (sync_) sum_partial_grads_over_tp();
 }
 
 }  // namespace ndt::dist

@@ -7,6 +7,7 @@
 //     backward(model.forward(...).loss);     // units gather/reduce through the wrappers
 //     s.end_micro();                         // this micro-step's reductions are done
 //   }
+//   s.end_accumulation();                    // the step's last reductions (the embeddings')
 //   double norm = s.grad_norm();             // global, every element counted once
 //   opt.step(lr, clip_scale(norm, max));     // on this rank's shards
 //   s.end_step();                            // gathered copies are stale now: dropped
@@ -19,6 +20,11 @@
 // ranks reduce like data-parallel ones, so CP alone runs FSDP over the cp group),
 // DataParallel (dist/data_parallel.h), FullyShardedDataParallel (dist/fsdp/fsdp.h, also
 // HSDP). dist/parallelize.h picks one for a mesh.
+//
+// Under pipeline parallelism (dist/pipeline_parallel/) the forwards and backwards of
+// different micro-batches interleave: begin_micro comes before each of them, end_micro after
+// each backward, and sync is true for the backward of a model chunk's last micro-batch: the
+// last that reaches the chunk's units, whose reductions then are the step's.
 #pragma once
 
 #include <memory>
@@ -34,12 +40,22 @@ class Strategy {
  public:
   virtual ~Strategy() = default;
   virtual std::string name() const = 0;
+  // sync: the units this backward reaches get no more gradient in this step (their last
+  // micro-batch)
   virtual void begin_micro(bool sync) {}
   virtual void end_micro() {}
+  // After the step's last end_micro: what is reduced once per step whatever the units
+  // (the embeddings' gradients, sequence parallelism's partial sums), all of it complete on
+  // return.
+  virtual void end_accumulation() {}
   // sqrt of the sum of squares of every gradient element, counted once: over this rank's
   // gradient shards, summed over the shard group and the tp group (replicated parameters
-  // of the tp ranks counted once). The same number on every rank.
+  // of the tp ranks counted once), and over the pipeline's stages. The same number on every rank.
   double grad_norm() const;
+  // Pipeline parallelism: the stages, over which the norm sums too, and the weight of unit 0
+  // in this stage's sum (1/2 where the first and the last stage both hold the tied
+  // embeddings, so that they count once).
+  void read_pipeline(Communicator* pp, double unit0_weight) { pp_ = pp, unit0_weight_ = unit0_weight; }
   virtual void end_step() {}
   virtual void begin_forward_only() {}
   virtual void end_forward_only() {}
@@ -57,14 +73,16 @@ class Strategy {
   Strategy(const nn::FlatParams& params, Communicator* shard_group, Communicator* tp)
       : params_(params), norm_group_(shard_group), tp_(tp) {}
   const nn::FlatParams& params_;
-  // Called by end_micro when its micro-step synchronizes: the sum above, one all-reduce of
-  // every such parameter's part of this rank's shards, packed (a no-op without it).
+  // Called by end_accumulation: the sum above, one all-reduce of every such parameter's part
+  // of this rank's shards, packed (a no-op without it).
   void sum_partial_grads_over_tp() const;
 
  private:
   Communicator* const norm_group_;  // the shard group, over which the norm sums
   Communicator* const tp_;
   const SequenceSplit* split_ = nullptr;  // nullptr: no sequence parallelism
+  Communicator* pp_ = nullptr;            // nullptr: no pipeline
+  double unit0_weight_ = 1.0;
 };
 
 // Gradients stay where backward put them: one process (or TP alone).
@@ -73,11 +91,8 @@ class NoParallelism : public Strategy {
   explicit NoParallelism(const nn::FlatParams& params, Communicator* tp = nullptr)
       : Strategy(params, nullptr, tp) {}
   std::string name() const override { return "single process"; }
-  void begin_micro(bool sync) override { sync_ = sync; }
   void end_micro() override;  // mixed precision: the micro-step's gradients into the master's
-
- private:
-  bool sync_ = true;
+  void end_accumulation() override { sum_partial_grads_over_tp(); }
 };
 
 }  // namespace ndt::dist

@@ -44,11 +44,12 @@ int32_t sample_token(const std::vector<float>& logits, const SampleOptions& o, u
 }
 
 std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, const SampleOptions& o,
-                              Device device, const std::function<bool(int32_t)>& on_token) {
+                              Device device, const std::function<bool(int32_t)>& on_token,
+                              const LogitsFn& logits_fn) {
   NDT_CHECK(o.top_p > 0 && o.top_p <= 1, "sample: top_p must be in (0, 1], got ", o.top_p);
   if (ids.empty()) ids.push_back(0);
   const int64_t V = gpt.cfg.vocab_size, cap = gpt.cfg.block_size;
-  KVCache cache(gpt, cap);
+  KVCache cache(gpt, cap, logits_fn);
   // the prompt (its last block_size tokens) in one forward; then each token alone
   const int64_t keep = std::min<int64_t>(static_cast<int64_t>(ids.size()), cap);
   Tensor logits = cache.next_token_logits(

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "models/gpt.h"
+#include "models/kv_cache.h"
 
 namespace ndt::models {
 
@@ -40,7 +41,9 @@ int32_t sample_token(const std::vector<float>& logits, const SampleOptions& o, u
 
 // prompt -> prompt followed by the new tokens (an empty prompt starts from token 0).
 // on_token, if given, sees each new token as it is drawn and may return false to stop.
+// logits_fn: where the logits come from (models/kv_cache.h; default: the model's own).
 std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> prompt, const SampleOptions& o,
-                              Device device, const std::function<bool(int32_t)>& on_token = {});
+                              Device device, const std::function<bool(int32_t)>& on_token = {},
+                              const LogitsFn& logits_fn = {});
 
 }  // namespace ndt::models

@@ -73,16 +73,25 @@ std::unique_ptr<nn::DecoderBlock> make_block(const GPTConfig& c) {
 }
 }  // namespace
 
-GPT::GPT(const GPTConfig& c) : cfg((c.validate(), c)), wte(c.padded_vocab(), c.n_embd, kStd, c.vocab_size) {
+GPT::GPT(const GPTConfig& c, PipelinePart part)
+    : cfg((c.validate(), c)), wte(c.padded_vocab(), c.n_embd, kStd, c.vocab_size), part_(std::move(part)) {
+  if (part_.chunks.empty()) part_.chunks = {{0, c.n_layer}};
   child("wte", &wte);
   if (!c.llama()) {
     wpe = std::make_unique<nn::Embedding>(c.block_size, c.n_embd, kStd);
     child("wpe", wpe.get());
   }
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    h.push_back(make_block(c));
-    child("h." + std::to_string(i), h.back().get());
+  for (const auto& [begin, end] : part_.chunks) {
+    NDT_CHECK(0 <= begin && begin < end && end <= c.n_layer, "GPT: a pipeline chunk of blocks [", begin, ", ",
+              end, ") outside the model's ", c.n_layer, " blocks");
+    chunk_begin_.push_back(h.size());
+    for (int64_t i = begin; i < end; ++i) {
+      h.push_back(make_block(c));
+      block_index_.push_back(i);
+      child("h." + std::to_string(i), h.back().get());
+    }
   }
+  chunk_begin_.push_back(h.size());
   if (c.llama())
     ln_f = std::make_unique<nn::RMSNorm>(c.n_embd, c.norm_eps);
   else
@@ -97,15 +106,21 @@ GPT::GPT(const GPTConfig& c) : cfg((c.validate(), c)), wte(c.padded_vocab(), c.n
 std::vector<nn::UnitSpec> GPT::units() const {
   std::vector<nn::UnitSpec> u;
   nn::UnitSpec emb{"embeddings", {}};
-  for (auto& p : wte.parameters("wte")) emb.params.push_back(p);
-  if (wpe)
+  // tied: the first and the last stage hold the same unit (wte is used at both ends);
+  // untied: each end holds its own parameters
+  const bool ends = part_.first || part_.last;
+  const bool input = cfg.tied() ? ends : part_.first, output = cfg.tied() ? ends : part_.last;
+  if (input)
+    for (auto& p : wte.parameters("wte")) emb.params.push_back(p);
+  if (wpe && input)
     for (auto& p : wpe->parameters("wpe")) emb.params.push_back(p);
-  for (auto& p : ln_f->parameters("ln_f")) emb.params.push_back(p);
-  if (lm_head)
+  if (output)
+    for (auto& p : ln_f->parameters("ln_f")) emb.params.push_back(p);
+  if (lm_head && output)
     for (auto& p : lm_head->parameters("lm_head")) emb.params.push_back(p);
   u.push_back(emb);
   for (size_t i = 0; i < h.size(); ++i) {
-    const std::string name = "h." + std::to_string(i);
+    const std::string name = "h." + std::to_string(block_index_[i]);
     u.push_back({name, h[i]->parameters(name)});
   }
   return u;
@@ -142,46 +157,65 @@ nn::Positions GPT::block_positions(const Tensor& pos, int64_t pos_offset, bool c
   return p;
 }
 
-// idx (B, T) -> the final norm's output (B, T, C), as the lm_head reads it (TP: copied to
-// the group; sequence parallel: the whole sequence again)
-Tensor GPT::trunk(const Tensor& idx, int64_t pos_offset) const {
+// The positions of idx's tokens (B, T) i32: pos_offset .. pos_offset+T-1 for every row (CP:
+// this rank's two pieces); cached: kept from the last call for the same (B, T, offset).
+Tensor GPT::positions_of(const Tensor& idx, int64_t pos_offset, bool& cached) const {
   NDT_CHECK(idx.dtype() == DType::i32 && idx.dim() == 2, "GPT: idx must be int32 (B, T), got ", idx.desc());
   const int64_t B = idx.size(0), T = idx.size(1);
   NDT_CHECK(pos_offset >= 0 && pos_offset + T <= cfg.block_size, "GPT: positions ", pos_offset, "..",
             pos_offset + T - 1, " exceed model.block_size ", cfg.block_size,
             "; lower train.seq_len or raise model.block_size");
-  Tensor pos;  // (B, T) i32: positions pos_offset .. pos_offset+T-1 for every row
-  bool cached = false;
-  if (positions) {
-    pos = positions(idx, pos_offset);
-  } else {
+  cached = false;
+  if (positions) return positions(idx, pos_offset);
+  {
     PositionsCache& c = pos_cache_;
     if (!(c.pos.defined() && c.B == B && c.T == T && c.offset == pos_offset && c.device == idx.device())) {
       std::vector<int32_t> pos_host(B * T);
       for (int64_t i = 0; i < B * T; ++i) pos_host[i] = static_cast<int32_t>(pos_offset + i % T);
       c = {B, T, pos_offset, idx.device(), Tensor::from_vector(pos_host, {B, T}, idx.device()), {}};
     }
-    pos = c.pos;
     cached = true;
+    return c.pos;
   }
+}
 
-  Tensor x = wte.forward(idx);  // (B, T, C) (sequence parallel: (B, T/tp, C))
-  // the rotary tables are for all T positions: attention's q and k are whole sequences
-  const nn::Positions block_pos = block_positions(pos, pos_offset, cached, x.dtype());
+// idx (B, T), pos (B, T) -> (B, T, C) (sequence parallel: (B, T/tp, C))
+Tensor GPT::embed(const Tensor& idx, const Tensor& pos) const {
+  Tensor x = wte.forward(idx);
   if (wpe) x = add(x, wpe->forward(sequence_part ? sequence_part(pos) : pos));  // gpt2's positions
-  for (size_t i = 0; i < h.size(); ++i) {
+  return x;
+}
+
+// x (B, T, C) through h[begin, end), each block through the wrappers
+Tensor GPT::run_blocks(size_t begin, size_t end, Tensor x, const nn::Positions& block_pos) const {
+  for (size_t i = begin; i < end; ++i) {
     const nn::DecoderBlock* b = h[i].get();
     x = nn::wrap_block(wrappers_, static_cast<int64_t>(i),
                        [b, block_pos](const Tensor& in) { return b->forward(in, block_pos); })(x);
   }
-  x = final_norm(x);
-  if (before_lm_head) x = before_lm_head(x);
   return x;
 }
 
-GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset) const {
+// (B, T, C) -> the final norm's output, as the lm_head reads it (TP: copied to the group;
+// sequence parallel: the whole sequence again)
+Tensor GPT::before_head(const Tensor& x) const {
+  Tensor y = final_norm(x);
+  return before_lm_head ? before_lm_head(y) : y;
+}
+
+Tensor GPT::trunk(const Tensor& idx, int64_t pos_offset) const {
+  NDT_CHECK(part_.whole(), "GPT: this rank holds one part of a pipeline; run it with forward_chunk");
+  bool cached = false;
+  const Tensor pos = positions_of(idx, pos_offset, cached);
+  Tensor x = embed(idx, pos);
+  // the rotary tables are for all T positions: attention's q and k are whole sequences
+  return before_head(run_blocks(0, h.size(), x, block_positions(pos, pos_offset, cached, x.dtype())));
+}
+
+// x (B, T, C) at the head: logits (B*T, Vp) through the head's matrix, and the loss
+GPTOutput GPT::head_forward(const Tensor& x_btc, const Tensor& idx, const Tensor& targets) const {
   const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
-  Tensor x = view(trunk(idx, pos_offset), {B * T, C});
+  Tensor x = view(x_btc, {B * T, C});
   GPTOutput out;
   out.logits = matmul(x, head().weight, false, true);  // (B*T, C) @ head^T -> (B*T, Vp) (Vp/tp with TP)
   if (targets.defined()) {
@@ -202,11 +236,49 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
   return out;
 }
 
+GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset) const {
+  return head_forward(trunk(idx, pos_offset), idx, targets);
+}
+
+// (B, T, C) -> the logits of each row's last position (B, Vp)
 Tensor GPT::next_token_logits(const Tensor& idx, int64_t pos_offset) const {
   const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
   Tensor x = trunk(idx, pos_offset);                           // (B, T, C)
   x = view(x.narrow(1, T - 1, 1).contiguous(), {B, C});        // each row's last position
   Tensor logits = matmul(x, head().weight, false, true);       // (B, C) @ head^T -> (B, Vp) (Vp/tp)
+  return gather_logits ? gather_logits(logits) : logits;
+}
+
+// ---- pipeline parallelism: one chunk at a time ----------------------------------------
+
+Tensor GPT::chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset) const {
+  NDT_CHECK(chunk + 1 < chunk_begin_.size(), "GPT: chunk ", chunk, " of a part with ", chunk_begin_.size() - 1,
+            " chunks");
+  const bool embeds = chunk == 0 && part_.first;
+  NDT_CHECK(embeds != x.defined(), "GPT: chunk ", chunk,
+            embeds ? " starts the pipeline: it embeds idx and takes no x" : " needs the previous stage's output x");
+  bool cached = false;
+  const Tensor pos = positions_of(idx, pos_offset, cached);
+  const Tensor in = embeds ? embed(idx, pos) : x;
+  const nn::Positions block_pos = block_positions(pos, pos_offset, cached, in.dtype());
+  Tensor y = run_blocks(chunk_begin_[chunk], chunk_begin_[chunk + 1], in, block_pos);
+  return chunk + 2 == chunk_begin_.size() && part_.last ? before_head(y) : y;
+}
+
+Tensor GPT::forward_chunk(size_t chunk, const Tensor& idx, const Tensor& x, const Tensor& targets,
+                          int64_t pos_offset) const {
+  Tensor y = chunk_trunk(chunk, idx, x, pos_offset);
+  if (!(chunk + 2 == chunk_begin_.size() && part_.last)) return y;
+  NDT_CHECK(targets.defined(), "GPT: the pipeline's last chunk needs the targets");
+  return head_forward(y, idx, targets).loss;
+}
+
+Tensor GPT::next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset) const {
+  NDT_CHECK(chunk + 2 == chunk_begin_.size() && part_.last, "GPT: only the pipeline's last chunk has logits");
+  const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
+  Tensor y = chunk_trunk(chunk, idx, x, pos_offset);                  // (B, T, C)
+  y = view(y.narrow(1, T - 1, 1).contiguous(), {B, C});
+  Tensor logits = matmul(y, head().weight, false, true);            // (B, C) @ head^T -> (B, Vp)
   return gather_logits ? gather_logits(logits) : logits;
 }
 

@@ -62,6 +62,17 @@ struct GPTConfig {
   std::string str() const;
 };
 
+// Pipeline parallelism (dist/pipeline_parallel/): the part of the model one rank holds. It
+// runs one chunk of consecutive blocks per virtual stage it holds (several under interleaved
+// schedules), in chunk order; the pipeline's first stage starts with the embeddings and its
+// last ends with the final norm, the head and the loss. The default: the whole model.
+struct PipelinePart {
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // blocks [begin, end) of each chunk (empty: all)
+  bool first = true;  // holds the embeddings (chunk 0 is the pipeline's first stage)
+  bool last = true;   // holds the head and the loss (the last chunk is the pipeline's last stage)
+  bool whole() const { return first && last; }
+};
+
 struct GPTOutput {
   Tensor logits;  // (B*T, Vp); padded columns never affect the loss. Undefined after a
                   // forward with targets and gradients on (single process): the fused loss
@@ -71,7 +82,9 @@ struct GPTOutput {
 
 class GPT : public nn::Module {
  public:
-  explicit GPT(const GPTConfig& cfg);
+  // part: what this rank holds under pipeline parallelism (only those blocks are made;
+  // each keeps its name h.<i> in the whole model).
+  explicit GPT(const GPTConfig& cfg, PipelinePart part = {});
 
   // idx (B, T) i32; targets (B, T) i32 or undefined (then no loss). The tokens sit at
   // positions pos_offset .. pos_offset+T-1 of their sequences (context parallelism gives
@@ -82,8 +95,20 @@ class GPT : public nn::Module {
   // other T-1 rows would cost T-1 GEMM rows of the vocabulary and be thrown away).
   Tensor next_token_logits(const Tensor& idx, int64_t pos_offset = 0) const;
 
+  // Pipeline parallelism: chunk `chunk` of this rank's part on one micro-batch. idx (B, T) is
+  // the micro-batch's tokens, which every stage reads (the blocks' positions come from them);
+  // x the previous stage's output (B, T, C) (sequence parallel: (B, T/tp, C)), undefined for
+  // the pipeline's first chunk, which embeds idx. Returns the chunk's output, the next
+  // stage's x, or for the pipeline's last chunk the loss (a scalar), from targets (B, T).
+  Tensor forward_chunk(size_t chunk, const Tensor& idx, const Tensor& x, const Tensor& targets,
+                       int64_t pos_offset = 0) const;
+  // ... and for the last chunk when sampling: the logits of the token after each row (B, Vp).
+  Tensor next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset = 0) const;
+  const PipelinePart& part() const { return part_; }
+
   // Each block runs through these wrappers (nn/block_wrapper.h), added from outside: activation
-  // checkpointing, FSDP's gather and free. A wrapper is called with the block's index i;
+  // checkpointing, FSDP's gather and free. A wrapper is called with the block's index i in
+  // h (under pipeline parallelism, in this rank's part: block_index(i) in the whole model);
   // that block's flat buffer is units()[i + 1] (units()[0] holds the embeddings, which no
   // wrapper runs: wte is used at both ends of the model).
   void add_block_wrapper(nn::BlockWrapper w) { wrappers_.push_back(std::move(w)); }
@@ -100,7 +125,13 @@ class GPT : public nn::Module {
   std::function<Tensor(const Tensor& idx, int64_t pos_offset)> positions;
 
   // The FSDP units: "embeddings" (wte, wpe or lm_head, ln_f) first, then one per block "h.i".
+  // Under pipeline parallelism, this rank's: its blocks, and of the embeddings what its
+  // stages use -- the tied embeddings (wte, wpe, ln_f) whole on the first and the last stage,
+  // their gradients summed between the two; untied, wte on the first and ln_f, lm_head on the
+  // last; nothing (an empty unit) in between.
   std::vector<nn::UnitSpec> units() const;
+  // h[i]'s index in the whole model.
+  int64_t block_index(size_t i) const { return block_index_[i]; }
 
   // Model FLOPs per token for forward + backward (6N + attention), for MFU / GFLOP/s.
   double flops_per_token(int64_t T) const;
@@ -124,6 +155,19 @@ class GPT : public nn::Module {
  private:
   Tensor final_norm(const Tensor& x) const;
   Tensor trunk(const Tensor& idx, int64_t pos_offset) const;
+  // trunk's parts: the positions of idx's tokens (B, T) and what the blocks see of them; the
+  // embeddings (B, T, C); blocks h[begin, end); the final norm (and TP's copy) before the head
+  Tensor positions_of(const Tensor& idx, int64_t pos_offset, bool& cached) const;
+  Tensor embed(const Tensor& idx, const Tensor& pos) const;
+  Tensor run_blocks(size_t begin, size_t end, Tensor x, const nn::Positions& block_pos) const;
+  Tensor before_head(const Tensor& x) const;
+  // x (B, T, C) at the head -> logits and loss
+  GPTOutput head_forward(const Tensor& x, const Tensor& idx, const Tensor& targets) const;
+  // chunk's h range and its input: the embeddings of idx, or x
+  Tensor chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset) const;
+  PipelinePart part_;
+  std::vector<int64_t> block_index_;  // h[i]'s index in the whole model
+  std::vector<size_t> chunk_begin_;   // chunk c is h[chunk_begin_[c], chunk_begin_[c + 1])
   // The (B, T) positions tensor and the rotary tables of the last forward and what they
   // were made for: uploaded once, not every step (an upload waits for the device).
   struct PositionsCache {

@@ -6,7 +6,8 @@
 
 namespace ndt::models {
 
-KVCache::KVCache(const GPT& gpt, int64_t capacity) : gpt_(gpt), capacity_(capacity) {
+KVCache::KVCache(const GPT& gpt, int64_t capacity, LogitsFn logits_fn)
+    : gpt_(gpt), logits_fn_(std::move(logits_fn)), capacity_(capacity) {
   NDT_CHECK(capacity >= 1 && capacity <= gpt.cfg.block_size, "KVCache: capacity ", capacity,
             " must be in 1..model.block_size (", gpt.cfg.block_size, ")");
   const size_t L = gpt.h.size();
@@ -55,7 +56,7 @@ void KVCache::check_room(const Tensor& idx) const {
 Tensor KVCache::next_token_logits(const Tensor& idx) {
   check_room(idx);
   autograd::NoGradGuard no_grad;
-  Tensor out = gpt_.next_token_logits(idx, length_);
+  Tensor out = logits_fn_ ? logits_fn_(idx, length_) : gpt_.next_token_logits(idx, length_);
   batch_ = idx.size(0), length_ += idx.size(1);
   return out;
 }

@@ -18,16 +18,22 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "models/gpt.h"
 
 namespace ndt::models {
 
+// How a cache gets the next token's logits of (B, T) tokens at pos_offset..: the model's own
+// GPT::next_token_logits by default; under pipeline parallelism, the pipeline's (every
+// stage runs its blocks through its own cache, the last stage's logits come back).
+using LogitsFn = std::function<Tensor(const Tensor& idx, int64_t pos_offset)>;
+
 class KVCache {
  public:
   // capacity: positions kept (<= block_size). Throws ndt::Error for a capacity out of range.
-  KVCache(const GPT& gpt, int64_t capacity);
+  KVCache(const GPT& gpt, int64_t capacity, LogitsFn logits_fn = {});
   ~KVCache();
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
@@ -54,6 +60,7 @@ class KVCache {
   void check_room(const Tensor& idx) const;
 
   const GPT& gpt_;
+  LogitsFn logits_fn_;
   int64_t capacity_ = 0, length_ = 0, batch_ = -1;
   std::vector<Tensor> k_, v_;                    // per block: (B, NKV, capacity, HS)
   std::vector<nn::AttendFn> saved_;              // the blocks' hooks before this cache

@@ -38,20 +38,22 @@ double grad_norm(const nn::FlatParams& params) { return std::sqrt(grad_sum_squar
 
 double grad_sum_squares(const nn::FlatParams& params) { return grad_sum_squares(params, 1); }
 
-double grad_sum_squares(const nn::FlatParams& params, int64_t tp) {
+double grad_sum_squares(const nn::FlatParams& params, int64_t tp, double unit0_weight) {
   // The pieces to square and their weights: whole buffers without TP; with TP each parameter's
   // part of this shard, a replicated one at 1/tp.
   std::vector<std::pair<Tensor, double>> pieces;
   for (const nn::FlatUnit& u : params.units) {
+    const double w = &u == &params.units.front() ? unit0_weight : 1.0;
+    if (u.shard_numel == 0) continue;
     if (tp == 1) {
-      pieces.emplace_back(u.grad, 1.0);
+      pieces.emplace_back(u.grad, w);
       continue;
     }
     for (const nn::FlatParam& p : u.params) {
       const nn::ShardPart s = nn::shard_part(u, p);
       if (s.size() > 0)
         pieces.emplace_back(u.grad.narrow(0, s.begin, s.size()),
-                            p.spec.tp.split() ? 1.0 : 1.0 / static_cast<double>(tp));
+                            w * (p.spec.tp.split() ? 1.0 : 1.0 / static_cast<double>(tp)));
     }
   }
   if (pieces.empty()) return 0.0;

@@ -49,8 +49,10 @@ double grad_norm(const nn::FlatParams& params);
 // buffers (each element counted once), its square root is the global norm.
 double grad_sum_squares(const nn::FlatParams& params);
 // The same with tensor parallelism over `tp` ranks: a replicated parameter (whole on every
-// tp rank) counts 1/tp here, so that the sum over the tp ranks counts it once.
-double grad_sum_squares(const nn::FlatParams& params, int64_t tp);
+// tp rank) counts 1/tp here, so that the sum over the tp ranks counts it once. unit0_weight:
+// the weight of units[0]'s squares (pipeline parallelism: 1/2 where two stages hold the same
+// tied embeddings).
+double grad_sum_squares(const nn::FlatParams& params, int64_t tp, double unit0_weight = 1.0);
 // PyTorch clip_grad_norm_: scale = max_norm / (norm + 1e-6) when that is < 1, else 1.
 // max_norm <= 0 disables clipping.
 double clip_scale(double norm, double max_norm);

@@ -320,24 +320,24 @@ TEST(DistComm, CollectivesProgressWhileTheRankComputes) {
 }
 
 TEST(DistMesh, ResolveAndCoordinates) {
-  dist::ParallelDims d = dist::ParallelDims::resolve(2, -1, 1, 1, 8);
+  dist::ParallelDims d = dist::ParallelDims::resolve(1, 2, -1, 1, 1, 8);
   EXPECT_EQ(d.dp_shard, 4);
   EXPECT_EQ(d.strategy(), "HSDP");
-  dist::ParallelDims e = dist::ParallelDims::resolve(2, 2, 2, 2, 16);
+  dist::ParallelDims e = dist::ParallelDims::resolve(1, 2, 2, 2, 2, 16);
   for (int64_t r = 0; r < 16; ++r) EXPECT_EQ(e.rank_of(e.coords(r)), r);
   EXPECT_EQ(e.coords(5).tp, 1);
   EXPECT_EQ(e.coords(5).cp, 0);
   EXPECT_EQ(e.coords(5).shard, 1);
   try {
-    dist::ParallelDims::resolve(2, 2, 1, 1, 6);
+    dist::ParallelDims::resolve(1, 2, 2, 1, 1, 6);
     ADD_FAILURE();
   } catch (const Error& err) {
     const std::string m = err.what();
     EXPECT_NE(m.find("multiply to 4"), std::string::npos) << m;
     EXPECT_NE(m.find("has 6"), std::string::npos) << m;
   }
-  EXPECT_THROW(dist::ParallelDims::resolve(3, -1, 1, 1, 8), Error);
-  EXPECT_THROW(dist::ParallelDims::resolve(0, 1, 1, 1, 1), Error);
+  EXPECT_THROW(dist::ParallelDims::resolve(1, 3, -1, 1, 1, 8), Error);
+  EXPECT_THROW(dist::ParallelDims::resolve(1, 0, 1, 1, 1, 1), Error);
 }
 
 TEST(DistMesh, EveryDimensionGroupsTheRightRanks) {
@@ -345,7 +345,7 @@ TEST(DistMesh, EveryDimensionGroupsTheRightRanks) {
   const int64_t n = w->size();
   // replicate x shard = 2 x (n/2) when n is even, else 1 x n
   const int64_t R = n % 2 == 0 ? 2 : 1;
-  dist::DeviceMesh mesh(dist::ParallelDims::resolve(R, -1, 1, 1, n), w);
+  dist::DeviceMesh mesh(dist::ParallelDims::resolve(1, R, -1, 1, 1, n), w);
   EXPECT_EQ(mesh.replicate().size(), R);
   EXPECT_EQ(mesh.shard().size(), n / R);
   EXPECT_EQ(mesh.dp().size(), n);

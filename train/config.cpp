@@ -141,6 +141,14 @@ po::options_description describe(Config& c) {
        "data-parallel replicas (DP; with dp_shard_size > 1: HSDP)")
       ("parallel.dp_shard_size", po::value(&c.parallel.dp_shard_size)->default_value(c.parallel.dp_shard_size),
        "FSDP shards (-1: the rest of the world)")
+      ("parallel.pp_size", po::value(&c.parallel.pp_size)->default_value(c.parallel.pp_size),
+       "pipeline stages over the transformer blocks (outermost in the mesh)")
+      ("parallel.pp_schedule", po::value(&c.parallel.pp_schedule)->default_value(c.parallel.pp_schedule),
+       "the order of the micro-batches' forwards and backwards: gpipe, 1f1b, interleaved or zb-h1")
+      ("parallel.pp_virtual", po::value(&c.parallel.pp_virtual)->default_value(c.parallel.pp_virtual),
+       "interleaved: model chunks per pipeline rank (>= 2)")
+      ("parallel.pp_split", po::value(&c.parallel.pp_split)->default_value(c.parallel.pp_split),
+       "blocks per stage, comma-separated, summing to model.n_layer (empty: balanced)")
       ("parallel.tp_size", po::value(&c.parallel.tp_size)->default_value(c.parallel.tp_size), "tensor-parallel degree (divides model.n_head and the padded vocabulary)")
       ("parallel.sequence_parallel", po::value(&c.parallel.sequence_parallel)->default_value(c.parallel.sequence_parallel),
        "with tp_size > 1: LayerNorms, residual adds and embeddings on each tp rank's seq_len / cp / tp positions "
@@ -637,6 +645,16 @@ void validate_parallel(const Config& c, const Checks& ck) {
               std::to_string(c.parallel.dp_shard_size));
   ck.range("parallel.tp_size", c.parallel.tp_size, 1, 1 << 16);
   ck.range("parallel.cp_size", c.parallel.cp_size, 1, 1 << 16);
+  ck.range("parallel.pp_size", c.parallel.pp_size, 1, 1 << 12);
+  ck.range("parallel.pp_virtual", c.parallel.pp_virtual, 1, 1 << 12);
+  const std::string& k = c.parallel.pp_schedule;
+  ck.need(k == "gpipe" || k == "1f1b" || k == "interleaved" || k == "zb-h1",
+          "parallel.pp_schedule must be gpipe, 1f1b, interleaved or zb-h1, got '" + k + "'");
+  ck.need((k == "interleaved") == (c.parallel.pp_virtual > 1),
+          k == "interleaved" ? "parallel.pp_schedule = interleaved needs parallel.pp_virtual >= 2 (model chunks per "
+                               "pipeline rank), got " + std::to_string(c.parallel.pp_virtual)
+                             : "parallel.pp_virtual = " + std::to_string(c.parallel.pp_virtual) +
+                                   " is for parallel.pp_schedule = interleaved (now " + k + "); set it to 1");
   ck.range("parallel.fail_at_step", c.parallel.fail_at_step, 0, kBig);
   ck.range("parallel.fail_rank", c.parallel.fail_rank, 0, 1 << 20);
   ck.need(c.parallel.cp_size == 1 || c.train.seq_len % (2 * c.parallel.cp_size) == 0,

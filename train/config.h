@@ -99,6 +99,12 @@ struct SampleSection {  // [sample]
 
 struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's ParallelismConfig
   int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
+  // Pipeline parallelism (dist/pipeline_parallel/): pp_size stages over the blocks, outermost
+  // in the mesh; the step's train.grad_accum_steps micro-batches flow through them in the
+  // order pp_schedule gives (gpipe, 1f1b, interleaved with pp_virtual chunks per rank, or
+  // zb-h1); pp_split: the blocks of each stage ("3,3,2"; empty: balanced by cost)
+  int64_t pp_size = 1, pp_virtual = 1;
+  std::string pp_schedule = "1f1b", pp_split;
   // TP: LayerNorms, residual adds and embeddings on this rank's T / tp positions (Megatron-LM's
   // sequence parallelism); f and g become an all-gather and a reduce-scatter
   bool sequence_parallel = false;

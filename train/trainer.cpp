@@ -27,6 +27,7 @@
 #include "dist/flight.h"
 #include "dist/mesh.h"
 #include "dist/parallelize.h"
+#include "dist/pipeline_parallel/stages.h"
 #include "dist/trace.h"
 #include "models/gpt.h"
 #include "train/checkpoint/hf.h"
@@ -154,6 +155,7 @@ class Trainer {
   ckpt::PruneLog prune_log_{&out_};  // old checkpoints that checkpoint.keep could not delete
   Device device_;
   dist::ParallelDims dims_;
+  std::vector<int64_t> stage_blocks_;  // pipeline parallelism: the blocks of each virtual stage
   std::unique_ptr<dist::DeviceMesh> mesh_;
   std::string gpu_name_;   // the driver's name of this rank's GPU ("" on CPU)
   double peak_flops_ = 0;  // its dense peak FLOP/s for the training dtype (0: not known, no MFU)
@@ -223,7 +225,7 @@ bool Trainer::open_mesh() {
   // every rank finds the same error in the same sizes: rank 0 says it once, no rank aborts
   std::string error;
   try {
-    dims_ = dist::ParallelDims::resolve(c_.parallel.dp_replicate_size, c_.parallel.dp_shard_size,
+    dims_ = dist::ParallelDims::resolve(c_.parallel.pp_size, c_.parallel.dp_replicate_size, c_.parallel.dp_shard_size,
                                         c_.parallel.cp_size, c_.parallel.tp_size, world_->size());
   } catch (const Error& e) {
     error = e.what();
@@ -289,12 +291,29 @@ void Trainer::describe() {
   std::string error;
   try {
     mc_.validate();
-    dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel);
+    dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel, c_.parallel.pp_virtual);
+    if (dims_.pp > 1) {
+      stage_blocks_ = dist::stage_blocks(mc_, c_.train.seq_len, dims_.pp * c_.parallel.pp_virtual, c_.parallel.pp_split);
+      dist::pp::validate(dist::pp::make_schedule(dist::pp::parse_kind(c_.parallel.pp_schedule),
+                                                 static_cast<int>(dims_.pp), static_cast<int>(c_.train.grad_accum_steps),
+                                                 static_cast<int>(c_.parallel.pp_virtual)));
+    }
   } catch (const Error& e) {
     error = e.what();
   }
   agree_on_start(error, *world_);
-  gpt_ = std::make_unique<models::GPT>(mc_);  // names, global shapes, init rules; no memory yet
+  // names, global shapes, init rules; no memory yet. Under pipeline parallelism only this
+  // rank's blocks (and the embeddings or head of the first or last stage)
+  models::PipelinePart part;
+  if (dims_.pp > 1) {
+    part = dist::pipeline_part(stage_blocks_, dims_.pp, mesh_->coords().pp);
+    out_ << "pipeline: " << dims_.pp << " stages";
+    if (c_.parallel.pp_virtual > 1) out_ << " x " << c_.parallel.pp_virtual << " model chunks per rank";
+    out_ << ", blocks per stage";
+    for (int64_t n : stage_blocks_) out_ << " " << n;
+    out_ << ", schedule " << c_.parallel.pp_schedule << " over " << c_.train.grad_accum_steps << " micro-batches\n";
+  }
+  gpt_ = std::make_unique<models::GPT>(mc_, part);
   int64_t param_count = 0;
   for (const nn::ParamSpec& p : gpt_->parameters())
     param_count = checked_add(param_count, numel_of(p.shape), "parameter count");
@@ -318,6 +337,9 @@ void Trainer::parallelize() {
   o.ac = ac_mode(c_.train);
   o.ac_every = c_.train.ac_every;
   o.trace = trace_.get();
+  o.pp_schedule = c_.parallel.pp_schedule;
+  o.micro_batches = c_.train.grad_accum_steps;
+  o.pp_blocks = stage_blocks_;
   pm_ = dist::parallelize(*gpt_, *mesh_, o);
   if (o.ac != nn::ACMode::none) {
     const int64_t k = c_.train.ac_every;
@@ -547,7 +569,13 @@ double Trainer::evaluate(const std::vector<data::Batch>& batches) {
   autograd::NoGradGuard no_grad;
   pm_->strategy->begin_forward_only();
   double total = 0;
-  for (const data::Batch& b : batches) total += gpt_->forward(local(b.inputs), local(b.targets)).loss.item();
+  if (pm_->pipeline) {
+    std::vector<dist::Pipeline::Batch> micro;
+    for (const data::Batch& b : batches) micro.push_back({local(b.inputs), local(b.targets)});
+    total = pm_->pipeline->evaluate(micro);
+  } else {
+    for (const data::Batch& b : batches) total += gpt_->forward(local(b.inputs), local(b.targets)).loss.item();
+  }
   pm_->strategy->end_forward_only();
   return pm_->mean_over_ranks(total / static_cast<double>(batches.size()));
 }
@@ -569,7 +597,12 @@ std::vector<int32_t> Trainer::generate_sample(int64_t step) {
   o.max_new_tokens = c_.sample.length, o.temperature = c_.sample.temperature, o.top_k = c_.sample.top_k;
   o.top_p = c_.sample.top_p, o.seed = static_cast<uint64_t>(c_.train.seed + step);
   if (vocab_->eos_id()) o.stop_ids = {*vocab_->eos_id()};  // a tokenizer's end of text ends the sample
-  std::vector<int32_t> ids = models::generate(*gpt_, prompt, o, device_);
+  models::LogitsFn through_pipeline;  // pipeline: every stage runs its blocks, the last one's logits come back
+  if (pm_->pipeline)
+    through_pipeline = [this](const Tensor& idx, int64_t pos_offset) {
+      return pm_->pipeline->next_token_logits(idx, pos_offset);
+    };
+  std::vector<int32_t> ids = models::generate(*gpt_, prompt, o, device_, {}, through_pipeline);
   pm_->split_sequences(true);
   pm_->strategy->end_forward_only();
   return ids;
@@ -612,6 +645,21 @@ double Trainer::train_step(int64_t step) {
   const std::vector<data::Batch> batches = std::move(batches_);
   batches_.clear();
   pm_->params.zero_grad();
+  const int64_t accum = c_.train.grad_accum_steps;
+  if (pm_->pipeline) {  // the schedule orders the micro-batches' forwards and backwards
+    std::vector<dist::Pipeline::Batch> micro;
+    for (const data::Batch& b : batches) micro.push_back({local(b.inputs), local(b.targets)});
+    int64_t actions = 0;
+    const double loss_sum = pm_->pipeline->train(micro, 1.0 / static_cast<double>(accum), [&](int64_t j) {
+      flight_.set_micro(j, accum);
+      if (step + 1 == c_.parallel.fail_at_step && ++actions == 2 && world_->rank() == c_.parallel.fail_rank)
+        throw Error("parallel.fail_at_step = " + std::to_string(step + 1) +
+                    ": failing on purpose in the middle of the step (a rehearsal)");
+    });
+    pm_->end_accumulation();
+    flight_.set_micro(-1, accum);
+    return pm_->mean_over_ranks(loss_sum / static_cast<double>(accum));
+  }
   // the micro-batches' losses stay on the device until every backward is queued: reading
   // one between its forward and backward would make the host wait for the device there
   std::vector<Tensor> losses;
@@ -633,6 +681,7 @@ double Trainer::train_step(int64_t step) {
     }
     pm_->strategy->end_micro();
   }
+  pm_->end_accumulation();
   flight_.set_micro(-1, c_.train.grad_accum_steps);  // the gradient norm, the optimizer
   double loss_sum = 0;
   for (const Tensor& l : losses) loss_sum += l.item();

@@ -166,15 +166,25 @@ void FullyShardedDataParallel::begin_micro(bool sync) {
   alloc_grad(0);
 }
 
+// The embeddings' gradients: accumulated in the whole buffer over the micro-steps and
+// reduced once, after the last; with mixed precision reduced every micro-step, like the
+// blocks, so that the sum over micro-steps is taken in the master dtype, not the compute dtype.
 void FullyShardedDataParallel::end_micro() {
-  // The embeddings' gradients: accumulated in the whole buffer over the micro-steps and
-  // reduced at the last one; with mixed precision reduced every micro-step, like the blocks,
-  // so that the sum over micro-steps is taken in the master dtype, not the compute dtype.
-  if (sync_ || params_.units[0].mixed()) pending_.push_back(start_reduce(0));
+  if (params_.units[0].mixed()) pending_.push_back(start_reduce(0));
   drain(0);  // the blocks' reduce-scatters, then the embeddings': in the order they started
   for (const WorkPtr& w : replica_pending_) w->wait();
   replica_pending_.clear();
-  if (sync_) sum_partial_grads_over_tp();
+}
+
+void FullyShardedDataParallel::end_accumulation() {
+  sync_ = true;  // the embeddings' shard is final: averaged over the replicas too (HSDP)
+  if (!params_.units[0].mixed()) {
+    pending_.push_back(start_reduce(0));
+    drain(0);
+    for (const WorkPtr& w : replica_pending_) w->wait();
+    replica_pending_.clear();
+  }
+  sum_partial_grads_over_tp();
 }
 
 void FullyShardedDataParallel::end_step() { release_all(); }  // gathered copies are stale now

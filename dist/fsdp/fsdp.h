@@ -58,6 +58,7 @@ class FullyShardedDataParallel : public Strategy {
 
   void begin_micro(bool sync) override;
   void end_micro() override;
+  void end_accumulation() override;
   void end_step() override;
   void begin_forward_only() override;
   void end_forward_only() override;

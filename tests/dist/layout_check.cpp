@@ -43,7 +43,7 @@ models::GPTConfig odd_sized_gpt() {
 void check_layout(const DataParallelLayout& L, bool checkpointing) {
   auto world = ndt::testing::world();
   const int64_t R = L.replicate < 0 ? world->size() : L.replicate;  // -1: every rank a replica
-  const dist::ParallelDims dims = dist::ParallelDims::resolve(R, L.shard, 1, 1, world->size());
+  const dist::ParallelDims dims = dist::ParallelDims::resolve(1, R, L.shard, 1, 1, world->size());
   dist::DeviceMesh mesh(dims, world);
   const int64_t dp = dims.dp(), B = kB;
   SCOPED_TRACE(std::string(L.name) + (checkpointing ? " + activation checkpointing" : ""));
@@ -90,6 +90,7 @@ void check_layout(const DataParallelLayout& L, bool checkpointing) {
                      1.0 / kAccum));
       strategy->end_micro();
     }
+    strategy->end_accumulation();
     const double ref_norm = optim::grad_norm(ref_p), norm = strategy->grad_norm();
     EXPECT_NEAR(norm, ref_norm, 1e-12 * ref_norm) << "step " << step;
     for (size_t i = 0; i < par.units.size(); ++i) {

@@ -1,5 +1,6 @@
 #include "train/checkpoint/whole.h"
 
+#include "dist/pipeline_parallel/stages.h"
 #include "train/io/safetensors.h"
 
 namespace ndt::ckpt {
@@ -18,12 +19,52 @@ std::unique_ptr<WholeModel> empty_whole(const models::GPTConfig& mc, const optim
   return w;
 }
 
+// One parameter whole, with its moments (undefined without them), on the CPU.
+struct WholeParam {
+  Tensor value, m, v;
+};
+
+// Which of w's units holds `name`, and where.
+std::pair<size_t, const nn::FlatParam*> locate(const WholeModel& w, const std::string& name) {
+  for (size_t i = 0; i < w.params.units.size(); ++i)
+    for (const nn::FlatParam& p : w.params.units[i].params)
+      if (p.spec.name == name) return {i, &p};
+  NDT_FAIL("gather_whole: ", name, " is not in the single-process model");
+}
+
+void put(WholeModel& w, const std::string& name, const WholeParam& p) {
+  const auto [i, wp] = locate(w, name);
+  wp->value.copy_(p.value.view(wp->spec.shape));
+  if (p.m.defined()) w.moments.m[i].narrow(0, wp->offset, p.m.numel()).copy_(p.m.view({p.m.numel()}));
+  if (p.v.defined()) w.moments.v[i].narrow(0, wp->offset, p.v.numel()).copy_(p.v.view({p.v.numel()}));
+}
+
+// The parameters of pipeline stage `stage` in the order its lead sends them: its units'
+// buffer order (nn::flat_layout), as the stage describes them (models::PipelinePart).
+std::vector<nn::ParamSpec> stage_params(const models::GPTConfig& mc, const dist::ParallelModel& pm, int64_t stage) {
+  const int64_t p = pm.mesh().dims().pp;
+  const models::GPT part(mc, dist::pipeline_part(pm.pp_blocks, p, stage));
+  std::vector<nn::ParamSpec> out;
+  for (const nn::FlatUnit& u : nn::flat_layout(part.units(), nn::ShardSpec{0, 1}))
+    for (const nn::FlatParam& fp : u.params) out.push_back(fp.spec);
+  return out;
+}
+
 }  // namespace
 
+// Within a stage: each unit whole over the FSDP group, each parameter whole over the tp
+// group, kept by the stage's lead. Under pipeline parallelism the stages' leads (the ranks
+// with coordinate 0 in every other dimension: the pipeline group of rank 0) then send theirs
+// to rank 0, one parameter at a time in their buffer order.
 std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist::ParallelModel& pm,
                                          const optim::AdamW* opt, bool keep, bool grads) {
   const bool moments = opt && !grads;
-  std::unique_ptr<WholeModel> w = keep ? empty_whole(mc, opt) : nullptr;
+  const dist::DeviceMesh& mesh = pm.mesh();
+  const dist::ParallelDims::Coords& x = mesh.coords();
+  const bool pipelined = mesh.dims().pp > 1;
+  const bool stage_lead = x.replicate == 0 && x.shard == 0 && x.cp == 0 && x.tp == 0;
+  const bool collect = keep || (pipelined && stage_lead);
+  std::vector<std::pair<std::string, WholeParam>> mine;  // this stage's, on its lead
   for (size_t i = 0; i < pm.params.units.size(); ++i) {
     const nn::FlatUnit& u = pm.params.units[i];
     // this rank's whole unit buffers (every rank of the FSDP group takes part) ...
@@ -36,18 +77,34 @@ std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist
       auto whole_param = [&](const Tensor& buf) {
         Tensor local = buf.narrow(0, p.offset, n).view(p.spec.shape);
         const Tensor whole = pm.whole_param(p.spec, local);  // collective
-        return keep ? whole.to(Device::cpu()) : whole;       // only the keeping rank needs it on the host
+        return collect ? whole.to(Device::cpu()) : whole;    // only the collecting rank needs it on the host
       };
-      const Tensor value = whole_param(data);
-      const Tensor mv[2] = {moments ? whole_param(m) : Tensor(), moments ? whole_param(v) : Tensor()};
-      if (!keep) continue;
-      const nn::FlatParam* wp = w->params.find(p.spec.name);
-      NDT_CHECK(wp, "gather_whole: ", p.spec.name, " is not in the single-process model");
-      wp->value.copy_(value);
-      for (int k = 0; k < 2 && moments; ++k)
-        (k ? w->moments.v : w->moments.m)[i].narrow(0, wp->offset, value.numel()).copy_(mv[k].view({value.numel()}));
+      WholeParam wp{whole_param(data), moments ? whole_param(m) : Tensor(), moments ? whole_param(v) : Tensor()};
+      if (collect) mine.push_back({p.spec.name, std::move(wp)});
     }
   }
+  std::unique_ptr<WholeModel> w = keep ? empty_whole(mc, opt) : nullptr;
+  if (w)
+    for (const auto& [name, p] : mine) put(*w, name, p);
+  if (!pipelined || !stage_lead) return w;
+  dist::Communicator& pp = mesh.pp();
+  if (pp.rank() != 0) {  // a stage's lead: its parameters to rank 0, in order
+    for (const auto& [name, p] : mine)
+      for (const Tensor& t : {p.value, p.m, p.v})
+        if (t.defined()) pp.send(t.to(pp.device()), 0)->wait();
+    return w;
+  }
+  for (int64_t s = 1; s < pp.size(); ++s)
+    for (const nn::ParamSpec& spec : stage_params(mc, pm, s)) {
+      WholeParam p;
+      for (Tensor* t : {&p.value, &p.m, &p.v}) {
+        if (t != &p.value && !moments) continue;
+        Tensor in = Tensor::empty(spec.global_shape(), DType::f32, pp.device());
+        pp.recv(in, static_cast<int>(s))->wait();
+        *t = in.to(Device::cpu());
+      }
+      if (w) put(*w, spec.name, p);
+    }
   return w;
 }
 

@@ -395,7 +395,7 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
     world = dist::init_world();
     world->set_timeout(c.parallel.timeout_s);
     const int64_t W = world->size();
-    dist::DeviceMesh mesh(dist::ParallelDims::resolve(W, 1, 1, 1, W), world);
+    dist::DeviceMesh mesh(dist::ParallelDims::resolve(1, W, 1, 1, 1, W), world);
     const std::vector<std::string> hosts = hosts_in_order(mesh, W);
     const int64_t per_host = W / static_cast<int64_t>(hosts.size());
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

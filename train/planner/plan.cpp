@@ -648,7 +648,10 @@ Plan plan(const Config& c, int64_t world) {
     throw ConfigError("train_gpt --plan models train.dtype float32 or bfloat16, got " + c.train.dtype);
   Plan p;
   try {
-    p.dims = dist::ParallelDims::resolve(c.parallel.dp_replicate_size, c.parallel.dp_shard_size,
+    if (c.parallel.pp_size > 1)
+      throw ConfigError("train_gpt --plan does not model pipeline parallelism (parallel.pp_size = " +
+                        std::to_string(c.parallel.pp_size) + "); plan the layout of one stage with pp_size = 1");
+    p.dims = dist::ParallelDims::resolve(1, c.parallel.dp_replicate_size, c.parallel.dp_shard_size,
                                          c.parallel.cp_size, c.parallel.tp_size, world);
     c.model.validate();
     if (p.dims.tp > 1) dist::check_tensor_parallel(c.model, p.dims.tp);

@@ -1,0 +1,180 @@
+#include "dist/pipeline_parallel/pipeline.h"
+
+#include "autograd/engine.h"
+#include "autograd/node.h"
+#include "autograd/ops.h"
+
+namespace ndt::dist {
+namespace {
+std::string name_of(const pp::Action& a, int v) {
+  std::string s(1, a.op == pp::Op::kF ? 'F' : a.op == pp::Op::kB ? 'B' : 'W');
+  s += std::to_string(a.micro);
+  if (v > 1) {
+    s += '.';
+    s += std::to_string(a.chunk);
+  }
+  return s;
+}
+}  // namespace
+
+Pipeline::Pipeline(const models::GPT& gpt, Communicator& pp, Strategy& strategy, pp::Schedule schedule,
+                   IoShape io_shape, DType io_dtype, Trace* trace)
+    : gpt_(gpt),
+      comm_(pp),
+      strategy_(strategy),
+      schedule_(std::move(schedule)),
+      io_shape_(std::move(io_shape)),
+      io_dtype_(io_dtype),
+      trace_(trace),
+      rank_(pp.rank()) {
+  NDT_CHECK(schedule_.p == pp.size(), "Pipeline: a schedule for ", schedule_.p, " stages on a pipeline of ",
+            pp.size(), " ranks");
+  NDT_CHECK(static_cast<int64_t>(gpt.part().chunks.size()) == schedule_.v, "Pipeline: the model part holds ",
+            gpt.part().chunks.size(), " chunks, the schedule runs ", schedule_.v, " per rank");
+}
+
+// F of stage s > 0 receives the activation from stage s - 1; B of stage s < last the
+// gradient from stage s + 1.
+int Pipeline::source_of(const pp::Action& a, std::string& what) const {
+  const int s = schedule_.stage_of(rank_, a.chunk);
+  if (a.op == pp::Op::kF && s > 0) {
+    what = "receive the activation of micro-batch " + std::to_string(a.micro) + " from stage " + std::to_string(s - 1);
+    return rank_of_stage(s - 1);
+  }
+  if (a.op == pp::Op::kB && s < last_stage()) {
+    what = "receive the gradient of micro-batch " + std::to_string(a.micro) + " from stage " + std::to_string(s + 1);
+    return rank_of_stage(s + 1);
+  }
+  return -1;
+}
+
+Tensor Pipeline::act(const pp::Action& a, const Batch& b, const Tensor& in, bool training, double loss_scale,
+                     int& to, std::string& what) {
+  to = -1;
+  const int s = schedule_.stage_of(rank_, a.chunk);
+  const auto key = std::make_pair(a.micro, a.chunk);
+  Trace::Scope scope(trace_, name_of(a, schedule_.v), Trace::kCompute);
+  if (a.op == pp::Op::kF) {
+    Slot slot;
+    if (s > 0) {
+      slot.in = in;
+      if (training) slot.in.set_requires_grad(true);  // a leaf: its gradient goes back to stage s - 1
+    }
+    slot.out = gpt_.forward_chunk(static_cast<size_t>(a.chunk), b.idx, slot.in, b.targets);
+    if (s == last_stage()) {
+      losses_.push_back(slot.out.detach());
+    } else {
+      to = rank_of_stage(s + 1);
+      what = "send the activation of micro-batch " + std::to_string(a.micro) + " to stage " + std::to_string(s + 1);
+    }
+    Tensor out = s == last_stage() ? Tensor() : slot.out;
+    if (training) live_[key] = std::move(slot);
+    return out;
+  }
+  NDT_CHECK(a.op == pp::Op::kB, "Pipeline: ", name_of(a, schedule_.v), ": weight-gradient actions need a "
+            "schedule that splits backward");
+  auto it = live_.find(key);
+  NDT_CHECK(it != live_.end(), "Pipeline: ", name_of(a, schedule_.v), " before its forward");
+  Slot slot = std::move(it->second);
+  live_.erase(it);
+  if (s == last_stage())
+    backward(loss_scale == 1.0 ? slot.out : scale(slot.out, loss_scale));
+  else
+    backward({slot.out}, {in});  // d loss / d output, from stage s + 1
+  if (s == 0) return Tensor();
+  to = rank_of_stage(s - 1);
+  what = "send the gradient of micro-batch " + std::to_string(a.micro) + " to stage " + std::to_string(s - 1);
+  return slot.in.grad();
+}
+
+void Pipeline::run(const std::vector<pp::Action>& actions, const std::vector<Batch>& micro, bool training,
+                   double loss_scale, const std::function<void(int64_t)>& on_micro) {
+  losses_.clear();
+  // the last micro-batch of each chunk: its backward syncs the chunk's units
+  const int last_micro = static_cast<int>(micro.size()) - 1;
+  auto input_shape = [&](const pp::Action& a) { return io_shape_(micro[static_cast<size_t>(a.micro)].idx); };
+  Tensor in;
+  std::string what_in;
+  if (!actions.empty()) {
+    const int from = source_of(actions[0], what_in);
+    comm_.exchange(Tensor(), -1, "", in, input_shape(actions[0]), io_dtype_, from, what_in);
+  }
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const pp::Action& a = actions[i];
+    const Batch& b = micro[static_cast<size_t>(a.micro)];
+    if (on_micro) on_micro(a.micro);
+    comm_.wait_received();
+    const Tensor received = in;
+    if (training) strategy_.begin_micro(/*sync=*/a.op != pp::Op::kF && a.micro == last_micro);
+    int to = -1;
+    std::string what_out;
+    const Tensor out = act(a, b, received, training, loss_scale, to, what_out);
+    if (training && a.op != pp::Op::kF) strategy_.end_micro();
+    // this action's output goes, the next action's input comes, as one exchange
+    in = Tensor();
+    int from = -1;
+    Shape shape;
+    if (i + 1 < actions.size()) {
+      from = source_of(actions[i + 1], what_in);
+      shape = input_shape(actions[i + 1]);
+    }
+    comm_.exchange(out, to, what_out, in, shape, io_dtype_, from, what_in);
+  }
+  comm_.wait_sent();
+  NDT_CHECK(live_.empty(), "Pipeline: ", live_.size(), " forwards without their backward at the end of the step");
+}
+
+double Pipeline::sum_losses() {
+  double sum = 0;
+  for (const Tensor& l : losses_) sum += l.item();  // the host waits for the device once per loss, at the end
+  losses_.clear();
+  // only the last stage has losses: the others add nothing
+  return comm_.group().all_reduce_scalar(sum, ReduceOp::kSum);
+}
+
+double Pipeline::train(const std::vector<Batch>& micro, double loss_scale,
+                       const std::function<void(int64_t)>& on_micro) {
+  NDT_CHECK(static_cast<int>(micro.size()) == schedule_.m, "Pipeline: ", micro.size(),
+            " micro-batches for a schedule of ", schedule_.m);
+  run(schedule_.ranks[static_cast<size_t>(rank_)], micro, /*training=*/true, loss_scale, on_micro);
+  return sum_losses();
+}
+
+// Each micro-batch through every chunk in turn: F(j, 0), F(j, 1), ... for j = 0, 1, ...
+double Pipeline::evaluate(const std::vector<Batch>& micro) {
+  autograd::NoGradGuard no_grad;
+  std::vector<pp::Action> actions;
+  for (int j = 0; j < static_cast<int>(micro.size()); ++j)
+    for (int c = 0; c < schedule_.v; ++c) actions.push_back({pp::Op::kF, j, c});
+  run(actions, micro, /*training=*/false, 1.0, {});
+  return sum_losses();
+}
+
+Tensor Pipeline::next_token_logits(const Tensor& idx, int64_t pos_offset) {
+  autograd::NoGradGuard no_grad;
+  const int B = static_cast<int>(idx.size(0));
+  const Shape io = io_shape_(idx);
+  Tensor x, logits = Tensor::empty({B, gpt_.cfg.padded_vocab()}, DType::f32, comm_.group().device());
+  for (int c = 0; c < schedule_.v; ++c) {
+    const int s = schedule_.stage_of(rank_, c);
+    std::string what;
+    Tensor in;
+    if (s > 0) {
+      comm_.exchange(Tensor(), -1, "", in, io, io_dtype_, rank_of_stage(s - 1),
+                     "receive the activation of the sample from stage " + std::to_string(s - 1));
+      comm_.wait_received();
+    }
+    if (s == last_stage()) {
+      logits.copy_(gpt_.next_token_logits_chunk(static_cast<size_t>(c), idx, in, pos_offset).to(DType::f32));
+    } else {
+      x = gpt_.forward_chunk(static_cast<size_t>(c), idx, in, Tensor(), pos_offset);
+      comm_.exchange(x, rank_of_stage(s + 1), "send the activation of the sample to stage " + std::to_string(s + 1),
+                     in, {}, io_dtype_, -1, "");
+    }
+  }
+  comm_.wait_sent();
+  comm_.group().broadcast(logits, rank_of_stage(last_stage()))->wait();
+  return logits;
+}
+
+}  // namespace ndt::dist
