@@ -40,6 +40,7 @@ using Result = ShellResult;
 // the model takes (the reference runs too); its runs' directories start with `tag`.
 struct Model {
   std::string tag, args;
+  int accum = 2;  // micro-batches per step (gpt.ini's train.grad_accum_steps unless args change it)
 };
 const Model kGPT2{};
 // A tiny Llama 3 on gpt.ini's sizes (2 blocks, C 32): 4 query heads reading 2 key/value
@@ -52,6 +53,10 @@ const Model kLlama{
     " --model.arch llama --model.n_kv_head 2 --model.intermediate_size 48 --model.rope_theta 10000 "
     "--model.rope_scaling llama3 --model.rope_factor 4 --model.rope_low_freq_factor 1 "
     "--model.rope_high_freq_factor 4 --model.rope_original_max_position 8"};
+// For the pipeline: 4 blocks (2 stages of 2, 4 of 1, or 2 ranks x 2 chunks of 1) and 4
+// micro-batches per step, so that the schedules differ (1F1B's warm-up, steady state and
+// cool-down; interleaved's chunks)
+const Model kPipeGPT2{"pp_", " --model.n_layer 4 --train.grad_accum_steps 4", 4};
 // Qwen2's options on it: biases on q, k and v, and the logits through wte (tied)
 const Model kLlamaTiedBias{"llama_tb_",
                            kLlama.args + " --model.attention_bias true --model.tie_embeddings true"};
@@ -136,7 +141,8 @@ class DistTrain : public ::testing::Test {
       Result r =
           train(name, L.np(), "--train.micro_batch_size " + std::to_string(B) + L.args() + model.args, on);
       ASSERT_EQ(r.rc, 0) << r.out;
-      EXPECT_NE(r.out.find("= " + std::to_string(B * 2 * L.dp()) + " sequences"), std::string::npos) << r.out;
+      EXPECT_NE(r.out.find("= " + std::to_string(B * model.accum * L.dp()) + " sequences"), std::string::npos)
+          << r.out;
       for (int h = 0; on && h < on->hosts(); ++h)  // the layout printout names each rank's host
         for (int k = 0; k < L.np() / on->hosts(); ++k) {
           const int rank = h * (L.np() / on->hosts()) + k;
@@ -412,6 +418,52 @@ TEST_F(DistTrain, Bfloat16AccumulationSumsInTheMaster) {
 TEST_F(DistTrain, FourDimensionsOnSixteenRanks) {
   // replicate 2 x shard 2 x cp 2 x tp 2: every dimension at once
   check_layouts({{"r2_s2_cp2_tp2", 2, 2, 2, 2}}, 1);
+}
+
+// ---- pipeline parallelism ------------------------------------------------------------
+
+TEST_F(DistTrain, EveryPipelineScheduleEqualsOneProcess) {
+  // each schedule alone: the micro-batches' forwards and backwards in another order, the
+  // same losses, gradients and weights (the tied wte: its gradients from both ends summed)
+  check_layouts({{"pp2_gpipe", 1, 1, 1, 1, "--parallel.pp_schedule gpipe", 2},
+                 {"pp2_1f1b", 1, 1, 1, 1, "--parallel.pp_schedule 1f1b", 2},
+                 {"pp4_gpipe", 1, 1, 1, 1, "--parallel.pp_schedule gpipe", 4},
+                 {"pp4_1f1b", 1, 1, 1, 1, "--parallel.pp_schedule 1f1b", 4},
+                 {"pp2_interleaved", 1, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+                 {"pp2_split_3_1", 1, 1, 1, 1, "--parallel.pp_split 3,1", 2}},
+                2, nullptr, kPipeGPT2);
+}
+
+TEST_F(DistTrain, PipelineWithEveryOtherDimensionEqualsOneProcess) {
+  // the data-parallel strategies inside each stage (a chunk's units synced in the backward
+  // of its last micro-batch), tensor parallelism with sequence parallelism, context parallelism
+  check_layouts({{"pp2_dp2", 2, 1, 1, 1, "", 2},
+                 {"pp2_fsdp2", 1, 2, 1, 1, "", 2},
+                 {"pp2_fsdp2_interleaved", 1, 2, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+                 {"pp2_dp2_interleaved", 2, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+                 {"pp2_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true", 2},
+                 {"pp2_cp2", 1, 1, 2, 1, "", 2},
+                 {"pp2_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full", 2}},
+                1, nullptr, kPipeGPT2);
+}
+
+TEST_F(DistTrain, PipelineOnSixteenRanks) {
+  // pp 2 x dp_shard 2 x cp 2 x tp 2
+  check_layouts({{"pp2_s2_cp2_tp2", 1, 2, 2, 2, "", 2}}, 1, nullptr, kPipeGPT2);
+}
+
+TEST_F(DistTrain, LlamaPipelineEqualsOneProcess) {
+  // an untied head: wte on the first stage, ln_f and lm_head on the last; and tied (Qwen2's
+  // options): wte on both ends
+  const Model llama{"llama_pp_", kLlama.args + kPipeGPT2.args, 4}, tied{"llama_tb_pp_", kLlamaTiedBias.args + kPipeGPT2.args, 4};
+  check_layouts({{"pp2_1f1b", 1, 1, 1, 1, "", 2}, {"pp2_fsdp2_interleaved", 1, 2, 1, 1,
+                 "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2}}, 1, nullptr, llama);
+  check_layouts({{"pp2_tp2", 1, 1, 1, 2, "", 2}}, 1, nullptr, tied);
+}
+
+TEST_F(DistTrain, Bfloat16PipelineFollowsOneProcess) {
+  check_bf16_layouts({{"bf16_pp2", 1, 1, 1, 1, "", 2}, {"bf16_pp2_fsdp2", 1, 2, 1, 1, "", 2}},
+                     Model{"pp4l_", " --model.n_layer 4"});
 }
 
 TEST_F(DistTrain, CheckpointOfOneLayoutResumesInAnother) {

@@ -31,10 +31,11 @@ struct Layout {
   const char* name;
   int replicate = 1, shard = 1, cp = 1, tp = 1;
   const char* extra = "";
-  int np() const { return replicate * shard * cp * tp; }
+  int pp = 1;  // pipeline stages (outermost)
+  int np() const { return pp * replicate * shard * cp * tp; }
   int dp() const { return replicate * shard; }
   // " --parallel.dp_replicate_size R --parallel.dp_shard_size S --parallel.cp_size C
-  // --parallel.tp_size T", then extra
+  // --parallel.tp_size T" (and " --parallel.pp_size P" when P > 1), then extra
   std::string args() const;
 };
 // Its name, where gtest prints a Layout parameter (ctest's test names then stay the same
