@@ -389,8 +389,8 @@ TEST_F(DistFaults, TrainingDataThatFailsOnOneRankSavesAndEndsEveryRank) {
 // Starts the job with parallel.timeout_s 3, waits for 2 steps, SIGSTOPs rank 1 (as a hung
 // node) and, with `then_sigterm`, sends SIGTERM to rank 0. The job must end within
 // timeout_s + 15 s, non-zero, naming why; returns its output.
-std::string stop_rank_one(DistFaults& t, bool then_sigterm, int& rc) {
-  Job job(ndt::testing::mpirun(2) + t.args("--parallel.timeout_s 3"), t.here() / "out.txt", t.marker());
+std::string stop_rank_one(DistFaults& t, bool then_sigterm, int& rc, const std::string& layout = "") {
+  Job job(ndt::testing::mpirun(2) + t.args("--parallel.timeout_s 3 " + layout), t.here() / "out.txt", t.marker());
   EXPECT_TRUE(Job::until(60, [&] { return t.steps() >= 2 || job.wait(0) >= 0; })) << job.output();
   std::vector<pid_t> ranks = job.ranks();
   EXPECT_EQ(ranks.size(), 2u) << job.output();
@@ -458,6 +458,27 @@ TEST_F(DistFaults, AStoppedRankEndsTheJobAfterTheTimeoutNamingTheCollective) {
       << r.out;
   if (has(r.out, "no record from rank 1")) EXPECT_TRUE(has(r.out, "verdict:\n  rank 1 fell behind or wrote nothing"));
   if (pending) EXPECT_TRUE(has(r.out, "rank 0 waits in " + timed_out)) << r.out;
+}
+
+TEST_F(DistFaults, AStoppedPipelineStageEndsTheJobNamingTheSendOrReceive) {
+  // pipeline parallelism: stage 1 stops; stage 0 waits for one of its messages (an activation
+  // sent, a gradient received) or for the step's loss, and ends the job after the timeout
+  int rc = 0;
+  const std::string out = stop_rank_one(*this, false, rc, "--parallel.pp_size 2 --parallel.dp_shard_size 1 --train.grad_accum_steps 4");
+  EXPECT_EQ(rc, 6) << out;
+  const size_t at = out.find("train_gpt: rank 0: error: ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  EXPECT_TRUE(has(line, "the pipeline")) << line;  // the group in words
+  if (has(line, "pp.send") || has(line, "pp.recv"))  // which message, from or to which stage
+    EXPECT_TRUE(has(line, "from stage 1") || has(line, "to stage 1")) << line;
+  const ndt::testing::ShellResult r = ndt::testing::run_shell("python3 " + std::string(NDT_SOURCE_DIR) +
+                                                              "/scripts/flight_report.py " +
+                                                              (here() / "ck" / "flight").string());
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_TRUE(has(r.out, "no record from rank 1: dead, stopped, cut off") ||
+              (has(r.out, "2 of 2 ranks wrote a record") && has(r.out, "\n  rank 1 (")))
+      << r.out;
 }
 
 TEST_F(DistFaults, ASigtermToAHealthyRankEndsAJobWithAStoppedRank) {

@@ -461,6 +461,26 @@ TEST_F(DistTrain, LlamaPipelineEqualsOneProcess) {
   check_layouts({{"pp2_tp2", 1, 1, 1, 2, "", 2}}, 1, nullptr, tied);
 }
 
+TEST_F(DistTrain, PipelineSamplesTheTextOneProcessSamples) {
+  // generation through the stages: each runs its blocks with its own key/value cache, the last
+  // stage's logits go to every rank, which all draw the same token
+  const std::string common = " --model.n_layer 4 --train.steps 2 --sample.every 2 --sample.length 24 --sample.prompt "
+                             "'the cat ' --train.micro_batch_size 2";
+  Result one = train("pp_sample_single", 1, common);
+  ASSERT_EQ(one.rc, 0) << one.out;
+  for (const char* layout : {" --parallel.pp_size 2", " --parallel.pp_size 2 --parallel.pp_schedule interleaved "
+                                                      "--parallel.pp_virtual 2"}) {
+    Result pp = train("pp_sample_pp2", 2, common + layout);
+    ASSERT_EQ(pp.rc, 0) << pp.out;
+    auto sample = [](const std::string& out) {
+      const size_t at = out.find("sample at step 2:");
+      return at == std::string::npos ? std::string("(none)") : out.substr(at, out.find('\n', at + 18) - at);
+    };
+    EXPECT_NE(sample(one.out), "(none)") << one.out;
+    EXPECT_EQ(sample(pp.out), sample(one.out)) << layout;
+  }
+}
+
 TEST_F(DistTrain, Bfloat16PipelineFollowsOneProcess) {
   check_bf16_layouts({{"bf16_pp2", 1, 1, 1, 1, "", 2}, {"bf16_pp2_fsdp2", 1, 2, 1, 1, "", 2}},
                      Model{"pp4l_", " --model.n_layer 4"});
