@@ -102,25 +102,31 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
 
 }  // namespace
 
-void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads, bool retain_graph) {
-  const bool outermost = autograd::tl_touched_groups == nullptr;
-  std::vector<std::shared_ptr<autograd::GradGroup>> touched;
-  if (outermost) autograd::tl_touched_groups = &touched;
+namespace autograd {
+void as_backward_pass(const std::function<void()>& fn) {
+  const bool outermost = tl_touched_groups == nullptr;
+  std::vector<std::shared_ptr<GradGroup>> touched;
+  if (outermost) tl_touched_groups = &touched;
   try {
-    run_backward(outputs, grads, retain_graph);
+    fn();
   } catch (...) {
     if (outermost) {
-      autograd::tl_touched_groups = nullptr;
+      tl_touched_groups = nullptr;
       for (auto& g : touched) g->reset();  // no stale counts in the next backward
     }
     throw;
   }
   if (outermost) {
-    autograd::tl_touched_groups = nullptr;
-    std::unordered_set<autograd::GradGroup*> seen;
+    tl_touched_groups = nullptr;
+    std::unordered_set<GradGroup*> seen;
     for (auto& g : touched)
       if (seen.insert(g.get()).second) g->flush();
   }
+}
+}  // namespace autograd
+
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads, bool retain_graph) {
+  autograd::as_backward_pass([&] { run_backward(outputs, grads, retain_graph); });
 }
 
 void backward(const Tensor& loss, bool retain_graph) {

@@ -8,6 +8,7 @@
 // tensors are released as soon as it has run (unless retain_graph).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -19,5 +20,12 @@ void backward(const Tensor& loss, bool retain_graph = false);
 // outputs[i] receives gradient grads[i] (same shape).
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grads,
               bool retain_graph = false);
+
+namespace autograd {
+// Runs fn as one backward pass for the gradient groups (autograd/hooks.h): the groups its
+// gradients reach are flushed when the outermost pass ends, or reset if fn throws. backward()
+// is one; deferred weight gradients (autograd/defer.h) run as another.
+void as_backward_pass(const std::function<void()>& fn);
+}  // namespace autograd
 
 }  // namespace ndt

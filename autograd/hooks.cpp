@@ -21,10 +21,11 @@ std::shared_ptr<GradGroup> GradGroup::create(const std::vector<Tensor>& params,
 void GradGroup::note_gradient(const TensorImpl* param) {
   if (received_.empty()) note_group_touched(shared_from_this());  // flush() at the end
   if (!received_.insert(param).second || done_) return;           // counted, or fired already
-  if (static_cast<int>(received_.size()) == size_) fire();
+  if (static_cast<int>(received_.size()) == size_ && outstanding_ == 0) fire();
 }
 
 void GradGroup::flush() {
+  if (outstanding_ > 0) return;  // deferred gradients to come: the group stays as it is
   if (!received_.empty() && !done_) fire();
   reset();
 }
@@ -32,6 +33,17 @@ void GradGroup::flush() {
 void GradGroup::reset() {
   received_.clear();
   done_ = false;
+  outstanding_ = 0;
+}
+
+void GradGroup::defer() {
+  if (received_.empty() && outstanding_ == 0) note_group_touched(shared_from_this());
+  ++outstanding_;
+}
+
+void GradGroup::deliver_deferred() {
+  NDT_CHECK(outstanding_ > 0, "GradGroup: a deferred gradient delivered that was never deferred");
+  if (--outstanding_ == 0) note_group_touched(shared_from_this());  // this pass's end flushes it
 }
 
 void GradGroup::fire() {

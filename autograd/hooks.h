@@ -14,6 +14,10 @@
 //     counts once. (If its second gradient comes after the group fired, the callback has
 //     seen only the first: keep a group's parameters in one region.)
 //
+//     A parameter whose gradient a zero-bubble schedule defers (autograd/defer.h) holds the
+//     group back: it fires only once every deferred gradient has been delivered, however
+//     many backwards and deferred passes that takes.
+//
 // (b) on_backward(x, fn): an identity op whose backward first calls fn() -- put it on a
 //     region's output, and fn runs just before the region's backward starts (FSDP:
 //     re-gather this unit's parameters and prefetch the next).
@@ -40,6 +44,10 @@ class GradGroup : public std::enable_shared_from_this<GradGroup> {
   void note_gradient(const TensorImpl* param);
   void flush();  // end of the outermost backward: fire if partially received, then reset
   void reset();  // a backward failed: forget what it delivered, without firing
+  // A gradient of this group was deferred (autograd/defer.h): the group waits for it.
+  void defer();
+  // A deferred gradient arrives (then note_gradient as usual).
+  void deliver_deferred();
 
  private:
   GradGroup(int size, std::function<void()> on_ready) : size_(size), on_ready_(std::move(on_ready)) {}
@@ -47,6 +55,7 @@ class GradGroup : public std::enable_shared_from_this<GradGroup> {
   int size_;
   std::unordered_set<const TensorImpl*> received_;  // parameters with a gradient this backward
   bool done_ = false;                               // fired in this backward
+  int outstanding_ = 0;                             // deferred gradients not yet delivered
   int fired_ = 0;
   std::function<void()> on_ready_;
 };

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/defer.h"
 #include "autograd/engine.h"
 #include "autograd/hooks.h"
 #include "autograd/node.h"
@@ -435,6 +436,76 @@ TEST(Hooks, GradGroupFiresOnceRightAfterItsLastParameter) {
   EXPECT_EQ(log, (Log{"group2", "mid", "group1"}));
   EXPECT_EQ(g1->fired(), 2);
   EXPECT_EQ(g2->fired(), 2);
+}
+
+// ---- deferred weight gradients (zero-bubble schedules) ------------------------------------
+
+TEST(DeferredWeightGrads, InputThenWeightPassesEqualOneBackwardBitForBit) {
+  // unsplit: one backward
+  TwoLayers ref;
+  Log log;
+  Tensor xin = ref.x.clone().set_requires_grad(true);
+  ref.x = xin;
+  backward(ref.loss(log));
+  // split: B computes x's and the biases' gradients, queues the weights' GEMMs; W runs them
+  TwoLayers net;
+  Tensor x = net.x.clone().set_requires_grad(true);
+  net.x = x;
+  int fired1 = 0, fired2 = 0;
+  auto g1 = autograd::GradGroup::create({net.w1, net.b1}, [&] { ++fired1; });
+  auto g2 = autograd::GradGroup::create({net.w2, net.b2}, [&] { ++fired2; });
+  autograd::DeferredWeightGrads w;
+  {
+    autograd::DeferredWeightGrads::Scope defer(w);
+    backward(net.loss(log));
+  }
+  EXPECT_EQ(w.size(), 2u);  // w1's and w2's
+  EXPECT_FALSE(net.w1.grad().defined());
+  EXPECT_FALSE(net.w2.grad().defined());
+  EXPECT_TRUE(bitwise_equal(x.grad(), xin.grad()));  // what the previous stage waits for: ready
+  EXPECT_TRUE(bitwise_equal(net.b1.grad(), ref.b1.grad()));
+  EXPECT_EQ(fired1 + fired2, 0);  // each group waits for its deferred weight
+  w.run();
+  EXPECT_TRUE(w.empty());
+  EXPECT_EQ(fired1, 1);
+  EXPECT_EQ(fired2, 1);
+  EXPECT_TRUE(bitwise_equal(net.w1.grad(), ref.w1.grad()));
+  EXPECT_TRUE(bitwise_equal(net.w2.grad(), ref.w2.grad()));
+  EXPECT_TRUE(bitwise_equal(net.b2.grad(), ref.b2.grad()));
+}
+
+TEST(DeferredWeightGrads, AGroupWaitsForEveryMicroBatchsWeightPass) {
+  // B0, B1, W1, W0 (zero-bubble's order on a later stage): the group fires once, after W0,
+  // and holds the sum of both micro-batches' gradients
+  TwoLayers net;
+  Log log;
+  int fired = 0;
+  Tensor at_fire;
+  auto g2 = autograd::GradGroup::create({net.w2, net.b2}, [&] {
+    ++fired;
+    at_fire = net.w2.grad().clone();
+  });
+  autograd::DeferredWeightGrads w0, w1;
+  for (autograd::DeferredWeightGrads* q : {&w0, &w1}) {
+    autograd::DeferredWeightGrads::Scope defer(*q);
+    backward(net.loss(log));
+  }
+  w1.run();
+  EXPECT_EQ(fired, 0) << "micro-batch 0's weight gradient is still to come";
+  w0.run();
+  EXPECT_EQ(fired, 1);
+  TwoLayers ref;
+  backward(ref.loss(log));
+  backward(ref.loss(log));
+  expect_near(at_fire, ref.w2.grad(), 1e-14, "both micro-batches' w2 gradients");
+  // a queue never run forgets its gradients and frees its group for the next backward
+  {
+    autograd::DeferredWeightGrads dropped;
+    autograd::DeferredWeightGrads::Scope defer(dropped);
+    backward(net.loss(log));
+  }
+  backward(net.loss(log));
+  EXPECT_EQ(fired, 2);
 }
 
 TEST(Hooks, GradGroupWithAParameterUsedTwiceFiresOnce) {

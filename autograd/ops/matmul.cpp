@@ -1,4 +1,5 @@
 // matmul and linear. Legend: M, K, N matrix dims; Bt batch; C in, OC out channels.
+#include "autograd/defer.h"
 #include "autograd/ops/common.h"
 
 namespace ndt {
@@ -105,8 +106,10 @@ Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, co
         //   dpre = GELU'(pre) * dout,  dx = dpre @ w^T,  dw = x^T @ dpre,  db = sum_rows(dpre)
         // (dw added onto w.grad by the GEMM, beta 1, where w is a leaf)
         // shared input: dx's sum over the ranks runs while dw's GEMM does; gathered, the
-        // whole x is gathered again while dx's GEMM runs
-        const Pending x_whole = nw && gather ? gather(x_saved) : Pending();
+        // whole x is gathered again while dx's GEMM runs. Under a zero-bubble schedule's
+        // input-gradient pass (autograd/defer.h) dw waits in the queue for the weight pass.
+        autograd::DeferredWeightGrads* later = nw && w_leaf ? autograd::deferring() : nullptr;
+        const Pending x_whole = nw && gather && !later ? gather(x_saved) : Pending();
         Tensor dpre = g[0].contiguous().view({N, OC});
         if (pre.defined()) {
           Tensor d = empty_like(dpre);
@@ -123,13 +126,21 @@ Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, co
           else
             r[0] = dx.view(xshape);
         }
-        if (nw) {
-          const Tensor x = x_whole ? x_whole().contiguous().view({N, C}) : x_saved;
+        // dw = x^T @ dpre, added onto w.grad in place where it can be
+        auto weight_grad = [x_saved, gather, w_leaf, C, OC, N](const Tensor& dpre, const Pending& x_whole) {
+          const Tensor x = x_whole ? x_whole().contiguous().view({N, C})
+                           : gather ? gather(x_saved)().contiguous().view({N, C})
+                                    : x_saved;
           double beta = 0.0;
-          r[1] = autograd::grad_to_accumulate_into(w_leaf, {C, OC}, dpre.dtype(), dpre.device(), &beta);
-          if (!r[1].defined()) r[1] = Tensor::empty({C, OC}, dpre.dtype(), dpre.device());
-          kernels::gemm(x, true, dpre, false, r[1], 1.0, beta);  // r[1] (+)= x^T @ dpre
-        }
+          Tensor dw = autograd::grad_to_accumulate_into(w_leaf, {C, OC}, dpre.dtype(), dpre.device(), &beta);
+          if (!dw.defined()) dw = Tensor::empty({C, OC}, dpre.dtype(), dpre.device());
+          kernels::gemm(x, true, dpre, false, dw, 1.0, beta);  // dw (+)= x^T @ dpre
+          return dw;
+        };
+        if (later)
+          later->push(w_leaf, [weight_grad, dpre] { return weight_grad(dpre, Pending()); });
+        else if (nw)
+          r[1] = weight_grad(dpre, x_whole);
         if (nb) {
           r[2] = Tensor::empty({OC}, dpre.dtype(), dpre.device());
           kernels::sum_rows(dpre, r[2]);
