@@ -359,7 +359,7 @@ std::string save_sharded_step2(const fs::path& dir, Model& r) {
   st.loader = {3, 17};
   st.extra["window_tokens"] = "24";
   dist::DeviceMesh mesh(dist::ParallelDims{}, dist::local_communicator());
-  return ckpt::save_sharded(dir.string(), st, r.params, r.opt, mesh, r.gpt.cfg, 0);
+  return ckpt::save_sharded(dir.string(), st, r.params, r.opt, mesh, r.gpt.cfg, {}, 0);
 }
 
 std::string bytes_of(const fs::path& p) {
@@ -475,6 +475,12 @@ TEST(ShardedCheckpoint, EveryManifestFieldIsCheckedNamingItAndItsValue) {
       {"/layout/cp", -1, "\"layout.cp\" is -1; it must be in [1, "},
       {"/layout/dp_shard", 2, "\"files\" lists 1 file but \"layout\" has 2 writers"},
       {"/layout/tp", 3, "\"layout.tp\" is 3, which does not divide the model's 2 heads"},
+      {"/layout/pp", 0, "\"layout.pp\" is 0; it must be in [1, 2]"},
+      {"/layout/pp", 2, "\"layout.pp_blocks\" is [2]; it must be a list of one entry per pipeline stage"},
+      {"/layout/pp_blocks", nlohmann::json::array({1}), "\"layout.pp_blocks\" is [1], 1 blocks in all"},
+      {"/layout/pp_blocks", nlohmann::json::array({0, 2}),
+       "its entry 0 is 0, not a number of blocks in [1, 2]"},
+      {"/layout/pp_blocks", "2", "\"layout.pp_blocks\" is \"2\"; it must be a list"},
       {"/model/n_layer", 0, "\"model.n_layer\" is 0; it must be in [1, "},
       {"/model/n_embd", 7, "\"model.n_embd\" is 7, not a multiple of \"model.n_head\" 2"},
       {"/model/vocab_multiple", 0, "\"model.vocab_multiple\" is 0; it must be in [1, "},
@@ -549,6 +555,40 @@ TEST(ShardedCheckpoint, AManifestWithoutAChecksumLoadsWithAWarningButIsStillVali
       error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
   ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(has(e, "\"step\" is -5")) << e;
+}
+
+TEST(ShardedCheckpoint, AManifestWithoutPipelineStagesIsOneStage) {
+  // written before pipeline parallelism: no "pp" nor "pp_blocks" in its layout, the files
+  // named shard_tp<t>_fsdp<f> -- one stage of every block
+  fs::path d = ndt::testing::fresh_dir("sh_nopp");
+  Model a(padded_vocab_gpt(), 1);
+  const fs::path where = save_sharded_step2(d, a);
+  nlohmann::json m = read_json(where / "checkpoint.json");
+  EXPECT_EQ(m["layout"]["pp"], 1);
+  EXPECT_EQ(m["layout"]["pp_blocks"], nlohmann::json::array({2}));
+  m["layout"].erase("pp");
+  m["layout"].erase("pp_blocks");
+  write_sealed(where, m);
+  Model b(padded_vocab_gpt(), 2);
+  EXPECT_EQ(ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt).step, 2);
+  for (size_t i = 0; i < a.params.units.size(); ++i) {
+    EXPECT_EQ(a.params.units[i].data.to_vector<float>(), b.params.units[i].data.to_vector<float>());
+    EXPECT_EQ(a.opt.v()[i].to_vector<float>(), b.opt.v()[i].to_vector<float>());
+  }
+  // stages without their blocks: one line naming the file and the field
+  m["layout"]["pp"] = 2;
+  write_sealed(where, m);
+  const std::string e =
+      error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
+  EXPECT_TRUE(
+      has(e, (where / "checkpoint.json").string() + " has no \"layout.pp_blocks\" but \"layout.pp\" is 2"))
+      << e;
+  // two stages listing one file: the writers the layout implies are named
+  m["layout"]["pp_blocks"] = {1, 1};
+  write_sealed(where, m);
+  const std::string f =
+      error_of([&] { ckpt::load_sharded(where.string(), padded_vocab_gpt(), b.params, b.opt); });
+  EXPECT_TRUE(has(f, "\"files\" lists 1 file but \"layout\" has 2 writers (pp x tp x dp_shard x cp)")) << f;
 }
 
 TEST(ShardedCheckpoint, OnlyTheFilesTheManifestListsAreRead) {
@@ -760,10 +800,10 @@ TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
   dist::DeviceMesh mesh(dist::ParallelDims{}, dist::init_world());  // one process
   ckpt::TrainState st;
   for (st.step = 0; st.step < 3; ++st.step) o.step(0.01);  // a manifest's step is AdamW's step count
-  const fs::path ck = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, padded_vocab_gpt(), 0);
+  const fs::path ck = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, padded_vocab_gpt(), {}, 0);
   const std::vector<float> saved = p.units[1].data.to_vector<float>();
   for (; st.step < 5; ++st.step) o.step(0.01);
-  const fs::path other = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, padded_vocab_gpt(), 0);
+  const fs::path other = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, padded_vocab_gpt(), {}, 0);
   fs::create_symlink(ck / "shard_tp0_fsdp0.safetensors", d / "link.safetensors");
   fs::create_symlink(ck, d / "ck_link");
   const auto before = snapshot(d / "ck");

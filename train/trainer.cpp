@@ -521,7 +521,7 @@ void Trainer::save(int64_t step) {
   st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
   if (c_.checkpoint.format == "sharded") {   // every rank writes its own shards, nobody gathers
     const std::string where = ckpt::save_sharded(c_.checkpoint.dir, st, pm_->params, *opt_, *mesh_, mc_,
-                                                 c_.checkpoint.keep, &prune_log_);
+                                                 pm_->pp_blocks, c_.checkpoint.keep, &prune_log_);
     saved_step_ = step;
     out_ << "checkpoint: " << where << " (sharded)" << std::endl;
     return;

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -70,12 +71,18 @@ void save_weights(const std::string& path, const models::GPT& gpt, const nn::Fla
 
 // Checks a weights file against the model (names, with or without "transformer." but not
 // both; the whole shapes) and returns our name -> the file's name; lm_head (if present) in *lm_head.
+// The file holds the whole model; under pipeline parallelism `gpt` is one stage's part of it,
+// whose units name what it reads (the other stages' parameters in the file are not its own).
 static std::map<std::string, std::string> match_weights(const io::SafeTensorsReader& r,
                                                         const std::string& path, const models::GPT& gpt,
                                                         const nn::FlatParams& params,
                                                         std::string* lm_head_out) {
-  std::set<std::string> expected;
-  for (const nn::ParamSpec& spec : gpt.parameters()) expected.insert(spec.name);
+  std::set<std::string> expected, model;  // this rank's parameters; the whole model's
+  for (const nn::UnitSpec& u : gpt.units())
+    for (const nn::ParamSpec& spec : u.params) expected.insert(spec.name);
+  std::optional<models::GPT> whole;  // described only
+  if (!gpt.part().whole()) whole.emplace(gpt.cfg);
+  for (const nn::ParamSpec& spec : (whole ? *whole : gpt).parameters()) model.insert(spec.name);
   // Map file names (with or without the "transformer." prefix) to our names.
   std::map<std::string, std::string> ours_to_file;
   std::vector<std::string> extra, problems;
@@ -89,12 +96,12 @@ static std::map<std::string, std::string> match_weights(const io::SafeTensorsRea
       NDT_FAIL("weights ", path, ": holds both ", first, " and ", fname, ", which name the same parameter ",
                n, " (with and without the \"", kPrefix, "\" prefix); keep one of them");
     };
-    if (n == "lm_head.weight" && !expected.count(n)) {  // GPT-2's (tied) head; an untied llama's is its own
+    if (n == "lm_head.weight" && !model.count(n)) {  // GPT-2's (tied) head; an untied llama's is its own
       if (!lm_head.empty()) duplicate(lm_head);
       lm_head = fname;
       continue;
     }
-    if (!expected.count(n)) {
+    if (!model.count(n)) {
       extra.push_back(fname);
       continue;
     }
@@ -125,10 +132,11 @@ static std::map<std::string, std::string> match_weights(const io::SafeTensorsRea
   NDT_CHECK(extra.empty(), "weights ", path, ": unexpected tensors: ", join(extra), "; the model is ",
             gpt.cfg.str());
   NDT_CHECK(problems.empty(), "weights ", path, ": ", join(problems), "; the model is ", gpt.cfg.str());
-  if (!lm_head.empty())
+  if (!lm_head.empty() && ours_to_file.count("wte.weight"))
     NDT_CHECK(r.entries().at(lm_head).shape == r.entries().at(ours_to_file["wte.weight"]).shape, "weights ",
               path, ": lm_head.weight differs in shape from wte.weight; ndtrain ties them");
   *lm_head_out = lm_head;
+  std::erase_if(ours_to_file, [&](const auto& e) { return !expected.count(e.first); });  // other stages'
   return ours_to_file;
 }
 
@@ -459,7 +467,10 @@ void read_local_weights(const std::string& path, const models::GPT& gpt, const n
   io::SafeTensorsReader r(path);
   std::string lm_head;
   const std::map<std::string, std::string> ours_to_file = match_weights(r, path, gpt, params, &lm_head);
-  const std::string wte_file = ours_to_file.at("wte.weight");
+  // the tied lm_head is checked against the elements of wte that this rank reads (none on a
+  // pipeline stage without wte)
+  const auto wte = ours_to_file.find("wte.weight");
+  const std::string wte_file = wte == ours_to_file.end() ? std::string() : wte->second;
   // two reusable buffers of one piece: the memory loading adds stays a few MiB
   const DType dt = params.units.empty() ? DType::f32 : params.units[0].data.dtype();
   Tensor piece = Tensor::empty({kPiece}, dt), other = Tensor::empty({kPiece}, dt);
@@ -468,7 +479,7 @@ void read_local_weights(const std::string& path, const models::GPT& gpt, const n
         Tensor part = piece.narrow(0, 0, n);
         r.read_range(fname, g, part);
         check_finite(part, path, fname);
-        if (!lm_head.empty() && fname == wte_file) {
+        if (!lm_head.empty() && !wte_file.empty() && fname == wte_file) {
           Tensor tied = other.narrow(0, 0, n);
           r.read_range(lm_head, g, tied);
           NDT_CHECK(std::memcmp(tied.data_ptr(), part.data_ptr(), part.nbytes()) == 0, "weights ", path,
@@ -530,10 +541,20 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
   const fs::path dir(path);
   verify_checkpoint(path);  // every file against its checksum, before anything is read
   io::SafeTensorsReader st((dir / "state.safetensors").string());
-  NDT_CHECK(whole.size() == params.units.size() && m.size() == params.units.size() && v.size() == m.size(),
-            "load_checkpoint_local: one whole unit, m and v per unit");
+  NDT_CHECK(m.size() == params.units.size() && v.size() == m.size(),
+            "load_checkpoint_local: one m and one v per unit");
   const std::vector<nn::FlatUnit> written = written_layout(st, gpt.cfg, whole);
   TrainState s = read_state(st, path, written, adam_steps);
+  // this rank's units by name among the whole model's: under pipeline parallelism it holds
+  // some of them (its blocks, and of "embeddings" only what its stage uses)
+  std::vector<const nn::FlatUnit*> from;
+  for (const nn::FlatUnit& u : params.units) {
+    const auto w =
+        std::find_if(written.begin(), written.end(), [&](const nn::FlatUnit& x) { return x.name == u.name; });
+    NDT_CHECK(w != written.end(), "checkpoint ", path, ": state.safetensors has no moments of unit ", u.name,
+              " (adam.m.", u.name, "); the model differs from the checkpoint's");
+    from.push_back(&*w);
+  }
   read_local_weights((dir / "model.safetensors").string(), gpt, params);
   // the moments: whole buffers of the single-process layout; each parameter at its offset there
   for (size_t i = 0; i < params.units.size(); ++i) {
@@ -542,9 +563,10 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
     kernels::fill(v[i], 0.0);
     for (const nn::FlatParam& p : u.params) {
       const nn::FlatParam* wp = nullptr;
-      for (const nn::FlatParam& q : written[i].params)
+      for (const nn::FlatParam& q : from[i]->params)
         if (q.spec.name == p.spec.name) wp = &q;
-      NDT_CHECK(wp, "checkpoint ", path, ": ", p.spec.name, " is not in unit ", written[i].name);
+      NDT_CHECK(wp, "checkpoint ", path, ": state.safetensors holds no moments of ", p.spec.name, " in unit ",
+                from[i]->name, "; the model differs from the checkpoint's");
       // wte's rows past vocab_size are padding: zero in any layout, never read
       const int64_t live = models::GPT::vocab_rows(p.spec.name) ? gpt.cfg.vocab_size * gpt.cfg.n_embd
                                                                 : numel_of(p.spec.global_shape());

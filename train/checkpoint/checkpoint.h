@@ -107,7 +107,9 @@ void load_weights_local(const std::string& path, const models::GPT& gpt, const n
 // units (nn::flat_layout of the undivided model), which the checkpoint's moment buffers follow but
 // for the vocabulary's padding: a checkpoint written with another model.vocab_multiple loads
 // (the padded rows of wte and of an untied lm_head are zero and never trained; they are
-// dropped or added as zeros).
+// dropped or added as zeros). The rank's units and parameters are found there by name: under
+// pipeline parallelism `gpt` and `params` are one stage's part (its blocks, and of the unit
+// "embeddings" only what the stage uses).
 TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt,
                                  const nn::FlatParams& params, const std::vector<nn::FlatUnit>& whole,
                                  const std::vector<Tensor>& m, const std::vector<Tensor>& v,

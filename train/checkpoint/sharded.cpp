@@ -13,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "dist/pipeline_parallel/stages.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "tensor/kernels.h"
 #include "train/io/files.h"
@@ -27,8 +28,11 @@ constexpr const char* kManifest = "checkpoint.json";
 constexpr const char* kSeal = "manifest_xxh64";  // the manifest's own checksum
 constexpr int64_t kPiece = int64_t(1) << 18;     // elements read at a time
 
-std::string shard_file(int64_t tp_rank, int64_t fsdp_rank) {
-  return "shard_tp" + std::to_string(tp_rank) + "_fsdp" + std::to_string(fsdp_rank) + ".safetensors";
+// A writer's file: its pipeline stage (named only under pipeline parallelism, so that the
+// files of a checkpoint without it keep their names), tensor-parallel rank and FSDP shard.
+std::string shard_file(int64_t pp, int64_t stage, int64_t tp_rank, int64_t fsdp_rank) {
+  return "shard_" + (pp > 1 ? "pp" + std::to_string(stage) + "_" : std::string()) + "tp" +
+         std::to_string(tp_rank) + "_fsdp" + std::to_string(fsdp_rank) + ".safetensors";
 }
 
 // XXH64 of the manifest's compact JSON without its checksum key (nlohmann::json keeps keys
@@ -95,27 +99,42 @@ WrittenShard write_shard(const nn::FlatParams& params, const optim::AdamW& opt, 
   return out;
 }
 
-// checkpoint.json but its files and seal.
+// checkpoint.json but its files and seal. pp_blocks: the blocks of each virtual stage.
 nlohmann::json manifest_of(const TrainState& state, int64_t adam_steps, const models::GPTConfig& cfg,
-                           const dist::ParallelDims& d) {
-  return {
-      {"format", "sharded"},
-      {"step", state.step},
-      {"adam_steps", adam_steps},
-      {"loader_epoch", state.loader.epoch},
-      {"loader_window", state.loader.window},
-      {"extra", state.extra},
-      {"model", model_json(cfg)},
-      {"layout", {{"dp_replicate", d.dp_replicate}, {"dp_shard", d.dp_shard}, {"cp", d.cp}, {"tp", d.tp}}},
-      {"files", nlohmann::json::object()}};
+                           const dist::ParallelDims& d, const std::vector<int64_t>& pp_blocks) {
+  return {{"format", "sharded"},
+          {"step", state.step},
+          {"adam_steps", adam_steps},
+          {"loader_epoch", state.loader.epoch},
+          {"loader_window", state.loader.window},
+          {"extra", state.extra},
+          {"model", model_json(cfg)},
+          {"layout",
+           {{"pp", d.pp},
+            {"pp_blocks", pp_blocks},
+            {"dp_replicate", d.dp_replicate},
+            {"dp_shard", d.dp_shard},
+            {"cp", d.cp},
+            {"tp", d.tp}}},
+          {"files", nlohmann::json::object()}};
 }
 
 }  // namespace
 
 std::string save_sharded(const std::string& dir, const TrainState& state, const nn::FlatParams& params,
                          const optim::AdamW& opt, const dist::DeviceMesh& mesh, const models::GPTConfig& cfg,
-                         int keep, PruneLog* prune_log) {
+                         const std::vector<int64_t>& pp_blocks, int keep, PruneLog* prune_log) {
   dist::Communicator& world = mesh.world();
+  const dist::ParallelDims& d = mesh.dims();
+  // the stages' blocks, which the readers rebuild every writer's layout from
+  const std::vector<int64_t> blocks = pp_blocks.empty() ? std::vector<int64_t>{cfg.n_layer} : pp_blocks;
+  bool fits = !(d.pp > 1 && pp_blocks.empty()) && static_cast<int64_t>(blocks.size()) % d.pp == 0;
+  int64_t sum = 0;
+  for (int64_t b : blocks) fits = fits && b >= 1, sum += b;
+  NDT_CHECK(
+      fits && sum == cfg.n_layer, "save_sharded: pp_blocks of ", blocks.size(), " stages summing to ", sum,
+      " for pp_size ", d.pp, " and model.n_layer ", cfg.n_layer,
+      ": every stage holds a block, the stages are a multiple of pp_size, the blocks model.n_layer in all");
   char name[32];
   std::snprintf(name, sizeof(name), "step_%08lld", static_cast<long long>(state.step));
   const fs::path tmp = fs::path(dir) / (std::string(".tmp_") + name);
@@ -130,7 +149,7 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
             " not written: a parameter is not finite; the previous checkpoint is kept");
   // every writer (replicate coordinate 0: the replicas hold the same shards) writes its own
   const bool writer = mesh.coords().replicate == 0;
-  const std::string file = shard_file(mesh.coords().tp, mesh.fsdp_rank());
+  const std::string file = shard_file(d.pp, mesh.coords().pp, mesh.coords().tp, mesh.fsdp_rank());
   const WrittenShard mine_file = writer ? write_shard(params, opt, tmp / file) : WrittenShard{};
   const std::string& error = mine_file.error;
   const uint64_t bytes = mine_file.bytes, hash = mine_file.xxh64;
@@ -154,15 +173,14 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
   }
   std::string where = (fs::path(dir) / name).string();
   if (world.rank() == 0) {
-    const dist::ParallelDims& d = mesh.dims();
-    nlohmann::json m = manifest_of(state, opt.steps_taken(), cfg, d);
+    nlohmann::json m = manifest_of(state, opt.steps_taken(), cfg, d, blocks);
     for (int64_t r = 0; r < n; ++r) {  // the writers' files
       if (got[5 * r] == 0) continue;
       const dist::ParallelDims::Coords c = d.coords(r);
       const uint64_t h =
           (static_cast<uint64_t>(got[5 * r + 3]) << 32) | static_cast<uint64_t>(got[5 * r + 4]);
-      m["files"][shard_file(c.tp, c.shard * d.cp + c.cp)] = {{"bytes", static_cast<uint64_t>(got[5 * r + 2])},
-                                                             {"xxh64", io::hex64(h)}};
+      m["files"][shard_file(d.pp, c.pp, c.tp, c.shard * d.cp + c.cp)] = {
+          {"bytes", static_cast<uint64_t>(got[5 * r + 2])}, {"xxh64", io::hex64(h)}};
     }
     m[kSeal] = manifest_xxh64(m);                                         // over everything above
     io::write_file_atomic((tmp / kManifest).string(), m.dump(1) + "\n");  // last: the directory is complete
@@ -205,8 +223,9 @@ struct Manifest {
   data::LoaderState loader;
   std::map<std::string, std::string> extra;
   models::GPTConfig model;                 // the writers' (with their model.vocab_multiple)
-  dist::ParallelDims layout;               // the writers' layout
-  std::map<std::string, ShardFile> files;  // exactly one per writer: shard_file(t, f)
+  dist::ParallelDims layout;               // the writers' layout (pp: 1 in manifests without it)
+  std::vector<int64_t> pp_blocks;          // the blocks of each virtual stage ({n_layer} without pp)
+  std::map<std::string, ShardFile> files;  // exactly one per writer: shard_file(pp, s, t, f)
   int64_t fsdp() const { return layout.dp_shard * layout.cp; }
 };
 
@@ -324,6 +343,41 @@ void read_llama_model(const nlohmann::json& mj, const Fields& in, models::GPTCon
   }
 }
 
+// The pipeline stages of the layout: "pp" and the blocks of each virtual stage "pp_blocks"
+// (pp x pp_virtual of them, each at least one block, model.n_layer in all). A manifest
+// written before pipeline parallelism has neither: one stage of every block.
+void read_pipeline(const nlohmann::json& lj, const Fields& in, Manifest& r) {
+  const std::string& F = in.F;
+  const int64_t L = r.model.n_layer;
+  r.layout.pp = lj.contains("pp") ? in.integer(lj, "layout", "pp", 1, L) : 1;
+  if (!lj.contains("pp_blocks")) {
+    NDT_CHECK(r.layout.pp == 1, "checkpoint ", F, " has no \"layout.pp_blocks\" but \"layout.pp\" is ",
+              r.layout.pp, kFix);
+    r.pp_blocks = {L};
+    return;
+  }
+  const nlohmann::json& b = lj.at("pp_blocks");
+  const int64_t pp = r.layout.pp;
+  NDT_CHECK(b.is_array() && !b.empty() && static_cast<int64_t>(b.size()) <= L &&
+                static_cast<int64_t>(b.size()) % pp == 0,
+            "checkpoint ", F, ": \"layout.pp_blocks\" is ", b.dump(),
+            "; it must be a list of one entry per pipeline stage: a multiple of \"layout.pp\" ", pp,
+            " entries, at most \"model.n_layer\" ", L, kFix);
+  int64_t sum = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    const nlohmann::json& v = b[i];
+    const bool ok = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(L)) &&
+                    v.get<int64_t>() >= 1 && v.get<int64_t>() <= L;
+    NDT_CHECK(ok, "checkpoint ", F, ": \"layout.pp_blocks\" is ", b.dump(), "; its entry ", i, " is ",
+              v.dump(), ", not a number of blocks in [1, ", L, "]", kFix);
+    const int64_t n = v.get<int64_t>();
+    r.pp_blocks.push_back(n);
+    sum += n;
+  }
+  NDT_CHECK(sum == L, "checkpoint ", F, ": \"layout.pp_blocks\" is ", b.dump(), ", ", sum,
+            " blocks in all; \"model.n_layer\" is ", L, kFix);
+}
+
 // The model (bounded so that no product of its sizes overflows) and the layout, with the
 // splits it implies (before anything divides by it).
 void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& r) {
@@ -345,6 +399,7 @@ void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& 
   r.layout.dp_shard = in.integer(lj, "layout", "dp_shard", 1, kRanks);
   r.layout.cp = in.integer(lj, "layout", "cp", 1, kRanks);
   r.layout.tp = in.integer(lj, "layout", "tp", 1, kRanks);
+  read_pipeline(lj, in, r);
   const int64_t tp = r.layout.tp;
   NDT_CHECK(r.model.n_head % tp == 0 && r.model.kv_heads() % tp == 0 && r.model.mlp_hidden() % tp == 0 &&
                 r.model.padded_vocab() % tp == 0,
@@ -353,30 +408,34 @@ void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& 
             " MLP units and ", r.model.padded_vocab(), " vocabulary rows", kFix);
 }
 
-// The files: exactly one per writer (tensor-parallel rank x FSDP shard), each with its size
-// and checksum; and no other weights file in the directory.
+// The files: exactly one per writer (pipeline stage x tensor-parallel rank x FSDP shard),
+// each with its size and checksum; and no other weights file in the directory.
 void read_files(const nlohmann::json& m, const Fields& in, Manifest& r) {
   const std::string& F = in.F;
   const nlohmann::json& fj = in.object(m, "files");
-  const int64_t writers = r.layout.tp * r.fsdp();
+  const int64_t pp = r.layout.pp, writers = pp * r.layout.tp * r.fsdp();
   NDT_CHECK(static_cast<int64_t>(fj.size()) == writers, "checkpoint ", F, ": \"files\" lists ", fj.size(),
             fj.size() == 1 ? " file" : " files", " but \"layout\" has ", writers,
-            writers == 1 ? " writer" : " writers", " (tp x dp_shard x cp)", kFix);
-  for (int64_t t = 0; t < r.layout.tp; ++t)
-    for (int64_t f = 0; f < r.fsdp(); ++f) {
-      const std::string name = shard_file(t, f), field = "files." + name;
-      NDT_CHECK(fj.contains(name) && fj[name].is_object(), "checkpoint ", F, ": \"files\" lacks ", name,
-                " (writer tp ", t, ", fsdp ", f, " of the layout)", kFix);
-      const nlohmann::json& e = fj[name];
-      ShardFile s;
-      s.bytes = static_cast<uint64_t>(in.integer(e, field, "bytes", 0, kMax));
-      NDT_CHECK(e.contains("xxh64") && e["xxh64"].is_string() && e["xxh64"].get<std::string>().size() == 16 &&
-                    e["xxh64"].get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos,
-                "checkpoint ", F, ": \"", field, ".xxh64\" is ",
-                e.contains("xxh64") ? e["xxh64"].dump() : "missing", ", not 16 hex digits", kFix);
-      s.xxh64 = e["xxh64"].get<std::string>();
-      r.files[name] = s;
-    }
+            writers == 1 ? " writer" : " writers",
+            pp > 1 ? " (pp x tp x dp_shard x cp)" : " (tp x dp_shard x cp)", kFix);
+  for (int64_t stage = 0; stage < pp; ++stage)
+    for (int64_t t = 0; t < r.layout.tp; ++t)
+      for (int64_t f = 0; f < r.fsdp(); ++f) {
+        const std::string name = shard_file(pp, stage, t, f), field = "files." + name;
+        NDT_CHECK(fj.contains(name) && fj[name].is_object(), "checkpoint ", F, ": \"files\" lacks ", name,
+                  " (writer ", pp > 1 ? "pp " + std::to_string(stage) + ", " : "", "tp ", t, ", fsdp ", f,
+                  " of the layout)", kFix);
+        const nlohmann::json& e = fj[name];
+        ShardFile s;
+        s.bytes = static_cast<uint64_t>(in.integer(e, field, "bytes", 0, kMax));
+        NDT_CHECK(
+            e.contains("xxh64") && e["xxh64"].is_string() && e["xxh64"].get<std::string>().size() == 16 &&
+                e["xxh64"].get<std::string>().find_first_not_of("0123456789abcdef") == std::string::npos,
+            "checkpoint ", F, ": \"", field, ".xxh64\" is ",
+            e.contains("xxh64") ? e["xxh64"].dump() : "missing", ", not 16 hex digits", kFix);
+        s.xxh64 = e["xxh64"].get<std::string>();
+        r.files[name] = s;
+      }
   // exactly these files are read: a weights file in the directory that the manifest does not
   // list is not part of this checkpoint (a checkpoint directory is written whole, then renamed)
   std::error_code ec;
@@ -401,27 +460,57 @@ Manifest read_manifest(const std::string& path, std::ostream* warn) {
   return r;
 }
 
+// Where a parameter lives in the writers' files: the pipeline stage that wrote it, that
+// stage's unit holding it (an index into the stage's layout) and the parameter there.
+struct Source {
+  int64_t stage = 0;
+  size_t unit = 0;
+  const nn::FlatParam* param = nullptr;
+};
+
 // The writers' files, each opened once, on first use: its size and checksum are verified and
-// its tensors checked against the writers' layout before any byte of it is used.
+// its tensors checked against its writer's layout before any byte of it is used.
+//
+// The writers' layouts follow from the manifest: stage s of the pipeline held the units of
+// GPT(model, pipeline_part(pp_blocks, pp, s)) (its blocks, and of the embeddings what its
+// stage used), TP-split and sharded over fsdp; its writers differ only in which slice and
+// shard they hold. A parameter is found by name, in the first stage that holds it: the tied
+// embeddings are on the first and the last stage, identical copies (their gradients summed
+// between the two), so the first stage's is read.
 class Writers {
  public:
   explicit Writers(const Manifest& m) : m_(m) {
-    models::GPT old(m.model);  // the writers' unit layout: alike for every writer but which part it holds
-    dist::split_tensor_parallel(old, m.layout.tp, 0);
-    units_ = nn::flat_layout(old.units(), nn::ShardSpec{0, m.fsdp()});
+    for (int64_t s = 0; s < m.layout.pp; ++s) {
+      models::GPT old(m.model, dist::pipeline_part(m.pp_blocks, m.layout.pp, s));
+      dist::split_tensor_parallel(old, m.layout.tp, 0);
+      units_.push_back(nn::flat_layout(old.units(), nn::ShardSpec{0, m.fsdp()}));
+    }
+    for (int64_t s = 0; s < m.layout.pp; ++s)
+      for (size_t i = 0; i < units_[s].size(); ++i)
+        for (const nn::FlatParam& p : units_[s][i].params) where_.try_emplace(p.spec.name, Source{s, i, &p});
   }
   const Manifest& manifest() const { return m_; }
-  const std::vector<nn::FlatUnit>& units() const { return units_; }
+  // pipeline stage s's units, as each of its writers laid them out
+  const std::vector<nn::FlatUnit>& units(int64_t s) const { return units_[s]; }
+  const Source& source(const std::string& param) const {
+    auto it = where_.find(param);
+    NDT_CHECK(it != where_.end(), "checkpoint ", m_.dir, ": no parameter ", param, " in the layout of its ",
+              kManifest);
+    return it->second;
+  }
 
-  const io::SafeTensorsReader& file(int64_t t, int64_t f) {
-    const std::string name = shard_file(t, f);
+  // the file of pipeline stage s, tensor-parallel rank t and FSDP shard f
+  const io::SafeTensorsReader& file(int64_t s, int64_t t, int64_t f) {
+    const std::string name = shard_file(m_.layout.pp, s, t, f);
     std::unique_ptr<io::SafeTensorsReader>& r = open_[name];
     if (r) return *r;
     const ShardFile& e = m_.files.at(name);  // listed: read_manifest checked the set
     verify_file(m_.dir, name, e.bytes, e.xxh64);
     r = std::make_unique<io::SafeTensorsReader>((fs::path(m_.dir) / name).string());
     const std::string where = "checkpoint file " + r->path() + ": ";
-    for (const nn::FlatUnit& u : units_)
+    // every unit of the stage, an empty one too (the embeddings of a middle stage: (0))
+    const std::vector<nn::FlatUnit>& units = units_[s];
+    for (const nn::FlatUnit& u : units)
       for (const char* kind : {"data.", "m.", "v."}) {
         const std::string n = kind + u.name;
         NDT_CHECK(r->has(n), where, "lacks tensor ", n, ", which the layout of ", kManifest, " needs");
@@ -433,7 +522,7 @@ class Writers {
       }
     for (const auto& [n, en] : r->entries()) {
       bool known = false;
-      for (const nn::FlatUnit& u : units_)
+      for (const nn::FlatUnit& u : units)
         known = known || n == "data." + u.name || n == "m." + u.name || n == "v." + u.name;
       NDT_CHECK(known, where, "holds tensor ", n, ", which the layout of ", kManifest, " has no place for");
     }
@@ -442,7 +531,8 @@ class Writers {
 
  private:
   const Manifest& m_;
-  std::vector<nn::FlatUnit> units_;
+  std::vector<std::vector<nn::FlatUnit>> units_;  // per pipeline stage
+  std::map<std::string, Source> where_;           // parameter name -> its first stage's unit
   std::map<std::string, std::unique_ptr<io::SafeTensorsReader>> open_;
 };
 
@@ -463,28 +553,23 @@ void check_piece(const Tensor& piece, const std::string& file, const std::string
 }
 
 // Reads `kind` ("data", "m" or "v") of every unit of this rank's layout from the writers'
-// files into dst[i] (shard-sized), wherever each element lives in the writers' layout.
+// files into dst[i] (shard-sized), wherever each element lives in the writers' layout: each
+// parameter found by name in the writers' stages (Writers::source), so that any pipeline
+// layout reads any other's.
 // The rows of wte past model.vocab_size are padding (zero, never trained: their logits are
 // masked), so they are never read and stay zero: a checkpoint written with another
 // model.vocab_multiple loads, its padding dropped or extended.
 void read_kind(Writers& w, const models::GPTConfig& cfg, const nn::FlatParams& params,
                const std::string& kind, const std::vector<Tensor>& dst) {
-  const std::vector<nn::FlatUnit>& ol = w.units();
-  const std::string& path = w.manifest().dir;
-  NDT_CHECK(ol.size() == params.units.size(), "checkpoint ", path, ": ", ol.size(), " units, the model has ",
-            params.units.size());
   for (size_t i = 0; i < params.units.size(); ++i) {
     const nn::FlatUnit& u = params.units[i];
-    NDT_CHECK(ol[i].name == u.name, "checkpoint ", path, ": unit ", ol[i].name, " where the model has ",
-              u.name);
-    const std::string tensor = kind + "." + u.name;
     Tensor staging = dst[i].device().is_cpu() ? Tensor() : Tensor::empty({kPiece}, dst[i].dtype());
     kernels::fill(dst[i], 0.0);  // padding and alignment gaps stay zero
     for (const nn::FlatParam& p : u.params) {
-      const nn::FlatParam* op = nullptr;
-      for (const nn::FlatParam& q : ol[i].params)
-        if (q.spec.name == p.spec.name) op = &q;
-      NDT_CHECK(op, "checkpoint ", path, ": no parameter ", p.spec.name);
+      const Source& src = w.source(p.spec.name);
+      const nn::FlatUnit& ou = w.units(src.stage)[src.unit];  // the writers' unit that holds it
+      const nn::FlatParam* op = src.param;
+      const std::string tensor = kind + "." + ou.name;
       const int64_t live = models::GPT::vocab_rows(p.spec.name) ? cfg.vocab_size * cfg.n_embd
                                                                 : numel_of(p.spec.global_shape());
       nn::for_each_shard_run(u, p, [&](int64_t to, int64_t g, int64_t len) {
@@ -495,10 +580,10 @@ void read_kind(Writers& w, const models::GPTConfig& cfg, const nn::FlatParams& p
           nn::ParamSpec sq = op->spec;
           sq.tp.rank = q;
           const int64_t run = nn::tp_global_run(sq, l).second, off = op->offset + l;
-          const int64_t f = off / ol[i].shard_numel, in = off % ol[i].shard_numel;
-          const int64_t n = std::min({len - k, run, ol[i].shard_numel - in, kPiece});
+          const int64_t f = off / ou.shard_numel, in = off % ou.shard_numel;
+          const int64_t n = std::min({len - k, run, ou.shard_numel - in, kPiece});
           const Tensor target = dst[i].narrow(0, to + k, n);
-          const io::SafeTensorsReader& r = w.file(q, f);
+          const io::SafeTensorsReader& r = w.file(src.stage, q, f);
           const Tensor piece = dst[i].device().is_cpu() ? target : staging.narrow(0, 0, n);
           r.read_range(tensor, in, piece);
           check_piece(piece, r.path(), tensor, p.spec.name, kind == "v");
@@ -594,8 +679,9 @@ void export_weights(const std::string& path, const std::string& out, DType dtype
             " is not sharded: its model.safetensors is already one file with GPT-2 names");
   const Manifest m = read_manifest(path, &std::cerr);
   Writers w(m);
-  for (int64_t t = 0; t < m.layout.tp; ++t)  // every file checked before the model is allocated
-    for (int64_t f = 0; f < m.fsdp(); ++f) w.file(t, f);
+  for (int64_t s = 0; s < m.layout.pp; ++s)  // every file checked before the model is allocated
+    for (int64_t t = 0; t < m.layout.tp; ++t)
+      for (int64_t f = 0; f < m.fsdp(); ++f) w.file(s, t, f);
   models::GPT gpt(m.model);
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 0);
   read_kind(w, m.model, params, "data", data_of(params));

@@ -1,22 +1,32 @@
 // ndtrain: sharded checkpoints. Every rank writes only what it holds, in parallel, and any
-// other layout (another dp_shard, tp or cp, replicas, one process) resumes from them.
+// other layout (another pp, dp_shard, tp or cp, replicas, one process) resumes from them.
 //
 //   <dir>/step_00000100/
 //     shard_tp0_fsdp0.safetensors   data.<unit>, m.<unit>, v.<unit>: one writer's shards
 //     shard_tp0_fsdp1.safetensors   (a writer: the rank with replicate coordinate 0 for each
 //     ...                            tensor-parallel rank and FSDP shard; replicas hold copies)
 //     checkpoint.json                format "sharded", step, loader position, AdamW steps, the
-//                                    model and layout that wrote it, each file's size and
-//                                    checksum, and its own checksum (manifest_xxh64) --
-//                                    written last, by rank 0
+//                                    model and layout that wrote it (pp, pp_blocks, dp_replicate,
+//                                    dp_shard, cp, tp), each file's size and checksum, and its
+//                                    own checksum (manifest_xxh64) -- written last, by rank 0
+//
+// Under pipeline parallelism (pp > 1) each stage's writers name their files
+// shard_pp<s>_tp<t>_fsdp<f>.safetensors and hold that stage's units only: its blocks h.<i>,
+// and "embeddings" with what the stage uses (tied: wte, wpe, ln_f on the first and on the
+// last stage, identical; untied: wte on the first, ln_f and lm_head on the last; a middle
+// stage's is empty, written as tensors of 0 elements). "pp_blocks" lists the blocks of
+// each virtual stage (pp x pp_virtual entries), so a reader rebuilds every stage's layout;
+// a manifest without "pp" is pp 1 with pp_blocks {n_layer}.
 //
 // No rank gathers anything. Atomic as a whole: the files go to .tmp_step_N, the directory is
 // renamed into place and `latest` moves only after every writer's file is complete and
 // fsynced, so a crash at any moment leaves the previous checkpoint intact.
 //
 // Loading into another layout: the writers' layouts follow from the model and their layout
-// (nn::flat_layout of the model as tensor rank t of tp holds it, sharded over fsdp), so for each of
-// its own elements a rank knows which file holds it and where, and reads only those bytes
+// (nn::flat_layout of pipeline stage s's part of the model as tensor rank t of tp holds it,
+// sharded over fsdp), so for each of its own parameters a rank finds, by name, the stage that
+// holds it (the tied embeddings: the first stage's copy), and for each of its elements which
+// file holds it and where, and reads only those bytes
 // (memory-mapped, a piece at a time). Before any value is used, checkpoint.json is checked
 // whole (its checksum; every field in range and consistent with the others and with the set
 // of files), and each file the rank reads is verified (size, checksum, each tensor F32 at its
@@ -24,13 +34,15 @@
 // the parameter. The padded rows of wte (and of an untied lm_head) are never read, so another
 // model.vocab_multiple loads.
 //
-//   ckpt::save_sharded(dir, state, params, opt, mesh, cfg, keep);   // every rank
+//   ckpt::save_sharded(dir, state, params, opt, mesh, cfg, pm.pp_blocks, keep);  // every rank
 //   ckpt::TrainState st = ckpt::load_sharded(path, cfg, params, opt); // every rank, any layout
 //   ckpt::export_weights(path, "gpt2.safetensors");                  // one file, HF names
 #pragma once
 
+#include <cstdint>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "dist/mesh.h"
 #include "models/gpt.h"
@@ -42,9 +54,11 @@ namespace ndt::ckpt {
 
 // Collective over the mesh's world. Throws (on every rank) if any rank failed to write;
 // pruning old checkpoints (rank 0) warns through prune_log instead (checkpoint.h).
+// pp_blocks: the blocks of each virtual pipeline stage (dist::ParallelModel::pp_blocks);
+// empty without pipeline parallelism.
 std::string save_sharded(const std::string& dir, const TrainState& state, const nn::FlatParams& params,
                          const optim::AdamW& opt, const dist::DeviceMesh& mesh, const models::GPTConfig& cfg,
-                         int keep, PruneLog* prune_log = nullptr);
+                         const std::vector<int64_t>& pp_blocks, int keep, PruneLog* prune_log = nullptr);
 // True when the checkpoint directory holds a sharded checkpoint.
 bool is_sharded(const std::string& path);
 // Reads this rank's shards of the parameters and AdamW moments (params and opt describe this
