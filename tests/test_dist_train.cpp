@@ -847,6 +847,13 @@ TEST_F(DistTrain, PipelineShardedCheckpointsReshardAcrossLayouts) {
                {4, "--train.micro_batch_size 4 --parallel.pp_size 2 --parallel.tp_size 2" + sharded}},
               "--model.n_layer 4 --train.steps 4", 4);
   expect_pipeline_files(dir_ / "pp_sharded_up" / "ck" / "step_00000004", 2, 2);
+  // interleaved: each rank holds two chunks (blocks 0 and 2 on rank 0, 1 and 3 on rank 1)
+  // and writes both; read back by 1f1b stages of two consecutive blocks
+  check_chain("pp_sharded_interleaved",
+              {{2, "--train.micro_batch_size 4 --parallel.pp_size 2 --parallel.pp_schedule interleaved "
+                   "--parallel.pp_virtual 2 --train.stop_after 2" + sharded},
+               {2, "--train.micro_batch_size 4 --parallel.pp_size 2" + sharded}},
+              "--model.n_layer 4 --train.steps 4", 4);
 }
 
 TEST_F(DistTrain, PipelineFullCheckpointsResumeAcrossLayouts) {
