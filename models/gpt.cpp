@@ -76,10 +76,14 @@ std::unique_ptr<nn::DecoderBlock> make_block(const GPTConfig& c) {
 GPT::GPT(const GPTConfig& c, PipelinePart part)
     : cfg((c.validate(), c)), wte(c.padded_vocab(), c.n_embd, kStd, c.vocab_size), part_(std::move(part)) {
   if (part_.chunks.empty()) part_.chunks = {{0, c.n_layer}};
-  child("wte", &wte);
+  // what this rank holds of the embeddings and the head (units() says why): only those are
+  // its parameters; the others stay unregistered descriptions that nothing runs
+  const bool ends = part_.first || part_.last;
+  const bool input = c.tied() ? ends : part_.first, output = c.tied() ? ends : part_.last;
+  if (input) child("wte", &wte);
   if (!c.llama()) {
     wpe = std::make_unique<nn::Embedding>(c.block_size, c.n_embd, kStd);
-    child("wpe", wpe.get());
+    if (input) child("wpe", wpe.get());
   }
   for (const auto& [begin, end] : part_.chunks) {
     NDT_CHECK(0 <= begin && begin < end && end <= c.n_layer, "GPT: a pipeline chunk of blocks [", begin, ", ",
@@ -96,10 +100,10 @@ GPT::GPT(const GPTConfig& c, PipelinePart part)
     ln_f = std::make_unique<nn::RMSNorm>(c.n_embd, c.norm_eps);
   else
     ln_f = std::make_unique<nn::LayerNorm>(c.n_embd, c.norm_eps);
-  child("ln_f", ln_f.get());
+  if (output) child("ln_f", ln_f.get());
   if (!c.tied()) {
     lm_head = std::make_unique<nn::Embedding>(c.padded_vocab(), c.n_embd, kStd, c.vocab_size);
-    child("lm_head", lm_head.get());
+    if (output) child("lm_head", lm_head.get());
   }
 }
 

@@ -856,6 +856,28 @@ TEST_F(DistTrain, PipelineShardedCheckpointsReshardAcrossLayouts) {
               "--model.n_layer 4 --train.steps 4", 4);
 }
 
+TEST_F(DistTrain, PipelineStagesStartFromAModelFolder) {
+  // model.init_from a Hugging Face folder: every stage checks the folder whole and reads its own
+  // tensors; the losses equal one process started from the same folder
+  const std::string common = " --model.n_layer 4 --train.micro_batch_size 2 --checkpoint.format sharded";
+  Result made = train("pp_hf_src", 2, "--parallel.pp_size 2 --train.steps 2" + common);
+  ASSERT_EQ(made.rc, 0) << made.out;
+  const fs::path folder = dir_ / "pp_hf_folder";
+  Result ex = run_shell(std::string(NDT_EXPORT_BIN) + " " + (dir_ / "pp_hf_src" / "ck" / "step_00000002").string() +
+                        " " + folder.string());
+  ASSERT_EQ(ex.rc, 0) << ex.out;
+  const std::string from = " --train.steps 2 --model.init_from " + folder.string();
+  Result one = train("pp_hf_one", 1, common + from);
+  ASSERT_EQ(one.rc, 0) << one.out;
+  Result pp = train("pp_hf_pp4", 4, "--parallel.pp_size 4" + common + from);
+  ASSERT_EQ(pp.rc, 0) << pp.out;
+  const std::vector<double> a = losses("pp_hf_one"), b = losses("pp_hf_pp4");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(b[i], a[i], 1e-6 * a[i]) << "step " << i + 1;
+  EXPECT_LT(a[0], losses("pp_hf_src")[0]) << "the folder's weights are trained, not a fresh init";
+}
+
 TEST_F(DistTrain, PipelineFullCheckpointsResumeAcrossLayouts) {
   // model.safetensors holds the whole model (gathered from the stages); a stage reads its
   // units from it by name: pp 2 -> one process -> pp 2 x fsdp 2

@@ -223,10 +223,12 @@ void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::Flat
   std::map<std::string, Source> src = sources(c);
   if (!c.llama())
     for (auto& [ours, s] : src) s.names[0] = gpt2_name(f, s.names[0]);
-  // every tensor present and of its shape, nothing left over, before any value is read
+  // every tensor present and of its shape, nothing left over, before any value is read: the
+  // whole model's (a pipeline stage reads only its own, but the folder is checked whole)
   std::set<std::string> used;
   std::vector<std::string> missing, problems;
-  for (const nn::ParamSpec& spec : gpt.parameters()) {
+  const models::GPT whole(c);  // described only
+  for (const nn::ParamSpec& spec : (gpt.part().whole() ? gpt : whole).parameters()) {
     const Source& s = src.at(spec.name);
     const std::vector<Shape> want = hf_shapes(c, spec.name, s, spec.global_shape());
     for (size_t k = 0; k < s.names.size(); ++k) {
