@@ -439,7 +439,10 @@ TEST_F(DistTrain, EveryPipelineScheduleEqualsOneProcess) {
                  {"pp4_gpipe", 1, 1, 1, 1, "--parallel.pp_schedule gpipe", 4},
                  {"pp4_1f1b", 1, 1, 1, 1, "--parallel.pp_schedule 1f1b", 4},
                  {"pp2_interleaved", 1, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
-                 {"pp2_split_3_1", 1, 1, 1, 1, "--parallel.pp_split 3,1", 2}},
+                 {"pp2_split_3_1", 1, 1, 1, 1, "--parallel.pp_split 3,1", 2},
+                 // zero bubble: backward split into input gradients (B) and deferred weight gradients (W)
+                 {"pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2},
+                 {"pp4_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 4}},
                 2, nullptr, kPipeGPT2);
 }
 
@@ -452,7 +455,13 @@ TEST_F(DistTrain, PipelineWithEveryOtherDimensionEqualsOneProcess) {
                  {"pp2_dp2_interleaved", 2, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
                  {"pp2_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true", 2},
                  {"pp2_cp2", 1, 1, 2, 1, "", 2},
-                 {"pp2_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full", 2}},
+                 {"pp2_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full", 2},
+                 // zero bubble: the groups reduce once every deferred weight gradient is in; under
+                 // sequence parallelism the weight pass gathers the linears' inputs again
+                 {"pp2_dp2_zb", 2, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2},
+                 {"pp2_fsdp2_zb", 1, 2, 1, 1, "--parallel.pp_schedule zb-h1", 2},
+                 {"pp2_tp2_sp_zb", 1, 1, 1, 2, "--parallel.sequence_parallel true --parallel.pp_schedule zb-h1", 2},
+                 {"pp2_zb_full_ac", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1 --train.activation_checkpointing full", 2}},
                 1, nullptr, kPipeGPT2);
 }
 
@@ -465,8 +474,10 @@ TEST_F(DistTrain, LlamaPipelineEqualsOneProcess) {
   // an untied head: wte on the first stage, ln_f and lm_head on the last; and tied (Qwen2's
   // options): wte on both ends
   const Model llama{"llama_pp_", kLlama.args + kPipeGPT2.args, 4}, tied{"llama_tb_pp_", kLlamaTiedBias.args + kPipeGPT2.args, 4};
-  check_layouts({{"pp2_1f1b", 1, 1, 1, 1, "", 2}, {"pp2_fsdp2_interleaved", 1, 2, 1, 1,
-                 "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2}}, 1, nullptr, llama);
+  check_layouts({{"pp2_1f1b", 1, 1, 1, 1, "", 2},
+                 {"pp2_fsdp2_interleaved", 1, 2, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+                 {"pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2}},
+                1, nullptr, llama);
   check_layouts({{"pp2_tp2", 1, 1, 1, 2, "", 2}}, 1, nullptr, tied);
 }
 
@@ -491,7 +502,9 @@ TEST_F(DistTrain, PipelineSamplesTheTextOneProcessSamples) {
 }
 
 TEST_F(DistTrain, Bfloat16PipelineFollowsOneProcess) {
-  check_bf16_layouts({{"bf16_pp2", 1, 1, 1, 1, "", 2}, {"bf16_pp2_fsdp2", 1, 2, 1, 1, "", 2}},
+  check_bf16_layouts({{"bf16_pp2", 1, 1, 1, 1, "", 2},
+                      {"bf16_pp2_fsdp2", 1, 2, 1, 1, "", 2},
+                      {"bf16_pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2}},
                      Model{"pp4l_", " --model.n_layer 4"});
 }
 

@@ -293,10 +293,6 @@ void Trainer::describe() {
     mc_.validate();
     dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel, c_.parallel.pp_virtual);
     if (dims_.pp > 1) {
-      if (c_.parallel.pp_schedule == "zb-h1")
-        throw ConfigError("parallel.pp_schedule = zb-h1 needs backward split into an input-gradient pass and a "
-                          "deferred weight-gradient pass, which ndtrain's autograd does not do yet; use 1f1b "
-                          "or interleaved");
       stage_blocks_ = dist::stage_blocks(mc_, c_.train.seq_len, dims_.pp * c_.parallel.pp_virtual, c_.parallel.pp_split);
       dist::pp::validate(dist::pp::make_schedule(dist::pp::parse_kind(c_.parallel.pp_schedule),
                                                  static_cast<int>(dims_.pp), static_cast<int>(c_.train.grad_accum_steps),

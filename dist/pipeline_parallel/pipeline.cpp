@@ -1,5 +1,8 @@
 #include "dist/pipeline_parallel/pipeline.h"
 
+#include <optional>
+
+#include "autograd/defer.h"
 #include "autograd/engine.h"
 #include "autograd/node.h"
 #include "autograd/ops.h"
@@ -71,16 +74,27 @@ Tensor Pipeline::act(const pp::Action& a, const Batch& b, const Tensor& in, bool
     if (training) live_[key] = std::move(slot);
     return out;
   }
-  NDT_CHECK(a.op == pp::Op::kB, "Pipeline: ", name_of(a, schedule_.v), ": weight-gradient actions need a "
-            "schedule that splits backward");
+  if (a.op == pp::Op::kW) {  // zero-bubble: the weight gradients its B deferred
+    auto it = deferred_.find(key);
+    NDT_CHECK(it != deferred_.end(), "Pipeline: ", name_of(a, schedule_.v), " before its backward");
+    autograd::DeferredWeightGrads w = std::move(it->second);
+    deferred_.erase(it);
+    w.run();
+    return Tensor();
+  }
   auto it = live_.find(key);
   NDT_CHECK(it != live_.end(), "Pipeline: ", name_of(a, schedule_.v), " before its forward");
   Slot slot = std::move(it->second);
   live_.erase(it);
-  if (s == last_stage())
-    backward(loss_scale == 1.0 ? slot.out : scale(slot.out, loss_scale));
-  else
-    backward({slot.out}, {in});  // d loss / d output, from stage s + 1
+  {
+    // a split schedule's B: the input gradients now, the linears' weight gradients queued for W
+    std::optional<autograd::DeferredWeightGrads::Scope> defer;
+    if (schedule_.split_backward) defer.emplace(deferred_[key]);
+    if (s == last_stage())
+      backward(loss_scale == 1.0 ? slot.out : scale(slot.out, loss_scale));
+    else
+      backward({slot.out}, {in});  // d loss / d output, from stage s + 1
+  }
   if (s == 0) return Tensor();
   to = rank_of_stage(s - 1);
   what = "send the gradient of micro-batch " + std::to_string(a.micro) + " to stage " + std::to_string(s - 1);
@@ -90,8 +104,11 @@ Tensor Pipeline::act(const pp::Action& a, const Batch& b, const Tensor& in, bool
 void Pipeline::run(const std::vector<pp::Action>& actions, const std::vector<Batch>& micro, bool training,
                    double loss_scale, const std::function<void(int64_t)>& on_micro) {
   losses_.clear();
-  // the last micro-batch of each chunk: its backward syncs the chunk's units
-  const int last_micro = static_cast<int>(micro.size()) - 1;
+  // the last backward (or weight pass) of each chunk syncs the chunk's units: no gradient
+  // reaches them after it in this step
+  std::vector<size_t> last_grad(static_cast<size_t>(schedule_.v), actions.size());
+  for (size_t i = 0; i < actions.size(); ++i)
+    if (actions[i].op != pp::Op::kF) last_grad[static_cast<size_t>(actions[i].chunk)] = i;
   auto input_shape = [&](const pp::Action& a) { return io_shape_(micro[static_cast<size_t>(a.micro)].idx); };
   Tensor in;
   std::string what_in;
@@ -105,7 +122,7 @@ void Pipeline::run(const std::vector<pp::Action>& actions, const std::vector<Bat
     if (on_micro) on_micro(a.micro);
     comm_.wait_received();
     const Tensor received = in;
-    if (training) strategy_.begin_micro(/*sync=*/a.op != pp::Op::kF && a.micro == last_micro);
+    if (training) strategy_.begin_micro(/*sync=*/i == last_grad[static_cast<size_t>(a.chunk)]);
     int to = -1;
     std::string what_out;
     const Tensor out = act(a, b, received, training, loss_scale, to, what_out);
@@ -121,7 +138,8 @@ void Pipeline::run(const std::vector<pp::Action>& actions, const std::vector<Bat
     comm_.exchange(out, to, what_out, in, shape, io_dtype_, from, what_in);
   }
   comm_.wait_sent();
-  NDT_CHECK(live_.empty(), "Pipeline: ", live_.size(), " forwards without their backward at the end of the step");
+  NDT_CHECK(live_.empty() && deferred_.empty(), "Pipeline: ", live_.size(), " forwards without their backward and ",
+            deferred_.size(), " backwards without their weight pass at the end of the step");
 }
 
 double Pipeline::sum_losses() {

@@ -9,7 +9,10 @@
 //            activation received from the previous stage; the output goes to the next
 //            stage, or (the last stage) is the micro-batch's loss
 //   B(j, c)  its backward: from the loss (last stage) or the gradient received from the
-//            next stage, d loss / d output; the gradient of its input goes back
+//            next stage, d loss / d output; the gradient of its input goes back. Under a
+//            zero-bubble schedule only that: the linears' weight gradients wait for ...
+//   W(j, c)  ... this pass, which computes them (autograd/defer.h) where the stage would
+//            otherwise idle
 //
 // The model stays single-device code: each rank's models::GPT holds only its blocks
 // (models::PipelinePart) and GPT::forward_chunk runs one chunk. Data parallelism, FSDP, TP
@@ -32,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/defer.h"
 #include "dist/comm/communicator.h"
 #include "dist/pipeline_parallel/comm.h"
 #include "dist/pipeline_parallel/schedule.h"
@@ -95,6 +99,8 @@ class Pipeline {
   Trace* trace_;
   int rank_;
   std::map<std::pair<int, int>, Slot> live_;  // (micro, chunk) between F and B
+  // zero-bubble: (micro, chunk) between B and W, the weight gradients B deferred
+  std::map<std::pair<int, int>, autograd::DeferredWeightGrads> deferred_;
   std::vector<Tensor> losses_;                // the last stage's, this step
 };
 
