@@ -10,7 +10,9 @@
 # thread. The rate limits both directions of host 1's link (tc tbf), so it bounds the
 # traffic between the hosts. Layouts: FSDP over all 4 ranks, HSDP (shard inside a host,
 # replicas across), DP over 4, TP2 x DP2 with the TP pairs inside a host and across hosts
-# (ranks placed round-robin), FSDP2 x TP2 (TP inside), CP2 x DP2 with the ring across hosts.
+# (ranks placed round-robin), FSDP2 x TP2 (TP inside), CP2 x DP2 with the ring across hosts,
+# and a pipeline of 2 stages across the hosts with DP2, FSDP2 or TP2 inside each (4
+# micro-batches of 1 or 2 sequences: the same 8 sequences a step).
 # Per layout: train_gpt's average ms/step; the bytes sent to the other host per step as
 # train_gpt counts them (a communicator knows which members share its host; ring model, see
 # dist/comm/communicator.h), by rank 0 (its step log) and by all ranks (the line at the end);
@@ -45,7 +47,7 @@ speed() { sed -n 's/^average \([0-9.]*\) ms\/step, \([0-9.]*\) tok\/s$/\1/p' "$1
 printf "%-8s %-16s %9s %11s %11s %11s %9s\n" rate layout "ms/step" "rank 0 MiB" "ranks MiB" "wire MiB" exposed
 for rate in ${RATES:-none 1gbit 100mbit}; do
   $C rate h1 "$rate"
-  for layout in ${LAYOUTS:-fsdp4 hsdp2x2 dp4 tp2_in_dp2 tp2_across_dp2 fsdp2_tp2_in cp2_across_dp2}; do
+  for layout in ${LAYOUTS:-fsdp4 hsdp2x2 dp4 tp2_in_dp2 tp2_across_dp2 fsdp2_tp2_in cp2_across_dp2 pp2_dp2 pp2_fsdp2 pp2_tp2 pp2_dp2_zb}; do
     map="--map-by ppr:2:node"  # ranks 0,1 on h0, 2,3 on h1
     case $layout in
       fsdp4) par="--parallel.dp_shard_size 4"; B=2 ;;
@@ -55,6 +57,11 @@ for rate in ${RATES:-none 1gbit 100mbit}; do
       tp2_across_dp2) par="--parallel.dp_replicate_size 2 --parallel.tp_size 2"; B=4; map="--map-by node" ;;
       fsdp2_tp2_in) par="--parallel.dp_shard_size 2 --parallel.tp_size 2"; B=4 ;;
       cp2_across_dp2) par="--parallel.dp_replicate_size 2 --parallel.cp_size 2"; B=4; map="--map-by node" ;;
+      # a pipeline across the hosts (stage 0 on h0, stage 1 on h1), 4 micro-batches a step
+      pp2_dp2) par="--parallel.pp_size 2 --parallel.dp_replicate_size 2 --train.grad_accum_steps 4"; B=1 ;;
+      pp2_fsdp2) par="--parallel.pp_size 2 --parallel.dp_shard_size 2 --train.grad_accum_steps 4"; B=1 ;;
+      pp2_tp2) par="--parallel.pp_size 2 --parallel.tp_size 2 --train.grad_accum_steps 4"; B=2 ;;
+      pp2_dp2_zb) par="--parallel.pp_size 2 --parallel.dp_replicate_size 2 --train.grad_accum_steps 4 --parallel.pp_schedule zb-h1"; B=1 ;;
       *) echo "unknown layout $layout" >&2; exit 1 ;;
     esac
     rm -f "$OUT"/trace* "$OUT/m.jsonl"
