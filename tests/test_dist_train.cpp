@@ -453,6 +453,7 @@ TEST_F(DistTrain, PipelineWithEveryOtherDimensionEqualsOneProcess) {
                  {"pp2_fsdp2", 1, 2, 1, 1, "", 2},
                  {"pp2_fsdp2_interleaved", 1, 2, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
                  {"pp2_dp2_interleaved", 2, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+                 {"pp2_hsdp2x2", 2, 2, 1, 1, "", 2},
                  {"pp2_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true", 2},
                  {"pp2_cp2", 1, 1, 2, 1, "", 2},
                  {"pp2_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full", 2},
@@ -479,6 +480,33 @@ TEST_F(DistTrain, LlamaPipelineEqualsOneProcess) {
                  {"pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2}},
                 1, nullptr, llama);
   check_layouts({{"pp2_tp2", 1, 1, 1, 2, "", 2}}, 1, nullptr, tied);
+}
+
+TEST_F(DistTrain, BadPipelineLayoutsAreOneClearLine) {
+  struct Bad {
+    int np;
+    std::string args, says;
+  };
+  const std::vector<Bad> bad = {
+      {2, "--parallel.pp_size 2 --parallel.pp_split 3,x", "parallel.pp_split = '3,x': each entry must be a number"},
+      {2, "--parallel.pp_size 2 --parallel.pp_split 1,2",
+       "it needs 2 entries (parallel.pp_size x parallel.pp_virtual) summing to model.n_layer = 4"},
+      {4, "--parallel.pp_size 4 --train.grad_accum_steps 2 --model.n_layer 3",
+       "parallel.pp_size = 4 pipeline stages need at least as many blocks, but model.n_layer is 3"},
+      {2, "--parallel.pp_size 2 --parallel.pp_schedule interleaved --parallel.pp_virtual 2 --train.grad_accum_steps 3",
+       "train.grad_accum_steps = 3 must be a multiple of it"},
+      {2, "--parallel.pp_size 2 --parallel.pp_virtual 2", "parallel.pp_virtual = 2 is for parallel.pp_schedule = interleaved"},
+      {2, "--parallel.pp_size 2 --parallel.pp_schedule zb", "parallel.pp_schedule must be gpipe, 1f1b, interleaved or zb-h1"},
+      {2, "--parallel.pp_size 2 --parallel.pp_schedule interleaved --parallel.pp_virtual 3",
+       "parallel.pp_size x parallel.pp_virtual = 6 pipeline stages need at least as many blocks"},
+  };
+  for (const Bad& b : bad) {
+    const std::string layers = b.args.find("n_layer") == std::string::npos ? "--model.n_layer 4 " : "";
+    Result r = train("pp_bad", b.np, layers + "--train.micro_batch_size 2 " + b.args);
+    EXPECT_EQ(r.rc, 2) << b.args << "\n" << r.out;
+    EXPECT_NE(r.out.find(b.says), std::string::npos) << b.args << "\n" << r.out;
+    EXPECT_EQ(r.out.find("terminate called"), std::string::npos) << r.out;
+  }
 }
 
 TEST_F(DistTrain, PipelineSamplesTheTextOneProcessSamples) {

@@ -293,6 +293,10 @@ void Trainer::describe() {
     mc_.validate();
     dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel, c_.parallel.pp_virtual);
     if (dims_.pp > 1) {
+      if (c_.parallel.pp_schedule == "interleaved" && c_.train.grad_accum_steps % dims_.pp != 0)
+        throw ConfigError("parallel.pp_schedule = interleaved runs the micro-batches in rounds of parallel.pp_size = " +
+                          std::to_string(dims_.pp) + ": train.grad_accum_steps = " +
+                          std::to_string(c_.train.grad_accum_steps) + " must be a multiple of it");
       stage_blocks_ = dist::stage_blocks(mc_, c_.train.seq_len, dims_.pp * c_.parallel.pp_virtual, c_.parallel.pp_split);
       dist::pp::validate(dist::pp::make_schedule(dist::pp::parse_kind(c_.parallel.pp_schedule),
                                                  static_cast<int>(dims_.pp), static_cast<int>(c_.train.grad_accum_steps),
