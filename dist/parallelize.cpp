@@ -42,6 +42,7 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
     auto f = std::make_unique<FullyShardedDataParallel>(pm->params, mesh.fsdp(), &mesh.replicate(),
                                                         o.reduce_dtype, tp);
     f->set_trace(o.trace);
+    f->set_reshard_after_forward(o.reshard_after_forward);
     gpt.add_block_wrapper(f->wrapper());  // outermost
     pm->fsdp_ = f.get();
     pm->strategy = std::move(f);

@@ -50,6 +50,7 @@ struct ParallelizeOptions {
   std::optional<DType> reduce_dtype;   // FSDP's gradient reductions (nullopt: the master's dtype)
   int64_t seq_len = 0;                 // CP: the sequences every rank takes two chunks of
   bool sequence_parallel = false;      // TP: LayerNorms, residuals, embeddings on T/tp positions
+  bool reshard_after_forward = true;   // FSDP: release a unit after its forward and backward
   nn::ACMode ac = nn::ACMode::none;    // activation checkpointing ...
   int64_t ac_every = 1;                // ... of blocks 0, k, 2k, ...
   Trace* trace = nullptr;              // each block's forward on the compute track

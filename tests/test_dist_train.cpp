@@ -352,7 +352,13 @@ TEST_F(DistTrain, ACheckpointFromTwoHostsResumesOnOneAndBack) {
 }
 
 TEST_F(DistTrain, EveryDataParallelLayoutEqualsOneProcess) {
-  check_layouts({{"dp2", 2, 1}, {"fsdp2", 1, 2}, {"fsdp3", 1, 3}, {"fsdp4", 1, 4}, {"hsdp2x2", 2, 2}}, 2);
+  check_layouts({{"dp2", 2, 1},
+                 {"fsdp2", 1, 2},
+                 {"fsdp3", 1, 3},
+                 {"fsdp4", 1, 4},
+                 {"hsdp2x2", 2, 2},
+                 {"fsdp2_gathered", 1, 2, 1, 1, "--parallel.reshard_after_forward false"}},
+                2);
 }
 
 TEST_F(DistTrain, TensorAndContextParallelLayoutsEqualOneProcess) {
@@ -454,6 +460,7 @@ TEST_F(DistTrain, PipelineWithEveryOtherDimensionEqualsOneProcess) {
                  {"pp2_fsdp2_interleaved", 1, 2, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
                  {"pp2_dp2_interleaved", 2, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
                  {"pp2_hsdp2x2", 2, 2, 1, 1, "", 2},
+                 {"pp2_fsdp2_gathered", 1, 2, 1, 1, "--parallel.reshard_after_forward false", 2},
                  {"pp2_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true", 2},
                  {"pp2_cp2", 1, 1, 2, 1, "", 2},
                  {"pp2_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full", 2},

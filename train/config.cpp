@@ -153,6 +153,9 @@ po::options_description describe(Config& c) {
       ("parallel.sequence_parallel", po::value(&c.parallel.sequence_parallel)->default_value(c.parallel.sequence_parallel),
        "with tp_size > 1: LayerNorms, residual adds and embeddings on each tp rank's seq_len / cp / tp positions "
        "(true/false); the all-reduces become reduce-scatters and all-gathers of the same bytes")
+      ("parallel.reshard_after_forward", po::value(&c.parallel.reshard_after_forward)->default_value(c.parallel.reshard_after_forward),
+       "FSDP: release each unit after its forward and backward (false: keep them gathered for the step: "
+       "one all-gather a step instead of two per micro-batch, the rank's units held whole)")
       ("parallel.reduce_dtype", po::value(&c.parallel.reduce_dtype)->default_value(c.parallel.reduce_dtype),
        "with train.dtype = bfloat16: the dtype FSDP reduce-scatters gradients in (float32, or bfloat16 for half the bytes)")
       ("parallel.backend", po::value(&c.parallel.backend)->default_value(c.parallel.backend),

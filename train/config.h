@@ -109,6 +109,9 @@ struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's P
   // sequence parallelism); f and g become an all-gather and a reduce-scatter
   bool sequence_parallel = false;
   std::string reduce_dtype = "float32";  // mixed precision: FSDP's reduce-scatter dtype
+  // FSDP: release each unit after its forward and its backward (false: keep the units
+  // gathered until the step ends; one all-gather a step instead of two per micro-batch)
+  bool reshard_after_forward = true;
   std::string backend = "auto";          // collectives: auto (NCCL on GPUs when world > 1), mpi, nccl
   // A rank asked to stop (SIGINT/SIGTERM) that makes no progress for this long (stuck in a
   // collective with a dead or stopped peer) ends the job with kExitStuck (train/guard.h).

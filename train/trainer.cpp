@@ -338,6 +338,7 @@ void Trainer::parallelize() {
   if (bf16 && c_.parallel.reduce_dtype == "bfloat16") o.reduce_dtype = DType::bf16;
   o.seq_len = c_.train.seq_len;
   o.sequence_parallel = c_.parallel.sequence_parallel;
+  o.reshard_after_forward = c_.parallel.reshard_after_forward;
   o.ac = ac_mode(c_.train);
   o.ac_every = c_.train.ac_every;
   o.trace = trace_.get();

@@ -96,7 +96,7 @@ nn::BlockWrapper FullyShardedDataParallel::wrapper() {
       release(i);
       return y;
     }
-    if (!last) release(i);  // reshard after forward; the last block is the first backward needs
+    if (!last && reshard_) release(i);  // reshard after forward; the last block is the first backward needs
     return autograd::on_backward(y, [this, i] { before_backward(i); });
   };
 }
@@ -113,7 +113,7 @@ void FullyShardedDataParallel::before_backward(size_t i) {
 void FullyShardedDataParallel::reduce_unit(size_t i) {
   if (trace_)
     trace_->add("backward " + params_.units[i].name, Trace::kCompute, backward_began_[i], trace_->now_us());
-  release(i);  // the parameters are not needed again in this backward
+  if (reshard_) release(i);  // the parameters are not needed again in this backward
   pending_.push_back(start_reduce(i));
 }
 

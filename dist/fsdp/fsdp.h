@@ -72,6 +72,12 @@ class FullyShardedDataParallel : public Strategy {
 
   // Forward and backward of each block on the trace's compute track.
   void set_trace(Trace* t) { trace_ = t; }
+  // false: a unit gathered stays gathered until the step ends (end_step), instead of being
+  // released after its forward and its backward (PyTorch FSDP2's reshard_after_forward).
+  // With several micro-batches (gradient accumulation, a pipeline's) each unit is then
+  // all-gathered once a step rather than twice a micro-batch, at the cost of holding every
+  // unit of the rank whole (ZeRO-2's memory for the parameters).
+  void set_reshard_after_forward(bool on) { reshard_ = on; }
 
   // Most block units gathered at once (the embeddings not counted).
   int max_gathered() const { return max_gathered_; }
@@ -108,6 +114,7 @@ class FullyShardedDataParallel : public Strategy {
   Trace* trace_ = nullptr;
   std::vector<int64_t> backward_began_;  // per unit, for the trace
   int gathered_blocks_ = 0, max_gathered_ = 0;
+  bool reshard_ = true;  // set_reshard_after_forward
 };
 
 }  // namespace ndt::dist
