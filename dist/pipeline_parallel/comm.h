@@ -3,19 +3,28 @@
 // of each per micro-batch and stage boundary, point to point over the pipeline's
 // communicator (dist/comm: MPI between CPU ranks, NCCL between GPUs).
 //
-// A rank runs its schedule's actions in order (dist/pipeline_parallel/schedule.h). After
-// each action it sends what the action produced and posts the receive of what the next
-// action needs, as one operation: NCCL runs point-to-point calls in order on one stream, and
-// two neighbours that each send before receiving would wait for each other for ever (the
-// steady state of 1F1B: one sends an activation while the other sends a gradient back), so
-// the pair is grouped, as Megatron-LM's send_forward_recv_backward is. Sends are not waited
-// for until the step ends: a rank moves on as soon as its message is queued.
+// A rank runs its schedule's actions in order (dist/pipeline_parallel/schedule.h): each
+// action may need a tensor from a neighbour and may produce one for a neighbour. Receives
+// are posted in the order of the actions and sends in the order they are produced; the
+// schedule's validate() checks that both ends of every link agree on that order, which is
+// all MPI and NCCL need to match them (no tags).
+//
+// When the receive of the next action's input is posted depends on the transport:
+//   MPI   ahead: before the current action computes, so the transfer runs under it (a
+//         progress thread moves MPI's messages while the rank computes); a send is queued
+//         when its tensor is ready and waited for only at the end of the step.
+//   NCCL  with the send of the current action's output, as one group: NCCL runs
+//         point-to-point calls in order on one stream, and two neighbours that each queue a
+//         receive (or a send) before the other's matching call would wait for each other
+//         for ever (the steady state of 1F1B: one sends an activation while the other sends
+//         a gradient back); grouped, they proceed together, as Megatron-LM's
+//         send_forward_recv_backward does.
 //
 //   StageComm comm(mesh.pp());
-//   Tensor in;                                     // filled once the receive completes
-//   comm.exchange(y, /*to=*/1, "activation of micro-batch 3 to stage 2", in, shape, dtype, /*from=*/-1, "");
-//   comm.wait_received();                          // before the next action reads `in`
-//   comm.wait_sent();                              // at the end of the step
+//   StageComm::Incoming in = comm.post_recv(shape, dtype, /*from=*/0, "receive the activation ...");
+//   Tensor x = comm.wait(in);                        // before the action that reads it
+//   comm.send(y, /*to=*/1, "send the activation of micro-batch 3 to stage 2");
+//   comm.wait_sent();                                // at the end of the step
 //
 // Each send and receive names itself (the micro-batch and the stage) in the flight record and
 // in a timeout's message, so a stage that died or stalled is named by its neighbours.
@@ -32,18 +41,31 @@ class StageComm {
  public:
   explicit StageComm(Communicator& pp) : pp_(pp) {}
 
-  // Sends `out` to pipeline rank `to` (nothing when to < 0) and receives into `in`, a new
-  // tensor of `shape` and `dtype`, from rank `from` (nothing when from < 0).
-  void exchange(const Tensor& out, int to, const std::string& what_out, Tensor& in, const Shape& shape, DType dtype,
-                int from, const std::string& what_in);
-  void wait_received();  // the receive of the last exchange
-  void wait_sent();      // every send so far
+  // A receive in flight (nothing when `work` is null).
+  struct Incoming {
+    Tensor t;
+    WorkPtr work;
+  };
+  // Whether receives are posted ahead of the action before theirs (MPI), or grouped with that
+  // action's send (NCCL: exchange).
+  bool posts_ahead() const { return !grouped_ && pp_.backend() != "nccl"; }
+  // Tests: group sends and receives as NCCL needs on any transport (the MPI one included).
+  void set_grouped(bool on) { grouped_ = on; }
+  // A new tensor of `shape` and `dtype` received from pipeline rank `from` (none when from < 0).
+  Incoming post_recv(const Shape& shape, DType dtype, int from, const std::string& what);
+  // `out` to pipeline rank `to` (nothing when to < 0); the tensor is kept until the send is done.
+  void send(const Tensor& out, int to, const std::string& what);
+  // Both as one group (NCCL): the send of `out` and the receive of the next input.
+  Incoming exchange(const Tensor& out, int to, const std::string& what_out, const Shape& shape, DType dtype,
+                    int from, const std::string& what_in);
+  Tensor wait(Incoming& in);  // the received tensor, once it is complete
+  void wait_sent();           // every send so far
   Communicator& group() const { return pp_; }
 
  private:
   Communicator& pp_;
-  WorkPtr received_;
-  std::vector<std::pair<WorkPtr, Tensor>> sent_;  // each send keeps its tensor alive until done
+  bool grouped_ = false;
+  std::vector<std::pair<WorkPtr, Tensor>> sent_;
 };
 
 }  // namespace ndt::dist

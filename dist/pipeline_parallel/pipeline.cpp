@@ -109,33 +109,34 @@ void Pipeline::run(const std::vector<pp::Action>& actions, const std::vector<Bat
   std::vector<size_t> last_grad(static_cast<size_t>(schedule_.v), actions.size());
   for (size_t i = 0; i < actions.size(); ++i)
     if (actions[i].op != pp::Op::kF) last_grad[static_cast<size_t>(actions[i].chunk)] = i;
-  auto input_shape = [&](const pp::Action& a) { return io_shape_(micro[static_cast<size_t>(a.micro)].idx); };
-  Tensor in;
-  std::string what_in;
-  if (!actions.empty()) {
-    const int from = source_of(actions[0], what_in);
-    comm_.exchange(Tensor(), -1, "", in, input_shape(actions[0]), io_dtype_, from, what_in);
-  }
+  // the receive of action i's input (comm.h says when it is posted)
+  auto incoming = [&](size_t i) {
+    std::string what;
+    const int from = source_of(actions[i], what);
+    return comm_.post_recv(io_shape_(micro[static_cast<size_t>(actions[i].micro)].idx), io_dtype_, from, what);
+  };
+  const bool ahead = comm_.posts_ahead();
+  StageComm::Incoming next = actions.empty() ? StageComm::Incoming{} : incoming(0);
   for (size_t i = 0; i < actions.size(); ++i) {
     const pp::Action& a = actions[i];
-    const Batch& b = micro[static_cast<size_t>(a.micro)];
     if (on_micro) on_micro(a.micro);
-    comm_.wait_received();
-    const Tensor received = in;
+    const Tensor received = comm_.wait(next);
+    if (ahead && i + 1 < actions.size()) next = incoming(i + 1);  // runs under this action
     if (training) strategy_.begin_micro(/*sync=*/i == last_grad[static_cast<size_t>(a.chunk)]);
     int to = -1;
     std::string what_out;
-    const Tensor out = act(a, b, received, training, loss_scale, to, what_out);
+    const Tensor out = act(a, micro[static_cast<size_t>(a.micro)], received, training, loss_scale, to, what_out);
     if (training && a.op != pp::Op::kF) strategy_.end_micro();
-    // this action's output goes, the next action's input comes, as one exchange
-    in = Tensor();
-    int from = -1;
-    Shape shape;
-    if (i + 1 < actions.size()) {
-      from = source_of(actions[i + 1], what_in);
-      shape = input_shape(actions[i + 1]);
+    if (ahead) {
+      comm_.send(out, to, what_out);
+    } else if (i + 1 < actions.size()) {  // NCCL: this output goes and the next input comes as one group
+      std::string what_in;
+      const int from = source_of(actions[i + 1], what_in);
+      next = comm_.exchange(out, to, what_out, io_shape_(micro[static_cast<size_t>(actions[i + 1].micro)].idx),
+                            io_dtype_, from, what_in);
+    } else {
+      comm_.send(out, to, what_out);
     }
-    comm_.exchange(out, to, what_out, in, shape, io_dtype_, from, what_in);
   }
   comm_.wait_sent();
   NDT_CHECK(live_.empty() && deferred_.empty(), "Pipeline: ", live_.size(), " forwards without their backward and ",
@@ -175,19 +176,16 @@ Tensor Pipeline::next_token_logits(const Tensor& idx, int64_t pos_offset) {
   Tensor x, logits = Tensor::empty({B, gpt_.cfg.padded_vocab()}, DType::f32, comm_.group().device());
   for (int c = 0; c < schedule_.v; ++c) {
     const int s = schedule_.stage_of(rank_, c);
-    std::string what;
-    Tensor in;
-    if (s > 0) {
-      comm_.exchange(Tensor(), -1, "", in, io, io_dtype_, rank_of_stage(s - 1),
-                     "receive the activation of the sample from stage " + std::to_string(s - 1));
-      comm_.wait_received();
-    }
+    StageComm::Incoming incoming;
+    if (s > 0)
+      incoming = comm_.post_recv(io, io_dtype_, rank_of_stage(s - 1),
+                                 "receive the activation of the sample from stage " + std::to_string(s - 1));
+    const Tensor in = comm_.wait(incoming);
     if (s == last_stage()) {
       logits.copy_(gpt_.next_token_logits_chunk(static_cast<size_t>(c), idx, in, pos_offset).to(DType::f32));
     } else {
       x = gpt_.forward_chunk(static_cast<size_t>(c), idx, in, Tensor(), pos_offset);
-      comm_.exchange(x, rank_of_stage(s + 1), "send the activation of the sample to stage " + std::to_string(s + 1),
-                     in, {}, io_dtype_, -1, "");
+      comm_.send(x, rank_of_stage(s + 1), "send the activation of the sample to stage " + std::to_string(s + 1));
     }
   }
   comm_.wait_sent();

@@ -72,6 +72,8 @@ class Pipeline {
   Tensor next_token_logits(const Tensor& idx, int64_t pos_offset);
 
   const pp::Schedule& schedule() const { return schedule_; }
+  // Tests: post receives grouped with the previous send, as over NCCL (comm.h), on any transport.
+  void set_grouped_exchange(bool on) { comm_.set_grouped(on); }
 
  private:
   // What a rank keeps between a forward and its backward.
