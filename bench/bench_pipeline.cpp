@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     }
     std::printf("\n%s", tables.c_str());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
+    std::fprintf(stderr, "bench_pipeline: error: %s\n", e.what());
     return 2;
   }
   return 0;
