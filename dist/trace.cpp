@@ -41,8 +41,15 @@ std::string escape(const std::string& s) {
 void Trace::write(const std::string& path) const {
   std::lock_guard<std::mutex> g(mu_);
   const char* tracks[] = {"compute", "comm", "wait"};
-  std::string s = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  // ts counts from this trace's start; clock_origin_us is that start on the host's steady
+  // clock, so the ranks of one host line up (scripts/trace_summary.py shifts by it)
+  const auto origin =
+      std::chrono::duration_cast<std::chrono::microseconds>(start_.time_since_epoch()).count();
   char buf[256];
+  std::snprintf(buf, sizeof(buf),
+                "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"clock_origin_us\":%lld},\"traceEvents\":[\n",
+                static_cast<long long>(origin));
+  std::string s = buf;
   std::snprintf(buf, sizeof(buf),
                 "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_,
                 rank_);

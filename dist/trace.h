@@ -11,6 +11,8 @@
 //   { dist::Trace::Scope s(&trace, "forward h.3", dist::Trace::kCompute); ... }
 //   trace.write("out/trace.rank0.json");
 //
+// Times count from the trace's start; the file also gives that start on the host's steady
+// clock (otherData.clock_origin_us), which lines up the ranks of one host.
 // Thread-safe: the communication thread adds events while the compute thread does.
 #pragma once
 
