@@ -7,7 +7,7 @@
 #
 # An 8-block GPT (C = 192, T = 128, 2 sequences per micro-batch: a stage's forward of one
 # micro-batch takes several ms on one core) trains STEPS steps of M = 8 micro-batches under
-# gpipe, 1f1b and interleaved (2 chunks per rank), one thread per rank, each rank writing
+# gpipe, 1f1b, interleaved (2 chunks per rank) and zb-h1, one thread per rank, each rank writing
 # its Chrome trace (log.trace); scripts/pipeline_bubble.py measures each run's bubble over
 # the steps after the first 2. ROUNDS rounds run the schedules in turn (gpipe, 1f1b,
 # interleaved, then again), so that other work on the machine slows every schedule alike;
@@ -71,7 +71,7 @@ run() {
 runs=()
 for p in $PS; do
   for round in $(seq 1 "$ROUNDS"); do
-    for schedule in gpipe 1f1b interleaved; do
+    for schedule in gpipe 1f1b interleaved zb-h1; do
       runs+=("$(run "$p" 8 "$schedule" "$STEPS" "p${p}_m8_${schedule}_r$round")")
     done
   done
@@ -79,7 +79,7 @@ done
 python3 scripts/pipeline_bubble.py --skip 2 --json "$OUT/bubble.json" "${runs[@]}"
 
 # the timelines: P = 2, M = 4, the fastest of 8 steps after the warm-up
-for schedule in gpipe 1f1b interleaved; do
+for schedule in gpipe 1f1b interleaved zb-h1; do
   dir=$(run 2 4 "$schedule" 10 "p2_m4_$schedule")
   python3 scripts/pipeline_bubble.py --skip 2 --window -1 --svg "$OUT/pp_$schedule.svg" "$dir" | grep '^timeline'
 done

@@ -23,7 +23,9 @@ scripts/trace_summary.py), summed over the ranks:
                 with their measured durations, each started as soon as its input exists,
                 messages taking no time. pipe i/c - replay is what the messages and the
                 work between actions cost; replay - formula what unequal action times cost
-  formula       (P - 1) / (V x M): GPipe and 1F1B's (V = 1) and interleaved 1F1B's, for
+  formula       (P - 1) / (V x M): GPipe and 1F1B's (V = 1) and interleaved 1F1B's; zero bubble
+                (W actions): (P - 1)(F + B - W) / (M (F + B + W)) with the measured mean
+                durations (the paper's H1 bubble); for
                 every action of a kind costing the same on every stage
 The peak memory is rank 0's (train_gpt writes metrics on rank 0 only): the largest
 mem_peak of the measured steps. Runs of the same schedule, P, M and V (rounds of one
@@ -143,10 +145,23 @@ def measure(ranks, skip):
     M, V = len(micro), max(chunks) + 1
     spans = [replay(o, P, V) for o in orders]
     replayed = None if None in spans else (P * sum(spans) - busy) / busy
+    # the formula: (P-1)/(V M), or with weight passes (zero bubble H1, Qi et al. 2023) each rank
+    # idles (P-1)(F + B - W) of its M (F + B + W), from the actions' mean durations
+    mean = {}
+    for o in orders:
+        for acts in o:
+            for op, _, _, d in acts:
+                mean.setdefault(op, []).append(d)
+    mean = {op: sum(d) / len(d) for op, d in mean.items()}
+    if "W" in mean:
+        f, b, w = mean["F"], mean["B"], mean["W"]
+        formula = (P - 1) * max(f + b - w, 0.0) / (M * (f + b + w))
+    else:
+        formula = (P - 1) / (V * M)
     return {"P": P, "M": M, "V": V, "steps": n, "step_ms": total / P / n / 1e3,
             "busy_ms": [t / n / 1e3 for t in per_rank], "bubble": 1 - busy / total,
             "idle_compute": (total - busy) / busy, "pipe_idle_compute": (pipe - busy) / busy,
-            "replay_idle_compute": replayed, "formula": (P - 1) / (V * M)}
+            "replay_idle_compute": replayed, "formula": formula}
 
 
 def row(runs):
@@ -211,7 +226,7 @@ def main():
               f"{m['pipe_idle_compute']:>9.3f} {rep:>7} {m['formula']:>8.3f} {peak:>16}")
     print("busy: time inside F/B/W per rank and step; bubble = 1 - busy / (P x step); pipe i/c: idle/compute "
           "from the first action to the last; replay: the same with the measured actions and messages taking "
-          "no time; formula (P-1)/(V M); peak memory: rank 0 only (metrics.jsonl)")
+          "no time; formula (P-1)/(V M), zero bubble (P-1)(F+B-W)/(M(F+B+W)); peak memory: rank 0 only (metrics.jsonl)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
