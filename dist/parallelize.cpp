@@ -58,6 +58,17 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
     const bool tied_ends = gpt.cfg.tied() && (part.first || part.last);
     // the tied embeddings' gradients: summed between the two ends; in the norm, each end's counts half
     pm->ends_ = mesh.pp().split(part.first || part.last ? 0 : 1, part.first ? 0 : 1, "pp_ends");
+    if (part.first || part.last) {  // members: the first stage, the last; counted like the mesh's groups
+      std::vector<bool> remote;
+      for (const int64_t stage : {int64_t(0), dims.pp - 1}) {
+        ParallelDims::Coords c = mesh.coords();
+        c.pp = stage;
+        remote.push_back(mesh.hosts()[static_cast<size_t>(dims.rank_of(c))] !=
+                         mesh.hosts()[static_cast<size_t>(dims.rank_of(mesh.coords()))]);
+      }
+      pm->ends_->set_remote_members(std::move(remote));
+      pm->ends_->set_trace(o.trace);
+    }
     pm->strategy->read_pipeline(&mesh.pp(), tied_ends ? 0.5 : 1.0);
     pm->tied_ends_ = tied_ends;
     pm->pp_blocks = o.pp_blocks;
@@ -85,6 +96,11 @@ void ParallelModel::end_accumulation() {
   const nn::FlatUnit& u = params.units.front();
   ends_->note_unit(u.name);
   ends_->all_reduce(u.grad, ReduceOp::kSum)->wait();
+}
+
+std::vector<Communicator*> ParallelModel::own_communicators() const {
+  if (!ends_) return {};
+  return {ends_.get()};
 }
 
 Tensor ParallelModel::local(const Tensor& tokens) const { return cp_ ? cp_->local(tokens) : tokens; }

@@ -98,6 +98,9 @@ class ParallelModel {
   // all-gathered over the shard group) and a parameter whole (TP: gathered over the tp group).
   Tensor whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const;
   Tensor whole_param(const nn::ParamSpec& spec, const Tensor& local) const;
+  // The communicators this model made beside the mesh's (pp > 1: the group of the first and
+  // the last stage, which sums the tied embeddings' gradients), for the byte counters.
+  std::vector<Communicator*> own_communicators() const;
 
  private:
   friend std::unique_ptr<ParallelModel> parallelize(models::GPT&, const DeviceMesh&,

@@ -2,8 +2,9 @@
 // TP, CP, HSDP, FSDP x CP x TP on 8 ranks, and activation checkpointing), of GPT-2 and of
 // a tiny llama, the planned peak bytes of rank 0 are within 10% of the allocator's measured
 // peak (mem_peak of a step after the first, in metrics.jsonl), and the planned bytes sent
-// per step within 10% of the communicators' counters (comm_bytes). --plan needs no MPI, no
-// data and no memory; a dp_shard_size of -1 needs --plan.world.
+// per step within 10% of the communicators' counters (comm_bytes); under pipeline
+// parallelism every stage against every rank of it, the bytes exactly. --plan needs no MPI,
+// no data and no memory; a dp_shard_size of -1 needs --plan.world.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -156,6 +157,83 @@ INSTANTIATE_TEST_SUITE_P(
                              "--parallel.sequence_parallel true --train.activation_checkpointing full"}),
     [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
+// Pipeline parallelism: every stage planned (--json's pipeline.per_stage) against every
+// rank's measured step (log.metrics_every_rank): the bytes each rank sent exactly, its peak
+// within 10% (they came within 4%, within 8% under sequence parallelism, whose single-process
+// plan is 5% short as well). 4 micro-batches per step; gpt.ini's 2 blocks, one per stage, or
+// 4 (--model.n_layer 4) for 4 stages and interleaved chunks.
+class DistPlanPipeline : public DistPlan {};
+TEST_P(DistPlanPipeline, EveryStagesPlanMatchesItsRanks) {
+  const Layout& l = GetParam();
+  const std::string base = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() +
+                           l.args() + " --train.grad_accum_steps 4";
+  const Result planned = run_shell(base + " --plan --json");
+  ASSERT_EQ(planned.rc, 0) << planned.out;
+  const nlohmann::json plan = nlohmann::json::parse(planned.out);
+  const nlohmann::json& stages = plan["pipeline"]["per_stage"];
+  ASSERT_EQ(stages.size(), size_t(l.pp));
+  const fs::path metrics = dir_ / (std::string(l.name) + ".jsonl");
+  const Result run = run_shell(mpirun(l.np()) + base + " --log.metrics " + metrics.string() +
+                               " --log.metrics_every_rank true");
+  ASSERT_EQ(run.rc, 0) << run.out;
+  const int per_stage = l.np() / l.pp;
+  for (int rank = 0; rank < l.np(); ++rank) {
+    const fs::path file =
+        rank == 0 ? metrics : dir_ / (std::string(l.name) + ".rank" + std::to_string(rank) + ".jsonl");
+    nlohmann::json last;
+    std::ifstream f(file);
+    for (std::string line; std::getline(f, line);) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("mem_peak")) last = j;
+    }
+    ASSERT_FALSE(last.is_null()) << file;
+    ASSERT_EQ(last["step"].get<int64_t>(), 3);
+    const nlohmann::json& stage = stages[static_cast<size_t>(rank / per_stage)];
+    const double mem = last["mem_peak"].get<double>(), pmem = stage["peak"].get<double>();
+    const int64_t comm = last["comm_bytes"].get<int64_t>(), pcomm = stage["comm_bytes"].get<int64_t>();
+    if (rank % per_stage == 0)
+      std::printf(
+          "[ plan     ] %-6s %-22s stage %d peak planned %9.0f measured %9.0f (%+.1f%%) | comm planned %9lld "
+          "measured %9lld\n",
+          plan["model"].value("arch", "gpt2").c_str(), l.name, rank / per_stage, pmem, mem,
+          100 * (pmem / mem - 1), (long long)pcomm, (long long)comm);
+    EXPECT_NEAR(pmem / mem, 1.0, 0.10)
+        << "rank " << rank << ": planned peak " << pmem << " measured " << mem << "\n"
+        << planned.out;
+    EXPECT_EQ(pcomm, comm) << "rank " << rank << "\n" << planned.out;
+  }
+  // the plan is the stage with the highest peak, and its text lists every stage
+  int64_t worst = 0;
+  for (const nlohmann::json& x : stages) worst = std::max(worst, x["peak"].get<int64_t>());
+  EXPECT_EQ(plan["memory"]["peak"].get<int64_t>(), worst);
+  const Result text = run_shell(base + " --plan");
+  ASSERT_EQ(text.rc, 0) << text.out;
+  EXPECT_NE(text.out.find("pipeline: " + std::to_string(l.pp) + " stages"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("<- planned below"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("  pp  "), std::string::npos) << text.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Pipelines, DistPlanPipeline,
+    ::testing::Values(
+        Layout{"pp2_1f1b", 1, 1, 1, 1, "", 2},
+        Layout{"pp2_gpipe", 1, 1, 1, 1, "--parallel.pp_schedule gpipe", 2},
+        Layout{"pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2},
+        Layout{"pp2_fsdp2", 1, 2, 1, 1, "", 2}, Layout{"pp2_tp2", 1, 1, 1, 2, "", 2},
+        // beyond one block a stage: 4 stages (middle ones receive and send both ways), interleaved chunks
+        Layout{"pp4", 1, 1, 1, 1, "--model.n_layer 4", 4},
+        Layout{"pp2_interleaved", 1, 1, 1, 1,
+               "--model.n_layer 4 --parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+        // zero bubble with FSDP: the last stage's gradient groups wait for every deferred W
+        Layout{"pp2_fsdp2_zb", 1, 2, 1, 1, "--parallel.pp_schedule zb-h1", 2},
+        Layout{"pp2_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true", 2},
+        Layout{"pp2_bf16", 1, 1, 1, 1, "--train.dtype bfloat16", 2},
+        Layout{"pp2_llama_zb", 1, 1, 1, 1,
+               "--model.arch llama --model.n_kv_head 2 --model.intermediate_size 320 --parallel.pp_schedule "
+               "zb-h1",
+               2}),
+    [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
+
 TEST(Plan, NeedsTheWorldForTheRestOfIt) {
   const std::string bin = NDT_TRAIN_GPT_BIN;
   Result r = run_shell(bin + " --plan --parallel.dp_shard_size -1");
@@ -190,7 +268,8 @@ TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
       {" --parallel.dp_replicate_size 1048576 --parallel.dp_shard_size 1048576 --parallel.cp_size 65536"
        " --parallel.tp_size 65536 --model.block_size 131072 --train.seq_len 131072"
        " --train.micro_batch_size 1",
-       "the world, parallel.dp_replicate_size x dp_shard_size x cp_size x tp_size, does not fit in 64 bits"},
+       "the world, parallel.pp_size x dp_replicate_size x dp_shard_size x cp_size x tp_size, does not fit in "
+       "64 bits"},
       {" --plan.world 4611686018427387904 --parallel.dp_shard_size -1",
        "plan.world = 4611686018427387904 is outside"},
   };
@@ -286,6 +365,46 @@ TEST(PlanTime, TensorParallelismAcrossHostsWaitsOnTheSlowLink) {
   const double in = inside["exposed_by_dim"]["tp"].get<double>(), out = across["exposed_by_dim"]["tp"].get<double>();
   EXPECT_GT(in, 0);
   EXPECT_GT(out, 2 * in) << "450 GB/s NVLink against the hosts' 100 GB/s";
+}
+
+// GPT-2 124M as a pipeline of 2 stages over 2 hosts of 8 GPUs (FSDP over each host's 8):
+// the stage boundary is what crosses the hosts; the step is the schedule simulated with each
+// stage's costs, plus the stages' ends. More micro-batches and zero-bubble idle less; a slow
+// link between the hosts costs the pipeline (its messages and the tied embeddings' sum), not
+// the stages' compute.
+TEST(PlanTime, APipelinesStepIsItsScheduleOverTheStages) {
+  auto step = [](const std::string& args, const std::string& cluster = "--cluster.hosts 2") {
+    const Result r =
+        run_shell(planner("--json --cluster.preset h100-sxm-8 --parallel.pp_size 2 "
+                          "--parallel.dp_shard_size 8 " +
+                          cluster + " " + args));
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out)["time"];
+  };
+  const nlohmann::json m4 = step("--train.grad_accum_steps 4"), m16 = step("--train.grad_accum_steps 16"),
+                       zb16 = step("--train.grad_accum_steps 16 --parallel.pp_schedule zb-h1"),
+                       slow = step("--train.grad_accum_steps 16 --cluster.inter_gbps 0.5"),
+                       one_host = step("--train.grad_accum_steps 16", "--cluster.devices_per_host 16");
+  for (const nlohmann::json& t : {m4, m16, zb16, slow, one_host}) {
+    EXPECT_NEAR(t["step_s"].get<double>(),
+                t["compute_s"].get<double>() + t["recompute_s"].get<double>() + t["exposed_s"].get<double>(),
+                1e-9);
+    EXPECT_GT(t["bubble"].get<double>(), 0);
+    EXPECT_LE(t["pipeline_s"].get<double>(), t["step_s"].get<double>());
+    EXPECT_GT(t["exposed_by_dim"]["pp"].get<double>(), 0);
+  }
+  EXPECT_EQ(m16["across_hosts"], nlohmann::json::array({"pp"})) << "a stage fills a host";
+  EXPECT_TRUE(m16["messages_cross_hosts"].get<bool>());
+  EXPECT_EQ(one_host["across_hosts"], nlohmann::json::array());
+  EXPECT_FALSE(one_host["messages_cross_hosts"].get<bool>());
+  EXPECT_LT(m16["bubble"].get<double>(), m4["bubble"].get<double>()) << "(p-1)/m";
+  EXPECT_LT(zb16["bubble"].get<double>(), m16["bubble"].get<double>()) << "W's fill the bubble";
+  EXPECT_LT(zb16["step_s"].get<double>(), m16["step_s"].get<double>());
+  EXPECT_DOUBLE_EQ(slow["compute_s"].get<double>(), m16["compute_s"].get<double>());
+  EXPECT_GT(slow["exposed_by_dim"]["pp"].get<double>(), m16["exposed_by_dim"]["pp"].get<double>() + 0.01)
+      << "16 activations and their gradients of 24 MiB, and the embeddings' 154 MB sum, at 0.5 GB/s";
+  // an activation of 24 MiB: 0.5 ms at 50 GB/s, 50 ms at 0.5 GB/s
+  EXPECT_GT(slow["message_s"].get<double>(), 50 * m16["message_s"].get<double>());
 }
 
 // The time of config S's plan (4 layers, n_embd 256, T 128) on a cluster of CPU ranks whose
@@ -392,11 +511,17 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
                                            static_cast<int64_t>(plans.size()));
   double last = 0;
   int sp_plans = 0;
-  std::map<std::string, int> strategies;
+  std::map<std::string, int> strategies, schedules;
   for (const nlohmann::json& p : plans) {
     const nlohmann::json& L = p["layout"];
-    const int64_t r_ = L["dp_replicate"], s_ = L["dp_shard"], cp = L["cp"], tp = L["tp"];
-    EXPECT_EQ(r_ * s_ * cp * tp, 16);
+    const int64_t pp = L["pp"], r_ = L["dp_replicate"], s_ = L["dp_shard"], cp = L["cp"], tp = L["tp"];
+    EXPECT_EQ(pp * r_ * s_ * cp * tp, 16);
+    EXPECT_LE(pp * L["pp_virtual"].get<int64_t>(), 12) << "a stage needs a block";
+    if (pp > 1) {
+      schedules[L["pp_schedule"].get<std::string>()]++;
+      if (L["pp_schedule"] == "interleaved")
+        EXPECT_EQ(p["grad_accum_steps"].get<int64_t>() % pp, 0) << "interleaved runs m = k p micro-batches";
+    }
     EXPECT_EQ(12 % tp, 0) << "tp must divide the heads";
     EXPECT_EQ(1024 % (2 * cp), 0);
     EXPECT_EQ(p["micro_batch_size"].get<int64_t>() * p["grad_accum_steps"].get<int64_t>() * r_ * s_, 64)
@@ -413,6 +538,7 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
   }
   EXPECT_GT(sp_plans, 0) << "no plan with sequence parallelism was ranked";
   EXPECT_GE(strategies.size(), 5u);
+  EXPECT_EQ(schedules.size(), 3u) << "pipelines: 1f1b, zb-h1 and interleaved";
   EXPECT_FALSE(j["why"].get<std::string>().empty());
   // the table: a header, ten rows, the best and why, the command line that runs it
   const Result t = run_shell(planner("--plan.search --plan.batch 64 --cluster.preset h100-sxm-8 --cluster.hosts 2"));
@@ -423,11 +549,13 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
   EXPECT_NE(t.out.find("\nrun it: --parallel.dp_replicate_size "), std::string::npos) << t.out;
 }
 
-// 7 or 13 devices: every layout is refused by the trainer's rules (12 heads, a 1024-token
-// sequence, 64 sequences per step divide by neither), not by memory. The search says so,
-// with the rules and the nearest world sizes that have plans.
+// 13 or 17 devices: every layout is refused by the trainer's rules (12 heads, a 1024-token
+// sequence, 64 sequences per step divide by neither, and a pipeline of 13 or 17 stages has
+// more stages than the 12 blocks), not by memory. The search says so, with the rules and the
+// nearest world sizes that have plans (14 and 18: a pipeline of 7 or 9 stages, 2 replicas).
 TEST(PlanSearch, WhenEveryLayoutIsRefusedItSaysWhyAndWhereItWorks) {
-  for (const auto& [devices, nearest] : {std::pair{7, std::string(" 6 8 devices")}, std::pair{13, std::string(" 12 16 devices")}}) {
+  for (const auto& [devices, nearest] :
+       {std::pair{13, std::string(" 12 14 devices")}, std::pair{17, std::string(" 16 18 devices")}}) {
     const std::string args =
         "--plan.search --plan.batch 64 --cluster.preset h100-sxm-8 --cluster.devices_per_host " + std::to_string(devices);
     const Result r = run_shell(planner(args));
@@ -444,6 +572,67 @@ TEST(PlanSearch, WhenEveryLayoutIsRefusedItSaysWhyAndWhereItWorks) {
     EXPECT_EQ(j["refused"].get<int64_t>(), j["tried"].get<int64_t>());
     EXPECT_EQ(j["nearest_worlds"].size(), 2u);
   }
+}
+
+// 7 devices: no (tp, cp, dp) split of them fits 12 heads, a 1024-token sequence and 64
+// sequences, but a pipeline of 7 stages does (by cost: 2 blocks on each of the first five
+// stages, one on the sixth, one and the head on the last).
+TEST(PlanSearch, APipelineUsesAWorldNoOtherLayoutSplits) {
+  const Result r =
+      run_shell(planner("--plan.search --json --plan.top 1000 --plan.batch 64 --cluster.preset h100-sxm-8"
+                        " --cluster.devices_per_host 7"));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_GT(j["plans"].size(), 0u);
+  for (const nlohmann::json& p : j["plans"]) {
+    EXPECT_EQ(p["layout"]["pp"].get<int64_t>(), 7) << p["layout"];
+    EXPECT_GT(p["bubble"].get<double>(), 0);
+    EXPECT_GT(p["pipeline_s"].get<double>(), 0);
+  }
+}
+
+// A 1.3B GPT (24 blocks of n_embd 2048, bf16, T 1024) on hosts of 2 GPUs with 10 GB each:
+// its parameters, gradients and AdamW moments (21 GB) do not fit in one host, with any
+// layout. On two hosts linked at 100 Gb/s a layout must split the model over both: FSDP over
+// the four GPUs sends the model three times a step across the link, a pipeline of two
+// stages (one a host, FSDP inside) sends only activations and the tied embeddings' sum; the
+// search ranks the pipeline first. On links as fast as the hosts' own it ranks FSDP first.
+TEST(PlanSearch, AModelTooBigForOneHostRunsAsAPipelineAcrossHosts) {
+  auto search = [](const std::string& cluster) {
+    const Result r =
+        run_shell(std::string(NDT_TRAIN_GPT_BIN) +
+                  " --model.n_layer 24 --model.n_head 16 --model.n_embd 2048 --model.vocab_size 50257"
+                  " --model.vocab_multiple 128 --model.block_size 1024 --train.seq_len 1024"
+                  " --train.device cuda --train.dtype bfloat16 --plan --plan.search --json --plan.top 1000"
+                  " --plan.batch 16 --cluster.preset h100-sxm-8 --cluster.devices_per_host 2"
+                  " --cluster.device_memory_gb 10 " +
+                  cluster);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json one = search("--cluster.hosts 1");
+  EXPECT_EQ(one["plans"].size(), 0u);
+  EXPECT_GT(one["too_big"].get<int64_t>(), 0);
+  EXPECT_EQ(one["tried"].get<int64_t>(), one["refused"].get<int64_t>() + one["too_big"].get<int64_t>());
+
+  const nlohmann::json two = search("--cluster.hosts 2 --cluster.inter_gbps 12.5");
+  ASSERT_GT(two["plans"].size(), 1u);
+  const nlohmann::json& best = two["plans"][0];
+  EXPECT_EQ(best["layout"]["pp"].get<int64_t>(), 2) << best;
+  EXPECT_EQ(best["across_hosts"], nlohmann::json::array({"pp"})) << "the stage boundary is the host boundary";
+  EXPECT_TRUE(best["messages_cross_hosts"].get<bool>());
+  EXPECT_LE(best["peak_bytes"].get<double>(), 0.9 * 10e9);
+  double fsdp_over_hosts = 0;  // the best plan without a pipeline: it shards over both hosts
+  for (const nlohmann::json& p : two["plans"])
+    if (p["layout"]["pp"].get<int64_t>() == 1 && fsdp_over_hosts == 0) {
+      fsdp_over_hosts = p["step_s"].get<double>();
+      EXPECT_NE(p["across_hosts"], nlohmann::json::array()) << p;
+    }
+  EXPECT_GT(fsdp_over_hosts, 1.2 * best["step_s"].get<double>());
+
+  const nlohmann::json fast = search("--cluster.hosts 2 --cluster.inter_gbps 450");
+  ASSERT_GT(fast["plans"].size(), 0u);
+  EXPECT_EQ(fast["plans"][0]["layout"]["pp"].get<int64_t>(), 1) << fast["plans"][0];
 }
 
 TEST(PlanSearch, WithoutAFittingPlanSaysSo) {

@@ -7,7 +7,8 @@
 //   - the micro-batches held at the peak: GPipe m, 1F1B min(p - r, m) on rank r;
 //   - corrupted schedules (a deadlock, a dropped action, a link out of order) are refused
 //     with a message naming the problem, so the checks can fail;
-//   - str() draws 1f1b p=2 m=4 as the expected table.
+//   - str() draws 1f1b p=2 m=4 as the expected table;
+//   - the simulation with each stage's own costs and the messages' times (the planner's).
 // Legend: p pipeline ranks, v chunks per rank, m micro-batches, r a rank.
 #include <gtest/gtest.h>
 
@@ -204,6 +205,31 @@ TEST(PpSchedule, SimulateStartTimes) {
 
 // GPipe p=2 m=2 with rank 0's F1 and B0 swapped: rank 0 waits for B0 from rank 1, which
 // waits for F1 from rank 0. Every link is still in order; only the simulation finds it.
+// Each stage's own costs and the messages' times (the planner's simulation): one
+// micro-batch through two stages runs F0 on rank 0, the hop, F0 and B0 on rank 1, the hop
+// back, B0 on rank 0; the same costs everywhere and no hops are the one-Timing simulation.
+TEST(PpSchedule, SimulatesStageCostsAndMessageTimes) {
+  const Schedule one = make_schedule(Kind::kGPipe, 2, 1);
+  const StageTiming t{{Timing{1, 2, 1}, Timing{3, 1, 1}}, {0.5}};  // B is b + w unsplit
+  const Simulation sim = simulate(one, t);
+  EXPECT_DOUBLE_EQ(sim.finish[1], 1 + 0.5 + 3 + 2);
+  EXPECT_DOUBLE_EQ(sim.finish[0], 1 + 0.5 + 3 + 2 + 0.5 + 3);
+  EXPECT_DOUBLE_EQ(sim.makespan, sim.finish[0]);
+  for (const Kind k : {Kind::kOneFOneB, Kind::kZeroBubble, Kind::kGPipe}) {
+    const Schedule s = make_schedule(k, 4, 8);
+    const Simulation a = simulate(s, Timing{1, 2, 1});
+    const Simulation b =
+        simulate(s, StageTiming{std::vector<Timing>(4, Timing{1, 2, 1}), std::vector<double>(3, 0)});
+    EXPECT_DOUBLE_EQ(a.makespan, b.makespan);
+    EXPECT_EQ(a.peak_in_flight, b.peak_in_flight);
+    // a message time delays every dependent action, the makespan grows by at least 2 (p-1) hops
+    const Simulation c =
+        simulate(s, StageTiming{std::vector<Timing>(4, Timing{1, 2, 1}), std::vector<double>(3, 0.25)});
+    EXPECT_GE(c.makespan, a.makespan + 2 * 3 * 0.25 - 1e-12) << kind_name(k);
+  }
+  EXPECT_THROW(simulate(one, StageTiming{{Timing{}}, {}}), ndt::Error);  // costs for 1 of 2 stages
+}
+
 TEST(PpSchedule, RefusesDeadlock) {
   Schedule s = make_schedule(Kind::kGPipe, 2, 2);
   std::swap(s.ranks[0][1], s.ranks[0][2]);  // F0 B0 F1 B1

@@ -119,6 +119,9 @@ po::options_description describe(Config& c) {
   po::options_description log("[log]");
   log.add_options()
       ("log.metrics", po::value(&c.log.metrics)->default_value(c.log.metrics), "JSON-lines metrics file (empty: none)")
+      ("log.metrics_every_rank", po::value(&c.log.metrics_every_rank)->default_value(c.log.metrics_every_rank),
+       "every rank writes its own metrics, its memory peak and bytes sent (rank 0 to log.metrics, rank r to "
+       "out/m.jsonl -> out/m.rank<r>.jsonl); false: rank 0 only")
       ("log.every", po::value(&c.log.every)->default_value(c.log.every), "print a line every N steps")
       ("log.report", po::value(&c.log.report)->default_value(c.log.report), "HTML report with loss curves, written at the end (empty: none)")
       ("log.trace", po::value(&c.log.trace)->default_value(c.log.trace),

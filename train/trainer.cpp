@@ -111,6 +111,10 @@ class Trainer {
     MemoryStats mem;
   };
   StepResult step_and_time(int64_t step);  // one optimizer step, timed
+  // this rank's bytes sent so far, and of them to other hosts: the mesh's groups and the
+  // model's own (the pipeline's ends)
+  int64_t bytes_sent() const;
+  int64_t bytes_across_hosts() const;
   void log_step(int64_t step, const StepResult& r, double avg_sec);
   // Work between steps that may fail on one rank: every rank learns it, the steps done are
   // saved, then the run ends naming what failed.
@@ -392,7 +396,9 @@ void Trainer::materialize() {
     }
   }
   saved_step_ = start_;
-  if (lead() && !c_.log.metrics.empty()) metrics_.open(c_.log.metrics, /*append=*/start_ > 0);
+  if (!c_.log.metrics.empty() && (lead() || c_.log.metrics_every_rank))
+    metrics_.open(lead() ? c_.log.metrics : dist::trace_path_for_rank(c_.log.metrics, world_->rank()),
+                  /*append=*/start_ > 0);
 }
 
 // Rank r of the dp ranks reads its own micro-batches; tp and cp ranks share them.
@@ -734,10 +740,22 @@ void Trainer::sampling(int64_t step) {
   between_steps(step, "sampling", [&] { print_sample(step, ids); });
 }
 
+int64_t Trainer::bytes_sent() const {
+  int64_t b = mesh_->bytes_sent();
+  for (const dist::Communicator* c : pm_->own_communicators()) b += c->stats().total_bytes();
+  return b;
+}
+
+int64_t Trainer::bytes_across_hosts() const {
+  int64_t b = mesh_->bytes_across_hosts();
+  for (const dist::Communicator* c : pm_->own_communicators()) b += c->stats().across_hosts;
+  return b;
+}
+
 Trainer::StepResult Trainer::step_and_time(int64_t step) {
   const auto t0 = Clock::now();
   reset_peak_memory(device_);
-  const int64_t bytes0 = mesh_->bytes_sent(), across0 = mesh_->bytes_across_hosts();
+  const int64_t bytes0 = bytes_sent(), across0 = bytes_across_hosts();
   StepResult r;
   r.loss = train_step(step);
   r.norm = pm_->strategy->grad_norm();  // global: the same number on every rank
@@ -752,8 +770,8 @@ Trainer::StepResult Trainer::step_and_time(int64_t step) {
   pm_->strategy->end_step();
   if (device_.is_cuda()) cuda::synchronize(device_.index);
   r.sec = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.comm_bytes = mesh_->bytes_sent() - bytes0;
-  r.across_hosts = mesh_->bytes_across_hosts() - across0;
+  r.comm_bytes = bytes_sent() - bytes0;
+  r.across_hosts = bytes_across_hosts() - across0;
   r.mem = memory_stats(device_);
   return r;
 }

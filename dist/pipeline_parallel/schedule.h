@@ -83,9 +83,17 @@ struct Timing {
   double f = 1, b = 1, w = 1;
 };
 
+// Costs that differ by stage, and the time a message takes between two stages (the
+// planner's: each stage's blocks at its own cost, each boundary on the link it crosses).
+struct StageTiming {
+  std::vector<Timing> stage;  // per virtual stage (p x v of them)
+  std::vector<double> hop;    // hop[s]: stage s's activation to s + 1, or its gradient back (p x v - 1)
+};
+
 struct Simulation {
   double makespan = 0;
   std::vector<double> busy;                // per rank: the sum of its actions' costs
+  std::vector<double> finish;              // per rank: when its last action ends
   double bubble = 0;                       // idle over total time: 1 - sum(busy) / (p * makespan)
   std::vector<int> peak_in_flight;         // per rank: most (micro, chunk) with F run, B not yet
   std::vector<std::vector<double>> start;  // start[r][i]: when ranks[r][i] starts
@@ -99,6 +107,9 @@ struct Simulation {
 // Throws ndt::Error on a deadlock (no rank can proceed), naming each blocked action and
 // what it waits for.
 Simulation simulate(const Schedule& s, Timing t = {});
+// The same with each stage's own costs, and a message from stage s to its neighbour arriving
+// hop[s] after the action that sent it ended (the sender does not wait for it).
+Simulation simulate(const Schedule& s, const StageTiming& t);
 
 // Throws ndt::Error naming the first problem: a rank count or action out of range; a
 // (micro, chunk) without exactly one F and one B on its rank (and one W when split, none

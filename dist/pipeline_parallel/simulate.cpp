@@ -129,9 +129,28 @@ void check_link(const Schedule& s, int a, int b) {
 
 Simulation simulate(const Schedule& s, Timing t) {
   check_ranges(s, "simulate");
-  NDT_CHECK(t.f >= 0 && t.b >= 0 && t.w >= 0, "simulate: costs must be >= 0, got f=", t.f, " b=", t.b,
-            " w=", t.w);
-  const double cost[3] = {t.f, s.split_backward ? t.b : t.b + t.w, t.w};
+  return simulate(s, StageTiming{std::vector<Timing>(static_cast<size_t>(s.stages()), t),
+                                 std::vector<double>(static_cast<size_t>(s.stages() - 1), 0.0)});
+}
+
+Simulation simulate(const Schedule& s, const StageTiming& t) {
+  check_ranges(s, "simulate");
+  NDT_CHECK(
+      static_cast<int>(t.stage.size()) == s.stages() && static_cast<int>(t.hop.size()) == s.stages() - 1,
+      "simulate: ", t.stage.size(), " stage costs and ", t.hop.size(), " hops for ", s.stages(), " stages");
+  for (const Timing& x : t.stage)
+    NDT_CHECK(x.f >= 0 && x.b >= 0 && x.w >= 0, "simulate: costs must be >= 0, got f=", x.f, " b=", x.b,
+              " w=", x.w);
+  for (double h : t.hop) NDT_CHECK(h >= 0, "simulate: message times must be >= 0, got ", h);
+  // an action's cost on its stage; an unsplit schedule's B is the whole backward
+  auto cost = [&](Op op, int stage) {
+    const Timing& x = t.stage[static_cast<size_t>(stage)];
+    return op == Op::kF ? x.f : op == Op::kW ? x.w : s.split_backward ? x.b : x.b + x.w;
+  };
+  // when an input is there for an action on `stage`: another stage's output after its hop
+  auto arrival = [&](const Ref& x, int stage) {
+    return x.stage == stage ? 0.0 : t.hop[static_cast<size_t>(std::min(x.stage, stage))];
+  };
   // finish[(op * stages + stage) * m + micro]: when that action ended, -1 until it has
   std::vector<double> finish(3 * s.stages() * s.m, -1.0);
   auto end_of = [&](const Ref& x) -> double& {
@@ -153,14 +172,15 @@ Simulation simulate(const Schedule& s, Timing t) {
     for (int r = 0; r < s.p; ++r) {
       for (; next[r] < s.ranks[r].size(); ++next[r], ++done, advanced = true) {
         const Action& a = s.ranks[r][next[r]];
+        const int stage = s.stage_of(r, a.chunk);
         double begin = free_at[r];
         bool ready = true;
         for (const Ref& x : inputs(s, r, a)) {
           if (end_of(x) < 0) ready = false;
-          begin = std::max(begin, end_of(x));
+          begin = std::max(begin, end_of(x) + arrival(x, stage));
         }
         if (!ready) break;
-        const double c = cost[static_cast<int>(a.op)];
+        const double c = cost(a.op, stage);
         sim.start[r][next[r]] = begin;
         sim.busy[r] += c;
         free_at[r] = end_of({a.op, a.micro, s.stage_of(r, a.chunk)}) = begin + c;
@@ -186,6 +206,7 @@ Simulation simulate(const Schedule& s, Timing t) {
   // Micro-batches held: from F to B. (After B a micro-batch keeps only what its W needs,
   // the ZB paper's M_W, less than the M_B it held; that is how ZB-H1 matches 1F1B's peak.)
   double work = 0;
+  sim.finish = free_at;
   for (int r = 0; r < s.p; ++r) {
     sim.makespan = std::max(sim.makespan, free_at[r]);
     work += sim.busy[r];

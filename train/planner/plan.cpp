@@ -13,15 +13,18 @@
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "dist/context_parallel/ring_attention.h"
+#include "dist/parallelize.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "models/gpt.h"
 #include "nn/block_wrapper.h"
 #include "nn/flat.h"
 #include "tensor/checked.h"
-#include "train/io/format.h"
 #include "tensor/cpu/onednn_gemm.h"
+#include "train/io/format.h"
+#include "train/planner/pipeline.h"
 #include "train/planner/shapes.h"
 
 namespace ndt::train {
@@ -56,7 +59,8 @@ Count all_reduce_bytes(Count bytes, Count n) { return n > 1 ? 2 * (n - 1) * byte
 // while its own backward runs (elements; the block's input belongs to the block before).
 struct BlockMem {
   Count saved = 0;            // kept from its forward to its backward (its output included)
-  Count during_backward = 0;  // live while its backward runs, besides the earlier blocks
+  Count during_backward = 0;  // live while its backward runs, besides the earlier blocks:
+  Count mlp = 0, attn = 0;    // ... the larger of its MLP's and its attention's moments
 };
 
 // The attention core's saved tensors in bytes (autograd/ops/attention.cpp or, with cp > 1,
@@ -170,22 +174,25 @@ BlockMem gpt2_block_mem(const Shapes& s, nn::ACMode mode) {
   switch (mode) {
     case nn::ACMode::none:
       m.saved = none_saved;
-      m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(s)));
+      m.mlp = mlp_moment(none_saved);
+      m.attn = attn_moment(core_saved(s));
       break;
     case nn::ACMode::selective: {
       m.saved = Ns * C * a + stats + 3 * N * Cl * a + N * Cl * a + mlp_part + Ns * C * a;
       // the core made again in backward, besides its kept input
       const Count again =
           s.core == AttentionCore::cpu_fused ? core_saved(s) - 3 * N * Cl * a + N * Cl * a : core_saved(s);
-      m.during_backward = std::max(mlp_moment(m.saved), attn_moment(3 * N * Cl * a + again));
+      m.mlp = mlp_moment(m.saved);
+      m.attn = attn_moment(3 * N * Cl * a + again);
       break;
     }
     case nn::ACMode::full:
       m.saved = Ns * C * a;
-      m.during_backward =
-          Ns * C * a /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(s)));
+      m.mlp = Ns * C * a /*incoming gradient*/ + mlp_moment(none_saved);
+      m.attn = Ns * C * a + attn_moment(core_saved(s));
       break;
   }
+  m.during_backward = std::max(m.mlp, m.attn);
   return m;
 }
 
@@ -241,24 +248,55 @@ BlockMem llama_block_mem(const Shapes& s, nn::ACMode mode) {
   switch (mode) {
     case nn::ACMode::none:
       m.saved = none_saved;
-      m.during_backward = std::max(mlp_moment(none_saved), attn_moment(core_saved(s), 0));
+      m.mlp = mlp_moment(none_saved);
+      m.attn = attn_moment(core_saved(s), 0);
       break;
     case nn::ACMode::selective:
       m.saved = Ns * C * a + stat + N * Q * a /*qkv*/ + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
-      m.during_backward =
-          std::max(mlp_moment(m.saved), attn_moment(N * Q * a, core_saved(s) + 2 * N * Cl * a));
+      m.mlp = mlp_moment(m.saved);
+      m.attn = attn_moment(N * Q * a, core_saved(s) + 2 * N * Cl * a);
       break;
     case nn::ACMode::full:
       m.saved = Ns * C * a;
-      m.during_backward =
-          Ns * C * a /*incoming gradient*/ + std::max(mlp_moment(none_saved), attn_moment(core_saved(s), 0));
+      m.mlp = Ns * C * a /*incoming gradient*/ + mlp_moment(none_saved);
+      m.attn = Ns * C * a + attn_moment(core_saved(s), 0);
       break;
   }
+  m.during_backward = std::max(m.mlp, m.attn);
   return m;
 }
 
 BlockMem block_mem(const Shapes& s, nn::ACMode mode) {
   return s.llama() ? llama_block_mem(s, mode) : gpt2_block_mem(s, mode);
+}
+
+// zb-h1 (autograd/defer.h): a linear's weight GEMM, dW = x^T dy, waits for W with its input
+// x and its output gradient dy (autograd/ops/matmul.cpp), so a split B keeps what the
+// unsplit backward frees once dW is made. What one block keeps from its B to its W: each
+// linear's input as its forward saved it (under sequence parallelism the column-parallel
+// ones' part, gathered again in W) and dy (c_fc's through GELU's backward). gpt2: c_attn
+// (x Ns C, dy N Q), c_proj (N Cl, N C), c_fc (Ns C, N H), the MLP's c_proj (N H, N C);
+// llama: c_attn, c_proj, gate and up (one input Ns C, dy N H each), down (N H, N C). In the
+// compute dtype.
+Count deferred_block(const Shapes& s) {
+  const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, Q = s.Q, H = s.H, a = s.act_bytes;
+  const Count inputs = 2 * Ns * C + N * Cl + N * H;
+  const Count grads = N * Q + 2 * N * C + (s.llama() ? 2 : 1) * N * H;
+  return (inputs + grads) * a;
+}
+
+// ... and inside the block's own split backward: in the MLP's, the input of its last
+// linear (gpt2's c_proj: the GELU output; llama's down: the SwiGLU product, N H); in the
+// attention's, the MLP's whole share of the above and c_proj's input (N Cl) with its output
+// gradient gathered (N C, under sequence parallelism more than the Ns C the unsplit
+// backward keeps).
+BlockMem deferring(BlockMem m, const Shapes& s) {
+  const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, H = s.H, a = s.act_bytes;
+  const Count mlp_deferred = Ns * C + N * H + N * C + (s.llama() ? 2 : 1) * N * H;
+  m.mlp += N * H * a;
+  m.attn += (mlp_deferred + N * Cl + (N - Ns) * C) * a;
+  m.during_backward = std::max(m.mlp, m.attn);
+  return m;
 }
 
 }  // namespace
@@ -270,20 +308,22 @@ int64_t plan_world(const Config& c) {
         "--plan with parallel.dp_shard_size = -1 needs the world size: add --plan.world N (the number of "
         "ranks the job would have)");
   try {
-    return (Count(c.parallel.dp_replicate_size) * c.parallel.dp_shard_size * c.parallel.cp_size *
-            c.parallel.tp_size)
+    return (Count(c.parallel.pp_size) * c.parallel.dp_replicate_size * c.parallel.dp_shard_size *
+            c.parallel.cp_size * c.parallel.tp_size)
         .v;
   } catch (const Error& e) {
-    throw ConfigError(std::string("--plan: the world, parallel.dp_replicate_size x dp_shard_size x ") +
-                      "cp_size x tp_size, does not fit in 64 bits (" + e.what() +
-                      "); no job has that many ranks");
+    throw ConfigError(
+        std::string("--plan: the world, parallel.pp_size x dp_replicate_size x dp_shard_size x ") +
+        "cp_size x tp_size, does not fit in 64 bits (" + e.what() + "); no job has that many ranks");
   }
 }
 
 namespace {
 
 // The parameters: the described model, split as tensor parallelism splits it, laid out as
-// FSDP shards it (rank 0 of each group; every rank holds the same sizes).
+// FSDP shards it (rank 0 of each group; every rank holds the same sizes). Under pipeline
+// parallelism only the stage's units (models::GPT::units of its part): its blocks, and of
+// the embeddings what it uses (an empty unit on a middle stage).
 struct UnitLayout {
   std::vector<nn::FlatUnit> units;
   Count emb_full = 0, block_full = 0;  // the whole (padded) embeddings, the largest whole block
@@ -292,12 +332,12 @@ struct UnitLayout {
 // moments are f32 shards; the model computes with bf16 copies: unsharded a whole buffer and
 // its gradient (full, full_grad), kept; sharded the shard's copy that FSDP gathers from
 // (compute_shard), the whole buffers only while gathered.
-UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p) {
+UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p, const StageView& v) {
   const dist::ParallelDims& D = p.dims;
-  models::GPT gpt(mc);
   Count params_global = 0;
-  for (const nn::ParamSpec& s : gpt.parameters()) params_global += numel_of(s.global_shape());
+  for (const nn::ParamSpec& s : models::GPT(mc).parameters()) params_global += numel_of(s.global_shape());
   p.params_global = params_global.v;
+  models::GPT gpt(mc, v.part());
   dist::split_tensor_parallel(gpt, D.tp, 0);  // rank 0's shapes: every rank's are the same
   UnitLayout l;
   l.units = nn::flat_layout(gpt.units(), nn::ShardSpec{0, D.fsdp()});
@@ -329,29 +369,40 @@ struct BlocksMem {
   Count saved = 0, worst = 0, worst_gathered = 0;
 };
 
-// FSDP's whole buffers (dist/fsdp/fsdp.cpp) while block i's backward runs: the
-// embeddings and their gradient (gathered for the whole step), block i and block i-1
-// (prefetched), block i's whole gradient and, but for the last block (the first whose
-// backward runs), block i+1's, whose reduce-scatter is drained only when the next
-// block's backward begins (so it may still be live; it is counted). That one is in the
-// reduce dtype: under bf16 with float32 reduction its f32 copy, the bf16 one released.
-BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const Shapes& s, Count emb_saved) {
+// The blocks of one chunk of this rank (all of them without a pipeline), their input
+// (`input`: the embeddings' output, or the activation received from the previous stage)
+// kept first. FSDP's whole buffers (dist/fsdp/fsdp.cpp) while the block of unit u runs its
+// backward: the embeddings and their gradient (gathered for the whole step), unit u and
+// unit u-1 (prefetched), u's whole gradient and, but for the chunk's last block (the first
+// whose backward runs), u+1's, whose reduce-scatter is drained only when the next block's
+// backward begins (so it may still be live; it is counted). That one is in the reduce
+// dtype: under bf16 with float32 reduction its f32 copy, the bf16 one released. Activation
+// checkpointing picks blocks by their index on the rank (the block wrapper's).
+BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const Shapes& s,
+                      const StageView& v, size_t chunk, Count input) {
   const nn::ACMode ac = ac_mode(c.train);
   const Count emb_full = l.emb_full, block_full = l.block_full, a = s.act_bytes, rd = p.reduce_bytes;
   const bool sharded = p.dims.sharded();
-  const int64_t L = c.model.n_layer;
-  auto gathered_in_block = [&](int64_t i) -> Count {
+  const auto [first_unit, end_unit] = v.chunk_units(chunk);
+  auto gathered_in_block = [&](int64_t u) -> Count {
     if (!sharded) return 0;
-    return 2 * emb_full * a + block_full * a * (1 + (i > 0 ? 1 : 0)) +
-           block_full * (a + (i + 1 < L ? rd : 0));
+    return 2 * emb_full * a + block_full * a * (1 + (u > 1 ? 1 : 0)) +
+           block_full * (a + (u + 1 < end_unit ? rd : 0));
   };
   BlocksMem blocks;
-  Count prefix = emb_saved;
-  for (int64_t i = 0; i < L; ++i) {
-    const BlockMem m = block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, i));
-    if (prefix + m.during_backward + gathered_in_block(i) > blocks.worst + blocks.worst_gathered) {
-      blocks.worst = prefix + m.during_backward;
-      blocks.worst_gathered = gathered_in_block(i);
+  Count prefix = input;
+  // zb-h1: the later blocks of the chunk, whose B ran before this one's, keep their W inputs
+  const Count later = v.split_backward ? Count(end_unit - first_unit) * deferred_block(s) : Count(0);
+  for (int64_t u = first_unit; u < end_unit; ++u) {
+    BlockMem m = block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, u - 1));
+    Count waiting = 0;
+    if (v.split_backward) {
+      m = deferring(m, s);
+      waiting = later - Count(u - first_unit + 1) * deferred_block(s);
+    }
+    if (prefix + waiting + m.during_backward + gathered_in_block(u) > blocks.worst + blocks.worst_gathered) {
+      blocks.worst = prefix + waiting + m.during_backward;
+      blocks.worst_gathered = gathered_in_block(u);
     }
     prefix += m.saved;
     blocks.saved += m.saved;
@@ -360,23 +411,23 @@ BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const
 }
 
 // The activations of one micro-step (forward kept for backward), and the moments at which
-// memory peaks: this rank's persistent buffers plus what each moment holds.
-void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s, const char*& stage) {
+// memory peaks: this rank's persistent buffers plus what each moment holds. Under pipeline
+// parallelism the moments of each chunk's backward are walked along the schedule
+// (walk_memory): the micro-batches held at once add their kept activations.
+void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v,
+                 const char*& stage) {
   const dist::ParallelDims& D = p.dims;
-  const models::GPTConfig& mc = c.model;
   const nn::ACMode ac = ac_mode(c.train);
   const Count emb_full = l.emb_full, block_full = l.block_full;
   stage = "the activations of one micro-step";
-  const Count N = s.N, Ns = s.Ns, C = s.C, Vl = s.Vl, a = s.act_bytes, rd = p.reduce_bytes;
-  // embeddings: x = wte(idx) + wpe(pos) (llama: wte(idx)) (N C, kept by block 0). Under TP the lookup is
-  // vocab_parallel_embedding: the shard's rows (zeros for other ranks' ids), g sums; the
-  // lookup keeps only the ids.
-  const Count emb_saved = Ns * C * a;  // sequence parallel: this rank's part
+  const Count N = s.N, Ns = s.Ns, C = s.C, Vl = s.Vl, a = s.act_bytes;
+  // a chunk's input, kept by its first block: on the first stage the embeddings x = wte(idx)
+  // + wpe(pos) (llama: wte(idx)) (N C). Under TP the lookup is vocab_parallel_embedding:
+  // the shard's rows (zeros for other ranks' ids), g sums; the lookup keeps only the ids.
+  // On a later stage the activation received (the same shape). Sequence parallel: this
+  // rank's part
+  const Count input = Ns * C * a;
   const bool sharded = D.sharded();
-  const BlocksMem blocks = plan_blocks(c, p, l, s, emb_saved);
-  const Count blocks_saved = blocks.saved;
-  p.block_activation_bytes =
-      block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, 1 % mc.n_layer)).saved.v;
   // ln_f: mean, rstd (2N; llama's RMSNorm rstd, N) and its output (N C, lm_head's input,
   // wte's or an untied lm_head's: the same (N, Vl) product); the logits (N Vl) are kept
   // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
@@ -384,33 +435,27 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   const Count head_saved = (s.llama() ? Ns : 2 * Ns) * kF + N * C * a;
   const Count logits = N * Vl * a;
   const Count ce_saved = (D.tp > 1 ? 3 * N : N) * kF;
-  p.activation_bytes = (emb_saved + blocks_saved + head_saved).v;
-  p.logits_bytes = logits.v;
   // dlogits (N Vl): with TP the vocabulary-parallel loss allocates it in backward; otherwise
   // the fused classifier (cross_entropy_fused) writes it over the logits in the forward
   const Count dlogits = D.tp > 1 ? logits : 0;
-  p.loss_temp_bytes = (dlogits + ce_saved).v;  // and the kept statistics
-  // the batch (inputs and targets, B T i32 each; with CP this rank's copy too) and positions;
-  // llama's rotary tables, cos and sin (B Tl hd/2 each, in the compute dtype: every block's
-  // rotary keeps them; models::GPT keeps them between steps but under CP)
+  p.logits_bytes = v.last ? logits.v : 0;
+  p.loss_temp_bytes = v.last ? (dlogits + ce_saved).v : 0;  // and the kept statistics
+  // the batch (inputs and targets, B T i32 each; with CP this rank's copy too; a pipeline
+  // holds the step's micro-batches, every stage) and positions; llama's rotary tables, cos
+  // and sin (B Tl hd/2 each, in the compute dtype: every block's rotary keeps them;
+  // models::GPT keeps them between steps but under CP)
   const Count rope_tables = s.llama() ? N * s.hd * a : 0;
-  p.other_bytes = ((2 * Count(p.micro_batch) * p.seq_len + (D.cp > 1 ? 2 * N : 0) + N) * 4 + rope_tables).v;
+  const Count batches = D.pp > 1 ? Count(p.accum) : Count(1);
+  p.other_bytes =
+      ((batches * (2 * Count(p.micro_batch) * p.seq_len + (D.cp > 1 ? 2 * N : 0)) + N) * 4 + rope_tables).v;
+  p.block_activation_bytes =
+      block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, 1 % v.block_count())).saved.v;
 
   // at the end of forward the embeddings (and their gradient) and the last block are whole
   const Count g_fwd_end = sharded ? (2 * emb_full + block_full) * a : 0;
-  p.gathered_max_bytes = sharded ? ((2 * emb_full + 3 * block_full) * a + block_full * rd).v : 0;
+  p.gathered_max_bytes = sharded ? ((2 * emb_full + 3 * block_full) * a + block_full * p.reduce_bytes).v : 0;
 
-  // ---- the moments at which memory peaks
-  stage = "the peak memory";
-  const Count persistent = Count(p.param_bytes) + p.grad_bytes + p.optim_bytes + p.other_bytes;
-  auto add = [&](const std::string& name, Count acts, Count gathered, Count transient) {
-    PlanMoment m{name, acts.v, gathered.v, transient.v, 0};
-    m.total = (persistent + m.activations + m.gathered + m.transient).v;
-    p.moments.push_back(m);
-  };
-  const Count all_saved = emb_saved + blocks_saved + head_saved + logits + ce_saved;
-  // the loss's backward: every activation, the logits and their gradient
-  add("loss backward (logits and dlogits)", all_saved, g_fwd_end, dlogits);
+  // ---- what one micro-batch holds on each chunk, and its backward's moments
   // bf16 GEMMs on a CPU without bf16 instructions (tensor/cpu/matmul.cpp) convert both
   // operands and the product to f32 for sgemm: the largest product's copies, while it runs
   const bool f32_gemms = p.bf16_gemms_in_f32;
@@ -418,11 +463,50 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   if (f32_gemms)
     p.notes.push_back("this CPU's bf16 matrix products run in f32 (no bf16 instructions, or NDT_BF16_GEMM=f32): "
                       "the peak counts their f32 copies");
-  // lm_head's backward: dx (N C) and dwte (Vl C); with TP the logits are released and
-  // dlogits takes their place, without it dlogits is the logits' memory
-  add("lm_head backward", all_saved, g_fwd_end, (N * C + Vl * C) * a + f32_copies(N, Vl, C));
-  // the blocks' backward, the worst block (earlier blocks' activations still kept)
-  add("block backward", blocks.worst, blocks.worst_gathered, f32_copies(N, C, s.H));
+  std::vector<ChunkMemory> chunks;
+  Count activations = 0;
+  for (size_t k = 0; k < v.chunks.size(); ++k) {
+    const BlocksMem blocks = plan_blocks(c, p, l, s, v, k, input);
+    const bool head = v.last_chunk(k);
+    activations += input + blocks.saved + (head ? head_saved : Count(0));
+    ChunkMemory m;
+    m.kept = (input + blocks.saved + (head ? head_saved + logits + ce_saved : Count(0))).v;
+    if (v.split_backward) m.deferred = (Count(v.chunks[k].second - v.chunks[k].first) * deferred_block(s)).v;
+    auto moment = [&](const std::string& name, Count acts, Count gathered, Count transient) {
+      m.backward.push_back({name, acts.v, gathered.v, transient.v, 0});
+    };
+    if (head) {
+      // the loss's backward: every activation, the logits and their gradient
+      moment("loss backward (logits and dlogits)", m.kept, g_fwd_end, dlogits);
+      // lm_head's backward: dx (N C) and dwte (Vl C); with TP the logits are released and
+      // dlogits takes their place, without it dlogits is the logits' memory
+      moment("lm_head backward", m.kept, g_fwd_end, (N * C + Vl * C) * a + f32_copies(N, Vl, C));
+    }
+    // the blocks' backward, the worst block (earlier blocks' activations still kept)
+    moment("block backward", blocks.worst, blocks.worst_gathered, f32_copies(N, C, s.H));
+    chunks.push_back(m);
+  }
+  p.activation_bytes = activations.v;
+  p.deferred_bytes = v.split_backward ? (Count(v.block_count()) * deferred_block(s)).v : 0;
+
+  stage = "the peak memory";
+  // ---- the moments along the schedule: FSDP's units whole outside the chunk then (another
+  // chunk's, or zb-h1's blocks whose W is still to come) add theirs
+  const Count persistent = Count(p.param_bytes) + p.grad_bytes + p.optim_bytes + p.other_bytes;
+  const FsdpWalk fsdp = sharded && D.pp > 1 ? fsdp_walk(v, a.v != kF) : FsdpWalk{};
+  auto outside = [&](size_t action, size_t chunk) -> int64_t {
+    if (fsdp.whole_before.empty()) return 0;
+    const auto [begin, end] = v.chunk_units(chunk);
+    Count b = 0;
+    for (size_t u = 1; u < fsdp.whole_before[action].size(); ++u)
+      if (int64_t(u) < begin || int64_t(u) >= end)
+        b += (Count(fsdp.whole_before[action][u]) + Count(fsdp.grad_before[action][u])) * block_full * a;
+    return b.v;
+  };
+  const MemoryWalk walk = walk_memory(v, chunks, (Ns * C * a).v, persistent.v, outside);
+  p.moments = walk.moments;
+  p.held_bytes = walk.held;
+  p.in_flight = walk.in_flight;
   auto top = std::max_element(p.moments.begin(), p.moments.end(),
                               [](const PlanMoment& a, const PlanMoment& b) { return a.total < b.total; });
   p.peak_bytes = top->total;
@@ -437,12 +521,41 @@ void add_comm(Plan& p, const std::string& dim, const std::string& what, const st
 }
 
 // FSDP's all-gathers and reduce-scatters over its n ranks, and the all-reduces over the r
-// replicas (HSDP's of the gradient shards, DP's of the whole gradients).
-void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s) {
+// replicas (HSDP's of the gradient shards, DP's of the whole gradients). Under pipeline
+// parallelism FSDP's are counted along the schedule (fsdp_walk): a block is gathered again
+// whenever an action needs it and it was released.
+void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v) {
   const dist::ParallelDims& D = p.dims;
   const std::vector<nn::FlatUnit>& units = l.units;
   const Count emb_full = l.emb_full, a = s.act_bytes, rd = p.wire_reduce_bytes;
   const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate;
+  if (D.sharded() && D.pp > 1) {
+    const FsdpWalk w = fsdp_walk(v, a.v != kF);
+    const Count block = l.block_full;
+    add_comm(p, "fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb a",
+             (n - 1) * (emb_full * a / n));
+    add_comm(
+        p, "fsdp",
+        "all-gather of a block whenever an action needs it released (" + std::to_string(w.block_gathers) +
+            " in the schedule: in each F, and in each B unless still whole)",
+        std::to_string(w.block_gathers) + " (n-1)/n P_block a", w.block_gathers * (n - 1) * (block * a / n));
+    add_comm(p, "fsdp",
+             "reduce-scatter of a block's gradient whenever its gradient group fires (" +
+                 std::to_string(w.block_reduces) + ": each B, under zb-h1 each W that leaves none to come)",
+             std::to_string(w.block_reduces) + " (n-1)/n P_block r'",
+             w.block_reduces * (n - 1) * (block * rd / n));
+    add_comm(p, "fsdp",
+             w.emb_reduces == 1 ? "reduce-scatter of the embeddings' gradient (once per step)"
+                                : "reduce-scatter of the embeddings' gradient (after each B and W)",
+             std::to_string(w.emb_reduces) + " (n-1)/n P_emb r'",
+             w.emb_reduces * (n - 1) * (emb_full * rd / n));
+    if (r > 1) {
+      Count b = Count(w.emb_replica_reduces) * all_reduce_bytes(Count(units[0].shard_numel) * kF, r);
+      for (size_t i = 1; i < units.size(); ++i) b += all_reduce_bytes(Count(units[i].shard_numel) * kF, r);
+      add_comm(p, "replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
+    }
+    return;
+  }
   if (D.sharded()) {
     Count blocks_full = 0, blocks_but_last = 0;  // elements
     for (size_t i = 1; i < units.size(); ++i) {
@@ -471,15 +584,28 @@ void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s) {
   }
 }
 
+// "(6L+2)": a count of k per block and c more, as the formulas write it
+std::string per_block(int64_t k, int64_t c) {
+  std::ostringstream os;
+  os << "(" << k << "L";
+  if (c) os << "+" << c;
+  os << ")";
+  return os.str();
+}
+
 // Tensor parallelism's f and g over its t ranks (again in the blocks full checkpointing
 // recomputes), sequence parallel's sum of the unsplit gradients, and the
 // vocabulary-parallel loss's statistics. f runs once per column-parallel linear: c_attn
 // and the MLP's m = 1 (gpt2's c_fc) or 2 (llama's gate and up, each its own
 // linear_shared_input: each sums its input gradient, and under sequence parallelism each
-// gathers its input, in forward and again in backward), and lm_head's input.
-void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, int64_t full_blocks) {
+// gathers its input, in forward and again in backward), and lm_head's input. L: the
+// rank's blocks; the embedding's g (e = 1) on the first stage, lm_head's f and the loss
+// (h = 1) on the last (both without a pipeline).
+void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v,
+                               int64_t full_blocks) {
   const Count N = s.N, C = s.C, a = s.act_bytes, A = p.accum, t = p.dims.tp;
-  const int64_t L = p.n_layer, m = s.mlp_inputs();
+  const int64_t L = v.block_count(), m = s.mlp_inputs(), e = v.first ? 1 : 0, h = v.last ? 1 : 0;
+  const bool whole = v.first && v.last;      // the formulas as the single process's plan words them
   const Count columns = Count(L) * (1 + m);  // the blocks' column-parallel linears
   // the formulas in the plan's words: gpt2's m = 1 gives 2L, 6L + 2, 2 (2L+1)
   const std::string f_ops = m == 1 ? "2L" : std::to_string(1 + m) + "L";
@@ -490,7 +616,7 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, in
     // forward: before each column-parallel linear and lm_head; backward: the gradient after
     // each attention, MLP and the embedding (g's), and each column-parallel linear's input
     // again for its weight gradient
-    const Count gathers = (columns + 1) + (2 * L + 1) + columns;
+    const Count gathers = (columns + h) + (2 * L + e) + columns;
     add_comm(p, "tp",
              m == 1
                  ? "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
@@ -499,12 +625,10 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, in
                  : "sequence parallel: all-gather before each attention, gate, up and lm_head (forward), of "
                    "the gradient after each attention, MLP and the embedding, and of the attention's, gate's "
                    "and up's input again for their weight gradients (backward)",
-             m == 1 ? "accum (6L+2) (t-1)/t N C a"
-                    : "accum (" + std::to_string(2 * (1 + m) + 2) + "L+2) (t-1)/t N C a",
-             A * gathers * gather);
+             "accum " + per_block(2 * (1 + m) + 2, e + h) + " (t-1)/t N C a", A * gathers * gather);
     // forward: after each attention, MLP and the embedding; backward: each column-parallel
     // linear's input gradient and lm_head's
-    const Count scatters = (2 * L + 1) + (columns + 1);
+    const Count scatters = (2 * L + e) + (columns + h);
     add_comm(
         p, "tp",
         m == 1
@@ -512,7 +636,8 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, in
               "of the input gradient of each attention, MLP and lm_head (backward)"
             : "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and "
               "of the input gradient of each attention, gate, up and lm_head (backward)",
-        m == 1 ? "accum 2 (2L+1) (t-1)/t N C a'" : "accum (" + std::to_string(3 + m) + "L+2) (t-1)/t N C a'",
+        m == 1 && whole ? "accum 2 (2L+1) (t-1)/t N C a'"
+                        : "accum " + per_block(3 + m, e + h) + " (t-1)/t N C a'",
         A * scatters * scatter);
     if (full_blocks)
       add_comm(p, "tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
@@ -531,20 +656,45 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, in
         "2 (t-1)/t P_unsplit 4", all_reduce_bytes(unsplit * kF, t));
   } else if (t > 1) {
     const Count x = N * C * p.wire_act_reduce_bytes;
-    add_comm(p, "tp", "g: all-reduce after each attention and MLP, and the embedding (forward)",
-             "accum (2L+1) 2 (t-1)/t N C a'", A * (2 * L + 1) * all_reduce_bytes(x, t));
+    add_comm(p, "tp",
+             whole || e ? "g: all-reduce after each attention and MLP, and the embedding (forward)"
+                        : "g: all-reduce after each attention and MLP (forward)",
+             "accum " + per_block(2, e) + " 2 (t-1)/t N C a'", A * (2 * L + e) * all_reduce_bytes(x, t));
     if (full_blocks)
       add_comm(p, "tp", "g again in the blocks full checkpointing recomputes",
                "accum 2 L_full 2 (t-1)/t N C a'", A * 2 * full_blocks * all_reduce_bytes(x, t));
-    add_comm(p, "tp",
-             m == 1
-                 ? "f: all-reduce of the input gradient of each attention, MLP and lm_head (backward)"
-                 : "f: all-reduce of the input gradient of each attention, gate, up and lm_head (backward)",
-             "accum (" + f_ops + "+1) 2 (t-1)/t N C a'", A * (columns + 1) * all_reduce_bytes(x, t));
+    const std::string f_what = m == 1 ? "f: all-reduce of the input gradient of each attention, MLP"
+                                      : "f: all-reduce of the input gradient of each attention, gate, up";
+    add_comm(p, "tp", f_what + (h ? " and lm_head (backward)" : " (backward)"),
+             "accum (" + f_ops + (h ? "+1" : "") + ") 2 (t-1)/t N C a'",
+             A * (columns + h) * all_reduce_bytes(x, t));
   }
-  if (t > 1)
+  if (t > 1 && h)
     add_comm(p, "tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
              "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
+}
+
+// The pipeline's messages (dist/pipeline_parallel/comm.h): per micro-batch, each chunk but
+// the last stage's sends its output activation forward (F) and each but the first stage's
+// the gradient of its input back (B), B x Tl (x 1/tp sequence parallel) x C in the compute
+// dtype, counted as the tensor's bytes (a send). The tied embeddings' gradient (the shard
+// FSDP keeps, f32) is summed between the first and the last stage once per step, an
+// all-reduce over two.
+void plan_pipeline_comm(const Config& c, Plan& p, const UnitLayout& l, const StageView& v) {
+  if (p.dims.pp == 1) return;
+  int64_t sends = 0;
+  for (size_t k = 0; k < v.chunks.size(); ++k)
+    sends += (v.last_chunk(k) ? 0 : 1) + (v.first_chunk(k) ? 0 : 1);
+  add_comm(p, "pp",
+           sends == 1 ? (v.first ? "activation of each micro-batch to the next stage (F)"
+                                 : "gradient of each micro-batch back to the previous stage (B)")
+                      : "activations to the next stage (F) and gradients back to the previous one (B), each "
+                        "micro-batch",
+           "accum " + std::to_string(sends) + (p.sequence_parallel ? " B Tl/t C a" : " B Tl C a"),
+           Count(p.accum) * sends * p.io_bytes);
+  if (c.model.tied() && (v.first || v.last))
+    add_comm(p, "pp", "the tied embeddings' gradient, summed between the first and the last stage",
+             "2 (2-1)/2 P_emb/n 4", all_reduce_bytes(Count(l.units[0].shard_numel) * kF, 2));
 }
 
 // The communication per optimizer step (the communicators' counters, dist/comm/mpi.cpp).
@@ -553,14 +703,14 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, in
 // is activations (a bytes) but for the loss's f32 statistics. A reduction moves its wire
 // dtype's bytes (Plan::wire_*: on CPU ranks MPI reduces bf16 in f32): r' for FSDP's
 // reduce-scatter, a' for TP's all-reduces. Ranks: n of the FSDP group, r replicas, t of
-// tensor parallelism, cp of context parallelism; A micro-steps.
-void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s) {
+// tensor parallelism, cp of context parallelism; A micro-steps; L the rank's blocks.
+void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v) {
   const dist::ParallelDims& D = p.dims;
   const nn::ACMode ac = ac_mode(c.train);
   const Count N = s.N, a = s.act_bytes;
-  const int64_t L = c.model.n_layer;
+  const int64_t L = v.block_count();
   const Count A = p.accum, n = D.fsdp(), t = D.tp, cp = D.cp;
-  plan_data_parallel_comm(p, l, s);
+  plan_data_parallel_comm(p, l, s, v);
   // recomputed blocks run their forward communication again in backward
   int64_t full_blocks = 0, recomputed_cores = 0;
   for (int64_t i = 0; i < L; ++i) {
@@ -568,7 +718,7 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
     if (m == nn::ACMode::full) ++full_blocks;
     if (m != nn::ACMode::none) ++recomputed_cores;
   }
-  plan_tensor_parallel_comm(p, l, s, full_blocks);
+  plan_tensor_parallel_comm(p, l, s, v, full_blocks);
   if (cp > 1) {
     // K and V of this rank's two chunks: only the kv heads travel (KVl = Cl but under
     // grouped-query attention)
@@ -579,19 +729,26 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
       add_comm(p, "cp", "ring again in the attention that checkpointing recomputes",
                "accum L_ac (cp-1) 2 N KVl a", A * recomputed_cores * (cp - 1) * block);
   }
+  plan_pipeline_comm(c, p, l, v);
   // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp ranks, the
-  // gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group
+  // gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group; with a
+  // pipeline the loss's sum and the norm's over the stages
   Count scalars = all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, t);
   if (D.sharded()) scalars += all_reduce_bytes(8, n);
-  add_comm(p, "scalars", "loss mean and gradient norm", "2 (k-1)/k 8 per group", scalars);
+  scalars += 2 * all_reduce_bytes(8, D.pp);
+  add_comm(p, "scalars",
+           D.pp > 1 ? "loss mean and gradient norm (and their sums over the stages)"
+                    : "loss mean and gradient norm",
+           "2 (k-1)/k 8 per group", scalars);
   Count comm_bytes = 0;
   for (const PlanComm& x : p.comm) comm_bytes += x.bytes;
   p.comm_bytes = comm_bytes.v;
 }
 
 // Fills in the sizes, memory and communication of p, whose layout (p.dims) is resolved and
-// checked; `stage` names what is being computed, for the message when a count overflows.
-void plan_sizes(const Config& c, Plan& p, const char*& stage) {
+// checked, for the pipeline stage v (the whole model without a pipeline); `stage` names what
+// is being computed, for the message when a count overflows.
+void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage) {
   const dist::ParallelDims& D = p.dims;
   p.strategy = D.strategy() + (p.sequence_parallel ? " + SP" : "");  // SP: sequence parallel
   const nn::ACMode ac = ac_mode(c.train);
@@ -606,6 +763,13 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   p.n_kv_head = mc.kv_heads();
   p.mlp_hidden = mc.mlp_hidden();
   p.qkv_bias = !mc.llama() || mc.attention_bias;
+  p.pp_schedule = v.schedule;
+  p.pp_virtual = v.v;
+  p.pp_blocks = v.blocks;
+  p.stage = v.stage;
+  p.chunks = v.chunks;
+  p.first_stage = v.first;
+  p.last_stage = v.last;
 
   // ---- the batch (Trainer::materialize): micro x accum x dp sequences
   stage = "the batch (train.micro_batch_size x grad_accum_steps x data-parallel ranks x seq_len)";
@@ -625,56 +789,125 @@ void plan_sizes(const Config& c, Plan& p, const char*& stage) {
   p.wire_reduce_bytes = mpi ? kF : p.reduce_bytes;
   p.wire_act_reduce_bytes = mpi ? kF : p.act_bytes;
   stage = "the parameters";
-  const UnitLayout l = plan_parameters(mc, p);
+  const UnitLayout l = plan_parameters(mc, p, v);
   // the shapes one micro-step computes with on this rank
   stage = "the activations of one micro-step";
   const Shapes s = shapes_of(p, c.train.device);
-  plan_memory(c, p, l, s, stage);
+  p.io_bytes =
+      D.pp > 1 ? (Count(s.Ns) * s.C * s.act_bytes).v : 0;  // (B, Tl, C), sequence parallel (B, Tl/t, C)
+  plan_memory(c, p, l, s, v, stage);
   stage = "the communication per step";
-  plan_communication(c, p, l, s);
+  plan_communication(c, p, l, s, v);
   // ---- notes
   if (D.tp > 1 && mc.n_head % D.tp) p.notes.push_back("n_head does not divide by tp");
   if (ac != nn::ACMode::none && c.train.ac_every > 1)
     p.notes.push_back("activation checkpointing on blocks 0, " + std::to_string(c.train.ac_every) + ", " +
-                      std::to_string(2 * c.train.ac_every) + ", ...; the others keep everything");
+                      std::to_string(2 * c.train.ac_every) + ", ...; the others keep everything" +
+                      (D.pp > 1 ? " (counted on each stage's own blocks)" : ""));
   if (D.cp > 1)
     p.notes.push_back("context parallelism: the numbers are rank 0's, which keeps the most ring blocks");
+  if (v.split_backward)
+    p.notes.push_back(
+        "zb-h1: between a micro-batch's B and its W each block keeps its linears' inputs and "
+        "output gradients for the deferred weight GEMMs (" +
+        io::format_bytes(double(p.deferred_bytes)) + " a micro-batch on this stage)");
 }
 
 }  // namespace
 
-Plan plan(const Config& c, int64_t world) {
+Plan plan_stage(const Config& c, int64_t world, int64_t stage) {
   if (c.train.dtype != "float32" && c.train.dtype != "bfloat16")
     throw ConfigError("train_gpt --plan models train.dtype float32 or bfloat16, got " + c.train.dtype);
   Plan p;
+  StageView v;
   try {
-    if (c.parallel.pp_size > 1)
-      throw ConfigError("train_gpt --plan does not model pipeline parallelism (parallel.pp_size = " +
-                        std::to_string(c.parallel.pp_size) + "); plan the layout of one stage with pp_size = 1");
-    p.dims = dist::ParallelDims::resolve(1, c.parallel.dp_replicate_size, c.parallel.dp_shard_size,
-                                         c.parallel.cp_size, c.parallel.tp_size, world);
+    p.dims =
+        dist::ParallelDims::resolve(c.parallel.pp_size, c.parallel.dp_replicate_size,
+                                    c.parallel.dp_shard_size, c.parallel.cp_size, c.parallel.tp_size, world);
     c.model.validate();
-    if (p.dims.tp > 1) dist::check_tensor_parallel(c.model, p.dims.tp);
-    if (p.dims.cp > 1) dist::check_context_parallel(c.train.seq_len, p.dims.cp);
+    // the trainer's rules (Trainer::describe): tp, cp and sequence parallelism against the
+    // model, enough blocks for the stages, the split and the schedule
+    dist::check_parallel_model(c.model, p.dims, c.train.seq_len, c.parallel.sequence_parallel,
+                               c.parallel.pp_virtual);
     p.sequence_parallel = c.parallel.sequence_parallel && p.dims.tp > 1;
+    NDT_CHECK(stage >= 0 && stage < p.dims.pp, "internal: stage ", stage, " of ", p.dims.pp);
+    v = stage_view(c, p.dims, stage);
     // bf16 on CPU ranks: the matrix products on this CPU's bf16 units, or through f32
     // (NDT_BF16_GEMM; a bad value is refused here as in training)
-    p.bf16_gemms_in_f32 = c.train.dtype == "bfloat16" && c.train.device == "cpu" && !cpu::bf16_gemm_on_onednn();
-    if (p.sequence_parallel) dist::check_sequence_parallel(c.train.seq_len, p.dims.cp, p.dims.tp);
+    p.bf16_gemms_in_f32 =
+        c.train.dtype == "bfloat16" && c.train.device == "cpu" && !cpu::bf16_gemm_on_onednn();
   } catch (const ConfigError&) {
     throw;
   } catch (const Error& e) {
     throw ConfigError(e.what());
   }
-  const char* stage = "the plan";
+  const char* what = "the plan";
   try {
-    plan_sizes(c, p, stage);
+    plan_sizes(c, p, v, what);
   } catch (const Error& e) {
-    throw ConfigError(std::string("--plan: a count of ") + stage + " does not fit in 64 bits (" + e.what() +
+    throw ConfigError(std::string("--plan: a count of ") + what + " does not fit in 64 bits (" + e.what() +
                       "); no machine holds such a run: lower the model's or the batch's sizes or the world");
   }
   return p;
 }
+
+Plan plan(const Config& c, int64_t world) {
+  Plan first = plan_stage(c, world, 0);
+  if (first.dims.pp == 1) return first;
+  std::vector<Plan> all;
+  all.push_back(std::move(first));
+  for (int64_t s = 1; s < all.front().dims.pp; ++s) all.push_back(plan_stage(c, world, s));
+  size_t worst = 0;
+  for (size_t s = 1; s < all.size(); ++s)
+    if (all[s].peak_bytes > all[worst].peak_bytes) worst = s;
+  std::vector<PlanStage> stages;
+  for (const Plan& x : all)
+    stages.push_back({x.stage, x.chunks, x.first_stage, x.last_stage, x.params_rank,
+                      x.param_bytes + x.grad_bytes + x.optim_bytes + x.other_bytes, x.activation_bytes,
+                      x.in_flight, x.held_bytes, x.peak_bytes, x.peak_at, x.comm_bytes});
+  Plan out = std::move(all[worst]);
+  out.stages = std::move(stages);
+  out.notes.push_back("pipeline: the plan is stage " + std::to_string(out.stage) +
+                      "'s, whose peak is the highest; the stages' lines list them all");
+  return out;
+}
+
+namespace {
+
+// "h.0-h.2": the blocks of a stage's chunks, and "+ embeddings", "+ head" at the ends
+std::string blocks_of(const std::vector<std::pair<int64_t, int64_t>>& chunks, bool first, bool last) {
+  std::string b;
+  for (const auto& [begin, end] : chunks) {
+    b += (b.empty() ? "h." : ", h.") + std::to_string(begin);
+    if (end - begin > 1) b += "-h." + std::to_string(end - 1);
+  }
+  return (first ? "embeddings, " : "") + b + (last ? ", head" : "");
+}
+
+// The pipeline: its schedule and blocks, then one line per stage.
+void print_stages(const Plan& p, std::ostream& o) {
+  o << "pipeline: " << p.dims.pp << " stages";
+  if (p.pp_virtual > 1) o << " x " << p.pp_virtual << " model chunks per rank";
+  o << ", schedule " << p.pp_schedule << " over " << p.accum << " micro-batches, blocks per stage";
+  for (int64_t b : p.pp_blocks) o << " " << b;
+  o << "; activations " << io::format_bytes(double(p.io_bytes)) << " a message\n";
+  char line[320];
+  std::snprintf(line, sizeof(line), "  %5s  %-26s %11s %11s %11s %4s %11s %11s %11s\n", "stage", "holds",
+                "parameters", "persistent", "activations", "held", "held bytes", "peak", "sent");
+  o << line;
+  for (const PlanStage& x : p.stages) {
+    std::snprintf(
+        line, sizeof(line), "  %5lld  %-26s %11lld %11s %11s %4lld %11s %11s %11s%s\n", (long long)x.stage,
+        blocks_of(x.chunks, x.first, x.last).c_str(), (long long)x.params,
+        io::format_bytes(double(x.persistent_bytes)).c_str(),
+        io::format_bytes(double(x.micro_activation_bytes)).c_str(), (long long)x.in_flight,
+        io::format_bytes(double(x.held_bytes)).c_str(), io::format_bytes(double(x.peak_bytes)).c_str(),
+        io::format_bytes(double(x.comm_bytes)).c_str(), x.stage == p.stage ? "  <- planned below" : "");
+    o << line;
+  }
+}
+
+}  // namespace
 
 void print_plan(const Plan& p, std::ostream& o) {
   const dist::ParallelDims& D = p.dims;
@@ -692,9 +925,13 @@ void print_plan(const Plan& p, std::ostream& o) {
     << " tokens per micro-step\n";
   o << "activation checkpointing: " << p.ac
     << (p.ac != "none" && p.ac_every > 1 ? " every " + std::to_string(p.ac_every) : "") << "\n";
-  o << "memory per rank (" << (p.act_bytes == kF ? std::string("float32")
-                                                  : p.dtype + " activations and parameter copies, float32 master, "
-                                                                "gradients and AdamW") << "):\n";
+  if (D.pp > 1) print_stages(p, o);
+  o << "memory per rank" << (D.pp > 1 ? " of stage " + std::to_string(p.stage) : std::string()) << " ("
+    << (p.act_bytes == kF ? std::string("float32")
+                          : p.dtype +
+                                " activations and parameter copies, float32 master, "
+                                "gradients and AdamW")
+    << "):\n";
   auto row = [&](const char* what, int64_t b, const std::string& how) {
     std::snprintf(line, sizeof(line), "  %-22s %12s  %s\n", what, io::format_bytes(double(b)).c_str(), how.c_str());
     o << line;
@@ -708,9 +945,18 @@ void print_plan(const Plan& p, std::ostream& o) {
         "whole buffers at the peak (up to " + io::format_bytes(double(p.gathered_max_bytes)) +
             ": embeddings and their gradient, two blocks and two block gradients)");
   row("activations", p.activation_bytes,
-      "kept for backward, one micro-step (a block: " + io::format_bytes(double(p.block_activation_bytes)) + ")");
-  row("logits", p.logits_bytes, "B T Vp/tp values");
-  row("loss temporaries", p.loss_temp_bytes, "dlogits (TP only: else it is the logits) and statistics");
+      std::string(D.pp > 1 ? "kept for backward, one micro-batch through the stage"
+                           : "kept for backward, one micro-step") +
+          " (a block: " + io::format_bytes(double(p.block_activation_bytes)) + ")");
+  if (D.pp > 1)
+    row("activations held", p.held_bytes,
+        "at the peak: " + std::to_string(p.in_flight) + " micro-batch" + (p.in_flight == 1 ? "" : "es") +
+            " between F and B" +
+            (p.deferred_bytes ? std::string(", and the W inputs of those between B and W") : ""));
+  if (p.last_stage) {  // the stage with the head and the loss
+    row("logits", p.logits_bytes, "B T Vp/tp values");
+    row("loss temporaries", p.loss_temp_bytes, "dlogits (TP only: else it is the logits) and statistics");
+  }
   row("batch, positions", p.other_bytes, "");
   row("peak estimate", p.peak_bytes, "at " + p.peak_at);
   for (const PlanMoment& m : p.moments) {
@@ -736,7 +982,8 @@ void print_plan_json(const Plan& p, std::ostream& o) { o << plan_to_json(p).dump
 
 nlohmann::json plan_to_json(const Plan& p) {
   nlohmann::json j;
-  j["layout"] = {{"dp_replicate", p.dims.dp_replicate},
+  j["layout"] = {{"pp", p.dims.pp},
+                 {"dp_replicate", p.dims.dp_replicate},
                  {"dp_shard", p.dims.dp_shard},
                  {"cp", p.dims.cp},
                  {"tp", p.dims.tp},
@@ -783,6 +1030,36 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["comm"] = comm;
   j["comm_bytes"] = p.comm_bytes;
   j["notes"] = p.notes;
+  if (p.dims.pp > 1) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const PlanStage& x : p.stages) {
+      nlohmann::json chunks = nlohmann::json::array();
+      for (const auto& [b, e] : x.chunks) chunks.push_back({b, e});
+      stages.push_back({{"stage", x.stage},
+                        {"chunks", chunks},
+                        {"first", x.first},
+                        {"last", x.last},
+                        {"params", x.params},
+                        {"persistent", x.persistent_bytes},
+                        {"activations_per_micro_batch", x.micro_activation_bytes},
+                        {"in_flight", x.in_flight},
+                        {"activations_held", x.held_bytes},
+                        {"peak", x.peak_bytes},
+                        {"peak_at", x.peak_at},
+                        {"comm_bytes", x.comm_bytes}});
+    }
+    j["pipeline"] = {{"stages", p.dims.pp},
+                     {"schedule", p.pp_schedule},
+                     {"virtual", p.pp_virtual},
+                     {"micro_batches", p.accum},
+                     {"blocks", p.pp_blocks},
+                     {"planned_stage", p.stage},
+                     {"io_bytes", p.io_bytes},
+                     {"in_flight", p.in_flight},
+                     {"activations_held", p.held_bytes},
+                     {"deferred_bytes", p.deferred_bytes},
+                     {"per_stage", stages}};
+  }
   return j;
 }
 

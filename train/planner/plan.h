@@ -10,15 +10,18 @@
 //
 // Nothing is allocated and MPI never starts: the model is described, tensor parallelism
 // splits the description (dist::apply_tensor_parallel against a communicator that has only
-// a size and a rank), and nn::flat_layout lays out the FSDP shards. docs/planner.md explains how
-// to read the result; tests/test_dist_plan.cpp compares it with the allocator's measured
-// peak and the communicators' byte counters under mpirun.
+// a size and a rank), and nn::flat_layout lays out the FSDP shards. With pipeline stages
+// (parallel.pp_size > 1) each stage is planned on its own part of the model, along its
+// schedule (train/planner/pipeline.h), and the plan is the stage with the highest peak.
+// docs/planner.md explains how to read the result; tests/test_dist_plan.cpp compares it
+// with the allocator's measured peak and the communicators' byte counters under mpirun.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/mesh.h"
@@ -27,7 +30,7 @@
 namespace ndt::train {
 
 struct PlanComm {
-  std::string dim;      // "fsdp", "replicate", "tp", "cp", "dp", "scalars"
+  std::string dim;      // "fsdp", "replicate", "tp", "cp", "pp", "scalars"
   std::string what;     // e.g. "all-gather of every block (forward)"
   std::string formula;  // how the bytes follow from the sizes
   int64_t bytes = 0;    // sent per optimizer step by the planned rank
@@ -38,6 +41,22 @@ struct PlanMoment {
   std::string name;
   int64_t activations = 0, gathered = 0, transient = 0;
   int64_t total = 0;  // with the persistent bytes
+};
+
+// Pipeline parallelism: one stage of the plan (one rank of the pipeline, and the ranks of
+// its stage, which hold the same sizes).
+struct PlanStage {
+  int64_t stage = 0;
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // blocks [begin, end) of each of its model chunks
+  bool first = false, last = false;                 // holds the embeddings; the head and the loss
+  int64_t params = 0;                               // its parameters after TP, before FSDP's sharding
+  int64_t persistent_bytes = 0;                     // parameters, gradients, AdamW, the batch
+  int64_t micro_activation_bytes = 0;               // kept by one micro-batch through its chunks
+  int64_t in_flight = 0;                            // the schedule's most micro-batches held at once
+  int64_t held_bytes = 0;                           // kept at its peak (with zb-h1's W inputs)
+  int64_t peak_bytes = 0;
+  std::string peak_at;
+  int64_t comm_bytes = 0;
 };
 
 struct Plan {
@@ -82,11 +101,30 @@ struct Plan {
   std::vector<PlanComm> comm;
   int64_t comm_bytes = 0;
   std::vector<std::string> notes;
+  // pipeline parallelism (dims.pp > 1): the schedule over `accum` micro-batches, the blocks
+  // of each virtual stage (pp x pp_virtual of them), and every stage in brief; the rest of
+  // the plan (sizes, memory, bytes) is stage `stage`'s, the one whose peak is highest
+  std::string pp_schedule = "1f1b";
+  int64_t pp_virtual = 1;
+  std::vector<int64_t> pp_blocks;
+  int64_t stage = 0;
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // this stage's blocks [begin, end), by chunk
+  bool first_stage = true, last_stage = true;       // it holds the embeddings; the head and the loss
+  int64_t io_bytes = 0;                             // an activation between stages, or its gradient
+  int64_t in_flight = 1;                            // micro-batches whose activations it holds at once
+  int64_t held_bytes = 0;                           // activations kept at the peak, all micro-batches
+  int64_t deferred_bytes = 0;                       // zb-h1: one micro-batch's W inputs (see plan.cpp)
+  std::vector<PlanStage> stages;
 };
 
 // The plan of config c on `world` ranks (the [parallel] sizes must multiply to it, or
 // dp_shard_size = -1 takes the rest). Throws ConfigError on a layout the trainer refuses.
+// With pipeline stages every stage is planned and the plan is the one with the highest
+// peak, Plan::stages listing them all.
 Plan plan(const Config& c, int64_t world);
+// The plan of pipeline stage `stage` alone (Plan::stages empty); plan() of each stage, and
+// the time model's picture of each.
+Plan plan_stage(const Config& c, int64_t world, int64_t stage);
 // The world size for --plan: plan_world when given, else the product of the [parallel]
 // sizes; dp_shard_size = -1 without plan_world is a ConfigError.
 int64_t plan_world(const Config& c);

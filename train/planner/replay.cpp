@@ -167,71 +167,117 @@ StepReplay::StepReplay(const Plan& plan, const Cluster& cluster, const Shapes& s
       tp_gather_bytes_(double(shapes.N) * double(shapes.C) * double(plan.act_bytes)),
       kv_bytes_(2 * double(shapes.N) * double(shapes.KVl) * double(plan.act_bytes)),
       timeline_(links_),
-      gathered_(static_cast<size_t>(units_)) {}
+      gathered_(static_cast<size_t>(units_)) {
+  int64_t unit = 1;
+  for (const auto& [begin, end] : plan.chunks) {
+    chunk_units_.emplace_back(unit, unit + end - begin);
+    unit += end - begin;
+  }
+  NDT_CHECK(unit == units_, "internal: a plan's chunks hold ", unit - 1, " blocks of its ", units_ - 1);
+}
 
 void StepReplay::run() {
+  const size_t chunks = chunk_units_.size();
+  costs_.f.assign(chunks, 0.0);
+  costs_.b.assign(chunks, 0.0);
+  costs_.w.assign(chunks, 0.0);
   for (int64_t micro = 0; micro < plan_.accum; ++micro) micro_step(micro == 0, micro + 1 == plan_.accum);
+  // the weight gradients' GEMMs (dW = x^T dy: the forward's FLOPs of every linear)
+  const BlockWork& block = work_.block;
+  const double dw = (block.attn_in.flops + block.attn_out.flops + block.mlp.flops) / cluster_.flops;
+  for (size_t c = 0; c < chunks; ++c) {
+    costs_.f[c] /= double(plan_.accum);
+    costs_.b[c] /= double(plan_.accum);
+    costs_.w[c] = std::min(costs_.b[c], double(chunk_units_[c].second - chunk_units_[c].first) * dw);
+  }
+  const double before = timeline_.now();
   step_end();
+  costs_.tail = timeline_.now() - before;
 }
 
-// One micro-batch's forward and backward; the last one's gradients are reduced for the step.
+// One micro-batch's forward and backward through the stage's chunks; the last one's
+// gradients are reduced for the step.
 void StepReplay::micro_step(bool first, bool last) {
-  forward(first);
-  loss();
-  backward(last);
+  for (size_t c = 0; c < chunk_units_.size(); ++c) {
+    const double t0 = timeline_.now();
+    forward(c, first && c == 0);
+    costs_.f[c] += timeline_.now() - t0;
+  }
+  for (size_t c = chunk_units_.size(); c-- > 0;) {
+    const double t0 = timeline_.now();
+    backward(c, last);
+    if (c == 0) micro_step_end(last);
+    costs_.b[c] += timeline_.now() - t0;
+  }
 }
 
-void StepReplay::forward(bool first_micro_step) {
+void StepReplay::forward(size_t chunk, bool first_micro_step) {
+  const auto [begin, end] = chunk_units_[chunk];
   if (sharded_) {
     if (first_micro_step) {  // the embeddings, gathered once for the whole step
       prefetch(0);
       wait_gathered(0);
     }
-    if (units_ > 1) prefetch(1);
+    if (begin < end) prefetch(begin);
   }
-  timeline_.run(piece(work_.embeddings), false);
-  g_forward();  // the vocabulary-parallel embedding's sum
-  for (int64_t unit = 1; unit < units_; ++unit) {
+  if (plan_.first_stage && chunk == 0) {
+    timeline_.run(piece(work_.embeddings), false);
+    g_forward();  // the vocabulary-parallel embedding's sum
+  }
+  for (int64_t unit = begin; unit < end; ++unit) {
     if (sharded_) {
       wait_gathered(unit);
-      if (unit + 1 < units_) prefetch(unit + 1);
+      if (unit + 1 < end) prefetch(unit + 1);
     }
     block_forward(false);
   }
+  if (plan_.last_stage && chunk + 1 == chunk_units_.size()) loss_forward();
 }
 
 // ln_f, lm_head and the vocabulary-parallel cross-entropy (its max, sum and target logit
-// all-reduced over tp), and back to lm_head's input gradient
-void StepReplay::loss() {
+// all-reduced over tp) ...
+void StepReplay::loss_forward() {
   f_forward();  // before lm_head
   timeline_.run(piece(work_.head), false);
   if (plan_.dims.tp > 1)
     for (int i = 0; i < 3; ++i)
       timeline_.sync("tp", all_reduce_s(double(shapes_.N) * kF, plan_.dims.tp, links_.tp));
+}
+
+// ... and back to lm_head's input gradient
+void StepReplay::loss_backward() {
   timeline_.run(piece(work_.head_b), false);
   f_backward();  // lm_head's input gradient
 }
 
 // The blocks' backward, last block first: FSDP drains the reduce-scatter of the block
 // before, waits for this block's all-gather and prefetches the next one's
-void StepReplay::backward(bool last_micro_step) {
-  for (int64_t unit = units_ - 1; unit >= 1; --unit) {
+void StepReplay::backward(size_t chunk, bool last_micro_step) {
+  const auto [begin, end] = chunk_units_[chunk];
+  if (plan_.last_stage && chunk + 1 == chunk_units_.size()) loss_backward();
+  for (int64_t unit = end - 1; unit >= begin; --unit) {
     if (sharded_) {
       drain(1, last_micro_step);
-      if (unit + 1 < units_) wait_gathered(unit);  // the last stayed whole
-      if (unit > 1) prefetch(unit - 1);
+      if (unit + 1 < units_) {  // the rank's last block stayed whole; a chunk's last is gathered again
+        if (unit + 1 == end) prefetch(unit);
+        wait_gathered(unit);
+      }
+      if (unit > begin) prefetch(unit - 1);
     }
     block_backward(nn::block_checkpointing(checkpointing_, plan_.ac_every, unit - 1));
     if (sharded_ || last_micro_step) reduce_gradient(unit);
   }
-  embeddings_backward(last_micro_step);
+  if (plan_.first_stage && chunk == 0) embeddings_backward();
 }
 
-// The embeddings' backward, bf16 gradients folded into f32, and every gradient's
-// collective done
-void StepReplay::embeddings_backward(bool last_micro_step) {
+// The embeddings' backward
+void StepReplay::embeddings_backward() {
   g_backward();  // the embedding's output gradient
   timeline_.run(piece(work_.embeddings_b), false);
+}
+
+// The micro-step's end: bf16 gradients folded into f32, and every gradient's collective done
+void StepReplay::micro_step_end(bool last_micro_step) {
   timeline_.run(piece_of(work_.fold, kF), false);
   if (last_micro_step) reduce_gradient(0);
   if (sharded_) drain(0, last_micro_step);
@@ -354,6 +400,7 @@ void StepReplay::column_parallel_backward(const Work& input_grad, const Work& we
 
 // FSDP's all-gather of unit u's whole buffer (dist/fsdp/fsdp.cpp), in the compute dtype
 void StepReplay::prefetch(int64_t unit) {
+  if (plan_.unit_numel[static_cast<size_t>(unit)] == 0) return;  // a middle stage's embeddings
   const double bytes = double(plan_.unit_numel[static_cast<size_t>(unit)]) * double(plan_.act_bytes);
   gathered_[static_cast<size_t>(unit)] =
       timeline_.start("fsdp", gather_s(bytes, plan_.dims.fsdp(), links_.fsdp));
@@ -365,6 +412,7 @@ void StepReplay::wait_gathered(int64_t unit) { timeline_.wait("fsdp", gathered_[
 // DP's all-reduce (f32) at once
 void StepReplay::reduce_gradient(int64_t unit) {
   const double numel = double(plan_.unit_numel[static_cast<size_t>(unit)]);
+  if (numel == 0) return;  // a middle stage's embeddings
   if (sharded_) {
     const double bytes = numel * double(plan_.wire_reduce_bytes);
     reducing_.emplace_back(unit, timeline_.start("fsdp", gather_s(bytes, plan_.dims.fsdp(), links_.fsdp)));

@@ -6,12 +6,14 @@
 //   replay.timeline().now();      // the step's seconds
 //   replay.timeline().exposed();  // of them, the waits on communication, by dimension
 //
-// For each micro-step of gradient accumulation: the embeddings; each block's forward, with
+// For each micro-step of gradient accumulation (under pipeline parallelism each micro-batch
+// through the stage's chunks: what the stage computes, timed by chunk for the schedule's
+// simulation): the embeddings (on the first stage); each block's forward, with
 // FSDP's all-gather of the next block prefetched under it, TP's f and g around the
 // attention and the MLP, ring attention's steps under CP; the loss; each block's backward
 // in reverse, after activation checkpointing's recompute, with the column-parallel
 // linears' input-gradient sums under their weight gradients and FSDP's reduce-scatter
-// drained one block later; the embeddings' backward. Then the step's end: sequence
+// drained one block later; the embeddings' backward (first stage). Then the step's end: sequence
 // parallel's sum of the unsplit gradients, the loss's and the norm's scalars, AdamW.
 //
 // Each piece of compute costs its matrix products' FLOPs at the cluster's reached rate
@@ -65,11 +67,23 @@ struct StepWork {
 
 StepWork step_work(const Plan& plan, const Shapes& shapes);
 
+// A pipeline stage's compute per micro-batch, by chunk (seconds, on its timeline: its
+// stage's collectives included), and what its step does after the last backward.
+struct StageCosts {
+  std::vector<double> f, b;  // per chunk: its F, its whole B (averaged over the micro-batches)
+  std::vector<double> w;     // per chunk: of b, the blocks' weight GEMMs (zb-h1's W)
+  double tail = 0;           // the step's end: the last reductions, the scalars, AdamW
+};
+
 class StepReplay {
  public:
   // plan and cluster are kept by reference: they outlive the replay
   StepReplay(const Plan& plan, const Cluster& cluster, const Shapes& shapes);
-  void run();  // the whole step, once
+  // The whole step, once: each micro-step's forward and backward through every chunk of the
+  // plan's stage (the whole model without a pipeline), then the step's end. The per-chunk
+  // times are the pipeline's costs (predict_time simulates the schedule with them).
+  void run();
+  const StageCosts& costs() const { return costs_; }
 
   const Timeline& timeline() const { return timeline_; }
   const Links& links() const { return links_; }
@@ -77,10 +91,12 @@ class StepReplay {
  private:
   // the step (Trainer's), in order
   void micro_step(bool first, bool last);
-  void forward(bool first_micro_step);
-  void loss();
-  void backward(bool last_micro_step);
-  void embeddings_backward(bool last_micro_step);
+  void forward(size_t chunk, bool first_micro_step);
+  void loss_forward();
+  void loss_backward();
+  void backward(size_t chunk, bool last_micro_step);
+  void embeddings_backward();
+  void micro_step_end(bool last_micro_step);
   void step_end();
   // a block (nn::Block, and what checkpointing does to it)
   void block_forward(bool again);
@@ -113,6 +129,8 @@ class StepReplay {
   const nn::ACMode checkpointing_;
   const bool sharded_;
   const int64_t units_;
+  std::vector<std::pair<int64_t, int64_t>> chunk_units_;  // each chunk's units [begin, end)
+  StageCosts costs_;
   // bytes: TP's all-reduces (an activation or its gradient, in the dtype the reduction
   // moves); an all-gather of an activation (the raw values); the ring's K and V of this
   // rank's two chunks

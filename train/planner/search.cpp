@@ -22,17 +22,30 @@ std::vector<int64_t> divisors(int64_t n) {
   return d;
 }
 
-// "2 x 4 x 1 x 1" as dp_replicate x dp_shard x cp x tp
+// "1 x 2 x 4 x 1 x 1" as pp x dp_replicate x dp_shard x cp x tp
 std::string sizes(const dist::ParallelDims& D) {
-  char s[64];
-  std::snprintf(s, sizeof(s), "%lld x %lld x %lld x %lld", (long long)D.dp_replicate, (long long)D.dp_shard,
-                (long long)D.cp, (long long)D.tp);
+  char s[80];
+  std::snprintf(s, sizeof(s), "%lld x %lld x %lld x %lld x %lld", (long long)D.pp, (long long)D.dp_replicate,
+                (long long)D.dp_shard, (long long)D.cp, (long long)D.tp);
   return s;
 }
 
+// "1f1b", "interleaved x2"; "-" without a pipeline
+std::string schedule_of(const Plan& p) {
+  if (p.dims.pp == 1) return "-";
+  return p.pp_schedule + (p.pp_virtual > 1 ? " x" + std::to_string(p.pp_virtual) : "");
+}
+
 std::string describe(const Candidate& x) {
-  return sizes(x.plan.dims) + " (" + x.plan.strategy + "), micro-batch " +
+  return sizes(x.plan.dims) + " (" + x.plan.strategy + "), " +
+         (x.plan.dims.pp > 1 ? "schedule " + schedule_of(x.plan) + ", " : "") + "micro-batch " +
          std::to_string(x.plan.micro_batch) + ", checkpointing " + x.plan.ac;
+}
+
+bool same_layout(const Plan& a, const Plan& b) {
+  return a.dims.pp == b.dims.pp && a.dims.dp_replicate == b.dims.dp_replicate &&
+         a.dims.dp_shard == b.dims.dp_shard && a.dims.cp == b.dims.cp && a.dims.tp == b.dims.tp &&
+         schedule_of(a) == schedule_of(b);
 }
 
 std::string ms(double s) {
@@ -44,20 +57,22 @@ std::string ms(double s) {
 // Whether any (tp, cp, data-parallel) split of `world` devices passes the trainer's rules
 // for c's model and sequence, with the batch splitting among the data-parallel ranks.
 bool some_layout_divides(const Config& c, int64_t world, int64_t batch) {
-  for (int64_t tp : divisors(world))
-    for (int64_t cp : divisors(world / tp)) {
-      const int64_t dp = world / (tp * cp);
-      if (batch % dp) continue;
-      dist::ParallelDims dims;
-      dims.dp_shard = dp;
-      dims.cp = cp;
-      dims.tp = tp;
-      try {
-        dist::check_parallel_model(c.model, dims, c.train.seq_len);
-        return true;
-      } catch (const Error&) {
+  for (int64_t pp : divisors(world))
+    for (int64_t tp : divisors(world / pp))
+      for (int64_t cp : divisors(world / (pp * tp))) {
+        const int64_t dp = world / (pp * tp * cp);
+        if (batch % dp) continue;
+        dist::ParallelDims dims;
+        dims.pp = pp;
+        dims.dp_shard = dp;
+        dims.cp = cp;
+        dims.tp = tp;
+        try {
+          dist::check_parallel_model(c.model, dims, c.train.seq_len);
+          return true;
+        } catch (const Error&) {
+        }
       }
-    }
   return false;
 }
 
@@ -69,10 +84,7 @@ std::string why_first(const std::vector<Candidate>& r) {
   // the best plan of another layout (the runner-up often differs only in micro-batch)
   const Candidate* other = nullptr;
   for (size_t i = 1; i < r.size() && !other; ++i)
-    if (r[i].plan.dims.dp_replicate != r[0].plan.dims.dp_replicate ||
-        r[i].plan.dims.dp_shard != r[0].plan.dims.dp_shard || r[i].plan.dims.cp != r[0].plan.dims.cp ||
-        r[i].plan.dims.tp != r[0].plan.dims.tp)
-      other = &r[i];
+    if (!same_layout(r[i].plan, r[0].plan)) other = &r[i];
   if (!other) other = &r[1];
   const StepTime& b = other->time;
   const double d_compute = b.compute_s - a.compute_s, d_re = b.recompute_s - a.recompute_s,
@@ -95,8 +107,76 @@ std::string why_first(const std::vector<Candidate>& r) {
   }
   char pct[32];
   std::snprintf(pct, sizeof(pct), "%.0f%%", 100 * (b.step_s / a.step_s - 1));
-  return "the best other layout, " + sizes(other->plan.dims) + " (" + other->plan.strategy + "), is " + pct +
+  return "the best other layout, " + sizes(other->plan.dims) + " (" + other->plan.strategy +
+         (other->plan.dims.pp > 1 ? ", " + schedule_of(other->plan) : std::string()) + "), is " + pct +
          " slower (" + ms(b.step_s) + " against " + ms(a.step_s) + "): it " + part;
+}
+
+// A pipeline of pp stages (1: none) and its schedule.
+struct Pipeline {
+  int64_t pp;
+  const char* schedule;
+  int64_t virtual_stages;
+};
+
+// Every plan of one layout -- pipeline, tp, cp, the rest data parallel -- into `out`: each
+// split of the data-parallel ranks into replicas and shards, micro-batch, checkpointing mode
+// and (with tp) sequence parallelism.
+void search_layout(const Config& c, const Cluster& k, const Pipeline& pipe, int64_t tp, int64_t cp,
+                   SearchResult& out) {
+  const char* modes[] = {"none", "selective", "full"};
+  const int64_t W = out.world, dp = W / (pipe.pp * tp * cp);
+  const int64_t sps = tp > 1 ? 2 : 1;  // with tp, sequence parallelism off and on
+  if (out.batch % dp) {
+    const int64_t n = static_cast<int64_t>(divisors(dp).size()) * 3 * sps;
+    out.refused += n;
+    out.tried += n;
+    out.refusals["the batch of " + std::to_string(out.batch) + " sequences per step does not split among " +
+                 std::to_string(dp) + " data-parallel ranks (tp " + std::to_string(tp) + ", cp " +
+                 std::to_string(cp) + (pipe.pp > 1 ? ", pp " + std::to_string(pipe.pp) : "") + ")"] += n;
+    return;
+  }
+  const int64_t per_rank = out.batch / dp;
+  for (int64_t rep : divisors(dp))
+    for (int64_t micro : divisors(per_rank))
+      for (const char* mode : modes)
+        for (int64_t sp = 0; sp < sps; ++sp) {
+          ++out.tried;
+          Config x = c;
+          x.parallel.pp_size = pipe.pp;
+          x.parallel.pp_schedule = pipe.schedule;
+          x.parallel.pp_virtual = pipe.virtual_stages;
+          x.parallel.pp_split = "";  // balanced by cost
+          x.parallel.sequence_parallel = sp == 1;
+          x.parallel.dp_replicate_size = rep;
+          x.parallel.dp_shard_size = dp / rep;
+          x.parallel.cp_size = cp;
+          x.parallel.tp_size = tp;
+          x.train.micro_batch_size = micro;
+          x.train.grad_accum_steps = per_rank / micro;  // under a pipeline, its micro-batches
+          x.train.activation_checkpointing = mode;
+          x.train.ac_every = 1;
+          if (micro * x.train.seq_len > (int64_t(1) << 31)) {
+            ++out.refused;
+            ++out.refusals["a micro-batch of over 2^31 tokens"];
+            continue;
+          }
+          Candidate cand;
+          try {
+            cand.plan = plan(x, W);
+          } catch (const ConfigError&
+                       e) {  // tp, cp or the stages the model, the sequence or the schedule cannot take
+            ++out.refused;
+            ++out.refusals[e.what()];
+            continue;
+          }
+          if (double(cand.plan.peak_bytes) > 0.9 * k.memory_bytes) {
+            ++out.too_big;
+            continue;
+          }
+          cand.time = predict_time(x, cand.plan, k);
+          out.ranked.push_back(std::move(cand));
+        }
 }
 
 }  // namespace
@@ -109,62 +189,28 @@ SearchResult search(const Config& c, const Cluster& k) {
     out.batch = c.plan_batch;
   } else {  // the config's batch per step
     const ParallelSection& P = c.parallel;
-    const int64_t shard = P.dp_shard_size > 0
-                              ? P.dp_shard_size
-                              : std::max<int64_t>(1, W / (P.dp_replicate_size * P.cp_size * P.tp_size));
+    const int64_t shard =
+        P.dp_shard_size > 0
+            ? P.dp_shard_size
+            : std::max<int64_t>(1, W / (P.pp_size * P.dp_replicate_size * P.cp_size * P.tp_size));
     out.batch = c.train.micro_batch_size * c.train.grad_accum_steps * P.dp_replicate_size * shard;
   }
-  const char* modes[] = {"none", "selective", "full"};
-  for (int64_t tp : divisors(W))
-    for (int64_t cp : divisors(W / tp)) {
-      const int64_t dp = W / (tp * cp);
-      const int64_t sps = tp > 1 ? 2 : 1;  // with tp, sequence parallelism off and on
-      if (out.batch % dp) {
-        const int64_t n = static_cast<int64_t>(divisors(dp).size()) * 3 * sps;
-        out.refused += n;
-        out.tried += n;
-        out.refusals["the batch of " + std::to_string(out.batch) + " sequences per step does not split among " +
-                     std::to_string(dp) + " data-parallel ranks (tp " + std::to_string(tp) + ", cp " +
-                     std::to_string(cp) + ")"] += n;
-        continue;
-      }
-      const int64_t per_rank = out.batch / dp;
-      for (int64_t rep : divisors(dp))
-        for (int64_t micro : divisors(per_rank))
-          for (const char* mode : modes)
-            for (int64_t sp = 0; sp < sps; ++sp) {
-              ++out.tried;
-              Config x = c;
-              x.parallel.sequence_parallel = sp == 1;
-              x.parallel.dp_replicate_size = rep;
-              x.parallel.dp_shard_size = dp / rep;
-              x.parallel.cp_size = cp;
-              x.parallel.tp_size = tp;
-              x.train.micro_batch_size = micro;
-              x.train.grad_accum_steps = per_rank / micro;
-              x.train.activation_checkpointing = mode;
-              x.train.ac_every = 1;
-              if (micro * x.train.seq_len > (int64_t(1) << 31)) {
-                ++out.refused;
-                ++out.refusals["a micro-batch of over 2^31 tokens"];
-                continue;
-              }
-              Candidate cand;
-              try {
-                cand.plan = plan(x, W);
-              } catch (const ConfigError& e) {  // tp or cp the model or the sequence cannot take
-                ++out.refused;
-                ++out.refusals[e.what()];
-                continue;
-              }
-              if (double(cand.plan.peak_bytes) > 0.9 * k.memory_bytes) {
-                ++out.too_big;
-                continue;
-              }
-              cand.time = predict_time(x, cand.plan, k);
-              out.ranked.push_back(std::move(cand));
-            }
+  // pipeline stages: none, or a divisor of the world no larger than the blocks, each with
+  // 1f1b, zb-h1 and, when every rank can hold two chunks, interleaved over 2
+  std::vector<Pipeline> pipelines;
+  for (int64_t pp : divisors(W)) {
+    if (pp > c.model.n_layer) continue;
+    if (pp == 1) {
+      pipelines.push_back({1, "1f1b", 1});
+      continue;
     }
+    pipelines.push_back({pp, "1f1b", 1});
+    pipelines.push_back({pp, "zb-h1", 1});
+    if (2 * pp <= c.model.n_layer) pipelines.push_back({pp, "interleaved", 2});
+  }
+  for (const Pipeline& pipe : pipelines)
+    for (int64_t tp : divisors(W / pipe.pp))
+      for (int64_t cp : divisors(W / (pipe.pp * tp))) search_layout(c, k, pipe, tp, cp, out);
   std::stable_sort(out.ranked.begin(), out.ranked.end(),
                    [](const Candidate& a, const Candidate& b) { return a.time.step_s < b.time.step_s; });
   out.why = why_first(out.ranked);
@@ -198,33 +244,44 @@ void print_refusals(const SearchResult& s, std::ostream& o) {
 void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ostream& o) {
   print_cluster(k, o);
   o << "search: " << s.world << " devices, " << s.batch << " sequences per step; " << s.tried
-    << " plans (layouts x micro-batches x checkpointing x sequence parallelism with tp), " << s.refused
-    << " refused by the trainer's rules, " << s.too_big << " over 90% of a device's memory, "
+    << " plans (layouts and pipeline schedules x micro-batches x checkpointing x sequence parallelism with "
+       "tp), "
+    << s.refused << " refused by the trainer's rules, " << s.too_big << " over 90% of a device's memory, "
     << s.ranked.size() << " ranked\n";
   if (s.ranked.empty() && s.too_big == 0) return print_refusals(s, o);
   char line[400];
-  std::snprintf(line, sizeof(line), "%4s  %-21s %-22s %-7s %-9s %10s %11s %6s %10s %10s %10s %9s  %s\n", "#",
-                "rep x shard x cp x tp", "strategy", "micro", "AC", "step ms", "tokens/s", "MFU", "compute",
-                "exposed", "recompute", "peak GB", "across hosts");
+  std::snprintf(line, sizeof(line),
+                "%4s  %-26s %-22s %-14s %-7s %-9s %10s %11s %6s %10s %10s %10s %7s %9s  %s\n", "#",
+                "pp x rep x shard x cp x tp", "strategy", "schedule", "micro", "AC", "step ms", "tokens/s",
+                "MFU", "compute", "exposed", "recompute", "bubble", "peak GB", "across hosts");
   o << line;
   for (size_t i = 0; i < s.ranked.size() && int64_t(i) < top; ++i) {
     const Plan& p = s.ranked[i].plan;
     const StepTime& t = s.ranked[i].time;
     std::string across;
     for (const std::string& a : t.across_hosts) across += (across.empty() ? "" : ",") + a;
-    std::snprintf(
-        line, sizeof(line),
-        "%4zu  %-21s %-22s %2lld x %-2lld %-9s %10.1f %11.0f %5.1f%% %10.1f %10.1f %10.1f %9.2f  %s\n", i + 1,
-        sizes(p.dims).c_str(), p.strategy.c_str(), (long long)p.micro_batch, (long long)p.accum, p.ac.c_str(),
-        t.step_s * 1e3, t.tokens_per_s, 100 * t.mfu, t.compute_s * 1e3, t.exposed_s * 1e3,
-        t.recompute_s * 1e3, double(p.peak_bytes) / 1e9, across.empty() ? "-" : across.c_str());
+    char bubble[16] = "-";
+    if (p.dims.pp > 1) std::snprintf(bubble, sizeof(bubble), "%.1f%%", 100 * t.bubble);
+    std::snprintf(line, sizeof(line),
+                  "%4zu  %-26s %-22s %-14s %2lld x %-2lld %-9s %10.1f %11.0f %5.1f%% %10.1f %10.1f %10.1f "
+                  "%7s %9.2f  %s\n",
+                  i + 1, sizes(p.dims).c_str(), p.strategy.c_str(), schedule_of(p).c_str(),
+                  (long long)p.micro_batch, (long long)p.accum, p.ac.c_str(), t.step_s * 1e3, t.tokens_per_s,
+                  100 * t.mfu, t.compute_s * 1e3, t.exposed_s * 1e3, t.recompute_s * 1e3, bubble,
+                  double(p.peak_bytes) / 1e9, across.empty() ? "-" : across.c_str());
     o << line;
   }
   if (!s.ranked.empty()) {
     o << "best: " << describe(s.ranked[0]) << "; " << s.ranked[0].time.bottleneck << "\n";
     o << "why: " << s.why << "\n";
     const Plan& p = s.ranked[0].plan;
-    o << "run it: --parallel.dp_replicate_size " << p.dims.dp_replicate << " --parallel.dp_shard_size "
+    o << "run it: ";
+    if (p.dims.pp > 1) {
+      o << "--parallel.pp_size " << p.dims.pp << " --parallel.pp_schedule " << p.pp_schedule;
+      if (p.pp_virtual > 1) o << " --parallel.pp_virtual " << p.pp_virtual;
+      o << " ";
+    }
+    o << "--parallel.dp_replicate_size " << p.dims.dp_replicate << " --parallel.dp_shard_size "
       << p.dims.dp_shard << " --parallel.cp_size " << p.dims.cp << " --parallel.tp_size " << p.dims.tp
       << " --train.micro_batch_size " << p.micro_batch << " --train.grad_accum_steps " << p.accum
       << " --train.activation_checkpointing " << p.ac
@@ -253,7 +310,10 @@ void print_search_json(const SearchResult& s, const Cluster& k, int64_t top, std
   for (size_t i = 0; i < s.ranked.size() && int64_t(i) < top; ++i) {
     const Plan& p = s.ranked[i].plan;
     nlohmann::json x = time_to_json(s.ranked[i].time);
-    x["layout"] = {{"dp_replicate", p.dims.dp_replicate},
+    x["layout"] = {{"pp", p.dims.pp},
+                   {"pp_schedule", p.dims.pp > 1 ? p.pp_schedule : ""},
+                   {"pp_virtual", p.pp_virtual},
+                   {"dp_replicate", p.dims.dp_replicate},
                    {"dp_shard", p.dims.dp_shard},
                    {"cp", p.dims.cp},
                    {"tp", p.dims.tp},

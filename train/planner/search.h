@@ -1,11 +1,15 @@
 // ndtrain: the layout search (train_gpt --plan --plan.search with a cluster).
 //
-// Every (dp_replicate, dp_shard, cp, tp) whose product is the cluster's devices, every
-// micro-batch that divides a data-parallel rank's sequences per step (the batch per step is
-// fixed: plan.batch, or the config's), and every activation checkpointing mode is planned
-// with plan() -- whose checks are the trainer's own: tp divides the heads, 4 n_embd and
-// the padded vocabulary, 2 cp divides seq_len -- and, when it fits in 90% of a device's
-// memory, timed with predict_time(). The result is ranked by predicted tokens/s.
+// Every (pp, dp_replicate, dp_shard, cp, tp) whose product is the cluster's devices -- a
+// pipeline of at most model.n_layer stages, each with the schedules 1f1b, zb-h1 and (when
+// every rank can hold two chunks) interleaved over 2 --, every micro-batch that divides a
+// data-parallel rank's sequences per step (the batch per step is fixed: plan.batch, or the
+// config's; under a pipeline the rest are its micro-batches), and every activation
+// checkpointing mode is planned with plan() -- whose checks are the trainer's own: tp
+// divides the heads, 4 n_embd and the padded vocabulary, 2 cp divides seq_len, the
+// schedule's rules (interleaved: micro-batches a multiple of pp) -- and, when its
+// highest stage fits in 90% of a device's memory, timed with predict_time(). The result is
+// ranked by predicted tokens/s.
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "dist/pipeline_parallel/schedule.h"
 #include "models/gpt.h"
 #include "train/planner/replay.h"
 #include "train/planner/shapes.h"
@@ -68,8 +69,11 @@ void count_bytes(const Plan& p, const Links& links, StepTime& t) {
     t.bytes_inter += inter;
     t.bytes_intra += x.bytes - inter;
   }
-  const std::pair<const char*, const Link*> named[] = {
-      {"dp_replicate", &links.replicate}, {"dp_shard", &links.fsdp}, {"cp", &links.cp}, {"tp", &links.tp}};
+  const std::pair<const char*, const Link*> named[] = {{"pp", &links.pp},
+                                                       {"dp_replicate", &links.replicate},
+                                                       {"dp_shard", &links.fsdp},
+                                                       {"cp", &links.cp},
+                                                       {"tp", &links.tp}};
   for (const auto& [name, l] : named)
     if (l->crosses) t.across_hosts.emplace_back(name);
 }
@@ -86,6 +90,7 @@ std::string bottleneck(const StepTime& t, const dist::ParallelDims& dims, const 
       {"replicate", dims.sharded() ? "HSDP's all-reduce of the gradient shards" : "DP's gradient all-reduce"},
       {"tp", "tensor parallelism's all-reduces (each waited for)"},
       {"cp", "ring attention's K/V exchange"},
+      {"pp", "the pipeline's bubble and its messages between stages"},
       {"scalars", "the loss and norm all-reduces (latency)"}};
   if (worst > 0.2 * t.step_s)
     return "communication: " + words.at(worst_dim) + " not hidden, " + std::to_string(pct(worst)) +
@@ -99,11 +104,83 @@ std::string bottleneck(const StepTime& t, const dist::ParallelDims& dims, const 
              : "compute: element-wise passes over memory, " + std::to_string(pct(ew)) + "% of the step";
 }
 
+// The stages of a pipeline: each replayed alone, the schedule simulated with their costs.
+StepTime predict_pipeline_time(const Config& c, const Plan& p, const Cluster& k) {
+  const dist::ParallelDims& D = p.dims;
+  const int64_t P = D.pp, V = p.pp_virtual, S = D.stage_size();
+  std::vector<StageCosts> costs;
+  StepTime t;
+  double planned_total = 0;  // the planned stage's replay, all its work and its waits
+  int64_t emb_shard = 0;     // the tied embeddings' gradient shard, of the first stage
+  for (int64_t s = 0; s < P; ++s) {
+    const Plan ps = s == p.stage ? p : plan_stage(c, D.world(), s);
+    StepReplay replay(ps, k, shapes_of(ps, c.train.device));
+    replay.run();
+    costs.push_back(replay.costs());
+    if (s == 0) emb_shard = ps.unit_shard_numel.front();
+    if (s != p.stage) continue;
+    const Timeline& timeline = replay.timeline();
+    planned_total = timeline.now();
+    t.compute_s = timeline.compute();
+    t.recompute_s = timeline.recompute();
+    t.gemm_s = timeline.gemm();
+    t.exposed_by_dim = timeline.exposed();
+    count_bytes(p, replay.links(), t);
+  }
+  const dist::pp::Schedule schedule =
+      dist::pp::make_schedule(dist::pp::parse_kind(p.pp_schedule), static_cast<int>(P),
+                              static_cast<int>(p.accum), static_cast<int>(V));
+  dist::pp::StageTiming timing;
+  for (int64_t vs = 0; vs < P * V; ++vs) {
+    const StageCosts& x = costs[static_cast<size_t>(vs % P)];
+    const auto chunk = static_cast<size_t>(vs / P);
+    timing.stage.push_back(schedule.split_backward
+                               ? dist::pp::Timing{x.f[chunk], x.b[chunk] - x.w[chunk], x.w[chunk]}
+                               : dist::pp::Timing{x.f[chunk], x.b[chunk], 0.0});
+  }
+  // every rank of stage `from` sends to the same rank of stage `to` at once: those that leave
+  // their host share its links; the slowest pair's time
+  auto between = [&](int64_t from, int64_t to, double bytes, bool all_reduce) {
+    std::map<int64_t, int64_t> leaving;  // host -> its ranks sending to another host
+    for (int64_t i = 0; i < S; ++i)
+      if (k.host_of(from * S + i) != k.host_of(to * S + i)) ++leaving[k.host_of(from * S + i)];
+    double worst = 0;
+    for (int64_t i = 0; i < S; ++i) {
+      const Link l = link_between(from * S + i, to * S + i, k, leaving[k.host_of(from * S + i)]);
+      if (from != to) t.messages_cross = t.messages_cross || (l.crosses && !all_reduce);
+      worst = std::max(worst, all_reduce ? all_reduce_s(bytes, 2, l) : exchange_s(bytes, l));
+    }
+    return worst;
+  };
+  for (int64_t vs = 0; vs + 1 < P * V; ++vs)
+    timing.hop.push_back(between(vs % P, (vs + 1) % P, double(p.io_bytes), false));
+  const dist::pp::Simulation sim = dist::pp::simulate(schedule, timing);
+  // each stage's end, the ends after summing the tied embeddings' gradient
+  const double tied = c.model.tied() ? between(0, P - 1, double(emb_shard) * 4, true) : 0.0;
+  double end = 0;
+  for (int64_t s = 0; s < P; ++s)
+    end = std::max(end, sim.finish[static_cast<size_t>(s)] + costs[static_cast<size_t>(s)].tail +
+                            (s == 0 || s == P - 1 ? tied : 0.0));
+  // the loss's sum and the norm's over the stages, which every stage waits for
+  const Link pp_link = links_of(D, k).pp;
+  t.step_s = end + 2 * all_reduce_s(8, P, pp_link);
+  t.exposed_by_dim["pp"] = std::max(0.0, t.step_s - planned_total);
+  for (const auto& [dim, s] : t.exposed_by_dim) t.exposed_s += s;
+  t.pipeline_s = sim.makespan;
+  t.bubble = sim.bubble;
+  for (double h : timing.hop) t.message_s = std::max(t.message_s, h);
+  t.tokens_per_s = double(p.tokens) / t.step_s;
+  t.mfu = mfu(c, p, k, t.step_s);
+  t.bottleneck = bottleneck(t, p.dims, links_of(D, k));
+  return t;
+}
+
 }  // namespace
 
 StepTime predict_time(const Config& c, const Plan& p, const Cluster& k) {
   NDT_CHECK(p.dims.world() == k.devices(), "internal: a plan of ", p.dims.world(), " ranks on a cluster of ",
             k.devices(), " devices");
+  if (p.dims.pp > 1) return predict_pipeline_time(c, p, k);
   StepReplay replay(p, k, shapes_of(p, c.train.device));
   replay.run();
   const Timeline& timeline = replay.timeline();
@@ -151,7 +228,6 @@ void print_cluster(const Cluster& k, std::ostream& o) {
 }
 
 void print_time(const Plan& p, const StepTime& t, const Cluster& k, std::ostream& o) {
-  (void)p;
   char line[320];
   print_cluster(k, o);
   o << "time per step (predicted):\n";
@@ -181,6 +257,15 @@ void print_time(const Plan& p, const StepTime& t, const Cluster& k, std::ostream
       double(t.bytes_intra) / (1 << 20), double(t.bytes_inter) / (1 << 20),
       across.empty() ? "no dimension crosses hosts" : ("across hosts: " + across).c_str());
   o << line;
+  if (t.pipeline_s > 0) {
+    std::snprintf(
+        line, sizeof(line),
+        "  pipeline       %10.1f ms  the schedule (%s over %lld micro-batches), bubble %.1f%% of the stages' "
+        "time; a message %.3g ms %s\n",
+        ms(t.pipeline_s), p.pp_schedule.c_str(), (long long)p.accum, 100 * t.bubble, ms(t.message_s),
+        t.messages_cross ? "between hosts" : "inside a host");
+    o << line;
+  }
   o << "  bottleneck: " << t.bottleneck << "\n";
 }
 
@@ -196,7 +281,11 @@ nlohmann::json time_to_json(const StepTime& t) {
           {"bytes_intra", t.bytes_intra},
           {"bytes_inter", t.bytes_inter},
           {"across_hosts", t.across_hosts},
-          {"bottleneck", t.bottleneck}};
+          {"bottleneck", t.bottleneck},
+          {"pipeline_s", t.pipeline_s},
+          {"bubble", t.bubble},
+          {"message_s", t.message_s},
+          {"messages_cross_hosts", t.messages_cross}};
 }
 
 nlohmann::json cluster_to_json(const Cluster& k) {

@@ -15,6 +15,11 @@
 // ring attention's K/V at the end of the step or of the ring step they run under. What it
 // waits is the exposed communication, and on CPU ranks also what the transfers behind it
 // took of its cores (the link's cpu_share of each transfer's time, Cluster).
+//
+// With pipeline stages every stage is replayed alone (its chunks timed per micro-batch), and
+// the step is the schedule (dist/pipeline_parallel/schedule.h's simulate) run with those
+// costs and the messages' times, each stage then finishing its step (the tied embeddings'
+// sum between the ends, the last reductions, AdamW), plus the stages' scalar sums.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +78,15 @@ struct StepTime {
   int64_t bytes_intra = 0, bytes_inter = 0;
   std::vector<std::string> across_hosts;         // the dimensions whose rings cross hosts
   std::string bottleneck;                        // in words
+  // pipeline parallelism: the schedule simulated with each stage's F, B (and W) as its replay
+  // times them (its blocks, the first stage's embeddings, the last one's head; the stage's
+  // own collectives inside) and each message's time on the link its boundary crosses.
+  // exposed_by_dim["pp"] is what the planned stage waits for the others: the bubble, the
+  // messages, and the stages' sums of the loss and the norm
+  double pipeline_s = 0;        // the schedule's makespan (0 without a pipeline)
+  double bubble = 0;            // of the stages' time in it, the share idle
+  double message_s = 0;         // one activation (or its gradient) on the slowest boundary
+  bool messages_cross = false;  // some boundary between stages crosses hosts
 };
 
 StepTime predict_time(const Config& c, const Plan& p, const Cluster& k);

@@ -6,7 +6,7 @@
 namespace ndt::train {
 namespace {
 
-enum class Dim { replicate, fsdp, cp, tp, dp };
+enum class Dim { replicate, fsdp, cp, tp, dp, pp };
 
 // The next member of `rank`'s ring in dimension `dim` (the communicator's order).
 int64_t successor(const dist::ParallelDims& dims, int64_t rank, Dim dim) {
@@ -27,6 +27,9 @@ int64_t successor(const dist::ParallelDims& dims, int64_t rank, Dim dim) {
       c.cp = next % dims.cp;
       break;
     }
+    case Dim::pp:
+      c.pp = (c.pp + 1) % dims.pp;
+      break;
     case Dim::dp: {  // replicate x shard, shard inner
       const int64_t next = (c.replicate * dims.dp_shard + c.shard + 1) % dims.dp();
       c.replicate = next / dims.dp_shard;
@@ -74,7 +77,12 @@ Link link_of(const dist::ParallelDims& dims, const Cluster& cluster, Dim dim) {
 }  // namespace
 
 const Link& Links::of(const std::string& dim) const {
-  return dim == "tp" ? tp : dim == "cp" ? cp : dim == "fsdp" ? fsdp : dim == "scalars" ? dp : replicate;
+  return dim == "tp"        ? tp
+         : dim == "cp"      ? cp
+         : dim == "fsdp"    ? fsdp
+         : dim == "pp"      ? pp
+         : dim == "scalars" ? dp
+                            : replicate;
 }
 
 Links links_of(const dist::ParallelDims& dims, const Cluster& cluster) {
@@ -84,7 +92,21 @@ Links links_of(const dist::ParallelDims& dims, const Cluster& cluster) {
   links.fsdp = link_of(dims, cluster, Dim::fsdp);
   links.replicate = link_of(dims, cluster, Dim::replicate);
   links.dp = link_of(dims, cluster, Dim::dp);
+  links.pp = link_of(dims, cluster, Dim::pp);
   return links;
+}
+
+Link link_between(int64_t a, int64_t b, const Cluster& cluster, int64_t leaving) {
+  Link link;
+  if (a == b) return link;
+  link.crosses = cluster.host_of(a) != cluster.host_of(b);
+  link.cross_share = link.crosses ? 1 : 0;
+  link.bps = link.crosses ? cluster.inter_bps * double(cluster.devices_per_host) /
+                                double(std::max<int64_t>(1, leaving))
+                          : cluster.intra_bps;
+  link.latency = link.crosses ? cluster.inter_latency_s : cluster.intra_latency_s;
+  link.cpu_share = link.crosses ? cluster.inter_cpu_share : cluster.intra_cpu_share;
+  return link;
 }
 
 double all_reduce_s(double bytes, int64_t ranks, const Link& link) {

@@ -40,11 +40,13 @@ struct Link {
 };
 
 // The links of the mesh's dimensions: dp_replicate, the FSDP group (dp_shard x cp), cp, tp,
-// and dp (dp_replicate x dp_shard: the loss's all-reduce).
+// dp (dp_replicate x dp_shard: the loss's all-reduce) and pp (a rank to the same rank of the
+// next stage: pipeline parallelism is outermost, so its boundaries are what crosses hosts
+// when a stage fills a host).
 struct Links {
-  Link replicate, fsdp, cp, tp, dp;
+  Link replicate, fsdp, cp, tp, dp, pp;
   // The link of a dimension as the plan names it (PlanComm::dim, StepTime::exposed_by_dim):
-  // "tp", "cp", "fsdp", "scalars" (the loss's, on dp), else dp_replicate's.
+  // "tp", "cp", "fsdp", "pp", "scalars" (the loss's, on dp), else dp_replicate's.
   const Link& of(const std::string& dim) const;
 };
 
@@ -53,6 +55,10 @@ Links links_of(const dist::ParallelDims& dims, const Cluster& cluster);
 double all_reduce_s(double bytes, int64_t ranks, const Link& link);
 double gather_s(double whole_bytes, int64_t ranks, const Link& link);  // all-gather or reduce-scatter
 double exchange_s(double bytes, const Link& link);                     // one ring-attention step
+// The link between ranks a and b: inside a host, or between hosts, where the host's links
+// (devices_per_host x inter_gbps) are shared by the `leaving` transfers that leave a's host
+// at once (a pipeline boundary: the ranks of a's stage on that host that send across).
+Link link_between(int64_t a, int64_t b, const Cluster& cluster, int64_t leaving = 1);
 
 // Seconds of compute, and of them the matrix products'.
 struct Piece {
