@@ -85,6 +85,7 @@ struct CheckpointSection {  // [checkpoint]
 
 struct LogSection {  // [log]
   std::string metrics, report;
+  std::string tensorboard;  // a directory: TensorBoard event files, scalars every step (rank 0)
   std::string trace;  // Chrome trace, one file per rank (path.rankN.json)
   std::string grads;  // the first step's gradients as whole buffers (comparing layouts)
   int64_t every = 1;
