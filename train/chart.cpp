@@ -150,13 +150,13 @@ std::string line_chart_svg(const Chart& c, int W, int H) {
         o << "<circle cx='" << px(x) << "' cy='" << py(y) << "' r='2.5' fill='" << s.color << "'/>\n";
   }
   // legend, top right, one line per series, on white over the lines
-  o << "<rect x='" << W - R - 122 << "' y='" << T + 3 << "' width='118' height='" << 15 * c.series.size() + 4
+  o << "<rect x='" << W - R - 140 << "' y='" << T + 3 << "' width='136' height='" << 15 * c.series.size() + 4
     << "' fill='white' fill-opacity='0.85'/>\n";
   double ly = T + 14;
   for (const Series& s : c.series) {
-    o << "<line x1='" << W - R - 118 << "' x2='" << W - R - 100 << "' y1='" << ly - 4 << "' y2='" << ly - 4
+    o << "<line x1='" << W - R - 136 << "' x2='" << W - R - 118 << "' y1='" << ly - 4 << "' y2='" << ly - 4
       << "' stroke='" << s.color << "' stroke-width='2'" << (s.dashed ? " stroke-dasharray='5,3'" : "") << "/>"
-      << "<text x='" << W - R - 95 << "' y='" << ly << "'>" << html_escape(s.name) << "</text>\n";
+      << "<text x='" << W - R - 113 << "' y='" << ly << "'>" << html_escape(s.name) << "</text>\n";
     ly += 15;
   }
   o << "</svg>\n";
