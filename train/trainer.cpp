@@ -812,7 +812,11 @@ int Trainer::stopped(int64_t step, int sig) {
                                      : "; resume with checkpoint.resume = true")
        << std::endl;
   write_trace();
-  write_report();
+  try {  // the exit code says "preempted, resume me": a report that cannot be written must not change it
+    write_report();
+  } catch (const std::exception& e) {
+    out_ << "warning: the report was not written: " << e.what() << std::endl;
+  }
   return kExitPreempted;
 }
 
