@@ -104,7 +104,8 @@ TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
   fs::path d = make_data("learn");
   RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "30", "--log.metrics",
                      (d / "m.jsonl").string(), "--log.report", (d / "report.html").string(), "--sample.every",
-                     "0", "--sample.length", "20", "--checkpoint.dir", (d / "ckpt").string()});
+                     "0", "--sample.length", "20", "--checkpoint.dir", (d / "ckpt").string(), "--log.tensorboard",
+                     (d / "tb").string()});
   ASSERT_EQ(r.rc, 0) << r.err;
   std::vector<double> l = losses(d / "m.jsonl");
   ASSERT_EQ(l.size(), 30u);
@@ -119,6 +120,16 @@ TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
   ss << rep.rdbuf();
   EXPECT_NE(ss.str().find("<svg"), std::string::npos);
   EXPECT_NE(ss.str().find("<polyline"), std::string::npos);
+  // every step's loss, every evaluation (steps 0, 4, ..., 28 and the end), the sample
+  EXPECT_NE(ss.str().find("data-series='train' data-points='30'"), std::string::npos);
+  EXPECT_NE(ss.str().find("data-series='validation' data-points='9'"), std::string::npos);
+  EXPECT_NE(ss.str().find("<pre class='sample' data-step='30'>"), std::string::npos);
+  // TensorBoard: one event file, a record per step and per evaluation after the version's
+  std::vector<fs::path> events;
+  for (const auto& e : fs::directory_iterator(d / "tb")) events.push_back(e.path());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].filename().string().rfind("events.out.tfevents.", 0), 0u);
+  EXPECT_GT(fs::file_size(events[0]), 40u * 100);
   // the final checkpoint loads back as weights (init_from)
   EXPECT_TRUE(fs::exists(d / "ckpt" / "step_00000030" / "model.safetensors"));
   RunResult r2 = run({"--config", (d / "gpt.ini").string(), "--train.steps", "1", "--model.init_from",

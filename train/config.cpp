@@ -123,7 +123,8 @@ po::options_description describe(Config& c) {
        "every rank writes its own metrics, its memory peak and bytes sent (rank 0 to log.metrics, rank r to "
        "out/m.jsonl -> out/m.rank<r>.jsonl); false: rank 0 only")
       ("log.every", po::value(&c.log.every)->default_value(c.log.every), "print a line every N steps")
-      ("log.report", po::value(&c.log.report)->default_value(c.log.report), "HTML report with loss curves, written at the end (empty: none)")
+      ("log.report", po::value(&c.log.report)->default_value(c.log.report), "HTML report: charts of every metric, the layout, config and samples; written at the end (empty: none)")
+      ("log.tensorboard", po::value(&c.log.tensorboard)->default_value(c.log.tensorboard), "directory for TensorBoard event files, scalars written every step (empty: none)")
       ("log.trace", po::value(&c.log.trace)->default_value(c.log.trace),
        "Chrome trace of each rank's steps (out/trace.json -> out/trace.rank0.json, ...; empty: none)")
       ("log.grads", po::value(&c.log.grads)->default_value(c.log.grads),

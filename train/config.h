@@ -86,6 +86,7 @@ struct CheckpointSection {  // [checkpoint]
 struct LogSection {  // [log]
   std::string metrics, report;
   bool metrics_every_rank = false;  // every rank writes its own metrics (rank r > 0: path.rank<r>.jsonl)
+  std::string tensorboard;  // a directory: TensorBoard event files, scalars every step (rank 0)
   std::string trace;  // Chrome trace, one file per rank (path.rankN.json)
   std::string grads;  // the first step's gradients as whole buffers (comparing layouts)
   int64_t every = 1;

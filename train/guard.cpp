@@ -310,6 +310,7 @@ void check_output_paths(const Config& c, int rank) {
     if (!c.checkpoint.dir.empty()) check_writable_dir(c.checkpoint.dir, "checkpoint.dir");
     if (!c.log.metrics.empty()) check_output_file(c.log.metrics, "log.metrics");
     if (!c.log.report.empty()) check_output_file(c.log.report, "log.report");
+    if (!c.log.tensorboard.empty()) check_writable_dir(c.log.tensorboard, "log.tensorboard");
     if (!c.log.grads.empty()) check_output_file(c.log.grads, "log.grads");
   }
   if (!c.log.trace.empty())

@@ -125,7 +125,7 @@ class RunLock {
 void clean_temporaries(const std::string& dir);
 
 // Throws ConfigError (one line naming the key) if any output of this rank cannot be
-// written: rank 0's checkpoint.dir, log.metrics, log.report, log.grads, and every rank's
+// written: rank 0's checkpoint.dir, log.metrics, log.report, log.tensorboard, log.grads, and every rank's
 // own log.trace file. Creates missing directories, writes nothing else.
 void check_output_paths(const Config& c, int rank = 0);
 

@@ -3,90 +3,171 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include "train/io/files.h"
 
 namespace ndt::train {
-namespace {
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) o += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : std::string(1, c);
+
+double smoothing_weight(size_t steps) {
+  return std::clamp(1.0 - 20.0 / static_cast<double>(std::max<size_t>(steps, 1)), 0.6, 0.95);
+}
+
+std::vector<double> smoothed(const std::vector<double>& v, double beta) {
+  std::vector<double> o;
+  double m = 0, w = 0;
+  for (double x : v) {
+    if (std::isfinite(x)) m = beta * m + (1 - beta) * x, w = beta * w + (1 - beta);
+    o.push_back(w > 0 ? m / w : NAN);
+  }
   return o;
 }
-std::string fmt(double v, int prec = 3) {
-  char b[32];
-  std::snprintf(b, sizeof(b), "%.*g", prec, v);
-  return b;
+
+namespace {
+// (step + 1, f(step)) for every step: the x of metrics.jsonl's "step"
+std::vector<std::pair<double, double>> per_step(const RunHistory& h, const std::function<double(const StepLog&)>& f) {
+  std::vector<std::pair<double, double>> o;
+  for (const StepLog& s : h.steps) o.push_back({static_cast<double>(s.step + 1), f(s)});
+  return o;
+}
+bool any_nonzero(const RunHistory& h, const std::function<double(const StepLog&)>& f) {
+  return std::any_of(h.steps.begin(), h.steps.end(), [&](const StepLog& s) { return f(s) != 0; });
 }
 }  // namespace
 
-std::string loss_svg(const LossCurves& c, int W, int H) {
-  const double L = 60, R = 20, T = 20, B = 40;  // margins
-  double x0 = 0, x1 = 1, y0 = 1e300, y1 = -1e300;
-  for (auto* s : {&c.train, &c.val})
-    for (auto& [x, y] : *s) {
-      if (!std::isfinite(y)) continue;
-      x1 = std::max(x1, static_cast<double>(x));
-      y0 = std::min(y0, y);
-      y1 = std::max(y1, y);
-    }
-  if (y0 > y1) y0 = 0, y1 = 1;
-  if (y1 - y0 < 1e-9) y1 = y0 + 1;
-  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
-  auto py = [&](double y) { return T + (1 - (y - y0) / (y1 - y0)) * (H - T - B); };
-  std::ostringstream o;
-  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
-    << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
-  for (int i = 0; i <= 4; ++i) {  // grid and y labels
-    const double y = y0 + (y1 - y0) * i / 4;
-    o << "<line x1='" << L << "' x2='" << W - R << "' y1='" << py(y) << "' y2='" << py(y)
-      << "' stroke='#ddd'/>"
-      << "<text x='" << L - 6 << "' y='" << py(y) + 4 << "' text-anchor='end'>" << fmt(y) << "</text>\n";
-    const double x = x0 + (x1 - x0) * i / 4;
-    o << "<text x='" << px(x) << "' y='" << H - B + 16 << "' text-anchor='middle'>" << fmt(x, 6)
-      << "</text>\n";
+ReportCharts report_charts(const RunHistory& h) {
+  ReportCharts r;
+  if (h.steps.empty()) {
+    r.absent.push_back({"loss", "no step was run (the run resumed at its last step, or train.steps is 0)"});
+    return r;
   }
-  o << "<text x='" << (L + W - R) / 2 << "' y='" << H - 6 << "' text-anchor='middle'>step</text>\n"
-    << "<text x='14' y='" << (T + H - B) / 2 << "' transform='rotate(-90 14 " << (T + H - B) / 2
-    << ")' text-anchor='middle'>loss</text>\n";
-  auto line = [&](const std::vector<std::pair<int64_t, double>>& s, const char* color) {
-    if (s.empty()) return;
-    o << "<polyline fill='none' stroke='" << color << "' stroke-width='1.5' points='";
-    for (auto& [x, y] : s)
-      if (std::isfinite(y)) o << px(static_cast<double>(x)) << "," << py(y) << " ";
-    o << "'/>\n";
-    if (s.size() < 40)
-      for (auto& [x, y] : s)
-        if (std::isfinite(y))
-          o << "<circle cx='" << px(static_cast<double>(x)) << "' cy='" << py(y) << "' r='2.5' fill='"
-            << color << "'/>\n";
-  };
-  line(c.train, "#1f77b4");
-  line(c.val, "#d62728");
-  o << "<rect x='" << W - R - 130 << "' y='" << T + 4
-    << "' width='124' height='40' fill='white' stroke='#ccc'/>"
-    << "<line x1='" << W - R - 122 << "' x2='" << W - R - 102 << "' y1='" << T + 16 << "' y2='" << T + 16
-    << "' stroke='#1f77b4' stroke-width='2'/><text x='" << W - R - 96 << "' y='" << T + 20
-    << "'>train loss</text>"
-    << "<line x1='" << W - R - 122 << "' x2='" << W - R - 102 << "' y1='" << T + 34 << "' y2='" << T + 34
-    << "' stroke='#d62728' stroke-width='2'/><text x='" << W - R - 96 << "' y='" << T + 38
-    << "'>val loss</text>\n";
-  o << "</svg>\n";
+  // loss: every step's, its smoothed curve, and each evaluation's
+  Chart loss{"loss", "Loss", Unit::kPlain};
+  auto raw = per_step(h, [](const StepLog& s) { return s.loss; });
+  std::vector<double> ys;
+  for (auto& p : raw) ys.push_back(p.second);
+  const double beta = smoothing_weight(ys.size());
+  const std::vector<double> sm = smoothed(ys, beta);
+  std::vector<std::pair<double, double>> smooth;
+  for (size_t i = 0; i < raw.size(); ++i) smooth.push_back({raw[i].first, sm[i]});
+  loss.series.push_back({"train", "#9ecae1", raw, false, 1.0});
+  loss.series.push_back({"train, smoothed", "#1f77b4", smooth, false, 2.0});
+  if (!h.val.empty()) {
+    std::vector<std::pair<double, double>> val;
+    for (auto [step, v] : h.val) val.push_back({static_cast<double>(step), v});
+    loss.series.push_back({"validation", "#d62728", val, false, 2.0});
+  } else {
+    r.absent.push_back({"val_loss", "no validation loss: the run had no validation data (data.val) or no evaluation"});
+  }
+  char note[96];
+  std::snprintf(note, sizeof(note), "smoothed: a debiased moving average, weight %.2f", beta);
+  loss.note = note;
+  r.charts.push_back(loss);
+
+  r.charts.push_back({"lr", "Learning rate", Unit::kPlain,
+                      {{"lr", "#2ca02c", per_step(h, [](const StepLog& s) { return s.lr; })}}});
+  r.charts.push_back({"grad_norm", "Gradient norm (before clipping)", Unit::kPlain,
+                      {{"grad norm", "#9467bd", per_step(h, [](const StepLog& s) { return s.norm; })}}});
+  r.charts.push_back({"tokens_per_sec", "Tokens per second (all ranks)", Unit::kPlain,
+                      {{"tokens/s", "#ff7f0e", per_step(h, [](const StepLog& s) { return s.tokens / s.sec; })}}});
+  // MFU against one device's peak; without a known peak, the GFLOP/s it is made of
+  if (h.steps.back().peak_flops > 0) {
+    r.charts.push_back({"mfu", "MFU (model FLOPs per rank / the device's peak)", Unit::kPercent,
+                        {{"MFU", "#8c564b", per_step(h, [](const StepLog& s) {
+                            return 100 * s.flops / s.sec / s.world_size / s.peak_flops;
+                          })}}});
+  } else {
+    r.absent.push_back({"mfu", "no MFU: the device's peak FLOP/s is not known (a CPU run, or a GPU without "
+                               "log.peak_tflops); the chart shows GFLOP/s per rank instead"});
+    r.charts.push_back({"gflops_per_sec", "Model GFLOP/s per rank", Unit::kPlain,
+                        {{"GFLOP/s per rank", "#8c564b", per_step(h, [](const StepLog& s) {
+                            return s.flops / s.sec / 1e9 / s.world_size;
+                          })}}});
+  }
+  if (any_nonzero(h, [](const StepLog& s) { return static_cast<double>(s.mem.peak + s.mem.in_use); }))
+    r.charts.push_back({"mem_in_use", "Device memory (rank 0)", Unit::kBytes,
+                        {{"in use", "#17becf", per_step(h, [](const StepLog& s) { return double(s.mem.in_use); })},
+                         {"peak", "#e377c2", per_step(h, [](const StepLog& s) { return double(s.mem.peak); }), true}}});
+  else
+    r.absent.push_back({"mem_in_use", "no memory figures: the device reported none"});
+  if (any_nonzero(h, [](const StepLog& s) { return static_cast<double>(s.comm_bytes); })) {
+    Chart comm{"comm_bytes", "Bytes sent per step (rank 0, ring model)", Unit::kBytes,
+               {{"sent", "#bcbd22", per_step(h, [](const StepLog& s) { return double(s.comm_bytes); })}}};
+    if (any_nonzero(h, [](const StepLog& s) { return static_cast<double>(s.across_hosts); }))
+      comm.series.push_back({"across hosts", "#7f7f7f",
+                             per_step(h, [](const StepLog& s) { return double(s.across_hosts); }), true});
+    else
+      comm.note = "nothing crossed hosts: every rank ran on one host";
+    r.charts.push_back(comm);
+  } else {
+    r.absent.push_back({"comm_bytes", h.steps.back().world_size > 1
+                                          ? "no bytes communicated: this layout sends nothing from rank 0"
+                                          : "no communication: the run had one rank"});
+  }
+  r.charts.push_back({"ms", "Step time", Unit::kMilliseconds,
+                      {{"step time", "#1f77b4", per_step(h, [](const StepLog& s) { return s.sec * 1e3; })}}});
+  return r;
+}
+
+// ---- the page ---------------------------------------------------------------------------------
+
+namespace {
+const char* kStyle = R"(<style>
+body { font-family: sans-serif; max-width: 980px; margin: 2em auto; color: #222; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(470px, 1fr)); gap: 8px; }
+figure.chart { margin: 0; } figcaption { font-weight: bold; font-size: 0.9em; margin: 0.3em 0; }
+.note, .absent { color: #666; font-size: 0.85em; margin: 0.2em 0; }
+table { border-collapse: collapse; font-size: 0.9em; } td { padding: 2px 10px 2px 0; vertical-align: top; }
+td.key { font-family: monospace; color: #555; }
+pre { background: #f6f6f6; padding: 0.6em; white-space: pre-wrap; word-break: break-word; }
+</style>
+)";
+}  // namespace
+
+std::string report_html(const ReportInfo& info, const RunHistory& h) {
+  const ReportCharts rc = report_charts(h);
+  std::ostringstream o;
+  o << "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>" << html_escape(info.title)
+    << "</title>\n"
+    << kStyle << "</head>\n<body>\n<h1>" << html_escape(info.title) << "</h1>\n";
+  if (!info.summary.empty()) {
+    o << "<ul id='summary'>\n";
+    for (const std::string& s : info.summary) o << "<li>" << html_escape(s) << "</li>\n";
+    o << "</ul>\n";
+  }
+
+  o << "<h2>Metrics</h2>\n<div class='charts'>\n";
+  for (const Chart& c : rc.charts) {
+    o << "<figure class='chart' id='chart-" << c.id << "' data-metric='" << c.id << "'>\n<figcaption>"
+      << html_escape(c.title) << "</figcaption>\n"
+      << line_chart_svg(c);
+    if (!c.note.empty()) o << "<p class='note'>" << html_escape(c.note) << "</p>\n";
+    o << "</figure>\n";
+  }
+  o << "</div>\n";
+  for (const auto& [metric, why] : rc.absent)
+    o << "<p class='absent' data-metric='" << html_escape(metric) << "'>" << html_escape(why) << "</p>\n";
+
+  o << "<h2>Layout and config</h2>\n";
+  if (!info.layout.empty()) o << "<p id='layout'>mesh: <code>" << html_escape(info.layout) << "</code></p>\n";
+  o << "<table id='config'>\n";
+  for (const auto& [k, v] : info.config)
+    o << "<tr><td class='key'>" << html_escape(k) << "</td><td>" << html_escape(v) << "</td></tr>\n";
+  o << "</table>\n";
+
+  o << "<h2>Samples</h2>\n";
+  if (h.samples.empty()) o << "<p class='absent' data-metric='sample'>no samples: sample.every is -1, sample.length is 0 or the data has no vocabulary</p>\n";
+  for (const auto& [step, text] : h.samples)
+    o << "<h3>after step " << step << "</h3>\n<pre class='sample' data-step='" << step << "'>" << html_escape(text)
+      << "</pre>\n";
+  o << "</body></html>\n";
   return o.str();
 }
 
-void write_report(const std::string& path, const std::string& title, const LossCurves& c,
-                  const std::vector<std::string>& summary) {
-  std::ostringstream o;
-  o << "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>" << esc(title) << "</title></head>\n"
-    << "<body style='font-family:sans-serif;max-width:760px;margin:2em auto'>\n<h1>" << esc(title)
-    << "</h1>\n"
-    << loss_svg(c) << "<ul>\n";
-  for (const std::string& s : summary)
-    o << "<li><pre style='margin:0;white-space:pre-wrap'>" << esc(s) << "</pre></li>\n";
-  o << "</ul>\n</body></html>\n";
-  io::write_file_atomic(path, o.str());
+void write_report(const std::string& path, const ReportInfo& info, const RunHistory& h) {
+  io::write_file_atomic(path, report_html(info, h));
 }
 
 }  // namespace ndt::train

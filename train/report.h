@@ -1,8 +1,16 @@
-// ndtrain: the training report: an HTML page with the train and validation loss curves
-// drawn as inline SVG (no plotting dependency).
+// ndtrain: the training report, one self-contained HTML page (inline SVG, no script, nothing
+// fetched) with the run's whole story: charts of the loss (train, smoothed, validation), the
+// learning rate, the gradient norm, tokens/s, MFU (or GFLOP/s per rank), memory, bytes
+// communicated and step time; the layout and key config values; the samples.
 //
-//   train::LossCurves c;  c.train.push_back({step, loss});  c.val.push_back({step, val});
-//   train::write_report("out/report.html", "char GPT on fortunes", c, summary_lines);
+//   train::RunHistory h;
+//   h.steps.push_back(step_log);          // every step's StepLog (train/step_log.h)
+//   h.val.push_back({step, val_loss});    // every evaluation
+//   h.samples.push_back({step, text});    // every sample
+//   train::write_report("out/fortunes/report.html", {title, layout, config, summary}, h);
+//
+// A chart whose metric the run does not have (no validation data, one rank and so no bytes
+// communicated, no known peak for MFU) is left out, and a line says why.
 #pragma once
 
 #include <cstdint>
@@ -10,16 +18,38 @@
 #include <utility>
 #include <vector>
 
+#include "train/chart.h"
+#include "train/step_log.h"
+
 namespace ndt::train {
 
-struct LossCurves {
-  std::vector<std::pair<int64_t, double>> train, val;
+struct RunHistory {
+  std::vector<StepLog> steps;                               // step is 0-based, charted as step + 1
+  std::vector<std::pair<int64_t, double>> val;              // (steps done, validation loss)
+  std::vector<std::pair<int64_t, std::string>> samples;     // (steps done, text)
 };
 
-// The SVG alone (a line chart of both curves with axes and a legend).
-std::string loss_svg(const LossCurves& c, int width = 720, int height = 360);
-// An HTML page: title, the chart, and `summary` lines (config, final losses, speed). Atomic.
-void write_report(const std::string& path, const std::string& title, const LossCurves& c,
-                  const std::vector<std::string>& summary);
+struct ReportInfo {
+  std::string title;
+  std::string layout;                                       // the mesh, e.g. "dp_shard=2 x tp=2 (fsdp+tp)"
+  std::vector<std::pair<std::string, std::string>> config;  // key, value
+  std::vector<std::string> summary;                         // lines: final losses, speed
+};
+
+// The charts the run's metrics make, in page order, and a line for each one left out.
+struct ReportCharts {
+  std::vector<Chart> charts;
+  std::vector<std::pair<std::string, std::string>> absent;  // metric, why
+};
+ReportCharts report_charts(const RunHistory& h);
+
+// Debiased exponential moving average (TensorBoard's smoothing) of the values, weight `beta`.
+std::vector<double> smoothed(const std::vector<double>& v, double beta = 0.9);
+// The weight the loss chart smooths with: 0.6 for short runs up to 0.95 (a window of about
+// a twentieth of the run).
+double smoothing_weight(size_t steps);
+
+std::string report_html(const ReportInfo& info, const RunHistory& h);
+void write_report(const std::string& path, const ReportInfo& info, const RunHistory& h);  // atomic
 
 }  // namespace ndt::train

@@ -23,7 +23,7 @@ std::string step_line(const StepLog& s) {
 }
 
 nlohmann::json step_json(const StepLog& s) {
-  return {{"step", s.step + 1},
+  nlohmann::json j = {{"step", s.step + 1},
           {"loss", s.loss},
           {"lr", s.lr},
           {"grad_norm", s.norm},
@@ -34,6 +34,24 @@ nlohmann::json step_json(const StepLog& s) {
           {"comm_bytes_across_hosts", s.across_hosts},
           {"mem_in_use", s.mem.in_use},
           {"mem_peak", s.mem.peak}};
+  if (s.peak_flops > 0) j["mfu"] = s.flops / s.sec / static_cast<double>(s.world_size) / s.peak_flops;
+  return j;
+}
+
+io::Scalars step_scalars(const StepLog& s) {
+  io::Scalars v = {{"loss/train", s.loss},
+                   {"lr", s.lr},
+                   {"grad_norm", s.norm},
+                   {"throughput/tokens_per_sec", s.tokens / s.sec},
+                   {"throughput/gflops_per_sec_per_rank", s.flops / s.sec / 1e9 / static_cast<double>(s.world_size)},
+                   {"memory/in_use_bytes", static_cast<double>(s.mem.in_use)},
+                   {"memory/peak_bytes", static_cast<double>(s.mem.peak)},
+                   {"time/step_ms", s.sec * 1e3}};
+  if (s.peak_flops > 0)
+    v.push_back({"throughput/mfu", s.flops / s.sec / static_cast<double>(s.world_size) / s.peak_flops});
+  if (s.world_size > 1) v.push_back({"comm/bytes_sent", static_cast<double>(s.comm_bytes)});
+  if (s.spans_hosts) v.push_back({"comm/bytes_across_hosts", static_cast<double>(s.across_hosts)});
+  return v;
 }
 
 std::string speed_text(double gflops_per_rank, double peak_flops) {

@@ -3,6 +3,7 @@
 //   StepLog s{...};                       // one step's numbers, as the trainer measured them
 //   out << step_line(s) << std::endl;    // step    1/2000 | loss 4.7312 | ... | eta 3m12s
 //   metrics.write_line(step_json(s).dump());
+//   tensorboard.write_scalars(s.step + 1, step_scalars(s));
 //
 // Throughput: tokens/s, and the model FLOPs per second per rank as MFU against one
 // device's dense peak (GPU; log.peak_tflops or the GPU's own, train/planner/cluster.h),
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "tensor/storage.h"
+#include "train/io/tensorboard.h"
 
 namespace ndt::train {
 
@@ -33,6 +35,9 @@ struct StepLog {
 
 std::string step_line(const StepLog& s);
 nlohmann::json step_json(const StepLog& s);
+// The same numbers as TensorBoard scalars: loss/train, lr, grad_norm, throughput/*, memory/*,
+// comm/* (several ranks), time/step_ms.
+io::Scalars step_scalars(const StepLog& s);
 
 // A step line's speed: "MFU n%" of peak_flops when it is known, else "n GFLOP/s" per rank.
 std::string speed_text(double gflops_per_rank, double peak_flops);

@@ -48,6 +48,7 @@
 #include "train/io/safetensors.h"
 #include "train/planner/cluster.h"
 #include "train/planner/plan_main.h"
+#include "train/io/tensorboard.h"
 #include "train/report.h"
 #include "models/generate.h"
 #include "train/step_log.h"
@@ -143,6 +144,8 @@ class Trainer {
   void load_weights(const std::string& path);  // init_from, into this rank's shards
   void resume_from(const std::string& path);
   void log_json(const nlohmann::json& j);
+  void log_scalars(int64_t step, const io::Scalars& values);  // TensorBoard (log.tensorboard)
+  void write_report();  // rank 0, log.report: the page of history_
   void write_trace();
   Tensor local(const Tensor& tokens) const;  // this rank's part of a batch, on the device
   bool lead() const { return world_->rank() == 0; }
@@ -177,7 +180,9 @@ class Trainer {
   io::LineWriter metrics_;
   bool metrics_warned_ = false;
   std::unique_ptr<RunLock> lock_;
-  LossCurves curves_;
+  io::EventWriter tensorboard_;
+  bool tensorboard_warned_ = false;
+  RunHistory history_;  // rank 0: for the report
   Watchdog& watchdog_;
   dist::FlightRecorder& flight_;  // the step each collective belongs to
   // the next step's micro-batches, read ahead so that a failed read is agreed on by every
@@ -399,6 +404,10 @@ void Trainer::materialize() {
   if (!c_.log.metrics.empty() && (lead() || c_.log.metrics_every_rank))
     metrics_.open(lead() ? c_.log.metrics : dist::trace_path_for_rank(c_.log.metrics, world_->rank()),
                   /*append=*/start_ > 0);
+  if (lead() && !c_.log.tensorboard.empty()) {
+    tensorboard_.open(c_.log.tensorboard);
+    out_ << "tensorboard: " << tensorboard_.path() << " (tensorboard --logdir " << c_.log.tensorboard << ")\n";
+  }
 }
 
 // Rank r of the dp ranks reads its own micro-batches; tp and cp ranks share them.
@@ -562,10 +571,21 @@ void Trainer::write_trace() {
 
 void Trainer::log_json(const nlohmann::json& j) {
   if (!metrics_.is_open()) return;
-  metrics_.write_line(j.dump());
+  // replace: a sample of a byte-level vocabulary need not be valid UTF-8 (dump would throw)
+  metrics_.write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   if (!metrics_.error().empty() && !metrics_warned_) {  // loud now, an error at the end
     out_ << "warning: " << metrics_.error() << "; no more metrics are written, training goes on" << std::endl;
     metrics_warned_ = true;
+  }
+}
+
+void Trainer::log_scalars(int64_t step, const io::Scalars& values) {
+  if (!tensorboard_.is_open()) return;
+  tensorboard_.write_scalars(step, values);
+  if (!tensorboard_.error().empty() && !tensorboard_warned_) {
+    out_ << "warning: " << tensorboard_.error() << "; no more TensorBoard scalars are written, training goes on"
+         << std::endl;
+    tensorboard_warned_ = true;
   }
 }
 
@@ -624,6 +644,7 @@ void Trainer::print_sample(int64_t step, const std::vector<int32_t>& ids) {
   const std::string text = vocab_->decode(ids);
   out_ << "sample at step " << step << ":\n  " << printable(text) << "\n";
   log_json({{"step", step}, {"sample", text}});
+  if (!c_.log.report.empty()) history_.samples.push_back({step, text});
 }
 
 std::string Trainer::read_batches() {
@@ -730,8 +751,9 @@ double Trainer::evaluation(int64_t step) {
   std::vector<data::Batch> batches;
   between_steps(step, "evaluation", [&] { batches = read_val_batches(); });
   const double loss = evaluate(batches);  // collective: every rank has its batches
-  curves_.val.push_back({step, loss});
+  if (lead() && !c_.log.report.empty()) history_.val.push_back({step, loss});
   log_json({{"step", step}, {"val_loss", loss}});
+  log_scalars(step, {{"loss/val", loss}});
   return loss;
 }
 
@@ -777,7 +799,6 @@ Trainer::StepResult Trainer::step_and_time(int64_t step) {
 }
 
 void Trainer::log_step(int64_t step, const StepResult& r, double avg_sec) {
-  curves_.train.push_back({step, r.loss});
   StepLog s;
   s.step = step;
   s.steps = c_.train.steps;
@@ -797,6 +818,8 @@ void Trainer::log_step(int64_t step, const StepResult& r, double avg_sec) {
   if (step % c_.log.every == 0 || step == c_.train.steps - 1)
     out_ << step_line(s) << std::endl;  // flushed: progress shows through pipes and tee
   log_json(step_json(s));
+  if (lead() && !c_.log.report.empty()) history_.steps.push_back(s);
+  if (tensorboard_.is_open()) log_scalars(step + 1, step_scalars(s));
 }
 
 int Trainer::stopped(int64_t step, int sig) {
@@ -807,6 +830,11 @@ int Trainer::stopped(int64_t step, int sig) {
                                      : "; resume with checkpoint.resume = true")
        << std::endl;
   write_trace();
+  try {  // the exit code says "preempted, resume me": a report that cannot be written must not change it
+    write_report();
+  } catch (const std::exception& e) {
+    out_ << "warning: the report was not written: " << e.what() << std::endl;
+  }
   return kExitPreempted;
 }
 
@@ -838,6 +866,7 @@ int Trainer::loop() {
       out_ << "stopped after " << c_.train.stop_after
            << " steps (train.stop_after); resume with checkpoint.resume = true\n";
       write_trace();
+      write_report();
       return 0;
     }
     if (c_.checkpoint.every > 0 && (step + 1) % c_.checkpoint.every == 0 && step + 1 < c_.train.steps)
@@ -876,22 +905,59 @@ int Trainer::finish(double last_val, double avg_sec) {
     out_ << "across hosts: " << io::format_bytes(all / static_cast<double>(c_.train.steps - start_ - 1))
          << " per step from all ranks (ring model)\n";
   }
-  if (lead() && !c_.log.report.empty()) {
-    std::vector<std::string> summary = {mc_.str(), "steps " + std::to_string(c_.train.steps) + ", " +
-                                                       std::to_string(tokens_per_step_) + " tokens per step"};
-    if (world_->size() > 1) summary.push_back("layout " + dims_.str() + " (" + pm_->strategy->name() + ")");
-    if (!curves_.train.empty())
-      summary.push_back("final train loss " + std::to_string(curves_.train.back().second));
-    if (std::isfinite(last_val)) summary.push_back("final val loss " + std::to_string(last_val));
-    if (std::isfinite(avg_sec))
-      summary.push_back("average " + std::to_string(avg_sec * 1e3) + " ms/step on " + device_.str());
-    write_report(c_.log.report, "ndtrain: " + mc_.str(), curves_, summary);
-    out_ << "report: " << c_.log.report << "\n";
-  }
+  write_report();
   if (!metrics_.error().empty())
     throw Error(metrics_.error() +
                 "; training finished (and its checkpoint is saved) but the metrics are incomplete");
   return 0;
+}
+
+// The report of the steps this process ran (after a resume: those since it), the layout and
+// the config's key values.
+void Trainer::write_report() {
+  if (!lead() || c_.log.report.empty()) return;
+  ReportInfo info;
+  info.title = "ndtrain: " + mc_.str();
+  info.layout = dims_.str() + " (" + pm_->strategy->name() + ")" + (mesh_->spans_hosts() ? ", on several hosts" : "");
+  auto num = [](double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  info.config = {{"model", mc_.str()},
+                 {"device", device_.str()},
+                 {"train.steps", std::to_string(c_.train.steps)},
+                 {"train.micro_batch_size", std::to_string(c_.train.micro_batch_size)},
+                 {"train.grad_accum_steps", std::to_string(c_.train.grad_accum_steps)},
+                 {"train.seq_len", std::to_string(c_.train.seq_len)},
+                 {"tokens per step", std::to_string(tokens_per_step_)},
+                 {"train.dtype", c_.train.dtype},
+                 {"optim.lr", num(lr_) + (c_.optim.lr_scaling != "none" ? " (scaled " + c_.optim.lr_scaling + ")" : "")},
+                 {"optim.schedule", c_.optim.schedule + ", warmup " + std::to_string(c_.optim.warmup_steps) +
+                                        " steps, min_lr_frac " + num(c_.optim.min_lr_frac)},
+                 {"optim.grad_clip", num(c_.optim.grad_clip)},
+                 {"data.train", c_.data.train},
+                 {"data.val", c_.data.val.empty() ? "(none)" : c_.data.val},
+                 {"train.eval_every", std::to_string(c_.train.eval_every)},
+                 {"train.seed", std::to_string(c_.train.seed)}};
+  if (dims_.pp > 1) info.config.push_back({"parallel.pp_schedule", c_.parallel.pp_schedule});
+  const std::vector<StepLog>& st = history_.steps;
+  if (!st.empty()) {
+    info.summary.push_back("steps " + std::to_string(st.front().step + 1) + " to " + std::to_string(st.back().step + 1) +
+                           " of " + std::to_string(c_.train.steps) + ", final train loss " + num(st.back().loss));
+    if (st.size() > 1) {  // the first step warms caches
+      double sec = 0;
+      for (size_t i = 1; i < st.size(); ++i) sec += st[i].sec;
+      sec /= static_cast<double>(st.size() - 1);
+      info.summary.push_back("average " + num(sec * 1e3) + " ms/step, " +
+                             num(static_cast<double>(tokens_per_step_) / sec) + " tokens/s");
+    }
+  }
+  if (!history_.val.empty())
+    info.summary.push_back("validation loss " + num(history_.val.back().second) + " after step " +
+                           std::to_string(history_.val.back().first));
+  train::write_report(c_.log.report, info, history_);
+  out_ << "report: " << c_.log.report << "\n";
 }
 
 // start_error: this rank's config error, or "" (see train_main)

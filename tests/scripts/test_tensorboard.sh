@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# log.tensorboard read back by TensorBoard itself: train_gpt trains a few steps with a
+# validation set, and tensorboard's EventAccumulator (the reader behind `tensorboard --logdir`)
+# loads the directory; every scalar is there with one value per step, equal to metrics.jsonl's.
+#   bash tests/scripts/test_tensorboard.sh BUILD_DIR
+# Skipped (exit 77) without the built programs or without the reference venv's tensorboard
+# (scripts/setup.sh --reference installs it).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="$(cd "${1:-$ROOT/build}" 2>/dev/null && pwd)" || { echo "SKIPPED: no build folder ${1:-}"; exit 77; }
+for p in train_gpt prepare_text; do
+  [[ -x "$BUILD/$p" ]] || { echo "SKIPPED: $BUILD/$p is not built"; exit 77; }
+done
+py="${NDT_REF_VENV:-$HOME/.cache/ndtrain/ref-venv}/bin/python"
+"$py" -c "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator" 2>/dev/null ||
+  { echo "SKIPPED: no tensorboard in the reference venv (scripts/setup.sh --reference)"; exit 77; }
+source "$ROOT/tests/scripts/lib.sh"
+
+cat "$ROOT"/docs/*.md >"$tmp/text.txt"
+"$BUILD/prepare_text" --out "$tmp/data" --vocab byte --val_fraction 0.1 "$tmp/text.txt" >/dev/null ||
+  { echo "FAILED: prepare_text"; exit 1; }
+cat >"$tmp/gpt.ini" <<INI
+[model]
+n_layer = 2
+n_head = 2
+n_embd = 32
+vocab_size = 256
+block_size = 32
+[data]
+train = $tmp/data/train_*.bin
+val = $tmp/data/val_*.bin
+[train]
+micro_batch_size = 4
+seq_len = 32
+steps = 10
+eval_every = 5
+eval_steps = 2
+threads = 1
+[log]
+metrics = $tmp/metrics.jsonl
+tensorboard = $tmp/tb
+[sample]
+every = -1
+INI
+"$BUILD/train_gpt" --config "$tmp/gpt.ini" >"$tmp/train.log" 2>&1 || { cat "$tmp/train.log"; echo "FAILED: train_gpt"; exit 1; }
+check "train_gpt names the event file" grep -q "^tensorboard: $tmp/tb/events.out.tfevents." "$tmp/train.log"
+
+"$py" - "$tmp/tb" "$tmp/metrics.jsonl" <<'PY' >"$tmp/verdict.txt" 2>&1
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+acc.Reload()
+tags = sorted(acc.Tags()["scalars"])
+print("tags:", " ".join(tags))
+rows = [json.loads(l) for l in open(sys.argv[2])]
+steps = [r for r in rows if "loss" in r]
+vals = [r for r in rows if "val_loss" in r]
+ok = True
+def same(tag, key, want_rows):
+    global ok
+    got = [(e.step, e.value) for e in acc.Scalars(tag)]
+    want = [(r["step"], r[key]) for r in want_rows]
+    good = len(got) == len(want) and all(gs == ws and abs(gv - wv) <= 1e-6 * max(1, abs(wv))
+                                         for (gs, gv), (ws, wv) in zip(got, want))
+    print(f"{tag}: {len(got)} values, metrics.jsonl {len(want)}: {'same' if good else 'DIFFERENT'}")
+    ok = ok and good
+for tag, key in [("loss/train", "loss"), ("lr", "lr"), ("grad_norm", "grad_norm"),
+                 ("throughput/tokens_per_sec", "tokens_per_sec"), ("time/step_ms", "ms"),
+                 ("memory/in_use_bytes", "mem_in_use"), ("memory/peak_bytes", "mem_peak")]:
+    same(tag, key, steps)
+same("loss/val", "val_loss", vals)
+print("wall times increase:", all(a.wall_time <= b.wall_time for a, b in zip(acc.Scalars("lr"), acc.Scalars("lr")[1:])))
+print("verdict:", "ok" if ok and len(vals) == 3 else "FAILED")
+PY
+cat "$tmp/verdict.txt"
+check "TensorBoard reads every scalar, equal to metrics.jsonl" grep -q '^verdict: ok$' "$tmp/verdict.txt"
+exit $status

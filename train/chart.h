@@ -1,0 +1,44 @@
+// ndtrain: a line chart as inline SVG, for the training report (train/report.h); no plotting
+// library and no script, so the page opens anywhere, offline.
+//
+//   Chart c{"loss", "Loss", Unit::kPlain};
+//   c.series.push_back({"train", "#1f77b4", {{1, 4.2}, {2, 3.9}}});
+//   std::string svg = line_chart_svg(c);
+//
+// Each series is one <polyline data-series="NAME" data-points="N">, and a series of fewer
+// than 40 points also gets a dot per point (a single evaluation still shows). A series longer
+// than kMaxDrawnPoints is drawn from evenly spaced points of it, the last one always kept.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ndt::train {
+
+enum class Unit { kPlain, kBytes, kPercent, kMilliseconds };
+
+struct Series {
+  std::string name, color;
+  std::vector<std::pair<double, double>> points;  // (step, value); non-finite values are skipped
+  bool dashed = false;
+  double width = 1.5;
+};
+
+struct Chart {
+  std::string id, title;
+  Unit unit = Unit::kPlain;
+  std::vector<Series> series;
+  std::string note;  // a line under the chart ("" for none)
+};
+
+constexpr size_t kMaxDrawnPoints = 2000;
+
+std::string line_chart_svg(const Chart& c, int width = 460, int height = 260);
+// A tick or value in the chart's unit: "1.5 MB", "42%", "12.3 ms", "0.0031".
+std::string format_value(double v, Unit unit);
+// For HTML text and attributes: & < > " ' escaped, and bytes that are not UTF-8 (a byte-level
+// vocabulary's sample) as U+FFFD.
+std::string html_escape(const std::string& s);
+
+}  // namespace ndt::train

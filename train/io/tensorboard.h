@@ -1,0 +1,66 @@
+// ndtrain: TensorBoard scalars, written as TensorFlow event files that `tensorboard --logdir`
+// reads while the run goes on.
+//
+//   io::EventWriter tb;
+//   tb.open("out/fortunes/tb");                     // events.out.tfevents.<time>.<host>.<pid>
+//   tb.write_scalars(step, {{"loss/train", 2.31}, {"lr", 1e-3}});  // one record, on disk now
+//
+// The file is a TFRecord stream: each record is
+//   uint64 length | uint32 masked_crc32c(length) | payload | uint32 masked_crc32c(payload)
+// (little endian), and each payload is an Event protobuf:
+//   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
+//   Summary { repeated Value value = 1; }
+//   Value   { string tag = 1; float simple_value = 2; }
+// The first record says file_version "brain.Event:2".
+//
+// Written by hand rather than with libprotobuf and a .proto: three messages and six fields
+// are ~40 lines of wire-format encoding here, against a protoc step in the build and a
+// library every program would link; CRC-32C is a 256-entry table. Both are tested against
+// known vectors (tests/test_run_logs.cpp), and the files are read back by TensorBoard's
+// own reader (tests/scripts/test_tensorboard.sh).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace ndt::io {
+
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), continuing from `crc`.
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+// TFRecord's mask over it: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
+uint32_t masked_crc32c(std::string_view bytes);
+
+// One TFRecord: the framing above around `payload`.
+std::string tfrecord(std::string_view payload);
+
+using Scalars = std::vector<std::pair<std::string, double>>;  // tag, value (stored as float32)
+// Event payloads (protobuf wire format).
+std::string version_event(double wall_time);
+std::string scalars_event(double wall_time, int64_t step, const Scalars& values);
+
+// An event file in a directory (made when missing). Each write_scalars is one write(2) of
+// one record, so TensorBoard sees it at once; the first failure (a full disk) is kept in
+// error() and nothing more is written, like io::LineWriter.
+class EventWriter {
+ public:
+  EventWriter() = default;
+  ~EventWriter();
+  EventWriter(const EventWriter&) = delete;
+  EventWriter& operator=(const EventWriter&) = delete;
+  void open(const std::string& dir);  // throws ndt::Error naming the directory
+  bool is_open() const { return fd_ >= 0; }
+  const std::string& path() const { return path_; }
+  void write_scalars(int64_t step, const Scalars& values);
+  const std::string& error() const { return error_; }
+
+ private:
+  void write_record(const std::string& payload);
+  int fd_ = -1;
+  std::string path_, error_;
+};
+
+}  // namespace ndt::io
