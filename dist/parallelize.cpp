@@ -67,6 +67,7 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
                          mesh.hosts()[static_cast<size_t>(dims.rank_of(mesh.coords()))]);
       }
       pm->ends_->set_remote_members(std::move(remote));
+      pm->ends_->set_description("the pipeline's first and last stage (the tied embeddings' sum)");
       pm->ends_->set_trace(o.trace);
     }
     pm->strategy->read_pipeline(&mesh.pp(), tied_ends ? 0.5 : 1.0);
