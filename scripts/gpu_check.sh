@@ -580,7 +580,16 @@ t0=$SECONDS
 log "build: ${TARGETS[*]} (-j$JOBS)"
 BUILD_CAP="${NDT_BUILD_TIMEOUT_S:-240}"
 [[ "$DRY" = 1 ]] && BUILD_CAP="${NDT_BUILD_TIMEOUT_S:-7200}"  # a small machine builds for long
-if ! timeout "$BUILD_CAP" cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >"$LOGS/build.log" 2>&1; then
+# in the background, so that a long build says how far it is (Ninja's [done/total]) each minute
+timeout "$BUILD_CAP" cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >"$LOGS/build.log" 2>&1 &
+build_pid=$!
+while kill -0 "$build_pid" 2>/dev/null; do
+  for _ in $(seq 12); do kill -0 "$build_pid" 2>/dev/null && sleep 5; done
+  steps="$(grep -o '^\[[0-9]*/[0-9]*\]' "$LOGS/build.log" | tail -1 | tr -d '[]')"
+  kill -0 "$build_pid" 2>/dev/null && [[ -n "$steps" ]] &&
+    log "build: ${steps%/*} of ${steps#*/} steps done after $((SECONDS - t0))s"
+done
+if ! wait "$build_pid"; then
   grep -E "error|Error" "$LOGS/build.log" | head -30
   tail -20 "$LOGS/build.log"
   mapfile -t errs < <(grep -E "error" "$LOGS/build.log" | head -5)

@@ -13,8 +13,11 @@
 #
 # Environment:
 #   NDT_BUILD_DIR    build folder (default: build, relative to the repository root)
-#   NDT_CUDA         AUTO (default: CUDA backend when nvcc is found, also at
-#                    /usr/local/cuda/bin/nvcc), ON (required) or OFF (CPU only)
+#   NDT_CUDA         AUTO (default: the CUDA backend when nvcc is found, also at
+#                    /usr/local/cuda/bin/nvcc, and this machine has an NVIDIA GPU), ON (build
+#                    it wherever nvcc is: a build host for GPU nodes; nvcc required) or OFF
+#   NDT_BUILD_TARGETS  what to build, a space-separated list of CMake targets (default: all;
+#                    scripts/train_fortunes.sh asks only for train_gpt and prepare_text)
 #   NDT_BUILD_TYPE   CMake build type (default: Release)
 #   NDT_CMAKE_ARGS   extra arguments for the CMake configure step
 #   NDT_REF_VENV     the reference venv (default ~/.cache/ndtrain/ref-venv)
@@ -83,8 +86,14 @@ install_deps() {
 CUDNN_FRONTEND_VERSION=1.23.0
 CUDNN_FRONTEND_DIR="$ROOT/third_party/cudnn_frontend"
 
-cuda_backend_wanted() {  # the decision CMake makes for NDT_CUDA (AUTO: when nvcc is found)
-  [[ "${NDT_CUDA:-AUTO}" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }
+gpu_present() {  # an NVIDIA GPU on this machine, as CMakeLists.txt decides it
+  compgen -G '/dev/nvidia[0-9]*' >/dev/null || nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]'
+}
+
+cuda_backend_wanted() {  # the decision CMake makes for NDT_CUDA (AUTO: nvcc and a GPU)
+  local mode="${NDT_CUDA:-AUTO}"
+  [[ "$mode" != OFF ]] && { command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; } &&
+    { [[ "$mode" = ON ]] || gpu_present; }
 }
 
 fetch_cudnn_frontend() {  # fetch_cudnn_frontend [required]
@@ -151,8 +160,9 @@ assert tensorboard.__version__ == '$tb_v', tensorboard.__version__"
   fi
   local nodeps=(--no-deps)
   [[ "$mode" = wheels ]] && nodeps=()
-  # --no-cache-dir: the torch wheel (~540 MB) is not kept a second time in pip's cache
-  "$venv/bin/pip" install --quiet --no-cache-dir --disable-pip-version-check --only-binary=:all: "${nodeps[@]}" -r "$req" ||
+  # --no-cache-dir: the torch wheel (~540 MB) is not kept a second time in pip's cache; pip
+  # prints a line per package as it downloads and installs (a minute or two in all)
+  "$venv/bin/pip" install --progress-bar off --no-cache-dir --disable-pip-version-check --only-binary=:all: "${nodeps[@]}" -r "$req" ||
     die "pip install -r $req into $venv failed (see above; PyPI unreachable?)"
   if [[ "$mode" = stubs ]]; then
     "$venv/bin/python" "$ROOT/scripts/reference_cuda_stubs.py" \
@@ -185,9 +195,15 @@ build() {
   fi
   local cuda
   cuda="$(sed -n 's/^NDT_CUDA:STRING=//p' "$BUILD/CMakeCache.txt")"
-  log "build: $BUILD (${NDT_BUILD_TYPE:-Release}, NDT_CUDA=${cuda:-AUTO}, -j$jobs)"
+  local targets=() what="everything: the programs, tests and benchmarks"
+  if [[ -n "${NDT_BUILD_TARGETS:-}" ]]; then
+    read -r -a targets <<<"$NDT_BUILD_TARGETS"
+    what="${targets[*]}"
+    targets=(--target "${targets[@]}")
+  fi
+  log "build: $what into $BUILD (${NDT_BUILD_TYPE:-Release}, NDT_CUDA=${cuda:-AUTO}, -j$jobs)"
   local t0=$SECONDS
-  cmake --build "$BUILD" -j"$jobs"
+  cmake --build "$BUILD" -j"$jobs" "${targets[@]}"
   log "build: done in $((SECONDS - t0)) s"
 }
 
@@ -197,6 +213,6 @@ case "${1:-}" in
   --build-only) build ;;
   --cudnn-frontend) fetch_cudnn_frontend required ;;
   --reference) reference_venv ;;
-  -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' ;;
+  -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
   *) die "unknown option '$1' (try --help)" ;;
 esac

@@ -9,7 +9,8 @@
 #   scripts/train_fortunes.sh --train.steps 100     # extra arguments go to train_gpt
 #   scripts/train_fortunes.sh --data-only           # setup + data, no training (out/ untouched)
 #
-# NDT_BUILD_DIR and NDT_CUDA work as in scripts/setup.sh.
+# It builds only train_gpt and prepare_text (scripts/test.sh builds the rest). NDT_BUILD_DIR,
+# NDT_CUDA and NDT_BUILD_TARGETS work as in scripts/setup.sh.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,7 +23,8 @@ if [[ "${1:-}" == --data-only ]]; then
   shift
 fi
 
-"$ROOT/scripts/setup.sh"
+# the main job needs two programs: the tests and benchmarks are built by scripts/test.sh
+NDT_BUILD_TARGETS="${NDT_BUILD_TARGETS:-train_gpt prepare_text}" "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 if [[ ! -f data/fortunes/vocab.json ]]; then
   [[ -d "$CORPUS" ]] || { echo "[train] error: $CORPUS not found; run scripts/setup.sh (it installs fortunes)" >&2; exit 1; }
