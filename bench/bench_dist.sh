@@ -15,7 +15,9 @@
 # (oversubscribed 2x on a 2-core machine: compare them with each other, not with 1 x 2). Tokens/s
 # are train_gpt's averages over the steps after the first. With FSDP the Chrome trace of
 # every rank gives the exposed communication: the share of the step the compute thread
-# spent waiting on a collective (scripts/trace_summary.py).
+# spent waiting on a collective (scripts/trace_summary.py). Every run is metered by
+# bench/idle.py: run again while other processes took over 0.1 cores beside it; the table's
+# last column says the most they took.
 # Needs the fortunes shards (scripts/train_fortunes.sh prepares data/fortunes). Writes no
 # checkpoint, metrics or report (the main job's out/fortunes/ stays as it was): its logs and
 # traces go to a temporary folder, removed at the end.
@@ -38,15 +40,19 @@ STEPS="${STEPS:-30}"
 common="--config configs/fortunes_char.ini --train.steps $STEPS --train.eval_every 0 --sample.every -1 --log.every 1000 --log.report '' --log.metrics '' --checkpoint.dir '' --data.shuffle false --optim.warmup_steps 1"
 
 speed() { sed -n 's/^average \([0-9.]*\) ms\/step, \([0-9.]*\) tok\/s$/\1 \2/p' "$1"; }
+# every run goes through bench/idle.py, which runs it again (twice at most) while other
+# processes took more than 0.1 cores beside it, and says how much they took
+IDLE=(python3 "$ROOT/bench/idle.py" --)
+others() { sed -n 's/^\[idle\] others took \([0-9.]*\) cores.*/\1/p' "$1" | tail -1; }
 
 # one run: config, layout (or "single"), round -> a line "cfg layout np ms tok exposed" in $OUT/runs
 run_one() {
   local cfg=$1 layout=$2 round=$3 np=2 par B env=()
   eval "set -- ${ARGS[$cfg]} $common"
   if [[ $layout == single ]]; then
-    "$BUILD/train_gpt" "$@" --train.micro_batch_size 8 --train.threads 2 > "$OUT/single.txt" 2>&1
+    "${IDLE[@]}" "$BUILD/train_gpt" "$@" --train.micro_batch_size 8 --train.threads 2 > "$OUT/single.txt" 2>&1
     read -r ms tok < <(speed "$OUT/single.txt")
-    echo "$cfg single 1 $ms $tok -" >> "$OUT/runs"
+    echo "$cfg single 1 $ms $tok - $(others "$OUT/single.txt")" >> "$OUT/runs"
     return
   fi
   case $layout in
@@ -63,11 +69,11 @@ run_one() {
     *) echo "unknown layout $layout" >&2; exit 1 ;;
   esac
   rm -f "$OUT"/trace*
-  env "${env[@]}" "${MPIRUN[@]}" -np $np "$BUILD/train_gpt" "$@" --train.micro_batch_size $B --train.threads 1 $par \
+  env "${env[@]}" "${IDLE[@]}" "${MPIRUN[@]}" -np $np "$BUILD/train_gpt" "$@" --train.micro_batch_size $B --train.threads 1 $par \
     --log.trace "$OUT/trace.json" > "$OUT/$layout.txt" 2>&1
   read -r ms tok < <(speed "$OUT/$layout.txt")
   exposed=$(python3 scripts/trace_summary.py --skip 2 "$OUT"/trace.rank*.json | awk 'NR>1 {s+=$6; n++} END {printf "%.1f", s/n}')
-  echo "$cfg $layout $np $ms $tok $exposed" >> "$OUT/runs"
+  echo "$cfg $layout $np $ms $tok $exposed $(others "$OUT/$layout.txt")" >> "$OUT/runs"
   if [[ $layout == fsdp2 && -n "${SVG:-}" && $round == 1 ]]; then
     python3 scripts/trace_summary.py --skip 2 --window 3 --svg "$SVG" "$OUT"/trace.rank*.json > /dev/null
   fi
@@ -87,7 +93,8 @@ python3 - "$OUT/runs" "${ROUNDS:-1}" <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 rounds = int(sys.argv[2])
-print(f"{'config':<6} {'layout':<28} {'ms/step':>10} {'spread':>8} {'tok/s':>10} {'vs 1x2':>8} {'exposed':>10}")
+print(f"{'config':<6} {'layout':<28} {'ms/step':>10} {'spread':>8} {'tok/s':>10} {'vs 1x2':>8} {'exposed':>10} "
+      f"{'others (max)':>13}")
 order = list(dict.fromkeys((r[0], r[1]) for r in rows))
 for cfg, layout in order:
     mine = [r for r in rows if r[0] == cfg and r[1] == layout]
@@ -98,6 +105,9 @@ for cfg, layout in order:
     spread = f"{(max(ms) - min(ms)) / statistics.median(ms) * 100:.0f}%" if rounds > 1 else "-"
     name = "1 process x 2 threads" if layout == "single" else f"{layout} ({mine[0][2]} ranks x 1)"
     exposed = "-" if layout == "single" else f"{statistics.median(float(r[5]) for r in mine):.1f}%"
+    busy = max(float(r[6]) for r in mine)
     print(f"{cfg:<6} {name:<28} {statistics.median(ms):>10.1f} {spread:>8} {statistics.median(tok):>10.0f} "
-          f"{statistics.median(ratios):>7.2f}x {exposed:>10}")
+          f"{statistics.median(ratios):>7.2f}x {exposed:>10} {busy:>7.2f} cores")
+print("(others: the most CPU other processes took beside one of the row's runs, bench/idle.py; a run above "
+      "0.1 cores was run again, twice at most)")
 PY

@@ -10,10 +10,15 @@ so that a busy machine slows them alike. Each library is loaded by path into its
     python3 bench/blas_gemm.py                      # Debian's OpenBLAS and whatever of the others is installed
     python3 bench/blas_gemm.py --config GPT2 --rounds 5
     python3 bench/blas_gemm.py --lib mine=/path/libblas.so --lib other=/path/libx.so:prefix_
+    python3 bench/blas_gemm.py --lib onednn=/usr/lib/x86_64-linux-gnu/libdnnl.so:dnnl
 
-Found by default: Debian's OpenBLAS (OpenMP build), and from bench/vs_pytorch.sh's venv
-(~/.cache/ndtrain/torch-venv; `pip install mkl scipy-openblas32` there): Intel MKL
-(libmkl_rt) and a current OpenBLAS (scipy-openblas32, whose symbols carry a scipy_ prefix).
+Found by default: Debian's OpenBLAS (OpenMP build, what ndtrain links), Debian's BLIS
+(`apt-get install libblis4-openmp`: its Zen kernels), oneDNN's f32 GEMM (Debian's libdnnl,
+which ndtrain already links for bf16; called through dnnl_sgemm, row-major), and from
+bench/vs_pytorch.sh's venv (~/.cache/ndtrain/torch-venv, or $NDT_BLAS_VENV; `pip install mkl
+scipy-openblas32` there): Intel MKL (libmkl_rt) and a current OpenBLAS (scipy-openblas32,
+whose symbols carry a scipy_ prefix). A PREFIX of "dnnl" means oneDNN's dnnl_sgemm instead of
+a CBLAS.
 Prints per library the median over rounds of the whole list's time and GFLOP/s, and each
 shape's GFLOP/s (the median round's).
 """
@@ -34,15 +39,26 @@ def measure(path, prefix, config, seconds):
     import numpy as np
 
     lib = ctypes.CDLL(path)
-    fn = getattr(lib, prefix + "cblas_sgemm")
-    fn.restype = None
-    i32, f32, ptr = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
-    fn.argtypes = [i32, i32, i32, i32, i32, i32, f32, ptr, i32, ptr, i32, f32, ptr, i32]
+    i32, i64, f32, ptr, char = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_char
     row_major, no_t, t = 101, 111, 112
+    if prefix == "dnnl":  # dnnl_sgemm(transa, transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc): row-major
+        fn = lib.dnnl_sgemm
+        fn.restype = i32
+        fn.argtypes = [char, char, i64, i64, i64, f32, ptr, i64, ptr, i64, f32, ptr, i64]
 
-    def gemm(ta, tb, m, n, k, a, b, c):
-        fn(row_major, ta, tb, m, n, k, 1.0, a.ctypes.data, k if ta == no_t else m, b.ctypes.data,
-           n if tb == no_t else k, 0.0, c.ctypes.data, n)
+        def gemm(ta, tb, m, n, k, a, b, c):
+            status = fn(b"N" if ta == no_t else b"T", b"N" if tb == no_t else b"T", m, n, k, 1.0, a.ctypes.data,
+                        k if ta == no_t else m, b.ctypes.data, n if tb == no_t else k, 0.0, c.ctypes.data, n)
+            if status != 0:
+                raise RuntimeError(f"dnnl_sgemm returned {status}")
+    else:
+        fn = getattr(lib, prefix + "cblas_sgemm")
+        fn.restype = None
+        fn.argtypes = [i32, i32, i32, i32, i32, i32, f32, ptr, i32, ptr, i32, f32, ptr, i32]
+
+        def gemm(ta, tb, m, n, k, a, b, c):
+            fn(row_major, ta, tb, m, n, k, 1.0, a.ctypes.data, k if ta == no_t else m, b.ctypes.data,
+               n if tb == no_t else k, 0.0, c.ctypes.data, n)
 
     R, C, V = CONFIGS[config]
     rng = np.random.default_rng(0)
@@ -51,10 +67,14 @@ def measure(path, prefix, config, seconds):
         W = rng.standard_normal((fan_out, fan_in), dtype=np.float32)
         dY = rng.standard_normal((R, fan_out), dtype=np.float32)
         Y, dX, dW = (np.empty(s, np.float32) for s in [(R, fan_out), (R, fan_in), (fan_out, fan_in)])
-        for name, f in [("fwd", lambda: gemm(no_t, t, R, fan_out, fan_in, X, W, Y)),
-                        ("dX", lambda: gemm(no_t, no_t, R, fan_in, fan_out, dY, W, dX)),
-                        ("dW", lambda: gemm(t, no_t, fan_out, fan_in, R, dY, X, dW))]:
+        for name, f, out, want in [("fwd", lambda: gemm(no_t, t, R, fan_out, fan_in, X, W, Y), Y, lambda: X @ W.T),
+                                   ("dX", lambda: gemm(no_t, no_t, R, fan_in, fan_out, dY, W, dX), dX, lambda: dY @ W),
+                                   ("dW", lambda: gemm(t, no_t, fan_out, fan_in, R, dY, X, dW), dW, lambda: dY.T @ X)]:
             f()
+            ref = want().astype(np.float64)  # a wrong call must not be timed as a fast one
+            err = np.abs(out - ref).max() / np.abs(ref).max()
+            if not err < 1e-4:
+                sys.exit(f"{path}: {fan_in}x{fan_out}:{name} differs from numpy's product by {err:.2e} (relative)")
             n, t0 = 0, time.perf_counter()
             while n < 2 or time.perf_counter() - t0 < seconds:
                 f()
@@ -69,7 +89,13 @@ def default_libs():
         if os.path.exists(p):
             libs.append(("Debian OpenBLAS", p, ""))
             break
-    venv = os.environ.get("NDT_TORCH_VENV", os.path.expanduser("~/.cache/ndtrain/torch-venv"))
+    for p in ["/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4", "/usr/lib/x86_64-linux-gnu/libblis.so.4"]:
+        if os.path.exists(p):
+            libs.append(("Debian BLIS", p, ""))
+            break
+    for p in sorted(glob.glob("/usr/lib/x86_64-linux-gnu/libdnnl.so.*"))[:1]:
+        libs.append(("oneDNN f32 (Debian)", p, "dnnl"))
+    venv = os.environ.get("NDT_BLAS_VENV", os.environ.get("NDT_TORCH_VENV", os.path.expanduser("~/.cache/ndtrain/torch-venv")))
     for p in sorted(glob.glob(f"{venv}/lib/python3*/site-packages/scipy_openblas32/lib/libscipy_openblas.so")):
         libs.append(("OpenBLAS (scipy-openblas32)", p, "scipy_"))
     for p in sorted(glob.glob(f"{venv}/lib/libmkl_rt.so*"))[:1]:
@@ -100,7 +126,7 @@ def main():
     if not libs:
         sys.exit("blas_gemm: no BLAS library found (--lib LABEL=PATH)")
     env = dict(os.environ)
-    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
         env[k] = str(args.threads)
     rounds = {label: [] for label, _, _ in libs}
     for _ in range(args.rounds):

@@ -28,7 +28,9 @@ With --budget-s, runs that would start after that many seconds are reported as s
 --serve keeps the models between rounds, for bench/vs_pytorch.py's interleaved rounds: it
 builds and warms up (compiles) one model per --mode, prints READY, then for each line
 "MODE STEPS" on stdin runs one warm-up and STEPS timed steps of that model and prints its
-RESULT line and READY again; "quit" or end of input ends it.
+RESULT line and READY again; "quit" or end of input ends it. With a compiled model on CPU it
+first prints what inductor generated: "INDUCTOR isa=avx512+avx512_vnni kernels=N
+vectorized=M" (isa=none: its ISA probe failed and every kernel is scalar).
 """
 import argparse
 import math
@@ -221,6 +223,26 @@ class Trainer:
                 f"warmup_s={warm_s:.1f} final_loss={self.loss:.4f}")
 
 
+def inductor_report():
+    """What torch.compile generated on this CPU: the ISA inductor's probe picked (empty when the
+    probe failed: then every kernel is scalar C++) and, over the generated C++ kernels in its
+    cache folder, how many use at::vec::Vectorized. One line: INDUCTOR isa=... kernels=N vectorized=M"""
+    import glob
+    import os
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    isa = str(cpu_vec_isa.pick_vec_isa()).replace(" ", "+") or "none"
+    n = vec = 0
+    for path in glob.glob(os.path.join(cache_dir(), "**", "*.cpp"), recursive=True):
+        with open(path, errors="replace") as f:
+            text = f.read()
+        if "kernel(" not in text:  # the ISA probe's own file, not a model kernel
+            continue
+        n += 1
+        vec += "at::vec::Vectorized" in text
+    return f"INDUCTOR isa={isa} kernels={n} vectorized={vec} cache={cache_dir()}"
+
+
 def run(args, mode, B, device, cfg):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -239,6 +261,8 @@ def serve(args, runs, device, cfg):
     for mode, B in runs:
         trainers[mode] = Trainer(mode, B, device, cfg, args.dtype)
         warm_s[mode] = trainers[mode].warm(max(args.warmup, 1))
+    if device.type == "cpu" and "compile" in trainers:
+        print(inductor_report(), flush=True)
     print("READY", flush=True)
     for line in sys.stdin:
         words = line.split()

@@ -14,9 +14,21 @@ f32 parameters), the same number of threads.
     bench/vs_pytorch.sh --configs S --contend 1           # with one busy-looping process beside
     bench/vs_pytorch.sh --configs LS,LM,L1B               # llamas: transformers' LlamaForCausalLM as the twin
 
-Prints one markdown table: per implementation the median ms/step over rounds, the spread
-(min-max), tokens/s, and "ndtrain speed-up": the median over rounds of that round's
-(its ms / ndtrain's ms), so above 1 means ndtrain is faster. Then RESULT lines for scripts.
+Whether the machine was idle is measured, not assumed (bench/idle.py): around every timed run
+it reads the machine's CPU time from /proc/stat (including time stolen by the hypervisor) and
+subtracts what the benchmark's own processes used, so what is left is the CPU time other
+processes took, in cores over the run. A round where any run saw more than
+--idle-max cores of others is run again, up to --redo times, and then kept but marked; the
+medians are over the clean rounds (over all of them, said so, when none was clean).
+
+It also records what torch.compile generated: the instruction set inductor's probe picked
+(isa=none: the probe failed and every kernel is scalar C++, so compile is no fair opponent:
+said in the output) and how many generated kernels are vectorized.
+
+Prints one markdown table: per implementation the median ms/step over clean rounds, the spread
+(min-max), tokens/s, and "ndtrain speed-up": the median over clean rounds of that round's
+(its ms / ndtrain's ms), so above 1 means ndtrain is faster; the clean rounds and the most
+CPU other processes took in a kept round. Then RESULT lines for scripts.
 """
 import argparse
 import os
@@ -27,6 +39,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from idle import OthersMeter  # noqa: E402  (bench/idle.py: other processes' CPU time during a run)
 # bench_gpt_train's configs (tokens per step B * T) and defaults for a CPU run: GPT-2 124M at
 # B 1 (1024 tokens), the others at their own batch
 # (LS, LM and L1B: the llama family, against transformers' LlamaForCausalLM)
@@ -65,6 +79,9 @@ class Twin:
         t = time.perf_counter()
         self.header = self._until_ready()
         self.warm_s = time.perf_counter() - t
+        inductor = [l for l in self.header if l.startswith("INDUCTOR")]
+        self.isa = kv("isa", inductor[0]) if inductor else None
+        self.kernels = (int(kv("kernels", inductor[0])), int(kv("vectorized", inductor[0]))) if inductor else None
 
     def _until_ready(self):
         lines = []
@@ -116,6 +133,9 @@ def main():
     ap.add_argument("--batch", default="", help="sequences per step: a number, or S=8,M=8,GPT2=1 (the default)")
     ap.add_argument("--contend", type=int, default=0,
                     help="this many single-threaded busy loops run beside the whole benchmark (a shared machine)")
+    ap.add_argument("--idle-max", type=float, default=0.10,
+                    help="a round is clean when no run in it saw other processes take more than this many cores")
+    ap.add_argument("--redo", type=int, default=2, help="times a round that was not clean is run again")
     args = ap.parse_args()
     configs = [c for c in args.configs.split(",") if c]
     dtypes = [d for d in args.dtypes.split(",") if d]
@@ -155,40 +175,67 @@ def main():
                 if twin:
                     print(f"{config} {dtype}: PyTorch built and warmed up ({', '.join(modes)}) in "
                           f"{twin.warm_s:.0f} s", flush=True)
-                ms = {i: [] for i in impls}
-                loss = {}
+                if twin and twin.isa is not None:
+                    vec = f"{twin.kernels[1]} of {twin.kernels[0]} kernels vectorized"
+                    if twin.isa == "none":
+                        print(f"{config} {dtype}: WARNING: inductor's ISA probe failed here: torch.compile's "
+                              f"kernels are scalar C++ ({vec}); its figures are not a fair opponent", flush=True)
+                    else:
+                        print(f"{config} {dtype}: torch.compile generated code for {twin.isa} ({vec})", flush=True)
+                own_pids = ([twin.proc.pid] if twin else []) + [p.pid for p in busy]
+                kept = []  # per round: ({impl: ms}, {impl: loss}, most cores others took)
                 for r in range(args.rounds):
                     order = impls[r % len(impls):] + impls[:r % len(impls)]
-                    for impl in order:
-                        if impl == "ndtrain":
-                            t, l = ndtrain(bench, config, dtype, args.threads, B, n, env)
-                        else:
-                            t, l = twin.run(impl, n)
-                        ms[impl].append(t)
-                        loss[impl] = l
-                    print(f"  round {r + 1}: " + ", ".join(f"{i} {ms[i][-1]:.1f} ms" for i in impls), flush=True)
+                    for attempt in range(args.redo + 1):
+                        ms, loss, others = {}, {}, 0.0
+                        for impl in order:
+                            with OthersMeter(own_pids) as meter:
+                                if impl == "ndtrain":
+                                    ms[impl], loss[impl] = ndtrain(bench, config, dtype, args.threads, B, n, env)
+                                else:
+                                    ms[impl], loss[impl] = twin.run(impl, n)
+                            others = max(others, meter.cores)
+                        clean = others <= args.idle_max
+                        note = "" if clean else (f"  NOT CLEAN: others took {others:.2f} cores" +
+                                                 (", run again" if attempt < args.redo else ", kept and marked"))
+                        print(f"  round {r + 1}: " + ", ".join(f"{i} {ms[i]:.1f} ms" for i in impls) +
+                              f" (others {others:.2f} cores){note}", flush=True)
+                        if clean or attempt == args.redo:
+                            kept.append((ms, loss, others, clean))
+                            break
                 if twin:
                     twin.close()
+                use = [k for k in kept if k[3]] or kept
+                n_clean = sum(k[3] for k in kept)
+                worst = max(k[2] for k in kept)
                 for impl in impls:
-                    med = statistics.median(ms[impl])
-                    ratio = statistics.median(a / b for a, b in zip(ms[impl], ms["ndtrain"]))
+                    times = [k[0][impl] for k in use]
+                    med = statistics.median(times)
+                    ratio = statistics.median(k[0][impl] / k[0]["ndtrain"] for k in use)
                     tok = B * SEQ[config] / (med / 1e3)
-                    rows.append((config, dtype, B, impl, med, min(ms[impl]), max(ms[impl]), tok, ratio, loss[impl]))
+                    last_loss = use[-1][1][impl]
+                    rows.append((config, dtype, B, impl, med, min(times), max(times), tok, ratio, last_loss,
+                                 n_clean, len(kept), worst))
+                    isa = twin.isa if (twin and impl == "compile" and twin.isa) else ""
                     results.append(f"RESULT config={config} dtype={dtype} B={B} impl={impl} median_ms={med:.2f} "
-                                   f"min_ms={min(ms[impl]):.2f} max_ms={max(ms[impl]):.2f} tokens_per_s={tok:.0f} "
-                                   f"ndtrain_speedup={ratio:.3f} final_loss={loss[impl]:.4f} "
-                                   f"rounds={args.rounds} steps={n} contend={args.contend}")
+                                   f"min_ms={min(times):.2f} max_ms={max(times):.2f} tokens_per_s={tok:.0f} "
+                                   f"ndtrain_speedup={ratio:.3f} final_loss={last_loss:.4f} "
+                                   f"rounds={len(kept)} clean_rounds={n_clean} others_max_cores={worst:.2f} "
+                                   f"steps={n} contend={args.contend}" + (f" inductor_isa={isa}" if isa else ""))
     finally:
         for p in busy:
             p.kill()
             p.wait()
     print()
-    print("| config | dtype | B | implementation | ms/step (median) | min-max | tokens/s | ndtrain speed-up | last loss |")
-    print("|---|---|---:|---|---:|---:|---:|---:|---:|")
+    print("| config | dtype | B | implementation | ms/step (median) | min-max | tokens/s | ndtrain speed-up | "
+          "last loss | clean rounds | others (max) |")
+    print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     names = {"ndtrain": "ndtrain", "eager": "PyTorch eager", "compile": "torch.compile"}
-    for config, dtype, B, impl, med, lo, hi, tok, ratio, l in rows:
+    for config, dtype, B, impl, med, lo, hi, tok, ratio, l, n_clean, n_kept, worst in rows:
         print(f"| {config} | {dtype} | {B} | {names[impl]} | {med:.1f} | {lo:.1f}-{hi:.1f} | {tok:.0f} | "
-              f"{'' if impl == 'ndtrain' else f'{ratio:.2f}x'} | {l:.3f} |")
+              f"{'' if impl == 'ndtrain' else f'{ratio:.2f}x'} | {l:.3f} | {n_clean}/{n_kept} | {worst:.2f} cores |")
+    print(f"\n(medians over clean rounds: no other process took more than {args.idle_max:.2f} cores during any "
+          f"run of the round; where no round was clean, over all, as the column shows)")
     print()
     for line in results:
         print(line)
