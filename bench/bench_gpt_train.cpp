@@ -53,6 +53,7 @@
 #include "models/gpt.h"
 #include "nn/flat.h"
 #include "optim/adamw.h"
+#include "tensor/cpu/onednn_gemm.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/kernels.h"
 #include "tensor/storage.h"
@@ -211,8 +212,8 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
   const double peak_tflops = bf16 ? 989.0 : tf32 ? 495.0 : 67.0;
   const char* arith = bf16 ? "bf16" : tf32 ? "tf32" : "f32";
   set_num_threads(threads);
-  std::printf("threads: %d, OpenBLAS kernel: %s, dtype: %s\n\n", num_threads(), blas_core().c_str(),
-              bf16 ? "bf16 mixed precision (f32 master and AdamW)" : "f32");
+  std::printf("threads: %d, OpenBLAS kernel: %s, f32 GEMMs: %s, dtype: %s\n\n", num_threads(), blas_core().c_str(),
+              cpu::f32_gemm_library().c_str(), bf16 ? "bf16 mixed precision (f32 master and AdamW)" : "f32");
   std::printf(
       "| config | params | tokens/step | checkpointing | ms/step | tokens/s | GFLOP/s | saved MB | peak MB | "
       "total peak MB | same loss | device |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");

@@ -147,9 +147,12 @@ TEST(SdpaSupported, FalseWithAReasonForCpuTensorsAndF32) {
     EXPECT_FALSE(cuda::sdpa_supported(q, q, q, 0, 0, &why)) << dtype_name(dt) << " on cpu";
     EXPECT_FALSE(why.empty()) << dtype_name(dt) << " on cpu: no reason given";
     if (cuda::sdpa_compiled() && !env_off) EXPECT_NE(why.find("cpu"), std::string::npos) << why;
-    // and on CPU attention() is the composed path, bit for bit
+    // and on CPU attention() is the composed path, bit for bit, when both multiply on
+    // OpenBLAS (the fused kernel calls it itself; the composed one's GEMMs follow NDT_F32_GEMM)
     Tensor k = randn({2, 3, 16, 64}, dt, Device::cpu(), 2), v = randn({2, 3, 16, 64}, dt, Device::cpu(), 3);
+    setenv("NDT_F32_GEMM", "openblas", 1);
     AttentionOut a = attention(q, k, v), b = attention_composed(q, k, v);
+    unsetenv("NDT_F32_GEMM");
     EXPECT_EQ(a.out.to_vector<float>(), b.out.to_vector<float>());
     EXPECT_EQ(a.lse.to_vector<float>(), b.lse.to_vector<float>());
   }

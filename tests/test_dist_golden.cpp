@@ -6,8 +6,9 @@
 //
 // The figures depend on the GEMM kernel and on the CPU's vector width (glibc's libm and
 // GELU's clones pick code by it), so the runs use OpenBLAS's Haswell kernel (any AVX2 CPU)
-// and one thread, and the figures are kept per kind of machine; on one without recorded
-// figures the test skips and says so. To record (after a change meant to change numbers,
+// for every f32 GEMM (NDT_F32_GEMM=openblas, also where oneDNN's would be chosen) and one
+// thread, and the figures are kept per kind of machine; on one without recorded figures the
+// test skips and says so. To record (after a change meant to change numbers,
 // or for a new kind of machine), run
 //   NDT_RECORD_GOLDEN=1 build/test_dist_golden
 // and paste what it prints into kRecorded below.
@@ -161,7 +162,8 @@ TEST(Golden, EveryLayoutTrainsTheRecordedBits) {
     const fs::path d = dir / std::to_string(i);
     // every rank (mpirun passes the environment on) computes with the same kernel
     const std::string cmd =
-        std::string("OPENBLAS_CORETYPE=Haswell ") + (L.np > 1 ? ndt::testing::mpirun(L.np) : std::string()) +
+        std::string("OPENBLAS_CORETYPE=Haswell NDT_F32_GEMM=openblas ") +
+        (L.np > 1 ? ndt::testing::mpirun(L.np) : std::string()) +
         NDT_TRAIN_GPT_BIN + " --config " + (dir / "gpt.ini").string() + " --log.metrics " +
         (d / "metrics.jsonl").string() + " --checkpoint.dir " + (d / "ck").string() + " " + L.args;
     const ndt::testing::ShellResult r = ndt::testing::run_shell(cmd);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <set>
 #include <string>
 #include <utility>
@@ -444,6 +445,28 @@ Tensor gemm_f64(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor
   return c;
 }
 
+// linear_forward in dtype with a bias, and with GELU, on each value of the variable env
+// (NDT_BF16_GEMM or NDT_F32_GEMM), against f64 from the same values.
+void check_linear_with_bias(DType dtype, const char* env, std::initializer_list<const char*> choices, double tol,
+                            double tol_gelu, uint64_t seed) {
+  const Tensor x = randn({70, 48}, dtype, Device::cpu(), seed), w = randn({48, 40}, dtype, Device::cpu(), seed + 1);
+  const Tensor bias = randn({40}, dtype, Device::cpu(), seed + 2, 0.0f, 3.0f);
+  Tensor want = Tensor::empty({70, 40}, DType::f64), want_gelu = Tensor::empty({70, 40}, DType::f64);
+  kernels::linear_forward(x.to(DType::f64), w.to(DType::f64), bias.to(DType::f64), false, want, Tensor());
+  kernels::gelu_forward(want, want_gelu);
+  for (const char* choice : choices) {
+    setenv(env, choice, 1);
+    Tensor y = Tensor::empty({70, 40}, dtype), out = Tensor::empty({70, 40}, dtype),
+           pre = Tensor::empty({70, 40}, dtype);
+    kernels::linear_forward(x, w, bias, false, y, Tensor());
+    kernels::linear_forward(x, w, bias, true, out, pre);
+    unsetenv(env);
+    EXPECT_LT(rel_error(y.to(DType::f64), want), tol) << env << "=" << choice;
+    EXPECT_LT(rel_error(pre.to(DType::f64), want), tol) << env << "=" << choice;
+    EXPECT_LT(rel_error(out.to(DType::f64), want_gelu), tol_gelu) << env << "=" << choice;
+  }
+}
+
 }  // namespace
 
 // Every shape the CPU gemm takes (2-D, batched, a 2-D b shared by the batch; each operand
@@ -484,21 +507,7 @@ TEST(Bf16Gemm, OneDnnAndTheF32PathAgreeWithFloat64) {
 // linear_forward with a bias, and with GELU: oneDNN adds the bias before the one rounding.
 TEST(Bf16Gemm, LinearWithBiasOnBothPaths) {
   if (cpu::bf16_gemm_library().rfind("none", 0) == 0) GTEST_SKIP() << cpu::bf16_gemm_library();
-  const Tensor x = randn({70, 48}, DType::bf16, Device::cpu(), 1100), w = randn({48, 40}, DType::bf16, Device::cpu(), 1101);
-  const Tensor bias = randn({40}, DType::bf16, Device::cpu(), 1102, 0.0f, 3.0f);
-  Tensor want = Tensor::empty({70, 40}, DType::f64), want_gelu = Tensor::empty({70, 40}, DType::f64);
-  kernels::linear_forward(x.to(DType::f64), w.to(DType::f64), bias.to(DType::f64), false, want, Tensor());
-  kernels::gelu_forward(want, want_gelu);
-  for (const char* choice : {"onednn", "f32"}) {
-    Bf16GemmChoice scoped(choice);
-    Tensor y = Tensor::empty({70, 40}, DType::bf16), out = Tensor::empty({70, 40}, DType::bf16),
-           pre = Tensor::empty({70, 40}, DType::bf16);
-    kernels::linear_forward(x, w, bias, false, y, Tensor());
-    kernels::linear_forward(x, w, bias, true, out, pre);
-    EXPECT_LT(rel_error(y.to(DType::f64), want), 5e-3) << choice;
-    EXPECT_LT(rel_error(pre.to(DType::f64), want), 5e-3) << choice;
-    EXPECT_LT(rel_error(out.to(DType::f64), want_gelu), 1e-2) << choice;
-  }
+  check_linear_with_bias(DType::bf16, "NDT_BF16_GEMM", {"onednn", "f32"}, 5e-3, 1e-2, 1100);
 }
 
 // auto takes oneDNN exactly where the CPU has bf16 dot products; a wrong value is refused.
@@ -514,6 +523,85 @@ TEST(Bf16Gemm, AutoFollowsTheCpuAndBadChoicesAreRefused) {
   Tensor c = Tensor::empty({4, 4}, DType::bf16);
   const std::string e = ndt::testing::error_of([&] { kernels::gemm(a, false, a, false, c); });
   EXPECT_NE(e.find("NDT_BF16_GEMM=fast"), std::string::npos) << e;
+}
+
+// ---- f32 GEMMs on the CPU: OpenBLAS and oneDNN's f32 matmul (NDT_F32_GEMM) --------------------
+
+namespace {
+
+// NDT_F32_GEMM for one scope (the CPU gemm reads it at each call).
+struct F32GemmChoice {
+  explicit F32GemmChoice(const char* value) { setenv("NDT_F32_GEMM", value, 1); }
+  ~F32GemmChoice() { unsetenv("NDT_F32_GEMM"); }
+};
+
+bool have_onednn() { return cpu::bf16_gemm_library().find("without oneDNN") == std::string::npos; }
+
+}  // namespace
+
+// Every shape the CPU gemm takes, in f32 on both libraries, against f64 from the same values.
+TEST(F32Gemm, OneDnnAndOpenBlasAgreeWithFloat64) {
+  if (!have_onednn()) GTEST_SKIP() << cpu::bf16_gemm_library();
+  const int64_t m = 37, n = 29, k = 53;
+  uint64_t stream = 2000;
+  for (auto [batch, b_shared] : {std::pair<int64_t, bool>{0, false}, {3, false}, {3, true}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        if (b_shared && ta) continue;  // not a shape matmul makes
+        auto shape = [&, batch = batch](int64_t r, int64_t c, bool batched) {
+          return batched && batch > 0 ? ndt::Shape{batch, r, c} : ndt::Shape{r, c};
+        };
+        const Tensor a = randn(ta ? shape(k, m, true) : shape(m, k, true), DType::f32, Device::cpu(), stream++);
+        const Tensor b = randn(tb ? shape(n, k, !b_shared) : shape(k, n, !b_shared), DType::f32, Device::cpu(),
+                               stream++);
+        const Tensor c0 = randn(shape(m, n, true), DType::f32, Device::cpu(), stream++);
+        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.0}}) {
+          const Tensor want = gemm_f64(a, ta, b, tb, c0, alpha, beta);
+          for (const char* choice : {"onednn", "openblas"}) {
+            F32GemmChoice scoped(choice);
+            Tensor c = c0.clone();
+            kernels::gemm(a, ta, b, tb, c, alpha, beta);
+            EXPECT_LT(rel_error(c.to(DType::f64), want), 1e-6)
+                << choice << " batch " << batch << (b_shared ? " shared b" : "") << " ta " << ta << " tb " << tb
+                << " alpha " << alpha << " beta " << beta;
+          }
+        }
+      }
+}
+
+// linear_forward with a bias (oneDNN adds it in the accumulator) and with GELU, on both.
+TEST(F32Gemm, LinearWithBiasOnBothLibraries) {
+  if (!have_onednn()) GTEST_SKIP() << cpu::bf16_gemm_library();
+  check_linear_with_bias(DType::f32, "NDT_F32_GEMM", {"onednn", "openblas"}, 1e-6, 1e-6, 2100);
+}
+
+// auto takes oneDNN only on an AMD CPU where oneDNN's f32 matmul is an AVX-512 brgemm kernel
+// (where it was measured faster); the library in words says which; a wrong value is refused.
+TEST(F32Gemm, AutoFollowsTheCpuAndBadChoicesAreRefused) {
+  {
+    F32GemmChoice scoped("auto");
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    const bool amd_avx512 = __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f");
+    if (have_onednn()) {
+      EXPECT_EQ(cpu::f32_gemm_on_onednn(), amd_avx512) << cpu::f32_gemm_library();
+    } else {
+      EXPECT_FALSE(cpu::f32_gemm_on_onednn());
+    }
+#endif
+    EXPECT_EQ(cpu::f32_gemm_library().rfind(cpu::f32_gemm_on_onednn() ? "oneDNN " : "OpenBLAS kernel ", 0), 0u)
+        << cpu::f32_gemm_library();
+  }
+  {
+    F32GemmChoice scoped("openblas");
+    EXPECT_FALSE(cpu::f32_gemm_on_onednn());
+    EXPECT_EQ(cpu::f32_gemm_library(), "OpenBLAS kernel " + blas_core());
+  }
+  F32GemmChoice scoped("mkl");
+  const Tensor a = randn({4, 4}, DType::f32, Device::cpu(), 2200);
+  Tensor c = Tensor::empty({4, 4}, DType::f32);
+  const std::string e = ndt::testing::error_of([&] { kernels::gemm(a, false, a, false, c); });
+  EXPECT_NE(e.find("NDT_F32_GEMM=mkl"), std::string::npos) << e;
 }
 
 // ---- the CPU's vectorized loops keep their plain loops' bits ----------------------------------

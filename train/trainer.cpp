@@ -33,6 +33,7 @@
 #include "train/checkpoint/hf.h"
 #include "optim/adamw.h"
 #include "tensor/checked.h"
+#include "tensor/cpu/onednn_gemm.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/threads.h"
 #include "train/agree.h"
@@ -59,6 +60,13 @@ namespace ndt::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The CPU's GEMM kernels, in words: what decides the last bits of a CPU run's numbers.
+std::string cpu_gemms() {
+  std::string s = "OpenBLAS kernel " + blas_core();
+  if (cpu::f32_gemm_on_onednn()) s += ", f32 GEMMs on " + cpu::f32_gemm_library();
+  return s;
+}
 
 std::string printable(const std::string& s) {
   std::string o;
@@ -151,7 +159,7 @@ class Trainer {
   bool lead() const { return world_->rank() == 0; }
   // What decides the last bits of the numbers: a resume elsewhere continues, not bit for bit.
   std::string compute_identity() const {
-    return device_.is_cpu() ? "cpu, OpenBLAS kernel " + blas_core() : device_.str();
+    return device_.is_cpu() ? "cpu, " + cpu_gemms() : device_.str();
   }
 
   const Config& c_;
@@ -262,7 +270,7 @@ bool Trainer::open_mesh() {
 
 void Trainer::print_setup(bool nccl) {
   if (device_.is_cpu())
-    out_ << "device: cpu, " << num_threads() << " threads per rank, OpenBLAS kernel " << blas_core() << "\n";
+    out_ << "device: cpu, " << num_threads() << " threads per rank, " << cpu_gemms() << "\n";
   else
     out_ << "device: " << device_.str()
          << (world_->size() > 1 ? " (rank 0; cuda:<local rank> on every rank)" : "")

@@ -1,6 +1,7 @@
-// CPU GEMM. f32 -> OpenBLAS sgemm, f64 -> dgemm; bf16 -> oneDNN's bf16 kernels where the
-// CPU has bf16 instructions (tensor/cpu/onednn_gemm.cpp), otherwise converted to f32, sgemm,
-// rounded back. Either way f32 accumulation and one rounding to bf16, as on the GPU.
+// CPU GEMM. f32 -> OpenBLAS sgemm, or oneDNN's f32 matmul where it was measured faster on
+// this kind of CPU (f32_gemm_on_onednn()); f64 -> dgemm; bf16 -> oneDNN's bf16 kernels where
+// the CPU has bf16 instructions (tensor/cpu/onednn_gemm.cpp), otherwise converted to f32,
+// sgemm, rounded back. Either way f32 accumulation and one rounding to bf16, as on the GPU.
 #include <cblas.h>
 
 #include <cstdlib>
@@ -39,6 +40,12 @@ bool bf16_on_onednn(const Tensor& a, const Tensor& b, const Tensor& c) {
   return bf16_gemm_on_onednn();
 }
 
+// ... and for f32 operands where f32_gemm_on_onednn() says so
+bool f32_on_onednn(const Tensor& a, const Tensor& b, const Tensor& c) {
+  if (a.dtype() != DType::f32 || b.dtype() != DType::f32 || c.dtype() != DType::f32) return false;
+  return f32_gemm_on_onednn();
+}
+
 }  // namespace
 
 void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha, double beta) {
@@ -59,8 +66,8 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
                   pc + i * sc, ldc);
     return;
   }
-  if (g.k > 0 && bf16_on_onednn(a, b, c)) {
-    onednn_gemm_bf16(a, ta, b, tb, c, static_cast<float>(alpha), static_cast<float>(beta));
+  if (g.k > 0 && (bf16_on_onednn(a, b, c) || f32_on_onednn(a, b, c))) {
+    onednn_gemm(a, ta, b, tb, c, static_cast<float>(alpha), static_cast<float>(beta));
     return;
   }
   // f32 (and bf16 through f32)
@@ -82,13 +89,14 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
 // x (M,K) @ w (K,N) (+ bias) (-> GELU, keeping pre): the composed ops' arithmetic. With a
 // bias (f32, f64), y starts as the bias in every row and the GEMM adds x @ w to it (beta 1):
 // one pass over y instead of two (OpenBLAS's zeroing for beta 0, then the bias add), and the
-// same rounding, fl(x @ w + bias). bf16 on oneDNN: the bias added in f32 before the one
-// rounding; bf16 through f32: gemm, then add.
+// same rounding, fl(x @ w + bias). On oneDNN (bf16, or f32 where it runs f32): the bias added
+// in the f32 accumulator before the one rounding; bf16 through f32: gemm, then add.
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
                     const Tensor& pre) {
   const Tensor& y = gelu ? pre : out;
-  if (y.numel() > 0 && bf16_on_onednn(x, w, y) && (!bias.defined() || bias.dtype() == DType::bf16)) {
-    onednn_gemm_bf16(x, false, w, false, y, 1.0f, 0.0f, bias);
+  const bool on_onednn = x.size(-1) > 0 && (bf16_on_onednn(x, w, y) || f32_on_onednn(x, w, y));
+  if (y.numel() > 0 && on_onednn && (!bias.defined() || bias.dtype() == y.dtype())) {
+    onednn_gemm(x, false, w, false, y, 1.0f, 0.0f, bias);
   } else if (bias.defined() && y.dtype() != DType::bf16 && y.numel() > 0) {
     const int64_t n = y.size(-1), rows = y.numel() / n;
     const size_t row_bytes = static_cast<size_t>(n) * dtype_size(y.dtype());

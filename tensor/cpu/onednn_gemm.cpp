@@ -11,6 +11,10 @@
 //   c (batch, m, n) = alpha op(a) (batch, m, k) @ op(b) (batch or shared, k, n) [+ bias (n)]
 //                     + beta c
 //
+// f32 GEMMs can go the same way (f32_gemm_on_onednn()): on an AMD Zen 4 with AVX-512,
+// oneDNN's f32 matmul (its brgemm kernels) runs a GPT step's GEMMs 4-12% faster than Debian's
+// OpenBLAS (docs/PERFORMANCE.md, "Which BLAS on this CPU").
+//
 // Primitives are built once per shape and kept in a small table: building one (oneDNN picks
 // and JIT-compiles a kernel) costs far more than running a small one.
 #include "tensor/cpu/onednn_gemm.h"
@@ -29,6 +33,7 @@
 #include <string>
 
 #include "tensor/error.h"
+#include "tensor/threads.h"
 
 namespace ndt::cpu {
 
@@ -42,7 +47,8 @@ struct Key {
   int64_t batch, m, n, k;
   bool ta, tb, b_shared, has_bias, dst_f32;
   float alpha, beta;
-  auto tie() const { return std::tie(batch, m, n, k, ta, tb, b_shared, has_bias, dst_f32, alpha, beta); }
+  bool src_f32;  // f32 operands (and bias, and result), else bf16
+  auto tie() const { return std::tie(batch, m, n, k, ta, tb, b_shared, has_bias, dst_f32, alpha, beta, src_f32); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -73,8 +79,9 @@ memory::desc matrix(int64_t batch, int64_t r, int64_t c, bool trans, bool shared
 
 dnnl::matmul::primitive_desc describe(const Key& key, const dnnl::engine& engine) {
   using dt = memory::data_type;
-  const memory::desc a = matrix(key.batch, key.m, key.k, key.ta, false, dt::bf16);
-  const memory::desc b = matrix(key.batch, key.k, key.n, key.tb, key.b_shared, dt::bf16);
+  const dt src = key.src_f32 ? dt::f32 : dt::bf16;
+  const memory::desc a = matrix(key.batch, key.m, key.k, key.ta, false, src);
+  const memory::desc b = matrix(key.batch, key.k, key.n, key.tb, key.b_shared, src);
   const memory::desc c = matrix(key.batch, key.m, key.n, false, false, key.dst_f32 ? dt::f32 : dt::bf16);
   dnnl::primitive_attr attr;
   if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
@@ -84,7 +91,7 @@ dnnl::matmul::primitive_desc describe(const Key& key, const dnnl::engine& engine
     attr.set_post_ops(ops);
   }
   if (key.has_bias) {
-    const memory::desc bias({1, 1, key.n}, dt::bf16, memory::dims{key.n, key.n, 1});
+    const memory::desc bias({1, 1, key.n}, src, memory::dims{key.n, key.n, 1});
     return {dnnl::matmul::desc(a, b, bias, c), attr, engine};
   }
   return {dnnl::matmul::desc(a, b, c), attr, engine};
@@ -102,18 +109,41 @@ const Primitive& primitive(Library& lib, const Key& key) {
   return it->second;
 }
 
-// What oneDNN would run for a bf16 matmul on this CPU: "brg:avx512_core_bf16",
-// "brg:avx512_core_amx", ... or an emulation ("ref:any", "gemm:jit" over f32 conversions).
-std::string bf16_implementation() {
+// What oneDNN would run for a matmul of these operands on this CPU: for bf16
+// "brg:avx512_core_bf16", "brg:avx512_core_amx", ... or an emulation ("ref:any", "gemm:jit"
+// over f32 conversions); for f32 "brg:avx512_core", "gemm:jit", ...
+std::string implementation(bool f32) {
   try {
-    const Key probe{1, 256, 256, 256, false, false, false, false, false, 1.0f, 0.0f};
+    const Key probe{1, 256, 256, 256, false, false, false, false, f32, 1.0f, 0.0f, f32};
     return describe(probe, library().engine).impl_info_str();
   } catch (const dnnl::error& e) {
     return std::string("none (") + e.what() + ")";
   }
 }
+std::string bf16_implementation() { return implementation(false); }
+
+bool amd_cpu() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return __builtin_cpu_is("amd");
+#else
+  return false;
+#endif
+}
 
 }  // namespace
+
+// Measured where oneDNN runs f32 on its AVX-512 brgemm kernels on an AMD CPU (a Zen 4: the
+// GEMM list of a step 1.04-1.12x faster than OpenBLAS's SkylakeX kernel). Not measured on
+// Intel CPUs, so OpenBLAS stays there (NDT_F32_GEMM=onednn tries it).
+bool f32_gemm_prefers_onednn() {
+  static const bool prefers = amd_cpu() && implementation(true).find("brg:avx512") != std::string::npos;
+  return prefers;
+}
+
+std::string f32_gemm_library() {
+  return f32_gemm_on_onednn() ? "oneDNN " + implementation(true) : "OpenBLAS kernel " + blas_core();
+}
 
 bool bf16_gemm_native() {
   static const bool native = [] {
@@ -130,13 +160,14 @@ std::string bf16_gemm_library() {
   return impl.rfind("none", 0) == 0 ? impl + ", in oneDNN on this CPU" : "oneDNN " + impl;
 }
 
-void onednn_gemm_bf16(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, float alpha,
-                      float beta, const Tensor& bias) {
-  NDT_CHECK(a.dtype() == DType::bf16 && b.dtype() == DType::bf16 &&
-                (c.dtype() == DType::bf16 || c.dtype() == DType::f32) &&
-                (!bias.defined() || bias.dtype() == DType::bf16),
-            "onednn_gemm_bf16: expected bf16 operands and a bf16 or f32 result");
+void onednn_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, float alpha, float beta,
+                 const Tensor& bias) {
+  const DType src = a.dtype();
+  NDT_CHECK((src == DType::bf16 || src == DType::f32) && b.dtype() == src &&
+                (c.dtype() == src || c.dtype() == DType::f32) && (!bias.defined() || bias.dtype() == src),
+            "onednn_gemm: expected bf16 or f32 operands of one dtype, the result in theirs or f32");
   Key key{};
+  key.src_f32 = src == DType::f32;
   key.batch = a.dim() == 3 ? a.size(0) : 1;
   key.m = ta ? a.size(-1) : a.size(-2);
   key.k = ta ? a.size(-2) : a.size(-1);
@@ -168,8 +199,12 @@ void onednn_gemm_bf16(const Tensor& a, bool ta, const Tensor& b, bool tb, const 
 
 bool bf16_gemm_native() { return false; }
 std::string bf16_gemm_library() { return "none (built without oneDNN)"; }
-void onednn_gemm_bf16(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float, const Tensor&) {
-  NDT_CHECK(false, "onednn_gemm_bf16: this build has no oneDNN (install libdnnl-dev and configure again)");
+bool f32_gemm_prefers_onednn() { return false; }
+std::string f32_gemm_library() {
+  return f32_gemm_on_onednn() ? "oneDNN (not in this build)" : "OpenBLAS kernel " + blas_core();
+}
+void onednn_gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float, const Tensor&) {
+  NDT_CHECK(false, "onednn_gemm: this build has no oneDNN (install libdnnl-dev and configure again)");
 }
 
 #endif
@@ -181,6 +216,19 @@ bool bf16_gemm_on_onednn() {
   if (choice == "onednn") return true;
   NDT_CHECK(choice.empty() || choice == "auto", "NDT_BF16_GEMM=", choice, ": expected auto, onednn or f32");
   return bf16_gemm_native();
+}
+
+bool f32_gemm_on_onednn() {
+  const char* env = std::getenv("NDT_F32_GEMM");
+  const std::string choice = env ? env : "";
+  if (choice == "openblas") return false;
+#if NDT_WITH_ONEDNN
+  if (choice == "onednn") return true;
+#else
+  NDT_CHECK(choice != "onednn", "NDT_F32_GEMM=onednn: this build has no oneDNN (install libdnnl-dev and configure again)");
+#endif
+  NDT_CHECK(choice.empty() || choice == "auto", "NDT_F32_GEMM=", choice, ": expected auto, onednn or openblas");
+  return f32_gemm_prefers_onednn();
 }
 
 }  // namespace ndt::cpu

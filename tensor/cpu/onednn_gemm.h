@@ -1,4 +1,5 @@
-// bf16 GEMMs through oneDNN on CPUs with bf16 instructions (tensor/cpu/onednn_gemm.cpp).
+// bf16 GEMMs through oneDNN on CPUs with bf16 instructions, and f32 GEMMs where oneDNN was
+// measured faster than OpenBLAS (tensor/cpu/onednn_gemm.cpp).
 #pragma once
 
 #include <string>
@@ -20,9 +21,23 @@ bool bf16_gemm_on_onednn();
 // What runs a bf16 matmul here, in words ("oneDNN brg:avx512_core_bf16", "none (...)").
 std::string bf16_gemm_library();
 
-// c = alpha op(a) @ op(b) [+ bias] + beta c; a, b, bias bf16, c bf16 or f32, contiguous; the
-// same shapes as ndt::kernels::gemm (a 2-D or 3-D, b 2-D shared by every batch or 3-D).
-void onednn_gemm_bf16(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                      float alpha, float beta, const Tensor& bias = Tensor());
+// True where oneDNN's f32 matmul was measured faster than OpenBLAS on this kind of CPU (an AMD
+// CPU on which oneDNN runs f32 on its AVX-512 brgemm kernels); false without oneDNN.
+bool f32_gemm_prefers_onednn();
+
+// Whether the CPU's f32 GEMMs go to oneDNN: NDT_F32_GEMM=onednn or openblas, unset or auto:
+// f32_gemm_prefers_onednn(). Read at each call (the tests switch it); another value throws
+// naming it. Every program on one machine, with one environment, takes the same path, so
+// their results agree bit for bit (resume, the tests against train_gpt).
+bool f32_gemm_on_onednn();
+
+// What runs an f32 matmul here, in words ("OpenBLAS kernel SkylakeX", "oneDNN brg:avx512_core").
+std::string f32_gemm_library();
+
+// c = alpha op(a) @ op(b) [+ bias] + beta c; a, b, bias all bf16 or all f32, c in their dtype
+// or f32, contiguous; the same shapes as ndt::kernels::gemm (a 2-D or 3-D, b 2-D shared by
+// every batch or 3-D).
+void onednn_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
+                 float beta, const Tensor& bias = Tensor());
 
 }  // namespace ndt::cpu
