@@ -27,26 +27,8 @@ done
 source "$ROOT/tests/scripts/lib.sh"
 
 # ---- a run: 12 steps, evaluations at 0, 6 and the end, a sample at step 6 and at the end ----
-cat "$ROOT"/docs/*.md "$ROOT/README.md" >"$tmp/text.txt"
-"$BUILD/prepare_text" --out "$tmp/data" --vocab byte --val_fraction 0.1 "$tmp/text.txt" >/dev/null ||
-  { echo "FAILED: prepare_text"; exit 1; }
-cat >"$tmp/gpt.ini" <<INI
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-vocab_size = 256
-block_size = 32
-[data]
-train = $tmp/data/train_*.bin
-val = $tmp/data/val_*.bin
-[train]
-micro_batch_size = 4
-seq_len = 32
-steps = 12
-eval_every = 6
-eval_steps = 2
-threads = 1
+small_byte_run 12 6
+cat >>"$tmp/gpt.ini" <<INI
 [optim]
 lr = 0.01
 warmup_steps = 3

@@ -16,26 +16,8 @@ py="${NDT_REF_VENV:-$HOME/.cache/ndtrain/ref-venv}/bin/python"
   { echo "SKIPPED: no tensorboard in the reference venv (scripts/setup.sh --reference)"; exit 77; }
 source "$ROOT/tests/scripts/lib.sh"
 
-cat "$ROOT"/docs/*.md >"$tmp/text.txt"
-"$BUILD/prepare_text" --out "$tmp/data" --vocab byte --val_fraction 0.1 "$tmp/text.txt" >/dev/null ||
-  { echo "FAILED: prepare_text"; exit 1; }
-cat >"$tmp/gpt.ini" <<INI
-[model]
-n_layer = 2
-n_head = 2
-n_embd = 32
-vocab_size = 256
-block_size = 32
-[data]
-train = $tmp/data/train_*.bin
-val = $tmp/data/val_*.bin
-[train]
-micro_batch_size = 4
-seq_len = 32
-steps = 10
-eval_every = 5
-eval_steps = 2
-threads = 1
+small_byte_run 10 5
+cat >>"$tmp/gpt.ini" <<INI
 [log]
 metrics = $tmp/metrics.jsonl
 tensorboard = $tmp/tb
