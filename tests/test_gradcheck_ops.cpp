@@ -575,6 +575,21 @@ TEST(F32Gemm, LinearWithBiasOnBothLibraries) {
   check_linear_with_bias(DType::f32, "NDT_F32_GEMM", {"onednn", "openblas"}, 1e-6, 1e-6, 2100);
 }
 
+// More shapes than oneDNN's primitive table keeps (1024): the table empties and refills, and
+// every product stays right (a program that multiplies prompts of every length).
+TEST(F32Gemm, MoreShapesThanTheTableKeeps) {
+  if (!have_onednn()) GTEST_SKIP() << cpu::bf16_gemm_library();
+  F32GemmChoice scoped("onednn");
+  const Tensor b = randn({5, 3}, DType::f32, Device::cpu(), 2300);
+  for (int64_t m = 1; m <= 1100; ++m) {
+    const Tensor a = randn({m, 5}, DType::f32, Device::cpu(), 2301 + m);
+    Tensor c = Tensor::empty({m, 3}, DType::f32);
+    kernels::gemm(a, false, b, false, c);
+    const Tensor want = gemm_f64(a, false, b, false, Tensor::zeros({m, 3}, DType::f32), 1.0, 0.0);
+    ASSERT_LT(rel_error(c.to(DType::f64), want), 1e-6) << "m " << m;
+  }
+}
+
 // auto takes oneDNN only on an AMD CPU where oneDNN's f32 matmul is an AVX-512 brgemm kernel
 // (where it was measured faster); the library in words says which; a wrong value is refused.
 TEST(F32Gemm, AutoFollowsTheCpuAndBadChoicesAreRefused) {

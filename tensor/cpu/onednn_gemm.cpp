@@ -97,10 +97,15 @@ dnnl::matmul::primitive_desc describe(const Key& key, const dnnl::engine& engine
   return {dnnl::matmul::desc(a, b, c), attr, engine};
 }
 
-const Primitive& primitive(Library& lib, const Key& key) {
+// A copy (oneDNN's objects are reference-counted handles), so that the table may be emptied
+// while another thread runs one: a program that multiplies ever new shapes (prompts of every
+// length) keeps at most kMaxPrimitives of them.
+constexpr size_t kMaxPrimitives = 1024;
+Primitive primitive(Library& lib, const Key& key) {
   std::lock_guard<std::mutex> lock(lib.mutex);
   auto it = lib.primitives.find(key);
   if (it == lib.primitives.end()) {
+    if (lib.primitives.size() >= kMaxPrimitives) lib.primitives.clear();
     const dnnl::matmul::primitive_desc pd = describe(key, lib.engine);
     Primitive p{dnnl::matmul(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc(),
                 key.has_bias ? pd.bias_desc() : memory::desc()};
@@ -185,7 +190,7 @@ void onednn_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tenso
   key.alpha = alpha;
   key.beta = beta;
   Library& lib = library();
-  const Primitive& p = primitive(lib, key);
+  const Primitive p = primitive(lib, key);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(p.a, lib.engine, a.data_ptr())},
                                        {DNNL_ARG_WEIGHTS, memory(p.b, lib.engine, b.data_ptr())},
                                        {DNNL_ARG_DST, memory(p.c, lib.engine, c.data_ptr())}};
