@@ -585,7 +585,7 @@ timeout "$BUILD_CAP" cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >
 build_pid=$!
 while kill -0 "$build_pid" 2>/dev/null; do
   for _ in $(seq 12); do kill -0 "$build_pid" 2>/dev/null && sleep 5; done
-  steps="$(grep -o '^\[[0-9]*/[0-9]*\]' "$LOGS/build.log" | tail -1 | tr -d '[]')"
+  steps="$(grep -o '^\[[0-9]*/[0-9]*\]' "$LOGS/build.log" | tail -1 | tr -d '[]' || true)"
   kill -0 "$build_pid" 2>/dev/null && [[ -n "$steps" ]] &&
     log "build: ${steps%/*} of ${steps#*/} steps done after $((SECONDS - t0))s"
 done
