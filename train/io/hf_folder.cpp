@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "train/io/files.h"
+#include "train/io/json_once.h"
 
 namespace ndt::io {
 namespace {
@@ -91,24 +92,10 @@ struct Keys {
 // config.json's JSON; a key given twice in one object (which would keep only one of them
 // silently) is refused.
 json parse_json(const std::string& text, const std::string& where) {
-  std::vector<std::set<std::string>> seen;
   std::string duplicate;
-  auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
-    using E = json::parse_event_t;
-    if (ev == E::object_start) {
-      seen.resize(static_cast<size_t>(depth));
-      seen.emplace_back();
-    } else if (ev == E::key && depth >= 1 && static_cast<size_t>(depth) <= seen.size()) {
-      if (!seen[depth - 1].insert(parsed.get<std::string>()).second && duplicate.empty())
-        duplicate = parsed.get<std::string>();
-    } else if (ev == E::object_end) {
-      seen.resize(static_cast<size_t>(depth));
-    }
-    return true;
-  };
   json j;
   try {
-    j = json::parse(text, cb);
+    j = parse_json_keys_once(text.data(), text.data() + text.size(), duplicate);
   } catch (const json::exception& e) {
     NDT_FAIL(where, ": not valid JSON (", e.what(), ")");
   }

@@ -1,6 +1,7 @@
 #include "train/io/safetensors.h"
 
 #include "train/io/files.h"
+#include "train/io/json_once.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,7 +14,6 @@
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <set>
 
 namespace ndt::io {
 namespace {
@@ -53,26 +53,6 @@ float half_to_float(uint16_t h) {
   else
     v = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
   return sign ? -v : v;
-}
-
-// The header's JSON. A name given twice in one object would silently keep one of them:
-// `duplicate` gets the first such name (the caller refuses the file).
-nlohmann::json parse_header(const char* begin, const char* end, std::string& duplicate) {
-  std::vector<std::set<std::string>> seen;
-  auto cb = [&](int depth, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if (ev == E::object_start) {  // depth: of the new object's parent; its keys come at depth + 1
-      seen.resize(static_cast<size_t>(depth));
-      seen.emplace_back();
-    } else if (ev == E::key && depth >= 1 && static_cast<size_t>(depth) <= seen.size()) {
-      if (!seen[depth - 1].insert(parsed.get<std::string>()).second && duplicate.empty())
-        duplicate = parsed.get<std::string>();
-    } else if (ev == E::object_end) {
-      seen.resize(static_cast<size_t>(depth));
-    }
-    return true;
-  };
-  return nlohmann::json::parse(begin, end, cb);
 }
 
 // What is wrong with an entry (its dtype, its shape, its bytes within a data section of
@@ -134,7 +114,7 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
   nlohmann::json h;
   std::string duplicate;
   try {
-    h = parse_header(base + 8, base + 8 + n, duplicate);
+    h = parse_json_keys_once(base + 8, base + 8 + n, duplicate);
   } catch (const std::exception& e) {
     fail(std::string("header is not valid JSON (") + e.what() + ")");
   }
