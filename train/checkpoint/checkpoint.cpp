@@ -434,12 +434,9 @@ void for_each_local_run(const nn::FlatUnit& u, const nn::FlatParam& p,
 }
 
 void check_finite(const Tensor& t, const std::string& path, const std::string& name) {
-  const Tensor h = t.dtype() == DType::f32 || t.dtype() == DType::f64 ? t : t.to(DType::f32);
-  const bool f64 = h.dtype() == DType::f64;
-  for (int64_t i = 0; i < h.numel(); ++i)
-    if (const double x = f64 ? h.data<double>()[i] : h.data<float>()[i]; !std::isfinite(x))
-      NDT_FAIL("weights ", path, ": tensor ", name, " holds ", std::isnan(x) ? "NaN" : "Inf",
-               " values; the file is damaged or was saved from a diverged run");
+  if (const char* kind = non_finite_kind(t))
+    NDT_FAIL("weights ", path, ": tensor ", name, " holds ", kind,
+             " values; the file is damaged or was saved from a diverged run");
 }
 
 // Calls fn(unit, offset in the shard, the file's tensor, element index in it, length) for
@@ -584,6 +581,15 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
     }
   }
   return s;
+}
+
+const char* non_finite_kind(const Tensor& t) {
+  const Tensor h = t.dtype() == DType::f32 || t.dtype() == DType::f64 ? t : t.to(DType::f32);
+  const bool f64 = h.dtype() == DType::f64;
+  for (int64_t i = 0; i < h.numel(); ++i)
+    if (const double x = f64 ? h.data<double>()[i] : h.data<float>()[i]; !std::isfinite(x))
+      return std::isnan(x) ? "NaN" : "Inf";
+  return nullptr;
 }
 
 }  // namespace ndt::ckpt

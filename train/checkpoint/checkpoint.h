@@ -115,4 +115,8 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
                                  const std::vector<Tensor>& m, const std::vector<Tensor>& v,
                                  int64_t* adam_steps);
 
+// "NaN" or "Inf" for the first value of t (any floating dtype) that is not finite, or null:
+// what the loaders refuse in a weights file or a model folder, each naming its source.
+const char* non_finite_kind(const Tensor& t);
+
 }  // namespace ndt::ckpt

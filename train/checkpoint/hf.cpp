@@ -193,12 +193,9 @@ void disassemble(const models::GPTConfig& c, const Source& s, const Tensor& ours
 }
 
 void check_finite(const Tensor& t, const std::string& dir, const std::string& name) {
-  const Tensor h = t.dtype() == DType::f32 || t.dtype() == DType::f64 ? t : t.to(DType::f32);
-  const bool f64 = h.dtype() == DType::f64;
-  for (int64_t i = 0; i < h.numel(); ++i)
-    if (const double x = f64 ? h.data<double>()[i] : h.data<float>()[i]; !std::isfinite(x))
-      NDT_FAIL("model folder ", dir, ": tensor ", name, " holds ", std::isnan(x) ? "NaN" : "Inf",
-               " values; the folder is damaged or was saved from a diverged run");
+  if (const char* kind = non_finite_kind(t))
+    NDT_FAIL("model folder ", dir, ": tensor ", name, " holds ", kind,
+             " values; the folder is damaged or was saved from a diverged run");
 }
 
 std::string join(const std::vector<std::string>& v) {
