@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <string>
 
 #include "autograd/engine.h"
@@ -244,5 +245,14 @@ TEST(HfFolders, AMissingMisShapedOrUnknownTensorIsNamed) {
   });
   EXPECT_TRUE(load_error("extra").find("unexpected tensors: model.layers.0.mlp.experts.0.weight") != std::string::npos)
       << load_error("extra");
+  write_without("model.layers.1.mlp.gate_proj.weight", "nan", [&](io::HfFolderWriter& w) {
+    Tensor t;
+    for (auto& [n, v] : tensors)
+      if (n == "model.layers.1.mlp.gate_proj.weight") t = v.to(DType::f32).clone();
+    t.data<float>()[7] = std::numeric_limits<float>::quiet_NaN();
+    w.add("model.layers.1.mlp.gate_proj.weight", t);
+  });
+  EXPECT_TRUE(load_error("nan").find("tensor model.layers.1.mlp.gate_proj.weight holds NaN values") != std::string::npos)
+      << load_error("nan");
   fs::remove_all(d);
 }
