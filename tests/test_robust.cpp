@@ -417,6 +417,39 @@ TEST(Robust, ResumeFindsTheNewestCompleteCheckpointWhenLatestIsMissingOrBehind) 
   EXPECT_TRUE(ckpt::latest_checkpoint(fs::path(ck).parent_path().string() + "/none").has_value() == false);
 }
 
+// A run that went on past its last checkpoint before it stopped: its metrics file holds steps
+// that the resumed run trains again. The resume keeps the file as it stood at the checkpoint
+// (and drops a line cut short), appends, and its report charts the whole run.
+TEST(Robust, AResumeKeepsTheMetricsUpToItsCheckpointAndReportsTheWholeRun) {
+  fs::path d = make_data("resume_metrics");
+  const std::string ini = (d / "gpt.ini").string(), ck = (d / "ck").string();
+  const std::string metrics = (d / "metrics.jsonl").string(), report = (d / "report.html").string();
+  ASSERT_EQ(run({"--config", ini, "--train.steps", "6", "--train.eval_every", "3", "--log.metrics",
+                 (d / "full.jsonl").string()}).rc, 0);
+  ASSERT_EQ(run({"--config", ini, "--train.steps", "6", "--train.eval_every", "3", "--checkpoint.dir", ck,
+                 "--checkpoint.every", "3", "--log.metrics", metrics}).rc, 0);
+  fs::remove_all(d / "ck" / "step_00000006");  // as if it stopped after step 6's metrics, before its save
+  fs::remove(d / "ck" / "latest");
+  std::ofstream(metrics, std::ios::app) << "{\"step\": 7, \"lo";  // and a line cut short
+  RunResult r = run({"--config", ini, "--train.steps", "6", "--train.eval_every", "3", "--checkpoint.dir", ck,
+                     "--checkpoint.resume", "true", "--log.metrics", metrics, "--log.report", report});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "resumed from " + (d / "ck" / "step_00000003").string() + " at step 3")) << r.out;
+  EXPECT_TRUE(has(r.out, "metrics: " + metrics + " as it stood at step 3 (")) << r.out;
+  // every step once, with the losses of the run that never stopped
+  std::map<int64_t, int> seen;
+  std::ifstream f(metrics);
+  for (std::string line; std::getline(f, line);) {
+    auto j = nlohmann::json::parse(line);  // every line parses
+    if (j.contains("loss")) ++seen[j["step"].get<int64_t>()];
+  }
+  EXPECT_EQ(seen, (std::map<int64_t, int>{{1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}, {6, 1}}));
+  EXPECT_EQ(losses(metrics), losses(d / "full.jsonl"));
+  const std::string page = read_all(report);
+  EXPECT_TRUE(has(page, "steps 1 to 6 of 6")) << "the report's summary";
+  EXPECT_TRUE(has(page, "data-series='train' data-points='6'")) << "the loss chart has every step";
+}
+
 TEST(Robust, LatestThatIsEmptyADirectoryOrEscapesIsRefusedClearly) {
   fs::path d = ndt::testing::fresh_dir("robust_latest");
   std::ofstream(d / "latest") << "";

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "train/io/files.h"
@@ -168,6 +170,35 @@ std::string report_html(const ReportInfo& info, const RunHistory& h) {
 
 void write_report(const std::string& path, const ReportInfo& info, const RunHistory& h) {
   io::write_file_atomic(path, report_html(info, h));
+}
+
+EarlierMetrics read_earlier_metrics(const std::string& path, int64_t upto, int world_size, int64_t steps,
+                                    bool spans_hosts) {
+  EarlierMetrics e;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      const int64_t step = j.at("step").get<int64_t>();  // steps done
+      if (step > upto) {
+        ++e.dropped;
+        continue;
+      }
+      if (j.contains("loss")) {
+        e.history.steps.push_back(step_from_json(j, world_size, steps, spans_hosts));
+      } else if (j.contains("val_loss")) {
+        e.history.val.push_back({step, j.at("val_loss").get<double>()});
+      } else if (j.contains("sample")) {
+        e.history.samples.push_back({step, j.at("sample").get<std::string>()});
+      }
+      e.lines.push_back(line);
+    } catch (const nlohmann::json::exception&) {
+      ++e.dropped;
+    }
+  }
+  return e;
 }
 
 }  // namespace ndt::train

@@ -49,6 +49,19 @@ std::vector<double> smoothed(const std::vector<double>& v, double beta = 0.9);
 // a twentieth of the run).
 double smoothing_weight(size_t steps);
 
+// A resumed run's metrics file (log.metrics) up to the checkpoint it resumed from: its lines
+// of steps 1..upto (steps done), in order, and what they hold for the report. Lines of later
+// steps (the stopped run went on past its last checkpoint; they are trained again) and lines
+// that do not parse (one cut short by a crash) are left out and counted in `dropped`. A file
+// that is not there gives nothing.
+struct EarlierMetrics {
+  std::vector<std::string> lines;
+  RunHistory history;
+  int64_t dropped = 0;
+};
+EarlierMetrics read_earlier_metrics(const std::string& path, int64_t upto, int world_size, int64_t steps,
+                                    bool spans_hosts);
+
 std::string report_html(const ReportInfo& info, const RunHistory& h);
 void write_report(const std::string& path, const ReportInfo& info, const RunHistory& h);  // atomic
 

@@ -38,6 +38,27 @@ nlohmann::json step_json(const StepLog& s) {
   return j;
 }
 
+StepLog step_from_json(const nlohmann::json& j, int world_size, int64_t steps, bool spans_hosts) {
+  StepLog s;
+  s.step = j.at("step").get<int64_t>() - 1;
+  s.steps = steps;
+  s.loss = j.at("loss").get<double>();
+  s.lr = j.at("lr").get<double>();
+  s.norm = j.at("grad_norm").get<double>();
+  s.sec = j.at("ms").get<double>() / 1e3;
+  s.tokens = j.at("tokens_per_sec").get<double>() * s.sec;
+  s.flops = j.at("gflops_per_sec").get<double>() * 1e9 * s.sec;
+  s.world_size = world_size;
+  if (j.contains("mfu") && j.at("mfu").get<double>() > 0)
+    s.peak_flops = s.flops / s.sec / static_cast<double>(world_size) / j.at("mfu").get<double>();
+  s.comm_bytes = j.at("comm_bytes").get<int64_t>();
+  s.across_hosts = j.at("comm_bytes_across_hosts").get<int64_t>();
+  s.spans_hosts = spans_hosts;
+  s.mem.in_use = j.at("mem_in_use").get<int64_t>();
+  s.mem.peak = j.at("mem_peak").get<int64_t>();
+  return s;
+}
+
 io::Scalars step_scalars(const StepLog& s) {
   io::Scalars v = {{"loss/train", s.loss},
                    {"lr", s.lr},

@@ -35,6 +35,11 @@ struct StepLog {
 
 std::string step_line(const StepLog& s);
 nlohmann::json step_json(const StepLog& s);
+// step_json's line read back (a resumed run's report starts with the steps before it):
+// tokens and FLOPs from the rates and the time, the peak from the MFU where there is one;
+// world_size, steps and spans_hosts are the run's own. Throws nlohmann::json::exception
+// where a field is missing or of another type.
+StepLog step_from_json(const nlohmann::json& j, int world_size, int64_t steps, bool spans_hosts);
 // The same numbers as TensorBoard scalars: loss/train, lr, grad_norm, throughput/*, memory/*,
 // comm/* (several ranks), time/step_ms.
 io::Scalars step_scalars(const StepLog& s);

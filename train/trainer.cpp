@@ -125,6 +125,7 @@ class Trainer {
   int64_t bytes_sent() const;
   int64_t bytes_across_hosts() const;
   void log_step(int64_t step, const StepResult& r, double avg_sec);
+  void open_metrics();  // log.metrics, kept up to the resumed step
   // Work between steps that may fail on one rank: every rank learns it, the steps done are
   // saved, then the run ends naming what failed.
   void between_steps(int64_t step, const char* what, const std::function<void()>& local_fn);
@@ -409,9 +410,7 @@ void Trainer::materialize() {
     }
   }
   saved_step_ = start_;
-  if (!c_.log.metrics.empty() && (lead() || c_.log.metrics_every_rank))
-    metrics_.open(lead() ? c_.log.metrics : dist::trace_path_for_rank(c_.log.metrics, world_->rank()),
-                  /*append=*/start_ > 0);
+  if (!c_.log.metrics.empty() && (lead() || c_.log.metrics_every_rank)) open_metrics();
   if (lead() && !c_.log.tensorboard.empty()) {
     tensorboard_.open(c_.log.tensorboard);
     out_ << "tensorboard: " << tensorboard_.path() << " (tensorboard --logdir " << c_.log.tensorboard << ")\n";
@@ -576,6 +575,27 @@ void Trainer::write_trace() {
 }
 
 // ---- phase 5: the loop --------------------------------------------------------------
+
+// log.metrics: a new file; or, resuming, the file as it stood at the checkpoint (its later
+// lines are of steps trained again now, and a line cut short by a crash is damaged: both are
+// dropped) with this run's lines appended. Rank 0's report starts from the steps before.
+void Trainer::open_metrics() {
+  const std::string path =
+      lead() ? c_.log.metrics : dist::trace_path_for_rank(c_.log.metrics, world_->rank());
+  if (start_ > 0) {
+    EarlierMetrics e = read_earlier_metrics(path, start_, world_->size(), c_.train.steps,
+                                            mesh_ && mesh_->spans_hosts());
+    if (e.dropped > 0) {
+      std::string kept;
+      for (const std::string& line : e.lines) kept += line + "\n";
+      io::write_file_atomic(path, kept);
+      out_ << "metrics: " << path << " as it stood at step " << start_ << " (" << e.dropped
+           << " later or damaged lines dropped), appending\n";
+    }
+    if (lead() && !c_.log.report.empty()) history_ = std::move(e.history);
+  }
+  metrics_.open(path, /*append=*/start_ > 0);
+}
 
 void Trainer::log_json(const nlohmann::json& j) {
   if (!metrics_.is_open()) return;
