@@ -53,6 +53,8 @@ TEST(TensorBoard, EventsAndRecordsMatchTensorBoardsOwnWriter) {
   // the first record of a file: Event{wall_time: 1.5, file_version: "brain.Event:2"}
   EXPECT_EQ(hex(io::tfrecord(io::version_event(1.5))),
             "1800000000000000a37f4b2209000000000000f83f1a0d627261696e2e4576656e743a322a28646c");
+  // a resume at step 4: Event{wall_time: 1.5, step: 4, session_log {status: START}}
+  EXPECT_EQ(hex(io::session_start_event(1.5, 4)), "09000000000000f83f10043a020801");
 }
 
 TEST(TensorBoard, WriterAppendsOneRecordPerCallReadableAtOnce) {

@@ -413,6 +413,7 @@ void Trainer::materialize() {
   if (!c_.log.metrics.empty() && (lead() || c_.log.metrics_every_rank)) open_metrics();
   if (lead() && !c_.log.tensorboard.empty()) {
     tensorboard_.open(c_.log.tensorboard);
+    if (start_ > 0) tensorboard_.write_session_start(start_ + 1);  // the steps from here on are this run's
     out_ << "tensorboard: " << tensorboard_.path() << " (tensorboard --logdir " << c_.log.tensorboard << ")\n";
   }
 }

@@ -2,6 +2,8 @@
 # log.tensorboard read back by TensorBoard itself: train_gpt trains a few steps with a
 # validation set, and tensorboard's EventAccumulator (the reader behind `tensorboard --logdir`)
 # loads the directory; every scalar is there with one value per step, equal to metrics.jsonl's.
+# Then a run that stopped past its last checkpoint is resumed into the same directory: each
+# step is there once.
 #   bash tests/scripts/test_tensorboard.sh BUILD_DIR
 # Skipped (exit 77) without the built programs or without the reference venv's tensorboard
 # (scripts/setup.sh --reference installs it).
@@ -56,4 +58,30 @@ print("verdict:", "ok" if ok and len(vals) == 3 else "FAILED")
 PY
 cat "$tmp/verdict.txt"
 check "TensorBoard reads every scalar, equal to metrics.jsonl" grep -q '^verdict: ok$' "$tmp/verdict.txt"
+
+# ---- a run that stopped after step 6 but saved last at step 3, then resumed: TensorBoard
+# shows each step once, the resumed run's values from step 4 on (its SessionLog START) ----
+rerun=(--train.steps 6 --checkpoint.dir "$tmp/ck" --checkpoint.every 3 --log.tensorboard "$tmp/tb2"
+       --log.metrics "$tmp/m2.jsonl")
+"$BUILD/train_gpt" --config "$tmp/gpt.ini" "${rerun[@]}" >"$tmp/run1.log" 2>&1 ||
+  { cat "$tmp/run1.log"; echo "FAILED: train_gpt"; exit 1; }
+rm -rf "$tmp/ck/step_00000006" "$tmp/ck/latest"
+sleep 1.1  # event files sort by the second in their names: the resumed run's comes after
+"$BUILD/train_gpt" --config "$tmp/gpt.ini" "${rerun[@]}" --checkpoint.resume true >"$tmp/run2.log" 2>&1 ||
+  { cat "$tmp/run2.log"; echo "FAILED: train_gpt (resumed)"; exit 1; }
+check "the resumed run started at step 3" grep -q "at step 3$" "$tmp/run2.log"
+"$py" - "$tmp/tb2" "$tmp/m2.jsonl" <<'PY' >"$tmp/verdict2.txt" 2>&1
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+acc.Reload()
+got = [(e.step, e.value) for e in acc.Scalars("loss/train")]
+want = [(r["step"], r["loss"]) for r in map(json.loads, open(sys.argv[2])) if "loss" in r]
+print("loss/train steps:", [s for s, _ in got], "metrics.jsonl:", [s for s, _ in want])
+good = [s for s, _ in got] == list(range(1, 7)) and len(got) == len(want) and all(
+    gs == ws and abs(gv - wv) <= 1e-6 * max(1, abs(wv)) for (gs, gv), (ws, wv) in zip(got, want))
+print("verdict:", "ok" if good else "FAILED")
+PY
+cat "$tmp/verdict2.txt"
+check "after a resume TensorBoard holds every step once, equal to metrics.jsonl" grep -q '^verdict: ok$' "$tmp/verdict2.txt"
 exit $status

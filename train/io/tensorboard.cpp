@@ -109,6 +109,16 @@ std::string scalars_event(double wall_time, int64_t step, const Scalars& values)
   return e;
 }
 
+std::string session_start_event(double wall_time, int64_t step) {
+  std::string session_log;
+  int64_field(session_log, 1, 1);   // SessionLog.status = START
+  std::string e;
+  double_field(e, 1, wall_time);    // Event.wall_time
+  int64_field(e, 2, step);          // Event.step
+  bytes_field(e, 7, session_log);   // Event.session_log
+  return e;
+}
+
 // ---- the file -------------------------------------------------------------------------------
 namespace {
 double now_seconds() {
@@ -139,6 +149,8 @@ void EventWriter::open(const std::string& dir) {
 void EventWriter::write_scalars(int64_t step, const Scalars& values) {
   write_record(scalars_event(now_seconds(), step, values));
 }
+
+void EventWriter::write_session_start(int64_t step) { write_record(session_start_event(now_seconds(), step)); }
 
 void EventWriter::write_record(const std::string& payload) {
   if (fd_ < 0 || !error_.empty()) return;

@@ -8,10 +8,14 @@
 // The file is a TFRecord stream: each record is
 //   uint64 length | uint32 masked_crc32c(length) | payload | uint32 masked_crc32c(payload)
 // (little endian), and each payload is an Event protobuf:
-//   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
-//   Summary { repeated Value value = 1; }
-//   Value   { string tag = 1; float simple_value = 2; }
-// The first record says file_version "brain.Event:2".
+//   Event      { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
+//                SessionLog session_log = 7; }
+//   Summary    { repeated Value value = 1; }
+//   Value      { string tag = 1; float simple_value = 2; }
+//   SessionLog { SessionStatus status = 1; }   (START = 1)
+// The first record says file_version "brain.Event:2". A resumed run starts its file with a
+// SessionLog START at its first step: TensorBoard then drops what earlier files hold from that
+// step on (steps the stopped run logged after its last checkpoint, trained again now).
 //
 // Written by hand rather than with libprotobuf and a .proto: three messages and six fields
 // are ~40 lines of wire-format encoding here, against a protoc step in the build and a
@@ -41,6 +45,7 @@ using Scalars = std::vector<std::pair<std::string, double>>;  // tag, value (sto
 // Event payloads (protobuf wire format).
 std::string version_event(double wall_time);
 std::string scalars_event(double wall_time, int64_t step, const Scalars& values);
+std::string session_start_event(double wall_time, int64_t step);
 
 // An event file in a directory (made when missing). Each write_scalars is one write(2) of
 // one record, so TensorBoard sees it at once; the first failure (a full disk) is kept in
@@ -55,6 +60,8 @@ class EventWriter {
   bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
   void write_scalars(int64_t step, const Scalars& values);
+  // A restart at `step`: TensorBoard forgets the run's events from that step on.
+  void write_session_start(int64_t step);
   const std::string& error() const { return error_; }
 
  private:
