@@ -7,13 +7,14 @@
 #   scripts/demo.sh                 # setup + demo
 #   scripts/demo.sh --steps 1000    # arguments go to engine_demo
 #
-# NDT_BUILD_DIR and NDT_CUDA work as in scripts/setup.sh.
+# It builds only engine_demo. NDT_BUILD_DIR, NDT_CUDA and NDT_BUILD_TARGETS work as in
+# scripts/setup.sh.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${NDT_BUILD_DIR:-build}"
 [[ "$BUILD" = /* ]] || BUILD="$ROOT/$BUILD"
 
-"$ROOT/scripts/setup.sh"
+NDT_BUILD_TARGETS="${NDT_BUILD_TARGETS:-engine_demo}" "$ROOT/scripts/setup.sh"  # the demo alone
 echo "[demo] $BUILD/engine_demo $*"
 exec "$BUILD/engine_demo" "$@"
