@@ -55,6 +55,10 @@ TEST(TensorBoard, EventsAndRecordsMatchTensorBoardsOwnWriter) {
             "1800000000000000a37f4b2209000000000000f83f1a0d627261696e2e4576656e743a322a28646c");
   // a resume at step 4: Event{wall_time: 1.5, step: 4, session_log {status: START}}
   EXPECT_EQ(hex(io::session_start_event(1.5, 4)), "09000000000000f83f10043a020801");
+  // a sample: Event{wall_time: 1.5, step: 4, summary {value {tag: "samples", tensor {dtype:
+  // DT_STRING, tensor_shape {}, string_val: "hi"}, metadata {plugin_data {plugin_name: "text"}}}}}
+  EXPECT_EQ(hex(io::text_event(1.5, 4, "samples", "hi")),
+            "09000000000000f83f10042a1f0a1d0a0773616d706c6573420808071200420268694a080a060a0474657874");
 }
 
 TEST(TensorBoard, WriterAppendsOneRecordPerCallReadableAtOnce) {

@@ -35,6 +35,7 @@
 #include "tensor/checked.h"
 #include "tensor/cpu/onednn_gemm.h"
 #include "tensor/cuda/runtime.h"
+#include "tokenizer/unicode.h"
 #include "tensor/threads.h"
 #include "train/agree.h"
 #include "train/checkpoint/checkpoint.h"
@@ -674,6 +675,11 @@ void Trainer::print_sample(int64_t step, const std::vector<int32_t>& ids) {
   out_ << "sample at step " << step << ":\n  " << printable(text) << "\n";
   log_json({{"step", step}, {"sample", text}});
   if (!c_.log.report.empty()) history_.samples.push_back({step, text});
+  if (tensorboard_.is_open()) {  // as a Markdown code block (every line indented), valid UTF-8
+    std::string block = "    ";
+    for (char ch : tok::utf8_replace_invalid(text)) block += ch == '\n' ? std::string("\n    ") : std::string(1, ch);
+    tensorboard_.write_text(step, "samples", block);
+  }
 }
 
 std::string Trainer::read_batches() {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # log.tensorboard read back by TensorBoard itself: train_gpt trains a few steps with a
 # validation set, and tensorboard's EventAccumulator (the reader behind `tensorboard --logdir`)
-# loads the directory; every scalar is there with one value per step, equal to metrics.jsonl's.
+# loads the directory; every scalar is there with one value per step, equal to metrics.jsonl's,
+# and every sample is in its text plugin.
 # Then a run that stopped past its last checkpoint is resumed into the same directory: each
 # step is there once.
 #   bash tests/scripts/test_tensorboard.sh BUILD_DIR
@@ -24,7 +25,8 @@ cat >>"$tmp/gpt.ini" <<INI
 metrics = $tmp/metrics.jsonl
 tensorboard = $tmp/tb
 [sample]
-every = -1
+every = 5
+length = 24
 INI
 "$BUILD/train_gpt" --config "$tmp/gpt.ini" >"$tmp/train.log" 2>&1 || { cat "$tmp/train.log"; echo "FAILED: train_gpt"; exit 1; }
 check "train_gpt names the event file" grep -q "^tensorboard: $tmp/tb/events.out.tfevents." "$tmp/train.log"
@@ -32,7 +34,7 @@ check "train_gpt names the event file" grep -q "^tensorboard: $tmp/tb/events.out
 "$py" - "$tmp/tb" "$tmp/metrics.jsonl" <<'PY' >"$tmp/verdict.txt" 2>&1
 import json, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0, "tensors": 0})
 acc.Reload()
 tags = sorted(acc.Tags()["scalars"])
 print("tags:", " ".join(tags))
@@ -54,7 +56,19 @@ for tag, key in [("loss/train", "loss"), ("lr", "lr"), ("grad_norm", "grad_norm"
     same(tag, key, steps)
 same("loss/val", "val_loss", vals)
 print("wall times increase:", all(a.wall_time <= b.wall_time for a, b in zip(acc.Scalars("lr"), acc.Scalars("lr")[1:])))
-print("verdict:", "ok" if ok and len(vals) == 3 else "FAILED")
+# the samples, in the Text tab: each one a Markdown code block of the sample's lines
+samples = [r for r in rows if "sample" in r]
+texts = [(e.step, e.tensor_proto.string_val[0].decode("utf-8")) for e in acc.Tensors("samples")]
+plugin = acc.SummaryMetadata("samples").plugin_data.plugin_name if texts else ""
+def same_text(tb, js):
+    if "\ufffd" in tb or "\ufffd" in js:  # bytes that are not UTF-8: both replace them, maybe not alike
+        return len(tb) > 0
+    return tb == "\n".join("    " + l for l in js.split("\n"))
+good_samples = (plugin == "text" and len(samples) >= 2 and [s for s, _ in texts] == [r["step"] for r in samples]
+                and all(same_text(t, r["sample"]) for (_, t), r in zip(texts, samples)))
+print(f"samples: {len(texts)} in TensorBoard's text plugin ({plugin!r}), metrics.jsonl {len(samples)}: "
+      f"{'same' if good_samples else 'DIFFERENT'}")
+print("verdict:", "ok" if ok and good_samples and len(vals) == 3 else "FAILED")
 PY
 cat "$tmp/verdict.txt"
 check "TensorBoard reads every scalar, equal to metrics.jsonl" grep -q '^verdict: ok$' "$tmp/verdict.txt"

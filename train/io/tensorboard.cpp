@@ -109,6 +109,28 @@ std::string scalars_event(double wall_time, int64_t step, const Scalars& values)
   return e;
 }
 
+std::string text_event(double wall_time, int64_t step, const std::string& tag, const std::string& text) {
+  std::string tensor;
+  int64_field(tensor, 1, 7);          // TensorProto.dtype = DT_STRING
+  bytes_field(tensor, 2, "");         // TensorProto.tensor_shape: a scalar
+  bytes_field(tensor, 8, text);       // TensorProto.string_val
+  std::string plugin;
+  bytes_field(plugin, 1, "text");     // PluginData.plugin_name
+  std::string metadata;
+  bytes_field(metadata, 1, plugin);   // SummaryMetadata.plugin_data
+  std::string value;
+  bytes_field(value, 1, tag);         // Summary.Value.tag
+  bytes_field(value, 8, tensor);      // Summary.Value.tensor
+  bytes_field(value, 9, metadata);    // Summary.Value.metadata
+  std::string summary;
+  bytes_field(summary, 1, value);     // Summary.value
+  std::string e;
+  double_field(e, 1, wall_time);      // Event.wall_time
+  int64_field(e, 2, step);            // Event.step
+  bytes_field(e, 5, summary);         // Event.summary
+  return e;
+}
+
 std::string session_start_event(double wall_time, int64_t step) {
   std::string session_log;
   int64_field(session_log, 1, 1);   // SessionLog.status = START
@@ -148,6 +170,10 @@ void EventWriter::open(const std::string& dir) {
 
 void EventWriter::write_scalars(int64_t step, const Scalars& values) {
   write_record(scalars_event(now_seconds(), step, values));
+}
+
+void EventWriter::write_text(int64_t step, const std::string& tag, const std::string& text) {
+  write_record(text_event(now_seconds(), step, tag, text));
 }
 
 void EventWriter::write_session_start(int64_t step) { write_record(session_start_event(now_seconds(), step)); }

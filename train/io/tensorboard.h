@@ -4,6 +4,7 @@
 //   io::EventWriter tb;
 //   tb.open("out/fortunes/tb");                     // events.out.tfevents.<time>.<host>.<pid>
 //   tb.write_scalars(step, {{"loss/train", 2.31}, {"lr", 1e-3}});  // one record, on disk now
+//   tb.write_text(step, "samples", "    Q: what is it?");            // the Text tab
 //
 // The file is a TFRecord stream: each record is
 //   uint64 length | uint32 masked_crc32c(length) | payload | uint32 masked_crc32c(payload)
@@ -11,8 +12,12 @@
 //   Event      { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
 //                SessionLog session_log = 7; }
 //   Summary    { repeated Value value = 1; }
-//   Value      { string tag = 1; float simple_value = 2; }
+//   Value      { string tag = 1; float simple_value = 2; TensorProto tensor = 8;
+//                SummaryMetadata metadata = 9; }
 //   SessionLog { SessionStatus status = 1; }   (START = 1)
+// A text (the samples) is a Value whose tensor is one string (dtype DT_STRING = 7, a scalar
+// shape, string_val = 8) and whose metadata names TensorBoard's text plugin
+// (plugin_data = 1 { plugin_name = 1: "text" }); TensorBoard renders it as Markdown.
 // The first record says file_version "brain.Event:2". A resumed run starts its file with a
 // SessionLog START at its first step: TensorBoard then drops what earlier files hold from that
 // step on (steps the stopped run logged after its last checkpoint, trained again now).
@@ -45,6 +50,7 @@ using Scalars = std::vector<std::pair<std::string, double>>;  // tag, value (sto
 // Event payloads (protobuf wire format).
 std::string version_event(double wall_time);
 std::string scalars_event(double wall_time, int64_t step, const Scalars& values);
+std::string text_event(double wall_time, int64_t step, const std::string& tag, const std::string& text);
 std::string session_start_event(double wall_time, int64_t step);
 
 // An event file in a directory (made when missing). Each write_scalars is one write(2) of
@@ -60,6 +66,7 @@ class EventWriter {
   bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
   void write_scalars(int64_t step, const Scalars& values);
+  void write_text(int64_t step, const std::string& tag, const std::string& text);  // UTF-8 Markdown
   // A restart at `step`: TensorBoard forgets the run's events from that step on.
   void write_session_start(int64_t step);
   const std::string& error() const { return error_; }
