@@ -81,7 +81,8 @@ struct BlockMem {
 //              them on every rank) the checkpointed attention keeps its K and V halves
 //              (N KVl together: split_last copies them once per key chunk, 2 cp on rank 0),
 //              both query halves (N Cl, shared), each pair's output and lse and each
-//              merge's (4 cp - 1 halves of N Cl / 2; 4 cp lse of N NHl / 2); the
+//              merge's (2 cp + 1 and 2 cp - 1: 4 cp halves of N Cl / 2, as measured; 4 cp
+//              lse of N NHl / 2); the
 //              probabilities are recomputed per pair in backward (one (Tl/2)^2 block at a
 //              time). Under bf16 each of the 2 cp - 1 merges keeps f32 copies of its two
 //              inputs and its output (3 halves; in f32 those are the outputs themselves)
@@ -104,7 +105,7 @@ Count core_saved(const Shapes& s) {
       break;
   }
   const Count pairs = 2 * cp + 1, key_chunks = 2 * cp, lse = 2 * cp * N * NHl * kF;
-  if (a == w) return (N * Cl + key_chunks * N * KVl + (4 * cp - 1) * N * Cl / 2) * w + lse;
+  if (a == w) return (N * Cl + key_chunks * N * KVl + 4 * cp * N * Cl / 2) * w + lse;
   const Count outputs_f32 = s.core == AttentionCore::ring_fused ? pairs : Count(0);
   return (N * Cl + key_chunks * N * KVl) * a + (3 * (2 * cp - 1) + outputs_f32) * N * Cl / 2 * w + lse;
 }
