@@ -431,10 +431,11 @@ TEST(Attention, FusedCpuKernelSameBitsOnThreadsAndStrides) {
 
 namespace {
 
-// NDT_BF16_GEMM for one scope (the CPU gemm reads it at each call).
-struct Bf16GemmChoice {
-  explicit Bf16GemmChoice(const char* value) { setenv("NDT_BF16_GEMM", value, 1); }
-  ~Bf16GemmChoice() { unsetenv("NDT_BF16_GEMM"); }
+// NDT_BF16_GEMM or NDT_F32_GEMM for one scope (the CPU gemm reads them at each call).
+struct GemmChoice {
+  GemmChoice(const char* var, const char* value) : var(var) { setenv(var, value, 1); }
+  ~GemmChoice() { unsetenv(var); }
+  const char* var;
 };
 
 // alpha op(a) op(b) + beta c0 (+ bias) in f64 from the same bf16 values: what a bf16 GEMM
@@ -443,6 +444,36 @@ Tensor gemm_f64(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor
   Tensor c = c0.to(DType::f64);
   kernels::gemm(a.to(DType::f64), ta, b.to(DType::f64), tb, c, alpha, beta);
   return c;
+}
+
+// Every shape the CPU gemm takes (2-D, batched, a 2-D b shared by the batch; each operand
+// transposed or not; alpha and beta) in dtype, on each value of the variable env
+// (NDT_BF16_GEMM or NDT_F32_GEMM), against f64 from the same values.
+void check_every_gemm_shape(DType dtype, const char* env, std::initializer_list<const char*> choices, double tol,
+                            uint64_t stream) {
+  const int64_t m = 37, n = 29, k = 53;
+  for (auto [batch, b_shared] : {std::pair<int64_t, bool>{0, false}, {3, false}, {3, true}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        if (b_shared && ta) continue;  // not a shape matmul makes
+        auto shape = [&, batch = batch](int64_t r, int64_t c, bool batched) {
+          return batched && batch > 0 ? ndt::Shape{batch, r, c} : ndt::Shape{r, c};
+        };
+        const Tensor a = randn(ta ? shape(k, m, true) : shape(m, k, true), dtype, Device::cpu(), stream++);
+        const Tensor b = randn(tb ? shape(n, k, !b_shared) : shape(k, n, !b_shared), dtype, Device::cpu(), stream++);
+        const Tensor c0 = randn(shape(m, n, true), dtype, Device::cpu(), stream++);
+        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.0}}) {
+          const Tensor want = gemm_f64(a, ta, b, tb, c0, alpha, beta);
+          for (const char* choice : choices) {
+            GemmChoice scoped(env, choice);
+            Tensor c = c0.clone();
+            kernels::gemm(a, ta, b, tb, c, alpha, beta);
+            EXPECT_LT(rel_error(c.to(DType::f64), want), tol)
+                << env << "=" << choice << " batch " << batch << (b_shared ? " shared b" : "") << " ta " << ta
+                << " tb " << tb << " alpha " << alpha << " beta " << beta;
+          }
+        }
+      }
 }
 
 // linear_forward in dtype with a bias, and with GELU, on each value of the variable env
@@ -455,12 +486,11 @@ void check_linear_with_bias(DType dtype, const char* env, std::initializer_list<
   kernels::linear_forward(x.to(DType::f64), w.to(DType::f64), bias.to(DType::f64), false, want, Tensor());
   kernels::gelu_forward(want, want_gelu);
   for (const char* choice : choices) {
-    setenv(env, choice, 1);
+    GemmChoice scoped(env, choice);
     Tensor y = Tensor::empty({70, 40}, dtype), out = Tensor::empty({70, 40}, dtype),
            pre = Tensor::empty({70, 40}, dtype);
     kernels::linear_forward(x, w, bias, false, y, Tensor());
     kernels::linear_forward(x, w, bias, true, out, pre);
-    unsetenv(env);
     EXPECT_LT(rel_error(y.to(DType::f64), want), tol) << env << "=" << choice;
     EXPECT_LT(rel_error(pre.to(DType::f64), want), tol) << env << "=" << choice;
     EXPECT_LT(rel_error(out.to(DType::f64), want_gelu), tol_gelu) << env << "=" << choice;
@@ -469,39 +499,10 @@ void check_linear_with_bias(DType dtype, const char* env, std::initializer_list<
 
 }  // namespace
 
-// Every shape the CPU gemm takes (2-D, batched, a 2-D b shared by the batch; each operand
-// transposed or not; alpha and beta), in bf16 through oneDNN and through f32, against f64.
+// Every shape the CPU gemm takes, in bf16 through oneDNN and through f32, against f64.
 TEST(Bf16Gemm, OneDnnAndTheF32PathAgreeWithFloat64) {
   if (cpu::bf16_gemm_library().rfind("none", 0) == 0) GTEST_SKIP() << cpu::bf16_gemm_library();
-  struct Shape3 {
-    int64_t batch;
-    bool b_shared;
-  };
-  const int64_t m = 37, n = 29, k = 53;
-  uint64_t stream = 1000;
-  for (Shape3 s : {Shape3{0, false}, Shape3{3, false}, Shape3{3, true}})
-    for (bool ta : {false, true})
-      for (bool tb : {false, true}) {
-        if (s.b_shared && ta) continue;  // not a shape matmul makes
-        auto shape = [&](int64_t r, int64_t c, bool batched) {
-          return batched && s.batch > 0 ? ndt::Shape{s.batch, r, c} : ndt::Shape{r, c};
-        };
-        const Tensor a = randn(ta ? shape(k, m, true) : shape(m, k, true), DType::bf16, Device::cpu(), stream++);
-        const Tensor b = randn(tb ? shape(n, k, !s.b_shared) : shape(k, n, !s.b_shared), DType::bf16,
-                               Device::cpu(), stream++);
-        const Tensor c0 = randn(shape(m, n, true), DType::bf16, Device::cpu(), stream++);
-        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.0}}) {
-          const Tensor want = gemm_f64(a, ta, b, tb, c0, alpha, beta);
-          for (const char* choice : {"onednn", "f32"}) {
-            Bf16GemmChoice scoped(choice);
-            Tensor c = c0.clone();
-            kernels::gemm(a, ta, b, tb, c, alpha, beta);
-            const double e = rel_error(c.to(DType::f64), want);
-            EXPECT_LT(e, 5e-3) << choice << " batch " << s.batch << (s.b_shared ? " shared b" : "") << " ta " << ta
-                               << " tb " << tb << " alpha " << alpha << " beta " << beta;
-          }
-        }
-      }
+  check_every_gemm_shape(DType::bf16, "NDT_BF16_GEMM", {"onednn", "f32"}, 5e-3, 1000);
 }
 
 // linear_forward with a bias, and with GELU: oneDNN adds the bias before the one rounding.
@@ -518,7 +519,7 @@ TEST(Bf16Gemm, AutoFollowsTheCpuAndBadChoicesAreRefused) {
     EXPECT_EQ(cpu::bf16_gemm_native(), __builtin_cpu_supports("avx512bf16") != 0) << cpu::bf16_gemm_library();
   }
 #endif
-  Bf16GemmChoice scoped("fast");
+  GemmChoice scoped("NDT_BF16_GEMM", "fast");
   const Tensor a = randn({4, 4}, DType::bf16, Device::cpu(), 1200);
   Tensor c = Tensor::empty({4, 4}, DType::bf16);
   const std::string e = ndt::testing::error_of([&] { kernels::gemm(a, false, a, false, c); });
@@ -529,12 +530,6 @@ TEST(Bf16Gemm, AutoFollowsTheCpuAndBadChoicesAreRefused) {
 
 namespace {
 
-// NDT_F32_GEMM for one scope (the CPU gemm reads it at each call).
-struct F32GemmChoice {
-  explicit F32GemmChoice(const char* value) { setenv("NDT_F32_GEMM", value, 1); }
-  ~F32GemmChoice() { unsetenv("NDT_F32_GEMM"); }
-};
-
 bool have_onednn() { return cpu::bf16_gemm_library().find("without oneDNN") == std::string::npos; }
 
 }  // namespace
@@ -542,31 +537,7 @@ bool have_onednn() { return cpu::bf16_gemm_library().find("without oneDNN") == s
 // Every shape the CPU gemm takes, in f32 on both libraries, against f64 from the same values.
 TEST(F32Gemm, OneDnnAndOpenBlasAgreeWithFloat64) {
   if (!have_onednn()) GTEST_SKIP() << cpu::bf16_gemm_library();
-  const int64_t m = 37, n = 29, k = 53;
-  uint64_t stream = 2000;
-  for (auto [batch, b_shared] : {std::pair<int64_t, bool>{0, false}, {3, false}, {3, true}})
-    for (bool ta : {false, true})
-      for (bool tb : {false, true}) {
-        if (b_shared && ta) continue;  // not a shape matmul makes
-        auto shape = [&, batch = batch](int64_t r, int64_t c, bool batched) {
-          return batched && batch > 0 ? ndt::Shape{batch, r, c} : ndt::Shape{r, c};
-        };
-        const Tensor a = randn(ta ? shape(k, m, true) : shape(m, k, true), DType::f32, Device::cpu(), stream++);
-        const Tensor b = randn(tb ? shape(n, k, !b_shared) : shape(k, n, !b_shared), DType::f32, Device::cpu(),
-                               stream++);
-        const Tensor c0 = randn(shape(m, n, true), DType::f32, Device::cpu(), stream++);
-        for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.0}}) {
-          const Tensor want = gemm_f64(a, ta, b, tb, c0, alpha, beta);
-          for (const char* choice : {"onednn", "openblas"}) {
-            F32GemmChoice scoped(choice);
-            Tensor c = c0.clone();
-            kernels::gemm(a, ta, b, tb, c, alpha, beta);
-            EXPECT_LT(rel_error(c.to(DType::f64), want), 1e-6)
-                << choice << " batch " << batch << (b_shared ? " shared b" : "") << " ta " << ta << " tb " << tb
-                << " alpha " << alpha << " beta " << beta;
-          }
-        }
-      }
+  check_every_gemm_shape(DType::f32, "NDT_F32_GEMM", {"onednn", "openblas"}, 1e-6, 2000);
 }
 
 // linear_forward with a bias (oneDNN adds it in the accumulator) and with GELU, on both.
@@ -579,7 +550,7 @@ TEST(F32Gemm, LinearWithBiasOnBothLibraries) {
 // every product stays right (a program that multiplies prompts of every length).
 TEST(F32Gemm, MoreShapesThanTheTableKeeps) {
   if (!have_onednn()) GTEST_SKIP() << cpu::bf16_gemm_library();
-  F32GemmChoice scoped("onednn");
+  GemmChoice scoped("NDT_F32_GEMM", "onednn");
   const Tensor b = randn({5, 3}, DType::f32, Device::cpu(), 2300);
   for (int64_t m = 1; m <= 1100; ++m) {
     const Tensor a = randn({m, 5}, DType::f32, Device::cpu(), 2301 + m);
@@ -594,7 +565,7 @@ TEST(F32Gemm, MoreShapesThanTheTableKeeps) {
 // (where it was measured faster); the library in words says which; a wrong value is refused.
 TEST(F32Gemm, AutoFollowsTheCpuAndBadChoicesAreRefused) {
   {
-    F32GemmChoice scoped("auto");
+    GemmChoice scoped("NDT_F32_GEMM", "auto");
 #if defined(__x86_64__)
     __builtin_cpu_init();
     const bool amd_avx512 = __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f");
@@ -608,11 +579,11 @@ TEST(F32Gemm, AutoFollowsTheCpuAndBadChoicesAreRefused) {
         << cpu::f32_gemm_library();
   }
   {
-    F32GemmChoice scoped("openblas");
+    GemmChoice scoped("NDT_F32_GEMM", "openblas");
     EXPECT_FALSE(cpu::f32_gemm_on_onednn());
     EXPECT_EQ(cpu::f32_gemm_library(), "OpenBLAS kernel " + blas_core());
   }
-  F32GemmChoice scoped("mkl");
+  GemmChoice scoped("NDT_F32_GEMM", "mkl");
   const Tensor a = randn({4, 4}, DType::f32, Device::cpu(), 2200);
   Tensor c = Tensor::empty({4, 4}, DType::f32);
   const std::string e = ndt::testing::error_of([&] { kernels::gemm(a, false, a, false, c); });
