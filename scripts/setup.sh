@@ -40,7 +40,8 @@ BUILD="${NDT_BUILD_DIR:-build}"
 # Google Benchmark, the fortunes text (the offline training corpus), iproute2 and
 # util-linux for the simulated cluster of the multi-host tests (scripts/cluster.sh), and
 # python3 for the scripts (scripts/flight_report.py, the trace summary), with its venv module
-# for the reference venv (--reference).
+# for the reference venv (--reference); on x86-64, QEMU's user-mode emulator, with which the
+# bit-for-bit test (tests/test_dist_golden.cpp) also checks an AVX2 CPU's figures.
 PACKAGES=(
   build-essential cmake pkg-config
   libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
@@ -49,6 +50,7 @@ PACKAGES=(
   fortunes fortunes-min
   iproute2 util-linux python3 python3-venv
 )
+if [[ "$(uname -m)" == x86_64 ]]; then PACKAGES+=(qemu-user); fi
 
 log() { echo "[setup] $*"; }
 die() { echo "[setup] error: $*" >&2; exit 1; }

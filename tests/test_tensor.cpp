@@ -22,6 +22,7 @@
 #include "tensor/kernels.h"
 #include "tensor/rng.h"
 #include "tensor/tensor.h"
+#include "tensor/threads.h"
 
 using namespace ndt;
 using ndt::testing::error_of;
@@ -444,6 +445,98 @@ TEST(Copies, AddLayernormIsAddThenLayernormBitForBit) {
     const double tol = dt == DType::bf16 ? 2e-2 : dt == DType::f32 ? 1e-6 : 1e-14;
     for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], g2[i] + r[i], tol * (1 + std::fabs(g[i]))) << i;
     EXPECT_EQ(dw.to_vector<double>(), dw2.to_vector<double>());
+  }
+}
+
+// Large LayerNorms (several threads, rows longer than the vector lanes, column blocks with a
+// tail) in f32 and bf16 against the f64 kernel on the same values.
+TEST(Copies, LayerNormRowsOnThreadsMatchF64) {
+  const int64_t N = 300, C = 97;  // N C over the threads' threshold; 97 = 64 + 33 columns
+  Tensor x = Tensor::empty({N, C}, DType::f64), w = Tensor::empty({C}, DType::f64),
+         bias = Tensor::empty({C}, DType::f64), dout = Tensor::empty({N, C}, DType::f64),
+         dres = Tensor::empty({N, C}, DType::f64);
+  kernels::fill_normal(x, 1, 7, 0, 0.5f, 2.0f);
+  kernels::fill_normal(w, 1, 8, 0, 1.0f, 0.5f);
+  kernels::fill_normal(bias, 1, 9, 0, 0.0f, 0.5f);
+  kernels::fill_normal(dout, 1, 10, 0, 0.0f, 1.0f);
+  kernels::fill_normal(dres, 1, 11, 0, 0.0f, 1.0f);
+  struct Run {
+    std::vector<double> out, mean, rstd, dx, dw, db;
+  };
+  auto run = [&](DType dt) {
+    const DType sd = dt == DType::f64 ? DType::f64 : DType::f32;
+    // the inputs rounded to dt first, so that f64 sees the same values
+    Tensor xd = x.to(dt), wd = w.to(dt), bd = bias.to(dt), dd = dout.to(dt), rd = dres.to(dt);
+    auto wide = [](const Tensor& t) { return t.to(DType::f64); };
+    Tensor out = Tensor::empty({N, C}, dt), mean = Tensor::empty({N}, sd), rstd = Tensor::empty({N}, sd);
+    Tensor dx = Tensor::empty({N, C}, dt), dw = Tensor::empty({C}, dt), db = Tensor::empty({C}, dt);
+    kernels::layernorm_forward(xd, wd, bd, 1e-5, out, mean, rstd);
+    kernels::layernorm_backward(dd, xd, wd, mean, rstd, dx, dw, db, rd);
+    Run low{wide(out).to_vector<double>(),  wide(mean).to_vector<double>(), wide(rstd).to_vector<double>(),
+            wide(dx).to_vector<double>(),   wide(dw).to_vector<double>(),   wide(db).to_vector<double>()};
+    // f64 on the values dt holds
+    Tensor x64 = wide(xd), w64 = wide(wd), b64 = wide(bd), d64 = wide(dd), r64 = wide(rd);
+    Tensor o = Tensor::empty({N, C}, DType::f64), m = Tensor::empty({N}, DType::f64),
+           r = Tensor::empty({N}, DType::f64), gx = Tensor::empty({N, C}, DType::f64),
+           gw = Tensor::empty({C}, DType::f64), gb = Tensor::empty({C}, DType::f64);
+    kernels::layernorm_forward(x64, w64, b64, 1e-5, o, m, r);
+    kernels::layernorm_backward(d64, x64, w64, m, r, gx, gw, gb, r64);
+    Run ref{o.to_vector<double>(),  m.to_vector<double>(),  r.to_vector<double>(),
+            gx.to_vector<double>(), gw.to_vector<double>(), gb.to_vector<double>()};
+    return std::make_pair(low, ref);
+  };
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const auto [got, want] = run(dt);
+    // f32: sums of 97 (rows) or 300 (columns) terms; bf16: one rounding of the result
+    const double tol = dt == DType::f32 ? 2e-5 : 1e-2;
+    auto near = [&](const std::vector<double>& a, const std::vector<double>& b, double scale, const char* what) {
+      ASSERT_EQ(a.size(), b.size()) << what;
+      double worst = 0;
+      for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / (scale + std::fabs(b[i])));
+      EXPECT_LT(worst, tol) << what;
+    };
+    near(got.out, want.out, 1, "out");
+    near(got.mean, want.mean, 1, "mean");
+    near(got.rstd, want.rstd, 0, "rstd");
+    near(got.dx, want.dx, 1, "dx");
+    near(got.dw, want.dw, 10, "dw");  // a sum over 300 rows
+    near(got.db, want.db, 10, "db");
+  }
+}
+
+// sum and sum_squares over many blocks: near the exact sum in every dtype, and the same bits
+// on one thread as on three (the blocks' sums are added in order, not as threads finish).
+TEST(Copies, SumsAreExactEnoughAndTheSameOnAnyNumberOfThreads) {
+  const int64_t n = 3 * 8192 * 5 + 77;  // many blocks, over the threads' threshold, a tail
+  Tensor x64 = Tensor::empty({n}, DType::f64);
+  kernels::fill_normal(x64, 1, 12, 0, 0.3f, 1.0f);
+  const int before = num_threads();
+  for (DType dt : {DType::f32, DType::bf16, DType::f64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x = x64.to(dt);
+    const std::vector<double> v = x.to_vector<double>();
+    long double s = 0, q = 0;  // the exact sums of the values x holds, to ~1e-19
+    for (const double e : v) {
+      s += e;
+      q += static_cast<long double>(e) * e;
+    }
+    std::vector<double> got;
+    for (int threads : {1, 3}) {
+      set_num_threads(threads);
+      // the kernels write the sum rounded to x's dtype
+      Tensor so = Tensor::empty({}, dt), qo = Tensor::empty({}, dt);
+      kernels::sum(x, so);
+      kernels::sum_squares(x, qo);
+      got.push_back(so.item());
+      got.push_back(qo.item());
+    }
+    set_num_threads(before);
+    EXPECT_EQ(got[0], got[2]) << "sum: 1 thread against 3";
+    EXPECT_EQ(got[1], got[3]) << "sum_squares: 1 thread against 3";
+    const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 1e-6 : 1e-2;  // the result's rounding
+    EXPECT_NEAR(got[0], static_cast<double>(s), tol * static_cast<double>(q)) << "sum";
+    EXPECT_NEAR(got[1], static_cast<double>(q), tol * static_cast<double>(q)) << "sum_squares";
   }
 }
 

@@ -186,6 +186,10 @@ std::vector<OpCase> build_cases() {
   add_case({"layernorm", inputs_of({{{kB, 5, kC}, 0.5f, 2.0f}, {{kC}, 1.0f, 0.5f}, {{kC}, 0.0f, 0.5f}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{layernorm(x[0], x[1], x[2])}; },
             all_grad(3)});
+  // 37 channels: two full kLanes blocks and a tail in the CPU's f32 row loops
+  add_case({"layernorm_wide", inputs_of({{{kB, 3, 37}, 0.5f, 2.0f}, {{37}, 1.0f, 0.5f}, {{37}, 0.0f, 0.5f}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{layernorm(x[0], x[1], x[2])}; },
+            all_grad(3)});
   add_case(
       {"add_layernorm",
        inputs_of(
