@@ -66,29 +66,28 @@ NDT_VECTOR_CLONES void add_f32(const float* a, const float* b, float* out, int64
   for (int64_t c = 0; c < n; ++c) out[c] = a[c] + b[c];
 }
 
-// With xhat = (x - m) r and dxhat = d w: s1 = sum_c dxhat, s2 = sum_c dxhat xhat
-NDT_VECTOR_CLONES void dxhat_sums_f32(const float* d, const float* x, const float* w, float m, float r, int64_t n,
-                                      float& s1, float& s2) {
-  float l1[kLanes] = {}, l2[kLanes] = {};
+// With xhat = (x - m) r and dxhat = d w: sum_c dxhat, and sum_c dxhat xhat. Two loops of one
+// lane array each: GCC turns one loop over two lane arrays into shuffles.
+NDT_VECTOR_CLONES float dxhat_sum_f32(const float* d, const float* w, int64_t n) {
+  float lane[kLanes] = {};
   int64_t c = 0;
   for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const float xhat = (x[c + l] - m) * r, dxhat = d[c + l] * w[c + l];
-      l1[l] += dxhat;
-      l2[l] += dxhat * xhat;
-    }
-  float a = 0, b = 0;
-  for (int l = 0; l < kLanes; ++l) {
-    a += l1[l];
-    b += l2[l];
-  }
-  for (; c < n; ++c) {
-    const float xhat = (x[c] - m) * r, dxhat = d[c] * w[c];
-    a += dxhat;
-    b += dxhat * xhat;
-  }
-  s1 = a;
-  s2 = b;
+    for (int l = 0; l < kLanes; ++l) lane[l] += d[c + l] * w[c + l];
+  float s = 0;
+  for (int l = 0; l < kLanes; ++l) s += lane[l];
+  for (; c < n; ++c) s += d[c] * w[c];
+  return s;
+}
+NDT_VECTOR_CLONES float dxhat_xhat_sum_f32(const float* d, const float* x, const float* w, float m, float r,
+                                           int64_t n) {
+  float lane[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] += (d[c + l] * w[c + l]) * ((x[c + l] - m) * r);
+  float s = 0;
+  for (int l = 0; l < kLanes; ++l) s += lane[l];
+  for (; c < n; ++c) s += (d[c] * w[c]) * ((x[c] - m) * r);
+  return s;
 }
 
 // dx[c] = r (dxhat - mean_dxhat - xhat mean_dxhat_xhat) (+ res[c])
@@ -204,10 +203,10 @@ void layernorm_backward_rows(const T* pd, const T* px, const T* pw, const float*
     for (int64_t n = 0; n < N; ++n) {
       const float *d = widened(pd + n * C, bd, C), *x = widened(px + n * C, bx, C);
       const float* res = pres ? widened(pres + n * C, br, C) : nullptr;
-      float s1, s2;
-      dxhat_sums_f32(d, x, w, pm[n], pr[n], C, s1, s2);
+      const float mean_dxhat = dxhat_sum_f32(d, w, C) / C;
+      const float mean_dxhat_xhat = dxhat_xhat_sum_f32(d, x, w, pm[n], pr[n], C) / C;
       float* dx = result_at(pdx + n * C, bo);
-      layernorm_dx_f32(d, x, w, res, pm[n], pr[n], s1 / C, s2 / C, dx, C);
+      layernorm_dx_f32(d, x, w, res, pm[n], pr[n], mean_dxhat, mean_dxhat_xhat, dx, C);
       narrow(dx, pdx + n * C, C);
     }
   }

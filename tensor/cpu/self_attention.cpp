@@ -116,7 +116,7 @@ void softmax_grad_row_of(const double* p, double* dp, int64_t nk, double d, doub
 }
 
 template <typename T>
-T dot_row(const T* a, const T* b, int64_t n) {
+[[gnu::always_inline]] inline T dot_row(const T* a, const T* b, int64_t n) {
   T acc[kLanes] = {};
   int64_t h = 0;
   for (; h + kLanes <= n; h += kLanes)
@@ -124,6 +124,9 @@ T dot_row(const T* a, const T* b, int64_t n) {
   for (int l = 0; h < n; ++h, ++l) acc[l] += a[h] * b[h];
   return lanes_total(acc);
 }
+NDT_VECTOR_CLONES float dot_row_f32(const float* a, const float* b, int64_t n) { return dot_row(a, b, n); }
+float dot_row_of(const float* a, const float* b, int64_t n) { return dot_row_f32(a, b, n); }
+double dot_row_of(const double* a, const double* b, int64_t n) { return dot_row(a, b, n); }
 
 // One (B, NH, T, HS) operand, read or written in place: element (b, h, t, e) at
 // p[b sb + h sh + t st + e]. Rows are contiguous (HS elements); the strides let q, k and v
@@ -190,9 +193,25 @@ void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<cons
                    const T* lse, Heads<const T> dy, const T* dlse, Heads<T> dq, Heads<T> dk, Heads<T> dv,
                    T scale) {
   const int64_t nb = d.blocks(), G = d.group(), tasks = d.B * d.NKV;
+  // dd = rowsum(dy * y) - dlse for every query row, first, in one pass in memory order: in
+  // the packed layout a block's rows lie C apart, and read there one after the other they
+  // stall on memory. Rows go (b, t, h) where a head's next row is farther than the next head
+  // (the packed layout), else (b, h, t).
+  const int64_t rows = d.B * d.NH * d.Tq;
+  std::vector<T> dd_all(static_cast<size_t>(rows));
+  const bool heads_inner = y.sh < y.st;
+#pragma omp parallel for schedule(static) if (rows * d.HS > 65536)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r / (d.NH * d.Tq), rest = r % (d.NH * d.Tq);
+    const int64_t h = heads_inner ? rest % d.NH : rest / d.Tq, t = heads_inner ? rest / d.NH : rest % d.Tq;
+    const int64_t row = (b * d.NH + h) * d.Tq + t;
+    T v = dot_row_of(dy.at(b, h, t), y.at(b, h, t), d.HS);
+    if (dlse) v -= dlse[row];
+    dd_all[row] = v;
+  }
 #pragma omp parallel if (d.parallel(tasks))
   {
-    std::vector<T> p(static_cast<size_t>(kBlockQ * d.Tk)), dp(p.size()), dd(kBlockQ);
+    std::vector<T> p(static_cast<size_t>(kBlockQ * d.Tk)), dp(p.size());
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < tasks; ++bg) {  // one kv head: dk, dv are this task's alone
       const int64_t b = bg / d.NKV, g = bg % d.NKV;
@@ -221,7 +240,6 @@ void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<cons
           const T beta = first ? T(0) : T(1);
           first = false;
           const T* qb = q.at(b, h, r0);
-          const T* yb = y.at(b, h, r0);
           const T* dyb = dy.at(b, h, r0);
           // forward: s = scale q k^T, p = exp(s - lse) (masked), y = p v, lse = log sum exp s; so
           //   dv = p^T dy,  dp = dy v^T,  ds = scale p (dp - rowsum(dy * y) + dlse),
@@ -229,12 +247,9 @@ void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<cons
           // (the scale of s is in ds; the GEMM for s is the forward's again; with G > 1, k and
           // v served G query heads, so their gradients are the sums over those heads)
           blas_gemm(false, true, nr, nk, d.HS, scale, qb, q.st, kb, k.st, T(0), p.data(), nk);
-          for (int64_t i = 0; i < nr; ++i) {
-            const int64_t row = bh * d.Tq + r0 + i;
-            probs_row_of(p.data() + i * nk, d.visible(r0 + i), nk, lse[row]);
-            dd[i] = dot_row(dyb + i * dy.st, yb + i * y.st, d.HS);
-            if (dlse) dd[i] -= dlse[row];
-          }
+          const T* dd = dd_all.data() + bh * d.Tq + r0;  // (nr)
+          for (int64_t i = 0; i < nr; ++i)
+            probs_row_of(p.data() + i * nk, d.visible(r0 + i), nk, lse[bh * d.Tq + r0 + i]);
           blas_gemm(true, false, nk, d.HS, nr, T(1), p.data(), nk, dyb, dy.st, beta, dvb, dv.st);
           blas_gemm(false, true, nr, nk, d.HS, T(1), dyb, dy.st, vb, v.st, T(0), dp.data(), nk);
           for (int64_t i = 0; i < nr; ++i)
