@@ -4,6 +4,8 @@
 // with the row sums in kLanes fixed lanes (fastmath.h): the same bits at every width. bf16
 // rows are widened to f32 once, computed, and rounded once on the way out. f64 (the
 // gradient checks) keeps the plain loops.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -132,7 +134,7 @@ void layernorm_row_f32(const float* x, const float* w, const float* b, float eps
   rstd = r;
 }
 
-// ---- f64: the plain loops -----------------------------------------------------------------
+// ---- f64: the plain loops (forward) -------------------------------------------------------
 
 void layernorm_row_f64(const double* row, const double* pw, const double* pb, double eps, int64_t C, double* out,
                        double& mean, double& rstd) {
@@ -210,11 +212,14 @@ void layernorm_backward_rows(const T* pd, const T* px, const T* pw, const float*
       narrow(dx, pdx + n * C, C);
     }
   }
-  // dw, db: columns are independent, 64 at a time; rows summed in order (deterministic)
-#pragma omp parallel for schedule(static) if (N * C > 16384)
-  for (int64_t c0 = 0; c0 < C; c0 += 64) {
-    const int64_t m = std::min<int64_t>(64, C - c0);
-    float aw[64] = {}, ab[64] = {}, bd[64], bx[64];
+  // dw, db: columns are independent, each thread a slice of them (a multiple of kLanes, at
+  // most 512); every column's rows summed in order, so the slices' width does not matter
+  const int64_t parts = N * C > 16384 ? omp_get_max_threads() : 1;
+  const int64_t width = std::clamp<int64_t>((C + parts * kLanes - 1) / (parts * kLanes) * kLanes, kLanes, 512);
+#pragma omp parallel for schedule(static) if (parts > 1)
+  for (int64_t c0 = 0; c0 < C; c0 += width) {
+    const int64_t m = std::min(width, C - c0);
+    float aw[512] = {}, ab[512] = {}, bd[512], bx[512];
     for (int64_t n = 0; n < N; ++n)
       dw_db_row_f32(widened(pd + n * C + c0, bd, m), widened(px + n * C + c0, bx, m), pm[n], pr[n], aw, ab, m);
     for (int64_t c = 0; c < m; ++c) {
@@ -224,7 +229,7 @@ void layernorm_backward_rows(const T* pd, const T* px, const T* pw, const float*
   }
 }
 
-// ---- f64: the plain loops ------------------------------------------------------------------
+// ---- f64: the plain loops (backward) ------------------------------------------------------
 
 void layernorm_backward_f64(const double* pd, const double* px, const double* pw, const double* pm,
                             const double* pr, const double* pres, double* pdx, double* pdw, double* pdb, int64_t N,
