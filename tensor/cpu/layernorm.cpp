@@ -150,21 +150,14 @@ void layernorm_row_f64(const double* row, const double* pw, const double* pb, do
   rstd = r;
 }
 
-}  // namespace
-
-namespace {
-
 // ---- f32 and bf16 through the f32 row loops ------------------------------------------------
-
-constexpr bool is_bf16(const float*) { return false; }
-constexpr bool is_bf16(const bf16*) { return true; }
 
 // Rows of x, or of sum = a + b (rounded to T and stored first, then normalized) -> out,
 // mean, rstd.
 template <typename T>
 void layernorm_rows(const T* pa, const T* pb, T* psum, const T* pw, const T* pbias, float eps, T* po, float* pm,
                     float* pr, int64_t N, int64_t C) {
-  std::vector<float> wb(is_bf16(pw) ? 2 * C : 0);
+  std::vector<float> wb(2 * C);  // bf16 only: w and bias widened
   const float *w = widened(pw, wb.data(), C), *bias = widened(pbias, wb.data() + C, C);
 #pragma omp parallel if (N * C > 16384)
   {
@@ -194,7 +187,7 @@ void layernorm_rows(const T* pa, const T* pb, T* psum, const T* pw, const T* pbi
 template <typename T>
 void layernorm_backward_rows(const T* pd, const T* px, const T* pw, const float* pm, const float* pr, const T* pres,
                              T* pdx, T* pdw, T* pdb, int64_t N, int64_t C) {
-  std::vector<float> wb(is_bf16(pw) ? C : 0);
+  std::vector<float> wb(C);  // bf16 only: w widened
   const float* w = widened(pw, wb.data(), C);
   // dx: rows are independent
 #pragma omp parallel if (N * C > 16384)

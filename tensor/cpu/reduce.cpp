@@ -11,9 +11,10 @@ namespace ndt::cpu {
 namespace {
 
 // sum_i x[i] (or x[i]^2) in double, in kLanes fixed lanes (fastmath.h): the same bits at every
-// vector width
+// vector width. Always inlined into each vector clone below (else GCC may keep one baseline
+// copy that every clone calls).
 template <bool Square, typename T>
-inline double lane_sum(const T* x, int64_t n) {
+[[gnu::always_inline]] inline double lane_sum(const T* x, int64_t n) {
   double lane[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
