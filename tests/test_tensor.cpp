@@ -507,6 +507,60 @@ TEST(Copies, LayerNormRowsOnThreadsMatchF64) {
 
 // sum and sum_squares over many blocks: near the exact sum in every dtype, and the same bits
 // on one thread as on three (the blocks' sums are added in order, not as threads finish).
+// add, add_ and mul in f32 and bf16 (vector loops, bf16 a block at a time) give the bits of
+// the element-by-element formula in float, rounded once: same shapes over the threads'
+// threshold, and a row vector broadcast over rows.
+TEST(Copies, AddAndMulVectorLoopsGiveTheFormulasBits) {
+  const int64_t R = 301, C = 257;  // R C over the threads' threshold; C not a block multiple
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor a = Tensor::empty({R, C}, dt), b = Tensor::empty({R, C}, dt), row = Tensor::empty({C}, dt);
+    kernels::fill_normal(a, 1, 13, 0, 0.0f, 1.0f);
+    kernels::fill_normal(b, 1, 14, 0, 0.5f, 2.0f);
+    kernels::fill_normal(row, 1, 15, 0, 0.0f, 1.0f);
+    const std::vector<float> va = a.to(DType::f32).to_vector<float>(), vb = b.to(DType::f32).to_vector<float>(),
+                             vr = row.to(DType::f32).to_vector<float>();
+    auto rounded = [&](float v) { return dt == DType::bf16 ? bf16_to_float(float_to_bf16(v)) : v; };
+    const float al = 0.75f, be = -1.25f;
+    Tensor sum = Tensor::empty({R, C}, dt), bsum = Tensor::empty({R, C}, dt), prod = Tensor::empty({R, C}, dt),
+           acc = a.to(dt);
+    kernels::add(a, b, sum, al, be);
+    kernels::add(a, row, bsum, 1.0, 1.0);
+    kernels::mul(a, b, prod);
+    kernels::add_(acc, b, al);
+    const std::vector<float> s = sum.to(DType::f32).to_vector<float>(), bs = bsum.to(DType::f32).to_vector<float>(),
+                             p = prod.to(DType::f32).to_vector<float>(), ac = acc.to(DType::f32).to_vector<float>();
+    int wrong = 0;
+    for (int64_t i = 0; i < R * C; ++i) {
+      wrong += s[i] != rounded(al * va[i] + be * vb[i]);
+      wrong += bs[i] != rounded(va[i] + vr[i % C]);
+      wrong += p[i] != rounded(va[i] * vb[i]);
+      wrong += ac[i] != rounded(va[i] + al * vb[i]);
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
+// sum_rows (a bias's gradient) sums each column's rows in order, in float, whatever the
+// threads' slices of columns: the bits of the plain loop, rounded once.
+TEST(Copies, SumRowsIsEachColumnInOrder) {
+  const int64_t R = 301, C = 1043;  // over the threads' threshold; slices of 512 and a tail
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor x = Tensor::empty({R, C}, dt), out = Tensor::empty({C}, dt);
+    kernels::fill_normal(x, 1, 16, 0, 0.1f, 1.0f);
+    kernels::sum_rows(x, out);
+    const std::vector<float> v = x.to(DType::f32).to_vector<float>(), got = out.to(DType::f32).to_vector<float>();
+    int wrong = 0;
+    for (int64_t j = 0; j < C; ++j) {
+      float acc = 0;
+      for (int64_t r = 0; r < R; ++r) acc += v[r * C + j];
+      wrong += got[j] != (dt == DType::bf16 ? bf16_to_float(float_to_bf16(acc)) : acc);
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
 TEST(Copies, SumsAreExactEnoughAndTheSameOnAnyNumberOfThreads) {
   const int64_t n = 3 * 8192 * 5 + 77;  // many blocks, over the threads' threshold, a tail
   Tensor x64 = Tensor::empty({n}, DType::f64);
