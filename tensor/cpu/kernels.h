@@ -93,5 +93,7 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
 // vectorized (AVX-512 / AVX2 clones), the same bits as bf16_to_float / float_to_bf16.
 void bf16_to_f32(const bf16* src, float* dst, int64_t n);
 void f32_to_bf16(const float* src, bf16* dst, int64_t n);
+// sum_c a[c] b[c] in fixed vector lanes: the same bits at every vector width (rmsnorm.cpp)
+float dot_f32(const float* a, const float* b, int64_t n);
 
 }  // namespace ndt::cpu

@@ -68,18 +68,8 @@ NDT_VECTOR_CLONES void add_f32(const float* a, const float* b, float* out, int64
   for (int64_t c = 0; c < n; ++c) out[c] = a[c] + b[c];
 }
 
-// With xhat = (x - m) r and dxhat = d w: sum_c dxhat, and sum_c dxhat xhat. Two loops of one
-// lane array each: GCC turns one loop over two lane arrays into shuffles.
-NDT_VECTOR_CLONES float dxhat_sum_f32(const float* d, const float* w, int64_t n) {
-  float lane[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) lane[l] += d[c + l] * w[c + l];
-  float s = 0;
-  for (int l = 0; l < kLanes; ++l) s += lane[l];
-  for (; c < n; ++c) s += d[c] * w[c];
-  return s;
-}
+// With xhat = (x - m) r and dxhat = d w: sum_c dxhat xhat (sum_c dxhat is dot_f32(d, w),
+// kernels.h). Two loops of one lane array each: GCC turns one loop over two into shuffles.
 NDT_VECTOR_CLONES float dxhat_xhat_sum_f32(const float* d, const float* x, const float* w, float m, float r,
                                            int64_t n) {
   float lane[kLanes] = {};
@@ -198,7 +188,7 @@ void layernorm_backward_rows(const T* pd, const T* px, const T* pw, const float*
     for (int64_t n = 0; n < N; ++n) {
       const float *d = widened(pd + n * C, bd, C), *x = widened(px + n * C, bx, C);
       const float* res = pres ? widened(pres + n * C, br, C) : nullptr;
-      const float mean_dxhat = dxhat_sum_f32(d, w, C) / C;
+      const float mean_dxhat = dot_f32(d, w, C) / C;
       const float mean_dxhat_xhat = dxhat_xhat_sum_f32(d, x, w, pm[n], pr[n], C) / C;
       float* dx = result_at(pdx + n * C, bo);
       layernorm_dx_f32(d, x, w, res, pm[n], pr[n], mean_dxhat, mean_dxhat_xhat, dx, C);

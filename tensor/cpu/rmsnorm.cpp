@@ -8,10 +8,9 @@
 #include "tensor/cpu/kernels.h"
 
 namespace ndt::cpu {
-namespace {
 
 // f32 rows at the machine's vector width, sums in kLanes fixed lanes (the same bits at every
-// width). sum_c a[c] b[c]:
+// width). sum_c a[c] b[c] (kernels.h; LayerNorm's backward uses it too):
 NDT_VECTOR_CLONES float dot_f32(const float* a, const float* b, int64_t n) {
   float lane[kLanes] = {};
   int64_t c = 0;
@@ -22,6 +21,8 @@ NDT_VECTOR_CLONES float dot_f32(const float* a, const float* b, int64_t n) {
   for (; c < n; ++c) s += a[c] * b[c];
   return s;
 }
+
+namespace {
 
 // out[c] = (x[c] r) w[c]
 NDT_VECTOR_CLONES void scale_rows_f32(const float* x, float r, const float* w, float* out, int64_t n) {
