@@ -100,7 +100,17 @@ const std::map<std::string, std::vector<Figures>> kRecorded = {
       {{"2.799746572971344", "2.6450431346893311", "2.5509244203567505"}, "684bf5c310ffdc4a", "789c31abb9a651eb"},  // fsdp2 x tp2
       {{"2.7997244000434875", "2.6440155506134033", "2.5526340007781982"}, "13c513dc89942756", "7a170a56e67f276e"},  // fsdp2 bf16 recompute
      }},
-
+    {"x86-64 AVX-512, OpenBLAS Haswell, oneDNN bf16 on AMX",  // an Intel Xeon with AMX (Sapphire Rapids)
+     {
+      {{"2.7997465133666992", "2.6450431346893311", "2.55092453956604"}, "9f0baa4613b606e1", "0ea00bf64c5e05f8"},  // one process
+      {{"2.799746572971344", "2.6450431942939758", "2.5509244203567505"}, "b5e00c9bad7653c6", "227ab70577069894"},  // dp2
+      {{"2.799746572971344", "2.6450431346893311", "2.5509244203567505"}, "acd24235cb9859b4", "f198a455f12ee711"},  // fsdp2
+      {{"2.7997465431690216", "2.6450431346893311", "2.5509244501590729"}, "86b4c4be3272abf5", "9635a6f9193e6388"},  // hsdp 2x2
+      {{"2.7997465133666992", "2.6450431346893311", "2.55092453956604"}, "e16dfefc63cf49ea", "a46b1c7ea728a049"},  // tp2
+      {{"2.799746572971344", "2.6450431346893311", "2.5509244799613953"}, "a76dd71412fb63a3", "c8a35f5b982684f1"},  // cp2
+      {{"2.799746572971344", "2.6450431346893311", "2.5509244203567505"}, "684bf5c310ffdc4a", "789c31abb9a651eb"},  // fsdp2 x tp2
+      {{"2.7997244000434875", "2.6440155506134033", "2.5526334643363953"}, "f624cdd48034c1af", "e1f93967c90bf63f"},  // fsdp2 bf16 recompute
+     }},
     // clang-format on
 };
 
@@ -112,7 +122,11 @@ std::string machine() {
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return "";
   // bf16 GEMMs run on oneDNN's kernels where the CPU has bf16 units (tensor/cpu/onednn_gemm)
-  const std::string bf16 = ndt::cpu::bf16_gemm_native() ? ", oneDNN bf16" : "";
+  // (their last bits differ between AVX512-BF16 and AMX kernels: oneDNN picks AMX where it is)
+  const std::string lib = ndt::cpu::bf16_gemm_library();
+  const std::string bf16 = !ndt::cpu::bf16_gemm_native()                ? ""
+                           : lib.find("amx") != std::string::npos ? ", oneDNN bf16 on AMX"
+                                                                   : ", oneDNN bf16";
   return (__builtin_cpu_supports("avx512f") ? "x86-64 AVX-512, OpenBLAS Haswell" : kAvx2) + bf16;
 #else
   return "";
