@@ -9,9 +9,7 @@
 namespace ndt::dist {
 
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
-                          bool sequence_parallel, int64_t pp_virtual) {
-  NDT_CHECK(dims.pp * pp_virtual <= cfg.n_layer, "parallel.pp_size", pp_virtual > 1 ? " x parallel.pp_virtual = " : " = ",
-            dims.pp * pp_virtual, " pipeline stages need at least as many blocks, but model.n_layer is ", cfg.n_layer);
+                          bool sequence_parallel) {
   if (dims.tp > 1) check_tensor_parallel(cfg, dims.tp);
   if (dims.cp > 1) check_context_parallel(seq_len, dims.cp);
   if (dims.tp > 1 && sequence_parallel) check_sequence_parallel(seq_len, dims.cp, dims.tp);
@@ -52,41 +50,81 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
     pm->strategy = std::make_unique<NoParallelism>(pm->params, tp);
   }
   pm->strategy->read_sequence_split(&pm->split_);
-  // 6: the pipeline over this rank's chunks
-  if (dims.pp > 1) {
-    const models::PipelinePart& part = gpt.part();
-    const bool tied_ends = gpt.cfg.tied() && (part.first || part.last);
-    // the tied embeddings' gradients: summed between the two ends; in the norm, each end's counts half
-    pm->ends_ = mesh.pp().split(part.first || part.last ? 0 : 1, part.first ? 0 : 1, "pp_ends");
-    if (part.first || part.last) {  // members: the first stage, the last; counted like the mesh's groups
-      std::vector<bool> remote;
-      for (const int64_t stage : {int64_t(0), dims.pp - 1}) {
-        ParallelDims::Coords c = mesh.coords();
-        c.pp = stage;
-        remote.push_back(mesh.hosts()[static_cast<size_t>(dims.rank_of(c))] !=
-                         mesh.hosts()[static_cast<size_t>(dims.rank_of(mesh.coords()))]);
-      }
-      pm->ends_->set_remote_members(std::move(remote));
-      pm->ends_->set_description("the pipeline's first and last stage (the tied embeddings' sum)");
-      pm->ends_->set_trace(o.trace);
-    }
-    pm->strategy->read_pipeline(&mesh.pp(), tied_ends ? 0.5 : 1.0);
-    pm->tied_ends_ = tied_ends;
-    pm->pp_blocks = o.pp_blocks;
-    const int64_t C = gpt.cfg.n_embd, tp = dims.tp;
-    SequenceSplit* split = &pm->split_;
-    auto io_shape = [C, tp, split](const Tensor& idx) -> Shape {
-      const bool sp = split->sequence_parallel && split->active;
-      return {idx.size(0), idx.size(1) / (sp ? tp : 1), C};
-    };
-    const int64_t v = static_cast<int64_t>(part.chunks.size());
-    pm->pipeline = std::make_unique<Pipeline>(
-        gpt, mesh.pp(), *pm->strategy,
-        pp::make_schedule(pp::parse_kind(o.pp_schedule), static_cast<int>(dims.pp), static_cast<int>(o.micro_batches),
-                          static_cast<int>(v)),
-        io_shape, o.compute_dtype.value_or(DType::f32), o.trace);
-  }
+  // 6: the step's schedule over this rank's chunks (one stage: plain gradient accumulation)
+  if (dims.pp > 1) pm->join_pipeline_ends(gpt, mesh, o.trace);
+  pm->gpt_ = &gpt;
+  pm->device_ = o.device;
+  pm->pp_blocks = o.pipeline.blocks;
+  const int64_t C = gpt.cfg.n_embd, tp_size = dims.tp;
+  SequenceSplit* split = &pm->split_;
+  auto io_shape = [C, tp_size, split](const Tensor& idx) -> Shape {  // what travels between stages
+    return {idx.size(0), idx.size(1) / (split->sequence_parallel_now() ? tp_size : 1), C};
+  };
+  pm->step_ = std::make_unique<Pipeline>(gpt, mesh.pp(), *pm->strategy, o.pipeline.schedule, io_shape,
+                                         o.compute_dtype.value_or(DType::f32), o.trace);
   return pm;
+}
+
+// The tied embeddings' gradients: summed between the first and the last stage; in the
+// norm, each end's counts half.
+void ParallelModel::join_pipeline_ends(const models::GPT& gpt, const DeviceMesh& mesh, Trace* trace) {
+  const ParallelDims& dims = mesh.dims();
+  const models::PipelinePart& part = gpt.part();
+  const bool ends = part.first || part.last;
+  tied_ends_ = gpt.cfg.tied() && ends;
+  ends_ = mesh.pp().split(ends ? 0 : 1, part.first ? 0 : 1, "pp_ends");
+  if (ends) {  // members: the first stage, the last; counted like the mesh's groups
+    std::vector<bool> remote;
+    for (const int64_t stage : {int64_t(0), dims.pp - 1}) {
+      ParallelDims::Coords c = mesh.coords();
+      c.pp = stage;
+      remote.push_back(mesh.hosts()[static_cast<size_t>(dims.rank_of(c))] !=
+                       mesh.hosts()[static_cast<size_t>(dims.rank_of(mesh.coords()))]);
+    }
+    ends_->set_remote_members(std::move(remote));
+    ends_->set_description("the pipeline's first and last stage (the tied embeddings' sum)");
+    ends_->set_trace(trace);
+  }
+  strategy->read_pipeline(&mesh.pp(), tied_ends_ ? 0.5 : 1.0);
+}
+
+std::vector<Pipeline::Batch> ParallelModel::local(const std::vector<Batch>& batches) const {
+  std::vector<Pipeline::Batch> out;
+  for (const Batch& b : batches) {  // CP: this rank's two chunks of each sequence
+    out.push_back({(cp_ ? cp_->local(b.inputs) : b.inputs).to(device_),
+                   (cp_ ? cp_->local(b.targets) : b.targets).to(device_)});
+  }
+  return out;
+}
+
+double ParallelModel::train(const std::vector<Batch>& micro, const std::function<void(int64_t)>& on_action) {
+  params.zero_grad();
+  const double m = static_cast<double>(micro.size());
+  const double loss_sum = step_->train(local(micro), 1.0 / m, on_action);  // mean over micro-batches
+  end_accumulation();
+  return mean_over_ranks(loss_sum / m);
+}
+
+double ParallelModel::evaluate(const std::vector<Batch>& batches) {
+  strategy->begin_forward_only();
+  const double loss_sum = step_->evaluate(local(batches));
+  strategy->end_forward_only();
+  return mean_over_ranks(loss_sum / static_cast<double>(batches.size()));
+}
+
+// Every rank draws the same tokens (the same seed): sharded or tensor-parallel, each takes
+// part in the collectives; otherwise (DP, CP: each runs the whole sequence here) each samples
+// on its own. A pipeline's stages run their blocks in turn and the last one's logits come back.
+std::vector<int32_t> ParallelModel::generate(const std::vector<int32_t>& prompt, const models::SampleOptions& o) {
+  strategy->begin_forward_only();
+  split_.active = false;  // whole sequences: CP's chunks and sequence parallelism's parts off
+  models::LogitsFn through_stages;
+  if (step_->schedule().p > 1)
+    through_stages = [this](const Tensor& idx, int64_t pos_offset) { return step_->next_token_logits(idx, pos_offset); };
+  std::vector<int32_t> ids = models::generate(*gpt_, prompt, o, device_, {}, through_stages);
+  split_.active = true;
+  strategy->end_forward_only();
+  return ids;
 }
 
 void ParallelModel::end_accumulation() {
@@ -104,16 +142,10 @@ std::vector<Communicator*> ParallelModel::own_communicators() const {
   return {ends_.get()};
 }
 
-Tensor ParallelModel::local(const Tensor& tokens) const { return cp_ ? cp_->local(tokens) : tokens; }
-
 double ParallelModel::mean_over_ranks(double loss) const {
   loss = mesh_->dp().all_reduce_scalar(loss, ReduceOp::kAvg);
   return cp_ ? mesh_->cp().all_reduce_scalar(loss, ReduceOp::kAvg) : loss;
 }
-
-bool ParallelModel::forward_is_collective() const { return fsdp_ || mesh_->dims().tp > 1 || pipeline; }
-
-void ParallelModel::split_sequences(bool on) { split_.active = on; }
 
 Tensor ParallelModel::whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const {
   return fsdp_ ? fsdp_->gather_buffer(u, shard) : shard;

@@ -12,18 +12,20 @@
 //                         same numbers as one process would draw, in any layout
 //   5. data parallel      FSDP/HSDP (a wrapper outside checkpointing, so that a recompute
 //                         finds its block gathered), DP's gradient hooks, or nothing
-//   6. pipeline parallel  the schedule this rank runs its model chunks in (the model was
-//                         described with only this rank's blocks: models::PipelinePart,
-//                         dist/pipeline_parallel/stages.h)
+//   6. the step           the schedule this rank runs its model chunks in: the pipeline's
+//                         (the model was described with only this rank's blocks:
+//                         dist/pipeline_parallel/stages.h), or with one stage F0 B0 F1 B1 ...,
+//                         plain gradient accumulation, through the same executor
 //
 //   dist::check_parallel_model(gpt.cfg, mesh.dims(), seq_len);  // sizes that do not divide
 //   std::unique_ptr<dist::ParallelModel> pm = dist::parallelize(gpt, mesh, {device, seed, ...});
-//   pm->strategy->begin_micro(sync); ... gpt.forward(pm->local(inputs), pm->local(targets)) ...
+//   double loss = pm->train(micro_batches);   // forwards, backwards, reduced gradients
+//   opt.step(lr, clip_scale(pm->strategy->grad_norm(), max)); pm->strategy->end_step();
 //
 // What the training loop needs afterwards lives in ParallelModel: the buffers, the strategy
-// (the hooks of dist/strategy.h) and the few questions whose answer depends on the layout
-// (this rank's part of a batch, the mean loss over ranks, whole buffers for checkpoints),
-// so the loop itself does not branch on tp, cp or fsdp.
+// (the hooks of dist/strategy.h), a step's micro-batches, evaluation and sampling, and the
+// few questions whose answer depends on the layout (the mean loss over ranks, whole buffers
+// for checkpoints), so the loop itself never branches on pp, tp, cp or fsdp.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +38,9 @@
 #include "dist/pipeline_parallel/pipeline.h"
 #include "dist/sequence_split.h"
 #include "dist/strategy.h"
+#include "dist/pipeline_parallel/stages.h"
 #include "dist/trace.h"
+#include "models/generate.h"
 #include "models/gpt.h"
 #include "nn/flat.h"
 #include "nn/block_wrapper.h"
@@ -54,17 +58,15 @@ struct ParallelizeOptions {
   nn::ACMode ac = nn::ACMode::none;    // activation checkpointing ...
   int64_t ac_every = 1;                // ... of blocks 0, k, 2k, ...
   Trace* trace = nullptr;              // each block's forward on the compute track
-  // pipeline parallelism: the schedule (pp::parse_kind's names) and its micro-batches
-  std::string pp_schedule = "1f1b";
-  int64_t micro_batches = 1;
-  std::vector<int64_t> pp_blocks;  // the blocks of each virtual stage (stages.h)
+  PipelineLayout pipeline;             // the stages' blocks and the step's schedule (stages.h)
 };
 
 // Throws ndt::Error when the model or the sequence cannot be split as the mesh asks
 // (heads, MLP or padded vocabulary that tp does not divide; seq_len that 2 cp does not;
-// with sequence parallelism, seq_len / cp that tp does not; fewer blocks than pipeline stages).
+// with sequence parallelism, seq_len / cp that tp does not). The pipeline's rules:
+// plan_pipeline (stages.h).
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
-                          bool sequence_parallel = false, int64_t pp_virtual = 1);
+                          bool sequence_parallel = false);
 
 // Not copied or moved: the strategy and the model's hooks refer to its buffers.
 class ParallelModel {
@@ -75,25 +77,27 @@ class ParallelModel {
 
   nn::FlatParams params;               // this rank's shards (and TP slices)
   std::unique_ptr<Strategy> strategy;  // FSDP/HSDP, DP or NoParallelism
-  std::unique_ptr<Pipeline> pipeline;  // pp > 1: runs the model's chunks (else none)
-
-  std::vector<int64_t> pp_blocks;      // pp > 1: the blocks of each virtual stage
+  std::vector<int64_t> pp_blocks;      // the blocks of each virtual stage ({n_layer}: one stage)
   const DeviceMesh& mesh() const { return *mesh_; }
+  const pp::Schedule& schedule() const { return step_->schedule(); }
 
-  // After the step's last backward: the strategy's end_accumulation, then (pipeline with tied
-  // embeddings) the sum of the embeddings' gradients of the first and the last stage.
-  void end_accumulation();
+  // A batch of whole sequences: tokens and next tokens, (B, T) i32 on any device.
+  struct Batch {
+    Tensor inputs, targets;
+  };
+  // One optimizer step's forwards and backwards, whatever the layout: the gradients zeroed,
+  // the micro-batches run in the schedule's order (each weighing 1/m), the gradients reduced
+  // (the strategy's end_accumulation; a pipeline with tied embeddings then sums the
+  // embeddings' gradients of its first and last stage). Returns the mean loss over every
+  // token of the step, the same on every rank. on_action(j) is told before each forward or
+  // backward which micro-batch it runs.
+  double train(const std::vector<Batch>& micro, const std::function<void(int64_t)>& on_action = {});
+  // The mean loss of these batches without gradients (a collective: every rank runs it).
+  double evaluate(const std::vector<Batch>& batches);
+  // prompt -> prompt and new tokens, every rank drawing the same (a collective where the
+  // forward is one): whole sequences on every rank, through the stages of a pipeline.
+  std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const models::SampleOptions& o);
 
-  // (B, T) tokens of whole sequences -> this rank's part (CP: its two chunks of each).
-  Tensor local(const Tensor& tokens) const;
-  // A loss computed on this rank's sequences and chunks -> the mean over every token of the
-  // step (each dp and cp rank holds as many tokens as any other; tp ranks hold the same loss).
-  double mean_over_ranks(double loss) const;
-  // True when a forward is collective (FSDP gathers, TP reduces): every rank must run it.
-  bool forward_is_collective() const;
-  // While false, every rank runs whole sequences (sampling): CP's chunks and sequence
-  // parallelism's parts are off.
-  void split_sequences(bool on);
   // Checkpoints and weight files in the single-process layout: a unit buffer whole (FSDP:
   // all-gathered over the shard group) and a parameter whole (TP: gathered over the tp group).
   Tensor whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const;
@@ -105,7 +109,20 @@ class ParallelModel {
  private:
   friend std::unique_ptr<ParallelModel> parallelize(models::GPT&, const DeviceMesh&,
                                                     const ParallelizeOptions&);
+  // (B, T) tokens of whole sequences -> this rank's part on its device (CP: its two chunks of each).
+  std::vector<Pipeline::Batch> local(const std::vector<Batch>& batches) const;
+  // A loss computed on this rank's sequences and chunks -> the mean over every token of the
+  // step (each dp and cp rank holds as many tokens as any other; tp ranks hold the same loss).
+  double mean_over_ranks(double loss) const;
+  // After the step's last backward: the strategy's end_accumulation, then (pipeline with tied
+  // embeddings) the sum of the embeddings' gradients of the first and the last stage.
+  void end_accumulation();
+  // The stages' ends under pp > 1: who sums the tied embeddings' gradients (ends_).
+  void join_pipeline_ends(const models::GPT& gpt, const DeviceMesh& mesh, Trace* trace);
+  const models::GPT* gpt_ = nullptr;
+  Device device_;
   const DeviceMesh* mesh_ = nullptr;
+  std::unique_ptr<Pipeline> step_;            // the executor of every step's schedule
   FullyShardedDataParallel* fsdp_ = nullptr;  // the strategy, when sharded
   std::unique_ptr<ContextParallel> cp_;       // when cp > 1
   std::shared_ptr<Communicator> ends_;        // pp > 1: the first and the last stage

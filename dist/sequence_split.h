@@ -6,7 +6,7 @@
 //                          attention and the MLP (dist/tensor_parallel/tensor_parallel.h)
 //
 // Training and evaluation split; sampling runs whole sequences of any length on every rank,
-// so ParallelModel::split_sequences(false) turns both off around it. The strategy reads
+// so ParallelModel::generate turns both off around it. The strategy reads
 // `sequence_parallel` alone: whether the unsplit parameters' gradients are partial.
 #pragma once
 

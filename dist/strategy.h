@@ -21,10 +21,12 @@
 // DataParallel (dist/data_parallel.h), FullyShardedDataParallel (dist/fsdp/fsdp.h, also
 // HSDP). dist/parallelize.h picks one for a mesh.
 //
-// Under pipeline parallelism (dist/pipeline_parallel/) the forwards and backwards of
-// different micro-batches interleave: begin_micro comes before each of them, end_micro after
-// each backward, and sync is true for the backward of a model chunk's last micro-batch: the
-// last that reaches the chunk's units, whose reductions then are the step's.
+// The loop above is what dist::Pipeline (dist/pipeline_parallel/) runs for one stage, the
+// schedule F0 B0 F1 B1 ... Under pipeline parallelism the forwards and backwards of
+// different micro-batches interleave: begin_micro comes before each of them (but a backward
+// right after its own forward, which continues its micro-step), end_micro after each
+// backward, and sync is true for the backward of a model chunk's last micro-batch: the last
+// that reaches the chunk's units, whose reductions then are the step's.
 #pragma once
 
 #include <memory>

@@ -499,13 +499,15 @@ TEST_F(DistTrain, BadPipelineLayoutsAreOneClearLine) {
       {2, "--parallel.pp_size 2 --parallel.pp_split 1,2",
        "it needs 2 entries (parallel.pp_size x parallel.pp_virtual) summing to model.n_layer = 4"},
       {4, "--parallel.pp_size 4 --train.grad_accum_steps 2 --model.n_layer 3",
-       "parallel.pp_size = 4 pipeline stages need at least as many blocks, but model.n_layer is 3"},
+       "parallel.pp_size x parallel.pp_virtual = 4 pipeline stages need at least that many blocks, but model.n_layer is 3"},
       {2, "--parallel.pp_size 2 --parallel.pp_schedule interleaved --parallel.pp_virtual 2 --train.grad_accum_steps 3",
-       "train.grad_accum_steps = 3 must be a multiple of it"},
-      {2, "--parallel.pp_size 2 --parallel.pp_virtual 2", "parallel.pp_virtual = 2 is for parallel.pp_schedule = interleaved"},
-      {2, "--parallel.pp_size 2 --parallel.pp_schedule zb", "parallel.pp_schedule must be gpipe, 1f1b, interleaved or zb-h1"},
+       "train.grad_accum_steps = 3 (m): pipeline schedule interleaved: m (micro-batches) must be a multiple of p"},
+      {2, "--parallel.pp_size 2 --parallel.pp_virtual 2", "pipeline schedule 1f1b: v (chunks per rank) must be 1, got 2; only interleaved runs several chunks"},
+      {2, "--parallel.pp_size 2 --parallel.pp_schedule zb", "parallel.pp_schedule: pipeline schedule 'zb' is not one of: gpipe, 1f1b, interleaved, zb-h1"},
       {2, "--parallel.pp_size 2 --parallel.pp_schedule interleaved --parallel.pp_virtual 3",
-       "parallel.pp_size x parallel.pp_virtual = 6 pipeline stages need at least as many blocks"},
+       "parallel.pp_size x parallel.pp_virtual = 6 pipeline stages need at least that many blocks"},
+      // one stage runs its schedule too: interleaving needs stages to interleave
+      {1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", "needs p (pipeline ranks) >= 2"},
   };
   for (const Bad& b : bad) {
     const std::string layers = b.args.find("n_layer") == std::string::npos ? "--model.n_layer 4 " : "";

@@ -1,5 +1,6 @@
 #include "train/config.h"
 
+#include "dist/pipeline_parallel/schedule.h"
 #include "train/checkpoint/hf.h"
 
 #include <algorithm>
@@ -654,14 +655,12 @@ void validate_parallel(const Config& c, const Checks& ck) {
   ck.range("parallel.cp_size", c.parallel.cp_size, 1, 1 << 16);
   ck.range("parallel.pp_size", c.parallel.pp_size, 1, 1 << 12);
   ck.range("parallel.pp_virtual", c.parallel.pp_virtual, 1, 1 << 12);
-  const std::string& k = c.parallel.pp_schedule;
-  ck.need(k == "gpipe" || k == "1f1b" || k == "interleaved" || k == "zb-h1",
-          "parallel.pp_schedule must be gpipe, 1f1b, interleaved or zb-h1, got '" + k + "'");
-  ck.need((k == "interleaved") == (c.parallel.pp_virtual > 1),
-          k == "interleaved" ? "parallel.pp_schedule = interleaved needs parallel.pp_virtual >= 2 (model chunks per "
-                               "pipeline rank), got " + std::to_string(c.parallel.pp_virtual)
-                             : "parallel.pp_virtual = " + std::to_string(c.parallel.pp_virtual) +
-                                   " is for parallel.pp_schedule = interleaved (now " + k + "); set it to 1");
+  // the schedule's name here; its other rules with the model's (dist::plan_pipeline)
+  try {
+    dist::pp::parse_kind(c.parallel.pp_schedule);
+  } catch (const Error& e) {
+    ck.need(false, "parallel.pp_schedule: " + std::string(e.what()));
+  }
   ck.range("parallel.fail_at_step", c.parallel.fail_at_step, 0, kBig);
   ck.range("parallel.fail_rank", c.parallel.fail_rank, 0, 1 << 20);
   ck.need(c.parallel.cp_size == 1 || c.train.seq_len % (2 * c.parallel.cp_size) == 0,

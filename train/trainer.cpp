@@ -157,7 +157,7 @@ class Trainer {
   void log_scalars(int64_t step, const io::Scalars& values);  // TensorBoard (log.tensorboard)
   void write_report();  // rank 0, log.report: the page of history_
   void write_trace();
-  Tensor local(const Tensor& tokens) const;  // this rank's part of a batch, on the device
+  static std::vector<dist::ParallelModel::Batch> whole_sequences(const std::vector<data::Batch>& batches);
   bool lead() const { return world_->rank() == 0; }
   // What decides the last bits of the numbers: a resume elsewhere continues, not bit for bit.
   std::string compute_identity() const {
@@ -172,7 +172,7 @@ class Trainer {
   ckpt::PruneLog prune_log_{&out_};  // old checkpoints that checkpoint.keep could not delete
   Device device_;
   dist::ParallelDims dims_;
-  std::vector<int64_t> stage_blocks_;  // pipeline parallelism: the blocks of each virtual stage
+  dist::PipelineLayout pipeline_;  // the stages' blocks and the step's schedule (one stage: F0 B0 F1 B1 ...)
   std::unique_ptr<dist::DeviceMesh> mesh_;
   std::string gpu_name_;   // the driver's name of this rank's GPU ("" on CPU)
   double peak_flops_ = 0;  // its dense peak FLOP/s for the training dtype (0: not known, no MFU)
@@ -310,33 +310,19 @@ void Trainer::describe() {
   std::string error;
   try {
     mc_.validate();
-    dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel, c_.parallel.pp_virtual);
-    if (dims_.pp > 1) {
-      if (c_.parallel.pp_schedule == "interleaved" && c_.train.grad_accum_steps % dims_.pp != 0)
-        throw ConfigError("parallel.pp_schedule = interleaved runs the micro-batches in rounds of parallel.pp_size = " +
-                          std::to_string(dims_.pp) + ": train.grad_accum_steps = " +
-                          std::to_string(c_.train.grad_accum_steps) + " must be a multiple of it");
-      stage_blocks_ = dist::stage_blocks(mc_, c_.train.seq_len, dims_.pp * c_.parallel.pp_virtual, c_.parallel.pp_split);
-      dist::pp::validate(dist::pp::make_schedule(dist::pp::parse_kind(c_.parallel.pp_schedule),
-                                                 static_cast<int>(dims_.pp), static_cast<int>(c_.train.grad_accum_steps),
-                                                 static_cast<int>(c_.parallel.pp_virtual)));
-    }
+    dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel);
+    pipeline_ = dist::plan_pipeline(mc_, c_.train.seq_len,
+                                    {.stages = dims_.pp, .chunks = c_.parallel.pp_virtual,
+                                     .schedule = c_.parallel.pp_schedule, .split = c_.parallel.pp_split,
+                                     .micro_batches = c_.train.grad_accum_steps});
   } catch (const Error& e) {
     error = e.what();
   }
   agree_on_start(error, *world_);
   // names, global shapes, init rules; no memory yet. Under pipeline parallelism only this
   // rank's blocks (and the embeddings or head of the first or last stage)
-  models::PipelinePart part;
-  if (dims_.pp > 1) {
-    part = dist::pipeline_part(stage_blocks_, dims_.pp, mesh_->coords().pp);
-    out_ << "pipeline: " << dims_.pp << " stages";
-    if (c_.parallel.pp_virtual > 1) out_ << " x " << c_.parallel.pp_virtual << " model chunks per rank";
-    out_ << ", blocks per stage";
-    for (int64_t n : stage_blocks_) out_ << " " << n;
-    out_ << ", schedule " << c_.parallel.pp_schedule << " over " << c_.train.grad_accum_steps << " micro-batches\n";
-  }
-  gpt_ = std::make_unique<models::GPT>(mc_, part);
+  if (const std::string line = pipeline_.describe(); !line.empty()) out_ << line << "\n";
+  gpt_ = std::make_unique<models::GPT>(mc_, pipeline_.part(mesh_->coords().pp));
   int64_t param_count = 0;
   for (const nn::ParamSpec& p : gpt_->parameters())
     param_count = checked_add(param_count, numel_of(p.shape), "parameter count");
@@ -361,9 +347,7 @@ void Trainer::parallelize() {
   o.ac = ac_mode(c_.train);
   o.ac_every = c_.train.ac_every;
   o.trace = trace_.get();
-  o.pp_schedule = c_.parallel.pp_schedule;
-  o.micro_batches = c_.train.grad_accum_steps;
-  o.pp_blocks = stage_blocks_;
+  o.pipeline = pipeline_;
   pm_ = dist::parallelize(*gpt_, *mesh_, o);
   if (o.ac != nn::ACMode::none) {
     const int64_t k = c_.train.ac_every;
@@ -628,45 +612,25 @@ std::vector<data::Batch> Trainer::read_val_batches() {
 
 double Trainer::evaluate(const std::vector<data::Batch>& batches) {
   autograd::NoGradGuard no_grad;
-  pm_->strategy->begin_forward_only();
-  double total = 0;
-  if (pm_->pipeline) {
-    std::vector<dist::Pipeline::Batch> micro;
-    for (const data::Batch& b : batches) micro.push_back({local(b.inputs), local(b.targets)});
-    total = pm_->pipeline->evaluate(micro);
-  } else {
-    for (const data::Batch& b : batches) total += gpt_->forward(local(b.inputs), local(b.targets)).loss.item();
-  }
-  pm_->strategy->end_forward_only();
-  return pm_->mean_over_ranks(total / static_cast<double>(batches.size()));
+  return pm_->evaluate(whole_sequences(batches));
 }
 
-Tensor Trainer::local(const Tensor& tokens) const {
-  return pm_->local(tokens).to(device_);  // CP: this rank's two chunks
+std::vector<dist::ParallelModel::Batch> Trainer::whole_sequences(const std::vector<data::Batch>& batches) {
+  std::vector<dist::ParallelModel::Batch> out;
+  for (const data::Batch& b : batches) out.push_back({b.inputs, b.targets});
+  return out;
 }
 
 std::vector<int32_t> Trainer::generate_sample(int64_t step) {
   if (!vocab_ || c_.sample.length == 0) return {};
-  // Every rank draws the same tokens (the same seed): sharded or tensor-parallel, each takes
-  // part in the collectives; otherwise (DP, CP: each runs the whole sequence here) each
-  // samples on its own, so that no rank waits in the next collective while rank 0 alone
-  // samples (a sample longer than parallel.timeout_s would end a healthy job)
-  const std::vector<int32_t> prompt = vocab_->encode_prompt(c_.sample.prompt);
-  pm_->strategy->begin_forward_only();
-  pm_->split_sequences(false);
+  // every rank draws the same tokens: under FSDP or TP each takes part in the collectives,
+  // and otherwise no rank waits in the next collective while rank 0 alone samples (a sample
+  // longer than parallel.timeout_s would end a healthy job)
   models::SampleOptions o;
   o.max_new_tokens = c_.sample.length, o.temperature = c_.sample.temperature, o.top_k = c_.sample.top_k;
   o.top_p = c_.sample.top_p, o.seed = static_cast<uint64_t>(c_.train.seed + step);
   if (vocab_->eos_id()) o.stop_ids = {*vocab_->eos_id()};  // a tokenizer's end of text ends the sample
-  models::LogitsFn through_pipeline;  // pipeline: every stage runs its blocks, the last one's logits come back
-  if (pm_->pipeline)
-    through_pipeline = [this](const Tensor& idx, int64_t pos_offset) {
-      return pm_->pipeline->next_token_logits(idx, pos_offset);
-    };
-  std::vector<int32_t> ids = models::generate(*gpt_, prompt, o, device_, {}, through_pipeline);
-  pm_->split_sequences(true);
-  pm_->strategy->end_forward_only();
-  return ids;
+  return pm_->generate(vocab_->encode_prompt(c_.sample.prompt), o);
 }
 
 void Trainer::print_sample(int64_t step, const std::vector<int32_t>& ids) {
@@ -711,48 +675,16 @@ double Trainer::train_step(int64_t step) {
             " micro-batches read ahead, not train.grad_accum_steps = ", c_.train.grad_accum_steps);
   const std::vector<data::Batch> batches = std::move(batches_);
   batches_.clear();
-  pm_->params.zero_grad();
   const int64_t accum = c_.train.grad_accum_steps;
-  if (pm_->pipeline) {  // the schedule orders the micro-batches' forwards and backwards
-    std::vector<dist::Pipeline::Batch> micro;
-    for (const data::Batch& b : batches) micro.push_back({local(b.inputs), local(b.targets)});
-    int64_t actions = 0;
-    const double loss_sum = pm_->pipeline->train(micro, 1.0 / static_cast<double>(accum), [&](int64_t j) {
-      flight_.set_micro(j, accum);
-      if (step + 1 == c_.parallel.fail_at_step && ++actions == 2 && world_->rank() == c_.parallel.fail_rank)
-        throw Error("parallel.fail_at_step = " + std::to_string(step + 1) +
-                    ": failing on purpose in the middle of the step (a rehearsal)");
-    });
-    pm_->end_accumulation();
-    flight_.set_micro(-1, accum);
-    return pm_->mean_over_ranks(loss_sum / static_cast<double>(accum));
-  }
-  // the micro-batches' losses stay on the device until every backward is queued: reading
-  // one between its forward and backward would make the host wait for the device there
-  std::vector<Tensor> losses;
-  for (int64_t micro = 0; micro < c_.train.grad_accum_steps; ++micro) {
-    const data::Batch& b = batches[static_cast<size_t>(micro)];
-    flight_.set_micro(micro, c_.train.grad_accum_steps);
-    pm_->strategy->begin_micro(/*sync=*/micro == c_.train.grad_accum_steps - 1);
-    Tensor loss = gpt_->forward(local(b.inputs), local(b.targets)).loss;
-    losses.push_back(loss.detach());
-    if (step + 1 == c_.parallel.fail_at_step && micro == 0 && world_->rank() == c_.parallel.fail_rank)
+  int64_t actions = 0;  // the schedule's forwards and backwards on this rank, in order
+  const double loss = pm_->train(whole_sequences(batches), [&](int64_t micro) {
+    flight_.set_micro(micro, accum);
+    if (step + 1 == c_.parallel.fail_at_step && ++actions == 2 && world_->rank() == c_.parallel.fail_rank)
       throw Error("parallel.fail_at_step = " + std::to_string(step + 1) +
                   ": failing on purpose in the middle of the step (a rehearsal)");
-    // mean over micro-batches: each backward adds 1/accum of its gradient
-    {
-      dist::Trace::Scope s(trace_.get(), "backward", dist::Trace::kCompute);
-      backward(c_.train.grad_accum_steps == 1
-                   ? loss
-                   : scale(loss, 1.0 / static_cast<double>(c_.train.grad_accum_steps)));
-    }
-    pm_->strategy->end_micro();
-  }
-  pm_->end_accumulation();
-  flight_.set_micro(-1, c_.train.grad_accum_steps);  // the gradient norm, the optimizer
-  double loss_sum = 0;
-  for (const Tensor& l : losses) loss_sum += l.item();
-  return pm_->mean_over_ranks(loss_sum / static_cast<double>(c_.train.grad_accum_steps));
+  });
+  flight_.set_micro(-1, accum);  // the gradient norm, the optimizer
+  return loss;
 }
 
 // A failure between steps (reading evaluation or training data, printing a sample) must
@@ -975,7 +907,7 @@ void Trainer::write_report() {
                  {"data.val", c_.data.val.empty() ? "(none)" : c_.data.val},
                  {"train.eval_every", std::to_string(c_.train.eval_every)},
                  {"train.seed", std::to_string(c_.train.seed)}};
-  if (dims_.pp > 1) info.config.push_back({"parallel.pp_schedule", c_.parallel.pp_schedule});
+  info.config.push_back({"step schedule", pipeline_.summary()});
   const std::vector<StepLog>& st = history_.steps;
   if (!st.empty()) {
     info.summary.push_back("steps " + std::to_string(st.front().step + 1) + " to " + std::to_string(st.back().step + 1) +

@@ -109,6 +109,12 @@ void Pipeline::run(const std::vector<pp::Action>& actions, const std::vector<Bat
   std::vector<size_t> last_grad(static_cast<size_t>(schedule_.v), actions.size());
   for (size_t i = 0; i < actions.size(); ++i)
     if (actions[i].op != pp::Op::kF) last_grad[static_cast<size_t>(actions[i].chunk)] = i;
+  // A micro-step begins before each action but a B that continues its F's (schedule.h),
+  // and the F then takes the B's sync.
+  auto syncs = [&](size_t i) {
+    const size_t j = pp::continues_micro_step(actions, i + 1) ? i + 1 : i;
+    return j == last_grad[static_cast<size_t>(actions[j].chunk)];
+  };
   // the receive of action i's input (comm.h says when it is posted)
   auto incoming = [&](size_t i) {
     std::string what;
@@ -122,7 +128,7 @@ void Pipeline::run(const std::vector<pp::Action>& actions, const std::vector<Bat
     if (on_micro) on_micro(a.micro);
     const Tensor received = comm_.wait(next);
     if (ahead && i + 1 < actions.size()) next = incoming(i + 1);  // runs under this action
-    if (training) strategy_.begin_micro(/*sync=*/i == last_grad[static_cast<size_t>(a.chunk)]);
+    if (training && !pp::continues_micro_step(actions, i)) strategy_.begin_micro(syncs(i));
     int to = -1;
     std::string what_out;
     const Tensor out = act(a, micro[static_cast<size_t>(a.micro)], received, training, loss_scale, to, what_out);

@@ -14,6 +14,9 @@
 //   W(j, c)  ... this pass, which computes them (autograd/defer.h) where the stage would
 //            otherwise idle
 //
+// One stage is a pipeline too: its schedule F0 B0 F1 B1 ... is plain gradient accumulation,
+// so every layout's step runs here (dist::ParallelModel::train).
+//
 // The model stays single-device code: each rank's models::GPT holds only its blocks
 // (models::PipelinePart) and GPT::forward_chunk runs one chunk. Data parallelism, FSDP, TP
 // and CP work inside each stage as they do without a pipeline: the strategy (strategy.h)

@@ -122,6 +122,11 @@ Kind parse_kind(const std::string& name) {
   NDT_FAIL("pipeline schedule '", name, "' is not one of: ", kKindNames);
 }
 
+bool continues_micro_step(const std::vector<Action>& actions, size_t i) {
+  return i > 0 && i < actions.size() && actions[i].op == Op::kB && actions[i - 1].op == Op::kF &&
+         actions[i - 1].micro == actions[i].micro && actions[i - 1].chunk == actions[i].chunk;
+}
+
 Schedule make_schedule(Kind k, int p, int m, int v) {
   const std::string what = "pipeline schedule " + kind_name(k) + ": ";
   NDT_CHECK(p >= 1, what, "p (pipeline ranks) must be >= 1, got ", p);

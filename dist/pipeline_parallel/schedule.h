@@ -111,6 +111,11 @@ Simulation simulate(const Schedule& s, Timing t = {});
 // hop[s] after the action that sent it ended (the sender does not wait for it).
 Simulation simulate(const Schedule& s, const StageTiming& t);
 
+// Whether actions[i] continues the micro-step of actions[i - 1]: a B right after the F of its
+// own micro-batch and chunk (one stage runs F0 B0 F1 B1 ..., plain gradient accumulation).
+// The executor tells the strategy that a micro-step begins before every other action.
+bool continues_micro_step(const std::vector<Action>& actions, size_t i);
+
 // Throws ndt::Error naming the first problem: a rank count or action out of range; a
 // (micro, chunk) without exactly one F and one B on its rank (and one W when split, none
 // otherwise); a B before its F or a W before its B on the same rank; a link whose sends and

@@ -87,4 +87,44 @@ models::PipelinePart pipeline_part(const std::vector<int64_t>& blocks, int64_t p
   return part;
 }
 
+PipelineLayout plan_pipeline(const models::GPTConfig& cfg, int64_t seq_len, const PipelineOptions& o) {
+  PipelineLayout l;
+  l.blocks = o.stages == 1 && o.chunks == 1 ? std::vector<int64_t>{cfg.n_layer}
+                                            : stage_blocks(cfg, seq_len, o.stages * o.chunks, o.split);
+  try {
+    l.schedule = pp::make_schedule(pp::parse_kind(o.schedule), static_cast<int>(o.stages),
+                                   static_cast<int>(o.micro_batches), static_cast<int>(o.chunks));
+    pp::validate(l.schedule);
+  } catch (const Error& e) {  // the schedule's words (p, v, m) are these keys
+    throw Error("parallel.pp_schedule = " + o.schedule + " with parallel.pp_size = " + std::to_string(o.stages) +
+                " (p), parallel.pp_virtual = " + std::to_string(o.chunks) +
+                " (v) and train.grad_accum_steps = " + std::to_string(o.micro_batches) + " (m): " + e.what());
+  }
+  return l;
+}
+
+models::PipelinePart PipelineLayout::part(int64_t rank) const {
+  return pipeline_part(blocks, schedule.p, rank);
+}
+
+std::string PipelineLayout::describe() const {
+  if (!staged()) return "";
+  std::ostringstream o;
+  o << "pipeline: " << schedule.p << " stages";
+  if (schedule.v > 1) o << " x " << schedule.v << " model chunks per rank";
+  o << ", blocks per stage";
+  for (int64_t n : blocks) o << " " << n;
+  o << ", schedule " << pp::kind_name(schedule.kind) << " over " << schedule.m << " micro-batches";
+  return o.str();
+}
+
+
+std::string PipelineLayout::summary() const {
+  std::string s = pp::kind_name(schedule.kind) + " over " + std::to_string(schedule.m) + " micro-batches";
+  if (!staged()) return s + ", one stage";
+  s += ", " + std::to_string(schedule.p) + " stages";
+  if (schedule.v > 1) s += " x " + std::to_string(schedule.v) + " chunks";
+  return s;
+}
+
 }  // namespace ndt::dist

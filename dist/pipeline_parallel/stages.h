@@ -8,18 +8,52 @@
 // matrix products and attention, as GPT::flops_per_token counts them) and the last stage
 // the head's as well.
 //
-//   std::vector<int64_t> n = dist::stage_blocks(cfg, seq_len, /*stages=*/p * v, "");  // {4, 4, 3, ...}
-//   models::PipelinePart part = dist::pipeline_part(n, p, mesh.coords().pp);
-//   models::GPT gpt(cfg, part);   // only this rank's blocks are described
+// A run's pipeline, from its config, is one PipelineLayout: the blocks of each stage and the
+// schedule every rank runs, checked and built once (plan_pipeline). One stage is a pipeline
+// too: its schedule F0 B0 F1 B1 ... is plain gradient accumulation, so every layout trains
+// through the same executor (pipeline.h).
+//
+//   dist::PipelineLayout l = dist::plan_pipeline(cfg, seq_len, {.stages = p, .micro_batches = m});
+//   models::GPT gpt(cfg, l.part(mesh.coords().pp));   // only this rank's blocks are described
+//   ... dist::parallelize(gpt, mesh, {.pipeline = l, ...}) runs l.schedule
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "dist/pipeline_parallel/schedule.h"
 #include "models/gpt.h"
 
 namespace ndt::dist {
+
+// The config's words for a pipeline ([parallel] pp_size, pp_virtual, pp_schedule, pp_split;
+// [train] grad_accum_steps).
+struct PipelineOptions {
+  int64_t stages = 1;           // parallel.pp_size: pipeline ranks
+  int64_t chunks = 1;           // parallel.pp_virtual: model chunks per rank (interleaved)
+  std::string schedule = "1f1b";  // parallel.pp_schedule (pp::parse_kind's names)
+  std::string split;            // parallel.pp_split: blocks per virtual stage ("3,3,2"; "": by cost)
+  int64_t micro_batches = 1;    // train.grad_accum_steps
+};
+
+struct PipelineLayout {
+  std::vector<int64_t> blocks;  // the blocks of each virtual stage ({n_layer}: one stage)
+  pp::Schedule schedule;        // what every pipeline rank runs in one step
+  bool staged() const { return schedule.p > 1; }
+  // What pipeline rank `rank` holds (one stage: the whole model).
+  models::PipelinePart part(int64_t rank) const;
+  // One line for the run's start, "" for one stage: "pipeline: 2 stages, blocks per stage 2 2,
+  // schedule 1f1b over 4 micro-batches".
+  std::string describe() const;
+  // The schedule in a few words, for the report: "1f1b over 4 micro-batches, one stage".
+  std::string summary() const;
+};
+
+// Every pipeline rule in one place: the stages' blocks (stage_blocks), the schedule
+// (pp::make_schedule, pp::validate). Throws ndt::Error naming the config keys. One stage
+// takes the options' schedule over one rank (the default 1f1b: F0 B0 F1 B1 ...).
+PipelineLayout plan_pipeline(const models::GPTConfig& cfg, int64_t seq_len, const PipelineOptions& o);
 
 // The number of blocks of each of `stages` virtual stages: `split` ("3,3,2": parallel.pp_split)
 // when given, else the split that makes the costliest stage cheapest (ties: earlier stages

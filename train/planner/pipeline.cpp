@@ -43,17 +43,20 @@ StageView stage_view(const Config& c, const dist::ParallelDims& dims, int64_t st
     v.actions = {{dist::pp::Op::kF, 0, 0}, {dist::pp::Op::kB, 0, 0}};
     return v;
   }
-  v.v = c.parallel.pp_virtual;
-  v.m = c.train.grad_accum_steps;
+  // the trainer's layout (one place for the pipeline's rules)
+  const dist::PipelineLayout l = dist::plan_pipeline(
+      c.model, c.train.seq_len,
+      {.stages = dims.pp, .chunks = c.parallel.pp_virtual, .schedule = c.parallel.pp_schedule,
+       .split = c.parallel.pp_split, .micro_batches = c.train.grad_accum_steps});
+  const dist::pp::Schedule& s = l.schedule;
+  v.v = s.v;
+  v.m = s.m;
   v.schedule = c.parallel.pp_schedule;
-  v.blocks = dist::stage_blocks(c.model, c.train.seq_len, v.p * v.v, c.parallel.pp_split);
-  const models::PipelinePart part = dist::pipeline_part(v.blocks, v.p, stage);
+  v.blocks = l.blocks;
+  const models::PipelinePart part = l.part(stage);
   v.chunks = part.chunks;
   v.first = part.first;
   v.last = part.last;
-  const dist::pp::Schedule s = dist::pp::make_schedule(
-      dist::pp::parse_kind(v.schedule), static_cast<int>(v.p), static_cast<int>(v.m), static_cast<int>(v.v));
-  dist::pp::validate(s);
   v.split_backward = s.split_backward;
   v.actions = s.ranks[static_cast<size_t>(stage)];
   v.peak_in_flight = dist::pp::simulate(s).peak_in_flight[static_cast<size_t>(stage)];
@@ -100,10 +103,13 @@ FsdpWalk fsdp_walk(const StageView& v, bool mixed) {
     w.grad_before.push_back(grad);
     const dist::pp::Action& a = v.actions[i];
     const auto [begin, end] = v.chunk_units(static_cast<size_t>(a.chunk));
-    sync = last_grad[a.chunk] == i;
-    gather(0);  // begin_micro
-    gather(1);
-    grad[0] = true;
+    if (!dist::pp::continues_micro_step(v.actions, i)) {  // begin_micro, with its B's sync
+      const size_t j = dist::pp::continues_micro_step(v.actions, i + 1) ? i + 1 : i;
+      sync = last_grad[v.actions[j].chunk] == j;
+      gather(0);
+      gather(1);
+      grad[0] = true;
+    }
     if (a.op == dist::pp::Op::kF) {
       for (int64_t u = begin; u < end; ++u) {
         gather(static_cast<size_t>(u));

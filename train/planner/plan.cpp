@@ -828,8 +828,7 @@ Plan plan_stage(const Config& c, int64_t world, int64_t stage) {
     c.model.validate();
     // the trainer's rules (Trainer::describe): tp, cp and sequence parallelism against the
     // model, enough blocks for the stages, the split and the schedule
-    dist::check_parallel_model(c.model, p.dims, c.train.seq_len, c.parallel.sequence_parallel,
-                               c.parallel.pp_virtual);
+    dist::check_parallel_model(c.model, p.dims, c.train.seq_len, c.parallel.sequence_parallel);
     p.sequence_parallel = c.parallel.sequence_parallel && p.dims.tp > 1;
     NDT_CHECK(stage >= 0 && stage < p.dims.pp, "internal: stage ", stage, " of ", p.dims.pp);
     v = stage_view(c, p.dims, stage);
