@@ -69,6 +69,8 @@ there is a problem, 0 when there is none. Python 3 standard library only. It che
 Placeholders are skipped: an option or key whose part is `key`, `sec`, `section`, `name`,
 `...`, holds `<`, `>`, `{`, or is in capitals (`--section.key`, `--cluster.KEY`).
 
+Its own test, on small fixture trees: tests/scripts/test_check_docs.py (test_docs.sh runs both).
+
 --root DIR reads README.md and docs/ from DIR (default: this repository); --repo DIR is the
 source tree the quotes are checked against (default: the repository holding this script).
 """
