@@ -28,8 +28,8 @@
 #   set -o pipefail; NDT_GPU_CHECK_OUT=$HOME/gpu-check bash scripts/gpu_check.sh 2>&1 | tee gpu_check.log
 #
 # With NDT_GPU_CHECK_OUT set, summary.md and logs.tar.gz are written there too, also when
-# the script stops early. docs/PERFORMANCE.md ("GPU check") says what each stage proves and
-# how to read the summary.
+# the script stops early. docs/gpu-check.md says what each stage proves and how to read the
+# summary.
 #
 # Environment:
 #   NDT_BUILD_DIR        build folder (default build-gpu; reused when it is there)

@@ -175,5 +175,5 @@ cat <<EOF
      (or scripts/gpu_check.sh --quick, then --rest, where the node is held for minutes at a time;
      NDT_GPU_CHECK_OUT=DIR also leaves summary.md and logs.tar.gz in DIR)
   3. read the summary it ends with: **Result: PASSED**, or one line per failed stage
-     (docs/PERFORMANCE.md, "GPU check", says what each stage proves)
+     (docs/gpu-check.md says what each stage proves)
 EOF

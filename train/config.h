@@ -41,8 +41,13 @@ struct ModelSection : models::GPTConfig {  // [model]
     vocab_size = 256;
     block_size = 128;
   }
-  std::string init_from;  // safetensors weights to start from
-  // rope.llama3 from the config's keys: model.rope_scaling (none or llama3) and its four
+  // what to start from (empty: random init): a Hugging Face model folder (the model then comes
+  // from its config.json), a safetensors file with HF GPT-2 names, or a sharded checkpoint's
+  // step_* directory
+  std::string init_from;
+  // model.rope_scaling (none or llama3) and, for llama3, its four keys (model.rope_factor,
+  // rope_low_freq_factor, rope_high_freq_factor, rope_original_max_position), which
+  // normalize (train/config.cpp) copies into the model's rope.llama3
   std::string rope_scaling = "none";
   models::Llama3Scaling llama3;
 };
@@ -87,8 +92,10 @@ struct LogSection {  // [log]
   std::string metrics, report;
   bool metrics_every_rank = false;  // every rank writes its own metrics (rank r > 0: path.rank<r>.jsonl)
   std::string tensorboard;  // a directory: TensorBoard event files, scalars every step (rank 0)
-  std::string trace;  // Chrome trace, one file per rank (path.rankN.json)
-  std::string grads;  // the first step's gradients as whole buffers (comparing layouts)
+  std::string trace;  // Chrome trace, one file per rank (out/trace.json -> out/trace.rank0.json, ...)
+  // the first step's gradients, one whole tensor per parameter ("grad." + name), in one
+  // safetensors file that rank 0 writes: comparable between any two layouts
+  std::string grads;
   int64_t every = 1;
   double peak_tflops = 0;
 };

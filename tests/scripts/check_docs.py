@@ -36,8 +36,6 @@ there is a problem, 0 when there is none. Python 3 standard library only. It che
     [data], ... read from the options_description tables of train/config.cpp) or `plan`
     (its command-line-only options), must be a declared key; so must the `key = value` lines
     under a `[section]` header in a fenced block.
- 5. (docs/design.md) Every folder holding sources, and every header directly in dist/, is
-    named in the map of the code (check_design_map).
  4. Program options: a `--option` quoted on a command line (a fenced-block line, or inline
     code with a program in it) belongs to the nearest project program before it on that
     command (build/train_gpt, train_gpt, scripts/x.sh, python3 bench/y.py, ...) and must be
@@ -52,9 +50,26 @@ there is a problem, 0 when there is none. Python 3 standard library only. It che
     passes "$@" on to a project program also takes that program's options; one that passes
     its own "$@" to anything else takes any option), argparse `add_argument` for Python;
     Google Benchmark programs take --benchmark_*, GoogleTest programs --gtest_*.
+ 5. (docs/design.md) Every folder holding sources, and every header directly in dist/, is
+    named in the map of the code (check_design_map).
+ 6. Code names: inline code that is a qualified name (`Linear::forward`, `dist::parallelize`,
+    also as a call, `kernels::gemm(a, ...)`) or a call without arguments (`stage_blocks()`,
+    `leaf.grad()`) must name something in the C++ sources (SOURCE_EXTS under SOURCE_DIRS,
+    comments and string literals left out): every part is an identifier there, and for each
+    step `A::b` either `A::b` is written so in the code or b occurs in a file (a .h and its
+    .cpp together) that declares A (class, struct, enum, namespace, using). For `x.y()` only
+    y counts. EXTERNAL_NAMES lists the other projects' names the docs quote in this form.
+ 7. (README.md) The layout block, the fenced block under the `## Layout` heading, has one
+    entry (a line starting with a path) per top-level folder: every entry exists, and every
+    top-level folder that git tracks (not hidden) has one. Where an entry's description names
+    subfolders of its folder (`fsdp/`, `tests/support/`), each exists and all of the folder's
+    subfolders are named.
+ 8. Every page under docs/ has at most MAX_PAGE_LINES lines.
 
 Placeholders are skipped: an option or key whose part is `key`, `sec`, `section`, `name`,
 `...`, holds `<`, `>`, `{`, or is in capitals (`--section.key`, `--cluster.KEY`).
+
+Its own test, on small fixture trees: tests/scripts/test_check_docs.py (test_docs.sh runs both).
 
 --root DIR reads README.md and docs/ from DIR (default: this repository); --repo DIR is the
 source tree the quotes are checked against (default: the repository holding this script).
@@ -63,6 +78,7 @@ import argparse
 import glob
 import os
 import re
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -124,6 +140,24 @@ FILE_LINE_RE = re.compile(
 IDENT_RE = re.compile(r"^~?[A-Za-z_]\w*(?:::~?[A-Za-z_]\w*)*(?:\(\))?$")
 OPTION_RE = re.compile(r"^--[A-Za-z][\w.-]*")
 URL_RE = re.compile(r"\b(?:https?|file|ftp)://\S+|chrome://\S+")
+
+# 6. code names: the folders whose C++ sources (SOURCE_EXTS) a quoted `A::b` or `name()` must name
+SOURCE_DIRS = ["tensor", "autograd", "nn", "dist", "optim", "models", "train", "tokenizer", "tests", "bench",
+               "examples"]
+SOURCE_EXTS = (".h", ".cpp", ".cu", ".cuh")
+# `A::b` (A::b(args) too) and `name()` / `obj.name()`: the inline code the check reads as a name
+CODE_NAME_RE = re.compile(r"^(~?[A-Za-z_]\w*(?:::~?[A-Za-z_]\w*)+)(?:\(.*\))?$|"
+                          r"^(~?[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\((?:\.\.\.)?\)$")
+# names quoted in that form that are not ours (another project's API: PyTorch's
+# `torch.compile()`, transformers' `apply_chat_template()`, a Python function), each with its
+# owner. Empty now: every such name the docs quote also occurs in our code (the NCCL and cuBLAS
+# calls we make) or is quoted without the `()` form. A name of ours that went away is fixed in
+# the docs, never listed here.
+EXTERNAL_NAMES = {}
+# 7. README.md's layout block: the fenced block under this heading lists the top-level folders
+LAYOUT_HEADING = "Layout"
+# 8. the most lines a page under docs/ may have: a page longer than this is two pages
+MAX_PAGE_LINES = 600
 
 
 class Problems:
@@ -314,6 +348,103 @@ def discover_programs(repo):
     return progs
 
 
+# ---- the C++ sources: identifiers and where names are declared ----------------------------
+
+CPP_TOKEN_RE = re.compile(
+    r'R"([^()\\\s]{0,16})\((?:.|\n)*?\)\1"'  # raw string
+    r"|//[^\n]*|/\*(?:.|\n)*?\*/"  # comments
+    r'|"(?:\\.|[^"\\\n])*"|' + r"'(?:\\.|[^'\\\n])+'"  # string and character literals
+    r"|\d[\w'.]*"  # numbers (1'000, 0x1f, 1e-5f)
+    r"|([A-Za-z_]\w*(?:\s*::\s*~?[A-Za-z_]\w*)*)")  # identifiers, qualified ones whole
+
+
+class CodeIndex:
+    """Every identifier of the C++ sources under SOURCE_DIRS (outside comments and literals), the
+    qualified names written in them (`Linear::forward`, `dist::parallelize`), and per file the
+    classes, structs, enums and namespaces it declares."""
+
+    def __init__(self, root):
+        self.idents = set()  # every identifier
+        self.qualified = set()  # "A::b" for each adjacent pair of a qualified name
+        self.declared_in = {}  # name -> files that declare a class/struct/enum/namespace/alias of it
+        self.file_idents = {}  # file (without extension: a .h and its .cpp are one) -> identifiers
+        for top in SOURCE_DIRS:
+            for d, dirs, names in os.walk(os.path.join(root, top)):
+                dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith(("build", ".")))
+                for n in sorted(names):
+                    if n.endswith(SOURCE_EXTS):
+                        self.add_file(os.path.relpath(os.path.join(d, n), root),
+                                      open(os.path.join(d, n), encoding="utf-8", errors="replace").read())
+
+    def add_file(self, rel, text):
+        unit = os.path.splitext(rel)[0]
+        mine = self.file_idents.setdefault(unit, set())
+        toks = []  # each identifier, a qualified name as its parts
+        for m in CPP_TOKEN_RE.finditer(text):
+            if not m.group(2):
+                continue
+            parts = [p.strip().lstrip("~") for p in m.group(2).split("::")]
+            toks.append(parts)
+            mine.update(parts)
+            for a, b in zip(parts, parts[1:]):
+                self.qualified.add(a + "::" + b)
+        self.idents |= mine
+        for k in range(len(toks) - 1):  # class A, struct A, enum (class) A, namespace a::b, using A =
+            if toks[k] in (["class"], ["struct"], ["enum"], ["namespace"], ["union"], ["using"]):
+                target = toks[k + 1] if toks[k + 1] != ["class"] or k + 2 >= len(toks) else toks[k + 2]
+                for part in target:
+                    self.declared_in.setdefault(part, set()).add(unit)
+
+    def resolves(self, name):
+        """`a::B::c`: every part is an identifier, and each qualified step `A::b` is either
+        written so in the code or b is an identifier of a file that declares A. `x.y`: y is an
+        identifier (x is an object of the example)."""
+        if "::" not in name:
+            return name.split(".")[-1].lstrip("~") in self.idents
+        parts = [p.lstrip("~") for p in name.split("::")]
+        if not all(p in self.idents for p in parts):
+            return False
+        for a, b in zip(parts, parts[1:]):
+            if a + "::" + b in self.qualified:
+                continue
+            if not any(b in self.file_idents.get(u, ()) for u in self.declared_in.get(a, ())):
+                return False
+        return True
+
+
+def tracked_dirs(root):
+    """(top-level folders, {top: its subfolders}) of the repository, not hidden: git's tracked
+    and not-ignored files where root is a git checkout, else what is on disk outside SKIP_DIRS."""
+    files = None
+    try:
+        top = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=30)
+        if top.returncode == 0 and os.path.realpath(top.stdout.strip()) == os.path.realpath(root):
+            out = subprocess.run(["git", "-C", root, "ls-files", "-z", "-c", "-o", "--exclude-standard"],
+                                 capture_output=True, text=True, timeout=60)
+            if out.returncode == 0:
+                files = [f for f in out.stdout.split("\0") if f]
+    except (OSError, subprocess.SubprocessError):
+        files = None
+    if files is None:
+        files = []
+        for d, dirs, names in os.walk(root):
+            rel = os.path.relpath(d, root)
+            dirs[:] = [x for x in dirs if x not in SKIP_DIRS and not x.startswith(("build", "."))]
+            files += [os.path.normpath(os.path.join(rel, n)) for n in names]
+    tops, subs = set(), {}
+    for f in files:
+        parts = f.split("/")
+        if len(parts) < 2 or parts[0].startswith("."):
+            continue
+        if not os.path.exists(os.path.join(root, f)):
+            continue  # deleted, not yet committed
+        tops.add(parts[0])
+        if len(parts) >= 3 and not parts[1].startswith("."):
+            subs.setdefault(parts[0], set()).add(parts[1])
+    return tops, subs
+
+
 # ---- Markdown ------------------------------------------------------------------------------
 
 class Block:
@@ -436,7 +567,8 @@ class Checker:
         for p in self.programs.values():
             self.all_options |= p.options
         self.problems = Problems()
-        self.counts = {"paths": 0, "links": 0, "line refs": 0, "keys": 0, "options": 0}
+        self.counts = {"paths": 0, "links": 0, "line refs": 0, "keys": 0, "options": 0, "names": 0}
+        self._code = None  # CodeIndex, read on first use
 
     # -- helpers
     def report(self, md, line, msg):
@@ -788,6 +920,7 @@ class Checker:
             for t in [] if is_cmd else toks:  # (a command's paths: check_command)
                 self.check_path_token(md, line, t, block.text, a)
         self.check_table_rows(md, block)
+        self.check_code_names(md, block, spans)
         for m in FILE_LINE_RE.finditer(prose_nourl):
             line = block.line_of(m.start())
             self.check_file_line(md, line, m, md_line_spans=by_line.get(line, []), ref_span=(m.start(), m.end()))
@@ -822,7 +955,95 @@ class Checker:
         for md in mds:
             self.check_md(md)
         self.check_design_map()
+        self.check_layout_block()
+        self.check_page_lengths(mds)
         return mds
+
+    # -- 6. `A::b` and `name()` name something in the code
+    def check_code_names(self, md, block, spans):
+        for content, a, _ in spans:
+            c = re.sub(r"::\s+", "::", content.strip())
+            m = CODE_NAME_RE.match(c)
+            if not m:
+                continue
+            name = m.group(1) or m.group(2)
+            shown = name + ("()" if m.group(2) else "")
+            if shown in EXTERNAL_NAMES or re.sub(r"\(.*\)$", "()", c) in EXTERNAL_NAMES:
+                continue
+            if self._code is None:
+                self._code = CodeIndex(self.repo.root)
+            self.counts["names"] += 1
+            if not self._code.resolves(name):
+                self.report(md, block.line_of(a), f"`{c}` names no identifier in the code (was it renamed?)")
+
+    # -- 7. README.md's layout block lists the folders there are
+    def layout_block(self):
+        """(first line, lines) of the first fenced block under README.md's LAYOUT_HEADING."""
+        path = os.path.join(self.docs_root, "README.md")
+        if not os.path.exists(path):
+            return None
+        lines = open(path, encoding="utf-8").read().split("\n")
+        under = False
+        for b in md_blocks(lines):
+            if b.kind == "para" and re.match(r"^#{1,6}\s+", b.lines[0]):
+                under = re.sub(r"^#{1,6}\s+", "", b.lines[0]).strip() == LAYOUT_HEADING
+            elif b.kind == "fence" and under:
+                return b
+        return None
+
+    def check_layout_block(self):
+        """Each entry (a line that starts with a path) must exist; every top-level folder
+        tracked by git (not hidden) must be an entry; where an entry's description names
+        subfolders of it (`sub/`, `top/sub/`), they must exist and be all of its subfolders."""
+        md = "README.md"
+        block = self.layout_block()
+        if block is None:
+            if os.path.exists(os.path.join(self.docs_root, md)):
+                self.report(md, 1, f"no fenced block under a `## {LAYOUT_HEADING}` heading: the layout of the folders is missing")
+            return
+        tops, subs = tracked_dirs(self.repo.root)
+        entries = {}  # top folder -> [line of its entry, description text]
+        current = None
+        for i, l in enumerate(block.lines):
+            m = re.match(r"^([^\s]+)(\s.*)?$", l)
+            if m:
+                entry = m.group(1)
+                self.counts["paths"] += 1
+                if not self.repo.exists(entry.rstrip("/")):
+                    self.report(md, block.first + i, f"layout: `{entry}` does not exist")
+                current = entry.split("/")[0]
+                entries[current] = [block.first + i, m.group(2) or ""]
+            elif current:
+                entries[current][1] += " " + l.strip()
+        for t in sorted(tops):
+            if t not in entries:
+                self.report(md, block.first, f"layout: the top-level folder `{t}/` is not listed")
+        for top, (line, desc) in sorted(entries.items()):
+            named = set()
+            for m in re.finditer(r"(?<![\w./-])((?:[\w-]+/)+)(?![\w])", desc):
+                parts = m.group(1).rstrip("/").split("/")
+                if parts[0] == top:
+                    parts = parts[1:]
+                if not parts:
+                    continue
+                self.counts["paths"] += 1
+                if not os.path.isdir(os.path.join(self.repo.root, top, *parts)):
+                    self.report(md, line, f"layout: `{m.group(1)}` in the entry of `{top}/`: {top}/{'/'.join(parts)}/ does not exist")
+                named.add(parts[0])
+            if named:
+                for sub in sorted(subs.get(top, set()) - named):
+                    self.report(md, line, f"layout: the entry of `{top}/` names its subfolders but not `{sub}/`")
+
+    # -- 8. pages a user reads in one sitting
+    def check_page_lengths(self, mds):
+        for md in mds:
+            if not md.startswith("docs" + os.sep):
+                continue
+            with open(os.path.join(self.docs_root, md), encoding="utf-8") as f:
+                n = len(f.read().rstrip("\n").split("\n"))
+            if n > MAX_PAGE_LINES:
+                self.report(md, MAX_PAGE_LINES + 1, f"the page has {n} lines, more than {MAX_PAGE_LINES}: "
+                            "split it by topic or cut what no longer describes the code")
 
     # -- 5. docs/design.md's map of the code covers the tree
     def check_design_map(self):
