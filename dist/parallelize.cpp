@@ -137,9 +137,12 @@ void ParallelModel::end_accumulation() {
   ends_->all_reduce(u.grad, ReduceOp::kSum)->wait();
 }
 
-std::vector<Communicator*> ParallelModel::own_communicators() const {
-  if (!ends_) return {};
-  return {ends_.get()};
+int64_t ParallelModel::bytes_sent() const {
+  return mesh_->bytes_sent() + (ends_ ? ends_->stats().total_bytes() : 0);
+}
+
+int64_t ParallelModel::bytes_across_hosts() const {
+  return mesh_->bytes_across_hosts() + (ends_ ? ends_->stats().across_hosts : 0);
 }
 
 double ParallelModel::mean_over_ranks(double loss) const {

@@ -102,9 +102,11 @@ class ParallelModel {
   // all-gathered over the shard group) and a parameter whole (TP: gathered over the tp group).
   Tensor whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const;
   Tensor whole_param(const nn::ParamSpec& spec, const Tensor& local) const;
-  // The communicators this model made beside the mesh's (pp > 1: the group of the first and
-  // the last stage, which sums the tied embeddings' gradients), for the byte counters.
-  std::vector<Communicator*> own_communicators() const;
+  // This rank's bytes sent so far, and of them to other hosts (ring model, dist/comm): the
+  // mesh's groups and this model's own (pp > 1: the group of the first and the last stage,
+  // which sums the tied embeddings' gradients).
+  int64_t bytes_sent() const;
+  int64_t bytes_across_hosts() const;
 
  private:
   friend std::unique_ptr<ParallelModel> parallelize(models::GPT&, const DeviceMesh&,

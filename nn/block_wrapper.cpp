@@ -67,4 +67,12 @@ BlockFn wrap_block(const std::vector<BlockWrapper>& wrappers, int64_t block, Blo
   return fn;
 }
 
+std::string describe_checkpointing(ACMode mode, int64_t every) {
+  if (mode == ACMode::none) return "";
+  return std::string(mode == ACMode::full ? "full (the whole block recomputed in backward)"
+                                          : "selective (the attention core recomputed in backward)") +
+         (every == 1 ? " in every block"
+                     : " in blocks 0, " + std::to_string(every) + ", " + std::to_string(2 * every) + ", ...");
+}
+
 }  // namespace ndt::nn

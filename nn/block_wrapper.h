@@ -40,6 +40,10 @@ enum class ACMode { none, full, selective };
 // wrappers below and the planner (train/planner/) ask here, so they agree on which blocks.
 ACMode block_checkpointing(ACMode mode, int64_t every, int64_t block);
 
+// The setting in words, for the run's start: "full (the whole block recomputed in backward)
+// in every block" (none: "").
+std::string describe_checkpointing(ACMode mode, int64_t every);
+
 // Recompute the block in backward instead of keeping its activations (autograd/recompute.h).
 // With `every` = k, only blocks 0, k, 2k, ... are recomputed.
 BlockWrapper activation_checkpointing(int64_t every = 1);

@@ -186,4 +186,10 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
   return out;
 }
 
+std::string FlatParams::describe() const {
+  std::string s = std::to_string(param_count()) + " in " + std::to_string(units.size()) + " flat buffers:";
+  for (const FlatUnit& u : units) s += " " + u.name + "=" + std::to_string(u.param_count());
+  return s;
+}
+
 }  // namespace ndt::nn

@@ -80,6 +80,8 @@ struct FlatParams {
   // (after every optimizer step and every load); a no-op otherwise.
   void refresh_compute() const;
   int64_t param_count() const;
+  // "1234 in 3 flat buffers: embeddings=... h.0=... h.1=..."
+  std::string describe() const;
   const FlatParam* find(const std::string& name) const;  // nullptr if absent
   int64_t shard_bytes() const;                           // data + grad of every shard
 };

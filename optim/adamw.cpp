@@ -100,4 +100,10 @@ double lr_at(int64_t step, const Schedule& s) {
   return s.lr;
 }
 
+double scaled_lr(double lr, const std::string& scaling, int64_t batch, int64_t base_batch) {
+  if (scaling == "none") return lr;
+  const double ratio = static_cast<double>(batch) / static_cast<double>(base_batch);
+  return lr * (scaling == "linear" ? ratio : std::sqrt(ratio));
+}
+
 }  // namespace ndt::optim

@@ -65,6 +65,10 @@ struct Schedule {
   int64_t total_steps = 1;
   static Kind parse(const std::string& name);  // "cosine", "linear", "constant"
 };
+// The learning rate for a batch of `batch` sequences: lr as given (scaling "none"), or
+// scaled from base_batch "linear"ly or by "sqrt" of the ratio (the guide's LR scaling).
+double scaled_lr(double lr, const std::string& scaling, int64_t batch, int64_t base_batch);
+
 // step < warmup: lr * (step + 1) / warmup; then from lr down to lr * min_lr_frac at the
 // last step (total_steps - 1) following the schedule's shape.
 double lr_at(int64_t step, const Schedule& s);

@@ -288,7 +288,7 @@ TEST(TrainGpt, BadInputFailsCleanlyAndLeavesCheckpointsAlone) {
       {{"--data.train", (d / "bigtok.bin").string()}, "token 500 at position"},
       {{"--model.init_from", (d / "junk.safetensors").string()}, "junk.safetensors"},
       {{"--model.init_from", (d / "other.safetensors").string()}, "missing tensors: h.1."},
-      {{"--model.init_from", (d / "nope.safetensors").string()}, "cannot open"},
+      {{"--model.init_from", (d / "nope.safetensors").string()}, "nope.safetensors does not exist"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"--config", ini, "--checkpoint.dir", ck, "--checkpoint.resume", "true"};

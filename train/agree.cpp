@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "train/data/data.h"
+#include "train/guard.h"
 #include "train/io/files.h"
 
 namespace fs = std::filesystem;
@@ -240,6 +241,16 @@ void check_checkpoint_dir_shared(const Config& cfg, bool writer, dist::Communica
   if (!readonly.empty())
     throw AgreedConfigError("checkpoint.dir " + dir + ": " + ranks_text(readonly) +
                             " see it but cannot write there (permissions, or a read-only mount?)");
+}
+
+StepAgreement agree_at_step_end(bool data_failed, dist::Communicator& world) {
+  std::vector<double> v = {static_cast<double>(stop_signal()), data_failed ? 1.0 : 0.0};
+  if (world.size() > 1) {
+    Tensor t = Tensor::from_vector(v, {2}).to(world.device());
+    world.all_reduce(t, dist::ReduceOp::kMax)->wait();
+    v = t.to(Device::cpu()).to_vector<double>();
+  }
+  return {static_cast<int>(v[0]), v[1] > 0};
 }
 
 }  // namespace ndt::train

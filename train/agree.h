@@ -33,6 +33,14 @@ class AgreedConfigError : public ConfigError {
 // allocated (the model and its layout: Trainer::describe).
 void agree_on_start(const std::string& error, dist::Communicator& world);
 
+// What every rank learns at the end of a step, in one small collective: a stop signal on any
+// rank (train/guard.h), and whether any rank failed to read the next step's data.
+struct StepAgreement {
+  int signal = 0;
+  bool data_failed = false;
+};
+StepAgreement agree_at_step_end(bool data_failed, dist::Communicator& world);
+
 // This job's id, the same on every rank (collective): rank 0's start time in UTC, host and
 // pid, "20261204T083300Z-node1-4242", so that ids sort by start time.
 std::string agree_on_job_id(dist::Communicator& world);

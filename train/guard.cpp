@@ -382,4 +382,22 @@ std::string flight_record_path(const Config& c, int rank) {
   return (dir / "flight" / ("rank_" + std::to_string(rank) + ".json")).string();
 }
 
+std::function<void(const std::string& why)> end_job_on_missed_deadline(dist::Communicator& world,
+                                                                       const Watchdog& watchdog) {
+  return [&world, &watchdog](const std::string& why) {
+    const std::string line = "train_gpt: rank " + std::to_string(world.rank()) + ": error: " + why +
+                             "; ending the job (exit code 6): the last complete checkpoint resumes\n";
+    [[maybe_unused]] ssize_t n = ::write(2, line.data(), line.size());
+    watchdog.last_words("error: " + why);
+    world.abort(kExitCollectiveTimeout);
+  };
+}
+
+void remove_flight_records(const Config& c) {
+  std::error_code ec;
+  const fs::path dir = fs::path(flight_record_path(c, 0)).parent_path();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().rfind("rank_", 0) == 0) fs::remove(it->path(), ec);
+}
+
 }  // namespace ndt::train

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "dist/comm/communicator.h"
 #include "dist/flight.h"
 #include "nn/flat.h"
 #include "tensor/error.h"
@@ -105,6 +106,12 @@ class Watchdog {
   std::unique_ptr<State> s_;
 };
 
+// What NCCL's watch thread calls when a collective misses its deadline: the same line,
+// flight record and exit code (kExitCollectiveTimeout) as a deadline missed on the main
+// thread, the job ended through `world`.
+std::function<void(const std::string& why)> end_job_on_missed_deadline(dist::Communicator& world,
+                                                                       const Watchdog& watchdog);
+
 // An exclusive flock on <dir>/.lock, which holds the holder's pid. Throws ndt::Error
 // naming that pid when another process holds it. Released when destroyed (or the process
 // dies). The file stays (removing it would race with the next run taking it).
@@ -139,6 +146,9 @@ Device open_device(const Config& c, int world_size);
 // fails: <dir>/flight/rank_<rank>.json beside the checkpoints (checkpoint.dir), else beside
 // the metrics (log.metrics), else in the working directory.
 std::string flight_record_path(const Config& c, int rank);
+// Removes the flight records of earlier jobs from that folder (rank 0, which holds the
+// checkpoint directory's lock, before this job's ranks can write theirs).
+void remove_flight_records(const Config& c);
 
 // Under Open MPI's mpirun, a host cut off holds the launcher until its keepalive on the
 // daemons' connections gives up (oob_tcp_keepalive_time + _intvl x _probes, 480 s by

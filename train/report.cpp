@@ -201,4 +201,31 @@ EarlierMetrics read_earlier_metrics(const std::string& path, int64_t upto, int w
   return e;
 }
 
+std::vector<std::pair<std::string, std::string>> report_config(const Config& c, const std::string& model,
+                                                               const std::string& device, int64_t tokens_per_step,
+                                                               double lr, const std::string& step_schedule) {
+  auto num = [](double v) {
+    std::ostringstream o;
+    o << v;
+    return o.str();
+  };
+  return {{"model", model},
+          {"device", device},
+          {"train.steps", std::to_string(c.train.steps)},
+          {"train.micro_batch_size", std::to_string(c.train.micro_batch_size)},
+          {"train.grad_accum_steps", std::to_string(c.train.grad_accum_steps)},
+          {"train.seq_len", std::to_string(c.train.seq_len)},
+          {"tokens per step", std::to_string(tokens_per_step)},
+          {"step schedule", step_schedule},
+          {"train.dtype", c.train.dtype},
+          {"optim.lr", num(lr) + (c.optim.lr_scaling != "none" ? " (scaled " + c.optim.lr_scaling + ")" : "")},
+          {"optim.schedule", c.optim.schedule + ", warmup " + std::to_string(c.optim.warmup_steps) +
+                                 " steps, min_lr_frac " + num(c.optim.min_lr_frac)},
+          {"optim.grad_clip", num(c.optim.grad_clip)},
+          {"data.train", c.data.train},
+          {"data.val", c.data.val.empty() ? "(none)" : c.data.val},
+          {"train.eval_every", std::to_string(c.train.eval_every)},
+          {"train.seed", std::to_string(c.train.seed)}};
+}
+
 }  // namespace ndt::train

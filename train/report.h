@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "train/chart.h"
+#include "train/config.h"
 #include "train/step_log.h"
 
 namespace ndt::train {
@@ -61,6 +62,12 @@ struct EarlierMetrics {
 };
 EarlierMetrics read_earlier_metrics(const std::string& path, int64_t upto, int world_size, int64_t steps,
                                     bool spans_hosts);
+
+// The table of a run's key values: the model, the device, the batch and the step's schedule,
+// the optimizer (lr: after optim.lr_scaling), the data.
+std::vector<std::pair<std::string, std::string>> report_config(const Config& c, const std::string& model,
+                                                               const std::string& device, int64_t tokens_per_step,
+                                                               double lr, const std::string& step_schedule);
 
 std::string report_html(const ReportInfo& info, const RunHistory& h);
 void write_report(const std::string& path, const ReportInfo& info, const RunHistory& h);  // atomic

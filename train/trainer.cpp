@@ -4,76 +4,43 @@
 // gradient accumulation, clipping, eval, sampling, checkpoints), then the report.
 #include "train/trainer.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <exception>
-#include <filesystem>
-#include <fstream>
 #include <functional>
+#include <iostream>
 #include <memory>
-#include <nlohmann/json.hpp>
-#include <sstream>
 #include <thread>
 
-#include "autograd/engine.h"
 #include "autograd/node.h"
-#include "autograd/ops.h"
 #include "dist/comm/mpi.h"
 #include "dist/comm/nccl.h"
-#include "dist/flight.h"
 #include "dist/mesh.h"
 #include "dist/parallelize.h"
 #include "dist/pipeline_parallel/stages.h"
 #include "dist/trace.h"
 #include "models/gpt.h"
-#include "train/checkpoint/hf.h"
 #include "optim/adamw.h"
 #include "tensor/checked.h"
 #include "tensor/cpu/onednn_gemm.h"
 #include "tensor/cuda/runtime.h"
-#include "tokenizer/unicode.h"
 #include "tensor/threads.h"
 #include "train/agree.h"
 #include "train/checkpoint/checkpoint.h"
-#include "train/checkpoint/sharded.h"
+#include "train/checkpoint/load.h"
 #include "train/checkpoint/whole.h"
-#include "train/config.h"
 #include "train/data/data.h"
 #include "train/data/text.h"
-#include "train/guard.h"
-#include "train/io/files.h"
 #include "train/io/format.h"
-#include "train/io/safetensors.h"
 #include "train/planner/cluster.h"
-#include "train/planner/plan_main.h"
-#include "train/io/tensorboard.h"
 #include "train/report.h"
-#include "models/generate.h"
-#include "train/step_log.h"
+#include "train/run_log.h"
 
-namespace fs = std::filesystem;
 
 namespace ndt::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The CPU's GEMM kernels, in words: what decides the last bits of a CPU run's numbers.
-std::string cpu_gemms() {
-  std::string s = "OpenBLAS kernel " + blas_core();
-  if (cpu::f32_gemm_on_onednn()) s += ", f32 GEMMs on " + cpu::f32_gemm_library();
-  return s;
-}
-
-std::string printable(const std::string& s) {
-  std::string o;
-  for (char c : s) o += c == '\n' ? std::string("\n  ") : std::string(1, c);
-  return o;
-}
 
 // A stream that drops everything: the output of ranks other than 0.
 class NullBuffer : public std::streambuf {
@@ -90,6 +57,7 @@ class Trainer {
       : c_(c),
         world_(std::move(world)),
         out_(world_->rank() == 0 ? out : null_out_),
+        log_(c, world_->rank(), world_->size(), out_),
         watchdog_(watchdog),
         flight_(flight) {}
   int run() {
@@ -121,12 +89,7 @@ class Trainer {
     MemoryStats mem;
   };
   StepResult step_and_time(int64_t step);  // one optimizer step, timed
-  // this rank's bytes sent so far, and of them to other hosts: the mesh's groups and the
-  // model's own (the pipeline's ends)
-  int64_t bytes_sent() const;
-  int64_t bytes_across_hosts() const;
   void log_step(int64_t step, const StepResult& r, double avg_sec);
-  void open_metrics();  // log.metrics, kept up to the resumed step
   // Work between steps that may fail on one rank: every rank learns it, the steps done are
   // saved, then the run ends naming what failed.
   void between_steps(int64_t step, const char* what, const std::function<void()>& local_fn);
@@ -139,29 +102,21 @@ class Trainer {
 
   double train_step(int64_t step);  // one optimizer step on batches_; returns the mean loss
   std::string read_batches();       // the next step's micro-batches into batches_; "" or the error
-  // What every rank learns at the end of a step: a stop signal on any rank, and whether
-  // any rank failed to read the next step's data (one small collective).
-  struct Agreement {
-    int signal = 0;
-    bool data_failed = false;
-  };
-  Agreement agree_on(bool data_failed) const;
   std::vector<data::Batch> read_val_batches();  // this rank's evaluation batches (no collective)
   double evaluate(const std::vector<data::Batch>& batches);
   std::vector<int32_t> generate_sample(int64_t step);  // collective under FSDP and TP
   void print_sample(int64_t step, const std::vector<int32_t>& ids);
   void save(int64_t step);
-  void load_weights(const std::string& path);  // init_from, into this rank's shards
   void resume_from(const std::string& path);
-  void log_json(const nlohmann::json& j);
-  void log_scalars(int64_t step, const io::Scalars& values);  // TensorBoard (log.tensorboard)
-  void write_report();  // rank 0, log.report: the page of history_
+  void write_report();  // rank 0, log.report
   void write_trace();
   static std::vector<dist::ParallelModel::Batch> whole_sequences(const std::vector<data::Batch>& batches);
   bool lead() const { return world_->rank() == 0; }
+  // tokens per micro-step over the data-parallel ranks: the loader's unit of position
+  int64_t window_tokens() const { return c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len; }
   // What decides the last bits of the numbers: a resume elsewhere continues, not bit for bit.
   std::string compute_identity() const {
-    return device_.is_cpu() ? "cpu, " + cpu_gemms() : device_.str();
+    return device_.is_cpu() ? "cpu, " + cpu::gemm_libraries() : device_.str();
   }
 
   const Config& c_;
@@ -187,12 +142,8 @@ class Trainer {
   std::unique_ptr<data::DataLoader> train_, val_;
   std::unique_ptr<data::TextCodec> vocab_;
   int64_t tokens_per_step_ = 0, start_ = 0, saved_step_ = 0;
-  io::LineWriter metrics_;
-  bool metrics_warned_ = false;
+  RunLog log_;  // the console's steps and samples, log.metrics, TensorBoard, the report
   std::unique_ptr<RunLock> lock_;
-  io::EventWriter tensorboard_;
-  bool tensorboard_warned_ = false;
-  RunHistory history_;  // rank 0: for the report
   Watchdog& watchdog_;
   dist::FlightRecorder& flight_;  // the step each collective belongs to
   // the next step's micro-batches, read ahead so that a failed read is agreed on by every
@@ -229,12 +180,7 @@ void Trainer::setup() {
 // From here on a failure leaves this job's flight records (dist/flight.h), and only its:
 // rank 0, which holds the checkpoint directory's lock, removes the records of earlier jobs.
 void Trainer::open_flight_record() {
-  if (lead()) {
-    std::error_code ec;
-    const fs::path dir = fs::path(flight_record_path(c_, 0)).parent_path();
-    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-      if (it->path().filename().string().rfind("rank_", 0) == 0) fs::remove(it->path(), ec);
-  }
+  if (lead()) remove_flight_records(c_);
   flight_.set_job(agree_on_job_id(*world_));
 }
 
@@ -254,13 +200,7 @@ bool Trainer::open_mesh() {
   const bool nccl = c_.parallel.backend == "nccl" ||
                     (c_.parallel.backend == "auto" && device_.is_cuda() && world_->size() > 1);
   if (nccl)  // a missed deadline is found by NCCL's watch thread: the same line, record and exit code
-    world = dist::nccl_communicator(world_, device_.index, [this](const std::string& why) {
-      const std::string line = "train_gpt: rank " + std::to_string(world_->rank()) + ": error: " + why +
-                               "; ending the job (exit code 6): the last complete checkpoint resumes\n";
-      [[maybe_unused]] ssize_t n = ::write(2, line.data(), line.size());
-      watchdog_.last_words("error: " + why);
-      world_->abort(kExitCollectiveTimeout);
-    });
+    world = dist::nccl_communicator(world_, device_.index, end_job_on_missed_deadline(*world_, watchdog_));
   mesh_ = std::make_unique<dist::DeviceMesh>(dims_, world);  // collective: it learns every rank's host
   flight_.set_hosts(mesh_->hosts());
   if (!c_.log.trace.empty()) {
@@ -272,7 +212,7 @@ bool Trainer::open_mesh() {
 
 void Trainer::print_setup(bool nccl) {
   if (device_.is_cpu())
-    out_ << "device: cpu, " << num_threads() << " threads per rank, " << cpu_gemms() << "\n";
+    out_ << "device: cpu, " << num_threads() << " threads per rank, " << cpu::gemm_libraries() << "\n";
   else
     out_ << "device: " << device_.str()
          << (world_->size() > 1 ? " (rank 0; cuda:<local rank> on every rank)" : "")
@@ -349,19 +289,10 @@ void Trainer::parallelize() {
   o.trace = trace_.get();
   o.pipeline = pipeline_;
   pm_ = dist::parallelize(*gpt_, *mesh_, o);
-  if (o.ac != nn::ACMode::none) {
-    const int64_t k = c_.train.ac_every;
-    out_ << "activation checkpointing: " << c_.train.activation_checkpointing
-         << (o.ac == nn::ACMode::full ? " (the whole block recomputed in backward)"
-                                      : " (the attention core recomputed in backward)")
-         << (k == 1 ? " in every block"
-                    : " in blocks 0, " + std::to_string(k) + ", " + std::to_string(2 * k) + ", ...")
-         << "\n";
-  }
+  if (o.ac != nn::ACMode::none)
+    out_ << "activation checkpointing: " << nn::describe_checkpointing(o.ac, c_.train.ac_every) << "\n";
   const nn::FlatParams& params = pm_->params;
-  out_ << "parameters: " << params.param_count() << " in " << params.units.size() << " flat buffers:";
-  for (const nn::FlatUnit& u : params.units) out_ << " " << u.name << "=" << u.param_count();
-  out_ << "\n";
+  out_ << "parameters: " << params.describe() << "\n";
   if (world_->size() > 1)
     out_ << "strategy: " << dims_.strategy() << "; each rank holds "
          << io::format_bytes(static_cast<double>(params.shard_bytes() * 2))
@@ -371,8 +302,8 @@ void Trainer::parallelize() {
 // ---- phase 4: materialize ----------------------------------------------------------
 
 void Trainer::materialize() {
-  if (!c_.model.init_from.empty()) {
-    load_weights(c_.model.init_from);
+  if (!c_.model.init_from.empty()) {  // each rank reads only its own elements (RAM-efficient)
+    ckpt::load_weights(ckpt::find_weights(c_.model.init_from), *gpt_, pm_->params, lead() ? &std::cerr : nullptr);
     out_ << "initialized from " << c_.model.init_from << "\n";
   }
   // what materializing (and loading) cost in resident memory, on the rank that paid most:
@@ -395,12 +326,7 @@ void Trainer::materialize() {
     }
   }
   saved_step_ = start_;
-  if (!c_.log.metrics.empty() && (lead() || c_.log.metrics_every_rank)) open_metrics();
-  if (lead() && !c_.log.tensorboard.empty()) {
-    tensorboard_.open(c_.log.tensorboard);
-    if (start_ > 0) tensorboard_.write_session_start(start_ + 1);  // the steps from here on are this run's
-    out_ << "tensorboard: " << tensorboard_.path() << " (tensorboard --logdir " << c_.log.tensorboard << ")\n";
-  }
+  log_.open(start_, mesh_->spans_hosts());
 }
 
 // Rank r of the dp ranks reads its own micro-batches; tp and cp ranks share them.
@@ -415,16 +341,9 @@ void Trainer::open_data() {
                                               c_.model.vocab_size);
 }
 
-// data.vocab, or the tokenizer.json (a model's tokenizer: prepare_text --tokenizer copies it
-// there) or vocab.json (prepare_text's char or byte vocabulary) beside the training shards:
-// for the samples' text.
+// The vocabulary of the samples' text (data::vocabulary_path), checked against the model.
 void Trainer::open_vocabulary() {
-  std::string vocab_path = c_.data.vocab;
-  if (vocab_path.empty()) {
-    const fs::path dir = fs::path(data::glob_paths(c_.data.train)[0]).parent_path();
-    for (const char* name : {"tokenizer.json", "vocab.json"})
-      if (vocab_path.empty() && fs::exists(dir / name)) vocab_path = (dir / name).string();
-  }
+  const std::string vocab_path = data::vocabulary_path(c_.data.vocab, c_.data.train);
   if (!vocab_path.empty()) vocab_ = std::make_unique<data::TextCodec>(data::TextCodec::load(vocab_path));
   if (vocab_ && vocab_->vocab_size() > c_.model.vocab_size)
     throw ConfigError("the vocabulary " + vocab_path + " has " + std::to_string(vocab_->vocab_size()) +
@@ -452,67 +371,36 @@ void Trainer::open_optimizer() {
        << " sequences per epoch)\n";
   // the optimizer on this rank's shards, and the learning rate for this batch
   opt_ = std::make_unique<optim::AdamW>(pm_->params, c_.optim /* an AdamWConfig */);
-  lr_ = c_.optim.lr;
-  if (c_.optim.lr_scaling != "none") {
-    const double ratio = static_cast<double>(seqs) / static_cast<double>(c_.optim.lr_base_batch);
-    lr_ = c_.optim.lr * (c_.optim.lr_scaling == "linear" ? ratio : std::sqrt(ratio));
+  lr_ = optim::scaled_lr(c_.optim.lr, c_.optim.lr_scaling, seqs, c_.optim.lr_base_batch);
+  if (c_.optim.lr_scaling != "none")
     out_ << "lr: " << c_.optim.lr << " x " << (c_.optim.lr_scaling == "linear" ? "" : "sqrt") << "(" << seqs
          << " / " << c_.optim.lr_base_batch << ") = " << lr_ << " (optim.lr_scaling = " << c_.optim.lr_scaling
          << ")\n";
-  }
   sched_ = optim::Schedule{optim::Schedule::parse(c_.optim.schedule), lr_, c_.optim.min_lr_frac,
                            c_.optim.warmup_steps, c_.train.steps};
 }
 
-void Trainer::load_weights(const std::string& path) {
-  // each rank reads only its own elements of the file (RAM-efficient loading)
-  if (ckpt::is_hf_folder(path))
-    ckpt::load_hf_local(io::HfFolder(path), *gpt_, pm_->params);
-  else if (fs::is_directory(path) && ckpt::is_sharded(path))
-    ckpt::load_sharded_weights(path, mc_, pm_->params, lead() ? &std::cerr : nullptr);  // its parameters
-  else
-    ckpt::load_weights_local(path, *gpt_, pm_->params);
-  pm_->params.refresh_compute();
-}
-
 void Trainer::resume_from(const std::string& path) {
-  ckpt::TrainState st;
-  if (ckpt::is_sharded(path)) {  // the writers' shards, whatever their layout
-    st = ckpt::load_sharded(path, mc_, pm_->params, *opt_,
-                            lead() ? &std::cerr : nullptr);  // one warning, not one per rank
-  } else {  // the single-process layout; each rank reads only its elements
-    const std::vector<nn::FlatUnit> whole = nn::flat_layout(models::GPT(mc_).units());
-    int64_t adam_steps = 0;
-    st = ckpt::load_checkpoint_local(path, *gpt_, pm_->params, whole, opt_->m(), opt_->v(), &adam_steps);
-    opt_->set_steps_taken(adam_steps);
-  }
+  // one warning, not one per rank
+  ckpt::TrainState st = ckpt::resume_run(path, mc_, *gpt_, *pm_, *opt_, lead() ? &std::cerr : nullptr);
   if (st.step > c_.train.steps)  // going on would save the later weights under an earlier step
     throw ConfigError("checkpoint " + path + " is at step " + std::to_string(st.step) +
                       " but train.steps is " + std::to_string(c_.train.steps) +
                       "; raise train.steps to continue, or use another checkpoint.dir");
-  // The loader's position counts windows of micro_batch_size x dp sequences: with another
-  // global micro-batch, the same tokens are at another window number.
-  const int64_t window_tokens = c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len;
-  int64_t old_tokens = window_tokens;
-  if (auto it = st.extra.find("window_tokens"); it != st.extra.end()) {
-    char* end = nullptr;
-    old_tokens = std::strtoll(it->second.c_str(), &end, 10);
-    if (it->second.empty() || *end != '\0' || old_tokens < 1)
-      throw Error("checkpoint " + path + ": its window_tokens '" + it->second +
-                  "' is not a positive number; the checkpoint is damaged: resume from an earlier one");
-  }
   if (auto it = st.extra.find("compute"); it != st.extra.end() && it->second != compute_identity())
     out_ << "note: the checkpoint was computed with " << it->second << ", this run with "
          << compute_identity() << ": the losses continue, but not bit for bit\n";
-  if (old_tokens != window_tokens) {
-    const int64_t pos = checked_mul(st.loader.window, old_tokens, "the checkpoint's data position");
-    st.loader.window = pos / window_tokens;
-    out_ << "warning: the checkpoint read " << old_tokens << " tokens per micro-step, this run reads "
-         << window_tokens << "; the data continues at token " << st.loader.window * window_tokens
-         << " of epoch " << st.loader.epoch << (pos % window_tokens ? " (rounded down)" : "")
-         << (c_.data.shuffle ? ", but data.shuffle orders windows of the new size differently" : "") << "\n";
+  // the loader counts windows of micro_batch_size x dp sequences: with another global
+  // micro-batch, the same tokens are at another window number
+  std::string note;
+  const auto saved = st.extra.find("window_tokens");
+  try {
+    st.loader = data::continue_position(st.loader, saved == st.extra.end() ? "" : saved->second,
+                                        window_tokens(), c_.data.shuffle, note);
+  } catch (const Error& e) {
+    throw Error("checkpoint " + path + ": " + e.what());
   }
-  pm_->params.refresh_compute();
+  if (!note.empty()) out_ << "warning: " << note << "\n";
   train_->restore(st.loader);
   start_ = st.step;
 }
@@ -526,31 +414,13 @@ void Trainer::save(int64_t step) {
   st.loader = batches_.empty() ? train_->state() : batches_from_;
   st.extra["model"] = mc_.str();
   st.extra["layout"] = dims_.str();
-  st.extra["window_tokens"] = std::to_string(c_.train.micro_batch_size * dims_.dp() * c_.train.seq_len);
+  st.extra["window_tokens"] = std::to_string(window_tokens());
   st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
-  if (c_.checkpoint.format == "sharded") {   // every rank writes its own shards, nobody gathers
-    const std::string where = ckpt::save_sharded(c_.checkpoint.dir, st, pm_->params, *opt_, *mesh_, mc_,
-                                                 pm_->pp_blocks, c_.checkpoint.keep, &prune_log_);
-    saved_step_ = step;
-    out_ << "checkpoint: " << where << " (sharded)" << std::endl;
-    return;
-  }
-  // the single-process layout, gathered from every rank's shards and slices onto rank 0,
-  // which writes it; the others wait, so that a failed write stops every rank
-  std::unique_ptr<ckpt::WholeModel> w = ckpt::gather_whole(mc_, *pm_, opt_.get(), /*keep=*/lead(), /*grads=*/false);
-  std::string where, error;
-  if (lead()) {
-    try {
-      where = ckpt::save_checkpoint(c_.checkpoint.dir, *w->gpt, w->params, w->moments, st, c_.checkpoint.keep,
-                                    &prune_log_);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  if (world_->all_reduce_scalar(error.empty() ? 0.0 : 1.0, dist::ReduceOp::kMax) > 0)
-    throw Error(lead() ? error : "rank 0 failed to write the checkpoint of step " + std::to_string(step));
+  const bool sharded = c_.checkpoint.format == "sharded";
+  const std::string where = ckpt::save_run(c_.checkpoint.dir, sharded, c_.checkpoint.keep, st, mc_, *pm_, *opt_,
+                                           &prune_log_);  // collective
   saved_step_ = step;
-  out_ << "checkpoint: " << where << std::endl;
+  out_ << "checkpoint: " << where << (sharded ? " (sharded)" : "") << std::endl;
 }
 
 void Trainer::write_trace() {
@@ -561,47 +431,6 @@ void Trainer::write_trace() {
 }
 
 // ---- phase 5: the loop --------------------------------------------------------------
-
-// log.metrics: a new file; or, resuming, the file as it stood at the checkpoint (its later
-// lines are of steps trained again now, and a line cut short by a crash is damaged: both are
-// dropped) with this run's lines appended. Rank 0's report starts from the steps before.
-void Trainer::open_metrics() {
-  const std::string path =
-      lead() ? c_.log.metrics : dist::trace_path_for_rank(c_.log.metrics, world_->rank());
-  if (start_ > 0) {
-    EarlierMetrics e = read_earlier_metrics(path, start_, world_->size(), c_.train.steps,
-                                            mesh_ && mesh_->spans_hosts());
-    if (e.dropped > 0) {
-      std::string kept;
-      for (const std::string& line : e.lines) kept += line + "\n";
-      io::write_file_atomic(path, kept);
-      out_ << "metrics: " << path << " as it stood at step " << start_ << " (" << e.dropped
-           << " later or damaged lines dropped), appending\n";
-    }
-    if (lead() && !c_.log.report.empty()) history_ = std::move(e.history);
-  }
-  metrics_.open(path, /*append=*/start_ > 0);
-}
-
-void Trainer::log_json(const nlohmann::json& j) {
-  if (!metrics_.is_open()) return;
-  // replace: a sample of a byte-level vocabulary need not be valid UTF-8 (dump would throw)
-  metrics_.write_line(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-  if (!metrics_.error().empty() && !metrics_warned_) {  // loud now, an error at the end
-    out_ << "warning: " << metrics_.error() << "; no more metrics are written, training goes on" << std::endl;
-    metrics_warned_ = true;
-  }
-}
-
-void Trainer::log_scalars(int64_t step, const io::Scalars& values) {
-  if (!tensorboard_.is_open()) return;
-  tensorboard_.write_scalars(step, values);
-  if (!tensorboard_.error().empty() && !tensorboard_warned_) {
-    out_ << "warning: " << tensorboard_.error() << "; no more TensorBoard scalars are written, training goes on"
-         << std::endl;
-    tensorboard_warned_ = true;
-  }
-}
 
 std::vector<data::Batch> Trainer::read_val_batches() {
   val_->reset();  // the same validation batches every time
@@ -634,16 +463,7 @@ std::vector<int32_t> Trainer::generate_sample(int64_t step) {
 }
 
 void Trainer::print_sample(int64_t step, const std::vector<int32_t>& ids) {
-  if (!lead() || !vocab_ || c_.sample.length == 0) return;
-  const std::string text = vocab_->decode(ids);
-  out_ << "sample at step " << step << ":\n  " << printable(text) << "\n";
-  log_json({{"step", step}, {"sample", text}});
-  if (!c_.log.report.empty()) history_.samples.push_back({step, text});
-  if (tensorboard_.is_open()) {  // as a Markdown code block (every line indented), valid UTF-8
-    std::string block = "    ";
-    for (char ch : tok::utf8_replace_invalid(text)) block += ch == '\n' ? std::string("\n    ") : std::string(1, ch);
-    tensorboard_.write_text(step, "samples", block);
-  }
+  if (vocab_ && c_.sample.length > 0) log_.sample(step, vocab_->decode(ids));
 }
 
 std::string Trainer::read_batches() {
@@ -657,16 +477,6 @@ std::string Trainer::read_batches() {
     return e.what();
   }
   return "";
-}
-
-Trainer::Agreement Trainer::agree_on(bool data_failed) const {
-  std::vector<double> v = {static_cast<double>(stop_signal()), data_failed ? 1.0 : 0.0};
-  if (world_->size() > 1) {
-    Tensor t = Tensor::from_vector(v, {2}).to(world_->device());
-    world_->all_reduce(t, dist::ReduceOp::kMax)->wait();
-    v = t.to(Device::cpu()).to_vector<double>();
-  }
-  return {static_cast<int>(v[0]), v[1] > 0};
 }
 
 double Trainer::train_step(int64_t step) {
@@ -718,9 +528,7 @@ double Trainer::evaluation(int64_t step) {
   std::vector<data::Batch> batches;
   between_steps(step, "evaluation", [&] { batches = read_val_batches(); });
   const double loss = evaluate(batches);  // collective: every rank has its batches
-  if (lead() && !c_.log.report.empty()) history_.val.push_back({step, loss});
-  log_json({{"step", step}, {"val_loss", loss}});
-  log_scalars(step, {{"loss/val", loss}});
+  log_.validation(step, loss);
   return loss;
 }
 
@@ -729,22 +537,10 @@ void Trainer::sampling(int64_t step) {
   between_steps(step, "sampling", [&] { print_sample(step, ids); });
 }
 
-int64_t Trainer::bytes_sent() const {
-  int64_t b = mesh_->bytes_sent();
-  for (const dist::Communicator* c : pm_->own_communicators()) b += c->stats().total_bytes();
-  return b;
-}
-
-int64_t Trainer::bytes_across_hosts() const {
-  int64_t b = mesh_->bytes_across_hosts();
-  for (const dist::Communicator* c : pm_->own_communicators()) b += c->stats().across_hosts;
-  return b;
-}
-
 Trainer::StepResult Trainer::step_and_time(int64_t step) {
   const auto t0 = Clock::now();
   reset_peak_memory(device_);
-  const int64_t bytes0 = bytes_sent(), across0 = bytes_across_hosts();
+  const int64_t bytes0 = pm_->bytes_sent(), across0 = pm_->bytes_across_hosts();
   StepResult r;
   r.loss = train_step(step);
   r.norm = pm_->strategy->grad_norm();  // global: the same number on every rank
@@ -759,8 +555,8 @@ Trainer::StepResult Trainer::step_and_time(int64_t step) {
   pm_->strategy->end_step();
   if (device_.is_cuda()) cuda::synchronize(device_.index);
   r.sec = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.comm_bytes = bytes_sent() - bytes0;
-  r.across_hosts = bytes_across_hosts() - across0;
+  r.comm_bytes = pm_->bytes_sent() - bytes0;
+  r.across_hosts = pm_->bytes_across_hosts() - across0;
   r.mem = memory_stats(device_);
   return r;
 }
@@ -782,11 +578,7 @@ void Trainer::log_step(int64_t step, const StepResult& r, double avg_sec) {
   s.spans_hosts = mesh_->spans_hosts();
   s.mem = r.mem;
   s.eta_sec = avg_sec * static_cast<double>(c_.train.steps - step - 1);
-  if (step % c_.log.every == 0 || step == c_.train.steps - 1)
-    out_ << step_line(s) << std::endl;  // flushed: progress shows through pipes and tee
-  log_json(step_json(s));
-  if (lead() && !c_.log.report.empty()) history_.steps.push_back(s);
-  if (tensorboard_.is_open()) log_scalars(step + 1, step_scalars(s));
+  log_.step(s);
 }
 
 int Trainer::stopped(int64_t step, int sig) {
@@ -809,7 +601,7 @@ int Trainer::loop() {
   // The first step's data, agreed on like every later step's (train_step reads none itself).
   if (start_ < c_.train.steps) {
     const std::string err = read_batches();
-    if (agree_on(!err.empty()).data_failed)
+    if (agree_at_step_end(!err.empty(), *world_).data_failed)
       saved_then_fail(start_, "reading the training data", !err.empty(), err);
   }
   double time_sum = 0, last_val = NAN;
@@ -842,7 +634,7 @@ int Trainer::loop() {
     if (step + 1 == c_.train.steps) break;
     // the next step's data, and whether any rank was asked to stop: one agreement
     const std::string err = read_batches();
-    const Agreement next = agree_on(!err.empty());
+    const StepAgreement next = agree_at_step_end(!err.empty(), *world_);
     if (next.data_failed) saved_then_fail(step + 1, "reading the training data", !err.empty(), err);
     if (next.signal) return stopped(step + 1, next.signal);
   }
@@ -854,7 +646,7 @@ int Trainer::loop() {
 int Trainer::finish(double last_val, double avg_sec) {
   if (start_ < c_.train.steps || c_.checkpoint.every == 0) save(c_.train.steps);
   write_trace();
-  if (const int sig = agree_on(false).signal) {
+  if (const int sig = agree_at_step_end(false, *world_).signal) {
     out_ << "stopped by signal " << sig << " after the last step, its checkpoint saved" << std::endl;
     return kExitPreempted;
   }
@@ -873,146 +665,25 @@ int Trainer::finish(double last_val, double avg_sec) {
          << " per step from all ranks (ring model)\n";
   }
   write_report();
-  if (!metrics_.error().empty())
-    throw Error(metrics_.error() +
-                "; training finished (and its checkpoint is saved) but the metrics are incomplete");
+  log_.check_complete();
   return 0;
 }
 
 // The report of the steps this process ran (after a resume: those since it), the layout and
 // the config's key values.
 void Trainer::write_report() {
-  if (!lead() || c_.log.report.empty()) return;
   ReportInfo info;
   info.title = "ndtrain: " + mc_.str();
   info.layout = dims_.str() + " (" + pm_->strategy->name() + ")" + (mesh_->spans_hosts() ? ", on several hosts" : "");
-  auto num = [](double v) {
-    std::ostringstream o;
-    o << v;
-    return o.str();
-  };
-  info.config = {{"model", mc_.str()},
-                 {"device", device_.str()},
-                 {"train.steps", std::to_string(c_.train.steps)},
-                 {"train.micro_batch_size", std::to_string(c_.train.micro_batch_size)},
-                 {"train.grad_accum_steps", std::to_string(c_.train.grad_accum_steps)},
-                 {"train.seq_len", std::to_string(c_.train.seq_len)},
-                 {"tokens per step", std::to_string(tokens_per_step_)},
-                 {"train.dtype", c_.train.dtype},
-                 {"optim.lr", num(lr_) + (c_.optim.lr_scaling != "none" ? " (scaled " + c_.optim.lr_scaling + ")" : "")},
-                 {"optim.schedule", c_.optim.schedule + ", warmup " + std::to_string(c_.optim.warmup_steps) +
-                                        " steps, min_lr_frac " + num(c_.optim.min_lr_frac)},
-                 {"optim.grad_clip", num(c_.optim.grad_clip)},
-                 {"data.train", c_.data.train},
-                 {"data.val", c_.data.val.empty() ? "(none)" : c_.data.val},
-                 {"train.eval_every", std::to_string(c_.train.eval_every)},
-                 {"train.seed", std::to_string(c_.train.seed)}};
-  info.config.push_back({"step schedule", pipeline_.summary()});
-  const std::vector<StepLog>& st = history_.steps;
-  if (!st.empty()) {
-    info.summary.push_back("steps " + std::to_string(st.front().step + 1) + " to " + std::to_string(st.back().step + 1) +
-                           " of " + std::to_string(c_.train.steps) + ", final train loss " + num(st.back().loss));
-    if (st.size() > 1) {  // the first step warms caches
-      double sec = 0;
-      for (size_t i = 1; i < st.size(); ++i) sec += st[i].sec;
-      sec /= static_cast<double>(st.size() - 1);
-      info.summary.push_back("average " + num(sec * 1e3) + " ms/step, " +
-                             num(static_cast<double>(tokens_per_step_) / sec) + " tokens/s");
-    }
-  }
-  if (!history_.val.empty())
-    info.summary.push_back("validation loss " + num(history_.val.back().second) + " after step " +
-                           std::to_string(history_.val.back().first));
-  train::write_report(c_.log.report, info, history_);
-  out_ << "report: " << c_.log.report << "\n";
-}
-
-// start_error: this rank's config error, or "" (see train_main)
-int run_training(const Config& c, const std::string& start_error, std::ostream& out, std::ostream& err);
-
-}  // namespace
-
-int train_main(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
-  Config c;
-  // Config errors come before MPI starts. Under a launcher every rank has its own (the same,
-  // unless a node's files differ): the ranks agree on them once MPI is up, and rank 0 says
-  // each (agree_on_start); --plan starts no MPI, so each rank says its own.
-  const bool quiet = dist::launcher_rank() != 0;
-  std::string start_error;
-  try {
-    std::string help;
-    if (!parse_config(argc, argv, c, help)) {
-      if (!quiet) out << help;
-      return 0;
-    }
-  } catch (const ConfigError& e) {
-    const bool planning = c.plan || std::any_of(argv, argv + argc, [](const char* a) { return std::string(a) == "--plan"; });
-    if (!dist::launched_with_several_ranks() || (planning && !quiet)) {
-      err << "train_gpt: config error: " << e.what() << "\n";
-      return 2;
-    }
-    if (planning) {
-      err << ("train_gpt: rank " + std::to_string(dist::launcher_rank()) + ": config error: " + e.what() + "\n");
-      return 2;
-    }
-    start_error = e.what();
-  }
-  if (c.plan && start_error.empty()) return plan_main(c, quiet, out, err);  // train/planner/plan_main.h
-  return run_training(c, start_error, out, err);
-}
-
-namespace {
-
-// The training job of this process's rank; a failure on any rank ends the whole job.
-int run_training(const Config& c, const std::string& start_error, std::ostream& out, std::ostream& err) {
-  std::shared_ptr<dist::Communicator> world;
-  int code = 0;
-  std::string message;
-  // Each rank's last operations (dist/flight.h), written beside the checkpoints (or the
-  // metrics, or here) when a job of several ranks fails; scripts/flight_report.py reads them.
-  dist::FlightRecorder flight;
-  auto dump_flight = [&](const std::string& why) {
-    if (!world || world->size() == 1) return;
-    flight.dump(flight_record_path(c, world->rank()), world->rank(), world->size(), why);
-  };
-  try {
-    world = dist::init_world();                // MPI under a launcher with several ranks, else a group of one
-    // every collective's deadline (and the mesh's groups'): a config that failed, the default
-    world->set_timeout(start_error.empty() ? c.parallel.timeout_s : ParallelSection{}.timeout_s);
-    world->set_flight(&flight);  // and their record, dumped when the job fails
-    agree_on_start(start_error, *world);  // a rank's config error ends every rank; rank 0 says it
-    StopSignals signals;  // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
-    // a stop that cannot finish (a peer stuck) or a dead launcher ends this process
-    Watchdog watchdog(c.parallel.timeout_s, dist::launched_with_several_ranks(), world->rank(),
-                      [&](const std::string& why) { dump_flight(why); }, &flight);
-    return Trainer(c, world, out, watchdog, flight).run();
-  } catch (const AgreedConfigError& e) {  // every rank found it together: one line, no abort
-    if (world->rank() == 0) err << "train_gpt: config error: " << e.what() << "\n";
-    return 2;
-  } catch (const ConfigError& e) {
-    code = 2;
-    message = std::string("config error: ") + e.what();
-  } catch (const dist::CollectiveTimeout& e) {
-    code = kExitCollectiveTimeout;
-    message = std::string("error: ") + e.what() +
-              "; ending the job (exit code 6): the last complete checkpoint resumes";
-  } catch (const std::exception& e) {
-    code = 1;
-    message = std::string("error: ") + e.what();
-  }
-  if (!world || world->size() == 1) {
-    err << "train_gpt: " << message << "\n";
-    return code;
-  }
-  // One rank failed (or all did): say which, then bring the whole job down, so that no
-  // rank waits forever in a collective for this one.
-  // one write: the ranks' stderr meet in the launcher, and pieces would interleave
-  err << ("train_gpt: rank " + std::to_string(world->rank()) + ": " + message + "\n") << std::flush;
-  dump_flight(message);
-  world->abort(code);
-  return code;  // not reached
+  info.config = report_config(c_, mc_.str(), device_.str(), tokens_per_step_, lr_, pipeline_.summary());
+  log_.report(info, tokens_per_step_);
 }
 
 }  // namespace
+
+int run_trainer(const Config& c, std::shared_ptr<dist::Communicator> world, std::ostream& out, Watchdog& watchdog,
+                dist::FlightRecorder& flight) {
+  return Trainer(c, std::move(world), out, watchdog, flight).run();
+}
 
 }  // namespace ndt::train

@@ -236,4 +236,10 @@ bool f32_gemm_on_onednn() {
   return f32_gemm_prefers_onednn();
 }
 
+std::string gemm_libraries() {
+  std::string s = "OpenBLAS kernel " + blas_core();
+  if (f32_gemm_on_onednn()) s += ", f32 GEMMs on " + f32_gemm_library();
+  return s;
+}
+
 }  // namespace ndt::cpu

@@ -31,6 +31,10 @@ bool f32_gemm_prefers_onednn();
 // their results agree bit for bit (resume, the tests against train_gpt).
 bool f32_gemm_on_onednn();
 
+// The CPU's GEMM kernels in words, what decides the last bits of a CPU run's numbers:
+// "OpenBLAS kernel Haswell", and ", f32 GEMMs on oneDNN ..." where they go there.
+std::string gemm_libraries();
+
 // What runs an f32 matmul here, in words ("OpenBLAS kernel SkylakeX", "oneDNN brg:avx512_core").
 std::string f32_gemm_library();
 

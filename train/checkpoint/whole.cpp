@@ -1,6 +1,7 @@
 #include "train/checkpoint/whole.h"
 
 #include "dist/pipeline_parallel/stages.h"
+#include "train/checkpoint/sharded.h"
 #include "train/io/safetensors.h"
 
 namespace ndt::ckpt {
@@ -120,6 +121,40 @@ void write_whole_grads(const std::string& path, const models::GPTConfig& mc, con
     out.write(path);
   }
   world.barrier();
+}
+
+std::string save_run(const std::string& dir, bool sharded, int keep, const TrainState& st, const models::GPTConfig& mc,
+                     const dist::ParallelModel& pm, const optim::AdamW& opt, PruneLog* prune_log) {
+  if (sharded) return save_sharded(dir, st, pm.params, opt, pm.mesh(), mc, pm.pp_blocks, keep, prune_log);
+  dist::Communicator& world = pm.mesh().world();
+  const bool lead = world.rank() == 0;  // the others wait, so that a failed write stops every rank
+  std::unique_ptr<WholeModel> w = gather_whole(mc, pm, &opt, /*keep=*/lead, /*grads=*/false);
+  std::string where, error;
+  if (lead) {
+    try {
+      where = save_checkpoint(dir, *w->gpt, w->params, w->moments, st, keep, prune_log);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  if (world.all_reduce_scalar(error.empty() ? 0.0 : 1.0, dist::ReduceOp::kMax) > 0)
+    throw Error(lead ? error : "rank 0 failed to write the checkpoint of step " + std::to_string(st.step));
+  return where;
+}
+
+TrainState resume_run(const std::string& path, const models::GPTConfig& mc, const models::GPT& gpt,
+                      dist::ParallelModel& pm, optim::AdamW& opt, std::ostream* warn) {
+  TrainState st;
+  if (is_sharded(path)) {  // the writers' shards, whatever their layout
+    st = load_sharded(path, mc, pm.params, opt, warn);
+  } else {  // the single-process layout; each rank reads only its elements
+    const std::vector<nn::FlatUnit> whole = nn::flat_layout(models::GPT(mc).units());
+    int64_t adam_steps = 0;
+    st = load_checkpoint_local(path, gpt, pm.params, whole, opt.m(), opt.v(), &adam_steps);
+    opt.set_steps_taken(adam_steps);
+  }
+  pm.params.refresh_compute();  // mixed precision: the copies the model computes with
+  return st;
 }
 
 }  // namespace ndt::ckpt

@@ -33,6 +33,16 @@ struct WholeModel {
 std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist::ParallelModel& pm,
                                          const optim::AdamW* opt, bool keep, bool grads);
 
+// A run's checkpoint of `st` into dir, in either format: sharded (every rank writes its own
+// shards, nobody gathers) or full (the single-process layout gathered onto the world's rank
+// 0, which writes it; a failed write throws on every rank). Collective. Returns where it went.
+std::string save_run(const std::string& dir, bool sharded, int keep, const TrainState& st, const models::GPTConfig& mc,
+                     const dist::ParallelModel& pm, const optim::AdamW& opt, PruneLog* prune_log);
+// The other way: a checkpoint of either format, written in any layout, into this rank's
+// shards of the parameters and the AdamW moments; its state. Warnings go to `warn`.
+TrainState resume_run(const std::string& path, const models::GPTConfig& mc, const models::GPT& gpt,
+                      dist::ParallelModel& pm, optim::AdamW& opt, std::ostream* warn);
+
 // log.grads: every parameter's whole gradient, by name ("grad." + name), into one
 // safetensors file that rank 0 (`lead`) writes, comparable between any two layouts.
 // Collective over `world`; `layout` goes into the file's metadata.

@@ -250,4 +250,25 @@ Batch DataLoader::next() {
   return {Tensor::from_vector(x, {B_, T_}), Tensor::from_vector(y, {B_, T_})};
 }
 
+LoaderState continue_position(const LoaderState& saved, const std::string& saved_window_tokens,
+                              int64_t window_tokens, bool shuffle, std::string& note) {
+  note.clear();
+  int64_t old_window_tokens = window_tokens;
+  if (!saved_window_tokens.empty()) {
+    char* end = nullptr;
+    old_window_tokens = std::strtoll(saved_window_tokens.c_str(), &end, 10);
+    NDT_CHECK(*end == '\0' && old_window_tokens >= 1, "its window_tokens '", saved_window_tokens,
+              "' is not a positive number; the checkpoint is damaged: resume from an earlier one");
+  }
+  if (old_window_tokens == window_tokens) return saved;
+  const int64_t pos = checked_mul(saved.window, old_window_tokens, "the checkpoint's data position");
+  LoaderState s = saved;
+  s.window = pos / window_tokens;
+  note = "the checkpoint read " + std::to_string(old_window_tokens) + " tokens per micro-step, this run reads " +
+         std::to_string(window_tokens) + "; the data continues at token " + std::to_string(s.window * window_tokens) +
+         " of epoch " + std::to_string(s.epoch) + (pos % window_tokens ? " (rounded down)" : "") +
+         (shuffle ? ", but data.shuffle orders windows of the new size differently" : "");
+  return s;
+}
+
 }  // namespace ndt::data

@@ -85,6 +85,14 @@ struct LoaderState {
   int64_t window = 0;  // index of the next window in this epoch's order
 };
 
+// Where a run that reads window_tokens per micro-step (micro_batch_size x dp sequences of
+// seq_len) continues from a position saved by a run that read saved_window_tokens (as the
+// checkpoint wrote it; "": the same): the window that starts at the same token of the same
+// epoch, rounded down. `note` gets a line for the user when the size changed ("" when not).
+// Throws ndt::Error when the saved value is not a positive number.
+LoaderState continue_position(const LoaderState& saved, const std::string& saved_window_tokens,
+                              int64_t window_tokens, bool shuffle, std::string& note);
+
 class DataLoader {
  public:
   DataLoader(const std::string& pattern, int64_t B, int64_t T, int rank, int world, bool shuffle,

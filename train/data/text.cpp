@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "tensor/error.h"
+#include "train/data/data.h"
 
 namespace fs = std::filesystem;
 
@@ -83,6 +84,14 @@ std::string TextCodec::Stream::push(int32_t id) {
 std::string TextCodec::Stream::flush() {
   if (tok_) return tok_->flush();
   return std::exchange(held_, std::string());
+}
+
+std::string vocabulary_path(const std::string& vocab, const std::string& train_pattern) {
+  if (!vocab.empty()) return vocab;
+  const fs::path dir = fs::path(glob_paths(train_pattern)[0]).parent_path();
+  for (const char* name : {"tokenizer.json", "vocab.json"})
+    if (fs::exists(dir / name)) return (dir / name).string();
+  return "";
 }
 
 }  // namespace ndt::data

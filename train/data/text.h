@@ -20,6 +20,11 @@
 
 namespace ndt::data {
 
+// The vocabulary of a run's text: `vocab` (data.vocab) when given, else the tokenizer.json
+// (a model's tokenizer: prepare_text --tokenizer copies it there) or vocab.json (prepare_text's
+// char or byte vocabulary) beside the shards that `train_pattern` names; "" when none is.
+std::string vocabulary_path(const std::string& vocab, const std::string& train_pattern);
+
 class TextCodec {
  public:
   // PATH: a vocab.json of prepare_text, a tokenizer.json, or a folder holding tokenizer.json

@@ -31,9 +31,7 @@
 #include "tensor/cuda/runtime.h"
 #include "tensor/error.h"
 #include "tensor/threads.h"
-#include "train/checkpoint/checkpoint.h"
-#include "train/checkpoint/hf.h"
-#include "train/checkpoint/sharded.h"
+#include "train/checkpoint/load.h"
 #include "train/config.h"
 #include "train/data/text.h"
 
@@ -126,32 +124,15 @@ struct Loaded {
 Loaded load(const Args& a, Device device) {
   Loaded l;
   const std::optional<DType> compute = a.dtype == "bfloat16" ? std::optional<DType>(DType::bf16) : std::nullopt;
-  if (ckpt::is_hf_folder(a.model)) {
-    const io::HfFolder f(a.model);
-    l.gpt = std::make_unique<models::GPT>(ckpt::model_config(f.config()));
-    l.params = nn::materialize(l.gpt->units(), device, DType::f32, 0, nn::ShardSpec{}, compute);
-    ckpt::load_hf_local(f, *l.gpt, l.params);
-    for (int64_t id : f.config().eos_token_id) l.eos.push_back(static_cast<int32_t>(id));
+  const ckpt::WeightSource src = ckpt::find_weights(a.model);  // a folder, a checkpoint, a file
+  l.gpt = std::make_unique<models::GPT>(ckpt::model_config_of(src));
+  l.params = nn::materialize(l.gpt->units(), device, DType::f32, 0, nn::ShardSpec{}, compute);
+  ckpt::load_weights(src, *l.gpt, l.params);
+  if (src.hf) {  // what a Hugging Face folder says ends a text, and its tokenizer
+    for (int64_t id : src.hf->config().eos_token_id) l.eos.push_back(static_cast<int32_t>(id));
     if (fs::exists(fs::path(a.model) / "tokenizer.json")) l.tokenizer = (fs::path(a.model) / "tokenizer.json").string();
-    l.what = "Hugging Face folder " + a.model;
-  } else {
-    NDT_CHECK(fs::is_directory(a.model), "--model ", a.model, " is neither a Hugging Face model folder (config.json "
-              "and safetensors) nor a checkpoint directory");
-    std::string dir = a.model;
-    if (!ckpt::is_sharded(dir)) {  // the checkpoint.dir: its newest complete checkpoint
-      const std::optional<std::string> latest = ckpt::latest_checkpoint(dir);
-      NDT_CHECK(latest.has_value(), "--model ", a.model, " holds no checkpoint (no config.json of a Hugging Face "
-                "folder, no checkpoint.json, no latest or step_* directory)");
-      dir = *latest;
-    }
-    NDT_CHECK(ckpt::is_sharded(dir), "--model ", dir, " is a full checkpoint: generate reads sharded ones "
-              "(checkpoint.format = sharded) and Hugging Face folders (export_weights writes one)");
-    l.gpt = std::make_unique<models::GPT>(ckpt::sharded_model_config(dir));
-    l.params = nn::materialize(l.gpt->units(), device, DType::f32, 0, nn::ShardSpec{}, compute);
-    ckpt::load_sharded_weights(dir, l.gpt->cfg, l.params, nullptr);
-    l.what = "checkpoint " + dir;
   }
-  l.params.refresh_compute();  // bfloat16: the copies the model computes with
+  l.what = src.str();
   return l;
 }
 
