@@ -163,4 +163,27 @@ Tensor LlamaBlock::forward(const Tensor& x, const Positions& pos) const {
   return add(h, mlp.forward(ln_2.forward(h)));
 }
 
+TensorParallelPlan& TensorParallelPlan::operator+=(const TensorParallelPlan& o) {
+  linears.insert(linears.end(), o.linears.begin(), o.linears.end());
+  counts.insert(counts.end(), o.counts.begin(), o.counts.end());
+  return *this;
+}
+
+TensorParallelPlan SwiGLU::tensor_parallel_plan() {
+  return {{{&gate_proj, true}, {&up_proj, true}, {&down_proj, false}}, {}};
+}
+
+TensorParallelPlan MLP::tensor_parallel_plan() { return {{{&c_fc, true}, {&c_proj, false}}, {}}; }
+
+TensorParallelPlan Block::tensor_parallel_plan() {
+  TensorParallelPlan p{{{&attn.c_attn, true, /*groups=*/3}, {&attn.c_proj, false}}, {{&attn.n_head, "heads"}}};
+  return p += mlp.tensor_parallel_plan();
+}
+
+TensorParallelPlan LlamaBlock::tensor_parallel_plan() {
+  TensorParallelPlan p{{{&attn.c_attn, true}, {&attn.c_proj, false}},
+                       {{&attn.n_head, "heads"}, {&attn.n_kv_head, "key/value heads"}}};
+  return p += mlp.tensor_parallel_plan();
+}
+
 }  // namespace ndt::nn

@@ -90,10 +90,32 @@ class RMSNorm : public Module {
 // The Llama family's MLP (SwiGLU): down(silu(gate x) * up x), C -> I -> C, no biases. Under
 // tensor parallelism gate and up are column-parallel and down row-parallel, each with its
 // own LinearComm, as GPT-2's c_fc and c_proj.
+// How tensor parallelism splits a layer, as data (Megatron's pairs; torchtitan's plans):
+// each linear column-parallel (its outputs, in `groups` blocks that split alike: q, k and v)
+// or row-parallel (its inputs), and the counts every rank holds a part of (heads), each
+// divided by tp. dist/tensor_parallel applies a plan without knowing the layer's class, so a
+// new block kind says here, once, how it splits.
+struct TensorParallelPlan {
+  struct Split {
+    Linear* linear;
+    bool column;         // true: column-parallel; false: row-parallel
+    int64_t groups = 1;  // column-parallel: the blocks of columns each split alike
+  };
+  struct Count {
+    int64_t* value;
+    const char* what;  // for the error: "heads", "key/value heads"
+  };
+  std::vector<Split> linears;
+  std::vector<Count> counts;
+  TensorParallelPlan& operator+=(const TensorParallelPlan& o);
+};
+
 class SwiGLU : public Module {
  public:
   SwiGLU(int64_t C, int64_t I, float std, float proj_std);
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  // gate and up column-parallel (this rank's hidden units of each), down row-parallel
+  TensorParallelPlan tensor_parallel_plan();
   Linear gate_proj, up_proj, down_proj;
 };
 
@@ -102,6 +124,7 @@ class MLP : public Module {
  public:
   MLP(int64_t C, float std, float proj_std);
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  TensorParallelPlan tensor_parallel_plan();  // c_fc column-parallel, c_proj row-parallel
   Linear c_fc, c_proj;
 };
 
@@ -136,6 +159,8 @@ class DecoderBlock : public Module {
   virtual Tensor forward(const Tensor& x, const Positions& pos) const = 0;  // (B, T, C) -> (B, T, C)
   // The attention core's replacement that context parallelism installs (ring attention)
   virtual AttendFn& attend() = 0;
+  // Its split under tensor parallelism: each rank some heads and some MLP hidden units.
+  virtual TensorParallelPlan tensor_parallel_plan() = 0;
 };
 
 // GPT-2's pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
@@ -144,6 +169,9 @@ class Block : public DecoderBlock {
   Block(int64_t C, int64_t n_head, float std, float proj_std, double norm_eps = 1e-5);
   Tensor forward(const Tensor& x, const Positions& pos = {}) const override;
   AttendFn& attend() override { return attn.attend; }
+  // c_attn column-parallel in three blocks (this rank's heads of q, of k and of v), c_proj
+  // row-parallel (those heads' rows); the MLP's
+  TensorParallelPlan tensor_parallel_plan() override;
   LayerNorm ln_1;
   CausalSelfAttention attn;
   LayerNorm ln_2;
@@ -187,6 +215,10 @@ class LlamaBlock : public DecoderBlock {
   LlamaBlock(const Dims& d, float std, float proj_std);
   Tensor forward(const Tensor& x, const Positions& pos) const override;
   AttendFn& attend() override { return attn.attend; }
+  // c_attn's columns are laid out by kv group, so a plain column split gives each rank whole
+  // groups (its kv heads and the query heads that read them); c_proj's rows of those query
+  // heads; the SwiGLU's
+  TensorParallelPlan tensor_parallel_plan() override;
   RMSNorm ln_1;
   GroupedQueryAttention attn;
   RMSNorm ln_2;

@@ -452,6 +452,17 @@ TEST_F(DistTrain, EveryPipelineScheduleEqualsOneProcess) {
                 2, nullptr, kPipeGPT2);
 }
 
+TEST_F(DistTrain, OneStageRunsEveryScheduleThroughTheSameExecutor) {
+  // without a pipeline the step is the one-stage schedule: 1f1b's F0 B0 F1 B1 ... is plain
+  // gradient accumulation (the one process these are compared with); gpipe's F0 F1 B0 B1 and
+  // zb-h1's deferred weight gradients change only the order, alone and under FSDP
+  check_layouts({{"one_stage_gpipe", 1, 1, 1, 1, "--parallel.pp_schedule gpipe", 1},
+                 {"one_stage_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 1},
+                 {"fsdp2_one_stage_gpipe", 1, 2, 1, 1, "--parallel.pp_schedule gpipe", 1},
+                 {"dp2_one_stage_zb", 2, 1, 1, 1, "--parallel.pp_schedule zb-h1", 1}},
+                2, nullptr, kPipeGPT2);
+}
+
 TEST_F(DistTrain, PipelineWithEveryOtherDimensionEqualsOneProcess) {
   // the data-parallel strategies inside each stage (a chunk's units synced in the backward
   // of its last micro-batch), tensor parallelism with sequence parallelism, context parallelism

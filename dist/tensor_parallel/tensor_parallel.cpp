@@ -88,46 +88,20 @@ void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp, 
 
 namespace {
 
-// The Llama family's MLP as rank `rank` of `parts` holds it: gate and up column-parallel
-// (this rank's hidden units of each), down row-parallel (their rows)
-void parallelize_mlp(nn::SwiGLU& mlp, int64_t parts, int64_t rank, Communicator* tp, const SequenceSplit* split) {
-  NDT_CHECK(mlp.gate_proj.out % parts == 0, "tensor parallelism: the MLP's ", mlp.gate_proj.out,
-            " hidden units (intermediate_size) are not divisible by tp_size = ", parts);
-  column_parallel(mlp.gate_proj, parts, rank, 1, tp, split);
-  column_parallel(mlp.up_proj, parts, rank, 1, tp, split);
-  row_parallel(mlp.down_proj, parts, rank, tp, split);
-}
-
-// One GPT-2 block as rank `rank` of `parts` holds it; with a communicator, with its f and g.
-void parallelize_block(nn::Block& b, int64_t parts, int64_t rank, Communicator* tp, const SequenceSplit* split) {
-  NDT_CHECK(b.attn.n_head % parts == 0, "tensor parallelism: ", b.attn.n_head, " heads do not divide among ",
-            parts, " ranks");
-  column_parallel(b.attn.c_attn, parts, rank, /*groups=*/3, tp, split);  // this rank's heads of q, of k, of v
-  row_parallel(b.attn.c_proj, parts, rank, tp, split);                   // those heads' rows
-  b.attn.n_head /= parts;
-  column_parallel(b.mlp.c_fc, parts, rank, /*groups=*/1, tp, split);  // this rank's hidden units
-  row_parallel(b.mlp.c_proj, parts, rank, tp, split);
-}
-
-// One llama block: c_attn's columns are laid out by kv group (nn::GroupedQueryAttention), so
-// a plain column split gives each rank whole groups: its kv heads and the query heads that
-// read them; c_proj's rows of those query heads.
-void parallelize_block(nn::LlamaBlock& b, int64_t parts, int64_t rank, Communicator* tp, const SequenceSplit* split) {
-  nn::GroupedQueryAttention& a = b.attn;
-  NDT_CHECK(a.n_kv_head % parts == 0, "tensor parallelism: ", a.n_kv_head,
-            " key/value heads do not divide among ", parts, " ranks");
-  column_parallel(a.c_attn, parts, rank, /*groups=*/1, tp, split);
-  row_parallel(a.c_proj, parts, rank, tp, split);
-  a.n_head /= parts;
-  a.n_kv_head /= parts;
-  parallelize_mlp(b.mlp, parts, rank, tp, split);
-}
-
-void parallelize_any(nn::DecoderBlock& b, int64_t parts, int64_t rank, Communicator* tp, const SequenceSplit* split) {
-  if (auto* gpt2 = dynamic_cast<nn::Block*>(&b))
-    parallelize_block(*gpt2, parts, rank, tp, split);
-  else
-    parallelize_block(dynamic_cast<nn::LlamaBlock&>(b), parts, rank, tp, split);
+// A layer's plan (nn::TensorParallelPlan) as rank `rank` of `parts` holds it; with a
+// communicator, with its f and g.
+void apply_plan(const nn::TensorParallelPlan& plan, int64_t parts, int64_t rank, Communicator* tp,
+                const SequenceSplit* split) {
+  for (const nn::TensorParallelPlan::Count& c : plan.counts)
+    NDT_CHECK(*c.value % parts == 0, "tensor parallelism: ", *c.value, " ", c.what, " do not divide among ", parts,
+              " ranks");
+  for (const nn::TensorParallelPlan::Split& s : plan.linears) {
+    if (s.column)
+      column_parallel(*s.linear, parts, rank, s.groups, tp, split);
+    else
+      row_parallel(*s.linear, parts, rank, tp, split);
+  }
+  for (const nn::TensorParallelPlan::Count& c : plan.counts) *c.value /= parts;
 }
 
 // The vocabulary's rows of wte and of an untied lm_head: this rank's slice
@@ -138,16 +112,12 @@ void split_vocabulary(models::GPT& gpt, int64_t parts, int64_t rank) {
 
 }  // namespace
 
-void apply_tensor_parallel(nn::Block& block, Communicator& tp, const SequenceSplit* split) {
-  if (tp.size() > 1) parallelize_block(block, tp.size(), tp.rank(), &tp, split);
-}
-
-void apply_tensor_parallel(nn::LlamaBlock& block, Communicator& tp, const SequenceSplit* split) {
-  if (tp.size() > 1) parallelize_block(block, tp.size(), tp.rank(), &tp, split);
+void apply_tensor_parallel(nn::DecoderBlock& block, Communicator& tp, const SequenceSplit* split) {
+  if (tp.size() > 1) apply_plan(block.tensor_parallel_plan(), tp.size(), tp.rank(), &tp, split);
 }
 
 void apply_tensor_parallel(nn::SwiGLU& mlp, Communicator& tp, const SequenceSplit* split) {
-  if (tp.size() > 1) parallelize_mlp(mlp, tp.size(), tp.rank(), &tp, split);
+  if (tp.size() > 1) apply_plan(mlp.tensor_parallel_plan(), tp.size(), tp.rank(), &tp, split);
 }
 
 void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
@@ -155,7 +125,7 @@ void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
             "; tp_size must be >= 1 and the rank in [0, tp_size)");
   if (parts == 1) return;
   check_tensor_parallel(gpt.cfg, parts);
-  for (auto& block : gpt.h) parallelize_any(*block, parts, rank, /*tp=*/nullptr, /*split=*/nullptr);
+  for (auto& block : gpt.h) apply_plan(block->tensor_parallel_plan(), parts, rank, /*tp=*/nullptr, /*split=*/nullptr);
   split_vocabulary(gpt, parts, rank);
 }
 
@@ -163,7 +133,7 @@ void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, const SequenceSpl
   const int64_t n = tp.size();
   if (n == 1) return;
   check_tensor_parallel(gpt.cfg, n);
-  for (auto& block : gpt.h) parallelize_any(*block, n, tp.rank(), &tp, split);
+  for (auto& block : gpt.h) apply_plan(block->tensor_parallel_plan(), n, tp.rank(), &tp, split);
   // the vocabulary: wte rows [v_start, v_start + Vl) on this rank
   const int64_t Vl = gpt.cfg.padded_vocab() / n, v_start = tp.rank() * Vl;
   const int64_t v_live = std::clamp<int64_t>(gpt.cfg.vocab_size - v_start, 0, Vl);  // the rest is padding

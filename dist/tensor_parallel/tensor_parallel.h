@@ -63,10 +63,10 @@ void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp =
 // Splits gpt's parameters (their specs: local shapes, TpSlice) and installs the f/g ops,
 // the vocabulary-parallel embedding and loss. The communicator must outlive the model.
 void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, const SequenceSplit* split = nullptr);
-// One block's share: its heads, its MLP hidden units (used by the GPT's, and by tests). A
-// llama block's share is whole kv groups (n_kv_head / tp key/value heads and their query heads).
-void apply_tensor_parallel(nn::Block& block, Communicator& tp, const SequenceSplit* split = nullptr);
-void apply_tensor_parallel(nn::LlamaBlock& block, Communicator& tp, const SequenceSplit* split = nullptr);
+// One block's share, as its nn::TensorParallelPlan says: its heads, its MLP hidden units
+// (used by the GPT's, and by tests). A llama block's share is whole kv groups (n_kv_head / tp
+// key/value heads and their query heads).
+void apply_tensor_parallel(nn::DecoderBlock& block, Communicator& tp, const SequenceSplit* split = nullptr);
 // The Llama family's MLP: gate and up column-parallel (this rank's hidden units), down
 // row-parallel; intermediate_size must divide by tp.
 void apply_tensor_parallel(nn::SwiGLU& mlp, Communicator& tp, const SequenceSplit* split = nullptr);
