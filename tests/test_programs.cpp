@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/corpus.h"
@@ -169,6 +170,17 @@ TEST(Programs, TheCommandLineReadsIntegersWholeAndOldSpellingsWithANote) {
   EXPECT_NE(error({"--seed"}).find("'--seed'"), std::string::npos);
   EXPECT_NE(error({"--no_such_option"}).find("--no_such_option"), std::string::npos);
   EXPECT_EQ(error({"--seed", "3", "stray"}, false), "unexpected argument 'stray'");
+  // in the programs: exit code 2 and the option named
+  const auto p = programs();
+  for (const auto& [name, args, option] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"generate", "--model /tmp --seed 1.5", "'--seed'"},
+           {"generate", "--model /tmp --top_k 9223372036854775808", "'--top_k'"},
+           {"prepare_text", "--out /tmp/x --threads 99999999999 f.txt", "'--threads'"}}) {
+    const Result r = run(p.at(name), args);
+    EXPECT_EQ(r.rc, 2) << name << " " << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(option), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("it takes an integer from"), std::string::npos) << r.out;
+  }
 }
 
 // generate, end to end: a tiny llama trained two steps on the tests' char corpus, then its

@@ -26,7 +26,7 @@ std::string value_kind(const po::option_description& d) {
   if (dynamic_cast<const po::typed_value<bool>*>(v)) return "true or false";
   if (dynamic_cast<const po::typed_value<int64_t>*>(v)) return integer_range<int64_t>();
   if (dynamic_cast<const po::typed_value<int>*>(v)) return integer_range<int>();
-  if (dynamic_cast<const po::typed_value<uint64_t>*>(v)) return integer_range<uint64_t>();
+  if (dynamic_cast<const po::typed_value<uint64_t>*>(v)) return "a non-negative integer";
   if (dynamic_cast<const po::typed_value<double>*>(v)) return "a number";
   return "text";
 }
