@@ -1,30 +1,12 @@
 #include "dist/flight.h"
 
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+
+#include "dist/json_text.h"
 
 namespace ndt::dist {
-namespace {
-
-std::string quoted(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof(b), "\\u%04x", c);
-      o += b;
-      continue;
-    }
-    o += c;
-  }
-  return o + "\"";
-}
-
-}  // namespace
 
 int64_t FlightRecorder::now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -115,26 +97,23 @@ FlightRecorder::Pending FlightRecorder::oldest_pending() const {
 }
 
 void FlightRecorder::dump(const std::string& path, int rank, int world, const std::string& reason) const {
-  std::ostringstream os;
+  std::string text;
   {
     std::lock_guard<std::mutex> g(mu_);
     if (dumped_ || job_.empty()) return;
     dumped_ = true;
     dumped_to_ = path;
-    os << "{\"job\": " << quoted(job_) << ", \"rank\": " << rank << ", \"world\": " << world
-       << ", \"reason\": " << quoted(reason)
-       << ", \"step\": " << step_ << ", \"written_us\": " << now_us() << ",\n \"hosts\": [";
-    for (size_t i = 0; i < hosts_.size(); ++i) os << (i ? ", " : "") << quoted(hosts_[i]);
-    os << "],\n \"entries\": [";
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      const Entry& e = entries_[i];
+    nlohmann::ordered_json entries = nlohmann::ordered_json::array();
+    for (const Entry& e : entries_) {
       const char* state = e.finished_us ? (e.ok ? "done" : "failed") : e.started_us ? "started" : "queued";
-      os << (i ? ",\n  " : "\n  ") << "{\"group\": " << quoted(e.group) << ", \"seq\": " << e.seq
-         << ", \"what\": " << quoted(e.what) << ", \"bytes\": " << e.bytes << ", \"step\": " << e.step
-         << ", \"state\": \"" << state << "\", \"queued_us\": " << e.queued_us
-         << ", \"started_us\": " << e.started_us << ", \"finished_us\": " << e.finished_us << "}";
+      entries.push_back({{"group", e.group}, {"seq", e.seq}, {"what", e.what}, {"bytes", e.bytes},
+                         {"step", e.step}, {"state", state}, {"queued_us", e.queued_us},
+                         {"started_us", e.started_us}, {"finished_us", e.finished_us}});
     }
-    os << "\n ]}\n";
+    text = json_one_per_line({{"job", job_}, {"rank", rank}, {"world", world}, {"reason", reason},
+                              {"step", step_}, {"written_us", now_us()}, {"hosts", hosts_},
+                              {"entries", std::move(entries)}},
+                             "entries");
   }
   try {
     namespace fs = std::filesystem;
@@ -142,7 +121,7 @@ void FlightRecorder::dump(const std::string& path, int rank, int world, const st
     const std::string tmp = path + ".tmp";
     {
       std::ofstream f(tmp, std::ios::trunc);
-      f << os.str();
+      f << text;
       if (!f) return;
     }
     fs::rename(tmp, path);

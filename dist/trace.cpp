@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "dist/json_text.h"
 #include "tensor/error.h"
 
 namespace ndt::dist {
@@ -26,18 +27,6 @@ size_t Trace::size() const {
   return events_.size();
 }
 
-namespace {
-std::string escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    o += c;
-  }
-  return o;
-}
-}  // namespace
-
 void Trace::write(const std::string& path) const {
   std::lock_guard<std::mutex> g(mu_);
   const char* tracks[] = {"compute", "comm", "wait"};
@@ -45,35 +34,22 @@ void Trace::write(const std::string& path) const {
   // clock, so the ranks of one host line up (scripts/trace_summary.py shifts by it)
   const auto origin =
       std::chrono::duration_cast<std::chrono::microseconds>(start_.time_since_epoch()).count();
-  char buf[256];
-  std::snprintf(buf, sizeof(buf),
-                "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"clock_origin_us\":%lld},\"traceEvents\":[\n",
-                static_cast<long long>(origin));
-  std::string s = buf;
-  std::snprintf(buf, sizeof(buf),
-                "{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_,
-                rank_);
-  s += buf;
-  for (int t = 0; t < 3; ++t) {
-    std::snprintf(
-        buf, sizeof(buf),
-        ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}", rank_,
-        t, tracks[t]);
-    s += buf;
-  }
+  using json = nlohmann::ordered_json;
+  json events = json::array();
+  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank_},
+                    {"args", {{"name", "rank " + std::to_string(rank_)}}}});
+  for (int t = 0; t < 3; ++t)
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank_}, {"tid", t},
+                      {"args", {{"name", tracks[t]}}}});
   for (const Event& e : events_) {
-    s += ",\n{\"ph\":\"X\",\"name\":\"" + escape(e.name) + "\"";
-    std::snprintf(buf, sizeof(buf), ",\"pid\":%d,\"tid\":%d,\"ts\":%lld,\"dur\":%lld", rank_,
-                  static_cast<int>(e.track), static_cast<long long>(e.begin),
-                  static_cast<long long>(e.end - e.begin));
-    s += buf;
-    if (e.bytes >= 0) {
-      std::snprintf(buf, sizeof(buf), ",\"args\":{\"bytes\":%lld}", static_cast<long long>(e.bytes));
-      s += buf;
-    }
-    s += "}";
+    json j = {{"ph", "X"}, {"name", e.name}, {"pid", rank_}, {"tid", static_cast<int>(e.track)},
+              {"ts", e.begin}, {"dur", e.end - e.begin}};
+    if (e.bytes >= 0) j["args"] = {{"bytes", e.bytes}};
+    events.push_back(std::move(j));
   }
-  s += "\n]}\n";
+  const std::string s = json_one_per_line(
+      {{"displayTimeUnit", "ms"}, {"otherData", {{"clock_origin_us", origin}}}, {"traceEvents", std::move(events)}},
+      "traceEvents");
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   NDT_CHECK(f, "cannot write trace ", tmp, " (", std::strerror(errno), ")");

@@ -33,6 +33,8 @@ PACKAGES=(
   # Boost.Program_options (train/config.cpp): the library, its CMake config; the headers
   # come from the trimmed tarball below, not from libboost1.74-dev
   libboost-program-options-dev libboost-program-options1.74-dev libboost-program-options1.74.0
+  # libxxhash: the XXH64 of checkpoint files (train/io/files.cpp): header and library
+  libxxhash-dev libxxhash0
   # tests and benchmarks: GoogleTest/GoogleMock (static libraries and CMake config in the
   # -dev packages), Google Benchmark, nlohmann-json (header-only)
   libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian nlohmann-json3-dev
@@ -59,7 +61,7 @@ FALLBACK=(libudev1 libuuid1 libatomic1)
 # libc6, libstdc++6, libgcc-s1, libgomp1 (with the compiler), zlib1g.
 
 # The Boost headers to keep: every header a translation unit that includes
-# <boost/program_options.hpp> opens (g++ -M, C++17 and C++20, with and without
+# <boost/program_options.hpp> and <boost/crc.hpp> (train/io/tensorboard.cpp) opens (g++ -M, C++17 and C++20, with and without
 # optimization, also as nvcc's host compiler would see it), plus these whole folders, so
 # that a header chosen by another compiler or standard library version is there as well.
 BOOST_KEEP_DIRS=(
@@ -101,7 +103,7 @@ log "Boost headers: trimming libboost1.74-dev"
 mkdir -p "$tmp/boost"
 dpkg-deb -x "$tmp"/libboost1.74-dev_*.deb "$tmp/boost"
 inc="$tmp/boost/usr/include"
-printf '#include <boost/program_options.hpp>\nint main() { return 0; }\n' >"$tmp/bpo.cpp"
+printf '#include <boost/program_options.hpp>\n#include <boost/crc.hpp>\nint main() { return 0; }\n' >"$tmp/bpo.cpp"
 {
   for std in c++17 c++20; do
     for opt in -O0 -O3; do
@@ -110,7 +112,7 @@ printf '#include <boost/program_options.hpp>\nint main() { return 0; }\n' >"$tmp
     done
   done
 } | tr -s ' \134' '\n' | grep "^$inc/boost/" | sed "s|^$inc/||" | sort -u >"$tmp/headers.txt"
-[[ -s "$tmp/headers.txt" ]] || die "found no Boost header behind boost/program_options.hpp"
+[[ -s "$tmp/headers.txt" ]] || die "found no Boost header behind boost/program_options.hpp and boost/crc.hpp"
 for d in "${BOOST_KEEP_DIRS[@]}"; do
   [[ -d "$inc/boost/$d" ]] || die "boost/$d is not in libboost1.74-dev"
   (cd "$inc" && find "boost/$d" -type f) >>"$tmp/headers.txt"

@@ -35,7 +35,8 @@ BUILD="${NDT_BUILD_DIR:-build}"
 # Everything ndtrain needs: compilers and CMake, OpenBLAS (CPU GEMM; CMake prefers the
 # OpenMP build, which shares its threads with our OpenMP loops), oneDNN (bf16 GEMMs on CPUs
 # with bf16 instructions), Open MPI (CPU
-# collectives), Boost.Program_options (config), nlohmann-json (reports), PCRE2 and
+# collectives), Boost.Program_options (the programs' options) and Boost's headers (CRC-32C of
+# the TensorBoard records), nlohmann-json (reports), libxxhash (checkpoint checksums), PCRE2 and
 # libunistring (the tokenizer's regexes and Unicode normalization), GoogleTest and
 # Google Benchmark, the fortunes text (the offline training corpus), iproute2 and
 # util-linux for the simulated cluster of the multi-host tests (scripts/cluster.sh), and
@@ -45,7 +46,7 @@ BUILD="${NDT_BUILD_DIR:-build}"
 PACKAGES=(
   build-essential cmake pkg-config
   libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
-  libboost-program-options-dev nlohmann-json3-dev libpcre2-dev libunistring-dev
+  libboost-program-options-dev libboost-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libunistring-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fortunes fortunes-min
   iproute2 util-linux python3 python3-venv

@@ -6,13 +6,18 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <map>
+#include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/corpus.h"
 #include "support/launch.h"
 #include "support/testing.h"
+#include "tensor/error.h"
+#include "train/command_line.h"
 
 namespace {
 
@@ -69,13 +74,15 @@ TEST(Programs, ABadArgumentIsOneLineAndANonZeroExit) {
       {"bench_gpt_train",
        {"--batch x", "--steps", "XL", "S 2x", "S 0 nodevice", "S 0 cpu half", "S 0 cpu none extra"}},
       {"engine_demo", {"--steps x", "--lr", "--batch 0"}},
-      {"export_weights", {"only_one_argument", "a b c"}},
+      {"export_weights", {"only_one_argument", "a b c", "--dtype half a b"}},
       {"generate",
-       {"", "--model", "--model /nonexistent", "--model /tmp --top-p 0", "--model /tmp --temperature x",
-        "--model /tmp --dtype half", "--model /tmp --max-new-tokens 0", "stray"}},
+       {"", "--model", "--model /nonexistent", "--model /tmp --top_p 0", "--model /tmp --temperature x",
+        "--model /tmp --dtype half", "--model /tmp --max_new_tokens 0", "stray", "--model /tmp --seed 1.5",
+        "--model /tmp --seed 9223372036854775808", "--model /tmp --seed -1", "--model /tmp --top_k x"}},
       {"bench_generate", {"XL", "S x", "S 0 nodevice", "--prompt 0", "S 0 cpu extra"}},
       {"prepare_text",
-       {"--out /nonexistent --vocab word file.txt", "--val_fraction x", "--out /tmp/x --vocab byte --tokenizer t.json f",
+       {"--out /nonexistent --vocab word file.txt", "--val_fraction x", "--shard_tokens 1e6",
+        "--out /tmp/x --vocab byte --tokenizer t.json f",
         "--out /tmp/x --tokenizer /nonexistent/tokenizer.json /etc/hostname"}},
       {"bench_tokenizer", {"--threads 0 --tokenizer t.json f", "--tokenizer /nonexistent/t.json /etc/hostname"}},
       {"train_gpt", {"--train.steps x", "stray.ini"}},
@@ -98,6 +105,84 @@ TEST(Programs, ABadArgumentIsOneLineAndANonZeroExit) {
     }
 }
 
+// The programs beside train_gpt read their options as train_gpt does (train/command_line.h):
+// --lower_snake_case, integers as integers, the last release's spellings with a note.
+TEST(Programs, TheCommandLineReadsIntegersWholeAndOldSpellingsWithANote) {
+  namespace po = boost::program_options;
+  int64_t seed = 0, n = 0;
+  bool flag = false;
+  std::vector<std::string> files;
+  po::options_description opts("Usage: test [options] FILE...\n\nOptions");
+  opts.add_options()("help,h", "help")("seed", po::value(&seed))("max_new_tokens", po::value(&n))(
+      "ignore_eos", po::bool_switch(&flag))("files", po::value(&files));
+  po::positional_options_description pos;
+  pos.add("files", -1);
+  const std::vector<ndt::train::Renamed> renamed = {{"max-new-tokens", "max_new_tokens"},
+                                                    {"ignore-eos", "ignore_eos"}};
+  auto parse = [&](std::vector<const char*> args, std::string* notes = nullptr, bool with_files = true) {
+    args.insert(args.begin(), "test");
+    seed = n = 0;
+    flag = false;
+    files.clear();
+    po::variables_map vm;
+    std::ostringstream out, err;
+    const bool go = ndt::train::parse_command_line(static_cast<int>(args.size()), args.data(), opts,
+                                                   with_files ? pos : po::positional_options_description(),
+                                                   renamed, vm, out, err);
+    if (notes) *notes = err.str();
+    return go ? std::string() : out.str();
+  };
+  // every bit of an int64: 2^53 + 1 is not a double, 2^63 - 1 the largest
+  parse({"--seed", "9007199254740993"});
+  EXPECT_EQ(seed, int64_t(9007199254740993));
+  parse({"--seed=9223372036854775807"});
+  EXPECT_EQ(seed, std::numeric_limits<int64_t>::max());
+  // the new spellings, and the old ones with one note each
+  std::string notes;
+  parse({"--max_new_tokens", "7", "--ignore_eos", "a.txt"}, &notes);
+  EXPECT_EQ(n, 7);
+  EXPECT_TRUE(flag);
+  EXPECT_EQ(files, std::vector<std::string>{"a.txt"});
+  EXPECT_EQ(notes, "");
+  parse({"--max-new-tokens=9", "--ignore-eos"}, &notes);
+  EXPECT_EQ(n, 9);
+  EXPECT_TRUE(flag);
+  EXPECT_EQ(notes,
+            "note: --max-new-tokens is now --max_new_tokens; the old spelling goes in the next release\n"
+            "note: --ignore-eos is now --ignore_eos; the old spelling goes in the next release\n");
+  // --help prints the options; errors are one line naming the option
+  EXPECT_NE(parse({"a.txt", "--help"}).find("Usage: test"), std::string::npos);
+  auto error = [&](std::vector<const char*> args, bool with_files = true) {
+    try {
+      parse(std::move(args), nullptr, with_files);
+    } catch (const ndt::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  for (const char* bad : {"1.5", "9223372036854775808", "x", "1e3", "0x10", ""}) {
+    const std::string e = error({"--seed", bad});
+    EXPECT_NE(e.find("'--seed'"), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("an integer from -9223372036854775808 to 9223372036854775807"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  EXPECT_NE(error({"--max-new-tokens", "x"}).find("'--max_new_tokens'"), std::string::npos);
+  EXPECT_NE(error({"--seed"}).find("'--seed'"), std::string::npos);
+  EXPECT_NE(error({"--no_such_option"}).find("--no_such_option"), std::string::npos);
+  EXPECT_EQ(error({"--seed", "3", "stray"}, false), "unexpected argument 'stray'");
+  // in the programs: exit code 2 and the option named
+  const auto p = programs();
+  for (const auto& [name, args, option] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"generate", "--model /tmp --seed 1.5", "'--seed'"},
+           {"generate", "--model /tmp --top_k 9223372036854775808", "'--top_k'"},
+           {"prepare_text", "--out /tmp/x --threads 99999999999 f.txt", "'--threads'"}}) {
+    const Result r = run(p.at(name), args);
+    EXPECT_EQ(r.rc, 2) << name << " " << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(option), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("it takes an integer from"), std::string::npos) << r.out;
+  }
+}
+
 // generate, end to end: a tiny llama trained two steps on the tests' char corpus, then its
 // checkpoint and its Hugging Face export continued through the vocabulary: exit 0, the prompt
 // first, the greedy text the same from both, and a tokenizer that is not the model's refused.
@@ -114,9 +199,10 @@ TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
   ASSERT_EQ(train.rc, 0) << train.out;
   const Result exported = run(p.at("export_weights"), d + "/ckpt/step_00000002 " + d + "/hf");
   ASSERT_EQ(exported.rc, 0) << exported.out;
-  const std::string opts = " --tokenizer " + d + "/data/vocab.json --prompt 'a ' --max-new-tokens 30 --temperature 0";
-  auto text = [&](const std::string& model) {  // stdout alone (the summary lines go to stderr)
-    return ndt::testing::run_shell("{ OMP_NUM_THREADS=1 " + p.at("generate") + " --model " + model + opts +
+  const std::string opts = " --tokenizer " + d + "/data/vocab.json --prompt 'a ' --max_new_tokens 30";
+  // stdout alone (the summary lines go to stderr)
+  auto text = [&](const std::string& model, const std::string& draw = " --temperature 0") {
+    return ndt::testing::run_shell("{ OMP_NUM_THREADS=1 " + p.at("generate") + " --model " + model + opts + draw +
                                    " 2>/dev/null </dev/null; }");
   };
   const Result a = text(d + "/ckpt"), b = text(d + "/hf");
@@ -125,6 +211,25 @@ TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
   EXPECT_EQ(a.out.rfind("a ", 0), 0u) << a.out;
   EXPECT_GT(a.out.size(), 2u + 30u) << "30 characters after the prompt: " << a.out;
   EXPECT_EQ(a.out, b.out) << "the checkpoint and its export continue alike";
+  // the seed is read whole: 2^53 + 1 draws other tokens than 2^53 (as a double both are 2^53)
+  const Result s53 = text(d + "/hf", " --temperature 1 --seed 9007199254740992"),
+               s53_1 = text(d + "/hf", " --temperature 1 --seed 9007199254740993"),
+               again = text(d + "/hf", " --temperature 1 --seed 9007199254740993");
+  ASSERT_EQ(s53_1.rc, 0) << s53_1.out;
+  EXPECT_EQ(s53_1.out, again.out) << "a seed draws the same tokens every time";
+  EXPECT_NE(s53_1.out, s53.out) << "2^53 + 1 is not 2^53";
+  // the last release's spellings still work, each with its note
+  const Result old = run(p.at("generate"), "--model " + d + "/hf --tokenizer " + d + "/data/vocab.json "
+                                           "--max-new-tokens 5 --top-k 3 --top-p 0.9 --ignore-eos");
+  EXPECT_EQ(old.rc, 0) << old.out;
+  for (const char* o : {"max-new-tokens", "top-k", "top-p", "ignore-eos"}) {
+    std::string now = o;
+    std::replace(now.begin(), now.end(), '-', '_');
+    EXPECT_NE(old.out.find("note: --" + std::string(o) + " is now --" + now +
+                           "; the old spelling goes in the next release\n"),
+              std::string::npos)
+        << old.out;
+  }
   // a byte vocabulary (256 tokens) for a model of fewer characters: refused before any text
   ASSERT_EQ(ndt::testing::run_shell("echo '{\"type\": \"byte\"}' > " + d + "/bytes.json").rc, 0);
   const Result wrong = run(p.at("generate"), "--model " + d + "/ckpt --tokenizer " + d + "/bytes.json");

@@ -1,15 +1,20 @@
-// What a run leaves to be read: the HTML report (train/report.h, train/chart.h) and the
-// TensorBoard event files (train/io/tensorboard.h). The CRC-32C and the records are checked
+// What a run leaves to be read: the HTML report (train/report.h, train/chart.h), the
+// TensorBoard event files (train/io/tensorboard.h), the Chrome trace (dist/trace.h) and the
+// flight record (dist/flight.h). The CRC-32C and the records are checked
 // against known vectors: RFC 3720's, and bytes written by TensorBoard's own RecordWriter
 // (tensorboard 2.21, tensorboard.summary.writer.record_writer) for the same Events.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
 
+#include "dist/flight.h"
+#include "dist/trace.h"
 #include "support/testing.h"
 #include "train/io/tensorboard.h"
 #include "train/report.h"
@@ -40,8 +45,8 @@ TEST(TensorBoard, Crc32cKnownVectors) {
   EXPECT_EQ(io::crc32c(up.data(), 32), 0x46DD794Eu);
   EXPECT_EQ(io::crc32c(down.data(), 32), 0x113FDB5Cu);
   EXPECT_EQ(io::crc32c("", 0), 0u);
-  // in pieces: the same as at once
-  EXPECT_EQ(io::crc32c("6789", 4, io::crc32c("12345", 5)), 0xE3069283u);
+  // TFRecord's mask, as the hand-written CRC-32C gave it before Boost.CRC replaced it
+  EXPECT_EQ(io::masked_crc32c("123456789"), 0xC78AB0E5u);
 }
 
 TEST(TensorBoard, EventsAndRecordsMatchTensorBoardsOwnWriter) {
@@ -127,6 +132,68 @@ int points(const std::string& html, const std::string& series) {
   std::smatch m;
   if (!std::regex_search(html, m, std::regex("data-series='" + series + "' data-points='([0-9]+)'"))) return -1;
   return std::stoi(m[1]);
+}
+
+// The trace and the flight record are JSON whatever the names hold: quotes, backslashes,
+// control characters, and bytes that are not UTF-8 (written as U+FFFD, never a throw).
+TEST(RunLogs, TraceAndFlightRecordAreJsonWhateverTheNamesHold) {
+  const fs::path dir = ndt::testing::fresh_dir("run_logs_json");
+  const std::string odd = "a \"q\" \\ tab\t nl\n bad\xff\xfe end";
+  const std::string replaced = "a \"q\" \\ tab\t nl\n bad\xEF\xBF\xBD\xEF\xBF\xBD end";
+  auto read = [](const fs::path& p) {
+    std::stringstream ss;
+    ss << std::ifstream(p).rdbuf();
+    return ss.str();
+  };
+
+  dist::Trace trace(3);
+  trace.add(odd, dist::Trace::kComm, 10, 25, 4096);
+  trace.add("forward h.0", dist::Trace::kCompute, 30, 40);
+  trace.write((dir / "trace.rank3.json").string());
+  const std::string t = read(dir / "trace.rank3.json");
+  const nlohmann::json tj = nlohmann::json::parse(t);
+  EXPECT_EQ(tj["displayTimeUnit"], "ms");
+  EXPECT_TRUE(tj["otherData"]["clock_origin_us"].is_number_integer());
+  ASSERT_EQ(tj["traceEvents"].size(), 6u) << t;  // process and 3 thread names, 2 events
+  EXPECT_EQ(tj["traceEvents"][0]["args"]["name"], "rank 3");
+  EXPECT_EQ(tj["traceEvents"][2]["args"]["name"], "comm");
+  const nlohmann::json& e = tj["traceEvents"][4];
+  EXPECT_EQ(e["name"], replaced);
+  EXPECT_EQ(e["ph"], "X");
+  EXPECT_EQ(e["pid"], 3);
+  EXPECT_EQ(e["tid"], 1);
+  EXPECT_EQ(e["ts"], 10);
+  EXPECT_EQ(e["dur"], 15);
+  EXPECT_EQ(e["args"]["bytes"], 4096);
+  EXPECT_FALSE(tj["traceEvents"][5].contains("args"));
+  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 8) << "one event a line: " << t;
+
+  dist::FlightRecorder flight;
+  flight.set_job("job " + odd);
+  flight.set_hosts({"node0", odd});
+  flight.set_step(5);
+  flight.started(flight.queued("dp@0", 1, odd, 64));
+  flight.queued("dp@0", 2, "dp.barrier", 0);
+  flight.dump((dir / "flight" / "rank_1.json").string(), 1, 2, "reason " + odd);
+  const std::string f = read(dir / "flight" / "rank_1.json");
+  const nlohmann::json fj = nlohmann::json::parse(f);
+  EXPECT_EQ(fj["job"], "job " + replaced);
+  EXPECT_EQ(fj["rank"], 1);
+  EXPECT_EQ(fj["world"], 2);
+  EXPECT_EQ(fj["reason"], "reason " + replaced);
+  EXPECT_EQ(fj["step"], 5);
+  EXPECT_TRUE(fj["written_us"].is_number_integer());
+  EXPECT_EQ(fj["hosts"], nlohmann::json({"node0", replaced}));
+  ASSERT_EQ(fj["entries"].size(), 2u) << f;
+  EXPECT_EQ(fj["entries"][0]["what"], replaced);
+  EXPECT_EQ(fj["entries"][0]["group"], "dp@0");
+  EXPECT_EQ(fj["entries"][0]["bytes"], 64);
+  EXPECT_EQ(fj["entries"][0]["state"], "started");
+  EXPECT_EQ(fj["entries"][1]["state"], "queued");
+  EXPECT_EQ(fj["entries"][1]["seq"], 2);
+  EXPECT_EQ(fj["entries"][1]["step"], 5);
+  EXPECT_EQ(std::count(f.begin(), f.end(), '\n'), 4) << "one entry a line: " << f;
+  fs::remove_all(dir);
 }
 
 TEST(Report, OneRankCpuRunHasEveryChartItsMetricsMakeAndSaysWhatIsLeftOut) {

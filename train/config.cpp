@@ -2,6 +2,7 @@
 
 #include "dist/pipeline_parallel/schedule.h"
 #include "train/checkpoint/hf.h"
+#include "train/command_line.h"
 
 #include <algorithm>
 #include <boost/program_options.hpp>
@@ -222,17 +223,6 @@ std::string value_text(const boost::any& v) {
     return s;
   }
   NDT_FAIL("config: a value of an unexpected type (", v.type().name(), "); value_text needs a case for it");
-}
-
-// What kind of value an option takes, for error messages.
-std::string value_kind(const po::option_description& d) {
-  const po::value_semantic* v = d.semantic().get();
-  if (dynamic_cast<const po::typed_value<bool>*>(v)) return "true or false";
-  if (dynamic_cast<const po::typed_value<int64_t>*>(v) || dynamic_cast<const po::typed_value<int>*>(v))
-    return "an integer";
-  if (dynamic_cast<const po::typed_value<uint64_t>*>(v)) return "a non-negative integer";
-  if (dynamic_cast<const po::typed_value<double>*>(v)) return "a number";
-  return "text";
 }
 
 // The INI file: `[section]` lines, `key = value` lines, comments from `#` (or a line

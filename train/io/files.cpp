@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "tensor/error.h"
@@ -121,83 +123,17 @@ void LineWriter::write_line(const std::string& line) {
   }
 }
 
-// ---- XXH64, from the xxHash specification -------------------------------------------
-namespace {
-constexpr uint64_t P1 = 0x9E3779B185EBCA87ull, P2 = 0xC2B2AE3D27D4EB4Full, P3 = 0x165667B19E3779F9ull,
-                   P4 = 0x85EBCA77C2B2AE63ull, P5 = 0x27D4EB2F165667C5ull;
-inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t read64(const unsigned char* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;  // little-endian hosts (x86-64, aarch64)
-}
-inline uint32_t read32(const unsigned char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline uint64_t xxround(uint64_t acc, uint64_t input) { return rotl(acc + input * P2, 31) * P1; }
-inline uint64_t merge(uint64_t acc, uint64_t val) { return (acc ^ xxround(0, val)) * P1 + P4; }
-}  // namespace
-
-void XXH64::update(const void* data, size_t n) {
-  const unsigned char* p = static_cast<const unsigned char*>(data);
-  total_ += n;
-  if (buffered_ + n < 32) {
-    std::memcpy(buf_ + buffered_, p, n);
-    buffered_ += n;
-    return;
-  }
-  if (buffered_) {
-    const size_t take = 32 - buffered_;
-    std::memcpy(buf_ + buffered_, p, take);
-    for (int i = 0; i < 4; ++i) acc_[i] = xxround(acc_[i], read64(buf_ + 8 * i));
-    p += take;
-    n -= take;
-    buffered_ = 0;
-  }
-  for (; n >= 32; p += 32, n -= 32)
-    for (int i = 0; i < 4; ++i) acc_[i] = xxround(acc_[i], read64(p + 8 * i));
-  std::memcpy(buf_, p, n);
-  buffered_ = n;
-}
-
-uint64_t XXH64::digest() const {
-  uint64_t h;
-  if (total_ >= 32) {
-    h = rotl(acc_[0], 1) + rotl(acc_[1], 7) + rotl(acc_[2], 12) + rotl(acc_[3], 18);
-    for (int i = 0; i < 4; ++i) h = merge(h, acc_[i]);
-  } else {
-    h = acc_[2] + P5;  // acc_[2] is the seed (0)
-  }
-  h += total_;
-  const unsigned char* p = buf_;
-  size_t n = buffered_;
-  for (; n >= 8; p += 8, n -= 8) h = rotl(h ^ xxround(0, read64(p)), 27) * P1 + P4;
-  if (n >= 4) {
-    h = rotl(h ^ (static_cast<uint64_t>(read32(p)) * P1), 23) * P2 + P3;
-    p += 4;
-    n -= 4;
-  }
-  for (; n > 0; ++p, --n) h = rotl(h ^ (*p * P5), 11) * P1;
-  h ^= h >> 33;
-  h *= P2;
-  h ^= h >> 29;
-  h *= P3;
-  h ^= h >> 32;
-  return h;
-}
-
-uint64_t xxh64(const void* data, size_t n) {
-  XXH64 h;
-  h.update(data, n);
-  return h.digest();
-}
+// ---- XXH64: libxxhash (Debian's libxxhash-dev) ----------------------------------------
+uint64_t xxh64(const void* data, size_t n) { return XXH64(data, n, 0); }
 
 uint64_t file_xxh64(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   NDT_CHECK(fd >= 0, path, ": cannot open (", std::strerror(errno), ")");
-  XXH64 h;
+  const std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> h(XXH64_createState(), XXH64_freeState);
+  if (!h || XXH64_reset(h.get(), 0) != XXH_OK) {
+    ::close(fd);
+    NDT_FAIL(path, ": cannot start its checksum (out of memory)");
+  }
   std::vector<char> buf(1 << 20);
   for (;;) {
     const ssize_t r = ::read(fd, buf.data(), buf.size());
@@ -208,10 +144,10 @@ uint64_t file_xxh64(const std::string& path) {
       NDT_FAIL(path, ": read failed (", std::strerror(err), ")");
     }
     if (r == 0) break;
-    h.update(buf.data(), static_cast<size_t>(r));
+    XXH64_update(h.get(), buf.data(), static_cast<size_t>(r));
   }
   ::close(fd);
-  return h.digest();
+  return XXH64_digest(h.get());
 }
 
 std::string hex64(uint64_t v) {

@@ -3,7 +3,7 @@
 //
 //   io::write_file_atomic("out/latest", "step_00000100\n");
 //   io::write_file_atomic("model.safetensors", {header, tensor_bytes_a, tensor_bytes_b});
-//   uint64_t h = io::file_xxh64("model.safetensors");   // XXH64, seed 0
+//   uint64_t h = io::file_xxh64("model.safetensors");   // XXH64, seed 0 (libxxhash)
 //
 // The pieces are written in order to PATH.tmp, flushed to disk (fsync), and renamed over
 // PATH; on any failure the temporary file is removed and PATH is left as it was. Only a
@@ -50,18 +50,8 @@ class LineWriter {
   std::string path_, error_;
 };
 
-// XXH64 (Collet's xxHash, 64-bit, seed 0), fed in pieces.
-class XXH64 {
- public:
-  void update(const void* data, size_t n);
-  uint64_t digest() const;
-
- private:
-  uint64_t acc_[4] = {0x60EA27EEADC0B5D6ull, 0xC2B2AE3D27D4EB4Full, 0, 0x61C8864E7A143579ull};
-  unsigned char buf_[32] = {};
-  size_t buffered_ = 0;
-  uint64_t total_ = 0;
-};
+// XXH64 (Collet's xxHash, 64-bit, seed 0), computed by libxxhash: of bytes, or of a
+// file's contents (read a piece at a time).
 uint64_t xxh64(const void* data, size_t n);
 uint64_t file_xxh64(const std::string& path);  // throws ndt::Error naming the file
 std::string hex64(uint64_t v);                 // 16 lowercase hex digits

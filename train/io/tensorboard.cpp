@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <array>
+#include <boost/crc.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -13,25 +13,12 @@
 
 namespace ndt::io {
 
-// ---- CRC-32C ------------------------------------------------------------------------
-namespace {
-std::array<uint32_t, 256> crc32c_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
-}  // namespace
-
-uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
-  static const std::array<uint32_t, 256> table = crc32c_table();
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return ~crc;
+// ---- CRC-32C: Boost.CRC ---------------------------------------------------------------
+uint32_t crc32c(const void* data, size_t n) {
+  // Castagnoli's polynomial, all ones in and out, reflected (as iSCSI and TFRecord use it)
+  boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true> crc;
+  crc.process_bytes(data, n);
+  return crc.checksum();
 }
 
 uint32_t masked_crc32c(std::string_view bytes) {

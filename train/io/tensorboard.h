@@ -24,9 +24,9 @@
 //
 // Written by hand rather than with libprotobuf and a .proto: three messages and six fields
 // are ~40 lines of wire-format encoding here, against a protoc step in the build and a
-// library every program would link; CRC-32C is a 256-entry table. Both are tested against
-// known vectors (tests/test_run_logs.cpp), and the files are read back by TensorBoard's
-// own reader (tests/scripts/test_tensorboard.sh).
+// library every program would link; CRC-32C is Boost.CRC's (headers only). Both are tested
+// against known vectors (tests/test_run_logs.cpp), and the files are read back by
+// TensorBoard's own reader (tests/scripts/test_tensorboard.sh).
 #pragma once
 
 #include <cstddef>
@@ -38,8 +38,8 @@
 
 namespace ndt::io {
 
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), continuing from `crc`.
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), computed by Boost.CRC.
+uint32_t crc32c(const void* data, size_t n);
 // TFRecord's mask over it: ((crc >> 15) | (crc << 17)) + 0xa282ead8.
 uint32_t masked_crc32c(std::string_view bytes);
 

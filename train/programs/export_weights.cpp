@@ -15,49 +15,36 @@
 #include <vector>
 
 #include "train/checkpoint/sharded.h"
-
-namespace {
-
-constexpr const char* kUsage =
-    "usage: export_weights [--dtype float32|bfloat16] CHECKPOINT_DIR OUT\n"
-    "  writes the whole parameters of a sharded checkpoint (checkpoint.format = sharded): OUT a directory:\n"
-    "  a Hugging Face model folder (config.json, safetensors) for transformers' from_pretrained and\n"
-    "  model.init_from; OUT ending in .safetensors: one file with ndtrain's names (GPT-2: Hugging Face's). OUT must lie\n"
-    "  outside every checkpoint directory. --dtype: of the folder's tensors (default float32)\n";
-
-}  // namespace
+#include "train/command_line.h"
 
 int main(int argc, char** argv) {
+  namespace po = boost::program_options;
+  std::string dtype = "float32";
   std::vector<std::string> args;
-  ndt::DType dtype = ndt::DType::f32;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::cout << kUsage;
-      return 0;
-    }
-    if (a == "--dtype") {
-      const std::string v = i + 1 < argc ? argv[++i] : "";
-      if (v != "float32" && v != "bfloat16") {
-        std::cerr << "export_weights: error: --dtype takes float32 or bfloat16, got '" << v << "'\n";
-        return 2;
-      }
-      dtype = v == "bfloat16" ? ndt::DType::bf16 : ndt::DType::f32;
-      continue;
-    }
-    if (a.size() > 1 && a[0] == '-') {
-      std::cerr << "export_weights: error: unknown option " << a << " (see --help)\n";
-      return 2;
-    }
-    args.push_back(a);
-  }
-  if (args.size() != 2) {
-    std::cerr << "export_weights: error: expected CHECKPOINT_DIR OUT, got " << args.size()
-              << " arguments (see --help)\n";
+  po::options_description opts(
+      "export_weights: the whole parameters of a sharded checkpoint (checkpoint.format = sharded)\n\n"
+      "Usage: export_weights [--dtype float32|bfloat16] CHECKPOINT_DIR OUT\n"
+      "  OUT a directory: a Hugging Face model folder (config.json, safetensors) for transformers'\n"
+      "  from_pretrained and model.init_from; OUT ending in .safetensors: one file with ndtrain's names\n"
+      "  (GPT-2: Hugging Face's). OUT must lie outside every checkpoint directory.\n\nOptions");
+  opts.add_options()("help,h", "print this help")("dtype", po::value(&dtype)->default_value(dtype),
+                                                  "of the folder's tensors: float32 or bfloat16")(
+      "paths", po::value(&args), "CHECKPOINT_DIR OUT (the two arguments)");
+  po::positional_options_description pos;
+  pos.add("paths", -1);
+  try {
+    po::variables_map vm;
+    if (!ndt::train::parse_command_line(argc, argv, opts, pos, {}, vm)) return 0;  // --help
+    if (dtype != "float32" && dtype != "bfloat16")
+      throw ndt::Error("--dtype takes float32 or bfloat16, got '" + dtype + "'");
+    if (args.size() != 2)
+      throw ndt::Error("expected CHECKPOINT_DIR OUT, got " + std::to_string(args.size()) + " arguments");
+  } catch (const std::exception& e) {
+    std::cerr << "export_weights: error: " << e.what() << " (see --help)\n";
     return 2;
   }
   try {
-    ndt::ckpt::export_weights(args[0], args[1], dtype);
+    ndt::ckpt::export_weights(args[0], args[1], dtype == "bfloat16" ? ndt::DType::bf16 : ndt::DType::f32);
     std::cout << "wrote " << args[1] << "\n";
     return 0;
   } catch (const std::exception& e) {

@@ -2,8 +2,8 @@
 //
 //   build/generate --model models/SmolLM2-135M --prompt "The capital of France is"
 //   build/generate --model out/fortunes/ckpt --tokenizer data/fortunes/vocab.json --prompt "Q: "
-//   build/generate --model out/hf --prompt "Once" --max-new-tokens 200 --temperature 0.8 \
-//                  --top-k 50 --top-p 0.95 --seed 7 --device cuda --dtype bfloat16
+//   build/generate --model out/hf --prompt "Once" --max_new_tokens 200 --temperature 0.8 \
+//                  --top_k 50 --top_p 0.95 --seed 7 --device cuda --dtype bfloat16
 //
 // --model is a Hugging Face model folder (config.json and safetensors: what export_weights
 // writes, or one from the Hub; its tokenizer.json is the default tokenizer and its
@@ -15,7 +15,9 @@
 // keys and values (models/kv_cache.h). The text is written to stdout as it is drawn, whole
 // characters at a time; one line on stderr says how many tokens came at what speed. A bad
 // argument, model or tokenizer is one line on stderr and exit code 2 (a failure while
-// generating: 1).
+// generating: 1). The options are spelled as train_gpt's keys are (--max_new_tokens); the
+// spellings of the last release (--max-new-tokens, --top-k, --top-p, --ignore-eos) still work,
+// with a note, until the next.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,6 +34,7 @@
 #include "tensor/error.h"
 #include "tensor/threads.h"
 #include "train/checkpoint/load.h"
+#include "train/command_line.h"
 #include "train/config.h"
 #include "train/data/text.h"
 
@@ -40,19 +43,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: generate --model PATH [--tokenizer PATH] [--prompt TEXT] [--max-new-tokens N]\n"
-    "                [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos]\n"
-    "                [--device cpu|cuda[:N]] [--dtype float32|bfloat16] [--threads N]\n"
-    "  --model      a Hugging Face model folder, or a train_gpt checkpoint (a step_* directory or the\n"
-    "               checkpoint.dir holding latest)\n"
-    "  --tokenizer  tokenizer.json, a folder holding it, or prepare_text's vocab.json (default: the\n"
-    "               model folder's tokenizer.json; a checkpoint needs it)\n"
-    "  --prompt     text to continue (default: empty); \\n and \\t are understood\n"
-    "  --max-new-tokens (default 200) --temperature (default 0.8; 0: greedy) --top-k (default 50;\n"
-    "               0: all) --top-p (default 0.95; 1: all) --seed (default 1)\n"
-    "  --ignore-eos  go on past the end-of-text token    --threads  CPU threads (0: every core)\n";
-
 struct Args {
   std::string model, tokenizer, prompt, device = "cpu", dtype = "float32";
   models::SampleOptions sample{.max_new_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1};
@@ -60,56 +50,51 @@ struct Args {
   int threads = 0;
 };
 
-double number(const std::string& key, const std::string& v) {
-  size_t end = 0;
-  double x = 0;
-  try {
-    x = std::stod(v, &end);
-  } catch (const std::exception&) {
-    end = 0;
-  }
-  NDT_CHECK(end == v.size() && !v.empty() && std::isfinite(x), key, " takes a number, got '", v, "'");
-  return x;
-}
-
-int64_t whole(const std::string& key, const std::string& v) {
-  const double x = number(key, v);
-  NDT_CHECK(x == static_cast<double>(static_cast<int64_t>(x)), key, " takes a whole number, got '", v, "'");
-  return static_cast<int64_t>(x);
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--ignore-eos") {
-      a.ignore_eos = true;
-      continue;
-    }
-    NDT_CHECK(k.rfind("--", 0) == 0, "unexpected argument '", k, "' (see --help)");
-    NDT_CHECK(i + 1 < argc, k, " needs a value (see --help)");
-    const std::string v = argv[++i];
-    if (k == "--model") a.model = v;
-    else if (k == "--tokenizer") a.tokenizer = v;
-    else if (k == "--prompt") a.prompt = train::unescape(v);
-    else if (k == "--device") a.device = v;
-    else if (k == "--dtype") a.dtype = v;
-    else if (k == "--max-new-tokens") a.sample.max_new_tokens = whole(k, v);
-    else if (k == "--temperature") a.sample.temperature = number(k, v);
-    else if (k == "--top-k") a.sample.top_k = whole(k, v);
-    else if (k == "--top-p") a.sample.top_p = number(k, v);
-    else if (k == "--seed") a.sample.seed = static_cast<uint64_t>(whole(k, v));
-    else if (k == "--threads") a.threads = static_cast<int>(whole(k, v));
-    else NDT_FAIL("unknown option ", k, " (see --help)");
-  }
+// The command line into `a`; false after --help printed the options.
+bool parse(int argc, char** argv, Args& a) {
+  namespace po = boost::program_options;
+  int64_t seed = static_cast<int64_t>(a.sample.seed);
+  po::options_description opts(
+      "generate: text from a trained model, through its own tokenizer\n\nUsage: generate --model PATH "
+      "[--tokenizer PATH] [--prompt TEXT] [options]\n\nOptions");
+  opts.add_options()("help,h", "print this help")(
+      "model", po::value(&a.model),
+      "a Hugging Face model folder, or a train_gpt checkpoint (a step_* directory or the checkpoint.dir "
+      "holding latest)")(
+      "tokenizer", po::value(&a.tokenizer),
+      "tokenizer.json, a folder holding it, or prepare_text's vocab.json (default: the model folder's "
+      "tokenizer.json; a checkpoint needs it)")(
+      "prompt", po::value(&a.prompt), "text to continue (default: empty); \\n and \\t are understood")(
+      "max_new_tokens", po::value(&a.sample.max_new_tokens)->default_value(a.sample.max_new_tokens),
+      "tokens to generate at most")(
+      "temperature", po::value(&a.sample.temperature)->default_value(a.sample.temperature, "0.8"), "0: greedy")(
+      "top_k", po::value(&a.sample.top_k)->default_value(a.sample.top_k),
+      "draw from the k most likely tokens (0: all)")(
+      "top_p", po::value(&a.sample.top_p)->default_value(a.sample.top_p, "0.95"),
+      "then from the fewest whose probability reaches p (1: all)")(
+      "seed", po::value(&seed)->default_value(seed), "seed of the draws (>= 0)")(
+      "ignore_eos", po::bool_switch(&a.ignore_eos), "go on past the end-of-text token")(
+      "device", po::value(&a.device)->default_value(a.device), "cpu or cuda (cuda:N)")(
+      "dtype", po::value(&a.dtype)->default_value(a.dtype), "float32 or bfloat16")(
+      "threads", po::value(&a.threads)->default_value(a.threads), "CPU threads (0: every core)");
+  po::variables_map vm;
+  if (!train::parse_command_line(argc, argv, opts, {},
+                                 {{"max-new-tokens", "max_new_tokens"}, {"top-k", "top_k"}, {"top-p", "top_p"},
+                                  {"ignore-eos", "ignore_eos"}},
+                                 vm))
+    return false;
+  a.prompt = train::unescape(a.prompt);
   NDT_CHECK(!a.model.empty(), "--model is required: a Hugging Face model folder or a train_gpt checkpoint");
-  NDT_CHECK(a.sample.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got ", a.sample.max_new_tokens);
-  NDT_CHECK(a.sample.temperature >= 0, "--temperature must be >= 0 (0: greedy), got ", a.sample.temperature);
-  NDT_CHECK(a.sample.top_k >= 0, "--top-k must be >= 0 (0: every token), got ", a.sample.top_k);
-  NDT_CHECK(a.sample.top_p > 0 && a.sample.top_p <= 1, "--top-p must be in (0, 1], got ", a.sample.top_p);
+  NDT_CHECK(a.sample.max_new_tokens >= 1, "--max_new_tokens must be >= 1, got ", a.sample.max_new_tokens);
+  NDT_CHECK(a.sample.temperature >= 0 && std::isfinite(a.sample.temperature),
+            "--temperature must be >= 0 (0: greedy), got ", a.sample.temperature);
+  NDT_CHECK(a.sample.top_k >= 0, "--top_k must be >= 0 (0: every token), got ", a.sample.top_k);
+  NDT_CHECK(a.sample.top_p > 0 && a.sample.top_p <= 1, "--top_p must be in (0, 1], got ", a.sample.top_p);
+  NDT_CHECK(seed >= 0, "--seed must be >= 0, got ", seed);
+  a.sample.seed = static_cast<uint64_t>(seed);
   NDT_CHECK(a.dtype == "float32" || a.dtype == "bfloat16", "--dtype takes float32 or bfloat16, got '", a.dtype, "'");
   NDT_CHECK(a.threads >= 0, "--threads must be >= 0, got ", a.threads);
-  return a;
+  return true;
 }
 
 // The model at --model, its weights on `device`, and what it says ends a text.
@@ -140,18 +125,13 @@ Loaded load(const Args& a, Device device) {
 
 int main(int argc, char** argv) {
   use_cpu_defaults(argv);
-  for (int i = 1; i < argc; ++i)
-    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
-      std::cout << kUsage;
-      return 0;
-    }
   Args a;
   Device device = Device::cpu();
   Loaded l;
   std::optional<data::TextCodec> codec;
   std::vector<int32_t> prompt;
   try {  // everything a user gave: one line and exit code 2
-    a = parse(argc, argv);
+    if (!parse(argc, argv, a)) return 0;  // --help
     device = Device::parse(a.device);
     NDT_CHECK(!device.is_cuda() || cuda::available(), "--device ", a.device, ": no CUDA device is visible");
     set_num_threads(a.threads);

@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "tokenizer/tokenizer.h"
+#include "train/command_line.h"
 #include "train/data/data.h"
 #include "train/data/vocab.h"
 #include "train/io/files.h"
@@ -101,12 +102,7 @@ int main(int argc, char** argv) {
   pos.add("files", -1);
   try {
     po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(opts).positional(pos).run(), vm);
-    if (vm.count("help")) {
-      std::cout << opts << "\n";
-      return 0;
-    }
-    po::notify(vm);
+    if (!train::parse_command_line(argc, argv, opts, pos, {}, vm)) return 0;  // --help
     if (!tokenizer.empty() && !vm["vocab"].defaulted())
       throw po::error("--tokenizer and --vocab exclude each other: give one");
     if (kind != "char" && kind != "byte") throw po::error("--vocab must be char or byte, got '" + kind + "'");
@@ -115,7 +111,7 @@ int main(int argc, char** argv) {
     if (shard_tokens < 1 || shard_tokens >= (int64_t(1) << 31))
       throw po::error("--shard_tokens must be in [1, 2^31)");
     if (threads < 0) throw po::error("--threads must be >= 0");
-  } catch (const std::exception& e) {  // boost's po::error and its value conversions
+  } catch (const std::exception& e) {  // the command line's errors and the checks above
     std::cerr << "prepare_text: error: " << e.what() << " (see --help)\n";
     return 2;
   }
