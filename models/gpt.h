@@ -31,36 +31,10 @@
 #include "nn/flat.h"
 #include "nn/layers.h"
 #include "nn/block_wrapper.h"
+#include "models/gpt_config.h"
 #include "models/rope.h"
 
 namespace ndt::models {
-
-struct GPTConfig {
-  std::string arch = "gpt2";   // gpt2 or llama (Qwen2 and Mistral are llama with options)
-  int64_t n_layer = 12;
-  int64_t n_head = 12;
-  int64_t n_embd = 768;
-  int64_t vocab_size = 50257;
-  int64_t block_size = 1024;   // maximum sequence length (positions)
-  int64_t vocab_multiple = 1;  // pad the vocab to a multiple of this (e.g. 128); 1 = none
-  double norm_eps = 1e-5;      // LayerNorm's (gpt2) or RMSNorm's (llama) epsilon
-  // llama only:
-  int64_t n_kv_head = 0;          // key/value heads, dividing n_head (0: n_head; 1: multi-query)
-  int64_t intermediate_size = 0;  // the SwiGLU MLP's hidden units I
-  bool attention_bias = false;    // biases on q, k and v (Qwen2)
-  bool tie_embeddings = false;    // lm_head is wte (gpt2 always ties)
-  RopeConfig rope;                // rotary embeddings: theta and Llama 3's scaling
-
-  bool llama() const { return arch == "llama"; }
-  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
-  int64_t head_dim() const { return n_embd / n_head; }
-  bool tied() const { return !llama() || tie_embeddings; }  // logits through wte
-  // the MLP's hidden units: 4C (gpt2) or intermediate_size
-  int64_t mlp_hidden() const { return llama() ? intermediate_size : 4 * n_embd; }
-  int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
-  void validate() const;  // throws ndt::Error naming the bad key
-  std::string str() const;
-};
 
 // Pipeline parallelism (dist/pipeline_parallel/): the part of the model one rank holds. It
 // runs one chunk of consecutive blocks per virtual stage it holds (several under interleaved

@@ -23,6 +23,7 @@
 #include "tensor/kernels.h"
 #include "train/checkpoint/checkpoint.h"
 #include "train/checkpoint/sharded.h"
+#include "train/config.h"
 #include "train/io/files.h"
 #include "train/io/safetensors.h"
 
@@ -431,6 +432,44 @@ TEST(ShardedCheckpoint, RoundTripsWithASealedManifest) {
     EXPECT_EQ(a.opt.m()[u].to_vector<float>(), b.opt.m()[u].to_vector<float>());
     EXPECT_EQ(a.opt.v()[u].to_vector<float>(), b.opt.v()[u].to_vector<float>());
   }
+}
+
+// The model's field table (models/gpt_config.h) drives the config keys and the checkpoint's
+// model: every field, set away from its default (a llama uses them all), is a train_gpt key
+// that sets it, and comes back from a sharded checkpoint. A field added to the table is
+// covered here without a word more.
+TEST(ShardedCheckpoint, EveryModelFieldIsAConfigKeyAndRoundTrips) {
+  models::GPTConfig c{.arch = "llama", .n_layer = 3, .n_head = 4, .n_embd = 16, .vocab_size = 37,
+                      .block_size = 24, .vocab_multiple = 8, .norm_eps = 1e-6, .n_kv_head = 2,
+                      .intermediate_size = 40, .attention_bias = true, .tie_embeddings = true};
+  c.rope.theta = 50000;
+  const models::GPTConfig d;
+  std::vector<std::string> args = {"train_gpt", "--data.train", "x.bin", "--train.seq_len", "8"};
+  models::visit_fields(
+      [&](const models::Field& f, const auto& v, const auto& dv) {
+        EXPECT_FALSE(v == dv) << "the test's config leaves model." << f.name << " at its default";
+        std::ostringstream os;
+        os << std::boolalpha << v;
+        args.push_back(std::string("--model.") + f.name);
+        args.push_back(os.str());
+      },
+      c, d);
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  train::Config parsed;
+  std::string help;
+  ASSERT_TRUE(train::parse_config(static_cast<int>(argv.size()), argv.data(), parsed, help));
+  const fs::path dir = ndt::testing::fresh_dir("field_table");
+  Model m(c, 5);
+  const std::string where = save_sharded_step2(dir, m);
+  const models::GPTConfig back = ckpt::sharded_model_config(where);
+  const models::GPTConfig& given = parsed.model;
+  models::visit_fields(
+      [&](const models::Field& f, const auto& want, const auto& from_config, const auto& from_checkpoint) {
+        EXPECT_EQ(from_config, want) << "--model." << f.name;
+        EXPECT_EQ(from_checkpoint, want) << "the checkpoint's model." << f.name;
+      },
+      c, given, back);
 }
 
 TEST(ShardedCheckpoint, AFlippedBitInAnyManifestValueIsCaught) {

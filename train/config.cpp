@@ -25,29 +25,12 @@ namespace {
 // clang-format off
 po::options_description describe(Config& c) {
   po::options_description model("[model]");
+  models::visit_fields(  // the model's fields (models/gpt_config.h), then the rope scaling's and init_from
+      [&](const models::Field& f, auto& v) {
+        model.add_options()((std::string("model.") + f.name).c_str(), po::value(&v)->default_value(v), f.help);
+      },
+      c.model);
   model.add_options()
-      ("model.n_layer", po::value(&c.model.n_layer)->default_value(c.model.n_layer), "transformer blocks")
-      ("model.n_head", po::value(&c.model.n_head)->default_value(c.model.n_head), "attention heads (must divide n_embd)")
-      ("model.n_embd", po::value(&c.model.n_embd)->default_value(c.model.n_embd), "channels C")
-      ("model.vocab_size", po::value(&c.model.vocab_size)->default_value(c.model.vocab_size),
-       "vocabulary size V (every token in the data must be < V; 50257 for GPT-2)")
-      ("model.block_size", po::value(&c.model.block_size)->default_value(c.model.block_size), "maximum sequence length (positions)")
-      ("model.vocab_multiple", po::value(&c.model.vocab_multiple)->default_value(c.model.vocab_multiple),
-       "pad the vocabulary to a multiple of this (e.g. 128) for speed; padded logits never affect the loss")
-      ("model.arch", po::value(&c.model.arch)->default_value(c.model.arch),
-       "gpt2 or llama (Llama 3, Qwen2, Mistral: RMSNorm, grouped-query attention with rotary embeddings, SwiGLU)")
-      ("model.norm_eps", po::value(&c.model.norm_eps)->default_value(c.model.norm_eps),
-       "epsilon of the LayerNorms (gpt2) or RMSNorms (llama)")
-      ("model.n_kv_head", po::value(&c.model.n_kv_head)->default_value(c.model.n_kv_head),
-       "llama: key/value heads, dividing n_head (0: n_head; 1: multi-query attention)")
-      ("model.intermediate_size", po::value(&c.model.intermediate_size)->default_value(c.model.intermediate_size),
-       "llama: the SwiGLU MLP's hidden units")
-      ("model.attention_bias", po::value(&c.model.attention_bias)->default_value(c.model.attention_bias),
-       "llama: biases on q, k and v (Qwen2)")
-      ("model.tie_embeddings", po::value(&c.model.tie_embeddings)->default_value(c.model.tie_embeddings),
-       "llama: the logits through wte instead of an own lm_head")
-      ("model.rope_theta", po::value(&c.model.rope.theta)->default_value(c.model.rope.theta),
-       "llama: the rotary embeddings' base (Llama 3: 500000)")
       ("model.rope_scaling", po::value(&c.model.rope_scaling)->default_value(c.model.rope_scaling),
        "llama: none, or llama3 (Llama 3.1's long-context scaling, with the four keys below)")
       ("model.rope_factor", po::value(&c.model.llama3.factor)->default_value(c.model.llama3.factor),
@@ -375,23 +358,18 @@ void apply_model_folder(Config& c, const po::variables_map& vm) {
     ours = value;
   };
   ModelSection& m = c.model;
-  take("model.arch", m.arch, theirs.arch);
-  take("model.n_layer", m.n_layer, theirs.n_layer);
-  take("model.n_head", m.n_head, theirs.n_head);
-  take("model.n_embd", m.n_embd, theirs.n_embd);
-  take("model.vocab_size", m.vocab_size, theirs.vocab_size);
-  take("model.norm_eps", m.norm_eps, theirs.norm_eps);
-  if (theirs.llama() && given("model.block_size") && m.block_size <= theirs.block_size) {
-    // fewer positions than the model was trained for: allowed
-  } else {
-    take("model.block_size", m.block_size, theirs.block_size);
-  }
+  models::GPTConfig folder = theirs;
+  folder.n_kv_head = theirs.kv_heads();
+  models::visit_fields(
+      [&](const models::Field& f, auto& ours, const auto& value) {
+        const std::string key = std::string("model.") + f.name;
+        if (!f.hf || (f.llama_only && !theirs.llama())) return;
+        // fewer positions than the model was trained for: allowed (rotary positions need no table)
+        if (key == "model.block_size" && theirs.llama() && given(key) && ours <= value) return;
+        take(key, ours, value);
+      },
+      m, folder);
   if (theirs.llama()) {
-    take("model.n_kv_head", m.n_kv_head, theirs.kv_heads());
-    take("model.intermediate_size", m.intermediate_size, theirs.intermediate_size);
-    take("model.attention_bias", m.attention_bias, theirs.attention_bias);
-    take("model.tie_embeddings", m.tie_embeddings, theirs.tie_embeddings);
-    take("model.rope_theta", m.rope.theta, theirs.rope.theta);
     take("model.rope_scaling", m.rope_scaling, std::string(theirs.rope.llama3 ? "llama3" : "none"));
     if (theirs.rope.llama3) {
       take("model.rope_factor", m.llama3.factor, theirs.rope.llama3->factor);
@@ -509,12 +487,13 @@ void validate_model(const Config& c, const Checks& ck) {
   ck.need(c.plan_calibrate.empty() || c.plan, "--plan.calibrate needs --plan");
   ck.need(c.plan || !c.data.train.empty(),
           "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
-  ck.range("model.n_layer", c.model.n_layer, 1, 1024);
-  ck.range("model.n_head", c.model.n_head, 1, 1024);
-  ck.range("model.n_embd", c.model.n_embd, 1, 65536);
-  ck.range("model.vocab_size", c.model.vocab_size, 1, int64_t(1) << 24);  // Llama 3: 128256
-  ck.range("model.block_size", c.model.block_size, 1, int64_t(1) << 20);
-  ck.range("model.vocab_multiple", c.model.vocab_multiple, 1, 65536);
+  models::visit_fields(  // the model's sizes in their ranges (models/gpt_config.h)
+      [&](const models::Field& f, const auto& v) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, int64_t>)
+          ck.range((std::string("model.") + f.name).c_str(), v, static_cast<int64_t>(f.lo),
+                   static_cast<int64_t>(f.hi));
+      },
+      c.model);
   ck.need(c.model.arch == "gpt2" || c.model.arch == "llama",
           "model.arch must be gpt2 or llama (Qwen2 and Mistral are llama), got '" + c.model.arch + "'");
   ck.need(c.model.rope_scaling == "none" || c.model.rope_scaling == "llama3",
@@ -526,8 +505,6 @@ void validate_model(const Config& c, const Checks& ck) {
            s.high_freq_factor == d.high_freq_factor && s.original_max_position == d.original_max_position),
       "model.rope_factor, rope_low_freq_factor, rope_high_freq_factor and rope_original_max_position are "
       "llama3 scaling's: set model.rope_scaling = llama3 (for model.arch = llama), or leave them out");
-  ck.range("model.n_kv_head", c.model.n_kv_head, 0, 1024);
-  ck.range("model.intermediate_size", c.model.intermediate_size, 0, int64_t(1) << 20);
 }
 
 void validate_train(const Config& c, const Checks& ck) {

@@ -33,7 +33,8 @@ there is a problem, 0 when there is none. Python 3 standard library only. It che
       files together must have N lines, within SIZE_TOLERANCE.
  3. Config keys: inline code of the form `section.key`, `section.key = value` or
     `--section.key [value]`, where section is one of train_gpt's config sections ([model],
-    [data], ... read from the options_description tables of train/config.cpp) or `plan`
+    [data], ... read from the options_description tables of train/config.cpp, and [model]'s
+    from the field table of models/gpt_config.h) or `plan`
     (its command-line-only options), must be a declared key; so must the `key = value` lines
     under a `[section]` header in a fenced block.
  4. Program options: a `--option` quoted on a command line (a fenced-block line, or inline
@@ -236,6 +237,12 @@ def add_options_names(text):
     return names
 
 
+def model_field_keys(text):
+    """model.<name> for every row of models/gpt_config.h's field table (Field{"name", ...}),
+    which train/config.cpp turns into the [model] keys."""
+    return {"model." + n for n in re.findall(r'Field\{\s*"([A-Za-z]\w*)"', text)}
+
+
 def config_sections(text):
     """[section] names of train/config.cpp's options_description headers."""
     return set(re.findall(r'options_description\s+\w+\(\s*"\[(\w+)\]', text))
@@ -292,6 +299,8 @@ def discover_programs(repo):
         for src in PROGRAM_SOURCES.get(name, [rel]):
             t = repo.text(src) or ""
             p.options |= {"--" + n for n in add_options_names(t)}
+            if src == "train/config.cpp":  # the [model] keys come from the model's field table
+                p.options |= {"--" + k for k in model_field_keys(repo.text("models/gpt_config.h") or "")}
             p.options |= set(re.findall(r'==\s*"(--[\w.-]+)"', t))
             p.options |= set(re.findall(r'strcmp\([^,]+,\s*"(--[\w.-]+)"\)', t))
         if "benchmark::Initialize" in text:
@@ -560,7 +569,7 @@ class Checker:
         self.programs = discover_programs(self.repo)
         cfg = self.repo.text("train/config.cpp") or ""
         self.sections = config_sections(cfg)
-        declared = add_options_names(cfg)
+        declared = add_options_names(cfg) | model_field_keys(self.repo.text("models/gpt_config.h") or "")
         self.keys = {k for k in declared if "." in k}
         self.key_sections = self.sections | {k.split(".")[0] for k in self.keys}
         self.all_options = set()

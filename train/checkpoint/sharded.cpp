@@ -43,18 +43,20 @@ std::string manifest_xxh64(nlohmann::json m) {
   return io::hex64(io::xxh64(s.data(), s.size()));
 }
 
-// The model's keys; a GPT-2 with the default epsilon writes only the sizes, as it always did.
+// The model's fields (models/gpt_config.h) that its architecture uses; an optional one only
+// when it is not the default, so a GPT-2 with the default epsilon writes only its sizes, as
+// it always did.
 nlohmann::json model_json(const models::GPTConfig& c) {
-  nlohmann::json j = {{"n_layer", c.n_layer},       {"n_head", c.n_head},         {"n_embd", c.n_embd},
-                      {"vocab_size", c.vocab_size}, {"block_size", c.block_size}, {"vocab_multiple", c.vocab_multiple}};
-  if (c.norm_eps != models::GPTConfig{}.norm_eps) j["norm_eps"] = c.norm_eps;
-  if (!c.llama()) return j;
-  j["arch"] = c.arch;
-  j["n_kv_head"] = c.kv_heads();
-  j["intermediate_size"] = c.intermediate_size;
-  j["attention_bias"] = c.attention_bias;
-  j["tie_embeddings"] = c.tie_embeddings;
-  j["rope_theta"] = c.rope.theta;
+  models::GPTConfig w = c;
+  w.n_kv_head = c.kv_heads();
+  const models::GPTConfig d;
+  nlohmann::json j = nlohmann::json::object();
+  models::visit_fields(
+      [&](const models::Field& f, const auto& v, const auto& dv) {
+        if ((f.llama_only && !c.llama()) || (f.optional && v == dv)) return;
+        j[f.name] = v;
+      },
+      w, d);
   if (c.rope.llama3)
     j["rope_llama3"] = {{"factor", c.rope.llama3->factor},
                         {"low_freq_factor", c.rope.llama3->low_freq_factor},
@@ -318,17 +320,28 @@ void read_position(const nlohmann::json& m, const Fields& in, Manifest& r) {
   }
 }
 
-// A llama model's keys (model_json), checked as the config checks them.
-void read_llama_model(const nlohmann::json& mj, const Fields& in, models::GPTConfig& c) {
+// The model's fields (model_json), each checked in its range as the config checks it.
+void read_model(const nlohmann::json& mj, const Fields& in, models::GPTConfig& c) {
   const std::string& F = in.F;
-  NDT_CHECK(mj.at("arch").is_string() && mj.at("arch").get<std::string>() == "llama", "checkpoint ", F,
-            ": \"model.arch\" is ", mj.at("arch").dump(), ", not \"llama\"", kFix);
-  c.arch = "llama";
-  c.n_kv_head = in.integer(mj, "model", "n_kv_head", 1, c.n_head);
-  c.intermediate_size = in.integer(mj, "model", "intermediate_size", 1, 1 << 24);
-  c.attention_bias = in.boolean(mj, "model", "attention_bias");
-  c.tie_embeddings = in.boolean(mj, "model", "tie_embeddings");
-  c.rope.theta = in.number(mj, "model", "rope_theta", 1, 1e12);
+  if (mj.contains("arch")) {
+    NDT_CHECK(mj.at("arch").is_string() && mj.at("arch").get<std::string>() == "llama", "checkpoint ", F,
+              ": \"model.arch\" is ", mj.at("arch").dump(), ", not \"llama\"", kFix);
+    c.arch = "llama";
+  }
+  models::visit_fields(
+      [&](const models::Field& f, auto& v) {
+        using T = std::decay_t<decltype(v)>;
+        if ((f.llama_only && !c.llama()) || (f.optional && !mj.contains(f.name))) return;
+        if constexpr (std::is_same_v<T, bool>)
+          v = in.boolean(mj, "model", f.name);
+        else if constexpr (std::is_same_v<T, double>)
+          v = in.number(mj, "model", f.name, f.lo, f.hi);
+        else if constexpr (std::is_same_v<T, int64_t>)
+          v = in.integer(mj, "model", f.name, static_cast<int64_t>(f.lo), static_cast<int64_t>(f.hi));
+      },
+      c);
+  NDT_CHECK(c.n_embd % c.n_head == 0, "checkpoint ", F, ": \"model.n_embd\" is ", c.n_embd,
+            ", not a multiple of \"model.n_head\" ", c.n_head, kFix);
   if (mj.contains("rope_llama3")) {
     const nlohmann::json& s = in.object(mj, "rope_llama3");
     c.rope.llama3 = models::Llama3Scaling{in.number(s, "model.rope_llama3", "factor", 0, 1e6),
@@ -383,16 +396,7 @@ void read_pipeline(const nlohmann::json& lj, const Fields& in, Manifest& r) {
 void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& r) {
   const std::string& F = in.F;
   const nlohmann::json& mj = in.object(m, "model");
-  r.model.n_layer = in.integer(mj, "model", "n_layer", 1, 1 << 16);
-  r.model.n_head = in.integer(mj, "model", "n_head", 1, 1 << 16);
-  r.model.n_embd = in.integer(mj, "model", "n_embd", 1, 1 << 20);
-  r.model.vocab_size = in.integer(mj, "model", "vocab_size", 1, 1 << 24);
-  r.model.block_size = in.integer(mj, "model", "block_size", 1, 1 << 24);
-  r.model.vocab_multiple = in.integer(mj, "model", "vocab_multiple", 1, 65536);
-  NDT_CHECK(r.model.n_embd % r.model.n_head == 0, "checkpoint ", F, ": \"model.n_embd\" is ", r.model.n_embd,
-            ", not a multiple of \"model.n_head\" ", r.model.n_head, kFix);
-  if (mj.contains("norm_eps")) r.model.norm_eps = in.number(mj, "model", "norm_eps", 0, 0.5);
-  if (mj.contains("arch")) read_llama_model(mj, in, r.model);
+  read_model(mj, in, r.model);
   const nlohmann::json& lj = in.object(m, "layout");
   constexpr int64_t kRanks = 1 << 20;
   r.layout.dp_replicate = in.integer(lj, "layout", "dp_replicate", 1, kRanks);
