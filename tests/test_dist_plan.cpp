@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "train/planner/time.h"
+#include "train/planner/timeline.h"
 
 using namespace ndt;
 using namespace ndt::testing;  // Layout, mpirun, run_shell (tests/support/launch.h)

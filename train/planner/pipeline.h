@@ -28,7 +28,7 @@
 #include "dist/pipeline_parallel/schedule.h"
 #include "models/gpt.h"
 #include "train/config.h"
-#include "train/planner/plan.h"
+#include "train/planner/plan_types.h"
 
 namespace ndt::train {
 

@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <string>
 
-#include "train/planner/plan.h"
+#include "train/planner/plan_types.h"
 
 namespace ndt::train {
 

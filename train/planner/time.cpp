@@ -19,38 +19,6 @@
 
 namespace ndt::train {
 
-// ---- SharedLink ---------------------------------------------------------------------------
-
-int SharedLink::add(double t, double alone) {
-  advance_to(t);
-  ends_.push_back(-1);
-  active_.push_back({static_cast<int>(ends_.size()) - 1, alone});
-  return active_.back().id;
-}
-
-double SharedLink::end(int id) {
-  while (ends_[static_cast<size_t>(id)] < 0) step(std::numeric_limits<double>::infinity());
-  return ends_[static_cast<size_t>(id)];
-}
-
-void SharedLink::advance_to(double t) {
-  while (!active_.empty() && clock_ < t) step(t);
-  clock_ = std::max(clock_, t);
-}
-
-void SharedLink::step(double until) {
-  const double k = double(active_.size());
-  double first = std::numeric_limits<double>::infinity();
-  for (const Flow& f : active_) first = std::min(first, f.left);
-  const double dt = std::min(first * k, until - clock_);
-  clock_ += dt;
-  for (Flow& f : active_) f.left -= dt / k;
-  const double eps = 1e-12 * std::max(1.0, clock_);
-  for (const Flow& f : active_)
-    if (f.left <= eps) ends_[static_cast<size_t>(f.id)] = clock_;
-  std::erase_if(active_, [&](const Flow& f) { return f.left <= eps; });
-}
-
 namespace {
 
 // The step's FLOPs by the model's count (forward and backward, no recomputation) against

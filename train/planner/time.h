@@ -35,36 +35,6 @@
 
 namespace ndt::train {
 
-// The host's links to other hosts, which every transfer in flight between hosts shares: k
-// transfers at once each move at 1/k of the rate they would have alone (processor sharing,
-// as concurrent TCP streams and Open MPI's progress of several non-blocking collectives do).
-// A short transfer that starts during a long one (a ring-attention step during an FSDP
-// all-gather) so ends after about twice its own time, not after the long one. predict_time's
-// replay issues transfers in time order from the compute thread, so an end is only found
-// when it is waited for: the link then runs forward until that transfer ends, and nothing
-// can start before then, since the thread that would start it is the one waiting.
-//
-//   SharedLink l;
-//   int a = l.add(0, 10), b = l.add(1, 1);   // b shares the link with a from t = 1
-//   l.end(b);  // 3: 1 s of work at half the rate
-//   l.end(a);  // 11: the link moved 11 s of work in all
-class SharedLink {
- public:
-  int add(double t, double alone);  // a transfer issued at t that alone would take `alone` s
-  double end(int id);               // when transfer `id` ends
-
- private:
-  struct Flow {
-    int id;
-    double left;  // seconds it would still take alone
-  };
-  void advance_to(double t);
-  void step(double until);  // to the next end of a transfer, or to `until` if sooner
-  double clock_ = 0;
-  std::vector<Flow> active_;
-  std::vector<double> ends_;  // by transfer; -1 while it runs
-};
-
 struct StepTime {
   double step_s = 0;       // one optimizer step
   double compute_s = 0;    // forward, backward and the optimizer, without recomputation
