@@ -411,6 +411,35 @@ BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const
   return blocks;
 }
 
+// The moments along the schedule, from what each chunk's micro-batch holds (chunks), and the
+// plan's peak: FSDP's units whole outside the chunk then (another chunk's, or zb-h1's blocks
+// whose W is still to come) add theirs.
+void plan_peak(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v, const std::vector<ChunkMemory>& chunks) {
+  const dist::ParallelDims& D = p.dims;
+  const bool sharded = D.sharded();
+  const Count Ns = s.Ns, C = s.C, a = s.act_bytes, block_full = l.block_full;
+  const Count persistent = Count(p.param_bytes) + p.grad_bytes + p.optim_bytes + p.other_bytes;
+  const FsdpWalk fsdp = sharded && D.pp > 1 ? fsdp_walk(v, a.v != kF) : FsdpWalk{};
+  auto outside = [&](size_t action, size_t chunk) -> int64_t {
+    if (fsdp.whole_before.empty()) return 0;
+    const auto [begin, end] = v.chunk_units(chunk);
+    Count b = 0;
+    for (size_t u = 1; u < fsdp.whole_before[action].size(); ++u)
+      if (int64_t(u) < begin || int64_t(u) >= end)
+        b += (Count(fsdp.whole_before[action][u]) + Count(fsdp.grad_before[action][u])) * block_full * a;
+    return b.v;
+  };
+  const MemoryWalk walk = walk_memory(v, chunks, (Ns * C * a).v, persistent.v, outside);
+  p.moments = walk.moments;
+  p.held_bytes = walk.held;
+  p.in_flight = walk.in_flight;
+  auto top = std::max_element(p.moments.begin(), p.moments.end(),
+                              [](const PlanMoment& a, const PlanMoment& b) { return a.total < b.total; });
+  p.peak_bytes = top->total;
+  p.peak_at = top->name;
+  p.gathered_bytes = top->gathered;
+}
+
 // The activations of one micro-step (forward kept for backward), and the moments at which
 // memory peaks: this rank's persistent buffers plus what each moment holds. Under pipeline
 // parallelism the moments of each chunk's backward are walked along the schedule
@@ -491,28 +520,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   p.deferred_bytes = v.split_backward ? (Count(v.block_count()) * deferred_block(s)).v : 0;
 
   stage = "the peak memory";
-  // ---- the moments along the schedule: FSDP's units whole outside the chunk then (another
-  // chunk's, or zb-h1's blocks whose W is still to come) add theirs
-  const Count persistent = Count(p.param_bytes) + p.grad_bytes + p.optim_bytes + p.other_bytes;
-  const FsdpWalk fsdp = sharded && D.pp > 1 ? fsdp_walk(v, a.v != kF) : FsdpWalk{};
-  auto outside = [&](size_t action, size_t chunk) -> int64_t {
-    if (fsdp.whole_before.empty()) return 0;
-    const auto [begin, end] = v.chunk_units(chunk);
-    Count b = 0;
-    for (size_t u = 1; u < fsdp.whole_before[action].size(); ++u)
-      if (int64_t(u) < begin || int64_t(u) >= end)
-        b += (Count(fsdp.whole_before[action][u]) + Count(fsdp.grad_before[action][u])) * block_full * a;
-    return b.v;
-  };
-  const MemoryWalk walk = walk_memory(v, chunks, (Ns * C * a).v, persistent.v, outside);
-  p.moments = walk.moments;
-  p.held_bytes = walk.held;
-  p.in_flight = walk.in_flight;
-  auto top = std::max_element(p.moments.begin(), p.moments.end(),
-                              [](const PlanMoment& a, const PlanMoment& b) { return a.total < b.total; });
-  p.peak_bytes = top->total;
-  p.peak_at = top->name;
-  p.gathered_bytes = top->gathered;
+  plan_peak(p, l, s, v, chunks);
 }
 
 // A line of the plan's communication, if it sends anything.

@@ -117,6 +117,42 @@ void print_plan(const Plan& p, std::ostream& o) {
 
 void print_plan_json(const Plan& p, std::ostream& o) { o << plan_to_json(p).dump(2) << "\n"; }
 
+namespace {
+
+// The pipeline's stages of a plan with pp > 1.
+nlohmann::json pipeline_json(const Plan& p) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const PlanStage& x : p.stages) {
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const auto& [b, e] : x.chunks) chunks.push_back({b, e});
+    stages.push_back({{"stage", x.stage},
+                      {"chunks", chunks},
+                      {"first", x.first},
+                      {"last", x.last},
+                      {"params", x.params},
+                      {"persistent", x.persistent_bytes},
+                      {"activations_per_micro_batch", x.micro_activation_bytes},
+                      {"in_flight", x.in_flight},
+                      {"activations_held", x.held_bytes},
+                      {"peak", x.peak_bytes},
+                      {"peak_at", x.peak_at},
+                      {"comm_bytes", x.comm_bytes}});
+  }
+  return {{"stages", p.dims.pp},
+                   {"schedule", p.pp_schedule},
+                   {"virtual", p.pp_virtual},
+                   {"micro_batches", p.accum},
+                   {"blocks", p.pp_blocks},
+                   {"planned_stage", p.stage},
+                   {"io_bytes", p.io_bytes},
+                   {"in_flight", p.in_flight},
+                   {"activations_held", p.held_bytes},
+                   {"deferred_bytes", p.deferred_bytes},
+                   {"per_stage", stages}};
+}
+
+}  // namespace
+
 nlohmann::json plan_to_json(const Plan& p) {
   nlohmann::json j;
   j["layout"] = {{"pp", p.dims.pp},
@@ -167,36 +203,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["comm"] = comm;
   j["comm_bytes"] = p.comm_bytes;
   j["notes"] = p.notes;
-  if (p.dims.pp > 1) {
-    nlohmann::json stages = nlohmann::json::array();
-    for (const PlanStage& x : p.stages) {
-      nlohmann::json chunks = nlohmann::json::array();
-      for (const auto& [b, e] : x.chunks) chunks.push_back({b, e});
-      stages.push_back({{"stage", x.stage},
-                        {"chunks", chunks},
-                        {"first", x.first},
-                        {"last", x.last},
-                        {"params", x.params},
-                        {"persistent", x.persistent_bytes},
-                        {"activations_per_micro_batch", x.micro_activation_bytes},
-                        {"in_flight", x.in_flight},
-                        {"activations_held", x.held_bytes},
-                        {"peak", x.peak_bytes},
-                        {"peak_at", x.peak_at},
-                        {"comm_bytes", x.comm_bytes}});
-    }
-    j["pipeline"] = {{"stages", p.dims.pp},
-                     {"schedule", p.pp_schedule},
-                     {"virtual", p.pp_virtual},
-                     {"micro_batches", p.accum},
-                     {"blocks", p.pp_blocks},
-                     {"planned_stage", p.stage},
-                     {"io_bytes", p.io_bytes},
-                     {"in_flight", p.in_flight},
-                     {"activations_held", p.held_bytes},
-                     {"deferred_bytes", p.deferred_bytes},
-                     {"per_stage", stages}};
-  }
+  if (p.dims.pp > 1) j["pipeline"] = pipeline_json(p);
   return j;
 }
 
