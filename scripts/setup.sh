@@ -38,7 +38,7 @@ BUILD="${NDT_BUILD_DIR:-build}"
 # collectives), Boost.Program_options (the programs' options) and Boost's headers (CRC-32C of
 # the TensorBoard records), nlohmann-json (reports), libxxhash (checkpoint checksums), PCRE2 and
 # libunistring (the tokenizer's regexes and Unicode normalization), GoogleTest and
-# Google Benchmark, the fortunes text (the offline training corpus), iproute2 and
+# Google Benchmark, clang-format 14 (the formatting check, tests/scripts/test_format.sh), the fortunes text (the offline training corpus), iproute2 and
 # util-linux for the simulated cluster of the multi-host tests (scripts/cluster.sh), and
 # python3 for the scripts (scripts/flight_report.py, the trace summary), with its venv module
 # for the reference venv (--reference); on x86-64, QEMU's user-mode emulator, with which the
@@ -47,7 +47,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   libopenblas-dev libopenblas-openmp-dev libdnnl-dev libopenmpi-dev openmpi-bin
   libboost-program-options-dev libboost-dev nlohmann-json3-dev libxxhash-dev libpcre2-dev libunistring-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+  libgtest-dev libgmock-dev libbenchmark-dev clang-format-14
   fortunes fortunes-min
   iproute2 util-linux python3 python3-venv
 )
