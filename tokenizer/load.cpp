@@ -191,10 +191,11 @@ std::string decoded_bytes(const std::string& token) {
   return byte_level_decode(token, b) ? b : token;
 }
 
-}  // namespace
+// A vocabulary's tokens with their ids, in the file's order.
+using Vocab = std::vector<std::pair<std::string, int32_t>>;
 
-std::shared_ptr<Tokenizer::Impl> Tokenizer::load(std::string_view text, const std::string& source) {
-  const Reader r(source);
+// The file as a JSON object, its top-level fields that change the ids checked.
+json read_file(const Reader& r, std::string_view text, const std::string& source) {
   json j;
   try {
     j = json::parse(text);
@@ -202,17 +203,18 @@ std::shared_ptr<Tokenizer::Impl> Tokenizer::load(std::string_view text, const st
     NDT_FAIL("tokenizer ", source, ": not valid JSON (", e.what(), ")");
   }
   r.object(j, "the file");
-  auto t = std::make_shared<Impl>();
-  t->source = source;
   if (j.contains("version") && !(j["version"].is_string() && j["version"] == "1.0"))
     r.fail("version", j["version"].dump() + " is not 1.0");
   for (const char* key : {"truncation", "padding"})
     if (j.contains(key) && !j[key].is_null())
       r.fail(key, "is set; ndtrain encodes whole texts: save the tokenizer without it");
+  return j;
+}
 
-  // ---- model: BPE over the byte-level alphabet
-  if (!j.contains("model")) r.fail("model", "missing");
-  const json& m = j["model"];
+// ---- model: BPE over the byte-level alphabet
+
+// The model's type and the fields that byte-level BPE does not have.
+void check_bpe_model(const Reader& r, const json& m) {
   const std::string model_type = r.type(m, "model");
   if (model_type != "BPE")
     r.fail("model.type", quoted(model_type) + " is not implemented (ndtrain reads BPE models: GPT-2, Llama 3, Qwen2, SmolLM)");
@@ -223,52 +225,67 @@ std::shared_ptr<Tokenizer::Impl> Tokenizer::load(std::string_view text, const st
       r.fail(std::string("model.") + key, m[key].dump() + " is not implemented (byte-level BPE has none)");
   if (r.boolean(m, "byte_fallback", "model", false))
     r.fail("model.byte_fallback", "true is not implemented (it is for SentencePiece-style BPE, not byte-level)");
+}
+
+// model.vocab, each token also into t.ids.
+Vocab read_vocab(const Reader& r, const json& m, Tokenizer::Impl& t) {
   if (!m.contains("vocab")) r.fail("model.vocab", "missing");
   r.object(m["vocab"], "model.vocab");
-  std::vector<std::pair<std::string, int32_t>> vocab_bytes;  // what BPE can produce
-  std::vector<std::pair<std::string, int32_t>> vocab;
+  Vocab vocab;
   vocab.reserve(m["vocab"].size());
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
     const int32_t id = r.id(it.value(), "model.vocab." + it.key());
     vocab.emplace_back(it.key(), id);
-    t->ids[it.key()] = id;
+    t.ids[it.key()] = id;
   }
-  std::string bytes;
-  for (const auto& [token, id] : vocab)
-    if (byte_level_decode(token, bytes)) vocab_bytes.emplace_back(bytes, id);
+  return vocab;
+}
+
+BpeOptions read_bpe_options(const Reader& r, const json& m, const Tokenizer::Impl& t) {
   BpeOptions opt;
   opt.ignore_merges = r.boolean(m, "ignore_merges", "model", false);
   opt.fuse_unk = r.boolean(m, "fuse_unk", "model", false);
   if (m.contains("unk_token") && !m["unk_token"].is_null()) {
     const std::string unk = r.string(m["unk_token"], "model.unk_token");
-    auto it = t->ids.find(unk);
-    if (it == t->ids.end()) r.fail("model.unk_token", quoted(unk) + " is not in model.vocab");
+    auto it = t.ids.find(unk);
+    if (it == t.ids.end()) r.fail("model.unk_token", quoted(unk) + " is not in model.vocab");
     opt.unk_id = it->second;
   }
+  return opt;
+}
+
+// One merge's two tokens into a and b; false for a "#version" line, which is no merge.
+bool read_merge(const Reader& r, const json& e, const std::string& f, std::string& a, std::string& b) {
+  if (e.is_string()) {  // "a b"
+    const std::string s = e.get<std::string>();
+    if (s.rfind("#version", 0) == 0) return false;
+    const size_t sp = s.find(' ');
+    if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+      r.fail(f, quoted(s) + " is not two tokens separated by one space");
+    a = s.substr(0, sp);
+    b = s.substr(sp + 1);
+  } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {  // ["a", "b"]
+    a = e[0].get<std::string>();
+    b = e[1].get<std::string>();
+  } else {
+    r.fail(f, "expected \"a b\" or [\"a\", \"b\"], got " + e.dump());
+  }
+  return true;
+}
+
+// model.merges as (left id, right id, merged id) in rank order: those of byte-level tokens,
+// the ones BPE can apply; every merge's tokens must be in the vocabulary.
+std::vector<std::array<int32_t, 3>> read_merges(const Reader& r, const json& m, const Tokenizer::Impl& t) {
   if (!m.contains("merges") || !m["merges"].is_array()) r.fail("model.merges", "missing or not an array");
   std::vector<std::array<int32_t, 3>> merges;
   merges.reserve(m["merges"].size());
   for (size_t i = 0; i < m["merges"].size(); ++i) {
-    const json& e = m["merges"][i];
     const std::string f = "model.merges[" + std::to_string(i) + "]";
     std::string a, b;
-    if (e.is_string()) {  // "a b"
-      const std::string s = e.get<std::string>();
-      if (s.rfind("#version", 0) == 0) continue;
-      const size_t sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        r.fail(f, quoted(s) + " is not two tokens separated by one space");
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {  // ["a", "b"]
-      a = e[0].get<std::string>();
-      b = e[1].get<std::string>();
-    } else {
-      r.fail(f, "expected \"a b\" or [\"a\", \"b\"], got " + e.dump());
-    }
+    if (!read_merge(r, m["merges"][i], f, a, b)) continue;
     const auto find = [&](const std::string& s, const char* what) {
-      auto it = t->ids.find(s);
-      if (it == t->ids.end())
+      auto it = t.ids.find(s);
+      if (it == t.ids.end())
         r.fail(f, std::string(what) + quoted(s) + " is not in model.vocab (the merges do not belong to this vocabulary)");
       return it->second;
     };
@@ -276,84 +293,143 @@ std::shared_ptr<Tokenizer::Impl> Tokenizer::load(std::string_view text, const st
     std::string ba, bb;
     if (byte_level_decode(a, ba) && byte_level_decode(b, bb)) merges.push_back({ia, ib, iab});
   }
-  t->bpe = Bpe(vocab_bytes, merges, opt);
+  return merges;
+}
 
-  // ---- normalizer, pre-tokenizer, post-processor, decoder
-  if (j.contains("normalizer")) read_normalizer(r, j["normalizer"], "normalizer", t->normalizers);
+// The model into t.bpe and t.ids; returns model.vocab.
+Vocab read_model(const Reader& r, const json& j, Tokenizer::Impl& t) {
+  if (!j.contains("model")) r.fail("model", "missing");
+  const json& m = j["model"];
+  check_bpe_model(r, m);
+  Vocab vocab = read_vocab(r, m, t);
+  Vocab vocab_bytes;  // what BPE can produce
+  std::string bytes;
+  for (const auto& [token, id] : vocab)
+    if (byte_level_decode(token, bytes)) vocab_bytes.emplace_back(bytes, id);
+  const BpeOptions opt = read_bpe_options(r, m, t);
+  const std::vector<std::array<int32_t, 3>> merges = read_merges(r, m, t);
+  t.bpe = Bpe(vocab_bytes, merges, opt);
+  return vocab;
+}
+
+// ---- normalizer, pre-tokenizer, post-processor, decoder
+
+void read_pipeline(const Reader& r, const json& j, Tokenizer::Impl& t) {
+  if (j.contains("normalizer")) read_normalizer(r, j["normalizer"], "normalizer", t.normalizers);
   if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
     r.fail("pre_tokenizer", "missing; ndtrain reads byte-level BPE, whose pre_tokenizer is (or ends with) ByteLevel");
   bool byte_level = false;
-  read_pre_tokenizer(r, j["pre_tokenizer"], "pre_tokenizer", *t, byte_level);
+  read_pre_tokenizer(r, j["pre_tokenizer"], "pre_tokenizer", t, byte_level);
   if (!byte_level)
     r.fail("pre_tokenizer", "has no ByteLevel step; ndtrain reads byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM)");
-  if (j.contains("post_processor")) read_post_processor(r, j["post_processor"], "post_processor", *t);
+  if (j.contains("post_processor")) read_post_processor(r, j["post_processor"], "post_processor", t);
   read_decoder(r, j.contains("decoder") ? j["decoder"] : json(), "decoder");
+}
 
-  // ---- ids and their bytes
+// ---- ids and their bytes
+
+// One entry of added_tokens; its id is given by read_added_tokens.
+AddedToken read_added_token(const Reader& r, const json& e, const std::string& f) {
+  AddedToken a;
+  if (!e.contains("content")) r.fail(f, "has no content");
+  a.content = r.string(e["content"], f + ".content");
+  a.special = r.boolean(e, "special", f, false);
+  a.single_word = r.boolean(e, "single_word", f, false);
+  a.lstrip = r.boolean(e, "lstrip", f, false);
+  a.rstrip = r.boolean(e, "rstrip", f, false);
+  a.normalized = r.boolean(e, "normalized", f, !a.special);
+  return a;
+}
+
+// added_tokens by id; next_id is the first id after the vocabulary.
+std::map<int32_t, AddedToken> read_added_tokens(const Reader& r, const json& j, const Tokenizer::Impl& t,
+                                                int32_t next_id) {
+  std::map<int32_t, AddedToken> added;  // tokenizers' added_tokens_map_r
+  if (!j.contains("added_tokens") || j["added_tokens"].is_null()) return added;
+  if (!j["added_tokens"].is_array()) r.fail("added_tokens", "expected an array");
+  // tokenizers gives each content the vocabulary's id, or the next one after the vocabulary
+  // (the file's "id" is only checked with a warning there)
+  std::unordered_map<std::string, int32_t> by_content;
+  for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
+    const std::string f = "added_tokens[" + std::to_string(i) + "]";
+    AddedToken a = read_added_token(r, r.object(j["added_tokens"][i], f), f);
+    if (a.content.empty()) continue;
+    if (auto it = by_content.find(a.content); it != by_content.end()) {
+      a.id = it->second;
+    } else if (auto v = t.ids.find(a.content); v != t.ids.end()) {
+      a.id = v->second;
+    } else {
+      a.id = next_id++;
+    }
+    by_content[a.content] = a.id;
+    added[a.id] = a;
+  }
+  return added;
+}
+
+// How many ids there are: one past the largest of the vocabulary, the added tokens and the template.
+int64_t id_count(const Vocab& vocab, const std::map<int32_t, AddedToken>& added, const Tokenizer::Impl& t) {
   int64_t size = 0;
   for (const auto& [token, id] : vocab) size = std::max<int64_t>(size, id + 1);
-  std::map<int32_t, AddedToken> added;  // tokenizers' added_tokens_map_r
-  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
-    if (!j["added_tokens"].is_array()) r.fail("added_tokens", "expected an array");
-    // tokenizers gives each content the vocabulary's id, or the next one after the vocabulary
-    // (the file's "id" is only checked with a warning there)
-    std::unordered_map<std::string, int32_t> by_content;
-    int32_t next_id = static_cast<int32_t>(vocab.size());
-    for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
-      const std::string f = "added_tokens[" + std::to_string(i) + "]";
-      const json& e = r.object(j["added_tokens"][i], f);
-      AddedToken a;
-      if (!e.contains("content")) r.fail(f, "has no content");
-      a.content = r.string(e["content"], f + ".content");
-      a.special = r.boolean(e, "special", f, false);
-      a.single_word = r.boolean(e, "single_word", f, false);
-      a.lstrip = r.boolean(e, "lstrip", f, false);
-      a.rstrip = r.boolean(e, "rstrip", f, false);
-      a.normalized = r.boolean(e, "normalized", f, !a.special);
-      if (a.content.empty()) continue;
-      if (auto it = by_content.find(a.content); it != by_content.end()) {
-        a.id = it->second;
-      } else if (auto v = t->ids.find(a.content); v != t->ids.end()) {
-        a.id = v->second;
-      } else {
-        a.id = next_id++;
-      }
-      by_content[a.content] = a.id;
-      added[a.id] = a;
-    }
-  }
   for (const auto& [id, a] : added) size = std::max<int64_t>(size, id + 1);
-  for (int32_t id : t->before) size = std::max<int64_t>(size, id + 1);
-  for (int32_t id : t->after) size = std::max<int64_t>(size, id + 1);
-  t->vocab_size = size;
-  t->bytes.assign(size, std::string());
-  t->known.assign(size, 0);
-  t->special.assign(size, 0);
+  for (int32_t id : t.before) size = std::max<int64_t>(size, id + 1);
+  for (int32_t id : t.after) size = std::max<int64_t>(size, id + 1);
+  return size;
+}
+
+// An added token into t: its matcher, its bytes and flags, its id, and \w when single_word needs it.
+void add_token(Tokenizer::Impl& t, int32_t id, const AddedToken& a) {
+  std::string match = a.content;
+  if (a.normalized)
+    for (NormalForm n : t.normalizers) match = normalize(n, match);
+  const int32_t index = static_cast<int32_t>(t.added.size());
+  (a.normalized ? t.normalized_tokens : t.raw_tokens).add(match, index);
+  t.bytes[id] = decoded_bytes(match);  // tokenizers decodes the normalized form
+  t.known[id] = 1;
+  t.special[id] = a.special;
+  t.ids[a.content] = id;
+  t.added.push_back(a);
+  if (a.single_word && !t.word_char)  // the regex crate's \w, which single_word tests
+    t.word_char = std::make_unique<Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])", false, "single_word");
+}
+
+// Every id's bytes and flags: the vocabulary's tokens, then the added ones.
+void lay_out_ids(Tokenizer::Impl& t, const Vocab& vocab, const std::map<int32_t, AddedToken>& added) {
+  const int64_t size = id_count(vocab, added, t);
+  t.vocab_size = size;
+  t.bytes.assign(size, std::string());
+  t.known.assign(size, 0);
+  t.special.assign(size, 0);
   for (const auto& [token, id] : vocab) {
-    t->bytes[id] = decoded_bytes(token);
-    t->known[id] = 1;
+    t.bytes[id] = decoded_bytes(token);
+    t.known[id] = 1;
   }
-  for (const auto& [id, a] : added) {
-    std::string match = a.content;
-    if (a.normalized)
-      for (NormalForm n : t->normalizers) match = normalize(n, match);
-    const int32_t index = static_cast<int32_t>(t->added.size());
-    (a.normalized ? t->normalized_tokens : t->raw_tokens).add(match, index);
-    t->bytes[id] = decoded_bytes(match);  // tokenizers decodes the normalized form
-    t->known[id] = 1;
-    t->special[id] = a.special;
-    t->ids[a.content] = id;
-    t->added.push_back(a);
-    if (a.single_word && !t->word_char)  // the regex crate's \w, which single_word tests
-      t->word_char = std::make_unique<Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])", false, "single_word");
-  }
-  for (int32_t id : t->before)
-    if (!t->known[id]) r.fail("post_processor", "adds token id " + std::to_string(id) + ", which is not in the vocabulary");
-  for (int32_t id : t->after)
-    if (!t->known[id]) r.fail("post_processor", "adds token id " + std::to_string(id) + ", which is not in the vocabulary");
-  if (!t->before.empty()) t->bos = t->before.front();
+  for (const auto& [id, a] : added) add_token(t, id, a);
+}
+
+// The template's tokens checked; BOS is the template's first, EOS the first special end-of-text token.
+void set_bos_eos(const Reader& r, Tokenizer::Impl& t) {
+  for (int32_t id : t.before)
+    if (!t.known[id]) r.fail("post_processor", "adds token id " + std::to_string(id) + ", which is not in the vocabulary");
+  for (int32_t id : t.after)
+    if (!t.known[id]) r.fail("post_processor", "adds token id " + std::to_string(id) + ", which is not in the vocabulary");
+  if (!t.before.empty()) t.bos = t.before.front();
   for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>"})
-    if (auto it = t->ids.find(name); !t->eos && it != t->ids.end() && t->special[it->second]) t->eos = it->second;
+    if (auto it = t.ids.find(name); !t.eos && it != t.ids.end() && t.special[it->second]) t.eos = it->second;
+}
+
+}  // namespace
+
+std::shared_ptr<Tokenizer::Impl> Tokenizer::load(std::string_view text, const std::string& source) {
+  const Reader r(source);
+  const json j = read_file(r, text, source);
+  auto t = std::make_shared<Impl>();
+  t->source = source;
+  const Vocab vocab = read_model(r, j, *t);
+  read_pipeline(r, j, *t);
+  const std::map<int32_t, AddedToken> added = read_added_tokens(r, j, *t, static_cast<int32_t>(vocab.size()));
+  lay_out_ids(*t, vocab, added);
+  set_bos_eos(r, *t);
   return t;
 }
 

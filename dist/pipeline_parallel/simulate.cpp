@@ -125,16 +125,8 @@ void check_link(const Schedule& s, int a, int b) {
             " received");
 }
 
-}  // namespace
-
-Simulation simulate(const Schedule& s, Timing t) {
-  check_ranges(s, "simulate");
-  return simulate(s, StageTiming{std::vector<Timing>(static_cast<size_t>(s.stages()), t),
-                                 std::vector<double>(static_cast<size_t>(s.stages() - 1), 0.0)});
-}
-
-Simulation simulate(const Schedule& s, const StageTiming& t) {
-  check_ranges(s, "simulate");
+// One cost per stage and one message time per boundary, none negative.
+void check_timing(const Schedule& s, const StageTiming& t) {
   NDT_CHECK(
       static_cast<int>(t.stage.size()) == s.stages() && static_cast<int>(t.hop.size()) == s.stages() - 1,
       "simulate: ", t.stage.size(), " stage costs and ", t.hop.size(), " hops for ", s.stages(), " stages");
@@ -142,51 +134,66 @@ Simulation simulate(const Schedule& s, const StageTiming& t) {
     NDT_CHECK(x.f >= 0 && x.b >= 0 && x.w >= 0, "simulate: costs must be >= 0, got f=", x.f, " b=", x.b,
               " w=", x.w);
   for (double h : t.hop) NDT_CHECK(h >= 0, "simulate: message times must be >= 0, got ", h);
+}
+
+// The simulator's state between sweeps: when each action ended and where each rank stands.
+struct Sweep {
+  const Schedule& s;
+  const StageTiming& t;
+  // finish[slot(x)]: when action x ended, -1 until it has
+  std::vector<double> finish;
+  std::vector<double> free_at;  // when each rank's latest action ends
+  std::vector<size_t> next;     // each rank's next action
+  size_t done = 0, total = 0;
+  Simulation sim;
+
+  Sweep(const Schedule& schedule, const StageTiming& timing)
+      : s(schedule), t(timing), finish(3 * s.stages() * s.m, -1.0), free_at(s.p, 0.0), next(s.p, 0) {
+    sim.busy.assign(s.p, 0.0);
+    sim.start.resize(s.p);
+    for (int r = 0; r < s.p; ++r) {
+      sim.start[r].assign(s.ranks[r].size(), 0.0);
+      total += s.ranks[r].size();
+    }
+  }
+
+  // (op * stages + stage) * m + micro
+  int slot(const Ref& x) const { return (static_cast<int>(x.op) * s.stages() + x.stage) * s.m + x.micro; }
+
   // an action's cost on its stage; an unsplit schedule's B is the whole backward
-  auto cost = [&](Op op, int stage) {
+  double cost(Op op, int stage) const {
     const Timing& x = t.stage[static_cast<size_t>(stage)];
     return op == Op::kF ? x.f : op == Op::kW ? x.w : s.split_backward ? x.b : x.b + x.w;
-  };
-  // when an input is there for an action on `stage`: another stage's output after its hop
-  auto arrival = [&](const Ref& x, int stage) {
-    return x.stage == stage ? 0.0 : t.hop[static_cast<size_t>(std::min(x.stage, stage))];
-  };
-  // finish[(op * stages + stage) * m + micro]: when that action ended, -1 until it has
-  std::vector<double> finish(3 * s.stages() * s.m, -1.0);
-  auto end_of = [&](const Ref& x) -> double& {
-    return finish[(static_cast<int>(x.op) * s.stages() + x.stage) * s.m + x.micro];
-  };
-
-  Simulation sim;
-  sim.busy.assign(s.p, 0.0);
-  sim.start.resize(s.p);
-  std::vector<double> free_at(s.p, 0.0);  // when each rank's latest action ends
-  std::vector<size_t> next(s.p, 0);       // each rank's next action
-  size_t done = 0, total = 0;
-  for (int r = 0; r < s.p; ++r) {
-    sim.start[r].assign(s.ranks[r].size(), 0.0);
-    total += s.ranks[r].size();
   }
-  while (done < total) {
+
+  // when an input is there for an action on `stage`: another stage's output after its hop
+  double arrival(const Ref& x, int stage) const {
+    return x.stage == stage ? 0.0 : t.hop[static_cast<size_t>(std::min(x.stage, stage))];
+  }
+
+  // Runs rank r's next actions while their inputs have ended; true when it ran any.
+  bool advance(int r) {
     bool advanced = false;
-    for (int r = 0; r < s.p; ++r) {
-      for (; next[r] < s.ranks[r].size(); ++next[r], ++done, advanced = true) {
-        const Action& a = s.ranks[r][next[r]];
-        const int stage = s.stage_of(r, a.chunk);
-        double begin = free_at[r];
-        bool ready = true;
-        for (const Ref& x : inputs(s, r, a)) {
-          if (end_of(x) < 0) ready = false;
-          begin = std::max(begin, end_of(x) + arrival(x, stage));
-        }
-        if (!ready) break;
-        const double c = cost(a.op, stage);
-        sim.start[r][next[r]] = begin;
-        sim.busy[r] += c;
-        free_at[r] = end_of({a.op, a.micro, s.stage_of(r, a.chunk)}) = begin + c;
+    for (; next[r] < s.ranks[r].size(); ++next[r], ++done, advanced = true) {
+      const Action& a = s.ranks[r][next[r]];
+      const int stage = s.stage_of(r, a.chunk);
+      double begin = free_at[r];
+      bool ready = true;
+      for (const Ref& x : inputs(s, r, a)) {
+        if (finish[slot(x)] < 0) ready = false;
+        begin = std::max(begin, finish[slot(x)] + arrival(x, stage));
       }
+      if (!ready) break;
+      const double c = cost(a.op, stage);
+      sim.start[r][next[r]] = begin;
+      sim.busy[r] += c;
+      free_at[r] = finish[slot({a.op, a.micro, stage})] = begin + c;
     }
-    if (advanced) continue;
+    return advanced;
+  }
+
+  // A sweep advanced nobody: each blocked rank's next action and the inputs it waits for.
+  [[noreturn]] void fail_deadlock() const {
     std::ostringstream os;
     os << "pipeline schedule " << kind_name(s.kind) << ": deadlock after " << done << " of " << total
        << " actions:";
@@ -197,12 +204,25 @@ Simulation simulate(const Schedule& s, const StageTiming& t) {
       os << sep << "rank " << r << " blocked at " << label(a, s.v) << " (action " << next[r]
          << ") waiting for";
       for (const Ref& x : inputs(s, r, a))
-        if (end_of(x) < 0) os << " " << describe(s, x);
+        if (finish[slot(x)] < 0) os << " " << describe(s, x);
       sep = "; ";
     }
     NDT_FAIL(os.str());
   }
 
+  // Sweeps over the ranks until every action has run.
+  void run() {
+    while (done < total) {
+      bool advanced = false;
+      for (int r = 0; r < s.p; ++r)
+        if (advance(r)) advanced = true;
+      if (!advanced) fail_deadlock();
+    }
+  }
+};
+
+// The totals of a finished simulation: makespan, finish, peak micro-batches held, bubble.
+Simulation summarize(const Schedule& s, Simulation sim, const std::vector<double>& free_at) {
   // Micro-batches held: from F to B. (After B a micro-batch keeps only what its W needs,
   // the ZB paper's M_W, less than the M_B it held; that is how ZB-H1 matches 1F1B's peak.)
   double work = 0;
@@ -219,6 +239,22 @@ Simulation simulate(const Schedule& s, const StageTiming& t) {
   }
   sim.bubble = sim.makespan > 0 ? 1.0 - work / (s.p * sim.makespan) : 0.0;
   return sim;
+}
+
+}  // namespace
+
+Simulation simulate(const Schedule& s, Timing t) {
+  check_ranges(s, "simulate");
+  return simulate(s, StageTiming{std::vector<Timing>(static_cast<size_t>(s.stages()), t),
+                                 std::vector<double>(static_cast<size_t>(s.stages() - 1), 0.0)});
+}
+
+Simulation simulate(const Schedule& s, const StageTiming& t) {
+  check_ranges(s, "simulate");
+  check_timing(s, t);
+  Sweep sweep(s, t);
+  sweep.run();
+  return summarize(s, std::move(sweep.sim), sweep.free_at);
 }
 
 void validate(const Schedule& s) {

@@ -537,62 +537,75 @@ std::vector<std::string> HfFolder::files() const {
 
 // ---- HfFolderWriter ------------------------------------------------------------------------
 
-void HfFolderWriter::add(const std::string& name, const Tensor& t) {
-  NDT_CHECK(!name.empty() && name != "__metadata__", "HfFolderWriter: tensor name '", name, "' is reserved");
-  for (auto& [n, _] : tensors_) NDT_CHECK(n != name, "HfFolderWriter: tensor '", name, "' added twice");
-  tensors_.emplace_back(name, t.to(Device::cpu()).contiguous());
-}
+namespace {
 
-void HfFolderWriter::write(const std::string& dir, const HfConfig& config, int64_t max_shard_bytes) const {
-  NDT_CHECK(max_shard_bytes > 0, "HfFolderWriter::write: max_shard_bytes must be positive, got ", max_shard_bytes);
-  const fs::path d = clean_dir(dir);
-  const std::string config_text = to_json(config);  // refuses a bad config before anything is written
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
-  // Shards as huggingface_hub's split_state_dict_into_shards_factory cuts them.
+// One export's files: the tensors of each shard (indices into the writer's list) and its file.
+struct ShardPlan {
   std::vector<std::vector<size_t>> shards;
+  std::vector<std::string> files;  // one per shard
+  int64_t total = 0;               // bytes of all tensors
+  bool sharded() const { return shards.size() > 1; }
+};
+
+// Shards as huggingface_hub's split_state_dict_into_shards_factory cuts them.
+ShardPlan plan_shards(const NamedTensors& tensors, int64_t max_shard_bytes) {
+  ShardPlan p;
   std::vector<size_t> current;
-  int64_t current_bytes = 0, total = 0;
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const int64_t b = static_cast<int64_t>(tensors_[i].second.nbytes());
-    total += b;
+  int64_t current_bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int64_t b = static_cast<int64_t>(tensors[i].second.nbytes());
+    p.total += b;
     if (b > max_shard_bytes) {
-      shards.push_back({i});
+      p.shards.push_back({i});
       continue;
     }
     if (current_bytes + b > max_shard_bytes) {
-      shards.push_back(current);
+      p.shards.push_back(current);
       current.clear();
       current_bytes = 0;
     }
     current.push_back(i);
     current_bytes += b;
   }
-  if (!current.empty() || shards.empty()) shards.push_back(current);
-  const bool sharded = shards.size() > 1;
-  std::vector<std::string> files;
-  for (size_t s = 0; s < shards.size(); ++s) files.push_back(sharded ? shard_name(s, shards.size()) : kSingle);
-  std::string index_text;
-  if (sharded) {
-    json wm = json::object();
-    for (size_t s = 0; s < shards.size(); ++s)
-      for (size_t i : shards[s]) wm[tensors_[i].first] = files[s];
-    // as transformers' save_pretrained: json.dumps(index, indent=2, sort_keys=True) + "\n"
-    index_text = json{{"metadata", {{"total_size", total}}}, {"weight_map", wm}}.dump(2) + "\n";
-  }
+  if (!current.empty() || p.shards.empty()) p.shards.push_back(current);
+  for (size_t s = 0; s < p.shards.size(); ++s)
+    p.files.push_back(p.sharded() ? shard_name(s, p.shards.size()) : kSingle);
+  return p;
+}
+
+// model.safetensors.index.json's text; empty when there is one shard.
+std::string index_json(const ShardPlan& p, const NamedTensors& tensors) {
+  if (!p.sharded()) return "";
+  json wm = json::object();
+  for (size_t s = 0; s < p.shards.size(); ++s)
+    for (size_t i : p.shards[s]) wm[tensors[i].first] = p.files[s];
+  // as transformers' save_pretrained: json.dumps(index, indent=2, sort_keys=True) + "\n"
+  return json{{"metadata", {{"total_size", p.total}}}, {"weight_map", wm}}.dump(2) + "\n";
+}
+
+// Everything one export writes, ready to go to disk.
+struct Export {
+  const NamedTensors& tensors;
+  ShardPlan plan;
+  std::string config_text, index_text;
 
   // Every file into `to`, each written atomically.
-  auto write_all = [&](const fs::path& to) {
-    for (size_t s = 0; s < shards.size(); ++s) {
+  void write_all(const fs::path& to) const {
+    for (size_t s = 0; s < plan.shards.size(); ++s) {
       SafeTensorsWriter w;
       w.metadata["format"] = "pt";  // transformers refuses safetensors files without it
-      for (size_t i : shards[s]) w.add(tensors_[i].first, tensors_[i].second);
-      w.write((to / files[s]).string());
+      for (size_t i : plan.shards[s]) w.add(tensors[i].first, tensors[i].second);
+      w.write((to / plan.files[s]).string());
     }
     write_file_atomic((to / kConfig).string(), config_text);
-    if (sharded) write_file_atomic((to / kIndex).string(), index_text);
+    if (plan.sharded()) write_file_atomic((to / kIndex).string(), index_text);
     fsync_dir(to.string());
-  };
-  auto stage = [&](const fs::path& tmp) {
+  }
+
+  // Every file into a fresh folder `tmp`, which is removed if that fails.
+  void stage(const fs::path& tmp) const {
     fs_do("preparing " + tmp.string(), [&] {
       fs::remove_all(tmp);
       fs::create_directories(tmp);
@@ -604,25 +617,25 @@ void HfFolderWriter::write(const std::string& dir, const HfConfig& config, int64
       fs::remove_all(tmp, ec);
       throw;
     }
-  };
-
-  std::error_code ec;
-  if (!fs::exists(d, ec)) {
-    // A new folder: built whole beside its final name, then renamed into place.
-    fs::path tmp = d;
-    tmp += ".ndt-partial";
-    if (d.has_parent_path()) fs_do("creating " + d.parent_path().string(), [&] { fs::create_directories(d.parent_path()); });
-    stage(tmp);
-    fs_do("renaming " + tmp.string() + " to " + d.string(), [&] { fs::rename(tmp, d); });
-    fsync_dir(d.has_parent_path() ? d.parent_path().string() : ".");
-    return;
   }
-  NDT_CHECK(fs::is_directory(d, ec), "cannot write a Hugging Face model folder at ", d.string(),
-            ": it exists and is not a directory");
-  // An existing folder: stage inside it, then swap the files of our names in, entry point last.
+};
+
+// A new folder: built whole beside its final name, then renamed into place.
+void write_new_folder(const fs::path& d, const Export& out) {
+  fs::path tmp = d;
+  tmp += ".ndt-partial";
+  if (d.has_parent_path()) fs_do("creating " + d.parent_path().string(), [&] { fs::create_directories(d.parent_path()); });
+  out.stage(tmp);
+  fs_do("renaming " + tmp.string() + " to " + d.string(), [&] { fs::rename(tmp, d); });
+  fsync_dir(d.has_parent_path() ? d.parent_path().string() : ".");
+}
+
+// An existing folder: stage inside it, then swap the files of our names in, entry point last.
+void replace_in_folder(const fs::path& d, const Export& out) {
   const fs::path tmp = d / ".ndt-partial";
-  stage(tmp);
-  const std::string entry = sharded ? kIndex : kSingle;
+  out.stage(tmp);
+  const std::vector<std::string>& files = out.plan.files;
+  const std::string entry = out.plan.sharded() ? kIndex : kSingle;
   fs_do("replacing the weights in " + d.string(), [&] {
     fs::remove(d / kIndex);
     fs::remove(d / kSingle);
@@ -641,6 +654,31 @@ void HfFolderWriter::write(const std::string& dir, const HfConfig& config, int64
     fs::remove_all(tmp);
     fsync_dir(d.string());
   });
+}
+
+}  // namespace
+
+void HfFolderWriter::add(const std::string& name, const Tensor& t) {
+  NDT_CHECK(!name.empty() && name != "__metadata__", "HfFolderWriter: tensor name '", name, "' is reserved");
+  for (auto& [n, _] : tensors_) NDT_CHECK(n != name, "HfFolderWriter: tensor '", name, "' added twice");
+  tensors_.emplace_back(name, t.to(Device::cpu()).contiguous());
+}
+
+void HfFolderWriter::write(const std::string& dir, const HfConfig& config, int64_t max_shard_bytes) const {
+  NDT_CHECK(max_shard_bytes > 0, "HfFolderWriter::write: max_shard_bytes must be positive, got ", max_shard_bytes);
+  const fs::path d = clean_dir(dir);
+  const std::string config_text = to_json(config);  // refuses a bad config before anything is written
+  const ShardPlan plan = plan_shards(tensors_, max_shard_bytes);
+  const Export out{tensors_, plan, config_text, index_json(plan, tensors_)};
+
+  std::error_code ec;
+  if (!fs::exists(d, ec)) {
+    write_new_folder(d, out);
+    return;
+  }
+  NDT_CHECK(fs::is_directory(d, ec), "cannot write a Hugging Face model folder at ", d.string(),
+            ": it exists and is not a directory");
+  replace_in_folder(d, out);
 }
 
 }  // namespace ndt::io

@@ -75,96 +75,147 @@ int write_shards(const std::string& out_dir, const std::vector<uint32_t>& tokens
   return shard;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The command line's settings.
+struct Options {
   std::string out_dir, kind = "char", tokenizer;
   double val_fraction = 0.05;
   int64_t shard_tokens = 100'000'000;
   int threads = 0;
   bool parse_special = false;
   std::vector<std::string> files;
+};
+
+// The command line into `o`; false when the program ends here, with `status` its exit code
+// (0 after --help, 2 for an error, printed).
+bool parse_options(int argc, char** argv, Options& o, int& status) {
   po::options_description opts(
       "prepare_text: text files -> token shards + what decodes them\n\nUsage: prepare_text --out DIR [options] "
       "FILE...\n\nOptions");
-  opts.add_options()("help,h", "print this help")("out", po::value(&out_dir)->required(), "output directory")(
-      "vocab", po::value(&kind)->default_value(kind), "char or byte (a vocabulary built here)")(
-      "tokenizer", po::value(&tokenizer),
+  opts.add_options()("help,h", "print this help")("out", po::value(&o.out_dir)->required(),
+                                                   "output directory")(
+      "vocab", po::value(&o.kind)->default_value(o.kind), "char or byte (a vocabulary built here)")(
+      "tokenizer", po::value(&o.tokenizer),
       "a model's tokenizer.json, or the folder holding it (instead of --vocab)")(
-      "parse_special", po::bool_switch(&parse_special),
+      "parse_special", po::bool_switch(&o.parse_special),
       "with --tokenizer: special tokens written in the text are special tokens (default: plain text)")(
-      "threads", po::value(&threads)->default_value(threads), "with --tokenizer: threads (0: all cores)")(
-      "val_fraction", po::value(&val_fraction)->default_value(val_fraction),
+      "threads", po::value(&o.threads)->default_value(o.threads), "with --tokenizer: threads (0: all cores)")(
+      "val_fraction", po::value(&o.val_fraction)->default_value(o.val_fraction),
       "fraction of tokens for validation (at the end)")(
-      "shard_tokens", po::value(&shard_tokens)->default_value(shard_tokens), "tokens per training shard")(
-      "files", po::value(&files), "input text files");
+      "shard_tokens", po::value(&o.shard_tokens)->default_value(o.shard_tokens), "tokens per training shard")(
+      "files", po::value(&o.files), "input text files");
   po::positional_options_description pos;
   pos.add("files", -1);
+  status = 0;
   try {
     po::variables_map vm;
-    if (!train::parse_command_line(argc, argv, opts, pos, {}, vm)) return 0;  // --help
-    if (!tokenizer.empty() && !vm["vocab"].defaulted())
+    if (!train::parse_command_line(argc, argv, opts, pos, {}, vm)) return false;  // --help
+    if (!o.tokenizer.empty() && !vm["vocab"].defaulted())
       throw po::error("--tokenizer and --vocab exclude each other: give one");
-    if (kind != "char" && kind != "byte") throw po::error("--vocab must be char or byte, got '" + kind + "'");
-    if (files.empty()) throw po::error("no input files");
-    if (!(val_fraction > 0 && val_fraction < 1)) throw po::error("--val_fraction must be in (0, 1)");
-    if (shard_tokens < 1 || shard_tokens >= (int64_t(1) << 31))
+    if (o.kind != "char" && o.kind != "byte")
+      throw po::error("--vocab must be char or byte, got '" + o.kind + "'");
+    if (o.files.empty()) throw po::error("no input files");
+    if (!(o.val_fraction > 0 && o.val_fraction < 1)) throw po::error("--val_fraction must be in (0, 1)");
+    if (o.shard_tokens < 1 || o.shard_tokens >= (int64_t(1) << 31))
       throw po::error("--shard_tokens must be in [1, 2^31)");
-    if (threads < 0) throw po::error("--threads must be >= 0");
+    if (o.threads < 0) throw po::error("--threads must be >= 0");
   } catch (const std::exception& e) {  // the command line's errors and the checks above
     std::cerr << "prepare_text: error: " << e.what() << " (see --help)\n";
-    return 2;
+    status = 2;
+    return false;
   }
+  return true;
+}
+
+// The corpus as one stream of tokens, and a line saying what made them.
+struct Tokens {
+  std::vector<uint32_t> ids;
+  std::string what;
+};
+
+// --tokenizer: each document after its separator; tokenizer.json is copied into the output.
+Tokens tokenize_with_model(const Options& o, const std::vector<std::string>& docs) {
+  Tokens tokens;
+  const tok::Tokenizer t = tok::Tokenizer::from_file(o.tokenizer);
+  const int32_t sep = document_separator(t);
+  tok::EncodeOptions opt;
+  opt.parse_special = o.parse_special;
+  opt.threads = o.threads;
+  const std::vector<std::vector<int32_t>> ids =
+      t.encode_batch(std::vector<std::string_view>(docs.begin(), docs.end()), opt);
+  for (const auto& d : ids) {
+    tokens.ids.push_back(static_cast<uint32_t>(sep));
+    tokens.ids.insert(tokens.ids.end(), d.begin(), d.end());
+  }
+  tokens.what = "tokenizer " + t.source() + ": vocabulary of " + std::to_string(t.vocab_size()) +
+                " (model.vocab_size at least that); each document starts with " + t.token_bytes(sep) +
+                " (id " + std::to_string(sep) + ")";
+  fs::create_directories(o.out_dir);
+  std::ifstream in(t.source(), std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  io::write_file_atomic((fs::path(o.out_dir) / "tokenizer.json").string(), ss.str());
+  return tokens;
+}
+
+// --vocab: the documents joined with newlines, one token per character or byte; vocab.json
+// is written into the output.
+Tokens tokenize_with_vocab(const Options& o, const std::vector<std::string>& docs) {
+  Tokens tokens;
+  std::string text;
+  for (const std::string& d : docs) {
+    if (!text.empty() && text.back() != '\n') text += '\n';
+    text += d;
+  }
+  data::Vocab vocab = o.kind == "char" ? data::Vocab::build_char(text) : data::Vocab::byte_level();
+  for (uint16_t id : vocab.encode(text)) tokens.ids.push_back(id);
+  fs::create_directories(o.out_dir);
+  vocab.save((fs::path(o.out_dir) / "vocab.json").string());
+  tokens.what = o.kind + " vocab of " + std::to_string(vocab.size());
+  return tokens;
+}
+
+// What prepare did, for the report.
+struct Summary {
+  size_t files = 0, bytes = 0;
+  int64_t tokens = 0, n_train = 0, n_val = 0;
+  int shards = 0;
+  data::ShardFormat format = data::ShardFormat::u16;
+  std::string what;
+};
+
+// Reads, tokenizes and writes the shards.
+Summary prepare(const Options& o) {
+  std::vector<std::string> docs = read_documents(o.files);
+  size_t bytes = 0;
+  for (const std::string& d : docs) bytes += d.size();
+  NDT_CHECK(bytes > 0, "the input files hold no text");
+  const Tokens tokens = o.tokenizer.empty() ? tokenize_with_vocab(o, docs) : tokenize_with_model(o, docs);
+  const int64_t n_val =
+      std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(tokens.ids.size()) * o.val_fraction));
+  const int64_t n_train = static_cast<int64_t>(tokens.ids.size()) - n_val;
+  NDT_CHECK(n_train > 0, "too little text for a train/val split");
+  const data::ShardFormat format = data::shard_format_for(tokens.ids);
+  const int shards = write_shards(o.out_dir, tokens.ids, n_train, o.shard_tokens, format);
+  return {docs.size(), bytes, static_cast<int64_t>(tokens.ids.size()), n_train, n_val, shards, format,
+          tokens.what};
+}
+
+void report(const Options& o, const Summary& s) {
+  std::cout << "prepare_text: " << s.what << "\n"
+            << "prepare_text: " << s.files << " files, " << s.bytes << " bytes -> " << s.tokens
+            << " tokens: " << s.n_train << " train in " << s.shards << " shard(s), " << s.n_val << " val, "
+            << (s.format == data::ShardFormat::u16 ? "uint16 (GPT-2's format)" : "uint32 (Llama 3's format)")
+            << ", in " << o.out_dir << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  int status = 0;
+  if (!parse_options(argc, argv, o, status)) return status;
   try {
-    std::vector<std::string> docs = read_documents(files);
-    size_t bytes = 0;
-    for (const std::string& d : docs) bytes += d.size();
-    NDT_CHECK(bytes > 0, "the input files hold no text");
-    std::vector<uint32_t> tokens;
-    std::string what;
-    if (!tokenizer.empty()) {
-      const tok::Tokenizer t = tok::Tokenizer::from_file(tokenizer);
-      const int32_t sep = document_separator(t);
-      tok::EncodeOptions opt;
-      opt.parse_special = parse_special;
-      opt.threads = threads;
-      const std::vector<std::vector<int32_t>> ids =
-          t.encode_batch(std::vector<std::string_view>(docs.begin(), docs.end()), opt);
-      for (const auto& d : ids) {
-        tokens.push_back(static_cast<uint32_t>(sep));
-        tokens.insert(tokens.end(), d.begin(), d.end());
-      }
-      what = "tokenizer " + t.source() + ": vocabulary of " + std::to_string(t.vocab_size()) +
-             " (model.vocab_size at least that); each document starts with " + t.token_bytes(sep) + " (id " +
-             std::to_string(sep) + ")";
-      fs::create_directories(out_dir);
-      std::ifstream in(t.source(), std::ios::binary);
-      std::stringstream ss;
-      ss << in.rdbuf();
-      io::write_file_atomic((fs::path(out_dir) / "tokenizer.json").string(), ss.str());
-    } else {
-      std::string text;
-      for (const std::string& d : docs) {
-        if (!text.empty() && text.back() != '\n') text += '\n';
-        text += d;
-      }
-      data::Vocab vocab = kind == "char" ? data::Vocab::build_char(text) : data::Vocab::byte_level();
-      for (uint16_t id : vocab.encode(text)) tokens.push_back(id);
-      fs::create_directories(out_dir);
-      vocab.save((fs::path(out_dir) / "vocab.json").string());
-      what = kind + " vocab of " + std::to_string(vocab.size());
-    }
-    const int64_t n_val =
-        std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(tokens.size()) * val_fraction));
-    const int64_t n_train = static_cast<int64_t>(tokens.size()) - n_val;
-    NDT_CHECK(n_train > 0, "too little text for a train/val split");
-    const data::ShardFormat format = data::shard_format_for(tokens);
-    const int shards = write_shards(out_dir, tokens, n_train, shard_tokens, format);
-    std::cout << "prepare_text: " << what << "\n"
-              << "prepare_text: " << docs.size() << " files, " << bytes << " bytes -> " << tokens.size()
-              << " tokens: " << n_train << " train in " << shards << " shard(s), " << n_val << " val, "
-              << (format == data::ShardFormat::u16 ? "uint16 (GPT-2's format)" : "uint32 (Llama 3's format)")
-              << ", in " << out_dir << "\n";
+    report(o, prepare(o));
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "prepare_text: error: " << e.what() << "\n";
