@@ -58,7 +58,8 @@ std::shared_ptr<TensorImpl> accumulation_leaf(const Tensor& t) {
 
 Tensor grad_to_accumulate_into(const std::shared_ptr<TensorImpl>& leaf, const Shape& shape, DType dtype,
                                Device device, double* beta) {
-  if (!leaf || leaf->shape != shape || leaf->dtype != dtype || Tensor(leaf).device() != device) return Tensor();
+  if (!leaf || leaf->shape != shape || leaf->dtype != dtype || Tensor(leaf).device() != device)
+    return Tensor();
   if (!leaf->grad) {  // the first gradient: written, not added (AccumulateGrad would start from zeros)
     Tensor fresh = Tensor::empty(shape, dtype, device);
     leaf->grad = fresh.impl_ptr();

@@ -50,7 +50,8 @@ struct SharedInput {
 // after the weight gradient's GEMM (Megatron-LM's overlap of the input gradient's
 // all-reduce). With gather, only the part is kept for backward: it is gathered again there,
 // started before dx's GEMM and waited for before the weight gradient's.
-Tensor linear_shared_input(const Tensor& x, const Tensor& w, const Tensor& b, bool gelu, const SharedInput& comm);
+Tensor linear_shared_input(const Tensor& x, const Tensor& w, const Tensor& b, bool gelu,
+                           const SharedInput& comm);
 
 // ---- elementwise (ops/elementwise.cpp) -------------------------------------------
 // b has a's shape, or is a row vector (last dim of a) broadcast over the other dims.
@@ -58,7 +59,7 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, double s);
-Tensor gelu(const Tensor& x);               // tanh approximation
+Tensor gelu(const Tensor& x);  // tanh approximation
 // SwiGLU's gate (the Llama MLP, down(silu(gate) * up)): gate, up of one shape -> silu(gate) *
 // up, silu(g) = g * sigmoid(g), one node (nothing but gate and up is kept)
 Tensor silu_mul(const Tensor& gate, const Tensor& up);

@@ -356,14 +356,17 @@ void BM_gelu(benchmark::State& s) {
 }
 void BM_layernorm_dtype(benchmark::State& s) {
   const DType dt = s.range(0) ? DType::bf16 : DType::f32;
-  Tensor w = randn({kC}, 2, dt), b = randn({kC}, 3, dt), mean = Tensor::empty({kR}), rstd = Tensor::empty({kR});
+  Tensor w = randn({kC}, 2, dt), b = randn({kC}, 3, dt), mean = Tensor::empty({kR}),
+         rstd = Tensor::empty({kR});
   elementwise(s, 2, [&](const Tensor& x, const Tensor&, const Tensor& o) {
     kernels::layernorm_forward(x, w, b, 1e-5, o, mean, rstd);
   });
 }
 void BM_convert(benchmark::State& s) {
   const DType to = s.range(0) ? DType::f32 : DType::bf16;
-  elementwise(s, 1, [&](const Tensor& x, const Tensor&, const Tensor&) { benchmark::DoNotOptimize(x.to(to).data_ptr()); });
+  elementwise(s, 1, [&](const Tensor& x, const Tensor&, const Tensor&) {
+    benchmark::DoNotOptimize(x.to(to).data_ptr());
+  });
 }
 // A (B, T, C) buffer's heads laid out as (B, NH, T, HS) (attention's q, k, v split and
 // permuted) and back: the strided copy kernel, f32 (arg 0) and bf16 (arg 1). Bytes: read + write.

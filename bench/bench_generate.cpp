@@ -22,12 +22,12 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "models/generate.h"
 #include "models/gpt.h"
 #include "models/kv_cache.h"
 #include "nn/flat.h"
 #include "tensor/cuda/runtime.h"
 #include "tensor/threads.h"
-#include "models/generate.h"
 
 using namespace ndt;
 
@@ -51,7 +51,8 @@ models::GPTConfig config_of(const Case& c) {
   cfg.n_layer = c.n_layer, cfg.n_head = c.n_head, cfg.n_embd = c.n_embd, cfg.vocab_size = c.vocab;
   cfg.block_size = c.T, cfg.vocab_multiple = c.vocab > 4096 ? 128 : 1;
   if (c.n_kv_head > 0) {
-    cfg.arch = "llama", cfg.n_kv_head = c.n_kv_head, cfg.intermediate_size = c.inter, cfg.tie_embeddings = c.tied;
+    cfg.arch = "llama", cfg.n_kv_head = c.n_kv_head, cfg.intermediate_size = c.inter,
+    cfg.tie_embeddings = c.tied;
     cfg.rope.theta = 500000;
   }
   cfg.validate();
@@ -61,8 +62,8 @@ models::GPTConfig config_of(const Case& c) {
 int64_t integer(const std::string& what, const std::string& s) {
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  NDT_CHECK(ec == std::errc() && end == s.data() + s.size() && !s.empty(), what, " must be a whole number, got '",
-            s, "'");
+  NDT_CHECK(ec == std::errc() && end == s.data() + s.size() && !s.empty(), what,
+            " must be a whole number, got '", s, "'");
   return v;
 }
 
@@ -75,7 +76,8 @@ std::vector<int32_t> uncached(const models::GPT& gpt, std::vector<int32_t> ids, 
   autograd::NoGradGuard no_grad;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t T = static_cast<int64_t>(ids.size());
-    std::vector<float> row = gpt.next_token_logits(Tensor::from_vector(ids, {1, T}, device)).to_vector<float>();
+    std::vector<float> row =
+        gpt.next_token_logits(Tensor::from_vector(ids, {1, T}, device)).to_vector<float>();
     row.resize(gpt.cfg.vocab_size);
     ids.push_back(models::sample_token(row, {.temperature = 0}, ids.size()));
   }
@@ -133,15 +135,17 @@ int main(int argc, char** argv) {
       return 0;
     }
     set_num_threads(static_cast<int>(threads));
-    std::printf("threads: %d, device %s, prompt %lld tokens, %lld new tokens (greedy), f32\n\n", num_threads(),
-                device.str().c_str(), (long long)prompt_len, (long long)new_tokens);
-    std::printf("| config | params | prefill ms | cached tokens/s | uncached tokens/s | speed-up | same tokens |\n"
-                "|---|---|---:|---:|---:|---:|---|\n");
+    std::printf("threads: %d, device %s, prompt %lld tokens, %lld new tokens (greedy), f32\n\n",
+                num_threads(), device.str().c_str(), (long long)prompt_len, (long long)new_tokens);
+    std::printf(
+        "| config | params | prefill ms | cached tokens/s | uncached tokens/s | speed-up | same tokens |\n"
+        "|---|---|---:|---:|---:|---:|---|\n");
     std::vector<std::string> results;
     for (const std::string& name : only) {
-      const Case& c = *std::find_if(kCases.begin(), kCases.end(), [&](const Case& k) { return name == k.name; });
-      NDT_CHECK(prompt_len + new_tokens <= c.T, "--prompt + --new = ", prompt_len + new_tokens, " exceeds ", c.name,
-                "'s sequence length ", c.T);
+      const Case& c =
+          *std::find_if(kCases.begin(), kCases.end(), [&](const Case& k) { return name == k.name; });
+      NDT_CHECK(prompt_len + new_tokens <= c.T, "--prompt + --new = ", prompt_len + new_tokens, " exceeds ",
+                c.name, "'s sequence length ", c.T);
       models::GPT gpt(config_of(c));
       nn::FlatParams params = nn::materialize(gpt.units(), device, DType::f32, 1);
       std::vector<int32_t> prompt(prompt_len);
@@ -168,7 +172,8 @@ int main(int argc, char** argv) {
       std::snprintf(line, sizeof line,
                     "RESULT config=%s prompt=%lld new=%lld prefill_ms=%.2f cached_tokens_per_s=%.2f "
                     "uncached_tokens_per_s=%.2f same=%d",
-                    c.name, (long long)prompt_len, (long long)new_tokens, prefill_s * 1e3, ca, pl, a == b ? 1 : 0);
+                    c.name, (long long)prompt_len, (long long)new_tokens, prefill_s * 1e3, ca, pl,
+                    a == b ? 1 : 0);
       results.push_back(line);
     }
     std::printf("\n");

@@ -212,8 +212,9 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
   const double peak_tflops = bf16 ? 989.0 : tf32 ? 495.0 : 67.0;
   const char* arith = bf16 ? "bf16" : tf32 ? "tf32" : "f32";
   set_num_threads(threads);
-  std::printf("threads: %d, OpenBLAS kernel: %s, f32 GEMMs: %s, dtype: %s\n\n", num_threads(), blas_core().c_str(),
-              cpu::f32_gemm_library().c_str(), bf16 ? "bf16 mixed precision (f32 master and AdamW)" : "f32");
+  std::printf("threads: %d, OpenBLAS kernel: %s, f32 GEMMs: %s, dtype: %s\n\n", num_threads(),
+              blas_core().c_str(), cpu::f32_gemm_library().c_str(),
+              bf16 ? "bf16 mixed precision (f32 master and AdamW)" : "f32");
   std::printf(
       "| config | params | tokens/step | checkpointing | ms/step | tokens/s | GFLOP/s | saved MB | peak MB | "
       "total peak MB | same loss | device |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -236,7 +237,8 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
     }
     const int64_t warmup = opt.warmup, steps = opt.steps;
     for (int64_t s = 0; s < warmup + steps; ++s) {
-      Tensor x = random_ids(B, T, c.vocab, 2 * s).to(device), y = random_ids(B, T, c.vocab, 2 * s + 1).to(device);
+      Tensor x = random_ids(B, T, c.vocab, 2 * s).to(device),
+             y = random_ids(B, T, c.vocab, 2 * s + 1).to(device);
       for (Run& r : runs) {  // one step of each mode in turn
         if (device.is_cuda()) cuda::synchronize(device.index);
         const auto t0 = std::chrono::steady_clock::now();
@@ -309,14 +311,16 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
       const bool same =
           std::memcmp(r.losses.data(), runs[0].losses.data(), r.losses.size() * sizeof(double)) == 0;
       char mfu_text[64] = "";
-      if (device.is_cuda()) std::snprintf(mfu_text, sizeof mfu_text, " MFU %.1f%% of %.0f (%s)", mfu, peak_tflops, arith);
+      if (device.is_cuda())
+        std::snprintf(mfu_text, sizeof mfu_text, " MFU %.1f%% of %.0f (%s)", mfu, peak_tflops, arith);
       std::printf(
-          "| %s (L%lld H%lld C%lld V%lld B%lld T%lld) %s | %.2fM | %.0f | %s | %.1f | %.0f | %.1f | %.1f | %.1f "
+          "| %s (L%lld H%lld C%lld V%lld B%lld T%lld) %s | %.2fM | %.0f | %s | %.1f | %.0f | %.1f | %.1f | "
+          "%.1f "
           "| %.1f | %s | %s%s |\n",
-          c.name, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)c.vocab, (long long)B,
-          (long long)T, opt.dtype.c_str(), r.params.param_count() / 1e6, tok, r.mode.label.c_str(), ms,
-          tok / (ms / 1e3), gflops, r.saved / 1048576.0, r.peak / 1048576.0, r.total_peak / 1048576.0,
-          same ? "yes" : "NO", device.str().c_str(), mfu_text);
+          c.name, (long long)c.n_layer, (long long)c.n_head, (long long)c.n_embd, (long long)c.vocab,
+          (long long)B, (long long)T, opt.dtype.c_str(), r.params.param_count() / 1e6, tok,
+          r.mode.label.c_str(), ms, tok / (ms / 1e3), gflops, r.saved / 1048576.0, r.peak / 1048576.0,
+          r.total_peak / 1048576.0, same ? "yes" : "NO", device.str().c_str(), mfu_text);
       char line[512];
       std::snprintf(line, sizeof line,
                     "RESULT config=%s dtype=%s B=%lld T=%lld mode=%s device=%s ms=%.2f tokens_per_s=%.0f "

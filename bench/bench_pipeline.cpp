@@ -6,13 +6,13 @@
 //
 // Each schedule (dist/pipeline_parallel/schedule.h) is printed one column per action, then
 // simulated with a stage's forward costing 1 and its backward 2 (split: input gradient 1,
-// weight gradient 1; an interleaved chunk, 1/v of a stage, 1/v of that), zero communication time: the bubble is the idle share of p x makespan, and
-// idle / compute is the figure the papers give ((p-1)/m for GPipe and 1F1B, (p-1)/(v m)
-// interleaved; the zero-bubble H1 schedule a third of 1F1B's). The peak column is how many
+// weight gradient 1; an interleaved chunk, 1/v of a stage, 1/v of that), zero communication time: the bubble
+// is the idle share of p x makespan, and idle / compute is the figure the papers give ((p-1)/m for GPipe and
+// 1F1B, (p-1)/(v m) interleaved; the zero-bubble H1 schedule a third of 1F1B's). The peak column is how many
 // micro-batches' activations the busiest rank holds at once (1F1B: p on the first stage,
 // GPipe: m). Measured step times and memory of real runs are in docs/parallel/pipeline-parallel.md.
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <stdexcept>
@@ -38,9 +38,10 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--help" || a == "-h") {
-        std::printf("usage: bench_pipeline [P [M [V]]]\n"
-                    "  P pipeline stages (4), M micro-batches per step (8), V model chunks per rank for the "
-                    "interleaved schedule (2)\n");
+        std::printf(
+            "usage: bench_pipeline [P [M [V]]]\n"
+            "  P pipeline stages (4), M micro-batches per step (8), V model chunks per rank for the "
+            "interleaved schedule (2)\n");
         return 0;
       }
       if (!a.empty() && a[0] == '-') throw std::runtime_error("unknown option " + a + " (see --help)");
@@ -64,7 +65,7 @@ int main(int argc, char** argv) {
       double busy = 0;
       for (double b : sim.busy) busy += b;
       const double idle = p * sim.makespan - busy;
-      const double formula = k == Kind::kInterleaved ? (p - 1.0) / (v * m)
+      const double formula = k == Kind::kInterleaved  ? (p - 1.0) / (v * m)
                              : k == Kind::kZeroBubble ? (p - 1.0) / m / 3.0
                                                       : (p - 1.0) / m;
       int peak = 0;

@@ -99,8 +99,10 @@ int main(int argc, char** argv) {
       ndt::tok::EncodeOptions opt;
       opt.threads = threads;
       const auto t0 = std::chrono::steady_clock::now();
-      if (one_text) ids = {tok.encode(views[0], opt)};
-      else ids = tok.encode_batch(views, opt);
+      if (one_text)
+        ids = {tok.encode(views[0], opt)};
+      else
+        ids = tok.encode_batch(views, opt);
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     uint64_t h = 0xCBF29CE484222325ull;
@@ -109,9 +111,10 @@ int main(int argc, char** argv) {
       tokens += d.size();
       for (int32_t id : d) h = fnv1a(h, id);
     }
-    std::printf("{\"library\": \"ndtrain\", \"threads\": %d, \"mb_per_s\": %.3f, \"bytes\": %zu, \"tokens\": %zu, "
-                "\"hash\": \"%016llx\"}\n",
-                threads, static_cast<double>(bytes) / best / 1e6, bytes, tokens, static_cast<unsigned long long>(h));
+    std::printf(
+        "{\"library\": \"ndtrain\", \"threads\": %d, \"mb_per_s\": %.3f, \"bytes\": %zu, \"tokens\": %zu, "
+        "\"hash\": \"%016llx\"}\n",
+        threads, static_cast<double>(bytes) / best / 1e6, bytes, tokens, static_cast<unsigned long long>(h));
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "bench_tokenizer: error: " << e.what() << "\n";

@@ -106,12 +106,23 @@ void FlightRecorder::dump(const std::string& path, int rank, int world, const st
     nlohmann::ordered_json entries = nlohmann::ordered_json::array();
     for (const Entry& e : entries_) {
       const char* state = e.finished_us ? (e.ok ? "done" : "failed") : e.started_us ? "started" : "queued";
-      entries.push_back({{"group", e.group}, {"seq", e.seq}, {"what", e.what}, {"bytes", e.bytes},
-                         {"step", e.step}, {"state", state}, {"queued_us", e.queued_us},
-                         {"started_us", e.started_us}, {"finished_us", e.finished_us}});
+      entries.push_back({{"group", e.group},
+                         {"seq", e.seq},
+                         {"what", e.what},
+                         {"bytes", e.bytes},
+                         {"step", e.step},
+                         {"state", state},
+                         {"queued_us", e.queued_us},
+                         {"started_us", e.started_us},
+                         {"finished_us", e.finished_us}});
     }
-    text = json_one_per_line({{"job", job_}, {"rank", rank}, {"world", world}, {"reason", reason},
-                              {"step", step_}, {"written_us", now_us()}, {"hosts", hosts_},
+    text = json_one_per_line({{"job", job_},
+                              {"rank", rank},
+                              {"world", world},
+                              {"reason", reason},
+                              {"step", step_},
+                              {"written_us", now_us()},
+                              {"hosts", hosts_},
                               {"entries", std::move(entries)}},
                              "entries");
   }

@@ -37,9 +37,9 @@ class FlightRecorder {
   int64_t queued(const std::string& group, int64_t seq, const std::string& what, int64_t bytes);
   void started(int64_t id);
   void finished(int64_t id, bool ok);
-  void set_step(int64_t step);            // also clears the micro-step and unit
+  void set_step(int64_t step);                // also clears the micro-step and unit
   void set_micro(int64_t micro, int64_t of);  // micro-step `micro` (from 0) of `of`; -1: after them
-  void set_unit(const std::string& unit);  // the unit whose collective comes next ("" none)
+  void set_unit(const std::string& unit);     // the unit whose collective comes next ("" none)
   // "step 37, micro-step 2 of 4, unit h.3": where the job is, for messages ("" before step 1).
   std::string where() const;
   void set_hosts(std::vector<std::string> hosts);  // every world rank's host name

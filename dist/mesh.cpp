@@ -20,17 +20,18 @@ ParallelDims ParallelDims::resolve(int64_t p, int64_t r, int64_t s, int64_t c, i
             "[parallel] sizes must be >= 1 (dp_shard_size may be -1: ", "the rest of the world), got ",
             sizes());
   if (s == -1) {
-    const int64_t rest =
-        checked_mul(checked_mul(checked_mul(p, r, "[parallel] sizes"), c, "[parallel] sizes"), t, "[parallel] sizes");
+    const int64_t rest = checked_mul(
+        checked_mul(checked_mul(p, r, "[parallel] sizes"), c, "[parallel] sizes"), t, "[parallel] sizes");
     NDT_CHECK(world % rest == 0, "[parallel] dp_shard_size = -1 takes the rest of the world, but ", world,
-              " ranks are not divisible by ", p > 1 ? "pp_size x " : "", "dp_replicate_size x cp_size x tp_size = ",
-              rest, " (", sizes(), ")");
+              " ranks are not divisible by ", p > 1 ? "pp_size x " : "",
+              "dp_replicate_size x cp_size x tp_size = ", rest, " (", sizes(), ")");
     s = world / rest;
   }
   // the product must fit int64 before it is compared (sizes that wrap could match any world)
-  const int64_t product = checked_mul(
-      checked_mul(checked_mul(checked_mul(p, r, "[parallel] sizes"), s, "[parallel] sizes"), c, "[parallel] sizes"),
-      t, "[parallel] sizes");
+  const int64_t product =
+      checked_mul(checked_mul(checked_mul(checked_mul(p, r, "[parallel] sizes"), s, "[parallel] sizes"), c,
+                              "[parallel] sizes"),
+                  t, "[parallel] sizes");
   ParallelDims d{p, r, s, c, t};
   NDT_CHECK(product == world, "[parallel] ", sizes(), " multiply to ", d.world(), " ranks but the job has ",
             world, "; make the product equal the number of ranks (mpirun -np ", d.world(),
@@ -215,7 +216,8 @@ void DeviceMesh::describe_groups() {
 }
 
 std::vector<Communicator*> DeviceMesh::all() const {
-  return {world_.get(), pp_.get(), replicate_.get(), shard_.get(), cp_.get(), tp_.get(), dp_.get(), fsdp_.get()};
+  return {world_.get(), pp_.get(), replicate_.get(), shard_.get(),
+          cp_.get(),    tp_.get(), dp_.get(),        fsdp_.get()};
 }
 
 int64_t DeviceMesh::bytes_sent() const {
@@ -251,9 +253,9 @@ std::string DeviceMesh::describe() const {
     for (int64_t i = 0; i < n; ++i) {
       const ParallelDims::Coords c = dims_.coords(i);
       os << "  rank " << i << ": " << (dims_.pp > 1 ? "stage " + std::to_string(c.pp) + ", " : "")
-         << "replicate " << c.replicate << ", shard " << c.shard << ", cp " << c.cp
-         << ", tp " << c.tp << " on " << hosts[static_cast<size_t>(i)] << " (local rank "
-         << local_ranks_[static_cast<size_t>(i)] << ")\n";
+         << "replicate " << c.replicate << ", shard " << c.shard << ", cp " << c.cp << ", tp " << c.tp
+         << " on " << hosts[static_cast<size_t>(i)] << " (local rank " << local_ranks_[static_cast<size_t>(i)]
+         << ")\n";
     }
   } else {
     for (int64_t i = 0; i < n;) {

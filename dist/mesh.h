@@ -39,8 +39,8 @@ struct ParallelDims {
 
   int64_t world() const { return pp * stage_size(); }
   int64_t stage_size() const { return dp_replicate * dp_shard * cp * tp; }  // ranks of one pipeline stage
-  int64_t dp() const { return dp_replicate * dp_shard; }  // ranks with different data
-  int64_t fsdp() const { return dp_shard * cp; }          // ranks that shard parameters
+  int64_t dp() const { return dp_replicate * dp_shard; }                    // ranks with different data
+  int64_t fsdp() const { return dp_shard * cp; }                            // ranks that shard parameters
   bool sharded() const { return fsdp() > 1; }
 
   struct Coords {

@@ -115,12 +115,15 @@ double ParallelModel::evaluate(const std::vector<Batch>& batches) {
 // Every rank draws the same tokens (the same seed): sharded or tensor-parallel, each takes
 // part in the collectives; otherwise (DP, CP: each runs the whole sequence here) each samples
 // on its own. A pipeline's stages run their blocks in turn and the last one's logits come back.
-std::vector<int32_t> ParallelModel::generate(const std::vector<int32_t>& prompt, const models::SampleOptions& o) {
+std::vector<int32_t> ParallelModel::generate(const std::vector<int32_t>& prompt,
+                                             const models::SampleOptions& o) {
   strategy->begin_forward_only();
   split_.active = false;  // whole sequences: CP's chunks and sequence parallelism's parts off
   models::LogitsFn through_stages;
   if (step_->schedule().p > 1)
-    through_stages = [this](const Tensor& idx, int64_t pos_offset) { return step_->next_token_logits(idx, pos_offset); };
+    through_stages = [this](const Tensor& idx, int64_t pos_offset) {
+      return step_->next_token_logits(idx, pos_offset);
+    };
   std::vector<int32_t> ids = models::generate(*gpt_, prompt, o, device_, {}, through_stages);
   split_.active = true;
   strategy->end_forward_only();

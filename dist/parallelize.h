@@ -36,14 +36,14 @@
 #include "dist/fsdp/fsdp.h"
 #include "dist/mesh.h"
 #include "dist/pipeline_parallel/pipeline.h"
+#include "dist/pipeline_parallel/stages.h"
 #include "dist/sequence_split.h"
 #include "dist/strategy.h"
-#include "dist/pipeline_parallel/stages.h"
 #include "dist/trace.h"
 #include "models/generate.h"
 #include "models/gpt.h"
-#include "nn/flat.h"
 #include "nn/block_wrapper.h"
+#include "nn/flat.h"
 
 namespace ndt::dist {
 

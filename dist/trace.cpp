@@ -36,20 +36,23 @@ void Trace::write(const std::string& path) const {
       std::chrono::duration_cast<std::chrono::microseconds>(start_.time_since_epoch()).count();
   using json = nlohmann::ordered_json;
   json events = json::array();
-  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank_},
+  events.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", rank_},
                     {"args", {{"name", "rank " + std::to_string(rank_)}}}});
   for (int t = 0; t < 3; ++t)
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank_}, {"tid", t},
-                      {"args", {{"name", tracks[t]}}}});
+    events.push_back(
+        {{"ph", "M"}, {"name", "thread_name"}, {"pid", rank_}, {"tid", t}, {"args", {{"name", tracks[t]}}}});
   for (const Event& e : events_) {
-    json j = {{"ph", "X"}, {"name", e.name}, {"pid", rank_}, {"tid", static_cast<int>(e.track)},
+    json j = {{"ph", "X"},     {"name", e.name},        {"pid", rank_}, {"tid", static_cast<int>(e.track)},
               {"ts", e.begin}, {"dur", e.end - e.begin}};
     if (e.bytes >= 0) j["args"] = {{"bytes", e.bytes}};
     events.push_back(std::move(j));
   }
-  const std::string s = json_one_per_line(
-      {{"displayTimeUnit", "ms"}, {"otherData", {{"clock_origin_us", origin}}}, {"traceEvents", std::move(events)}},
-      "traceEvents");
+  const std::string s = json_one_per_line({{"displayTimeUnit", "ms"},
+                                           {"otherData", {{"clock_origin_us", origin}}},
+                                           {"traceEvents", std::move(events)}},
+                                          "traceEvents");
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   NDT_CHECK(f, "cannot write trace ", tmp, " (", std::strerror(errno), ")");

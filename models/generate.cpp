@@ -13,10 +13,13 @@ namespace ndt::models {
 int32_t sample_token(const std::vector<float>& logits, const SampleOptions& o, uint64_t position) {
   const int64_t V = static_cast<int64_t>(logits.size());
   NDT_CHECK(V > 0, "sample_token: no logits");
-  auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto before = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   if (o.temperature <= 0)  // greedy: the most likely token (the lowest id among equals)
-    return static_cast<int32_t>(std::min_element(logits.begin(), logits.end(),
-                                                 [&](float a, float b) { return a > b; }) - logits.begin());
+    return static_cast<int32_t>(
+        std::min_element(logits.begin(), logits.end(), [&](float a, float b) { return a > b; }) -
+        logits.begin());
   // the top k by logit, most likely first
   const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
   std::vector<int32_t> order(V);

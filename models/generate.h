@@ -27,12 +27,12 @@
 namespace ndt::models {
 
 struct SampleOptions {
-  int64_t max_new_tokens = 200;    // at most this many new tokens
-  double temperature = 1.0;        // > 0; 0: greedy
-  int64_t top_k = 0;               // 0: the whole vocabulary
-  double top_p = 1.0;              // in (0, 1]; 1: no nucleus cut
+  int64_t max_new_tokens = 200;  // at most this many new tokens
+  double temperature = 1.0;      // > 0; 0: greedy
+  int64_t top_k = 0;             // 0: the whole vocabulary
+  double top_p = 1.0;            // in (0, 1]; 1: no nucleus cut
   uint64_t seed = 1;
-  std::vector<int32_t> stop_ids;   // end after emitting one of these (end-of-text ids)
+  std::vector<int32_t> stop_ids;  // end after emitting one of these (end-of-text ids)
 };
 
 // The next token from one row of logits (V live entries; padded columns excluded), drawn

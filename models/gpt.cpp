@@ -9,21 +9,22 @@
 namespace ndt::models {
 
 void GPTConfig::validate() const {
-  NDT_CHECK(arch == "gpt2" || arch == "llama", "model.arch must be gpt2 or llama (Qwen2 and Mistral are llama), got '",
-            arch, "'");
+  NDT_CHECK(arch == "gpt2" || arch == "llama",
+            "model.arch must be gpt2 or llama (Qwen2 and Mistral are llama), got '", arch, "'");
   NDT_CHECK(n_layer >= 1, "model.n_layer must be >= 1, got ", n_layer);
   NDT_CHECK(n_head >= 1, "model.n_head must be >= 1, got ", n_head);
   NDT_CHECK(n_embd >= 1 && n_embd % n_head == 0, "model.n_embd (", n_embd,
             ") must be a positive multiple of model.n_head (", n_head, ")");
-  NDT_CHECK(vocab_size >= 1 && vocab_size <= (int64_t(1) << 24), "model.vocab_size must be in [1, 16777216], got ",
-            vocab_size);
+  NDT_CHECK(vocab_size >= 1 && vocab_size <= (int64_t(1) << 24),
+            "model.vocab_size must be in [1, 16777216], got ", vocab_size);
   NDT_CHECK(block_size >= 1, "model.block_size must be >= 1, got ", block_size);
   NDT_CHECK(vocab_multiple >= 1, "model.vocab_multiple must be >= 1, got ", vocab_multiple);
   NDT_CHECK(norm_eps > 0 && norm_eps < 1, "model.norm_eps must be in (0, 1), got ", norm_eps);
   if (!llama()) {
     NDT_CHECK(n_kv_head == 0 || n_kv_head == n_head, "model.n_kv_head (", n_kv_head,
               ") is for model.arch = llama; GPT-2's attention has n_head key/value heads");
-    NDT_CHECK(intermediate_size == 0, "model.intermediate_size is for model.arch = llama; GPT-2's MLP has 4 x n_embd");
+    NDT_CHECK(intermediate_size == 0,
+              "model.intermediate_size is for model.arch = llama; GPT-2's MLP has 4 x n_embd");
     NDT_CHECK(!attention_bias, "model.attention_bias is for model.arch = llama; GPT-2 has biases everywhere");
     NDT_CHECK(!tie_embeddings, "model.tie_embeddings is for model.arch = llama; GPT-2's head is always wte");
     NDT_CHECK(rope.theta == RopeConfig{}.theta && !rope.llama3,
@@ -32,11 +33,15 @@ void GPTConfig::validate() const {
     return;
   }
   NDT_CHECK(n_kv_head >= 0 && n_head % kv_heads() == 0, "model.n_kv_head (", n_kv_head,
-            ") must divide model.n_head (", n_head, "): each key/value head serves n_head / n_kv_head query heads");
-  NDT_CHECK(intermediate_size >= 1, "model.intermediate_size (the SwiGLU MLP's hidden units) must be >= 1 for "
-            "model.arch = llama, got ", intermediate_size);
-  NDT_CHECK(head_dim() % 2 == 0, "rotary embeddings turn pairs of channels: the head size n_embd / n_head = ",
-            head_dim(), " must be even");
+            ") must divide model.n_head (", n_head,
+            "): each key/value head serves n_head / n_kv_head query heads");
+  NDT_CHECK(intermediate_size >= 1,
+            "model.intermediate_size (the SwiGLU MLP's hidden units) must be >= 1 for "
+            "model.arch = llama, got ",
+            intermediate_size);
+  NDT_CHECK(head_dim() % 2 == 0,
+            "rotary embeddings turn pairs of channels: the head size n_embd / n_head = ", head_dim(),
+            " must be even");
   rope_inv_freq(head_dim(), rope);  // throws naming a bad theta or scaling
 }
 
@@ -68,7 +73,8 @@ float proj_std(const GPTConfig& c) { return kStd / std::sqrt(2.0f * static_cast<
 std::unique_ptr<nn::DecoderBlock> make_block(const GPTConfig& c) {
   if (!c.llama()) return std::make_unique<nn::Block>(c.n_embd, c.n_head, kStd, proj_std(c), c.norm_eps);
   return std::make_unique<nn::LlamaBlock>(
-      nn::LlamaBlock::Dims{c.n_embd, c.n_head, c.kv_heads(), c.intermediate_size, c.attention_bias, c.norm_eps},
+      nn::LlamaBlock::Dims{c.n_embd, c.n_head, c.kv_heads(), c.intermediate_size, c.attention_bias,
+                           c.norm_eps},
       kStd, proj_std(c));
 }
 }  // namespace
@@ -134,11 +140,12 @@ double GPT::flops_per_token(int64_t T) const {
   // 6 flops per parameter per token (2 forward, 4 backward), embeddings excluded except
   // the lm_head matmul; attention: 12 * n_layer * T * C (QK^T and PV, forward + backward)
   const double C = static_cast<double>(cfg.n_embd), L = static_cast<double>(cfg.n_layer);
-  const double kv = static_cast<double>(cfg.kv_heads() * cfg.head_dim()), I = static_cast<double>(cfg.mlp_hidden());
+  const double kv = static_cast<double>(cfg.kv_heads() * cfg.head_dim()),
+               I = static_cast<double>(cfg.mlp_hidden());
   // gpt2: c_attn C x 3C, c_proj C x C, c_fc C x 4C, c_proj 4C x C (+ biases and LayerNorms);
   // llama: c_attn C x (C + 2 kv), c_proj C x C, gate, up and down C x I (+ RMSNorms)
-  const double block_params = cfg.llama() ? C * (C + 2 * kv) + C * C + 3 * C * I + 2 * C
-                                          : 12.0 * C * C + 13.0 * C;
+  const double block_params =
+      cfg.llama() ? C * (C + 2 * kv) + C * C + 3 * C * I + 2 * C : 12.0 * C * C + 13.0 * C;
   const double n = L * block_params + static_cast<double>(cfg.padded_vocab()) * C;
   return 6.0 * n + 12.0 * L * static_cast<double>(T) * C;
 }
@@ -247,20 +254,21 @@ GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_off
 // (B, T, C) -> the logits of each row's last position (B, Vp)
 Tensor GPT::next_token_logits(const Tensor& idx, int64_t pos_offset) const {
   const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
-  Tensor x = trunk(idx, pos_offset);                           // (B, T, C)
-  x = view(x.narrow(1, T - 1, 1).contiguous(), {B, C});        // each row's last position
-  Tensor logits = matmul(x, head().weight, false, true);       // (B, C) @ head^T -> (B, Vp) (Vp/tp)
+  Tensor x = trunk(idx, pos_offset);                      // (B, T, C)
+  x = view(x.narrow(1, T - 1, 1).contiguous(), {B, C});   // each row's last position
+  Tensor logits = matmul(x, head().weight, false, true);  // (B, C) @ head^T -> (B, Vp) (Vp/tp)
   return gather_logits ? gather_logits(logits) : logits;
 }
 
 // ---- pipeline parallelism: one chunk at a time ----------------------------------------
 
 Tensor GPT::chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset) const {
-  NDT_CHECK(chunk + 1 < chunk_begin_.size(), "GPT: chunk ", chunk, " of a part with ", chunk_begin_.size() - 1,
-            " chunks");
+  NDT_CHECK(chunk + 1 < chunk_begin_.size(), "GPT: chunk ", chunk, " of a part with ",
+            chunk_begin_.size() - 1, " chunks");
   const bool embeds = chunk == 0 && part_.first;
-  NDT_CHECK(embeds != x.defined(), "GPT: chunk ", chunk,
-            embeds ? " starts the pipeline: it embeds idx and takes no x" : " needs the previous stage's output x");
+  NDT_CHECK(
+      embeds != x.defined(), "GPT: chunk ", chunk,
+      embeds ? " starts the pipeline: it embeds idx and takes no x" : " needs the previous stage's output x");
   bool cached = false;
   const Tensor pos = positions_of(idx, pos_offset, cached);
   const Tensor in = embeds ? embed(idx, pos) : x;
@@ -277,12 +285,13 @@ Tensor GPT::forward_chunk(size_t chunk, const Tensor& idx, const Tensor& x, cons
   return head_forward(y, idx, targets).loss;
 }
 
-Tensor GPT::next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset) const {
+Tensor GPT::next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tensor& x,
+                                    int64_t pos_offset) const {
   NDT_CHECK(chunk + 2 == chunk_begin_.size() && part_.last, "GPT: only the pipeline's last chunk has logits");
   const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
-  Tensor y = chunk_trunk(chunk, idx, x, pos_offset);                  // (B, T, C)
+  Tensor y = chunk_trunk(chunk, idx, x, pos_offset);  // (B, T, C)
   y = view(y.narrow(1, T - 1, 1).contiguous(), {B, C});
-  Tensor logits = matmul(y, head().weight, false, true);            // (B, C) @ head^T -> (B, Vp)
+  Tensor logits = matmul(y, head().weight, false, true);  // (B, C) @ head^T -> (B, Vp)
   return gather_logits ? gather_logits(logits) : logits;
 }
 

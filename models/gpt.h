@@ -28,11 +28,11 @@
 #include <string>
 #include <vector>
 
-#include "nn/flat.h"
-#include "nn/layers.h"
-#include "nn/block_wrapper.h"
 #include "models/gpt_config.h"
 #include "models/rope.h"
+#include "nn/block_wrapper.h"
+#include "nn/flat.h"
+#include "nn/layers.h"
 
 namespace ndt::models {
 
@@ -77,7 +77,8 @@ class GPT : public nn::Module {
   Tensor forward_chunk(size_t chunk, const Tensor& idx, const Tensor& x, const Tensor& targets,
                        int64_t pos_offset = 0) const;
   // ... and for the last chunk when sampling: the logits of the token after each row (B, Vp).
-  Tensor next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset = 0) const;
+  Tensor next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tensor& x,
+                                 int64_t pos_offset = 0) const;
   const PipelinePart& part() const { return part_; }
 
   // Each block runs through these wrappers (nn/block_wrapper.h), added from outside: activation
@@ -121,7 +122,7 @@ class GPT : public nn::Module {
 
   const GPTConfig cfg;
   nn::Embedding wte;
-  std::unique_ptr<nn::Embedding> wpe;      // gpt2's learned positions (llama: none)
+  std::unique_ptr<nn::Embedding> wpe;  // gpt2's learned positions (llama: none)
   std::vector<std::unique_ptr<nn::DecoderBlock>> h;
   std::unique_ptr<nn::Module> ln_f;        // nn::LayerNorm (gpt2) or nn::RMSNorm (llama)
   std::unique_ptr<nn::Embedding> lm_head;  // an untied llama's (Vp, C) head (else none)

@@ -22,7 +22,7 @@
 namespace ndt::models {
 
 struct GPTConfig {
-  std::string arch = "gpt2";   // gpt2 or llama (Qwen2 and Mistral are llama with options)
+  std::string arch = "gpt2";  // gpt2 or llama (Qwen2 and Mistral are llama with options)
   int64_t n_layer = 12;
   int64_t n_head = 12;
   int64_t n_embd = 768;
@@ -50,11 +50,11 @@ struct GPTConfig {
 
 // One row of the table: what visit_fields tells the visitor beside the value.
 struct Field {
-  const char* name;  // model.<name>; the checkpoint's model.<name>
-  const char* help;  // for --help
-  bool llama_only;   // the field means something for arch = llama only (gpt2 keeps its default)
-  double lo, hi;     // the range a config or a checkpoint may give a number (a bool or text: unused)
-  bool hf = true;    // a Hugging Face config.json gives it (vocab_multiple is ndtrain's own padding)
+  const char* name;       // model.<name>; the checkpoint's model.<name>
+  const char* help;       // for --help
+  bool llama_only;        // the field means something for arch = llama only (gpt2 keeps its default)
+  double lo, hi;          // the range a config or a checkpoint may give a number (a bool or text: unused)
+  bool hf = true;         // a Hugging Face config.json gives it (vocab_multiple is ndtrain's own padding)
   bool optional = false;  // checkpoints write it only when not the default (older ones lack it)
 };
 
@@ -65,28 +65,33 @@ void visit_fields(Visit&& visit, C&... cs) {
   visit(Field{"n_layer", "transformer blocks", false, 1, 1024}, cs.n_layer...);
   visit(Field{"n_head", "attention heads (must divide n_embd)", false, 1, 1024}, cs.n_head...);
   visit(Field{"n_embd", "channels C", false, 1, 65536}, cs.n_embd...);
-  visit(Field{"vocab_size", "vocabulary size V (every token in the data must be < V; 50257 for GPT-2)", false, 1,
-              1 << 24},  // Llama 3: 128256
+  visit(Field{"vocab_size", "vocabulary size V (every token in the data must be < V; 50257 for GPT-2)", false,
+              1, 1 << 24},  // Llama 3: 128256
         cs.vocab_size...);
   visit(Field{"block_size", "maximum sequence length (positions)", false, 1, kMaxI}, cs.block_size...);
   visit(Field{"vocab_multiple",
-              "pad the vocabulary to a multiple of this (e.g. 128) for speed; padded logits never affect the loss",
+              "pad the vocabulary to a multiple of this (e.g. 128) for speed; padded logits never affect the "
+              "loss",
               false, 1, 65536, /*hf=*/false},
         cs.vocab_multiple...);
-  visit(Field{"arch", "gpt2 or llama (Llama 3, Qwen2, Mistral: RMSNorm, grouped-query attention with rotary "
-                      "embeddings, SwiGLU)", false, 0, 0, true, /*optional=*/true},
+  visit(Field{"arch",
+              "gpt2 or llama (Llama 3, Qwen2, Mistral: RMSNorm, grouped-query attention with rotary "
+              "embeddings, SwiGLU)",
+              false, 0, 0, true, /*optional=*/true},
         cs.arch...);
   visit(Field{"norm_eps", "epsilon of the LayerNorms (gpt2) or RMSNorms (llama)", false, 0, 1, true,
               /*optional=*/true},
         cs.norm_eps...);
-  visit(Field{"n_kv_head", "llama: key/value heads, dividing n_head (0: n_head; 1: multi-query attention)", true, 0,
-              1024},
+  visit(Field{"n_kv_head", "llama: key/value heads, dividing n_head (0: n_head; 1: multi-query attention)",
+              true, 0, 1024},
         cs.n_kv_head...);
-  visit(Field{"intermediate_size", "llama: the SwiGLU MLP's hidden units", true, 0, kMaxI}, cs.intermediate_size...);
+  visit(Field{"intermediate_size", "llama: the SwiGLU MLP's hidden units", true, 0, kMaxI},
+        cs.intermediate_size...);
   visit(Field{"attention_bias", "llama: biases on q, k and v (Qwen2)", true, 0, 0}, cs.attention_bias...);
   visit(Field{"tie_embeddings", "llama: the logits through wte instead of an own lm_head", true, 0, 0},
         cs.tie_embeddings...);
-  visit(Field{"rope_theta", "llama: the rotary embeddings' base (Llama 3: 500000)", true, 1, 1e12}, cs.rope.theta...);
+  visit(Field{"rope_theta", "llama: the rotary embeddings' base (Llama 3: 500000)", true, 1, 1e12},
+        cs.rope.theta...);
 }
 
 }  // namespace ndt::models

@@ -46,9 +46,10 @@ Tensor KVCache::attend(size_t layer, const Tensor& q, const Tensor& k, const Ten
 }
 
 void KVCache::check_room(const Tensor& idx) const {
-  NDT_CHECK(idx.dim() == 2 && idx.size(1) >= 1, "KVCache: tokens must be (B, T) with T >= 1, got ", idx.desc());
-  NDT_CHECK(batch_ < 0 || idx.size(0) == batch_, "KVCache: ", idx.size(0), " rows, but the cache holds ", batch_,
-            " (clear() does not change it; make a new cache)");
+  NDT_CHECK(idx.dim() == 2 && idx.size(1) >= 1, "KVCache: tokens must be (B, T) with T >= 1, got ",
+            idx.desc());
+  NDT_CHECK(batch_ < 0 || idx.size(0) == batch_, "KVCache: ", idx.size(0), " rows, but the cache holds ",
+            batch_, " (clear() does not change it; make a new cache)");
   NDT_CHECK(length_ + idx.size(1) <= capacity_, "KVCache: ", length_, " positions kept and ", idx.size(1),
             " more do not fit its capacity ", capacity_);
 }

@@ -62,8 +62,8 @@ class KVCache {
   const GPT& gpt_;
   LogitsFn logits_fn_;
   int64_t capacity_ = 0, length_ = 0, batch_ = -1;
-  std::vector<Tensor> k_, v_;                    // per block: (B, NKV, capacity, HS)
-  std::vector<nn::AttendFn> saved_;              // the blocks' hooks before this cache
+  std::vector<Tensor> k_, v_;        // per block: (B, NKV, capacity, HS)
+  std::vector<nn::AttendFn> saved_;  // the blocks' hooks before this cache
 };
 
 }  // namespace ndt::models

@@ -64,11 +64,13 @@ RopeTables tables(const Tensor& positions, int64_t head_dim, const RopeConfig& r
 
 }  // namespace
 
-std::vector<float> rope_inv_freq(int64_t head_dim, const RopeConfig& rope) { return inv_freq<float>(head_dim, rope); }
+std::vector<float> rope_inv_freq(int64_t head_dim, const RopeConfig& rope) {
+  return inv_freq<float>(head_dim, rope);
+}
 
 RopeTables rope_tables(const Tensor& positions, int64_t head_dim, const RopeConfig& rope, DType dtype) {
-  NDT_CHECK(positions.dim() == 2 && positions.dtype() == DType::i32, "rope_tables: positions (B, T) i32, got ",
-            positions.desc());
+  NDT_CHECK(positions.dim() == 2 && positions.dtype() == DType::i32,
+            "rope_tables: positions (B, T) i32, got ", positions.desc());
   // float32 angles as Hugging Face computes them; a float64 model (gradient checks, the
   // reference tests) keeps float64 throughout
   return dtype == DType::f64 ? tables<double>(positions, head_dim, rope, dtype)

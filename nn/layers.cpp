@@ -4,7 +4,8 @@
 
 namespace ndt::nn {
 
-Linear::Linear(int64_t in_, int64_t out_, bool with_bias, float std) : in(in_), out(out_), has_bias(with_bias) {
+Linear::Linear(int64_t in_, int64_t out_, bool with_bias, float std)
+    : in(in_), out(out_), has_bias(with_bias) {
   param("weight", &weight, {in, out}, Init::normal(std), true);
   if (with_bias) param("bias", &bias, {out}, Init::zeros(), false);
 }
@@ -40,7 +41,9 @@ LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
 
 Tensor LayerNorm::forward(const Tensor& x) const { return layernorm(x, weight, bias, eps); }
 
-RMSNorm::RMSNorm(int64_t dim, double eps_) : eps(eps_) { param("weight", &weight, {dim}, Init::ones(), false); }
+RMSNorm::RMSNorm(int64_t dim, double eps_) : eps(eps_) {
+  param("weight", &weight, {dim}, Init::ones(), false);
+}
 
 Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight, eps); }
 
@@ -129,9 +132,9 @@ Tensor GroupedQueryAttention::core(const Tensor& qkv, const Positions& pos) cons
   Tensor q = view(parts[0], {B, T, NKV * G, HS});  // query head g G + j is group g's j-th
   Tensor k = parts[1], v = parts[2];
   // rotary on q and k at every token's position (B,T,HS/2), then heads in front
-  q = heads_to_front(rotary(q, pos.cos, pos.sin));  // (B,NH,T,HS)
-  k = heads_to_front(rotary(k, pos.cos, pos.sin));  // (B,NKV,T,HS)
-  v = heads_to_front(v);                            // (B,NKV,T,HS)
+  q = heads_to_front(rotary(q, pos.cos, pos.sin));                           // (B,NH,T,HS)
+  k = heads_to_front(rotary(k, pos.cos, pos.sin));                           // (B,NKV,T,HS)
+  v = heads_to_front(v);                                                     // (B,NKV,T,HS)
   Tensor y = attend ? attend(q, k, v, pos.offset) : attention(q, k, v).out;  // (B,NH,T,HS)
   // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,NH HS)
   return view(heads_to_back(y), {B, T, n_head * HS});
@@ -141,8 +144,8 @@ Tensor GroupedQueryAttention::forward(const Tensor& x, const Positions& pos) con
   // x (B,T,C) -> c_attn -> qkv -> attention core -> (B,T,NH HS) -> c_proj -> (B,T,C). Under
   // selective activation checkpointing the core keeps only qkv and runs again in backward
   // (the rotary tables are captured: they are the forward's own, not recomputed).
-  const Tensor y = recompute_selected([this, pos](const Tensor& qkv) { return core(qkv, pos); },
-                                      c_attn.forward(x));
+  const Tensor y =
+      recompute_selected([this, pos](const Tensor& qkv) { return core(qkv, pos); }, c_attn.forward(x));
   return c_proj.forward(y);
 }
 
@@ -176,7 +179,8 @@ TensorParallelPlan SwiGLU::tensor_parallel_plan() {
 TensorParallelPlan MLP::tensor_parallel_plan() { return {{{&c_fc, true}, {&c_proj, false}}, {}}; }
 
 TensorParallelPlan Block::tensor_parallel_plan() {
-  TensorParallelPlan p{{{&attn.c_attn, true, /*groups=*/3}, {&attn.c_proj, false}}, {{&attn.n_head, "heads"}}};
+  TensorParallelPlan p{{{&attn.c_attn, true, /*groups=*/3}, {&attn.c_proj, false}},
+                       {{&attn.n_head, "heads"}}};
   return p += mlp.tensor_parallel_plan();
 }
 

@@ -1,5 +1,5 @@
-// ndtrain: the building blocks of GPT-2 and of the Llama family. Each layer registers its parameters (nn/module.h)
-// and its forward is a few ops; the backward comes from the ops (autograd/ops.h).
+// ndtrain: the building blocks of GPT-2 and of the Llama family. Each layer registers its parameters
+// (nn/module.h) and its forward is a few ops; the backward comes from the ops (autograd/ops.h).
 //
 // Shape legend: B batch, T time, C channels, NH heads, HS = C/NH head size, V vocab;
 // Llama: NKV key/value heads, G = NH/NKV query heads per kv head, I the MLP's hidden size.
@@ -123,7 +123,7 @@ class SwiGLU : public Module {
 class MLP : public Module {
  public:
   MLP(int64_t C, float std, float proj_std);
-  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) const;      // (B, T, C) -> (B, T, C)
   TensorParallelPlan tensor_parallel_plan();  // c_fc column-parallel, c_proj row-parallel
   Linear c_fc, c_proj;
 };
@@ -141,7 +141,7 @@ class CausalSelfAttention : public Module {
   // (B*NH, T, T) probabilities and the output). Without `attend`, ndt::self_attention.
   Tensor core(const Tensor& qkv, int64_t pos_offset = 0) const;
   Linear c_attn, c_proj;
-  int64_t n_head;  // heads on this rank (n_head / tp under tensor parallelism)
+  int64_t n_head;   // heads on this rank (n_head / tp under tensor parallelism)
   AttendFn attend;  // context parallelism's ring attention (empty: self_attention)
 };
 
@@ -191,7 +191,8 @@ class Block : public DecoderBlock {
 // Optional biases on q, k and v (Qwen2's attention_bias); none on c_proj.
 class GroupedQueryAttention : public Module {
  public:
-  GroupedQueryAttention(int64_t C, int64_t n_head, int64_t n_kv_head, bool qkv_bias, float std, float proj_std);
+  GroupedQueryAttention(int64_t C, int64_t n_head, int64_t n_kv_head, bool qkv_bias, float std,
+                        float proj_std);
   // x (B, T, C) at `pos` -> (B, T, C)
   Tensor forward(const Tensor& x, const Positions& pos) const;
   // The attention core, between the two linears: qkv (B, T, NKV (G+2) HS) -> q, k, v,

@@ -198,8 +198,8 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor&
   NDT_DISPATCH(x.device(), rmsnorm_forward, x, w, eps, out, rstd);
 }
 
-void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dw) {
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw) {
   same_device("rmsnorm_backward", {&dout, &x, &w, &rstd, &dx, &dw});
   contiguous("rmsnorm_backward", {&dout, &x, &w, &rstd, &dx, &dw});
   NDT_DISPATCH(dout.device(), rmsnorm_backward, dout, x, w, rstd, dx, dw);
@@ -226,8 +226,8 @@ void rotary_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, bool 
   NDT_CHECK(x.dim() == 4 && x.size(3) % 2 == 0 && cos.dim() == 3 && cos.shape() == sin.shape() &&
                 cos.size(0) == x.size(0) && cos.size(1) == x.size(1) && cos.size(2) == x.size(3) / 2 &&
                 out.shape() == x.shape() && cos.dtype() == x.dtype() && sin.dtype() == x.dtype(),
-            "rotary_forward: x (B,T,NH,HS) with an even HS and cos, sin (B,T,HS/2) of its dtype, got ", x.desc(),
-            ", ", cos.desc(), ", ", sin.desc());
+            "rotary_forward: x (B,T,NH,HS) with an even HS and cos, sin (B,T,HS/2) of its dtype, got ",
+            x.desc(), ", ", cos.desc(), ", ", sin.desc());
   NDT_DISPATCH(x.device(), rotary_forward, x, cos, sin, inverse, out);
 }
 
@@ -358,7 +358,8 @@ void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& l
 // attention_fused_*: (B, NH, T, HS) operands on the CPU whose rows are contiguous; k, v and
 // their gradients may have NKV heads, a divisor of q's NH (grouped-query attention).
 static void check_heads(const char* op, const Tensor& ref, std::initializer_list<const Tensor*> ts) {
-  NDT_CHECK(ref.device().is_cpu(), op, ": CPU only, got ", ref.desc(), " (CUDA composes the attention pieces)");
+  NDT_CHECK(ref.device().is_cpu(), op, ": CPU only, got ", ref.desc(),
+            " (CUDA composes the attention pieces)");
   for (const Tensor* t : ts) {
     NDT_CHECK(t->dim() == 4 && t->size(0) == ref.size(0) && t->size(1) > 0 && ref.size(1) % t->size(1) == 0 &&
                   t->size(3) == ref.size(3) && t->dtype() == ref.dtype(),

@@ -78,8 +78,8 @@ void add_layernorm_forward(const Tensor& a, const Tensor& b, const Tensor& w, co
 // (rstd f32, f64 for f64 x)
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& out, const Tensor& rstd);
 // dout (N,C) -> dx (N,C), dw (C); written, not accumulated
-void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dw);
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw);
 
 // ---- SwiGLU's gate (tensor/{cpu,cuda}/swiglu) ------------------------------------------
 // gate, up (N) -> out (N) = silu(gate) * up, silu(g) = g * sigmoid(g)

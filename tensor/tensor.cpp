@@ -180,7 +180,8 @@ std::string Tensor::desc() const {
 
 void* Tensor::data_ptr() const {
   const Storage& st = *impl().storage;
-  NDT_CHECK(st.allocated() || st.nbytes() == 0, "use of ", desc(), (name().empty() ? "" : " '" + name() + "'"),
+  NDT_CHECK(st.allocated() || st.nbytes() == 0, "use of ", desc(),
+            (name().empty() ? "" : " '" + name() + "'"),
             " whose memory is released (a sharded unit used while it is not gathered)");
   return static_cast<char*>(st.data()) + offset() * dtype_size(dtype());
 }

@@ -224,7 +224,8 @@ TEST(Engine, ASharedInputsSumRunsWhileTheWeightGradientIsMade) {
   // reduce_grad, wait for it before the weight gradient, and wait for reduce_grad only after
   // the weight gradient is made, and give the gradients of the same ops done by hand.
   const int64_t B = 2, Ts = 3, C = 4, OC = 5;
-  const Tensor o = randn({B, Ts, C}, DType::f64, Device::cpu(), 7), e = randn({B, 2 * Ts, C}, DType::f64, Device::cpu(), 8);
+  const Tensor o = randn({B, Ts, C}, DType::f64, Device::cpu(), 7),
+               e = randn({B, 2 * Ts, C}, DType::f64, Device::cpu(), 8);
   for (const bool sequence_parallel : {false, true}) {
     for (const bool gelu : {false, true}) {
       SCOPED_TRACE(std::string(sequence_parallel ? "gathered" : "whole") + (gelu ? ", gelu" : ""));
@@ -236,7 +237,8 @@ TEST(Engine, ASharedInputsSumRunsWhileTheWeightGradientIsMade) {
       for (Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
       backward(run(sequence_parallel ? concat({x, o}, 1) : x));
       const Tensor e_ours = split(e, 1, {Ts, Ts})[0];  // the other rank's gradient of our positions
-      const Tensor dx_ref = add(x.grad(), e_ours).clone(), dw_ref = w.grad().clone(), db_ref = b.grad().clone();
+      const Tensor dx_ref = add(x.grad(), e_ours).clone(), dw_ref = w.grad().clone(),
+                   db_ref = b.grad().clone();
 
       Log log;
       Tensor w_grad_at_the_wait;
@@ -266,8 +268,10 @@ TEST(Engine, ASharedInputsSumRunsWhileTheWeightGradientIsMade) {
       EXPECT_EQ(log, forward_log);
       backward(loss);
       Log expected = forward_log;
-      if (sequence_parallel) expected.insert(expected.end(), {"gather start", "reduce start", "gather wait", "reduce wait"});
-      else expected.insert(expected.end(), {"reduce start", "reduce wait"});
+      if (sequence_parallel)
+        expected.insert(expected.end(), {"gather start", "reduce start", "gather wait", "reduce wait"});
+      else
+        expected.insert(expected.end(), {"reduce start", "reduce wait"});
       EXPECT_EQ(log, expected);
       expect_near(w_grad_at_the_wait, dw_ref, 1e-12, "w.grad when reduce_grad is waited for");
       expect_near(x.grad(), dx_ref, 1e-12, "dx");

@@ -439,9 +439,18 @@ TEST(ShardedCheckpoint, RoundTripsWithASealedManifest) {
 // that sets it, and comes back from a sharded checkpoint. A field added to the table is
 // covered here without a word more.
 TEST(ShardedCheckpoint, EveryModelFieldIsAConfigKeyAndRoundTrips) {
-  models::GPTConfig c{.arch = "llama", .n_layer = 3, .n_head = 4, .n_embd = 16, .vocab_size = 37,
-                      .block_size = 24, .vocab_multiple = 8, .norm_eps = 1e-6, .n_kv_head = 2,
-                      .intermediate_size = 40, .attention_bias = true, .tie_embeddings = true};
+  models::GPTConfig c{.arch = "llama",
+                      .n_layer = 3,
+                      .n_head = 4,
+                      .n_embd = 16,
+                      .vocab_size = 37,
+                      .block_size = 24,
+                      .vocab_multiple = 8,
+                      .norm_eps = 1e-6,
+                      .n_kv_head = 2,
+                      .intermediate_size = 40,
+                      .attention_bias = true,
+                      .tie_embeddings = true};
   c.rope.theta = 50000;
   const models::GPTConfig d;
   std::vector<std::string> args = {"train_gpt", "--data.train", "x.bin", "--train.seq_len", "8"};
@@ -889,8 +898,9 @@ TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(prev), std::istreambuf_iterator<char>()), "previous");
   // (a target not ending in .safetensors is a Hugging Face folder, written into a directory)
   fs::create_directories(d / "adir.safetensors");
-  EXPECT_NE(error_of([&] { ckpt::export_weights(ck.string(), (d / "adir.safetensors").string()); })
-                .find("adir.safetensors: it is a directory, not a regular file"),
+  EXPECT_NE(error_of([&] {
+              ckpt::export_weights(ck.string(), (d / "adir.safetensors").string());
+            }).find("adir.safetensors: it is a directory, not a regular file"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(d / "old.safetensors.tmp"));
   EXPECT_FALSE(fs::exists(d / "adir.safetensors.tmp"));

@@ -161,11 +161,15 @@ TEST(Data, Uint32ShardsAreLlama3sFormatAndReadBesideUint16Ones) {
   data::DataLoader dl((d / "train_*.bin").string(), 1, 10, 0, 1, false, 0, 200000);
   EXPECT_EQ(dl.total_tokens(), 71);
   std::vector<int32_t> x;
-  for (int k = 0; k < 6; ++k) x = dl.next().inputs.to_vector<int32_t>();  // 5 windows in shard 0, then shard 1
+  for (int k = 0; k < 6; ++k)
+    x = dl.next().inputs.to_vector<int32_t>();  // 5 windows in shard 0, then shard 1
   EXPECT_EQ(x, std::vector<int32_t>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}));
   // a token the model's vocabulary does not hold: the file and the position
-  std::string e = error_of([&] { data::DataLoader l((d / "train_000.bin").string(), 1, 10, 0, 1, false, 0, 128050); });
-  EXPECT_NE(e.find("train_000.bin: token 128050 at position 50 is >= model.vocab_size 128050"), std::string::npos) << e;
+  std::string e =
+      error_of([&] { data::DataLoader l((d / "train_000.bin").string(), 1, 10, 0, 1, false, 0, 128050); });
+  EXPECT_NE(e.find("train_000.bin: token 128050 at position 50 is >= model.vocab_size 128050"),
+            std::string::npos)
+      << e;
   // a uint16 shard cannot hold it; a wrong version for the magic
   e = error_of([&] { data::write_shard((d / "x.bin").string(), big, data::ShardFormat::u16); });
   EXPECT_NE(e.find("token 128000 at position 0 does not fit a uint16 shard"), std::string::npos) << e;

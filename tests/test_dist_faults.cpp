@@ -269,8 +269,9 @@ TEST_F(DistFaults, AConfigErrorOnAnotherRankIsSaidByRankZero) {
 TEST_F(DistFaults, ASampleLongerThanTheTimeoutDoesNotEndAHealthyJob) {
   const auto t0 = Clock::now();
   ndt::testing::ShellResult r = ndt::testing::run_shell(
-      mpirun(2) + args("--parallel.dp_shard_size 1 --parallel.dp_replicate_size 2 --parallel.timeout_s 2 "
-                       "--train.steps 3 --sample.every 2 --sample.length 60000 --model.n_embd 32 --model.n_layer 3"));
+      mpirun(2) +
+      args("--parallel.dp_shard_size 1 --parallel.dp_replicate_size 2 --parallel.timeout_s 2 "
+           "--train.steps 3 --sample.every 2 --sample.length 60000 --model.n_embd 32 --model.n_layer 3"));
   const std::string end = r.out.substr(r.out.size() > 3000 ? r.out.size() - 3000 : 0);  // not the samples
   EXPECT_EQ(r.rc, 0) << end;
   EXPECT_TRUE(has(r.out, "sample at step 2:")) << end;
@@ -390,7 +391,8 @@ TEST_F(DistFaults, TrainingDataThatFailsOnOneRankSavesAndEndsEveryRank) {
 // node) and, with `then_sigterm`, sends SIGTERM to rank 0. The job must end within
 // timeout_s + 15 s, non-zero, naming why; returns its output.
 std::string stop_rank_one(DistFaults& t, bool then_sigterm, int& rc, const std::string& layout = "") {
-  Job job(ndt::testing::mpirun(2) + t.args("--parallel.timeout_s 3 " + layout), t.here() / "out.txt", t.marker());
+  Job job(ndt::testing::mpirun(2) + t.args("--parallel.timeout_s 3 " + layout), t.here() / "out.txt",
+          t.marker());
   EXPECT_TRUE(Job::until(60, [&] { return t.steps() >= 2 || job.wait(0) >= 0; })) << job.output();
   std::vector<pid_t> ranks = job.ranks();
   EXPECT_EQ(ranks.size(), 2u) << job.output();
@@ -456,7 +458,8 @@ TEST_F(DistFaults, AStoppedRankEndsTheJobAfterTheTimeoutNamingTheCollective) {
   EXPECT_TRUE(has(r.out, "no record from rank 1: dead, stopped, cut off") ||
               (has(r.out, "2 of 2 ranks wrote a record") && has(r.out, "\n  rank 1 (")))
       << r.out;
-  if (has(r.out, "no record from rank 1")) EXPECT_TRUE(has(r.out, "verdict:\n  rank 1 fell behind or wrote nothing"));
+  if (has(r.out, "no record from rank 1"))
+    EXPECT_TRUE(has(r.out, "verdict:\n  rank 1 fell behind or wrote nothing"));
   if (pending) EXPECT_TRUE(has(r.out, "rank 0 waits in " + timed_out)) << r.out;
 }
 
@@ -464,17 +467,18 @@ TEST_F(DistFaults, AStoppedPipelineStageEndsTheJobNamingTheSendOrReceive) {
   // pipeline parallelism: stage 1 stops; stage 0 waits for one of its messages (an activation
   // sent, a gradient received) or for the step's loss, and ends the job after the timeout
   int rc = 0;
-  const std::string out = stop_rank_one(*this, false, rc, "--parallel.pp_size 2 --parallel.dp_shard_size 1 --train.grad_accum_steps 4");
+  const std::string out = stop_rank_one(
+      *this, false, rc, "--parallel.pp_size 2 --parallel.dp_shard_size 1 --train.grad_accum_steps 4");
   EXPECT_EQ(rc, 6) << out;
   const size_t at = out.find("train_gpt: rank 0: error: ");
   ASSERT_NE(at, std::string::npos) << out;
   const std::string line = out.substr(at, out.find('\n', at) - at);
-  EXPECT_TRUE(has(line, "the pipeline")) << line;  // the group in words
+  EXPECT_TRUE(has(line, "the pipeline")) << line;    // the group in words
   if (has(line, "pp.send") || has(line, "pp.recv"))  // which message, from or to which stage
     EXPECT_TRUE(has(line, "from stage 1") || has(line, "to stage 1")) << line;
-  const ndt::testing::ShellResult r = ndt::testing::run_shell("python3 " + std::string(NDT_SOURCE_DIR) +
-                                                              "/scripts/flight_report.py " +
-                                                              (here() / "ck" / "flight").string());
+  const ndt::testing::ShellResult r =
+      ndt::testing::run_shell("python3 " + std::string(NDT_SOURCE_DIR) + "/scripts/flight_report.py " +
+                              (here() / "ck" / "flight").string());
   EXPECT_EQ(r.rc, 0) << r.out;
   EXPECT_TRUE(has(r.out, "no record from rank 1: dead, stopped, cut off") ||
               (has(r.out, "2 of 2 ranks wrote a record") && has(r.out, "\n  rank 1 (")))
@@ -587,7 +591,8 @@ ndt::testing::ShellResult flight_report(const DistFaults& t) {
 
 // HSDP 2 x 2 on two hosts (each shard group inside a host, the replicas' all-reduce across).
 const char* kHsdpOnTwoHosts =
-    "--parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --train.micro_batch_size 1 --parallel.timeout_s 3 ";
+    "--parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --train.micro_batch_size 1 "
+    "--parallel.timeout_s 3 ";
 
 TEST_F(DistFaults, ACutLinkEndsTheJobAndTheReportNamesTheNetwork) {
   ndt::testing::Cluster two(2);
@@ -708,13 +713,14 @@ TEST_F(DistFaults, AHostWhoseRanksAreKilledEndsTheJobAndTheHostLeftContinuesTheC
   // the curve to continue: one process on the same global batch (8 sequences a step)
   const std::string run = " --train.steps 30 --optim.warmup_steps 2 ";
   {
-    const ndt::testing::ShellResult ref =
-        ndt::testing::run_shell(args_of("ref", run + "--train.grad_accum_steps 2 --parallel.dp_shard_size 1 --train.micro_batch_size 4"));
+    const ndt::testing::ShellResult ref = ndt::testing::run_shell(args_of(
+        "ref", run + "--train.grad_accum_steps 2 --parallel.dp_shard_size 1 --train.micro_batch_size 4"));
     ASSERT_EQ(ref.rc, 0) << ref.out;
   }
   // the job: HSDP over two hosts, host 1's link slowed so that it is caught mid-run
   two.rate(1, "1mbit");
-  Job job("env " + two.mpirun(4) + args(std::string(kHsdpOnTwoHosts) + run + "--train.grad_accum_steps 2 --checkpoint.every 3"),
+  Job job("env " + two.mpirun(4) +
+              args(std::string(kHsdpOnTwoHosts) + run + "--train.grad_accum_steps 2 --checkpoint.every 3"),
           here() / "out.txt", marker());
   ASSERT_TRUE(Job::until(120, [&] { return steps() >= 4 || job.wait(0) >= 0; })) << job.output();
   ASSERT_EQ(job.wait(0), -1) << job.output();
@@ -745,17 +751,19 @@ TEST_F(DistFaults, AHostWhoseRanksAreKilledEndsTheJobAndTheHostLeftContinuesTheC
   EXPECT_TRUE(has(resumed.out, "resumed from")) << resumed.out;
   EXPECT_TRUE(has(resumed.out, "  rank 1: replicate 0, shard 1, cp 0, tp 0 on h0")) << resumed.out;
   const std::map<int64_t, double> want = losses_by_step(here() / "ref.jsonl"),
-                                   before = losses_by_step(here() / "before.jsonl"),
-                                   after = losses_by_step(here() / "metrics.jsonl");
+                                  before = losses_by_step(here() / "before.jsonl"),
+                                  after = losses_by_step(here() / "metrics.jsonl");
   ASSERT_EQ(want.size(), 30u);
   ASSERT_EQ(after.size(), static_cast<size_t>(30 - saved)) << resumed.out;
   for (const auto& [step, loss] : want) {
     const auto& from = step <= saved ? before : after;
     ASSERT_TRUE(from.count(step)) << "step " << step;
-    EXPECT_NEAR(from.at(step), loss, 2e-5 * loss) << "step " << step << (step <= saved ? " before" : " after");
+    EXPECT_NEAR(from.at(step), loss, 2e-5 * loss)
+        << "step " << step << (step <= saved ? " before" : " after");
   }
-  std::printf("killed host 1 after %zu logged steps; resumed from step %lld on host 0: 30 losses within 2e-5\n",
-              before.size(), static_cast<long long>(saved));
+  std::printf(
+      "killed host 1 after %zu logged steps; resumed from step %lld on host 0: 30 losses within 2e-5\n",
+      before.size(), static_cast<long long>(saved));
 }
 
 TEST_F(DistFaults, ARankThatThrowsMidStepEndsTheJobAndTheReportNamesIt) {
@@ -765,17 +773,20 @@ TEST_F(DistFaults, ARankThatThrowsMidStepEndsTheJobAndTheReportNamesIt) {
   // removes it at start
   const fs::path old_record = here() / "ck" / "flight" / "rank_5.json";
   fs::create_directories(old_record.parent_path());
-  std::ofstream(old_record) << "{\"job\": \"20200101T000000Z-h0-1\", \"rank\": 5, \"world\": 8, \"reason\": "
-                               "\"error: an earlier job's failure\", \"step\": 9, \"written_us\": 1, \"entries\": []}\n";
-  Job job("env " + two.mpirun(4) + args(std::string(kHsdpOnTwoHosts) + "--parallel.fail_at_step 4 --parallel.fail_rank 3"),
+  std::ofstream(old_record)
+      << "{\"job\": \"20200101T000000Z-h0-1\", \"rank\": 5, \"world\": 8, \"reason\": "
+         "\"error: an earlier job's failure\", \"step\": 9, \"written_us\": 1, \"entries\": []}\n";
+  Job job("env " + two.mpirun(4) +
+              args(std::string(kHsdpOnTwoHosts) + "--parallel.fail_at_step 4 --parallel.fail_rank 3"),
           here() / "out.txt", marker());
   const auto t0 = Clock::now();
   const int rc = job.wait(90);
   const std::string out = job.output();
   EXPECT_EQ(rc, 1) << out;
   EXPECT_LT(seconds_since(t0), 60.0);
-  EXPECT_TRUE(has(out, "train_gpt: rank 3: error: parallel.fail_at_step = 4: failing on purpose in the middle of "
-                       "the step"))
+  EXPECT_TRUE(has(out,
+                  "train_gpt: rank 3: error: parallel.fail_at_step = 4: failing on purpose in the middle of "
+                  "the step"))
       << out;
   EXPECT_EQ(steps(), 3u) << out;
   const ndt::testing::ShellResult r = flight_report(*this);

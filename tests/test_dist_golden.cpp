@@ -124,9 +124,9 @@ std::string machine() {
   // bf16 GEMMs run on oneDNN's kernels where the CPU has bf16 units (tensor/cpu/onednn_gemm)
   // (their last bits differ between AVX512-BF16 and AMX kernels: oneDNN picks AMX where it is)
   const std::string lib = ndt::cpu::bf16_gemm_library();
-  const std::string bf16 = !ndt::cpu::bf16_gemm_native()                ? ""
+  const std::string bf16 = !ndt::cpu::bf16_gemm_native()          ? ""
                            : lib.find("amx") != std::string::npos ? ", oneDNN bf16 on AMX"
-                                                                   : ", oneDNN bf16";
+                                                                  : ", oneDNN bf16";
   return (__builtin_cpu_supports("avx512f") ? "x86-64 AVX-512, OpenBLAS Haswell" : kAvx2) + bf16;
 #else
   return "";
@@ -181,11 +181,11 @@ void expect_recorded_bits(const std::string& kind, const std::string& launcher) 
     SCOPED_TRACE(L.name);
     const fs::path d = dir / std::to_string(i);
     // every rank (mpirun passes the environment on) computes with the same kernel
-    const std::string cmd =
-        std::string("OPENBLAS_CORETYPE=Haswell NDT_F32_GEMM=openblas ") +
-        (L.np > 1 ? ndt::testing::mpirun(L.np) : std::string()) + launcher + NDT_TRAIN_GPT_BIN + " --config " +
-        (dir / "gpt.ini").string() + " --log.metrics " + (d / "metrics.jsonl").string() + " --checkpoint.dir " +
-        (d / "ck").string() + " " + L.args;
+    const std::string cmd = std::string("OPENBLAS_CORETYPE=Haswell NDT_F32_GEMM=openblas ") +
+                            (L.np > 1 ? ndt::testing::mpirun(L.np) : std::string()) + launcher +
+                            NDT_TRAIN_GPT_BIN + " --config " + (dir / "gpt.ini").string() +
+                            " --log.metrics " + (d / "metrics.jsonl").string() + " --checkpoint.dir " +
+                            (d / "ck").string() + " " + L.args;
     const ndt::testing::ShellResult r = ndt::testing::run_shell(cmd);
     ASSERT_EQ(r.rc, 0) << r.out;
     ASSERT_NE(r.out.find("OpenBLAS kernel Haswell"), std::string::npos) << r.out;

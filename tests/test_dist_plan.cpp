@@ -15,10 +15,10 @@
 #include "support/testing.h"
 
 #include <algorithm>
-#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "train/planner/time.h"
@@ -119,7 +119,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"shard2_cp2_tp2_bf16", 1, 2, 2, 2, "--train.dtype bfloat16"},
                       // sequence parallelism: the regions between the attention and the MLP on T / tp
                       Layout{"tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"},
-                      Layout{"tp2_sp_bf16", 1, 1, 1, 2, "--parallel.sequence_parallel true --train.dtype bfloat16"},
+                      Layout{"tp2_sp_bf16", 1, 1, 1, 2,
+                             "--parallel.sequence_parallel true --train.dtype bfloat16"},
                       Layout{"fsdp2_tp2_sp_full_ac", 1, 2, 1, 2,
                              "--parallel.sequence_parallel true --train.activation_checkpointing full"},
                       Layout{"shard2_cp2_tp2_sp", 1, 2, 2, 2, "--parallel.sequence_parallel true"}),
@@ -286,7 +287,8 @@ TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
 // ---- the time model and the search (no MPI: the binary plans and exits) -----------------
 
 // GPT-2 124M (or another width) at T 1024, B 8, on GPUs
-std::string planner(const std::string& args, const std::string& width = "--model.n_head 12 --model.n_embd 768") {
+std::string planner(const std::string& args,
+                    const std::string& width = "--model.n_head 12 --model.n_embd 768") {
   return std::string(NDT_TRAIN_GPT_BIN) + " --model.n_layer 12 " + width +
          " --model.vocab_size 50257 --model.vocab_multiple 128 --model.block_size 1024 --train.seq_len 1024"
          " --train.device cuda --train.micro_batch_size 8 --plan " +
@@ -304,8 +306,8 @@ TEST(PlanTime, ACutOrSlowLinkBetweenHostsCostsWhatCrossesIt) {
   };
   const std::string hsdp = "--parallel.dp_replicate_size 2 --parallel.dp_shard_size 8",
                     fsdp = "--parallel.dp_shard_size 16";
-  const nlohmann::json hsdp_fast = step(hsdp, "50"), hsdp_slow = step(hsdp, "0.5"), fsdp_fast = step(fsdp, "50"),
-                       fsdp_slow = step(fsdp, "0.5");
+  const nlohmann::json hsdp_fast = step(hsdp, "50"), hsdp_slow = step(hsdp, "0.5"),
+                       fsdp_fast = step(fsdp, "50"), fsdp_slow = step(fsdp, "0.5");
   EXPECT_EQ(hsdp_fast["across_hosts"], nlohmann::json::array({"dp_replicate"}));
   EXPECT_EQ(fsdp_fast["across_hosts"], nlohmann::json::array({"dp_shard"}));
   // compute does not depend on the links
@@ -319,7 +321,8 @@ TEST(PlanTime, ACutOrSlowLinkBetweenHostsCostsWhatCrossesIt) {
   // step = compute + recompute + exposed communication
   for (const nlohmann::json& t : {hsdp_fast, hsdp_slow, fsdp_fast, fsdp_slow})
     EXPECT_NEAR(t["step_s"].get<double>(),
-                t["compute_s"].get<double>() + t["recompute_s"].get<double>() + t["exposed_s"].get<double>(), 1e-9);
+                t["compute_s"].get<double>() + t["recompute_s"].get<double>() + t["exposed_s"].get<double>(),
+                1e-9);
 }
 
 // The host's links between hosts, shared by the transfers in flight: each of k moves at 1/k
@@ -354,16 +357,18 @@ TEST(PlanTime, TensorParallelismAcrossHostsWaitsOnTheSlowLink) {
   // 100 Gb/s link per GPU (its rings leave the host); each rank all-reduces the same N C
   // activations, the second over the slower link
   auto tp_time = [](int hosts, int tp) {
-    const Result r = run_shell(planner("--json --cluster.preset h100-sxm-8 --cluster.inter_gbps 12.5 --cluster.hosts " + std::to_string(hosts) +
-                                           " --parallel.tp_size " + std::to_string(tp),
-                                       "--model.n_head 16 --model.n_embd 1024"));
+    const Result r =
+        run_shell(planner("--json --cluster.preset h100-sxm-8 --cluster.inter_gbps 12.5 --cluster.hosts " +
+                              std::to_string(hosts) + " --parallel.tp_size " + std::to_string(tp),
+                          "--model.n_head 16 --model.n_embd 1024"));
     EXPECT_EQ(r.rc, 0) << r.out;
     return nlohmann::json::parse(r.out)["time"];
   };
   const nlohmann::json inside = tp_time(1, 8), across = tp_time(2, 16);
   EXPECT_EQ(inside["across_hosts"], nlohmann::json::array());
   EXPECT_EQ(across["across_hosts"], nlohmann::json::array({"tp"}));
-  const double in = inside["exposed_by_dim"]["tp"].get<double>(), out = across["exposed_by_dim"]["tp"].get<double>();
+  const double in = inside["exposed_by_dim"]["tp"].get<double>(),
+               out = across["exposed_by_dim"]["tp"].get<double>();
   EXPECT_GT(in, 0);
   EXPECT_GT(out, 2 * in) << "450 GB/s NVLink against the hosts' 100 GB/s";
 }
@@ -415,7 +420,8 @@ nlohmann::json cpu_plan_time(const std::string& args) {
       std::string(NDT_TRAIN_GPT_BIN) +
       " --model.n_layer 4 --model.n_head 4 --model.n_embd 256 --model.vocab_size 512 --model.block_size 128"
       " --train.seq_len 128 --plan --json --cluster.device_tflops 0.05 --cluster.efficiency 1"
-      " --cluster.memory_gbps 10 --cluster.device_memory_gb 10 " + args);
+      " --cluster.memory_gbps 10 --cluster.device_memory_gb 10 " +
+      args);
   EXPECT_EQ(r.rc, 0) << r.out;
   return nlohmann::json::parse(r.out)["time"];
 }
@@ -425,11 +431,14 @@ nlohmann::json cpu_plan_time(const std::string& args) {
 // once (TP's) takes nothing more than its wait.
 TEST(PlanTime, OnCpuRanksATransferBehindTheComputeTakesItsShareOfIt) {
   auto step = [](const std::string& layout, const std::string& share) {
-    return cpu_plan_time("--cluster.hosts 2 --cluster.devices_per_host 2 --cluster.intra_gbps 0.4"
-                         " --cluster.intra_latency_us 30 --cluster.inter_gbps 0.3 --cluster.inter_latency_us 90"
-                         " --cluster.intra_cpu_share " + share + " --cluster.inter_cpu_share " + share + " " + layout);
+    return cpu_plan_time(
+        "--cluster.hosts 2 --cluster.devices_per_host 2 --cluster.intra_gbps 0.4"
+        " --cluster.intra_latency_us 30 --cluster.inter_gbps 0.3 --cluster.inter_latency_us 90"
+        " --cluster.intra_cpu_share " +
+        share + " --cluster.inter_cpu_share " + share + " " + layout);
   };
-  const std::string dp = "--parallel.dp_replicate_size 4 --train.micro_batch_size 2", tp = "--parallel.tp_size 4 --train.micro_batch_size 8";
+  const std::string dp = "--parallel.dp_replicate_size 4 --train.micro_batch_size 2",
+                    tp = "--parallel.tp_size 4 --train.micro_batch_size 8";
   const nlohmann::json dp_free = step(dp, "0"), dp_half = step(dp, "0.5"), dp_full = step(dp, "1");
   EXPECT_DOUBLE_EQ(dp_free["compute_s"].get<double>(), dp_full["compute_s"].get<double>());
   const double free_s = dp_free["step_s"].get<double>(), half_s = dp_half["step_s"].get<double>(),
@@ -444,11 +453,13 @@ TEST(PlanTime, OnCpuRanksATransferBehindTheComputeTakesItsShareOfIt) {
   EXPECT_LT(full_s, 1.1 * serial) << "compute " << compute << " s";
   for (const nlohmann::json& t : {dp_free, dp_half, dp_full})
     EXPECT_NEAR(t["step_s"].get<double>(),
-                t["compute_s"].get<double>() + t["recompute_s"].get<double>() + t["exposed_s"].get<double>(), 1e-9);
+                t["compute_s"].get<double>() + t["recompute_s"].get<double>() + t["exposed_s"].get<double>(),
+                1e-9);
   // TP waits for each all-reduce where it is issued, but for a column-parallel linear's input
   // gradient, whose sum runs under the linear's weight gradient (2 of a block's 4 in
   // backward): the share costs TP that much of its compute, a few percent of its step
-  const double tp_free = step(tp, "0")["step_s"].get<double>(), tp_full = step(tp, "1")["step_s"].get<double>();
+  const double tp_free = step(tp, "0")["step_s"].get<double>(),
+               tp_full = step(tp, "1")["step_s"].get<double>();
   EXPECT_GT(tp_full, tp_free);
   EXPECT_LT(tp_full, 1.1 * tp_free);
 }
@@ -459,11 +470,13 @@ TEST(PlanTime, OnCpuRanksATransferBehindTheComputeTakesItsShareOfIt) {
 // f32 plans and the optimizer's f32 passes do not depend on it.
 TEST(PlanTime, ElementwisePassesOverBf16ValuesRunAtTheirOwnRate) {
   auto time = [](const std::string& dtype, const std::string& bf16_gbps) {
-    return cpu_plan_time("--cluster.hosts 1 --cluster.devices_per_host 1 --train.micro_batch_size 8 --train.dtype " +
-                         dtype + " --cluster.bf16_memory_gbps " + bf16_gbps);
+    return cpu_plan_time(
+        "--cluster.hosts 1 --cluster.devices_per_host 1 --train.micro_batch_size 8 --train.dtype " + dtype +
+        " --cluster.bf16_memory_gbps " + bf16_gbps);
   };
-  const nlohmann::json same = time("bfloat16", "0"), explicit_same = time("bfloat16", "10"), half = time("bfloat16", "5"),
-                       quarter = time("bfloat16", "2.5"), f32 = time("float32", "5"), f32_default = time("float32", "0");
+  const nlohmann::json same = time("bfloat16", "0"), explicit_same = time("bfloat16", "10"),
+                       half = time("bfloat16", "5"), quarter = time("bfloat16", "2.5"),
+                       f32 = time("float32", "5"), f32_default = time("float32", "0");
   EXPECT_DOUBLE_EQ(same["step_s"].get<double>(), explicit_same["step_s"].get<double>()) << "0: memory_gbps";
   EXPECT_DOUBLE_EQ(same["gemm_s"].get<double>(), half["gemm_s"].get<double>());
   EXPECT_DOUBLE_EQ(f32["step_s"].get<double>(), f32_default["step_s"].get<double>());
@@ -500,16 +513,17 @@ TEST(PlanTime, ALlamasMatrixProductsAreItsOwn) {
 }
 
 TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
-  const Result r = run_shell(planner("--plan.search --json --plan.top 100000 --plan.batch 64 "
-                                     "--cluster.preset h100-sxm-8 --cluster.hosts 2"));
+  const Result r =
+      run_shell(planner("--plan.search --json --plan.top 100000 --plan.batch 64 "
+                        "--cluster.preset h100-sxm-8 --cluster.hosts 2"));
   ASSERT_EQ(r.rc, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["world"].get<int64_t>(), 16);
   const nlohmann::json& plans = j["plans"];
   ASSERT_GT(plans.size(), 10u);
   EXPECT_GT(j["refused"].get<int64_t>(), 0);  // tp 16 (12 heads), cp that does not divide T, ...
-  EXPECT_EQ(j["tried"].get<int64_t>(), j["refused"].get<int64_t>() + j["too_big"].get<int64_t>() +
-                                           static_cast<int64_t>(plans.size()));
+  EXPECT_EQ(j["tried"].get<int64_t>(),
+            j["refused"].get<int64_t>() + j["too_big"].get<int64_t>() + static_cast<int64_t>(plans.size()));
   double last = 0;
   int sp_plans = 0;
   std::map<std::string, int> strategies, schedules;
@@ -542,7 +556,8 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
   EXPECT_EQ(schedules.size(), 3u) << "pipelines: 1f1b, zb-h1 and interleaved";
   EXPECT_FALSE(j["why"].get<std::string>().empty());
   // the table: a header, ten rows, the best and why, the command line that runs it
-  const Result t = run_shell(planner("--plan.search --plan.batch 64 --cluster.preset h100-sxm-8 --cluster.hosts 2"));
+  const Result t =
+      run_shell(planner("--plan.search --plan.batch 64 --cluster.preset h100-sxm-8 --cluster.hosts 2"));
   ASSERT_EQ(t.rc, 0) << t.out;
   EXPECT_NE(t.out.find("\n  10  "), std::string::npos) << t.out;
   EXPECT_EQ(t.out.find("\n  11  "), std::string::npos) << t.out;
@@ -558,14 +573,18 @@ TEST(PlanSearch, WhenEveryLayoutIsRefusedItSaysWhyAndWhereItWorks) {
   for (const auto& [devices, nearest] :
        {std::pair{13, std::string(" 12 14 devices")}, std::pair{17, std::string(" 16 18 devices")}}) {
     const std::string args =
-        "--plan.search --plan.batch 64 --cluster.preset h100-sxm-8 --cluster.devices_per_host " + std::to_string(devices);
+        "--plan.search --plan.batch 64 --cluster.preset h100-sxm-8 --cluster.devices_per_host " +
+        std::to_string(devices);
     const Result r = run_shell(planner(args));
     ASSERT_EQ(r.rc, 0) << r.out;
     EXPECT_EQ(r.out.find("fits"), std::string::npos) << "memory is not the reason: " << r.out;
     EXPECT_NE(r.out.find("no layout of " + std::to_string(devices) + " devices passes the trainer's rules:"),
-              std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("is not divisible by tp_size = " + std::to_string(devices)), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("does not split among " + std::to_string(devices) + " data-parallel ranks"), std::string::npos)
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("is not divisible by tp_size = " + std::to_string(devices)), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("does not split among " + std::to_string(devices) + " data-parallel ranks"),
+              std::string::npos)
         << r.out;
     EXPECT_NE(r.out.find("the nearest world sizes with plans:" + nearest), std::string::npos) << r.out;
     const nlohmann::json j = nlohmann::json::parse(run_shell(planner(args + " --json")).out);
@@ -638,10 +657,11 @@ TEST(PlanSearch, AModelTooBigForOneHostRunsAsAPipelineAcrossHosts) {
 
 TEST(PlanSearch, WithoutAFittingPlanSaysSo) {
   // the 7B-class shape on one device of 80 GB: nothing fits
-  const Result r = run_shell(std::string(NDT_TRAIN_GPT_BIN) +
-                             " --model.n_layer 32 --model.n_head 32 --model.n_embd 4096 --model.vocab_size 32000"
-                             " --model.block_size 4096 --train.seq_len 4096 --train.device cuda --plan --plan.search"
-                             " --cluster.preset h100-sxm-8 --cluster.devices_per_host 1");
+  const Result r =
+      run_shell(std::string(NDT_TRAIN_GPT_BIN) +
+                " --model.n_layer 32 --model.n_head 32 --model.n_embd 4096 --model.vocab_size 32000"
+                " --model.block_size 4096 --train.seq_len 4096 --train.device cuda --plan --plan.search"
+                " --cluster.preset h100-sxm-8 --cluster.devices_per_host 1");
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("no plan fits"), std::string::npos) << r.out;
 }
@@ -651,7 +671,8 @@ TEST(PlanCluster, BadClustersAreOneClearError) {
   const fs::path dir = ndt::testing::fresh_dir("plan_cluster");
   std::ofstream(dir / "mixed.ini") << "[cluster]\nhosts = 2\n[train]\nsteps = 3\n";
   std::ofstream(dir / "ok.ini") << "[cluster]\npreset = a100-sxm-8\nhosts = 2\n";
-  std::ofstream(dir / "no_hosts.ini") << "[cluster]\ndevices_per_host = 8\ndevice_tflops = 400\nefficiency = 0.5\n";
+  std::ofstream(dir / "no_hosts.ini")
+      << "[cluster]\ndevices_per_host = 8\ndevice_tflops = 400\nefficiency = 0.5\n";
   std::ofstream(dir / "empty.ini") << "[cluster]\n";
   struct Case {
     std::string args, expect;
@@ -673,7 +694,8 @@ TEST(PlanCluster, BadClustersAreOneClearError) {
       {"--cluster.preset h100-sxm-8 --cluster.device_memory_gb 1e300", "cluster.device_memory_gb = "},
       {"--cluster.preset h100-sxm-8 --cluster.inter_latency_us 1e300", "cluster.inter_latency_us = "},
       // a cluster file without hosts or a preset is read, not ignored; one that sets nothing is an error
-      {"--plan.search --cluster " + (dir / "no_hosts.ini").string(), "the [cluster] section lacks cluster.memory_gbps"},
+      {"--plan.search --cluster " + (dir / "no_hosts.ini").string(),
+       "the [cluster] section lacks cluster.memory_gbps"},
       {"--plan.search --cluster " + (dir / "empty.ini").string(), "empty.ini sets no [cluster] key"},
   };
   for (const Case& c : cases) expect_one_config_error(bin + c.args, c.expect);
@@ -683,7 +705,8 @@ TEST(PlanCluster, BadClustersAreOneClearError) {
   nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["layout"]["world"].get<int64_t>(), 16);
   EXPECT_EQ(j["cluster"]["name"], "a100-sxm-8");
-  r = run_shell(bin + "--json --parallel.dp_shard_size -1 --cluster.hosts 3 --cluster " + (dir / "ok.ini").string());
+  r = run_shell(bin + "--json --parallel.dp_shard_size -1 --cluster.hosts 3 --cluster " +
+                (dir / "ok.ini").string());
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(r.out)["layout"]["world"].get<int64_t>(), 24);
   fs::remove_all(dir);
@@ -691,15 +714,17 @@ TEST(PlanCluster, BadClustersAreOneClearError) {
 
 TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
   const fs::path dir = ndt::testing::fresh_dir("plan_calibrate");
-  const std::string bin = std::string(NDT_TRAIN_GPT_BIN) +
-                          " --model.n_layer 2 --model.n_head 2 --model.n_embd 64 --model.vocab_size 96"
-                          " --model.block_size 64 --train.seq_len 64 --train.micro_batch_size 4 --train.threads 1 --plan ";
+  const std::string bin =
+      std::string(NDT_TRAIN_GPT_BIN) +
+      " --model.n_layer 2 --model.n_head 2 --model.n_embd 64 --model.vocab_size 96"
+      " --model.block_size 64 --train.seq_len 64 --train.micro_batch_size 4 --train.threads 1 --plan ";
   const fs::path file = dir / "cluster.ini";
   Result r = run_shell(bin + "--plan.calibrate " + file.string());
   ASSERT_EQ(r.rc, 0) << r.out;
   std::ifstream f(file);
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  EXPECT_NE(text.find("[cluster]\nhosts             = 1\ndevices_per_host  = 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("[cluster]\nhosts             = 1\ndevices_per_host  = 1\n"), std::string::npos)
+      << text;
   EXPECT_NE(text.find("c_fc"), std::string::npos) << "the shapes it measured, as comments: " << text;
   r = run_shell(bin + "--json --cluster " + file.string());
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -720,9 +745,11 @@ TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
   std::ifstream g(bf16);
   const std::string text16((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
   EXPECT_NE(text16.find("dtype             = bfloat16"), std::string::npos) << text16;
-  EXPECT_NE(text16.find("c_fc            1 x    256 x    64 x    256  bfloat16"), std::string::npos) << text16;
+  EXPECT_NE(text16.find("c_fc            1 x    256 x    64 x    256  bfloat16"), std::string::npos)
+      << text16;
   EXPECT_NE(text16.find("q k^T"), std::string::npos) << text16;
-  EXPECT_NE(text16.find("bf16_memory_gbps  = "), std::string::npos) << "the bf16 element-wise rate: " << text16;
+  EXPECT_NE(text16.find("bf16_memory_gbps  = "), std::string::npos)
+      << "the bf16 element-wise rate: " << text16;
   EXPECT_EQ(text.find("bf16_memory_gbps"), std::string::npos) << "not measured in float32: " << text;
   r = run_shell(bin + "--train.dtype bfloat16 --json --cluster " + bf16.string());
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -739,19 +766,22 @@ TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
 // calibrate in `dtype`, plan the layouts, train them, compare. A loose bound, 35% (they
 // came within 11% here; the full tables are bench/bench_planner.py's, in docs/planner.md).
 // The layouts are listed fastest first, as measured and as predicted.
-void predicted_like_measured(const std::string& dtype, const std::vector<std::pair<std::string, std::string>>& layouts) {
+void predicted_like_measured(const std::string& dtype,
+                             const std::vector<std::pair<std::string, std::string>>& layouts) {
   ndt::testing::Cluster two(2);
   if (!two.ok()) GTEST_SKIP() << two.why_not();
   const fs::path dir = ndt::testing::fresh_dir("plan_on_cluster");
   const int64_t V = ndt::testing::write_word_corpus(dir / "data", 20000, 7, 0.0);
-  std::ofstream(dir / "gpt.ini") << "[model]\nn_layer = 4\nn_head = 4\nn_embd = 256\nblock_size = 128\nvocab_size = "
-                                 << V << "\n[data]\ntrain = " << (dir / "data" / "train_*.bin").string()
-                                 << "\n[train]\nseq_len = 128\nsteps = 5\nthreads = 1\neval_every = 0\ndtype = " << dtype
-                                 << "\n[sample]\nevery = -1\n[log]\nevery = 1\n[parallel]\ntimeout_s = 120\n";
+  std::ofstream(dir / "gpt.ini")
+      << "[model]\nn_layer = 4\nn_head = 4\nn_embd = 256\nblock_size = 128\nvocab_size = " << V
+      << "\n[data]\ntrain = " << (dir / "data" / "train_*.bin").string()
+      << "\n[train]\nseq_len = 128\nsteps = 5\nthreads = 1\neval_every = 0\ndtype = " << dtype
+      << "\n[sample]\nevery = -1\n[log]\nevery = 1\n[parallel]\ntimeout_s = 120\n";
   two.rate(1, "100mbit");
   const std::string bin = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir / "gpt.ini").string();
   const fs::path cal = dir / "cluster.ini";
-  Result r = run_shell(two.mpirun(4) + bin + " --train.micro_batch_size 2 --plan --plan.calibrate " + cal.string());
+  Result r =
+      run_shell(two.mpirun(4) + bin + " --train.micro_batch_size 2 --plan --plan.calibrate " + cal.string());
   ASSERT_EQ(r.rc, 0) << r.out;
   std::vector<double> predicted, measured;
   for (const auto& [name, args] : layouts) {
@@ -771,8 +801,9 @@ void predicted_like_measured(const std::string& dtype, const std::vector<std::pa
     ms.erase(ms.begin(), ms.begin() + 2);  // the first steps warm up
     std::sort(ms.begin(), ms.end());
     measured.push_back(ms[1]);
-    std::printf("[ plan     ] %s %-10s predicted %6.0f ms, measured %6.0f ms (%+.0f%%)\n", dtype.c_str(), name.c_str(),
-                predicted.back(), measured.back(), 100 * (predicted.back() / measured.back() - 1));
+    std::printf("[ plan     ] %s %-10s predicted %6.0f ms, measured %6.0f ms (%+.0f%%)\n", dtype.c_str(),
+                name.c_str(), predicted.back(), measured.back(),
+                100 * (predicted.back() / measured.back() - 1));
   }
   for (size_t i = 0; i < layouts.size(); ++i)
     EXPECT_NEAR(predicted[i] / measured[i], 1.0, 0.35) << layouts[i].first;
@@ -789,14 +820,17 @@ void predicted_like_measured(const std::string& dtype, const std::vector<std::pa
 // gradients) do not; TP over four moves f32 too, since MPI reduces bf16 in an f32 copy (the
 // model once took them as bf16 and predicted half the measured time).
 TEST(PlanOnACluster, PredictedStepTimesFollowTheMeasuredOnes) {
-  const std::string hsdp = "--parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --train.micro_batch_size 2";
+  const std::string hsdp =
+      "--parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --train.micro_batch_size 2";
   const std::string fsdp4 = "--parallel.dp_shard_size 4 --train.micro_batch_size 2";
-  predicted_like_measured("float32", {{"hsdp2x2", hsdp},
-                                      {"fsdp2_tp2", "--parallel.dp_shard_size 2 --parallel.tp_size 2 --train.micro_batch_size 4"},
-                                      {"fsdp4", fsdp4}});
+  predicted_like_measured(
+      "float32", {{"hsdp2x2", hsdp},
+                  {"fsdp2_tp2", "--parallel.dp_shard_size 2 --parallel.tp_size 2 --train.micro_batch_size 4"},
+                  {"fsdp4", fsdp4}});
   if (HasFailure() || IsSkipped()) return;
-  predicted_like_measured("bfloat16",
-                          {{"hsdp2x2", hsdp}, {"fsdp4", fsdp4}, {"tp4", "--parallel.tp_size 4 --train.micro_batch_size 8"}});
+  predicted_like_measured(
+      "bfloat16",
+      {{"hsdp2x2", hsdp}, {"fsdp4", fsdp4}, {"tp4", "--parallel.tp_size 4 --train.micro_batch_size 8"}});
 }
 
 }  // namespace

@@ -13,8 +13,8 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include "support/corpus.h"
 #include "support/cluster.h"
+#include "support/corpus.h"
 #include "support/launch.h"
 #include "support/testing.h"
 
@@ -89,10 +89,10 @@ class DistTrain : public ::testing::Test {
     const fs::path d = dir_ / name;
     fs::create_directories(d);
     const std::string launch = on ? on->mpirun(np) : np > 1 ? mpirun(np) : std::string();
-    const std::string cmd = launch + NDT_TRAIN_GPT_BIN + " --config " +
-                            (dir_ / "gpt.ini").string() + " --log.metrics " + (d / "metrics.jsonl").string() +
-                            " --checkpoint.dir " + (d / "ck").string() + " --log.grads " +
-                            (d / "grads.safetensors").string() + " " + args;
+    const std::string cmd = launch + NDT_TRAIN_GPT_BIN + " --config " + (dir_ / "gpt.ini").string() +
+                            " --log.metrics " + (d / "metrics.jsonl").string() + " --checkpoint.dir " +
+                            (d / "ck").string() + " --log.grads " + (d / "grads.safetensors").string() + " " +
+                            args;
     return run_shell(cmd);
   }
   static std::vector<double> losses(const std::string& name) {
@@ -293,7 +293,8 @@ class DistTrain : public ::testing::Test {
   // An error every rank finds alike: one "config error" line (rank 0's), and no rank aborts.
   static void expect_one_line(const Refused& c, const Result& r) {
     size_t lines = 0;
-    for (size_t at = r.out.find("config error"); at != std::string::npos; at = r.out.find("config error", at + 1))
+    for (size_t at = r.out.find("config error"); at != std::string::npos;
+         at = r.out.find("config error", at + 1))
       ++lines;
     EXPECT_EQ(lines, 1u) << c.name << ": one line: " << r.out;
     EXPECT_EQ(r.out.find("MPI_ABORT"), std::string::npos) << c.name << ": no rank aborts: " << r.out;
@@ -332,7 +333,8 @@ TEST_F(DistTrain, ACheckpointFromTwoHostsResumesOnOneAndBack) {
   const std::string sharded = " --checkpoint.format sharded";
   Result ref = train("mh_ref", 1, "--train.micro_batch_size 4" + sharded);
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  const std::string hsdp = "--train.micro_batch_size 1 --parallel.dp_replicate_size 2 --parallel.dp_shard_size 2";
+  const std::string hsdp =
+      "--train.micro_batch_size 1 --parallel.dp_replicate_size 2 --parallel.dp_shard_size 2";
   const std::string fsdp2 = "--train.micro_batch_size 2 --parallel.dp_shard_size 2";
   Result a = train("mh_down", 4, hsdp + sharded + " --train.stop_after 3", &two);
   ASSERT_EQ(a.rc, 0) << a.out;
@@ -383,16 +385,19 @@ TEST_F(DistTrain, SequenceParallelLayoutsEqualOneProcess) {
                  {"fsdp2_tp2_sp", 1, 2, 1, 2, sp},
                  {"dp2_tp2_sp", 2, 1, 1, 2, sp},
                  {"s2_cp2_tp2_sp", 1, 2, 2, 2, sp},
-                 {"tp2_sp_full_ac", 1, 1, 1, 2, "--parallel.sequence_parallel true --train.activation_checkpointing full"},
+                 {"tp2_sp_full_ac", 1, 1, 1, 2,
+                  "--parallel.sequence_parallel true --train.activation_checkpointing full"},
                  {"tp2_sp_selective_ac", 1, 1, 1, 2,
                   "--parallel.sequence_parallel true --train.activation_checkpointing selective"}},
                 2);
   // a rank's tokens of a sequence that do not split among tp: one clear error, before any step
-  Result bad = train("sp_bad", 4, "--train.micro_batch_size 2 --parallel.tp_size 4 --train.seq_len 18 " + std::string(sp));
+  Result bad = train("sp_bad", 4,
+                     "--train.micro_batch_size 2 --parallel.tp_size 4 --train.seq_len 18 " + std::string(sp));
   EXPECT_EQ(bad.rc, 2) << bad.out;
-  EXPECT_NE(bad.out.find("sequence parallelism: each rank's train.seq_len / cp_size = 18 / 1 tokens of a sequence "
-                         "must be divisible by tp_size = 4"),
-            std::string::npos)
+  EXPECT_NE(
+      bad.out.find("sequence parallelism: each rank's train.seq_len / cp_size = 18 / 1 tokens of a sequence "
+                   "must be divisible by tp_size = 4"),
+      std::string::npos)
       << bad.out;
 }
 
@@ -440,16 +445,17 @@ TEST_F(DistTrain, FourDimensionsOnSixteenRanks) {
 TEST_F(DistTrain, EveryPipelineScheduleEqualsOneProcess) {
   // each schedule alone: the micro-batches' forwards and backwards in another order, the
   // same losses, gradients and weights (the tied wte: its gradients from both ends summed)
-  check_layouts({{"pp2_gpipe", 1, 1, 1, 1, "--parallel.pp_schedule gpipe", 2},
-                 {"pp2_1f1b", 1, 1, 1, 1, "--parallel.pp_schedule 1f1b", 2},
-                 {"pp4_gpipe", 1, 1, 1, 1, "--parallel.pp_schedule gpipe", 4},
-                 {"pp4_1f1b", 1, 1, 1, 1, "--parallel.pp_schedule 1f1b", 4},
-                 {"pp2_interleaved", 1, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
-                 {"pp2_split_3_1", 1, 1, 1, 1, "--parallel.pp_split 3,1", 2},
-                 // zero bubble: backward split into input gradients (B) and deferred weight gradients (W)
-                 {"pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2},
-                 {"pp4_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 4}},
-                2, nullptr, kPipeGPT2);
+  check_layouts(
+      {{"pp2_gpipe", 1, 1, 1, 1, "--parallel.pp_schedule gpipe", 2},
+       {"pp2_1f1b", 1, 1, 1, 1, "--parallel.pp_schedule 1f1b", 2},
+       {"pp4_gpipe", 1, 1, 1, 1, "--parallel.pp_schedule gpipe", 4},
+       {"pp4_1f1b", 1, 1, 1, 1, "--parallel.pp_schedule 1f1b", 4},
+       {"pp2_interleaved", 1, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+       {"pp2_split_3_1", 1, 1, 1, 1, "--parallel.pp_split 3,1", 2},
+       // zero bubble: backward split into input gradients (B) and deferred weight gradients (W)
+       {"pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2},
+       {"pp4_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 4}},
+      2, nullptr, kPipeGPT2);
 }
 
 TEST_F(DistTrain, OneStageRunsEveryScheduleThroughTheSameExecutor) {
@@ -466,22 +472,24 @@ TEST_F(DistTrain, OneStageRunsEveryScheduleThroughTheSameExecutor) {
 TEST_F(DistTrain, PipelineWithEveryOtherDimensionEqualsOneProcess) {
   // the data-parallel strategies inside each stage (a chunk's units synced in the backward
   // of its last micro-batch), tensor parallelism with sequence parallelism, context parallelism
-  check_layouts({{"pp2_dp2", 2, 1, 1, 1, "", 2},
-                 {"pp2_fsdp2", 1, 2, 1, 1, "", 2},
-                 {"pp2_fsdp2_interleaved", 1, 2, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
-                 {"pp2_dp2_interleaved", 2, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
-                 {"pp2_hsdp2x2", 2, 2, 1, 1, "", 2},
-                 {"pp2_fsdp2_gathered", 1, 2, 1, 1, "--parallel.reshard_after_forward false", 2},
-                 {"pp2_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true", 2},
-                 {"pp2_cp2", 1, 1, 2, 1, "", 2},
-                 {"pp2_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full", 2},
-                 // zero bubble: the groups reduce once every deferred weight gradient is in; under
-                 // sequence parallelism the weight pass gathers the linears' inputs again
-                 {"pp2_dp2_zb", 2, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2},
-                 {"pp2_fsdp2_zb", 1, 2, 1, 1, "--parallel.pp_schedule zb-h1", 2},
-                 {"pp2_tp2_sp_zb", 1, 1, 1, 2, "--parallel.sequence_parallel true --parallel.pp_schedule zb-h1", 2},
-                 {"pp2_zb_full_ac", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1 --train.activation_checkpointing full", 2}},
-                1, nullptr, kPipeGPT2);
+  check_layouts(
+      {{"pp2_dp2", 2, 1, 1, 1, "", 2},
+       {"pp2_fsdp2", 1, 2, 1, 1, "", 2},
+       {"pp2_fsdp2_interleaved", 1, 2, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+       {"pp2_dp2_interleaved", 2, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+       {"pp2_hsdp2x2", 2, 2, 1, 1, "", 2},
+       {"pp2_fsdp2_gathered", 1, 2, 1, 1, "--parallel.reshard_after_forward false", 2},
+       {"pp2_tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true", 2},
+       {"pp2_cp2", 1, 1, 2, 1, "", 2},
+       {"pp2_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full", 2},
+       // zero bubble: the groups reduce once every deferred weight gradient is in; under
+       // sequence parallelism the weight pass gathers the linears' inputs again
+       {"pp2_dp2_zb", 2, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2},
+       {"pp2_fsdp2_zb", 1, 2, 1, 1, "--parallel.pp_schedule zb-h1", 2},
+       {"pp2_tp2_sp_zb", 1, 1, 1, 2, "--parallel.sequence_parallel true --parallel.pp_schedule zb-h1", 2},
+       {"pp2_zb_full_ac", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1 --train.activation_checkpointing full",
+        2}},
+      1, nullptr, kPipeGPT2);
 }
 
 TEST_F(DistTrain, PipelineOnSixteenRanks) {
@@ -492,11 +500,13 @@ TEST_F(DistTrain, PipelineOnSixteenRanks) {
 TEST_F(DistTrain, LlamaPipelineEqualsOneProcess) {
   // an untied head: wte on the first stage, ln_f and lm_head on the last; and tied (Qwen2's
   // options): wte on both ends
-  const Model llama{"llama_pp_", kLlama.args + kPipeGPT2.args, 4}, tied{"llama_tb_pp_", kLlamaTiedBias.args + kPipeGPT2.args, 4};
-  check_layouts({{"pp2_1f1b", 1, 1, 1, 1, "", 2},
-                 {"pp2_fsdp2_interleaved", 1, 2, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
-                 {"pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2}},
-                1, nullptr, llama);
+  const Model llama{"llama_pp_", kLlama.args + kPipeGPT2.args, 4},
+      tied{"llama_tb_pp_", kLlamaTiedBias.args + kPipeGPT2.args, 4};
+  check_layouts(
+      {{"pp2_1f1b", 1, 1, 1, 1, "", 2},
+       {"pp2_fsdp2_interleaved", 1, 2, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+       {"pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2}},
+      1, nullptr, llama);
   check_layouts({{"pp2_tp2", 1, 1, 1, 2, "", 2}}, 1, nullptr, tied);
 }
 
@@ -506,15 +516,22 @@ TEST_F(DistTrain, BadPipelineLayoutsAreOneClearLine) {
     std::string args, says;
   };
   const std::vector<Bad> bad = {
-      {2, "--parallel.pp_size 2 --parallel.pp_split 3,x", "parallel.pp_split = '3,x': each entry must be a number"},
+      {2, "--parallel.pp_size 2 --parallel.pp_split 3,x",
+       "parallel.pp_split = '3,x': each entry must be a number"},
       {2, "--parallel.pp_size 2 --parallel.pp_split 1,2",
        "it needs 2 entries (parallel.pp_size x parallel.pp_virtual) summing to model.n_layer = 4"},
       {4, "--parallel.pp_size 4 --train.grad_accum_steps 2 --model.n_layer 3",
-       "parallel.pp_size x parallel.pp_virtual = 4 pipeline stages need at least that many blocks, but model.n_layer is 3"},
-      {2, "--parallel.pp_size 2 --parallel.pp_schedule interleaved --parallel.pp_virtual 2 --train.grad_accum_steps 3",
-       "train.grad_accum_steps = 3 (m): pipeline schedule interleaved: m (micro-batches) must be a multiple of p"},
-      {2, "--parallel.pp_size 2 --parallel.pp_virtual 2", "pipeline schedule 1f1b: v (chunks per rank) must be 1, got 2; only interleaved runs several chunks"},
-      {2, "--parallel.pp_size 2 --parallel.pp_schedule zb", "parallel.pp_schedule: pipeline schedule 'zb' is not one of: gpipe, 1f1b, interleaved, zb-h1"},
+       "parallel.pp_size x parallel.pp_virtual = 4 pipeline stages need at least that many blocks, but "
+       "model.n_layer is 3"},
+      {2,
+       "--parallel.pp_size 2 --parallel.pp_schedule interleaved --parallel.pp_virtual 2 "
+       "--train.grad_accum_steps 3",
+       "train.grad_accum_steps = 3 (m): pipeline schedule interleaved: m (micro-batches) must be a multiple "
+       "of p"},
+      {2, "--parallel.pp_size 2 --parallel.pp_virtual 2",
+       "pipeline schedule 1f1b: v (chunks per rank) must be 1, got 2; only interleaved runs several chunks"},
+      {2, "--parallel.pp_size 2 --parallel.pp_schedule zb",
+       "parallel.pp_schedule: pipeline schedule 'zb' is not one of: gpipe, 1f1b, interleaved, zb-h1"},
       {2, "--parallel.pp_size 2 --parallel.pp_schedule interleaved --parallel.pp_virtual 3",
        "parallel.pp_size x parallel.pp_virtual = 6 pipeline stages need at least that many blocks"},
       // one stage runs its schedule too: interleaving needs stages to interleave
@@ -532,12 +549,14 @@ TEST_F(DistTrain, BadPipelineLayoutsAreOneClearLine) {
 TEST_F(DistTrain, PipelineSamplesTheTextOneProcessSamples) {
   // generation through the stages: each runs its blocks with its own key/value cache, the last
   // stage's logits go to every rank, which all draw the same token
-  const std::string common = " --model.n_layer 4 --train.steps 2 --sample.every 2 --sample.length 24 --sample.prompt "
-                             "'the cat ' --train.micro_batch_size 2";
+  const std::string common =
+      " --model.n_layer 4 --train.steps 2 --sample.every 2 --sample.length 24 --sample.prompt "
+      "'the cat ' --train.micro_batch_size 2";
   Result one = train("pp_sample_single", 1, common);
   ASSERT_EQ(one.rc, 0) << one.out;
-  for (const char* layout : {" --parallel.pp_size 2", " --parallel.pp_size 2 --parallel.pp_schedule interleaved "
-                                                      "--parallel.pp_virtual 2"}) {
+  for (const char* layout : {" --parallel.pp_size 2",
+                             " --parallel.pp_size 2 --parallel.pp_schedule interleaved "
+                             "--parallel.pp_virtual 2"}) {
     Result pp = train("pp_sample_pp2", 2, common + layout);
     ASSERT_EQ(pp.rc, 0) << pp.out;
     auto sample = [](const std::string& out) {
@@ -911,8 +930,10 @@ TEST_F(DistTrain, PipelineShardedCheckpointsReshardAcrossLayouts) {
   // interleaved: each rank holds two chunks (blocks 0 and 2 on rank 0, 1 and 3 on rank 1)
   // and writes both; read back by 1f1b stages of two consecutive blocks
   check_chain("pp_sharded_interleaved",
-              {{2, "--train.micro_batch_size 4 --parallel.pp_size 2 --parallel.pp_schedule interleaved "
-                   "--parallel.pp_virtual 2 --train.stop_after 2" + sharded},
+              {{2,
+                "--train.micro_batch_size 4 --parallel.pp_size 2 --parallel.pp_schedule interleaved "
+                "--parallel.pp_virtual 2 --train.stop_after 2" +
+                    sharded},
                {2, "--train.micro_batch_size 4 --parallel.pp_size 2" + sharded}},
               "--model.n_layer 4 --train.steps 4", 4);
 }
@@ -924,8 +945,8 @@ TEST_F(DistTrain, PipelineStagesStartFromAModelFolder) {
   Result made = train("pp_hf_src", 2, "--parallel.pp_size 2 --train.steps 2" + common);
   ASSERT_EQ(made.rc, 0) << made.out;
   const fs::path folder = dir_ / "pp_hf_folder";
-  Result ex = run_shell(std::string(NDT_EXPORT_BIN) + " " + (dir_ / "pp_hf_src" / "ck" / "step_00000002").string() +
-                        " " + folder.string());
+  Result ex = run_shell(std::string(NDT_EXPORT_BIN) + " " +
+                        (dir_ / "pp_hf_src" / "ck" / "step_00000002").string() + " " + folder.string());
   ASSERT_EQ(ex.rc, 0) << ex.out;
   const std::string from = " --train.steps 2 --model.init_from " + folder.string();
   Result one = train("pp_hf_one", 1, common + from);

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "models/generate.h"
 #include "models/gpt.h"
 #include "models/kv_cache.h"
 #include "nn/flat.h"
 #include "tensor/cuda/runtime.h"
-#include "models/generate.h"
 
 using namespace ndt;
 
@@ -62,7 +62,8 @@ void expect_cache_equals_full(const models::GPTConfig& cfg, DType dtype, Device 
   ASSERT_EQ(full.size(1), V);
   models::KVCache cache(gpt, T);
   auto piece = [&](int64_t from, int64_t n) {
-    return Tensor::from_vector(std::vector<int32_t>(seq.begin() + from, seq.begin() + from + n), {1, n}, device);
+    return Tensor::from_vector(std::vector<int32_t>(seq.begin() + from, seq.begin() + from + n), {1, n},
+                               device);
   };
   double worst = 0;
   worst = std::max(worst, max_abs_diff(cache.logits(piece(0, 5)), full.narrow(0, 0, 5)));
@@ -116,7 +117,8 @@ TEST(KVCache, RestoresTheHooksAndRefusesWhatDoesNotFit) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("capacity 6"), std::string::npos) << e.what();
     }
-    EXPECT_THROW(cache.next_token_logits(Tensor::from_vector(tokens(2, 29, 2), {2, 1})), Error);  // 2 rows, not 1
+    EXPECT_THROW(cache.next_token_logits(Tensor::from_vector(tokens(2, 29, 2), {2, 1})),
+                 Error);                            // 2 rows, not 1
     EXPECT_THROW(models::KVCache(gpt, 25), Error);  // past block_size
   }
   for (const auto& b : gpt.h) EXPECT_FALSE(static_cast<bool>(b->attend())) << "the hook was not given back";
@@ -144,7 +146,8 @@ TEST(Generate, CachedEqualsUncached) {
     models::GPT gpt(cfg);
     nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7);
     for (const models::SampleOptions& o :
-         {models::SampleOptions{.max_new_tokens = 18, .temperature = 0.9, .top_k = 8, .top_p = 0.9, .seed = 3},
+         {models::SampleOptions{
+              .max_new_tokens = 18, .temperature = 0.9, .top_k = 8, .top_p = 0.9, .seed = 3},
           models::SampleOptions{.max_new_tokens = 18, .temperature = 0, .seed = 1},
           models::SampleOptions{.max_new_tokens = 18, .temperature = 1.5, .seed = 5}}) {
       const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
@@ -180,7 +183,8 @@ TEST(Generate, SlidesPastTheBlockAndStops) {
   const auto first = std::find(ids.begin() + prompt.size(), ids.end(), stop);
   EXPECT_EQ(stopped, std::vector<int32_t>(ids.begin(), first + 1));
   int seen = 0;
-  const std::vector<int32_t> three = models::generate(gpt, prompt, o, Device::cpu(), [&](int32_t) { return ++seen < 3; });
+  const std::vector<int32_t> three =
+      models::generate(gpt, prompt, o, Device::cpu(), [&](int32_t) { return ++seen < 3; });
   EXPECT_EQ(three.size(), prompt.size() + 3);
   EXPECT_EQ(seen, 3);
   models::SampleOptions bad = o;
@@ -216,5 +220,6 @@ TEST(Generate, SampleTokenDrawsFromTheCutDistribution) {
   close(freq({.temperature = 1.0, .top_p = 0.6}), expected(1.0, {1, 4}));
   close(freq({.temperature = 1.0, .top_p = 0.3}), expected(1.0, {1}));
   EXPECT_EQ(models::sample_token(logits, {.temperature = 0}, 0), 1);  // greedy
-  EXPECT_EQ(models::sample_token({2.0f, 5.0f, 5.0f}, {.temperature = 0}, 0), 1);  // the lowest id among equals
+  EXPECT_EQ(models::sample_token({2.0f, 5.0f, 5.0f}, {.temperature = 0}, 0),
+            1);  // the lowest id among equals
 }

@@ -35,8 +35,13 @@ Tensor ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
 // scaling moves some of the frequencies), SwiGLU of 20 hidden units, an untied head, and
 // (Qwen2) biases on q, k and v.
 models::GPTConfig gradcheck_llama(int64_t n_kv_head, bool qkv_bias) {
-  models::GPTConfig c{.arch = "llama", .n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = 11,
-                      .block_size = 7, .vocab_multiple = 4};
+  models::GPTConfig c{.arch = "llama",
+                      .n_layer = 2,
+                      .n_head = 4,
+                      .n_embd = 16,
+                      .vocab_size = 11,
+                      .block_size = 7,
+                      .vocab_multiple = 4};
   c.n_kv_head = n_kv_head;
   c.intermediate_size = 20;
   c.attention_bias = qkv_bias;
@@ -74,9 +79,15 @@ TEST(GradcheckGPT, EveryParameter) { check_gpt(nn::ACMode::none); }
 TEST(GradcheckGPT, EveryParameterWithActivationCheckpointing) { check_gpt(nn::ACMode::full); }
 TEST(GradcheckGPT, EveryParameterWithSelectiveCheckpointing) { check_gpt(nn::ACMode::selective); }
 TEST(GradcheckGPT, LlamaEveryParameter) { check_gpt(nn::ACMode::none, gradcheck_llama(4, false)); }
-TEST(GradcheckGPT, LlamaGroupedQueryAttentionWithQkvBias) { check_gpt(nn::ACMode::none, gradcheck_llama(2, true)); }
-TEST(GradcheckGPT, LlamaMultiQueryAttentionCheckpointed) { check_gpt(nn::ACMode::full, gradcheck_llama(1, false)); }
-TEST(GradcheckGPT, LlamaSelectiveCheckpointing) { check_gpt(nn::ACMode::selective, gradcheck_llama(2, false)); }
+TEST(GradcheckGPT, LlamaGroupedQueryAttentionWithQkvBias) {
+  check_gpt(nn::ACMode::none, gradcheck_llama(2, true));
+}
+TEST(GradcheckGPT, LlamaMultiQueryAttentionCheckpointed) {
+  check_gpt(nn::ACMode::full, gradcheck_llama(1, false));
+}
+TEST(GradcheckGPT, LlamaSelectiveCheckpointing) {
+  check_gpt(nn::ACMode::selective, gradcheck_llama(2, false));
+}
 
 TEST(GradcheckGPT, PaddedVocabRowsGetNoGradient) {
   models::GPT gpt(gradcheck_gpt());
@@ -105,7 +116,8 @@ TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {
   // no wrapper, a pass-through wrapper, and checkpointing give the same bits.
   auto run = [](int mode) {
     models::GPT gpt(gradcheck_gpt());
-    if (mode == 1) gpt.add_block_wrapper([](int64_t, const nn::BlockFn& fn, const Tensor& x) { return fn(x); });
+    if (mode == 1)
+      gpt.add_block_wrapper([](int64_t, const nn::BlockFn& fn, const Tensor& x) { return fn(x); });
     if (mode == 2) gpt.add_block_wrapper(nn::activation_checkpointing());
     return loss_and_grads(gpt);
   };

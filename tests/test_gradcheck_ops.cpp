@@ -132,12 +132,12 @@ TEST(OpCases, CoverEveryDifferentiableOp) {
         if (e.node) stack.push_back(e.node);
     }
   }
-  for (const char* op : {"matmul",         "add",         "sub",       "mul",
-                         "scale",          "gelu",        "cast",      "sum",
-                         "mean",           "sum_squares", "layernorm", "softmax",
-                         "cross_entropy",  "embedding",   "attention", "merge_attention",
-                         "self_attention", "view",        "permute",   "split_last",
-                         "concat_last",    "split",       "concat",    "on_backward",
+  for (const char* op : {"matmul",         "add",           "sub",       "mul",
+                         "scale",          "gelu",          "cast",      "sum",
+                         "mean",           "sum_squares",   "layernorm", "softmax",
+                         "cross_entropy",  "embedding",     "attention", "merge_attention",
+                         "self_attention", "view",          "permute",   "split_last",
+                         "concat_last",    "split",         "concat",    "on_backward",
                          "recompute",      "AccumulateGrad"})
     EXPECT_TRUE(seen.count(op)) << "no op case records a '" << op << "' node";
   // composed ops (they record matmul/add/view/permute nodes) are covered by name
@@ -302,11 +302,11 @@ OpCase mha_on_repeated_kv_case(bool fused, const AttBlock& a, int64_t NH, int64_
 // The blocks ring attention computes and the edges of the mask, at sizes with several
 // blocks of 64 queries (the last partial)
 const AttBlock kBlocks[] = {
-    {150, 150, 0, 0, 0},      // a diagonal block: causal from the top-left
-    {150, 130, 300, 40, 0},   // every key before every query: nothing masked
-    {150, 130, 0, 20, 20},    // queries 0..19 see no key; key rows past 149 no query sees
-    {70, 200, 100, 0, 0},     // queries see 101..170 of the 200 keys
-    {64, 64, 0, 100, 64},     // no query sees any key: out 0, every gradient 0
+    {150, 150, 0, 0, 0},     // a diagonal block: causal from the top-left
+    {150, 130, 300, 40, 0},  // every key before every query: nothing masked
+    {150, 130, 0, 20, 20},   // queries 0..19 see no key; key rows past 149 no query sees
+    {70, 200, 100, 0, 0},    // queries see 101..170 of the 200 keys
+    {64, 64, 0, 100, 64},    // no query sees any key: out 0, every gradient 0
 };
 
 }  // namespace
@@ -316,7 +316,8 @@ TEST(Attention, FusedCpuKernelMatchesTheComposedPath) {
     const OpCase fused = attention_case(true, blk), composed = attention_case(false, blk);
     for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
       std::vector<Tensor> in = case_inputs(fused, dt, Device::cpu());
-      CaseRun a = run_case(fused, in), b = run_case(composed, convert_inputs(composed, in, dt, Device::cpu()));
+      CaseRun a = run_case(fused, in),
+              b = run_case(composed, convert_inputs(composed, in, dt, Device::cpu()));
       // the same arithmetic but for the order of the exp-sums and where the scale and the
       // lse's gradient enter; bf16 outputs and gradients round both results to 8 bits
       const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 2e-6 : 1e-2;
@@ -440,7 +441,8 @@ struct GemmChoice {
 
 // alpha op(a) op(b) + beta c0 (+ bias) in f64 from the same bf16 values: what a bf16 GEMM
 // with f32 accumulation approximates to within one bf16 rounding of the result.
-Tensor gemm_f64(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c0, double alpha, double beta) {
+Tensor gemm_f64(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c0, double alpha,
+                double beta) {
   Tensor c = c0.to(DType::f64);
   kernels::gemm(a.to(DType::f64), ta, b.to(DType::f64), tb, c, alpha, beta);
   return c;
@@ -449,8 +451,8 @@ Tensor gemm_f64(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor
 // Every shape the CPU gemm takes (2-D, batched, a 2-D b shared by the batch; each operand
 // transposed or not; alpha and beta) in dtype, on each value of the variable env
 // (NDT_BF16_GEMM or NDT_F32_GEMM), against f64 from the same values.
-void check_every_gemm_shape(DType dtype, const char* env, std::initializer_list<const char*> choices, double tol,
-                            uint64_t stream) {
+void check_every_gemm_shape(DType dtype, const char* env, std::initializer_list<const char*> choices,
+                            double tol, uint64_t stream) {
   const int64_t m = 37, n = 29, k = 53;
   for (auto [batch, b_shared] : {std::pair<int64_t, bool>{0, false}, {3, false}, {3, true}})
     for (bool ta : {false, true})
@@ -460,7 +462,8 @@ void check_every_gemm_shape(DType dtype, const char* env, std::initializer_list<
           return batched && batch > 0 ? ndt::Shape{batch, r, c} : ndt::Shape{r, c};
         };
         const Tensor a = randn(ta ? shape(k, m, true) : shape(m, k, true), dtype, Device::cpu(), stream++);
-        const Tensor b = randn(tb ? shape(n, k, !b_shared) : shape(k, n, !b_shared), dtype, Device::cpu(), stream++);
+        const Tensor b =
+            randn(tb ? shape(n, k, !b_shared) : shape(k, n, !b_shared), dtype, Device::cpu(), stream++);
         const Tensor c0 = randn(shape(m, n, true), dtype, Device::cpu(), stream++);
         for (auto [alpha, beta] : {std::pair{1.0, 0.0}, std::pair{0.5, 1.0}}) {
           const Tensor want = gemm_f64(a, ta, b, tb, c0, alpha, beta);
@@ -478,9 +481,10 @@ void check_every_gemm_shape(DType dtype, const char* env, std::initializer_list<
 
 // linear_forward in dtype with a bias, and with GELU, on each value of the variable env
 // (NDT_BF16_GEMM or NDT_F32_GEMM), against f64 from the same values.
-void check_linear_with_bias(DType dtype, const char* env, std::initializer_list<const char*> choices, double tol,
-                            double tol_gelu, uint64_t seed) {
-  const Tensor x = randn({70, 48}, dtype, Device::cpu(), seed), w = randn({48, 40}, dtype, Device::cpu(), seed + 1);
+void check_linear_with_bias(DType dtype, const char* env, std::initializer_list<const char*> choices,
+                            double tol, double tol_gelu, uint64_t seed) {
+  const Tensor x = randn({70, 48}, dtype, Device::cpu(), seed),
+               w = randn({48, 40}, dtype, Device::cpu(), seed + 1);
   const Tensor bias = randn({40}, dtype, Device::cpu(), seed + 2, 0.0f, 3.0f);
   Tensor want = Tensor::empty({70, 40}, DType::f64), want_gelu = Tensor::empty({70, 40}, DType::f64);
   kernels::linear_forward(x.to(DType::f64), w.to(DType::f64), bias.to(DType::f64), false, want, Tensor());
@@ -575,7 +579,8 @@ TEST(F32Gemm, AutoFollowsTheCpuAndBadChoicesAreRefused) {
       EXPECT_FALSE(cpu::f32_gemm_on_onednn());
     }
 #endif
-    EXPECT_EQ(cpu::f32_gemm_library().rfind(cpu::f32_gemm_on_onednn() ? "oneDNN " : "OpenBLAS kernel ", 0), 0u)
+    EXPECT_EQ(cpu::f32_gemm_library().rfind(cpu::f32_gemm_on_onednn() ? "oneDNN " : "OpenBLAS kernel ", 0),
+              0u)
         << cpu::f32_gemm_library();
   }
   {
@@ -625,8 +630,8 @@ TEST(VectorKernels, Bf16ConversionsKeepTheScalarBits) {
   for (uint32_t b = 0; b < 65536; ++b) ASSERT_EQ(bits_of(wide[b]), bits_of(bf16_to_float(every[b]))) << b;
   // rounding: random floats, ties both ways, the largest finite, infinities, NaNs, denormals
   std::vector<float> f = randn({4001}, DType::f32, Device::cpu(), 1300, 0.0f, 100.0f).to_vector<float>();
-  for (uint32_t u : {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800001u,
-                     0xffffffffu, 0x00000001u, 0x80008000u, 0x00000000u, 0x80000000u}) {
+  for (uint32_t u : {0x3f808000u, 0x3f818000u, 0x7f7fffffu, 0x7f800000u, 0xff800000u, 0x7fc00001u,
+                     0x7f800001u, 0xffffffffu, 0x00000001u, 0x80008000u, 0x00000000u, 0x80000000u}) {
     float x;
     std::memcpy(&x, &u, 4);
     f.push_back(x);
@@ -649,7 +654,8 @@ TEST(VectorKernels, Bf16GeluIsTheFloatFormulaRoundedOnce) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = xs[i], t = cpu::fast_tanh(k * (v + 0.044715f * v * v * v));
     want_y.push_back(bf16_to_float(float_to_bf16(0.5f * v * (1.0f + t))));
-    const float grad = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + float(3 * 0.044715) * v * v);
+    const float grad =
+        0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + float(3 * 0.044715) * v * v);
     want_dx.push_back(bf16_to_float(float_to_bf16(grad * ds[i])));
   }
   expect_same_bits(floats_of(y), want_y, "gelu_forward bf16");
@@ -660,7 +666,8 @@ TEST(VectorKernels, Bf16GeluIsTheFloatFormulaRoundedOnce) {
 // separate buffer and in place, padded columns (v_limit < V), one ignored row.
 TEST(VectorKernels, CrossEntropyKeepsThePlainLoopsBits) {
   const int64_t N = 9, V = 301, v_limit = 290, ignore = -100;
-  std::vector<int32_t> tg = random_ids({N}, static_cast<int32_t>(v_limit), Device::cpu(), 1320).to_vector<int32_t>();
+  std::vector<int32_t> tg =
+      random_ids({N}, static_cast<int32_t>(v_limit), Device::cpu(), 1320).to_vector<int32_t>();
   tg[4] = ignore;
   const Tensor targets = Tensor::from_vector(tg, {N});
   Tensor kept = Tensor::empty({1}, DType::i32);
@@ -686,7 +693,8 @@ TEST(VectorKernels, CrossEntropyKeepsThePlainLoopsBits) {
         want_loss.push_back(ignored ? 0.0f : l - row[tg[r]]);
         for (int64_t c = 0; c < V; ++c) {
           float g = 0;
-          if (!ignored && c < v_limit) g = (cpu::fast_exp(row[c] - l) - (c == tg[r] ? 1.0f : 0.0f)) * inv_kept;
+          if (!ignored && c < v_limit)
+            g = (cpu::fast_exp(row[c] - l) - (c == tg[r] ? 1.0f : 0.0f)) * inv_kept;
           want_grad.push_back(dt == DType::bf16 ? bf16_to_float(float_to_bf16(g)) : g);
         }
       }
@@ -718,7 +726,8 @@ TEST(VectorKernels, AdamWKeepsThePlainLoopsBits) {
   const float step_size = a.lr / static_cast<float>(1 - std::pow(a.beta1, 7.0));
   const float bc2_sqrt = std::sqrt(1 - std::pow(a.beta2, 7.0));
   for (int64_t i = 0; i < n; ++i) {
-    const float decay = i < a.decay_end - a.index_offset ? static_cast<float>(1 - a.lr * a.weight_decay) : 1.0f;
+    const float decay =
+        i < a.decay_end - a.index_offset ? static_cast<float>(1 - a.lr * a.weight_decay) : 1.0f;
     const float gi = G[i] * gs, mi = b1 * M[i] + (1 - b1) * gi, vi = b2 * S[i] + (1 - b2) * gi * gi;
     P[i] = P[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
     M[i] = mi;

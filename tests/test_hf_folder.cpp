@@ -296,9 +296,10 @@ TEST(HfConfig, LlamaDefaults) {
   EXPECT_FALSE(c.bos_token_id);
   EXPECT_TRUE(c.eos_token_id.empty());
   // null counts as absent; rope_type "default" is no scaling; attention_bias true biases o_proj too
-  const io::HfConfig d = parse(with(kLlama31, {{"num_key_value_heads", nullptr},
-                                               {"rope_scaling", {{"rope_type", "default"}}},
-                                               {"attention_bias", true}},
+  const io::HfConfig d = parse(with(kLlama31,
+                                    {{"num_key_value_heads", nullptr},
+                                     {"rope_scaling", {{"rope_type", "default"}}},
+                                     {"attention_bias", true}},
                                     /*keep_null=*/true));
   EXPECT_EQ(d.num_key_value_heads, 32);
   EXPECT_FALSE(d.llama3_scaling);
@@ -353,7 +354,8 @@ TEST(HfConfig, Gpt2) {
   EXPECT_TRUE(c.mlp_bias);
   EXPECT_EQ(c.bos_token_id, 50256);
   // only n_ctx (old files); gelu_pytorch_tanh is the same GELU
-  const io::HfConfig d = parse(with(kGpt2, {{"n_positions", nullptr}, {"activation_function", "gelu_pytorch_tanh"}}));
+  const io::HfConfig d =
+      parse(with(kGpt2, {{"n_positions", nullptr}, {"activation_function", "gelu_pytorch_tanh"}}));
   EXPECT_EQ(d.max_position_embeddings, 1024);
   EXPECT_EQ(d.hidden_act, "gelu_pytorch_tanh");
 }
@@ -404,8 +406,9 @@ TEST(HfConfig, ToJsonRefusesWhatParseWould) {
 
 TEST(HfConfigErrors, UnknownModelType) {
   const std::string msg = error_of([&] { parse(with(kLlama31, {{"model_type", "falcon"}})); });
-  EXPECT_NE(msg.find("unknown model_type 'falcon' in m/config.json; ndtrain reads llama, mistral, qwen2 and gpt2"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find("unknown model_type 'falcon' in m/config.json; ndtrain reads llama, mistral, qwen2 and gpt2"),
+      std::string::npos)
       << msg;
   expect_refused(with(kLlama31, {{"model_type", nullptr}}), "'model_type' is missing");
 }
@@ -418,19 +421,23 @@ TEST(HfConfigErrors, MissingRequiredKey) {
   // transformers defaults an absent num_key_value_heads to 8 (mistral) or 32 (qwen2), not to the heads
   expect_refused(with(kMistral, {{"num_key_value_heads", nullptr}}), "'num_key_value_heads' is missing");
   expect_refused(with(kQwen2, {{"num_key_value_heads", nullptr}}), "transformers would take 32 for qwen2");
-  EXPECT_EQ(parse(with(kQwen2, {{"num_key_value_heads", nullptr}}, /*keep_null=*/true)).num_key_value_heads, 14);
+  EXPECT_EQ(parse(with(kQwen2, {{"num_key_value_heads", nullptr}}, /*keep_null=*/true)).num_key_value_heads,
+            14);
   expect_refused(with(kGpt2, {{"n_positions", nullptr}, {"n_ctx", nullptr}}), "'n_positions' is missing");
-  expect_refused(with(kLlama31, {{"vocab_size", nullptr}}, /*keep_null=*/true), "'vocab_size' is missing (it is null)");
+  expect_refused(with(kLlama31, {{"vocab_size", nullptr}}, /*keep_null=*/true),
+                 "'vocab_size' is missing (it is null)");
 }
 
 TEST(HfConfigErrors, WrongJsonType) {
   expect_refused(with(kLlama31, {{"vocab_size", "128256"}}), "key 'vocab_size' must be an integer");
   expect_refused(with(kLlama31, {{"hidden_size", 4096.5}}), "key 'hidden_size' must be an integer");
   expect_refused(with(kLlama31, {{"rms_norm_eps", "1e-5"}}), "key 'rms_norm_eps' must be a number");
-  expect_refused(with(kLlama31, {{"tie_word_embeddings", 0}}), "key 'tie_word_embeddings' must be true or false");
+  expect_refused(with(kLlama31, {{"tie_word_embeddings", 0}}),
+                 "key 'tie_word_embeddings' must be true or false");
   expect_refused(with(kLlama31, {{"torch_dtype", 16}}), "key 'torch_dtype' must be a string");
   expect_refused(with(kLlama31, {{"eos_token_id", {1, "2"}}}), "key 'eos_token_id' must be an integer");
-  expect_refused(with(kLlama31, {{"rope_scaling", "llama3"}}), "key 'rope_scaling' must be an object or null");
+  expect_refused(with(kLlama31, {{"rope_scaling", "llama3"}}),
+                 "key 'rope_scaling' must be an object or null");
   json j = json::parse(kLlama31);
   j["rope_scaling"]["factor"] = "8";
   expect_refused(j.dump(), "key 'rope_scaling.factor' must be a number");
@@ -455,9 +462,11 @@ TEST(HfConfigErrors, HeadDimOtherThanHiddenOverHeads) {
 TEST(HfConfigErrors, ActivationAndBiases) {
   expect_refused(with(kLlama31, {{"hidden_act", "gelu"}}), "hidden_act 'gelu' is not supported");
   expect_refused(with(kLlama31, {{"mlp_bias", true}}), "mlp_bias true is not supported");
-  expect_refused(with(kMistral, {{"attention_bias", true}}), "attention_bias true is not supported for mistral");
+  expect_refused(with(kMistral, {{"attention_bias", true}}),
+                 "attention_bias true is not supported for mistral");
   expect_refused(with(kQwen2, {{"attention_bias", false}}), "attention_bias false contradicts qwen2");
-  expect_refused(with(kGpt2, {{"activation_function", "relu"}}), "activation_function 'relu' is not supported");
+  expect_refused(with(kGpt2, {{"activation_function", "relu"}}),
+                 "activation_function 'relu' is not supported");
   expect_refused(with(kGpt2, {{"scale_attn_by_inverse_layer_idx", true}}), "scale_attn_by_inverse_layer_idx");
 }
 
@@ -492,7 +501,8 @@ TEST(HfConfigErrors, Llama3RopeKeys) {
   expect_refused(j.dump(), "rope_theta 500000 and rope_scaling.rope_theta 10000 differ");
   expect_refused(with(kLlama31V5, {{"rope_scaling", {{"rope_type", "default"}}}}),
                  "has both 'rope_scaling' and 'rope_parameters'");
-  expect_refused(with(kLlama31, {{"partial_rotary_factor", 0.5}}), "partial_rotary_factor 0.5 is not supported");
+  expect_refused(with(kLlama31, {{"partial_rotary_factor", 0.5}}),
+                 "partial_rotary_factor 0.5 is not supported");
 }
 
 TEST(HfConfigErrors, SlidingWindowsInUse) {
@@ -506,7 +516,8 @@ TEST(HfConfigErrors, SlidingWindowsInUse) {
 }
 
 TEST(HfConfigErrors, MixtureOfExpertsAndQuantization) {
-  expect_refused(with(kMistral, {{"num_local_experts", 8}}), "'num_local_experts' is a mixture-of-experts option");
+  expect_refused(with(kMistral, {{"num_local_experts", 8}}),
+                 "'num_local_experts' is a mixture-of-experts option");
   expect_refused(with(kQwen2, {{"num_experts", 60}}), "'num_experts'");
   expect_refused(with(kLlama31, {{"n_routed_experts", 64}}), "'n_routed_experts'");
   expect_refused(with(kLlama31, {{"quantization_config", {{"quant_method", "gptq"}, {"bits", 4}}}}),
@@ -541,21 +552,25 @@ TEST(HfFolderErrors, NoConfigJson) {
   fs::path d = ndt::testing::fresh_dir("hf_noconfig");
   write_st(d / "model.safetensors", {{"w", ramp({2}, 0)}});
   const std::string msg = error_of([&] { io::HfFolder f(d.string()); });
-  EXPECT_NE(msg.find(d.string() + " is not a Hugging Face model folder: no config.json"), std::string::npos) << msg;
-  EXPECT_NE(error_of([&] { io::HfFolder f((d / "nothing").string()); }).find("does not exist"), std::string::npos);
+  EXPECT_NE(msg.find(d.string() + " is not a Hugging Face model folder: no config.json"), std::string::npos)
+      << msg;
+  EXPECT_NE(error_of([&] { io::HfFolder f((d / "nothing").string()); }).find("does not exist"),
+            std::string::npos);
 }
 
 TEST(HfFolderErrors, BadConfigNamesTheFile) {
   fs::path d = ndt::testing::fresh_dir("hf_badconfig");
   write_text(d / "config.json", with(kLlama31, {{"model_type", "gemma"}}));
   const std::string msg = error_of([&] { io::HfFolder f(d.string()); });
-  EXPECT_NE(msg.find("unknown model_type 'gemma' in " + (d / "config.json").string()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("unknown model_type 'gemma' in " + (d / "config.json").string()), std::string::npos)
+      << msg;
 }
 
 TEST(HfFolderErrors, NoWeights) {
   fs::path d = folder("noweights");
   std::string msg = error_of([&] { io::HfFolder f(d.string()); });
-  EXPECT_NE(msg.find("has no weights: neither model.safetensors nor model.safetensors.index.json"), std::string::npos)
+  EXPECT_NE(msg.find("has no weights: neither model.safetensors nor model.safetensors.index.json"),
+            std::string::npos)
       << msg;
   write_text(d / "pytorch_model.bin", "pickle");
   msg = error_of([&] { io::HfFolder f(d.string()); });
@@ -565,9 +580,11 @@ TEST(HfFolderErrors, NoWeights) {
 TEST(HfFolderErrors, BothSingleFileAndIndex) {
   fs::path d = folder("both");
   write_st(d / "model.safetensors", {{"w", ramp({2}, 0)}});
-  write_text(d / "model.safetensors.index.json", R"({"metadata": {}, "weight_map": {"w": "model.safetensors"}})");
+  write_text(d / "model.safetensors.index.json",
+             R"({"metadata": {}, "weight_map": {"w": "model.safetensors"}})");
   const std::string msg = error_of([&] { io::HfFolder f(d.string()); });
-  EXPECT_NE(msg.find("has both model.safetensors and model.safetensors.index.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("has both model.safetensors and model.safetensors.index.json"), std::string::npos)
+      << msg;
 }
 
 // A sharded folder by hand: two shards and an index (edited by each test).
@@ -617,7 +634,8 @@ TEST(HfFolderErrors, IndexPutsATensorInAFileWithoutIt) {
   Sharded t("idx_phantom");
   t.index["weight_map"]["ghost"] = "model-00002-of-00002.safetensors";
   msg = t.open();
-  EXPECT_NE(msg.find("puts 'ghost' in model-00002-of-00002.safetensors, which does not contain it"), std::string::npos)
+  EXPECT_NE(msg.find("puts 'ghost' in model-00002-of-00002.safetensors, which does not contain it"),
+            std::string::npos)
       << msg;
 }
 
@@ -694,8 +712,9 @@ TEST(HfFolderWriter, ShardedWriteReadsBackWithTransformersIndex) {
   EXPECT_EQ(index["weight_map"]["model.norm.weight"], "model-00004-of-00004.safetensors");
   EXPECT_EQ(index["weight_map"]["lm_head.weight"], "model-00004-of-00004.safetensors");
   // as Python's json.dumps(index, indent=2, sort_keys=True) + "\n"
-  EXPECT_TRUE(text.starts_with("{\n  \"metadata\": {\n    \"total_size\": 866\n  },\n  \"weight_map\": {\n"
-                              "    \"lm_head.weight\": \"model-00004-of-00004.safetensors\",\n"))
+  EXPECT_TRUE(
+      text.starts_with("{\n  \"metadata\": {\n    \"total_size\": 866\n  },\n  \"weight_map\": {\n"
+                       "    \"lm_head.weight\": \"model-00004-of-00004.safetensors\",\n"))
       << text;
   EXPECT_EQ(text.back(), '\n');
 
@@ -705,7 +724,8 @@ TEST(HfFolderWriter, ShardedWriteReadsBackWithTransformersIndex) {
   EXPECT_EQ(f.files().size(), 4u);
   for (auto& [n, t] : ts) expect_same(f.get(n, t.dtype()), t);
   EXPECT_EQ(f.entry("lm_head.weight").dtype, "BF16");
-  for (const std::string& file : f.files()) EXPECT_EQ(io::SafeTensorsReader(file).metadata().at("format"), "pt");
+  for (const std::string& file : f.files())
+    EXPECT_EQ(io::SafeTensorsReader(file).metadata().at("format"), "pt");
 }
 
 TEST(HfFolderWriter, ThreeShards) {
@@ -765,9 +785,10 @@ TEST(HfFolderWriter, RewritesAFolderInPlaceKeepingOtherFiles) {
   three.write(d.string(), tiny_llama(), 40);
   names.clear();
   for (const auto& e : fs::directory_iterator(d)) names.insert(e.path().filename().string());
-  EXPECT_EQ(names, (std::set<std::string>{"config.json", "model-00001-of-00003.safetensors",
-                                          "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
-                                          "model.safetensors.index.json", "tokenizer.json"}));
+  EXPECT_EQ(names,
+            (std::set<std::string>{"config.json", "model-00001-of-00003.safetensors",
+                                   "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
+                                   "model.safetensors.index.json", "tokenizer.json"}));
   io::HfFolder f(d.string());
   EXPECT_EQ(f.names(), (std::vector<std::string>{"t0", "t1", "t2"}));
 }
@@ -782,7 +803,8 @@ TEST(HfFolderWriter, RefusalsLeaveTheFolderAsItWas) {
   io::HfConfig bad = tiny_llama();
   bad.head_dim = 3;
   EXPECT_NE(error_of([&] { w.write(d.string(), bad); }).find("head_dim"), std::string::npos);
-  EXPECT_NE(error_of([&] { w.write(d.string(), tiny_llama(), 0); }).find("max_shard_bytes"), std::string::npos);
+  EXPECT_NE(error_of([&] { w.write(d.string(), tiny_llama(), 0); }).find("max_shard_bytes"),
+            std::string::npos);
   EXPECT_EQ(snapshot(d), before);
   write_text(d / "file", "x");
   EXPECT_NE(error_of([&] { w.write((d / "file").string(), tiny_llama()); }).find("is not a directory"),

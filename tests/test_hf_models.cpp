@@ -16,11 +16,11 @@
 
 #include "autograd/engine.h"
 #include "autograd/node.h"
+#include "dist/tensor_parallel/tensor_parallel.h"
 #include "models/gpt.h"
 #include "support/corpus.h"
 #include "support/launch.h"
 #include "support/testing.h"
-#include "dist/tensor_parallel/tensor_parallel.h"
 #include "train/checkpoint/hf.h"
 #include "train/io/safetensors.h"
 
@@ -31,20 +31,21 @@ namespace {
 
 std::string venv_python() {
   const char* v = std::getenv("NDT_REF_VENV");
-  const std::string dir = v ? v : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache/ndtrain/ref-venv";
+  const std::string dir =
+      v ? v : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache/ndtrain/ref-venv";
   return dir + "/bin/python";
 }
 
 // hf_reference.py with the venv's python; rc 3 (or no venv): the reason to skip.
 ndt::testing::ShellResult reference(const std::string& args) {
   if (!fs::exists(venv_python()))
-    return {3, "transformers/torch not available: no venv at " + venv_python() + " (scripts/setup.sh --reference)"};
-  return ndt::testing::run_shell(venv_python() + " " + NDT_SOURCE_DIR + "/tests/scripts/hf_reference.py " + args);
+    return {3, "transformers/torch not available: no venv at " + venv_python() +
+                   " (scripts/setup.sh --reference)"};
+  return ndt::testing::run_shell(venv_python() + " " + NDT_SOURCE_DIR + "/tests/scripts/hf_reference.py " +
+                                 args);
 }
 
-fs::path temp_dir(const std::string& name) {
-  return ndt::testing::fresh_dir("hf_" + name);
-}
+fs::path temp_dir(const std::string& name) { return ndt::testing::fresh_dir("hf_" + name); }
 
 double max_rel(const Tensor& got, const Tensor& want) {
   const std::vector<double> a = got.to(DType::f64).contiguous().to_vector<double>(),
@@ -59,7 +60,8 @@ double max_rel(const Tensor& got, const Tensor& want) {
 // against transformers' within `tol` (relative to each tensor's largest value).
 void check_against_transformers(const std::string& arch, const std::string& dtype, double tol) {
   const fs::path d = temp_dir(arch + dtype);
-  const ndt::testing::ShellResult made = reference("make " + d.string() + " --arch " + arch + " --dtype " + dtype);
+  const ndt::testing::ShellResult made =
+      reference("make " + d.string() + " --arch " + arch + " --dtype " + dtype);
   if (made.rc == 3) GTEST_SKIP() << made.out;
   ASSERT_EQ(made.rc, 0) << made.out;
   const io::HfFolder folder((d / "model").string());
@@ -84,11 +86,13 @@ void check_against_transformers(const std::string& arch, const std::string& dtyp
     std::cout << arch << " " << dtype << ": logits within " << err << " of transformers'\n";
   }
   const Tensor loss = gpt.forward(x, y).loss;
-  EXPECT_LT(std::abs(loss.item() - ref.get("loss", DType::f64).item()), tol * std::abs(loss.item())) << "loss";
+  EXPECT_LT(std::abs(loss.item() - ref.get("loss", DType::f64).item()), tol * std::abs(loss.item()))
+      << "loss";
   backward(loss);
   int compared = 0;
   double worst = 0;
-  for (auto& [name, grad] : ckpt::hf_tensors(gpt, [&](const std::string& n) { return params.find(n)->value.grad(); })) {
+  for (auto& [name, grad] :
+       ckpt::hf_tensors(gpt, [&](const std::string& n) { return params.find(n)->value.grad(); })) {
     ASSERT_TRUE(ref.has("grad." + name)) << name;
     const double err = max_rel(grad, ref.get("grad." + name, DType::f64));
     EXPECT_LT(err, tol) << "gradient of " << name;
@@ -102,8 +106,12 @@ void check_against_transformers(const std::string& arch, const std::string& dtyp
 
 }  // namespace
 
-TEST(HfModels, LlamaWithLlama3RopeEqualsTransformersInFloat64) { check_against_transformers("llama", "float64", 1e-10); }
-TEST(HfModels, Qwen2WithQkvBiasesEqualsTransformersInFloat64) { check_against_transformers("qwen2", "float64", 1e-10); }
+TEST(HfModels, LlamaWithLlama3RopeEqualsTransformersInFloat64) {
+  check_against_transformers("llama", "float64", 1e-10);
+}
+TEST(HfModels, Qwen2WithQkvBiasesEqualsTransformersInFloat64) {
+  check_against_transformers("qwen2", "float64", 1e-10);
+}
 TEST(HfModels, LlamaEqualsTransformersInFloat32) { check_against_transformers("llama", "float32", 1e-5); }
 
 // Trained in ndtrain from the folder, exported, loaded back by transformers: the same
@@ -115,14 +123,15 @@ TEST(HfModels, TrainedExportedAndLoadedByTransformersGivesTheSameLoss) {
   ASSERT_EQ(made.rc, 0) << made.out;
   const int64_t V = ndt::testing::write_word_corpus(d / "data", 4000, 3, 0.3);
   ASSERT_LE(V, 96) << "the corpus' vocabulary must fit the model's 96 tokens";
-  const std::string run = std::string(NDT_TRAIN_GPT_BIN) + " --model.init_from " + (d / "model").string() +
-                          " --data.train '" + (d / "data" / "train_*.bin").string() + "' --data.val '" +
-                          (d / "data" / "val_*.bin").string() +
-                          "' --train.micro_batch_size 2 --train.seq_len 16 --train.eval_steps 3 --train.eval_every 0"
-                          " --train.threads 1 --sample.every -1 --optim.lr 0.01 --optim.warmup_steps 1";
+  const std::string run =
+      std::string(NDT_TRAIN_GPT_BIN) + " --model.init_from " + (d / "model").string() + " --data.train '" +
+      (d / "data" / "train_*.bin").string() + "' --data.val '" + (d / "data" / "val_*.bin").string() +
+      "' --train.micro_batch_size 2 --train.seq_len 16 --train.eval_steps 3 --train.eval_every 0"
+      " --train.threads 1 --sample.every -1 --optim.lr 0.01 --optim.warmup_steps 1";
   const std::string checkpoints = " --checkpoint.dir " + (d / "ck").string();
   // a model key that contradicts config.json is one line
-  ndt::testing::ShellResult r = ndt::testing::run_shell(run + checkpoints + " --train.steps 3 --model.n_head 8");
+  ndt::testing::ShellResult r =
+      ndt::testing::run_shell(run + checkpoints + " --train.steps 3 --model.n_head 8");
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_TRUE(r.out.find("model.n_head = 8 (given) but 4 in ") != std::string::npos) << r.out;
   // --train.steps 0 evaluates the folder's weights as they are: transformers' loss on them
@@ -130,9 +139,9 @@ TEST(HfModels, TrainedExportedAndLoadedByTransformersGivesTheSameLoss) {
   ASSERT_EQ(r.rc, 0) << r.out;
   ASSERT_NE(r.out.find("final val loss "), std::string::npos) << r.out;
   const double loaded = std::stod(r.out.substr(r.out.find("final val loss ") + 15));
-  ndt::testing::ShellResult t = reference("eval " + (d / "model").string() + " --tokens " +
-                                          (d / "data" / "val_000000.bin").string() +
-                                          " --seq-len 16 --batch-size 2 --batches 3 --dtype float32");
+  ndt::testing::ShellResult t =
+      reference("eval " + (d / "model").string() + " --tokens " + (d / "data" / "val_000000.bin").string() +
+                " --seq-len 16 --batch-size 2 --batches 3 --dtype float32");
   ASSERT_EQ(t.rc, 0) << t.out;
   EXPECT_NEAR(std::stod(t.out.substr(t.out.find("loss ") + 5)), loaded, 1e-4 * loaded) << t.out;
   r = ndt::testing::run_shell(run + checkpoints + " --train.steps 5");
@@ -140,8 +149,8 @@ TEST(HfModels, TrainedExportedAndLoadedByTransformersGivesTheSameLoss) {
   const size_t at = r.out.find("final val loss ");
   ASSERT_NE(at, std::string::npos) << r.out;
   const double ours = std::stod(r.out.substr(at + 15));
-  r = ndt::testing::run_shell(std::string(NDT_EXPORT_BIN) + " " + (d / "ck" / "step_00000005").string() + " " +
-                         (d / "export").string());
+  r = ndt::testing::run_shell(std::string(NDT_EXPORT_BIN) + " " + (d / "ck" / "step_00000005").string() +
+                              " " + (d / "export").string());
   ASSERT_EQ(r.rc, 0) << r.out;
   r = reference("eval " + (d / "export").string() + " --tokens " + (d / "data" / "val_000000.bin").string() +
                 " --seq-len 16 --batch-size 2 --batches 3 --dtype float32");
@@ -149,7 +158,8 @@ TEST(HfModels, TrainedExportedAndLoadedByTransformersGivesTheSameLoss) {
   const size_t l = r.out.find("loss ");
   ASSERT_NE(l, std::string::npos) << r.out;
   EXPECT_NEAR(std::stod(r.out.substr(l + 5)), ours, 1e-4 * std::abs(ours)) << r.out;
-  std::cout << "val loss after 5 steps: ndtrain " << ours << ", transformers on the export " << r.out.substr(l + 5);
+  std::cout << "val loss after 5 steps: ndtrain " << ours << ", transformers on the export "
+            << r.out.substr(l + 5);
   fs::remove_all(d);
 }
 
@@ -158,8 +168,13 @@ TEST(HfModels, TrainedExportedAndLoadedByTransformersGivesTheSameLoss) {
 namespace {
 
 models::GPTConfig tiny_llama() {
-  models::GPTConfig c{.arch = "llama", .n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = 21,
-                      .block_size = 32, .vocab_multiple = 8};
+  models::GPTConfig c{.arch = "llama",
+                      .n_layer = 2,
+                      .n_head = 4,
+                      .n_embd = 16,
+                      .vocab_size = 21,
+                      .block_size = 32,
+                      .vocab_multiple = 8};
   c.n_kv_head = 2;
   c.intermediate_size = 24;
   c.attention_bias = true;
@@ -185,7 +200,11 @@ TEST(HfFolders, AnExportReadsBackBitForBitWholeAndAsATensorParallelRank) {
   const io::HfFolder folder((d / "m").string());
   EXPECT_EQ(folder.config().model_type, "qwen2");  // biases on q, k and v
   const models::GPTConfig back = ckpt::model_config(folder.config());
-  EXPECT_EQ(back.str(), [] { models::GPTConfig c = tiny_llama(); c.vocab_multiple = 1; return c.str(); }()) << back.str();
+  EXPECT_EQ(back.str(), [] {
+    models::GPTConfig c = tiny_llama();
+    c.vocab_multiple = 1;
+    return c.str();
+  }()) << back.str();
   models::GPTConfig padded = back;  // the padding is ours (model.vocab_multiple), not the folder's
   padded.vocab_multiple = 8;
   models::GPT b(padded);
@@ -198,11 +217,14 @@ TEST(HfFolders, AnExportReadsBackBitForBitWholeAndAsATensorParallelRank) {
   dist::split_tensor_parallel(c, 2, 1);
   nn::FlatParams pc = nn::materialize(c.units(), Device::cpu(), DType::f32, 9);
   ckpt::load_hf_local(folder, c, pc);
-  const Tensor whole = pa.find("h.1.attn.c_attn.weight")->value, part = pc.find("h.1.attn.c_attn.weight")->value;
+  const Tensor whole = pa.find("h.1.attn.c_attn.weight")->value,
+               part = pc.find("h.1.attn.c_attn.weight")->value;
   const int64_t W = whole.size(1);
   ASSERT_EQ(part.size(1), W / 2);
-  EXPECT_EQ(part.contiguous().to_vector<float>(), whole.narrow(1, W / 2, W / 2).contiguous().to_vector<float>());
-  const Tensor down = pa.find("h.0.mlp.down_proj.weight")->value, down1 = pc.find("h.0.mlp.down_proj.weight")->value;
+  EXPECT_EQ(part.contiguous().to_vector<float>(),
+            whole.narrow(1, W / 2, W / 2).contiguous().to_vector<float>());
+  const Tensor down = pa.find("h.0.mlp.down_proj.weight")->value,
+               down1 = pc.find("h.0.mlp.down_proj.weight")->value;
   EXPECT_EQ(down1.contiguous().to_vector<float>(), down.narrow(0, 12, 12).contiguous().to_vector<float>());
   fs::remove_all(d);
 }
@@ -232,18 +254,21 @@ TEST(HfFolders, AMissingMisShapedOrUnknownTensorIsNamed) {
     return std::string("no error");
   };
   write_without("model.layers.1.mlp.up_proj.weight", "missing", [](io::HfFolderWriter&) {});
-  EXPECT_TRUE(load_error("missing").find("missing tensors: model.layers.1.mlp.up_proj.weight") != std::string::npos)
+  EXPECT_TRUE(load_error("missing").find("missing tensors: model.layers.1.mlp.up_proj.weight") !=
+              std::string::npos)
       << load_error("missing");
   write_without("model.layers.0.self_attn.k_proj.weight", "shape", [](io::HfFolderWriter& w) {
     w.add("model.layers.0.self_attn.k_proj.weight", Tensor::zeros({8, 15}, DType::f32));
   });
-  EXPECT_TRUE(load_error("shape").find("model.layers.0.self_attn.k_proj.weight has shape (8, 15), the model needs "
-                                       "(8, 16)") != std::string::npos)
+  EXPECT_TRUE(
+      load_error("shape").find("model.layers.0.self_attn.k_proj.weight has shape (8, 15), the model needs "
+                               "(8, 16)") != std::string::npos)
       << load_error("shape");
   write_without("", "extra", [](io::HfFolderWriter& w) {
     w.add("model.layers.0.mlp.experts.0.weight", Tensor::zeros({2}, DType::f32));
   });
-  EXPECT_TRUE(load_error("extra").find("unexpected tensors: model.layers.0.mlp.experts.0.weight") != std::string::npos)
+  EXPECT_TRUE(load_error("extra").find("unexpected tensors: model.layers.0.mlp.experts.0.weight") !=
+              std::string::npos)
       << load_error("extra");
   write_without("model.layers.1.mlp.gate_proj.weight", "nan", [&](io::HfFolderWriter& w) {
     Tensor t;
@@ -252,7 +277,8 @@ TEST(HfFolders, AMissingMisShapedOrUnknownTensorIsNamed) {
     t.data<float>()[7] = std::numeric_limits<float>::quiet_NaN();
     w.add("model.layers.1.mlp.gate_proj.weight", t);
   });
-  EXPECT_TRUE(load_error("nan").find("tensor model.layers.1.mlp.gate_proj.weight holds NaN values") != std::string::npos)
+  EXPECT_TRUE(load_error("nan").find("tensor model.layers.1.mlp.gate_proj.weight holds NaN values") !=
+              std::string::npos)
       << load_error("nan");
   fs::remove_all(d);
 }

@@ -252,7 +252,7 @@ TEST(DistComm, AFarDeadlineWaitsForALatePeer) {
 TEST(DistComm, TheFlightRecorderKeepsEveryOperationOfItsGroups) {
   auto w = ndt::testing::world();
   dist::FlightRecorder flight;
-  flight.set_job("a test job");  // a recorder without a job writes no record
+  flight.set_job("a test job");            // a recorder without a job writes no record
   auto g = w->split(0, w->rank(), "rec");  // a group of its own: sequence numbers from 1
   g->set_flight(&flight);
   auto h = g->split(5, w->rank(), "half");  // inherits the recorder; its group names the color

@@ -73,7 +73,9 @@ TEST_P(RingAttention, GqaEqualsAttention) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Pairs, RingAttention, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "composed" : "fused"; });
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "composed" : "fused";
+                         });
 
 // A kv head count that does not divide the query heads is refused before anything is sent
 // (every rank throws the same error; no rank waits in the ring).
@@ -120,7 +122,8 @@ TEST(ContextParallel, RingAttentionHoldsOneScoreBlockAtATime) {
   // block of (T/2n x T/2n) at a time, besides activations of size T/n: well under 1/n^2 of
   // the whole; the fused ring only the activations
   std::printf(
-      "rank %d: attention peak %lld bytes; ring attention over %lld ranks, composed %lld bytes (%.3f; 1/cp^2 = "
+      "rank %d: attention peak %lld bytes; ring attention over %lld ranks, composed %lld bytes (%.3f; 1/cp^2 "
+      "= "
       "%.3f), fused %lld\n",
       cp.rank(), static_cast<long long>(whole), static_cast<long long>(n), static_cast<long long>(composed),
       static_cast<double>(composed) / static_cast<double>(whole), 1.0 / static_cast<double>(n * n),

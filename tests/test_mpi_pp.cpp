@@ -48,7 +48,8 @@ void check_schedule(dist::pp::Kind kind, bool grouped) {
   SCOPED_TRACE(dist::pp::kind_name(kind) + (grouped ? ", receives grouped with sends" : ", receives ahead"));
   dist::DeviceMesh mesh(dist::ParallelDims::resolve(p, 1, 1, 1, 1, p), world);
   const models::GPTConfig cfg = pipeline_gpt(p);
-  const int64_t kMicro = 2 * p;  // a multiple of p (interleaved's rounds), and more than p (1F1B's steady state)
+  const int64_t kMicro =
+      2 * p;  // a multiple of p (interleaved's rounds), and more than p (1F1B's steady state)
 
   // the single process: every micro-batch's backward adds 1/m of its gradient
   models::GPT ref(cfg);
@@ -65,8 +66,12 @@ void check_schedule(dist::pp::Kind kind, bool grouped) {
   models::GPT gpt(cfg, dist::pipeline_part(blocks, p, mesh.coords().pp));
   nn::FlatParams par = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7);
   dist::NoParallelism strategy(par);
-  dist::Pipeline pipe(gpt, mesh.pp(), strategy, dist::pp::make_schedule(kind, p, static_cast<int>(kMicro), v),
-                      [&](const Tensor& idx) { return Shape{idx.size(0), idx.size(1), cfg.n_embd}; }, DType::f64);
+  dist::Pipeline pipe(
+      gpt, mesh.pp(), strategy, dist::pp::make_schedule(kind, p, static_cast<int>(kMicro), v),
+      [&](const Tensor& idx) {
+        return Shape{idx.size(0), idx.size(1), cfg.n_embd};
+      },
+      DType::f64);
   pipe.set_grouped_exchange(grouped);
   std::vector<dist::Pipeline::Batch> micro;
   for (int64_t m = 0; m < kMicro; ++m) micro.push_back({tokens(m, 0), tokens(m, 1)});
@@ -75,7 +80,8 @@ void check_schedule(dist::pp::Kind kind, bool grouped) {
   EXPECT_NEAR(loss, ref_loss, 1e-12 * ref_loss) << "the sum of the micro-batches' losses, on every stage";
   // the tied embeddings: the first and the last stage's gradients summed
   const bool end = gpt.part().first || gpt.part().last;
-  std::shared_ptr<dist::Communicator> ends = mesh.pp().split(end ? 0 : 1, gpt.part().first ? 0 : 1, "pp_ends");
+  std::shared_ptr<dist::Communicator> ends =
+      mesh.pp().split(end ? 0 : 1, gpt.part().first ? 0 : 1, "pp_ends");
   if (end) ends->all_reduce(par.units[0].grad, dist::ReduceOp::kSum)->wait();
 
   int64_t compared = 0;
@@ -83,7 +89,8 @@ void check_schedule(dist::pp::Kind kind, bool grouped) {
     for (const nn::FlatParam& fp : u.params) {
       const nn::FlatParam* rp = ref_p.find(fp.spec.name);
       ASSERT_NE(rp, nullptr) << fp.spec.name;
-      const std::vector<double> got = fp.value.grad().to_vector<double>(), want = rp->value.grad().to_vector<double>();
+      const std::vector<double> got = fp.value.grad().to_vector<double>(),
+                                want = rp->value.grad().to_vector<double>();
       double scale = 1e-30, worst = 0;
       for (double w : want) scale = std::max(scale, std::abs(w));
       for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
@@ -99,15 +106,15 @@ TEST_P(DistPP, PipelineGradientsEqualOneProcess) {
   check_schedule(std::get<0>(GetParam()), std::get<1>(GetParam()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedules, DistPP,
-                         ::testing::Combine(::testing::Values(dist::pp::Kind::kGPipe, dist::pp::Kind::kOneFOneB,
-                                                              dist::pp::Kind::kInterleaved,
-                                                              dist::pp::Kind::kZeroBubble),
-                                            ::testing::Bool()),
-                         [](const auto& info) {
-                           std::string n = dist::pp::kind_name(std::get<0>(info.param));
-                           std::replace(n.begin(), n.end(), '-', '_');
-                           return n + (std::get<1>(info.param) ? "_grouped" : "_ahead");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, DistPP,
+    ::testing::Combine(::testing::Values(dist::pp::Kind::kGPipe, dist::pp::Kind::kOneFOneB,
+                                         dist::pp::Kind::kInterleaved, dist::pp::Kind::kZeroBubble),
+                       ::testing::Bool()),
+    [](const auto& info) {
+      std::string n = dist::pp::kind_name(std::get<0>(info.param));
+      std::replace(n.begin(), n.end(), '-', '_');
+      return n + (std::get<1>(info.param) ? "_grouped" : "_ahead");
+    });
 
 }  // namespace

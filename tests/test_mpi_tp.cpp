@@ -82,7 +82,8 @@ TEST(TensorParallel, SwiGluMlpEqualsTheWholeMlp) {
   dist::apply_tensor_parallel(part, tp);
   nn::FlatParams wp = nn::materialize({{"mlp", whole.parameters("mlp")}}, Device::cpu(), DType::f64, 5);
   nn::FlatParams pp = nn::materialize({{"mlp", part.parameters("mlp")}}, Device::cpu(), DType::f64, 5);
-  for (const nn::FlatParam& f : pp.units[0].params) EXPECT_TRUE(f.spec.tp.split()) << f.spec.name << ": every weight is split";
+  for (const nn::FlatParam& f : pp.units[0].params)
+    EXPECT_TRUE(f.spec.tp.split()) << f.spec.name << ": every weight is split";
   set_random_values(wp, pp);
   Tensor x = randn({B, T, C}, 1, true), xp = randn({B, T, C}, 1, true), w = randn({B, T, C}, 2);
   Tensor y = whole.forward(x);
@@ -95,7 +96,8 @@ TEST(TensorParallel, SwiGluMlpEqualsTheWholeMlp) {
   EXPECT_EQ(tp.stats()[dist::CommKind::kAllReduce], 3 * (2 * (n - 1) * bytes / n));
   EXPECT_LT(max_diff(x.grad(), xp.grad()), 1e-12) << "input gradients";
   for (const nn::FlatParam& f : pp.units[0].params)
-    EXPECT_LT(max_diff(wp.find(f.spec.name)->value.grad(), dist::gather_param(f.spec, f.value.grad(), tp)), 1e-12)
+    EXPECT_LT(max_diff(wp.find(f.spec.name)->value.grad(), dist::gather_param(f.spec, f.value.grad(), tp)),
+              1e-12)
         << f.spec.name;
 }
 

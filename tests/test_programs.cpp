@@ -52,7 +52,8 @@ Result run(const std::string& path, const std::string& args) {
 
 TEST(Programs, TheListHasEveryProgram) {
   const auto p = programs();
-  for (const char* name : {"train_gpt", "prepare_text", "export_weights", "generate", "engine_example", "engine_demo"})
+  for (const char* name :
+       {"train_gpt", "prepare_text", "export_weights", "generate", "engine_example", "engine_demo"})
     EXPECT_EQ(p.count(name), 1u) << name << " missing from NDT_PROGRAMS: " << NDT_PROGRAMS;
 }
 
@@ -84,7 +85,8 @@ TEST(Programs, ABadArgumentIsOneLineAndANonZeroExit) {
        {"--out /nonexistent --vocab word file.txt", "--val_fraction x", "--shard_tokens 1e6",
         "--out /tmp/x --vocab byte --tokenizer t.json f",
         "--out /tmp/x --tokenizer /nonexistent/tokenizer.json /etc/hostname"}},
-      {"bench_tokenizer", {"--threads 0 --tokenizer t.json f", "--tokenizer /nonexistent/t.json /etc/hostname"}},
+      {"bench_tokenizer",
+       {"--threads 0 --tokenizer t.json f", "--tokenizer /nonexistent/t.json /etc/hostname"}},
       {"train_gpt", {"--train.steps x", "stray.ini"}},
       {"engine_example", {"extra"}},
       {"bench_cpu_ops", {"extra"}},
@@ -191,19 +193,22 @@ TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
   const std::filesystem::path dir = ndt::testing::fresh_dir("generate");
   const int64_t V = ndt::testing::write_word_corpus(dir / "data", 3000, 5, 0.0);
   const std::string d = dir.string(), src = NDT_SOURCE_DIR;
-  const Result train = run(p.at("train_gpt"), "--config " + src + "/configs/llama/fortunes_tiny.ini --data.train '" +
-                                                  d + "/data/train_*.bin' --data.val '' --model.vocab_size " +
-                                                  std::to_string(V) + " --train.steps 2 --sample.length 0 "
-                                                  "--checkpoint.every 2 --checkpoint.dir " + d + "/ckpt "
-                                                  "--log.metrics '' --log.report ''");
+  const Result train =
+      run(p.at("train_gpt"), "--config " + src + "/configs/llama/fortunes_tiny.ini --data.train '" + d +
+                                 "/data/train_*.bin' --data.val '' --model.vocab_size " + std::to_string(V) +
+                                 " --train.steps 2 --sample.length 0 "
+                                 "--checkpoint.every 2 --checkpoint.dir " +
+                                 d +
+                                 "/ckpt "
+                                 "--log.metrics '' --log.report ''");
   ASSERT_EQ(train.rc, 0) << train.out;
   const Result exported = run(p.at("export_weights"), d + "/ckpt/step_00000002 " + d + "/hf");
   ASSERT_EQ(exported.rc, 0) << exported.out;
   const std::string opts = " --tokenizer " + d + "/data/vocab.json --prompt 'a ' --max_new_tokens 30";
   // stdout alone (the summary lines go to stderr)
   auto text = [&](const std::string& model, const std::string& draw = " --temperature 0") {
-    return ndt::testing::run_shell("{ OMP_NUM_THREADS=1 " + p.at("generate") + " --model " + model + opts + draw +
-                                   " 2>/dev/null </dev/null; }");
+    return ndt::testing::run_shell("{ OMP_NUM_THREADS=1 " + p.at("generate") + " --model " + model + opts +
+                                   draw + " 2>/dev/null </dev/null; }");
   };
   const Result a = text(d + "/ckpt"), b = text(d + "/hf");
   ASSERT_EQ(a.rc, 0) << a.out;
@@ -219,8 +224,9 @@ TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
   EXPECT_EQ(s53_1.out, again.out) << "a seed draws the same tokens every time";
   EXPECT_NE(s53_1.out, s53.out) << "2^53 + 1 is not 2^53";
   // the last release's spellings still work, each with its note
-  const Result old = run(p.at("generate"), "--model " + d + "/hf --tokenizer " + d + "/data/vocab.json "
-                                           "--max-new-tokens 5 --top-k 3 --top-p 0.9 --ignore-eos");
+  const Result old = run(p.at("generate"), "--model " + d + "/hf --tokenizer " + d +
+                                               "/data/vocab.json "
+                                               "--max-new-tokens 5 --top-k 3 --top-p 0.9 --ignore-eos");
   EXPECT_EQ(old.rc, 0) << old.out;
   for (const char* o : {"max-new-tokens", "top-k", "top-p", "ignore-eos"}) {
     std::string now = o;
@@ -234,6 +240,7 @@ TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
   ASSERT_EQ(ndt::testing::run_shell("echo '{\"type\": \"byte\"}' > " + d + "/bytes.json").rc, 0);
   const Result wrong = run(p.at("generate"), "--model " + d + "/ckpt --tokenizer " + d + "/bytes.json");
   EXPECT_EQ(wrong.rc, 2) << wrong.out;
-  EXPECT_NE(wrong.out.find("has 256 tokens but the model only " + std::to_string(V)), std::string::npos) << wrong.out;
+  EXPECT_NE(wrong.out.find("has 256 tokens but the model only " + std::to_string(V)), std::string::npos)
+      << wrong.out;
   std::filesystem::remove_all(dir);
 }

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "dist/flight.h"
 #include "models/gpt.h"
 #include "support/testing.h"
 #include "tensor/threads.h"
@@ -27,7 +28,6 @@
 #include "train/config.h"
 #include "train/data/data.h"
 #include "train/data/vocab.h"
-#include "dist/flight.h"
 #include "train/guard.h"
 #include "train/io/files.h"
 #include "train/io/safetensors.h"
@@ -402,7 +402,8 @@ TEST(Robust, PruningKeepsTheNewestByStepNumber) {
 TEST(Robust, ResumeFindsTheNewestCompleteCheckpointWhenLatestIsMissingOrBehind) {
   fs::path d = make_data("latest_behind");
   const std::string ini = (d / "gpt.ini").string(), ck = (d / "ck").string();
-  ASSERT_EQ(run({"--config", ini, "--train.steps", "8", "--checkpoint.dir", ck, "--checkpoint.every", "4"}).rc, 0);
+  ASSERT_EQ(
+      run({"--config", ini, "--train.steps", "8", "--checkpoint.dir", ck, "--checkpoint.every", "4"}).rc, 0);
   ASSERT_TRUE(fs::exists(d / "ck" / "step_00000004") && fs::exists(d / "ck" / "step_00000008"));
   fs::create_directories(d / "ck" / "step_00000012");  // no manifest: a write that never finished
   std::ofstream(d / "ck" / "latest", std::ios::trunc) << "step_00000004\n";  // behind
@@ -410,7 +411,8 @@ TEST(Robust, ResumeFindsTheNewestCompleteCheckpointWhenLatestIsMissingOrBehind) 
   fs::remove(d / "ck" / "latest");  // missing
   EXPECT_EQ(ckpt::latest_checkpoint(ck).value_or(""), (d / "ck" / "step_00000008").string());
   fs::remove_all(d / "ck" / "step_00000012");
-  RunResult r = run({"--config", ini, "--train.steps", "10", "--checkpoint.dir", ck, "--checkpoint.resume", "true"});
+  RunResult r =
+      run({"--config", ini, "--train.steps", "10", "--checkpoint.dir", ck, "--checkpoint.resume", "true"});
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(has(r.out, "resumed from " + (d / "ck" / "step_00000008").string() + " at step 8")) << r.out;
   EXPECT_FALSE(has(r.out, "starting from scratch")) << r.out;
@@ -425,9 +427,13 @@ TEST(Robust, AResumeKeepsTheMetricsUpToItsCheckpointAndReportsTheWholeRun) {
   const std::string ini = (d / "gpt.ini").string(), ck = (d / "ck").string();
   const std::string metrics = (d / "metrics.jsonl").string(), report = (d / "report.html").string();
   ASSERT_EQ(run({"--config", ini, "--train.steps", "6", "--train.eval_every", "3", "--log.metrics",
-                 (d / "full.jsonl").string()}).rc, 0);
+                 (d / "full.jsonl").string()})
+                .rc,
+            0);
   ASSERT_EQ(run({"--config", ini, "--train.steps", "6", "--train.eval_every", "3", "--checkpoint.dir", ck,
-                 "--checkpoint.every", "3", "--log.metrics", metrics}).rc, 0);
+                 "--checkpoint.every", "3", "--log.metrics", metrics})
+                .rc,
+            0);
   fs::remove_all(d / "ck" / "step_00000006");  // as if it stopped after step 6's metrics, before its save
   fs::remove(d / "ck" / "latest");
   std::ofstream(metrics, std::ios::app) << "{\"step\": 7, \"lo";  // and a line cut short
@@ -537,9 +543,9 @@ TEST(Robust, AKeepaliveLongerThanTheTimeoutUnderOpenMpiGetsANote) {
   ::setenv("OMPI_MCA_oob_tcp_keepalive_time", "5", 1);
   ::setenv("OMPI_MCA_oob_tcp_keepalive_intvl", "2", 1);
   ::setenv("OMPI_MCA_oob_tcp_keepalive_probes", "5", 1);
-  EXPECT_EQ(train::launcher_keepalive_note(300), "");                           // 15 s
-  EXPECT_TRUE(has(train::launcher_keepalive_note(10), "after 15 s"));           // not before the deadline
-  ::setenv("OMPI_MCA_oob_tcp_keepalive_time", "0", 1);                          // keepalive off
+  EXPECT_EQ(train::launcher_keepalive_note(300), "");                  // 15 s
+  EXPECT_TRUE(has(train::launcher_keepalive_note(10), "after 15 s"));  // not before the deadline
+  ::setenv("OMPI_MCA_oob_tcp_keepalive_time", "0", 1);                 // keepalive off
   EXPECT_TRUE(has(train::launcher_keepalive_note(300), "after inf s"));
   ::unsetenv("OMPI_MCA_oob_tcp_keepalive_time");
   ::unsetenv("OMPI_MCA_oob_tcp_keepalive_intvl");

@@ -63,16 +63,21 @@ TEST(Rope, FrequenciesFollowThetaAndLlama3Scaling) {
 // The score of a query at m and a key at n depends on n - m only: shifting both by d changes
 // nothing, while moving one of them does (with and without Llama 3's scaling).
 TEST(Rope, ScoresDependOnlyOnTheDistanceBetweenTokens) {
-  const Tensor q = ndt::testing::randn({16}, DType::f64, Device::cpu(), 1), k = ndt::testing::randn({16}, DType::f64, Device::cpu(), 2);
+  const Tensor q = ndt::testing::randn({16}, DType::f64, Device::cpu(), 1),
+               k = ndt::testing::randn({16}, DType::f64, Device::cpu(), 2);
   for (const models::RopeConfig& rope :
-       {models::RopeConfig{.theta = 10000}, models::RopeConfig{.theta = 500000, .llama3 = models::Llama3Scaling{}}}) {
+       {models::RopeConfig{.theta = 10000},
+        models::RopeConfig{.theta = 500000, .llama3 = models::Llama3Scaling{}}}) {
     const double base = rotated_dot(q, k, 3, 7, rope);
-    for (int32_t d : {1, 5, 40}) EXPECT_NEAR(rotated_dot(q, k, 3 + d, 7 + d, rope), base, 1e-5 * std::fabs(base)) << d;
-    EXPECT_GT(std::fabs(rotated_dot(q, k, 3, 8, rope) - base), 1e-3 * std::fabs(base)) << "the distance matters";
+    for (int32_t d : {1, 5, 40})
+      EXPECT_NEAR(rotated_dot(q, k, 3 + d, 7 + d, rope), base, 1e-5 * std::fabs(base)) << d;
+    EXPECT_GT(std::fabs(rotated_dot(q, k, 3, 8, rope) - base), 1e-3 * std::fabs(base))
+        << "the distance matters";
   }
   // position 0 turns nothing
   const Tensor x = q.view({1, 1, 1, 16});
-  const models::RopeTables t = models::rope_tables(Tensor::from_vector<int32_t>({0}, {1, 1}), 16, {}, DType::f64);
+  const models::RopeTables t =
+      models::rope_tables(Tensor::from_vector<int32_t>({0}, {1, 1}), 16, {}, DType::f64);
   EXPECT_EQ(rotary(x, t.cos, t.sin).to_vector<double>(), q.to_vector<double>());
 }
 
@@ -82,7 +87,8 @@ TEST(Rope, PairsAreTheHalvesOfAHeadAsHuggingFaceHasThem) {
   const std::vector<double> x = {0.3, -1.2, 0.7, 2.0};
   const models::RopeTables t =
       models::rope_tables(Tensor::from_vector<int32_t>({5}, {1, 1}), 4, {.theta = 100}, DType::f64);
-  const std::vector<double> y = rotary(Tensor::from_vector(x, {1, 1, 1, 4}), t.cos, t.sin).to_vector<double>();
+  const std::vector<double> y =
+      rotary(Tensor::from_vector(x, {1, 1, 1, 4}), t.cos, t.sin).to_vector<double>();
   const double a0 = static_cast<double>(5.0f * 1.0f), a1 = static_cast<double>(5.0f * (1.0f / 10.0f));
   const double c0 = std::cos(a0), s0 = std::sin(a0), c1 = std::cos(a1), s1 = std::sin(a1);
   const std::vector<double> want = {x[0] * c0 - x[2] * s0, x[1] * c1 - x[3] * s1, x[2] * c0 + x[0] * s0,
@@ -94,9 +100,13 @@ TEST(Rope, BadSettingsAreOneClearError) {
   const Tensor pos = Tensor::from_vector<int32_t>({0, 1}, {1, 2});
   EXPECT_NE(ndt::testing::error_of([&] { models::rope_tables(pos, 7, {}, DType::f32); }).find("must be even"),
             std::string::npos);
-  EXPECT_NE(ndt::testing::error_of([&] { models::rope_tables(pos, 8, {.theta = 1}, DType::f32); }).find("rope_theta = 1"),
+  EXPECT_NE(ndt::testing::error_of([&] {
+              models::rope_tables(pos, 8, {.theta = 1}, DType::f32);
+            }).find("rope_theta = 1"),
             std::string::npos);
   const models::RopeConfig bad{.theta = 500000, .llama3 = models::Llama3Scaling{8, 4, 4, 8192}};
-  EXPECT_NE(ndt::testing::error_of([&] { models::rope_tables(pos, 8, bad, DType::f32); }).find("low_freq_factor < high_freq_factor"),
+  EXPECT_NE(ndt::testing::error_of([&] {
+              models::rope_tables(pos, 8, bad, DType::f32);
+            }).find("low_freq_factor < high_freq_factor"),
             std::string::npos);
 }

@@ -53,8 +53,9 @@ TEST(TensorBoard, EventsAndRecordsMatchTensorBoardsOwnWriter) {
   // Event{wall_time: 1.5, step: 7, summary {value {tag: "loss/train", simple_value: 2.5}}}
   const std::string event = io::scalars_event(1.5, 7, {{"loss/train", 2.5}});
   EXPECT_EQ(hex(event), "09000000000000f83f10072a130a110a0a6c6f73732f747261696e1500002040");
-  EXPECT_EQ(hex(io::tfrecord(event)),
-            "200000000000000029eda95009000000000000f83f10072a130a110a0a6c6f73732f747261696e15000020402c056691");
+  EXPECT_EQ(
+      hex(io::tfrecord(event)),
+      "200000000000000029eda95009000000000000f83f10072a130a110a0a6c6f73732f747261696e15000020402c056691");
   // the first record of a file: Event{wall_time: 1.5, file_version: "brain.Event:2"}
   EXPECT_EQ(hex(io::tfrecord(io::version_event(1.5))),
             "1800000000000000a37f4b2209000000000000f83f1a0d627261696e2e4576656e743a322a28646c");
@@ -81,10 +82,12 @@ TEST(TensorBoard, WriterAppendsOneRecordPerCallReadableAtOnce) {
   while (pos < bytes.size()) {  // walk the framing, checking both CRCs of every record
     ASSERT_LE(pos + 12, bytes.size());
     uint64_t len = 0;
-    for (int i = 0; i < 8; ++i) len |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[pos + i])) << (8 * i);
+    for (int i = 0; i < 8; ++i)
+      len |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[pos + i])) << (8 * i);
     auto u32 = [&](size_t at) {
       uint32_t v = 0;
-      for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
+      for (int i = 0; i < 4; ++i)
+        v |= static_cast<uint32_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
       return v;
     };
     EXPECT_EQ(u32(pos + 8), io::masked_crc32c(std::string_view(bytes).substr(pos, 8)));
@@ -130,7 +133,8 @@ std::vector<std::string> charts(const std::string& html) {
 }
 int points(const std::string& html, const std::string& series) {
   std::smatch m;
-  if (!std::regex_search(html, m, std::regex("data-series='" + series + "' data-points='([0-9]+)'"))) return -1;
+  if (!std::regex_search(html, m, std::regex("data-series='" + series + "' data-points='([0-9]+)'")))
+    return -1;
   return std::stoi(m[1]);
 }
 
@@ -200,9 +204,10 @@ TEST(Report, OneRankCpuRunHasEveryChartItsMetricsMakeAndSaysWhatIsLeftOut) {
   train::RunHistory h;
   for (int i = 0; i < 20; ++i) h.steps.push_back(step(i));
   h.samples.push_back({20, "<b>a & b</b>"});
-  const std::string html = train::report_html({"run <1>", "dp_shard=1", {{"train.steps", "20"}}, {"done"}}, h);
-  EXPECT_EQ(charts(html), (std::vector<std::string>{"loss", "lr", "grad_norm", "tokens_per_sec", "gflops_per_sec",
-                                                    "mem_in_use", "ms"}));
+  const std::string html =
+      train::report_html({"run <1>", "dp_shard=1", {{"train.steps", "20"}}, {"done"}}, h);
+  EXPECT_EQ(charts(html), (std::vector<std::string>{"loss", "lr", "grad_norm", "tokens_per_sec",
+                                                    "gflops_per_sec", "mem_in_use", "ms"}));
   EXPECT_EQ(points(html, "train"), 20);
   EXPECT_EQ(points(html, "train, smoothed"), 20);
   EXPECT_EQ(points(html, "validation"), -1);
@@ -233,7 +238,8 @@ TEST(Report, SeveralHostsGpuRunChartsMfuCommunicationAndValidation) {
   EXPECT_EQ(points(html, "sent"), 20);
   EXPECT_EQ(points(html, "across hosts"), 20);
   EXPECT_EQ(html.find("data-metric='val_loss'"), std::string::npos);
-  EXPECT_NE(html.find("0.4%</text>"), std::string::npos);  // MFU = 1e9 / 0.05 s / 4 / 1e12 = 0.5%: ticks 0 to 0.8%
+  EXPECT_NE(html.find("0.4%</text>"),
+            std::string::npos);  // MFU = 1e9 / 0.05 s / 4 / 1e12 = 0.5%: ticks 0 to 0.8%
 }
 
 TEST(Report, SmoothingIsTheDebiasedMovingAverage) {

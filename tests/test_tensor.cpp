@@ -316,10 +316,15 @@ double element(const Tensor& t, const std::vector<int64_t>& index) {
   int64_t off = 0;
   for (size_t d = 0; d < index.size(); ++d) off += index[d] * t.strides()[d];
   switch (t.dtype()) {
-    case DType::f32: return static_cast<const float*>(t.data_ptr())[off];
-    case DType::f64: return static_cast<const double*>(t.data_ptr())[off];
-    case DType::bf16: return bf16_to_float(static_cast<const bf16*>(t.data_ptr())[off]);
-    default: ADD_FAILURE() << "dtype"; return 0;
+    case DType::f32:
+      return static_cast<const float*>(t.data_ptr())[off];
+    case DType::f64:
+      return static_cast<const double*>(t.data_ptr())[off];
+    case DType::bf16:
+      return bf16_to_float(static_cast<const bf16*>(t.data_ptr())[off]);
+    default:
+      ADD_FAILURE() << "dtype";
+      return 0;
   }
 }
 TEST(Copies, EveryViewIntoEveryViewCopiesElementByElement) {
@@ -344,9 +349,9 @@ TEST(Copies, EveryViewIntoEveryViewCopiesElementByElement) {
     for (int64_t d = 0; d < nd; ++d) inverse[static_cast<size_t>(perm[d])] = d;
     return t.permute(inverse);
   };
-  const std::vector<std::pair<DType, DType>> pairs = {{DType::f32, DType::f32},   {DType::bf16, DType::bf16},
-                                                       {DType::f32, DType::bf16},  {DType::bf16, DType::f32},
-                                                       {DType::f64, DType::f32},   {DType::f32, DType::f64}};
+  const std::vector<std::pair<DType, DType>> pairs = {{DType::f32, DType::f32},  {DType::bf16, DType::bf16},
+                                                      {DType::f32, DType::bf16}, {DType::bf16, DType::f32},
+                                                      {DType::f64, DType::f32},  {DType::f32, DType::f64}};
   for (int trial = 0; trial < 120; ++trial) {
     Shape shape;
     for (int64_t d = 0, rank = pick(1, 4); d < rank; ++d) shape.push_back(pick(1, 7));
@@ -360,7 +365,8 @@ TEST(Copies, EveryViewIntoEveryViewCopiesElementByElement) {
     std::vector<int64_t> index(static_cast<size_t>(nd), 0);
     for (int64_t i = 0; i < src.numel(); ++i) {
       ASSERT_EQ(element(dst, index), element(src, index)) << "trial " << trial << " element " << i;
-      for (int64_t d = nd - 1; d >= 0 && ++index[static_cast<size_t>(d)] == shape[static_cast<size_t>(d)]; --d)
+      for (int64_t d = nd - 1; d >= 0 && ++index[static_cast<size_t>(d)] == shape[static_cast<size_t>(d)];
+           --d)
         index[static_cast<size_t>(d)] = 0;
     }
   }
@@ -472,8 +478,8 @@ TEST(Copies, LayerNormRowsOnThreadsMatchF64) {
     Tensor dx = Tensor::empty({N, C}, dt), dw = Tensor::empty({C}, dt), db = Tensor::empty({C}, dt);
     kernels::layernorm_forward(xd, wd, bd, 1e-5, out, mean, rstd);
     kernels::layernorm_backward(dd, xd, wd, mean, rstd, dx, dw, db, rd);
-    Run low{wide(out).to_vector<double>(),  wide(mean).to_vector<double>(), wide(rstd).to_vector<double>(),
-            wide(dx).to_vector<double>(),   wide(dw).to_vector<double>(),   wide(db).to_vector<double>()};
+    Run low{wide(out).to_vector<double>(), wide(mean).to_vector<double>(), wide(rstd).to_vector<double>(),
+            wide(dx).to_vector<double>(),  wide(dw).to_vector<double>(),   wide(db).to_vector<double>()};
     // f64 on the values dt holds
     Tensor x64 = wide(xd), w64 = wide(wd), b64 = wide(bd), d64 = wide(dd), r64 = wide(rd);
     Tensor o = Tensor::empty({N, C}, DType::f64), m = Tensor::empty({N}, DType::f64),
@@ -490,10 +496,12 @@ TEST(Copies, LayerNormRowsOnThreadsMatchF64) {
     const auto [got, want] = run(dt);
     // f32: sums of 97 (rows) or 300 (columns) terms; bf16: one rounding of the result
     const double tol = dt == DType::f32 ? 2e-5 : 1e-2;
-    auto near = [&](const std::vector<double>& a, const std::vector<double>& b, double scale, const char* what) {
+    auto near = [&](const std::vector<double>& a, const std::vector<double>& b, double scale,
+                    const char* what) {
       ASSERT_EQ(a.size(), b.size()) << what;
       double worst = 0;
-      for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]) / (scale + std::fabs(b[i])));
+      for (size_t i = 0; i < a.size(); ++i)
+        worst = std::max(worst, std::fabs(a[i] - b[i]) / (scale + std::fabs(b[i])));
       EXPECT_LT(worst, tol) << what;
     };
     near(got.out, want.out, 1, "out");
@@ -518,18 +526,21 @@ TEST(Copies, AddAndMulVectorLoopsGiveTheFormulasBits) {
     kernels::fill_normal(a, 1, 13, 0, 0.0f, 1.0f);
     kernels::fill_normal(b, 1, 14, 0, 0.5f, 2.0f);
     kernels::fill_normal(row, 1, 15, 0, 0.0f, 1.0f);
-    const std::vector<float> va = a.to(DType::f32).to_vector<float>(), vb = b.to(DType::f32).to_vector<float>(),
+    const std::vector<float> va = a.to(DType::f32).to_vector<float>(),
+                             vb = b.to(DType::f32).to_vector<float>(),
                              vr = row.to(DType::f32).to_vector<float>();
     auto rounded = [&](float v) { return dt == DType::bf16 ? bf16_to_float(float_to_bf16(v)) : v; };
     const float al = 0.75f, be = -1.25f;
-    Tensor sum = Tensor::empty({R, C}, dt), bsum = Tensor::empty({R, C}, dt), prod = Tensor::empty({R, C}, dt),
-           acc = a.to(dt);
+    Tensor sum = Tensor::empty({R, C}, dt), bsum = Tensor::empty({R, C}, dt),
+           prod = Tensor::empty({R, C}, dt), acc = a.to(dt);
     kernels::add(a, b, sum, al, be);
     kernels::add(a, row, bsum, 1.0, 1.0);
     kernels::mul(a, b, prod);
     kernels::add_(acc, b, al);
-    const std::vector<float> s = sum.to(DType::f32).to_vector<float>(), bs = bsum.to(DType::f32).to_vector<float>(),
-                             p = prod.to(DType::f32).to_vector<float>(), ac = acc.to(DType::f32).to_vector<float>();
+    const std::vector<float> s = sum.to(DType::f32).to_vector<float>(),
+                             bs = bsum.to(DType::f32).to_vector<float>(),
+                             p = prod.to(DType::f32).to_vector<float>(),
+                             ac = acc.to(DType::f32).to_vector<float>();
     int wrong = 0;
     for (int64_t i = 0; i < R * C; ++i) {
       wrong += s[i] != rounded(al * va[i] + be * vb[i]);
@@ -550,7 +561,8 @@ TEST(Copies, SumRowsIsEachColumnInOrder) {
     Tensor x = Tensor::empty({R, C}, dt), out = Tensor::empty({C}, dt);
     kernels::fill_normal(x, 1, 16, 0, 0.1f, 1.0f);
     kernels::sum_rows(x, out);
-    const std::vector<float> v = x.to(DType::f32).to_vector<float>(), got = out.to(DType::f32).to_vector<float>();
+    const std::vector<float> v = x.to(DType::f32).to_vector<float>(),
+                             got = out.to(DType::f32).to_vector<float>();
     int wrong = 0;
     for (int64_t j = 0; j < C; ++j) {
       float acc = 0;
@@ -975,10 +987,11 @@ TEST(Threads, OpenMPSpinningIsBoundedUnlessTheUserChose) {
   auto child = [&](const std::string& env) {
     // (gtest's shard variables too: under a sharded run the child must still run this test)
     const std::string clean =
-        "env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u NDT_NO_BLAS_REEXEC -u GTEST_TOTAL_SHARDS -u GTEST_SHARD_INDEX ";
-    const auto r = ndt::testing::run_shell(clean + env + " NDT_PRINT_SPIN=1 '" +
-                                           std::string(self) + "' --gtest_filter=" +
-                                           "Threads.OpenMPSpinningIsBoundedUnlessTheUserChose");
+        "env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u NDT_NO_BLAS_REEXEC -u GTEST_TOTAL_SHARDS -u "
+        "GTEST_SHARD_INDEX ";
+    const auto r =
+        ndt::testing::run_shell(clean + env + " NDT_PRINT_SPIN=1 '" + std::string(self) +
+                                "' --gtest_filter=" + "Threads.OpenMPSpinningIsBoundedUnlessTheUserChose");
     EXPECT_EQ(r.rc, 0) << r.out;
     const size_t at = r.out.find("SPIN=");
     return at == std::string::npos ? r.out : r.out.substr(at, r.out.find('\n', at) - at);

@@ -40,10 +40,16 @@ json tiny() {
   j["version"] = "1.0";
   j["truncation"] = nullptr;
   j["padding"] = nullptr;
-  j["added_tokens"] = json::array({{{"id", 260}, {"content", "<|endoftext|>"}, {"single_word", false}, {"lstrip", false},
-                                    {"rstrip", false}, {"normalized", false}, {"special", true}}});
+  j["added_tokens"] = json::array({{{"id", 260},
+                                    {"content", "<|endoftext|>"},
+                                    {"single_word", false},
+                                    {"lstrip", false},
+                                    {"rstrip", false},
+                                    {"normalized", false},
+                                    {"special", true}}});
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  j["pre_tokenizer"] = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   j["post_processor"] = {
       {"type", "TemplateProcessing"},
       {"single", json::array({{{"SpecialToken", {{"id", "<|endoftext|>"}, {"type_id", 0}}}},
@@ -51,10 +57,17 @@ json tiny() {
       {"pair", json::array()},
       {"special_tokens",
        {{"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {260}}, {"tokens", {"<|endoftext|>"}}}}}}};
-  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
-  j["model"] = {{"type", "BPE"},          {"dropout", nullptr},       {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab},
+  j["decoder"] = {
+      {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
                 {"merges", json::array({"Ġ t", "h e", json::array({"Ġt", "he"}), "t h"})}};
   return j;
 }
@@ -73,14 +86,20 @@ TEST(Tokenizer, InvalidUtf8IsReplacedAsPythonDoes) {
   // bytes.decode("utf-8", errors="replace"): one U+FFFD per maximal invalid subpart
   const std::string R = "\xEF\xBF\xBD";
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"a\xFF" "b", "a" + R + "b"},
-      {"\xC0\xAF", R + R},                          // C0 never starts a character
-      {"\xE2\x82", R},                              // a 3-byte character cut short
-      {"\xE2\x82" "a", R + "a"},
-      {"\xED\xA0\x80", R + R + R},                  // a surrogate
-      {"\xF4\x90\x80\x80", R + R + R + R},          // above U+10FFFF
-      {"\xF0\x9F\x98", R},                          // an emoji cut short
-      {"\x80" "abc\xC3", R + "abc" + R},
+      {"a\xFF"
+       "b",
+       "a" + R + "b"},
+      {"\xC0\xAF", R + R},  // C0 never starts a character
+      {"\xE2\x82", R},      // a 3-byte character cut short
+      {"\xE2\x82"
+       "a",
+       R + "a"},
+      {"\xED\xA0\x80", R + R + R},          // a surrogate
+      {"\xF4\x90\x80\x80", R + R + R + R},  // above U+10FFFF
+      {"\xF0\x9F\x98", R},                  // an emoji cut short
+      {"\x80"
+       "abc\xC3",
+       R + "abc" + R},
       {"\xE4\xBD\xA0\xE5\xA5\xBD", "\xE4\xBD\xA0\xE5\xA5\xBD"},  // valid
   };
   for (const auto& [in, want] : cases) {
@@ -94,9 +113,9 @@ TEST(Tokenizer, InvalidUtf8IsReplacedAsPythonDoes) {
 }
 
 TEST(Tokenizer, NfcComposesAndLeavesAsciiAlone) {
-  EXPECT_EQ(tok::normalize(tok::NormalForm::nfc, "e\xCC\x81"), "\xC3\xA9");        // e + U+0301 -> é
-  EXPECT_EQ(tok::normalize(tok::NormalForm::nfkc, "\xEF\xAC\x81x"), "fix");         // ﬁx
-  EXPECT_TRUE(tok::normalize_is_noop(tok::NormalForm::nfc, "caf\xC3\xA9"));         // é is below U+0300
+  EXPECT_EQ(tok::normalize(tok::NormalForm::nfc, "e\xCC\x81"), "\xC3\xA9");  // e + U+0301 -> é
+  EXPECT_EQ(tok::normalize(tok::NormalForm::nfkc, "\xEF\xAC\x81x"), "fix");  // ﬁx
+  EXPECT_TRUE(tok::normalize_is_noop(tok::NormalForm::nfc, "caf\xC3\xA9"));  // é is below U+0300
   EXPECT_FALSE(tok::normalize_is_noop(tok::NormalForm::nfc, "e\xCC\x81"));
 }
 
@@ -174,16 +193,25 @@ TEST(Tokenizer, RegexesTakeOnigurumasMeaning) {
     return out;
   };
   // \s is White_Space: NEL and the ideographic space yes, U+180E no
-  EXPECT_EQ(matches(R"(\s)", "a\xC2\x85" "b\xE3\x80\x80" "c\xE1\xA0\x8E"),
+  EXPECT_EQ(matches(R"(\s)",
+                    "a\xC2\x85"
+                    "b\xE3\x80\x80"
+                    "c\xE1\xA0\x8E"),
             std::vector<std::string>({"\xC2\x85", "\xE3\x80\x80"}));
-  EXPECT_EQ(matches(R"(\w+)", "a\xCC\x81" "b_\xC2\xB9 x"), std::vector<std::string>({"a\xCC\x81" "b_\xC2\xB9", "x"}));
+  EXPECT_EQ(matches(R"(\w+)",
+                    "a\xCC\x81"
+                    "b_\xC2\xB9 x"),
+            std::vector<std::string>({"a\xCC\x81"
+                                      "b_\xC2\xB9",
+                                      "x"}));
   EXPECT_EQ(matches(R"(\h+)", "zab12g"), std::vector<std::string>({"ab12"}));
   EXPECT_EQ(matches(R"((?i:'s))", "'S 'x '\xC5\xBF"), std::vector<std::string>({"'S", "'\xC5\xBF"}));  // ſ
   EXPECT_EQ(matches("x*", "ab"), std::vector<std::string>({"", "", ""}));  // empty matches, as find_iter
   EXPECT_EQ(matches("^a", "a\na"), std::vector<std::string>({"a", "a"}));  // Ruby's line anchors
   for (const char* bad : {R"([\S])", R"(\bx)", "[[:alpha:]]", "[a[b]]"})
-    EXPECT_NE(error_of([&] { tok::Regex re(bad, false, "pre_tokenizer.pattern.Regex"); })
-                  .find("pre_tokenizer.pattern.Regex: the regex"),
+    EXPECT_NE(error_of([&] {
+                tok::Regex re(bad, false, "pre_tokenizer.pattern.Regex");
+              }).find("pre_tokenizer.pattern.Regex: the regex"),
               std::string::npos)
         << bad;
 }
@@ -194,7 +222,10 @@ TEST(Tokenizer, ThreadsGiveTheSameIds) {
   // runs of spaces and newlines make matches that cross them
   std::string text;
   for (int i = 0; i < 120000; ++i)
-    text += i % 7 == 0 ? "the  " : i % 5 == 0 ? "\n\n" : i % 13 == 0 ? std::string(i % 50, ' ') : " the thesis 42 ";
+    text += i % 7 == 0    ? "the  "
+            : i % 5 == 0  ? "\n\n"
+            : i % 13 == 0 ? std::string(i % 50, ' ')
+                          : " the thesis 42 ";
   const std::vector<int32_t> one = t.encode(text);
   tok::EncodeOptions two;
   for (int threads : {2, 3, 7}) {
@@ -223,51 +254,91 @@ TEST(Tokenizer, WhatItDoesNotReadIsOneErrorNamingTheField) {
       {[](json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout"},
       {[](json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback"},
       {[](json& j) { j["model"]["continuing_subword_prefix"] = "##"; }, "model.continuing_subword_prefix"},
-      {[](json& j) { j["model"]["merges"].push_back("Ġ zz"); }, "model.merges[4]: token 'zz' is not in model.vocab"},
-      {[](json& j) { j["model"]["merges"].push_back("a b"); }, "model.merges[4]: the merged token 'ab' is not in model.vocab"},
-      {[](json& j) { j["model"]["merges"].push_back("a b c"); }, "model.merges[4]: 'a b c' is not two tokens"},
+      {[](json& j) { j["model"]["merges"].push_back("Ġ zz"); },
+       "model.merges[4]: token 'zz' is not in model.vocab"},
+      {[](json& j) { j["model"]["merges"].push_back("a b"); },
+       "model.merges[4]: the merged token 'ab' is not in model.vocab"},
+      {[](json& j) { j["model"]["merges"].push_back("a b c"); },
+       "model.merges[4]: 'a b c' is not two tokens"},
       {[](json& j) { j["model"]["vocab"]["x"] = -1; }, "model.vocab.x: expected a token id"},
-      {[](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "normalizer.type: 'Lowercase' is not implemented"},
-      {[](json& j) { j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Strip"}}}}}; },
-       "normalizer.normalizers[1].type: 'Strip'"},
-      {[](json& j) { j["pre_tokenizer"] = {{"type", "Metaspace"}}; }, "pre_tokenizer.type: 'Metaspace' is not implemented"},
-      {[](json& j) { j["pre_tokenizer"] = nullptr; }, "pre_tokenizer: missing"},
-      {[](json& j) { j["pre_tokenizer"] = {{"type", "Digits"}, {"individual_digits", true}}; }, "pre_tokenizer: has no ByteLevel"},
       {[](json& j) {
-         j["pre_tokenizer"] = {{"type", "Sequence"},
-                               {"pretokenizers", {j["pre_tokenizer"], {{"type", "Digits"}, {"individual_digits", true}}}}};
+         j["normalizer"] = {{"type", "Lowercase"}};
+       },
+       "normalizer.type: 'Lowercase' is not implemented"},
+      {[](json& j) {
+         j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Strip"}}}}};
+       },
+       "normalizer.normalizers[1].type: 'Strip'"},
+      {[](json& j) {
+         j["pre_tokenizer"] = {{"type", "Metaspace"}};
+       },
+       "pre_tokenizer.type: 'Metaspace' is not implemented"},
+      {[](json& j) { j["pre_tokenizer"] = nullptr; }, "pre_tokenizer: missing"},
+      {[](json& j) {
+         j["pre_tokenizer"] = {{"type", "Digits"}, {"individual_digits", true}};
+       },
+       "pre_tokenizer: has no ByteLevel"},
+      {[](json& j) {
+         j["pre_tokenizer"] = {
+             {"type", "Sequence"},
+             {"pretokenizers", {j["pre_tokenizer"], {{"type", "Digits"}, {"individual_digits", true}}}}};
        },
        "pre_tokenizer.pretokenizers[1]: comes after ByteLevel"},
       {[](json& j) {
          j["pre_tokenizer"] = {{"type", "Sequence"},
-                               {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "\\bx"}}}, {"behavior", "Isolated"}, {"invert", false}},
-                                                  j["pre_tokenizer"]}}};
+                               {"pretokenizers",
+                                {{{"type", "Split"},
+                                  {"pattern", {{"Regex", "\\bx"}}},
+                                  {"behavior", "Isolated"},
+                                  {"invert", false}},
+                                 j["pre_tokenizer"]}}};
        },
        "pre_tokenizer.pretokenizers[0].pattern.Regex: the regex \"\\bx\" uses \\b"},
       {[](json& j) {
          j["pre_tokenizer"] = {{"type", "Sequence"},
-                               {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "(x"}}}, {"behavior", "Isolated"}, {"invert", false}},
-                                                  j["pre_tokenizer"]}}};
+                               {"pretokenizers",
+                                {{{"type", "Split"},
+                                  {"pattern", {{"Regex", "(x"}}},
+                                  {"behavior", "Isolated"},
+                                  {"invert", false}},
+                                 j["pre_tokenizer"]}}};
        },
        "pre_tokenizer.pretokenizers[0].pattern.Regex: the regex \"(x\" does not compile"},
       {[](json& j) {
          j["pre_tokenizer"] = {{"type", "Sequence"},
-                               {"pretokenizers", {{{"type", "Split"}, {"pattern", {{"Regex", "x"}}}, {"behavior", "Sideways"}, {"invert", false}},
-                                                  j["pre_tokenizer"]}}};
+                               {"pretokenizers",
+                                {{{"type", "Split"},
+                                  {"pattern", {{"Regex", "x"}}},
+                                  {"behavior", "Sideways"},
+                                  {"invert", false}},
+                                 j["pre_tokenizer"]}}};
        },
        "pre_tokenizer.pretokenizers[0].behavior: 'Sideways' is not a split behavior"},
       {[](json& j) { j["decoder"] = nullptr; }, "decoder: is null"},
-      {[](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder.type: 'WordPiece' is not implemented"},
-      {[](json& j) { j["post_processor"] = {{"type", "RobertaProcessing"}}; }, "post_processor.type: 'RobertaProcessing'"},
-      {[](json& j) { j["post_processor"]["special_tokens"] = json::object(); }, "post_processor.single[0]: names special token '<|endoftext|>'"},
-      {[](json& j) { j["truncation"] = {{"max_length", 8}}; }, "truncation: is set"},
+      {[](json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
+       "decoder.type: 'WordPiece' is not implemented"},
+      {[](json& j) {
+         j["post_processor"] = {{"type", "RobertaProcessing"}};
+       },
+       "post_processor.type: 'RobertaProcessing'"},
+      {[](json& j) { j["post_processor"]["special_tokens"] = json::object(); },
+       "post_processor.single[0]: names special token '<|endoftext|>'"},
+      {[](json& j) {
+         j["truncation"] = {{"max_length", 8}};
+       },
+       "truncation: is set"},
       {[](json& j) { j["version"] = "2.0"; }, "version: \"2.0\" is not 1.0"},
   };
   for (const auto& [change, want] : cases) {
     const std::string e = error(change);
-    EXPECT_NE(e.find("tokenizer tiny.json: " + want), std::string::npos) << "want: " << want << "\ngot:  " << e;
+    EXPECT_NE(e.find("tokenizer tiny.json: " + want), std::string::npos)
+        << "want: " << want << "\ngot:  " << e;
   }
-  EXPECT_NE(error_of([] { tok::Tokenizer::from_json("{\"model\": ", "x.json"); }).find("tokenizer x.json: not valid JSON"),
+  EXPECT_NE(error_of([] {
+              tok::Tokenizer::from_json("{\"model\": ", "x.json");
+            }).find("tokenizer x.json: not valid JSON"),
             std::string::npos);
 }
 
@@ -283,8 +354,9 @@ TEST(Tokenizer, FromFileTakesTheFileOrItsFolder) {
   EXPECT_EQ(from_dir.source(), (d / "tokenizer.json").string());
   EXPECT_EQ(tok::Tokenizer::from_file((d / "tokenizer.json").string()).vocab_size(), 261);
   fs::create_directories(d / "empty");
-  EXPECT_NE(error_of([&] { tok::Tokenizer::from_file((d / "empty").string()); }).find("holds no tokenizer.json"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { tok::Tokenizer::from_file((d / "empty").string()); }).find("holds no tokenizer.json"),
+      std::string::npos);
   EXPECT_NE(error_of([&] { tok::Tokenizer::from_file((d / "nope.json").string()); }).find("does not exist"),
             std::string::npos);
 }

@@ -51,7 +51,8 @@ std::vector<std::string> corpus_files() {
   const fs::path dir = "/usr/share/games/fortunes";
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_regular_file() && !e.is_symlink() && e.path().extension() != ".dat") out.push_back(e.path().string());
+    if (e.is_regular_file() && !e.is_symlink() && e.path().extension() != ".dat")
+      out.push_back(e.path().string());
   std::sort(out.begin(), out.end());
   return out;
 }
@@ -59,9 +60,10 @@ std::vector<std::string> corpus_files() {
 // tokenizer_reference.py with the venv's python; rc 3 (or no venv): the reason to skip.
 ndt::testing::ShellResult reference(const std::string& args) {
   if (!fs::exists(venv_python()))
-    return {3, "tokenizers not available: no venv at " + venv_python() + " (scripts/setup.sh --reference)", 0};
-  return ndt::testing::run_shell(venv_python() + " " + NDT_SOURCE_DIR + "/tests/scripts/tokenizer_reference.py " +
-                                 args + " 2>&1");
+    return {3, "tokenizers not available: no venv at " + venv_python() + " (scripts/setup.sh --reference)",
+            0};
+  return ndt::testing::run_shell(venv_python() + " " + NDT_SOURCE_DIR +
+                                 "/tests/scripts/tokenizer_reference.py " + args + " 2>&1");
 }
 
 // The trained tokenizers, made once for all the test processes (a folder named by the
@@ -70,7 +72,9 @@ ndt::testing::ShellResult reference(const std::string& args) {
 std::pair<fs::path, std::string> trained() {
   static std::pair<fs::path, std::string> made = [] {
     const std::vector<std::string> files = corpus_files();
-    if (files.empty()) return std::pair<fs::path, std::string>{"", "no fortunes text in /usr/share/games/fortunes (scripts/setup.sh installs it)"};
+    if (files.empty())
+      return std::pair<fs::path, std::string>{
+          "", "no fortunes text in /usr/share/games/fortunes (scripts/setup.sh installs it)"};
     const std::string script = read(fs::path(NDT_SOURCE_DIR) / "tests/scripts/tokenizer_reference.py");
     const fs::path dir = fs::temp_directory_path() /
                          ("ndt_tokenizer_reference_" + std::to_string(std::hash<std::string>{}(script)));
@@ -81,7 +85,8 @@ std::pair<fs::path, std::string> trained() {
     for (const std::string& f : files) args += " " + f;
     const ndt::testing::ShellResult r = reference(args);
     if (r.rc == 3) return std::pair<fs::path, std::string>{"", r.out};
-    if (r.rc != 0) return std::pair<fs::path, std::string>{"", "FAILED: tokenizer_reference.py train: " + r.out};
+    if (r.rc != 0)
+      return std::pair<fs::path, std::string>{"", "FAILED: tokenizer_reference.py train: " + r.out};
     std::ofstream((tmp / "done").string()) << "ok\n";
     std::error_code ec;
     fs::rename(tmp, dir, ec);  // another process may have got there first: its copy is as good
@@ -91,30 +96,37 @@ std::pair<fs::path, std::string> trained() {
   return made;
 }
 
-#define NEED_REFERENCE(dir)                                                  \
-  const auto [dir, why_not] = trained();                                     \
-  if (why_not.rfind("FAILED", 0) == 0) FAIL() << why_not;                    \
+#define NEED_REFERENCE(dir)                               \
+  const auto [dir, why_not] = trained();                  \
+  if (why_not.rfind("FAILED", 0) == 0) FAIL() << why_not; \
   if (dir.empty()) GTEST_SKIP() << why_not
 
 // The test text: each kind of text the tokenizers must agree on, then every added token.
 std::string test_text(const tok::Tokenizer& t) {
+  // clang-format off (version 14 formats these lines differently on each pass)
   std::string s =
       "The quick brown fox jumps over the lazy dog. It's, we'll, they'RE, I'M, you'D've... "
-      "\xC5\xBF's 'S 'll\n"                                                 // ſ's
+      "\xC5\xBF's 'S 'll\n"  // ſ's
       "int main() {\n    for (int i = 0; i < 10; ++i) printf(\"%d\\n\", i);\n\treturn 0;\n}\n"
       "def f(x):\r\n    return x**2  # comment\r\n\r\n"
-      "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xAE\xE3\x83\x86\xE3\x82\xAD\xE3\x82\xB9\xE3\x83\x88 "  // 日本語のテキスト
-      "\xE4\xB8\xAD\xE6\x96\x87\xEF\xBC\x8C\xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4\xE3\x80\x82\n"          // 中文，한국어。
-      "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7 "
-      "\xF0\x9F\x87\xAB\xF0\x9F\x87\xB7 \xE2\x9D\xA4\xEF\xB8\x8F\n"                                    // emoji
-      "e\xCC\x81 a\xCC\x88 n\xCC\x83 \xE1\x84\x80\xE1\x85\xA1 A\xCC\x8A \xEF\xAC\x81 \xC2\xBD \xE2\x91\xA0 "
-      "\xCD\x85\n"                                                          // combining marks, ﬁ ½ ①
-      "\xFF\xFE \xC0\xAF \xE2\x82 \xED\xA0\x80 \xF4\x90\x80\x80 \x80" "abc\xC3 x\xF0\x9F\x98 y\n"         // invalid
-      "\t\t \xE3\x80\x80\xC2\xA0\xC2\x85 \xE2\x80\xA8 \xE1\xA0\x8E x\n"                                // odd spaces
+      "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E\xE3\x81\xAE\xE3\x83\x86\xE3\x82\xAD\xE3\x82\xB9\xE3\x83"
+      "\x88 "  // 日本語のテキスト
+      "\xE4\xB8\xAD\xE6\x96\x87\xEF\xBC\x8C\xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4\xE3\x80\x82\n"  // 中文，한국어。
+      "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD "
+      "\xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7 "
+      "\xF0\x9F\x87\xAB\xF0\x9F\x87\xB7 \xE2\x9D\xA4\xEF\xB8\x8F\n"  // emoji
+      "e\xCC\x81 a\xCC\x88 n\xCC\x83 \xE1\x84\x80\xE1\x85\xA1 A\xCC\x8A \xEF\xAC\x81 \xC2\xBD "
+      "\xE2\x91\xA0 "
+      "\xCD\x85\n"  // combining marks, ﬁ ½ ①
+      "\xFF\xFE \xC0\xAF \xE2\x82 \xED\xA0\x80 \xF4\x90\x80\x80 \x80"
+      "abc\xC3 x\xF0\x9F\x98 y\n"                                        // invalid
+      "\t\t \xE3\x80\x80\xC2\xA0\xC2\x85 \xE2\x80\xA8 \xE1\xA0\x8E x\n"  // odd spaces
       "1234567890123 \xD9\xA1\xD9\xA2\xD9\xA3 3.14159 1,000,000\n"
-      "hello world hello worldly \xEF\xAC\x81x fix New York  New  [SEP]  next <mask> x  <mask>mo moon\n";
-  s += std::string(50, ' ') + "\n\n\n" + std::string(300, 'a') + " " + std::string(500, '9') + std::string(2000, ' ') +
-       "end\n";
+      "hello world hello worldly \xEF\xAC\x81x fix New York  New  [SEP]  next <mask> x  <mask>mo "
+      "moon\n";
+  // clang-format on
+  s += std::string(50, ' ') + "\n\n\n" + std::string(300, 'a') + " " + std::string(500, '9') +
+       std::string(2000, ' ') + "end\n";
   for (const tok::AddedToken& a : t.added_tokens()) s += " " + a.content + "x" + a.content + a.content + "\n";
   return s;
 }
@@ -137,8 +149,8 @@ TEST_P(TokenizerReference, IdsAndTextEqualTokenizers) {
   const std::string text = test_text(t);
   const fs::path work = ndt::testing::fresh_dir("tokenizer_ref_" + GetParam());
   std::ofstream((work / "text.txt").string(), std::ios::binary) << text;
-  const ndt::testing::ShellResult r =
-      reference("encode " + path.string() + " " + (work / "text.txt").string() + " " + (work / "ref.json").string());
+  const ndt::testing::ShellResult r = reference(
+      "encode " + path.string() + " " + (work / "text.txt").string() + " " + (work / "ref.json").string());
   ASSERT_EQ(r.rc, 0) << r.out;
   const json ref = json::parse(read(work / "ref.json"));
 
@@ -162,7 +174,8 @@ TEST_P(TokenizerReference, IdsAndTextEqualTokenizers) {
   streamed += d.flush();
   EXPECT_EQ(streamed, t.decode(ids));
   std::cout << GetParam() << ": " << ids.size() << " ids for " << text.size() << " bytes, vocabulary "
-            << t.vocab_size() << ", round trip " << ref["roundtrip"] << ", tokenizers " << ref["tokenizers"] << "\n";
+            << t.vocab_size() << ", round trip " << ref["roundtrip"] << ", tokenizers " << ref["tokenizers"]
+            << "\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(Trained, TokenizerReference,
@@ -183,7 +196,8 @@ TEST(TokenizerReferenceCorpus, TheWholeCorpusGivesTheSameIdsOnOneAndTwoThreads) 
   for (const char* name : {"gpt2", "llama3", "qwen2-tiny"}) {
     const fs::path path = dir / name;
     const ndt::testing::ShellResult r =
-        reference("encode " + path.string() + " " + (work / "corpus.txt").string() + " " + (work / "ref.json").string());
+        reference("encode " + path.string() + " " + (work / "corpus.txt").string() + " " +
+                  (work / "ref.json").string());
     ASSERT_EQ(r.rc, 0) << r.out;
     const std::vector<int32_t> want = ints(json::parse(read(work / "ref.json"))["ids"]);
     const tok::Tokenizer t = tok::Tokenizer::from_file(path.string());
@@ -201,17 +215,18 @@ TEST(TokenizerReferenceCorpus, PrepareTextShardsHoldTheReferenceIds) {
   std::string list;
   for (const std::string& f : files) list += " " + f;
   // llama3-tiny: BOS before each document, ids past 65,535: uint32 shards; gpt2: <|endoftext|>, uint16
-  for (const auto& [name, format] : {std::pair<std::string, data::ShardFormat>{"llama3-tiny", data::ShardFormat::u32},
-                                     {"gpt2", data::ShardFormat::u16}}) {
+  for (const auto& [name, format] :
+       {std::pair<std::string, data::ShardFormat>{"llama3-tiny", data::ShardFormat::u32},
+        {"gpt2", data::ShardFormat::u16}}) {
     const fs::path work = ndt::testing::fresh_dir("tokenizer_ref_shards_" + name);
-    const ndt::testing::ShellResult p = ndt::testing::run_shell(std::string(NDT_PREPARE_TEXT_BIN) + " --out " +
-                                                                (work / "data").string() + " --tokenizer " +
-                                                                (dir / name).string() + " --threads 2" + list + " 2>&1");
+    const ndt::testing::ShellResult p =
+        ndt::testing::run_shell(std::string(NDT_PREPARE_TEXT_BIN) + " --out " + (work / "data").string() +
+                                " --tokenizer " + (dir / name).string() + " --threads 2" + list + " 2>&1");
     ASSERT_EQ(p.rc, 0) << p.out;
     const tok::Tokenizer t = tok::Tokenizer::from_file((dir / name).string());
     EXPECT_NE(p.out.find("vocabulary of " + std::to_string(t.vocab_size())), std::string::npos) << p.out;
-    const ndt::testing::ShellResult r = reference("documents " + (dir / name).string() + " " +
-                                                  (work / "ref.json").string() + list);
+    const ndt::testing::ShellResult r =
+        reference("documents " + (dir / name).string() + " " + (work / "ref.json").string() + list);
     ASSERT_EQ(r.rc, 0) << r.out;
     const std::vector<int32_t> want = ints(json::parse(read(work / "ref.json"))["ids"]);
     std::vector<int32_t> got;

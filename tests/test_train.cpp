@@ -11,13 +11,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "models/generate.h"
 #include "models/gpt.h"
 #include "tensor/cuda/runtime.h"
 #include "train/checkpoint/checkpoint.h"
 #include "train/data/data.h"
 #include "train/data/vocab.h"
 #include "train/planner/cluster.h"
-#include "models/generate.h"
 #include "train/step_log.h"
 #include "train/trainer.h"
 
@@ -104,8 +104,8 @@ TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
   fs::path d = make_data("learn");
   RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "30", "--log.metrics",
                      (d / "m.jsonl").string(), "--log.report", (d / "report.html").string(), "--sample.every",
-                     "0", "--sample.length", "20", "--checkpoint.dir", (d / "ckpt").string(), "--log.tensorboard",
-                     (d / "tb").string()});
+                     "0", "--sample.length", "20", "--checkpoint.dir", (d / "ckpt").string(),
+                     "--log.tensorboard", (d / "tb").string()});
   ASSERT_EQ(r.rc, 0) << r.err;
   std::vector<double> l = losses(d / "m.jsonl");
   ASSERT_EQ(l.size(), 30u);
@@ -420,8 +420,9 @@ TEST(TrainGpt, MfuFollowsTheDeviceAndTheDtype) {
   EXPECT_DOUBLE_EQ(train::device_peak_tflops("NVIDIA A100-SXM4-80GB", "bfloat16", true), 312);
   EXPECT_EQ(train::device_peak_tflops("NVIDIA GeForce RTX 4090", "bfloat16", true), 0);
   // 400 TFLOP/s per GPU in bf16 on an H100: 40% (the old default said 597%)
-  EXPECT_EQ(train::speed_text(400e3, 1e12 * train::device_peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16", true)),
-            "MFU 40%");
+  EXPECT_EQ(
+      train::speed_text(400e3, 1e12 * train::device_peak_tflops("NVIDIA H100 80GB HBM3", "bfloat16", true)),
+      "MFU 40%");
   EXPECT_EQ(train::speed_text(123.7, 0), "123 GFLOP/s");  // peak not known: no MFU
   EXPECT_NE(train::mfu_peak_line("NVIDIA H100 80GB HBM3", 989.4e12, "bfloat16").find("989.4 TFLOP/s"),
             std::string::npos);
@@ -429,4 +430,3 @@ TEST(TrainGpt, MfuFollowsTheDeviceAndTheDtype) {
   EXPECT_NE(unknown.find("not known"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("log.peak_tflops"), std::string::npos) << unknown;
 }
-

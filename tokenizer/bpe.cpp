@@ -60,7 +60,8 @@ const int32_t* Bpe::Cache::find(std::string_view key, uint64_t hash, size_t& n) 
   for (size_t i = hash & mask;; i = (i + 1) & mask) {
     const Slot& s = slots_[i];
     if (s.key_len == 0) return nullptr;
-    if (s.hash == hash && s.key_len == key.size() && std::memcmp(keys_.data() + s.key_at, key.data(), key.size()) == 0) {
+    if (s.hash == hash && s.key_len == key.size() &&
+        std::memcmp(keys_.data() + s.key_at, key.data(), key.size()) == 0) {
       n = s.ids_len;
       return ids_.data() + s.ids_at;
     }

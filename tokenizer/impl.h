@@ -55,14 +55,14 @@ struct Scratch {
 struct Tokenizer::Impl {
   std::string source;
   Bpe bpe;
-  std::vector<std::string> bytes;  // id -> what decoding it gives
-  std::vector<uint8_t> known;      // id -> 1 when it is a token
-  std::vector<uint8_t> special;    // id -> 1 for a special added token
-  std::vector<AddedToken> added;   // as tokenizers reads them (ids it gives them)
-  Trie raw_tokens, normalized_tokens;  // values index `added`
+  std::vector<std::string> bytes;                // id -> what decoding it gives
+  std::vector<uint8_t> known;                    // id -> 1 when it is a token
+  std::vector<uint8_t> special;                  // id -> 1 for a special added token
+  std::vector<AddedToken> added;                 // as tokenizers reads them (ids it gives them)
+  Trie raw_tokens, normalized_tokens;            // values index `added`
   std::unordered_map<std::string, int32_t> ids;  // tokens as the file spells them, added ones too
   std::vector<NormalForm> normalizers;
-  std::vector<SplitStep> splits;  // the pre-tokenizer's splits in order (ByteLevel's regex last)
+  std::vector<SplitStep> splits;      // the pre-tokenizer's splits in order (ByteLevel's regex last)
   size_t prefix_space_at = SIZE_MAX;  // ByteLevel's add_prefix_space: before this split step
   bool template_set = false;
   std::vector<int32_t> before, after;  // the single template's tokens around the text

@@ -18,7 +18,8 @@ using json = nlohmann::json;
 namespace {
 
 // The GPT-2 regex that ByteLevel applies when use_regex is true (tokenizers' byte_level.rs).
-constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 class Reader {
  public:
@@ -29,8 +30,12 @@ class Reader {
     NDT_FAIL("tokenizer ", source_, ": ", field, ": ", msg);
   }
   std::string kind(const json& j) const {
-    return j.is_null() ? "null" : j.is_string() ? "a string" : j.is_boolean() ? "a boolean" : j.is_number() ? "a number"
-                                  : j.is_array() ? "an array" : "an object";
+    return j.is_null()      ? "null"
+           : j.is_string()  ? "a string"
+           : j.is_boolean() ? "a boolean"
+           : j.is_number()  ? "a number"
+           : j.is_array()   ? "an array"
+                            : "an object";
   }
   const json& object(const json& j, const std::string& field) const {
     if (!j.is_object()) fail(field, "expected an object, got " + kind(j));
@@ -71,27 +76,36 @@ void read_normalizer(const Reader& r, const json& j, const std::string& field, s
     for (size_t i = 0; i < j["normalizers"].size(); ++i)
       read_normalizer(r, j["normalizers"][i], field + ".normalizers[" + std::to_string(i) + "]", out);
   } else if (t == "NFC" || t == "NFD" || t == "NFKC" || t == "NFKD") {
-    out.push_back(t == "NFC" ? NormalForm::nfc : t == "NFD" ? NormalForm::nfd : t == "NFKC" ? NormalForm::nfkc : NormalForm::nfkd);
+    out.push_back(t == "NFC"    ? NormalForm::nfc
+                  : t == "NFD"  ? NormalForm::nfd
+                  : t == "NFKC" ? NormalForm::nfkc
+                                : NormalForm::nfkd);
   } else {
-    r.fail(field + ".type", quoted(t) + " is not implemented (ndtrain implements NFC, NFD, NFKC, NFKD and Sequence of them)");
+    r.fail(field + ".type",
+           quoted(t) + " is not implemented (ndtrain implements NFC, NFD, NFKC, NFKD and Sequence of them)");
   }
 }
 
 Behavior read_behavior(const Reader& r, const json& j, const std::string& field) {
   const std::string b = r.string(j, field);
-  static const std::map<std::string, Behavior> names = {{"Removed", Behavior::removed},
-                                                        {"Isolated", Behavior::isolated},
-                                                        {"MergedWithPrevious", Behavior::merged_with_previous},
-                                                        {"MergedWithNext", Behavior::merged_with_next},
-                                                        {"Contiguous", Behavior::contiguous}};
+  static const std::map<std::string, Behavior> names = {
+      {"Removed", Behavior::removed},
+      {"Isolated", Behavior::isolated},
+      {"MergedWithPrevious", Behavior::merged_with_previous},
+      {"MergedWithNext", Behavior::merged_with_next},
+      {"Contiguous", Behavior::contiguous}};
   auto it = names.find(b);
   if (it == names.end())
-    r.fail(field, quoted(b) + " is not a split behavior (Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous)");
+    r.fail(
+        field,
+        quoted(b) +
+            " is not a split behavior (Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous)");
   return it->second;
 }
 
 // The pre-tokenizer as a list of splits; ByteLevel must come last, once.
-void read_pre_tokenizer(const Reader& r, const json& j, const std::string& field, Tokenizer::Impl& t, bool& byte_level) {
+void read_pre_tokenizer(const Reader& r, const json& j, const std::string& field, Tokenizer::Impl& t,
+                        bool& byte_level) {
   const std::string type = r.type(j, field);
   if (byte_level)
     r.fail(field, "comes after ByteLevel; ndtrain reads pre-tokenizers whose ByteLevel is the last step");
@@ -99,15 +113,18 @@ void read_pre_tokenizer(const Reader& r, const json& j, const std::string& field
     if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array())
       r.fail(field + ".pretokenizers", "expected an array");
     for (size_t i = 0; i < j["pretokenizers"].size(); ++i)
-      read_pre_tokenizer(r, j["pretokenizers"][i], field + ".pretokenizers[" + std::to_string(i) + "]", t, byte_level);
+      read_pre_tokenizer(r, j["pretokenizers"][i], field + ".pretokenizers[" + std::to_string(i) + "]", t,
+                         byte_level);
   } else if (type == "Split") {
     SplitStep s;
     if (!j.contains("pattern")) r.fail(field, "has no \"pattern\"");
     const json& p = r.object(j["pattern"], field + ".pattern");
     if (p.contains("Regex")) {
-      s.re = std::make_unique<Regex>(r.string(p["Regex"], field + ".pattern.Regex"), false, r.where(field + ".pattern.Regex"));
+      s.re = std::make_unique<Regex>(r.string(p["Regex"], field + ".pattern.Regex"), false,
+                                     r.where(field + ".pattern.Regex"));
     } else if (p.contains("String")) {
-      s.re = std::make_unique<Regex>(r.string(p["String"], field + ".pattern.String"), true, r.where(field + ".pattern.String"));
+      s.re = std::make_unique<Regex>(r.string(p["String"], field + ".pattern.String"), true,
+                                     r.where(field + ".pattern.String"));
     } else {
       r.fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
     }
@@ -130,9 +147,10 @@ void read_pre_tokenizer(const Reader& r, const json& j, const std::string& field
       t.splits.push_back(std::move(s));
     }
   } else {
-    r.fail(field + ".type", quoted(type) +
-                                " is not implemented (ndtrain reads byte-level BPE: ByteLevel, Split, Digits and "
-                                "Sequence of them)");
+    r.fail(field + ".type",
+           quoted(type) +
+               " is not implemented (ndtrain reads byte-level BPE: ByteLevel, Split, Digits and "
+               "Sequence of them)");
   }
 }
 
@@ -140,7 +158,8 @@ void read_post_processor(const Reader& r, const json& j, const std::string& fiel
   if (j.is_null()) return;
   const std::string type = r.type(j, field);
   if (type == "Sequence") {
-    if (!j.contains("processors") || !j["processors"].is_array()) r.fail(field + ".processors", "expected an array");
+    if (!j.contains("processors") || !j["processors"].is_array())
+      r.fail(field + ".processors", "expected an array");
     for (size_t i = 0; i < j["processors"].size(); ++i)
       read_post_processor(r, j["processors"][i], field + ".processors[" + std::to_string(i) + "]", t);
   } else if (type == "ByteLevel") {
@@ -148,22 +167,29 @@ void read_post_processor(const Reader& r, const json& j, const std::string& fiel
   } else if (type == "TemplateProcessing") {
     if (t.template_set) r.fail(field, "is a second TemplateProcessing; ndtrain reads one");
     t.template_set = true;
-    if (!j.contains("single") || !j["single"].is_array()) r.fail(field + ".single", "expected an array of pieces");
-    const json& specials = j.contains("special_tokens") ? r.object(j["special_tokens"], field + ".special_tokens") : json::object();
+    if (!j.contains("single") || !j["single"].is_array())
+      r.fail(field + ".single", "expected an array of pieces");
+    const json& specials = j.contains("special_tokens")
+                               ? r.object(j["special_tokens"], field + ".special_tokens")
+                               : json::object();
     bool seen_a = false;
     for (size_t i = 0; i < j["single"].size(); ++i) {
       const std::string f = field + ".single[" + std::to_string(i) + "]";
       const json& piece = r.object(j["single"][i], f);
       if (piece.contains("Sequence")) {
-        const std::string which = r.string(r.object(piece["Sequence"], f + ".Sequence").value("id", json()), f + ".Sequence.id");
-        if (which != "A" || seen_a) r.fail(f, "a single sequence's template holds sequence A once, got " + piece.dump());
+        const std::string which =
+            r.string(r.object(piece["Sequence"], f + ".Sequence").value("id", json()), f + ".Sequence.id");
+        if (which != "A" || seen_a)
+          r.fail(f, "a single sequence's template holds sequence A once, got " + piece.dump());
         seen_a = true;
       } else if (piece.contains("SpecialToken")) {
-        const std::string name =
-            r.string(r.object(piece["SpecialToken"], f + ".SpecialToken").value("id", json()), f + ".SpecialToken.id");
-        if (!specials.contains(name)) r.fail(f, "names special token " + quoted(name) + ", which special_tokens does not hold");
+        const std::string name = r.string(
+            r.object(piece["SpecialToken"], f + ".SpecialToken").value("id", json()), f + ".SpecialToken.id");
+        if (!specials.contains(name))
+          r.fail(f, "names special token " + quoted(name) + ", which special_tokens does not hold");
         const json& st = r.object(specials[name], field + ".special_tokens." + name);
-        if (!st.contains("ids") || !st["ids"].is_array()) r.fail(field + ".special_tokens." + name + ".ids", "expected an array");
+        if (!st.contains("ids") || !st["ids"].is_array())
+          r.fail(field + ".special_tokens." + name + ".ids", "expected an array");
         for (const json& id : st["ids"])
           (seen_a ? t.after : t.before).push_back(r.id(id, field + ".special_tokens." + name + ".ids"));
       } else {
@@ -172,7 +198,9 @@ void read_post_processor(const Reader& r, const json& j, const std::string& fiel
     }
     if (!seen_a) r.fail(field + ".single", "has no sequence A");
   } else {
-    r.fail(field + ".type", quoted(type) + " is not implemented (ndtrain reads ByteLevel, TemplateProcessing and Sequence of them)");
+    r.fail(field + ".type",
+           quoted(type) +
+               " is not implemented (ndtrain reads ByteLevel, TemplateProcessing and Sequence of them)");
   }
 }
 
@@ -181,7 +209,8 @@ void read_decoder(const Reader& r, const json& j, const std::string& field) {
   const std::string type = r.type(j, field);
   if (type == "Sequence" && j.contains("decoders") && j["decoders"].is_array() && j["decoders"].size() == 1)
     return read_decoder(r, j["decoders"][0], field + ".decoders[0]");
-  if (type != "ByteLevel") r.fail(field + ".type", quoted(type) + " is not implemented (ndtrain's decoder is ByteLevel)");
+  if (type != "ByteLevel")
+    r.fail(field + ".type", quoted(type) + " is not implemented (ndtrain's decoder is ByteLevel)");
 }
 
 // What decoding a token gives: tokenizers' ByteLevel decoder maps each character back to its
@@ -217,14 +246,18 @@ json read_file(const Reader& r, std::string_view text, const std::string& source
 void check_bpe_model(const Reader& r, const json& m) {
   const std::string model_type = r.type(m, "model");
   if (model_type != "BPE")
-    r.fail("model.type", quoted(model_type) + " is not implemented (ndtrain reads BPE models: GPT-2, Llama 3, Qwen2, SmolLM)");
-  if (m.contains("dropout") && !m["dropout"].is_null() && !(m["dropout"].is_number() && m["dropout"].get<double>() == 0))
-    r.fail("model.dropout", m["dropout"].dump() + ": BPE dropout samples the merges; set it to null to tokenize");
+    r.fail("model.type", quoted(model_type) +
+                             " is not implemented (ndtrain reads BPE models: GPT-2, Llama 3, Qwen2, SmolLM)");
+  if (m.contains("dropout") && !m["dropout"].is_null() &&
+      !(m["dropout"].is_number() && m["dropout"].get<double>() == 0))
+    r.fail("model.dropout",
+           m["dropout"].dump() + ": BPE dropout samples the merges; set it to null to tokenize");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(key) && !m[key].is_null() && !(m[key].is_string() && m[key].get<std::string>().empty()))
       r.fail(std::string("model.") + key, m[key].dump() + " is not implemented (byte-level BPE has none)");
   if (r.boolean(m, "byte_fallback", "model", false))
-    r.fail("model.byte_fallback", "true is not implemented (it is for SentencePiece-style BPE, not byte-level)");
+    r.fail("model.byte_fallback",
+           "true is not implemented (it is for SentencePiece-style BPE, not byte-level)");
 }
 
 // model.vocab, each token also into t.ids.
@@ -286,7 +319,8 @@ std::vector<std::array<int32_t, 3>> read_merges(const Reader& r, const json& m, 
     const auto find = [&](const std::string& s, const char* what) {
       auto it = t.ids.find(s);
       if (it == t.ids.end())
-        r.fail(f, std::string(what) + quoted(s) + " is not in model.vocab (the merges do not belong to this vocabulary)");
+        r.fail(f, std::string(what) + quoted(s) +
+                      " is not in model.vocab (the merges do not belong to this vocabulary)");
       return it->second;
     };
     const int32_t ia = find(a, "token "), ib = find(b, "token "), iab = find(a + b, "the merged token ");
@@ -317,11 +351,13 @@ Vocab read_model(const Reader& r, const json& j, Tokenizer::Impl& t) {
 void read_pipeline(const Reader& r, const json& j, Tokenizer::Impl& t) {
   if (j.contains("normalizer")) read_normalizer(r, j["normalizer"], "normalizer", t.normalizers);
   if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
-    r.fail("pre_tokenizer", "missing; ndtrain reads byte-level BPE, whose pre_tokenizer is (or ends with) ByteLevel");
+    r.fail("pre_tokenizer",
+           "missing; ndtrain reads byte-level BPE, whose pre_tokenizer is (or ends with) ByteLevel");
   bool byte_level = false;
   read_pre_tokenizer(r, j["pre_tokenizer"], "pre_tokenizer", t, byte_level);
   if (!byte_level)
-    r.fail("pre_tokenizer", "has no ByteLevel step; ndtrain reads byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM)");
+    r.fail("pre_tokenizer",
+           "has no ByteLevel step; ndtrain reads byte-level BPE (GPT-2, Llama 3, Qwen2, SmolLM)");
   if (j.contains("post_processor")) read_post_processor(r, j["post_processor"], "post_processor", t);
   read_decoder(r, j.contains("decoder") ? j["decoder"] : json(), "decoder");
 }
@@ -390,7 +426,8 @@ void add_token(Tokenizer::Impl& t, int32_t id, const AddedToken& a) {
   t.ids[a.content] = id;
   t.added.push_back(a);
   if (a.single_word && !t.word_char)  // the regex crate's \w, which single_word tests
-    t.word_char = std::make_unique<Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])", false, "single_word");
+    t.word_char =
+        std::make_unique<Regex>(R"([\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])", false, "single_word");
 }
 
 // Every id's bytes and flags: the vocabulary's tokens, then the added ones.
@@ -410,9 +447,11 @@ void lay_out_ids(Tokenizer::Impl& t, const Vocab& vocab, const std::map<int32_t,
 // The template's tokens checked; BOS is the template's first, EOS the first special end-of-text token.
 void set_bos_eos(const Reader& r, Tokenizer::Impl& t) {
   for (int32_t id : t.before)
-    if (!t.known[id]) r.fail("post_processor", "adds token id " + std::to_string(id) + ", which is not in the vocabulary");
+    if (!t.known[id])
+      r.fail("post_processor", "adds token id " + std::to_string(id) + ", which is not in the vocabulary");
   for (int32_t id : t.after)
-    if (!t.known[id]) r.fail("post_processor", "adds token id " + std::to_string(id) + ", which is not in the vocabulary");
+    if (!t.known[id])
+      r.fail("post_processor", "adds token id " + std::to_string(id) + ", which is not in the vocabulary");
   if (!t.before.empty()) t.bos = t.before.front();
   for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>"})
     if (auto it = t.ids.find(name); !t.eos && it != t.ids.end() && t.special[it->second]) t.eos = it->second;
@@ -442,10 +481,12 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(file, ec)) {
     file /= "tokenizer.json";
-    NDT_CHECK(fs::exists(file, ec), "tokenizer: the folder ", path,
-              " holds no tokenizer.json (a Hugging Face model folder has one; give its path or the folder's)");
+    NDT_CHECK(
+        fs::exists(file, ec), "tokenizer: the folder ", path,
+        " holds no tokenizer.json (a Hugging Face model folder has one; give its path or the folder's)");
   }
-  NDT_CHECK(fs::exists(file, ec), "tokenizer: ", path, " does not exist (give a tokenizer.json or a folder holding one)");
+  NDT_CHECK(fs::exists(file, ec), "tokenizer: ", path,
+            " does not exist (give a tokenizer.json or a folder holding one)");
   NDT_CHECK(fs::is_regular_file(file, ec), "tokenizer: ", file.string(), " is not a regular file");
   std::ifstream in(file, std::ios::binary);
   NDT_CHECK(in.good(), "tokenizer: cannot read ", file.string());

@@ -35,12 +35,17 @@ std::string oniguruma_to_pcre2(std::string_view p, const std::string& what) {
     const char c = p[i];
     if (c == '\\' && i + 1 < p.size()) {
       const char d = p[++i];
-      const char* members = d == 's' || d == 'S' ? kSpace : d == 'w' || d == 'W' ? kWord : d == 'h' || d == 'H' ? kHex : nullptr;
+      const char* members = d == 's' || d == 'S'   ? kSpace
+                            : d == 'w' || d == 'W' ? kWord
+                            : d == 'h' || d == 'H' ? kHex
+                                                   : nullptr;
       if (members) {
         const bool negated = d == 'S' || d == 'W' || d == 'H';
         if (in_class && negated) refuse(std::string("uses \\") + d + " inside a character class");
-        if (in_class) out += members;
-        else out += std::string(negated ? "[^" : "[") + members + "]";
+        if (in_class)
+          out += members;
+        else
+          out += std::string(negated ? "[^" : "[") + members + "]";
       } else if (d == 'b' || d == 'B') {
         refuse(std::string("uses \\") + d + " (word boundaries differ between the engines)");
       } else {
@@ -58,7 +63,8 @@ std::string oniguruma_to_pcre2(std::string_view p, const std::string& what) {
     }
     if (in_class && c == '[')
       refuse(i + 1 < p.size() && p[i + 1] == ':' ? "uses a POSIX class [:name:]" : "nests a character class");
-    if (in_class && c == '&' && i + 1 < p.size() && p[i + 1] == '&') refuse("intersects character classes (&&)");
+    if (in_class && c == '&' && i + 1 < p.size() && p[i + 1] == '&')
+      refuse("intersects character classes (&&)");
     if (in_class && c == ']') in_class = false;
     out += c;
   }
@@ -72,8 +78,8 @@ Regex::Regex(std::string_view pattern, bool literal, const std::string& what)
   PCRE2_SIZE offset = 0;
   // UTF and UCP: code points and Unicode properties; MULTILINE: Ruby's ^ and $ (line anchors)
   const uint32_t options = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE;
-  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options, &err, &offset,
-                        nullptr);
+  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options, &err,
+                        &offset, nullptr);
   NDT_CHECK(code_ != nullptr, what, ": the regex \"", pattern_, "\" does not compile (", pcre2_message(err),
             " at offset ", offset, ")");
   jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
@@ -102,11 +108,12 @@ Regex::Matcher::~Matcher() {
 bool Regex::Matcher::next(std::string_view subject, size_t& pos, size_t& start, size_t& end) {
   while (pos <= subject.size()) {
     const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
-    const int rc = re_.jit_ ? pcre2_jit_match(re_.code_, s, subject.size(), pos, 0, data_, context_)
-                            : pcre2_match(re_.code_, s, subject.size(), pos, PCRE2_NO_UTF_CHECK, data_, context_);
+    const int rc = re_.jit_
+                       ? pcre2_jit_match(re_.code_, s, subject.size(), pos, 0, data_, context_)
+                       : pcre2_match(re_.code_, s, subject.size(), pos, PCRE2_NO_UTF_CHECK, data_, context_);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
-    NDT_CHECK(rc >= 0, re_.what_, ": the regex \"", re_.pattern_, "\" failed while matching (", pcre2_message(rc),
-              ")");
+    NDT_CHECK(rc >= 0, re_.what_, ": the regex \"", re_.pattern_, "\" failed while matching (",
+              pcre2_message(rc), ")");
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(data_);
     start = ov[0];
     end = ov[1];

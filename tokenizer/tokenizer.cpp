@@ -40,8 +40,10 @@ void split_pieces(const SplitStep& step, Regex::Matcher& m, std::string_view s, 
     case Behavior::contiguous: {
       bool previous = false;
       for (const auto& [r, is_match] : parts) {
-        if (is_match == previous && !out.empty()) out.back().second = r.second;
-        else out.push_back(r);
+        if (is_match == previous && !out.empty())
+          out.back().second = r.second;
+        else
+          out.push_back(r);
         previous = is_match;
       }
       break;
@@ -49,8 +51,10 @@ void split_pieces(const SplitStep& step, Regex::Matcher& m, std::string_view s, 
     case Behavior::merged_with_previous: {
       bool previous = false;
       for (const auto& [r, is_match] : parts) {
-        if (is_match && !previous && !out.empty()) out.back().second = r.second;
-        else out.push_back(r);
+        if (is_match && !previous && !out.empty())
+          out.back().second = r.second;
+        else
+          out.push_back(r);
         previous = is_match;
       }
       break;
@@ -59,8 +63,10 @@ void split_pieces(const SplitStep& step, Regex::Matcher& m, std::string_view s, 
       bool previous = false;
       for (size_t i = parts.size(); i-- > 0;) {
         const auto& [r, is_match] = parts[i];
-        if (is_match && !previous && !out.empty()) out.back().first = r.first;
-        else out.push_back(r);
+        if (is_match && !previous && !out.empty())
+          out.back().first = r.first;
+        else
+          out.push_back(r);
         previous = is_match;
       }
       std::reverse(out.begin(), out.end());
@@ -180,8 +186,10 @@ struct Encoder {
 
   void encode(std::string_view text, bool parse_special, int threads) {
     const auto piece = [&](std::string_view p) {
-      if (threads > 1 && p.size() >= 2 * kChunk && can_split_in_parallel()) pre_tokenize_parallel(p, threads);
-      else pre_tokenize(p, 0);
+      if (threads > 1 && p.size() >= 2 * kChunk && can_split_in_parallel())
+        pre_tokenize_parallel(p, threads);
+      else
+        pre_tokenize(p, 0);
     };
     split_added(text, t.raw_tokens, parse_special, [&](std::string_view raw) {
       if (t.normalizers.empty()) return split_added(raw, t.normalized_tokens, parse_special, piece);
@@ -288,7 +296,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, const EncodeOption
   if (opt.add_special) out.insert(out.end(), t.before.begin(), t.before.end());
   std::unique_ptr<Scratch> s = t.take_scratch();
   try {
-    Encoder{t, *s, out}.encode(text, opt.parse_special, opt.threads > 0 ? opt.threads : omp_get_max_threads());
+    Encoder{t, *s, out}.encode(text, opt.parse_special,
+                               opt.threads > 0 ? opt.threads : omp_get_max_threads());
   } catch (...) {
     t.give_back(std::move(s));
     throw;

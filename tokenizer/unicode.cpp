@@ -87,8 +87,10 @@ size_t utf8_complete_prefix(std::string_view s) {
     bool cut = false;
     const int n = utf8_step(s, i, &cut);
     if (n < 0 && cut) return i;
-    if (n < 0) i += static_cast<size_t>(-n) - 1;
-    else i += static_cast<size_t>(n) - 1;
+    if (n < 0)
+      i += static_cast<size_t>(-n) - 1;
+    else
+      i += static_cast<size_t>(n) - 1;
   }
   return s.size();
 }

@@ -44,12 +44,23 @@ std::string html_escape(const std::string& s) {
       continue;
     }
     switch (const char c = s[i++]) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      case '\'': o += "&#39;"; break;
-      default: o += c;
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&#39;";
+        break;
+      default:
+        o += c;
     }
   }
   return o;
@@ -58,15 +69,24 @@ std::string html_escape(const std::string& s) {
 std::string format_value(double v, Unit unit) {
   char b[48];
   switch (unit) {
-    case Unit::kBytes: return v == 0 ? "0" : io::format_bytes(v);
-    case Unit::kPercent: std::snprintf(b, sizeof(b), "%.3g%%", v); break;
-    case Unit::kMilliseconds: std::snprintf(b, sizeof(b), "%.4g ms", v); break;
+    case Unit::kBytes:
+      return v == 0 ? "0" : io::format_bytes(v);
+    case Unit::kPercent:
+      std::snprintf(b, sizeof(b), "%.3g%%", v);
+      break;
+    case Unit::kMilliseconds:
+      std::snprintf(b, sizeof(b), "%.4g ms", v);
+      break;
     case Unit::kPlain: {
       const double a = std::abs(v);  // large counts as 125k, 3.2M (tokens/s)
-      if (a >= 1e10) std::snprintf(b, sizeof(b), "%.4gG", v / 1e9);
-      else if (a >= 1e7) std::snprintf(b, sizeof(b), "%.4gM", v / 1e6);
-      else if (a >= 1e4) std::snprintf(b, sizeof(b), "%.4gk", v / 1e3);
-      else std::snprintf(b, sizeof(b), "%.4g", v);
+      if (a >= 1e10)
+        std::snprintf(b, sizeof(b), "%.4gG", v / 1e9);
+      else if (a >= 1e7)
+        std::snprintf(b, sizeof(b), "%.4gM", v / 1e6);
+      else if (a >= 1e4)
+        std::snprintf(b, sizeof(b), "%.4gk", v / 1e3);
+      else
+        std::snprintf(b, sizeof(b), "%.4g", v);
       break;
     }
   }
@@ -91,7 +111,8 @@ std::vector<std::pair<double, double>> drawn_points(const std::vector<std::pair<
   if (o.size() <= kMaxDrawnPoints) return o;
   std::vector<std::pair<double, double>> thin;
   const double stride = static_cast<double>(o.size() - 1) / static_cast<double>(kMaxDrawnPoints - 1);
-  for (size_t i = 0; i < kMaxDrawnPoints; ++i) thin.push_back(o[static_cast<size_t>(std::llround(i * stride))]);
+  for (size_t i = 0; i < kMaxDrawnPoints; ++i)
+    thin.push_back(o[static_cast<size_t>(std::llround(i * stride))]);
   thin.back() = o.back();
   return thin;
 }
@@ -111,11 +132,14 @@ std::string line_chart_svg(const Chart& c, int W, int H) {
   if (x0 > x1) x0 = 0, x1 = 1;
   if (x1 - x0 < 1) x1 = x0 + 1;
   if (y0 > y1) y0 = 0, y1 = 1;
-  if (y0 > 0 && y0 < 0.3 * y1) y0 = 0;  // a positive quantity far from 0: the axis starts at 0
+  if (y0 > 0 && y0 < 0.3 * y1) y0 = 0;   // a positive quantity far from 0: the axis starts at 0
   if (y1 - y0 <= 1e-9 * std::abs(y1)) {  // a constant: from 0 to a quarter above it
-    if (y1 > 0) y0 = 0, y1 *= 1.25;
-    else if (y1 < 0) y0 *= 1.25, y1 = 0;
-    else y0 = 0, y1 = 1;
+    if (y1 > 0)
+      y0 = 0, y1 *= 1.25;
+    else if (y1 < 0)
+      y0 *= 1.25, y1 = 0;
+    else
+      y0 = 0, y1 = 1;
   }
   const double ystep = nice_step(y1 - y0, 4, c.unit);
   y0 = std::floor(y0 / ystep) * ystep, y1 = std::ceil(y1 / ystep) * ystep;
@@ -124,18 +148,21 @@ std::string line_chart_svg(const Chart& c, int W, int H) {
 
   std::ostringstream o;
   o.precision(5);
-  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' viewBox='0 0 " << W << " "
-    << H << "' font-family='sans-serif' font-size='11' role='img' aria-label='" << html_escape(c.title) << "'>\n"
+  o << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' viewBox='0 0 " << W
+    << " " << H << "' font-family='sans-serif' font-size='11' role='img' aria-label='" << html_escape(c.title)
+    << "'>\n"
     << "<rect width='100%' height='100%' fill='white'/>\n";
   for (double y = y0; y <= y1 + ystep * 1e-6; y += ystep)  // grid and y ticks
-    o << "<line x1='" << L << "' x2='" << W - R << "' y1='" << py(y) << "' y2='" << py(y) << "' stroke='#e4e4e4'/>"
+    o << "<line x1='" << L << "' x2='" << W - R << "' y1='" << py(y) << "' y2='" << py(y)
+      << "' stroke='#e4e4e4'/>"
       << "<text x='" << L - 5 << "' y='" << py(y) + 4 << "' text-anchor='end'>"
       << html_escape(format_value(std::abs(y) < ystep * 1e-9 ? 0 : y, c.unit)) << "</text>\n";
   const double xstep = std::max(1.0, nice_step(x1 - x0, 5));
   for (double x = std::ceil(x0 / xstep) * xstep; x <= x1 + 1e-9; x += xstep)  // x ticks (steps)
-    o << "<text x='" << px(x) << "' y='" << H - B + 15 << "' text-anchor='middle'>" << static_cast<long long>(x)
-      << "</text>\n";
-  o << "<text x='" << (L + W - R) / 2 << "' y='" << H - 4 << "' text-anchor='middle' fill='#555'>step</text>\n"
+    o << "<text x='" << px(x) << "' y='" << H - B + 15 << "' text-anchor='middle'>"
+      << static_cast<long long>(x) << "</text>\n";
+  o << "<text x='" << (L + W - R) / 2 << "' y='" << H - 4
+    << "' text-anchor='middle' fill='#555'>step</text>\n"
     << "<rect x='" << L << "' y='" << T << "' width='" << W - L - R << "' height='" << H - T - B
     << "' fill='none' stroke='#999'/>\n";
   for (size_t i = 0; i < c.series.size(); ++i) {
@@ -155,7 +182,8 @@ std::string line_chart_svg(const Chart& c, int W, int H) {
   double ly = T + 14;
   for (const Series& s : c.series) {
     o << "<line x1='" << W - R - 136 << "' x2='" << W - R - 118 << "' y1='" << ly - 4 << "' y2='" << ly - 4
-      << "' stroke='" << s.color << "' stroke-width='2'" << (s.dashed ? " stroke-dasharray='5,3'" : "") << "/>"
+      << "' stroke='" << s.color << "' stroke-width='2'" << (s.dashed ? " stroke-dasharray='5,3'" : "")
+      << "/>"
       << "<text x='" << W - R - 113 << "' y='" << ly << "'>" << html_escape(s.name) << "</text>\n";
     ly += 15;
   }

@@ -26,8 +26,13 @@ struct Series {
 };
 
 struct Chart {
-  Chart(std::string id_, std::string title_, Unit unit_, std::vector<Series> series_ = {}, std::string note_ = {})
-      : id(std::move(id_)), title(std::move(title_)), unit(unit_), series(std::move(series_)), note(std::move(note_)) {}
+  Chart(std::string id_, std::string title_, Unit unit_, std::vector<Series> series_ = {},
+        std::string note_ = {})
+      : id(std::move(id_)),
+        title(std::move(title_)),
+        unit(unit_),
+        series(std::move(series_)),
+        note(std::move(note_)) {}
   std::string id, title;
   Unit unit = Unit::kPlain;
   std::vector<Series> series;

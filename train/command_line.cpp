@@ -47,7 +47,8 @@ bool parse_command_line(int argc, const char* const* argv, const po::options_des
       if (a != old && a.rfind(old + "=", 0) != 0) continue;
       a = "--" + r.new_name + a.substr(old.size());
       if (!noted)
-        err << "note: " << old << " is now --" << r.new_name << "; the old spelling goes in the next release\n";
+        err << "note: " << old << " is now --" << r.new_name
+            << "; the old spelling goes in the next release\n";
       noted = true;
     }
   }

@@ -33,7 +33,8 @@ struct Renamed {
 // false. An old spelling (--old or --old=value) reads as its new one, with one note on `err`:
 // "note: --old is now --new; the old spelling goes in the next release". An argument that is
 // neither an option nor one of `pos` is an error.
-bool parse_command_line(int argc, const char* const* argv, const boost::program_options::options_description& opts,
+bool parse_command_line(int argc, const char* const* argv,
+                        const boost::program_options::options_description& opts,
                         const boost::program_options::positional_options_description& pos,
                         const std::vector<Renamed>& renamed, boost::program_options::variables_map& vm,
                         std::ostream& out = std::cout, std::ostream& err = std::cerr);

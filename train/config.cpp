@@ -281,12 +281,13 @@ po::options_description program_options(Config& c) {
       "plan.world", po::value(&c.plan_world),
       "with --plan: the number of ranks (needed when dp_shard_size = -1 and no cluster is given)")(
       "cluster", po::value(&c.cluster_path),
-      "with --plan: an INI file with only a [cluster] section (the command line wins over it, it over --config)")(
-      "plan.search", po::bool_switch(&c.plan_search),
-      "with --plan and a cluster: rank every layout, micro-batch and checkpointing mode by predicted tokens/s")(
-      "plan.batch", po::value(&c.plan_batch),
-      "with --plan.search: sequences per optimizer step (0: micro_batch_size x grad_accum_steps x the config's "
-      "data-parallel ranks)")(
+      "with --plan: an INI file with only a [cluster] section (the command line wins over it, it over "
+      "--config)")("plan.search", po::bool_switch(&c.plan_search),
+                   "with --plan and a cluster: rank every layout, micro-batch and checkpointing mode by "
+                   "predicted tokens/s")("plan.batch", po::value(&c.plan_batch),
+                                         "with --plan.search: sequences per optimizer step (0: "
+                                         "micro_batch_size x grad_accum_steps x the config's "
+                                         "data-parallel ranks)")(
       "plan.top", po::value(&c.plan_top), "with --plan.search: how many plans to print (default 10)")(
       "plan.calibrate", po::value(&c.plan_calibrate),
       "measure this machine (under mpirun: every rank; the hosts from their names) at the model's shapes and "
@@ -382,8 +383,8 @@ void apply_model_folder(Config& c, const po::variables_map& vm) {
   if (!clashes.empty()) {
     std::string all;
     for (const std::string& x : clashes) all += (all.empty() ? "" : "; ") + x;
-    throw ConfigError("model.init_from is a Hugging Face folder whose config.json describes the model, and " + all +
-                      "; drop the key or make it agree");
+    throw ConfigError("model.init_from is a Hugging Face folder whose config.json describes the model, and " +
+                      all + "; drop the key or make it agree");
   }
 }
 
@@ -468,9 +469,9 @@ struct Checks {
   void physical(const char* key, double v, double lo, double hi, const char* unit) const {
     char range[96];
     std::snprintf(range, sizeof(range), "%g to %g %s", lo, hi, unit);
-    need(v == 0 || (std::isfinite(v) && v >= lo && v <= hi),
-         std::string(key) + " = " + std::to_string(v) + " is not a value a machine has: expected " + range +
-             " (or 0: the preset's)");
+    need(v == 0 || (std::isfinite(v) && v >= lo && v <= hi), std::string(key) + " = " + std::to_string(v) +
+                                                                 " is not a value a machine has: expected " +
+                                                                 range + " (or 0: the preset's)");
   }
   void finite(const char* key, double v, bool positive) const {
     need(std::isfinite(v) && (positive ? v > 0 : v >= 0), std::string(key) + " must be a finite number " +
@@ -596,9 +597,10 @@ void validate_cluster(const Config& c, const Checks& ck) {
   ck.range("cluster.devices_per_host", k.devices_per_host, 0, 1024);
   ck.physical("cluster.device_tflops", k.device_tflops, 1e-6, 1e5, "TFLOP/s per device");
   ck.need(k.dtype.empty() || k.dtype == c.train.dtype,
-          "cluster.dtype = " + k.dtype + ": the cluster's device_tflops is " + k.dtype + "'s rate, but train.dtype = " +
-              c.train.dtype + "; measure it again with --train.dtype " + c.train.dtype +
-              " (--plan.calibrate), or give cluster.device_tflops for " + c.train.dtype + " and no cluster.dtype");
+          "cluster.dtype = " + k.dtype + ": the cluster's device_tflops is " + k.dtype +
+              "'s rate, but train.dtype = " + c.train.dtype + "; measure it again with --train.dtype " +
+              c.train.dtype + " (--plan.calibrate), or give cluster.device_tflops for " + c.train.dtype +
+              " and no cluster.dtype");
   ck.need(std::isfinite(k.efficiency) && k.efficiency >= 0 && k.efficiency <= 1,
           "cluster.efficiency must be in (0, 1] (0: the preset's), got " + std::to_string(k.efficiency));
   ck.physical("cluster.memory_gbps", k.memory_gbps, 1e-3, 1e5, "GB/s");
@@ -608,8 +610,10 @@ void validate_cluster(const Config& c, const Checks& ck) {
   ck.physical("cluster.intra_latency_us", k.intra_latency_us, 1e-3, 1e7, "microseconds");
   ck.physical("cluster.inter_gbps", k.inter_gbps, 1e-6, 1e5, "GB/s per device and direction");
   ck.physical("cluster.inter_latency_us", k.inter_latency_us, 1e-3, 1e7, "microseconds");
-  ck.physical("cluster.intra_cpu_share", k.intra_cpu_share, 0, 10, "times a transfer's time (a calibration measures up to about 1.3)");
-  ck.physical("cluster.inter_cpu_share", k.inter_cpu_share, 0, 10, "times a transfer's time (a calibration measures up to about 1.3)");
+  ck.physical("cluster.intra_cpu_share", k.intra_cpu_share, 0, 10,
+              "times a transfer's time (a calibration measures up to about 1.3)");
+  ck.physical("cluster.inter_cpu_share", k.inter_cpu_share, 0, 10,
+              "times a transfer's time (a calibration measures up to about 1.3)");
 }
 
 void validate_parallel(const Config& c, const Checks& ck) {

@@ -91,7 +91,7 @@ struct CheckpointSection {  // [checkpoint]
 struct LogSection {  // [log]
   std::string metrics, report;
   bool metrics_every_rank = false;  // every rank writes its own metrics (rank r > 0: path.rank<r>.jsonl)
-  std::string tensorboard;  // a directory: TensorBoard event files, scalars every step (rank 0)
+  std::string tensorboard;          // a directory: TensorBoard event files, scalars every step (rank 0)
   std::string trace;  // Chrome trace, one file per rank (out/trace.json -> out/trace.rank0.json, ...)
   // the first step's gradients, one whole tensor per parameter ("grad." + name), in one
   // safetensors file that rank 0 writes: comparable between any two layouts
@@ -121,7 +121,7 @@ struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's P
   // FSDP: release each unit after its forward and its backward (false: keep the units
   // gathered until the step ends; one all-gather a step instead of two per micro-batch)
   bool reshard_after_forward = true;
-  std::string backend = "auto";          // collectives: auto (NCCL on GPUs when world > 1), mpi, nccl
+  std::string backend = "auto";  // collectives: auto (NCCL on GPUs when world > 1), mpi, nccl
   // A rank asked to stop (SIGINT/SIGTERM) that makes no progress for this long (stuck in a
   // collective with a dead or stopped peer) ends the job with kExitStuck (train/guard.h).
   double timeout_s = 300;
@@ -137,12 +137,12 @@ struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's P
 struct ClusterSection {
   std::string preset;  // h100-sxm-8, a100-sxm-8, h100-pcie-8, h200-8, cpu-sim (empty: none)
   int64_t hosts = 0, devices_per_host = 0;
-  double device_tflops = 0;       // dense TFLOP/s of one device for the training dtype
-  std::string dtype;              // what device_tflops was measured for (empty: train.dtype)
-  double efficiency = 0;          // the share of device_tflops the model's matrix products reach
-  double memory_gbps = 0;         // device memory bandwidth, GB/s (the element-wise ops)
-  double bf16_memory_gbps = 0;    // the same on bf16 values, in their bytes (0: memory_gbps)
-  double device_memory_gb = 0;    // memory of one device, GB (the search keeps plans that fit)
+  double device_tflops = 0;     // dense TFLOP/s of one device for the training dtype
+  std::string dtype;            // what device_tflops was measured for (empty: train.dtype)
+  double efficiency = 0;        // the share of device_tflops the model's matrix products reach
+  double memory_gbps = 0;       // device memory bandwidth, GB/s (the element-wise ops)
+  double bf16_memory_gbps = 0;  // the same on bf16 values, in their bytes (0: memory_gbps)
+  double device_memory_gb = 0;  // memory of one device, GB (the search keeps plans that fit)
   double intra_gbps = 0, intra_latency_us = 0;  // between devices of a host, per device, per direction
   double inter_gbps = 0, inter_latency_us = 0;  // between hosts, per device, per direction
   // of a transfer's time, the share it takes from the computation it runs under (CPU ranks)

@@ -82,7 +82,9 @@ void check_output_file(const std::string& path, const std::string& key) {
   const fs::file_status st = fs::status(p, ec);
   if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_character_file(st))
     throw ConfigError(key + ": " + path + " is not a regular file (" +
-                      (fs::is_fifo(st) ? "a FIFO" : fs::is_socket(st) ? "a socket" : "a block device or other") +
+                      (fs::is_fifo(st)     ? "a FIFO"
+                       : fs::is_socket(st) ? "a socket"
+                                           : "a block device or other") +
                       "); give a file name");
   check_writable_dir(p.has_parent_path() ? p.parent_path() : fs::path("."), key);
   if (fs::exists(p, ec) && ::access(path.c_str(), W_OK) != 0)
@@ -147,11 +149,13 @@ extern "C" void on_library_exit() {
   Watchdog::State* s = g_watchdog.exchange(nullptr);
   if (!s) return;
   const std::string in = s->flight ? s->flight->oldest_pending().what : "";
-  const std::string why = "ended by a library call to exit()" + (in.empty() ? std::string() : " while waiting in " + in) +
-                          " (Open MPI does so when a peer process dies or disconnects: its message above names the host)";
+  const std::string why =
+      "ended by a library call to exit()" + (in.empty() ? std::string() : " while waiting in " + in) +
+      " (Open MPI does so when a peer process dies or disconnects: its message above names the host)";
   if (s->last_words) s->last_words(why);
   if (!in.empty())
-    end_process(s->rank, "error: " + why + "; ending the job (exit code 6): the last complete checkpoint resumes",
+    end_process(s->rank,
+                "error: " + why + "; ending the job (exit code 6): the last complete checkpoint resumes",
                 kExitCollectiveTimeout, nullptr);
 }
 
@@ -274,12 +278,13 @@ std::string launcher_keepalive_note(double timeout_s) {
   const double gives_up = time + intvl * probes;
   if (time > 0 && gives_up < timeout_s) return "";
   char line[512];
-  std::snprintf(line, sizeof(line),
-                "a host cut off would hold mpirun past parallel.timeout_s = %.0f s: Open MPI's keepalive gives up "
-                "after %.0f s, and then only TCP's retries (about 15 minutes) end the job; launch with --mca "
-                "oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 5 to end it "
-                "within about 15 s (docs/parallel/multi-node.md)",
-                timeout_s, time > 0 ? gives_up : INFINITY);
+  std::snprintf(
+      line, sizeof(line),
+      "a host cut off would hold mpirun past parallel.timeout_s = %.0f s: Open MPI's keepalive gives up "
+      "after %.0f s, and then only TCP's retries (about 15 minutes) end the job; launch with --mca "
+      "oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 5 to end it "
+      "within about 15 s (docs/parallel/multi-node.md)",
+      timeout_s, time > 0 ? gives_up : INFINITY);
   return line;
 }
 
@@ -355,11 +360,12 @@ Device open_device(const Config& c, int world_size) {
   if (device.is_cpu()) return device;
   // GPUs on several ranks: NCCL between them (MPI moves CPU tensors only), one GPU per rank
   if (world_size > 1 && c.parallel.backend == "mpi")
-    throw ConfigError("parallel.backend = mpi moves CPU tensors, but train.device = " + c.train.device + " on " +
-                      std::to_string(world_size) + " ranks; use parallel.backend = nccl or auto");
+    throw ConfigError("parallel.backend = mpi moves CPU tensors, but train.device = " + c.train.device +
+                      " on " + std::to_string(world_size) + " ranks; use parallel.backend = nccl or auto");
   if (c.train.device != "cuda" && dist::local_size() > 1)
-    throw ConfigError("train.device = " + c.train.device + " puts all " + std::to_string(dist::local_size()) +
-                      " ranks of this node on one GPU; use train.device = cuda (each rank takes cuda:<local rank>)");
+    throw ConfigError(
+        "train.device = " + c.train.device + " puts all " + std::to_string(dist::local_size()) +
+        " ranks of this node on one GPU; use train.device = cuda (each rank takes cuda:<local rank>)");
   if (!cuda::available())
     throw ConfigError("train.device = " + c.train.device + " but no CUDA device is visible (" +
                       cuda::unavailable_reason() + ")" + "; use train.device = cpu");

@@ -28,7 +28,8 @@ std::vector<double> smoothed(const std::vector<double>& v, double beta) {
 
 namespace {
 // (step + 1, f(step)) for every step: the x of metrics.jsonl's "step"
-std::vector<std::pair<double, double>> per_step(const RunHistory& h, const std::function<double(const StepLog&)>& f) {
+std::vector<std::pair<double, double>> per_step(const RunHistory& h,
+                                                const std::function<double(const StepLog&)>& f) {
   std::vector<std::pair<double, double>> o;
   for (const StepLog& s : h.steps) o.push_back({static_cast<double>(s.step + 1), f(s)});
   return o;
@@ -60,41 +61,59 @@ ReportCharts report_charts(const RunHistory& h) {
     for (auto [step, v] : h.val) val.push_back({static_cast<double>(step), v});
     loss.series.push_back({"validation", "#d62728", val, false, 2.0});
   } else {
-    r.absent.push_back({"val_loss", "no validation loss: the run had no validation data (data.val) or no evaluation"});
+    r.absent.push_back(
+        {"val_loss", "no validation loss: the run had no validation data (data.val) or no evaluation"});
   }
   char note[96];
   std::snprintf(note, sizeof(note), "smoothed: a debiased moving average, weight %.2f", beta);
   loss.note = note;
   r.charts.push_back(loss);
 
-  r.charts.push_back({"lr", "Learning rate", Unit::kPlain,
+  r.charts.push_back({"lr",
+                      "Learning rate",
+                      Unit::kPlain,
                       {{"lr", "#2ca02c", per_step(h, [](const StepLog& s) { return s.lr; })}}});
-  r.charts.push_back({"grad_norm", "Gradient norm (before clipping)", Unit::kPlain,
+  r.charts.push_back({"grad_norm",
+                      "Gradient norm (before clipping)",
+                      Unit::kPlain,
                       {{"grad norm", "#9467bd", per_step(h, [](const StepLog& s) { return s.norm; })}}});
-  r.charts.push_back({"tokens_per_sec", "Tokens per second (all ranks)", Unit::kPlain,
-                      {{"tokens/s", "#ff7f0e", per_step(h, [](const StepLog& s) { return s.tokens / s.sec; })}}});
+  r.charts.push_back(
+      {"tokens_per_sec",
+       "Tokens per second (all ranks)",
+       Unit::kPlain,
+       {{"tokens/s", "#ff7f0e", per_step(h, [](const StepLog& s) { return s.tokens / s.sec; })}}});
   // MFU against one device's peak; without a known peak, the GFLOP/s it is made of
   if (h.steps.back().peak_flops > 0) {
-    r.charts.push_back({"mfu", "MFU (model FLOPs per rank / the device's peak)", Unit::kPercent,
+    r.charts.push_back({"mfu",
+                        "MFU (model FLOPs per rank / the device's peak)",
+                        Unit::kPercent,
                         {{"MFU", "#8c564b", per_step(h, [](const StepLog& s) {
                             return 100 * s.flops / s.sec / s.world_size / s.peak_flops;
                           })}}});
   } else {
-    r.absent.push_back({"mfu", "no MFU: the device's peak FLOP/s is not known (a CPU run, or a GPU without "
-                               "log.peak_tflops); the chart shows GFLOP/s per rank instead"});
-    r.charts.push_back({"gflops_per_sec", "Model GFLOP/s per rank", Unit::kPlain,
+    r.absent.push_back({"mfu",
+                        "no MFU: the device's peak FLOP/s is not known (a CPU run, or a GPU without "
+                        "log.peak_tflops); the chart shows GFLOP/s per rank instead"});
+    r.charts.push_back({"gflops_per_sec",
+                        "Model GFLOP/s per rank",
+                        Unit::kPlain,
                         {{"GFLOP/s per rank", "#8c564b", per_step(h, [](const StepLog& s) {
                             return s.flops / s.sec / 1e9 / s.world_size;
                           })}}});
   }
   if (any_nonzero(h, [](const StepLog& s) { return static_cast<double>(s.mem.peak + s.mem.in_use); }))
-    r.charts.push_back({"mem_in_use", "Device memory (rank 0)", Unit::kBytes,
-                        {{"in use", "#17becf", per_step(h, [](const StepLog& s) { return double(s.mem.in_use); })},
-                         {"peak", "#e377c2", per_step(h, [](const StepLog& s) { return double(s.mem.peak); }), true}}});
+    r.charts.push_back(
+        {"mem_in_use",
+         "Device memory (rank 0)",
+         Unit::kBytes,
+         {{"in use", "#17becf", per_step(h, [](const StepLog& s) { return double(s.mem.in_use); })},
+          {"peak", "#e377c2", per_step(h, [](const StepLog& s) { return double(s.mem.peak); }), true}}});
   else
     r.absent.push_back({"mem_in_use", "no memory figures: the device reported none"});
   if (any_nonzero(h, [](const StepLog& s) { return static_cast<double>(s.comm_bytes); })) {
-    Chart comm{"comm_bytes", "Bytes sent per step (rank 0, ring model)", Unit::kBytes,
+    Chart comm{"comm_bytes",
+               "Bytes sent per step (rank 0, ring model)",
+               Unit::kBytes,
                {{"sent", "#bcbd22", per_step(h, [](const StepLog& s) { return double(s.comm_bytes); })}}};
     if (any_nonzero(h, [](const StepLog& s) { return static_cast<double>(s.across_hosts); }))
       comm.series.push_back({"across hosts", "#7f7f7f",
@@ -107,7 +126,9 @@ ReportCharts report_charts(const RunHistory& h) {
                                           ? "no bytes communicated: this layout sends nothing from rank 0"
                                           : "no communication: the run had one rank"});
   }
-  r.charts.push_back({"ms", "Step time", Unit::kMilliseconds,
+  r.charts.push_back({"ms",
+                      "Step time",
+                      Unit::kMilliseconds,
                       {{"step time", "#1f77b4", per_step(h, [](const StepLog& s) { return s.sec * 1e3; })}}});
   return r;
 }
@@ -160,10 +181,12 @@ std::string report_html(const ReportInfo& info, const RunHistory& h) {
   o << "</table>\n";
 
   o << "<h2>Samples</h2>\n";
-  if (h.samples.empty()) o << "<p class='absent' data-metric='sample'>no samples: sample.every is -1, sample.length is 0 or the data has no vocabulary</p>\n";
+  if (h.samples.empty())
+    o << "<p class='absent' data-metric='sample'>no samples: sample.every is -1, sample.length is 0 or the "
+         "data has no vocabulary</p>\n";
   for (const auto& [step, text] : h.samples)
-    o << "<h3>after step " << step << "</h3>\n<pre class='sample' data-step='" << step << "'>" << html_escape(text)
-      << "</pre>\n";
+    o << "<h3>after step " << step << "</h3>\n<pre class='sample' data-step='" << step << "'>"
+      << html_escape(text) << "</pre>\n";
   o << "</body></html>\n";
   return o.str();
 }
@@ -202,30 +225,32 @@ EarlierMetrics read_earlier_metrics(const std::string& path, int64_t upto, int w
 }
 
 std::vector<std::pair<std::string, std::string>> report_config(const Config& c, const std::string& model,
-                                                               const std::string& device, int64_t tokens_per_step,
-                                                               double lr, const std::string& step_schedule) {
+                                                               const std::string& device,
+                                                               int64_t tokens_per_step, double lr,
+                                                               const std::string& step_schedule) {
   auto num = [](double v) {
     std::ostringstream o;
     o << v;
     return o.str();
   };
-  return {{"model", model},
-          {"device", device},
-          {"train.steps", std::to_string(c.train.steps)},
-          {"train.micro_batch_size", std::to_string(c.train.micro_batch_size)},
-          {"train.grad_accum_steps", std::to_string(c.train.grad_accum_steps)},
-          {"train.seq_len", std::to_string(c.train.seq_len)},
-          {"tokens per step", std::to_string(tokens_per_step)},
-          {"step schedule", step_schedule},
-          {"train.dtype", c.train.dtype},
-          {"optim.lr", num(lr) + (c.optim.lr_scaling != "none" ? " (scaled " + c.optim.lr_scaling + ")" : "")},
-          {"optim.schedule", c.optim.schedule + ", warmup " + std::to_string(c.optim.warmup_steps) +
-                                 " steps, min_lr_frac " + num(c.optim.min_lr_frac)},
-          {"optim.grad_clip", num(c.optim.grad_clip)},
-          {"data.train", c.data.train},
-          {"data.val", c.data.val.empty() ? "(none)" : c.data.val},
-          {"train.eval_every", std::to_string(c.train.eval_every)},
-          {"train.seed", std::to_string(c.train.seed)}};
+  return {
+      {"model", model},
+      {"device", device},
+      {"train.steps", std::to_string(c.train.steps)},
+      {"train.micro_batch_size", std::to_string(c.train.micro_batch_size)},
+      {"train.grad_accum_steps", std::to_string(c.train.grad_accum_steps)},
+      {"train.seq_len", std::to_string(c.train.seq_len)},
+      {"tokens per step", std::to_string(tokens_per_step)},
+      {"step schedule", step_schedule},
+      {"train.dtype", c.train.dtype},
+      {"optim.lr", num(lr) + (c.optim.lr_scaling != "none" ? " (scaled " + c.optim.lr_scaling + ")" : "")},
+      {"optim.schedule", c.optim.schedule + ", warmup " + std::to_string(c.optim.warmup_steps) +
+                             " steps, min_lr_frac " + num(c.optim.min_lr_frac)},
+      {"optim.grad_clip", num(c.optim.grad_clip)},
+      {"data.train", c.data.train},
+      {"data.val", c.data.val.empty() ? "(none)" : c.data.val},
+      {"train.eval_every", std::to_string(c.train.eval_every)},
+      {"train.seed", std::to_string(c.train.seed)}};
 }
 
 }  // namespace ndt::train

@@ -25,9 +25,9 @@
 namespace ndt::train {
 
 struct RunHistory {
-  std::vector<StepLog> steps;                               // step is 0-based, charted as step + 1
-  std::vector<std::pair<int64_t, double>> val;              // (steps done, validation loss)
-  std::vector<std::pair<int64_t, std::string>> samples;     // (steps done, text)
+  std::vector<StepLog> steps;                            // step is 0-based, charted as step + 1
+  std::vector<std::pair<int64_t, double>> val;           // (steps done, validation loss)
+  std::vector<std::pair<int64_t, std::string>> samples;  // (steps done, text)
 };
 
 struct ReportInfo {
@@ -66,8 +66,9 @@ EarlierMetrics read_earlier_metrics(const std::string& path, int64_t upto, int w
 // The table of a run's key values: the model, the device, the batch and the step's schedule,
 // the optimizer (lr: after optim.lr_scaling), the data.
 std::vector<std::pair<std::string, std::string>> report_config(const Config& c, const std::string& model,
-                                                               const std::string& device, int64_t tokens_per_step,
-                                                               double lr, const std::string& step_schedule);
+                                                               const std::string& device,
+                                                               int64_t tokens_per_step, double lr,
+                                                               const std::string& step_schedule);
 
 std::string report_html(const ReportInfo& info, const RunHistory& h);
 void write_report(const std::string& path, const ReportInfo& info, const RunHistory& h);  // atomic

@@ -45,7 +45,8 @@ void RunLog::open(int64_t start, bool spans_hosts) {
   if (lead() && !c_.log.tensorboard.empty()) {
     tensorboard_.open(c_.log.tensorboard);
     if (start > 0) tensorboard_.write_session_start(start + 1);  // the steps from here on are this run's
-    out_ << "tensorboard: " << tensorboard_.path() << " (tensorboard --logdir " << c_.log.tensorboard << ")\n";
+    out_ << "tensorboard: " << tensorboard_.path() << " (tensorboard --logdir " << c_.log.tensorboard
+         << ")\n";
   }
 }
 
@@ -63,8 +64,8 @@ void RunLog::scalars(int64_t step, const io::Scalars& values) {
   if (!tensorboard_.is_open()) return;
   tensorboard_.write_scalars(step, values);
   if (!tensorboard_.error().empty() && !tensorboard_warned_) {
-    out_ << "warning: " << tensorboard_.error() << "; no more TensorBoard scalars are written, training goes on"
-         << std::endl;
+    out_ << "warning: " << tensorboard_.error()
+         << "; no more TensorBoard scalars are written, training goes on" << std::endl;
     tensorboard_warned_ = true;
   }
 }
@@ -90,7 +91,8 @@ void RunLog::sample(int64_t step, const std::string& text) {
   if (!c_.log.report.empty()) history_.samples.push_back({step, text});
   if (tensorboard_.is_open()) {  // as a Markdown code block (every line indented), valid UTF-8
     std::string block = "    ";
-    for (char ch : tok::utf8_replace_invalid(text)) block += ch == '\n' ? std::string("\n    ") : std::string(1, ch);
+    for (char ch : tok::utf8_replace_invalid(text))
+      block += ch == '\n' ? std::string("\n    ") : std::string(1, ch);
     tensorboard_.write_text(step, "samples", block);
   }
 }
@@ -101,13 +103,15 @@ void RunLog::report(ReportInfo info, int64_t tokens_per_step) {
   if (!lead() || c_.log.report.empty()) return;
   const std::vector<StepLog>& st = history_.steps;
   if (!st.empty()) {
-    info.summary.push_back("steps " + std::to_string(st.front().step + 1) + " to " + std::to_string(st.back().step + 1) +
-                           " of " + std::to_string(c_.train.steps) + ", final train loss " + num(st.back().loss));
+    info.summary.push_back("steps " + std::to_string(st.front().step + 1) + " to " +
+                           std::to_string(st.back().step + 1) + " of " + std::to_string(c_.train.steps) +
+                           ", final train loss " + num(st.back().loss));
     if (st.size() > 1) {  // the first step warms caches
       double sec = 0;
       for (size_t i = 1; i < st.size(); ++i) sec += st[i].sec;
       sec /= static_cast<double>(st.size() - 1);
-      info.summary.push_back("average " + num(sec * 1e3) + " ms/step, " + num(static_cast<double>(tokens_per_step) / sec) + " tokens/s");
+      info.summary.push_back("average " + num(sec * 1e3) + " ms/step, " +
+                             num(static_cast<double>(tokens_per_step) / sec) + " tokens/s");
     }
   }
   if (!history_.val.empty())
@@ -119,7 +123,8 @@ void RunLog::report(ReportInfo info, int64_t tokens_per_step) {
 
 void RunLog::check_complete() const {
   if (!metrics_.error().empty())
-    throw Error(metrics_.error() + "; training finished (and its checkpoint is saved) but the metrics are incomplete");
+    throw Error(metrics_.error() +
+                "; training finished (and its checkpoint is saved) but the metrics are incomplete");
 }
 
 }  // namespace ndt::train

@@ -15,25 +15,26 @@ std::string step_line(const StepLog& s) {
   std::snprintf(line, sizeof(line),
                 "step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
                 "(peak %s) | eta %s",
-                (long long)s.step + 1, (long long)s.steps, s.loss, s.lr, s.norm, s.sec * 1e3, s.tokens / s.sec,
-                speed_text(gflops, s.peak_flops).c_str(), comm.c_str(),
+                (long long)s.step + 1, (long long)s.steps, s.loss, s.lr, s.norm, s.sec * 1e3,
+                s.tokens / s.sec, speed_text(gflops, s.peak_flops).c_str(), comm.c_str(),
                 io::format_bytes(static_cast<double>(s.mem.in_use)).c_str(),
-                io::format_bytes(static_cast<double>(s.mem.peak)).c_str(), io::format_duration(s.eta_sec).c_str());
+                io::format_bytes(static_cast<double>(s.mem.peak)).c_str(),
+                io::format_duration(s.eta_sec).c_str());
   return line;
 }
 
 nlohmann::json step_json(const StepLog& s) {
   nlohmann::json j = {{"step", s.step + 1},
-          {"loss", s.loss},
-          {"lr", s.lr},
-          {"grad_norm", s.norm},
-          {"ms", s.sec * 1e3},
-          {"tokens_per_sec", s.tokens / s.sec},
-          {"gflops_per_sec", s.flops / s.sec / 1e9},
-          {"comm_bytes", s.comm_bytes},
-          {"comm_bytes_across_hosts", s.across_hosts},
-          {"mem_in_use", s.mem.in_use},
-          {"mem_peak", s.mem.peak}};
+                      {"loss", s.loss},
+                      {"lr", s.lr},
+                      {"grad_norm", s.norm},
+                      {"ms", s.sec * 1e3},
+                      {"tokens_per_sec", s.tokens / s.sec},
+                      {"gflops_per_sec", s.flops / s.sec / 1e9},
+                      {"comm_bytes", s.comm_bytes},
+                      {"comm_bytes_across_hosts", s.across_hosts},
+                      {"mem_in_use", s.mem.in_use},
+                      {"mem_peak", s.mem.peak}};
   if (s.peak_flops > 0) j["mfu"] = s.flops / s.sec / static_cast<double>(s.world_size) / s.peak_flops;
   return j;
 }
@@ -60,14 +61,15 @@ StepLog step_from_json(const nlohmann::json& j, int world_size, int64_t steps, b
 }
 
 io::Scalars step_scalars(const StepLog& s) {
-  io::Scalars v = {{"loss/train", s.loss},
-                   {"lr", s.lr},
-                   {"grad_norm", s.norm},
-                   {"throughput/tokens_per_sec", s.tokens / s.sec},
-                   {"throughput/gflops_per_sec_per_rank", s.flops / s.sec / 1e9 / static_cast<double>(s.world_size)},
-                   {"memory/in_use_bytes", static_cast<double>(s.mem.in_use)},
-                   {"memory/peak_bytes", static_cast<double>(s.mem.peak)},
-                   {"time/step_ms", s.sec * 1e3}};
+  io::Scalars v = {
+      {"loss/train", s.loss},
+      {"lr", s.lr},
+      {"grad_norm", s.norm},
+      {"throughput/tokens_per_sec", s.tokens / s.sec},
+      {"throughput/gflops_per_sec_per_rank", s.flops / s.sec / 1e9 / static_cast<double>(s.world_size)},
+      {"memory/in_use_bytes", static_cast<double>(s.mem.in_use)},
+      {"memory/peak_bytes", static_cast<double>(s.mem.peak)},
+      {"time/step_ms", s.sec * 1e3}};
   if (s.peak_flops > 0)
     v.push_back({"throughput/mfu", s.flops / s.sec / static_cast<double>(s.world_size) / s.peak_flops});
   if (s.world_size > 1) v.push_back({"comm/bytes_sent", static_cast<double>(s.comm_bytes)});
@@ -76,16 +78,19 @@ io::Scalars step_scalars(const StepLog& s) {
 }
 
 std::string speed_text(double gflops_per_rank, double peak_flops) {
-  if (peak_flops > 0) return "MFU " + std::to_string(static_cast<int>(100 * gflops_per_rank * 1e9 / peak_flops)) + "%";
+  if (peak_flops > 0)
+    return "MFU " + std::to_string(static_cast<int>(100 * gflops_per_rank * 1e9 / peak_flops)) + "%";
   return std::to_string(static_cast<int>(gflops_per_rank)) + " GFLOP/s";
 }
 
 std::string mfu_peak_line(const std::string& gpu_name, double peak_flops, const std::string& dtype) {
   char peak[32];
   std::snprintf(peak, sizeof(peak), "%.1f", peak_flops / 1e12);
-  if (peak_flops > 0) return "MFU against " + std::string(peak) + " TFLOP/s per " + gpu_name + " (" + dtype + ")";
-  return "MFU: the peak TFLOP/s of a " + gpu_name + " is not known here; step lines show GFLOP/s per rank. Set " +
-         "log.peak_tflops to its dense " + dtype + " TFLOP/s for MFU";
+  if (peak_flops > 0)
+    return "MFU against " + std::string(peak) + " TFLOP/s per " + gpu_name + " (" + dtype + ")";
+  return "MFU: the peak TFLOP/s of a " + gpu_name +
+         " is not known here; step lines show GFLOP/s per rank. Set " + "log.peak_tflops to its dense " +
+         dtype + " TFLOP/s for MFU";
 }
 
 int64_t peak_resident_bytes() {

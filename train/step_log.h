@@ -26,11 +26,11 @@ struct StepLog {
   double tokens = 0;                  // tokens per step (every rank's)
   double flops = 0;                   // model FLOPs per step (every rank's)
   int world_size = 1;
-  double peak_flops = 0;                      // one device's peak (0: not known, no MFU)
+  double peak_flops = 0;                     // one device's peak (0: not known, no MFU)
   int64_t comm_bytes = 0, across_hosts = 0;  // this rank's bytes sent, and of them to other hosts
-  bool spans_hosts = false;                   // the job runs on several hosts
-  MemoryStats mem;                            // this rank's device memory
-  double eta_sec = 0;                         // the rest of the run at the average step time
+  bool spans_hosts = false;                  // the job runs on several hosts
+  MemoryStats mem;                           // this rank's device memory
+  double eta_sec = 0;                        // the rest of the run at the average step time
 };
 
 std::string step_line(const StepLog& s);

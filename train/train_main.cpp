@@ -33,13 +33,15 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
       return 0;
     }
   } catch (const ConfigError& e) {
-    const bool planning = c.plan || std::any_of(argv, argv + argc, [](const char* a) { return std::string(a) == "--plan"; });
+    const bool planning =
+        c.plan || std::any_of(argv, argv + argc, [](const char* a) { return std::string(a) == "--plan"; });
     if (!dist::launched_with_several_ranks() || (planning && !quiet)) {
       err << "train_gpt: config error: " << e.what() << "\n";
       return 2;
     }
     if (planning) {
-      err << ("train_gpt: rank " + std::to_string(dist::launcher_rank()) + ": config error: " + e.what() + "\n");
+      err << ("train_gpt: rank " + std::to_string(dist::launcher_rank()) + ": config error: " + e.what() +
+              "\n");
       return 2;
     }
     start_error = e.what();
@@ -63,15 +65,16 @@ int run_training(const Config& c, const std::string& start_error, std::ostream& 
     flight.dump(flight_record_path(c, world->rank()), world->rank(), world->size(), why);
   };
   try {
-    world = dist::init_world();                // MPI under a launcher with several ranks, else a group of one
+    world = dist::init_world();  // MPI under a launcher with several ranks, else a group of one
     // every collective's deadline (and the mesh's groups'): a config that failed, the default
     world->set_timeout(start_error.empty() ? c.parallel.timeout_s : ParallelSection{}.timeout_s);
-    world->set_flight(&flight);  // and their record, dumped when the job fails
+    world->set_flight(&flight);           // and their record, dumped when the job fails
     agree_on_start(start_error, *world);  // a rank's config error ends every rank; rank 0 says it
-    StopSignals signals;  // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
+    StopSignals signals;                  // SIGINT/SIGTERM: finish the step, checkpoint, exit kExitPreempted
     // a stop that cannot finish (a peer stuck) or a dead launcher ends this process
-    Watchdog watchdog(c.parallel.timeout_s, dist::launched_with_several_ranks(), world->rank(),
-                      [&](const std::string& why) { dump_flight(why); }, &flight);
+    Watchdog watchdog(
+        c.parallel.timeout_s, dist::launched_with_several_ranks(), world->rank(),
+        [&](const std::string& why) { dump_flight(why); }, &flight);
     return run_trainer(c, world, out, watchdog, flight);
   } catch (const AgreedConfigError& e) {  // every rank found it together: one line, no abort
     if (world->rank() == 0) err << "train_gpt: config error: " << e.what() << "\n";

@@ -36,7 +36,6 @@
 #include "train/report.h"
 #include "train/run_log.h"
 
-
 namespace ndt::train {
 namespace {
 
@@ -69,8 +68,8 @@ class Trainer {
   }
 
  private:
-  void setup();        // devices, threads, the mesh, outputs and the checkpoint lock
-  bool open_mesh();    // setup's mesh: true when the collectives go over NCCL
+  void setup();      // devices, threads, the mesh, outputs and the checkpoint lock
+  bool open_mesh();  // setup's mesh: true when the collectives go over NCCL
   void print_setup(bool nccl);
   void claim_outputs();  // setup's output checks and checkpoint lock
   void open_flight_record();
@@ -80,7 +79,7 @@ class Trainer {
   void open_data();
   void open_vocabulary();
   void open_optimizer();
-  int loop();          // the steps, with evaluation, samples and checkpoints; then the end
+  int loop();  // the steps, with evaluation, samples and checkpoints; then the end
 
   // the loop's parts
   struct StepResult {
@@ -129,8 +128,8 @@ class Trainer {
   dist::ParallelDims dims_;
   dist::PipelineLayout pipeline_;  // the stages' blocks and the step's schedule (one stage: F0 B0 F1 B1 ...)
   std::unique_ptr<dist::DeviceMesh> mesh_;
-  std::string gpu_name_;   // the driver's name of this rank's GPU ("" on CPU)
-  double peak_flops_ = 0;  // its dense peak FLOP/s for the training dtype (0: not known, no MFU)
+  std::string gpu_name_;            // the driver's name of this rank's GPU ("" on CPU)
+  double peak_flops_ = 0;           // its dense peak FLOP/s for the training dtype (0: not known, no MFU)
   int64_t across_hosts_timed_ = 0;  // this rank's bytes to other hosts over the timed steps
   std::unique_ptr<dist::Trace> trace_;
   models::GPTConfig mc_;
@@ -163,8 +162,9 @@ void Trainer::setup() {
   if (device_.is_cuda()) {
     // MFU's denominator: one device's dense peak for the training dtype
     gpu_name_ = cuda::device_name(device_.index);
-    peak_flops_ = 1e12 * (c_.log.peak_tflops > 0 ? c_.log.peak_tflops
-                                                 : device_peak_tflops(gpu_name_, c_.train.dtype, c_.train.tf32));
+    peak_flops_ =
+        1e12 * (c_.log.peak_tflops > 0 ? c_.log.peak_tflops
+                                       : device_peak_tflops(gpu_name_, c_.train.dtype, c_.train.tf32));
   }
   // threads: this rank's share of the node's cores (train.threads = 0)
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -190,8 +190,9 @@ bool Trainer::open_mesh() {
   // every rank finds the same error in the same sizes: rank 0 says it once, no rank aborts
   std::string error;
   try {
-    dims_ = dist::ParallelDims::resolve(c_.parallel.pp_size, c_.parallel.dp_replicate_size, c_.parallel.dp_shard_size,
-                                        c_.parallel.cp_size, c_.parallel.tp_size, world_->size());
+    dims_ = dist::ParallelDims::resolve(c_.parallel.pp_size, c_.parallel.dp_replicate_size,
+                                        c_.parallel.dp_shard_size, c_.parallel.cp_size, c_.parallel.tp_size,
+                                        world_->size());
   } catch (const Error& e) {
     error = e.what();
   }
@@ -252,8 +253,10 @@ void Trainer::describe() {
     mc_.validate();
     dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel);
     pipeline_ = dist::plan_pipeline(mc_, c_.train.seq_len,
-                                    {.stages = dims_.pp, .chunks = c_.parallel.pp_virtual,
-                                     .schedule = c_.parallel.pp_schedule, .split = c_.parallel.pp_split,
+                                    {.stages = dims_.pp,
+                                     .chunks = c_.parallel.pp_virtual,
+                                     .schedule = c_.parallel.pp_schedule,
+                                     .split = c_.parallel.pp_split,
                                      .micro_batches = c_.train.grad_accum_steps});
   } catch (const Error& e) {
     error = e.what();
@@ -303,7 +306,8 @@ void Trainer::parallelize() {
 
 void Trainer::materialize() {
   if (!c_.model.init_from.empty()) {  // each rank reads only its own elements (RAM-efficient)
-    ckpt::load_weights(ckpt::find_weights(c_.model.init_from), *gpt_, pm_->params, lead() ? &std::cerr : nullptr);
+    ckpt::load_weights(ckpt::find_weights(c_.model.init_from), *gpt_, pm_->params,
+                       lead() ? &std::cerr : nullptr);
     out_ << "initialized from " << c_.model.init_from << "\n";
   }
   // what materializing (and loading) cost in resident memory, on the rank that paid most:
@@ -417,8 +421,9 @@ void Trainer::save(int64_t step) {
   st.extra["window_tokens"] = std::to_string(window_tokens());
   st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
   const bool sharded = c_.checkpoint.format == "sharded";
-  const std::string where = ckpt::save_run(c_.checkpoint.dir, sharded, c_.checkpoint.keep, st, mc_, *pm_, *opt_,
-                                           &prune_log_);  // collective
+  const std::string where =
+      ckpt::save_run(c_.checkpoint.dir, sharded, c_.checkpoint.keep, st, mc_, *pm_, *opt_,
+                     &prune_log_);  // collective
   saved_step_ = step;
   out_ << "checkpoint: " << where << (sharded ? " (sharded)" : "") << std::endl;
 }
@@ -544,7 +549,8 @@ Trainer::StepResult Trainer::step_and_time(int64_t step) {
   StepResult r;
   r.loss = train_step(step);
   r.norm = pm_->strategy->grad_norm();  // global: the same number on every rank
-  if (step == start_ && !c_.log.grads.empty()) ckpt::write_whole_grads(c_.log.grads, mc_, *pm_, dims_.str(), *world_);
+  if (step == start_ && !c_.log.grads.empty())
+    ckpt::write_whole_grads(c_.log.grads, mc_, *pm_, dims_.str(), *world_);
   check_step_finite(step + 1, r.loss, r.norm);  // a non-finite step is neither applied nor saved
   r.lr = optim::lr_at(step, sched_);
   {
@@ -582,7 +588,7 @@ void Trainer::log_step(int64_t step, const StepResult& r, double avg_sec) {
 }
 
 int Trainer::stopped(int64_t step, int sig) {
-  save(step);  // preempted: this step is done; save it, go
+  save(step);         // preempted: this step is done; save it, go
   flight_.retract();  // the watchdog may have written one while a collective was slow
   out_ << "stopped by signal " << sig << " after step " << step
        << (c_.checkpoint.dir.empty() ? " (no checkpoint.dir: nothing saved)"
@@ -660,7 +666,8 @@ int Trainer::finish(double last_val, double avg_sec) {
          << " tok/s\n";
   if (mesh_->spans_hosts() && std::isfinite(avg_sec) && start_ + 1 < c_.train.steps) {
     // every rank's bytes to other hosts over the timed steps: one sum at the end, none per step
-    const double all = world_->all_reduce_scalar(static_cast<double>(across_hosts_timed_), dist::ReduceOp::kSum);
+    const double all =
+        world_->all_reduce_scalar(static_cast<double>(across_hosts_timed_), dist::ReduceOp::kSum);
     out_ << "across hosts: " << io::format_bytes(all / static_cast<double>(c_.train.steps - start_ - 1))
          << " per step from all ranks (ring model)\n";
   }
@@ -674,15 +681,16 @@ int Trainer::finish(double last_val, double avg_sec) {
 void Trainer::write_report() {
   ReportInfo info;
   info.title = "ndtrain: " + mc_.str();
-  info.layout = dims_.str() + " (" + pm_->strategy->name() + ")" + (mesh_->spans_hosts() ? ", on several hosts" : "");
+  info.layout =
+      dims_.str() + " (" + pm_->strategy->name() + ")" + (mesh_->spans_hosts() ? ", on several hosts" : "");
   info.config = report_config(c_, mc_.str(), device_.str(), tokens_per_step_, lr_, pipeline_.summary());
   log_.report(info, tokens_per_step_);
 }
 
 }  // namespace
 
-int run_trainer(const Config& c, std::shared_ptr<dist::Communicator> world, std::ostream& out, Watchdog& watchdog,
-                dist::FlightRecorder& flight) {
+int run_trainer(const Config& c, std::shared_ptr<dist::Communicator> world, std::ostream& out,
+                Watchdog& watchdog, dist::FlightRecorder& flight) {
   return Trainer(c, std::move(world), out, watchdog, flight).run();
 }
 

@@ -29,7 +29,7 @@ int train_main(int argc, const char* const* argv, std::ostream& out, std::ostrea
 
 // One rank's run, once the world of ranks is up: its exit code, or an exception (the caller
 // ends the job). out: rank 0 prints there.
-int run_trainer(const Config& c, std::shared_ptr<dist::Communicator> world, std::ostream& out, Watchdog& watchdog,
-                dist::FlightRecorder& flight);
+int run_trainer(const Config& c, std::shared_ptr<dist::Communicator> world, std::ostream& out,
+                Watchdog& watchdog, dist::FlightRecorder& flight);
 
 }  // namespace ndt::train

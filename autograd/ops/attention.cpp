@@ -165,18 +165,18 @@ AttentionOut attention_fused_cpu(const Tensor& q_in, const Tensor& k_in, const T
   AttentionOut r{o.to(io), lse.detach()};
   // saved: q, k, v as they came (bf16 stays bf16, converted again in backward), o in the
   // compute dtype (f32/f64: the output itself) and lse, as handles without autograd history
-  autograd::record("attention", {r.out, r.lse}, {q_in, k_in, v_in},
-                   [qs = q_in.detach(), ks = k_in.detach(), vs = v_in.detach(), o = o.detach(), lse, q_offset,
-                    k_offset, scale, cd, io, in_cd](const Grads& g) -> Grads {
-                     const Tensor q = in_cd(qs), k = in_cd(ks), v = in_cd(vs);
-                     const Tensor dout = g[0].defined() ? g[0].contiguous().to(cd) : Tensor::zeros(o.shape(), cd);
-                     const Tensor dlse = g[1].defined() ? g[1].contiguous() : Tensor();
-                     Tensor dq = Tensor::empty(q.shape(), cd), dk = Tensor::empty(k.shape(), cd),
-                            dv = Tensor::empty(v.shape(), cd);
-                     kernels::attention_fused_backward(q, k, v, o, lse, dout, dlse, q_offset, k_offset, scale, dq,
-                                                       dk, dv);
-                     return {dq.to(io), dk.to(io), dv.to(io)};
-                   });
+  autograd::record(
+      "attention", {r.out, r.lse}, {q_in, k_in, v_in},
+      [qs = q_in.detach(), ks = k_in.detach(), vs = v_in.detach(), o = o.detach(), lse, q_offset, k_offset,
+       scale, cd, io, in_cd](const Grads& g) -> Grads {
+        const Tensor q = in_cd(qs), k = in_cd(ks), v = in_cd(vs);
+        const Tensor dout = g[0].defined() ? g[0].contiguous().to(cd) : Tensor::zeros(o.shape(), cd);
+        const Tensor dlse = g[1].defined() ? g[1].contiguous() : Tensor();
+        Tensor dq = Tensor::empty(q.shape(), cd), dk = Tensor::empty(k.shape(), cd),
+               dv = Tensor::empty(v.shape(), cd);
+        kernels::attention_fused_backward(q, k, v, o, lse, dout, dlse, q_offset, k_offset, scale, dq, dk, dv);
+        return {dq.to(io), dk.to(io), dv.to(io)};
+      });
   return r;
 }
 
@@ -259,7 +259,9 @@ Tensor self_attention_split(const Tensor& qkv, int64_t n_head, bool composed) {
 
 }  // namespace
 
-Tensor self_attention_composed(const Tensor& qkv, int64_t n_head) { return self_attention_split(qkv, n_head, true); }
+Tensor self_attention_composed(const Tensor& qkv, int64_t n_head) {
+  return self_attention_split(qkv, n_head, true);
+}
 
 Tensor self_attention(const Tensor& qkv, int64_t n_head) {
   check_self_attention(qkv, n_head);

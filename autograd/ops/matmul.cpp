@@ -73,7 +73,8 @@ namespace {
 Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, const Tensor& b_in, bool gelu,
                    const SharedInput* shared = nullptr) {
   check_same(op, {&part_in, &w_in, &b_in});
-  const StartFn gather = shared ? shared->gather : StartFn(), reduce_grad = shared ? shared->reduce_grad : StartFn();
+  const StartFn gather = shared ? shared->gather : StartFn(),
+                reduce_grad = shared ? shared->reduce_grad : StartFn();
   const Tensor x_in = gather ? gather(part_in.detach())() : part_in;
   NDT_CHECK(w_in.dim() == 2 && x_in.dim() >= 1 && x_in.size(-1) == w_in.size(0), op, ": input ",
             x_in.shape_str(), " does not match weight ", w_in.shape_str(),
@@ -91,7 +92,8 @@ Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, co
   kernels::linear_forward(x, w, b, gelu, out, pre);
   Tensor y = out.view(out_shape);
 
-  const bool nx = part_in.requires_grad(), nw = w_in.requires_grad(), nb = b.defined() && b_in.requires_grad();
+  const bool nx = part_in.requires_grad(), nw = w_in.requires_grad(),
+             nb = b.defined() && b_in.requires_grad();
   std::vector<Tensor> inputs{part_in, w_in};
   if (b.defined()) inputs.push_back(b_in);
   // dx needs w and dw needs x: save only what the backward will use (gathered: the part)
@@ -128,7 +130,7 @@ Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, co
         }
         // dw = x^T @ dpre, added onto w.grad in place where it can be
         auto weight_grad = [x_saved, gather, w_leaf, C, OC, N](const Tensor& dpre, const Pending& x_whole) {
-          const Tensor x = x_whole ? x_whole().contiguous().view({N, C})
+          const Tensor x = x_whole  ? x_whole().contiguous().view({N, C})
                            : gather ? gather(x_saved)().contiguous().view({N, C})
                                     : x_saved;
           double beta = 0.0;
@@ -161,7 +163,8 @@ Tensor linear_gelu(const Tensor& x, const Tensor& w, const Tensor& b) {
   return linear_impl("linear_gelu", x, w, b, true);
 }
 
-Tensor linear_shared_input(const Tensor& x, const Tensor& w, const Tensor& b, bool gelu, const SharedInput& comm) {
+Tensor linear_shared_input(const Tensor& x, const Tensor& w, const Tensor& b, bool gelu,
+                           const SharedInput& comm) {
   return linear_impl(gelu ? "linear_gelu_shared_input" : "linear_shared_input", x, w, b, gelu, &comm);
 }
 

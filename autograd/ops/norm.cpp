@@ -38,12 +38,13 @@ Tensor rms_norm(const Tensor& x_in, const Tensor& w_in, double eps) {
   Tensor out = empty_like(x);
   Tensor rstd = Tensor::empty({N}, stat_dtype(x.dtype()), x.device());
   kernels::rmsnorm_forward(x, w, eps, out, rstd);
-  autograd::record("rms_norm", {out}, {x_in, w_in}, [x = x.detach(), w = w.detach(), rstd](const Grads& g) -> Grads {
-    // forward: out = x * rstd * w; the kernel's comment derives dx and dw
-    Tensor dx = empty_like(x), dw = empty_like(w);
-    kernels::rmsnorm_backward(g[0].contiguous(), x, w, rstd, dx, dw);
-    return {dx, dw};
-  });
+  autograd::record("rms_norm", {out}, {x_in, w_in},
+                   [x = x.detach(), w = w.detach(), rstd](const Grads& g) -> Grads {
+                     // forward: out = x * rstd * w; the kernel's comment derives dx and dw
+                     Tensor dx = empty_like(x), dw = empty_like(w);
+                     kernels::rmsnorm_backward(g[0].contiguous(), x, w, rstd, dx, dw);
+                     return {dx, dw};
+                   });
   return out;
 }
 

@@ -41,10 +41,11 @@ Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
 namespace {
 
 // split and concat along `dim` (in range), recorded under `op`
-std::vector<Tensor> split_impl(const char* op, const Tensor& x, int64_t dim, const std::vector<int64_t>& sizes) {
+std::vector<Tensor> split_impl(const char* op, const Tensor& x, int64_t dim,
+                               const std::vector<int64_t>& sizes) {
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
-  NDT_CHECK(total == x.size(dim), op, ": sizes add up to ", total, " but dim ", dim, " of ", x.shape_str(), " is ",
-            x.size(dim));
+  NDT_CHECK(total == x.size(dim), op, ": sizes add up to ", total, " but dim ", dim, " of ", x.shape_str(),
+            " is ", x.size(dim));
   std::vector<Tensor> outs;
   int64_t start = 0;
   for (int64_t s : sizes) {

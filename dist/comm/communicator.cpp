@@ -34,7 +34,8 @@ void Communicator::count(CommKind k, int64_t bytes, int to) {
   stats_.bytes[static_cast<size_t>(k)] += bytes;
   stats_.calls[static_cast<size_t>(k)] += 1;
   if (to < 0) to = (rank_ + 1) % size_;
-  if (static_cast<size_t>(to) < remote_.size() && remote_[static_cast<size_t>(to)]) stats_.across_hosts += bytes;
+  if (static_cast<size_t>(to) < remote_.size() && remote_[static_cast<size_t>(to)])
+    stats_.across_hosts += bytes;
 }
 
 bool Communicator::spans_hosts() const {

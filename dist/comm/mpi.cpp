@@ -51,7 +51,11 @@ class MpiWork : public Work {
  public:
   // context: the group in words and where the job was when it was queued (for the message)
   MpiWork(std::string what, Trace* trace, double timeout_s = 0, int64_t bytes = 0, std::string context = "")
-      : what_(std::move(what)), context_(std::move(context)), trace_(trace), timeout_s_(timeout_s), bytes_(bytes) {}
+      : what_(std::move(what)),
+        context_(std::move(context)),
+        trace_(trace),
+        timeout_s_(timeout_s),
+        bytes_(bytes) {}
   void wait() override {
     std::unique_lock<std::mutex> lk(mu_);
     if (!done_) {
@@ -387,7 +391,8 @@ class MpiCommunicator : public Communicator {
     check_same("reduce_scatter", out, in, size_, 1);
     check_cpu("reduce_scatter", in);
     NDT_CHECK(op != ReduceOp::kMax, name_, ".reduce_scatter: max is not supported (sum or mean)");
-    const int64_t wire = static_cast<int64_t>(out.nbytes()) * (in.dtype() == DType::bf16 ? 2 : 1);  // bf16 in f32
+    const int64_t wire =
+        static_cast<int64_t>(out.nbytes()) * (in.dtype() == DType::bf16 ? 2 : 1);  // bf16 in f32
     count(CommKind::kReduceScatter, static_cast<int64_t>(size_ - 1) * wire);
     if (size_ == 1) {
       if (out.data_ptr() != in.data_ptr()) out.copy_(in);

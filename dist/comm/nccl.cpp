@@ -69,9 +69,11 @@ void settle(ncclComm_t comm, const std::string& what, double timeout_s) {
     const ncclResult_t r = ncclCommGetAsyncError(comm, &st);
     NDT_CHECK(r == ncclSuccess, what, ": ncclCommGetAsyncError failed: ", ncclGetErrorString(r));
     if (st == ncclSuccess) return;
-    NDT_CHECK(st == ncclInProgress, what, " failed: ", ncclGetErrorString(st), " (", ncclGetLastError(comm), ")");
+    NDT_CHECK(st == ncclInProgress, what, " failed: ", ncclGetErrorString(st), " (", ncclGetLastError(comm),
+              ")");
     if (timeout_s > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s)
-      throw CollectiveTimeout(what + " has not completed after " + std::to_string(static_cast<int>(timeout_s)) +
+      throw CollectiveTimeout(what + " has not completed after " +
+                              std::to_string(static_cast<int>(timeout_s)) +
                               " s (parallel.timeout_s): a rank of the group is dead, stopped or cut off");
     std::this_thread::yield();
   }
@@ -102,7 +104,8 @@ class NcclWatch {
   }
   // An operation queued now: `done` (owned by the watch from here) fires when it completes;
   // `line` is its timeout message up to " has not completed".
-  void track(cudaEvent_t done, double timeout_s, std::string line, FlightRecorder* flight, int64_t flight_id) {
+  void track(cudaEvent_t done, double timeout_s, std::string line, FlightRecorder* flight,
+             int64_t flight_id) {
     std::lock_guard<std::mutex> g(mu_);
     ops_.push_back({done, Clock::now(), timeout_s, std::move(line), flight, flight_id});
   }
@@ -306,8 +309,8 @@ class NcclCommunicator : public Communicator {
     ncclComm_t sub = nullptr;
     ncclConfig_t config = nonblocking_config();
     const ncclResult_t rc = ncclCommSplit(comm_, color, key, &sub, &config);
-    NDT_CHECK(rc == ncclSuccess || rc == ncclInProgress, "ncclCommSplit failed on ", name_, " rank ", rank_, ": ",
-              ncclGetErrorString(rc));
+    NDT_CHECK(rc == ncclSuccess || rc == ncclInProgress, "ncclCommSplit failed on ", name_, " rank ", rank_,
+              ": ", ncclGetErrorString(rc));
     settle(sub, name + ".split", timeout_s_);
     int r = 0, s = 0;
     NDT_NCCL_CHECK(ncclCommUserRank(sub, &r), name, rank_);
@@ -341,7 +344,8 @@ class NcclCommunicator : public Communicator {
     NDT_CUDART_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
     NDT_CUDART_CHECK(cudaEventDestroy(ready));
     const std::string what = name_ + "." + op;
-    const int64_t flight_id = flight_ ? flight_->queued(group_, ++seq_, what, static_cast<int64_t>(bytes)) : 0;
+    const int64_t flight_id =
+        flight_ ? flight_->queued(group_, ++seq_, what, static_cast<int64_t>(bytes)) : 0;
     const ncclResult_t r = call(stream_);
     NDT_CHECK(r == ncclSuccess || r == ncclInProgress, what, " failed on ", name_, " rank ", rank_, ": ",
               ncclGetErrorString(r));
@@ -362,7 +366,7 @@ class NcclCommunicator : public Communicator {
   ncclComm_t comm_;
   int device_;
   std::shared_ptr<Communicator> mpi_group_;  // the MPI group of the same ranks (ids, abort)
-  std::shared_ptr<NcclWatch> watch_;     // shared with the communicators split from this one
+  std::shared_ptr<NcclWatch> watch_;         // shared with the communicators split from this one
   int world_rank_;
   cudaStream_t stream_ = nullptr;
 };

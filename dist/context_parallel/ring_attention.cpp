@@ -56,7 +56,7 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
     const std::array<Tensor, 2> kvh = halves(kv);
     const std::array<int64_t, 2> k_chunk = {owner, tail_chunk(owner, n)};
     for (int b = 0; b < 2; ++b) {
-      if (k_chunk[b] > q_chunk[1]) continue;  // after every query of both chunks: all masked
+      if (k_chunk[b] > q_chunk[1]) continue;                   // after every query of both chunks: all masked
       std::vector<Tensor> kvs = split_last(kvh[b], {HS, HS});  // K, V of key chunk b
       for (int a = 0; a < 2; ++a) {
         if (k_chunk[b] > q_chunk[a]) continue;  // every key is after every query: all masked
@@ -85,7 +85,8 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
   return join(acc[0].out, acc[1].out);  // each query chunk saw at least its own diagonal block
 }
 
-ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq_len, const SequenceSplit* split)
+ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq_len,
+                                 const SequenceSplit* split)
     : cp_(cp), T_(seq_len) {
   check_context_parallel(seq_len, cp.size());
   auto active = [split] { return !split || split->active; };
@@ -101,8 +102,8 @@ ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t)
         pos[b * T + t] = static_cast<int32_t>(!active() ? pos_offset + t
-                                              : t < Tc ? r * Tc + t
-                                                       : tail_chunk(r, n) * Tc + (t - Tc));
+                                              : t < Tc  ? r * Tc + t
+                                                        : tail_chunk(r, n) * Tc + (t - Tc));
     return Tensor::from_vector(pos, {B, T}, idx.device());
   };
 }

@@ -18,8 +18,9 @@ void StageComm::send(const Tensor& out, int to, const std::string& what) {
   pp_.note_unit("");
 }
 
-StageComm::Incoming StageComm::exchange(const Tensor& out, int to, const std::string& what_out, const Shape& shape,
-                                        DType dtype, int from, const std::string& what_in) {
+StageComm::Incoming StageComm::exchange(const Tensor& out, int to, const std::string& what_out,
+                                        const Shape& shape, DType dtype, int from,
+                                        const std::string& what_in) {
   if (to < 0) return post_recv(shape, dtype, from, what_in);
   if (from < 0) {
     send(out, to, what_out);

@@ -41,11 +41,13 @@ Pipeline::Pipeline(const models::GPT& gpt, Communicator& pp, Strategy& strategy,
 int Pipeline::source_of(const pp::Action& a, std::string& what) const {
   const int s = schedule_.stage_of(rank_, a.chunk);
   if (a.op == pp::Op::kF && s > 0) {
-    what = "receive the activation of micro-batch " + std::to_string(a.micro) + " from stage " + std::to_string(s - 1);
+    what = "receive the activation of micro-batch " + std::to_string(a.micro) + " from stage " +
+           std::to_string(s - 1);
     return rank_of_stage(s - 1);
   }
   if (a.op == pp::Op::kB && s < last_stage()) {
-    what = "receive the gradient of micro-batch " + std::to_string(a.micro) + " from stage " + std::to_string(s + 1);
+    what = "receive the gradient of micro-batch " + std::to_string(a.micro) + " from stage " +
+           std::to_string(s + 1);
     return rank_of_stage(s + 1);
   }
   return -1;
@@ -68,7 +70,8 @@ Tensor Pipeline::act(const pp::Action& a, const Batch& b, const Tensor& in, bool
       losses_.push_back(slot.out.detach());
     } else {
       to = rank_of_stage(s + 1);
-      what = "send the activation of micro-batch " + std::to_string(a.micro) + " to stage " + std::to_string(s + 1);
+      what = "send the activation of micro-batch " + std::to_string(a.micro) + " to stage " +
+             std::to_string(s + 1);
     }
     Tensor out = s == last_stage() ? Tensor() : slot.out;
     if (training) live_[key] = std::move(slot);
@@ -119,7 +122,8 @@ void Pipeline::run(const std::vector<pp::Action>& actions, const std::vector<Bat
   auto incoming = [&](size_t i) {
     std::string what;
     const int from = source_of(actions[i], what);
-    return comm_.post_recv(io_shape_(micro[static_cast<size_t>(actions[i].micro)].idx), io_dtype_, from, what);
+    return comm_.post_recv(io_shape_(micro[static_cast<size_t>(actions[i].micro)].idx), io_dtype_, from,
+                           what);
   };
   const bool ahead = comm_.posts_ahead();
   StageComm::Incoming next = actions.empty() ? StageComm::Incoming{} : incoming(0);
@@ -131,22 +135,25 @@ void Pipeline::run(const std::vector<pp::Action>& actions, const std::vector<Bat
     if (training && !pp::continues_micro_step(actions, i)) strategy_.begin_micro(syncs(i));
     int to = -1;
     std::string what_out;
-    const Tensor out = act(a, micro[static_cast<size_t>(a.micro)], received, training, loss_scale, to, what_out);
+    const Tensor out =
+        act(a, micro[static_cast<size_t>(a.micro)], received, training, loss_scale, to, what_out);
     if (training && a.op != pp::Op::kF) strategy_.end_micro();
     if (ahead) {
       comm_.send(out, to, what_out);
     } else if (i + 1 < actions.size()) {  // NCCL: this output goes and the next input comes as one group
       std::string what_in;
       const int from = source_of(actions[i + 1], what_in);
-      next = comm_.exchange(out, to, what_out, io_shape_(micro[static_cast<size_t>(actions[i + 1].micro)].idx),
-                            io_dtype_, from, what_in);
+      next =
+          comm_.exchange(out, to, what_out, io_shape_(micro[static_cast<size_t>(actions[i + 1].micro)].idx),
+                         io_dtype_, from, what_in);
     } else {
       comm_.send(out, to, what_out);
     }
   }
   comm_.wait_sent();
-  NDT_CHECK(live_.empty() && deferred_.empty(), "Pipeline: ", live_.size(), " forwards without their backward and ",
-            deferred_.size(), " backwards without their weight pass at the end of the step");
+  NDT_CHECK(live_.empty() && deferred_.empty(), "Pipeline: ", live_.size(),
+            " forwards without their backward and ", deferred_.size(),
+            " backwards without their weight pass at the end of the step");
 }
 
 double Pipeline::sum_losses() {
@@ -191,7 +198,8 @@ Tensor Pipeline::next_token_logits(const Tensor& idx, int64_t pos_offset) {
       logits.copy_(gpt_.next_token_logits_chunk(static_cast<size_t>(c), idx, in, pos_offset).to(DType::f32));
     } else {
       x = gpt_.forward_chunk(static_cast<size_t>(c), idx, in, Tensor(), pos_offset);
-      comm_.send(x, rank_of_stage(s + 1), "send the activation of the sample to stage " + std::to_string(s + 1));
+      comm_.send(x, rank_of_stage(s + 1),
+                 "send the activation of the sample to stage " + std::to_string(s + 1));
     }
   }
   comm_.wait_sent();

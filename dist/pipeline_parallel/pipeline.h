@@ -60,8 +60,8 @@ class Pipeline {
 
   // pp: the pipeline's communicator (member s % p holds virtual stage s). io_dtype: the
   // dtype the blocks compute in (the activations' and their gradients').
-  Pipeline(const models::GPT& gpt, Communicator& pp, Strategy& strategy, pp::Schedule schedule, IoShape io_shape,
-           DType io_dtype, Trace* trace = nullptr);
+  Pipeline(const models::GPT& gpt, Communicator& pp, Strategy& strategy, pp::Schedule schedule,
+           IoShape io_shape, DType io_dtype, Trace* trace = nullptr);
 
   // One step's forwards and backwards, in the schedule's order; each micro-batch's loss
   // weighs loss_scale in the gradients. Returns the sum of the micro-batches' losses, the
@@ -106,7 +106,7 @@ class Pipeline {
   std::map<std::pair<int, int>, Slot> live_;  // (micro, chunk) between F and B
   // zero-bubble: (micro, chunk) between B and W, the weight gradients B deferred
   std::map<std::pair<int, int>, autograd::DeferredWeightGrads> deferred_;
-  std::vector<Tensor> losses_;                // the last stage's, this step
+  std::vector<Tensor> losses_;  // the last stage's, this step
 };
 
 }  // namespace ndt::dist

@@ -44,8 +44,8 @@ std::vector<int64_t> stage_blocks(const models::GPTConfig& cfg, int64_t seq_len,
     }
     int64_t sum = 0;
     for (int64_t v : n) sum += v;
-    NDT_CHECK(static_cast<int64_t>(n.size()) == stages && sum == L, "parallel.pp_split = '", split, "' gives ",
-              n.size(), " stages of ", sum, " blocks; it needs ", stages,
+    NDT_CHECK(static_cast<int64_t>(n.size()) == stages && sum == L, "parallel.pp_split = '", split,
+              "' gives ", n.size(), " stages of ", sum, " blocks; it needs ", stages,
               " entries (parallel.pp_size x parallel.pp_virtual) summing to model.n_layer = ", L);
     return n;
   }
@@ -73,8 +73,8 @@ std::vector<int64_t> stage_blocks(const models::GPTConfig& cfg, int64_t seq_len,
 
 models::PipelinePart pipeline_part(const std::vector<int64_t>& blocks, int64_t pp, int64_t rank) {
   const int64_t stages = static_cast<int64_t>(blocks.size());
-  NDT_CHECK(pp >= 1 && stages % pp == 0 && rank >= 0 && rank < pp, "pipeline_part: ", stages,
-            " stages over ", pp, " ranks (rank ", rank, ")");
+  NDT_CHECK(pp >= 1 && stages % pp == 0 && rank >= 0 && rank < pp, "pipeline_part: ", stages, " stages over ",
+            pp, " ranks (rank ", rank, ")");
   models::PipelinePart part;
   int64_t begin = 0;
   for (int64_t s = 0; s < stages; ++s) {
@@ -96,8 +96,8 @@ PipelineLayout plan_pipeline(const models::GPTConfig& cfg, int64_t seq_len, cons
                                    static_cast<int>(o.micro_batches), static_cast<int>(o.chunks));
     pp::validate(l.schedule);
   } catch (const Error& e) {  // the schedule's words (p, v, m) are these keys
-    throw Error("parallel.pp_schedule = " + o.schedule + " with parallel.pp_size = " + std::to_string(o.stages) +
-                " (p), parallel.pp_virtual = " + std::to_string(o.chunks) +
+    throw Error("parallel.pp_schedule = " + o.schedule + " with parallel.pp_size = " +
+                std::to_string(o.stages) + " (p), parallel.pp_virtual = " + std::to_string(o.chunks) +
                 " (v) and train.grad_accum_steps = " + std::to_string(o.micro_batches) + " (m): " + e.what());
   }
   return l;
@@ -117,7 +117,6 @@ std::string PipelineLayout::describe() const {
   o << ", schedule " << pp::kind_name(schedule.kind) << " over " << schedule.m << " micro-batches";
   return o.str();
 }
-
 
 std::string PipelineLayout::summary() const {
   std::string s = pp::kind_name(schedule.kind) + " over " + std::to_string(schedule.m) + " micro-batches";

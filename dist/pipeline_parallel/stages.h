@@ -30,11 +30,11 @@ namespace ndt::dist {
 // The config's words for a pipeline ([parallel] pp_size, pp_virtual, pp_schedule, pp_split;
 // [train] grad_accum_steps).
 struct PipelineOptions {
-  int64_t stages = 1;           // parallel.pp_size: pipeline ranks
-  int64_t chunks = 1;           // parallel.pp_virtual: model chunks per rank (interleaved)
+  int64_t stages = 1;             // parallel.pp_size: pipeline ranks
+  int64_t chunks = 1;             // parallel.pp_virtual: model chunks per rank (interleaved)
   std::string schedule = "1f1b";  // parallel.pp_schedule (pp::parse_kind's names)
-  std::string split;            // parallel.pp_split: blocks per virtual stage ("3,3,2"; "": by cost)
-  int64_t micro_batches = 1;    // train.grad_accum_steps
+  std::string split;              // parallel.pp_split: blocks per virtual stage ("3,3,2"; "": by cost)
+  int64_t micro_batches = 1;      // train.grad_accum_steps
 };
 
 struct PipelineLayout {

@@ -60,7 +60,8 @@ Pending start_reduce_scatter_sequence_sum(const Tensor& y, Communicator& tp) {
   Shape part = y.shape();
   part[1] = T / n;
   // (B, n, Ts ...) -> (n, B, Ts ...): each rank's part in one piece
-  const Tensor in = B == 1 ? y.contiguous() : y.contiguous().view({B, n, y.numel() / (B * n)}).permute({1, 0, 2}).contiguous();
+  const Tensor in = B == 1 ? y.contiguous()
+                           : y.contiguous().view({B, n, y.numel() / (B * n)}).permute({1, 0, 2}).contiguous();
   Tensor out = Tensor::empty(part, y.dtype(), y.device());
   WorkPtr w = tp.reduce_scatter(out.view({out.numel()}), in.view({in.numel()}), ReduceOp::kSum);
   return [w, out]() -> Tensor {

@@ -16,7 +16,8 @@ void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
               " key/value heads are not divisible by tp_size = ", tp,
               "; each rank holds whole key/value heads and the query heads that read them");
   NDT_CHECK(c.mlp_hidden() % tp == 0, "tensor parallelism: the MLP's ", c.mlp_hidden(), " hidden units (",
-            c.llama() ? "model.intermediate_size" : "4 x model.n_embd", ") are not divisible by tp_size = ", tp);
+            c.llama() ? "model.intermediate_size" : "4 x model.n_embd",
+            ") are not divisible by tp_size = ", tp);
   NDT_CHECK(c.padded_vocab() % tp == 0, "tensor parallelism: the vocabulary of ", c.padded_vocab(),
             " rows (model.vocab_size ", c.vocab_size, " padded to a multiple of model.vocab_multiple ",
             c.vocab_multiple, ") is not divisible by tp_size = ", tp,
@@ -25,8 +26,9 @@ void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
 }
 
 void check_sequence_parallel(int64_t seq_len, int64_t cp, int64_t tp) {
-  NDT_CHECK(seq_len % cp == 0 && (seq_len / cp) % tp == 0, "sequence parallelism: each rank's train.seq_len / cp_size = ",
-            seq_len, " / ", cp, " tokens of a sequence must be divisible by tp_size = ", tp,
+  NDT_CHECK(seq_len % cp == 0 && (seq_len / cp) % tp == 0,
+            "sequence parallelism: each rank's train.seq_len / cp_size = ", seq_len, " / ", cp,
+            " tokens of a sequence must be divisible by tp_size = ", tp,
             " (each tp rank holds its part of them between the attention and the MLP)");
 }
 
@@ -62,7 +64,8 @@ class RowParallelComm : public nn::LinearComm {
   RowParallelComm(Communicator& tp, const SequenceSplit* split) : tp_(tp), split_(split) {}
   bool reduces_output() const override { return true; }
   Tensor reduce_output(const Tensor& partial) const override {
-    return sequence_parallel_now(split_) ? reduce_scatter_sequence(partial, tp_) : reduce_from_tp(partial, tp_);
+    return sequence_parallel_now(split_) ? reduce_scatter_sequence(partial, tp_)
+                                         : reduce_from_tp(partial, tp_);
   }
 
  private:
@@ -93,8 +96,8 @@ namespace {
 void apply_plan(const nn::TensorParallelPlan& plan, int64_t parts, int64_t rank, Communicator* tp,
                 const SequenceSplit* split) {
   for (const nn::TensorParallelPlan::Count& c : plan.counts)
-    NDT_CHECK(*c.value % parts == 0, "tensor parallelism: ", *c.value, " ", c.what, " do not divide among ", parts,
-              " ranks");
+    NDT_CHECK(*c.value % parts == 0, "tensor parallelism: ", *c.value, " ", c.what, " do not divide among ",
+              parts, " ranks");
   for (const nn::TensorParallelPlan::Split& s : plan.linears) {
     if (s.column)
       column_parallel(*s.linear, parts, rank, s.groups, tp, split);
@@ -125,7 +128,8 @@ void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
             "; tp_size must be >= 1 and the rank in [0, tp_size)");
   if (parts == 1) return;
   check_tensor_parallel(gpt.cfg, parts);
-  for (auto& block : gpt.h) apply_plan(block->tensor_parallel_plan(), parts, rank, /*tp=*/nullptr, /*split=*/nullptr);
+  for (auto& block : gpt.h)
+    apply_plan(block->tensor_parallel_plan(), parts, rank, /*tp=*/nullptr, /*split=*/nullptr);
   split_vocabulary(gpt, parts, rank);
 }
 
@@ -150,7 +154,9 @@ void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, const SequenceSpl
     return pos.narrow(1, tp.rank() * Ts, Ts).contiguous();
   };
   // f: lm_head is column-parallel; its input whole on every rank (gathered, sequence parallel)
-  gpt.before_lm_head = [&tp, split](const Tensor& x) { return sequence_parallel_now(split) ? gather_sequence(x, tp) : copy_to_tp(x, tp); };
+  gpt.before_lm_head = [&tp, split](const Tensor& x) {
+    return sequence_parallel_now(split) ? gather_sequence(x, tp) : copy_to_tp(x, tp);
+  };
   gpt.loss_fn = [&tp, v_start, v_live](const Tensor& logits, const Tensor& targets) {
     return vocab_parallel_cross_entropy(logits, targets, v_start, v_live, /*ignore_index=*/-1, tp);
   };

@@ -55,8 +55,8 @@ void check_tensor_parallel(const models::GPTConfig& cfg, int64_t tp);
 // split: ParallelModel's setting (dist/sequence_split.h; nullptr: no sequence
 // parallelism). While split->sequence_parallel_now(), f and g are the sequence-parallel
 // all-gather and reduce-scatter; sampling, which runs whole sequences, turns it off.
-void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups = 1, Communicator* tp = nullptr,
-                     const SequenceSplit* split = nullptr);
+void column_parallel(nn::Linear& l, int64_t parts, int64_t rank, int64_t groups = 1,
+                     Communicator* tp = nullptr, const SequenceSplit* split = nullptr);
 void row_parallel(nn::Linear& l, int64_t parts, int64_t rank, Communicator* tp = nullptr,
                   const SequenceSplit* split = nullptr);
 

@@ -134,29 +134,30 @@ void copy(const Tensor& dst, const Tensor& src) {
       using S = decltype(stag);
       D* d = static_cast<D*>(dst.data_ptr());
       const S* s = static_cast<const S*>(src.data_ptr());
-      for_each_row(dst.shape(), dst.strides(), src.strides(), [&](int64_t doff, int64_t soff, int64_t n,
-                                                                   int64_t dstep, int64_t sstep) {
-        if constexpr (std::is_same_v<D, S>) {
-          if (dstep == 1 && sstep == 1) return static_cast<void>(std::memcpy(d + doff, s + soff, size_t(n) * sizeof(D)));
-        } else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, bf16>) {
-          if (dstep == 1 && sstep == 1) return bf16_to_f32(s + soff, d + doff, n);
-        } else if constexpr (std::is_same_v<D, bf16> && std::is_same_v<S, float>) {
-          if (dstep == 1 && sstep == 1) return f32_to_bf16(s + soff, d + doff, n);
-        }
-        for (int64_t i = 0; i < n; ++i) {
-          if constexpr (std::is_same_v<D, S>) {
-            d[doff + i * dstep] = s[soff + i * sstep];
-          } else if constexpr (std::is_same_v<S, int32_t> || std::is_same_v<S, uint16_t>) {
-            // integers go through double, which holds every int32 exactly (float holds only
-            // those up to 2^24)
-            d[doff + i * dstep] = store<D>(static_cast<double>(s[soff + i * sstep]));
-          } else if constexpr (std::is_same_v<D, bf16> && !std::is_same_v<S, double>) {
-            d[doff + i * dstep] = float_to_bf16(load(s[soff + i * sstep]));
-          } else {
-            d[doff + i * dstep] = store<D>(static_cast<double>(load(s[soff + i * sstep])));
-          }
-        }
-      });
+      for_each_row(dst.shape(), dst.strides(), src.strides(),
+                   [&](int64_t doff, int64_t soff, int64_t n, int64_t dstep, int64_t sstep) {
+                     if constexpr (std::is_same_v<D, S>) {
+                       if (dstep == 1 && sstep == 1)
+                         return static_cast<void>(std::memcpy(d + doff, s + soff, size_t(n) * sizeof(D)));
+                     } else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, bf16>) {
+                       if (dstep == 1 && sstep == 1) return bf16_to_f32(s + soff, d + doff, n);
+                     } else if constexpr (std::is_same_v<D, bf16> && std::is_same_v<S, float>) {
+                       if (dstep == 1 && sstep == 1) return f32_to_bf16(s + soff, d + doff, n);
+                     }
+                     for (int64_t i = 0; i < n; ++i) {
+                       if constexpr (std::is_same_v<D, S>) {
+                         d[doff + i * dstep] = s[soff + i * sstep];
+                       } else if constexpr (std::is_same_v<S, int32_t> || std::is_same_v<S, uint16_t>) {
+                         // integers go through double, which holds every int32 exactly (float holds only
+                         // those up to 2^24)
+                         d[doff + i * dstep] = store<D>(static_cast<double>(s[soff + i * sstep]));
+                       } else if constexpr (std::is_same_v<D, bf16> && !std::is_same_v<S, double>) {
+                         d[doff + i * dstep] = float_to_bf16(load(s[soff + i * sstep]));
+                       } else {
+                         d[doff + i * dstep] = store<D>(static_cast<double>(load(s[soff + i * sstep])));
+                       }
+                     }
+                   });
     });
   });
 }

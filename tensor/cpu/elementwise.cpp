@@ -72,7 +72,8 @@ void binary_vec(const Tensor& a, const Tensor& b, const Tensor& out, const F32Bi
   const T* pb = static_cast<const T*>(b.data_ptr());
   T* po = static_cast<T*>(out.data_ptr());
   const int64_t n = a.numel(), nb = b.numel();
-  if (nb == n) return parallel_chunks(n, [&](int64_t lo, int64_t hi) { apply(f, pa + lo, pb + lo, po + lo, hi - lo); });
+  if (nb == n)
+    return parallel_chunks(n, [&](int64_t lo, int64_t hi) { apply(f, pa + lo, pb + lo, po + lo, hi - lo); });
   const int64_t rows = nb ? n / nb : 0;
 #pragma omp parallel for schedule(static) if (n > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) apply(f, pa + r * nb, pb, po + r * nb, nb);

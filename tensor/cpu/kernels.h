@@ -23,8 +23,8 @@ void scale_by(const Tensor& t, const Tensor& s);
 void gelu_forward(const Tensor& x, const Tensor& out);
 void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx);
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& out, const Tensor& rstd);
-void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dw);
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw);
 void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
 void silu_mul_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate,
                        const Tensor& dup);

@@ -58,8 +58,8 @@ NDT_VECTOR_CLONES float sum_sq_dev_f32(const float* x, float m, int64_t n) {
 }
 
 // out[c] = (x[c] - m) r w[c] + b[c]
-NDT_VECTOR_CLONES void normalize_f32(const float* x, float m, float r, const float* w, const float* b, float* out,
-                                     int64_t n) {
+NDT_VECTOR_CLONES void normalize_f32(const float* x, float m, float r, const float* w, const float* b,
+                                     float* out, int64_t n) {
   for (int64_t c = 0; c < n; ++c) out[c] = (x[c] - m) * r * w[c] + b[c];
 }
 
@@ -83,8 +83,9 @@ NDT_VECTOR_CLONES float dxhat_xhat_sum_f32(const float* d, const float* x, const
 }
 
 // dx[c] = r (dxhat - mean_dxhat - xhat mean_dxhat_xhat) (+ res[c])
-NDT_VECTOR_CLONES void layernorm_dx_f32(const float* d, const float* x, const float* w, const float* res, float m,
-                                        float r, float mean_dxhat, float mean_dxhat_xhat, float* dx, int64_t n) {
+NDT_VECTOR_CLONES void layernorm_dx_f32(const float* d, const float* x, const float* w, const float* res,
+                                        float m, float r, float mean_dxhat, float mean_dxhat_xhat, float* dx,
+                                        int64_t n) {
   for (int64_t c = 0; c < n; ++c) {
     const float xhat = (x[c] - m) * r, dxhat = d[c] * w[c];
     const float g = r * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat);
@@ -126,8 +127,8 @@ void layernorm_row_f32(const float* x, const float* w, const float* b, float eps
 
 // ---- f64: the plain loops (forward) -------------------------------------------------------
 
-void layernorm_row_f64(const double* row, const double* pw, const double* pb, double eps, int64_t C, double* out,
-                       double& mean, double& rstd) {
+void layernorm_row_f64(const double* row, const double* pw, const double* pb, double eps, int64_t C,
+                       double* out, double& mean, double& rstd) {
   double m = 0;
   for (int64_t c = 0; c < C; ++c) m += row[c];
   m /= C;
@@ -145,8 +146,8 @@ void layernorm_row_f64(const double* row, const double* pw, const double* pb, do
 // Rows of x, or of sum = a + b (rounded to T and stored first, then normalized) -> out,
 // mean, rstd.
 template <typename T>
-void layernorm_rows(const T* pa, const T* pb, T* psum, const T* pw, const T* pbias, float eps, T* po, float* pm,
-                    float* pr, int64_t N, int64_t C) {
+void layernorm_rows(const T* pa, const T* pb, T* psum, const T* pw, const T* pbias, float eps, T* po,
+                    float* pm, float* pr, int64_t N, int64_t C) {
   std::vector<float> wb(2 * C);  // bf16 only: w and bias widened
   const float *w = widened(pw, wb.data(), C), *bias = widened(pbias, wb.data() + C, C);
 #pragma omp parallel if (N * C > 16384)
@@ -175,8 +176,8 @@ void layernorm_rows(const T* pa, const T* pb, T* psum, const T* pw, const T* pbi
 //   dx = rstd (dxhat - mean_c(dxhat) - xhat mean_c(dxhat xhat)),  dxhat = dout w
 // With dresidual (pres): dx += dresidual, in the same pass.
 template <typename T>
-void layernorm_backward_rows(const T* pd, const T* px, const T* pw, const float* pm, const float* pr, const T* pres,
-                             T* pdx, T* pdw, T* pdb, int64_t N, int64_t C) {
+void layernorm_backward_rows(const T* pd, const T* px, const T* pw, const float* pm, const float* pr,
+                             const T* pres, T* pdx, T* pdw, T* pdb, int64_t N, int64_t C) {
   std::vector<float> wb(C);  // bf16 only: w widened
   const float* w = widened(pw, wb.data(), C);
   // dx: rows are independent
@@ -198,13 +199,15 @@ void layernorm_backward_rows(const T* pd, const T* px, const T* pw, const float*
   // dw, db: columns are independent, each thread a slice of them (a multiple of kLanes, at
   // most 512); every column's rows summed in order, so the slices' width does not matter
   const int64_t parts = N * C > 16384 ? omp_get_max_threads() : 1;
-  const int64_t width = std::clamp<int64_t>((C + parts * kLanes - 1) / (parts * kLanes) * kLanes, kLanes, 512);
+  const int64_t width =
+      std::clamp<int64_t>((C + parts * kLanes - 1) / (parts * kLanes) * kLanes, kLanes, 512);
 #pragma omp parallel for schedule(static) if (parts > 1)
   for (int64_t c0 = 0; c0 < C; c0 += width) {
     const int64_t m = std::min(width, C - c0);
     float aw[512] = {}, ab[512] = {}, bd[512], bx[512];
     for (int64_t n = 0; n < N; ++n)
-      dw_db_row_f32(widened(pd + n * C + c0, bd, m), widened(px + n * C + c0, bx, m), pm[n], pr[n], aw, ab, m);
+      dw_db_row_f32(widened(pd + n * C + c0, bd, m), widened(px + n * C + c0, bx, m), pm[n], pr[n], aw, ab,
+                    m);
     for (int64_t c = 0; c < m; ++c) {
       pdw[c0 + c] = st<T>(aw[c]);
       pdb[c0 + c] = st<T>(ab[c]);
@@ -215,8 +218,8 @@ void layernorm_backward_rows(const T* pd, const T* px, const T* pw, const float*
 // ---- f64: the plain loops (backward) ------------------------------------------------------
 
 void layernorm_backward_f64(const double* pd, const double* px, const double* pw, const double* pm,
-                            const double* pr, const double* pres, double* pdx, double* pdw, double* pdb, int64_t N,
-                            int64_t C) {
+                            const double* pr, const double* pres, double* pdx, double* pdw, double* pdb,
+                            int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static) if (N * C > 16384)
   for (int64_t n = 0; n < N; ++n) {
     const double *drow = pd + n * C, *xrow = px + n * C;
@@ -297,8 +300,8 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, co
                              ptr<double>(rstd), pres, ptr<double>(dx), ptr<double>(dw), ptr<double>(db), N,
                              C);
     else
-      layernorm_backward_rows<T>(ptr<T>(dout), ptr<T>(x), ptr<T>(w), ptr<float>(mean), ptr<float>(rstd),
-                                 pres, ptr<T>(dx), ptr<T>(dw), ptr<T>(db), N, C);
+      layernorm_backward_rows<T>(ptr<T>(dout), ptr<T>(x), ptr<T>(w), ptr<float>(mean), ptr<float>(rstd), pres,
+                                 ptr<T>(dx), ptr<T>(dw), ptr<T>(db), N, C);
   });
 }
 

@@ -48,7 +48,9 @@ struct Key {
   bool ta, tb, b_shared, has_bias, dst_f32;
   float alpha, beta;
   bool src_f32;  // f32 operands (and bias, and result), else bf16
-  auto tie() const { return std::tie(batch, m, n, k, ta, tb, b_shared, has_bias, dst_f32, alpha, beta, src_f32); }
+  auto tie() const {
+    return std::tie(batch, m, n, k, ta, tb, b_shared, has_bias, dst_f32, alpha, beta, src_f32);
+  }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -230,9 +232,11 @@ bool f32_gemm_on_onednn() {
 #if NDT_WITH_ONEDNN
   if (choice == "onednn") return true;
 #else
-  NDT_CHECK(choice != "onednn", "NDT_F32_GEMM=onednn: this build has no oneDNN (install libdnnl-dev and configure again)");
+  NDT_CHECK(choice != "onednn",
+            "NDT_F32_GEMM=onednn: this build has no oneDNN (install libdnnl-dev and configure again)");
 #endif
-  NDT_CHECK(choice.empty() || choice == "auto", "NDT_F32_GEMM=", choice, ": expected auto, onednn or openblas");
+  NDT_CHECK(choice.empty() || choice == "auto", "NDT_F32_GEMM=", choice,
+            ": expected auto, onednn or openblas");
   return f32_gemm_prefers_onednn();
 }
 

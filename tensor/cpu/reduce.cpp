@@ -89,9 +89,7 @@ void write_scalar(const Tensor& out, double v) {
 
 }  // namespace
 
-void sum(const Tensor& x, const Tensor& out) {
-  write_scalar(out, reduce_all(x, "sum", false));
-}
+void sum(const Tensor& x, const Tensor& out) { write_scalar(out, reduce_all(x, "sum", false)); }
 
 void sum_squares(const Tensor& x, const Tensor& out) {
   write_scalar(out, reduce_all(x, "sum_squares", true));
@@ -108,7 +106,8 @@ void sum_rows(const Tensor& x, const Tensor& out) {
     const T* p = static_cast<const T*>(x.data_ptr());
     T* po = static_cast<T*>(out.data_ptr());
     const int64_t parts = rows * c > 65536 ? omp_get_max_threads() : 1;
-    const int64_t width = std::clamp<int64_t>((c + parts * kLanes - 1) / (parts * kLanes) * kLanes, kLanes, 512);
+    const int64_t width =
+        std::clamp<int64_t>((c + parts * kLanes - 1) / (parts * kLanes) * kLanes, kLanes, 512);
 #pragma omp parallel for schedule(static) if (parts > 1)
     for (int64_t j0 = 0; j0 < c; j0 += width) {
       const int64_t m = std::min(width, c - j0);

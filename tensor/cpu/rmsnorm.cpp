@@ -96,8 +96,8 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor&
 // In the forward, xhat = x * rstd and out = xhat * w; so
 //   dw = sum_n dout * xhat,  dx = rstd * (dxhat - xhat * mean_c(dxhat * xhat)),  dxhat = dout * w
 // (rstd depends on x through mean_c(x^2): d rstd / dx_c = -rstd^3 x_c / C)
-void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dw) {
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw) {
   dispatch_float(x.dtype(), "rmsnorm_backward", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -111,17 +111,17 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, cons
       rmsnorm_dx_f32(pd, px, pw, pr, pdx, N, C);
     else
 #pragma omp parallel for schedule(static) if (N * C > 16384)
-    for (int64_t n = 0; n < N; ++n) {
-      const T *drow = pd + n * C, *xrow = px + n * C;
-      A dot = 0;  // sum_c dxhat * xhat
-      for (int64_t c = 0; c < C; ++c) dot += load(drow[c]) * load(pw[c]) * load(xrow[c]) * pr[n];
-      const A mean_dot = dot / C;
-      for (int64_t c = 0; c < C; ++c) {
-        const A xhat = load(xrow[c]) * pr[n], dxhat = load(drow[c]) * load(pw[c]);
-        pdx[n * C + c] = st<T>(pr[n] * (dxhat - xhat * mean_dot));
+      for (int64_t n = 0; n < N; ++n) {
+        const T *drow = pd + n * C, *xrow = px + n * C;
+        A dot = 0;  // sum_c dxhat * xhat
+        for (int64_t c = 0; c < C; ++c) dot += load(drow[c]) * load(pw[c]) * load(xrow[c]) * pr[n];
+        const A mean_dot = dot / C;
+        for (int64_t c = 0; c < C; ++c) {
+          const A xhat = load(xrow[c]) * pr[n], dxhat = load(drow[c]) * load(pw[c]);
+          pdx[n * C + c] = st<T>(pr[n] * (dxhat - xhat * mean_dot));
+        }
       }
-    }
-    // dw: columns are independent; rows summed in order (deterministic)
+      // dw: columns are independent; rows summed in order (deterministic)
 #pragma omp parallel for schedule(static) if (N * C > 16384)
     for (int64_t c0 = 0; c0 < C; c0 += 64) {
       const int64_t c1 = std::min(C, c0 + 64);

@@ -169,15 +169,15 @@ void forward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<const
       const int64_t r0 = blk * kBlockQ, r1 = std::min(d.Tq, r0 + kBlockQ), nr = r1 - r0;
       const int64_t nk = d.visible(r1 - 1);  // the keys the block's last query sees
       T* yb = y.at(b, h, r0);                // (nr, HS)
-      if (nk == 0) {  // no query of the block sees a key: out 0, lse -inf
+      if (nk == 0) {                         // no query of the block sees a key: out 0, lse -inf
         zero_rows(yb, nr, y.st, d.HS);
         std::fill(lse + bh * d.Tq + r0, lse + bh * d.Tq + r1, -std::numeric_limits<T>::infinity());
         continue;
       }
-      const int64_t g = h / d.group();  // the kv head
-      const T* qb = q.at(b, h, r0);     // (nr, HS)
-      const T* kb = k.at(b, g, 0);      // (nk, HS)
-      const T* vb = v.at(b, g, 0);      // (nk, HS)
+      const int64_t g = h / d.group();                                                      // the kv head
+      const T* qb = q.at(b, h, r0);                                                         // (nr, HS)
+      const T* kb = k.at(b, g, 0);                                                          // (nk, HS)
+      const T* vb = v.at(b, g, 0);                                                          // (nk, HS)
       blas_gemm(false, true, nr, nk, d.HS, scale, qb, q.st, kb, k.st, T(0), s.data(), nk);  // s = scale q k^T
       for (int64_t i = 0; i < nr; ++i)
         lse[bh * d.Tq + r0 + i] = softmax_row_of(s.data() + i * nk, d.visible(r0 + i), nk);
@@ -341,9 +341,10 @@ void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   if (d.B * d.NKV * (d.Tq + d.Tk) == 0) return;
   dispatch_f32_f64(q.dtype(), "attention_fused_backward", [&](auto tag) {
     using F = decltype(tag);
-    backward_impl<F>(d, heads_of<const F>(q), heads_of<const F>(k), heads_of<const F>(v), heads_of<const F>(y),
-                     lse.data<F>(), heads_of<const F>(dy), dlse.defined() ? dlse.data<F>() : nullptr,
-                     heads_of<F>(dq), heads_of<F>(dk), heads_of<F>(dv), static_cast<F>(scale));
+    backward_impl<F>(d, heads_of<const F>(q), heads_of<const F>(k), heads_of<const F>(v),
+                     heads_of<const F>(y), lse.data<F>(), heads_of<const F>(dy),
+                     dlse.defined() ? dlse.data<F>() : nullptr, heads_of<F>(dq), heads_of<F>(dk),
+                     heads_of<F>(dv), static_cast<F>(scale));
   });
 }
 

@@ -24,8 +24,8 @@ NDT_VECTOR_CLONES void silu_mul_forward_f32(const float* g, const float* u, floa
 
 // In the forward, out = silu(g) * u with silu(g) = g s, s = sigmoid(g); so
 //   dup = dout * silu(g),  dgate = dout * u * silu'(g),  silu'(g) = s (1 + g (1 - s))
-NDT_VECTOR_CLONES void silu_mul_backward_f32(const float* g, const float* u, const float* d, float* dg, float* du,
-                                             int64_t n) {
+NDT_VECTOR_CLONES void silu_mul_backward_f32(const float* g, const float* u, const float* d, float* dg,
+                                             float* du, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float s = sigmoid(g[i]);
     du[i] = d[i] * g[i] * s;

@@ -46,7 +46,9 @@ const char* better_blas_core() {
   if (!generic) return nullptr;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : nullptr;
+  return __builtin_cpu_supports("avx512f") ? "SkylakeX"
+         : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                           : nullptr;
 #else
   return nullptr;
 #endif

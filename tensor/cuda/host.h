@@ -42,8 +42,8 @@ namespace ndt::cuda {
 void check_launch(const char* file, int line);
 
 // ---- per-device runtime state (runtime.cu) -------------------------------------------
-cudaStream_t stream(int device);    // the device's compute stream (non-blocking, lazy)
-cublasHandle_t cublas(int device);  // bound to stream(device), lazy
+cudaStream_t stream(int device);        // the device's compute stream (non-blocking, lazy)
+cublasHandle_t cublas(int device);      // bound to stream(device), lazy
 cublasLtHandle_t cublaslt(int device);  // lazy; its calls take the stream
 
 // Makes `device` current for the scope and restores the previous one.

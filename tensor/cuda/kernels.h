@@ -11,7 +11,8 @@ namespace ndt::cuda {
 
 void fill(const Tensor& t, double value);
 void copy(const Tensor& dst, const Tensor& src);
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha, double beta);
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
+          double beta);
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
                     const Tensor& pre);
 void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);
@@ -22,8 +23,8 @@ void scale_by(const Tensor& t, const Tensor& s);
 void gelu_forward(const Tensor& x, const Tensor& out);
 void gelu_backward(const Tensor& x, const Tensor& dout, const Tensor& dx);
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor& out, const Tensor& rstd);
-void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dw);
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw);
 void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out);
 void silu_mul_backward(const Tensor& gate, const Tensor& up, const Tensor& dout, const Tensor& dgate,
                        const Tensor& dup);
@@ -31,7 +32,8 @@ void rotary_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, bool 
 void sum(const Tensor& x, const Tensor& out);
 void sum_squares(const Tensor& x, const Tensor& out);
 void sum_rows(const Tensor& x, const Tensor& out);
-void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out, const Tensor& mean, const Tensor& rstd);
+void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, double eps, const Tensor& out,
+                       const Tensor& mean, const Tensor& rstd);
 void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& mean,
                         const Tensor& rstd, const Tensor& dx, const Tensor& dw, const Tensor& db,
                         const Tensor& dresidual);
@@ -50,13 +52,21 @@ void count_not_equal(const Tensor& targets, int64_t ignore_index, const Tensor& 
 void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out, int64_t v_start,
                        int64_t v_total);
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, int64_t v_start);
-void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset, const Tensor& lse);
-void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse, double scale);
+void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
+                               const Tensor& lse);
+void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,
+                                double scale);
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out);
-void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b, const Tensor& lse_b, const Tensor& out, const Tensor& lse);
-void attention_merge_backward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b, const Tensor& lse_b, const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dlse, const Tensor& dout_a, const Tensor& dlse_a, const Tensor& dout_b, const Tensor& dlse_b);
+void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                             const Tensor& lse_b, const Tensor& out, const Tensor& lse);
+void attention_merge_backward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
+                              const Tensor& lse_b, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                              const Tensor& dlse, const Tensor& dout_a, const Tensor& dlse_a,
+                              const Tensor& dout_b, const Tensor& dlse_b);
 void rowmax(const Tensor& logits, int64_t v_live, const Tensor& out);
-void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& gmax, int64_t v_start, int64_t v_live, int64_t ignore_index, const Tensor& sumexp, const Tensor& target_logit);
+void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& gmax, int64_t v_start,
+                            int64_t v_live, int64_t ignore_index, const Tensor& sumexp,
+                            const Tensor& target_logit);
 void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets, const Tensor& gmax,
                                      const Tensor& sumexp_global, int64_t v_start, int64_t v_live,
                                      int64_t ignore_index, const Tensor& kept, const Tensor& dloss,
@@ -66,6 +76,7 @@ void cross_entropy_parallel_losses(const Tensor& gmax, const Tensor& sumexp_glob
                                    int64_t ignore_index, const Tensor& losses);
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi);
 void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std);
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const kernels::AdamWArgs& a);
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const kernels::AdamWArgs& a);
 
 }  // namespace ndt::cuda

@@ -113,16 +113,16 @@ cublasLtEpilogue_t describe_linear(LtCall& c, cublasComputeType_t compute, const
 void prefer(LtCall& c, uint32_t al_a, uint32_t al_b, uint32_t al_d) {
   NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&c.pref));
   const uint64_t ws = kWorkspaceBytes;
-  NDT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  NDT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
-  NDT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
-  NDT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
-  NDT_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
+  NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                        sizeof(ws)));
+  NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                        &al_a, sizeof(al_a)));
+  NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                        &al_b, sizeof(al_b)));
+  NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                        &al_d, sizeof(al_d)));
+  NDT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(c.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                        &al_d, sizeof(al_d)));
 }
 
 // The algorithm for `key`, asked of the heuristic once per key (nullopt: it has none).
@@ -158,7 +158,7 @@ bool lt_linear(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, 
   const bool fuse_gelu = gelu && (out.dtype() == DType::bf16 || compute == CUBLAS_COMPUTE_32F_FAST_TF32) &&
                          N % 8 == 0;  // the aux leading dimension must be a multiple of 8
   gelu_done = fuse_gelu;
-  const Tensor& d = gelu && !fuse_gelu ? pre : out;  // where the GEMM (+ bias) lands
+  const Tensor& d = gelu && !fuse_gelu ? pre : out;                        // where the GEMM (+ bias) lands
   if (bias.defined() && alignment_of(bias.data_ptr()) < 16) return false;  // no alignment pref for it
   if (fuse_gelu && alignment_of(pre.data_ptr()) < 16) return false;
   LtCall c;
@@ -205,10 +205,9 @@ int64_t fused_linear_calls() { return g_fused_calls.load(std::memory_order_relax
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
                     const Tensor& pre) {
-  NDT_CHECK(
-      x.dtype() == w.dtype() && out.dtype() == x.dtype() && (!bias.defined() || bias.dtype() == x.dtype()) &&
-          (!gelu || pre.dtype() == x.dtype()),
-      "linear_forward: dtypes differ: ", x.desc(), ", ", w.desc(), ", ", out.desc());
+  NDT_CHECK(x.dtype() == w.dtype() && out.dtype() == x.dtype() &&
+                (!bias.defined() || bias.dtype() == x.dtype()) && (!gelu || pre.dtype() == x.dtype()),
+            "linear_forward: dtypes differ: ", x.desc(), ", ", w.desc(), ", ", out.desc());
   NDT_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::bf16, "linear_forward: ", dtype_name(x.dtype()),
             " is not supported on CUDA (float32 or bfloat16)");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(1);

@@ -30,7 +30,8 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* w, float eps, T* out
   float ss = 0.0f;
   for (int64_t c = lane; c < C; c += 32) ss += load(xr[c]) * load(xr[c]);
   const float r = rsqrtf(warp_sum(ss) / C + eps);
-  for (int64_t c = lane; c < C; c += 32) out[n * C + c] = store<T>(load(store<T>(load(xr[c]) * r)) * load(w[c]));
+  for (int64_t c = lane; c < C; c += 32)
+    out[n * C + c] = store<T>(load(store<T>(load(xr[c]) * r)) * load(w[c]));
   if (lane == 0) rstd[n] = r;
 }
 
@@ -81,8 +82,8 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const Tensor&
   });
 }
 
-void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dx,
-                      const Tensor& dw) {
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      const Tensor& dx, const Tensor& dw) {
   const int64_t C = x.size(-1), N = C ? x.numel() / C : 0;
   if (C == 0) return;
   NDT_CHECK(rstd.dtype() == DType::f32, "rmsnorm_backward: rstd must be f32 on CUDA, got ", rstd.desc());
@@ -92,11 +93,12 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, cons
     const T *pd = static_cast<const T*>(dout.data_ptr()), *px = static_cast<const T*>(x.data_ptr());
     if (N > 0) {
       rmsnorm_dx_kernel<T><<<row_blocks(N), kThreads, 0, L.stream>>>(
-          pd, px, static_cast<const T*>(w.data_ptr()), rstd.data<float>(), static_cast<T*>(dx.data_ptr()), N, C);
+          pd, px, static_cast<const T*>(w.data_ptr()), rstd.data<float>(), static_cast<T*>(dx.data_ptr()), N,
+          C);
       NDT_CUDA_CHECK_LAUNCH();
     }
     rmsnorm_dw_kernel<T><<<grid_for(C), kThreads, 0, L.stream>>>(pd, px, rstd.data<float>(),
-                                                                   static_cast<T*>(dw.data_ptr()), N, C);
+                                                                 static_cast<T*>(dw.data_ptr()), N, C);
     NDT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -35,8 +35,8 @@ void rotary_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, bool 
     using T = decltype(tag);
     rotary_kernel<T><<<grid_for(pairs), kThreads, 0, L.stream>>>(
         static_cast<const T*>(x.data_ptr()), static_cast<const T*>(cos.data_ptr()),
-        static_cast<const T*>(sin.data_ptr()), inverse ? -1.0f : 1.0f, static_cast<T*>(out.data_ptr()), pairs, NH,
-        H);
+        static_cast<const T*>(sin.data_ptr()), inverse ? -1.0f : 1.0f, static_cast<T*>(out.data_ptr()), pairs,
+        NH, H);
     NDT_CUDA_CHECK_LAUNCH();
   });
 }

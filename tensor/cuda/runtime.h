@@ -11,9 +11,9 @@
 
 namespace ndt::cuda {
 
-bool compiled();      // built with the CUDA backend
-bool available();     // compiled() and at least one device is visible
-int device_count();   // 0 when not available
+bool compiled();     // built with the CUDA backend
+bool available();    // compiled() and at least one device is visible
+int device_count();  // 0 when not available
 // Why no device is available ("" when one is): no driver, no device, or a driver older than
 // this build's CUDA runtime (with both versions), for the one line a user sees.
 std::string unavailable_reason();

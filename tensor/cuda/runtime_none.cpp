@@ -6,7 +6,8 @@
 namespace ndt::cuda {
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
-  NDT_FAIL(what, ": ndtrain was built without CUDA; rebuild with -DNDT_CUDA=ON on a machine "
+  NDT_FAIL(what,
+           ": ndtrain was built without CUDA; rebuild with -DNDT_CUDA=ON on a machine "
            "with the CUDA toolkit, or use device cpu");
 }
 }  // namespace

@@ -17,7 +17,8 @@ __global__ void silu_mul_forward_kernel(const T* gate, const T* up, T* out, int6
 
 // forward: out = g s u, s = sigmoid(g); so dup = dout g s, dgate = dout u s (1 + g (1 - s))
 template <typename T>
-__global__ void silu_mul_backward_kernel(const T* gate, const T* up, const T* dout, T* dgate, T* dup, int64_t n) {
+__global__ void silu_mul_backward_kernel(const T* gate, const T* up, const T* dout, T* dgate, T* dup,
+                                         int64_t n) {
   NDT_GRID_STRIDE(i, n) {
     const float g = load(gate[i]), d = load(dout[i]);
     const float s = 1.0f / (1.0f + expf(-g));
@@ -36,8 +37,9 @@ void silu_mul_forward(const Tensor& gate, const Tensor& up, const Tensor& out) {
   Launch L(gate);
   dispatch_float(gate.dtype(), "silu_mul_forward", [&](auto tag) {
     using T = decltype(tag);
-    silu_mul_forward_kernel<T><<<grid_for(n), kThreads, 0, L.stream>>>(
-        static_cast<const T*>(gate.data_ptr()), static_cast<const T*>(up.data_ptr()), static_cast<T*>(out.data_ptr()), n);
+    silu_mul_forward_kernel<T><<<grid_for(n), kThreads, 0, L.stream>>>(static_cast<const T*>(gate.data_ptr()),
+                                                                       static_cast<const T*>(up.data_ptr()),
+                                                                       static_cast<T*>(out.data_ptr()), n);
     NDT_CUDA_CHECK_LAUNCH();
   });
 }
@@ -51,7 +53,8 @@ void silu_mul_backward(const Tensor& gate, const Tensor& up, const Tensor& dout,
     using T = decltype(tag);
     silu_mul_backward_kernel<T><<<grid_for(n), kThreads, 0, L.stream>>>(
         static_cast<const T*>(gate.data_ptr()), static_cast<const T*>(up.data_ptr()),
-        static_cast<const T*>(dout.data_ptr()), static_cast<T*>(dgate.data_ptr()), static_cast<T*>(dup.data_ptr()), n);
+        static_cast<const T*>(dout.data_ptr()), static_cast<T*>(dgate.data_ptr()),
+        static_cast<T*>(dup.data_ptr()), n);
     NDT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -25,15 +25,15 @@ class RankFailures : public ::testing::EmptyTestEventListener {
   }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {  // gtest's lock is held here
     if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s: %s:%d: %s\n", rank_, test_.c_str(), r.file_name() ? r.file_name() : "?",
-                 r.line_number(), r.message());
+    std::fprintf(stderr, "[rank %d] %s: %s:%d: %s\n", rank_, test_.c_str(),
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
   }
 
  private:
   int rank_;
   std::string test_;
 };
-}
+}  // namespace
 std::shared_ptr<dist::Communicator> world() { return g_world; }
 }  // namespace ndt::testing
 

@@ -204,17 +204,24 @@ std::vector<OpCase> build_cases() {
             all_grad(2)});
   // the Llama MLP as nn::SwiGLU runs it: down(silu(x gate) * (x up)), no biases, after an RMSNorm
   add_case({"swiglu_mlp",
-            inputs_of({{{kB, 5, kC}}, {{kC}, 1.0f, 0.3f}, {{kC, 16}, 0.0f, 0.4f}, {{kC, 16}, 0.0f, 0.4f}, {{16, kC}, 0.0f, 0.3f}}),
+            inputs_of({{{kB, 5, kC}},
+                       {{kC}, 1.0f, 0.3f},
+                       {{kC, 16}, 0.0f, 0.4f},
+                       {{kC, 16}, 0.0f, 0.4f},
+                       {{16, kC}, 0.0f, 0.3f}}),
             [](const std::vector<Tensor>& x) {
               const Tensor h = rms_norm(x[0], x[1], 1e-6);
-              return std::vector<Tensor>{linear(silu_mul(linear(h, x[2], Tensor()), linear(h, x[3], Tensor())), x[4], Tensor())};
+              return std::vector<Tensor>{
+                  linear(silu_mul(linear(h, x[2], Tensor()), linear(h, x[3], Tensor())), x[4], Tensor())};
             },
             all_grad(5)});
   add_case({"silu_mul", inputs_of({{{5, 7}, 0.0f, 2.0f}, {{5, 7}}}),
-            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{silu_mul(x[0], x[1])}; }, all_grad(2)});
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{silu_mul(x[0], x[1])}; },
+            all_grad(2)});
   // x (B,T,NH,HS) and cos, sin (B,T,HS/2): the backward is the transpose for any cos and
   // sin (random here, not on the unit circle); x comes as (B,NH,T,HS), as attention holds q
-  add_case({"rotary", inputs_of({{{kB, kNH, kT, 6}}, {{kB, kT, 3}}, {{kB, kT, 3}}}),
+  add_case({"rotary",
+            inputs_of({{{kB, kNH, kT, 6}}, {{kB, kT, 3}}, {{kB, kT, 3}}}),
             [](const std::vector<Tensor>& x) {
               return std::vector<Tensor>{rotary(transpose(x[0], 1, 2), x[1], x[2])};
             },
@@ -410,12 +417,12 @@ std::vector<OpCase> build_cases() {
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{concat_last(x)}; },
             {true, false, true}});
   add_case({"split_dim", inputs_of({{{2, 7, 3}}}),
-            [](const std::vector<Tensor>& x) { return split(x[0], 1, {3, 4}); },
+            [](const std::vector<Tensor>& x) {
+              return split(x[0], 1, {3, 4});
+            },
             all_grad(1)});
-  add_case({"concat_dim",
-            inputs_of({{{2, 3, 4}}, {{2, 1, 4}}}),
-            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{concat(x, 1)}; },
-            all_grad(2)});
+  add_case({"concat_dim", inputs_of({{{2, 3, 4}}, {{2, 1, 4}}}),
+            [](const std::vector<Tensor>& x) { return std::vector<Tensor>{concat(x, 1)}; }, all_grad(2)});
   add_case({"heads_to_front", inputs_of({{{kB, kT, kNH, 4}}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{heads_to_front(x[0])}; },
             all_grad(1)});

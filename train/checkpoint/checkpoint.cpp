@@ -195,7 +195,8 @@ std::optional<std::pair<int64_t, fs::path>> newest_complete(const fs::path& dir)
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code kind;
     const std::optional<int64_t> n = step_of(it->path().filename().string());
-    if (n && it->is_directory(kind) && fs::exists(it->path() / kManifest, kind) && (!newest || *n > newest->first))
+    if (n && it->is_directory(kind) && fs::exists(it->path() / kManifest, kind) &&
+        (!newest || *n > newest->first))
       newest = {{*n, it->path()}};
   }
   return newest;

@@ -103,9 +103,11 @@ std::map<std::string, Source> sources(const models::GPTConfig& c) {
     s[ours + "ln_1.weight"] = {Source::renamed, {hf + "input_layernorm.weight"}};
     s[ours + "ln_2.weight"] = {Source::renamed, {hf + "post_attention_layernorm.weight"}};
     const std::string a = hf + "self_attn.";
-    s[ours + "attn.c_attn.weight"] = {Source::packed_qkv, {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}};
+    s[ours + "attn.c_attn.weight"] = {Source::packed_qkv,
+                                      {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}};
     if (c.attention_bias)
-      s[ours + "attn.c_attn.bias"] = {Source::packed_qkv, {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}};
+      s[ours + "attn.c_attn.bias"] = {Source::packed_qkv,
+                                      {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}};
     s[ours + "attn.c_proj.weight"] = {Source::transposed, {a + "o_proj.weight"}};
     for (const char* m : {"gate_proj", "up_proj", "down_proj"})
       s[ours + "mlp." + m + ".weight"] = {Source::transposed, {hf + "mlp." + m + ".weight"}};
@@ -116,7 +118,8 @@ std::map<std::string, Source> sources(const models::GPTConfig& c) {
 // The folder's shapes of a source, given our whole shape `ours`: renamed ones are ours (wte
 // and lm_head without their padded rows), transposed ones swapped, packed ones q (NH HS, ..),
 // k and v (NKV HS, ..) with C after them for weights.
-std::vector<Shape> hf_shapes(const models::GPTConfig& c, const std::string& name, const Source& s, Shape ours) {
+std::vector<Shape> hf_shapes(const models::GPTConfig& c, const std::string& name, const Source& s,
+                             Shape ours) {
   if (name == "wte.weight" || name == "lm_head.weight") ours[0] = c.vocab_size;
   if (s.kind == Source::renamed) return {ours};
   if (s.kind == Source::transposed) return {{ours[1], ours[0]}};
@@ -141,7 +144,8 @@ void for_each_qkv_block(const models::GPTConfig& c, const std::function<void(int
 
 // Our whole parameter (CPU, `dtype`) from transposed or packed sources, read whole.
 template <typename T>
-void assemble(const models::GPTConfig& c, const Source& s, const std::vector<Tensor>& src, const Tensor& out) {
+void assemble(const models::GPTConfig& c, const Source& s, const std::vector<Tensor>& src,
+              const Tensor& out) {
   T* o = out.data<T>();
   if (s.kind == Source::transposed) {  // out (in, out_features) = src (out_features, in)^T
     const int64_t rows = src[0].size(0), cols = src[0].size(1);
@@ -168,7 +172,8 @@ void assemble(const models::GPTConfig& c, const Source& s, const std::vector<Ten
 
 // The inverse, for export: our whole parameter -> its folder tensors (same shapes as hf_shapes)
 template <typename T>
-void disassemble(const models::GPTConfig& c, const Source& s, const Tensor& ours, const std::vector<Tensor>& dst) {
+void disassemble(const models::GPTConfig& c, const Source& s, const Tensor& ours,
+                 const std::vector<Tensor>& dst) {
   const T* o = ours.data<T>();
   if (s.kind == Source::transposed) {
     const int64_t rows = dst[0].size(0), cols = dst[0].size(1);
@@ -208,8 +213,8 @@ std::string join(const std::vector<std::string>& v) {
 // The folder's name for a renamed GPT-2 tensor: with or without "transformer." (both seen on the Hub)
 std::string gpt2_name(const io::HfFolder& f, const std::string& prefixed) {
   const std::string bare = prefixed.substr(std::string("transformer.").size());
-  NDT_CHECK(!(f.has(prefixed) && f.has(bare)), "model folder ", f.dir(), ": holds both ", bare, " and ", prefixed,
-            ", which name the same parameter; keep one of them");
+  NDT_CHECK(!(f.has(prefixed) && f.has(bare)), "model folder ", f.dir(), ": holds both ", bare, " and ",
+            prefixed, ", which name the same parameter; keep one of them");
   return f.has(bare) ? bare : prefixed;
 }
 
@@ -233,15 +238,15 @@ void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::Flat
       if (!f.has(s.names[k])) {
         missing.push_back(s.names[k]);
       } else if (f.entry(s.names[k]).shape != want[k]) {
-        problems.push_back(s.names[k] + " has shape " + shape_str(f.entry(s.names[k]).shape) + ", the model needs " +
-                           shape_str(want[k]));
+        problems.push_back(s.names[k] + " has shape " + shape_str(f.entry(s.names[k]).shape) +
+                           ", the model needs " + shape_str(want[k]));
       }
     }
   }
   std::vector<std::string> extra;
   for (const std::string& n : f.names()) {
     const bool buffer = n.find("rotary_emb.inv_freq") != std::string::npos || n.ends_with(".attn.bias") ||
-                        n.ends_with(".attn.masked_bias");  // buffers, not parameters
+                        n.ends_with(".attn.masked_bias");      // buffers, not parameters
     const bool tied_head = n == "lm_head.weight" && c.tied();  // the same values as the embeddings
     if (!used.count(n) && !buffer && !tied_head) extra.push_back(n);
   }
@@ -290,8 +295,8 @@ void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::Flat
     }
 }
 
-std::vector<std::pair<std::string, Tensor>> hf_tensors(const models::GPT& gpt,
-                                                       const std::function<Tensor(const std::string&)>& whole) {
+std::vector<std::pair<std::string, Tensor>> hf_tensors(
+    const models::GPT& gpt, const std::function<Tensor(const std::string&)>& whole) {
   const models::GPTConfig& c = gpt.cfg;
   const std::map<std::string, Source> src = sources(c);
   std::vector<std::pair<std::string, Tensor>> out;

@@ -58,8 +58,8 @@ void load_hf_local(const io::HfFolder& folder, const models::GPT& gpt, const nn:
 // Our whole tensors (whole(name): a parameter's value or gradient, as one process holds it)
 // under the folder's names and shapes, in float64: what export writes, and what tests compare
 // with transformers' gradients.
-std::vector<std::pair<std::string, Tensor>> hf_tensors(const models::GPT& gpt,
-                                                       const std::function<Tensor(const std::string&)>& whole);
+std::vector<std::pair<std::string, Tensor>> hf_tensors(
+    const models::GPT& gpt, const std::function<Tensor(const std::string&)>& whole);
 
 // Writes the model (params: whole, as one process holds them) as a Hugging Face folder in
 // `dtype` (f32 or bf16), sharded like transformers past max_shard_bytes (io::HfFolderWriter).

@@ -24,7 +24,8 @@ std::string WeightSource::str() const {
 
 WeightSource find_weights(const std::string& path) {
   WeightSource w;
-  NDT_CHECK(fs::exists(path), path, " does not exist: give a Hugging Face model folder, a checkpoint (its "
+  NDT_CHECK(fs::exists(path), path,
+            " does not exist: give a Hugging Face model folder, a checkpoint (its "
             "step folder or checkpoint.dir) or a safetensors file");
   if (is_hf_folder(path)) {
     w.kind = WeightSource::Kind::kHfFolder;
@@ -35,7 +36,8 @@ WeightSource find_weights(const std::string& path) {
   std::string dir = path;
   if (fs::is_directory(dir) && !is_sharded(dir)) {  // a checkpoint.dir: its newest complete checkpoint
     const std::optional<std::string> latest = latest_checkpoint(dir);
-    NDT_CHECK(latest.has_value(), path, " is neither a Hugging Face model folder (no config.json) nor a "
+    NDT_CHECK(latest.has_value(), path,
+              " is neither a Hugging Face model folder (no config.json) nor a "
               "checkpoint (no checkpoint.json, no latest or step_* folder)");
     dir = *latest;
   }
@@ -58,7 +60,8 @@ models::GPTConfig model_config_of(const WeightSource& w) {
     case WeightSource::Kind::kFile:
       break;
   }
-  NDT_FAIL(w.str(), " holds weights without the model's description: give a Hugging Face folder (export_weights "
+  NDT_FAIL(w.str(),
+           " holds weights without the model's description: give a Hugging Face folder (export_weights "
            "writes one) or a sharded checkpoint (checkpoint.format = sharded)");
 }
 

@@ -25,9 +25,9 @@ namespace ndt::ckpt {
 struct WeightSource {
   enum class Kind { kHfFolder, kSharded, kFile };
   Kind kind = Kind::kFile;
-  std::string path;                       // the folder or file that is read
+  std::string path;                        // the folder or file that is read
   std::shared_ptr<const io::HfFolder> hf;  // kHfFolder: the folder, its config.json parsed once
-  std::string str() const;                // "Hugging Face folder DIR", "checkpoint DIR", "file F"
+  std::string str() const;                 // "Hugging Face folder DIR", "checkpoint DIR", "file F"
 };
 
 // Throws ndt::Error naming `path` and what it is not (a missing path; a folder that is neither

@@ -251,7 +251,8 @@ struct Fields {
     return x;
   }
   // a number (`key` of `o`, named `where`.`key`) in (lo, hi]
-  double number(const nlohmann::json& o, const std::string& where, const char* key, double lo, double hi) const {
+  double number(const nlohmann::json& o, const std::string& where, const char* key, double lo,
+                double hi) const {
     const std::string field = where + "." + key;
     NDT_CHECK(o.contains(key), "checkpoint ", F, " has no \"", field, "\"", kFix);
     const nlohmann::json& v = o.at(key);
@@ -344,10 +345,11 @@ void read_model(const nlohmann::json& mj, const Fields& in, models::GPTConfig& c
             ", not a multiple of \"model.n_head\" ", c.n_head, kFix);
   if (mj.contains("rope_llama3")) {
     const nlohmann::json& s = in.object(mj, "rope_llama3");
-    c.rope.llama3 = models::Llama3Scaling{in.number(s, "model.rope_llama3", "factor", 0, 1e6),
-                                          in.number(s, "model.rope_llama3", "low_freq_factor", 0, 1e6),
-                                          in.number(s, "model.rope_llama3", "high_freq_factor", 0, 1e6),
-                                          in.integer(s, "model.rope_llama3", "original_max_position", 1, 1 << 30)};
+    c.rope.llama3 =
+        models::Llama3Scaling{in.number(s, "model.rope_llama3", "factor", 0, 1e6),
+                              in.number(s, "model.rope_llama3", "low_freq_factor", 0, 1e6),
+                              in.number(s, "model.rope_llama3", "high_freq_factor", 0, 1e6),
+                              in.integer(s, "model.rope_llama3", "original_max_position", 1, 1 << 30)};
   }
   try {
     c.validate();
@@ -673,7 +675,8 @@ void check_export_target(const std::string& path, const std::string& out) {
 }  // namespace
 
 models::GPTConfig sharded_model_config(const std::string& path) {
-  NDT_CHECK(is_sharded(path), path, " is not a sharded checkpoint (no checkpoint.json of format \"sharded\")");
+  NDT_CHECK(is_sharded(path), path,
+            " is not a sharded checkpoint (no checkpoint.json of format \"sharded\")");
   return read_manifest(path, nullptr).model;
 }
 

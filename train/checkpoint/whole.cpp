@@ -42,7 +42,8 @@ void put(WholeModel& w, const std::string& name, const WholeParam& p) {
 
 // The parameters of pipeline stage `stage` in the order its lead sends them: its units'
 // buffer order (nn::flat_layout), as the stage describes them (models::PipelinePart).
-std::vector<nn::ParamSpec> stage_params(const models::GPTConfig& mc, const dist::ParallelModel& pm, int64_t stage) {
+std::vector<nn::ParamSpec> stage_params(const models::GPTConfig& mc, const dist::ParallelModel& pm,
+                                        int64_t stage) {
   const int64_t p = pm.mesh().dims().pp;
   const models::GPT part(mc, dist::pipeline_part(pm.pp_blocks, p, stage));
   std::vector<nn::ParamSpec> out;
@@ -71,7 +72,8 @@ std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist
     // this rank's whole unit buffers (every rank of the FSDP group takes part) ...
     auto whole_unit = [&](const Tensor& shard) { return pm.whole_buffer(u, shard); };
     const Tensor data = whole_unit(grads ? u.grad : u.data);
-    const Tensor m = moments ? whole_unit(opt->m()[i]) : Tensor(), v = moments ? whole_unit(opt->v()[i]) : Tensor();
+    const Tensor m = moments ? whole_unit(opt->m()[i]) : Tensor(),
+                 v = moments ? whole_unit(opt->v()[i]) : Tensor();
     // ... then each parameter whole (every rank of the tp group takes part)
     for (const nn::FlatParam& p : u.params) {
       const int64_t n = numel_of(p.spec.shape);
@@ -80,7 +82,8 @@ std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist
         const Tensor whole = pm.whole_param(p.spec, local);  // collective
         return collect ? whole.to(Device::cpu()) : whole;    // only the collecting rank needs it on the host
       };
-      WholeParam wp{whole_param(data), moments ? whole_param(m) : Tensor(), moments ? whole_param(v) : Tensor()};
+      WholeParam wp{whole_param(data), moments ? whole_param(m) : Tensor(),
+                    moments ? whole_param(v) : Tensor()};
       if (collect) mine.push_back({p.spec.name, std::move(wp)});
     }
   }
@@ -123,8 +126,9 @@ void write_whole_grads(const std::string& path, const models::GPTConfig& mc, con
   world.barrier();
 }
 
-std::string save_run(const std::string& dir, bool sharded, int keep, const TrainState& st, const models::GPTConfig& mc,
-                     const dist::ParallelModel& pm, const optim::AdamW& opt, PruneLog* prune_log) {
+std::string save_run(const std::string& dir, bool sharded, int keep, const TrainState& st,
+                     const models::GPTConfig& mc, const dist::ParallelModel& pm, const optim::AdamW& opt,
+                     PruneLog* prune_log) {
   if (sharded) return save_sharded(dir, st, pm.params, opt, pm.mesh(), mc, pm.pp_blocks, keep, prune_log);
   dist::Communicator& world = pm.mesh().world();
   const bool lead = world.rank() == 0;  // the others wait, so that a failed write stops every rank

@@ -36,8 +36,9 @@ std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist
 // A run's checkpoint of `st` into dir, in either format: sharded (every rank writes its own
 // shards, nobody gathers) or full (the single-process layout gathered onto the world's rank
 // 0, which writes it; a failed write throws on every rank). Collective. Returns where it went.
-std::string save_run(const std::string& dir, bool sharded, int keep, const TrainState& st, const models::GPTConfig& mc,
-                     const dist::ParallelModel& pm, const optim::AdamW& opt, PruneLog* prune_log);
+std::string save_run(const std::string& dir, bool sharded, int keep, const TrainState& st,
+                     const models::GPTConfig& mc, const dist::ParallelModel& pm, const optim::AdamW& opt,
+                     PruneLog* prune_log);
 // The other way: a checkpoint of either format, written in any layout, into this rank's
 // shards of the parameters and the AdamW moments; its state. Warnings go to `warn`.
 TrainState resume_run(const std::string& path, const models::GPTConfig& mc, const models::GPT& gpt,

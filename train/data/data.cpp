@@ -39,14 +39,16 @@ Shard::Shard(const std::string& path) : path_(path) {
   const int32_t version = h[0] == kShardMagic32 ? kShardVersion32 : kShardVersion;
   if (!err.empty()) {
   } else if (h[0] != kShardMagic && h[0] != kShardMagic32) {
-    err = "bad magic " + std::to_string(h[0]) + " (expected " + std::to_string(kShardMagic) + ", uint16 tokens, or " +
-          std::to_string(kShardMagic32) + ", uint32 tokens); make shards with prepare_text or llm.c's scripts";
+    err = "bad magic " + std::to_string(h[0]) + " (expected " + std::to_string(kShardMagic) +
+          ", uint16 tokens, or " + std::to_string(kShardMagic32) +
+          ", uint32 tokens); make shards with prepare_text or llm.c's scripts";
   } else if (h[1] != version) {
-    err = "unsupported version " + std::to_string(h[1]) + " for magic " + std::to_string(h[0]) + " (expected " +
-          std::to_string(version) + ")";
+    err = "unsupported version " + std::to_string(h[1]) + " for magic " + std::to_string(h[0]) +
+          " (expected " + std::to_string(version) + ")";
   } else if (ntok_ < 0 || bytes_ != kHeaderInts * 4 + width_ * ntok_) {
-    err = "header says " + std::to_string(ntok_) + " tokens (" + std::to_string(kHeaderInts * 4 + width_ * ntok_) +
-          " bytes) but the file has " + std::to_string(bytes_) + " bytes; the file is truncated or corrupt";
+    err = "header says " + std::to_string(ntok_) + " tokens (" +
+          std::to_string(kHeaderInts * 4 + width_ * ntok_) + " bytes) but the file has " +
+          std::to_string(bytes_) + " bytes; the file is truncated or corrupt";
   }
   if (!err.empty()) {
     ::close(fd_);
@@ -77,8 +79,8 @@ void Shard::read(int64_t pos, int64_t n, uint32_t* out) const {
   const int64_t want = width_ * n;
   int64_t done = 0;
   while (done < want) {
-    const ssize_t r = ::pread(fd_, dst + done, static_cast<size_t>(want - done),
-                              kHeaderInts * 4 + width_ * pos + done);
+    const ssize_t r =
+        ::pread(fd_, dst + done, static_cast<size_t>(want - done), kHeaderInts * 4 + width_ * pos + done);
     if (r < 0 && errno == EINTR) continue;
     NDT_CHECK(r > 0, "data shard ", path_, ": read failed at token ", pos + done / width_, " (",
               r == 0 ? "end of file: the shard shrank during the run" : std::strerror(errno), ")");
@@ -106,8 +108,8 @@ void Shard::check_tokens(int64_t vocab_size) const {
 }
 
 namespace {
-void write_shard_bytes(const std::string& path, int32_t magic, int32_t version, int64_t ntok, const void* tokens,
-                       int64_t width) {
+void write_shard_bytes(const std::string& path, int32_t magic, int32_t version, int64_t ntok,
+                       const void* tokens, int64_t width) {
   NDT_CHECK(ntok < (int64_t(1) << 31), "write_shard: ", ntok, " tokens do not fit in one shard");
   int32_t header[kHeaderInts] = {};
   header[0] = magic;
@@ -124,7 +126,8 @@ void write_shard(const std::string& path, const std::vector<uint16_t>& tokens) {
 
 void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, ShardFormat format) {
   if (format == ShardFormat::u32) {
-    write_shard_bytes(path, kShardMagic32, kShardVersion32, static_cast<int64_t>(tokens.size()), tokens.data(), 4);
+    write_shard_bytes(path, kShardMagic32, kShardVersion32, static_cast<int64_t>(tokens.size()),
+                      tokens.data(), 4);
     return;
   }
   std::vector<uint16_t> narrow(tokens.size());
@@ -264,9 +267,10 @@ LoaderState continue_position(const LoaderState& saved, const std::string& saved
   const int64_t pos = checked_mul(saved.window, old_window_tokens, "the checkpoint's data position");
   LoaderState s = saved;
   s.window = pos / window_tokens;
-  note = "the checkpoint read " + std::to_string(old_window_tokens) + " tokens per micro-step, this run reads " +
-         std::to_string(window_tokens) + "; the data continues at token " + std::to_string(s.window * window_tokens) +
-         " of epoch " + std::to_string(s.epoch) + (pos % window_tokens ? " (rounded down)" : "") +
+  note = "the checkpoint read " + std::to_string(old_window_tokens) +
+         " tokens per micro-step, this run reads " + std::to_string(window_tokens) +
+         "; the data continues at token " + std::to_string(s.window * window_tokens) + " of epoch " +
+         std::to_string(s.epoch) + (pos % window_tokens ? " (rounded down)" : "") +
          (shuffle ? ", but data.shuffle orders windows of the new size differently" : "");
   return s;
 }

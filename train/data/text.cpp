@@ -36,7 +36,8 @@ TextCodec TextCodec::load(const std::string& path) {
     else if (fs::exists(p / "vocab.json"))
       p /= "vocab.json";
     else
-      NDT_FAIL("the folder ", path, " holds neither tokenizer.json (a model's tokenizer) nor vocab.json "
+      NDT_FAIL("the folder ", path,
+               " holds neither tokenizer.json (a model's tokenizer) nor vocab.json "
                "(prepare_text's vocabulary): give the file itself");
   }
   NDT_CHECK(fs::exists(p), "the vocabulary ", p.string(), " does not exist");

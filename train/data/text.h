@@ -36,9 +36,9 @@ class TextCodec {
   // tokens in the text matched as such. Throws ndt::Error for text a char vocabulary lacks.
   std::vector<int32_t> encode_prompt(const std::string& text) const;
   std::string decode(const std::vector<int32_t>& ids) const;
-  int64_t vocab_size() const;               // largest id + 1
-  std::optional<int32_t> eos_id() const;    // a tokenizer's end-of-text token (vocab.json: none)
-  std::string describe() const;             // "tokenizer.json (BPE, 128256 tokens)", ...
+  int64_t vocab_size() const;             // largest id + 1
+  std::optional<int32_t> eos_id() const;  // a tokenizer's end-of-text token (vocab.json: none)
+  std::string describe() const;           // "tokenizer.json (BPE, 128256 tokens)", ...
 
   // Decoding as tokens arrive: push gives the text the new token completes, holding back the
   // bytes of a character that is not complete yet; flush gives what is held.
@@ -56,8 +56,8 @@ class TextCodec {
 
  private:
   std::string source_;
-  std::shared_ptr<const Vocab> vocab_;          // prepare_text's char or byte vocabulary
-  std::shared_ptr<const tok::Tokenizer> tok_;   // or a model's tokenizer
+  std::shared_ptr<const Vocab> vocab_;         // prepare_text's char or byte vocabulary
+  std::shared_ptr<const tok::Tokenizer> tok_;  // or a model's tokenizer
 };
 
 }  // namespace ndt::data

@@ -88,8 +88,7 @@ void fsync_dir(const std::string& dir) {
 void require_regular_file(const std::string& path, const std::string& what) {
   struct stat st {};
   NDT_CHECK(::stat(path.c_str(), &st) == 0, what, " ", path, ": cannot open (", std::strerror(errno), ")");
-  NDT_CHECK(S_ISREG(st.st_mode), what, " ", path, ": not a regular file (",
-            file_kind(st), ")");
+  NDT_CHECK(S_ISREG(st.st_mode), what, " ", path, ": not a regular file (", file_kind(st), ")");
 }
 
 LineWriter::~LineWriter() {
@@ -129,7 +128,8 @@ uint64_t xxh64(const void* data, size_t n) { return XXH64(data, n, 0); }
 uint64_t file_xxh64(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   NDT_CHECK(fd >= 0, path, ": cannot open (", std::strerror(errno), ")");
-  const std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> h(XXH64_createState(), XXH64_freeState);
+  const std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> h(XXH64_createState(),
+                                                                            XXH64_freeState);
   if (!h || XXH64_reset(h.get(), 0) != XXH_OK) {
     ::close(fd);
     NDT_FAIL(path, ": cannot start its checksum (out of memory)");

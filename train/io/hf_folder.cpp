@@ -53,7 +53,8 @@ struct Keys {
   }
   int64_t integer(const json& v, const std::string& k) const {
     if (!v.is_number_integer()) wrong(k, "an integer", v);
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) wrong(k, "an integer", v);
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      wrong(k, "an integer", v);
     return v.get<int64_t>();
   }
   int64_t req_int(const std::string& k) const { return integer(need(k), k); }
@@ -112,13 +113,15 @@ void parse_rope(const Keys& top, HfConfig& c) {
   const std::string& where = top.where;
   const json* scaling = top.find("rope_scaling");
   const json* params = top.find("rope_parameters");
-  NDT_CHECK(!(scaling && params), where, ": has both 'rope_scaling' and 'rope_parameters'; transformers 4 "
+  NDT_CHECK(!(scaling && params), where,
+            ": has both 'rope_scaling' and 'rope_parameters'; transformers 4 "
             "reads the first and 5 the second: keep one");
   const json* r = scaling ? scaling : params;
   const std::string rkey = scaling ? "rope_scaling" : "rope_parameters";
   const std::optional<double> theta_top = top.opt_num("rope_theta");
   if (const std::optional<double> p = top.opt_num("partial_rotary_factor"))
-    NDT_CHECK(*p == 1.0, where, ": partial_rotary_factor ", *p, " is not supported (ndtrain rotates whole heads)");
+    NDT_CHECK(*p == 1.0, where, ": partial_rotary_factor ", *p,
+              " is not supported (ndtrain rotates whole heads)");
   c.rope_theta = theta_top.value_or(10000.0);
   if (!r) return;
   if (!r->is_object()) top.wrong(rkey, "an object or null", *r);
@@ -128,7 +131,8 @@ void parse_rope(const Keys& top, HfConfig& c) {
 
   // the type: "rope_type", or "type" in older files
   const std::optional<std::string> t1 = k.opt_str("rope_type"), t2 = k.opt_str("type");
-  NDT_CHECK(!(t1 && t2 && *t1 != *t2), where, ": ", rkey, " gives rope_type '", *t1, "' and type '", *t2, "'");
+  NDT_CHECK(!(t1 && t2 && *t1 != *t2), where, ": ", rkey, " gives rope_type '", *t1, "' and type '", *t2,
+            "'");
   const std::string type = t1 ? *t1 : t2 ? *t2 : "default";
   NDT_CHECK(type == "default" || type == "llama3", where, ": ", rkey, " rope_type '", type,
             "' is not supported; ndtrain supports the default and llama3 rotary embeddings");
@@ -152,11 +156,13 @@ void parse_rope(const Keys& top, HfConfig& c) {
     c.original_max_position_embeddings = k.positive("original_max_position_embeddings");
     if (const std::optional<int64_t> o = top.opt_int("original_max_position_embeddings"))
       NDT_CHECK(*o == c.original_max_position_embeddings, where, ": original_max_position_embeddings ", *o,
-                " and ", rkey, ".original_max_position_embeddings ", c.original_max_position_embeddings, " differ");
+                " and ", rkey, ".original_max_position_embeddings ", c.original_max_position_embeddings,
+                " differ");
   }
   for (auto& [name, v] : r->items())
-    NDT_CHECK(known.count(name) || v.is_null(), where, ": key '", rkey, ".", name, "' is not used by rope_type '",
-              type, "' in ndtrain; it refuses options it would otherwise ignore");
+    NDT_CHECK(known.count(name) || v.is_null(), where, ": key '", rkey, ".", name,
+              "' is not used by rope_type '", type,
+              "' in ndtrain; it refuses options it would otherwise ignore");
 }
 
 // Options ndtrain would otherwise ignore, refused by name.
@@ -173,7 +179,8 @@ void refuse_unsupported(const Keys& k, const HfConfig& c) {
   };
   for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
                           "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size"})
-    NDT_CHECK(!on(key), where, ": '", key, "' is a mixture-of-experts option; ndtrain reads dense models only");
+    NDT_CHECK(!on(key), where, ": '", key,
+              "' is a mixture-of-experts option; ndtrain reads dense models only");
   NDT_CHECK(!k.has("quantization_config"), where,
             ": quantization_config: quantized checkpoints are not supported; use the unquantized weights");
   if (const json* lt = k.find("layer_types")) {
@@ -199,7 +206,8 @@ void refuse_unsupported(const Keys& k, const HfConfig& c) {
     NDT_CHECK(k.opt_bool("scale_attn_weights", true), where, ": scale_attn_weights false is not supported");
     NDT_CHECK(!k.opt_bool("scale_attn_by_inverse_layer_idx", false), where,
               ": scale_attn_by_inverse_layer_idx true is not supported");
-    NDT_CHECK(!k.opt_bool("add_cross_attention", false), where, ": add_cross_attention true is not supported");
+    NDT_CHECK(!k.opt_bool("add_cross_attention", false), where,
+              ": add_cross_attention true is not supported");
   }
 }
 
@@ -220,33 +228,37 @@ void check_consistent(const HfConfig& c, const std::string& where) {
   const char* heads = key("num_attention_heads", "n_head");
   NDT_CHECK(c.hidden_size % c.num_attention_heads == 0, where, ": ", key("hidden_size", "n_embd"), " ",
             c.hidden_size, " is not a multiple of ", heads, " ", c.num_attention_heads);
-  NDT_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": ", heads, " ", c.num_attention_heads,
-            " is not a multiple of num_key_value_heads ", c.num_key_value_heads);
+  NDT_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": ", heads, " ",
+            c.num_attention_heads, " is not a multiple of num_key_value_heads ", c.num_key_value_heads);
   NDT_CHECK(c.head_dim == c.hidden_size / c.num_attention_heads, where, ": head_dim ", c.head_dim,
             " differs from hidden_size / num_attention_heads = ", c.hidden_size / c.num_attention_heads,
             "; ndtrain does not support a separate head_dim");
   NDT_CHECK(c.norm_eps > 0, where, ": ", key("rms_norm_eps", "layer_norm_epsilon"), " must be positive, got ",
             c.norm_eps);
   if (gpt2) {
-    NDT_CHECK(c.hidden_act == "gelu_new" || c.hidden_act == "gelu_pytorch_tanh", where, ": activation_function '",
-              c.hidden_act, "' is not supported; ndtrain's GPT-2 uses the tanh GELU (gelu_new, gelu_pytorch_tanh)");
+    NDT_CHECK(c.hidden_act == "gelu_new" || c.hidden_act == "gelu_pytorch_tanh", where,
+              ": activation_function '", c.hidden_act,
+              "' is not supported; ndtrain's GPT-2 uses the tanh GELU (gelu_new, gelu_pytorch_tanh)");
     NDT_CHECK(c.num_key_value_heads == c.num_attention_heads, where, ": gpt2 has no num_key_value_heads (",
               c.num_key_value_heads, " given for ", c.num_attention_heads, " heads)");
     NDT_CHECK(c.attention_bias && c.mlp_bias, where, ": gpt2 always has attention and MLP biases");
     const HfConfig none;
-    NDT_CHECK(c.rope_theta == none.rope_theta && !c.llama3_scaling && c.factor == 0 && c.low_freq_factor == 0 &&
-                  c.high_freq_factor == 0 && c.original_max_position_embeddings == 0,
+    NDT_CHECK(c.rope_theta == none.rope_theta && !c.llama3_scaling && c.factor == 0 &&
+                  c.low_freq_factor == 0 && c.high_freq_factor == 0 &&
+                  c.original_max_position_embeddings == 0,
               where, ": gpt2 has no rotary embeddings; leave the rope fields at their defaults");
     return;
   }
-  NDT_CHECK(c.hidden_act == "silu", where, ": hidden_act '", c.hidden_act,
-            "' is not supported; ndtrain's ", c.model_type, " uses silu");
+  NDT_CHECK(c.hidden_act == "silu", where, ": hidden_act '", c.hidden_act, "' is not supported; ndtrain's ",
+            c.model_type, " uses silu");
   NDT_CHECK(!c.mlp_bias, where, ": mlp_bias true is not supported (", c.model_type, " MLPs have no biases)");
   if (c.model_type == "qwen2")
-    NDT_CHECK(c.attention_bias, where, ": attention_bias false contradicts qwen2, whose q, k and v projections "
+    NDT_CHECK(c.attention_bias, where,
+              ": attention_bias false contradicts qwen2, whose q, k and v projections "
               "always have biases in transformers");
   if (c.model_type == "mistral")
-    NDT_CHECK(!c.attention_bias, where, ": attention_bias true is not supported for mistral (transformers' "
+    NDT_CHECK(!c.attention_bias, where,
+              ": attention_bias true is not supported for mistral (transformers' "
               "Mistral has no attention biases and ignores the key)");
   NDT_CHECK(c.rope_theta > 0, where, ": rope_theta must be positive, got ", c.rope_theta);
   if (c.llama3_scaling) {
@@ -296,7 +308,8 @@ void parse_gpt2(const Keys& k, HfConfig& c) {
   c.num_attention_heads = k.positive("n_head");
   c.num_key_value_heads = c.num_attention_heads;
   // n_positions; files from before transformers 4 may give only n_ctx (the same number)
-  c.max_position_embeddings = k.has("n_positions") || !k.has("n_ctx") ? k.positive("n_positions") : k.positive("n_ctx");
+  c.max_position_embeddings =
+      k.has("n_positions") || !k.has("n_ctx") ? k.positive("n_positions") : k.positive("n_ctx");
   c.intermediate_size = k.opt_int("n_inner").value_or(4 * c.hidden_size);
   c.norm_eps = k.opt_num("layer_norm_epsilon").value_or(1e-5);
   c.hidden_act = k.opt_str("activation_function").value_or("gelu_new");
@@ -337,7 +350,8 @@ std::string read_text(const std::string& path, const std::string& what) {
 
 // A shard name from an index: a plain file name in the folder (no path, no "..").
 bool plain_file_name(const std::string& f) {
-  return !f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos && f.find('\0') == std::string::npos;
+  return !f.empty() && f != "." && f != ".." && f.find('/') == std::string::npos &&
+         f.find('\0') == std::string::npos;
 }
 
 const std::regex& shard_name_pattern() {
@@ -394,7 +408,9 @@ HfConfig parse_hf_config(const std::string& text, const std::string& where) {
   return c;
 }
 
-HfConfig read_hf_config(const std::string& path) { return parse_hf_config(read_text(path, "config file"), path); }
+HfConfig read_hf_config(const std::string& path) {
+  return parse_hf_config(read_text(path, "config file"), path);
+}
 
 std::string to_json(const HfConfig& c) {
   NDT_CHECK(architecture(c.model_type), "to_json: unknown model_type '", c.model_type,
@@ -460,7 +476,8 @@ HfFolder::HfFolder(const std::string& dir) : dir_(clean_dir(dir).string()) {
   NDT_CHECK(!(single && indexed), dir_, " has both ", kSingle, " and ", kIndex,
             "; one of them is left from another export: remove it (transformers would read ", kSingle, ")");
   if (!single && !indexed) {
-    const bool bin = fs::exists(d / "pytorch_model.bin", ec) || fs::exists(d / "pytorch_model.bin.index.json", ec);
+    const bool bin =
+        fs::exists(d / "pytorch_model.bin", ec) || fs::exists(d / "pytorch_model.bin.index.json", ec);
     NDT_FAIL(dir_, " has no weights: neither ", kSingle, " nor ", kIndex,
              bin ? " (it has pytorch_model.bin: ndtrain reads safetensors only; convert the folder with "
                    "transformers' save_pretrained(..., safe_serialization=True))"
@@ -476,7 +493,8 @@ HfFolder::HfFolder(const std::string& dir) : dir_(clean_dir(dir).string()) {
   const std::string index_path = (d / kIndex).string();
   const json index = parse_json(read_text(index_path, "weight index"), index_path);
   auto it = index.find("weight_map");
-  NDT_CHECK(it != index.end() && it->is_object(), index_path, ": no \"weight_map\" object (tensor name -> file)");
+  NDT_CHECK(it != index.end() && it->is_object(), index_path,
+            ": no \"weight_map\" object (tensor name -> file)");
   std::map<std::string, std::string> listed;  // tensor -> shard file
   std::map<std::string, size_t> file_no;      // shard file -> index in shards_ (sorted: shard order)
   for (auto& [name, f] : it->items()) {
@@ -499,7 +517,8 @@ HfFolder::HfFolder(const std::string& dir) : dir_(clean_dir(dir).string()) {
       NDT_CHECK(!where_.count(name), dir_, ": tensor '", name, "' is in both ", shards_[where_[name]]->path(),
                 " and ", shards_[s]->path());
       auto l = listed.find(name);
-      NDT_CHECK(l != listed.end(), shards_[s]->path(), " holds '", name, "', which ", index_path, " does not list");
+      NDT_CHECK(l != listed.end(), shards_[s]->path(), " holds '", name, "', which ", index_path,
+                " does not list");
       NDT_CHECK(file_no[l->second] == s, index_path, " puts '", name, "' in ", l->second, " but it is in ",
                 shards_[s]->path());
       where_[name] = s;
@@ -624,7 +643,8 @@ struct Export {
 void write_new_folder(const fs::path& d, const Export& out) {
   fs::path tmp = d;
   tmp += ".ndt-partial";
-  if (d.has_parent_path()) fs_do("creating " + d.parent_path().string(), [&] { fs::create_directories(d.parent_path()); });
+  if (d.has_parent_path())
+    fs_do("creating " + d.parent_path().string(), [&] { fs::create_directories(d.parent_path()); });
   out.stage(tmp);
   fs_do("renaming " + tmp.string() + " to " + d.string(), [&] { fs::rename(tmp, d); });
   fsync_dir(d.has_parent_path() ? d.parent_path().string() : ".");
@@ -665,7 +685,8 @@ void HfFolderWriter::add(const std::string& name, const Tensor& t) {
 }
 
 void HfFolderWriter::write(const std::string& dir, const HfConfig& config, int64_t max_shard_bytes) const {
-  NDT_CHECK(max_shard_bytes > 0, "HfFolderWriter::write: max_shard_bytes must be positive, got ", max_shard_bytes);
+  NDT_CHECK(max_shard_bytes > 0, "HfFolderWriter::write: max_shard_bytes must be positive, got ",
+            max_shard_bytes);
   const fs::path d = clean_dir(dir);
   const std::string config_text = to_json(config);  // refuses a bad config before anything is written
   const ShardPlan plan = plan_shards(tensors_, max_shard_bytes);

@@ -60,8 +60,8 @@ struct HfConfig {
                                     // for mistral/qwen2 (transformers: 8, 32); gpt2: num_attention_heads
   int64_t head_dim = 0;             // hidden_size / num_attention_heads (another value is refused)
   int64_t max_position_embeddings = 0;
-  double norm_eps = 0;     // rms_norm_eps (required); gpt2: layer_norm_epsilon (default 1e-5)
-  std::string hidden_act;  // "silu"; gpt2: "gelu_new" or "gelu_pytorch_tanh" (the same tanh GELU)
+  double norm_eps = 0;               // rms_norm_eps (required); gpt2: layer_norm_epsilon (default 1e-5)
+  std::string hidden_act;            // "silu"; gpt2: "gelu_new" or "gelu_pytorch_tanh" (the same tanh GELU)
   bool tie_word_embeddings = false;  // transformers' defaults: false for llama/mistral/qwen2, true for gpt2
   // Biases on q, k and v: llama's attention_bias (default false; it puts one on o_proj too),
   // always on qwen2 (but none on o_proj), never on mistral, always on gpt2 (c_attn, c_proj).
@@ -77,9 +77,9 @@ struct HfConfig {
   int64_t original_max_position_embeddings = 0;
 
   // Informational, kept when read and written back.
-  std::string torch_dtype;             // torch_dtype (or transformers 5's dtype): "bfloat16", ...; "" if absent
+  std::string torch_dtype;  // torch_dtype (or transformers 5's dtype): "bfloat16", ...; "" if absent
   std::optional<int64_t> bos_token_id;
-  std::vector<int64_t> eos_token_id;   // one id or several (Llama 3 instruct); empty if absent
+  std::vector<int64_t> eos_token_id;  // one id or several (Llama 3 instruct); empty if absent
 
   bool operator==(const HfConfig&) const = default;
 };
@@ -128,7 +128,7 @@ class HfFolder {
 class HfFolderWriter {
  public:
   static constexpr int64_t kDefaultMaxShardBytes = 5'000'000'000;  // transformers' "5GB"
-  void add(const std::string& name, const Tensor& t);  // CPU copy kept if t is on a GPU
+  void add(const std::string& name, const Tensor& t);              // CPU copy kept if t is on a GPU
   void write(const std::string& dir, const HfConfig& config,
              int64_t max_shard_bytes = kDefaultMaxShardBytes) const;
 

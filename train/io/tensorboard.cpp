@@ -76,8 +76,8 @@ void int64_field(std::string& o, int field, int64_t v) {
 
 std::string version_event(double wall_time) {
   std::string e;
-  double_field(e, 1, wall_time);            // Event.wall_time
-  bytes_field(e, 3, "brain.Event:2");       // Event.file_version
+  double_field(e, 1, wall_time);       // Event.wall_time
+  bytes_field(e, 3, "brain.Event:2");  // Event.file_version
   return e;
 }
 
@@ -85,9 +85,9 @@ std::string scalars_event(double wall_time, int64_t step, const Scalars& values)
   std::string summary;
   for (const auto& [tag, v] : values) {
     std::string value;
-    bytes_field(value, 1, tag);                     // Summary.Value.tag
-    float_field(value, 2, static_cast<float>(v));   // Summary.Value.simple_value
-    bytes_field(summary, 1, value);                 // Summary.value (repeated)
+    bytes_field(value, 1, tag);                    // Summary.Value.tag
+    float_field(value, 2, static_cast<float>(v));  // Summary.Value.simple_value
+    bytes_field(summary, 1, value);                // Summary.value (repeated)
   }
   std::string e;
   double_field(e, 1, wall_time);  // Event.wall_time
@@ -98,33 +98,33 @@ std::string scalars_event(double wall_time, int64_t step, const Scalars& values)
 
 std::string text_event(double wall_time, int64_t step, const std::string& tag, const std::string& text) {
   std::string tensor;
-  int64_field(tensor, 1, 7);          // TensorProto.dtype = DT_STRING
-  bytes_field(tensor, 2, "");         // TensorProto.tensor_shape: a scalar
-  bytes_field(tensor, 8, text);       // TensorProto.string_val
+  int64_field(tensor, 1, 7);     // TensorProto.dtype = DT_STRING
+  bytes_field(tensor, 2, "");    // TensorProto.tensor_shape: a scalar
+  bytes_field(tensor, 8, text);  // TensorProto.string_val
   std::string plugin;
-  bytes_field(plugin, 1, "text");     // PluginData.plugin_name
+  bytes_field(plugin, 1, "text");  // PluginData.plugin_name
   std::string metadata;
-  bytes_field(metadata, 1, plugin);   // SummaryMetadata.plugin_data
+  bytes_field(metadata, 1, plugin);  // SummaryMetadata.plugin_data
   std::string value;
-  bytes_field(value, 1, tag);         // Summary.Value.tag
-  bytes_field(value, 8, tensor);      // Summary.Value.tensor
-  bytes_field(value, 9, metadata);    // Summary.Value.metadata
+  bytes_field(value, 1, tag);       // Summary.Value.tag
+  bytes_field(value, 8, tensor);    // Summary.Value.tensor
+  bytes_field(value, 9, metadata);  // Summary.Value.metadata
   std::string summary;
-  bytes_field(summary, 1, value);     // Summary.value
+  bytes_field(summary, 1, value);  // Summary.value
   std::string e;
-  double_field(e, 1, wall_time);      // Event.wall_time
-  int64_field(e, 2, step);            // Event.step
-  bytes_field(e, 5, summary);         // Event.summary
+  double_field(e, 1, wall_time);  // Event.wall_time
+  int64_field(e, 2, step);        // Event.step
+  bytes_field(e, 5, summary);     // Event.summary
   return e;
 }
 
 std::string session_start_event(double wall_time, int64_t step) {
   std::string session_log;
-  int64_field(session_log, 1, 1);   // SessionLog.status = START
+  int64_field(session_log, 1, 1);  // SessionLog.status = START
   std::string e;
-  double_field(e, 1, wall_time);    // Event.wall_time
-  int64_field(e, 2, step);          // Event.step
-  bytes_field(e, 7, session_log);   // Event.session_log
+  double_field(e, 1, wall_time);   // Event.wall_time
+  int64_field(e, 2, step);         // Event.step
+  bytes_field(e, 7, session_log);  // Event.session_log
   return e;
 }
 
@@ -163,7 +163,9 @@ void EventWriter::write_text(int64_t step, const std::string& tag, const std::st
   write_record(text_event(now_seconds(), step, tag, text));
 }
 
-void EventWriter::write_session_start(int64_t step) { write_record(session_start_event(now_seconds(), step)); }
+void EventWriter::write_session_start(int64_t step) {
+  write_record(session_start_event(now_seconds(), step));
+}
 
 void EventWriter::write_record(const std::string& payload) {
   if (fd_ < 0 || !error_.empty()) return;

@@ -127,7 +127,8 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, uint64_t stream) {
   Tensor u = Tensor::empty({B, T});
   kernels::fill_uniform(u, 7, stream, 0, 0.0f, static_cast<float>(V));
   std::vector<int32_t> v;
-  for (float x : u.to_vector<float>()) v.push_back(std::min<int32_t>(static_cast<int32_t>(x), int32_t(V - 1)));
+  for (float x : u.to_vector<float>())
+    v.push_back(std::min<int32_t>(static_cast<int32_t>(x), int32_t(V - 1)));
   return Tensor::from_vector(v, {B, T});
 }
 
@@ -143,8 +144,9 @@ using Behind = std::function<std::function<void()>()>;
 double model_step_s(dist::Communicator& world, const Config& c, const Behind& behind = {}) {
   models::GPT gpt(c.model);
   const bool bf16 = c.train.dtype == "bfloat16";
-  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, c.train.seed, nn::ShardSpec{},
-                                          bf16 ? std::optional<DType>(DType::bf16) : std::nullopt);
+  nn::FlatParams params =
+      nn::materialize(gpt.units(), Device::cpu(), DType::f32, c.train.seed, nn::ShardSpec{},
+                      bf16 ? std::optional<DType>(DType::bf16) : std::nullopt);
   optim::AdamW opt(params, c.optim);
   const int64_t B = c.train.micro_batch_size, T = c.train.seq_len, V = c.model.vocab_size;
   std::vector<double> times;
@@ -390,8 +392,9 @@ int calibrate_main(const Config& c, std::ostream& out, std::ostream& err) {
   std::shared_ptr<dist::Communicator> world;
   try {
     if (c.train.device != "cpu")
-      throw ConfigError("--plan.calibrate measures CPU ranks (train.device = cpu); for GPUs start from a preset "
-                        "(cluster.preset = h100-sxm-8, ...) and set cluster.efficiency");
+      throw ConfigError(
+          "--plan.calibrate measures CPU ranks (train.device = cpu); for GPUs start from a preset "
+          "(cluster.preset = h100-sxm-8, ...) and set cluster.efficiency");
     world = dist::init_world();
     world->set_timeout(c.parallel.timeout_s);
     const int64_t W = world->size();

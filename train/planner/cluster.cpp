@@ -28,16 +28,17 @@ struct Preset {
 // (100 Mbit/s: about 0.0029 per rank, measured).
 constexpr Preset kPresets[] = {
     // name          D  BF16   TF32   FP32  HBM GB/s  GB   intra GB/s us  inter GB/s us  eff
-    {"h100-sxm-8", 8, 989.4, 494.7, 66.9, 3350, 80, 450, 3, 50, 8, 0.6},  // NVLink 4, ConnectX-7 400 Gb/s each
-    {"h200-8", 8, 989.4, 494.7, 66.9, 4800, 141, 450, 3, 50, 8, 0.6},     // H100's compute, HBM3e
-    {"a100-sxm-8", 8, 312, 156, 19.5, 2039, 80, 300, 3, 25, 8, 0.6},      // NVLink 3, HDR 200 Gb/s each
-    {"h100-pcie-8", 8, 756, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},      // no NVLink: PCIe 5 through the host
+    {"h100-sxm-8", 8, 989.4, 494.7, 66.9, 3350, 80, 450, 3, 50, 8,
+     0.6},                                                             // NVLink 4, ConnectX-7 400 Gb/s each
+    {"h200-8", 8, 989.4, 494.7, 66.9, 4800, 141, 450, 3, 50, 8, 0.6},  // H100's compute, HBM3e
+    {"a100-sxm-8", 8, 312, 156, 19.5, 2039, 80, 300, 3, 25, 8, 0.6},   // NVLink 3, HDR 200 Gb/s each
+    {"h100-pcie-8", 8, 756, 378, 51.2, 2000, 80, 32, 5, 25, 8, 0.6},   // no NVLink: PCIe 5 through the host
     // measured 2026-12-02 (bench/bench_planner.py --dtype float32 / bfloat16, config S);
     // memory_gbps already reached. The CPU shares: 2026-12-02 and -03, both dtypes, four
     // calibrations each day, ranged 0.19-0.66 inside a host and 0.06-1.0 between: the middle.
     // bf16's element-wise rate: 0.57 of f32's (a + b in bf16 against f32, 2026-12-03)
-    {"cpu-sim", 2, 0.171474, 0.1058, 0.1058, 12.307 / 0.8, 12.638, 2.67713, 21.0, 0.60063, 19.3, 1.0, 0.45, 0.5,
-     0.57 * 12.307 / 0.8},
+    {"cpu-sim", 2, 0.171474, 0.1058, 0.1058, 12.307 / 0.8, 12.638, 2.67713, 21.0, 0.60063, 19.3, 1.0, 0.45,
+     0.5, 0.57 * 12.307 / 0.8},
 };
 
 const Preset* find_preset(const std::string& name) {
@@ -56,11 +57,11 @@ std::string preset_list() {
 
 double device_peak_tflops(const std::string& device_name, const std::string& dtype, bool tf32) {
   auto has = [&](const char* s) { return device_name.find(s) != std::string::npos; };
-  const char* preset = has("H200")                             ? "h200-8"  // GH200 too: H100's compute
+  const char* preset = has("H200")                                   ? "h200-8"  // GH200 too: H100's compute
                        : has("H100") && (has("PCIe") || has("PCIE")) ? "h100-pcie-8"
-                       : has("H100")                           ? "h100-sxm-8"
-                       : has("A100")                           ? "a100-sxm-8"
-                                                               : nullptr;
+                       : has("H100")                                 ? "h100-sxm-8"
+                       : has("A100")                                 ? "a100-sxm-8"
+                                                                     : nullptr;
   const Preset* p = preset ? find_preset(preset) : nullptr;
   if (!p) return 0;
   return dtype == "bfloat16" ? p->bf16_tflops : tf32 ? p->tf32_tflops : p->fp32_tflops;
@@ -68,20 +69,23 @@ double device_peak_tflops(const std::string& device_name, const std::string& dty
 
 bool has_cluster(const ClusterSection& k) {
   // any number of the section given (a hand-written --cluster file need not have hosts)
-  for (const double v : {double(k.hosts), double(k.devices_per_host), k.device_tflops, k.memory_gbps,
-                         k.bf16_memory_gbps, k.device_memory_gb, k.intra_gbps, k.intra_latency_us, k.inter_gbps,
-                         k.inter_latency_us, k.intra_cpu_share, k.inter_cpu_share, k.efficiency})
+  for (const double v :
+       {double(k.hosts), double(k.devices_per_host), k.device_tflops, k.memory_gbps, k.bf16_memory_gbps,
+        k.device_memory_gb, k.intra_gbps, k.intra_latency_us, k.inter_gbps, k.inter_latency_us,
+        k.intra_cpu_share, k.inter_cpu_share, k.efficiency})
     if (v > 0) return true;
   return !k.preset.empty();
 }
 
-Cluster resolve_cluster(const ClusterSection& k, const std::string& device, const std::string& dtype, bool tf32) {
+Cluster resolve_cluster(const ClusterSection& k, const std::string& device, const std::string& dtype,
+                        bool tf32) {
   Cluster c;
   const Preset* p = nullptr;
   if (!k.preset.empty()) {
     p = find_preset(k.preset);
     if (!p)
-      throw ConfigError("cluster.preset = '" + k.preset + "' is not a preset; the presets are " + preset_list() +
+      throw ConfigError("cluster.preset = '" + k.preset + "' is not a preset; the presets are " +
+                        preset_list() +
                         " (or leave it empty and give every [cluster] number, or --cluster FILE)");
   }
   c.name = p ? p->name : "custom";
@@ -95,9 +99,9 @@ Cluster resolve_cluster(const ClusterSection& k, const std::string& device, cons
     throw ConfigError("cluster.preset = " + k.preset + " describes " + (gpu ? "CPU ranks" : "GPUs") +
                       " but train.device = " + device + "; pick a preset of that kind of device");
   const double preset_rate = !p                    ? 0
-                            : dtype == "bfloat16" ? p->bf16_tflops
-                            : gpu && tf32         ? p->tf32_tflops
-                                                  : p->fp32_tflops;
+                             : dtype == "bfloat16" ? p->bf16_tflops
+                             : gpu && tf32         ? p->tf32_tflops
+                                                   : p->fp32_tflops;
   const double rate = pick(k.device_tflops, preset_rate);
   const double eff = pick(k.efficiency, p ? p->efficiency : 0);
   c.peak_flops = rate * 1e12;
@@ -152,10 +156,12 @@ std::string cluster_ini(const Cluster& c, const std::string& comment) {
   if (c.devices_per_host > 1) {
     num("intra_gbps", c.intra_bps / 1e9, "GB/s per rank and direction inside a host");
     num("intra_latency_us", c.intra_latency_s * 1e6, "us");
-    num("intra_cpu_share", c.intra_cpu_share, "of a transfer's time, what it takes from the computation under it");
+    num("intra_cpu_share", c.intra_cpu_share,
+        "of a transfer's time, what it takes from the computation under it");
   }
   if (c.hosts > 1) {
-    num("inter_gbps", c.inter_bps / 1e9, "GB/s per rank and direction between hosts (a host's links / its ranks)");
+    num("inter_gbps", c.inter_bps / 1e9,
+        "GB/s per rank and direction between hosts (a host's links / its ranks)");
     num("inter_latency_us", c.inter_latency_s * 1e6, "us");
     num("inter_cpu_share", c.inter_cpu_share, "the same between hosts");
   }

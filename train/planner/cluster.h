@@ -23,10 +23,10 @@ namespace ndt::train {
 struct Cluster {
   std::string name;  // the preset, "calibrated", or "custom"
   int64_t hosts = 0, devices_per_host = 0;
-  std::string dtype;        // the training dtype the rates are for (empty: not said)
-  double flops = 0;         // FLOP/s one device's matrix products reach (rate x efficiency)
-  double peak_flops = 0;    // the dense peak, for MFU
-  double memory_bps = 0;    // bytes/s, the element-wise ops
+  std::string dtype;      // the training dtype the rates are for (empty: not said)
+  double flops = 0;       // FLOP/s one device's matrix products reach (rate x efficiency)
+  double peak_flops = 0;  // the dense peak, for MFU
+  double memory_bps = 0;  // bytes/s, the element-wise ops
   // bytes/s of the element-wise ops on bf16 values (2 bytes each): memory_bps where they are
   // bound by memory (GPUs); on a CPU, which computes each value in f32, about half of it
   double bf16_memory_bps = 0;
@@ -52,7 +52,8 @@ bool has_cluster(const ClusterSection& k);
 // what the time model needs (each missing number named with its key). `dtype` (train.dtype)
 // picks the preset's rate: bfloat16's, or float32's, on TF32 tensor cores when tf32 is set
 // on a GPU.
-Cluster resolve_cluster(const ClusterSection& k, const std::string& device, const std::string& dtype, bool tf32);
+Cluster resolve_cluster(const ClusterSection& k, const std::string& device, const std::string& dtype,
+                        bool tf32);
 // The [cluster] section that describes c, as an INI file (what --plan.calibrate writes).
 std::string cluster_ini(const Cluster& c, const std::string& comment);
 

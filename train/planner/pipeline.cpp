@@ -44,10 +44,12 @@ StageView stage_view(const Config& c, const dist::ParallelDims& dims, int64_t st
     return v;
   }
   // the trainer's layout (one place for the pipeline's rules)
-  const dist::PipelineLayout l = dist::plan_pipeline(
-      c.model, c.train.seq_len,
-      {.stages = dims.pp, .chunks = c.parallel.pp_virtual, .schedule = c.parallel.pp_schedule,
-       .split = c.parallel.pp_split, .micro_batches = c.train.grad_accum_steps});
+  const dist::PipelineLayout l = dist::plan_pipeline(c.model, c.train.seq_len,
+                                                     {.stages = dims.pp,
+                                                      .chunks = c.parallel.pp_virtual,
+                                                      .schedule = c.parallel.pp_schedule,
+                                                      .split = c.parallel.pp_split,
+                                                      .micro_batches = c.train.grad_accum_steps});
   const dist::pp::Schedule& s = l.schedule;
   v.v = s.v;
   v.m = s.m;

@@ -414,7 +414,8 @@ BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const
 // The moments along the schedule, from what each chunk's micro-batch holds (chunks), and the
 // plan's peak: FSDP's units whole outside the chunk then (another chunk's, or zb-h1's blocks
 // whose W is still to come) add theirs.
-void plan_peak(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v, const std::vector<ChunkMemory>& chunks) {
+void plan_peak(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v,
+               const std::vector<ChunkMemory>& chunks) {
   const dist::ParallelDims& D = p.dims;
   const bool sharded = D.sharded();
   const Count Ns = s.Ns, C = s.C, a = s.act_bytes, block_full = l.block_full;
@@ -489,10 +490,13 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   // bf16 GEMMs on a CPU without bf16 instructions (tensor/cpu/matmul.cpp) convert both
   // operands and the product to f32 for sgemm: the largest product's copies, while it runs
   const bool f32_gemms = p.bf16_gemms_in_f32;
-  auto f32_copies = [&](Count m, Count k, Count n) { return f32_gemms ? (m * k + k * n + m * n) * kF : Count(0); };
+  auto f32_copies = [&](Count m, Count k, Count n) {
+    return f32_gemms ? (m * k + k * n + m * n) * kF : Count(0);
+  };
   if (f32_gemms)
-    p.notes.push_back("this CPU's bf16 matrix products run in f32 (no bf16 instructions, or NDT_BF16_GEMM=f32): "
-                      "the peak counts their f32 copies");
+    p.notes.push_back(
+        "this CPU's bf16 matrix products run in f32 (no bf16 instructions, or NDT_BF16_GEMM=f32): "
+        "the peak counts their f32 copies");
   std::vector<ChunkMemory> chunks;
   Count activations = 0;
   for (size_t k = 0; k < v.chunks.size(); ++k) {

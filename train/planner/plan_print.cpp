@@ -65,12 +65,13 @@ void print_plan(const Plan& p, std::ostream& o) {
   if (D.pp > 1) print_stages(p, o);
   o << "memory per rank" << (D.pp > 1 ? " of stage " + std::to_string(p.stage) : std::string()) << " ("
     << (p.act_bytes == 4 ? std::string("float32")
-                          : p.dtype +
-                                " activations and parameter copies, float32 master, "
-                                "gradients and AdamW")
+                         : p.dtype +
+                               " activations and parameter copies, float32 master, "
+                               "gradients and AdamW")
     << "):\n";
   auto row = [&](const char* what, int64_t b, const std::string& how) {
-    std::snprintf(line, sizeof(line), "  %-22s %12s  %s\n", what, io::format_bytes(double(b)).c_str(), how.c_str());
+    std::snprintf(line, sizeof(line), "  %-22s %12s  %s\n", what, io::format_bytes(double(b)).c_str(),
+                  how.c_str());
     o << line;
   };
   row("parameters", p.param_bytes,
@@ -97,9 +98,10 @@ void print_plan(const Plan& p, std::ostream& o) {
   row("batch, positions", p.other_bytes, "");
   row("peak estimate", p.peak_bytes, "at " + p.peak_at);
   for (const PlanMoment& m : p.moments) {
-    std::snprintf(line, sizeof(line), "    %-36s %12s  (activations %s, gathered %s, temporaries %s)\n",
-                  m.name.c_str(), io::format_bytes(double(m.total)).c_str(), io::format_bytes(double(m.activations)).c_str(),
-                  io::format_bytes(double(m.gathered)).c_str(), io::format_bytes(double(m.transient)).c_str());
+    std::snprintf(
+        line, sizeof(line), "    %-36s %12s  (activations %s, gathered %s, temporaries %s)\n", m.name.c_str(),
+        io::format_bytes(double(m.total)).c_str(), io::format_bytes(double(m.activations)).c_str(),
+        io::format_bytes(double(m.gathered)).c_str(), io::format_bytes(double(m.transient)).c_str());
     o << line;
   }
   o << "communication per step, sent by each rank:\n";
@@ -139,16 +141,16 @@ nlohmann::json pipeline_json(const Plan& p) {
                       {"comm_bytes", x.comm_bytes}});
   }
   return {{"stages", p.dims.pp},
-                   {"schedule", p.pp_schedule},
-                   {"virtual", p.pp_virtual},
-                   {"micro_batches", p.accum},
-                   {"blocks", p.pp_blocks},
-                   {"planned_stage", p.stage},
-                   {"io_bytes", p.io_bytes},
-                   {"in_flight", p.in_flight},
-                   {"activations_held", p.held_bytes},
-                   {"deferred_bytes", p.deferred_bytes},
-                   {"per_stage", stages}};
+          {"schedule", p.pp_schedule},
+          {"virtual", p.pp_virtual},
+          {"micro_batches", p.accum},
+          {"blocks", p.pp_blocks},
+          {"planned_stage", p.stage},
+          {"io_bytes", p.io_bytes},
+          {"in_flight", p.in_flight},
+          {"activations_held", p.held_bytes},
+          {"deferred_bytes", p.deferred_bytes},
+          {"per_stage", stages}};
 }
 
 }  // namespace

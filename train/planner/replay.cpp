@@ -304,7 +304,7 @@ void StepReplay::block_forward(bool again) {
   timeline_.run(piece(block.attn_in), again);
   attention_core_forward(again);
   timeline_.run(piece(block.attn_out), again);
-  g_forward();  // after the attention
+  g_forward();                                                     // after the attention
   for (int64_t i = 0; i < shapes_.mlp_inputs(); ++i) f_forward();  // before c_fc (gate, up)
   timeline_.run(piece(block.mlp), again);
   g_forward();  // after the MLP
@@ -314,7 +314,7 @@ void StepReplay::block_forward(bool again) {
 void StepReplay::block_backward(nn::ACMode mode) {
   const BlockWork& block = work_.block;
   if (mode == nn::ACMode::full) block_forward(true);
-  g_backward();                                         // the MLP's output gradient
+  g_backward();                                               // the MLP's output gradient
   for (const auto& [input_grad, weight_grad] : block.mlp_in)  // and the MLP's input gradients summed
     column_parallel_backward(input_grad, weight_grad);
   timeline_.run(piece(block.ln_2_b), false);

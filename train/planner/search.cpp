@@ -218,7 +218,8 @@ SearchResult search(const Config& c, const Cluster& k) {
     out.why = "no layout of " + std::to_string(W) + " devices passes the trainer's rules";
     for (int64_t d = 1; d <= W && out.nearest_worlds.size() < 2; ++d)
       for (const int64_t w : {W - d, W + d})
-        if (w >= 1 && out.nearest_worlds.size() < 2 && some_layout_divides(c, w, out.batch)) out.nearest_worlds.push_back(w);
+        if (w >= 1 && out.nearest_worlds.size() < 2 && some_layout_divides(c, w, out.batch))
+          out.nearest_worlds.push_back(w);
   }
   return out;
 }
@@ -229,11 +230,14 @@ void print_refusals(const SearchResult& s, std::ostream& o) {
   o << s.why << ":\n";
   std::vector<std::pair<int64_t, std::string>> rules;
   for (const auto& [why, n] : s.refusals) rules.emplace_back(n, why);
-  std::stable_sort(rules.begin(), rules.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = 0; i < rules.size() && i < 4; ++i) o << "  " << rules[i].first << " plans: " << rules[i].second << "\n";
+  std::stable_sort(rules.begin(), rules.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; i < rules.size() && i < 4; ++i)
+    o << "  " << rules[i].first << " plans: " << rules[i].second << "\n";
   if (rules.size() > 4) o << "  and " << rules.size() - 4 << " more rules\n";
   if (s.nearest_worlds.empty()) {
-    o << "no world size up to " << 2 * s.world << " has a plan: change the model, the sequence or the batch\n";
+    o << "no world size up to " << 2 * s.world
+      << " has a plan: change the model, the sequence or the batch\n";
     return;
   }
   o << "the nearest world sizes with plans:";

@@ -30,13 +30,13 @@ struct Candidate {
 };
 
 struct SearchResult {
-  int64_t world = 0, batch = 0;        // devices, sequences per step
-  int64_t tried = 0;                   // layouts x micro-batches x checkpointing modes
-  int64_t refused = 0, too_big = 0;    // by the trainer's constraints, by memory
-  std::vector<Candidate> ranked;       // fastest first
-  std::string why;                     // one line on why the first wins (or why none exists)
+  int64_t world = 0, batch = 0;             // devices, sequences per step
+  int64_t tried = 0;                        // layouts x micro-batches x checkpointing modes
+  int64_t refused = 0, too_big = 0;         // by the trainer's constraints, by memory
+  std::vector<Candidate> ranked;            // fastest first
+  std::string why;                          // one line on why the first wins (or why none exists)
   std::map<std::string, int64_t> refusals;  // the trainer's rule that refused plans -> how many
-  std::vector<int64_t> nearest_worlds;       // every plan refused: the nearest world sizes with plans
+  std::vector<int64_t> nearest_worlds;      // every plan refused: the nearest world sizes with plans
 };
 
 SearchResult search(const Config& c, const Cluster& k);

@@ -187,10 +187,11 @@ void print_cluster(const Cluster& k, std::ostream& o) {
       k.intra_bps / 1e9, k.intra_latency_s * 1e6, k.inter_bps / 1e9, k.inter_latency_s * 1e6);
   o << line;
   if (k.intra_cpu_share > 0 || k.inter_cpu_share > 0) {
-    std::snprintf(line, sizeof(line),
-                  "  a transfer takes from the computation under it: %.2g of its time inside a host, %.2g between "
-                  "hosts\n",
-                  k.intra_cpu_share, k.inter_cpu_share);
+    std::snprintf(
+        line, sizeof(line),
+        "  a transfer takes from the computation under it: %.2g of its time inside a host, %.2g between "
+        "hosts\n",
+        k.intra_cpu_share, k.inter_cpu_share);
     o << line;
   }
 }

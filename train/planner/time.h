@@ -36,18 +36,18 @@
 namespace ndt::train {
 
 struct StepTime {
-  double step_s = 0;       // one optimizer step
-  double compute_s = 0;    // forward, backward and the optimizer, without recomputation
-  double recompute_s = 0;  // activation checkpointing's forward again
-  double exposed_s = 0;    // the compute thread waiting on communication
-  double gemm_s = 0;       // of compute + recompute, the matrix products
+  double step_s = 0;                             // one optimizer step
+  double compute_s = 0;                          // forward, backward and the optimizer, without recomputation
+  double recompute_s = 0;                        // activation checkpointing's forward again
+  double exposed_s = 0;                          // the compute thread waiting on communication
+  double gemm_s = 0;                             // of compute + recompute, the matrix products
   std::map<std::string, double> exposed_by_dim;  // "fsdp", "replicate", "tp", "cp", "scalars"
   double tokens_per_s = 0;
-  double mfu = 0;                                // model FLOPs / step / device peak
+  double mfu = 0;  // model FLOPs / step / device peak
   // sent per step by a rank, on average over a host's ranks: to its own host, to others
   int64_t bytes_intra = 0, bytes_inter = 0;
-  std::vector<std::string> across_hosts;         // the dimensions whose rings cross hosts
-  std::string bottleneck;                        // in words
+  std::vector<std::string> across_hosts;  // the dimensions whose rings cross hosts
+  std::string bottleneck;                 // in words
   // pipeline parallelism: the schedule simulated with each stage's F, B (and W) as its replay
   // times them (its blocks, the first stage's embeddings, the last one's head; the stage's
   // own collectives inside) and each message's time on the link its boundary crosses.

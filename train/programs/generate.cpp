@@ -45,7 +45,8 @@ namespace {
 
 struct Args {
   std::string model, tokenizer, prompt, device = "cpu", dtype = "float32";
-  models::SampleOptions sample{.max_new_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1};
+  models::SampleOptions sample{
+      .max_new_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1};
   bool ignore_eos = false;
   int threads = 0;
 };
@@ -67,9 +68,9 @@ bool parse(int argc, char** argv, Args& a) {
       "prompt", po::value(&a.prompt), "text to continue (default: empty); \\n and \\t are understood")(
       "max_new_tokens", po::value(&a.sample.max_new_tokens)->default_value(a.sample.max_new_tokens),
       "tokens to generate at most")(
-      "temperature", po::value(&a.sample.temperature)->default_value(a.sample.temperature, "0.8"), "0: greedy")(
-      "top_k", po::value(&a.sample.top_k)->default_value(a.sample.top_k),
-      "draw from the k most likely tokens (0: all)")(
+      "temperature", po::value(&a.sample.temperature)->default_value(a.sample.temperature, "0.8"),
+      "0: greedy")("top_k", po::value(&a.sample.top_k)->default_value(a.sample.top_k),
+                   "draw from the k most likely tokens (0: all)")(
       "top_p", po::value(&a.sample.top_p)->default_value(a.sample.top_p, "0.95"),
       "then from the fewest whose probability reaches p (1: all)")(
       "seed", po::value(&seed)->default_value(seed), "seed of the draws (>= 0)")(
@@ -79,7 +80,9 @@ bool parse(int argc, char** argv, Args& a) {
       "threads", po::value(&a.threads)->default_value(a.threads), "CPU threads (0: every core)");
   po::variables_map vm;
   if (!train::parse_command_line(argc, argv, opts, {},
-                                 {{"max-new-tokens", "max_new_tokens"}, {"top-k", "top_k"}, {"top-p", "top_p"},
+                                 {{"max-new-tokens", "max_new_tokens"},
+                                  {"top-k", "top_k"},
+                                  {"top-p", "top_p"},
                                   {"ignore-eos", "ignore_eos"}},
                                  vm))
     return false;
@@ -92,7 +95,8 @@ bool parse(int argc, char** argv, Args& a) {
   NDT_CHECK(a.sample.top_p > 0 && a.sample.top_p <= 1, "--top_p must be in (0, 1], got ", a.sample.top_p);
   NDT_CHECK(seed >= 0, "--seed must be >= 0, got ", seed);
   a.sample.seed = static_cast<uint64_t>(seed);
-  NDT_CHECK(a.dtype == "float32" || a.dtype == "bfloat16", "--dtype takes float32 or bfloat16, got '", a.dtype, "'");
+  NDT_CHECK(a.dtype == "float32" || a.dtype == "bfloat16", "--dtype takes float32 or bfloat16, got '",
+            a.dtype, "'");
   NDT_CHECK(a.threads >= 0, "--threads must be >= 0, got ", a.threads);
   return true;
 }
@@ -108,14 +112,16 @@ struct Loaded {
 
 Loaded load(const Args& a, Device device) {
   Loaded l;
-  const std::optional<DType> compute = a.dtype == "bfloat16" ? std::optional<DType>(DType::bf16) : std::nullopt;
+  const std::optional<DType> compute =
+      a.dtype == "bfloat16" ? std::optional<DType>(DType::bf16) : std::nullopt;
   const ckpt::WeightSource src = ckpt::find_weights(a.model);  // a folder, a checkpoint, a file
   l.gpt = std::make_unique<models::GPT>(ckpt::model_config_of(src));
   l.params = nn::materialize(l.gpt->units(), device, DType::f32, 0, nn::ShardSpec{}, compute);
   ckpt::load_weights(src, *l.gpt, l.params);
   if (src.hf) {  // what a Hugging Face folder says ends a text, and its tokenizer
     for (int64_t id : src.hf->config().eos_token_id) l.eos.push_back(static_cast<int32_t>(id));
-    if (fs::exists(fs::path(a.model) / "tokenizer.json")) l.tokenizer = (fs::path(a.model) / "tokenizer.json").string();
+    if (fs::exists(fs::path(a.model) / "tokenizer.json"))
+      l.tokenizer = (fs::path(a.model) / "tokenizer.json").string();
   }
   l.what = src.str();
   return l;
@@ -130,18 +136,20 @@ int main(int argc, char** argv) {
   Loaded l;
   std::optional<data::TextCodec> codec;
   std::vector<int32_t> prompt;
-  try {  // everything a user gave: one line and exit code 2
+  try {                                   // everything a user gave: one line and exit code 2
     if (!parse(argc, argv, a)) return 0;  // --help
     device = Device::parse(a.device);
     NDT_CHECK(!device.is_cuda() || cuda::available(), "--device ", a.device, ": no CUDA device is visible");
     set_num_threads(a.threads);
     l = load(a, device);
     const std::string tok = !a.tokenizer.empty() ? a.tokenizer : l.tokenizer;
-    NDT_CHECK(!tok.empty(), "--tokenizer is needed for ", l.what, ": the tokenizer.json, or the vocab.json that "
+    NDT_CHECK(!tok.empty(), "--tokenizer is needed for ", l.what,
+              ": the tokenizer.json, or the vocab.json that "
               "prepare_text wrote beside the shards the model was trained on");
     codec = data::TextCodec::load(tok);
     NDT_CHECK(codec->vocab_size() <= l.gpt->cfg.vocab_size, "the tokenizer ", codec->source(), " has ",
-              codec->vocab_size(), " tokens but the model only ", l.gpt->cfg.vocab_size, ": not the model's tokenizer");
+              codec->vocab_size(), " tokens but the model only ", l.gpt->cfg.vocab_size,
+              ": not the model's tokenizer");
     prompt = codec->encode_prompt(a.prompt);
     if (!a.ignore_eos) {
       a.sample.stop_ids = l.eos;
@@ -159,17 +167,19 @@ int main(int argc, char** argv) {
     int64_t n = 0;
     const auto t0 = std::chrono::steady_clock::now();
     models::generate(*l.gpt, prompt, a.sample, device, [&](int32_t id) {
-      NDT_CHECK(id < codec->vocab_size(), "the model drew token ", id, ", which the tokenizer ", codec->source(),
-                " (", codec->vocab_size(), " tokens) does not have: it is not the model's tokenizer");
+      NDT_CHECK(id < codec->vocab_size(), "the model drew token ", id, ", which the tokenizer ",
+                codec->source(), " (", codec->vocab_size(),
+                " tokens) does not have: it is not the model's tokenizer");
       ++n;
-      const bool stop = std::find(a.sample.stop_ids.begin(), a.sample.stop_ids.end(), id) != a.sample.stop_ids.end();
+      const bool stop =
+          std::find(a.sample.stop_ids.begin(), a.sample.stop_ids.end(), id) != a.sample.stop_ids.end();
       if (!stop) std::cout << out.push(id) << std::flush;  // the end-of-text token is not text
       return true;
     });
     std::cout << out.flush() << "\n";
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "generate: %lld tokens after a prompt of %zu in %.2f s (%.1f tokens/s)\n", (long long)n,
-                 prompt.size(), s, n / s);
+    std::fprintf(stderr, "generate: %lld tokens after a prompt of %zu in %.2f s (%.1f tokens/s)\n",
+                 (long long)n, prompt.size(), s, n / s);
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "generate: error: " << e.what() << "\n";

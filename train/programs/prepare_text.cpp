@@ -89,10 +89,11 @@ struct Options {
 // (0 after --help, 2 for an error, printed).
 bool parse_options(int argc, char** argv, Options& o, int& status) {
   po::options_description opts(
-      "prepare_text: text files -> token shards + what decodes them\n\nUsage: prepare_text --out DIR [options] "
+      "prepare_text: text files -> token shards + what decodes them\n\nUsage: prepare_text --out DIR "
+      "[options] "
       "FILE...\n\nOptions");
   opts.add_options()("help,h", "print this help")("out", po::value(&o.out_dir)->required(),
-                                                   "output directory")(
+                                                  "output directory")(
       "vocab", po::value(&o.kind)->default_value(o.kind), "char or byte (a vocabulary built here)")(
       "tokenizer", po::value(&o.tokenizer),
       "a model's tokenizer.json, or the folder holding it (instead of --vocab)")(
@@ -196,8 +197,8 @@ Summary prepare(const Options& o) {
   NDT_CHECK(n_train > 0, "too little text for a train/val split");
   const data::ShardFormat format = data::shard_format_for(tokens.ids);
   const int shards = write_shards(o.out_dir, tokens.ids, n_train, o.shard_tokens, format);
-  return {docs.size(), bytes, static_cast<int64_t>(tokens.ids.size()), n_train, n_val, shards, format,
-          tokens.what};
+  return {docs.size(), bytes,      static_cast<int64_t>(tokens.ids.size()), n_train, n_val, shards,
+          format,      tokens.what};
 }
 
 void report(const Options& o, const Summary& s) {
