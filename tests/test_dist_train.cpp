@@ -469,6 +469,27 @@ TEST_F(DistTrain, OneStageRunsEveryScheduleThroughTheSameExecutor) {
                 2, nullptr, kPipeGPT2);
 }
 
+TEST_F(DistTrain, TheReportNamesTheLayoutAsTheConsoleDoes) {
+  // every dimension in use, as the mesh's printout says it, and the step's schedule
+  struct Case {
+    const char* name;
+    std::string args, layout, schedule;
+  };
+  for (const Case& c :
+       {Case{"report_tp2", "--parallel.tp_size 2", "(TP)", "1f1b over 2 micro-batches, one stage"},
+        Case{"report_pp2", "--parallel.pp_size 2", "(PP)", "1f1b over 2 micro-batches, 2 stages"}}) {
+    const fs::path report = dir_ / c.name / "report.html";
+    Result r = train(c.name, 2,
+                     c.args + " --train.steps 1 --train.grad_accum_steps 2 --log.report " + report.string());
+    ASSERT_EQ(r.rc, 0) << r.out;
+    std::ifstream f(report);
+    const std::string html((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    EXPECT_NE(html.find(c.layout), std::string::npos) << c.name;
+    EXPECT_EQ(html.find("single process"), std::string::npos) << c.name;
+    EXPECT_NE(html.find(c.schedule), std::string::npos) << c.name;
+  }
+}
+
 TEST_F(DistTrain, PipelineWithEveryOtherDimensionEqualsOneProcess) {
   // the data-parallel strategies inside each stage (a chunk's units synced in the backward
   // of its last micro-batch), tensor parallelism with sequence parallelism, context parallelism

@@ -1,7 +1,9 @@
 // The training run: setup (devices, the mesh of ranks) -> describe (the model's parameters
-// as names and global shapes) -> parallelize (every parallel dimension in order, then this
-// rank's shards: dist/parallelize.h) -> materialize (weights, data, AdamW, resume) -> the loop (steps with
-// gradient accumulation, clipping, eval, sampling, checkpoints), then the report.
+// as names and global shapes, and the step's schedule: dist::plan_pipeline) -> parallelize
+// (every parallel dimension in order, then this rank's shards: dist/parallelize.h) ->
+// materialize (weights, data, AdamW, resume) -> the loop (each step's micro-batches through
+// ParallelModel::train, whatever the layout; clipping, eval, sampling, checkpoints), then the
+// report.
 #include "train/trainer.h"
 
 #include <algorithm>
@@ -681,8 +683,9 @@ int Trainer::finish(double last_val, double avg_sec) {
 void Trainer::write_report() {
   ReportInfo info;
   info.title = "ndtrain: " + mc_.str();
+  // the layout as the console names it: every dimension in use ("FSDP + TP", "PP")
   info.layout =
-      dims_.str() + " (" + pm_->strategy->name() + ")" + (mesh_->spans_hosts() ? ", on several hosts" : "");
+      dims_.str() + " (" + dims_.strategy() + ")" + (mesh_->spans_hosts() ? ", on several hosts" : "");
   info.config = report_config(c_, mc_.str(), device_.str(), tokens_per_step_, lr_, pipeline_.summary());
   log_.report(info, tokens_per_step_);
 }
