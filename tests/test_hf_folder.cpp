@@ -13,6 +13,11 @@
 #include <set>
 #include <sstream>
 
+#include "models/gpt.h"
+#include "nn/flat.h"
+#include "tensor/kernels.h"
+#include "tokenizer/json_checked.h"
+#include "train/checkpoint/hf.h"
 #include "train/io/hf_folder.h"
 #include "train/io/safetensors.h"
 
@@ -564,6 +569,33 @@ TEST(HfFolderErrors, BadConfigNamesTheFile) {
   const std::string msg = error_of([&] { io::HfFolder f(d.string()); });
   EXPECT_NE(msg.find("unknown model_type 'gemma' in " + (d / "config.json").string()), std::string::npos)
       << msg;
+}
+
+// JSON nested 100,000 deep (which crashed nlohmann's recursion) is one error naming the file,
+// for config.json and the index alike; 512 levels are read, and print without deep recursion.
+TEST(HfFolderErrors, DeeplyNestedJsonIsOneErrorNamingTheFile) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  fs::path d = ndt::testing::fresh_dir("hf_deep");
+  write_text(d / "config.json", deep);
+  std::string msg = error_of([&] { io::HfFolder f(d.string()); });
+  EXPECT_NE(msg.find((d / "config.json").string() + ": JSON nested deeper than 512 levels"),
+            std::string::npos)
+      << msg.substr(0, 300);
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
+  write_text(d / "config.json", io::to_json(tiny_llama()));
+  write_text(d / "model.safetensors.index.json", "{\"weight_map\": " + deep + "}");
+  msg = error_of([&] { io::HfFolder f(d.string()); });
+  EXPECT_NE(msg.find("model.safetensors.index.json: JSON nested deeper than 512 levels"), std::string::npos)
+      << msg.substr(0, 300);
+  // the limit: 512 levels parse (and dump), 513 do not
+  const std::string ok = std::string(512, '[') + std::string(512, ']');
+  EXPECT_EQ(ndt::parse_json_checked(ok, "ok.json").dump(), ok);
+  const std::string over = std::string(513, '[') + std::string(513, ']');
+  EXPECT_NE(error_of([&] { ndt::parse_json_checked(over, "over.json"); }).find("over.json: JSON nested"),
+            std::string::npos);
+  std::string dup;
+  ndt::parse_json_checked(R"({"a": {"b": 1, "b": 2}})", "dup.json", &dup);
+  EXPECT_EQ(dup, "b");
 }
 
 TEST(HfFolderErrors, NoWeights) {

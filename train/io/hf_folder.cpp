@@ -10,8 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include "tokenizer/json_checked.h"
 #include "train/io/files.h"
-#include "train/io/json_once.h"
 
 namespace ndt::io {
 namespace {
@@ -96,7 +96,7 @@ json parse_json(const std::string& text, const std::string& where) {
   std::string duplicate;
   json j;
   try {
-    j = parse_json_keys_once(text.data(), text.data() + text.size(), duplicate);
+    j = parse_json_checked(text, where, &duplicate);
   } catch (const json::exception& e) {
     NDT_FAIL(where, ": not valid JSON (", e.what(), ")");
   }
