@@ -475,6 +475,55 @@ TEST(HfConfigErrors, ActivationAndBiases) {
   expect_refused(with(kGpt2, {{"scale_attn_by_inverse_layer_idx", true}}), "scale_attn_by_inverse_layer_idx");
 }
 
+// ndtrain's GPT-2 always ties its head to wte: an untied GPT-2 is refused, never read as tied.
+TEST(HfConfigErrors, Gpt2WithUntiedHead) {
+  expect_refused(with(kGpt2, {{"tie_word_embeddings", false}}),
+                 "m/config.json: tie_word_embeddings = false: ndtrain's GPT-2 ties its head to wte");
+  EXPECT_TRUE(parse(with(kGpt2, {{"tie_word_embeddings", true}})).tie_word_embeddings);
+  io::HfConfig c = parse(kGpt2);
+  c.tie_word_embeddings = false;
+  EXPECT_NE(error_of([&] { io::to_json(c); }).find("tie_word_embeddings = false"), std::string::npos);
+}
+
+// A tied GPT-2 folder that also stores lm_head.weight: read when it equals wte, refused when it
+// differs (its logits would silently come from wte instead).
+TEST(HfFolderErrors, Gpt2LmHeadThatDiffersFromWte) {
+  const fs::path d = ndt::testing::fresh_dir("hf_gpt2_head");
+  models::GPTConfig g;
+  g.n_layer = 1, g.n_head = 2, g.n_embd = 8, g.vocab_size = 11, g.block_size = 16;
+  models::GPT a(g);
+  nn::FlatParams pa = nn::materialize(a.units(), Device::cpu(), DType::f32, 5);
+  const auto tensors = ckpt::hf_tensors(a, [&](const std::string& n) { return pa.find(n)->value; });
+  Tensor wte;
+  for (auto& [n, t] : tensors)
+    if (n.ends_with("wte.weight")) wte = t.to(DType::f32);
+  ASSERT_TRUE(wte.defined());
+  auto write = [&](const std::string& name, const Tensor& head) {
+    io::HfFolderWriter w;
+    for (auto& [n, t] : tensors) w.add(n, t.to(DType::f32));
+    w.add("lm_head.weight", head);
+    w.write((d / name).string(), ckpt::hf_config(g, DType::f32));
+  };
+  auto load = [&](const std::string& name) {
+    models::GPT b(g);
+    nn::FlatParams pb = nn::materialize(b.units(), Device::cpu(), DType::f32, 9);
+    try {
+      ckpt::load_hf_local(io::HfFolder((d / name).string()), b, pb);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  write("same", wte.clone());
+  EXPECT_EQ(load("same"), "");
+  Tensor other = wte.clone();
+  kernels::fill(other.narrow(0, 3, 1), 0.25);
+  write("differs", other);
+  const std::string msg = load("differs");
+  EXPECT_NE(msg.find("lm_head.weight differs from"), std::string::npos) << msg;
+  EXPECT_NE(msg.find((d / "differs").string()), std::string::npos) << msg;
+}
+
 TEST(HfConfigErrors, RopeTypesOtherThanDefaultAndLlama3) {
   for (const char* type : {"linear", "dynamic", "yarn", "longrope"}) {
     json j = json::parse(kLlama31);

@@ -242,6 +242,9 @@ void check_consistent(const HfConfig& c, const std::string& where) {
     NDT_CHECK(c.num_key_value_heads == c.num_attention_heads, where, ": gpt2 has no num_key_value_heads (",
               c.num_key_value_heads, " given for ", c.num_attention_heads, " heads)");
     NDT_CHECK(c.attention_bias && c.mlp_bias, where, ": gpt2 always has attention and MLP biases");
+    NDT_CHECK(c.tie_word_embeddings, where,
+              ": tie_word_embeddings = false: ndtrain's GPT-2 ties its head to wte; a GPT-2 with a head of "
+              "its own (lm_head.weight) cannot be read without dropping it");
     const HfConfig none;
     NDT_CHECK(c.rope_theta == none.rope_theta && !c.llama3_scaling && c.factor == 0 &&
                   c.low_freq_factor == 0 && c.high_freq_factor == 0 &&
