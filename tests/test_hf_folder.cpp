@@ -892,6 +892,31 @@ TEST(HfFolderWriter, RefusalsLeaveTheFolderAsItWas) {
             std::string::npos);
 }
 
+// An export given a symlinked folder writes the folder it names; a dangling link's folder is
+// made; a file of the folder that is a link (a Hugging Face cache snapshot) keeps its link.
+TEST(HfFolderWriter, LinksAreWrittenThroughNotReplaced) {
+  const fs::path d = ndt::testing::fresh_dir("hf_write_links");
+  io::HfFolderWriter w;
+  w.add("a", ramp({2}, 0));
+  fs::create_directories(d / "real");
+  fs::create_symlink(d / "real", d / "link");
+  w.write((d / "link").string(), tiny_llama());
+  EXPECT_TRUE(fs::is_symlink(d / "link"));
+  EXPECT_TRUE(fs::is_regular_file(d / "real" / "model.safetensors"));
+  fs::create_symlink(d / "made", d / "dangling");
+  w.write((d / "dangling").string(), tiny_llama());
+  EXPECT_TRUE(fs::is_symlink(d / "dangling"));
+  EXPECT_TRUE(fs::is_regular_file(d / "made" / "config.json"));
+  // config.json a link into a blob folder: the blob is rewritten, the link kept
+  fs::create_directories(d / "blobs");
+  fs::rename(d / "real" / "config.json", d / "blobs" / "cfg");
+  fs::create_symlink("../blobs/cfg", d / "real" / "config.json");
+  w.write((d / "link").string(), parse(kQwen2));
+  EXPECT_TRUE(fs::is_symlink(d / "real" / "config.json"));
+  EXPECT_EQ(io::read_hf_config((d / "blobs" / "cfg").string()).model_type, "qwen2");
+  EXPECT_EQ(io::HfFolder((d / "link").string()).names(), std::vector<std::string>{"a"});
+}
+
 TEST(HfFolderWriter, AFailedWriteLeavesTheFolderAsItWas) {
   fs::path d = ndt::testing::fresh_dir("hf_write_fails");
   io::HfFolderWriter w;
