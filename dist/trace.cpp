@@ -1,8 +1,5 @@
 #include "dist/trace.h"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
 
 #include "dist/json_text.h"
@@ -27,7 +24,7 @@ size_t Trace::size() const {
   return events_.size();
 }
 
-void Trace::write(const std::string& path) const {
+std::string Trace::to_json() const {
   std::lock_guard<std::mutex> g(mu_);
   const char* tracks[] = {"compute", "comm", "wait"};
   // ts counts from this trace's start; clock_origin_us is that start on the host's steady
@@ -49,20 +46,10 @@ void Trace::write(const std::string& path) const {
     if (e.bytes >= 0) j["args"] = {{"bytes", e.bytes}};
     events.push_back(std::move(j));
   }
-  const std::string s = json_one_per_line({{"displayTimeUnit", "ms"},
-                                           {"otherData", {{"clock_origin_us", origin}}},
-                                           {"traceEvents", std::move(events)}},
-                                          "traceEvents");
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  NDT_CHECK(f, "cannot write trace ", tmp, " (", std::strerror(errno), ")");
-  const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
-  const bool closed = std::fclose(f) == 0;
-  if (!ok || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    NDT_FAIL("writing trace ", path, " failed (", std::strerror(err), ")");
-  }
+  return json_one_per_line({{"displayTimeUnit", "ms"},
+                            {"otherData", {{"clock_origin_us", origin}}},
+                            {"traceEvents", std::move(events)}},
+                           "traceEvents");
 }
 
 Trace::Scope::Scope(Trace* t, std::string name, Track track, int64_t bytes)

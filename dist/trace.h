@@ -9,7 +9,7 @@
 //
 //   dist::Trace trace(rank);
 //   { dist::Trace::Scope s(&trace, "forward h.3", dist::Trace::kCompute); ... }
-//   trace.write("out/trace.rank0.json");
+//   io::write_file_atomic("out/trace.rank0.json", trace.to_json());   // train/io/files.h
 //
 // Times count from the trace's start; the file also gives that start on the host's steady
 // clock (otherData.clock_origin_us), which lines up the ranks of one host.
@@ -31,8 +31,9 @@ class Trace {
 
   int64_t now_us() const;  // since this trace was made
   void add(const std::string& name, Track track, int64_t begin_us, int64_t end_us, int64_t bytes = -1);
-  // Writes the events as Chrome trace JSON (atomically); throws ndt::Error on failure.
-  void write(const std::string& path) const;
+  // The events as Chrome trace JSON, one event a line; the caller writes the file (train
+  // through io::write_file_atomic, which follows a symlink and never replaces a device).
+  std::string to_json() const;
   size_t size() const;
 
   // Times a region on a track; a null trace makes it a no-op.

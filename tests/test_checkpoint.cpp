@@ -292,6 +292,27 @@ TEST(Checkpoint, SaveLoadRestoresWeightsMomentsAndPosition) {
   EXPECT_TRUE(fs::exists(d / "step_00000006"));
 }
 
+// A checkpoint.json nested 100,000 deep is one error naming it, for a whole checkpoint and a
+// sharded one.
+TEST(Checkpoint, ADeeplyNestedManifestIsOneErrorNamingIt) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  fs::path d = ndt::testing::fresh_dir("ckpt_deep");
+  models::GPT g(padded_vocab_gpt());
+  nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
+  optim::AdamW o(p, {});
+  ckpt::TrainState st;
+  st.step = 2;
+  const std::string where = ckpt::save_checkpoint((d / "whole").string(), g, p, o, st, 2);
+  std::ofstream((fs::path(where) / "checkpoint.json").string()) << deep;
+  std::string e = error_of([&] { ckpt::load_checkpoint(where, g, p, o); });
+  EXPECT_NE(e.find((fs::path(where) / "checkpoint.json").string() + ": JSON nested deeper than 512 levels"),
+            std::string::npos)
+      << e.substr(0, 300);
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+  e = error_of([&] { ckpt::verify_checkpoint(where, {}); });
+  EXPECT_NE(e.find("checkpoint.json: JSON nested deeper"), std::string::npos) << e.substr(0, 300);
+}
+
 TEST(Checkpoint, ACrashMidWriteLeavesTheLastGoodCheckpoint) {
   fs::path d = ndt::testing::fresh_dir("ckpt_crash");
   models::GPT g(padded_vocab_gpt());
@@ -438,6 +459,19 @@ TEST(ShardedCheckpoint, RoundTripsWithASealedManifest) {
 // model: every field, set away from its default (a llama uses them all), is a train_gpt key
 // that sets it, and comes back from a sharded checkpoint. A field added to the table is
 // covered here without a word more.
+TEST(ShardedCheckpoint, ADeeplyNestedManifestIsOneErrorNamingIt) {
+  fs::path d = ndt::testing::fresh_dir("sh_deep");
+  Model a(padded_vocab_gpt(), 1), b(padded_vocab_gpt(), 2);
+  const std::string where = save_sharded_step2(d, a);
+  std::ofstream((fs::path(where) / "checkpoint.json").string())
+      << std::string(100000, '[') + std::string(100000, ']');
+  const std::string e = error_of([&] { ckpt::load_sharded(where, padded_vocab_gpt(), b.params, b.opt); });
+  EXPECT_NE(e.find((fs::path(where) / "checkpoint.json").string() + ": JSON nested deeper than 512 levels"),
+            std::string::npos)
+      << e.substr(0, 300);
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+}
+
 TEST(ShardedCheckpoint, EveryModelFieldIsAConfigKeyAndRoundTrips) {
   models::GPTConfig c{.arch = "llama",
                       .n_layer = 3,

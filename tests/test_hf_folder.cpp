@@ -13,6 +13,11 @@
 #include <set>
 #include <sstream>
 
+#include "models/gpt.h"
+#include "nn/flat.h"
+#include "tensor/kernels.h"
+#include "tokenizer/json_checked.h"
+#include "train/checkpoint/hf.h"
 #include "train/io/hf_folder.h"
 #include "train/io/safetensors.h"
 
@@ -470,6 +475,55 @@ TEST(HfConfigErrors, ActivationAndBiases) {
   expect_refused(with(kGpt2, {{"scale_attn_by_inverse_layer_idx", true}}), "scale_attn_by_inverse_layer_idx");
 }
 
+// ndtrain's GPT-2 always ties its head to wte: an untied GPT-2 is refused, never read as tied.
+TEST(HfConfigErrors, Gpt2WithUntiedHead) {
+  expect_refused(with(kGpt2, {{"tie_word_embeddings", false}}),
+                 "m/config.json: tie_word_embeddings = false: ndtrain's GPT-2 ties its head to wte");
+  EXPECT_TRUE(parse(with(kGpt2, {{"tie_word_embeddings", true}})).tie_word_embeddings);
+  io::HfConfig c = parse(kGpt2);
+  c.tie_word_embeddings = false;
+  EXPECT_NE(error_of([&] { io::to_json(c); }).find("tie_word_embeddings = false"), std::string::npos);
+}
+
+// A tied GPT-2 folder that also stores lm_head.weight: read when it equals wte, refused when it
+// differs (its logits would silently come from wte instead).
+TEST(HfFolderErrors, Gpt2LmHeadThatDiffersFromWte) {
+  const fs::path d = ndt::testing::fresh_dir("hf_gpt2_head");
+  models::GPTConfig g;
+  g.n_layer = 1, g.n_head = 2, g.n_embd = 8, g.vocab_size = 11, g.block_size = 16;
+  models::GPT a(g);
+  nn::FlatParams pa = nn::materialize(a.units(), Device::cpu(), DType::f32, 5);
+  const auto tensors = ckpt::hf_tensors(a, [&](const std::string& n) { return pa.find(n)->value; });
+  Tensor wte;
+  for (auto& [n, t] : tensors)
+    if (n.ends_with("wte.weight")) wte = t.to(DType::f32);
+  ASSERT_TRUE(wte.defined());
+  auto write = [&](const std::string& name, const Tensor& head) {
+    io::HfFolderWriter w;
+    for (auto& [n, t] : tensors) w.add(n, t.to(DType::f32));
+    w.add("lm_head.weight", head);
+    w.write((d / name).string(), ckpt::hf_config(g, DType::f32));
+  };
+  auto load = [&](const std::string& name) {
+    models::GPT b(g);
+    nn::FlatParams pb = nn::materialize(b.units(), Device::cpu(), DType::f32, 9);
+    try {
+      ckpt::load_hf_local(io::HfFolder((d / name).string()), b, pb);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  write("same", wte.clone());
+  EXPECT_EQ(load("same"), "");
+  Tensor other = wte.clone();
+  kernels::fill(other.narrow(0, 3, 1), 0.25);
+  write("differs", other);
+  const std::string msg = load("differs");
+  EXPECT_NE(msg.find("lm_head.weight differs from"), std::string::npos) << msg;
+  EXPECT_NE(msg.find((d / "differs").string()), std::string::npos) << msg;
+}
+
 TEST(HfConfigErrors, RopeTypesOtherThanDefaultAndLlama3) {
   for (const char* type : {"linear", "dynamic", "yarn", "longrope"}) {
     json j = json::parse(kLlama31);
@@ -564,6 +618,33 @@ TEST(HfFolderErrors, BadConfigNamesTheFile) {
   const std::string msg = error_of([&] { io::HfFolder f(d.string()); });
   EXPECT_NE(msg.find("unknown model_type 'gemma' in " + (d / "config.json").string()), std::string::npos)
       << msg;
+}
+
+// JSON nested 100,000 deep (which crashed nlohmann's recursion) is one error naming the file,
+// for config.json and the index alike; 512 levels are read, and print without deep recursion.
+TEST(HfFolderErrors, DeeplyNestedJsonIsOneErrorNamingTheFile) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  fs::path d = ndt::testing::fresh_dir("hf_deep");
+  write_text(d / "config.json", deep);
+  std::string msg = error_of([&] { io::HfFolder f(d.string()); });
+  EXPECT_NE(msg.find((d / "config.json").string() + ": JSON nested deeper than 512 levels"),
+            std::string::npos)
+      << msg.substr(0, 300);
+  EXPECT_EQ(msg.find('\n'), std::string::npos);
+  write_text(d / "config.json", io::to_json(tiny_llama()));
+  write_text(d / "model.safetensors.index.json", "{\"weight_map\": " + deep + "}");
+  msg = error_of([&] { io::HfFolder f(d.string()); });
+  EXPECT_NE(msg.find("model.safetensors.index.json: JSON nested deeper than 512 levels"), std::string::npos)
+      << msg.substr(0, 300);
+  // the limit: 512 levels parse (and dump), 513 do not
+  const std::string ok = std::string(512, '[') + std::string(512, ']');
+  EXPECT_EQ(ndt::parse_json_checked(ok, "ok.json").dump(), ok);
+  const std::string over = std::string(513, '[') + std::string(513, ']');
+  EXPECT_NE(error_of([&] { ndt::parse_json_checked(over, "over.json"); }).find("over.json: JSON nested"),
+            std::string::npos);
+  std::string dup;
+  ndt::parse_json_checked(R"({"a": {"b": 1, "b": 2}})", "dup.json", &dup);
+  EXPECT_EQ(dup, "b");
 }
 
 TEST(HfFolderErrors, NoWeights) {
@@ -809,6 +890,31 @@ TEST(HfFolderWriter, RefusalsLeaveTheFolderAsItWas) {
   write_text(d / "file", "x");
   EXPECT_NE(error_of([&] { w.write((d / "file").string(), tiny_llama()); }).find("is not a directory"),
             std::string::npos);
+}
+
+// An export given a symlinked folder writes the folder it names; a dangling link's folder is
+// made; a file of the folder that is a link (a Hugging Face cache snapshot) keeps its link.
+TEST(HfFolderWriter, LinksAreWrittenThroughNotReplaced) {
+  const fs::path d = ndt::testing::fresh_dir("hf_write_links");
+  io::HfFolderWriter w;
+  w.add("a", ramp({2}, 0));
+  fs::create_directories(d / "real");
+  fs::create_symlink(d / "real", d / "link");
+  w.write((d / "link").string(), tiny_llama());
+  EXPECT_TRUE(fs::is_symlink(d / "link"));
+  EXPECT_TRUE(fs::is_regular_file(d / "real" / "model.safetensors"));
+  fs::create_symlink(d / "made", d / "dangling");
+  w.write((d / "dangling").string(), tiny_llama());
+  EXPECT_TRUE(fs::is_symlink(d / "dangling"));
+  EXPECT_TRUE(fs::is_regular_file(d / "made" / "config.json"));
+  // config.json a link into a blob folder: the blob is rewritten, the link kept
+  fs::create_directories(d / "blobs");
+  fs::rename(d / "real" / "config.json", d / "blobs" / "cfg");
+  fs::create_symlink("../blobs/cfg", d / "real" / "config.json");
+  w.write((d / "link").string(), parse(kQwen2));
+  EXPECT_TRUE(fs::is_symlink(d / "real" / "config.json"));
+  EXPECT_EQ(io::read_hf_config((d / "blobs" / "cfg").string()).model_type, "qwen2");
+  EXPECT_EQ(io::HfFolder((d / "link").string()).names(), std::vector<std::string>{"a"});
 }
 
 TEST(HfFolderWriter, AFailedWriteLeavesTheFolderAsItWas) {

@@ -3,6 +3,7 @@
 // signals, kills and concurrent runs, the real train_gpt binary as a child process.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -274,7 +275,8 @@ TEST(Robust, UnwritableOutputsAreFoundAtStart) {
 
 // Outputs written through a temporary file and a rename (weights, the report, the gradient
 // dump, a calibration) never replace what is not a regular file: a character device is
-// written through, as tools do with /dev/null; a FIFO, a socket or a directory is refused.
+// written through, as tools do with /dev/null; a FIFO with no reader, a socket or a directory
+// is refused (a FIFO with a reader is written through: OutputsWriteThroughFifoWithReader).
 // On nodes the test makes in its own folder, never the system's.
 TEST(Robust, OutputsNeverReplaceDevicesOrFifos) {
   fs::path d = make_data("nodes");
@@ -291,7 +293,8 @@ TEST(Robust, OutputsNeverReplaceDevicesOrFifos) {
   // and at the start of a run, before any work
   RunResult r = run({"--config", (d / "gpt.ini").string(), "--log.report", fifo.string()});
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_TRUE(has(r.err, "log.report: " + fifo.string() + " is not a regular file (a FIFO)")) << r.err;
+  EXPECT_TRUE(has(r.err, "log.report: " + fifo.string() + " is not a regular file (a FIFO with no reader)"))
+      << r.err;
   EXPECT_TRUE(fs::is_fifo(fifo));
   // a private /dev/null (needs root): written through, still a device after a whole run
   if (::mknod(null_dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) GTEST_SKIP() << "mknod needs root";
@@ -301,6 +304,75 @@ TEST(Robust, OutputsNeverReplaceDevicesOrFifos) {
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(fs::is_character_file(null_dev));
   EXPECT_FALSE(fs::exists(null_dev.string() + ".tmp"));
+}
+
+// An output given as a symlink is written at the link's target, atomically in the target's
+// folder; the link stays a link (a report, metrics file or export linked elsewhere is never
+// cut loose from its target). Chains are followed, and a dangling link's target is created.
+TEST(Robust, OutputsWriteThroughSymlinks) {
+  const fs::path d = fs::temp_directory_path() / ("ndt_robust_links_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d / "here");
+  fs::create_directories(d / "there");
+  auto read = [](const fs::path& p) {
+    std::ifstream f(p);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  auto no_tmp = [&] {
+    for (const auto& e : fs::recursive_directory_iterator(d))
+      EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  };
+  // one link to a file in another folder
+  { std::ofstream(d / "there" / "report.html") << "old"; }
+  fs::create_symlink(d / "there" / "report.html", d / "here" / "report.html");
+  io::write_file_atomic((d / "here" / "report.html").string(), "new");
+  EXPECT_TRUE(fs::is_symlink(d / "here" / "report.html"));
+  EXPECT_EQ(read(d / "there" / "report.html"), "new");
+  no_tmp();
+  // a chain of two links, the second relative
+  fs::create_symlink("../there/report.html", d / "here" / "second");
+  fs::create_symlink(d / "here" / "second", d / "here" / "first");
+  io::write_file_atomic((d / "here" / "first").string(), "chained");
+  EXPECT_TRUE(fs::is_symlink(d / "here" / "first"));
+  EXPECT_TRUE(fs::is_symlink(d / "here" / "second"));
+  EXPECT_EQ(read(d / "there" / "report.html"), "chained");
+  no_tmp();
+  // a dangling link: its target is created, the link kept
+  fs::create_symlink(d / "there" / "metrics.jsonl", d / "here" / "metrics.jsonl");
+  io::write_file_atomic((d / "here" / "metrics.jsonl").string(), "{}\n");
+  EXPECT_TRUE(fs::is_symlink(d / "here" / "metrics.jsonl"));
+  EXPECT_EQ(read(d / "there" / "metrics.jsonl"), "{}\n");
+  no_tmp();
+  // a link to a character device (/dev/null): written through, nothing replaced
+  fs::create_symlink("/dev/null", d / "here" / "null");
+  EXPECT_NO_THROW(io::write_file_atomic((d / "here" / "null").string(), "x"));
+  EXPECT_TRUE(fs::is_symlink(d / "here" / "null"));
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  EXPECT_NO_THROW(io::write_file_atomic("/dev/null", "x"));
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  EXPECT_FALSE(fs::exists("/dev/null.tmp"));
+  no_tmp();
+  fs::remove_all(d);
+}
+
+// A FIFO with a reader (/dev/stdout piped into less) is written through; with none it is
+// refused rather than waited on.
+TEST(Robust, OutputsWriteThroughFifoWithReader) {
+  const fs::path d = fs::temp_directory_path() / ("ndt_robust_fifo_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  const fs::path fifo = d / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const int r = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(r, 0);
+  EXPECT_NO_THROW(io::write_file_atomic(fifo.string(), "through"));
+  char buf[16] = {};
+  EXPECT_EQ(::read(r, buf, sizeof(buf)), 7);
+  EXPECT_EQ(std::string(buf, 7), "through");
+  ::close(r);
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  EXPECT_FALSE(fs::exists(fifo.string() + ".tmp"));
+  fs::remove_all(d);
 }
 
 TEST(Robust, ACheckpointDirectoryHasOneTrainerAtATime) {

@@ -16,6 +16,7 @@
 #include "dist/flight.h"
 #include "dist/trace.h"
 #include "support/testing.h"
+#include "train/io/files.h"
 #include "train/io/tensorboard.h"
 #include "train/report.h"
 
@@ -153,7 +154,7 @@ TEST(RunLogs, TraceAndFlightRecordAreJsonWhateverTheNamesHold) {
   dist::Trace trace(3);
   trace.add(odd, dist::Trace::kComm, 10, 25, 4096);
   trace.add("forward h.0", dist::Trace::kCompute, 30, 40);
-  trace.write((dir / "trace.rank3.json").string());
+  io::write_file_atomic((dir / "trace.rank3.json").string(), trace.to_json());
   const std::string t = read(dir / "trace.rank3.json");
   const nlohmann::json tj = nlohmann::json::parse(t);
   EXPECT_EQ(tj["displayTimeUnit"], "ms");

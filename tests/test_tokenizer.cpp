@@ -342,6 +342,23 @@ TEST(Tokenizer, WhatItDoesNotReadIsOneErrorNamingTheField) {
             std::string::npos);
 }
 
+// A tokenizer.json (or tokenizer_config.json) nested 100,000 deep is one error naming it.
+TEST(Tokenizer, DeeplyNestedJsonIsOneErrorNamingTheFile) {
+  const fs::path d = ndt::testing::fresh_dir("tokenizer_deep");
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  std::ofstream((d / "tokenizer.json").string()) << deep;
+  std::string e = error_of([&] { tok::Tokenizer::from_file(d.string()); });
+  EXPECT_NE(e.find((d / "tokenizer.json").string() + ": JSON nested deeper than 512 levels"),
+            std::string::npos)
+      << e.substr(0, 300);
+  EXPECT_EQ(e.find('\n'), std::string::npos);
+  std::ofstream((d / "tokenizer.json").string()) << tiny().dump();
+  std::ofstream((d / "tokenizer_config.json").string()) << "{\"eos_token\": " + deep + "}";
+  e = error_of([&] { tok::Tokenizer::from_file(d.string()); });
+  EXPECT_NE(e.find((d / "tokenizer_config.json").string() + ": JSON nested deeper"), std::string::npos)
+      << e.substr(0, 300);
+}
+
 TEST(Tokenizer, FromFileTakesTheFileOrItsFolder) {
   const fs::path d = ndt::testing::fresh_dir("tokenizer_file");
   {

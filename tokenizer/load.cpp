@@ -9,6 +9,7 @@
 
 #include "tensor/error.h"
 #include "tokenizer/impl.h"
+#include "tokenizer/json_checked.h"
 
 namespace ndt::tok {
 
@@ -227,7 +228,7 @@ using Vocab = std::vector<std::pair<std::string, int32_t>>;
 json read_file(const Reader& r, std::string_view text, const std::string& source) {
   json j;
   try {
-    j = json::parse(text);
+    j = parse_json_checked(text, source);
   } catch (const std::exception& e) {
     NDT_FAIL("tokenizer ", source, ": not valid JSON (", e.what(), ")");
   }
@@ -497,7 +498,11 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   const fs::path config = file.parent_path() / "tokenizer_config.json";
   if (fs::is_regular_file(config, ec)) {
     std::ifstream c(config);
-    json cj = json::parse(c, nullptr, /*allow_exceptions=*/false);
+    json cj;  // not valid JSON: no end-of-text token from it; nested too deep: refused
+    try {
+      cj = parse_json_checked(c, config.string());
+    } catch (const json::exception&) {
+    }
     if (cj.is_object() && cj.contains("eos_token")) {
       const json& e = cj["eos_token"];
       const json name = e.is_object() ? e.value("content", json()) : e;

@@ -25,6 +25,7 @@
 #include "dist/comm/communicator.h"
 #include "tensor/checked.h"
 #include "tensor/cuda/runtime.h"
+#include "train/io/files.h"
 
 namespace fs = std::filesystem;
 
@@ -72,21 +73,32 @@ void check_writable_dir(const fs::path& dir, const std::string& key) {
   ::unlink(probe.c_str());
 }
 
+// Whether a process has `path`, a FIFO, open for reading (else opening it to write would wait).
+bool fifo_has_reader(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd >= 0) ::close(fd);
+  return fd >= 0;
+}
+
 // An output file: its directory must be writable and the path must not be a directory.
 void check_output_file(const std::string& path, const std::string& key) {
   const fs::path p(path);
   std::error_code ec;
   if (fs::is_directory(p, ec)) throw ConfigError(key + ": " + path + " is a directory; give a file name");
   // written through a temporary file and a rename, which must never replace a FIFO, socket
-  // or device; a character device (/dev/null) is written through
+  // or device; a character device (/dev/null) or a FIFO with a reader (a pipe) is written
+  // through, and a symlink's target is written in the target's folder
   const fs::file_status st = fs::status(p, ec);
-  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_character_file(st))
+  const bool fifo_read = fs::is_fifo(st) && fifo_has_reader(path);
+  if (fs::exists(st) && !fs::is_regular_file(st) && !fs::is_character_file(st) && !fifo_read)
     throw ConfigError(key + ": " + path + " is not a regular file (" +
-                      (fs::is_fifo(st)     ? "a FIFO"
+                      (fs::is_fifo(st)     ? "a FIFO with no reader"
                        : fs::is_socket(st) ? "a socket"
                                            : "a block device or other") +
                       "); give a file name");
-  check_writable_dir(p.has_parent_path() ? p.parent_path() : fs::path("."), key);
+  const fs::path t = io::output_target(path);
+  if (fs::is_regular_file(st) || !fs::exists(st))
+    check_writable_dir(t.has_parent_path() ? t.parent_path() : fs::path("."), key);
   if (fs::exists(p, ec) && ::access(path.c_str(), W_OK) != 0)
     throw ConfigError(key + ": cannot write " + path + " (" + errno_str() + ")");
 }

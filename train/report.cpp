@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tokenizer/json_checked.h"
 #include "train/io/files.h"
 
 namespace ndt::train {
@@ -203,7 +204,7 @@ EarlierMetrics read_earlier_metrics(const std::string& path, int64_t upto, int w
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     try {
-      const nlohmann::json j = nlohmann::json::parse(line);
+      const nlohmann::json j = parse_json_checked(line, path);
       const int64_t step = j.at("step").get<int64_t>();  // steps done
       if (step > upto) {
         ++e.dropped;

@@ -33,6 +33,7 @@
 #include "train/checkpoint/whole.h"
 #include "train/data/data.h"
 #include "train/data/text.h"
+#include "train/io/files.h"
 #include "train/io/format.h"
 #include "train/planner/cluster.h"
 #include "train/report.h"
@@ -433,7 +434,7 @@ void Trainer::save(int64_t step) {
 void Trainer::write_trace() {
   if (!trace_) return;
   const std::string path = dist::trace_path_for_rank(c_.log.trace, world_->rank());
-  trace_->write(path);
+  io::write_file_atomic(path, trace_->to_json());
   out_ << "trace: " << path << (world_->size() > 1 ? " (and one per rank)" : "") << "\n";
 }
 

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tensor/kernels.h"
+#include "tokenizer/json_checked.h"
 #include "train/guard.h"
 #include "train/io/files.h"
 #include "train/io/safetensors.h"
@@ -235,7 +236,7 @@ void verify_checkpoint(const std::string& path, const std::vector<std::string>& 
             " (the checksums of its files); it is incomplete or was written by an older ndtrain");
   nlohmann::json m;
   try {
-    f >> m;
+    m = parse_json_checked(f, mp.string());
     NDT_CHECK(m.is_object() && m.contains("files") && m["files"].is_object(), "no \"files\" object");
     std::vector<std::string> names(std::begin(kFiles), std::end(kFiles));
     if (m.value("format", "full") == "sharded") {  // one file per writing rank, all listed

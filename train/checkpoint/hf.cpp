@@ -255,6 +255,18 @@ void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::Flat
   NDT_CHECK(problems.empty(), "model folder ", f.dir(), ": ", join(problems), model);
   NDT_CHECK(extra.empty(), "model folder ", f.dir(), ": unexpected tensors: ", join(extra),
             " (ndtrain does not know what they are for)", model);
+  // a tied folder may still store lm_head.weight: read only when it is wte's values, else the
+  // logits would silently come from another matrix than the folder's head
+  if (c.tied() && f.has("lm_head.weight")) {
+    const std::string& wte = src.at("wte.weight").names[0];
+    NDT_CHECK(f.entry("lm_head.weight").shape == f.entry(wte).shape &&
+                  f.get("lm_head.weight", DType::f64).to_vector<double>() ==
+                      f.get(wte, DType::f64).to_vector<double>(),
+              "model folder ", f.dir(), ": lm_head.weight differs from ", wte,
+              ", but the model ties its head to ", "the embeddings (",
+              c.llama() ? "config.json: tie_word_embeddings = true" : "ndtrain's GPT-2 always does",
+              "); remove lm_head.weight or make it equal to ", wte);
+  }
 
   const DType dt = params.units.empty() ? DType::f32 : params.units[0].data.dtype();
   for (const nn::FlatUnit& u : params.units) kernels::fill(u.data, 0.0);  // padding and gaps stay zero

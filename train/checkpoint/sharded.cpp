@@ -16,6 +16,7 @@
 #include "dist/pipeline_parallel/stages.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "tensor/kernels.h"
+#include "tokenizer/json_checked.h"
 #include "train/io/files.h"
 #include "train/io/safetensors.h"
 
@@ -196,10 +197,9 @@ bool is_sharded(const std::string& path) {
   std::ifstream f(fs::path(path) / kManifest);
   if (!f.good()) return false;
   try {
-    nlohmann::json m;
-    f >> m;
+    const nlohmann::json m = parse_json_checked(f, (fs::path(path) / kManifest).string());
     return m.is_object() && m.value("format", "full") == "sharded";
-  } catch (...) {
+  } catch (const nlohmann::json::exception&) {  // not ours to judge here; nested too deep is
     return false;
   }
 }
@@ -280,7 +280,7 @@ nlohmann::json read_sealed(const std::string& path, const std::string& F, std::o
   NDT_CHECK(in.good(), "checkpoint ", path, " has no ", kManifest, "; it is incomplete");
   nlohmann::json m;
   try {
-    in >> m;
+    m = parse_json_checked(in, F);
   } catch (const nlohmann::json::exception& e) {
     NDT_FAIL("checkpoint ", F, " is malformed (", e.what(), ")", kFix);
   }

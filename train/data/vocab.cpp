@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tensor/error.h"
+#include "tokenizer/json_checked.h"
 #include "train/io/files.h"
 
 namespace ndt::data {
@@ -92,7 +93,7 @@ Vocab Vocab::load(const std::string& path) {
   NDT_CHECK(f.good(), "vocab file ", path, ": cannot open");
   nlohmann::json j;
   try {
-    f >> j;
+    j = parse_json_checked(f, path);
   } catch (const std::exception& e) {
     NDT_FAIL("vocab file ", path, ": not valid JSON (", e.what(), ")");
   }

@@ -8,12 +8,15 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
 #include "tensor/error.h"
 
 namespace ndt::io {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -45,21 +48,49 @@ void write_all(int fd, const std::string& name, const std::vector<std::string_vi
 
 }  // namespace
 
+std::string output_target(const std::string& path) {
+  fs::path p = path;
+  for (int hops = 0;; ++hops) {
+    struct stat lst {};
+    if (::lstat(p.c_str(), &lst) != 0 || !S_ISLNK(lst.st_mode)) return p.string();
+    NDT_CHECK(hops < 40, "cannot write ", path, ": more than 40 symlinks in a row (a loop?)");
+    std::error_code ec;
+    const fs::path dir = fs::weakly_canonical(fs::absolute(p).parent_path(), ec);
+    NDT_CHECK(!ec, "cannot write ", path, ": cannot resolve ", p.string(), " (", ec.message(), ")");
+    // a link in /proc (/dev/stdout -> /proc/self/fd/1) stands for a process's open file: its
+    // target ("pipe:[123]", a file the shell opened) is written through, never renamed over
+    if (dir.string().rfind("/proc/", 0) == 0) return p.string();
+    const fs::path to = fs::read_symlink(p, ec);
+    NDT_CHECK(!ec, "cannot write ", path, ": cannot read the symlink ", p.string(), " (", ec.message(), ")");
+    p = (to.is_absolute() ? to : dir / to).lexically_normal();
+  }
+}
+
 void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces) {
-  // Only a regular file (or nothing) is replaced. A character device (/dev/null, a terminal)
-  // is written through, as tools do; anything else is refused, never replaced by a rename
-  // (as root, renaming over /dev/null would turn the system's into a regular file).
+  // A symlink is followed: the file written is its target, the link stays a link. Only a
+  // regular file (or nothing) is replaced. A character device (/dev/null, a terminal) or a
+  // FIFO with a reader (a pipe) is written through, as tools do; anything else is refused,
+  // never replaced by a rename (as root, renaming over /dev/null would turn the system's
+  // into a regular file).
+  const std::string target = output_target(path);
+  const bool in_proc = fs::absolute(target).lexically_normal().string().rfind("/proc/", 0) == 0;
   struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    NDT_CHECK(S_ISCHR(st.st_mode), "cannot write ", path, ": it is ", file_kind(st),
-              ", not a regular file; give the path of a file to write");
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (::stat(target.c_str(), &st) == 0 && (!S_ISREG(st.st_mode) || in_proc)) {
+    const bool fifo = S_ISFIFO(st.st_mode);
+    NDT_CHECK(S_ISCHR(st.st_mode) || fifo || S_ISREG(st.st_mode), "cannot write ", path, ": it is ",
+              file_kind(st), ", not a regular file; give the path of a file to write");
+    // O_NONBLOCK: a FIFO with no reader fails (ENXIO) rather than waits forever
+    // a file a process opened (/dev/stdout > out.html) is appended to, its earlier lines kept
+    const int mode = in_proc && S_ISREG(st.st_mode) ? O_APPEND : O_TRUNC;
+    const int fd = ::open(target.c_str(), O_WRONLY | mode | O_CLOEXEC | (fifo ? O_NONBLOCK : 0));
+    NDT_CHECK(fd >= 0 || !(fifo && errno == ENXIO), "cannot write ", path, ": it is a FIFO with no reader");
     NDT_CHECK(fd >= 0, "cannot write ", path, " (", std::strerror(errno), ")");
+    if (fifo) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     write_all(fd, path, pieces);
     ::close(fd);
     return;
   }
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = target + ".tmp";  // in the target's folder: the rename stays there
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   NDT_CHECK(fd >= 0, "cannot write ", tmp, " (", std::strerror(errno), ")");
   try {
@@ -71,10 +102,10 @@ void write_file_atomic(const std::string& path, const std::vector<std::string_vi
   const bool synced = ::fsync(fd) == 0;
   const int sync_err = errno;
   const bool closed = ::close(fd) == 0;
-  if (!synced || !closed || std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (!synced || !closed || std::rename(tmp.c_str(), target.c_str()) != 0) {
     const int err = !synced ? sync_err : errno;
     ::unlink(tmp.c_str());
-    NDT_FAIL("cannot move ", tmp, " to ", path, " (", std::strerror(err), ")");
+    NDT_FAIL("cannot move ", tmp, " to ", target, " (", std::strerror(err), ")");
   }
 }
 

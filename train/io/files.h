@@ -6,9 +6,11 @@
 //   uint64_t h = io::file_xxh64("model.safetensors");   // XXH64, seed 0 (libxxhash)
 //
 // The pieces are written in order to PATH.tmp, flushed to disk (fsync), and renamed over
-// PATH; on any failure the temporary file is removed and PATH is left as it was. Only a
-// regular file is ever replaced: a character device given as PATH (/dev/null) is written
-// through, and a directory, FIFO, socket or block device is refused with an error.
+// PATH; on any failure the temporary file is removed and PATH is left as it was. A symlink
+// given as PATH is followed (chains too, and a dangling one): its target is written that
+// way, in the target's folder, and the link stays a link. Only a regular file is ever
+// replaced: a character device (/dev/null) or a FIFO with a reader (/dev/stdout piped) is
+// written through, and a directory, socket, block device or FIFO with no reader is refused.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +26,11 @@ void write_file_atomic(const std::string& path, const std::vector<std::string_vi
 inline void write_file_atomic(const std::string& path, std::string_view bytes) {
   write_file_atomic(path, std::vector<std::string_view>{bytes});
 }
+// Where writing PATH puts its bytes: PATH, or the end of its chain of symlinks (a target
+// that does not exist yet included). A link in /proc (/dev/stdout -> /proc/self/fd/1) is not
+// followed: it names a process's open file, written through. Anything that renames a file
+// onto a path the user gave renames onto this.
+std::string output_target(const std::string& path);
 // fsync a directory, so that renames into it survive a power loss.
 void fsync_dir(const std::string& dir);
 

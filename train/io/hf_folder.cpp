@@ -10,8 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include "tokenizer/json_checked.h"
 #include "train/io/files.h"
-#include "train/io/json_once.h"
 
 namespace ndt::io {
 namespace {
@@ -96,7 +96,7 @@ json parse_json(const std::string& text, const std::string& where) {
   std::string duplicate;
   json j;
   try {
-    j = parse_json_keys_once(text.data(), text.data() + text.size(), duplicate);
+    j = parse_json_checked(text, where, &duplicate);
   } catch (const json::exception& e) {
     NDT_FAIL(where, ": not valid JSON (", e.what(), ")");
   }
@@ -242,6 +242,9 @@ void check_consistent(const HfConfig& c, const std::string& where) {
     NDT_CHECK(c.num_key_value_heads == c.num_attention_heads, where, ": gpt2 has no num_key_value_heads (",
               c.num_key_value_heads, " given for ", c.num_attention_heads, " heads)");
     NDT_CHECK(c.attention_bias && c.mlp_bias, where, ": gpt2 always has attention and MLP biases");
+    NDT_CHECK(c.tie_word_embeddings, where,
+              ": tie_word_embeddings = false: ndtrain's GPT-2 ties its head to wte; a GPT-2 with a head of "
+              "its own (lm_head.weight) cannot be read without dropping it");
     const HfConfig none;
     NDT_CHECK(c.rope_theta == none.rope_theta && !c.llama3_scaling && c.factor == 0 &&
                   c.low_freq_factor == 0 && c.high_freq_factor == 0 &&
@@ -656,14 +659,17 @@ void replace_in_folder(const fs::path& d, const Export& out) {
   out.stage(tmp);
   const std::vector<std::string>& files = out.plan.files;
   const std::string entry = out.plan.sharded() ? kIndex : kSingle;
+  // a file of the folder that is a symlink (a Hugging Face cache snapshot) keeps its link: its
+  // target is replaced
+  auto at = [&](const std::string& f) { return fs::path(output_target((d / f).string())); };
   fs_do("replacing the weights in " + d.string(), [&] {
-    fs::remove(d / kIndex);
-    fs::remove(d / kSingle);
+    fs::remove(at(kIndex));
+    fs::remove(at(kSingle));
     for (const std::string& f : files)
-      if (f != entry) fs::rename(tmp / f, d / f);
-    fs::rename(tmp / kConfig, d / kConfig);
+      if (f != entry) fs::rename(tmp / f, at(f));
+    fs::rename(tmp / kConfig, at(kConfig));
     fsync_dir(d.string());
-    fs::rename(tmp / entry, d / entry);
+    fs::rename(tmp / entry, at(entry));
     fsync_dir(d.string());
     // shards of an earlier export that this one does not use
     const std::set<std::string> ours(files.begin(), files.end());
@@ -687,7 +693,7 @@ void HfFolderWriter::add(const std::string& name, const Tensor& t) {
 void HfFolderWriter::write(const std::string& dir, const HfConfig& config, int64_t max_shard_bytes) const {
   NDT_CHECK(max_shard_bytes > 0, "HfFolderWriter::write: max_shard_bytes must be positive, got ",
             max_shard_bytes);
-  const fs::path d = clean_dir(dir);
+  const fs::path d = output_target(clean_dir(dir).string());  // a link to a folder: the folder
   const std::string config_text = to_json(config);  // refuses a bad config before anything is written
   const ShardPlan plan = plan_shards(tensors_, max_shard_bytes);
   const Export out{tensors_, plan, config_text, index_json(plan, tensors_)};

@@ -1,7 +1,7 @@
 #include "train/io/safetensors.h"
 
+#include "tokenizer/json_checked.h"
 #include "train/io/files.h"
-#include "train/io/json_once.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -114,7 +114,7 @@ SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
   nlohmann::json h;
   std::string duplicate;
   try {
-    h = parse_json_keys_once(base + 8, base + 8 + n, duplicate);
+    h = parse_json_checked(std::string_view(base + 8, n), "the header", &duplicate);
   } catch (const std::exception& e) {
     fail(std::string("header is not valid JSON (") + e.what() + ")");
   }
