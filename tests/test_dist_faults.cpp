@@ -631,7 +631,10 @@ TEST_F(DistFaults, ACutLinkEndsTheJobAndTheReportNamesTheNetwork) {
   // behind (the collective that spans the hosts never completed anywhere) or host 1's ranks
   // did (it completed on host 0 first); either way the verdict is the network. When the
   // launcher ended a rank before it wrote, the report cannot tell and names the network first
-  EXPECT_TRUE(has(r.out, "  rank 0 (h0): at step ")) << r.out;
+  // Rank 0 writes its record, unless the launcher ended it first (rank 1's abort, on the same
+  // host, can reach mpirun before rank 0's own deadline has passed): the report then says it
+  // has no record from rank 0, and its verdict names the network first (below)
+  EXPECT_TRUE(has(r.out, "  rank 0 (h0): at step ") || has(r.out, "no record from rank 0: ")) << r.out;
   EXPECT_TRUE(has(r.out, "  rank 3 (h1): at step ")) << r.out;
   const std::string verdict = r.out.substr(r.out.find("verdict:"));
   EXPECT_TRUE(has(verdict, "it spans hosts h0, h1: the network between them") ||
