@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "autograd/node.h"
 #include "dist/data_parallel.h"
 #include "dist/tensor_parallel/comm.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
@@ -106,6 +107,7 @@ double ParallelModel::train(const std::vector<Batch>& micro, const std::function
 }
 
 double ParallelModel::evaluate(const std::vector<Batch>& batches) {
+  autograd::NoGradGuard no_grad;
   strategy->begin_forward_only();
   const double loss_sum = step_->evaluate(local(batches));
   strategy->end_forward_only();

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <type_traits>
 
 #include "autograd/node.h"
 #include "autograd/ops.h"
@@ -43,6 +44,18 @@ void GPTConfig::validate() const {
             "rotary embeddings turn pairs of channels: the head size n_embd / n_head = ", head_dim(),
             " must be even");
   rope_inv_freq(head_dim(), rope);  // throws naming a bad theta or scaling
+}
+
+void check_field_ranges(const GPTConfig& c) {
+  visit_fields(
+      [](const Field& f, const auto& v) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, int64_t>)
+          if (v < static_cast<int64_t>(f.lo) || v > static_cast<int64_t>(f.hi))
+            throw Error("model." + std::string(f.name) + " = " + std::to_string(v) + " is outside [" +
+                        std::to_string(static_cast<int64_t>(f.lo)) + ", " +
+                        std::to_string(static_cast<int64_t>(f.hi)) + "]");
+      },
+      c);
 }
 
 std::string GPTConfig::str() const {

@@ -58,6 +58,11 @@ struct Field {
   bool optional = false;  // checkpoints write it only when not the default (older ones lack it)
 };
 
+// Throws ndt::Error naming the first whole-number field outside its range in the table
+// ("model.n_layer = 2147483648 is outside [1, 1024]"): train_gpt's config and a model folder
+// read by any program are held to the same ranges, before anything is built from them.
+void check_field_ranges(const GPTConfig& c);
+
 // Calls visit(field, c.<member>...) for every field of each config in cs, in the table's order.
 template <class Visit, class... C>
 void visit_fields(Visit&& visit, C&... cs) {

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -235,6 +237,28 @@ TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
                            "; the old spelling goes in the next release\n"),
               std::string::npos)
         << old.out;
+  }
+  // a config.json that contradicts its weights is one error before the model is built or
+  // allocated: sizes outside train_gpt's ranges (2^31 blocks were still being described after
+  // a minute), and shapes the safetensors do not hold (8192 channels over 32-wide weights took
+  // gigabytes first)
+  for (const auto& [key, value, says] :
+       {std::tuple<std::string, int64_t, std::string>{"num_hidden_layers", int64_t(1) << 31,
+                                                      "model.n_layer = 2147483648 is outside [1, 1024]"},
+        {"hidden_size", 8192, "has shape"}}) {
+    const std::string bad = d + "/bad_" + key;
+    std::filesystem::copy(d + "/hf", bad);
+    nlohmann::json cfg;
+    std::ifstream(bad + "/config.json") >> cfg;
+    cfg[key] = value;
+    cfg.erase("head_dim");  // (written by the export: hidden_size / num_attention_heads)
+    std::ofstream(bad + "/config.json") << cfg.dump();
+    // in 2 GiB of address space: the 8192-channel model would need about 6 GiB
+    const Result r = run("ulimit -v 2097152; " + p.at("generate"),
+                         "--model " + bad + " --tokenizer " + d + "/data/vocab.json");
+    EXPECT_EQ(r.rc, 2) << r.out;
+    EXPECT_NE(r.out.find(says), std::string::npos) << key << ": " << r.out;
+    EXPECT_NE(r.out.find(bad), std::string::npos) << "the folder is named: " << r.out;
   }
   // a byte vocabulary (256 tokens) for a model of fewer characters: refused before any text
   ASSERT_EQ(ndt::testing::run_shell("echo '{\"type\": \"byte\"}' > " + d + "/bytes.json").rc, 0);

@@ -488,13 +488,11 @@ void validate_model(const Config& c, const Checks& ck) {
   ck.need(c.plan_calibrate.empty() || c.plan, "--plan.calibrate needs --plan");
   ck.need(c.plan || !c.data.train.empty(),
           "data.train is empty: give a glob of training shards, e.g. data/train_*.bin");
-  models::visit_fields(  // the model's sizes in their ranges (models/gpt_config.h)
-      [&](const models::Field& f, const auto& v) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(v)>, int64_t>)
-          ck.range((std::string("model.") + f.name).c_str(), v, static_cast<int64_t>(f.lo),
-                   static_cast<int64_t>(f.hi));
-      },
-      c.model);
+  try {  // the model's sizes in their ranges (models/gpt_config.h)
+    models::check_field_ranges(c.model);
+  } catch (const Error& e) {
+    ck.need(false, e.what());
+  }
   ck.need(c.model.arch == "gpt2" || c.model.arch == "llama",
           "model.arch must be gpt2 or llama (Qwen2 and Mistral are llama), got '" + c.model.arch + "'");
   ck.need(c.model.rope_scaling == "none" || c.model.rope_scaling == "llama3",

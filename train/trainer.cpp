@@ -104,10 +104,8 @@ class Trainer {
 
   double train_step(int64_t step);  // one optimizer step on batches_; returns the mean loss
   std::string read_batches();       // the next step's micro-batches into batches_; "" or the error
-  std::vector<data::Batch> read_val_batches();  // this rank's evaluation batches (no collective)
-  double evaluate(const std::vector<data::Batch>& batches);
+  std::vector<data::Batch> read_val_batches();         // this rank's evaluation batches (no collective)
   std::vector<int32_t> generate_sample(int64_t step);  // collective under FSDP and TP
-  void print_sample(int64_t step, const std::vector<int32_t>& ids);
   void save(int64_t step);
   void resume_from(const std::string& path);
   void write_report();  // rank 0, log.report
@@ -137,6 +135,7 @@ class Trainer {
   std::unique_ptr<dist::Trace> trace_;
   models::GPTConfig mc_;
   std::unique_ptr<models::GPT> gpt_;
+  ckpt::WeightSource init_from_;  // model.init_from, opened once (describe checks it, materialize reads it)
   std::unique_ptr<dist::ParallelModel> pm_;  // this rank's buffers, the strategy, the layout's answers
   std::unique_ptr<optim::AdamW> opt_;
   optim::Schedule sched_;
@@ -269,6 +268,10 @@ void Trainer::describe() {
   // rank's blocks (and the embeddings or head of the first or last stage)
   if (const std::string line = pipeline_.describe(); !line.empty()) out_ << line << "\n";
   gpt_ = std::make_unique<models::GPT>(mc_, pipeline_.part(mesh_->coords().pp));
+  if (!c_.model.init_from.empty()) {  // its tensors against the model, before anything is allocated
+    init_from_ = ckpt::find_weights(c_.model.init_from);
+    ckpt::check_weights(init_from_, *gpt_);
+  }
   int64_t param_count = 0;
   for (const nn::ParamSpec& p : gpt_->parameters())
     param_count = checked_add(param_count, numel_of(p.shape), "parameter count");
@@ -309,8 +312,7 @@ void Trainer::parallelize() {
 
 void Trainer::materialize() {
   if (!c_.model.init_from.empty()) {  // each rank reads only its own elements (RAM-efficient)
-    ckpt::load_weights(ckpt::find_weights(c_.model.init_from), *gpt_, pm_->params,
-                       lead() ? &std::cerr : nullptr);
+    ckpt::load_weights(init_from_, *gpt_, pm_->params, lead() ? &std::cerr : nullptr);
     out_ << "initialized from " << c_.model.init_from << "\n";
   }
   // what materializing (and loading) cost in resident memory, on the rank that paid most:
@@ -447,11 +449,6 @@ std::vector<data::Batch> Trainer::read_val_batches() {
   return batches;
 }
 
-double Trainer::evaluate(const std::vector<data::Batch>& batches) {
-  autograd::NoGradGuard no_grad;
-  return pm_->evaluate(whole_sequences(batches));
-}
-
 std::vector<dist::ParallelModel::Batch> Trainer::whole_sequences(const std::vector<data::Batch>& batches) {
   std::vector<dist::ParallelModel::Batch> out;
   for (const data::Batch& b : batches) out.push_back({b.inputs, b.targets});
@@ -468,10 +465,6 @@ std::vector<int32_t> Trainer::generate_sample(int64_t step) {
   o.top_p = c_.sample.top_p, o.seed = static_cast<uint64_t>(c_.train.seed + step);
   if (vocab_->eos_id()) o.stop_ids = {*vocab_->eos_id()};  // a tokenizer's end of text ends the sample
   return pm_->generate(vocab_->encode_prompt(c_.sample.prompt), o);
-}
-
-void Trainer::print_sample(int64_t step, const std::vector<int32_t>& ids) {
-  if (vocab_ && c_.sample.length > 0) log_.sample(step, vocab_->decode(ids));
 }
 
 std::string Trainer::read_batches() {
@@ -509,7 +502,7 @@ double Trainer::train_step(int64_t step) {
 // not cost the steps since the last checkpoint: save them first, then report it. Such work
 // is rank-local (no collective inside), so that every rank can first learn whether any
 // rank failed and all of them save together: a rank saving alone, or one leaving for the
-// agreement while the others are inside evaluate()'s collectives, would wait forever.
+// agreement while the others are inside the evaluation's collectives, would wait forever.
 void Trainer::saved_then_fail(int64_t step, const std::string& what, bool failed_here,
                               const std::string& err) {
   const std::string why = failed_here ? err : "it failed on another rank";
@@ -535,14 +528,16 @@ void Trainer::between_steps(int64_t step, const char* what, const std::function<
 double Trainer::evaluation(int64_t step) {
   std::vector<data::Batch> batches;
   between_steps(step, "evaluation", [&] { batches = read_val_batches(); });
-  const double loss = evaluate(batches);  // collective: every rank has its batches
+  const double loss = pm_->evaluate(whole_sequences(batches));  // collective: every rank has its batches
   log_.validation(step, loss);
   return loss;
 }
 
 void Trainer::sampling(int64_t step) {
   const std::vector<int32_t> ids = generate_sample(step);  // collective under FSDP and TP
-  between_steps(step, "sampling", [&] { print_sample(step, ids); });
+  between_steps(step, "sampling", [&] {
+    if (vocab_ && c_.sample.length > 0) log_.sample(step, vocab_->decode(ids));
+  });
 }
 
 Trainer::StepResult Trainer::step_and_time(int64_t step) {

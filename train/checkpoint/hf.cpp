@@ -220,7 +220,7 @@ std::string gpt2_name(const io::HfFolder& f, const std::string& prefixed) {
 
 }  // namespace
 
-void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::FlatParams& params) {
+void check_hf_folder(const io::HfFolder& f, const models::GPT& gpt) {
   const models::GPTConfig& c = gpt.cfg;
   std::map<std::string, Source> src = sources(c);
   if (!c.llama())
@@ -267,7 +267,14 @@ void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::Flat
               c.llama() ? "config.json: tie_word_embeddings = true" : "ndtrain's GPT-2 always does",
               "); remove lm_head.weight or make it equal to ", wte);
   }
+}
 
+void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::FlatParams& params) {
+  check_hf_folder(f, gpt);  // before any value is read
+  const models::GPTConfig& c = gpt.cfg;
+  std::map<std::string, Source> src = sources(c);
+  if (!c.llama())
+    for (auto& [ours, s] : src) s.names[0] = gpt2_name(f, s.names[0]);
   const DType dt = params.units.empty() ? DType::f32 : params.units[0].data.dtype();
   for (const nn::FlatUnit& u : params.units) kernels::fill(u.data, 0.0);  // padding and gaps stay zero
   constexpr int64_t kPiece = int64_t(1) << 18;  // renamed tensors: a few MiB at a time

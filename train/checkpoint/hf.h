@@ -50,8 +50,14 @@ models::GPTConfig model_config(const io::HfConfig& hf);
 // The config.json of a model (the dtype written as torch_dtype).
 io::HfConfig hf_config(const models::GPTConfig& c, DType dtype);
 
+// Every tensor gpt's whole model needs present in the folder with its shape, nothing left
+// over, and a stored lm_head of a tied model equal to the embeddings: read from the
+// safetensors headers (and for that one comparison, the two tensors), nothing allocated for
+// the model. Throws ndt::Error naming the folder and the tensors.
+void check_hf_folder(const io::HfFolder& folder, const models::GPT& gpt);
+
 // This rank's elements of every parameter (its tensor-parallel slice, its FSDP shard), from
-// the folder. Throws ndt::Error naming the folder and the tensor for a missing, extra,
+// the folder, after check_hf_folder. Throws ndt::Error naming the folder and the tensor for a missing, extra,
 // mis-shaped or non-finite tensor, before anything is copied.
 void load_hf_local(const io::HfFolder& folder, const models::GPT& gpt, const nn::FlatParams& params);
 

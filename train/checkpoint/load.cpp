@@ -53,8 +53,15 @@ WeightSource find_weights(const std::string& path) {
 
 models::GPTConfig model_config_of(const WeightSource& w) {
   switch (w.kind) {
-    case WeightSource::Kind::kHfFolder:
-      return model_config(w.hf->config());
+    case WeightSource::Kind::kHfFolder: {
+      const models::GPTConfig c = model_config(w.hf->config());
+      try {
+        models::check_field_ranges(c);
+      } catch (const Error& e) {
+        NDT_FAIL(w.hf->dir(), "/config.json describes a model outside what ndtrain builds: ", e.what());
+      }
+      return c;
+    }
     case WeightSource::Kind::kSharded:
       return sharded_model_config(w.path);
     case WeightSource::Kind::kFile:
@@ -63,6 +70,10 @@ models::GPTConfig model_config_of(const WeightSource& w) {
   NDT_FAIL(w.str(),
            " holds weights without the model's description: give a Hugging Face folder (export_weights "
            "writes one) or a sharded checkpoint (checkpoint.format = sharded)");
+}
+
+void check_weights(const WeightSource& w, const models::GPT& gpt) {
+  if (w.kind == WeightSource::Kind::kHfFolder) check_hf_folder(*w.hf, gpt);
 }
 
 void load_weights(const WeightSource& w, const models::GPT& gpt, nn::FlatParams& params, std::ostream* warn) {

@@ -34,9 +34,16 @@ struct WeightSource {
 // a model folder nor holds a checkpoint).
 WeightSource find_weights(const std::string& path);
 
-// The model the source holds: a folder's config.json, a sharded checkpoint's manifest. A
-// safetensors file has no model description: throws, saying which sources have one.
+// The model the source holds: a folder's config.json, a sharded checkpoint's manifest, its
+// sizes in train_gpt's ranges (models::check_field_ranges). A safetensors file has no model
+// description: throws, saying which sources have one.
 models::GPTConfig model_config_of(const WeightSource& w);
+
+// Every tensor the described model needs, present in the source with its shape (a Hugging
+// Face folder's safetensors headers; a checkpoint's manifest was checked when it was read),
+// before anything is allocated: a config.json that contradicts its weights is one error, not
+// an allocation of the size it claims. Throws ndt::Error naming the tensors.
+void check_weights(const WeightSource& w, const models::GPT& gpt);
 
 // This rank's elements of every parameter (its TP slice, its FSDP shard) from the source;
 // every tensor checked (names, shapes, finite values) before anything is copied. Warnings

@@ -114,8 +114,9 @@ Loaded load(const Args& a, Device device) {
   Loaded l;
   const std::optional<DType> compute =
       a.dtype == "bfloat16" ? std::optional<DType>(DType::bf16) : std::nullopt;
-  const ckpt::WeightSource src = ckpt::find_weights(a.model);  // a folder, a checkpoint, a file
-  l.gpt = std::make_unique<models::GPT>(ckpt::model_config_of(src));
+  const ckpt::WeightSource src = ckpt::find_weights(a.model);         // a folder, a checkpoint, a file
+  l.gpt = std::make_unique<models::GPT>(ckpt::model_config_of(src));  // sizes in train_gpt's ranges
+  ckpt::check_weights(src, *l.gpt);  // every tensor's shape, before the model is allocated
   l.params = nn::materialize(l.gpt->units(), device, DType::f32, 0, nn::ShardSpec{}, compute);
   ckpt::load_weights(src, *l.gpt, l.params);
   if (src.hf) {  // what a Hugging Face folder says ends a text, and its tokenizer
