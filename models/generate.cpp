@@ -51,7 +51,10 @@ std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, 
                               const LogitsFn& logits_fn) {
   NDT_CHECK(o.top_p > 0 && o.top_p <= 1, "sample: top_p must be in (0, 1], got ", o.top_p);
   if (ids.empty()) ids.push_back(0);
-  const int64_t V = gpt.cfg.vocab_size, cap = gpt.cfg.block_size;
+  NDT_CHECK(o.vocab_limit >= 0, "sample: vocab_limit must be >= 0, got ", o.vocab_limit);
+  // the ids a token may take: padded columns are not tokens, nor ids past the tokenizer's
+  const int64_t V = o.vocab_limit > 0 ? std::min(o.vocab_limit, gpt.cfg.vocab_size) : gpt.cfg.vocab_size;
+  const int64_t cap = gpt.cfg.block_size;
   KVCache cache(gpt, cap, logits_fn);
   // the prompt (its last block_size tokens) in one forward; then each token alone
   const int64_t keep = std::min<int64_t>(static_cast<int64_t>(ids.size()), cap);
@@ -59,7 +62,7 @@ std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, 
       Tensor::from_vector(std::vector<int32_t>(ids.end() - keep, ids.end()), {1, keep}, device));  // (1, Vp)
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
     std::vector<float> row = logits.to_vector<float>();
-    row.resize(V);  // padded columns are not tokens
+    row.resize(V);
     const int32_t next = sample_token(row, o, ids.size());
     ids.push_back(next);
     if (on_token && !on_token(next)) break;

@@ -4,6 +4,7 @@
 //   models::SampleOptions o;
 //   o.max_new_tokens = 200, o.temperature = 0.8, o.top_k = 40, o.top_p = 0.95, o.seed = 1;
 //   o.stop_ids = {eos};                                  // ends after emitting one of these
+//   o.vocab_limit = tokenizer_ids;                      // ids the tokenizer lacks never drawn
 //   std::vector<int32_t> ids = models::generate(gpt, prompt_ids, o, device,
 //                                              [&](int32_t id) { std::cout << piece(id); return true; });
 //
@@ -33,6 +34,9 @@ struct SampleOptions {
   double top_p = 1.0;            // in (0, 1]; 1: no nucleus cut
   uint64_t seed = 1;
   std::vector<int32_t> stop_ids;  // end after emitting one of these (end-of-text ids)
+  // ids at or past this are never drawn (0: every id of model.vocab_size): a tokenizer with
+  // fewer ids than the model's vocabulary (Hub configs pad it) has no text for the rest
+  int64_t vocab_limit = 0;
 };
 
 // The next token from one row of logits (V live entries; padded columns excluded), drawn

@@ -192,6 +192,39 @@ TEST(Generate, SlidesPastTheBlockAndStops) {
   EXPECT_THROW(models::generate(gpt, prompt, bad, Device::cpu()), Error);
 }
 
+// A tokenizer with fewer ids than the model's vocabulary (Hub configs pad it past the
+// tokenizer's): the ids past the tokenizer's are never drawn, greedy or sampled, and the
+// tokens drawn are those of the model's logits cut to the first vocab_limit.
+TEST(Generate, NeverDrawsAnIdPastTheVocabLimit) {
+  models::GPT gpt(gpt2_config());  // 29 ids
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7);
+  const std::vector<int32_t> prompt = {3, 1, 4};
+  models::SampleOptions o{.max_new_tokens = 40, .temperature = 2.0, .seed = 11};
+  const std::vector<int32_t> all = models::generate(gpt, prompt, o, Device::cpu());
+  ASSERT_TRUE(std::any_of(all.begin() + 3, all.end(), [](int32_t id) { return id >= 6; }))
+      << "the uncut model draws ids past 6, so the cut below is tested";
+  for (const double temperature : {2.0, 0.0}) {
+    o.temperature = temperature, o.vocab_limit = 6;
+    const std::vector<int32_t> cut = models::generate(gpt, prompt, o, Device::cpu());
+    ASSERT_EQ(cut.size(), prompt.size() + 40);
+    for (size_t i = prompt.size(); i < cut.size(); ++i) EXPECT_LT(cut[i], 6) << "token " << i;
+    // the same draw as sample_token on the logits cut to the first 6 ids
+    std::vector<int32_t> plain = prompt;
+    autograd::NoGradGuard no_grad;
+    for (int n = 0; n < 5; ++n) {
+      const int64_t T = static_cast<int64_t>(plain.size());
+      std::vector<float> row = gpt.forward(Tensor::from_vector(plain, {1, T}), Tensor())
+                                   .logits.narrow(0, T - 1, 1)
+                                   .to_vector<float>();
+      row.resize(6);
+      plain.push_back(models::sample_token(row, o, plain.size()));
+    }
+    EXPECT_EQ(std::vector<int32_t>(cut.begin(), cut.begin() + 8), plain) << "temperature " << temperature;
+  }
+  o.vocab_limit = -1;
+  EXPECT_THROW(models::generate(gpt, prompt, o, Device::cpu()), Error);
+}
+
 // sample_token's distribution: over many positions, each token's frequency matches
 // softmax(logits / temperature) cut to the top k and then to the nucleus, renormalised.
 TEST(Generate, SampleTokenDrawsFromTheCutDistribution) {

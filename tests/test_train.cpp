@@ -100,6 +100,20 @@ TEST(TrainGpt, HelpListsEveryKeyWithDefaults) {
   EXPECT_NE(r.out.find("(=0.001)"), std::string::npos);  // defaults are shown
 }
 
+// A model.vocab_size far past the tokenizer's ids (Hub configs pad theirs): the samples
+// never draw an id without text, the run says so once and finishes with its report.
+TEST(TrainGpt, SamplesOnlyTheTokenizersIdsOfAPaddedVocabulary) {
+  fs::path d = make_data("padded_vocab");
+  RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "2", "--model.vocab_size", "4096",
+                     "--sample.every", "1", "--sample.length", "300", "--sample.temperature", "3",
+                     "--log.report", (d / "report.html").string()});
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("samples: drawn from the "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(model.vocab_size 4096: the ids past them have no text)"), std::string::npos);
+  EXPECT_NE(r.out.find("sample at step 2"), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(d / "report.html"));
+}
+
 TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
   fs::path d = make_data("learn");
   RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "30", "--log.metrics",

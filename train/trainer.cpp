@@ -357,6 +357,9 @@ void Trainer::open_vocabulary() {
   if (vocab_ && vocab_->vocab_size() > c_.model.vocab_size)
     throw ConfigError("the vocabulary " + vocab_path + " has " + std::to_string(vocab_->vocab_size()) +
                       " tokens but model.vocab_size is " + std::to_string(c_.model.vocab_size));
+  if (vocab_ && vocab_->vocab_size() < c_.model.vocab_size && c_.sample.every >= 0 && c_.sample.length > 0)
+    out_ << "samples: drawn from the " << vocab_->vocab_size() << " ids of " << vocab_path
+         << " (model.vocab_size " << c_.model.vocab_size << ": the ids past them have no text)\n";
   if (vocab_ && c_.sample.every >= 0 && c_.sample.length > 0) {  // fail now, not after training
     try {
       vocab_->encode_prompt(c_.sample.prompt);
@@ -464,6 +467,7 @@ std::vector<int32_t> Trainer::generate_sample(int64_t step) {
   o.max_new_tokens = c_.sample.length, o.temperature = c_.sample.temperature, o.top_k = c_.sample.top_k;
   o.top_p = c_.sample.top_p, o.seed = static_cast<uint64_t>(c_.train.seed + step);
   if (vocab_->eos_id()) o.stop_ids = {*vocab_->eos_id()};  // a tokenizer's end of text ends the sample
+  o.vocab_limit = vocab_->vocab_size();                    // never an id without text
   return pm_->generate(vocab_->encode_prompt(c_.sample.prompt), o);
 }
 
@@ -654,11 +658,18 @@ int Trainer::finish(double last_val, double avg_sec) {
     out_ << "stopped by signal " << sig << " after the last step, its checkpoint saved" << std::endl;
     return kExitPreempted;
   }
-  if (val_) {
-    last_val = evaluation(c_.train.steps);
-    out_ << "final val loss " << last_val << "\n";
+  // the final evaluation and sample: a failure in them (agreed by every rank) is reported
+  // after the report and the metrics are written, never instead of them
+  std::string failed;
+  try {
+    if (val_) {
+      last_val = evaluation(c_.train.steps);
+      out_ << "final val loss " << last_val << "\n";
+    }
+    if (c_.sample.every >= 0) sampling(c_.train.steps);
+  } catch (const Error& e) {
+    failed = e.what();
   }
-  if (c_.sample.every >= 0) sampling(c_.train.steps);
   if (std::isfinite(avg_sec))
     out_ << "average " << avg_sec * 1e3 << " ms/step, " << static_cast<double>(tokens_per_step_) / avg_sec
          << " tok/s\n";
@@ -671,6 +682,8 @@ int Trainer::finish(double last_val, double avg_sec) {
   }
   write_report();
   log_.check_complete();
+  if (!failed.empty())
+    throw Error(failed + " (after the last step: its checkpoint, metrics and report are written)");
   return 0;
 }
 

@@ -152,6 +152,7 @@ int main(int argc, char** argv) {
               codec->vocab_size(), " tokens but the model only ", l.gpt->cfg.vocab_size,
               ": not the model's tokenizer");
     prompt = codec->encode_prompt(a.prompt);
+    a.sample.vocab_limit = codec->vocab_size();  // the ids past the tokenizer's have no text
     if (!a.ignore_eos) {
       a.sample.stop_ids = l.eos;
       if (codec->eos_id()) a.sample.stop_ids.push_back(*codec->eos_id());
@@ -163,14 +164,14 @@ int main(int argc, char** argv) {
   try {
     std::cerr << "generate: " << l.gpt->cfg.str() << " from " << l.what << "; tokenizer " << codec->describe()
               << "; " << device.str() << " " << a.dtype << "\n";
+    if (codec->vocab_size() < l.gpt->cfg.vocab_size)
+      std::cerr << "generate: drawing from the tokenizer's " << codec->vocab_size() << " ids (the model has "
+                << l.gpt->cfg.vocab_size << ": the ids past them have no text)\n";
     std::cout << a.prompt << std::flush;
     data::TextCodec::Stream out(*codec);
     int64_t n = 0;
     const auto t0 = std::chrono::steady_clock::now();
     models::generate(*l.gpt, prompt, a.sample, device, [&](int32_t id) {
-      NDT_CHECK(id < codec->vocab_size(), "the model drew token ", id, ", which the tokenizer ",
-                codec->source(), " (", codec->vocab_size(),
-                " tokens) does not have: it is not the model's tokenizer");
       ++n;
       const bool stop =
           std::find(a.sample.stop_ids.begin(), a.sample.stop_ids.end(), id) != a.sample.stop_ids.end();
