@@ -114,6 +114,29 @@ TEST(TrainGpt, SamplesOnlyTheTokenizersIdsOfAPaddedVocabulary) {
   EXPECT_TRUE(fs::exists(d / "report.html"));
 }
 
+// Slow steps still show progress: a step line whenever log.progress_seconds have passed
+// since the last one, whatever log.every (here every step: each takes longer than 1 us);
+// 0 leaves log.every alone.
+TEST(TrainGpt, PrintsProgressAfterLogProgressSecondsWhateverLogEvery) {
+  fs::path d = make_data("progress");
+  auto step_lines = [](const std::string& out) {
+    int n = 0;  // the training steps' lines ("step     3/6 | loss ..."), not the evaluations'
+    for (size_t at = out.find("/6 | loss"); at != std::string::npos; at = out.find("/6 | loss", at + 1)) ++n;
+    return n;
+  };
+  RunResult every = run({"--config", (d / "gpt.ini").string(), "--train.steps", "6", "--log.every", "1000",
+                         "--log.progress_seconds", "0.000001", "--sample.every", "-1"});
+  ASSERT_EQ(every.rc, 0) << every.err;
+  EXPECT_EQ(step_lines(every.out), 6) << every.out;
+  RunResult off = run({"--config", (d / "gpt.ini").string(), "--train.steps", "6", "--log.every", "1000",
+                       "--log.progress_seconds", "0", "--sample.every", "-1"});
+  ASSERT_EQ(off.rc, 0) << off.err;
+  EXPECT_EQ(step_lines(off.out), 2) << off.out;  // the first and the last
+  RunResult bad = run({"--config", (d / "gpt.ini").string(), "--log.progress_seconds", "-1"});
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_NE(bad.err.find("log.progress_seconds must be a finite number >= 0"), std::string::npos) << bad.err;
+}
+
 TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
   fs::path d = make_data("learn");
   RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "30", "--log.metrics",

@@ -108,6 +108,9 @@ po::options_description describe(Config& c) {
        "every rank writes its own metrics, its memory peak and bytes sent (rank 0 to log.metrics, rank r to "
        "out/m.jsonl -> out/m.rank<r>.jsonl); false: rank 0 only")
       ("log.every", po::value(&c.log.every)->default_value(c.log.every), "print a line every N steps")
+      ("log.progress_seconds", po::value(&c.log.progress_seconds)->default_value(c.log.progress_seconds),
+       "print a step's line when this many seconds have passed since the last one, whatever log.every "
+       "(slow steps still show progress; 0: only log.every)")
       ("log.report", po::value(&c.log.report)->default_value(c.log.report), "HTML report: charts of every metric, the layout, config and samples; written at the end (empty: none)")
       ("log.tensorboard", po::value(&c.log.tensorboard)->default_value(c.log.tensorboard), "directory for TensorBoard event files, scalars written every step (empty: none)")
       ("log.trace", po::value(&c.log.trace)->default_value(c.log.trace),
@@ -576,6 +579,7 @@ void validate_outputs(const Config& c, const Checks& ck) {
           "checkpoint.format must be full or sharded, got '" + c.checkpoint.format + "'");
   ck.need(!c.checkpoint.resume || !c.checkpoint.dir.empty(), "checkpoint.resume needs checkpoint.dir");
   ck.range("log.every", c.log.every, 1, kBig);
+  ck.finite("log.progress_seconds", c.log.progress_seconds, false);
   ck.finite("log.peak_tflops", c.log.peak_tflops, false);
   ck.range("sample.every", c.sample.every, -1, kBig);
   ck.range("sample.length", c.sample.length, 0, 65536);

@@ -97,6 +97,7 @@ struct LogSection {  // [log]
   // safetensors file that rank 0 writes: comparable between any two layouts
   std::string grads;
   int64_t every = 1;
+  double progress_seconds = 30;  // a step line at least this often, whatever `every` (0: off)
   double peak_tflops = 0;
 };
 

@@ -1,5 +1,6 @@
 #include "train/run_log.h"
 
+#include <chrono>
 #include <sstream>
 
 #include "dist/trace.h"
@@ -24,7 +25,7 @@ std::string printable(const std::string& s) {
 }  // namespace
 
 RunLog::RunLog(const Config& c, int rank, int world_size, std::ostream& out)
-    : c_(c), rank_(rank), world_size_(world_size), out_(out) {}
+    : c_(c), rank_(rank), world_size_(world_size), out_(out), last_line_(std::chrono::steady_clock::now()) {}
 
 void RunLog::open(int64_t start, bool spans_hosts) {
   if (!c_.log.metrics.empty() && (lead() || c_.log.metrics_every_rank)) {
@@ -71,8 +72,13 @@ void RunLog::scalars(int64_t step, const io::Scalars& values) {
 }
 
 void RunLog::step(const StepLog& s) {
-  if (s.step % c_.log.every == 0 || s.step == c_.train.steps - 1)
+  const auto now = std::chrono::steady_clock::now();
+  const bool overdue = c_.log.progress_seconds > 0 &&
+                       std::chrono::duration<double>(now - last_line_).count() >= c_.log.progress_seconds;
+  if (s.step % c_.log.every == 0 || s.step == c_.train.steps - 1 || overdue) {
     out_ << step_line(s) << std::endl;  // flushed: progress shows through pipes and tee
+    last_line_ = now;
+  }
   json(step_json(s));
   if (lead() && !c_.log.report.empty()) history_.steps.push_back(s);
   scalars(s.step + 1, step_scalars(s));

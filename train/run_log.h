@@ -15,6 +15,7 @@
 // its own metrics file.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -39,7 +40,9 @@ class RunLog {
   // from it. TensorBoard: a new event file, starting at `start`.
   void open(int64_t start, bool spans_hosts);
 
-  void step(const StepLog& s);  // the console every log.every steps (and the last), the rest always
+  // the console every log.every steps, the last, and whenever log.progress_seconds have
+  // passed since the last line; the rest always
+  void step(const StepLog& s);
   void validation(int64_t step, double loss);
   void sample(int64_t step, const std::string& text);
   void json(const nlohmann::json& j);  // one metrics line
@@ -60,7 +63,8 @@ class RunLog {
   bool metrics_warned_ = false;
   io::EventWriter tensorboard_;
   bool tensorboard_warned_ = false;
-  RunHistory history_;  // rank 0, with log.report
+  RunHistory history_;                               // rank 0, with log.report
+  std::chrono::steady_clock::time_point last_line_;  // the console's last step line
 };
 
 }  // namespace ndt::train
