@@ -917,6 +917,21 @@ TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
   nn::FlatParams p2 = nn::materialize(g2.units(), Device::cpu(), DType::f32, 2);
   ckpt::load_weights(out.string(), g2, p2);
   EXPECT_EQ(p2.units[1].data.to_vector<float>(), saved);
+  // checkpoint.dir stands for its latest checkpoint; a path that is not there, or a folder
+  // that holds no checkpoint, is said as such
+  EXPECT_EQ(ckpt::export_weights((d / "ck").string(), (d / "latest.safetensors").string()), other.string());
+  ckpt::load_weights((d / "latest.safetensors").string(), g2, p2);
+  EXPECT_EQ(p2.units[1].data.to_vector<float>(), p.units[1].data.to_vector<float>());
+  EXPECT_NE(error_of([&] {
+              ckpt::export_weights((d / "ck" / "step_00000009").string(), (d / "x.safetensors").string());
+            }).find("step_00000009 does not exist: give a checkpoint's step folder"),
+            std::string::npos);
+  fs::create_directories(d / "empty");
+  EXPECT_NE(error_of([&] {
+              ckpt::export_weights((d / "empty").string(), (d / "x.safetensors").string());
+            }).find("is neither a checkpoint (no checkpoint.json) nor a checkpoint.dir"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(d / "x.safetensors"));
   // a failed export leaves the previous file as it was and no temporary file: a damaged
   // checkpoint fails before writing, a directory in the way fails at the rename
   std::ofstream(d / "old.safetensors") << "previous";

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "dist/pipeline_parallel/stages.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
@@ -680,8 +681,18 @@ models::GPTConfig sharded_model_config(const std::string& path) {
   return read_manifest(path, nullptr).model;
 }
 
-void export_weights(const std::string& path, const std::string& out, DType dtype) {
-  check_export_target(path, out);  // before anything is read or written
+std::string export_weights(const std::string& given, const std::string& out, DType dtype) {
+  check_export_target(given, out);  // before anything is read or written
+  NDT_CHECK(fs::exists(given), "checkpoint ", given,
+            " does not exist: give a checkpoint's step folder (checkpoint.dir/step_NNNNNNNN) or the "
+            "checkpoint.dir, whose latest checkpoint is exported");
+  std::string path = given;
+  if (fs::is_directory(given) && !fs::exists(fs::path(given) / kManifest)) {  // a checkpoint.dir
+    const std::optional<std::string> latest = latest_checkpoint(given);
+    NDT_CHECK(latest.has_value(), given, " is neither a checkpoint (no ", kManifest,
+              ") nor a checkpoint.dir (no latest or step_* folder)");
+    path = *latest;
+  }
   NDT_CHECK(is_sharded(path) || !fs::exists(fs::path(path) / kManifest), "checkpoint ", path,
             " is not sharded: its model.safetensors is already one file with GPT-2 names");
   const Manifest m = read_manifest(path, &std::cerr);
@@ -698,6 +709,7 @@ void export_weights(const std::string& path, const std::string& out, DType dtype
   } else {
     export_hf(out, gpt, params, dtype);
   }
+  return path;
 }
 
 }  // namespace ndt::ckpt

@@ -6,6 +6,7 @@
 //   build/export_weights out/ckpt/step_00001000 out/hf                    # a folder, float32
 //   build/export_weights --dtype bfloat16 out/ckpt/step_00001000 out/hf   # a folder, bfloat16
 //   build/export_weights out/ckpt/step_00001000 gpt2.safetensors          # GPT-2: one file
+//   build/export_weights out/ckpt out/hf                                  # the latest checkpoint
 //
 // A folder is written as io::HfFolderWriter says (never half-written in place of a good one).
 // The output is written to OUT.tmp and renamed into place, so a failed export leaves no
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   po::options_description opts(
       "export_weights: the whole parameters of a sharded checkpoint (checkpoint.format = sharded)\n\n"
       "Usage: export_weights [--dtype float32|bfloat16] CHECKPOINT_DIR OUT\n"
+      "  CHECKPOINT_DIR a checkpoint's step folder, or checkpoint.dir (its latest checkpoint)\n"
       "  OUT a directory: a Hugging Face model folder (config.json, safetensors) for transformers'\n"
       "  from_pretrained and model.init_from; OUT ending in .safetensors: one file with ndtrain's names\n"
       "  (GPT-2: Hugging Face's). OUT must lie outside every checkpoint directory.\n\nOptions");
@@ -44,8 +46,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    ndt::ckpt::export_weights(args[0], args[1], dtype == "bfloat16" ? ndt::DType::bf16 : ndt::DType::f32);
-    std::cout << "wrote " << args[1] << "\n";
+    const std::string step =
+        ndt::ckpt::export_weights(args[0], args[1], dtype == "bfloat16" ? ndt::DType::bf16 : ndt::DType::f32);
+    std::cout << "wrote " << args[1] << " from " << step << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "export_weights: error: " << e.what() << "\n";
