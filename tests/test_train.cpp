@@ -317,6 +317,7 @@ TEST(TrainGpt, BadInputFailsCleanlyAndLeavesCheckpointsAlone) {
   struct Case {
     std::vector<std::string> args;
     std::string expect;
+    int rc = 1;  // 2: a config error, found before anything starts
   };
   const std::vector<Case> cases = {
       {{"--data.train", (d / "nothing_*.bin").string()}, "no data files match"},
@@ -325,14 +326,14 @@ TEST(TrainGpt, BadInputFailsCleanlyAndLeavesCheckpointsAlone) {
       {{"--data.train", (d / "bigtok.bin").string()}, "token 500 at position"},
       {{"--model.init_from", (d / "junk.safetensors").string()}, "junk.safetensors"},
       {{"--model.init_from", (d / "other.safetensors").string()}, "missing tensors: h.1."},
-      {{"--model.init_from", (d / "nope.safetensors").string()}, "nope.safetensors does not exist"},
+      {{"--model.init_from", (d / "nope.safetensors").string()}, "nope.safetensors does not exist", 2},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = {"--config", ini, "--checkpoint.dir", ck, "--checkpoint.resume", "true"};
     args.insert(args.end(), c.args.begin(), c.args.end());
     if (c.args[0] == "--model.init_from") args[5] = "false";  // init_from applies to fresh runs
     RunResult r = run(args);
-    EXPECT_EQ(r.rc, 1) << c.expect << "\n" << r.err;
+    EXPECT_EQ(r.rc, c.rc) << c.expect << "\n" << r.err;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
     EXPECT_EQ(snapshot(d / "ckpt"), before) << c.expect;

@@ -2,6 +2,7 @@
 
 #include "dist/pipeline_parallel/schedule.h"
 #include "train/checkpoint/hf.h"
+#include "train/checkpoint/load.h"
 #include "train/command_line.h"
 
 #include <algorithm>
@@ -343,14 +344,16 @@ void normalize(Config& c) {
 // the config or on the command line must agree with it (block_size of a llama may be
 // smaller: rotary positions need no table); the others are taken from the folder.
 void apply_model_folder(Config& c, const po::variables_map& vm) {
-  if (c.model.init_from.empty() || !ckpt::is_hf_folder(c.model.init_from)) return;
-  const std::string file = (fs::path(c.model.init_from) / "config.json").string();
+  if (c.model.init_from.empty()) return;
   models::GPTConfig theirs;
   try {
-    theirs = ckpt::model_config(io::read_hf_config(file));
+    c.model.init_source = std::make_shared<const ckpt::WeightSource>(ckpt::find_weights(c.model.init_from));
+    if (c.model.init_source->kind != ckpt::WeightSource::Kind::kHfFolder) return;
+    theirs = ckpt::model_config(c.model.init_source->hf->config());
   } catch (const Error& e) {
     throw ConfigError(std::string("model.init_from: ") + e.what());
   }
+  const std::string file = (fs::path(c.model.init_from) / "config.json").string();
   std::vector<std::string> clashes;
   auto given = [&](const std::string& key) { return vm.count(key) && !vm[key].defaulted(); };
   auto take = [&](const std::string& key, auto& ours, const auto& value) {

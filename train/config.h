@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,10 @@
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "tensor/error.h"
+
+namespace ndt::ckpt {
+struct WeightSource;  // train/checkpoint/load.h
+}
 
 namespace ndt::train {
 
@@ -45,6 +50,9 @@ struct ModelSection : models::GPTConfig {  // [model]
   // from its config.json), a safetensors file with HF GPT-2 names, or a sharded checkpoint's
   // step_* directory
   std::string init_from;
+  // init_from opened once, by parse_config (ckpt::find_weights): what it is and, for a Hugging
+  // Face folder, its config.json and tensor headers; the trainer reads the weights through it
+  std::shared_ptr<const ckpt::WeightSource> init_source;
   // model.rope_scaling (none or llama3) and, for llama3, its four keys (model.rope_factor,
   // rope_low_freq_factor, rope_high_freq_factor, rope_original_max_position), which
   // normalize (train/config.cpp) copies into the model's rope.llama3

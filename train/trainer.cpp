@@ -269,7 +269,7 @@ void Trainer::describe() {
   if (const std::string line = pipeline_.describe(); !line.empty()) out_ << line << "\n";
   gpt_ = std::make_unique<models::GPT>(mc_, pipeline_.part(mesh_->coords().pp));
   if (!c_.model.init_from.empty()) {  // its tensors against the model, before anything is allocated
-    init_from_ = ckpt::find_weights(c_.model.init_from);
+    init_from_ = c_.model.init_source ? *c_.model.init_source : ckpt::find_weights(c_.model.init_from);
     ckpt::check_weights(init_from_, *gpt_);
   }
   int64_t param_count = 0;
