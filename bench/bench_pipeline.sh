@@ -26,11 +26,11 @@ cd "$ROOT"
 for p in train_gpt prepare_text; do
   [[ -x "$BUILD/$p" ]] || { echo "no $BUILD/$p: build it first (scripts/setup.sh)" >&2; exit 1; }
 done
-if [[ ! -f data/fortunes/vocab.json ]]; then
+if [[ ! -f data/fortunes/preparation.json ]]; then  # a whole preparation is kept, anything else replaced
   CORPUS=/usr/share/games/fortunes
   [[ -d $CORPUS ]] || { echo "no data/fortunes and no $CORPUS: run scripts/train_fortunes.sh --data-only" >&2; exit 1; }
   mapfile -t files < <(find "$CORPUS" -maxdepth 1 -type f ! -name '*.dat' | sort)
-  "$BUILD/prepare_text" --out data/fortunes --vocab char --val_fraction 0.05 "${files[@]}" > /dev/null
+  "$BUILD/prepare_text" --out data/fortunes --vocab char --val_fraction 0.05 --overwrite "${files[@]}" > /dev/null
 fi
 OUT=out/bench_pipeline
 rm -rf "$OUT"

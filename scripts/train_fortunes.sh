@@ -26,12 +26,15 @@ fi
 # the main job needs two programs: the tests and benchmarks are built by scripts/test.sh
 NDT_BUILD_TARGETS="${NDT_BUILD_TARGETS:-train_gpt prepare_text}" "$ROOT/scripts/setup.sh"
 cd "$ROOT"
-if [[ ! -f data/fortunes/vocab.json ]]; then
+# data/fortunes is this script's own folder: a whole preparation there (its preparation.json,
+# written last) is kept; anything else there (an interrupted or an older preparation) is
+# replaced (--overwrite)
+if [[ ! -f data/fortunes/preparation.json ]]; then
   [[ -d "$CORPUS" ]] || { echo "[train] error: $CORPUS not found; run scripts/setup.sh (it installs fortunes)" >&2; exit 1; }
   # the cookie files themselves: not the .dat indexes, not the .u8 links to the same files
   mapfile -t files < <(find "$CORPUS" -maxdepth 1 -type f ! -name '*.dat' | sort)
   echo "[train] preparing data/fortunes from ${#files[@]} files in $CORPUS"
-  "$BUILD/prepare_text" --out data/fortunes --vocab char --val_fraction 0.05 "${files[@]}"
+  "$BUILD/prepare_text" --out data/fortunes --vocab char --val_fraction 0.05 --overwrite "${files[@]}"
 fi
 if [[ $DATA_ONLY -eq 1 ]]; then
   echo "[train] data/fortunes is ready ($(ls data/fortunes/*.bin | wc -l) shards)"

@@ -4,11 +4,14 @@
 
 #include "support/testing.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 
 #include "train/data/data.h"
+#include "train/data/preparation.h"
+#include "train/data/text.h"
 #include "train/data/vocab.h"
 
 using namespace ndt;
@@ -21,6 +24,20 @@ std::vector<uint16_t> iota_tokens(int64_t n, int mod) {
   std::vector<uint16_t> t(n);
   for (int64_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(i % mod);
   return t;
+}
+
+// A preparation as prepare_text leaves it: shards of `sizes` tokens (train_NNNNNN.bin, the
+// last val_000000.bin), vocab.json, and preparation.json naming them.
+void write_preparation(const fs::path& d, const std::vector<int64_t>& sizes, const std::string& id) {
+  data::Preparation p{d.string(), id, "vocab.json", {}};
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    char name[32];
+    std::snprintf(name, sizeof(name), i + 1 < sizes.size() ? "train_%06zu.bin" : "val_000000.bin", i);
+    data::write_shard((d / name).string(), iota_tokens(sizes[i], 50));
+    p.shards.emplace_back(name, sizes[i]);
+  }
+  data::Vocab::byte_level().save((d / "vocab.json").string());
+  data::write_preparation(p);
 }
 
 }  // namespace
@@ -203,4 +220,112 @@ TEST(Vocab, CharRoundTripAndSaveLoad) {
   EXPECT_EQ(bi, (std::vector<uint16_t>{255, 97}));
   std::ofstream((d / "bad.json").string()) << "{ not json";
   EXPECT_THROW(data::Vocab::load((d / "bad.json").string()), Error);
+}
+
+// A run reads one preparation's shards: a leftover of an earlier preparation in the folder
+// (prepare_text run twice into it), shards of two folders' preparations, or a preparation's
+// beside shards without one are refused in one line naming two shards; shards whose folder
+// has no preparation.json (llm.c's) are read as before.
+TEST(Data, TheLoaderReadsTheShardsOfOnePreparation) {
+  const fs::path d = ndt::testing::fresh_dir("data_prep");
+  fs::create_directories(d / "a");
+  fs::create_directories(d / "b");
+  fs::create_directories(d / "bare");
+  write_preparation(d / "a", {100, 100, 20}, "00000000000000aa");
+  write_preparation(d / "b", {100, 20}, "00000000000000bb");
+  data::write_shard((d / "bare" / "train_000000.bin").string(), iota_tokens(100, 50));
+  auto loader = [&](const std::string& pattern) {
+    data::DataLoader l((d / pattern).string(), 1, 10, 0, 1, false, 0, 256);
+    return l.total_tokens();
+  };
+  EXPECT_EQ(loader("a/train_*.bin"), 200);
+  EXPECT_EQ(loader("bare/train_*.bin"), 100);  // no preparation.json: as before
+  const auto a = data::preparation_of(data::glob_paths((d / "a/*.bin").string()));
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->id, "00000000000000aa");
+  EXPECT_FALSE(data::preparation_of({(d / "bare" / "train_000000.bin").string()}).has_value());
+  // the earlier preparation's shard left in b (b's preparation wrote one train shard)
+  fs::copy_file(d / "a" / "train_000001.bin", d / "b" / "train_000001.bin");
+  std::string e = error_of([&] { loader("b/train_*.bin"); });
+  EXPECT_NE(e.find("data shard " + (d / "b" / "train_000001.bin").string() +
+                   " is not one of the 2 shards that " + (d / "b" / "preparation.json").string() + " lists"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("prepare_text --overwrite"), std::string::npos) << e;
+  EXPECT_EQ(std::count(e.begin(), e.end(), '\n'), 0) << e;
+  fs::remove(d / "b" / "train_000001.bin");
+  // two folders' preparations, in one glob or as train and val
+  e = error_of([&] { loader("*/train_000000.bin"); });
+  EXPECT_NE(e.find("come from two preparations"), std::string::npos) << e;
+  EXPECT_NE(e.find((d / "a" / "train_000000.bin").string() + " and "), std::string::npos) << e;
+  e = error_of([&] {
+    data::preparation_of({(d / "a" / "train_000000.bin").string(), (d / "b" / "val_000000.bin").string()});
+  });
+  EXPECT_NE(e.find("data shards " + (d / "a" / "train_000000.bin").string() + " and " +
+                   (d / "b" / "val_000000.bin").string() + " come from two preparations (" +
+                   (d / "a" / "preparation.json").string() + ": 00000000000000aa, " +
+                   (d / "b" / "preparation.json").string() + ": 00000000000000bb)"),
+            std::string::npos)
+      << e;
+  // a preparation's shards with shards made elsewhere
+  e = error_of([&] {
+    data::preparation_of({(d / "bare" / "train_000000.bin").string(), (d / "a" / "val_000000.bin").string()});
+  });
+  EXPECT_NE(e.find("has no preparation.json"), std::string::npos) << e;
+  // a shard replaced after the preparation: its token count is not the one listed
+  data::write_shard((d / "a" / "train_000001.bin").string(), iota_tokens(90, 50));
+  e = error_of([&] { loader("a/train_*.bin"); });
+  EXPECT_NE(e.find("holds 90 tokens but " + (d / "a").string() + "/preparation.json lists 100"),
+            std::string::npos)
+      << e;
+  // a manifest that prepare_text did not write
+  std::ofstream((d / "b" / "preparation.json").string()) << R"({"preparation": "x", "shards": []})";
+  e = error_of([&] { loader("b/train_*.bin"); });
+  EXPECT_NE(e.find((d / "b" / "preparation.json").string() + ": no \"vocabulary\" string"), std::string::npos)
+      << e;
+}
+
+// The vocabulary beside the shards is the one their preparation wrote: a tokenizer.json left
+// by an earlier preparation does not win over the new vocab.json. Without preparation.json,
+// a folder holding both is refused (either may be the leftover).
+TEST(Data, TheVocabularyIsTheOneThePreparationWrote) {
+  const fs::path d = ndt::testing::fresh_dir("data_prep_vocab");
+  write_preparation(d, {100, 20}, "00000000000000cc");
+  std::ofstream((d / "tokenizer.json").string()) << "{}";  // the earlier preparation's
+  const std::string pattern = (d / "train_*.bin").string();
+  EXPECT_EQ(data::vocabulary_path("", pattern), (d / "vocab.json").string());
+  EXPECT_EQ(data::vocabulary_path("my/vocab.json", pattern), "my/vocab.json");  // data.vocab wins
+  // the one it names is gone
+  fs::rename(d / "vocab.json", d / "vocab.old");
+  std::string e = error_of([&] { data::vocabulary_path("", pattern); });
+  EXPECT_NE(e.find("the vocabulary " + (d / "vocab.json").string() + " that " + d.string() +
+                   "/preparation.json names is missing"),
+            std::string::npos)
+      << e;
+  fs::rename(d / "vocab.old", d / "vocab.json");
+  // shards without preparation.json: the folder's one vocabulary, and no guess between two
+  fs::remove(d / "preparation.json");
+  e = error_of([&] { data::vocabulary_path("", pattern); });
+  EXPECT_NE(e.find("holds both tokenizer.json and vocab.json"), std::string::npos) << e;
+  fs::remove(d / "tokenizer.json");
+  EXPECT_EQ(data::vocabulary_path("", pattern), (d / "vocab.json").string());
+  fs::remove(d / "vocab.json");
+  EXPECT_EQ(data::vocabulary_path("", pattern), "");
+}
+
+// What prepare_text counts as a preparation's files in its output folder, and how it names them.
+TEST(Data, APreparationsFilesAreItsShardsVocabularyAndManifest) {
+  const fs::path d = ndt::testing::fresh_dir("data_prep_files");
+  EXPECT_TRUE(data::preparation_files((d / "none").string()).empty());
+  write_preparation(d, {10, 10, 10, 5}, "00000000000000dd");
+  for (const char* other : {"notes.txt", "model.bin", "tokenizer.json.tmp"})
+    std::ofstream((d / other).string()) << "x";
+  const std::vector<std::string> files = data::preparation_files(d.string());
+  EXPECT_EQ(files, (std::vector<std::string>{"preparation.json", "tokenizer.json.tmp", "train_000000.bin",
+                                             "train_000001.bin", "train_000002.bin", "val_000000.bin",
+                                             "vocab.json"}));
+  EXPECT_EQ(
+      data::describe_files(files),
+      "preparation.json, tokenizer.json.tmp, vocab.json and 4 shards (train_000000.bin ... val_000000.bin)");
+  EXPECT_EQ(data::describe_files({"train_000000.bin"}), "1 shard (train_000000.bin)");
 }

@@ -50,6 +50,54 @@ Result run(const std::string& path, const std::string& args) {
                                  " </dev/null");
 }
 
+// A byte-level BPE tokenizer.json without merges: GPT-2's byte alphabet and <|endoftext|>
+// (257 tokens), the smallest model tokenizer prepare_text --tokenizer takes.
+std::string byte_tokenizer_json() {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0, extra = 0; b < 256; ++b) {  // GPT-2's bytes_to_unicode
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const int cp = printable ? b : 256 + extra++;
+    std::string u =
+        cp < 0x80 ? std::string(1, static_cast<char>(cp))
+                  : std::string{static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+    vocab[u] = b;
+  }
+  const nlohmann::json level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  nlohmann::json j = {{"version", "1.0"},      {"truncation", nullptr},  {"padding", nullptr},
+                      {"normalizer", nullptr}, {"pre_tokenizer", level}, {"post_processor", nullptr},
+                      {"decoder", level}};
+  j["added_tokens"] = nlohmann::json::array({{{"id", 256},
+                                              {"content", "<|endoftext|>"},
+                                              {"single_word", false},
+                                              {"lstrip", false},
+                                              {"rstrip", false},
+                                              {"normalized", false},
+                                              {"special", true}}});
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
+                {"merges", nlohmann::json::array()}};
+  return j.dump();
+}
+
+// The files of a folder, sorted, with their sizes: "name:bytes ...".
+std::string listing(const std::filesystem::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    names.push_back(e.path().filename().string() + ":" + std::to_string(e.file_size()));
+  std::sort(names.begin(), names.end());
+  std::string s;
+  for (const std::string& n : names) s += n + " ";
+  return s;
+}
+
 }  // namespace
 
 TEST(Programs, TheListHasEveryProgram) {
@@ -266,5 +314,86 @@ TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
   EXPECT_EQ(wrong.rc, 2) << wrong.out;
   EXPECT_NE(wrong.out.find("has 256 tokens but the model only " + std::to_string(V)), std::string::npos)
       << wrong.out;
+  std::filesystem::remove_all(dir);
+}
+
+// prepare_text owns its output folder. Run twice into one folder (a model's tokenizer, five
+// shards; then a char vocabulary, one shard), the second run used to leave the first one's
+// shards and tokenizer.json there: train_gpt read four old shards in the new vocabulary and
+// took the old tokenizer.json for the vocabulary. Now the second run is refused in one line
+// naming what is there, and with --overwrite it replaces the first run's files; train_gpt
+// takes the vocabulary the shards were made with and refuses shards of two preparations.
+TEST(Programs, PrepareTextOwnsItsFolderAndTrainGptReadsOnePreparation) {
+  const auto p = programs();
+  namespace fs = std::filesystem;
+  const fs::path dir = ndt::testing::fresh_dir("prepare_owns");
+  const std::string d = dir.string(), src = NDT_SOURCE_DIR;
+  std::ofstream(d + "/tokenizer.json") << byte_tokenizer_json();
+  {
+    std::ofstream a(d + "/a.txt"), b(d + "/b.txt");
+    for (int i = 0; i < 400; ++i) a << "the quick brown fox jumps over the lazy dog " << i << "\n";
+    for (int i = 0; i < 300; ++i) b << "ab ba abba baab\n";
+  }
+  const Result first = run(p.at("prepare_text"), "--out " + d + "/data --tokenizer " + d +
+                                                     "/tokenizer.json --shard_tokens 4000 " + d + "/a.txt");
+  ASSERT_EQ(first.rc, 0) << first.out;
+  EXPECT_NE(first.out.find("5 shard(s)"), std::string::npos) << first.out;
+  const std::string before = listing(dir / "data");
+  // the second preparation into the same folder: refused, nothing touched
+  const std::string second = "--out " + d + "/data --vocab char " + d + "/b.txt";
+  const Result refused = run(p.at("prepare_text"), second);
+  EXPECT_EQ(refused.rc, 1) << refused.out;
+  EXPECT_EQ(std::count(refused.out.begin(), refused.out.end(), '\n'), 1) << refused.out;
+  EXPECT_NE(refused.out.find("prepare_text: error: --out " + d +
+                             "/data already holds a preparation "
+                             "(preparation.json, tokenizer.json and 6 shards (train_000000.bin ... "
+                             "val_000000.bin)), whose files a run would read beside the new ones: give "
+                             "another --out, or add --overwrite to replace it"),
+            std::string::npos)
+      << refused.out;
+  EXPECT_EQ(listing(dir / "data"), before);
+  // a shard of the first preparation beside the second's (as the second run used to leave it),
+  // and train and val of two preparations: train_gpt refuses before training
+  const Result other = run(p.at("prepare_text"), "--out " + d + "/other --vocab char " + d + "/b.txt");
+  ASSERT_EQ(other.rc, 0) << other.out;
+  const std::string train = p.at("train_gpt") + " --config " + src + "/configs/llama/fortunes_tiny.ini";
+  const std::string tiny =
+      " --train.steps 1 --sample.length 0 --log.metrics '' --log.report '' "
+      "--train.micro_batch_size 2 --train.seq_len 16 --checkpoint.dir '' --train.eval_steps 2";
+  fs::copy_file(dir / "data" / "train_000001.bin", dir / "other" / "train_000001.bin");
+  Result r = run(
+      train, "--data.train '" + d + "/other/train_*.bin' --data.val ''" + tiny + " --model.vocab_size 300");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("data shard " + d + "/other/train_000001.bin is not one of the 2 shards that " + d +
+                       "/other/preparation.json lists"),
+            std::string::npos)
+      << r.out;
+  fs::remove(dir / "other" / "train_000001.bin");
+  r = run(train, "--data.train '" + d + "/data/train_*.bin' --data.val '" + d + "/other/val_*.bin'" + tiny +
+                     " --model.vocab_size 300");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("data shards " + d + "/data/train_000000.bin and " + d +
+                       "/other/val_000000.bin come from two preparations"),
+            std::string::npos)
+      << r.out;
+  // --overwrite: the first preparation's files are gone, the second's alone are there
+  const Result replaced = run(p.at("prepare_text"), second + " --overwrite");
+  ASSERT_EQ(replaced.rc, 0) << replaced.out;
+  EXPECT_NE(
+      replaced.out.find("prepare_text: --overwrite: removed preparation.json, tokenizer.json and 6 shards"),
+      std::string::npos)
+      << replaced.out;
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir / "data")) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"preparation.json", "train_000000.bin", "val_000000.bin",
+                                             "vocab.json"}));
+  // a tokenizer.json left beside the new vocab.json (by a tool, or an older prepare_text):
+  // train_gpt takes vocab.json, the one the shards were made with (6 tokens), and trains
+  fs::copy_file(dir / "tokenizer.json", dir / "data" / "tokenizer.json");
+  const std::string data = " --data.train '" + d + "/data/train_*.bin' --data.val '" + d + "/data/val_*.bin'";
+  r = run(train, data + tiny + " --model.vocab_size 6");
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_EQ(r.out.find("tokenizer.json"), std::string::npos) << r.out;
   std::filesystem::remove_all(dir);
 }

@@ -32,6 +32,7 @@
 #include "train/checkpoint/load.h"
 #include "train/checkpoint/whole.h"
 #include "train/data/data.h"
+#include "train/data/preparation.h"
 #include "train/data/text.h"
 #include "train/io/files.h"
 #include "train/io/format.h"
@@ -341,6 +342,11 @@ void Trainer::materialize() {
 // Rank r of the dp ranks reads its own micro-batches; tp and cp ranks share them.
 void Trainer::open_data() {
   const int dp_rank = static_cast<int>(mesh_->dp_rank()), dp = static_cast<int>(dims_.dp());
+  // train and val shards of one preparation (each loader checks its own)
+  std::vector<std::string> shards = data::glob_paths(c_.data.train);
+  if (!c_.data.val.empty())
+    for (const std::string& p : data::glob_paths(c_.data.val)) shards.push_back(p);
+  data::preparation_of(shards);
   train_ = std::make_unique<data::DataLoader>(c_.data.train, c_.train.micro_batch_size, c_.train.seq_len,
                                               dp_rank, dp, c_.data.shuffle,
                                               static_cast<uint64_t>(c_.train.seed), c_.model.vocab_size);

@@ -11,9 +11,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 
 #include "tensor/checked.h"
+#include "train/data/preparation.h"
 
 namespace ndt::data {
 
@@ -184,9 +186,16 @@ DataLoader::DataLoader(const std::string& pattern, int64_t B, int64_t T, int ran
       checked_mul(checked_mul(B, T, "data loader B x T"), world, "data loader B x T x ranks");
   NDT_CHECK(span < (int64_t(1) << 40), "data loader: ", span,
             " tokens per step is more than any shard holds");
-  for (const std::string& p : glob_paths(pattern)) {
+  const std::vector<std::string> paths = glob_paths(pattern);
+  const std::optional<Preparation> prep = preparation_of(paths);  // one preparation's shards
+  for (const std::string& p : paths) {
     shards_.push_back(std::make_unique<Shard>(p));
     const Shard& s = *shards_.back();
+    const int64_t listed = prep ? prep->tokens_of(std::filesystem::path(p).filename().string()) : s.size();
+    NDT_CHECK(listed == s.size(), "data shard ", p, " holds ", s.size(), " tokens but ", prep->dir, "/",
+              kPreparationFile, " lists ", listed,
+              ": it was replaced after prepare_text wrote it; prepare the folder again with prepare_text "
+              "--overwrite");
     s.check_tokens(vocab_size);  // now, not when an evaluation reaches it hours later
     for (int64_t pos = 0; span < s.size() - pos; pos += span)
       windows_.push_back({static_cast<int32_t>(shards_.size() - 1), pos});

@@ -5,6 +5,7 @@
 
 #include "tensor/error.h"
 #include "train/data/data.h"
+#include "train/data/preparation.h"
 
 namespace fs = std::filesystem;
 
@@ -89,10 +90,21 @@ std::string TextCodec::Stream::flush() {
 
 std::string vocabulary_path(const std::string& vocab, const std::string& train_pattern) {
   if (!vocab.empty()) return vocab;
-  const fs::path dir = fs::path(glob_paths(train_pattern)[0]).parent_path();
-  for (const char* name : {"tokenizer.json", "vocab.json"})
-    if (fs::exists(dir / name)) return (dir / name).string();
-  return "";
+  const std::vector<std::string> shards = glob_paths(train_pattern);
+  if (const std::optional<Preparation> p = preparation_of(shards)) {  // the one it wrote, never a leftover
+    if (p->vocabulary.empty()) return "";
+    const fs::path path = fs::path(p->dir) / p->vocabulary;
+    NDT_CHECK(fs::exists(path), "the vocabulary ", path.string(), " that ", p->dir, "/", kPreparationFile,
+              " names is missing; prepare the folder again with prepare_text --overwrite, or set data.vocab");
+    return path.string();
+  }
+  // shards without a preparation.json: the folder's one vocabulary, if it has only one
+  const fs::path dir = fs::path(shards[0]).parent_path();
+  const bool tok = fs::exists(dir / "tokenizer.json"), voc = fs::exists(dir / "vocab.json");
+  NDT_CHECK(!(tok && voc), "the folder of ", shards[0],
+            " holds both tokenizer.json and vocab.json, and no preparation.json says which made its "
+            "shards: set data.vocab to the one, or prepare the folder again with prepare_text --overwrite");
+  return tok ? (dir / "tokenizer.json").string() : voc ? (dir / "vocab.json").string() : "";
 }
 
 }  // namespace ndt::data

@@ -20,9 +20,12 @@
 
 namespace ndt::data {
 
-// The vocabulary of a run's text: `vocab` (data.vocab) when given, else the tokenizer.json
-// (a model's tokenizer: prepare_text --tokenizer copies it there) or vocab.json (prepare_text's
-// char or byte vocabulary) beside the shards that `train_pattern` names; "" when none is.
+// The vocabulary of a run's text: `vocab` (data.vocab) when given, else the one the shards
+// that `train_pattern` names were prepared with, as their folder's preparation.json names it
+// (a model's tokenizer.json that prepare_text --tokenizer copied there, or prepare_text's
+// char or byte vocab.json); for shards without one, the folder's tokenizer.json or vocab.json;
+// "" when none is. Throws ndt::Error when the named one is missing, or when a folder without
+// preparation.json holds both (either may be a leftover).
 std::string vocabulary_path(const std::string& vocab, const std::string& train_pattern);
 
 class TextCodec {

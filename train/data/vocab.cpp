@@ -67,7 +67,9 @@ std::string Vocab::decode(const std::vector<int32_t>& ids) const {
   return s;
 }
 
-void Vocab::save(const std::string& path) const {
+void Vocab::save(const std::string& path) const { io::write_file_atomic(path, to_json()); }
+
+std::string Vocab::to_json() const {
   nlohmann::json j;
   j["type"] = kind_ == kByte ? "byte" : "char";
   if (kind_ == kChar) {
@@ -84,7 +86,7 @@ void Vocab::save(const std::string& path) const {
     j["tokens"] = toks;
   }
   j["size"] = size();
-  io::write_file_atomic(path, j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  return j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 Vocab Vocab::load(const std::string& path) {

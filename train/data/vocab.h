@@ -23,6 +23,7 @@ class Vocab {
   static Vocab build_char(const std::string& text);
   static Vocab load(const std::string& path);  // throws ndt::Error naming the file
   void save(const std::string& path) const;    // atomic
+  std::string to_json() const;                 // what save writes
 
   Kind kind() const { return kind_; }
   int64_t size() const { return static_cast<int64_t>(tokens_.size()); }

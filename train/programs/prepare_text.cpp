@@ -12,6 +12,10 @@
 // with its end-of-text token otherwise (GPT-2, Qwen2), as llm.c's shards do; special tokens in
 // the text are plain text unless --parse_special. The shards are uint16 (GPT-2's format) when
 // every id fits and uint32 (Llama 3's) otherwise; tokenizer.json is copied beside them.
+// Last comes preparation.json, the preparation's identity, naming its shards and vocabulary
+// (train/data/preparation.h): train_gpt reads one preparation's shards, with its vocabulary.
+// A folder that holds a preparation's files already is refused, unless --overwrite: then
+// they are removed (once the text is tokenized) before the new ones are written.
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -22,6 +26,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/command_line.h"
 #include "train/data/data.h"
+#include "train/data/preparation.h"
 #include "train/data/vocab.h"
 #include "train/io/files.h"
 
@@ -59,20 +64,33 @@ int32_t document_separator(const tok::Tokenizer& t) {
   return *t.eos_id();
 }
 
-// Writes the train and val shards; returns the number of train shards.
-int write_shards(const std::string& out_dir, const std::vector<uint32_t>& tokens, int64_t n_train,
-                 int64_t shard_tokens, data::ShardFormat format) {
-  int shard = 0;
-  for (int64_t s = 0; s < n_train; s += shard_tokens, ++shard) {
+// A shard to write: its name and its tokens [begin, end) of the stream.
+struct ShardSpan {
+  std::string name;
+  int64_t begin, end;
+};
+
+// train_NNNNNN.bin of at most shard_tokens each up to n_train, then val_000000.bin to the end.
+std::vector<ShardSpan> shard_plan(int64_t n_tokens, int64_t n_train, int64_t shard_tokens) {
+  std::vector<ShardSpan> plan;
+  for (int64_t s = 0; s < n_train; s += shard_tokens) {
     char name[64];
-    std::snprintf(name, sizeof(name), "train_%06d.bin", shard);
-    const int64_t e = std::min(n_train, s + shard_tokens);
-    data::write_shard((fs::path(out_dir) / name).string(),
-                      std::vector<uint32_t>(tokens.begin() + s, tokens.begin() + e), format);
+    std::snprintf(name, sizeof(name), "train_%06zu.bin", plan.size());
+    plan.push_back({name, s, std::min(n_train, s + shard_tokens)});
   }
-  data::write_shard((fs::path(out_dir) / "val_000000.bin").string(),
-                    std::vector<uint32_t>(tokens.begin() + n_train, tokens.end()), format);
-  return shard;
+  plan.push_back({"val_000000.bin", n_train, n_tokens});
+  return plan;
+}
+
+// The preparation's identity: XXH64 over each shard's name and tokens, and the vocabulary's.
+std::string preparation_id(const std::vector<uint32_t>& tokens, const std::vector<ShardSpan>& plan,
+                           const std::string& vocab_name, const std::string& vocab_bytes) {
+  std::string digest;
+  for (const ShardSpan& s : plan)
+    digest += s.name + ":" +
+              io::hex64(io::xxh64(tokens.data() + s.begin, static_cast<size_t>(s.end - s.begin) * 4)) + ";";
+  digest += vocab_name + ":" + io::hex64(io::xxh64(vocab_bytes.data(), vocab_bytes.size()));
+  return io::hex64(io::xxh64(digest.data(), digest.size()));
 }
 
 // The command line's settings.
@@ -81,7 +99,7 @@ struct Options {
   double val_fraction = 0.05;
   int64_t shard_tokens = 100'000'000;
   int threads = 0;
-  bool parse_special = false;
+  bool parse_special = false, overwrite = false;
   std::vector<std::string> files;
 };
 
@@ -103,7 +121,10 @@ bool parse_options(int argc, char** argv, Options& o, int& status) {
       "val_fraction", po::value(&o.val_fraction)->default_value(o.val_fraction),
       "fraction of tokens for validation (at the end)")(
       "shard_tokens", po::value(&o.shard_tokens)->default_value(o.shard_tokens), "tokens per training shard")(
-      "files", po::value(&o.files), "input text files");
+      "overwrite", po::bool_switch(&o.overwrite),
+      "replace the preparation the output directory holds (its shards, vocab.json, tokenizer.json, "
+      "preparation.json); without it such a directory is refused")("files", po::value(&o.files),
+                                                                   "input text files");
   po::positional_options_description pos;
   pos.add("files", -1);
   status = 0;
@@ -131,9 +152,10 @@ bool parse_options(int argc, char** argv, Options& o, int& status) {
 struct Tokens {
   std::vector<uint32_t> ids;
   std::string what;
+  std::string vocab_name, vocab_bytes;  // the vocabulary file to write beside the shards
 };
 
-// --tokenizer: each document after its separator; tokenizer.json is copied into the output.
+// --tokenizer: each document after its separator; tokenizer.json goes into the output.
 Tokens tokenize_with_model(const Options& o, const std::vector<std::string>& docs) {
   Tokens tokens;
   const tok::Tokenizer t = tok::Tokenizer::from_file(o.tokenizer);
@@ -150,16 +172,17 @@ Tokens tokenize_with_model(const Options& o, const std::vector<std::string>& doc
   tokens.what = "tokenizer " + t.source() + ": vocabulary of " + std::to_string(t.vocab_size()) +
                 " (model.vocab_size at least that); each document starts with " + t.token_bytes(sep) +
                 " (id " + std::to_string(sep) + ")";
-  fs::create_directories(o.out_dir);
   std::ifstream in(t.source(), std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
-  io::write_file_atomic((fs::path(o.out_dir) / "tokenizer.json").string(), ss.str());
+  NDT_CHECK(in.good() || in.eof(), "cannot read ", t.source());
+  tokens.vocab_name = "tokenizer.json";
+  tokens.vocab_bytes = ss.str();
   return tokens;
 }
 
 // --vocab: the documents joined with newlines, one token per character or byte; vocab.json
-// is written into the output.
+// goes into the output.
 Tokens tokenize_with_vocab(const Options& o, const std::vector<std::string>& docs) {
   Tokens tokens;
   std::string text;
@@ -169,8 +192,8 @@ Tokens tokenize_with_vocab(const Options& o, const std::vector<std::string>& doc
   }
   data::Vocab vocab = o.kind == "char" ? data::Vocab::build_char(text) : data::Vocab::byte_level();
   for (uint16_t id : vocab.encode(text)) tokens.ids.push_back(id);
-  fs::create_directories(o.out_dir);
-  vocab.save((fs::path(o.out_dir) / "vocab.json").string());
+  tokens.vocab_name = "vocab.json";
+  tokens.vocab_bytes = vocab.to_json();
   tokens.what = o.kind + " vocab of " + std::to_string(vocab.size());
   return tokens;
 }
@@ -181,11 +204,43 @@ struct Summary {
   int64_t tokens = 0, n_train = 0, n_val = 0;
   int shards = 0;
   data::ShardFormat format = data::ShardFormat::u16;
-  std::string what;
+  std::string what, id, replaced;  // replaced: what --overwrite removed
 };
+
+// The output folder is this preparation's alone: refused when it holds another's files,
+// unless --overwrite.
+void check_out_dir(const Options& o) {
+  const std::vector<std::string> there = data::preparation_files(o.out_dir);
+  NDT_CHECK(there.empty() || o.overwrite, "--out ", o.out_dir, " already holds a preparation (",
+            data::describe_files(there),
+            "), whose files a run would read beside the new ones: give another --out, or add --overwrite "
+            "to replace it");
+}
+
+// Removes the earlier preparation (its manifest first, so that no half-removed folder looks
+// whole), then writes the shards, the vocabulary and, last, preparation.json.
+void write_output(const Options& o, const Tokens& t, int64_t n_train, data::ShardFormat format, Summary& s) {
+  const std::vector<std::string> there = data::preparation_files(o.out_dir);
+  s.replaced = data::describe_files(there);
+  fs::remove(fs::path(o.out_dir) / data::kPreparationFile);
+  for (const std::string& name : there) fs::remove(fs::path(o.out_dir) / name);
+  fs::create_directories(o.out_dir);
+  const std::vector<ShardSpan> plan = shard_plan(static_cast<int64_t>(t.ids.size()), n_train, o.shard_tokens);
+  data::Preparation p{o.out_dir, preparation_id(t.ids, plan, t.vocab_name, t.vocab_bytes), t.vocab_name, {}};
+  for (const ShardSpan& span : plan) {
+    data::write_shard((fs::path(o.out_dir) / span.name).string(),
+                      std::vector<uint32_t>(t.ids.begin() + span.begin, t.ids.begin() + span.end), format);
+    p.shards.emplace_back(span.name, span.end - span.begin);
+  }
+  io::write_file_atomic((fs::path(o.out_dir) / t.vocab_name).string(), t.vocab_bytes);
+  data::write_preparation(p);
+  s.id = p.id;
+  s.shards = static_cast<int>(plan.size()) - 1;
+}
 
 // Reads, tokenizes and writes the shards.
 Summary prepare(const Options& o) {
+  check_out_dir(o);  // before the work
   std::vector<std::string> docs = read_documents(o.files);
   size_t bytes = 0;
   for (const std::string& d : docs) bytes += d.size();
@@ -195,18 +250,19 @@ Summary prepare(const Options& o) {
       std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(tokens.ids.size()) * o.val_fraction));
   const int64_t n_train = static_cast<int64_t>(tokens.ids.size()) - n_val;
   NDT_CHECK(n_train > 0, "too little text for a train/val split");
-  const data::ShardFormat format = data::shard_format_for(tokens.ids);
-  const int shards = write_shards(o.out_dir, tokens.ids, n_train, o.shard_tokens, format);
-  return {docs.size(), bytes,      static_cast<int64_t>(tokens.ids.size()), n_train, n_val, shards,
-          format,      tokens.what};
+  Summary s{docs.size(), bytes, static_cast<int64_t>(tokens.ids.size()), n_train,
+            n_val,       0,     data::shard_format_for(tokens.ids),      tokens.what};
+  write_output(o, tokens, n_train, s.format, s);
+  return s;
 }
 
 void report(const Options& o, const Summary& s) {
+  if (!s.replaced.empty()) std::cout << "prepare_text: --overwrite: removed " << s.replaced << "\n";
   std::cout << "prepare_text: " << s.what << "\n"
             << "prepare_text: " << s.files << " files, " << s.bytes << " bytes -> " << s.tokens
             << " tokens: " << s.n_train << " train in " << s.shards << " shard(s), " << s.n_val << " val, "
             << (s.format == data::ShardFormat::u16 ? "uint16 (GPT-2's format)" : "uint32 (Llama 3's format)")
-            << ", in " << o.out_dir << "\n";
+            << ", in " << o.out_dir << " (preparation " << s.id << ")\n";
 }
 
 }  // namespace

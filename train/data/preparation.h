@@ -1,0 +1,57 @@
+// ndtrain: a preparation's identity. prepare_text owns its output folder: it writes the
+// shards, the vocabulary (vocab.json or tokenizer.json) and, last, preparation.json, which
+// names them:
+//
+//   {"preparation": "5f1c0e9a2b7d4c13",          <- XXH64 of the shards' tokens and the vocabulary
+//    "vocabulary": "vocab.json",
+//    "shards": [{"file": "train_000000.bin", "tokens": 961161}, {"file": "val_000000.bin", ...}]}
+//
+// A run reads the shards of one preparation: the shards data.train and data.val match must
+// all be listed in their folder's preparation.json, with the token counts it lists, and come
+// from one folder's. Shards whose folder has no preparation.json (llm.c's, or those of an
+// older prepare_text) carry no identity and are read as they always were, but never mixed
+// with a preparation's.
+//
+//   std::optional<data::Preparation> p = data::preparation_of(data::glob_paths("data/x/train_*.bin"));
+//   if (p) std::cout << p->dir << "/" << p->vocabulary;   // the vocabulary the shards were made with
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ndt::data {
+
+inline constexpr const char* kPreparationFile = "preparation.json";
+
+struct Preparation {
+  std::string dir;                                      // the folder
+  std::string id;                                       // 16 hex digits
+  std::string vocabulary;                               // a file name in dir ("" when none)
+  std::vector<std::pair<std::string, int64_t>> shards;  // file name in dir -> tokens
+  // The tokens listed for `file_name` (a file in dir), or -1 when it is not one of the shards.
+  int64_t tokens_of(const std::string& file_name) const;
+};
+
+// dir/preparation.json, written atomically.
+void write_preparation(const Preparation& p);
+// The preparation.json of `dir`; nullopt when it has none. Throws ndt::Error naming the file
+// when it is not a manifest that prepare_text wrote.
+std::optional<Preparation> read_preparation(const std::string& dir);
+
+// The files in `dir` that a preparation writes or that data globs would mix in: the shards
+// (train_*.bin, val_*.bin), vocab.json, tokenizer.json, preparation.json, and any of them
+// left as NAME.tmp by an interrupted write. File names, sorted; none when dir does not exist.
+std::vector<std::string> preparation_files(const std::string& dir);
+// "preparation.json, vocab.json and 6 shards (train_000000.bin ... val_000000.bin)"
+std::string describe_files(const std::vector<std::string>& names);
+
+// The one preparation the shards at `paths` come from; nullopt when no shard's folder has a
+// preparation.json. Throws ndt::Error (one line naming two shards) when they come from two
+// folders' preparations, or mix a preparation's shards with shards of a folder without one,
+// or when a shard is not one its folder's preparation.json lists (a leftover).
+std::optional<Preparation> preparation_of(const std::vector<std::string>& paths);
+
+}  // namespace ndt::data
