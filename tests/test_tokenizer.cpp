@@ -216,6 +216,45 @@ TEST(Tokenizer, RegexesTakeOnigurumasMeaning) {
         << bad;
 }
 
+// Oniguruma's meaning written for PCRE2 (tests/test_tokenizer_reference.cpp checks each against
+// tokenizers), and what has none refused naming the construct and where it is.
+TEST(Tokenizer, OnigurumaConstructsAreTranslatedOrRefusedByName) {
+  const auto pcre2 = [](const char* p) { return tok::oniguruma_to_pcre2(p, "p"); };
+  EXPECT_EQ(pcre2("(?m)a.b"), "(?s:a.b)");  // Oniguruma's m: dot takes newlines
+  EXPECT_EQ(pcre2(R"((?m)a.b|\v)"), R"((?s:a.b|\x{B}))");
+  EXPECT_EQ(pcre2("(?i-m:a.)(?im)b"), "(?i-s:a.)(?is:b)");
+  EXPECT_EQ(pcre2(R"(\v[\v]\\v)"), R"(\x{B}[\x{B}]\\v)");  // the vertical tab; \\v is \ then v
+  EXPECT_EQ(pcre2(R"(\V\Q.\E\j[\N\R])"), "VQ.Ej[NR]");
+  EXPECT_EQ(pcre2(R"(\h[\h])"), "[0-9a-fA-F][0-9a-fA-F]");
+  EXPECT_EQ(pcre2(R"(\O[\O])"), "(?s:.)[O]");
+  EXPECT_EQ(pcre2(R"(\u00e9\x41\o{101})"), R"(\x{E9}\x{41}\x{41})");
+  EXPECT_EQ(pcre2(R"(\p{Han}\P{^Greek}\p{L}[\p{Han}])"), R"(\p{sc:Han}\P{^sc:Greek}\p{L}[\p{sc:Han}])");
+  EXPECT_EQ(pcre2("a(?i)b|c"), "a(?i:b|c)");  // to the end of the group, across |
+  EXPECT_EQ(pcre2("(x(?i)y|z)|w"), "(x(?i:y|z))|w");
+  EXPECT_EQ(pcre2(R"(\g1\k1\pL)"), "g1k1pL");  // not followed by < ' {: the letters
+  EXPECT_EQ(pcre2("(?i:'s|'t|'re|'ve|'m|'ll|'d)"), "(?i:'s|'t|'re|'ve|'m|'ll|'d)");  // Llama 3's
+  const auto refusal = [&](const char* p) { return error_of([&] { pcre2(p); }); };
+  EXPECT_NE(refusal("(?i)\xC3\x9F").find("p: the regex \"(?i)\xC3\x9F\" uses (?i) on U+00DF at offset 4"),
+            std::string::npos);
+  EXPECT_NE(refusal("(?i)ss").find("uses (?i) on U+0073 U+0073 at offset 4"), std::string::npos);
+  EXPECT_NE(refusal("(?i:x(?:S)s)").find("uses (?i) on U+0053 U+0073 at offset 8"), std::string::npos);
+  EXPECT_NE(refusal(R"((?i)[\x{C0}-\x{FF}])").find("(?i) on a class holding U+00C0-U+00FF"),
+            std::string::npos);
+  EXPECT_NE(refusal(R"((?i)\x{FB01})").find("(?i) on U+FB01"), std::string::npos);
+  EXPECT_EQ(pcre2("(?i)s(?-i)s"), "(?i:s(?-i:s))");  // the second s is not caseless
+  for (const auto& [p, named] :
+       std::vector<std::pair<const char*, const char*>>{{"(?x)a b", "the option (?x) at offset 2"},
+                                                        {"(?s)a.b", "the option (?s) at offset 2"},
+                                                        {"a(?W)b", "the option (?W) at offset 3"},
+                                                        {R"(\y)", "\\y at offset 0"},
+                                                        {R"(\C-a)", "\\C at offset 0"},
+                                                        {R"(a\x)", "\\x at offset 1"},
+                                                        {R"(\u12)", "\\u at offset 0"},
+                                                        {R"([a\S])", "\\S at offset 2"},
+                                                        {R"(\B)", "\\B at offset 0"}})
+    EXPECT_NE(refusal(p).find(named), std::string::npos) << p << ": " << refusal(p);
+}
+
 TEST(Tokenizer, ThreadsGiveTheSameIds) {
   const tok::Tokenizer t = load(tiny());
   // 1.6 MB in one piece (no special token): split across the threads; where the parts meet,

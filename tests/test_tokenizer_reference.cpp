@@ -6,8 +6,9 @@
 // combining marks, invalid UTF-8, long runs of spaces and digits and every added token, the ids
 // (with and without the template, with special tokens parsed or not) and the decoded text equal
 // tokenizers'; decode(encode(x)) == x wherever tokenizers round-trips; the whole corpus gives the
-// same ids; prepare_text's shards hold exactly the reference's ids. Every test skips, with the
-// reason, where the venv or the fortunes text is missing.
+// same ids; prepare_text's shards hold exactly the reference's ids. Each split-regex construct
+// that Oniguruma and PCRE2 read differently gives tokenizers' pieces and ids, or is refused by
+// name. Every test skips, with the reason, where the venv or the fortunes text is missing.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -20,6 +21,7 @@
 
 #include "support/launch.h"
 #include "support/testing.h"
+#include "tokenizer/regex.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 #include "train/data/data.h"
@@ -242,3 +244,124 @@ TEST(TokenizerReferenceCorpus, PrepareTextShardsHoldTheReferenceIds) {
     std::cout << name << ": " << p.out;
   }
 }
+
+// Split regexes whose meaning differs between Oniguruma and PCRE2: each translated one gives
+// tokenizers' pieces and ids (a tokenizer trained on the text, so its pieces are whole tokens;
+// the ids alone may agree where the pieces do not, as no merge crosses tokenizers' pieces);
+// each refused one, which tokenizers loads, is refused naming the construct, offset and file.
+namespace {
+
+struct RegexCase {
+  const char* name;
+  const char* pattern;
+  const char* text;
+  const char* refusal;  // nullptr: translated, must give tokenizers' ids
+};
+
+const std::vector<RegexCase>& regex_cases() {
+  static const std::vector<RegexCase> cases = {
+      // Oniguruma's (?m) is PCRE2's (?s): the dot takes newlines
+      {"dotall_m", R"((?m)\[.*?\]|\s+|[^\[\s]+)", "[one\ntwo] x [a\nb] y [c]\n", nullptr},
+      // \v is the vertical tab alone (PCRE2: \n \r U+2028 too), also inside [...]
+      {"vtab_v", R"(\v+|[^\v]+)",
+       "ab\x0B"
+       "cd\nef\r\ngh\xE2\x80\xA8ij\x0B\x0Bk",
+       nullptr},
+      // \V is the letter V (PCRE2: anything but vertical space)
+      {"letter_V", R"(\V+|[a-z]+|\s+)", "aVb VV abc\nVx", nullptr},
+      // \h is a hex digit (PCRE2: horizontal space), \H the rest
+      {"hex_h", R"(\h+|\H+)", "cafe babe 0x1F zz\tG9", nullptr},
+      // \Q and \E are the letters (PCRE2: quoting)
+      {"letters_QE", R"(\Q.\E|\s+|\S)", "Q.E QxE . Q E", nullptr},
+      // \O is any character, newline too
+      {"anychar_O", R"(a\Ob|\s+|\S)", "a\nb axb a b", nullptr},
+      // \uHHHH is the code point (PCRE2 has no \u)
+      {"hex4_u", R"(\u00e9+|\s+|[^\u00e9\s]+)", "caf\xC3\xA9\xC3\xA9 \xC3\xA9t\xC3\xA9", nullptr},
+      // a script is Script, not Script_Extensions (U+3001, U+30FC are Common)
+      {"script_Han", R"(\p{Han}+|\P{Han}+)",
+       "\xE4\xB8\xAD\xE6\x96\x87\xE3\x80\x81\xE6\x97\xA5\xE3\x83\xBC\xE8\xAA\x9E"
+       "a",
+       nullptr},
+      // (?i) without a colon runs to the group's end, across | : a(?i)b|c is a(?i:b|c)
+      {"inline_i_alternation", R"((?:a(?i)b|c)|\s+|\S)", "ab aB ac aC c C", nullptr},
+      // (?i) with a character whose full folding is several: Oniguruma matches ß to ss
+      {"fold_sharp_s", "(?i)\xC3\x9F|\\s+|\\S",
+       "\xC3\x9F SS ss stra\xC3\x9F"
+       "e",
+       "(?i) on U+00DF at offset 4"},
+      // (?i) with two letters that start such a folding: Oniguruma matches ss to ß
+      {"fold_ss", R"((?i)ss|\s+|\S)", "\xC3\x9F SS ss \xE1\xBA\x9E", "(?i) on U+0073 U+0073 at offset 4"},
+      // ... and a class holding such a character (ﬁ)
+      {"fold_class", R"((?i)[a-z\x{FB01}]+|\s+)", "fi \xEF\xAC\x81 FI", "(?i) on a class holding U+FB01"},
+      // the extended syntax is not translated
+      {"extended_x", R"((?x) a b | \s+ | \S)", "ab a b", "the option (?x) at offset 2"},
+      // a text segment boundary
+      {"segment_y", R"(\y\X|\s)", "ab c", "\\y at offset 0"},
+  };
+  return cases;
+}
+
+// tokenizers' answers for every case, made once: the folder, or "" and the reason.
+std::pair<fs::path, std::string> regex_references() {
+  static std::pair<fs::path, std::string> made = [] {
+    const fs::path dir = ndt::testing::fresh_dir("tokenizer_ref_regexes");
+    json cases = json::array();
+    for (const RegexCase& c : regex_cases())
+      cases.push_back({{"name", c.name}, {"pattern", c.pattern}, {"text", c.text}});
+    std::ofstream((dir / "cases.json").string()) << cases.dump();
+    const ndt::testing::ShellResult r =
+        reference("regexes " + (dir / "cases.json").string() + " " + (dir / "out").string());
+    if (r.rc == 3) return std::pair<fs::path, std::string>{"", r.out};
+    if (r.rc != 0)
+      return std::pair<fs::path, std::string>{"", "FAILED: tokenizer_reference.py regexes: " + r.out};
+    return std::pair<fs::path, std::string>{dir / "out", ""};
+  }();
+  return made;
+}
+
+// The Split's pieces (isolated: matches and the text between them, empty ones dropped) as
+// ndtrain's regex cuts them.
+std::vector<std::string> split_pieces(const std::string& pattern, const std::string& text) {
+  const tok::Regex re(pattern, /*literal=*/false, "pattern");
+  tok::Regex::Matcher m(re);
+  std::vector<std::string> out;
+  size_t pos = 0, a = 0, b = 0, prev = 0;
+  while (m.next(text, pos, a, b)) {
+    if (a > prev) out.push_back(text.substr(prev, a - prev));
+    if (b > a) out.push_back(text.substr(a, b - a));
+    prev = b;
+  }
+  if (prev < text.size()) out.push_back(text.substr(prev));
+  return out;
+}
+
+class TokenizerRegexReference : public ::testing::TestWithParam<RegexCase> {};
+
+}  // namespace
+
+TEST_P(TokenizerRegexReference, TranslatedGivesTokenizersIdsRefusedNamesTheConstruct) {
+  const auto [dir, why_not] = regex_references();
+  if (why_not.rfind("FAILED", 0) == 0) FAIL() << why_not;
+  if (dir.empty()) GTEST_SKIP() << why_not;
+  const RegexCase& c = GetParam();
+  const json ref = json::parse(read(dir / c.name / "ref.json"));
+  ASSERT_FALSE(ref.contains("error")) << c.pattern << ": tokenizers refuses it: " << ref["error"];
+  const std::string file = (dir / c.name / "tokenizer.json").string();
+  if (c.refusal) {
+    const std::string err = ndt::testing::error_of([&] { tok::Tokenizer::from_file(file); });
+    EXPECT_NE(err.find(c.refusal), std::string::npos) << err;
+    EXPECT_NE(err.find("tokenizer " + file + ": "), std::string::npos) << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+    std::cout << c.name << ": tokenizers' pieces " << ref["pieces"].dump() << "; ndtrain: " << err << "\n";
+    return;
+  }
+  std::vector<std::string> want;
+  for (const json& piece : ref["pieces"]) want.push_back(bytes(piece));
+  EXPECT_EQ(split_pieces(c.pattern, c.text), want) << c.pattern;
+  const tok::Tokenizer t = tok::Tokenizer::from_file(file);
+  EXPECT_EQ(t.encode(c.text), ints(ref["ids"])) << c.pattern;
+  std::cout << c.name << ": " << ref["ids"].size() << " ids, " << ref["pieces"].size() << " pieces\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Constructs, TokenizerRegexReference, ::testing::ValuesIn(regex_cases()),
+                         [](const auto& info) { return std::string(info.param.name); });

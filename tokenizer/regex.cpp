@@ -15,71 +15,23 @@ std::string pcre2_message(int code) {
   return reinterpret_cast<const char*>(buf);
 }
 
-// Oniguruma's classes as members of a PCRE2 class (to use inside [...] or wrapped in one)
-constexpr const char* kSpace = R"(\t-\r\x{85}\p{Z})";  // White_Space
-constexpr const char* kWord = R"(\p{L}\p{M}\p{N}\p{Pc})";
-constexpr const char* kHex = "0-9a-fA-F";
-
 }  // namespace
-
-std::string oniguruma_to_pcre2(std::string_view p, const std::string& what) {
-  const auto refuse = [&](const std::string& why) {
-    NDT_FAIL(what, ": the regex \"", std::string(p), "\" ", why,
-             "; ndtrain reads it with PCRE2 and refuses what it cannot give Oniguruma's meaning (the "
-             "engine of Hugging Face's tokenizers)");
-  };
-  std::string out;
-  out.reserve(p.size() + 32);
-  bool in_class = false;
-  for (size_t i = 0; i < p.size(); ++i) {
-    const char c = p[i];
-    if (c == '\\' && i + 1 < p.size()) {
-      const char d = p[++i];
-      const char* members = d == 's' || d == 'S'   ? kSpace
-                            : d == 'w' || d == 'W' ? kWord
-                            : d == 'h' || d == 'H' ? kHex
-                                                   : nullptr;
-      if (members) {
-        const bool negated = d == 'S' || d == 'W' || d == 'H';
-        if (in_class && negated) refuse(std::string("uses \\") + d + " inside a character class");
-        if (in_class)
-          out += members;
-        else
-          out += std::string(negated ? "[^" : "[") + members + "]";
-      } else if (d == 'b' || d == 'B') {
-        refuse(std::string("uses \\") + d + " (word boundaries differ between the engines)");
-      } else {
-        out += c;
-        out += d;
-      }
-      continue;
-    }
-    if (!in_class && c == '[') {
-      in_class = true;
-      out += c;
-      if (i + 1 < p.size() && p[i + 1] == '^') out += p[++i];
-      if (i + 1 < p.size() && p[i + 1] == ']') out += p[++i];  // a leading ] is a member
-      continue;
-    }
-    if (in_class && c == '[')
-      refuse(i + 1 < p.size() && p[i + 1] == ':' ? "uses a POSIX class [:name:]" : "nests a character class");
-    if (in_class && c == '&' && i + 1 < p.size() && p[i + 1] == '&')
-      refuse("intersects character classes (&&)");
-    if (in_class && c == ']') in_class = false;
-    out += c;
-  }
-  return out;
-}
 
 Regex::Regex(std::string_view pattern, bool literal, const std::string& what)
     : pattern_(pattern), what_(what) {
   const std::string translated = literal ? std::string(pattern) : oniguruma_to_pcre2(pattern, what);
   int err = 0;
   PCRE2_SIZE offset = 0;
-  // UTF and UCP: code points and Unicode properties; MULTILINE: Ruby's ^ and $ (line anchors)
+  // UTF and UCP: code points and Unicode properties; MULTILINE: Oniguruma's ^ and $ (line anchors).
+  // Oniguruma's line end is \n alone and its \R any Unicode line break, whatever PCRE2's build chose.
   const uint32_t options = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE;
+  pcre2_compile_context* context = pcre2_compile_context_create(nullptr);
+  NDT_CHECK(context != nullptr, "tokenizer: out of memory for the regex's compile context");
+  pcre2_set_newline(context, PCRE2_NEWLINE_LF);
+  pcre2_set_bsr(context, PCRE2_BSR_UNICODE);
   code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(), options, &err,
-                        &offset, nullptr);
+                        &offset, context);
+  pcre2_compile_context_free(context);
   NDT_CHECK(code_ != nullptr, what, ": the regex \"", pattern_, "\" does not compile (", pcre2_message(err),
             " at offset ", offset, ")");
   jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;

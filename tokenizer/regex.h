@@ -1,10 +1,11 @@
 // ndtrain tokenizer: the pre-tokenizers' regexes through PCRE2 (JIT-compiled).
 //
-// Hugging Face's tokenizers run them with Oniguruma (Ruby syntax); PCRE2 reads the same
-// patterns but for a few escapes, which are rewritten to Oniguruma's meaning: \s (White_Space:
-// U+0085 and U+3000 yes, U+180E no), \w (letters, marks, numbers, connectors), \h (a hex digit),
-// and ^ $ match at line ends. What cannot be rewritten exactly (\S, \W, \H inside [...], POSIX
-// classes, \b, nested classes) is refused with an error naming the pattern.
+// Hugging Face's tokenizers run them with Oniguruma (onig's default syntax, ONIG_SYNTAX_ONIGURUMA);
+// oniguruma_to_pcre2 (oniguruma.cpp, which lists each case) rewrites what PCRE2 reads otherwise
+// (\s \w \h \v \V \O \uHHHH, (?m), (?i) up to its group's end, scripts in \p{...}, letters
+// Oniguruma reads as themselves) and refuses what it cannot give Oniguruma's meaning exactly
+// (\b, \y, (?x), (?i) where a character folds to several, ...) in one line naming the construct,
+// its offset and `what`. ^ and $ match at line ends (\n), as in Oniguruma.
 //
 //   Regex re(R"( ?\p{L}+|\s+)", /*literal=*/false, "pre_tokenizer.pattern");
 //   Regex::Matcher m(re);
@@ -63,7 +64,8 @@ class Regex {
   size_t min_length_ = 0;
 };
 
-// The pattern with Oniguruma's escapes rewritten for PCRE2 (exposed for the tests).
+// The pattern with Oniguruma's meaning written for PCRE2 (exposed for the tests); throws ndt::Error
+// naming the construct and its offset where it has none.
 std::string oniguruma_to_pcre2(std::string_view pattern, const std::string& what);
 
 }  // namespace ndt::tok

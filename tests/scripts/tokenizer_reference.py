@@ -7,6 +7,7 @@ reference for ndtrain's tokenizer (tokenizer/). Run it with the reference venv's
   $PY tests/scripts/tokenizer_reference.py train OUT CORPUS_FILE...
   $PY tests/scripts/tokenizer_reference.py encode TOKENIZER TEXT_FILE OUT.json
   $PY tests/scripts/tokenizer_reference.py documents TOKENIZER OUT.json FILE...
+  $PY tests/scripts/tokenizer_reference.py regexes CASES.json OUT
 
 Exit codes: 0 done; 3 with one line "tokenizers not available: ..." when tokenizers (or, for
 train, transformers) cannot be imported (the C++ tests skip on it); 1 or 2 otherwise.
@@ -47,6 +48,14 @@ documents TOKENIZER OUT.json FILE...
   bytes are skipped as binary) is one document, preceded by the tokenizer's BOS when its
   post-processor adds one (encode("", add_special_tokens=True)), else by <|endoftext|>; the text
   is encoded with encode_special_tokens=True. Writes {"ids": [...], "separator": [...]}.
+
+regexes CASES.json OUT
+  CASES.json: [{"name": ..., "pattern": ..., "text": ...}, ...]. For each, OUT/NAME/ holds a
+  tokenizer.json whose pre-tokenizer is Split(Regex(pattern), isolated) then ByteLevel without
+  regex, trained on the text (so that its pieces become whole tokens), and ref.json with
+    ids      encode(text).ids
+    pieces   the Split's pieces (pre_tokenize_str), as UTF-8 byte lists
+  A pattern Oniguruma refuses gives ref.json {"error": "..."} and no tokenizer.json.
 """
 import json
 import os
@@ -225,6 +234,32 @@ def documents(tok_path, out, files):
     write_json(out, {"ids": ids, "separator": sep})
 
 
+def regexes(cases_path, out):
+    (tokenizers,) = need("tokenizers")
+    from tokenizers import Tokenizer, Regex, models, pre_tokenizers, decoders, trainers
+
+    with open(cases_path) as f:
+        cases = json.load(f)
+    for case in cases:
+        folder = os.path.join(out, case["name"])
+        os.makedirs(folder, exist_ok=True)
+        try:
+            split = pre_tokenizers.Split(Regex(case["pattern"]), behavior="isolated", invert=False)
+        except Exception as e:  # Oniguruma refuses the pattern
+            write_json(os.path.join(folder, "ref.json"), {"error": str(e)})
+            continue
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        text = case["text"]
+        tok.train_from_iterator([text] * 4, trainers.BpeTrainer(
+            vocab_size=2000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+        tok.save(os.path.join(folder, "tokenizer.json"))
+        pieces = [list(p.encode("utf-8")) for p, _ in split.pre_tokenize_str(text)]
+        write_json(os.path.join(folder, "ref.json"), {"ids": tok.encode(text).ids, "pieces": pieces})
+
+
 def main():
     if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
@@ -236,6 +271,8 @@ def main():
         encode(*args)
     elif cmd == "documents" and len(args) >= 3:
         documents(args[0], args[1], args[2:])
+    elif cmd == "regexes" and len(args) == 2:
+        regexes(*args)
     else:
         print(f"tokenizer_reference.py: bad arguments {sys.argv[1:]} (see --help)", file=sys.stderr)
         return 2
