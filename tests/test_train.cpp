@@ -137,6 +137,53 @@ TEST(TrainGpt, PrintsProgressAfterLogProgressSecondsWhateverLogEvery) {
   EXPECT_NE(bad.err.find("log.progress_seconds must be a finite number >= 0"), std::string::npos) << bad.err;
 }
 
+// --out: every output of the run in one folder (relative output paths inside it, the
+// checkpoints, metrics and report by default); a second run into it is refused in one line
+// naming what is there and the ways on, and changes nothing; it resumes with
+// checkpoint.resume; another folder is a run of its own.
+TEST(TrainGpt, ARunFolderHoldsEveryOutputAndIsNeverSilentlyReplaced) {
+  fs::path d = make_data("run_folder");
+  const std::string ini = (d / "gpt.ini").string(), out = (d / "runs" / "a").string();
+  const std::vector<std::string> base = {"--config", ini, "--sample.every", "-1", "--log.tensorboard", "tb"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  RunResult first = run(with({"--out", out, "--train.steps", "3"}));
+  ASSERT_EQ(first.rc, 0) << first.err;
+  for (const char* f : {"ckpt/latest", "ckpt/step_00000003", "metrics.jsonl", "report.html", "tb"})
+    EXPECT_TRUE(fs::exists(fs::path(out) / f)) << f;
+  const auto before = snapshot(d / "runs");
+  RunResult again = run(with({"--out", out, "--train.steps", "5"}));
+  EXPECT_EQ(again.rc, 2);
+  EXPECT_NE(again.err.find("the run folder " + out + " holds an earlier run's results (a checkpoint (" + out +
+                           "/ckpt/step_00000003), " + out + "/metrics.jsonl, " + out + "/report.html, " +
+                           "TensorBoard events in " + out +
+                           "/tb), which this run would replace: resume that run "
+                           "with --checkpoint.resume true (the same model), or give this run its own folder "
+                           "with --out DIR"),
+            std::string::npos)
+      << again.err;
+  EXPECT_EQ(std::count(again.err.begin(), again.err.end(), '\n'), 1) << again.err;
+  EXPECT_EQ(snapshot(d / "runs"), before) << "a refused run changes nothing";
+  // outputs without a checkpoint: only the other folder is offered
+  RunResult no_ckpt =
+      run(with({"--out", out, "--train.steps", "3", "--checkpoint.dir", (d / "elsewhere").string()}));
+  EXPECT_EQ(no_ckpt.rc, 2);
+  EXPECT_NE(no_ckpt.err.find("which this run would replace: give this run its own folder with --out DIR"),
+            std::string::npos)
+      << no_ckpt.err;
+  RunResult resumed = run(with({"--out", out, "--train.steps", "5", "--checkpoint.resume", "true"}));
+  ASSERT_EQ(resumed.rc, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("resumed from"), std::string::npos);
+  EXPECT_EQ(losses(fs::path(out) / "metrics.jsonl").size(), 5u);
+  RunResult other = run(with({"--out", (d / "runs" / "b").string(), "--train.steps", "3"}));
+  ASSERT_EQ(other.rc, 0) << other.err;
+  EXPECT_EQ(losses(d / "runs" / "b" / "metrics.jsonl").size(), 3u);
+  EXPECT_EQ(losses(fs::path(out) / "metrics.jsonl").size(), 5u) << "the first run's folder is its own";
+}
+
 TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
   fs::path d = make_data("learn");
   RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "30", "--log.metrics",
@@ -180,8 +227,7 @@ TEST(TrainGpt, ResumedRunMatchesUninterruptedRunBitForBit) {
   fs::path d = make_data("resume");
   const std::string ini = (d / "gpt.ini").string();
   for (const char* shuffle : {"false", "true"}) {
-    fs::remove_all(d / "a");
-    fs::remove_all(d / "b");
+    for (const char* f : {"a", "b", "full.jsonl", "b.jsonl"}) fs::remove_all(d / f);  // the last round's
     RunResult full = run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2",
                           "--log.metrics", (d / "full.jsonl").string()});
     ASSERT_EQ(full.rc, 0) << full.err;
@@ -331,7 +377,8 @@ TEST(TrainGpt, BadInputFailsCleanlyAndLeavesCheckpointsAlone) {
   for (const Case& c : cases) {
     std::vector<std::string> args = {"--config", ini, "--checkpoint.dir", ck, "--checkpoint.resume", "true"};
     args.insert(args.end(), c.args.begin(), c.args.end());
-    if (c.args[0] == "--model.init_from") args[5] = "false";  // init_from applies to fresh runs
+    if (c.args[0] == "--model.init_from")  // init_from applies to fresh runs, in a folder of their own
+      args[3] = (d / "fresh").string(), args[5] = "false";
     RunResult r = run(args);
     EXPECT_EQ(r.rc, c.rc) << c.expect << "\n" << r.err;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;

@@ -192,8 +192,14 @@ po::options_description describe(Config& c) {
        "its bytes on the cores that compute; 0 on GPUs; --plan.calibrate measures it)")
       ("cluster.inter_cpu_share", po::value(&c.cluster.inter_cpu_share)->default_value(c.cluster.inter_cpu_share),
        "the same for a transfer between hosts");
+  po::options_description run("run");
+  run.add_options()
+      ("out", po::value(&c.out)->default_value(c.out),
+       "the run folder: every output of the run in it (checkpoint.dir, log.metrics and log.report default to "
+       "ckpt, metrics.jsonl and report.html there; a relative output path given is taken inside it); in a "
+       "config file, before the first [section] (empty: each output key's path as given)");
   po::options_description all;
-  all.add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par).add(cluster);
+  all.add(run).add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par).add(cluster);
   return all;
 }
 // clang-format on
@@ -340,6 +346,25 @@ void normalize(Config& c) {
 
 }  // namespace
 
+namespace {
+
+// out, the run folder: the output keys' paths inside it (Config::out).
+void apply_run_folder(Config& c, const po::variables_map& vm) {
+  if (c.out.empty()) return;
+  auto place = [&](const std::string& key, std::string& path, const char* standard) {
+    if (!vm.count(key) || vm[key].defaulted()) path = standard;
+    if (!path.empty() && fs::path(path).is_relative()) path = (fs::path(c.out) / path).string();
+  };
+  place("checkpoint.dir", c.checkpoint.dir, "ckpt");
+  place("log.metrics", c.log.metrics, "metrics.jsonl");
+  place("log.report", c.log.report, "report.html");
+  place("log.tensorboard", c.log.tensorboard, "");
+  place("log.trace", c.log.trace, "");
+  place("log.grads", c.log.grads, "");
+}
+
+}  // namespace
+
 // model.init_from a Hugging Face folder: the model is its config.json's. A model key given in
 // the config or on the command line must agree with it (block_size of a llama may be
 // smaller: rotary positions need no table); the others are taken from the folder.
@@ -452,6 +477,7 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
     throw ConfigError(std::string(e.what()) + "; run train_gpt --help for every key and its allowed values");
   }
   apply_model_folder(c, vm);
+  apply_run_folder(c, vm);
   normalize(c);
   validate(c);
   return true;

@@ -159,6 +159,11 @@ struct ClusterSection {
 };
 
 struct Config {
+  // The run folder (`out` before the first section, or --out): every output of the run lives
+  // in it. checkpoint.dir, log.metrics and log.report default to ckpt, metrics.jsonl and
+  // report.html there; a relative path given for any output key (log.tensorboard, log.trace,
+  // log.grads too) is taken inside it. Empty: each output key's path as given.
+  std::string out;
   ModelSection model;
   DataSection data;
   TrainSection train;

@@ -19,12 +19,14 @@
 #include <ctime>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "dist/comm/communicator.h"
 #include "tensor/checked.h"
 #include "tensor/cuda/runtime.h"
+#include "train/checkpoint/checkpoint.h"
 #include "train/io/files.h"
 
 namespace fs = std::filesystem;
@@ -320,6 +322,32 @@ void clean_temporaries(const std::string& dir) {
     else
       fs::rename(p, back);
   }
+}
+
+void check_no_earlier_run(const Config& c) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::optional<std::string> latest =
+      c.checkpoint.dir.empty() ? std::nullopt : ckpt::latest_checkpoint(c.checkpoint.dir);
+  if (latest && c.checkpoint.resume) return;  // resumed: the run goes on, its outputs with it
+  std::vector<std::string> found;
+  if (latest) found.push_back("a checkpoint (" + *latest + ")");
+  for (const std::string& f : {c.log.metrics, c.log.report})
+    if (!f.empty() && fs::is_regular_file(f, ec) && fs::file_size(f, ec) > 0) found.push_back(f);
+  if (!c.log.tensorboard.empty())
+    for (fs::directory_iterator it(c.log.tensorboard, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename().string().rfind("events.out.tfevents.", 0) == 0) {
+        found.push_back("TensorBoard events in " + c.log.tensorboard);
+        break;
+      }
+  if (found.empty()) return;
+  std::string what;
+  for (const std::string& f : found) what += (what.empty() ? "" : ", ") + f;
+  const std::string where = c.out.empty() ? "the outputs hold" : "the run folder " + c.out + " holds";
+  const std::string resume =
+      latest ? "resume that run with --checkpoint.resume true (the same model), or " : "";
+  throw ConfigError(where + " an earlier run's results (" + what + "), which this run would replace: " +
+                    resume + "give this run its own folder with --out DIR (or remove those files)");
 }
 
 void check_output_paths(const Config& c, int rank) {

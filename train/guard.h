@@ -131,6 +131,13 @@ class RunLock {
 // Call only while holding the RunLock.
 void clean_temporaries(const std::string& dir);
 
+// A run never silently replaces another's results: throws ConfigError, naming what is there
+// and the two ways on, when the outputs hold an earlier run's (a checkpoint in checkpoint.dir,
+// a non-empty log.metrics, log.report, TensorBoard events in log.tensorboard) and this run does
+// not resume from that checkpoint (checkpoint.resume with a checkpoint to resume). Rank 0,
+// holding the RunLock.
+void check_no_earlier_run(const Config& c);
+
 // Throws ConfigError (one line naming the key) if any output of this rank cannot be
 // written: rank 0's checkpoint.dir, log.metrics, log.report, log.tensorboard, log.grads, and every rank's
 // own log.trace file. Creates missing directories, writes nothing else.

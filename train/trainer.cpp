@@ -238,6 +238,7 @@ void Trainer::claim_outputs() {
     lock_ = std::make_unique<RunLock>(c_.checkpoint.dir);
     clean_temporaries(c_.checkpoint.dir);
   }
+  if (lead()) check_no_earlier_run(c_);
   // every rank that writes (sharded: the first replica's) or reads the checkpoints must see
   // rank 0's directory: found now, not at the first save after hours of training
   check_checkpoint_dir_shared(c_, c_.checkpoint.format == "sharded" ? mesh_->coords().replicate == 0 : lead(),
