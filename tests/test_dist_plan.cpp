@@ -21,6 +21,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "dist/pipeline_parallel/stages.h"
+#include "models/gpt_config.h"
+#include "train/planner/block_kinds.h"
 #include "train/planner/time.h"
 #include "train/planner/timeline.h"
 
@@ -282,6 +285,54 @@ TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["layout"]["world"].get<int64_t>(), int64_t(1) << 40);
   EXPECT_GT(j["batch"]["tokens"].get<int64_t>(), 0);
+}
+
+// ---- the kinds of block (train/planner/block_kinds.h) ------------------------------------
+
+// Every architecture the model accepts has a whole description; another is one error naming it.
+TEST(PlanKinds, EveryArchitectureHasItsDescription) {
+  for (const std::string arch : {"gpt2", "llama"}) {
+    models::GPTConfig c;
+    c.arch = arch;
+    if (arch == "llama") c.intermediate_size = 2048;
+    c.validate();
+    const train::BlockKind& k = train::block_kind(c.arch);
+    EXPECT_EQ(k.name, arch);
+    EXPECT_TRUE(k.memory && k.fused_core_saved && k.deferred_mlp && k.work && k.embeddings && k.mlp_gemms &&
+                k.linear_weights && k.qkv_bias && k.position_tables)
+        << arch;
+    EXPECT_GE(k.norm_stats, 1) << arch;
+    EXPECT_GE(k.mlp_inputs, 1) << arch;
+  }
+  const std::string e = error_of([] { train::block_kind("mamba"); });
+  EXPECT_NE(e.find("model.arch = 'mamba'"), std::string::npos) << e;
+  EXPECT_NE(e.find("train/planner/kinds/"), std::string::npos) << e;
+}
+
+// The pipeline's stages balance each kind's block (its weights and attention per token)
+// against the head: the splits of GPT-2 124M at T 1024 and Llama 3.1 8B at T 8192.
+TEST(PlanKinds, StagesBalanceEachKindsBlockAgainstTheHead) {
+  models::GPTConfig gpt2;  // 12 blocks of 768 channels, vocabulary 50304
+  gpt2.vocab_multiple = 128;
+  models::GPTConfig llama;  // 32 blocks of 4096 channels, 8 kv heads, 14336 hidden, vocabulary 128256
+  llama.arch = "llama";
+  llama.n_layer = 32, llama.n_head = 32, llama.n_kv_head = 8, llama.n_embd = 4096;
+  llama.intermediate_size = 14336, llama.vocab_size = 128256, llama.vocab_multiple = 128;
+  llama.block_size = 8192;
+  // 2 FLOPs per weight and 2 T C of attention per token: gpt2's 12 C^2 weights; the llama's
+  // c_attn C (C + 2 kv), c_proj C^2, gate, up and down 3 C I (kv = 8 heads of 128)
+  EXPECT_EQ(train::pipeline_block_cost(gpt2, 1024), 2.0 * 12 * 768 * 768 + 2.0 * 1024 * 768);
+  EXPECT_EQ(train::pipeline_block_cost(llama, 8192),
+            2.0 * (4096.0 * (4096 + 2 * 1024) + 4096.0 * 4096 + 3.0 * 4096 * 14336) + 2.0 * 8192 * 4096);
+  EXPECT_EQ(dist::head_cost(llama), 2.0 * 128256 * 4096);
+  auto split = [](const models::GPTConfig& c, int64_t T, int64_t stages) {
+    return dist::stage_blocks(c, train::pipeline_block_cost(c, T), stages, "");
+  };
+  EXPECT_EQ(split(gpt2, 1024, 3), (std::vector<int64_t>{6, 5, 1}));
+  EXPECT_EQ(split(gpt2, 1024, 4), (std::vector<int64_t>{4, 4, 3, 1}));
+  EXPECT_EQ(split(llama, 8192, 2), (std::vector<int64_t>{17, 15}));
+  EXPECT_EQ(split(llama, 8192, 3), (std::vector<int64_t>{12, 12, 8}));
+  EXPECT_EQ(split(llama, 8192, 4), (std::vector<int64_t>{9, 9, 9, 5}));
 }
 
 // ---- the time model and the search (no MPI: the binary plans and exits) -----------------

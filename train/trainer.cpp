@@ -36,6 +36,7 @@
 #include "train/data/text.h"
 #include "train/io/files.h"
 #include "train/io/format.h"
+#include "train/planner/block_kinds.h"
 #include "train/planner/cluster.h"
 #include "train/report.h"
 #include "train/run_log.h"
@@ -256,7 +257,7 @@ void Trainer::describe() {
   try {
     mc_.validate();
     dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel);
-    pipeline_ = dist::plan_pipeline(mc_, c_.train.seq_len,
+    pipeline_ = dist::plan_pipeline(mc_, pipeline_block_cost(mc_, c_.train.seq_len),
                                     {.stages = dims_.pp,
                                      .chunks = c_.parallel.pp_virtual,
                                      .schedule = c_.parallel.pp_schedule,

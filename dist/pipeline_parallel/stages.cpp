@@ -8,19 +8,11 @@
 
 namespace ndt::dist {
 
-double block_cost(const models::GPTConfig& c, int64_t seq_len) {
-  // 2 FLOPs per weight per token, and attention's QK^T and PV: 4 T C per token (causal: half)
-  const double C = static_cast<double>(c.n_embd), kv = static_cast<double>(c.kv_heads() * c.head_dim());
-  const double I = static_cast<double>(c.mlp_hidden());
-  const double weights = c.llama() ? C * (C + 2 * kv) + C * C + 3 * C * I : 12.0 * C * C;
-  return 2.0 * weights + 2.0 * static_cast<double>(seq_len) * C;
-}
-
 double head_cost(const models::GPTConfig& c) {
   return 2.0 * static_cast<double>(c.padded_vocab()) * static_cast<double>(c.n_embd);
 }
 
-std::vector<int64_t> stage_blocks(const models::GPTConfig& cfg, int64_t seq_len, int64_t stages,
+std::vector<int64_t> stage_blocks(const models::GPTConfig& cfg, double block_cost, int64_t stages,
                                   const std::string& split) {
   const int64_t L = cfg.n_layer;
   NDT_CHECK(stages >= 1 && stages <= L, "parallel.pp_size x parallel.pp_virtual = ", stages,
@@ -51,7 +43,8 @@ std::vector<int64_t> stage_blocks(const models::GPTConfig& cfg, int64_t seq_len,
   }
   // The linear partition: best[s][i], the cheapest costliest stage when the first s stages
   // hold the first i blocks. Stage s's cost: its blocks, plus the head on the last stage.
-  const double b = block_cost(cfg, seq_len), head = head_cost(cfg);
+  NDT_CHECK(block_cost > 0, "internal: stage_blocks needs a block's cost > 0, got ", block_cost);
+  const double b = block_cost, head = head_cost(cfg);
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));
   std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(L + 1, 0));
@@ -87,10 +80,10 @@ models::PipelinePart pipeline_part(const std::vector<int64_t>& blocks, int64_t p
   return part;
 }
 
-PipelineLayout plan_pipeline(const models::GPTConfig& cfg, int64_t seq_len, const PipelineOptions& o) {
+PipelineLayout plan_pipeline(const models::GPTConfig& cfg, double block_cost, const PipelineOptions& o) {
   PipelineLayout l;
   l.blocks = o.stages == 1 && o.chunks == 1 ? std::vector<int64_t>{cfg.n_layer}
-                                            : stage_blocks(cfg, seq_len, o.stages * o.chunks, o.split);
+                                            : stage_blocks(cfg, block_cost, o.stages * o.chunks, o.split);
   try {
     l.schedule = pp::make_schedule(pp::parse_kind(o.schedule), static_cast<int>(o.stages),
                                    static_cast<int>(o.micro_batches), static_cast<int>(o.chunks));

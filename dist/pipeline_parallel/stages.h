@@ -5,15 +5,16 @@
 // r, r + p, r + 2p, ... (Megatron-LM's interleaved layout), one model chunk each. The first
 // stage also embeds the tokens and the last computes the final norm, the head and the loss,
 // so the balance is by cost, not by count: each block costs its forward FLOPs per token (its
-// matrix products and attention, as GPT::flops_per_token counts them) and the last stage
-// the head's as well.
+// matrix products and attention; the caller's figure, as the planner's description of the
+// block's kind gives it: train::pipeline_block_cost) and the last stage the head's as well.
 //
 // A run's pipeline, from its config, is one PipelineLayout: the blocks of each stage and the
 // schedule every rank runs, checked and built once (plan_pipeline). One stage is a pipeline
 // too: its schedule F0 B0 F1 B1 ... is plain gradient accumulation, so every layout trains
 // through the same executor (pipeline.h).
 //
-//   dist::PipelineLayout l = dist::plan_pipeline(cfg, seq_len, {.stages = p, .micro_batches = m});
+//   const double block = train::pipeline_block_cost(cfg, seq_len);   // train/planner/block_kinds.h
+//   dist::PipelineLayout l = dist::plan_pipeline(cfg, block, {.stages = p, .micro_batches = m});
 //   models::GPT gpt(cfg, l.part(mesh.coords().pp));   // only this rank's blocks are described
 //   ... dist::parallelize(gpt, mesh, {.pipeline = l, ...}) runs l.schedule
 #pragma once
@@ -50,24 +51,26 @@ struct PipelineLayout {
   std::string summary() const;
 };
 
-// Every pipeline rule in one place: the stages' blocks (stage_blocks), the schedule
-// (pp::make_schedule, pp::validate). Throws ndt::Error naming the config keys. One stage
-// takes the options' schedule over one rank (the default 1f1b: F0 B0 F1 B1 ...).
-PipelineLayout plan_pipeline(const models::GPTConfig& cfg, int64_t seq_len, const PipelineOptions& o);
+// Every pipeline rule in one place: the stages' blocks (stage_blocks, with `block_cost` the
+// relative forward cost per token of one block), the schedule (pp::make_schedule,
+// pp::validate). Throws ndt::Error naming the config keys. One stage takes the options'
+// schedule over one rank (the default 1f1b: F0 B0 F1 B1 ...).
+PipelineLayout plan_pipeline(const models::GPTConfig& cfg, double block_cost, const PipelineOptions& o);
 
 // The number of blocks of each of `stages` virtual stages: `split` ("3,3,2": parallel.pp_split)
-// when given, else the split that makes the costliest stage cheapest (ties: earlier stages
-// take more). Throws ndt::Error, naming parallel.pp_split or parallel.pp_size, when there are
-// fewer blocks than stages or `split` does not sum to model.n_layer.
-std::vector<int64_t> stage_blocks(const models::GPTConfig& cfg, int64_t seq_len, int64_t stages,
+// when given, else the split that makes the costliest stage cheapest, each block costing
+// `block_cost` (its relative forward cost per token, > 0) and the last stage the head's too
+// (ties: earlier stages take more). Throws ndt::Error, naming parallel.pp_split or
+// parallel.pp_size, when there are fewer blocks than stages or `split` does not sum to
+// model.n_layer.
+std::vector<int64_t> stage_blocks(const models::GPTConfig& cfg, double block_cost, int64_t stages,
                                   const std::string& split);
 
 // What pipeline rank `rank` of `pp` holds: chunk c is virtual stage c * pp + rank.
 models::PipelinePart pipeline_part(const std::vector<int64_t>& blocks, int64_t pp, int64_t rank);
 
-// The relative forward cost per token of one block and of the head (for the balance above,
-// and the planner's picture of the stages).
-double block_cost(const models::GPTConfig& cfg, int64_t seq_len);
+// The relative forward cost per token of the head, in block_cost's units (lm_head's product:
+// 2 FLOPs per weight).
 double head_cost(const models::GPTConfig& cfg);
 
 }  // namespace ndt::dist

@@ -21,6 +21,7 @@
 #include "tensor/kernels.h"
 #include "tensor/threads.h"
 #include "train/io/files.h"
+#include "train/planner/block_kinds.h"
 #include "train/planner/cluster.h"
 #include "train/planner/plan.h"
 #include "train/planner/time.h"
@@ -62,20 +63,13 @@ double max_over(dist::Communicator& world, double x) {
   return static_cast<const double*>(t.data_ptr())[0];
 }
 
-// One matrix product of the model's micro-step: (batch of) m x k times k x n, `count` of
-// them per micro-step, in the dtype the trainer runs it in.
-struct Gemm {
-  const char* what;
-  int64_t batch, m, k, n, count;
-  DType dtype;
-};
-
 // The matrix products of one micro-step of the config's model on one rank (tp = cp = 1),
 // forward; backward runs each shape twice more (its transposes), at about the same rate.
 // Under bf16 the linears and lm_head take bf16 operands (oneDNN where the CPU has bf16
 // instructions); the attention core computes in f32 either way (autograd/ops/attention.cpp).
-// A llama's c_attn has C + 2 KV columns (KV = n_kv_head hd: grouped-query attention), its
-// MLP gate and up (C x I) and down (I x C); each query head's scores are as multi-head's.
+// c_attn has C + 2 KV columns (KV = n_kv_head hd: grouped-query attention; C for gpt2), the
+// MLP's products are its block kind's (BlockKind::mlp_gemms); each query head's scores are
+// as multi-head's.
 std::vector<Gemm> model_gemms(const Config& c) {
   const models::GPTConfig& m = c.model;
   const int64_t B = c.train.micro_batch_size, T = c.train.seq_len, C = m.n_embd, NH = m.n_head;
@@ -83,10 +77,8 @@ std::vector<Gemm> model_gemms(const Config& c) {
                 I = m.mlp_hidden();
   const DType w = c.train.dtype == "bfloat16" ? DType::bf16 : DType::f32, f = DType::f32;
   std::vector<Gemm> gemms = {{"c_attn", 1, N, C, C + 2 * KV, L, w}, {"attn c_proj", 1, N, C, C, L, w}};
-  if (m.llama())
-    gemms.insert(gemms.end(), {{"gate, up", 1, N, C, I, 2 * L, w}, {"down", 1, N, I, C, L, w}});
-  else
-    gemms.insert(gemms.end(), {{"c_fc", 1, N, C, I, L, w}, {"mlp c_proj", 1, N, I, C, L, w}});
+  const std::vector<Gemm> mlp = block_kind(m.arch).mlp_gemms(N, C, I, L, w);
+  gemms.insert(gemms.end(), mlp.begin(), mlp.end());
   gemms.insert(gemms.end(), {{"q k^T", B * NH, T, C / NH, T, L, f},
                              {"p v", B * NH, T, T, C / NH, L, f},
                              {"lm_head", 1, N, C, V, 1, w}});

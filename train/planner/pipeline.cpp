@@ -9,6 +9,7 @@
 
 #include "dist/pipeline_parallel/stages.h"
 #include "tensor/checked.h"
+#include "train/planner/block_kinds.h"
 
 namespace ndt::train {
 
@@ -44,7 +45,7 @@ StageView stage_view(const Config& c, const dist::ParallelDims& dims, int64_t st
     return v;
   }
   // the trainer's layout (one place for the pipeline's rules)
-  const dist::PipelineLayout l = dist::plan_pipeline(c.model, c.train.seq_len,
+  const dist::PipelineLayout l = dist::plan_pipeline(c.model, pipeline_block_cost(c.model, c.train.seq_len),
                                                      {.stages = dims.pp,
                                                       .chunks = c.parallel.pp_virtual,
                                                       .schedule = c.parallel.pp_schedule,

@@ -4,6 +4,8 @@
 // (tests/test_dist_plan.cpp compares the two under mpirun).
 //
 // Legend: train/planner/shapes.h (B, Tl, N, Ns, C, Cl, KVl, Q, H, NHl, Vl, L, a for this rank).
+// What a block keeps and holds is its kind's (train/planner/block_kinds.h: one file per kind
+// under train/planner/kinds/, op by op).
 // Bytes of an element besides a (activations and the model's copy of the parameters): 4
 // for statistics (LayerNorm's mean and rstd, RMSNorm's rstd, log-sum-exps), the f32 master, its gradient
 // and AdamW's moments, r for FSDP's reduce-scatters (parallel.reduce_dtype under bfloat16,
@@ -24,266 +26,26 @@
 #include "tensor/checked.h"
 #include "tensor/cpu/onednn_gemm.h"
 #include "train/io/format.h"
+#include "train/planner/block_kinds.h"
+#include "train/planner/count.h"
 #include "train/planner/pipeline.h"
 #include "train/planner/shapes.h"
 
 namespace ndt::train {
 namespace {
 
-constexpr int64_t kF = 4;  // bytes of a float32: statistics, the master, its gradient, AdamW
-
-// A count of elements or bytes whose every +, - and * is checked (tensor/checked.h): sizes
-// that do not fit int64 stop the plan with one config error instead of wrapping to
-// nonsense ("= 0 ranks", "0 tokens per step"). It converts from int64_t, so the formulas
-// below read as plain arithmetic; .v is the value.
-struct Count {
-  int64_t v = 0;
-  Count(int64_t x = 0) : v(x) {}  // implicit on purpose
-};
-Count operator+(Count a, Count b) { return checked_add(a.v, b.v, "count"); }
-Count operator*(Count a, Count b) { return checked_mul(a.v, b.v, "count"); }
-Count operator-(Count a, Count b) {
-  NDT_CHECK(a.v >= b.v, "internal: planned count ", a.v, " - ", b.v, " is negative");
-  return a.v - b.v;
-}
-Count operator/(Count a, Count b) { return a.v / b.v; }
-Count& operator+=(Count& a, Count b) { return a = a + b; }
-bool operator<(Count a, Count b) { return a.v < b.v; }
-bool operator>(Count a, Count b) { return a.v > b.v; }
-bool operator==(Count a, Count b) { return a.v == b.v; }
-
 // Bytes an all-reduce of `bytes` sends on n ranks (MpiCommunicator::all_reduce's counter).
 Count all_reduce_bytes(Count bytes, Count n) { return n > 1 ? 2 * (n - 1) * bytes / n : 0; }
-
-// What one block keeps for backward, and the most it holds on top of the blocks before it
-// while its own backward runs (elements; the block's input belongs to the block before).
-struct BlockMem {
-  Count saved = 0;            // kept from its forward to its backward (its output included)
-  Count during_backward = 0;  // live while its backward runs, besides the earlier blocks:
-  Count mlp = 0, attn = 0;    // ... the larger of its MLP's and its attention's moments
-};
-
-// The attention core's saved tensors in bytes (autograd/ops/attention.cpp or, with cp > 1,
-// the ring of dist/context_parallel/ring_attention.cpp), without the c_proj input. q is
-// N Cl, k and v N KVl each (N Q together; KVl = Cl but under llama's grouped-query
-// attention, where each kv head serves NHl / NKVl query heads in place, never copied per
-// head). Off the cuDNN path the core computes in f32 under bf16 too (4-byte elements, w).
-//   cpu_fused: gpt2: the fused kernel on the packed qkv (ndt::self_attention): its input
-//              qkv (3 N Cl, as it came) and lse (N NHl); under bf16 also its f32 output y
-//              (N Cl; in f32 y is the output, c_proj's input)
-//              llama: the fused kernel of attention() on the rotated q, k, v: those (N Q, as
-//              they came), its output o in f32 (N Cl: in f32 the output itself, which
-//              heads_to_back copies for c_proj) and lse (N NHl)
-//   cudnn:     q, k, v (heads_to_front's copies, N Q), the output o (N Cl), lse (N NHl)
-//   composed:  q, k, v (contiguous copies in f32, N Q), the probabilities p (B NHl Tl^2),
-//              the output o (N Cl)
-//   ring:      per (query chunk, key chunk) pair that the causal mask leaves (2 cp + 1 of
-//              them on every rank) the checkpointed attention keeps its K and V halves
-//              (N KVl together: split_last copies them once per key chunk, 2 cp on rank 0),
-//              both query halves (N Cl, shared), each pair's output and lse and each
-//              merge's (2 cp + 1 and 2 cp - 1: 4 cp halves of N Cl / 2, as measured; 4 cp
-//              lse of N NHl / 2); the
-//              probabilities are recomputed per pair in backward (one (Tl/2)^2 block at a
-//              time). Under bf16 each of the 2 cp - 1 merges keeps f32 copies of its two
-//              inputs and its output (3 halves; in f32 those are the outputs themselves)
-//   ring_fused: the same tensors (the CPU's fused pairs keep their inputs, output and lse
-//              instead of a checkpoint's), and under bf16 each pair's f32 output too
-//              (2 cp + 1 halves)
-Count core_saved(const Shapes& s) {
-  const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, KVl = s.KVl, Q = s.Q, NHl = s.NHl, cp = s.cp,
-              a = s.act_bytes, w = kF;
-  switch (s.core) {
-    case AttentionCore::cpu_fused:
-      if (s.llama()) return N * Q * a + N * Cl * w + N * NHl * kF;
-      return 3 * N * Cl * a + N * NHl * kF + (a == w ? Count(0) : N * Cl * w);
-    case AttentionCore::cudnn:
-      return (N * Q + N * Cl) * a + N * NHl * kF;
-    case AttentionCore::composed:
-      return (N * Q + N * Cl + B * NHl * Tl * Tl) * w;
-    case AttentionCore::ring:
-    case AttentionCore::ring_fused:
-      break;
-  }
-  const Count pairs = 2 * cp + 1, key_chunks = 2 * cp, lse = 2 * cp * N * NHl * kF;
-  if (a == w) return (N * Cl + key_chunks * N * KVl + 4 * cp * N * Cl / 2) * w + lse;
-  const Count outputs_f32 = s.core == AttentionCore::ring_fused ? pairs : Count(0);
-  return (N * Cl + key_chunks * N * KVl) * a + (3 * (2 * cp - 1) + outputs_f32) * N * Cl / 2 * w + lse;
-}
-// The attention backward's own tensors, in bytes: fused, dq, dk, dv (N Q in f32: gpt2's
-// dqkv; the score blocks are per-thread scratch of 64 x Tl), under bf16 also q, k, v and
-// dout converted to f32 (N Q + N Cl) and dq, dk, dv rounded back (N Q); cuDNN, the
-// contiguous dout and dq, dk, dv (N Cl + N Q); composed, dout, dv, dq, dk (N Cl + N Q) and
-// ds (p's shape), in f32, under bf16 dq, dk, dv rounded back (N Q); with the ring one score
-// block of (Tl/2)^2 per pair, recomputed, plus the pair's p; with the fused ring a pair's
-// dq, dk, dv (halves of N Q), under bf16 also its q, k, v and dout in f32 (halves of N Q +
-// N Cl) and dq, dk, dv rounded back (halves of N Q).
-Count core_backward(const Shapes& s) {
-  const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, Q = s.Q, NHl = s.NHl, a = s.act_bytes, w = kF;
-  const bool mixed = !(a == w);
-  switch (s.core) {
-    case AttentionCore::cpu_fused:
-      return N * Q * w + (mixed ? (N * Q + N * Cl) * w + N * Q * a : Count(0));
-    case AttentionCore::cudnn:
-      return (N * Cl + N * Q) * a;
-    case AttentionCore::composed:
-      return (N * Cl + N * Q + B * NHl * Tl * Tl) * w + (mixed ? N * Q * a : Count(0));
-    case AttentionCore::ring_fused:
-      return N * Q / 2 * w + (mixed ? (N * Q + N * Cl) / 2 * w + N * Q / 2 * a : Count(0));
-    case AttentionCore::ring:
-      break;
-  }
-  const Count Tc = Tl / 2;
-  return (N * Cl + N * Q + 2 * B * NHl * Tc * Tc) * w;
-}
-
-// nn::Block::forward (gpt2) with the ops of autograd/ops/*.cpp, per mode (nn::ACMode):
-//   none       ln_1: mean, rstd (2N); c_attn keeps its input ln_1(x) (N C); the core
-//              (above) and c_proj's input (N Cl: the fused core's output, or heads_to_back's
-//              copy); h = x + attn (N C, kept by ln_2) and ln_2's mean, rstd (2N); c_fc's
-//              input (N C); GELU's input (N H) and c_proj's input, GELU's output (N H); the
-//              block's output (N C, kept by the next block). (Composed, c_attn's (N, 3Cl)
-//              output dies: split_last copies q, k, v out of it and keeps nothing.)
-//   selective  the same but the core keeps only its input qkv (3 N Cl) and its output
-//              (N Cl, c_proj's input); the rest of the core is made again in backward
-//              (fused: a second output and lse, N Cl + N NHl, beside the kept qkv).
-//   full       the output only (N C); the input is the block before's output.
-// During backward, on top of the earlier blocks: the MLP's (everything saved but the
-// output, which ln_f or the next block has released, plus the incoming gradient N C, the
-// GELU's dx and input gradient 2 N H less the GELU output already released N H; the
-// weight gradients go straight into the gradient buffers); then the attention's (ln_1's
-// output and stats, the core, two gradients of N C on the residual, the core's backward).
-// Full recomputes the block from its input inside backward: the saved set of `none`
-// comes back for the duration, plus the incoming gradient. In bytes: a per activation (the
-// compute dtype's), 4 per statistic.
-//
-// Sequence parallelism keeps the block's input, h, its output, the LayerNorms' statistics,
-// the gradients on the residual and the column-parallel linears' inputs (ln_1's and ln_2's
-// outputs: linear_shared_input keeps the part and gathers it again in backward) on Ns = N / tp
-// rows; backward holds the incoming gradient gathered (N C) for each c_proj and the
-// gathered input again (N C) for each column-parallel weight gradient.
-BlockMem gpt2_block_mem(const Shapes& s, nn::ACMode mode) {
-  const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, H = s.H, a = s.act_bytes, stats = 2 * Ns * kF;
-  const Count gathered = Ns == N ? Count(0) : 2 * N * C * a;  // an incoming gradient, an input
-  const Count mlp_part = (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 2 * N * H) * a + stats;
-  const Count none_saved =
-      Ns * C * a /*ln_1 out*/ + stats + core_saved(s) + N * Cl * a + mlp_part + Ns * C * a;
-  auto mlp_moment = [&](Count saved) { return saved - Ns * C * a + (Ns * C + N * H) * a + gathered; };
-  auto attn_moment = [&](Count core_live) {
-    return Ns * C * a + stats + core_live + 2 * Ns * C * a + gathered + core_backward(s);
-  };
-  BlockMem m;
-  switch (mode) {
-    case nn::ACMode::none:
-      m.saved = none_saved;
-      m.mlp = mlp_moment(none_saved);
-      m.attn = attn_moment(core_saved(s));
-      break;
-    case nn::ACMode::selective: {
-      m.saved = Ns * C * a + stats + 3 * N * Cl * a + N * Cl * a + mlp_part + Ns * C * a;
-      // the core made again in backward, besides its kept input
-      const Count again =
-          s.core == AttentionCore::cpu_fused ? core_saved(s) - 3 * N * Cl * a + N * Cl * a : core_saved(s);
-      m.mlp = mlp_moment(m.saved);
-      m.attn = attn_moment(3 * N * Cl * a + again);
-      break;
-    }
-    case nn::ACMode::full:
-      m.saved = Ns * C * a;
-      m.mlp = Ns * C * a /*incoming gradient*/ + mlp_moment(none_saved);
-      m.attn = Ns * C * a + attn_moment(core_saved(s));
-      break;
-  }
-  m.during_backward = std::max(m.mlp, m.attn);
-  return m;
-}
-
-// nn::LlamaBlock::forward (llama) with the same ops, per mode:
-//   none       ln_1: rstd (N; RMSNorm has no mean); c_attn keeps its input ln_1(x) (N C);
-//              c_attn's output qkv (N Q) dies: split_last copies q, k and v out of it,
-//              rotary turns q and k into new tensors keeping only the angle tables (cos
-//              and sin, B Tl hd, counted with the positions: one pair for every block) and
-//              heads_to_front copies them for the core; the core (above) and c_proj's input
-//              (N Cl, heads_to_back's copy of the core's output); h = x + attn (N C, kept by
-//              ln_2) and ln_2's rstd (N); gate and up keep their one input, ln_2(h) (N C);
-//              silu_mul keeps gate's and up's outputs (2 N H), down its product (N H); the
-//              block's output (N C, kept by the next block).
-//   selective  the same but the core (split, rotary, attention, heads_to_back) keeps only
-//              its input qkv (N Q) and its output (N Cl, c_proj's input); in backward it runs
-//              again beside them: its saved set, its output and its output's gradient
-//              (2 N Cl).
-//   full       the output only (N C), as gpt2.
-// During backward, on top of the earlier blocks (the block's output released, its gradient
-// N C arrived): the MLP's largest moment of down's backward (dm, N H; sequence parallel,
-// the incoming gradient gathered, N C), silu_mul's (down's input released; dm, dgate and
-// dup, 3 N H), up's and gate's (gate, up and down's input released; dgate, dup, an input
-// gradient of N C, the gathered input; then the two input gradients and their sum); then
-// the attention's: ln_1's output and rstd, the residual's gradient and the largest of
-// c_proj's backward (its input and dy, 2 N Cl; the gathered incoming gradient), the
-// core's (the core, its output's gradient N Cl, its backward) and after it the gradients
-// of q, k and v on their way back through heads_to_front, rotary and split_last (2 N Q)
-// and c_attn's (its output's gradient N Q, its input gradient N C, the gathered input).
-BlockMem llama_block_mem(const Shapes& s, nn::ACMode mode) {
-  const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, Q = s.Q, H = s.H, a = s.act_bytes, stat = Ns * kF;
-  const Count sp = Ns == N ? Count(0) : N * C * a;  // a gathered incoming gradient or input
-  const Count mlp_part =
-      (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 3 * N * H /*gate, up, their product*/) * a + stat;
-  const Count none_saved =
-      Ns * C * a /*ln_1 out*/ + stat + core_saved(s) + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
-  // saved: the block's forward set; its output has gone and the output's gradient (Ns C) come
-  auto mlp_moment = [&](Count saved) {
-    const Count down = saved + N * H * a + sp, silu = saved + 2 * N * H * a;
-    const Count released = saved - 3 * N * H * a;  // gate, up and their product
-    const Count up_gate =
-        released + std::max(2 * N * H * a + N * C * a + sp, N * H * a + N * C * a + Ns * C * a + sp);
-    return std::max({down, silu, up_gate, released + 3 * Ns * C * a});
-  };
-  // core_kept: the core's tensors before its backward; core_again: those it makes again
-  auto attn_moment = [&](Count core_kept, Count core_again) {
-    const Count common = Ns * C * a /*ln_1 out*/ + stat + Ns * C * a /*the residual's gradient*/;
-    const Count c_proj = core_kept + 2 * N * Cl * a + sp;
-    const Count core = core_kept + core_again + N * Cl * a + core_backward(s);
-    const Count after = std::max(2 * N * Q * a, (N * Q + N * C) * a + sp);
-    return common + std::max({c_proj, core, after});
-  };
-  BlockMem m;
-  switch (mode) {
-    case nn::ACMode::none:
-      m.saved = none_saved;
-      m.mlp = mlp_moment(none_saved);
-      m.attn = attn_moment(core_saved(s), 0);
-      break;
-    case nn::ACMode::selective:
-      m.saved = Ns * C * a + stat + N * Q * a /*qkv*/ + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
-      m.mlp = mlp_moment(m.saved);
-      m.attn = attn_moment(N * Q * a, core_saved(s) + 2 * N * Cl * a);
-      break;
-    case nn::ACMode::full:
-      m.saved = Ns * C * a;
-      m.mlp = Ns * C * a /*incoming gradient*/ + mlp_moment(none_saved);
-      m.attn = Ns * C * a + attn_moment(core_saved(s), 0);
-      break;
-  }
-  m.during_backward = std::max(m.mlp, m.attn);
-  return m;
-}
-
-BlockMem block_mem(const Shapes& s, nn::ACMode mode) {
-  return s.llama() ? llama_block_mem(s, mode) : gpt2_block_mem(s, mode);
-}
 
 // zb-h1 (autograd/defer.h): a linear's weight GEMM, dW = x^T dy, waits for W with its input
 // x and its output gradient dy (autograd/ops/matmul.cpp), so a split B keeps what the
 // unsplit backward frees once dW is made. What one block keeps from its B to its W: each
 // linear's input as its forward saved it (under sequence parallelism the column-parallel
-// ones' part, gathered again in W) and dy (c_fc's through GELU's backward). gpt2: c_attn
-// (x Ns C, dy N Q), c_proj (N Cl, N C), c_fc (Ns C, N H), the MLP's c_proj (N H, N C);
-// llama: c_attn, c_proj, gate and up (one input Ns C, dy N H each), down (N H, N C). In the
-// compute dtype.
+// ones' part, gathered again in W) and dy: c_attn (x Ns C, dy N Q), c_proj (N Cl, N C) and
+// the MLP's, its kind's (BlockKind::deferred_mlp). In the compute dtype.
 Count deferred_block(const Shapes& s) {
-  const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, Q = s.Q, H = s.H, a = s.act_bytes;
-  const Count inputs = 2 * Ns * C + N * Cl + N * H;
-  const Count grads = N * Q + 2 * N * C + (s.llama() ? 2 : 1) * N * H;
-  return (inputs + grads) * a;
+  const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, Q = s.Q, a = s.act_bytes;
+  return (Ns * C + N * Q + N * Cl + N * C + s.kind->deferred_mlp(s)) * a;
 }
 
 // ... and inside the block's own split backward: in the MLP's, the input of its last
@@ -293,9 +55,8 @@ Count deferred_block(const Shapes& s) {
 // backward keeps).
 BlockMem deferring(BlockMem m, const Shapes& s) {
   const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, H = s.H, a = s.act_bytes;
-  const Count mlp_deferred = Ns * C + N * H + N * C + (s.llama() ? 2 : 1) * N * H;
   m.mlp += N * H * a;
-  m.attn += (mlp_deferred + N * Cl + (N - Ns) * C) * a;
+  m.attn += (s.kind->deferred_mlp(s) + N * Cl + (N - Ns) * C) * a;
   m.during_backward = std::max(m.mlp, m.attn);
   return m;
 }
@@ -395,7 +156,7 @@ BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const
   // zb-h1: the later blocks of the chunk, whose B ran before this one's, keep their W inputs
   const Count later = v.split_backward ? Count(end_unit - first_unit) * deferred_block(s) : Count(0);
   for (int64_t u = first_unit; u < end_unit; ++u) {
-    BlockMem m = block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, u - 1));
+    BlockMem m = s.kind->memory(s, nn::block_checkpointing(ac, c.train.ac_every, u - 1));
     Count waiting = 0;
     if (v.split_backward) {
       m = deferring(m, s);
@@ -459,11 +220,12 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   // rank's part
   const Count input = Ns * C * a;
   const bool sharded = D.sharded();
-  // ln_f: mean, rstd (2N; llama's RMSNorm rstd, N) and its output (N C, lm_head's input,
+  // ln_f: its statistics (the kind's norm_stats per row: LayerNorm's mean and rstd, 2N;
+  // RMSNorm's rstd, N) and its output (N C, lm_head's input,
   // wte's or an untied lm_head's: the same (N, Vl) product); the logits (N Vl) are kept
   // by the cross-entropy (with its lse, N; with TP gmax and sumexp, 2N, and the targets).
   // (sequence parallel: ln_f's on Ns rows, its output gathered)
-  const Count head_saved = (s.llama() ? Ns : 2 * Ns) * kF + N * C * a;
+  const Count head_saved = s.kind->norm_stats * Ns * kF + N * C * a;
   const Count logits = N * Vl * a;
   const Count ce_saved = (D.tp > 1 ? 3 * N : N) * kF;
   // dlogits (N Vl): with TP the vocabulary-parallel loss allocates it in backward; otherwise
@@ -472,15 +234,15 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   p.logits_bytes = v.last ? logits.v : 0;
   p.loss_temp_bytes = v.last ? (dlogits + ce_saved).v : 0;  // and the kept statistics
   // the batch (inputs and targets, B T i32 each; with CP this rank's copy too; a pipeline
-  // holds the step's micro-batches, every stage) and positions; llama's rotary tables, cos
-  // and sin (B Tl hd/2 each, in the compute dtype: every block's rotary keeps them;
-  // models::GPT keeps them between steps but under CP)
-  const Count rope_tables = s.llama() ? N * s.hd * a : 0;
+  // holds the step's micro-batches, every stage) and positions; the tables the blocks'
+  // positions keep (the kind's: llama's rotary cos and sin)
+  const Count position_tables = s.kind->position_tables(s);
   const Count batches = D.pp > 1 ? Count(p.accum) : Count(1);
   p.other_bytes =
-      ((batches * (2 * Count(p.micro_batch) * p.seq_len + (D.cp > 1 ? 2 * N : 0)) + N) * 4 + rope_tables).v;
+      ((batches * (2 * Count(p.micro_batch) * p.seq_len + (D.cp > 1 ? 2 * N : 0)) + N) * 4 + position_tables)
+          .v;
   p.block_activation_bytes =
-      block_mem(s, nn::block_checkpointing(ac, c.train.ac_every, 1 % v.block_count())).saved.v;
+      s.kind->memory(s, nn::block_checkpointing(ac, c.train.ac_every, 1 % v.block_count())).saved.v;
 
   // at the end of forward the embeddings (and their gradient) and the last block are whole
   const Count g_fwd_end = sharded ? (2 * emb_full + block_full) * a : 0;
@@ -617,7 +379,7 @@ std::string per_block(int64_t k, int64_t c) {
 void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v,
                                int64_t full_blocks) {
   const Count N = s.N, C = s.C, a = s.act_bytes, A = p.accum, t = p.dims.tp;
-  const int64_t L = v.block_count(), m = s.mlp_inputs(), e = v.first ? 1 : 0, h = v.last ? 1 : 0;
+  const int64_t L = v.block_count(), m = s.kind->mlp_inputs, e = v.first ? 1 : 0, h = v.last ? 1 : 0;
   const bool whole = v.first && v.last;      // the formulas as the single process's plan words them
   const Count columns = Count(L) * (1 + m);  // the blocks' column-parallel linears
   // the formulas in the plan's words: gpt2's m = 1 gives 2L, 6L + 2, 2 (2L+1)
@@ -775,7 +537,7 @@ void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage
   p.arch = mc.arch;
   p.n_kv_head = mc.kv_heads();
   p.mlp_hidden = mc.mlp_hidden();
-  p.qkv_bias = !mc.llama() || mc.attention_bias;
+  p.qkv_bias = block_kind(mc.arch).qkv_bias(mc);
   p.pp_schedule = v.schedule;
   p.pp_virtual = v.v;
   p.pp_blocks = v.blocks;

@@ -1,121 +1,12 @@
 // One rank's step replayed in time (train/planner/replay.h). Legend: train/planner/shapes.h;
-// A accumulation steps, U flat units (the embeddings, then the blocks).
+// A accumulation steps, U flat units (the embeddings, then the blocks); kF the 4 bytes of a
+// float32 (train/planner/count.h). A block's work is its kind's (train/planner/block_kinds.h).
 #include "train/planner/replay.h"
 
 #include <algorithm>
 
 namespace ndt::train {
 namespace {
-
-constexpr double kF = 4;  // bytes of a float32: the master, its gradient, AdamW's moments
-
-// ---- compute ------------------------------------------------------------------------------
-
-// The fused kernel's query x key pairs on a diagonal block of T queries: blocks of 64
-// queries against the keys up to the block's last.
-double causal_pairs(int64_t T) {
-  double pairs = 0;
-  for (int64_t r0 = 0; r0 < T; r0 += 64)
-    pairs += double(std::min<int64_t>(64, T - r0)) * double(std::min<int64_t>(T, r0 + 64));
-  return pairs;
-}
-
-// The attention scores one block computes (all query-key pairs it evaluates): one process
-// evaluates the causal half (cuDNN skips masked tiles; the CPU's fused kernel takes blocks
-// of 64 queries against the keys up to the block's last; the composed path on a GPU is
-// counted as half too); the ring evaluates 2 cp + 1 pairs of chunks of Tc = Tl / 2 on every
-// rank, two of them diagonal (the fused kernel's blocks there, as in one process), the
-// others whole.
-double attention_scores(const Shapes& shapes) {
-  const double B = double(shapes.B), NHl = double(shapes.NHl), Tl = double(shapes.Tl);
-  if (shapes.cp == 1)
-    return B * NHl * (shapes.core == AttentionCore::cpu_fused ? causal_pairs(shapes.Tl) : Tl * Tl * 0.5);
-  const double Tc = Tl / 2;
-  const double diagonal = fused(shapes.core) ? causal_pairs(static_cast<int64_t>(Tc)) : Tc * Tc;
-  return B * NHl * (2 * diagonal + Tc * Tc * double(2 * shapes.cp - 1));
-}
-
-// The ring's copies, each read and written once: q into its halves (2 N Cl), k and v into
-// one message (4 N KVl), each step's K/V into halves and each of the 2 cp key chunks into K
-// and V (4 cp + 4 cp N KVl), the output halves joined (2 N Cl), and each of the 2 cp - 1
-// merges reads two partial outputs and writes one (3/2 N Cl each); none without CP
-double ring_copies(const Shapes& shapes) {
-  if (shapes.cp == 1) return 0.0;
-  const double cp = double(shapes.cp), N = double(shapes.N);
-  return (4 + 1.5 * (2 * cp - 1)) * N * double(shapes.Cl) + (4 + 8 * cp) * N * double(shapes.KVl);
-}
-
-// gpt2's block (nn::Block)
-BlockWork gpt2_block_work(const Shapes& shapes) {
-  const double N = shapes.N, Ns = shapes.Ns, C = shapes.C, Cl = shapes.Cl, H = shapes.H;
-  const double S = attention_scores(shapes);
-  BlockWork work;
-  work.scores = S;
-  // forward: ln_1 (read, write Ns C); c_attn 2 N C 3Cl; split_last's copies of q, k, v
-  // (not when the fused core reads them in place)
-  const double copies = shapes.core == AttentionCore::cpu_fused ? 0.0 : 1.0;
-  work.attn_in = {2 * N * C * 3 * Cl, 2 * Ns * C + copies * 6 * N * Cl};
-  // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the
-  // scores; the ring's copies (backward copies as much)
-  work.core = {4 * S * double(shapes.hd), 2 * S + ring_copies(shapes)};
-  // heads_to_back's copy; c_proj 2 N Cl C; the residual add
-  work.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * Ns * C};
-  // ln_2, c_fc 2 N C H with GELU (N H written again), c_proj 2 N H C, the residual add
-  work.mlp = {4 * N * C * H, 2 * Ns * C + 2 * N * H + 3 * Ns * C};
-  // backward: twice the FLOPs (input and weight gradients); LayerNorm's backward reads
-  // three tensors and writes one, each bias gradient reads its output gradient, each weight
-  // gradient is made and then added into the unit's gradient (3 passes of its size). The
-  // column-parallel c_attn and c_fc are split at their input gradient: under TP the
-  // trainer sums it over tp while their weight gradient is made (ops::linear_shared_input)
-  work.attn_in_b = {2 * N * C * 3 * Cl, 6 * N * Cl + 3 * N * Cl};
-  work.attn_in_dw = {2 * N * C * 3 * Cl, 3 * (3 * C * Cl)};
-  work.ln_1_b = {0, 4 * Ns * C};
-  // (fused: q k^T once more, to make the probabilities again, 2.5x the forward's FLOPs)
-  work.core_b = {(fused(shapes.core) ? 2.5 : 2.0) * work.core.flops, 3 * S + ring_copies(shapes)};
-  work.attn_out_b = {2 * work.attn_out.flops, 2 * N * Cl + 2 * N * C + Ns * C + 3 * Cl * C};
-  // c_proj's both gradients, GELU's, c_fc's input gradient; then c_fc's weight gradient
-  work.mlp_in = {{{6 * N * C * H, 3 * N * H + N * (H + C) + 3 * (C * H)}, {2 * N * C * H, 3 * (C * H)}}};
-  work.ln_2_b = {0, 4 * Ns * C + 2 * Ns * C};
-  return work;
-}
-
-// llama's block (nn::LlamaBlock): RMSNorms (read, write), c_attn of Q = Cl + 2 KVl columns,
-// rotary q and k, grouped-query attention (the same scores as multi-head: each query head
-// against its kv head's keys), c_proj without a bias, SwiGLU's gate, up and down
-BlockWork llama_block_work(const Shapes& shapes) {
-  const double N = shapes.N, Ns = shapes.Ns, C = shapes.C, Cl = shapes.Cl, KVl = shapes.KVl, Q = shapes.Q,
-               H = shapes.H;
-  const double S = attention_scores(shapes);
-  BlockWork work;
-  work.scores = S;
-  // forward: ln_1; c_attn 2 N C Q; split_last's copies of q, k, v (N Q), rotary on q and k
-  // (N (Cl + KVl)) and heads_to_front's copies (N Q), each read and written
-  const double qkv_copies = 4 * N * Q + 2 * N * (Cl + KVl);
-  work.attn_in = {2 * N * C * Q, 2 * Ns * C + qkv_copies};
-  work.core = {4 * S * double(shapes.hd), 2 * S + ring_copies(shapes)};
-  // heads_to_back's copy (every core: the output is (B, NHl, Tl, hd)); c_proj 2 N Cl C; the residual add
-  work.attn_out = {2 * N * Cl * C, 2 * N * Cl + 3 * Ns * C};
-  // ln_2, gate and up 2 N C H each, silu_mul (reads two, writes one), down 2 N H C, the residual add
-  work.mlp = {6 * N * C * H, 2 * Ns * C + 3 * N * H + 3 * Ns * C};
-  // backward (as gpt2's): the copies of q, k, v's gradients back (rotary's inverse turn
-  // included) and, with attention_bias, its gradient's read of N Q
-  work.attn_in_b = {2 * N * C * Q, qkv_copies + (shapes.qkv_bias ? N * Q : 0.0)};
-  work.attn_in_dw = {2 * N * C * Q, 3 * (C * Q)};
-  work.ln_1_b = {0, 4 * Ns * C};
-  work.core_b = {(fused(shapes.core) ? 2.5 : 2.0) * work.core.flops, 3 * S + ring_copies(shapes)};
-  work.attn_out_b = {2 * work.attn_out.flops, 2 * N * Cl + 2 * N * C + 3 * Cl * C};
-  // down's both gradients, silu_mul's (reads gate, up and dm, writes dgate and dup), up's
-  // input gradient, then up's weight gradient; gate's input gradient (and the sum of the
-  // two, N C read twice and written), then gate's weight gradient
-  work.mlp_in = {{{6 * N * C * H, 5 * N * H + N * C + 3 * (C * H)}, {2 * N * C * H, 3 * (C * H)}},
-                 {{2 * N * C * H, 3 * N * C}, {2 * N * C * H, 3 * (C * H)}}};
-  work.ln_2_b = {0, 4 * Ns * C + 2 * Ns * C};
-  return work;
-}
-
-BlockWork block_work(const Shapes& shapes) {
-  return shapes.llama() ? llama_block_work(shapes) : gpt2_block_work(shapes);
-}
 
 // The plan's checkpointing mode (Plan::ac, a train.activation_checkpointing word).
 nn::ACMode checkpointing_of(const Plan& plan) {
@@ -128,11 +19,12 @@ nn::ACMode checkpointing_of(const Plan& plan) {
 
 StepWork step_work(const Plan& plan, const Shapes& shapes) {
   StepWork work;
-  work.block = block_work(shapes);
+  work.block = shapes.kind->work(shapes);
   const double N = double(shapes.N), C = double(shapes.C), Vl = double(shapes.Vl), a = double(plan.act_bytes);
-  // embeddings: wte(idx) + wpe(pos) (llama: wte(idx) alone); backward scatters into their gradients
-  work.embeddings = {0, (shapes.llama() ? 1 : 3) * N * C};
-  work.embeddings_b = {0, (shapes.llama() ? 2 : 3) * N * C};
+  // the embeddings: their kind's (gpt2 adds the positions' wpe(pos))
+  const EmbeddingsWork embeddings = shapes.kind->embeddings(shapes);
+  work.embeddings = embeddings.forward;
+  work.embeddings_b = embeddings.backward;
   // ln_f, lm_head 2 N C Vl, the fused cross-entropy's passes over the logits (max,
   // exponentials, the gradient written)
   work.head = {2 * N * C * Vl, 2 * N * C + 3 * N * Vl};
@@ -304,8 +196,8 @@ void StepReplay::block_forward(bool again) {
   timeline_.run(piece(block.attn_in), again);
   attention_core_forward(again);
   timeline_.run(piece(block.attn_out), again);
-  g_forward();                                                     // after the attention
-  for (int64_t i = 0; i < shapes_.mlp_inputs(); ++i) f_forward();  // before c_fc (gate, up)
+  g_forward();                                                         // after the attention
+  for (int64_t i = 0; i < shapes_.kind->mlp_inputs; ++i) f_forward();  // before c_fc (gate, up)
   timeline_.run(piece(block.mlp), again);
   g_forward();  // after the MLP
 }

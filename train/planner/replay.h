@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "nn/block_wrapper.h"
+#include "train/planner/block_kinds.h"
 #include "train/planner/cluster.h"
 #include "train/planner/plan.h"
 #include "train/planner/shapes.h"
@@ -37,30 +38,10 @@
 
 namespace ndt::train {
 
-// A piece of compute: matrix-product FLOPs and element-wise floats moved.
-struct Work {
-  double flops = 0, floats = 0;
-};
-
-// One block's pieces, forward and backward (the ops of nn::Block or nn::LlamaBlock and
-// autograd/ops/*.cpp).
-struct BlockWork {
-  Work attn_in, core, attn_out, mlp;   // forward: ln_1 + c_attn + split; core; c_proj + residual; MLP
-  Work attn_in_b, core_b, attn_out_b;  // their backward, up to c_attn's input gradient
-  Work attn_in_dw;                     // ... c_attn's weight gradient
-  // the MLP's backward by column-parallel linear, in the order it runs: (up to its input
-  // gradient, its weight gradient); gpt2: (c_proj, GELU and c_fc's input gradient, c_fc's
-  // weight gradient); llama: (down, silu_mul and up's input gradient, up's), (gate's input
-  // gradient and the sum, gate's)
-  std::vector<std::pair<Work, Work>> mlp_in;
-  Work ln_1_b, ln_2_b;  // ... and the norms' (with the residual's sum)
-  double scores = 0;    // the attention scores the core computes
-};
-
 // The step's pieces: a block's, and those around the blocks.
 struct StepWork {
   BlockWork block;
-  Work embeddings, embeddings_b;  // wte(idx) + wpe(pos); backward scatters into their gradients
+  Work embeddings, embeddings_b;  // the lookup (BlockKind::embeddings); its backward's scatter
   Work head, head_b;              // ln_f, lm_head and the loss; lm_head's backward
   Work optimizer, fold;           // over f32 values: AdamW; bf16 gradients folded into f32 ones
 };

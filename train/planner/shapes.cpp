@@ -2,6 +2,7 @@
 #include "train/planner/shapes.h"
 
 #include "tensor/checked.h"
+#include "train/planner/block_kinds.h"
 
 namespace ndt::train {
 
@@ -23,7 +24,7 @@ Shapes shapes_of(const Plan& plan, const std::string& device) {
   shapes.B = plan.micro_batch;
   shapes.Tl = plan.local_seq;
   shapes.N = checked_mul(shapes.B, shapes.Tl, "count");
-  shapes.kind = plan.arch == "llama" ? BlockKind::llama : BlockKind::gpt2;
+  shapes.kind = &block_kind(plan.arch);
   shapes.C = plan.n_embd;
   shapes.Cl = shapes.C / dims.tp;
   shapes.H = plan.mlp_hidden / dims.tp;

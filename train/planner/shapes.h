@@ -1,6 +1,7 @@
 // ndtrain: the shapes one rank computes with in a micro-step, as both of the planner's
 // models see them: the memory plan (train/planner/plan.cpp) and the step's replay in time
-// (train/planner/replay.cpp); and which attention core runs on them.
+// (train/planner/replay.cpp); which attention core runs on them; and the kind of block
+// (train/planner/block_kinds.h), whose description turns them into memory and work.
 //
 //   const Shapes s = shapes_of(plan, config.train.device);   // once plan() has the sizes
 //   s.N * s.C          // elements of one activation: B Tl rows of n_embd
@@ -45,24 +46,17 @@ AttentionCore attention_core(const std::string& device, const std::string& dtype
 // The CPU's fused kernel, alone or in the ring's pairs.
 bool fused(AttentionCore core);
 
-// The block the model is made of (models/gpt.h's two architectures).
-enum class BlockKind {
-  gpt2,   // nn::Block: LayerNorms, multi-head attention on the packed qkv, GELU MLP, biases
-  llama,  // nn::LlamaBlock: RMSNorms, grouped-query attention with rotary q and k, SwiGLU
-};
+// What the planner knows of the block the model is made of (train/planner/block_kinds.h).
+struct BlockKind;
 
 struct Shapes {
-  BlockKind kind = BlockKind::gpt2;
+  const BlockKind* kind = nullptr;  // block_kind(model.arch)
   int64_t B = 0, Tl = 0, N = 0, Ns = 0;
   int64_t C = 0, Cl = 0, KVl = 0, Q = 0, H = 0, NHl = 0, hd = 0, Vl = 0;
   int64_t cp = 1, tp = 1;
   int64_t act_bytes = 4;  // a
   bool qkv_bias = true;   // c_attn's bias (gpt2; llama with model.attention_bias)
   AttentionCore core = AttentionCore::cpu_fused;
-  bool llama() const { return kind == BlockKind::llama; }
-  // column-parallel linears that read the MLP's input: c_fc (gpt2), gate and up (llama);
-  // under TP each sums its own input gradient (and, sequence parallel, gathers its input)
-  int64_t mlp_inputs() const { return llama() ? 2 : 1; }
 };
 
 // The shapes of the plan's rank on train.device `device`: from the plan's layout, batch,

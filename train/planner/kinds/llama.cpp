@@ -1,0 +1,173 @@
+// The llama's block (nn::LlamaBlock: RMSNorms, grouped-query attention with rotary q and k,
+// a SwiGLU MLP, no biases but q, k and v's under model.attention_bias) for the planner:
+// train/planner/block_kinds.h. Legend: train/planner/shapes.h (here Q = Cl + 2 KVl and
+// H = intermediate_size / tp); bytes: a per activation (the compute dtype's), 4 per
+// statistic (kF).
+#include "train/planner/block_kinds.h"
+
+#include <algorithm>
+
+namespace ndt::train {
+namespace {
+
+// The CPU's fused kernel of attention() on the rotated q, k, v: those (N Q, as they came),
+// its output o in f32 (N Cl: in f32 the output itself, which heads_to_back copies for
+// c_proj) and lse (N NHl).
+Count fused_core_saved(const Shapes& s) {
+  const Count N = s.N, Cl = s.Cl, Q = s.Q, NHl = s.NHl, a = s.act_bytes, w = kF;
+  return N * Q * a + N * Cl * w + N * NHl * kF;
+}
+
+// nn::LlamaBlock::forward (llama) with the same ops, per mode:
+//   none       ln_1: rstd (N; RMSNorm has no mean); c_attn keeps its input ln_1(x) (N C);
+//              c_attn's output qkv (N Q) dies: split_last copies q, k and v out of it,
+//              rotary turns q and k into new tensors keeping only the angle tables (cos
+//              and sin, B Tl hd, counted with the positions: one pair for every block) and
+//              heads_to_front copies them for the core; the core (core_saved) and c_proj's input
+//              (N Cl, heads_to_back's copy of the core's output); h = x + attn (N C, kept by
+//              ln_2) and ln_2's rstd (N); gate and up keep their one input, ln_2(h) (N C);
+//              silu_mul keeps gate's and up's outputs (2 N H), down its product (N H); the
+//              block's output (N C, kept by the next block).
+//   selective  the same but the core (split, rotary, attention, heads_to_back) keeps only
+//              its input qkv (N Q) and its output (N Cl, c_proj's input); in backward it runs
+//              again beside them: its saved set, its output and its output's gradient
+//              (2 N Cl).
+//   full       the output only (N C), as gpt2.
+// During backward, on top of the earlier blocks (the block's output released, its gradient
+// N C arrived): the MLP's largest moment of down's backward (dm, N H; sequence parallel,
+// the incoming gradient gathered, N C), silu_mul's (down's input released; dm, dgate and
+// dup, 3 N H), up's and gate's (gate, up and down's input released; dgate, dup, an input
+// gradient of N C, the gathered input; then the two input gradients and their sum); then
+// the attention's: ln_1's output and rstd, the residual's gradient and the largest of
+// c_proj's backward (its input and dy, 2 N Cl; the gathered incoming gradient), the
+// core's (the core, its output's gradient N Cl, its backward) and after it the gradients
+// of q, k and v on their way back through heads_to_front, rotary and split_last (2 N Q)
+// and c_attn's (its output's gradient N Q, its input gradient N C, the gathered input).
+BlockMem block_memory(const Shapes& s, nn::ACMode mode) {
+  const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, Q = s.Q, H = s.H, a = s.act_bytes, stat = Ns * kF;
+  const Count sp = Ns == N ? Count(0) : N * C * a;  // a gathered incoming gradient or input
+  const Count mlp_part =
+      (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 3 * N * H /*gate, up, their product*/) * a + stat;
+  const Count none_saved =
+      Ns * C * a /*ln_1 out*/ + stat + core_saved(s) + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
+  // saved: the block's forward set; its output has gone and the output's gradient (Ns C) come
+  auto mlp_moment = [&](Count saved) {
+    const Count down = saved + N * H * a + sp, silu = saved + 2 * N * H * a;
+    const Count released = saved - 3 * N * H * a;  // gate, up and their product
+    const Count up_gate =
+        released + std::max(2 * N * H * a + N * C * a + sp, N * H * a + N * C * a + Ns * C * a + sp);
+    return std::max({down, silu, up_gate, released + 3 * Ns * C * a});
+  };
+  // core_kept: the core's tensors before its backward; core_again: those it makes again
+  auto attn_moment = [&](Count core_kept, Count core_again) {
+    const Count common = Ns * C * a /*ln_1 out*/ + stat + Ns * C * a /*the residual's gradient*/;
+    const Count c_proj = core_kept + 2 * N * Cl * a + sp;
+    const Count core = core_kept + core_again + N * Cl * a + core_backward(s);
+    const Count after = std::max(2 * N * Q * a, (N * Q + N * C) * a + sp);
+    return common + std::max({c_proj, core, after});
+  };
+  BlockMem m;
+  switch (mode) {
+    case nn::ACMode::none:
+      m.saved = none_saved;
+      m.mlp = mlp_moment(none_saved);
+      m.attn = attn_moment(core_saved(s), 0);
+      break;
+    case nn::ACMode::selective:
+      m.saved = Ns * C * a + stat + N * Q * a /*qkv*/ + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
+      m.mlp = mlp_moment(m.saved);
+      m.attn = attn_moment(N * Q * a, core_saved(s) + 2 * N * Cl * a);
+      break;
+    case nn::ACMode::full:
+      m.saved = Ns * C * a;
+      m.mlp = Ns * C * a /*incoming gradient*/ + mlp_moment(none_saved);
+      m.attn = Ns * C * a + attn_moment(core_saved(s), 0);
+      break;
+  }
+  m.during_backward = std::max(m.mlp, m.attn);
+  return m;
+}
+
+// zb-h1: gate and up (their one input Ns C, an output gradient N H each) and down (N H, N C).
+Count deferred_mlp(const Shapes& s) {
+  const Count N = s.N, Ns = s.Ns, C = s.C, H = s.H;
+  return Ns * C + N * H + N * C + 2 * N * H;
+}
+
+// llama's block (nn::LlamaBlock): RMSNorms (read, write), c_attn of Q = Cl + 2 KVl columns,
+// rotary q and k, grouped-query attention (the same scores as multi-head: each query head
+// against its kv head's keys), c_proj without a bias, SwiGLU's gate, up and down
+BlockWork block_work(const Shapes& shapes) {
+  const double N = shapes.N, Ns = shapes.Ns, C = shapes.C, Cl = shapes.Cl, KVl = shapes.KVl, Q = shapes.Q,
+               H = shapes.H;
+  const double S = attention_scores(shapes);
+  BlockWork work;
+  work.scores = S;
+  // forward: ln_1; c_attn 2 N C Q; split_last's copies of q, k, v (N Q), rotary on q and k
+  // (N (Cl + KVl)) and heads_to_front's copies (N Q), each read and written
+  const double qkv_copies = 4 * N * Q + 2 * N * (Cl + KVl);
+  work.attn_in = {2 * N * C * Q, 2 * Ns * C + qkv_copies};
+  work.core = {4 * S * double(shapes.hd), 2 * S + ring_copies(shapes)};
+  // heads_to_back's copy (every core: the output is (B, NHl, Tl, hd)); c_proj 2 N Cl C; the residual add
+  work.attn_out = {2 * N * Cl * C, 2 * N * Cl + 3 * Ns * C};
+  // ln_2, gate and up 2 N C H each, silu_mul (reads two, writes one), down 2 N H C, the residual add
+  work.mlp = {6 * N * C * H, 2 * Ns * C + 3 * N * H + 3 * Ns * C};
+  // backward (as gpt2's): the copies of q, k, v's gradients back (rotary's inverse turn
+  // included) and, with attention_bias, its gradient's read of N Q
+  work.attn_in_b = {2 * N * C * Q, qkv_copies + (shapes.qkv_bias ? N * Q : 0.0)};
+  work.attn_in_dw = {2 * N * C * Q, 3 * (C * Q)};
+  work.ln_1_b = {0, 4 * Ns * C};
+  work.core_b = {(fused(shapes.core) ? 2.5 : 2.0) * work.core.flops, 3 * S + ring_copies(shapes)};
+  work.attn_out_b = {2 * work.attn_out.flops, 2 * N * Cl + 2 * N * C + 3 * Cl * C};
+  // down's both gradients, silu_mul's (reads gate, up and dm, writes dgate and dup), up's
+  // input gradient, then up's weight gradient; gate's input gradient (and the sum of the
+  // two, N C read twice and written), then gate's weight gradient
+  work.mlp_in = {{{6 * N * C * H, 5 * N * H + N * C + 3 * (C * H)}, {2 * N * C * H, 3 * (C * H)}},
+                 {{2 * N * C * H, 3 * N * C}, {2 * N * C * H, 3 * (C * H)}}};
+  work.ln_2_b = {0, 4 * Ns * C + 2 * Ns * C};
+  return work;
+}
+
+// wte(idx) alone (rotary positions are in the blocks); backward scatters into its gradient.
+EmbeddingsWork embeddings(const Shapes& shapes) {
+  const double N = double(shapes.N), C = double(shapes.C);
+  return {{0, N * C}, {0, 2 * N * C}};
+}
+
+// gate and up (C x I each), down (I x C)
+std::vector<Gemm> mlp_gemms(int64_t N, int64_t C, int64_t I, int64_t L, DType w) {
+  return {{"gate, up", 1, N, C, I, 2 * L, w}, {"down", 1, N, I, C, L, w}};
+}
+
+// c_attn C x (C + 2 kv) (kv = n_kv_head hd: grouped-query attention), c_proj C x C, gate,
+// up and down C x I
+double linear_weights(const models::GPTConfig& c) {
+  const double C = static_cast<double>(c.n_embd), kv = static_cast<double>(c.kv_heads() * c.head_dim());
+  const double I = static_cast<double>(c.mlp_hidden());
+  return C * (C + 2 * kv) + C * C + 3 * C * I;
+}
+
+bool qkv_bias(const models::GPTConfig& c) { return c.attention_bias; }
+
+// Rotary's tables, cos and sin (B Tl hd/2 each, in the compute dtype): every block's rotary
+// keeps them; models::GPT keeps them between steps but under CP.
+Count position_tables(const Shapes& s) { return Count(s.N) * s.hd * s.act_bytes; }
+
+}  // namespace
+
+extern const BlockKind kLlamaBlock = {
+    .name = "llama",
+    .memory = block_memory,
+    .fused_core_saved = fused_core_saved,
+    .deferred_mlp = deferred_mlp,
+    .position_tables = position_tables,
+    .norm_stats = 1,  // RMSNorm's rstd
+    .work = block_work,
+    .embeddings = embeddings,
+    .mlp_inputs = 2,  // gate and up
+    .mlp_gemms = mlp_gemms,
+    .linear_weights = linear_weights,
+    .qkv_bias = qkv_bias,
+};
+
+}  // namespace ndt::train
