@@ -8,8 +8,9 @@
 #
 # The quick start's main job (scripts/train_fortunes.sh, out/fortunes/) runs one step first,
 # as a user who followed the README from the top would have. Then: nothing was written outside
-# out/ and data/; the main job resumes its own checkpoint after the examples ran (they write
-# elsewhere); and, as root where setpriv is there, the last marked block runs again as an
+# out/ and data/; each block wrote only into run folders of its own (no file of an earlier run's
+# folder changed, none added to it); the main job resumes its own checkpoint after the examples
+# ran (they write elsewhere); and, as root where setpriv is there, the last marked block runs again as an
 # ordinary user (nobody): the same lines must work for both.
 #   bash tests/scripts/test_readme.sh BUILD_DIR
 # Skipped (exit 77) without git, mpirun, the fortunes text, or the built programs.
@@ -80,11 +81,25 @@ else
   echo "FAILED: the main job (scripts/train_fortunes.sh --train.steps 1)"
   status=1
 fi
+# out/'s files with their size and time: a block may add run folders of its own, never touch
+# another's (a file there changed or gone, or a new file in a folder that held a run before)
+out_state() { (cd "$clone" && find out -type f -printf '%p %s %T@\n' 2>/dev/null | sort); }
+runs_before() { (cd "$clone" && find out \( -name metrics.jsonl -o -name ckpt \) -printf '%h\n' 2>/dev/null | sort -u); }
+into_others() {  # into_others BEFORE AFTER RUNS: the paths a block wrote into another's outputs
+  local changed added
+  changed="$(comm -23 "$1" "$2" | cut -d' ' -f1)"
+  added="$(comm -13 <(cut -d' ' -f1 "$1") <(cut -d' ' -f1 "$2"))"
+  { echo "$changed"; while read -r f; do
+      [[ -n "$f" ]] && while read -r r; do [[ -n "$r" && "$f" == "$r"/* ]] && echo "$f"; done <"$3"
+    done <<<"$added"; } | grep -v '^$' | sort -u
+}
 for b in "${blocks[@]}"; do
   name="$(basename "$b" .sh)"
   echo "== $name:"
   sed 's/^/   /' "$b"
   t0=$SECONDS
+  out_state >"$tmp/$name.out_before"
+  runs_before >"$tmp/$name.runs_before"
   if run_block "$b" "$tmp/$name.log"; then
     echo "ok: $name ran ($((SECONDS - t0)) s; $(grep -c '^step ' "$tmp/$name.log") step lines, the last: $(grep '^step ' "$tmp/$name.log" | tail -1 | cut -c1-40))"
   else
@@ -92,6 +107,10 @@ for b in "${blocks[@]}"; do
     echo "FAILED: $name (its log above)"
     status=1
   fi
+  out_state >"$tmp/$name.out_after"
+  others="$(into_others "$tmp/$name.out_before" "$tmp/$name.out_after" "$tmp/$name.runs_before")"
+  [[ -z "$others" ]] || echo "$others" | head -10 | sed "s/^/   $name wrote into an earlier run's outputs: /"
+  check "$name wrote only into run folders of its own" test -z "$others"
 done
 
 # ---- what they wrote ----------------------------------------------------------------------------
