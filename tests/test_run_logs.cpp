@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -258,6 +259,51 @@ TEST(Report, LongRunsAreDrawnFromAtMostKMaxDrawnPoints) {
   const std::string svg = train::line_chart_svg(c);
   EXPECT_EQ(points(svg, "s"), static_cast<int>(train::kMaxDrawnPoints));
   EXPECT_EQ(svg.find("<circle"), std::string::npos);
+}
+
+// The numbers of one attribute across the svg's elements matching `tag` ("<polyline" etc.).
+std::vector<double> attribute_values(const std::string& svg, const std::string& tag,
+                                     const std::string& attr) {
+  std::vector<double> v;
+  for (size_t at = svg.find(tag); at != std::string::npos; at = svg.find(tag, at + 1)) {
+    const size_t a = svg.find(" " + attr + "='", at), end = svg.find('>', at);
+    if (a < end) v.push_back(std::stod(svg.substr(a + attr.size() + 3)));
+  }
+  return v;
+}
+
+// The legend is a band above the plot: no legend element reaches into the plot's frame,
+// however many series; an early spike is drawn at the top edge and said, so that the
+// rest of the gradient norms keep the chart's height.
+TEST(Report, LegendsStayAboveThePlotAndASpikeIsClippedAndSaid) {
+  train::Chart c{"m", "memory", train::Unit::kBytes};
+  for (const char* name : {"in use", "peak", "a third series with a long name", "fourth"})
+    c.series.push_back({name, "#000", {{1, 1e6}, {2, 3e6}, {3, 2e6}}});
+  std::string svg = train::line_chart_svg(c);
+  const std::vector<double> frame = attribute_values(svg, "<rect x=", "y");  // the plot's frame
+  ASSERT_EQ(frame.size(), 1u);
+  const std::vector<double> legend_lines = attribute_values(svg, "<line class='legend'", "y1");
+  ASSERT_EQ(legend_lines.size(), 4u);
+  for (double y : legend_lines) EXPECT_LT(y, frame[0]);
+  EXPECT_GT(frame[0], 30.0) << "two rows of legend: " << svg;
+
+  train::Chart n{"grad_norm", "norm", train::Unit::kPlain};
+  train::Series s{"grad norm", "#000", {{1, 250.0}}};
+  for (int i = 2; i <= 100; ++i) s.points.push_back({static_cast<double>(i), 1.0 + 0.01 * (i % 7)});
+  n.series.push_back(s);
+  EXPECT_EQ(train::clipped_note(n), "") << "off unless asked";
+  EXPECT_FALSE(std::isfinite(train::spike_cap(n)));
+  n.clip_spikes = true;
+  const double cap = train::spike_cap(n);
+  EXPECT_NEAR(cap, 1.5 * 1.06, 1e-9);  // 1.5 x the 98th percentile of the values
+  EXPECT_EQ(train::clipped_note(n), "1 value above 1.59 drawn at the top edge (the largest, 250, at step 1)");
+  svg = train::line_chart_svg(n);
+  EXPECT_EQ(svg.find(">250<"), std::string::npos) << "the axis does not reach the spike";
+  EXPECT_NE(svg.find(">1.5<"), std::string::npos) << svg;
+  // without a spike nothing is clipped
+  n.series[0].points[0].second = 1.0;
+  EXPECT_FALSE(std::isfinite(train::spike_cap(n)));
+  EXPECT_EQ(train::clipped_note(n), "");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
 
@@ -118,13 +119,59 @@ std::vector<std::pair<double, double>> drawn_points(const std::vector<std::pair<
 }
 }  // namespace
 
+double spike_cap(const Chart& c) {
+  std::vector<double> v;
+  for (const Series& s : c.series)
+    for (auto [x, y] : s.points)
+      if (std::isfinite(y)) v.push_back(y);
+  if (!c.clip_spikes || v.size() < 10) return HUGE_VAL;
+  std::sort(v.begin(), v.end());
+  const double cap = 1.5 * v[static_cast<size_t>(0.98 * static_cast<double>(v.size() - 1))];
+  return cap > 0 && v.back() > cap ? cap : HUGE_VAL;
+}
+
+std::string clipped_note(const Chart& c) {
+  const double cap = spike_cap(c);
+  if (!std::isfinite(cap)) return "";
+  int64_t n = 0;
+  std::pair<double, double> top{0, -HUGE_VAL};
+  for (const Series& s : c.series)
+    for (auto [x, y] : s.points)
+      if (std::isfinite(y) && y > cap) {
+        ++n;
+        if (y > top.second) top = {x, y};
+      }
+  return std::to_string(n) + (n == 1 ? " value" : " values") + " above " + format_value(cap, c.unit) +
+         " drawn at the top edge (the largest, " + format_value(top.second, c.unit) + ", at step " +
+         std::to_string(static_cast<long long>(top.first)) + ")";
+}
+
+namespace {
+// The legend's rows: the series' names side by side, as many to a row as `width` holds.
+std::vector<std::vector<size_t>> legend_rows(const Chart& c, double width) {
+  std::vector<std::vector<size_t>> rows(1);
+  double used = 0;
+  for (size_t i = 0; i < c.series.size(); ++i) {
+    const double w = 28 + 6.5 * static_cast<double>(c.series[i].name.size());
+    if (used > 0 && used + w > width) rows.emplace_back(), used = 0;
+    rows.back().push_back(i);
+    used += w;
+  }
+  return rows;
+}
+}  // namespace
+
 std::string line_chart_svg(const Chart& c, int W, int H) {
-  const double L = 64, R = 12, T = 12, B = 34;  // margins: y ticks left, x ticks below
+  const double L = 64, R = 12, B = 34;  // margins: y ticks left, x ticks below
+  const std::vector<std::vector<size_t>> rows = legend_rows(c, W - L - R);
+  const double T = 8 + 15 * static_cast<double>(rows.size());  // the legend above the plot
+  const double cap = spike_cap(c);
   std::vector<std::vector<std::pair<double, double>>> drawn;
   double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
   for (const Series& s : c.series) {
     drawn.push_back(drawn_points(s.points));
-    for (auto [x, y] : drawn.back()) {
+    for (auto& [x, y] : drawn.back()) {
+      y = std::min(y, cap);
       x0 = std::min(x0, x), x1 = std::max(x1, x);
       y0 = std::min(y0, y), y1 = std::max(y1, y);
     }
@@ -176,16 +223,18 @@ std::string line_chart_svg(const Chart& c, int W, int H) {
       for (auto [x, y] : drawn[i])
         o << "<circle cx='" << px(x) << "' cy='" << py(y) << "' r='2.5' fill='" << s.color << "'/>\n";
   }
-  // legend, top right, one line per series, on white over the lines
-  o << "<rect x='" << W - R - 140 << "' y='" << T + 3 << "' width='136' height='" << 15 * c.series.size() + 4
-    << "' fill='white' fill-opacity='0.85'/>\n";
-  double ly = T + 14;
-  for (const Series& s : c.series) {
-    o << "<line x1='" << W - R - 136 << "' x2='" << W - R - 118 << "' y1='" << ly - 4 << "' y2='" << ly - 4
-      << "' stroke='" << s.color << "' stroke-width='2'" << (s.dashed ? " stroke-dasharray='5,3'" : "")
-      << "/>"
-      << "<text x='" << W - R - 113 << "' y='" << ly << "'>" << html_escape(s.name) << "</text>\n";
-    ly += 15;
+  // the legend: rows of series above the plot, clear of its lines
+  for (size_t r = 0; r < rows.size(); ++r) {
+    double lx = L;
+    const double ly = 16 + 15 * static_cast<double>(r);
+    for (size_t i : rows[r]) {
+      const Series& s = c.series[i];
+      o << "<line class='legend' x1='" << lx << "' x2='" << lx + 18 << "' y1='" << ly - 4 << "' y2='"
+        << ly - 4 << "' stroke='" << s.color << "' stroke-width='2'"
+        << (s.dashed ? " stroke-dasharray='5,3'" : "") << "/>"
+        << "<text x='" << lx + 23 << "' y='" << ly << "'>" << html_escape(s.name) << "</text>\n";
+      lx += 28 + 6.5 * static_cast<double>(s.name.size());
+    }
   }
   o << "</svg>\n";
   return o.str();

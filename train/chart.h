@@ -37,11 +37,21 @@ struct Chart {
   Unit unit = Unit::kPlain;
   std::vector<Series> series;
   std::string note;  // a line under the chart ("" for none)
+  // a few values far above the rest (an early gradient-norm spike) drawn at the top edge,
+  // so that they do not flatten the others (spike_cap)
+  bool clip_spikes = false;
 };
 
 constexpr size_t kMaxDrawnPoints = 2000;
 
+// The legend is a band above the plot, never over its lines.
 std::string line_chart_svg(const Chart& c, int width = 460, int height = 260);
+// With clip_spikes, the top of the value axis when a few values are far above the rest:
+// 1.5 x the 98th percentile of the values, if the largest is above that; +inf otherwise.
+double spike_cap(const Chart& c);
+// What spike_cap leaves out, for the note under the chart: "3 values above 4.2 drawn at the
+// top edge (the largest, 120, at step 1)"; "" when nothing is clipped.
+std::string clipped_note(const Chart& c);
 // A tick or value in the chart's unit: "1.5 MB", "42%", "12.3 ms", "0.0031".
 std::string format_value(double v, Unit unit);
 // For HTML text and attributes: & < > " ' escaped, and bytes that are not UTF-8 (a byte-level

@@ -74,10 +74,13 @@ ReportCharts report_charts(const RunHistory& h) {
                       "Learning rate",
                       Unit::kPlain,
                       {{"lr", "#2ca02c", per_step(h, [](const StepLog& s) { return s.lr; })}}});
-  r.charts.push_back({"grad_norm",
-                      "Gradient norm (before clipping)",
-                      Unit::kPlain,
-                      {{"grad norm", "#9467bd", per_step(h, [](const StepLog& s) { return s.norm; })}}});
+  Chart norm{"grad_norm",
+             "Gradient norm (before clipping)",
+             Unit::kPlain,
+             {{"grad norm", "#9467bd", per_step(h, [](const StepLog& s) { return s.norm; })}}};
+  norm.clip_spikes = true;  // an early spike would flatten the rest
+  norm.note = clipped_note(norm);
+  r.charts.push_back(norm);
   r.charts.push_back(
       {"tokens_per_sec",
        "Tokens per second (all ranks)",
