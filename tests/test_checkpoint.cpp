@@ -25,6 +25,7 @@
 #include "optim/adamw.h"
 #include "tensor/kernels.h"
 #include "train/checkpoint/checkpoint.h"
+#include "train/checkpoint/hf.h"
 #include "train/checkpoint/sharded.h"
 #include "train/config.h"
 #include "train/data/text.h"
@@ -1152,4 +1153,40 @@ TEST(ExportWeights, AnOldCheckpointExportsWithANoteAndADamagedTokenizerFileIsNam
             std::string::npos)
       << e;
   EXPECT_FALSE(fs::exists(d / "hf2"));
+}
+
+// Without a source folder the special ids are those the tokenizer names (its post-processor's
+// BOS, its end-of-text token), also in the tokenizer_config.json written for it; a char
+// vocabulary holding bytes that are not UTF-8 is copied as vocab.json, with one line saying
+// that transformers cannot load it.
+TEST(ExportWeights, IdsComeFromTheTokenizerWithoutASourceAndAnInexpressibleVocabularyIsSaid) {
+  using Ids = ndt::testing::TinyHfIds;
+  const fs::path d = ndt::testing::fresh_dir("ckpt_tokenizer_ids");
+  models::GPT g(padded_vocab_gpt());
+  const nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
+  ckpt::TokenizerFiles bpe;
+  bpe.vocabulary = "tokenizer.json";
+  bpe.files["tokenizer.json"] = ndt::testing::tiny_bpe_tokenizer_json();
+  std::ostringstream note;
+  ckpt::export_hf((d / "bpe").string(), g, p, DType::f32, bpe, note);
+  EXPECT_EQ(note.str(), "");
+  const io::HfConfig c = io::read_hf_config((d / "bpe" / "config.json").string());
+  EXPECT_EQ(c.bos_token_id, Ids::bos);
+  EXPECT_EQ(c.eos_token_id, std::vector<int64_t>{Ids::eos});
+  const nlohmann::json tc = json_of(d / "bpe" / "tokenizer_config.json");
+  EXPECT_EQ(tc["bos_token"], "<s>");
+  EXPECT_EQ(tc["eos_token"], "</s>");
+  EXPECT_EQ(json_of(d / "bpe" / "generation_config.json"),
+            (nlohmann::json{{"bos_token_id", Ids::bos}, {"eos_token_id", Ids::eos}}));
+  ckpt::TokenizerFiles raw;
+  raw.vocabulary = "vocab.json";
+  raw.files["vocab.json"] = data::Vocab::build_char("ab\xff").to_json();
+  ckpt::export_hf((d / "raw").string(), g, p, DType::f32, raw, note);
+  EXPECT_NE(note.str().find("export: transformers cannot load this folder's tokenizer: its char vocabulary "
+                            "holds bytes that are not UTF-8"),
+            std::string::npos)
+      << note.str();
+  EXPECT_FALSE(fs::exists(d / "raw" / "tokenizer.json"));
+  EXPECT_EQ(read_all(d / "raw" / "vocab.json"), raw.files["vocab.json"]);
+  EXPECT_EQ(data::TextCodec::find_in_folder((d / "raw").string()), (d / "raw" / "vocab.json").string());
 }

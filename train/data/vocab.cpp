@@ -173,6 +173,9 @@ std::optional<std::string> Vocab::to_tokenizer_json() const {
 }
 
 std::optional<Vocab> Vocab::from_tokenizer_json(const std::string& text, const std::string& where) {
+  // the largest form, 65536 characters, is about 1.5 MB: a larger file is a model's tokenizer,
+  // not parsed twice (Llama 3's is 9 MB)
+  if (text.size() > (size_t(4) << 20)) return std::nullopt;
   nlohmann::json j;
   try {
     j = parse_json_checked(text, where);
