@@ -2,6 +2,8 @@
 // sharded: a damaged or crafted manifest, shard file or value is one line naming it).
 #include <gtest/gtest.h>
 
+#include "support/corpus.h"
+#include "support/hf_fixture.h"
 #include "support/launch.h"
 #include "support/testing.h"
 
@@ -13,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "dist/comm/mpi.h"
@@ -22,9 +25,12 @@
 #include "optim/adamw.h"
 #include "tensor/kernels.h"
 #include "train/checkpoint/checkpoint.h"
+#include "train/checkpoint/hf.h"
 #include "train/checkpoint/sharded.h"
 #include "train/config.h"
+#include "train/data/text.h"
 #include "train/io/files.h"
+#include "train/io/hf_folder.h"
 #include "train/io/safetensors.h"
 
 using namespace ndt;
@@ -964,4 +970,223 @@ TEST(ExportWeights, RefusesAnOutputInsideTheCheckpointAndWritesAtomically) {
       << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
   EXPECT_EQ(snapshot(d / "ck"), before);
+}
+
+// ---- the run's tokenizer: carried by the checkpoints into the export ---------------------
+
+namespace {
+
+std::string read_all(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+nlohmann::json json_of(const fs::path& p) { return nlohmann::json::parse(read_all(p)); }
+
+// train_gpt on the tests' word corpus in d/data: a tiny llama of `init`'s sizes (vocab_size 264).
+ndt::testing::RunResult train_tiny(const fs::path& d, std::vector<std::string> more) {
+  std::vector<std::string> args = {"--data.train",
+                                   (d / "data" / "train_*.bin").string(),
+                                   "--train.seq_len",
+                                   "16",
+                                   "--train.micro_batch_size",
+                                   "2",
+                                   "--train.eval_every",
+                                   "0",
+                                   "--train.threads",
+                                   "1",
+                                   "--sample.every",
+                                   "-1",
+                                   "--checkpoint.dir",
+                                   (d / "ck").string()};
+  args.insert(args.end(), more.begin(), more.end());
+  return ndt::testing::run_train_gpt(args);
+}
+
+}  // namespace
+
+// A run from a Hugging Face folder, trained with that folder's tokenizer: every checkpoint
+// (sharded or full, resumed, resumed in the other format) holds the tokenizer and the files
+// beside it, checkpoint.json names them with the folder's special ids, and the export is a
+// whole folder: tokenizer.json, tokenizer_config.json, special_tokens_map.json and
+// generation_config.json as the source had them, config.json with bos/eos/pad ids.
+TEST(ExportWeights, AnExportCarriesTheRunsTokenizerFilesAndSpecialIds) {
+  using Ids = ndt::testing::TinyHfIds;
+  const fs::path d = ndt::testing::fresh_dir("ckpt_tokenizer");
+  ndt::testing::write_tiny_hf_folder(d / "model");
+  fs::copy(d / "model", d / "source");  // what the checkpoints and the export must hold
+  ndt::testing::write_word_corpus(d / "data", 2000, 5, 0);
+  const std::vector<std::string> beside = {"tokenizer.json", "tokenizer_config.json",
+                                           "special_tokens_map.json", "generation_config.json"};
+  ndt::testing::RunResult r = train_tiny(
+      d, {"--model.init_from", (d / "model").string(), "--data.vocab",
+          (d / "model" / "tokenizer.json").string(), "--train.steps", "2", "--checkpoint.format", "sharded"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  auto check_step = [&](const fs::path& step) {
+    for (const std::string& f : beside) EXPECT_EQ(read_all(step / f), read_all(d / "source" / f)) << step / f;
+    const nlohmann::json t = json_of(step / "checkpoint.json")["tokenizer"];
+    EXPECT_EQ(t["vocabulary"], "tokenizer.json");
+    EXPECT_EQ(t["files"].size(), 4u);
+    EXPECT_EQ(t["bos_token_id"], Ids::bos);
+    EXPECT_EQ(t["eos_token_id"], nlohmann::json::array({Ids::eos}));
+    EXPECT_EQ(t["pad_token_id"], Ids::pad);
+  };
+  check_step(d / "ck" / "step_00000002");
+  // resumed without model.init_from (its folder gone), the vocabulary a copy elsewhere: the
+  // checkpoint's files and ids go on, into a full checkpoint, then a sharded one again
+  fs::copy_file(d / "model" / "tokenizer.json", d / "tokenizer.json");
+  fs::remove_all(d / "model");
+  const std::vector<std::string> model = {"--model.arch",
+                                          "llama",
+                                          "--model.n_layer",
+                                          "2",
+                                          "--model.n_head",
+                                          "4",
+                                          "--model.n_kv_head",
+                                          "2",
+                                          "--model.n_embd",
+                                          "32",
+                                          "--model.intermediate_size",
+                                          "48",
+                                          "--model.vocab_size",
+                                          std::to_string(Ids::vocab_size),
+                                          "--model.block_size",
+                                          "64",
+                                          "--data.vocab",
+                                          (d / "tokenizer.json").string()};
+  for (const auto& [steps, format] : {std::pair{"3", "full"}, std::pair{"4", "sharded"}}) {
+    std::vector<std::string> args = model;
+    for (const char* a :
+         {"--train.steps", steps, "--checkpoint.format", format, "--checkpoint.resume", "true"})
+      args.push_back(a);
+    r = train_tiny(d, args);
+    ASSERT_EQ(r.rc, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("resumed from "), std::string::npos) << r.out;
+    check_step(d / "ck" / (std::string("step_0000000") + steps));
+  }
+  // the export: a whole folder, and nothing said about what it lacks
+  std::ostringstream note;
+  ckpt::export_weights((d / "ck").string(), (d / "hf").string(), DType::f32, note);
+  EXPECT_EQ(note.str(), "");
+  for (const std::string& f : beside) EXPECT_EQ(read_all(d / "hf" / f), read_all(d / "source" / f)) << f;
+  const io::HfConfig out = io::read_hf_config((d / "hf" / "config.json").string());
+  EXPECT_EQ(out.bos_token_id, Ids::bos);
+  EXPECT_EQ(out.eos_token_id, std::vector<int64_t>{Ids::eos});
+  EXPECT_EQ(out.pad_token_id, Ids::pad);
+  EXPECT_EQ(data::TextCodec::find_in_folder((d / "hf").string()), (d / "hf" / "tokenizer.json").string());
+}
+
+// A run whose vocabulary is not model.init_from's tokenizer does not take that folder's
+// files (they would describe another tokenizer): one note says so, and the checkpoint carries
+// the run's own vocabulary (prepare_text's char vocab.json), exported as a tokenizer.json that
+// reads back as the same vocabulary, with a plain tokenizer_config.json and no special ids.
+TEST(ExportWeights, ACharVocabularyIsExportedAsATokenizerAndAForeignSourceIsNotCarried) {
+  const fs::path d = ndt::testing::fresh_dir("ckpt_char_tokenizer");
+  ndt::testing::write_tiny_hf_folder(d / "model");
+  ndt::testing::write_word_corpus(d / "data", 2000, 5, 0);
+  const ndt::testing::RunResult r = train_tiny(d, {"--model.init_from", (d / "model").string(),
+                                                   "--train.steps", "1", "--checkpoint.format", "sharded"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("note: the tokenizer files of model.init_from " + (d / "model").string() +
+                       " are not carried into the checkpoints: the run trains with " +
+                       (d / "data" / "vocab.json").string() + ", not its tokenizer.json"),
+            std::string::npos)
+      << r.out;
+  const fs::path step = d / "ck" / "step_00000001";
+  EXPECT_EQ(read_all(step / "vocab.json"), read_all(d / "data" / "vocab.json"));
+  EXPECT_FALSE(fs::exists(step / "tokenizer_config.json"));
+  const nlohmann::json t = json_of(step / "checkpoint.json")["tokenizer"];
+  EXPECT_EQ(t["vocabulary"], "vocab.json");
+  EXPECT_FALSE(t.contains("bos_token_id") || t.contains("eos_token_id") || t.contains("pad_token_id")) << t;
+  std::ostringstream note;
+  ckpt::export_weights(step.string(), (d / "hf").string(), DType::f32, note);
+  EXPECT_EQ(note.str(), "");
+  const data::Vocab v = data::Vocab::load((d / "data" / "vocab.json").string());
+  const data::TextCodec back = data::TextCodec::load((d / "hf").string());
+  EXPECT_EQ(back.describe(), (d / "hf" / "tokenizer.json").string() + " (char vocabulary, " +
+                                 std::to_string(v.size()) + " tokens)");
+  const std::string text = "the cat sat";
+  const std::vector<uint16_t> ids = v.encode(text);
+  EXPECT_EQ(back.encode_prompt(text), std::vector<int32_t>(ids.begin(), ids.end()));
+  EXPECT_EQ(json_of(d / "hf" / "tokenizer_config.json"),
+            (nlohmann::json{{"tokenizer_class", "PreTrainedTokenizerFast"},
+                            {"clean_up_tokenization_spaces", false}}));
+  EXPECT_EQ(json_of(d / "hf" / "generation_config.json"), nlohmann::json::object());
+  const io::HfConfig out = io::read_hf_config((d / "hf" / "config.json").string());
+  EXPECT_FALSE(out.bos_token_id);
+  EXPECT_TRUE(out.eos_token_id.empty());
+}
+
+// A checkpoint written before checkpoints carried a tokenizer exports as it always did (config.json
+// and weights), with one line saying what the folder lacks; a damaged tokenizer file is one
+// error naming it, before anything is written.
+TEST(ExportWeights, AnOldCheckpointExportsWithANoteAndADamagedTokenizerFileIsNamed) {
+  const fs::path d = ndt::testing::fresh_dir("ckpt_old_tokenizer");
+  models::GPT g(padded_vocab_gpt());
+  nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
+  optim::AdamW o(p, {});
+  dist::DeviceMesh mesh(dist::ParallelDims{}, dist::init_world());
+  ckpt::TrainState st;
+  const fs::path old = ckpt::save_sharded((d / "old").string(), st, p, o, mesh, padded_vocab_gpt(), {}, 0);
+  std::ostringstream note;
+  ckpt::export_weights(old.string(), (d / "hf").string(), DType::f32, note);
+  EXPECT_EQ(note.str(),
+            "export: the folder has no tokenizer: the checkpoint carries none (written by an older ndtrain, "
+            "or by a run without a vocabulary); give generate --tokenizer, and copy the tokenizer's files in "
+            "for transformers\n");
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(d / "hf")) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"config.json", "model.safetensors"}));
+  // with a tokenizer (a byte vocabulary), one byte of it changed
+  st.tokenizer.vocabulary = "vocab.json";
+  st.tokenizer.files["vocab.json"] = data::Vocab::byte_level().to_json();
+  const fs::path ck = ckpt::save_sharded((d / "ck").string(), st, p, o, mesh, padded_vocab_gpt(), {}, 0);
+  EXPECT_EQ(ckpt::read_tokenizer_files(ck.string()), st.tokenizer);
+  std::string bytes = read_all(ck / "vocab.json");
+  bytes[bytes.size() / 2] ^= 1;
+  std::ofstream(ck / "vocab.json", std::ios::binary) << bytes;
+  const std::string e =
+      error_of([&] { ckpt::export_weights(ck.string(), (d / "hf2").string(), DType::f32, note); });
+  EXPECT_NE(e.find("checkpoint file " + (ck / "vocab.json").string() + " fails its checksum"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(d / "hf2"));
+}
+
+// Without a source folder the special ids are those the tokenizer names (its post-processor's
+// BOS, its end-of-text token), also in the tokenizer_config.json written for it; a char
+// vocabulary holding bytes that are not UTF-8 is copied as vocab.json, with one line saying
+// that transformers cannot load it.
+TEST(ExportWeights, IdsComeFromTheTokenizerWithoutASourceAndAnInexpressibleVocabularyIsSaid) {
+  using Ids = ndt::testing::TinyHfIds;
+  const fs::path d = ndt::testing::fresh_dir("ckpt_tokenizer_ids");
+  models::GPT g(padded_vocab_gpt());
+  const nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 1);
+  ckpt::TokenizerFiles bpe;
+  bpe.vocabulary = "tokenizer.json";
+  bpe.files["tokenizer.json"] = ndt::testing::tiny_bpe_tokenizer_json();
+  std::ostringstream note;
+  ckpt::export_hf((d / "bpe").string(), g, p, DType::f32, bpe, note);
+  EXPECT_EQ(note.str(), "");
+  const io::HfConfig c = io::read_hf_config((d / "bpe" / "config.json").string());
+  EXPECT_EQ(c.bos_token_id, Ids::bos);
+  EXPECT_EQ(c.eos_token_id, std::vector<int64_t>{Ids::eos});
+  const nlohmann::json tc = json_of(d / "bpe" / "tokenizer_config.json");
+  EXPECT_EQ(tc["bos_token"], "<s>");
+  EXPECT_EQ(tc["eos_token"], "</s>");
+  EXPECT_EQ(json_of(d / "bpe" / "generation_config.json"),
+            (nlohmann::json{{"bos_token_id", Ids::bos}, {"eos_token_id", Ids::eos}}));
+  ckpt::TokenizerFiles raw;
+  raw.vocabulary = "vocab.json";
+  raw.files["vocab.json"] = data::Vocab::build_char("ab\xff").to_json();
+  ckpt::export_hf((d / "raw").string(), g, p, DType::f32, raw, note);
+  EXPECT_NE(note.str().find("export: transformers cannot load this folder's tokenizer: its char vocabulary "
+                            "holds bytes that are not UTF-8"),
+            std::string::npos)
+      << note.str();
+  EXPECT_FALSE(fs::exists(d / "raw" / "tokenizer.json"));
+  EXPECT_EQ(read_all(d / "raw" / "vocab.json"), raw.files["vocab.json"]);
+  EXPECT_EQ(data::TextCodec::find_in_folder((d / "raw").string()), (d / "raw" / "vocab.json").string());
 }

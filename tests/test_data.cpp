@@ -9,6 +9,7 @@
 #include <fstream>
 #include <numeric>
 
+#include "tokenizer/tokenizer.h"
 #include "train/data/data.h"
 #include "train/data/preparation.h"
 #include "train/data/text.h"
@@ -226,6 +227,39 @@ TEST(Vocab, CharRoundTripAndSaveLoad) {
 // (prepare_text run twice into it), shards of two folders' preparations, or a preparation's
 // beside shards without one are refused in one line naming two shards; shards whose folder
 // has no preparation.json (llm.c's) are read as before.
+// A char or byte vocabulary as a Hugging Face tokenizer.json, and back: the same ids and
+// text through TextCodec (which reads that form as the vocabulary); a char vocabulary holding
+// bytes that are not UTF-8 has no such form; a model's tokenizer.json is not taken for one.
+TEST(Vocab, CharAndByteVocabulariesAsTokenizerJsonReadBackTheSame) {
+  const fs::path d = ndt::testing::fresh_dir("vocab_tokenizer_json");
+  const std::string text = "h\u00e9llo w\u00f6rld\n\t\u4e2d\U0001F600 ab\r\n";
+  for (const data::Vocab& v : {data::Vocab::build_char(text), data::Vocab::byte_level()}) {
+    const std::optional<std::string> j = v.to_tokenizer_json();
+    ASSERT_TRUE(j);
+    fs::create_directories(d / std::to_string(v.size()));
+    const fs::path file = d / std::to_string(v.size()) / "tokenizer.json";
+    std::ofstream(file) << *j;
+    const data::TextCodec c = data::TextCodec::load(file.string());
+    EXPECT_EQ(c.describe(), file.string() + " (" + (v.kind() == data::Vocab::kChar ? "char" : "byte") +
+                                " vocabulary, " + std::to_string(v.size()) + " tokens)");
+    const std::vector<uint16_t> ids = v.encode(text);
+    EXPECT_EQ(c.encode_prompt(text), std::vector<int32_t>(ids.begin(), ids.end()));
+    EXPECT_EQ(c.decode(c.encode_prompt(text)), text);
+    EXPECT_EQ(data::Vocab::from_tokenizer_json(*j, "t")->to_json(), v.to_json());
+    if (v.kind() == data::Vocab::kByte)  // byte-level BPE as tokenizers reads it: each byte its id
+      EXPECT_EQ(tok::Tokenizer::from_json(*j).encode(text), std::vector<int32_t>(ids.begin(), ids.end()));
+  }
+  EXPECT_FALSE(data::Vocab::build_char("ab\xff").to_tokenizer_json());  // a raw byte is no character
+  std::string changed = *data::Vocab::build_char("abc").to_tokenizer_json();
+  changed.replace(changed.find("Fuse"), 4, "BPEDecoder");
+  EXPECT_FALSE(data::Vocab::from_tokenizer_json(changed, "t"));
+  EXPECT_FALSE(data::Vocab::from_tokenizer_json("{\"model\": {\"type\": 3}}", "t"));
+  EXPECT_NE(error_of([] {
+              data::Vocab::from_tokenizer_json("{", "x/tokenizer.json");
+            }).find("tokenizer x/tokenizer.json: not valid JSON"),
+            std::string::npos);
+}
+
 TEST(Data, TheLoaderReadsTheShardsOfOnePreparation) {
   const fs::path d = ndt::testing::fresh_dir("data_prep");
   fs::create_directories(d / "a");

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "train/checkpoint/tokenizer_files.h"
 #include "train/data/data.h"
 #include "train/data/vocab.h"
 #include "train/io/safetensors.h"
@@ -644,11 +645,22 @@ TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
   Result ref = train("sharded_ref", 1, "--train.micro_batch_size 4 --train.steps 6");
   ASSERT_EQ(ref.rc, 0) << ref.out;
   const std::string sharded = " --checkpoint.format sharded --train.steps 6";
+  // every layout's checkpoints carry the run's vocabulary (rank 0 writes it beside the shards)
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  auto carries_vocab = [&](const char* step) {
+    const fs::path at = dir_ / "sharded" / "ck" / step;
+    EXPECT_EQ(read(at / "vocab.json"), read(dir_ / "data" / "vocab.json")) << at;
+    EXPECT_EQ(ckpt::read_tokenizer_files(at.string()).vocabulary, "vocab.json") << at;
+  };
   Result a = train("sharded", 4,
                    "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.tp_size 2 "
                    "--train.stop_after 2" +
                        sharded);
   ASSERT_EQ(a.rc, 0) << a.out;
+  carries_vocab("step_00000002");
   const fs::path step2 = dir_ / "sharded" / "ck" / "step_00000002";
   for (const char* f : {"shard_tp0_fsdp0.safetensors", "shard_tp0_fsdp1.safetensors",
                         "shard_tp1_fsdp0.safetensors", "shard_tp1_fsdp1.safetensors", "checkpoint.json"})
@@ -658,6 +670,7 @@ TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
                    "--train.stop_after 1 --checkpoint.resume true" +
                        sharded);
   ASSERT_EQ(b.rc, 0) << b.out;
+  carries_vocab("step_00000003");
   // HSDP: the replicas hold copies, only replicate 0 writes (2 shard files)
   int files = 0;
   for (auto& e : fs::directory_iterator(dir_ / "sharded" / "ck" / "step_00000003"))
@@ -668,8 +681,10 @@ TEST_F(DistTrain, ShardedCheckpointsReshardAcrossLayouts) {
                    "--checkpoint.resume true" +
                        sharded);
   ASSERT_EQ(c.rc, 0) << c.out;
+  carries_vocab("step_00000005");
   Result d = train("sharded", 1, "--train.micro_batch_size 4 --checkpoint.resume true" + sharded);
   ASSERT_EQ(d.rc, 0) << d.out;
+  carries_vocab("step_00000006");
   std::vector<double> got = losses("sharded"), want = losses("sharded_ref");
   ASSERT_EQ(got.size(), 6u);
   for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(got[i], want[i], 2e-5 * want[i]) << "step " << i + 1;

@@ -874,6 +874,43 @@ TEST(HfFolderWriter, RewritesAFolderInPlaceKeepingOtherFiles) {
   EXPECT_EQ(f.names(), (std::vector<std::string>{"t0", "t1", "t2"}));
 }
 
+// Files added beside the weights (a tokenizer) are written with them, into a new folder or
+// over the same names in an existing one; config.json and the weights' names cannot be added.
+TEST(HfFolderWriter, AddedFilesAreWrittenAndReplacedWithTheWeights) {
+  fs::path d = ndt::testing::fresh_dir("hf_files") / "m";
+  io::HfFolderWriter w;
+  w.add("x", ramp({3}, 7));
+  w.add_file("tokenizer.json", "{\"new\": 1}");
+  w.write(d.string(), parse(kQwen2));
+  EXPECT_EQ(read_all(d / "tokenizer.json"), "{\"new\": 1}");
+  write_text(d / "tokenizer.json", "{\"old\": 1}");
+  write_text(d / "README.md", "mine");
+  w.write(d.string(), parse(kQwen2));  // in place
+  EXPECT_EQ(read_all(d / "tokenizer.json"), "{\"new\": 1}");
+  EXPECT_EQ(read_all(d / "README.md"), "mine");
+  EXPECT_FALSE(fs::exists(d / ".ndt-partial"));
+  for (const char* bad : {"config.json", "model.safetensors", "model.safetensors.index.json",
+                          "model-00001-of-00002.safetensors", "../x.json", "a/b.json", ""})
+    EXPECT_NE(error_of([&] { w.add_file(bad, "{}"); }).find("cannot be added as a file of the folder"),
+              std::string::npos)
+        << bad;
+  EXPECT_NE(error_of([&] { w.add_file("tokenizer.json", "{}"); }).find("added twice"), std::string::npos);
+}
+
+// pad_token_id is kept when it is an id, ignored as transformers' odd values (-1, a list) are.
+TEST(HfConfig, PadTokenIdIsKeptWhenItIsAnId) {
+  io::HfConfig c = parse(kQwen2);
+  c.pad_token_id = 7;
+  const io::HfConfig back = io::parse_hf_config(io::to_json(c), "config.json");
+  EXPECT_EQ(back.pad_token_id, 7);
+  EXPECT_EQ(back, c);
+  for (const char* odd : {"-1", "[0, 1]", "null"}) {
+    std::string text = io::to_json(c);
+    text.replace(text.find("\"pad_token_id\": 7"), 17, std::string("\"pad_token_id\": ") + odd);
+    EXPECT_FALSE(io::parse_hf_config(text, "config.json").pad_token_id) << odd;
+  }
+}
+
 TEST(HfFolderWriter, RefusalsLeaveTheFolderAsItWas) {
   fs::path d = ndt::testing::fresh_dir("hf_write_refused");
   io::HfFolderWriter w;

@@ -12,16 +12,23 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "autograd/engine.h"
 #include "autograd/node.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
+#include "models/generate.h"
 #include "models/gpt.h"
 #include "support/corpus.h"
+#include "support/hf_fixture.h"
 #include "support/launch.h"
 #include "support/testing.h"
+#include "tokenizer/tokenizer.h"
 #include "train/checkpoint/hf.h"
+#include "train/checkpoint/load.h"
+#include "train/data/data.h"
+#include "train/data/text.h"
 #include "train/io/safetensors.h"
 
 using namespace ndt;
@@ -160,6 +167,94 @@ TEST(HfModels, TrainedExportedAndLoadedByTransformersGivesTheSameLoss) {
   EXPECT_NEAR(std::stod(r.out.substr(l + 5)), ours, 1e-4 * std::abs(ours)) << r.out;
   std::cout << "val loss after 5 steps: ndtrain " << ours << ", transformers on the export "
             << r.out.substr(l + 5);
+  fs::remove_all(d);
+}
+
+// ---- a whole exported folder: its tokenizer too --------------------------------------------
+
+namespace {
+
+// The export at `hf` (a folder with a tokenizer) in transformers, from the folder alone:
+// AutoTokenizer's ids of `prompt` and `text` equal ndtrain's (data::TextCodec on the folder),
+// AutoModelForCausalLM's greedy tokens after the prompt equal models::generate's, and what
+// pipeline("text-generation") writes equals what build/generate --model HF writes, which
+// needs no --tokenizer.
+void check_export_in_transformers(const fs::path& hf, const std::string& prompt, const std::string& text) {
+  constexpr int kNew = 12;
+  const ndt::testing::ShellResult r = reference("generate " + hf.string() + " --prompt '" + prompt +
+                                                "' --text '" + text + "' --new " + std::to_string(kNew));
+  if (r.rc == 3) GTEST_SKIP() << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json ref = nlohmann::json::parse(r.out.substr(r.out.rfind("{\"prompt_ids\"")));
+  const data::TextCodec codec = data::TextCodec::load(hf.string());
+  const std::vector<int32_t> prompt_ids = codec.encode_prompt(prompt);
+  EXPECT_EQ(prompt_ids, ref["prompt_ids"].get<std::vector<int32_t>>());
+  EXPECT_EQ(codec.encode_prompt(text), ref["text_ids"].get<std::vector<int32_t>>());
+  const ckpt::WeightSource src = ckpt::find_weights(hf.string());
+  models::GPT gpt(ckpt::model_config_of(src));
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 0);
+  ckpt::load_weights(src, gpt, params);
+  models::SampleOptions greedy{.max_new_tokens = kNew, .temperature = 0};
+  const std::vector<int32_t> ids = models::generate(gpt, prompt_ids, greedy, Device::cpu());
+  EXPECT_EQ(std::vector<int32_t>(ids.begin() + prompt_ids.size(), ids.end()),
+            ref["greedy"].get<std::vector<int32_t>>());
+  const ndt::testing::ShellResult g = ndt::testing::run_shell(  // its text only
+      "(" + std::string(NDT_GENERATE_BIN) + " --model " + hf.string() + " --prompt '" + prompt +
+      "' --temperature 0 --max_new_tokens " + std::to_string(kNew) + " --threads 1 2>/dev/null)");
+  ASSERT_EQ(g.rc, 0) << g.out;
+  EXPECT_EQ(g.out, ref["pipeline"].get<std::string>() + "\n");
+  std::cout << "transformers' pipeline on the export: " << ref["pipeline"].dump() << "\n";
+}
+
+}  // namespace
+
+// A llama trained from a Hugging Face folder with its byte-level BPE tokenizer (BOS put first,
+// special <s> </s> <pad>), exported: transformers runs the folder as it is.
+TEST(HfModels, AnExportWithTheSourcesTokenizerRunsInTransformersAsInNdtrain) {
+  const fs::path d = temp_dir("export_bpe");
+  ndt::testing::write_tiny_hf_folder(d / "model");
+  // text in the folder's tokenizer, as prepare_text --tokenizer would make it
+  const tok::Tokenizer t = tok::Tokenizer::from_file((d / "model").string());
+  std::string text;
+  const char* words[] = {"the", "cat", "sat", "on", "the", "mat", "and", "then", "ran"};
+  for (int i = 0; i < 3000; ++i) text += std::string(words[(i * 7 + i / 5) % 9]) + (i % 9 == 8 ? ".\n" : " ");
+  const std::vector<int32_t> ids = t.encode(text, /*add_special=*/true);
+  fs::create_directories(d / "data");
+  data::write_shard((d / "data" / "train_000000.bin").string(),
+                    std::vector<uint16_t>(ids.begin(), ids.end()));
+  ndt::testing::ShellResult r = ndt::testing::run_shell(
+      std::string(NDT_TRAIN_GPT_BIN) + " --model.init_from " + (d / "model").string() + " --data.vocab " +
+      (d / "model" / "tokenizer.json").string() + " --data.train '" + (d / "data" / "train_*.bin").string() +
+      "' --train.micro_batch_size 2 --train.seq_len 16 --train.eval_every 0 --train.threads 1 "
+      "--sample.every -1 --optim.lr 0.01 --train.steps 30 --checkpoint.format sharded --checkpoint.dir " +
+      (d / "ck").string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = ndt::testing::run_shell(std::string(NDT_EXPORT_BIN) + " " + (d / "ck").string() + " " +
+                              (d / "hf").string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  check_export_in_transformers(d / "hf", "the cat", "then the cat ran.\n<s>the end");
+  fs::remove_all(d);
+}
+
+// A llama trained on prepare_text's char vocabulary, exported: the vocabulary is a
+// tokenizer.json that transformers loads and that gives ndtrain's ids.
+TEST(HfModels, AnExportOfACharVocabularyRunsInTransformersAsInNdtrain) {
+  const fs::path d = temp_dir("export_char");
+  const int64_t V = ndt::testing::write_word_corpus(d / "data", 3000, 11, 0);
+  ndt::testing::ShellResult r = ndt::testing::run_shell(
+      std::string(NDT_TRAIN_GPT_BIN) +
+      " --model.arch llama --model.n_layer 2 --model.n_head 4 "
+      "--model.n_kv_head 2 --model.n_embd 32 --model.intermediate_size 48 --model.block_size 64 "
+      "--model.vocab_size " +
+      std::to_string(V) + " --data.train '" + (d / "data" / "train_*.bin").string() +
+      "' --train.micro_batch_size 4 --train.seq_len 32 --train.eval_every 0 --train.threads 1 "
+      "--sample.every -1 --optim.lr 0.01 --train.steps 30 --checkpoint.format sharded --checkpoint.dir " +
+      (d / "ck").string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = ndt::testing::run_shell(std::string(NDT_EXPORT_BIN) + " " + (d / "ck").string() + " " +
+                              (d / "hf").string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  check_export_in_transformers(d / "hf", "the ", "a dog ran.\nit sat on the mat");
   fs::remove_all(d);
 }
 

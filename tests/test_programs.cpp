@@ -266,6 +266,19 @@ TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
   EXPECT_EQ(a.out.rfind("a ", 0), 0u) << a.out;
   EXPECT_GT(a.out.size(), 2u + 30u) << "30 characters after the prompt: " << a.out;
   EXPECT_EQ(a.out, b.out) << "the checkpoint and its export continue alike";
+  // without --tokenizer: the vocabulary the checkpoint carries, the export's tokenizer.json
+  for (const std::string model : {d + "/ckpt", d + "/hf"}) {
+    const Result bare =
+        ndt::testing::run_shell("{ OMP_NUM_THREADS=1 " + p.at("generate") + " --model " + model +
+                                " --prompt 'a ' --max_new_tokens 30 --temperature 0 2>&1 </dev/null; }");
+    ASSERT_EQ(bare.rc, 0) << bare.out;
+    EXPECT_NE(bare.out.find(a.out.substr(0, a.out.size() - 1)), std::string::npos)
+        << model << ": " << bare.out;
+    EXPECT_NE(bare.out.find(model == d + "/hf" ? "; tokenizer " + d + "/hf/tokenizer.json (char vocabulary, "
+                                               : "/ckpt/step_00000002/vocab.json (char vocabulary, "),
+              std::string::npos)
+        << bare.out;
+  }
   // the seed is read whole: 2^53 + 1 draws other tokens than 2^53 (as a double both are 2^53)
   const Result s53 = text(d + "/hf", " --temperature 1 --seed 9007199254740992"),
                s53_1 = text(d + "/hf", " --temperature 1 --seed 9007199254740993"),

@@ -144,6 +144,7 @@ class Trainer {
   double lr_ = 0;  // optim.lr after lr_scaling
   std::unique_ptr<data::DataLoader> train_, val_;
   std::unique_ptr<data::TextCodec> vocab_;
+  ckpt::TokenizerFiles tokenizer_;  // what the checkpoints carry of the run's tokenizer
   int64_t tokens_per_step_ = 0, start_ = 0, saved_step_ = 0;
   RunLog log_;  // the console's steps and samples, log.metrics, TensorBoard, the report
   std::unique_ptr<RunLock> lock_;
@@ -368,6 +369,16 @@ void Trainer::open_vocabulary() {
   if (vocab_ && vocab_->vocab_size() < c_.model.vocab_size && c_.sample.every >= 0 && c_.sample.length > 0)
     out_ << "samples: drawn from the " << vocab_->vocab_size() << " ids of " << vocab_path
          << " (model.vocab_size " << c_.model.vocab_size << ": the ids past them have no text)\n";
+  // the tokenizer the checkpoints carry (every rank reads it alike; an unreadable file is one error)
+  std::string error, note;
+  try {
+    tokenizer_ = ckpt::run_tokenizer(vocab_ ? vocab_->source() : "",
+                                     c_.model.init_from.empty() ? nullptr : &init_from_, &note);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree_on_start(error, *world_);
+  if (!note.empty()) out_ << "note: " << note << "\n";
   if (vocab_ && c_.sample.every >= 0 && c_.sample.length > 0) {  // fail now, not after training
     try {
       vocab_->encode_prompt(c_.sample.prompt);
@@ -403,6 +414,7 @@ void Trainer::open_optimizer() {
 void Trainer::resume_from(const std::string& path) {
   // one warning, not one per rank
   ckpt::TrainState st = ckpt::resume_run(path, mc_, *gpt_, *pm_, *opt_, lead() ? &std::cerr : nullptr);
+  ckpt::carry_tokenizer(tokenizer_, st.tokenizer);  // what the run knew before goes on
   if (st.step > c_.train.steps)  // going on would save the later weights under an earlier step
     throw ConfigError("checkpoint " + path + " is at step " + std::to_string(st.step) +
                       " but train.steps is " + std::to_string(c_.train.steps) +
@@ -436,6 +448,7 @@ void Trainer::save(int64_t step) {
   st.extra["layout"] = dims_.str();
   st.extra["window_tokens"] = std::to_string(window_tokens());
   st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
+  st.tokenizer = tokenizer_;
   const bool sharded = c_.checkpoint.format == "sharded";
   const std::string where =
       ckpt::save_run(c_.checkpoint.dir, sharded, c_.checkpoint.keep, st, mc_, *pm_, *opt_,

@@ -7,6 +7,7 @@ it; default ~/.cache/ndtrain/ref-venv, $NDT_REF_VENV):
   $PY tests/scripts/hf_reference.py make OUT --arch llama [--dtype float64] [--seed 0] [--stock]
   $PY tests/scripts/hf_reference.py eval MODEL_DIR --tokens val.bin --seq-len 16 \\
       --batch-size 2 --batches 3 [--dtype float32]
+  $PY tests/scripts/hf_reference.py generate MODEL_DIR --prompt TEXT --text TEXT --new N
 
 Exit codes: 0 done; 3 with the one line "transformers/torch not available: ..." when torch,
 transformers or safetensors cannot be imported (the C++ tests skip on it); 1 or 2 otherwise.
@@ -51,6 +52,14 @@ eval MODEL_DIR --tokens FILE --seq-len T --batch-size B --batches N [--dtype flo
   seq_len T on that file (the mean of equal-sized batch means).
   FILE is an ndtrain / llm.c token shard (train/data/data.h): int32 header[256] with
   header[0] = 20240520, header[1] = 1, header[2] = the token count, then that many uint16 tokens.
+
+generate MODEL_DIR --prompt TEXT --text TEXT --new N
+  The folder as transformers users take it, from the folder alone (float32, eager):
+  AutoTokenizer's ids of the prompt and of TEXT, N greedy tokens of AutoModelForCausalLM after
+  the prompt (argmax of the whole sequence's last logits, no stopping), and what
+  pipeline("text-generation") writes for the prompt (greedy, N new tokens at most, stopping at
+  the folder's end-of-text). One JSON line: prompt_ids, text_ids, greedy, pipeline, decoded
+  (the prompt and greedy ids decoded, special tokens skipped).
 """
 import argparse
 import json
@@ -345,6 +354,29 @@ def evaluate(args):
     print(f"loss {total / N:.17g}", flush=True)
 
 
+# ---- generate ----
+
+def generate(args):
+    """A whole exported folder as transformers users take it: AutoTokenizer and
+    AutoModelForCausalLM from the folder alone, and pipeline("text-generation")."""
+    torch, transformers, _ = imports()
+    tok = transformers.AutoTokenizer.from_pretrained(args.model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        args.model_dir, **from_pretrained_kwargs(transformers, torch.float32))
+    model.eval()
+    prompt = tok(args.prompt)["input_ids"]
+    ids = list(prompt)
+    with torch.no_grad():  # greedy, every step on the whole sequence, no stopping
+        for _ in range(args.new):
+            logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
+            ids.append(int(torch.argmax(logits)))
+    pipe = transformers.pipeline("text-generation", model=args.model_dir, device="cpu")
+    text = pipe(args.prompt, max_new_tokens=args.new, do_sample=False)[0]["generated_text"]
+    print(json.dumps({"prompt_ids": prompt, "text_ids": tok(args.text)["input_ids"],
+                      "greedy": ids[len(prompt):], "pipeline": text,
+                      "decoded": tok.decode(ids, skip_special_tokens=True)}), flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -365,11 +397,18 @@ def main():
     e.add_argument("--dtype", choices=["float64", "float32"], default="float32")
     e.add_argument("--stock", action="store_true",
                    help="float64: keep transformers' float32 RMSNorm, RoPE and softmax")
+    g = sub.add_parser("generate", help="AutoTokenizer, AutoModelForCausalLM and pipeline on a folder")
+    g.add_argument("model_dir")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--text", required=True)
+    g.add_argument("--new", type=int, required=True)
     args = p.parse_args()
     if args.cmd == "make":
         make(args)
-    else:
+    elif args.cmd == "eval":
         evaluate(args)
+    else:
+        generate(args)
 
 
 if __name__ == "__main__":

@@ -345,6 +345,7 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
     const std::string fp = (tmp_dir / f).string();
     m["files"][f] = {{"bytes", fs::file_size(fp)}, {"xxh64", io::hex64(io::file_xxh64(fp))}};
   }
+  if (!state.tokenizer.empty()) m["tokenizer"] = write_tokenizer_files(state.tokenizer, tmp_dir.string());
   io::write_file_atomic((tmp_dir / kManifest).string(), m.dump(1) + "\n");
   return publish_checkpoint(dir, name, tmp_dir.string(), keep, prune_log);
 }
@@ -415,6 +416,7 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
   io::SafeTensorsReader st((dir / "state.safetensors").string());
   int64_t adam_steps = 0;
   TrainState s = read_state(st, path, params.units, &adam_steps);  // validated before touching anything
+  s.tokenizer = read_tokenizer_files(path);
   load_weights((dir / "model.safetensors").string(), gpt, params);
   opt.m.clear();
   opt.v.clear();
@@ -544,6 +546,7 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
             "load_checkpoint_local: one m and one v per unit");
   const std::vector<nn::FlatUnit> written = written_layout(st, gpt.cfg, whole);
   TrainState s = read_state(st, path, written, adam_steps);
+  s.tokenizer = read_tokenizer_files(path);
   // this rank's units by name among the whole model's: under pipeline parallelism it holds
   // some of them (its blocks, and of "embeddings" only what its stage uses)
   std::vector<const nn::FlatUnit*> from;

@@ -15,7 +15,8 @@
 // previous checkpoint intact and `latest` pointing at it. Each checkpoint directory also
 // holds checkpoint.json, written last, with the size and XXH64 checksum of each file;
 // load_checkpoint (and load_weights of a checkpoint's model.safetensors) verify them
-// before any value is used. Weights holding NaN or Inf are never saved nor loaded.
+// before any value is used. Weights holding NaN or Inf are never saved nor loaded. The run's
+// tokenizer goes beside them, listed under checkpoint.json's "tokenizer" (tokenizer_files.h).
 //
 //   ckpt::save_weights("gpt.safetensors", gpt, params);
 //   ckpt::load_weights("gpt2.safetensors", gpt, params);   // throws on missing/extra/mis-shaped
@@ -32,6 +33,7 @@
 #include "models/gpt.h"
 #include "nn/flat.h"
 #include "optim/adamw.h"
+#include "train/checkpoint/tokenizer_files.h"
 #include "train/data/data.h"
 
 namespace ndt::ckpt {
@@ -45,6 +47,7 @@ struct TrainState {
   int64_t step = 0;  // steps completed
   data::LoaderState loader;
   std::map<std::string, std::string> extra;  // e.g. config text, for messages
+  TokenizerFiles tokenizer;                  // the run's tokenizer, written beside the weights
 };
 
 // AdamW's moments as whole unit buffers, one (numel) tensor per unit: what a checkpoint

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "tensor/kernels.h"
 #include "train/checkpoint/checkpoint.h"
@@ -339,6 +340,12 @@ std::vector<std::pair<std::string, Tensor>> hf_tensors(
 
 void export_hf(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params, DType dtype,
                int64_t max_shard_bytes) {
+  std::ostringstream none;
+  export_hf(dir, gpt, params, dtype, TokenizerFiles{}, none, max_shard_bytes);
+}
+
+void export_hf(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params, DType dtype,
+               const TokenizerFiles& tokenizer, std::ostream& note, int64_t max_shard_bytes) {
   NDT_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f64,
             "export: a Hugging Face folder in float32, bfloat16 or float64");
   io::HfFolderWriter w;
@@ -348,7 +355,9 @@ void export_hf(const std::string& dir, const models::GPT& gpt, const nn::FlatPar
          return p->value;
        }))
     w.add(name, t.to(dtype));
-  w.write(dir, hf_config(gpt.cfg, dtype), max_shard_bytes);
+  io::HfConfig config = hf_config(gpt.cfg, dtype);
+  export_tokenizer(tokenizer, w, config, note);  // an empty one writes nothing but the note
+  w.write(dir, config, max_shard_bytes);
 }
 
 }  // namespace ndt::ckpt

@@ -31,12 +31,14 @@
 #pragma once
 
 #include <functional>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "models/gpt.h"
 #include "nn/flat.h"
+#include "train/checkpoint/tokenizer_files.h"
 #include "train/io/hf_folder.h"
 
 namespace ndt::ckpt {
@@ -70,6 +72,12 @@ std::vector<std::pair<std::string, Tensor>> hf_tensors(
 // Writes the model (params: whole, as one process holds them) as a Hugging Face folder in
 // `dtype` (f32 or bf16), sharded like transformers past max_shard_bytes (io::HfFolderWriter).
 void export_hf(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params, DType dtype,
+               int64_t max_shard_bytes = io::HfFolderWriter::kDefaultMaxShardBytes);
+// The same with a checkpoint's tokenizer (export_tokenizer): tokenizer.json and the files
+// beside it, the special ids in config.json, generation_config.json; what the folder lacks,
+// and why, is one line on `note`.
+void export_hf(const std::string& dir, const models::GPT& gpt, const nn::FlatParams& params, DType dtype,
+               const TokenizerFiles& tokenizer, std::ostream& note,
                int64_t max_shard_bytes = io::HfFolderWriter::kDefaultMaxShardBytes);
 
 }  // namespace ndt::ckpt

@@ -154,7 +154,13 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
   // every writer (replicate coordinate 0: the replicas hold the same shards) writes its own
   const bool writer = mesh.coords().replicate == 0;
   const std::string file = shard_file(d.pp, mesh.coords().pp, mesh.coords().tp, mesh.fsdp_rank());
-  const WrittenShard mine_file = writer ? write_shard(params, opt, tmp / file) : WrittenShard{};
+  WrittenShard mine_file = writer ? write_shard(params, opt, tmp / file) : WrittenShard{};
+  nlohmann::json tokenizer;  // rank 0: the run's tokenizer files beside the shards (a failure as a shard's)
+  if (world.rank() == 0 && mine_file.error.empty() && !state.tokenizer.empty()) try {
+      tokenizer = write_tokenizer_files(state.tokenizer, tmp.string());
+    } catch (const std::exception& e) {
+      mine_file.error = e.what();
+    }
   const std::string& error = mine_file.error;
   const uint64_t bytes = mine_file.bytes, hash = mine_file.xxh64;
   // rank 0 learns every file's size and checksum; everyone learns of any failure
@@ -178,6 +184,7 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
   std::string where = (fs::path(dir) / name).string();
   if (world.rank() == 0) {
     nlohmann::json m = manifest_of(state, opt.steps_taken(), cfg, d, blocks);
+    if (!tokenizer.is_null()) m["tokenizer"] = tokenizer;
     for (int64_t r = 0; r < n; ++r) {  // the writers' files
       if (got[5 * r] == 0) continue;
       const dist::ParallelDims::Coords c = d.coords(r);
@@ -632,6 +639,7 @@ TrainState load_sharded(const std::string& path, const models::GPTConfig& cfg, c
   s.step = m.step;
   s.loader = m.loader;
   s.extra = m.extra;
+  s.tokenizer = read_tokenizer_files(path);
   return s;
 }
 
@@ -681,7 +689,8 @@ models::GPTConfig sharded_model_config(const std::string& path) {
   return read_manifest(path, nullptr).model;
 }
 
-std::string export_weights(const std::string& given, const std::string& out, DType dtype) {
+std::string export_weights(const std::string& given, const std::string& out, DType dtype,
+                           std::ostream& note) {
   check_export_target(given, out);  // before anything is read or written
   NDT_CHECK(fs::exists(given), "checkpoint ", given,
             " does not exist: give a checkpoint's step folder (checkpoint.dir/step_NNNNNNNN) or the "
@@ -696,6 +705,8 @@ std::string export_weights(const std::string& given, const std::string& out, DTy
   NDT_CHECK(is_sharded(path) || !fs::exists(fs::path(path) / kManifest), "checkpoint ", path,
             " is not sharded: its model.safetensors is already one file with GPT-2 names");
   const Manifest m = read_manifest(path, &std::cerr);
+  const bool one_file = out.size() > 12 && out.ends_with(".safetensors");
+  const TokenizerFiles tokenizer = one_file ? TokenizerFiles{} : read_tokenizer_files(path);  // checked now
   Writers w(m);
   for (int64_t s = 0; s < m.layout.pp; ++s)  // every file checked before the model is allocated
     for (int64_t t = 0; t < m.layout.tp; ++t)
@@ -703,11 +714,10 @@ std::string export_weights(const std::string& given, const std::string& out, DTy
   models::GPT gpt(m.model);
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 0);
   read_kind(w, m.model, params, "data", data_of(params));
-  const bool one_file = out.size() > 12 && out.ends_with(".safetensors");
   if (one_file) {  // ndtrain's names: GPT-2's are Hugging Face's, a llama's those of its full checkpoints
     save_weights(out, gpt, params, {{"step", std::to_string(m.step)}});
   } else {
-    export_hf(out, gpt, params, dtype);
+    export_hf(out, gpt, params, dtype, tokenizer, note);
   }
   return path;
 }

@@ -78,9 +78,11 @@ void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg,
 // process; the model's bytes in memory once).
 // OUT ending in .safetensors: one file of whole tensors with ndtrain's names (a GPT-2's are
 // Hugging Face's GPT-2 names; a llama's those of a full checkpoint's model.safetensors); else a
-// Hugging Face model folder (train/checkpoint/hf.h) in `dtype` (f32 or bf16). `path` is a
-// step folder, or a checkpoint.dir whose latest checkpoint is exported; returns the step
-// folder exported.
-std::string export_weights(const std::string& path, const std::string& out, DType dtype = DType::f32);
+// Hugging Face model folder (train/checkpoint/hf.h) in `dtype` (f32 or bf16), with the
+// tokenizer the checkpoint carries (tokenizer_files.h; what the folder lacks, and why, is one
+// line on `note`). `path` is a step folder, or a checkpoint.dir whose latest checkpoint is
+// exported; returns the step folder exported.
+std::string export_weights(const std::string& path, const std::string& out, DType dtype = DType::f32,
+                           std::ostream& note = std::cerr);
 
 }  // namespace ndt::ckpt

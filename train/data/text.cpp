@@ -1,11 +1,14 @@
 #include "train/data/text.h"
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "tensor/error.h"
 #include "train/data/data.h"
 #include "train/data/preparation.h"
+#include "train/io/files.h"
 
 namespace fs = std::filesystem;
 
@@ -43,11 +46,34 @@ TextCodec TextCodec::load(const std::string& path) {
   }
   NDT_CHECK(fs::exists(p), "the vocabulary ", p.string(), " does not exist");
   c.source_ = p.string();
-  if (p.filename() == "tokenizer.json")
-    c.tok_ = std::make_shared<const tok::Tokenizer>(tok::Tokenizer::from_file(p.string()));
-  else
+  if (p.filename() != "tokenizer.json") {
     c.vocab_ = std::make_shared<const Vocab>(Vocab::load(p.string()));
+    return c;
+  }
+  // a char or byte vocabulary written as tokenizer.json (export_weights), or a model's tokenizer
+  io::require_regular_file(p.string(), "tokenizer");
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream text;
+  text << f.rdbuf();
+  NDT_CHECK(f.good() || f.eof(), "tokenizer ", p.string(), ": cannot read");
+  if (std::optional<Vocab> v = Vocab::from_tokenizer_json(text.str(), p.string()))
+    c.vocab_ = std::make_shared<const Vocab>(std::move(*v));
+  else
+    c.tok_ = std::make_shared<const tok::Tokenizer>(tok::Tokenizer::from_file(p.string()));
   return c;
+}
+
+std::string TextCodec::find_in_folder(const std::string& dir) {
+  const fs::path d(dir);
+  std::error_code ec;
+  if (fs::is_regular_file(d / "tokenizer.json", ec)) return (d / "tokenizer.json").string();
+  if (!fs::is_regular_file(d / "vocab.json", ec)) return "";
+  try {  // prepare_text's, not GPT-2's BPE vocabulary (token -> id, beside merges.txt)
+    Vocab::load((d / "vocab.json").string());
+    return (d / "vocab.json").string();
+  } catch (const Error&) {
+    return "";
+  }
 }
 
 std::vector<int32_t> TextCodec::encode_prompt(const std::string& text) const {

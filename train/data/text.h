@@ -32,7 +32,12 @@ class TextCodec {
  public:
   // PATH: a vocab.json of prepare_text, a tokenizer.json, or a folder holding tokenizer.json
   // (a Hugging Face model folder) or vocab.json. Throws ndt::Error naming the path.
+  // A tokenizer.json that is a char or byte vocabulary in Hugging Face's form (data/vocab.h,
+  // what export_weights writes for one) is read as that vocabulary.
   static TextCodec load(const std::string& path);
+  // The vocabulary a model folder holds for load: its tokenizer.json, else a vocab.json that
+  // prepare_text wrote (not GPT-2's BPE vocab.json); "" when neither.
+  static std::string find_in_folder(const std::string& dir);
   // The file `path` named (vocab.json or tokenizer.json), for messages.
   const std::string& source() const { return source_; }
   // A prompt's tokens: a tokenizer's post-processor tokens (Llama 3's BOS) first, special

@@ -6,9 +6,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "tensor/error.h"
 #include "tokenizer/json_checked.h"
+#include "tokenizer/unicode.h"
 #include "train/io/files.h"
 
 namespace ndt::data {
@@ -91,11 +93,18 @@ std::string Vocab::to_json() const {
 
 Vocab Vocab::load(const std::string& path) {
   io::require_regular_file(path, "vocab file");
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   NDT_CHECK(f.good(), "vocab file ", path, ": cannot open");
+  std::stringstream text;
+  text << f.rdbuf();
+  NDT_CHECK(!f.bad(), "vocab file ", path, ": read failed");
+  return parse(text.str(), path);
+}
+
+Vocab Vocab::parse(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
-    j = parse_json_checked(f, path);
+    j = parse_json_checked(text, path);
   } catch (const std::exception& e) {
     NDT_FAIL("vocab file ", path, ": not valid JSON (", e.what(), ")");
   }
@@ -120,6 +129,77 @@ Vocab Vocab::load(const std::string& path) {
                "; each token must be a string or a byte value 0..255");
     ++i;
   }
+  return v;
+}
+
+// ---- as a Hugging Face tokenizer.json (vocab.h) ----------------------------------------------
+
+std::optional<std::string> Vocab::to_tokenizer_json() const {
+  nlohmann::json vocab = nlohmann::json::object();
+  nlohmann::json j = {{"version", "1.0"},      {"truncation", nullptr},
+                      {"padding", nullptr},    {"added_tokens", nlohmann::json::array()},
+                      {"normalizer", nullptr}, {"post_processor", nullptr}};
+  if (kind_ == kByte) {  // each byte as GPT-2's byte-level character, its id the byte value
+    for (int b = 0; b < 256; ++b) {
+      std::string c;
+      tok::append_utf8(c, tok::byte_to_char(static_cast<uint8_t>(b)));
+      vocab[c] = b;
+    }
+    const nlohmann::json level = {
+        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+    j["pre_tokenizer"] = level;
+    j["decoder"] = level;
+    j["model"] = {{"type", "BPE"},
+                  {"dropout", nullptr},
+                  {"unk_token", nullptr},
+                  {"continuing_subword_prefix", nullptr},
+                  {"end_of_word_suffix", nullptr},
+                  {"fuse_unk", false},
+                  {"byte_fallback", false},
+                  {"ignore_merges", false},
+                  {"vocab", vocab},
+                  {"merges", nlohmann::json::array()}};
+    return j.dump(1) + "\n";
+  }
+  for (size_t i = 0; i < tokens_.size(); ++i) {  // one valid character per token, or no form
+    if (utf8_chars(tokens_[i]).size() != 1 || !tok::utf8_valid(tokens_[i])) return std::nullopt;
+    vocab[tokens_[i]] = i;
+  }
+  j["pre_tokenizer"] = {
+      {"type", "Split"}, {"pattern", {{"Regex", "[\\s\\S]"}}}, {"behavior", "Isolated"}, {"invert", false}};
+  j["decoder"] = {{"type", "Fuse"}};
+  j["model"] = {{"type", "WordLevel"}, {"vocab", vocab}, {"unk_token", "<unk>"}};
+  return j.dump(1) + "\n";
+}
+
+std::optional<Vocab> Vocab::from_tokenizer_json(const std::string& text, const std::string& where) {
+  // the largest form, 65536 characters, is about 1.5 MB: a larger file is a model's tokenizer,
+  // not parsed twice (Llama 3's is 9 MB)
+  if (text.size() > (size_t(4) << 20)) return std::nullopt;
+  nlohmann::json j;
+  try {
+    j = parse_json_checked(text, where);
+  } catch (const std::exception& e) {
+    NDT_FAIL("tokenizer ", where, ": not valid JSON (", e.what(), ")");
+  }
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) return std::nullopt;
+  const nlohmann::json& m = j["model"];
+  const std::string type = m.contains("type") && m["type"].is_string() ? m["type"].get<std::string>() : "";
+  Vocab v;  // the candidate: the byte vocabulary, or the characters of a WordLevel vocabulary by id
+  if (type == "WordLevel" && m.contains("vocab") && m["vocab"].is_object() && m["vocab"].size() <= 65536) {
+    v.kind_ = kChar;
+    v.tokens_.assign(m["vocab"].size(), std::string());
+    for (auto& [token, id] : m["vocab"].items()) {
+      if (!id.is_number_unsigned() || id.get<uint64_t>() >= v.tokens_.size()) return std::nullopt;
+      v.tokens_[id.get<uint64_t>()] = token;
+    }
+  } else if (type == "BPE") {
+    v = byte_level();
+  } else {
+    return std::nullopt;
+  }
+  const std::optional<std::string> form = v.to_tokenizer_json();
+  if (!form || nlohmann::json::parse(*form) != j) return std::nullopt;
   return v;
 }
 

@@ -399,6 +399,9 @@ HfConfig parse_hf_config(const std::string& text, const std::string& where) {
   const std::optional<std::string> dtype = k.opt_str("dtype"), torch_dtype = k.opt_str("torch_dtype");
   c.torch_dtype = dtype ? *dtype : torch_dtype.value_or("");
   c.bos_token_id = k.opt_int("bos_token_id");
+  // informational only, and some folders write it oddly (-1, a list): read when it is an id
+  if (const json* pad = k.find("pad_token_id"); pad && pad->is_number_unsigned())
+    c.pad_token_id = k.integer(*pad, "pad_token_id");
   if (const json* eos = k.find("eos_token_id")) {
     if (eos->is_array()) {
       for (const json& e : *eos) c.eos_token_id.push_back(k.integer(e, "eos_token_id"));
@@ -462,6 +465,7 @@ std::string to_json(const HfConfig& c) {
   if (c.bos_token_id) j["bos_token_id"] = *c.bos_token_id;
   if (c.eos_token_id.size() == 1) j["eos_token_id"] = c.eos_token_id[0];
   if (c.eos_token_id.size() > 1) j["eos_token_id"] = c.eos_token_id;
+  if (c.pad_token_id) j["pad_token_id"] = *c.pad_token_id;
   return j.dump(2) + "\n";
 }
 
@@ -612,6 +616,7 @@ struct Export {
   const NamedTensors& tensors;
   ShardPlan plan;
   std::string config_text, index_text;
+  const std::map<std::string, std::string>& files;  // HfFolderWriter::add_file's
 
   // Every file into `to`, each written atomically.
   void write_all(const fs::path& to) const {
@@ -622,6 +627,7 @@ struct Export {
       w.write((to / plan.files[s]).string());
     }
     write_file_atomic((to / kConfig).string(), config_text);
+    for (const auto& [name, bytes] : files) write_file_atomic((to / name).string(), bytes);
     if (plan.sharded()) write_file_atomic((to / kIndex).string(), index_text);
     fsync_dir(to.string());
   }
@@ -668,6 +674,7 @@ void replace_in_folder(const fs::path& d, const Export& out) {
     for (const std::string& f : files)
       if (f != entry) fs::rename(tmp / f, at(f));
     fs::rename(tmp / kConfig, at(kConfig));
+    for (const auto& [name, bytes] : out.files) fs::rename(tmp / name, at(name));
     fsync_dir(d.string());
     fs::rename(tmp / entry, at(entry));
     fsync_dir(d.string());
@@ -690,13 +697,20 @@ void HfFolderWriter::add(const std::string& name, const Tensor& t) {
   tensors_.emplace_back(name, t.to(Device::cpu()).contiguous());
 }
 
+void HfFolderWriter::add_file(const std::string& name, const std::string& bytes) {
+  const bool weights = name == kSingle || name == kIndex || std::regex_match(name, shard_name_pattern());
+  NDT_CHECK(plain_file_name(name) && name != kConfig && !weights && name != ".ndt-partial",
+            "HfFolderWriter: '", name, "' cannot be added as a file of the folder");
+  NDT_CHECK(files_.emplace(name, bytes).second, "HfFolderWriter: file '", name, "' added twice");
+}
+
 void HfFolderWriter::write(const std::string& dir, const HfConfig& config, int64_t max_shard_bytes) const {
   NDT_CHECK(max_shard_bytes > 0, "HfFolderWriter::write: max_shard_bytes must be positive, got ",
             max_shard_bytes);
   const fs::path d = output_target(clean_dir(dir).string());  // a link to a folder: the folder
   const std::string config_text = to_json(config);  // refuses a bad config before anything is written
   const ShardPlan plan = plan_shards(tensors_, max_shard_bytes);
-  const Export out{tensors_, plan, config_text, index_json(plan, tensors_)};
+  const Export out{tensors_, plan, config_text, index_json(plan, tensors_), files_};
 
   std::error_code ec;
   if (!fs::exists(d, ec)) {

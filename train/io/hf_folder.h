@@ -10,6 +10,7 @@
 //
 //   io::HfFolderWriter out;
 //   out.add("model.embed_tokens.weight", emb);           // CPU tensors; dtype kept (bf16 -> BF16)
+//   out.add_file("tokenizer.json", text);                // other files of the folder, written with it
 //   out.write("export", c);                              // config.json + model.safetensors, or shards
 //                                                        // + index past 5 GB (transformers' "5GB")
 //
@@ -27,8 +28,9 @@
 //     (model.safetensors, model.safetensors.index.json) are removed, the new shard files and
 //     config.json renamed into DIR, and the entry point (model.safetensors or the index)
 //     renamed last; shards model-NNNNN-of-MMMMM.safetensors of an earlier export that the new
-//     one does not use are removed. Only files of these names are replaced or removed: a
-//     tokenizer, generation_config.json or README in DIR stays. A crash during the renames
+//     one does not use are removed. Only files of these names (and those add_file names,
+//     renamed in before the entry point) are replaced or removed: a README in DIR stays, and
+//     so does a tokenizer the export does not write. A crash during the renames
 //     leaves DIR with no weight entry point (transformers then fails loudly) rather than a mix
 //     of two exports; writing again repairs it. One writer per DIR at a time.
 #pragma once
@@ -79,7 +81,8 @@ struct HfConfig {
   // Informational, kept when read and written back.
   std::string torch_dtype;  // torch_dtype (or transformers 5's dtype): "bfloat16", ...; "" if absent
   std::optional<int64_t> bos_token_id;
-  std::vector<int64_t> eos_token_id;  // one id or several (Llama 3 instruct); empty if absent
+  std::vector<int64_t> eos_token_id;    // one id or several (Llama 3 instruct); empty if absent
+  std::optional<int64_t> pad_token_id;  // kept only when an integer >= 0 (else as if absent)
 
   bool operator==(const HfConfig&) const = default;
 };
@@ -129,11 +132,15 @@ class HfFolderWriter {
  public:
   static constexpr int64_t kDefaultMaxShardBytes = 5'000'000'000;  // transformers' "5GB"
   void add(const std::string& name, const Tensor& t);              // CPU copy kept if t is on a GPU
+  // Another file of the folder (tokenizer.json, generation_config.json, ...), written and
+  // replaced with the weights; a plain name other than config.json and the weights' names.
+  void add_file(const std::string& name, const std::string& bytes);
   void write(const std::string& dir, const HfConfig& config,
              int64_t max_shard_bytes = kDefaultMaxShardBytes) const;
 
  private:
   std::vector<std::pair<std::string, Tensor>> tensors_;
+  std::map<std::string, std::string> files_;  // add_file's
 };
 
 }  // namespace ndt::io

@@ -1,7 +1,11 @@
 // export_weights: a sharded checkpoint as whole parameters for Hugging Face transformers,
 // init_from, sampling or other tools: a model folder (config.json and safetensors, sharded
-// like transformers' past 5 GB) that AutoModelForCausalLM.from_pretrained loads, or one
-// safetensors file with ndtrain's names (for GPT-2, Hugging Face's GPT-2 names).
+// like transformers' past 5 GB, with the tokenizer the checkpoint carries: tokenizer.json,
+// tokenizer_config.json, generation_config.json, the special ids in config.json; see
+// train/checkpoint/tokenizer_files.h) that AutoTokenizer, AutoModelForCausalLM.from_pretrained
+// and pipeline load, or one safetensors file with ndtrain's names (for GPT-2, Hugging Face's
+// GPT-2 names). What a folder lacks (the tokenizer of an older checkpoint), and why, is one
+// line on stderr.
 //
 //   build/export_weights out/ckpt/step_00001000 out/hf                    # a folder, float32
 //   build/export_weights --dtype bfloat16 out/ckpt/step_00001000 out/hf   # a folder, bfloat16
@@ -26,8 +30,8 @@ int main(int argc, char** argv) {
       "export_weights: the whole parameters of a sharded checkpoint (checkpoint.format = sharded)\n\n"
       "Usage: export_weights [--dtype float32|bfloat16] CHECKPOINT_DIR OUT\n"
       "  CHECKPOINT_DIR a checkpoint's step folder, or checkpoint.dir (its latest checkpoint)\n"
-      "  OUT a directory: a Hugging Face model folder (config.json, safetensors) for transformers'\n"
-      "  from_pretrained and model.init_from; OUT ending in .safetensors: one file with ndtrain's names\n"
+      "  OUT a directory: a Hugging Face model folder (config.json, safetensors, the run's tokenizer)\n"
+      "  for transformers and model.init_from; OUT ending in .safetensors: one file with ndtrain's names\n"
       "  (GPT-2: Hugging Face's). OUT must lie outside every checkpoint directory.\n\nOptions");
   opts.add_options()("help,h", "print this help")("dtype", po::value(&dtype)->default_value(dtype),
                                                   "of the folder's tensors: float32 or bfloat16")(

@@ -8,8 +8,9 @@
 // --model is a Hugging Face model folder (config.json and safetensors: what export_weights
 // writes, or one from the Hub; its tokenizer.json is the default tokenizer and its
 // config.json's eos_token_id ends the text), or a train_gpt checkpoint: a step_* directory of
-// a sharded checkpoint, or the checkpoint.dir holding `latest`. --tokenizer: a tokenizer.json,
-// a folder holding one, or the vocab.json prepare_text wrote beside the shards.
+// a sharded checkpoint, or the checkpoint.dir holding `latest` (the tokenizer it carries is the
+// default, train/checkpoint/tokenizer_files.h). --tokenizer: a tokenizer.json, a folder
+// holding one, or the vocab.json prepare_text wrote beside the shards.
 //
 // The prompt runs through the model once; each new token then runs alone against the cached
 // keys and values (models/kv_cache.h). The text is written to stdout as it is drawn, whole
@@ -34,6 +35,7 @@
 #include "tensor/error.h"
 #include "tensor/threads.h"
 #include "train/checkpoint/load.h"
+#include "train/checkpoint/tokenizer_files.h"
 #include "train/command_line.h"
 #include "train/config.h"
 #include "train/data/text.h"
@@ -64,7 +66,7 @@ bool parse(int argc, char** argv, Args& a) {
       "holding latest)")(
       "tokenizer", po::value(&a.tokenizer),
       "tokenizer.json, a folder holding it, or prepare_text's vocab.json (default: the model folder's "
-      "tokenizer.json; a checkpoint needs it)")(
+      "tokenizer.json, or the one the checkpoint carries)")(
       "prompt", po::value(&a.prompt), "text to continue (default: empty); \\n and \\t are understood")(
       "max_new_tokens", po::value(&a.sample.max_new_tokens)->default_value(a.sample.max_new_tokens),
       "tokens to generate at most")(
@@ -121,8 +123,11 @@ Loaded load(const Args& a, Device device) {
   ckpt::load_weights(src, *l.gpt, l.params);
   if (src.hf) {  // what a Hugging Face folder says ends a text, and its tokenizer
     for (int64_t id : src.hf->config().eos_token_id) l.eos.push_back(static_cast<int32_t>(id));
-    if (fs::exists(fs::path(a.model) / "tokenizer.json"))
-      l.tokenizer = (fs::path(a.model) / "tokenizer.json").string();
+    l.tokenizer = data::TextCodec::find_in_folder(src.hf->dir());
+  } else if (src.kind == ckpt::WeightSource::Kind::kSharded) {  // the tokenizer it carries, if any
+    const ckpt::TokenizerFiles t = ckpt::read_tokenizer_files(src.path);
+    for (int64_t id : t.eos_token_id) l.eos.push_back(static_cast<int32_t>(id));
+    if (!t.vocabulary.empty()) l.tokenizer = (fs::path(src.path) / t.vocabulary).string();
   }
   l.what = src.str();
   return l;
@@ -145,7 +150,7 @@ int main(int argc, char** argv) {
     l = load(a, device);
     const std::string tok = !a.tokenizer.empty() ? a.tokenizer : l.tokenizer;
     NDT_CHECK(!tok.empty(), "--tokenizer is needed for ", l.what,
-              ": the tokenizer.json, or the vocab.json that "
+              " (it holds no tokenizer): the tokenizer.json, or the vocab.json that "
               "prepare_text wrote beside the shards the model was trained on");
     codec = data::TextCodec::load(tok);
     NDT_CHECK(codec->vocab_size() <= l.gpt->cfg.vocab_size, "the tokenizer ", codec->source(), " has ",
