@@ -10,6 +10,10 @@
 #                                    # check on that build (minutes here)
 #   scripts/gpu_prepare.sh --fresh   # download .gpu-deps again even if it is up to date, and
 #                                    # build from scratch (the build folder is reused otherwise)
+#   scripts/gpu_prepare.sh --clean   # remove the check's build folder and unpacked packages
+#                                    # (/tmp/ndt-gpu-prepare-*, ~280 MiB after --build) when it
+#                                    # ends, passed or failed (what .ci/run does); kept otherwise,
+#                                    # for an incremental build next time
 #
 # What it makes (both git-ignored, both to copy to the node inside the repository):
 #   .gpu-deps/                    the Debian packages of the build (OpenBLAS, Boost.Program_options,
@@ -30,10 +34,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 BUILD_TOO=0
 FRESH=0
+CLEAN=0
 for arg in "$@"; do
   case "$arg" in
     --build) BUILD_TOO=1 ;;
     --fresh) FRESH=1 ;;
+    --clean) CLEAN=1 ;;
     -h | --help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "[gpu_prepare] unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
@@ -47,6 +53,16 @@ CHECK_BUILD="${NDT_GPU_PREPARE_BUILD_DIR:-/tmp/ndt-gpu-prepare-build-$CLONE_ID}"
 CHECK_DEPS="${NDT_GPU_PREPARE_DEPS_PREFIX:-/tmp/ndt-gpu-prepare-deps-$CLONE_ID}"
 
 log() { echo "[gpu_prepare] $*"; }
+if [[ $CLEAN -eq 1 ]]; then
+  # the rehearsal's stand-ins too (kept on a failure without --clean, for its log)
+  REHEARSAL_DIR=""
+  # shellcheck disable=SC2317  # called by the trap
+  clean_up() {
+    rm -rf "$CHECK_BUILD" "$CHECK_DEPS" ${REHEARSAL_DIR:+"$REHEARSAL_DIR"}
+    echo "[gpu_prepare] --clean: removed $CHECK_BUILD and $CHECK_DEPS"
+  }
+  trap clean_up EXIT
+fi
 die() { echo "[gpu_prepare] error: $*" >&2; exit 1; }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 T0=$SECONDS
@@ -91,6 +107,7 @@ scripts/setup.sh --cudnn-frontend | sed 's/^\[setup\]/[gpu_prepare]/'
 rehearse() {
   local fake part rc out
   fake="$(mktemp -d)"
+  REHEARSAL_DIR="$fake"
   mkdir -p "$fake/bin" "$fake/py/torch"
   printf '#!/bin/sh
 case "$*" in *-L*) echo "GPU 0: rehearsal stand-in (no GPU here)" ;; *) echo "rehearsal stand-in, 0 MiB, none" ;; esac

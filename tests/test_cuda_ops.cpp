@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -245,6 +248,47 @@ int64_t ulp_distance(float a, float b) {
 }
 
 }  // namespace
+
+// ---- the libraries a process loads ---------------------------------------------------------
+
+namespace {
+// Whether a library whose file name starts with `name` is mapped into this process.
+bool library_mapped(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("/" + name) != std::string::npos) return true;
+  return false;
+}
+}  // namespace
+
+// cuBLAS and cuBLASLt are opened by the first GEMM on a GPU (tensor/cuda/lazy_libraries.cpp), not
+// when the program starts: linked, they alone made ~150 MiB of every process of a CUDA build
+// resident, a run on CPU's too. In a fresh process (the death test runs this binary again for
+// this test alone): a CPU GEMM leaves them out; a GPU GEMM, where there is a GPU, brings both.
+TEST(CudaLibraries, CublasIsOpenedByTheFirstGpuGemm) {
+  if (!cuda::compiled()) GTEST_SKIP() << skip_reason();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const Tensor a = randn({8, 8}, DType::f32, Device::cpu(), 1);
+        kernels::gemm(a, false, a, false, Tensor::zeros({8, 8}));
+        if (library_mapped("libcublas")) {
+          std::fprintf(stderr, "cuBLAS is loaded, but no GEMM ran on a GPU\n");
+          std::_Exit(1);
+        }
+        if (cuda::available()) {
+          const Tensor g = a.to(kGpu);
+          kernels::gemm(g, false, g, false, Tensor::zeros({8, 8}, DType::f32, kGpu));
+          if (!library_mapped("libcublas.so") || !library_mapped("libcublasLt.so")) {
+            std::fprintf(stderr,
+                         "a GEMM ran on the GPU, but libcublas and libcublasLt are not both loaded\n");
+            std::_Exit(2);
+          }
+        }
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
 
 // ---- every op case: CUDA vs CPU ----------------------------------------------------------
 

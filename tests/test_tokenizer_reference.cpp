@@ -68,9 +68,10 @@ ndt::testing::ShellResult reference(const std::string& args) {
                                  "/tests/scripts/tokenizer_reference.py " + args + " 2>&1");
 }
 
-// The trained tokenizers, made once for all the test processes (a folder named by the
-// script's hash, filled under another name and renamed into place). "" and the reason when
-// they cannot be had.
+// The trained tokenizers, made once for all the test processes: a folder of the build
+// (NDT_TEST_CACHE_DIR), not of the system's temp dir, so that nothing outlives the build;
+// named by the script's hash, filled under another name and renamed into place; the folders
+// of earlier versions of the script are removed. "" and the reason when they cannot be had.
 std::pair<fs::path, std::string> trained() {
   static std::pair<fs::path, std::string> made = [] {
     const std::vector<std::string> files = corpus_files();
@@ -78,14 +79,16 @@ std::pair<fs::path, std::string> trained() {
       return std::pair<fs::path, std::string>{
           "", "no fortunes text in /usr/share/games/fortunes (scripts/setup.sh installs it)"};
     const std::string script = read(fs::path(NDT_SOURCE_DIR) / "tests/scripts/tokenizer_reference.py");
-    const fs::path dir = fs::temp_directory_path() /
-                         ("ndt_tokenizer_reference_" + std::to_string(std::hash<std::string>{}(script)));
+    const std::string name = "tokenizer_reference_" + std::to_string(std::hash<std::string>{}(script));
+    const fs::path dir = fs::path(NDT_TEST_CACHE_DIR) / name;
     if (fs::exists(dir / "done")) return std::pair<fs::path, std::string>{dir, ""};
+    fs::create_directories(dir.parent_path());
     const fs::path tmp = dir.string() + ".tmp" + std::to_string(::getpid());
     fs::remove_all(tmp);
     std::string args = "train " + tmp.string();
     for (const std::string& f : files) args += " " + f;
     const ndt::testing::ShellResult r = reference(args);
+    if (r.rc != 0) fs::remove_all(tmp);
     if (r.rc == 3) return std::pair<fs::path, std::string>{"", r.out};
     if (r.rc != 0)
       return std::pair<fs::path, std::string>{"", "FAILED: tokenizer_reference.py train: " + r.out};
@@ -93,6 +96,10 @@ std::pair<fs::path, std::string> trained() {
     std::error_code ec;
     fs::rename(tmp, dir, ec);  // another process may have got there first: its copy is as good
     fs::remove_all(tmp, ec);
+    for (const auto& e : fs::directory_iterator(dir.parent_path(), ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.starts_with("tokenizer_reference_") && !n.starts_with(name)) fs::remove_all(e.path(), ec);
+    }
     return std::pair<fs::path, std::string>{dir, ""};
   }();
   return made;

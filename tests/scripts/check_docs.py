@@ -66,6 +66,14 @@ there is a problem, 0 when there is none. Python 3 standard library only. It che
     subfolders of its folder (`fsdp/`, `tests/support/`), each exists and all of the folder's
     subfolders are named.
  8. Every page under docs/ has at most MAX_PAGE_LINES lines.
+ 9. Quoted output (with --build DIR). A fenced block right after a line `<!-- output-check -->`
+    opens with `$ build/PROGRAM ...` (continued by a trailing `\`) and holds the rest of what
+    that command prints. The command is run in the repository's root with `build/` standing
+    for DIR (no shell; at most OUTPUT_TIMEOUT_S seconds) and its stdout must be the block's
+    other lines: line for line, runs of spaces as one, every number within OUTPUT_REL_TOL of
+    the printed one (or half a unit of the quoted figure's last digit); a line `...` stands for
+    any lines. Mark only commands that are cheap and print the same figures on every machine
+    (plans, not timings). Without --build the marked blocks are only checked for their form.
 
 Placeholders are skipped: an option or key whose part is `key`, `sec`, `section`, `name`,
 `...`, holds `<`, `>`, `{`, or is in capitals (`--section.key`, `--cluster.KEY`).
@@ -79,6 +87,7 @@ import argparse
 import glob
 import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -159,6 +168,12 @@ EXTERNAL_NAMES = {}
 LAYOUT_HEADING = "Layout"
 # 8. the most lines a page under docs/ may have: a page longer than this is two pages
 MAX_PAGE_LINES = 600
+
+# 9. quoted output: the marker line, how far a number may drift, how long a command may run
+OUTPUT_MARKER = "<!-- output-check -->"
+OUTPUT_REL_TOL = 0.005
+OUTPUT_TIMEOUT_S = 120
+NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 class Problems:
@@ -530,6 +545,45 @@ def mask(text, spans):
     return "".join(out)
 
 
+def same_output_line(quoted, printed):
+    """True when a quoted output line is the printed one: the same words, runs of spaces as one,
+    `...` standing for any text, each number within OUTPUT_REL_TOL (or half a unit of the
+    quoted figure's last digit)."""
+    q, p = " ".join(quoted.split()), " ".join(printed.split())
+    pattern = ".*?".join("".join(f"({NUMBER_RE.pattern})" if NUMBER_RE.fullmatch(t) else re.escape(t)
+                                 for t in re.split(f"({NUMBER_RE.pattern})", piece) if t)
+                         for piece in q.split("..."))
+    m = re.fullmatch(pattern, p)
+    if not m:
+        return False
+    for a, b in zip(NUMBER_RE.findall(q), m.groups()):
+        digits = len(a.split(".")[1]) if "." in a else 0
+        if abs(float(a) - float(b)) > max(OUTPUT_REL_TOL * abs(float(b)), 0.5 * 10 ** -digits):
+            return False
+    return True
+
+
+def output_differences(quoted, printed):
+    """(index in quoted, message) for each quoted line that the printed lines do not match, in
+    order; a quoted `...` line matches any number of printed lines."""
+    out, j = [], 0
+    for n, q in enumerate(quoted):
+        if q.strip() == "...":
+            nxt = next((x for x in quoted[n + 1:] if x.strip() != "..."), None)
+            while j < len(printed) and (nxt is None or not same_output_line(nxt, printed[j])):
+                j += 1
+            continue
+        if j >= len(printed):
+            out.append((n, f"the doc has '{q.strip()}', the command prints nothing more"))
+            break
+        if not same_output_line(q, printed[j]):
+            out.append((n, f"the doc has '{q.strip()}', the command prints '{printed[j].strip()}'"))
+        j += 1
+    if j < len(printed) and not (quoted and quoted[-1].strip() == "..."):
+        out.append((len(quoted) - 1, f"the command prints more: '{printed[j].strip()}'"))
+    return out
+
+
 def github_slug(heading, used):
     s = heading.strip().lower()
     s = re.sub(r"`", "", s)
@@ -563,8 +617,9 @@ def md_anchors(path):
 # ---- the checks ---------------------------------------------------------------------------
 
 class Checker:
-    def __init__(self, docs_root, repo_root):
+    def __init__(self, docs_root, repo_root, build_dir=None):
         self.docs_root = docs_root
+        self.build_dir = build_dir  # 9: where build/ is, to run the marked commands; None: not run
         self.repo = Repo(repo_root)
         self.programs = discover_programs(self.repo)
         cfg = self.repo.text("train/config.cpp") or ""
@@ -576,7 +631,8 @@ class Checker:
         for p in self.programs.values():
             self.all_options |= p.options
         self.problems = Problems()
-        self.counts = {"paths": 0, "links": 0, "line refs": 0, "keys": 0, "options": 0, "names": 0}
+        self.counts = {"paths": 0, "links": 0, "line refs": 0, "keys": 0, "options": 0, "names": 0,
+                       "outputs run": 0, "outputs not run (no --build)": 0}
         self._code = None  # CodeIndex, read on first use
 
     # -- helpers
@@ -877,11 +933,20 @@ class Checker:
     def check_md(self, md):
         with open(os.path.join(self.docs_root, md), encoding="utf-8") as f:
             lines = f.read().split("\n")
+        marked = None  # the line of an output marker right before the next block
         for block in md_blocks(lines):
             if block.kind == "fence":
                 self.check_fence(md, block)
+                if marked is not None and marked == block.first - 2:
+                    self.check_output(md, block)
+                    marked = None
             else:
                 self.check_para(md, block, lines)
+            if marked is not None:
+                self.report(md, marked, f"{OUTPUT_MARKER} must be the line right before a fenced block")
+                marked = None
+            if block.kind == "para" and block.lines[-1].strip() == OUTPUT_MARKER:
+                marked = block.first + len(block.lines) - 1
 
     def check_fence(self, md, block):
         self.check_ini_block(md, block)
@@ -984,6 +1049,36 @@ class Checker:
             self.counts["names"] += 1
             if not self._code.resolves(name):
                 self.report(md, block.line_of(a), f"`{c}` names no identifier in the code (was it renamed?)")
+
+    # -- 9. a command's output quoted in a fenced block is what the command prints
+    def check_output(self, md, block):
+        lines = block.lines
+        if not lines or not lines[0].startswith("$ "):
+            self.report(md, block.first, f"the block after {OUTPUT_MARKER} must open with `$ COMMAND`")
+            return
+        cmd, i = lines[0][2:], 1
+        while cmd.rstrip().endswith("\\") and i < len(lines):
+            cmd, i = cmd.rstrip()[:-1] + " " + lines[i].strip(), i + 1
+        words = shlex.split(cmd)
+        if not words or not re.match(r"^build/[\w.-]+$", words[0]) or any(w in ("|", ">", "&&", ";") for w in words):
+            self.report(md, block.first, f"`{cmd}`: an output check runs one build/PROGRAM, without a shell")
+            return
+        if self.build_dir is None:
+            self.counts["outputs not run (no --build)"] += 1
+            return
+        self.counts["outputs run"] += 1
+        argv = [os.path.join(self.build_dir, words[0][len("build/"):])] + words[1:]
+        try:
+            r = subprocess.run(argv, cwd=self.repo.root, capture_output=True, text=True, timeout=OUTPUT_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.report(md, block.first, f"`{cmd}` could not be run: {e}")
+            return
+        if r.returncode != 0:
+            last = (r.stderr.strip().split("\n") or [""])[-1]
+            self.report(md, block.first, f"`{cmd}` exits {r.returncode}: {last}")
+            return
+        for n, msg in output_differences(lines[i:], r.stdout.rstrip("\n").split("\n"))[:3]:
+            self.report(md, block.first + i + n, f"output of `{cmd}` drifted: {msg}")
 
     # -- 7. README.md's layout block lists the folders there are
     def layout_block(self):
@@ -1089,13 +1184,19 @@ def main():
     ap.add_argument("--root", default=DEFAULT_REPO, help="where README.md and docs/ are read (default: this repository)")
     ap.add_argument("--repo", default=None, help="the source tree to check against (default: the repository of this script)")
     ap.add_argument("-v", "--verbose", action="store_true", help="also print what was read from the sources")
+    ap.add_argument("--build", default=None,
+                    help="a build folder: run the commands whose output the docs quote (check 9) with its programs")
     args = ap.parse_args()
     root = os.path.abspath(args.root)
     repo = os.path.abspath(args.repo) if args.repo else DEFAULT_REPO
     if not os.path.isdir(os.path.join(repo, "train")):
         print(f"check_docs: {repo} does not look like the repository (no train/)", file=sys.stderr)
         return 2
-    c = Checker(root, repo)
+    build = os.path.abspath(args.build) if args.build else None
+    if build and not os.path.isdir(build):
+        print(f"check_docs: --build {args.build}: no such folder", file=sys.stderr)
+        return 2
+    c = Checker(root, repo, build)
     if args.verbose:
         print(f"config sections: {sorted(c.sections)}; {len(c.keys)} dotted keys")
         for n, p in sorted(c.programs.items()):

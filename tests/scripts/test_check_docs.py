@@ -48,6 +48,35 @@ docs/      guides
 """
 PAGE = "# A guide\n\nSee [the README](../README.md).\n"
 
+# 9. quoted output: a page quoting what a program of the fixture's build folder prints
+PLAN_PROGRAM = """#!/bin/sh
+[ "$1" = --fail ] && { echo "plan: no such layout" >&2; exit 3; }
+echo "plan: 2 ranks (TP)"
+echo "step 1 | mem 6.3 MiB (peak 50.56 MiB)"
+echo "total 12 ranks"
+"""
+OUTPUT_PAGE = """# Output
+
+<!-- output-check -->
+```
+$ build/plan
+plan: 2 ranks (TP)
+step 1 | mem 6.3 MiB (peak 50.6 MiB)
+total 12 ranks
+```
+"""
+
+
+def make_output_tree(base, page):
+    """A tree whose docs page is `page` and whose build/plan prints PLAN_PROGRAM's lines."""
+    root = make_tree(base, page=page)
+    prog = os.path.join(root, "build", "plan")
+    os.makedirs(os.path.dirname(prog), exist_ok=True)
+    with open(prog, "w", encoding="utf-8") as f:
+        f.write(PLAN_PROGRAM)
+    os.chmod(prog, 0o755)
+    return root
+
 
 def make_tree(base, readme=README, extra=None, page=PAGE):
     root = os.path.join(base, "repo")
@@ -65,16 +94,17 @@ def make_tree(base, readme=README, extra=None, page=PAGE):
     return root
 
 
-def run(root):
-    r = subprocess.run([sys.executable, CHECKER, "--root", root, "--repo", root], capture_output=True, text=True)
+def run(root, args=()):
+    r = subprocess.run([sys.executable, CHECKER, "--root", root, "--repo", root, *args], capture_output=True,
+                       text=True)
     return r.returncode, r.stdout + r.stderr
 
 
 failures = []
 
 
-def expect(what, root, code, message=None):
-    rc, out = run(root)
+def expect(what, root, code, message=None, args=()):
+    rc, out = run(root, args)
     ok = rc == code and (message is None or message in out)
     print(("ok    " if ok else "FAIL  ") + what)
     if not ok:
@@ -117,6 +147,41 @@ def main():
         expect("a README without a layout block",
                make_tree(base, README.replace("## Layout", "## Folders")), 1,
                "no fenced block under a `## Layout` heading")
+
+        def build(root):
+            return ["--build", os.path.join(root, "build")]
+
+        root = make_output_tree(base, OUTPUT_PAGE)
+        expect("quoted output that the command prints passes (50.6 for 50.56)", root, 0, "1 outputs run",
+               build(root))
+        drifted = OUTPUT_PAGE.replace("peak 50.6 MiB", "peak 58.0 MiB")
+        root = make_output_tree(base, drifted)
+        expect("a quoted figure that drifted from the command's output", root, 1,
+               "docs/guide.md:7: output of `build/plan` drifted: the doc has 'step 1 | mem 6.3 MiB (peak 58.0 MiB)', "
+               "the command prints 'step 1 | mem 6.3 MiB (peak 50.56 MiB)'", build(root))
+        expect("...is not run without --build", root, 0, "1 outputs not run (no --build)")
+        root = make_output_tree(base, OUTPUT_PAGE.replace("peak 50.6 MiB", "peak 50.9 MiB"))
+        expect("a figure off by more than its rounding and 0.5%", root, 1, "docs/guide.md:7: output of", build(root))
+        root = make_output_tree(base, OUTPUT_PAGE.replace("2 ranks (TP)", "2 ranks (DP)"))
+        expect("a quoted word the command no longer prints", root, 1,
+               "the doc has 'plan: 2 ranks (DP)', the command prints 'plan: 2 ranks (TP)'", build(root))
+        root = make_output_tree(base, OUTPUT_PAGE.replace("total 12 ranks\n", ""))
+        expect("a line the command prints that the doc lacks", root, 1,
+               "the command prints more: 'total 12 ranks'", build(root))
+        root = make_output_tree(base, OUTPUT_PAGE.replace("total 12 ranks\n", "total 12 ranks\nbest: TP\n"))
+        expect("a quoted line the command does not print", root, 1,
+               "the doc has 'best: TP', the command prints nothing more", build(root))
+        root = make_output_tree(base, OUTPUT_PAGE.replace("step 1 | mem 6.3 MiB (peak 50.6 MiB)\n", "...\n")
+                                .replace("(TP)", "(...)"))
+        expect("`...` stands for lines, and for text in a line", root, 0, "1 outputs run", build(root))
+        root = make_output_tree(base, OUTPUT_PAGE.replace("$ build/plan", "$ build/plan --fail"))
+        expect("a command that fails", root, 1, "`build/plan --fail` exits 3: plan: no such layout", build(root))
+        root = make_output_tree(base, OUTPUT_PAGE.replace("<!-- output-check -->\n", "<!-- output-check -->\n\n"))
+        expect("a marker that is not right before a fenced block", root, 1,
+               "docs/guide.md:3: <!-- output-check --> must be the line right before a fenced block", build(root))
+        root = make_output_tree(base, OUTPUT_PAGE.replace("$ build/plan", "$ build/plan | head -2"))
+        expect("a marked command that needs a shell", root, 1,
+               "an output check runs one build/PROGRAM, without a shell", build(root))
 
         expect("a docs page over 600 lines",
                make_tree(base, page=PAGE + "line\n" * 600), 1,
