@@ -438,6 +438,27 @@ TEST(Robust, AFlippedByteInAnyCheckpointFileIsCaught) {
   }
 }
 
+// A failure after the last step (the final evaluation here) never costs the run's outputs:
+// the final checkpoint, the metrics and the report are written, then the failure is said.
+TEST(Robust, AFailureAfterTheLastStepLeavesTheCheckpointMetricsAndReport) {
+  fs::path d = make_data("finalfail");
+  const std::string ck = (d / "ck").string();
+  Child c({"--config", (d / "gpt.ini").string(), "--train.steps", "3000", "--train.eval_every", "0",
+           "--checkpoint.dir", ck, "--log.metrics", (d / "m.jsonl").string(), "--log.report",
+           (d / "report.html").string()});
+  ASSERT_TRUE(c.wait_for("step     1/")) << c.seen;  // the first evaluation read the data
+  ::kill(c.pid, SIGSTOP);
+  fs::resize_file(d / "data" / "val_000000.bin", 2048);  // the final evaluation cannot read it
+  ::kill(c.pid, SIGCONT);
+  EXPECT_EQ(c.wait(), 1) << c.seen;
+  EXPECT_TRUE(has(c.seen, "evaluation failed at step 3000: ")) << c.seen;
+  EXPECT_TRUE(has(c.seen, "val_000000.bin changed size during the run")) << c.seen;
+  EXPECT_TRUE(has(c.seen, "(after the last step: its checkpoint, metrics and report are written)")) << c.seen;
+  EXPECT_TRUE(fs::exists(d / "ck" / "step_00003000" / "checkpoint.json"));
+  EXPECT_EQ(losses(d / "m.jsonl").size(), 3000u);
+  EXPECT_TRUE(has(read_all(d / "report.html"), "data-series='train' data-points='2000'"));
+}
+
 TEST(Robust, MetricsWriteFailureIsAnErrorAfterTheCheckpoint) {
   if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
   fs::path d = make_data("full");
