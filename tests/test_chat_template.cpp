@@ -244,6 +244,11 @@ const std::vector<std::string>& snippets() {
       "{{- '  x  ' -}}   \n  {{- 'y' }}  {%- if true -%}  z  {%- endif -%}  \n w {#- c -#} v",
       "  {%+ if true %}kept{% endif %}\n{%- generation %}gen {{ 1 }}{% endgeneration %}",
       "{{ dict(a=1, b='x') | tojson }} {{ messages[0]['content'] | string }} {{ messages[5] is defined }}",
+      "ends with a newline\n",
+      "crlf\r\nlines\r{{ 'x\r\ny' }}\r\n{% if true %}\r\nin\r\n{% endif %}\r\n",
+      "  {# comment #}\n  {% set a = 1 %}\n{{ a }}\n\n",
+      "{{ '\\u00e9\\x41\\t' }}|{{ \"it's\" }}|{{ 'a' 'b' }}|{{ loop is defined }}",
+      "{% for m in messages %}{{ loop.previtem.role if loop.previtem is defined else '-' }} {% endfor %}",
   };
   return s;
 }

@@ -740,7 +740,19 @@ ExprP Parser::filters(ExprP e) {
 }  // namespace
 
 Template Template::parse(const std::string& text) {
-  Parser parser(Lexer(text).run());
+  // jinja2 reads \r\n and \r as \n, and drops one newline at the end (keep_trailing_newline off)
+  std::string src;
+  src.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\r') {
+      src += '\n';
+      if (i + 1 < text.size() && text[i + 1] == '\n') ++i;
+    } else {
+      src += text[i];
+    }
+  }
+  if (!src.empty() && src.back() == '\n') src.pop_back();
+  Parser parser(Lexer(src).run());
   auto root = std::make_shared<Node>();
   root->k = Node::K::Generation;  // a body rendered as is
   root->body = parser.body({}, "", 1);
