@@ -19,6 +19,8 @@
 #include "support/launch.h"
 #include "support/testing.h"
 #include "tensor/error.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 #include "train/command_line.h"
 
 namespace {
@@ -327,6 +329,94 @@ TEST(Programs, GenerateWritesTextFromACheckpointAndItsExport) {
   EXPECT_EQ(wrong.rc, 2) << wrong.out;
   EXPECT_NE(wrong.out.find("has 256 tokens but the model only " + std::to_string(V)), std::string::npos)
       << wrong.out;
+  std::filesystem::remove_all(dir);
+}
+
+// A byte-level tokenizer.json: the 256 bytes (GPT-2's byte-to-character map, no merges) and
+// the given special tokens after them.
+std::string byte_tokenizer_json(const std::vector<std::string>& specials) {
+  nlohmann::ordered_json vocab = nlohmann::ordered_json::object();
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + n++);
+    std::string ch;
+    if (cp < 0x80) {
+      ch += char(cp);
+    } else {
+      ch += char(0xC0 | (cp >> 6)), ch += char(0x80 | (cp & 0x3F));
+    }
+    vocab[ch] = b;
+  }
+  nlohmann::ordered_json added = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < specials.size(); ++i)
+    added.push_back({{"id", 256 + i},
+                     {"content", specials[i]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  const nlohmann::ordered_json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  nlohmann::ordered_json j = {{"version", "1.0"},          {"added_tokens", added},
+                              {"normalizer", nullptr},     {"pre_tokenizer", byte_level},
+                              {"post_processor", nullptr}, {"decoder", byte_level}};
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"vocab", vocab},
+                {"merges", nlohmann::json::array()}};
+  return j.dump();
+}
+
+// generate --chat: a tiny llama exported with a byte-level tokenizer and SmolLM2's chat
+// template; the prompt is the user message (after --system) rendered by the template with the
+// assistant's turn opened and tokenized without added special tokens, exactly as the library
+// renders it; the reply stops at the template's end of turn (<|im_end|>). A folder without a
+// template is one line and exit code 2.
+TEST(Programs, GenerateChatRendersThePromptThroughTheModelsTemplate) {
+  const auto p = programs();
+  const std::filesystem::path dir = ndt::testing::fresh_dir("generate_chat");
+  ndt::testing::write_word_corpus(dir / "data", 3000, 5, 0.0);
+  const std::string d = dir.string(), src = NDT_SOURCE_DIR;
+  const Result train =
+      run(p.at("train_gpt"), "--config " + src + "/configs/llama/fortunes_tiny.ini --data.train '" + d +
+                                 "/data/train_*.bin' --data.val '' --model.vocab_size 264 " +
+                                 "--train.steps 1 --sample.length 0 --checkpoint.every 1 " +
+                                 "--checkpoint.dir " + d + "/ckpt --log.metrics '' --log.report ''");
+  ASSERT_EQ(train.rc, 0) << train.out;
+  const Result exported = run(p.at("export_weights"), d + "/ckpt/step_00000001 " + d + "/hf");
+  ASSERT_EQ(exported.rc, 0) << exported.out;
+  std::ofstream(d + "/hf/tokenizer.json") << byte_tokenizer_json({"<|im_start|>", "<|im_end|>"});
+  const std::string chat_args = " --chat --system 'Be brief.' --prompt 'Grüße! 2+2?' --max_new_tokens 4";
+  // no template yet: one line, exit code 2
+  std::filesystem::remove(d + "/hf/tokenizer_config.json");
+  const Result none = run(p.at("generate"), "--model " + d + "/hf" + chat_args);
+  EXPECT_EQ(none.rc, 2) << none.out;
+  EXPECT_NE(none.out.find("has a chat template"), std::string::npos) << none.out;
+  std::filesystem::copy_file(src + "/tests/data/chat_templates/smollm2/tokenizer_config.json",
+                             d + "/hf/tokenizer_config.json");
+  const Result r = run(p.at("generate"), "--model " + d + "/hf --temperature 0" + chat_args);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const ndt::tok::ChatTemplate t = ndt::tok::ChatTemplate::from_folder(d + "/hf");
+  const std::string text =
+      t.render({{"system", "Be brief."}, {"user", "Grüße! 2+2?"}}, {.add_generation_prompt = true});
+  EXPECT_EQ(text,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nGrüße! 2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  const size_t n = ndt::tok::Tokenizer::from_file(d + "/hf").encode(text, false).size();
+  EXPECT_EQ(n, text.size() - 3 * 12 - 2 * 10 + 5);  // a token a byte; 3 <|im_start|>, 2 <|im_end|> one each
+  EXPECT_NE(r.out.find("generate: chat prompt of " + std::to_string(n) + " tokens through " + d +
+                       "/hf/tokenizer_config.json; stops at <|im_end|> (id 257)\n" + text + "\n"),
+            std::string::npos)
+      << r.out;
+  // --system without --chat: refused
+  const Result lone = run(p.at("generate"), "--model " + d + "/hf --system x");
+  EXPECT_EQ(lone.rc, 2) << lone.out;
+  EXPECT_NE(lone.out.find("--system is for --chat"), std::string::npos) << lone.out;
   std::filesystem::remove_all(dir);
 }
 

@@ -47,6 +47,7 @@ class TextCodec {
   int64_t vocab_size() const;             // largest id + 1
   std::optional<int32_t> eos_id() const;  // a tokenizer's end-of-text token (vocab.json: none)
   std::string describe() const;           // "tokenizer.json (BPE, 128256 tokens)", ...
+  const tok::Tokenizer* tokenizer() const { return tok_.get(); }  // null for a vocab.json
 
   // Decoding as tokens arrive: push gives the text the new token completes, holding back the
   // bytes of a character that is not complete yet; flush gives what is held.

@@ -4,6 +4,7 @@
 //   build/generate --model out/fortunes/ckpt --tokenizer data/fortunes/vocab.json --prompt "Q: "
 //   build/generate --model out/hf --prompt "Once" --max_new_tokens 200 --temperature 0.8 \
 //                  --top_k 50 --top_p 0.95 --seed 7 --device cuda --dtype bfloat16
+//   build/generate --model models/SmolLM2-135M-Instruct --chat --system "Be brief." --prompt "Hi"
 //
 // --model is a Hugging Face model folder (config.json and safetensors: what export_weights
 // writes, or one from the Hub; its tokenizer.json is the default tokenizer and its
@@ -19,6 +20,12 @@
 // generating: 1). The options are spelled as train_gpt's keys are (--max_new_tokens); the
 // spellings of the last release (--max-new-tokens, --top-k, --top-p, --ignore-eos) still work,
 // with a note, until the next.
+//
+// --chat: the prompt is a user message (after a system message with --system), rendered
+// through the model's own chat template (tokenizer/chat_template.h: the model folder's, else
+// the tokenizer's folder's) with the assistant's turn opened, and tokenized without adding
+// special tokens (the template wrote them). The reply alone is printed; it ends at the
+// template's end-of-turn token (<|eot_id|>, <|im_end|>, </s>) as well as at end of text.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -34,6 +41,7 @@
 #include "tensor/cuda/runtime.h"
 #include "tensor/error.h"
 #include "tensor/threads.h"
+#include "tokenizer/chat_template.h"
 #include "train/checkpoint/load.h"
 #include "train/checkpoint/tokenizer_files.h"
 #include "train/command_line.h"
@@ -46,7 +54,8 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Args {
-  std::string model, tokenizer, prompt, device = "cpu", dtype = "float32";
+  std::string model, tokenizer, prompt, system, device = "cpu", dtype = "float32";
+  bool chat = false;
   models::SampleOptions sample{
       .max_new_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1};
   bool ignore_eos = false;
@@ -68,6 +77,8 @@ bool parse(int argc, char** argv, Args& a) {
       "tokenizer.json, a folder holding it, or prepare_text's vocab.json (default: the model folder's "
       "tokenizer.json, or the one the checkpoint carries)")(
       "prompt", po::value(&a.prompt), "text to continue (default: empty); \\n and \\t are understood")(
+      "chat", po::bool_switch(&a.chat), "the prompt is a user message, through the model's chat template")(
+      "system", po::value(&a.system), "with --chat: a system message before it")(
       "max_new_tokens", po::value(&a.sample.max_new_tokens)->default_value(a.sample.max_new_tokens),
       "tokens to generate at most")(
       "temperature", po::value(&a.sample.temperature)->default_value(a.sample.temperature, "0.8"),
@@ -89,6 +100,8 @@ bool parse(int argc, char** argv, Args& a) {
                                  vm))
     return false;
   a.prompt = train::unescape(a.prompt);
+  a.system = train::unescape(a.system);
+  NDT_CHECK(a.chat || vm.count("system") == 0, "--system is for --chat (a system message before the prompt)");
   NDT_CHECK(!a.model.empty(), "--model is required: a Hugging Face model folder or a train_gpt checkpoint");
   NDT_CHECK(a.sample.max_new_tokens >= 1, "--max_new_tokens must be >= 1, got ", a.sample.max_new_tokens);
   NDT_CHECK(a.sample.temperature >= 0 && std::isfinite(a.sample.temperature),
@@ -133,6 +146,37 @@ Loaded load(const Args& a, Device device) {
   return l;
 }
 
+// --chat: the user message (after --system) through the chat template of the model's folder,
+// else of the tokenizer's, with the assistant's turn opened; its end-of-turn token's id.
+std::vector<int32_t> chat_prompt(const Args& a, const data::TextCodec& codec, const std::string& tok_path,
+                                 std::optional<int32_t>& end_of_turn) {
+  const tok::Tokenizer* tk = codec.tokenizer();
+  NDT_CHECK(tk, "--chat needs the model's tokenizer.json, not ", codec.source());
+  std::error_code ec;
+  const fs::path tok_dir =
+      fs::is_directory(tok_path, ec) ? fs::path(tok_path) : fs::path(tok_path).parent_path();
+  std::string dir;
+  for (const fs::path& d : {fs::path(a.model), tok_dir})
+    if (dir.empty() && fs::is_directory(d, ec) && tok::ChatTemplate::folder_has_template(d.string()))
+      dir = d.string();
+  NDT_CHECK(!dir.empty(), "--chat: neither ", a.model, " nor ", tok_dir.string(),
+            " has a chat template (chat_template.jinja, or \"chat_template\" in tokenizer_config.json); "
+            "use a chat (Instruct) model's folder");
+  const tok::ChatTemplate t = tok::ChatTemplate::from_folder(dir);
+  std::vector<tok::ChatMessage> messages;
+  if (!a.system.empty()) messages.push_back({"system", a.system});
+  messages.push_back({"user", a.prompt});
+  const std::string text = t.render(messages, {.add_generation_prompt = true});
+  const std::string eot = t.end_of_turn();
+  end_of_turn = tk->id_of(eot);
+  NDT_CHECK(end_of_turn, "--chat: the template's end-of-turn ", eot, " is not a token of ", codec.source());
+  std::vector<int32_t> ids = tk->encode(text, false);
+  std::cerr << "generate: chat prompt of " << ids.size() << " tokens through " << t.source() << "; stops at "
+            << eot << " (id " << *end_of_turn << ")\n"
+            << text << "\n";
+  return ids;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -156,11 +200,17 @@ int main(int argc, char** argv) {
     NDT_CHECK(codec->vocab_size() <= l.gpt->cfg.vocab_size, "the tokenizer ", codec->source(), " has ",
               codec->vocab_size(), " tokens but the model only ", l.gpt->cfg.vocab_size,
               ": not the model's tokenizer");
-    prompt = codec->encode_prompt(a.prompt);
+    std::optional<int32_t> end_of_turn;
+    if (a.chat) {
+      prompt = chat_prompt(a, *codec, tok, end_of_turn);
+    } else {
+      prompt = codec->encode_prompt(a.prompt);
+    }
     a.sample.vocab_limit = codec->vocab_size();  // the ids past the tokenizer's have no text
     if (!a.ignore_eos) {
       a.sample.stop_ids = l.eos;
       if (codec->eos_id()) a.sample.stop_ids.push_back(*codec->eos_id());
+      if (end_of_turn) a.sample.stop_ids.push_back(*end_of_turn);
     }
   } catch (const std::exception& e) {
     std::cerr << "generate: error: " << e.what() << "\n";
@@ -172,7 +222,7 @@ int main(int argc, char** argv) {
     if (codec->vocab_size() < l.gpt->cfg.vocab_size)
       std::cerr << "generate: drawing from the tokenizer's " << codec->vocab_size() << " ids (the model has "
                 << l.gpt->cfg.vocab_size << ": the ids past them have no text)\n";
-    std::cout << a.prompt << std::flush;
+    if (!a.chat) std::cout << a.prompt << std::flush;  // a chat prints the reply alone
     data::TextCodec::Stream out(*codec);
     int64_t n = 0;
     const auto t0 = std::chrono::steady_clock::now();
