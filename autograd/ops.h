@@ -127,13 +127,17 @@ struct AttentionOut {
 // scale defaults to 1/sqrt(HS). A query that sees no key gets out = 0 and lse = -inf.
 // Both outputs are differentiable, so partial results over key blocks can be merged
 // through the lse (ring attention).
+// Packed rows (several documents in one row): docs (B, Td) i32, Td >= max(q_offset+Tq,
+// k_offset+Tk), each row non-decreasing, the document of every global position; then i sees j
+// iff also docs[k_offset+j] == docs[q_offset+i]. Undefined docs: one document per row. On
+// CUDA, packed rows run attention_composed.
 // On the CPU it runs fused (the kernel of self_attention: blocks of queries against the
 // keys they see, no (Tq, Tk) tensor kept; q, k, v read as they lie if their rows are
 // contiguous); on CUDA, bf16 inputs run fused (cuDNN flash attention, tensor/cuda/sdpa.h)
 // where the mask allows it; everything else runs attention_composed. NDT_SDPA=0 turns
 // fusion off.
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset = 0,
-                       int64_t k_offset = 0, double scale = 0.0);
+                       int64_t k_offset = 0, double scale = 0.0, const Tensor& docs = {});
 // Whether attention() and self_attention() on tensors of this device take the CPU's fused
 // kernel (which keeps no probabilities for backward): the CPU, unless NDT_SDPA=0.
 bool attention_fused_on_cpu(Device device);
@@ -141,16 +145,28 @@ bool attention_fused_on_cpu(Device device);
 // (Tq, Tk) scores): every device and dtype, and the reference the fused path is tested against.
 // GQA there: the G query heads of a kv head are one (G*Tq, HS) matrix against its K and V.
 AttentionOut attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset = 0,
-                                int64_t k_offset = 0, double scale = 0.0);
+                                int64_t k_offset = 0, double scale = 0.0, const Tensor& docs = {});
 // Causal self-attention of a sequence on itself, from c_attn's packed output: qkv (B,T,3C)
 // holds q, k and v side by side in each row (head h in columns [h HS, (h+1) HS) of each
 // third, HS = C / n_head) -> y (B,T,C) with the heads side by side again; query t sees keys
 // <= t, scale 1/sqrt(HS). On CPU one fused kernel reads the heads in place and never stores
 // the (T,T) probabilities (tensor/cpu/self_attention.cpp); elsewhere split_last,
 // heads_to_front, attention() and heads_to_back. self_attention_composed, the reference, is
-// the same with attention_composed. NDT_SDPA=0 turns the CPU's fusion off too.
-Tensor self_attention(const Tensor& qkv, int64_t n_head);
-Tensor self_attention_composed(const Tensor& qkv, int64_t n_head);
+// the same with attention_composed. NDT_SDPA=0 turns the CPU's fusion off too. docs (B, T):
+// packed rows, as for attention() (query t sees keys s <= t of its own document).
+Tensor self_attention(const Tensor& qkv, int64_t n_head, const Tensor& docs = {});
+Tensor self_attention_composed(const Tensor& qkv, int64_t n_head, const Tensor& docs = {});
+// Packed rows: docs (B, T) i32 as attention() takes it -> the positions (B, T) i32 of the
+// tokens, restarting at every document: pos_offset + t - (the first index of t's document),
+// the position_ids of Hugging Face's packed rows. Throws for docs that are not (B, T) i32
+// non-decreasing along each row.
+Tensor document_positions(const Tensor& docs, int64_t pos_offset = 0);
+// The mask of packed rows as the kernels take it: docs (B, Td) -> key_lo (B, Tq) i32, the
+// first key (0..Tk) that query i, at global position q_offset + i, may see: the start of its
+// document's run, less k_offset, clamped to [0, Tk]. Checks docs as above (Td >= q_offset+Tq,
+// k_offset+Tk, and B).
+Tensor document_key_starts(const Tensor& docs, int64_t B, int64_t Tq, int64_t Tk, int64_t q_offset,
+                           int64_t k_offset);
 // Merges two attention results of the same queries over disjoint key blocks, a and b,
 // through their log-sum-exps: out_a, out_b (B,NH,T,HS), lse_a, lse_b (B,NH,T) as attention()
 // returns them -> out (B,NH,T,HS), lse (B,NH,T), equal to attention over both blocks:

@@ -1,6 +1,6 @@
 // CPU op benchmarks (Google Benchmark): GEMM through the kernel, through the op and
-// straight through cblas_sgemm; a linear's bias and weight gradient; causal attention;
-// LayerNorm. Results: docs/PERFORMANCE.md.
+// straight through cblas_sgemm; a linear's bias and weight gradient; causal attention (and on
+// rows packed with several documents); LayerNorm. Results: docs/PERFORMANCE.md.
 //
 //   build/bench_cpu_ops --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //
@@ -288,6 +288,36 @@ void BM_self_attention_forward_backward(benchmark::State& state) {
   state.counters["tokens"] = benchmark::Counter(kSB * kST, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_self_attention_forward_backward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Apply(setup);
+
+// Packed rows: the fused self-attention core, forward + backward, on rows of T 1024 tokens
+// cut into n equal documents (docs: each attends only to itself). Arg n: 0 no docs (one
+// causal row), 1 docs of one document (the same mask through the document path), 4 and 16
+// documents: the fused kernel skips the keys of earlier documents, so n equal documents
+// should cost about 1/n of the causal row.
+constexpr int64_t kDB = 2, kDT = 1024;
+
+void BM_self_attention_documents(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Tensor qkv = randn({kDB, kDT, 3 * kSC}, 4), dy = randn({kDB, kDT, kSC}, 5);
+  qkv.set_requires_grad(true);
+  std::vector<int32_t> d(static_cast<size_t>(kDB * kDT));
+  for (size_t i = 0; i < d.size(); ++i) d[i] = n ? static_cast<int32_t>(int64_t(i) % kDT / (kDT / n)) : 0;
+  const Tensor docs = n ? Tensor::from_vector(d, {kDB, kDT}) : Tensor();
+  for (auto _ : state) {
+    Tensor y = ndt::self_attention(qkv, kSNH, docs);
+    ndt::backward({y}, {dy});
+    benchmark::DoNotOptimize(qkv.grad().data_ptr());
+    qkv.set_grad(Tensor());
+  }
+  state.counters["tokens"] = benchmark::Counter(kDB * kDT, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_self_attention_documents)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(16)
+    ->Unit(benchmark::kMillisecond)
+    ->Apply(setup);
 
 // ---- (c) layernorm: x (R,C), w (C), b (C) -> out (R,C), f32 --------------------------------
 constexpr int64_t kR = 8192, kC = 768;

@@ -168,10 +168,12 @@ Tensor GPT::final_norm(const Tensor& x) const {
   return static_cast<const nn::LayerNorm&>(*ln_f).forward(x);
 }
 
-// What the blocks see of the positions (B, T): the offset and, for llama, the rotary tables
-// of every token, made once per forward (or kept from the last one for the same positions).
-nn::Positions GPT::block_positions(const Tensor& pos, int64_t pos_offset, bool cached, DType dtype) const {
-  nn::Positions p{pos_offset, {}, {}};
+// What the blocks see of the positions (B, T): the offset, the documents of packed rows and,
+// for llama, the rotary tables of every token, made once per forward (or kept from the last
+// one for the same positions).
+nn::Positions GPT::block_positions(const Tensor& pos, int64_t pos_offset, bool cached, DType dtype,
+                                   const Tensor& docs) const {
+  nn::Positions p{pos_offset, {}, {}, docs};
   if (!cfg.llama()) return p;
   PositionsCache& c = pos_cache_;
   if (cached && c.rope.cos.defined() && c.rope.cos.dtype() == dtype) return c.rope;
@@ -182,14 +184,23 @@ nn::Positions GPT::block_positions(const Tensor& pos, int64_t pos_offset, bool c
 }
 
 // The positions of idx's tokens (B, T) i32: pos_offset .. pos_offset+T-1 for every row (CP:
-// this rank's two pieces); cached: kept from the last call for the same (B, T, offset).
-Tensor GPT::positions_of(const Tensor& idx, int64_t pos_offset, bool& cached) const {
+// this rank's two pieces; packed rows: restarting at pos_offset with every document of docs);
+// cached: kept from the last call for the same (B, T, offset).
+Tensor GPT::positions_of(const Tensor& idx, int64_t pos_offset, const Tensor& docs, bool& cached) const {
   NDT_CHECK(idx.dtype() == DType::i32 && idx.dim() == 2, "GPT: idx must be int32 (B, T), got ", idx.desc());
   const int64_t B = idx.size(0), T = idx.size(1);
   NDT_CHECK(pos_offset >= 0 && pos_offset + T <= cfg.block_size, "GPT: positions ", pos_offset, "..",
             pos_offset + T - 1, " exceed model.block_size ", cfg.block_size,
             "; lower train.seq_len or raise model.block_size");
   cached = false;
+  if (docs.defined()) {
+    NDT_CHECK(!positions,
+              "GPT: packed documents (docs) do not work with context parallelism yet; "
+              "set parallel.cp_size = 1 to train on packed rows");
+    NDT_CHECK(docs.shape() == idx.shape() && docs.device() == idx.device(), "GPT: docs ", docs.desc(),
+              " must be shaped as idx ", idx.desc(), " on its device");
+    return document_positions(docs, pos_offset);
+  }
   if (positions) return positions(idx, pos_offset);
   {
     PositionsCache& c = pos_cache_;
@@ -227,13 +238,13 @@ Tensor GPT::before_head(const Tensor& x) const {
   return before_lm_head ? before_lm_head(y) : y;
 }
 
-Tensor GPT::trunk(const Tensor& idx, int64_t pos_offset) const {
+Tensor GPT::trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs) const {
   NDT_CHECK(part_.whole(), "GPT: this rank holds one part of a pipeline; run it with forward_chunk");
   bool cached = false;
-  const Tensor pos = positions_of(idx, pos_offset, cached);
+  const Tensor pos = positions_of(idx, pos_offset, docs, cached);
   Tensor x = embed(idx, pos);
   // the rotary tables are for all T positions: attention's q and k are whole sequences
-  return before_head(run_blocks(0, h.size(), x, block_positions(pos, pos_offset, cached, x.dtype())));
+  return before_head(run_blocks(0, h.size(), x, block_positions(pos, pos_offset, cached, x.dtype(), docs)));
 }
 
 // x (B, T, C) at the head: logits (B*T, Vp) through the head's matrix, and the loss
@@ -260,14 +271,15 @@ GPTOutput GPT::head_forward(const Tensor& x_btc, const Tensor& idx, const Tensor
   return out;
 }
 
-GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset) const {
-  return head_forward(trunk(idx, pos_offset), idx, targets);
+GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset,
+                       const Tensor& docs) const {
+  return head_forward(trunk(idx, pos_offset, docs), idx, targets);
 }
 
 // (B, T, C) -> the logits of each row's last position (B, Vp)
 Tensor GPT::next_token_logits(const Tensor& idx, int64_t pos_offset) const {
   const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
-  Tensor x = trunk(idx, pos_offset);                      // (B, T, C)
+  Tensor x = trunk(idx, pos_offset, Tensor());            // (B, T, C)
   x = view(x.narrow(1, T - 1, 1).contiguous(), {B, C});   // each row's last position
   Tensor logits = matmul(x, head().weight, false, true);  // (B, C) @ head^T -> (B, Vp) (Vp/tp)
   return gather_logits ? gather_logits(logits) : logits;
@@ -275,7 +287,8 @@ Tensor GPT::next_token_logits(const Tensor& idx, int64_t pos_offset) const {
 
 // ---- pipeline parallelism: one chunk at a time ----------------------------------------
 
-Tensor GPT::chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset) const {
+Tensor GPT::chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset,
+                        const Tensor& docs) const {
   NDT_CHECK(chunk + 1 < chunk_begin_.size(), "GPT: chunk ", chunk, " of a part with ",
             chunk_begin_.size() - 1, " chunks");
   const bool embeds = chunk == 0 && part_.first;
@@ -283,16 +296,16 @@ Tensor GPT::chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_
       embeds != x.defined(), "GPT: chunk ", chunk,
       embeds ? " starts the pipeline: it embeds idx and takes no x" : " needs the previous stage's output x");
   bool cached = false;
-  const Tensor pos = positions_of(idx, pos_offset, cached);
+  const Tensor pos = positions_of(idx, pos_offset, docs, cached);
   const Tensor in = embeds ? embed(idx, pos) : x;
-  const nn::Positions block_pos = block_positions(pos, pos_offset, cached, in.dtype());
+  const nn::Positions block_pos = block_positions(pos, pos_offset, cached, in.dtype(), docs);
   Tensor y = run_blocks(chunk_begin_[chunk], chunk_begin_[chunk + 1], in, block_pos);
   return chunk + 2 == chunk_begin_.size() && part_.last ? before_head(y) : y;
 }
 
 Tensor GPT::forward_chunk(size_t chunk, const Tensor& idx, const Tensor& x, const Tensor& targets,
-                          int64_t pos_offset) const {
-  Tensor y = chunk_trunk(chunk, idx, x, pos_offset);
+                          int64_t pos_offset, const Tensor& docs) const {
+  Tensor y = chunk_trunk(chunk, idx, x, pos_offset, docs);
   if (!(chunk + 2 == chunk_begin_.size() && part_.last)) return y;
   NDT_CHECK(targets.defined(), "GPT: the pipeline's last chunk needs the targets");
   return head_forward(y, idx, targets).loss;
@@ -302,7 +315,7 @@ Tensor GPT::next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tenso
                                     int64_t pos_offset) const {
   NDT_CHECK(chunk + 2 == chunk_begin_.size() && part_.last, "GPT: only the pipeline's last chunk has logits");
   const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
-  Tensor y = chunk_trunk(chunk, idx, x, pos_offset);  // (B, T, C)
+  Tensor y = chunk_trunk(chunk, idx, x, pos_offset, Tensor());  // (B, T, C)
   y = view(y.narrow(1, T - 1, 1).contiguous(), {B, C});
   Tensor logits = matmul(y, head().weight, false, true);  // (B, C) @ head^T -> (B, Vp)
   return gather_logits ? gather_logits(logits) : logits;

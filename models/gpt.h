@@ -63,7 +63,12 @@ class GPT : public nn::Module {
   // idx (B, T) i32; targets (B, T) i32 or undefined (then no loss). The tokens sit at
   // positions pos_offset .. pos_offset+T-1 of their sequences (context parallelism gives
   // each rank a later piece of the sequence); pos_offset + T <= block_size.
-  GPTOutput forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset = 0) const;
+  // Packed rows: docs (B, T) i32, non-decreasing along each row, the document of every token
+  // (undefined: one per row). Each document attends only to itself and its positions restart
+  // at pos_offset (Hugging Face's position_ids of packed rows); that a document's last token
+  // does not predict the next one's first is the targets' business (-1 there).
+  GPTOutput forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset = 0,
+                    const Tensor& docs = {}) const;
   // For generation: the logits of the token after each row, idx (B, T) at positions
   // pos_offset.. -> (B, Vp). Only the last position goes through the lm_head (a prompt's
   // other T-1 rows would cost T-1 GEMM rows of the vocabulary and be thrown away).
@@ -74,8 +79,9 @@ class GPT : public nn::Module {
   // x the previous stage's output (B, T, C) (sequence parallel: (B, T/tp, C)), undefined for
   // the pipeline's first chunk, which embeds idx. Returns the chunk's output, the next
   // stage's x, or for the pipeline's last chunk the loss (a scalar), from targets (B, T).
+  // docs: packed rows, as for forward (every stage takes them).
   Tensor forward_chunk(size_t chunk, const Tensor& idx, const Tensor& x, const Tensor& targets,
-                       int64_t pos_offset = 0) const;
+                       int64_t pos_offset = 0, const Tensor& docs = {}) const;
   // ... and for the last chunk when sampling: the logits of the token after each row (B, Vp).
   Tensor next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tensor& x,
                                  int64_t pos_offset = 0) const;
@@ -96,7 +102,8 @@ class GPT : public nn::Module {
   // TP: the loss over vocab-sliced logits (vocab-parallel cross-entropy)
   std::function<Tensor(const Tensor& logits, const Tensor& targets)> loss_fn;
   nn::TensorFn gather_logits;  // TP: (N, Vp/tp) -> (N, Vp), for sampling
-  // CP: the position of every token (B, T) i32 (a rank's tokens are two pieces of the sequence)
+  // CP: the position of every token (B, T) i32 (a rank's tokens are two pieces of the sequence;
+  // packed rows, docs, are refused with it)
   std::function<Tensor(const Tensor& idx, int64_t pos_offset)> positions;
 
   // The FSDP units: "embeddings" (wte, wpe or lm_head, ln_f) first, then one per block "h.i".
@@ -129,17 +136,19 @@ class GPT : public nn::Module {
 
  private:
   Tensor final_norm(const Tensor& x) const;
-  Tensor trunk(const Tensor& idx, int64_t pos_offset) const;
-  // trunk's parts: the positions of idx's tokens (B, T) and what the blocks see of them; the
-  // embeddings (B, T, C); blocks h[begin, end); the final norm (and TP's copy) before the head
-  Tensor positions_of(const Tensor& idx, int64_t pos_offset, bool& cached) const;
+  Tensor trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs) const;
+  // trunk's parts: the positions of idx's tokens (B, T) (restarting per document of docs) and
+  // what the blocks see of them; the embeddings (B, T, C); blocks h[begin, end); the final
+  // norm (and TP's copy) before the head
+  Tensor positions_of(const Tensor& idx, int64_t pos_offset, const Tensor& docs, bool& cached) const;
   Tensor embed(const Tensor& idx, const Tensor& pos) const;
   Tensor run_blocks(size_t begin, size_t end, Tensor x, const nn::Positions& block_pos) const;
   Tensor before_head(const Tensor& x) const;
   // x (B, T, C) at the head -> logits and loss
   GPTOutput head_forward(const Tensor& x, const Tensor& idx, const Tensor& targets) const;
   // chunk's h range and its input: the embeddings of idx, or x
-  Tensor chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset) const;
+  Tensor chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset,
+                     const Tensor& docs) const;
   PipelinePart part_;
   std::vector<int64_t> block_index_;  // h[i]'s index in the whole model
   std::vector<size_t> chunk_begin_;   // chunk c is h[chunk_begin_[c], chunk_begin_[c + 1])
@@ -152,7 +161,8 @@ class GPT : public nn::Module {
     nn::Positions rope;
   };
   mutable PositionsCache pos_cache_;
-  nn::Positions block_positions(const Tensor& pos, int64_t pos_offset, bool cached, DType dtype) const;
+  nn::Positions block_positions(const Tensor& pos, int64_t pos_offset, bool cached, DType dtype,
+                                const Tensor& docs) const;
   std::vector<nn::BlockWrapper> wrappers_;
 };
 

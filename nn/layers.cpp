@@ -74,11 +74,21 @@ CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t nh, float std, float
   child("c_proj", &c_proj);
 }
 
-Tensor CausalSelfAttention::core(const Tensor& qkv, int64_t pos_offset) const {
+namespace {
+void check_no_attend_with_docs(const AttendFn& attend, const Tensor& docs) {
+  NDT_CHECK(
+      !attend || !docs.defined(),
+      "attention: packed documents (docs) do not work with context "
+      "parallelism (parallel.cp_size > 1) or a KV cache yet; train packed rows with parallel.cp_size = 1");
+}
+}  // namespace
+
+Tensor CausalSelfAttention::core(const Tensor& qkv, int64_t pos_offset, const Tensor& docs) const {
   // C: this rank's channels of q, k and v (n_embd, or n_embd / tp with tensor parallelism)
   // qkv (B,T,3C) -> y (B,T,C): the sequence attends to itself (the offset cancels out of the
-  // mask), on CPU without copying a head out of qkv
-  if (!attend) return self_attention(qkv, n_head);
+  // mask), on CPU without copying a head out of qkv; packed rows: each document to itself
+  check_no_attend_with_docs(attend, docs);
+  if (!attend) return self_attention(qkv, n_head, docs);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, NH = n_head, HS = C / NH;
   // qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
   std::vector<Tensor> parts = split_last(qkv, {C, C, C});
@@ -89,11 +99,11 @@ Tensor CausalSelfAttention::core(const Tensor& qkv, int64_t pos_offset) const {
   return view(heads_to_back(y), {B, T, C});
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x, int64_t pos_offset) const {
+Tensor CausalSelfAttention::forward(const Tensor& x, int64_t pos_offset, const Tensor& docs) const {
   // x (B,T,n_embd) -> c_attn -> qkv (B,T,3C) -> attention core -> (B,T,C) -> c_proj. Under
   // selective activation checkpointing the core keeps only qkv and runs again in backward.
-  const Tensor y = recompute_selected([this, pos_offset](const Tensor& qkv) { return core(qkv, pos_offset); },
-                                      c_attn.forward(x));
+  const Tensor y = recompute_selected(
+      [this, pos_offset, docs](const Tensor& qkv) { return core(qkv, pos_offset, docs); }, c_attn.forward(x));
   return c_proj.forward(y);
 }
 
@@ -108,7 +118,7 @@ Block::Block(int64_t C, int64_t n_head, float std, float proj_std, double norm_e
 // x + attn(ln_1(x)) -> h;  h + mlp(ln_2(h)) -> out; the first add and ln_2 in one pass
 Tensor Block::forward(const Tensor& x, const Positions& pos) const {
   AddNormOut h =
-      add_layernorm(x, attn.forward(ln_1.forward(x), pos.offset), ln_2.weight, ln_2.bias, ln_2.eps);
+      add_layernorm(x, attn.forward(ln_1.forward(x), pos.offset, pos.docs), ln_2.weight, ln_2.bias, ln_2.eps);
   return add(h.sum, mlp.forward(h.out));
 }
 
@@ -132,10 +142,12 @@ Tensor GroupedQueryAttention::core(const Tensor& qkv, const Positions& pos) cons
   Tensor q = view(parts[0], {B, T, NKV * G, HS});  // query head g G + j is group g's j-th
   Tensor k = parts[1], v = parts[2];
   // rotary on q and k at every token's position (B,T,HS/2), then heads in front
-  q = heads_to_front(rotary(q, pos.cos, pos.sin));                           // (B,NH,T,HS)
-  k = heads_to_front(rotary(k, pos.cos, pos.sin));                           // (B,NKV,T,HS)
-  v = heads_to_front(v);                                                     // (B,NKV,T,HS)
-  Tensor y = attend ? attend(q, k, v, pos.offset) : attention(q, k, v).out;  // (B,NH,T,HS)
+  q = heads_to_front(rotary(q, pos.cos, pos.sin));  // (B,NH,T,HS)
+  k = heads_to_front(rotary(k, pos.cos, pos.sin));  // (B,NKV,T,HS)
+  v = heads_to_front(v);                            // (B,NKV,T,HS)
+  check_no_attend_with_docs(attend, pos.docs);
+  Tensor y =
+      attend ? attend(q, k, v, pos.offset) : attention(q, k, v, 0, 0, 0.0, pos.docs).out;  // (B,NH,T,HS)
   // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,NH HS)
   return view(heads_to_back(y), {B, T, n_head * HS});
 }

@@ -132,14 +132,15 @@ class MLP : public Module {
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(int64_t C, int64_t n_head, float std, float proj_std);
-  // x (B, T, C) at positions pos_offset.. -> (B, T, C); the causal mask uses positions
-  Tensor forward(const Tensor& x, int64_t pos_offset = 0) const;
+  // x (B, T, C) at positions pos_offset.. -> (B, T, C); the causal mask uses positions;
+  // docs (B, T) i32: packed rows, each document attends to itself (ndt::attention)
+  Tensor forward(const Tensor& x, int64_t pos_offset = 0, const Tensor& docs = {}) const;
   // The attention core, between the two linears: qkv (B, T, 3C) -> heads, causal softmax
   // attention, heads merged -> (B, T, C). It has no parameters; selective activation
   // checkpointing recomputes it in backward (nn::recompute_selected) instead of keeping
   // what it saves (on CPU the fused kernel's log-sum-exps; composed, q, k, v, the
   // (B*NH, T, T) probabilities and the output). Without `attend`, ndt::self_attention.
-  Tensor core(const Tensor& qkv, int64_t pos_offset = 0) const;
+  Tensor core(const Tensor& qkv, int64_t pos_offset = 0, const Tensor& docs = {}) const;
   Linear c_attn, c_proj;
   int64_t n_head;   // heads on this rank (n_head / tp under tensor parallelism)
   AttendFn attend;  // context parallelism's ring attention (empty: self_attention)
@@ -147,10 +148,12 @@ class CausalSelfAttention : public Module {
 
 // Where a block's tokens sit in their sequences: the offset of the first (the causal mask's)
 // and, for rotary embeddings, the cos and sin of every token's angles (B, T, HS/2)
-// (models/rope.h; undefined for GPT-2, whose positions are added once at the embeddings).
+// (models/rope.h; undefined for GPT-2, whose positions are added once at the embeddings);
+// for packed rows the document of every token, docs (B, T) i32 (undefined: one per row).
 struct Positions {
   int64_t offset = 0;
   Tensor cos, sin;
+  Tensor docs;
 };
 
 // A decoder block of either architecture; the model runs its blocks through this.

@@ -299,11 +299,32 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
   NDT_DISPATCH(ids.device(), embedding_backward, ids, dout, dtable, v_start);
 }
 
+// key_lo (B, Tq) i32 on the device dev, each row non-decreasing in [0, Tk]
+// (ndt::document_key_starts makes it so): the kernels read keys from it without further checks
+static void check_key_lo(const char* op, const Tensor& key_lo, Device dev, int64_t Tq, int64_t Tk) {
+  NDT_CHECK(key_lo.device() == dev && key_lo.dtype() == DType::i32 && key_lo.dim() == 2 &&
+                key_lo.size(1) == Tq && key_lo.is_contiguous(),
+            op, ": key_lo must be (B, ", Tq, ") int32 contiguous on ", dev.str(), ", got ", key_lo.desc());
+  const Tensor host = key_lo.to(Device::cpu());
+  const int32_t* lo = host.data<int32_t>();
+  for (int64_t b = 0; b < key_lo.size(0); ++b)
+    for (int64_t i = 0; i < Tq; ++i) {
+      const int64_t x = lo[b * Tq + i];
+      NDT_CHECK(x >= 0 && x <= Tk && (i == 0 || x >= lo[b * Tq + i - 1]), op, ": key_lo[", b, ", ", i,
+                "] = ", x, " must be in [0, ", Tk, "] and not below the one before");
+    }
+}
+
 void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
-                               const Tensor& lse) {
+                               const Tensor& lse, const Tensor& key_lo) {
   same_device("attention_softmax_forward", {&s, &lse});
   contiguous("attention_softmax_forward", {&s, &lse});
-  NDT_DISPATCH(s.device(), attention_softmax_forward, s, scale, q_offset, k_offset, lse);
+  if (key_lo.defined()) {  // packed documents
+    check_key_lo("attention_softmax_forward", key_lo, s.device(), s.size(1), s.size(2));
+    NDT_CHECK(key_lo.size(0) > 0 && s.size(0) % key_lo.size(0) == 0, "attention_softmax_forward: key_lo ",
+              key_lo.shape_str(), " does not divide the rows of s ", s.shape_str());
+  }
+  NDT_DISPATCH(s.device(), attention_softmax_forward, s, scale, q_offset, k_offset, lse, key_lo);
 }
 
 void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,
@@ -317,6 +338,12 @@ void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out) {
   same_device("rowwise_dot", {&a, &b, &out});
   contiguous("rowwise_dot", {&a, &b, &out});
   NDT_DISPATCH(a.device(), rowwise_dot, a, b, out);
+}
+
+// key_lo of B rows for the fused kernels (CPU only; they check their own device)
+static void check_batch_key_lo(const char* op, const Tensor& key_lo, int64_t B, int64_t Tq, int64_t Tk) {
+  check_key_lo(op, key_lo, Device::cpu(), Tq, Tk);
+  NDT_CHECK(key_lo.size(0) == B, op, ": key_lo ", key_lo.shape_str(), " must have the batch's ", B, " rows");
 }
 
 // The packed self-attention kernels exist on the CPU only: on CUDA, ndt::self_attention
@@ -336,15 +363,17 @@ static void check_self_attention(const char* op, const Tensor& qkv, int64_t n_he
 }
 
 void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, const Tensor& y,
-                            const Tensor& lse) {
+                            const Tensor& lse, const Tensor& key_lo) {
   same_device("self_attention_forward", {&qkv, &y, &lse});
   contiguous("self_attention_forward", {&qkv, &y, &lse});
   check_self_attention("self_attention_forward", qkv, n_head, y, lse);
-  cpu::self_attention_forward(qkv, n_head, scale, y, lse);
+  if (key_lo.defined())
+    check_batch_key_lo("self_attention_forward", key_lo, qkv.size(0), qkv.size(1), qkv.size(1));
+  cpu::self_attention_forward(qkv, n_head, scale, y, lse, key_lo);
 }
 
 void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
-                             int64_t n_head, double scale, const Tensor& dqkv) {
+                             int64_t n_head, double scale, const Tensor& dqkv, const Tensor& key_lo) {
   same_device("self_attention_backward", {&qkv, &y, &lse, &dy, &dqkv});
   contiguous("self_attention_backward", {&qkv, &y, &lse, &dy, &dqkv});
   check_self_attention("self_attention_backward", qkv, n_head, y, lse);
@@ -352,7 +381,9 @@ void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& l
                 dqkv.dtype() == qkv.dtype(),
             "self_attention_backward: dy ", dy.desc(), " and dqkv ", dqkv.desc(), " must match y ", y.desc(),
             " and qkv ", qkv.desc());
-  cpu::self_attention_backward(qkv, y, lse, dy, n_head, scale, dqkv);
+  if (key_lo.defined())
+    check_batch_key_lo("self_attention_backward", key_lo, qkv.size(0), qkv.size(1), qkv.size(1));
+  cpu::self_attention_backward(qkv, y, lse, dy, n_head, scale, dqkv, key_lo);
 }
 
 // attention_fused_*: (B, NH, T, HS) operands on the CPU whose rows are contiguous; k, v and
@@ -377,19 +408,22 @@ static void check_lse(const char* op, const Tensor& q, const Tensor& lse) {
 }
 
 void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
-                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse) {
+                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse,
+                             const Tensor& key_lo) {
   same_device("attention_fused_forward", {&q, &k, &v, &y, &lse});
   check_heads("attention_fused_forward", q, {&q, &k, &v, &y});
   NDT_CHECK(k.shape() == v.shape() && y.shape() == q.shape(), "attention_fused_forward: k ", k.desc(), ", v ",
             v.desc(), " and y ", y.desc(), " must be shaped as k, k and q ", q.desc());
   check_lse("attention_fused_forward", q, lse);
-  cpu::attention_fused_forward(q, k, v, q_offset, k_offset, scale, y, lse);
+  if (key_lo.defined())
+    check_batch_key_lo("attention_fused_forward", key_lo, q.size(0), q.size(2), k.size(2));
+  cpu::attention_fused_forward(q, k, v, q_offset, k_offset, scale, y, lse, key_lo);
 }
 
 void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
                               const Tensor& lse, const Tensor& dy, const Tensor& dlse, int64_t q_offset,
                               int64_t k_offset, double scale, const Tensor& dq, const Tensor& dk,
-                              const Tensor& dv) {
+                              const Tensor& dv, const Tensor& key_lo) {
   same_device("attention_fused_backward", {&q, &k, &v, &y, &lse, &dy, &dq, &dk, &dv});
   check_heads("attention_fused_backward", q, {&q, &k, &v, &y, &dy, &dq, &dk, &dv});
   NDT_CHECK(k.shape() == v.shape() && y.shape() == q.shape() && dy.shape() == q.shape() &&
@@ -398,7 +432,9 @@ void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v,
             k.desc());
   check_lse("attention_fused_backward", q, lse);
   if (dlse.defined()) check_lse("attention_fused_backward", q, dlse);
-  cpu::attention_fused_backward(q, k, v, y, lse, dy, dlse, q_offset, k_offset, scale, dq, dk, dv);
+  if (key_lo.defined())
+    check_batch_key_lo("attention_fused_backward", key_lo, q.size(0), q.size(2), k.size(2));
+  cpu::attention_fused_backward(q, k, v, y, lse, dy, dlse, q_offset, k_offset, scale, dq, dk, dv, key_lo);
 }
 
 void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,

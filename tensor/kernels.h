@@ -137,8 +137,10 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
 // query i (global position q_offset+i) sees key j (global position k_offset+j) iff
 // k_offset+j <= q_offset+i. lse (Bh,Tq) f32 (f64 for f64) receives the log-sum-exp of
 // the scaled, masked scores; a row that sees no key gets p = 0 and lse = -inf.
+// key_lo (B, Tq) i32 on s's device (packed documents, ndt::document_key_starts; undefined: none)
+// also hides the keys j < key_lo[b, i] from query i: the rows (Bh, Tq) are (B, Bh/B, Tq).
 void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
-                               const Tensor& lse);
+                               const Tensor& lse, const Tensor& key_lo = {});
 // In the forward, p = exp(scale*s - lse) (masked). Given dp = dout @ v^T, the row terms
 // d (Bh,Tq) = rowsum(dout*out) and the gradient dlse (Bh,Tq) of the lse output (may be
 // undefined), writes ds = p * (dp - d + dlse) * scale into dp (in place).
@@ -152,28 +154,31 @@ void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out);
 //   y (B,T,C) = softmax(scale q k^T, masked) v per head, heads side by side as in qkv;
 //   lse (B,n_head,T) the log-sum-exp of each query's scaled, masked scores.
 // f32 or f64 (lse in the same dtype). No (T,T) buffer: a block of queries at a time.
+// key_lo (B, T) i32 (packed documents; undefined: none): query t sees keys [key_lo[b,t], t].
 void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, const Tensor& y,
-                            const Tensor& lse);
+                            const Tensor& lse, const Tensor& key_lo = {});
 // Its backward from the forward's qkv, y, lse and the gradient dy (B,T,C): writes every
 // element of dqkv (B,T,3C) (dq, dk, dv in the layout of qkv); the probabilities are computed
 // again from q, k and lse.
 void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
-                             int64_t n_head, double scale, const Tensor& dqkv);
+                             int64_t n_head, double scale, const Tensor& dqkv, const Tensor& key_lo = {});
 // The same kernel for attention() on the CPU: q (B,NH,Tq,HS), k, v (B,NKV,Tk,HS) with NKV
 // dividing NH (grouped-query attention: query head h reads kv head h / (NH/NKV)), with any
 // strides but contiguous rows (the last stride 1), the mask of attention_softmax_forward
 // (query i sees key j iff k_offset+j <= q_offset+i) ->
 //   y (B,NH,Tq,HS) (same row rule), lse (B,NH,Tq) contiguous, in q's dtype (f32 or f64);
 // a query that sees no key gets y = 0 and lse = -inf.
+// key_lo (B, Tq) i32 as for attention_softmax_forward (undefined: none).
 void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
-                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse);
+                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse,
+                             const Tensor& key_lo = {});
 // Its backward from q, k, v, y, lse and the gradients dy (B,NH,Tq,HS) and dlse (B,NH,Tq,
 // contiguous; undefined for none): writes every element of dq, dk, dv (shaped as q, k, v);
 // dk, dv of a kv head are the sums over its NH/NKV query heads, accumulated in place.
 void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
                               const Tensor& lse, const Tensor& dy, const Tensor& dlse, int64_t q_offset,
                               int64_t k_offset, double scale, const Tensor& dq, const Tensor& dk,
-                              const Tensor& dv);
+                              const Tensor& dv, const Tensor& key_lo = {});
 // Merging two partial attention results over disjoint key blocks through their lse (ring
 // attention): out_a, out_b, out (Bh,T,HS); lse_a, lse_b, lse (Bh,T) f32 (f64 for f64).
 //   lse = logaddexp(lse_a, lse_b),  out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b

@@ -234,7 +234,8 @@ TEST_F(CudaAttention, MergedBlocks) {
       EXPECT_TRUE(cuda::sdpa_prepare(in[0], in[1], in[2], /*causal=*/false, scale, true, &why)) << why;
       EXPECT_TRUE(cuda::sdpa_prepare(in[0], in[3], in[4], /*causal=*/true, scale, true, &why)) << why;
     }
-    AttentionOut a = att(in[0], in[1], in[2], 64, 0, 0.0), b = att(in[0], in[3], in[4], 64, 64, 0.0);
+    AttentionOut a = att(in[0], in[1], in[2], 64, 0, 0.0, Tensor()),
+                 b = att(in[0], in[3], in[4], 64, 64, 0.0, Tensor());
     AttentionOut m = merge_attention(a.out, a.lse, b.out, b.lse);
     backward(sum(mul(m.out, dout)));
     outs[fused] = m.out.detach();

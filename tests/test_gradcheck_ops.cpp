@@ -193,15 +193,17 @@ namespace {
 
 // self_attention (fused on CPU) and self_attention_composed as two cases on the same inputs:
 // qkv (B,T,3C) at GPT-like sizes, several query blocks, the last one partial.
-OpCase self_attention_case(bool fused, int64_t B, int64_t T, int64_t C, int64_t nh) {
+// docs: packed rows (B, T), or undefined.
+OpCase self_attention_case(bool fused, int64_t B, int64_t T, int64_t C, int64_t nh, const Tensor& docs = {}) {
   return {fused ? "fused" : "composed",
           [=](DType dt, Device dev) {
             Tensor x = randn({B, T, 3 * C}, dt, dev, 900, 0.0f, 1.5f);
             x.set_requires_grad(true);
             return std::vector<Tensor>{x};
           },
-          [fused, nh](const std::vector<Tensor>& x) {
-            return std::vector<Tensor>{fused ? self_attention(x[0], nh) : self_attention_composed(x[0], nh)};
+          [fused, nh, docs](const std::vector<Tensor>& x) {
+            return std::vector<Tensor>{fused ? self_attention(x[0], nh, docs)
+                                             : self_attention_composed(x[0], nh, docs)};
           },
           {true}};
 }
@@ -219,6 +221,33 @@ TEST(SelfAttention, FusedCpuKernelMatchesTheComposedPath) {
     const double tol = dt == DType::f64 ? 1e-12 : dt == DType::f32 ? 2e-6 : 1e-2;
     expect_close(fused, a, b, tol, dtype_name(dt));
   }
+}
+
+// Rows of B documents of the given lengths (each row's lengths sum to T) -> docs (B, T).
+Tensor docs_of(const std::vector<std::vector<int64_t>>& lengths) {
+  std::vector<int32_t> d;
+  for (const auto& row : lengths)
+    for (size_t i = 0; i < row.size(); ++i)
+      d.insert(d.end(), static_cast<size_t>(row[i]), static_cast<int32_t>(i));
+  const int64_t B = static_cast<int64_t>(lengths.size());
+  return Tensor::from_vector(d, {B, static_cast<int64_t>(d.size()) / B});
+}
+
+// Packed rows: documents of 1 to 130 tokens that begin and end inside and across the fused
+// kernel's blocks of 64 queries; both paths in f32 and f64.
+TEST(SelfAttention, FusedCpuKernelMatchesTheComposedPathOnPackedRows) {
+  const Tensor docs = docs_of({{1, 70, 3, 64, 62}, {130, 1, 69}});
+  const OpCase fused = self_attention_case(true, 2, 200, 48, 4, docs),
+               composed = self_attention_case(false, 2, 200, 48, 4, docs);
+  for (DType dt : {DType::f32, DType::f64}) {
+    std::vector<Tensor> in = case_inputs(fused, dt, Device::cpu());
+    CaseRun a = run_case(fused, in), b = run_case(composed, convert_inputs(composed, in, dt, Device::cpu()));
+    expect_close(fused, a, b, dt == DType::f64 ? 1e-12 : 2e-6, dtype_name(dt));
+  }
+  // and the packed rows differ from causal ones (the mask is not lost on the way)
+  const OpCase causal = self_attention_case(true, 2, 200, 48, 4);
+  std::vector<Tensor> in = case_inputs(fused, DType::f64, Device::cpu());
+  EXPECT_GT(rel_error(run_case(fused, in).outputs[0], run_case(causal, in).outputs[0]), 1e-3);
 }
 
 // Tasks write disjoint outputs and sum in a fixed order: one thread and two give the same bits.
@@ -256,7 +285,8 @@ std::vector<Tensor> outputs_of(const AttentionOut& r, const AttBlock& a) {
   Tensor lse = a.masked ? split_last(r.lse, {a.masked, a.tq - a.masked})[1] : r.lse;
   return {r.out, lse};
 }
-OpCase attention_case(bool fused, const AttBlock& a, int64_t NH = 3, int64_t NKV = 3) {
+OpCase attention_case(bool fused, const AttBlock& a, int64_t NH = 3, int64_t NKV = 3,
+                      const Tensor& docs = {}) {
   const int64_t B = 2, HS = 16;
   return {fused ? "fused" : "composed",
           [=](DType dt, Device dev) {
@@ -266,9 +296,9 @@ OpCase attention_case(bool fused, const AttBlock& a, int64_t NH = 3, int64_t NKV
             for (Tensor& t : x) t.set_requires_grad(true);
             return x;
           },
-          [fused, a](const std::vector<Tensor>& x) {
-            return outputs_of(fused ? attention(x[0], x[1], x[2], a.q_off, a.k_off)
-                                    : attention_composed(x[0], x[1], x[2], a.q_off, a.k_off),
+          [fused, a, docs](const std::vector<Tensor>& x) {
+            return outputs_of(fused ? attention(x[0], x[1], x[2], a.q_off, a.k_off, 0.0, docs)
+                                    : attention_composed(x[0], x[1], x[2], a.q_off, a.k_off, 0.0, docs),
                               a);
           },
           {true, true, true}};
@@ -373,6 +403,21 @@ TEST(Attention, GqaEqualsMultiHeadAttentionOnRepeatedKv) {
       }
 }
 
+// Packed rows through attention(): GQA (4 query heads over 2 kv heads), a whole row and a
+// block of queries 100..199 over keys 0..199; documents across the blocks of 64 queries.
+TEST(Attention, FusedCpuKernelMatchesTheComposedPathOnPackedRows) {
+  const Tensor docs = docs_of({{1, 70, 3, 64, 62}, {130, 1, 69}});
+  for (const AttBlock& blk : {AttBlock{200, 200, 0, 0, 0}, AttBlock{100, 200, 100, 0, 0}})
+    for (DType dt : {DType::f32, DType::f64}) {
+      const OpCase fused = attention_case(true, blk, 4, 2, docs),
+                   composed = attention_case(false, blk, 4, 2, docs);
+      std::vector<Tensor> in = case_inputs(fused, dt, Device::cpu());
+      CaseRun a = run_case(fused, in),
+              b = run_case(composed, convert_inputs(composed, in, dt, Device::cpu()));
+      expect_close(fused, a, b, dt == DType::f64 ? 1e-12 : 2e-6, dtype_name(dt));
+    }
+}
+
 // A head count that does not divide, or k and v that differ, is refused naming the counts.
 TEST(Attention, RefusesKvHeadsThatDoNotDivideTheQueryHeads) {
   const Tensor q = randn({1, 4, 5, 8}, DType::f32, Device::cpu(), 1);
@@ -381,7 +426,7 @@ TEST(Attention, RefusesKvHeadsThatDoNotDivideTheQueryHeads) {
     for (const bool fused : {true, false}) {
       auto att = fused ? attention : attention_composed;
       try {
-        att(q, k, k, 0, 0, 0.0);
+        att(q, k, k, 0, 0, 0.0, Tensor());
         ADD_FAILURE() << "attention with 4 query heads and " << nkv << " kv heads was accepted";
       } catch (const Error& e) {
         const std::string msg = e.what();

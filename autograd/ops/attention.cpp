@@ -23,9 +23,17 @@
 //   (tensor/cuda/sdpa.h), which never stores the (Tq,Tk) scores; its backward needs only
 //   q, k, v, out and lse. attention() picks the path; NDT_SDPA=0 forces the composed one.
 //
+// Packed rows: docs (B, Td) i32 gives the document of every global position, in runs (each
+// row non-decreasing); query i then sees key j also only if both lie in one document. The
+// kernels take that mask as key_lo (B, Tq), the first key of each query's document
+// (document_key_starts): the composed softmax zeroes the keys before it, the CPU's fused
+// kernel computes no score against keys before its block's first. On CUDA, packed rows take
+// the composed path (cuDNN's kernel is given no such mask).
+//
 // merge_attention combines two such results of the same queries over disjoint key blocks
 // (ring attention: one block per step) through their log-sum-exps.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -38,6 +46,27 @@ namespace ndt {
 using namespace ops_detail;
 
 namespace {
+
+// docs (B, Td) i32, each row non-decreasing -> the first index of each position's document,
+// (B*Td) on the host. who: the caller, for the error.
+std::vector<int32_t> run_starts(const Tensor& docs, const char* who) {
+  NDT_CHECK(docs.dim() == 2 && docs.dtype() == DType::i32, who,
+            ": docs (the document of every position of a packed row) must be (B, T) int32, got ",
+            docs.desc());
+  const int64_t B = docs.size(0), Td = docs.size(1);
+  const std::vector<int32_t> d = docs.to(Device::cpu()).contiguous().to_vector<int32_t>();
+  std::vector<int32_t> start(d.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < Td; ++t) {
+      const int64_t x = b * Td + t;
+      NDT_CHECK(t == 0 || d[x] >= d[x - 1], who,
+                ": docs must not decrease along a row (a document is one run "
+                "of positions), but row ",
+                b, " goes from ", d[x - 1], " to ", d[x], " at position ", t);
+      start[x] = t > 0 && d[x] == d[x - 1] ? start[x - 1] : static_cast<int32_t>(t);
+    }
+  return start;
+}
 
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
   check_same("attention", {&q, &k, &v});
@@ -60,13 +89,13 @@ Tensor grouped(const Tensor& t, int64_t NKV, DType cd) {
 }
 
 // In the grouped layout: q (Bkv,G*Tq,HS), k (Bkv,Tk,HS) -> p (Bkv,G*Tq,Tk) = masked
-// softmax(scale * q @ k^T), lse (Bh,Tq)
+// softmax(scale * q @ k^T), lse (Bh,Tq); key_lo (B,Tq) the documents' mask, or undefined
 void attention_probs(const Tensor& q, const Tensor& k, double scale, int64_t q_offset, int64_t k_offset,
-                     const Tensor& p, const Tensor& lse) {
+                     const Tensor& p, const Tensor& lse, const Tensor& key_lo = {}) {
   kernels::gemm(q, false, k, true, p);  // s = q @ k^T
   // the mask depends on the query's position i: rows of p as (Bh,Tq,Tk), i = row % Tq
   const int64_t Tq = lse.size(1), Tk = p.size(2);
-  kernels::attention_softmax_forward(p.view({lse.size(0), Tq, Tk}), scale, q_offset, k_offset, lse);
+  kernels::attention_softmax_forward(p.view({lse.size(0), Tq, Tk}), scale, q_offset, k_offset, lse, key_lo);
 }
 
 // The composed backward, in the grouped layout: q (Bkv,G*Tq,HS), k, v (Bkv,Tk,HS),
@@ -151,7 +180,7 @@ AttentionOut attention_fused(const Tensor& q_in, const Tensor& k_in, const Tenso
 // out (B,NH,Tq,HS) contiguous in q's dtype, lse (B,NH,Tq) in the compute dtype. Query head
 // h reads kv head h/G in place; backward writes dk, dv (B,NKV,Tk,HS) as sums over groups.
 AttentionOut attention_fused_cpu(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t q_offset,
-                                 int64_t k_offset, double scale) {
+                                 int64_t k_offset, double scale, const Tensor& key_lo) {
   const int64_t B = q_in.size(0), NH = q_in.size(1), Tq = q_in.size(2), HS = q_in.size(3);
   const DType io = q_in.dtype(), cd = io == DType::bf16 ? DType::f32 : io;  // compute dtype
   auto in_cd = [cd, HS](const Tensor& t) {  // rows contiguous, in the compute dtype
@@ -160,30 +189,56 @@ AttentionOut attention_fused_cpu(const Tensor& q_in, const Tensor& k_in, const T
   };
   const Tensor q = in_cd(q_in), k = in_cd(k_in), v = in_cd(v_in);
   Tensor o = Tensor::empty({B, NH, Tq, HS}, cd, q.device()), lse = Tensor::empty({B, NH, Tq}, cd, q.device());
-  kernels::attention_fused_forward(q, k, v, q_offset, k_offset, scale, o, lse);
+  kernels::attention_fused_forward(q, k, v, q_offset, k_offset, scale, o, lse, key_lo);
 
   AttentionOut r{o.to(io), lse.detach()};
   // saved: q, k, v as they came (bf16 stays bf16, converted again in backward), o in the
   // compute dtype (f32/f64: the output itself) and lse, as handles without autograd history
-  autograd::record(
-      "attention", {r.out, r.lse}, {q_in, k_in, v_in},
-      [qs = q_in.detach(), ks = k_in.detach(), vs = v_in.detach(), o = o.detach(), lse, q_offset, k_offset,
-       scale, cd, io, in_cd](const Grads& g) -> Grads {
-        const Tensor q = in_cd(qs), k = in_cd(ks), v = in_cd(vs);
-        const Tensor dout = g[0].defined() ? g[0].contiguous().to(cd) : Tensor::zeros(o.shape(), cd);
-        const Tensor dlse = g[1].defined() ? g[1].contiguous() : Tensor();
-        Tensor dq = Tensor::empty(q.shape(), cd), dk = Tensor::empty(k.shape(), cd),
-               dv = Tensor::empty(v.shape(), cd);
-        kernels::attention_fused_backward(q, k, v, o, lse, dout, dlse, q_offset, k_offset, scale, dq, dk, dv);
-        return {dq.to(io), dk.to(io), dv.to(io)};
-      });
+  autograd::record("attention", {r.out, r.lse}, {q_in, k_in, v_in},
+                   [qs = q_in.detach(), ks = k_in.detach(), vs = v_in.detach(), o = o.detach(), lse, q_offset,
+                    k_offset, scale, cd, io, in_cd, key_lo](const Grads& g) -> Grads {
+                     const Tensor q = in_cd(qs), k = in_cd(ks), v = in_cd(vs);
+                     const Tensor dout =
+                         g[0].defined() ? g[0].contiguous().to(cd) : Tensor::zeros(o.shape(), cd);
+                     const Tensor dlse = g[1].defined() ? g[1].contiguous() : Tensor();
+                     Tensor dq = Tensor::empty(q.shape(), cd), dk = Tensor::empty(k.shape(), cd),
+                            dv = Tensor::empty(v.shape(), cd);
+                     kernels::attention_fused_backward(q, k, v, o, lse, dout, dlse, q_offset, k_offset, scale,
+                                                       dq, dk, dv, key_lo);
+                     return {dq.to(io), dk.to(io), dv.to(io)};
+                   });
   return r;
 }
 
 }  // namespace
 
+Tensor document_key_starts(const Tensor& docs, int64_t B, int64_t Tq, int64_t Tk, int64_t q_offset,
+                           int64_t k_offset) {
+  const std::vector<int32_t> start = run_starts(docs, "attention");
+  const int64_t Td = docs.size(1);
+  NDT_CHECK(docs.size(0) == B && Td >= q_offset + Tq && Td >= k_offset + Tk && q_offset >= 0 && k_offset >= 0,
+            "attention: docs ", docs.shape_str(), " must have a row for each of the ", B,
+            " sequences and cover their query positions ", q_offset, "..", q_offset + Tq - 1,
+            " and key positions ", k_offset, "..", k_offset + Tk - 1);
+  std::vector<int32_t> lo(static_cast<size_t>(B * Tq));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Tq; ++i)
+      lo[b * Tq + i] =
+          static_cast<int32_t>(std::clamp<int64_t>(start[b * Td + q_offset + i] - k_offset, 0, Tk));
+  return Tensor::from_vector(lo, {B, Tq});
+}
+
+Tensor document_positions(const Tensor& docs, int64_t pos_offset) {
+  const std::vector<int32_t> start = run_starts(docs, "document_positions");
+  const int64_t Td = docs.size(1);
+  std::vector<int32_t> pos(start.size());
+  for (size_t x = 0; x < pos.size(); ++x)
+    pos[x] = static_cast<int32_t>(pos_offset + static_cast<int64_t>(x) % Td - start[x]);
+  return Tensor::from_vector(pos, docs.shape(), docs.device());
+}
+
 AttentionOut attention_composed(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, int64_t q_offset,
-                                int64_t k_offset, double scale) {
+                                int64_t k_offset, double scale, const Tensor& docs) {
   check_attention(q_in, k_in, v_in);
   const int64_t B = q_in.size(0), NH = q_in.size(1), NKV = k_in.size(1), Tq = q_in.size(2), Tk = k_in.size(2),
                 HS = q_in.size(3), G = NH / NKV;
@@ -194,7 +249,9 @@ AttentionOut attention_composed(const Tensor& q_in, const Tensor& k_in, const Te
   Tensor q = grouped(q_in, NKV, cd), k = grouped(k_in, NKV, cd), v = grouped(v_in, NKV, cd);
   Tensor p = Tensor::empty({B * NKV, G * Tq, Tk}, cd, q.device());
   Tensor lse = Tensor::empty({B * NH, Tq}, stat_dtype(cd), q.device());
-  attention_probs(q, k, scale, q_offset, k_offset, p, lse);
+  const Tensor key_lo =
+      docs.defined() ? document_key_starts(docs, B, Tq, Tk, q_offset, k_offset).to(q.device()) : Tensor();
+  attention_probs(q, k, scale, q_offset, k_offset, p, lse, key_lo);
   Tensor o = Tensor::empty({B * NKV, G * Tq, HS}, cd, q.device());
   kernels::gemm(p, false, v, false, o);  // out = p @ v
 
@@ -214,11 +271,17 @@ bool attention_fused_on_cpu(Device device) {
 }
 
 AttentionOut attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, int64_t k_offset,
-                       double scale) {
+                       double scale, const Tensor& docs) {
   check_attention(q, k, v);
-  if (attention_fused_on_cpu(q.device()))
+  if (attention_fused_on_cpu(q.device())) {
+    const Tensor key_lo = docs.defined()
+                              ? document_key_starts(docs, q.size(0), q.size(2), k.size(2), q_offset, k_offset)
+                              : Tensor();
     return attention_fused_cpu(q, k, v, q_offset, k_offset,
-                               scale == 0.0 ? 1.0 / std::sqrt(static_cast<double>(q.size(3))) : scale);
+                               scale == 0.0 ? 1.0 / std::sqrt(static_cast<double>(q.size(3))) : scale,
+                               key_lo);
+  }
+  if (docs.defined()) return attention_composed(q, k, v, q_offset, k_offset, scale, docs);
   if (!cuda::sdpa_supported(q, k, v, q_offset, k_offset))
     return attention_composed(q, k, v, q_offset, k_offset, scale);
   const double s = scale == 0.0 ? 1.0 / std::sqrt(static_cast<double>(q.size(3))) : scale;
@@ -245,43 +308,45 @@ void check_self_attention(const Tensor& qkv, int64_t n_head) {
 namespace {
 
 // qkv (B,T,3C) -> q, k, v (B,NH,T,HS) (copies) -> attention() or attention_composed() -> (B,T,C)
-Tensor self_attention_split(const Tensor& qkv, int64_t n_head, bool composed) {
+Tensor self_attention_split(const Tensor& qkv, int64_t n_head, bool composed, const Tensor& docs) {
   check_self_attention(qkv, n_head);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, NH = n_head, HS = C / NH;
   // qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
   std::vector<Tensor> parts = split_last(qkv, {C, C, C});
   auto heads = [&](const Tensor& t) { return heads_to_front(view(t, {B, T, NH, HS})); };
   const Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  Tensor y = (composed ? attention_composed(q, k, v) : attention(q, k, v)).out;  // (B,NH,T,HS)
+  Tensor y = (composed ? attention_composed(q, k, v, 0, 0, 0.0, docs) : attention(q, k, v, 0, 0, 0.0, docs))
+                 .out;  // (B,NH,T,HS)
   // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,C)
   return view(heads_to_back(y), {B, T, C});
 }
 
 }  // namespace
 
-Tensor self_attention_composed(const Tensor& qkv, int64_t n_head) {
-  return self_attention_split(qkv, n_head, true);
+Tensor self_attention_composed(const Tensor& qkv, int64_t n_head, const Tensor& docs) {
+  return self_attention_split(qkv, n_head, true, docs);
 }
 
-Tensor self_attention(const Tensor& qkv, int64_t n_head) {
+Tensor self_attention(const Tensor& qkv, int64_t n_head, const Tensor& docs) {
   check_self_attention(qkv, n_head);
   // elsewhere attention() picks (cuDNN's flash attention for bf16 on CUDA, else composed)
-  if (!attention_fused_on_cpu(qkv.device())) return self_attention_split(qkv, n_head, false);
+  if (!attention_fused_on_cpu(qkv.device())) return self_attention_split(qkv, n_head, false, docs);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  const Tensor key_lo = docs.defined() ? document_key_starts(docs, B, T, T, 0, 0) : Tensor();
   const double scale = 1.0 / std::sqrt(static_cast<double>(C / n_head));
   const DType io = qkv.dtype(), cd = io == DType::bf16 ? DType::f32 : io;  // compute dtype
   // bf16 is computed in f32 (as the composed path does): qkv converted in, y rounded out
   const Tensor q32 = qkv.contiguous().to(cd).detach();
   Tensor y = Tensor::empty({B, T, C}, cd, qkv.device()),
          lse = Tensor::empty({B, n_head, T}, cd, qkv.device());
-  kernels::self_attention_forward(q32, n_head, scale, y, lse);
+  kernels::self_attention_forward(q32, n_head, scale, y, lse, key_lo);
 
   Tensor out = y.to(io);
   // saved: qkv as it came (bf16 stays bf16; converted again in backward), y in the compute
   // dtype (f32: the output itself) and lse
   autograd::record("self_attention", {out}, {qkv},
-                   [qkv_saved = qkv.contiguous().detach(), y = y.detach(), lse, n_head, scale, cd,
-                    io](const Grads& g) -> Grads {
+                   [qkv_saved = qkv.contiguous().detach(), y = y.detach(), lse, n_head, scale, cd, io,
+                    key_lo](const Grads& g) -> Grads {
                      const Tensor q = qkv_saved.to(cd);
                      Tensor dqkv = Tensor::empty(q.shape(), cd, q.device());
                      if (!g[0].defined()) {
@@ -289,7 +354,7 @@ Tensor self_attention(const Tensor& qkv, int64_t n_head) {
                        return {dqkv.to(io)};
                      }
                      kernels::self_attention_backward(q, y, lse, g[0].contiguous().to(cd), n_head, scale,
-                                                      dqkv);
+                                                      dqkv, key_lo);
                      return {dqkv.to(io)};
                    });
   return out;

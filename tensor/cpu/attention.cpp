@@ -11,10 +11,11 @@
 
 namespace ndt::cpu {
 
-// s (Bh,Tq,Tk) scores -> p in place; lse (Bh,Tq).
-// Query i sees key j iff k_offset + j <= q_offset + i; p = exp(scale*s - lse) there, 0 elsewhere.
+// s (Bh,Tq,Tk) scores -> p in place; lse (Bh,Tq); key_lo (B,Tq) i32 or undefined.
+// Query i sees key j iff k_offset + j <= q_offset + i (and j >= key_lo[b, i], its document's
+// first key); p = exp(scale*s - lse) there, 0 elsewhere.
 void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
-                               const Tensor& lse) {
+                               const Tensor& lse, const Tensor& key_lo) {
   dispatch_float(s.dtype(), "attention_softmax_forward", [&](auto tag) {
     using T = decltype(tag);
     using A = acc_t<T>;
@@ -22,23 +23,27 @@ void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, 
     T* ps = static_cast<T*>(s.data_ptr());
     A* pl = static_cast<A*>(lse.data_ptr());
     const A sc = scale;
+    const int32_t* lo_of = key_lo.defined() ? key_lo.data<int32_t>() : nullptr;
+    const int64_t heads = key_lo.defined() ? s.size(0) / key_lo.size(0) : 1;  // rows (B, heads, Tq)
 #pragma omp parallel for schedule(static) if (rows * Tk > 16384)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = r % Tq;
-      // number of visible keys: j <= q_offset + i - k_offset
+      // the visible keys [lo, nvis): j <= q_offset + i - k_offset, from the document's first
       const int64_t nvis = std::clamp<int64_t>(q_offset + i - k_offset + 1, 0, Tk);
+      const int64_t lo = lo_of ? lo_of[r / (heads * Tq) * Tq + i] : 0;
       T* row = ps + r * Tk;
-      if (nvis == 0) {
+      if (nvis <= lo) {
         for (int64_t j = 0; j < Tk; ++j) row[j] = st<T>(A(0));
         pl[r] = -std::numeric_limits<A>::infinity();
         continue;
       }
       A mx = -std::numeric_limits<A>::infinity();
-      for (int64_t j = 0; j < nvis; ++j) mx = std::max(mx, sc * load(row[j]));
+      for (int64_t j = lo; j < nvis; ++j) mx = std::max(mx, sc * load(row[j]));
       A sum = 0;
-      for (int64_t j = 0; j < nvis; ++j) sum += fast_exp(sc * load(row[j]) - mx);
+      for (int64_t j = lo; j < nvis; ++j) sum += fast_exp(sc * load(row[j]) - mx);
       const A l = mx + std::log(sum);
-      for (int64_t j = 0; j < nvis; ++j) row[j] = st<T>(fast_exp(sc * load(row[j]) - l));
+      for (int64_t j = 0; j < lo; ++j) row[j] = st<T>(A(0));
+      for (int64_t j = lo; j < nvis; ++j) row[j] = st<T>(fast_exp(sc * load(row[j]) - l));
       for (int64_t j = nvis; j < Tk; ++j) row[j] = st<T>(A(0));
       pl[r] = l;
     }

@@ -53,20 +53,21 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
                        int64_t v_total);
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, int64_t v_start);
 void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
-                               const Tensor& lse);
+                               const Tensor& lse, const Tensor& key_lo);
 void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,
                                 double scale);
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out);
 void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, const Tensor& y,
-                            const Tensor& lse);
+                            const Tensor& lse, const Tensor& key_lo);
 void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
-                             int64_t n_head, double scale, const Tensor& dqkv);
+                             int64_t n_head, double scale, const Tensor& dqkv, const Tensor& key_lo);
 void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
-                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse);
+                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse,
+                             const Tensor& key_lo);
 void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
                               const Tensor& lse, const Tensor& dy, const Tensor& dlse, int64_t q_offset,
                               int64_t k_offset, double scale, const Tensor& dq, const Tensor& dk,
-                              const Tensor& dv);
+                              const Tensor& dv, const Tensor& key_lo);
 void attention_merge_forward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                              const Tensor& lse_b, const Tensor& out, const Tensor& lse);
 void attention_merge_backward(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,

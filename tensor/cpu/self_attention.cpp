@@ -16,6 +16,13 @@
 // query i sees keys [0, visible(i)): nk = visible(r1-1) for the block. Self-attention:
 // NKV = NH, Tq = Tk = T, visible(i) = i + 1, row strides qkv 3C, y C.
 //
+// Packed rows (several documents in one row, key_lo given): query i of batch b sees keys
+// [first(b, i), visible(i)), its own document's. Documents lie in runs, so first() and
+// visible() grow with i and a block sees the keys [k0, k0 + nk) = [first(b, r0),
+// visible(r1-1)): its scores are computed against those only (the keys of earlier documents
+// are skipped whole, so a row of 4 equal documents costs about a quarter of a causal one) and
+// the rows are masked inside that range.
+//
 // Grouped-query attention (NKV < NH): query head h reads kv head h / G in place (Hugging
 // Face's repeat_kv order), so K and V are never copied per query head; in backward one task
 // owns a kv head and adds the dk, dv of its G query heads into it, one head after the other.
@@ -139,12 +146,15 @@ struct Heads {
 };
 
 // The shapes and the mask: Tq queries at global positions q_offset.., Tk keys at k_offset..;
-// query i sees key j iff k_offset + j <= q_offset + i; query head h reads kv head h / G.
+// query i sees key j iff k_offset + j <= q_offset + i (and, packed, j >= key_lo[b, i]);
+// query head h reads kv head h / G.
 struct Dims {
   int64_t B, NH, NKV, Tq, Tk, HS, q_offset, k_offset;
+  const int32_t* key_lo = nullptr;            // (B, Tq): the first key of each query's document, or none
   int64_t group() const { return NH / NKV; }  // G, query heads per kv head
   int64_t blocks() const { return (Tq + kBlockQ - 1) / kBlockQ; }
   int64_t visible(int64_t i) const { return std::clamp<int64_t>(q_offset - k_offset + i + 1, 0, Tk); }
+  int64_t first(int64_t b, int64_t i) const { return key_lo ? key_lo[b * Tq + i] : 0; }
   // an OpenMP loop over `tasks` pays off only past a few GEMMs' worth of work
   bool parallel(int64_t tasks) const { return tasks > 1 && Tq * Tk * HS > 16384; }
 };
@@ -167,36 +177,36 @@ void forward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<const
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t blk = nb - 1 - task % nb, bh = task / nb, b = bh / d.NH, h = bh % d.NH;
       const int64_t r0 = blk * kBlockQ, r1 = std::min(d.Tq, r0 + kBlockQ), nr = r1 - r0;
-      const int64_t nk = d.visible(r1 - 1);  // the keys the block's last query sees
-      T* yb = y.at(b, h, r0);                // (nr, HS)
-      if (nk == 0) {                         // no query of the block sees a key: out 0, lse -inf
+      // the block's keys [k0, k0 + nk): from its first query's first to its last query's last
+      const int64_t k0 = d.first(b, r0), nk = d.visible(r1 - 1) - k0;
+      T* yb = y.at(b, h, r0);  // (nr, HS)
+      if (nk <= 0) {           // no query of the block sees a key: out 0, lse -inf
         zero_rows(yb, nr, y.st, d.HS);
         std::fill(lse + bh * d.Tq + r0, lse + bh * d.Tq + r1, -std::numeric_limits<T>::infinity());
         continue;
       }
       const int64_t g = h / d.group();                                                      // the kv head
       const T* qb = q.at(b, h, r0);                                                         // (nr, HS)
-      const T* kb = k.at(b, g, 0);                                                          // (nk, HS)
-      const T* vb = v.at(b, g, 0);                                                          // (nk, HS)
+      const T* kb = k.at(b, g, k0);                                                         // (nk, HS)
+      const T* vb = v.at(b, g, k0);                                                         // (nk, HS)
       blas_gemm(false, true, nr, nk, d.HS, scale, qb, q.st, kb, k.st, T(0), s.data(), nk);  // s = scale q k^T
-      for (int64_t i = 0; i < nr; ++i)
-        lse[bh * d.Tq + r0 + i] = softmax_row_of(s.data() + i * nk, d.visible(r0 + i), nk);
+      for (int64_t i = 0; i < nr; ++i) {  // row i sees [lo, hi) of the block's keys
+        T* row = s.data() + i * nk;
+        const int64_t lo = d.first(b, r0 + i) - k0, hi = d.visible(r0 + i) - k0;
+        std::fill(row, row + lo, T(0));
+        lse[bh * d.Tq + r0 + i] = softmax_row_of(row + lo, hi - lo, nk - lo);
+      }
       blas_gemm(false, false, nr, d.HS, nk, T(1), s.data(), nk, vb, v.st, T(0), yb, y.st);  // y = p v
     }
   }
 }
 
-// lse, dlse (B, NH, Tq) contiguous; dlse may be null (no gradient on lse). q, y, dy, dq have
-// NH heads, k, v, dk, dv NKV.
+// dd (B, NH, Tq) = rowsum(dy * y) - dlse for every query row, first, in one pass in memory
+// order: in the packed layout a block's rows lie C apart, and read there one after the other
+// they stall on memory. Rows go (b, t, h) where a head's next row is farther than the next
+// head (the packed layout), else (b, h, t). dlse may be null.
 template <typename T>
-void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<const T> v, Heads<const T> y,
-                   const T* lse, Heads<const T> dy, const T* dlse, Heads<T> dq, Heads<T> dk, Heads<T> dv,
-                   T scale) {
-  const int64_t nb = d.blocks(), G = d.group(), tasks = d.B * d.NKV;
-  // dd = rowsum(dy * y) - dlse for every query row, first, in one pass in memory order: in
-  // the packed layout a block's rows lie C apart, and read there one after the other they
-  // stall on memory. Rows go (b, t, h) where a head's next row is farther than the next head
-  // (the packed layout), else (b, h, t).
+std::vector<T> row_terms(const Dims& d, Heads<const T> y, Heads<const T> dy, const T* dlse) {
   const int64_t rows = d.B * d.NH * d.Tq;
   std::vector<T> dd_all(static_cast<size_t>(rows));
   const bool heads_inner = y.sh < y.st;
@@ -209,6 +219,17 @@ void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<cons
     if (dlse) v -= dlse[row];
     dd_all[row] = v;
   }
+  return dd_all;
+}
+
+// lse, dlse (B, NH, Tq) contiguous; dlse may be null (no gradient on lse). q, y, dy, dq have
+// NH heads, k, v, dk, dv NKV.
+template <typename T>
+void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<const T> v, Heads<const T> y,
+                   const T* lse, Heads<const T> dy, const T* dlse, Heads<T> dq, Heads<T> dk, Heads<T> dv,
+                   T scale) {
+  const int64_t nb = d.blocks(), G = d.group(), tasks = d.B * d.NKV;
+  const std::vector<T> dd_all = row_terms(d, y, dy, dlse);
 #pragma omp parallel if (d.parallel(tasks))
   {
     std::vector<T> p(static_cast<size_t>(kBlockQ * d.Tk)), dp(p.size());
@@ -222,14 +243,21 @@ void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<cons
       // the kv head's query heads g G .. g G + G - 1 in turn, each from its last block (it
       // sees the most keys) to its first: the first of them all writes dk and dv (beta 0;
       // rows no query sees are zeroed), every later one adds
+      // (packed rows: the blocks' key ranges do not nest, so dk, dv start at zero and every
+      // block adds)
       bool first = true;
+      if (d.key_lo) {
+        zero_rows(dkb, d.Tk, dk.st, d.HS);
+        zero_rows(dvb, d.Tk, dv.st, d.HS);
+        first = false;
+      }
       for (int64_t h = g * G; h < (g + 1) * G; ++h) {
         const int64_t bh = b * d.NH + h;  // the query head's rows of lse and dlse
         for (int64_t blk = nb - 1; blk >= 0; --blk) {
           const int64_t r0 = blk * kBlockQ, r1 = std::min(d.Tq, r0 + kBlockQ), nr = r1 - r0;
-          const int64_t nk = d.visible(r1 - 1);
+          const int64_t k0 = d.first(b, r0), nk = d.visible(r1 - 1) - k0;  // keys [k0, k0 + nk)
           T* dqb = dq.at(b, h, r0);
-          if (nk == 0) {  // and so for every earlier block
+          if (nk <= 0) {  // (causal: and so for every earlier block)
             zero_rows(dqb, nr, dq.st, d.HS);
             continue;
           }
@@ -241,21 +269,27 @@ void backward_impl(const Dims& d, Heads<const T> q, Heads<const T> k, Heads<cons
           first = false;
           const T* qb = q.at(b, h, r0);
           const T* dyb = dy.at(b, h, r0);
+          const T *kbk = kb + k0 * k.st, *vbk = vb + k0 * v.st;  // the block's keys
+          T *dkbk = dkb + k0 * dk.st, *dvbk = dvb + k0 * dv.st;
           // forward: s = scale q k^T, p = exp(s - lse) (masked), y = p v, lse = log sum exp s; so
           //   dv = p^T dy,  dp = dy v^T,  ds = scale p (dp - rowsum(dy * y) + dlse),
           //   dq = ds k,  dk = ds^T q
           // (the scale of s is in ds; the GEMM for s is the forward's again; with G > 1, k and
           // v served G query heads, so their gradients are the sums over those heads)
-          blas_gemm(false, true, nr, nk, d.HS, scale, qb, q.st, kb, k.st, T(0), p.data(), nk);
+          blas_gemm(false, true, nr, nk, d.HS, scale, qb, q.st, kbk, k.st, T(0), p.data(), nk);
           const T* dd = dd_all.data() + bh * d.Tq + r0;  // (nr)
-          for (int64_t i = 0; i < nr; ++i)
-            probs_row_of(p.data() + i * nk, d.visible(r0 + i), nk, lse[bh * d.Tq + r0 + i]);
-          blas_gemm(true, false, nk, d.HS, nr, T(1), p.data(), nk, dyb, dy.st, beta, dvb, dv.st);
-          blas_gemm(false, true, nr, nk, d.HS, T(1), dyb, dy.st, vb, v.st, T(0), dp.data(), nk);
+          for (int64_t i = 0; i < nr; ++i) {             // row i sees [lo, hi) of the block's keys
+            T* row = p.data() + i * nk;
+            const int64_t lo = d.first(b, r0 + i) - k0, hi = d.visible(r0 + i) - k0;
+            std::fill(row, row + lo, T(0));
+            probs_row_of(row + lo, hi - lo, nk - lo, lse[bh * d.Tq + r0 + i]);
+          }
+          blas_gemm(true, false, nk, d.HS, nr, T(1), p.data(), nk, dyb, dy.st, beta, dvbk, dv.st);
+          blas_gemm(false, true, nr, nk, d.HS, T(1), dyb, dy.st, vbk, v.st, T(0), dp.data(), nk);
           for (int64_t i = 0; i < nr; ++i)
             softmax_grad_row_of(p.data() + i * nk, dp.data() + i * nk, nk, dd[i], scale);
-          blas_gemm(false, false, nr, d.HS, nk, T(1), dp.data(), nk, kb, k.st, T(0), dqb, dq.st);
-          blas_gemm(true, false, nk, d.HS, nr, T(1), dp.data(), nk, qb, q.st, beta, dkb, dk.st);
+          blas_gemm(false, false, nr, d.HS, nk, T(1), dp.data(), nk, kbk, k.st, T(0), dqb, dq.st);
+          blas_gemm(true, false, nk, d.HS, nr, T(1), dp.data(), nk, qb, q.st, beta, dkbk, dk.st);
         }
       }
       if (first) {  // no query of any of the group's heads saw any key
@@ -288,14 +322,16 @@ template <typename T>
 Heads<T> heads_of(const Tensor& t) {
   return {t.data<std::remove_const_t<T>>(), t.strides()[0], t.strides()[1], t.strides()[2]};
 }
+// key_lo (B, Tq) i32 contiguous, or undefined: no document mask
+const int32_t* lo_of(const Tensor& key_lo) { return key_lo.defined() ? key_lo.data<int32_t>() : nullptr; }
 
 }  // namespace
 
 void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, const Tensor& y,
-                            const Tensor& lse) {
+                            const Tensor& lse, const Tensor& key_lo) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   if (B * T == 0) return;
-  const Dims d{B, n_head, n_head, T, T, C / n_head, 0, 0};
+  const Dims d{B, n_head, n_head, T, T, C / n_head, 0, 0, lo_of(key_lo)};
   dispatch_f32_f64(qkv.dtype(), "self_attention_forward", [&](auto tag) {
     using F = decltype(tag);
     const F* x = qkv.data<F>();
@@ -306,10 +342,10 @@ void self_attention_forward(const Tensor& qkv, int64_t n_head, double scale, con
 }
 
 void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& lse, const Tensor& dy,
-                             int64_t n_head, double scale, const Tensor& dqkv) {
+                             int64_t n_head, double scale, const Tensor& dqkv, const Tensor& key_lo) {
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   if (B * T == 0) return;
-  const Dims d{B, n_head, n_head, T, T, C / n_head, 0, 0};
+  const Dims d{B, n_head, n_head, T, T, C / n_head, 0, 0, lo_of(key_lo)};
   dispatch_f32_f64(qkv.dtype(), "self_attention_backward", [&](auto tag) {
     using F = decltype(tag);
     const F* x = qkv.data<F>();
@@ -323,8 +359,10 @@ void self_attention_backward(const Tensor& qkv, const Tensor& y, const Tensor& l
 }
 
 void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
-                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse) {
-  const Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), q_offset, k_offset};
+                             int64_t k_offset, double scale, const Tensor& y, const Tensor& lse,
+                             const Tensor& key_lo) {
+  const Dims d{q.size(0), q.size(1), k.size(1), q.size(2),    k.size(2),
+               q.size(3), q_offset,  k_offset,  lo_of(key_lo)};
   if (d.B * d.NH * d.Tq == 0) return;
   dispatch_f32_f64(q.dtype(), "attention_fused_forward", [&](auto tag) {
     using F = decltype(tag);
@@ -336,8 +374,9 @@ void attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 void attention_fused_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& y,
                               const Tensor& lse, const Tensor& dy, const Tensor& dlse, int64_t q_offset,
                               int64_t k_offset, double scale, const Tensor& dq, const Tensor& dk,
-                              const Tensor& dv) {
-  const Dims d{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), q_offset, k_offset};
+                              const Tensor& dv, const Tensor& key_lo) {
+  const Dims d{q.size(0), q.size(1), k.size(1), q.size(2),    k.size(2),
+               q.size(3), q_offset,  k_offset,  lo_of(key_lo)};
   if (d.B * d.NKV * (d.Tq + d.Tk) == 0) return;
   dispatch_f32_f64(q.dtype(), "attention_fused_backward", [&](auto tag) {
     using F = decltype(tag);

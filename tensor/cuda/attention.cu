@@ -15,30 +15,34 @@ constexpr int kRowsPerBlock = kThreads / 32;  // rowwise_dot, merges: one warp p
 // ---- kernels ------------------------------------------------------------------------
 
 // s (Bh,Tq,Tk) scores -> p in place; lse (Bh,Tq); block r does row r (query i = r % Tq).
-// Query i sees key j iff k_offset + j <= q_offset + i; p = exp(scale*s - lse) there, 0
-// elsewhere; a row that sees no key gets p = 0 and lse = -inf.
+// Query i sees key j iff k_offset + j <= q_offset + i (and, packed documents, j >=
+// key_lo[b, i] with key_lo (B,Tq) and the rows (B, heads, Tq)); p = exp(scale*s - lse)
+// there, 0 elsewhere; a row that sees no key gets p = 0 and lse = -inf.
 template <typename T>
 __global__ void attention_softmax_forward_kernel(T* s, float scale, int64_t Tq, int64_t Tk, int64_t q_offset,
-                                                 int64_t k_offset, float* lse) {
+                                                 int64_t k_offset, float* lse, const int32_t* key_lo,
+                                                 int64_t heads) {
   const int64_t r = blockIdx.x, i = r % Tq;
-  // number of visible keys: j <= q_offset + i - k_offset (the same for the whole block)
+  // the visible keys [lo, nvis): j <= q_offset + i - k_offset, from the document's first
+  // (the same for the whole block)
   const int64_t nvis = min(max(q_offset + i - k_offset + 1, int64_t(0)), Tk);
+  const int64_t lo = key_lo ? int64_t(key_lo[r / (heads * Tq) * Tq + i]) : int64_t(0);
   T* row = s + r * Tk;
-  if (nvis == 0) {
+  if (nvis <= lo) {
     for (int64_t j = threadIdx.x; j < Tk; j += blockDim.x) row[j] = store<T>(0.0f);
     if (threadIdx.x == 0) lse[r] = -INFINITY;
     return;
   }
   float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < nvis; j += blockDim.x) mx = fmaxf(mx, scale * load(row[j]));
+  for (int64_t j = lo + threadIdx.x; j < nvis; j += blockDim.x) mx = fmaxf(mx, scale * load(row[j]));
   mx = block_max(mx);
   float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < nvis; j += blockDim.x) sum += expf(scale * load(row[j]) - mx);
+  for (int64_t j = lo + threadIdx.x; j < nvis; j += blockDim.x) sum += expf(scale * load(row[j]) - mx);
   sum = block_sum(sum);
   const float l = mx + logf(sum);
   // each thread rewrites only the entries it read
   for (int64_t j = threadIdx.x; j < Tk; j += blockDim.x)
-    row[j] = store<T>(j < nvis ? expf(scale * load(row[j]) - l) : 0.0f);
+    row[j] = store<T>(j >= lo && j < nvis ? expf(scale * load(row[j]) - l) : 0.0f);
   if (threadIdx.x == 0) lse[r] = l;
 }
 
@@ -133,7 +137,7 @@ int row_threads(int64_t C) { return static_cast<int>(std::clamp<int64_t>((C + 31
 // ---- launchers ----------------------------------------------------------------------
 
 void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
-                               const Tensor& lse) {
+                               const Tensor& lse, const Tensor& key_lo) {
   const int64_t Tq = s.size(1), Tk = s.size(2), rows = s.size(0) * Tq;
   if (rows == 0) return;
   check_stat(lse, "attention_softmax_forward", "lse");
@@ -142,7 +146,8 @@ void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, 
     using T = decltype(tag);
     attention_softmax_forward_kernel<T><<<static_cast<unsigned>(rows), row_threads(Tk), 0, L.stream>>>(
         static_cast<T*>(s.data_ptr()), static_cast<float>(scale), Tq, Tk, q_offset, k_offset,
-        lse.data<float>());
+        lse.data<float>(), key_lo.defined() ? key_lo.data<int32_t>() : nullptr,
+        key_lo.defined() ? s.size(0) / key_lo.size(0) : 1);
     NDT_CUDA_CHECK_LAUNCH();
   });
 }

@@ -53,7 +53,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, const Tensor& out
                        int64_t v_total);
 void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable, int64_t v_start);
 void attention_softmax_forward(const Tensor& s, double scale, int64_t q_offset, int64_t k_offset,
-                               const Tensor& lse);
+                               const Tensor& lse, const Tensor& key_lo);
 void attention_softmax_backward(const Tensor& p, const Tensor& dp, const Tensor& d, const Tensor& dlse,
                                 double scale);
 void rowwise_dot(const Tensor& a, const Tensor& b, const Tensor& out);

@@ -336,6 +336,62 @@ std::vector<OpCase> build_cases() {
             },
             {true, true, false}});
 
+  // packed rows: docs (B, Td), the document of every position. Rows of 1, 2 and 4 documents
+  // of unequal lengths, some of one token: queries attend only inside their document.
+  // attention() fused (CPU) and composed, multi-head and GQA; and a block of queries 7..11
+  // over keys 3..8 (ring attention's offsets) whose documents cut through both blocks.
+  const std::vector<int32_t> docs3x7 = {4, 4, 4, 4, 4, 4, 4, 1, 2, 2, 2, 2, 2, 2, 0, 0, 0, 5, 6, 6, 9};
+  const std::vector<int32_t> docs2x12 = {0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2,
+                                         0, 1, 2, 3, 3, 3, 3, 3, 4, 4, 4, 4};
+  struct DocAtt {
+    const char* name;
+    int64_t nh, nkv, B, tq, tk, q_off, k_off;
+    bool composed;
+  };
+  const DocAtt doc_atts[] = {
+      {"attention_docs", kNH, kNH, 3, kT, kT, 0, 0, false},
+      {"attention_docs_gqa", 4, 2, 3, kT, kT, 0, 0, false},
+      {"attention_docs_block", kNH, kNH, 2, 5, 6, 7, 3, false},
+      {"attention_docs_mqa_block", 4, 1, 2, 5, 6, 7, 3, false},
+      {"attention_composed_docs", kNH, kNH, 3, kT, kT, 0, 0, true},
+      {"attention_composed_docs_gqa_block", 4, 2, 2, 5, 6, 7, 3, true},
+  };
+  for (const DocAtt& a : doc_atts) {
+    const Tensor docs =
+        a.B == 3 ? Tensor::from_vector(docs3x7, {3, 7}) : Tensor::from_vector(docs2x12, {2, 12});
+    add_case({a.name, inputs_of({{{a.B, a.nh, a.tq, 4}}, {{a.B, a.nkv, a.tk, 4}}, {{a.B, a.nkv, a.tk, 4}}}),
+              [a, docs](const std::vector<Tensor>& x) {
+                AttentionOut r = a.composed
+                                     ? attention_composed(x[0], x[1], x[2], a.q_off, a.k_off, 0.0, docs)
+                                     : attention(x[0], x[1], x[2], a.q_off, a.k_off, 0.0, docs);
+                return std::vector<Tensor>{r.out, r.lse};
+              },
+              all_grad(3)});
+  }
+  // self_attention on packed rows: the fused kernel's blocks of 64 queries cut through
+  // documents of 1, 40, 30, 1 and 58 tokens (T 130: three blocks, the last partial)
+  {
+    std::vector<int32_t> d130;
+    const int64_t lens[] = {1, 40, 30, 1, 58};
+    for (int32_t i = 0; i < 5; ++i) d130.insert(d130.end(), static_cast<size_t>(lens[i]), i);
+    const Tensor docs130 = Tensor::from_vector(d130, {1, 130}), docs7 = Tensor::from_vector(docs3x7, {3, 7});
+    add_case({"self_attention_docs", inputs_of({{{3, kT, 3 * kC}}}),
+              [docs7](const std::vector<Tensor>& x) {
+                return std::vector<Tensor>{self_attention(x[0], kNH, docs7)};
+              },
+              all_grad(1)});
+    add_case({"self_attention_docs_blocks", inputs_of({{{1, 130, 3 * 6}}}),
+              [docs130](const std::vector<Tensor>& x) {
+                return std::vector<Tensor>{self_attention(x[0], 2, docs130)};
+              },
+              all_grad(1)});
+    add_case({"self_attention_composed_docs", inputs_of({{{3, kT, 3 * kC}}}),
+              [docs7](const std::vector<Tensor>& x) {
+                return std::vector<Tensor>{self_attention_composed(x[0], kNH, docs7)};
+              },
+              all_grad(1)});
+  }
+
   // self_attention: the sequence on itself from packed qkv (B,T,3C); on CPU the fused kernel
   // (blocks of 64 queries: T 130 makes three, the last partial), on CUDA the composed path
   struct SelfAtt {
