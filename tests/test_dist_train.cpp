@@ -576,10 +576,11 @@ TEST_F(DistTrain, PipelineSamplesTheTextOneProcessSamples) {
       "'the cat ' --train.micro_batch_size 2";
   Result one = train("pp_sample_single", 1, common);
   ASSERT_EQ(one.rc, 0) << one.out;
+  int n = 0;  // each layout in a folder of its own
   for (const char* layout : {" --parallel.pp_size 2",
                              " --parallel.pp_size 2 --parallel.pp_schedule interleaved "
                              "--parallel.pp_virtual 2"}) {
-    Result pp = train("pp_sample_pp2", 2, common + layout);
+    Result pp = train("pp_sample_pp2_" + std::to_string(n++), 2, common + layout);
     ASSERT_EQ(pp.rc, 0) << pp.out;
     auto sample = [](const std::string& out) {
       const size_t at = out.find("sample at step 2:");
