@@ -29,13 +29,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string venv_python() {
-  const char* v = std::getenv("NDT_REF_VENV");
-  const std::string dir =
-      v ? v : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache/ndtrain/ref-venv";
-  return dir + "/bin/python";
-}
-
 const fs::path kData = fs::path(NDT_SOURCE_DIR) / "tests/data/chat_templates";
 const std::vector<std::string> kModels = {"llama3", "llama3.1", "qwen2.5",
                                           "qwen3",  "smollm2",  "mistral-v0.3"};
@@ -87,9 +80,9 @@ tok::ChatOptions options(const Case& c) {
 // when the venv is missing.
 std::pair<json, std::string> reference(const std::vector<Case>& cases, const std::string& name,
                                        fs::path& out) {
-  if (!fs::exists(venv_python()))
-    return {json(),
-            "transformers not available: no venv at " + venv_python() + " (scripts/setup.sh --reference)"};
+  if (!fs::exists(ndt::testing::reference_python()))
+    return {json(), "transformers not available: no venv at " + ndt::testing::reference_python() +
+                        " (scripts/setup.sh --reference)"};
   out = ndt::testing::fresh_dir("chat_" + name);
   nlohmann::ordered_json j = nlohmann::ordered_json::array();
   for (const Case& c : cases) {
@@ -102,7 +95,7 @@ std::pair<json, std::string> reference(const std::vector<Case>& cases, const std
     j.push_back(x);
   }
   std::ofstream(out / "cases.json") << j.dump();
-  auto r = ndt::testing::run_shell(venv_python() + " " + NDT_SOURCE_DIR +
+  auto r = ndt::testing::run_shell(ndt::testing::reference_python() + " " + NDT_SOURCE_DIR +
                                    "/tests/scripts/chat_template_reference.py " +
                                    (out / "cases.json").string() + " " + out.string() + " 2>&1");
   if (r.rc == 3) return {json(), r.out};

@@ -36,20 +36,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string venv_python() {
-  const char* v = std::getenv("NDT_REF_VENV");
-  const std::string dir =
-      v ? v : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache/ndtrain/ref-venv";
-  return dir + "/bin/python";
-}
-
 // hf_reference.py with the venv's python; rc 3 (or no venv): the reason to skip.
 ndt::testing::ShellResult reference(const std::string& args) {
-  if (!fs::exists(venv_python()))
-    return {3, "transformers/torch not available: no venv at " + venv_python() +
+  if (!fs::exists(ndt::testing::reference_python()))
+    return {3, "transformers/torch not available: no venv at " + ndt::testing::reference_python() +
                    " (scripts/setup.sh --reference)"};
-  return ndt::testing::run_shell(venv_python() + " " + NDT_SOURCE_DIR + "/tests/scripts/hf_reference.py " +
-                                 args);
+  return ndt::testing::run_shell(ndt::testing::reference_python() + " " + NDT_SOURCE_DIR +
+                                 "/tests/scripts/hf_reference.py " + args);
 }
 
 fs::path temp_dir(const std::string& name) { return ndt::testing::fresh_dir("hf_" + name); }

@@ -19,6 +19,7 @@
 #include "support/launch.h"
 #include "support/testing.h"
 #include "tensor/error.h"
+#include "tokenizer/bpe_json.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "train/command_line.h"
@@ -76,16 +77,7 @@ std::string byte_tokenizer_json() {
                                               {"rstrip", false},
                                               {"normalized", false},
                                               {"special", true}}});
-  j["model"] = {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},
-                {"byte_fallback", false},
-                {"ignore_merges", false},
-                {"vocab", vocab},
-                {"merges", nlohmann::json::array()}};
+  j["model"] = ndt::tok::bpe_model_json(vocab, nlohmann::json::array());
   return j.dump();
 }
 

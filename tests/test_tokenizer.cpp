@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/testing.h"
+#include "tokenizer/bpe_json.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
@@ -59,16 +60,7 @@ json tiny() {
        {{"<|endoftext|>", {{"id", "<|endoftext|>"}, {"ids", {260}}, {"tokens", {"<|endoftext|>"}}}}}}};
   j["decoder"] = {
       {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
-  j["model"] = {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},
-                {"byte_fallback", false},
-                {"ignore_merges", false},
-                {"vocab", vocab},
-                {"merges", json::array({"Ġ t", "h e", json::array({"Ġt", "he"}), "t h"})}};
+  j["model"] = tok::bpe_model_json(vocab, json::array({"Ġ t", "h e", json::array({"Ġt", "he"}), "t h"}));
   return j;
 }
 

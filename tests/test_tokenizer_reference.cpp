@@ -32,13 +32,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string venv_python() {
-  const char* v = std::getenv("NDT_REF_VENV");
-  const std::string dir =
-      v ? v : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache/ndtrain/ref-venv";
-  return dir + "/bin/python";
-}
-
 std::string read(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream ss;
@@ -61,10 +54,12 @@ std::vector<std::string> corpus_files() {
 
 // tokenizer_reference.py with the venv's python; rc 3 (or no venv): the reason to skip.
 ndt::testing::ShellResult reference(const std::string& args) {
-  if (!fs::exists(venv_python()))
-    return {3, "tokenizers not available: no venv at " + venv_python() + " (scripts/setup.sh --reference)",
+  if (!fs::exists(ndt::testing::reference_python()))
+    return {3,
+            "tokenizers not available: no venv at " + ndt::testing::reference_python() +
+                " (scripts/setup.sh --reference)",
             0};
-  return ndt::testing::run_shell(venv_python() + " " + NDT_SOURCE_DIR +
+  return ndt::testing::run_shell(ndt::testing::reference_python() + " " + NDT_SOURCE_DIR +
                                  "/tests/scripts/tokenizer_reference.py " + args + " 2>&1");
 }
 

@@ -556,4 +556,17 @@ bool Trie::find(std::string_view text, size_t from, size_t& start, size_t& len, 
   return false;
 }
 
+nlohmann::json bpe_model_json(nlohmann::json vocab, nlohmann::json merges) {
+  return {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", nullptr},
+          {"continuing_subword_prefix", nullptr},
+          {"end_of_word_suffix", nullptr},
+          {"fuse_unk", false},
+          {"byte_fallback", false},
+          {"ignore_merges", false},
+          {"vocab", std::move(vocab)},
+          {"merges", std::move(merges)}};
+}
+
 }  // namespace ndt::tok

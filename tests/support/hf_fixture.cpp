@@ -6,6 +6,7 @@
 
 #include "models/gpt.h"
 #include "nn/flat.h"
+#include "tokenizer/bpe_json.h"
 #include "tokenizer/unicode.h"
 #include "train/checkpoint/hf.h"
 #include "train/io/hf_folder.h"
@@ -50,16 +51,7 @@ std::string tiny_bpe_tokenizer_json() {
                             {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
                             {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}})},
       {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {TinyHfIds::bos}}, {"tokens", {"<s>"}}}}}}};
-  j["model"] = {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},
-                {"byte_fallback", false},
-                {"ignore_merges", false},
-                {"vocab", vocab},
-                {"merges", json::array({"Ġ t", "h e", "Ġt he", "t h"})}};
+  j["model"] = ndt::tok::bpe_model_json(vocab, json::array({"Ġ t", "h e", "Ġt he", "t h"}));
   return j.dump(2) + "\n";
 }
 

@@ -4,10 +4,18 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "tensor/error.h"
 
 namespace ndt::testing {
+
+std::string reference_python() {
+  const char* v = std::getenv("NDT_REF_VENV");
+  const std::string dir =
+      v ? v : std::string(std::getenv("HOME") ? std::getenv("HOME") : "/root") + "/.cache/ndtrain/ref-venv";
+  return dir + "/bin/python";
+}
 
 ShellResult run_shell(const std::string& cmd) {
   const auto t0 = std::chrono::steady_clock::now();

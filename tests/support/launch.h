@@ -21,6 +21,11 @@ struct ShellResult {
 };
 ShellResult run_shell(const std::string& cmd);
 
+// The reference venv's python (scripts/setup.sh --reference): $NDT_REF_VENV/bin/python, by
+// default ~/.cache/ndtrain/ref-venv/bin/python. The tests against transformers and tokenizers
+// run their scripts with it, and skip naming it when it is not there.
+std::string reference_python();
+
 // "<mpirun> --allow-run-as-root --oversubscribe ... -np N ": what the tests launch ranks
 // with (the mpirun CMake found).
 std::string mpirun(int np);

@@ -1,4 +1,5 @@
 #include "train/data/vocab.h"
+#include "tokenizer/bpe_json.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -149,16 +150,7 @@ std::optional<std::string> Vocab::to_tokenizer_json() const {
         {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
     j["pre_tokenizer"] = level;
     j["decoder"] = level;
-    j["model"] = {{"type", "BPE"},
-                  {"dropout", nullptr},
-                  {"unk_token", nullptr},
-                  {"continuing_subword_prefix", nullptr},
-                  {"end_of_word_suffix", nullptr},
-                  {"fuse_unk", false},
-                  {"byte_fallback", false},
-                  {"ignore_merges", false},
-                  {"vocab", vocab},
-                  {"merges", nlohmann::json::array()}};
+    j["model"] = tok::bpe_model_json(vocab, nlohmann::json::array());
     return j.dump(1) + "\n";
   }
   for (size_t i = 0; i < tokens_.size(); ++i) {  // one valid character per token, or no form
