@@ -14,13 +14,14 @@ int64_t FlightRecorder::now_us() {
       .count();
 }
 
-int64_t FlightRecorder::queued(const std::string& group, int64_t seq, const std::string& what,
-                               int64_t bytes) {
+int64_t FlightRecorder::queued(const std::string& group, int64_t seq, const std::string& what, int64_t bytes,
+                               int peer) {
   std::lock_guard<std::mutex> g(mu_);
   Entry e;
   e.id = next_id_++;
   e.seq = seq;
   e.bytes = bytes;
+  e.peer = peer;
   e.step = step_;
   e.group = group;
   e.what = what;
@@ -28,6 +29,16 @@ int64_t FlightRecorder::queued(const std::string& group, int64_t seq, const std:
   entries_.push_back(std::move(e));
   if (entries_.size() > capacity_) entries_.pop_front();
   return entries_.back().id;
+}
+
+void FlightRecorder::tick() {
+  const int64_t now = now_us();
+  std::lock_guard<std::mutex> g(mu_);
+  if (last_tick_us_ > 0 && now - last_tick_us_ > kPauseUs) {
+    pauses_.emplace_back(last_tick_us_, now);
+    if (pauses_.size() > 16) pauses_.pop_front();
+  }
+  last_tick_us_ = now;
 }
 
 FlightRecorder::Entry* FlightRecorder::find(int64_t id) {
@@ -106,23 +117,28 @@ void FlightRecorder::dump(const std::string& path, int rank, int world, const st
     nlohmann::ordered_json entries = nlohmann::ordered_json::array();
     for (const Entry& e : entries_) {
       const char* state = e.finished_us ? (e.ok ? "done" : "failed") : e.started_us ? "started" : "queued";
-      entries.push_back({{"group", e.group},
-                         {"seq", e.seq},
-                         {"what", e.what},
-                         {"bytes", e.bytes},
-                         {"step", e.step},
-                         {"state", state},
-                         {"queued_us", e.queued_us},
-                         {"started_us", e.started_us},
-                         {"finished_us", e.finished_us}});
+      nlohmann::ordered_json j = {{"group", e.group}, {"seq", e.seq}, {"what", e.what}, {"bytes", e.bytes}};
+      if (e.peer >= 0) j["peer"] = e.peer;
+      j["step"] = e.step;
+      j["state"] = state;
+      j["queued_us"] = e.queued_us;
+      j["started_us"] = e.started_us;
+      j["finished_us"] = e.finished_us;
+      entries.push_back(std::move(j));
     }
+    const int64_t now = now_us();
+    nlohmann::ordered_json paused = nlohmann::ordered_json::array();
+    for (const auto& [from, to] : pauses_) paused.push_back({{"from_us", from}, {"to_us", to}});
+    if (last_tick_us_ > 0 && now - last_tick_us_ > kPauseUs)  // not running until just now
+      paused.push_back({{"from_us", last_tick_us_}, {"to_us", now}});
     text = json_one_per_line({{"job", job_},
                               {"rank", rank},
                               {"world", world},
                               {"reason", reason},
                               {"step", step_},
-                              {"written_us", now_us()},
+                              {"written_us", now},
                               {"hosts", hosts_},
+                              {"paused", std::move(paused)},
                               {"entries", std::move(entries)}},
                              "entries");
   }

@@ -17,7 +17,10 @@
 // the launcher's kill after an abort, would only blur it).
 //
 // Entries are kept per rank in a ring of `capacity`; recording is a mutex and a few stores,
-// nothing is communicated.
+// nothing is communicated. A point-to-point entry names its peer (a world rank). A thread that
+// runs every fraction of a second (the trainer's watchdog) calls tick(): a gap of over a second
+// between ticks is a time this process was not running (stopped, starved), and the record
+// lists those gaps, one still open when the record is written included.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +36,10 @@ class FlightRecorder {
   explicit FlightRecorder(size_t capacity = 4096) : capacity_(capacity) {}
 
   // A new operation of `group` (e.g. "fsdp@1": the communicator's name and which of its
-  // groups), its sequence number in that group; returns its id for started/finished.
-  int64_t queued(const std::string& group, int64_t seq, const std::string& what, int64_t bytes);
+  // groups), its sequence number in that group, and for a send or receive the world rank of
+  // its peer (-1: a collective); returns its id for started/finished.
+  int64_t queued(const std::string& group, int64_t seq, const std::string& what, int64_t bytes,
+                 int peer = -1);
   void started(int64_t id);
   void finished(int64_t id, bool ok);
   void set_step(int64_t step);                // also clears the micro-step and unit
@@ -56,6 +61,9 @@ class FlightRecorder {
   };
   Pending oldest_pending() const;
   static int64_t now_us();
+  // This process runs: a gap over kPauseUs since the previous tick is recorded as a pause.
+  void tick();
+  static constexpr int64_t kPauseUs = 1'000'000;
 
   // Writes the record as JSON (atomically: a temporary file, then rename) unless this
   // recorder has written one already or has no job yet; never throws.
@@ -66,6 +74,7 @@ class FlightRecorder {
  private:
   struct Entry {
     int64_t id = 0, seq = 0, bytes = 0, step = -1;
+    int peer = -1;
     std::string group, what;
     int64_t queued_us = 0, started_us = 0, finished_us = 0;  // 0: not yet
     bool ok = true;
@@ -78,6 +87,8 @@ class FlightRecorder {
   std::string unit_;
   std::vector<std::string> hosts_;
   std::string job_;
+  int64_t last_tick_us_ = 0;
+  std::deque<std::pair<int64_t, int64_t>> pauses_;  // [from, to) in microseconds, the last 16
   mutable bool dumped_ = false;
   mutable std::string dumped_to_;
 };

@@ -8,18 +8,23 @@ train_gpt writes one file per rank that could still write when the job failed (a
 past parallel.timeout_s, an error, a stop that could not finish). Each lists that rank's last
 operations: the group (a communicator's name and which of its groups, e.g. "fsdp@1"), the
 operation's sequence number in the group, the collective, its bytes, the step, and whether it
-was queued, started, done or failed. Ranks of one group issue their operations in the same
-order, so the same sequence number is the same collective on every member. The report says:
+was queued, started, done or failed (a send or receive also names its peer, a world rank);
+and the times the process was not running (its watchdog, which runs 10 times a second, did
+not for over a second: stopped or starved). Ranks of one group issue their collectives in the
+same order, so the same sequence number is the same collective on every member (not so for a
+send or receive: it waits for its peer). The report says:
   - which ranks wrote no record (dead, stopped, cut off, or killed before they could);
   - per group, the operations some ranks wait in (started, not done) and how far each rank
     got; a rank whose last operation in the group is behind the others' fell behind;
   - a verdict, from the wait-for graph (who waits in which collective for whom): the rank
-    that failed on its own (an error that is not a timeout); else the ranks that wrote
+    that failed on its own (an error that is not a timeout); else a rank whose record lists
+    a time it was not running that lasted into the fault; else the ranks that wrote
     nothing (a whole host of them: that host or its link; one whose host-mates waited across
     the hosts like everyone: cannot tell it from a cut link); else a rank whose own clock shows
     it was not running at the fault (stopped, starved: only what ends after the oldest
     operation still waited in was queued counts); else the ranks the others wait for; else a
-    collective that every member reached or that the others completed: the network.
+    collective that every member reached or that the others completed: the network (inside
+    one host: its transport, no network).
 Every record names its job; the report reads the newest job's records only (a directory can
 hold an earlier job's), says which job it read, and how many records of other jobs it left out.
 Exit code 0 when it could read at least one record, 1 otherwise.
@@ -90,6 +95,71 @@ def cannot_tell_missing(records, missing, host, hosts):
     return True
 
 
+def pending_of(r):
+    return [e for e in r.get("entries", []) if e["state"] in ("started", "queued")]
+
+
+def is_p2p(e):
+    """A send or receive: its sequence number is not the same operation on another rank."""
+    return "peer" in e or e["what"].endswith((".send", ".recv"))
+
+
+def fault_start(records):
+    """When the fault began: the oldest operation any rank still waits in was queued (without
+    one, a deadline before the first record was written)."""
+    pend = [e["queued_us"] for r in records.values() for e in pending_of(r)]
+    if pend:
+        return min(pend)
+    deadlines = [float(m.group(1)) for r in records.values()
+                 for m in [re.search(r"has not completed after ([0-9.]+) s", r.get("reason", ""))] if m]
+    return min(r["written_us"] for r in records.values()) - int((max(deadlines, default=0) + 1) * 1e6)
+
+
+def not_running(records):
+    """The ranks whose own record shows a time they were not running (its watchdog, which runs
+    10 times a second, did not) that lasted until after the fault began: rank -> (seconds,
+    when, in words)."""
+    fault_us = fault_start(records)
+    out = {}
+    for k, r in records.items():
+        gaps = [p for p in r.get("paused", []) if p["to_us"] >= fault_us and p["to_us"] - p["from_us"] > 1e6]
+        if not gaps:
+            continue
+        p = max(gaps, key=lambda p: p["to_us"] - p["from_us"])
+        rel = (p["from_us"] - fault_us) / 1e6
+        start = (f"from {rel:.1f} s after" if rel >= 0.05 else f"from {-rel:.1f} s before" if rel <= -0.05
+                 else "from when")
+        end = ("until just before it wrote its record" if r["written_us"] - p["to_us"] < 200000
+               else "until it ran again")
+        out[k] = ((p["to_us"] - p["from_us"]) / 1e6, f"{start} the oldest wait began {end}")
+    return out
+
+
+def waiting_for(records, groups, k):
+    """Which ranks waited for rank k, and in what, in words."""
+    waiting = []
+    for j, r in sorted(records.items()):
+        if j == k:
+            continue
+        for e in pending_of(r):
+            members = groups.get(e["group"], {})
+            if e.get("peer") == k or (not is_p2p(e) and k in members) or (is_p2p(e) and "peer" not in e
+                                                                           and set(members) == {j, k}):
+                waiting.append((j, e))
+                break
+    if not waiting:
+        return "no other rank was waiting in an operation with it when they wrote"
+    return "; ".join(f"rank {j} waited {describe(e)}" for j, e in waiting)
+
+
+def describe(e):
+    """`pp.send to rank 1 (#85 of group pp@0)`."""
+    peer = ""
+    if "peer" in e:
+        peer = (" to" if e["what"].endswith(".send") else " from") + f" rank {e['peer']}"
+    return f"in {e['what']}{peer} (#{e['seq']} of group {e['group']})"
+
+
 def verdict(records, world, hosts, host, missing, groups, stalled):
     """The likely cause, in one or two lines: a rank that failed on its own; else the ranks
     that wrote nothing; else a rank that was not running; else the ranks the others wait
@@ -103,6 +173,11 @@ def verdict(records, world, hosts, host, missing, groups, stalled):
     if failed:
         k = failed[0]
         return [f"  rank {k}{on(k)} failed on its own: {records[k]['reason']}; the others only waited for it"]
+    stopped = not_running(records)
+    if stopped:
+        return [f"  rank {k} fell behind: it was not running for {s:.1f} s{on(k)} (stopped or starved: its own "
+                f"record shows it), {when}; {waiting_for(records, groups, k)}: look there first"
+                for k, (s, when) in sorted(stopped.items())]
     if missing:
         whole = [h for h, ks in by_host.items() if hosts and len(by_host) > 1 and set(ks) <= set(missing)]
         if whole:
@@ -157,7 +232,9 @@ def verdict(records, world, hosts, host, missing, groups, stalled):
             for e in st["pending"]:
                 if k not in pending or e["queued_us"] < pending[k][1]["queued_us"]:
                     pending[k] = (name, e)
-    waits_for = {k: [j for j, st in groups[name].items() if st["last"] < e["seq"]] for k, (name, e) in pending.items()}
+    waits_for = {k: [e["peer"]] if "peer" in e else [j for j, st in groups[name].items()
+                                                      if st["last"] < e["seq"]]
+                 for k, (name, e) in pending.items()}
     waited_on = {j for js in waits_for.values() for j in js}
     idle = sorted(j for j in waited_on if j not in pending)                 # in no collective at all
 
@@ -166,8 +243,9 @@ def verdict(records, world, hosts, host, missing, groups, stalled):
                    for e in records[j].get("entries", []))
 
     # in a collective that other members completed: what they sent it never arrived
-    lost = sorted(k for k, (name, e) in pending.items()
-                  if not waits_for[k] and any(completed(j, name, e["seq"]) for j in groups[name] if j != k))
+    # (a send or receive has no such twin: its number counts that rank's own operations)
+    lost = sorted(k for k, (name, e) in pending.items() if not is_p2p(e)
+                  and not waits_for[k] and any(completed(j, name, e["seq"]) for j in groups[name] if j != k))
     out = []
     if idle:
         waiting = sorted(k for k, js in waits_for.items() if set(js) & set(idle))
@@ -176,10 +254,13 @@ def verdict(records, world, hosts, host, missing, groups, stalled):
     if lost:
         for h in sorted({host(k) for k in lost}):
             ks = [k for k in lost if host(k) == h]
-            where = (f"the network between {h} and the other hosts failed" if hosts and len(by_host) > 1
-                     else "the network or the transport failed")
+            where = (f"the network between {h} and the other hosts failed (a cut link, a failed switch port)"
+                     if hosts and len(by_host) > 1 else
+                     "the transport between the ranks of the host failed (no network is involved: shared "
+                     "memory, or a member stopped after it completed)" if hosts
+                     else "the network or the transport failed (a cut link, a failed switch port)")
             out.append(f"  {ranks_str(ks)}{' of host ' + h if hosts else ''} wait in a collective the other members "
-                       f"completed, so what they sent never arrived: {where} (a cut link, a failed switch port)")
+                       f"completed, so what they sent never arrived: {where}")
     if out:
         return out
     if stalled:
@@ -232,8 +313,10 @@ def report(records):
         lines.append(f"group {name}:")
         for k, e in sorted(waiting.items()):
             wait_s = (records[k]["written_us"] - (e["started_us"] or e["queued_us"])) / 1e6
-            lines.append(f"  rank {k} waits in {e['what']} (#{e['seq']} of the group, {e['bytes']} bytes, step "
-                         f"{e['step']}) for {wait_s:.1f} s")
+            peer = (f" {'to' if e['what'].endswith('.send') else 'from'} rank {e['peer']}"
+                    if "peer" in e else "")
+            lines.append(f"  rank {k} waits in {e['what']}{peer} (#{e['seq']} of the group, {e['bytes']} bytes, "
+                         f"step {e['step']}) for {wait_s:.1f} s")
         first = min(e["seq"] for e in waiting.values())
         late = [k for k in sorted(g) if g[k]["last"] < first]
         for k in late:

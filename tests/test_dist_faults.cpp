@@ -478,13 +478,25 @@ TEST_F(DistFaults, AStoppedPipelineStageEndsTheJobNamingTheSendOrReceive) {
   EXPECT_TRUE(has(line, "the pipeline") || has(line, "bytes; the world; step")) << line;
   if (has(line, "pp.send") || has(line, "pp.recv"))  // which message, from or to which stage
     EXPECT_TRUE(has(line, "from stage 1") || has(line, "to stage 1")) << line;
-  const ndt::testing::ShellResult r =
-      ndt::testing::run_shell("python3 " + std::string(NDT_SOURCE_DIR) + "/scripts/flight_report.py " +
-                              (here() / "ck" / "flight").string());
+  // rank 0's record: its sends and receives name their peer, the stopped stage
+  const fs::path flight = here() / "ck" / "flight";
+  ASSERT_TRUE(fs::exists(flight / "rank_0.json")) << out;
+  const nlohmann::json rec = nlohmann::json::parse(read_all(flight / "rank_0.json"));
+  size_t to_stage_1 = 0;
+  for (const nlohmann::json& e : rec["entries"])
+    if (e["what"] == "pp.send" || e["what"] == "pp.recv") {
+      EXPECT_EQ(e.value("peer", -1), 1) << e.dump();
+      ++to_stage_1;
+    }
+  EXPECT_GT(to_stage_1, 0u);
+  // rank 1 wrote nothing (killed while stopped) or, woken by the launcher's SIGCONT, a late
+  // record that shows the time it was not running: either way the verdict names it
+  const ndt::testing::ShellResult r = ndt::testing::run_shell("python3 " + std::string(NDT_SOURCE_DIR) +
+                                                              "/scripts/flight_report.py " + flight.string());
   EXPECT_EQ(r.rc, 0) << r.out;
-  EXPECT_TRUE(has(r.out, "no record from rank 1: dead, stopped, cut off") ||
-              (has(r.out, "2 of 2 ranks wrote a record") && has(r.out, "\n  rank 1 (")))
-      << r.out;
+  EXPECT_TRUE(has(r.out, "verdict:\n  rank 1 fell behind")) << r.out;
+  if (fs::exists(flight / "rank_1.json"))
+    EXPECT_FALSE(nlohmann::json::parse(read_all(flight / "rank_1.json"))["paused"].empty()) << r.out;
 }
 
 TEST_F(DistFaults, ASigtermToAHealthyRankEndsAJobWithAStoppedRank) {
@@ -703,13 +715,9 @@ TEST_F(DistFaults, AStoppedRankOnAnotherHostEndsTheJobAndTheReportNamesIt) {
   const ndt::testing::ShellResult r = flight_report(*this);
   EXPECT_EQ(r.rc, 0) << r.out;
   // rank 3 wrote nothing, or (woken by the launcher's SIGCONT before its SIGTERM) a late
-  // record, or one in no collective while the others wait for it: the verdict names it
-  const std::string verdict = r.out.substr(r.out.find("verdict:"));
-  // (stopped inside a collective of its own host's group and woken at its deadline, its
-  // record looks like its partner's: then the verdict names that group's two ranks)
-  EXPECT_TRUE(has(verdict, "verdict:\n  rank 3 fell behind") ||
-              has(verdict, "no rank fell behind: ranks 2, 3 (on h1) reached "))
-      << r.out;
+  // record that shows the time it was not running, wherever the stop caught it (inside a
+  // collective the others wait in too): the verdict names it
+  EXPECT_TRUE(has(r.out, "verdict:\n  rank 3 fell behind")) << r.out;
 }
 
 TEST_F(DistFaults, AHostWhoseRanksAreKilledEndsTheJobAndTheHostLeftContinuesTheCurve) {

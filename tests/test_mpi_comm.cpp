@@ -285,6 +285,33 @@ TEST(DistComm, TheFlightRecorderKeepsEveryOperationOfItsGroups) {
   }
 }
 
+// A send or receive in a group records its peer as a world rank: in a group whose order is
+// the world's reversed, group rank p is world rank n - 1 - p.
+TEST(DistComm, TheFlightRecordNamesThePeerOfASendOrReceiveByItsWorldRank) {
+  auto w = ndt::testing::world();
+  const int n = w->size(), r = w->rank();
+  if (n < 2) GTEST_SKIP() << "needs 2 ranks";
+  dist::FlightRecorder flight;
+  flight.set_job("a test job");
+  auto g = w->split(0, n - 1 - r, "rev");
+  g->set_flight(&flight);
+  const int gr = g->rank();  // n - 1 - r
+  Tensor out = Tensor::from_vector(std::vector<float>{1.0f}, {1}), in = Tensor::zeros({1});
+  dist::WorkPtr s = g->send(out, (gr + 1) % n), rv = g->recv(in, (gr + n - 1) % n);
+  s->wait();
+  rv->wait();
+  const std::string path = "/tmp/ndt_flight_peer_" + std::to_string(::getpid()) + ".json";
+  flight.dump(path, r, n, "a test");
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::remove(path.c_str());
+  const nlohmann::json rec = nlohmann::json::parse(text.str());
+  ASSERT_EQ(rec["entries"].size(), 2u) << rec.dump(1);
+  EXPECT_EQ(rec["entries"][0]["what"], "rev.send");
+  EXPECT_EQ(rec["entries"][0]["peer"], n - 1 - (gr + 1) % n);
+  EXPECT_EQ(rec["entries"][1]["peer"], n - 1 - (gr + n - 1) % n);
+}
+
 TEST(DistComm, BadArgumentsNameTheCall) {
   auto w = ndt::testing::world();
   Tensor a = Tensor::zeros({10}), b = Tensor::zeros({10 * w->size() + 1});

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "dist/flight.h"
 #include "dist/trace.h"
@@ -199,6 +201,34 @@ TEST(RunLogs, TraceAndFlightRecordAreJsonWhateverTheNamesHold) {
   EXPECT_EQ(fj["entries"][1]["seq"], 2);
   EXPECT_EQ(fj["entries"][1]["step"], 5);
   EXPECT_EQ(std::count(f.begin(), f.end(), '\n'), 4) << "one entry a line: " << f;
+  fs::remove_all(dir);
+}
+
+// A send or receive names its peer; the times the process was not running (over a second
+// between the ticks of the thread that ticks the recorder) are listed, one still open when
+// the record is written included.
+TEST(RunLogs, TheFlightRecordNamesPeersAndTheTimesTheProcessWasNotRunning) {
+  const fs::path dir = ndt::testing::fresh_dir("run_logs_paused");
+  dist::FlightRecorder flight;
+  flight.set_job("job");
+  flight.queued("pp@0", 1, "pp.send", 2048, 3);
+  flight.queued("world", 1, "world.all_reduce", 8);
+  flight.tick();
+  flight.tick();  // ticks 0.1 s apart: running
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  flight.tick();  // a gap: a pause of 1.2 s
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  flight.dump((dir / "rank_0.json").string(), 0, 4, "a test");  // a pause not ticked away yet
+  std::stringstream text;
+  text << std::ifstream(dir / "rank_0.json").rdbuf();
+  const nlohmann::json r = nlohmann::json::parse(text.str());
+  EXPECT_EQ(r["entries"][0]["peer"], 3);
+  EXPECT_FALSE(r["entries"][1].contains("peer")) << "a collective has no peer";
+  ASSERT_EQ(r["paused"].size(), 2u) << r.dump(1);
+  for (const nlohmann::json& p : r["paused"])
+    EXPECT_GE(p["to_us"].get<int64_t>() - p["from_us"].get<int64_t>(), 1'000'000);
+  EXPECT_LE(r["paused"][0]["to_us"].get<int64_t>(), r["paused"][1]["from_us"].get<int64_t>());
+  EXPECT_EQ(r["paused"][1]["to_us"], r["written_us"]);
   fs::remove_all(dir);
 }
 

@@ -137,7 +137,7 @@ struct Watchdog::State {
   std::condition_variable cv;
   bool done = false;
   std::function<void(const std::string&)> last_words;
-  const dist::FlightRecorder* flight = nullptr;
+  dist::FlightRecorder* flight = nullptr;
   std::thread thread;
 };
 
@@ -185,7 +185,7 @@ bool stuck_since_signal(const Watchdog::State& s, int64_t asked_ns) {
 }  // namespace
 
 Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank,
-                   std::function<void(const std::string&)> last_words, const dist::FlightRecorder* flight)
+                   std::function<void(const std::string&)> last_words, dist::FlightRecorder* flight)
     : s_(std::make_unique<State>()) {
   s_->last_words = std::move(last_words);
   s_->flight = flight;
@@ -200,7 +200,9 @@ Watchdog::Watchdog(double timeout_s, bool watch_launcher, int rank,
   s_->thread = std::thread([s = s_.get()] {
     std::unique_lock<std::mutex> lock(s->mu);
     bool recorded = false;  // the record written for a stop signal that found this rank stuck
+    if (s->flight) s->flight->tick();
     while (!s->cv.wait_for(lock, std::chrono::milliseconds(100), [s] { return s->done; })) {
+      if (s->flight) s->flight->tick();  // a gap since the last: this process was not running
       if (s->watch_launcher && ::getppid() != s->parent)
         end_process(s->rank,
                     "the launcher (parent pid " + std::to_string(s->parent) +

@@ -89,10 +89,10 @@ int stop_signal();
 class Watchdog {
  public:
   // last_words (may be empty) runs on the watchdog's thread just before it ends the
-  // process, with the line it printed (the flight recorder's dump).
+  // process, with the line it printed (the flight recorder's dump). The watchdog ticks
+  // `flight` 10 times a second: its record shows when this process was not running.
   Watchdog(double timeout_s, bool watch_launcher, int rank,
-           std::function<void(const std::string&)> last_words = {},
-           const dist::FlightRecorder* flight = nullptr);
+           std::function<void(const std::string&)> last_words = {}, dist::FlightRecorder* flight = nullptr);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;

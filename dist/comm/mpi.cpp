@@ -16,6 +16,7 @@
 #include <list>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "dist/trace.h"
 
@@ -447,7 +448,7 @@ class MpiCommunicator : public Communicator {
         [=, comm = comm_](MPI_Request* r) {
           return MPI_Isend(t.data_ptr(), n, mpi_type(t.dtype()), peer, 0, comm, r);
         },
-        nullptr);
+        nullptr, peer);
   }
 
   WorkPtr recv(const Tensor& t, int peer) override {
@@ -462,7 +463,7 @@ class MpiCommunicator : public Communicator {
         [=, comm = comm_](MPI_Request* r) {
           return MPI_Irecv(t.data_ptr(), n, mpi_type(t.dtype()), peer, 0, comm, r);
         },
-        nullptr);
+        nullptr, peer);
   }
 
   void barrier() override {
@@ -480,11 +481,14 @@ class MpiCommunicator : public Communicator {
       return rc;
     });
     int r = 0, s = 0;
+    std::vector<int> in_world;  // the world rank of each of the group's ranks
     Engine::get().run_sync(name + ".size", [&] {
       int rc = MPI_Comm_rank(sub, &r);
-      return rc == MPI_SUCCESS ? MPI_Comm_size(sub, &s) : rc;
+      if (rc == MPI_SUCCESS) rc = MPI_Comm_size(sub, &s);
+      return rc == MPI_SUCCESS ? world_ranks_of(sub, s, in_world) : rc;
     });
     auto child = std::make_shared<MpiCommunicator>(sub, r, s, name, true);
+    child->in_world_ = std::move(in_world);
     child->set_timeout(timeout_s_);
     child->set_flight(flight_);
     child->group_ = name + "@" + std::to_string(color);
@@ -511,8 +515,23 @@ class MpiCommunicator : public Communicator {
     NDT_CHECK(peer >= 0 && peer < size_ && peer != rank_, name_, ".", call, " on rank ", rank_, ": bad peer ",
               peer, " in a group of ", size_);
   }
+  // The world ranks of `comm`'s `size` ranks, in `out`.
+  static int world_ranks_of(MPI_Comm comm, int size, std::vector<int>& out) {
+    MPI_Group g = MPI_GROUP_NULL, w = MPI_GROUP_NULL;
+    std::vector<int> ranks(static_cast<size_t>(size));
+    for (int i = 0; i < size; ++i) ranks[static_cast<size_t>(i)] = i;
+    out.assign(static_cast<size_t>(size), -1);
+    int rc = MPI_Comm_group(comm, &g);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_group(MPI_COMM_WORLD, &w);
+    if (rc == MPI_SUCCESS) rc = MPI_Group_translate_ranks(g, size, ranks.data(), w, out.data());
+    if (g != MPI_GROUP_NULL) MPI_Group_free(&g);
+    if (w != MPI_GROUP_NULL) MPI_Group_free(&w);
+    return rc;
+  }
+  // `peer` of this group as a world rank, for the flight record
+  int world_rank(int peer) const { return in_world_.empty() ? peer : in_world_[static_cast<size_t>(peer)]; }
   WorkPtr submit(const std::string& what, int64_t bytes, std::function<int(MPI_Request*)> start,
-                 std::function<void()> finish) {
+                 std::function<void()> finish, int peer = -1) {
     auto work = std::make_shared<MpiWork>(what, trace_, timeout_s_, bytes, timeout_s_ > 0 ? context() : "");
     Op op;
     op.what = what;
@@ -523,7 +542,7 @@ class MpiCommunicator : public Communicator {
     op.bytes = bytes;
     if (flight_) {
       op.flight = flight_;
-      op.flight_id = flight_->queued(group_, ++seq_, what, bytes);
+      op.flight_id = flight_->queued(group_, ++seq_, what, bytes, peer < 0 ? -1 : world_rank(peer));
     }
     Engine::get().submit(std::move(op));
     return work;
@@ -531,6 +550,7 @@ class MpiCommunicator : public Communicator {
 
   MPI_Comm comm_;
   bool owned_;
+  std::vector<int> in_world_;  // world rank of each rank of the group (empty: the world itself)
 };
 
 }  // namespace

@@ -82,4 +82,80 @@ sed -i 's/"group": "replicate@0", "seq": 9, "what": "replicate.all_reduce"/"grou
 python3 "$ROOT/scripts/flight_report.py" "$three" >"$tmp/three2.txt" 2>&1
 check "a host-mate stuck inside its host: the missing rank is the suspect" grep -q 'verdict:$' "$tmp/three2.txt"
 check "... named" grep -q '  rank 3 fell behind or wrote nothing' "$tmp/three2.txt"
+
+# Pipeline stages on one host; stage 1 SIGSTOPped, then woken by the launcher's SIGCONT: its
+# record shows the time it was not running ("paused", from its watchdog). Stage 0 waits in a
+# send to rank 1; stage 1's own numbering of its sends and receives completed the same numbers
+# after it woke. The verdict is rank 1, not the network (one host has none between its ranks).
+pp="$tmp/pp"
+mkdir -p "$pp"
+p2p() {  # p2p SEQ WHAT PEER STATE QUEUED_MS FINISHED_MS
+  echo "{\"group\": \"pp@0\", \"seq\": $1, \"what\": \"$2\", \"bytes\": 2048, \"peer\": $3, \"step\": 9, \"state\": \"$4\", \"queued_us\": $(($5 * 1000)), \"started_us\": $(($5 * 1000 + 50)), \"finished_us\": $(($6 * 1000))}"
+}
+cat >"$pp/rank_0.json" <<JSON
+{"job": "20261204T092000Z-vm-55", "rank": 0, "world": 2, "step": 9, "written_us": 4000000, "hosts": ["vm", "vm"], "paused": [],
+ "reason": "error: pp.recv (2048 bytes; the pipeline; step 9, micro-step 4 of 4) on world rank 0 has not completed after 3 s (parallel.timeout_s): a rank of the group is dead, stopped or cut off",
+ "entries": [$(p2p 84 pp.recv 1 done 900 901), $(p2p 85 pp.send 1 started 1000 0), $(p2p 86 pp.recv 1 started 1001 0)]}
+JSON
+cat >"$pp/rank_1.json" <<JSON
+{"job": "20261204T092000Z-vm-55", "rank": 1, "world": 2, "step": 9, "written_us": 4030000, "hosts": ["vm", "vm"],
+ "paused": [{"from_us": 950000, "to_us": 4020000}],
+ "reason": "error: pp.recv (2048 bytes; the pipeline; step 9, micro-step 2 of 4) on world rank 1 has not completed after 3 s (parallel.timeout_s): a rank of the group is dead, stopped or cut off",
+ "entries": [$(p2p 84 pp.send 0 done 890 899), $(p2p 85 pp.recv 0 done 940 4021), $(p2p 86 pp.send 0 done 945 4022)]}
+JSON
+python3 "$ROOT/scripts/flight_report.py" "$pp" >"$tmp/pp.txt" 2>&1
+cat "$tmp/pp.txt"
+check "a stage whose record shows it was not running is named" \
+  grep -q '^  rank 1 fell behind: it was not running for 3.1 s on vm (stopped or starved: its own' "$tmp/pp.txt"
+check "... with the send that waited for it" grep -q 'rank 0 waited in pp.send to rank 1 (#85 of group pp@0)' "$tmp/pp.txt"
+check "a send or receive is not another rank's operation of the same number" bash -c "! grep -q 'network' '$tmp/pp.txt'"
+check "the waiting send names its peer" grep -q 'rank 0 waits in pp.send to rank 1 (#85 of the group' "$tmp/pp.txt"
+# the healthy stage ended by the launcher before it wrote: the stopped one is still the suspect
+rm "$pp/rank_0.json"
+python3 "$ROOT/scripts/flight_report.py" "$pp" >"$tmp/pp2.txt" 2>&1
+check "a missing healthy rank is not blamed over a record that shows a pause" \
+  grep -q '^  rank 1 fell behind: it was not running' "$tmp/pp2.txt"
+
+# One host, no pause recorded, rank 0 in a collective that rank 1 completed: the transport
+# inside the host, not a network.
+one="$tmp/one"
+mkdir -p "$one"
+for k in 0 1; do
+  state=done; [[ $k == 0 ]] && state=started
+  cat >"$one/rank_$k.json" <<JSON
+{"job": "20261204T093000Z-vm-66", "rank": $k, "world": 2, "step": 5, "written_us": 9000000, "hosts": ["vm", "vm"], "paused": [],
+ "reason": "error: world.all_reduce (8 bytes) on world rank $k has not completed after 3 s (parallel.timeout_s)",
+ "entries": [$(entry 5 5 $state)]}
+JSON
+done
+python3 "$ROOT/scripts/flight_report.py" "$one" >"$tmp/one.txt" 2>&1
+cat "$tmp/one.txt"
+check "on one host a lost collective is the transport inside it" \
+  grep -q 'the transport between the ranks of the host failed (no network is involved' "$tmp/one.txt"
+
+# 2 hosts x 2 ranks, rank 3 SIGSTOPped inside the world's all-reduce, then woken: every rank
+# reached that all-reduce (no one's numbering is behind), which alone reads as the network;
+# rank 3's record shows the pause, from before the others began to wait.
+ar="$tmp/allreduce"
+mkdir -p "$ar"
+for k in 0 1 2 3; do
+  paused='[]'; written=8000000; q=$((5000000 + k * 100))
+  [[ $k == 3 ]] && paused='[{"from_us": 5000500, "to_us": 8500000}]' && written=8510000
+  cat >"$ar/rank_$k.json" <<JSON
+{"job": "20261204T094000Z-h0-77", "rank": $k, "world": 4, "step": 6, "written_us": $written, "hosts": ["h0", "h0", "h1", "h1"],
+ "paused": $paused,
+ "reason": "error: world.all_reduce (16 bytes; the world; step 6) on world rank $k has not completed after 3 s (parallel.timeout_s): a rank of the group is dead, stopped or cut off",
+ "entries": [{"group": "world", "seq": 40, "what": "world.all_reduce", "bytes": 16, "step": 6, "state": "started", "queued_us": $q, "started_us": $((q + 50)), "finished_us": 0}]}
+JSON
+done
+python3 "$ROOT/scripts/flight_report.py" "$ar" >"$tmp/ar.txt" 2>&1
+cat "$tmp/ar.txt"
+check "a rank stopped inside the collective the others wait in is named" \
+  grep -q '^  rank 3 fell behind: it was not running for 3.5 s on h1 (stopped or starved: its own' "$tmp/ar.txt"
+check "... and the others wait in it" grep -q 'rank 0 waited in world.all_reduce (#40 of group world)' "$tmp/ar.txt"
+check "... not the network" bash -c "! grep -q 'network between' '$tmp/ar.txt'"
+# a pause that ended before the fault (a slow start) is history, not the cause
+sed -i 's/"from_us": 5000500, "to_us": 8500000/"from_us": 1000000, "to_us": 3000000/' "$ar/rank_3.json"
+python3 "$ROOT/scripts/flight_report.py" "$ar" >"$tmp/ar2.txt" 2>&1
+check "a pause before the fault is not the cause" bash -c "! grep -q 'not running' '$tmp/ar2.txt'"
 exit $status
