@@ -295,8 +295,8 @@ TEST_F(FinetuneData, TrainGptTrainsOnTheMaskedDocumentsOfChatRows) {
   data::Shard((dir_ / "chat" / "train_000000.bin").string()).read(0, 257, tok.data());
   std::vector<int32_t> next(tok.begin() + 1, tok.end());
   const double every_token = gpt.forward(b.inputs, Tensor::from_vector(next, {2, 128})).loss.item();
-  EXPECT_NEAR(trained, masked, 1e-5 * masked) << "no docs " << no_docs << ", every token " << every_token;
-  EXPECT_GT(std::abs(masked - no_docs), 1e-4) << "the test must tell documents apart";
+  EXPECT_NEAR(trained, masked, 1e-6 * masked) << "no docs " << no_docs << ", every token " << every_token;
+  EXPECT_GT(std::abs(masked - no_docs), 1e-3) << "the test must tell documents apart";
   EXPECT_GT(std::abs(masked - every_token), 1e-2) << "the test must tell the mask apart";
   // and it learns the answers
   r = run_shell(run + " --train.steps 60 --log.metrics " + (d / "m60.jsonl").string() + " 2>&1");
