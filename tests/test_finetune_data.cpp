@@ -151,6 +151,23 @@ TEST_F(FinetuneData, FieldNamesCanBeSet) {
   EXPECT_NE(bad.out.find("named.jsonl:1: bad row: no field \"messages\""), std::string::npos) << bad.out;
 }
 
+TEST_F(FinetuneData, OverwriteReplacesTheMaskAndDocumentFilesToo) {
+  const fs::path rows = write("over.jsonl", R"({"text": "the cat sat"})"
+                                            "\n"
+                                            R"({"text": "the hat sat"})"
+                                            "\n");
+  ASSERT_EQ(prepare("over", rows.string()).rc, 0);
+  ASSERT_TRUE(fs::exists(dir_ / "over" / "train_000000.mask"));
+  const ShellResult refused = prepare("over", write("over.txt", "the cat sat on the mat").string());
+  EXPECT_NE(refused.out.find("mask and document files (.mask, .docs)"), std::string::npos) << refused.out;
+  const ShellResult r = prepare("over", (dir_ / "over.txt").string(), "--overwrite");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  for (const char* f : {"train_000000.mask", "train_000000.docs", "val_000000.mask", "val_000000.docs"})
+    EXPECT_FALSE(fs::exists(dir_ / "over" / f)) << f;
+  data::DataLoader loader((dir_ / "over" / "train_*.bin").string(), 1, 4, 0, 1, false, 0, 264);
+  EXPECT_FALSE(loader.has_documents());
+}
+
 TEST_F(FinetuneData, EachBadRowIsOneLineAndWritesNothing) {
   const std::string good = R"({"text": "the cat sat on the mat"})";
   struct Case {
