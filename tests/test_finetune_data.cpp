@@ -127,6 +127,15 @@ TEST_F(FinetuneData, EachRowFormatGivesItsTokensMasksAndDocumentStarts) {
   ASSERT_FALSE(val_first.empty());
   EXPECT_EQ(val_first[0], 1);
   EXPECT_EQ(val_first.size(), t.encode("the end of the data", true).size() + 1);
+  // shards of 10 tokens: each with its own mask and document starts, the same stream
+  ASSERT_EQ(prepare("formats_10", rows.string(), "--val_fraction 0.1 --shard_tokens 10").rc, 0);
+  EXPECT_TRUE(fs::exists(dir_ / "formats_10" / "train_000003.docs"));
+  std::vector<uint32_t> ids10;
+  std::string mask10, first10;
+  stream(dir_ / "formats_10", ids10, mask10, first10);
+  EXPECT_EQ(ids10, want_ids);
+  EXPECT_EQ(mask10, want_mask);
+  EXPECT_EQ(first10, want_first);
   // --train_on_all trains every token
   ASSERT_EQ(prepare("formats_all", rows.string(), "--val_fraction 0.1 --train_on_all").rc, 0);
   std::vector<uint32_t> ids_all;
