@@ -92,8 +92,11 @@ void ParallelModel::join_pipeline_ends(const models::GPT& gpt, const DeviceMesh&
 std::vector<Pipeline::Batch> ParallelModel::local(const std::vector<Batch>& batches) const {
   std::vector<Pipeline::Batch> out;
   for (const Batch& b : batches) {  // CP: this rank's two chunks of each sequence
+    NDT_CHECK(!cp_ || !b.docs.defined(),
+              "packed documents (docs) do not work with context parallelism yet; set parallel.cp_size = 1");
     out.push_back({(cp_ ? cp_->local(b.inputs) : b.inputs).to(device_),
-                   (cp_ ? cp_->local(b.targets) : b.targets).to(device_)});
+                   (cp_ ? cp_->local(b.targets) : b.targets).to(device_),
+                   b.docs.defined() ? b.docs.to(device_) : Tensor()});
   }
   return out;
 }

@@ -81,9 +81,11 @@ class ParallelModel {
   const DeviceMesh& mesh() const { return *mesh_; }
   const pp::Schedule& schedule() const { return step_->schedule(); }
 
-  // A batch of whole sequences: tokens and next tokens, (B, T) i32 on any device.
+  // A batch of whole sequences: tokens and next tokens, (B, T) i32 on any device (targets
+  // of -1 are not trained); docs (B, T) i32: packed rows' documents (GPT::forward), or
+  // undefined (one per row; context parallelism takes no docs).
   struct Batch {
-    Tensor inputs, targets;
+    Tensor inputs, targets, docs;
   };
   // One optimizer step's forwards and backwards, whatever the layout: the gradients zeroed,
   // the micro-batches run in the schedule's order (each weighing 1/m), the gradients reduced

@@ -357,6 +357,11 @@ void Trainer::open_data() {
     val_ = std::make_unique<data::DataLoader>(c_.data.val, c_.train.micro_batch_size, c_.train.seq_len,
                                               dp_rank, dp, false, static_cast<uint64_t>(c_.train.seed),
                                               c_.model.vocab_size);
+  if (train_->has_documents() && c_.parallel.cp_size > 1)
+    throw ConfigError("parallel.cp_size = " + std::to_string(c_.parallel.cp_size) + ": the data " +
+                      c_.data.train +
+                      " has documents and loss masks (prepare_text's .jsonl rows), which context "
+                      "parallelism does not split yet; set parallel.cp_size = 1");
 }
 
 // The vocabulary of the samples' text (data::vocabulary_path), checked against the model.
@@ -475,7 +480,7 @@ std::vector<data::Batch> Trainer::read_val_batches() {
 
 std::vector<dist::ParallelModel::Batch> Trainer::whole_sequences(const std::vector<data::Batch>& batches) {
   std::vector<dist::ParallelModel::Batch> out;
-  for (const data::Batch& b : batches) out.push_back({b.inputs, b.targets});
+  for (const data::Batch& b : batches) out.push_back({b.inputs, b.targets, b.docs});
   return out;
 }
 

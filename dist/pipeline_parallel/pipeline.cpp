@@ -65,7 +65,7 @@ Tensor Pipeline::act(const pp::Action& a, const Batch& b, const Tensor& in, bool
       slot.in = in;
       if (training) slot.in.set_requires_grad(true);  // a leaf: its gradient goes back to stage s - 1
     }
-    slot.out = gpt_.forward_chunk(static_cast<size_t>(a.chunk), b.idx, slot.in, b.targets);
+    slot.out = gpt_.forward_chunk(static_cast<size_t>(a.chunk), b.idx, slot.in, b.targets, 0, b.docs);
     if (s == last_stage()) {
       losses_.push_back(slot.out.detach());
     } else {

@@ -50,9 +50,10 @@ namespace ndt::dist {
 
 class Pipeline {
  public:
-  // One micro-batch: this rank's tokens (B, T) i32 (CP: its chunks), on the device.
+  // One micro-batch: this rank's tokens (B, T) i32 (CP: its chunks), on the device; docs
+  // (B, T) i32: packed rows' documents, given to every stage's forward_chunk (or undefined).
   struct Batch {
-    Tensor idx, targets;
+    Tensor idx, targets, docs;
   };
   // The activation between stages for a micro-batch's idx: (B, T, C), or with sequence
   // parallelism (B, T/tp, C).

@@ -88,4 +88,12 @@ void write_tiny_hf_folder(const fs::path& dir, uint64_t seed) {
                                             "\n");
 }
 
+void write_tiny_chat_template(const std::filesystem::path& dir) {
+  std::ofstream(dir / "chat_template.jinja")
+      << "{{ bos_token }}{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+         "{{ raise_exception('no role ' + m['role'] + ' in this template') }}{% endif %}"
+         "<pad>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+         "{% if add_generation_prompt %}<pad>assistant\n{% endif %}";
+}
+
 }  // namespace ndt::testing

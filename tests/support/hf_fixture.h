@@ -20,5 +20,9 @@ struct TinyHfIds {
 // The tokenizer.json of the folder (263 ids: 256 bytes, 4 merges, 3 special tokens).
 std::string tiny_bpe_tokenizer_json();
 void write_tiny_hf_folder(const std::filesystem::path& dir, uint64_t seed = 7);
+// A ChatML-like chat_template.jinja in `dir` on the tiny tokenizer's specials: bos_token, then
+// each message as "<pad>ROLE\nCONTENT</s>\n" (eos </s> ends a turn); roles other than system,
+// user and assistant raise an error, as templates without a tool role do.
+void write_tiny_chat_template(const std::filesystem::path& dir);
 
 }  // namespace ndt::testing

@@ -160,6 +160,68 @@ std::vector<std::string> glob_paths(const std::string& pattern) {
   return out;
 }
 
+// A sidecar file, read with pread like the shards: exactly one byte per token of its shard.
+struct DataLoader::ByteFile {
+  std::string path;
+  int fd = -1;
+  int64_t bytes = 0;
+  ByteFile(const std::string& p, int64_t want) : path(p) {
+    fd = ::open(p.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    NDT_CHECK(fd >= 0, "data file ", p, ": cannot open (", std::strerror(errno),
+              "); its preparation lists it: prepare the folder again with prepare_text --overwrite");
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) bytes = st.st_size;
+    if (bytes != want) ::close(fd);
+    NDT_CHECK(bytes == want, "data file ", p, " has ", bytes, " bytes but its shard has ", want,
+              " tokens (one byte each): it was replaced or truncated; prepare the folder again with "
+              "prepare_text --overwrite");
+  }
+  ~ByteFile() { ::close(fd); }
+  void read(int64_t pos, int64_t n, uint8_t* out) const {
+    for (int64_t done = 0; done < n;) {
+      const ssize_t r = ::pread(fd, out + done, static_cast<size_t>(n - done), pos + done);
+      if (r < 0 && errno == EINTR) continue;
+      NDT_CHECK(r > 0, "data file ", path, ": read failed at byte ", pos + done, " (",
+                r == 0 ? "end of file: it shrank during the run" : std::strerror(errno), ")");
+      done += r;
+    }
+  }
+};
+
+DataLoader::~DataLoader() = default;
+
+void DataLoader::open_sidecars(const Preparation& prep, const std::string& shard_path, int64_t tokens) {
+  const std::string name = std::filesystem::path(shard_path).filename().string();
+  const ShardSidecars* sc = prep.sidecars_of(name);
+  if (!sc) return;
+  NDT_CHECK(sc->bytes == tokens, "data shard ", shard_path, ": its sidecars list ", sc->bytes, " bytes for ",
+            tokens, " tokens");
+  const std::filesystem::path dir = std::filesystem::path(shard_path).parent_path();
+  sidecars_.push_back(std::make_unique<ByteFile>((dir / sc->mask).string(), tokens));
+  sidecars_.push_back(std::make_unique<ByteFile>((dir / sc->docs).string(), tokens));
+}
+
+Tensor DataLoader::mask_window(int32_t shard, int64_t start, std::vector<int32_t>& y) const {
+  const int64_t n = B_ * T_ + 1;
+  std::vector<uint8_t> mask(static_cast<size_t>(n)), first(static_cast<size_t>(n));
+  sidecars_[2 * shard]->read(start, n, mask.data());
+  sidecars_[2 * shard + 1]->read(start, n, first.data());
+  std::vector<int32_t> docs(static_cast<size_t>(B_ * T_));
+  for (int64_t b = 0; b < B_; ++b) {
+    int32_t doc = 0;
+    for (int64_t t = 0; t < T_; ++t) {
+      const int64_t i = b * T_ + t;
+      if (t > 0 && first[i]) ++doc;
+      docs[i] = doc;
+      NDT_CHECK(mask[i + 1] <= 1 && first[i + 1] <= 1, "data files ", sidecars_[2 * shard]->path, " / ",
+                sidecars_[2 * shard + 1]->path, ": byte ", start + i + 1,
+                " is neither 0 nor 1; the files are corrupt: prepare the folder again with prepare_text");
+      if (!mask[i + 1] || first[i + 1]) y[i] = -1;  // not trained, or the next document's first token
+    }
+  }
+  return Tensor::from_vector(docs, {B_, T_});
+}
+
 namespace {
 uint64_t splitmix64(uint64_t& x) {
   uint64_t z = (x += 0x9E3779B97F4A7C15ull);
@@ -197,9 +259,13 @@ DataLoader::DataLoader(const std::string& pattern, int64_t B, int64_t T, int ran
               ": it was replaced after prepare_text wrote it; prepare the folder again with prepare_text "
               "--overwrite");
     s.check_tokens(vocab_size);  // now, not when an evaluation reaches it hours later
+    if (prep) open_sidecars(*prep, p, s.size());
     for (int64_t pos = 0; span < s.size() - pos; pos += span)
       windows_.push_back({static_cast<int32_t>(shards_.size() - 1), pos});
   }
+  NDT_CHECK(sidecars_.empty() || sidecars_.size() == 2 * shards_.size(), "data '", pattern,
+            "': some shards have loss masks and documents (.mask, .docs) and some not; read one "
+            "preparation's shards (prepare_text makes them all alike)");
   NDT_CHECK(
       !windows_.empty(), "data '", pattern, "': no shard holds one batch: ", span + 1,
       " tokens are needed (micro_batch_size x seq_len x data-parallel ranks + 1); the largest shard has ",
@@ -259,7 +325,8 @@ Batch DataLoader::next() {
     x[i] = static_cast<int32_t>(tok[i]);
     y[i] = static_cast<int32_t>(tok[i + 1]);
   }
-  return {Tensor::from_vector(x, {B_, T_}), Tensor::from_vector(y, {B_, T_})};
+  const Tensor docs = has_documents() ? mask_window(w.shard, start, y) : Tensor();
+  return {Tensor::from_vector(x, {B_, T_}), Tensor::from_vector(y, {B_, T_}), docs};
 }
 
 LoaderState continue_position(const LoaderState& saved, const std::string& saved_window_tokens,

@@ -18,9 +18,18 @@
 // advances by world*B*T. With shuffle on, the order of the windows is a seeded permutation,
 // new every epoch. The position (epoch, window) is saved in checkpoints.
 //
+// Documents and loss masks: when the preparation lists a shard's .mask and .docs files
+// (train/data/preparation.h; prepare_text writes them for .jsonl input), a window's target is
+// -1 (not trained: cross_entropy's ignore_index) where the target token is not trained and
+// where it is the first token of the next document (a document's last token does not predict
+// the next one's first), and Batch::docs numbers the documents within each row from 0 (a
+// window cuts documents at its edges: each piece is a document). Without them docs is
+// undefined and every target is trained, as for llm.c's shards.
+//
 //   data::DataLoader train("data/train_*.bin", /*B=*/8, /*T=*/128, /*rank=*/0, /*world=*/1,
 //                          /*shuffle=*/false, /*seed=*/0, /*vocab_size=*/256);
-//   data::Batch b = train.next();   // b.inputs, b.targets (B, T) int32 on the CPU
+//   data::Batch b = train.next();   // b.inputs, b.targets (B, T) int32 on the CPU (b.docs too,
+//                                   // when the shards have documents)
 #pragma once
 
 #include <cstdint>
@@ -39,6 +48,7 @@ constexpr int32_t kShardVersion32 = 7;
 constexpr int64_t kHeaderInts = 256;
 
 enum class ShardFormat { u16, u32 };
+struct Preparation;  // train/data/preparation.h
 
 // One open shard.
 class Shard {
@@ -77,7 +87,8 @@ std::vector<std::string> glob_paths(const std::string& pattern);
 
 struct Batch {
   Tensor inputs;   // (B, T) int32
-  Tensor targets;  // (B, T) int32
+  Tensor targets;  // (B, T) int32; -1: not trained
+  Tensor docs;     // (B, T) int32 document ids within each row (non-decreasing); undefined: one per row
 };
 
 struct LoaderState {
@@ -97,7 +108,10 @@ class DataLoader {
  public:
   DataLoader(const std::string& pattern, int64_t B, int64_t T, int rank, int world, bool shuffle,
              uint64_t seed, int64_t vocab_size);
+  ~DataLoader();
   Batch next();
+  // Whether the shards carry loss masks and document starts (then every Batch has docs).
+  bool has_documents() const { return !sidecars_.empty(); }
   LoaderState state() const { return state_; }
   void restore(const LoaderState& s);
   void reset() { restore({}); }
@@ -110,7 +124,11 @@ class DataLoader {
     int32_t shard;
     int64_t pos;  // first token of rank 0's part
   };
+  struct ByteFile;     // a sidecar: one byte per token of its shard
   void build_order();  // this epoch's window order
+  void open_sidecars(const Preparation& prep, const std::string& shard_path, int64_t tokens);
+  // docs and the -1 targets of a window whose tokens [start, start + B*T] come from shard `shard`
+  Tensor mask_window(int32_t shard, int64_t start, std::vector<int32_t>& y) const;
 
   std::string pattern_;
   int64_t B_, T_;
@@ -119,8 +137,9 @@ class DataLoader {
   uint64_t seed_;
   int64_t vocab_size_;
   std::vector<std::unique_ptr<Shard>> shards_;
-  std::vector<Window> windows_;  // in stream order
-  std::vector<int64_t> order_;   // this epoch's permutation of windows_
+  std::vector<std::unique_ptr<ByteFile>> sidecars_;  // mask, docs of shard i at 2i, 2i+1; empty: none
+  std::vector<Window> windows_;                      // in stream order
+  std::vector<int64_t> order_;                       // this epoch's permutation of windows_
   LoaderState state_;
 };
 

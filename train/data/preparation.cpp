@@ -26,10 +26,17 @@ bool is_shard_name(const std::string& n) {
   return (starts_with(n, "train_") || starts_with(n, "val_")) && ends_with(n, ".bin");
 }
 
+// A shard's sidecar: train_NNNNNN.mask, val_000000.docs.
+bool is_sidecar_name(const std::string& n) {
+  return (starts_with(n, "train_") || starts_with(n, "val_")) &&
+         (ends_with(n, ".mask") || ends_with(n, ".docs"));
+}
+
 // What a preparation writes: its shards, vocabulary and manifest, or one of them as NAME.tmp.
 bool is_preparation_name(std::string n) {
   if (ends_with(n, ".tmp")) n.resize(n.size() - 4);
-  return is_shard_name(n) || n == "vocab.json" || n == "tokenizer.json" || n == kPreparationFile;
+  return is_shard_name(n) || is_sidecar_name(n) || n == "vocab.json" || n == "tokenizer.json" ||
+         n == kPreparationFile;
 }
 
 // The folder a path names, spelled one way for every path to it ("." for a bare name).
@@ -38,6 +45,25 @@ std::string folder_of(const std::string& path) {
   std::error_code ec;
   const fs::path canon = fs::weakly_canonical(parent.empty() ? fs::path(".") : parent, ec);
   return ec ? parent.string() : canon.string();
+}
+
+// A shard entry's "mask" and "docs" (both or neither), each {"file", "bytes" = the shard's tokens}.
+ShardSidecars parse_sidecars(const nlohmann::json& s, const std::string& shard, int64_t tokens) {
+  ShardSidecars out;
+  for (const char* key : {"mask", "docs"}) {
+    NDT_CHECK(s.contains(key) && s[key].is_object() && s[key].contains("file") &&
+                  s[key]["file"].is_string() && s[key].contains("bytes") &&
+                  s[key]["bytes"].is_number_integer(),
+              "shard \"", shard, "\" lists no \"", key, "\" {\"file\", \"bytes\"} beside the other");
+    const std::string file = s[key]["file"].get<std::string>();
+    NDT_CHECK(is_sidecar_name(file) && file.find('/') == std::string::npos, "shard \"", shard, "\": \"", key,
+              "\" file \"", file, "\" is not a sidecar's name (train_*.mask, val_*.docs, ...)");
+    NDT_CHECK(s[key]["bytes"].get<int64_t>() == tokens, "shard \"", shard, "\": its ", key, " lists ",
+              s[key]["bytes"].get<int64_t>(), " bytes for ", tokens, " tokens (one byte per token)");
+    (std::string(key) == "mask" ? out.mask : out.docs) = file;
+  }
+  out.bytes = tokens;
+  return out;
 }
 
 // The manifest's JSON into `p`; throws a message without the file's name.
@@ -56,6 +82,8 @@ void parse_manifest(const nlohmann::json& j, Preparation& p) {
     const std::string file = s["file"].get<std::string>();
     NDT_CHECK(is_shard_name(file), "shard \"", file, "\" is not a shard's name (train_*.bin or val_*.bin)");
     p.shards.emplace_back(file, s["tokens"].get<int64_t>());
+    if (s.contains("mask") || s.contains("docs"))
+      p.sidecars[file] = parse_sidecars(s, file, p.shards.back().second);
   }
   NDT_CHECK(p.vocabulary.empty() || p.vocabulary == "vocab.json" || p.vocabulary == "tokenizer.json",
             "vocabulary \"", p.vocabulary, "\" is neither vocab.json nor tokenizer.json");
@@ -69,12 +97,24 @@ int64_t Preparation::tokens_of(const std::string& file_name) const {
   return -1;
 }
 
+const ShardSidecars* Preparation::sidecars_of(const std::string& file_name) const {
+  const auto it = sidecars.find(file_name);
+  return it == sidecars.end() ? nullptr : &it->second;
+}
+
 void write_preparation(const Preparation& p) {
   nlohmann::json j;
   j["preparation"] = p.id;
   j["vocabulary"] = p.vocabulary;
   j["shards"] = nlohmann::json::array();
-  for (const auto& [file, tokens] : p.shards) j["shards"].push_back({{"file", file}, {"tokens", tokens}});
+  for (const auto& [file, tokens] : p.shards) {
+    nlohmann::json e = {{"file", file}, {"tokens", tokens}};
+    if (const ShardSidecars* sc = p.sidecars_of(file)) {
+      e["mask"] = {{"file", sc->mask}, {"bytes", sc->bytes}};
+      e["docs"] = {{"file", sc->docs}, {"bytes", sc->bytes}};
+    }
+    j["shards"].push_back(e);
+  }
   io::write_file_atomic((fs::path(p.dir) / kPreparationFile).string(), j.dump(1) + "\n");
 }
 
@@ -110,11 +150,18 @@ std::vector<std::string> preparation_files(const std::string& dir) {
 
 std::string describe_files(const std::vector<std::string>& names) {
   std::vector<std::string> parts, shards;
-  for (const std::string& n : names) (is_shard_name(n) ? shards : parts).push_back(n);
+  size_t sidecars = 0;  // counted, not named
+  for (const std::string& n : names) {
+    if (is_sidecar_name(n))
+      ++sidecars;
+    else
+      (is_shard_name(n) ? shards : parts).push_back(n);
+  }
   if (shards.size() == 1) parts.push_back("1 shard (" + shards[0] + ")");
   if (shards.size() > 1)
     parts.push_back(std::to_string(shards.size()) + " shards (" + shards.front() + " ... " + shards.back() +
                     ")");
+  if (sidecars) parts.push_back(std::to_string(sidecars) + " mask and document files (.mask, .docs)");
   std::string s;
   for (size_t i = 0; i < parts.size(); ++i)
     s += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];

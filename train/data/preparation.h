@@ -6,6 +6,13 @@
 //    "vocabulary": "vocab.json",
 //    "shards": [{"file": "train_000000.bin", "tokens": 961161}, {"file": "val_000000.bin", ...}]}
 //
+// A preparation of documents with loss masks (prepare_text's .jsonl input) lists two more
+// files beside each shard, one byte per token each, so exactly `tokens` bytes:
+//   {"file": "train_000000.bin", "tokens": 961161,
+//    "mask": {"file": "train_000000.mask", "bytes": 961161},   <- 1: the token is trained, 0: not
+//    "docs": {"file": "train_000000.docs", "bytes": 961161}}   <- 1: a document starts at the token
+// Shards without them are read as before: one stream, every token trained.
+//
 // A run reads the shards of one preparation: the shards data.train and data.val match must
 // all be listed in their folder's preparation.json, with the token counts it lists, and come
 // from one folder's. Shards whose folder has no preparation.json (llm.c's, or those of an
@@ -17,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -26,13 +34,22 @@ namespace ndt::data {
 
 inline constexpr const char* kPreparationFile = "preparation.json";
 
+// The loss mask and document starts beside a shard (file names in the preparation's folder).
+struct ShardSidecars {
+  std::string mask, docs;
+  int64_t bytes = 0;  // each file's size: one byte per token
+};
+
 struct Preparation {
   std::string dir;                                      // the folder
   std::string id;                                       // 16 hex digits
   std::string vocabulary;                               // a file name in dir ("" when none)
   std::vector<std::pair<std::string, int64_t>> shards;  // file name in dir -> tokens
+  std::map<std::string, ShardSidecars> sidecars;        // shard file name -> its sidecars, if any
   // The tokens listed for `file_name` (a file in dir), or -1 when it is not one of the shards.
   int64_t tokens_of(const std::string& file_name) const;
+  // The sidecars listed for shard `file_name`, or nullptr when it has none.
+  const ShardSidecars* sidecars_of(const std::string& file_name) const;
 };
 
 // dir/preparation.json, written atomically.
@@ -42,8 +59,8 @@ void write_preparation(const Preparation& p);
 std::optional<Preparation> read_preparation(const std::string& dir);
 
 // The files in `dir` that a preparation writes or that data globs would mix in: the shards
-// (train_*.bin, val_*.bin), vocab.json, tokenizer.json, preparation.json, and any of them
-// left as NAME.tmp by an interrupted write. File names, sorted; none when dir does not exist.
+// (train_*.bin, val_*.bin) and their sidecars (.mask, .docs), vocab.json, tokenizer.json, preparation.json,
+// and any of them left as NAME.tmp by an interrupted write. File names, sorted; none when dir does not exist.
 std::vector<std::string> preparation_files(const std::string& dir);
 // "preparation.json, vocab.json and 6 shards (train_000000.bin ... val_000000.bin)"
 std::string describe_files(const std::vector<std::string>& names);

@@ -16,6 +16,16 @@
 // (train/data/preparation.h): train_gpt reads one preparation's shards, with its vocabulary.
 // A folder that holds a preparation's files already is refused, unless --overwrite: then
 // they are removed (once the text is tokenized) before the new ones are written.
+//
+// Fine-tuning data: .jsonl files (with --tokenizer), one row a document, in TRL's and
+// Axolotl's formats (train/data/jsonl.h: text, prompt + completion, messages through the
+// model folder's chat template). Beside each shard go NAME.mask (1 byte a token: trained or
+// not) and NAME.docs (1 where a document starts), listed in preparation.json; the validation
+// split falls on a document's start. Text files given with them are documents as text rows.
+//   prepare_text --out data/chat --tokenizer models/qwen3 chats.jsonl [--skip_bad_rows]
+// A bad row fails the preparation with one line (file:line: why) and nothing written, unless
+// --skip_bad_rows, which leaves it out and counts it.
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -26,6 +36,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/command_line.h"
 #include "train/data/data.h"
+#include "train/data/jsonl.h"
 #include "train/data/preparation.h"
 #include "train/data/vocab.h"
 #include "train/io/files.h"
@@ -64,6 +75,13 @@ int32_t document_separator(const tok::Tokenizer& t) {
   return *t.eos_id();
 }
 
+bool is_jsonl(const std::string& f) { return fs::path(f).extension() == ".jsonl"; }
+
+// A shard's sidecar names: train_000000.bin -> train_000000.mask, train_000000.docs.
+std::string sidecar_name(const std::string& shard, const char* ext) {
+  return fs::path(shard).replace_extension(ext).string();
+}
+
 // A shard to write: its name and its tokens [begin, end) of the stream.
 struct ShardSpan {
   std::string name;
@@ -83,12 +101,18 @@ std::vector<ShardSpan> shard_plan(int64_t n_tokens, int64_t n_train, int64_t sha
 }
 
 // The preparation's identity: XXH64 over each shard's name and tokens, and the vocabulary's.
-std::string preparation_id(const std::vector<uint32_t>& tokens, const std::vector<ShardSpan>& plan,
+// With documents, each shard's mask and document starts too.
+std::string preparation_id(const std::vector<uint32_t>& tokens, const std::vector<uint8_t>& mask,
+                           const std::vector<uint8_t>& first, const std::vector<ShardSpan>& plan,
                            const std::string& vocab_name, const std::string& vocab_bytes) {
   std::string digest;
-  for (const ShardSpan& s : plan)
-    digest += s.name + ":" +
-              io::hex64(io::xxh64(tokens.data() + s.begin, static_cast<size_t>(s.end - s.begin) * 4)) + ";";
+  for (const ShardSpan& s : plan) {
+    const size_t n = static_cast<size_t>(s.end - s.begin);
+    digest += s.name + ":" + io::hex64(io::xxh64(tokens.data() + s.begin, n * 4)) + ";";
+    if (!mask.empty())
+      digest +=
+          io::hex64(io::xxh64(mask.data() + s.begin, n)) + io::hex64(io::xxh64(first.data() + s.begin, n));
+  }
   digest += vocab_name + ":" + io::hex64(io::xxh64(vocab_bytes.data(), vocab_bytes.size()));
   return io::hex64(io::xxh64(digest.data(), digest.size()));
 }
@@ -99,7 +123,8 @@ struct Options {
   double val_fraction = 0.05;
   int64_t shard_tokens = 100'000'000;
   int threads = 0;
-  bool parse_special = false, overwrite = false;
+  bool parse_special = false, overwrite = false, skip_bad_rows = false;
+  data::JsonlOptions jsonl;
   std::vector<std::string> files;
 };
 
@@ -121,6 +146,18 @@ bool parse_options(int argc, char** argv, Options& o, int& status) {
       "val_fraction", po::value(&o.val_fraction)->default_value(o.val_fraction),
       "fraction of tokens for validation (at the end)")(
       "shard_tokens", po::value(&o.shard_tokens)->default_value(o.shard_tokens), "tokens per training shard")(
+      "text_field", po::value(&o.jsonl.text_field)->default_value(o.jsonl.text_field),
+      ".jsonl: the field of a document, all trained")(
+      "prompt_field", po::value(&o.jsonl.prompt_field)->default_value(o.jsonl.prompt_field),
+      ".jsonl: the field of a prompt (not trained)")(
+      "completion_field", po::value(&o.jsonl.completion_field)->default_value(o.jsonl.completion_field),
+      ".jsonl: the field of a prompt's completion (trained, then the eos)")(
+      "messages_field", po::value(&o.jsonl.messages_field)->default_value(o.jsonl.messages_field),
+      ".jsonl: the field of a conversation [{role, content}] (the assistant's turns trained)")(
+      "train_on_all", po::bool_switch(&o.jsonl.train_on_all),
+      ".jsonl: train on every token (prompts and the chat template's text too)")(
+      "skip_bad_rows", po::bool_switch(&o.skip_bad_rows),
+      ".jsonl: leave out bad rows and count them (default: a bad row fails the preparation)")(
       "overwrite", po::bool_switch(&o.overwrite),
       "replace the preparation the output directory holds (its shards, vocab.json, tokenizer.json, "
       "preparation.json); without it such a directory is refused")("files", po::value(&o.files),
@@ -136,6 +173,9 @@ bool parse_options(int argc, char** argv, Options& o, int& status) {
     if (o.kind != "char" && o.kind != "byte")
       throw po::error("--vocab must be char or byte, got '" + o.kind + "'");
     if (o.files.empty()) throw po::error("no input files");
+    for (const std::string& f : o.files)
+      if (is_jsonl(f) && o.tokenizer.empty())
+        throw po::error(f + " is .jsonl: its rows need a model's tokenizer: give --tokenizer DIR");
     if (!(o.val_fraction > 0 && o.val_fraction < 1)) throw po::error("--val_fraction must be in (0, 1)");
     if (o.shard_tokens < 1 || o.shard_tokens >= (int64_t(1) << 31))
       throw po::error("--shard_tokens must be in [1, 2^31)");
@@ -151,6 +191,7 @@ bool parse_options(int argc, char** argv, Options& o, int& status) {
 // The corpus as one stream of tokens, and a line saying what made them.
 struct Tokens {
   std::vector<uint32_t> ids;
+  std::vector<uint8_t> mask, first;  // with documents: per token trained, starts a document
   std::string what;
   std::string vocab_name, vocab_bytes;  // the vocabulary file to write beside the shards
 };
@@ -198,6 +239,84 @@ Tokens tokenize_with_vocab(const Options& o, const std::vector<std::string>& doc
   return tokens;
 }
 
+// A document's tokens after the stream's: it starts there, its tokens trained as it says.
+void append_document(const data::Document& d, Tokens& t) {
+  for (size_t i = 0; i < d.ids.size(); ++i) {
+    t.ids.push_back(static_cast<uint32_t>(d.ids[i]));
+    t.mask.push_back(d.trained[i]);
+    t.first.push_back(i == 0 ? 1 : 0);
+  }
+}
+
+// The rows of a .jsonl file (a text file: one text row) after the stream's. A bad row throws
+// one line naming the file, line and reason; with --skip_bad_rows it is counted in `skipped`
+// (and the first one's line kept in `first_bad`) instead.
+void read_rows(const Options& o, const data::JsonlReader& reader, const std::string& file, Tokens& t,
+               int64_t& skipped, std::string& first_bad) {
+  std::ifstream in(file, std::ios::binary);
+  NDT_CHECK(in.good(), "cannot read ", file);
+  if (!is_jsonl(file)) {
+    std::stringstream ss;
+    ss << in.rdbuf();
+    append_document(reader.text_row(ss.str()), t);
+    return;
+  }
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    data::Document d;
+    try {
+      d = reader.row(line);
+    } catch (const data::BadRow& e) {
+      const std::string where = file + ":" + std::to_string(n) + ": bad row: " + e.what();
+      NDT_CHECK(o.skip_bad_rows, where, " (fix the row, or leave bad rows out with --skip_bad_rows)");
+      if (skipped++ == 0) first_bad = where;
+      continue;
+    }
+    append_document(d, t);
+  }
+}
+
+// --tokenizer with .jsonl files: documents with their loss masks; tokenizer.json goes into
+// the output.
+Tokens tokenize_documents(const Options& o, std::string& skipped_note) {
+  Tokens tokens;
+  const tok::Tokenizer t = tok::Tokenizer::from_file(o.tokenizer);
+  const data::JsonlReader reader(t, o.tokenizer, o.jsonl);
+  int64_t skipped = 0;
+  std::string first_bad;
+  for (const std::string& f : o.files) read_rows(o, reader, f, tokens, skipped, first_bad);
+  if (skipped)
+    skipped_note =
+        "--skip_bad_rows: skipped " + std::to_string(skipped) + " bad row(s); the first: " + first_bad;
+  int64_t docs = 0, trained = 0;
+  for (size_t i = 0; i < tokens.ids.size(); ++i) docs += tokens.first[i], trained += tokens.mask[i];
+  tokens.what = "tokenizer " + t.source() + ": vocabulary of " + std::to_string(t.vocab_size()) +
+                " (model.vocab_size at least that); " + std::to_string(docs) + " documents, " +
+                std::to_string(trained) + " of their " + std::to_string(tokens.ids.size()) +
+                " tokens trained" + (o.jsonl.train_on_all ? " (--train_on_all)" : "");
+  std::ifstream in(t.source(), std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  NDT_CHECK(in.good() || in.eof(), "cannot read ", t.source());
+  tokens.vocab_name = "tokenizer.json";
+  tokens.vocab_bytes = ss.str();
+  return tokens;
+}
+
+// Where the validation tokens start: at n_train, or with documents at the start of the
+// document holding it (the next document's, when that is the first).
+int64_t split_point(const Tokens& t, int64_t n_train) {
+  if (t.first.empty()) return n_train;
+  const int64_t n = static_cast<int64_t>(t.ids.size());
+  int64_t s = n_train;
+  while (s > 0 && !t.first[static_cast<size_t>(s)]) --s;
+  if (s == 0)
+    for (s = n_train; s < n && !t.first[static_cast<size_t>(s)];) ++s;
+  NDT_CHECK(s > 0 && s < n, "too little data for a train/val split between documents: ", n,
+            " tokens in one document; give more rows");
+  return s;
+}
+
 // What prepare did, for the report.
 struct Summary {
   size_t files = 0, bytes = 0;
@@ -205,6 +324,7 @@ struct Summary {
   int shards = 0;
   data::ShardFormat format = data::ShardFormat::u16;
   std::string what, id, replaced;  // replaced: what --overwrite removed
+  std::string skipped;             // what --skip_bad_rows left out ("": nothing)
 };
 
 // The output folder is this preparation's alone: refused when it holds another's files,
@@ -226,11 +346,24 @@ void write_output(const Options& o, const Tokens& t, int64_t n_train, data::Shar
   for (const std::string& name : there) fs::remove(fs::path(o.out_dir) / name);
   fs::create_directories(o.out_dir);
   const std::vector<ShardSpan> plan = shard_plan(static_cast<int64_t>(t.ids.size()), n_train, o.shard_tokens);
-  data::Preparation p{o.out_dir, preparation_id(t.ids, plan, t.vocab_name, t.vocab_bytes), t.vocab_name, {}};
+  data::Preparation p{o.out_dir,
+                      preparation_id(t.ids, t.mask, t.first, plan, t.vocab_name, t.vocab_bytes),
+                      t.vocab_name,
+                      {},
+                      {}};
   for (const ShardSpan& span : plan) {
     data::write_shard((fs::path(o.out_dir) / span.name).string(),
                       std::vector<uint32_t>(t.ids.begin() + span.begin, t.ids.begin() + span.end), format);
     p.shards.emplace_back(span.name, span.end - span.begin);
+    if (t.mask.empty()) continue;
+    const data::ShardSidecars sc{sidecar_name(span.name, ".mask"), sidecar_name(span.name, ".docs"),
+                                 span.end - span.begin};
+    const auto bytes = [&](const std::vector<uint8_t>& v) {
+      return std::string(reinterpret_cast<const char*>(v.data()) + span.begin, static_cast<size_t>(sc.bytes));
+    };
+    io::write_file_atomic((fs::path(o.out_dir) / sc.mask).string(), bytes(t.mask));
+    io::write_file_atomic((fs::path(o.out_dir) / sc.docs).string(), bytes(t.first));
+    p.sidecars[span.name] = sc;
   }
   io::write_file_atomic((fs::path(o.out_dir) / t.vocab_name).string(), t.vocab_bytes);
   data::write_preparation(p);
@@ -241,23 +374,37 @@ void write_output(const Options& o, const Tokens& t, int64_t n_train, data::Shar
 // Reads, tokenizes and writes the shards.
 Summary prepare(const Options& o) {
   check_out_dir(o);  // before the work
-  std::vector<std::string> docs = read_documents(o.files);
+  const bool rows = std::any_of(o.files.begin(), o.files.end(), is_jsonl);
+  std::vector<std::string> docs = rows ? std::vector<std::string>{} : read_documents(o.files);
   size_t bytes = 0;
   for (const std::string& d : docs) bytes += d.size();
+  for (const std::string& f : rows ? o.files : std::vector<std::string>{}) bytes += fs::file_size(f);
   NDT_CHECK(bytes > 0, "the input files hold no text");
-  const Tokens tokens = o.tokenizer.empty() ? tokenize_with_vocab(o, docs) : tokenize_with_model(o, docs);
+  std::string skipped;
+  const Tokens tokens = rows                  ? tokenize_documents(o, skipped)
+                        : o.tokenizer.empty() ? tokenize_with_vocab(o, docs)
+                                              : tokenize_with_model(o, docs);
+  NDT_CHECK(!tokens.ids.empty(), "the input files hold no rows");
   const int64_t n_val =
       std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(tokens.ids.size()) * o.val_fraction));
-  const int64_t n_train = static_cast<int64_t>(tokens.ids.size()) - n_val;
+  const int64_t n_train = split_point(tokens, static_cast<int64_t>(tokens.ids.size()) - n_val);
   NDT_CHECK(n_train > 0, "too little text for a train/val split");
-  Summary s{docs.size(), bytes, static_cast<int64_t>(tokens.ids.size()), n_train,
-            n_val,       0,     data::shard_format_for(tokens.ids),      tokens.what};
+  Summary s{rows ? o.files.size() : docs.size(),
+            bytes,
+            static_cast<int64_t>(tokens.ids.size()),
+            n_train,
+            static_cast<int64_t>(tokens.ids.size()) - n_train,
+            0,
+            data::shard_format_for(tokens.ids),
+            tokens.what};
+  s.skipped = skipped;
   write_output(o, tokens, n_train, s.format, s);
   return s;
 }
 
 void report(const Options& o, const Summary& s) {
   if (!s.replaced.empty()) std::cout << "prepare_text: --overwrite: removed " << s.replaced << "\n";
+  if (!s.skipped.empty()) std::cout << "prepare_text: " << s.skipped << "\n";
   std::cout << "prepare_text: " << s.what << "\n"
             << "prepare_text: " << s.files << " files, " << s.bytes << " bytes -> " << s.tokens
             << " tokens: " << s.n_train << " train in " << s.shards << " shard(s), " << s.n_val << " val, "

@@ -1,0 +1,98 @@
+// Fine-tuning data (prepare_text's .jsonl chat rows: loss masks and documents) under
+// mpirun: tensor parallelism and a two-stage pipeline (the documents reach every stage)
+// give one process's losses, step by step; context parallelism refuses such data at start
+// with one line naming parallel.cp_size.
+#include <gtest/gtest.h>
+
+#include "support/hf_fixture.h"
+#include "support/launch.h"
+#include "support/testing.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+using namespace ndt;
+using namespace ndt::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Chat rows whose answers follow from their questions, some with a system message.
+std::string chat_rows(int n) {
+  std::string rows;
+  for (int i = 0; i < n; ++i) {
+    const std::string k = std::to_string(i % 5);
+    const std::string system = i % 2 ? R"({"role": "system", "content": "be short"}, )" : "";
+    rows += R"({"messages": [)" + system + R"({"role": "user", "content": "the cat )" + k +
+            R"("}, {"role": "assistant", "content": "the hat )" + k + k + R"("}]})" + "\n";
+  }
+  return rows;
+}
+
+std::vector<double> losses(const fs::path& metrics) {
+  std::vector<double> l;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) l.push_back(j["loss"].get<double>());
+  }
+  return l;
+}
+
+class DistFinetune : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fresh_dir("dist_finetune");
+    write_tiny_hf_folder(dir_ / "model");
+    write_tiny_chat_template(dir_ / "model");
+    std::ofstream(dir_ / "chat.jsonl") << chat_rows(60);
+    const ShellResult r = run_shell(std::string(NDT_PREPARE_TEXT_BIN) + " --out " + (dir_ / "chat").string() +
+                                    " --tokenizer " + (dir_ / "model").string() + " --val_fraction 0.15 " +
+                                    (dir_ / "chat.jsonl").string() + " 2>&1");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    std::ofstream(dir_ / "gpt.ini")
+        << "[model]\nn_layer = 2\nn_head = 2\nn_embd = 32\nvocab_size = 264\n"
+           "vocab_multiple = 4\nblock_size = 128\n[data]\ntrain = "
+        << (dir_ / "chat" / "train_*.bin").string() << "\nval = " << (dir_ / "chat" / "val_*.bin").string()
+        << "\n[train]\nseq_len = 128\nmicro_batch_size = 2\ngrad_accum_steps = 2\n"
+           "steps = 5\nthreads = 1\nseed = 3\n[optim]\nlr = 0.01\nwarmup_steps = 1\n"
+           "eps = 1e-4\n[sample]\nevery = -1\n[log]\nevery = 1\n";
+  }
+  // train_gpt on np ranks (mpirun when np > 1) with `args`; its losses in dir_/name/metrics.jsonl
+  static ShellResult train(const std::string& name, int np, const std::string& args) {
+    fs::create_directories(dir_ / name);
+    return run_shell((np > 1 ? mpirun(np) : std::string()) + NDT_TRAIN_GPT_BIN + " --config " +
+                     (dir_ / "gpt.ini").string() + " --log.metrics " +
+                     (dir_ / name / "metrics.jsonl").string() + " " + args + " 2>&1");
+  }
+  static fs::path dir_;
+};
+fs::path DistFinetune::dir_;
+
+TEST_F(DistFinetune, TensorAndPipelineParallelLayoutsEqualOneProcessOnChatData) {
+  ShellResult r = train("single", 1, "");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::vector<double> want = losses(dir_ / "single" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 5u);
+  for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
+           {"tp2", "--parallel.tp_size 2"}, {"pp2", "--parallel.pp_size 2"}}) {
+    SCOPED_TRACE(name);
+    r = train(name, 2, args);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const std::vector<double> got = losses(dir_ / name / "metrics.jsonl");
+    ASSERT_EQ(got.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * want[i]) << "step " << i + 1;
+  }
+}
+
+TEST_F(DistFinetune, ContextParallelismRefusesDocumentsAtStartNamingTheKey) {
+  const ShellResult r = train("cp2", 2, "--parallel.cp_size 2");
+  EXPECT_NE(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("parallel.cp_size = 2: the data"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step    1/"), std::string::npos) << "refused before any step:\n" << r.out;
+}
+
+}  // namespace

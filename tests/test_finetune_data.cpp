@@ -1,0 +1,334 @@
+// Fine-tuning data end to end: prepare_text on .jsonl rows of each format (text, prompt +
+// completion, messages through a chat template) gives the tokens, loss masks and document
+// starts the tokenizer and template call for; every kind of bad row is one line and writes
+// nothing (--skip_bad_rows counts them); the loader turns masks and documents into -1
+// targets and per-row document ids; and train_gpt trains on them: its first loss is the
+// masked, document-separated loss computed here directly, and the loss falls.
+#include <gtest/gtest.h>
+
+#include "support/hf_fixture.h"
+#include "support/launch.h"
+#include "support/testing.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "models/gpt.h"
+#include "nn/flat.h"
+#include "tokenizer/tokenizer.h"
+#include "train/checkpoint/checkpoint.h"
+#include "train/checkpoint/load.h"
+#include "train/data/data.h"
+#include "train/data/preparation.h"
+
+using namespace ndt;
+using namespace ndt::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<uint32_t> shard_tokens(const fs::path& p) {
+  data::Shard s(p.string());
+  std::vector<uint32_t> t(static_cast<size_t>(s.size()));
+  s.read(0, s.size(), t.data());
+  return t;
+}
+
+class FinetuneData : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fresh_dir("finetune");
+    write_tiny_hf_folder(dir_ / "model");
+    write_tiny_chat_template(dir_ / "model");
+  }
+  static ShellResult prepare(const std::string& out, const std::string& files,
+                             const std::string& extra = "") {
+    return run_shell(std::string(NDT_PREPARE_TEXT_BIN) + " --out " + (dir_ / out).string() + " --tokenizer " +
+                     (dir_ / "model").string() + " " + extra + " " + files + " 2>&1");
+  }
+  static fs::path write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+    return dir_ / name;
+  }
+  // The whole stream of a preparation (train shards then val) and its mask and document starts.
+  static void stream(const fs::path& out, std::vector<uint32_t>& ids, std::string& mask, std::string& first) {
+    const auto p = data::read_preparation(out.string());
+    ASSERT_TRUE(p.has_value());
+    for (const auto& [file, n] : p->shards) {
+      const std::vector<uint32_t> t = shard_tokens(out / file);
+      ASSERT_EQ(static_cast<int64_t>(t.size()), n);
+      ids.insert(ids.end(), t.begin(), t.end());
+      const data::ShardSidecars* sc = p->sidecars_of(file);
+      ASSERT_NE(sc, nullptr) << file;
+      mask += read_bytes(out / sc->mask);
+      first += read_bytes(out / sc->docs);
+    }
+  }
+  static fs::path dir_;
+};
+fs::path FinetuneData::dir_;
+
+TEST_F(FinetuneData, EachRowFormatGivesItsTokensMasksAndDocumentStarts) {
+  const tok::Tokenizer t = tok::Tokenizer::from_file((dir_ / "model").string());
+  const fs::path rows =
+      write("formats.jsonl",
+            R"({"text": "the cat", "id": 7})"
+            "\n"
+            R"({"prompt": "the ", "completion": "hat", "source": "x"})"
+            "\n\n"  // a blank line is no row
+            R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})"
+            "\n"
+            R"({"text": "the end of the data"})"
+            "\n");
+  const ShellResult r = prepare("formats", rows.string(), "--val_fraction 0.1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("4 documents"), std::string::npos) << r.out;
+  // what each row must be: its tokens, trained (1) or not (0)
+  std::vector<uint32_t> want_ids;
+  std::string want_mask, want_first;
+  auto add = [&](const std::vector<int32_t>& ids, char trained) {
+    for (int32_t id : ids) want_ids.push_back(static_cast<uint32_t>(id)), want_mask += trained;
+  };
+  auto doc = [&](auto&& body) {
+    const size_t from = want_ids.size();
+    body();
+    want_first += std::string(1, '\1') + std::string(want_ids.size() - from - 1, '\0');
+  };
+  const int32_t eos = static_cast<int32_t>(TinyHfIds::eos);
+  doc([&] { add(t.encode("the cat", true), 1), add({eos}, 1); });
+  doc([&] {
+    const std::vector<int32_t> prompt = t.encode("the ", true), all = t.encode("the hat", true);
+    add(std::vector<int32_t>(all.begin(), all.begin() + static_cast<long>(prompt.size())), 0);
+    add(std::vector<int32_t>(all.begin() + static_cast<long>(prompt.size()), all.end()), 1), add({eos}, 1);
+  });
+  doc([&] {  // <s><pad>user\nhi</s>\n<pad>assistant\n | yo</s> | \n
+    add(t.encode("<s><pad>user\nhi</s>\n<pad>assistant\n"), 0), add(t.encode("yo"), 1), add({eos}, 1);
+    add(t.encode("\n"), 0);
+  });
+  doc([&] { add(t.encode("the end of the data", true), 1), add({eos}, 1); });
+  std::vector<uint32_t> ids;
+  std::string mask, first;
+  stream(dir_ / "formats", ids, mask, first);
+  EXPECT_EQ(ids, want_ids);
+  EXPECT_EQ(mask, want_mask);
+  EXPECT_EQ(first, want_first);
+  // the validation shard starts a document: the last row's
+  const std::string val_first = read_bytes(dir_ / "formats" / "val_000000.docs");
+  ASSERT_FALSE(val_first.empty());
+  EXPECT_EQ(val_first[0], 1);
+  EXPECT_EQ(val_first.size(), t.encode("the end of the data", true).size() + 1);
+  // shards of 10 tokens: each with its own mask and document starts, the same stream
+  ASSERT_EQ(prepare("formats_10", rows.string(), "--val_fraction 0.1 --shard_tokens 10").rc, 0);
+  EXPECT_TRUE(fs::exists(dir_ / "formats_10" / "train_000003.docs"));
+  std::vector<uint32_t> ids10;
+  std::string mask10, first10;
+  stream(dir_ / "formats_10", ids10, mask10, first10);
+  EXPECT_EQ(ids10, want_ids);
+  EXPECT_EQ(mask10, want_mask);
+  EXPECT_EQ(first10, want_first);
+  // --train_on_all trains every token
+  ASSERT_EQ(prepare("formats_all", rows.string(), "--val_fraction 0.1 --train_on_all").rc, 0);
+  std::vector<uint32_t> ids_all;
+  std::string mask_all, first_all;
+  stream(dir_ / "formats_all", ids_all, mask_all, first_all);
+  EXPECT_EQ(ids_all, want_ids);
+  EXPECT_EQ(mask_all, std::string(want_ids.size(), '\1'));
+}
+
+TEST_F(FinetuneData, FieldNamesCanBeSet) {
+  const fs::path rows = write("named.jsonl", R"({"q": "the ", "a": "hat"})"
+                                             "\n"
+                                             R"({"body": "the cat sat"})"
+                                             "\n");
+  ASSERT_EQ(prepare("named", rows.string(), "--prompt_field q --completion_field a --text_field body").rc, 0);
+  std::vector<uint32_t> ids;
+  std::string mask, first;
+  stream(dir_ / "named", ids, mask, first);
+  EXPECT_EQ(std::count(first.begin(), first.end(), '\1'), 2);
+  EXPECT_EQ(mask[0], 0);  // the prompt's first token
+  const ShellResult bad = prepare("named_bad", rows.string());
+  EXPECT_NE(bad.out.find("named.jsonl:1: bad row: no field \"messages\""), std::string::npos) << bad.out;
+}
+
+TEST_F(FinetuneData, OverwriteReplacesTheMaskAndDocumentFilesToo) {
+  const fs::path rows = write("over.jsonl", R"({"text": "the cat sat"})"
+                                            "\n"
+                                            R"({"text": "the hat sat"})"
+                                            "\n");
+  ASSERT_EQ(prepare("over", rows.string()).rc, 0);
+  ASSERT_TRUE(fs::exists(dir_ / "over" / "train_000000.mask"));
+  const ShellResult refused = prepare("over", write("over.txt", "the cat sat on the mat").string());
+  EXPECT_NE(refused.out.find("mask and document files (.mask, .docs)"), std::string::npos) << refused.out;
+  const ShellResult r = prepare("over", (dir_ / "over.txt").string(), "--overwrite");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  for (const char* f : {"train_000000.mask", "train_000000.docs", "val_000000.mask", "val_000000.docs"})
+    EXPECT_FALSE(fs::exists(dir_ / "over" / f)) << f;
+  data::DataLoader loader((dir_ / "over" / "train_*.bin").string(), 1, 4, 0, 1, false, 0, 264);
+  EXPECT_FALSE(loader.has_documents());
+}
+
+TEST_F(FinetuneData, EachBadRowIsOneLineAndWritesNothing) {
+  const std::string good = R"({"text": "the cat sat on the mat"})";
+  struct Case {
+    std::string row, expect;
+  };
+  const std::vector<Case> cases = {
+      {R"({"text": "the)", "malformed JSON"},
+      {R"(["text"])", "not a JSON object"},
+      {R"({"text": 5})", "field \"text\" is not a string"},
+      {R"({"prompt": "the "})", "missing field \"completion\""},
+      {R"({"messages": [{"role": "bot", "content": "x"}]})", "message 1: unknown role \"bot\""},
+      {R"({"messages": [{"role": "user"}]})", "message 1: missing field \"content\""},
+      {R"({"messages": []})", "empty conversation"},
+      {R"({"messages": [{"role": "tool", "content": "x"}]})", "chat template error"},
+      {R"({"other": "x"})", "no field \"messages\""},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i].row);
+    const fs::path f =
+        write("bad" + std::to_string(i) + ".jsonl", good + "\n" + cases[i].row + "\n" + good + "\n");
+    const std::string out = "bad_out" + std::to_string(i);
+    const ShellResult r = prepare(out, f.string());
+    EXPECT_EQ(r.rc, 1) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+    EXPECT_NE(r.out.find(f.string() + ":2: bad row: " + cases[i].expect), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("--skip_bad_rows"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(dir_ / out)) << "nothing may be written";
+  }
+  // --skip_bad_rows leaves them out and counts them
+  std::string all = good + "\n";
+  for (const Case& c : cases) all += c.row + "\n" + good + "\n";
+  const fs::path f = write("bad_all.jsonl", all);
+  const ShellResult r = prepare("skipped", f.string(), "--skip_bad_rows");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("skipped " + std::to_string(cases.size()) + " bad row(s); the first: " + f.string() +
+                       ":2: bad row: malformed JSON"),
+            std::string::npos)
+      << r.out;
+  std::vector<uint32_t> ids;
+  std::string mask, first;
+  stream(dir_ / "skipped", ids, mask, first);
+  EXPECT_EQ(std::count(first.begin(), first.end(), '\1'), static_cast<long>(cases.size() + 1));
+}
+
+// A crafted shard: tokens 0..32, documents starting at 0, 5, 11 and 20, tokens 2..4 and
+// 13..15 not trained.
+TEST_F(FinetuneData, TheLoaderMasksUntrainedTargetsAndNextDocumentsAndNumbersDocuments) {
+  const fs::path d = dir_ / "crafted";
+  fs::create_directories(d);
+  std::vector<uint32_t> tok(33);
+  for (uint32_t i = 0; i < tok.size(); ++i) tok[i] = i;
+  data::write_shard((d / "train_000000.bin").string(), tok, data::ShardFormat::u16);
+  std::string mask(33, '\1'), first(33, '\0');
+  for (int i : {2, 3, 4, 13, 14, 15}) mask[i] = 0;
+  for (int i : {0, 5, 11, 20}) first[i] = 1;
+  std::ofstream(d / "train_000000.mask", std::ios::binary) << mask;
+  std::ofstream(d / "train_000000.docs", std::ios::binary) << first;
+  data::Preparation p{d.string(), "0123456789abcdef", "", {{"train_000000.bin", 33}}, {}};
+  p.sidecars["train_000000.bin"] = {"train_000000.mask", "train_000000.docs", 33};
+  data::write_preparation(p);
+  data::DataLoader loader((d / "train_*.bin").string(), /*B=*/2, /*T=*/8, 0, 1, false, 0, 64);
+  ASSERT_TRUE(loader.has_documents());
+  data::Batch b = loader.next();  // tokens 0..16
+  ASSERT_TRUE(b.docs.defined());
+  EXPECT_EQ(b.targets.to_vector<int32_t>(),
+            (std::vector<int32_t>{1, -1, -1, -1, -1, 6, 7, 8, 9, 10, -1, 12, -1, -1, -1, 16}));
+  EXPECT_EQ(b.docs.to_vector<int32_t>(),
+            (std::vector<int32_t>{0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1}));
+  b = loader.next();  // tokens 16..32
+  EXPECT_EQ(b.targets.to_vector<int32_t>(),
+            (std::vector<int32_t>{17, 18, 19, -1, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32}));
+  EXPECT_EQ(b.docs.to_vector<int32_t>(),
+            (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}));
+  // a sidecar of the wrong size is one error naming it
+  std::ofstream(d / "train_000000.docs", std::ios::binary) << first.substr(0, 30);
+  const std::string err =
+      error_of([&] { data::DataLoader((d / "train_*.bin").string(), 2, 8, 0, 1, false, 0, 64); });
+  EXPECT_NE(err.find("train_000000.docs has 30 bytes but its shard has 33 tokens"), std::string::npos) << err;
+  // the same shard without its preparation's sidecars reads as before: no docs, every target trained
+  fs::remove(d / data::kPreparationFile);
+  data::DataLoader plain((d / "train_*.bin").string(), 2, 8, 0, 1, false, 0, 64);
+  EXPECT_FALSE(plain.has_documents());
+  b = plain.next();
+  EXPECT_FALSE(b.docs.defined());
+  std::vector<int32_t> all(16);
+  for (int32_t i = 0; i < 16; ++i) all[static_cast<size_t>(i)] = i + 1;
+  EXPECT_EQ(b.targets.to_vector<int32_t>(), all);
+}
+
+// Chat rows whose answers follow from their questions.
+std::string chat_rows(int n) {
+  std::string rows;
+  for (int i = 0; i < n; ++i) {
+    const std::string k = std::to_string(i % 4);
+    rows +=
+        R"({"messages": [{"role": "system", "content": "be short"}, {"role": "user", "content": "the cat )" +
+        k + R"("}, {"role": "assistant", "content": "the hat )" + k + k + R"("}]})" + "\n";
+  }
+  return rows;
+}
+
+double loss_of(const fs::path& metrics, int64_t step) {
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss") && j["step"].get<int64_t>() == step) return j["loss"].get<double>();
+  }
+  ADD_FAILURE() << "no loss of step " << step << " in " << metrics;
+  return NAN;
+}
+
+TEST_F(FinetuneData, TrainGptTrainsOnTheMaskedDocumentsOfChatRows) {
+  ASSERT_EQ(prepare("chat", write("chat.jsonl", chat_rows(48)).string(), "--val_fraction 0.15").rc, 0);
+  const fs::path d = dir_ / "chat_run";
+  fs::create_directories(d);
+  std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 1\nn_head = 2\nn_embd = 32\nvocab_size = 264\n"
+                                  "vocab_multiple = 4\nblock_size = 128\n[data]\ntrain = "
+                               << (dir_ / "chat" / "train_*.bin").string()
+                               << "\nval = " << (dir_ / "chat" / "val_*.bin").string()
+                               << "\nshuffle = false\n[train]\nseq_len = 128\nmicro_batch_size = 2\n"
+                                  "grad_accum_steps = 1\nthreads = 1\n[optim]\nlr = 0.01\nwarmup_steps = 1\n"
+                                  "[sample]\nevery = -1\n[log]\nevery = 1\n";
+  const std::string run = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (d / "gpt.ini").string();
+  // the model train_gpt builds, from a checkpoint of it; its weights drawn here and given to a run
+  ShellResult r = run_shell(run + " --train.steps 1 --checkpoint.format sharded --checkpoint.dir " +
+                            (d / "ck0").string() + " 2>&1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  models::GPT gpt(ckpt::model_config_of(ckpt::find_weights((d / "ck0").string())));
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 99);
+  ckpt::save_weights((d / "init.safetensors").string(), gpt, params);
+  r = run_shell(run + " --train.steps 1 --model.init_from " + (d / "init.safetensors").string() +
+                " --log.metrics " + (d / "m1.jsonl").string() + " 2>&1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const double trained = loss_of(d / "m1.jsonl", 1);
+  // step 1's loss, directly: the first window, untrained targets -1, positions and attention per document
+  data::DataLoader loader((dir_ / "chat" / "train_*.bin").string(), 2, 128, 0, 1, false, 0, 264);
+  const data::Batch b = loader.next();
+  const double masked = gpt.forward(b.inputs, b.targets, 0, b.docs).loss.item();
+  const double no_docs = gpt.forward(b.inputs, b.targets).loss.item();
+  std::vector<uint32_t> tok(257);
+  data::Shard((dir_ / "chat" / "train_000000.bin").string()).read(0, 257, tok.data());
+  std::vector<int32_t> next(tok.begin() + 1, tok.end());
+  const double every_token = gpt.forward(b.inputs, Tensor::from_vector(next, {2, 128})).loss.item();
+  EXPECT_NEAR(trained, masked, 1e-6 * masked) << "no docs " << no_docs << ", every token " << every_token;
+  EXPECT_GT(std::abs(masked - no_docs), 1e-3) << "the test must tell documents apart";
+  EXPECT_GT(std::abs(masked - every_token), 1e-2) << "the test must tell the mask apart";
+  // and it learns the answers
+  r = run_shell(run + " --train.steps 60 --log.metrics " + (d / "m60.jsonl").string() + " 2>&1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const double first = loss_of(d / "m60.jsonl", 1), last = loss_of(d / "m60.jsonl", 60);
+  EXPECT_LT(last, 0.5 * first) << r.out;
+}
+
+}  // namespace
