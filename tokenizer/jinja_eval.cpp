@@ -10,6 +10,7 @@
 
 #include "tensor/error.h"
 #include "tokenizer/jinja_impl.h"
+#include "tokenizer/unicode.h"
 
 namespace ndt::jinja {
 
@@ -32,18 +33,7 @@ std::u32string decode(const std::string& s) {
 
 std::string encode(const std::u32string& s) {
   std::string out;
-  for (char32_t cp : s) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xC0 | (cp >> 6)), out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += char(0xE0 | (cp >> 12)), out += char(0x80 | ((cp >> 6) & 0x3F)), out += char(0x80 | (cp & 0x3F));
-    } else {
-      out += char(0xF0 | (cp >> 18)), out += char(0x80 | ((cp >> 12) & 0x3F));
-      out += char(0x80 | ((cp >> 6) & 0x3F)), out += char(0x80 | (cp & 0x3F));
-    }
-  }
+  for (char32_t cp : s) tok::append_utf8(out, static_cast<uint32_t>(cp));
   return out;
 }
 

@@ -7,6 +7,7 @@
 
 #include "tensor/error.h"
 #include "tokenizer/jinja_impl.h"
+#include "tokenizer/unicode.h"
 
 namespace ndt::jinja {
 
@@ -31,20 +32,8 @@ struct Piece {
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
-// Python string literal escapes (\n \t \\ \' \" \uXXXX ...), as jinja2 decodes them.
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | (cp >> 6)), out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | (cp >> 12)), out += char(0x80 | ((cp >> 6) & 0x3F)), out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | (cp >> 18)), out += char(0x80 | ((cp >> 12) & 0x3F));
-    out += char(0x80 | ((cp >> 6) & 0x3F)), out += char(0x80 | (cp & 0x3F));
-  }
-}
-
+// The template cut into text, tags and their tokens; string literals with Python's escapes
+// (\n \t \\ \' \" \uXXXX ...), as jinja2 decodes them.
 class Lexer {
  public:
   explicit Lexer(const std::string& src) : src_(src) {}
@@ -190,7 +179,7 @@ Tok Lexer::string_token(char quote) {
       case 'U': {
         const size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
         if (pos_ + n > src_.size()) fail(t.line, std::string("bad \\") + e + " escape in a string literal");
-        append_utf8(t.s, uint32_t(std::strtoul(src_.substr(pos_, n).c_str(), nullptr, 16)));
+        tok::append_utf8(t.s, uint32_t(std::strtoul(src_.substr(pos_, n).c_str(), nullptr, 16)));
         pos_ += n;
         break;
       }

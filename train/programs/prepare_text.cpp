@@ -196,6 +196,16 @@ struct Tokens {
   std::string vocab_name, vocab_bytes;  // the vocabulary file to write beside the shards
 };
 
+// The tokenizer.json the shards were made with, to be written beside them.
+void keep_tokenizer_file(const tok::Tokenizer& t, Tokens& tokens) {
+  std::ifstream in(t.source(), std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  NDT_CHECK(in.good() || in.eof(), "cannot read ", t.source());
+  tokens.vocab_name = "tokenizer.json";
+  tokens.vocab_bytes = ss.str();
+}
+
 // --tokenizer: each document after its separator; tokenizer.json goes into the output.
 Tokens tokenize_with_model(const Options& o, const std::vector<std::string>& docs) {
   Tokens tokens;
@@ -213,12 +223,7 @@ Tokens tokenize_with_model(const Options& o, const std::vector<std::string>& doc
   tokens.what = "tokenizer " + t.source() + ": vocabulary of " + std::to_string(t.vocab_size()) +
                 " (model.vocab_size at least that); each document starts with " + t.token_bytes(sep) +
                 " (id " + std::to_string(sep) + ")";
-  std::ifstream in(t.source(), std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  NDT_CHECK(in.good() || in.eof(), "cannot read ", t.source());
-  tokens.vocab_name = "tokenizer.json";
-  tokens.vocab_bytes = ss.str();
+  keep_tokenizer_file(t, tokens);
   return tokens;
 }
 
@@ -294,12 +299,7 @@ Tokens tokenize_documents(const Options& o, std::string& skipped_note) {
                 " (model.vocab_size at least that); " + std::to_string(docs) + " documents, " +
                 std::to_string(trained) + " of their " + std::to_string(tokens.ids.size()) +
                 " tokens trained" + (o.jsonl.train_on_all ? " (--train_on_all)" : "");
-  std::ifstream in(t.source(), std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  NDT_CHECK(in.good() || in.eof(), "cannot read ", t.source());
-  tokens.vocab_name = "tokenizer.json";
-  tokens.vocab_bytes = ss.str();
+  keep_tokenizer_file(t, tokens);
   return tokens;
 }
 
