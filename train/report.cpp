@@ -38,15 +38,8 @@ std::vector<std::pair<double, double>> per_step(const RunHistory& h,
 bool any_nonzero(const RunHistory& h, const std::function<double(const StepLog&)>& f) {
   return std::any_of(h.steps.begin(), h.steps.end(), [&](const StepLog& s) { return f(s) != 0; });
 }
-}  // namespace
-
-ReportCharts report_charts(const RunHistory& h) {
-  ReportCharts r;
-  if (h.steps.empty()) {
-    r.absent.push_back({"loss", "no step was run (the run resumed at its last step, or train.steps is 0)"});
-    return r;
-  }
-  // loss: every step's, its smoothed curve, and each evaluation's
+// The loss: every step's, its smoothed curve, and each evaluation's (or why there is none).
+Chart loss_chart(const RunHistory& h, std::vector<std::pair<std::string, std::string>>& absent) {
   Chart loss{"loss", "Loss", Unit::kPlain};
   auto raw = per_step(h, [](const StepLog& s) { return s.loss; });
   std::vector<double> ys;
@@ -62,13 +55,23 @@ ReportCharts report_charts(const RunHistory& h) {
     for (auto [step, v] : h.val) val.push_back({static_cast<double>(step), v});
     loss.series.push_back({"validation", "#d62728", val, false, 2.0});
   } else {
-    r.absent.push_back(
+    absent.push_back(
         {"val_loss", "no validation loss: the run had no validation data (data.val) or no evaluation"});
   }
   char note[96];
   std::snprintf(note, sizeof(note), "smoothed: a debiased moving average, weight %.2f", beta);
   loss.note = note;
-  r.charts.push_back(loss);
+  return loss;
+}
+}  // namespace
+
+ReportCharts report_charts(const RunHistory& h) {
+  ReportCharts r;
+  if (h.steps.empty()) {
+    r.absent.push_back({"loss", "no step was run (the run resumed at its last step, or train.steps is 0)"});
+    return r;
+  }
+  r.charts.push_back(loss_chart(h, r.absent));
 
   r.charts.push_back({"lr",
                       "Learning rate",
