@@ -1,5 +1,6 @@
 #include "dist/parallelize.h"
 
+#include <algorithm>
 #include <string>
 
 #include "autograd/node.h"
@@ -101,10 +102,29 @@ std::vector<Pipeline::Batch> ParallelModel::local(const std::vector<Batch>& batc
   return out;
 }
 
+// (every rank alike: whether the data has documents is its preparation's, one for every rank)
+void ParallelModel::weigh_by_trained_tokens(const std::vector<Batch>& batches,
+                                            std::vector<Pipeline::Batch>& out) const {
+  if (batches.empty() || !batches.front().docs.defined()) return;
+  std::vector<double> trained;
+  double here = 0;
+  for (const Batch& b : batches) {
+    const std::vector<int32_t> t = b.targets.to(Device::cpu()).to_vector<int32_t>();
+    trained.push_back(
+        static_cast<double>(std::count_if(t.begin(), t.end(), [](int32_t v) { return v != -1; })));
+    here += trained.back();
+  }
+  const double all = mesh_->dp().all_reduce_scalar(here, ReduceOp::kSum);
+  const double per = static_cast<double>(batches.size()) * static_cast<double>(mesh_->dp().size());
+  for (size_t i = 0; i < out.size(); ++i) out[i].weight = all > 0 ? trained[i] * per / all : 0.0;
+}
+
 double ParallelModel::train(const std::vector<Batch>& micro, const std::function<void(int64_t)>& on_action) {
   params.zero_grad();
   const double m = static_cast<double>(micro.size());
-  const double loss_sum = step_->train(local(micro), 1.0 / m, on_action);  // mean over micro-batches
+  std::vector<Pipeline::Batch> here = local(micro);
+  weigh_by_trained_tokens(micro, here);
+  const double loss_sum = step_->train(here, 1.0 / m, on_action);  // mean over micro-batches
   end_accumulation();
   return mean_over_ranks(loss_sum / m);
 }
@@ -112,7 +132,9 @@ double ParallelModel::train(const std::vector<Batch>& micro, const std::function
 double ParallelModel::evaluate(const std::vector<Batch>& batches) {
   autograd::NoGradGuard no_grad;
   strategy->begin_forward_only();
-  const double loss_sum = step_->evaluate(local(batches));
+  std::vector<Pipeline::Batch> here = local(batches);
+  weigh_by_trained_tokens(batches, here);
+  const double loss_sum = step_->evaluate(here);
   strategy->end_forward_only();
   return mean_over_ranks(loss_sum / static_cast<double>(batches.size()));
 }

@@ -115,6 +115,11 @@ class ParallelModel {
                                                     const ParallelizeOptions&);
   // (B, T) tokens of whole sequences -> this rank's part on its device (CP: its two chunks of each).
   std::vector<Pipeline::Batch> local(const std::vector<Batch>& batches) const;
+  // Packed documents with loss masks: the step's loss is the mean over every trained token of
+  // the global batch, as one process on the whole batch, not a mean of the micro-batches'
+  // means. Each micro-batch weighs its trained tokens x m x dp / the step's (the pipeline's
+  // 1/m and the data-parallel average cancel those); 1 without documents.
+  void weigh_by_trained_tokens(const std::vector<Batch>& batches, std::vector<Pipeline::Batch>& local) const;
   // A loss computed on this rank's sequences and chunks -> the mean over every token of the
   // step (each dp and cp rank holds as many tokens as any other; tp ranks hold the same loss).
   double mean_over_ranks(double loss) const;

@@ -72,6 +72,26 @@ class DistFinetune : public ::testing::Test {
 };
 fs::path DistFinetune::dir_;
 
+// Data parallelism: the ranks' micro-batches train unequal numbers of tokens (rows with and
+// without a system message), and the step's loss is the mean over every trained token of the
+// global batch, as one process on the whole batch, not a mean of the ranks' means.
+TEST_F(DistFinetune, DataParallelLayoutsEqualOneProcessOverUnequalTrainedTokens) {
+  ShellResult r = train("single_dp", 1, "");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::vector<double> want = losses(dir_ / "single_dp" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 5u);
+  for (const auto& [name, args] : std::vector<std::pair<std::string, std::string>>{
+           {"dp2", "--parallel.dp_replicate_size 2 --train.micro_batch_size 1"},
+           {"fsdp2", "--parallel.dp_shard_size 2 --train.micro_batch_size 1"}}) {
+    SCOPED_TRACE(name);
+    r = train(name, 2, args);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const std::vector<double> got = losses(dir_ / name / "metrics.jsonl");
+    ASSERT_EQ(got.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+  }
+}
+
 TEST_F(DistFinetune, TensorAndPipelineParallelLayoutsEqualOneProcessOnChatData) {
   ShellResult r = train("single", 1, "");
   ASSERT_EQ(r.rc, 0) << r.out;

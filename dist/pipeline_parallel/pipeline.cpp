@@ -67,7 +67,7 @@ Tensor Pipeline::act(const pp::Action& a, const Batch& b, const Tensor& in, bool
     }
     slot.out = gpt_.forward_chunk(static_cast<size_t>(a.chunk), b.idx, slot.in, b.targets, 0, b.docs);
     if (s == last_stage()) {
-      losses_.push_back(slot.out.detach());
+      losses_.push_back({slot.out.detach(), b.weight});
     } else {
       to = rank_of_stage(s + 1);
       what = "send the activation of micro-batch " + std::to_string(a.micro) + " to stage " +
@@ -93,8 +93,8 @@ Tensor Pipeline::act(const pp::Action& a, const Batch& b, const Tensor& in, bool
     // a split schedule's B: the input gradients now, the linears' weight gradients queued for W
     std::optional<autograd::DeferredWeightGrads::Scope> defer;
     if (schedule_.split_backward) defer.emplace(deferred_[key]);
-    if (s == last_stage())
-      backward(loss_scale == 1.0 ? slot.out : scale(slot.out, loss_scale));
+    if (const double w = loss_scale * b.weight; s == last_stage())
+      backward(w == 1.0 ? slot.out : scale(slot.out, w));
     else
       backward({slot.out}, {in});  // d loss / d output, from stage s + 1
   }
@@ -158,7 +158,8 @@ void Pipeline::run(const std::vector<pp::Action>& actions, const std::vector<Bat
 
 double Pipeline::sum_losses() {
   double sum = 0;
-  for (const Tensor& l : losses_) sum += l.item();  // the host waits for the device once per loss, at the end
+  for (const auto& [l, w] : losses_)
+    sum += w * l.item();  // the host waits for the device once per loss, at the end
   losses_.clear();
   // only the last stage has losses: the others add nothing
   return comm_.group().all_reduce_scalar(sum, ReduceOp::kSum);

@@ -52,8 +52,11 @@ class Pipeline {
  public:
   // One micro-batch: this rank's tokens (B, T) i32 (CP: its chunks), on the device; docs
   // (B, T) i32: packed rows' documents, given to every stage's forward_chunk (or undefined).
+  // weight: its loss's share against the step's other micro-batches (packed documents train
+  // unequal numbers of tokens: ParallelModel weighs them); 1 where all train as many.
   struct Batch {
     Tensor idx, targets, docs;
+    double weight = 1.0;
   };
   // The activation between stages for a micro-batch's idx: (B, T, C), or with sequence
   // parallelism (B, T/tp, C).
@@ -107,7 +110,7 @@ class Pipeline {
   std::map<std::pair<int, int>, Slot> live_;  // (micro, chunk) between F and B
   // zero-bubble: (micro, chunk) between B and W, the weight gradients B deferred
   std::map<std::pair<int, int>, autograd::DeferredWeightGrads> deferred_;
-  std::vector<Tensor> losses_;  // the last stage's, this step
+  std::vector<std::pair<Tensor, double>> losses_;  // the last stage's, this step, with their weights
 };
 
 }  // namespace ndt::dist
