@@ -37,7 +37,7 @@ declare -A ARGS=(
   [M]="--model.n_layer 6 --model.n_head 6 --model.n_embd 384 --model.vocab_size 4096 --model.block_size 256 --train.seq_len 256"
 )
 STEPS="${STEPS:-30}"
-common="--config configs/fortunes_char.ini --train.steps $STEPS --train.eval_every 0 --sample.every -1 --log.every 1000 --log.report '' --log.metrics '' --checkpoint.dir '' --data.shuffle false --optim.warmup_steps 1"
+common="--config configs/fortunes_char.ini --out '' --log.tensorboard '' --train.steps $STEPS --train.eval_every 0 --sample.every -1 --log.every 1000 --log.report '' --log.metrics '' --checkpoint.dir '' --data.shuffle false --optim.warmup_steps 1"
 
 speed() { sed -n 's/^average \([0-9.]*\) ms\/step, \([0-9.]*\) tok\/s$/\1 \2/p' "$1"; }
 # every run goes through bench/idle.py, which runs it again (twice at most) while other

@@ -30,7 +30,7 @@ printf "%-4s %8s %12s %10s\n" cp seq_len "peak MiB" "ms/step"
 for cp in 1 2 4; do
   best=0
   for ((T = 512; T <= MAX_T; T *= 2)); do
-    args=(--config configs/fortunes_char.ini --model.vocab_size 113 --model.vocab_multiple 4 --model.n_layer 2
+    args=(--config configs/fortunes_char.ini --out '' --log.tensorboard '' --model.vocab_size 113 --model.vocab_multiple 4 --model.n_layer 2
           --model.n_head 2 --model.n_embd 64 --model.block_size "$T" --train.seq_len "$T" --train.micro_batch_size 1
           --train.steps 2 --train.eval_every 0 --sample.every -1 --log.report '' --log.metrics '' --checkpoint.dir '' --train.threads 1
           --parallel.cp_size "$cp")

@@ -35,7 +35,7 @@ $C up 2 >/dev/null
 
 STEPS="${STEPS:-10}"
 S="--model.n_layer 4 --model.n_head 4 --model.n_embd 256 --model.vocab_size 512 --model.block_size 128 --train.seq_len 128"
-common="--config configs/fortunes_char.ini $S --train.steps $STEPS --train.eval_every 0 --data.val '' --sample.every -1 --log.every 1 --log.report '' --data.shuffle false --optim.warmup_steps 1 --train.threads 1 --checkpoint.dir ''"
+common="--config configs/fortunes_char.ini --out '' --log.tensorboard '' $S --train.steps $STEPS --train.eval_every 0 --data.val '' --sample.every -1 --log.every 1 --log.report '' --data.shuffle false --optim.warmup_steps 1 --train.threads 1 --checkpoint.dir ''"
 
 tx() {  # bytes sent by both hosts' interfaces so far
   local t=0

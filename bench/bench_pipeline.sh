@@ -48,7 +48,7 @@ note=""
 ((CORES >= 4)) || [[ " $PS " != *" 4 "* ]] || note=" (P = 4 on $CORES cores: ranks share cores, their idle time goes to each other)"
 echo "machine: $CORES cores ($(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)), 1 thread per rank; P = ${PS// /, }$note"
 model="--model.n_layer 8 --model.n_head 4 --model.n_embd 192 --model.block_size 128 --train.seq_len 128"
-common="--config configs/fortunes_char.ini $model --train.micro_batch_size 2 --train.eval_every 0 --data.val ''"
+common="--config configs/fortunes_char.ini --out '' --log.tensorboard '' $model --train.micro_batch_size 2 --train.eval_every 0 --data.val ''"
 common+=" --sample.every -1 --log.every 1 --log.report '' --checkpoint.dir '' --data.shuffle false"
 common+=" --optim.warmup_steps 1 --train.threads 1"
 
@@ -57,6 +57,7 @@ run() {
   local p=$1 m=$2 schedule=$3 steps=$4 dir="$OUT/$5" v=()
   [[ $schedule == interleaved ]] && v=(--parallel.pp_virtual 2)
   mkdir -p "$dir"
+  rm -f "$dir/metrics.jsonl"  # a bench run's own: an earlier round's would be refused
   eval "set -- $common"
   if ! scripts/mpirun --oversubscribe --bind-to none -np "$p" "$BUILD/train_gpt" "$@" --train.steps "$steps" \
       --train.grad_accum_steps "$m" --parallel.pp_size "$p" --parallel.pp_schedule "$schedule" "${v[@]}" \

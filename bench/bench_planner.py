@@ -93,7 +93,8 @@ def summarize(rows, label):
 def again(a):
     """The runs kept by --keep, predicted by this train_gpt against their cluster files."""
     rows = json.load(open(os.path.join(a.from_dir, "rows.json")))
-    base = [os.path.join(BUILD, "train_gpt"), "--config", os.path.join(ROOT, "configs/fortunes_char.ini"), *S,
+    base = [os.path.join(BUILD, "train_gpt"), "--config", os.path.join(ROOT, "configs/fortunes_char.ini"),
+            "--out", "", "--log.tensorboard", "", *S,
             "--train.threads", "1", "--train.dtype", rows[0].get("dtype", "float32")]
     for rate in dict.fromkeys(r["rate"] for r in rows):
         cal = os.path.join(a.from_dir, f"cluster_{rate}.ini")
@@ -144,7 +145,8 @@ def main():
     tmp = a.keep or tempfile.mkdtemp(prefix="ndt_bench_planner_")
     os.makedirs(tmp, exist_ok=True)
     train_gpt = os.path.join(BUILD, "train_gpt")
-    base = [train_gpt, "--config", os.path.join(ROOT, "configs/fortunes_char.ini"), *S, "--train.threads", "1",
+    base = [train_gpt, "--config", os.path.join(ROOT, "configs/fortunes_char.ini"), "--out", "", "--log.tensorboard", "",
+            *S, "--train.threads", "1",
             "--train.dtype", a.dtype, "--parallel.timeout_s", "120"]
     run_args = ["--train.steps", str(a.steps), "--train.eval_every", "0", "--data.val", "", "--sample.every", "-1",
                 "--log.every", "1", "--log.report", "", "--data.shuffle", "false", "--optim.warmup_steps", "1",
