@@ -199,6 +199,20 @@ void check_export_in_transformers(const fs::path& hf, const std::string& prompt,
   std::cout << "transformers' pipeline on the export: " << ref["pipeline"].dump() << "\n";
 }
 
+// 30 steps of train_gpt with `args` on d/data's shards into a sharded checkpoint d/ck, then
+// export_weights of it as the Hugging Face folder d/hf.
+void train_and_export(const fs::path& d, const std::string& args) {
+  ndt::testing::ShellResult r = ndt::testing::run_shell(
+      std::string(NDT_TRAIN_GPT_BIN) + args + " --data.train '" + (d / "data" / "train_*.bin").string() +
+      "' --train.eval_every 0 --train.threads 1 --sample.every -1 --optim.lr 0.01 --train.steps 30 "
+      "--checkpoint.format sharded --checkpoint.dir " +
+      (d / "ck").string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = ndt::testing::run_shell(std::string(NDT_EXPORT_BIN) + " " + (d / "ck").string() + " " +
+                              (d / "hf").string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+}
+
 }  // namespace
 
 // A llama trained from a Hugging Face folder with its byte-level BPE tokenizer (BOS put first,
@@ -215,16 +229,9 @@ TEST(HfModels, AnExportWithTheSourcesTokenizerRunsInTransformersAsInNdtrain) {
   fs::create_directories(d / "data");
   data::write_shard((d / "data" / "train_000000.bin").string(),
                     std::vector<uint16_t>(ids.begin(), ids.end()));
-  ndt::testing::ShellResult r = ndt::testing::run_shell(
-      std::string(NDT_TRAIN_GPT_BIN) + " --model.init_from " + (d / "model").string() + " --data.vocab " +
-      (d / "model" / "tokenizer.json").string() + " --data.train '" + (d / "data" / "train_*.bin").string() +
-      "' --train.micro_batch_size 2 --train.seq_len 16 --train.eval_every 0 --train.threads 1 "
-      "--sample.every -1 --optim.lr 0.01 --train.steps 30 --checkpoint.format sharded --checkpoint.dir " +
-      (d / "ck").string());
-  ASSERT_EQ(r.rc, 0) << r.out;
-  r = ndt::testing::run_shell(std::string(NDT_EXPORT_BIN) + " " + (d / "ck").string() + " " +
-                              (d / "hf").string());
-  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_NO_FATAL_FAILURE(train_and_export(
+      d, " --model.init_from " + (d / "model").string() + " --data.vocab " +
+             (d / "model" / "tokenizer.json").string() + " --train.micro_batch_size 2 --train.seq_len 16"));
   check_export_in_transformers(d / "hf", "the cat", "then the cat ran.\n<s>the end");
   fs::remove_all(d);
 }
@@ -234,19 +241,11 @@ TEST(HfModels, AnExportWithTheSourcesTokenizerRunsInTransformersAsInNdtrain) {
 TEST(HfModels, AnExportOfACharVocabularyRunsInTransformersAsInNdtrain) {
   const fs::path d = temp_dir("export_char");
   const int64_t V = ndt::testing::write_word_corpus(d / "data", 3000, 11, 0);
-  ndt::testing::ShellResult r = ndt::testing::run_shell(
-      std::string(NDT_TRAIN_GPT_BIN) +
-      " --model.arch llama --model.n_layer 2 --model.n_head 4 "
-      "--model.n_kv_head 2 --model.n_embd 32 --model.intermediate_size 48 --model.block_size 64 "
-      "--model.vocab_size " +
-      std::to_string(V) + " --data.train '" + (d / "data" / "train_*.bin").string() +
-      "' --train.micro_batch_size 4 --train.seq_len 32 --train.eval_every 0 --train.threads 1 "
-      "--sample.every -1 --optim.lr 0.01 --train.steps 30 --checkpoint.format sharded --checkpoint.dir " +
-      (d / "ck").string());
-  ASSERT_EQ(r.rc, 0) << r.out;
-  r = ndt::testing::run_shell(std::string(NDT_EXPORT_BIN) + " " + (d / "ck").string() + " " +
-                              (d / "hf").string());
-  ASSERT_EQ(r.rc, 0) << r.out;
+  ASSERT_NO_FATAL_FAILURE(train_and_export(
+      d,
+      " --model.arch llama --model.n_layer 2 --model.n_head 4 --model.n_kv_head 2 "
+      "--model.n_embd 32 --model.intermediate_size 48 --model.block_size 64 --model.vocab_size " +
+          std::to_string(V) + " --train.micro_batch_size 4 --train.seq_len 32"));
   check_export_in_transformers(d / "hf", "the ", "a dog ran.\nit sat on the mat");
   fs::remove_all(d);
 }
