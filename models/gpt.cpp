@@ -6,12 +6,12 @@
 
 #include "autograd/node.h"
 #include "autograd/ops.h"
+#include "models/family.h"
 
 namespace ndt::models {
 
 void GPTConfig::validate() const {
-  NDT_CHECK(arch == "gpt2" || arch == "llama",
-            "model.arch must be gpt2 or llama (Qwen2 and Mistral are llama), got '", arch, "'");
+  const Family& f = family();  // throws naming the known ones
   NDT_CHECK(n_layer >= 1, "model.n_layer must be >= 1, got ", n_layer);
   NDT_CHECK(n_head >= 1, "model.n_head must be >= 1, got ", n_head);
   NDT_CHECK(n_embd >= 1 && n_embd % n_head == 0, "model.n_embd (", n_embd,
@@ -21,29 +21,18 @@ void GPTConfig::validate() const {
   NDT_CHECK(block_size >= 1, "model.block_size must be >= 1, got ", block_size);
   NDT_CHECK(vocab_multiple >= 1, "model.vocab_multiple must be >= 1, got ", vocab_multiple);
   NDT_CHECK(norm_eps > 0 && norm_eps < 1, "model.norm_eps must be in (0, 1), got ", norm_eps);
-  if (!llama()) {
-    NDT_CHECK(n_kv_head == 0 || n_kv_head == n_head, "model.n_kv_head (", n_kv_head,
-              ") is for model.arch = llama; GPT-2's attention has n_head key/value heads");
-    NDT_CHECK(intermediate_size == 0,
-              "model.intermediate_size is for model.arch = llama; GPT-2's MLP has 4 x n_embd");
-    NDT_CHECK(!attention_bias, "model.attention_bias is for model.arch = llama; GPT-2 has biases everywhere");
-    NDT_CHECK(!tie_embeddings, "model.tie_embeddings is for model.arch = llama; GPT-2's head is always wte");
-    NDT_CHECK(rope.theta == RopeConfig{}.theta && !rope.llama3,
-              "model.rope_theta and model.rope_scaling are for model.arch = llama; GPT-2 learns its "
-              "positions (wpe)");
-    return;
-  }
-  NDT_CHECK(n_kv_head >= 0 && n_head % kv_heads() == 0, "model.n_kv_head (", n_kv_head,
-            ") must divide model.n_head (", n_head,
-            "): each key/value head serves n_head / n_kv_head query heads");
-  NDT_CHECK(intermediate_size >= 1,
-            "model.intermediate_size (the SwiGLU MLP's hidden units) must be >= 1 for "
-            "model.arch = llama, got ",
-            intermediate_size);
-  NDT_CHECK(head_dim() % 2 == 0,
-            "rotary embeddings turn pairs of channels: the head size n_embd / n_head = ", head_dim(),
-            " must be even");
-  rope_inv_freq(head_dim(), rope);  // throws naming a bad theta or scaling
+  // another family's fields keep their defaults
+  const GPTConfig defaults;
+  visit_fields(
+      [&](const Field& field, const auto& v, const auto& dv) {
+        if (field.of(*this) || v == dv) return;
+        std::ostringstream os;
+        os << std::boolalpha << "model." << field.name << " = " << v
+           << " is for model.arch = " << field.family << "; leave it out for model.arch = " << arch;
+        throw Error(os.str());
+      },
+      *this, defaults);
+  f.validate(*this);
 }
 
 void check_field_ranges(const GPTConfig& c) {
@@ -59,20 +48,16 @@ void check_field_ranges(const GPTConfig& c) {
 }
 
 std::string GPTConfig::str() const {
+  const Family& f = family();
   std::ostringstream os;
-  os << (llama() ? "Llama" : "GPT") << "(n_layer=" << n_layer << ", n_head=" << n_head;
-  if (llama()) os << ", n_kv_head=" << kv_heads();
+  os << f.title << "(n_layer=" << n_layer << ", n_head=" << n_head;
+  f.describe(*this, Family::after_heads, os);
   os << ", n_embd=" << n_embd;
-  if (llama()) os << ", intermediate_size=" << intermediate_size;
+  f.describe(*this, Family::after_width, os);
   os << ", vocab_size=" << vocab_size;
   if (padded_vocab() != vocab_size) os << " (padded to " << padded_vocab() << ")";
   os << ", block_size=" << block_size;
-  if (llama()) {
-    os << ", rope_theta=" << rope.theta;
-    if (rope.llama3) os << " (llama3 scaling x" << rope.llama3->factor << ")";
-    if (attention_bias) os << ", qkv bias";
-    os << (tie_embeddings ? ", tied" : ", untied") << " head";
-  }
+  f.describe(*this, Family::at_end, os);
   os << ")";
   return os.str();
 }
@@ -83,13 +68,6 @@ namespace {
 constexpr float kStd = 0.02f;
 float proj_std(const GPTConfig& c) { return kStd / std::sqrt(2.0f * static_cast<float>(c.n_layer)); }
 
-std::unique_ptr<nn::DecoderBlock> make_block(const GPTConfig& c) {
-  if (!c.llama()) return std::make_unique<nn::Block>(c.n_embd, c.n_head, kStd, proj_std(c), c.norm_eps);
-  return std::make_unique<nn::LlamaBlock>(
-      nn::LlamaBlock::Dims{c.n_embd, c.n_head, c.kv_heads(), c.intermediate_size, c.attention_bias,
-                           c.norm_eps},
-      kStd, proj_std(c));
-}
 }  // namespace
 
 GPT::GPT(const GPTConfig& c, PipelinePart part)
@@ -100,7 +78,8 @@ GPT::GPT(const GPTConfig& c, PipelinePart part)
   const bool ends = part_.first || part_.last;
   const bool input = c.tied() ? ends : part_.first, output = c.tied() ? ends : part_.last;
   if (input) child("wte", &wte);
-  if (!c.llama()) {
+  const Family& family = c.family();
+  if (family.learned_positions) {
     wpe = std::make_unique<nn::Embedding>(c.block_size, c.n_embd, kStd);
     if (input) child("wpe", wpe.get());
   }
@@ -109,16 +88,13 @@ GPT::GPT(const GPTConfig& c, PipelinePart part)
               end, ") outside the model's ", c.n_layer, " blocks");
     chunk_begin_.push_back(h.size());
     for (int64_t i = begin; i < end; ++i) {
-      h.push_back(make_block(c));
+      h.push_back(family.make_block(c, kStd, proj_std(c)));
       block_index_.push_back(i);
       child("h." + std::to_string(i), h.back().get());
     }
   }
   chunk_begin_.push_back(h.size());
-  if (c.llama())
-    ln_f = std::make_unique<nn::RMSNorm>(c.n_embd, c.norm_eps);
-  else
-    ln_f = std::make_unique<nn::LayerNorm>(c.n_embd, c.norm_eps);
+  ln_f = family.make_norm(c);
   if (output) child("ln_f", ln_f.get());
   if (!c.tied()) {
     lm_head = std::make_unique<nn::Embedding>(c.padded_vocab(), c.n_embd, kStd, c.vocab_size);
@@ -153,20 +129,11 @@ double GPT::flops_per_token(int64_t T) const {
   // 6 flops per parameter per token (2 forward, 4 backward), embeddings excluded except
   // the lm_head matmul; attention: 12 * n_layer * T * C (QK^T and PV, forward + backward)
   const double C = static_cast<double>(cfg.n_embd), L = static_cast<double>(cfg.n_layer);
-  const double kv = static_cast<double>(cfg.kv_heads() * cfg.head_dim()),
-               I = static_cast<double>(cfg.mlp_hidden());
-  // gpt2: c_attn C x 3C, c_proj C x C, c_fc C x 4C, c_proj 4C x C (+ biases and LayerNorms);
-  // llama: c_attn C x (C + 2 kv), c_proj C x C, gate, up and down C x I (+ RMSNorms)
-  const double block_params =
-      cfg.llama() ? C * (C + 2 * kv) + C * C + 3 * C * I + 2 * C : 12.0 * C * C + 13.0 * C;
-  const double n = L * block_params + static_cast<double>(cfg.padded_vocab()) * C;
+  const double n = L * cfg.family().block_params(cfg) + static_cast<double>(cfg.padded_vocab()) * C;
   return 6.0 * n + 12.0 * L * static_cast<double>(T) * C;
 }
 
-Tensor GPT::final_norm(const Tensor& x) const {
-  if (cfg.llama()) return static_cast<const nn::RMSNorm&>(*ln_f).forward(x);
-  return static_cast<const nn::LayerNorm&>(*ln_f).forward(x);
-}
+Tensor GPT::final_norm(const Tensor& x) const { return ln_f->forward(x); }
 
 // What the blocks see of the positions (B, T): the offset, the documents of packed rows and,
 // for llama, the rotary tables of every token, made once per forward (or kept from the last
@@ -174,7 +141,7 @@ Tensor GPT::final_norm(const Tensor& x) const {
 nn::Positions GPT::block_positions(const Tensor& pos, int64_t pos_offset, bool cached, DType dtype,
                                    const Tensor& docs) const {
   nn::Positions p{pos_offset, {}, {}, docs};
-  if (!cfg.llama()) return p;
+  if (cfg.family().learned_positions) return p;
   PositionsCache& c = pos_cache_;
   if (cached && c.rope.cos.defined() && c.rope.cos.dtype() == dtype) return c.rope;
   RopeTables t = rope_tables(pos, cfg.head_dim(), cfg.rope, dtype);

@@ -131,7 +131,7 @@ class GPT : public nn::Module {
   nn::Embedding wte;
   std::unique_ptr<nn::Embedding> wpe;  // gpt2's learned positions (llama: none)
   std::vector<std::unique_ptr<nn::DecoderBlock>> h;
-  std::unique_ptr<nn::Module> ln_f;        // nn::LayerNorm (gpt2) or nn::RMSNorm (llama)
+  std::unique_ptr<nn::Norm> ln_f;          // the family's: nn::LayerNorm (gpt2) or nn::RMSNorm (llama)
   std::unique_ptr<nn::Embedding> lm_head;  // an untied llama's (Vp, C) head (else none)
 
  private:

@@ -1,7 +1,7 @@
 // ndtrain: a GPT's description, GPTConfig, and the table of its fields.
 //
 // Every field is listed once, in visit_fields: its name (the config key model.<name> and
-// the key in a sharded checkpoint's "model"), what it means, which architectures use it and
+// the key in a sharded checkpoint's "model"), what it means, which family uses it and
 // the range a config or a checkpoint may give it. The config's [model] keys and their
 // --help (train/config.cpp), their agreement with a Hugging Face folder's config.json, and the
 // checkpoint's model JSON (train/checkpoint/sharded.cpp) all walk the table, so a new field
@@ -21,8 +21,11 @@
 
 namespace ndt::models {
 
+struct Family;  // models/family.h: what an architecture adds
+
 struct GPTConfig {
-  std::string arch = "gpt2";  // gpt2 or llama (Qwen2 and Mistral are llama with options)
+  std::string arch = "gpt2";  // a model family (models/families.h): gpt2 or llama (Qwen2 and Mistral
+                              // are llama with options)
   int64_t n_layer = 12;
   int64_t n_head = 12;
   int64_t n_embd = 768;
@@ -37,12 +40,11 @@ struct GPTConfig {
   bool tie_embeddings = false;    // lm_head is wte (gpt2 always ties)
   RopeConfig rope;                // rotary embeddings: theta and Llama 3's scaling
 
-  bool llama() const { return arch == "llama"; }
+  const Family& family() const;  // of arch; throws ndt::Error for an unknown one
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t head_dim() const { return n_embd / n_head; }
-  bool tied() const { return !llama() || tie_embeddings; }  // logits through wte
-  // the MLP's hidden units: 4C (gpt2) or intermediate_size
-  int64_t mlp_hidden() const { return llama() ? intermediate_size : 4 * n_embd; }
+  bool tied() const;           // logits through wte (gpt2 always; llama with tie_embeddings)
+  int64_t mlp_hidden() const;  // the MLP's hidden units: 4C (gpt2) or intermediate_size
   int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   void validate() const;  // throws ndt::Error naming the bad key
   std::string str() const;
@@ -52,10 +54,11 @@ struct GPTConfig {
 struct Field {
   const char* name;       // model.<name>; the checkpoint's model.<name>
   const char* help;       // for --help
-  bool llama_only;        // the field means something for arch = llama only (gpt2 keeps its default)
+  const char* family;     // the one model.arch whose field it is (the others keep its default); nullptr: all
   double lo, hi;          // the range a config or a checkpoint may give a number (a bool or text: unused)
   bool hf = true;         // a Hugging Face config.json gives it (vocab_multiple is ndtrain's own padding)
   bool optional = false;  // checkpoints write it only when not the default (older ones lack it)
+  bool of(const GPTConfig& c) const { return !family || c.arch == family; }  // c's model has it
 };
 
 // Throws ndt::Error naming the first whole-number field outside its range in the table
@@ -67,35 +70,35 @@ void check_field_ranges(const GPTConfig& c);
 template <class Visit, class... C>
 void visit_fields(Visit&& visit, C&... cs) {
   constexpr double kMaxI = 1 << 20;
-  visit(Field{"n_layer", "transformer blocks", false, 1, 1024}, cs.n_layer...);
-  visit(Field{"n_head", "attention heads (must divide n_embd)", false, 1, 1024}, cs.n_head...);
-  visit(Field{"n_embd", "channels C", false, 1, 65536}, cs.n_embd...);
-  visit(Field{"vocab_size", "vocabulary size V (every token in the data must be < V; 50257 for GPT-2)", false,
-              1, 1 << 24},  // Llama 3: 128256
+  visit(Field{"n_layer", "transformer blocks", nullptr, 1, 1024}, cs.n_layer...);
+  visit(Field{"n_head", "attention heads (must divide n_embd)", nullptr, 1, 1024}, cs.n_head...);
+  visit(Field{"n_embd", "channels C", nullptr, 1, 65536}, cs.n_embd...);
+  visit(Field{"vocab_size", "vocabulary size V (every token in the data must be < V; 50257 for GPT-2)",
+              nullptr, 1, 1 << 24},  // Llama 3: 128256
         cs.vocab_size...);
-  visit(Field{"block_size", "maximum sequence length (positions)", false, 1, kMaxI}, cs.block_size...);
+  visit(Field{"block_size", "maximum sequence length (positions)", nullptr, 1, kMaxI}, cs.block_size...);
   visit(Field{"vocab_multiple",
               "pad the vocabulary to a multiple of this (e.g. 128) for speed; padded logits never affect the "
               "loss",
-              false, 1, 65536, /*hf=*/false},
+              nullptr, 1, 65536, /*hf=*/false},
         cs.vocab_multiple...);
   visit(Field{"arch",
               "gpt2 or llama (Llama 3, Qwen2, Mistral: RMSNorm, grouped-query attention with rotary "
               "embeddings, SwiGLU)",
-              false, 0, 0, true, /*optional=*/true},
+              nullptr, 0, 0, true, /*optional=*/true},
         cs.arch...);
-  visit(Field{"norm_eps", "epsilon of the LayerNorms (gpt2) or RMSNorms (llama)", false, 0, 1, true,
+  visit(Field{"norm_eps", "epsilon of the LayerNorms (gpt2) or RMSNorms (llama)", nullptr, 0, 1, true,
               /*optional=*/true},
         cs.norm_eps...);
   visit(Field{"n_kv_head", "llama: key/value heads, dividing n_head (0: n_head; 1: multi-query attention)",
-              true, 0, 1024},
+              "llama", 0, 1024},
         cs.n_kv_head...);
-  visit(Field{"intermediate_size", "llama: the SwiGLU MLP's hidden units", true, 0, kMaxI},
+  visit(Field{"intermediate_size", "llama: the SwiGLU MLP's hidden units", "llama", 0, kMaxI},
         cs.intermediate_size...);
-  visit(Field{"attention_bias", "llama: biases on q, k and v (Qwen2)", true, 0, 0}, cs.attention_bias...);
-  visit(Field{"tie_embeddings", "llama: the logits through wte instead of an own lm_head", true, 0, 0},
+  visit(Field{"attention_bias", "llama: biases on q, k and v (Qwen2)", "llama", 0, 0}, cs.attention_bias...);
+  visit(Field{"tie_embeddings", "llama: the logits through wte instead of an own lm_head", "llama", 0, 0},
         cs.tie_embeddings...);
-  visit(Field{"rope_theta", "llama: the rotary embeddings' base (Llama 3: 500000)", true, 1, 1e12},
+  visit(Field{"rope_theta", "llama: the rotary embeddings' base (Llama 3: 500000)", "llama", 1, 1e12},
         cs.rope.theta...);
 }
 

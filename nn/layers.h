@@ -70,19 +70,25 @@ class Embedding : public Module {
   std::function<Tensor(const Tensor& ids, const Tensor& table)> lookup;
 };
 
-class LayerNorm : public Module {
+// A normalization over the last dimension: LayerNorm or RMSNorm (a model's final norm is either).
+class Norm : public Module {
+ public:
+  virtual Tensor forward(const Tensor& x) const = 0;  // (..., C) -> (..., C)
+};
+
+class LayerNorm : public Norm {
  public:
   explicit LayerNorm(int64_t dim, double eps = 1e-5);
-  Tensor forward(const Tensor& x) const;  // (..., C) -> (..., C)
+  Tensor forward(const Tensor& x) const override;  // (..., C) -> (..., C)
   Tensor weight, bias;
   double eps;
 };
 
 // RMSNorm (Llama, Qwen2): x / sqrt(mean(x^2) + eps) * w, no bias.
-class RMSNorm : public Module {
+class RMSNorm : public Norm {
  public:
   explicit RMSNorm(int64_t dim, double eps = 1e-6);
-  Tensor forward(const Tensor& x) const;  // (..., C) -> (..., C)
+  Tensor forward(const Tensor& x) const override;  // (..., C) -> (..., C)
   Tensor weight;
   double eps;
 };

@@ -18,11 +18,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "dist/pipeline_parallel/stages.h"
+#include "models/family.h"
 #include "models/gpt_config.h"
+#include "train/families/family_tools.h"
 #include "train/planner/block_kinds.h"
 #include "train/planner/time.h"
 #include "train/planner/timeline.h"
@@ -289,24 +292,40 @@ TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
 
 // ---- the kinds of block (train/planner/block_kinds.h) ------------------------------------
 
-// Every architecture the model accepts has a whole description; another is one error naming it.
-TEST(PlanKinds, EveryArchitectureHasItsDescription) {
-  for (const std::string arch : {"gpt2", "llama"}) {
+// Every model family is whole: the model's description (models/family.h), the training
+// tools' (train/families/family_tools.h) and the planner's kind of block; another
+// architecture is one error naming it and the known ones.
+TEST(PlanKinds, EveryFamilyHasEveryDescription) {
+  for (const models::Family* f : models::families()) {
     models::GPTConfig c;
-    c.arch = arch;
-    if (arch == "llama") c.intermediate_size = 2048;
+    c.arch = f->arch;
+    if (!f->learned_positions) c.intermediate_size = 2048;
     c.validate();
+    EXPECT_TRUE(f->title && f->mlp_hidden && f->mlp_hidden_key && f->linear_weights && f->block_params &&
+                f->qkv_bias && f->validate && f->describe && f->make_block && f->make_norm)
+        << f->arch;
+    EXPECT_GT(f->linear_weights(c), 0) << f->arch;
+    EXPECT_GT(f->block_params(c), f->linear_weights(c)) << f->arch;
+    const train::FamilyTools& t = train::family_tools(c.arch);
+    EXPECT_TRUE(!t.model_types.empty() && t.from_hf && t.to_hf && t.sources && t.optional_prefix) << f->arch;
+    for (const char* m : t.model_types) EXPECT_EQ(train::tools_for_model_type(m).arch, c.arch) << m;
     const train::BlockKind& k = train::block_kind(c.arch);
-    EXPECT_EQ(k.name, arch);
+    EXPECT_EQ(k.name, c.arch);
     EXPECT_TRUE(k.memory && k.fused_core_saved && k.deferred_mlp && k.work && k.embeddings && k.mlp_gemms &&
-                k.linear_weights && k.qkv_bias && k.position_tables)
-        << arch;
-    EXPECT_GE(k.norm_stats, 1) << arch;
-    EXPECT_GE(k.mlp_inputs, 1) << arch;
+                k.position_tables)
+        << f->arch;
+    EXPECT_GE(k.norm_stats, 1) << f->arch;
+    EXPECT_GE(k.mlp_inputs, 1) << f->arch;
   }
-  const std::string e = error_of([] { train::block_kind("mamba"); });
-  EXPECT_NE(e.find("model.arch = 'mamba'"), std::string::npos) << e;
-  EXPECT_NE(e.find("train/planner/kinds/"), std::string::npos) << e;
+  EXPECT_EQ(models::family_names(), "gpt2 or llama");
+  for (const auto& fn : std::vector<std::function<void()>>{[] { train::block_kind("mamba"); },
+                                                           [] { models::family("mamba"); }}) {
+    const std::string e = error_of(fn);
+    EXPECT_NE(e.find("model.arch must be gpt2 or llama"), std::string::npos) << e;
+    EXPECT_NE(e.find("'mamba'"), std::string::npos) << e;
+  }
+  EXPECT_NE(error_of([] { train::tools_for_model_type("mamba"); }).find("unknown model_type 'mamba'"),
+            std::string::npos);
 }
 
 // The pipeline's stages balance each kind's block (its weights and attention per token)

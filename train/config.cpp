@@ -1,5 +1,7 @@
 #include "train/config.h"
 
+#include "models/family.h"
+
 #include "dist/pipeline_parallel/schedule.h"
 #include "train/checkpoint/hf.h"
 #include "train/checkpoint/load.h"
@@ -395,13 +397,14 @@ void apply_model_folder(Config& c, const po::variables_map& vm) {
   models::visit_fields(
       [&](const models::Field& f, auto& ours, const auto& value) {
         const std::string key = std::string("model.") + f.name;
-        if (!f.hf || (f.llama_only && !theirs.llama())) return;
+        if (!f.hf || !f.of(theirs)) return;
         // fewer positions than the model was trained for: allowed (rotary positions need no table)
-        if (key == "model.block_size" && theirs.llama() && given(key) && ours <= value) return;
+        if (key == "model.block_size" && !theirs.family().learned_positions && given(key) && ours <= value)
+          return;
         take(key, ours, value);
       },
       m, folder);
-  if (theirs.llama()) {
+  if (!theirs.family().learned_positions) {
     take("model.rope_scaling", m.rope_scaling, std::string(theirs.rope.llama3 ? "llama3" : "none"));
     if (theirs.rope.llama3) {
       take("model.rope_factor", m.llama3.factor, theirs.rope.llama3->factor);
@@ -525,8 +528,9 @@ void validate_model(const Config& c, const Checks& ck) {
   } catch (const Error& e) {
     ck.need(false, e.what());
   }
-  ck.need(c.model.arch == "gpt2" || c.model.arch == "llama",
-          "model.arch must be gpt2 or llama (Qwen2 and Mistral are llama), got '" + c.model.arch + "'");
+  ck.need(models::find_family(c.model.arch) != nullptr, "model.arch must be " + models::family_names() +
+                                                            " (Qwen2 and Mistral are llama), got '" +
+                                                            c.model.arch + "'");
   ck.need(c.model.rope_scaling == "none" || c.model.rope_scaling == "llama3",
           "model.rope_scaling must be none or llama3, got '" + c.model.rope_scaling + "'");
   const models::Llama3Scaling s = c.model.llama3, d{};

@@ -4,6 +4,7 @@
 
 #include "autograd/ops.h"
 #include "dist/tensor_parallel/comm.h"
+#include "models/family.h"
 
 namespace ndt::dist {
 
@@ -11,13 +12,11 @@ void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
   NDT_CHECK(tp >= 1, "tensor parallelism: tp_size must be >= 1, got ", tp);  // before dividing by it
   NDT_CHECK(c.n_head % tp == 0, "tensor parallelism: model.n_head = ", c.n_head,
             " is not divisible by tp_size = ", tp, "; each rank computes n_head / tp_size heads");
-  if (c.llama())
-    NDT_CHECK(c.kv_heads() % tp == 0, "tensor parallelism: model.n_kv_head = ", c.kv_heads(),
-              " key/value heads are not divisible by tp_size = ", tp,
-              "; each rank holds whole key/value heads and the query heads that read them");
+  NDT_CHECK(c.kv_heads() % tp == 0, "tensor parallelism: model.n_kv_head = ", c.kv_heads(),
+            " key/value heads are not divisible by tp_size = ", tp,
+            "; each rank holds whole key/value heads and the query heads that read them");
   NDT_CHECK(c.mlp_hidden() % tp == 0, "tensor parallelism: the MLP's ", c.mlp_hidden(), " hidden units (",
-            c.llama() ? "model.intermediate_size" : "4 x model.n_embd",
-            ") are not divisible by tp_size = ", tp);
+            c.family().mlp_hidden_key, ") are not divisible by tp_size = ", tp);
   NDT_CHECK(c.padded_vocab() % tp == 0, "tensor parallelism: the vocabulary of ", c.padded_vocab(),
             " rows (model.vocab_size ", c.vocab_size, " padded to a multiple of model.vocab_multiple ",
             c.vocab_multiple, ") is not divisible by tp_size = ", tp,

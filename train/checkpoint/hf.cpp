@@ -9,8 +9,10 @@
 #include <set>
 #include <sstream>
 
+#include "models/family.h"
 #include "tensor/kernels.h"
 #include "train/checkpoint/checkpoint.h"
+#include "train/families/family_tools.h"
 
 namespace fs = std::filesystem;
 
@@ -22,32 +24,21 @@ bool is_hf_folder(const std::string& path) {
 }
 
 models::GPTConfig model_config(const io::HfConfig& hf) {
+  const train::FamilyTools& tools = train::tools_for_model_type(hf.model_type);
   models::GPTConfig c;
-  c.arch = hf.model_type == "gpt2" ? "gpt2" : "llama";
+  c.arch = tools.arch;
   c.n_layer = hf.num_hidden_layers;
   c.n_head = hf.num_attention_heads;
   c.n_embd = hf.hidden_size;
   c.vocab_size = hf.vocab_size;
   c.block_size = hf.max_position_embeddings;
   c.norm_eps = hf.norm_eps;
-  if (c.arch == "gpt2") return c;
-  NDT_CHECK(!hf.o_proj_bias(), "a ", hf.model_type,
-            " with attention_bias = true has a bias on o_proj too, which ndtrain's llama blocks do not have "
-            "(Qwen2's biases on q, k and v only are supported)");
-  c.n_kv_head = hf.num_key_value_heads;
-  c.intermediate_size = hf.intermediate_size;
-  c.attention_bias = hf.attention_bias;
-  c.tie_embeddings = hf.tie_word_embeddings;
-  c.rope.theta = hf.rope_theta;
-  if (hf.llama3_scaling)
-    c.rope.llama3 = models::Llama3Scaling{hf.factor, hf.low_freq_factor, hf.high_freq_factor,
-                                          hf.original_max_position_embeddings};
+  tools.from_hf(hf, c);
   return c;
 }
 
 io::HfConfig hf_config(const models::GPTConfig& c, DType dtype) {
   io::HfConfig hf;
-  hf.model_type = c.llama() ? (c.attention_bias ? "qwen2" : "llama") : "gpt2";
   hf.vocab_size = c.vocab_size;
   hf.hidden_size = c.n_embd;
   hf.num_hidden_layers = c.n_layer;
@@ -58,63 +49,13 @@ io::HfConfig hf_config(const models::GPTConfig& c, DType dtype) {
   hf.norm_eps = c.norm_eps;
   hf.intermediate_size = c.mlp_hidden();
   hf.torch_dtype = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f64 ? "float64" : "float32";
-  if (!c.llama()) {
-    hf.hidden_act = "gelu_new";
-    hf.tie_word_embeddings = true;
-    hf.attention_bias = true;
-    hf.mlp_bias = true;
-    return hf;
-  }
-  hf.hidden_act = "silu";
-  hf.tie_word_embeddings = c.tie_embeddings;
-  hf.attention_bias = c.attention_bias;
-  hf.rope_theta = c.rope.theta;
-  if (c.rope.llama3) {
-    hf.llama3_scaling = true;
-    hf.factor = c.rope.llama3->factor;
-    hf.low_freq_factor = c.rope.llama3->low_freq_factor;
-    hf.high_freq_factor = c.rope.llama3->high_freq_factor;
-    hf.original_max_position_embeddings = c.rope.llama3->original_max_position;
-  }
+  train::family_tools(c.arch).to_hf(c, hf);
   return hf;
 }
 
 namespace {
 
-// How one of our parameters is made from the folder's tensors.
-struct Source {
-  enum Kind { renamed, transposed, packed_qkv } kind = renamed;
-  std::vector<std::string> names;  // renamed, transposed: one; packed_qkv: q, k, v
-};
-
-// Our parameter name -> its source, for a llama; GPT-2 keeps its names ("transformer." in
-// front in a folder).
-std::map<std::string, Source> sources(const models::GPTConfig& c) {
-  std::map<std::string, Source> s;
-  if (!c.llama()) {
-    for (const nn::ParamSpec& p : models::GPT(c).parameters())
-      s[p.name] = {Source::renamed, {"transformer." + p.name}};
-    return s;
-  }
-  s["wte.weight"] = {Source::renamed, {"model.embed_tokens.weight"}};
-  if (!c.tied()) s["lm_head.weight"] = {Source::renamed, {"lm_head.weight"}};
-  s["ln_f.weight"] = {Source::renamed, {"model.norm.weight"}};
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    const std::string ours = "h." + std::to_string(i) + ".", hf = "model.layers." + std::to_string(i) + ".";
-    s[ours + "ln_1.weight"] = {Source::renamed, {hf + "input_layernorm.weight"}};
-    s[ours + "ln_2.weight"] = {Source::renamed, {hf + "post_attention_layernorm.weight"}};
-    const std::string a = hf + "self_attn.";
-    s[ours + "attn.c_attn.weight"] = {Source::packed_qkv,
-                                      {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}};
-    if (c.attention_bias)
-      s[ours + "attn.c_attn.bias"] = {Source::packed_qkv,
-                                      {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}};
-    s[ours + "attn.c_proj.weight"] = {Source::transposed, {a + "o_proj.weight"}};
-    for (const char* m : {"gate_proj", "up_proj", "down_proj"})
-      s[ours + "mlp." + m + ".weight"] = {Source::transposed, {hf + "mlp." + m + ".weight"}};
-  }
-  return s;
-}
+using Source = train::HfSource;
 
 // The folder's shapes of a source, given our whole shape `ours`: renamed ones are ours (wte
 // and lm_head without their padded rows), transposed ones swapped, packed ones q (NH HS, ..),
@@ -211,21 +152,29 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// The folder's name for a renamed GPT-2 tensor: with or without "transformer." (both seen on the Hub)
-std::string gpt2_name(const io::HfFolder& f, const std::string& prefixed) {
-  const std::string bare = prefixed.substr(std::string("transformer.").size());
-  NDT_CHECK(!(f.has(prefixed) && f.has(bare)), "model folder ", f.dir(), ": holds both ", bare, " and ",
-            prefixed, ", which name the same parameter; keep one of them");
-  return f.has(bare) ? bare : prefixed;
+// The sources of c's parameters under the folder's names: with or without the family's
+// optional prefix ("transformer." on GPT-2's: both are seen on the Hub)
+std::map<std::string, Source> folder_sources(const io::HfFolder& f, const models::GPTConfig& c) {
+  const train::FamilyTools& tools = train::family_tools(c.arch);
+  std::map<std::string, Source> src = tools.sources(c);
+  const std::string prefix = tools.optional_prefix;
+  if (prefix.empty()) return src;
+  for (auto& [ours, s] : src)
+    for (std::string& prefixed : s.names) {
+      if (!prefixed.starts_with(prefix)) continue;
+      const std::string bare = prefixed.substr(prefix.size());
+      NDT_CHECK(!(f.has(prefixed) && f.has(bare)), "model folder ", f.dir(), ": holds both ", bare, " and ",
+                prefixed, ", which name the same parameter; keep one of them");
+      if (f.has(bare)) prefixed = bare;
+    }
+  return src;
 }
 
 }  // namespace
 
 void check_hf_folder(const io::HfFolder& f, const models::GPT& gpt) {
   const models::GPTConfig& c = gpt.cfg;
-  std::map<std::string, Source> src = sources(c);
-  if (!c.llama())
-    for (auto& [ours, s] : src) s.names[0] = gpt2_name(f, s.names[0]);
+  const std::map<std::string, Source> src = folder_sources(f, c);
   // every tensor present and of its shape, nothing left over, before any value is read: the
   // whole model's (a pipeline stage reads only its own, but the folder is checked whole)
   std::set<std::string> used;
@@ -265,7 +214,8 @@ void check_hf_folder(const io::HfFolder& f, const models::GPT& gpt) {
                       f.get(wte, DType::f64).to_vector<double>(),
               "model folder ", f.dir(), ": lm_head.weight differs from ", wte,
               ", but the model ties its head to ", "the embeddings (",
-              c.llama() ? "config.json: tie_word_embeddings = true" : "ndtrain's GPT-2 always does",
+              c.family().always_tied ? "ndtrain's " + std::string(c.family().title) + " always does"
+                                     : std::string("config.json: tie_word_embeddings = true"),
               "); remove lm_head.weight or make it equal to ", wte);
   }
 }
@@ -273,9 +223,7 @@ void check_hf_folder(const io::HfFolder& f, const models::GPT& gpt) {
 void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::FlatParams& params) {
   check_hf_folder(f, gpt);  // before any value is read
   const models::GPTConfig& c = gpt.cfg;
-  std::map<std::string, Source> src = sources(c);
-  if (!c.llama())
-    for (auto& [ours, s] : src) s.names[0] = gpt2_name(f, s.names[0]);
+  const std::map<std::string, Source> src = folder_sources(f, c);
   const DType dt = params.units.empty() ? DType::f32 : params.units[0].data.dtype();
   for (const nn::FlatUnit& u : params.units) kernels::fill(u.data, 0.0);  // padding and gaps stay zero
   constexpr int64_t kPiece = int64_t(1) << 18;  // renamed tensors: a few MiB at a time
@@ -318,7 +266,7 @@ void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::Flat
 std::vector<std::pair<std::string, Tensor>> hf_tensors(
     const models::GPT& gpt, const std::function<Tensor(const std::string&)>& whole) {
   const models::GPTConfig& c = gpt.cfg;
-  const std::map<std::string, Source> src = sources(c);
+  const std::map<std::string, Source> src = train::family_tools(c.arch).sources(c);
   std::vector<std::pair<std::string, Tensor>> out;
   for (const nn::ParamSpec& spec : gpt.parameters()) {  // the model's order: embeddings, blocks, head
     const Tensor value = whole(spec.name).to(Device::cpu()).to(DType::f64).contiguous();

@@ -1,5 +1,7 @@
 #include "train/checkpoint/sharded.h"
 
+#include "models/family.h"
+
 #include "train/checkpoint/hf.h"
 
 #include <algorithm>
@@ -55,7 +57,7 @@ nlohmann::json model_json(const models::GPTConfig& c) {
   nlohmann::json j = nlohmann::json::object();
   models::visit_fields(
       [&](const models::Field& f, const auto& v, const auto& dv) {
-        if ((f.llama_only && !c.llama()) || (f.optional && v == dv)) return;
+        if (!f.of(c) || (f.optional && v == dv)) return;
         j[f.name] = v;
       },
       w, d);
@@ -333,14 +335,15 @@ void read_position(const nlohmann::json& m, const Fields& in, Manifest& r) {
 void read_model(const nlohmann::json& mj, const Fields& in, models::GPTConfig& c) {
   const std::string& F = in.F;
   if (mj.contains("arch")) {
-    NDT_CHECK(mj.at("arch").is_string() && mj.at("arch").get<std::string>() == "llama", "checkpoint ", F,
-              ": \"model.arch\" is ", mj.at("arch").dump(), ", not \"llama\"", kFix);
-    c.arch = "llama";
+    const nlohmann::json& arch = mj.at("arch");
+    NDT_CHECK(arch.is_string() && models::find_family(arch.get<std::string>()), "checkpoint ", F,
+              ": \"model.arch\" is ", arch.dump(), ", not ", models::family_names(), kFix);
+    c.arch = arch.get<std::string>();
   }
   models::visit_fields(
       [&](const models::Field& f, auto& v) {
         using T = std::decay_t<decltype(v)>;
-        if ((f.llama_only && !c.llama()) || (f.optional && !mj.contains(f.name))) return;
+        if (!f.of(c) || (f.optional && !mj.contains(f.name))) return;
         if constexpr (std::is_same_v<T, bool>)
           v = in.boolean(mj, "model", f.name);
         else if constexpr (std::is_same_v<T, double>)

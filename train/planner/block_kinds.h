@@ -3,18 +3,18 @@
 // train/planner/plan.cpp), its work (the step's replay in time, train/planner/replay.cpp),
 // what zb-h1's deferred weight gradients keep, its MLP's matrix products (--plan.calibrate),
 // what the embeddings and the final norm cost beside it, and its relative cost per token for
-// the pipeline's balance of the stages (dist::stage_blocks). Each kind is one file,
-// train/planner/kinds/<arch>.cpp, with the op-by-op account of what its forward saves and
-// computes; block_kinds.cpp's table is the one place that lists the kinds. The attention
-// core, which every kind runs, is shared (kinds/attention_core.cpp).
+// the pipeline's balance of the stages (dist::stage_blocks). Each kind is described in its
+// model family's file, train/families/<arch>.cpp, with the op-by-op account of what its
+// forward saves and computes (train::FamilyTools::planner; models/families.h lists the
+// families). The attention core, which every kind runs, is shared (attention_core.cpp).
 //
 //   const BlockKind& kind = block_kind("llama");    // model.arch; shapes_of sets Shapes::kind
 //   BlockMem m = s.kind->memory(s, nn::ACMode::selective);
 //   BlockWork w = s.kind->work(s);
 //   dist::plan_pipeline(cfg, pipeline_block_cost(cfg, seq_len), options);
 //
-// Legend: train/planner/shapes.h. Adding a kind: its file under kinds/, every member of its
-// BlockKind set, and two lines in block_kinds.cpp (its declaration, its entry in the table).
+// Legend: train/planner/shapes.h. Adding a kind: every member of its BlockKind set, in its
+// family's train/families/<arch>.cpp.
 #pragma once
 
 #include <cstdint>
@@ -102,11 +102,6 @@ struct BlockKind {
   // The MLP's matrix products of one micro-step over N rows of C channels, I hidden units
   // and L blocks, in dtype w (tp = cp = 1), for --plan.calibrate.
   std::vector<Gemm> (*mlp_gemms)(int64_t N, int64_t C, int64_t I, int64_t L, DType w);
-  // The weights of one block's matrix products, 2 FLOPs each per token: the pipeline's
-  // balance (pipeline_block_cost).
-  double (*linear_weights)(const models::GPTConfig& c);
-  // Whether c_attn has a bias (Plan::qkv_bias: the replay reads its gradient).
-  bool (*qkv_bias)(const models::GPTConfig& c);
 };
 
 // The description of model.arch `arch`; throws ndt::Error for an architecture it lacks.
@@ -114,10 +109,10 @@ const BlockKind& block_kind(const std::string& arch);
 
 // The relative forward cost per token of one of cfg's blocks for sequences of seq_len
 // tokens, the pipeline's balance of its stages (dist::stage_blocks): 2 FLOPs per weight
-// (BlockKind::linear_weights), and attention's QK^T and PV, 4 T C (causal: half).
+// (models::Family::linear_weights), and attention's QK^T and PV, 4 T C (causal: half).
 double pipeline_block_cost(const models::GPTConfig& cfg, int64_t seq_len);
 
-// ---- what every kind shares: the attention core (kinds/attention_core.cpp)
+// ---- what every kind shares: the attention core (attention_core.cpp)
 
 // The attention core's saved tensors, and its backward's own (bytes).
 Count core_saved(const Shapes& s);

@@ -4,13 +4,15 @@
 // (tests/test_dist_plan.cpp compares the two under mpirun).
 //
 // Legend: train/planner/shapes.h (B, Tl, N, Ns, C, Cl, KVl, Q, H, NHl, Vl, L, a for this rank).
-// What a block keeps and holds is its kind's (train/planner/block_kinds.h: one file per kind
-// under train/planner/kinds/, op by op).
+// What a block keeps and holds is its kind's (train/planner/block_kinds.h: described op by op
+// in its family's train/families/<arch>.cpp).
 // Bytes of an element besides a (activations and the model's copy of the parameters): 4
 // for statistics (LayerNorm's mean and rstd, RMSNorm's rstd, log-sum-exps), the f32 master, its gradient
 // and AdamW's moments, r for FSDP's reduce-scatters (parallel.reduce_dtype under bfloat16,
 // else 4).
 #include "train/planner/plan.h"
+
+#include "models/family.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -537,7 +539,7 @@ void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage
   p.arch = mc.arch;
   p.n_kv_head = mc.kv_heads();
   p.mlp_hidden = mc.mlp_hidden();
-  p.qkv_bias = block_kind(mc.arch).qkv_bias(mc);
+  p.qkv_bias = mc.family().qkv_bias(mc);
   p.pp_schedule = v.schedule;
   p.pp_virtual = v.v;
   p.pp_blocks = v.blocks;

@@ -1,14 +1,72 @@
-// The llama's block (nn::LlamaBlock: RMSNorms, grouped-query attention with rotary q and k,
-// a SwiGLU MLP, no biases but q, k and v's under model.attention_bias) for the planner:
-// train/planner/block_kinds.h. Legend: train/planner/shapes.h (here Q = Cl + 2 KVl and
-// H = intermediate_size / tp); bytes: a per activation (the compute dtype's), 4 per
-// statistic (kF).
-#include "train/planner/block_kinds.h"
-
+// What the training tools know of the Llama family (train/families/family_tools.h): its
+// Hugging Face folders (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM; the names
+// and layouts train/checkpoint/hf.h lists), and its block (nn::LlamaBlock: RMSNorms,
+// grouped-query attention with rotary q and k, a SwiGLU MLP, no biases but q, k and v's under
+// model.attention_bias) for the planner: train/planner/block_kinds.h. Legend:
+// train/planner/shapes.h (here Q = Cl + 2 KVl and H = intermediate_size / tp); bytes: a per
+// activation (the compute dtype's), 4 per statistic (kF).
 #include <algorithm>
+
+#include "train/families/family_tools.h"
+#include "train/planner/block_kinds.h"
 
 namespace ndt::train {
 namespace {
+
+// ---- Hugging Face folders
+
+void from_hf(const io::HfConfig& hf, models::GPTConfig& c) {
+  NDT_CHECK(!hf.o_proj_bias(), "a ", hf.model_type,
+            " with attention_bias = true has a bias on o_proj too, which ndtrain's llama blocks do not have "
+            "(Qwen2's biases on q, k and v only are supported)");
+  c.n_kv_head = hf.num_key_value_heads;
+  c.intermediate_size = hf.intermediate_size;
+  c.attention_bias = hf.attention_bias;
+  c.tie_embeddings = hf.tie_word_embeddings;
+  c.rope.theta = hf.rope_theta;
+  if (hf.llama3_scaling)
+    c.rope.llama3 = models::Llama3Scaling{hf.factor, hf.low_freq_factor, hf.high_freq_factor,
+                                          hf.original_max_position_embeddings};
+}
+
+void to_hf(const models::GPTConfig& c, io::HfConfig& hf) {
+  hf.model_type = c.attention_bias ? "qwen2" : "llama";
+  hf.hidden_act = "silu";
+  hf.tie_word_embeddings = c.tie_embeddings;
+  hf.attention_bias = c.attention_bias;
+  hf.rope_theta = c.rope.theta;
+  if (c.rope.llama3) {
+    hf.llama3_scaling = true;
+    hf.factor = c.rope.llama3->factor;
+    hf.low_freq_factor = c.rope.llama3->low_freq_factor;
+    hf.high_freq_factor = c.rope.llama3->high_freq_factor;
+    hf.original_max_position_embeddings = c.rope.llama3->original_max_position;
+  }
+}
+
+std::map<std::string, HfSource> sources(const models::GPTConfig& c) {
+  std::map<std::string, HfSource> s;
+  s["wte.weight"] = {HfSource::renamed, {"model.embed_tokens.weight"}};
+  if (!c.tied()) s["lm_head.weight"] = {HfSource::renamed, {"lm_head.weight"}};
+  s["ln_f.weight"] = {HfSource::renamed, {"model.norm.weight"}};
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string ours = "h." + std::to_string(i) + ".", hf = "model.layers." + std::to_string(i) + ".";
+    s[ours + "ln_1.weight"] = {HfSource::renamed, {hf + "input_layernorm.weight"}};
+    s[ours + "ln_2.weight"] = {HfSource::renamed, {hf + "post_attention_layernorm.weight"}};
+    const std::string a = hf + "self_attn.";
+    s[ours + "attn.c_attn.weight"] = {HfSource::packed_qkv,
+                                      {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"}};
+    if (c.attention_bias)
+      s[ours + "attn.c_attn.bias"] = {HfSource::packed_qkv,
+                                      {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}};
+    s[ours + "attn.c_proj.weight"] = {HfSource::transposed, {a + "o_proj.weight"}};
+    for (const char* m : {"gate_proj", "up_proj", "down_proj"})
+      s[ours + "mlp." + m + ".weight"] = {HfSource::transposed, {hf + "mlp." + m + ".weight"}};
+  }
+  return s;
+}
+
+// ---- the planner
 
 // The CPU's fused kernel of attention() on the rotated q, k, v: those (N Q, as they came),
 // its output o in f32 (N Cl: in f32 the output itself, which heads_to_back copies for
@@ -139,23 +197,11 @@ std::vector<Gemm> mlp_gemms(int64_t N, int64_t C, int64_t I, int64_t L, DType w)
   return {{"gate, up", 1, N, C, I, 2 * L, w}, {"down", 1, N, I, C, L, w}};
 }
 
-// c_attn C x (C + 2 kv) (kv = n_kv_head hd: grouped-query attention), c_proj C x C, gate,
-// up and down C x I
-double linear_weights(const models::GPTConfig& c) {
-  const double C = static_cast<double>(c.n_embd), kv = static_cast<double>(c.kv_heads() * c.head_dim());
-  const double I = static_cast<double>(c.mlp_hidden());
-  return C * (C + 2 * kv) + C * C + 3 * C * I;
-}
-
-bool qkv_bias(const models::GPTConfig& c) { return c.attention_bias; }
-
 // Rotary's tables, cos and sin (B Tl hd/2 each, in the compute dtype): every block's rotary
 // keeps them; models::GPT keeps them between steps but under CP.
 Count position_tables(const Shapes& s) { return Count(s.N) * s.hd * s.act_bytes; }
 
-}  // namespace
-
-extern const BlockKind kLlamaBlock = {
+const BlockKind kBlock = {
     .name = "llama",
     .memory = block_memory,
     .fused_core_saved = fused_core_saved,
@@ -166,8 +212,18 @@ extern const BlockKind kLlamaBlock = {
     .embeddings = embeddings,
     .mlp_inputs = 2,  // gate and up
     .mlp_gemms = mlp_gemms,
-    .linear_weights = linear_weights,
-    .qkv_bias = qkv_bias,
+};
+
+}  // namespace
+
+extern const FamilyTools kTools_llama = {
+    .arch = "llama",
+    .model_types = {"llama", "mistral", "qwen2"},
+    .from_hf = from_hf,
+    .to_hf = to_hf,
+    .sources = sources,
+    .optional_prefix = "",
+    .planner = &kBlock,
 };
 
 }  // namespace ndt::train

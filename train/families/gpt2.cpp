@@ -1,13 +1,38 @@
-// GPT-2's block (nn::Block: LayerNorms, multi-head attention on the packed qkv, a GELU MLP,
-// biases everywhere) for the planner: train/planner/block_kinds.h. Legend:
-// train/planner/shapes.h (here Q = 3 Cl and H = 4 C / tp); bytes: a per activation (the
-// compute dtype's), 4 per statistic (kF).
-#include "train/planner/block_kinds.h"
-
+// What the training tools know of GPT-2 (train/families/family_tools.h): its Hugging Face
+// folders (GPT2LMHeadModel: our names and layouts, "transformer." in front), and its block
+// (nn::Block: LayerNorms, multi-head attention on the packed qkv, a GELU MLP, biases
+// everywhere) for the planner: train/planner/block_kinds.h. Legend: train/planner/shapes.h
+// (here Q = 3 Cl and H = 4 C / tp); bytes: a per activation (the compute dtype's), 4 per
+// statistic (kF).
 #include <algorithm>
+
+#include "models/gpt.h"
+#include "train/families/family_tools.h"
+#include "train/planner/block_kinds.h"
 
 namespace ndt::train {
 namespace {
+
+// ---- Hugging Face folders
+
+void from_hf(const io::HfConfig&, models::GPTConfig&) {}  // the shared fields say it all
+
+void to_hf(const models::GPTConfig&, io::HfConfig& hf) {
+  hf.model_type = "gpt2";
+  hf.hidden_act = "gelu_new";
+  hf.tie_word_embeddings = true;
+  hf.attention_bias = hf.mlp_bias = true;
+}
+
+// GPT-2's folders keep our names and layouts
+std::map<std::string, HfSource> sources(const models::GPTConfig& c) {
+  std::map<std::string, HfSource> s;
+  for (const nn::ParamSpec& p : models::GPT(c).parameters())
+    s[p.name] = {HfSource::renamed, {"transformer." + p.name}};
+  return s;
+}
+
+// ---- the planner
 
 // The CPU's fused core on the packed qkv (ndt::self_attention): its input qkv (3 N Cl, as
 // it came) and lse (N NHl); under bf16 also its f32 output y (N Cl; in f32 y is the output,
@@ -129,20 +154,10 @@ std::vector<Gemm> mlp_gemms(int64_t N, int64_t C, int64_t I, int64_t L, DType w)
   return {{"c_fc", 1, N, C, I, L, w}, {"mlp c_proj", 1, N, I, C, L, w}};
 }
 
-// c_attn C x 3C, c_proj C x C, c_fc C x 4C, the MLP's c_proj 4C x C
-double linear_weights(const models::GPTConfig& c) {
-  const double C = static_cast<double>(c.n_embd);
-  return 12.0 * C * C;
-}
-
-bool qkv_bias(const models::GPTConfig&) { return true; }
-
 // Learned positions: no tables.
 Count position_tables(const Shapes&) { return 0; }
 
-}  // namespace
-
-extern const BlockKind kGpt2Block = {
+const BlockKind kBlock = {
     .name = "gpt2",
     .memory = block_memory,
     .fused_core_saved = fused_core_saved,
@@ -153,8 +168,18 @@ extern const BlockKind kGpt2Block = {
     .embeddings = embeddings,
     .mlp_inputs = 1,  // c_fc
     .mlp_gemms = mlp_gemms,
-    .linear_weights = linear_weights,
-    .qkv_bias = qkv_bias,
+};
+
+}  // namespace
+
+extern const FamilyTools kTools_gpt2 = {
+    .arch = "gpt2",
+    .model_types = {"gpt2"},
+    .from_hf = from_hf,
+    .to_hf = to_hf,
+    .sources = sources,
+    .optional_prefix = "transformer.",
+    .planner = &kBlock,
 };
 
 }  // namespace ndt::train

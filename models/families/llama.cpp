@@ -1,0 +1,79 @@
+// The Llama family (Llama 3, Qwen2, Mistral): rotary positions (with Llama 3's scaling),
+// pre-norm blocks of RMSNorm, grouped-query attention and a SwiGLU MLP of intermediate_size,
+// no biases but Qwen2's on q, k and v (nn::LlamaBlock), a final RMSNorm, and lm_head (its own
+// weight unless tie_embeddings). Its fields: n_kv_head, intermediate_size, attention_bias,
+// tie_embeddings, rope_theta (and the rope scaling, models/rope.h).
+#include "models/family.h"
+
+namespace ndt::models {
+namespace {
+
+int64_t mlp_hidden(const GPTConfig& c) { return c.intermediate_size; }
+
+// c_attn C x (C + 2 kv) (kv = n_kv_head hd: grouped-query attention), c_proj C x C, gate,
+// up and down C x I
+double linear_weights(const GPTConfig& c) {
+  const double C = static_cast<double>(c.n_embd), kv = static_cast<double>(c.kv_heads() * c.head_dim());
+  const double I = static_cast<double>(c.intermediate_size);
+  return C * (C + 2 * kv) + C * C + 3 * C * I;
+}
+
+// ... and the two RMSNorms' weights (2C)
+double block_params(const GPTConfig& c) { return linear_weights(c) + 2.0 * static_cast<double>(c.n_embd); }
+
+bool qkv_bias(const GPTConfig& c) { return c.attention_bias; }
+
+void validate(const GPTConfig& c) {
+  NDT_CHECK(c.n_kv_head >= 0 && c.n_head % c.kv_heads() == 0, "model.n_kv_head (", c.n_kv_head,
+            ") must divide model.n_head (", c.n_head,
+            "): each key/value head serves n_head / n_kv_head query heads");
+  NDT_CHECK(
+      c.intermediate_size >= 1,
+      "model.intermediate_size (the SwiGLU MLP's hidden units) must be >= 1 for model.arch = llama, got ",
+      c.intermediate_size);
+  NDT_CHECK(c.head_dim() % 2 == 0,
+            "rotary embeddings turn pairs of channels: the head size n_embd / n_head = ", c.head_dim(),
+            " must be even");
+  rope_inv_freq(c.head_dim(), c.rope);  // throws naming a bad theta or scaling
+}
+
+void describe(const GPTConfig& c, Family::Part part, std::ostream& os) {
+  if (part == Family::after_heads) os << ", n_kv_head=" << c.kv_heads();
+  if (part == Family::after_width) os << ", intermediate_size=" << c.intermediate_size;
+  if (part != Family::at_end) return;
+  os << ", rope_theta=" << c.rope.theta;
+  if (c.rope.llama3) os << " (llama3 scaling x" << c.rope.llama3->factor << ")";
+  if (c.attention_bias) os << ", qkv bias";
+  os << (c.tie_embeddings ? ", tied" : ", untied") << " head";
+}
+
+std::unique_ptr<nn::DecoderBlock> make_block(const GPTConfig& c, float std, float proj_std) {
+  return std::make_unique<nn::LlamaBlock>(
+      nn::LlamaBlock::Dims{c.n_embd, c.n_head, c.kv_heads(), c.intermediate_size, c.attention_bias,
+                           c.norm_eps},
+      std, proj_std);
+}
+
+std::unique_ptr<nn::Norm> make_norm(const GPTConfig& c) {
+  return std::make_unique<nn::RMSNorm>(c.n_embd, c.norm_eps);
+}
+
+}  // namespace
+
+extern const Family kFamily_llama = {
+    .arch = "llama",
+    .title = "Llama",
+    .learned_positions = false,
+    .always_tied = false,
+    .mlp_hidden = mlp_hidden,
+    .mlp_hidden_key = "model.intermediate_size",
+    .linear_weights = linear_weights,
+    .block_params = block_params,
+    .qkv_bias = qkv_bias,
+    .validate = validate,
+    .describe = describe,
+    .make_block = make_block,
+    .make_norm = make_norm,
+};
+
+}  // namespace ndt::models
