@@ -1,4 +1,5 @@
-// ndtrain: the GPT family of decoders, in two architectures.
+// ndtrain: the GPT family of decoders, in two architectures (model families, each described
+// in models/families/<arch>.cpp: models/family.h).
 //
 // gpt2 (Radford et al. 2019, as in llm.c):
 //   token + learned position embeddings -> n_layer pre-LN blocks (LayerNorm, multi-head

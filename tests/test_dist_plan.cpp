@@ -307,8 +307,10 @@ TEST(PlanKinds, EveryFamilyHasEveryDescription) {
     EXPECT_GT(f->linear_weights(c), 0) << f->arch;
     EXPECT_GT(f->block_params(c), f->linear_weights(c)) << f->arch;
     const train::FamilyTools& t = train::family_tools(c.arch);
-    EXPECT_TRUE(!t.model_types.empty() && t.from_hf && t.to_hf && t.sources && t.optional_prefix) << f->arch;
-    for (const char* m : t.model_types) EXPECT_EQ(train::tools_for_model_type(m).arch, c.arch) << m;
+    EXPECT_TRUE(!t.model_types.empty() && t.read_config && t.check_config && t.write_config && t.from_hf &&
+                t.to_hf && t.sources && t.optional_prefix)
+        << f->arch;
+    for (const auto& m : t.model_types) EXPECT_EQ(train::tools_for_model_type(m.name).arch, c.arch) << m.name;
     const train::BlockKind& k = train::block_kind(c.arch);
     EXPECT_EQ(k.name, c.arch);
     EXPECT_TRUE(k.memory && k.fused_core_saved && k.deferred_mlp && k.work && k.embeddings && k.mlp_gemms &&

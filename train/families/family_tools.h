@@ -5,7 +5,7 @@
 // train/families/<arch>.cpp, defining train::kTools_<arch>.
 //
 //   const train::FamilyTools& t = train::family_tools(cfg.arch);   // or tools_for_model_type("qwen2")
-//   t.to_hf(cfg, hf);                                               // hf.model_type, its own keys
+//   t.to_hf(cfg, hf);                                               // hf.model_type, its own fields
 //   std::map<std::string, HfSource> s = hf_sources(cfg);           // wte.weight <- model.embed_tokens.weight
 //   const BlockKind& k = *t.planner;                                 // memory, work (block_kinds.h)
 #pragma once
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "models/gpt_config.h"
-#include "train/io/hf_folder.h"
+#include "train/io/hf_config.h"
 
 namespace ndt::train {
 
@@ -31,8 +31,19 @@ struct FamilyTools {
   const char* arch;  // model.arch
 
   // ---- Hugging Face folders (train/checkpoint/hf.h)
-  // The config.json model_types read as this family (io::HfConfig parses their keys).
-  std::vector<const char*> model_types;
+  // The config.json model_types read as this family, with transformers' class for each.
+  struct ModelType {
+    const char* name;          // "qwen2"
+    const char* architecture;  // "Qwen2ForCausalLM"
+  };
+  std::vector<ModelType> model_types;
+  // config.json (train/io/hf_config.h): a model_type's own keys into hf, under its names and
+  // defaults, refusing the options ndtrain would ignore; the checks every HfConfig of the
+  // family passes, read or about to be written (keys named as the model_type names them);
+  // its own keys written.
+  void (*read_config)(const io::HfKeys& k, io::HfConfig& hf);
+  void (*check_config)(const io::HfConfig& hf, const std::string& where);
+  void (*write_config)(const io::HfConfig& hf, nlohmann::json& j);
   // The folder's fields beyond the shared sizes (layers, heads, width, vocabulary, positions,
   // norm epsilon) into the model, and back (to_hf sets hf.model_type); from_hf throws
   // ndt::Error for what the family cannot build.
@@ -50,5 +61,9 @@ struct FamilyTools {
 // The tools of model.arch `arch`, or of a folder's model_type; throw ndt::Error naming the known ones.
 const FamilyTools& family_tools(const std::string& arch);
 const FamilyTools& tools_for_model_type(const std::string& model_type);
+const FamilyTools* find_tools_for_model_type(const std::string& model_type);  // nullptr: unknown
+// "gpt2, llama, mistral and qwen2": every model_type read; transformers' class of one.
+std::string model_type_names();
+const char* architecture_of(const std::string& model_type);
 
 }  // namespace ndt::train

@@ -15,6 +15,60 @@ namespace {
 
 // ---- Hugging Face folders
 
+// config.json: GPT2Config's names (n_embd, n_layer, n_head, n_positions or n_ctx, n_inner,
+// layer_norm_epsilon, activation_function) under HfConfig's
+void read_config(const io::HfKeys& k, io::HfConfig& c) {
+  c.vocab_size = k.positive("vocab_size");
+  c.hidden_size = k.positive("n_embd");
+  c.num_hidden_layers = k.positive("n_layer");
+  c.num_attention_heads = k.positive("n_head");
+  c.num_key_value_heads = c.num_attention_heads;
+  // n_positions; files from before transformers 4 may give only n_ctx (the same number)
+  c.max_position_embeddings =
+      k.has("n_positions") || !k.has("n_ctx") ? k.positive("n_positions") : k.positive("n_ctx");
+  c.intermediate_size = k.opt_int("n_inner").value_or(4 * c.hidden_size);
+  c.norm_eps = k.opt_num("layer_norm_epsilon").value_or(1e-5);
+  c.hidden_act = k.opt_str("activation_function").value_or("gelu_new");
+  c.tie_word_embeddings = k.opt_bool("tie_word_embeddings", true);
+  c.attention_bias = c.mlp_bias = true;
+  NDT_CHECK(c.hidden_size % c.num_attention_heads == 0, k.where, ": n_embd ", c.hidden_size,
+            " is not a multiple of n_head ", c.num_attention_heads);
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  NDT_CHECK(k.opt_bool("scale_attn_weights", true), k.where, ": scale_attn_weights false is not supported");
+  NDT_CHECK(!k.opt_bool("scale_attn_by_inverse_layer_idx", false), k.where,
+            ": scale_attn_by_inverse_layer_idx true is not supported");
+  NDT_CHECK(!k.opt_bool("add_cross_attention", false), k.where,
+            ": add_cross_attention true is not supported");
+}
+
+void check_config(const io::HfConfig& c, const std::string& where) {
+  io::check_sizes(c, where, {"n_embd", "n_inner", "n_layer", "n_head", "n_positions", "layer_norm_epsilon"});
+  NDT_CHECK(c.hidden_act == "gelu_new" || c.hidden_act == "gelu_pytorch_tanh", where,
+            ": activation_function '", c.hidden_act,
+            "' is not supported; ndtrain's GPT-2 uses the tanh GELU (gelu_new, gelu_pytorch_tanh)");
+  NDT_CHECK(c.num_key_value_heads == c.num_attention_heads, where, ": gpt2 has no num_key_value_heads (",
+            c.num_key_value_heads, " given for ", c.num_attention_heads, " heads)");
+  NDT_CHECK(c.attention_bias && c.mlp_bias, where, ": gpt2 always has attention and MLP biases");
+  NDT_CHECK(c.tie_word_embeddings, where,
+            ": tie_word_embeddings = false: ndtrain's GPT-2 ties its head to wte; a GPT-2 with a head of "
+            "its own (lm_head.weight) cannot be read without dropping it");
+  const io::HfConfig none;
+  NDT_CHECK(c.rope_theta == none.rope_theta && !c.llama3_scaling && c.factor == 0 && c.low_freq_factor == 0 &&
+                c.high_freq_factor == 0 && c.original_max_position_embeddings == 0,
+            where, ": gpt2 has no rotary embeddings; leave the rope fields at their defaults");
+}
+
+void write_config(const io::HfConfig& c, nlohmann::json& j) {
+  j["n_embd"] = c.hidden_size;
+  j["n_layer"] = c.num_hidden_layers;
+  j["n_head"] = c.num_attention_heads;
+  j["n_positions"] = c.max_position_embeddings;
+  j["n_inner"] = c.intermediate_size == 4 * c.hidden_size ? nlohmann::json(nullptr)
+                                                          : nlohmann::json(c.intermediate_size);
+  j["layer_norm_epsilon"] = c.norm_eps;
+  j["activation_function"] = c.hidden_act;
+}
+
 void from_hf(const io::HfConfig&, models::GPTConfig&) {}  // the shared fields say it all
 
 void to_hf(const models::GPTConfig&, io::HfConfig& hf) {
@@ -174,7 +228,10 @@ const BlockKind kBlock = {
 
 extern const FamilyTools kTools_gpt2 = {
     .arch = "gpt2",
-    .model_types = {"gpt2"},
+    .model_types = {{"gpt2", "GPT2LMHeadModel"}},
+    .read_config = read_config,
+    .check_config = check_config,
+    .write_config = write_config,
     .from_hf = from_hf,
     .to_hf = to_hf,
     .sources = sources,

@@ -15,6 +15,95 @@ namespace {
 
 // ---- Hugging Face folders
 
+// Sliding-window attention, which ndtrain does not have, refused where it would apply.
+void refuse_sliding_window(const io::HfKeys& k, const io::HfConfig& c) {
+  if (c.model_type == "mistral") {
+    // MistralConfig's sliding_window is 4096 when the key is absent; null turns it off
+    const bool absent = !k.j.contains("sliding_window");
+    int64_t window = 4096;
+    if (!absent) window = k.has("sliding_window") ? k.integer(k.j["sliding_window"], "sliding_window") : 0;
+    NDT_CHECK(window == 0 || window >= c.max_position_embeddings, k.where, ": sliding_window ", window,
+              absent ? " (transformers' default for mistral when the key is absent)" : "",
+              " is smaller than max_position_embeddings ", c.max_position_embeddings,
+              ": sliding-window attention is not supported (null turns it off)");
+  }
+  if (c.model_type == "qwen2")
+    NDT_CHECK(!k.opt_bool("use_sliding_window", false), k.where,
+              ": use_sliding_window true: sliding-window attention is not supported");
+}
+
+// config.json: LlamaConfig's, MistralConfig's and Qwen2Config's names and defaults
+void read_config(const io::HfKeys& k, io::HfConfig& c) {
+  c.vocab_size = k.positive("vocab_size");
+  c.hidden_size = k.positive("hidden_size");
+  c.intermediate_size = k.positive("intermediate_size");
+  c.num_hidden_layers = k.positive("num_hidden_layers");
+  c.num_attention_heads = k.positive("num_attention_heads");
+  // absent or null: num_attention_heads for llama. MistralConfig and Qwen2Config default an
+  // absent key to 8 and 32 whatever the heads: refused rather than guessed.
+  NDT_CHECK(c.model_type == "llama" || k.j.contains("num_key_value_heads"), k.where,
+            ": required key 'num_key_value_heads' is missing (transformers would take ",
+            c.model_type == "mistral" ? 8 : 32, " for ", c.model_type, ", not num_attention_heads; give it)");
+  c.num_key_value_heads = k.opt_int("num_key_value_heads").value_or(c.num_attention_heads);
+  c.max_position_embeddings = k.positive("max_position_embeddings");
+  c.norm_eps = k.req_num("rms_norm_eps");
+  c.hidden_act = k.opt_str("hidden_act").value_or("silu");
+  c.tie_word_embeddings = k.opt_bool("tie_word_embeddings", false);
+  c.mlp_bias = k.opt_bool("mlp_bias", false);
+  // qwen2: q, k, v biases always (Qwen2Attention), whatever the key says; mistral: none
+  c.attention_bias = k.opt_bool("attention_bias", c.model_type == "qwen2");
+  NDT_CHECK(c.hidden_size % c.num_attention_heads == 0, k.where, ": hidden_size ", c.hidden_size,
+            " is not a multiple of num_attention_heads ", c.num_attention_heads);
+  c.head_dim = k.opt_int("head_dim").value_or(c.hidden_size / c.num_attention_heads);
+  io::parse_rope(k, c);
+  refuse_sliding_window(k, c);
+}
+
+void check_config(const io::HfConfig& c, const std::string& where) {
+  io::check_sizes(c, where,
+                  {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                   "max_position_embeddings", "rms_norm_eps"});
+  NDT_CHECK(c.hidden_act == "silu", where, ": hidden_act '", c.hidden_act, "' is not supported; ndtrain's ",
+            c.model_type, " uses silu");
+  NDT_CHECK(!c.mlp_bias, where, ": mlp_bias true is not supported (", c.model_type, " MLPs have no biases)");
+  if (c.model_type == "qwen2")
+    NDT_CHECK(c.attention_bias, where,
+              ": attention_bias false contradicts qwen2, whose q, k and v projections always have biases in "
+              "transformers");
+  if (c.model_type == "mistral")
+    NDT_CHECK(
+        !c.attention_bias, where,
+        ": attention_bias true is not supported for mistral (transformers' Mistral has no attention biases "
+        "and ignores the key)");
+  io::check_rope(c, where);
+}
+
+void write_config(const io::HfConfig& c, nlohmann::json& j) {
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_hidden_layers"] = c.num_hidden_layers;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["hidden_act"] = c.hidden_act;
+  j["rope_theta"] = c.rope_theta;
+  if (c.llama3_scaling)
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.factor},
+                         {"low_freq_factor", c.low_freq_factor},
+                         {"high_freq_factor", c.high_freq_factor},
+                         {"original_max_position_embeddings", c.original_max_position_embeddings}};
+  // each model's own keys only (qwen2's q, k, v biases and mistral's none are implied)
+  if (c.model_type != "qwen2") j["head_dim"] = c.head_dim;
+  if (c.model_type == "llama") {
+    j["attention_bias"] = c.attention_bias;
+    j["mlp_bias"] = false;
+  }
+  if (c.model_type == "qwen2") j["use_sliding_window"] = false;
+  if (c.model_type == "mistral") j["sliding_window"] = nullptr;  // absent would mean 4096
+}
+
 void from_hf(const io::HfConfig& hf, models::GPTConfig& c) {
   NDT_CHECK(!hf.o_proj_bias(), "a ", hf.model_type,
             " with attention_bias = true has a bias on o_proj too, which ndtrain's llama blocks do not have "
@@ -218,7 +307,12 @@ const BlockKind kBlock = {
 
 extern const FamilyTools kTools_llama = {
     .arch = "llama",
-    .model_types = {"llama", "mistral", "qwen2"},
+    .model_types = {{"llama", "LlamaForCausalLM"},
+                    {"mistral", "MistralForCausalLM"},
+                    {"qwen2", "Qwen2ForCausalLM"}},
+    .read_config = read_config,
+    .check_config = check_config,
+    .write_config = write_config,
     .from_hf = from_hf,
     .to_hf = to_hf,
     .sources = sources,

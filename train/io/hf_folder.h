@@ -14,12 +14,7 @@
 //   out.write("export", c);                              // config.json + model.safetensors, or shards
 //                                                        // + index past 5 GB (transformers' "5GB")
 //
-// config.json is read strictly: a missing required key, a key of the wrong JSON type, a
-// model_type other than llama / mistral / qwen2 / gpt2 and every option ndtrain would otherwise
-// ignore (a sliding window in use, rope types other than default and llama3, MoE keys,
-// quantization_config, a head_dim other than hidden_size / num_attention_heads, ...) is one
-// ndt::Error naming the key and the file. Keys transformers gives a sensible default keep it
-// (rope_theta 10000, tie_word_embeddings, attention_bias, hidden_act silu, ...).
+// config.json is read strictly (train/io/hf_config.h).
 //
 // Writing (HfFolderWriter::write) never leaves a half-written folder in place of a good one:
 //   - DIR absent: everything is written into the sibling DIR.ndt-partial, which is renamed to
@@ -43,58 +38,10 @@
 #include <vector>
 
 #include "tensor/tensor.h"
+#include "train/io/hf_config.h"
 #include "train/io/safetensors.h"
 
 namespace ndt::io {
-
-// What ndtrain needs from config.json. GPT-2's keys land under the Llama names: n_embd ->
-// hidden_size, n_layer -> num_hidden_layers, n_head -> num_attention_heads, n_positions (n_ctx
-// in old files) -> max_position_embeddings, n_inner (null: 4 * n_embd) -> intermediate_size,
-// layer_norm_epsilon -> norm_eps, activation_function -> hidden_act.
-struct HfConfig {
-  std::string model_type;  // "llama", "mistral", "qwen2" or "gpt2"
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t num_hidden_layers = 0;
-  int64_t num_attention_heads = 0;
-  int64_t num_key_value_heads = 0;  // null: num_attention_heads; absent: that too for llama, refused
-                                    // for mistral/qwen2 (transformers: 8, 32); gpt2: num_attention_heads
-  int64_t head_dim = 0;             // hidden_size / num_attention_heads (another value is refused)
-  int64_t max_position_embeddings = 0;
-  double norm_eps = 0;               // rms_norm_eps (required); gpt2: layer_norm_epsilon (default 1e-5)
-  std::string hidden_act;            // "silu"; gpt2: "gelu_new" or "gelu_pytorch_tanh" (the same tanh GELU)
-  bool tie_word_embeddings = false;  // transformers' defaults: false for llama/mistral/qwen2, true for gpt2
-  // Biases on q, k and v: llama's attention_bias (default false; it puts one on o_proj too),
-  // always on qwen2 (but none on o_proj), never on mistral, always on gpt2 (c_attn, c_proj).
-  bool attention_bias = false;
-  bool mlp_bias = false;  // false for the llama family (true is refused), true for gpt2
-  bool o_proj_bias() const { return attention_bias && model_type != "qwen2"; }
-
-  // Rotary embeddings (llama family; gpt2 leaves these at their defaults). From rope_theta and
-  // rope_scaling (transformers 4) or rope_parameters (transformers 5): the same fields either way.
-  double rope_theta = 10000;
-  bool llama3_scaling = false;  // rope_type "llama3"; the four below are set only then
-  double factor = 0, low_freq_factor = 0, high_freq_factor = 0;
-  int64_t original_max_position_embeddings = 0;
-
-  // Informational, kept when read and written back.
-  std::string torch_dtype;  // torch_dtype (or transformers 5's dtype): "bfloat16", ...; "" if absent
-  std::optional<int64_t> bos_token_id;
-  std::vector<int64_t> eos_token_id;    // one id or several (Llama 3 instruct); empty if absent
-  std::optional<int64_t> pad_token_id;  // kept only when an integer >= 0 (else as if absent)
-
-  bool operator==(const HfConfig&) const = default;
-};
-
-// `text` is a config.json's contents; `where` names it in messages ("DIR/config.json").
-HfConfig parse_hf_config(const std::string& text, const std::string& where);
-HfConfig read_hf_config(const std::string& path);
-// A config.json that transformers (4.x and 5.x) loads for c.model_type: architectures,
-// model_type, the keys above under that model's names, rope_theta and rope_scaling (the form
-// both versions read), torch_dtype and dtype. parse_hf_config(to_json(c), ...) == c. Throws ndt::Error
-// for a config that parse_hf_config would refuse (head_dim, biases, rope fields on gpt2, ...).
-std::string to_json(const HfConfig& c);
 
 // A Hugging Face model folder opened for reading: config.json parsed, every weight file
 // memory-mapped and its header checked up front (mapping costs no reads).
