@@ -39,6 +39,10 @@ ParallelDims ParallelDims::resolve(int64_t p, int64_t r, int64_t s, int64_t c, i
   return d;
 }
 
+ParallelDims ParallelDims::resolve(const ParallelConfig& c, int64_t world) {
+  return resolve(c.pp_size, c.dp_replicate_size, c.dp_shard_size, c.cp_size, c.tp_size, world);
+}
+
 ParallelDims::Coords ParallelDims::coords(int64_t rank) const {
   Coords c;
   c.tp = rank % tp;

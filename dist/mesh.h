@@ -29,6 +29,22 @@
 
 namespace ndt::dist {
 
+// A run's layout as its config words it ([parallel]; train::ParallelSection extends it, so the
+// trainer hands it over as it is). The sizes: ParallelDims::resolve; the pipeline's and sequence
+// parallelism's words: plan_layout (dist/parallelize.h).
+struct ParallelConfig {
+  int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
+  // Pipeline parallelism (dist/pipeline_parallel/): pp_size stages over the blocks, outermost
+  // in the mesh; the step's train.grad_accum_steps micro-batches flow through them in the
+  // order pp_schedule gives (gpipe, 1f1b, interleaved with pp_virtual chunks per rank, or
+  // zb-h1); pp_split: the blocks of each stage ("3,3,2"; empty: balanced by cost)
+  int64_t pp_size = 1, pp_virtual = 1;
+  std::string pp_schedule = "1f1b", pp_split;
+  // TP: LayerNorms, residual adds and embeddings on this rank's T / tp positions (Megatron-LM's
+  // sequence parallelism); f and g become an all-gather and a reduce-scatter
+  bool sequence_parallel = false;
+};
+
 struct ParallelDims {
   int64_t pp = 1, dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1;
 
@@ -36,6 +52,7 @@ struct ParallelDims {
   // world; throws ndt::Error naming the five sizes and the world size.
   static ParallelDims resolve(int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t cp, int64_t tp,
                               int64_t world);
+  static ParallelDims resolve(const ParallelConfig& c, int64_t world);  // the config's five sizes
 
   int64_t world() const { return pp * stage_size(); }
   int64_t stage_size() const { return dp_replicate * dp_shard * cp * tp; }  // ranks of one pipeline stage

@@ -17,6 +17,29 @@ void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims
   if (dims.tp > 1 && sequence_parallel) check_sequence_parallel(seq_len, dims.cp, dims.tp);
 }
 
+PipelineLayout plan_layout(const models::GPTConfig& cfg, const ParallelDims& dims,
+                           const ParallelConfig& parallel, int64_t seq_len, int64_t micro_batches,
+                           double block_cost) {
+  check_parallel_model(cfg, dims, seq_len, parallel.sequence_parallel);
+  return plan_pipeline(cfg, block_cost,
+                       {.stages = dims.pp,
+                        .chunks = parallel.pp_virtual,
+                        .schedule = parallel.pp_schedule,
+                        .split = parallel.pp_split,
+                        .micro_batches = micro_batches});
+}
+
+models::PipelinePart model_part(const PipelineLayout& layout, const DeviceMesh& mesh) {
+  return layout.part(mesh.coords().pp);
+}
+
+void check_parallel_documents(const ParallelDims& dims, const std::string& data) {
+  if (dims.cp > 1)
+    throw Error("parallel.cp_size = " + std::to_string(dims.cp) + ": the data " + data +
+                " has documents and loss masks (prepare_text's .jsonl rows), which context "
+                "parallelism does not split yet; set parallel.cp_size = 1");
+}
+
 std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& mesh,
                                            const ParallelizeOptions& o) {
   const ParallelDims& dims = mesh.dims();

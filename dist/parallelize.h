@@ -17,8 +17,10 @@
 //                         dist/pipeline_parallel/stages.h), or with one stage F0 B0 F1 B1 ...,
 //                         plain gradient accumulation, through the same executor
 //
-//   dist::check_parallel_model(gpt.cfg, mesh.dims(), seq_len);  // sizes that do not divide
-//   std::unique_ptr<dist::ParallelModel> pm = dist::parallelize(gpt, mesh, {device, seed, ...});
+//   // the model against the layout, and the pipeline's stages and schedule (pp = 1: one stage)
+//   dist::PipelineLayout l = dist::plan_layout(cfg, mesh.dims(), parallel, seq_len, m, block_cost);
+//   models::GPT gpt(cfg, dist::model_part(l, mesh));  // only this rank's blocks are described
+//   std::unique_ptr<dist::ParallelModel> pm = dist::parallelize(gpt, mesh, {device, seed, ..., l});
 //   double loss = pm->train(micro_batches);   // forwards, backwards, reduced gradients
 //   opt.step(lr, clip_scale(pm->strategy->grad_norm(), max)); pm->strategy->end_step();
 //
@@ -31,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "dist/context_parallel/ring_attention.h"
 #include "dist/fsdp/fsdp.h"
@@ -64,9 +67,23 @@ struct ParallelizeOptions {
 // Throws ndt::Error when the model or the sequence cannot be split as the mesh asks
 // (heads, MLP or padded vocabulary that tp does not divide; seq_len that 2 cp does not;
 // with sequence parallelism, seq_len / cp that tp does not). The pipeline's rules:
-// plan_pipeline (stages.h).
+// plan_pipeline (stages.h); both at once: plan_layout.
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel = false);
+
+// The run's layout for this model, checked and planned once: the sizes against the model and
+// the sequence (check_parallel_model) and the pipeline's stages and schedule (plan_pipeline,
+// with the config's pp_* words over dims.pp stages and `micro_batches` = train.grad_accum_steps;
+// block_cost: one block's relative forward cost per token, train::pipeline_block_cost). Throws
+// ndt::Error naming the config keys.
+PipelineLayout plan_layout(const models::GPTConfig& cfg, const ParallelDims& dims,
+                           const ParallelConfig& parallel, int64_t seq_len, int64_t micro_batches,
+                           double block_cost);
+// What of the model this rank describes: its pipeline stage's blocks (one stage: the whole model).
+models::PipelinePart model_part(const PipelineLayout& layout, const DeviceMesh& mesh);
+// Throws ndt::Error when the layout cannot train the data `data`, whose rows are packed
+// documents with loss masks: context parallelism does not split them yet.
+void check_parallel_documents(const ParallelDims& dims, const std::string& data);
 
 // Not copied or moved: the strategy and the model's hooks refer to its buffers.
 class ParallelModel {

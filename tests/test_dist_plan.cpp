@@ -22,6 +22,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "dist/parallelize.h"
 #include "dist/pipeline_parallel/stages.h"
 #include "models/family.h"
 #include "models/gpt_config.h"
@@ -354,6 +355,38 @@ TEST(PlanKinds, StagesBalanceEachKindsBlockAgainstTheHead) {
   EXPECT_EQ(split(llama, 8192, 2), (std::vector<int64_t>{17, 15}));
   EXPECT_EQ(split(llama, 8192, 3), (std::vector<int64_t>{12, 12, 8}));
   EXPECT_EQ(split(llama, 8192, 4), (std::vector<int64_t>{9, 9, 9, 5}));
+}
+
+// The run's layout for a model in one call (what the trainer and the planner ask): the sizes
+// against the model, and the pipeline from the config's words over the dims' stages.
+TEST(PlanLayout, ChecksTheModelAndPlansThePipelineFromTheConfigsWords) {
+  models::GPTConfig m;  // 4 blocks, 4 heads
+  m.n_layer = 4, m.n_head = 4, m.n_embd = 64, m.vocab_size = 256, m.block_size = 64;
+  dist::ParallelConfig parallel;
+  parallel.pp_size = 2, parallel.pp_schedule = "gpipe", parallel.pp_split = "3,1";
+  dist::ParallelDims dims = dist::ParallelDims::resolve(parallel, 2);
+  const dist::PipelineLayout l = dist::plan_layout(m, dims, parallel, 64, 4, 1.0);
+  EXPECT_EQ(l.blocks, (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(l.schedule.p, 2);
+  EXPECT_EQ(l.schedule.m, 4);
+  EXPECT_EQ(l.summary(), "gpipe over 4 micro-batches, 2 stages");
+  dist::ParallelDims tp3 = dims;
+  tp3.tp = 3;  // 4 heads do not split over 3 ranks: refused before any pipeline is planned
+  EXPECT_THROW(dist::plan_layout(m, tp3, parallel, 64, 4, 1.0), Error);
+  parallel.pp_split = "2,1";  // the split must sum to model.n_layer
+  EXPECT_THROW(dist::plan_layout(m, dims, parallel, 64, 4, 1.0), Error);
+  // packed documents: context parallelism refuses them, naming the key and the data
+  dims.cp = 2;
+  try {
+    dist::check_parallel_documents(dims, "chat.bin");
+    ADD_FAILURE() << "cp 2 took documents";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.cp_size = 2: the data chat.bin has documents"),
+              std::string::npos)
+        << e.what();
+  }
+  dims.cp = 1;
+  EXPECT_NO_THROW(dist::check_parallel_documents(dims, "chat.bin"));
 }
 
 // ---- the time model and the search (no MPI: the binary plans and exits) -----------------

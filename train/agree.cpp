@@ -114,6 +114,18 @@ void agree_on_start(const std::string& error, dist::Communicator& world) {
   throw AgreedConfigError(msg);
 }
 
+LocalWork agree_on_local_work(const std::function<void()>& local_fn, dist::Communicator& world) {
+  LocalWork w;
+  try {
+    local_fn();
+  } catch (const std::exception& e) {
+    w.error = e.what();
+    w.failed_here = true;
+  }
+  w.failed_anywhere = world.all_reduce_scalar(w.failed_here ? 1.0 : 0.0, dist::ReduceOp::kMax) > 0;
+  return w;
+}
+
 std::string agree_on_job_id(dist::Communicator& world) {
   std::string id;
   if (world.rank() == 0) {

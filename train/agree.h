@@ -9,6 +9,7 @@
 // few small collectives once per run.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,6 +41,15 @@ struct StepAgreement {
   bool data_failed = false;
 };
 StepAgreement agree_at_step_end(bool data_failed, dist::Communicator& world);
+
+// Work between steps that may fail on one rank (reading data, printing a sample): `local_fn`,
+// rank-local (no collective inside), then one small collective so that every rank learns
+// whether it failed on any rank. error: this rank's (failed_here).
+struct LocalWork {
+  bool failed_anywhere = false, failed_here = false;
+  std::string error;
+};
+LocalWork agree_on_local_work(const std::function<void()>& local_fn, dist::Communicator& world);
 
 // This job's id, the same on every rank (collective): rank 0's start time in UTC, host and
 // pid, "20261204T083300Z-node1-4242", so that ids sort by start time.

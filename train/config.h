@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "dist/mesh.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
 #include "tensor/error.h"
@@ -115,17 +116,9 @@ struct SampleSection {  // [sample]
   std::string prompt = "\n";
 };
 
-struct ParallelSection {  // [parallel], named as in Hugging Face Accelerate's ParallelismConfig
-  int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
-  // Pipeline parallelism (dist/pipeline_parallel/): pp_size stages over the blocks, outermost
-  // in the mesh; the step's train.grad_accum_steps micro-batches flow through them in the
-  // order pp_schedule gives (gpipe, 1f1b, interleaved with pp_virtual chunks per rank, or
-  // zb-h1); pp_split: the blocks of each stage ("3,3,2"; empty: balanced by cost)
-  int64_t pp_size = 1, pp_virtual = 1;
-  std::string pp_schedule = "1f1b", pp_split;
-  // TP: LayerNorms, residual adds and embeddings on this rank's T / tp positions (Megatron-LM's
-  // sequence parallelism); f and g become an all-gather and a reduce-scatter
-  bool sequence_parallel = false;
+// [parallel], named as in Hugging Face Accelerate's ParallelismConfig: the layout's sizes, the
+// pipeline's words and sequence parallelism (dist::ParallelConfig), and how the ranks run it
+struct ParallelSection : dist::ParallelConfig {
   std::string reduce_dtype = "float32";  // mixed precision: FSDP's reduce-scatter dtype
   // FSDP: release each unit after its forward and its backward (false: keep the units
   // gathered until the step ends; one all-gather a step instead of two per micro-batch)

@@ -1,5 +1,5 @@
 // The training run: setup (devices, the mesh of ranks) -> describe (the model's parameters
-// as names and global shapes, and the step's schedule: dist::plan_pipeline) -> parallelize
+// as names and global shapes, and the layout's plan: dist::plan_layout) -> parallelize
 // (every parallel dimension in order, then this rank's shards: dist/parallelize.h) ->
 // materialize (weights, data, AdamW, resume) -> the loop (each step's micro-batches through
 // ParallelModel::train, whatever the layout; clipping, eval, sampling, checkpoints), then the
@@ -19,7 +19,6 @@
 #include "dist/comm/nccl.h"
 #include "dist/mesh.h"
 #include "dist/parallelize.h"
-#include "dist/pipeline_parallel/stages.h"
 #include "dist/trace.h"
 #include "models/gpt.h"
 #include "optim/adamw.h"
@@ -40,6 +39,7 @@
 #include "train/planner/cluster.h"
 #include "train/report.h"
 #include "train/run_log.h"
+#include "train/samples.h"
 
 namespace ndt::train {
 namespace {
@@ -87,13 +87,10 @@ class Trainer {
   int loop();  // the steps, with evaluation, samples and checkpoints; then the end
 
   // the loop's parts
-  struct StepResult {
-    double loss = 0, norm = 0, lr = 0, sec = 0;
-    int64_t comm_bytes = 0, across_hosts = 0;  // this rank's, under the ring model (dist/comm)
-    MemoryStats mem;
-  };
-  StepResult step_and_time(int64_t step);  // one optimizer step, timed
-  void log_step(int64_t step, const StepResult& r, double avg_sec);
+  // one optimizer step, timed: its loss, norm, lr, time, bytes (this rank's, under the ring
+  // model: dist/comm) and memory; log_step adds the run's figures and logs it
+  StepLog step_and_time(int64_t step);
+  void log_step(int64_t step, StepLog s, double avg_sec);
   // Work between steps that may fail on one rank: every rank learns it, the steps done are
   // saved, then the run ends naming what failed.
   void between_steps(int64_t step, const char* what, const std::function<void()>& local_fn);
@@ -129,7 +126,7 @@ class Trainer {
   ckpt::PruneLog prune_log_{&out_};  // old checkpoints that checkpoint.keep could not delete
   Device device_;
   dist::ParallelDims dims_;
-  dist::PipelineLayout pipeline_;  // the stages' blocks and the step's schedule (one stage: F0 B0 F1 B1 ...)
+  dist::PipelineLayout layout_;  // planned for the model (dist::plan_layout): the blocks, the step's schedule
   std::unique_ptr<dist::DeviceMesh> mesh_;
   std::string gpu_name_;            // the driver's name of this rank's GPU ("" on CPU)
   double peak_flops_ = 0;           // its dense peak FLOP/s for the training dtype (0: not known, no MFU)
@@ -195,9 +192,7 @@ bool Trainer::open_mesh() {
   // every rank finds the same error in the same sizes: rank 0 says it once, no rank aborts
   std::string error;
   try {
-    dims_ = dist::ParallelDims::resolve(c_.parallel.pp_size, c_.parallel.dp_replicate_size,
-                                        c_.parallel.dp_shard_size, c_.parallel.cp_size, c_.parallel.tp_size,
-                                        world_->size());
+    dims_ = dist::ParallelDims::resolve(c_.parallel, world_->size());
   } catch (const Error& e) {
     error = e.what();
   }
@@ -243,7 +238,7 @@ void Trainer::claim_outputs() {
   if (lead()) check_no_earlier_run(c_);
   // every rank that writes (sharded: the first replica's) or reads the checkpoints must see
   // rank 0's directory: found now, not at the first save after hours of training
-  check_checkpoint_dir_shared(c_, c_.checkpoint.format == "sharded" ? mesh_->coords().replicate == 0 : lead(),
+  check_checkpoint_dir_shared(c_, ckpt::writes_checkpoints(c_.checkpoint.format == "sharded", *mesh_),
                               *world_);
 }
 
@@ -257,21 +252,16 @@ void Trainer::describe() {
   std::string error;
   try {
     mc_.validate();
-    dist::check_parallel_model(mc_, dims_, c_.train.seq_len, c_.parallel.sequence_parallel);
-    pipeline_ = dist::plan_pipeline(mc_, pipeline_block_cost(mc_, c_.train.seq_len),
-                                    {.stages = dims_.pp,
-                                     .chunks = c_.parallel.pp_virtual,
-                                     .schedule = c_.parallel.pp_schedule,
-                                     .split = c_.parallel.pp_split,
-                                     .micro_batches = c_.train.grad_accum_steps});
+    layout_ = dist::plan_layout(mc_, dims_, c_.parallel, c_.train.seq_len, c_.train.grad_accum_steps,
+                                pipeline_block_cost(mc_, c_.train.seq_len));
   } catch (const Error& e) {
     error = e.what();
   }
   agree_on_start(error, *world_);
   // names, global shapes, init rules; no memory yet. Under pipeline parallelism only this
   // rank's blocks (and the embeddings or head of the first or last stage)
-  if (const std::string line = pipeline_.describe(); !line.empty()) out_ << line << "\n";
-  gpt_ = std::make_unique<models::GPT>(mc_, pipeline_.part(mesh_->coords().pp));
+  if (const std::string line = layout_.describe(); !line.empty()) out_ << line << "\n";
+  gpt_ = std::make_unique<models::GPT>(mc_, dist::model_part(layout_, *mesh_));
   if (!c_.model.init_from.empty()) {  // its tensors against the model, before anything is allocated
     init_from_ = c_.model.init_source ? *c_.model.init_source : ckpt::find_weights(c_.model.init_from);
     ckpt::check_weights(init_from_, *gpt_);
@@ -300,7 +290,7 @@ void Trainer::parallelize() {
   o.ac = ac_mode(c_.train);
   o.ac_every = c_.train.ac_every;
   o.trace = trace_.get();
-  o.pipeline = pipeline_;
+  o.pipeline = layout_;
   pm_ = dist::parallelize(*gpt_, *mesh_, o);
   if (o.ac != nn::ACMode::none)
     out_ << "activation checkpointing: " << nn::describe_checkpointing(o.ac, c_.train.ac_every) << "\n";
@@ -357,23 +347,16 @@ void Trainer::open_data() {
     val_ = std::make_unique<data::DataLoader>(c_.data.val, c_.train.micro_batch_size, c_.train.seq_len,
                                               dp_rank, dp, false, static_cast<uint64_t>(c_.train.seed),
                                               c_.model.vocab_size);
-  if (train_->has_documents() && c_.parallel.cp_size > 1)
-    throw ConfigError("parallel.cp_size = " + std::to_string(c_.parallel.cp_size) + ": the data " +
-                      c_.data.train +
-                      " has documents and loss masks (prepare_text's .jsonl rows), which context "
-                      "parallelism does not split yet; set parallel.cp_size = 1");
+  if (train_->has_documents()) try {  // a layout that cannot split them: a config error
+      dist::check_parallel_documents(dims_, c_.data.train);
+    } catch (const Error& e) {
+      throw ConfigError(e.what());
+    }
 }
 
-// The vocabulary of the samples' text (data::vocabulary_path), checked against the model.
+// The vocabulary of the samples' text (train/samples.h), and the tokenizer the checkpoints carry.
 void Trainer::open_vocabulary() {
-  const std::string vocab_path = data::vocabulary_path(c_.data.vocab, c_.data.train);
-  if (!vocab_path.empty()) vocab_ = std::make_unique<data::TextCodec>(data::TextCodec::load(vocab_path));
-  if (vocab_ && vocab_->vocab_size() > c_.model.vocab_size)
-    throw ConfigError("the vocabulary " + vocab_path + " has " + std::to_string(vocab_->vocab_size()) +
-                      " tokens but model.vocab_size is " + std::to_string(c_.model.vocab_size));
-  if (vocab_ && vocab_->vocab_size() < c_.model.vocab_size && c_.sample.every >= 0 && c_.sample.length > 0)
-    out_ << "samples: drawn from the " << vocab_->vocab_size() << " ids of " << vocab_path
-         << " (model.vocab_size " << c_.model.vocab_size << ": the ids past them have no text)\n";
+  vocab_ = open_sample_vocabulary(c_, out_);
   // the tokenizer the checkpoints carry (every rank reads it alike; an unreadable file is one error)
   std::string error, note;
   try {
@@ -384,13 +367,7 @@ void Trainer::open_vocabulary() {
   }
   agree_on_start(error, *world_);
   if (!note.empty()) out_ << "note: " << note << "\n";
-  if (vocab_ && c_.sample.every >= 0 && c_.sample.length > 0) {  // fail now, not after training
-    try {
-      vocab_->encode_prompt(c_.sample.prompt);
-    } catch (const Error& e) {
-      throw ConfigError("sample.prompt cannot be encoded with " + vocab_path + ": " + e.what());
-    }
-  }
+  if (vocab_) check_sample_prompt(c_, *vocab_);  // fail now, not after training
 }
 
 // The effective batch (micro x accum x dp_replicate x dp_shard sequences), AdamW on this
@@ -489,12 +466,7 @@ std::vector<int32_t> Trainer::generate_sample(int64_t step) {
   // every rank draws the same tokens: under FSDP or TP each takes part in the collectives,
   // and otherwise no rank waits in the next collective while rank 0 alone samples (a sample
   // longer than parallel.timeout_s would end a healthy job)
-  models::SampleOptions o;
-  o.max_new_tokens = c_.sample.length, o.temperature = c_.sample.temperature, o.top_k = c_.sample.top_k;
-  o.top_p = c_.sample.top_p, o.seed = static_cast<uint64_t>(c_.train.seed + step);
-  if (vocab_->eos_id()) o.stop_ids = {*vocab_->eos_id()};  // a tokenizer's end of text ends the sample
-  o.vocab_limit = vocab_->vocab_size();                    // never an id without text
-  return pm_->generate(vocab_->encode_prompt(c_.sample.prompt), o);
+  return pm_->generate(vocab_->encode_prompt(c_.sample.prompt), sample_options(c_, step, *vocab_));
 }
 
 std::string Trainer::read_batches() {
@@ -543,16 +515,8 @@ void Trainer::saved_then_fail(int64_t step, const std::string& what, bool failed
 }
 
 void Trainer::between_steps(int64_t step, const char* what, const std::function<void()>& local_fn) {
-  std::string err;
-  bool failed = false;
-  try {
-    local_fn();
-  } catch (const std::exception& e) {
-    err = e.what();
-    failed = true;
-  }
-  if (world_->all_reduce_scalar(failed ? 1.0 : 0.0, dist::ReduceOp::kMax) > 0)
-    saved_then_fail(step, what, failed, err);
+  if (const LocalWork w = agree_on_local_work(local_fn, *world_); w.failed_anywhere)
+    saved_then_fail(step, what, w.failed_here, w.error);
 }
 
 double Trainer::evaluation(int64_t step) {
@@ -570,11 +534,11 @@ void Trainer::sampling(int64_t step) {
   });
 }
 
-Trainer::StepResult Trainer::step_and_time(int64_t step) {
+StepLog Trainer::step_and_time(int64_t step) {
   const auto t0 = Clock::now();
   reset_peak_memory(device_);
   const int64_t bytes0 = pm_->bytes_sent(), across0 = pm_->bytes_across_hosts();
-  StepResult r;
+  StepLog r;
   r.loss = train_step(step);
   r.norm = pm_->strategy->grad_norm();  // global: the same number on every rank
   if (step == start_ && !c_.log.grads.empty())
@@ -595,22 +559,14 @@ Trainer::StepResult Trainer::step_and_time(int64_t step) {
   return r;
 }
 
-void Trainer::log_step(int64_t step, const StepResult& r, double avg_sec) {
-  StepLog s;
+void Trainer::log_step(int64_t step, StepLog s, double avg_sec) {
   s.step = step;
   s.steps = c_.train.steps;
-  s.loss = r.loss;
-  s.lr = r.lr;
-  s.norm = r.norm;
-  s.sec = r.sec;
   s.tokens = static_cast<double>(tokens_per_step_);
   s.flops = gpt_->flops_per_token(c_.train.seq_len) * s.tokens;
   s.world_size = world_->size();
   s.peak_flops = peak_flops_;
-  s.comm_bytes = r.comm_bytes;
-  s.across_hosts = r.across_hosts;
   s.spans_hosts = mesh_->spans_hosts();
-  s.mem = r.mem;
   s.eta_sec = avg_sec * static_cast<double>(c_.train.steps - step - 1);
   log_.step(s);
 }
@@ -647,7 +603,7 @@ int Trainer::loop() {
     }
     if (c_.sample.every > 0 && step > 0 && step % c_.sample.every == 0) sampling(step);
     flight_.set_step(step + 1);
-    const StepResult r = step_and_time(step);
+    const StepLog r = step_and_time(step);
     if (step > start_) {  // the first step warms caches
       time_sum += r.sec;
       ++timed;
@@ -721,7 +677,7 @@ void Trainer::write_report() {
   // the layout as the console names it: every dimension in use ("FSDP + TP", "PP")
   info.layout =
       dims_.str() + " (" + dims_.strategy() + ")" + (mesh_->spans_hosts() ? ", on several hosts" : "");
-  info.config = report_config(c_, mc_.str(), device_.str(), tokens_per_step_, lr_, pipeline_.summary());
+  info.config = report_config(c_, mc_.str(), device_.str(), tokens_per_step_, lr_, layout_.summary());
   log_.report(info, tokens_per_step_);
 }
 

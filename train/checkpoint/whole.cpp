@@ -146,6 +146,10 @@ std::string save_run(const std::string& dir, bool sharded, int keep, const Train
   return where;
 }
 
+bool writes_checkpoints(bool sharded, const dist::DeviceMesh& mesh) {
+  return sharded ? mesh.coords().replicate == 0 : mesh.world().rank() == 0;
+}
+
 TrainState resume_run(const std::string& path, const models::GPTConfig& mc, const models::GPT& gpt,
                       dist::ParallelModel& pm, optim::AdamW& opt, std::ostream* warn) {
   TrainState st;

@@ -39,6 +39,9 @@ std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist
 std::string save_run(const std::string& dir, bool sharded, int keep, const TrainState& st,
                      const models::GPTConfig& mc, const dist::ParallelModel& pm, const optim::AdamW& opt,
                      PruneLog* prune_log);
+// Whether this rank writes save_run's files: sharded, every rank of the first replica (the
+// replicas hold the same shards); full, the world's rank 0.
+bool writes_checkpoints(bool sharded, const dist::DeviceMesh& mesh);
 // The other way: a checkpoint of either format, written in any layout, into this rank's
 // shards of the parameters and the AdamW moments; its state. Warnings go to `warn`.
 TrainState resume_run(const std::string& path, const models::GPTConfig& mc, const models::GPT& gpt,

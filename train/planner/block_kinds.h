@@ -11,7 +11,7 @@
 //   const BlockKind& kind = block_kind("llama");    // model.arch; shapes_of sets Shapes::kind
 //   BlockMem m = s.kind->memory(s, nn::ACMode::selective);
 //   BlockWork w = s.kind->work(s);
-//   dist::plan_pipeline(cfg, pipeline_block_cost(cfg, seq_len), options);
+//   dist::plan_layout(cfg, dims, c.parallel, seq_len, m, pipeline_block_cost(cfg, seq_len));
 //
 // Legend: train/planner/shapes.h. Adding a kind: every member of its BlockKind set, in its
 // family's train/families/<arch>.cpp.

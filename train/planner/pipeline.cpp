@@ -7,7 +7,7 @@
 #include <set>
 #include <sstream>
 
-#include "dist/pipeline_parallel/stages.h"
+#include "dist/parallelize.h"
 #include "tensor/checked.h"
 #include "train/planner/block_kinds.h"
 
@@ -44,13 +44,10 @@ StageView stage_view(const Config& c, const dist::ParallelDims& dims, int64_t st
     v.actions = {{dist::pp::Op::kF, 0, 0}, {dist::pp::Op::kB, 0, 0}};
     return v;
   }
-  // the trainer's layout (one place for the pipeline's rules)
-  const dist::PipelineLayout l = dist::plan_pipeline(c.model, pipeline_block_cost(c.model, c.train.seq_len),
-                                                     {.stages = dims.pp,
-                                                      .chunks = c.parallel.pp_virtual,
-                                                      .schedule = c.parallel.pp_schedule,
-                                                      .split = c.parallel.pp_split,
-                                                      .micro_batches = c.train.grad_accum_steps});
+  // the trainer's layout (one place for the layout's rules: dist::plan_layout)
+  const dist::PipelineLayout l =
+      dist::plan_layout(c.model, dims, c.parallel, c.train.seq_len, c.train.grad_accum_steps,
+                        pipeline_block_cost(c.model, c.train.seq_len));
   const dist::pp::Schedule& s = l.schedule;
   v.v = s.v;
   v.m = s.m;

@@ -598,12 +598,10 @@ Plan plan_stage(const Config& c, int64_t world, int64_t stage) {
   Plan p;
   StageView v;
   try {
-    p.dims =
-        dist::ParallelDims::resolve(c.parallel.pp_size, c.parallel.dp_replicate_size,
-                                    c.parallel.dp_shard_size, c.parallel.cp_size, c.parallel.tp_size, world);
+    p.dims = dist::ParallelDims::resolve(c.parallel, world);
     c.model.validate();
-    // the trainer's rules (Trainer::describe): tp, cp and sequence parallelism against the
-    // model, enough blocks for the stages, the split and the schedule
+    // the trainer's rules (dist::plan_layout): tp, cp and sequence parallelism against the
+    // model; stage_view: enough blocks for the stages, the split and the schedule
     dist::check_parallel_model(c.model, p.dims, c.train.seq_len, c.parallel.sequence_parallel);
     p.sequence_parallel = c.parallel.sequence_parallel && p.dims.tp > 1;
     NDT_CHECK(stage >= 0 && stage < p.dims.pp, "internal: stage ", stage, " of ", p.dims.pp);
