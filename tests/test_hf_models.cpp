@@ -3,7 +3,9 @@
 // in the venv of scripts/setup.sh --reference) load through model.init_from's path, and
 // ndtrain's logits, loss and every gradient equal transformers' (float64 within 1e-10,
 // float32 within 1e-5); a few steps of training in ndtrain, exported, give the same
-// validation loss in transformers. Every test skips, with the reason, where the venv is missing.
+// validation loss in transformers; fine-tuning's masked loss over packed documents (llama and
+// GPT-2) is transformers' over the documents run one at a time (float64 within 1e-10). Every
+// test skips, with the reason, where the venv is missing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,6 +30,7 @@
 #include "train/checkpoint/hf.h"
 #include "train/checkpoint/load.h"
 #include "train/data/data.h"
+#include "train/data/preparation.h"
 #include "train/data/text.h"
 #include "train/io/safetensors.h"
 
@@ -161,6 +164,73 @@ TEST(HfModels, TrainedExportedAndLoadedByTransformersGivesTheSameLoss) {
   std::cout << "val loss after 5 steps: ndtrain " << ours << ", transformers on the export "
             << r.out.substr(l + 5);
   fs::remove_all(d);
+}
+
+// ---- packed documents: fine-tuning's loss against the documents run one at a time ----------
+
+namespace {
+
+// hf_reference.py packed: a random float64 model in a Hugging Face folder, and transformers'
+// loss over 9 documents each run alone (mean over their trained targets). Here the documents
+// laid end to end in a shard with their loss mask and document starts, as prepare_text writes
+// a .jsonl's rows, read by the loader as one window of 2 rows; ndtrain's masked loss on it with
+// the documents (each attends to itself, its positions restart) must be transformers'.
+void check_packed_against_transformers(const std::string& arch) {
+  const fs::path d = temp_dir("packed_" + arch);
+  const ndt::testing::ShellResult made = reference("packed " + d.string() + " --arch " + arch);
+  if (made.rc == 3) GTEST_SKIP() << made.out;
+  ASSERT_EQ(made.rc, 0) << made.out;
+  const nlohmann::json ref = nlohmann::json::parse(std::ifstream(d / "packed.json"));
+  const int64_t T = ref["T"].get<int64_t>(), rows = ref["rows"].get<int64_t>();
+  std::vector<uint32_t> tok;
+  std::string mask, first;  // a byte a token: trained; the first of a document
+  for (const nlohmann::json& doc : ref["documents"]) {
+    for (const nlohmann::json& id : doc["ids"]) tok.push_back(id.get<uint32_t>());
+    for (const nlohmann::json& t : doc["trained"]) mask += static_cast<char>(t.get<int>());
+    first += '\1' + std::string(doc["ids"].size() - 1, '\0');
+  }
+  const int64_t n = static_cast<int64_t>(tok.size());
+  ASSERT_EQ(n, rows * T + 1);
+  const fs::path data = d / "data";
+  fs::create_directories(data);
+  data::write_shard((data / "train_000000.bin").string(), tok, data::ShardFormat::u16);
+  std::ofstream(data / "train_000000.mask", std::ios::binary) << mask;
+  std::ofstream(data / "train_000000.docs", std::ios::binary) << first;
+  data::Preparation p{data.string(), "0123456789abcdef", "", {{"train_000000.bin", n}}, {}};
+  p.sidecars["train_000000.bin"] = {"train_000000.mask", "train_000000.docs", n};
+  data::write_preparation(p);
+
+  const io::HfFolder folder((d / "model").string());
+  models::GPT gpt(ckpt::model_config(folder.config()));
+  EXPECT_EQ(gpt.cfg.arch, arch);
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 1);
+  ckpt::load_hf_local(folder, gpt, params);
+  data::DataLoader loader((data / "train_*.bin").string(), rows, T, 0, 1, false, 0, gpt.cfg.vocab_size);
+  const data::Batch b = loader.next();  // inputs, targets, docs (rows, T)
+  ASSERT_TRUE(b.docs.defined());
+  int64_t trained = 0;
+  for (int32_t y : b.targets.to_vector<int32_t>()) trained += y >= 0;
+  EXPECT_EQ(trained, ref["targets"].get<int64_t>()) << "the targets the loader trains are not transformers'";
+  autograd::NoGradGuard no_grad;
+  const double want = ref["loss"].get<double>(),
+               ours = gpt.forward(b.inputs, b.targets, 0, b.docs).loss.item();
+  const double as_one = gpt.forward(b.inputs, b.targets).loss.item();  // each row one document
+  EXPECT_NEAR(ours, want, 1e-10);
+  EXPECT_GT(std::abs(as_one - want), 1e-3) << "the test must tell the documents apart";
+  std::cout << arch << " float64: the masked loss of " << ref["documents"].size() << " packed documents "
+            << ours << ", transformers' over each alone " << want << " (" << std::abs(ours - want)
+            << " apart; " << as_one << " without documents)\n";
+  fs::remove_all(d);
+}
+
+}  // namespace
+
+TEST(HfModels, PackedDocumentsOfALlamaGiveTransformersLossOverEachAlone) {
+  check_packed_against_transformers("llama");
+}
+// learned positions: equal only when each document's positions restart at 0
+TEST(HfModels, PackedDocumentsOfGpt2GiveTransformersLossOverEachAlone) {
+  check_packed_against_transformers("gpt2");
 }
 
 // ---- a whole exported folder: its tokenizer too --------------------------------------------

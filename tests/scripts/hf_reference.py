@@ -8,6 +8,7 @@ it; default ~/.cache/ndtrain/ref-venv, $NDT_REF_VENV):
   $PY tests/scripts/hf_reference.py eval MODEL_DIR --tokens val.bin --seq-len 16 \\
       --batch-size 2 --batches 3 [--dtype float32]
   $PY tests/scripts/hf_reference.py generate MODEL_DIR --prompt TEXT --text TEXT --new N
+  $PY tests/scripts/hf_reference.py packed OUT --arch llama|gpt2 [--seed 0]
 
 Exit codes: 0 done; 3 with the one line "transformers/torch not available: ..." when torch,
 transformers or safetensors cannot be imported (the C++ tests skip on it); 1 or 2 otherwise.
@@ -21,7 +22,7 @@ make OUT --arch llama|qwen2 [--dtype float64|float32] [--seed N] [--stock]
            divided by 8, so every branch of the scaling is exercised; checked, see reference.json)
     qwen2: rope_theta 1e6, default rope; biases on q, k and v (none on o_proj)
   Every parameter is drawn from torch.Generator(seed): weights and embeddings N(0, 0.1^2),
-  biases N(0, 0.1^2), RMSNorm weights U(0.5, 1.5) (not 1: norms cannot be skipped unnoticed).
+  biases N(0, 0.1^2), norm weights U(0.5, 1.5) (not 1: norms cannot be skipped unnoticed).
   Writes
     OUT/model/                 save_pretrained: config.json + model.safetensors (in the dtype)
     OUT/reference.safetensors  inputs (B,T) int32, targets (B,T) int32, logits (B,T,V) in the
@@ -60,6 +61,18 @@ generate MODEL_DIR --prompt TEXT --text TEXT --new N
   pipeline("text-generation") writes for the prompt (greedy, N new tokens at most, stopping at
   the folder's end-of-text). One JSON line: prompt_ids, text_ids, greedy, pipeline, decoded
   (the prompt and greedy ids decoded, special tokens skipped).
+
+packed OUT --arch llama|gpt2 [--seed N]
+  Fine-tuning's loss over documents, each run alone: a random float64 model (llama: make's,
+  patched as above; gpt2: GPT2LMHeadModel, n_embd 64, 2 layers, 4 heads, vocab 96, n_positions
+  64, learned positions, tied head: nothing in it computes in float32) saved to OUT/model, and
+  9 documents of PACKED_LENGTHS tokens (ids from torch.Generator(seed + 1), each token trained
+  with probability 0.7). Each document goes through the model alone (input_ids of its own
+  tokens, positions from 0); the loss is the mean, over every token j > 0 of a document that is
+  trained, of cross_entropy(logits[j - 1], ids[j]). Laid end to end the documents are the
+  window of 2 rows x PACKED_T tokens (+1) that ndtrain's loader reads, the second row starting
+  with a document. Writes OUT/packed.json: T, rows, documents (ids and trained, 0 or 1, per
+  token), loss, targets (how many terms the mean has).
 """
 import argparse
 import json
@@ -222,7 +235,7 @@ def randomise(torch, model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or name.split(".")[-2].startswith("ln_"):  # GPT-2's ln_1, ln_f
                 v = 0.5 + torch.rand(p.shape, generator=g, dtype=torch.float64)
             else:
                 v = 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64)
@@ -377,6 +390,61 @@ def generate(args):
                       "decoded": tok.decode(ids, skip_special_tokens=True)}), flush=True)
 
 
+# ---- packed ----
+
+PACKED_T = 24
+# row 0 holds T tokens; row 1 T + 1, its last the window's extra token (a target only)
+PACKED_LENGTHS = [6, 1, 10, 7, 3, 9, 1, 7, 5]
+
+
+def build_gpt2(transformers):
+    return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=SIZES["vocab_size"],
+                                   n_positions=64, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                   bos_token_id=None, eos_token_id=None)  # not GPT-2's 50256: vocab 96
+
+
+def packed(args):
+    torch, transformers, _ = imports()
+    if sum(PACKED_LENGTHS) != 2 * PACKED_T + 1 or sum(PACKED_LENGTHS[:4]) != PACKED_T:
+        sys.exit("PACKED_LENGTHS must fill two rows of PACKED_T tokens (+1), a document starting each")
+    if args.arch == "llama":
+        config, cls = build_config(transformers, "llama"), transformers.LlamaForCausalLM
+    else:
+        config, cls = build_gpt2(transformers), transformers.GPT2LMHeadModel
+    config._attn_implementation = "eager"
+    model = cls(config).to(torch.float64)
+    model.config._attn_implementation = "eager"
+    randomise(torch, model, args.seed)
+    model.eval()
+    if args.arch == "llama":
+        set_inv_freq64(torch, model)
+        patch_float64(torch, modeling_modules(transformers))
+    g = torch.Generator().manual_seed(args.seed + 1)
+    docs, total, count = [], 0.0, 0
+    with torch.no_grad():
+        for n in PACKED_LENGTHS:
+            ids = torch.randint(0, config.vocab_size, (n,), generator=g)
+            trained = (torch.rand(n, generator=g, dtype=torch.float64) < 0.7).to(torch.int64)
+            docs.append({"ids": ids.tolist(), "trained": trained.tolist()})
+            if n < 2:
+                continue
+            logits = model(input_ids=ids[None], use_cache=False).logits[0]  # (n, V)
+            ce = torch.nn.functional.cross_entropy(logits[:-1], ids[1:], reduction="none")
+            total += (ce * trained[1:]).sum().item()
+            count += int(trained[1:].sum())
+    os.makedirs(args.out, exist_ok=True)
+    model.save_pretrained(os.path.join(args.out, "model"))
+    info = {"arch": args.arch, "seed": args.seed, "T": PACKED_T, "rows": 2, "documents": docs,
+            "loss": total / count, "targets": count,
+            "torch": torch.__version__, "transformers": transformers.__version__}
+    with open(os.path.join(args.out, "packed.json"), "w") as f:
+        json.dump(info, f)
+        f.write("\n")
+    print(f"{args.arch} packed: loss {total / count:.17g} over {count} trained targets of "
+          f"{len(docs)} documents -> {args.out}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -402,13 +470,12 @@ def main():
     g.add_argument("--prompt", required=True)
     g.add_argument("--text", required=True)
     g.add_argument("--new", type=int, required=True)
+    k = sub.add_parser("packed", help="a random model and its loss over documents run one at a time")
+    k.add_argument("out")
+    k.add_argument("--arch", choices=["llama", "gpt2"], required=True)
+    k.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    if args.cmd == "make":
-        make(args)
-    elif args.cmd == "eval":
-        evaluate(args)
-    else:
-        generate(args)
+    {"make": make, "eval": evaluate, "generate": generate, "packed": packed}[args.cmd](args)
 
 
 if __name__ == "__main__":

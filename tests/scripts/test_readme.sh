@@ -17,7 +17,7 @@
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="$(cd "${1:-$ROOT/build}" 2>/dev/null && pwd)" || { echo "SKIPPED: no build folder ${1:-}"; exit 77; }
-for p in train_gpt prepare_text; do
+for p in train_gpt prepare_text generate; do  # generate: the chat walk-through
   [[ -x "$BUILD/$p" ]] || { echo "SKIPPED: $BUILD/$p is not built"; exit 77; }
 done
 command -v git >/dev/null && git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1 || { echo "SKIPPED: not a git checkout"; exit 77; }
