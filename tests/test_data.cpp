@@ -108,6 +108,30 @@ TEST(Data, ShuffleIsASeededPermutationPerEpochAndRestores) {
   EXPECT_EQ(c.next().inputs.to_vector<int32_t>()[0], e1[5]);
 }
 
+// Golden: shards without documents are read in windows, as they always were: these orders
+// are those of the loader before documents were packed (seed 7, two ranks, two epochs).
+TEST(Data, ShuffledWindowsOfTwoRanksAreTheGoldenOrder) {
+  fs::path d = ndt::testing::fresh_dir("data_golden");
+  std::vector<uint16_t> all(203);
+  std::iota(all.begin(), all.end(), 0);
+  data::write_shard((d / "s.bin").string(), all);
+  data::DataLoader r0((d / "s.bin").string(), 2, 5, 0, 2, true, 7, 1000),
+      r1((d / "s.bin").string(), 2, 5, 1, 2, true, 7, 1000);
+  ASSERT_EQ(r0.windows_per_epoch(), 10);
+  const std::vector<int32_t> golden = {160, 180, 140, 40,  100, 80, 20, 120, 0,  60,    // epoch 0
+                                       120, 160, 180, 140, 40,  20, 0,  80,  60, 100};  // epoch 1
+  for (size_t k = 0; k < golden.size(); ++k) {
+    for (auto [dl, offset] : {std::pair{&r0, 0}, std::pair{&r1, 10}}) {
+      const data::Batch b = dl->next();
+      EXPECT_FALSE(b.docs.defined());
+      std::vector<int32_t> x(10), y(10);
+      for (int32_t i = 0; i < 10; ++i) x[i] = golden[k] + offset + i, y[i] = x[i] + 1;
+      EXPECT_EQ(b.inputs.to_vector<int32_t>(), x) << "batch " << k << " offset " << offset;
+      EXPECT_EQ(b.targets.to_vector<int32_t>(), y) << "batch " << k << " offset " << offset;
+    }
+  }
+}
+
 TEST(Data, BadShardsGiveClearErrors) {
   fs::path d = ndt::testing::fresh_dir("data_bad");
   data::write_shard((d / "good.bin").string(), iota_tokens(100, 50));

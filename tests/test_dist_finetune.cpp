@@ -1,7 +1,7 @@
-// Fine-tuning data (prepare_text's .jsonl chat rows: loss masks and documents) under
-// mpirun: tensor parallelism and a two-stage pipeline (the documents reach every stage)
-// give one process's losses, step by step; context parallelism refuses such data at start
-// with one line naming parallel.cp_size.
+// Fine-tuning data (prepare_text's .jsonl chat rows: loss masks and documents, packed into
+// rows) under mpirun: data parallelism over packed rows, tensor parallelism and a two-stage
+// pipeline (the documents reach every stage) give one process's losses, step by step; context
+// parallelism refuses such data at start with one line naming parallel.cp_size.
 #include <gtest/gtest.h>
 
 #include "support/hf_fixture.h"
@@ -68,17 +68,18 @@ class DistFinetune : public ::testing::Test {
                      (dir_ / "gpt.ini").string() + " --log.metrics " +
                      (dir_ / name / "metrics.jsonl").string() + " " + args + " 2>&1");
   }
-  // Each layout's losses on np = 2 ranks equal one process's, step by step, within rel.
+  // Each layout's losses on np = 2 ranks equal one process's, step by step, within rel (all
+  // runs with `common` args too).
   static void expect_layouts_equal_one_process(
-      const std::vector<std::pair<std::string, std::string>>& layouts, const std::string& single,
-      double rel) {
-    ShellResult r = train(single, 1, "");
+      const std::vector<std::pair<std::string, std::string>>& layouts, const std::string& single, double rel,
+      const std::string& common = "") {
+    ShellResult r = train(single, 1, common);
     ASSERT_EQ(r.rc, 0) << r.out;
     const std::vector<double> want = losses(dir_ / single / "metrics.jsonl");
     ASSERT_EQ(want.size(), 5u);
     for (const auto& [name, args] : layouts) {
       SCOPED_TRACE(name);
-      r = train(name, 2, args);
+      r = train(name, 2, args + " " + common);
       ASSERT_EQ(r.rc, 0) << r.out;
       const std::vector<double> got = losses(dir_ / name / "metrics.jsonl");
       ASSERT_EQ(got.size(), 5u);
@@ -96,6 +97,15 @@ TEST_F(DistFinetune, DataParallelLayoutsEqualOneProcessOverUnequalTrainedTokens)
   expect_layouts_equal_one_process({{"dp2", "--parallel.dp_replicate_size 2 --train.micro_batch_size 1"},
                                     {"fsdp2", "--parallel.dp_shard_size 2 --train.micro_batch_size 1"}},
                                    "single_dp", 1e-5);
+}
+
+// Packed rows, shuffled each epoch by the seed (rows of 256: 5 steps of 4 rows cross two
+// epochs' ends): two data-parallel ranks of one row each read the rows one process reads two
+// at a time.
+TEST_F(DistFinetune, DataParallelRanksReadOneProcessPackedRowsAcrossEpochs) {
+  expect_layouts_equal_one_process(
+      {{"dp2_shuffled", "--parallel.dp_replicate_size 2 --train.micro_batch_size 1"}}, "single_shuffled",
+      1e-5, "--data.shuffle true --model.block_size 256 --train.seq_len 256");
 }
 
 TEST_F(DistFinetune, TensorAndPipelineParallelLayoutsEqualOneProcessOnChatData) {

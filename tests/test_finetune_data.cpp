@@ -223,7 +223,7 @@ TEST_F(FinetuneData, EachBadRowIsOneLineAndWritesNothing) {
 
 // A crafted shard: tokens 0..32, documents starting at 0, 5, 11 and 20, tokens 2..4 and
 // 13..15 not trained.
-TEST_F(FinetuneData, TheLoaderMasksUntrainedTargetsAndNextDocumentsAndNumbersDocuments) {
+TEST_F(FinetuneData, TheLoaderPacksWholeDocumentsMasksUntrainedTargetsAndPadsRows) {
   const fs::path d = dir_ / "crafted";
   fs::create_directories(d);
   std::vector<uint32_t> tok(33);
@@ -237,25 +237,48 @@ TEST_F(FinetuneData, TheLoaderMasksUntrainedTargetsAndNextDocumentsAndNumbersDoc
   data::Preparation p{d.string(), "0123456789abcdef", "", {{"train_000000.bin", 33}}, {}};
   p.sidecars["train_000000.bin"] = {"train_000000.mask", "train_000000.docs", 33};
   data::write_preparation(p);
+  // documents of 5, 6, 9 and 13 tokens in rows of 8: the 9 and the 13 cut into 8 + 1 and 8 + 5;
+  // first fit decreasing: rows [11..19), [20..28), [5..11) + [19], [0..5), [28..33)
   data::DataLoader loader((d / "train_*.bin").string(), /*B=*/2, /*T=*/8, 0, 1, false, 0, 64);
   ASSERT_TRUE(loader.has_documents());
-  data::Batch b = loader.next();  // tokens 0..16
+  const data::PackingStats& st = loader.packing();
+  EXPECT_EQ(st.documents, 4);
+  EXPECT_EQ(st.split, 2);
+  EXPECT_EQ(st.rows, 5);
+  EXPECT_EQ(st.real_tokens, 33);
+  EXPECT_EQ(st.trained_targets, 23);  // 32 targets, less 6 untrained, less 3 next documents' first tokens
+  EXPECT_DOUBLE_EQ(st.efficiency, 33.0 / 40.0);
+  EXPECT_EQ(loader.windows_per_epoch(), 2);  // the fifth row waits for no one: left out
+  data::Batch b = loader.next();             // rows 0 and 1: a row-sized piece each
   ASSERT_TRUE(b.docs.defined());
+  EXPECT_EQ(b.inputs.to_vector<int32_t>(),
+            (std::vector<int32_t>{11, 12, 13, 14, 15, 16, 17, 18, 20, 21, 22, 23, 24, 25, 26, 27}));
+  EXPECT_EQ(b.targets.to_vector<int32_t>(),  // a cut document's piece predicts its next piece's first token
+            (std::vector<int32_t>{12, -1, -1, -1, 16, 17, 18, 19, 21, 22, 23, 24, 25, 26, 27, 28}));
+  EXPECT_EQ(b.docs.to_vector<int32_t>(), std::vector<int32_t>(16, 0));
+  b = loader.next();  // rows 2 and 3: documents, then padding (input 0, target -1, its own id)
+  EXPECT_EQ(b.inputs.to_vector<int32_t>(),
+            (std::vector<int32_t>{5, 6, 7, 8, 9, 10, 19, 0, 0, 1, 2, 3, 4, 0, 0, 0}));
   EXPECT_EQ(b.targets.to_vector<int32_t>(),
-            (std::vector<int32_t>{1, -1, -1, -1, -1, 6, 7, 8, 9, 10, -1, 12, -1, -1, -1, 16}));
+            (std::vector<int32_t>{6, 7, 8, 9, 10, -1, -1, -1, 1, -1, -1, -1, -1, -1, -1, -1}));
   EXPECT_EQ(b.docs.to_vector<int32_t>(),
-            (std::vector<int32_t>{0, 0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1}));
-  b = loader.next();  // tokens 16..32
-  EXPECT_EQ(b.targets.to_vector<int32_t>(),
-            (std::vector<int32_t>{17, 18, 19, -1, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32}));
-  EXPECT_EQ(b.docs.to_vector<int32_t>(),
-            (std::vector<int32_t>{0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0}));
+            (std::vector<int32_t>{0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(loader.next().inputs.to_vector<int32_t>()[0], 11);  // epoch 1: the same rows again
+  EXPECT_EQ(loader.state().epoch, 1);
+  // an epoch is whole steps: 1 row x 2 micro-steps leaves the fifth row out too
+  data::DataLoader accum((d / "train_*.bin").string(), 1, 8, 0, 1, false, 0, 64);
+  EXPECT_EQ(accum.windows_per_epoch(), 5);
+  accum.set_grad_accum(2);
+  EXPECT_EQ(accum.windows_per_epoch(), 4);
+  EXPECT_NE(
+      error_of([&] { accum.set_grad_accum(6); }).find("pack into 5 rows of 8 tokens but one step takes 6"),
+      std::string::npos);
   // a sidecar of the wrong size is one error naming it
   std::ofstream(d / "train_000000.docs", std::ios::binary) << first.substr(0, 30);
   const std::string err =
       error_of([&] { data::DataLoader((d / "train_*.bin").string(), 2, 8, 0, 1, false, 0, 64); });
   EXPECT_NE(err.find("train_000000.docs has 30 bytes but its shard has 33 tokens"), std::string::npos) << err;
-  // the same shard without its preparation's sidecars reads as before: no docs, every target trained
+  // the same shard without its preparation's sidecars reads as before: windows, no docs, every target trained
   fs::remove(d / data::kPreparationFile);
   data::DataLoader plain((d / "train_*.bin").string(), 2, 8, 0, 1, false, 0, 64);
   EXPECT_FALSE(plain.has_documents());
@@ -264,6 +287,104 @@ TEST_F(FinetuneData, TheLoaderMasksUntrainedTargetsAndNextDocumentsAndNumbersDoc
   std::vector<int32_t> all(16);
   for (int32_t i = 0; i < 16; ++i) all[static_cast<size_t>(i)] = i + 1;
   EXPECT_EQ(b.targets.to_vector<int32_t>(), all);
+}
+
+TEST(Packing, FirstFitDecreasingPlacesTheLongestFirstEachInTheFirstRowWithRoom) {
+  const std::vector<int64_t> len = {3, 7, 5, 2, 6, 1};
+  const data::PackedRows p = data::first_fit_decreasing(len, 10);
+  // 7 opens row 0, 6 row 1, 5 row 2; 3 fills row 0, 2 and 1 go to row 1 (first fit in the
+  // given order would give {3, 7}, {5, 2, 1}, {6})
+  EXPECT_EQ(p.offsets, (std::vector<int64_t>{0, 2, 5, 6}));
+  EXPECT_EQ(p.items, (std::vector<int64_t>{1, 0, 4, 3, 5, 2}));
+  EXPECT_DOUBLE_EQ(p.efficiency(len, 10), 24.0 / 30.0);
+  // equal lengths keep their order; an item that fills a row is never joined
+  const data::PackedRows q = data::first_fit_decreasing({4, 4, 8, 4}, 8);
+  EXPECT_EQ(q.offsets, (std::vector<int64_t>{0, 1, 3, 4}));
+  EXPECT_EQ(q.items, (std::vector<int64_t>{2, 0, 1, 3}));
+  EXPECT_EQ(data::first_fit_decreasing({}, 8).rows(), 0);
+  // only a document longer than a row is cut: row-sized pieces, the rest last
+  EXPECT_EQ(data::split_lengths(7, 3), (std::vector<int64_t>{3, 3, 1}));
+  EXPECT_EQ(data::split_lengths(6, 3), (std::vector<int64_t>{3, 3}));
+  EXPECT_EQ(data::split_lengths(3, 3), (std::vector<int64_t>{3}));
+  EXPECT_NE(error_of([] {
+              data::first_fit_decreasing({3, 9}, 8);
+            }).find("item 1 has 9 tokens, not 1 .. 8"),
+            std::string::npos);
+}
+
+// Documents of many lengths (some longer than a row) with distinct tokens 1..N: over one
+// shuffled epoch every token is in exactly one row, once; a document no longer than a row is
+// whole in one row; and two data-parallel ranks read, together, one process's rows.
+TEST_F(FinetuneData, EveryRealTokenIsReadExactlyOncePerEpochAndRanksShareOneProcessRows) {
+  const fs::path d = dir_ / "many";
+  fs::create_directories(d);
+  const int64_t T = 16;
+  std::vector<int64_t> doc_len;
+  for (int i = 0; i < 40; ++i) doc_len.push_back(1 + (i * 7919) % 23);  // 1 .. 23 tokens
+  std::vector<uint32_t> tok;
+  std::string first;
+  for (int64_t n : doc_len) {
+    first += '\1' + std::string(static_cast<size_t>(n - 1), '\0');
+    for (int64_t i = 0; i < n; ++i) tok.push_back(static_cast<uint32_t>(tok.size() + 1));
+  }
+  const int64_t N = static_cast<int64_t>(tok.size());
+  data::write_shard((d / "train_000000.bin").string(), tok, data::ShardFormat::u16);
+  std::ofstream(d / "train_000000.mask", std::ios::binary) << std::string(tok.size(), '\1');
+  std::ofstream(d / "train_000000.docs", std::ios::binary) << first;
+  data::Preparation p{d.string(), "0123456789abcdef", "", {{"train_000000.bin", N}}, {}};
+  p.sidecars["train_000000.bin"] = {"train_000000.mask", "train_000000.docs", N};
+  data::write_preparation(p);
+  const std::string pattern = (d / "train_*.bin").string();
+  data::DataLoader one(pattern, 1, T, 0, 1, /*shuffle=*/true, /*seed=*/7, 2048);
+  int64_t longer = 0;
+  for (int64_t n : doc_len) longer += n > T;
+  EXPECT_EQ(one.packing().split, longer);
+  ASSERT_EQ(one.windows_per_epoch(), one.packing().rows);
+  // where each token lies: its document's length and its offset in it
+  std::vector<int64_t> len_of(static_cast<size_t>(N + 1)), offset_of(static_cast<size_t>(N + 1));
+  for (int64_t i = 0, k = 1; i < static_cast<int64_t>(doc_len.size()); ++i)
+    for (int64_t j = 0; j < doc_len[static_cast<size_t>(i)]; ++j, ++k)
+      len_of[static_cast<size_t>(k)] = doc_len[static_cast<size_t>(i)], offset_of[static_cast<size_t>(k)] = j;
+  std::vector<std::vector<int32_t>> firsts(2);  // each epoch's rows' first tokens
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int> seen(static_cast<size_t>(N + 1), 0);
+    for (int64_t r = 0; r < one.windows_per_epoch(); ++r) {
+      const data::Batch b = one.next();
+      const std::vector<int32_t> x = b.inputs.to_vector<int32_t>(), y = b.targets.to_vector<int32_t>(),
+                                 doc = b.docs.to_vector<int32_t>();
+      firsts[static_cast<size_t>(epoch)].push_back(x[0]);
+      for (int64_t t = 0; t < T; ++t) {
+        if (x[t] == 0) {  // padding, after the documents: its own id, no target
+          EXPECT_TRUE(t > 0 && doc[t] == doc[t - 1] + (x[t - 1] != 0)) << "row " << r << " position " << t;
+          EXPECT_EQ(y[t], -1);
+          continue;
+        }
+        ++seen[static_cast<size_t>(x[t])];
+        const int64_t len = len_of[static_cast<size_t>(x[t])], off = offset_of[static_cast<size_t>(x[t])];
+        EXPECT_EQ(y[t], off + 1 < len ? x[t] + 1 : -1) << "token " << x[t];  // within its document
+        if (t == 0 || doc[t] != doc[t - 1]) {  // a piece starts: a document's start, or a row's worth into it
+          EXPECT_EQ(off % T, 0) << "token " << x[t];
+          EXPECT_TRUE(len > T || off == 0) << "a document that fits a row is never cut: token " << x[t];
+        } else {
+          EXPECT_EQ(x[t], x[t - 1] + 1) << "a piece's tokens in order";
+        }
+      }
+    }
+    for (int64_t i = 1; i <= N; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], 1) << "token " << i;
+    EXPECT_EQ(one.state().epoch, epoch);
+  }
+  EXPECT_NE(firsts[0], firsts[1]) << "data.shuffle orders each epoch's rows anew";
+  // and two ranks of one row each read what one process of two rows reads
+  data::DataLoader both(pattern, 2, T, 0, 1, true, 7, 2048);
+  data::DataLoader r0(pattern, 1, T, 0, 2, true, 7, 2048), r1(pattern, 1, T, 1, 2, true, 7, 2048);
+  ASSERT_EQ(both.windows_per_epoch(), r0.windows_per_epoch());
+  for (int64_t k = 0; k < both.windows_per_epoch() + 1; ++k) {
+    const std::vector<int32_t> w = both.next().inputs.to_vector<int32_t>(),
+                               a = r0.next().inputs.to_vector<int32_t>(),
+                               c = r1.next().inputs.to_vector<int32_t>();
+    EXPECT_EQ(std::vector<int32_t>(w.begin(), w.begin() + T), a) << "micro-step " << k;
+    EXPECT_EQ(std::vector<int32_t>(w.begin() + T, w.end()), c) << "micro-step " << k;
+  }
 }
 
 // Chat rows whose answers follow from their questions.
@@ -329,6 +450,66 @@ TEST_F(FinetuneData, TrainGptTrainsOnTheMaskedDocumentsOfChatRows) {
   ASSERT_EQ(r.rc, 0) << r.out;
   const double first = loss_of(d / "m60.jsonl", 1), last = loss_of(d / "m60.jsonl", 60);
   EXPECT_LT(last, 0.5 * first) << r.out;
+}
+
+// Packed rows end to end: train_gpt says its packing in one line; a run stopped and resumed
+// from its checkpoint trains on the same rows as an uninterrupted one (shuffled, across an
+// epoch's end), step for step, and so does one resumed with another micro-batch split.
+TEST_F(FinetuneData, TrainGptOnPackedRowsResumesOnTheSameRows) {
+  ASSERT_EQ(prepare("packed", write("packed.jsonl", chat_rows(40)).string(), "--val_fraction 0.1").rc, 0);
+  const fs::path d = dir_ / "packed_run";
+  fs::create_directories(d);
+  std::ofstream(d / "gpt.ini") << "[model]\nn_layer = 1\nn_head = 2\nn_embd = 32\nvocab_size = 264\n"
+                                  "vocab_multiple = 4\nblock_size = 128\n[data]\ntrain = "
+                               << (dir_ / "packed" / "train_*.bin").string()
+                               << "\nval = " << (dir_ / "packed" / "val_*.bin").string()
+                               << "\nshuffle = true\n[train]\nseq_len = 128\nmicro_batch_size = 2\n"
+                                  "grad_accum_steps = 1\nthreads = 1\nseed = 5\n[optim]\n"
+                                  "lr = 0.01\nwarmup_steps = 1\n[sample]\nevery = -1\n[log]\nevery = 1\n";
+  // the loader's own figures; the runs cross an epoch's end, and the resumed one starts after it
+  data::DataLoader loader((dir_ / "packed" / "train_*.bin").string(), 2, 128, 0, 1, true, 5, 264);
+  const data::PackingStats& p = loader.packing();
+  const int64_t W = loader.windows_per_epoch(), steps = W + 4, stop = W + 1;
+  ASSERT_GE(W, 3);
+  const std::string run = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (d / "gpt.ini").string() +
+                          " --train.steps " + std::to_string(steps);
+  ShellResult r = run_shell(run + " --log.metrics " + (d / "whole.jsonl").string() + " 2>&1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  char pct[16];
+  std::snprintf(pct, sizeof(pct), "%.1f%%", 100.0 * p.efficiency);
+  const std::string line = "packing: " + std::to_string(p.documents) +
+                           " documents (0 longer than a row, cut into row-sized pieces) in " +
+                           std::to_string(p.rows) + " rows of 128 per epoch";
+  EXPECT_NE(r.out.find(line), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(std::string(", efficiency ") + pct), std::string::npos) << r.out;
+  const double per_step = static_cast<double>(p.trained_targets) / static_cast<double>(p.rows) * 2;
+  EXPECT_NE(r.out.find(std::to_string(std::llround(per_step)) + " trained tokens per step (mean)"),
+            std::string::npos)
+      << r.out;
+  // stopped one step into the second epoch, then resumed: the same losses
+  const std::string ck = " --checkpoint.dir " + (d / "ck").string();
+  const std::string stop_after = " --train.stop_after " + std::to_string(stop);
+  r = run_shell(run + ck + stop_after + " 2>&1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = run_shell(run + ck + " --checkpoint.resume true --log.metrics " + (d / "rest.jsonl").string() +
+                " 2>&1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  for (int64_t step = stop + 1; step <= steps; ++step) {
+    const double want = loss_of(d / "whole.jsonl", step);
+    EXPECT_NEAR(loss_of(d / "rest.jsonl", step), want, 1e-6 * want) << "step " << step;
+  }
+  // resumed as 1 row x 2 accumulation steps: the same rows of each step
+  fs::remove_all(d / "ck");
+  r = run_shell(run + ck + stop_after + " 2>&1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = run_shell(run + ck +
+                " --checkpoint.resume true --train.micro_batch_size 1 --train.grad_accum_steps 2 " +
+                "--log.metrics " + (d / "split.jsonl").string() + " 2>&1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  for (int64_t step = stop + 1; step <= steps; ++step) {
+    const double want = loss_of(d / "whole.jsonl", step);
+    EXPECT_NEAR(loss_of(d / "split.jsonl", step), want, 1e-5 * want) << "step " << step;
+  }
 }
 
 }  // namespace

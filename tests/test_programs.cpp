@@ -125,6 +125,7 @@ TEST(Programs, ABadArgumentIsOneLineAndANonZeroExit) {
         "--model /tmp --dtype half", "--model /tmp --max_new_tokens 0", "stray", "--model /tmp --seed 1.5",
         "--model /tmp --seed 9223372036854775808", "--model /tmp --seed -1", "--model /tmp --top_k x"}},
       {"bench_generate", {"XL", "S x", "S 0 nodevice", "--prompt 0", "S 0 cpu extra"}},
+      {"bench_packing", {"--steps x", "--batch", "--seq_len 8", "stray"}},
       {"prepare_text",
        {"--out /nonexistent --vocab word file.txt", "--val_fraction x", "--shard_tokens 1e6",
         "--out /tmp/x --vocab byte --tokenizer t.json f",

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -107,7 +108,8 @@ class Trainer {
   std::vector<int32_t> generate_sample(int64_t step);  // collective under FSDP and TP
   void save(int64_t step);
   void resume_from(const std::string& path);
-  void write_report();  // rank 0, log.report
+  void print_packing();  // lead rank's start line for packed documents
+  void write_report();   // rank 0, log.report
   void write_trace();
   static std::vector<dist::ParallelModel::Batch> whole_sequences(const std::vector<data::Batch>& batches);
   bool lead() const { return world_->rank() == 0; }
@@ -347,6 +349,7 @@ void Trainer::open_data() {
     val_ = std::make_unique<data::DataLoader>(c_.data.val, c_.train.micro_batch_size, c_.train.seq_len,
                                               dp_rank, dp, false, static_cast<uint64_t>(c_.train.seed),
                                               c_.model.vocab_size);
+  train_->set_grad_accum(c_.train.grad_accum_steps);  // packed rows: an epoch of whole steps
   if (train_->has_documents()) try {  // a layout that cannot split them: a config error
       dist::check_parallel_documents(dims_, c_.data.train);
     } catch (const Error& e) {
@@ -382,6 +385,7 @@ void Trainer::open_optimizer() {
        << " tokens per step; train data " << train_->total_tokens() << " tokens ("
        << train_->windows_per_epoch() << " micro-steps of " << c_.train.micro_batch_size * dp
        << " sequences per epoch)\n";
+  if (train_->has_documents()) print_packing();
   // the optimizer on this rank's shards, and the learning rate for this batch
   opt_ = std::make_unique<optim::AdamW>(pm_->params, c_.optim /* an AdamWConfig */);
   lr_ = optim::scaled_lr(c_.optim.lr, c_.optim.lr_scaling, seqs, c_.optim.lr_base_batch);
@@ -391,6 +395,25 @@ void Trainer::open_optimizer() {
          << ")\n";
   sched_ = optim::Schedule{optim::Schedule::parse(c_.optim.schedule), lr_, c_.optim.min_lr_frac,
                            c_.optim.warmup_steps, c_.train.steps};
+}
+
+// Packed documents: one line with the packing's figures (the rows' efficiency, what was cut).
+void Trainer::print_packing() {
+  const data::PackingStats& p = train_->packing();
+  const int64_t per_step = tokens_per_step_ / c_.train.seq_len;  // rows
+  const int64_t left = p.rows % per_step;
+  const double trained_per_step =
+      static_cast<double>(p.trained_targets) / static_cast<double>(p.rows) * static_cast<double>(per_step);
+  char pct[32];
+  std::snprintf(pct, sizeof(pct), "%.1f%%", 100.0 * p.efficiency);
+  out_ << "packing: " << p.documents << " documents (" << p.split
+       << " longer than a row, cut into row-sized pieces) in " << p.rows << " rows of " << c_.train.seq_len
+       << " per epoch"
+       << (left ? " (" + std::to_string(left) + " left out each epoch: a step takes " +
+                      std::to_string(per_step) + ")"
+                : "")
+       << ", efficiency " << pct << " (real tokens / row positions), " << std::llround(trained_per_step)
+       << " trained tokens per step (mean)\n";
 }
 
 void Trainer::resume_from(const std::string& path) {
@@ -406,11 +429,15 @@ void Trainer::resume_from(const std::string& path) {
          << compute_identity() << ": the losses continue, but not bit for bit\n";
   // the loader counts windows of micro_batch_size x dp sequences: with another global
   // micro-batch, the same tokens are at another window number
+  // (packed documents: rows of micro_batch_size x dp)
   std::string note;
   const auto saved = st.extra.find("window_tokens");
   try {
-    st.loader = data::continue_position(st.loader, saved == st.extra.end() ? "" : saved->second,
-                                        window_tokens(), c_.data.shuffle, note);
+    st.loader = train_->has_documents()
+                    ? data::continue_packed(st.loader, st.extra, c_.train.micro_batch_size * dims_.dp(),
+                                            train_->packing_key(), note)
+                    : data::continue_position(st.loader, saved == st.extra.end() ? "" : saved->second,
+                                              window_tokens(), c_.data.shuffle, note);
   } catch (const Error& e) {
     throw Error("checkpoint " + path + ": " + e.what());
   }
@@ -429,6 +456,10 @@ void Trainer::save(int64_t step) {
   st.extra["model"] = mc_.str();
   st.extra["layout"] = dims_.str();
   st.extra["window_tokens"] = std::to_string(window_tokens());
+  if (train_->has_documents()) {  // packed rows: how many of the epoch's were read, and how packed
+    st.extra["loader_rows"] = std::to_string(st.loader.window * c_.train.micro_batch_size * dims_.dp());
+    st.extra["loader_packing"] = train_->packing_key();
+  }
   st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
   st.tokenizer = tokenizer_;
   const bool sharded = c_.checkpoint.format == "sharded";

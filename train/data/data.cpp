@@ -201,27 +201,6 @@ void DataLoader::open_sidecars(const Preparation& prep, const std::string& shard
   sidecars_.push_back(std::make_unique<ByteFile>((dir / sc->docs).string(), tokens));
 }
 
-Tensor DataLoader::mask_window(int32_t shard, int64_t start, std::vector<int32_t>& y) const {
-  const int64_t n = B_ * T_ + 1;
-  std::vector<uint8_t> mask(static_cast<size_t>(n)), first(static_cast<size_t>(n));
-  sidecars_[2 * shard]->read(start, n, mask.data());
-  sidecars_[2 * shard + 1]->read(start, n, first.data());
-  std::vector<int32_t> docs(static_cast<size_t>(B_ * T_));
-  for (int64_t b = 0; b < B_; ++b) {
-    int32_t doc = 0;
-    for (int64_t t = 0; t < T_; ++t) {
-      const int64_t i = b * T_ + t;
-      if (t > 0 && first[i]) ++doc;
-      docs[i] = doc;
-      NDT_CHECK(mask[i + 1] <= 1 && first[i + 1] <= 1, "data files ", sidecars_[2 * shard]->path, " / ",
-                sidecars_[2 * shard + 1]->path, ": byte ", start + i + 1,
-                " is neither 0 nor 1; the files are corrupt: prepare the folder again with prepare_text");
-      if (!mask[i + 1] || first[i + 1]) y[i] = -1;  // not trained, or the next document's first token
-    }
-  }
-  return Tensor::from_vector(docs, {B_, T_});
-}
-
 namespace {
 uint64_t splitmix64(uint64_t& x) {
   uint64_t z = (x += 0x9E3779B97F4A7C15ull);
@@ -266,6 +245,17 @@ DataLoader::DataLoader(const std::string& pattern, int64_t B, int64_t T, int ran
   NDT_CHECK(sidecars_.empty() || sidecars_.size() == 2 * shards_.size(), "data '", pattern,
             "': some shards have loss masks and documents (.mask, .docs) and some not; read one "
             "preparation's shards (prepare_text makes them all alike)");
+  if (has_documents()) {
+    for (int32_t i = 0; i < static_cast<int32_t>(shards_.size()); ++i) scan_documents(i);
+    pack_epoch();  // epoch 0's rows: every epoch packs to as many (only equal lengths trade places)
+    stats_.rows = rows_.rows();
+    stats_.efficiency =
+        stats_.rows ? static_cast<double>(stats_.real_tokens) / static_cast<double>(stats_.rows * T) : 1.0;
+    NDT_CHECK(stats_.rows >= B * world, "data '", pattern, "': its documents pack into ", stats_.rows,
+              " rows of ", T, " tokens but one micro-step takes ", B * world,
+              " (micro_batch_size x data-parallel ranks); lower train.micro_batch_size or use more data");
+    return;
+  }
   NDT_CHECK(
       !windows_.empty(), "data '", pattern, "': no shard holds one batch: ", span + 1,
       " tokens are needed (micro_batch_size x seq_len x data-parallel ranks + 1); the largest shard has ",
@@ -284,17 +274,123 @@ int64_t DataLoader::total_tokens() const {
   return n;
 }
 
-void DataLoader::build_order() {
-  order_.resize(windows_.size());
-  std::iota(order_.begin(), order_.end(), 0);
-  if (!shuffle_) return;
-  // Fisher-Yates with a counter-based generator keyed by (seed, epoch): the same on every
-  // platform and rank.
-  uint64_t x = seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(state_.epoch) + 1;
-  for (int64_t i = static_cast<int64_t>(order_.size()) - 1; i > 0; --i) {
+namespace {
+// 0 .. n-1, permuted by Fisher-Yates with a counter-based generator keyed by `key` when
+// `shuffle`: the same on every platform and rank.
+std::vector<int64_t> seeded_order(size_t n, bool shuffle, uint64_t key) {
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  if (!shuffle) return order;
+  uint64_t x = key;
+  for (int64_t i = static_cast<int64_t>(n) - 1; i > 0; --i) {
     const int64_t j = static_cast<int64_t>(splitmix64(x) % static_cast<uint64_t>(i + 1));
-    std::swap(order_[i], order_[j]);
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
   }
+  return order;
+}
+}  // namespace
+
+void DataLoader::build_order() {
+  if (has_documents()) return pack_epoch();
+  order_ = seeded_order(windows_.size(), shuffle_,
+                        seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(state_.epoch) + 1);
+}
+
+// Reads the shard's document starts and loss mask once: its documents (cut to rows) and how
+// many of its targets are trained (token g's target, the token g + 1 of its document).
+void DataLoader::scan_documents(int32_t shard) {
+  const ByteFile &mask = *sidecars_[2 * shard], &docs = *sidecars_[2 * shard + 1];
+  const int64_t size = shards_[shard]->size();
+  std::vector<uint8_t> m, f;
+  int64_t start = 0;               // of the document being read
+  auto close = [&](int64_t end) {  // the document [start, end)
+    const std::vector<int64_t> parts = split_lengths(end - start, T_);
+    stats_.documents++, stats_.split += parts.size() > 1;
+    for (int64_t len : parts) pieces_.push_back({shard, start, len}), start += len;
+  };
+  for (int64_t pos = 0; pos < size; pos += 1 << 20) {
+    const int64_t n = std::min<int64_t>(1 << 20, size - pos);
+    m.resize(n), f.resize(n);
+    mask.read(pos, n, m.data());
+    docs.read(pos, n, f.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t g = pos + i;
+      NDT_CHECK(m[i] <= 1 && f[i] <= 1, "data files ", mask.path, " / ", docs.path, ": byte ", g,
+                " is neither 0 nor 1; the files are corrupt: prepare the folder again with prepare_text");
+      if (g > 0 && f[i]) close(g);
+      if (g > 0 && m[i] && !f[i]) stats_.trained_targets++;
+    }
+  }
+  if (size > 0) close(size);
+  stats_.real_tokens += size;
+}
+
+void DataLoader::pack_epoch() {
+  const uint64_t key = seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(state_.epoch) + 1;
+  // the pieces in stream order, or shuffled: the order equal lengths keep
+  const std::vector<int64_t> perm = seeded_order(pieces_.size(), shuffle_, key);
+  std::vector<int64_t> len(pieces_.size());
+  for (size_t i = 0; i < perm.size(); ++i) len[i] = pieces_[perm[i]].len;
+  const PackedRows packed = first_fit_decreasing(len, T_);
+  // the rows in the order packed, or shuffled (another draw of the same key)
+  const std::vector<int64_t> rows = seeded_order(static_cast<size_t>(packed.rows()), shuffle_, ~key);
+  rows_ = PackedRows{};
+  rows_.offsets.reserve(rows.size() + 1);
+  rows_.items.reserve(packed.items.size());
+  for (int64_t r : rows) {
+    for (int64_t k = packed.offsets[r]; k < packed.offsets[r + 1]; ++k)
+      rows_.items.push_back(perm[packed.items[k]]);
+    rows_.offsets.push_back(static_cast<int64_t>(rows_.items.size()));
+  }
+}
+
+// Row `row` of this epoch: its pieces one after another, each its own document (positions
+// restart), then padding: input 0, target -1, one more document id.
+void DataLoader::fill_row(int64_t row, int32_t* x, int32_t* y, int32_t* doc) const {
+  int64_t t = 0;
+  int32_t id = 0;
+  std::vector<uint32_t> tok;
+  std::vector<uint8_t> mask, first;
+  for (int64_t k = rows_.offsets[row]; k < rows_.offsets[row + 1]; ++k, ++id) {
+    const Piece& p = pieces_[rows_.items[k]];
+    const Shard& s = *shards_[p.shard];
+    const int64_t n = std::min(p.len + 1, s.size() - p.pos);  // its tokens and the next one, if any
+    tok.resize(n), mask.resize(n), first.resize(n);
+    s.read(p.pos, n, tok.data());
+    sidecars_[2 * p.shard]->read(p.pos, n, mask.data());
+    sidecars_[2 * p.shard + 1]->read(p.pos, n, first.data());
+    for (int64_t i = 0; i < p.len; ++i, ++t) {
+      NDT_CHECK(tok[i] < vocab_size_, "data shard ", s.path(), ": token ", tok[i], " at position ", p.pos + i,
+                " is >= model.vocab_size ", vocab_size_, "; the data was made for a larger vocabulary");
+      x[t] = static_cast<int32_t>(tok[i]);
+      doc[t] = id;
+      const bool trained = i + 1 < n && mask[i + 1] && !first[i + 1];
+      y[t] = trained ? static_cast<int32_t>(tok[i + 1]) : -1;
+    }
+  }
+  for (; t < T_; ++t) x[t] = 0, y[t] = -1, doc[t] = id;
+}
+
+Batch DataLoader::next_packed() {
+  const int64_t first_row = state_.window++ * B_ * world_ + static_cast<int64_t>(rank_) * B_;
+  std::vector<int32_t> x(B_ * T_), y(B_ * T_), doc(B_ * T_);
+  for (int64_t b = 0; b < B_; ++b) fill_row(first_row + b, &x[b * T_], &y[b * T_], &doc[b * T_]);
+  return {Tensor::from_vector(x, {B_, T_}), Tensor::from_vector(y, {B_, T_}),
+          Tensor::from_vector(doc, {B_, T_})};
+}
+
+void DataLoader::set_grad_accum(int64_t accum) {
+  NDT_CHECK(accum >= 1, "data loader: ", accum, " micro-steps per step; must be >= 1");
+  if (!has_documents()) return;
+  NDT_CHECK(stats_.rows >= B_ * world_ * accum, "data '", pattern_, "': its documents pack into ",
+            stats_.rows, " rows of ", T_, " tokens but one step takes ", B_ * world_ * accum,
+            " (micro_batch_size x grad_accum_steps x data-parallel ranks); lower them or use more data");
+  accum_ = accum;
+}
+
+std::string DataLoader::packing_key() const {
+  return "seq_len " + std::to_string(T_) +
+         (shuffle_ ? ", seed " + std::to_string(seed_) + ", shuffled" : ", stream order");
 }
 
 void DataLoader::restore(const LoaderState& s) {
@@ -312,6 +408,7 @@ Batch DataLoader::next() {
     state_.window = 0;
     build_order();
   }
+  if (has_documents()) return next_packed();
   const Window& w = windows_[order_[state_.window++]];
   const Shard& s = *shards_[w.shard];
   const int64_t start = w.pos + static_cast<int64_t>(rank_) * B_ * T_;
@@ -325,8 +422,7 @@ Batch DataLoader::next() {
     x[i] = static_cast<int32_t>(tok[i]);
     y[i] = static_cast<int32_t>(tok[i + 1]);
   }
-  const Tensor docs = has_documents() ? mask_window(w.shard, start, y) : Tensor();
-  return {Tensor::from_vector(x, {B_, T_}), Tensor::from_vector(y, {B_, T_}), docs};
+  return {Tensor::from_vector(x, {B_, T_}), Tensor::from_vector(y, {B_, T_}), Tensor()};
 }
 
 LoaderState continue_position(const LoaderState& saved, const std::string& saved_window_tokens,
@@ -348,6 +444,34 @@ LoaderState continue_position(const LoaderState& saved, const std::string& saved
          "; the data continues at token " + std::to_string(s.window * window_tokens) + " of epoch " +
          std::to_string(s.epoch) + (pos % window_tokens ? " (rounded down)" : "") +
          (shuffle ? ", but data.shuffle orders windows of the new size differently" : "");
+  return s;
+}
+
+LoaderState continue_packed(const LoaderState& saved, const std::map<std::string, std::string>& extra,
+                            int64_t rows_per_micro_step, const std::string& packing_key, std::string& note) {
+  note.clear();
+  const auto rows_it = extra.find("loader_rows"), key_it = extra.find("loader_packing");
+  if (rows_it == extra.end()) {
+    note =
+        "the checkpoint has no packed-rows position (a run that read windows of the token stream); "
+        "this run packs whole documents and continues at micro-step " +
+        std::to_string(saved.window) + " of epoch " + std::to_string(saved.epoch);
+    return saved;
+  }
+  char* end = nullptr;
+  const int64_t rows = std::strtoll(rows_it->second.c_str(), &end, 10);
+  NDT_CHECK(!rows_it->second.empty() && *end == '\0' && rows >= 0, "its loader_rows '", rows_it->second,
+            "' is not a number >= 0; the checkpoint is damaged: resume from an earlier one");
+  LoaderState s{saved.epoch, rows / rows_per_micro_step};
+  if (key_it != extra.end() && key_it->second != packing_key)
+    note = "the checkpoint's rows were packed with " + key_it->second + ", this run's with " + packing_key +
+           ": the data continues at row " + std::to_string(s.window * rows_per_micro_step) + " of epoch " +
+           std::to_string(s.epoch) + " of other rows";
+  else if (rows % rows_per_micro_step)
+    note = "the checkpoint had read " + std::to_string(rows) + " rows of epoch " + std::to_string(s.epoch) +
+           ", not a multiple of this run's " + std::to_string(rows_per_micro_step) +
+           " per micro-step; the data continues at row " + std::to_string(s.window * rows_per_micro_step) +
+           " (rounded down)";
   return s;
 }
 

@@ -19,12 +19,18 @@
 // new every epoch. The position (epoch, window) is saved in checkpoints.
 //
 // Documents and loss masks: when the preparation lists a shard's .mask and .docs files
-// (train/data/preparation.h; prepare_text writes them for .jsonl input), a window's target is
-// -1 (not trained: cross_entropy's ignore_index) where the target token is not trained and
-// where it is the first token of the next document (a document's last token does not predict
-// the next one's first), and Batch::docs numbers the documents within each row from 0 (a
-// window cuts documents at its edges: each piece is a document). Without them docs is
-// undefined and every target is trained, as for llm.c's shards.
+// (train/data/preparation.h; prepare_text writes them for .jsonl input), the rows are packed
+// from whole documents instead of windows (train/data/packing.h, Axolotl's multipack): each
+// epoch, the documents of all shards (a shard's start also starts one; a document longer
+// than T is cut into pieces of T) go into rows of T by first fit decreasing, equal lengths in
+// stream order, or with shuffle on in an order drawn from (seed, epoch), and the rows are then
+// shuffled by (seed, epoch) too. Every rank packs alike; micro-step k takes rows
+// [k*B*world, (k+1)*B*world), rank r the B from k*B*world + r*B (rows that do not fill a
+// micro-step at the end of an epoch are left out of it). A position's target is -1 (not
+// trained: cross_entropy's ignore_index) where the target token is not trained and at a
+// document's last token; Batch::docs numbers the pieces of each row from 0, and the free
+// positions at a row's end are padding: input 0, target -1, and a document id of their own.
+// Without sidecars docs is undefined and every target is trained, as for llm.c's shards.
 //
 //   data::DataLoader train("data/train_*.bin", /*B=*/8, /*T=*/128, /*rank=*/0, /*world=*/1,
 //                          /*shuffle=*/false, /*seed=*/0, /*vocab_size=*/256);
@@ -33,11 +39,13 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tensor/tensor.h"
+#include "train/data/packing.h"
 
 namespace ndt::data {
 
@@ -93,7 +101,17 @@ struct Batch {
 
 struct LoaderState {
   int64_t epoch = 0;
-  int64_t window = 0;  // index of the next window in this epoch's order
+  int64_t window = 0;  // index of the next window (packed: micro-step) in this epoch's order
+};
+
+// Packed data: what the start line says (per epoch; every epoch packs to the same row count).
+struct PackingStats {
+  int64_t rows = 0;             // rows of T
+  int64_t documents = 0;        // in the shards (a shard's start starts one)
+  int64_t split = 0;            // of them longer than a row, cut into row-sized pieces
+  int64_t real_tokens = 0;      // every token of the shards, each in one row
+  int64_t trained_targets = 0;  // targets not -1 over all rows
+  double efficiency = 1.0;      // real_tokens / (rows x T)
 };
 
 // Where a run that reads window_tokens per micro-step (micro_batch_size x dp sequences of
@@ -103,6 +121,12 @@ struct LoaderState {
 // Throws ndt::Error when the saved value is not a positive number.
 LoaderState continue_position(const LoaderState& saved, const std::string& saved_window_tokens,
                               int64_t window_tokens, bool shuffle, std::string& note);
+// The same for packed data, from the checkpoint's extra: "loader_rows" (rows of the epoch
+// consumed) and "loader_packing" (the saving loader's packing_key()); `rows_per_micro_step` is
+// micro_batch_size x dp. A missing key or another packing is continued at the same micro-step
+// or row, with a note. Throws ndt::Error when loader_rows is not a number >= 0.
+LoaderState continue_packed(const LoaderState& saved, const std::map<std::string, std::string>& extra,
+                            int64_t rows_per_micro_step, const std::string& packing_key, std::string& note);
 
 class DataLoader {
  public:
@@ -115,7 +139,19 @@ class DataLoader {
   LoaderState state() const { return state_; }
   void restore(const LoaderState& s);
   void reset() { restore({}); }
-  int64_t windows_per_epoch() const { return static_cast<int64_t>(windows_.size()); }
+  // micro-steps per epoch
+  int64_t windows_per_epoch() const {
+    return has_documents() ? rows_.rows() / (B_ * world_ * accum_) * accum_
+                           : static_cast<int64_t>(windows_.size());
+  }
+  // Packed data: the micro-steps of one optimizer step (train.grad_accum_steps), so that an
+  // epoch is whole steps and ends at the same row for every split of the same global batch.
+  // Throws ndt::Error when the rows do not fill one step.
+  void set_grad_accum(int64_t accum);
+  // Packed data (has_documents()): the packing's figures, and what decides its rows
+  // ("seq_len 128, seed 3, shuffled"): a checkpoint keeps it.
+  const PackingStats& packing() const { return stats_; }
+  std::string packing_key() const;
   int64_t total_tokens() const;
   const std::string& pattern() const { return pattern_; }
 
@@ -124,15 +160,22 @@ class DataLoader {
     int32_t shard;
     int64_t pos;  // first token of rank 0's part
   };
-  struct ByteFile;     // a sidecar: one byte per token of its shard
-  void build_order();  // this epoch's window order
+  struct ByteFile;  // a sidecar: one byte per token of its shard
+  struct Piece {    // packed: a document, or a row-sized part of one: tokens [pos, pos + len) of a shard
+    int32_t shard;
+    int64_t pos, len;
+  };
+  void build_order();                  // this epoch's window order, or its packed rows
+  void pack_epoch();                   // rows_ for this epoch
+  void scan_documents(int32_t shard);  // its pieces into pieces_, its figures into stats_
+  void fill_row(int64_t row, int32_t* x, int32_t* y, int32_t* doc) const;  // x, y, doc (T)
+  Batch next_packed();
   void open_sidecars(const Preparation& prep, const std::string& shard_path, int64_t tokens);
-  // docs and the -1 targets of a window whose tokens [start, start + B*T] come from shard `shard`
-  Tensor mask_window(int32_t shard, int64_t start, std::vector<int32_t>& y) const;
 
   std::string pattern_;
   int64_t B_, T_;
   int rank_, world_;
+  int64_t accum_ = 1;  // micro-steps per step (packed data's epoch: whole steps)
   bool shuffle_;
   uint64_t seed_;
   int64_t vocab_size_;
@@ -140,6 +183,9 @@ class DataLoader {
   std::vector<std::unique_ptr<ByteFile>> sidecars_;  // mask, docs of shard i at 2i, 2i+1; empty: none
   std::vector<Window> windows_;                      // in stream order
   std::vector<int64_t> order_;                       // this epoch's permutation of windows_
+  std::vector<Piece> pieces_;                        // packed: in stream order
+  PackedRows rows_;                                  // packed: this epoch's rows of pieces_, in order
+  PackingStats stats_;
   LoaderState state_;
 };
 
