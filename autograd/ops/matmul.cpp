@@ -66,6 +66,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in, bool ta, bool tb) {
 
 namespace {
 
+void check_linear_shapes(const char* op, const Tensor& x, const Tensor& w, const Tensor& b) {
+  NDT_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(0), op, ": input ", x.shape_str(),
+            " does not match weight ", w.shape_str(), " (expected x (..., C) and w (C, OC))");
+  NDT_CHECK(!b.defined() || (b.dim() == 1 && b.size(0) == w.size(1)), op, ": bias ", b.shape_str(),
+            " does not match weight ", w.shape_str(), " (expected (OC))");
+}
+
 // x (..., C) @ w (C, OC) + b (OC) -> (..., OC), then GELU if gelu: one node, the bias (and
 // GELU) fused into the GEMM where the backend can (kernels::linear_forward). With shared,
 // the input's collectives (linear_shared_input); with its gather, x_in is a part of the
@@ -76,11 +83,7 @@ Tensor linear_impl(const char* op, const Tensor& part_in, const Tensor& w_in, co
   const StartFn gather = shared ? shared->gather : StartFn(),
                 reduce_grad = shared ? shared->reduce_grad : StartFn();
   const Tensor x_in = gather ? gather(part_in.detach())() : part_in;
-  NDT_CHECK(w_in.dim() == 2 && x_in.dim() >= 1 && x_in.size(-1) == w_in.size(0), op, ": input ",
-            x_in.shape_str(), " does not match weight ", w_in.shape_str(),
-            " (expected x (..., C) and w (C, OC))");
-  NDT_CHECK(!b_in.defined() || (b_in.dim() == 1 && b_in.size(0) == w_in.size(1)), op, ": bias ",
-            b_in.shape_str(), " does not match weight ", w_in.shape_str(), " (expected (OC))");
+  check_linear_shapes(op, x_in, w_in, b_in);
   const int64_t C = w_in.size(0), OC = w_in.size(1);
   Shape out_shape = x_in.shape();
   out_shape.back() = OC;

@@ -204,6 +204,12 @@ void plan_peak(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v
   p.gathered_bytes = top->gathered;
 }
 
+// bf16 GEMMs on a CPU without bf16 instructions (tensor/cpu/matmul.cpp) convert both
+// operands and the product to f32 for sgemm: the largest product's copies, while it runs.
+Count f32_gemm_copies(const Plan& p, Count m, Count k, Count n) {
+  return p.bf16_gemms_in_f32 ? (m * k + k * n + m * n) * kF : Count(0);
+}
+
 // The activations of one micro-step (forward kept for backward), and the moments at which
 // memory peaks: this rank's persistent buffers plus what each moment holds. Under pipeline
 // parallelism the moments of each chunk's backward are walked along the schedule
@@ -251,13 +257,8 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   p.gathered_max_bytes = sharded ? ((2 * emb_full + 3 * block_full) * a + block_full * p.reduce_bytes).v : 0;
 
   // ---- what one micro-batch holds on each chunk, and its backward's moments
-  // bf16 GEMMs on a CPU without bf16 instructions (tensor/cpu/matmul.cpp) convert both
-  // operands and the product to f32 for sgemm: the largest product's copies, while it runs
-  const bool f32_gemms = p.bf16_gemms_in_f32;
-  auto f32_copies = [&](Count m, Count k, Count n) {
-    return f32_gemms ? (m * k + k * n + m * n) * kF : Count(0);
-  };
-  if (f32_gemms)
+  auto f32_copies = [&](Count m, Count k, Count n) { return f32_gemm_copies(p, m, k, n); };
+  if (p.bf16_gemms_in_f32)
     p.notes.push_back(
         "this CPU's bf16 matrix products run in f32 (no bf16 instructions, or NDT_BF16_GEMM=f32): "
         "the peak counts their f32 copies");
