@@ -6,6 +6,8 @@
 #   scripts/setup.sh --build-only  # only configure and build (what scripts/test.sh calls)
 #   scripts/setup.sh --cudnn-frontend  # only the cuDNN frontend headers, into third_party/
 #                                  # (with or without nvcc here; an error if they cannot be had)
+#   scripts/setup.sh --parquet     # only the Arrow C++ libraries for .parquet input: the pyarrow
+#                                  # wheel (PyPI) in a venv of its own (the default run does this too)
 #   scripts/setup.sh --reference   # only the reference venv: torch + transformers from PyPI, CPU
 #                                  # only, for tests/scripts/hf_reference.py (the Llama/Qwen2 tests)
 #                                  # and tokenizer_reference.py; tiktoken for bench/bench_tokenizer.py;
@@ -20,6 +22,9 @@
 #                    scripts/train_fortunes.sh asks only for train_gpt and prepare_text)
 #   NDT_BUILD_TYPE   CMake build type (default: Release)
 #   NDT_CMAKE_ARGS   extra arguments for the CMake configure step
+#   NDT_ARROW_VENV   the venv holding the pyarrow wheel, whose libarrow and libparquet the build
+#                    links for .parquet input (default ~/.cache/ndtrain/arrow-venv, where CMake looks)
+#   NDT_PARQUET      OFF: no pyarrow wheel, and prepare_text reads no .parquet files
 #   NDT_REF_VENV     the reference venv (default ~/.cache/ndtrain/ref-venv)
 #   NDT_REF_CUDA     stubs (default: torch without its NVIDIA wheels, ~1.4 GB) or wheels (with
 #                    them, as pip installs torch: ~5 GB)
@@ -180,6 +185,32 @@ assert x.grad is not None and not torch.cuda.is_available()" ||
   log "reference venv: done in $((SECONDS - t0)) s, $(du -sh "$venv" | cut -f1) on disk"
 }
 
+# Apache Arrow's C++ libraries for prepare_text's .parquet input. Debian 12 packages none; the
+# pyarrow wheel ships libarrow, libparquet and their headers (about 45 MB to download, 200 MB
+# installed), built for every Linux of glibc 2.28 or later, so a venv of its own holds it and
+# CMake links them from there. Without PyPI the build goes on without Parquet.
+PYARROW_VERSION=26.0.1
+arrow_wheel() {
+  if [[ "${NDT_PARQUET:-}" = OFF ]]; then log "parquet: NDT_PARQUET=OFF, no pyarrow wheel"; return; fi
+  local venv="${NDT_ARROW_VENV:-$HOME/.cache/ndtrain/arrow-venv}"
+  local probe="import pyarrow; assert pyarrow.__version__ == '$PYARROW_VERSION', pyarrow.__version__"
+  if [[ -x "$venv/bin/python" ]] && "$venv/bin/python" -c "$probe" >/dev/null 2>&1; then
+    log "parquet: $venv has pyarrow $PYARROW_VERSION, skipping"
+    return
+  fi
+  log "parquet: the pyarrow $PYARROW_VERSION wheel (Arrow's C++ libraries) into $venv"
+  if ! { [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"; } ||
+    ! "$venv/bin/pip" install --progress-bar off --no-cache-dir --disable-pip-version-check \
+      --only-binary=:all: --no-deps "pyarrow==$PYARROW_VERSION" ||
+    ! "$venv/bin/python" -c "$probe"; then
+    log "warning: the pyarrow wheel could not be installed (PyPI unreachable?): prepare_text will read no .parquet files"
+    return
+  fi
+  # a configured build folder looks for the libraries again
+  [[ -f "$BUILD/CMakeCache.txt" ]] && ARROW_INSTALLED=1
+  return 0
+}
+
 build() {
   fetch_cudnn_frontend
   local jobs
@@ -190,7 +221,7 @@ build() {
   if [[ -n "${NDT_CMAKE_ARGS:-}" ]]; then args+=(${NDT_CMAKE_ARGS}); fi
   # (freshly fetched frontend headers: configure again, CMake looks for them at configure time)
   if [[ -f "$BUILD/CMakeCache.txt" && -z "${NDT_CUDA:-}" && -z "${NDT_CMAKE_ARGS:-}" && -z "${NDT_BUILD_TYPE:-}" &&
-        -z "${CUDNN_FRONTEND_FETCHED:-}" ]]; then
+        -z "${CUDNN_FRONTEND_FETCHED:-}" && -z "${ARROW_INSTALLED:-}" ]]; then
     log "configure: $BUILD already configured (the build re-runs CMake if needed)"
   else
     log "configure: cmake -S $ROOT -B $BUILD ${args[*]}"
@@ -211,10 +242,11 @@ build() {
 }
 
 case "${1:-}" in
-  "") install_deps; build ;;
+  "") install_deps; arrow_wheel; build ;;
   --deps-only) install_deps ;;
   --build-only) build ;;
   --cudnn-frontend) fetch_cudnn_frontend required ;;
+  --parquet) arrow_wheel ;;
   --reference) reference_venv ;;
   -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' ;;
   *) die "unknown option '$1' (try --help)" ;;

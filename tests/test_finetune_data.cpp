@@ -22,6 +22,7 @@
 #include "train/checkpoint/checkpoint.h"
 #include "train/checkpoint/load.h"
 #include "train/data/data.h"
+#include "train/data/parquet.h"
 #include "train/data/preparation.h"
 
 using namespace ndt;
@@ -143,6 +144,66 @@ TEST_F(FinetuneData, EachRowFormatGivesItsTokensMasksAndDocumentStarts) {
   stream(dir_ / "formats_all", ids_all, mask_all, first_all);
   EXPECT_EQ(ids_all, want_ids);
   EXPECT_EQ(mask_all, std::string(want_ids.size(), '\1'));
+}
+
+// The same rows as a Parquet file (tests/data/rows/make_parquet.py: one table, missing fields
+// null, two row groups) give the same stream as their .jsonl; so do a folder holding it and a
+// quoted pattern; a bad row is named by its row number. Built without Parquet: one line says
+// how to build it.
+TEST_F(FinetuneData, ParquetRowsGiveTheTokensOfTheirJsonl) {
+  const fs::path rows = fs::path(NDT_SOURCE_DIR) / "tests/data/rows";
+  const fs::path jsonl = write("formats_pq.jsonl", R"({"text": "the cat", "id": 7})"
+                                                   "\n"
+                                                   R"({"prompt": "the ", "completion": "hat", "source": "x"})"
+                                                   "\n"
+                                                   R"({"messages": [{"role": "user", "content": "hi"}, )"
+                                                   R"({"role": "assistant", "content": "yo"}]})"
+                                                   "\n"
+                                                   R"({"text": "the end of the data"})"
+                                                   "\n");
+  if (!data::parquet_supported()) {
+    const ShellResult r = prepare("pq_none", (rows / "formats.parquet").string());
+    EXPECT_NE(r.rc, 0);
+    EXPECT_NE(r.out.find("this build reads no Parquet files: run scripts/setup.sh"), std::string::npos)
+        << r.out;
+    GTEST_SKIP() << "built without Parquet (scripts/setup.sh installs the pyarrow wheel's Arrow libraries)";
+  }
+  ASSERT_EQ(prepare("pq_jsonl", jsonl.string(), "--val_fraction 0.1").rc, 0);
+  std::vector<uint32_t> want_ids;
+  std::string want_mask, want_first;
+  stream(dir_ / "pq_jsonl", want_ids, want_mask, want_first);
+  fs::create_directories(dir_ / "hub" / "data");
+  fs::copy_file(rows / "formats.parquet", dir_ / "hub" / "data" / "train-00000-of-00001.parquet",
+                fs::copy_options::overwrite_existing);
+  for (const std::string& input : {(rows / "formats.parquet").string(), (dir_ / "hub").string(),
+                                   "'" + (dir_ / "hub" / "data").string() + "/train-*.parquet'"}) {
+    const std::string out = "pq_" + std::to_string(std::hash<std::string>()(input) % 100000);
+    const ShellResult r = prepare(out, input, "--val_fraction 0.1");
+    ASSERT_EQ(r.rc, 0) << input << "\n" << r.out;
+    EXPECT_NE(r.out.find("4 documents"), std::string::npos) << r.out;
+    std::vector<uint32_t> ids;
+    std::string mask, first;
+    stream(dir_ / out, ids, mask, first);
+    EXPECT_EQ(ids, want_ids) << input;
+    EXPECT_EQ(mask, want_mask) << input;
+    EXPECT_EQ(first, want_first) << input;
+  }
+  const ShellResult bad = prepare("pq_bad", (rows / "bad_role.parquet").string());
+  EXPECT_NE(bad.rc, 0);
+  EXPECT_NE(bad.out.find("bad_role.parquet: row 2: bad row: "), std::string::npos) << bad.out;
+  EXPECT_FALSE(fs::exists(dir_ / "pq_bad" / "preparation.json"));
+  const ShellResult skipped = prepare("pq_skip", (rows / "bad_role.parquet").string(), "--skip_bad_rows");
+  ASSERT_EQ(skipped.rc, 0) << skipped.out;
+  EXPECT_NE(skipped.out.find("skipped 1 bad row(s); the first: "), std::string::npos) << skipped.out;
+  const ShellResult none = prepare("pq_cols", (rows / "formats.parquet").string(),
+                                   "--text_field body --prompt_field q "
+                                   "--completion_field a --messages_field chat");
+  EXPECT_NE(
+      none.out.find("no column a row reads (its columns: text, id, prompt, completion, source, messages"),
+      std::string::npos)
+      << none.out;
+  const ShellResult junk = prepare("pq_junk", write("junk.parquet", "not parquet").string());
+  EXPECT_NE(junk.out.find("junk.parquet: cannot read it as Parquet"), std::string::npos) << junk.out;
 }
 
 TEST_F(FinetuneData, FieldNamesCanBeSet) {

@@ -130,6 +130,10 @@ Document JsonlReader::row(std::string_view line) const {
   } catch (const std::exception& e) {
     throw BadRow(std::string("malformed JSON (") + e.what() + ")");
   }
+  return row(j);
+}
+
+Document JsonlReader::row(const nlohmann::json& j) const {
   if (!j.is_object()) throw BadRow("not a JSON object");
   if (j.contains(o_.messages_field))
     return messages_row(conversation(j[o_.messages_field], o_.messages_field));

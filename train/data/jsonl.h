@@ -1,6 +1,7 @@
-// ndtrain: fine-tuning rows (.jsonl, one JSON object a line) into documents of tokens with
-// loss masks, as TRL and Axolotl read them. A row's format comes from its fields (their names
-// can be changed; other fields are ignored), tried in this order:
+// ndtrain: fine-tuning rows (.jsonl, one JSON object a line; or a .parquet file's rows,
+// train/data/parquet.h) into documents of tokens with loss masks, as TRL and Axolotl read
+// them. A row's format comes from its fields (their names can be changed; other fields are
+// ignored), tried in this order:
 //   messages   [{"role", "content"}, ...]: rendered by the model folder's chat template
 //              (tokenizer/chat_template.h), tokenized without adding special tokens (the
 //              template writes them); only the assistant messages' content and end of turn
@@ -19,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -53,6 +55,8 @@ class JsonlReader {
   JsonlReader(const tok::Tokenizer& t, const std::string& tokenizer_path, JsonlOptions o);
   // One line's document; throws BadRow. A blank line gives an empty document (no row).
   Document row(std::string_view line) const;
+  // A row already parsed (a Parquet file's: train/data/parquet.h).
+  Document row(const nlohmann::json& row) const;
   // A text row's document (a text file given beside the .jsonl files).
   Document text_row(const std::string& text) const;
 

@@ -17,7 +17,8 @@
 // A folder that holds a preparation's files already is refused, unless --overwrite: then
 // they are removed (once the text is tokenized) before the new ones are written.
 //
-// Fine-tuning data: .jsonl files (with --tokenizer), one row a document, in TRL's and
+// Fine-tuning data: .jsonl and .parquet files (with --tokenizer; a folder stands for those under
+// it, a quoted pattern for those it matches), one row a document, in TRL's and
 // Axolotl's formats (train/data/jsonl.h: text, prompt + completion, messages through the
 // model folder's chat template). Beside each shard go NAME.mask (1 byte a token: trained or
 // not) and NAME.docs (1 where a document starts), listed in preparation.json; the validation
@@ -31,12 +32,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "tokenizer/tokenizer.h"
 #include "train/command_line.h"
 #include "train/data/data.h"
 #include "train/data/jsonl.h"
+#include "train/data/parquet.h"
 #include "train/data/preparation.h"
 #include "train/data/vocab.h"
 #include "train/io/files.h"
@@ -76,6 +79,32 @@ int32_t document_separator(const tok::Tokenizer& t) {
 }
 
 bool is_jsonl(const std::string& f) { return fs::path(f).extension() == ".jsonl"; }
+bool is_parquet(const std::string& f) { return fs::path(f).extension() == ".parquet"; }
+bool is_rows(const std::string& f) { return is_jsonl(f) || is_parquet(f); }
+
+// The input files: a folder stands for the .jsonl and .parquet files under it (a dataset
+// downloaded from the Hub: data/train-00000-of-00002.parquet, ...), a pattern with * ? [ for
+// the files it matches (quoted, so that the shell leaves it), each in sorted order.
+std::vector<std::string> expand_inputs(const std::vector<std::string>& given) {
+  std::vector<std::string> files;
+  for (const std::string& g : given) {
+    std::vector<std::string> found;
+    std::error_code ec;
+    if (fs::is_directory(g, ec)) {
+      for (const auto& e : fs::recursive_directory_iterator(g, ec))
+        if (e.is_regular_file() && is_rows(e.path().string())) found.push_back(e.path().string());
+      NDT_CHECK(!found.empty(), g, " is a folder without .jsonl or .parquet files");
+    } else if (g.find_first_of("*?[") != std::string::npos && !fs::exists(g, ec)) {
+      found = data::glob_paths(g);
+      NDT_CHECK(!found.empty(), "no file matches ", g);
+    } else {
+      found.push_back(g);
+    }
+    std::sort(found.begin(), found.end());
+    files.insert(files.end(), found.begin(), found.end());
+  }
+  return files;
+}
 
 // A shard's sidecar names: train_000000.bin -> train_000000.mask, train_000000.docs.
 std::string sidecar_name(const std::string& shard, const char* ext) {
@@ -147,17 +176,17 @@ bool parse_options(int argc, char** argv, Options& o, int& status) {
       "fraction of tokens for validation (at the end)")(
       "shard_tokens", po::value(&o.shard_tokens)->default_value(o.shard_tokens), "tokens per training shard")(
       "text_field", po::value(&o.jsonl.text_field)->default_value(o.jsonl.text_field),
-      ".jsonl: the field of a document, all trained")(
+      "rows: the field of a document, all trained")(
       "prompt_field", po::value(&o.jsonl.prompt_field)->default_value(o.jsonl.prompt_field),
-      ".jsonl: the field of a prompt (not trained)")(
+      "rows: the field of a prompt (not trained)")(
       "completion_field", po::value(&o.jsonl.completion_field)->default_value(o.jsonl.completion_field),
-      ".jsonl: the field of a prompt's completion (trained, then the eos)")(
+      "rows: the field of a prompt's completion (trained, then the eos)")(
       "messages_field", po::value(&o.jsonl.messages_field)->default_value(o.jsonl.messages_field),
-      ".jsonl: the field of a conversation [{role, content}] (the assistant's turns trained)")(
+      "rows: the field of a conversation [{role, content}] (the assistant's turns trained)")(
       "train_on_all", po::bool_switch(&o.jsonl.train_on_all),
-      ".jsonl: train on every token (prompts and the chat template's text too)")(
+      "rows: train on every token (prompts and the chat template's text too)")(
       "skip_bad_rows", po::bool_switch(&o.skip_bad_rows),
-      ".jsonl: leave out bad rows and count them (default: a bad row fails the preparation)")(
+      "rows: leave out bad rows and count them (default: a bad row fails the preparation)")(
       "overwrite", po::bool_switch(&o.overwrite),
       "replace the preparation the output directory holds (its shards, vocab.json, tokenizer.json, "
       "preparation.json); without it such a directory is refused")("files", po::value(&o.files),
@@ -173,9 +202,11 @@ bool parse_options(int argc, char** argv, Options& o, int& status) {
     if (o.kind != "char" && o.kind != "byte")
       throw po::error("--vocab must be char or byte, got '" + o.kind + "'");
     if (o.files.empty()) throw po::error("no input files");
+    o.files = expand_inputs(o.files);
     for (const std::string& f : o.files)
-      if (is_jsonl(f) && o.tokenizer.empty())
-        throw po::error(f + " is .jsonl: its rows need a model's tokenizer: give --tokenizer DIR");
+      if (is_rows(f) && o.tokenizer.empty())
+        throw po::error(f + " holds rows (" + fs::path(f).extension().string() +
+                        "): they need a model's tokenizer: give --tokenizer DIR");
     if (!(o.val_fraction > 0 && o.val_fraction < 1)) throw po::error("--val_fraction must be in (0, 1)");
     if (o.shard_tokens < 1 || o.shard_tokens >= (int64_t(1) << 31))
       throw po::error("--shard_tokens must be in [1, 2^31)");
@@ -253,11 +284,31 @@ void append_document(const data::Document& d, Tokens& t) {
   }
 }
 
-// The rows of a .jsonl file (a text file: one text row) after the stream's. A bad row throws
-// one line naming the file, line and reason; with --skip_bad_rows it is counted in `skipped`
-// (and the first one's line kept in `first_bad`) instead.
+// The rows of a .jsonl or .parquet file (a text file: one text row) after the stream's. A bad
+// row throws one line naming the file, line (or row) and reason; with --skip_bad_rows it is
+// counted in `skipped` (and the first one's line kept in `first_bad`) instead.
 void read_rows(const Options& o, const data::JsonlReader& reader, const std::string& file, Tokens& t,
                int64_t& skipped, std::string& first_bad) {
+  auto take = [&](const std::string& where, const auto& read) {
+    data::Document d;
+    try {
+      d = read();
+    } catch (const data::BadRow& e) {
+      const std::string line = file + where + ": bad row: " + e.what();
+      NDT_CHECK(o.skip_bad_rows, line, " (fix the row, or leave bad rows out with --skip_bad_rows)");
+      if (skipped++ == 0) first_bad = line;
+      return;
+    }
+    append_document(d, t);
+  };
+  if (is_parquet(file)) {
+    const data::JsonlOptions& f = o.jsonl;
+    data::for_each_parquet_row(file, {f.messages_field, f.prompt_field, f.completion_field, f.text_field},
+                               [&](int64_t n, const nlohmann::json& row) {
+                                 take(": row " + std::to_string(n), [&] { return reader.row(row); });
+                               });
+    return;
+  }
   std::ifstream in(file, std::ios::binary);
   NDT_CHECK(in.good(), "cannot read ", file);
   if (!is_jsonl(file)) {
@@ -267,21 +318,11 @@ void read_rows(const Options& o, const data::JsonlReader& reader, const std::str
     return;
   }
   std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n) {
-    data::Document d;
-    try {
-      d = reader.row(line);
-    } catch (const data::BadRow& e) {
-      const std::string where = file + ":" + std::to_string(n) + ": bad row: " + e.what();
-      NDT_CHECK(o.skip_bad_rows, where, " (fix the row, or leave bad rows out with --skip_bad_rows)");
-      if (skipped++ == 0) first_bad = where;
-      continue;
-    }
-    append_document(d, t);
-  }
+  for (int64_t n = 1; std::getline(in, line); ++n)
+    take(":" + std::to_string(n), [&] { return reader.row(std::string_view(line)); });
 }
 
-// --tokenizer with .jsonl files: documents with their loss masks; tokenizer.json goes into
+// --tokenizer with .jsonl or .parquet files: documents with their loss masks; tokenizer.json goes into
 // the output.
 Tokens tokenize_documents(const Options& o, std::string& skipped_note) {
   Tokens tokens;
@@ -374,7 +415,7 @@ void write_output(const Options& o, const Tokens& t, int64_t n_train, data::Shar
 // Reads, tokenizes and writes the shards.
 Summary prepare(const Options& o) {
   check_out_dir(o);  // before the work
-  const bool rows = std::any_of(o.files.begin(), o.files.end(), is_jsonl);
+  const bool rows = std::any_of(o.files.begin(), o.files.end(), is_rows);
   std::vector<std::string> docs = rows ? std::vector<std::string>{} : read_documents(o.files);
   size_t bytes = 0;
   for (const std::string& d : docs) bytes += d.size();
