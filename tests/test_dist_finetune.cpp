@@ -1,7 +1,8 @@
 // Fine-tuning data (prepare_text's .jsonl chat rows: loss masks and documents, packed into
 // rows) under mpirun: data parallelism over packed rows, tensor parallelism and a two-stage
-// pipeline (the documents reach every stage) give one process's losses, step by step; context
-// parallelism refuses such data at start with one line naming parallel.cp_size.
+// pipeline (the documents reach every stage) give one process's losses, step by step; a run
+// resumed under another layout goes on with the same rows; context parallelism refuses such
+// data at start with one line naming parallel.cp_size.
 #include <gtest/gtest.h>
 
 #include "support/hf_fixture.h"
@@ -111,6 +112,34 @@ TEST_F(DistFinetune, DataParallelRanksReadOneProcessPackedRowsAcrossEpochs) {
 TEST_F(DistFinetune, TensorAndPipelineParallelLayoutsEqualOneProcessOnChatData) {
   expect_layouts_equal_one_process({{"tp2", "--parallel.tp_size 2"}, {"pp2", "--parallel.pp_size 2"}},
                                    "single", 1e-4);
+}
+
+// The data position survives a change of layout: a run of 8 steps on shuffled packed rows
+// (rows of 256, crossing epochs), stopped every 2 steps and resumed under another layout
+// (FSDP over 2 ranks, then tensor parallelism, then a two-stage pipeline, then one process),
+// trains on the rows the uninterrupted run trains on: the same losses, step by step.
+TEST_F(DistFinetune, ResumedUnderAnotherLayoutTheRunTrainsOnTheSameRows) {
+  const std::string common =
+      "--data.shuffle true --model.block_size 256 --train.seq_len 256 --train.steps 8 "
+      "--train.micro_batch_size 1";
+  ShellResult r = train("whole", 1, common);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::vector<double> want = losses(dir_ / "whole" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 8u);
+  const std::string ckpt = " --checkpoint.dir " + (dir_ / "relay" / "ckpt").string();
+  const std::vector<std::pair<int, std::string>> legs = {
+      {2, "--parallel.dp_shard_size 2 --train.grad_accum_steps 1"},
+      {2, "--parallel.tp_size 2 --checkpoint.resume true"},
+      {2, "--parallel.pp_size 2 --checkpoint.resume true"},
+      {1, "--checkpoint.resume true"}};
+  for (size_t k = 0; k < legs.size(); ++k) {
+    const std::string stop = k + 1 < legs.size() ? " --train.stop_after " + std::to_string(2 * (k + 1)) : "";
+    r = train("relay", legs[k].first, common + " " + legs[k].second + ckpt + stop);
+    ASSERT_EQ(r.rc, 0) << "leg " << k << "\n" << r.out;
+  }
+  const std::vector<double> got = losses(dir_ / "relay" / "metrics.jsonl");
+  ASSERT_EQ(got.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * want[i]) << "step " << i + 1;
 }
 
 TEST_F(DistFinetune, ContextParallelismRefusesDocumentsAtStartNamingTheKey) {
