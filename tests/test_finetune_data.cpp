@@ -21,6 +21,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint/checkpoint.h"
 #include "train/checkpoint/load.h"
+#include "train/checkpoint/tokenizer_files.h"
 #include "train/data/data.h"
 #include "train/data/parquet.h"
 #include "train/data/preparation.h"
@@ -511,6 +512,45 @@ TEST_F(FinetuneData, TrainGptTrainsOnTheMaskedDocumentsOfChatRows) {
   ASSERT_EQ(r.rc, 0) << r.out;
   const double first = loss_of(d / "m60.jsonl", 1), last = loss_of(d / "m60.jsonl", 60);
   EXPECT_LT(last, 0.5 * first) << r.out;
+}
+
+// The files a model folder holds beside its tokenizer.json (its tokenizer_config.json, its
+// chat_template.jinja) go with the shards prepare_text makes, byte for byte, and from them
+// into a run's checkpoints (so that generate --chat and an export find the template); a
+// preparation with a tokenizer that has none removes the earlier ones with --overwrite.
+TEST_F(FinetuneData, TheTokenizersChatTemplateTravelsWithTheShardsIntoTheCheckpoints) {
+  const fs::path rows = write("travel.jsonl", chat_rows(8));
+  ASSERT_EQ(prepare("travel", rows.string()).rc, 0);
+  for (const char* f : {"tokenizer_config.json", "chat_template.jinja"}) {
+    ASSERT_TRUE(fs::exists(dir_ / "model" / f)) << f;
+    EXPECT_EQ(read_bytes(dir_ / "travel" / f), read_bytes(dir_ / "model" / f)) << f;
+  }
+  const fs::path d = dir_ / "travel_run";
+  const ShellResult r =
+      run_shell(std::string(NDT_TRAIN_GPT_BIN) +
+                " --model.n_layer 1 --model.n_head 2 --model.n_embd 32 --model.vocab_size 264"
+                " --model.block_size 64 --train.seq_len 64 --train.micro_batch_size 1"
+                " --train.steps 1 --sample.every -1 --out '' --checkpoint.dir " +
+                (d / "ck").string() + " --data.train " + (dir_ / "travel" / "train_*.bin").string() +
+                " --data.val " + (dir_ / "travel" / "val_*.bin").string() + " 2>&1");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const ckpt::TokenizerFiles carried = ckpt::read_tokenizer_files((d / "ck" / "step_00000001").string());
+  EXPECT_EQ(carried.vocabulary, "tokenizer.json");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) {
+    ASSERT_TRUE(carried.files.count(f)) << f;
+    EXPECT_EQ(carried.files.at(f), read_bytes(dir_ / "model" / f)) << f;
+  }
+  // another tokenizer folder without them: --overwrite leaves none of the earlier ones behind
+  fs::create_directories(dir_ / "bare");
+  fs::copy_file(dir_ / "model" / "tokenizer.json", dir_ / "bare" / "tokenizer.json",
+                fs::copy_options::overwrite_existing);
+  const ShellResult again =
+      run_shell(std::string(NDT_PREPARE_TEXT_BIN) + " --out " + (dir_ / "travel").string() +
+                " --overwrite --tokenizer " + (dir_ / "bare").string() + " " +
+                write("travel.txt", "the cat sat").string() + " 2>&1");
+  ASSERT_EQ(again.rc, 0) << again.out;
+  EXPECT_FALSE(fs::exists(dir_ / "travel" / "tokenizer_config.json"));
+  EXPECT_FALSE(fs::exists(dir_ / "travel" / "chat_template.jinja"));
 }
 
 // Packed rows end to end: train_gpt says its packing in one line; a run stopped and resumed

@@ -11,6 +11,7 @@
 #include "tokenizer/json_checked.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint/load.h"
+#include "train/data/preparation.h"
 #include "train/data/vocab.h"
 #include "train/io/files.h"
 #include "train/io/hf_folder.h"
@@ -23,16 +24,17 @@ namespace {
 
 constexpr const char* kManifest = "checkpoint.json";
 constexpr const char* kTokenizer = "tokenizer.json";
-// what a source folder holds beside its tokenizer.json, carried with it
-constexpr const char* kBeside[] = {"tokenizer_config.json", "special_tokens_map.json",
-                                   "generation_config.json"};
+// what a source folder holds beside its tokenizer.json, carried with it: tokenizer_config.json,
+// special_tokens_map.json, generation_config.json, chat_template.jinja (in that order)
+const auto& kBeside = data::kBesideTokenizer;
 constexpr const char* kFix =
     "; the checkpoint is damaged: resume an older one (write its step_* name into latest) or restore the "
     "file";
 
 // The only names a checkpoint's tokenizer files may have (plain names in the step folder).
 bool allowed_name(const std::string& n) {
-  static const std::set<std::string> names = {kTokenizer, "vocab.json", kBeside[0], kBeside[1], kBeside[2]};
+  static const std::set<std::string> names = {kTokenizer, "vocab.json", kBeside[0],
+                                              kBeside[1], kBeside[2],   kBeside[3]};
   return names.count(n) > 0;
 }
 
@@ -79,6 +81,13 @@ TokenizerFiles run_tokenizer(const std::string& vocab_file, const WeightSource* 
     // data::TextCodec reads a file named tokenizer.json as a tokenizer, any other as a vocab.json
     run.vocabulary = fs::path(vocab_file).filename() == kTokenizer ? kTokenizer : "vocab.json";
     run.files[run.vocabulary] = read_bytes(vocab_file, "vocabulary");
+    // a tokenizer.json's own folder's files (a model folder's, or a preparation's copies of them)
+    const fs::path dir = fs::path(vocab_file).parent_path();
+    std::error_code ec;
+    if (run.vocabulary == kTokenizer)
+      for (const char* name : kBeside)
+        if (fs::is_regular_file(dir / name, ec))
+          run.files[name] = read_bytes((dir / name).string(), "tokenizer file");
   }
   if (!init) return run;
   const TokenizerFiles source = source_tokenizer(*init);

@@ -5,8 +5,10 @@
 //   tokenizer.json or vocab.json    the vocabulary the run trains with (data::vocabulary_path:
 //                                   a model's tokenizer.json, or prepare_text's char or byte
 //                                   vocab.json)
-//   tokenizer_config.json, special_tokens_map.json, generation_config.json
-//                                   those of the Hugging Face folder the run started from
+//   tokenizer_config.json, special_tokens_map.json, generation_config.json, chat_template.jinja
+//                                   those beside the run's tokenizer.json (a model folder's, or
+//                                   the copies prepare_text keeps with its shards), and those of
+//                                   the Hugging Face folder the run started from
 //                                   (model.init_from), when the run trains with that folder's
 //                                   own tokenizer (its tokenizer.json, byte for byte)
 // and checkpoint.json's "tokenizer" object says what they are:

@@ -32,9 +32,12 @@ bool is_sidecar_name(const std::string& n) {
          (ends_with(n, ".mask") || ends_with(n, ".docs"));
 }
 
-// What a preparation writes: its shards, vocabulary and manifest, or one of them as NAME.tmp.
+// What a preparation writes: its shards, vocabulary (and the files beside a tokenizer.json) and
+// manifest, or one of them as NAME.tmp.
 bool is_preparation_name(std::string n) {
   if (ends_with(n, ".tmp")) n.resize(n.size() - 4);
+  for (const char* beside : kBesideTokenizer)
+    if (n == beside) return true;
   return is_shard_name(n) || is_sidecar_name(n) || n == "vocab.json" || n == "tokenizer.json" ||
          n == kPreparationFile;
 }

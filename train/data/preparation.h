@@ -1,6 +1,6 @@
 // ndtrain: a preparation's identity. prepare_text owns its output folder: it writes the
-// shards, the vocabulary (vocab.json or tokenizer.json) and, last, preparation.json, which
-// names them:
+// shards, the vocabulary (vocab.json or tokenizer.json, with the files its model folder holds
+// beside it: kBesideTokenizer) and, last, preparation.json, which names them:
 //
 //   {"preparation": "5f1c0e9a2b7d4c13",          <- XXH64 of the shards' tokens and the vocabulary
 //    "vocabulary": "vocab.json",
@@ -33,6 +33,11 @@
 namespace ndt::data {
 
 inline constexpr const char* kPreparationFile = "preparation.json";
+// What a model folder holds beside its tokenizer.json and travels with it: into a preparation
+// made with --tokenizer (so that its chat template is the shards' own), into a run's
+// checkpoints and into their exports (train/checkpoint/tokenizer_files.h).
+inline constexpr const char* kBesideTokenizer[] = {"tokenizer_config.json", "special_tokens_map.json",
+                                                   "generation_config.json", "chat_template.jinja"};
 
 // The loss mask and document starts beside a shard (file names in the preparation's folder).
 struct ShardSidecars {

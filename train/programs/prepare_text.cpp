@@ -32,6 +32,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -224,17 +225,28 @@ struct Tokens {
   std::vector<uint32_t> ids;
   std::vector<uint8_t> mask, first;  // with documents: per token trained, starts a document
   std::string what;
-  std::string vocab_name, vocab_bytes;  // the vocabulary file to write beside the shards
+  std::string vocab_name, vocab_bytes;        // the vocabulary file to write beside the shards
+  std::map<std::string, std::string> beside;  // a tokenizer.json's companions (chat template, ...)
 };
 
-// The tokenizer.json the shards were made with, to be written beside them.
-void keep_tokenizer_file(const tok::Tokenizer& t, Tokens& tokens) {
-  std::ifstream in(t.source(), std::ios::binary);
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
-  NDT_CHECK(in.good() || in.eof(), "cannot read ", t.source());
+  NDT_CHECK(in.good() || in.eof(), "cannot read ", path.string());
+  return ss.str();
+}
+
+// The tokenizer.json the shards were made with, to be written beside them, with the files its
+// folder holds beside it (tokenizer_config.json and its chat template, ...): the shards' own,
+// which a run's checkpoints carry on into generate --chat and the exports.
+void keep_tokenizer_file(const tok::Tokenizer& t, Tokens& tokens) {
   tokens.vocab_name = "tokenizer.json";
-  tokens.vocab_bytes = ss.str();
+  tokens.vocab_bytes = read_file(t.source());
+  const fs::path dir = fs::path(t.source()).parent_path();
+  std::error_code ec;
+  for (const char* name : data::kBesideTokenizer)
+    if (fs::is_regular_file(dir / name, ec)) tokens.beside[name] = read_file(dir / name);
 }
 
 // --tokenizer: each document after its separator; tokenizer.json goes into the output.
@@ -407,6 +419,8 @@ void write_output(const Options& o, const Tokens& t, int64_t n_train, data::Shar
     p.sidecars[span.name] = sc;
   }
   io::write_file_atomic((fs::path(o.out_dir) / t.vocab_name).string(), t.vocab_bytes);
+  for (const auto& [name, bytes] : t.beside)
+    io::write_file_atomic((fs::path(o.out_dir) / name).string(), bytes);
   data::write_preparation(p);
   s.id = p.id;
   s.shards = static_cast<int>(plan.size()) - 1;
