@@ -17,15 +17,18 @@ double Strategy::grad_norm() const {
 }
 
 void Strategy::sum_partial_grads_over_tp() const {
-  if (!split_ || !split_->sequence_parallel || !tp_ || tp_->size() == 1) return;
-  // every unsplit parameter's part of this rank's gradient shards: the same offsets on
-  // every tp rank (their buffers differ only in the split parameters' contents)
+  if (!tp_ || tp_->size() == 1) return;
+  const bool sequence_parallel = split_ && split_->sequence_parallel;
+  // every unsplit parameter's part of this rank's gradient shards (sequence parallel) or
+  // those whose gradient is partial whatever the layout (Qwen3's q_norm, k_norm: each rank's
+  // heads): the same offsets on every tp rank (their buffers differ only in the split
+  // parameters' contents)
   std::vector<Tensor> parts;
   int64_t n = 0;
   for (const nn::FlatUnit& u : params_.units) {
     for (const nn::FlatParam& p : u.params) {
       const nn::ShardPart s = nn::shard_part(u, p);
-      if (p.spec.tp.split() || s.size() == 0) continue;
+      if (p.spec.tp.split() || s.size() == 0 || !(sequence_parallel || p.spec.tp.partial_grad)) continue;
       parts.push_back(u.grad.narrow(0, s.begin, s.size()));
       n += s.size();
     }

@@ -64,7 +64,8 @@ class Strategy {
   // Sequence parallelism (dist/tensor_parallel/tensor_parallel.h): the gradients of the
   // parameters tensor parallelism does not split are partial on each tp rank, which saw only
   // its part of every sequence; end_micro of the last micro-step then sums them over the tp
-  // group, after the data-parallel reductions (a sum commutes with their mean). split:
+  // group, after the data-parallel reductions (a sum commutes with their mean); so, with or
+  // without it, are those marked TpSlice::partial_grad (used by each rank's heads only). split:
   // ParallelModel's setting (dist/sequence_split.h), which must outlive the strategy.
   void read_sequence_split(const SequenceSplit* split) { split_ = split; }
 

@@ -14,8 +14,9 @@ void GPTConfig::validate() const {
   const Family& f = family();  // throws naming the known ones
   NDT_CHECK(n_layer >= 1, "model.n_layer must be >= 1, got ", n_layer);
   NDT_CHECK(n_head >= 1, "model.n_head must be >= 1, got ", n_head);
-  NDT_CHECK(n_embd >= 1 && n_embd % n_head == 0, "model.n_embd (", n_embd,
-            ") must be a positive multiple of model.n_head (", n_head, ")");
+  NDT_CHECK(n_embd >= 1, "model.n_embd must be >= 1, got ", n_embd);
+  NDT_CHECK(head_size > 0 || n_embd % n_head == 0, "model.n_embd (", n_embd,
+            ") must be a multiple of model.n_head (", n_head, "), or model.head_dim given (llama)");
   NDT_CHECK(vocab_size >= 1 && vocab_size <= (int64_t(1) << 24),
             "model.vocab_size must be in [1, 16777216], got ", vocab_size);
   NDT_CHECK(block_size >= 1, "model.block_size must be >= 1, got ", block_size);
@@ -127,10 +128,12 @@ std::vector<nn::UnitSpec> GPT::units() const {
 
 double GPT::flops_per_token(int64_t T) const {
   // 6 flops per parameter per token (2 forward, 4 backward), embeddings excluded except
-  // the lm_head matmul; attention: 12 * n_layer * T * C (QK^T and PV, forward + backward)
+  // the lm_head matmul; attention: 12 * n_layer * T * NH HS (QK^T and PV, forward + backward;
+  // NH HS = C unless model.head_dim says otherwise)
   const double C = static_cast<double>(cfg.n_embd), L = static_cast<double>(cfg.n_layer);
   const double n = L * cfg.family().block_params(cfg) + static_cast<double>(cfg.padded_vocab()) * C;
-  return 6.0 * n + 12.0 * L * static_cast<double>(T) * C;
+  const double attn = static_cast<double>(cfg.n_head * cfg.head_dim());
+  return 6.0 * n + 12.0 * L * static_cast<double>(T) * attn;
 }
 
 Tensor GPT::final_norm(const Tensor& x) const { return ln_f->forward(x); }

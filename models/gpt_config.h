@@ -24,8 +24,8 @@ namespace ndt::models {
 struct Family;  // models/family.h: what an architecture adds
 
 struct GPTConfig {
-  std::string arch = "gpt2";  // a model family (models/families.h): gpt2 or llama (Qwen2 and Mistral
-                              // are llama with options)
+  std::string arch = "gpt2";  // a model family (models/families.h): gpt2 or llama (Qwen2, Qwen3 and
+                              // Mistral are llama with options)
   int64_t n_layer = 12;
   int64_t n_head = 12;
   int64_t n_embd = 768;
@@ -39,10 +39,13 @@ struct GPTConfig {
   bool attention_bias = false;    // biases on q, k and v (Qwen2)
   bool tie_embeddings = false;    // lm_head is wte (gpt2 always ties)
   RopeConfig rope;                // rotary embeddings: theta and Llama 3's scaling
+  int64_t head_size = 0;          // model.head_dim: channels per head HS (0: n_embd / n_head; Qwen3's differ)
+  bool qk_norm = false;           // an RMSNorm over each head's HS channels of q and of k (Qwen3)
 
   const Family& family() const;  // of arch; throws ndt::Error for an unknown one
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
-  int64_t head_dim() const { return n_embd / n_head; }
+  // HS: model.head_dim, or n_embd / n_head when it is 0 (gpt2 always); q has NH HS channels
+  int64_t head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
   bool tied() const;           // logits through wte (gpt2 always; llama with tie_embeddings)
   int64_t mlp_hidden() const;  // the MLP's hidden units: 4C (gpt2) or intermediate_size
   int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
@@ -100,6 +103,12 @@ void visit_fields(Visit&& visit, C&... cs) {
         cs.tie_embeddings...);
   visit(Field{"rope_theta", "llama: the rotary embeddings' base (Llama 3: 500000)", "llama", 1, 1e12},
         cs.rope.theta...);
+  visit(Field{"head_dim", "llama: channels per attention head (0: n_embd / n_head; Qwen3-0.6B: 128)", "llama",
+              0, 65536, true, /*optional=*/true},
+        cs.head_size...);
+  visit(Field{"qk_norm", "llama: RMSNorms over each head of q and k before the rotary embeddings (Qwen3)",
+              "llama", 0, 0, true, /*optional=*/true},
+        cs.qk_norm...);
 }
 
 }  // namespace ndt::models

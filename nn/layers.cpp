@@ -75,6 +75,10 @@ CausalSelfAttention::CausalSelfAttention(int64_t C, int64_t nh, float std, float
 }
 
 namespace {
+// HS: the given head size, or C / NH
+int64_t head_size(const LlamaDims& d) {
+  return d.head_dim > 0 ? d.head_dim : d.n_head > 0 ? d.C / d.n_head : 0;
+}
 void check_no_attend_with_docs(const AttendFn& attend, const Tensor& docs) {
   NDT_CHECK(
       !attend || !docs.defined(),
@@ -122,17 +126,24 @@ Tensor Block::forward(const Tensor& x, const Positions& pos) const {
   return add(h.sum, mlp.forward(h.out));
 }
 
-GroupedQueryAttention::GroupedQueryAttention(int64_t C, int64_t nh, int64_t nkv, bool qkv_bias, float std,
-                                             float proj_std)
-    : c_attn(C, (nh + 2 * nkv) * (nh > 0 ? C / nh : 0), qkv_bias, std),
-      c_proj(C, C, false, proj_std),
-      n_head(nh),
-      n_kv_head(nkv),
-      head_dim(nh > 0 ? C / nh : 0) {
-  NDT_CHECK(nh > 0 && C % nh == 0, "attention: n_embd ", C, " is not divisible by n_head ", nh);
-  NDT_CHECK(nkv > 0 && nh % nkv == 0, "attention: n_head ", nh, " is not divisible by n_kv_head ", nkv);
+GroupedQueryAttention::GroupedQueryAttention(const LlamaDims& d, float std, float proj_std)
+    : c_attn(d.C, (d.n_head + 2 * d.n_kv_head) * head_size(d), d.qkv_bias, std),
+      c_proj(d.n_head * head_size(d), d.C, false, proj_std),
+      n_head(d.n_head),
+      n_kv_head(d.n_kv_head),
+      head_dim(head_size(d)) {
+  NDT_CHECK(d.n_head > 0 && (d.head_dim > 0 || d.C % d.n_head == 0), "attention: n_embd ", d.C,
+            " is not divisible by n_head ", d.n_head, " (give the head size)");
+  NDT_CHECK(d.n_kv_head > 0 && d.n_head % d.n_kv_head == 0, "attention: n_head ", d.n_head,
+            " is not divisible by n_kv_head ", d.n_kv_head);
   child("c_attn", &c_attn);
   child("c_proj", &c_proj);
+  if (d.qk_norm) {
+    q_norm = std::make_unique<RMSNorm>(head_dim, d.norm_eps);
+    k_norm = std::make_unique<RMSNorm>(head_dim, d.norm_eps);
+    child("q_norm", q_norm.get());
+    child("k_norm", k_norm.get());
+  }
 }
 
 Tensor GroupedQueryAttention::core(const Tensor& qkv, const Positions& pos) const {
@@ -141,6 +152,8 @@ Tensor GroupedQueryAttention::core(const Tensor& qkv, const Positions& pos) cons
   std::vector<Tensor> parts = split_last(view(qkv, {B, T, NKV, (G + 2) * HS}), {G * HS, HS, HS});
   Tensor q = view(parts[0], {B, T, NKV * G, HS});  // query head g G + j is group g's j-th
   Tensor k = parts[1], v = parts[2];
+  // Qwen3: each head's HS channels of q and k RMS-normalized (one weight for all heads)
+  if (q_norm) q = q_norm->forward(q), k = k_norm->forward(k);
   // rotary on q and k at every token's position (B,T,HS/2), then heads in front
   q = heads_to_front(rotary(q, pos.cos, pos.sin));  // (B,NH,T,HS)
   k = heads_to_front(rotary(k, pos.cos, pos.sin));  // (B,NKV,T,HS)
@@ -163,7 +176,7 @@ Tensor GroupedQueryAttention::forward(const Tensor& x, const Positions& pos) con
 
 LlamaBlock::LlamaBlock(const Dims& d, float std, float proj_std)
     : ln_1(d.C, d.norm_eps),
-      attn(d.C, d.n_head, d.n_kv_head, d.qkv_bias, std, proj_std),
+      attn(d, std, proj_std),
       ln_2(d.C, d.norm_eps),
       mlp(d.C, d.intermediate, std, proj_std) {
   child("ln_1", &ln_1);
@@ -181,6 +194,7 @@ Tensor LlamaBlock::forward(const Tensor& x, const Positions& pos) const {
 TensorParallelPlan& TensorParallelPlan::operator+=(const TensorParallelPlan& o) {
   linears.insert(linears.end(), o.linears.begin(), o.linears.end());
   counts.insert(counts.end(), o.counts.begin(), o.counts.end());
+  partial_grads.insert(partial_grads.end(), o.partial_grads.begin(), o.partial_grads.end());
   return *this;
 }
 
@@ -199,6 +213,7 @@ TensorParallelPlan Block::tensor_parallel_plan() {
 TensorParallelPlan LlamaBlock::tensor_parallel_plan() {
   TensorParallelPlan p{{{&attn.c_attn, true}, {&attn.c_proj, false}},
                        {{&attn.n_head, "heads"}, {&attn.n_kv_head, "key/value heads"}}};
+  if (attn.q_norm) p.partial_grads = {attn.q_norm.get(), attn.k_norm.get()};
   return p += mlp.tensor_parallel_plan();
 }
 

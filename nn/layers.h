@@ -1,7 +1,7 @@
 // ndtrain: the building blocks of GPT-2 and of the Llama family. Each layer registers its parameters
 // (nn/module.h) and its forward is a few ops; the backward comes from the ops (autograd/ops.h).
 //
-// Shape legend: B batch, T time, C channels, NH heads, HS = C/NH head size, V vocab;
+// Shape legend: B batch, T time, C channels, NH heads, HS = C/NH head size (Llama: or given), V vocab;
 // Llama: NKV key/value heads, G = NH/NKV query heads per kv head, I the MLP's hidden size.
 // Linear weights use GPT-2's Conv1D layout (in, out): y = x @ W + b.
 #pragma once
@@ -113,6 +113,10 @@ struct TensorParallelPlan {
   };
   std::vector<Split> linears;
   std::vector<Count> counts;
+  // Layers every rank holds whole but applies to its own heads only (Qwen3's q_norm, k_norm):
+  // each rank's gradient of them is a partial sum, which the strategy sums over the tp group
+  // (dist/strategy.h; transformers' "replicated_with_grad_allreduce").
+  std::vector<Module*> partial_grads;
   TensorParallelPlan& operator+=(const TensorParallelPlan& o);
 };
 
@@ -187,29 +191,42 @@ class Block : public DecoderBlock {
   MLP mlp;
 };
 
-// The Llama family's attention (Llama 3, Qwen2, Mistral): grouped-query attention with
+// The sizes and options of a Llama-family block (nn::LlamaBlock, nn::GroupedQueryAttention).
+struct LlamaDims {
+  int64_t C, n_head, n_kv_head, intermediate;
+  bool qkv_bias;
+  double norm_eps;
+  int64_t head_dim = 0;  // HS; 0: C / n_head
+  bool qk_norm = false;  // RMSNorms over each head of q and of k (Qwen3)
+};
+
+// The Llama family's attention (Llama 3, Qwen2, Qwen3, Mistral): grouped-query attention with
 // rotary position embeddings. NH query heads share NKV key/value heads (NKV divides NH;
-// G = NH / NKV query heads per group; NKV = 1 is multi-query attention), HS = C / NH.
+// G = NH / NKV query heads per group; NKV = 1 is multi-query attention), HS = C / NH unless
+// given (Qwen3-0.6B: C 1024, NH 16, HS 128: q has NH HS = 2048 channels).
 //
 // q, k and v come from one linear, c_attn (C, NKV (G + 2) HS), whose columns are laid out
 // by kv group: for group g, its G query heads (g G .. g G + G - 1), then k_g, then v_g.
 // Query head h thus reads kv head h / G, as Hugging Face's repeat_kv does, and tensor
 // parallelism splits c_attn's columns into whole groups (a plain column split when tp
 // divides NKV). Hugging Face's separate q_proj, k_proj and v_proj are packed into it when a
-// model is read, and unpacked when it is written (train/checkpoint/hf.h).
-// Optional biases on q, k and v (Qwen2's attention_bias); none on c_proj.
+// model is read, and unpacked when it is written (train/checkpoint/hf.h). c_proj (NH HS, C).
+// Optional biases on q, k and v (Qwen2's attention_bias); none on c_proj. Optional q_norm and
+// k_norm (Qwen3): an RMSNorm over the HS channels of every head of q and of k, one weight (HS)
+// shared by all heads, applied after c_attn and before the rotary embeddings.
 class GroupedQueryAttention : public Module {
  public:
-  GroupedQueryAttention(int64_t C, int64_t n_head, int64_t n_kv_head, bool qkv_bias, float std,
-                        float proj_std);
+  GroupedQueryAttention(const LlamaDims& d, float std, float proj_std);
   // x (B, T, C) at `pos` -> (B, T, C)
   Tensor forward(const Tensor& x, const Positions& pos) const;
   // The attention core, between the two linears: qkv (B, T, NKV (G+2) HS) -> q, k, v,
-  // rotary on q and k, causal attention with the shared kv heads -> (B, T, NH HS). It has
-  // no parameters; selective activation checkpointing recomputes it in backward.
+  // (q_norm, k_norm), rotary on q and k, causal attention with the shared kv heads ->
+  // (B, T, NH HS). Its only parameters are the optional norms'; selective activation
+  // checkpointing recomputes it in backward.
   Tensor core(const Tensor& qkv, const Positions& pos) const;
   Linear c_attn, c_proj;
-  int64_t n_head, n_kv_head, head_dim;  // heads on this rank (/ tp under tensor parallelism)
+  std::unique_ptr<RMSNorm> q_norm, k_norm;  // (HS) each; nullptr without qk_norm
+  int64_t n_head, n_kv_head, head_dim;      // heads on this rank (/ tp under tensor parallelism)
   AttendFn attend;  // context parallelism's ring attention (empty: attention over the sequence)
 };
 
@@ -217,11 +234,7 @@ class GroupedQueryAttention : public Module {
 // query attention with rotary embeddings and the SwiGLU MLP.
 class LlamaBlock : public DecoderBlock {
  public:
-  struct Dims {
-    int64_t C, n_head, n_kv_head, intermediate;
-    bool qkv_bias;
-    double norm_eps;
-  };
+  using Dims = LlamaDims;
   LlamaBlock(const Dims& d, float std, float proj_std);
   Tensor forward(const Tensor& x, const Positions& pos) const override;
   AttendFn& attend() override { return attn.attend; }

@@ -59,6 +59,9 @@ class Module {
   // Tensor parallelism (before materialize): this rank keeps part `rank` of `parts` of
   // parameter `name` (of this module) along `dim`, in `groups` blocks (see TpSlice).
   void split_param(const std::string& name, int dim, int64_t parts, int64_t rank, int64_t groups = 1);
+  // Tensor parallelism: this module's own parameters stay whole on every rank, but each
+  // rank's gradient of them is partial (TpSlice::partial_grad).
+  void mark_partial_grads();
 
  protected:
   void param(const std::string& name, Tensor* slot, Shape shape, Init init, bool weight_decay);

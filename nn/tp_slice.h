@@ -28,6 +28,9 @@ struct TpSlice {
   int dim = -1;  // -1: replicated (every tensor-parallel rank holds all of it)
   int64_t parts = 1, rank = 0, groups = 1;
   Shape global;  // the whole parameter's shape
+  // replicated (dim -1), but each rank's gradient is a partial sum that the strategy sums
+  // over the tp group (a layer applied to this rank's heads only: Qwen3's q_norm, k_norm)
+  bool partial_grad = false;
   bool split() const { return dim >= 0 && parts > 1; }
 };
 

@@ -166,6 +166,22 @@ INSTANTIATE_TEST_SUITE_P(
                              "--parallel.sequence_parallel true --train.activation_checkpointing full"}),
     [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
+// Qwen3's options on the tiny llama: 4 heads of 32 channels from a width of 64 (q, and
+// c_proj's input, 2 C wide), q_norm and k_norm; a plan that took C / tp for the query
+// channels would be short by the width of q.
+class DistPlanQwen3 : public DistPlan {};
+TEST_P(DistPlanQwen3, PlannedBytesMatchTheRun) {
+  expect_the_plan_of_the_run(
+      " --model.arch llama --model.n_kv_head 2 --model.intermediate_size 320 --model.head_dim 32 "
+      "--model.qk_norm true");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Qwen3, DistPlanQwen3,
+    ::testing::Values(Layout{"single", 1, 1, 1, 1}, Layout{"tp2", 1, 1, 1, 2}, Layout{"cp2", 1, 1, 2, 1},
+                      Layout{"tp2_selective_ac", 1, 1, 1, 2, "--train.activation_checkpointing selective"}),
+    [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
+
 // Pipeline parallelism: every stage planned (--json's pipeline.per_stage) against every
 // rank's measured step (log.metrics_every_rank): the bytes each rank sent exactly, its peak
 // within 10% (they came within 4%, within 8% under sequence parallelism, whose single-process
@@ -615,6 +631,29 @@ TEST(PlanTime, ALlamasMatrixProductsAreItsOwn) {
   const double flops = j["time"]["gemm_s"].get<double>() * j["cluster"]["flops"].get<double>();
   EXPECT_NEAR(flops / (linears + attention), 1.0, 1e-6);
   EXPECT_EQ(j["notes"].size(), 0u) << j["notes"];
+}
+
+TEST(PlanTime, AQwen3sMatrixProductsUseItsHeadSize) {
+  // Qwen3-0.6B's shapes (16 heads of 128 channels from a width of 1024: q 2048 wide; 8 kv
+  // heads; q_norm and k_norm; a tied head): c_attn C x (A + 2 KV) with A = NH hd, c_proj
+  // A x C, the scores over hd channels. With A = C they would be 12% short.
+  const Result r =
+      run_shell(std::string(NDT_TRAIN_GPT_BIN) +
+                " --model.arch llama --model.n_layer 28 --model.n_head 16 --model.n_kv_head 8"
+                " --model.n_embd 1024 --model.head_dim 128 --model.qk_norm true"
+                " --model.tie_embeddings true --model.intermediate_size 3072"
+                " --model.vocab_size 151936 --model.rope_theta 1000000 --model.block_size 1024"
+                " --train.seq_len 1024 --train.micro_batch_size 1 --train.device cuda"
+                " --train.dtype bfloat16 --cluster.preset h100-sxm-8 --cluster.devices_per_host 1"
+                " --plan --json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const double C = 1024, L = 28, NH = 16, hd = 128, A = NH * hd, KV = 8 * hd, I = 3072, Vp = 151936, T = 1024;
+  const double linears = 6 * T * (L * (C * (A + 2 * KV) + A * C + 3 * C * I) + Vp * C);
+  const double attention = 3 * 4 * NH * (T * T / 2) * hd * L;
+  const double flops = j["time"]["gemm_s"].get<double>() * j["cluster"]["flops"].get<double>();
+  EXPECT_NEAR(flops / (linears + attention), 1.0, 1e-6);
+  EXPECT_GT(j["memory"]["peak"].get<double>(), 0);
 }
 
 TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {

@@ -5,9 +5,9 @@
 // dp2 and under one process; a failing rank brings the job down; bad layouts are refused.
 // The same for a tiny Llama (kLlama: grouped-query attention, rotary embeddings with Llama
 // 3's scaling, SwiGLU, RMSNorms, an untied head) in every layout, bf16, activation
-// checkpointing and checkpoints resharded across layouts. Checkpoints of either format
-// written under pipeline parallelism resume in other pipeline layouts and without one, and
-// the other way.
+// checkpointing and checkpoints resharded across layouts; and Qwen3's options (kQwen3). Checkpoints of either
+// format written under pipeline parallelism resume in other pipeline layouts and without one, and the other
+// way.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -63,6 +63,13 @@ const Model kPipeGPT2{"pp_", " --model.n_layer 4 --train.grad_accum_steps 4", 4}
 // Qwen2's options on it: biases on q, k and v, and the logits through wte (tied)
 const Model kLlamaTiedBias{"llama_tb_",
                            kLlama.args + " --model.attention_bias true --model.tie_embeddings true"};
+
+// Qwen3's options on it: q_norm and k_norm, and 4 heads of 12 channels (q 48 wide from a
+// width of 32: the head size is not n_embd / n_head), plain rotary embeddings
+const Model kQwen3{
+    "qwen3_",
+    " --model.arch llama --model.n_kv_head 2 --model.intermediate_size 48 --model.rope_theta 10000 "
+    "--model.head_dim 12 --model.qk_norm true"};
 
 class DistTrain : public ::testing::Test {
  protected:
@@ -875,6 +882,19 @@ TEST_F(DistTrain, LlamaWithQkvBiasesAndATiedHeadEqualsOneProcess) {
   check_layouts(
       {{"fsdp2", 1, 2}, {"tp2", 1, 1, 1, 2}, {"cp2_tp2_sp", 1, 1, 2, 2, "--parallel.sequence_parallel true"}},
       2, nullptr, kLlamaTiedBias);
+}
+
+TEST_F(DistTrain, Qwen3LayoutsEqualOneProcess) {
+  // q_norm and k_norm whole on every tp rank, each rank's gradient of them from its own heads
+  // summed over the tp group (with and without sequence parallelism); c_attn's kv groups and
+  // c_proj's rows of 12-channel heads; the ring's chunks; a pipeline of two stages
+  const Model piped{"qwen3_pp_", kQwen3.args + kPipeGPT2.args, 4};
+  check_layouts({{"tp2", 1, 1, 1, 2},
+                 {"tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"},
+                 {"fsdp2_tp2", 1, 2, 1, 2},
+                 {"cp2", 1, 1, 2, 1}},
+                2, nullptr, kQwen3);
+  check_layouts({{"pp2_1f1b", 1, 1, 1, 1, "", 2}}, 1, nullptr, piped);
 }
 
 TEST_F(DistTrain, LlamaBfloat16LayoutsFollowOneProcess) {

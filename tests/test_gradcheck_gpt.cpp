@@ -89,6 +89,21 @@ TEST(GradcheckGPT, LlamaSelectiveCheckpointing) {
   check_gpt(nn::ACMode::selective, gradcheck_llama(2, false));
 }
 
+// Qwen3: q_norm and k_norm over heads of 6 channels (4 heads x 6 = 24 query channels from a
+// width of 16: the head size is not n_embd / n_head), 2 key/value heads, a tied head; the
+// norms' weights perturbed off 1 with the rest. Plain, and with the core (and the norms in
+// it) recomputed in backward.
+models::GPTConfig gradcheck_qwen3() {
+  models::GPTConfig c = gradcheck_llama(2, false);
+  c.head_size = 6;
+  c.qk_norm = true;
+  c.tie_embeddings = true;
+  c.rope = {.theta = 1e4};
+  return c;
+}
+TEST(GradcheckGPT, Qwen3QkNormsAndAHeadSizeOfItsOwn) { check_gpt(nn::ACMode::none, gradcheck_qwen3()); }
+TEST(GradcheckGPT, Qwen3SelectiveCheckpointing) { check_gpt(nn::ACMode::selective, gradcheck_qwen3()); }
+
 TEST(GradcheckGPT, PaddedVocabRowsGetNoGradient) {
   models::GPT gpt(gradcheck_gpt());
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 42);

@@ -113,6 +113,37 @@ const char* kQwen2 = R"({
   "vocab_size": 151936
 })";
 
+// Qwen3-0.6B's config.json: 16 heads of 128 channels from a width of 1024 (head_dim is not
+// hidden_size / num_attention_heads), 8 key/value heads, q_norm and k_norm (implied), tied.
+const char* kQwen3 = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
 // Mistral 7B v0.3's config.json (sliding_window null: full attention).
 const char* kMistral = R"({
   "architectures": ["MistralForCausalLM"],
@@ -329,6 +360,46 @@ TEST(HfConfig, Qwen2) {
   EXPECT_EQ(c.eos_token_id, std::vector<int64_t>{151643});
 }
 
+TEST(HfConfig, Qwen3) {
+  const io::HfConfig c = parse(kQwen3);
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_EQ(c.hidden_size, 1024);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(parse(io::to_json(c)), c);
+  const json j = json::parse(io::to_json(c));
+  EXPECT_EQ(j["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(j["head_dim"], 128);
+  EXPECT_EQ(j["use_sliding_window"], false);
+  // the model: llama with q_norm and k_norm and its own head size
+  const models::GPTConfig m = ckpt::model_config(c);
+  EXPECT_EQ(m.arch, "llama");
+  EXPECT_TRUE(m.qk_norm);
+  EXPECT_EQ(m.head_size, 128);
+  EXPECT_EQ(m.head_dim(), 128);
+  EXPECT_EQ(ckpt::hf_config(m, DType::bf16).model_type, "qwen3");
+  // sliding on, but from layer 28 of 28: no layer slides (transformers' layer_types)
+  EXPECT_EQ(parse(with(kQwen3, {{"use_sliding_window", true}, {"sliding_window", 4096}})).head_dim, 128);
+  // a head size of hidden / heads is no model.head_dim of its own
+  EXPECT_EQ(ckpt::model_config(parse(with(kQwen3, {{"head_dim", 64}}))).head_size, 0);
+}
+
+TEST(HfConfigErrors, Qwen3OptionsNdtrainWouldIgnore) {
+  expect_refused(with(kQwen3, {{"head_dim", nullptr}}), "transformers would take 128 for qwen3");
+  expect_refused(with(kQwen3, {{"num_key_value_heads", nullptr}}), "transformers would take 32 for qwen3");
+  expect_refused(
+      with(kQwen3, {{"use_sliding_window", true}, {"sliding_window", 4096}, {"max_window_layers", 20}}),
+      "makes layers 20 to 27 (max_window_layers on) sliding-window attention");
+  expect_refused(with(kQwen3, {{"head_dim", 127}}), "head_dim 127 is odd");
+  const std::string msg = error_of([&] {
+    ckpt::model_config(parse(with(kQwen3, {{"attention_bias", true}})));
+  });
+  EXPECT_NE(msg.find("bias on o_proj too"), std::string::npos) << msg;
+}
+
 TEST(HfConfig, MistralWithNullSlidingWindow) {
   const io::HfConfig c = parse(kMistral);
   EXPECT_EQ(c.model_type, "mistral");
@@ -393,8 +464,8 @@ TEST(HfConfig, ToJsonRoundTripsEveryForm) {
 }
 
 TEST(HfConfig, ToJsonRefusesWhatParseWould) {
-  io::HfConfig c = parse(kLlama31);
-  c.head_dim = 64;
+  io::HfConfig c = parse(kQwen2);
+  c.head_dim = 32;  // qwen2 has no head_dim of its own
   EXPECT_NE(error_of([&] { io::to_json(c); }).find("head_dim"), std::string::npos);
   c = parse(kQwen2);
   c.attention_bias = false;
@@ -411,9 +482,9 @@ TEST(HfConfig, ToJsonRefusesWhatParseWould) {
 
 TEST(HfConfigErrors, UnknownModelType) {
   const std::string msg = error_of([&] { parse(with(kLlama31, {{"model_type", "falcon"}})); });
-  EXPECT_NE(
-      msg.find("unknown model_type 'falcon' in m/config.json; ndtrain reads gpt2, llama, mistral and qwen2"),
-      std::string::npos)
+  EXPECT_NE(msg.find("unknown model_type 'falcon' in m/config.json; ndtrain reads gpt2, llama, mistral, "
+                     "qwen2 and qwen3"),
+            std::string::npos)
       << msg;
   expect_refused(with(kLlama31, {{"model_type", nullptr}}), "'model_type' is missing");
 }
@@ -458,8 +529,9 @@ TEST(HfConfigErrors, NotJsonDuplicateKeyNotAnObject) {
 }
 
 TEST(HfConfigErrors, HeadDimOtherThanHiddenOverHeads) {
-  // Mistral NeMo: 5120 / 32 heads, head_dim 128
-  expect_refused(with(kMistral, {{"hidden_size", 5120}, {"head_dim", 128}}), "head_dim 128 differs");
+  // qwen2 has no head_dim of its own (Mistral NeMo's 5120 / 32 heads with head_dim 128 reads)
+  expect_refused(with(kQwen2, {{"head_dim", 128}}), "head_dim 128 differs");
+  EXPECT_EQ(parse(with(kMistral, {{"hidden_size", 5120}, {"head_dim", 128}})).head_dim, 128);
   expect_refused(with(kLlama31, {{"num_attention_heads", 30}}), "not a multiple of num_attention_heads");
   expect_refused(with(kLlama31, {{"num_key_value_heads", 5}}), "not a multiple of num_key_value_heads");
 }

@@ -72,6 +72,9 @@ void check_against_transformers(const std::string& arch, const std::string& dtyp
   EXPECT_EQ(cfg.arch, "llama");
   EXPECT_EQ(cfg.kv_heads(), 2);
   EXPECT_EQ(cfg.attention_bias, arch == "qwen2");
+  EXPECT_EQ(cfg.qk_norm, arch == "qwen3");
+  EXPECT_EQ(cfg.head_dim(), arch == "qwen3" ? 24 : 16);  // qwen3: 4 heads of 24 from a width of 64
+  EXPECT_EQ(cfg.tied(), arch == "qwen3");
   models::GPT gpt(cfg);
   const DType dt = dtype == "float64" ? DType::f64 : DType::f32;
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), dt, 1);
@@ -115,6 +118,58 @@ TEST(HfModels, LlamaWithLlama3RopeEqualsTransformersInFloat64) {
 TEST(HfModels, Qwen2WithQkvBiasesEqualsTransformersInFloat64) {
   check_against_transformers("qwen2", "float64", 1e-10);
 }
+TEST(HfModels, Qwen3WithQkNormsAndItsOwnHeadSizeEqualsTransformersInFloat64) {
+  check_against_transformers("qwen3", "float64", 1e-10);
+}
+
+// A Qwen3 changed in ndtrain (one gradient step from transformers' folder, so that no
+// weight, the norms' included, is where transformers put it), exported in float64, loaded by
+// transformers: its loss on the same windows is ndtrain's.
+TEST(HfModels, Qwen3ExportedLoadsInTransformersWithTheSameLoss) {
+  const fs::path d = temp_dir("qwen3_export");
+  const ndt::testing::ShellResult made = reference("make " + d.string() + " --arch qwen3 --dtype float64");
+  if (made.rc == 3) GTEST_SKIP() << made.out;
+  ASSERT_EQ(made.rc, 0) << made.out;
+  const io::HfFolder folder((d / "model").string());
+  models::GPT gpt(ckpt::model_config(folder.config()));
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 1);
+  ckpt::load_hf_local(folder, gpt, params);
+  io::SafeTensorsReader ref((d / "reference.safetensors").string());
+  backward(gpt.forward(ref.get("inputs", DType::i32), ref.get("targets", DType::i32)).loss);
+  for (const nn::FlatUnit& u : params.units)  // w -= 0.5 dw
+    for (const nn::FlatParam& p : u.params) {
+      const std::vector<double> g = p.value.grad().contiguous().to_vector<double>();
+      double* w = p.value.data<double>();
+      for (size_t i = 0; i < g.size(); ++i) w[i] -= 0.5 * g[i];
+    }
+  ckpt::export_hf((d / "export").string(), gpt, params, DType::f64);
+  const io::HfConfig back = io::read_hf_config((d / "export" / "config.json").string());
+  EXPECT_EQ(back.model_type, "qwen3");
+  EXPECT_EQ(back.head_dim, 24);
+  // 2 windows of 16 tokens (+1) from the vocabulary of 96
+  std::vector<uint16_t> tokens;
+  for (int i = 0; i < 33; ++i) tokens.push_back(static_cast<uint16_t>((i * 37 + 11) % 96));
+  data::write_shard((d / "val.bin").string(), tokens);
+  std::vector<int32_t> xs, ys;
+  for (int i = 0; i < 32; ++i) xs.push_back(tokens[i]), ys.push_back(tokens[i + 1]);
+  double ours = 0;
+  {
+    autograd::NoGradGuard no_grad;
+    ours = gpt.forward(Tensor::from_vector(xs, {2, 16}), Tensor::from_vector(ys, {2, 16})).loss.item();
+  }
+  const ndt::testing::ShellResult r =
+      reference("eval " + (d / "export").string() + " --tokens " + (d / "val.bin").string() +
+                " --seq-len 16 --batch-size 2 --batches 1 --dtype float64");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const size_t l = r.out.find("loss ");
+  ASSERT_NE(l, std::string::npos) << r.out;
+  const double theirs = std::stod(r.out.substr(l + 5));
+  EXPECT_NEAR(theirs, ours, 1e-10 * ours) << r.out;
+  EXPECT_GT(std::abs(ours - ref.get("loss", DType::f64).item()), 1e-3) << "the step changed nothing";
+  std::cout << "qwen3 export: loss " << ours << " in ndtrain, " << theirs << " in transformers\n";
+  fs::remove_all(d);
+}
+
 TEST(HfModels, LlamaEqualsTransformersInFloat32) { check_against_transformers("llama", "float32", 1e-5); }
 
 // Trained in ndtrain from the folder, exported, loaded back by transformers: the same

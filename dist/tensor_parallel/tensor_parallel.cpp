@@ -104,6 +104,7 @@ void apply_plan(const nn::TensorParallelPlan& plan, int64_t parts, int64_t rank,
       row_parallel(*s.linear, parts, rank, tp, split);
   }
   for (const nn::TensorParallelPlan::Count& c : plan.counts) *c.value /= parts;
+  for (nn::Module* m : plan.partial_grads) m->mark_partial_grads();
 }
 
 // The vocabulary's rows of wte and of an untied lm_head: this rank's slice

@@ -14,8 +14,11 @@
 //
 // The Llama family the same way: c_attn (C, NKV (G+2) HS), laid out by kv group, column-
 // parallel in whole groups (n_kv_head / tp kv heads and their query heads per rank: tp
-// must divide n_kv_head); c_proj row-parallel; the SwiGLU MLP's gate and up column-parallel,
-// down row-parallel; RMSNorms whole; an untied lm_head (Vp, C) split by vocabulary rows as wte.
+// must divide n_kv_head); c_proj (NH HS, C) row-parallel; the SwiGLU MLP's gate and up
+// column-parallel, down row-parallel; RMSNorms whole; an untied lm_head (Vp, C) split by
+// vocabulary rows as wte. Qwen3's q_norm and k_norm (HS each) are whole on every rank, which
+// applies them to its own heads: their gradients are partial, summed over the tp group by
+// the strategy (nn::TpSlice::partial_grad; transformers' replicated_with_grad_allreduce).
 //
 //   dist::apply_tensor_parallel(gpt, mesh.tp());   // after describe, before materialize
 //   nn::FlatParams p = nn::materialize(gpt.units(), ...);   // local shapes, same init values

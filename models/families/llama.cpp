@@ -1,8 +1,14 @@
-// The Llama family (Llama 3, Qwen2, Mistral): rotary positions (with Llama 3's scaling),
-// pre-norm blocks of RMSNorm, grouped-query attention and a SwiGLU MLP of intermediate_size,
-// no biases but Qwen2's on q, k and v (nn::LlamaBlock), a final RMSNorm, and lm_head (its own
-// weight unless tie_embeddings). Its fields: n_kv_head, intermediate_size, attention_bias,
-// tie_embeddings, rope_theta (and the rope scaling, models/rope.h).
+// The Llama family (Llama 3, Qwen2, Qwen3, Mistral): rotary positions (with Llama 3's
+// scaling), pre-norm blocks of RMSNorm, grouped-query attention and a SwiGLU MLP of
+// intermediate_size, no biases but Qwen2's on q, k and v (nn::LlamaBlock), a final RMSNorm,
+// and lm_head (its own weight unless tie_embeddings). Its fields: n_kv_head,
+// intermediate_size, attention_bias, tie_embeddings, rope_theta (and the rope scaling,
+// models/rope.h), head_dim and qk_norm.
+//
+// Qwen3 is this family with options (model.head_dim, model.qk_norm), as Qwen2 is with
+// attention_bias, not a family of its own: its block is Llama's with two RMSNorms inside the
+// attention, and it shares every other field, the Hugging Face tensor names and the planner's
+// description of the block; a family of its own would repeat all of them.
 #include "models/family.h"
 
 namespace ndt::models {
@@ -10,16 +16,20 @@ namespace {
 
 int64_t mlp_hidden(const GPTConfig& c) { return c.intermediate_size; }
 
-// c_attn C x (C + 2 kv) (kv = n_kv_head hd: grouped-query attention), c_proj C x C, gate,
-// up and down C x I
+// c_attn C x (q + 2 kv) (q = NH HS, kv = n_kv_head HS: grouped-query attention), c_proj
+// q x C, gate, up and down C x I (q = C unless model.head_dim says otherwise)
 double linear_weights(const GPTConfig& c) {
-  const double C = static_cast<double>(c.n_embd), kv = static_cast<double>(c.kv_heads() * c.head_dim());
+  const double C = static_cast<double>(c.n_embd), HS = static_cast<double>(c.head_dim());
+  const double q = static_cast<double>(c.n_head) * HS, kv = static_cast<double>(c.kv_heads()) * HS;
   const double I = static_cast<double>(c.intermediate_size);
-  return C * (C + 2 * kv) + C * C + 3 * C * I;
+  return C * (q + 2 * kv) + q * C + 3 * C * I;
 }
 
-// ... and the two RMSNorms' weights (2C)
-double block_params(const GPTConfig& c) { return linear_weights(c) + 2.0 * static_cast<double>(c.n_embd); }
+// ... and the two RMSNorms' weights (2C), and q_norm's and k_norm's (2 HS)
+double block_params(const GPTConfig& c) {
+  return linear_weights(c) + 2.0 * static_cast<double>(c.n_embd) +
+         (c.qk_norm ? 2.0 * static_cast<double>(c.head_dim()) : 0.0);
+}
 
 bool qkv_bias(const GPTConfig& c) { return c.attention_bias; }
 
@@ -31,26 +41,27 @@ void validate(const GPTConfig& c) {
       c.intermediate_size >= 1,
       "model.intermediate_size (the SwiGLU MLP's hidden units) must be >= 1 for model.arch = llama, got ",
       c.intermediate_size);
-  NDT_CHECK(c.head_dim() % 2 == 0,
-            "rotary embeddings turn pairs of channels: the head size n_embd / n_head = ", c.head_dim(),
-            " must be even");
+  NDT_CHECK(c.head_dim() % 2 == 0, "rotary embeddings turn pairs of channels: the head size ",
+            c.head_size > 0 ? "model.head_dim = " : "n_embd / n_head = ", c.head_dim(), " must be even");
   rope_inv_freq(c.head_dim(), c.rope);  // throws naming a bad theta or scaling
 }
 
 void describe(const GPTConfig& c, Family::Part part, std::ostream& os) {
   if (part == Family::after_heads) os << ", n_kv_head=" << c.kv_heads();
+  if (part == Family::after_heads && c.head_size > 0) os << ", head_dim=" << c.head_size;
   if (part == Family::after_width) os << ", intermediate_size=" << c.intermediate_size;
   if (part != Family::at_end) return;
   os << ", rope_theta=" << c.rope.theta;
   if (c.rope.llama3) os << " (llama3 scaling x" << c.rope.llama3->factor << ")";
   if (c.attention_bias) os << ", qkv bias";
+  if (c.qk_norm) os << ", q/k norms";
   os << (c.tie_embeddings ? ", tied" : ", untied") << " head";
 }
 
 std::unique_ptr<nn::DecoderBlock> make_block(const GPTConfig& c, float std, float proj_std) {
   return std::make_unique<nn::LlamaBlock>(
       nn::LlamaBlock::Dims{c.n_embd, c.n_head, c.kv_heads(), c.intermediate_size, c.attention_bias,
-                           c.norm_eps},
+                           c.norm_eps, c.head_dim(), c.qk_norm},
       std, proj_std);
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""tests/scripts/hf_reference.py: Hugging Face transformers as the reference for ndtrain's Llama
-and Qwen2 models. Run it with the reference venv's python (scripts/setup.sh --reference makes
+"""tests/scripts/hf_reference.py: Hugging Face transformers as the reference for ndtrain's Llama,
+Qwen2 and Qwen3 models. Run it with the reference venv's python (scripts/setup.sh --reference makes
 it; default ~/.cache/ndtrain/ref-venv, $NDT_REF_VENV):
 
   PY=~/.cache/ndtrain/ref-venv/bin/python
@@ -13,14 +13,17 @@ it; default ~/.cache/ndtrain/ref-venv, $NDT_REF_VENV):
 Exit codes: 0 done; 3 with the one line "transformers/torch not available: ..." when torch,
 transformers or safetensors cannot be imported (the C++ tests skip on it); 1 or 2 otherwise.
 
-make OUT --arch llama|qwen2 [--dtype float64|float32] [--seed N] [--stock]
-  A random tiny model built by transformers (LlamaForCausalLM or Qwen2ForCausalLM, eager
-  attention): hidden 64, 2 layers, 4 query heads and 2 key/value heads (head_dim 16),
-  intermediate 176, vocab 96, max_position_embeddings 128, rms_norm_eps 1e-5, untied lm_head.
+make OUT --arch llama|qwen2|qwen3 [--dtype float64|float32] [--seed N] [--stock]
+  A random tiny model built by transformers (LlamaForCausalLM, Qwen2ForCausalLM or
+  Qwen3ForCausalLM, eager attention): hidden 64, 2 layers, 4 query heads and 2 key/value heads
+  (head_dim 16), intermediate 176, vocab 96, max_position_embeddings 128, rms_norm_eps 1e-5,
+  untied lm_head.
     llama: rope_theta 500000 with llama3 scaling (factor 8, low_freq_factor 1, high_freq_factor 4,
            original_max_position_embeddings 64: of the 8 frequencies, 1 is kept, 1 smoothed and 6
            divided by 8, so every branch of the scaling is exercised; checked, see reference.json)
     qwen2: rope_theta 1e6, default rope; biases on q, k and v (none on o_proj)
+    qwen3: rope_theta 1e6, default rope; head_dim 24 (not hidden / heads: q has 96 channels,
+           k and v 48), q_norm and k_norm, no biases, the lm_head tied to the embeddings
   Every parameter is drawn from torch.Generator(seed): weights and embeddings N(0, 0.1^2),
   biases N(0, 0.1^2), norm weights U(0.5, 1.5) (not 1: norms cannot be skipped unnoticed).
   Writes
@@ -156,7 +159,7 @@ def inv_freq64(config):
     [dim/2] list of floats. Same formulas as transformers.modeling_rope_utils."""
     import math
     rp = rope_params(config)
-    dim = config.hidden_size // config.num_attention_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     inv = [1.0 / (rp["rope_theta"] ** (i / dim)) for i in range(0, dim, 2)]
     if rp.get("rope_type", "default") == "default":
         return inv
@@ -208,7 +211,8 @@ def set_inv_freq64(torch, model):
 def modeling_modules(transformers):
     from transformers.models.llama import modeling_llama
     from transformers.models.qwen2 import modeling_qwen2
-    return [modeling_llama, modeling_qwen2]
+    from transformers.models.qwen3 import modeling_qwen3
+    return [modeling_llama, modeling_qwen2, modeling_qwen3]
 
 
 def dtype_of(torch, name):
@@ -227,6 +231,9 @@ def build_config(transformers, arch):
     if arch == "llama":
         return transformers.LlamaConfig(**SIZES, rope_theta=500000.0, rope_scaling=dict(LLAMA3),
                                         attention_bias=False, mlp_bias=False)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**dict(SIZES, tie_word_embeddings=True), head_dim=24, rope_theta=1e6,
+                                        attention_bias=False, use_sliding_window=False)
     return transformers.Qwen2Config(**SIZES, rope_theta=1e6, use_sliding_window=False)
 
 
@@ -248,7 +255,8 @@ def make(args):
     dtype = dtype_of(torch, args.dtype)
     config = build_config(transformers, args.arch)
     config._attn_implementation = "eager"
-    cls = transformers.LlamaForCausalLM if args.arch == "llama" else transformers.Qwen2ForCausalLM
+    cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+           "qwen3": transformers.Qwen3ForCausalLM}[args.arch]
     model = cls(config).to(dtype)
     model.config._attn_implementation = "eager"
     randomise(torch, model, args.seed)
@@ -451,7 +459,7 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make", help="a random tiny model and its logits, loss and gradients")
     m.add_argument("out")
-    m.add_argument("--arch", choices=["llama", "qwen2"], required=True)
+    m.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], required=True)
     m.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--stock", action="store_true",

@@ -1,8 +1,9 @@
 // What the training tools know of the Llama family (train/families/family_tools.h): its
-// Hugging Face folders (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM; the names
-// and layouts train/checkpoint/hf.h lists), and its block (nn::LlamaBlock: RMSNorms,
+// Hugging Face folders (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM;
+// the names and layouts train/checkpoint/hf.h lists), and its block (nn::LlamaBlock: RMSNorms,
 // grouped-query attention with rotary q and k, a SwiGLU MLP, no biases but q, k and v's under
-// model.attention_bias) for the planner: train/planner/block_kinds.h. Legend:
+// model.attention_bias, Qwen3's q_norm and k_norm under model.qk_norm) for the planner:
+// train/planner/block_kinds.h. Legend:
 // train/planner/shapes.h (here Q = Cl + 2 KVl and H = intermediate_size / tp); bytes: a per
 // activation (the compute dtype's), 4 per statistic (kF).
 #include <algorithm>
@@ -30,6 +31,15 @@ void refuse_sliding_window(const io::HfKeys& k, const io::HfConfig& c) {
   if (c.model_type == "qwen2")
     NDT_CHECK(!k.opt_bool("use_sliding_window", false), k.where,
               ": use_sliding_window true: sliding-window attention is not supported");
+  if (c.model_type == "qwen3" && k.opt_bool("use_sliding_window", false)) {
+    // Qwen3Config: with use_sliding_window and a sliding_window (default 4096), the layers
+    // from max_window_layers (default 28) on slide; sliding off, both keys are ignored
+    const bool window = !k.j.contains("sliding_window") || k.has("sliding_window");
+    const int64_t from = k.opt_int("max_window_layers").value_or(28);
+    NDT_CHECK(!window || from >= c.num_hidden_layers, k.where, ": use_sliding_window true makes layers ",
+              from, " to ", c.num_hidden_layers - 1,
+              " (max_window_layers on) sliding-window attention, which is not supported");
+  }
 }
 
 // config.json: LlamaConfig's, MistralConfig's and Qwen2Config's names and defaults
@@ -52,20 +62,30 @@ void read_config(const io::HfKeys& k, io::HfConfig& c) {
   c.mlp_bias = k.opt_bool("mlp_bias", false);
   // qwen2: q, k, v biases always (Qwen2Attention), whatever the key says; mistral: none
   c.attention_bias = k.opt_bool("attention_bias", c.model_type == "qwen2");
-  NDT_CHECK(c.hidden_size % c.num_attention_heads == 0, k.where, ": hidden_size ", c.hidden_size,
-            " is not a multiple of num_attention_heads ", c.num_attention_heads);
-  c.head_dim = k.opt_int("head_dim").value_or(c.hidden_size / c.num_attention_heads);
+  // head_dim: absent or null, hidden_size / num_attention_heads; Qwen3Config's default is 128
+  // whatever the sizes: refused rather than guessed
+  NDT_CHECK(c.model_type != "qwen3" || k.has("head_dim"), k.where,
+            ": required key 'head_dim' is missing (transformers would take 128 for qwen3; give it)");
+  const std::optional<int64_t> head_dim = k.opt_int("head_dim");
+  NDT_CHECK(head_dim || c.hidden_size % c.num_attention_heads == 0, k.where, ": hidden_size ", c.hidden_size,
+            " is not a multiple of num_attention_heads ", c.num_attention_heads,
+            " (and no head_dim is given)");
+  c.head_dim = head_dim.value_or(c.hidden_size / c.num_attention_heads);
   io::parse_rope(k, c);
   refuse_sliding_window(k, c);
 }
 
 void check_config(const io::HfConfig& c, const std::string& where) {
-  io::check_sizes(c, where,
-                  {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                   "max_position_embeddings", "rms_norm_eps"});
+  // head_dim: llama, mistral and qwen3 read it; Qwen2Config has no such key
+  io::check_sizes(
+      c, where,
+      {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+       "max_position_embeddings", "rms_norm_eps", c.model_type == "qwen2" ? nullptr : "head_dim"});
   NDT_CHECK(c.hidden_act == "silu", where, ": hidden_act '", c.hidden_act, "' is not supported; ndtrain's ",
             c.model_type, " uses silu");
   NDT_CHECK(!c.mlp_bias, where, ": mlp_bias true is not supported (", c.model_type, " MLPs have no biases)");
+  NDT_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim,
+            " is odd; rotary embeddings turn pairs of channels");
   if (c.model_type == "qwen2")
     NDT_CHECK(c.attention_bias, where,
               ": attention_bias false contradicts qwen2, whose q, k and v projections always have biases in "
@@ -100,7 +120,8 @@ void write_config(const io::HfConfig& c, nlohmann::json& j) {
     j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = false;
   }
-  if (c.model_type == "qwen2") j["use_sliding_window"] = false;
+  if (c.model_type == "qwen2" || c.model_type == "qwen3") j["use_sliding_window"] = false;
+  if (c.model_type == "qwen3") j["attention_bias"] = false;
   if (c.model_type == "mistral") j["sliding_window"] = nullptr;  // absent would mean 4096
 }
 
@@ -109,6 +130,11 @@ void from_hf(const io::HfConfig& hf, models::GPTConfig& c) {
             " with attention_bias = true has a bias on o_proj too, which ndtrain's llama blocks do not have "
             "(Qwen2's biases on q, k and v only are supported)");
   c.n_kv_head = hf.num_key_value_heads;
+  // model.head_dim only where it is not hidden / heads (0 means that)
+  const bool own_head_dim =
+      hf.hidden_size % hf.num_attention_heads != 0 || hf.head_dim != hf.hidden_size / hf.num_attention_heads;
+  c.head_size = own_head_dim ? hf.head_dim : 0;
+  c.qk_norm = hf.model_type == "qwen3";  // Qwen3Attention's q_norm and k_norm
   c.intermediate_size = hf.intermediate_size;
   c.attention_bias = hf.attention_bias;
   c.tie_embeddings = hf.tie_word_embeddings;
@@ -119,7 +145,10 @@ void from_hf(const io::HfConfig& hf, models::GPTConfig& c) {
 }
 
 void to_hf(const models::GPTConfig& c, io::HfConfig& hf) {
-  hf.model_type = c.attention_bias ? "qwen2" : "llama";
+  NDT_CHECK(!(c.qk_norm && c.attention_bias),
+            "a llama model with both model.qk_norm and model.attention_bias has no Hugging Face model_type "
+            "(qwen3's attention_bias puts a bias on o_proj too); export one without q, k, v biases");
+  hf.model_type = c.qk_norm ? "qwen3" : c.attention_bias ? "qwen2" : "llama";
   hf.hidden_act = "silu";
   hf.tie_word_embeddings = c.tie_embeddings;
   hf.attention_bias = c.attention_bias;
@@ -149,6 +178,10 @@ std::map<std::string, HfSource> sources(const models::GPTConfig& c) {
       s[ours + "attn.c_attn.bias"] = {HfSource::packed_qkv,
                                       {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"}};
     s[ours + "attn.c_proj.weight"] = {HfSource::transposed, {a + "o_proj.weight"}};
+    if (c.qk_norm) {
+      s[ours + "attn.q_norm.weight"] = {HfSource::renamed, {a + "q_norm.weight"}};
+      s[ours + "attn.k_norm.weight"] = {HfSource::renamed, {a + "k_norm.weight"}};
+    }
     for (const char* m : {"gate_proj", "up_proj", "down_proj"})
       s[ours + "mlp." + m + ".weight"] = {HfSource::transposed, {hf + "mlp." + m + ".weight"}};
   }
@@ -180,6 +213,9 @@ Count fused_core_saved(const Shapes& s) {
 //              again beside them: its saved set, its output and its output's gradient
 //              (2 N Cl).
 //   full       the output only (N C), as gpt2.
+// With model.qk_norm (Qwen3), q_norm and k_norm between split_last and rotary keep their
+// inputs (N (Cl + KVl)) and rstd (N (NHl + KVl / hd)), counted with the core (qk_saved): kept
+// (none, full's recompute) or made again in backward (selective).
 // During backward, on top of the earlier blocks (the block's output released, its gradient
 // N C arrived): the MLP's largest moment of down's backward (dm, N H; sequence parallel,
 // the incoming gradient gathered, N C), silu_mul's (down's input released; dm, dgate and
@@ -192,11 +228,13 @@ Count fused_core_saved(const Shapes& s) {
 // and c_attn's (its output's gradient N Q, its input gradient N C, the gathered input).
 BlockMem block_memory(const Shapes& s, nn::ACMode mode) {
   const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, Q = s.Q, H = s.H, a = s.act_bytes, stat = Ns * kF;
+  const Count qk_saved = s.qk_norm ? N * (Cl + s.KVl) * a + N * (s.NHl + s.KVl / s.hd) * kF : Count(0);
+  const Count core = core_saved(s) + qk_saved;
   const Count sp = Ns == N ? Count(0) : N * C * a;  // a gathered incoming gradient or input
   const Count mlp_part =
       (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 3 * N * H /*gate, up, their product*/) * a + stat;
   const Count none_saved =
-      Ns * C * a /*ln_1 out*/ + stat + core_saved(s) + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
+      Ns * C * a /*ln_1 out*/ + stat + core + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
   // saved: the block's forward set; its output has gone and the output's gradient (Ns C) come
   auto mlp_moment = [&](Count saved) {
     const Count down = saved + N * H * a + sp, silu = saved + 2 * N * H * a;
@@ -218,17 +256,17 @@ BlockMem block_memory(const Shapes& s, nn::ACMode mode) {
     case nn::ACMode::none:
       m.saved = none_saved;
       m.mlp = mlp_moment(none_saved);
-      m.attn = attn_moment(core_saved(s), 0);
+      m.attn = attn_moment(core, 0);
       break;
     case nn::ACMode::selective:
       m.saved = Ns * C * a + stat + N * Q * a /*qkv*/ + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
       m.mlp = mlp_moment(m.saved);
-      m.attn = attn_moment(N * Q * a, core_saved(s) + 2 * N * Cl * a);
+      m.attn = attn_moment(N * Q * a, core + 2 * N * Cl * a);
       break;
     case nn::ACMode::full:
       m.saved = Ns * C * a;
       m.mlp = Ns * C * a /*incoming gradient*/ + mlp_moment(none_saved);
-      m.attn = Ns * C * a + attn_moment(core_saved(s), 0);
+      m.attn = Ns * C * a + attn_moment(core, 0);
       break;
   }
   m.during_backward = std::max(m.mlp, m.attn);
@@ -252,7 +290,8 @@ BlockWork block_work(const Shapes& shapes) {
   work.scores = S;
   // forward: ln_1; c_attn 2 N C Q; split_last's copies of q, k, v (N Q), rotary on q and k
   // (N (Cl + KVl)) and heads_to_front's copies (N Q), each read and written
-  const double qkv_copies = 4 * N * Q + 2 * N * (Cl + KVl);
+  // (q_norm and k_norm, model.qk_norm: read and write q and k once more)
+  const double qkv_copies = 4 * N * Q + (shapes.qk_norm ? 4.0 : 2.0) * N * (Cl + KVl);
   work.attn_in = {2 * N * C * Q, 2 * Ns * C + qkv_copies};
   work.core = {4 * S * double(shapes.hd), 2 * S + ring_copies(shapes)};
   // heads_to_back's copy (every core: the output is (B, NHl, Tl, hd)); c_proj 2 N Cl C; the residual add
@@ -309,7 +348,8 @@ extern const FamilyTools kTools_llama = {
     .arch = "llama",
     .model_types = {{"llama", "LlamaForCausalLM"},
                     {"mistral", "MistralForCausalLM"},
-                    {"qwen2", "Qwen2ForCausalLM"}},
+                    {"qwen2", "Qwen2ForCausalLM"},
+                    {"qwen3", "Qwen3ForCausalLM"}},
     .read_config = read_config,
     .check_config = check_config,
     .write_config = write_config,

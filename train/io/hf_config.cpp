@@ -145,13 +145,17 @@ void check_sizes(const HfConfig& c, const std::string& where, const HfSizeKeys& 
                                                    {"num_key_value_heads", c.num_key_value_heads},
                                                    {names.positions, c.max_position_embeddings}};
   for (auto& [name, v] : sizes) NDT_CHECK(v > 0, where, ": ", name, " must be positive, got ", v);
-  NDT_CHECK(c.hidden_size % c.num_attention_heads == 0, where, ": ", names.hidden, " ", c.hidden_size,
-            " is not a multiple of ", names.heads, " ", c.num_attention_heads);
   NDT_CHECK(c.num_attention_heads % c.num_key_value_heads == 0, where, ": ", names.heads, " ",
             c.num_attention_heads, " is not a multiple of num_key_value_heads ", c.num_key_value_heads);
-  NDT_CHECK(c.head_dim == c.hidden_size / c.num_attention_heads, where, ": head_dim ", c.head_dim,
-            " differs from hidden_size / num_attention_heads = ", c.hidden_size / c.num_attention_heads,
-            "; ndtrain does not support a separate head_dim");
+  if (names.head_dim) {
+    NDT_CHECK(c.head_dim > 0, where, ": ", names.head_dim, " must be positive, got ", c.head_dim);
+  } else {
+    NDT_CHECK(c.hidden_size % c.num_attention_heads == 0, where, ": ", names.hidden, " ", c.hidden_size,
+              " is not a multiple of ", names.heads, " ", c.num_attention_heads);
+    NDT_CHECK(c.head_dim == c.hidden_size / c.num_attention_heads, where, ": head_dim ", c.head_dim,
+              " differs from hidden_size / num_attention_heads = ", c.hidden_size / c.num_attention_heads,
+              "; ", c.model_type, " has no head_dim of its own");
+  }
   NDT_CHECK(c.norm_eps > 0, where, ": ", names.norm_eps, " must be positive, got ", c.norm_eps);
 }
 

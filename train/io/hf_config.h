@@ -2,9 +2,9 @@
 // and writes it, strictly: a missing required key, a key of the wrong JSON type, an unknown
 // model_type and every option ndtrain would otherwise ignore (a sliding window in use, rope
 // types other than default and llama3, MoE keys, quantization_config, a head_dim other than
-// hidden_size / num_attention_heads, ...) is one ndt::Error naming the key and the file. Keys
-// transformers gives a sensible default keep it (rope_theta 10000, tie_word_embeddings,
-// attention_bias, hidden_act silu, ...).
+// hidden_size / num_attention_heads where the model_type has no such key, ...) is one ndt::Error naming the
+// key and the file. Keys transformers gives a sensible default keep it (rope_theta 10000,
+// tie_word_embeddings, attention_bias, hidden_act silu, ...).
 //
 // The keys every config.json has are read here; each model_type's own (their names, their
 // defaults, the options refused) are its model family's (train/families/<arch>.cpp,
@@ -28,7 +28,7 @@ namespace ndt::io {
 // in old files) -> max_position_embeddings, n_inner (null: 4 * n_embd) -> intermediate_size,
 // layer_norm_epsilon -> norm_eps, activation_function -> hidden_act.
 struct HfConfig {
-  std::string model_type;  // "llama", "mistral", "qwen2" or "gpt2"
+  std::string model_type;  // "llama", "mistral", "qwen2", "qwen3" or "gpt2"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -36,7 +36,7 @@ struct HfConfig {
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;  // null: num_attention_heads; absent: that too for llama, refused
                                     // for mistral/qwen2 (transformers: 8, 32); gpt2: num_attention_heads
-  int64_t head_dim = 0;             // hidden_size / num_attention_heads (another value is refused)
+  int64_t head_dim = 0;             // hidden_size / num_attention_heads unless given (llama, mistral, qwen3)
   int64_t max_position_embeddings = 0;
   double norm_eps = 0;               // rms_norm_eps (required); gpt2: layer_norm_epsilon (default 1e-5)
   std::string hidden_act;            // "silu"; gpt2: "gelu_new" or "gelu_pytorch_tanh" (the same tanh GELU)
@@ -75,9 +75,11 @@ std::string to_json(const HfConfig& c);
 // A config.json's sizes under a model_type's names, for check_sizes' messages.
 struct HfSizeKeys {
   const char *hidden, *intermediate, *layers, *heads, *positions, *norm_eps;
+  const char* head_dim = nullptr;  // nullptr: the model_type has no head_dim of its own
 };
-// The checks every HfConfig passes (sizes positive, heads dividing, head_dim hidden / heads,
-// norm_eps positive), named as the model_type names its keys.
+// The checks every HfConfig passes (sizes positive, heads dividing, head_dim hidden / heads
+// or, where the model_type has the key, positive; norm_eps positive), named as the
+// model_type names its keys.
 void check_sizes(const HfConfig& c, const std::string& where, const HfSizeKeys& names);
 // Rotary embeddings from rope_theta and rope_scaling (transformers 4) or rope_parameters
 // (transformers 5): the default and llama3 types, anything else refused by name.

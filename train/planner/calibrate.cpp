@@ -67,21 +67,22 @@ double max_over(dist::Communicator& world, double x) {
 // forward; backward runs each shape twice more (its transposes), at about the same rate.
 // Under bf16 the linears and lm_head take bf16 operands (oneDNN where the CPU has bf16
 // instructions); the attention core computes in f32 either way (autograd/ops/attention.cpp).
-// c_attn has C + 2 KV columns (KV = n_kv_head hd: grouped-query attention; C for gpt2), the
+// c_attn has A + 2 KV columns (A = n_head hd, C unless llama's model.head_dim says otherwise;
+// KV = n_kv_head hd: grouped-query attention; A for gpt2), c_proj A rows, the
 // MLP's products are its block kind's (BlockKind::mlp_gemms); each query head's scores are
 // as multi-head's.
 std::vector<Gemm> model_gemms(const Config& c) {
   const models::GPTConfig& m = c.model;
   const int64_t B = c.train.micro_batch_size, T = c.train.seq_len, C = m.n_embd, NH = m.n_head;
-  const int64_t N = B * T, L = m.n_layer, V = m.padded_vocab(), KV = m.kv_heads() * m.head_dim(),
-                I = m.mlp_hidden();
+  const int64_t N = B * T, L = m.n_layer, V = m.padded_vocab(), HS = m.head_dim(), KV = m.kv_heads() * HS,
+                A = NH * HS, I = m.mlp_hidden();
   const DType w = c.train.dtype == "bfloat16" ? DType::bf16 : DType::f32, f = DType::f32;
-  std::vector<Gemm> gemms = {{"c_attn", 1, N, C, C + 2 * KV, L, w}, {"attn c_proj", 1, N, C, C, L, w}};
+  std::vector<Gemm> gemms = {{"c_attn", 1, N, C, A + 2 * KV, L, w}, {"attn c_proj", 1, N, A, C, L, w}};
   const std::vector<Gemm> mlp = block_kind(m.arch).mlp_gemms(N, C, I, L, w);
   gemms.insert(gemms.end(), mlp.begin(), mlp.end());
-  gemms.insert(gemms.end(), {{"q k^T", B * NH, T, C / NH, T, L, f},
-                             {"p v", B * NH, T, T, C / NH, L, f},
-                             {"lm_head", 1, N, C, V, 1, w}});
+  gemms.insert(
+      gemms.end(),
+      {{"q k^T", B * NH, T, HS, T, L, f}, {"p v", B * NH, T, T, HS, L, f}, {"lm_head", 1, N, C, V, 1, w}});
   return gemms;
 }
 

@@ -446,6 +446,15 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
     add_comm(p, "tp", f_what + (h ? " and lm_head (backward)" : " (backward)"),
              "accum (" + f_ops + (h ? "+1" : "") + ") 2 (t-1)/t N C a'",
              A * (columns + h) * all_reduce_bytes(x, t));
+    // q_norm's and k_norm's partial gradients (model.qk_norm: each rank's heads), summed once
+    Count partial = 0;
+    for (const nn::FlatUnit& u : l.units)
+      for (const nn::FlatParam& q : u.params)
+        if (q.spec.tp.partial_grad) partial += nn::shard_part(u, q).size();
+    p.sp_grad_numel = partial.v;
+    if (partial.v > 0)
+      add_comm(p, "tp", "all-reduce of q_norm's and k_norm's gradients, each rank's heads' (last micro-step)",
+               "2 (t-1)/t P_partial 4", all_reduce_bytes(partial * kF, t));
   }
   if (t > 1 && h)
     add_comm(p, "tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
@@ -541,6 +550,8 @@ void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage
   p.n_kv_head = mc.kv_heads();
   p.mlp_hidden = mc.mlp_hidden();
   p.qkv_bias = mc.family().qkv_bias(mc);
+  p.head_dim = mc.head_dim();
+  p.qk_norm = mc.qk_norm;
   p.pp_schedule = v.schedule;
   p.pp_virtual = v.v;
   p.pp_blocks = v.blocks;

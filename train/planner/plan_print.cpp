@@ -51,7 +51,9 @@ void print_plan(const Plan& p, std::ostream& o) {
   char line[256];
   o << "plan: " << D.str() << " (" << p.strategy << ")\n";
   o << "model: " << (p.arch == "llama" ? "llama, " : "") << p.n_layer << " layers, " << p.n_head << " heads";
-  if (p.arch == "llama") o << " (" << p.n_kv_head << " key/value heads)";
+  if (p.head_dim * p.n_head != p.n_embd) o << " of " << p.head_dim << " channels";
+  if (p.arch == "llama")
+    o << " (" << p.n_kv_head << " key/value heads" << (p.qk_norm ? ", q/k norms" : "") << ")";
   o << ", n_embd " << p.n_embd;
   if (p.arch == "llama") o << ", SwiGLU of " << p.mlp_hidden;
   o << ", vocabulary " << p.padded_vocab << " (padded); " << p.params_global << " parameters, "

@@ -56,7 +56,9 @@ struct Plan {
   std::string arch = "gpt2";
   int64_t n_layer = 0, n_head = 0, n_embd = 0, padded_vocab = 0;
   int64_t n_kv_head = 0, mlp_hidden = 0;
+  int64_t head_dim = 0;  // n_embd / n_head unless llama's model.head_dim
   bool qkv_bias = true;
+  bool qk_norm = false;       // llama's model.qk_norm (Qwen3)
   int64_t params_global = 0;  // every parameter once
   int64_t params_rank = 0;    // on this rank after tensor parallelism, before FSDP sharding
   // the flat units (the embeddings, then each block) on this rank: whole (padded) and shard
@@ -70,7 +72,8 @@ struct Plan {
   // an f32 copy (dist/comm/communicator.h); FSDP's reduce-scatter and TP's all-reduces
   int64_t wire_reduce_bytes = 4, wire_act_reduce_bytes = 4;
   bool sequence_parallel = false;  // parallel.sequence_parallel with tp > 1
-  int64_t sp_grad_numel = 0;       // of this rank's shards, the unsplit parameters' (summed over tp)
+  int64_t sp_grad_numel = 0;       // of this rank's shards, the unsplit parameters' (summed over tp;
+                                   // without sequence parallelism, q_norm's and k_norm's only)
   bool bf16_gemms_in_f32 = false;  // bf16 on a CPU without bf16 instructions: sgemm on f32 copies
   // bytes per rank
   int64_t param_bytes = 0, grad_bytes = 0, optim_bytes = 0;  // the shards this rank owns

@@ -180,7 +180,7 @@ void StepReplay::micro_step_end(bool last_micro_step) {
 // over dp and cp, the gradient norm over the shards and tp; AdamW
 void StepReplay::step_end() {
   const dist::ParallelDims& dims = plan_.dims;
-  if (plan_.sequence_parallel)
+  if (plan_.sp_grad_numel > 0 && dims.tp > 1)  // (without it: q_norm's and k_norm's)
     timeline_.sync("tp", all_reduce_s(double(plan_.sp_grad_numel) * kF, dims.tp, links_.tp));
   timeline_.sync("scalars", all_reduce_s(8, dims.dp(), links_.dp) + all_reduce_s(8, dims.cp, links_.cp));
   timeline_.sync("scalars", (sharded_ ? all_reduce_s(8, dims.fsdp(), links_.fsdp) : 0) +

@@ -26,13 +26,14 @@ Shapes shapes_of(const Plan& plan, const std::string& device) {
   shapes.N = checked_mul(shapes.B, shapes.Tl, "count");
   shapes.kind = &block_kind(plan.arch);
   shapes.C = plan.n_embd;
-  shapes.Cl = shapes.C / dims.tp;
   shapes.H = plan.mlp_hidden / dims.tp;
   shapes.NHl = plan.n_head / dims.tp;
-  shapes.hd = shapes.C / plan.n_head;
+  shapes.hd = plan.head_dim;
+  shapes.Cl = checked_mul(shapes.NHl, shapes.hd, "count");  // this rank's heads' channels
   shapes.KVl = checked_mul(plan.n_kv_head, shapes.hd, "count") / dims.tp;
   shapes.Q = checked_add(shapes.Cl, checked_mul(2, shapes.KVl, "count"), "count");
   shapes.qkv_bias = plan.qkv_bias;
+  shapes.qk_norm = plan.qk_norm;
   shapes.Vl = plan.padded_vocab / dims.tp;
   shapes.Ns = plan.sequence_parallel ? shapes.N / dims.tp : shapes.N;
   shapes.cp = dims.cp;

@@ -12,9 +12,10 @@
 //   Tl  = T / cp tokens of a sequence    N    = B Tl rows
 //   Ns  rows of the regions between the attention and the MLP (LayerNorms, residuals): N,
 //       or N / tp with sequence parallelism
-//   C   = n_embd                         Cl   = C / tp query (and output) channels
+//   C   = n_embd                         Cl   = NHl hd query (and output) channels: C / tp
+//                                             unless llama's model.head_dim says otherwise
 //   H   MLP hidden units: 4 C / tp (gpt2), intermediate_size / tp (llama's SwiGLU)
-//   NHl = n_head / tp query heads        hd   = C / n_head head size
+//   NHl = n_head / tp query heads        hd   = the head size (C / n_head, or model.head_dim)
 //   KVl = n_kv_head hd / tp key (and value) channels: Cl for gpt2; fewer under grouped-
 //         query attention (llama's n_kv_head < n_head)
 //   Q   = Cl + 2 KVl columns of c_attn's q, k, v on this rank (3 Cl for gpt2)
@@ -56,6 +57,7 @@ struct Shapes {
   int64_t cp = 1, tp = 1;
   int64_t act_bytes = 4;  // a
   bool qkv_bias = true;   // c_attn's bias (gpt2; llama with model.attention_bias)
+  bool qk_norm = false;   // llama's q_norm and k_norm (model.qk_norm: Qwen3)
   AttentionCore core = AttentionCore::cpu_fused;
 };
 
