@@ -33,13 +33,6 @@ models::PipelinePart model_part(const PipelineLayout& layout, const DeviceMesh& 
   return layout.part(mesh.coords().pp);
 }
 
-void check_parallel_documents(const ParallelDims& dims, const std::string& data) {
-  if (dims.cp > 1)
-    throw Error("parallel.cp_size = " + std::to_string(dims.cp) + ": the data " + data +
-                " has documents and loss masks (prepare_text's .jsonl rows), which context "
-                "parallelism does not split yet; set parallel.cp_size = 1");
-}
-
 std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& mesh,
                                            const ParallelizeOptions& o) {
   const ParallelDims& dims = mesh.dims();
@@ -115,9 +108,9 @@ void ParallelModel::join_pipeline_ends(const models::GPT& gpt, const DeviceMesh&
 
 std::vector<Pipeline::Batch> ParallelModel::local(const std::vector<Batch>& batches) const {
   std::vector<Pipeline::Batch> out;
-  for (const Batch& b : batches) {  // CP: this rank's two chunks of each sequence
-    NDT_CHECK(!cp_ || !b.docs.defined(),
-              "packed documents (docs) do not work with context parallelism yet; set parallel.cp_size = 1");
+  // CP: this rank's two chunks of each sequence; the documents of the whole rows (ring
+  // attention's masks and the positions need the documents of other ranks' chunks)
+  for (const Batch& b : batches) {
     out.push_back({(cp_ ? cp_->local(b.inputs) : b.inputs).to(device_),
                    (cp_ ? cp_->local(b.targets) : b.targets).to(device_),
                    b.docs.defined() ? b.docs.to(device_) : Tensor()});
@@ -131,14 +124,18 @@ void ParallelModel::weigh_by_trained_tokens(const std::vector<Batch>& batches,
   if (batches.empty() || !batches.front().docs.defined()) return;
   std::vector<double> trained;
   double here = 0;
-  for (const Batch& b : batches) {
-    const std::vector<int32_t> t = b.targets.to(Device::cpu()).to_vector<int32_t>();
+  for (const Batch& b : batches) {  // this rank's tokens (CP: its chunks)
+    const Tensor mine = cp_ ? cp_->local(b.targets) : b.targets;
+    const std::vector<int32_t> t = mine.to(Device::cpu()).to_vector<int32_t>();
     trained.push_back(
         static_cast<double>(std::count_if(t.begin(), t.end(), [](int32_t v) { return v != -1; })));
     here += trained.back();
   }
-  const double all = mesh_->dp().all_reduce_scalar(here, ReduceOp::kSum);
-  const double per = static_cast<double>(batches.size()) * static_cast<double>(mesh_->dp().size());
+  // the gradients and the loss are averaged over the data and the cp ranks
+  const int64_t cp = cp_ ? mesh_->cp().size() : 1;
+  const double all = mesh_->dp().all_reduce_scalar(
+      cp_ ? mesh_->cp().all_reduce_scalar(here, ReduceOp::kSum) : here, ReduceOp::kSum);
+  const double per = static_cast<double>(batches.size()) * static_cast<double>(mesh_->dp().size() * cp);
   for (size_t i = 0; i < out.size(); ++i) out[i].weight = all > 0 ? trained[i] * per / all : 0.0;
 }
 

@@ -81,9 +81,6 @@ PipelineLayout plan_layout(const models::GPTConfig& cfg, const ParallelDims& dim
                            double block_cost);
 // What of the model this rank describes: its pipeline stage's blocks (one stage: the whole model).
 models::PipelinePart model_part(const PipelineLayout& layout, const DeviceMesh& mesh);
-// Throws ndt::Error when the layout cannot train the data `data`, whose rows are packed
-// documents with loss masks: context parallelism does not split them yet.
-void check_parallel_documents(const ParallelDims& dims, const std::string& data);
 
 // Not copied or moved: the strategy and the model's hooks refer to its buffers.
 class ParallelModel {
@@ -100,7 +97,7 @@ class ParallelModel {
 
   // A batch of whole sequences: tokens and next tokens, (B, T) i32 on any device (targets
   // of -1 are not trained); docs (B, T) i32: packed rows' documents (GPT::forward), or
-  // undefined (one per row; context parallelism takes no docs).
+  // undefined (one per row).
   struct Batch {
     Tensor inputs, targets, docs;
   };
@@ -130,12 +127,14 @@ class ParallelModel {
  private:
   friend std::unique_ptr<ParallelModel> parallelize(models::GPT&, const DeviceMesh&,
                                                     const ParallelizeOptions&);
-  // (B, T) tokens of whole sequences -> this rank's part on its device (CP: its two chunks of each).
+  // (B, T) tokens of whole sequences -> this rank's part on its device (CP: its two chunks of
+  // each; the docs stay whole).
   std::vector<Pipeline::Batch> local(const std::vector<Batch>& batches) const;
   // Packed documents with loss masks: the step's loss is the mean over every trained token of
   // the global batch, as one process on the whole batch, not a mean of the micro-batches'
-  // means. Each micro-batch weighs its trained tokens x m x dp / the step's (the pipeline's
-  // 1/m and the data-parallel average cancel those); 1 without documents.
+  // means. Each micro-batch weighs this rank's trained tokens of it (CP: in its chunks)
+  // x m x dp x cp / the step's (the pipeline's 1/m and the average over data and cp ranks
+  // cancel those); 1 without documents.
   void weigh_by_trained_tokens(const std::vector<Batch>& batches, std::vector<Pipeline::Batch>& local) const;
   // A loss computed on this rank's sequences and chunks -> the mean over every token of the
   // step (each dp and cp rank holds as many tokens as any other; tp ranks hold the same loss).

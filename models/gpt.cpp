@@ -154,7 +154,8 @@ nn::Positions GPT::block_positions(const Tensor& pos, int64_t pos_offset, bool c
 }
 
 // The positions of idx's tokens (B, T) i32: pos_offset .. pos_offset+T-1 for every row (CP:
-// this rank's two pieces; packed rows: restarting at pos_offset with every document of docs);
+// this rank's two pieces; packed rows: restarting at pos_offset with every document of docs,
+// under CP from the whole rows' docs);
 // cached: kept from the last call for the same (B, T, offset).
 Tensor GPT::positions_of(const Tensor& idx, int64_t pos_offset, const Tensor& docs, bool& cached) const {
   NDT_CHECK(idx.dtype() == DType::i32 && idx.dim() == 2, "GPT: idx must be int32 (B, T), got ", idx.desc());
@@ -164,14 +165,13 @@ Tensor GPT::positions_of(const Tensor& idx, int64_t pos_offset, const Tensor& do
             "; lower train.seq_len or raise model.block_size");
   cached = false;
   if (docs.defined()) {
-    NDT_CHECK(!positions,
-              "GPT: packed documents (docs) do not work with context parallelism yet; "
-              "set parallel.cp_size = 1 to train on packed rows");
-    NDT_CHECK(docs.shape() == idx.shape() && docs.device() == idx.device(), "GPT: docs ", docs.desc(),
-              " must be shaped as idx ", idx.desc(), " on its device");
-    return document_positions(docs, pos_offset);
+    // context parallelism: the whole rows' docs, which its hook checks against the sequence
+    NDT_CHECK(docs.device() == idx.device() && docs.dim() == 2 && docs.size(0) == B &&
+                  (positions || docs.size(1) == T),
+              "GPT: docs ", docs.desc(), " must be shaped as idx ", idx.desc(), " on its device");
+    return positions ? positions(idx, pos_offset, docs) : document_positions(docs, pos_offset);
   }
-  if (positions) return positions(idx, pos_offset);
+  if (positions) return positions(idx, pos_offset, Tensor());
   {
     PositionsCache& c = pos_cache_;
     if (!(c.pos.defined() && c.B == B && c.T == T && c.offset == pos_offset && c.device == idx.device())) {

@@ -67,7 +67,9 @@ class GPT : public nn::Module {
   // Packed rows: docs (B, T) i32, non-decreasing along each row, the document of every token
   // (undefined: one per row). Each document attends only to itself and its positions restart
   // at pos_offset (Hugging Face's position_ids of packed rows); that a document's last token
-  // does not predict the next one's first is the targets' business (-1 there).
+  // does not predict the next one's first is the targets' business (-1 there). Under context
+  // parallelism (the positions hook set) docs are the whole rows' (B, T_seq), idx this rank's
+  // pieces of them: the hooks take what they need (a document may start on another rank).
   GPTOutput forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset = 0,
                     const Tensor& docs = {}) const;
   // For generation: the logits of the token after each row, idx (B, T) at positions
@@ -103,9 +105,10 @@ class GPT : public nn::Module {
   // TP: the loss over vocab-sliced logits (vocab-parallel cross-entropy)
   std::function<Tensor(const Tensor& logits, const Tensor& targets)> loss_fn;
   nn::TensorFn gather_logits;  // TP: (N, Vp/tp) -> (N, Vp), for sampling
-  // CP: the position of every token (B, T) i32 (a rank's tokens are two pieces of the sequence;
-  // packed rows, docs, are refused with it)
-  std::function<Tensor(const Tensor& idx, int64_t pos_offset)> positions;
+  // CP: the position of every token (B, T) i32 (a rank's tokens are two pieces of the sequence);
+  // docs: the whole rows' documents (B, T_seq) when packed (positions restart per document),
+  // or undefined
+  std::function<Tensor(const Tensor& idx, int64_t pos_offset, const Tensor& docs)> positions;
 
   // The FSDP units: "embeddings" (wte, wpe or lm_head, ln_f) first, then one per block "h.i".
   // Under pipeline parallelism, this rank's: its blocks, and of the embeddings what its

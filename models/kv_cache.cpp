@@ -15,7 +15,11 @@ KVCache::KVCache(const GPT& gpt, int64_t capacity, LogitsFn logits_fn)
   for (size_t i = 0; i < L; ++i) {
     nn::AttendFn& hook = gpt.h[i]->attend();
     saved_[i] = std::move(hook);
-    hook = [this, i](const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset) {
+    hook = [this, i](const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset,
+                     const Tensor& docs) {
+      NDT_CHECK(!docs.defined(),
+                "KVCache: packed rows (docs) cannot be sampled from a KV cache; "
+                "give generation one sequence per row, without docs");
       return attend(i, q, k, v, pos_offset);
     };
   }

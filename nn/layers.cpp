@@ -79,26 +79,19 @@ namespace {
 int64_t head_size(const LlamaDims& d) {
   return d.head_dim > 0 ? d.head_dim : d.n_head > 0 ? d.C / d.n_head : 0;
 }
-void check_no_attend_with_docs(const AttendFn& attend, const Tensor& docs) {
-  NDT_CHECK(
-      !attend || !docs.defined(),
-      "attention: packed documents (docs) do not work with context "
-      "parallelism (parallel.cp_size > 1) or a KV cache yet; train packed rows with parallel.cp_size = 1");
-}
 }  // namespace
 
 Tensor CausalSelfAttention::core(const Tensor& qkv, int64_t pos_offset, const Tensor& docs) const {
   // C: this rank's channels of q, k and v (n_embd, or n_embd / tp with tensor parallelism)
   // qkv (B,T,3C) -> y (B,T,C): the sequence attends to itself (the offset cancels out of the
   // mask), on CPU without copying a head out of qkv; packed rows: each document to itself
-  check_no_attend_with_docs(attend, docs);
   if (!attend) return self_attention(qkv, n_head, docs);
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, NH = n_head, HS = C / NH;
   // qkv (B,T,3C) -> q, k, v (B,T,C) each -> (B,NH,T,HS)
   std::vector<Tensor> parts = split_last(qkv, {C, C, C});
   auto heads = [&](const Tensor& t) { return heads_to_front(view(t, {B, T, NH, HS})); };
   const Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  Tensor y = attend(q, k, v, pos_offset);  // (B,NH,T,HS), e.g. ring attention over the cp group
+  Tensor y = attend(q, k, v, pos_offset, docs);  // (B,NH,T,HS), e.g. ring attention over the cp group
   // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,C)
   return view(heads_to_back(y), {B, T, C});
 }
@@ -158,9 +151,8 @@ Tensor GroupedQueryAttention::core(const Tensor& qkv, const Positions& pos) cons
   q = heads_to_front(rotary(q, pos.cos, pos.sin));  // (B,NH,T,HS)
   k = heads_to_front(rotary(k, pos.cos, pos.sin));  // (B,NKV,T,HS)
   v = heads_to_front(v);                            // (B,NKV,T,HS)
-  check_no_attend_with_docs(attend, pos.docs);
-  Tensor y =
-      attend ? attend(q, k, v, pos.offset) : attention(q, k, v, 0, 0, 0.0, pos.docs).out;  // (B,NH,T,HS)
+  Tensor y = attend ? attend(q, k, v, pos.offset, pos.docs)
+                    : attention(q, k, v, 0, 0, 0.0, pos.docs).out;  // (B,NH,T,HS)
   // (B,NH,T,HS) -> (B,T,NH,HS) -> (B,T,NH HS)
   return view(heads_to_back(y), {B, T, n_head * HS});
 }

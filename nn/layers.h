@@ -19,8 +19,10 @@ namespace ndt::nn {
 using TensorFn = std::function<Tensor(const Tensor&)>;
 // Context parallelism replaces an attention core with ring attention over the sequence
 // pieces of its group: q (B,NH,T,HS), k, v (B,NKV,T,HS) at positions pos_offset.. ->
-// (B,NH,T,HS).
-using AttendFn = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset)>;
+// (B,NH,T,HS). docs: packed rows' documents as the model was given them (GPT::forward;
+// under context parallelism the whole rows'), or undefined.
+using AttendFn = std::function<Tensor(const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset,
+                                      const Tensor& docs)>;
 
 // What a parallel layout does around one linear's GEMM, set by dist/tensor_parallel
 // (column_parallel, row_parallel); a linear without one is this rank's alone. Linear reads

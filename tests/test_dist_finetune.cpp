@@ -1,18 +1,23 @@
 // Fine-tuning data (prepare_text's .jsonl chat rows: loss masks and documents, packed into
-// rows) under mpirun: data parallelism over packed rows, tensor parallelism and a two-stage
-// pipeline (the documents reach every stage) give one process's losses, step by step; a run
-// resumed under another layout goes on with the same rows; context parallelism refuses such
-// data at start with one line naming parallel.cp_size.
+// rows) under mpirun: data parallelism over packed rows, tensor parallelism, a two-stage
+// pipeline (the documents reach every stage) and context parallelism (documents across the
+// ring's chunks; with data and with tensor parallelism) give one process's losses, step by
+// step, and (context parallelism) its first step's gradients; a run resumed under another
+// layout goes on with the same rows.
 #include <gtest/gtest.h>
 
 #include "support/hf_fixture.h"
 #include "support/launch.h"
 #include "support/testing.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "train/io/safetensors.h"
 
 using namespace ndt;
 using namespace ndt::testing;
@@ -43,6 +48,26 @@ std::vector<double> losses(const fs::path& metrics) {
   return l;
 }
 
+// The largest difference between two safetensors files, relative to each tensor's scale.
+double max_rel_diff(const fs::path& a, const fs::path& b) {
+  io::SafeTensorsReader ra(a.string()), rb(b.string());
+  EXPECT_EQ(ra.entries().size(), rb.entries().size());
+  double worst = 0;
+  for (auto& [name, e] : ra.entries()) {
+    if (!rb.has(name)) {
+      ADD_FAILURE() << name << " missing in " << b;
+      continue;
+    }
+    std::vector<float> x = ra.get(name).to_vector<float>(), y = rb.get(name).to_vector<float>();
+    EXPECT_EQ(x.size(), y.size()) << name;
+    double scale = 1e-30;
+    for (float v : x) scale = std::max(scale, static_cast<double>(std::abs(v)));
+    for (size_t i = 0; i < std::min(x.size(), y.size()); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(x[i]) - y[i]) / scale);
+  }
+  return worst;
+}
+
 class DistFinetune : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -63,28 +88,35 @@ class DistFinetune : public ::testing::Test {
            "eps = 1e-4\n[sample]\nevery = -1\n[log]\nevery = 1\n";
   }
   // train_gpt on np ranks (mpirun when np > 1) with `args`; its losses in dir_/name/metrics.jsonl
+  // and its first step's gradients in dir_/name/grads.safetensors
   static ShellResult train(const std::string& name, int np, const std::string& args) {
     fs::create_directories(dir_ / name);
     return run_shell((np > 1 ? mpirun(np) : std::string()) + NDT_TRAIN_GPT_BIN + " --config " +
                      (dir_ / "gpt.ini").string() + " --log.metrics " +
-                     (dir_ / name / "metrics.jsonl").string() + " " + args + " 2>&1");
+                     (dir_ / name / "metrics.jsonl").string() + " --log.grads " +
+                     (dir_ / name / "grads.safetensors").string() + " " + args + " 2>&1");
   }
-  // Each layout's losses on np = 2 ranks equal one process's, step by step, within rel (all
-  // runs with `common` args too).
+  // Each layout's losses on np ranks equal one process's, step by step, within rel (all runs
+  // with `common` args too); with grad_rel > 0, the first step's gradients too, within it.
   static void expect_layouts_equal_one_process(
       const std::vector<std::pair<std::string, std::string>>& layouts, const std::string& single, double rel,
-      const std::string& common = "") {
+      const std::string& common = "", int np = 2, double grad_rel = 0) {
     ShellResult r = train(single, 1, common);
     ASSERT_EQ(r.rc, 0) << r.out;
     const std::vector<double> want = losses(dir_ / single / "metrics.jsonl");
     ASSERT_EQ(want.size(), 5u);
     for (const auto& [name, args] : layouts) {
       SCOPED_TRACE(name);
-      r = train(name, 2, args + " " + common);
+      r = train(name, np, args + " " + common);
       ASSERT_EQ(r.rc, 0) << r.out;
       const std::vector<double> got = losses(dir_ / name / "metrics.jsonl");
       ASSERT_EQ(got.size(), 5u);
       for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], rel * want[i]) << "step " << i + 1;
+      if (grad_rel <= 0) continue;
+      const double g = max_rel_diff(dir_ / name / "grads.safetensors", dir_ / single / "grads.safetensors");
+      EXPECT_LT(g, grad_rel) << "gradients of the first step";
+      std::printf("%-12s %d ranks: losses %.6f..%.6f, first-step gradients within %.1e\n", name.c_str(), np,
+                  got.front(), got.back(), g);
     }
   }
   static fs::path dir_;
@@ -114,23 +146,24 @@ TEST_F(DistFinetune, TensorAndPipelineParallelLayoutsEqualOneProcessOnChatData) 
                                    "single", 1e-4);
 }
 
-// The data position survives a change of layout: a run of 8 steps on shuffled packed rows
+// The data position survives a change of layout: a run of 10 steps on shuffled packed rows
 // (rows of 256, crossing epochs), stopped every 2 steps and resumed under another layout
-// (FSDP over 2 ranks, then tensor parallelism, then a two-stage pipeline, then one process),
+// (FSDP over 2 ranks, then tensor parallelism, a two-stage pipeline, context parallelism, one process),
 // trains on the rows the uninterrupted run trains on: the same losses, step by step.
 TEST_F(DistFinetune, ResumedUnderAnotherLayoutTheRunTrainsOnTheSameRows) {
   const std::string common =
-      "--data.shuffle true --model.block_size 256 --train.seq_len 256 --train.steps 8 "
+      "--data.shuffle true --model.block_size 256 --train.seq_len 256 --train.steps 10 "
       "--train.micro_batch_size 1";
   ShellResult r = train("whole", 1, common);
   ASSERT_EQ(r.rc, 0) << r.out;
   const std::vector<double> want = losses(dir_ / "whole" / "metrics.jsonl");
-  ASSERT_EQ(want.size(), 8u);
+  ASSERT_EQ(want.size(), 10u);
   const std::string ckpt = " --checkpoint.dir " + (dir_ / "relay" / "ckpt").string();
   const std::vector<std::pair<int, std::string>> legs = {
       {2, "--parallel.dp_shard_size 2 --train.grad_accum_steps 1"},
       {2, "--parallel.tp_size 2 --checkpoint.resume true"},
       {2, "--parallel.pp_size 2 --checkpoint.resume true"},
+      {2, "--parallel.cp_size 2 --checkpoint.resume true"},
       {1, "--checkpoint.resume true"}};
   for (size_t k = 0; k < legs.size(); ++k) {
     const std::string stop = k + 1 < legs.size() ? " --train.stop_after " + std::to_string(2 * (k + 1)) : "";
@@ -138,15 +171,28 @@ TEST_F(DistFinetune, ResumedUnderAnotherLayoutTheRunTrainsOnTheSameRows) {
     ASSERT_EQ(r.rc, 0) << "leg " << k << "\n" << r.out;
   }
   const std::vector<double> got = losses(dir_ / "relay" / "metrics.jsonl");
-  ASSERT_EQ(got.size(), 8u);
-  for (size_t i = 0; i < 8; ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * want[i]) << "step " << i + 1;
+  ASSERT_EQ(got.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * want[i]) << "step " << i + 1;
 }
 
-TEST_F(DistFinetune, ContextParallelismRefusesDocumentsAtStartNamingTheKey) {
-  const ShellResult r = train("cp2", 2, "--parallel.cp_size 2");
-  EXPECT_NE(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("parallel.cp_size = 2: the data"), std::string::npos) << r.out;
-  EXPECT_EQ(r.out.find("step    1/"), std::string::npos) << "refused before any step:\n" << r.out;
+// Context parallelism: each row's 128 tokens in 4 chunks of 32, the documents (and their
+// trained tokens) falling unequally on the two ranks, some across chunks; the positions
+// restart at each document's start on whichever rank holds it: GPT-2's learned positions, and
+// a Llama's rotary ones (grouped-query attention, 2 query heads over 1 kv head).
+TEST_F(DistFinetune, ContextParallelEqualsOneProcessOnChatData) {
+  expect_layouts_equal_one_process({{"cp2", "--parallel.cp_size 2"}}, "single_cp", 1e-5, "", 2, 1e-5);
+  expect_layouts_equal_one_process({{"llama_cp2", "--parallel.cp_size 2"}}, "llama_single_cp", 1e-5,
+                                   "--model.arch llama --model.n_kv_head 1 --model.intermediate_size 48", 2,
+                                   1e-5);
+}
+
+// ... and with data parallelism (one row per rank and micro-step) and with tensor parallelism
+TEST_F(DistFinetune, ContextParallelWithDataOrTensorParallelEqualsOneProcessOnChatData) {
+  expect_layouts_equal_one_process({{"cp2_dp2",
+                                     "--parallel.cp_size 2 --parallel.dp_replicate_size 2 "
+                                     "--train.micro_batch_size 1"},
+                                    {"cp2_tp2", "--parallel.cp_size 2 --parallel.tp_size 2"}},
+                                   "single_cp4", 1e-5, "", 4, 1e-5);
 }
 
 }  // namespace

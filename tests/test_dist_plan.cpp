@@ -391,18 +391,6 @@ TEST(PlanLayout, ChecksTheModelAndPlansThePipelineFromTheConfigsWords) {
   EXPECT_THROW(dist::plan_layout(m, tp3, parallel, 64, 4, 1.0), Error);
   parallel.pp_split = "2,1";  // the split must sum to model.n_layer
   EXPECT_THROW(dist::plan_layout(m, dims, parallel, 64, 4, 1.0), Error);
-  // packed documents: context parallelism refuses them, naming the key and the data
-  dims.cp = 2;
-  try {
-    dist::check_parallel_documents(dims, "chat.bin");
-    ADD_FAILURE() << "cp 2 took documents";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.cp_size = 2: the data chat.bin has documents"),
-              std::string::npos)
-        << e.what();
-  }
-  dims.cp = 1;
-  EXPECT_NO_THROW(dist::check_parallel_documents(dims, "chat.bin"));
 }
 
 // ---- the time model and the search (no MPI: the binary plans and exits) -----------------

@@ -12,6 +12,7 @@
 
 #include "autograd/engine.h"
 #include "models/gpt.h"
+#include "models/kv_cache.h"
 #include "tensor/kernels.h"
 
 using namespace ndt;
@@ -230,7 +231,7 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
   }
 }
 
-TEST(PackedDocuments, RefusesBadDocsAndContextParallelism) {
+TEST(PackedDocuments, RefusesBadDocs) {
   Model m(small_gpt2());
   const Tensor idx = Tensor::from_vector(random_ids(kB * kT, 1), {kB, kT});
   std::vector<int32_t> d(kB * kT, 0);
@@ -242,23 +243,48 @@ TEST(PackedDocuments, RefusesBadDocsAndContextParallelism) {
       "must not decrease");
   expect_error([&] { m.gpt.forward(idx, Tensor(), 0, Tensor::zeros({kB, kT - 1}, DType::i32)); }, "docs");
   expect_error([&] { m.gpt.forward(idx, Tensor(), 0, Tensor::zeros({kB, kT}, DType::f32)); }, "docs");
-  // an attend hook (ring attention, the KV cache) on a block
+  expect_error([&] { m.gpt.forward(idx, Tensor(), 0, Tensor::zeros({kB + 1, kT}, DType::i32)); }, "docs");
+}
+
+// The hooks context parallelism installs receive the docs: an attend hook gets them with q, k
+// and v (here it attends as the model would, so the logits are the model's on packed rows), and
+// a positions hook gets the whole rows' docs, which may be longer than idx (a rank's pieces).
+TEST(PackedDocuments, HooksReceiveTheDocs) {
+  const Tensor idx = Tensor::from_vector(random_ids(kB * kT, 1), {kB, kT});
+  const Tensor docs = docs_of(kLengths, kT);
   Model k(small_llama());
-  k.gpt.h[1]->attend() = [](const Tensor& q, const Tensor& kk, const Tensor& v, int64_t) {
-    return attention(q, kk, v).out;
+  const Tensor want = k.gpt.forward(idx, Tensor(), 0, docs).logits;
+  int calls = 0;
+  k.gpt.h[1]->attend() = [&calls, docs](const Tensor& q, const Tensor& kk, const Tensor& v, int64_t,
+                                        const Tensor& d) {
+    EXPECT_TRUE(d.defined());
+    if (d.defined()) EXPECT_EQ(d.to_vector<int32_t>(), docs.to_vector<int32_t>());
+    ++calls;
+    return attention(q, kk, v, 0, 0, 0.0, d).out;
   };
-  expect_error(
-      [&] {
-        k.gpt.forward(idx, Tensor(), 0, Tensor::zeros({kB, kT}, DType::i32));
-      },
-      "parallel.cp_size");
-  k.gpt.forward(idx, Tensor());  // without docs the hook serves
-  m.gpt.positions = [](const Tensor& x, int64_t) { return Tensor::zeros(x.shape(), DType::i32); };
-  expect_error(
-      [&] {
-        m.gpt.forward(idx, Tensor(), 0, Tensor::zeros({kB, kT}, DType::i32));
-      },
-      "parallel.cp_size");
+  EXPECT_EQ(max_abs_diff(k.gpt.forward(idx, Tensor(), 0, docs).logits.to_vector<double>(),
+                         want.to_vector<double>()),
+            0.0);
+  EXPECT_EQ(calls, 1);
+  // positions from docs of whole rows of 2 T tokens, for T tokens of them
+  Model m(small_gpt2());
+  Tensor seen;
+  m.gpt.positions = [&seen](const Tensor& x, int64_t, const Tensor& d) {
+    seen = d;
+    return Tensor::zeros(x.shape(), DType::i32);
+  };
+  const Tensor whole = Tensor::zeros({kB, 2 * kT}, DType::i32);
+  m.gpt.forward(idx, Tensor(), 0, whole);
+  ASSERT_TRUE(seen.defined());
+  EXPECT_EQ(seen.shape(), whole.shape());
+}
+
+// A KV cache samples one sequence per row: packed rows are refused while it holds the hooks.
+TEST(PackedDocuments, KvCacheRefusesDocs) {
+  Model m(small_llama());
+  models::KVCache cache(m.gpt, kT);
+  const Tensor idx = Tensor::from_vector(random_ids(kB * kT, 1), {kB, kT});
+  expect_error([&] { m.gpt.forward(idx, Tensor(), 0, docs_of(kLengths, kT)); }, "KVCache");
 }
 
 }  // namespace

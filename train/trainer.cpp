@@ -350,11 +350,6 @@ void Trainer::open_data() {
                                               dp_rank, dp, false, static_cast<uint64_t>(c_.train.seed),
                                               c_.model.vocab_size);
   train_->set_grad_accum(c_.train.grad_accum_steps);  // packed rows: an epoch of whole steps
-  if (train_->has_documents()) try {                  // a layout that cannot split them: a config error
-      dist::check_parallel_documents(dims_, c_.data.train);
-    } catch (const Error& e) {
-      throw ConfigError(e.what());
-    }
 }
 
 // The vocabulary of the samples' text (train/samples.h), and the tokenizer the checkpoints carry.

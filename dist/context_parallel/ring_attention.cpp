@@ -30,7 +30,8 @@ int64_t tail_chunk(int64_t rank, int64_t n) { return 2 * n - 1 - rank; }
 
 }  // namespace
 
-Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& cp) {
+Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& cp,
+                      const Tensor& docs) {
   // q (B,NH,2Tc,HS), k, v (B,NKV,2Tc,HS): checked here, before anything is sent, as every pair's
   // attention() would check them
   NDT_CHECK(q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() && k.size(0) == q.size(0) &&
@@ -41,6 +42,14 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
             " heads and k, v ", k.size(1),
             ": the kv heads must divide the query heads (grouped-query attention)");
   const int64_t n = cp.size(), r = cp.rank(), Tc = q.size(2) / 2, HS = q.size(3);
+  NDT_CHECK(!docs.defined() || (docs.dim() == 2 && docs.dtype() == DType::i32 && docs.size(0) == q.size(0) &&
+                                docs.size(1) == 2 * n * Tc),
+            "ring_attention: docs must be the whole rows' documents (B, 2 cp Tc) = (", q.size(0), ", ",
+            2 * n * Tc, ") int32, got ", docs.desc());
+  // Packed rows: every rank holds the whole rows' documents (the loader reads whole rows), so
+  // each pair's mask comes from them at its global offsets, and nothing about documents
+  // travels around the ring. On the host once, not once per pair (each pair reads them there).
+  const Tensor docs_host = docs.defined() ? docs.to(Device::cpu()) : Tensor();
   const std::array<Tensor, 2> qh = halves(q);
   const std::array<int64_t, 2> q_chunk = {r, tail_chunk(r, n)};
   std::array<AttentionOut, 2> acc;
@@ -64,15 +73,17 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
         AttentionOut o;
         if (recompute) {
           std::vector<Tensor> block = autograd::recompute(
-              [qo, ko](const std::vector<Tensor>& in) {
-                const AttentionOut pair = attention(in[0], in[1], in[2], qo, ko);
+              [qo, ko, docs_host](const std::vector<Tensor>& in) {
+                const AttentionOut pair = attention(in[0], in[1], in[2], qo, ko, 0.0, docs_host);
                 return std::vector<Tensor>{pair.out, pair.lse};
               },
               {qh[a], kvs[0], kvs[1]});
           o = {block[0], block[1]};
         } else {
-          o = attention(qh[a], kvs[0], kvs[1], qo, ko);
+          o = attention(qh[a], kvs[0], kvs[1], qo, ko, 0.0, docs_host);
         }
+        // (packed rows: a query whose document starts after this key chunk sees none of it,
+        // out 0 and lse -inf, which the merge gives no weight)
         acc[a] = acc[a].out.defined() ? merge_attention(acc[a].out, acc[a].lse, o.out, o.lse) : o;
       }
     }
@@ -82,8 +93,20 @@ Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communi
       owner = (owner + n - 1) % n;
     }
   }
-  return join(acc[0].out, acc[1].out);  // each query chunk saw at least its own diagonal block
+  return join(acc[0].out, acc[1].out);  // each query saw at least itself, in its diagonal block
 }
+
+namespace {
+
+// (B, T) of whole sequences -> (B, 2 Tc): rank r's head chunk r and tail chunk 2n-1-r.
+Tensor head_and_tail(const Tensor& t, int64_t n, int64_t r, int64_t Tc) {
+  Tensor out = Tensor::empty({t.size(0), 2 * Tc}, t.dtype(), t.device());
+  out.narrow(1, 0, Tc).copy_(t.narrow(1, r * Tc, Tc));
+  out.narrow(1, Tc, Tc).copy_(t.narrow(1, tail_chunk(r, n) * Tc, Tc));
+  return out;
+}
+
+}  // namespace
 
 ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq_len,
                                  const SequenceSplit* split)
@@ -92,12 +115,22 @@ ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq
   auto active = [split] { return !split || split->active; };
   Communicator* c = &cp;
   for (auto& block : gpt.h)
-    block->attend() = [c, active](const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset) {
-      return active() ? ring_attention(q, k, v, *c) : attention(q, k, v, pos_offset, pos_offset).out;
+    block->attend() = [c, active](const Tensor& q, const Tensor& k, const Tensor& v, int64_t pos_offset,
+                                  const Tensor& docs) {
+      return active() ? ring_attention(q, k, v, *c, docs)
+                      : attention(q, k, v, pos_offset, pos_offset, 0.0, docs).out;
     };
   const int64_t n = cp.size(), r = cp.rank(), Tc = seq_len / (2 * n);
-  gpt.positions = [active, n, r, Tc](const Tensor& idx, int64_t pos_offset) {
+  gpt.positions = [active, n, r, Tc](const Tensor& idx, int64_t pos_offset, const Tensor& docs) {
     const int64_t B = idx.size(0), T = idx.size(1);
+    if (docs.defined() && !active()) return document_positions(docs, pos_offset);
+    if (docs.defined()) {
+      // packed rows: a document's positions restart at its start, which may lie in a chunk of
+      // another rank: the positions of the whole rows, then this rank's two pieces of them
+      NDT_CHECK(docs.size(1) == 2 * n * Tc && T == 2 * Tc, "context parallelism: docs ", docs.desc(),
+                " must be the whole rows' (B, ", 2 * n * Tc, ") for this rank's ", idx.desc(), " tokens");
+      return head_and_tail(document_positions(docs, pos_offset), n, r, Tc);
+    }
     std::vector<int32_t> pos(static_cast<size_t>(B * T));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t)
@@ -109,14 +142,10 @@ ContextParallel::ContextParallel(models::GPT& gpt, Communicator& cp, int64_t seq
 }
 
 Tensor ContextParallel::local(const Tensor& tokens) const {
-  const int64_t n = cp_.size(), r = cp_.rank(), B = tokens.size(0), Tc = T_ / (2 * n);
+  const int64_t n = cp_.size(), r = cp_.rank(), Tc = T_ / (2 * n);
   NDT_CHECK(tokens.size(1) == T_, "context parallelism: a batch of ", tokens.size(1),
             " tokens per row, expected ", T_);
-  Tensor head = tokens.narrow(1, r * Tc, Tc), tail = tokens.narrow(1, tail_chunk(r, n) * Tc, Tc);
-  Tensor out = Tensor::empty({B, 2 * Tc}, tokens.dtype(), tokens.device());
-  out.narrow(1, 0, Tc).copy_(head);
-  out.narrow(1, Tc, Tc).copy_(tail);
-  return out;
+  return head_and_tail(tokens, n, r, Tc);
 }
 
 }  // namespace ndt::dist

@@ -14,9 +14,18 @@
 // through their log-sum-exp, in f32. Backward is autograd's: dQ stays, and the gradients of
 // the K/V blocks flow back around the ring to their owners (dist/context_parallel/comm.h).
 //
+// Packed rows (several documents in a row): every rank holds the whole rows' documents, as
+// the loader reads them, so nothing more travels. A pair's mask is its part of the
+// block-diagonal causal mask, from those documents at the pair's global offsets (a query sees
+// the keys at or before it in its own document); a query whose document starts after a key
+// chunk sees none of it (lse -inf: the merge gives it no weight), and every query sees at
+// least itself. Positions restart at each document's start, wherever it lies: computed from
+// the whole rows, then this rank's two pieces taken (the same numbers as one process).
+//
 //   dist::ContextParallel cp(gpt, mesh.cp(), seq_len);   // installs the attention and positions
 //   Tensor x = cp.local(batch.inputs), y = cp.local(batch.targets);   // (B, T) -> (B, 2 Tc)
 //   loss = gpt.forward(x, y).loss;   // the mean over this rank's tokens; the trainer averages ranks
+//   loss = gpt.forward(x, y, 0, batch.docs).loss;   // packed rows: the whole rows' docs (B, T)
 //
 // Per layer and micro-step, each rank sends cp - 1 K/V blocks forward (2 B NKV 2Tc HS values
 // each: with grouped-query attention only the NKV kv heads travel, NH/NKV times less than
@@ -39,8 +48,10 @@ void check_context_parallel(int64_t seq_len, int64_t cp);
 
 // Attention of this rank's queries over the whole sequence, around the ring. q (B, NH, 2 Tc,
 // HS), k, v (B, NKV, 2 Tc, HS) with NKV dividing NH (grouped-query attention, as attention()):
-// the rank's head chunk, then its tail chunk -> (B, NH, 2 Tc, HS).
-Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& cp);
+// the rank's head chunk, then its tail chunk -> (B, NH, 2 Tc, HS). docs: packed rows, the
+// whole rows' documents (B, 2 cp Tc) i32 as attention() takes them (undefined: one per row).
+Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, Communicator& cp,
+                      const Tensor& docs = {});
 
 class ContextParallel {
  public:

@@ -51,7 +51,8 @@ namespace ndt::dist {
 class Pipeline {
  public:
   // One micro-batch: this rank's tokens (B, T) i32 (CP: its chunks), on the device; docs
-  // (B, T) i32: packed rows' documents, given to every stage's forward_chunk (or undefined).
+  // (B, T) i32: packed rows' documents (CP: the whole rows'), given to every stage's
+  // forward_chunk (or undefined).
   // weight: its loss's share against the step's other micro-batches (packed documents train
   // unequal numbers of tokens: ParallelModel weighs them); 1 where all train as many.
   struct Batch {

@@ -368,6 +368,25 @@ std::vector<OpCase> build_cases() {
               },
               all_grad(3)});
   }
+  // a ring attention pair on packed rows: queries 8..11 over the earlier keys 2..7, where the
+  // last two queries' documents (one of a single token) start after every key: they see none
+  // (out 0, lse -inf: their lse is left out), the others one key or all six
+  {
+    const Tensor docs = Tensor::from_vector<int32_t>(
+        {0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1}, {2, 12});
+    const std::pair<const char*, std::array<int64_t, 3>> pairs[] = {
+        {"attention_docs_ring_pair", {kNH, kNH, 0}},
+        {"attention_docs_gqa_ring_pair", {4, 2, 0}},
+        {"attention_composed_docs_ring_pair", {kNH, kNH, 1}}};
+    for (const auto& [name, h] : pairs)
+      add_case({name, inputs_of({{{2, h[0], 4, 4}}, {{2, h[1], 6, 4}}, {{2, h[1], 6, 4}}}),
+                [docs, composed = h[2] == 1](const std::vector<Tensor>& x) {
+                  AttentionOut r = composed ? attention_composed(x[0], x[1], x[2], 8, 2, 0.0, docs)
+                                            : attention(x[0], x[1], x[2], 8, 2, 0.0, docs);
+                  return std::vector<Tensor>{r.out, split_last(r.lse, {2, 2})[0]};
+                },
+                all_grad(3)});
+  }
   // self_attention on packed rows: the fused kernel's blocks of 64 queries cut through
   // documents of 1, 40, 30, 1 and 58 tokens (T 130: three blocks, the last partial)
   {
