@@ -482,7 +482,7 @@ void Trainer::save(int64_t step) {
     st.extra.merge(ckpt::lora_metadata(
         *gpt_, std::filesystem::absolute(c_.model.init_from).lexically_normal().string()));
   st.tokenizer = tokenizer_;
-  const bool sharded = c_.checkpoint.format == "sharded";
+  const bool sharded = c_.checkpoint.format == "sharded" && !gpt_->has_lora();  // LoRA: the adapters, whole
   const std::string where =
       ckpt::save_run(c_.checkpoint.dir, sharded, c_.checkpoint.keep, st, mc_, *pm_, *opt_,
                      &prune_log_);  // collective
