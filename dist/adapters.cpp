@@ -24,7 +24,7 @@ AdapterParallel::AdapterParallel(const nn::FlatParams& adapters, Communicator* d
 
 std::string AdapterParallel::name() const {
   return "LoRA adapters (" + adapters_->name() + ")" +
-         (base_ ? " on a " + base_->name() + "-sharded base" : "");
+         (base_ ? " on an " + base_->name() + "-sharded base" : "");
 }
 
 void AdapterParallel::begin_micro(bool sync) {

@@ -6,6 +6,7 @@
 // losses, holding only the adapters, and export_weights' PEFT folder and merged model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -275,8 +276,14 @@ TEST(Lora, TrainGptResumesFromAdapterCheckpointsAndExportsPeftAndMerged) {
     a.insert(a.end(), more.begin(), more.end());
     return ndt::testing::run_train_gpt(a);
   };
-  r = run({"--log.metrics", (d / "full.jsonl").string()});
+  r = run({"--log.metrics", (d / "full.jsonl").string(), "--log.grads", (d / "grads.safetensors").string()});
   ASSERT_EQ(r.rc, 0) << r.err;
+  {  // log.grads: the adapters' first gradients (B's: A's are zero while B is)
+    io::SafeTensorsReader g((d / "grads.safetensors").string());
+    EXPECT_EQ(g.entries().size(), 8u);
+    const std::vector<float> gb = g.get("grad.h.0.attn.c_attn.lora_B").to_vector<float>();
+    EXPECT_TRUE(std::any_of(gb.begin(), gb.end(), [](float v) { return v != 0; }));
+  }
   EXPECT_NE(r.out.find("frozen base: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("LoRA adapters (rank 4, scale 2), trained: 2304 in 3 flat buffers"), std::string::npos)
       << r.out;
@@ -425,3 +432,29 @@ void check_against_peft(const std::string& arch, bool rslora) {
 
 TEST(Lora, LlamaAdapterExportsEqualPeftInFloat64) { check_against_peft("llama", false); }
 TEST(Lora, Gpt2RsloraAdapterExportsEqualPeftInFloat64) { check_against_peft("gpt2", true); }
+
+TEST(Lora, TrainGptRefusesABadLoraConfigAtStartWithCode2) {
+  const fs::path d = ndt::testing::fresh_dir("lora_bad");
+  ndt::testing::write_small_run(d);
+  const std::string ini = (d / "gpt.ini").string();
+  ndt::testing::RunResult r = ndt::testing::run_train_gpt({"--config", ini, "--lora.rank", "4"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("lora.rank = 4 trains adapters on a frozen base, which comes from model.init_from"),
+            std::string::npos)
+      << r.err;
+  r = ndt::testing::run_train_gpt(
+      {"--config", ini, "--checkpoint.dir", (d / "base").string(), "--train.steps", "1"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string base = (d / "base" / "step_00000001" / "model.safetensors").string();
+  r = ndt::testing::run_train_gpt(
+      {"--config", ini, "--model.init_from", base, "--lora.rank", "4", "--lora.targets", "q_proj"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("lora.targets: 'q_proj' names none of this model's linears (attn.c_attn"),
+            std::string::npos)
+      << r.err;
+  r = ndt::testing::run_train_gpt({"--config", ini, "--lora.targets", "c_attn", "--train.steps", "0"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE((r.out + r.err).find("lora.targets and lora.rslora have no effect: lora.rank is 0"),
+            std::string::npos)
+      << r.out << r.err;
+}

@@ -744,6 +744,8 @@ std::vector<std::string> warnings(const Config& c) {
   if (c.train.ac_every > c.model.n_layer && c.train.activation_checkpointing != "none")
     w.push_back("train.ac_every (" + std::to_string(c.train.ac_every) + ") > model.n_layer (" +
                 std::to_string(c.model.n_layer) + "): only block 0 is checkpointed");
+  if (c.lora.rank == 0 && (!c.lora.targets.empty() || c.lora.rslora))
+    w.push_back("lora.targets and lora.rslora have no effect: lora.rank is 0 (every weight is trained)");
   if (c.optim.warmup_steps > c.train.steps)
     w.push_back("optim.warmup_steps (" + std::to_string(c.optim.warmup_steps) + ") > train.steps (" +
                 std::to_string(c.train.steps) + "): the learning rate never reaches optim.lr");

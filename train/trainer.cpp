@@ -315,7 +315,12 @@ void Trainer::parallelize() {
          << c_.lora.scale() << "), trained: " << params.describe() << "\n";
   else
     out_ << "parameters: " << params.describe() << "\n";
-  if (world_->size() > 1)
+  if (world_->size() > 1 && gpt_->has_lora())  // the base: its shard's values alone
+    out_ << "strategy: " << pm_->strategy->name() << "; each rank holds "
+         << io::format_bytes(static_cast<double>(pm_->base.shard_bytes())) << " of the frozen base and "
+         << io::format_bytes(static_cast<double>(params.shard_bytes() * 2))
+         << " of adapters, their gradients and AdamW moments\n";
+  else if (world_->size() > 1)
     out_ << "strategy: " << dims_.strategy() << "; each rank holds "
          << io::format_bytes(static_cast<double>(params.shard_bytes() * 2))
          << " of parameters, gradients and AdamW moments\n";
