@@ -9,7 +9,8 @@
 #   scripts/setup.sh --reference   # only the reference venv: torch + transformers from PyPI, CPU
 #                                  # only, for tests/scripts/hf_reference.py (the Llama/Qwen2 tests)
 #                                  # and tokenizer_reference.py; tiktoken for bench/bench_tokenizer.py;
-#                                  # tensorboard to view log.tensorboard (tensorboard --logdir DIR)
+#                                  # tensorboard to view log.tensorboard (tensorboard --logdir DIR);
+#                                  # peft, the reference of LoRA adapters (tests/test_lora.cpp)
 #
 # Environment:
 #   NDT_BUILD_DIR    build folder (default: build, relative to the repository root)
@@ -132,7 +133,7 @@ fetch_cudnn_frontend() {  # fetch_cudnn_frontend [required]
 # default) scripts/reference_cuda_stubs.py builds stand-ins for them (readelf and cc, from
 # build-essential), and only the CUDA runtime and CUPTI (~50 MB, which torch's CPU library
 # links) are real. Idempotent: nothing happens when the venv imports torch, transformers,
-# safetensors, tiktoken and tensorboard at the pinned versions. A new pin reinstalls in place.
+# safetensors, tiktoken, tensorboard and peft at the pinned versions. A new pin reinstalls in place.
 reference_venv() {
   local venv="${NDT_REF_VENV:-$HOME/.cache/ndtrain/ref-venv}" mode="${NDT_REF_CUDA:-stubs}"
   local req="$ROOT/scripts/reference-requirements.txt" torch_v tf_v tk_v tb_v peft_v
