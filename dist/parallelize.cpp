@@ -4,6 +4,7 @@
 #include <string>
 
 #include "autograd/node.h"
+#include "dist/adapters.h"
 #include "dist/data_parallel.h"
 #include "dist/tensor_parallel/comm.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
@@ -33,9 +34,34 @@ models::PipelinePart model_part(const PipelineLayout& layout, const DeviceMesh& 
   return layout.part(mesh.coords().pp);
 }
 
+namespace {
+
+// LoRA's steps 4 and 5: the base frozen in this rank's shard of every buffer (FSDP's gatherer
+// around each block when sharded), the adapters whole; their strategy (dist/adapters.h).
+std::unique_ptr<Strategy> lora_memory(models::GPT& gpt, const DeviceMesh& mesh, const ParallelizeOptions& o,
+                                      ParallelModel& pm) {
+  const ParallelDims& dims = mesh.dims();
+  const nn::ShardSpec shard{mesh.fsdp_rank(), dims.fsdp()};
+  pm.base =
+      nn::materialize(gpt.units(), o.device, DType::f32, o.seed, shard, o.compute_dtype, /*frozen=*/true);
+  pm.params = nn::materialize(gpt.adapter_units(), o.device, DType::f32, o.seed, {}, o.compute_dtype);
+  std::unique_ptr<FullyShardedDataParallel> gather;
+  if (dims.sharded()) {
+    gather = std::make_unique<FullyShardedDataParallel>(pm.base, mesh.fsdp(), nullptr, std::nullopt, nullptr,
+                                                        /*frozen=*/true);
+    gather->set_trace(o.trace);
+    gather->set_reshard_after_forward(o.reshard_after_forward);
+    gpt.add_block_wrapper(gather->wrapper());  // outermost
+  }
+  return std::make_unique<AdapterParallel>(pm.params, &mesh.dp(), std::move(gather));
+}
+
+}  // namespace
+
 std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& mesh,
                                            const ParallelizeOptions& o) {
   const ParallelDims& dims = mesh.dims();
+  if (gpt.has_lora()) check_lora_layout(dims);
   auto pm = std::make_unique<ParallelModel>();
   pm->mesh_ = &mesh;
   // 1-2: the description is split; nothing is allocated yet
@@ -49,12 +75,17 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
       Trace::Scope s(trace, "forward h." + std::to_string(i), Trace::kCompute);
       return fn(x);
     });
-  // 4: this rank's shard of every buffer (all of it without FSDP)
-  pm->params = nn::materialize(gpt.units(), o.device, DType::f32, o.seed,
-                               nn::ShardSpec{mesh.fsdp_rank(), dims.fsdp()}, o.compute_dtype);
+  // 4: this rank's shard of every buffer (all of it without FSDP); LoRA: 4 and 5 its own way
+  if (gpt.has_lora())
+    pm->strategy = lora_memory(gpt, mesh, o, *pm);
+  else
+    pm->params = nn::materialize(gpt.units(), o.device, DType::f32, o.seed,
+                                 nn::ShardSpec{mesh.fsdp_rank(), dims.fsdp()}, o.compute_dtype);
   // 5: who reduces the gradients; the global norm also sums over the tp group
   Communicator* tp = dims.tp > 1 ? &mesh.tp() : nullptr;
-  if (dims.sharded()) {
+  if (pm->strategy) {
+    // LoRA's (lora_memory)
+  } else if (dims.sharded()) {
     auto f = std::make_unique<FullyShardedDataParallel>(pm->params, mesh.fsdp(), &mesh.replicate(),
                                                         o.reduce_dtype, tp);
     f->set_trace(o.trace);

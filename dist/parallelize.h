@@ -89,10 +89,16 @@ class ParallelModel {
   ParallelModel(const ParallelModel&) = delete;
   ParallelModel& operator=(const ParallelModel&) = delete;
 
-  nn::FlatParams params;               // this rank's shards (and TP slices)
+  nn::FlatParams params;  // this rank's shards (and TP slices): what is trained
+  // LoRA (models::GPT::add_lora): the frozen base model, sharded as params would be, while
+  // params holds the adapters (dist/adapters.h); empty without LoRA
+  nn::FlatParams base;
+  // The model's own weights (the base's buffers under LoRA, else params): what init_from loads.
+  nn::FlatParams& model_params() { return base.units.empty() ? params : base; }
   std::unique_ptr<Strategy> strategy;  // FSDP/HSDP, DP or NoParallelism
   std::vector<int64_t> pp_blocks;      // the blocks of each virtual stage ({n_layer}: one stage)
   const DeviceMesh& mesh() const { return *mesh_; }
+  const models::GPT& gpt() const { return *gpt_; }
   const pp::Schedule& schedule() const { return step_->schedule(); }
 
   // A batch of whole sequences: tokens and next tokens, (B, T) i32 on any device (targets

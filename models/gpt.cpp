@@ -126,6 +126,21 @@ std::vector<nn::UnitSpec> GPT::units() const {
   return u;
 }
 
+void GPT::add_lora(const nn::LoraConfig& c) {
+  NDT_CHECK(lora.empty(), "GPT: LoRA adapters were added already");
+  for (const auto& b : h) lora.push_back(std::make_unique<nn::LoraBlock>(*b, c));
+  lora_config = c;
+}
+
+std::vector<nn::UnitSpec> GPT::adapter_units() const {
+  std::vector<nn::UnitSpec> u{{"embeddings", {}}};  // as units(): block i's unit is i + 1
+  for (size_t i = 0; i < lora.size(); ++i) {
+    const std::string name = "h." + std::to_string(block_index_[i]);
+    u.push_back({name, lora[i]->parameters(name)});
+  }
+  return u;
+}
+
 double GPT::flops_per_token(int64_t T) const {
   // 6 flops per parameter per token (2 forward, 4 backward), embeddings excluded except
   // the lm_head matmul; attention: 12 * n_layer * T * NH HS (QK^T and PV, forward + backward;

@@ -34,6 +34,7 @@
 #include "nn/block_wrapper.h"
 #include "nn/flat.h"
 #include "nn/layers.h"
+#include "nn/lora.h"
 
 namespace ndt::models {
 
@@ -118,6 +119,17 @@ class GPT : public nn::Module {
   std::vector<nn::UnitSpec> units() const;
   // h[i]'s index in the whole model.
   int64_t block_index(size_t i) const { return block_index_[i]; }
+
+  // LoRA (nn/lora.h): adapters on the linears of every block that c.targets names, installed
+  // before materializing (after, the units() buffers are the frozen base). Throws ndt::Error
+  // naming the lora.* key that does not fit the model.
+  void add_lora(const nn::LoraConfig& c);
+  bool has_lora() const { return !lora.empty(); }
+  // The adapters' flat units, shaped as units(): an empty "embeddings" unit first, then one
+  // "h.i" per block with that block's adapters (h.i.self_attn.q_proj.lora_A, ...).
+  std::vector<nn::UnitSpec> adapter_units() const;
+  nn::LoraConfig lora_config;                        // what add_lora was given (rank 0: none)
+  std::vector<std::unique_ptr<nn::LoraBlock>> lora;  // h[i]'s adapters
 
   // Model FLOPs per token for forward + backward (6N + attention), for MFU / GFLOP/s.
   double flops_per_token(int64_t T) const;

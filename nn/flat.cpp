@@ -55,7 +55,8 @@ const FlatParam* FlatParams::find(const std::string& name) const {
 
 int64_t FlatParams::shard_bytes() const {
   int64_t b = 0;
-  for (const FlatUnit& u : units) b += static_cast<int64_t>(u.data.nbytes() + u.grad.nbytes());
+  for (const FlatUnit& u : units)
+    b += static_cast<int64_t>(u.data.nbytes() + (u.grad.defined() ? u.grad.nbytes() : 0));
   return b;
 }
 
@@ -105,6 +106,12 @@ void init_range(const FlatParam& p, const Tensor& dst, int64_t lo, int64_t hi, u
       });
       break;
     }
+    case Init::kUniform:
+      for_each_tp_run(p.spec, lo, hi, [&](int64_t i, int64_t start, int64_t n) {
+        kernels::fill_uniform(dst.narrow(0, i - lo, n), seed, name_hash(p.spec.name),
+                              static_cast<uint64_t>(start), -init.std, init.std);
+      });
+      break;
     case Init::kOnes:
       kernels::fill(dst, 1.0);
       break;
@@ -149,22 +156,22 @@ std::vector<FlatUnit> flat_layout(const std::vector<UnitSpec>& specs, ShardSpec 
 }
 
 FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType dtype, uint64_t seed,
-                       ShardSpec shard, std::optional<DType> compute_dtype) {
+                       ShardSpec shard, std::optional<DType> compute_dtype, bool frozen) {
   const DType cd = compute_dtype.value_or(dtype);
   FlatParams out;
   for (FlatUnit& u : flat_layout(specs, shard)) {
     u.shard_count = shard.count;
     u.data = Tensor::zeros({u.shard_numel}, dtype, device);
-    u.grad = Tensor::zeros({u.shard_numel}, dtype, device);
+    if (!frozen) u.grad = Tensor::zeros({u.shard_numel}, dtype, device);
     if (shard.count == 1 && cd == dtype) {
       u.full = u.data;
       u.full_grad = u.grad;
     } else if (shard.count == 1) {  // mixed precision: the model's copy, and its gradient
       u.full = Tensor::zeros({u.padded_numel}, cd, device);
-      u.full_grad = Tensor::zeros({u.padded_numel}, cd, device);
+      if (!frozen) u.full_grad = Tensor::zeros({u.padded_numel}, cd, device);
     } else {
       u.full = released_buffer(u.padded_numel, cd, device);
-      u.full_grad = released_buffer(u.padded_numel, cd, device);
+      if (!frozen) u.full_grad = released_buffer(u.padded_numel, cd, device);
     }
     u.compute_shard = cd == dtype        ? u.data
                       : shard.count == 1 ? u.full
@@ -175,9 +182,11 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
       const int64_t a = std::max(fp.offset, s0), b = std::min(fp.offset + numel_of(fp.spec.shape), s1);
       if (a < b) init_range(fp, u.data.narrow(0, a - s0, b - a), a - fp.offset, b - fp.offset, seed);
       fp.value = u.full.view_at(fp.offset, fp.spec.shape);
-      fp.value.set_requires_grad(true);
       fp.value.set_name(fp.spec.name);
-      fp.value.set_grad(u.full_grad.view_at(fp.offset, fp.spec.shape));
+      if (!frozen) {
+        fp.value.set_requires_grad(true);
+        fp.value.set_grad(u.full_grad.view_at(fp.offset, fp.spec.shape));
+      }
       if (fp.spec.slot) *fp.spec.slot = fp.value;
     }
     out.units.push_back(std::move(u));

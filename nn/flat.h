@@ -102,8 +102,12 @@ std::vector<FlatUnit> flat_layout(const std::vector<UnitSpec>& units, ShardSpec 
 // of a parameter gets the same value on every layout, and no rank holds the whole model.
 // With compute_dtype set and different from dtype, mixed precision: dtype is the master
 // (the optimizer's) and the parameters the model computes with are compute_dtype copies.
+// frozen: parameters that are never trained (a LoRA run's base model): no gradient buffers
+// (grad and full_grad stay undefined) and no requires_grad, so the ops that read them skip
+// their weight gradients; nothing steps or reduces them.
 FlatParams materialize(const std::vector<UnitSpec>& units, Device device, DType dtype, uint64_t seed,
-                       ShardSpec shard = {}, std::optional<DType> compute_dtype = std::nullopt);
+                       ShardSpec shard = {}, std::optional<DType> compute_dtype = std::nullopt,
+                       bool frozen = false);
 
 // Mixed precision, unsharded: grad += full_grad (converted), then full_grad = 0; no-op when
 // full_grad is grad.

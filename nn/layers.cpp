@@ -14,7 +14,15 @@ Tensor Linear::forward(const Tensor& x) const { return apply(x, false); }
 Tensor Linear::forward_gelu(const Tensor& x) const { return apply(x, true); }
 
 // x (..., in) -> (..., out): x -> the input's collectives -> x @ W -> the output's -> + b
+// (with an adapter: x @ W + b + delta(x), then the GELU)
 Tensor Linear::apply(const Tensor& x, bool gelu) const {
+  if (adapter) {
+    NDT_CHECK(!comm, "Linear: LoRA adapters on a tensor-parallel linear are not supported yet");
+    const Tensor y = linear(x, weight, bias);                        // (..., out)
+    const Tensor d = adapter->delta(view(x, {x.numel() / in, in}));  // (N, out)
+    const Tensor sum = add(y, view(d, y.shape()));
+    return gelu ? ndt::gelu(sum) : sum;
+  }
   const SharedInput shared = comm ? comm->input() : SharedInput{};
   auto gemm = [&](const Tensor& b, bool with_gelu) {  // the bias (and GELU) fused where it can be
     if (shared.gather || shared.reduce_grad) return linear_shared_input(x, weight, b, with_gelu, shared);
@@ -181,6 +189,26 @@ LlamaBlock::LlamaBlock(const Dims& d, float std, float proj_std)
 Tensor LlamaBlock::forward(const Tensor& x, const Positions& pos) const {
   const Tensor h = add(x, attn.forward(ln_1.forward(x), pos));
   return add(h, mlp.forward(ln_2.forward(h)));
+}
+
+std::vector<LinearSite> Block::linear_sites() {
+  return {{"attn.c_attn", &attn.c_attn},
+          {"attn.c_proj", &attn.c_proj},
+          {"mlp.c_fc", &mlp.c_fc},
+          {"mlp.c_proj", &mlp.c_proj}};
+}
+
+std::vector<LinearSite> LlamaBlock::linear_sites() {
+  // c_attn's columns: NKV groups of G query heads, then k, then v (GroupedQueryAttention)
+  const int64_t G = attn.n_head / attn.n_kv_head, HS = attn.head_dim, NKV = attn.n_kv_head;
+  const std::vector<int64_t> qkv{G * HS, HS, HS};
+  return {{"self_attn.q_proj", &attn.c_attn, 0, NKV, qkv},
+          {"self_attn.k_proj", &attn.c_attn, 1, NKV, qkv},
+          {"self_attn.v_proj", &attn.c_attn, 2, NKV, qkv},
+          {"self_attn.o_proj", &attn.c_proj},
+          {"mlp.gate_proj", &mlp.gate_proj},
+          {"mlp.up_proj", &mlp.up_proj},
+          {"mlp.down_proj", &mlp.down_proj}};
 }
 
 TensorParallelPlan& TensorParallelPlan::operator+=(const TensorParallelPlan& o) {

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "autograd/ops.h"
 #include "nn/module.h"
@@ -47,6 +49,14 @@ class LinearComm {
   virtual Tensor reduce_output(const Tensor& partial) const { return partial; }
 };
 
+// A trainable addition to a linear's output, from the same input (LoRA's adapters,
+// nn/lora.h): x (N, in) -> (N, out), added to x @ W + b before any activation.
+class LinearAdapter {
+ public:
+  virtual ~LinearAdapter() = default;
+  virtual Tensor delta(const Tensor& x) const = 0;
+};
+
 class Linear : public Module {
  public:
   // weight (in, out) ~ N(0, std), bias (out) = 0 when bias is true.
@@ -55,8 +65,9 @@ class Linear : public Module {
   Tensor forward_gelu(const Tensor& x) const;  // gelu(forward(x)), fused where it can be
   Tensor weight, bias;
   int64_t in, out;
-  bool has_bias;                           // described with a bias (Llama's linears have none)
-  std::shared_ptr<const LinearComm> comm;  // the parallel layout's collectives (nullptr: none)
+  bool has_bias;                                 // described with a bias (Llama's linears have none)
+  std::shared_ptr<const LinearComm> comm;        // the parallel layout's collectives (nullptr: none)
+  std::shared_ptr<const LinearAdapter> adapter;  // LoRA (nn/lora.h; nullptr: none)
 
  private:
   Tensor apply(const Tensor& x, bool gelu) const;
@@ -168,6 +179,19 @@ struct Positions {
   Tensor docs;
 };
 
+// One of a block's linears as Hugging Face names its module inside the block (PEFT's LoRA
+// target_modules match these names): "self_attn.q_proj", "mlp.c_fc". Its output columns are
+// all of the linear's (part < 0), or part `part` of each of `groups` blocks of columns sized
+// `sizes` (the Llama's packed c_attn: NKV groups of {G HS, HS, HS}, q, k and v).
+struct LinearSite {
+  std::string name;
+  Linear* linear;
+  int part = -1;
+  int64_t groups = 1;
+  std::vector<int64_t> sizes;
+  int64_t out() const { return part < 0 ? linear->out : groups * sizes[static_cast<size_t>(part)]; }
+};
+
 // A decoder block of either architecture; the model runs its blocks through this.
 class DecoderBlock : public Module {
  public:
@@ -176,6 +200,8 @@ class DecoderBlock : public Module {
   virtual AttendFn& attend() = 0;
   // Its split under tensor parallelism: each rank some heads and some MLP hidden units.
   virtual TensorParallelPlan tensor_parallel_plan() = 0;
+  // Its linears under Hugging Face's names, in the order of its forward.
+  virtual std::vector<LinearSite> linear_sites() = 0;
 };
 
 // GPT-2's pre-LN block: x + attn(ln_1(x)), then + mlp(ln_2(x)).
@@ -187,6 +213,7 @@ class Block : public DecoderBlock {
   // c_attn column-parallel in three blocks (this rank's heads of q, of k and of v), c_proj
   // row-parallel (those heads' rows); the MLP's
   TensorParallelPlan tensor_parallel_plan() override;
+  std::vector<LinearSite> linear_sites() override;  // attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
   LayerNorm ln_1;
   CausalSelfAttention attn;
   LayerNorm ln_2;
@@ -244,6 +271,8 @@ class LlamaBlock : public DecoderBlock {
   // groups (its kv heads and the query heads that read them); c_proj's rows of those query
   // heads; the SwiGLU's
   TensorParallelPlan tensor_parallel_plan() override;
+  // self_attn.{q,k,v}_proj (parts of c_attn), self_attn.o_proj, mlp.{gate,up,down}_proj
+  std::vector<LinearSite> linear_sites() override;
   RMSNorm ln_1;
   GroupedQueryAttention attn;
   RMSNorm ln_2;

@@ -27,13 +27,14 @@
 namespace ndt::nn {
 
 struct Init {
-  enum Kind { kNormal, kZeros, kOnes } kind = kZeros;
-  float std = 0.0f;
+  enum Kind { kNormal, kZeros, kOnes, kUniform } kind = kZeros;
+  float std = 0.0f;   // kNormal: the standard deviation; kUniform: the bound b of U(-b, b)
   int64_t rows = -1;  // kNormal: only the first `rows` rows are drawn, the rest stay zero
                       // (vocab padding); -1: all
   static Init normal(float std, int64_t rows = -1) { return {kNormal, std, rows}; }
   static Init zeros() { return {kZeros, 0.0f, -1}; }
   static Init ones() { return {kOnes, 0.0f, -1}; }
+  static Init uniform(float bound) { return {kUniform, bound, -1}; }
 };
 
 struct ParamSpec {

@@ -11,7 +11,8 @@
 #   scripts/setup.sh --reference   # only the reference venv: torch + transformers from PyPI, CPU
 #                                  # only, for tests/scripts/hf_reference.py (the Llama/Qwen2 tests)
 #                                  # and tokenizer_reference.py; tiktoken for bench/bench_tokenizer.py;
-#                                  # tensorboard to view log.tensorboard (tensorboard --logdir DIR)
+#                                  # tensorboard to view log.tensorboard (tensorboard --logdir DIR);
+#                                  # peft, the reference of LoRA adapters (tests/test_lora.cpp)
 #
 # Environment:
 #   NDT_BUILD_DIR    build folder (default: build, relative to the repository root)
@@ -137,21 +138,23 @@ fetch_cudnn_frontend() {  # fetch_cudnn_frontend [required]
 # default) scripts/reference_cuda_stubs.py builds stand-ins for them (readelf and cc, from
 # build-essential), and only the CUDA runtime and CUPTI (~50 MB, which torch's CPU library
 # links) are real. Idempotent: nothing happens when the venv imports torch, transformers,
-# safetensors, tiktoken and tensorboard at the pinned versions. A new pin reinstalls in place.
+# safetensors, tiktoken, tensorboard and peft at the pinned versions. A new pin reinstalls in place.
 reference_venv() {
   local venv="${NDT_REF_VENV:-$HOME/.cache/ndtrain/ref-venv}" mode="${NDT_REF_CUDA:-stubs}"
-  local req="$ROOT/scripts/reference-requirements.txt" torch_v tf_v tk_v tb_v
+  local req="$ROOT/scripts/reference-requirements.txt" torch_v tf_v tk_v tb_v peft_v
   torch_v="$(sed -n 's/^torch==//p' "$req")"
   tf_v="$(sed -n 's/^transformers==//p' "$req")"
   tk_v="$(sed -n 's/^tiktoken==//p' "$req")"
   tb_v="$(sed -n 's/^tensorboard==//p' "$req")"
-  local probe="import torch, transformers, safetensors, tiktoken, tensorboard
+  peft_v="$(sed -n 's/^peft==//p' "$req")"
+  local probe="import torch, transformers, safetensors, tiktoken, tensorboard, peft
 assert torch.__version__.split('+')[0] == '$torch_v', torch.__version__
 assert transformers.__version__ == '$tf_v', transformers.__version__
 assert tiktoken.__version__ == '$tk_v', tiktoken.__version__
-assert tensorboard.__version__ == '$tb_v', tensorboard.__version__"
+assert tensorboard.__version__ == '$tb_v', tensorboard.__version__
+assert peft.__version__ == '$peft_v', peft.__version__"
   if "$venv/bin/python" -c "$probe" >/dev/null 2>&1; then
-    log "reference venv: $venv has torch $torch_v, transformers $tf_v, tiktoken $tk_v and tensorboard $tb_v, skipping"
+    log "reference venv: $venv has torch $torch_v, transformers $tf_v, tiktoken $tk_v, tensorboard $tb_v and peft $peft_v, skipping"
     return
   fi
   [[ "$mode" = stubs || "$mode" = wheels ]] || die "NDT_REF_CUDA is '$mode': stubs or wheels"

@@ -195,4 +195,30 @@ TEST_F(DistFinetune, ContextParallelWithDataOrTensorParallelEqualsOneProcessOnCh
                                    "single_cp4", 1e-5, "", 4, 1e-5);
 }
 
+// LoRA on the weights a full run trained: the adapters, whole on every rank, averaged over the
+// data-parallel ranks; under FSDP the frozen base sharded, gathered for each block and never
+// reduced (also with activation checkpointing's recompute in backward). Tensor parallelism is
+// refused at start with one line.
+TEST_F(DistFinetune, LoraDataParallelAndFsdpEqualOneProcess) {
+  const ShellResult base =
+      train("lora_base", 1,
+            "--checkpoint.dir " + (dir_ / "lora_base" / "ckpt").string() + " --checkpoint.format full");
+  ASSERT_EQ(base.rc, 0) << base.out;
+  const std::string lora = "--model.init_from " +
+                           (dir_ / "lora_base" / "ckpt" / "step_00000005" / "model.safetensors").string() +
+                           " --lora.rank 4 --lora.alpha 16 --lora.targets all-linear";
+  expect_layouts_equal_one_process({{"lora_dp2", "--parallel.dp_replicate_size 2 --train.micro_batch_size 1"},
+                                    {"lora_fsdp2", "--parallel.dp_shard_size 2 --train.micro_batch_size 1"},
+                                    {"lora_fsdp2_ac",
+                                     "--parallel.dp_shard_size 2 --train.micro_batch_size 1 "
+                                     "--train.activation_checkpointing full"}},
+                                   "lora_single", 1e-5, lora);
+  const ShellResult tp = train("lora_tp2", 2, "--parallel.tp_size 2 " + lora);
+  EXPECT_NE(tp.rc, 0) << tp.out;
+  EXPECT_NE(
+      tp.out.find("parallel.tp_size = 2: LoRA (lora.rank > 0) does not run with tensor parallelism yet"),
+      std::string::npos)
+      << tp.out;
+}
+
 }  // namespace

@@ -194,6 +194,20 @@ po::options_description describe(Config& c) {
        "its bytes on the cores that compute; 0 on GPUs; --plan.calibrate measures it)")
       ("cluster.inter_cpu_share", po::value(&c.cluster.inter_cpu_share)->default_value(c.cluster.inter_cpu_share),
        "the same for a transfer between hosts");
+  po::options_description lora("[lora]");
+  lora.add_options()
+      ("lora.rank", po::value(&c.lora.rank)->default_value(c.lora.rank),
+       "LoRA: train rank-r adapters on a frozen base (model.init_from) instead of every weight (0: no LoRA)")
+      ("lora.alpha", po::value(&c.lora.alpha)->default_value(c.lora.alpha),
+       "the adapters' scale is alpha / rank (PEFT's lora_alpha)")
+      ("lora.dropout", po::value(&c.lora.dropout)->default_value(c.lora.dropout),
+       "dropout on the adapters' input (PEFT's lora_dropout; only 0 for now)")
+      ("lora.targets", po::value(&c.lora.targets_text)->default_value(c.lora.targets_text),
+       "PEFT's target_modules, comma-separated: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj "
+       "(llama), c_attn, c_proj, c_fc (gpt2), or all-linear (every linear but the head); empty: PEFT's "
+       "default (q_proj,v_proj for llama, c_attn for gpt2)")
+      ("lora.rslora", po::value(&c.lora.rslora)->default_value(c.lora.rslora),
+       "rank-stabilized LoRA: scale alpha / sqrt(rank) (PEFT's use_rslora)");
   po::options_description run("run");
   run.add_options()
       ("out", po::value(&c.out)->default_value(c.out),
@@ -201,7 +215,7 @@ po::options_description describe(Config& c) {
        "ckpt, metrics.jsonl and report.html there; a relative output path given is taken inside it); in a "
        "config file, before the first [section] (empty: each output key's path as given)");
   po::options_description all;
-  all.add(run).add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par).add(cluster);
+  all.add(run).add(model).add(data).add(train).add(optim).add(ckpt).add(log).add(sample).add(par).add(lora).add(cluster);
   return all;
 }
 // clang-format on
@@ -340,6 +354,16 @@ void normalize(Config& c) {
   c.model.rope.llama3.reset();  // model.rope_scaling's keys into the model's RopeConfig
   if (c.model.rope_scaling == "llama3") c.model.rope.llama3 = c.model.llama3;
   c.sample.prompt = unescape(c.sample.prompt);
+  c.lora.targets.clear();  // lora.targets: comma-separated, spaces ignored
+  std::string t;
+  for (const char ch : c.lora.targets_text + ",") {
+    if (ch == ',') {
+      if (!t.empty()) c.lora.targets.push_back(t);
+      t.clear();
+    } else if (!std::isspace(static_cast<unsigned char>(ch))) {
+      t += ch;
+    }
+  }
   std::string ac = c.train.activation_checkpointing;
   for (char& ch : ac) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   if (ac == "true" || ac == "yes" || ac == "on" || ac == "1") c.train.activation_checkpointing = "full";
@@ -626,6 +650,22 @@ void validate_outputs(const Config& c, const Checks& ck) {
                                                "the last model.block_size tokens anyway)");
 }
 
+// [lora]: its own keys here; the targets and the rank against the model's linears, and the
+// layout, when the model is described (nn::check_lora, dist::check_lora_layout)
+void validate_lora(const Config& c, const Checks& ck) {
+  ck.range("lora.rank", c.lora.rank, 0, 1 << 16);
+  if (!c.lora.on()) return;
+  ck.need(std::isfinite(c.lora.alpha) && c.lora.alpha > 0,
+          "lora.alpha must be > 0, got " + std::to_string(c.lora.alpha));
+  ck.need(c.lora.dropout == 0,
+          "lora.dropout = " + std::to_string(c.lora.dropout) +
+              ": dropout on the adapters' input is not supported yet; set lora.dropout = 0");
+  ck.need(!c.model.init_from.empty(),
+          "lora.rank = " + std::to_string(c.lora.rank) +
+              " trains adapters on a frozen base, which comes from model.init_from; set it (a Hugging Face "
+              "folder, a weights file or a checkpoint)");
+}
+
 void validate_cluster(const Config& c, const Checks& ck) {
   const ClusterSection& k = c.cluster;
   ck.range("cluster.hosts", k.hosts, 0, 1 << 16);
@@ -684,6 +724,7 @@ void validate(const Config& c) {
   validate_optim(c, ck);
   validate_outputs(c, ck);
   validate_parallel(c, ck);
+  validate_lora(c, ck);
   validate_cluster(c, ck);
 }
 
@@ -703,6 +744,8 @@ std::vector<std::string> warnings(const Config& c) {
   if (c.train.ac_every > c.model.n_layer && c.train.activation_checkpointing != "none")
     w.push_back("train.ac_every (" + std::to_string(c.train.ac_every) + ") > model.n_layer (" +
                 std::to_string(c.model.n_layer) + "): only block 0 is checkpointed");
+  if (c.lora.rank == 0 && (!c.lora.targets.empty() || c.lora.rslora))
+    w.push_back("lora.targets and lora.rslora have no effect: lora.rank is 0 (every weight is trained)");
   if (c.optim.warmup_steps > c.train.steps)
     w.push_back("optim.warmup_steps (" + std::to_string(c.optim.warmup_steps) + ") > train.steps (" +
                 std::to_string(c.train.steps) + "): the learning rate never reaches optim.lr");

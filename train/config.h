@@ -132,6 +132,13 @@ struct ParallelSection : dist::ParallelConfig {
   int64_t fail_at_step = 0, fail_rank = 0;
 };
 
+// [lora]: LoRA adapters on a frozen base (nn/lora.h), as Hugging Face PEFT's LoraConfig:
+// rank (r; 0, the default: no LoRA, every weight trained), alpha (lora_alpha), dropout
+// (lora_dropout), targets (target_modules, comma-separated; all-linear), rslora (use_rslora).
+struct LoraSection : nn::LoraConfig {
+  std::string targets_text;  // lora.targets as given; normalize splits it into targets
+};
+
 // [cluster]: the machines a plan's time model runs on (train/planner/cluster.h). Every
 // number left at 0 comes from the preset; without a preset and without hosts, --plan
 // predicts memory and bytes only. `train_gpt --cluster FILE` reads a file that holds only
@@ -165,6 +172,7 @@ struct Config {
   LogSection log;
   SampleSection sample;
   ParallelSection parallel;
+  LoraSection lora;
   ClusterSection cluster;
   std::string config_path;   // the --config file, if any
   std::string cluster_path;  // the --cluster file, if any

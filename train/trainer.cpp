@@ -10,12 +10,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
 #include <thread>
 
 #include "autograd/node.h"
+#include "dist/adapters.h"
 #include "dist/comm/mpi.h"
 #include "dist/comm/nccl.h"
 #include "dist/mesh.h"
@@ -30,6 +32,7 @@
 #include "train/agree.h"
 #include "train/checkpoint/checkpoint.h"
 #include "train/checkpoint/load.h"
+#include "train/checkpoint/lora.h"
 #include "train/checkpoint/whole.h"
 #include "train/data/data.h"
 #include "train/data/preparation.h"
@@ -240,8 +243,9 @@ void Trainer::claim_outputs() {
   if (lead()) check_no_earlier_run(c_);
   // every rank that writes (sharded: the first replica's) or reads the checkpoints must see
   // rank 0's directory: found now, not at the first save after hours of training
-  check_checkpoint_dir_shared(c_, ckpt::writes_checkpoints(c_.checkpoint.format == "sharded", *mesh_),
-                              *world_);
+  // (LoRA: rank 0 writes the adapters, whole, in either format)
+  const bool sharded = c_.checkpoint.format == "sharded" && !c_.lora.on();
+  check_checkpoint_dir_shared(c_, ckpt::writes_checkpoints(sharded, *mesh_), *world_);
 }
 
 // ---- phase 2: describe -------------------------------------------------------------
@@ -256,6 +260,7 @@ void Trainer::describe() {
     mc_.validate();
     layout_ = dist::plan_layout(mc_, dims_, c_.parallel, c_.train.seq_len, c_.train.grad_accum_steps,
                                 pipeline_block_cost(mc_, c_.train.seq_len));
+    if (c_.lora.on()) dist::check_lora_layout(dims_);
   } catch (const Error& e) {
     error = e.what();
   }
@@ -264,6 +269,14 @@ void Trainer::describe() {
   // rank's blocks (and the embeddings or head of the first or last stage)
   if (const std::string line = layout_.describe(); !line.empty()) out_ << line << "\n";
   gpt_ = std::make_unique<models::GPT>(mc_, dist::model_part(layout_, *mesh_));
+  if (c_.lora.on()) {  // the adapters on the linears lora.targets names (nn/lora.h)
+    try {
+      gpt_->add_lora(c_.lora);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    agree_on_start(error, *world_);
+  }
   if (!c_.model.init_from.empty()) {  // its tensors against the model, before anything is allocated
     init_from_ = c_.model.init_source ? *c_.model.init_source : ckpt::find_weights(c_.model.init_from);
     ckpt::check_weights(init_from_, *gpt_);
@@ -297,8 +310,17 @@ void Trainer::parallelize() {
   if (o.ac != nn::ACMode::none)
     out_ << "activation checkpointing: " << nn::describe_checkpointing(o.ac, c_.train.ac_every) << "\n";
   const nn::FlatParams& params = pm_->params;
-  out_ << "parameters: " << params.describe() << "\n";
-  if (world_->size() > 1)
+  if (gpt_->has_lora())
+    out_ << "frozen base: " << pm_->base.describe() << "\nLoRA adapters (rank " << c_.lora.rank << ", scale "
+         << c_.lora.scale() << "), trained: " << params.describe() << "\n";
+  else
+    out_ << "parameters: " << params.describe() << "\n";
+  if (world_->size() > 1 && gpt_->has_lora())  // the base: its shard's values alone
+    out_ << "strategy: " << pm_->strategy->name() << "; each rank holds "
+         << io::format_bytes(static_cast<double>(pm_->base.shard_bytes())) << " of the frozen base and "
+         << io::format_bytes(static_cast<double>(params.shard_bytes() * 2))
+         << " of adapters, their gradients and AdamW moments\n";
+  else if (world_->size() > 1)
     out_ << "strategy: " << dims_.strategy() << "; each rank holds "
          << io::format_bytes(static_cast<double>(params.shard_bytes() * 2))
          << " of parameters, gradients and AdamW moments\n";
@@ -308,7 +330,7 @@ void Trainer::parallelize() {
 
 void Trainer::materialize() {
   if (!c_.model.init_from.empty()) {  // each rank reads only its own elements (RAM-efficient)
-    ckpt::load_weights(init_from_, *gpt_, pm_->params, lead() ? &std::cerr : nullptr);
+    ckpt::load_weights(init_from_, *gpt_, pm_->model_params(), lead() ? &std::cerr : nullptr);
     out_ << "initialized from " << c_.model.init_from << "\n";
   }
   // what materializing (and loading) cost in resident memory, on the rank that paid most:
@@ -456,8 +478,11 @@ void Trainer::save(int64_t step) {
     st.extra["loader_packing"] = train_->packing_key();
   }
   st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
+  if (gpt_->has_lora())  // the [lora] settings and the base (export_weights' PEFT folder and merge)
+    st.extra.merge(ckpt::lora_metadata(
+        *gpt_, std::filesystem::absolute(c_.model.init_from).lexically_normal().string()));
   st.tokenizer = tokenizer_;
-  const bool sharded = c_.checkpoint.format == "sharded";
+  const bool sharded = c_.checkpoint.format == "sharded" && !gpt_->has_lora();  // LoRA: the adapters, whole
   const std::string where =
       ckpt::save_run(c_.checkpoint.dir, sharded, c_.checkpoint.keep, st, mc_, *pm_, *opt_,
                      &prune_log_);  // collective

@@ -15,12 +15,13 @@ Storage& storage_of(const Tensor& t) { return *t.impl().storage; }
 
 FullyShardedDataParallel::FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shard_group,
                                                    Communicator* replicas, std::optional<DType> reduce_dtype,
-                                                   Communicator* tp)
+                                                   Communicator* tp, bool frozen)
     // each element lives in exactly one shard of the group (replicas hold equal copies)
     : Strategy(params, &shard_group, tp),
       shard_group_(shard_group),
       replicas_(replicas && replicas->size() > 1 ? replicas : nullptr),
-      reduce_dtype_(reduce_dtype) {
+      reduce_dtype_(reduce_dtype),
+      frozen_(frozen) {
   state_.resize(params.units.size());
   backward_began_.resize(params.units.size());
   for (size_t i = 0; i < params.units.size(); ++i) {
@@ -29,7 +30,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(const nn::FlatParams& params,
               u.padded_numel / std::max<int64_t>(u.shard_numel, 1), " shards but the group ",
               shard_group.name(), " has ", shard_group.size(), " ranks; materialize with ShardSpec{",
               shard_group.rank(), ", ", shard_group.size(), "}");
-    if (i == 0) continue;  // the embeddings are reduced after backward (end_micro)
+    if (i == 0 || frozen_) continue;  // the embeddings are reduced after backward (end_micro)
     std::vector<Tensor> ps;
     for (const nn::FlatParam& p : u.params) ps.push_back(p.value);
     autograd::GradGroup::create(ps, [this, i] { reduce_unit(i); });
@@ -105,6 +106,10 @@ void FullyShardedDataParallel::before_backward(size_t i) {
   drain(1);  // all but the newest: the all-gather below queues behind them anyway
   wait_gather(i);
   if (i > 1) start_gather(i - 1);  // prefetch the block whose backward comes next
+  if (frozen_) {                   // the block after this one has had its backward: its parameters can go
+    if (reshard_ && i + 1 < params_.units.size()) release(i + 1);
+    return;
+  }
   alloc_grad(i);
   if (trace_) backward_began_[i] = trace_->now_us();
 }
@@ -163,14 +168,14 @@ void FullyShardedDataParallel::begin_micro(bool sync) {
   sync_ = sync;
   wait_gather(0);  // the embeddings stay gathered for the whole step
   if (params_.units.size() > 1) start_gather(1);
-  alloc_grad(0);
+  if (!frozen_) alloc_grad(0);
 }
 
 // The embeddings' gradients: accumulated in the whole buffer over the micro-steps and
 // reduced once, after the last; with mixed precision reduced every micro-step, like the
 // blocks, so that the sum over micro-steps is taken in the master dtype, not the compute dtype.
 void FullyShardedDataParallel::end_micro() {
-  if (params_.units[0].mixed()) pending_.push_back(start_reduce(0));
+  if (params_.units[0].mixed() && !frozen_) pending_.push_back(start_reduce(0));
   drain(0);  // the blocks' reduce-scatters, then the embeddings': in the order they started
   for (const WorkPtr& w : replica_pending_) w->wait();
   replica_pending_.clear();
@@ -178,7 +183,7 @@ void FullyShardedDataParallel::end_micro() {
 
 void FullyShardedDataParallel::end_accumulation() {
   sync_ = true;  // the embeddings' shard is final: averaged over the replicas too (HSDP)
-  if (!params_.units[0].mixed()) {
+  if (!params_.units[0].mixed() && !frozen_) {
     pending_.push_back(start_reduce(0));
     drain(0);
     for (const WorkPtr& w : replica_pending_) w->wait();

@@ -47,9 +47,13 @@ class FullyShardedDataParallel : public Strategy {
   // Mixed precision: gradients are reduce-scattered in reduce_dtype (the master dtype, or
   // the compute dtype to halve those bytes) and accumulated in the master dtype.
   // tp: the tensor-parallel group, for the global norm (nullptr: none).
+  // frozen: params were materialized frozen (a LoRA run's base, nn::materialize): their units
+  // are gathered for each block's forward and backward as above, and released once the
+  // block's backward is over (when the backward of the block before it begins), but they
+  // have no gradients: nothing is reduced.
   FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shard_group,
                            Communicator* replicas = nullptr, std::optional<DType> reduce_dtype = std::nullopt,
-                           Communicator* tp = nullptr);
+                           Communicator* tp = nullptr, bool frozen = false);
   std::string name() const override;
 
   // Install on the model (GPT::add_block_wrapper): the wrapper of block i gathers and
@@ -115,6 +119,7 @@ class FullyShardedDataParallel : public Strategy {
   std::vector<int64_t> backward_began_;  // per unit, for the trace
   int gathered_blocks_ = 0, max_gathered_ = 0;
   bool reshard_ = true;  // set_reshard_after_forward
+  bool frozen_ = false;  // no gradients (the constructor's frozen)
 };
 
 }  // namespace ndt::dist

@@ -9,6 +9,7 @@ it; default ~/.cache/ndtrain/ref-venv, $NDT_REF_VENV):
       --batch-size 2 --batches 3 [--dtype float32]
   $PY tests/scripts/hf_reference.py generate MODEL_DIR --prompt TEXT --text TEXT --new N
   $PY tests/scripts/hf_reference.py packed OUT --arch llama|gpt2 [--seed 0]
+  $PY tests/scripts/hf_reference.py peft BASE ADAPTER MERGED --inputs IN --out OUT
 
 Exit codes: 0 done; 3 with the one line "transformers/torch not available: ..." when torch,
 transformers or safetensors cannot be imported (the C++ tests skip on it); 1 or 2 otherwise.
@@ -223,6 +224,36 @@ def from_pretrained_kwargs(transformers, torch_dtype):
     # transformers 5 calls it dtype, 4 torch_dtype
     major = int(transformers.__version__.split(".")[0])
     return {"dtype" if major >= 5 else "torch_dtype": torch_dtype, "attn_implementation": "eager"}
+
+
+# ---- peft ----
+
+def peft_logits(args):
+    """float64 logits of PeftModel.from_pretrained(BASE, ADAPTER) and of the MERGED folder on
+    IN's `inputs` (B, T) int32; OUT: safetensors with peft and merged (B, T, V) float64."""
+    torch, transformers, st = imports()
+    try:
+        import peft
+    except Exception as e:
+        print(f"peft not available: {type(e).__name__}: {e}".splitlines()[0] +
+              f" (python {sys.executable}; scripts/setup.sh --reference installs it)", flush=True)
+        sys.exit(3)
+    patch_float64(torch, modeling_modules(transformers))
+    x = st.load_file(args.inputs)["inputs"].to(torch.int64)
+
+    def load(path):
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, **from_pretrained_kwargs(transformers, torch.float64))
+        if rotary_modules(model):  # llama; GPT-2 has learned positions
+            set_inv_freq64(torch, model)
+        return model.eval()
+
+    adapted = peft.PeftModel.from_pretrained(load(args.base), args.adapter).to(torch.float64).eval()
+    with torch.no_grad():
+        out = {"peft": adapted(input_ids=x, use_cache=False).logits.contiguous(),
+               "merged": load(args.merged)(input_ids=x, use_cache=False).logits.contiguous()}
+    st.save_file(out, args.out)
+    print(f"peft {peft.__version__}: logits {tuple(out['peft'].shape)} -> {args.out}", flush=True)
 
 
 # ---- make ----
@@ -482,8 +513,14 @@ def main():
     k.add_argument("out")
     k.add_argument("--arch", choices=["llama", "gpt2"], required=True)
     k.add_argument("--seed", type=int, default=0)
+    f = sub.add_parser("peft", help="float64 logits of a PEFT adapter on its base, and of a merged folder")
+    f.add_argument("base")
+    f.add_argument("adapter")
+    f.add_argument("merged")
+    f.add_argument("--inputs", required=True)
+    f.add_argument("--out", required=True)
     args = p.parse_args()
-    {"make": make, "eval": evaluate, "generate": generate, "packed": packed}[args.cmd](args)
+    {"make": make, "eval": evaluate, "generate": generate, "packed": packed, "peft": peft_logits}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 
 #include "tensor/kernels.h"
 #include "tokenizer/json_checked.h"
+#include "train/checkpoint/lora.h"
 #include "train/guard.h"
 #include "train/io/files.h"
 #include "train/io/safetensors.h"
@@ -326,7 +327,11 @@ std::string save_checkpoint(const std::string& dir, const models::GPT& gpt, cons
   const fs::path tmp_dir = fs::path(dir) / (std::string(".tmp_") + name);
   fs::remove_all(tmp_dir);
   fs::create_directories(tmp_dir);
-  save_weights((tmp_dir / "model.safetensors").string(), gpt, params, {{"step", std::to_string(state.step)}});
+  const std::map<std::string, std::string> step{{"step", std::to_string(state.step)}};
+  if (gpt.has_lora())  // a LoRA run's: its adapters (train/checkpoint/lora.h)
+    save_adapters((tmp_dir / "model.safetensors").string(), params, step);
+  else
+    save_weights((tmp_dir / "model.safetensors").string(), gpt, params, step);
   io::SafeTensorsWriter w;
   for (size_t i = 0; i < params.units.size(); ++i) {
     const int64_t n = params.units[i].numel;  // without the shard padding
@@ -414,10 +419,19 @@ TrainState load_checkpoint(const std::string& path, const models::GPT& gpt, cons
   const fs::path dir(path);
   verify_checkpoint(path);  // every file against its checksum, before anything is read
   io::SafeTensorsReader st((dir / "state.safetensors").string());
+  NDT_CHECK(is_lora_state(st.metadata()) == gpt.has_lora(), "checkpoint ", path,
+            is_lora_state(st.metadata())
+                ? " holds LoRA adapters (lora.rank = " + st.metadata().at("lora.rank") +
+                      "); resume it with its [lora] settings and model.init_from"
+                : " holds a whole model, not LoRA adapters; resume it without [lora] (lora.rank "
+                  "= 0), or start the LoRA run in a new checkpoint.dir");
   int64_t adam_steps = 0;
   TrainState s = read_state(st, path, params.units, &adam_steps);  // validated before touching anything
   s.tokenizer = read_tokenizer_files(path);
-  load_weights((dir / "model.safetensors").string(), gpt, params);
+  if (gpt.has_lora())
+    load_adapters((dir / "model.safetensors").string(), params);
+  else
+    load_weights((dir / "model.safetensors").string(), gpt, params);
   opt.m.clear();
   opt.v.clear();
   for (const nn::FlatUnit& u : params.units) {

@@ -4,6 +4,7 @@
 
 #include "train/checkpoint/checkpoint.h"
 #include "train/checkpoint/hf.h"
+#include "train/checkpoint/lora.h"
 #include "train/checkpoint/sharded.h"
 
 namespace fs = std::filesystem;
@@ -41,6 +42,10 @@ WeightSource find_weights(const std::string& path) {
               "checkpoint (no checkpoint.json, no latest or step_* folder)");
     dir = *latest;
   }
+  NDT_CHECK(!(fs::is_directory(dir) && is_lora_checkpoint(dir)), path,
+            " is a LoRA run's checkpoint: it holds adapters, not a model. Merge them into their base with "
+            "`export_weights --merge ",
+            path, " OUT` and give OUT (starting from an adapter, lora.init_from, is not supported yet)");
   if (fs::is_directory(dir) && is_sharded(dir)) {
     w.kind = WeightSource::Kind::kSharded;
     w.path = dir;

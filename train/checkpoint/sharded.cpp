@@ -1,8 +1,11 @@
 #include "train/checkpoint/sharded.h"
 
+#include "train/checkpoint/lora.h"
+
 #include "models/family.h"
 
 #include "train/checkpoint/hf.h"
+#include "train/checkpoint/lora.h"
 
 #include <algorithm>
 #include <cmath>
@@ -692,8 +695,8 @@ models::GPTConfig sharded_model_config(const std::string& path) {
   return read_manifest(path, nullptr).model;
 }
 
-std::string export_weights(const std::string& given, const std::string& out, DType dtype,
-                           std::ostream& note) {
+std::string export_weights(const std::string& given, const std::string& out, DType dtype, std::ostream& note,
+                           bool merge) {
   check_export_target(given, out);  // before anything is read or written
   NDT_CHECK(fs::exists(given), "checkpoint ", given,
             " does not exist: give a checkpoint's step folder (checkpoint.dir/step_NNNNNNNN) or the "
@@ -705,6 +708,9 @@ std::string export_weights(const std::string& given, const std::string& out, DTy
               ") nor a checkpoint.dir (no latest or step_* folder)");
     path = *latest;
   }
+  if (is_lora_checkpoint(path)) return export_lora(path, out, merge, dtype, note);  // train/checkpoint/lora.h
+  NDT_CHECK(!merge, "--merge is for a LoRA run's checkpoint (lora.rank > 0); ", path,
+            " holds a whole model: export it without --merge");
   NDT_CHECK(is_sharded(path) || !fs::exists(fs::path(path) / kManifest), "checkpoint ", path,
             " is not sharded: its model.safetensors is already one file with GPT-2 names");
   const Manifest m = read_manifest(path, &std::cerr);

@@ -81,8 +81,9 @@ void load_sharded_weights(const std::string& path, const models::GPTConfig& cfg,
 // Hugging Face model folder (train/checkpoint/hf.h) in `dtype` (f32 or bf16), with the
 // tokenizer the checkpoint carries (tokenizer_files.h; what the folder lacks, and why, is one
 // line on `note`). `path` is a step folder, or a checkpoint.dir whose latest checkpoint is
-// exported; returns the step folder exported.
+// exported; returns the step folder exported. A LoRA run's checkpoint gives a PEFT adapter
+// folder, or with merge the base with its adapters merged in (train/checkpoint/lora.h).
 std::string export_weights(const std::string& path, const std::string& out, DType dtype = DType::f32,
-                           std::ostream& note = std::cerr);
+                           std::ostream& note = std::cerr, bool merge = false);
 
 }  // namespace ndt::ckpt

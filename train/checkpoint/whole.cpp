@@ -1,6 +1,7 @@
 #include "train/checkpoint/whole.h"
 
 #include "dist/pipeline_parallel/stages.h"
+#include "train/checkpoint/lora.h"
 #include "train/checkpoint/sharded.h"
 #include "train/io/safetensors.h"
 
@@ -115,8 +116,18 @@ std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist
 void write_whole_grads(const std::string& path, const models::GPTConfig& mc, const dist::ParallelModel& pm,
                        const std::string& layout, dist::Communicator& world) {
   const bool lead = world.rank() == 0;
-  std::unique_ptr<WholeModel> w = gather_whole(mc, pm, nullptr, /*keep=*/lead, /*grads=*/true);
-  if (lead) {
+  // LoRA: the adapters' gradients, whole on every rank (their grad buffers)
+  const bool lora = pm.gpt().has_lora();
+  std::unique_ptr<WholeModel> w =
+      lora ? nullptr : gather_whole(mc, pm, nullptr, /*keep=*/lead, /*grads=*/true);
+  if (lead && lora) {
+    io::SafeTensorsWriter out;
+    for (const nn::FlatUnit& u : pm.params.units)
+      for (const nn::FlatParam& p : u.params)
+        out.add("grad." + p.spec.name, u.grad.narrow(0, p.offset, numel_of(p.spec.shape)).view(p.spec.shape));
+    out.metadata["layout"] = layout;
+    out.write(path);
+  } else if (lead) {
     io::SafeTensorsWriter out;
     for (const nn::FlatUnit& u : w->params.units)
       for (const nn::FlatParam& p : u.params) out.add("grad." + p.spec.name, p.value);
@@ -129,14 +140,17 @@ void write_whole_grads(const std::string& path, const models::GPTConfig& mc, con
 std::string save_run(const std::string& dir, bool sharded, int keep, const TrainState& st,
                      const models::GPTConfig& mc, const dist::ParallelModel& pm, const optim::AdamW& opt,
                      PruneLog* prune_log) {
-  if (sharded) return save_sharded(dir, st, pm.params, opt, pm.mesh(), mc, pm.pp_blocks, keep, prune_log);
+  const bool lora = pm.gpt().has_lora();  // adapters, whole on every rank: rank 0 writes them as they are
+  if (sharded && !lora)
+    return save_sharded(dir, st, pm.params, opt, pm.mesh(), mc, pm.pp_blocks, keep, prune_log);
   dist::Communicator& world = pm.mesh().world();
   const bool lead = world.rank() == 0;  // the others wait, so that a failed write stops every rank
-  std::unique_ptr<WholeModel> w = gather_whole(mc, pm, &opt, /*keep=*/lead, /*grads=*/false);
+  std::unique_ptr<WholeModel> w = lora ? nullptr : gather_whole(mc, pm, &opt, /*keep=*/lead, /*grads=*/false);
   std::string where, error;
   if (lead) {
     try {
-      where = save_checkpoint(dir, *w->gpt, w->params, w->moments, st, keep, prune_log);
+      where = lora ? save_checkpoint(dir, pm.gpt(), pm.params, opt, st, keep, prune_log)
+                   : save_checkpoint(dir, *w->gpt, w->params, w->moments, st, keep, prune_log);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -146,14 +160,18 @@ std::string save_run(const std::string& dir, bool sharded, int keep, const Train
   return where;
 }
 
-bool writes_checkpoints(bool sharded, const dist::DeviceMesh& mesh) {
+bool writes_checkpoints(bool sharded, const dist::DeviceMesh& mesh) {  // LoRA: sharded = false
   return sharded ? mesh.coords().replicate == 0 : mesh.world().rank() == 0;
 }
 
 TrainState resume_run(const std::string& path, const models::GPTConfig& mc, const models::GPT& gpt,
                       dist::ParallelModel& pm, optim::AdamW& opt, std::ostream* warn) {
   TrainState st;
-  if (is_sharded(path)) {  // the writers' shards, whatever their layout
+  NDT_CHECK(gpt.has_lora() || !is_lora_checkpoint(path), "checkpoint ", path,
+            " holds LoRA adapters; resume it with its [lora] settings and model.init_from");
+  if (gpt.has_lora()) {  // the adapters, whole on every rank
+    st = load_checkpoint(path, gpt, pm.params, opt);
+  } else if (is_sharded(path)) {  // the writers' shards, whatever their layout
     st = load_sharded(path, mc, pm.params, opt, warn);
   } else {  // the single-process layout; each rank reads only its elements
     const std::vector<nn::FlatUnit> whole = nn::flat_layout(models::GPT(mc).units());

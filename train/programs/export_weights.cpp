@@ -11,6 +11,8 @@
 //   build/export_weights --dtype bfloat16 out/ckpt/step_00001000 out/hf   # a folder, bfloat16
 //   build/export_weights out/ckpt/step_00001000 gpt2.safetensors          # GPT-2: one file
 //   build/export_weights out/ckpt out/hf                                  # the latest checkpoint
+//   build/export_weights out/lora/ckpt out/adapter             # a LoRA run: a PEFT adapter folder
+//   build/export_weights --merge out/lora/ckpt out/merged      # ... its base with the adapters merged
 //
 // A folder is written as io::HfFolderWriter says (never half-written in place of a good one).
 // The output is written to OUT.tmp and renamed into place, so a failed export leaves no
@@ -25,6 +27,7 @@
 int main(int argc, char** argv) {
   namespace po = boost::program_options;
   std::string dtype = "float32";
+  bool merge = false;
   std::vector<std::string> args;
   po::options_description opts(
       "export_weights: the whole parameters of a sharded checkpoint (checkpoint.format = sharded)\n\n"
@@ -32,9 +35,13 @@ int main(int argc, char** argv) {
       "  CHECKPOINT_DIR a checkpoint's step folder, or checkpoint.dir (its latest checkpoint)\n"
       "  OUT a directory: a Hugging Face model folder (config.json, safetensors, the run's tokenizer)\n"
       "  for transformers and model.init_from; OUT ending in .safetensors: one file with ndtrain's names\n"
-      "  (GPT-2: Hugging Face's). OUT must lie outside every checkpoint directory.\n\nOptions");
+      "  (GPT-2: Hugging Face's). OUT must lie outside every checkpoint directory.\n"
+      "  A LoRA run's checkpoint (lora.rank > 0): OUT is a PEFT adapter folder (adapter_config.json,\n"
+      "  adapter_model.safetensors) for PeftModel.from_pretrained; with --merge, its base model\n"
+      "  (model.init_from) with the adapters merged in, as a Hugging Face model folder.\n\nOptions");
   opts.add_options()("help,h", "print this help")("dtype", po::value(&dtype)->default_value(dtype),
                                                   "of the folder's tensors: float32 or bfloat16")(
+      "merge", po::bool_switch(&merge), "a LoRA run's checkpoint: write the merged model, not the adapter")(
       "paths", po::value(&args), "CHECKPOINT_DIR OUT (the two arguments)");
   po::positional_options_description pos;
   pos.add("paths", -1);
@@ -50,8 +57,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const std::string step =
-        ndt::ckpt::export_weights(args[0], args[1], dtype == "bfloat16" ? ndt::DType::bf16 : ndt::DType::f32);
+    const std::string step = ndt::ckpt::export_weights(
+        args[0], args[1], dtype == "bfloat16" ? ndt::DType::bf16 : ndt::DType::f32, std::cerr, merge);
     std::cout << "wrote " << args[1] << " from " << step << "\n";
     return 0;
   } catch (const std::exception& e) {

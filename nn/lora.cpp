@@ -1,0 +1,97 @@
+#include "nn/lora.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+namespace ndt::nn {
+
+double LoraConfig::scale() const {
+  const double r = static_cast<double>(rank);
+  return rslora ? alpha / std::sqrt(r) : alpha / r;
+}
+
+bool lora_target_matches(const std::string& target, const std::string& name) {
+  if (target == "all-linear" || target == name) return true;
+  return name.size() > target.size() &&
+         name.compare(name.size() - target.size(), target.size(), target) == 0 &&
+         name[name.size() - target.size() - 1] == '.';
+}
+
+std::vector<std::string> default_lora_targets(const std::vector<LinearSite>& sites) {
+  for (const LinearSite& s : sites)
+    if (lora_target_matches("q_proj", s.name)) return {"q_proj", "v_proj"};
+  return {"c_attn"};
+}
+
+void check_lora(const LoraConfig& c, const std::vector<LinearSite>& sites) {
+  NDT_CHECK(c.rank >= 1, "lora.rank must be >= 1 to train adapters (0: no LoRA), got ", c.rank);
+  NDT_CHECK(std::isfinite(c.alpha) && c.alpha > 0, "lora.alpha must be > 0, got ", c.alpha);
+  NDT_CHECK(c.dropout == 0, "lora.dropout = ", c.dropout,
+            ": dropout on the adapters' input is not supported yet; set lora.dropout = 0");
+  std::string known;
+  for (const LinearSite& s : sites) known += (known.empty() ? "" : ", ") + s.name;
+  const std::vector<std::string> targets = c.targets.empty() ? default_lora_targets(sites) : c.targets;
+  for (const std::string& t : targets) {
+    bool found = false;
+    for (const LinearSite& s : sites) {
+      if (!lora_target_matches(t, s.name)) continue;
+      found = true;
+      const int64_t width = std::min(s.linear->in, s.out());
+      NDT_CHECK(c.rank <= width, "lora.rank = ", c.rank, " is above the width ", width, " of ", s.name, " (",
+                s.linear->in, " -> ", s.out(), "); lower lora.rank");
+    }
+    NDT_CHECK(found, "lora.targets: '", t, "' names none of this model's linears (", known,
+              ", or all-linear)");
+  }
+}
+
+LoraAdapter::LoraAdapter(int64_t in_, int64_t out_, int64_t r) : in(in_), out(out_), rank(r) {
+  // torch's kaiming_uniform_(a = sqrt(5)) on (r, in): bound = sqrt(6 / ((1 + 5) in)) = 1 / sqrt(in)
+  param("lora_A", &A, {r, in}, Init::uniform(1.0f / std::sqrt(static_cast<float>(in))), true);
+  param("lora_B", &B, {out, r}, Init::zeros(), true);
+}
+
+// x (N, in) -> (x A^T) (N, r) -> x scale -> (N, r) B^T -> (N, out)
+Tensor LoraAdapter::forward(const Tensor& x, double s) const {
+  return matmul(ndt::scale(matmul(x, A, false, true), s), B, false, true);
+}
+
+Tensor LoraLinear::delta(const Tensor& x) const {
+  if (site_.part < 0 && parts_.size() == 1 && parts_[0].first < 0)
+    return parts_[0].second->forward(x, scale_);
+  // packed: each part's delta (N, groups, size) in its columns of every group, zeros where no adapter
+  const int64_t N = x.size(0), groups = site_.groups;
+  std::vector<Tensor> pieces;
+  int64_t width = 0;
+  for (size_t p = 0; p < site_.sizes.size(); ++p) {
+    const int64_t size = site_.sizes[p];
+    width += size;
+    Tensor d;
+    for (const auto& [part, a] : parts_)
+      if (part == static_cast<int>(p)) d = view(a->forward(x, scale_), {N, groups, size});
+    pieces.push_back(d.defined() ? d : Tensor::zeros({N, groups, size}, x.dtype(), x.device()));
+  }
+  return view(concat_last(pieces), {N, groups * width});  // (N, groups, width) -> (N, out)
+}
+
+LoraBlock::LoraBlock(DecoderBlock& block, const LoraConfig& c) {
+  const std::vector<LinearSite> sites = block.linear_sites();
+  check_lora(c, sites);
+  const std::vector<std::string> targets = c.targets.empty() ? default_lora_targets(sites) : c.targets;
+  std::map<Linear*, std::shared_ptr<LoraLinear>> on;  // each linear's adapters, by part
+  for (const LinearSite& s : sites) {
+    bool targeted = false;
+    for (const std::string& t : targets) targeted = targeted || lora_target_matches(t, s.name);
+    if (!targeted) continue;
+    adapters.push_back(std::make_unique<LoraAdapter>(s.linear->in, s.out(), c.rank));
+    names.push_back(s.name);
+    child(s.name, adapters.back().get());
+    std::shared_ptr<LoraLinear>& l = on[s.linear];
+    if (!l) l = std::make_shared<LoraLinear>(s, c.scale());
+    l->add(s.part, adapters.back().get());
+  }
+  for (auto& [linear, l] : on) linear->adapter = l;
+}
+
+}  // namespace ndt::nn

@@ -1,0 +1,88 @@
+// ndtrain: LoRA adapters (Hu et al. 2021) with Hugging Face PEFT's math, on any of a block's
+// linears. A targeted linear computes
+//
+//   y = x W + b + scale * (x A^T) B^T,   A (r, in), B (out, r),  scale = alpha / r
+//                                                                (rslora: alpha / sqrt(r))
+//
+// A starts Kaiming-uniform (torch's nn.Linear default, a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in)))
+// and B at zero, as PEFT does, so the adapted model starts equal to its base. A and B are kept
+// in PEFT's (torch's) layout, so an adapter folder is a copy of them. The Llama's packed
+// c_attn carries separate adapters for q, k and v (PEFT's q_proj, k_proj, v_proj), each
+// added to its own columns of the kv groups (LinearSite).
+//
+//   nn::LoraConfig c{.rank = 8, .alpha = 16, .targets = {"q_proj", "v_proj"}};
+//   nn::LoraBlock lora(block, c);            // installs the adapters on block's linears
+//   auto specs = lora.parameters("h.0");      // h.0.self_attn.q_proj.lora_A, ...
+//
+// The adapters are parameters of their own Module, not of the block: they live in flat
+// buffers of their own (models::GPT::adapter_units), so the base model's buffers can be
+// frozen whole (nn::materialize's frozen) while the optimizer, the gradient reductions and
+// the checkpoints see only the adapters.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/layers.h"
+
+namespace ndt::nn {
+
+struct LoraConfig {                  // train_gpt's [lora]
+  int64_t rank = 0;                  // r; 0: no adapters
+  double alpha = 8;                  // PEFT's lora_alpha
+  double dropout = 0;                // PEFT's lora_dropout (only 0 for now)
+  std::vector<std::string> targets;  // PEFT's target_modules, or {"all-linear"}; empty: PEFT's default
+  bool rslora = false;               // PEFT's use_rslora: scale alpha / sqrt(r)
+  bool on() const { return rank > 0; }
+  double scale() const;
+};
+
+// PEFT's default target_modules for a family's linears when lora.targets is empty:
+// q_proj and v_proj (llama), c_attn (gpt2).
+std::vector<std::string> default_lora_targets(const std::vector<LinearSite>& sites);
+
+// Whether PEFT's target name `target` selects the module `name`: equal, or its last dotted
+// parts ("q_proj" selects "self_attn.q_proj"); "all-linear" selects every linear.
+bool lora_target_matches(const std::string& target, const std::string& name);
+
+// Throws ndt::Error naming the key when c cannot be applied to blocks with these sites: a
+// target that matches none of them, rank < 1 or above a targeted linear's width, alpha <= 0,
+// dropout != 0.
+void check_lora(const LoraConfig& c, const std::vector<LinearSite>& sites);
+
+// One target's pair: lora_A (r, in), lora_B (out, r), as PEFT names and lays them out.
+class LoraAdapter : public Module {
+ public:
+  LoraAdapter(int64_t in, int64_t out, int64_t rank);
+  // x (N, in) -> scale (x A^T) B^T (N, out)
+  Tensor forward(const Tensor& x, double scale) const;
+  Tensor A, B;
+  int64_t in, out, rank;
+};
+
+// What a linear adds to its output: its adapters' deltas, each in its own columns.
+class LoraLinear : public LinearAdapter {
+ public:
+  LoraLinear(const LinearSite& site, double scale) : site_(site), scale_(scale) {}
+  void add(int part, const LoraAdapter* a) { parts_.push_back({part, a}); }
+  // x (N, in) -> (N, out); a packed linear's parts without an adapter get zeros
+  Tensor delta(const Tensor& x) const override;
+
+ private:
+  LinearSite site_;  // the linear's layout of columns (its part and name unused)
+  double scale_;
+  std::vector<std::pair<int, const LoraAdapter*>> parts_;
+};
+
+// One block's adapters, named by their Hugging Face module ("self_attn.q_proj.lora_A"),
+// installed on the block's linears (Linear::adapter) when made.
+class LoraBlock : public Module {
+ public:
+  LoraBlock(DecoderBlock& block, const LoraConfig& c);
+  std::vector<std::unique_ptr<LoraAdapter>> adapters;
+  std::vector<std::string> names;  // adapters[i]'s module: "self_attn.q_proj"
+};
+
+}  // namespace ndt::nn

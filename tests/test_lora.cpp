@@ -1,0 +1,460 @@
+// LoRA adapters (nn/lora.h) on one process: the adapter path's float64 gradients against
+// finite differences, the Llama's packed c_attn with q, k and v adapters each in its own
+// columns of every kv group, step 0 equal to the base model bit for bit, a frozen base that no
+// step changes (no gradient buffers, no moments), PEFT's initialization and scale, and the
+// errors a bad [lora] gets. train_gpt with [lora]: a checkpoint that resumes to the same
+// losses, holding only the adapters, and export_weights' PEFT folder and merged model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "autograd/engine.h"
+#include "autograd/gradcheck.h"
+#include "autograd/node.h"
+#include "dist/adapters.h"
+#include "models/gpt.h"
+#include "nn/lora.h"
+#include "optim/adamw.h"
+#include "support/corpus.h"
+#include "support/launch.h"
+#include "support/testing.h"
+#include "tensor/kernels.h"
+#include "train/checkpoint/checkpoint.h"
+#include "train/checkpoint/hf.h"
+#include "train/checkpoint/load.h"
+#include "train/checkpoint/lora.h"
+#include "train/checkpoint/sharded.h"
+#include "train/io/hf_folder.h"
+#include "train/io/safetensors.h"
+
+using namespace ndt;
+namespace fs = std::filesystem;
+
+namespace {
+
+Tensor random(const Shape& shape, uint64_t seed, double scale = 1.0) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  kernels::fill_normal(t, seed, 1, 0, 0.0f, static_cast<float>(scale));
+  return t.to(DType::f64);
+}
+
+// The Llama's c_attn for C = 8, NH = 4, NKV = 2 (G = 2, HS = 2): NKV groups of {G HS, HS, HS}
+struct PackedQkv {
+  int64_t C = 8, NKV = 2, G = 2, HS = 2;
+  int64_t out() const { return NKV * (G + 2) * HS; }
+  nn::LinearSite site(int part) const { return {"", nullptr, part, NKV, {G * HS, HS, HS}}; }
+};
+
+// scale (x A^T) B^T by hand, f64 on the host: x (N, in), A (r, in), B (out, r) -> (N, out)
+std::vector<double> lora_by_hand(const Tensor& x, const Tensor& A, const Tensor& B, double scale) {
+  const int64_t N = x.size(0), in = x.size(1), r = A.size(0), out = B.size(0);
+  const std::vector<double> xv = x.to_vector<double>(), av = A.to_vector<double>(),
+                            bv = B.to_vector<double>();
+  std::vector<double> y(static_cast<size_t>(N * out), 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t k = 0; k < r; ++k) {
+        double h = 0;
+        for (int64_t i = 0; i < in; ++i) h += xv[n * in + i] * av[k * in + i];
+        y[n * out + o] += scale * h * bv[o * r + k];
+      }
+  return y;
+}
+
+}  // namespace
+
+TEST(Lora, PackedQkvAdaptersAddToTheirOwnColumnsOfEveryKvGroup) {
+  const PackedQkv p;
+  const int64_t N = 3, r = 2;
+  nn::Linear lin(p.C, p.out(), true, 0.02f);
+  lin.weight = random({p.C, p.out()}, 1);
+  lin.bias = random({p.out()}, 2);
+  const Tensor x = random({N, p.C}, 3);
+  const Tensor base = linear(x, lin.weight, lin.bias);
+  // adapters on q (G HS = 4 columns a group) and v (HS = 2), none on k
+  nn::LoraAdapter q(p.C, p.NKV * p.G * p.HS, r), v(p.C, p.NKV * p.HS, r);
+  q.A = random({r, p.C}, 4), q.B = random({p.NKV * p.G * p.HS, r}, 5);
+  v.A = random({r, p.C}, 6), v.B = random({p.NKV * p.HS, r}, 7);
+  auto l = std::make_shared<nn::LoraLinear>(p.site(0), 0.5);
+  l->add(0, &q);
+  l->add(2, &v);
+  lin.adapter = l;
+  const std::vector<double> got = lin.forward(x).to_vector<double>(), b = base.to_vector<double>();
+  const std::vector<double> dq = lora_by_hand(x, q.A, q.B, 0.5), dv = lora_by_hand(x, v.A, v.B, 0.5);
+  const int64_t W = (p.G + 2) * p.HS, Q = p.G * p.HS;  // a group's columns: q (Q), k (HS), v (HS)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t g = 0; g < p.NKV; ++g)
+      for (int64_t j = 0; j < W; ++j) {
+        const int64_t col = n * p.out() + g * W + j;
+        double want = b[col];
+        if (j < Q) want += dq[n * p.NKV * Q + g * Q + j];                             // q_g
+        if (j >= Q + p.HS) want += dv[n * p.NKV * p.HS + g * p.HS + (j - Q - p.HS)];  // v_g
+        EXPECT_NEAR(got[col], want, 1e-12) << "row " << n << " group " << g << " column " << j;
+      }
+}
+
+TEST(Lora, AdapterPathGradientsEqualFiniteDifferencesInFloat64) {
+  const PackedQkv p;
+  const int64_t N = 3, r = 2;
+  nn::Linear lin(p.C, p.out(), true, 0.02f);
+  lin.weight = random({p.C, p.out()}, 11);  // frozen: held fixed
+  lin.bias = random({p.out()}, 12);
+  nn::LoraAdapter k(p.C, p.NKV * p.HS, r), v(p.C, p.NKV * p.HS, r);
+  auto l = std::make_shared<nn::LoraLinear>(p.site(1), 2.0);
+  l->add(1, &k);
+  l->add(2, &v);
+  lin.adapter = l;
+  nn::Linear whole(p.C, 5, false, 0.02f);  // an adapter on a whole linear (o_proj, down_proj, c_fc)
+  whole.weight = random({p.C, 5}, 13);
+  nn::LoraAdapter o(p.C, 5, r);
+  auto lo = std::make_shared<nn::LoraLinear>(nn::LinearSite{"", nullptr}, 0.75);
+  lo->add(-1, &o);
+  whole.adapter = lo;
+  std::vector<Tensor> in = {
+      random({N, p.C}, 14), random({r, p.C}, 15),          random({p.NKV * p.HS, r}, 16),
+      random({r, p.C}, 17), random({p.NKV * p.HS, r}, 18), random({r, p.C}, 19),
+      random({5, r}, 20)};
+  for (Tensor& t : in) t.set_requires_grad(true);
+  const autograd::GradcheckResult res = autograd::gradcheck(
+      [&](const std::vector<Tensor>& t) {
+        k.A = t[1], k.B = t[2], v.A = t[3], v.B = t[4], o.A = t[5], o.B = t[6];
+        return std::vector<Tensor>{lin.forward(t[0]), whole.forward_gelu(t[0])};
+      },
+      in);
+  EXPECT_TRUE(res.ok) << res.message;
+  EXPECT_EQ(res.checked, N * p.C + 3 * r * p.C + 2 * p.NKV * p.HS * r + 5 * r);
+}
+
+TEST(Lora, InitializesAsPeftAndScalesByAlphaOverRankOrItsRoot) {
+  nn::LoraAdapter a(64, 10, 4);
+  const nn::FlatParams ps = nn::materialize({{"u", a.parameters("x")}}, Device::cpu(), DType::f32, 5);
+  const std::vector<float> A = a.A.to_vector<float>(), B = a.B.to_vector<float>();
+  float lo = 1, hi = -1;
+  for (float v : A) lo = std::min(lo, v), hi = std::max(hi, v);
+  EXPECT_GE(lo, -1.0f / 8) << "A ~ U(-1/sqrt(in), 1/sqrt(in)), in = 64";
+  EXPECT_LE(hi, 1.0f / 8);
+  EXPECT_LT(lo, -0.1f);  // and fills the range
+  EXPECT_GT(hi, 0.1f);
+  for (float v : B) EXPECT_EQ(v, 0.0f);
+  EXPECT_EQ((nn::LoraConfig{.rank = 4, .alpha = 16}.scale()), 4.0);
+  EXPECT_EQ((nn::LoraConfig{.rank = 4, .alpha = 16, .rslora = true}.scale()), 8.0);
+}
+
+namespace {
+
+models::GPTConfig tiny(const std::string& arch) {
+  models::GPTConfig c{
+      .arch = arch, .n_layer = 2, .n_head = 4, .n_embd = 16, .vocab_size = 40, .block_size = 16};
+  if (arch == "llama") {
+    c.n_kv_head = 2;
+    c.intermediate_size = 24;
+  }
+  return c;
+}
+
+Tensor tokens(int64_t B, int64_t T, uint64_t seed) {
+  std::vector<int32_t> v(static_cast<size_t>(B * T));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>((i * 7 + seed * 13 + i * i) % 40);
+  return Tensor::from_vector(v, {B, T});
+}
+
+std::vector<float> all_values(const nn::FlatParams& p) {
+  std::vector<float> out;
+  for (const nn::FlatUnit& u : p.units)
+    for (float v : u.data.to_vector<float>()) out.push_back(v);
+  return out;
+}
+
+}  // namespace
+
+// The base alone and the base with fresh adapters (B = 0) give the same loss, bit for bit;
+// training steps the adapters only: the base has no gradient buffers and keeps every bit.
+TEST(Lora, StartsAsTheBaseAndTrainsOnlyTheAdapters) {
+  for (const std::string arch : {"llama", "gpt2"}) {
+    SCOPED_TRACE(arch);
+    const Tensor x = tokens(2, 8, 1), y = tokens(2, 8, 2);
+    models::GPT plain(tiny(arch));
+    const nn::FlatParams pp = nn::materialize(plain.units(), Device::cpu(), DType::f32, 9);
+    models::GPT gpt(tiny(arch));
+    gpt.add_lora({.rank = 2, .alpha = 4, .targets = {"all-linear"}});
+    const nn::FlatParams base = nn::materialize(gpt.units(), Device::cpu(), DType::f32, 9, {}, {}, true);
+    nn::FlatParams adapters = nn::materialize(gpt.adapter_units(), Device::cpu(), DType::f32, 9);
+    EXPECT_EQ(adapters.units.size(), 3u);  // an empty embeddings unit, then one per block
+    EXPECT_EQ(adapters.units[0].param_count(), 0);
+    EXPECT_EQ(gpt.forward(x, y).loss.item(), plain.forward(x, y).loss.item());
+    const std::vector<float> before = all_values(base), adapters_before = all_values(adapters);
+    optim::AdamW opt(adapters, {});
+    double first = 0, last = 0;
+    for (int step = 0; step < 5; ++step) {
+      adapters.zero_grad();
+      const Tensor loss = gpt.forward(x, y).loss;
+      (step == 0 ? first : last) = loss.item();
+      backward(loss);
+      opt.step(0.01);
+    }
+    for (const nn::FlatUnit& u : base.units) {
+      EXPECT_FALSE(u.grad.defined()) << u.name;
+      for (const nn::FlatParam& p : u.params) EXPECT_FALSE(p.value.requires_grad()) << p.spec.name;
+    }
+    EXPECT_EQ(all_values(base), before) << "the base changed";
+    EXPECT_NE(all_values(adapters), adapters_before);
+    EXPECT_LT(last, first);
+  }
+}
+
+TEST(Lora, BadSettingsAreOneLineNamingTheKey) {
+  models::GPT llama(tiny("llama"));
+  EXPECT_NE(ndt::testing::error_of([&] {
+              llama.add_lora({.rank = 2, .targets = {"c_attn"}});
+            }).find("lora.targets: 'c_attn' names none of this model's linears (self_attn.q_proj"),
+            std::string::npos);
+  models::GPT l2(tiny("llama"));
+  EXPECT_NE(ndt::testing::error_of([&] {
+              l2.add_lora({.rank = 9, .targets = {"k_proj"}});
+            }).find("lora.rank = 9 is above the width 8 of self_attn.k_proj (16 -> 8)"),
+            std::string::npos);
+  models::GPT l3(tiny("llama"));
+  EXPECT_NE(ndt::testing::error_of([&] {
+              l3.add_lora({.rank = 2, .dropout = 0.1});
+            }).find("lora.dropout = 0.1: dropout on the adapters' input is not supported yet"),
+            std::string::npos);
+  for (const auto& [dims, key] :
+       std::vector<std::pair<dist::ParallelDims, std::string>>{{{.tp = 2}, "parallel.tp_size = 2: LoRA"},
+                                                               {{.cp = 2}, "parallel.cp_size = 2: LoRA"},
+                                                               {{.pp = 2}, "parallel.pp_size = 2: LoRA"}})
+    EXPECT_NE(ndt::testing::error_of([&] { dist::check_lora_layout(dims); }).find(key), std::string::npos)
+        << key;
+  // PEFT's default targets: q_proj and v_proj (llama), c_attn (gpt2)
+  models::GPT l4(tiny("llama")), g(tiny("gpt2"));
+  l4.add_lora({.rank = 2});
+  g.add_lora({.rank = 2});
+  EXPECT_EQ(l4.lora[0]->names, (std::vector<std::string>{"self_attn.q_proj", "self_attn.v_proj"}));
+  EXPECT_EQ(g.lora[0]->names, (std::vector<std::string>{"attn.c_attn"}));
+  models::GPT g2(tiny("gpt2"));
+  g2.add_lora({.rank = 2, .targets = {"c_proj"}});  // PEFT matches the name's end: both c_proj
+  EXPECT_EQ(g2.lora[1]->names, (std::vector<std::string>{"attn.c_proj", "mlp.c_proj"}));
+}
+
+namespace {
+
+std::vector<double> metric(const fs::path& metrics, const char* key) {
+  std::vector<double> l;
+  std::ifstream f(metrics);
+  std::string line;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) l.push_back(j[key].get<double>());
+  }
+  return l;
+}
+
+}  // namespace
+
+// train_gpt with [lora] on the weights a full run trained: a stopped and resumed run trains the
+// same losses bit for bit from a checkpoint that holds only the adapters; export_weights
+// writes it as a PEFT folder, and merged into its base as a model whose validation loss is
+// the LoRA run's.
+TEST(Lora, TrainGptResumesFromAdapterCheckpointsAndExportsPeftAndMerged) {
+  const fs::path d = ndt::testing::fresh_dir("lora_run");
+  ndt::testing::write_small_run(d);
+  const std::string ini = (d / "gpt.ini").string();
+  ndt::testing::RunResult r =
+      ndt::testing::run_train_gpt({"--config", ini, "--checkpoint.dir", (d / "base").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::vector<std::string> lora = {
+      "--config",          ini,
+      "--model.init_from", (d / "base" / "step_00000008" / "model.safetensors").string(),
+      "--lora.rank",       "4",
+      "--lora.alpha",      "8",
+      "--lora.targets",    "c_attn, c_fc"};
+  auto run = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = lora;
+    a.insert(a.end(), more.begin(), more.end());
+    return ndt::testing::run_train_gpt(a);
+  };
+  r = run({"--log.metrics", (d / "full.jsonl").string(), "--log.grads", (d / "grads.safetensors").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  {  // log.grads: the adapters' first gradients (B's: A's are zero while B is)
+    io::SafeTensorsReader g((d / "grads.safetensors").string());
+    EXPECT_EQ(g.entries().size(), 8u);
+    const std::vector<float> gb = g.get("grad.h.0.attn.c_attn.lora_B").to_vector<float>();
+    EXPECT_TRUE(std::any_of(gb.begin(), gb.end(), [](float v) { return v != 0; }));
+  }
+  EXPECT_NE(r.out.find("frozen base: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("LoRA adapters (rank 4, scale 2), trained: 2304 in 3 flat buffers"), std::string::npos)
+      << r.out;
+  r = run({"--log.metrics", (d / "b.jsonl").string(), "--checkpoint.dir", (d / "b").string(),
+           "--train.stop_after", "3"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run({"--log.metrics", (d / "b.jsonl").string(), "--checkpoint.dir", (d / "b").string(),
+           "--checkpoint.resume", "true"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("resumed from"), std::string::npos) << r.out;
+  const std::vector<double> a = metric(d / "full.jsonl", "loss"), b = metric(d / "b.jsonl", "loss");
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+
+  // the checkpoint: the adapters of c_attn and c_fc in both blocks, nothing of the base
+  const fs::path step = d / "b" / "step_00000008";
+  {
+    io::SafeTensorsReader m((step / "model.safetensors").string());
+    EXPECT_EQ(m.entries().size(), 8u);
+    EXPECT_TRUE(m.has("h.1.mlp.c_fc.lora_B"));
+    EXPECT_EQ(m.entries().at("h.0.attn.c_attn.lora_A").shape, (Shape{4, 32}));
+    EXPECT_EQ(m.entries().at("h.0.attn.c_attn.lora_B").shape, (Shape{96, 4}));
+  }
+  // a run without [lora] refuses it, naming why
+  r = ndt::testing::run_train_gpt({"--config", ini, "--checkpoint.dir", (d / "b").string(),
+                                   "--checkpoint.resume", "true", "--train.steps", "9"});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("holds LoRA adapters; resume it with its [lora] settings"), std::string::npos)
+      << r.err;
+
+  // generate and model.init_from take a model, not adapters: one line saying how
+  EXPECT_NE(ndt::testing::error_of([&] {
+              ckpt::find_weights((d / "b").string());
+            }).find("is a LoRA run's checkpoint: it holds adapters, not a model"),
+            std::string::npos);
+
+  // PEFT's folder
+  ckpt::export_weights((d / "b").string(), (d / "adapter").string());
+  std::ifstream cf(d / "adapter" / "adapter_config.json");
+  const nlohmann::json c = nlohmann::json::parse(cf);
+  EXPECT_EQ(c["r"], 4);
+  EXPECT_EQ(c["lora_alpha"], 8.0);
+  EXPECT_EQ(c["target_modules"], (nlohmann::json{"c_attn", "c_fc"}));
+  EXPECT_EQ(c["peft_type"], "LORA");
+  EXPECT_EQ(c["task_type"], "CAUSAL_LM");
+  EXPECT_EQ(c["use_rslora"], false);
+  EXPECT_EQ(c["base_model_name_or_path"], (d / "base" / "step_00000008" / "model.safetensors").string());
+  io::SafeTensorsReader peft((d / "adapter" / "adapter_model.safetensors").string());
+  EXPECT_EQ(peft.entries().size(), 8u);
+  EXPECT_TRUE(peft.has("base_model.model.transformer.h.0.attn.c_attn.lora_A.weight"));
+  EXPECT_TRUE(peft.has("base_model.model.transformer.h.1.mlp.c_fc.lora_B.weight"));
+
+  // merged: its validation loss (train.steps 0 evaluates) is the LoRA run's at its last step
+  ckpt::export_weights((d / "b").string(), (d / "merged").string(), DType::f32, std::cerr, /*merge=*/true);
+  r = ndt::testing::run_train_gpt({"--config", ini, "--model.init_from", (d / "merged").string(),
+                                   "--train.steps", "0", "--log.metrics", (d / "merged.jsonl").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::vector<double> lora_val = metric(d / "full.jsonl", "val_loss"),
+                            merged_val = metric(d / "merged.jsonl", "val_loss");
+  ASSERT_FALSE(lora_val.empty());
+  ASSERT_EQ(merged_val.size(), 1u);
+  EXPECT_NEAR(merged_val[0], lora_val.back(), 1e-5 * lora_val.back());
+  EXPECT_NE(ndt::testing::error_of([&] {
+              ckpt::export_weights((d / "base").string(), (d / "x").string(), DType::f32, std::cerr, true);
+            }).find("--merge is for a LoRA run's checkpoint"),
+            std::string::npos);
+}
+
+namespace {
+
+double max_rel(const Tensor& got, const Tensor& want) {
+  const std::vector<double> a = got.to(DType::f64).contiguous().to_vector<double>(),
+                            b = want.to(DType::f64).contiguous().to_vector<double>();
+  double scale = 0, err = 0;
+  for (size_t i = 0; i < b.size(); ++i) scale = std::max(scale, std::abs(b[i]));
+  for (size_t i = 0; i < b.size(); ++i) err = std::max(err, std::abs(a[i] - b[i]));
+  return err / std::max(scale, 1e-300);
+}
+
+// A random base folder (export_hf), ndtrain's float64 logits with random adapters on every
+// linear, the adapters as a LoRA checkpoint, exported as a PEFT folder and merged; PEFT's
+// logits of the folder on the base (float64) and transformers' of the merged model.
+void check_against_peft(const std::string& arch, bool rslora) {
+  if (!fs::exists(ndt::testing::reference_python()))
+    GTEST_SKIP() << "peft not available: no venv at " << ndt::testing::reference_python()
+                 << " (scripts/setup.sh --reference)";
+  const fs::path d = ndt::testing::fresh_dir("lora_peft_" + arch);
+  models::GPTConfig c = tiny(arch);
+  c.n_embd = 32, c.vocab_size = 64, c.block_size = 32;
+  if (arch == "llama") c.intermediate_size = 48;
+  {
+    models::GPT g(c);
+    const nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 7);
+    ckpt::export_hf((d / "base").string(), g, p, DType::f32);
+  }
+  const io::HfFolder folder((d / "base").string());
+  models::GPT gpt(ckpt::model_config(folder.config()));
+  gpt.add_lora({.rank = 4, .alpha = 6, .targets = {"all-linear"}, .rslora = rslora});
+  const nn::FlatParams base = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 1, {}, {}, true);
+  ckpt::load_hf_local(folder, gpt, base);
+  const nn::FlatParams a32 = nn::materialize(gpt.adapter_units(), Device::cpu(), DType::f32, 1);
+  const nn::FlatParams a64 =
+      nn::materialize(gpt.adapter_units(), Device::cpu(), DType::f64, 1);  // the model's
+  ckpt::Moments moments;
+  for (size_t i = 0; i < a32.units.size(); ++i) {  // B != 0: the adapters matter
+    kernels::fill_normal(a32.units[i].data, 3, i, 0, 0.0f, 0.2f);
+    a64.units[i].data.copy_(a32.units[i].data.to(DType::f64));
+    moments.m.push_back(Tensor::zeros({a32.units[i].numel}));
+    moments.v.push_back(Tensor::zeros({a32.units[i].numel}));
+  }
+  const Tensor x = tokens(2, 8, 5);
+  Tensor ours;
+  {
+    autograd::NoGradGuard no_grad;
+    ours = gpt.forward(x, Tensor()).logits.narrow(1, 0, 64).contiguous().view({2, 8, 64});
+  }
+  ckpt::TrainState st;
+  st.step = 1;
+  st.extra = ckpt::lora_metadata(gpt, (d / "base").string());
+  ckpt::save_checkpoint((d / "ckpt").string(), gpt, a32, moments, st, 0);
+  ckpt::export_weights((d / "ckpt").string(), (d / "adapter").string());
+  ckpt::export_weights((d / "ckpt").string(), (d / "merged").string(), DType::f32, std::cerr, true);
+  io::SafeTensorsWriter in;
+  in.add("inputs", x);
+  in.write((d / "inputs.safetensors").string());
+  const ndt::testing::ShellResult r = ndt::testing::run_shell(
+      ndt::testing::reference_python() + " " + NDT_SOURCE_DIR + "/tests/scripts/hf_reference.py peft " +
+      (d / "base").string() + " " + (d / "adapter").string() + " " + (d / "merged").string() + " --inputs " +
+      (d / "inputs.safetensors").string() + " --out " + (d / "out.safetensors").string() + " 2>&1");
+  if (r.rc == 3) GTEST_SKIP() << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
+  io::SafeTensorsReader ref((d / "out.safetensors").string());
+  const double peft = max_rel(ours, ref.get("peft", DType::f64)),
+               merged = max_rel(ours, ref.get("merged", DType::f64));
+  std::cout << arch << ": logits within " << peft << " of PEFT's, " << merged << " of the merged model's\n";
+  EXPECT_LT(peft, 1e-10);
+  EXPECT_LT(merged, 1e-5);                                             // merged in float32
+  for (const nn::FlatUnit& u : a64.units) kernels::fill(u.data, 0.0);  // without the adapters: other logits
+  autograd::NoGradGuard no_grad;
+  EXPECT_GT(max_rel(gpt.forward(x, Tensor()).logits.narrow(1, 0, 64).contiguous().view({2, 8, 64}), ours),
+            1e-3);
+}
+
+}  // namespace
+
+TEST(Lora, LlamaAdapterExportsEqualPeftInFloat64) { check_against_peft("llama", false); }
+TEST(Lora, Gpt2RsloraAdapterExportsEqualPeftInFloat64) { check_against_peft("gpt2", true); }
+
+TEST(Lora, TrainGptRefusesABadLoraConfigAtStartWithCode2) {
+  const fs::path d = ndt::testing::fresh_dir("lora_bad");
+  ndt::testing::write_small_run(d);
+  const std::string ini = (d / "gpt.ini").string();
+  ndt::testing::RunResult r = ndt::testing::run_train_gpt({"--config", ini, "--lora.rank", "4"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("lora.rank = 4 trains adapters on a frozen base, which comes from model.init_from"),
+            std::string::npos)
+      << r.err;
+  r = ndt::testing::run_train_gpt(
+      {"--config", ini, "--checkpoint.dir", (d / "base").string(), "--train.steps", "1"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string base = (d / "base" / "step_00000001" / "model.safetensors").string();
+  r = ndt::testing::run_train_gpt(
+      {"--config", ini, "--model.init_from", base, "--lora.rank", "4", "--lora.targets", "q_proj"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("lora.targets: 'q_proj' names none of this model's linears (attn.c_attn"),
+            std::string::npos)
+      << r.err;
+  r = ndt::testing::run_train_gpt({"--config", ini, "--lora.targets", "c_attn", "--train.steps", "0"});
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE((r.out + r.err).find("lora.targets and lora.rslora have no effect: lora.rank is 0"),
+            std::string::npos)
+      << r.out << r.err;
+}

@@ -1,0 +1,54 @@
+// ndtrain: a LoRA run's checkpoints and its Hugging Face PEFT adapter folders.
+//
+// A LoRA run (lora.rank > 0) trains only its adapters (nn/lora.h), whole on every rank, so its
+// checkpoints hold only them: model.safetensors with the adapters by ndtrain's names
+// (h.0.self_attn.q_proj.lora_A, ...) and state.safetensors with their AdamW moments, the data
+// position, and the [lora] settings and the base (model.init_from and its config) in the
+// metadata ("lora.rank", "lora.base", ...). The base model is not copied: it is read again
+// from model.init_from.
+//
+//   st.extra.merge(ckpt::lora_metadata(gpt, init_from));        // what the checkpoint says
+//   ckpt::export_lora("ckpt/step_00000100", "adapter", false, DType::f32, std::cerr);   // PEFT
+//   ckpt::export_lora("ckpt/step_00000100", "merged", true, DType::f32, std::cerr);     // HF model
+//
+// A PEFT folder is what PeftModel.from_pretrained(base, DIR) loads: adapter_config.json (r,
+// lora_alpha, target_modules, use_rslora, lora_dropout, base_model_name_or_path, task_type
+// CAUSAL_LM, peft_type LORA) and adapter_model.safetensors with PEFT's names
+// (base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight; GPT-2:
+// base_model.model.transformer.h.0.attn.c_attn.lora_A.weight). Merged, the base's linears
+// get W += scale (B A)^T in their columns (the Llama's packed c_attn: q's, k's or v's) and
+// the model is written as a Hugging Face folder, as export_weights writes any model.
+#pragma once
+
+#include <map>
+#include <ostream>
+#include <string>
+
+#include "models/gpt.h"
+#include "nn/flat.h"
+
+namespace ndt::ckpt {
+
+// What a LoRA run's checkpoint records of it (TrainState::extra): the [lora] settings, the
+// targets it resolved to, and its base (the path given as model.init_from; its config.json).
+std::map<std::string, std::string> lora_metadata(const models::GPT& gpt, const std::string& base);
+// Whether a state's metadata (TrainState::extra) is a LoRA run's.
+bool is_lora_state(const std::map<std::string, std::string>& extra);
+
+// The adapters (params: whole, unsharded) by name into a safetensors file, and back (every
+// name and shape checked before anything is copied; one line naming what differs).
+void save_adapters(const std::string& path, const nn::FlatParams& params,
+                   const std::map<std::string, std::string>& metadata);
+void load_adapters(const std::string& path, const nn::FlatParams& params);
+
+// Whether `path` (a checkpoint's step folder, or a checkpoint.dir: its latest) holds a LoRA
+// run's checkpoint; its step folder in *step.
+bool is_lora_checkpoint(const std::string& path, std::string* step = nullptr);
+
+// export_weights of a LoRA run's checkpoint: a PEFT adapter folder at `out`, or with merge the
+// base model (read from the checkpoint's lora.base) with the adapters merged in, as a Hugging
+// Face model folder in `dtype`. Written to out.tmp and renamed. Returns the step folder.
+std::string export_lora(const std::string& path, const std::string& out, bool merge, DType dtype,
+                        std::ostream& note);
+
+}  // namespace ndt::ckpt
