@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "autograd/node.h"
+#include "bench/bench_args.h"
 #include "models/generate.h"
 #include "models/gpt.h"
 #include "models/kv_cache.h"
@@ -32,6 +33,8 @@
 using namespace ndt;
 
 namespace {
+
+using bench::integer;
 
 struct Case {
   const char* name;
@@ -57,14 +60,6 @@ models::GPTConfig config_of(const Case& c) {
   }
   cfg.validate();
   return cfg;
-}
-
-int64_t integer(const std::string& what, const std::string& s) {
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  NDT_CHECK(ec == std::errc() && end == s.data() + s.size() && !s.empty(), what,
-            " must be a whole number, got '", s, "'");
-  return v;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {

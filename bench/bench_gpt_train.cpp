@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "autograd/engine.h"
+#include "bench/bench_args.h"
 #include "models/gpt.h"
 #include "nn/flat.h"
 #include "optim/adamw.h"
@@ -62,6 +63,8 @@
 using namespace ndt;
 
 namespace {
+
+using bench::integer;
 
 // A benchmark shape: GPT-2's architecture, or the llama family's when n_kv_head > 0
 // (grouped-query attention, SwiGLU of `inter` hidden units, RMSNorm, RoPE; an untied lm_head
@@ -108,16 +111,6 @@ struct Mode {
   nn::ACMode ac = nn::ACMode::none;
   int64_t every = 1;
 };
-
-// A whole number for `what`, all of `s` (std::stoll alone would take "2x" as 2 and say only
-// "stoll" for "x").
-int64_t integer(const std::string& what, const std::string& s) {
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  NDT_CHECK(ec == std::errc() && end == s.data() + s.size() && !s.empty(), what,
-            " must be a whole number, got '", s, "'");
-  return v;
-}
 
 Mode parse_mode(const std::string& s) {
   Mode m{s};

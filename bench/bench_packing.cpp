@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "autograd/engine.h"
+#include "bench/bench_args.h"
 #include "models/gpt.h"
 #include "nn/flat.h"
 #include "optim/adamw.h"
@@ -35,6 +36,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using bench::integer;
+
 constexpr const char* kUsage =
     "usage: bench_packing [--seq_len T] [--batch B] [--docs N] [--steps S] [--threads K]\n"
     "  --seq_len  row length (default 512)       --batch    rows per step (default 8)\n"
@@ -42,14 +45,6 @@ constexpr const char* kUsage =
     "  --threads  0: every core (default 0)\n"
     "prints, for packed rows and one document per row: rows per epoch, efficiency, ms/step,\n"
     "real and trained tokens/s, and seconds per epoch\n";
-
-int64_t integer(const std::string& what, const std::string& s) {
-  int64_t v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  NDT_CHECK(ec == std::errc() && end == s.data() + s.size() && !s.empty(), what,
-            " must be a whole number, got '", s, "'");
-  return v;
-}
 
 uint64_t splitmix64(uint64_t& x) {
   uint64_t z = (x += 0x9E3779B97F4A7C15ull);

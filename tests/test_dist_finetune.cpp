@@ -8,6 +8,7 @@
 
 #include "support/hf_fixture.h"
 #include "support/launch.h"
+#include "support/outputs.h"
 #include "support/testing.h"
 
 #include <algorithm>
@@ -35,37 +36,6 @@ std::string chat_rows(int n) {
             R"("}, {"role": "assistant", "content": "the hat )" + k + k + R"("}]})" + "\n";
   }
   return rows;
-}
-
-std::vector<double> losses(const fs::path& metrics) {
-  std::vector<double> l;
-  std::ifstream f(metrics);
-  std::string line;
-  while (std::getline(f, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) l.push_back(j["loss"].get<double>());
-  }
-  return l;
-}
-
-// The largest difference between two safetensors files, relative to each tensor's scale.
-double max_rel_diff(const fs::path& a, const fs::path& b) {
-  io::SafeTensorsReader ra(a.string()), rb(b.string());
-  EXPECT_EQ(ra.entries().size(), rb.entries().size());
-  double worst = 0;
-  for (auto& [name, e] : ra.entries()) {
-    if (!rb.has(name)) {
-      ADD_FAILURE() << name << " missing in " << b;
-      continue;
-    }
-    std::vector<float> x = ra.get(name).to_vector<float>(), y = rb.get(name).to_vector<float>();
-    EXPECT_EQ(x.size(), y.size()) << name;
-    double scale = 1e-30;
-    for (float v : x) scale = std::max(scale, static_cast<double>(std::abs(v)));
-    for (size_t i = 0; i < std::min(x.size(), y.size()); ++i)
-      worst = std::max(worst, std::abs(static_cast<double>(x[i]) - y[i]) / scale);
-  }
-  return worst;
 }
 
 class DistFinetune : public ::testing::Test {
@@ -103,13 +73,13 @@ class DistFinetune : public ::testing::Test {
       const std::string& common = "", int np = 2, double grad_rel = 0) {
     ShellResult r = train(single, 1, common);
     ASSERT_EQ(r.rc, 0) << r.out;
-    const std::vector<double> want = losses(dir_ / single / "metrics.jsonl");
+    const std::vector<double> want = metric_losses(dir_ / single / "metrics.jsonl");
     ASSERT_EQ(want.size(), 5u);
     for (const auto& [name, args] : layouts) {
       SCOPED_TRACE(name);
       r = train(name, np, args + " " + common);
       ASSERT_EQ(r.rc, 0) << r.out;
-      const std::vector<double> got = losses(dir_ / name / "metrics.jsonl");
+      const std::vector<double> got = metric_losses(dir_ / name / "metrics.jsonl");
       ASSERT_EQ(got.size(), 5u);
       for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], rel * want[i]) << "step " << i + 1;
       if (grad_rel <= 0) continue;
@@ -156,7 +126,7 @@ TEST_F(DistFinetune, ResumedUnderAnotherLayoutTheRunTrainsOnTheSameRows) {
       "--train.micro_batch_size 1";
   ShellResult r = train("whole", 1, common);
   ASSERT_EQ(r.rc, 0) << r.out;
-  const std::vector<double> want = losses(dir_ / "whole" / "metrics.jsonl");
+  const std::vector<double> want = metric_losses(dir_ / "whole" / "metrics.jsonl");
   ASSERT_EQ(want.size(), 10u);
   const std::string ckpt = " --checkpoint.dir " + (dir_ / "relay" / "ckpt").string();
   const std::vector<std::pair<int, std::string>> legs = {
@@ -170,7 +140,7 @@ TEST_F(DistFinetune, ResumedUnderAnotherLayoutTheRunTrainsOnTheSameRows) {
     r = train("relay", legs[k].first, common + " " + legs[k].second + ckpt + stop);
     ASSERT_EQ(r.rc, 0) << "leg " << k << "\n" << r.out;
   }
-  const std::vector<double> got = losses(dir_ / "relay" / "metrics.jsonl");
+  const std::vector<double> got = metric_losses(dir_ / "relay" / "metrics.jsonl");
   ASSERT_EQ(got.size(), 10u);
   for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * want[i]) << "step " << i + 1;
 }
@@ -193,6 +163,22 @@ TEST_F(DistFinetune, ContextParallelWithDataOrTensorParallelEqualsOneProcessOnCh
                                      "--train.micro_batch_size 1"},
                                     {"cp2_tp2", "--parallel.cp_size 2 --parallel.tp_size 2"}},
                                    "single_cp4", 1e-5, "", 4, 1e-5);
+}
+
+// The other layouts on packed chat rows: HSDP (2 replicas of 2 shards), tensor parallelism
+// with sequence parallelism (the documents' rows split between the attention and the MLP),
+// and the 3-D mesh of context, tensor and pipeline parallelism over 8 ranks.
+TEST_F(DistFinetune, HsdpSequenceParallelAndThreeDimensionsEqualOneProcessOnChatData) {
+  expect_layouts_equal_one_process(
+      {{"hsdp",
+        "--parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --train.micro_batch_size 1 "
+        "--train.grad_accum_steps 1"}},
+      "single_hsdp", 1e-5, "", 4);
+  expect_layouts_equal_one_process({{"tp2_sp", "--parallel.tp_size 2 --parallel.sequence_parallel true"}},
+                                   "single_sp", 1e-4);
+  expect_layouts_equal_one_process(
+      {{"cp2_tp2_pp2", "--parallel.cp_size 2 --parallel.tp_size 2 --parallel.pp_size 2"}}, "single_3d", 1e-4,
+      "", 8);
 }
 
 // LoRA on the weights a full run trained: the adapters, whole on every rank, averaged over the

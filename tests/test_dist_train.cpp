@@ -16,6 +16,7 @@
 #include "support/cluster.h"
 #include "support/corpus.h"
 #include "support/launch.h"
+#include "support/outputs.h"
 #include "support/testing.h"
 
 #include <chrono>
@@ -104,33 +105,7 @@ class DistTrain : public ::testing::Test {
     return run_shell(cmd);
   }
   static std::vector<double> losses(const std::string& name) {
-    std::vector<double> l;
-    std::ifstream f(dir_ / name / "metrics.jsonl");
-    std::string line;
-    while (std::getline(f, line)) {
-      auto j = nlohmann::json::parse(line);
-      if (j.contains("loss")) l.push_back(j["loss"].get<double>());
-    }
-    return l;
-  }
-  // The largest difference between two safetensors files, relative to each tensor's scale.
-  static double max_rel_diff(const fs::path& a, const fs::path& b) {
-    io::SafeTensorsReader ra(a.string()), rb(b.string());
-    EXPECT_EQ(ra.entries().size(), rb.entries().size());
-    double worst = 0;
-    for (auto& [name, e] : ra.entries()) {
-      if (!rb.has(name)) {
-        ADD_FAILURE() << name << " missing in " << b;
-        continue;
-      }
-      std::vector<float> x = ra.get(name).to_vector<float>(), y = rb.get(name).to_vector<float>();
-      EXPECT_EQ(x.size(), y.size()) << name;
-      double scale = 1e-30;
-      for (float v : x) scale = std::max(scale, static_cast<double>(std::abs(v)));
-      for (size_t i = 0; i < std::min(x.size(), y.size()); ++i)
-        worst = std::max(worst, std::abs(static_cast<double>(x[i]) - y[i]) / scale);
-    }
-    return worst;
+    return metric_losses(dir_ / name / "metrics.jsonl");
   }
   static fs::path last_model(const std::string& name) {
     return dir_ / name / "ck" / "step_00000005" / "model.safetensors";

@@ -25,6 +25,7 @@
 #include "support/corpus.h"
 #include "support/hf_fixture.h"
 #include "support/launch.h"
+#include "support/outputs.h"
 #include "support/testing.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint/hf.h"
@@ -394,13 +395,6 @@ models::GPTConfig tiny_llama() {
   return c;
 }
 
-std::vector<float> all_values(const nn::FlatParams& p) {
-  std::vector<float> v;
-  for (const nn::FlatUnit& u : p.units)
-    for (float x : u.data.to_vector<float>()) v.push_back(x);
-  return v;
-}
-
 }  // namespace
 
 TEST(HfFolders, AnExportReadsBackBitForBitWholeAndAsATensorParallelRank) {
@@ -423,7 +417,7 @@ TEST(HfFolders, AnExportReadsBackBitForBitWholeAndAsATensorParallelRank) {
   nn::FlatParams pb = nn::materialize(b.units(), Device::cpu(), DType::f32, 9);
   ckpt::load_hf_local(folder, b, pb);
   // the padded vocabulary rows (21 -> 24) are zero on both sides
-  EXPECT_EQ(all_values(pa), all_values(pb));
+  EXPECT_EQ(ndt::testing::all_values(pa), ndt::testing::all_values(pb));
   // rank 1 of tp 2 holds its kv group's columns of c_attn: the second half, as one block
   models::GPT c(padded);
   dist::split_tensor_parallel(c, 2, 1);

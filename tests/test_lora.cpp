@@ -21,6 +21,7 @@
 #include "optim/adamw.h"
 #include "support/corpus.h"
 #include "support/launch.h"
+#include "support/outputs.h"
 #include "support/testing.h"
 #include "tensor/kernels.h"
 #include "train/checkpoint/checkpoint.h"
@@ -162,13 +163,6 @@ Tensor tokens(int64_t B, int64_t T, uint64_t seed) {
   return Tensor::from_vector(v, {B, T});
 }
 
-std::vector<float> all_values(const nn::FlatParams& p) {
-  std::vector<float> out;
-  for (const nn::FlatUnit& u : p.units)
-    for (float v : u.data.to_vector<float>()) out.push_back(v);
-  return out;
-}
-
 }  // namespace
 
 // The base alone and the base with fresh adapters (B = 0) give the same loss, bit for bit;
@@ -186,7 +180,8 @@ TEST(Lora, StartsAsTheBaseAndTrainsOnlyTheAdapters) {
     EXPECT_EQ(adapters.units.size(), 3u);  // an empty embeddings unit, then one per block
     EXPECT_EQ(adapters.units[0].param_count(), 0);
     EXPECT_EQ(gpt.forward(x, y).loss.item(), plain.forward(x, y).loss.item());
-    const std::vector<float> before = all_values(base), adapters_before = all_values(adapters);
+    const std::vector<float> before = ndt::testing::all_values(base),
+                             adapters_before = ndt::testing::all_values(adapters);
     optim::AdamW opt(adapters, {});
     double first = 0, last = 0;
     for (int step = 0; step < 5; ++step) {
@@ -200,8 +195,8 @@ TEST(Lora, StartsAsTheBaseAndTrainsOnlyTheAdapters) {
       EXPECT_FALSE(u.grad.defined()) << u.name;
       for (const nn::FlatParam& p : u.params) EXPECT_FALSE(p.value.requires_grad()) << p.spec.name;
     }
-    EXPECT_EQ(all_values(base), before) << "the base changed";
-    EXPECT_NE(all_values(adapters), adapters_before);
+    EXPECT_EQ(ndt::testing::all_values(base), before) << "the base changed";
+    EXPECT_NE(ndt::testing::all_values(adapters), adapters_before);
     EXPECT_LT(last, first);
   }
 }

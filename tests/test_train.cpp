@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "support/corpus.h"
+#include "support/outputs.h"
 #include "support/testing.h"
 
 #include <filesystem>
@@ -35,17 +36,6 @@ fs::path make_data(const std::string& name) {
   fs::path d = ndt::testing::fresh_dir("train_" + name);
   ndt::testing::write_small_run(d);
   return d;
-}
-
-std::vector<double> losses(const fs::path& metrics) {
-  std::vector<double> l;
-  std::ifstream f(metrics);
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) l.push_back(j["loss"].get<double>());
-  }
-  return l;
 }
 
 }  // namespace
@@ -177,11 +167,12 @@ TEST(TrainGpt, ARunFolderHoldsEveryOutputAndIsNeverSilentlyReplaced) {
   RunResult resumed = run(with({"--out", out, "--train.steps", "5", "--checkpoint.resume", "true"}));
   ASSERT_EQ(resumed.rc, 0) << resumed.err;
   EXPECT_NE(resumed.out.find("resumed from"), std::string::npos);
-  EXPECT_EQ(losses(fs::path(out) / "metrics.jsonl").size(), 5u);
+  EXPECT_EQ(ndt::testing::metric_losses(fs::path(out) / "metrics.jsonl").size(), 5u);
   RunResult other = run(with({"--out", (d / "runs" / "b").string(), "--train.steps", "3"}));
   ASSERT_EQ(other.rc, 0) << other.err;
-  EXPECT_EQ(losses(d / "runs" / "b" / "metrics.jsonl").size(), 3u);
-  EXPECT_EQ(losses(fs::path(out) / "metrics.jsonl").size(), 5u) << "the first run's folder is its own";
+  EXPECT_EQ(ndt::testing::metric_losses(d / "runs" / "b" / "metrics.jsonl").size(), 3u);
+  EXPECT_EQ(ndt::testing::metric_losses(fs::path(out) / "metrics.jsonl").size(), 5u)
+      << "the first run's folder is its own";
 }
 
 TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
@@ -191,7 +182,7 @@ TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
                      "0", "--sample.length", "20", "--checkpoint.dir", (d / "ckpt").string(),
                      "--log.tensorboard", (d / "tb").string()});
   ASSERT_EQ(r.rc, 0) << r.err;
-  std::vector<double> l = losses(d / "m.jsonl");
+  std::vector<double> l = ndt::testing::metric_losses(d / "m.jsonl");
   ASSERT_EQ(l.size(), 30u);
   EXPECT_LT(l.back(), l.front() - 0.8) << r.out;  // it learns
   EXPECT_NE(r.out.find("parameters: "), std::string::npos);
@@ -220,7 +211,8 @@ TEST(TrainGpt, TrainsEvaluatesSamplesAndReports) {
                       (d / "ckpt" / "step_00000030" / "model.safetensors").string(), "--log.metrics",
                       (d / "m2.jsonl").string()});
   ASSERT_EQ(r2.rc, 0) << r2.err;
-  EXPECT_LT(losses(d / "m2.jsonl")[0], l.front() - 0.8);  // starts where training left off
+  EXPECT_LT(ndt::testing::metric_losses(d / "m2.jsonl")[0],
+            l.front() - 0.8);  // starts where training left off
 }
 
 TEST(TrainGpt, ResumedRunMatchesUninterruptedRunBitForBit) {
@@ -236,13 +228,14 @@ TEST(TrainGpt, ResumedRunMatchesUninterruptedRunBitForBit) {
              (d / "b.jsonl").string(), "--checkpoint.dir", (d / "b").string(), "--train.stop_after", "3"});
     ASSERT_EQ(part.rc, 0) << part.err;
     EXPECT_NE(part.out.find("stopped after 3 steps"), std::string::npos);
-    EXPECT_EQ(losses(d / "b.jsonl").size(), 3u);
+    EXPECT_EQ(ndt::testing::metric_losses(d / "b.jsonl").size(), 3u);
     RunResult rest = run({"--config", ini, "--data.shuffle", shuffle, "--train.grad_accum_steps", "2",
                           "--log.metrics", (d / "b.jsonl").string(), "--checkpoint.dir", (d / "b").string(),
                           "--checkpoint.resume", "true"});
     ASSERT_EQ(rest.rc, 0) << rest.err;
     EXPECT_NE(rest.out.find("resumed from"), std::string::npos);
-    std::vector<double> a = losses(d / "full.jsonl"), b = losses(d / "b.jsonl");
+    std::vector<double> a = ndt::testing::metric_losses(d / "full.jsonl"),
+                        b = ndt::testing::metric_losses(d / "b.jsonl");
     ASSERT_EQ(a.size(), 8u);
     ASSERT_EQ(b.size(), 8u);
     for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1 << " shuffle " << shuffle;
@@ -261,7 +254,7 @@ TEST(TrainGpt, ActivationCheckpointingModesTrainTheSameBits) {
     args.insert(args.end(), extra.begin(), extra.end());
     RunResult r = run(args);
     EXPECT_EQ(r.rc, 0) << name << ": " << r.err;
-    return std::make_pair(losses(d / (name + ".jsonl")), r.out);
+    return std::make_pair(ndt::testing::metric_losses(d / (name + ".jsonl")), r.out);
   };
   const auto [none, none_out] = train("none", {});
   ASSERT_EQ(none.size(), 3u);
@@ -310,8 +303,7 @@ TEST(TrainGpt, ConfigErrorsExitWithCode2AndNameTheKey) {
       {{"--config", ini, "--optim.schedule", "exp"}, "optim.schedule must be cosine, linear or constant"},
       {{"--config", ini, "--train.dtype", "float16"}, "train.dtype must be float32 or bfloat16"},
       {{"--config", ini, "--train.device", "tpu"}, "train.device must be cpu, cuda or cuda:N"},
-      {{"--config", ini, "--model.n_head", "3"},
-       "model.n_embd (32) must be a positive multiple of model.n_head (3)"},
+      {{"--config", ini, "--model.n_head", "3"}, "model.n_embd (32) must be a multiple of model.n_head (3)"},
       {{"--config", ini, "--train.activation_checkpointing", "partial"},
        "train.activation_checkpointing must be none, full or selective"},
       {{"--config", ini, "--train.ac_every", "0"}, "train.ac_every = 0 is outside [1, 1024]"},
@@ -448,7 +440,7 @@ TEST(TrainGpt, Bfloat16LossesAreLoggedAtFloat32Resolution) {
   RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.dtype", "bfloat16", "--train.steps", "4",
                      "--train.grad_accum_steps", "3", "--log.metrics", (d / "m.jsonl").string()});
   ASSERT_EQ(r.rc, 0) << r.err;
-  const std::vector<double> l = losses(d / "m.jsonl");
+  const std::vector<double> l = ndt::testing::metric_losses(d / "m.jsonl");
   ASSERT_EQ(l.size(), 4u);
   for (double v : l) {
     const double as_bf16 = Tensor::from_vector(std::vector<double>{v}, {1}).to(DType::bf16).item();
@@ -477,7 +469,7 @@ TEST(TrainGpt, Bfloat16FollowsFloat32OnTheMainJobsData) {
                        "--data.shuffle", "true", "--sample.every", "-1", "--log.metrics",
                        (d / ("m_" + dtype + ".jsonl")).string(), "--train.dtype", dtype});
     EXPECT_EQ(r.rc, 0) << r.err;
-    std::vector<double> l = losses(d / ("m_" + dtype + ".jsonl"));
+    std::vector<double> l = ndt::testing::metric_losses(d / ("m_" + dtype + ".jsonl"));
     double last = 0;
     for (size_t i = l.size() - 20; i < l.size(); ++i) last += l[i] / 20;  // the mean of the last 20 steps
     const size_t at = r.out.find("final val loss ");

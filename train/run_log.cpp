@@ -3,10 +3,32 @@
 #include <chrono>
 #include <sstream>
 
+#include "dist/parallelize.h"
 #include "dist/trace.h"
 #include "tokenizer/unicode.h"
+#include "train/io/format.h"
 
 namespace ndt::train {
+
+std::string describe_parameters(const dist::ParallelModel& pm, int world_size, int64_t lora_rank,
+                                double lora_scale) {
+  std::ostringstream out;
+  const bool lora = !pm.base.units.empty();
+  if (lora)
+    out << "frozen base: " << pm.base.describe() << "\nLoRA adapters (rank " << lora_rank << ", scale "
+        << lora_scale << "), trained: " << pm.params.describe() << "\n";
+  else
+    out << "parameters: " << pm.params.describe() << "\n";
+  const std::string per_rank = io::format_bytes(static_cast<double>(pm.params.shard_bytes() * 2));
+  if (world_size > 1 && lora)  // the base: its shard's values alone
+    out << "strategy: " << pm.strategy->name() << "; each rank holds "
+        << io::format_bytes(static_cast<double>(pm.base.shard_bytes())) << " of the frozen base and "
+        << per_rank << " of adapters, their gradients and AdamW moments\n";
+  else if (world_size > 1)
+    out << "strategy: " << pm.mesh().dims().strategy() << "; each rank holds " << per_rank
+        << " of parameters, gradients and AdamW moments\n";
+  return out.str();
+}
 namespace {
 
 std::string num(double v) {

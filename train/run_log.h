@@ -27,7 +27,17 @@
 #include "train/report.h"
 #include "train/step_log.h"
 
+namespace ndt::dist {
+class ParallelModel;
+}
+
 namespace ndt::train {
+
+// The start-up lines of what the run trains and what each rank holds: "parameters: ..." (or,
+// with LoRA, the frozen base and the adapters of that rank and scale) and, on several ranks,
+// the strategy and each rank's bytes.
+std::string describe_parameters(const dist::ParallelModel& pm, int world_size, int64_t lora_rank,
+                                double lora_scale);
 
 class RunLog {
  public:

@@ -111,8 +111,7 @@ class Trainer {
   std::vector<int32_t> generate_sample(int64_t step);  // collective under FSDP and TP
   void save(int64_t step);
   void resume_from(const std::string& path);
-  void print_packing();  // lead rank's start line for packed documents
-  void write_report();   // rank 0, log.report
+  void write_report();  // rank 0, log.report
   void write_trace();
   static std::vector<dist::ParallelModel::Batch> whole_sequences(const std::vector<data::Batch>& batches);
   bool lead() const { return world_->rank() == 0; }
@@ -309,21 +308,7 @@ void Trainer::parallelize() {
   pm_ = dist::parallelize(*gpt_, *mesh_, o);
   if (o.ac != nn::ACMode::none)
     out_ << "activation checkpointing: " << nn::describe_checkpointing(o.ac, c_.train.ac_every) << "\n";
-  const nn::FlatParams& params = pm_->params;
-  if (gpt_->has_lora())
-    out_ << "frozen base: " << pm_->base.describe() << "\nLoRA adapters (rank " << c_.lora.rank << ", scale "
-         << c_.lora.scale() << "), trained: " << params.describe() << "\n";
-  else
-    out_ << "parameters: " << params.describe() << "\n";
-  if (world_->size() > 1 && gpt_->has_lora())  // the base: its shard's values alone
-    out_ << "strategy: " << pm_->strategy->name() << "; each rank holds "
-         << io::format_bytes(static_cast<double>(pm_->base.shard_bytes())) << " of the frozen base and "
-         << io::format_bytes(static_cast<double>(params.shard_bytes() * 2))
-         << " of adapters, their gradients and AdamW moments\n";
-  else if (world_->size() > 1)
-    out_ << "strategy: " << dims_.strategy() << "; each rank holds "
-         << io::format_bytes(static_cast<double>(params.shard_bytes() * 2))
-         << " of parameters, gradients and AdamW moments\n";
+  out_ << describe_parameters(*pm_, world_->size(), c_.lora.rank, c_.lora.scale());
 }
 
 // ---- phase 4: materialize ----------------------------------------------------------
@@ -360,10 +345,7 @@ void Trainer::materialize() {
 void Trainer::open_data() {
   const int dp_rank = static_cast<int>(mesh_->dp_rank()), dp = static_cast<int>(dims_.dp());
   // train and val shards of one preparation (each loader checks its own)
-  std::vector<std::string> shards = data::glob_paths(c_.data.train);
-  if (!c_.data.val.empty())
-    for (const std::string& p : data::glob_paths(c_.data.val)) shards.push_back(p);
-  data::preparation_of(shards);
+  data::preparation_of(c_.data.train, c_.data.val);
   train_ = std::make_unique<data::DataLoader>(c_.data.train, c_.train.micro_batch_size, c_.train.seq_len,
                                               dp_rank, dp, c_.data.shuffle,
                                               static_cast<uint64_t>(c_.train.seed), c_.model.vocab_size);
@@ -402,7 +384,9 @@ void Trainer::open_optimizer() {
        << " tokens per step; train data " << train_->total_tokens() << " tokens ("
        << train_->windows_per_epoch() << " micro-steps of " << c_.train.micro_batch_size * dp
        << " sequences per epoch)\n";
-  if (train_->has_documents()) print_packing();
+  if (train_->has_documents())
+    out_ << data::packing_line(train_->packing(), tokens_per_step_ / c_.train.seq_len, c_.train.seq_len)
+         << "\n";
   // the optimizer on this rank's shards, and the learning rate for this batch
   opt_ = std::make_unique<optim::AdamW>(pm_->params, c_.optim /* an AdamWConfig */);
   lr_ = optim::scaled_lr(c_.optim.lr, c_.optim.lr_scaling, seqs, c_.optim.lr_base_batch);
@@ -412,25 +396,6 @@ void Trainer::open_optimizer() {
          << ")\n";
   sched_ = optim::Schedule{optim::Schedule::parse(c_.optim.schedule), lr_, c_.optim.min_lr_frac,
                            c_.optim.warmup_steps, c_.train.steps};
-}
-
-// Packed documents: one line with the packing's figures (the rows' efficiency, what was cut).
-void Trainer::print_packing() {
-  const data::PackingStats& p = train_->packing();
-  const int64_t per_step = tokens_per_step_ / c_.train.seq_len;  // rows
-  const int64_t left = p.rows % per_step;
-  const double trained_per_step =
-      static_cast<double>(p.trained_targets) / static_cast<double>(p.rows) * static_cast<double>(per_step);
-  char pct[32];
-  std::snprintf(pct, sizeof(pct), "%.1f%%", 100.0 * p.efficiency);
-  out_ << "packing: " << p.documents << " documents (" << p.split
-       << " longer than a row, cut into row-sized pieces) in " << p.rows << " rows of " << c_.train.seq_len
-       << " per epoch"
-       << (left ? " (" + std::to_string(left) + " left out each epoch: a step takes " +
-                      std::to_string(per_step) + ")"
-                : "")
-       << ", efficiency " << pct << " (real tokens / row positions), " << std::llround(trained_per_step)
-       << " trained tokens per step (mean)\n";
 }
 
 void Trainer::resume_from(const std::string& path) {
@@ -444,17 +409,10 @@ void Trainer::resume_from(const std::string& path) {
   if (auto it = st.extra.find("compute"); it != st.extra.end() && it->second != compute_identity())
     out_ << "note: the checkpoint was computed with " << it->second << ", this run with "
          << compute_identity() << ": the losses continue, but not bit for bit\n";
-  // the loader counts windows of micro_batch_size x dp sequences: with another global
-  // micro-batch, the same tokens are at another window number
-  // (packed documents: rows of micro_batch_size x dp)
   std::string note;
-  const auto saved = st.extra.find("window_tokens");
   try {
-    st.loader = train_->has_documents()
-                    ? data::continue_packed(st.loader, st.extra, c_.train.micro_batch_size * dims_.dp(),
-                                            train_->packing_key(), note)
-                    : data::continue_position(st.loader, saved == st.extra.end() ? "" : saved->second,
-                                              window_tokens(), c_.data.shuffle, note);
+    st.loader = data::continue_loader(*train_, st.loader, st.extra, c_.train.micro_batch_size * dims_.dp(),
+                                      window_tokens(), c_.data.shuffle, note);
   } catch (const Error& e) {
     throw Error("checkpoint " + path + ": " + e.what());
   }
@@ -472,11 +430,8 @@ void Trainer::save(int64_t step) {
   st.loader = batches_.empty() ? train_->state() : batches_from_;
   st.extra["model"] = mc_.str();
   st.extra["layout"] = dims_.str();
-  st.extra["window_tokens"] = std::to_string(window_tokens());
-  if (train_->has_documents()) {  // packed rows: how many of the epoch's were read, and how packed
-    st.extra["loader_rows"] = std::to_string(st.loader.window * c_.train.micro_batch_size * dims_.dp());
-    st.extra["loader_packing"] = train_->packing_key();
-  }
+  st.extra.merge(
+      data::loader_extra(*train_, st.loader, c_.train.micro_batch_size * dims_.dp(), window_tokens()));
   st.extra["compute"] = compute_identity();  // a resume on other kernels is not bit-exact: said then
   if (gpt_->has_lora())  // the [lora] settings and the base (export_weights' PEFT folder and merge)
     st.extra.merge(ckpt::lora_metadata(

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -473,6 +474,43 @@ LoaderState continue_packed(const LoaderState& saved, const std::map<std::string
            " per micro-step; the data continues at row " + std::to_string(s.window * rows_per_micro_step) +
            " (rounded down)";
   return s;
+}
+
+std::map<std::string, std::string> loader_extra(const DataLoader& train, const LoaderState& at,
+                                                int64_t rows_per_micro_step, int64_t window_tokens) {
+  std::map<std::string, std::string> extra = {{"window_tokens", std::to_string(window_tokens)}};
+  if (train.has_documents()) {  // packed rows: how many of the epoch's were read, and how packed
+    extra["loader_rows"] = std::to_string(at.window * rows_per_micro_step);
+    extra["loader_packing"] = train.packing_key();
+  }
+  return extra;
+}
+
+LoaderState continue_loader(const DataLoader& train, const LoaderState& saved,
+                            const std::map<std::string, std::string>& extra, int64_t rows_per_micro_step,
+                            int64_t window_tokens, bool shuffle, std::string& note) {
+  // the loader counts windows of micro_batch_size x dp sequences: with another global
+  // micro-batch, the same tokens are at another window number (packed: rows)
+  if (train.has_documents())
+    return continue_packed(saved, extra, rows_per_micro_step, train.packing_key(), note);
+  const auto it = extra.find("window_tokens");
+  return continue_position(saved, it == extra.end() ? "" : it->second, window_tokens, shuffle, note);
+}
+
+std::string packing_line(const PackingStats& p, int64_t rows_per_step, int64_t seq_len) {
+  const int64_t left = p.rows % rows_per_step;
+  const double trained_per_step = static_cast<double>(p.trained_targets) / static_cast<double>(p.rows) *
+                                  static_cast<double>(rows_per_step);
+  char pct[32];
+  std::snprintf(pct, sizeof(pct), "%.1f%%", 100.0 * p.efficiency);
+  return "packing: " + std::to_string(p.documents) + " documents (" + std::to_string(p.split) +
+         " longer than a row, cut into row-sized pieces) in " + std::to_string(p.rows) + " rows of " +
+         std::to_string(seq_len) + " per epoch" +
+         (left ? " (" + std::to_string(left) + " left out each epoch: a step takes " +
+                     std::to_string(rows_per_step) + ")"
+               : "") +
+         ", efficiency " + pct + " (real tokens / row positions), " +
+         std::to_string(std::llround(trained_per_step)) + " trained tokens per step (mean)";
 }
 
 }  // namespace ndt::data

@@ -128,6 +128,22 @@ LoaderState continue_position(const LoaderState& saved, const std::string& saved
 LoaderState continue_packed(const LoaderState& saved, const std::map<std::string, std::string>& extra,
                             int64_t rows_per_micro_step, const std::string& packing_key, std::string& note);
 
+class DataLoader;
+
+// What a checkpoint keeps of the loader beside its position: the micro-step's tokens
+// ("window_tokens", micro_batch_size x dp x seq_len) and, for packed rows, the rows of the
+// epoch read ("loader_rows") and how they were packed ("loader_packing").
+std::map<std::string, std::string> loader_extra(const DataLoader& train, const LoaderState& at,
+                                                int64_t rows_per_micro_step, int64_t window_tokens);
+// Where this run's loader continues from a checkpoint's position and loader_extra
+// (continue_packed or continue_position, as the data is packed or not); `note` as they say.
+LoaderState continue_loader(const DataLoader& train, const LoaderState& saved,
+                            const std::map<std::string, std::string>& extra, int64_t rows_per_micro_step,
+                            int64_t window_tokens, bool shuffle, std::string& note);
+// train_gpt's start line for packed rows: documents, rows per epoch, what a step leaves out,
+// the efficiency and the trained tokens per step.
+std::string packing_line(const PackingStats& p, int64_t rows_per_step, int64_t seq_len);
+
 class DataLoader {
  public:
   DataLoader(const std::string& pattern, int64_t B, int64_t T, int rank, int world, bool shuffle,

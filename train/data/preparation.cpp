@@ -9,6 +9,7 @@
 
 #include "tensor/error.h"
 #include "tokenizer/json_checked.h"
+#include "train/data/data.h"
 #include "train/io/files.h"
 
 namespace fs = std::filesystem;
@@ -204,6 +205,13 @@ std::optional<Preparation> preparation_of(const std::vector<std::string>& paths)
                "preparation's shards: point data.train and data.val at one folder");
   }
   return found;
+}
+
+std::optional<Preparation> preparation_of(const std::string& train_glob, const std::string& val_glob) {
+  std::vector<std::string> shards = glob_paths(train_glob);
+  if (!val_glob.empty())
+    for (const std::string& p : glob_paths(val_glob)) shards.push_back(p);
+  return preparation_of(shards);
 }
 
 }  // namespace ndt::data

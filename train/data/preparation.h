@@ -75,5 +75,7 @@ std::string describe_files(const std::vector<std::string>& names);
 // folders' preparations, or mix a preparation's shards with shards of a folder without one,
 // or when a shard is not one its folder's preparation.json lists (a leftover).
 std::optional<Preparation> preparation_of(const std::vector<std::string>& paths);
+// The same for the shards two globs match (train and validation data: "" matches none).
+std::optional<Preparation> preparation_of(const std::string& train_glob, const std::string& val_glob);
 
 }  // namespace ndt::data
