@@ -490,7 +490,9 @@ TEST(ShardedCheckpoint, EveryModelFieldIsAConfigKeyAndRoundTrips) {
                       .n_kv_head = 2,
                       .intermediate_size = 40,
                       .attention_bias = true,
-                      .tie_embeddings = true};
+                      .tie_embeddings = true,
+                      .head_size = 6,
+                      .qk_norm = true};
   c.rope.theta = 50000;
   const models::GPTConfig d;
   std::vector<std::string> args = {"train_gpt", "--data.train", "x.bin", "--train.seq_len", "8"};
