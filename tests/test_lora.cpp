@@ -362,19 +362,43 @@ double max_rel(const Tensor& got, const Tensor& want) {
 // A random base folder (export_hf), ndtrain's float64 logits with random adapters on every
 // linear, the adapters as a LoRA checkpoint, exported as a PEFT folder and merged; PEFT's
 // logits of the folder on the base (float64) and transformers' of the merged model.
+// The reference script's command line (the reference venv's python) and its output.
+ndt::testing::ShellResult reference(const std::string& args) {
+  return ndt::testing::run_shell(ndt::testing::reference_python() + " " + NDT_SOURCE_DIR +
+                                 "/tests/scripts/hf_reference.py " + args + " 2>&1");
+}
+
+// d/base: a random tiny model of `arch` as a Hugging Face folder; qwen2: transformers' own
+// Qwen2ForCausalLM (biases on q, k and v) made by the reference script, in float64.
+void make_base(const fs::path& d, const std::string& arch) {
+  if (arch == "qwen2") {
+    const ndt::testing::ShellResult r = reference("make " + (d / "made").string() + " --arch qwen2");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    fs::rename(d / "made" / "model", d / "base");
+    return;
+  }
+  models::GPTConfig c = tiny(arch);
+  c.n_embd = 32, c.vocab_size = 64, c.block_size = 32;
+  if (arch == "llama") c.intermediate_size = 48;
+  models::GPT g(c);
+  const nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 7);
+  ckpt::export_hf((d / "base").string(), g, p, DType::f32);
+}
+
+// The model's float64 logits (B, T, V) on x (B, T)
+Tensor logits64(const models::GPT& gpt, const Tensor& x) {
+  autograd::NoGradGuard no_grad;
+  const int64_t V = gpt.cfg.vocab_size;
+  return gpt.forward(x, Tensor()).logits.narrow(1, 0, V).contiguous().view({x.size(0), x.size(1), V});
+}
+
 void check_against_peft(const std::string& arch, bool rslora) {
   if (!fs::exists(ndt::testing::reference_python()))
     GTEST_SKIP() << "peft not available: no venv at " << ndt::testing::reference_python()
                  << " (scripts/setup.sh --reference)";
   const fs::path d = ndt::testing::fresh_dir("lora_peft_" + arch);
-  models::GPTConfig c = tiny(arch);
-  c.n_embd = 32, c.vocab_size = 64, c.block_size = 32;
-  if (arch == "llama") c.intermediate_size = 48;
-  {
-    models::GPT g(c);
-    const nn::FlatParams p = nn::materialize(g.units(), Device::cpu(), DType::f32, 7);
-    ckpt::export_hf((d / "base").string(), g, p, DType::f32);
-  }
+  make_base(d, arch);
+  if (::testing::Test::HasFatalFailure()) return;
   const io::HfFolder folder((d / "base").string());
   models::GPT gpt(ckpt::model_config(folder.config()));
   gpt.add_lora({.rank = 4, .alpha = 6, .targets = {"all-linear"}, .rslora = rslora});
@@ -391,11 +415,7 @@ void check_against_peft(const std::string& arch, bool rslora) {
     moments.v.push_back(Tensor::zeros({a32.units[i].numel}));
   }
   const Tensor x = tokens(2, 8, 5);
-  Tensor ours;
-  {
-    autograd::NoGradGuard no_grad;
-    ours = gpt.forward(x, Tensor()).logits.narrow(1, 0, 64).contiguous().view({2, 8, 64});
-  }
+  const Tensor ours = logits64(gpt, x);
   ckpt::TrainState st;
   st.step = 1;
   st.extra = ckpt::lora_metadata(gpt, (d / "base").string());
@@ -405,10 +425,9 @@ void check_against_peft(const std::string& arch, bool rslora) {
   io::SafeTensorsWriter in;
   in.add("inputs", x);
   in.write((d / "inputs.safetensors").string());
-  const ndt::testing::ShellResult r = ndt::testing::run_shell(
-      ndt::testing::reference_python() + " " + NDT_SOURCE_DIR + "/tests/scripts/hf_reference.py peft " +
-      (d / "base").string() + " " + (d / "adapter").string() + " " + (d / "merged").string() + " --inputs " +
-      (d / "inputs.safetensors").string() + " --out " + (d / "out.safetensors").string() + " 2>&1");
+  const ndt::testing::ShellResult r = reference(
+      "peft " + (d / "base").string() + " " + (d / "adapter").string() + " " + (d / "merged").string() +
+      " --inputs " + (d / "inputs.safetensors").string() + " --out " + (d / "out.safetensors").string());
   if (r.rc == 3) GTEST_SKIP() << r.out;
   ASSERT_EQ(r.rc, 0) << r.out;
   io::SafeTensorsReader ref((d / "out.safetensors").string());
@@ -418,15 +437,64 @@ void check_against_peft(const std::string& arch, bool rslora) {
   EXPECT_LT(peft, 1e-10);
   EXPECT_LT(merged, 1e-5);                                             // merged in float32
   for (const nn::FlatUnit& u : a64.units) kernels::fill(u.data, 0.0);  // without the adapters: other logits
-  autograd::NoGradGuard no_grad;
-  EXPECT_GT(max_rel(gpt.forward(x, Tensor()).logits.narrow(1, 0, 64).contiguous().view({2, 8, 64}), ours),
-            1e-3);
+  EXPECT_GT(max_rel(logits64(gpt, x), ours), 1e-3);
 }
 
 }  // namespace
 
 TEST(Lora, LlamaAdapterExportsEqualPeftInFloat64) { check_against_peft("llama", false); }
 TEST(Lora, Gpt2RsloraAdapterExportsEqualPeftInFloat64) { check_against_peft("gpt2", true); }
+TEST(Lora, Qwen2AdapterWithQkvBiasesExportsEqualPeftInFloat64) { check_against_peft("qwen2", false); }
+
+// An adapter PEFT made (get_peft_model, random A and B, lora_dropout 0.05, which eval ignores)
+// on transformers' Qwen2 (q, k, v biases), read with read_peft_config and load_peft_adapters:
+// PEFT's float64 logits.
+TEST(Lora, PeftMadeAdapterReadInGivesPeftsLogitsInFloat64) {
+  if (!fs::exists(ndt::testing::reference_python()))
+    GTEST_SKIP() << "peft not available: no venv at " << ndt::testing::reference_python();
+  const fs::path d = ndt::testing::fresh_dir("lora_peft_made");
+  make_base(d, "qwen2");
+  if (HasFatalFailure()) return;
+  const Tensor x = tokens(2, 8, 3);
+  io::SafeTensorsWriter in;
+  in.add("inputs", x);
+  in.write((d / "inputs.safetensors").string());
+  const ndt::testing::ShellResult r = reference(
+      "peft-make " + (d / "base").string() + " " + (d / "adapter").string() +
+      " --targets down_proj,q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj --r 4 --alpha 6 --dropout 0.05"
+      " --inputs " +
+      (d / "inputs.safetensors").string() + " --out " + (d / "out.safetensors").string());
+  if (r.rc == 3) GTEST_SKIP() << r.out;
+  ASSERT_EQ(r.rc, 0) << r.out;
+  nn::LoraConfig c = ckpt::read_peft_config((d / "adapter").string());
+  EXPECT_EQ(c.rank, 4);
+  EXPECT_EQ(c.alpha, 6.0);
+  EXPECT_EQ(c.dropout, 0.05);
+  EXPECT_EQ(c.targets.size(), 7u);
+  c.dropout = 0;  // eval: PEFT applies none
+  const io::HfFolder folder((d / "base").string());
+  models::GPT gpt(ckpt::model_config(folder.config()));
+  ASSERT_TRUE(gpt.cfg.attention_bias);
+  gpt.add_lora(c);
+  const nn::FlatParams base = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 1, {}, {}, true);
+  ckpt::load_hf_local(folder, gpt, base);
+  const nn::FlatParams a = nn::materialize(gpt.adapter_units(), Device::cpu(), DType::f64, 1);
+  ckpt::load_peft_adapters((d / "adapter").string(), gpt.cfg.arch, a);
+  io::SafeTensorsReader ref((d / "out.safetensors").string());
+  const double err = max_rel(logits64(gpt, x), ref.get("peft", DType::f64));
+  std::cout << "PEFT-made adapter: logits within " << err << " of PEFT's\n";
+  EXPECT_LT(err, 1e-10);
+  // a folder for another base: its shapes, one line
+  models::GPTConfig other = gpt.cfg;
+  other.intermediate_size += 8;
+  models::GPT g2(other);
+  g2.add_lora(c);
+  const nn::FlatParams a2 = nn::materialize(g2.adapter_units(), Device::cpu(), DType::f32, 1);
+  EXPECT_NE(ndt::testing::error_of([&] {
+              ckpt::load_peft_adapters((d / "adapter").string(), "llama", a2);
+            }).find("the adapter was made for another base model"),
+            std::string::npos);
+}
 
 TEST(Lora, TrainGptRefusesABadLoraConfigAtStartWithCode2) {
   const fs::path d = ndt::testing::fresh_dir("lora_bad");
@@ -452,4 +520,131 @@ TEST(Lora, TrainGptRefusesABadLoraConfigAtStartWithCode2) {
   EXPECT_NE((r.out + r.err).find("lora.targets and lora.rslora have no effect: lora.rank is 0"),
             std::string::npos)
       << r.out << r.err;
+}
+
+namespace {
+
+// generate's text (its stdout) for these arguments, greedy (or with `sampling`); its exit code in *rc
+std::string greedy(const std::string& args, int* rc, const std::string& sampling = "--temperature 0") {
+  const ndt::testing::ShellResult r = ndt::testing::run_shell("{ " + std::string(NDT_GENERATE_BIN) +
+                                                              " --max_new_tokens 48 --prompt 'the cat ' " +
+                                                              sampling + " " + args + " 2>/dev/null; }");
+  *rc = r.rc;
+  return r.out;
+}
+
+}  // namespace
+
+// lora.init_from: an adapter exported from a run, read back, starts where that run ended (its
+// validation loss bit for bit), filling the [lora] keys not given and saying so; generate
+// --adapter (the PEFT folder, or the run's checkpoint) writes the merged export's greedy text;
+// bad folders and disagreeing keys are one line each, exit code 2.
+TEST(Lora, InitFromAnExportedAdapterAndGenerateWithAnAdapter) {
+  const fs::path d = ndt::testing::fresh_dir("lora_init_from");
+  ndt::testing::write_small_run(d);
+  const std::string ini = (d / "gpt.ini").string();
+  ndt::testing::RunResult r =
+      ndt::testing::run_train_gpt({"--config", ini, "--checkpoint.dir", (d / "base").string(),
+                                   "--checkpoint.format", "sharded"});  // a model generate reads
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string base = (d / "base").string();
+  r = ndt::testing::run_train_gpt({"--config", ini, "--model.init_from", base, "--lora.rank", "4",
+                                   "--lora.alpha", "8", "--lora.targets", "c_attn,c_fc", "--checkpoint.dir",
+                                   (d / "a").string(), "--log.metrics", (d / "a.jsonl").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string adapter = (d / "adapter").string();
+  ckpt::export_weights((d / "a").string(), adapter);
+  r = ndt::testing::run_train_gpt({"--config", ini, "--model.init_from", base, "--lora.init_from", adapter,
+                                   "--train.steps", "0", "--log.metrics", (d / "c.jsonl").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(
+      r.out.find("lora.init_from " + adapter +
+                 ": lora.rank = 4, lora.alpha = 8, lora.targets = c_attn,c_fc, lora.rslora = false from its "
+                 "adapter_config.json"),
+      std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("LoRA adapters (rank 4, scale 2), trained: 2304"), std::string::npos) << r.out;
+  const std::vector<double> a = metric(d / "a.jsonl", "val_loss"), c = metric(d / "c.jsonl", "val_loss");
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0], a.back()) << "the adapters read back give the run's last validation loss";
+  // without lora.init_from, the same keys start from fresh adapters: the base's loss, not the run's
+  r = ndt::testing::run_train_gpt({"--config", ini, "--model.init_from", base, "--lora.rank", "4",
+                                   "--lora.targets", "c_attn,c_fc", "--train.steps", "0", "--log.metrics",
+                                   (d / "f.jsonl").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(metric(d / "f.jsonl", "val_loss").at(0), a.back());
+  // it trains on from there: keys given that agree, a checkpoint, exported again
+  r = ndt::testing::run_train_gpt({"--config", ini, "--model.init_from", base, "--lora.init_from", adapter,
+                                   "--lora.rank", "4", "--train.steps", "2", "--checkpoint.dir",
+                                   (d / "e").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("lora.alpha = 8, lora.targets = c_attn,c_fc, lora.rslora = false from"),
+            std::string::npos)
+      << r.out;
+
+  // bad: a key that disagrees, folders PEFT options ndtrain does not apply, targets of another model
+  auto refused = [&](const std::vector<std::string>& more, const std::string& want) {
+    std::vector<std::string> args = {"--config", ini, "--model.init_from", base, "--train.steps", "0"};
+    args.insert(args.end(), more.begin(), more.end());
+    const ndt::testing::RunResult b = ndt::testing::run_train_gpt(args);
+    EXPECT_EQ(b.rc, 2) << b.out;
+    EXPECT_NE(b.err.find(want), std::string::npos) << b.err;
+  };
+  refused({"--lora.init_from", adapter, "--lora.rank", "8"},
+          "lora.rank = 8 (given) but r = 4 in " + adapter + "/adapter_config.json (lora.init_from); give 4");
+  refused({"--lora.init_from", adapter, "--lora.targets", "c_attn"}, "lora.targets = c_attn (given) but");
+  refused({"--lora.init_from", (d / "nothing").string()},
+          "is not a PEFT adapter folder (no adapter_config.json)");
+  auto edited = [&](const std::string& name, const std::string& key, const nlohmann::json& value) {
+    const fs::path to = d / name;
+    fs::copy(adapter, to);
+    std::ifstream in(to / "adapter_config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j[key] = value;
+    std::ofstream(to / "adapter_config.json") << j.dump(2);
+    return to.string();
+  };
+  refused({"--lora.init_from", edited("dora", "use_dora", true)}, "use_dora = true is not supported");
+  refused({"--lora.init_from", edited("save", "modules_to_save", {"lm_head"})},
+          "modules_to_save = [\"lm_head\"] is not supported");
+  refused({"--lora.init_from", edited("regex", "target_modules", ".*attn.*")},
+          "is a regular expression, which ndtrain does not match");
+  refused({"--lora.init_from", edited("q", "target_modules", {"q_proj"})},
+          "lora.targets: 'q_proj' names none of this model's linears");
+  {  // another model's adapters: shapes
+    const std::string other = edited("wide", "r", 4);
+    io::SafeTensorsWriter w;
+    const io::SafeTensorsReader from((fs::path(adapter) / "adapter_model.safetensors").string());
+    for (const auto& [name, e] : from.entries())
+      w.add(name, name.find("c_fc.lora_A") != std::string::npos ? Tensor::zeros({4, 64}) : from.get(name));
+    w.write((fs::path(other) / "adapter_model.safetensors").string());
+    r = ndt::testing::run_train_gpt(
+        {"--config", ini, "--model.init_from", base, "--lora.init_from", other, "--train.steps", "0"});
+    EXPECT_NE(r.rc, 0);
+    EXPECT_NE(r.err.find("h.0.mlp.c_fc.lora_A.weight is "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("; the adapter was made for another base model"), std::string::npos) << r.err;
+  }
+
+  // generate --adapter on the base's folder: the merged export's greedy text, from the PEFT folder
+  // or the run's checkpoint
+  ckpt::export_weights((d / "a").string(), (d / "merged").string(), DType::f32, std::cerr, /*merge=*/true);
+  const std::string base_hf = base;
+  const std::string tok = " --tokenizer " + (d / "data" / "vocab.json").string();
+  int rc = 0;
+  const std::string merged = greedy("--model " + (d / "merged").string() + tok, &rc);
+  ASSERT_EQ(rc, 0);
+  EXPECT_GT(merged.size(), 16u) << merged;
+  EXPECT_EQ(greedy("--model " + base_hf + " --adapter " + adapter + tok, &rc), merged);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(greedy("--model " + base_hf + " --adapter " + (d / "a").string() + tok, &rc), merged);
+  EXPECT_EQ(rc, 0);
+  // drawn at temperature 1 (every logit matters): the same text, and the base's differs
+  const std::string drawn = "--temperature 1 --top_k 0 --top_p 1 --seed 5";
+  const std::string merged_drawn = greedy("--model " + (d / "merged").string() + tok, &rc, drawn);
+  EXPECT_EQ(greedy("--model " + base_hf + " --adapter " + adapter + tok, &rc, drawn), merged_drawn);
+  EXPECT_NE(greedy("--model " + base_hf + tok, &rc, drawn), merged_drawn)
+      << "the base alone draws other text";
+  greedy("--model " + base_hf + " --adapter " + (d / "nothing").string() + tok, &rc);
+  EXPECT_EQ(rc, 2);
 }

@@ -5,6 +5,7 @@
 #include "dist/pipeline_parallel/schedule.h"
 #include "train/checkpoint/hf.h"
 #include "train/checkpoint/load.h"
+#include "train/checkpoint/lora.h"
 #include "train/command_line.h"
 
 #include <algorithm>
@@ -207,7 +208,10 @@ po::options_description describe(Config& c) {
        "(llama), c_attn, c_proj, c_fc (gpt2), or all-linear (every linear but the head); empty: PEFT's "
        "default (q_proj,v_proj for llama, c_attn for gpt2)")
       ("lora.rslora", po::value(&c.lora.rslora)->default_value(c.lora.rslora),
-       "rank-stabilized LoRA: scale alpha / sqrt(rank) (PEFT's use_rslora)");
+       "rank-stabilized LoRA: scale alpha / sqrt(rank) (PEFT's use_rslora)")
+      ("lora.init_from", po::value(&c.lora.init_from)->default_value(c.lora.init_from),
+       "start from a PEFT adapter folder (adapter_config.json, adapter_model.safetensors): its r, lora_alpha, "
+       "target_modules and use_rslora fill the lora keys not given, and must agree with those given");
   po::options_description run("run");
   run.add_options()
       ("out", po::value(&c.out)->default_value(c.out),
@@ -446,6 +450,63 @@ void apply_model_folder(Config& c, const po::variables_map& vm) {
   }
 }
 
+namespace {
+
+// lora.init_from: the adapter folder's settings into the [lora] keys not given; a key given
+// must agree with it (targets as sets of names; all-linear is checked by the tensors' names)
+void apply_lora_folder(Config& c, const po::variables_map& vm) {
+  LoraSection& l = c.lora;
+  if (l.init_from.empty()) return;
+  nn::LoraConfig theirs;
+  try {
+    theirs = ckpt::read_peft_config(l.init_from);
+  } catch (const Error& e) {
+    throw ConfigError(std::string("lora.init_from: ") + e.what());
+  }
+  const std::string file = (fs::path(l.init_from) / "adapter_config.json").string();
+  auto given = [&](const std::string& key) { return vm.count(key) && !vm[key].defaulted(); };
+  std::string taken;
+  auto agree = [&](const std::string& key, const std::string& peft, bool same, const std::string& ours,
+                   const std::string& value) {
+    if (!given(key)) {
+      taken += (taken.empty() ? "" : ", ") + key + " = " + value;
+    } else if (!same) {
+      throw ConfigError(key + " = " + ours + " (given) but " + peft + " = " + value + " in " + file +
+                        " (lora.init_from); give " + value + " or leave " + key + " out");
+    }
+  };
+  auto num = [](double v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  };
+  std::vector<std::string> ours = l.targets, folder = theirs.targets;
+  std::sort(ours.begin(), ours.end());
+  std::sort(folder.begin(), folder.end());
+  std::string names;
+  for (const std::string& t : theirs.targets) names += (names.empty() ? "" : ",") + t;
+  const bool any_all = std::count(ours.begin(), ours.end(), "all-linear") +
+                           std::count(folder.begin(), folder.end(), "all-linear") >
+                       0;
+  agree("lora.rank", "r", l.rank == theirs.rank, std::to_string(l.rank), std::to_string(theirs.rank));
+  agree("lora.alpha", "lora_alpha", l.alpha == theirs.alpha, num(l.alpha), num(theirs.alpha));
+  agree("lora.targets", "target_modules", (ours == folder || any_all) && !l.targets.empty(), l.targets_text,
+        names);
+  agree("lora.rslora", "use_rslora", l.rslora == theirs.rslora, l.rslora ? "true" : "false",
+        theirs.rslora ? "true" : "false");
+  if (!given("lora.rank")) l.rank = theirs.rank;
+  if (!given("lora.alpha")) l.alpha = theirs.alpha;
+  if (!given("lora.targets") || l.targets.empty()) l.targets = theirs.targets;
+  if (!given("lora.rslora")) l.rslora = theirs.rslora;
+  l.taken = "lora.init_from " + l.init_from + ": " +
+            (taken.empty() ? "every [lora] key given agrees" : taken + " from its adapter_config.json");
+  if (theirs.dropout != 0)
+    l.taken += "; its lora_dropout " + num(theirs.dropout) +
+               " is not applied (lora.dropout = " + num(l.dropout) + ")";
+}
+
+}  // namespace
+
 bool parse_config(int argc, const char* const* argv, Config& c, std::string& help_out) {
   po::options_description keys = describe(c);
   const po::options_description generic = program_options(c);
@@ -506,6 +567,7 @@ bool parse_config(int argc, const char* const* argv, Config& c, std::string& hel
   apply_model_folder(c, vm);
   apply_run_folder(c, vm);
   normalize(c);
+  apply_lora_folder(c, vm);
   validate(c);
   return true;
 }

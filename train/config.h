@@ -135,8 +135,12 @@ struct ParallelSection : dist::ParallelConfig {
 // [lora]: LoRA adapters on a frozen base (nn/lora.h), as Hugging Face PEFT's LoraConfig:
 // rank (r; 0, the default: no LoRA, every weight trained), alpha (lora_alpha), dropout
 // (lora_dropout), targets (target_modules, comma-separated; all-linear), rslora (use_rslora).
+// init_from: a PEFT adapter folder to start from; its settings fill the keys not given (said
+// in `taken`) and must agree with those given.
 struct LoraSection : nn::LoraConfig {
   std::string targets_text;  // lora.targets as given; normalize splits it into targets
+  std::string init_from;     // a PEFT adapter folder (adapter_config.json, adapter_model.safetensors)
+  std::string taken;         // what init_from's adapter_config.json gave: a line for the run's output
 };
 
 // [cluster]: the machines a plan's time model runs on (train/planner/cluster.h). Every

@@ -230,6 +230,7 @@ void Trainer::print_setup(bool nccl) {
     if (const std::string note = launcher_keepalive_note(c_.parallel.timeout_s); !note.empty())
       out_ << "note: " << note << "\n";
   for (const std::string& w : warnings(c_)) out_ << "warning: " << w << "\n";
+  if (!c_.lora.taken.empty()) out_ << c_.lora.taken << "\n";
 }
 
 // Outputs, before any work: writable, and the checkpoint directory ours alone.
@@ -317,6 +318,10 @@ void Trainer::materialize() {
   if (!c_.model.init_from.empty()) {  // each rank reads only its own elements (RAM-efficient)
     ckpt::load_weights(init_from_, *gpt_, pm_->model_params(), lead() ? &std::cerr : nullptr);
     out_ << "initialized from " << c_.model.init_from << "\n";
+  }
+  if (!c_.lora.init_from.empty()) {  // the adapters: whole on every rank
+    ckpt::load_peft_adapters(c_.lora.init_from, mc_.arch, pm_->params);
+    out_ << "adapters from " << c_.lora.init_from << "\n";
   }
   // what materializing (and loading) cost in resident memory, on the rank that paid most:
   // random init and loading must both stay near the rank's shards, never the whole model

@@ -10,6 +10,8 @@ it; default ~/.cache/ndtrain/ref-venv, $NDT_REF_VENV):
   $PY tests/scripts/hf_reference.py generate MODEL_DIR --prompt TEXT --text TEXT --new N
   $PY tests/scripts/hf_reference.py packed OUT --arch llama|gpt2 [--seed 0]
   $PY tests/scripts/hf_reference.py peft BASE ADAPTER MERGED --inputs IN --out OUT
+  $PY tests/scripts/hf_reference.py peft-make BASE ADAPTER --targets q_proj,v_proj --r 4 --alpha 6 \\
+      [--rslora] [--dropout 0.05] --inputs IN --out OUT
 
 Exit codes: 0 done; 3 with the one line "transformers/torch not available: ..." when torch,
 transformers or safetensors cannot be imported (the C++ tests skip on it); 1 or 2 otherwise.
@@ -254,6 +256,32 @@ def peft_logits(args):
                "merged": load(args.merged)(input_ids=x, use_cache=False).logits.contiguous()}
     st.save_file(out, args.out)
     print(f"peft {peft.__version__}: logits {tuple(out['peft'].shape)} -> {args.out}", flush=True)
+
+
+def peft_make(args):
+    """A PEFT adapter made by PEFT on BASE (float64, init_lora_weights=False: A and B random, so B
+    matters), saved with save_pretrained to ADAPTER; OUT: its float64 logits on IN's inputs."""
+    torch, transformers, st = imports()
+    try:
+        import peft
+    except Exception as e:
+        print(f"peft not available: {type(e).__name__}: {e}".splitlines()[0], flush=True)
+        sys.exit(3)
+    patch_float64(torch, modeling_modules(transformers))
+    base = transformers.AutoModelForCausalLM.from_pretrained(
+        args.base, **from_pretrained_kwargs(transformers, torch.float64))
+    if rotary_modules(base):
+        set_inv_freq64(torch, base)
+    torch.manual_seed(args.seed)
+    config = peft.LoraConfig(r=args.r, lora_alpha=args.alpha, target_modules=args.targets.split(","),
+                             use_rslora=args.rslora, lora_dropout=args.dropout, init_lora_weights=False,
+                             task_type="CAUSAL_LM")
+    model = peft.get_peft_model(base, config).to(torch.float64).eval()
+    model.save_pretrained(args.adapter)
+    x = st.load_file(args.inputs)["inputs"].to(torch.int64)
+    with torch.no_grad():
+        st.save_file({"peft": model(input_ids=x, use_cache=False).logits.contiguous()}, args.out)
+    print(f"peft {peft.__version__}: made {args.adapter}", flush=True)
 
 
 # ---- make ----
@@ -519,8 +547,20 @@ def main():
     f.add_argument("merged")
     f.add_argument("--inputs", required=True)
     f.add_argument("--out", required=True)
+    q = sub.add_parser("peft-make", help="a PEFT-made adapter folder on a base, and its float64 logits")
+    q.add_argument("base")
+    q.add_argument("adapter")
+    q.add_argument("--targets", required=True)
+    q.add_argument("--r", type=int, required=True)
+    q.add_argument("--alpha", type=float, required=True)
+    q.add_argument("--rslora", action="store_true")
+    q.add_argument("--dropout", type=float, default=0.0)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--inputs", required=True)
+    q.add_argument("--out", required=True)
     args = p.parse_args()
-    {"make": make, "eval": evaluate, "generate": generate, "packed": packed, "peft": peft_logits}[args.cmd](args)
+    {"make": make, "eval": evaluate, "generate": generate, "packed": packed, "peft": peft_logits,
+     "peft-make": peft_make}[args.cmd](args)
 
 
 if __name__ == "__main__":

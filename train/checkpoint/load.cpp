@@ -45,7 +45,7 @@ WeightSource find_weights(const std::string& path) {
   NDT_CHECK(!(fs::is_directory(dir) && is_lora_checkpoint(dir)), path,
             " is a LoRA run's checkpoint: it holds adapters, not a model. Merge them into their base with "
             "`export_weights --merge ",
-            path, " OUT` and give OUT (starting from an adapter, lora.init_from, is not supported yet)");
+            path, " OUT` and give OUT (generate: or give the base as --model and this as --adapter)");
   if (fs::is_directory(dir) && is_sharded(dir)) {
     w.kind = WeightSource::Kind::kSharded;
     w.path = dir;

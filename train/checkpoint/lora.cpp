@@ -1,9 +1,12 @@
 #include "train/checkpoint/lora.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "tensor/kernels.h"
 #include "train/checkpoint/checkpoint.h"
@@ -130,14 +133,18 @@ void write_peft_folder(const std::string& out, const std::map<std::string, std::
 
 // W += scale A^T B^T (in, out) in the columns of each adapter's linear (gpt: the whole model,
 // its parameters materialized); every adapter must find its linear.
+// (rename: ndtrain's name of an adapter's tensor -> the file's)
 void merge_adapters(const models::GPT& gpt, const io::SafeTensorsReader& a, double scale,
-                    const std::string& where) {
+                    const std::string& where, const std::function<std::string(const std::string&)>& rename) {
   size_t merged = 0;
   for (size_t i = 0; i < gpt.h.size(); ++i)
     for (const nn::LinearSite& s : gpt.h[i]->linear_sites()) {
       const std::string name = "h." + std::to_string(i) + "." + s.name;
-      if (!a.has(name + ".lora_A")) continue;
-      const Tensor A = a.get(name + ".lora_A"), B = a.get(name + ".lora_B");  // (r, in), (out, r)
+      if (!a.has(rename(name + ".lora_A"))) continue;
+      NDT_CHECK(a.has(rename(name + ".lora_B")), where, " has ", rename(name + ".lora_A"),
+                " but not its lora_B");
+      const Tensor A = a.get(rename(name + ".lora_A"), DType::f32),
+                   B = a.get(rename(name + ".lora_B"), DType::f32);  // (r, in), (out, r)
       const int64_t in = s.linear->in, out = s.out(), OC = s.linear->out;
       NDT_CHECK(A.dim() == 2 && B.dim() == 2 && A.size(1) == in && B.size(0) == out && A.size(0) == B.size(1),
                 "checkpoint ", where, ": ", name, "'s adapters ", A.shape_str(), ", ", B.shape_str(),
@@ -162,6 +169,69 @@ void merge_adapters(const models::GPT& gpt, const io::SafeTensorsReader& a, doub
             " of its adapter tensors fit no linear of the base model; the base differs from the run's");
 }
 
+// The adapters `params` (ndtrain's names) from the safetensors file at `path`, where
+// rename(name) is the file's name: every name and shape checked before anything is copied.
+void load_named(const std::string& path, const nn::FlatParams& params,
+                const std::function<std::string(const std::string&)>& rename, const std::string& lacks,
+                const std::string& differs) {
+  io::SafeTensorsReader r(path);
+  std::set<std::string> used;
+  for (const nn::FlatUnit& u : params.units)
+    for (const nn::FlatParam& p : u.params) {
+      const std::string n = rename(p.spec.name);
+      NDT_CHECK(r.has(n), "LoRA adapters ", path, " lack ", n, lacks);
+      NDT_CHECK(r.entries().at(n).shape == p.spec.shape, "LoRA adapters ", path, ": ", n, " is ",
+                shape_str(r.entries().at(n).shape), ", this run's is ", shape_str(p.spec.shape), differs);
+      used.insert(n);
+    }
+  for (const auto& [name, e] : r.entries())
+    NDT_CHECK(used.count(name), "LoRA adapters ", path, " hold ", r.entries().size(),
+              " tensors, this run has ", used.size(), ": ", name, " fits none of its adapters", lacks);
+  for (const nn::FlatUnit& u : params.units)
+    for (const nn::FlatParam& p : u.params) {
+      const Tensor v = r.get(rename(p.spec.name), u.data.dtype());
+      NDT_CHECK(!non_finite_kind(v), "LoRA adapters ", path, ": ", rename(p.spec.name), " is not finite");
+      u.data.narrow(0, p.offset, numel_of(p.spec.shape)).copy_(v.view({v.numel()}));
+    }
+  params.refresh_compute();
+}
+
+// Whether a PEFT option is set: not null, false, empty or "none".
+bool set(const nlohmann::json& v) {
+  return !(v.is_null() || (v.is_boolean() && !v.get<bool>()) || (v.is_array() && v.empty()) ||
+           (v.is_object() && v.empty()) || (v.is_string() && (v == "none" || v == "")));
+}
+
+nn::LoraConfig peft_config(const nlohmann::json& j, const std::string& where) {
+  NDT_CHECK(j.value("peft_type", std::string("LORA")) == "LORA", where, ": peft_type ", j["peft_type"].dump(),
+            " is not supported; ndtrain reads LoRA adapters (peft_type LORA)");
+  for (const char* key :
+       {"use_dora", "modules_to_save", "lora_bias", "layers_to_transform", "rank_pattern", "alpha_pattern",
+        "layer_replication", "trainable_token_indices", "use_qalora", "target_parameters", "exclude_modules"})
+    NDT_CHECK(!j.contains(key) || !set(j[key]), where, ": ", key, " = ", j[key].dump(),
+              " is not supported (ndtrain applies plain LoRA on the targeted linears only); save the adapter "
+              "without it");
+  NDT_CHECK(!j.contains("bias") || !set(j["bias"]), where, ": bias = ", j["bias"].dump(),
+            " is not supported (trained biases); ndtrain's adapters are bias none");
+  nn::LoraConfig c;
+  c.rank = j.at("r").get<int64_t>();
+  c.alpha = j.value("lora_alpha", 8.0);
+  c.dropout = j.value("lora_dropout", 0.0);
+  c.rslora = j.value("use_rslora", false);
+  const nlohmann::json& t = j.at("target_modules");
+  if (t.is_string()) {
+    NDT_CHECK(t == "all-linear", where, ": target_modules ", t.dump(),
+              " is a regular expression, which ndtrain does not match; list the module names instead");
+    c.targets = {"all-linear"};
+  } else {
+    c.targets = t.get<std::vector<std::string>>();
+  }
+  NDT_CHECK(c.rank >= 1 && std::isfinite(c.alpha) && c.alpha > 0 && !c.targets.empty(), where,
+            ": r must be >= 1, lora_alpha > 0 and target_modules not empty, got r = ", c.rank,
+            ", lora_alpha = ", c.alpha, ", ", c.targets.size(), " target_modules");
+  return c;
+}
+
 }  // namespace
 
 std::string export_lora(const std::string& path, const std::string& out, bool merge, DType dtype,
@@ -183,7 +253,7 @@ std::string export_lora(const std::string& path, const std::string& out, bool me
   const WeightSource w = find_weights(base);
   check_weights(w, gpt);
   load_weights(w, gpt, params, &note);
-  merge_adapters(gpt, adapters, lora_config(m, step).scale(), step);
+  merge_adapters(gpt, adapters, lora_config(m, step).scale(), step, [](const std::string& n) { return n; });
   export_hf(out, gpt, params, dtype, read_tokenizer_files(step), note);
   return step;
 }
@@ -221,26 +291,56 @@ void save_adapters(const std::string& path, const nn::FlatParams& params,
 }
 
 void load_adapters(const std::string& path, const nn::FlatParams& params) {
-  io::SafeTensorsReader r(path);
-  size_t count = 0;
-  for (const nn::FlatUnit& u : params.units)
-    for (const nn::FlatParam& p : u.params) {
-      NDT_CHECK(r.has(p.spec.name), "LoRA adapters ", path, " lack ", p.spec.name,
-                "; the checkpoint was trained with other [lora] targets or another model");
-      NDT_CHECK(r.entries().at(p.spec.name).shape == p.spec.shape, "LoRA adapters ", path, ": ", p.spec.name,
-                " is ", shape_str(r.entries().at(p.spec.name).shape), ", this run's is ",
-                shape_str(p.spec.shape), "; lora.rank or the model differs from the checkpoint's");
-      ++count;
-    }
-  NDT_CHECK(count == r.entries().size(), "LoRA adapters ", path, " hold ", r.entries().size(),
-            " tensors, this run has ", count, "; lora.targets differs from the checkpoint's");
-  for (const nn::FlatUnit& u : params.units)
-    for (const nn::FlatParam& p : u.params) {
-      const Tensor v = r.get(p.spec.name, u.data.dtype());
-      NDT_CHECK(!non_finite_kind(v), "LoRA adapters ", path, ": ", p.spec.name, " is not finite");
-      u.data.narrow(0, p.offset, numel_of(p.spec.shape)).copy_(v.view({v.numel()}));
-    }
-  params.refresh_compute();
+  load_named(
+      path, params, [](const std::string& n) { return n; },
+      "; the checkpoint was trained with other [lora] targets or another model",
+      "; lora.rank or the model differs from the checkpoint's");
+}
+
+bool is_peft_folder(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir, ec) && fs::exists(fs::path(dir) / "adapter_config.json", ec);
+}
+
+nn::LoraConfig read_peft_config(const std::string& dir) {
+  NDT_CHECK(is_peft_folder(dir), dir,
+            " is not a PEFT adapter folder (no adapter_config.json); give the folder "
+            "PeftModel.save_pretrained or export_weights wrote");
+  const std::string where = (fs::path(dir) / "adapter_config.json").string();
+  NDT_CHECK(fs::exists(fs::path(dir) / "adapter_model.safetensors"), dir,
+            " has no adapter_model.safetensors (only safetensors are read: save it with "
+            "safe_serialization=True)");
+  try {
+    return peft_config(io::parse_json_object(io::read_text(where, "adapter config"), where), where);
+  } catch (const nlohmann::json::exception& e) {
+    NDT_FAIL(where, ": ", e.what(), " (r, lora_alpha, target_modules and use_rslora are read)");
+  }
+}
+
+void load_peft_adapters(const std::string& dir, const std::string& arch, const nn::FlatParams& params) {
+  load_named((fs::path(dir) / "adapter_model.safetensors").string(), params,
+             [&](const std::string& n) { return peft_name(n, arch); },
+             "; the adapter was made for other target_modules or another base model",
+             "; the adapter was made for another base model (or another r)");
+}
+
+std::string merge_adapter(const std::string& path, const models::GPT& gpt) {
+  if (is_peft_folder(path)) {
+    const nn::LoraConfig c = read_peft_config(path);
+    nn::check_lora(nn::LoraConfig{.rank = 1, .alpha = 1, .targets = c.targets},
+                   gpt.h.front()->linear_sites());
+    const io::SafeTensorsReader a((fs::path(path) / "adapter_model.safetensors").string());
+    merge_adapters(gpt, a, c.scale(), path, [&](const std::string& n) { return peft_name(n, gpt.cfg.arch); });
+    return "PEFT adapter " + path;
+  }
+  std::string step;
+  NDT_CHECK(is_lora_checkpoint(path, &step), path,
+            " is neither a PEFT adapter folder (adapter_config.json) nor a LoRA run's checkpoint");
+  const io::SafeTensorsReader state((fs::path(step) / "state.safetensors").string());
+  const io::SafeTensorsReader a((fs::path(step) / "model.safetensors").string());
+  merge_adapters(gpt, a, lora_config(state.metadata(), step).scale(), step,
+                 [](const std::string& n) { return n; });
+  return "LoRA adapters of " + step;
 }
 
 bool is_lora_checkpoint(const std::string& path, std::string* step) {

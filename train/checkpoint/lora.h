@@ -10,6 +10,9 @@
 //   st.extra.merge(ckpt::lora_metadata(gpt, init_from));        // what the checkpoint says
 //   ckpt::export_lora("ckpt/step_00000100", "adapter", false, DType::f32, std::cerr);   // PEFT
 //   ckpt::export_lora("ckpt/step_00000100", "merged", true, DType::f32, std::cerr);     // HF model
+//   nn::LoraConfig c = ckpt::read_peft_config("adapter");     // lora.init_from: its settings,
+//   ckpt::load_peft_adapters("adapter", "llama", adapters);   // then its tensors
+//   ckpt::merge_adapter("adapter", gpt);                      // generate --adapter
 //
 // A PEFT folder is what PeftModel.from_pretrained(base, DIR) loads: adapter_config.json (r,
 // lora_alpha, target_modules, use_rslora, lora_dropout, base_model_name_or_path, task_type
@@ -50,5 +53,24 @@ bool is_lora_checkpoint(const std::string& path, std::string* step = nullptr);
 // Face model folder in `dtype`. Written to out.tmp and renamed. Returns the step folder.
 std::string export_lora(const std::string& path, const std::string& out, bool merge, DType dtype,
                         std::ostream& note);
+
+// Whether `dir` is a PEFT adapter folder (holds adapter_config.json).
+bool is_peft_folder(const std::string& dir);
+
+// A PEFT adapter folder's LoRA settings (r, lora_alpha, target_modules, use_rslora,
+// lora_dropout), checked: one line naming an option ndtrain does not apply (use_dora,
+// modules_to_save, bias, lora_bias, layers_to_transform, rank_pattern, alpha_pattern, a regex
+// target_modules, ...) or a folder without adapter_model.safetensors.
+nn::LoraConfig read_peft_config(const std::string& dir);
+
+// The folder's adapter_model.safetensors (PEFT's names) into `params`, the adapters of a model
+// of family `arch` (whole; ndtrain's names): every name and shape checked before anything is
+// copied, one line naming a tensor the run lacks, has too many of, or shaped for another base.
+void load_peft_adapters(const std::string& dir, const std::string& arch, const nn::FlatParams& params);
+
+// generate --adapter: `path` (a PEFT folder, or a LoRA run's checkpoint) merged into gpt's
+// weights (materialized, float32, on the host): W += scale (B A)^T in each adapted linear's
+// columns, as export_weights --merge does. Returns what was merged, for a line of output.
+std::string merge_adapter(const std::string& path, const models::GPT& gpt);
 
 }  // namespace ndt::ckpt

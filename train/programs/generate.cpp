@@ -5,6 +5,7 @@
 //   build/generate --model out/hf --prompt "Once" --max_new_tokens 200 --temperature 0.8 \
 //                  --top_k 50 --top_p 0.95 --seed 7 --device cuda --dtype bfloat16
 //   build/generate --model models/SmolLM2-135M-Instruct --chat --system "Be brief." --prompt "Hi"
+//   build/generate --model out/base_hf --adapter out/lora_adapter --prompt "Q: "
 //
 // --model is a Hugging Face model folder (config.json and safetensors: what export_weights
 // writes, or one from the Hub; its tokenizer.json is the default tokenizer and its
@@ -12,6 +13,8 @@
 // a sharded checkpoint, or the checkpoint.dir holding `latest` (the tokenizer it carries is the
 // default, train/checkpoint/tokenizer_files.h). --tokenizer: a tokenizer.json, a folder
 // holding one, or the vocab.json prepare_text wrote beside the shards.
+// --adapter: LoRA adapters on --model (their base), a PEFT adapter folder or a LoRA run's
+// checkpoint, merged into the weights in memory as export_weights --merge merges them.
 //
 // The prompt runs through the model once; each new token then runs alone against the cached
 // keys and values (models/kv_cache.h). The text is written to stdout as it is drawn, whole
@@ -43,6 +46,7 @@
 #include "tensor/threads.h"
 #include "tokenizer/chat_template.h"
 #include "train/checkpoint/load.h"
+#include "train/checkpoint/lora.h"
 #include "train/checkpoint/tokenizer_files.h"
 #include "train/command_line.h"
 #include "train/config.h"
@@ -54,7 +58,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Args {
-  std::string model, tokenizer, prompt, system, device = "cpu", dtype = "float32";
+  std::string model, adapter, tokenizer, prompt, system, device = "cpu", dtype = "float32";
   bool chat = false;
   models::SampleOptions sample{
       .max_new_tokens = 200, .temperature = 0.8, .top_k = 50, .top_p = 0.95, .seed = 1};
@@ -73,6 +77,8 @@ bool parse(int argc, char** argv, Args& a) {
       "model", po::value(&a.model),
       "a Hugging Face model folder, or a train_gpt checkpoint (a step_* directory or the checkpoint.dir "
       "holding latest)")(
+      "adapter", po::value(&a.adapter),
+      "LoRA adapters for --model (their base): a PEFT adapter folder or a LoRA run's checkpoint, merged in")(
       "tokenizer", po::value(&a.tokenizer),
       "tokenizer.json, a folder holding it, or prepare_text's vocab.json (default: the model folder's "
       "tokenizer.json, or the one the checkpoint carries)")(
@@ -132,8 +138,18 @@ Loaded load(const Args& a, Device device) {
   const ckpt::WeightSource src = ckpt::find_weights(a.model);         // a folder, a checkpoint, a file
   l.gpt = std::make_unique<models::GPT>(ckpt::model_config_of(src));  // sizes in train_gpt's ranges
   ckpt::check_weights(src, *l.gpt);  // every tensor's shape, before the model is allocated
-  l.params = nn::materialize(l.gpt->units(), device, DType::f32, 0, nn::ShardSpec{}, compute);
-  ckpt::load_weights(src, *l.gpt, l.params);
+  if (!a.adapter.empty()) {          // merged into float32 weights on the host, then copied to `device`
+    nn::FlatParams host = nn::materialize(l.gpt->units(), Device::cpu(), DType::f32, 0);
+    ckpt::load_weights(src, *l.gpt, host);
+    std::cerr << "generate: merged the " << ckpt::merge_adapter(a.adapter, *l.gpt) << "\n";
+    l.params = nn::materialize(l.gpt->units(), device, DType::f32, 0, nn::ShardSpec{}, compute);
+    for (size_t i = 0; i < host.units.size(); ++i)
+      l.params.units[i].data.copy_(host.units[i].data.to(device));
+    l.params.refresh_compute();
+  } else {
+    l.params = nn::materialize(l.gpt->units(), device, DType::f32, 0, nn::ShardSpec{}, compute);
+    ckpt::load_weights(src, *l.gpt, l.params);
+  }
   if (src.hf) {  // what a Hugging Face folder says ends a text, and its tokenizer
     for (int64_t id : src.hf->config().eos_token_id) l.eos.push_back(static_cast<int32_t>(id));
     l.tokenizer = data::TextCodec::find_in_folder(src.hf->dir());
