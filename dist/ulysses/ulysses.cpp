@@ -50,7 +50,7 @@ Tensor all_to_all(const Tensor& x, int64_t split_dim, int64_t cat_dim, Communica
             " equal pieces, joined along another dimension (", cat_dim, ")");
   sp.note_unit("all_to_all");
   Tensor out = exchange(x, split_dim, cat_dim, sp);
-  const Shape x_shape = x.shape(), out_shape = out.shape();
+  const Shape out_shape = out.shape();
   const DType dtype = x.dtype();
   const Device device = x.device();
   Communicator* c = &sp;
@@ -62,7 +62,6 @@ Tensor all_to_all(const Tensor& x, int64_t split_dim, int64_t cat_dim, Communica
         c->note_unit("all_to_all backward");
         return {exchange(dout, cat_dim, split_dim, *c)};
       });
-  (void)x_shape;
   return out;
 }
 
