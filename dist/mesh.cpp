@@ -11,28 +11,32 @@
 namespace ndt::dist {
 
 ParallelDims ParallelDims::resolve(int64_t p, int64_t r, int64_t s, int64_t c, int64_t t, int64_t world) {
+  return resolve_sp(p, r, s, c, 1, t, world);
+}
+
+ParallelDims ParallelDims::resolve_sp(int64_t p, int64_t r, int64_t s, int64_t c, int64_t u, int64_t t,
+                                      int64_t world) {
   auto sizes = [&] {
     return std::string(p > 1 ? "pp_size " + std::to_string(p) + ", " : "") + "dp_replicate_size " +
            std::to_string(r) + ", dp_shard_size " + std::to_string(s) + ", cp_size " + std::to_string(c) +
-           ", tp_size " + std::to_string(t);
+           (u != 1 ? ", sp_size " + std::to_string(u) : "") + ", tp_size " + std::to_string(t);
   };
-  NDT_CHECK(p >= 1 && r >= 1 && c >= 1 && t >= 1 && (s >= 1 || s == -1),
+  NDT_CHECK(p >= 1 && r >= 1 && c >= 1 && u >= 1 && t >= 1 && (s >= 1 || s == -1),
             "[parallel] sizes must be >= 1 (dp_shard_size may be -1: ", "the rest of the world), got ",
             sizes());
+  const char* what = "[parallel] sizes";
   if (s == -1) {
-    const int64_t rest = checked_mul(
-        checked_mul(checked_mul(p, r, "[parallel] sizes"), c, "[parallel] sizes"), t, "[parallel] sizes");
+    const int64_t rest =
+        checked_mul(checked_mul(checked_mul(checked_mul(p, r, what), c, what), u, what), t, what);
     NDT_CHECK(world % rest == 0, "[parallel] dp_shard_size = -1 takes the rest of the world, but ", world,
-              " ranks are not divisible by ", p > 1 ? "pp_size x " : "",
-              "dp_replicate_size x cp_size x tp_size = ", rest, " (", sizes(), ")");
+              " ranks are not divisible by ", p > 1 ? "pp_size x " : "", "dp_replicate_size x cp_size x ",
+              u != 1 ? "sp_size x " : "", "tp_size = ", rest, " (", sizes(), ")");
     s = world / rest;
   }
   // the product must fit int64 before it is compared (sizes that wrap could match any world)
-  const int64_t product =
-      checked_mul(checked_mul(checked_mul(checked_mul(p, r, "[parallel] sizes"), s, "[parallel] sizes"), c,
-                              "[parallel] sizes"),
-                  t, "[parallel] sizes");
-  ParallelDims d{p, r, s, c, t};
+  const int64_t product = checked_mul(
+      checked_mul(checked_mul(checked_mul(checked_mul(p, r, what), s, what), c, what), u, what), t, what);
+  ParallelDims d{p, r, s, c, t, u};
   NDT_CHECK(product == world, "[parallel] ", sizes(), " multiply to ", d.world(), " ranks but the job has ",
             world, "; make the product equal the number of ranks (mpirun -np ", d.world(),
             ") or set dp_shard_size = -1 to take the rest");
@@ -40,13 +44,15 @@ ParallelDims ParallelDims::resolve(int64_t p, int64_t r, int64_t s, int64_t c, i
 }
 
 ParallelDims ParallelDims::resolve(const ParallelConfig& c, int64_t world) {
-  return resolve(c.pp_size, c.dp_replicate_size, c.dp_shard_size, c.cp_size, c.tp_size, world);
+  return resolve_sp(c.pp_size, c.dp_replicate_size, c.dp_shard_size, c.cp_size, c.sp_size, c.tp_size, world);
 }
 
 ParallelDims::Coords ParallelDims::coords(int64_t rank) const {
   Coords c;
   c.tp = rank % tp;
   rank /= tp;
+  c.sp = rank % sp;
+  rank /= sp;
   c.cp = rank % cp;
   rank /= cp;
   c.shard = rank % dp_shard;
@@ -57,14 +63,15 @@ ParallelDims::Coords ParallelDims::coords(int64_t rank) const {
 }
 
 int64_t ParallelDims::rank_of(const Coords& c) const {
-  return (((c.pp * dp_replicate + c.replicate) * dp_shard + c.shard) * cp + c.cp) * tp + c.tp;
+  return ((((c.pp * dp_replicate + c.replicate) * dp_shard + c.shard) * cp + c.cp) * sp + c.sp) * tp + c.tp;
 }
 
 std::string ParallelDims::str() const {
   std::ostringstream os;
   if (pp > 1) os << "pp " << pp << " x ";
-  os << "dp_replicate " << dp_replicate << " x dp_shard " << dp_shard << " x cp " << cp << " x tp " << tp
-     << " = " << world() << (world() == 1 ? " rank" : " ranks");
+  os << "dp_replicate " << dp_replicate << " x dp_shard " << dp_shard << " x cp " << cp;
+  if (sp > 1) os << " x sp " << sp;
+  os << " x tp " << tp << " = " << world() << (world() == 1 ? " rank" : " ranks");
   return os.str();
 }
 
@@ -73,10 +80,12 @@ std::string ParallelDims::strategy() const {
   // HSDP when there are replicas of the sharded model too, DP with replicas only
   std::vector<std::string> parts;
   if (fsdp() > 1)
-    parts.push_back(std::string(dp_replicate > 1 ? "HSDP" : "FSDP") + (dp_shard == 1 ? " over cp" : ""));
+    parts.push_back(std::string(dp_replicate > 1 ? "HSDP" : "FSDP") +
+                    (dp_shard == 1 ? (sp > 1 ? (cp > 1 ? " over cp x sp" : " over sp") : " over cp") : ""));
   else if (dp_replicate > 1)
     parts.push_back("DP");
   if (cp > 1) parts.push_back("CP");
+  if (sp > 1) parts.push_back("SP");
   if (tp > 1) parts.push_back("TP");
   if (pp > 1) parts.push_back("PP");
   if (parts.empty()) return "single process";
@@ -96,26 +105,32 @@ struct GroupRule {
 GroupRule in_stage(const ParallelDims& d, const Coords& x, GroupRule g) {
   return {x.pp * d.stage_size() + g.color, g.key};
 }
+// cp x sp, the two dimensions that split the sequence, as one index (sp = 1: the cp rank)
+int64_t cs(const ParallelDims& d, const Coords& x) { return x.cp * d.sp + x.sp; }
+int64_t CS(const ParallelDims& d) { return d.cp * d.sp; }
 GroupRule pp_rule(const ParallelDims& d, const Coords& x) {
-  return {((x.replicate * d.dp_shard + x.shard) * d.cp + x.cp) * d.tp + x.tp, x.pp};
+  return {((x.replicate * d.dp_shard + x.shard) * CS(d) + cs(d, x)) * d.tp + x.tp, x.pp};
 }
 GroupRule replicate_rule(const ParallelDims& d, const Coords& x) {
-  return in_stage(d, x, {(x.shard * d.cp + x.cp) * d.tp + x.tp, x.replicate});
+  return in_stage(d, x, {(x.shard * CS(d) + cs(d, x)) * d.tp + x.tp, x.replicate});
 }
 GroupRule shard_rule(const ParallelDims& d, const Coords& x) {
-  return in_stage(d, x, {(x.replicate * d.cp + x.cp) * d.tp + x.tp, x.shard});
+  return in_stage(d, x, {(x.replicate * CS(d) + cs(d, x)) * d.tp + x.tp, x.shard});
 }
 GroupRule cp_rule(const ParallelDims& d, const Coords& x) {
-  return in_stage(d, x, {(x.replicate * d.dp_shard + x.shard) * d.tp + x.tp, x.cp});
+  return in_stage(d, x, {((x.replicate * d.dp_shard + x.shard) * d.sp + x.sp) * d.tp + x.tp, x.cp});
+}
+GroupRule sp_rule(const ParallelDims& d, const Coords& x) {
+  return in_stage(d, x, {((x.replicate * d.dp_shard + x.shard) * d.cp + x.cp) * d.tp + x.tp, x.sp});
 }
 GroupRule tp_rule(const ParallelDims& d, const Coords& x) {
-  return in_stage(d, x, {(x.replicate * d.dp_shard + x.shard) * d.cp + x.cp, x.tp});
+  return in_stage(d, x, {(x.replicate * d.dp_shard + x.shard) * CS(d) + cs(d, x), x.tp});
 }
 GroupRule dp_rule(const ParallelDims& d, const Coords& x) {
-  return in_stage(d, x, {x.cp * d.tp + x.tp, x.replicate * d.dp_shard + x.shard});
+  return in_stage(d, x, {cs(d, x) * d.tp + x.tp, x.replicate * d.dp_shard + x.shard});
 }
 GroupRule fsdp_rule(const ParallelDims& d, const Coords& x) {
-  return in_stage(d, x, {x.replicate * d.tp + x.tp, x.shard * d.cp + x.cp});
+  return in_stage(d, x, {x.replicate * d.tp + x.tp, x.shard * CS(d) + cs(d, x)});
 }
 using Rule = GroupRule (*)(const ParallelDims&, const Coords&);
 
@@ -147,6 +162,7 @@ DeviceMesh::DeviceMesh(const ParallelDims& dims, std::shared_ptr<Communicator> w
   replicate_ = split(replicate_rule, "dp_replicate");
   shard_ = split(shard_rule, "dp_shard");
   cp_ = split(cp_rule, "cp");
+  sp_ = split(sp_rule, "sp");
   tp_ = split(tp_rule, "tp");
   dp_ = split(dp_rule, "dp");
   fsdp_ = split(fsdp_rule, "fsdp");
@@ -181,12 +197,13 @@ void DeviceMesh::gather_hosts() {
 void DeviceMesh::describe_groups() {
   const int64_t me = world_->rank();
   // "of replica 1, cp rank 0": the coordinates that pick the group, of sizes above 1
-  auto of = [&](bool r, bool s, bool c, bool t, bool stage = true) {
+  auto of = [&](bool r, bool s, bool c, bool t, bool stage = true, bool u = true) {
     std::vector<std::string> parts;
     if (stage && dims_.pp > 1) parts.push_back("stage " + std::to_string(coords_.pp));
     if (r && dims_.dp_replicate > 1) parts.push_back("replica " + std::to_string(coords_.replicate));
     if (s && dims_.dp_shard > 1) parts.push_back("shard " + std::to_string(coords_.shard));
     if (c && dims_.cp > 1) parts.push_back("cp rank " + std::to_string(coords_.cp));
+    if (u && dims_.sp > 1) parts.push_back("sp rank " + std::to_string(coords_.sp));
     if (t && dims_.tp > 1) parts.push_back("tp rank " + std::to_string(coords_.tp));
     std::string o;
     for (size_t i = 0; i < parts.size(); ++i) o += (i ? ", " : " of ") + parts[i];
@@ -202,9 +219,12 @@ void DeviceMesh::describe_groups() {
       {replicate_.get(), replicate_rule, "the replicate group" + of(false, true, true, true)},
       {shard_.get(), shard_rule, "the shard group" + of(true, false, true, true)},
       {cp_.get(), cp_rule, "the context-parallel ring" + of(true, true, false, true)},
+      {sp_.get(), sp_rule, "the Ulysses sequence-parallel group" + of(true, true, true, true, true, false)},
       {tp_.get(), tp_rule, "the tensor-parallel group" + of(true, true, true, false)},
       {dp_.get(), dp_rule, "the data-parallel group" + of(false, false, true, true)},
-      {fsdp_.get(), fsdp_rule, "the FSDP group (shard x cp)" + of(true, false, false, true)},
+      {fsdp_.get(), fsdp_rule,
+       std::string(dims_.sp > 1 ? "the FSDP group (shard x cp x sp)" : "the FSDP group (shard x cp)") +
+           of(true, false, false, true, true, false)},
   };
   for (const Group& g : groups) {
     std::vector<bool> remote;
@@ -220,8 +240,8 @@ void DeviceMesh::describe_groups() {
 }
 
 std::vector<Communicator*> DeviceMesh::all() const {
-  return {world_.get(), pp_.get(), replicate_.get(), shard_.get(),
-          cp_.get(),    tp_.get(), dp_.get(),        fsdp_.get()};
+  return {world_.get(), pp_.get(), replicate_.get(), shard_.get(), cp_.get(),
+          sp_.get(),    tp_.get(), dp_.get(),        fsdp_.get()};
 }
 
 int64_t DeviceMesh::bytes_sent() const {
@@ -250,16 +270,17 @@ std::string DeviceMesh::describe() const {
   const int64_t n = dims_.world();
   const auto& hosts = hosts_;
   std::ostringstream os;
-  os << "mesh: " << dims_.str() << " (" << dims_.strategy() << "), rank = "
+  os << "mesh: " << dims_.str() << " (" << dims_.strategy() << "), rank = " << (dims_.sp > 1 ? "(" : "")
      << (dims_.pp > 1 ? "(((stage*" + std::to_string(dims_.dp_replicate) + " + replicate)*" : "((replicate*")
-     << dims_.dp_shard << " + shard)*" << dims_.cp << " + cp)*" << dims_.tp << " + tp\n";
+     << dims_.dp_shard << " + shard)*" << dims_.cp << " + cp)*"
+     << (dims_.sp > 1 ? std::to_string(dims_.sp) + " + sp)*" : "") << dims_.tp << " + tp\n";
   if (n <= 16) {
     for (int64_t i = 0; i < n; ++i) {
       const ParallelDims::Coords c = dims_.coords(i);
       os << "  rank " << i << ": " << (dims_.pp > 1 ? "stage " + std::to_string(c.pp) + ", " : "")
-         << "replicate " << c.replicate << ", shard " << c.shard << ", cp " << c.cp << ", tp " << c.tp
-         << " on " << hosts[static_cast<size_t>(i)] << " (local rank " << local_ranks_[static_cast<size_t>(i)]
-         << ")\n";
+         << "replicate " << c.replicate << ", shard " << c.shard << ", cp " << c.cp
+         << (dims_.sp > 1 ? ", sp " + std::to_string(c.sp) : "") << ", tp " << c.tp << " on "
+         << hosts[static_cast<size_t>(i)] << " (local rank " << local_ranks_[static_cast<size_t>(i)] << ")\n";
     }
   } else {
     for (int64_t i = 0; i < n;) {

@@ -1,13 +1,15 @@
 // ndtrain: the layout of the ranks (ParallelDims) and one communicator per dimension
 // (DeviceMesh).
 //
-// Five dimensions, named as in Hugging Face Accelerate's ParallelismConfig, from outermost
-// to innermost: pp x dp_replicate x dp_shard x cp x tp. So
-// rank = (((p*R + r)*S + s)*CP + c)*TP + t: TP neighbours are adjacent ranks (inside a
+// Six dimensions, named as in Hugging Face Accelerate's ParallelismConfig, from outermost
+// to innermost: pp x dp_replicate x dp_shard x cp x sp x tp. So
+// rank = ((((p*R + r)*S + s)*CP + c)*SP + u)*TP + t: TP neighbours are adjacent ranks (inside a
 // node); pipeline stages are furthest apart, so under --map-by ppr:K:node the links that
 // cross nodes carry only a stage boundary's activations (one tensor per micro-batch), and
 // replicas come next (HSDP: sharding inside a node, one gradient all-reduce across nodes).
-// Every other group lies inside one pipeline stage.
+// Every other group lies inside one pipeline stage. sp (Ulysses sequence parallelism) sits
+// next to cp, since both split the sequence, and inside it: its all-to-alls move a share of
+// every layer's activations, so its ranks should share a host before the ring's do.
 //
 //   // no pipeline, 2 replicas, the rest of the world sharded, no CP or TP
 //   auto dims = dist::ParallelDims::resolve(1, 2, -1, 1, 1, world->size());
@@ -16,8 +18,8 @@
 //   mesh.dp().size();                     // replicate x shard: the ranks that read different data
 //
 // Flattened groups: dp = replicate x shard (the data-parallel ranks: each reads its own
-// batch); fsdp = shard x cp (the ranks over which parameters are sharded: CP ranks hold
-// different tokens of the same sequences, so they reduce gradients like data-parallel ranks).
+// batch); fsdp = shard x cp x sp (the ranks over which parameters are sharded: CP and SP ranks
+// hold different tokens of the same sequences, so they reduce gradients like data-parallel ranks).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +36,9 @@ namespace ndt::dist {
 // parallelism's words: plan_layout (dist/parallelize.h).
 struct ParallelConfig {
   int64_t dp_replicate_size = 1, dp_shard_size = 1, tp_size = 1, cp_size = 1;
+  // Ulysses sequence parallelism (dist/ulysses/ulysses.h): each rank holds T / sp_size tokens;
+  // around attention, all-to-alls turn them into all T tokens of n_head / sp_size heads and back
+  int64_t sp_size = 1;
   // Pipeline parallelism (dist/pipeline_parallel/): pp_size stages over the blocks, outermost
   // in the mesh; the step's train.grad_accum_steps micro-batches flow through them in the
   // order pp_schedule gives (gpipe, 1f1b, interleaved with pp_virtual chunks per rank, or
@@ -46,22 +51,25 @@ struct ParallelConfig {
 };
 
 struct ParallelDims {
-  int64_t pp = 1, dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1;
+  int64_t pp = 1, dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1, sp = 1;
 
   // Resolves dp_shard = -1 ("the rest of the world") and checks every size against the
   // world; throws ndt::Error naming the five sizes and the world size.
   static ParallelDims resolve(int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t cp, int64_t tp,
                               int64_t world);
-  static ParallelDims resolve(const ParallelConfig& c, int64_t world);  // the config's five sizes
+  // The same with sp ranks of Ulysses sequence parallelism (between cp and tp).
+  static ParallelDims resolve_sp(int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t cp, int64_t sp,
+                                 int64_t tp, int64_t world);
+  static ParallelDims resolve(const ParallelConfig& c, int64_t world);  // the config's six sizes
 
   int64_t world() const { return pp * stage_size(); }
-  int64_t stage_size() const { return dp_replicate * dp_shard * cp * tp; }  // ranks of one pipeline stage
-  int64_t dp() const { return dp_replicate * dp_shard; }                    // ranks with different data
-  int64_t fsdp() const { return dp_shard * cp; }                            // ranks that shard parameters
+  int64_t stage_size() const { return dp_replicate * dp_shard * cp * sp * tp; }  // ranks of one stage
+  int64_t dp() const { return dp_replicate * dp_shard; }                         // ranks with different data
+  int64_t fsdp() const { return dp_shard * cp * sp; }  // ranks that shard parameters
   bool sharded() const { return fsdp() > 1; }
 
   struct Coords {
-    int64_t pp = 0, replicate = 0, shard = 0, cp = 0, tp = 0;
+    int64_t pp = 0, replicate = 0, shard = 0, cp = 0, tp = 0, sp = 0;
   };
   Coords coords(int64_t rank) const;
   int64_t rank_of(const Coords& c) const;
@@ -77,7 +85,7 @@ class DeviceMesh {
   const ParallelDims& dims() const { return dims_; }
   const ParallelDims::Coords& coords() const { return coords_; }
   int64_t dp_rank() const { return coords_.replicate * dims_.dp_shard + coords_.shard; }
-  int64_t fsdp_rank() const { return coords_.shard * dims_.cp + coords_.cp; }
+  int64_t fsdp_rank() const { return (coords_.shard * dims_.cp + coords_.cp) * dims_.sp + coords_.sp; }
 
   Communicator& world() const { return *world_; }
   // The pipeline: the ranks with this rank's coordinates in every other dimension, one per
@@ -86,6 +94,7 @@ class DeviceMesh {
   Communicator& replicate() const { return *replicate_; }
   Communicator& shard() const { return *shard_; }
   Communicator& cp() const { return *cp_; }
+  Communicator& sp() const { return *sp_; }  // Ulysses: the ranks that hold one sequence's parts
   Communicator& tp() const { return *tp_; }
   Communicator& dp() const { return *dp_; }
   Communicator& fsdp() const { return *fsdp_; }
@@ -114,7 +123,7 @@ class DeviceMesh {
   ParallelDims::Coords coords_;
   std::vector<std::string> hosts_;
   std::vector<int32_t> local_ranks_;
-  std::shared_ptr<Communicator> world_, pp_, replicate_, shard_, cp_, tp_, dp_, fsdp_;
+  std::shared_ptr<Communicator> world_, pp_, replicate_, shard_, cp_, sp_, tp_, dp_, fsdp_;
 };
 
 }  // namespace ndt::dist

@@ -13,6 +13,15 @@ namespace ndt::dist {
 
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel) {
+  if (dims.sp > 1) {
+    NDT_CHECK(dims.cp == 1, "parallel.sp_size = ", dims.sp, " with parallel.cp_size = ", dims.cp,
+              ": Ulysses inside ring attention is not supported yet; use one of them");
+    NDT_CHECK(dims.tp == 1, "parallel.sp_size = ", dims.sp, " with parallel.tp_size = ", dims.tp,
+              ": Ulysses with tensor parallelism is not supported yet; use one of them");
+    NDT_CHECK(dims.pp == 1, "parallel.sp_size = ", dims.sp, " with parallel.pp_size = ", dims.pp,
+              ": Ulysses with pipeline parallelism is not supported yet; use one of them");
+    check_ulysses(cfg, seq_len, dims.sp);
+  }
   if (dims.tp > 1) check_tensor_parallel(cfg, dims.tp);
   if (dims.cp > 1) check_context_parallel(seq_len, dims.cp);
   if (dims.tp > 1 && sequence_parallel) check_sequence_parallel(seq_len, dims.cp, dims.tp);
@@ -62,12 +71,15 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
                                            const ParallelizeOptions& o) {
   const ParallelDims& dims = mesh.dims();
   if (gpt.has_lora()) check_lora_layout(dims);
+  NDT_CHECK(!(gpt.has_lora() && dims.sp > 1), "parallel.sp_size = ", dims.sp,
+            " with [lora]: LoRA under Ulysses sequence parallelism is not supported yet; set sp_size = 1");
   auto pm = std::make_unique<ParallelModel>();
   pm->mesh_ = &mesh;
   // 1-2: the description is split; nothing is allocated yet
   pm->split_.sequence_parallel = dims.tp > 1 && o.sequence_parallel;
   if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp(), &pm->split_);
   if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len, &pm->split_);
+  if (dims.sp > 1) pm->sp_ = std::make_unique<Ulysses>(gpt, mesh.sp(), o.seq_len, &pm->split_);
   // 3: wrappers compose inside out, the first installed runs innermost
   if (o.ac != nn::ACMode::none) gpt.add_block_wrapper(nn::activation_checkpointing(o.ac, o.ac_every));
   if (o.trace && !dims.sharded())  // FSDP traces its units itself
@@ -139,14 +151,21 @@ void ParallelModel::join_pipeline_ends(const models::GPT& gpt, const DeviceMesh&
 
 std::vector<Pipeline::Batch> ParallelModel::local(const std::vector<Batch>& batches) const {
   std::vector<Pipeline::Batch> out;
-  // CP: this rank's two chunks of each sequence; the documents of the whole rows (ring
-  // attention's masks and the positions need the documents of other ranks' chunks)
+  // CP: this rank's two chunks of each sequence (SP: its part); the documents of the whole rows
+  // (the attention's masks and the positions need the documents of other ranks' parts)
   for (const Batch& b : batches) {
-    out.push_back({(cp_ ? cp_->local(b.inputs) : b.inputs).to(device_),
-                   (cp_ ? cp_->local(b.targets) : b.targets).to(device_),
+    out.push_back({sequence_part(b.inputs).to(device_), sequence_part(b.targets).to(device_),
                    b.docs.defined() ? b.docs.to(device_) : Tensor()});
   }
   return out;
+}
+
+Tensor ParallelModel::sequence_part(const Tensor& tokens) const {
+  return cp_ ? cp_->local(tokens) : sp_ ? sp_->local(tokens) : tokens;
+}
+
+Communicator* ParallelModel::sequence_group() const {
+  return cp_ ? &mesh_->cp() : sp_ ? &mesh_->sp() : nullptr;
 }
 
 // (every rank alike: whether the data has documents is its preparation's, one for every rank)
@@ -155,17 +174,18 @@ void ParallelModel::weigh_by_trained_tokens(const std::vector<Batch>& batches,
   if (batches.empty() || !batches.front().docs.defined()) return;
   std::vector<double> trained;
   double here = 0;
-  for (const Batch& b : batches) {  // this rank's tokens (CP: its chunks)
-    const Tensor mine = cp_ ? cp_->local(b.targets) : b.targets;
+  for (const Batch& b : batches) {  // this rank's tokens (CP: its chunks; SP: its part)
+    const Tensor mine = sequence_part(b.targets);
     const std::vector<int32_t> t = mine.to(Device::cpu()).to_vector<int32_t>();
     trained.push_back(
         static_cast<double>(std::count_if(t.begin(), t.end(), [](int32_t v) { return v != -1; })));
     here += trained.back();
   }
-  // the gradients and the loss are averaged over the data and the cp ranks
-  const int64_t cp = cp_ ? mesh_->cp().size() : 1;
-  const double all = mesh_->dp().all_reduce_scalar(
-      cp_ ? mesh_->cp().all_reduce_scalar(here, ReduceOp::kSum) : here, ReduceOp::kSum);
+  // the gradients and the loss are averaged over the data and the cp (or sp) ranks
+  Communicator* seq = sequence_group();
+  const int64_t cp = seq ? seq->size() : 1;
+  const double all = mesh_->dp().all_reduce_scalar(seq ? seq->all_reduce_scalar(here, ReduceOp::kSum) : here,
+                                                   ReduceOp::kSum);
   const double per = static_cast<double>(batches.size()) * static_cast<double>(mesh_->dp().size() * cp);
   for (size_t i = 0; i < out.size(); ++i) out[i].weight = all > 0 ? trained[i] * per / all : 0.0;
 }
@@ -228,7 +248,8 @@ int64_t ParallelModel::bytes_across_hosts() const {
 
 double ParallelModel::mean_over_ranks(double loss) const {
   loss = mesh_->dp().all_reduce_scalar(loss, ReduceOp::kAvg);
-  return cp_ ? mesh_->cp().all_reduce_scalar(loss, ReduceOp::kAvg) : loss;
+  Communicator* seq = sequence_group();
+  return seq ? seq->all_reduce_scalar(loss, ReduceOp::kAvg) : loss;
 }
 
 Tensor ParallelModel::whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const {

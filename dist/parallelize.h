@@ -6,7 +6,8 @@
 //                         (sequence parallel: the regions between them on this rank's part
 //                         of each sequence)
 //   2. context parallel   ring attention in every block; each rank keeps two chunks of
-//                         every sequence
+//                         every sequence (Ulysses sequence parallel: all-to-all attention,
+//                         each rank keeps a contiguous part of every sequence)
 //   3. activation checkpointing   a wrapper around each block's forward
 //   4. memory             this rank's shard of every flat buffer (nn::materialize): the
 //                         same numbers as one process would draw, in any layout
@@ -43,6 +44,7 @@
 #include "dist/sequence_split.h"
 #include "dist/strategy.h"
 #include "dist/trace.h"
+#include "dist/ulysses/ulysses.h"
 #include "models/generate.h"
 #include "models/gpt.h"
 #include "nn/block_wrapper.h"
@@ -66,7 +68,8 @@ struct ParallelizeOptions {
 
 // Throws ndt::Error when the model or the sequence cannot be split as the mesh asks
 // (heads, MLP or padded vocabulary that tp does not divide; seq_len that 2 cp does not;
-// with sequence parallelism, seq_len / cp that tp does not). The pipeline's rules:
+// with sequence parallelism, seq_len / cp that tp does not; Ulysses: heads or seq_len that sp
+// does not divide, and sp with cp, tp or pp, not supported yet). The pipeline's rules:
 // plan_pipeline (stages.h); both at once: plan_layout.
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel = false);
@@ -145,6 +148,10 @@ class ParallelModel {
   // A loss computed on this rank's sequences and chunks -> the mean over every token of the
   // step (each dp and cp rank holds as many tokens as any other; tp ranks hold the same loss).
   double mean_over_ranks(double loss) const;
+  // (B, T) tokens of whole sequences -> this rank's part of them (CP: its two chunks, SP: its
+  // contiguous part), and the group of ranks that share those sequences (nullptr: none).
+  Tensor sequence_part(const Tensor& tokens) const;
+  Communicator* sequence_group() const;
   // After the step's last backward: the strategy's end_accumulation, then (pipeline with tied
   // embeddings) the sum of the embeddings' gradients of the first and the last stage.
   void end_accumulation();
@@ -156,6 +163,7 @@ class ParallelModel {
   std::unique_ptr<Pipeline> step_;            // the executor of every step's schedule
   FullyShardedDataParallel* fsdp_ = nullptr;  // the strategy, when sharded
   std::unique_ptr<ContextParallel> cp_;       // when cp > 1
+  std::unique_ptr<Ulysses> sp_;               // when sp > 1
   std::shared_ptr<Communicator> ends_;        // pp > 1: the first and the last stage
   bool tied_ends_ = false;                    // this rank is one of them and holds the tied embeddings
   SequenceSplit split_;                       // read by CP, TP and the strategy

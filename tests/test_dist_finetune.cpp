@@ -175,10 +175,20 @@ TEST_F(DistFinetune, HsdpSequenceParallelAndThreeDimensionsEqualOneProcessOnChat
         "--train.grad_accum_steps 1"}},
       "single_hsdp", 1e-5, "", 4);
   expect_layouts_equal_one_process({{"tp2_sp", "--parallel.tp_size 2 --parallel.sequence_parallel true"}},
-                                   "single_sp", 1e-4);
+                                   "single_tp_sp", 1e-4);
   expect_layouts_equal_one_process(
       {{"cp2_tp2_pp2", "--parallel.cp_size 2 --parallel.tp_size 2 --parallel.pp_size 2"}}, "single_3d", 1e-4,
       "", 8);
+}
+
+// Ulysses sequence parallelism on packed rows: each rank a contiguous half of every row, the
+// attention over the whole row with the whole rows' documents (no extra traffic), the trained
+// tokens falling unequally on the two ranks; a Llama with one kv head, replicated to both ranks.
+TEST_F(DistFinetune, UlyssesEqualsOneProcessOnChatData) {
+  expect_layouts_equal_one_process({{"sp2", "--parallel.sp_size 2"}}, "single_sp", 1e-5, "", 2, 1e-5);
+  expect_layouts_equal_one_process({{"llama_sp2", "--parallel.sp_size 2"}}, "llama_single_sp", 1e-5,
+                                   "--model.arch llama --model.n_kv_head 1 --model.intermediate_size 48", 2,
+                                   1e-5);
 }
 
 // LoRA on the weights a full run trained: the adapters, whole on every rank, averaged over the
@@ -205,6 +215,12 @@ TEST_F(DistFinetune, LoraDataParallelAndFsdpEqualOneProcess) {
       tp.out.find("parallel.tp_size = 2: LoRA (lora.rank > 0) does not run with tensor parallelism yet"),
       std::string::npos)
       << tp.out;
+  const ShellResult sp = train("lora_sp2", 2, "--parallel.sp_size 2 " + lora);
+  EXPECT_EQ(sp.rc, 2) << sp.out;
+  EXPECT_NE(sp.out.find("parallel.sp_size = 2 with lora.rank = 4: LoRA under Ulysses sequence parallelism is "
+                        "not supported yet"),
+            std::string::npos)
+      << sp.out;
 }
 
 }  // namespace

@@ -273,6 +273,16 @@ TEST(Plan, NeedsTheWorldForTheRestOfIt) {
   EXPECT_EQ(r.rc, 2) << r.out;
 }
 
+TEST(Plan, UlyssesIsRefusedWithOneLine) {
+  // the planner does not model sp's all-to-alls yet: one config error, no plan
+  const Result r = run_shell(std::string(NDT_TRAIN_GPT_BIN) + " --plan --parallel.sp_size 2 --plan.world 2");
+  EXPECT_EQ(r.rc, 2) << r.out;
+  EXPECT_NE(r.out.find("--plan with parallel.sp_size = 2: the planner does not model Ulysses sequence "
+                       "parallelism yet"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
   // every size within its key's range, the products beyond int64: one line naming what
   // overflowed, exit 2 -- never a wrapped count such as "= 0 ranks" or "0 tokens per step"

@@ -384,6 +384,53 @@ TEST_F(DistTrain, SequenceParallelLayoutsEqualOneProcess) {
       << bad.out;
 }
 
+TEST_F(DistTrain, UlyssesLayoutsEqualOneProcess) {
+  // Ulysses sequence parallelism: each rank a contiguous half (quarter) of every sequence,
+  // attention all-to-all'ed to its heads of the whole sequence; its ranks shard parameters
+  // (FSDP over sp), with data-parallel replicas too
+  check_layouts(
+      {{"sp2", 1, 1, 1, 1, "", 1, 2}, {"sp4", 1, 1, 1, 1, "", 1, 4}, {"dp2_sp2", 2, 1, 1, 1, "", 1, 2}}, 2);
+}
+
+TEST_F(DistTrain, LlamaUlyssesLayoutsEqualOneProcess) {
+  // grouped-query attention, 4 heads over 2 kv heads: sp2 splits the kv heads, sp4 replicates
+  // each twice
+  check_layouts({{"sp2", 1, 1, 1, 1, "", 1, 2}, {"sp4", 1, 1, 1, 1, "", 1, 4}}, 2, nullptr, kLlama);
+}
+
+TEST_F(DistTrain, UlyssesCheckpointsResumeInAnotherLayout) {
+  // the sp ranks' FSDP shards (sharded) and the whole model (full) written under sp2, read by
+  // fsdp2 x sp2, then by one process
+  for (const std::string format : {"sharded", "full"}) {
+    const std::string f = " --checkpoint.format " + format;
+    check_chain("sp_chain_" + format,
+                {{2, "--train.micro_batch_size 4 --parallel.sp_size 2 --train.stop_after 2" + f},
+                 {4,
+                  "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.sp_size 2 "
+                  "--train.stop_after 2" +
+                      f},
+                 {1, "--train.micro_batch_size 4" + f}},
+                "", 5);
+  }
+}
+
+TEST_F(DistTrain, BadUlyssesLayoutsAreOneClearLine) {
+  const std::vector<Refused> cases = {
+      {"bad_sp1", 4, "--parallel.sp_size 2 --parallel.cp_size 2",
+       "parallel.sp_size = 2 with parallel.cp_size = 2: Ulysses inside ring attention is not supported yet"},
+      {"bad_sp2", 4, "--parallel.sp_size 2 --parallel.tp_size 2",
+       "parallel.sp_size = 2 with parallel.tp_size = 2: Ulysses with tensor parallelism is not supported "
+       "yet"},
+      {"bad_sp3", 4, "--parallel.sp_size 2 --parallel.pp_size 2",
+       "parallel.sp_size = 2 with parallel.pp_size = 2: Ulysses with pipeline parallelism is not supported"},
+      {"bad_sp4", 3, "--parallel.sp_size 3 --train.seq_len 18",
+       "model.n_head = 4 must be divisible by parallel.sp_size = 3"},
+      {"bad_sp5", 3, "--parallel.sp_size 3", "train.seq_len = 16 must be divisible by parallel.sp_size = 3"},
+      {"bad_sp6", 2, "--parallel.sp_size 0", "parallel.sp_size = 0 is outside [1, 65536]"},
+  };
+  for (const Refused& c : cases) expect_one_line(c, expect_refused(c));
+}
+
 TEST_F(DistTrain, Bfloat16LayoutsFollowOneProcess) {
   // every layout against the bf16 single process; then gradients reduced in bf16
   check_bf16_layouts({{"bf16_fsdp2", 1, 2},

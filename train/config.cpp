@@ -158,6 +158,9 @@ po::options_description describe(Config& c) {
        "collectives: auto (NCCL between GPUs when there is more than one rank, else MPI), mpi, or nccl "
        "(NCCL even for one rank; needs train.device = cuda)")
       ("parallel.cp_size", po::value(&c.parallel.cp_size)->default_value(c.parallel.cp_size), "context-parallel degree (2 x cp_size divides train.seq_len)")
+      ("parallel.sp_size", po::value(&c.parallel.sp_size)->default_value(c.parallel.sp_size),
+       "Ulysses sequence-parallel degree: each rank holds seq_len / sp_size tokens, attention all-to-alls "
+       "them into n_head / sp_size heads of the whole sequence (sp_size divides n_head and seq_len)")
       ("parallel.timeout_s", po::value(&c.parallel.timeout_s)->default_value(c.parallel.timeout_s),
        "the deadline of every collective (a peer dead, stopped or cut off: the job ends, exit code 6), "
        "and how long a rank asked to stop (SIGTERM) may go without finishing its step (exit code 4)")
@@ -753,6 +756,30 @@ void validate_cluster(const Config& c, const Checks& ck) {
               "times a transfer's time (a calibration measures up to about 1.3)");
 }
 
+// Ulysses sequence parallelism: the model and the sequence must split over sp ranks; what it
+// is not combined with yet is refused here, at start, one line each.
+void validate_ulysses(const Config& c, const Checks& ck) {
+  const int64_t sp = c.parallel.sp_size;
+  if (sp <= 1) return;
+  const std::string s = "parallel.sp_size = " + std::to_string(sp);
+  ck.need(c.parallel.cp_size == 1,
+          s + " with parallel.cp_size = " + std::to_string(c.parallel.cp_size) +
+              ": Ulysses inside ring attention is not supported yet; use one of them");
+  ck.need(c.parallel.tp_size == 1,
+          s + " with parallel.tp_size = " + std::to_string(c.parallel.tp_size) +
+              ": Ulysses with tensor parallelism is not supported yet; use one of them");
+  ck.need(c.parallel.pp_size == 1,
+          s + " with parallel.pp_size = " + std::to_string(c.parallel.pp_size) +
+              ": Ulysses with pipeline parallelism is not supported yet; use one of them");
+  ck.need(!c.lora.on(),
+          s + " with lora.rank = " + std::to_string(c.lora.rank) +
+              ": LoRA under Ulysses sequence parallelism is not supported yet; set sp_size = 1");
+  // (n_head: against the model that is built, which a folder may give: dist::check_parallel_model)
+  ck.need(c.train.seq_len % sp == 0, "train.seq_len = " + std::to_string(c.train.seq_len) +
+                                         " must be divisible by " + s +
+                                         " (each rank holds seq_len / sp_size tokens)");
+}
+
 void validate_parallel(const Config& c, const Checks& ck) {
   ck.range("parallel.dp_replicate_size", c.parallel.dp_replicate_size, 1, 1 << 20);
   ck.need(c.parallel.dp_shard_size == -1 ||
@@ -761,6 +788,8 @@ void validate_parallel(const Config& c, const Checks& ck) {
               std::to_string(c.parallel.dp_shard_size));
   ck.range("parallel.tp_size", c.parallel.tp_size, 1, 1 << 16);
   ck.range("parallel.cp_size", c.parallel.cp_size, 1, 1 << 16);
+  ck.range("parallel.sp_size", c.parallel.sp_size, 1, 1 << 16);
+  validate_ulysses(c, ck);
   ck.range("parallel.pp_size", c.parallel.pp_size, 1, 1 << 12);
   ck.range("parallel.pp_virtual", c.parallel.pp_virtual, 1, 1 << 12);
   // the schedule's name here; its other rules with the model's (dist::plan_pipeline)

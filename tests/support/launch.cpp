@@ -40,8 +40,8 @@ std::string mpirun(int np) {
 std::string Layout::args() const {
   return " --parallel.dp_replicate_size " + std::to_string(replicate) + " --parallel.dp_shard_size " +
          std::to_string(shard) + " --parallel.cp_size " + std::to_string(cp) + " --parallel.tp_size " +
-         std::to_string(tp) + (pp > 1 ? " --parallel.pp_size " + std::to_string(pp) : std::string()) + " " +
-         extra;
+         std::to_string(tp) + (pp > 1 ? " --parallel.pp_size " + std::to_string(pp) : std::string()) +
+         (sp > 1 ? " --parallel.sp_size " + std::to_string(sp) : std::string()) + " " + extra;
 }
 
 }  // namespace ndt::testing

@@ -37,10 +37,12 @@ struct Layout {
   int replicate = 1, shard = 1, cp = 1, tp = 1;
   const char* extra = "";
   int pp = 1;  // pipeline stages (outermost)
-  int np() const { return pp * replicate * shard * cp * tp; }
+  int sp = 1;  // Ulysses sequence parallelism (between cp and tp)
+  int np() const { return pp * replicate * shard * cp * sp * tp; }
   int dp() const { return replicate * shard; }
   // " --parallel.dp_replicate_size R --parallel.dp_shard_size S --parallel.cp_size C
-  // --parallel.tp_size T" (and " --parallel.pp_size P" when P > 1), then extra
+  // --parallel.tp_size T" (and " --parallel.pp_size P" when P > 1, " --parallel.sp_size U" when
+  // U > 1), then extra
   std::string args() const;
 };
 // Its name, where gtest prints a Layout parameter (ctest's test names then stay the same

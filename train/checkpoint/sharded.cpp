@@ -123,7 +123,7 @@ nlohmann::json manifest_of(const TrainState& state, int64_t adam_steps, const mo
             {"pp_blocks", pp_blocks},
             {"dp_replicate", d.dp_replicate},
             {"dp_shard", d.dp_shard},
-            {"cp", d.cp},
+            {"cp", d.cp * d.sp},  // (Ulysses' sp ranks shard like cp ranks: one flat fsdp index)
             {"tp", d.tp}}},
           {"files", nlohmann::json::object()}};
 }
@@ -195,7 +195,7 @@ std::string save_sharded(const std::string& dir, const TrainState& state, const 
       const dist::ParallelDims::Coords c = d.coords(r);
       const uint64_t h =
           (static_cast<uint64_t>(got[5 * r + 3]) << 32) | static_cast<uint64_t>(got[5 * r + 4]);
-      m["files"][shard_file(d.pp, c.pp, c.tp, c.shard * d.cp + c.cp)] = {
+      m["files"][shard_file(d.pp, c.pp, c.tp, (c.shard * d.cp + c.cp) * d.sp + c.sp)] = {
           {"bytes", static_cast<uint64_t>(got[5 * r + 2])}, {"xxh64", io::hex64(h)}};
     }
     m[kSeal] = manifest_xxh64(m);                                         // over everything above

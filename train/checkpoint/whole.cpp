@@ -65,7 +65,7 @@ std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist
   const dist::DeviceMesh& mesh = pm.mesh();
   const dist::ParallelDims::Coords& x = mesh.coords();
   const bool pipelined = mesh.dims().pp > 1;
-  const bool stage_lead = x.replicate == 0 && x.shard == 0 && x.cp == 0 && x.tp == 0;
+  const bool stage_lead = x.replicate == 0 && x.shard == 0 && x.cp == 0 && x.sp == 0 && x.tp == 0;
   const bool collect = keep || (pipelined && stage_lead);
   std::vector<std::pair<std::string, WholeParam>> mine;  // this stage's, on its lead
   for (size_t i = 0; i < pm.params.units.size(); ++i) {
