@@ -315,14 +315,8 @@ void Trainer::parallelize() {
 // ---- phase 4: materialize ----------------------------------------------------------
 
 void Trainer::materialize() {
-  if (!c_.model.init_from.empty()) {  // each rank reads only its own elements (RAM-efficient)
-    ckpt::load_weights(init_from_, *gpt_, pm_->model_params(), lead() ? &std::cerr : nullptr);
-    out_ << "initialized from " << c_.model.init_from << "\n";
-  }
-  if (!c_.lora.init_from.empty()) {  // the adapters: whole on every rank
-    ckpt::load_peft_adapters(c_.lora.init_from, mc_.arch, pm_->params);
-    out_ << "adapters from " << c_.lora.init_from << "\n";
-  }
+  out_ << ckpt::load_start_weights(init_from_, c_.model.init_from, c_.lora.init_from, *gpt_,
+                                   pm_->model_params(), pm_->params, lead() ? &std::cerr : nullptr);
   // what materializing (and loading) cost in resident memory, on the rank that paid most:
   // random init and loading must both stay near the rank's shards, never the whole model
   if (const int64_t hwm = peak_resident_bytes(); hwm > 0)

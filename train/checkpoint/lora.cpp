@@ -358,4 +358,19 @@ bool is_lora_checkpoint(const std::string& path, std::string* step) {
   return is_lora_state(io::SafeTensorsReader(state.string()).metadata());
 }
 
+std::string load_start_weights(const WeightSource& base, const std::string& base_path,
+                               const std::string& adapters, const models::GPT& gpt, nn::FlatParams& model,
+                               const nn::FlatParams& adapter_params, std::ostream* warn) {
+  std::string said;
+  if (!base_path.empty()) {
+    load_weights(base, gpt, model, warn);
+    said += "initialized from " + base_path + "\n";
+  }
+  if (!adapters.empty()) {
+    load_peft_adapters(adapters, gpt.cfg.arch, adapter_params);
+    said += "adapters from " + adapters + "\n";
+  }
+  return said;
+}
+
 }  // namespace ndt::ckpt

@@ -68,6 +68,15 @@ nn::LoraConfig read_peft_config(const std::string& dir);
 // copied, one line naming a tensor the run lacks, has too many of, or shaped for another base.
 void load_peft_adapters(const std::string& dir, const std::string& arch, const nn::FlatParams& params);
 
+// A run's starting weights: the model's own (model.init_from, `base` opened from base_path;
+// each rank reads only its elements) into `model`, and the adapters of a PEFT folder
+// (lora.init_from, `adapters`; whole on every rank) into `adapter_params`; either path may be
+// "" (nothing to load). Returns the lines to say ("initialized from ...", "adapters from ...").
+struct WeightSource;
+std::string load_start_weights(const WeightSource& base, const std::string& base_path,
+                               const std::string& adapters, const models::GPT& gpt, nn::FlatParams& model,
+                               const nn::FlatParams& adapter_params, std::ostream* warn);
+
 // generate --adapter: `path` (a PEFT folder, or a LoRA run's checkpoint) merged into gpt's
 // weights (materialized, float32, on the host): W += scale (B A)^T in each adapted linear's
 // columns, as export_weights --merge does. Returns what was merged, for a line of output.
