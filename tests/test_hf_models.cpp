@@ -51,14 +51,7 @@ ndt::testing::ShellResult reference(const std::string& args) {
 
 fs::path temp_dir(const std::string& name) { return ndt::testing::fresh_dir("hf_" + name); }
 
-double max_rel(const Tensor& got, const Tensor& want) {
-  const std::vector<double> a = got.to(DType::f64).contiguous().to_vector<double>(),
-                            b = want.to(DType::f64).contiguous().to_vector<double>();
-  double scale = 0, err = 0;
-  for (size_t i = 0; i < b.size(); ++i) scale = std::max(scale, std::abs(b[i]));
-  for (size_t i = 0; i < b.size(); ++i) err = std::max(err, std::abs(a[i] - b[i]));
-  return err / std::max(scale, 1e-300);
-}
+using ndt::testing::max_rel;
 
 // The folder made by transformers, loaded as train_gpt loads it; logits, loss and gradients
 // against transformers' within `tol` (relative to each tensor's largest value).

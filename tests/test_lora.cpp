@@ -350,14 +350,7 @@ TEST(Lora, TrainGptResumesFromAdapterCheckpointsAndExportsPeftAndMerged) {
 
 namespace {
 
-double max_rel(const Tensor& got, const Tensor& want) {
-  const std::vector<double> a = got.to(DType::f64).contiguous().to_vector<double>(),
-                            b = want.to(DType::f64).contiguous().to_vector<double>();
-  double scale = 0, err = 0;
-  for (size_t i = 0; i < b.size(); ++i) scale = std::max(scale, std::abs(b[i]));
-  for (size_t i = 0; i < b.size(); ++i) err = std::max(err, std::abs(a[i] - b[i]));
-  return err / std::max(scale, 1e-300);
-}
+using ndt::testing::max_rel;
 
 // A random base folder (export_hf), ndtrain's float64 logits with random adapters on every
 // linear, the adapters as a LoRA checkpoint, exported as a PEFT folder and merged; PEFT's

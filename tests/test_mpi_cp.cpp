@@ -30,13 +30,7 @@ class RingAttention : public ::testing::TestWithParam<bool> {};
 Tensor packed_docs(int64_t T, int64_t Tc) {
   const std::vector<int64_t> lengths[2] = {{1, Tc + 1, 2 * Tc + 2, 1, Tc - 1, 3},
                                            {Tc / 2 + 1, 2 * Tc + 2, 1, 1, Tc + 1, 2}};
-  std::vector<int32_t> d;
-  for (const auto& row : lengths) {
-    int32_t id = 0;
-    for (int64_t t = 0; t < T; ++id)
-      for (int64_t i = 0; i < row[static_cast<size_t>(id) % row.size()] && t < T; ++i, ++t) d.push_back(id);
-  }
-  return Tensor::from_vector(d, {2, T});
+  return ndt::testing::packed_docs(lengths, T);
 }
 
 // Ring attention of q (B,NH,T,HS) over k, v (B,NKV,T,HS) on the cp ranks against the whole

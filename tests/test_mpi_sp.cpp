@@ -41,13 +41,7 @@ TEST(Ulysses, AllToAllAndItsGradient) {
 // Packed rows of T positions: documents of lengths crossing the ranks' parts -> (2, T) i32.
 Tensor packed_docs(int64_t T) {
   const std::vector<int64_t> lengths[2] = {{1, 4, 7, 1, 2, 3}, {3, 7, 1, 1, 4, 2}};
-  std::vector<int32_t> d;
-  for (const auto& row : lengths) {
-    int32_t id = 0;
-    for (int64_t t = 0; t < T; ++id)
-      for (int64_t i = 0; i < row[static_cast<size_t>(id) % row.size()] && t < T; ++i, ++t) d.push_back(id);
-  }
-  return Tensor::from_vector(d, {2, T});
+  return ndt::testing::packed_docs(lengths, T);
 }
 
 // Ulysses attention of q (B,NH,T,HS) over k, v (B,NKV,T,HS), each rank holding its part of

@@ -29,4 +29,14 @@ double max_diff(const Tensor& a, const Tensor& b) {
   return m / scale;
 }
 
+Tensor packed_docs(const std::vector<int64_t> (&lengths)[2], int64_t T) {
+  std::vector<int32_t> d;
+  for (const auto& row : lengths) {
+    int32_t id = 0;
+    for (int64_t t = 0; t < T; ++id)
+      for (int64_t i = 0; i < row[static_cast<size_t>(id) % row.size()] && t < T; ++i, ++t) d.push_back(id);
+  }
+  return Tensor::from_vector(d, {2, T});
+}
+
 }  // namespace ndt::testing

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "dist/comm/communicator.h"
 #include "tensor/tensor.h"
@@ -22,5 +23,9 @@ Tensor randn(const Shape& s, uint64_t stream, bool grad = false);
 // The largest difference between a and b, relative to the largest magnitude of the
 // reference a; a gtest failure when their shapes differ.
 double max_diff(const Tensor& a, const Tensor& b);
+
+// Packed rows' document ids (2, T) i32: row r made of documents of lengths[r] in turn,
+// repeated until T positions are filled.
+Tensor packed_docs(const std::vector<int64_t> (&lengths)[2], int64_t T);
 
 }  // namespace ndt::testing

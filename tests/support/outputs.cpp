@@ -42,6 +42,15 @@ double max_rel_diff(const std::filesystem::path& a, const std::filesystem::path&
   return worst;
 }
 
+double max_rel(const Tensor& got, const Tensor& want) {
+  const std::vector<double> a = got.to(DType::f64).contiguous().to_vector<double>(),
+                            b = want.to(DType::f64).contiguous().to_vector<double>();
+  double scale = 0, err = 0;
+  for (size_t i = 0; i < b.size(); ++i) scale = std::max(scale, std::abs(b[i]));
+  for (size_t i = 0; i < b.size(); ++i) err = std::max(err, std::abs(a[i] - b[i]));
+  return err / std::max(scale, 1e-300);
+}
+
 std::vector<float> all_values(const nn::FlatParams& p) {
   std::vector<float> out;
   for (const nn::FlatUnit& u : p.units)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nn/flat.h"
+#include "tensor/tensor.h"
 
 namespace ndt::testing {
 
@@ -18,6 +19,8 @@ std::vector<double> metric_losses(const std::filesystem::path& metrics);
 // The largest difference between the same tensors of two safetensors files, relative to each
 // tensor's largest magnitude in `a` (a tensor missing in `b`, or of another size, fails the test).
 double max_rel_diff(const std::filesystem::path& a, const std::filesystem::path& b);
+// The largest difference between got and want, relative to want's largest magnitude.
+double max_rel(const Tensor& got, const Tensor& want);
 // Every value of every unit's buffer, in order (float32 buffers).
 std::vector<float> all_values(const nn::FlatParams& p);
 
