@@ -115,13 +115,13 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   if (dims.pp > 1) pm->join_pipeline_ends(gpt, mesh, o.trace);
   pm->gpt_ = &gpt;
   pm->device_ = o.device;
-  pm->pp_blocks = o.pipeline.blocks;
+  pm->pp_blocks = o.layout.blocks;
   const int64_t C = gpt.cfg.n_embd, tp_size = dims.tp;
   SequenceSplit* split = &pm->split_;
   auto io_shape = [C, tp_size, split](const Tensor& idx) -> Shape {  // what travels between stages
     return {idx.size(0), idx.size(1) / (split->sequence_parallel_now() ? tp_size : 1), C};
   };
-  pm->step_ = std::make_unique<Pipeline>(gpt, mesh.pp(), *pm->strategy, o.pipeline.schedule, io_shape,
+  pm->step_ = std::make_unique<Pipeline>(gpt, mesh.pp(), *pm->strategy, o.layout.schedule, io_shape,
                                          o.compute_dtype.value_or(DType::f32), o.trace);
   return pm;
 }

@@ -63,7 +63,7 @@ struct ParallelizeOptions {
   nn::ACMode ac = nn::ACMode::none;    // activation checkpointing ...
   int64_t ac_every = 1;                // ... of blocks 0, k, 2k, ...
   Trace* trace = nullptr;              // each block's forward on the compute track
-  PipelineLayout pipeline;             // the stages' blocks and the step's schedule (stages.h)
+  PipelineLayout layout;               // dist::plan_layout's: the stages' blocks and the step's schedule
 };
 
 // Throws ndt::Error when the model or the sequence cannot be split as the mesh asks
@@ -77,7 +77,7 @@ void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims
 // The run's layout for this model, checked and planned once: the sizes against the model and
 // the sequence (check_parallel_model) and the pipeline's stages and schedule (plan_pipeline,
 // with the config's pp_* words over dims.pp stages and `micro_batches` = train.grad_accum_steps;
-// block_cost: one block's relative forward cost per token, train::pipeline_block_cost). Throws
+// block_cost: one block's relative forward cost per token, train::block_cost). Throws
 // ndt::Error naming the config keys.
 PipelineLayout plan_layout(const models::GPTConfig& cfg, const ParallelDims& dims,
                            const ParallelConfig& parallel, int64_t seq_len, int64_t micro_batches,

@@ -369,12 +369,12 @@ TEST(PlanKinds, StagesBalanceEachKindsBlockAgainstTheHead) {
   llama.block_size = 8192;
   // 2 FLOPs per weight and 2 T C of attention per token: gpt2's 12 C^2 weights; the llama's
   // c_attn C (C + 2 kv), c_proj C^2, gate, up and down 3 C I (kv = 8 heads of 128)
-  EXPECT_EQ(train::pipeline_block_cost(gpt2, 1024), 2.0 * 12 * 768 * 768 + 2.0 * 1024 * 768);
-  EXPECT_EQ(train::pipeline_block_cost(llama, 8192),
+  EXPECT_EQ(train::block_cost(gpt2, 1024), 2.0 * 12 * 768 * 768 + 2.0 * 1024 * 768);
+  EXPECT_EQ(train::block_cost(llama, 8192),
             2.0 * (4096.0 * (4096 + 2 * 1024) + 4096.0 * 4096 + 3.0 * 4096 * 14336) + 2.0 * 8192 * 4096);
   EXPECT_EQ(dist::head_cost(llama), 2.0 * 128256 * 4096);
   auto split = [](const models::GPTConfig& c, int64_t T, int64_t stages) {
-    return dist::stage_blocks(c, train::pipeline_block_cost(c, T), stages, "");
+    return dist::stage_blocks(c, train::block_cost(c, T), stages, "");
   };
   EXPECT_EQ(split(gpt2, 1024, 3), (std::vector<int64_t>{6, 5, 1}));
   EXPECT_EQ(split(gpt2, 1024, 4), (std::vector<int64_t>{4, 4, 3, 1}));

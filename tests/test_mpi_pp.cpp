@@ -63,7 +63,7 @@ void check_schedule(dist::pp::Kind kind, bool grouped) {
   }
 
   // this rank's stage(s)
-  const std::vector<int64_t> blocks = dist::stage_blocks(cfg, train::pipeline_block_cost(cfg, kT), p * v, "");
+  const std::vector<int64_t> blocks = dist::stage_blocks(cfg, train::block_cost(cfg, kT), p * v, "");
   models::GPT gpt(cfg, dist::pipeline_part(blocks, p, mesh.coords().pp));
   nn::FlatParams par = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7);
   dist::NoParallelism strategy(par);

@@ -259,14 +259,14 @@ void Trainer::describe() {
   try {
     mc_.validate();
     layout_ = dist::plan_layout(mc_, dims_, c_.parallel, c_.train.seq_len, c_.train.grad_accum_steps,
-                                pipeline_block_cost(mc_, c_.train.seq_len));
+                                block_cost(mc_, c_.train.seq_len));
     if (c_.lora.on()) dist::check_lora_layout(dims_);
   } catch (const Error& e) {
     error = e.what();
   }
   agree_on_start(error, *world_);
-  // names, global shapes, init rules; no memory yet. Under pipeline parallelism only this
-  // rank's blocks (and the embeddings or head of the first or last stage)
+  // names, global shapes, init rules; no memory yet: only the part of the model this rank
+  // holds in the layout (dist::model_part)
   if (const std::string line = layout_.describe(); !line.empty()) out_ << line << "\n";
   gpt_ = std::make_unique<models::GPT>(mc_, dist::model_part(layout_, *mesh_));
   if (c_.lora.on()) {  // the adapters on the linears lora.targets names (nn/lora.h)
@@ -305,7 +305,7 @@ void Trainer::parallelize() {
   o.ac = ac_mode(c_.train);
   o.ac_every = c_.train.ac_every;
   o.trace = trace_.get();
-  o.pipeline = layout_;
+  o.layout = layout_;
   pm_ = dist::parallelize(*gpt_, *mesh_, o);
   if (o.ac != nn::ACMode::none)
     out_ << "activation checkpointing: " << nn::describe_checkpointing(o.ac, c_.train.ac_every) << "\n";

@@ -6,17 +6,17 @@
 // stage also embeds the tokens and the last computes the final norm, the head and the loss,
 // so the balance is by cost, not by count: each block costs its forward FLOPs per token (its
 // matrix products and attention; the caller's figure, as the planner's description of the
-// block's kind gives it: train::pipeline_block_cost) and the last stage the head's as well.
+// block's kind gives it: train::block_cost) and the last stage the head's as well.
 //
 // A run's pipeline, from its config, is one PipelineLayout: the blocks of each stage and the
 // schedule every rank runs, checked and built once (plan_pipeline). One stage is a pipeline
 // too: its schedule F0 B0 F1 B1 ... is plain gradient accumulation, so every layout trains
 // through the same executor (pipeline.h).
 //
-//   const double block = train::pipeline_block_cost(cfg, seq_len);   // train/planner/block_kinds.h
+//   const double block = train::block_cost(cfg, seq_len);   // train/planner/block_kinds.h
 //   dist::PipelineLayout l = dist::plan_pipeline(cfg, block, {.stages = p, .micro_batches = m});
 //   models::GPT gpt(cfg, l.part(mesh.coords().pp));   // only this rank's blocks are described
-//   ... dist::parallelize(gpt, mesh, {.pipeline = l, ...}) runs l.schedule
+//   ... dist::parallelize(gpt, mesh, {.layout = l, ...}) runs l.schedule
 #pragma once
 
 #include <cstdint>

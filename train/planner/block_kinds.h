@@ -11,7 +11,7 @@
 //   const BlockKind& kind = block_kind("llama");    // model.arch; shapes_of sets Shapes::kind
 //   BlockMem m = s.kind->memory(s, nn::ACMode::selective);
 //   BlockWork w = s.kind->work(s);
-//   dist::plan_layout(cfg, dims, c.parallel, seq_len, m, pipeline_block_cost(cfg, seq_len));
+//   dist::plan_layout(cfg, dims, c.parallel, seq_len, m, block_cost(cfg, seq_len));
 //
 // Legend: train/planner/shapes.h. Adding a kind: every member of its BlockKind set, in its
 // family's train/families/<arch>.cpp.
@@ -110,7 +110,7 @@ const BlockKind& block_kind(const std::string& arch);
 // The relative forward cost per token of one of cfg's blocks for sequences of seq_len
 // tokens, the pipeline's balance of its stages (dist::stage_blocks): 2 FLOPs per weight
 // (models::Family::linear_weights), and attention's QK^T and PV, 4 T C (causal: half).
-double pipeline_block_cost(const models::GPTConfig& cfg, int64_t seq_len);
+double block_cost(const models::GPTConfig& cfg, int64_t seq_len);
 
 // ---- what every kind shares: the attention core (attention_core.cpp)
 

@@ -47,7 +47,7 @@ StageView stage_view(const Config& c, const dist::ParallelDims& dims, int64_t st
   // the trainer's layout (one place for the layout's rules: dist::plan_layout)
   const dist::PipelineLayout l =
       dist::plan_layout(c.model, dims, c.parallel, c.train.seq_len, c.train.grad_accum_steps,
-                        pipeline_block_cost(c.model, c.train.seq_len));
+                        block_cost(c.model, c.train.seq_len));
   const dist::pp::Schedule& s = l.schedule;
   v.v = s.v;
   v.m = s.m;
