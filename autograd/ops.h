@@ -176,6 +176,49 @@ Tensor document_key_starts(const Tensor& docs, int64_t B, int64_t Tq, int64_t Tk
 AttentionOut merge_attention(const Tensor& out_a, const Tensor& lse_a, const Tensor& out_b,
                              const Tensor& lse_b);
 
+// ---- mixture of experts (autograd/ops/moe.cpp) ----------------------------------------
+// A mixture-of-experts block (Qwen3-MoE, Mixtral) routes each of N tokens to k of E experts
+// and runs every expert's MLP on its rows as one GEMM:
+//
+//   TopK t = moe_topk(softmax(router_logits), k, /*normalize=*/true);   // (N,k), (N,k) i32
+//   MoeRouting r = moe_sort(t.experts, E);                             // rows grouped by expert
+//   Tensor xs = moe_dispatch(x, r);                                    // (N*k, C)
+//   Tensor h = silu_mul(grouped_matmul(xs, w_gate, r.counts), grouped_matmul(xs, w_up, r.counts));
+//   Tensor out = moe_combine(grouped_matmul(h, w_down, r.counts), t.values, r);  // (N, C)
+//
+// Legend: N tokens, E experts, k choices per token, C channels, M = N*k sorted rows.
+
+// The top k of each row of a router's probabilities: probs (N,E) -> values (N,k) (probs' dtype),
+// largest first (ties: the lower expert first, as torch.topk), divided by their row's sum when
+// normalize (Qwen3-MoE's norm_topk_prob; Mixtral always), and experts (N,k) i32, their indices.
+// Differentiable in probs through values (the indices are constants).
+struct TopK {
+  Tensor values, experts;
+};
+TopK moe_topk(const Tensor& probs, int64_t k, bool normalize);
+
+// N tokens' k choices each among E experts, sorted by expert (stable: choice n*k+j in token order
+// within an expert). Computed on the host from experts (N,k) i32 (copied from a GPU); no gradient.
+struct MoeRouting {
+  int64_t tokens = 0, k = 0;    // N, k
+  Tensor order;                 // (N*k) i32 on experts' device: sorted row r is choice order[r] = n*k + j
+  std::vector<int64_t> counts;  // (E) the rows of each expert, summing to N*k
+};
+MoeRouting moe_sort(const Tensor& experts, int64_t E);
+
+// x (N,C) -> (N*k, C): sorted row r is x[order[r] / k] (each token copied once per choice).
+// Backward: the rows' gradients added back to their tokens.
+Tensor moe_dispatch(const Tensor& x, const MoeRouting& r);
+
+// One GEMM per group over rows grouped by counts: x (M,in), w (G,in,out), counts (G) summing to
+// M -> (M,out): the rows of group g times w[g]. Groups with no rows are skipped (their w[g] gets a
+// zero gradient). Backward: dx rows = dy_g w[g]^T, dw[g] = x_g^T dy_g. Differentiable in x and w.
+Tensor grouped_matmul(const Tensor& x, const Tensor& w, const std::vector<int64_t>& counts);
+
+// y (N*k, C) in sorted order, weights (N,k) -> (N,C): out[n] = sum_j weights[n,j] * y[row of
+// choice n*k+j]. Differentiable in y and weights.
+Tensor moe_combine(const Tensor& y, const Tensor& weights, const MoeRouting& r);
+
 // ---- shapes (ops/shape.cpp) ------------------------------------------------------
 Tensor view(const Tensor& x, const Shape& shape);                   // x contiguous
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);  // result contiguous

@@ -500,6 +500,115 @@ void cross_entropy_parallel_losses(const Tensor& gmax, const Tensor& sumexp_glob
                targets, ignore_index, losses);
 }
 
+void moe_topk_forward(const Tensor& probs, int64_t k, bool normalize, const Tensor& values,
+                      const Tensor& experts) {
+  same_device("moe_topk_forward", {&probs, &values, &experts});
+  contiguous("moe_topk_forward", {&probs, &values, &experts});
+  NDT_CHECK(probs.dim() == 2 && k >= 1 && k <= probs.size(1) && values.shape() == Shape({probs.size(0), k}) &&
+                experts.shape() == values.shape() && experts.dtype() == DType::i32,
+            "moe_topk_forward: probs ", probs.desc(), ", k ", k, " -> values ", values.desc(), ", experts ",
+            experts.desc());
+  NDT_DISPATCH(probs.device(), moe_topk_forward, probs, k, normalize, values, experts);
+}
+
+void moe_topk_backward(const Tensor& probs, const Tensor& experts, const Tensor& dvalues, bool normalize,
+                       const Tensor& dprobs) {
+  same_device("moe_topk_backward", {&probs, &experts, &dvalues, &dprobs});
+  contiguous("moe_topk_backward", {&probs, &experts, &dvalues, &dprobs});
+  NDT_CHECK(dprobs.shape() == probs.shape() && dvalues.shape() == experts.shape(),
+            "moe_topk_backward: probs ", probs.desc(), ", experts ", experts.desc(), ", dvalues ",
+            dvalues.desc(), ", dprobs ", dprobs.desc());
+  NDT_DISPATCH(probs.device(), moe_topk_backward, probs, experts, dvalues, normalize, dprobs);
+}
+
+void moe_slots(const Tensor& order, const Tensor& slots) {
+  same_device("moe_slots", {&order, &slots});
+  contiguous("moe_slots", {&order, &slots});
+  NDT_CHECK(order.dtype() == DType::i32 && slots.dtype() == DType::i32 && order.numel() == slots.numel(),
+            "moe_slots: order ", order.desc(), " and slots ", slots.desc(), " must be int32 of one size");
+  NDT_DISPATCH(order.device(), moe_slots, order, slots);
+}
+
+void moe_dispatch_forward(const Tensor& x, const Tensor& order, int64_t k, const Tensor& out) {
+  same_device("moe_dispatch_forward", {&x, &order, &out});
+  contiguous("moe_dispatch_forward", {&x, &order, &out});
+  NDT_CHECK(
+      x.dim() == 2 && out.shape() == Shape({order.numel(), x.size(1)}) && order.numel() == x.size(0) * k,
+      "moe_dispatch_forward: x ", x.desc(), ", order ", order.desc(), ", k ", k, " -> out ", out.desc());
+  NDT_DISPATCH(x.device(), moe_dispatch_forward, x, order, k, out);
+}
+
+void moe_dispatch_backward(const Tensor& dout, const Tensor& slots, int64_t k, const Tensor& dx) {
+  same_device("moe_dispatch_backward", {&dout, &slots, &dx});
+  contiguous("moe_dispatch_backward", {&dout, &slots, &dx});
+  NDT_CHECK(
+      dx.dim() == 2 && dout.shape() == Shape({slots.numel(), dx.size(1)}) && slots.numel() == dx.size(0) * k,
+      "moe_dispatch_backward: dout ", dout.desc(), ", slots ", slots.desc(), ", k ", k, " -> dx ", dx.desc());
+  NDT_DISPATCH(dout.device(), moe_dispatch_backward, dout, slots, k, dx);
+}
+
+namespace {
+
+// The groups' row blocks must tile the M rows of a and c, one matrix of b per group.
+void check_groups(const char* op, const Tensor& rows, const Tensor& per_group,
+                  const std::vector<int64_t>& counts) {
+  int64_t m = 0;
+  for (int64_t n : counts) {
+    NDT_CHECK(n >= 0, op, ": a group count is negative (", n, ")");
+    m += n;
+  }
+  NDT_CHECK(rows.dim() == 2 && m == rows.size(0), op, ": counts sum to ", m, " but the rows are ",
+            rows.desc());
+  NDT_CHECK(per_group.dim() == 3 && per_group.size(0) == static_cast<int64_t>(counts.size()), op, ": ",
+            counts.size(), " groups but the per-group tensor is ", per_group.desc());
+}
+
+}  // namespace
+
+void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
+                  const std::vector<int64_t>& counts) {
+  same_device("grouped_gemm", {&a, &b, &c});
+  contiguous("grouped_gemm", {&a, &b, &c});
+  check_groups("grouped_gemm", a, b, counts);
+  NDT_CHECK(c.dim() == 2 && c.size(0) == a.size(0) && a.size(1) == b.size(trans_b ? 2 : 1) &&
+                c.size(1) == b.size(trans_b ? 1 : 2),
+            "grouped_gemm: a ", a.desc(), " @ b ", b.desc(), trans_b ? " (transposed)" : "", " -> c ",
+            c.desc());
+  NDT_DISPATCH(a.device(), grouped_gemm, a, b, trans_b, c, counts);
+}
+
+void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts,
+                     const Tensor& dw) {
+  same_device("grouped_gemm_dw", {&a, &dc, &dw});
+  contiguous("grouped_gemm_dw", {&a, &dc, &dw});
+  check_groups("grouped_gemm_dw", a, dw, counts);
+  NDT_CHECK(dc.dim() == 2 && dc.size(0) == a.size(0) && dw.size(1) == a.size(1) && dw.size(2) == dc.size(1),
+            "grouped_gemm_dw: a ", a.desc(), ", dc ", dc.desc(), " -> dw ", dw.desc());
+  NDT_DISPATCH(a.device(), grouped_gemm_dw, a, dc, counts, dw);
+}
+
+void moe_combine_forward(const Tensor& y, const Tensor& weights, const Tensor& slots, const Tensor& out) {
+  same_device("moe_combine_forward", {&y, &weights, &slots, &out});
+  contiguous("moe_combine_forward", {&y, &weights, &slots, &out});
+  NDT_CHECK(y.dim() == 2 && weights.dim() == 2 && y.size(0) == weights.numel() &&
+                slots.numel() == y.size(0) && out.shape() == Shape({weights.size(0), y.size(1)}),
+            "moe_combine_forward: y ", y.desc(), ", weights ", weights.desc(), ", slots ", slots.desc(),
+            " -> out ", out.desc());
+  NDT_DISPATCH(y.device(), moe_combine_forward, y, weights, slots, out);
+}
+
+void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& dout, const Tensor& order,
+                          const Tensor& slots, const Tensor& dy, const Tensor& dweights) {
+  same_device("moe_combine_backward", {&y, &weights, &dout, &order, &slots, &dy, &dweights});
+  contiguous("moe_combine_backward", {&y, &weights, &dout, &order, &slots, &dy, &dweights});
+  NDT_CHECK(dy.shape() == y.shape() && dweights.shape() == weights.shape() &&
+                dout.shape() == Shape({weights.size(0), y.size(1)}) && order.numel() == y.size(0) &&
+                slots.numel() == y.size(0),
+            "moe_combine_backward: y ", y.desc(), ", weights ", weights.desc(), ", dout ", dout.desc(),
+            " -> dy ", dy.desc(), ", dweights ", dweights.desc());
+  NDT_DISPATCH(y.device(), moe_combine_backward, y, weights, dout, order, slots, dy, dweights);
+}
+
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi) {
   same_device("fill_uniform", {&t});
   contiguous("fill_uniform", {&t});

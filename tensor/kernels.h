@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -224,6 +225,38 @@ void cross_entropy_parallel_backward(const Tensor& logits, const Tensor& targets
                                      const Tensor& sumexp_global, int64_t v_start, int64_t v_live,
                                      int64_t ignore_index, const Tensor& kept, const Tensor& dloss,
                                      const Tensor& dlogits);
+
+// ---- mixture of experts (tensor/{cpu,cuda}/moe) -------------------------------------
+// Legend: N tokens, E experts, k choices per token, M = N*k rows sorted by expert, C channels,
+// G groups (experts). order (M) i32: sorted row r holds choice order[r] = n*k + j; slots (M)
+// i32 its inverse: choice c sits in sorted row slots[c] (ndt::moe_sort makes order).
+// probs (N,E) -> values (N,k) (probs' dtype), experts (N,k) i32: each row's k largest, largest
+// first, ties to the lower expert (torch.topk); with normalize, values divided by their sum.
+void moe_topk_forward(const Tensor& probs, int64_t k, bool normalize, const Tensor& values,
+                      const Tensor& experts);
+// dvalues (N,k) -> dprobs (N,E) written (zero off the chosen experts). Forward v_j = p_{e_j}
+// (/ S, S = sum_j p_{e_j}, when normalize).
+void moe_topk_backward(const Tensor& probs, const Tensor& experts, const Tensor& dvalues, bool normalize,
+                       const Tensor& dprobs);
+// order (M) i32 -> slots (M) i32, slots[order[r]] = r
+void moe_slots(const Tensor& order, const Tensor& slots);
+// x (N,C), order (M) -> out (M,C): out[r] = x[order[r] / k]
+void moe_dispatch_forward(const Tensor& x, const Tensor& order, int64_t k, const Tensor& out);
+// dout (M,C), slots (M) -> dx (N,C) written: dx[n] = sum_j dout[slots[n*k+j]], j in order
+void moe_dispatch_backward(const Tensor& dout, const Tensor& slots, int64_t k, const Tensor& dx);
+// One GEMM per group of rows: a (M,K) in row blocks of counts (G) rows, b (G,K,N) (or (G,N,K)
+// with trans_b) -> c (M,N) written: c_g = a_g @ op(b[g]). Empty groups are skipped.
+void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
+                  const std::vector<int64_t>& counts);
+// a (M,K), dc (M,N) in row blocks of counts (G) rows -> dw (G,K,N) written: dw[g] = a_g^T dc_g
+// (zero for an empty group).
+void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts, const Tensor& dw);
+// y (M,C), weights (N,k), slots (M) -> out (N,C): out[n] = sum_j weights[n,j] y[slots[n*k+j]]
+void moe_combine_forward(const Tensor& y, const Tensor& weights, const Tensor& slots, const Tensor& out);
+// dout (N,C) -> dy (M,C): dy[r] = weights[c] dout[c / k] with c = order[r]; dweights (N,k):
+// dweights[n,j] = <dout[n], y[slots[n*k+j]]>. Both written.
+void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& dout, const Tensor& order,
+                          const Tensor& slots, const Tensor& dy, const Tensor& dweights);
 
 // ---- random fills (tensor/{cpu,cuda}/rng) -------------------------------------------
 // Element i of t (contiguous) gets a value that depends only on (seed, stream, start+i):

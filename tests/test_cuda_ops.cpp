@@ -141,6 +141,22 @@ std::vector<OpCase> large_cases() {
                 [](const V& x) { return V{linear_gelu(x[0], x[1], x[2])}; }, all_grad(3)});
   cs.push_back({"mul_row_many_rows", normals({{{600, 257}, 0.f, 1.f}, {{257}, 0.f, 1.f}}),
                 [](const V& x) { return V{mul(x[0], x[1])}; }, all_grad(2)});
+  // a mixture-of-experts block at a size that spans many blocks and warps: 300 tokens, 8 experts,
+  // top 2. The probabilities are an input (no softmax), so CPU and CUDA route alike in bf16 too.
+  cs.push_back({"moe_block_big",
+                normals({{{300, 64}, 0.f, 1.f},
+                         {{300, 8}, 2.f, 0.5f},
+                         {{8, 64, 96}, 0.f, 0.1f},
+                         {{8, 64, 96}, 0.f, 0.1f},
+                         {{8, 96, 64}, 0.f, 0.1f}}),
+                [](const V& x) {
+                  TopK t = moe_topk(x[1], 2, true);
+                  MoeRouting r = moe_sort(t.experts, 8);
+                  Tensor xs = moe_dispatch(x[0], r);  // (600, 64)
+                  Tensor h = silu_mul(grouped_matmul(xs, x[2], r.counts), grouped_matmul(xs, x[3], r.counts));
+                  return V{moe_combine(grouped_matmul(h, x[4], r.counts), t.values, r)};
+                },
+                all_grad(5)});
   cs.push_back({"gelu_big", normals({{{1000, 257}, 0.f, 2.f}}), [](const V& x) { return V{gelu(x[0])}; },
                 all_grad(1)});
   cs.push_back(
@@ -323,6 +339,15 @@ INSTANTIATE_TEST_SUITE_P(Ops, CudaVsCpuLarge,
                          case_param_name);
 
 // ---- kernels the ops do not reach with these arguments ------------------------------------
+
+// moe_sort of experts on the GPU: the same order and counts as from the CPU, order on the GPU.
+TEST_F(Cuda, MoeSortOfGpuExperts) {
+  Tensor experts = random_ids({37, 3}, 6, Device::cpu(), 9);
+  MoeRouting cpu = moe_sort(experts, 6), gpu = moe_sort(experts.to(kGpu), 6);
+  EXPECT_EQ(gpu.order.device(), kGpu);
+  EXPECT_EQ(gpu.counts, cpu.counts);
+  EXPECT_EQ(gpu.order.to_vector<int32_t>(), cpu.order.to_vector<int32_t>());
+}
 
 // gemm honours alpha and beta (c = alpha op(a) op(b) + beta c), 2-D and batched.
 TEST_F(Cuda, GemmAlphaBeta) {

@@ -85,6 +85,61 @@ Tensor transformer_block(const Tensor& x, const std::vector<Tensor>& p, size_t f
   return add(x1, m);
 }
 
+// ---- mixture of experts ---------------------------------------------------------------
+
+constexpr int64_t kE = 5;  // experts
+
+// x (N,C) tokens, router w_r (C,E), experts' w_gate, w_up (E,C,H) and w_down (E,H,C) -> (N,C):
+// the MoE block of Qwen3-MoE / Mixtral, softmax -> top k -> dispatch -> grouped SwiGLU MLP ->
+// combine
+Tensor moe_block(const std::vector<Tensor>& p, int64_t k, bool normalize) {
+  TopK t = moe_topk(softmax(matmul(p[0], p[1])), k, normalize);
+  MoeRouting r = moe_sort(t.experts, p[1].size(1));
+  Tensor xs = moe_dispatch(p[0], r);  // (N*k, C)
+  Tensor h = silu_mul(grouped_matmul(xs, p[2], r.counts), grouped_matmul(xs, p[3], r.counts));
+  return moe_combine(grouped_matmul(h, p[4], r.counts), t.values, r);
+}
+
+void add_moe_cases(std::vector<OpCase>& cs) {
+  using V = std::vector<Tensor>;
+  // probs (N,E) positive and apart (the smallest gap of a row ~1e-2, far above the differences'
+  // eps): the top k never changes under the finite differences
+  cs.push_back({"moe_topk", inputs_of({{{kT, kE}, 2.0f, 0.5f}}),
+                [](const V& x) { return V{moe_topk(x[0], 3, false).values}; }, all_grad(1)});
+  cs.push_back({"moe_topk_normalized", inputs_of({{{kT, kE}, 2.0f, 0.5f}}),
+                [](const V& x) { return V{moe_topk(x[0], 2, true).values}; }, all_grad(1)});
+  // experts (N,2) drawn at random (a token may even pick one expert twice: the ops allow it)
+  cs.push_back({"moe_dispatch",
+                inputs_of({{{kT, kC}}, ids({kT, 2}, kE)}),
+                [](const V& x) { return V{moe_dispatch(x[0], moe_sort(x[1], kE))}; },
+                {true, false}});
+  cs.push_back({"moe_combine",
+                inputs_of({{{2 * kT, kC}}, {{kT, 2}}, ids({kT, 2}, kE)}),
+                [](const V& x) { return V{moe_combine(x[0], x[1], moe_sort(x[2], kE))}; },
+                {true, true, false}});
+  // unequal groups, one empty in the middle, and empty groups at both ends
+  cs.push_back({"grouped_matmul", inputs_of({{{10, kC}}, {{4, kC, 5}, 0.0f, 0.3f}}),
+                [](const V& x) {
+                  return V{grouped_matmul(x[0], x[1], {3, 0, 6, 1})};
+                },
+                all_grad(2)});
+  cs.push_back({"grouped_matmul_empty_ends", inputs_of({{{10, kC}}, {{4, kC, 5}, 0.0f, 0.3f}}),
+                [](const V& x) {
+                  return V{grouped_matmul(x[0], x[1], {0, 7, 3, 0})};
+                },
+                all_grad(2)});
+  // the whole block; router logits with std ~2 so that no two probabilities of a row are close
+  const std::vector<Spec> block = {{{kT, kC}},
+                                   {{kC, kE}, 0.0f, 0.6f},
+                                   {{kE, kC, 8}, 0.0f, 0.3f},
+                                   {{kE, kC, 8}, 0.0f, 0.3f},
+                                   {{kE, 8, kC}, 0.0f, 0.3f}};
+  cs.push_back(
+      {"moe_block", inputs_of(block), [](const V& x) { return V{moe_block(x, 2, true)}; }, all_grad(5)});
+  cs.push_back({"moe_block_unnormalized", inputs_of(block),
+                [](const V& x) { return V{moe_block(x, 3, false)}; }, all_grad(5)});
+}
+
 // ---- the registry ---------------------------------------------------------------------
 
 std::vector<OpCase> build_cases() {
@@ -565,6 +620,7 @@ std::vector<OpCase> build_cases() {
     c.bf16_tol = 4e-2;
     add_case(c);
   }
+  add_moe_cases(cs);
   return cs;
 }
 
