@@ -11,8 +11,27 @@
 
 namespace ndt::dist {
 
+namespace {
+
+// Mixture-of-experts layers run under data parallelism, FSDP and HSDP (per token, every
+// parameter sharded as any other); the dimensions that split a layer's work or a sequence
+// are not wired for them yet.
+void check_experts_layout(const ParallelDims& dims) {
+  const std::pair<const char*, int64_t> refused[] = {
+      {"tp_size", dims.tp}, {"pp_size", dims.pp}, {"cp_size", dims.cp}, {"sp_size", dims.sp}};
+  for (const auto& [key, size] : refused)
+    NDT_CHECK(
+        size == 1, "parallel.", key, " = ", size,
+        " with mixture-of-experts layers (model.n_experts > 0) is not supported yet: MoE models train under "
+        "data parallelism, FSDP and HSDP (parallel.dp_shard_size, parallel.dp_replicate_size); set ",
+        key, " = 1");
+}
+
+}  // namespace
+
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel) {
+  if (cfg.moe()) check_experts_layout(dims);
   if (dims.sp > 1) {
     NDT_CHECK(dims.cp == 1, "parallel.sp_size = ", dims.sp, " with parallel.cp_size = ", dims.cp,
               ": Ulysses inside ring attention is not supported yet; use one of them");

@@ -10,7 +10,7 @@
 // (`Field::family`).
 //
 //   const models::Family& f = models::family("llama");     // or cfg.family()
-//   auto block = f.make_block(cfg, 0.02f, proj_std);        // one of the model's blocks
+//   auto block = f.make_block(cfg, 0, 0.02f, proj_std);     // the model's first block
 //   int64_t I = f.mlp_hidden(cfg);
 #pragma once
 
@@ -37,7 +37,8 @@ struct Family {
   const char* mlp_hidden_key;
   // The weights of one block's matrix products (2 FLOPs each per token, forward): the
   // pipeline's balance of the stages and the planner's work; and all of one block's
-  // parameters for the model's FLOPs per token (GPT::flops_per_token).
+  // parameters for the model's FLOPs per token (GPT::flops_per_token). Mixture of experts:
+  // those a token goes through (the router and its k experts), averaged over the layers.
   double (*linear_weights)(const GPTConfig& c);
   double (*block_params)(const GPTConfig& c);
   bool (*qkv_bias)(const GPTConfig& c);  // whether c_attn has a bias
@@ -47,8 +48,10 @@ struct Family {
   // Its own fields for GPTConfig::str, each part where it goes: ", n_kv_head=2" after the heads.
   enum Part { after_heads, after_width, at_end };
   void (*describe)(const GPTConfig& c, Part part, std::ostream& os);
-  // One block, initialised N(0, std) with residual projections N(0, proj_std).
-  std::unique_ptr<nn::DecoderBlock> (*make_block)(const GPTConfig& c, float std, float proj_std);
+  // Block `layer` (its index in the model), initialised N(0, std) with residual projections
+  // N(0, proj_std).
+  std::unique_ptr<nn::DecoderBlock> (*make_block)(const GPTConfig& c, int64_t layer, float std,
+                                                  float proj_std);
   std::unique_ptr<nn::Norm> (*make_norm)(const GPTConfig& c);  // ln_f
 };
 

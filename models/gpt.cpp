@@ -7,6 +7,7 @@
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "models/family.h"
+#include "nn/moe.h"
 
 namespace ndt::models {
 
@@ -89,7 +90,7 @@ GPT::GPT(const GPTConfig& c, PipelinePart part)
               end, ") outside the model's ", c.n_layer, " blocks");
     chunk_begin_.push_back(h.size());
     for (int64_t i = begin; i < end; ++i) {
-      h.push_back(family.make_block(c, kStd, proj_std(c)));
+      h.push_back(family.make_block(c, i, kStd, proj_std(c)));
       block_index_.push_back(i);
       child("h." + std::to_string(i), h.back().get());
     }
@@ -223,17 +224,35 @@ Tensor GPT::before_head(const Tensor& x) const {
   return before_lm_head ? before_lm_head(y) : y;
 }
 
-Tensor GPT::trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs) const {
+Tensor GPT::trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs,
+                  const std::shared_ptr<nn::RouterLoss>& router) const {
   NDT_CHECK(part_.whole(), "GPT: this rank holds one part of a pipeline; run it with forward_chunk");
   bool cached = false;
   const Tensor pos = positions_of(idx, pos_offset, docs, cached);
   Tensor x = embed(idx, pos);
   // the rotary tables are for all T positions: attention's q and k are whole sequences
-  return before_head(run_blocks(0, h.size(), x, block_positions(pos, pos_offset, cached, x.dtype(), docs)));
+  nn::Positions block_pos = block_positions(pos, pos_offset, cached, x.dtype(), docs);
+  block_pos.router = router;
+  return before_head(run_blocks(0, h.size(), x, block_pos));
+}
+
+std::shared_ptr<nn::RouterLoss> GPT::router_loss() const {
+  if (!cfg.moe() || cfg.router_aux_loss_coef == 0) return nullptr;
+  return std::make_shared<nn::RouterLoss>(cfg.n_experts);
 }
 
 // x (B, T, C) at the head: logits (B*T, Vp) through the head's matrix, and the loss
-GPTOutput GPT::head_forward(const Tensor& x_btc, const Tensor& idx, const Tensor& targets) const {
+GPTOutput GPT::head_forward(const Tensor& x_btc, const Tensor& idx, const Tensor& targets,
+                            const std::shared_ptr<nn::RouterLoss>& router) const {
+  GPTOutput out = head_logits(x_btc, idx, targets);
+  if (router && out.loss.defined()) {  // + coef * the load-balancing loss of every MoE layer (nn/moe.h)
+    out.aux_loss = nn::aux_loss(x_btc, router);
+    out.loss = add(out.loss, scale(out.aux_loss, cfg.router_aux_loss_coef));
+  }
+  return out;
+}
+
+GPTOutput GPT::head_logits(const Tensor& x_btc, const Tensor& idx, const Tensor& targets) const {
   const int64_t B = idx.size(0), T = idx.size(1), C = cfg.n_embd;
   Tensor x = view(x_btc, {B * T, C});
   GPTOutput out;
@@ -258,7 +277,8 @@ GPTOutput GPT::head_forward(const Tensor& x_btc, const Tensor& idx, const Tensor
 
 GPTOutput GPT::forward(const Tensor& idx, const Tensor& targets, int64_t pos_offset,
                        const Tensor& docs) const {
-  return head_forward(trunk(idx, pos_offset, docs), idx, targets);
+  const std::shared_ptr<nn::RouterLoss> router = targets.defined() ? router_loss() : nullptr;
+  return head_forward(trunk(idx, pos_offset, docs, router), idx, targets, router);
 }
 
 // (B, T, C) -> the logits of each row's last position (B, Vp)
@@ -273,7 +293,7 @@ Tensor GPT::next_token_logits(const Tensor& idx, int64_t pos_offset) const {
 // ---- pipeline parallelism: one chunk at a time ----------------------------------------
 
 Tensor GPT::chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset,
-                        const Tensor& docs) const {
+                        const Tensor& docs, const std::shared_ptr<nn::RouterLoss>& router) const {
   NDT_CHECK(chunk + 1 < chunk_begin_.size(), "GPT: chunk ", chunk, " of a part with ",
             chunk_begin_.size() - 1, " chunks");
   const bool embeds = chunk == 0 && part_.first;
@@ -283,17 +303,20 @@ Tensor GPT::chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_
   bool cached = false;
   const Tensor pos = positions_of(idx, pos_offset, docs, cached);
   const Tensor in = embeds ? embed(idx, pos) : x;
-  const nn::Positions block_pos = block_positions(pos, pos_offset, cached, in.dtype(), docs);
+  nn::Positions block_pos = block_positions(pos, pos_offset, cached, in.dtype(), docs);
+  block_pos.router = router;
   Tensor y = run_blocks(chunk_begin_[chunk], chunk_begin_[chunk + 1], in, block_pos);
   return chunk + 2 == chunk_begin_.size() && part_.last ? before_head(y) : y;
 }
 
 Tensor GPT::forward_chunk(size_t chunk, const Tensor& idx, const Tensor& x, const Tensor& targets,
                           int64_t pos_offset, const Tensor& docs) const {
-  Tensor y = chunk_trunk(chunk, idx, x, pos_offset, docs);
+  // the load-balancing loss of a model whose MoE layers are all here (pipelines refuse MoE)
+  const std::shared_ptr<nn::RouterLoss> router = part_.whole() ? router_loss() : nullptr;
+  Tensor y = chunk_trunk(chunk, idx, x, pos_offset, docs, router);
   if (!(chunk + 2 == chunk_begin_.size() && part_.last)) return y;
   NDT_CHECK(targets.defined(), "GPT: the pipeline's last chunk needs the targets");
-  return head_forward(y, idx, targets).loss;
+  return head_forward(y, idx, targets, router).loss;
 }
 
 Tensor GPT::next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tensor& x,

@@ -50,10 +50,12 @@ struct PipelinePart {
 };
 
 struct GPTOutput {
-  Tensor logits;  // (B*T, Vp); padded columns never affect the loss. Undefined after a
-                  // forward with targets and gradients on (single process): the fused loss
-                  // (cross_entropy_fused) keeps its gradient in their memory
-  Tensor loss;    // scalar mean cross-entropy, when targets were given
+  Tensor logits;    // (B*T, Vp); padded columns never affect the loss. Undefined after a
+                    // forward with targets and gradients on (single process): the fused loss
+                    // (cross_entropy_fused) keeps its gradient in their memory
+  Tensor loss;      // scalar mean cross-entropy, when targets were given (+ model.router_aux_loss_coef x
+                    // aux_loss with mixture-of-experts layers)
+  Tensor aux_loss;  // the routers' load-balancing loss (nn/moe.h), with router_aux_loss_coef > 0
 };
 
 class GPT : public nn::Module {
@@ -152,7 +154,11 @@ class GPT : public nn::Module {
 
  private:
   Tensor final_norm(const Tensor& x) const;
-  Tensor trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs) const;
+  // router: the forward's load-balancing statistics (nullptr: none)
+  Tensor trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs,
+               const std::shared_ptr<nn::RouterLoss>& router = nullptr) const;
+  // A new RouterLoss for a forward with a loss (nullptr without MoE or router_aux_loss_coef)
+  std::shared_ptr<nn::RouterLoss> router_loss() const;
   // trunk's parts: the positions of idx's tokens (B, T) (restarting per document of docs) and
   // what the blocks see of them; the embeddings (B, T, C); blocks h[begin, end); the final
   // norm (and TP's copy) before the head
@@ -160,11 +166,13 @@ class GPT : public nn::Module {
   Tensor embed(const Tensor& idx, const Tensor& pos) const;
   Tensor run_blocks(size_t begin, size_t end, Tensor x, const nn::Positions& block_pos) const;
   Tensor before_head(const Tensor& x) const;
-  // x (B, T, C) at the head -> logits and loss
-  GPTOutput head_forward(const Tensor& x, const Tensor& idx, const Tensor& targets) const;
+  // x (B, T, C) at the head -> logits and loss (+ the router's load-balancing loss)
+  GPTOutput head_forward(const Tensor& x, const Tensor& idx, const Tensor& targets,
+                         const std::shared_ptr<nn::RouterLoss>& router = nullptr) const;
+  GPTOutput head_logits(const Tensor& x, const Tensor& idx, const Tensor& targets) const;
   // chunk's h range and its input: the embeddings of idx, or x
-  Tensor chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset,
-                     const Tensor& docs) const;
+  Tensor chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_t pos_offset, const Tensor& docs,
+                     const std::shared_ptr<nn::RouterLoss>& router = nullptr) const;
   PipelinePart part_;
   std::vector<int64_t> block_index_;  // h[i]'s index in the whole model
   std::vector<size_t> chunk_begin_;   // chunk c is h[chunk_begin_[c], chunk_begin_[c + 1])

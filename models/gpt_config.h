@@ -41,6 +41,16 @@ struct GPTConfig {
   RopeConfig rope;                // rotary embeddings: theta and Llama 3's scaling
   int64_t head_size = 0;          // model.head_dim: channels per head HS (0: n_embd / n_head; Qwen3's differ)
   bool qk_norm = false;           // an RMSNorm over each head's HS channels of q and of k (Qwen3)
+  // mixture of experts (Qwen3-MoE, Mixtral; nn/moe.h): the MLP of the MoE layers is a router
+  // over n_experts SwiGLU experts of moe_intermediate_size, each token through its top
+  // n_experts_per_tok of them; the other layers keep the dense SwiGLU of intermediate_size
+  int64_t n_experts = 0;              // 0: no MoE layers
+  int64_t n_experts_per_tok = 0;      // k
+  int64_t moe_intermediate_size = 0;  // each expert's hidden units
+  bool norm_topk_prob = false;        // the k weights divided by their sum (Mixtral always)
+  int64_t moe_every = 1;              // layers i with (i + 1) % moe_every == 0 are MoE (decoder_sparse_step)
+  std::string dense_layers;           // "0,5": layers that stay dense (mlp_only_layers)
+  double router_aux_loss_coef = 0;    // the load-balancing loss's weight in the training loss (0: none)
 
   const Family& family() const;  // of arch; throws ndt::Error for an unknown one
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
@@ -48,6 +58,11 @@ struct GPTConfig {
   int64_t head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
   bool tied() const;           // logits through wte (gpt2 always; llama with tie_embeddings)
   int64_t mlp_hidden() const;  // the MLP's hidden units: 4C (gpt2) or intermediate_size
+  bool moe() const { return n_experts > 0; }
+  // Whether layer i's MLP is a mixture of experts: n_experts > 0, (i + 1) % moe_every == 0 and
+  // i not in dense_layers (throws ndt::Error for a malformed dense_layers)
+  bool moe_layer(int64_t i) const;
+  int64_t moe_layers() const;  // how many
   int64_t padded_vocab() const { return (vocab_size + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   void validate() const;  // throws ndt::Error naming the bad key
   std::string str() const;
@@ -109,6 +124,29 @@ void visit_fields(Visit&& visit, C&... cs) {
   visit(Field{"qk_norm", "llama: RMSNorms over each head of q and k before the rotary embeddings (Qwen3)",
               "llama", 0, 0, true, /*optional=*/true},
         cs.qk_norm...);
+  visit(Field{"n_experts", "llama: routed experts of every MoE layer (0: dense MLPs; Qwen3-MoE, Mixtral)",
+              "llama", 0, 1 << 16, true, /*optional=*/true},
+        cs.n_experts...);
+  visit(Field{"n_experts_per_tok", "llama: experts each token goes through (top k of the router)", "llama", 0,
+              1 << 16, true, /*optional=*/true},
+        cs.n_experts_per_tok...);
+  visit(Field{"moe_intermediate_size", "llama: each expert's SwiGLU hidden units", "llama", 0, kMaxI, true,
+              /*optional=*/true},
+        cs.moe_intermediate_size...);
+  visit(Field{"norm_topk_prob", "llama: the k routing weights divided by their sum (Mixtral: always)",
+              "llama", 0, 0, true, /*optional=*/true},
+        cs.norm_topk_prob...);
+  visit(Field{"moe_every", "llama: every moe_every-th layer is MoE (decoder_sparse_step)", "llama", 1, 1024,
+              true,
+              /*optional=*/true},
+        cs.moe_every...);
+  visit(Field{"dense_layers", "llama: layers that keep a dense MLP, \"0,5\" (mlp_only_layers)", "llama", 0, 0,
+              true, /*optional=*/true},
+        cs.dense_layers...);
+  visit(Field{"router_aux_loss_coef",
+              "llama: weight of the routers' load-balancing loss in the training loss (0: none)", "llama", 0,
+              1e3, true, /*optional=*/true},
+        cs.router_aux_loss_coef...);
 }
 
 }  // namespace ndt::models

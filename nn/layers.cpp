@@ -198,17 +198,22 @@ std::vector<LinearSite> Block::linear_sites() {
           {"mlp.c_proj", &mlp.c_proj}};
 }
 
-std::vector<LinearSite> LlamaBlock::linear_sites() {
-  // c_attn's columns: NKV groups of G query heads, then k, then v (GroupedQueryAttention)
-  const int64_t G = attn.n_head / attn.n_kv_head, HS = attn.head_dim, NKV = attn.n_kv_head;
+std::vector<LinearSite> GroupedQueryAttention::linear_sites() {
+  // c_attn's columns: NKV groups of G query heads, then k, then v
+  const int64_t G = n_head / n_kv_head, HS = head_dim, NKV = n_kv_head;
   const std::vector<int64_t> qkv{G * HS, HS, HS};
-  return {{"self_attn.q_proj", &attn.c_attn, 0, NKV, qkv},
-          {"self_attn.k_proj", &attn.c_attn, 1, NKV, qkv},
-          {"self_attn.v_proj", &attn.c_attn, 2, NKV, qkv},
-          {"self_attn.o_proj", &attn.c_proj},
-          {"mlp.gate_proj", &mlp.gate_proj},
-          {"mlp.up_proj", &mlp.up_proj},
-          {"mlp.down_proj", &mlp.down_proj}};
+  return {{"self_attn.q_proj", &c_attn, 0, NKV, qkv},
+          {"self_attn.k_proj", &c_attn, 1, NKV, qkv},
+          {"self_attn.v_proj", &c_attn, 2, NKV, qkv},
+          {"self_attn.o_proj", &c_proj}};
+}
+
+std::vector<LinearSite> LlamaBlock::linear_sites() {
+  std::vector<LinearSite> s = attn.linear_sites();
+  s.insert(
+      s.end(),
+      {{"mlp.gate_proj", &mlp.gate_proj}, {"mlp.up_proj", &mlp.up_proj}, {"mlp.down_proj", &mlp.down_proj}});
+  return s;
 }
 
 TensorParallelPlan& TensorParallelPlan::operator+=(const TensorParallelPlan& o) {

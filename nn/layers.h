@@ -173,10 +173,14 @@ class CausalSelfAttention : public Module {
 // and, for rotary embeddings, the cos and sin of every token's angles (B, T, HS/2)
 // (models/rope.h; undefined for GPT-2, whose positions are added once at the embeddings);
 // for packed rows the document of every token, docs (B, T) i32 (undefined: one per row).
+// MoE blocks (nn/moe.h) leave their routers' statistics in `router` for the load-balancing
+// loss (nullptr: none wanted).
+struct RouterLoss;
 struct Positions {
   int64_t offset = 0;
   Tensor cos, sin;
   Tensor docs;
+  std::shared_ptr<RouterLoss> router;
 };
 
 // One of a block's linears as Hugging Face names its module inside the block (PEFT's LoRA
@@ -253,6 +257,8 @@ class GroupedQueryAttention : public Module {
   // (B, T, NH HS). Its only parameters are the optional norms'; selective activation
   // checkpointing recomputes it in backward.
   Tensor core(const Tensor& qkv, const Positions& pos) const;
+  // self_attn.{q,k,v}_proj (parts of c_attn), self_attn.o_proj
+  std::vector<LinearSite> linear_sites();
   Linear c_attn, c_proj;
   std::unique_ptr<RMSNorm> q_norm, k_norm;  // (HS) each; nullptr without qk_norm
   int64_t n_head, n_kv_head, head_dim;      // heads on this rank (/ tp under tensor parallelism)

@@ -66,9 +66,14 @@ void check_against_transformers(const std::string& arch, const std::string& dtyp
   EXPECT_EQ(cfg.arch, "llama");
   EXPECT_EQ(cfg.kv_heads(), 2);
   EXPECT_EQ(cfg.attention_bias, arch == "qwen2");
-  EXPECT_EQ(cfg.qk_norm, arch == "qwen3");
-  EXPECT_EQ(cfg.head_dim(), arch == "qwen3" ? 24 : 16);  // qwen3: 4 heads of 24 from a width of 64
+  const bool qwen3 = arch == "qwen3" || arch == "qwen3_moe", moe = arch == "qwen3_moe" || arch == "mixtral";
+  EXPECT_EQ(cfg.qk_norm, qwen3);
+  EXPECT_EQ(cfg.head_dim(), qwen3 ? 24 : 16);  // qwen3: 4 heads of 24 from a width of 64
   EXPECT_EQ(cfg.tied(), arch == "qwen3");
+  EXPECT_EQ(cfg.moe_layers(), arch == "qwen3_moe" ? 1
+                              : arch == "mixtral" ? 2
+                                                  : 0);  // qwen3_moe: layer 1 dense
+  EXPECT_EQ(cfg.router_aux_loss_coef, moe ? 0.25 : 0.0);
   models::GPT gpt(cfg);
   const DType dt = dtype == "float64" ? DType::f64 : DType::f32;
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), dt, 1);
@@ -85,9 +90,16 @@ void check_against_transformers(const std::string& arch, const std::string& dtyp
     EXPECT_LT(err, tol) << "logits";
     std::cout << arch << " " << dtype << ": logits within " << err << " of transformers'\n";
   }
-  const Tensor loss = gpt.forward(x, y).loss;
+  const models::GPTOutput out = gpt.forward(x, y);
+  const Tensor loss = out.loss;  // MoE: + 0.25 x the load-balancing loss
   EXPECT_LT(std::abs(loss.item() - ref.get("loss", DType::f64).item()), tol * std::abs(loss.item()))
       << "loss";
+  if (moe) {
+    const double aux = out.aux_loss.item(), theirs = ref.get("aux_loss", DType::f64).item();
+    EXPECT_LT(std::abs(aux - theirs), tol * std::abs(theirs)) << "the load-balancing loss";
+    std::cout << arch << " " << dtype << ": load-balancing loss " << aux << ", transformers' " << theirs
+              << "\n";
+  }
   backward(loss);
   int compared = 0;
   double worst = 0;
@@ -100,7 +112,8 @@ void check_against_transformers(const std::string& arch, const std::string& dtyp
     ++compared;
   }
   std::cout << arch << " " << dtype << ": " << compared << " gradients within " << worst << "\n";
-  EXPECT_EQ(compared, static_cast<int>(ref.entries().size()) - 4);  // every parameter of transformers'
+  // every parameter of transformers' (the experts' under the folder's per-expert names)
+  EXPECT_EQ(compared, static_cast<int>(ref.entries().size()) - (moe ? 5 : 4));
   fs::remove_all(d);
 }
 
@@ -109,6 +122,19 @@ void check_against_transformers(const std::string& arch, const std::string& dtyp
 TEST(HfModels, LlamaWithLlama3RopeEqualsTransformersInFloat64) {
   check_against_transformers("llama", "float64", 1e-10);
 }
+// Mixtures of experts: the router, the top 2 of 4 experts (Qwen3-MoE's weights as the softmax
+// gives them, Mixtral's renormalised), a dense layer beside an MoE one (Qwen3-MoE's
+// mlp_only_layers), and the load-balancing loss over every MoE layer in the loss.
+TEST(HfModels, Qwen3MoeEqualsTransformersInFloat64) {
+  check_against_transformers("qwen3_moe", "float64", 1e-10);
+}
+TEST(HfModels, MixtralEqualsTransformersInFloat64) {
+  check_against_transformers("mixtral", "float64", 1e-10);
+}
+TEST(HfModels, Qwen3MoeEqualsTransformersInFloat32) {
+  check_against_transformers("qwen3_moe", "float32", 1e-5);
+}
+
 TEST(HfModels, Qwen2WithQkvBiasesEqualsTransformersInFloat64) {
   check_against_transformers("qwen2", "float64", 1e-10);
 }

@@ -27,7 +27,8 @@ void validate(const GPTConfig& c) {
 
 void describe(const GPTConfig&, Family::Part, std::ostream&) {}
 
-std::unique_ptr<nn::DecoderBlock> make_block(const GPTConfig& c, float std, float proj_std) {
+std::unique_ptr<nn::DecoderBlock> make_block(const GPTConfig& c, int64_t /*layer*/, float std,
+                                             float proj_std) {
   return std::make_unique<nn::Block>(c.n_embd, c.n_head, std, proj_std, c.norm_eps);
 }
 

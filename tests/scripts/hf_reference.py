@@ -16,7 +16,7 @@ it; default ~/.cache/ndtrain/ref-venv, $NDT_REF_VENV):
 Exit codes: 0 done; 3 with the one line "transformers/torch not available: ..." when torch,
 transformers or safetensors cannot be imported (the C++ tests skip on it); 1 or 2 otherwise.
 
-make OUT --arch llama|qwen2|qwen3 [--dtype float64|float32] [--seed N] [--stock]
+make OUT --arch llama|qwen2|qwen3|qwen3_moe|mixtral [--dtype float64|float32] [--seed N] [--stock]
   A random tiny model built by transformers (LlamaForCausalLM, Qwen2ForCausalLM or
   Qwen3ForCausalLM, eager attention): hidden 64, 2 layers, 4 query heads and 2 key/value heads
   (head_dim 16), intermediate 176, vocab 96, max_position_embeddings 128, rms_norm_eps 1e-5,
@@ -27,6 +27,15 @@ make OUT --arch llama|qwen2|qwen3 [--dtype float64|float32] [--seed N] [--stock]
     qwen2: rope_theta 1e6, default rope; biases on q, k and v (none on o_proj)
     qwen3: rope_theta 1e6, default rope; head_dim 24 (not hidden / heads: q has 96 channels,
            k and v 48), q_norm and k_norm, no biases, the lm_head tied to the embeddings
+    qwen3_moe: qwen3's attention (untied); layer 0 a mixture of 4 experts (top 2, moe_intermediate_size
+           40, not renormalised), layer 1 dense (mlp_only_layers); output_router_logits with
+           router_aux_loss_coef 0.25
+    mixtral: rope_theta 1e6; both layers 4 experts of intermediate_size 48, top 2, renormalised;
+           output_router_logits with router_aux_loss_coef 0.25
+  MoE: the loss is the cross-entropy + router_aux_loss_coef x the load-balancing loss (written as
+  aux_loss), as the model computes it with labels; the experts' gradients are written under the
+  folder's per-expert names (transformers 5 keeps them fused in memory). float64 also patches the
+  router's softmax and the load-balancing loss's sums (float32 in transformers).
   Every parameter is drawn from torch.Generator(seed): weights and embeddings N(0, 0.1^2),
   biases N(0, 0.1^2), norm weights U(0.5, 1.5) (not 1: norms cannot be skipped unnoticed).
   Writes
@@ -147,14 +156,47 @@ def patch_float64(torch, modules):
 
     done = []
     for mod in modules:
-        prefix = mod.__name__.rsplit(".", 1)[-1].replace("modeling_", "").capitalize()
+        prefix = PREFIXES[mod.__name__.rsplit(".", 1)[-1]]
         getattr(mod, prefix + "RMSNorm").forward = rms_forward
         getattr(mod, prefix + "RotaryEmbedding").forward = rope_forward
         mod.eager_attention_forward = make_eager(mod)
         done += [f"{mod.__name__}.{prefix}RMSNorm.forward",
                  f"{mod.__name__}.{prefix}RotaryEmbedding.forward",
                  f"{mod.__name__}.eager_attention_forward"]
+        if hasattr(mod, prefix + "TopKRouter"):
+            done += patch_router_float64(torch, mod, prefix)
     return done
+
+
+def patch_router_float64(torch, mod, prefix):
+    """The MoE router's softmax (transformers: float32) and load_balancing_loss_func's sums
+    (float32) in the input's dtype: the same formulas."""
+    router = getattr(mod, prefix + "TopKRouter")
+    mixtral = prefix == "Mixtral"
+
+    def router_forward(self, hidden_states):
+        h = hidden_states.reshape(-1, self.hidden_dim)
+        logits = torch.nn.functional.linear(h, self.weight)
+        probs = torch.nn.functional.softmax(logits, dim=-1)
+        top, idx = torch.topk(probs, self.top_k, dim=-1)
+        if mixtral or self.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return logits, top, idx
+
+    def load_balancing_loss_func(gate_logits, num_experts=None, top_k=2, attention_mask=None):
+        assert attention_mask is None
+        counts, sums, rows = 0, 0, 0
+        for g in gate_logits:
+            p = torch.nn.functional.softmax(g, dim=-1)
+            _, sel = torch.topk(p, top_k, dim=-1)
+            counts = counts + torch.nn.functional.one_hot(sel.reshape(-1), num_experts).to(p.dtype).sum(0)
+            sums = sums + p.sum(0)
+            rows += p.shape[0]
+        return torch.sum((counts / rows) * (sums / rows)) * num_experts
+
+    router.forward = router_forward
+    mod.load_balancing_loss_func = load_balancing_loss_func
+    return [f"{mod.__name__}.{prefix}TopKRouter.forward", f"{mod.__name__}.load_balancing_loss_func"]
 
 
 def inv_freq64(config):
@@ -211,11 +253,17 @@ def set_inv_freq64(torch, model):
     return inv, (ref.tolist() if ref is not None else None)
 
 
+PREFIXES = {"modeling_llama": "Llama", "modeling_qwen2": "Qwen2", "modeling_qwen3": "Qwen3",
+            "modeling_qwen3_moe": "Qwen3Moe", "modeling_mixtral": "Mixtral"}
+
+
 def modeling_modules(transformers):
     from transformers.models.llama import modeling_llama
     from transformers.models.qwen2 import modeling_qwen2
     from transformers.models.qwen3 import modeling_qwen3
-    return [modeling_llama, modeling_qwen2, modeling_qwen3]
+    from transformers.models.qwen3_moe import modeling_qwen3_moe
+    from transformers.models.mixtral import modeling_mixtral
+    return [modeling_llama, modeling_qwen2, modeling_qwen3, modeling_qwen3_moe, modeling_mixtral]
 
 
 def dtype_of(torch, name):
@@ -293,7 +341,37 @@ def build_config(transformers, arch):
     if arch == "qwen3":
         return transformers.Qwen3Config(**dict(SIZES, tie_word_embeddings=True), head_dim=24, rope_theta=1e6,
                                         attention_bias=False, use_sliding_window=False)
+    if arch == "qwen3_moe":  # layer 1 dense (mlp_only_layers), the routing weights not renormalised
+        return transformers.Qwen3MoeConfig(**SIZES, head_dim=24, rope_theta=1e6, attention_bias=False,
+                                           use_sliding_window=False, num_experts=4, num_experts_per_tok=2,
+                                           moe_intermediate_size=40, norm_topk_prob=False, mlp_only_layers=[1],
+                                           output_router_logits=True, router_aux_loss_coef=0.25)
+    if arch == "mixtral":  # every layer MoE, renormalised, experts of intermediate_size
+        return transformers.MixtralConfig(**dict(SIZES, intermediate_size=48), rope_theta=1e6, num_local_experts=4,
+                                          num_experts_per_tok=2, output_router_logits=True,
+                                          router_aux_loss_coef=0.25)
     return transformers.Qwen2Config(**SIZES, rope_theta=1e6, use_sliding_window=False)
+
+
+def per_expert_grads(model, name, grad):
+    """transformers 5 keeps an MoE layer's experts fused: gate_up_proj (E, 2I, C), down_proj
+    (E, C, I); a folder names each expert's matrices (and Mixtral's MoE block_sparse_moe, which
+    transformers 5 calls mlp in memory). The gradient under the folder's names."""
+    mixtral = type(model).__name__.startswith("Mixtral")
+    if mixtral and ".mlp." in name:
+        name = name.replace(".mlp.", ".block_sparse_moe.")
+    if name.endswith("experts.gate_up_proj"):
+        base, I = name[: -len("gate_up_proj")], grad.shape[1] // 2
+        out = {}
+        for e in range(grad.shape[0]):
+            out[f"{base}{e}.{'w1' if mixtral else 'gate_proj'}.weight"] = grad[e, :I].contiguous()
+            out[f"{base}{e}.{'w3' if mixtral else 'up_proj'}.weight"] = grad[e, I:].contiguous()
+        return out
+    if name.endswith("experts.down_proj"):
+        base = name[: -len("down_proj")]
+        return {f"{base}{e}.{'w2' if mixtral else 'down_proj'}.weight": grad[e].contiguous()
+                for e in range(grad.shape[0])}
+    return {name: grad.contiguous()}
 
 
 def randomise(torch, model, seed):
@@ -314,10 +392,15 @@ def make(args):
     dtype = dtype_of(torch, args.dtype)
     config = build_config(transformers, args.arch)
     config._attn_implementation = "eager"
+    if args.arch in ("qwen3_moe", "mixtral"):
+        config._experts_implementation = "eager"  # the loop over experts: grouped_mm has no float64
     cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
-           "qwen3": transformers.Qwen3ForCausalLM}[args.arch]
+           "qwen3": transformers.Qwen3ForCausalLM, "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+           "mixtral": transformers.MixtralForCausalLM}[args.arch]
     model = cls(config).to(dtype)
     model.config._attn_implementation = "eager"
+    if args.arch in ("qwen3_moe", "mixtral"):
+        model.config._experts_implementation = "eager"
     randomise(torch, model, args.seed)
     model.train()  # dropout is 0 in both configs; train() only so nothing is cached
 
@@ -338,8 +421,13 @@ def make(args):
     x = torch.randint(0, config.vocab_size, (B, T + 1), generator=g)
     inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()
 
+    moe = args.arch in ("qwen3_moe", "mixtral")
+
     def forward():
         return model(input_ids=inputs, use_cache=False).logits
+
+    def aux_loss():  # the load-balancing loss, as transformers adds it with labels
+        return model(input_ids=inputs, use_cache=False, output_router_logits=True).aux_loss
 
     patched, stock_diff = [], None
     if dtype == torch.float64 and not args.stock:
@@ -355,6 +443,10 @@ def make(args):
     logits = forward()
     V = logits.shape[-1]
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+    aux = None
+    if moe:  # loss + router_aux_loss_coef * aux, as the model's forward with labels computes it
+        aux = aux_loss()
+        loss = loss + config.router_aux_loss_coef * aux
     loss.backward()
 
     os.makedirs(args.out, exist_ok=True)
@@ -368,10 +460,13 @@ def make(args):
                "logits": logits.detach().to(dtype).contiguous(),
                "loss": loss.detach().reshape(1).to(dtype)}
     params = []
+    if aux is not None:
+        tensors["aux_loss"] = aux.detach().reshape(1).to(dtype)
     for name, p in model.named_parameters():
         if p.grad is None:
             sys.exit(f"no gradient for {name}")
-        tensors["grad." + name] = p.grad.detach().contiguous()
+        for hf_name, g in per_expert_grads(model, name, p.grad.detach()).items():
+            tensors["grad." + hf_name] = g
         params.append({"name": name, "shape": list(p.shape)})
     st.save_file(tensors, os.path.join(args.out, "reference.safetensors"),
                  metadata={"arch": args.arch, "dtype": args.dtype, "seed": str(args.seed)})
@@ -518,7 +613,7 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make", help="a random tiny model and its logits, loss and gradients")
     m.add_argument("out")
-    m.add_argument("--arch", choices=["llama", "qwen2", "qwen3"], required=True)
+    m.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"], required=True)
     m.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--stock", action="store_true",

@@ -65,6 +65,8 @@ std::vector<Shape> hf_shapes(const models::GPTConfig& c, const std::string& name
   if (name == "wte.weight" || name == "lm_head.weight") ours[0] = c.vocab_size;
   if (s.kind == Source::renamed) return {ours};
   if (s.kind == Source::transposed) return {{ours[1], ours[0]}};
+  if (s.kind == Source::experts)
+    return std::vector<Shape>(static_cast<size_t>(ours[0]), Shape{ours[2], ours[1]});
   const int64_t HS = c.head_dim(), q = c.n_head * HS, kv = c.kv_heads() * HS;
   if (ours.size() == 1) return {{q}, {kv}, {kv}};
   return {{q, c.n_embd}, {kv, c.n_embd}, {kv, c.n_embd}};
@@ -85,17 +87,32 @@ void for_each_qkv_block(const models::GPTConfig& c, const std::function<void(int
 }
 
 // Our whole parameter (CPU, `dtype`) from transposed or packed sources, read whole.
+// ours (in, out_features) = theirs (out_features, in)^T, or back (to_theirs)
+template <typename T>
+void transpose_into(T* ours, T* theirs, int64_t rows, int64_t cols, bool to_theirs) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < cols; ++k) {
+      if (to_theirs)
+        theirs[r * cols + k] = ours[k * rows + r];
+      else
+        ours[k * rows + r] = theirs[r * cols + k];
+    }
+}
+
+// transposed: our one matrix; experts: expert e's (E, in, out)[e] <-> its (out, in) tensor
+template <typename T>
+void transpose_all(const Tensor& ours, const std::vector<Tensor>& theirs, bool to_theirs) {
+  const int64_t rows = theirs[0].size(0), cols = theirs[0].size(1);
+  for (size_t e = 0; e < theirs.size(); ++e)
+    transpose_into(ours.data<T>() + static_cast<int64_t>(e) * rows * cols, theirs[e].data<T>(), rows, cols,
+                   to_theirs);
+}
+
 template <typename T>
 void assemble(const models::GPTConfig& c, const Source& s, const std::vector<Tensor>& src,
               const Tensor& out) {
   T* o = out.data<T>();
-  if (s.kind == Source::transposed) {  // out (in, out_features) = src (out_features, in)^T
-    const int64_t rows = src[0].size(0), cols = src[0].size(1);
-    const T* a = src[0].data<T>();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < cols; ++k) o[k * rows + r] = a[r * cols + k];
-    return;
-  }
+  if (s.kind == Source::transposed || s.kind == Source::experts) return transpose_all<T>(out, src, false);
   const int64_t HS = c.head_dim();
   if (out.dim() == 1) {  // biases: out (NKV (G+2) HS) from q (NH HS), k, v (NKV HS)
     for_each_qkv_block(c, [&](int64_t col, int which, int64_t row) {
@@ -117,13 +134,7 @@ template <typename T>
 void disassemble(const models::GPTConfig& c, const Source& s, const Tensor& ours,
                  const std::vector<Tensor>& dst) {
   const T* o = ours.data<T>();
-  if (s.kind == Source::transposed) {
-    const int64_t rows = dst[0].size(0), cols = dst[0].size(1);
-    T* a = dst[0].data<T>();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t k = 0; k < cols; ++k) a[r * cols + k] = o[k * rows + r];
-    return;
-  }
+  if (s.kind == Source::transposed || s.kind == Source::experts) return transpose_all<T>(ours, dst, true);
   const int64_t HS = c.head_dim();
   if (ours.dim() == 1) {
     for_each_qkv_block(c, [&](int64_t col, int which, int64_t row) {

@@ -23,8 +23,10 @@ struct BlockKind;  // train/planner/block_kinds.h
 
 // How one of our parameters is made from a folder's tensors.
 struct HfSource {
-  enum Kind { renamed, transposed, packed_qkv } kind = renamed;
-  std::vector<std::string> names;  // renamed, transposed: one; packed_qkv: q, k, v
+  enum Kind { renamed, transposed, packed_qkv, experts } kind = renamed;
+  // renamed, transposed: one; packed_qkv: q, k, v; experts: one (out, in) matrix per expert,
+  // stacked transposed into our (E, in, out)
+  std::vector<std::string> names;
 };
 
 struct FamilyTools {

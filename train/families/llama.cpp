@@ -28,9 +28,15 @@ void refuse_sliding_window(const io::HfKeys& k, const io::HfConfig& c) {
               " is smaller than max_position_embeddings ", c.max_position_embeddings,
               ": sliding-window attention is not supported (null turns it off)");
   }
-  if (c.model_type == "qwen2")
+  if (c.model_type == "qwen2" || c.model_type == "qwen3_moe")
     NDT_CHECK(!k.opt_bool("use_sliding_window", false), k.where,
               ": use_sliding_window true: sliding-window attention is not supported");
+  if (c.model_type == "mixtral") {  // MixtralConfig's sliding_window: null (none) unless given
+    const int64_t window = k.has("sliding_window") ? k.integer(k.j["sliding_window"], "sliding_window") : 0;
+    NDT_CHECK(window == 0 || window >= c.max_position_embeddings, k.where, ": sliding_window ", window,
+              " is smaller than max_position_embeddings ", c.max_position_embeddings,
+              ": sliding-window attention is not supported (null turns it off)");
+  }
   if (c.model_type == "qwen3" && k.opt_bool("use_sliding_window", false)) {
     // Qwen3Config: with use_sliding_window and a sliding_window (default 4096), the layers
     // from max_window_layers (default 28) on slide; sliding off, both keys are ignored
@@ -40,6 +46,31 @@ void refuse_sliding_window(const io::HfKeys& k, const io::HfConfig& c) {
               from, " to ", c.num_hidden_layers - 1,
               " (max_window_layers on) sliding-window attention, which is not supported");
   }
+}
+
+// The mixture of experts: Qwen3MoeConfig's and MixtralConfig's names and defaults
+void read_experts(const io::HfKeys& k, io::HfConfig& c) {
+  const bool mixtral = c.model_type == "mixtral";
+  // qwen3_moe: num_experts on the Hub, num_local_experts as transformers 5 saves it (its alias)
+  const bool both = k.has("num_experts") && k.has("num_local_experts");
+  NDT_CHECK(mixtral || !both || k.req_int("num_experts") == k.req_int("num_local_experts"), k.where,
+            ": num_experts and num_local_experts differ; they name the same count, keep one");
+  c.num_experts = k.positive(mixtral || !k.has("num_experts") ? "num_local_experts" : "num_experts");
+  c.num_experts_per_tok = k.positive("num_experts_per_tok");
+  c.moe_intermediate_size = mixtral ? c.intermediate_size : k.positive("moe_intermediate_size");
+  c.norm_topk_prob = mixtral || k.opt_bool("norm_topk_prob", false);
+  if (!mixtral) {
+    c.decoder_sparse_step = k.opt_int("decoder_sparse_step").value_or(1);
+    if (k.has("mlp_only_layers"))
+      for (const nlohmann::json& v : k.j["mlp_only_layers"])
+        c.mlp_only_layers.push_back(k.integer(v, "mlp_only_layers"));
+  }
+  if (k.opt_bool("output_router_logits", false))
+    c.router_aux_loss_coef = k.opt_num("router_aux_loss_coef").value_or(0.001);
+  if (mixtral)
+    NDT_CHECK(k.opt_num("router_jitter_noise").value_or(0.0) == 0.0, k.where, ": router_jitter_noise ",
+              k.opt_num("router_jitter_noise").value_or(0.0),
+              " is not supported (ndtrain's router has no noise; set it to 0)");
 }
 
 // config.json: LlamaConfig's, MistralConfig's and Qwen2Config's names and defaults
@@ -53,7 +84,10 @@ void read_config(const io::HfKeys& k, io::HfConfig& c) {
   // absent key to 8 and 32 whatever the heads: refused rather than guessed.
   NDT_CHECK(c.model_type == "llama" || k.j.contains("num_key_value_heads"), k.where,
             ": required key 'num_key_value_heads' is missing (transformers would take ",
-            c.model_type == "mistral" ? 8 : 32, " for ", c.model_type, ", not num_attention_heads; give it)");
+            c.model_type == "mistral" || c.model_type == "mixtral" ? 8
+            : c.model_type == "qwen3_moe"                          ? 4
+                                                                   : 32,
+            " for ", c.model_type, ", not num_attention_heads; give it)");
   c.num_key_value_heads = k.opt_int("num_key_value_heads").value_or(c.num_attention_heads);
   c.max_position_embeddings = k.positive("max_position_embeddings");
   c.norm_eps = k.req_num("rms_norm_eps");
@@ -73,6 +107,23 @@ void read_config(const io::HfKeys& k, io::HfConfig& c) {
   c.head_dim = head_dim.value_or(c.hidden_size / c.num_attention_heads);
   io::parse_rope(k, c);
   refuse_sliding_window(k, c);
+  if (c.model_type == "qwen3_moe" || c.model_type == "mixtral") read_experts(k, c);
+}
+
+void check_experts(const io::HfConfig& c, const std::string& where) {
+  NDT_CHECK(c.num_experts_per_tok <= c.num_experts, where, ": num_experts_per_tok ", c.num_experts_per_tok,
+            " is more than the ", c.num_experts, " experts");
+  NDT_CHECK(c.decoder_sparse_step >= 1, where, ": decoder_sparse_step ", c.decoder_sparse_step,
+            " must be >= 1");
+  for (int64_t l : c.mlp_only_layers)
+    NDT_CHECK(l >= 0 && l < c.num_hidden_layers, where, ": mlp_only_layers holds ", l, ", not a layer 0..",
+              c.num_hidden_layers - 1);
+  NDT_CHECK(c.model_type != "mixtral" ||
+                (c.norm_topk_prob && c.decoder_sparse_step == 1 && c.mlp_only_layers.empty() &&
+                 c.moe_intermediate_size == c.intermediate_size),
+            where, ": a mixtral has experts in every layer, of intermediate_size, and renormalised weights");
+  NDT_CHECK(c.router_aux_loss_coef >= 0, where, ": router_aux_loss_coef ", c.router_aux_loss_coef,
+            " must be >= 0");
 }
 
 void check_config(const io::HfConfig& c, const std::string& where) {
@@ -96,6 +147,24 @@ void check_config(const io::HfConfig& c, const std::string& where) {
         ": attention_bias true is not supported for mistral (transformers' Mistral has no attention biases "
         "and ignores the key)");
   io::check_rope(c, where);
+  if (c.num_experts > 0) check_experts(c, where);
+}
+
+void write_experts(const io::HfConfig& c, nlohmann::json& j) {
+  if (c.model_type == "mixtral") {
+    j["num_local_experts"] = c.num_experts;
+    j["router_jitter_noise"] = 0.0;
+  } else {
+    j["num_experts"] = c.num_experts;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+  }
+  j["num_experts_per_tok"] = c.num_experts_per_tok;
+  // transformers adds the load-balancing loss only with output_router_logits
+  j["output_router_logits"] = c.router_aux_loss_coef > 0;
+  j["router_aux_loss_coef"] = c.router_aux_loss_coef > 0 ? c.router_aux_loss_coef : 0.001;
 }
 
 void write_config(const io::HfConfig& c, nlohmann::json& j) {
@@ -120,9 +189,11 @@ void write_config(const io::HfConfig& c, nlohmann::json& j) {
     j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = false;
   }
-  if (c.model_type == "qwen2" || c.model_type == "qwen3") j["use_sliding_window"] = false;
-  if (c.model_type == "qwen3") j["attention_bias"] = false;
-  if (c.model_type == "mistral") j["sliding_window"] = nullptr;  // absent would mean 4096
+  if (c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe")
+    j["use_sliding_window"] = false;
+  if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") j["attention_bias"] = false;
+  if (c.model_type == "mistral" || c.model_type == "mixtral") j["sliding_window"] = nullptr;  // mistral: 4096
+  if (c.num_experts > 0) write_experts(c, j);
 }
 
 void from_hf(const io::HfConfig& hf, models::GPTConfig& c) {
@@ -134,7 +205,17 @@ void from_hf(const io::HfConfig& hf, models::GPTConfig& c) {
   const bool own_head_dim =
       hf.hidden_size % hf.num_attention_heads != 0 || hf.head_dim != hf.hidden_size / hf.num_attention_heads;
   c.head_size = own_head_dim ? hf.head_dim : 0;
-  c.qk_norm = hf.model_type == "qwen3";  // Qwen3Attention's q_norm and k_norm
+  c.qk_norm = hf.model_type == "qwen3" || hf.model_type == "qwen3_moe";  // Qwen3Attention's q_norm and k_norm
+  c.n_experts = hf.num_experts;
+  if (hf.num_experts > 0) {
+    c.n_experts_per_tok = hf.num_experts_per_tok;
+    c.moe_intermediate_size = hf.moe_intermediate_size;
+    c.norm_topk_prob = hf.norm_topk_prob;
+    c.moe_every = hf.decoder_sparse_step;
+    for (size_t i = 0; i < hf.mlp_only_layers.size(); ++i)
+      c.dense_layers += (i ? "," : "") + std::to_string(hf.mlp_only_layers[i]);
+    c.router_aux_loss_coef = hf.router_aux_loss_coef;
+  }
   c.intermediate_size = hf.intermediate_size;
   c.attention_bias = hf.attention_bias;
   c.tie_embeddings = hf.tie_word_embeddings;
@@ -144,11 +225,34 @@ void from_hf(const io::HfConfig& hf, models::GPTConfig& c) {
                                           hf.original_max_position_embeddings};
 }
 
+// Qwen3-MoE (q/k norms) or Mixtral (experts everywhere, renormalised, no q/k norms)
+void experts_to_hf(const models::GPTConfig& c, io::HfConfig& hf) {
+  NDT_CHECK(
+      c.qk_norm || (c.norm_topk_prob && c.moe_layers() == c.n_layer && !c.attention_bias),
+      "a mixture-of-experts llama without model.qk_norm is a Mixtral, which has experts in every layer "
+      "(model.moe_every = 1, no model.dense_layers), model.norm_topk_prob = true and no q, k, v biases; "
+      "this one has no Hugging Face model_type");
+  NDT_CHECK(!c.attention_bias, "a qwen3_moe has no q, k, v biases (model.attention_bias = false)");
+  hf.num_experts = c.n_experts;
+  hf.num_experts_per_tok = c.n_experts_per_tok;
+  hf.moe_intermediate_size = c.moe_intermediate_size;
+  if (!c.qk_norm) hf.intermediate_size = c.moe_intermediate_size;  // mixtral's experts' size
+  hf.norm_topk_prob = c.norm_topk_prob;
+  hf.decoder_sparse_step = c.moe_every;
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    if (!c.moe_layer(i) && (i + 1) % c.moe_every == 0) hf.mlp_only_layers.push_back(i);
+  hf.router_aux_loss_coef = c.router_aux_loss_coef;
+}
+
 void to_hf(const models::GPTConfig& c, io::HfConfig& hf) {
   NDT_CHECK(!(c.qk_norm && c.attention_bias),
             "a llama model with both model.qk_norm and model.attention_bias has no Hugging Face model_type "
             "(qwen3's attention_bias puts a bias on o_proj too); export one without q, k, v biases");
-  hf.model_type = c.qk_norm ? "qwen3" : c.attention_bias ? "qwen2" : "llama";
+  hf.model_type = c.moe()            ? (c.qk_norm ? "qwen3_moe" : "mixtral")
+                  : c.qk_norm        ? "qwen3"
+                  : c.attention_bias ? "qwen2"
+                                     : "llama";
+  if (c.moe()) experts_to_hf(c, hf);
   hf.hidden_act = "silu";
   hf.tie_word_embeddings = c.tie_embeddings;
   hf.attention_bias = c.attention_bias;
@@ -159,6 +263,22 @@ void to_hf(const models::GPTConfig& c, io::HfConfig& hf) {
     hf.low_freq_factor = c.rope.llama3->low_freq_factor;
     hf.high_freq_factor = c.rope.llama3->high_freq_factor;
     hf.original_max_position_embeddings = c.rope.llama3->original_max_position;
+  }
+}
+
+// An MoE layer's router and experts: Qwen3-MoE's mlp.gate, mlp.experts.<e>.{gate,up,down}_proj;
+// Mixtral's block_sparse_moe.gate, block_sparse_moe.experts.<e>.{w1,w3,w2} (as transformers 5
+// saves them: one (out, in) matrix per expert, which our (E, in, out) stacks transposed)
+void experts_sources(const models::GPTConfig& c, const std::string& ours, const std::string& hf,
+                     std::map<std::string, HfSource>& s) {
+  const bool mixtral = !c.qk_norm;
+  const std::string m = hf + (mixtral ? "block_sparse_moe." : "mlp.");
+  s[ours + "mlp.gate.weight"] = {HfSource::transposed, {m + "gate.weight"}};
+  const char* names[3][2] = {{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}};
+  for (const auto& [our, theirs] : names) {
+    HfSource& src = s[ours + "mlp.experts." + our] = {HfSource::experts, {}};
+    for (int64_t e = 0; e < c.n_experts; ++e)
+      src.names.push_back(m + "experts." + std::to_string(e) + "." + (mixtral ? theirs : our) + ".weight");
   }
 }
 
@@ -181,6 +301,10 @@ std::map<std::string, HfSource> sources(const models::GPTConfig& c) {
     if (c.qk_norm) {
       s[ours + "attn.q_norm.weight"] = {HfSource::renamed, {a + "q_norm.weight"}};
       s[ours + "attn.k_norm.weight"] = {HfSource::renamed, {a + "k_norm.weight"}};
+    }
+    if (c.moe_layer(i)) {
+      experts_sources(c, ours, hf, s);
+      continue;
     }
     for (const char* m : {"gate_proj", "up_proj", "down_proj"})
       s[ours + "mlp." + m + ".weight"] = {HfSource::transposed, {hf + "mlp." + m + ".weight"}};
@@ -349,7 +473,9 @@ extern const FamilyTools kTools_llama = {
     .model_types = {{"llama", "LlamaForCausalLM"},
                     {"mistral", "MistralForCausalLM"},
                     {"qwen2", "Qwen2ForCausalLM"},
-                    {"qwen3", "Qwen3ForCausalLM"}},
+                    {"qwen3", "Qwen3ForCausalLM"},
+                    {"qwen3_moe", "Qwen3MoeForCausalLM"},
+                    {"mixtral", "MixtralForCausalLM"}},
     .read_config = read_config,
     .check_config = check_config,
     .write_config = write_config,

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "tensor/error.h"
 #include "tokenizer/json_checked.h"
@@ -100,8 +101,9 @@ void parse_rope(const HfKeys& top, HfConfig& c) {
 
 namespace {
 
-// Options no family of ndtrain has, refused by name whatever the model_type.
-void refuse_unsupported(const HfKeys& k) {
+// Options no family of ndtrain has, refused by name whatever the model_type (the experts'
+// keys but for the mixtures of experts ndtrain reads).
+void refuse_unsupported(const HfKeys& k, const std::string& model_type) {
   const std::string& where = k.where;
   // a value that switches the option on: anything but null, false, 0 or an empty container
   auto on = [&](const char* key) {
@@ -112,10 +114,17 @@ void refuse_unsupported(const HfKeys& k) {
     if (v->is_object() || v->is_array() || v->is_string()) return !v->empty();
     return true;
   };
+  const bool moe = model_type == "qwen3_moe" || model_type == "mixtral";
   for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
-                          "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size"})
-    NDT_CHECK(!on(key), where, ": '", key,
-              "' is a mixture-of-experts option; ndtrain reads dense models only");
+                          "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size"}) {
+    const bool read = std::string_view(key) != "n_routed_experts" &&
+                      !std::string_view(key).starts_with("n_shared") &&
+                      !std::string_view(key).starts_with("shared");
+    NDT_CHECK(!on(key) || (moe && read), where, ": '", key,
+              moe ? "' (shared experts) is not supported; ndtrain's experts are all routed"
+                  : "' is a mixture-of-experts option; ndtrain reads the experts of qwen3_moe and mixtral "
+                    "models only");
+  }
   NDT_CHECK(!k.has("quantization_config"), where,
             ": quantization_config: quantized checkpoints are not supported; use the unquantized weights");
   if (const json* lt = k.find("layer_types")) {
@@ -199,7 +208,7 @@ HfConfig parse_hf_config(const std::string& text, const std::string& where) {
       c.eos_token_id.push_back(k.integer(*eos, "eos_token_id"));
     }
   }
-  refuse_unsupported(k);
+  refuse_unsupported(k, c.model_type);
   family.check_config(c, where);
   return c;
 }

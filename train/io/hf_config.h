@@ -28,7 +28,7 @@ namespace ndt::io {
 // in old files) -> max_position_embeddings, n_inner (null: 4 * n_embd) -> intermediate_size,
 // layer_norm_epsilon -> norm_eps, activation_function -> hidden_act.
 struct HfConfig {
-  std::string model_type;  // "llama", "mistral", "qwen2", "qwen3" or "gpt2"
+  std::string model_type;  // "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral" or "gpt2"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -53,6 +53,17 @@ struct HfConfig {
   bool llama3_scaling = false;  // rope_type "llama3"; the four below are set only then
   double factor = 0, low_freq_factor = 0, high_freq_factor = 0;
   int64_t original_max_position_embeddings = 0;
+
+  // Mixture of experts (qwen3_moe, mixtral; none for the others).
+  int64_t num_experts = 0;            // qwen3_moe: num_experts; mixtral: num_local_experts
+  int64_t num_experts_per_tok = 0;    // k
+  int64_t moe_intermediate_size = 0;  // mixtral: its intermediate_size (it has no dense MLPs)
+  bool norm_topk_prob = false;        // mixtral: always
+  int64_t decoder_sparse_step = 1;    // qwen3_moe
+  std::vector<int64_t> mlp_only_layers;
+  // router_aux_loss_coef when output_router_logits is true, else 0: transformers adds the
+  // load-balancing loss to the loss only then
+  double router_aux_loss_coef = 0;
 
   // Informational, kept when read and written back.
   std::string torch_dtype;  // torch_dtype (or transformers 5's dtype): "bfloat16", ...; "" if absent

@@ -641,6 +641,9 @@ Plan plan_stage(const Config& c, int64_t world, int64_t stage) {
 }
 
 Plan plan(const Config& c, int64_t world) {
+  NDT_CHECK(!c.model.moe(),
+            "the planner does not model mixture-of-experts layers yet (model.n_experts = ", c.model.n_experts,
+            "); measure the run instead (train_gpt's log gives each rank's peak memory)");
   Plan first = plan_stage(c, world, 0);
   if (first.dims.pp == 1) return first;
   std::vector<Plan> all;

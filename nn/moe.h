@@ -1,0 +1,109 @@
+// ndtrain: mixture-of-experts layers (Qwen3-MoE, Mixtral), as transformers computes them.
+//
+// An MoE layer's MLP sends each token through k of E experts, SwiGLU MLPs of their own:
+//
+//   logits = x Wr                     (N, E)  the router, a linear without bias
+//   p      = softmax(logits)          (N, E)
+//   w, e   = top k of p per token     (N, k)  weights (divided by their sum: norm_topk_prob)
+//                                             and experts
+//   y[n]   = sum_j w[n,j] SwiGLU_{e[n,j]}(x[n])
+//
+// Dropless and without a loop over experts on masks: the N k choices are sorted by expert
+// (moe_sort), the tokens copied into that order (moe_dispatch), each projection is one grouped
+// GEMM over the experts' row blocks (grouped_matmul), and the rows are weighted and added back
+// to their tokens (moe_combine): autograd/ops.h.
+//
+// The load-balancing loss (Switch Transformer; transformers' load_balancing_loss_func), over
+// every MoE layer l of one forward, with R = the rows of all of them (N per layer):
+//
+//   aux = E / R^2 sum_e C_e S_e,   C_e = the choices of expert e,  S_e = sum_{l,n} p_l[n,e]
+//
+// C is a count (no gradient) summed over the layers, so aux couples every layer: its gradient
+// in p_l[n,e] is E C_e / R^2, known only when the whole forward has run. RouterLoss collects C
+// and S as the layers run; the model adds coef * aux(RouterLoss) to the loss after its last
+// block, and that op's backward, which runs before any block's (it is created after them), leaves
+// its incoming gradient in the RouterLoss; each layer's p passed through balance() then gets
+// its share in backward. Activation checkpointing's recompute records the same counts again.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "nn/layers.h"
+
+namespace ndt::nn {
+
+// The routers' statistics of one forward, for the load-balancing loss.
+struct RouterLoss {
+  explicit RouterLoss(int64_t experts) : E(experts) {}
+  int64_t E;
+  // per MoE layer (by block index): its rows N, choices per expert C_l (E) and p's column sums S_l (E)
+  struct Layer {
+    int64_t rows = 0;
+    std::vector<int64_t> counts;
+    std::vector<double> prob_sums;
+  };
+  std::map<int64_t, Layer> layers;
+  double grad = 0;  // d loss / d aux, left by aux_loss's backward for the layers' balance()
+  // aux = E / R^2 sum_e C_e S_e over the layers so far
+  double value() const;
+  // d aux / d p[n,e] = E C_e / R^2, for every row (E)
+  std::vector<double> row_gradient() const;
+};
+
+// The load-balancing loss of stats: a scalar of anchor's dtype and device. anchor, the model's
+// last hidden state (B, T, C), only ties the op into the graph after every layer (it gets no
+// gradient); backward leaves d loss / d aux in stats.grad.
+Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats);
+
+// The SwiGLU experts of one MoE layer, stacked: gate_proj, up_proj (E, C, I), down_proj (E, I, C)
+// (each expert's matrices in the (in, out) layout of nn::Linear).
+class Experts : public Module {
+ public:
+  Experts(int64_t E, int64_t C, int64_t I, float std, float proj_std);
+  // x (M, C) rows sorted by expert, counts (E) rows each -> (M, C): expert e's SwiGLU on its rows
+  Tensor forward(const Tensor& x, const std::vector<int64_t>& counts) const;
+  Tensor gate_proj, up_proj, down_proj;
+  int64_t E, C, I;
+};
+
+struct MoeDims {
+  int64_t C, experts, k, intermediate;
+  bool normalize;  // norm_topk_prob
+};
+
+// The MoE MLP: router ("gate", C -> E), top k, the experts.
+class MoeMLP : public Module {
+ public:
+  MoeMLP(const MoeDims& d, float std, float proj_std);
+  // x (B, T, C) -> (B, T, C). stats: this forward's RouterLoss (nullptr: no load-balancing loss);
+  // layer: this block's index in the model, its key there.
+  Tensor forward(const Tensor& x, const std::shared_ptr<RouterLoss>& stats, int64_t layer) const;
+  Linear gate;
+  Experts experts;
+  int64_t k;
+  bool normalize;
+};
+
+// A Llama-family block whose MLP is a mixture of experts (Qwen3-MoE, Mixtral): x + attn(ln_1(x)),
+// then + moe(ln_2(x)), the attention nn::LlamaBlock's.
+class MoeBlock : public DecoderBlock {
+ public:
+  MoeBlock(const LlamaDims& d, const MoeDims& moe, int64_t layer, float std, float proj_std);
+  Tensor forward(const Tensor& x, const Positions& pos) const override;
+  AttendFn& attend() override { return attn.attend; }
+  // Tensor parallelism splits the attention only; the experts are refused for now (dist/ says so)
+  TensorParallelPlan tensor_parallel_plan() override;
+  // self_attn.{q,k,v,o}_proj (the router and the experts carry no LoRA adapters, as in PEFT,
+  // whose targets are nn.Linear modules: transformers keeps experts and router as parameters)
+  std::vector<LinearSite> linear_sites() override;
+  RMSNorm ln_1;
+  GroupedQueryAttention attn;
+  RMSNorm ln_2;
+  MoeMLP mlp;
+  int64_t layer;
+};
+
+}  // namespace ndt::nn
