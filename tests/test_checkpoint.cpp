@@ -492,7 +492,14 @@ TEST(ShardedCheckpoint, EveryModelFieldIsAConfigKeyAndRoundTrips) {
                       .attention_bias = true,
                       .tie_embeddings = true,
                       .head_size = 6,
-                      .qk_norm = true};
+                      .qk_norm = true,
+                      .n_experts = 4,
+                      .n_experts_per_tok = 2,
+                      .moe_intermediate_size = 12,
+                      .norm_topk_prob = true,
+                      .moe_every = 2,  // layer 1 of 0..2
+                      .dense_layers = "0",
+                      .router_aux_loss_coef = 0.5};
   c.rope.theta = 50000;
   const models::GPTConfig d;
   std::vector<std::string> args = {"train_gpt", "--data.train", "x.bin", "--train.seq_len", "8"};

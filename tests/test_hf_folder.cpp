@@ -483,7 +483,7 @@ TEST(HfConfig, ToJsonRefusesWhatParseWould) {
 TEST(HfConfigErrors, UnknownModelType) {
   const std::string msg = error_of([&] { parse(with(kLlama31, {{"model_type", "falcon"}})); });
   EXPECT_NE(msg.find("unknown model_type 'falcon' in m/config.json; ndtrain reads gpt2, llama, mistral, "
-                     "qwen2 and qwen3"),
+                     "qwen2, qwen3, qwen3_moe and mixtral"),
             std::string::npos)
       << msg;
   expect_refused(with(kLlama31, {{"model_type", nullptr}}), "'model_type' is missing");

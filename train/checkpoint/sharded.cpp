@@ -278,6 +278,11 @@ struct Fields {
               o.contains(key) ? o.at(key).dump() : "missing", ", not true or false", kFix);
     return o.at(key).get<bool>();
   }
+  std::string text(const nlohmann::json& o, const std::string& where, const char* key) const {
+    NDT_CHECK(o.contains(key) && o.at(key).is_string(), "checkpoint ", F, ": \"", where, ".", key, "\" is ",
+              o.contains(key) ? o.at(key).dump() : "missing", ", not a string", kFix);
+    return o.at(key).get<std::string>();
+  }
   const nlohmann::json& object(const nlohmann::json& m, const char* key) const {
     NDT_CHECK(m.contains(key) && m[key].is_object(), "checkpoint ", F, ": \"", key, "\" is ",
               m.contains(key) ? m[key].dump() : "missing", ", not an object", kFix);
@@ -353,6 +358,8 @@ void read_model(const nlohmann::json& mj, const Fields& in, models::GPTConfig& c
           v = in.number(mj, "model", f.name, f.lo, f.hi);
         else if constexpr (std::is_same_v<T, int64_t>)
           v = in.integer(mj, "model", f.name, static_cast<int64_t>(f.lo), static_cast<int64_t>(f.hi));
+        else if constexpr (std::is_same_v<T, std::string>)
+          if (std::string_view(f.name) != "arch") v = in.text(mj, "model", f.name);  // arch: read above
       },
       c);
   NDT_CHECK(c.n_embd % c.n_head == 0, "checkpoint ", F, ": \"model.n_embd\" is ", c.n_embd,
