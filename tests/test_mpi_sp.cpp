@@ -136,6 +136,8 @@ void expect_usp_equals_attention(dist::Communicator& cp, dist::Communicator& sp,
   for (Tensor* t : {&ql, &kl, &vl}) t->set_requires_grad(true);
   const nn::AttendFn ring = [&cp](const Tensor& q, const Tensor& k, const Tensor& v, int64_t,
                                   const Tensor& docs) { return dist::ring_attention(q, k, v, cp, docs); };
+  sp.reset_stats();
+  cp.reset_stats();
   Tensor ol = dist::ulysses_attention(ql, kl, vl, sp, docs, ring);
   EXPECT_LT(max_diff(ol, mine(out.detach())), 1e-12) << "outputs";
   if (packed) EXPECT_GT(max_diff(ol, mine(attention_composed(q, k, v).out.detach())), 1e-3);
@@ -143,6 +145,12 @@ void expect_usp_equals_attention(dist::Communicator& cp, dist::Communicator& sp,
   EXPECT_LT(max_diff(ql.grad(), mine(q.grad())), 1e-12) << "dq";
   EXPECT_LT(max_diff(kl.grad(), mine(k.grad())), 1e-12) << "dk";
   EXPECT_LT(max_diff(vl.grad(), mine(v.grad())), 1e-12) << "dv";
+  // sp: half of q, k, v (kv heads replicated up to 2) and the output of this rank's Tc positions,
+  // forward and backward; cp: one K/V block of this rank's kv heads (NKV / 2, at least 1) on the
+  // cp rank's 2 Tc positions, forward, and its gradient, backward
+  const int64_t kv_sent = std::max<int64_t>(NKV, 2), kv_here = kv_sent / 2;
+  EXPECT_EQ(sp.stats()[dist::CommKind::kSend], 2 * (2 * NH + 2 * kv_sent) * B * Tc * HS / 2 * 8);
+  EXPECT_EQ(cp.stats()[dist::CommKind::kSend], 2 * B * kv_here * 2 * Tc * 2 * HS * 8);
 }
 
 TEST(Ulysses, InsideTheRingEqualsAttention) {
