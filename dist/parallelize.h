@@ -7,7 +7,8 @@
 //                         of each sequence)
 //   2. context parallel   ring attention in every block; each rank keeps two chunks of
 //                         every sequence (Ulysses sequence parallel: all-to-all attention,
-//                         each rank keeps a contiguous part of every sequence)
+//                         each rank keeps a contiguous part of every sequence, of the tp
+//                         rank's heads; with cp, of the cp rank's chunks, around the ring)
 //   3. activation checkpointing   a wrapper around each block's forward
 //   4. memory             this rank's shard of every flat buffer (nn::materialize): the
 //                         same numbers as one process would draw, in any layout

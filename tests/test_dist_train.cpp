@@ -415,7 +415,11 @@ TEST_F(DistTrain, UlyssesInsideTheRingEqualsOneProcess) {
   // rank 2 of the 4 heads (llama: 1 of the 2 kv heads) on both chunks, and ring attention runs
   // on them
   check_layouts({{"sp2_cp2", 1, 1, 2, 1, "", 1, 2}}, 2);
-  check_layouts({{"sp2_cp2", 1, 1, 2, 1, "", 1, 2}}, 2, nullptr, kLlama);
+  // and on 8 ranks with tensor parallelism and its sequence parallelism: each tp rank's kv head
+  // replicated over sp, its 2 tokens of a chunk between the linears
+  check_layouts({{"sp2_cp2", 1, 1, 2, 1, "", 1, 2},
+                 {"sp2_cp2_tp2_seqpar", 1, 1, 2, 2, "--parallel.sequence_parallel true", 1, 2}},
+                2, nullptr, kLlama);
 }
 
 TEST_F(DistTrain, UlyssesInsidePipelineStagesEqualsOneProcess) {
