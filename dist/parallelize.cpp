@@ -32,18 +32,11 @@ void check_experts_layout(const ParallelDims& dims) {
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel) {
   if (cfg.moe()) check_experts_layout(dims);
-  if (dims.sp > 1) {
-    NDT_CHECK(dims.cp == 1, "parallel.sp_size = ", dims.sp, " with parallel.cp_size = ", dims.cp,
-              ": Ulysses inside ring attention is not supported yet; use one of them");
-    NDT_CHECK(dims.tp == 1, "parallel.sp_size = ", dims.sp, " with parallel.tp_size = ", dims.tp,
-              ": Ulysses with tensor parallelism is not supported yet; use one of them");
-    NDT_CHECK(dims.pp == 1, "parallel.sp_size = ", dims.sp, " with parallel.pp_size = ", dims.pp,
-              ": Ulysses with pipeline parallelism is not supported yet; use one of them");
-    check_ulysses(cfg, seq_len, dims.sp);
-  }
+  // tensor parallelism's heads first, then Ulysses' share of them (and of the cp rank's tokens)
   if (dims.tp > 1) check_tensor_parallel(cfg, dims.tp);
   if (dims.cp > 1) check_context_parallel(seq_len, dims.cp);
-  if (dims.tp > 1 && sequence_parallel) check_sequence_parallel(seq_len, dims.cp, dims.tp);
+  if (dims.sp > 1) check_ulysses(cfg, seq_len, dims.sp, dims.tp, dims.cp);
+  if (dims.tp > 1 && sequence_parallel) check_sequence_parallel(seq_len, dims.cp, dims.tp, dims.sp);
 }
 
 PipelineLayout plan_layout(const models::GPTConfig& cfg, const ParallelDims& dims,
@@ -98,7 +91,8 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   pm->split_.sequence_parallel = dims.tp > 1 && o.sequence_parallel;
   if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp(), &pm->split_);
   if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len, &pm->split_);
-  if (dims.sp > 1) pm->sp_ = std::make_unique<Ulysses>(gpt, mesh.sp(), o.seq_len, &pm->split_);
+  if (dims.sp > 1)  // inside the ring (USP) when cp > 1: it wraps CP's attention and positions
+    pm->sp_ = std::make_unique<Ulysses>(gpt, mesh.sp(), o.seq_len, &pm->split_, dims.tp, dims.cp);
   // 3: wrappers compose inside out, the first installed runs innermost
   if (o.ac != nn::ACMode::none) gpt.add_block_wrapper(nn::activation_checkpointing(o.ac, o.ac_every));
   if (o.trace && !dims.sharded())  // FSDP traces its units itself
@@ -180,11 +174,15 @@ std::vector<Pipeline::Batch> ParallelModel::local(const std::vector<Batch>& batc
 }
 
 Tensor ParallelModel::sequence_part(const Tensor& tokens) const {
-  return cp_ ? cp_->local(tokens) : sp_ ? sp_->local(tokens) : tokens;
+  const Tensor part = cp_ ? cp_->local(tokens) : tokens;  // CP: its two chunks
+  return sp_ ? sp_->local(part) : part;                   // SP: its contiguous part of them
 }
 
-Communicator* ParallelModel::sequence_group() const {
-  return cp_ ? &mesh_->cp() : sp_ ? &mesh_->sp() : nullptr;
+std::vector<Communicator*> ParallelModel::sequence_groups() const {
+  std::vector<Communicator*> groups;
+  if (cp_) groups.push_back(&mesh_->cp());
+  if (sp_) groups.push_back(&mesh_->sp());
+  return groups;
 }
 
 // (every rank alike: whether the data has documents is its preparation's, one for every rank)
@@ -200,12 +198,15 @@ void ParallelModel::weigh_by_trained_tokens(const std::vector<Batch>& batches,
         static_cast<double>(std::count_if(t.begin(), t.end(), [](int32_t v) { return v != -1; })));
     here += trained.back();
   }
-  // the gradients and the loss are averaged over the data and the cp (or sp) ranks
-  Communicator* seq = sequence_group();
-  const int64_t cp = seq ? seq->size() : 1;
-  const double all = mesh_->dp().all_reduce_scalar(seq ? seq->all_reduce_scalar(here, ReduceOp::kSum) : here,
-                                                   ReduceOp::kSum);
-  const double per = static_cast<double>(batches.size()) * static_cast<double>(mesh_->dp().size() * cp);
+  // the gradients and the loss are averaged over the data, the cp and the sp ranks
+  int64_t seq_ranks = 1;
+  for (Communicator* seq : sequence_groups()) {
+    here = seq->all_reduce_scalar(here, ReduceOp::kSum);
+    seq_ranks *= seq->size();
+  }
+  const double all = mesh_->dp().all_reduce_scalar(here, ReduceOp::kSum);
+  const double per =
+      static_cast<double>(batches.size()) * static_cast<double>(mesh_->dp().size() * seq_ranks);
   for (size_t i = 0; i < out.size(); ++i) out[i].weight = all > 0 ? trained[i] * per / all : 0.0;
 }
 
@@ -267,8 +268,8 @@ int64_t ParallelModel::bytes_across_hosts() const {
 
 double ParallelModel::mean_over_ranks(double loss) const {
   loss = mesh_->dp().all_reduce_scalar(loss, ReduceOp::kAvg);
-  Communicator* seq = sequence_group();
-  return seq ? seq->all_reduce_scalar(loss, ReduceOp::kAvg) : loss;
+  for (Communicator* seq : sequence_groups()) loss = seq->all_reduce_scalar(loss, ReduceOp::kAvg);
+  return loss;
 }
 
 Tensor ParallelModel::whole_buffer(const nn::FlatUnit& u, const Tensor& shard) const {

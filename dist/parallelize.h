@@ -7,7 +7,8 @@
 //                         of each sequence)
 //   2. context parallel   ring attention in every block; each rank keeps two chunks of
 //                         every sequence (Ulysses sequence parallel: all-to-all attention,
-//                         each rank keeps a contiguous part of every sequence)
+//                         each rank keeps a contiguous part of every sequence, of the tp
+//                         rank's heads; with cp, of the cp rank's chunks, around the ring)
 //   3. activation checkpointing   a wrapper around each block's forward
 //   4. memory             this rank's shard of every flat buffer (nn::materialize): the
 //                         same numbers as one process would draw, in any layout
@@ -35,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dist/context_parallel/ring_attention.h"
 #include "dist/fsdp/fsdp.h"
@@ -68,8 +70,8 @@ struct ParallelizeOptions {
 
 // Throws ndt::Error when the model or the sequence cannot be split as the mesh asks
 // (heads, MLP or padded vocabulary that tp does not divide; seq_len that 2 cp does not;
-// with sequence parallelism, seq_len / cp that tp does not; Ulysses: heads or seq_len that sp
-// does not divide, and sp with cp, tp or pp, not supported yet). The pipeline's rules:
+// with sequence parallelism, seq_len / (cp sp) that tp does not; Ulysses: heads per tp rank or
+// seq_len / cp that sp does not divide). The pipeline's rules:
 // plan_pipeline (stages.h); both at once: plan_layout.
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel = false);
@@ -149,9 +151,10 @@ class ParallelModel {
   // step (each dp and cp rank holds as many tokens as any other; tp ranks hold the same loss).
   double mean_over_ranks(double loss) const;
   // (B, T) tokens of whole sequences -> this rank's part of them (CP: its two chunks, SP: its
-  // contiguous part), and the group of ranks that share those sequences (nullptr: none).
+  // contiguous part of those), and the groups of ranks that share those sequences (cp, then
+  // sp; none without either).
   Tensor sequence_part(const Tensor& tokens) const;
-  Communicator* sequence_group() const;
+  std::vector<Communicator*> sequence_groups() const;
   // After the step's last backward: the strategy's end_accumulation, then (pipeline with tied
   // embeddings) the sum of the embeddings' gradients of the first and the last stage.
   void end_accumulation();

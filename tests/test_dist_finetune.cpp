@@ -191,6 +191,18 @@ TEST_F(DistFinetune, UlyssesEqualsOneProcessOnChatData) {
                                    1e-5);
 }
 
+// Ulysses inside the ring (USP, 4 ranks: cp 2 x sp 2) on packed rows: each cp rank's two chunks
+// of 32 tokens, one per sp rank; the documents cross the chunks and the ranks, and every rank
+// holds the whole rows' for the ring's masks and the positions; GPT-2, and a Llama with one kv
+// head, replicated to both sp ranks.
+TEST_F(DistFinetune, UlyssesInsideTheRingEqualsOneProcessOnChatData) {
+  expect_layouts_equal_one_process({{"sp2_cp2", "--parallel.sp_size 2 --parallel.cp_size 2"}}, "single_sp_cp",
+                                   1e-5, "", 4, 1e-5);
+  expect_layouts_equal_one_process(
+      {{"llama_sp2_cp2", "--parallel.sp_size 2 --parallel.cp_size 2"}}, "llama_single_sp_cp", 1e-5,
+      "--model.arch llama --model.n_kv_head 1 --model.intermediate_size 48", 4, 1e-5);
+}
+
 // LoRA on the weights a full run trained: the adapters, whole on every rank, averaged over the
 // data-parallel ranks; under FSDP the frozen base sharded, gathered for each block and never
 // reduced (also with activation checkpointing's recompute in backward). Tensor parallelism is

@@ -398,6 +398,35 @@ TEST_F(DistTrain, LlamaUlyssesLayoutsEqualOneProcess) {
   check_layouts({{"sp2", 1, 1, 1, 1, "", 1, 2}, {"sp4", 1, 1, 1, 1, "", 1, 4}}, 2, nullptr, kLlama);
 }
 
+TEST_F(DistTrain, UlyssesWithTensorParallelEqualsOneProcess) {
+  // sp x tp: each tp rank's heads (2 of 4) all-to-all'ed over its 2 sp ranks; with TP's sequence
+  // parallelism each sp rank's 8 tokens cut into 4 per tp rank between the linears
+  check_layouts({{"sp2_tp2", 1, 1, 1, 2, "", 1, 2},
+                 {"sp2_tp2_seqpar", 1, 1, 1, 2, "--parallel.sequence_parallel true", 1, 2}},
+                2);
+  // grouped-query attention: 2 kv heads, 1 per tp rank, replicated over the 2 sp ranks
+  check_layouts({{"sp2_tp2", 1, 1, 1, 2, "", 1, 2},
+                 {"sp2_tp2_seqpar", 1, 1, 1, 2, "--parallel.sequence_parallel true", 1, 2}},
+                2, nullptr, kLlama);
+}
+
+TEST_F(DistTrain, UlyssesInsideTheRingEqualsOneProcess) {
+  // USP: each cp rank's two chunks of 4 tokens, one per sp rank; the all-to-all gives each sp
+  // rank 2 of the 4 heads (llama: 1 of the 2 kv heads) on both chunks, and ring attention runs
+  // on them
+  check_layouts({{"sp2_cp2", 1, 1, 2, 1, "", 1, 2}}, 2);
+  // and on 8 ranks with tensor parallelism and its sequence parallelism: each tp rank's kv head
+  // replicated over sp, its 2 tokens of a chunk between the linears
+  check_layouts({{"sp2_cp2", 1, 1, 2, 1, "", 1, 2},
+                 {"sp2_cp2_tp2_seqpar", 1, 1, 2, 2, "--parallel.sequence_parallel true", 1, 2}},
+                2, nullptr, kLlama);
+}
+
+TEST_F(DistTrain, UlyssesInsidePipelineStagesEqualsOneProcess) {
+  // 2 stages of 2 blocks, Ulysses over 2 ranks inside each; the stages pass (B, T/sp, C)
+  check_layouts({{"sp2_pp2", 1, 1, 1, 1, "", 2, 2}}, 2, nullptr, kPipeGPT2);
+}
+
 TEST_F(DistTrain, UlyssesCheckpointsResumeInAnotherLayout) {
   // the sp ranks' FSDP shards (sharded) and the whole model (full) written under sp2, read by
   // fsdp2 x sp2, then by one process
@@ -416,13 +445,14 @@ TEST_F(DistTrain, UlyssesCheckpointsResumeInAnotherLayout) {
 
 TEST_F(DistTrain, BadUlyssesLayoutsAreOneClearLine) {
   const std::vector<Refused> cases = {
-      {"bad_sp1", 4, "--parallel.sp_size 2 --parallel.cp_size 2",
-       "parallel.sp_size = 2 with parallel.cp_size = 2: Ulysses inside ring attention is not supported yet"},
-      {"bad_sp2", 4, "--parallel.sp_size 2 --parallel.tp_size 2",
-       "parallel.sp_size = 2 with parallel.tp_size = 2: Ulysses with tensor parallelism is not supported "
-       "yet"},
-      {"bad_sp3", 4, "--parallel.sp_size 2 --parallel.pp_size 2",
-       "parallel.sp_size = 2 with parallel.pp_size = 2: Ulysses with pipeline parallelism is not supported"},
+      {"bad_sp1", 4, "--parallel.sp_size 2 --parallel.tp_size 2 --model.n_head 2",
+       "model.n_head = 2 must be divisible by parallel.tp_size x sp_size = 2 x 2"},
+      {"bad_sp2", 4,
+       "--parallel.sp_size 2 --parallel.tp_size 2 --parallel.sequence_parallel true --train.seq_len 18",
+       "sequence parallelism: each rank's train.seq_len / (cp_size x sp_size) = 18 / (1 x 2) tokens of a "
+       "sequence must be divisible by tp_size = 2"},
+      {"bad_sp3", 6, "--parallel.sp_size 3 --parallel.cp_size 2 --train.seq_len 20",
+       "train.seq_len = 20 must be divisible by parallel.cp_size x sp_size = 2 x 3"},
       {"bad_sp4", 3, "--parallel.sp_size 3 --train.seq_len 18",
        "model.n_head = 4 must be divisible by parallel.sp_size = 3"},
       {"bad_sp5", 3, "--parallel.sp_size 3", "train.seq_len = 16 must be divisible by parallel.sp_size = 3"},

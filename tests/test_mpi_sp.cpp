@@ -3,11 +3,14 @@
 // attention over each rank's contiguous part of the sequence against the whole causal attention
 // on the same inputs (outputs, and dq, dk, dv after the backward), multi-head, grouped-query
 // (kv heads split over the ranks, and fewer kv heads than ranks: replicated) and on packed rows;
-// the bytes it sends against the analytic volume; the positions; bad layouts refused.
+// the bytes it sends against the analytic volume; the positions; bad layouts refused. On 4
+// ranks, Ulysses inside the ring (USP: cp 2 x sp 2): attention, its gradients and the positions
+// against one process's, with and without packed rows.
 #include <gtest/gtest.h>
 
 #include "autograd/engine.h"
 #include "autograd/ops.h"
+#include "dist/context_parallel/ring_attention.h"
 #include "dist/parallelize.h"
 #include "dist/ulysses/ulysses.h"
 #include "dist_testing.h"
@@ -113,26 +116,110 @@ std::string error_of(const std::function<void()>& f) {
   return "(accepted)";
 }
 
+// USP on 4 ranks, cp 2 x sp 2 (mesh order: sp inside cp): the cp rank holds chunks c and
+// 3 - c of the 4 chunks of a sequence (T = 4 Tc), its sp rank the first or the second of them;
+// attention (all-to-all over sp, ring over cp, all-to-all back) and its gradients against the
+// whole causal attention, and the positions against the whole rows'.
+void expect_usp_equals_attention(dist::Communicator& cp, dist::Communicator& sp, int64_t NH, int64_t NKV,
+                                 bool packed) {
+  SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) + (packed ? " packed" : ""));
+  const int64_t B = 2, HS = 4, Tc = 5, T = 4 * Tc;
+  const int64_t chunk = sp.rank() == 0 ? cp.rank() : 3 - cp.rank();  // this rank's positions
+  Tensor q = randn({B, NH, T, HS}, 6, true), k = randn({B, NKV, T, HS}, 7, true),
+         v = randn({B, NKV, T, HS}, 8, true);
+  const Tensor w = randn({B, NH, T, HS}, 9);
+  const Tensor docs = packed ? packed_docs(T) : Tensor();
+  Tensor out = attention_composed(q, k, v, 0, 0, 0.0, docs).out;
+  backward(sum(mul(out, w)));
+  auto mine = [&](const Tensor& t) { return t.narrow(2, chunk * Tc, Tc).contiguous(); };
+  Tensor ql = mine(q.detach()), kl = mine(k.detach()), vl = mine(v.detach());
+  for (Tensor* t : {&ql, &kl, &vl}) t->set_requires_grad(true);
+  const nn::AttendFn ring = [&cp](const Tensor& q, const Tensor& k, const Tensor& v, int64_t,
+                                  const Tensor& docs) { return dist::ring_attention(q, k, v, cp, docs); };
+  sp.reset_stats();
+  cp.reset_stats();
+  Tensor ol = dist::ulysses_attention(ql, kl, vl, sp, docs, ring);
+  EXPECT_LT(max_diff(ol, mine(out.detach())), 1e-12) << "outputs";
+  if (packed) EXPECT_GT(max_diff(ol, mine(attention_composed(q, k, v).out.detach())), 1e-3);
+  backward(sum(mul(ol, mine(w))));
+  EXPECT_LT(max_diff(ql.grad(), mine(q.grad())), 1e-12) << "dq";
+  EXPECT_LT(max_diff(kl.grad(), mine(k.grad())), 1e-12) << "dk";
+  EXPECT_LT(max_diff(vl.grad(), mine(v.grad())), 1e-12) << "dv";
+  // sp: half of q, k, v (kv heads replicated up to 2) and the output of this rank's Tc positions,
+  // forward and backward; cp: one K/V block of this rank's kv heads (NKV / 2, at least 1) on the
+  // cp rank's 2 Tc positions, forward, and its gradient, backward
+  const int64_t kv_sent = std::max<int64_t>(NKV, 2), kv_here = kv_sent / 2;
+  EXPECT_EQ(sp.stats()[dist::CommKind::kSend], 2 * (2 * NH + 2 * kv_sent) * B * Tc * HS / 2 * 8);
+  EXPECT_EQ(cp.stats()[dist::CommKind::kSend], 2 * B * kv_here * 2 * Tc * 2 * HS * 8);
+}
+
+TEST(Ulysses, InsideTheRingEqualsAttention) {
+  auto& w = *world();
+  if (w.size() != 4) GTEST_SKIP() << "cp 2 x sp 2 runs on 4 ranks";
+  // rank = cp x 2 + sp, as the mesh orders them
+  const auto cp = w.split(static_cast<int>(w.rank() % 2), w.rank(), "cp");
+  const auto sp = w.split(static_cast<int>(w.rank() / 2), w.rank(), "sp");
+  for (const bool packed : {false, true}) {
+    expect_usp_equals_attention(*cp, *sp, 4, 4, packed);  // multi-head
+    expect_usp_equals_attention(*cp, *sp, 4, 2, packed);  // grouped-query, kv heads split over sp
+    expect_usp_equals_attention(*cp, *sp, 2, 1, packed);  // one kv head, replicated over sp
+  }
+  // the model's positions: ContextParallel's chunks, then this rank's half of them
+  const int64_t Tc = 5, T = 4 * Tc, chunk = sp->rank() == 0 ? cp->rank() : 3 - cp->rank();
+  models::GPTConfig c{.n_layer = 1, .n_head = 4, .n_embd = 16, .vocab_size = 11, .block_size = T};
+  models::GPT gpt(c);
+  dist::ContextParallel ring(gpt, *cp, T);
+  dist::Ulysses u(gpt, *sp, T, nullptr, 1, cp->size());
+  const Tensor idx = Tensor::zeros({2, Tc}, DType::i32), docs = packed_docs(T);
+  const std::vector<int32_t> plain = gpt.positions(idx, 0, Tensor()).to_vector<int32_t>(),
+                             got = gpt.positions(idx, 0, docs).to_vector<int32_t>(),
+                             whole = document_positions(docs).to_vector<int32_t>();
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < Tc; ++t) {
+      EXPECT_EQ(plain[static_cast<size_t>(b * Tc + t)], chunk * Tc + t);
+      EXPECT_EQ(got[static_cast<size_t>(b * Tc + t)], whole[static_cast<size_t>(b * T + chunk * Tc + t)]);
+    }
+  const Tensor tokens = randn({2, T}, 4);
+  EXPECT_EQ(max_diff(u.local(ring.local(tokens)), tokens.narrow(1, chunk * Tc, Tc).contiguous()), 0.0);
+}
+
 // Bad layouts: one line each, before any collective.
 TEST(Ulysses, BadLayoutsAreRefused) {
-  models::GPTConfig c{.n_layer = 1, .n_head = 6, .n_embd = 24, .vocab_size = 11, .block_size = 16};
+  models::GPTConfig c{.n_layer = 1, .n_head = 6, .n_embd = 24, .vocab_size = 12, .block_size = 24};
   auto dims = [](int64_t cp, int64_t sp, int64_t tp, int64_t pp) {
     return dist::ParallelDims::resolve_sp(pp, 1, 1, cp, sp, tp, pp * cp * sp * tp);
   };
-  EXPECT_NE(error_of([&] { dist::check_parallel_model(c, dims(1, 4, 1, 1), 16); }).find("model.n_head = 6"),
+  auto check = [&](const dist::ParallelDims& d, int64_t seq_len, bool sequence_parallel = false) {
+    return error_of([&] { dist::check_parallel_model(c, d, seq_len, sequence_parallel); });
+  };
+  EXPECT_NE(check(dims(1, 4, 1, 1), 16).find("model.n_head = 6 must be divisible by parallel.sp_size = 4"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { dist::check_parallel_model(c, dims(1, 3, 1, 1), 16); }).find("train.seq_len = 16"),
+  EXPECT_NE(check(dims(1, 3, 1, 1), 16).find("train.seq_len = 16"), std::string::npos);
+  // sp x tp: the heads of a tp rank over sp
+  EXPECT_NE(check(dims(1, 2, 2, 1), 24)
+                .find("model.n_head = 6 must be divisible by parallel.tp_size x sp_size "
+                      "= 2 x 2"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { dist::check_parallel_model(c, dims(2, 2, 1, 1), 16); }).find("cp_size = 2"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { dist::check_parallel_model(c, dims(1, 2, 2, 1), 16); }).find("tp_size = 2"),
-            std::string::npos);
-  EXPECT_NE(error_of([&] { dist::check_parallel_model(c, dims(1, 2, 1, 2), 16); }).find("pp_size = 2"),
+  // USP: the cp rank's tokens over sp (seq_len 20 splits into 2 cp x 2 chunks, not 2 x 3 parts)
+  EXPECT_NE(check(dims(2, 3, 1, 1), 20)
+                .find("train.seq_len = 20 must be divisible by parallel.cp_size x "
+                      "sp_size = 2 x 3"),
             std::string::npos);
   c.n_kv_head = 3;  // 3 kv heads over 2 ranks: neither divides the other
-  EXPECT_NE(error_of([&] { dist::check_parallel_model(c, dims(1, 2, 1, 1), 16); }).find("n_kv_head = 3"),
+  EXPECT_NE(check(dims(1, 2, 1, 1), 16).find("n_kv_head = 3"), std::string::npos);
+  EXPECT_EQ(check(dims(1, 3, 1, 1), 18), "(accepted)");
+  c.n_head = 12, c.n_kv_head = 6;  // 3 kv heads per tp rank over sp 2
+  EXPECT_NE(check(dims(1, 2, 2, 1), 16).find("n_kv_head = 6 (3 per tp rank) and parallel.sp_size = 2"),
             std::string::npos);
-  EXPECT_EQ(error_of([&] { dist::check_parallel_model(c, dims(1, 3, 1, 1), 18); }), "(accepted)");
+  c.n_kv_head = 2;  // 1 per tp rank, replicated over sp
+  // TP's sequence parallelism: the sp rank's tokens over tp
+  EXPECT_NE(check(dims(1, 2, 2, 1), 18, true)
+                .find("train.seq_len / (cp_size x sp_size) = 18 / (1 x 2) tokens of a sequence must be "
+                      "divisible by tp_size = 2"),
+            std::string::npos);
+  // every combination accepted
+  EXPECT_EQ(check(dims(1, 3, 2, 1), 24, true), "(accepted)");
+  EXPECT_EQ(check(dims(2, 2, 1, 2), 24), "(accepted)");
 }
 
 }  // namespace

@@ -756,28 +756,23 @@ void validate_cluster(const Config& c, const Checks& ck) {
               "times a transfer's time (a calibration measures up to about 1.3)");
 }
 
-// Ulysses sequence parallelism: the model and the sequence must split over sp ranks; what it
-// is not combined with yet is refused here, at start, one line each.
+// Ulysses sequence parallelism: the model and the sequence must split over sp ranks (inside
+// tp's heads and cp's chunks: dist::check_parallel_model); what it is not combined with yet is
+// refused here, at start, one line each.
 void validate_ulysses(const Config& c, const Checks& ck) {
   const int64_t sp = c.parallel.sp_size;
   if (sp <= 1) return;
   const std::string s = "parallel.sp_size = " + std::to_string(sp);
-  ck.need(c.parallel.cp_size == 1,
-          s + " with parallel.cp_size = " + std::to_string(c.parallel.cp_size) +
-              ": Ulysses inside ring attention is not supported yet; use one of them");
-  ck.need(c.parallel.tp_size == 1,
-          s + " with parallel.tp_size = " + std::to_string(c.parallel.tp_size) +
-              ": Ulysses with tensor parallelism is not supported yet; use one of them");
-  ck.need(c.parallel.pp_size == 1,
-          s + " with parallel.pp_size = " + std::to_string(c.parallel.pp_size) +
-              ": Ulysses with pipeline parallelism is not supported yet; use one of them");
   ck.need(!c.lora.on(),
           s + " with lora.rank = " + std::to_string(c.lora.rank) +
               ": LoRA under Ulysses sequence parallelism is not supported yet; set sp_size = 1");
   // (n_head: against the model that is built, which a folder may give: dist::check_parallel_model)
-  ck.need(c.train.seq_len % sp == 0, "train.seq_len = " + std::to_string(c.train.seq_len) +
-                                         " must be divisible by " + s +
-                                         " (each rank holds seq_len / sp_size tokens)");
+  const int64_t cp = std::max<int64_t>(c.parallel.cp_size, 1);  // USP: the cp rank's tokens over sp
+  ck.need(c.train.seq_len % (cp * sp) == 0,
+          "train.seq_len = " + std::to_string(c.train.seq_len) + " must be divisible by " +
+              (cp > 1 ? "parallel.cp_size x sp_size = " + std::to_string(cp) + " x " + std::to_string(sp) +
+                            " (each rank holds seq_len / (cp_size x sp_size) tokens)"
+                      : s + " (each rank holds seq_len / sp_size tokens)"));
 }
 
 void validate_parallel(const Config& c, const Checks& ck) {

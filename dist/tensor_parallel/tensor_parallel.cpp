@@ -1,6 +1,7 @@
 #include "dist/tensor_parallel/tensor_parallel.h"
 
 #include <algorithm>
+#include <string>
 
 #include "autograd/ops.h"
 #include "dist/tensor_parallel/comm.h"
@@ -24,9 +25,12 @@ void check_tensor_parallel(const models::GPTConfig& c, int64_t tp) {
             " (a checkpoint written with another vocab_multiple resumes: its padded rows are unused zeros)");
 }
 
-void check_sequence_parallel(int64_t seq_len, int64_t cp, int64_t tp) {
-  NDT_CHECK(seq_len % cp == 0 && (seq_len / cp) % tp == 0,
-            "sequence parallelism: each rank's train.seq_len / cp_size = ", seq_len, " / ", cp,
+void check_sequence_parallel(int64_t seq_len, int64_t cp, int64_t tp, int64_t sp) {
+  const std::string by = sp > 1 ? "(cp_size x sp_size) = " + std::to_string(seq_len) + " / (" +
+                                      std::to_string(cp) + " x " + std::to_string(sp) + ")"
+                                : "cp_size = " + std::to_string(seq_len) + " / " + std::to_string(cp);
+  NDT_CHECK(seq_len % (cp * sp) == 0 && (seq_len / (cp * sp)) % tp == 0,
+            "sequence parallelism: each rank's train.seq_len / ", by,
             " tokens of a sequence must be divisible by tp_size = ", tp,
             " (each tp rank holds its part of them between the attention and the MLP)");
 }

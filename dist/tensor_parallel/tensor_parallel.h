@@ -73,8 +73,9 @@ void apply_tensor_parallel(nn::DecoderBlock& block, Communicator& tp, const Sequ
 // The Llama family's MLP: gate and up column-parallel (this rank's hidden units), down
 // row-parallel; intermediate_size must divide by tp.
 void apply_tensor_parallel(nn::SwiGLU& mlp, Communicator& tp, const SequenceSplit* split = nullptr);
-// Throws ndt::Error when a rank's tokens of a sequence (seq_len / cp) do not split among tp.
-void check_sequence_parallel(int64_t seq_len, int64_t cp, int64_t tp);
+// Throws ndt::Error when a rank's tokens of a sequence (seq_len / (cp sp); sp: Ulysses) do not
+// split among tp.
+void check_sequence_parallel(int64_t seq_len, int64_t cp, int64_t tp, int64_t sp = 1);
 // Only the splits, as rank `rank` of `parts` would hold them (no communication installed):
 // the layout of another tensor-parallel rank, e.g. to read its checkpoint shards.
 void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank);
