@@ -83,6 +83,14 @@ class LoraBlock : public Module {
   LoraBlock(DecoderBlock& block, const LoraConfig& c);
   std::vector<std::unique_ptr<LoraAdapter>> adapters;
   std::vector<std::string> names;  // adapters[i]'s module: "self_attn.q_proj"
+  std::vector<LinearSite> sites;   // adapters[i]'s linear and its columns
+  // Tensor parallelism (Megatron's LoRA): each adapter split as its linear is in `plan`, as
+  // rank `rank` of `parts` holds it. Column-parallel linear: B (out, r) split by rows with
+  // the linear's columns (q, k, v alike), A whole, its gradient a partial sum over the tp
+  // ranks (each sees its columns' share). Row-parallel: A (r, in) split by columns with the
+  // linear's rows, B whole, its gradient partial (each rank's delta is a partial sum).
+  // The strategy sums the partial gradients over the tp group (nn::TpSlice::partial_grad).
+  void split_tensor_parallel(const TensorParallelPlan& plan, int64_t parts, int64_t rank);
 };
 
 }  // namespace ndt::nn
