@@ -715,8 +715,8 @@ void validate_outputs(const Config& c, const Checks& ck) {
                                                "the last model.block_size tokens anyway)");
 }
 
-// [lora]: its own keys here; the targets and the rank against the model's linears, and the
-// layout, when the model is described (nn::check_lora, dist::check_lora_layout)
+// [lora]: its own keys here; the targets and the rank against the model's linears
+// when the model is described (nn::check_lora)
 void validate_lora(const Config& c, const Checks& ck) {
   ck.range("lora.rank", c.lora.rank, 0, 1 << 16);
   if (!c.lora.on()) return;
@@ -771,9 +771,6 @@ void validate_ulysses(const Config& c, const Checks& ck) {
   ck.need(c.parallel.pp_size == 1,
           s + " with parallel.pp_size = " + std::to_string(c.parallel.pp_size) +
               ": Ulysses with pipeline parallelism is not supported yet; use one of them");
-  ck.need(!c.lora.on(),
-          s + " with lora.rank = " + std::to_string(c.lora.rank) +
-              ": LoRA under Ulysses sequence parallelism is not supported yet; set sp_size = 1");
   // (n_head: against the model that is built, which a folder may give: dist::check_parallel_model)
   ck.need(c.train.seq_len % sp == 0, "train.seq_len = " + std::to_string(c.train.seq_len) +
                                          " must be divisible by " + s +
