@@ -15,7 +15,6 @@
 #include "autograd/engine.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
-#include "dist/adapters.h"
 #include "models/gpt.h"
 #include "nn/lora.h"
 #include "optim/adamw.h"
@@ -217,12 +216,6 @@ TEST(Lora, BadSettingsAreOneLineNamingTheKey) {
               l3.add_lora({.rank = 2, .dropout = 0.1});
             }).find("lora.dropout = 0.1: dropout on the adapters' input is not supported yet"),
             std::string::npos);
-  for (const auto& [dims, key] :
-       std::vector<std::pair<dist::ParallelDims, std::string>>{{{.tp = 2}, "parallel.tp_size = 2: LoRA"},
-                                                               {{.cp = 2}, "parallel.cp_size = 2: LoRA"},
-                                                               {{.pp = 2}, "parallel.pp_size = 2: LoRA"}})
-    EXPECT_NE(ndt::testing::error_of([&] { dist::check_lora_layout(dims); }).find(key), std::string::npos)
-        << key;
   // PEFT's default targets: q_proj and v_proj (llama), c_attn (gpt2)
   models::GPT l4(tiny("llama")), g(tiny("gpt2"));
   l4.add_lora({.rank = 2});
