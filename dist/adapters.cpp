@@ -17,7 +17,10 @@ std::shared_ptr<Communicator> adapter_data_group(const DeviceMesh& mesh) {
 
 AdapterParallel::AdapterParallel(const nn::FlatParams& adapters, std::shared_ptr<Communicator> data,
                                  Communicator* tp, std::unique_ptr<FullyShardedDataParallel> base)
-    : Strategy(adapters, /*shard_group=*/nullptr, tp), data_(std::move(data)), base_(std::move(base)) {
+    : Strategy(adapters, /*shard_group=*/nullptr, tp),
+      data_(std::move(data)),
+      tp_size_(tp ? tp->size() : 1),
+      base_(std::move(base)) {
   if (data_ && data_->size() > 1)
     adapters_ = std::make_unique<DataParallel>(adapters, *data_);
   else
@@ -25,7 +28,8 @@ AdapterParallel::AdapterParallel(const nn::FlatParams& adapters, std::shared_ptr
 }
 
 std::string AdapterParallel::name() const {
-  return "LoRA adapters (" + adapters_->name() + ")" +
+  return "LoRA adapters (" + adapters_->name() +
+         (tp_size_ > 1 ? ", split with their linears over tp " + std::to_string(tp_size_) : "") + ")" +
          (base_ ? " on an " + base_->name() + "-sharded base" : "");
 }
 

@@ -57,6 +57,7 @@ class AdapterParallel : public Strategy {
 
  private:
   std::shared_ptr<Communicator> data_;
+  int64_t tp_size_;
   std::unique_ptr<Strategy> adapters_;  // DataParallel or NoParallelism
   std::unique_ptr<FullyShardedDataParallel> base_;
 };
