@@ -17,7 +17,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "train/checkpoint/lora.h"
 #include "train/io/safetensors.h"
 
 using namespace ndt;
@@ -258,8 +260,8 @@ TEST_F(DistFinetune, LoraDataParallelAndFsdpEqualOneProcess) {
 // columns (GPT-2's c_attn in its q, k and v blocks; the Llama's packed q/k/v by kv groups,
 // 4 query heads over 2 kv heads) and A whole, its gradient summed over the tp ranks; on
 // row-parallel ones A split with the rows and B whole, the partial deltas summed with the
-// GEMM's. With sequence parallelism too. The losses, the first step's gradients and the
-// adapters after 5 steps equal one process's.
+// GEMM's. With sequence parallelism too, and inside FSDP and context parallelism. The losses, the first
+// step's gradients and the adapters after 5 steps equal one process's.
 TEST_F(DistFinetune, LoraTensorParallelEqualsOneProcess) {
   expect_lora_layouts_equal_one_process(
       {{"lora_tp2", "--parallel.tp_size 2"},
@@ -267,6 +269,12 @@ TEST_F(DistFinetune, LoraTensorParallelEqualsOneProcess) {
       "lora_single_tp", lora_on_base("lora_base", ""));
   expect_lora_layouts_equal_one_process({{"lora_llama_tp2", "--parallel.tp_size 2"}}, "lora_llama_single",
                                         lora_on_base("lora_llama_base", kLlamaGqa));
+  // ... with FSDP (the base sharded too, the adapters averaged over the data ranks) and with
+  // context parallelism (over the cp ranks)
+  expect_lora_layouts_equal_one_process(
+      {{"lora_fsdp2_tp2", "--parallel.dp_shard_size 2 --parallel.tp_size 2 --train.micro_batch_size 1"},
+       {"lora_cp2_tp2", "--parallel.cp_size 2 --parallel.tp_size 2"}},
+      "lora_llama_single4", lora_on_base("lora_llama_base", kLlamaGqa), 4);
 }
 
 // Context parallelism and Ulysses: the adapters are per-token linears, averaged over the
@@ -284,6 +292,25 @@ TEST_F(DistFinetune, LoraPipelineAndPipelineWithTensorParallelEqualOneProcess) {
                                         lora_on_base("lora_llama_base", kLlamaGqa));
   expect_lora_layouts_equal_one_process({{"lora_tp2_pp2", "--parallel.tp_size 2 --parallel.pp_size 2"}},
                                         "lora_single_pp4", lora_on_base("lora_llama_base", kLlamaGqa), 4);
+}
+
+// A PEFT folder (lora.init_from, exported from a one-process run) read into each rank's
+// part of the adapters: under tensor parallelism in a two-stage pipeline, the losses, the
+// first step's gradients (of A too: B is no longer zero) and the adapters after 5 steps of one
+// process started from it.
+TEST_F(DistFinetune, LoraStartsFromAPeftFolderInAnyLayout) {
+  const std::string lora = lora_on_base("lora_llama_base", kLlamaGqa);
+  const fs::path ckpt = dir_ / "lora_peft_source" / "ckpt";
+  const ShellResult r = train("lora_peft_source", 1, lora + " --checkpoint.dir " + ckpt.string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::ostringstream note;
+  ckpt::export_lora((ckpt / "step_00000005").string(), (dir_ / "peft").string(), false, DType::f32, note);
+  const std::string from =
+      "--model.init_from " +
+      (dir_ / "lora_llama_base" / "ckpt" / "step_00000005" / "model.safetensors").string() +
+      " --lora.init_from " + (dir_ / "peft").string() + " " + kLlamaGqa;
+  expect_lora_layouts_equal_one_process({{"lora_peft_tp2_pp2", "--parallel.tp_size 2 --parallel.pp_size 2"}},
+                                        "lora_peft_single", from, 4);
 }
 
 // Adapters saved under tensor parallelism (whole, gathered from the slices) resume on one
