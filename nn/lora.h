@@ -17,7 +17,9 @@
 // The adapters are parameters of their own Module, not of the block: they live in flat
 // buffers of their own (models::GPT::adapter_units), so the base model's buffers can be
 // frozen whole (nn::materialize's frozen) while the optimizer, the gradient reductions and
-// the checkpoints see only the adapters.
+// the checkpoints see only the adapters. Under tensor parallelism each adapter is split with
+// its linear (LoraBlock::split_tensor_parallel, Megatron's LoRA), and a linear runs its
+// adapter on the input its own GEMM sees (Linear::apply_adapted).
 #pragma once
 
 #include <cstdint>
