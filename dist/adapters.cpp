@@ -4,26 +4,32 @@
 
 namespace ndt::dist {
 
-void check_lora_layout(const ParallelDims& dims) {
-  NDT_CHECK(dims.tp == 1, "parallel.tp_size = ", dims.tp,
-            ": LoRA (lora.rank > 0) does not run with tensor parallelism yet; set parallel.tp_size = 1");
-  NDT_CHECK(dims.cp == 1, "parallel.cp_size = ", dims.cp,
-            ": LoRA (lora.rank > 0) does not run with context parallelism yet; set parallel.cp_size = 1");
-  NDT_CHECK(dims.pp == 1, "parallel.pp_size = ", dims.pp,
-            ": LoRA (lora.rank > 0) does not run with pipeline parallelism yet; set parallel.pp_size = 1");
+std::shared_ptr<Communicator> adapter_data_group(const DeviceMesh& mesh) {
+  if (mesh.dims().cp * mesh.dims().sp == 1)  // the mesh's data group, not owned here
+    return std::shared_ptr<Communicator>(&mesh.dp(), [](Communicator*) {});
+  ParallelDims::Coords c = mesh.coords();
+  c.replicate = c.shard = c.cp = c.sp = 0;  // the group's first rank names it
+  const int color = static_cast<int>(mesh.dims().rank_of(c)), key = static_cast<int>(mesh.world().rank());
+  std::shared_ptr<Communicator> g = mesh.world().split(color, key, "lora_data");
+  g->set_description("the LoRA adapters' data group (dp x cp x sp)");
+  return g;
 }
 
-AdapterParallel::AdapterParallel(const nn::FlatParams& adapters, Communicator* dp,
-                                 std::unique_ptr<FullyShardedDataParallel> base)
-    : Strategy(adapters, /*shard_group=*/nullptr, /*tp=*/nullptr), base_(std::move(base)) {
-  if (dp && dp->size() > 1)
-    adapters_ = std::make_unique<DataParallel>(adapters, *dp);
+AdapterParallel::AdapterParallel(const nn::FlatParams& adapters, std::shared_ptr<Communicator> data,
+                                 Communicator* tp, std::unique_ptr<FullyShardedDataParallel> base)
+    : Strategy(adapters, /*shard_group=*/nullptr, tp),
+      data_(std::move(data)),
+      tp_size_(tp ? tp->size() : 1),
+      base_(std::move(base)) {
+  if (data_ && data_->size() > 1)
+    adapters_ = std::make_unique<DataParallel>(adapters, *data_);
   else
     adapters_ = std::make_unique<NoParallelism>(adapters);
 }
 
 std::string AdapterParallel::name() const {
-  return "LoRA adapters (" + adapters_->name() + ")" +
+  return "LoRA adapters (" + adapters_->name() +
+         (tp_size_ > 1 ? ", split with their linears over tp " + std::to_string(tp_size_) : "") + ")" +
          (base_ ? " on an " + base_->name() + "-sharded base" : "");
 }
 
@@ -38,7 +44,8 @@ void AdapterParallel::end_micro() {
 }
 
 void AdapterParallel::end_accumulation() {
-  adapters_->end_accumulation();
+  adapters_->end_accumulation();  // the average over the data ranks, then the tp sums
+  sum_partial_grads_over_tp();
   if (base_) base_->end_accumulation();
 }
 

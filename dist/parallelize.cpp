@@ -58,7 +58,8 @@ models::PipelinePart model_part(const PipelineLayout& layout, const DeviceMesh& 
 namespace {
 
 // LoRA's steps 4 and 5: the base frozen in this rank's shard of every buffer (FSDP's gatherer
-// around each block when sharded), the adapters whole; their strategy (dist/adapters.h).
+// around each block when sharded), the adapters whole (TP: split with their linears, step 1);
+// their strategy (dist/adapters.h).
 std::unique_ptr<Strategy> lora_memory(models::GPT& gpt, const DeviceMesh& mesh, const ParallelizeOptions& o,
                                       ParallelModel& pm) {
   const ParallelDims& dims = mesh.dims();
@@ -74,7 +75,8 @@ std::unique_ptr<Strategy> lora_memory(models::GPT& gpt, const DeviceMesh& mesh, 
     gather->set_reshard_after_forward(o.reshard_after_forward);
     gpt.add_block_wrapper(gather->wrapper());  // outermost
   }
-  return std::make_unique<AdapterParallel>(pm.params, &mesh.dp(), std::move(gather));
+  Communicator* tp = dims.tp > 1 ? &mesh.tp() : nullptr;
+  return std::make_unique<AdapterParallel>(pm.params, adapter_data_group(mesh), tp, std::move(gather));
 }
 
 }  // namespace
@@ -82,9 +84,6 @@ std::unique_ptr<Strategy> lora_memory(models::GPT& gpt, const DeviceMesh& mesh, 
 std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& mesh,
                                            const ParallelizeOptions& o) {
   const ParallelDims& dims = mesh.dims();
-  if (gpt.has_lora()) check_lora_layout(dims);
-  NDT_CHECK(!(gpt.has_lora() && dims.sp > 1), "parallel.sp_size = ", dims.sp,
-            " with [lora]: LoRA under Ulysses sequence parallelism is not supported yet; set sp_size = 1");
   auto pm = std::make_unique<ParallelModel>();
   pm->mesh_ = &mesh;
   // 1-2: the description is split; nothing is allocated yet
@@ -145,7 +144,7 @@ void ParallelModel::join_pipeline_ends(const models::GPT& gpt, const DeviceMesh&
   const ParallelDims& dims = mesh.dims();
   const models::PipelinePart& part = gpt.part();
   const bool ends = part.first || part.last;
-  tied_ends_ = gpt.cfg.tied() && ends;
+  tied_ends_ = gpt.cfg.tied() && ends && !gpt.has_lora();  // LoRA: the embeddings are frozen
   ends_ = mesh.pp().split(ends ? 0 : 1, part.first ? 0 : 1, "pp_ends");
   if (ends) {  // members: the first stage, the last; counted like the mesh's groups
     std::vector<bool> remote;

@@ -16,13 +16,7 @@ Tensor Linear::forward_gelu(const Tensor& x) const { return apply(x, true); }
 // x (..., in) -> (..., out): x -> the input's collectives -> x @ W -> the output's -> + b
 // (with an adapter: x @ W + b + delta(x), then the GELU)
 Tensor Linear::apply(const Tensor& x, bool gelu) const {
-  if (adapter) {
-    NDT_CHECK(!comm, "Linear: LoRA adapters on a tensor-parallel linear are not supported yet");
-    const Tensor y = linear(x, weight, bias);                        // (..., out)
-    const Tensor d = adapter->delta(view(x, {x.numel() / in, in}));  // (N, out)
-    const Tensor sum = add(y, view(d, y.shape()));
-    return gelu ? ndt::gelu(sum) : sum;
-  }
+  if (adapter) return apply_adapted(x, gelu);
   const SharedInput shared = comm ? comm->input() : SharedInput{};
   auto gemm = [&](const Tensor& b, bool with_gelu) {  // the bias (and GELU) fused where it can be
     if (shared.gather || shared.reduce_grad) return linear_shared_input(x, weight, b, with_gelu, shared);
@@ -31,6 +25,24 @@ Tensor Linear::apply(const Tensor& x, bool gelu) const {
   if (!comm || !comm->reduces_output()) return gemm(bias, gelu);
   Tensor y = comm->reduce_output(gemm(Tensor(), false));  // the sum of every rank's part
   if (bias.defined()) y = add(y, bias);                   // then the bias, once
+  return gelu ? ndt::gelu(y) : y;
+}
+
+// With a LoRA adapter: y = x W + b + delta(x), the adapter on the input this rank's GEMM
+// sees. Column-parallel: x whole (f, once for both), y this rank's columns. Row-parallel:
+// x_i this rank's rows, x_i W_i + delta_i(x_i) a partial sum, g sums the ranks' before the
+// bias: sum_i x_i W_i + s (x_i A_i^T) B^T = x W + s (x A^T) B^T.
+Tensor Linear::apply_adapted(const Tensor& x, bool gelu) const {
+  const bool row = comm && comm->reduces_output();
+  const Tensor in = comm && !row ? comm->whole_input(x) : x;       // (..., in) as the GEMM sees it
+  const int64_t k = weight.size(0);                                // this rank's in (row-parallel: in / tp)
+  Tensor y = linear(in, weight, row ? Tensor() : bias);            // (..., out)
+  const Tensor d = adapter->delta(view(in, {in.numel() / k, k}));  // (N, out)
+  y = add(y, view(d, y.shape()));
+  if (row) {
+    y = comm->reduce_output(y);            // the sum of every rank's part
+    if (bias.defined()) y = add(y, bias);  // then the bias, once
+  }
   return gelu ? ndt::gelu(y) : y;
 }
 

@@ -47,10 +47,17 @@ class LinearComm {
   virtual bool reduces_output() const { return false; }
   // (..., out) partial sums -> the sum over the group (an autograd op: g)
   virtual Tensor reduce_output(const Tensor& partial) const { return partial; }
+  // input()'s collectives as an autograd op of their own: x (this rank's, or its part of the
+  // sequence) -> the whole input every rank's GEMM sees (f). A linear with a LoRA adapter
+  // runs it once and gives the result to both its GEMM and its adapter.
+  virtual Tensor whole_input(const Tensor& x) const { return x; }
 };
 
 // A trainable addition to a linear's output, from the same input (LoRA's adapters,
-// nn/lora.h): x (N, in) -> (N, out), added to x @ W + b before any activation.
+// nn/lora.h): x (N, in) -> (N, out), added to x @ W + b before any activation. Under tensor
+// parallelism (a LinearComm) it sees what this rank's GEMM sees: column-parallel, the whole
+// input, giving this rank's output columns; row-parallel, this rank's input rows, giving a
+// partial sum that the linear adds to its GEMM's before reduce_output sums the ranks'.
 class LinearAdapter {
  public:
   virtual ~LinearAdapter() = default;
@@ -71,6 +78,7 @@ class Linear : public Module {
 
  private:
   Tensor apply(const Tensor& x, bool gelu) const;
+  Tensor apply_adapted(const Tensor& x, bool gelu) const;  // with `adapter`
 };
 
 class Embedding : public Module {

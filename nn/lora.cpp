@@ -60,38 +60,62 @@ Tensor LoraAdapter::forward(const Tensor& x, double s) const {
 Tensor LoraLinear::delta(const Tensor& x) const {
   if (site_.part < 0 && parts_.size() == 1 && parts_[0].first < 0)
     return parts_[0].second->forward(x, scale_);
-  // packed: each part's delta (N, groups, size) in its columns of every group, zeros where no adapter
-  const int64_t N = x.size(0), groups = site_.groups;
+  // packed: each part's delta (N, groups, size) in its columns of every group (this rank's
+  // kv groups under tensor parallelism: B holds their rows), zeros where no adapter
+  const int64_t N = x.size(0);
+  std::vector<Tensor> deltas(site_.sizes.size());  // (N, groups size) per part
+  int64_t groups = 0, width = 0;
+  for (const auto& [part, a] : parts_) {
+    deltas[static_cast<size_t>(part)] = a->forward(x, scale_);
+    groups = deltas[static_cast<size_t>(part)].size(1) / site_.sizes[static_cast<size_t>(part)];
+  }
   std::vector<Tensor> pieces;
-  int64_t width = 0;
   for (size_t p = 0; p < site_.sizes.size(); ++p) {
     const int64_t size = site_.sizes[p];
     width += size;
-    Tensor d;
-    for (const auto& [part, a] : parts_)
-      if (part == static_cast<int>(p)) d = view(a->forward(x, scale_), {N, groups, size});
-    pieces.push_back(d.defined() ? d : Tensor::zeros({N, groups, size}, x.dtype(), x.device()));
+    pieces.push_back(deltas[p].defined() ? view(deltas[p], {N, groups, size})
+                                         : Tensor::zeros({N, groups, size}, x.dtype(), x.device()));
   }
   return view(concat_last(pieces), {N, groups * width});  // (N, groups, width) -> (N, out)
 }
 
 LoraBlock::LoraBlock(DecoderBlock& block, const LoraConfig& c) {
-  const std::vector<LinearSite> sites = block.linear_sites();
-  check_lora(c, sites);
-  const std::vector<std::string> targets = c.targets.empty() ? default_lora_targets(sites) : c.targets;
+  const std::vector<LinearSite> all = block.linear_sites();
+  check_lora(c, all);
+  const std::vector<std::string> targets = c.targets.empty() ? default_lora_targets(all) : c.targets;
   std::map<Linear*, std::shared_ptr<LoraLinear>> on;  // each linear's adapters, by part
-  for (const LinearSite& s : sites) {
+  for (const LinearSite& s : all) {
     bool targeted = false;
     for (const std::string& t : targets) targeted = targeted || lora_target_matches(t, s.name);
     if (!targeted) continue;
     adapters.push_back(std::make_unique<LoraAdapter>(s.linear->in, s.out(), c.rank));
     names.push_back(s.name);
+    sites.push_back(s);
     child(s.name, adapters.back().get());
     std::shared_ptr<LoraLinear>& l = on[s.linear];
     if (!l) l = std::make_shared<LoraLinear>(s, c.scale());
     l->add(s.part, adapters.back().get());
   }
   for (auto& [linear, l] : on) linear->adapter = l;
+}
+
+void LoraBlock::split_tensor_parallel(const TensorParallelPlan& plan, int64_t parts, int64_t rank) {
+  for (size_t i = 0; i < adapters.size(); ++i) {
+    const LinearSite& site = sites[i];
+    for (const TensorParallelPlan::Split& s : plan.linears) {
+      if (s.linear != site.linear) continue;
+      LoraAdapter& a = *adapters[i];
+      if (s.column) {
+        // B (out, r): the rows of the linear's columns on this rank (a packed part's rows
+        // are its kv groups in order, split as the linear's whole groups)
+        a.split_param("lora_B", 0, parts, rank, site.part < 0 ? s.groups : 1);
+        a.mark_partial_grads("lora_A");  // dA = s (dy B)^T x: this rank's columns' share of dy B
+      } else {
+        a.split_param("lora_A", 1, parts, rank);  // A (r, in): the linear's rows on this rank
+        a.mark_partial_grads("lora_B");           // dB = s dy^T (x_i A_i^T): this rank's rows' share
+      }
+    }
+  }
 }
 
 }  // namespace ndt::nn

@@ -17,7 +17,9 @@
 // The adapters are parameters of their own Module, not of the block: they live in flat
 // buffers of their own (models::GPT::adapter_units), so the base model's buffers can be
 // frozen whole (nn::materialize's frozen) while the optimizer, the gradient reductions and
-// the checkpoints see only the adapters.
+// the checkpoints see only the adapters. Under tensor parallelism each adapter is split with
+// its linear (LoraBlock::split_tensor_parallel, Megatron's LoRA), and a linear runs its
+// adapter on the input its own GEMM sees (Linear::apply_adapted).
 #pragma once
 
 #include <cstdint>
@@ -83,6 +85,14 @@ class LoraBlock : public Module {
   LoraBlock(DecoderBlock& block, const LoraConfig& c);
   std::vector<std::unique_ptr<LoraAdapter>> adapters;
   std::vector<std::string> names;  // adapters[i]'s module: "self_attn.q_proj"
+  std::vector<LinearSite> sites;   // adapters[i]'s linear and its columns
+  // Tensor parallelism (Megatron's LoRA): each adapter split as its linear is in `plan`, as
+  // rank `rank` of `parts` holds it. Column-parallel linear: B (out, r) split by rows with
+  // the linear's columns (q, k, v alike), A whole, its gradient a partial sum over the tp
+  // ranks (each sees its columns' share). Row-parallel: A (r, in) split by columns with the
+  // linear's rows, B whole, its gradient partial (each rank's delta is a partial sum).
+  // The strategy sums the partial gradients over the tp group (nn::TpSlice::partial_grad).
+  void split_tensor_parallel(const TensorParallelPlan& plan, int64_t parts, int64_t rank);
 };
 
 }  // namespace ndt::nn

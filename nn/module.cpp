@@ -30,9 +30,9 @@ void Module::split_param(const std::string& name, int dim, int64_t parts, int64_
   NDT_FAIL("split_param: no parameter '", name, "'");
 }
 
-void Module::mark_partial_grads() {
+void Module::mark_partial_grads(const std::string& name) {
   for (Entry& e : entries_)
-    if (!e.child) e.spec.tp.partial_grad = true;
+    if (!e.child && (name.empty() || e.name == name)) e.spec.tp.partial_grad = true;
 }
 
 std::vector<ParamSpec> Module::parameters(const std::string& prefix) const {

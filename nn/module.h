@@ -61,8 +61,8 @@ class Module {
   // parameter `name` (of this module) along `dim`, in `groups` blocks (see TpSlice).
   void split_param(const std::string& name, int dim, int64_t parts, int64_t rank, int64_t groups = 1);
   // Tensor parallelism: this module's own parameters stay whole on every rank, but each
-  // rank's gradient of them is partial (TpSlice::partial_grad).
-  void mark_partial_grads();
+  // rank's gradient of them is partial (TpSlice::partial_grad); name: that one only.
+  void mark_partial_grads(const std::string& name = "");
 
  protected:
   void param(const std::string& name, Tensor* slot, Shape shape, Init init, bool weight_decay);

@@ -17,7 +17,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
+#include "train/checkpoint/lora.h"
 #include "train/io/safetensors.h"
 
 using namespace ndt;
@@ -89,9 +91,59 @@ class DistFinetune : public ::testing::Test {
                   got.front(), got.back(), g);
     }
   }
+  // LoRA's base: the weights of a full run of `args` (trained once per suite, in dir_/name);
+  // the arguments of a LoRA run on it (rank 4, every linear)
+  static std::string lora_on_base(const std::string& name, const std::string& args) {
+    const fs::path w = dir_ / name / "ckpt" / "step_00000005" / "model.safetensors";
+    if (!fs::exists(w)) {
+      const ShellResult r =
+          train(name, 1,
+                "--checkpoint.dir " + (dir_ / name / "ckpt").string() + " --checkpoint.format full " + args);
+      EXPECT_EQ(r.rc, 0) << r.out;
+    }
+    return "--model.init_from " + w.string() + " --lora.rank 4 --lora.alpha 16 --lora.targets all-linear " +
+           args;
+  }
+  // LoRA layouts (np ranks) against one process: the losses, the adapters' first-step
+  // gradients and the adapters the last step saved, within rel.
+  static void expect_lora_layouts_equal_one_process(
+      const std::vector<std::pair<std::string, std::string>>& layouts, const std::string& single,
+      const std::string& lora, int np = 2, double rel = 1e-4) {
+    auto saved = [](const std::string& name) {
+      return " --checkpoint.dir " + (dir_ / name / "ckpt").string();
+    };
+    auto adapters = [](const std::string& name) {
+      return dir_ / name / "ckpt" / "step_00000005" / "model.safetensors";
+    };
+    fs::remove_all(dir_ / single / "ckpt");
+    ShellResult r = train(single, 1, lora + saved(single));
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const std::vector<double> want = metric_losses(dir_ / single / "metrics.jsonl");
+    ASSERT_EQ(want.size(), 5u);
+    for (const auto& [name, args] : layouts) {
+      SCOPED_TRACE(name);
+      fs::remove_all(dir_ / name / "ckpt");
+      r = train(name, np, args + " " + lora + saved(name));
+      ASSERT_EQ(r.rc, 0) << r.out;
+      const std::vector<double> got = metric_losses(dir_ / name / "metrics.jsonl");
+      ASSERT_EQ(got.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], rel * want[i]) << "step " << i + 1;
+      const double g = max_rel_diff(dir_ / name / "grads.safetensors", dir_ / single / "grads.safetensors");
+      const double a = max_rel_diff(adapters(name), adapters(single));
+      EXPECT_LT(g, rel) << "the adapters' gradients of the first step";
+      EXPECT_LT(a, rel) << "the adapters after the last step";
+      std::printf(
+          "%-14s %d ranks: losses %.6f..%.6f, first-step gradients within %.1e, adapters within %.1e\n",
+          name.c_str(), np, got.front(), got.back(), g, a);
+    }
+  }
   static fs::path dir_;
 };
 fs::path DistFinetune::dir_;
+
+// A Llama with grouped-query attention (4 query heads over 2 kv heads, packed q/k/v)
+const std::string kLlamaGqa =
+    "--model.arch llama --model.n_head 4 --model.n_kv_head 2 --model.intermediate_size 48";
 
 // Data parallelism: the ranks' micro-batches train unequal numbers of tokens (rows with and
 // without a system message), and the step's loss is the mean over every trained token of the
@@ -205,34 +257,95 @@ TEST_F(DistFinetune, UlyssesInsideTheRingEqualsOneProcessOnChatData) {
 
 // LoRA on the weights a full run trained: the adapters, whole on every rank, averaged over the
 // data-parallel ranks; under FSDP the frozen base sharded, gathered for each block and never
-// reduced (also with activation checkpointing's recompute in backward). Tensor parallelism is
-// refused at start with one line.
+// reduced (also with activation checkpointing's recompute in backward).
 TEST_F(DistFinetune, LoraDataParallelAndFsdpEqualOneProcess) {
-  const ShellResult base =
-      train("lora_base", 1,
-            "--checkpoint.dir " + (dir_ / "lora_base" / "ckpt").string() + " --checkpoint.format full");
-  ASSERT_EQ(base.rc, 0) << base.out;
-  const std::string lora = "--model.init_from " +
-                           (dir_ / "lora_base" / "ckpt" / "step_00000005" / "model.safetensors").string() +
-                           " --lora.rank 4 --lora.alpha 16 --lora.targets all-linear";
+  const std::string lora = lora_on_base("lora_base", "");
   expect_layouts_equal_one_process({{"lora_dp2", "--parallel.dp_replicate_size 2 --train.micro_batch_size 1"},
                                     {"lora_fsdp2", "--parallel.dp_shard_size 2 --train.micro_batch_size 1"},
                                     {"lora_fsdp2_ac",
                                      "--parallel.dp_shard_size 2 --train.micro_batch_size 1 "
                                      "--train.activation_checkpointing full"}},
                                    "lora_single", 1e-5, lora);
-  const ShellResult tp = train("lora_tp2", 2, "--parallel.tp_size 2 " + lora);
-  EXPECT_NE(tp.rc, 0) << tp.out;
-  EXPECT_NE(
-      tp.out.find("parallel.tp_size = 2: LoRA (lora.rank > 0) does not run with tensor parallelism yet"),
-      std::string::npos)
-      << tp.out;
-  const ShellResult sp = train("lora_sp2", 2, "--parallel.sp_size 2 " + lora);
-  EXPECT_EQ(sp.rc, 2) << sp.out;
-  EXPECT_NE(sp.out.find("parallel.sp_size = 2 with lora.rank = 4: LoRA under Ulysses sequence parallelism is "
-                        "not supported yet"),
-            std::string::npos)
-      << sp.out;
+}
+
+// Tensor parallelism, Megatron's LoRA: on column-parallel linears B split with the linear's
+// columns (GPT-2's c_attn in its q, k and v blocks; the Llama's packed q/k/v by kv groups,
+// 4 query heads over 2 kv heads) and A whole, its gradient summed over the tp ranks; on
+// row-parallel ones A split with the rows and B whole, the partial deltas summed with the
+// GEMM's. With sequence parallelism too, and inside FSDP and context parallelism. The losses, the first
+// step's gradients and the adapters after 5 steps equal one process's.
+TEST_F(DistFinetune, LoraTensorParallelEqualsOneProcess) {
+  expect_lora_layouts_equal_one_process(
+      {{"lora_tp2", "--parallel.tp_size 2"},
+       {"lora_tp2_sp", "--parallel.tp_size 2 --parallel.sequence_parallel true"}},
+      "lora_single_tp", lora_on_base("lora_base", ""));
+  expect_lora_layouts_equal_one_process({{"lora_llama_tp2", "--parallel.tp_size 2"}}, "lora_llama_single",
+                                        lora_on_base("lora_llama_base", kLlamaGqa));
+  // ... with FSDP (the base sharded too, the adapters averaged over the data ranks) and with
+  // context parallelism (over the cp ranks)
+  expect_lora_layouts_equal_one_process(
+      {{"lora_fsdp2_tp2", "--parallel.dp_shard_size 2 --parallel.tp_size 2 --train.micro_batch_size 1"},
+       {"lora_cp2_tp2", "--parallel.cp_size 2 --parallel.tp_size 2"}},
+      "lora_llama_single4", lora_on_base("lora_llama_base", kLlamaGqa), 4);
+}
+
+// Context parallelism and Ulysses: the adapters are per-token linears, averaged over the
+// ranks that split the sequence as over data-parallel ones.
+TEST_F(DistFinetune, LoraContextParallelAndUlyssesEqualOneProcess) {
+  expect_lora_layouts_equal_one_process(
+      {{"lora_cp2", "--parallel.cp_size 2"}, {"lora_sp2", "--parallel.sp_size 2"}}, "lora_single_seq",
+      lora_on_base("lora_base", ""));
+}
+
+// A two-stage pipeline (each stage its blocks' adapters, the checkpoint all of them), and
+// tensor parallelism inside each stage.
+TEST_F(DistFinetune, LoraPipelineAndPipelineWithTensorParallelEqualOneProcess) {
+  expect_lora_layouts_equal_one_process({{"lora_pp2", "--parallel.pp_size 2"}}, "lora_single_pp",
+                                        lora_on_base("lora_llama_base", kLlamaGqa));
+  expect_lora_layouts_equal_one_process({{"lora_tp2_pp2", "--parallel.tp_size 2 --parallel.pp_size 2"}},
+                                        "lora_single_pp4", lora_on_base("lora_llama_base", kLlamaGqa), 4);
+}
+
+// A PEFT folder (lora.init_from, exported from a one-process run) read into each rank's
+// part of the adapters: under tensor parallelism in a two-stage pipeline, the losses, the
+// first step's gradients (of A too: B is no longer zero) and the adapters after 5 steps of one
+// process started from it.
+TEST_F(DistFinetune, LoraStartsFromAPeftFolderInAnyLayout) {
+  const std::string lora = lora_on_base("lora_llama_base", kLlamaGqa);
+  const fs::path ckpt = dir_ / "lora_peft_source" / "ckpt";
+  const ShellResult r = train("lora_peft_source", 1, lora + " --checkpoint.dir " + ckpt.string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::ostringstream note;
+  ckpt::export_lora((ckpt / "step_00000005").string(), (dir_ / "peft").string(), false, DType::f32, note);
+  const std::string from =
+      "--model.init_from " +
+      (dir_ / "lora_llama_base" / "ckpt" / "step_00000005" / "model.safetensors").string() +
+      " --lora.init_from " + (dir_ / "peft").string() + " " + kLlamaGqa;
+  expect_lora_layouts_equal_one_process({{"lora_peft_tp2_pp2", "--parallel.tp_size 2 --parallel.pp_size 2"}},
+                                        "lora_peft_single", from, 4);
+}
+
+// Adapters saved under tensor parallelism (whole, gathered from the slices) resume on one
+// process, and those saved on one process under tensor parallelism with a pipeline: the same
+// losses as the run that never stopped.
+TEST_F(DistFinetune, LoraResumedInAnotherLayoutGivesTheSameLosses) {
+  const std::string lora = lora_on_base("lora_llama_base", kLlamaGqa) + " --train.steps 6";
+  ShellResult r = train("lora_whole", 1, lora);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const std::vector<double> want = metric_losses(dir_ / "lora_whole" / "metrics.jsonl");
+  ASSERT_EQ(want.size(), 6u);
+  const std::string ckpt = " --checkpoint.dir " + (dir_ / "lora_relay" / "ckpt").string();
+  const std::vector<std::pair<int, std::string>> legs = {
+      {2, "--parallel.tp_size 2 --train.stop_after 2"},
+      {1, "--checkpoint.resume true --train.stop_after 4"},
+      {4, "--parallel.tp_size 2 --parallel.pp_size 2 --checkpoint.resume true"}};
+  for (size_t k = 0; k < legs.size(); ++k) {
+    r = train("lora_relay", legs[k].first, lora + " " + legs[k].second + ckpt);
+    ASSERT_EQ(r.rc, 0) << "leg " << k << "\n" << r.out;
+  }
+  const std::vector<double> got = metric_losses(dir_ / "lora_relay" / "metrics.jsonl");
+  ASSERT_EQ(got.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * want[i]) << "step " << i + 1;
 }
 
 }  // namespace

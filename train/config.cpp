@@ -715,8 +715,8 @@ void validate_outputs(const Config& c, const Checks& ck) {
                                                "the last model.block_size tokens anyway)");
 }
 
-// [lora]: its own keys here; the targets and the rank against the model's linears, and the
-// layout, when the model is described (nn::check_lora, dist::check_lora_layout)
+// [lora]: its own keys here; the targets and the rank against the model's linears
+// when the model is described (nn::check_lora)
 void validate_lora(const Config& c, const Checks& ck) {
   ck.range("lora.rank", c.lora.rank, 0, 1 << 16);
   if (!c.lora.on()) return;
@@ -757,15 +757,11 @@ void validate_cluster(const Config& c, const Checks& ck) {
 }
 
 // Ulysses sequence parallelism: the model and the sequence must split over sp ranks (inside
-// tp's heads and cp's chunks: dist::check_parallel_model); what it is not combined with yet is
-// refused here, at start, one line each.
+// tp's heads and cp's chunks: dist::check_parallel_model); the sequence is checked here, at start.
 void validate_ulysses(const Config& c, const Checks& ck) {
   const int64_t sp = c.parallel.sp_size;
   if (sp <= 1) return;
   const std::string s = "parallel.sp_size = " + std::to_string(sp);
-  ck.need(!c.lora.on(),
-          s + " with lora.rank = " + std::to_string(c.lora.rank) +
-              ": LoRA under Ulysses sequence parallelism is not supported yet; set sp_size = 1");
   // (n_head: against the model that is built, which a folder may give: dist::check_parallel_model)
   const int64_t cp = std::max<int64_t>(c.parallel.cp_size, 1);  // USP: the cp rank's tokens over sp
   ck.need(c.train.seq_len % (cp * sp) == 0,

@@ -17,7 +17,6 @@
 #include <thread>
 
 #include "autograd/node.h"
-#include "dist/adapters.h"
 #include "dist/comm/mpi.h"
 #include "dist/comm/nccl.h"
 #include "dist/mesh.h"
@@ -260,7 +259,6 @@ void Trainer::describe() {
     mc_.validate();
     layout_ = dist::plan_layout(mc_, dims_, c_.parallel, c_.train.seq_len, c_.train.grad_accum_steps,
                                 block_cost(mc_, c_.train.seq_len));
-    if (c_.lora.on()) dist::check_lora_layout(dims_);
   } catch (const Error& e) {
     error = e.what();
   }

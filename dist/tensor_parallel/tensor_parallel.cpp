@@ -54,6 +54,10 @@ class ColumnParallelComm : public nn::LinearComm {
     return {[tp](const Tensor& part) { return start_all_gather_sequence(part, *tp); },
             [tp](const Tensor& dx) { return start_reduce_scatter_sequence_sum(dx, *tp); }};
   }
+  // the same f as an op of its own (a linear with a LoRA adapter: its GEMM's and its adapter's input)
+  Tensor whole_input(const Tensor& x) const override {
+    return sequence_parallel_now(split_) ? gather_sequence(x, tp_) : copy_to_tp(x, tp_);
+  }
 
  private:
   Communicator& tp_;
@@ -111,6 +115,16 @@ void apply_plan(const nn::TensorParallelPlan& plan, int64_t parts, int64_t rank,
   for (nn::Module* m : plan.partial_grads) m->mark_partial_grads();
 }
 
+// Every block's plan, and its LoRA adapters' split alike (nn::LoraBlock::split_tensor_parallel)
+void apply_block_plans(models::GPT& gpt, int64_t parts, int64_t rank, Communicator* tp,
+                       const SequenceSplit* split) {
+  for (size_t i = 0; i < gpt.h.size(); ++i) {
+    const nn::TensorParallelPlan plan = gpt.h[i]->tensor_parallel_plan();
+    if (i < gpt.lora.size()) gpt.lora[i]->split_tensor_parallel(plan, parts, rank);
+    apply_plan(plan, parts, rank, tp, split);
+  }
+}
+
 // The vocabulary's rows of wte and of an untied lm_head: this rank's slice
 void split_vocabulary(models::GPT& gpt, int64_t parts, int64_t rank) {
   gpt.wte.split_param("weight", 0, parts, rank);
@@ -132,8 +146,7 @@ void split_tensor_parallel(models::GPT& gpt, int64_t parts, int64_t rank) {
             "; tp_size must be >= 1 and the rank in [0, tp_size)");
   if (parts == 1) return;
   check_tensor_parallel(gpt.cfg, parts);
-  for (auto& block : gpt.h)
-    apply_plan(block->tensor_parallel_plan(), parts, rank, /*tp=*/nullptr, /*split=*/nullptr);
+  apply_block_plans(gpt, parts, rank, /*tp=*/nullptr, /*split=*/nullptr);
   split_vocabulary(gpt, parts, rank);
 }
 
@@ -141,7 +154,7 @@ void apply_tensor_parallel(models::GPT& gpt, Communicator& tp, const SequenceSpl
   const int64_t n = tp.size();
   if (n == 1) return;
   check_tensor_parallel(gpt.cfg, n);
-  for (auto& block : gpt.h) apply_plan(block->tensor_parallel_plan(), n, tp.rank(), &tp, split);
+  apply_block_plans(gpt, n, tp.rank(), &tp, split);
   // the vocabulary: wte rows [v_start, v_start + Vl) on this rank
   const int64_t Vl = gpt.cfg.padded_vocab() / n, v_start = tp.rank() * Vl;
   const int64_t v_live = std::clamp<int64_t>(gpt.cfg.vocab_size - v_start, 0, Vl);  // the rest is padding

@@ -20,6 +20,11 @@
 // applies them to its own heads: their gradients are partial, summed over the tp group by
 // the strategy (nn::TpSlice::partial_grad; transformers' replicated_with_grad_allreduce).
 //
+// LoRA adapters (nn/lora.h) split with their linears (nn::LoraBlock::split_tensor_parallel):
+// column-parallel, B by rows as the linear's columns and A whole, on the whole input f gives;
+// row-parallel, A by columns as the linear's rows and B whole, its partial delta added to the
+// GEMM's partial sum before g.
+//
 //   dist::apply_tensor_parallel(gpt, mesh.tp());   // after describe, before materialize
 //   nn::FlatParams p = nn::materialize(gpt.units(), ...);   // local shapes, same init values
 //

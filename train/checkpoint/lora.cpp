@@ -297,6 +297,38 @@ void load_adapters(const std::string& path, const nn::FlatParams& params) {
       "; lora.rank or the model differs from the checkpoint's");
 }
 
+WholeAdapters whole_adapters(const models::GPTConfig& cfg, const nn::LoraConfig& lora) {
+  WholeAdapters w;
+  w.gpt = std::make_unique<models::GPT>(cfg);
+  w.gpt->add_lora(lora);
+  w.params = nn::materialize(w.gpt->adapter_units(), Device::cpu(), DType::f32, 0);
+  return w;
+}
+
+void scatter_adapters(const nn::FlatParams& whole, const std::vector<Tensor>& m, const std::vector<Tensor>& v,
+                      const nn::FlatParams& local, const std::vector<Tensor>& mlocal,
+                      const std::vector<Tensor>& vlocal) {
+  for (size_t i = 0; i < local.units.size(); ++i) {
+    const nn::FlatUnit& u = local.units[i];
+    for (const nn::FlatParam& p : u.params) {
+      size_t j = 0;  // the whole unit and parameter of this name
+      const nn::FlatParam* wp = nullptr;
+      for (size_t k = 0; k < whole.units.size() && !wp; ++k)
+        for (const nn::FlatParam& q : whole.units[k].params)
+          if (q.spec.name == p.spec.name) j = k, wp = &q;
+      NDT_CHECK(wp, "LoRA adapters: ", p.spec.name, " is not among the whole model's adapters");
+      const Tensor value = whole.units[j].data.narrow(0, wp->offset, numel_of(wp->spec.shape));
+      nn::for_each_shard_run(u, p, [&](int64_t dst, int64_t g, int64_t len) {
+        u.data.narrow(0, dst, len).copy_(value.narrow(0, g, len));
+        if (m.empty()) return;
+        mlocal[i].narrow(0, dst, len).copy_(m[j].narrow(0, wp->offset + g, len));
+        vlocal[i].narrow(0, dst, len).copy_(v[j].narrow(0, wp->offset + g, len));
+      });
+    }
+  }
+  local.refresh_compute();
+}
+
 bool is_peft_folder(const std::string& dir) {
   std::error_code ec;
   return fs::is_directory(dir, ec) && fs::exists(fs::path(dir) / "adapter_config.json", ec);
@@ -366,8 +398,10 @@ std::string load_start_weights(const WeightSource& base, const std::string& base
     load_weights(base, gpt, model, warn);
     said += "initialized from " + base_path + "\n";
   }
-  if (!adapters.empty()) {
-    load_peft_adapters(adapters, gpt.cfg.arch, adapter_params);
+  if (!adapters.empty()) {  // whole, then this rank's elements (TP: its slices; PP: its stage's)
+    const WholeAdapters w = whole_adapters(gpt.cfg, gpt.lora_config);
+    load_peft_adapters(adapters, gpt.cfg.arch, w.params);
+    scatter_adapters(w.params, {}, {}, adapter_params, {}, {});
     said += "adapters from " + adapters + "\n";
   }
   return said;

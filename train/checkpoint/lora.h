@@ -1,11 +1,12 @@
 // ndtrain: a LoRA run's checkpoints and its Hugging Face PEFT adapter folders.
 //
-// A LoRA run (lora.rank > 0) trains only its adapters (nn/lora.h), whole on every rank, so its
-// checkpoints hold only them: model.safetensors with the adapters by ndtrain's names
-// (h.0.self_attn.q_proj.lora_A, ...) and state.safetensors with their AdamW moments, the data
-// position, and the [lora] settings and the base (model.init_from and its config) in the
-// metadata ("lora.rank", "lora.base", ...). The base model is not copied: it is read again
-// from model.init_from.
+// A LoRA run (lora.rank > 0) trains only its adapters (nn/lora.h), so its checkpoints hold
+// only them, whole in any layout (tensor parallelism's slices and the pipeline stages'
+// adapters gathered onto rank 0, ckpt::save_run; each rank reads its elements on resume): model.safetensors
+// with the adapters by ndtrain's names (h.0.self_attn.q_proj.lora_A, ...) and state.safetensors with their
+// AdamW moments, the data position, and the [lora] settings and the base (model.init_from and its config) in
+// the metadata ("lora.rank", "lora.base", ...). The base model is not copied: it is read again from
+// model.init_from.
 //
 //   st.extra.merge(ckpt::lora_metadata(gpt, init_from));        // what the checkpoint says
 //   ckpt::export_lora("ckpt/step_00000100", "adapter", false, DType::f32, std::cerr);   // PEFT
@@ -24,8 +25,10 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "models/gpt.h"
 #include "nn/flat.h"
@@ -43,6 +46,20 @@ bool is_lora_state(const std::map<std::string, std::string>& extra);
 void save_adapters(const std::string& path, const nn::FlatParams& params,
                    const std::map<std::string, std::string>& metadata);
 void load_adapters(const std::string& path, const nn::FlatParams& params);
+
+// The adapters as one process holds them (the single-process layout, on the CPU; their
+// values overwritten by whoever reads into them), for a model of cfg with adapters `lora`.
+struct WholeAdapters {
+  std::unique_ptr<models::GPT> gpt;  // described only, with its adapters
+  nn::FlatParams params;
+};
+WholeAdapters whole_adapters(const models::GPTConfig& cfg, const nn::LoraConfig& lora);
+// Whole adapters (and, with m non-empty, their AdamW moments m, v: one buffer per unit) into
+// this rank's `local` (mlocal, vlocal): its elements of each of its parameters, found by
+// name (tensor parallelism: its slices; a pipeline stage: its blocks' adapters).
+void scatter_adapters(const nn::FlatParams& whole, const std::vector<Tensor>& m, const std::vector<Tensor>& v,
+                      const nn::FlatParams& local, const std::vector<Tensor>& mlocal,
+                      const std::vector<Tensor>& vlocal);
 
 // Whether `path` (a checkpoint's step folder, or a checkpoint.dir: its latest) holds a LoRA
 // run's checkpoint; its step folder in *step.
@@ -70,7 +87,7 @@ void load_peft_adapters(const std::string& dir, const std::string& arch, const n
 
 // A run's starting weights: the model's own (model.init_from, `base` opened from base_path;
 // each rank reads only its elements) into `model`, and the adapters of a PEFT folder
-// (lora.init_from, `adapters`; whole on every rank) into `adapter_params`; either path may be
+// (lora.init_from, `adapters`; this rank's elements of them) into `adapter_params`; either path may be
 // "" (nothing to load). Returns the lines to say ("initialized from ...", "adapters from ...").
 struct WeightSource;
 std::string load_start_weights(const WeightSource& base, const std::string& base_path,

@@ -8,11 +8,19 @@
 namespace ndt::ckpt {
 namespace {
 
-// the single-process layout, on the CPU (its initial values are overwritten)
-std::unique_ptr<WholeModel> empty_whole(const models::GPTConfig& mc, const optim::AdamW* opt) {
+// What a run trains: its adapters (LoRA), or its model's parameters
+std::vector<nn::UnitSpec> trained_units(const models::GPT& gpt) {
+  return gpt.has_lora() ? gpt.adapter_units() : gpt.units();
+}
+
+// the single-process layout, on the CPU (its initial values are overwritten); LoRA (`lora`
+// on): the adapters'
+std::unique_ptr<WholeModel> empty_whole(const models::GPTConfig& mc, const nn::LoraConfig& lora,
+                                        const optim::AdamW* opt) {
   auto w = std::make_unique<WholeModel>();
   w->gpt = std::make_unique<models::GPT>(mc);
-  w->params = nn::materialize(w->gpt->units(), Device::cpu(), DType::f32, 0);
+  if (lora.on()) w->gpt->add_lora(lora);
+  w->params = nn::materialize(trained_units(*w->gpt), Device::cpu(), DType::f32, 0);
   for (const nn::FlatUnit& u : w->params.units) {
     w->moments.m.push_back(Tensor::zeros({u.numel}, DType::f32));
     w->moments.v.push_back(Tensor::zeros({u.numel}, DType::f32));
@@ -46,9 +54,10 @@ void put(WholeModel& w, const std::string& name, const WholeParam& p) {
 std::vector<nn::ParamSpec> stage_params(const models::GPTConfig& mc, const dist::ParallelModel& pm,
                                         int64_t stage) {
   const int64_t p = pm.mesh().dims().pp;
-  const models::GPT part(mc, dist::pipeline_part(pm.pp_blocks, p, stage));
+  models::GPT part(mc, dist::pipeline_part(pm.pp_blocks, p, stage));
+  if (pm.gpt().has_lora()) part.add_lora(pm.gpt().lora_config);
   std::vector<nn::ParamSpec> out;
-  for (const nn::FlatUnit& u : nn::flat_layout(part.units(), nn::ShardSpec{0, 1}))
+  for (const nn::FlatUnit& u : nn::flat_layout(trained_units(part), nn::ShardSpec{0, 1}))
     for (const nn::FlatParam& fp : u.params) out.push_back(fp.spec);
   return out;
 }
@@ -88,7 +97,7 @@ std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist
       if (collect) mine.push_back({p.spec.name, std::move(wp)});
     }
   }
-  std::unique_ptr<WholeModel> w = keep ? empty_whole(mc, opt) : nullptr;
+  std::unique_ptr<WholeModel> w = keep ? empty_whole(mc, pm.gpt().lora_config, opt) : nullptr;
   if (w)
     for (const auto& [name, p] : mine) put(*w, name, p);
   if (!pipelined || !stage_lead) return w;
@@ -116,18 +125,9 @@ std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist
 void write_whole_grads(const std::string& path, const models::GPTConfig& mc, const dist::ParallelModel& pm,
                        const std::string& layout, dist::Communicator& world) {
   const bool lead = world.rank() == 0;
-  // LoRA: the adapters' gradients, whole on every rank (their grad buffers)
-  const bool lora = pm.gpt().has_lora();
-  std::unique_ptr<WholeModel> w =
-      lora ? nullptr : gather_whole(mc, pm, nullptr, /*keep=*/lead, /*grads=*/true);
-  if (lead && lora) {
-    io::SafeTensorsWriter out;
-    for (const nn::FlatUnit& u : pm.params.units)
-      for (const nn::FlatParam& p : u.params)
-        out.add("grad." + p.spec.name, u.grad.narrow(0, p.offset, numel_of(p.spec.shape)).view(p.spec.shape));
-    out.metadata["layout"] = layout;
-    out.write(path);
-  } else if (lead) {
+  // (LoRA: the adapters' gradients)
+  std::unique_ptr<WholeModel> w = gather_whole(mc, pm, nullptr, /*keep=*/lead, /*grads=*/true);
+  if (lead) {
     io::SafeTensorsWriter out;
     for (const nn::FlatUnit& u : w->params.units)
       for (const nn::FlatParam& p : u.params) out.add("grad." + p.spec.name, p.value);
@@ -140,17 +140,16 @@ void write_whole_grads(const std::string& path, const models::GPTConfig& mc, con
 std::string save_run(const std::string& dir, bool sharded, int keep, const TrainState& st,
                      const models::GPTConfig& mc, const dist::ParallelModel& pm, const optim::AdamW& opt,
                      PruneLog* prune_log) {
-  const bool lora = pm.gpt().has_lora();  // adapters, whole on every rank: rank 0 writes them as they are
+  const bool lora = pm.gpt().has_lora();  // adapters: gathered whole onto rank 0 in either format
   if (sharded && !lora)
     return save_sharded(dir, st, pm.params, opt, pm.mesh(), mc, pm.pp_blocks, keep, prune_log);
   dist::Communicator& world = pm.mesh().world();
   const bool lead = world.rank() == 0;  // the others wait, so that a failed write stops every rank
-  std::unique_ptr<WholeModel> w = lora ? nullptr : gather_whole(mc, pm, &opt, /*keep=*/lead, /*grads=*/false);
+  std::unique_ptr<WholeModel> w = gather_whole(mc, pm, &opt, /*keep=*/lead, /*grads=*/false);
   std::string where, error;
   if (lead) {
     try {
-      where = lora ? save_checkpoint(dir, pm.gpt(), pm.params, opt, st, keep, prune_log)
-                   : save_checkpoint(dir, *w->gpt, w->params, w->moments, st, keep, prune_log);
+      where = save_checkpoint(dir, *w->gpt, w->params, w->moments, st, keep, prune_log);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -169,8 +168,12 @@ TrainState resume_run(const std::string& path, const models::GPTConfig& mc, cons
   TrainState st;
   NDT_CHECK(gpt.has_lora() || !is_lora_checkpoint(path), "checkpoint ", path,
             " holds LoRA adapters; resume it with its [lora] settings and model.init_from");
-  if (gpt.has_lora()) {  // the adapters, whole on every rank
-    st = load_checkpoint(path, gpt, pm.params, opt);
+  if (gpt.has_lora()) {  // the adapters whole on the host, then this rank's elements of them
+    const WholeAdapters w = whole_adapters(mc, gpt.lora_config);
+    Moments m;
+    st = load_checkpoint(path, *w.gpt, w.params, m);
+    scatter_adapters(w.params, m.m, m.v, pm.params, opt.m(), opt.v());
+    opt.set_steps_taken(m.steps);
   } else if (is_sharded(path)) {  // the writers' shards, whatever their layout
     st = load_sharded(path, mc, pm.params, opt, warn);
   } else {  // the single-process layout; each rank reads only its elements

@@ -36,8 +36,8 @@ std::unique_ptr<WholeModel> gather_whole(const models::GPTConfig& mc, const dist
 // A run's checkpoint of `st` into dir, in either format: sharded (every rank writes its own
 // shards, nobody gathers) or full (the single-process layout gathered onto the world's rank
 // 0, which writes it; a failed write throws on every rank). Collective. Returns where it went.
-// A LoRA run's (train/checkpoint/lora.h): its adapters, whole on every rank, which rank 0
-// writes as a full checkpoint in either format.
+// A LoRA run's (train/checkpoint/lora.h): its adapters, gathered whole (tensor parallelism's
+// slices, every stage's) onto rank 0, which writes them as a full checkpoint in either format.
 std::string save_run(const std::string& dir, bool sharded, int keep, const TrainState& st,
                      const models::GPTConfig& mc, const dist::ParallelModel& pm, const optim::AdamW& opt,
                      PruneLog* prune_log);
