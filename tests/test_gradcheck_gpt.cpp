@@ -126,6 +126,29 @@ std::vector<float> loss_and_grads(models::GPT& gpt) {
   return out;
 }
 
+// A mixture of experts (Qwen3-MoE's block): layer 0 dense, layers 1 and 2 routers over 4 SwiGLU
+// experts of 8 hidden units, each token through its top 2 (renormalised or not), and the
+// load-balancing loss over both MoE layers in the loss (its gradient reaches the routers through
+// every layer's probabilities, nn/moe.h). Plain, and with whole blocks recomputed in backward
+// (the routers' statistics recorded again).
+models::GPTConfig gradcheck_moe(bool normalize) {
+  models::GPTConfig c = gradcheck_qwen3();
+  c.n_layer = 3;
+  c.n_experts = 4;
+  c.n_experts_per_tok = 2;
+  c.moe_intermediate_size = 8;
+  c.norm_topk_prob = normalize;
+  c.dense_layers = "0";
+  c.router_aux_loss_coef = 0.3;
+  return c;
+}
+TEST(GradcheckGPT, MixtureOfExpertsWithTheLoadBalancingLoss) {
+  check_gpt(nn::ACMode::none, gradcheck_moe(false));
+}
+TEST(GradcheckGPT, MixtureOfExpertsRenormalisedAndCheckpointed) {
+  check_gpt(nn::ACMode::full, gradcheck_moe(true));
+}
+
 TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {
   // The seam the trainer uses (activation checkpointing, FSDP) must not change a number:
   // no wrapper, a pass-through wrapper, and checkpointing give the same bits.
