@@ -216,6 +216,9 @@ double ParallelModel::train(const std::vector<Batch>& micro, const std::function
   weigh_by_trained_tokens(micro, here);
   const double loss_sum = step_->train(here, 1.0 / m, on_action);  // mean over micro-batches
   end_accumulation();
+  // MoE: the load-balancing part of the loss, for the log (every rank has it, or none)
+  const double aux = gpt_->take_aux_loss();
+  aux_loss_ = gpt_->cfg.moe() && gpt_->cfg.router_aux_loss_coef > 0 ? mean_over_ranks(aux) : -1;
   return mean_over_ranks(loss_sum / m);
 }
 

@@ -119,6 +119,8 @@ class ParallelModel {
   // token of the step, the same on every rank. on_action(j) is told before each forward or
   // backward which micro-batch it runs.
   double train(const std::vector<Batch>& micro, const std::function<void(int64_t)>& on_action = {});
+  // The last train()'s mean load-balancing loss, part of its loss (MoE; -1: none).
+  double aux_loss() const { return aux_loss_; }
   // The mean loss of these batches without gradients (a collective: every rank runs it).
   double evaluate(const std::vector<Batch>& batches);
   // prompt -> prompt and new tokens, every rank drawing the same (a collective where the
@@ -169,6 +171,7 @@ class ParallelModel {
   std::unique_ptr<Ulysses> sp_;               // when sp > 1
   std::shared_ptr<Communicator> ends_;        // pp > 1: the first and the last stage
   bool tied_ends_ = false;                    // this rank is one of them and holds the tied embeddings
+  double aux_loss_ = -1;                      // aux_loss()
   SequenceSplit split_;                       // read by CP, TP and the strategy
 };
 

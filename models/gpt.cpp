@@ -236,6 +236,15 @@ Tensor GPT::trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs,
   return before_head(run_blocks(0, h.size(), x, block_pos));
 }
 
+double GPT::take_aux_loss() const {
+  if (aux_values_.empty()) return -1;
+  double sum = 0;
+  for (double v : aux_values_) sum += v;
+  const double mean = sum / static_cast<double>(aux_values_.size());
+  aux_values_.clear();
+  return mean;
+}
+
 std::shared_ptr<nn::RouterLoss> GPT::router_loss() const {
   if (!cfg.moe() || cfg.router_aux_loss_coef == 0) return nullptr;
   return std::make_shared<nn::RouterLoss>(cfg.n_experts);
@@ -247,6 +256,7 @@ GPTOutput GPT::head_forward(const Tensor& x_btc, const Tensor& idx, const Tensor
   GPTOutput out = head_logits(x_btc, idx, targets);
   if (router && out.loss.defined()) {  // + coef * the load-balancing loss of every MoE layer (nn/moe.h)
     out.aux_loss = nn::aux_loss(x_btc, router);
+    aux_values_.push_back(router->value());
     out.loss = add(out.loss, scale(out.aux_loss, cfg.router_aux_loss_coef));
   }
   return out;

@@ -188,6 +188,12 @@ class GPT : public nn::Module {
   nn::Positions block_positions(const Tensor& pos, int64_t pos_offset, bool cached, DType dtype,
                                 const Tensor& docs) const;
   std::vector<nn::BlockWrapper> wrappers_;
+  mutable std::vector<double> aux_values_;  // the load-balancing losses since take_aux_loss
+
+ public:
+  // The mean of the load-balancing losses of the forwards since the last call (MoE with
+  // router_aux_loss_coef; -1: none), for the step's log.
+  double take_aux_loss() const;
 };
 
 }  // namespace ndt::models

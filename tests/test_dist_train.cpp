@@ -45,6 +45,10 @@ using Result = ShellResult;
 struct Model {
   std::string tag, args;
   int accum = 2;  // micro-batches per step (gpt.ini's train.grad_accum_steps unless args change it)
+  // The one process to compare with runs each rank's micro-batches one after another (B
+  // sequences, accum x dp of them per step) rather than dp x B at once: a model whose loss is
+  // not a mean over tokens (the routers' load-balancing loss: each micro-batch's)
+  bool per_micro_batch = false;
 };
 const Model kGPT2{};
 // A tiny Llama 3 on gpt.ini's sizes (2 blocks, C 32): 4 query heads reading 2 key/value
@@ -71,6 +75,15 @@ const Model kQwen3{
     "qwen3_",
     " --model.arch llama --model.n_kv_head 2 --model.intermediate_size 48 --model.rope_theta 10000 "
     "--model.head_dim 12 --model.qk_norm true"};
+
+// A mixture of experts on it (Qwen3-MoE's block): block 0 dense, block 1 a router over 4
+// SwiGLU experts of 24, each token through its top 2, and the load-balancing loss in the loss
+const Model kQwen3Moe{"qwen3moe_",
+                      kQwen3.args +
+                          " --model.n_experts 4 --model.n_experts_per_tok 2 "
+                          "--model.moe_intermediate_size 24 --model.dense_layers 0 "
+                          "--model.router_aux_loss_coef 0.1",
+                      2, /*per_micro_batch=*/true};
 
 class DistTrain : public ::testing::Test {
  protected:
@@ -118,9 +131,14 @@ class DistTrain : public ::testing::Test {
                             const Model& model = kGPT2) {
     for (const Layout& L : layouts) {
       SCOPED_TRACE(model.tag + L.name);
-      const std::string name = model.tag + L.name, ref = model.tag + "single_b" + std::to_string(B * L.dp());
+      const int64_t micro = model.per_micro_batch ? B : B * L.dp(),
+                    accum = model.accum * (B * L.dp() / micro);
+      const std::string name = model.tag + L.name,
+                        ref = model.tag + "single_b" + std::to_string(micro) + "_m" + std::to_string(accum);
       if (!fs::exists(dir_ / ref / "metrics.jsonl")) {
-        Result r = train(ref, 1, "--train.micro_batch_size " + std::to_string(B * L.dp()) + model.args);
+        Result r = train(ref, 1,
+                         "--train.micro_batch_size " + std::to_string(micro) + model.args +
+                             " --train.grad_accum_steps " + std::to_string(accum));
         ASSERT_EQ(r.rc, 0) << r.out;
       }
       Result r =
@@ -949,6 +967,13 @@ TEST_F(DistTrain, Qwen3LayoutsEqualOneProcess) {
   check_layouts({{"pp2_1f1b", 1, 1, 1, 1, "", 2}}, 1, nullptr, piped);
 }
 
+TEST_F(DistTrain, MixtureOfExpertsDataParallelLayoutsEqualOneProcess) {
+  // the experts are parameters as any other: whole on every rank (DP) or sharded (FSDP, HSDP);
+  // each rank routes its own tokens and its load-balancing loss is its micro-batch's, as one
+  // process's is for each micro-batch of the step
+  check_layouts({{"dp2", 2, 1}, {"fsdp2", 1, 2}, {"hsdp_r2_s2", 2, 2}}, 2, nullptr, kQwen3Moe);
+}
+
 TEST_F(DistTrain, LlamaBfloat16LayoutsFollowOneProcess) {
   check_bf16_layouts({{"bf16_fsdp2", 1, 2},
                       {"bf16_dp2", 2, 1},
@@ -1115,6 +1140,17 @@ TEST_F(DistTrain, LlamaKeysAndLayoutsThatDoNotFitAreOneClearLine) {
        "model.rope_theta = 500000 is for model.arch = llama"},
       {"gpt2_scaling", 1, "--model.rope_scaling llama3",
        "model.rope_theta and model.rope_scaling are for model.arch = llama"},
+      {"moe_tp2", 2, "--parallel.tp_size 2" + kQwen3Moe.args,
+       "parallel.tp_size = 2 with mixture-of-experts layers (model.n_experts > 0) is not supported yet"},
+      {"moe_fields", 1, "--model.n_experts_per_tok 2" + kLlama.args,
+       "are for mixture-of-experts models: set model.n_experts > 0 or leave them out"},
+      {"moe_k", 1,
+       kQwen3.args + " --model.n_experts 4 --model.n_experts_per_tok 5 --model.moe_intermediate_size 8",
+       "model.n_experts_per_tok (5) must be 1..model.n_experts (4)"},
+      {"moe_dense", 1,
+       kQwen3.args + " --model.n_experts 4 --model.n_experts_per_tok 2 --model.moe_intermediate_size 8 "
+                     "--model.dense_layers 0,x",
+       "model.dense_layers = \"0,x\": 'x' is not a layer 0..1"},
       {"rope_factor", 1,
        "--model.rope_factor 4" + kLlama.args.substr(0, kLlama.args.find(" --model.rope_scaling")),
        "are llama3 scaling's: set model.rope_scaling = llama3"},
