@@ -246,7 +246,8 @@ double GPT::take_aux_loss() const {
 }
 
 std::shared_ptr<nn::RouterLoss> GPT::router_loss() const {
-  if (!cfg.moe() || cfg.router_aux_loss_coef == 0) return nullptr;
+  // training only: a loss without gradients (evaluation) is the cross-entropy alone
+  if (!cfg.moe() || cfg.router_aux_loss_coef == 0 || !autograd::grad_enabled()) return nullptr;
   return std::make_shared<nn::RouterLoss>(cfg.n_experts);
 }
 

@@ -53,8 +53,8 @@ struct GPTOutput {
   Tensor logits;    // (B*T, Vp); padded columns never affect the loss. Undefined after a
                     // forward with targets and gradients on (single process): the fused loss
                     // (cross_entropy_fused) keeps its gradient in their memory
-  Tensor loss;      // scalar mean cross-entropy, when targets were given (+ model.router_aux_loss_coef x
-                    // aux_loss with mixture-of-experts layers)
+  Tensor loss;      // scalar mean cross-entropy, when targets were given (training with mixture-of-
+                    // experts layers: + model.router_aux_loss_coef x aux_loss)
   Tensor aux_loss;  // the routers' load-balancing loss (nn/moe.h), with router_aux_loss_coef > 0
 };
 
@@ -157,7 +157,8 @@ class GPT : public nn::Module {
   // router: the forward's load-balancing statistics (nullptr: none)
   Tensor trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs,
                const std::shared_ptr<nn::RouterLoss>& router = nullptr) const;
-  // A new RouterLoss for a forward with a loss (nullptr without MoE or router_aux_loss_coef)
+  // A new RouterLoss for a training forward (nullptr without MoE or router_aux_loss_coef, or
+  // without gradients: evaluation's loss is the cross-entropy alone)
   std::shared_ptr<nn::RouterLoss> router_loss() const;
   // trunk's parts: the positions of idx's tokens (B, T) (restarting per document of docs) and
   // what the blocks see of them; the embeddings (B, T, C); blocks h[begin, end); the final

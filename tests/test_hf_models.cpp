@@ -142,12 +142,16 @@ TEST(HfModels, Qwen3WithQkNormsAndItsOwnHeadSizeEqualsTransformersInFloat64) {
   check_against_transformers("qwen3", "float64", 1e-10);
 }
 
-// A Qwen3 changed in ndtrain (one gradient step from transformers' folder, so that no
-// weight, the norms' included, is where transformers put it), exported in float64, loaded by
-// transformers: its loss on the same windows is ndtrain's.
-TEST(HfModels, Qwen3ExportedLoadsInTransformersWithTheSameLoss) {
-  const fs::path d = temp_dir("qwen3_export");
-  const ndt::testing::ShellResult made = reference("make " + d.string() + " --arch qwen3 --dtype float64");
+namespace {
+
+// A model changed in ndtrain (one gradient step from transformers' folder, so that no weight,
+// the norms', the routers' and the experts' included, is where transformers put it), exported in
+// float64, loaded by transformers: its loss on the same windows is ndtrain's (evaluation's: the
+// cross-entropy alone).
+void check_export(const std::string& arch, int64_t head_dim) {
+  const fs::path d = temp_dir(arch + "_export");
+  const ndt::testing::ShellResult made =
+      reference("make " + d.string() + " --arch " + arch + " --dtype float64");
   if (made.rc == 3) GTEST_SKIP() << made.out;
   ASSERT_EQ(made.rc, 0) << made.out;
   const io::HfFolder folder((d / "model").string());
@@ -164,8 +168,9 @@ TEST(HfModels, Qwen3ExportedLoadsInTransformersWithTheSameLoss) {
     }
   ckpt::export_hf((d / "export").string(), gpt, params, DType::f64);
   const io::HfConfig back = io::read_hf_config((d / "export" / "config.json").string());
-  EXPECT_EQ(back.model_type, "qwen3");
-  EXPECT_EQ(back.head_dim, 24);
+  EXPECT_EQ(back.model_type, arch);
+  EXPECT_EQ(back.head_dim, head_dim);
+  EXPECT_EQ(back.num_experts, gpt.cfg.n_experts);
   // 2 windows of 16 tokens (+1) from the vocabulary of 96
   std::vector<uint16_t> tokens;
   for (int i = 0; i < 33; ++i) tokens.push_back(static_cast<uint16_t>((i * 37 + 11) % 96));
@@ -186,9 +191,15 @@ TEST(HfModels, Qwen3ExportedLoadsInTransformersWithTheSameLoss) {
   const double theirs = std::stod(r.out.substr(l + 5));
   EXPECT_NEAR(theirs, ours, 1e-10 * ours) << r.out;
   EXPECT_GT(std::abs(ours - ref.get("loss", DType::f64).item()), 1e-3) << "the step changed nothing";
-  std::cout << "qwen3 export: loss " << ours << " in ndtrain, " << theirs << " in transformers\n";
+  std::cout << arch << " export: loss " << ours << " in ndtrain, " << theirs << " in transformers\n";
   fs::remove_all(d);
 }
+
+}  // namespace
+
+TEST(HfModels, Qwen3ExportedLoadsInTransformersWithTheSameLoss) { check_export("qwen3", 24); }
+TEST(HfModels, Qwen3MoeExportedLoadsInTransformersWithTheSameLoss) { check_export("qwen3_moe", 24); }
+TEST(HfModels, MixtralExportedLoadsInTransformersWithTheSameLoss) { check_export("mixtral", 16); }
 
 TEST(HfModels, LlamaEqualsTransformersInFloat32) { check_against_transformers("llama", "float32", 1e-5); }
 

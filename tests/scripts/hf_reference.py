@@ -273,7 +273,10 @@ def dtype_of(torch, name):
 def from_pretrained_kwargs(transformers, torch_dtype):
     # transformers 5 calls it dtype, 4 torch_dtype
     major = int(transformers.__version__.split(".")[0])
-    return {"dtype" if major >= 5 else "torch_dtype": torch_dtype, "attn_implementation": "eager"}
+    kwargs = {"dtype" if major >= 5 else "torch_dtype": torch_dtype, "attn_implementation": "eager"}
+    if major >= 5:  # mixtures of experts: the loop over experts (grouped_mm has no float64)
+        kwargs["experts_implementation"] = "eager"
+    return kwargs
 
 
 # ---- peft ----
