@@ -1,6 +1,7 @@
 #include "dist/parallelize.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "autograd/node.h"
@@ -8,22 +9,23 @@
 #include "dist/data_parallel.h"
 #include "dist/tensor_parallel/comm.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
+#include "nn/moe.h"
 
 namespace ndt::dist {
 
 namespace {
 
 // Mixture-of-experts layers run under data parallelism, FSDP and HSDP (per token, every
-// parameter sharded as any other); the dimensions that split a layer's work or a sequence
-// are not wired for them yet.
+// parameter sharded as any other) and under context and Ulysses parallelism (per token too;
+// the load-balancing loss from the whole sequences' statistics: reduce_router_stats); tensor
+// and pipeline parallelism are not wired for them yet.
 void check_experts_layout(const ParallelDims& dims) {
-  const std::pair<const char*, int64_t> refused[] = {
-      {"tp_size", dims.tp}, {"pp_size", dims.pp}, {"cp_size", dims.cp}, {"sp_size", dims.sp}};
+  const std::pair<const char*, int64_t> refused[] = {{"tp_size", dims.tp}, {"pp_size", dims.pp}};
   for (const auto& [key, size] : refused)
     NDT_CHECK(
         size == 1, "parallel.", key, " = ", size,
         " with mixture-of-experts layers (model.n_experts > 0) is not supported yet: MoE models train under "
-        "data parallelism, FSDP and HSDP (parallel.dp_shard_size, parallel.dp_replicate_size); set ",
+        "data parallelism, FSDP, HSDP, context and Ulysses parallelism; set ",
         key, " = 1");
 }
 
@@ -92,6 +94,7 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len, &pm->split_);
   if (dims.sp > 1)  // inside the ring (USP) when cp > 1: it wraps CP's attention and positions
     pm->sp_ = std::make_unique<Ulysses>(gpt, mesh.sp(), o.seq_len, &pm->split_, dims.tp, dims.cp);
+  if (gpt.cfg.moe()) pm->reduce_router_stats(gpt);
   // 3: wrappers compose inside out, the first installed runs innermost
   if (o.ac != nn::ACMode::none) gpt.add_block_wrapper(nn::activation_checkpointing(o.ac, o.ac_every));
   if (o.trace && !dims.sharded())  // FSDP traces its units itself
@@ -175,6 +178,35 @@ std::vector<Pipeline::Batch> ParallelModel::local(const std::vector<Batch>& batc
 Tensor ParallelModel::sequence_part(const Tensor& tokens) const {
   const Tensor part = cp_ ? cp_->local(tokens) : tokens;  // CP: its two chunks
   return sp_ ? sp_->local(part) : part;                   // SP: its contiguous part of them
+}
+
+// Context and Ulysses parallelism: the routers' statistics summed over the ranks that hold one
+// sequence's parts (cp, then sp), so that the load-balancing loss is the whole sequences' (nn/moe.h)
+void ParallelModel::reduce_router_stats(models::GPT& gpt) const {
+  const std::vector<Communicator*> groups = sequence_groups();
+  if (groups.empty()) return;
+  double ranks = 1;
+  for (Communicator* g : groups) ranks *= g->size();
+  gpt.router_grad_scale = ranks;
+  gpt.reduce_router_stats = [groups](nn::RouterLoss& s) {
+    std::vector<double> v;  // every layer's rows, counts and probability sums, in one buffer
+    for (const auto& [i, l] : s.layers) {
+      v.push_back(static_cast<double>(l.rows));
+      for (int64_t c : l.counts) v.push_back(static_cast<double>(c));
+      v.insert(v.end(), l.prob_sums.begin(), l.prob_sums.end());
+    }
+    for (Communicator* g : groups) {
+      Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(g->device());
+      g->all_reduce(t, ReduceOp::kSum)->wait();
+      v = t.to_vector<double>();
+    }
+    size_t at = 0;
+    for (auto& [i, l] : s.layers) {
+      l.rows = std::llround(v[at++]);
+      for (int64_t& c : l.counts) c = std::llround(v[at++]);
+      for (double& p : l.prob_sums) p = v[at++];
+    }
+  };
 }
 
 std::vector<Communicator*> ParallelModel::sequence_groups() const {

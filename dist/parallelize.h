@@ -157,6 +157,8 @@ class ParallelModel {
   // sp; none without either).
   Tensor sequence_part(const Tensor& tokens) const;
   std::vector<Communicator*> sequence_groups() const;
+  // CP, Ulysses with mixture-of-experts layers: the load-balancing loss of the whole sequences
+  void reduce_router_stats(models::GPT& gpt) const;
   // After the step's last backward: the strategy's end_accumulation, then (pipeline with tied
   // embeddings) the sum of the embeddings' gradients of the first and the last stage.
   void end_accumulation();

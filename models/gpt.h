@@ -108,6 +108,10 @@ class GPT : public nn::Module {
   // TP: the loss over vocab-sliced logits (vocab-parallel cross-entropy)
   std::function<Tensor(const Tensor& logits, const Tensor& targets)> loss_fn;
   nn::TensorFn gather_logits;  // TP: (N, Vp/tp) -> (N, Vp), for sampling
+  // CP, Ulysses: set on every forward's RouterLoss (nn/moe.h): the load-balancing statistics of
+  // the whole sequences from every rank's parts, and the gradient's scale
+  std::function<void(nn::RouterLoss&)> reduce_router_stats;
+  double router_grad_scale = 1;
   // CP: the position of every token (B, T) i32 (a rank's tokens are two pieces of the sequence);
   // docs: the whole rows' documents (B, T_seq) when packed (positions restart per document),
   // or undefined

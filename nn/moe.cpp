@@ -27,11 +27,13 @@ std::vector<double> RouterLoss::row_gradient() const {
     R += l.rows;
     for (size_t e = 0; e < g.size(); ++e) g[e] += static_cast<double>(l.counts[e]);
   }
-  for (double& v : g) v *= static_cast<double>(E) / (static_cast<double>(R) * static_cast<double>(R));
+  for (double& v : g)
+    v *= grad_scale * static_cast<double>(E) / (static_cast<double>(R) * static_cast<double>(R));
   return g;
 }
 
 Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats) {
+  if (stats->reduce) stats->reduce(*stats);  // the whole sequences' statistics
   const DType dt = anchor.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor out = Tensor::scalar(stats->value(), dt, anchor.device());
   // backward: nothing flows into the anchor; d loss / d aux waits for the layers' balance()

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -47,6 +48,12 @@ struct RouterLoss {
   };
   std::map<int64_t, Layer> layers;
   double grad = 0;  // d loss / d aux, left by aux_loss's backward for the layers' balance()
+  // Context and Ulysses parallelism: each rank holds a part of every sequence; reduce sums the
+  // layers' rows, counts and probability sums over the ranks that hold one sequence's parts
+  // (run by aux_loss before the value), and grad_scale (their number) undoes the average their
+  // gradients then get, so that aux and its gradient are those of the whole sequences.
+  std::function<void(RouterLoss&)> reduce;
+  double grad_scale = 1;
   // aux = E / R^2 sum_e C_e S_e over the layers so far
   double value() const;
   // d aux / d p[n,e] = E C_e / R^2, for every row (E)

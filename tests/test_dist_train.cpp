@@ -974,6 +974,13 @@ TEST_F(DistTrain, MixtureOfExpertsDataParallelLayoutsEqualOneProcess) {
   check_layouts({{"dp2", 2, 1}, {"fsdp2", 1, 2}, {"hsdp_r2_s2", 2, 2}}, 2, nullptr, kQwen3Moe);
 }
 
+TEST_F(DistTrain, MixtureOfExpertsSplitSequencesEqualOneProcess) {
+  // each rank routes its part of every sequence; the load-balancing loss from the whole
+  // sequences' counts and probabilities, summed over the cp (and sp) ranks
+  check_layouts({{"cp2", 1, 1, 2, 1}, {"fsdp2_cp2", 1, 2, 2, 1}, {"sp2", 1, 1, 1, 1, "", 1, 2}}, 2, nullptr,
+                kQwen3Moe);
+}
+
 TEST_F(DistTrain, LlamaBfloat16LayoutsFollowOneProcess) {
   check_bf16_layouts({{"bf16_fsdp2", 1, 2},
                       {"bf16_dp2", 2, 1},
