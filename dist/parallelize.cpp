@@ -16,16 +16,17 @@ namespace ndt::dist {
 namespace {
 
 // Mixture-of-experts layers run under data parallelism, FSDP and HSDP (per token, every
-// parameter sharded as any other) and under context and Ulysses parallelism (per token too;
-// the load-balancing loss from the whole sequences' statistics: reduce_router_stats); tensor
-// and pipeline parallelism are not wired for them yet.
+// parameter sharded as any other), under context and Ulysses parallelism (per token too; the
+// load-balancing loss from the whole sequences' statistics: reduce_router_stats) and tensor
+// parallelism (the attention split, the experts whole); pipeline parallelism is not wired for
+// them yet (the load-balancing loss couples every stage's layers).
 void check_experts_layout(const ParallelDims& dims) {
-  const std::pair<const char*, int64_t> refused[] = {{"tp_size", dims.tp}, {"pp_size", dims.pp}};
+  const std::pair<const char*, int64_t> refused[] = {{"pp_size", dims.pp}};
   for (const auto& [key, size] : refused)
     NDT_CHECK(
         size == 1, "parallel.", key, " = ", size,
         " with mixture-of-experts layers (model.n_experts > 0) is not supported yet: MoE models train under "
-        "data parallelism, FSDP, HSDP, context and Ulysses parallelism; set ",
+        "data parallelism, FSDP, HSDP, tensor, context and Ulysses parallelism; set ",
         key, " = 1");
 }
 
@@ -183,10 +184,11 @@ Tensor ParallelModel::sequence_part(const Tensor& tokens) const {
 // Context and Ulysses parallelism: the routers' statistics summed over the ranks that hold one
 // sequence's parts (cp, then sp), so that the load-balancing loss is the whole sequences' (nn/moe.h)
 void ParallelModel::reduce_router_stats(models::GPT& gpt) const {
-  const std::vector<Communicator*> groups = sequence_groups();
-  if (groups.empty()) return;
-  double ranks = 1;
+  std::vector<Communicator*> groups = sequence_groups();
+  double ranks = 1;  // the gradients are averaged over these ranks (summed over tp: strategy.h)
   for (Communicator* g : groups) ranks *= g->size();
+  if (split_.sequence_parallel) groups.push_back(&mesh_->tp());  // tp's parts of the sequence
+  if (groups.empty()) return;
   gpt.router_grad_scale = ranks;
   gpt.reduce_router_stats = [groups](nn::RouterLoss& s) {
     std::vector<double> v;  // every layer's rows, counts and probability sums, in one buffer

@@ -247,10 +247,15 @@ TensorParallelPlan Block::tensor_parallel_plan() {
   return p += mlp.tensor_parallel_plan();
 }
 
+TensorParallelPlan GroupedQueryAttention::tensor_parallel_plan() {
+  TensorParallelPlan p{{{&c_attn, true}, {&c_proj, false}},
+                       {{&n_head, "heads"}, {&n_kv_head, "key/value heads"}}};
+  if (q_norm) p.partial_grads = {q_norm.get(), k_norm.get()};
+  return p;
+}
+
 TensorParallelPlan LlamaBlock::tensor_parallel_plan() {
-  TensorParallelPlan p{{{&attn.c_attn, true}, {&attn.c_proj, false}},
-                       {{&attn.n_head, "heads"}, {&attn.n_kv_head, "key/value heads"}}};
-  if (attn.q_norm) p.partial_grads = {attn.q_norm.get(), attn.k_norm.get()};
+  TensorParallelPlan p = attn.tensor_parallel_plan();
   return p += mlp.tensor_parallel_plan();
 }
 

@@ -267,6 +267,10 @@ class GroupedQueryAttention : public Module {
   Tensor core(const Tensor& qkv, const Positions& pos) const;
   // self_attn.{q,k,v}_proj (parts of c_attn), self_attn.o_proj
   std::vector<LinearSite> linear_sites();
+  // c_attn's columns are laid out by kv group, so a plain column split gives each rank whole
+  // groups (its kv heads and the query heads that read them); c_proj's rows of those query
+  // heads; q_norm's and k_norm's gradients partial (each rank's heads)
+  TensorParallelPlan tensor_parallel_plan();
   Linear c_attn, c_proj;
   std::unique_ptr<RMSNorm> q_norm, k_norm;  // (HS) each; nullptr without qk_norm
   int64_t n_head, n_kv_head, head_dim;      // heads on this rank (/ tp under tensor parallelism)

@@ -135,11 +135,10 @@ Tensor MoeBlock::forward(const Tensor& x, const Positions& pos) const {
   return add(h, mlp.forward(ln_2.forward(h), pos.router, layer));
 }
 
-TensorParallelPlan MoeBlock::tensor_parallel_plan() {
-  NDT_FAIL(
-      "tensor parallelism with mixture-of-experts layers (model.n_experts > 0) is not supported yet; set "
-      "parallel.tp_size = 1");
-}
+// The attention's split; the router and the experts whole on every rank, which without sequence
+// parallelism all route every token alike, and with it each its part of the sequence (their
+// gradients then summed over the group, as every whole parameter's: dist/strategy.h)
+TensorParallelPlan MoeBlock::tensor_parallel_plan() { return attn.tensor_parallel_plan(); }
 
 std::vector<LinearSite> MoeBlock::linear_sites() { return attn.linear_sites(); }
 

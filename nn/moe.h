@@ -101,7 +101,8 @@ class MoeBlock : public DecoderBlock {
   MoeBlock(const LlamaDims& d, const MoeDims& moe, int64_t layer, float std, float proj_std);
   Tensor forward(const Tensor& x, const Positions& pos) const override;
   AttendFn& attend() override { return attn.attend; }
-  // Tensor parallelism splits the attention only; the experts are refused for now (dist/ says so)
+  // Tensor parallelism splits the attention only: the router and the experts are whole on every
+  // rank (expert parallelism, not tensor parallelism, is how experts are split)
   TensorParallelPlan tensor_parallel_plan() override;
   // self_attn.{q,k,v,o}_proj (the router and the experts carry no LoRA adapters, as in PEFT,
   // whose targets are nn.Linear modules: transformers keeps experts and router as parameters)

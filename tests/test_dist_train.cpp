@@ -981,6 +981,16 @@ TEST_F(DistTrain, MixtureOfExpertsSplitSequencesEqualOneProcess) {
                 kQwen3Moe);
 }
 
+TEST_F(DistTrain, MixtureOfExpertsUnderTensorParallelismEqualsOneProcess) {
+  // the attention split over tp, the router and the experts whole on every rank: every rank
+  // routes every token alike; with sequence parallelism each its part of the sequence (the
+  // experts' gradients summed over tp, the routers' statistics too)
+  check_layouts({{"tp2", 1, 1, 1, 2},
+                 {"tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"},
+                 {"fsdp2_tp2_sp", 1, 2, 1, 2, "--parallel.sequence_parallel true"}},
+                2, nullptr, kQwen3Moe);
+}
+
 TEST_F(DistTrain, LlamaBfloat16LayoutsFollowOneProcess) {
   check_bf16_layouts({{"bf16_fsdp2", 1, 2},
                       {"bf16_dp2", 2, 1},
@@ -1147,8 +1157,8 @@ TEST_F(DistTrain, LlamaKeysAndLayoutsThatDoNotFitAreOneClearLine) {
        "model.rope_theta = 500000 is for model.arch = llama"},
       {"gpt2_scaling", 1, "--model.rope_scaling llama3",
        "model.rope_theta and model.rope_scaling are for model.arch = llama"},
-      {"moe_tp2", 2, "--parallel.tp_size 2" + kQwen3Moe.args,
-       "parallel.tp_size = 2 with mixture-of-experts layers (model.n_experts > 0) is not supported yet"},
+      {"moe_pp2", 2, "--parallel.pp_size 2" + kQwen3Moe.args,
+       "parallel.pp_size = 2 with mixture-of-experts layers (model.n_experts > 0) is not supported yet"},
       {"moe_fields", 1, "--model.n_experts_per_tok 2" + kLlama.args,
        "are for mixture-of-experts models: set model.n_experts > 0 or leave them out"},
       {"moe_k", 1,
