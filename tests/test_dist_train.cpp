@@ -136,9 +136,9 @@ class DistTrain : public ::testing::Test {
       const std::string name = model.tag + L.name,
                         ref = model.tag + "single_b" + std::to_string(micro) + "_m" + std::to_string(accum);
       if (!fs::exists(dir_ / ref / "metrics.jsonl")) {
-        Result r = train(ref, 1,
-                         "--train.micro_batch_size " + std::to_string(micro) + model.args +
-                             " --train.grad_accum_steps " + std::to_string(accum));
+        const std::string steps =
+            model.per_micro_batch ? " --train.grad_accum_steps " + std::to_string(accum) : "";
+        Result r = train(ref, 1, "--train.micro_batch_size " + std::to_string(micro) + model.args + steps);
         ASSERT_EQ(r.rc, 0) << r.out;
       }
       Result r =
