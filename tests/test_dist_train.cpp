@@ -1017,6 +1017,17 @@ TEST_F(DistTrain, LlamaShardedCheckpointsReshardAcrossLayouts) {
       "--train.steps 6" + kLlama.args, 6);
 }
 
+TEST_F(DistTrain, MixtureOfExpertsShardedCheckpointsReshardAcrossLayouts) {
+  // tp2 -> sp2 (FSDP over the sp ranks: the experts' stacked matrices in its shards) -> one
+  // process; every layout with the reference's micro-batches of 4 (each one's load-balancing loss)
+  const std::string sharded = " --train.micro_batch_size 4 --checkpoint.format sharded";
+  check_chain("moe_sharded",
+              {{2, "--parallel.tp_size 2 --train.stop_after 2" + sharded},
+               {2, "--parallel.sp_size 2 --train.stop_after 2" + sharded},
+               {1, sharded}},
+              "--train.steps 6" + kQwen3Moe.args, 6);
+}
+
 TEST_F(DistTrain, LlamaFullCheckpointsResumeAcrossLayouts) {
   // tp2 -> fsdp2 -> one process through model.safetensors, which holds the untied lm_head
   check_chain("llama_full",
