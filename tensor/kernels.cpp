@@ -574,7 +574,15 @@ void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& 
                 c.size(1) == b.size(trans_b ? 1 : 2),
             "grouped_gemm: a ", a.desc(), " @ b ", b.desc(), trans_b ? " (transposed)" : "", " -> c ",
             c.desc());
-  NDT_DISPATCH(a.device(), grouped_gemm, a, b, trans_b, c, counts);
+  // each group's rows are one contiguous block: group g is a GEMM of a's rows [lo, lo + m) and
+  // b[g] into c's same rows, on either backend (BLAS on a CPU, cuBLAS on the device's stream)
+  int64_t lo = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    const int64_t m = counts[g];
+    if (m > 0)
+      gemm(a.narrow(0, lo, m), false, b.select(0, static_cast<int64_t>(g)), trans_b, c.narrow(0, lo, m));
+    lo += m;
+  }
 }
 
 void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts,
@@ -584,7 +592,16 @@ void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_
   check_groups("grouped_gemm_dw", a, dw, counts);
   NDT_CHECK(dc.dim() == 2 && dc.size(0) == a.size(0) && dw.size(1) == a.size(1) && dw.size(2) == dc.size(1),
             "grouped_gemm_dw: a ", a.desc(), ", dc ", dc.desc(), " -> dw ", dw.desc());
-  NDT_DISPATCH(a.device(), grouped_gemm_dw, a, dc, counts, dw);
+  int64_t lo = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    const int64_t m = counts[g];
+    const Tensor dwg = dw.select(0, static_cast<int64_t>(g));
+    if (m > 0)
+      gemm(a.narrow(0, lo, m), true, dc.narrow(0, lo, m), false, dwg);
+    else
+      fill(dwg, 0.0);  // its weights took no part
+    lo += m;
+  }
 }
 
 void moe_combine_forward(const Tensor& y, const Tensor& weights, const Tensor& slots, const Tensor& out) {

@@ -245,7 +245,8 @@ void moe_dispatch_forward(const Tensor& x, const Tensor& order, int64_t k, const
 // dout (M,C), slots (M) -> dx (N,C) written: dx[n] = sum_j dout[slots[n*k+j]], j in order
 void moe_dispatch_backward(const Tensor& dout, const Tensor& slots, int64_t k, const Tensor& dx);
 // One GEMM per group of rows: a (M,K) in row blocks of counts (G) rows, b (G,K,N) (or (G,N,K)
-// with trans_b) -> c (M,N) written: c_g = a_g @ op(b[g]). Empty groups are skipped.
+// with trans_b) -> c (M,N) written: c_g = a_g @ op(b[g]). Empty groups are skipped. Both are
+// gemm on views of each group's block, so one definition serves every backend.
 void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
                   const std::vector<int64_t>& counts);
 // a (M,K), dc (M,N) in row blocks of counts (G) rows -> dw (G,K,N) written: dw[g] = a_g^T dc_g

@@ -179,37 +179,4 @@ void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& 
   });
 }
 
-// ---- one GEMM per expert --------------------------------------------------------------------
-
-// a (M,K) in row blocks of counts, b (G,K,N) (trans_b: (G,N,K)) -> c (M,N): each group's rows
-// are one contiguous block, so group g is gemm(a rows [lo, lo+m), b[g]) into c's same rows; the
-// BLAS runs each on its threads. A group without rows makes no call.
-void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
-                  const std::vector<int64_t>& counts) {
-  int64_t lo = 0;
-  for (size_t g = 0; g < counts.size(); ++g) {
-    const int64_t m = counts[g];
-    if (m > 0)
-      gemm(a.narrow(0, lo, m), false, b.select(0, static_cast<int64_t>(g)), trans_b, c.narrow(0, lo, m), 1.0,
-           0.0);
-    lo += m;
-  }
-}
-
-// a (M,K), dc (M,N) in row blocks of counts -> dw (G,K,N): dw[g] = a_g^T dc_g, zero for a group
-// without rows (its weights took no part)
-void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts,
-                     const Tensor& dw) {
-  int64_t lo = 0;
-  for (size_t g = 0; g < counts.size(); ++g) {
-    const int64_t m = counts[g];
-    const Tensor dwg = dw.select(0, static_cast<int64_t>(g));
-    if (m > 0)
-      gemm(a.narrow(0, lo, m), true, dc.narrow(0, lo, m), false, dwg, 1.0, 0.0);
-    else
-      fill(dwg, 0.0);
-    lo += m;
-  }
-}
-
 }  // namespace ndt::cpu

@@ -86,9 +86,6 @@ void moe_topk_backward(const Tensor& probs, const Tensor& experts, const Tensor&
 void moe_slots(const Tensor& order, const Tensor& slots);
 void moe_dispatch_forward(const Tensor& x, const Tensor& order, int64_t k, const Tensor& out);
 void moe_dispatch_backward(const Tensor& dout, const Tensor& slots, int64_t k, const Tensor& dx);
-void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
-                  const std::vector<int64_t>& counts);
-void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts, const Tensor& dw);
 void moe_combine_forward(const Tensor& y, const Tensor& weights, const Tensor& slots, const Tensor& out);
 void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& dout, const Tensor& order,
                           const Tensor& slots, const Tensor& dy, const Tensor& dweights);

@@ -227,35 +227,4 @@ void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& 
   });
 }
 
-// a (M,K) in row blocks of counts, b (G,K,N) (trans_b: (G,N,K)) -> c (M,N): one cuBLAS GEMM
-// per group with rows (gemm, tensor/cuda/matmul.cu), each on the device's stream, on views of
-// the group's row block and matrix; a group without rows makes no call.
-void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
-                  const std::vector<int64_t>& counts) {
-  int64_t lo = 0;
-  for (size_t g = 0; g < counts.size(); ++g) {
-    const int64_t m = counts[g];
-    if (m > 0)
-      gemm(a.narrow(0, lo, m), false, b.select(0, static_cast<int64_t>(g)), trans_b, c.narrow(0, lo, m), 1.0,
-           0.0);
-    lo += m;
-  }
-}
-
-// a (M,K), dc (M,N) in row blocks of counts -> dw (G,K,N): dw[g] = a_g^T dc_g, zero for a group
-// without rows
-void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts,
-                     const Tensor& dw) {
-  int64_t lo = 0;
-  for (size_t g = 0; g < counts.size(); ++g) {
-    const int64_t m = counts[g];
-    const Tensor dwg = dw.select(0, static_cast<int64_t>(g));
-    if (m > 0)
-      gemm(a.narrow(0, lo, m), true, dc.narrow(0, lo, m), false, dwg, 1.0, 0.0);
-    else
-      fill(dwg, 0.0);
-    lo += m;
-  }
-}
-
 }  // namespace ndt::cuda
