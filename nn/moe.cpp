@@ -33,10 +33,11 @@ std::vector<double> RouterLoss::row_gradient() const {
 
 Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats) {
   const DType dt = anchor.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  if (stats->over_data) stats->over_data(*stats);  // the whole batch's rows, counts and sums
   Tensor out = Tensor::scalar(stats->value(), dt, anchor.device());
   // backward: nothing flows into the anchor; d loss / d aux waits for the layers' balance()
   autograd::record("moe_aux_loss", {out}, {anchor}, [stats](const autograd::Grads& g) -> autograd::Grads {
-    stats->grad = g[0].item();
+    stats->grad = g[0].item() * stats->grad_scale;
     return {Tensor()};
   });
   return out;
@@ -109,10 +110,17 @@ Tensor MoeMLP::forward(const Tensor& x, const std::shared_ptr<RouterLoss>& stats
   TopK top = moe_topk(p, k, normalize);  // weights, experts (N, k)
   if (stats) record_routing(*stats, layer, top.experts, p);
   const Tensor w = top.values.dtype() == x.dtype() ? top.values : cast(top.values, x.dtype());
-  // the N k choices sorted by expert, each expert's rows through its SwiGLU, back to their tokens
-  const MoeRouting r = moe_sort(top.experts, experts.E);
+  const Tensor y =
+      run_experts ? run_experts(experts, xf, w, top.experts) : local_experts(experts, xf, w, top.experts);
+  return view(y, {B, T, C});
+}
+
+// the N k choices sorted by expert, each expert's rows through its SwiGLU, back to their tokens
+Tensor MoeMLP::local_experts(const Experts& experts, const Tensor& xf, const Tensor& w,
+                             const Tensor& choices) {
+  const MoeRouting r = moe_sort(choices, experts.E);
   const Tensor y = experts.forward(moe_dispatch(xf, r), r.counts);  // (N k, C)
-  return view(moe_combine(y, w, r), {B, T, C});
+  return moe_combine(y, w, r);                                      // (N, C)
 }
 
 MoeBlock::MoeBlock(const LlamaDims& d, const MoeDims& moe, int64_t layer_, float std, float proj_std)

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -47,6 +48,11 @@ struct RouterLoss {
   };
   std::map<int64_t, Layer> layers;
   double grad = 0;  // d loss / d aux, left by aux_loss's backward for the layers' balance()
+  // Data parallelism (dist/): sums every layer's rows, counts and probability sums over the data
+  // ranks before aux_loss takes its value, so that aux is the whole batch's; each rank's share of
+  // the gradient is then multiplied by grad_scale (the data ranks), which their mean divides again.
+  std::function<void(RouterLoss&)> over_data;
+  double grad_scale = 1;
   // aux = E / R^2 sum_e C_e S_e over the layers so far
   double value() const;
   // d aux / d p[n,e] = E C_e / R^2, for every row (E)
@@ -59,7 +65,8 @@ struct RouterLoss {
 Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats);
 
 // The SwiGLU experts of one MoE layer, stacked: gate_proj, up_proj (E, C, I), down_proj (E, I, C)
-// (each expert's matrices in the (in, out) layout of nn::Linear).
+// (each expert's matrices in the (in, out) layout of nn::Linear). Expert parallelism keeps a
+// slice of them along dim 0 (E / ep experts; E stays the layer's count of experts).
 class Experts : public Module {
  public:
   Experts(int64_t E, int64_t C, int64_t I, float std, float proj_std);
@@ -74,6 +81,12 @@ struct MoeDims {
   bool normalize;  // norm_topk_prob
 };
 
+// Runs the experts on the routed tokens: xf (N, C), weights (N, k) in x's dtype, choices (N, k) i32
+// -> (N, C). Unset: every expert here (MoeMLP::local_experts); expert parallelism
+// (dist/expert_parallel/) installs one that sends each row to the rank that holds its expert.
+using ExpertsFn = std::function<Tensor(const Experts& experts, const Tensor& xf, const Tensor& weights,
+                                       const Tensor& choices)>;
+
 // The MoE MLP: router ("gate", C -> E), top k, the experts.
 class MoeMLP : public Module {
  public:
@@ -81,10 +94,14 @@ class MoeMLP : public Module {
   // x (B, T, C) -> (B, T, C). stats: this forward's RouterLoss (nullptr: no load-balancing loss);
   // layer: this block's index in the model, its key there.
   Tensor forward(const Tensor& x, const std::shared_ptr<RouterLoss>& stats, int64_t layer) const;
+  // sorted by expert, through the experts, back to their tokens: the ExpertsFn of one process
+  static Tensor local_experts(const Experts& experts, const Tensor& xf, const Tensor& weights,
+                              const Tensor& choices);
   Linear gate;
   Experts experts;
   int64_t k;
   bool normalize;
+  ExpertsFn run_experts;  // unset: local_experts
 };
 
 // A Llama-family block whose MLP is a mixture of experts (Qwen3-MoE, Mixtral): x + attn(ln_1(x)),
