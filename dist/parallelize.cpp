@@ -6,6 +6,7 @@
 #include "autograd/node.h"
 #include "dist/adapters.h"
 #include "dist/data_parallel.h"
+#include "dist/expert_parallel/expert_parallel.h"
 #include "dist/tensor_parallel/comm.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 
@@ -29,9 +30,35 @@ void check_experts_layout(const ParallelDims& dims) {
 
 }  // namespace
 
+void sum_router_stats(nn::RouterLoss& s, Communicator& dp) {
+  // per layer: rows, counts (E), probability sums (E), in one f64 buffer
+  std::vector<double> v;
+  for (const auto& [i, l] : s.layers) {
+    v.push_back(static_cast<double>(l.rows));
+    for (int64_t c : l.counts) v.push_back(static_cast<double>(c));
+    for (double p : l.prob_sums) v.push_back(p);
+  }
+  if (v.empty() || dp.size() == 1) return;
+  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(dp.device());
+  dp.note_unit("router statistics");
+  dp.all_reduce(t, ReduceOp::kSum)->wait();
+  v = t.to(Device::cpu()).to_vector<double>();
+  size_t at = 0;
+  for (auto& [i, l] : s.layers) {
+    l.rows = static_cast<int64_t>(v[at++]);
+    for (int64_t& c : l.counts) c = static_cast<int64_t>(v[at++]);
+    for (double& p : l.prob_sums) p = v[at++];
+  }
+}
+
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel) {
   if (cfg.moe()) check_experts_layout(dims);
+  check_expert_parallel(cfg, dims);
+  NDT_CHECK(dims.ep == 1 || dims.fsdp() == 1, "parallel.ep_size = ", dims.ep,
+            " with parallel.dp_shard_size = ", dims.dp_shard,
+            " (FSDP) is not supported yet: expert parallelism runs over data-parallel replicas "
+            "(parallel.dp_replicate_size); set dp_shard_size = 1");
   // tensor parallelism's heads first, then Ulysses' share of them (and of the cp rank's tokens)
   if (dims.tp > 1) check_tensor_parallel(cfg, dims.tp);
   if (dims.cp > 1) check_context_parallel(seq_len, dims.cp);
@@ -90,6 +117,12 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   pm->split_.sequence_parallel = dims.tp > 1 && o.sequence_parallel;
   if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp(), &pm->split_);
   if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len, &pm->split_);
+  if (dims.ep > 1) apply_expert_parallel(gpt, mesh.ep());  // this rank's experts, the all-to-alls
+  if (gpt.cfg.moe() && dims.dp() > 1)                      // the load-balancing loss of the whole batch
+    gpt.prepare_router_loss = [&dp = mesh.dp()](nn::RouterLoss& r) {
+      r.over_data = [&dp](nn::RouterLoss& s) { sum_router_stats(s, dp); };
+      r.grad_scale = static_cast<double>(dp.size());
+    };
   if (dims.sp > 1)  // inside the ring (USP) when cp > 1: it wraps CP's attention and positions
     pm->sp_ = std::make_unique<Ulysses>(gpt, mesh.sp(), o.seq_len, &pm->split_, dims.tp, dims.cp);
   // 3: wrappers compose inside out, the first installed runs innermost
@@ -118,11 +151,13 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
     pm->fsdp_ = f.get();
     pm->strategy = std::move(f);
   } else if (dims.dp_replicate > 1) {
-    pm->strategy = std::make_unique<DataParallel>(pm->params, mesh.replicate(), tp);
+    pm->strategy = std::make_unique<DataParallel>(pm->params, mesh.replicate(), tp,
+                                                  dims.ep > 1 ? &mesh.ep_data() : nullptr);
   } else {
     pm->strategy = std::make_unique<NoParallelism>(pm->params, tp);
   }
   pm->strategy->read_sequence_split(&pm->split_);
+  if (dims.ep > 1) pm->strategy->read_experts(&mesh.ep());
   // 6: the step's schedule over this rank's chunks (one stage: plain gradient accumulation)
   if (dims.pp > 1) pm->join_pipeline_ends(gpt, mesh, o.trace);
   pm->gpt_ = &gpt;
@@ -276,6 +311,7 @@ Tensor ParallelModel::whole_buffer(const nn::FlatUnit& u, const Tensor& shard) c
 }
 
 Tensor ParallelModel::whole_param(const nn::ParamSpec& spec, const Tensor& local) const {
+  if (spec.tp.experts) return gather_param(spec, local, mesh_->ep());  // expert parallelism's slice
   return mesh_->dims().tp > 1 ? gather_param(spec, local, mesh_->tp()) : local;
 }
 

@@ -73,6 +73,11 @@ struct ParallelizeOptions {
 // with sequence parallelism, seq_len / (cp sp) that tp does not; Ulysses: heads per tp rank or
 // seq_len / cp that sp does not divide). The pipeline's rules:
 // plan_pipeline (stages.h); both at once: plan_layout.
+// Data parallelism with mixture-of-experts layers: every layer's rows, counts and probability
+// sums of a forward summed over the data ranks, so that the load-balancing loss is the whole
+// batch's (nn::RouterLoss::over_data).
+void sum_router_stats(nn::RouterLoss& stats, Communicator& dp);
+
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel = false);
 

@@ -238,7 +238,9 @@ Tensor GPT::trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs,
 
 std::shared_ptr<nn::RouterLoss> GPT::router_loss() const {
   if (!cfg.moe() || cfg.router_aux_loss_coef == 0) return nullptr;
-  return std::make_shared<nn::RouterLoss>(cfg.n_experts);
+  auto r = std::make_shared<nn::RouterLoss>(cfg.n_experts);
+  if (prepare_router_loss) prepare_router_loss(*r);
+  return r;
 }
 
 // x (B, T, C) at the head: logits (B*T, Vp) through the head's matrix, and the loss

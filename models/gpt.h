@@ -101,6 +101,9 @@ class GPT : public nn::Module {
   void add_block_wrapper(nn::BlockWrapper w) { wrappers_.push_back(std::move(w)); }
 
   // Set by tensor and context parallelism (dist/), empty on one process:
+  // Data parallelism (dist/parallelize.cpp): prepares each forward's RouterLoss (nn/moe.h) so
+  // that the load-balancing loss is the whole batch's over the data ranks; unset: this rank's
+  std::function<void(nn::RouterLoss&)> prepare_router_loss;
   nn::TensorFn before_lm_head;  // TP: copy to the group (f) before the vocab-sliced lm_head,
                                 // (B, T, C) -> (B, T, C) (sequence parallel: (B, T/tp, C) in)
   // TP with sequence parallelism: the (B, T) positions -> this rank's part of them (B, T/tp)
