@@ -55,10 +55,6 @@ void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims
                           bool sequence_parallel) {
   if (cfg.moe()) check_experts_layout(dims);
   check_expert_parallel(cfg, dims);
-  NDT_CHECK(dims.ep == 1 || dims.fsdp() == 1, "parallel.ep_size = ", dims.ep,
-            " with parallel.dp_shard_size = ", dims.dp_shard,
-            " (FSDP) is not supported yet: expert parallelism runs over data-parallel replicas "
-            "(parallel.dp_replicate_size); set dp_shard_size = 1");
   // tensor parallelism's heads first, then Ulysses' share of them (and of the cp rank's tokens)
   if (dims.tp > 1) check_tensor_parallel(cfg, dims.tp);
   if (dims.cp > 1) check_context_parallel(seq_len, dims.cp);
@@ -117,8 +113,9 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   pm->split_.sequence_parallel = dims.tp > 1 && o.sequence_parallel;
   if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp(), &pm->split_);
   if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len, &pm->split_);
-  if (dims.ep > 1) apply_expert_parallel(gpt, mesh.ep());  // this rank's experts, the all-to-alls
-  if (gpt.cfg.moe() && dims.dp() > 1)                      // the load-balancing loss of the whole batch
+  // the all-to-alls; DP: each rank's parameters are its experts; FSDP: shards of all of them
+  if (dims.ep > 1) apply_expert_parallel(gpt, mesh.ep(), /*slice=*/!dims.sharded());
+  if (gpt.cfg.moe() && dims.dp() > 1)  // the load-balancing loss of the whole batch
     gpt.prepare_router_loss = [&dp = mesh.dp()](nn::RouterLoss& r) {
       r.over_data = [&dp](nn::RouterLoss& s) { sum_router_stats(s, dp); };
       r.grad_scale = static_cast<double>(dp.size());
@@ -157,7 +154,7 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
     pm->strategy = std::make_unique<NoParallelism>(pm->params, tp);
   }
   pm->strategy->read_sequence_split(&pm->split_);
-  if (dims.ep > 1) pm->strategy->read_experts(&mesh.ep());
+  if (dims.ep > 1 && !dims.sharded()) pm->strategy->read_experts(&mesh.ep());  // sliced experts
   // 6: the step's schedule over this rank's chunks (one stage: plain gradient accumulation)
   if (dims.pp > 1) pm->join_pipeline_ends(gpt, mesh, o.trace);
   pm->gpt_ = &gpt;

@@ -85,8 +85,13 @@ Experts::Experts(int64_t E_, int64_t C_, int64_t I_, float std, float proj_std) 
 
 // x (M, C) sorted by expert -> gate, up (M, I) -> silu(gate) * up -> down (M, C)
 Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& counts) const {
-  const Tensor h = silu_mul(grouped_matmul(x, gate_proj, counts), grouped_matmul(x, up_proj, counts));
-  return grouped_matmul(h, down_proj, counts);
+  return swiglu(x, gate_proj, up_proj, down_proj, counts);
+}
+
+Tensor Experts::swiglu(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
+                       const std::vector<int64_t>& counts) {
+  const Tensor h = silu_mul(grouped_matmul(x, gate, counts), grouped_matmul(x, up, counts));
+  return grouped_matmul(h, down, counts);
 }
 
 MoeMLP::MoeMLP(const MoeDims& d, float std, float proj_std)

@@ -72,6 +72,9 @@ class Experts : public Module {
   Experts(int64_t E, int64_t C, int64_t I, float std, float proj_std);
   // x (M, C) rows sorted by expert, counts (E) rows each -> (M, C): expert e's SwiGLU on its rows
   Tensor forward(const Tensor& x, const std::vector<int64_t>& counts) const;
+  // the same with given matrices: gate, up (G, C, I), down (G, I, C) for G groups of rows
+  static Tensor swiglu(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
+                       const std::vector<int64_t>& counts);
   Tensor gate_proj, up_proj, down_proj;
   int64_t E, C, I;
 };

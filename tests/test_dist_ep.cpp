@@ -1,6 +1,7 @@
 // Expert parallelism end to end: train_gpt under mpirun with a tiny mixture-of-experts Llama
 // (4 experts, top 2, a load-balancing loss of weight 0.1) in every data-parallel layout with
-// expert parallelism (ep2 over 2 replicas; ep2 and ep4 over 4), and MoE under plain DP, against
+// expert parallelism (ep2 over 2 replicas; ep2 and ep4 over 4; ep2 inside FSDP over 2 and 4 and
+// inside HSDP 2 x 2), and MoE under plain DP, against
 // the single process on the same global batch: the losses of every step, the first step's
 // gradients and the parameters after the last; a checkpoint written under ep2 resumes on one
 // process with the uninterrupted run's losses; bad layouts are refused with one line.
@@ -94,7 +95,10 @@ TEST_F(DistEp, LayoutsEqualOneProcess) {
   check_layouts({{"moe_dp2", 2},
                  {"ep2_dp2", 2, 1, 1, 1, " --parallel.ep_size 2"},
                  {"ep2_dp4", 4, 1, 1, 1, " --parallel.ep_size 2"},
-                 {"ep4_dp4", 4, 1, 1, 1, " --parallel.ep_size 4"}},
+                 {"ep4_dp4", 4, 1, 1, 1, " --parallel.ep_size 4"},
+                 {"ep2_fsdp2", 1, 2, 1, 1, " --parallel.ep_size 2"},
+                 {"ep2_fsdp4", 1, 4, 1, 1, " --parallel.ep_size 2"},
+                 {"ep2_hsdp2x2", 2, 2, 1, 1, " --parallel.ep_size 2"}},
                 1);
 }
 
@@ -127,7 +131,8 @@ TEST_F(DistEp, BadLayoutsAreRefused) {
       {2, " --parallel.dp_replicate_size 2 --parallel.ep_size 2", "model.n_experts = 0"},  // GPT-2
       {2, " --parallel.dp_replicate_size 2 --parallel.ep_size 3" + kMoe, "must divide dp_replicate_size = 2"},
       {4, " --parallel.dp_replicate_size 4 --parallel.ep_size 4" + moe(6), "must divide model.n_experts = 6"},
-      {2, " --parallel.dp_shard_size 2 --parallel.ep_size 2" + kMoe, "(FSDP) is not supported yet"},
+      {4, " --parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --parallel.ep_size 4" + kMoe,
+       "must divide dp_shard_size = 2"},
   };
   for (const Case& c : cases) {
     ShellResult r = train("bad", c.np, "--train.micro_batch_size 1" + c.args);

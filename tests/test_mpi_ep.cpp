@@ -76,17 +76,19 @@ int64_t rows_leaving(const Layer& whole, int64_t q, int64_t n) {
   return rows;
 }
 
-TEST(ExpertParallel, MoeLayerEqualsTheWholeLayer) {
+// slice: each rank's parameters are its 2 experts (DP); otherwise all E, of which it uses its 2 (FSDP)
+void check_layer(bool slice) {
   auto& ep = *world();
   const int64_t n = ep.size(), r = ep.rank(), E = 2 * n;
   Layer whole(E), part(E);
-  dist::apply_expert_parallel(part.mlp, ep);
+  dist::apply_expert_parallel(part.mlp, ep, slice);
   whole.materialize();
   part.materialize();
-  EXPECT_EQ(part.p("experts.gate_proj").value.size(0), 2);
+  EXPECT_EQ(part.p("experts.gate_proj").value.size(0), slice ? 2 : E);
   // this rank's experts 2r, 2r + 1, with the whole layer's values (rows of dim 0)
+  auto mine = [&](const Tensor& t) { return slice ? t : t.narrow(0, 2 * r, 2); };
   for (const char* name : {"experts.gate_proj", "experts.down_proj"})
-    EXPECT_EQ(max_diff(whole.p(name).value.narrow(0, 2 * r, 2), part.p(name).value), 0) << name;
+    EXPECT_EQ(max_diff(whole.p(name).value.narrow(0, 2 * r, 2), mine(part.p(name).value)), 0) << name;
   // the whole layer on every rank's tokens (its gradients: the sum over them), this rank's output
   Tensor y_whole, x_whole;
   for (int64_t q = 0; q < n; ++q) {
@@ -101,9 +103,11 @@ TEST(ExpertParallel, MoeLayerEqualsTheWholeLayer) {
   EXPECT_LT(max_diff(x_whole.grad(), x_part.grad()), 1e-12);
   for (const char* name : {"experts.gate_proj", "experts.up_proj", "experts.down_proj"}) {
     const nn::FlatParam& w = whole.p(name);
-    EXPECT_LT(max_diff(dist::slice_param(part.p(name).spec, w.value.grad()), part.p(name).value.grad()),
-              1e-12)
-        << name;
+    const Tensor g = part.p(name).value.grad();
+    EXPECT_LT(max_diff(w.value.grad().narrow(0, 2 * r, 2), mine(g)), 1e-12) << name;
+    if (!slice)  // the other experts' rows: no gradient from this rank
+      EXPECT_NEAR(sum(mul(g, g)).item(), sum(mul(mine(g), mine(g))).item(), 1e-12 * sum(mul(g, g)).item())
+          << name;
   }
   Tensor gate = part.p("gate.weight").value.grad().contiguous();
   ep.all_reduce(gate, dist::ReduceOp::kSum)->wait();
@@ -119,6 +123,9 @@ TEST(ExpertParallel, MoeLayerEqualsTheWholeLayer) {
     }
   EXPECT_EQ(ep.stats()[dist::CommKind::kAllToAll], (rows_leaving(whole, r, n) + in) * Layer::C * 8 * 2);
 }
+
+TEST(ExpertParallel, MoeLayerEqualsTheWholeLayer) { check_layer(/*slice=*/true); }
+TEST(ExpertParallel, MoeLayerOverWholeExpertsEqualsTheWholeLayer) { check_layer(/*slice=*/false); }
 
 // The same layer with the routing weights forgotten in the combine (every weight 1): the
 // comparison above must catch it.

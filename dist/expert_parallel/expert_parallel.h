@@ -28,13 +28,14 @@ namespace ndt::dist {
 // parallel.ep_size against the model: a model with experts, n_experts divisible by ep.
 void check_expert_parallel(const models::GPTConfig& cfg, const ParallelDims& dims);
 
-// Slices every MoE layer's experts (this rank's n_experts / ep) and installs expert_parallel_mlp
-// as their ExpertsFn.
-void apply_expert_parallel(models::GPT& gpt, Communicator& ep);
-void apply_expert_parallel(nn::MoeMLP& mlp, Communicator& ep);  // one layer's
+// Installs expert_parallel_mlp as every MoE layer's ExpertsFn. slice: each rank's parameters
+// hold only its n_experts / ep experts (data parallelism); otherwise the experts stay whole
+// parameters, which FSDP shards like any other, and each rank computes with its rows of them.
+void apply_expert_parallel(models::GPT& gpt, Communicator& ep, bool slice = true);
+void apply_expert_parallel(nn::MoeMLP& mlp, Communicator& ep, bool slice = true);  // one layer's
 
 // The ExpertsFn under EP: xf (N, C), weights (N, k), choices (N, k) i32 -> (N, C); experts holds
-// this rank's slice (El = E / ep experts).
+// this rank's slice (El = E / ep experts) or all E of them (it computes with its El).
 Tensor expert_parallel_mlp(const nn::Experts& experts, const Tensor& xf, const Tensor& weights,
                            const Tensor& choices, Communicator& ep);
 
