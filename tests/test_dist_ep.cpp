@@ -102,23 +102,28 @@ TEST_F(DistEp, LayoutsEqualOneProcess) {
                 1);
 }
 
-// Stopped after 3 steps under ep2, resumed on one process: the uninterrupted run's losses.
+// Stopped after 3 steps under ep2 (a full checkpoint: the experts gathered whole), resumed on one
+// process: the uninterrupted run's losses. Then the same under ep2 inside fsdp2 with a sharded one.
 TEST_F(DistEp, CheckpointUnderEp2ResumesOnOneProcess) {
   ShellResult ref = train("resume_ref", 1, "--train.micro_batch_size 4" + kMoe);
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  ShellResult a = train("resume", 2,
-                        "--train.micro_batch_size 2 --parallel.dp_replicate_size 2 --parallel.ep_size 2 "
-                        "--train.stop_after 3" +
-                            kMoe);
-  ASSERT_EQ(a.rc, 0) << a.out;
-  ShellResult b = train("resume", 1, "--train.micro_batch_size 4 --checkpoint.resume true" + kMoe);
-  ASSERT_EQ(b.rc, 0) << b.out;
-  EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-  std::vector<double> got = losses("resume"), want = losses("resume_ref");
-  ASSERT_EQ(got.size(), 5u);
-  ASSERT_EQ(want.size(), 5u);
-  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
-  EXPECT_LT(max_rel_diff(last_model("resume"), last_model("resume_ref")), 3e-5);
+  const std::pair<std::string, std::string> runs[] = {
+      {"resume_dp", "--parallel.dp_replicate_size 2 --checkpoint.format full"},
+      {"resume_fsdp", "--parallel.dp_shard_size 2 --checkpoint.format sharded"}};
+  for (const auto& [name, layout] : runs) {
+    SCOPED_TRACE(name);
+    ShellResult a = train(
+        name, 2, "--train.micro_batch_size 2 --parallel.ep_size 2 --train.stop_after 3 " + layout + kMoe);
+    ASSERT_EQ(a.rc, 0) << a.out;
+    ShellResult b = train(name, 1, "--train.micro_batch_size 4 --checkpoint.resume true" + kMoe);
+    ASSERT_EQ(b.rc, 0) << b.out;
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    std::vector<double> got = losses(name), want = losses("resume_ref");
+    ASSERT_EQ(got.size(), 5u);
+    ASSERT_EQ(want.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+    EXPECT_LT(max_rel_diff(last_model(name), last_model("resume_ref")), 3e-5);
+  }
 }
 
 // Bad layouts: one line naming the key and the fix, before anything trains.
@@ -131,6 +136,8 @@ TEST_F(DistEp, BadLayoutsAreRefused) {
       {2, " --parallel.dp_replicate_size 2 --parallel.ep_size 2", "model.n_experts = 0"},  // GPT-2
       {2, " --parallel.dp_replicate_size 2 --parallel.ep_size 3" + kMoe, "must divide dp_replicate_size = 2"},
       {4, " --parallel.dp_replicate_size 4 --parallel.ep_size 4" + moe(6), "must divide model.n_experts = 6"},
+      {2, " --parallel.dp_replicate_size 2 --parallel.ep_size 2 --checkpoint.format sharded" + kMoe,
+       "needs checkpoint.format = full"},
       {4, " --parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --parallel.ep_size 4" + kMoe,
        "must divide dp_shard_size = 2"},
   };

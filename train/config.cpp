@@ -785,6 +785,13 @@ void validate_parallel(const Config& c, const Checks& ck) {
   ck.range("parallel.cp_size", c.parallel.cp_size, 1, 1 << 16);
   ck.range("parallel.sp_size", c.parallel.sp_size, 1, 1 << 16);
   ck.range("parallel.ep_size", c.parallel.ep_size, 1, 1 << 16);
+  // expert parallelism over replicas: each replica holds other experts, and a sharded checkpoint
+  // is written by the first replica only (dist/expert_parallel/expert_parallel.h)
+  ck.need(
+      c.parallel.ep_size == 1 || c.parallel.dp_shard_size != 1 || c.checkpoint.format == "full",
+      "parallel.ep_size = " + std::to_string(c.parallel.ep_size) +
+          " over replicas (dp_shard_size = 1) needs checkpoint.format = full: the replicas hold different "
+          "experts and a sharded checkpoint would keep only the first replica's");
   validate_ulysses(c, ck);
   ck.range("parallel.pp_size", c.parallel.pp_size, 1, 1 << 12);
   ck.range("parallel.pp_virtual", c.parallel.pp_virtual, 1, 1 << 12);
