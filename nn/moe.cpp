@@ -34,6 +34,7 @@ std::vector<double> RouterLoss::row_gradient() const {
 Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats) {
   const DType dt = anchor.dtype() == DType::f64 ? DType::f64 : DType::f32;
   if (stats->over_data) stats->over_data(*stats);  // the whole batch's rows, counts and sums
+  stats->sealed = true;
   Tensor out = Tensor::scalar(stats->value(), dt, anchor.device());
   // backward: nothing flows into the anchor; d loss / d aux waits for the layers' balance()
   autograd::record("moe_aux_loss", {out}, {anchor}, [stats](const autograd::Grads& g) -> autograd::Grads {
@@ -63,6 +64,7 @@ Tensor balance(const Tensor& p, const std::shared_ptr<RouterLoss>& stats) {
 
 // Layer `layer`'s counts and probability sums into stats: experts (N, k) i32, p (N, E)
 void record_routing(RouterLoss& stats, int64_t layer, const Tensor& experts, const Tensor& p) {
+  if (stats.sealed) return;  // a recompute in backward: the forward's statistics stand
   RouterLoss::Layer& l = stats.layers[layer];
   const int64_t N = p.size(0), E = p.size(1);
   l.rows = N;

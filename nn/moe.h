@@ -23,7 +23,7 @@
 // and S as the layers run; the model adds coef * aux(RouterLoss) to the loss after its last
 // block, and that op's backward, which runs before any block's (it is created after them), leaves
 // its incoming gradient in the RouterLoss; each layer's p passed through balance() then gets
-// its share in backward. Activation checkpointing's recompute records the same counts again.
+// its share in backward. Activation checkpointing's recompute does not record them again.
 #pragma once
 
 #include <cstdint>
@@ -53,6 +53,9 @@ struct RouterLoss {
   // the gradient is then multiplied by grad_scale (the data ranks), which their mean divides again.
   std::function<void(RouterLoss&)> over_data;
   double grad_scale = 1;
+  // set once aux_loss has taken its value: activation checkpointing's recompute then leaves the
+  // statistics as they are (they may be the whole batch's, over_data)
+  bool sealed = false;
   // aux = E / R^2 sum_e C_e S_e over the layers so far
   double value() const;
   // d aux / d p[n,e] = E C_e / R^2, for every row (E)

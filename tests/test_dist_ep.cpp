@@ -98,7 +98,11 @@ TEST_F(DistEp, LayoutsEqualOneProcess) {
                  {"ep4_dp4", 4, 1, 1, 1, " --parallel.ep_size 4"},
                  {"ep2_fsdp2", 1, 2, 1, 1, " --parallel.ep_size 2"},
                  {"ep2_fsdp4", 1, 4, 1, 1, " --parallel.ep_size 2"},
-                 {"ep2_hsdp2x2", 2, 2, 1, 1, " --parallel.ep_size 2"}},
+                 {"ep2_hsdp2x2", 2, 2, 1, 1, " --parallel.ep_size 2"},
+                 // the all-to-alls run again in the recompute of each block's backward
+                 {"ep2_dp2_ac", 2, 1, 1, 1, " --parallel.ep_size 2 --train.activation_checkpointing full"},
+                 {"ep2_fsdp2_ac", 1, 2, 1, 1, " --parallel.ep_size 2 --train.activation_checkpointing full"},
+                 {"moe_dp2_ac", 2, 1, 1, 1, " --train.activation_checkpointing full"}},
                 1);
 }
 
