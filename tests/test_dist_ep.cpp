@@ -107,26 +107,38 @@ TEST_F(DistEp, LayoutsEqualOneProcess) {
 }
 
 // Stopped after 3 steps under ep2 (a full checkpoint: the experts gathered whole), resumed on one
-// process: the uninterrupted run's losses. Then the same under ep2 inside fsdp2 with a sharded one.
+// process: the uninterrupted run's losses; the same under ep2 inside fsdp2 with a sharded one; and
+// ep2 x dp2's continued under ep4 inside fsdp4.
 TEST_F(DistEp, CheckpointUnderEp2ResumesOnOneProcess) {
   ShellResult ref = train("resume_ref", 1, "--train.micro_batch_size 4" + kMoe);
   ASSERT_EQ(ref.rc, 0) << ref.out;
-  const std::pair<std::string, std::string> runs[] = {
-      {"resume_dp", "--parallel.dp_replicate_size 2 --checkpoint.format full"},
-      {"resume_fsdp", "--parallel.dp_shard_size 2 --checkpoint.format sharded"}};
-  for (const auto& [name, layout] : runs) {
-    SCOPED_TRACE(name);
-    ShellResult a = train(
-        name, 2, "--train.micro_batch_size 2 --parallel.ep_size 2 --train.stop_after 3 " + layout + kMoe);
+  struct Run {
+    std::string name, first;  // 3 steps on 2 ranks under ep2 in `first`
+    int np;                   // then 2 steps on np ranks in `then`
+    std::string then;
+  };
+  const Run runs[] = {{"resume_dp", "--parallel.dp_replicate_size 2 --checkpoint.format full", 1,
+                       "--train.micro_batch_size 4"},
+                      {"resume_fsdp", "--parallel.dp_shard_size 2 --checkpoint.format sharded", 1,
+                       "--train.micro_batch_size 4"},
+                      // the experts' slices of a full checkpoint, read as FSDP shards of whole experts
+                      {"resume_dp_fsdp4", "--parallel.dp_replicate_size 2 --checkpoint.format full", 4,
+                       "--train.micro_batch_size 1 --parallel.dp_shard_size 4 --parallel.ep_size 4"}};
+  for (const Run& run : runs) {
+    SCOPED_TRACE(run.name);
+    ShellResult a =
+        train(run.name, 2,
+              "--train.micro_batch_size 2 --parallel.ep_size 2 --train.stop_after 3 " + run.first + kMoe);
     ASSERT_EQ(a.rc, 0) << a.out;
-    ShellResult b = train(name, 1, "--train.micro_batch_size 4 --checkpoint.resume true" + kMoe);
+    ShellResult b =
+        train(run.name, run.np, run.then + " --checkpoint.resume true --checkpoint.format full" + kMoe);
     ASSERT_EQ(b.rc, 0) << b.out;
     EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
-    std::vector<double> got = losses(name), want = losses("resume_ref");
+    std::vector<double> got = losses(run.name), want = losses("resume_ref");
     ASSERT_EQ(got.size(), 5u);
     ASSERT_EQ(want.size(), 5u);
     for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
-    EXPECT_LT(max_rel_diff(last_model(name), last_model("resume_ref")), 3e-5);
+    EXPECT_LT(max_rel_diff(last_model(run.name), last_model("resume_ref")), 3e-5);
   }
 }
 

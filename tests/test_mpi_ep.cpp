@@ -12,6 +12,7 @@
 #include "autograd/ops.h"
 #include "dist/expert_parallel/comm.h"
 #include "dist/expert_parallel/expert_parallel.h"
+#include "dist/mesh.h"
 #include "dist/tensor_parallel/comm.h"
 #include "dist_testing.h"
 #include "nn/flat.h"
@@ -46,6 +47,31 @@ TEST(AllToAllV, ExchangesBlocksOfEveryLengthAndCountsTheBytes) {
   EXPECT_EQ(c.stats()[dist::CommKind::kAllToAll], sent * 8);
   // mismatched counts: one line naming the call
   EXPECT_THROW(c.all_to_all_v(out, recv, out, std::vector<int64_t>(static_cast<size_t>(n), 0)), Error);
+}
+
+// The world ranks of c's members, in its order
+std::vector<int32_t> members(dist::Communicator& c) {
+  Tensor all = Tensor::zeros({c.size()}, DType::i32);
+  c.all_gather(all, Tensor::from_vector(std::vector<int32_t>{world()->rank()}, {1}))->wait();
+  return all.to_vector<int32_t>();
+}
+
+// The ep groups are consecutive data ranks inside a shard group (or the replicas when dp_shard
+// is 1); ep_data joins the ranks of one ep rank across the groups.
+TEST(ExpertParallel, MeshGroups) {
+  auto w = world();
+  if (w->size() != 4) GTEST_SKIP() << "4 ranks";
+  const int me = w->rank();
+  for (const bool sharded : {true, false}) {
+    dist::ParallelDims dims = dist::ParallelDims::resolve(1, sharded ? 2 : 4, sharded ? 2 : 1, 1, 1, 4);
+    dims.set_expert_parallel(2);
+    dist::DeviceMesh mesh(dims, w);
+    EXPECT_EQ(members(mesh.ep()), (std::vector<int32_t>{me / 2 * 2, me / 2 * 2 + 1}));
+    EXPECT_EQ(members(mesh.ep_data()), (std::vector<int32_t>{me % 2, me % 2 + 2}));
+    EXPECT_EQ(mesh.ep_rank(), me % 2);
+  }
+  dist::ParallelDims odd = dist::ParallelDims::resolve(1, 1, 4, 1, 1, 4);
+  EXPECT_THROW(odd.set_expert_parallel(3), Error);
 }
 
 struct Layer {
