@@ -13,8 +13,8 @@
 //   dp.end_accumulation();          // after the last micro-step: waits for the all-reduces
 //
 // Communication per step: one all-reduce of every gradient buffer, 2 (n-1)/n of its bytes.
-// Under expert parallelism a unit's expert slices are also summed over the replicas holding
-// the same experts (in a packed copy), then written back divided by the replicas.
+// Under expert parallelism a unit's expert slices are summed over the replicas holding the
+// same experts instead (packed apart from the unit's other gradients), then divided by the replicas.
 #pragma once
 
 #include <vector>
@@ -39,18 +39,19 @@ class DataParallel : public Strategy {
   void end_accumulation() override;
 
  private:
-  // The experts' gradients of one unit, packed before the unit's all-reduce (which averages its
-  // copy of them over ranks holding other experts: overwritten from here afterwards)
-  struct ExpertSum {
-    std::vector<Tensor> parts;  // views into the unit's gradient
-    Tensor packed;
+  // A unit with expert slices, reduced in two packed copies: its other parameters' gradients
+  // (views into the unit's gradient) averaged over the replicas, and its experts' summed over
+  // the replicas that hold the same experts
+  struct UnitSums {
+    std::vector<Tensor> dense, experts;
+    Tensor packed_dense, packed_experts;
   };
   void start_expert_sum(const nn::FlatUnit& u);
   Communicator& comm_;
   Communicator* ep_data_;
   bool sync_ = true;
   std::vector<WorkPtr> pending_;
-  std::vector<ExpertSum> experts_;
+  std::vector<UnitSums> sums_;
 };
 
 }  // namespace ndt::dist
