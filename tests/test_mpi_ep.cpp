@@ -153,6 +153,32 @@ void check_layer(bool slice) {
 TEST(ExpertParallel, MoeLayerEqualsTheWholeLayer) { check_layer(/*slice=*/true); }
 TEST(ExpertParallel, MoeLayerOverWholeExpertsEqualsTheWholeLayer) { check_layer(/*slice=*/false); }
 
+// A router of zeros: every token's probabilities tie and its top 2 are experts 0 and 1 (the
+// lowest on ties), rank 0's; the other ranks' experts get no rows, yet every rank takes part in
+// both exchanges, forward and backward.
+TEST(ExpertParallel, RanksWhoseExpertsGetNoRows) {
+  auto& ep = *world();
+  const int64_t n = ep.size(), r = ep.rank(), E = 2 * n;
+  Layer whole(E), part(E);
+  dist::apply_expert_parallel(part.mlp, ep);
+  whole.materialize();
+  part.materialize();
+  for (const Layer* l : {&whole, &part})
+    l->p("gate.weight").value.copy_(Tensor::zeros({Layer::C, E}, DType::f64));
+  Tensor y_whole, x_whole;
+  for (int64_t q = 0; q < n; ++q) {
+    Tensor xq;
+    Tensor yq = run(whole, q, &xq);
+    if (q == r) y_whole = yq, x_whole = xq;
+  }
+  Tensor x_part;
+  EXPECT_LT(max_diff(y_whole, run(part, r, &x_part)), 1e-12);
+  EXPECT_LT(max_diff(x_whole.grad(), x_part.grad()), 1e-12);
+  const Tensor g = part.p("experts.down_proj").value.grad();
+  EXPECT_LT(max_diff(whole.p("experts.down_proj").value.grad().narrow(0, 2 * r, 2), g), 1e-12);
+  if (r > 0) EXPECT_EQ(sum(mul(g, g)).item(), 0.0) << "no rows, no gradient";
+}
+
 // The same layer with the routing weights forgotten in the combine (every weight 1): the
 // comparison above must catch it.
 TEST(ExpertParallel, AWrongCombineFailsTheComparison) {
