@@ -788,7 +788,8 @@ void validate_parallel(const Config& c, const Checks& ck) {
   // expert parallelism over replicas: each replica holds other experts, and a sharded checkpoint
   // is written by the first replica only (dist/expert_parallel/expert_parallel.h)
   ck.need(
-      c.parallel.ep_size == 1 || c.parallel.dp_shard_size != 1 || c.checkpoint.format == "full",
+      c.parallel.ep_size == 1 || c.parallel.dp_shard_size != 1 || c.checkpoint.format == "full" ||
+          c.checkpoint.dir.empty(),
       "parallel.ep_size = " + std::to_string(c.parallel.ep_size) +
           " over replicas (dp_shard_size = 1) needs checkpoint.format = full: the replicas hold different "
           "experts and a sharded checkpoint would keep only the first replica's");
