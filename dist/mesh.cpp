@@ -44,7 +44,21 @@ ParallelDims ParallelDims::resolve_sp(int64_t p, int64_t r, int64_t s, int64_t c
 }
 
 ParallelDims ParallelDims::resolve(const ParallelConfig& c, int64_t world) {
-  return resolve_sp(c.pp_size, c.dp_replicate_size, c.dp_shard_size, c.cp_size, c.sp_size, c.tp_size, world);
+  ParallelDims d =
+      resolve_sp(c.pp_size, c.dp_replicate_size, c.dp_shard_size, c.cp_size, c.sp_size, c.tp_size, world);
+  d.set_expert_parallel(c.ep_size);
+  return d;
+}
+
+void ParallelDims::set_expert_parallel(int64_t e) {
+  NDT_CHECK(e >= 1, "[parallel] ep_size must be >= 1, got ", e);
+  const bool in_shard = dp_shard > 1;
+  NDT_CHECK(e == 1 || (in_shard ? dp_shard : dp_replicate) % e == 0, "[parallel] ep_size = ", e,
+            " must divide ",
+            in_shard ? "dp_shard_size = " : "dp_replicate_size = ", in_shard ? dp_shard : dp_replicate,
+            " (the expert-parallel ranks are consecutive data ranks of one ",
+            in_shard ? "shard group" : "replicate group, dp_shard_size being 1", ")");
+  ep = e;
 }
 
 ParallelDims::Coords ParallelDims::coords(int64_t rank) const {
@@ -72,6 +86,7 @@ std::string ParallelDims::str() const {
   os << "dp_replicate " << dp_replicate << " x dp_shard " << dp_shard << " x cp " << cp;
   if (sp > 1) os << " x sp " << sp;
   os << " x tp " << tp << " = " << world() << (world() == 1 ? " rank" : " ranks");
+  if (ep > 1) os << ", ep " << ep;
   return os.str();
 }
 
@@ -88,6 +103,7 @@ std::string ParallelDims::strategy() const {
   if (sp > 1) parts.push_back("SP");
   if (tp > 1) parts.push_back("TP");
   if (pp > 1) parts.push_back("PP");
+  if (ep > 1) parts.push_back("EP");
   if (parts.empty()) return "single process";
   std::string s;
   for (size_t i = 0; i < parts.size(); ++i) s += (i ? " + " : "") + parts[i];
@@ -132,6 +148,14 @@ GroupRule dp_rule(const ParallelDims& d, const Coords& x) {
 GroupRule fsdp_rule(const ParallelDims& d, const Coords& x) {
   return in_stage(d, x, {x.replicate * d.tp + x.tp, x.shard * CS(d) + cs(d, x)});
 }
+// expert parallelism: ep consecutive data ranks (ep); those of one ep rank across the groups (ep_data)
+int64_t dp_of(const ParallelDims& d, const Coords& x) { return x.replicate * d.dp_shard + x.shard; }
+GroupRule ep_rule(const ParallelDims& d, const Coords& x) {
+  return in_stage(d, x, {(dp_of(d, x) / d.ep * CS(d) + cs(d, x)) * d.tp + x.tp, dp_of(d, x) % d.ep});
+}
+GroupRule ep_data_rule(const ParallelDims& d, const Coords& x) {
+  return in_stage(d, x, {(dp_of(d, x) % d.ep * CS(d) + cs(d, x)) * d.tp + x.tp, dp_of(d, x) / d.ep});
+}
 using Rule = GroupRule (*)(const ParallelDims&, const Coords&);
 
 // The world ranks of the group `rule` gives `rank`, in the group's order.
@@ -166,6 +190,8 @@ DeviceMesh::DeviceMesh(const ParallelDims& dims, std::shared_ptr<Communicator> w
   tp_ = split(tp_rule, "tp");
   dp_ = split(dp_rule, "dp");
   fsdp_ = split(fsdp_rule, "fsdp");
+  ep_ = split(ep_rule, "ep");
+  ep_data_ = split(ep_data_rule, "ep_data");
   gather_hosts();
   describe_groups();
 }
@@ -225,6 +251,12 @@ void DeviceMesh::describe_groups() {
       {fsdp_.get(), fsdp_rule,
        std::string(dims_.sp > 1 ? "the FSDP group (shard x cp x sp)" : "the FSDP group (shard x cp)") +
            of(true, false, false, true, true, false)},
+      {ep_.get(), ep_rule,
+       "the expert-parallel group (data ranks " + std::to_string(dp_rank() / dims_.ep * dims_.ep) + "-" +
+           std::to_string(dp_rank() / dims_.ep * dims_.ep + dims_.ep - 1) + ")" +
+           of(false, false, true, true)},
+      {ep_data_.get(), ep_data_rule,
+       "the ranks holding expert slice " + std::to_string(ep_rank()) + of(false, false, true, true)},
   };
   for (const Group& g : groups) {
     std::vector<bool> remote;
@@ -240,8 +272,8 @@ void DeviceMesh::describe_groups() {
 }
 
 std::vector<Communicator*> DeviceMesh::all() const {
-  return {world_.get(), pp_.get(), replicate_.get(), shard_.get(), cp_.get(),
-          sp_.get(),    tp_.get(), dp_.get(),        fsdp_.get()};
+  return {world_.get(), pp_.get(), replicate_.get(), shard_.get(), cp_.get(),     sp_.get(),
+          tp_.get(),    dp_.get(), fsdp_.get(),      ep_.get(),    ep_data_.get()};
 }
 
 int64_t DeviceMesh::bytes_sent() const {
@@ -274,6 +306,9 @@ std::string DeviceMesh::describe() const {
      << (dims_.pp > 1 ? "(((stage*" + std::to_string(dims_.dp_replicate) + " + replicate)*" : "((replicate*")
      << dims_.dp_shard << " + shard)*" << dims_.cp << " + cp)*"
      << (dims_.sp > 1 ? std::to_string(dims_.sp) + " + sp)*" : "") << dims_.tp << " + tp\n";
+  if (dims_.ep > 1)
+    os << "  expert parallel: groups of " << dims_.ep << " consecutive data ranks, ep rank = data rank % "
+       << dims_.ep << ", each holding n_experts / " << dims_.ep << " experts of every MoE layer\n";
   if (n <= 16) {
     for (int64_t i = 0; i < n; ++i) {
       const ParallelDims::Coords c = dims_.coords(i);

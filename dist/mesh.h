@@ -39,6 +39,9 @@ struct ParallelConfig {
   // Ulysses sequence parallelism (dist/ulysses/ulysses.h): each rank holds T / sp_size tokens;
   // around attention, all-to-alls turn them into all T tokens of n_head / sp_size heads and back
   int64_t sp_size = 1;
+  // Expert parallelism (dist/expert_parallel/): each rank of an ep group (ep_size consecutive
+  // data ranks) holds n_experts / ep_size experts of every MoE layer; tokens travel to them
+  int64_t ep_size = 1;
   // Pipeline parallelism (dist/pipeline_parallel/): pp_size stages over the blocks, outermost
   // in the mesh; the step's train.grad_accum_steps micro-batches flow through them in the
   // order pp_schedule gives (gpipe, 1f1b, interleaved with pp_virtual chunks per rank, or
@@ -52,6 +55,9 @@ struct ParallelConfig {
 
 struct ParallelDims {
   int64_t pp = 1, dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1, sp = 1;
+  // expert parallelism: ep consecutive data ranks (dp_rank / ep alike) share one layer's experts;
+  // not a dimension of its own (it splits the data ranks' experts, not the world)
+  int64_t ep = 1;
 
   // Resolves dp_shard = -1 ("the rest of the world") and checks every size against the
   // world; throws ndt::Error naming the five sizes and the world size.
@@ -60,7 +66,10 @@ struct ParallelDims {
   // The same with sp ranks of Ulysses sequence parallelism (between cp and tp).
   static ParallelDims resolve_sp(int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t cp, int64_t sp,
                                  int64_t tp, int64_t world);
-  static ParallelDims resolve(const ParallelConfig& c, int64_t world);  // the config's six sizes
+  static ParallelDims resolve(const ParallelConfig& c, int64_t world);  // the config's sizes
+  // Sets ep after checking that ep_size consecutive data ranks lie in one shard group (or, with
+  // dp_shard = 1, one replicate group); throws naming the keys.
+  void set_expert_parallel(int64_t ep_size);
 
   int64_t world() const { return pp * stage_size(); }
   int64_t stage_size() const { return dp_replicate * dp_shard * cp * sp * tp; }  // ranks of one stage
@@ -86,6 +95,7 @@ class DeviceMesh {
   const ParallelDims::Coords& coords() const { return coords_; }
   int64_t dp_rank() const { return coords_.replicate * dims_.dp_shard + coords_.shard; }
   int64_t fsdp_rank() const { return (coords_.shard * dims_.cp + coords_.cp) * dims_.sp + coords_.sp; }
+  int64_t ep_rank() const { return dp_rank() % dims_.ep; }
 
   Communicator& world() const { return *world_; }
   // The pipeline: the ranks with this rank's coordinates in every other dimension, one per
@@ -98,6 +108,10 @@ class DeviceMesh {
   Communicator& tp() const { return *tp_; }
   Communicator& dp() const { return *dp_; }
   Communicator& fsdp() const { return *fsdp_; }
+  // Expert parallelism: the ep ranks that split one layer's experts (consecutive data ranks),
+  // and the data ranks that hold the same experts (dp / ep of them: expert gradients sum there)
+  Communicator& ep() const { return *ep_; }
+  Communicator& ep_data() const { return *ep_data_; }
 
   // Every communicator once (the world first), for byte counters and the trace.
   std::vector<Communicator*> all() const;
@@ -123,7 +137,7 @@ class DeviceMesh {
   ParallelDims::Coords coords_;
   std::vector<std::string> hosts_;
   std::vector<int32_t> local_ranks_;
-  std::shared_ptr<Communicator> world_, pp_, replicate_, shard_, cp_, sp_, tp_, dp_, fsdp_;
+  std::shared_ptr<Communicator> world_, pp_, replicate_, shard_, cp_, sp_, tp_, dp_, fsdp_, ep_, ep_data_;
 };
 
 }  // namespace ndt::dist

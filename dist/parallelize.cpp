@@ -7,6 +7,7 @@
 #include "autograd/node.h"
 #include "dist/adapters.h"
 #include "dist/data_parallel.h"
+#include "dist/expert_parallel/expert_parallel.h"
 #include "dist/tensor_parallel/comm.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "nn/moe.h"
@@ -35,6 +36,7 @@ void check_experts_layout(const ParallelDims& dims) {
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel) {
   if (cfg.moe()) check_experts_layout(dims);
+  check_expert_parallel(cfg, dims);
   // tensor parallelism's heads first, then Ulysses' share of them (and of the cp rank's tokens)
   if (dims.tp > 1) check_tensor_parallel(cfg, dims.tp);
   if (dims.cp > 1) check_context_parallel(seq_len, dims.cp);
@@ -93,6 +95,8 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   pm->split_.sequence_parallel = dims.tp > 1 && o.sequence_parallel;
   if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp(), &pm->split_);
   if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len, &pm->split_);
+  // the all-to-alls; DP: each rank's parameters are its experts; FSDP: shards of all of them
+  if (dims.ep > 1) apply_expert_parallel(gpt, mesh.ep(), /*slice=*/!dims.sharded());
   if (dims.sp > 1)  // inside the ring (USP) when cp > 1: it wraps CP's attention and positions
     pm->sp_ = std::make_unique<Ulysses>(gpt, mesh.sp(), o.seq_len, &pm->split_, dims.tp, dims.cp);
   if (gpt.cfg.moe()) pm->reduce_router_stats(gpt);
@@ -122,11 +126,13 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
     pm->fsdp_ = f.get();
     pm->strategy = std::move(f);
   } else if (dims.dp_replicate > 1) {
-    pm->strategy = std::make_unique<DataParallel>(pm->params, mesh.replicate(), tp);
+    pm->strategy = std::make_unique<DataParallel>(pm->params, mesh.replicate(), tp,
+                                                  dims.ep > 1 ? &mesh.ep_data() : nullptr);
   } else {
     pm->strategy = std::make_unique<NoParallelism>(pm->params, tp);
   }
   pm->strategy->read_sequence_split(&pm->split_);
+  if (dims.ep > 1 && !dims.sharded()) pm->strategy->read_experts(&mesh.ep());  // sliced experts
   // 6: the step's schedule over this rank's chunks (one stage: plain gradient accumulation)
   if (dims.pp > 1) pm->join_pipeline_ends(gpt, mesh, o.trace);
   pm->gpt_ = &gpt;
@@ -181,10 +187,13 @@ Tensor ParallelModel::sequence_part(const Tensor& tokens) const {
   return sp_ ? sp_->local(part) : part;                   // SP: its contiguous part of them
 }
 
-// Context and Ulysses parallelism: the routers' statistics summed over the ranks that hold one
-// sequence's parts (cp, then sp), so that the load-balancing loss is the whole sequences' (nn/moe.h)
+// Mixture-of-experts layers: the routers' statistics summed over the ranks that hold parts of the
+// micro-step's batch (the data ranks' micro-batches, the cp and sp ranks' parts of the
+// sequences, tp's under sequence parallelism), so that the load-balancing loss is the whole
+// batch's, as one process computes it (nn/moe.h)
 void ParallelModel::reduce_router_stats(models::GPT& gpt) const {
   std::vector<Communicator*> groups = sequence_groups();
+  if (mesh_->dp().size() > 1) groups.push_back(&mesh_->dp());  // the data ranks' micro-batches
   double ranks = 1;  // the gradients are averaged over these ranks (summed over tp: strategy.h)
   for (Communicator* g : groups) ranks *= g->size();
   if (split_.sequence_parallel) groups.push_back(&mesh_->tp());  // tp's parts of the sequence
@@ -199,6 +208,7 @@ void ParallelModel::reduce_router_stats(models::GPT& gpt) const {
     }
     for (Communicator* g : groups) {
       Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(g->device());
+      g->note_unit("router statistics");
       g->all_reduce(t, ReduceOp::kSum)->wait();
       v = t.to_vector<double>();
     }
@@ -261,7 +271,9 @@ double ParallelModel::evaluate(const std::vector<Batch>& batches) {
   strategy->begin_forward_only();
   std::vector<Pipeline::Batch> here = local(batches);
   weigh_by_trained_tokens(batches, here);
+  gpt_->training = false;  // the cross-entropy alone
   const double loss_sum = step_->evaluate(here);
+  gpt_->training = true;
   strategy->end_forward_only();
   return mean_over_ranks(loss_sum / static_cast<double>(batches.size()));
 }
@@ -313,6 +325,7 @@ Tensor ParallelModel::whole_buffer(const nn::FlatUnit& u, const Tensor& shard) c
 }
 
 Tensor ParallelModel::whole_param(const nn::ParamSpec& spec, const Tensor& local) const {
+  if (spec.tp.experts) return gather_param(spec, local, mesh_->ep());  // expert parallelism's slice
   return mesh_->dims().tp > 1 ? gather_param(spec, local, mesh_->tp()) : local;
 }
 

@@ -73,6 +73,7 @@ struct ParallelizeOptions {
 // with sequence parallelism, seq_len / (cp sp) that tp does not; Ulysses: heads per tp rank or
 // seq_len / cp that sp does not divide). The pipeline's rules:
 // plan_pipeline (stages.h); both at once: plan_layout.
+
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel = false);
 
@@ -157,7 +158,7 @@ class ParallelModel {
   // sp; none without either).
   Tensor sequence_part(const Tensor& tokens) const;
   std::vector<Communicator*> sequence_groups() const;
-  // CP, Ulysses with mixture-of-experts layers: the load-balancing loss of the whole sequences
+  // Mixture-of-experts layers: the load-balancing loss of the micro-step's whole batch
   void reduce_router_stats(models::GPT& gpt) const;
   // After the step's last backward: the strategy's end_accumulation, then (pipeline with tied
   // embeddings) the sum of the embeddings' gradients of the first and the last stage.

@@ -4,16 +4,36 @@
 #include <vector>
 
 #include "optim/adamw.h"
+#include "tensor/kernels.h"
 
 namespace ndt::dist {
 
 double Strategy::grad_norm() const {
   const int64_t tp = tp_ ? tp_->size() : 1;
   double s = optim::grad_sum_squares(params_, tp, unit0_weight_);
+  if (ep_ && ep_->size() > 1) {  // each member's experts are its own: their squares summed over the group
+    double mine = 0;
+    for (const nn::FlatUnit& u : params_.units)
+      for (const Tensor& g : expert_grads(u)) {
+        Tensor sq = Tensor::empty({1}, g.dtype() == DType::f64 ? DType::f64 : DType::f32, g.device());
+        kernels::sum_squares(g, sq);
+        mine += sq.to(Device::cpu()).to(DType::f64).item();
+      }
+    s += ep_->all_reduce_scalar(mine, ReduceOp::kSum) - mine;
+  }
   if (norm_group_) s = norm_group_->all_reduce_scalar(s, ReduceOp::kSum);
   if (tp > 1) s = tp_->all_reduce_scalar(s, ReduceOp::kSum);
   if (pp_) s = pp_->all_reduce_scalar(s, ReduceOp::kSum);
   return std::sqrt(s);
+}
+
+std::vector<Tensor> Strategy::expert_grads(const nn::FlatUnit& u) {
+  std::vector<Tensor> out;
+  for (const nn::FlatParam& p : u.params) {
+    const nn::ShardPart s = nn::shard_part(u, p);
+    if (p.spec.tp.experts && s.size() > 0) out.push_back(u.grad.narrow(0, s.begin, s.size()));
+  }
+  return out;
 }
 
 void Strategy::sum_partial_grads_over_tp() const {

@@ -31,6 +31,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dist/comm/communicator.h"
 #include "dist/sequence_split.h"
@@ -58,6 +59,9 @@ class Strategy {
   // in this stage's sum (1/2 where the first and the last stage both hold the tied
   // embeddings, so that they count once).
   void read_pipeline(Communicator* pp, double unit0_weight) { pp_ = pp, unit0_weight_ = unit0_weight; }
+  // Expert parallelism: the ep group, over whose members the experts' gradients differ (each
+  // holds its own experts), so that the norm counts every expert once (nullptr: none).
+  void read_experts(Communicator* ep) { ep_ = ep; }
   virtual void end_step() {}
   virtual void begin_forward_only() {}
   virtual void end_forward_only() {}
@@ -76,6 +80,8 @@ class Strategy {
   Strategy(const nn::FlatParams& params, Communicator* shard_group, Communicator* tp)
       : params_(params), norm_group_(shard_group), tp_(tp) {}
   const nn::FlatParams& params_;
+  // Unit u's expert slices (TpSlice::experts): their part of this rank's gradient shard
+  static std::vector<Tensor> expert_grads(const nn::FlatUnit& u);
   // Called by end_accumulation: the sum above, one all-reduce of every such parameter's part
   // of this rank's shards, packed (a no-op without it).
   void sum_partial_grads_over_tp() const;
@@ -85,6 +91,7 @@ class Strategy {
   Communicator* const tp_;
   const SequenceSplit* split_ = nullptr;  // nullptr: no sequence parallelism
   Communicator* pp_ = nullptr;            // nullptr: no pipeline
+  Communicator* ep_ = nullptr;            // nullptr: no expert parallelism
   double unit0_weight_ = 1.0;
 };
 

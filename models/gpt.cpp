@@ -246,8 +246,8 @@ double GPT::take_aux_loss() const {
 }
 
 std::shared_ptr<nn::RouterLoss> GPT::router_loss() const {
-  // training only: a loss without gradients (evaluation) is the cross-entropy alone
-  if (!cfg.moe() || cfg.router_aux_loss_coef == 0 || !autograd::grad_enabled()) return nullptr;
+  // training only: evaluation's loss is the cross-entropy alone
+  if (!cfg.moe() || cfg.router_aux_loss_coef == 0 || !training) return nullptr;
   auto stats = std::make_shared<nn::RouterLoss>(cfg.n_experts);
   stats->reduce = reduce_router_stats;
   stats->grad_scale = router_grad_scale;

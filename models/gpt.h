@@ -108,8 +108,9 @@ class GPT : public nn::Module {
   // TP: the loss over vocab-sliced logits (vocab-parallel cross-entropy)
   std::function<Tensor(const Tensor& logits, const Tensor& targets)> loss_fn;
   nn::TensorFn gather_logits;  // TP: (N, Vp/tp) -> (N, Vp), for sampling
-  // CP, Ulysses: set on every forward's RouterLoss (nn/moe.h): the load-balancing statistics of
-  // the whole sequences from every rank's parts, and the gradient's scale
+  // DP, CP, Ulysses (dist/parallelize.cpp): set on every forward's RouterLoss (nn/moe.h): the
+  // load-balancing statistics of the micro-step's whole batch from every rank's part of it, and
+  // the gradient's scale (unset: this rank's alone)
   std::function<void(nn::RouterLoss&)> reduce_router_stats;
   double router_grad_scale = 1;
   // CP: the position of every token (B, T) i32 (a rank's tokens are two pieces of the sequence);
@@ -137,6 +138,10 @@ class GPT : public nn::Module {
   nn::LoraConfig lora_config;                        // what add_lora was given (rank 0: none)
   std::vector<std::unique_ptr<nn::LoraBlock>> lora;  // h[i]'s adapters
 
+  // false while evaluating (ParallelModel::evaluate): the loss is the cross-entropy alone, without
+  // the mixture of experts' load-balancing loss that training adds
+  mutable bool training = true;  // (a mode of the forward, not the model: set on a const model too)
+
   // Model FLOPs per token for forward + backward (6N + attention), for MFU / GFLOP/s.
   double flops_per_token(int64_t T) const;
 
@@ -162,7 +167,7 @@ class GPT : public nn::Module {
   Tensor trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs,
                const std::shared_ptr<nn::RouterLoss>& router = nullptr) const;
   // A new RouterLoss for a training forward (nullptr without MoE or router_aux_loss_coef, or
-  // without gradients: evaluation's loss is the cross-entropy alone)
+  // when not training: evaluation's loss is the cross-entropy alone)
   std::shared_ptr<nn::RouterLoss> router_loss() const;
   // trunk's parts: the positions of idx's tokens (B, T) (restarting per document of docs) and
   // what the blocks see of them; the embeddings (B, T, C); blocks h[begin, end); the final

@@ -30,6 +30,12 @@ void Module::split_param(const std::string& name, int dim, int64_t parts, int64_
   NDT_FAIL("split_param: no parameter '", name, "'");
 }
 
+void Module::split_experts(const std::string& name, int64_t parts, int64_t rank) {
+  split_param(name, 0, parts, rank);
+  for (Entry& e : entries_)
+    if (!e.child && e.name == name) e.spec.tp.experts = true;
+}
+
 void Module::mark_partial_grads(const std::string& name) {
   for (Entry& e : entries_)
     if (!e.child && (name.empty() || e.name == name)) e.spec.tp.partial_grad = true;

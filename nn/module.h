@@ -60,6 +60,8 @@ class Module {
   // Tensor parallelism (before materialize): this rank keeps part `rank` of `parts` of
   // parameter `name` (of this module) along `dim`, in `groups` blocks (see TpSlice).
   void split_param(const std::string& name, int dim, int64_t parts, int64_t rank, int64_t groups = 1);
+  // Expert parallelism: the same along dim 0, over the ep group (TpSlice::experts)
+  void split_experts(const std::string& name, int64_t parts, int64_t rank);
   // Tensor parallelism: this module's own parameters stay whole on every rank, but each
   // rank's gradient of them is partial (TpSlice::partial_grad); name: that one only.
   void mark_partial_grads(const std::string& name = "");

@@ -33,7 +33,8 @@ std::vector<double> RouterLoss::row_gradient() const {
 }
 
 Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats) {
-  if (stats->reduce) stats->reduce(*stats);  // the whole sequences' statistics
+  if (stats->reduce) stats->reduce(*stats);  // the whole batch's rows, counts and sums
+  stats->sealed = true;
   const DType dt = anchor.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor out = Tensor::scalar(stats->value(), dt, anchor.device());
   // backward: nothing flows into the anchor; d loss / d aux waits for the layers' balance()
@@ -64,6 +65,7 @@ Tensor balance(const Tensor& p, const std::shared_ptr<RouterLoss>& stats) {
 
 // Layer `layer`'s counts and probability sums into stats: experts (N, k) i32, p (N, E)
 void record_routing(RouterLoss& stats, int64_t layer, const Tensor& experts, const Tensor& p) {
+  if (stats.sealed) return;  // a recompute in backward: the forward's statistics stand
   RouterLoss::Layer& l = stats.layers[layer];
   const int64_t N = p.size(0), E = p.size(1);
   l.rows = N;
@@ -86,8 +88,13 @@ Experts::Experts(int64_t E_, int64_t C_, int64_t I_, float std, float proj_std) 
 
 // x (M, C) sorted by expert -> gate, up (M, I) -> silu(gate) * up -> down (M, C)
 Tensor Experts::forward(const Tensor& x, const std::vector<int64_t>& counts) const {
-  const Tensor h = silu_mul(grouped_matmul(x, gate_proj, counts), grouped_matmul(x, up_proj, counts));
-  return grouped_matmul(h, down_proj, counts);
+  return swiglu(x, gate_proj, up_proj, down_proj, counts);
+}
+
+Tensor Experts::swiglu(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
+                       const std::vector<int64_t>& counts) {
+  const Tensor h = silu_mul(grouped_matmul(x, gate, counts), grouped_matmul(x, up, counts));
+  return grouped_matmul(h, down, counts);
 }
 
 MoeMLP::MoeMLP(const MoeDims& d, float std, float proj_std)
@@ -111,10 +118,17 @@ Tensor MoeMLP::forward(const Tensor& x, const std::shared_ptr<RouterLoss>& stats
   TopK top = moe_topk(p, k, normalize);  // weights, experts (N, k)
   if (stats) record_routing(*stats, layer, top.experts, p);
   const Tensor w = top.values.dtype() == x.dtype() ? top.values : cast(top.values, x.dtype());
-  // the N k choices sorted by expert, each expert's rows through its SwiGLU, back to their tokens
-  const MoeRouting r = moe_sort(top.experts, experts.E);
+  const Tensor y =
+      run_experts ? run_experts(experts, xf, w, top.experts) : local_experts(experts, xf, w, top.experts);
+  return view(y, {B, T, C});
+}
+
+// the N k choices sorted by expert, each expert's rows through its SwiGLU, back to their tokens
+Tensor MoeMLP::local_experts(const Experts& experts, const Tensor& xf, const Tensor& w,
+                             const Tensor& choices) {
+  const MoeRouting r = moe_sort(choices, experts.E);
   const Tensor y = experts.forward(moe_dispatch(xf, r), r.counts);  // (N k, C)
-  return view(moe_combine(y, w, r), {B, T, C});
+  return moe_combine(y, w, r);                                      // (N, C)
 }
 
 MoeBlock::MoeBlock(const LlamaDims& d, const MoeDims& moe, int64_t layer_, float std, float proj_std)

@@ -23,7 +23,7 @@
 // and S as the layers run; the model adds coef * aux(RouterLoss) to the loss after its last
 // block, and that op's backward, which runs before any block's (it is created after them), leaves
 // its incoming gradient in the RouterLoss; each layer's p passed through balance() then gets
-// its share in backward. Activation checkpointing's recompute records the same counts again.
+// its share in backward. Activation checkpointing's recompute does not record them again.
 #pragma once
 
 #include <cstdint>
@@ -48,12 +48,16 @@ struct RouterLoss {
   };
   std::map<int64_t, Layer> layers;
   double grad = 0;  // d loss / d aux, left by aux_loss's backward for the layers' balance()
-  // Context and Ulysses parallelism: each rank holds a part of every sequence; reduce sums the
-  // layers' rows, counts and probability sums over the ranks that hold one sequence's parts
-  // (run by aux_loss before the value), and grad_scale (their number) undoes the average their
-  // gradients then get, so that aux and its gradient are those of the whole sequences.
+  // Data, context and Ulysses parallelism (and tensor parallelism's sequence parallelism): reduce
+  // sums every layer's rows, counts and probability sums over the ranks that hold the parts of
+  // one micro-step's batch (run by aux_loss before the value), so that aux is the whole batch's
+  // as one process sees it; each rank's share of the gradient is then multiplied by grad_scale
+  // (the ranks whose gradients are averaged), which their mean divides again.
   std::function<void(RouterLoss&)> reduce;
   double grad_scale = 1;
+  // set once aux_loss has taken its value: activation checkpointing's recompute then leaves the
+  // statistics as they are (the whole batch's, after reduce)
+  bool sealed = false;
   // aux = E / R^2 sum_e C_e S_e over the layers so far
   double value() const;
   // d aux / d p[n,e] = E C_e / R^2, for every row (E)
@@ -66,12 +70,16 @@ struct RouterLoss {
 Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats);
 
 // The SwiGLU experts of one MoE layer, stacked: gate_proj, up_proj (E, C, I), down_proj (E, I, C)
-// (each expert's matrices in the (in, out) layout of nn::Linear).
+// (each expert's matrices in the (in, out) layout of nn::Linear). Expert parallelism keeps a
+// slice of them along dim 0 (E / ep experts; E stays the layer's count of experts).
 class Experts : public Module {
  public:
   Experts(int64_t E, int64_t C, int64_t I, float std, float proj_std);
   // x (M, C) rows sorted by expert, counts (E) rows each -> (M, C): expert e's SwiGLU on its rows
   Tensor forward(const Tensor& x, const std::vector<int64_t>& counts) const;
+  // the same with given matrices: gate, up (G, C, I), down (G, I, C) for G groups of rows
+  static Tensor swiglu(const Tensor& x, const Tensor& gate, const Tensor& up, const Tensor& down,
+                       const std::vector<int64_t>& counts);
   Tensor gate_proj, up_proj, down_proj;
   int64_t E, C, I;
 };
@@ -81,6 +89,12 @@ struct MoeDims {
   bool normalize;  // norm_topk_prob
 };
 
+// Runs the experts on the routed tokens: xf (N, C), weights (N, k) in x's dtype, choices (N, k) i32
+// -> (N, C). Unset: every expert here (MoeMLP::local_experts); expert parallelism
+// (dist/expert_parallel/) installs one that sends each row to the rank that holds its expert.
+using ExpertsFn = std::function<Tensor(const Experts& experts, const Tensor& xf, const Tensor& weights,
+                                       const Tensor& choices)>;
+
 // The MoE MLP: router ("gate", C -> E), top k, the experts.
 class MoeMLP : public Module {
  public:
@@ -88,10 +102,14 @@ class MoeMLP : public Module {
   // x (B, T, C) -> (B, T, C). stats: this forward's RouterLoss (nullptr: no load-balancing loss);
   // layer: this block's index in the model, its key there.
   Tensor forward(const Tensor& x, const std::shared_ptr<RouterLoss>& stats, int64_t layer) const;
+  // sorted by expert, through the experts, back to their tokens: the ExpertsFn of one process
+  static Tensor local_experts(const Experts& experts, const Tensor& xf, const Tensor& weights,
+                              const Tensor& choices);
   Linear gate;
   Experts experts;
   int64_t k;
   bool normalize;
+  ExpertsFn run_experts;  // unset: local_experts
 };
 
 // A Llama-family block whose MLP is a mixture of experts (Qwen3-MoE, Mixtral): x + attn(ln_1(x)),

@@ -10,7 +10,9 @@ std::pair<int64_t, int64_t> tp_global_run(const ParamSpec& s, int64_t i) {
   const int64_t n = numel_of(s.shape);
   if (!s.tp.split()) return {i, n - i};
   const Shape& g = s.tp.global;
-  const int64_t cols = s.shape.size() > 1 ? s.shape[1] : 1, gcols = g.size() > 1 ? g[1] : 1;
+  // a row: every element of one index along dim 0 (an expert's matrix when there are 3 dims)
+  const int64_t cols = s.tp.dim == 0 ? n / s.shape[0] : s.shape.size() > 1 ? s.shape[1] : 1;
+  const int64_t gcols = s.tp.dim == 0 ? cols : g.size() > 1 ? g[1] : 1;
   const int64_t r = i / cols, c = i % cols;
   const int64_t block = g[s.tp.dim] / (s.tp.groups * s.tp.parts);  // local elements per group
   // local index j along the split dimension -> global index
@@ -28,7 +30,7 @@ std::pair<int64_t, int64_t> tp_global_run(const ParamSpec& s, int64_t i) {
 std::pair<int64_t, int64_t> tp_local_of(const ParamSpec& s, int64_t g) {
   if (!s.tp.split()) return {0, g};
   const Shape& gs = s.tp.global;
-  const int64_t gcols = gs.size() > 1 ? gs[1] : 1;
+  const int64_t gcols = s.tp.dim == 0 ? numel_of(gs) / gs[0] : gs.size() > 1 ? gs[1] : 1;
   const int64_t L = gs[s.tp.dim], G = L / s.tp.groups, b = G / s.tp.parts;  // per group, per rank in it
   // the index along the split dimension -> (rank, local index along it)
   auto local_of = [&](int64_t x) {

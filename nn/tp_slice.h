@@ -31,6 +31,9 @@ struct TpSlice {
   // replicated (dim -1), but each rank's gradient is a partial sum that the strategy sums
   // over the tp group (a layer applied to this rank's heads only: Qwen3's q_norm, k_norm)
   bool partial_grad = false;
+  // split over the expert-parallel group rather than the tensor-parallel one (an MoE layer's
+  // experts, dim 0: dist/expert_parallel/); the index arithmetic is the same
+  bool experts = false;
   bool split() const { return dim >= 0 && parts > 1; }
 };
 

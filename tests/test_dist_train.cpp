@@ -45,10 +45,6 @@ using Result = ShellResult;
 struct Model {
   std::string tag, args;
   int accum = 2;  // micro-batches per step (gpt.ini's train.grad_accum_steps unless args change it)
-  // The one process to compare with runs each rank's micro-batches one after another (B
-  // sequences, accum x dp of them per step) rather than dp x B at once: a model whose loss is
-  // not a mean over tokens (the routers' load-balancing loss: each micro-batch's)
-  bool per_micro_batch = false;
 };
 const Model kGPT2{};
 // A tiny Llama 3 on gpt.ini's sizes (2 blocks, C 32): 4 query heads reading 2 key/value
@@ -78,12 +74,10 @@ const Model kQwen3{
 
 // A mixture of experts on it (Qwen3-MoE's block): block 0 dense, block 1 a router over 4
 // SwiGLU experts of 24, each token through its top 2, and the load-balancing loss in the loss
-const Model kQwen3Moe{"qwen3moe_",
-                      kQwen3.args +
-                          " --model.n_experts 4 --model.n_experts_per_tok 2 "
-                          "--model.moe_intermediate_size 24 --model.dense_layers 0 "
-                          "--model.router_aux_loss_coef 0.1",
-                      2, /*per_micro_batch=*/true};
+const Model kQwen3Moe{"qwen3moe_", kQwen3.args +
+                                       " --model.n_experts 4 --model.n_experts_per_tok 2 "
+                                       "--model.moe_intermediate_size 24 --model.dense_layers 0 "
+                                       "--model.router_aux_loss_coef 0.1"};
 
 class DistTrain : public ::testing::Test {
  protected:
@@ -131,14 +125,9 @@ class DistTrain : public ::testing::Test {
                             const Model& model = kGPT2) {
     for (const Layout& L : layouts) {
       SCOPED_TRACE(model.tag + L.name);
-      const int64_t micro = model.per_micro_batch ? B : B * L.dp(),
-                    accum = model.accum * (B * L.dp() / micro);
-      const std::string name = model.tag + L.name,
-                        ref = model.tag + "single_b" + std::to_string(micro) + "_m" + std::to_string(accum);
+      const std::string name = model.tag + L.name, ref = model.tag + "single_b" + std::to_string(B * L.dp());
       if (!fs::exists(dir_ / ref / "metrics.jsonl")) {
-        const std::string steps =
-            model.per_micro_batch ? " --train.grad_accum_steps " + std::to_string(accum) : "";
-        Result r = train(ref, 1, "--train.micro_batch_size " + std::to_string(micro) + model.args + steps);
+        Result r = train(ref, 1, "--train.micro_batch_size " + std::to_string(B * L.dp()) + model.args);
         ASSERT_EQ(r.rc, 0) << r.out;
       }
       Result r =
@@ -969,8 +958,8 @@ TEST_F(DistTrain, Qwen3LayoutsEqualOneProcess) {
 
 TEST_F(DistTrain, MixtureOfExpertsDataParallelLayoutsEqualOneProcess) {
   // the experts are parameters as any other: whole on every rank (DP) or sharded (FSDP, HSDP);
-  // each rank routes its own tokens and its load-balancing loss is its micro-batch's, as one
-  // process's is for each micro-batch of the step
+  // each rank routes its own tokens, and the load-balancing loss is the micro-step's whole
+  // batch's from every data rank's statistics, as one process computes it
   check_layouts({{"dp2", 2, 1}, {"fsdp2", 1, 2}, {"hsdp_r2_s2", 2, 2}}, 2, nullptr, kQwen3Moe);
 }
 

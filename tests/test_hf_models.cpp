@@ -180,6 +180,7 @@ void check_export(const std::string& arch, int64_t head_dim) {
   double ours = 0;
   {
     autograd::NoGradGuard no_grad;
+    gpt.training = false;  // evaluation's loss: the cross-entropy alone
     ours = gpt.forward(Tensor::from_vector(xs, {2, 16}), Tensor::from_vector(ys, {2, 16})).loss.item();
   }
   const ndt::testing::ShellResult r =

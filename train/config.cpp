@@ -161,6 +161,10 @@ po::options_description describe(Config& c) {
       ("parallel.sp_size", po::value(&c.parallel.sp_size)->default_value(c.parallel.sp_size),
        "Ulysses sequence-parallel degree: each rank holds seq_len / sp_size tokens, attention all-to-alls "
        "them into n_head / sp_size heads of the whole sequence (sp_size divides n_head and seq_len)")
+      ("parallel.ep_size", po::value(&c.parallel.ep_size)->default_value(c.parallel.ep_size),
+       "expert-parallel degree (mixture-of-experts models): each rank holds model.n_experts / ep_size experts "
+       "of every MoE layer and all-to-alls the routed tokens to them; ep_size consecutive data ranks inside "
+       "dp_shard_size (or dp_replicate_size when dp_shard_size = 1) and dividing model.n_experts")
       ("parallel.timeout_s", po::value(&c.parallel.timeout_s)->default_value(c.parallel.timeout_s),
        "the deadline of every collective (a peer dead, stopped or cut off: the job ends, exit code 6), "
        "and how long a rank asked to stop (SIGTERM) may go without finishing its step (exit code 4)")
@@ -780,6 +784,15 @@ void validate_parallel(const Config& c, const Checks& ck) {
   ck.range("parallel.tp_size", c.parallel.tp_size, 1, 1 << 16);
   ck.range("parallel.cp_size", c.parallel.cp_size, 1, 1 << 16);
   ck.range("parallel.sp_size", c.parallel.sp_size, 1, 1 << 16);
+  ck.range("parallel.ep_size", c.parallel.ep_size, 1, 1 << 16);
+  // expert parallelism over replicas: each replica holds other experts, and a sharded checkpoint
+  // is written by the first replica only (dist/expert_parallel/expert_parallel.h)
+  ck.need(
+      c.parallel.ep_size == 1 || c.parallel.dp_shard_size != 1 || c.checkpoint.format == "full" ||
+          c.checkpoint.dir.empty(),
+      "parallel.ep_size = " + std::to_string(c.parallel.ep_size) +
+          " over replicas (dp_shard_size = 1) needs checkpoint.format = full: the replicas hold different "
+          "experts and a sharded checkpoint would keep only the first replica's");
   validate_ulysses(c, ck);
   ck.range("parallel.pp_size", c.parallel.pp_size, 1, 1 << 12);
   ck.range("parallel.pp_virtual", c.parallel.pp_virtual, 1, 1 << 12);

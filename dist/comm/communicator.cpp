@@ -19,6 +19,26 @@ void Communicator::check_one(const char* call, const Tensor& t) const {
             ": the tensor must be defined and contiguous, got ", t.desc());
 }
 
+int64_t Communicator::check_all_to_all_v(const Tensor& out, const std::vector<int64_t>& recv_counts,
+                                         const Tensor& in, const std::vector<int64_t>& send_counts) const {
+  check_one("all_to_all_v", out);
+  check_one("all_to_all_v", in);
+  NDT_CHECK(out.dtype() == in.dtype() && out.device() == in.device(), name_, ".all_to_all_v on rank ", rank_,
+            ": tensors differ in dtype or device: ", out.desc(), " and ", in.desc());
+  const auto sum = [](const std::vector<int64_t>& c) {
+    int64_t n = 0;
+    for (int64_t v : c) n += v;
+    return n;
+  };
+  NDT_CHECK(static_cast<int>(send_counts.size()) == size_ && static_cast<int>(recv_counts.size()) == size_ &&
+                sum(send_counts) == in.numel() && sum(recv_counts) == out.numel(),
+            name_, ".all_to_all_v on rank ", rank_, ": ", send_counts.size(), " send and ",
+            recv_counts.size(), " receive counts for a group of ", size_, ", summing to ", sum(send_counts),
+            " and ", sum(recv_counts), " elements of ", in.numel(), " and ", out.numel());
+  const int64_t item = static_cast<int64_t>(dtype_size(in.dtype()));
+  return (sum(send_counts) - send_counts[static_cast<size_t>(rank_)]) * item;
+}
+
 void Communicator::check_same(const char* call, const Tensor& a, const Tensor& b, int64_t num,
                               int64_t den) const {
   check_one(call, a);
@@ -110,6 +130,12 @@ class LocalCommunicator : public Communicator {
   }
   WorkPtr broadcast(const Tensor& t, int root) override {
     NDT_CHECK(root == 0, name_, ".broadcast: root ", root, " is not a rank of a group of 1");
+    return done_work();
+  }
+  WorkPtr all_to_all_v(const Tensor& out, const std::vector<int64_t>& recv_counts, const Tensor& in,
+                       const std::vector<int64_t>& send_counts) override {
+    check_all_to_all_v(out, recv_counts, in, send_counts);
+    if (out.data_ptr() != in.data_ptr()) out.copy_(in);
     return done_work();
   }
   WorkPtr send(const Tensor&, int peer) override {

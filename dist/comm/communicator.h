@@ -55,7 +55,7 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
-enum class CommKind { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kSend, kRecv, kCount };
+enum class CommKind { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kSend, kRecv, kAllToAll, kCount };
 
 struct CommStats {
   std::array<int64_t, static_cast<size_t>(CommKind::kCount)> bytes{};  // see the table above
@@ -89,6 +89,12 @@ class Communicator {
   // backend's are non-blocking); NCCL groups them, since two separate calls on one stream
   // would make each rank's receive wait for a send queued behind the peer's receive.
   virtual WorkPtr sendrecv(const Tensor& out_t, int to, const Tensor& in_t, int from);
+  // in's first send_counts[0] elements to member 0, the next send_counts[1] to member 1, ...;
+  // out gets recv_counts[j] elements from member j, in member order (MPI_Alltoallv; NCCL: one
+  // group of sends and receives). The counts (size() each) must match the peers' (expert
+  // parallelism exchanges them first). Counted as kAllToAll: the bytes sent to other members.
+  virtual WorkPtr all_to_all_v(const Tensor& out, const std::vector<int64_t>& recv_counts, const Tensor& in,
+                               const std::vector<int64_t>& send_counts) = 0;
   virtual void barrier() = 0;
 
   // Ranks that pass the same color form a new communicator, ordered by key. Collective
@@ -140,6 +146,10 @@ class Communicator {
   void check_same(const char* call, const Tensor& a, const Tensor& b, int64_t b_factor_num,
                   int64_t b_factor_den) const;
   void check_one(const char* call, const Tensor& t) const;
+  // all_to_all_v's arguments: size() counts each, summing to in's and out's elements;
+  // returns the bytes sent to other members
+  int64_t check_all_to_all_v(const Tensor& out, const std::vector<int64_t>& recv_counts, const Tensor& in,
+                             const std::vector<int64_t>& send_counts) const;
   // Adds `bytes` sent to group member `to` (-1: the next member, a ring's destination).
   void count(CommKind k, int64_t bytes, int to = -1);
   // The context of an operation queued now, for its timeout message: the group in words and

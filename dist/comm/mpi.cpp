@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -432,6 +433,37 @@ class MpiCommunicator : public Communicator {
         what, static_cast<int64_t>(t.nbytes()),
         [=, comm = comm_](MPI_Request* r) {
           return MPI_Ibcast(t.data_ptr(), n, mpi_type(t.dtype()), root, comm, r);
+        },
+        nullptr);
+  }
+
+  WorkPtr all_to_all_v(const Tensor& out, const std::vector<int64_t>& recv_counts, const Tensor& in,
+                       const std::vector<int64_t>& send_counts) override {
+    const int64_t wire = check_all_to_all_v(out, recv_counts, in, send_counts);
+    check_cpu("all_to_all_v", in);
+    count(CommKind::kAllToAll, wire);
+    if (size_ == 1) {
+      if (out.data_ptr() != in.data_ptr()) out.copy_(in);
+      return done_work();
+    }
+    const std::string what = name_ + ".all_to_all_v";
+    count_of(what, in);
+    count_of(what, out);
+    // counts and displacements in elements, alive until the request completes
+    auto v = std::make_shared<std::array<std::vector<int>, 4>>();  // send counts, displs, recv counts, displs
+    for (int j = 0, s = 0, r = 0; j < size_; ++j) {
+      (*v)[0].push_back(static_cast<int>(send_counts[static_cast<size_t>(j)]));
+      (*v)[1].push_back(s);
+      (*v)[2].push_back(static_cast<int>(recv_counts[static_cast<size_t>(j)]));
+      (*v)[3].push_back(r);
+      s += (*v)[0].back(), r += (*v)[2].back();
+    }
+    return submit(
+        what, wire,
+        [=, comm = comm_](MPI_Request* r) {
+          const MPI_Datatype dt = mpi_type(in.dtype());
+          return MPI_Ialltoallv(in.data_ptr(), (*v)[0].data(), (*v)[1].data(), dt, out.data_ptr(),
+                                (*v)[2].data(), (*v)[3].data(), dt, comm, r);
         },
         nullptr);
   }

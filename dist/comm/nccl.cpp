@@ -280,6 +280,31 @@ class NcclCommunicator : public Communicator {
       return ncclRecv(t.data_ptr(), static_cast<size_t>(t.numel()), nccl_type(t.dtype()), peer, comm_, s);
     });
   }
+  WorkPtr all_to_all_v(const Tensor& out, const std::vector<int64_t>& recv_counts, const Tensor& in,
+                       const std::vector<int64_t>& send_counts) override {
+    const int64_t wire = check_all_to_all_v(out, recv_counts, in, send_counts);
+    count(CommKind::kAllToAll, wire);
+    return launch("all_to_all_v", static_cast<size_t>(wire), {out, in}, [&](cudaStream_t s) {
+      // one group of a send and a receive per member (NCCL has no all-to-all-v of its own)
+      const size_t item = dtype_size(in.dtype());
+      const ncclDataType_t dt = nccl_type(in.dtype());
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      ncclResult_t first = ncclSuccess;
+      int64_t sent = 0, got = 0;
+      for (int j = 0; j < size_; ++j) {
+        const int64_t ns = send_counts[static_cast<size_t>(j)], nr = recv_counts[static_cast<size_t>(j)];
+        const ncclResult_t a = ncclSend(static_cast<const char*>(in.data_ptr()) + sent * item,
+                                        static_cast<size_t>(ns), dt, j, comm_, s);
+        const ncclResult_t b = ncclRecv(static_cast<char*>(out.data_ptr()) + got * item,
+                                        static_cast<size_t>(nr), dt, j, comm_, s);
+        if (first == ncclSuccess) first = a != ncclSuccess ? a : b;
+        sent += ns, got += nr;
+      }
+      r = ncclGroupEnd();  // always closed, even after an error inside
+      return first != ncclSuccess ? first : r;
+    });
+  }
   WorkPtr sendrecv(const Tensor& out_t, int to, const Tensor& in_t, int from) override {
     check_one("sendrecv", out_t);
     check_one("sendrecv", in_t);

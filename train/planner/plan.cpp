@@ -69,6 +69,9 @@ int64_t plan_world(const Config& c) {
   if (c.parallel.sp_size > 1)
     throw ConfigError("--plan with parallel.sp_size = " + std::to_string(c.parallel.sp_size) +
                       ": the planner does not model Ulysses sequence parallelism yet; plan with sp_size = 1");
+  if (c.parallel.ep_size > 1)
+    throw ConfigError("--plan with parallel.ep_size = " + std::to_string(c.parallel.ep_size) +
+                      ": the planner does not model expert parallelism yet; plan with ep_size = 1");
   if (c.plan_world > 0) return c.plan_world;
   if (c.parallel.dp_shard_size == -1)
     throw ConfigError(

@@ -1,0 +1,167 @@
+// Expert parallelism end to end: train_gpt under mpirun with a tiny mixture-of-experts Llama
+// (4 experts, top 2, a load-balancing loss of weight 0.1) in every data-parallel layout with
+// expert parallelism (ep2 over 2 replicas; ep2 and ep4 over 4; ep2 inside FSDP over 2 and 4 and
+// inside HSDP 2 x 2), and MoE under plain DP, against
+// the single process on the same global batch: the losses of every step, the first step's
+// gradients and the parameters after the last; a checkpoint written under ep2 resumes on one
+// process with the uninterrupted run's losses; bad layouts are refused with one line.
+#include <gtest/gtest.h>
+
+#include "support/corpus.h"
+#include "support/launch.h"
+#include "support/outputs.h"
+#include "support/testing.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+using namespace ndt;
+using namespace ndt::testing;  // Layout, mpirun, run_shell (tests/support/launch.h)
+namespace fs = std::filesystem;
+
+namespace {
+
+// a Llama of 2 MoE blocks on C 32: E experts of 16 hidden units, each token through 2 of them
+std::string moe(int E) {
+  return " --model.arch llama --model.n_kv_head 2 --model.intermediate_size 48 --model.rope_theta 10000 "
+         "--model.n_experts " +
+         std::to_string(E) +
+         " --model.n_experts_per_tok 2 --model.moe_intermediate_size 16 --model.norm_topk_prob true "
+         "--model.router_aux_loss_coef 0.1";
+}
+const std::string kMoe = moe(4);
+
+class DistEp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = ndt::testing::fresh_dir("dist_ep");
+    const int64_t V = ndt::testing::write_word_corpus(dir_ / "data", 8000, 7, 0.0);
+    std::ofstream(dir_ / "gpt.ini")
+        << "[model]\nn_layer = 2\nn_head = 4\nn_embd = 32\nvocab_multiple = 4\nvocab_size = " << V
+        << "\nblock_size = 32\n[data]\ntrain = " << (dir_ / "data" / "train_*.bin").string()
+        << "\n[train]\nseq_len = 16\ngrad_accum_steps = 2\nsteps = 5\nthreads = 1\n"
+           "[optim]\nlr = 0.01\nwarmup_steps = 1\neps = 1e-4\n[sample]\nevery = -1\n[log]\nevery = 1\n"
+           "[checkpoint]\nformat = full\n";
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  static ShellResult train(const std::string& name, int np, const std::string& args) {
+    const fs::path d = dir_ / name;
+    fs::create_directories(d);
+    return run_shell((np > 1 ? mpirun(np) : std::string()) + NDT_TRAIN_GPT_BIN + " --config " +
+                     (dir_ / "gpt.ini").string() + " --log.metrics " + (d / "metrics.jsonl").string() +
+                     " --checkpoint.dir " + (d / "ck").string() + " --log.grads " +
+                     (d / "grads.safetensors").string() + " " + args);
+  }
+  static std::vector<double> losses(const std::string& name) {
+    return metric_losses(dir_ / name / "metrics.jsonl");
+  }
+  static fs::path last_model(const std::string& name) {
+    return dir_ / name / "ck" / "step_00000005" / "model.safetensors";
+  }
+
+  // Each layout (B sequences per data rank and micro-step) against one process on the global batch.
+  static void check_layouts(const std::vector<Layout>& layouts, int B) {
+    for (const Layout& L : layouts) {
+      SCOPED_TRACE(L.name);
+      const std::string ref = "single_b" + std::to_string(B * L.dp());
+      if (!fs::exists(dir_ / ref / "metrics.jsonl")) {
+        ShellResult r = train(ref, 1, "--train.micro_batch_size " + std::to_string(B * L.dp()) + kMoe);
+        ASSERT_EQ(r.rc, 0) << r.out;
+      }
+      ShellResult r =
+          train(L.name, L.np(), "--train.micro_batch_size " + std::to_string(B) + L.args() + kMoe);
+      ASSERT_EQ(r.rc, 0) << r.out;
+      std::vector<double> got = losses(L.name), want = losses(ref);
+      ASSERT_EQ(got.size(), 5u);
+      ASSERT_EQ(want.size(), 5u);
+      for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+      const double g = max_rel_diff(dir_ / L.name / "grads.safetensors", dir_ / ref / "grads.safetensors");
+      EXPECT_LT(g, 1e-5) << "gradients of the first step";
+      const double p = max_rel_diff(last_model(L.name), last_model(ref));
+      EXPECT_LT(p, 3e-5) << "parameters after the last step";
+      std::printf(
+          "%-10s %d ranks: losses %.6f..%.6f, first-step gradients within %.1e, parameters within %.1e\n",
+          L.name, L.np(), got.front(), got.back(), g, p);
+    }
+  }
+
+  static inline fs::path dir_;
+};
+
+TEST_F(DistEp, LayoutsEqualOneProcess) {
+  check_layouts({{"moe_dp2", 2},
+                 {"ep2_dp2", 2, 1, 1, 1, " --parallel.ep_size 2"},
+                 {"ep2_dp4", 4, 1, 1, 1, " --parallel.ep_size 2"},
+                 {"ep4_dp4", 4, 1, 1, 1, " --parallel.ep_size 4"},
+                 {"ep2_fsdp2", 1, 2, 1, 1, " --parallel.ep_size 2"},
+                 {"ep2_fsdp4", 1, 4, 1, 1, " --parallel.ep_size 2"},
+                 {"ep2_hsdp2x2", 2, 2, 1, 1, " --parallel.ep_size 2"},
+                 // the all-to-alls run again in the recompute of each block's backward
+                 {"ep2_dp2_ac", 2, 1, 1, 1, " --parallel.ep_size 2 --train.activation_checkpointing full"},
+                 {"ep2_fsdp2_ac", 1, 2, 1, 1, " --parallel.ep_size 2 --train.activation_checkpointing full"},
+                 {"moe_dp2_ac", 2, 1, 1, 1, " --train.activation_checkpointing full"}},
+                1);
+}
+
+// Stopped after 3 steps under ep2 (a full checkpoint: the experts gathered whole), resumed on one
+// process: the uninterrupted run's losses; the same under ep2 inside fsdp2 with a sharded one; and
+// ep2 x dp2's continued under ep4 inside fsdp4.
+TEST_F(DistEp, CheckpointUnderEp2ResumesOnOneProcess) {
+  ShellResult ref = train("resume_ref", 1, "--train.micro_batch_size 4" + kMoe);
+  ASSERT_EQ(ref.rc, 0) << ref.out;
+  struct Run {
+    std::string name, first;  // 3 steps on 2 ranks under ep2 in `first`
+    int np;                   // then 2 steps on np ranks in `then`
+    std::string then;
+  };
+  const Run runs[] = {{"resume_dp", "--parallel.dp_replicate_size 2 --checkpoint.format full", 1,
+                       "--train.micro_batch_size 4"},
+                      {"resume_fsdp", "--parallel.dp_shard_size 2 --checkpoint.format sharded", 1,
+                       "--train.micro_batch_size 4"},
+                      // the experts' slices of a full checkpoint, read as FSDP shards of whole experts
+                      {"resume_dp_fsdp4", "--parallel.dp_replicate_size 2 --checkpoint.format full", 4,
+                       "--train.micro_batch_size 1 --parallel.dp_shard_size 4 --parallel.ep_size 4"}};
+  for (const Run& run : runs) {
+    SCOPED_TRACE(run.name);
+    ShellResult a =
+        train(run.name, 2,
+              "--train.micro_batch_size 2 --parallel.ep_size 2 --train.stop_after 3 " + run.first + kMoe);
+    ASSERT_EQ(a.rc, 0) << a.out;
+    ShellResult b =
+        train(run.name, run.np, run.then + " --checkpoint.resume true --checkpoint.format full" + kMoe);
+    ASSERT_EQ(b.rc, 0) << b.out;
+    EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
+    std::vector<double> got = losses(run.name), want = losses("resume_ref");
+    ASSERT_EQ(got.size(), 5u);
+    ASSERT_EQ(want.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+    EXPECT_LT(max_rel_diff(last_model(run.name), last_model("resume_ref")), 3e-5);
+  }
+}
+
+// Bad layouts: one line naming the key and the fix, before anything trains.
+TEST_F(DistEp, BadLayoutsAreRefused) {
+  struct Case {
+    int np;
+    std::string args, words;
+  };
+  const Case cases[] = {
+      {2, " --parallel.dp_replicate_size 2 --parallel.ep_size 2", "model.n_experts = 0"},  // GPT-2
+      {2, " --parallel.dp_replicate_size 2 --parallel.ep_size 3" + kMoe, "must divide dp_replicate_size = 2"},
+      {4, " --parallel.dp_replicate_size 4 --parallel.ep_size 4" + moe(6), "must divide model.n_experts = 6"},
+      {2, " --parallel.dp_replicate_size 2 --parallel.ep_size 2 --checkpoint.format sharded" + kMoe,
+       "needs checkpoint.format = full"},
+      {4, " --parallel.dp_replicate_size 2 --parallel.dp_shard_size 2 --parallel.ep_size 4" + kMoe,
+       "must divide dp_shard_size = 2"},
+  };
+  for (const Case& c : cases) {
+    ShellResult r = train("bad", c.np, "--train.micro_batch_size 1" + c.args);
+    EXPECT_NE(r.rc, 0) << c.args;
+    EXPECT_NE(r.out.find(c.words), std::string::npos) << c.args << ": " << r.out;
+  }
+}
+
+}  // namespace
