@@ -1,6 +1,7 @@
 // CPU op benchmarks (Google Benchmark): GEMM through the kernel, through the op and
 // straight through cblas_sgemm; a linear's bias and weight gradient; causal attention (and on
-// rows packed with several documents); LayerNorm. Results: docs/PERFORMANCE.md.
+// rows packed with several documents); LayerNorm; the MoE grouped GEMM against a dense one.
+// Results: docs/PERFORMANCE.md (grouped_matmul: docs/moe-performance.md).
 //
 //   build/bench_cpu_ops --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 //
@@ -363,6 +364,52 @@ void BM_layernorm_op_forward_backward(benchmark::State& state) {
 BENCHMARK(BM_layernorm_forward)->Unit(benchmark::kMillisecond)->Apply(setup);
 BENCHMARK(BM_layernorm_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
 BENCHMARK(BM_layernorm_op_forward_backward)->Unit(benchmark::kMillisecond)->Apply(setup);
+
+// ---- (f) mixture of experts: grouped_matmul against one dense GEMM of the same FLOPs ------
+
+// Shapes of one expert projection: N tokens, each through k of E experts, C -> I. Rows per
+// expert come from a real top k of random router logits (uneven, as at initialization).
+struct MoeShape {
+  int64_t N, C, I, E, k;
+};
+constexpr MoeShape kMoe[] = {{1024, 256, 128, 16, 4},    // bench_gpt_train's MS: gate/up proj
+                             {1024, 128, 256, 16, 4},    // and its down proj
+                             {2048, 512, 256, 64, 8},    // many small experts (Qwen3-MoE's ratios)
+                             {2048, 1024, 512, 32, 4}};  // fewer, larger experts
+
+std::vector<int64_t> routed_counts(const MoeShape& s) {
+  Tensor logits = randn({s.N, s.E}, 11);  // (N,E)
+  TopK t = moe_topk(ndt::softmax(logits), s.k, /*normalize=*/true);
+  return moe_sort(t.experts, s.E).counts;  // (E) summing to N k
+}
+
+// Forward + backward of x (M,C) -> (M,I), M = N k: Arg(1) grouped_matmul over E experts'
+// routed rows, w (E,C,I); Arg(0) one matmul with w (C,I), the same FLOPs (6 M C I).
+// Counters: FLOPS, and the fewest and most rows an expert got.
+void BM_grouped_matmul_forward_backward(benchmark::State& state) {
+  const MoeShape& s = kMoe[state.range(0)];
+  const bool grouped = state.range(1) == 1;
+  const int64_t M = s.N * s.k;
+  const std::vector<int64_t> counts = routed_counts(s);
+  Tensor x = randn({M, s.C}, 12), dy = randn({M, s.I}, 13);
+  Tensor w = grouped ? randn({s.E, s.C, s.I}, 14) : randn({s.C, s.I}, 14);
+  for (Tensor* t : {&x, &w}) t->set_requires_grad(true);
+  for (auto _ : state) {
+    Tensor y = grouped ? ndt::grouped_matmul(x, w, counts) : ndt::matmul(x, w);  // (M,I)
+    ndt::backward({y}, {dy});
+    benchmark::DoNotOptimize(w.grad().data_ptr());
+    for (Tensor* t : {&x, &w}) t->set_grad(Tensor());
+  }
+  flops(state, 6.0 * static_cast<double>(M * s.C * s.I));
+  state.counters["rows_min"] = static_cast<double>(*std::min_element(counts.begin(), counts.end()));
+  state.counters["rows_max"] = static_cast<double>(*std::max_element(counts.begin(), counts.end()));
+}
+
+BENCHMARK(BM_grouped_matmul_forward_backward)
+    ->ArgsProduct({{0, 1, 2, 3}, {0, 1}})
+    ->ArgNames({"shape", "grouped"})
+    ->Unit(benchmark::kMillisecond)
+    ->Apply(setup);
 
 // ---- (d) element-wise passes in f32 (arg 0) and bf16 (arg 1): what one value costs -------
 // x, y (R,C): add (read 2, write 1), GELU forward (read 1, write 1), LayerNorm forward (read

@@ -1,6 +1,7 @@
 // Training speed of a GPT: forward + backward + clipping + AdamW on random tokens, 10 timed
 // steps after 2 warm-up steps. Configs: S and M (the CPU configs of docs/PERFORMANCE.md) and GPT2 (124M,
-// B 16, T 1024, vocab padded to 50304; for a GPU).
+// B 16, T 1024, vocab padded to 50304; for a GPU); the llamas LS, LM, L1B and MS, a Qwen3-MoE
+// shape for a CPU (docs/moe-performance.md).
 //
 //   build/bench_gpt_train                 # S and M on CPU, all cores
 //   build/bench_gpt_train S 2             # one config, 2 threads
@@ -68,12 +69,15 @@ using bench::integer;
 
 // A benchmark shape: GPT-2's architecture, or the llama family's when n_kv_head > 0
 // (grouped-query attention, SwiGLU of `inter` hidden units, RMSNorm, RoPE; an untied lm_head
-// unless `tied`).
+// unless `tied`); with experts > 0 a Qwen3-MoE: q/k norms and every layer's MLP a mixture of
+// `experts` SwiGLU experts of moe_inter hidden units, each token through its top k (weights
+// divided by their sum; no load-balancing loss, as transformers without output_router_logits).
 struct Case {
   const char* name;
   int64_t n_layer, n_head, n_embd, vocab, B, T;
   int64_t n_kv_head = 0, inter = 0;
   bool tied = true;
+  int64_t experts = 0, k = 0, moe_inter = 0;
 };
 
 models::GPTConfig config_of(const Case& c) {
@@ -84,6 +88,10 @@ models::GPTConfig config_of(const Case& c) {
   if (c.n_kv_head > 0) {
     cfg.arch = "llama", cfg.n_kv_head = c.n_kv_head, cfg.intermediate_size = c.inter;
     cfg.tie_embeddings = c.tied, cfg.norm_eps = 1e-5, cfg.rope.theta = 500000;
+  }
+  if (c.experts > 0) {
+    cfg.qk_norm = true, cfg.n_experts = c.experts, cfg.n_experts_per_tok = c.k;
+    cfg.moe_intermediate_size = c.moe_inter, cfg.norm_topk_prob = true;
   }
   cfg.validate();
   return cfg;
@@ -186,7 +194,7 @@ Options parse_options(int argc, char** argv) {
 constexpr const char* kUsage =
     "usage: bench_gpt_train [CONFIGS [THREADS [DEVICE [MODES]]]] [--dtype f32|bf16] [--tf32] [--batch B]\n"
     "                       [--steps N] [--warmup N]\n"
-    "  CONFIGS  comma-separated S, M, GPT2, LS, LM, L1B (default S,M)   THREADS  0: every core (default)\n"
+    "  CONFIGS  comma-separated S, M, GPT2, LS, LM, L1B, MS (default S,M)  THREADS  0: every core (default)\n"
     "  DEVICE   cpu (default), cuda or cuda:N               MODES    none,full,selective[/k] (default none)\n"
     "  --dtype  f32 (default) or bf16 mixed precision       --tf32   f32 GEMMs on TF32 tensor cores (GPU)\n"
     "  --batch  sequences per step (default: the config's)  --steps, --warmup  timed, warm-up steps (10, 2)\n"
@@ -336,13 +344,15 @@ int main(int argc, char** argv) {
   // GPT-2: S and M for a CPU, GPT2 the 124M model. Llama: LS and LM are S and M's sizes with
   // 2 kv heads and SwiGLU (hidden ~8/3 C), untied like Llama 3.1; L1B has Llama-3.2-1B's
   // layer and vocabulary shapes (32 heads, 8 kv heads, C 2048, hidden 8192, 128256 tokens,
-  // tied) but 2 of its 16 layers, so that a CPU's memory holds it beside PyTorch's twin.
+  // tied) but 2 of its 16 layers, so that a CPU's memory holds it beside PyTorch's twin. MS: a
+  // Qwen3-MoE for a CPU: 16 experts of 128 hidden units, top 4, in every layer.
   const std::vector<Case> cases = {{"S", 4, 4, 256, 512, 8, 128},
                                    {"M", 6, 6, 384, 4096, 8, 256},
                                    {"GPT2", 12, 12, 768, 50257, 16, 1024},
                                    {"LS", 4, 4, 256, 512, 8, 128, 2, 688, false},
                                    {"LM", 6, 6, 384, 4096, 8, 256, 2, 1024, false},
-                                   {"L1B", 2, 32, 2048, 128256, 1, 512, 8, 8192, true}};
+                                   {"L1B", 2, 32, 2048, 128256, 1, 512, 8, 8192, true},
+                                   {"MS", 4, 8, 256, 2048, 4, 256, 4, 512, false, 16, 4, 128}};
   Options opt;
   std::vector<std::string> only;
   int threads = 0;
@@ -358,7 +368,7 @@ int main(int argc, char** argv) {
     only = split(pos.size() > 0 ? pos[0] : "");
     for (const std::string& o : only)
       NDT_CHECK(std::any_of(cases.begin(), cases.end(), [&](const Case& c) { return o == c.name; }),
-                "unknown config '", o, "': S, M, GPT2, LS, LM or L1B (see --help)");
+                "unknown config '", o, "': S, M, GPT2, LS, LM, L1B or MS (see --help)");
     threads = static_cast<int>(pos.size() > 1 ? integer("THREADS", pos[1]) : 0);
     NDT_CHECK(threads >= 0, "THREADS must be >= 0 (0: every core), got ", threads);
     device = Device::parse(pos.size() > 2 ? pos[2] : "cpu");

@@ -16,6 +16,12 @@ bench_gpt_train draws them.
     python3 bench/pytorch_gpt2.py --runs eager:16,compile:16              # these, in this order
     python3 bench/pytorch_gpt2.py --device cpu --config S --dtype f32 --threads 2 --runs eager:8
     python3 bench/pytorch_gpt2.py --device cpu --tiny                     # a check without GPU
+    python3 bench/pytorch_gpt2.py --device cpu --config MS --runs eager/grouped_mm:4,compile/eager:4
+
+Llama configs (LS, LM, L1B) run transformers' LlamaForCausalLM; MoE configs (MS) its
+Qwen3MoeForCausalLM, whose experts run as the mode's suffix says: /eager (a loop over the
+experts that have tokens), /grouped_mm (torch._grouped_mm over rows sorted by expert; the
+default) or /batched_mm (each token's k experts' weights gathered, batched matmuls).
 
 Prints one line per (mode, batch) after warm-up steps (timed with torch.cuda.synchronize()
 on a GPU):
@@ -55,7 +61,15 @@ CONFIGS = {
     "LM": dict(n_layer=6, n_head=6, n_embd=384, vocab=4096, B=8, T=256, n_kv_head=2, inter=1024, tied=False),
     "L1B": dict(n_layer=2, n_head=32, n_embd=2048, vocab=128256, B=1, T=512, n_kv_head=8, inter=8192, tied=True),
     "ltiny": dict(n_layer=2, n_head=4, n_embd=64, vocab=512, B=2, T=64, n_kv_head=2, inter=176, tied=False),
+    # mixture of experts (bench_gpt_train's MS): transformers' Qwen3MoeForCausalLM, every layer's
+    # MLP 16 experts of 128 hidden units, top 4 with their weights divided by their sum
+    "MS": dict(n_layer=4, n_head=8, n_embd=256, vocab=2048, B=4, T=256, n_kv_head=4, inter=512, tied=False,
+               experts=16, k=4, moe_inter=128),
+    "mtiny": dict(n_layer=2, n_head=4, n_embd=64, vocab=512, B=2, T=64, n_kv_head=2, inter=176, tied=False,
+                  experts=4, k=2, moe_inter=32),
 }
+# transformers' implementations of the experts' loop (config._experts_implementation)
+EXPERTS_IMPLS = ("eager", "grouped_mm", "batched_mm")
 
 
 def padded_vocab(vocab):  # bench_gpt_train: vocab_multiple 128 above 4096, else none
@@ -146,6 +160,43 @@ class Llama(nn.Module):
         return 6.0 * n + 12.0 * L * T * C
 
 
+class Qwen3Moe(Llama):
+    """transformers' Qwen3MoeForCausalLM (SDPA attention, q/k norms, every layer's MLP a mixture
+    of experts) with the bench's loss; its experts run as `experts_impl` (EXPERTS_IMPLS). No
+    load-balancing loss (output_router_logits off), as bench_gpt_train's MS."""
+
+    def __init__(self, cfg, vocab, experts_impl):
+        nn.Module.__init__(self)
+        try:
+            from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+        except ImportError:
+            sys.exit("pytorch_gpt2: the MoE configs need transformers >= 5 (pip install transformers)")
+        self.cfg, self.V = cfg, vocab
+        hf = Qwen3MoeConfig(vocab_size=vocab, hidden_size=cfg["n_embd"], intermediate_size=cfg["inter"],
+                            moe_intermediate_size=cfg["moe_inter"], num_experts=cfg["experts"],
+                            num_experts_per_tok=cfg["k"], norm_topk_prob=True, num_hidden_layers=cfg["n_layer"],
+                            num_attention_heads=cfg["n_head"], num_key_value_heads=cfg["n_kv_head"],
+                            head_dim=cfg["n_embd"] // cfg["n_head"], max_position_embeddings=cfg["T"],
+                            rms_norm_eps=1e-5, tie_word_embeddings=cfg["tied"], rope_theta=500000.0,
+                            output_router_logits=False)
+        hf._attn_implementation = "sdpa"
+        hf._experts_implementation = experts_impl
+        self.model = Qwen3MoeForCausalLM(hf)
+
+    def flops_per_token(self, T, vocab):  # the active parameters: k of E experts, the router
+        C, L = float(self.cfg["n_embd"]), float(self.cfg["n_layer"])
+        kv = C / self.cfg["n_head"] * self.cfg["n_kv_head"]
+        mlp = 3 * C * self.cfg["moe_inter"] * self.cfg["k"] + C * self.cfg["experts"]
+        n = L * (C * (C + 2 * kv) + C * C + mlp + 2 * C) + vocab * C
+        return 6.0 * n + 12.0 * L * T * C
+
+
+def split_mode(mode):
+    """'compile/grouped_mm' -> ('compile', 'grouped_mm'); a bare 'eager' -> ('eager', 'grouped_mm')"""
+    step, _, experts = mode.partition("/")
+    return step, experts or "grouped_mm"
+
+
 class Trainer:
     """One model, its optimizer and its (possibly compiled) step, for one mode and batch."""
 
@@ -153,7 +204,9 @@ class Trainer:
         torch.manual_seed(1337)
         self.mode, self.B, self.device, self.cfg, self.dtype = mode, B, device, cfg, dtype
         self.V = padded_vocab(cfg["vocab"])
-        if "n_kv_head" in cfg:
+        if "experts" in cfg:
+            self.model = Qwen3Moe(cfg, self.V, split_mode(mode)[1]).to(device)
+        elif "n_kv_head" in cfg:
             self.model = Llama(cfg, self.V).to(device)
         else:
             self.model = GPT(cfg["n_layer"], cfg["n_head"], cfg["n_embd"], self.V, cfg["T"]).to(device)
@@ -164,7 +217,7 @@ class Trainer:
             self.opt = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
         except (RuntimeError, TypeError):
             self.opt = torch.optim.AdamW(groups, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, foreach=True)
-        if mode == "compile":
+        if split_mode(mode)[0] == "compile":
             # a fresh compile per model, static shapes: without the reset, a second batch size
             # recompiles the cached code with a dynamic batch dimension (dynamic=None's default)
             torch._dynamo.reset()
@@ -261,7 +314,7 @@ def serve(args, runs, device, cfg):
     for mode, B in runs:
         trainers[mode] = Trainer(mode, B, device, cfg, args.dtype)
         warm_s[mode] = trainers[mode].warm(max(args.warmup, 1))
-    if device.type == "cpu" and "compile" in trainers:
+    if device.type == "cpu" and any(split_mode(m)[0] == "compile" for m in trainers):
         print(inductor_report(), flush=True)
     print("READY", flush=True)
     for line in sys.stdin:
@@ -287,7 +340,9 @@ def main():
                     help="bf16: autocast with f32 master weights (default); f32: no autocast")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: PyTorch's default)")
     ap.add_argument("--batch", default="8,16", help="comma-separated batch sizes")
-    ap.add_argument("--mode", default="eager,compile", help="eager, compile or both (comma-separated)")
+    ap.add_argument("--mode", default="eager,compile",
+                    help="eager, compile or both (comma-separated); MoE configs: eager/batched_mm etc. picks "
+                         "transformers' experts implementation (default grouped_mm)")
     ap.add_argument("--steps", type=int, default=10, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="warm-up steps (compilation happens here)")
     ap.add_argument("--tiny", action="store_true", help="--config tiny: a 2-layer model at T 64 (checks the script)")
@@ -306,8 +361,9 @@ def main():
     else:
         runs = [(m, int(b)) for m in args.mode.split(",") if m for b in args.batch.split(",") if b]
     for m, _ in runs:
-        if m not in ("eager", "compile"):
-            ap.error(f"mode {m!r}: want eager or compile")
+        step, experts = split_mode(m)
+        if step not in ("eager", "compile") or experts not in EXPERTS_IMPLS:
+            ap.error(f"mode {m!r}: want eager or compile (MoE configs: /{'|/'.join(EXPERTS_IMPLS)} after it)")
     if args.serve and len({m for m, _ in runs}) != len(runs):
         ap.error("--serve: one batch size per mode")
 

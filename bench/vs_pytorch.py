@@ -13,6 +13,12 @@ f32 parameters), the same number of threads.
     bench/vs_pytorch.sh --configs S --dtypes f32 --rounds 5
     bench/vs_pytorch.sh --configs S --contend 1           # with one busy-looping process beside
     bench/vs_pytorch.sh --configs LS,LM,L1B               # llamas: transformers' LlamaForCausalLM as the twin
+    bench/vs_pytorch.sh --configs MS --impls ndtrain,eager/eager,eager/grouped_mm,compile/grouped_mm
+                                                          # MoE: Qwen3MoeForCausalLM, per experts implementation
+
+A PyTorch implementation is eager or compile, and for the MoE config (MS) optionally
+/eager, /grouped_mm or /batched_mm after it: transformers' experts implementation
+(config._experts_implementation; bare: grouped_mm). Dense configs ignore the suffix.
 
 Whether the machine was idle is measured, not assumed (bench/idle.py): around every timed run
 it reads the machine's CPU time from /proc/stat (including time stolen by the hypervisor) and
@@ -44,9 +50,11 @@ from idle import OthersMeter  # noqa: E402  (bench/idle.py: other processes' CPU
 # bench_gpt_train's configs (tokens per step B * T) and defaults for a CPU run: GPT-2 124M at
 # B 1 (1024 tokens), the others at their own batch
 # (LS, LM and L1B: the llama family, against transformers' LlamaForCausalLM)
-DEFAULT_BATCH = {"S": 8, "M": 8, "GPT2": 1, "LS": 8, "LM": 8, "L1B": 1}
-DEFAULT_STEPS = {"S": 10, "M": 4, "GPT2": 2, "LS": 10, "LM": 4, "L1B": 2}
-SEQ = {"S": 128, "M": 256, "GPT2": 1024, "LS": 128, "LM": 256, "L1B": 512}
+# (MS: a Qwen3-MoE, against transformers' Qwen3MoeForCausalLM)
+DEFAULT_BATCH = {"S": 8, "M": 8, "GPT2": 1, "LS": 8, "LM": 8, "L1B": 1, "MS": 4}
+DEFAULT_STEPS = {"S": 10, "M": 4, "GPT2": 2, "LS": 10, "LM": 4, "L1B": 2, "MS": 3}
+SEQ = {"S": 128, "M": 256, "GPT2": 1024, "LS": 128, "LM": 256, "L1B": 512, "MS": 256}
+EXPERTS_IMPLS = ("eager", "grouped_mm", "batched_mm")  # transformers' (bench/pytorch_gpt2.py)
 
 
 def kv(key, line):
@@ -126,7 +134,8 @@ def main():
                     help="ndtrain's bench_gpt_train (default build/bench_gpt_train)")
     ap.add_argument("--configs", default="S,M,GPT2")
     ap.add_argument("--dtypes", default="f32,bf16")
-    ap.add_argument("--impls", default="ndtrain,eager,compile", help="any of ndtrain, eager, compile")
+    ap.add_argument("--impls", default="ndtrain,eager,compile",
+                    help="any of ndtrain, eager, compile; for MS eager/batched_mm etc. (experts implementation)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", default="", help="timed steps per round: a number, or S=10,M=4,GPT2=2 (the default)")
@@ -147,8 +156,11 @@ def main():
         if d not in ("f32", "bf16"):
             ap.error(f"dtype {d!r}: want f32 or bf16")
     for i in impls:
-        if i not in ("ndtrain", "eager", "compile"):
-            ap.error(f"impl {i!r}: want ndtrain, eager or compile")
+        base, _, experts = i.partition("/")
+        if base not in ("ndtrain", "eager", "compile") or (experts and (base == "ndtrain" or
+                                                                         experts not in EXPERTS_IMPLS)):
+            ap.error(f"impl {i!r}: want ndtrain, eager or compile (MoE: eager/X or compile/X, X one of "
+                     f"{', '.join(EXPERTS_IMPLS)})")
     if "ndtrain" not in impls:
         ap.error("--impls must include ndtrain (the ratios are against it)")
     if args.rounds < 1 or args.threads < 1:
@@ -216,7 +228,7 @@ def main():
                     last_loss = use[-1][1][impl]
                     rows.append((config, dtype, B, impl, med, min(times), max(times), tok, ratio, last_loss,
                                  n_clean, len(kept), worst))
-                    isa = twin.isa if (twin and impl == "compile" and twin.isa) else ""
+                    isa = twin.isa if (twin and impl.startswith("compile") and twin.isa) else ""
                     results.append(f"RESULT config={config} dtype={dtype} B={B} impl={impl} median_ms={med:.2f} "
                                    f"min_ms={min(times):.2f} max_ms={max(times):.2f} tokens_per_s={tok:.0f} "
                                    f"ndtrain_speedup={ratio:.3f} final_loss={last_loss:.4f} "
@@ -231,6 +243,10 @@ def main():
           "last loss | clean rounds | others (max) |")
     print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     names = {"ndtrain": "ndtrain", "eager": "PyTorch eager", "compile": "torch.compile"}
+    for i in impls:
+        base, _, experts = i.partition("/")
+        if experts:
+            names[i] = f"{names[base]} (experts {experts})"
     for config, dtype, B, impl, med, lo, hi, tok, ratio, l, n_clean, n_kept, worst in rows:
         print(f"| {config} | {dtype} | {B} | {names[impl]} | {med:.1f} | {lo:.1f}-{hi:.1f} | {tok:.0f} | "
               f"{'' if impl == 'ndtrain' else f'{ratio:.2f}x'} | {l:.3f} | {n_clean}/{n_kept} | {worst:.2f} cores |")
