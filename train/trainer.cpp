@@ -270,10 +270,6 @@ void Trainer::describe() {
   if (c_.lora.on()) {  // the adapters on the linears lora.targets names (nn/lora.h)
     try {
       gpt_->add_lora(c_.lora);
-      NDT_CHECK(
-          c_.lora.dropout == 0 || dims_.cp * dims_.sp == 1, "lora.dropout = ", c_.lora.dropout,
-          " is not supported with parallel.cp or parallel.sp > 1 yet (a rank's tokens are not one run of "
-          "the sequence); set lora.dropout = 0 or parallel.cp = parallel.sp = 1");
       // lora.dropout's mask: this rank's tokens start at its rows of the micro-step (nn::LoraDropout)
       gpt_->lora_dropout->seed = static_cast<uint64_t>(c_.train.seed);
       gpt_->lora_dropout->row_start = mesh_->dp_rank() * c_.train.micro_batch_size * c_.train.seq_len;
