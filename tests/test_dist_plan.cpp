@@ -191,9 +191,9 @@ TEST_P(DistPlanLora, PlannedBytesMatchTheRun) {
   // the base: the weights of a full run's last step (made once for the suite)
   const fs::path base = dir_ / "lora_base" / "step_00000003" / "model.safetensors";
   if (!fs::exists(base)) {
-    const Result r = run_shell(std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() +
-                               llama + " --checkpoint.format full --checkpoint.dir " +
-                               (dir_ / "lora_base").string());
+    const Result r =
+        run_shell(std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + llama +
+                  " --checkpoint.format full --checkpoint.dir " + (dir_ / "lora_base").string());
     ASSERT_EQ(r.rc, 0) << r.out;
   }
   expect_the_plan_of_the_run(llama + " --model.init_from " + base.string() +
