@@ -16,6 +16,7 @@
 #include <functional>
 #include <vector>
 
+#include "tensor/kernels.h"
 #include "tensor/tensor.h"
 
 namespace ndt {
@@ -59,6 +60,9 @@ Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, double s);
+// Dropout with a counter-based mask keyed by global indices (kernels::dropout): x (N, C) ->
+// (N, C), kept elements scaled by 1 / (1 - p). Nothing is saved: backward recomputes the mask.
+Tensor dropout(const Tensor& x, const kernels::DropoutKey& key);
 Tensor gelu(const Tensor& x);  // tanh approximation
 // SwiGLU's gate (the Llama MLP, down(silu(gate) * up)): gate, up of one shape -> silu(gate) *
 // up, silu(g) = g * sigmoid(g), one node (nothing but gate and up is kept)

@@ -20,6 +20,10 @@
 //                      against the TF32 peak, 495 TFLOP/s)
 //   --batch B          sequences per step (default: the config's)
 //   --steps N --warmup N   timed and warm-up steps (default 10 and 2)
+//   --lora R           LoRA fine-tuning instead of full: rank-R adapters (alpha 2R) on every
+//                      linear of every block (lora.targets = all-linear), the base frozen (no
+//                      gradients, no AdamW moments); the optimizer, clipping and the params
+//                      column see only the adapters (bench/bench_lora.py compares it to PEFT)
 //
 // Prints a table: ms/step, tokens/s and achieved GFLOP/s (model FLOPs, 6N + attention; a
 // recompute is not counted), and on a GPU the MFU against the H100/H200 SXM dense peak of
@@ -139,7 +143,8 @@ Mode parse_mode(const std::string& s) {
 struct Run {
   Mode mode;
   std::unique_ptr<models::GPT> gpt;
-  nn::FlatParams params;
+  nn::FlatParams base;    // --lora: the frozen base (empty otherwise)
+  nn::FlatParams params;  // what the optimizer steps: every weight, or --lora's adapters
   std::unique_ptr<optim::AdamW> opt;
   double total_s = 0;
   int64_t saved = 0, peak = 0;
@@ -153,6 +158,7 @@ struct Options {
   std::string dtype = "f32";
   bool tf32 = false;
   int64_t batch = 0, steps = 10, warmup = 2;
+  int64_t lora = 0;  // --lora R: rank of the all-linear adapters (0: full fine-tuning)
   std::vector<std::string> positional;
 };
 
@@ -176,12 +182,15 @@ Options parse_options(int argc, char** argv) {
       o.steps = integer(a, value());
     else if (a == "--warmup")
       o.warmup = integer(a, value());
+    else if (a == "--lora")
+      o.lora = integer(a, value());
     else if (a.rfind("-", 0) == 0 && a.size() > 1)
       NDT_FAIL("unknown option ", a, " (see --help)");
     else
       o.positional.push_back(a);
   }
   NDT_CHECK(o.dtype == "f32" || o.dtype == "bf16", "--dtype must be f32 or bf16, got ", o.dtype);
+  NDT_CHECK(o.lora >= 0, "--lora must be >= 0 (0: full fine-tuning), got ", o.lora);
   NDT_CHECK(o.batch >= 0 && o.steps >= 1 && o.warmup >= 0,
             "--batch must be >= 0, --steps >= 1 and --warmup >= 0, got ", o.batch, ", ", o.steps, ", ",
             o.warmup);
@@ -193,11 +202,12 @@ Options parse_options(int argc, char** argv) {
 
 constexpr const char* kUsage =
     "usage: bench_gpt_train [CONFIGS [THREADS [DEVICE [MODES]]]] [--dtype f32|bf16] [--tf32] [--batch B]\n"
-    "                       [--steps N] [--warmup N]\n"
+    "                       [--steps N] [--warmup N] [--lora R]\n"
     "  CONFIGS  comma-separated S, M, GPT2, LS, LM, L1B, MS (default S,M)  THREADS  0: every core (default)\n"
     "  DEVICE   cpu (default), cuda or cuda:N               MODES    none,full,selective[/k] (default none)\n"
     "  --dtype  f32 (default) or bf16 mixed precision       --tf32   f32 GEMMs on TF32 tensor cores (GPU)\n"
     "  --batch  sequences per step (default: the config's)  --steps, --warmup  timed, warm-up steps (10, 2)\n"
+    "  --lora   R: rank-R adapters on every linear, the base frozen (default 0: full fine-tuning)\n"
     "prints ms/step, tokens/s, GFLOP/s (MFU on a GPU) per config and mode, then RESULT and PHASES lines\n";
 
 // The benchmark itself, on arguments parse_options has checked.
@@ -232,8 +242,14 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
       runs[m].gpt = std::make_unique<models::GPT>(cfg);
       if (modes[m].ac != nn::ACMode::none)
         runs[m].gpt->add_block_wrapper(nn::activation_checkpointing(modes[m].ac, modes[m].every));
-      runs[m].params = nn::materialize(runs[m].gpt->units(), device, DType::f32, 1, nn::ShardSpec{},
-                                       bf16 ? std::optional<DType>(DType::bf16) : std::nullopt);
+      const std::optional<DType> compute = bf16 ? std::optional<DType>(DType::bf16) : std::nullopt;
+      if (opt.lora > 0) {  // the base frozen, the adapters trained (train_gpt's [lora])
+        runs[m].gpt->add_lora({.rank = opt.lora, .alpha = 2.0 * opt.lora, .targets = {"all-linear"}});
+        runs[m].base = nn::materialize(runs[m].gpt->units(), device, DType::f32, 1, {}, compute, true);
+        runs[m].params = nn::materialize(runs[m].gpt->adapter_units(), device, DType::f32, 1, {}, compute);
+      } else {
+        runs[m].params = nn::materialize(runs[m].gpt->units(), device, DType::f32, 1, {}, compute);
+      }
       runs[m].opt = std::make_unique<optim::AdamW>(runs[m].params, optim::AdamWConfig{});
     }
     const int64_t warmup = opt.warmup, steps = opt.steps;
@@ -323,12 +339,13 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
           r.mode.label.c_str(), ms, tok / (ms / 1e3), gflops, r.saved / 1048576.0, r.peak / 1048576.0,
           r.total_peak / 1048576.0, same ? "yes" : "NO", device.str().c_str(), mfu_text);
       char line[512];
-      std::snprintf(line, sizeof line,
-                    "RESULT config=%s dtype=%s B=%lld T=%lld mode=%s device=%s ms=%.2f tokens_per_s=%.0f "
-                    "gflops=%.1f mfu_pct=%.2f peak_tflops=%.0f total_peak_mib=%.1f final_loss=%.4f",
-                    c.name, arith, (long long)B, (long long)T, r.mode.label.c_str(), device.str().c_str(), ms,
-                    tok / (ms / 1e3), gflops, device.is_cuda() ? mfu : 0.0, peak_tflops,
-                    r.total_peak / 1048576.0, r.losses.empty() ? 0.0 : r.losses.back());
+      std::snprintf(
+          line, sizeof line,
+          "RESULT config=%s dtype=%s B=%lld T=%lld mode=%s lora=%lld device=%s ms=%.2f tokens_per_s=%.0f "
+          "gflops=%.1f mfu_pct=%.2f peak_tflops=%.0f total_peak_mib=%.1f final_loss=%.4f",
+          c.name, arith, (long long)B, (long long)T, r.mode.label.c_str(), (long long)opt.lora,
+          device.str().c_str(), ms, tok / (ms / 1e3), gflops, device.is_cuda() ? mfu : 0.0, peak_tflops,
+          r.total_peak / 1048576.0, r.losses.empty() ? 0.0 : r.losses.back());
       results.push_back(line);
     }
   }

@@ -129,7 +129,10 @@ std::vector<nn::UnitSpec> GPT::units() const {
 
 void GPT::add_lora(const nn::LoraConfig& c) {
   NDT_CHECK(lora.empty(), "GPT: LoRA adapters were added already");
-  for (const auto& b : h) lora.push_back(std::make_unique<nn::LoraBlock>(*b, c));
+  lora_dropout = std::make_shared<nn::LoraDropout>();
+  lora_dropout->p = c.dropout;
+  for (size_t i = 0; i < h.size(); ++i)
+    lora.push_back(std::make_unique<nn::LoraBlock>(*h[i], c, lora_dropout, block_index_[i]));
   lora_config = c;
 }
 

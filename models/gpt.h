@@ -135,7 +135,10 @@ class GPT : public nn::Module {
   // The adapters' flat units, shaped as units(): an empty "embeddings" unit first, then one
   // "h.i" per block with that block's adapters (h.i.self_attn.q_proj.lora_A, ...).
   std::vector<nn::UnitSpec> adapter_units() const;
-  nn::LoraConfig lora_config;                        // what add_lora was given (rank 0: none)
+  nn::LoraConfig lora_config;  // what add_lora was given (rank 0: none)
+  // lora.dropout's state, shared by every adapter (nn::LoraDropout; off until a trainer sets
+  // training, so evaluation and generation run without it); nullptr without LoRA
+  std::shared_ptr<nn::LoraDropout> lora_dropout;
   std::vector<std::unique_ptr<nn::LoraBlock>> lora;  // h[i]'s adapters
 
   // false while evaluating (ParallelModel::evaluate): the loss is the cross-entropy alone, without

@@ -27,8 +27,8 @@ std::vector<std::string> default_lora_targets(const std::vector<LinearSite>& sit
 void check_lora(const LoraConfig& c, const std::vector<LinearSite>& sites) {
   NDT_CHECK(c.rank >= 1, "lora.rank must be >= 1 to train adapters (0: no LoRA), got ", c.rank);
   NDT_CHECK(std::isfinite(c.alpha) && c.alpha > 0, "lora.alpha must be > 0, got ", c.alpha);
-  NDT_CHECK(c.dropout == 0, "lora.dropout = ", c.dropout,
-            ": dropout on the adapters' input is not supported yet; set lora.dropout = 0");
+  NDT_CHECK(c.dropout >= 0 && c.dropout < 1, "lora.dropout = ", c.dropout,
+            " must be in [0, 1) (the probability of dropping an adapter's input element)");
   std::string known;
   for (const LinearSite& s : sites) known += (known.empty() ? "" : ", ") + s.name;
   const std::vector<std::string> targets = c.targets.empty() ? default_lora_targets(sites) : c.targets;
@@ -52,21 +52,32 @@ LoraAdapter::LoraAdapter(int64_t in_, int64_t out_, int64_t r) : in(in_), out(ou
   param("lora_B", &B, {out, r}, Init::zeros(), true);
 }
 
-// x (N, in) -> (x A^T) (N, r) -> x scale -> (N, r) B^T -> (N, out)
-Tensor LoraAdapter::forward(const Tensor& x, double s) const {
-  return matmul(ndt::scale(matmul(x, A, false, true), s), B, false, true);
+// x (N, in) -> [dropout] -> (x A^T) (N, r) -> x scale -> (N, r) B^T -> (N, out)
+Tensor LoraAdapter::forward(const Tensor& x, double s, const LoraDropout* d) const {
+  Tensor xin = x;
+  if (d && d->on()) {  // stream: the step, the micro-batch, this adapter (see LoraDropout)
+    const kernels::DropoutKey key{
+        .p = d->p,
+        .seed = d->seed,
+        .stream = (static_cast<uint64_t>(d->step) << 32) ^ (static_cast<uint64_t>(d->micro) << 20) ^ id,
+        .row_start = d->row_start,
+        .row_stride = in,
+        .col_start = in_start};
+    xin = ndt::dropout(x, key);
+  }
+  return matmul(ndt::scale(matmul(xin, A, false, true), s), B, false, true);
 }
 
 Tensor LoraLinear::delta(const Tensor& x) const {
   if (site_.part < 0 && parts_.size() == 1 && parts_[0].first < 0)
-    return parts_[0].second->forward(x, scale_);
+    return parts_[0].second->forward(x, scale_, dropout_.get());
   // packed: each part's delta (N, groups, size) in its columns of every group (this rank's
   // kv groups under tensor parallelism: B holds their rows), zeros where no adapter
   const int64_t N = x.size(0);
   std::vector<Tensor> deltas(site_.sizes.size());  // (N, groups size) per part
   int64_t groups = 0, width = 0;
   for (const auto& [part, a] : parts_) {
-    deltas[static_cast<size_t>(part)] = a->forward(x, scale_);
+    deltas[static_cast<size_t>(part)] = a->forward(x, scale_, dropout_.get());
     groups = deltas[static_cast<size_t>(part)].size(1) / site_.sizes[static_cast<size_t>(part)];
   }
   std::vector<Tensor> pieces;
@@ -79,7 +90,8 @@ Tensor LoraLinear::delta(const Tensor& x) const {
   return view(concat_last(pieces), {N, groups * width});  // (N, groups, width) -> (N, out)
 }
 
-LoraBlock::LoraBlock(DecoderBlock& block, const LoraConfig& c) {
+LoraBlock::LoraBlock(DecoderBlock& block, const LoraConfig& c, std::shared_ptr<const LoraDropout> dropout,
+                     int64_t layer) {
   const std::vector<LinearSite> all = block.linear_sites();
   check_lora(c, all);
   const std::vector<std::string> targets = c.targets.empty() ? default_lora_targets(all) : c.targets;
@@ -89,11 +101,12 @@ LoraBlock::LoraBlock(DecoderBlock& block, const LoraConfig& c) {
     for (const std::string& t : targets) targeted = targeted || lora_target_matches(t, s.name);
     if (!targeted) continue;
     adapters.push_back(std::make_unique<LoraAdapter>(s.linear->in, s.out(), c.rank));
+    adapters.back()->id = (static_cast<uint64_t>(layer) << 8) | adapters.size();  // < 2^20 for 4096 blocks
     names.push_back(s.name);
     sites.push_back(s);
     child(s.name, adapters.back().get());
     std::shared_ptr<LoraLinear>& l = on[s.linear];
-    if (!l) l = std::make_shared<LoraLinear>(s, c.scale());
+    if (!l) l = std::make_shared<LoraLinear>(s, c.scale(), dropout);
     l->add(s.part, adapters.back().get());
   }
   for (auto& [linear, l] : on) linear->adapter = l;
@@ -112,6 +125,7 @@ void LoraBlock::split_tensor_parallel(const TensorParallelPlan& plan, int64_t pa
         a.mark_partial_grads("lora_A");  // dA = s (dy B)^T x: this rank's columns' share of dy B
       } else {
         a.split_param("lora_A", 1, parts, rank);  // A (r, in): the linear's rows on this rank
+        a.in_start = rank * (a.in / parts);       // x's columns: those rows of the whole input
         a.mark_partial_grads("lora_B");           // dB = s dy^T (x_i A_i^T): this rank's rows' share
       }
     }

@@ -34,7 +34,7 @@ namespace ndt::nn {
 struct LoraConfig {                  // train_gpt's [lora]
   int64_t rank = 0;                  // r; 0: no adapters
   double alpha = 8;                  // PEFT's lora_alpha
-  double dropout = 0;                // PEFT's lora_dropout (only 0 for now)
+  double dropout = 0;                // PEFT's lora_dropout: on the adapters' input, in training only
   std::vector<std::string> targets;  // PEFT's target_modules, or {"all-linear"}; empty: PEFT's default
   bool rslora = false;               // PEFT's use_rslora: scale alpha / sqrt(r)
   bool on() const { return rank > 0; }
@@ -51,23 +51,45 @@ bool lora_target_matches(const std::string& target, const std::string& name);
 
 // Throws ndt::Error naming the key when c cannot be applied to blocks with these sites: a
 // target that matches none of them, rank < 1 or above a targeted linear's width, alpha <= 0,
-// dropout != 0.
+// dropout outside [0, 1).
 void check_lora(const LoraConfig& c, const std::vector<LinearSite>& sites);
+
+// PEFT's lora_dropout: y = x W + b + scale (dropout(x) A^T) B^T while training; evaluation and
+// generation run without it. The mask is counter-based (kernels::dropout), keyed by
+//   stream  (step, micro-batch of the step, the adapter: its block and its place in it)
+//   index   (token, input channel) of the element in the micro-step's whole input: token
+//           (data rank x micro_batch_size + sequence) x seq_len + position, channel of the
+//           linear's whole input,
+// so a data-parallel rank (its rows of the micro-step, row_start) and a tensor-parallel one (a
+// row-parallel linear's input columns, LoraAdapter::in_start) draw the mask of the same
+// elements on one process. The model owns one (models::GPT::lora_dropout); the trainer sets
+// the step, the micro-batch and training around its training micro-batches.
+struct LoraDropout {
+  double p = 0;
+  uint64_t seed = 0;
+  bool training = false;  // off: no dropout (evaluation, generation, and until a trainer sets it)
+  int64_t step = 0, micro = 0;
+  int64_t row_start = 0;  // this rank's first token in the micro-step's tokens over the data ranks
+  bool on() const { return training && p > 0; }
+};
 
 // One target's pair: lora_A (r, in), lora_B (out, r), as PEFT names and lays them out.
 class LoraAdapter : public Module {
  public:
   LoraAdapter(int64_t in, int64_t out, int64_t rank);
-  // x (N, in) -> scale (x A^T) B^T (N, out)
-  Tensor forward(const Tensor& x, double scale) const;
+  // x (N, in) -> scale (x' A^T) B^T (N, out); x' = x, or dropout(x) when d is on
+  Tensor forward(const Tensor& x, double scale, const LoraDropout* d = nullptr) const;
   Tensor A, B;
-  int64_t in, out, rank;
+  int64_t in, out, rank;  // in, out: the whole linear's (before any tensor-parallel split)
+  int64_t in_start = 0;   // the whole input's column of x's column 0 (row-parallel: rank x in / tp)
+  uint64_t id = 0;        // the adapter's part of its dropout stream (block, place in the block)
 };
 
 // What a linear adds to its output: its adapters' deltas, each in its own columns.
 class LoraLinear : public LinearAdapter {
  public:
-  LoraLinear(const LinearSite& site, double scale) : site_(site), scale_(scale) {}
+  LoraLinear(const LinearSite& site, double scale, std::shared_ptr<const LoraDropout> dropout = nullptr)
+      : site_(site), scale_(scale), dropout_(std::move(dropout)) {}
   void add(int part, const LoraAdapter* a) { parts_.push_back({part, a}); }
   // x (N, in) -> (N, out); a packed linear's parts without an adapter get zeros
   Tensor delta(const Tensor& x) const override;
@@ -75,6 +97,7 @@ class LoraLinear : public LinearAdapter {
  private:
   LinearSite site_;  // the linear's layout of columns (its part and name unused)
   double scale_;
+  std::shared_ptr<const LoraDropout> dropout_;  // the model's (nullptr: none)
   std::vector<std::pair<int, const LoraAdapter*>> parts_;
 };
 
@@ -82,7 +105,9 @@ class LoraLinear : public LinearAdapter {
 // installed on the block's linears (Linear::adapter) when made.
 class LoraBlock : public Module {
  public:
-  LoraBlock(DecoderBlock& block, const LoraConfig& c);
+  // dropout: the model's LoraDropout (nullptr: none); layer: the block's index (dropout streams)
+  LoraBlock(DecoderBlock& block, const LoraConfig& c, std::shared_ptr<const LoraDropout> dropout = nullptr,
+            int64_t layer = 0);
   std::vector<std::unique_ptr<LoraAdapter>> adapters;
   std::vector<std::string> names;  // adapters[i]'s module: "self_attn.q_proj"
   std::vector<LinearSite> sites;   // adapters[i]'s linear and its columns

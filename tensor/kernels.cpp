@@ -638,6 +638,18 @@ void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start
   NDT_DISPATCH(t.device(), fill_normal, t, seed, stream, start, mean, std);
 }
 
+void dropout(const Tensor& x, const DropoutKey& key, const Tensor& out) {
+  same_device("dropout", {&x, &out});
+  contiguous("dropout", {&x, &out});
+  NDT_CHECK(x.dim() == 2 && out.shape() == x.shape() && out.dtype() == x.dtype(), "dropout: x ", x.desc(),
+            " must be (N, C) and out ", out.desc(), " the same");
+  NDT_CHECK(key.p >= 0 && key.p < 1 && key.row_start >= 0 && key.col_start >= 0 &&
+                key.row_stride >= key.col_start + x.size(1),
+            "dropout: p = ", key.p, " must be in [0, 1) and the columns [", key.col_start, ", ",
+            key.col_start + x.size(1), ") within the row stride ", key.row_stride);
+  NDT_DISPATCH(x.device(), dropout, x, key, out);
+}
+
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const AdamWArgs& a) {
   same_device("adamw_step", {&param, &grad, &m, &v});

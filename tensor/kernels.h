@@ -265,6 +265,22 @@ void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& 
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi);
 void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std);
 
+// Dropout with a counter-based mask (LoRA's lora_dropout, nn/lora.h): element (n, c) of x is
+// kept when Philox::uniform01 of element (row_start + n) * row_stride + col_start + c of
+// (seed, stream) is >= p, and then scaled by 1 / (1 - p); otherwise it is 0. The mask is a
+// function of those global indices only, so it is never stored (the backward recomputes it:
+// dx = dropout(dy) with the same key) and a rank holding rows or columns of a larger x gets
+// exactly the mask of those rows and columns of the whole. 0 <= p < 1.
+struct DropoutKey {
+  double p = 0;
+  uint64_t seed = 0, stream = 0;
+  int64_t row_start = 0;   // global row of x's row 0
+  int64_t row_stride = 0;  // columns of the whole x (>= col_start + x's columns)
+  int64_t col_start = 0;   // global column of x's column 0
+};
+// x (N, C) contiguous -> out (N, C): out = mask * x / (1 - p)
+void dropout(const Tensor& x, const DropoutKey& key, const Tensor& out);
+
 // ---- optimizer (tensor/{cpu,cuda}/adamw) -----------------------------------------
 struct AdamWArgs {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;

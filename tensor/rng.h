@@ -55,6 +55,13 @@ struct Philox {
   NDT_HD static double uniform01(uint32_t u) {  // in (0, 1), 24 random bits
     return (static_cast<double>(u >> 8) + 0.5) * (1.0 / 16777216.0);
   }
+  // Dropout's mask (kernels::dropout): whether element i of (seed, stream) is kept with
+  // probability 1 - p (lane i % 4 of block i / 4, as uniform).
+  NDT_HD static bool keep(uint64_t seed, uint64_t stream, uint64_t i, double p) {
+    uint32_t w[4];
+    words(seed, stream, i / 4, w);
+    return uniform01(w[i % 4]) >= p;
+  }
   // Computed in double and rounded once to float, so CPU and CUDA agree (the libm
   // functions differ by at most an ulp in double, far below float resolution).
   NDT_HD static float uniform(uint64_t seed, uint64_t stream, uint64_t i, float lo, float hi) {

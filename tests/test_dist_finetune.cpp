@@ -289,6 +289,27 @@ TEST_F(DistFinetune, LoraTensorParallelEqualsOneProcess) {
       "lora_llama_single4", lora_on_base("lora_llama_base", kLlamaGqa), 4);
 }
 
+// lora.dropout: the mask of an element is keyed by its token in the micro-step's tokens over
+// the data ranks and its channel of the linear's whole input, so a data-parallel rank (its
+// rows) and a tensor-parallel one (a row-parallel linear's input columns: o_proj, down_proj)
+// drop what one process drops, and a pipeline's stages (the schedule's order of micro-batches)
+// too: the losses, gradients and adapters equal one process's. And
+// the dropout is there: the run's later losses differ from the same run without it.
+TEST_F(DistFinetune, LoraDropoutUnderDataAndTensorParallelismEqualsOneProcess) {
+  const std::string lora = lora_on_base("lora_llama_base", kLlamaGqa);
+  expect_lora_layouts_equal_one_process(
+      {{"lora_drop_dp2", "--parallel.dp_replicate_size 2 --train.micro_batch_size 1"},
+       {"lora_drop_tp2", "--parallel.tp_size 2"},
+       {"lora_drop_pp2", "--parallel.pp_size 2"}},
+      "lora_drop_single", lora + " --lora.dropout 0.3");
+  ASSERT_EQ(train("lora_nodrop_single", 1, lora).rc, 0);
+  const std::vector<double> drop = metric_losses(dir_ / "lora_drop_single" / "metrics.jsonl"),
+                            none = metric_losses(dir_ / "lora_nodrop_single" / "metrics.jsonl");
+  ASSERT_EQ(drop.size(), none.size());
+  EXPECT_EQ(drop.front(), none.front());  // step 1: B = 0, the adapters add nothing either way
+  EXPECT_NE(drop.back(), none.back());
+}
+
 // Context parallelism and Ulysses: the adapters are per-token linears, averaged over the
 // ranks that split the sequence as over data-parallel ones.
 TEST_F(DistFinetune, LoraContextParallelAndUlyssesEqualOneProcess) {

@@ -182,6 +182,63 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"tp2_selective_ac", 1, 1, 1, 2, "--train.activation_checkpointing selective"}),
     [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
+// LoRA (rank 4 on every linear of the tiny llama, the base frozen): the plan of the run against
+// its measured peak and bytes, on one process and under FSDP (the base gathered, never
+// reduced), DP and TP (the adapters averaged over the data ranks, split with their linears).
+class DistPlanLora : public DistPlan {};
+TEST_P(DistPlanLora, PlannedBytesMatchTheRun) {
+  const std::string llama = " --model.arch llama --model.n_kv_head 2 --model.intermediate_size 320";
+  // the base: the weights of a full run's last step (made once for the suite)
+  const fs::path base = dir_ / "lora_base" / "step_00000003" / "model.safetensors";
+  if (!fs::exists(base)) {
+    const Result r =
+        run_shell(std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + llama +
+                  " --checkpoint.format full --checkpoint.dir " + (dir_ / "lora_base").string());
+    ASSERT_EQ(r.rc, 0) << r.out;
+  }
+  expect_the_plan_of_the_run(llama + " --model.init_from " + base.string() +
+                             " --lora.rank 4 --lora.targets all-linear");
+}
+
+INSTANTIATE_TEST_SUITE_P(Lora, DistPlanLora,
+                         ::testing::Values(Layout{"single", 1, 1, 1, 1}, Layout{"fsdp2", 1, 2, 1, 1},
+                                           Layout{"dp2", 2, 1, 1, 1}, Layout{"tp2", 1, 1, 1, 2},
+                                           Layout{"single_full_ac", 1, 1, 1, 1,
+                                                  "--train.activation_checkpointing full"},
+                                           Layout{"single_bf16", 1, 1, 1, 1, "--train.dtype bfloat16"}),
+                         [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
+
+// A LoRA plan against the full fine-tune's of the same model: the base's gradients and AdamW
+// moments gone, the adapters' parameters, gradients and moments (4, 4 and 8 bytes each in f32)
+// there instead, the activations larger by the adapters' x A^T (N r per adapter: 7 a block on
+// a llama's all-linear, q, k and v counted apart), and a lower peak.
+TEST(Plan, LoraPlansTheFrozenBaseAndTheAdapters) {
+  const std::string bin =
+      std::string(NDT_TRAIN_GPT_BIN) +
+      " --plan --json --model.arch llama --model.n_layer 4 --model.n_head 4 --model.n_embd "
+      "64 --model.n_kv_head 2 --model.intermediate_size 320 --model.vocab_size 512 "
+      "--train.micro_batch_size 8 --train.seq_len 64";
+  const Result full = run_shell(bin), lora = run_shell(bin + " --lora.rank 8 --lora.targets all-linear");
+  ASSERT_EQ(full.rc, 0) << full.out;
+  ASSERT_EQ(lora.rc, 0) << lora.out;
+  const nlohmann::json f = nlohmann::json::parse(full.out), l = nlohmann::json::parse(lora.out);
+  const int64_t n = l["lora"]["adapter_params"].get<int64_t>(), r = 8, C = 64, kv = 32, I = 320, L = 4;
+  // A (r, in) and B (out, r) of q, k, v, o, gate, up and down, per block
+  EXPECT_EQ(n, L * r * ((C + C) + (C + kv) + (C + kv) + (C + C) + (C + I) + (C + I) + (I + C)));
+  EXPECT_EQ(l["lora"]["adapters_per_block"].get<int64_t>(), 7);
+  auto mem = [](const nlohmann::json& j, const char* k) { return j["memory"][k].get<int64_t>(); };
+  EXPECT_EQ(mem(l, "params"), mem(f, "params") + 4 * n);
+  EXPECT_EQ(mem(l, "grads"), 4 * n);
+  EXPECT_EQ(mem(l, "optimizer"), 8 * n);
+  const int64_t N = 8 * 64;
+  EXPECT_EQ(l["lora"]["adapter_activations"].get<int64_t>(), L * 7 * N * r * 4);
+  EXPECT_EQ(mem(l, "activations"), mem(f, "activations") + L * 7 * N * r * 4);
+  // the peak: the base's gradients and moments (12 bytes a weight) less the adapters' share
+  EXPECT_LT(mem(l, "peak"),
+            mem(f, "peak") - mem(f, "grads") - mem(f, "optimizer") + 16 * n + L * 7 * N * r * 4 + 1);
+  EXPECT_GT(mem(f, "peak") - mem(l, "peak"), mem(f, "grads"));
+}
+
 // Pipeline parallelism: every stage planned (--json's pipeline.per_stage) against every
 // rank's measured step (log.metrics_every_rank): the bytes each rank sent exactly, its peak
 // within 10% (they came within 4%, within 8% under sequence parallelism, whose single-process

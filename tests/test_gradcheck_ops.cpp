@@ -132,13 +132,12 @@ TEST(OpCases, CoverEveryDifferentiableOp) {
         if (e.node) stack.push_back(e.node);
     }
   }
-  for (const char* op : {"matmul",         "add",           "sub",       "mul",
-                         "scale",          "gelu",          "cast",      "sum",
-                         "mean",           "sum_squares",   "layernorm", "softmax",
-                         "cross_entropy",  "embedding",     "attention", "merge_attention",
-                         "self_attention", "view",          "permute",   "split_last",
-                         "concat_last",    "split",         "concat",    "on_backward",
-                         "recompute",      "AccumulateGrad"})
+  for (const char* op :
+       {"matmul",      "add",           "sub",           "mul",         "scale",           "gelu",
+        "cast",        "sum",           "dropout",       "mean",        "sum_squares",     "layernorm",
+        "softmax",     "cross_entropy", "embedding",     "attention",   "merge_attention", "self_attention",
+        "view",        "permute",       "split_last",    "concat_last", "split",           "concat",
+        "on_backward", "recompute",     "AccumulateGrad"})
     EXPECT_TRUE(seen.count(op)) << "no op case records a '" << op << "' node";
   for (const char* op : {"moe_topk", "moe_dispatch", "grouped_matmul", "moe_combine"})
     EXPECT_TRUE(seen.count(op)) << "no op case records a '" << op << "' node";

@@ -131,6 +131,74 @@ TEST(Lora, AdapterPathGradientsEqualFiniteDifferencesInFloat64) {
   EXPECT_EQ(res.checked, N * p.C + 3 * r * p.C + 2 * p.NKV * p.HS * r + 5 * r);
 }
 
+// lora.dropout: the adapter path with dropout on its input, with the mask held fixed (the key
+// does not change between the finite differences), against float64 finite differences; the
+// dropped elements get no gradient through the adapter.
+TEST(LoraDropout, AdapterPathGradientsWithAFixedMaskEqualFiniteDifferencesInFloat64) {
+  const int64_t N = 4, in = 6, out = 5, r = 2;
+  nn::LoraAdapter a(in, out, r);
+  nn::LoraDropout d{.p = 0.4, .seed = 7, .training = true, .step = 3, .micro = 1, .row_start = 8};
+  std::vector<Tensor> t = {random({N, in}, 31), random({r, in}, 32), random({out, r}, 33)};
+  for (Tensor& x : t) x.set_requires_grad(true);
+  const autograd::GradcheckResult res = autograd::gradcheck(
+      [&](const std::vector<Tensor>& x) {
+        a.A = x[1], a.B = x[2];
+        return std::vector<Tensor>{a.forward(x[0], 1.5, &d)};
+      },
+      t);
+  EXPECT_TRUE(res.ok) << res.message;
+  EXPECT_EQ(res.checked, N * in + r * in + out * r);
+  // the op alone: dx = mask * dy / (1 - p), nothing where the forward dropped
+  const kernels::DropoutKey key{.p = 0.4, .seed = 7, .stream = 9, .row_start = 2, .row_stride = in};
+  Tensor x = random({N, in}, 34).set_requires_grad(true);
+  const autograd::GradcheckResult op = autograd::gradcheck(
+      [&](const std::vector<Tensor>& v) { return std::vector<Tensor>{dropout(v[0], key)}; }, {x});
+  EXPECT_TRUE(op.ok) << op.message;
+  x = random({N, in}, 34).set_requires_grad(true);
+  const Tensor y = dropout(x, key);
+  backward(sum(y));
+  const std::vector<double> yv = y.to_vector<double>(), xv = x.to_vector<double>(),
+                            gv = x.grad().to_vector<double>();
+  for (size_t i = 0; i < yv.size(); ++i) {
+    const bool kept = yv[i] != 0;
+    EXPECT_NEAR(yv[i], kept ? xv[i] / 0.6 : 0.0, 1e-12) << i;
+    EXPECT_EQ(gv[i], kept ? 1 / 0.6 : 0.0) << i;
+  }
+}
+
+// The kept fraction over 2^20 elements is 1 - p: the count is Binomial(n, 1 - p) for an ideal
+// generator, sd = sqrt(n p (1 - p)) ~ 470 for p = 0.3; the mask is a fixed function of the key,
+// so the bound of 10 sd (0.45% of n) cannot flake, and a biased or constant mask fails it.
+// A rank's rows and columns of x draw exactly those rows and columns of the whole x's mask.
+TEST(LoraDropout, KeepsOneMinusPAndARanksSliceDrawsTheWholeMasksSlice) {
+  const int64_t N = 1024, C = 1024;
+  const Tensor ones = Tensor::full({N, C}, 1.0, DType::f32);
+  for (const double p : {0.05, 0.3, 0.9}) {
+    const kernels::DropoutKey key{.p = p, .seed = 1337, .stream = 5, .row_stride = C};
+    const Tensor y = dropout(ones, key);
+    const std::vector<float> v = y.to_vector<float>();
+    const double kept =
+        static_cast<double>(std::count_if(v.begin(), v.end(), [](float e) { return e != 0; }));
+    const double n = static_cast<double>(N * C), sd = std::sqrt(n * p * (1 - p));
+    EXPECT_NEAR(kept, n * (1 - p), 10 * sd) << "p = " << p;
+    EXPECT_NEAR(sum(y).item() / n, 1.0, 10 * sd / n / (1 - p)) << "E[dropout(x)] = x";
+  }
+  const kernels::DropoutKey whole{.p = 0.5, .seed = 1, .stream = 2, .row_stride = 8};
+  const Tensor x = random({6, 8}, 40);
+  const std::vector<double> all = dropout(x, whole).to_vector<double>();
+  // rows 2..5, columns 4..7 (a data-parallel rank's tokens of a row-parallel rank's input)
+  kernels::DropoutKey part = whole;
+  part.row_start = 2, part.col_start = 4;
+  const Tensor slice = x.narrow(0, 2, 4).narrow(1, 4, 4).contiguous();
+  const std::vector<double> got = dropout(slice, part).to_vector<double>();
+  for (int64_t n = 0; n < 4; ++n)
+    for (int64_t c = 0; c < 4; ++c) EXPECT_EQ(got[n * 4 + c], all[(n + 2) * 8 + c + 4]) << n << "," << c;
+  // another stream (step, micro-batch, adapter): another mask
+  kernels::DropoutKey other = whole;
+  other.stream = 3;
+  EXPECT_NE(dropout(x, other).to_vector<double>(), all);
+}
+
 TEST(Lora, InitializesAsPeftAndScalesByAlphaOverRankOrItsRoot) {
   nn::LoraAdapter a(64, 10, 4);
   const nn::FlatParams ps = nn::materialize({{"u", a.parameters("x")}}, Device::cpu(), DType::f32, 5);
@@ -215,6 +283,28 @@ TEST(Lora, TensorParallelSplitsEachAdapterWithItsLinear) {
 
 // The base alone and the base with fresh adapters (B = 0) give the same loss, bit for bit;
 // training steps the adapters only: the base has no gradient buffers and keeps every bit.
+// Dropout only while training: with training off (evaluation, generation) a model with
+// lora.dropout 0.5 computes what one without dropout does; on, it differs.
+TEST(LoraDropout, EvaluationRunsWithoutIt) {
+  const Tensor x = tokens(2, 8, 1), y = tokens(2, 8, 2);
+  models::GPT plain(tiny("llama")), drop(tiny("llama"));
+  plain.add_lora({.rank = 2, .targets = {"all-linear"}});
+  drop.add_lora({.rank = 2, .dropout = 0.5, .targets = {"all-linear"}});
+  const nn::FlatParams b1 = nn::materialize(plain.units(), Device::cpu(), DType::f32, 9, {}, {}, true),
+                       b2 = nn::materialize(drop.units(), Device::cpu(), DType::f32, 9, {}, {}, true);
+  const nn::FlatParams a1 = nn::materialize(plain.adapter_units(), Device::cpu(), DType::f32, 9),
+                       a2 = nn::materialize(drop.adapter_units(), Device::cpu(), DType::f32, 9);
+  for (const nn::FlatParams* a : {&a1, &a2})  // B = 0 would hide the adapters' input
+    for (const nn::FlatUnit& u : a->units)
+      if (u.data.defined()) kernels::fill_normal(u.data, 3, 4, 0, 0.0f, 0.1f);
+  ASSERT_FALSE(drop.lora_dropout->training);  // until a trainer turns it on
+  EXPECT_EQ(drop.forward(x, y).loss.item(), plain.forward(x, y).loss.item());
+  drop.lora_dropout->training = true;
+  EXPECT_NE(drop.forward(x, y).loss.item(), plain.forward(x, y).loss.item());
+  drop.lora_dropout->training = false;
+  EXPECT_EQ(drop.forward(x, y).loss.item(), plain.forward(x, y).loss.item());
+}
+
 TEST(Lora, StartsAsTheBaseAndTrainsOnlyTheAdapters) {
   for (const std::string arch : {"llama", "gpt2"}) {
     SCOPED_TRACE(arch);
@@ -262,8 +352,8 @@ TEST(Lora, BadSettingsAreOneLineNamingTheKey) {
             std::string::npos);
   models::GPT l3(tiny("llama"));
   EXPECT_NE(ndt::testing::error_of([&] {
-              l3.add_lora({.rank = 2, .dropout = 0.1});
-            }).find("lora.dropout = 0.1: dropout on the adapters' input is not supported yet"),
+              l3.add_lora({.rank = 2, .dropout = 1});
+            }).find("lora.dropout = 1 must be in [0, 1)"),
             std::string::npos);
   // PEFT's default targets: q_proj and v_proj (llama), c_attn (gpt2)
   models::GPT l4(tiny("llama")), g(tiny("gpt2"));

@@ -209,7 +209,7 @@ po::options_description describe(Config& c) {
       ("lora.alpha", po::value(&c.lora.alpha)->default_value(c.lora.alpha),
        "the adapters' scale is alpha / rank (PEFT's lora_alpha)")
       ("lora.dropout", po::value(&c.lora.dropout)->default_value(c.lora.dropout),
-       "dropout on the adapters' input (PEFT's lora_dropout; only 0 for now)")
+       "dropout on the adapters' input while training, in [0, 1) (PEFT's lora_dropout)")
       ("lora.targets", po::value(&c.lora.targets_text)->default_value(c.lora.targets_text),
        "PEFT's target_modules, comma-separated: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj "
        "(llama), c_attn, c_proj, c_fc (gpt2), or all-linear (every linear but the head); empty: PEFT's "
@@ -507,9 +507,9 @@ void apply_lora_folder(Config& c, const po::variables_map& vm) {
   if (!given("lora.rslora")) l.rslora = theirs.rslora;
   l.taken = "lora.init_from " + l.init_from + ": " +
             (taken.empty() ? "every [lora] key given agrees" : taken + " from its adapter_config.json");
-  if (theirs.dropout != 0)
+  if (theirs.dropout != l.dropout)  // a training setting, not the adapters': lora.dropout decides
     l.taken += "; its lora_dropout " + num(theirs.dropout) +
-               " is not applied (lora.dropout = " + num(l.dropout) + ")";
+               " is not applied (lora.dropout = " + num(l.dropout) + "; set lora.dropout to train with it)";
 }
 
 }  // namespace
@@ -726,10 +726,15 @@ void validate_lora(const Config& c, const Checks& ck) {
   if (!c.lora.on()) return;
   ck.need(std::isfinite(c.lora.alpha) && c.lora.alpha > 0,
           "lora.alpha must be > 0, got " + std::to_string(c.lora.alpha));
-  ck.need(c.lora.dropout == 0,
+  ck.need(c.lora.dropout >= 0 && c.lora.dropout < 1,
           "lora.dropout = " + std::to_string(c.lora.dropout) +
-              ": dropout on the adapters' input is not supported yet; set lora.dropout = 0");
-  ck.need(!c.model.init_from.empty(),
+              " must be in [0, 1) (the probability of dropping an adapter's input element)");
+  ck.need(
+      c.lora.dropout == 0 || c.parallel.cp_size * c.parallel.sp_size == 1,
+      "lora.dropout = " + std::to_string(c.lora.dropout) +
+          " is not supported with parallel.cp_size or parallel.sp_size > 1 yet (a rank's tokens are not one "
+          "run of the sequence); set lora.dropout = 0 or cp_size = sp_size = 1");
+  ck.need(c.plan || !c.model.init_from.empty(),  // --plan: no weights are read
           "lora.rank = " + std::to_string(c.lora.rank) +
               " trains adapters on a frozen base, which comes from model.init_from; set it (a Hugging Face "
               "folder, a weights file or a checkpoint)");

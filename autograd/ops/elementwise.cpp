@@ -88,6 +88,21 @@ Tensor scale(const Tensor& a_in, double s) {
   return out;
 }
 
+Tensor dropout(const Tensor& x_in, const kernels::DropoutKey& key) {
+  check_same("dropout", {&x_in});
+  Tensor x = x_in.contiguous();
+  Tensor out = empty_like(x);
+  kernels::dropout(x, key, out);
+  autograd::record("dropout", {out}, {x_in}, [key](const Grads& g) -> Grads {
+    // forward: out = mask * x / (1 - p); so dx = mask * dout / (1 - p), the same mask from the
+    // same key (nothing was saved)
+    Tensor dx = empty_like(g[0]);
+    kernels::dropout(g[0].contiguous(), key, dx);
+    return {dx};
+  });
+  return out;
+}
+
 Tensor gelu(const Tensor& x_in) {
   check_same("gelu", {&x_in});
   Tensor x = x_in.contiguous();

@@ -86,6 +86,7 @@ void cross_entropy_parallel_losses(const Tensor& gmax, const Tensor& sumexp_glob
                                    const Tensor& target_logit_global, const Tensor& targets,
                                    int64_t ignore_index, const Tensor& losses);
 void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float lo, float hi);
+void dropout(const Tensor& x, const kernels::DropoutKey& key, const Tensor& out);
 void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std);
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const kernels::AdamWArgs& a);

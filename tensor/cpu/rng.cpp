@@ -28,4 +28,23 @@ void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start
   });
 }
 
+// x (N, C) -> out (N, C): kept elements x / (1 - p), the others 0 (tensor/kernels.h)
+void dropout(const Tensor& x, const kernels::DropoutKey& k, const Tensor& out) {
+  dispatch_float(x.dtype(), "dropout", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = static_cast<const T*>(x.data_ptr());
+    T* po = static_cast<T*>(out.data_ptr());
+    const int64_t N = x.size(0), C = x.size(1);
+    const double inv = 1.0 / (1.0 - k.p);
+#pragma omp parallel for schedule(static) if (N * C > 16384)
+    for (int64_t n = 0; n < N; ++n) {
+      const uint64_t row = static_cast<uint64_t>((k.row_start + n) * k.row_stride + k.col_start);
+      for (int64_t c = 0; c < C; ++c)
+        po[n * C + c] = Philox::keep(k.seed, k.stream, row + static_cast<uint64_t>(c), k.p)
+                            ? st<T>(static_cast<double>(load(px[n * C + c])) * inv)
+                            : st<T>(0.0);
+    }
+  });
+}
+
 }  // namespace ndt::cpu

@@ -208,6 +208,16 @@ std::vector<OpCase> build_cases() {
   add_case({"scale", inputs_of({{{5, 7}}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{scale(x[0], -1.7)}; },
             all_grad(1)});
+  // dropout (LoRA's lora_dropout): the mask is a function of the key and the element's global
+  // indices only, so every dtype and device drops the same elements (rows 3.., columns 2..9 of
+  // a 10-column whole)
+  add_case({"dropout", inputs_of({{{6, 8}}}),
+            [](const std::vector<Tensor>& x) {
+              const kernels::DropoutKey key{
+                  .p = 0.3, .seed = 5, .stream = 7, .row_start = 3, .row_stride = 10, .col_start = 2};
+              return std::vector<Tensor>{dropout(x[0], key)};
+            },
+            all_grad(1)});
   add_case({"gelu", inputs_of({{{5, 7}, 0.0f, 2.0f}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{gelu(x[0])}; }, all_grad(1)});
   // cast: the identity cast checks exactly; a detour through f32 rounds the forward to

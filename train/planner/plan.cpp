@@ -102,12 +102,31 @@ struct UnitLayout {
 // moments are f32 shards; the model computes with bf16 copies: unsharded a whole buffer and
 // its gradient (full, full_grad), kept; sharded the shard's copy that FSDP gathers from
 // (compute_shard), the whole buffers only while gathered.
-UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p, const StageView& v) {
+// LoRA: the base's parameters only (frozen: nn::materialize gives it no gradients, AdamW no
+// moments), then the adapters (dist/adapters.h): whole on every rank (TP: split with their
+// linears), f32 master, gradient and moments, with bf16 copies of them and of their gradient
+// under bf16 (models::GPT::adapter_units, materialized unsharded).
+void plan_adapters(const models::GPT& gpt, Plan& p) {
+  const Count a = p.act_bytes;
+  const bool mixed = a.v != kF;
+  Count n = 0;
+  for (const nn::FlatUnit& u : nn::flat_layout(gpt.adapter_units())) n += u.padded_numel;
+  p.lora_rank = gpt.lora_config.rank;
+  p.lora_adapters = gpt.lora.empty() ? 0 : static_cast<int64_t>(gpt.lora.front()->adapters.size());
+  p.adapter_params = n.v;
+  p.grad_bytes = (n * kF + (mixed ? n * a : Count(0))).v;  // the base: none
+  p.param_bytes = (Count(p.param_bytes) + n * kF + (mixed ? n * a : Count(0))).v;
+  p.optim_bytes = (2 * n * kF).v;
+}
+
+UnitLayout plan_parameters(const Config& c, Plan& p, const StageView& v) {
+  const models::GPTConfig& mc = c.model;
   const dist::ParallelDims& D = p.dims;
   Count params_global = 0;
   for (const nn::ParamSpec& s : models::GPT(mc).parameters()) params_global += numel_of(s.global_shape());
   p.params_global = params_global.v;
   models::GPT gpt(mc, v.part());
+  if (c.lora.on()) gpt.add_lora(c.lora);      // before TP, which splits them with their linears
   dist::split_tensor_parallel(gpt, D.tp, 0);  // rank 0's shapes: every rank's are the same
   UnitLayout l;
   l.units = nn::flat_layout(gpt.units(), nn::ShardSpec{0, D.fsdp()});
@@ -130,6 +149,7 @@ UnitLayout plan_parameters(const models::GPTConfig& mc, Plan& p, const StageView
   p.param_bytes = (shard * kF + (mixed ? (D.sharded() ? shard : whole) * a : Count(0))).v;
   p.grad_bytes = (shard * kF + (mixed && !D.sharded() ? whole * a : Count(0))).v;
   p.optim_bytes = (2 * shard * kF).v;  // AdamW's m and v (optim/adamw.cpp), shard-sized
+  if (c.lora.on()) plan_adapters(gpt, p);
   return l;
 }
 
@@ -154,17 +174,26 @@ BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const
   const Count emb_full = l.emb_full, block_full = l.block_full, a = s.act_bytes, rd = p.reduce_bytes;
   const bool sharded = p.dims.sharded();
   const auto [first_unit, end_unit] = v.chunk_units(chunk);
+  const bool lora = p.lora_rank > 0;  // a frozen base: FSDP gathers no gradient of it
   auto gathered_in_block = [&](int64_t u) -> Count {
     if (!sharded) return 0;
+    if (lora) return emb_full * a + block_full * a * (1 + (u > 1 ? 1 : 0));
     return 2 * emb_full * a + block_full * a * (1 + (u > 1 ? 1 : 0)) +
            block_full * (a + (u + 1 < end_unit ? rd : 0));
   };
+  // LoRA: each adapter's x A^T (N, r), kept by its matmul with B (nn::LoraAdapter::forward;
+  // the linear's input it keeps for A's gradient is the one a trained linear keeps for its
+  // weight's); recomputed in backward under full checkpointing
+  const Count adapters = Count(p.lora_adapters) * s.N * p.lora_rank * a;
   BlocksMem blocks;
   Count prefix = input;
   // zb-h1: the later blocks of the chunk, whose B ran before this one's, keep their W inputs
   const Count later = v.split_backward ? Count(end_unit - first_unit) * deferred_block(s) : Count(0);
   for (int64_t u = first_unit; u < end_unit; ++u) {
-    BlockMem m = s.kind->memory(s, nn::block_checkpointing(ac, c.train.ac_every, u - 1));
+    const nn::ACMode mode = nn::block_checkpointing(ac, c.train.ac_every, u - 1);
+    BlockMem m = s.kind->memory(s, mode);
+    if (mode != nn::ACMode::full) m.saved += adapters;
+    m.during_backward += adapters;
     Count waiting = 0;
     if (v.split_backward) {
       m = deferring(m, s);
@@ -216,6 +245,23 @@ Count f32_gemm_copies(const Plan& p, Count m, Count k, Count n) {
   return p.bf16_gemms_in_f32 ? (m * k + k * n + m * n) * kF : Count(0);
 }
 
+// FSDP's whole buffers at the end of forward (returned: the embeddings, their gradient and the
+// last block) and at most (Plan::gathered_max_bytes); LoRA: no gradient of the frozen base,
+// and the adapters' x A^T the blocks keep (Plan::adapter_activation_bytes).
+Count plan_gathered_and_adapters(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
+                                 const StageView& v) {
+  const Count emb_full = l.emb_full, block_full = l.block_full, a = s.act_bytes, N = s.N;
+  const bool sharded = p.dims.sharded(), lora = p.lora_rank > 0;
+  const nn::ACMode ac = ac_mode(c.train);
+  p.gathered_max_bytes = !sharded ? 0
+                         : lora   ? ((emb_full + 2 * block_full) * a).v
+                                  : ((2 * emb_full + 3 * block_full) * a + block_full * p.reduce_bytes).v;
+  for (int64_t b = 0; lora && b < v.block_count(); ++b)  // the adapters' x A^T, blocks that keep it
+    if (nn::block_checkpointing(ac, c.train.ac_every, b) != nn::ACMode::full)
+      p.adapter_activation_bytes += (Count(p.lora_adapters) * N * p.lora_rank * a).v;
+  return sharded ? ((lora ? 1 : 2) * emb_full + block_full) * a : Count(0);
+}
+
 // The activations of one micro-step (forward kept for backward), and the moments at which
 // memory peaks: this rank's persistent buffers plus what each moment holds. Under pipeline
 // parallelism the moments of each chunk's backward are walked along the schedule
@@ -224,7 +270,6 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
                  const char*& stage) {
   const dist::ParallelDims& D = p.dims;
   const nn::ACMode ac = ac_mode(c.train);
-  const Count emb_full = l.emb_full, block_full = l.block_full;
   stage = "the activations of one micro-step";
   const Count N = s.N, Ns = s.Ns, C = s.C, Vl = s.Vl, a = s.act_bytes;
   // a chunk's input, kept by its first block: on the first stage the embeddings x = wte(idx)
@@ -233,7 +278,6 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   // On a later stage the activation received (the same shape). Sequence parallel: this
   // rank's part
   const Count input = Ns * C * a;
-  const bool sharded = D.sharded();
   // ln_f: its statistics (the kind's norm_stats per row: LayerNorm's mean and rstd, 2N;
   // RMSNorm's rstd, N) and its output (N C, lm_head's input,
   // wte's or an untied lm_head's: the same (N, Vl) product); the logits (N Vl) are kept
@@ -258,9 +302,8 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   p.block_activation_bytes =
       s.kind->memory(s, nn::block_checkpointing(ac, c.train.ac_every, 1 % v.block_count())).saved.v;
 
-  // at the end of forward the embeddings (and their gradient) and the last block are whole
-  const Count g_fwd_end = sharded ? (2 * emb_full + block_full) * a : 0;
-  p.gathered_max_bytes = sharded ? ((2 * emb_full + 3 * block_full) * a + block_full * p.reduce_bytes).v : 0;
+  const bool lora = p.lora_rank > 0;
+  const Count g_fwd_end = plan_gathered_and_adapters(c, p, l, s, v);
 
   // ---- what one micro-batch holds on each chunk, and its backward's moments
   auto f32_copies = [&](Count m, Count k, Count n) { return f32_gemm_copies(p, m, k, n); };
@@ -285,7 +328,9 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
       moment("loss backward (logits and dlogits)", m.kept, g_fwd_end, dlogits);
       // lm_head's backward: dx (N C) and dwte (Vl C); with TP the logits are released and
       // dlogits takes their place, without it dlogits is the logits' memory
-      moment("lm_head backward", m.kept, g_fwd_end, (N * C + Vl * C) * a + f32_copies(N, Vl, C));
+      // (LoRA: the head is frozen, no dwte)
+      moment("lm_head backward", m.kept, g_fwd_end,
+             (N * C + (lora ? Count(0) : Vl * C)) * a + f32_copies(N, Vl, C));
     }
     // the blocks' backward, the worst block (earlier blocks' activations still kept)
     moment("block backward", blocks.worst, blocks.worst_gathered, f32_copies(N, C, s.H));
@@ -323,6 +368,7 @@ void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, cons
         "all-gather of a block whenever an action needs it released (" + std::to_string(w.block_gathers) +
             " in the schedule: in each F, and in each B unless still whole)",
         std::to_string(w.block_gathers) + " (n-1)/n P_block a", w.block_gathers * (n - 1) * (block * a / n));
+    if (p.lora_rank > 0) return;  // a frozen base: gathered, never reduced (dist/adapters.h)
     add_comm(p, "fsdp",
              "reduce-scatter of a block's gradient whenever its gradient group fires (" +
                  std::to_string(w.block_reduces) + ": each B, under zb-h1 each W that leaves none to come)",
@@ -352,12 +398,13 @@ void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, cons
              A * (n - 1) * (blocks_full * a / n));
     add_comm(p, "fsdp", "all-gather of every block but the last (backward)",
              "accum (n-1)/n sum P_block[<L] a", A * (n - 1) * (blocks_but_last * a / n));
+    if (p.lora_rank > 0) return;  // a frozen base: gathered, never reduced (dist/adapters.h)
     add_comm(p, "fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block r'",
              A * (n - 1) * (blocks_full * rd / n));
     add_comm(p, "fsdp", "reduce-scatter of the embeddings' gradient (last micro-step)", "(n-1)/n P_emb r'",
              (n - 1) * (emb_full * rd / n));
   }
-  if (r > 1) {
+  if (r > 1 && p.lora_rank == 0) {
     Count b = 0;
     for (const nn::FlatUnit& u : units) b += all_reduce_bytes(Count(u.shard_numel) * kF, r);
     if (D.sharded())
@@ -504,6 +551,9 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
   const int64_t L = v.block_count();
   const Count A = p.accum, n = D.fsdp(), t = D.tp, cp = D.cp;
   plan_data_parallel_comm(p, l, s, v);
+  if (p.lora_rank > 0 && D.dp() * cp > 1)  // dist::AdapterParallel: DataParallel over dp x cp
+    add_comm(p, "lora", "all-reduce of the adapters' gradients over the data x cp ranks (last micro-step)",
+             "2 (d-1)/d P_adapters 4", all_reduce_bytes(Count(p.adapter_params) * kF, Count(D.dp()) * cp));
   // recomputed blocks run their forward communication again in backward
   int64_t full_blocks = 0, recomputed_cores = 0;
   for (int64_t i = 0; i < L; ++i) {
@@ -584,7 +634,7 @@ void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage
   p.wire_reduce_bytes = mpi ? kF : p.reduce_bytes;
   p.wire_act_reduce_bytes = mpi ? kF : p.act_bytes;
   stage = "the parameters";
-  const UnitLayout l = plan_parameters(mc, p, v);
+  const UnitLayout l = plan_parameters(c, p, v);
   // the shapes one micro-step computes with on this rank
   stage = "the activations of one micro-step";
   const Shapes s = shapes_of(p, c.train.device);

@@ -62,6 +62,10 @@ void print_plan(const Plan& p, std::ostream& o) {
     << " data-parallel = " << p.sequences << " sequences = " << p.tokens
     << " tokens per step; each rank runs " << p.micro_batch << " x " << p.local_seq
     << " tokens per micro-step\n";
+  if (p.lora_rank > 0)
+    o << "LoRA: rank " << p.lora_rank << ", " << p.lora_adapters << " adapters a block, " << p.adapter_params
+      << " adapter parameters on this rank (trained: gradients and AdamW moments); the base frozen (its "
+         "parameters only: no gradients, no moments, no weight-gradient GEMMs)\n";
   o << "activation checkpointing: " << p.ac
     << (p.ac != "none" && p.ac_every > 1 ? " every " + std::to_string(p.ac_every) : "") << "\n";
   if (D.pp > 1) print_stages(p, o);
@@ -76,10 +80,12 @@ void print_plan(const Plan& p, std::ostream& o) {
                   how.c_str());
     o << line;
   };
+  const bool lora = p.lora_rank > 0;
   row("parameters", p.param_bytes,
-      D.sharded() ? "this rank's shard (1/" + std::to_string(D.fsdp()) + ")" : "");
-  row("gradients", p.grad_bytes, "");
-  row("AdamW moments", p.optim_bytes, "m and v");
+      std::string(D.sharded() ? "this rank's shard (1/" + std::to_string(D.fsdp()) + ")" : "") +
+          (lora ? std::string(D.sharded() ? " of the base" : "the base") + " and the adapters, whole" : ""));
+  row("gradients", p.grad_bytes, lora ? "the adapters' only" : "");
+  row("AdamW moments", p.optim_bytes, lora ? "m and v, the adapters' only" : "m and v");
   if (D.sharded())
     row("gathered (FSDP)", p.gathered_bytes,
         "whole buffers at the peak (up to " + io::format_bytes(double(p.gathered_max_bytes)) +
@@ -87,7 +93,8 @@ void print_plan(const Plan& p, std::ostream& o) {
   row("activations", p.activation_bytes,
       std::string(D.pp > 1 ? "kept for backward, one micro-batch through the stage"
                            : "kept for backward, one micro-step") +
-          " (a block: " + io::format_bytes(double(p.block_activation_bytes)) + ")");
+          " (a block: " + io::format_bytes(double(p.block_activation_bytes)) + ")" +
+          (lora ? "; the adapters' x A^T: " + io::format_bytes(double(p.adapter_activation_bytes)) : ""));
   if (D.pp > 1)
     row("activations held", p.held_bytes,
         "at the peak: " + std::to_string(p.in_flight) + " micro-batch" + (p.in_flight == 1 ? "" : "es") +
@@ -181,6 +188,11 @@ nlohmann::json plan_to_json(const Plan& p) {
                 {"padded_vocab", p.padded_vocab},
                 {"params", p.params_global},
                 {"params_per_tp_rank", p.params_rank}};
+  if (p.lora_rank > 0)
+    j["lora"] = {{"rank", p.lora_rank},
+                 {"adapters_per_block", p.lora_adapters},
+                 {"adapter_params", p.adapter_params},
+                 {"adapter_activations", p.adapter_activation_bytes}};
   j["memory"] = {{"params", p.param_bytes},
                  {"grads", p.grad_bytes},
                  {"optimizer", p.optim_bytes},

@@ -84,6 +84,14 @@ struct Plan {
   int64_t logits_bytes = 0, loss_temp_bytes = 0, other_bytes = 0;
   int64_t peak_bytes = 0;
   std::string peak_at;
+  // LoRA ([lora], nn/lora.h): the base frozen (its parameters only: no gradients, no AdamW
+  // moments, no weight-gradient GEMMs), the adapters' own parameters, gradients and moments
+  // (whole on every rank, split with their linears under TP) counted in the bytes above;
+  // each adapter keeps its x A^T (N, r) for backward
+  int64_t lora_rank = 0;                 // 0: every weight trained
+  int64_t lora_adapters = 0;             // adapters in a block (a packed q/k/v linear: one per part)
+  int64_t adapter_params = 0;            // on this rank (after TP)
+  int64_t adapter_activation_bytes = 0;  // of activation_bytes, the adapters' x A^T
   std::vector<PlanMoment> moments;
   std::vector<PlanComm> comm;
   int64_t comm_bytes = 0;
