@@ -71,6 +71,29 @@ struct LoraDropout {
   int64_t step = 0, micro = 0;
   int64_t row_start = 0;  // this rank's first token in the micro-step's tokens over the data ranks
   bool on() const { return training && p > 0; }
+  void place(int64_t run_seed, int64_t first_row) {
+    seed = static_cast<uint64_t>(run_seed), row_start = first_row;
+  }
+};
+
+// The trainer's scope of one step's training micro-batches: dropout on (at `step`) while it
+// lives, off after, also when the step throws; d nullptr (no LoRA): nothing.
+class LoraDropoutStep {
+ public:
+  LoraDropoutStep(LoraDropout* d, int64_t step) : d_(d) {
+    if (d_) d_->training = true, d_->step = step;
+  }
+  ~LoraDropoutStep() {
+    if (d_) d_->training = false;
+  }
+  void set_micro(int64_t micro) {  // the micro-batch of the step about to run
+    if (d_) d_->micro = micro;
+  }
+  LoraDropoutStep(const LoraDropoutStep&) = delete;
+  LoraDropoutStep& operator=(const LoraDropoutStep&) = delete;
+
+ private:
+  LoraDropout* d_;
 };
 
 // One target's pair: lora_A (r, in), lora_B (out, r), as PEFT names and lays them out.

@@ -270,9 +270,8 @@ void Trainer::describe() {
   if (c_.lora.on()) {  // the adapters on the linears lora.targets names (nn/lora.h)
     try {
       gpt_->add_lora(c_.lora);
-      // lora.dropout's mask: this rank's tokens start at its rows of the micro-step (nn::LoraDropout)
-      gpt_->lora_dropout->seed = static_cast<uint64_t>(c_.train.seed);
-      gpt_->lora_dropout->row_start = mesh_->dp_rank() * c_.train.micro_batch_size * c_.train.seq_len;
+      const int64_t tokens = c_.train.micro_batch_size * c_.train.seq_len;  // a rank's per micro-step
+      gpt_->lora_dropout->place(c_.train.seed, mesh_->dp_rank() * tokens);  // lora.dropout's mask
     } catch (const Error& e) {
       error = e.what();
     }
@@ -496,17 +495,15 @@ double Trainer::train_step(int64_t step) {
   batches_.clear();
   const int64_t accum = c_.train.grad_accum_steps;
   int64_t actions = 0;  // the schedule's forwards and backwards on this rank, in order
-  nn::LoraDropout* dropout = gpt_->lora_dropout.get();  // lora.dropout: on for these micro-batches only
-  if (dropout) dropout->training = true, dropout->step = step;
+  nn::LoraDropoutStep dropout(gpt_->lora_dropout.get(), step);  // lora.dropout: on for these only
   const double loss = pm_->train(whole_sequences(batches), [&](int64_t micro) {
     flight_.set_micro(micro, accum);
-    if (dropout) dropout->micro = micro;
+    dropout.set_micro(micro);
     if (step + 1 == c_.parallel.fail_at_step && ++actions == 2 && world_->rank() == c_.parallel.fail_rank)
       throw Error("parallel.fail_at_step = " + std::to_string(step + 1) +
                   ": failing on purpose in the middle of the step (a rehearsal)");
   });
   flight_.set_micro(-1, accum);  // the gradient norm, the optimizer
-  if (dropout) dropout->training = false;
   return loss;
 }
 
