@@ -88,21 +88,27 @@ TEST(Ulysses, EqualsAttention) {
 }
 
 // Each rank's positions are its part of the whole rows' (restarting per document when packed).
-TEST(Ulysses, PositionsAreTheWholeRowsParts) {
-  auto& sp = *world();
-  const int64_t n = sp.size(), r = sp.rank(), L = 5, T = n * L;
-  models::GPTConfig c{.n_layer = 1, .n_head = 2 * n, .n_embd = 8 * n, .vocab_size = 11, .block_size = T};
-  models::GPT gpt(c);
-  dist::Ulysses u(gpt, sp, T);
+// The positions gpt's hook gives this rank's L tokens of rows of T that start at `first`: plain,
+// first.. ; packed, the whole rows' document positions there.
+void expect_part_positions(const models::GPT& gpt, int64_t T, int64_t L, int64_t first) {
   const Tensor idx = Tensor::zeros({2, L}, DType::i32), docs = packed_docs(T);
   const std::vector<int32_t> plain = gpt.positions(idx, 0, Tensor()).to_vector<int32_t>(),
                              got = gpt.positions(idx, 0, docs).to_vector<int32_t>(),
                              whole = document_positions(docs).to_vector<int32_t>();
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t t = 0; t < L; ++t) {
-      EXPECT_EQ(plain[static_cast<size_t>(b * L + t)], r * L + t);
-      EXPECT_EQ(got[static_cast<size_t>(b * L + t)], whole[static_cast<size_t>(b * T + r * L + t)]);
+      EXPECT_EQ(plain[static_cast<size_t>(b * L + t)], first + t);
+      EXPECT_EQ(got[static_cast<size_t>(b * L + t)], whole[static_cast<size_t>(b * T + first + t)]);
     }
+}
+
+TEST(Ulysses, PositionsAreTheWholeRowsParts) {
+  auto& sp = *world();
+  const int64_t n = sp.size(), r = sp.rank(), L = 5, T = n * L;
+  models::GPTConfig c{.n_layer = 1, .n_head = 2 * n, .n_embd = 8 * n, .vocab_size = 11, .block_size = T};
+  models::GPT gpt(c);
+  dist::Ulysses u(gpt, sp, T);
+  expect_part_positions(gpt, T, L, r * L);
   const Tensor tokens = randn({2, T}, 4);
   EXPECT_EQ(max_diff(u.local(tokens), tokens.narrow(1, r * L, L).contiguous()), 0.0);
 }
@@ -170,15 +176,7 @@ TEST(Ulysses, InsideTheRingEqualsAttention) {
   models::GPT gpt(c);
   dist::ContextParallel ring(gpt, *cp, T);
   dist::Ulysses u(gpt, *sp, T, nullptr, 1, cp->size());
-  const Tensor idx = Tensor::zeros({2, Tc}, DType::i32), docs = packed_docs(T);
-  const std::vector<int32_t> plain = gpt.positions(idx, 0, Tensor()).to_vector<int32_t>(),
-                             got = gpt.positions(idx, 0, docs).to_vector<int32_t>(),
-                             whole = document_positions(docs).to_vector<int32_t>();
-  for (int64_t b = 0; b < 2; ++b)
-    for (int64_t t = 0; t < Tc; ++t) {
-      EXPECT_EQ(plain[static_cast<size_t>(b * Tc + t)], chunk * Tc + t);
-      EXPECT_EQ(got[static_cast<size_t>(b * Tc + t)], whole[static_cast<size_t>(b * T + chunk * Tc + t)]);
-    }
+  expect_part_positions(gpt, T, Tc, chunk * Tc);
   const Tensor tokens = randn({2, T}, 4);
   EXPECT_EQ(max_diff(u.local(ring.local(tokens)), tokens.narrow(1, chunk * Tc, Tc).contiguous()), 0.0);
 }
