@@ -8,6 +8,8 @@
 // against one process's, with and without packed rows.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "dist/context_parallel/ring_attention.h"
@@ -47,22 +49,23 @@ Tensor packed_docs(int64_t T) {
   return ndt::testing::packed_docs(lengths, T);
 }
 
-// Ulysses attention of q (B,NH,T,HS) over k, v (B,NKV,T,HS), each rank holding its part of
-// T/n positions, against the whole attention on one process (the same inputs on every rank).
-void expect_ulysses_equals_attention(dist::Communicator& sp, int64_t NH, int64_t NKV, bool packed) {
-  SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) + (packed ? " packed" : ""));
-  const int64_t n = sp.size(), r = sp.rank(), B = 2, HS = 4, L = 5, T = n * L;
+// The whole causal attention of random q (B,NH,T,HS) over k, v (B,NKV,T,HS) on one process (the
+// same inputs on every rank), against `part`: this rank's L positions from `first` of q, k, v ->
+// its part of the output, computed across ranks. Outputs and dq, dk, dv within 1e-12.
+void expect_part_equals_attention(
+    int64_t NH, int64_t NKV, int64_t T, bool packed, int64_t first, int64_t L,
+    const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&, const Tensor& docs)>& part) {
+  const int64_t B = 2, HS = 4;
   Tensor q = randn({B, NH, T, HS}, 6, true), k = randn({B, NKV, T, HS}, 7, true),
          v = randn({B, NKV, T, HS}, 8, true);
   const Tensor w = randn({B, NH, T, HS}, 9);
   const Tensor docs = packed ? packed_docs(T) : Tensor();
   Tensor out = attention_composed(q, k, v, 0, 0, 0.0, docs).out;
   backward(sum(mul(out, w)));
-  auto mine = [&](const Tensor& t) { return t.narrow(2, r * L, L).contiguous(); };
+  auto mine = [&](const Tensor& t) { return t.narrow(2, first, L).contiguous(); };
   Tensor ql = mine(q.detach()), kl = mine(k.detach()), vl = mine(v.detach());
   for (Tensor* t : {&ql, &kl, &vl}) t->set_requires_grad(true);
-  sp.reset_stats();
-  Tensor ol = dist::ulysses_attention(ql, kl, vl, sp, docs);
+  Tensor ol = part(ql, kl, vl, docs);
   EXPECT_LT(max_diff(ol, mine(out.detach())), 1e-12) << "outputs";
   if (packed)  // the documents' mask is not lost on the way
     EXPECT_GT(max_diff(ol, mine(attention_composed(q, k, v).out.detach())), 1e-3);
@@ -70,6 +73,17 @@ void expect_ulysses_equals_attention(dist::Communicator& sp, int64_t NH, int64_t
   EXPECT_LT(max_diff(ql.grad(), mine(q.grad())), 1e-12) << "dq";
   EXPECT_LT(max_diff(kl.grad(), mine(k.grad())), 1e-12) << "dk";
   EXPECT_LT(max_diff(vl.grad(), mine(v.grad())), 1e-12) << "dv";
+}
+
+// Ulysses attention, each rank holding its part of T/n positions, against the whole attention.
+void expect_ulysses_equals_attention(dist::Communicator& sp, int64_t NH, int64_t NKV, bool packed) {
+  SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) + (packed ? " packed" : ""));
+  const int64_t n = sp.size(), r = sp.rank(), B = 2, HS = 4, L = 5;
+  expect_part_equals_attention(NH, NKV, n * L, packed, r * L, L,
+                               [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& docs) {
+                                 sp.reset_stats();
+                                 return dist::ulysses_attention(q, k, v, sp, docs);
+                               });
   // forward: (n-1)/n of q, k, v (kv heads replicated up to n) and the output; backward the same
   const int64_t kv_sent = std::max(NKV, n);
   const int64_t values = (2 * NH + 2 * kv_sent) * B * L * HS * (n - 1) / n;
@@ -129,28 +143,16 @@ std::string error_of(const std::function<void()>& f) {
 void expect_usp_equals_attention(dist::Communicator& cp, dist::Communicator& sp, int64_t NH, int64_t NKV,
                                  bool packed) {
   SCOPED_TRACE("NH " + std::to_string(NH) + " NKV " + std::to_string(NKV) + (packed ? " packed" : ""));
-  const int64_t B = 2, HS = 4, Tc = 5, T = 4 * Tc;
+  const int64_t B = 2, HS = 4, Tc = 5;
   const int64_t chunk = sp.rank() == 0 ? cp.rank() : 3 - cp.rank();  // this rank's positions
-  Tensor q = randn({B, NH, T, HS}, 6, true), k = randn({B, NKV, T, HS}, 7, true),
-         v = randn({B, NKV, T, HS}, 8, true);
-  const Tensor w = randn({B, NH, T, HS}, 9);
-  const Tensor docs = packed ? packed_docs(T) : Tensor();
-  Tensor out = attention_composed(q, k, v, 0, 0, 0.0, docs).out;
-  backward(sum(mul(out, w)));
-  auto mine = [&](const Tensor& t) { return t.narrow(2, chunk * Tc, Tc).contiguous(); };
-  Tensor ql = mine(q.detach()), kl = mine(k.detach()), vl = mine(v.detach());
-  for (Tensor* t : {&ql, &kl, &vl}) t->set_requires_grad(true);
   const nn::AttendFn ring = [&cp](const Tensor& q, const Tensor& k, const Tensor& v, int64_t,
                                   const Tensor& docs) { return dist::ring_attention(q, k, v, cp, docs); };
-  sp.reset_stats();
-  cp.reset_stats();
-  Tensor ol = dist::ulysses_attention(ql, kl, vl, sp, docs, ring);
-  EXPECT_LT(max_diff(ol, mine(out.detach())), 1e-12) << "outputs";
-  if (packed) EXPECT_GT(max_diff(ol, mine(attention_composed(q, k, v).out.detach())), 1e-3);
-  backward(sum(mul(ol, mine(w))));
-  EXPECT_LT(max_diff(ql.grad(), mine(q.grad())), 1e-12) << "dq";
-  EXPECT_LT(max_diff(kl.grad(), mine(k.grad())), 1e-12) << "dk";
-  EXPECT_LT(max_diff(vl.grad(), mine(v.grad())), 1e-12) << "dv";
+  expect_part_equals_attention(NH, NKV, 4 * Tc, packed, chunk * Tc, Tc,
+                               [&](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& docs) {
+                                 sp.reset_stats();
+                                 cp.reset_stats();
+                                 return dist::ulysses_attention(q, k, v, sp, docs, ring);
+                               });
   // sp: half of q, k, v (kv heads replicated up to 2) and the output of this rank's Tc positions,
   // forward and backward; cp: one K/V block of this rank's kv heads (NKV / 2, at least 1) on the
   // cp rank's 2 Tc positions, forward, and its gradient, backward
