@@ -431,7 +431,13 @@ TEST_F(DistTrain, UlyssesInsideTheRingEqualsOneProcess) {
 
 TEST_F(DistTrain, UlyssesInsidePipelineStagesEqualsOneProcess) {
   // 2 stages of 2 blocks, Ulysses over 2 ranks inside each; the stages pass (B, T/sp, C)
-  check_layouts({{"sp2_pp2", 1, 1, 1, 1, "", 2, 2}}, 2, nullptr, kPipeGPT2);
+  // with every schedule: 1f1b (the default), interleaved's two chunks a stage, zb-h1's deferred
+  // weight gradients (the all-to-alls' backward runs in the input-gradient half)
+  check_layouts({{"sp2_pp2", 1, 1, 1, 1, "", 2, 2},
+                 {"sp2_pp2_interleaved", 1, 1, 1, 1,
+                  "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2, 2},
+                 {"sp2_pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2, 2}},
+                2, nullptr, kPipeGPT2);
 }
 
 TEST_F(DistTrain, UlyssesCheckpointsResumeInAnotherLayout) {
