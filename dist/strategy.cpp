@@ -11,7 +11,9 @@ namespace ndt::dist {
 double Strategy::grad_norm() const {
   const int64_t tp = tp_ ? tp_->size() : 1;
   double s = optim::grad_sum_squares(params_, tp, unit0_weight_);
-  if (ep_ && ep_->size() > 1) {  // each member's experts are its own: their squares summed over the group
+  // each ep member's experts are its own: the other members' squares added, at 1/tp as every
+  // parameter tp ranks hold alike (grad_sum_squares), since the sum over tp below counts them again
+  if (ep_ && ep_->size() > 1) {
     double mine = 0;
     for (const nn::FlatUnit& u : params_.units)
       for (const Tensor& g : expert_grads(u)) {
@@ -19,7 +21,7 @@ double Strategy::grad_norm() const {
         kernels::sum_squares(g, sq);
         mine += sq.to(Device::cpu()).to(DType::f64).item();
       }
-    s += ep_->all_reduce_scalar(mine, ReduceOp::kSum) - mine;
+    s += (ep_->all_reduce_scalar(mine, ReduceOp::kSum) - mine) / static_cast<double>(tp);
   }
   if (norm_group_) s = norm_group_->all_reduce_scalar(s, ReduceOp::kSum);
   if (tp > 1) s = tp_->all_reduce_scalar(s, ReduceOp::kSum);

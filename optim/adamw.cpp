@@ -40,7 +40,8 @@ double grad_sum_squares(const nn::FlatParams& params) { return grad_sum_squares(
 
 double grad_sum_squares(const nn::FlatParams& params, int64_t tp, double unit0_weight) {
   // The pieces to square and their weights: whole buffers without TP; with TP each parameter's
-  // part of this shard, a replicated one at 1/tp.
+  // part of this shard, a replicated one at 1/tp (an expert-parallel slice too: every tp rank
+  // holds the same experts).
   std::vector<std::pair<Tensor, double>> pieces;
   for (const nn::FlatUnit& u : params.units) {
     const double w = &u == &params.units.front() ? unit0_weight : 1.0;
@@ -52,8 +53,9 @@ double grad_sum_squares(const nn::FlatParams& params, int64_t tp, double unit0_w
     for (const nn::FlatParam& p : u.params) {
       const nn::ShardPart s = nn::shard_part(u, p);
       if (s.size() > 0)
-        pieces.emplace_back(u.grad.narrow(0, s.begin, s.size()),
-                            w * (p.spec.tp.split() ? 1.0 : 1.0 / static_cast<double>(tp)));
+        pieces.emplace_back(
+            u.grad.narrow(0, s.begin, s.size()),
+            w * (p.spec.tp.split() && !p.spec.tp.experts ? 1.0 : 1.0 / static_cast<double>(tp)));
     }
   }
   if (pieces.empty()) return 0.0;

@@ -1,7 +1,7 @@
 // Expert parallelism end to end: train_gpt under mpirun with a tiny mixture-of-experts Llama
 // (4 experts, top 2, a load-balancing loss of weight 0.1) in every data-parallel layout with
 // expert parallelism (ep2 over 2 replicas; ep2 and ep4 over 4; ep2 inside FSDP over 2 and 4 and
-// inside HSDP 2 x 2), and MoE under plain DP, against
+// inside HSDP 2 x 2; with cp, sp, tp and tp's sequence parallelism), and MoE under plain DP, against
 // the single process on the same global batch: the losses of every step, the first step's
 // gradients and the parameters after the last; a checkpoint written under ep2 resumes on one
 // process with the uninterrupted run's losses; bad layouts are refused with one line.
@@ -104,6 +104,20 @@ TEST_F(DistEp, LayoutsEqualOneProcess) {
                  {"ep2_fsdp2_ac", 1, 2, 1, 1, " --parallel.ep_size 2 --train.activation_checkpointing full"},
                  {"moe_dp2_ac", 2, 1, 1, 1, " --train.activation_checkpointing full"}},
                 1);
+}
+
+// EP groups of the data ranks at one cp / sp / tp position; tp's ranks hold the same experts
+// (the gradient norm counts them once: a norm summed tp times moves ep2_dp2_tp2's parameters)
+TEST_F(DistEp, WithSequenceAndTensorParallelismEqualsOneProcess) {
+  check_layouts(
+      {{"ep2_fsdp2_cp2", 1, 2, 2, 1, " --parallel.ep_size 2"},
+       {"ep2_dp2_cp2", 2, 1, 2, 1, " --parallel.ep_size 2"},
+       {"ep2_fsdp2_sp2", 1, 2, 1, 1, " --parallel.ep_size 2", 1, 2},
+       {"ep2_dp2_tp2", 2, 1, 1, 2, " --parallel.ep_size 2"},
+       {"ep2_fsdp2_tp2", 1, 2, 1, 2, " --parallel.ep_size 2"},
+       {"ep2_fsdp2_tp2_sp", 1, 2, 1, 2, " --parallel.ep_size 2 --parallel.sequence_parallel true"},
+       {"ep2_fsdp2_cp2_tp2_sp", 1, 2, 2, 2, " --parallel.ep_size 2 --parallel.sequence_parallel true"}},
+      1);
 }
 
 // Stopped after 3 steps under ep2 (a full checkpoint: the experts gathered whole), resumed on one
