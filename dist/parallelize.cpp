@@ -14,28 +14,8 @@
 
 namespace ndt::dist {
 
-namespace {
-
-// Mixture-of-experts layers run under data parallelism, FSDP and HSDP (per token, every
-// parameter sharded as any other), under context and Ulysses parallelism (per token too; the
-// load-balancing loss from the whole sequences' statistics: reduce_router_stats) and tensor
-// parallelism (the attention split, the experts whole); pipeline parallelism is not wired for
-// them yet (the load-balancing loss couples every stage's layers).
-void check_experts_layout(const ParallelDims& dims) {
-  const std::pair<const char*, int64_t> refused[] = {{"pp_size", dims.pp}};
-  for (const auto& [key, size] : refused)
-    NDT_CHECK(
-        size == 1, "parallel.", key, " = ", size,
-        " with mixture-of-experts layers (model.n_experts > 0) is not supported yet: MoE models train under "
-        "data parallelism, FSDP, HSDP, tensor, context and Ulysses parallelism; set ",
-        key, " = 1");
-}
-
-}  // namespace
-
 void check_parallel_model(const models::GPTConfig& cfg, const ParallelDims& dims, int64_t seq_len,
                           bool sequence_parallel) {
-  if (cfg.moe()) check_experts_layout(dims);
   check_expert_parallel(cfg, dims);
   // tensor parallelism's heads first, then Ulysses' share of them (and of the cp rank's tokens)
   if (dims.tp > 1) check_tensor_parallel(cfg, dims.tp);
@@ -260,8 +240,10 @@ double ParallelModel::train(const std::vector<Batch>& micro, const std::function
   weigh_by_trained_tokens(micro, here);
   const double loss_sum = step_->train(here, 1.0 / m, on_action);  // mean over micro-batches
   end_accumulation();
-  // MoE: the load-balancing part of the loss, for the log (every rank has it, or none)
-  const double aux = gpt_->take_aux_loss();
+  // MoE: the load-balancing part of the loss, for the log (every rank has it, or none; a
+  // pipeline's last stage only)
+  double aux = gpt_->take_aux_loss();
+  if (step_->schedule().p > 1) aux = mesh_->pp().all_reduce_scalar(std::max(aux, 0.0), ReduceOp::kSum);
   aux_loss_ = gpt_->cfg.moe() && gpt_->cfg.router_aux_loss_coef > 0 ? mean_over_ranks(aux) : -1;
   return mean_over_ranks(loss_sum / m);
 }

@@ -162,7 +162,7 @@ Tensor GPT::final_norm(const Tensor& x) const { return ln_f->forward(x); }
 // one for the same positions).
 nn::Positions GPT::block_positions(const Tensor& pos, int64_t pos_offset, bool cached, DType dtype,
                                    const Tensor& docs) const {
-  nn::Positions p{pos_offset, {}, {}, docs};
+  nn::Positions p{pos_offset, {}, {}, docs, nullptr};
   if (cfg.family().learned_positions) return p;
   PositionsCache& c = pos_cache_;
   if (cached && c.rope.cos.defined() && c.rope.cos.dtype() == dtype) return c.rope;
@@ -327,9 +327,8 @@ Tensor GPT::chunk_trunk(size_t chunk, const Tensor& idx, const Tensor& x, int64_
 }
 
 Tensor GPT::forward_chunk(size_t chunk, const Tensor& idx, const Tensor& x, const Tensor& targets,
-                          int64_t pos_offset, const Tensor& docs) const {
-  // the load-balancing loss of a model whose MoE layers are all here (pipelines refuse MoE)
-  const std::shared_ptr<nn::RouterLoss> router = part_.whole() ? router_loss() : nullptr;
+                          int64_t pos_offset, const Tensor& docs,
+                          const std::shared_ptr<nn::RouterLoss>& router) const {
   Tensor y = chunk_trunk(chunk, idx, x, pos_offset, docs, router);
   if (!(chunk + 2 == chunk_begin_.size() && part_.last)) return y;
   NDT_CHECK(targets.defined(), "GPT: the pipeline's last chunk needs the targets");

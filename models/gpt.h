@@ -85,13 +85,19 @@ class GPT : public nn::Module {
   // x the previous stage's output (B, T, C) (sequence parallel: (B, T/tp, C)), undefined for
   // the pipeline's first chunk, which embeds idx. Returns the chunk's output, the next
   // stage's x, or for the pipeline's last chunk the loss (a scalar), from targets (B, T).
-  // docs: packed rows, as for forward (every stage takes them).
+  // docs: packed rows, as for forward (every stage takes them). router: the micro-batch's
+  // load-balancing statistics on this stage (router_loss(); nullptr: none), which the last
+  // chunk turns into the loss's load-balancing part.
   Tensor forward_chunk(size_t chunk, const Tensor& idx, const Tensor& x, const Tensor& targets,
-                       int64_t pos_offset = 0, const Tensor& docs = {}) const;
+                       int64_t pos_offset = 0, const Tensor& docs = {},
+                       const std::shared_ptr<nn::RouterLoss>& router = nullptr) const;
   // ... and for the last chunk when sampling: the logits of the token after each row (B, Vp).
   Tensor next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tensor& x,
                                  int64_t pos_offset = 0) const;
   const PipelinePart& part() const { return part_; }
+  // A new RouterLoss for a training forward (nullptr without MoE or router_aux_loss_coef, or
+  // when not training: evaluation's loss is the cross-entropy alone)
+  std::shared_ptr<nn::RouterLoss> router_loss() const;
 
   // Each block runs through these wrappers (nn/block_wrapper.h), added from outside: activation
   // checkpointing, FSDP's gather and free. A wrapper is called with the block's index i in
@@ -169,9 +175,6 @@ class GPT : public nn::Module {
   // router: the forward's load-balancing statistics (nullptr: none)
   Tensor trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs,
                const std::shared_ptr<nn::RouterLoss>& router = nullptr) const;
-  // A new RouterLoss for a training forward (nullptr without MoE or router_aux_loss_coef, or
-  // when not training: evaluation's loss is the cross-entropy alone)
-  std::shared_ptr<nn::RouterLoss> router_loss() const;
   // trunk's parts: the positions of idx's tokens (B, T) (restarting per document of docs) and
   // what the blocks see of them; the embeddings (B, T, C); blocks h[begin, end); the final
   // norm (and TP's copy) before the head

@@ -2,6 +2,8 @@
 // token, I an expert's hidden units, M = N k routed rows.
 #include "nn/moe.h"
 
+#include <cmath>
+
 #include "autograd/node.h"
 #include "tensor/kernels.h"
 
@@ -30,6 +32,35 @@ std::vector<double> RouterLoss::row_gradient() const {
   for (double& v : g)
     v *= grad_scale * static_cast<double>(E) / (static_cast<double>(R) * static_cast<double>(R));
   return g;
+}
+
+std::vector<double> RouterLoss::totals() const {
+  std::vector<double> t(static_cast<size_t>(2 * E + 2), 0.0);  // rows, C (E), S (E), grad
+  for (const auto& [i, l] : layers) {
+    t[0] += static_cast<double>(l.rows);
+    for (size_t e = 0; e < static_cast<size_t>(E); ++e)
+      t[1 + e] += static_cast<double>(l.counts[e]), t[1 + E + e] += l.prob_sums[e];
+  }
+  t.back() = grad;
+  return t;
+}
+
+void RouterLoss::carry(const std::vector<double>& t) {
+  NDT_CHECK(t.size() == static_cast<size_t>(2 * E + 2), "RouterLoss: ", t.size(), " totals for ", E,
+            " experts");
+  Layer& l = layers[kCarried];
+  l.rows = std::llround(t[0]);
+  l.counts.assign(static_cast<size_t>(E), 0);
+  l.prob_sums.assign(static_cast<size_t>(E), 0.0);
+  for (size_t e = 0; e < static_cast<size_t>(E); ++e)
+    l.counts[e] = std::llround(t[1 + e]), l.prob_sums[e] = t[1 + E + e];
+}
+
+void RouterLoss::take_totals(const std::vector<double>& t) {
+  layers.clear();
+  carry(t);
+  grad = t.back();
+  sealed = true;  // a recompute in this backward leaves them
 }
 
 Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats) {

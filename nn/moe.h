@@ -62,6 +62,17 @@ struct RouterLoss {
   double value() const;
   // d aux / d p[n,e] = E C_e / R^2, for every row (E)
   std::vector<double> row_gradient() const;
+
+  // Pipeline parallelism: a stage holds some of the layers, so the statistics travel with the
+  // activations. totals(): (2E + 2) the rows, counts (E) and probability sums (E) of every
+  // layer so far, and grad. Forward: a stage carry()s what the stages before it recorded
+  // (kept as one more layer, key kCarried), and its totals go on to the next. Backward: the
+  // last stage's totals (the whole model's, reduced) and d loss / d aux come back through
+  // every stage, which take_totals() before its layers' balance() needs them.
+  static constexpr int64_t kCarried = -1;
+  std::vector<double> totals() const;
+  void carry(const std::vector<double>& t);
+  void take_totals(const std::vector<double>& t);
 };
 
 // The load-balancing loss of stats: a scalar of anchor's dtype and device. anchor, the model's

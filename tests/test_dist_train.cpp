@@ -986,6 +986,22 @@ TEST_F(DistTrain, MixtureOfExpertsUnderTensorParallelismEqualsOneProcess) {
                 2, nullptr, kQwen3Moe);
 }
 
+TEST_F(DistTrain, MixtureOfExpertsPipelinesEqualOneProcess) {
+  // 4 blocks (a dense one, then 3 MoE) in 2 or 4 stages: the load-balancing loss couples
+  // every stage's layers, so each stage's router statistics go forward with the activations
+  // and the whole model's come back with the gradients, in every schedule; with data
+  // parallelism inside the stages, and with activation checkpointing's recompute
+  const Model moe_pp{"qwen3moe_pp_", kQwen3Moe.args + kPipeGPT2.args, 4};
+  check_layouts(
+      {{"pp2_1f1b", 1, 1, 1, 1, "", 2},
+       {"pp4_1f1b", 1, 1, 1, 1, "", 4},
+       {"pp2_interleaved", 1, 1, 1, 1, "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2},
+       {"pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2},
+       {"pp2_dp2_ac", 2, 1, 1, 1, "--train.activation_checkpointing full", 2},
+       {"pp2_fsdp2_ep2", 1, 2, 1, 1, "--parallel.ep_size 2", 2}},
+      1, nullptr, moe_pp);
+}
+
 TEST_F(DistTrain, LlamaBfloat16LayoutsFollowOneProcess) {
   check_bf16_layouts({{"bf16_fsdp2", 1, 2},
                       {"bf16_dp2", 2, 1},
@@ -1163,8 +1179,6 @@ TEST_F(DistTrain, LlamaKeysAndLayoutsThatDoNotFitAreOneClearLine) {
        "model.rope_theta = 500000 is for model.arch = llama"},
       {"gpt2_scaling", 1, "--model.rope_scaling llama3",
        "model.rope_theta and model.rope_scaling are for model.arch = llama"},
-      {"moe_pp2", 2, "--parallel.pp_size 2" + kQwen3Moe.args,
-       "parallel.pp_size = 2 with mixture-of-experts layers (model.n_experts > 0) is not supported yet"},
       {"moe_fields", 1, "--model.n_experts_per_tok 2" + kLlama.args,
        "are for mixture-of-experts models: set model.n_experts > 0 or leave them out"},
       {"moe_k", 1,

@@ -21,10 +21,14 @@
 //         send_forward_recv_backward does.
 //
 //   StageComm comm(mesh.pp());
-//   StageComm::Incoming in = comm.post_recv(shape, dtype, /*from=*/0, "receive the activation ...");
-//   Tensor x = comm.wait(in);                        // before the action that reads it
-//   comm.send(y, /*to=*/1, "send the activation of micro-batch 3 to stage 2");
+//   StageComm::Incoming in = comm.post_recv({{shape, dtype}}, /*from=*/0, "receive the activation ...");
+//   Tensor x = comm.wait(in)[0];                     // before the action that reads it
+//   comm.send({y}, /*to=*/1, "send the activation of micro-batch 3 to stage 2");
 //   comm.wait_sent();                                // at the end of the step
+//
+// A message is one tensor, or more: with a mixture-of-experts model's load-balancing loss the
+// router statistics travel beside the activation and its gradient (nn::RouterLoss::totals),
+// each part its own send and receive in the same order at both ends (grouped pairwise on NCCL).
 //
 // Each send and receive names itself (the micro-batch and the stage) in the flight record and
 // in a timeout's message, so a stage that died or stalled is named by its neighbours.
@@ -41,25 +45,29 @@ class StageComm {
  public:
   explicit StageComm(Communicator& pp) : pp_(pp) {}
 
-  // A receive in flight (nothing when `work` is null).
+  // A message's parts: their shapes and dtypes, or the tensors.
+  using Layout = std::vector<std::pair<Shape, DType>>;
+  using Message = std::vector<Tensor>;
+  // A receive in flight (nothing when `work` is empty).
   struct Incoming {
-    Tensor t;
-    WorkPtr work;
+    Message t;
+    std::vector<WorkPtr> work;
   };
   // Whether receives are posted ahead of the action before theirs (MPI), or grouped with that
   // action's send (NCCL: exchange).
   bool posts_ahead() const { return !grouped_ && pp_.backend() != "nccl"; }
   // Tests: group sends and receives as NCCL needs on any transport (the MPI one included).
   void set_grouped(bool on) { grouped_ = on; }
-  // A new tensor of `shape` and `dtype` received from pipeline rank `from` (none when from < 0).
-  Incoming post_recv(const Shape& shape, DType dtype, int from, const std::string& what);
-  // `out` to pipeline rank `to` (nothing when to < 0); the tensor is kept until the send is done.
-  void send(const Tensor& out, int to, const std::string& what);
-  // Both as one group (NCCL): the send of `out` and the receive of the next input.
-  Incoming exchange(const Tensor& out, int to, const std::string& what_out, const Shape& shape, DType dtype,
-                    int from, const std::string& what_in);
-  Tensor wait(Incoming& in);  // the received tensor, once it is complete
-  void wait_sent();           // every send so far
+  // New tensors of `layout` received from pipeline rank `from` (none when from < 0).
+  Incoming post_recv(const Layout& layout, int from, const std::string& what);
+  // `out` to pipeline rank `to` (nothing when to < 0); the tensors are kept until the send is done.
+  void send(const Message& out, int to, const std::string& what);
+  // Both as one group (NCCL): the send of `out` and the receive of the next input, part by part
+  // (both have as many parts: the same kind of message goes each way).
+  Incoming exchange(const Message& out, int to, const std::string& what_out, const Layout& layout, int from,
+                    const std::string& what_in);
+  Message wait(Incoming& in);  // the received tensors, once they are complete
+  void wait_sent();            // every send so far
   Communicator& group() const { return pp_; }
 
  private:

@@ -29,7 +29,9 @@
 //   strategy->end_accumulation(); ...                 // then the usual end of the step
 //
 // Loss and gradients are those of the same micro-batches on one process: the schedules
-// change only the order of independent computations.
+// change only the order of independent computations. A mixture-of-experts model's
+// load-balancing loss couples every stage's layers (nn/moe.h): its router statistics go
+// forward beside each activation, and the whole model's come back beside each gradient.
 #pragma once
 
 #include <functional>
@@ -88,6 +90,7 @@ class Pipeline {
   struct Slot {
     Tensor in;   // the received activation, a leaf whose gradient goes back (undefined on stage 0)
     Tensor out;  // the chunk's output, or the loss on the last stage
+    std::shared_ptr<nn::RouterLoss> router;  // MoE: the micro-batch's router statistics (or none)
   };
   int rank_of_stage(int s) const { return s % schedule_.p; }
   int last_stage() const { return schedule_.p * schedule_.v - 1; }
@@ -95,9 +98,13 @@ class Pipeline {
   int source_of(const pp::Action& a, std::string& what) const;
   void run(const std::vector<pp::Action>& actions, const std::vector<Batch>& micro, bool training,
            double loss_scale, const std::function<void(int64_t)>& on_micro);
+  // A message between stages for a micro-batch's idx: the activation (or its gradient), and
+  // the router statistics when they travel (routes_)
+  StageComm::Layout message(const Tensor& idx) const;
+  StageComm::Message with_router(const Tensor& t, const Slot& slot) const;
   // One action on `in` (what it received); returns what it sends and to whom (-1: nothing).
-  Tensor act(const pp::Action& a, const Batch& b, const Tensor& in, bool training, double loss_scale, int& to,
-             std::string& what);
+  StageComm::Message act(const pp::Action& a, const Batch& b, const StageComm::Message& in, bool training,
+                         double loss_scale, int& to, std::string& what);
   double sum_losses();
 
   const models::GPT& gpt_;
@@ -108,6 +115,7 @@ class Pipeline {
   DType io_dtype_;
   Trace* trace_;
   int rank_;
+  bool routes_ = false;                       // this run's messages carry the router statistics
   std::map<std::pair<int, int>, Slot> live_;  // (micro, chunk) between F and B
   // zero-bubble: (micro, chunk) between B and W, the weight gradients B deferred
   std::map<std::pair<int, int>, autograd::DeferredWeightGrads> deferred_;
