@@ -39,7 +39,7 @@ void SharedLink::step(double until) {
 
 namespace {
 
-enum class Dim { replicate, fsdp, cp, tp, dp, pp };
+enum class Dim { replicate, fsdp, cp, sp, tp, dp, pp };
 
 // The next member of `rank`'s ring in dimension `dim` (the communicator's order).
 int64_t successor(const dist::ParallelDims& dims, int64_t rank, Dim dim) {
@@ -54,10 +54,14 @@ int64_t successor(const dist::ParallelDims& dims, int64_t rank, Dim dim) {
     case Dim::cp:
       c.cp = (c.cp + 1) % dims.cp;
       break;
-    case Dim::fsdp: {  // shard x cp, cp inner
-      const int64_t next = (c.shard * dims.cp + c.cp + 1) % dims.fsdp();
-      c.shard = next / dims.cp;
-      c.cp = next % dims.cp;
+    case Dim::sp:
+      c.sp = (c.sp + 1) % dims.sp;
+      break;
+    case Dim::fsdp: {  // shard x cp x sp, sp innermost
+      const int64_t next = ((c.shard * dims.cp + c.cp) * dims.sp + c.sp + 1) % dims.fsdp();
+      c.shard = next / (dims.cp * dims.sp);
+      c.cp = next / dims.sp % dims.cp;
+      c.sp = next % dims.sp;
       break;
     }
     case Dim::pp:
@@ -112,6 +116,7 @@ Link link_of(const dist::ParallelDims& dims, const Cluster& cluster, Dim dim) {
 const Link& Links::of(const std::string& dim) const {
   return dim == "tp"        ? tp
          : dim == "cp"      ? cp
+         : dim == "sp"      ? sp
          : dim == "fsdp"    ? fsdp
          : dim == "pp"      ? pp
          : dim == "scalars" ? dp
@@ -122,6 +127,7 @@ Links links_of(const dist::ParallelDims& dims, const Cluster& cluster) {
   Links links;
   links.tp = link_of(dims, cluster, Dim::tp);
   links.cp = link_of(dims, cluster, Dim::cp);
+  links.sp = link_of(dims, cluster, Dim::sp);
   links.fsdp = link_of(dims, cluster, Dim::fsdp);
   links.replicate = link_of(dims, cluster, Dim::replicate);
   links.dp = link_of(dims, cluster, Dim::dp);
@@ -149,17 +155,22 @@ double gather_s(double whole_bytes, int64_t ranks, const Link& link) {
   return ranks > 1 ? double(ranks - 1) * (link.latency + whole_bytes / double(ranks) / link.bps) : 0.0;
 }
 double exchange_s(double bytes, const Link& link) { return link.latency + bytes / link.bps; }
+double all_to_all_s(double bytes, int64_t ranks, const Link& link) {
+  return ranks > 1 ? double(ranks - 1) * (link.latency + bytes / double(ranks) / link.bps) : 0.0;
+}
 
 // ---- Timeline ------------------------------------------------------------------------------
 
 Timeline::Timeline(const Links& links)
     : crosses_{{"tp", links.tp.crosses},
                {"cp", links.cp.crosses},
+               {"sp", links.sp.crosses},
                {"fsdp", links.fsdp.crosses},
                {"replicate", links.replicate.crosses},
                {"scalars", false}},
       cpu_share_{{"tp", links.tp.cpu_share},
                  {"cp", links.cp.cpu_share},
+                 {"sp", links.sp.cpu_share},
                  {"fsdp", links.fsdp.cpu_share},
                  {"replicate", links.replicate.cpu_share},
                  {"scalars", 0.0}} {}
