@@ -405,7 +405,8 @@ TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
       {" --parallel.dp_replicate_size 1048576 --parallel.dp_shard_size 1048576 --parallel.cp_size 65536"
        " --parallel.tp_size 65536 --model.block_size 131072 --train.seq_len 131072"
        " --train.micro_batch_size 1",
-       "the world, parallel.pp_size x dp_replicate_size x dp_shard_size x cp_size x tp_size, does not fit in "
+       "the world, parallel.pp_size x dp_replicate_size x dp_shard_size x cp_size x sp_size x tp_size, does "
+       "not fit in "
        "64 bits"},
       {" --plan.world 4611686018427387904 --parallel.dp_shard_size -1",
        "plan.world = 4611686018427387904 is outside"},
@@ -795,7 +796,9 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
     // sequence parallelism is tried with tp, and named in the strategy
     const bool sp = p["sequence_parallel"].get<bool>();
     if (sp) EXPECT_GT(tp, 1);
-    EXPECT_EQ(sp, L["strategy"].get<std::string>().find(" + SP") != std::string::npos) << L["strategy"];
+    const std::string strategy = L["strategy"];  // Ulysses' is the mesh's SP
+    if (usp == 1) EXPECT_EQ(sp, strategy.find(" + SP") != std::string::npos) << strategy;
+    if (usp > 1) EXPECT_EQ(sp, strategy.find(" + SP over tp") != std::string::npos) << strategy;
     sp_plans += sp;
   }
   EXPECT_GT(sp_plans, 0) << "no plan with sequence parallelism was ranked";
@@ -820,6 +823,7 @@ TEST(PlanSearch, TriesUlyssesBesideTheRingAndBoth) {
       run_shell(std::string(NDT_TRAIN_GPT_BIN) +
                 " --plan --plan.search --json --plan.top 100000 --plan.batch 4 --model.arch llama "
                 "--model.n_layer 2 --model.n_head 4 --model.n_kv_head 2 --model.n_embd 64 "
+                "--model.intermediate_size 192 "
                 "--model.vocab_size 128 --train.seq_len 1024 --model.block_size 1024 "
                 "--cluster.preset cpu-sim --cluster.hosts 2");
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -838,7 +842,8 @@ TEST(PlanSearch, TriesUlyssesBesideTheRingAndBoth) {
   EXPECT_GT(seq["sp x cp"], 0) << r.out;
   const Result t = run_shell(std::string(NDT_TRAIN_GPT_BIN) +
                              " --plan --plan.search --plan.batch 1 --model.arch llama --model.n_layer 2 "
-                             "--model.n_head 4 --model.n_kv_head 2 --model.n_embd 64 --model.vocab_size 128 "
+                             "--model.n_head 4 --model.n_kv_head 2 --model.n_embd 64 "
+                             "--model.intermediate_size 192 --model.vocab_size 128 "
                              "--train.seq_len 1024 --model.block_size 1024 --cluster.preset cpu-sim "
                              "--cluster.hosts 2");
   ASSERT_EQ(t.rc, 0) << t.out;

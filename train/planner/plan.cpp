@@ -623,7 +623,8 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
 // is being computed, for the message when a count overflows.
 void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage) {
   const dist::ParallelDims& D = p.dims;
-  p.strategy = D.strategy() + (p.sequence_parallel ? " + SP" : "");  // SP: sequence parallel
+  // SP: TP's sequence parallelism; the mesh's own SP is Ulysses' (then "SP over tp" for TP's)
+  p.strategy = D.strategy() + (p.sequence_parallel ? (D.sp > 1 ? " + SP over tp" : " + SP") : "");
   const nn::ACMode ac = ac_mode(c.train);
   p.ac = c.train.activation_checkpointing;
   p.ac_every = c.train.ac_every;

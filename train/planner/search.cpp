@@ -260,7 +260,7 @@ void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ost
   if (s.ranked.empty() && s.too_big == 0) return print_refusals(s, o);
   char line[400];
   std::snprintf(line, sizeof(line),
-                "%4s  %-31s %-22s %-14s %-7s %-9s %10s %11s %6s %10s %10s %10s %7s %9s  %s\n", "#",
+                "%4s  %-31s %-27s %-14s %-7s %-9s %10s %11s %6s %10s %10s %10s %7s %9s  %s\n", "#",
                 "pp x rep x shard x cp x sp x tp", "strategy", "schedule", "micro", "AC", "step ms",
                 "tokens/s", "MFU", "compute", "exposed", "recompute", "bubble", "peak GB", "across hosts");
   o << line;
@@ -272,7 +272,7 @@ void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ost
     char bubble[16] = "-";
     if (p.dims.pp > 1) std::snprintf(bubble, sizeof(bubble), "%.1f%%", 100 * t.bubble);
     std::snprintf(line, sizeof(line),
-                  "%4zu  %-31s %-22s %-14s %2lld x %-2lld %-9s %10.1f %11.0f %5.1f%% %10.1f %10.1f %10.1f "
+                  "%4zu  %-31s %-27s %-14s %2lld x %-2lld %-9s %10.1f %11.0f %5.1f%% %10.1f %10.1f %10.1f "
                   "%7s %9.2f  %s\n",
                   i + 1, sizes(p.dims).c_str(), p.strategy.c_str(), schedule_of(p).c_str(),
                   (long long)p.micro_batch, (long long)p.accum, p.ac.c_str(), t.step_s * 1e3, t.tokens_per_s,
