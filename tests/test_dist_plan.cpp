@@ -3,7 +3,8 @@
 // a tiny llama, the planned peak bytes of rank 0 are within 10% of the allocator's measured
 // peak (mem_peak of a step after the first, in metrics.jsonl), and the planned bytes sent
 // per step within 10% of the communicators' counters (comm_bytes); under pipeline
-// parallelism every stage against every rank of it, the bytes exactly. --plan needs no MPI,
+// parallelism every stage against every rank of it, and under Ulysses (sp, sp x cp, sp x tp),
+// the bytes exactly. --plan needs no MPI,
 // no data and no memory; a dp_shard_size of -1 needs --plan.world.
 #include <gtest/gtest.h>
 
