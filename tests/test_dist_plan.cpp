@@ -16,6 +16,7 @@
 #include "support/testing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -551,6 +552,46 @@ TEST(PlanTime, ACutOrSlowLinkBetweenHostsCostsWhatCrossesIt) {
 // The host's links between hosts, shared by the transfers in flight: each of k moves at 1/k
 // of its rate alone, so a short transfer during a long one ends after about twice its own
 // time (not after the long one), and the link still moves all the work.
+// Ulysses' all-to-alls on the link they run on: sp 4 over 2 hosts of 2 ranks sends 2 of its 3
+// pieces across (the bytes between hosts, and a wait on "sp" that grows when the hosts' links
+// slow down), sp 2 x cp 2 keeps its sp pairs inside a host (the ring crosses instead): its
+// all-to-alls wait far less, and none of its sp bytes cross.
+TEST(PlanTime, UlyssesAcrossHostsWaitsOnTheLinkItsPiecesCross) {
+  const std::string bin =
+      std::string(NDT_TRAIN_GPT_BIN) +
+      " --plan --json --model.arch llama --model.n_layer 2 --model.n_head 4 --model.n_kv_head 2 "
+      "--model.n_embd 64 "
+      "--model.intermediate_size 192 --model.vocab_size 113 --model.block_size 4096 --train.seq_len 4096 "
+      "--train.micro_batch_size 1 --cluster.preset cpu-sim --cluster.hosts 2";
+  auto plan = [&](const std::string& args) {
+    const Result r = run_shell(bin + " " + args);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out);
+  };
+  auto waited = [](const nlohmann::json& j) { return j["time"]["exposed_by_dim"].value("sp", 0.0); };
+  auto sp_bytes = [](const nlohmann::json& j) {
+    int64_t b = 0;
+    for (const nlohmann::json& x : j["comm"])
+      if (x["dim"] == "sp") b += x["bytes"].get<int64_t>();
+    return b;
+  };
+  const nlohmann::json sp4 = plan("--parallel.sp_size 4"),
+                       usp = plan("--parallel.sp_size 2 --parallel.cp_size 2");
+  const nlohmann::json slow = plan("--parallel.sp_size 4 --cluster.inter_gbps 0.0029");
+  EXPECT_GT(waited(sp4), 0);
+  EXPECT_GT(waited(slow), 20 * waited(sp4)) << "the hosts' links 200x slower";
+  EXPECT_LT(waited(usp), waited(sp4) / 2);
+  // sp4's bytes between hosts: 2 of each all-to-all's 3 pieces, and half of FSDP's (one ring
+  // edge of two leaves a host); the scalars' groups of one rank send nothing
+  int64_t inter = 0;
+  for (const nlohmann::json& x : sp4["comm"]) {
+    const double b = x["bytes"].get<double>();
+    inter += x["dim"] == "sp" ? std::llround(b * 2 / 3) : x["dim"] == "fsdp" ? std::llround(b / 2) : 0;
+  }
+  EXPECT_EQ(sp4["time"]["bytes_inter"].get<int64_t>(), inter) << sp4["comm"].dump();
+  EXPECT_EQ(usp["time"]["across_hosts"].dump().find("sp"), std::string::npos) << usp["time"].dump();
+}
+
 TEST(PlanTime, TransfersBetweenHostsShareTheLinkWhileInFlight) {
   using train::SharedLink;
   SharedLink alone;

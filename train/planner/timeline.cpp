@@ -111,6 +111,37 @@ Link link_of(const dist::ParallelDims& dims, const Cluster& cluster, Dim dim) {
   return link;
 }
 
+// Ulysses' all-to-all: n - 1 steps, in step k every rank sends its piece to the rank k
+// further in its sp group (dist/ulysses: one sendrecv after the other). A step's pieces that
+// leave a host share its links (devices_per_host x inter_gbps) among the host's ranks that
+// send across in that step; the others go at intra_gbps; the step lasts as long as its
+// slowest piece. The link is the one whose bandwidth gives the steps' time over n - 1 pieces
+// (Link::cpu_share and cross_share: by the steps' pieces that cross).
+Link all_to_all_link(const dist::ParallelDims& dims, const Cluster& cluster) {
+  const Link ring = link_of(dims, cluster, Dim::sp);
+  if (!ring.crosses) return ring;
+  const int64_t n = dims.sp, first_host = std::min(cluster.devices_per_host, dims.world());
+  double seconds_per_byte = 0, crossing = 0;
+  for (int64_t k = 1; k < n; ++k) {
+    int64_t leaving = 0, staying = 0;
+    for (int64_t rank = 0; rank < first_host; ++rank) {
+      dist::ParallelDims::Coords c = dims.coords(rank);
+      c.sp = (c.sp + k) % n;
+      (cluster.host_of(dims.rank_of(c)) != cluster.host_of(rank) ? leaving : staying) += 1;
+    }
+    const double across =
+        leaving ? double(leaving) / (cluster.inter_bps * double(cluster.devices_per_host)) : 0;
+    seconds_per_byte += std::max(staying ? 1 / cluster.intra_bps : 0.0, across);
+    crossing += double(leaving) / double(leaving + staying);
+  }
+  Link link = ring;
+  link.bps = double(n - 1) / seconds_per_byte;
+  link.cross_share = crossing / double(n - 1);
+  link.cpu_share =
+      link.cross_share * cluster.inter_cpu_share + (1 - link.cross_share) * cluster.intra_cpu_share;
+  return link;
+}
+
 }  // namespace
 
 const Link& Links::of(const std::string& dim) const {
@@ -127,7 +158,7 @@ Links links_of(const dist::ParallelDims& dims, const Cluster& cluster) {
   Links links;
   links.tp = link_of(dims, cluster, Dim::tp);
   links.cp = link_of(dims, cluster, Dim::cp);
-  links.sp = link_of(dims, cluster, Dim::sp);
+  links.sp = all_to_all_link(dims, cluster);
   links.fsdp = link_of(dims, cluster, Dim::fsdp);
   links.replicate = link_of(dims, cluster, Dim::replicate);
   links.dp = link_of(dims, cluster, Dim::dp);

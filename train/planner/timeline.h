@@ -71,7 +71,7 @@ struct Link {
 };
 
 // The links of the mesh's dimensions: dp_replicate, the FSDP group (dp_shard x cp x sp), cp,
-// sp (Ulysses' all-to-alls: the slowest of its pairs' links, as for a ring), tp,
+// sp (Ulysses' all-to-alls: each step's pieces that leave a host sharing its links), tp,
 // dp (dp_replicate x dp_shard: the loss's all-reduce) and pp (a rank to the same rank of the
 // next stage: pipeline parallelism is outermost, so its boundaries are what crosses hosts
 // when a stage fills a host).
