@@ -49,20 +49,20 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw).stdout
 
 
-def layout_args(r, s, cp, tp, micro=None, accum=1, ac="none", pp=1, schedule="1f1b", virtual=1):
+def layout_args(r, s, cp, tp, micro=None, accum=1, ac="none", pp=1, schedule="1f1b", virtual=1, sp=1):
     dp = r * s
     micro = micro or BATCH // dp
     stages = ["--parallel.pp_size", str(pp), "--parallel.pp_schedule", schedule,
               "--parallel.pp_virtual", str(virtual)] if pp > 1 else []
     return stages + ["--parallel.dp_replicate_size", str(r), "--parallel.dp_shard_size", str(s),
-                     "--parallel.cp_size", str(cp), "--parallel.tp_size", str(tp),
+                     "--parallel.cp_size", str(cp), "--parallel.sp_size", str(sp), "--parallel.tp_size", str(tp),
                      "--train.micro_batch_size", str(micro), "--train.grad_accum_steps", str(accum),
                      "--train.activation_checkpointing", ac]
 
 
 def layout_name(L):
-    """'2x1x2x1' (replicate x shard x cp x tp), 'pp2 1f1b 1x2x1x1' with a pipeline"""
-    sizes = f"{L['dp_replicate']}x{L['dp_shard']}x{L['cp']}x{L['tp']}"
+    """'2x1x2x1' (replicate x shard x cp x tp), 'pp2 1f1b 1x2x1x1' with a pipeline, ' sp2' with Ulysses"""
+    sizes = f"{L['dp_replicate']}x{L['dp_shard']}x{L['cp']}x{L['tp']}" + (f" sp{L['sp']}" if L.get("sp", 1) > 1 else "")
     return f"pp{L['pp']} {L['pp_schedule']} {sizes}" if L.get("pp", 1) > 1 else sizes
 
 
@@ -175,7 +175,7 @@ def main():
             L = best["layout"]
             pick = layout_args(L["dp_replicate"], L["dp_shard"], L["cp"], L["tp"], best["micro_batch_size"],
                                best["grad_accum_steps"], best["activation_checkpointing"], L.get("pp", 1),
-                               L.get("pp_schedule") or "1f1b", L.get("pp_virtual", 1))
+                               L.get("pp_schedule") or "1f1b", L.get("pp_virtual", 1), L.get("sp", 1))
             pick_name = (f"pick {layout_name(L)} "
                          f"B{best['micro_batch_size']}x{best['grad_accum_steps']} {best['activation_checkpointing']}")
             # every run once per round, the rounds one after the other: a slow minute of the

@@ -3,7 +3,8 @@
 // a tiny llama, the planned peak bytes of rank 0 are within 10% of the allocator's measured
 // peak (mem_peak of a step after the first, in metrics.jsonl), and the planned bytes sent
 // per step within 10% of the communicators' counters (comm_bytes); under pipeline
-// parallelism every stage against every rank of it, the bytes exactly. --plan needs no MPI,
+// parallelism every stage against every rank of it, and under Ulysses (sp, sp x cp, sp x tp),
+// the bytes exactly. --plan needs no MPI,
 // no data and no memory; a dp_shard_size of -1 needs --plan.world.
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include "support/testing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -63,13 +65,13 @@ class DistPlan : public ::testing::TestWithParam<Layout> {
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
   // Plans the layout with `model`'s keys on gpt.ini, runs it, and compares rank 0's planned
-  // peak and the planned bytes with the measured ones
-  void expect_the_plan_of_the_run(const std::string& model) const;
+  // peak and the planned bytes with the measured ones (exact_bytes: the bytes to the byte)
+  void expect_the_plan_of_the_run(const std::string& model, bool exact_bytes = false) const;
   static fs::path dir_;
 };
 fs::path DistPlan::dir_;
 
-void DistPlan::expect_the_plan_of_the_run(const std::string& model) const {
+void DistPlan::expect_the_plan_of_the_run(const std::string& model, bool exact_bytes) const {
   const Layout& l = GetParam();
   const std::string base =
       std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + model + l.args();
@@ -98,6 +100,8 @@ void DistPlan::expect_the_plan_of_the_run(const std::string& model) const {
   EXPECT_NEAR(pmem / mem, 1.0, 0.10) << "planned peak " << pmem << " measured " << mem << "\n" << planned.out;
   if (l.np() == 1)
     EXPECT_EQ(comm, 0);
+  else if (exact_bytes)
+    EXPECT_EQ(int64_t(pcomm), int64_t(comm)) << planned.out;
   else
     EXPECT_NEAR(pcomm / comm, 1.0, 0.10) << "planned comm " << pcomm << " measured " << comm << "\n"
                                          << planned.out;
@@ -180,6 +184,37 @@ INSTANTIATE_TEST_SUITE_P(
     Qwen3, DistPlanQwen3,
     ::testing::Values(Layout{"single", 1, 1, 1, 1}, Layout{"tp2", 1, 1, 1, 2}, Layout{"cp2", 1, 1, 2, 1},
                       Layout{"tp2_selective_ac", 1, 1, 1, 2, "--train.activation_checkpointing selective"}),
+    [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
+
+// Ulysses (parallel.sp_size): rank 0's planned peak within 10% of the measured one, and the
+// bytes exactly the communicators' (the all-to-alls, FSDP over sp, the ring inside them under
+// USP, TP's on T / sp tokens, the loss over sp). The llama (4 heads, 2 kv heads) under sp 4,
+// and under sp 2 x tp 2 (a tp rank's one kv head), replicates each kv head before the
+// all-to-all: k and v send sp hd channels, twice what its kv heads hold.
+class DistPlanUlysses : public DistPlan {};
+TEST_P(DistPlanUlysses, PlannedBytesMatchTheRunExactly) { expect_the_plan_of_the_run("", true); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Ulysses, DistPlanUlysses,
+    ::testing::Values(Layout{"sp2", 1, 1, 1, 1, "", 1, 2}, Layout{"sp2_cp2", 1, 1, 2, 1, "", 1, 2},
+                      Layout{"sp2_tp2", 1, 1, 1, 2, "", 1, 2},
+                      Layout{"sp2_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full", 1, 2},
+                      Layout{"sp2_selective_ac", 1, 1, 1, 1, "--train.activation_checkpointing selective", 1,
+                             2},
+                      Layout{"sp2_bf16", 1, 1, 1, 1, "--train.dtype bfloat16", 1, 2}),
+    [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
+
+class DistPlanUlyssesLlama : public DistPlan {};
+TEST_P(DistPlanUlyssesLlama, PlannedBytesMatchTheRunExactly) {
+  expect_the_plan_of_the_run(" --model.arch llama --model.n_kv_head 2 --model.intermediate_size 320", true);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    UlyssesLlama, DistPlanUlyssesLlama,
+    ::testing::Values(Layout{"sp2", 1, 1, 1, 1, "", 1, 2}, Layout{"sp4_kv_replicated", 1, 1, 1, 1, "", 1, 4},
+                      Layout{"sp2_tp2_kv_replicated", 1, 1, 1, 2, "", 1, 2},
+                      Layout{"sp2_cp2", 1, 1, 2, 1, "", 1, 2},
+                      Layout{"sp2_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full", 1, 2}),
     [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
 // LoRA (rank 4 on every linear of the tiny llama, the base frozen): the plan of the run against
@@ -330,14 +365,26 @@ TEST(Plan, NeedsTheWorldForTheRestOfIt) {
   EXPECT_EQ(r.rc, 2) << r.out;
 }
 
-TEST(Plan, UlyssesIsRefusedWithOneLine) {
-  // the planner does not model sp's all-to-alls yet: one config error, no plan
-  const Result r = run_shell(std::string(NDT_TRAIN_GPT_BIN) + " --plan --parallel.sp_size 2 --plan.world 2");
-  EXPECT_EQ(r.rc, 2) << r.out;
-  EXPECT_NE(r.out.find("--plan with parallel.sp_size = 2: the planner does not model Ulysses sequence "
-                       "parallelism yet"),
-            std::string::npos)
-      << r.out;
+// Ulysses on the planner's own: the all-to-alls are a line of their own, 4 of this rank's
+// (sp-1)/sp q, k, v and output per block and micro-step, forward and backward; the world is
+// the product with sp_size; a layout Ulysses cannot split is the trainer's one-line error.
+TEST(Plan, UlyssesSendsItsAllToAllsAndKeepsTheTrainersRules) {
+  const std::string bin = std::string(NDT_TRAIN_GPT_BIN) +
+                          " --plan --json --model.n_layer 2 --model.n_head 4 --model.n_embd 64 "
+                          "--model.vocab_size 512 --train.micro_batch_size 8 --train.seq_len 64";
+  const Result r = run_shell(bin + " --parallel.sp_size 2");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layout"]["sp"].get<int64_t>(), 2);
+  EXPECT_EQ(j["layout"]["world"].get<int64_t>(), 2);
+  EXPECT_EQ(j["batch"]["local_seq_len"].get<int64_t>(), 32);
+  int64_t a2a = -1;
+  for (const nlohmann::json& x : j["comm"])
+    if (x["dim"] == "sp") a2a = x["bytes"].get<int64_t>();
+  const int64_t N = 8 * 32, C = 64, L = 2;  // B T/sp rows; q, k, v and the output C wide
+  EXPECT_EQ(a2a, L * 2 * 4 * (N * C * 4 / 2)) << r.out;
+  expect_one_config_error(bin + " --parallel.sp_size 8",
+                          "model.n_head = 4 must be divisible by parallel.sp_size");
 }
 
 TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
@@ -360,7 +407,8 @@ TEST(Plan, SizesBeyond64BitsAreOneConfigErrorNamingTheCount) {
       {" --parallel.dp_replicate_size 1048576 --parallel.dp_shard_size 1048576 --parallel.cp_size 65536"
        " --parallel.tp_size 65536 --model.block_size 131072 --train.seq_len 131072"
        " --train.micro_batch_size 1",
-       "the world, parallel.pp_size x dp_replicate_size x dp_shard_size x cp_size x tp_size, does not fit in "
+       "the world, parallel.pp_size x dp_replicate_size x dp_shard_size x cp_size x sp_size x tp_size, does "
+       "not fit in "
        "64 bits"},
       {" --plan.world 4611686018427387904 --parallel.dp_shard_size -1",
        "plan.world = 4611686018427387904 is outside"},
@@ -504,6 +552,46 @@ TEST(PlanTime, ACutOrSlowLinkBetweenHostsCostsWhatCrossesIt) {
 // The host's links between hosts, shared by the transfers in flight: each of k moves at 1/k
 // of its rate alone, so a short transfer during a long one ends after about twice its own
 // time (not after the long one), and the link still moves all the work.
+// Ulysses' all-to-alls on the link they run on: sp 4 over 2 hosts of 2 ranks sends 2 of its 3
+// pieces across (the bytes between hosts, and a wait on "sp" that grows when the hosts' links
+// slow down), sp 2 x cp 2 keeps its sp pairs inside a host (the ring crosses instead): its
+// all-to-alls wait far less, and none of its sp bytes cross.
+TEST(PlanTime, UlyssesAcrossHostsWaitsOnTheLinkItsPiecesCross) {
+  const std::string bin =
+      std::string(NDT_TRAIN_GPT_BIN) +
+      " --plan --json --model.arch llama --model.n_layer 2 --model.n_head 4 --model.n_kv_head 2 "
+      "--model.n_embd 64 "
+      "--model.intermediate_size 192 --model.vocab_size 113 --model.block_size 4096 --train.seq_len 4096 "
+      "--train.micro_batch_size 1 --cluster.preset cpu-sim --cluster.hosts 2";
+  auto plan = [&](const std::string& args) {
+    const Result r = run_shell(bin + " " + args);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out);
+  };
+  auto waited = [](const nlohmann::json& j) { return j["time"]["exposed_by_dim"].value("sp", 0.0); };
+  auto sp_bytes = [](const nlohmann::json& j) {
+    int64_t b = 0;
+    for (const nlohmann::json& x : j["comm"])
+      if (x["dim"] == "sp") b += x["bytes"].get<int64_t>();
+    return b;
+  };
+  const nlohmann::json sp4 = plan("--parallel.sp_size 4"),
+                       usp = plan("--parallel.sp_size 2 --parallel.cp_size 2");
+  const nlohmann::json slow = plan("--parallel.sp_size 4 --cluster.inter_gbps 0.0029");
+  EXPECT_GT(waited(sp4), 0);
+  EXPECT_GT(waited(slow), 20 * waited(sp4)) << "the hosts' links 200x slower";
+  EXPECT_LT(waited(usp), waited(sp4) / 2);
+  // sp4's bytes between hosts: 2 of each all-to-all's 3 pieces, and half of FSDP's (one ring
+  // edge of two leaves a host); the scalars' groups of one rank send nothing
+  int64_t inter = 0;
+  for (const nlohmann::json& x : sp4["comm"]) {
+    const double b = x["bytes"].get<double>();
+    inter += x["dim"] == "sp" ? std::llround(b * 2 / 3) : x["dim"] == "fsdp" ? std::llround(b / 2) : 0;
+  }
+  EXPECT_EQ(sp4["time"]["bytes_inter"].get<int64_t>(), inter) << sp4["comm"].dump();
+  EXPECT_EQ(usp["time"]["across_hosts"].dump().find("sp"), std::string::npos) << usp["time"].dump();
+}
+
 TEST(PlanTime, TransfersBetweenHostsShareTheLinkWhileInFlight) {
   using train::SharedLink;
   SharedLink alone;
@@ -728,8 +816,11 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
   std::map<std::string, int> strategies, schedules;
   for (const nlohmann::json& p : plans) {
     const nlohmann::json& L = p["layout"];
-    const int64_t pp = L["pp"], r_ = L["dp_replicate"], s_ = L["dp_shard"], cp = L["cp"], tp = L["tp"];
-    EXPECT_EQ(pp * r_ * s_ * cp * tp, 16);
+    const int64_t pp = L["pp"], r_ = L["dp_replicate"], s_ = L["dp_shard"], cp = L["cp"], tp = L["tp"],
+                  usp = L["sp"];
+    EXPECT_EQ(pp * r_ * s_ * cp * usp * tp, 16);
+    EXPECT_EQ(12 % (tp * usp), 0) << "Ulysses: tp x sp must divide the heads";
+    EXPECT_EQ(1024 % (cp * usp), 0);
     EXPECT_LE(pp * L["pp_virtual"].get<int64_t>(), 12) << "a stage needs a block";
     if (pp > 1) {
       schedules[L["pp_schedule"].get<std::string>()]++;
@@ -747,7 +838,9 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
     // sequence parallelism is tried with tp, and named in the strategy
     const bool sp = p["sequence_parallel"].get<bool>();
     if (sp) EXPECT_GT(tp, 1);
-    EXPECT_EQ(sp, L["strategy"].get<std::string>().find(" + SP") != std::string::npos) << L["strategy"];
+    const std::string strategy = L["strategy"];  // Ulysses' is the mesh's SP
+    if (usp == 1) EXPECT_EQ(sp, strategy.find(" + SP") != std::string::npos) << strategy;
+    if (usp > 1) EXPECT_EQ(sp, strategy.find(" + SP over tp") != std::string::npos) << strategy;
     sp_plans += sp;
   }
   EXPECT_GT(sp_plans, 0) << "no plan with sequence parallelism was ranked";
@@ -762,6 +855,44 @@ TEST(PlanSearch, RanksEveryValidPlanAndKeepsTheTrainersRules) {
   EXPECT_EQ(t.out.find("\n  11  "), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("\nwhy: "), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("\nrun it: --parallel.dp_replicate_size "), std::string::npos) << t.out;
+}
+
+// The search splits the sequence by cp, by Ulysses' sp and by both (USP), within the trainer's
+// rules (4 heads: tp x sp divides them; 2 kv heads: sp 4 replicates them), and its table and
+// command line name sp. On the simulated CPU cluster (2 hosts of 2 ranks), a llama of 2 blocks.
+TEST(PlanSearch, TriesUlyssesBesideTheRingAndBoth) {
+  const Result r =
+      run_shell(std::string(NDT_TRAIN_GPT_BIN) +
+                " --plan --plan.search --json --plan.top 100000 --plan.batch 4 --model.arch llama "
+                "--model.n_layer 2 --model.n_head 4 --model.n_kv_head 2 --model.n_embd 64 "
+                "--model.intermediate_size 192 "
+                "--model.vocab_size 128 --train.seq_len 1024 --model.block_size 1024 "
+                "--cluster.preset cpu-sim --cluster.hosts 2");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  std::map<std::string, int> seq;  // by how the sequence is split
+  for (const nlohmann::json& p : j["plans"]) {
+    const nlohmann::json& L = p["layout"];
+    const int64_t cp = L["cp"], usp = L["sp"], tp = L["tp"];
+    EXPECT_EQ(4 % (tp * usp), 0);
+    EXPECT_EQ(1024 % (cp * usp), 0);
+    seq[cp > 1 && usp > 1 ? "sp x cp" : usp > 1 ? "sp" : cp > 1 ? "cp" : "none"]++;
+    if (usp > 1) EXPECT_NE(L["strategy"].get<std::string>().find("SP"), std::string::npos) << L["strategy"];
+  }
+  EXPECT_GT(seq["sp"], 0) << r.out;
+  EXPECT_GT(seq["cp"], 0) << r.out;
+  EXPECT_GT(seq["sp x cp"], 0) << r.out;
+  const Result t = run_shell(std::string(NDT_TRAIN_GPT_BIN) +
+                             " --plan --plan.search --plan.batch 1 --model.arch llama --model.n_layer 2 "
+                             "--model.n_head 4 --model.n_kv_head 2 --model.n_embd 64 "
+                             "--model.intermediate_size 192 --model.vocab_size 128 "
+                             "--train.seq_len 1024 --model.block_size 1024 --cluster.preset cpu-sim "
+                             "--cluster.hosts 2");
+  ASSERT_EQ(t.rc, 0) << t.out;
+  EXPECT_NE(t.out.find("pp x rep x shard x cp x sp x tp"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find(" --parallel.sp_size "), std::string::npos) << t.out;
+  // one sequence a step on 4 ranks: only the sequence's splits (and tp) share it
+  EXPECT_EQ(t.out.find(" 1 x 1 x 4 x 1 x 1 x 1 "), std::string::npos) << t.out;
 }
 
 // 13 or 17 devices: every layout is refused by the trainer's rules (12 heads, a 1024-token

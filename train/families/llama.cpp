@@ -427,7 +427,7 @@ BlockWork block_work(const Shapes& shapes) {
   work.attn_in_b = {2 * N * C * Q, qkv_copies + (shapes.qkv_bias ? N * Q : 0.0)};
   work.attn_in_dw = {2 * N * C * Q, 3 * (C * Q)};
   work.ln_1_b = {0, 4 * Ns * C};
-  work.core_b = {(fused(shapes.core) ? 2.5 : 2.0) * work.core.flops, 3 * S + ring_copies(shapes)};
+  work.core_b = {(fused(shapes.inner) ? 2.5 : 2.0) * work.core.flops, 3 * S + ring_copies(shapes)};
   work.attn_out_b = {2 * work.attn_out.flops, 2 * N * Cl + 2 * N * C + 3 * Cl * C};
   // down's both gradients, silu_mul's (reads gate, up and dm, writes dgate and dup), up's
   // input gradient, then up's weight gradient; gate's input gradient (and the sum of the

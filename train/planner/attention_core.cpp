@@ -41,7 +41,16 @@ double causal_pairs(int64_t T) {
 //   ring_fused: the same tensors (the CPU's fused pairs keep their inputs, output and lse
 //              instead of a checkpoint's), and under bf16 each pair's f32 output too
 //              (2 cp + 1 halves)
+//   ulysses:   the inner core's on ulysses_view(s), the all-to-all's outputs (dist/ulysses:
+//              the all-to-alls themselves keep nothing); there the CPU's fused kernel is
+//              attention()'s on q, k, v as they came (N Q), its output in f32 (N Cl) and lse
+//              (N NHl), whatever the block
 Count core_saved(const Shapes& s) {
+  if (s.core == AttentionCore::ulysses) {
+    const Shapes v = ulysses_view(s);
+    if (v.core != AttentionCore::cpu_fused) return core_saved(v);
+    return v.N * v.Q * v.act_bytes + v.N * v.Cl * kF + v.N * v.NHl * kF;
+  }
   const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, KVl = s.KVl, Q = s.Q, NHl = s.NHl, cp = s.cp,
               a = s.act_bytes, w = kF;
   switch (s.core) {
@@ -53,6 +62,7 @@ Count core_saved(const Shapes& s) {
       return (N * Q + N * Cl + B * NHl * Tl * Tl) * w;
     case AttentionCore::ring:
     case AttentionCore::ring_fused:
+    case AttentionCore::ulysses:
       break;
   }
   const Count pairs = 2 * cp + 1, key_chunks = 2 * cp, lse = 2 * cp * N * NHl * kF;
@@ -68,8 +78,10 @@ Count core_saved(const Shapes& s) {
 // ds (p's shape), in f32, under bf16 dq, dk, dv rounded back (N Q); with the ring one score
 // block of (Tl/2)^2 per pair, recomputed, plus the pair's p; with the fused ring a pair's
 // dq, dk, dv (halves of N Q), under bf16 also its q, k, v and dout in f32 (halves of N Q +
-// N Cl) and dq, dk, dv rounded back (halves of N Q).
+// N Cl) and dq, dk, dv rounded back (halves of N Q). Ulysses: the inner core's, and the
+// output gradient the all-to-all's backward brought (N Cl).
 Count core_backward(const Shapes& s) {
+  if (s.core == AttentionCore::ulysses) return core_backward(ulysses_view(s)) + s.N * s.Cl * s.act_bytes;
   const Count B = s.B, Tl = s.Tl, N = s.N, Cl = s.Cl, Q = s.Q, NHl = s.NHl, a = s.act_bytes, w = kF;
   const bool mixed = !(a == w);
   switch (s.core) {
@@ -82,6 +94,7 @@ Count core_backward(const Shapes& s) {
     case AttentionCore::ring_fused:
       return N * Q / 2 * w + (mixed ? (N * Q + N * Cl) / 2 * w + N * Q / 2 * a : Count(0));
     case AttentionCore::ring:
+    case AttentionCore::ulysses:
       break;
   }
   const Count Tc = Tl / 2;
@@ -93,8 +106,9 @@ Count core_backward(const Shapes& s) {
 // of 64 queries against the keys up to the block's last; the composed path on a GPU is
 // counted as half too); the ring evaluates 2 cp + 1 pairs of chunks of Tc = Tl / 2 on every
 // rank, two of them diagonal (the fused kernel's blocks there, as in one process), the
-// others whole.
+// others whole. Ulysses: the inner core's, on this rank's heads over the cp rank's tokens.
 double attention_scores(const Shapes& shapes) {
+  if (shapes.core == AttentionCore::ulysses) return attention_scores(ulysses_view(shapes));
   const double B = double(shapes.B), NHl = double(shapes.NHl), Tl = double(shapes.Tl);
   if (shapes.cp == 1)
     return B * NHl * (shapes.core == AttentionCore::cpu_fused ? causal_pairs(shapes.Tl) : Tl * Tl * 0.5);
@@ -106,8 +120,15 @@ double attention_scores(const Shapes& shapes) {
 // The ring's copies, each read and written once: q into its halves (2 N Cl), k and v into
 // one message (4 N KVl), each step's K/V into halves and each of the 2 cp key chunks into K
 // and V (4 cp + 4 cp N KVl), the output halves joined (2 N Cl), and each of the 2 cp - 1
-// merges reads two partial outputs and writes one (3/2 N Cl each); none without CP
+// merges reads two partial outputs and writes one (3/2 N Cl each); none without CP. Ulysses:
+// the inner ring's on ulysses_view, and each all-to-all's copies of q, k, v and the output in
+// and out (dist/ulysses: the pieces to send and the received ones into place, twice each):
+// 4 (2 N Cl + 2 N KVr), KVr the kv channels as sent (replicated: sp hd)
 double ring_copies(const Shapes& shapes) {
+  if (shapes.core == AttentionCore::ulysses) {
+    const double N = double(shapes.N), KVr = double(std::max(shapes.KVl, shapes.sp * shapes.hd));
+    return ring_copies(ulysses_view(shapes)) + 4 * (2 * N * double(shapes.Cl) + 2 * N * KVr);
+  }
   if (shapes.cp == 1) return 0.0;
   const double cp = double(shapes.cp), N = double(shapes.N);
   return (4 + 1.5 * (2 * cp - 1)) * N * double(shapes.Cl) + (4 + 8 * cp) * N * double(shapes.KVl);

@@ -66,9 +66,6 @@ BlockMem deferring(BlockMem m, const Shapes& s) {
 }  // namespace
 
 int64_t plan_world(const Config& c) {
-  if (c.parallel.sp_size > 1)
-    throw ConfigError("--plan with parallel.sp_size = " + std::to_string(c.parallel.sp_size) +
-                      ": the planner does not model Ulysses sequence parallelism yet; plan with sp_size = 1");
   if (c.parallel.ep_size > 1)
     throw ConfigError("--plan with parallel.ep_size = " + std::to_string(c.parallel.ep_size) +
                       ": the planner does not model expert parallelism yet; plan with ep_size = 1");
@@ -79,12 +76,13 @@ int64_t plan_world(const Config& c) {
         "ranks the job would have)");
   try {
     return (Count(c.parallel.pp_size) * c.parallel.dp_replicate_size * c.parallel.dp_shard_size *
-            c.parallel.cp_size * c.parallel.tp_size)
+            c.parallel.cp_size * c.parallel.sp_size * c.parallel.tp_size)
         .v;
   } catch (const Error& e) {
     throw ConfigError(
         std::string("--plan: the world, parallel.pp_size x dp_replicate_size x dp_shard_size x ") +
-        "cp_size x tp_size, does not fit in 64 bits (" + e.what() + "); no job has that many ranks");
+        "cp_size x sp_size x tp_size, does not fit in 64 bits (" + e.what() +
+        "); no job has that many ranks");
   }
 }
 
@@ -291,13 +289,14 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
   const Count dlogits = D.tp > 1 ? logits : 0;
   p.logits_bytes = v.last ? logits.v : 0;
   p.loss_temp_bytes = v.last ? (dlogits + ce_saved).v : 0;  // and the kept statistics
-  // the batch (inputs and targets, B T i32 each; with CP this rank's copy too; a pipeline
+  // the batch (inputs and targets, B T i32 each; with CP or SP this rank's copy too; a pipeline
   // holds the step's micro-batches, every stage) and positions; the tables the blocks'
   // positions keep (the kind's: llama's rotary cos and sin)
   const Count position_tables = s.kind->position_tables(s);
   const Count batches = D.pp > 1 ? Count(p.accum) : Count(1);
   p.other_bytes =
-      ((batches * (2 * Count(p.micro_batch) * p.seq_len + (D.cp > 1 ? 2 * N : 0)) + N) * 4 + position_tables)
+      ((batches * (2 * Count(p.micro_batch) * p.seq_len + (D.cp * D.sp > 1 ? 2 * N : 0)) + N) * 4 +
+       position_tables)
           .v;
   p.block_activation_bytes =
       s.kind->memory(s, nn::block_checkpointing(ac, c.train.ac_every, 1 % v.block_count())).saved.v;
@@ -514,6 +513,30 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
              "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
 }
 
+// Ulysses' all-to-alls over its sp ranks (dist/ulysses/ulysses.cpp), each block and
+// micro-step: q, k and v to (B, NHl/sp, T/cp, hd) before the core, the output back after it
+// (forward), the same four the other way in backward, and the forward's again in the cores
+// that checkpointing recomputes. An all-to-all of a tensor of X bytes sends sp - 1 of its sp
+// pieces (Communicator::sendrecv's counter: X/sp each): q and the output N Cl a, k and v
+// N KVr a, KVr the kv channels as sent: KVl, or sp hd when a tp rank's kv heads are fewer
+// than sp and each is replicated to sp / (n_kv_head / tp) ranks.
+void plan_ulysses_comm(Plan& p, const Shapes& s, int64_t L, int64_t recomputed_cores) {
+  const Count sp = s.sp, a = s.act_bytes, N = s.N, A = p.accum;
+  if (s.sp == 1) return;
+  const bool replicated = s.KVl < s.sp * s.hd;
+  const Count KVr = replicated ? Count(s.sp) * s.hd : Count(s.KVl);
+  auto sent = [&](Count x) { return (sp - 1) * (x / sp); };
+  const Count layer = 2 * sent(N * s.Cl * a) + 2 * sent(N * KVr * a);  // q, output; k, v
+  const std::string kv = replicated ? "2 N sp hd" : "2 N KVl";
+  add_comm(p, "sp",
+           std::string("all-to-alls of q, k, v and the output around every attention, forward and backward") +
+               (replicated ? " (each kv head replicated to sp / (n_kv_head/tp) ranks)" : ""),
+           "accum L 2 (sp-1)/sp (2 N Cl + " + kv + ") a", A * L * 2 * layer);
+  if (recomputed_cores)
+    add_comm(p, "sp", "the forward's all-to-alls again in the attention that checkpointing recomputes",
+             "accum L_ac (sp-1)/sp (2 N Cl + " + kv + ") a", A * recomputed_cores * layer);
+}
+
 // The pipeline's messages (dist/pipeline_parallel/comm.h): per micro-batch, each chunk but
 // the last stage's sends its output activation forward (F) and each but the first stage's
 // the gradient of its input back (B), B x Tl (x 1/tp sequence parallel) x C in the compute
@@ -547,7 +570,7 @@ void plan_pipeline_comm(const Config& c, Plan& p, const UnitLayout& l, const Sta
 void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v) {
   const dist::ParallelDims& D = p.dims;
   const nn::ACMode ac = ac_mode(c.train);
-  const Count N = s.N, a = s.act_bytes;
+  const Count a = s.act_bytes;
   const int64_t L = v.block_count();
   const Count A = p.accum, n = D.fsdp(), t = D.tp, cp = D.cp;
   plan_data_parallel_comm(p, l, s, v);
@@ -562,21 +585,28 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
     if (m != nn::ACMode::none) ++recomputed_cores;
   }
   plan_tensor_parallel_comm(p, l, s, v, full_blocks);
+  plan_ulysses_comm(p, s, L, recomputed_cores);
   if (cp > 1) {
     // K and V of this rank's two chunks: only the kv heads travel (KVl = Cl but under
-    // grouped-query attention)
-    const Count block = 2 * N * Count(s.KVl) * a;
+    // grouped-query attention); under Ulysses (USP) the ring runs inside the all-to-alls, on
+    // this rank's kv heads of the cp rank's T / cp tokens (ulysses_view)
+    const Shapes r = ulysses_view(s);
+    const Count block = 2 * Count(r.N) * Count(r.KVl) * a;
+    const bool usp = D.sp > 1;
     add_comm(p, "cp", "ring: K/V blocks forward and their gradients back, every block",
-             "accum L 2 (cp-1) 2 N KVl a", A * L * 2 * (cp - 1) * block);
+             usp ? "accum L 2 (cp-1) 2 sp N max(KVl/sp, hd) a" : "accum L 2 (cp-1) 2 N KVl a",
+             A * L * 2 * (cp - 1) * block);
     if (recomputed_cores)
       add_comm(p, "cp", "ring again in the attention that checkpointing recomputes",
-               "accum L_ac (cp-1) 2 N KVl a", A * recomputed_cores * (cp - 1) * block);
+               usp ? "accum L_ac (cp-1) 2 sp N max(KVl/sp, hd) a" : "accum L_ac (cp-1) 2 N KVl a",
+               A * recomputed_cores * (cp - 1) * block);
   }
   plan_pipeline_comm(c, p, l, v);
-  // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp ranks, the
-  // gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group; with a
-  // pipeline the loss's sum and the norm's over the stages
-  Count scalars = all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, t);
+  // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp then sp ranks,
+  // the gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group; with
+  // a pipeline the loss's sum and the norm's over the stages
+  Count scalars = all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, D.sp) +
+                  all_reduce_bytes(8, t);
   if (D.sharded()) scalars += all_reduce_bytes(8, n);
   scalars += 2 * all_reduce_bytes(8, D.pp);
   add_comm(p, "scalars",
@@ -593,7 +623,8 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
 // is being computed, for the message when a count overflows.
 void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage) {
   const dist::ParallelDims& D = p.dims;
-  p.strategy = D.strategy() + (p.sequence_parallel ? " + SP" : "");  // SP: sequence parallel
+  // SP: TP's sequence parallelism; the mesh's own SP is Ulysses' (then "SP over tp" for TP's)
+  p.strategy = D.strategy() + (p.sequence_parallel ? (D.sp > 1 ? " + SP over tp" : " + SP") : "");
   const nn::ACMode ac = ac_mode(c.train);
   p.ac = c.train.activation_checkpointing;
   p.ac_every = c.train.ac_every;
@@ -620,7 +651,7 @@ void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage
   stage = "the batch (train.micro_batch_size x grad_accum_steps x data-parallel ranks x seq_len)";
   p.micro_batch = c.train.micro_batch_size;
   p.seq_len = c.train.seq_len;
-  p.local_seq = c.train.seq_len / D.cp;
+  p.local_seq = c.train.seq_len / (D.cp * D.sp);  // Ulysses: this rank's part of the cp rank's
   p.accum = c.train.grad_accum_steps;
   p.sequences = (Count(p.micro_batch) * p.accum * D.dp()).v;
   p.tokens = (Count(p.sequences) * p.seq_len).v;
@@ -651,6 +682,11 @@ void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage
                       (D.pp > 1 ? " (counted on each stage's own blocks)" : ""));
   if (D.cp > 1)
     p.notes.push_back("context parallelism: the numbers are rank 0's, which keeps the most ring blocks");
+  if (D.sp > 1)
+    p.notes.push_back(
+        "Ulysses: " + std::to_string(p.local_seq) + " tokens a rank outside attention; inside it " +
+        std::to_string(mc.n_head / (D.tp * D.sp)) + " heads over " + std::to_string(c.train.seq_len / D.cp) +
+        " tokens" + (mc.kv_heads() / D.tp < D.sp ? ", the kv heads replicated to one a rank" : ""));
   if (v.split_backward)
     p.notes.push_back(
         "zb-h1: between a micro-batch's B and its W each block keeps its linears' inputs and "

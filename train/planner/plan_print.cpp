@@ -170,6 +170,7 @@ nlohmann::json plan_to_json(const Plan& p) {
                  {"dp_replicate", p.dims.dp_replicate},
                  {"dp_shard", p.dims.dp_shard},
                  {"cp", p.dims.cp},
+                 {"sp", p.dims.sp},
                  {"tp", p.dims.tp},
                  {"world", p.dims.world()},
                  {"strategy", p.strategy}};

@@ -15,6 +15,17 @@ nn::ACMode checkpointing_of(const Plan& plan) {
   return ac_mode(train);
 }
 
+// Ulysses' all-to-alls around the core, one after the other (dist/ulysses: each waited for):
+// q, k and v (the kv heads as sent: replicated to sp hd channels when fewer), or the output;
+// their gradients the same the other way
+double ulysses_s(const Shapes& s, const Plan& plan, const Links& links, bool output) {
+  if (s.sp == 1) return 0.0;
+  const double N = double(s.N), a = double(plan.act_bytes);
+  const double kv = double(std::max(s.KVl, s.sp * s.hd));
+  if (output) return all_to_all_s(N * double(s.Cl) * a, s.sp, links.sp);
+  return all_to_all_s(N * double(s.Cl) * a, s.sp, links.sp) + 2 * all_to_all_s(N * kv * a, s.sp, links.sp);
+}
+
 }  // namespace
 
 StepWork step_work(const Plan& plan, const Shapes& shapes) {
@@ -57,7 +68,11 @@ StepReplay::StepReplay(const Plan& plan, const Cluster& cluster, const Shapes& s
       units_(static_cast<int64_t>(plan.unit_numel.size())),
       tp_reduce_bytes_(double(shapes.N) * double(shapes.C) * double(plan.wire_act_reduce_bytes)),
       tp_gather_bytes_(double(shapes.N) * double(shapes.C) * double(plan.act_bytes)),
-      kv_bytes_(2 * double(shapes.N) * double(shapes.KVl) * double(plan.act_bytes)),
+      kv_bytes_(2 * double(ulysses_view(shapes).N) * double(ulysses_view(shapes).KVl) *
+                double(plan.act_bytes)),
+      // Ulysses: q, k and v (kv replicated to one head a rank when fewer), the output
+      a2a_in_s_(ulysses_s(shapes, plan, links_, false)),
+      a2a_out_s_(ulysses_s(shapes, plan, links_, true)),
       timeline_(links_),
       gathered_(static_cast<size_t>(units_)) {
   int64_t unit = 1;
@@ -182,7 +197,8 @@ void StepReplay::step_end() {
   const dist::ParallelDims& dims = plan_.dims;
   if (plan_.sp_grad_numel > 0 && dims.tp > 1)  // (without it: q_norm's and k_norm's)
     timeline_.sync("tp", all_reduce_s(double(plan_.sp_grad_numel) * kF, dims.tp, links_.tp));
-  timeline_.sync("scalars", all_reduce_s(8, dims.dp(), links_.dp) + all_reduce_s(8, dims.cp, links_.cp));
+  timeline_.sync("scalars", all_reduce_s(8, dims.dp(), links_.dp) + all_reduce_s(8, dims.cp, links_.cp) +
+                                all_reduce_s(8, dims.sp, links_.sp));
   timeline_.sync("scalars", (sharded_ ? all_reduce_s(8, dims.fsdp(), links_.fsdp) : 0) +
                                 all_reduce_s(8, dims.tp, links_.tp));
   timeline_.run(piece_of(work_.optimizer, kF), false);
@@ -219,15 +235,20 @@ void StepReplay::block_backward(nn::ACMode mode) {
 }
 
 // Ring attention (dist/context_parallel): cp steps, each computing on one rank's K/V while
-// the next travels
+// the next travels; under Ulysses inside its all-to-alls (q, k, v in, the output back)
 void StepReplay::attention_core_forward(bool again) {
   const int64_t cp = plan_.dims.cp;
-  if (cp == 1) return timeline_.run(piece(work_.block.core), again);
+  timeline_.sync("sp", a2a_in_s_);
+  if (cp == 1) {
+    timeline_.run(piece(work_.block.core), again);
+    return timeline_.sync("sp", a2a_out_s_);
+  }
   for (int64_t step = 0; step < cp; ++step) {
     const Ticket next_kv = step + 1 < cp ? timeline_.start("cp", exchange_s(kv_bytes_, links_.cp)) : Ticket{};
     timeline_.run(ring_step(work_.block.core), again);
     if (step + 1 < cp) timeline_.wait("cp", next_kv);
   }
+  timeline_.sync("sp", a2a_out_s_);
 }
 
 // Its backward: each pass's K/V gradient goes back to the rank it came from (the other way
@@ -236,13 +257,18 @@ void StepReplay::attention_core_forward(bool again) {
 void StepReplay::attention_core_backward() {
   const int64_t cp = plan_.dims.cp;
   const BlockWork& block = work_.block;
-  if (cp == 1) return timeline_.run(piece(block.core_b), false);
+  timeline_.sync("sp", a2a_out_s_);  // Ulysses: the output's gradient in, dq, dk, dv back after
+  if (cp == 1) {
+    timeline_.run(piece(block.core_b), false);
+    return timeline_.sync("sp", a2a_in_s_);
+  }
   for (int64_t step = 0; step < cp; ++step) {
-    if (!fused(shapes_.core))
+    if (!fused(shapes_.inner))
       timeline_.run(ring_step(Work{block.core.flops, 2 * block.scores}), true);  // not the ring's copies
     timeline_.run(ring_step(block.core_b), false);
     if (step + 1 < cp) timeline_.sync("cp", exchange_s(kv_bytes_, links_.cp));
   }
+  timeline_.sync("sp", a2a_in_s_);
 }
 
 // ---- tensor parallelism -------------------------------------------------------------------

@@ -10,7 +10,8 @@
 // through the stage's chunks: what the stage computes, timed by chunk for the schedule's
 // simulation): the embeddings (on the first stage); each block's forward, with
 // FSDP's all-gather of the next block prefetched under it, TP's f and g around the
-// attention and the MLP, ring attention's steps under CP; the loss; each block's backward
+// attention and the MLP, ring attention's steps under CP (inside Ulysses' all-to-alls
+// under SP); the loss; each block's backward
 // in reverse, after activation checkpointing's recompute, with the column-parallel
 // linears' input-gradient sums under their weight gradients and FSDP's reduce-scatter
 // drained one block later; the embeddings' backward (first stage). Then the step's end: sequence
@@ -116,6 +117,8 @@ class StepReplay {
   // moves); an all-gather of an activation (the raw values); the ring's K and V of this
   // rank's two chunks
   const double tp_reduce_bytes_, tp_gather_bytes_, kv_bytes_;
+  // seconds: Ulysses' all-to-alls of q, k and v, and of the output (0 without it)
+  const double a2a_in_s_, a2a_out_s_;
   Timeline timeline_;
   std::vector<Ticket> gathered_;                     // FSDP's all-gathers, by unit
   std::deque<std::pair<int64_t, Ticket>> reducing_;  // (unit, its reduce-scatter) not drained yet

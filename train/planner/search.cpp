@@ -22,11 +22,12 @@ std::vector<int64_t> divisors(int64_t n) {
   return d;
 }
 
-// "1 x 2 x 4 x 1 x 1" as pp x dp_replicate x dp_shard x cp x tp
+// "1 x 2 x 4 x 1 x 1 x 1" as pp x dp_replicate x dp_shard x cp x sp x tp
 std::string sizes(const dist::ParallelDims& D) {
-  char s[80];
-  std::snprintf(s, sizeof(s), "%lld x %lld x %lld x %lld x %lld", (long long)D.pp, (long long)D.dp_replicate,
-                (long long)D.dp_shard, (long long)D.cp, (long long)D.tp);
+  char s[100];
+  std::snprintf(s, sizeof(s), "%lld x %lld x %lld x %lld x %lld x %lld", (long long)D.pp,
+                (long long)D.dp_replicate, (long long)D.dp_shard, (long long)D.cp, (long long)D.sp,
+                (long long)D.tp);
   return s;
 }
 
@@ -44,8 +45,8 @@ std::string describe(const Candidate& x) {
 
 bool same_layout(const Plan& a, const Plan& b) {
   return a.dims.pp == b.dims.pp && a.dims.dp_replicate == b.dims.dp_replicate &&
-         a.dims.dp_shard == b.dims.dp_shard && a.dims.cp == b.dims.cp && a.dims.tp == b.dims.tp &&
-         schedule_of(a) == schedule_of(b);
+         a.dims.dp_shard == b.dims.dp_shard && a.dims.cp == b.dims.cp && a.dims.sp == b.dims.sp &&
+         a.dims.tp == b.dims.tp && schedule_of(a) == schedule_of(b);
 }
 
 std::string ms(double s) {
@@ -119,13 +120,13 @@ struct Pipeline {
   int64_t virtual_stages;
 };
 
-// Every plan of one layout -- pipeline, tp, cp, the rest data parallel -- into `out`: each
-// split of the data-parallel ranks into replicas and shards, micro-batch, checkpointing mode
-// and (with tp) sequence parallelism.
+// Every plan of one layout -- pipeline, tp, cp, Ulysses' sp (usp), the rest data parallel --
+// into `out`: each split of the data-parallel ranks into replicas and shards, micro-batch,
+// checkpointing mode and (with tp) sequence parallelism.
 void search_layout(const Config& c, const Cluster& k, const Pipeline& pipe, int64_t tp, int64_t cp,
-                   SearchResult& out) {
+                   int64_t usp, SearchResult& out) {
   const char* modes[] = {"none", "selective", "full"};
-  const int64_t W = out.world, dp = W / (pipe.pp * tp * cp);
+  const int64_t W = out.world, dp = W / (pipe.pp * tp * cp * usp);
   const int64_t sps = tp > 1 ? 2 : 1;  // with tp, sequence parallelism off and on
   if (out.batch % dp) {
     const int64_t n = static_cast<int64_t>(divisors(dp).size()) * 3 * sps;
@@ -133,7 +134,8 @@ void search_layout(const Config& c, const Cluster& k, const Pipeline& pipe, int6
     out.tried += n;
     out.refusals["the batch of " + std::to_string(out.batch) + " sequences per step does not split among " +
                  std::to_string(dp) + " data-parallel ranks (tp " + std::to_string(tp) + ", cp " +
-                 std::to_string(cp) + (pipe.pp > 1 ? ", pp " + std::to_string(pipe.pp) : "") + ")"] += n;
+                 std::to_string(cp) + (usp > 1 ? ", sp " + std::to_string(usp) : "") +
+                 (pipe.pp > 1 ? ", pp " + std::to_string(pipe.pp) : "") + ")"] += n;
     return;
   }
   const int64_t per_rank = out.batch / dp;
@@ -151,6 +153,7 @@ void search_layout(const Config& c, const Cluster& k, const Pipeline& pipe, int6
           x.parallel.dp_replicate_size = rep;
           x.parallel.dp_shard_size = dp / rep;
           x.parallel.cp_size = cp;
+          x.parallel.sp_size = usp;
           x.parallel.tp_size = tp;
           x.train.micro_batch_size = micro;
           x.train.grad_accum_steps = per_rank / micro;  // under a pipeline, its micro-batches
@@ -165,7 +168,7 @@ void search_layout(const Config& c, const Cluster& k, const Pipeline& pipe, int6
           try {
             cand.plan = plan(x, W);
           } catch (const ConfigError&
-                       e) {  // tp, cp or the stages the model, the sequence or the schedule cannot take
+                       e) {  // tp, cp, sp or the stages the model, the sequence or the schedule cannot take
             ++out.refused;
             ++out.refusals[e.what()];
             continue;
@@ -192,7 +195,7 @@ SearchResult search(const Config& c, const Cluster& k) {
     const int64_t shard =
         P.dp_shard_size > 0
             ? P.dp_shard_size
-            : std::max<int64_t>(1, W / (P.pp_size * P.dp_replicate_size * P.cp_size * P.tp_size));
+            : std::max<int64_t>(1, W / (P.pp_size * P.dp_replicate_size * P.cp_size * P.sp_size * P.tp_size));
     out.batch = c.train.micro_batch_size * c.train.grad_accum_steps * P.dp_replicate_size * shard;
   }
   // pipeline stages: none, or a divisor of the world no larger than the blocks, each with
@@ -208,9 +211,11 @@ SearchResult search(const Config& c, const Cluster& k) {
     pipelines.push_back({pp, "zb-h1", 1});
     if (2 * pp <= c.model.n_layer) pipelines.push_back({pp, "interleaved", 2});
   }
+  // sequence splits: cp's ring, Ulysses' sp, and both (USP: sp inside cp)
   for (const Pipeline& pipe : pipelines)
     for (int64_t tp : divisors(W / pipe.pp))
-      for (int64_t cp : divisors(W / (pipe.pp * tp))) search_layout(c, k, pipe, tp, cp, out);
+      for (int64_t cp : divisors(W / (pipe.pp * tp)))
+        for (int64_t usp : divisors(W / (pipe.pp * tp * cp))) search_layout(c, k, pipe, tp, cp, usp, out);
   std::stable_sort(out.ranked.begin(), out.ranked.end(),
                    [](const Candidate& a, const Candidate& b) { return a.time.step_s < b.time.step_s; });
   out.why = why_first(out.ranked);
@@ -248,16 +253,16 @@ void print_refusals(const SearchResult& s, std::ostream& o) {
 void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ostream& o) {
   print_cluster(k, o);
   o << "search: " << s.world << " devices, " << s.batch << " sequences per step; " << s.tried
-    << " plans (layouts and pipeline schedules x micro-batches x checkpointing x sequence parallelism with "
-       "tp), "
+    << " plans (layouts with cp, sp or both and pipeline schedules x micro-batches x checkpointing x "
+       "sequence parallelism with tp), "
     << s.refused << " refused by the trainer's rules, " << s.too_big << " over 90% of a device's memory, "
     << s.ranked.size() << " ranked\n";
   if (s.ranked.empty() && s.too_big == 0) return print_refusals(s, o);
   char line[400];
   std::snprintf(line, sizeof(line),
-                "%4s  %-26s %-22s %-14s %-7s %-9s %10s %11s %6s %10s %10s %10s %7s %9s  %s\n", "#",
-                "pp x rep x shard x cp x tp", "strategy", "schedule", "micro", "AC", "step ms", "tokens/s",
-                "MFU", "compute", "exposed", "recompute", "bubble", "peak GB", "across hosts");
+                "%4s  %-31s %-27s %-14s %-7s %-9s %10s %11s %6s %10s %10s %10s %7s %9s  %s\n", "#",
+                "pp x rep x shard x cp x sp x tp", "strategy", "schedule", "micro", "AC", "step ms",
+                "tokens/s", "MFU", "compute", "exposed", "recompute", "bubble", "peak GB", "across hosts");
   o << line;
   for (size_t i = 0; i < s.ranked.size() && int64_t(i) < top; ++i) {
     const Plan& p = s.ranked[i].plan;
@@ -267,7 +272,7 @@ void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ost
     char bubble[16] = "-";
     if (p.dims.pp > 1) std::snprintf(bubble, sizeof(bubble), "%.1f%%", 100 * t.bubble);
     std::snprintf(line, sizeof(line),
-                  "%4zu  %-26s %-22s %-14s %2lld x %-2lld %-9s %10.1f %11.0f %5.1f%% %10.1f %10.1f %10.1f "
+                  "%4zu  %-31s %-27s %-14s %2lld x %-2lld %-9s %10.1f %11.0f %5.1f%% %10.1f %10.1f %10.1f "
                   "%7s %9.2f  %s\n",
                   i + 1, sizes(p.dims).c_str(), p.strategy.c_str(), schedule_of(p).c_str(),
                   (long long)p.micro_batch, (long long)p.accum, p.ac.c_str(), t.step_s * 1e3, t.tokens_per_s,
@@ -286,9 +291,9 @@ void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ost
       o << " ";
     }
     o << "--parallel.dp_replicate_size " << p.dims.dp_replicate << " --parallel.dp_shard_size "
-      << p.dims.dp_shard << " --parallel.cp_size " << p.dims.cp << " --parallel.tp_size " << p.dims.tp
-      << " --train.micro_batch_size " << p.micro_batch << " --train.grad_accum_steps " << p.accum
-      << " --train.activation_checkpointing " << p.ac
+      << p.dims.dp_shard << " --parallel.cp_size " << p.dims.cp << " --parallel.sp_size " << p.dims.sp
+      << " --parallel.tp_size " << p.dims.tp << " --train.micro_batch_size " << p.micro_batch
+      << " --train.grad_accum_steps " << p.accum << " --train.activation_checkpointing " << p.ac
       << (p.dims.tp > 1
               ? std::string(" --parallel.sequence_parallel ") + (p.sequence_parallel ? "true" : "false")
               : "")
@@ -320,6 +325,7 @@ void print_search_json(const SearchResult& s, const Cluster& k, int64_t top, std
                    {"dp_replicate", p.dims.dp_replicate},
                    {"dp_shard", p.dims.dp_shard},
                    {"cp", p.dims.cp},
+                   {"sp", p.dims.sp},
                    {"tp", p.dims.tp},
                    {"strategy", p.strategy}};
     x["micro_batch_size"] = p.micro_batch;

@@ -1,6 +1,8 @@
 // The shapes of a planned rank (train/planner/shapes.h).
 #include "train/planner/shapes.h"
 
+#include <algorithm>
+
 #include "tensor/checked.h"
 #include "train/planner/block_kinds.h"
 
@@ -8,7 +10,8 @@ namespace ndt::train {
 
 // With cp > 1 the ring (on the CPU of fused pairs); on the CPU the fused kernel; on a GPU in
 // bf16 cuDNN's flash attention, else the composed ops.
-AttentionCore attention_core(const std::string& device, const std::string& dtype, int64_t cp) {
+AttentionCore attention_core(const std::string& device, const std::string& dtype, int64_t cp, int64_t sp) {
+  if (sp > 1) return AttentionCore::ulysses;
   if (cp > 1) return device == "cpu" ? AttentionCore::ring_fused : AttentionCore::ring;
   if (device == "cpu") return AttentionCore::cpu_fused;
   return dtype == "bfloat16" ? AttentionCore::cudnn : AttentionCore::composed;
@@ -38,9 +41,26 @@ Shapes shapes_of(const Plan& plan, const std::string& device) {
   shapes.Ns = plan.sequence_parallel ? shapes.N / dims.tp : shapes.N;
   shapes.cp = dims.cp;
   shapes.tp = dims.tp;
+  shapes.sp = dims.sp;
   shapes.act_bytes = plan.act_bytes;
-  shapes.core = attention_core(device, plan.dtype, dims.cp);
+  shapes.core = attention_core(device, plan.dtype, dims.cp, dims.sp);
+  shapes.inner = attention_core(device, plan.dtype, dims.cp);
   return shapes;
+}
+
+Shapes ulysses_view(const Shapes& s) {
+  if (s.sp == 1) return s;
+  Shapes v = s;
+  v.Tl = checked_mul(s.Tl, s.sp, "count");
+  v.N = checked_mul(s.B, v.Tl, "count");
+  v.NHl = s.NHl / s.sp;
+  v.Cl = s.Cl / s.sp;
+  v.KVl = std::max(s.KVl / s.sp, s.hd);  // kv heads replicated up to one a rank
+  v.Q = checked_add(v.Cl, checked_mul(2, v.KVl, "count"), "count");
+  v.Ns = v.N;
+  v.sp = 1;
+  v.core = s.inner;
+  return v;
 }
 
 }  // namespace ndt::train

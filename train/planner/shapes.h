@@ -9,7 +9,7 @@
 //
 // Legend (this rank's view):
 //   B   micro-batch (sequences)          T    sequence length
-//   Tl  = T / cp tokens of a sequence    N    = B Tl rows
+//   Tl  = T / (cp sp) tokens of a sequence   N    = B Tl rows
 //   Ns  rows of the regions between the attention and the MLP (LayerNorms, residuals): N,
 //       or N / tp with sequence parallelism
 //   C   = n_embd                         Cl   = NHl hd query (and output) channels: C / tp
@@ -21,6 +21,9 @@
 //   Q   = Cl + 2 KVl columns of c_attn's q, k, v on this rank (3 Cl for gpt2)
 //   Vl  = Vp / tp vocabulary rows (Vp: padded)
 //   L   blocks                           cp, tp  the context- and tensor-parallel degrees
+//   sp  Ulysses' degree: outside attention a rank holds T / (cp sp) tokens; its attention core
+//       runs on ulysses_view(s): NHl / sp heads (kv heads: KVl / sp, at least one head, as
+//       the all-to-all replicates them) over the cp rank's T / cp tokens
 //   a   bytes of an activation (the compute dtype's: 4, or 2 under bfloat16)
 // The sizes divide: plan() refuses a layout where they do not, as the trainer does.
 #pragma once
@@ -40,11 +43,13 @@ enum class AttentionCore {
   composed,    // a GPU otherwise: the composed ops
   ring,        // cp > 1 on a GPU: composed pairs, each recomputed in backward
   ring_fused,  // cp > 1 on the CPU: the fused kernel's pairs
+  ulysses,     // sp > 1: all-to-alls around one of the above, on ulysses_view's shapes
 };
 
-// The core of train.device `device` ("cpu", "cuda", "cuda:N") in train.dtype `dtype` with cp ranks.
-AttentionCore attention_core(const std::string& device, const std::string& dtype, int64_t cp);
-// The CPU's fused kernel, alone or in the ring's pairs.
+// The core of train.device `device` ("cpu", "cuda", "cuda:N") in train.dtype `dtype` with cp
+// ranks (and sp Ulysses ranks around it).
+AttentionCore attention_core(const std::string& device, const std::string& dtype, int64_t cp, int64_t sp = 1);
+// The CPU's fused kernel, alone or in the ring's pairs (under Ulysses: the inner core's).
 bool fused(AttentionCore core);
 
 // What the planner knows of the block the model is made of (train/planner/block_kinds.h).
@@ -54,16 +59,22 @@ struct Shapes {
   const BlockKind* kind = nullptr;  // block_kind(model.arch)
   int64_t B = 0, Tl = 0, N = 0, Ns = 0;
   int64_t C = 0, Cl = 0, KVl = 0, Q = 0, H = 0, NHl = 0, hd = 0, Vl = 0;
-  int64_t cp = 1, tp = 1;
+  int64_t cp = 1, tp = 1, sp = 1;
   int64_t act_bytes = 4;  // a
   bool qkv_bias = true;   // c_attn's bias (gpt2; llama with model.attention_bias)
   bool qk_norm = false;   // llama's q_norm and k_norm (model.qk_norm: Qwen3)
   AttentionCore core = AttentionCore::cpu_fused;
+  AttentionCore inner = AttentionCore::cpu_fused;  // under Ulysses, the core inside the all-to-alls
 };
 
 // The shapes of the plan's rank on train.device `device`: from the plan's layout, batch,
 // model and dtype (plan() fills those first). The products are checked (tensor/checked.h): one that does
 // not fit int64 throws ndt::Error.
 Shapes shapes_of(const Plan& plan, const std::string& device);
+// Ulysses (s.sp > 1): the shapes the attention core runs on between the all-to-alls, the cp
+// rank's Tl sp tokens (N sp rows) of NHl / sp query heads and max(KVl / sp, hd) kv channels
+// (fewer kv heads than sp ranks: each replicated, one a rank), its core s.inner, sp = 1.
+// The same shapes without Ulysses. Per rank N Cl, the query and output elements, stay the same.
+Shapes ulysses_view(const Shapes& s);
 
 }  // namespace ndt::train

@@ -37,11 +37,10 @@ void count_bytes(const Plan& p, const Links& links, StepTime& t) {
     t.bytes_inter += inter;
     t.bytes_intra += x.bytes - inter;
   }
-  const std::pair<const char*, const Link*> named[] = {{"pp", &links.pp},
-                                                       {"dp_replicate", &links.replicate},
-                                                       {"dp_shard", &links.fsdp},
-                                                       {"cp", &links.cp},
-                                                       {"tp", &links.tp}};
+  const std::pair<const char*, const Link*> named[] = {
+      {"pp", &links.pp},         {"dp_replicate", &links.replicate},
+      {"dp_shard", &links.fsdp}, {"cp", &links.cp},
+      {"sp", &links.sp},         {"tp", &links.tp}};
   for (const auto& [name, l] : named)
     if (l->crosses) t.across_hosts.emplace_back(name);
 }
@@ -58,6 +57,7 @@ std::string bottleneck(const StepTime& t, const dist::ParallelDims& dims, const 
       {"replicate", dims.sharded() ? "HSDP's all-reduce of the gradient shards" : "DP's gradient all-reduce"},
       {"tp", "tensor parallelism's all-reduces (each waited for)"},
       {"cp", "ring attention's K/V exchange"},
+      {"sp", "Ulysses' all-to-alls (each waited for)"},
       {"pp", "the pipeline's bubble and its messages between stages"},
       {"scalars", "the loss and norm all-reduces (latency)"}};
   if (worst > 0.2 * t.step_s)

@@ -39,7 +39,7 @@ void SharedLink::step(double until) {
 
 namespace {
 
-enum class Dim { replicate, fsdp, cp, tp, dp, pp };
+enum class Dim { replicate, fsdp, cp, sp, tp, dp, pp };
 
 // The next member of `rank`'s ring in dimension `dim` (the communicator's order).
 int64_t successor(const dist::ParallelDims& dims, int64_t rank, Dim dim) {
@@ -54,10 +54,14 @@ int64_t successor(const dist::ParallelDims& dims, int64_t rank, Dim dim) {
     case Dim::cp:
       c.cp = (c.cp + 1) % dims.cp;
       break;
-    case Dim::fsdp: {  // shard x cp, cp inner
-      const int64_t next = (c.shard * dims.cp + c.cp + 1) % dims.fsdp();
-      c.shard = next / dims.cp;
-      c.cp = next % dims.cp;
+    case Dim::sp:
+      c.sp = (c.sp + 1) % dims.sp;
+      break;
+    case Dim::fsdp: {  // shard x cp x sp, sp innermost
+      const int64_t next = ((c.shard * dims.cp + c.cp) * dims.sp + c.sp + 1) % dims.fsdp();
+      c.shard = next / (dims.cp * dims.sp);
+      c.cp = next / dims.sp % dims.cp;
+      c.sp = next % dims.sp;
       break;
     }
     case Dim::pp:
@@ -107,11 +111,43 @@ Link link_of(const dist::ParallelDims& dims, const Cluster& cluster, Dim dim) {
   return link;
 }
 
+// Ulysses' all-to-all: n - 1 steps, in step k every rank sends its piece to the rank k
+// further in its sp group (dist/ulysses: one sendrecv after the other). A step's pieces that
+// leave a host share its links (devices_per_host x inter_gbps) among the host's ranks that
+// send across in that step; the others go at intra_gbps; the step lasts as long as its
+// slowest piece. The link is the one whose bandwidth gives the steps' time over n - 1 pieces
+// (Link::cpu_share and cross_share: by the steps' pieces that cross).
+Link all_to_all_link(const dist::ParallelDims& dims, const Cluster& cluster) {
+  const Link ring = link_of(dims, cluster, Dim::sp);
+  if (!ring.crosses) return ring;
+  const int64_t n = dims.sp, first_host = std::min(cluster.devices_per_host, dims.world());
+  double seconds_per_byte = 0, crossing = 0;
+  for (int64_t k = 1; k < n; ++k) {
+    int64_t leaving = 0, staying = 0;
+    for (int64_t rank = 0; rank < first_host; ++rank) {
+      dist::ParallelDims::Coords c = dims.coords(rank);
+      c.sp = (c.sp + k) % n;
+      (cluster.host_of(dims.rank_of(c)) != cluster.host_of(rank) ? leaving : staying) += 1;
+    }
+    const double across =
+        leaving ? double(leaving) / (cluster.inter_bps * double(cluster.devices_per_host)) : 0;
+    seconds_per_byte += std::max(staying ? 1 / cluster.intra_bps : 0.0, across);
+    crossing += double(leaving) / double(leaving + staying);
+  }
+  Link link = ring;
+  link.bps = double(n - 1) / seconds_per_byte;
+  link.cross_share = crossing / double(n - 1);
+  link.cpu_share =
+      link.cross_share * cluster.inter_cpu_share + (1 - link.cross_share) * cluster.intra_cpu_share;
+  return link;
+}
+
 }  // namespace
 
 const Link& Links::of(const std::string& dim) const {
   return dim == "tp"        ? tp
          : dim == "cp"      ? cp
+         : dim == "sp"      ? sp
          : dim == "fsdp"    ? fsdp
          : dim == "pp"      ? pp
          : dim == "scalars" ? dp
@@ -122,6 +158,7 @@ Links links_of(const dist::ParallelDims& dims, const Cluster& cluster) {
   Links links;
   links.tp = link_of(dims, cluster, Dim::tp);
   links.cp = link_of(dims, cluster, Dim::cp);
+  links.sp = all_to_all_link(dims, cluster);
   links.fsdp = link_of(dims, cluster, Dim::fsdp);
   links.replicate = link_of(dims, cluster, Dim::replicate);
   links.dp = link_of(dims, cluster, Dim::dp);
@@ -149,17 +186,22 @@ double gather_s(double whole_bytes, int64_t ranks, const Link& link) {
   return ranks > 1 ? double(ranks - 1) * (link.latency + whole_bytes / double(ranks) / link.bps) : 0.0;
 }
 double exchange_s(double bytes, const Link& link) { return link.latency + bytes / link.bps; }
+double all_to_all_s(double bytes, int64_t ranks, const Link& link) {
+  return ranks > 1 ? double(ranks - 1) * (link.latency + bytes / double(ranks) / link.bps) : 0.0;
+}
 
 // ---- Timeline ------------------------------------------------------------------------------
 
 Timeline::Timeline(const Links& links)
     : crosses_{{"tp", links.tp.crosses},
                {"cp", links.cp.crosses},
+               {"sp", links.sp.crosses},
                {"fsdp", links.fsdp.crosses},
                {"replicate", links.replicate.crosses},
                {"scalars", false}},
       cpu_share_{{"tp", links.tp.cpu_share},
                  {"cp", links.cp.cpu_share},
+                 {"sp", links.sp.cpu_share},
                  {"fsdp", links.fsdp.cpu_share},
                  {"replicate", links.replicate.cpu_share},
                  {"scalars", 0.0}} {}

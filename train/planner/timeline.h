@@ -13,10 +13,11 @@
 //   all-reduce of S bytes on n ranks       2 (n-1) (latency + S / n / bandwidth)
 //   all-gather, reduce-scatter (S whole)     (n-1) (latency + S / n / bandwidth)
 //   ring attention's exchange of b bytes              latency + b / bandwidth
+//   Ulysses' all-to-all of S bytes on n ranks (n-1) (latency + S / n / bandwidth)
 // where the bandwidth is the slowest edge of the ring: inside a host the intra-host link,
 // between hosts a host's share of its links (devices_per_host x inter_gbps) among the ring
 // edges that leave it at once. Ranks sit on hosts in order (rank / devices_per_host), as
-// mpirun places them by default; the mesh puts tp innermost, then cp, dp_shard,
+// mpirun places them by default; the mesh puts tp innermost, then sp, cp, dp_shard,
 // dp_replicate (dist/mesh.h), so the outer dimensions are the ones that cross hosts.
 #pragma once
 
@@ -69,14 +70,15 @@ struct Link {
   double cross_share = 0;  // of a host's ranks, the share whose ring successor is on another host
 };
 
-// The links of the mesh's dimensions: dp_replicate, the FSDP group (dp_shard x cp), cp, tp,
+// The links of the mesh's dimensions: dp_replicate, the FSDP group (dp_shard x cp x sp), cp,
+// sp (Ulysses' all-to-alls: each step's pieces that leave a host sharing its links), tp,
 // dp (dp_replicate x dp_shard: the loss's all-reduce) and pp (a rank to the same rank of the
 // next stage: pipeline parallelism is outermost, so its boundaries are what crosses hosts
 // when a stage fills a host).
 struct Links {
-  Link replicate, fsdp, cp, tp, dp, pp;
+  Link replicate, fsdp, cp, sp, tp, dp, pp;
   // The link of a dimension as the plan names it (PlanComm::dim, StepTime::exposed_by_dim):
-  // "tp", "cp", "fsdp", "pp", "scalars" (the loss's, on dp), else dp_replicate's.
+  // "tp", "cp", "sp", "fsdp", "pp", "scalars" (the loss's, on dp), else dp_replicate's.
   const Link& of(const std::string& dim) const;
 };
 
@@ -85,6 +87,7 @@ Links links_of(const dist::ParallelDims& dims, const Cluster& cluster);
 double all_reduce_s(double bytes, int64_t ranks, const Link& link);
 double gather_s(double whole_bytes, int64_t ranks, const Link& link);  // all-gather or reduce-scatter
 double exchange_s(double bytes, const Link& link);                     // one ring-attention step
+double all_to_all_s(double bytes, int64_t ranks, const Link& link);    // S: the bytes a rank holds
 // The link between ranks a and b: inside a host, or between hosts, where the host's links
 // (devices_per_host x inter_gbps) are shared by the `leaving` transfers that leave a's host
 // at once (a pipeline boundary: the ranks of a's stage on that host that send across).
@@ -109,7 +112,7 @@ struct Ticket {
 // shares the host's links (SharedLink). On CPU ranks a collective also takes its link's
 // cpu_share of its time from the computation that runs under it (the cores that compute
 // copy its bytes): charged when it is waited for, on the compute that ran since it was
-// issued, up to its time alone. Dimensions: "tp", "cp", "fsdp", "replicate", "scalars" (a
+// issued, up to its time alone. Dimensions: "tp", "cp", "sp", "fsdp", "replicate", "scalars" (a
 // few bytes: latency, on no queue and no shared link).
 class Timeline {
  public:
