@@ -52,28 +52,23 @@ LoraAdapter::LoraAdapter(int64_t in_, int64_t out_, int64_t r) : in(in_), out(ou
   param("lora_B", &B, {out, r}, Init::zeros(), true);
 }
 
-kernels::DropoutKey LoraDropout::key(const Tensor& x, int64_t width, int64_t col_start, uint64_t id) const {
-  NDT_CHECK(!positions.defined() || (positions.dtype() == DType::i32 && positions.dim() == 1 &&
-                                     positions.device() == x.device() && seq_len >= positions.size(0)),
-            "lora.dropout: the positions ", positions.desc(), " must be (L) i32 on the device of the input ",
-            x.desc(), ", L <= seq_len = ", seq_len);
-  return {.p = p,
-          .seed = seed,
-          // stream: the step, the micro-batch, the adapter
-          .stream = (static_cast<uint64_t>(step) << 32) ^ (static_cast<uint64_t>(micro) << 20) ^ id,
-          .row_start = row_start,
-          .row_stride = width,
-          .col_start = col_start,
-          .positions = positions.defined() ? static_cast<const int32_t*>(positions.data_ptr()) : nullptr,
-          .run = positions.defined() ? positions.size(0) : 0,
-          .seq_len = seq_len};
+// x (N, in) -> (N, in): its elements' mask keyed as LoraDropout says
+Tensor LoraDropout::drop(const Tensor& x, int64_t width, int64_t col_start, uint64_t id) const {
+  const kernels::DropoutKey key{
+      .p = p,
+      .seed = seed,
+      .stream = (static_cast<uint64_t>(step) << 32) ^ (static_cast<uint64_t>(micro) << 20) ^ id,
+      .row_start = row_start,
+      .row_stride = width,
+      .col_start = col_start,
+      .seq_len = seq_len};  // with positions (the op sets the key's pointer to them)
+  return ndt::dropout(x, key, positions);
 }
 
 // x (N, in) -> [dropout] -> (x A^T) (N, r) -> x scale -> (N, r) B^T -> (N, out)
 Tensor LoraAdapter::forward(const Tensor& x, double s, const LoraDropout* d) const {
-  // the mask of x's rows and columns of the whole input (see LoraDropout); the key holds
-  // d->positions' memory, which the model keeps for its life
-  const Tensor xin = d && d->on() ? ndt::dropout(x, d->key(x, in, in_start, id)) : x;
+  // the mask of x's rows and columns of the whole input (see LoraDropout)
+  const Tensor xin = d && d->on() ? d->drop(x, in, in_start, id) : x;
   return matmul(ndt::scale(matmul(xin, A, false, true), s), B, false, true);
 }
 

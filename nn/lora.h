@@ -82,9 +82,9 @@ struct LoraDropout {
   void place(int64_t run_seed, int64_t first_row) {
     seed = static_cast<uint64_t>(run_seed), row_start = first_row;
   }
-  // The key of an adapter's input (N, in): these rows of whole rows of `width` channels, from
-  // column col_start, in the adapter's stream (its id)
-  kernels::DropoutKey key(const Tensor& x, int64_t width, int64_t col_start, uint64_t id) const;
+  // An adapter's input x (N, in) -> dropout(x) (N, in): x's columns are those from col_start of
+  // the linear's whole input of `width` channels, the mask the adapter's (its id in the stream)
+  Tensor drop(const Tensor& x, int64_t width, int64_t col_start, uint64_t id) const;
 };
 
 // The trainer's scope of one step's training micro-batches: dropout on (at `step`) while it

@@ -281,7 +281,7 @@ struct DropoutKey {
   int64_t row_start = 0;   // global row of x's row 0 (positions: of the first token of its sequence)
   int64_t row_stride = 0;  // columns of the whole x (>= col_start + x's columns)
   int64_t col_start = 0;   // global column of x's column 0
-  const int32_t* positions = nullptr;  // (run) i32 on x's device, or nullptr: x's rows are one run
+  const int32_t* positions = nullptr;  // (run) i32 on x's device (ndt::dropout sets it), or nullptr
   int64_t run = 0;                     // with positions: x's rows per sequence
   int64_t seq_len = 0;                 // with positions: the tokens of a whole sequence
 };

@@ -208,7 +208,7 @@ TEST(LoraDropout, ARanksPiecesOfTheRowsDrawTheirRowsOfTheWholeMask) {
   const int64_t T = 16, rows = 4, C = 3, row_start = 2 * T;  // data rank 1: rows 2, 3
   const nn::LoraDropout whole{.p = 0.5, .seed = 11, .training = true, .step = 2, .micro = 1};
   const Tensor x = random({rows * T, C}, 41);  // (4 T, C): the micro-step's whole input
-  const std::vector<double> all = dropout(x, whole.key(x, C, 0, 7)).to_vector<double>();
+  const std::vector<double> all = whole.drop(x, C, 0, 7).to_vector<double>();
   const std::vector<std::vector<int32_t>> layouts = {{0, 1, 2, 3, 12, 13, 14, 15},
                                                      {4, 5, 6, 7, 8, 9, 10, 11},  // cp 2: ranks 0, 1
                                                      {0, 1, 2, 3, 4, 5, 6, 7},
@@ -226,16 +226,16 @@ TEST(LoraDropout, ARanksPiecesOfTheRowsDrawTheirRowsOfTheWholeMask) {
     for (int64_t s = 0; s < 2; ++s)
       for (int64_t t = 0; t < L; ++t) pieces.push_back(x.narrow(0, row_start + s * T + pos[t], 1));
     const Tensor local = concat(pieces, 0).contiguous();
-    const std::vector<double> got = dropout(local, d.key(local, C, 0, 7)).to_vector<double>();
+    const std::vector<double> got = d.drop(local, C, 0, 7).to_vector<double>();
     for (int64_t s = 0; s < 2; ++s)
       for (int64_t t = 0; t < L; ++t)
         for (int64_t c = 0; c < C; ++c)
           EXPECT_EQ(got[(s * L + t) * C + c], all[(row_start + s * T + pos[t]) * C + c])
               << "positions from " << pos[0] << ", row " << s << ", token " << t << ", channel " << c;
   }
-  nn::LoraDropout bad = whole;  // a rank's positions beyond its rows: one clear line
+  nn::LoraDropout bad = whole;  // more positions than the sequence's tokens: one clear line
   bad.positions = Tensor::from_vector(std::vector<int32_t>{0, 1, 2}, {3}), bad.seq_len = 2;
-  EXPECT_THROW(bad.key(x, C, 0, 7), Error);
+  EXPECT_THROW(bad.drop(x, C, 0, 7), Error);
 }
 
 TEST(Lora, InitializesAsPeftAndScalesByAlphaOverRankOrItsRoot) {
