@@ -312,7 +312,8 @@ TEST_F(DistFinetune, LoraDropoutUnderDataAndTensorParallelismEqualsOneProcess) {
 
 // ... and under context parallelism (each rank its head and tail chunks of every row),
 // Ulysses (a contiguous half of every row) and both (USP over 4 ranks: a half of each cp rank's
-// chunks), where a rank's tokens of a row are pieces of it: keyed by their positions in the row
+// chunks; and cp with tp, a row-parallel linear's columns of the chunks), where a rank's tokens
+// of a row are pieces of it: keyed by their positions in the row
 // (not in their documents: the rows are packed chat documents, whose positions restart at each
 // document's start), the losses, gradients and adapters equal one process's.
 TEST_F(DistFinetune, LoraDropoutUnderContextParallelAndUlyssesEqualsOneProcess) {
@@ -320,7 +321,8 @@ TEST_F(DistFinetune, LoraDropoutUnderContextParallelAndUlyssesEqualsOneProcess) 
   expect_lora_layouts_equal_one_process(
       {{"lora_drop_cp2", "--parallel.cp_size 2"}, {"lora_drop_sp2", "--parallel.sp_size 2"}},
       "lora_drop_single_seq", lora);
-  expect_lora_layouts_equal_one_process({{"lora_drop_sp2_cp2", "--parallel.sp_size 2 --parallel.cp_size 2"}},
+  expect_lora_layouts_equal_one_process({{"lora_drop_sp2_cp2", "--parallel.sp_size 2 --parallel.cp_size 2"},
+                                         {"lora_drop_cp2_tp2", "--parallel.cp_size 2 --parallel.tp_size 2"}},
                                         "lora_drop_single_usp", lora, 4);
 }
 
