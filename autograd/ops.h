@@ -62,7 +62,9 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, double s);
 // Dropout with a counter-based mask keyed by global indices (kernels::dropout): x (N, C) ->
 // (N, C), kept elements scaled by 1 / (1 - p). Nothing is saved: backward recomputes the mask.
-Tensor dropout(const Tensor& x, const kernels::DropoutKey& key);
+// positions: (run) i32 on x's device, the key's positions of a rank's tokens in their sequence
+// (context parallelism, Ulysses; undefined: none), held by the backward.
+Tensor dropout(const Tensor& x, const kernels::DropoutKey& key, const Tensor& positions = {});
 Tensor gelu(const Tensor& x);  // tanh approximation
 // SwiGLU's gate (the Llama MLP, down(silu(gate) * up)): gate, up of one shape -> silu(gate) *
 // up, silu(g) = g * sigmoid(g), one node (nothing but gate and up is kept)

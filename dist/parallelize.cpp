@@ -64,6 +64,17 @@ std::unique_ptr<Strategy> lora_memory(models::GPT& gpt, const DeviceMesh& mesh, 
   return std::make_unique<AdapterParallel>(pm.params, adapter_data_group(mesh), tp, std::move(gather));
 }
 
+// lora.dropout under context parallelism and Ulysses: a rank holds pieces of every row, and
+// the mask's key takes their positions in the row (nn::LoraDropout), those the positions hook
+// of CP and Ulysses gives the rotary and learned embeddings, without documents: packed rows'
+// documents restart the model's positions, not the row's.
+void place_lora_dropout(models::GPT& gpt, const ParallelizeOptions& o, int64_t pieces) {
+  const int64_t L = o.seq_len / pieces;  // this rank's tokens of a row
+  const Tensor pos = gpt.positions(Tensor::empty({1, L}, DType::i32, o.device), 0, Tensor());  // (1, L)
+  gpt.lora_dropout->positions = pos.reshape({L});
+  gpt.lora_dropout->seq_len = o.seq_len;
+}
+
 }  // namespace
 
 std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& mesh,
@@ -80,6 +91,7 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   if (dims.sp > 1)  // inside the ring (USP) when cp > 1: it wraps CP's attention and positions
     pm->sp_ = std::make_unique<Ulysses>(gpt, mesh.sp(), o.seq_len, &pm->split_, dims.tp, dims.cp);
   if (gpt.cfg.moe()) pm->reduce_router_stats(gpt);
+  if (gpt.lora_dropout && dims.cp * dims.sp > 1) place_lora_dropout(gpt, o, dims.cp * dims.sp);
   // 3: wrappers compose inside out, the first installed runs innermost
   if (o.ac != nn::ACMode::none) gpt.add_block_wrapper(nn::activation_checkpointing(o.ac, o.ac_every));
   if (o.trace && !dims.sharded())  // FSDP traces its units itself

@@ -52,19 +52,23 @@ LoraAdapter::LoraAdapter(int64_t in_, int64_t out_, int64_t r) : in(in_), out(ou
   param("lora_B", &B, {out, r}, Init::zeros(), true);
 }
 
+// x (N, in) -> (N, in): its elements' mask keyed as LoraDropout says
+Tensor LoraDropout::drop(const Tensor& x, int64_t width, int64_t col_start, uint64_t id) const {
+  const kernels::DropoutKey key{
+      .p = p,
+      .seed = seed,
+      .stream = (static_cast<uint64_t>(step) << 32) ^ (static_cast<uint64_t>(micro) << 20) ^ id,
+      .row_start = row_start,
+      .row_stride = width,
+      .col_start = col_start,
+      .seq_len = seq_len};  // with positions (the op sets the key's pointer to them)
+  return ndt::dropout(x, key, positions);
+}
+
 // x (N, in) -> [dropout] -> (x A^T) (N, r) -> x scale -> (N, r) B^T -> (N, out)
 Tensor LoraAdapter::forward(const Tensor& x, double s, const LoraDropout* d) const {
-  Tensor xin = x;
-  if (d && d->on()) {  // stream: the step, the micro-batch, this adapter (see LoraDropout)
-    const kernels::DropoutKey key{
-        .p = d->p,
-        .seed = d->seed,
-        .stream = (static_cast<uint64_t>(d->step) << 32) ^ (static_cast<uint64_t>(d->micro) << 20) ^ id,
-        .row_start = d->row_start,
-        .row_stride = in,
-        .col_start = in_start};
-    xin = ndt::dropout(x, key);
-  }
+  // the mask of x's rows and columns of the whole input (see LoraDropout)
+  const Tensor xin = d && d->on() ? d->drop(x, in, in_start, id) : x;
   return matmul(ndt::scale(matmul(xin, A, false, true), s), B, false, true);
 }
 

@@ -62,18 +62,29 @@ void check_lora(const LoraConfig& c, const std::vector<LinearSite>& sites);
 //           linear's whole input,
 // so a data-parallel rank (its rows of the micro-step, row_start) and a tensor-parallel one (a
 // row-parallel linear's input columns, LoraAdapter::in_start) draw the mask of the same
-// elements on one process. The model owns one (models::GPT::lora_dropout); the trainer sets
-// the step, the micro-batch and training around its training micro-batches.
+// elements on one process. Under context parallelism and Ulysses a rank holds pieces of every
+// sequence: `positions` gives the position in its sequence of each of them (the position in
+// the row, also in packed rows, where the model's positions restart per document), and
+// token n of the rank's sequence s is (data rank x micro_batch_size + s) x seq_len +
+// positions[n]. The model owns one (models::GPT::lora_dropout); the trainer sets the step, the
+// micro-batch and training around its training micro-batches, dist::ParallelModel the positions.
 struct LoraDropout {
   double p = 0;
   uint64_t seed = 0;
   bool training = false;  // off: no dropout (evaluation, generation, and until a trainer sets it)
   int64_t step = 0, micro = 0;
   int64_t row_start = 0;  // this rank's first token in the micro-step's tokens over the data ranks
+  // CP, Ulysses: (L) i32 on the model's device, the positions in its sequence of the rank's L
+  // tokens of each sequence; undefined: the rank holds whole sequences
+  Tensor positions;
+  int64_t seq_len = 0;  // with positions: the tokens of a whole sequence
   bool on() const { return training && p > 0; }
   void place(int64_t run_seed, int64_t first_row) {
     seed = static_cast<uint64_t>(run_seed), row_start = first_row;
   }
+  // An adapter's input x (N, in) -> dropout(x) (N, in): x's columns are those from col_start of
+  // the linear's whole input of `width` channels, the mask the adapter's (its id in the stream)
+  Tensor drop(const Tensor& x, int64_t width, int64_t col_start, uint64_t id) const;
 };
 
 // The trainer's scope of one step's training micro-batches: dropout on (at `step`) while it

@@ -647,6 +647,9 @@ void dropout(const Tensor& x, const DropoutKey& key, const Tensor& out) {
                 key.row_stride >= key.col_start + x.size(1),
             "dropout: p = ", key.p, " must be in [0, 1) and the columns [", key.col_start, ", ",
             key.col_start + x.size(1), ") within the row stride ", key.row_stride);
+  NDT_CHECK(!key.positions || (key.run > 0 && x.size(0) % key.run == 0 && key.seq_len >= key.run),
+            "dropout: x ", x.desc(), " must be whole sequences of run = ", key.run,
+            " rows (the positions' length), within seq_len = ", key.seq_len);
   NDT_DISPATCH(x.device(), dropout, x, key, out);
 }
 

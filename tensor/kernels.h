@@ -266,18 +266,30 @@ void fill_uniform(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t star
 void fill_normal(const Tensor& t, uint64_t seed, uint64_t stream, uint64_t start, float mean, float std);
 
 // Dropout with a counter-based mask (LoRA's lora_dropout, nn/lora.h): element (n, c) of x is
-// kept when Philox::uniform01 of element (row_start + n) * row_stride + col_start + c of
+// kept when Philox::uniform01 of element dropout_row(key, n) * row_stride + col_start + c of
 // (seed, stream) is >= p, and then scaled by 1 / (1 - p); otherwise it is 0. The mask is a
 // function of those global indices only, so it is never stored (the backward recomputes it:
 // dx = dropout(dy) with the same key) and a rank holding rows or columns of a larger x gets
 // exactly the mask of those rows and columns of the whole. 0 <= p < 1.
+// A rank whose tokens of a sequence are not one run of it (context parallelism's two chunks,
+// Ulysses' part, both under USP) gives their positions in the sequence: x's rows are then
+// sequences of `run` tokens, row n the token at position positions[n % run] of the rank's
+// sequence n / run, whose whole holds seq_len tokens.
 struct DropoutKey {
   double p = 0;
   uint64_t seed = 0, stream = 0;
-  int64_t row_start = 0;   // global row of x's row 0
+  int64_t row_start = 0;   // global row of x's row 0 (positions: of the first token of its sequence)
   int64_t row_stride = 0;  // columns of the whole x (>= col_start + x's columns)
   int64_t col_start = 0;   // global column of x's column 0
+  const int32_t* positions = nullptr;  // (run) i32 on x's device (ndt::dropout sets it), or nullptr
+  int64_t run = 0;                     // with positions: x's rows per sequence
+  int64_t seq_len = 0;                 // with positions: the tokens of a whole sequence
 };
+// The global row of x's row n: row_start + n, or with positions row_start + (n / run) seq_len
+// + positions[n % run] (the CPU and CUDA kernels' one formula)
+NDT_HD inline int64_t dropout_row(const DropoutKey& k, int64_t n) {
+  return k.positions ? k.row_start + (n / k.run) * k.seq_len + k.positions[n % k.run] : k.row_start + n;
+}
 // x (N, C) contiguous -> out (N, C): out = mask * x / (1 - p)
 void dropout(const Tensor& x, const DropoutKey& key, const Tensor& out);
 

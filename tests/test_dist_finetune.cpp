@@ -310,6 +310,22 @@ TEST_F(DistFinetune, LoraDropoutUnderDataAndTensorParallelismEqualsOneProcess) {
   EXPECT_NE(drop.back(), none.back());
 }
 
+// ... and under context parallelism (each rank its head and tail chunks of every row),
+// Ulysses (a contiguous half of every row) and both (USP over 4 ranks: a half of each cp rank's
+// chunks; and cp with tp, a row-parallel linear's columns of the chunks), where a rank's tokens
+// of a row are pieces of it: keyed by their positions in the row
+// (not in their documents: the rows are packed chat documents, whose positions restart at each
+// document's start), the losses, gradients and adapters equal one process's.
+TEST_F(DistFinetune, LoraDropoutUnderContextParallelAndUlyssesEqualsOneProcess) {
+  const std::string lora = lora_on_base("lora_llama_base", kLlamaGqa) + " --lora.dropout 0.3";
+  expect_lora_layouts_equal_one_process(
+      {{"lora_drop_cp2", "--parallel.cp_size 2"}, {"lora_drop_sp2", "--parallel.sp_size 2"}},
+      "lora_drop_single_seq", lora);
+  expect_lora_layouts_equal_one_process({{"lora_drop_sp2_cp2", "--parallel.sp_size 2 --parallel.cp_size 2"},
+                                         {"lora_drop_cp2_tp2", "--parallel.cp_size 2 --parallel.tp_size 2"}},
+                                        "lora_drop_single_usp", lora, 4);
+}
+
 // Context parallelism and Ulysses: the adapters are per-token linears, averaged over the
 // ranks that split the sequence as over data-parallel ones.
 TEST_F(DistFinetune, LoraContextParallelAndUlyssesEqualOneProcess) {

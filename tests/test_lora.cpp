@@ -199,6 +199,45 @@ TEST(LoraDropout, KeepsOneMinusPAndARanksSliceDrawsTheWholeMasksSlice) {
   EXPECT_NE(dropout(x, other).to_vector<double>(), all);
 }
 
+// Context parallelism and Ulysses: a rank holds pieces of every row, and the key takes their
+// positions in the row (nn::LoraDropout::positions). Two data ranks of 2 rows of T = 16 tokens;
+// data rank 1's pieces under CP over 2 ranks (chunks of 4: rank r holds chunks r and 3 - r),
+// Ulysses over 2 (contiguous halves) and both (USP: each cp rank's 8 tokens halved again) draw
+// exactly their rows of the whole input's mask. Packed documents do not enter the key.
+TEST(LoraDropout, ARanksPiecesOfTheRowsDrawTheirRowsOfTheWholeMask) {
+  const int64_t T = 16, rows = 4, C = 3, row_start = 2 * T;  // data rank 1: rows 2, 3
+  const nn::LoraDropout whole{.p = 0.5, .seed = 11, .training = true, .step = 2, .micro = 1};
+  const Tensor x = random({rows * T, C}, 41);  // (4 T, C): the micro-step's whole input
+  const std::vector<double> all = whole.drop(x, C, 0, 7).to_vector<double>();
+  const std::vector<std::vector<int32_t>> layouts = {{0, 1, 2, 3, 12, 13, 14, 15},
+                                                     {4, 5, 6, 7, 8, 9, 10, 11},  // cp 2: ranks 0, 1
+                                                     {0, 1, 2, 3, 4, 5, 6, 7},
+                                                     {8, 9, 10, 11, 12, 13, 14, 15},  // sp 2
+                                                     {0, 1, 2, 3},
+                                                     {12, 13, 14, 15},  // cp 2 x sp 2: cp rank 0's sp ranks
+                                                     {4, 5, 6, 7},
+                                                     {8, 9, 10, 11}};  // cp rank 1's
+  for (const std::vector<int32_t>& pos : layouts) {
+    const int64_t L = static_cast<int64_t>(pos.size());
+    nn::LoraDropout d = whole;
+    d.place(11, row_start);
+    d.positions = Tensor::from_vector(pos, {L}), d.seq_len = T;
+    std::vector<Tensor> pieces;  // (2 L, C): the rank's tokens of data rank 1's rows, in its order
+    for (int64_t s = 0; s < 2; ++s)
+      for (int64_t t = 0; t < L; ++t) pieces.push_back(x.narrow(0, row_start + s * T + pos[t], 1));
+    const Tensor local = concat(pieces, 0).contiguous();
+    const std::vector<double> got = d.drop(local, C, 0, 7).to_vector<double>();
+    for (int64_t s = 0; s < 2; ++s)
+      for (int64_t t = 0; t < L; ++t)
+        for (int64_t c = 0; c < C; ++c)
+          EXPECT_EQ(got[(s * L + t) * C + c], all[(row_start + s * T + pos[t]) * C + c])
+              << "positions from " << pos[0] << ", row " << s << ", token " << t << ", channel " << c;
+  }
+  nn::LoraDropout bad = whole;  // more positions than the sequence's tokens: one clear line
+  bad.positions = Tensor::from_vector(std::vector<int32_t>{0, 1, 2}, {3}), bad.seq_len = 2;
+  EXPECT_THROW(bad.drop(x, C, 0, 7), Error);
+}
+
 TEST(Lora, InitializesAsPeftAndScalesByAlphaOverRankOrItsRoot) {
   nn::LoraAdapter a(64, 10, 4);
   const nn::FlatParams ps = nn::materialize({{"u", a.parameters("x")}}, Device::cpu(), DType::f32, 5);

@@ -729,11 +729,6 @@ void validate_lora(const Config& c, const Checks& ck) {
   ck.need(c.lora.dropout >= 0 && c.lora.dropout < 1,
           "lora.dropout = " + std::to_string(c.lora.dropout) +
               " must be in [0, 1) (the probability of dropping an adapter's input element)");
-  ck.need(
-      c.lora.dropout == 0 || c.parallel.cp_size * c.parallel.sp_size == 1,
-      "lora.dropout = " + std::to_string(c.lora.dropout) +
-          " is not supported with parallel.cp_size or parallel.sp_size > 1 yet (a rank's tokens are not one "
-          "run of the sequence); set lora.dropout = 0 or cp_size = sp_size = 1");
   ck.need(c.plan || !c.model.init_from.empty(),  // --plan: no weights are read
           "lora.rank = " + std::to_string(c.lora.rank) +
               " trains adapters on a frozen base, which comes from model.init_from; set it (a Hugging Face "

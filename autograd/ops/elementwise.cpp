@@ -88,12 +88,20 @@ Tensor scale(const Tensor& a_in, double s) {
   return out;
 }
 
-Tensor dropout(const Tensor& x_in, const kernels::DropoutKey& key) {
+Tensor dropout(const Tensor& x_in, const kernels::DropoutKey& key_in, const Tensor& positions) {
   check_same("dropout", {&x_in});
+  NDT_CHECK(!positions.defined() || (positions.dtype() == DType::i32 && positions.dim() == 1 &&
+                                     positions.is_contiguous() && positions.device() == x_in.device()),
+            "dropout: positions ", positions.desc(), " must be (run) i32, contiguous, on the device of x ",
+            x_in.desc());
+  kernels::DropoutKey key = key_in;
+  if (positions.defined())
+    key.positions = static_cast<const int32_t*>(positions.data_ptr()), key.run = positions.size(0);
   Tensor x = x_in.contiguous();
   Tensor out = empty_like(x);
   kernels::dropout(x, key, out);
-  autograd::record("dropout", {out}, {x_in}, [key](const Grads& g) -> Grads {
+  // the backward holds positions, whose memory the key points into
+  autograd::record("dropout", {out}, {x_in}, [key, positions](const Grads& g) -> Grads {
     // forward: out = mask * x / (1 - p); so dx = mask * dout / (1 - p), the same mask from the
     // same key (nothing was saved)
     Tensor dx = empty_like(g[0]);

@@ -38,7 +38,7 @@ void dropout(const Tensor& x, const kernels::DropoutKey& k, const Tensor& out) {
     const double inv = 1.0 / (1.0 - k.p);
 #pragma omp parallel for schedule(static) if (N * C > 16384)
     for (int64_t n = 0; n < N; ++n) {
-      const uint64_t row = static_cast<uint64_t>((k.row_start + n) * k.row_stride + k.col_start);
+      const uint64_t row = static_cast<uint64_t>(kernels::dropout_row(k, n) * k.row_stride + k.col_start);
       for (int64_t c = 0; c < C; ++c)
         po[n * C + c] = Philox::keep(k.seed, k.stream, row + static_cast<uint64_t>(c), k.p)
                             ? st<T>(static_cast<double>(load(px[n * C + c])) * inv)

@@ -30,7 +30,7 @@ __global__ void dropout_kernel(const T* x, T* out, int64_t n, int64_t C, kernels
   const float inv = static_cast<float>(1.0 / (1.0 - k.p));
   NDT_GRID_STRIDE(i, n) {
     const int64_t r = i / C, c = i % C;
-    const uint64_t e = static_cast<uint64_t>((k.row_start + r) * k.row_stride + k.col_start + c);
+    const uint64_t e = static_cast<uint64_t>(kernels::dropout_row(k, r) * k.row_stride + k.col_start + c);
     out[i] = Philox::keep(k.seed, k.stream, e, k.p) ? store<T>(load(x[i]) * inv) : store<T>(0.0f);
   }
 }

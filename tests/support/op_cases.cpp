@@ -218,6 +218,16 @@ std::vector<OpCase> build_cases() {
               return std::vector<Tensor>{dropout(x[0], key)};
             },
             all_grad(1)});
+  // ... and a rank's pieces of 2 sequences of 10 tokens (context parallelism's chunks): its 3
+  // tokens of each at positions 1, 2 and 8
+  add_case({"dropout_positions", inputs_of({{{6, 8}}}),
+            [](const std::vector<Tensor>& x) {
+              const kernels::DropoutKey key{
+                  .p = 0.3, .seed = 5, .stream = 7, .row_start = 20, .row_stride = 8, .seq_len = 10};
+              const Tensor pos = Tensor::from_vector(std::vector<int32_t>{1, 2, 8}, {3}, x[0].device());
+              return std::vector<Tensor>{ndt::dropout(x[0], key, pos)};  // not kernels::dropout (ADL)
+            },
+            all_grad(1)});
   add_case({"gelu", inputs_of({{{5, 7}, 0.0f, 2.0f}}),
             [](const std::vector<Tensor>& x) { return std::vector<Tensor>{gelu(x[0])}; }, all_grad(1)});
   // cast: the identity cast checks exactly; a detour through f32 rounds the forward to
