@@ -1002,6 +1002,15 @@ TEST_F(DistTrain, MixtureOfExpertsPipelinesEqualOneProcess) {
       1, nullptr, moe_pp);
 }
 
+TEST_F(DistTrain, MixtureOfExpertsFiveDimensionsWithExpertParallelismOnSixteenRanks) {
+  // pp 2 x dp_shard 2 x cp 2 x tp 2 (with its sequence parallelism), the experts over ep 2
+  // of the shard ranks: every dimension at once
+  const Model moe_pp{"qwen3moe_pp_", kQwen3Moe.args + kPipeGPT2.args, 4};
+  check_layouts(
+      {{"pp2_s2_cp2_tp2_ep2", 1, 2, 2, 2, "--parallel.ep_size 2 --parallel.sequence_parallel true", 2}}, 1,
+      nullptr, moe_pp);
+}
+
 TEST_F(DistTrain, LlamaBfloat16LayoutsFollowOneProcess) {
   check_bf16_layouts({{"bf16_fsdp2", 1, 2},
                       {"bf16_dp2", 2, 1},
