@@ -205,6 +205,7 @@ void ParallelModel::reduce_router_stats(models::GPT& gpt) const {
       v.push_back(static_cast<double>(l.rows));
       for (int64_t c : l.counts) v.push_back(static_cast<double>(c));
       v.insert(v.end(), l.prob_sums.begin(), l.prob_sums.end());
+      v.push_back(l.z_sum);
     }
     for (Communicator* g : groups) {
       Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(g->device());
@@ -217,6 +218,7 @@ void ParallelModel::reduce_router_stats(models::GPT& gpt) const {
       l.rows = std::llround(v[at++]);
       for (int64_t& c : l.counts) c = std::llround(v[at++]);
       for (double& p : l.prob_sums) p = v[at++];
+      l.z_sum = v[at++];
     }
   };
 }
@@ -263,6 +265,8 @@ double ParallelModel::train(const std::vector<Batch>& micro, const std::function
   // MoE: the load-balancing part of the loss, for the log (every rank has it, or none)
   const double aux = gpt_->take_aux_loss();
   aux_loss_ = gpt_->cfg.moe() && gpt_->cfg.router_aux_loss_coef > 0 ? mean_over_ranks(aux) : -1;
+  const double z = gpt_->take_z_loss();
+  z_loss_ = gpt_->cfg.moe() && gpt_->cfg.router_z_loss_coef > 0 ? mean_over_ranks(z) : -1;
   return mean_over_ranks(loss_sum / m);
 }
 

@@ -51,6 +51,7 @@ struct GPTConfig {
   int64_t moe_every = 1;              // layers i with (i + 1) % moe_every == 0 are MoE (decoder_sparse_step)
   std::string dense_layers;           // "0,5": layers that stay dense (mlp_only_layers)
   double router_aux_loss_coef = 0;    // the load-balancing loss's weight in the training loss (0: none)
+  double router_z_loss_coef = 0;  // the router z-loss's weight in the training loss (0: none; ndtrain's own)
 
   const Family& family() const;  // of arch; throws ndt::Error for an unknown one
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
@@ -147,6 +148,13 @@ void visit_fields(Visit&& visit, C&... cs) {
               "llama: weight of the routers' load-balancing loss in the training loss (0: none)", "llama", 0,
               1e3, true, /*optional=*/true},
         cs.router_aux_loss_coef...);
+  visit(
+      Field{
+          "router_z_loss_coef",
+          "llama: weight of the router z-loss (ST-MoE: the mean squared log-sum-exp of the router's logits, "
+          "averaged over the MoE layers) in the training loss (0: none; not in Hugging Face folders)",
+          "llama", 0, 1e3, /*hf=*/false, /*optional=*/true},
+      cs.router_z_loss_coef...);
 }
 
 }  // namespace ndt::models

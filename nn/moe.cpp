@@ -2,10 +2,27 @@
 // token, I an expert's hidden units, M = N k routed rows.
 #include "nn/moe.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "autograd/node.h"
 #include "tensor/kernels.h"
 
 namespace ndt::nn {
+
+void RouterLoss::seal() {
+  if (sealed) return;
+  if (reduce) reduce(*this);  // the whole batch's rows, counts and sums
+  sealed = true;
+}
+
+double RouterLoss::z_value() const {
+  if (layers.empty()) return 0.0;
+  double sum = 0;
+  for (const auto& [i, l] : layers)
+    if (l.rows > 0) sum += l.z_sum / static_cast<double>(l.rows);
+  return sum / static_cast<double>(layers.size());
+}
 
 double RouterLoss::value() const {
   int64_t R = 0;
@@ -33,8 +50,7 @@ std::vector<double> RouterLoss::row_gradient() const {
 }
 
 Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats) {
-  if (stats->reduce) stats->reduce(*stats);  // the whole batch's rows, counts and sums
-  stats->sealed = true;
+  stats->seal();
   const DType dt = anchor.dtype() == DType::f64 ? DType::f64 : DType::f32;
   Tensor out = Tensor::scalar(stats->value(), dt, anchor.device());
   // backward: nothing flows into the anchor; d loss / d aux waits for the layers' balance()
@@ -45,7 +61,69 @@ Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats) 
   return out;
 }
 
+Tensor z_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats) {
+  stats->seal();
+  const DType dt = anchor.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  Tensor out = Tensor::scalar(stats->z_value(), dt, anchor.device());
+  // backward: nothing flows into the anchor; d loss / d z waits for the layers' zloss_penalty()
+  autograd::record("moe_z_loss", {out}, {anchor}, [stats](const autograd::Grads& g) -> autograd::Grads {
+    stats->z_grad = g[0].item();
+    return {Tensor()};
+  });
+  return out;
+}
+
 namespace {
+
+// logits (N, E) -> lse (N) = log sum_e exp(logits[n,e]), and p (N, E) = softmax(logits) when asked
+std::vector<double> logsumexp_rows(const std::vector<double>& logits, int64_t N, int64_t E,
+                                   std::vector<double>* p = nullptr) {
+  std::vector<double> lse(static_cast<size_t>(N));
+  if (p) p->resize(logits.size());
+  for (int64_t n = 0; n < N; ++n) {
+    const double* row = logits.data() + n * E;
+    double m = row[0], s = 0;
+    for (int64_t e = 1; e < E; ++e) m = std::max(m, row[e]);
+    for (int64_t e = 0; e < E; ++e) s += std::exp(row[e] - m);
+    lse[static_cast<size_t>(n)] = m + std::log(s);
+    if (p)
+      for (int64_t e = 0; e < E; ++e) (*p)[static_cast<size_t>(n * E + e)] = std::exp(row[e] - lse[n]);
+  }
+  return lse;
+}
+
+// logits (N, E) -> logits; layer `layer`'s rows and sum of lse^2 into stats (not in a recompute),
+// and in backward dlogits + z_grad grad_scale 2 lse[n] p[n,e] / (L R_l): the z-loss's gradient.
+// (On the host, as the load-balancing statistics: the router's (N, E) is small.)
+Tensor zloss_penalty(const Tensor& logits, const std::shared_ptr<RouterLoss>& stats, int64_t layer) {
+  const int64_t N = logits.size(0), E = logits.size(1);
+  if (!stats->sealed) {
+    const std::vector<double> lse = logsumexp_rows(logits.to_vector<double>(), N, E);
+    RouterLoss::Layer& l = stats->layers[layer];
+    l.rows = N;
+    l.z_sum = 0;
+    for (double v : lse) l.z_sum += v * v;
+  }
+  Tensor out = logits.detach();
+  autograd::record("moe_z_penalty", {out}, {logits},
+                   [stats, layer, saved = logits.detach()](const autograd::Grads& g) {
+                     const int64_t N = saved.size(0), E = saved.size(1);
+                     std::vector<double> p;
+                     const std::vector<double> lse = logsumexp_rows(saved.to_vector<double>(), N, E, &p);
+                     // in the forward z += 1/(L R_l) sum_n lse[n]^2, and d lse[n] / d logits[n,e] = p[n,e]
+                     const double L = static_cast<double>(stats->layers.size());
+                     const double R = static_cast<double>(stats->layers.at(layer).rows);
+                     const double s = stats->z_grad * stats->grad_scale * 2.0 / (L * R);
+                     for (int64_t n = 0; n < N; ++n)
+                       for (int64_t e = 0; e < E; ++e)
+                         p[static_cast<size_t>(n * E + e)] *= s * lse[static_cast<size_t>(n)];
+                     const Tensor add = Tensor::from_vector(p, {N, E}).to(g[0].dtype()).to(g[0].device());
+                     Tensor dl = Tensor::empty(g[0].shape(), g[0].dtype(), g[0].device());
+                     kernels::add(g[0].contiguous(), add, dl);
+                     return autograd::Grads{dl};
+                   });
+  return out;
+}
 
 // p (N, E) -> p, and in backward dp + grad * d aux / d p (every row alike): the load-balancing
 // loss's gradient in this layer's router probabilities (RouterLoss).
@@ -113,10 +191,12 @@ Tensor MoeMLP::forward(const Tensor& x, const std::shared_ptr<RouterLoss>& stats
   // the router in f32 at least, as transformers' softmax(dtype=float)
   Tensor logits = gate.forward(xf);  // (N, E)
   if (logits.dtype() == DType::bf16) logits = cast(logits, DType::f32);
-  Tensor p = softmax(logits);  // (N, E)
-  if (stats) p = balance(p, stats);
+  if (stats && stats->z) logits = zloss_penalty(logits, stats, layer);  // the z-loss's gradient
+  Tensor p = softmax(logits);                                           // (N, E)
+  const bool balancing = stats && stats->balance;
+  if (balancing) p = balance(p, stats);
   TopK top = moe_topk(p, k, normalize);  // weights, experts (N, k)
-  if (stats) record_routing(*stats, layer, top.experts, p);
+  if (balancing) record_routing(*stats, layer, top.experts, p);
   const Tensor w = top.values.dtype() == x.dtype() ? top.values : cast(top.values, x.dtype());
   const Tensor y =
       run_experts ? run_experts(experts, xf, w, top.experts) : local_experts(experts, xf, w, top.experts);

@@ -24,6 +24,16 @@
 // block, and that op's backward, which runs before any block's (it is created after them), leaves
 // its incoming gradient in the RouterLoss; each layer's p passed through balance() then gets
 // its share in backward. Activation checkpointing's recompute does not record them again.
+//
+// The router z-loss (ST-MoE, Zoph et al. 2022), which keeps the router's logits small: per MoE
+// layer l the mean over its R_l rows of the squared log-sum-exp of the logits, averaged over the
+// L MoE layers (Megatron-Core's moe_z_loss_coeff convention):
+//
+//   z = 1/L sum_l 1/R_l sum_n lse_l[n]^2,   lse_l[n] = log sum_e exp(logits_l[n,e])
+//
+// Its gradient in logits_l[n,e] is 2 lse_l[n] p_l[n,e] / (L R_l), one token's alone, but R_l and
+// L are the whole batch's: the same RouterLoss collects the sums (zloss_penalty), z_loss() takes
+// the value after the last block and its backward leaves d loss / d z for the layers.
 #pragma once
 
 #include <cstdint>
@@ -45,9 +55,13 @@ struct RouterLoss {
     int64_t rows = 0;
     std::vector<int64_t> counts;
     std::vector<double> prob_sums;
+    double z_sum = 0;  // sum over the rows of lse(logits)^2 (the z-loss)
   };
+  bool balance = true;  // collect the load-balancing statistics (router_aux_loss_coef > 0)
+  bool z = false;       // collect the z-loss's (router_z_loss_coef > 0)
   std::map<int64_t, Layer> layers;
-  double grad = 0;  // d loss / d aux, left by aux_loss's backward for the layers' balance()
+  double grad = 0;    // d loss / d aux, left by aux_loss's backward for the layers' balance()
+  double z_grad = 0;  // d loss / d z, left by z_loss's backward for the layers' logits
   // Data, context and Ulysses parallelism (and tensor parallelism's sequence parallelism): reduce
   // sums every layer's rows, counts and probability sums over the ranks that hold the parts of
   // one micro-step's batch (run by aux_loss before the value), so that aux is the whole batch's
@@ -58,8 +72,12 @@ struct RouterLoss {
   // set once aux_loss has taken its value: activation checkpointing's recompute then leaves the
   // statistics as they are (the whole batch's, after reduce)
   bool sealed = false;
+  // reduce (once) and seal: aux_loss and z_loss call it before their values
+  void seal();
   // aux = E / R^2 sum_e C_e S_e over the layers so far
   double value() const;
+  // z = 1/L sum_l z_sum_l / R_l over the layers so far
+  double z_value() const;
   // d aux / d p[n,e] = E C_e / R^2, for every row (E)
   std::vector<double> row_gradient() const;
 };
@@ -68,6 +86,8 @@ struct RouterLoss {
 // last hidden state (B, T, C), only ties the op into the graph after every layer (it gets no
 // gradient); backward leaves d loss / d aux in stats.grad.
 Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats);
+// The router z-loss of stats, as aux_loss: backward leaves d loss / d z in stats.z_grad.
+Tensor z_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats);
 
 // The SwiGLU experts of one MoE layer, stacked: gate_proj, up_proj (E, C, I), down_proj (E, I, C)
 // (each expert's matrices in the (in, out) layout of nn::Linear). Expert parallelism keeps a

@@ -970,6 +970,14 @@ TEST_F(DistTrain, MixtureOfExpertsSplitSequencesEqualOneProcess) {
                 kQwen3Moe);
 }
 
+TEST_F(DistTrain, MixtureOfExpertsRouterZLossLayoutsEqualOneProcess) {
+  // the z-loss's token mean over the whole batch: its sums and rows summed over the data ranks
+  // (dp2) and over the ranks holding parts of the sequences (fsdp2 x cp2), beside the
+  // load-balancing loss's statistics
+  const Model z{"qwen3moe_z_", kQwen3Moe.args + " --model.router_z_loss_coef 0.5"};
+  check_layouts({{"dp2", 2, 1}, {"fsdp2_cp2", 1, 2, 2, 1}}, 2, nullptr, z);
+}
+
 TEST_F(DistTrain, MixtureOfExpertsUnderTensorParallelismEqualsOneProcess) {
   // the attention split over tp, the router and the experts whole on every rank: every rank
   // routes every token alike; with sequence parallelism each its part of the sequence (the

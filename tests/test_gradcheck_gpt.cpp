@@ -3,12 +3,14 @@
 // in float32, every checkpointing mode gives the same bits and keeps less memory.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "autograd/engine.h"
 #include "autograd/gradcheck.h"
 #include "models/gpt.h"
+#include "nn/moe.h"
 #include "tensor/kernels.h"
 #include "tensor/storage.h"
 
@@ -147,6 +149,71 @@ TEST(GradcheckGPT, MixtureOfExpertsWithTheLoadBalancingLoss) {
 }
 TEST(GradcheckGPT, MixtureOfExpertsRenormalisedAndCheckpointed) {
   check_gpt(nn::ACMode::full, gradcheck_moe(true));
+}
+
+// The router z-loss (nn/moe.h) at a weight large enough that its gradient in the routers, 2 lse p
+// per token and layer, is far above the check's tolerance (without it the check fails): alone, and
+// beside the load-balancing loss with whole blocks recomputed in backward.
+models::GPTConfig gradcheck_moe_z(bool balance) {
+  models::GPTConfig c = gradcheck_moe(false);
+  c.router_aux_loss_coef = balance ? 0.3 : 0.0;
+  c.router_z_loss_coef = 0.5;
+  return c;
+}
+TEST(GradcheckGPT, MixtureOfExpertsWithTheRouterZLoss) {
+  check_gpt(nn::ACMode::none, gradcheck_moe_z(false));
+}
+TEST(GradcheckGPT, MixtureOfExpertsWithBothRouterLossesCheckpointed) {
+  check_gpt(nn::ACMode::full, gradcheck_moe_z(true));
+}
+
+// z = 1/L sum_l 1/N_l sum_n lse(logits_l[n])^2, over two MoE layers of different token counts,
+// against the routers' logits computed here; no load-balancing statistics without its weight.
+TEST(MoeRouterZLoss, IsTheLayersMeanOfTheTokensSquaredLogSumExp) {
+  const int64_t C = 6, E = 4;
+  nn::MoeMLP mlp({.C = C, .experts = E, .k = 2, .intermediate = 5, .normalize = false}, 0.5f, 0.5f);
+  nn::FlatParams params = nn::materialize({{"mlp", mlp.parameters("mlp")}}, Device::cpu(), DType::f64, 3);
+  auto stats = std::make_shared<nn::RouterLoss>(E);
+  stats->balance = false;
+  stats->z = true;
+  const Tensor x0 = Tensor::empty({1, 3, C}, DType::f64), x1 = Tensor::empty({2, 4, C}, DType::f64);
+  kernels::fill_normal(x0, 5, 0, 0, 0.0f, 1.0f);
+  kernels::fill_normal(x1, 5, 1, 0, 0.0f, 1.0f);
+  mlp.forward(x0, stats, 0);
+  mlp.forward(x1, stats, 2);
+  double want = 0;
+  for (const Tensor& x : {x0, x1}) {
+    const int64_t N = x.size(0) * x.size(1);
+    const std::vector<double> logits = mlp.gate.forward(x.view({N, C})).to_vector<double>();
+    double sum = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t e = 0; e < E; ++e) s += std::exp(logits[n * E + e]);
+      sum += std::log(s) * std::log(s);
+    }
+    want += sum / static_cast<double>(N) / 2.0;  // the token mean, averaged over the 2 layers
+  }
+  EXPECT_NEAR(nn::z_loss(x0, stats).item(), want, 1e-12 * want);
+  EXPECT_TRUE(stats->layers.at(0).counts.empty() && stats->layers.at(2).counts.empty());
+}
+
+// The training loss is the cross-entropy + router_z_loss_coef x z; evaluation's the cross-entropy.
+TEST(MoeRouterZLoss, IsAddedToTheTrainingLossOnly) {
+  models::GPTConfig with = gradcheck_moe_z(false), without = with;
+  without.router_z_loss_coef = 0;
+  models::GPT a(with), b(without);
+  nn::FlatParams pa = nn::materialize(a.units(), Device::cpu(), DType::f64, 42);
+  nn::FlatParams pb = nn::materialize(b.units(), Device::cpu(), DType::f64, 42);
+  const Tensor x = ids(2, 5, 11, 1), y = ids(2, 5, 11, 2);
+  const models::GPTOutput oa = a.forward(x, y), ob = b.forward(x, y);
+  ASSERT_TRUE(oa.z_loss.defined());
+  EXPECT_FALSE(ob.z_loss.defined());
+  EXPECT_GT(oa.z_loss.item(), 1.0);  // lse of 4 near-uniform logits is about log 4
+  EXPECT_NEAR(oa.loss.item(), ob.loss.item() + 0.5 * oa.z_loss.item(), 1e-12);
+  EXPECT_NEAR(a.take_z_loss(), oa.z_loss.item(), 1e-15);
+  EXPECT_EQ(a.take_z_loss(), -1);  // taken
+  a.training = false;
+  EXPECT_NEAR(a.forward(x, y).loss.item(), ob.loss.item(), 1e-12);
 }
 
 TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {

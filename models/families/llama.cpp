@@ -41,11 +41,12 @@ bool qkv_bias(const GPTConfig& c) { return c.attention_bias; }
 // The mixture-of-experts fields: all at their defaults without experts
 void validate_moe(const GPTConfig& c) {
   if (!c.moe()) {
-    NDT_CHECK(
-        c.n_experts_per_tok == 0 && c.moe_intermediate_size == 0 && !c.norm_topk_prob && c.moe_every == 1 &&
-            c.dense_layers.empty() && c.router_aux_loss_coef == 0,
-        "model.n_experts_per_tok, moe_intermediate_size, norm_topk_prob, moe_every, dense_layers and "
-        "router_aux_loss_coef are for mixture-of-experts models: set model.n_experts > 0 or leave them out");
+    NDT_CHECK(c.n_experts_per_tok == 0 && c.moe_intermediate_size == 0 && !c.norm_topk_prob &&
+                  c.moe_every == 1 && c.dense_layers.empty() && c.router_aux_loss_coef == 0 &&
+                  c.router_z_loss_coef == 0,
+              "model.n_experts_per_tok, moe_intermediate_size, norm_topk_prob, moe_every, dense_layers, "
+              "router_aux_loss_coef and router_z_loss_coef are for mixture-of-experts models: set "
+              "model.n_experts > 0 or leave them out");
     return;
   }
   NDT_CHECK(c.n_experts_per_tok >= 1 && c.n_experts_per_tok <= c.n_experts, "model.n_experts_per_tok (",
