@@ -183,7 +183,29 @@ MoeMLP::MoeMLP(const MoeDims& d, float std, float proj_std)
   NDT_CHECK(d.k >= 1 && d.k <= d.experts, "MoE: ", d.k, " experts per token of ", d.experts);
   child("gate", &gate);
   child("experts", &experts);
+  if (d.shared > 0) {
+    shared_expert = std::make_unique<SwiGLU>(d.C, d.shared, std, proj_std);
+    shared_expert_gate = std::make_unique<Linear>(d.C, 1, false, std);
+    child("shared_expert", shared_expert.get());
+    child("shared_expert_gate", shared_expert_gate.get());
+  }
 }
+
+namespace {
+
+// g (N, 1), y (N, C) -> sigmoid(g) * y (N, C), from ops that have their backward: sigmoid(g) is
+// softmax([g, 0])'s first column, spread over the C columns by a product with a row of ones.
+Tensor sigmoid_gate(const Tensor& g, const Tensor& y) {
+  const int64_t N = g.size(0), C = y.size(1);
+  const Tensor g32 = g.dtype() == DType::bf16 ? cast(g, DType::f32) : g;  // the softmax in f32 at least
+  const Tensor pair = concat_last({g32, Tensor::zeros({N, 1}, g32.dtype(), g32.device())});  // (N, 2)
+  Tensor s = split_last(softmax(pair), {1, 1})[0];                                           // (N, 1)
+  if (s.dtype() != y.dtype()) s = cast(s, y.dtype());
+  const Tensor ones = Tensor::full({1, C}, 1.0, y.dtype(), y.device());
+  return mul(matmul(s, ones), y);  // (N, 1) @ (1, C) -> every column sigmoid(g), times y
+}
+
+}  // namespace
 
 Tensor MoeMLP::forward(const Tensor& x, const std::shared_ptr<RouterLoss>& stats, int64_t layer) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), N = B * T;
@@ -198,8 +220,10 @@ Tensor MoeMLP::forward(const Tensor& x, const std::shared_ptr<RouterLoss>& stats
   TopK top = moe_topk(p, k, normalize);  // weights, experts (N, k)
   if (balancing) record_routing(*stats, layer, top.experts, p);
   const Tensor w = top.values.dtype() == x.dtype() ? top.values : cast(top.values, x.dtype());
-  const Tensor y =
+  Tensor y =
       run_experts ? run_experts(experts, xf, w, top.experts) : local_experts(experts, xf, w, top.experts);
+  if (shared_expert)  // + sigmoid(x Wg) SwiGLU_shared(x), every token
+    y = add(y, sigmoid_gate(shared_expert_gate->forward(xf), shared_expert->forward(xf)));
   return view(y, {B, T, C});
 }
 
@@ -229,10 +253,14 @@ Tensor MoeBlock::forward(const Tensor& x, const Positions& pos) const {
   return add(h, mlp.forward(ln_2.forward(h), pos.router, layer));
 }
 
-// The attention's split; the router and the experts whole on every rank, which without sequence
-// parallelism all route every token alike, and with it each its part of the sequence (their
+// The attention's split (and the shared expert's); the router and the experts whole on every rank, which
+// without sequence parallelism all route every token alike, and with it each its part of the sequence (their
 // gradients then summed over the group, as every whole parameter's: dist/strategy.h)
-TensorParallelPlan MoeBlock::tensor_parallel_plan() { return attn.tensor_parallel_plan(); }
+TensorParallelPlan MoeBlock::tensor_parallel_plan() {
+  TensorParallelPlan p = attn.tensor_parallel_plan();
+  if (mlp.shared_expert) p += mlp.shared_expert->tensor_parallel_plan();  // split as the llama MLP
+  return p;
+}
 
 std::vector<LinearSite> MoeBlock::linear_sites() { return attn.linear_sites(); }
 

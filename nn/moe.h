@@ -1,4 +1,4 @@
-// ndtrain: mixture-of-experts layers (Qwen3-MoE, Mixtral), as transformers computes them.
+// ndtrain: mixture-of-experts layers (Qwen3-MoE, Qwen2-MoE, Mixtral), as transformers computes them.
 //
 // An MoE layer's MLP sends each token through k of E experts, SwiGLU MLPs of their own:
 //
@@ -7,6 +7,11 @@
 //   w, e   = top k of p per token     (N, k)  weights (divided by their sum: norm_topk_prob)
 //                                             and experts
 //   y[n]   = sum_j w[n,j] SwiGLU_{e[n,j]}(x[n])
+//
+// Qwen2-MoE adds a shared expert, a SwiGLU of its own that every token goes through, gated per
+// token by a linear C -> 1 (shared_expert_gate, no bias):
+//
+//   y[n] += sigmoid(x[n] Wg) SwiGLU_shared(x[n])
 //
 // Dropless and without a loop over experts on masks: the N k choices are sorted by expert
 // (moe_sort), the tokens copied into that order (moe_dispatch), each projection is one grouped
@@ -106,7 +111,8 @@ class Experts : public Module {
 
 struct MoeDims {
   int64_t C, experts, k, intermediate;
-  bool normalize;  // norm_topk_prob
+  bool normalize;      // norm_topk_prob
+  int64_t shared = 0;  // the shared expert's hidden units (Qwen2-MoE; 0: none)
 };
 
 // Runs the experts on the routed tokens: xf (N, C), weights (N, k) in x's dtype, choices (N, k) i32
@@ -115,7 +121,7 @@ struct MoeDims {
 using ExpertsFn = std::function<Tensor(const Experts& experts, const Tensor& xf, const Tensor& weights,
                                        const Tensor& choices)>;
 
-// The MoE MLP: router ("gate", C -> E), top k, the experts.
+// The MoE MLP: router ("gate", C -> E), top k, the experts; and Qwen2-MoE's gated shared expert.
 class MoeMLP : public Module {
  public:
   MoeMLP(const MoeDims& d, float std, float proj_std);
@@ -127,20 +133,23 @@ class MoeMLP : public Module {
                               const Tensor& choices);
   Linear gate;
   Experts experts;
+  std::unique_ptr<SwiGLU> shared_expert;       // C -> shared -> C (nullptr: none)
+  std::unique_ptr<Linear> shared_expert_gate;  // C -> 1, no bias (with shared_expert)
   int64_t k;
   bool normalize;
   ExpertsFn run_experts;  // unset: local_experts
 };
 
-// A Llama-family block whose MLP is a mixture of experts (Qwen3-MoE, Mixtral): x + attn(ln_1(x)),
+// A Llama-family block whose MLP is a mixture of experts (Qwen3-MoE, Qwen2-MoE, Mixtral): x + attn(ln_1(x)),
 // then + moe(ln_2(x)), the attention nn::LlamaBlock's.
 class MoeBlock : public DecoderBlock {
  public:
   MoeBlock(const LlamaDims& d, const MoeDims& moe, int64_t layer, float std, float proj_std);
   Tensor forward(const Tensor& x, const Positions& pos) const override;
   AttendFn& attend() override { return attn.attend; }
-  // Tensor parallelism splits the attention only: the router and the experts are whole on every
-  // rank (expert parallelism, not tensor parallelism, is how experts are split)
+  // Tensor parallelism splits the attention and the shared expert (as the llama MLP): the router,
+  // the shared expert's gate and the routed experts are whole on every rank (expert parallelism,
+  // not tensor parallelism, is how routed experts are split)
   TensorParallelPlan tensor_parallel_plan() override;
   // self_attn.{q,k,v,o}_proj (the router and the experts carry no LoRA adapters, as in PEFT,
   // whose targets are nn.Linear modules: transformers keeps experts and router as parameters)

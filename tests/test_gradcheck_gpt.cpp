@@ -167,6 +167,27 @@ TEST(GradcheckGPT, MixtureOfExpertsWithBothRouterLossesCheckpointed) {
   check_gpt(nn::ACMode::full, gradcheck_moe_z(true));
 }
 
+// Qwen2-MoE: q, k, v biases, the routed experts (layers 1 and 2) beside a shared expert of 6
+// hidden units gated per token by sigmoid(x Wg): every gradient of it and of its gate; plain, and
+// with the load-balancing and z losses and whole blocks recomputed in backward.
+models::GPTConfig gradcheck_qwen2_moe(bool losses) {
+  models::GPTConfig c = gradcheck_llama(2, true);
+  c.rope = {.theta = 1e4};
+  c.n_layer = 3;
+  c.n_experts = 4;
+  c.n_experts_per_tok = 2;
+  c.moe_intermediate_size = 8;
+  c.dense_layers = "0";
+  c.shared_expert_intermediate_size = 6;
+  c.router_aux_loss_coef = losses ? 0.3 : 0.0;
+  c.router_z_loss_coef = losses ? 0.5 : 0.0;
+  return c;
+}
+TEST(GradcheckGPT, Qwen2MoeWithASharedExpert) { check_gpt(nn::ACMode::none, gradcheck_qwen2_moe(false)); }
+TEST(GradcheckGPT, Qwen2MoeWithASharedExpertBothRouterLossesCheckpointed) {
+  check_gpt(nn::ACMode::full, gradcheck_qwen2_moe(true));
+}
+
 // z = 1/L sum_l 1/N_l sum_n lse(logits_l[n])^2, over two MoE layers of different token counts,
 // against the routers' logits computed here; no load-balancing statistics without its weight.
 TEST(MoeRouterZLoss, IsTheLayersMeanOfTheTokensSquaredLogSumExp) {
