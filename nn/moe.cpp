@@ -222,8 +222,11 @@ Tensor MoeMLP::forward(const Tensor& x, const std::shared_ptr<RouterLoss>& stats
   const Tensor w = top.values.dtype() == x.dtype() ? top.values : cast(top.values, x.dtype());
   Tensor y =
       run_experts ? run_experts(experts, xf, w, top.experts) : local_experts(experts, xf, w, top.experts);
-  if (shared_expert)  // + sigmoid(x Wg) SwiGLU_shared(x), every token
-    y = add(y, sigmoid_gate(shared_expert_gate->forward(xf), shared_expert->forward(xf)));
+  if (shared_expert) {  // + sigmoid(x Wg) SwiGLU_shared(x), every token; the SwiGLU on x (B, T, C),
+                        // whose sequence dim tensor parallelism's sequence parallelism gathers
+    const Tensor shared = view(shared_expert->forward(x), {N, C});
+    y = add(y, sigmoid_gate(shared_expert_gate->forward(xf), shared));
+  }
   return view(y, {B, T, C});
 }
 

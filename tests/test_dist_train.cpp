@@ -982,14 +982,15 @@ TEST_F(DistTrain, Qwen2MoeSharedExpertLayoutsEqualOneProcess) {
   // Qwen2-MoE's block: q, k, v biases, the routed experts beside a shared expert of 40 gated by
   // sigmoid(x Wg); sharded whole by FSDP, and under tp with sequence parallelism the shared
   // expert split as the llama MLP (gate and up by columns, down by rows) while its gate stays
-  // whole on every rank, as the router
+  // whole on every rank, as the router (without sequence parallelism every rank gates every token)
   const Model q2{"qwen2moe_",
                  kLlama.args +
                      " --model.attention_bias true --model.n_experts 4 --model.n_experts_per_tok 2 "
                      "--model.moe_intermediate_size 24 --model.dense_layers 0 "
                      "--model.shared_expert_intermediate_size 40 --model.router_aux_loss_coef 0.1"};
-  check_layouts({{"fsdp2", 1, 2}, {"tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"}}, 2, nullptr,
-                q2);
+  check_layouts(
+      {{"fsdp2", 1, 2}, {"tp2", 1, 1, 1, 2}, {"tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"}}, 2,
+      nullptr, q2);
 }
 
 TEST_F(DistTrain, MixtureOfExpertsUnderTensorParallelismEqualsOneProcess) {
