@@ -265,6 +265,16 @@ TensorParallelPlan MoeBlock::tensor_parallel_plan() {
   return p;
 }
 
-std::vector<LinearSite> MoeBlock::linear_sites() { return attn.linear_sites(); }
+// the attention's, and the shared expert's: nn.Linear modules in transformers, which PEFT's targets
+// reach (the router and the routed experts are parameters there). The shared expert's gate, a
+// linear C -> 1, takes none: no rank above 1 fits it, so all-linear could never run.
+std::vector<LinearSite> MoeBlock::linear_sites() {
+  std::vector<LinearSite> s = attn.linear_sites();
+  if (SwiGLU* e = mlp.shared_expert.get())
+    s.insert(s.end(), {{"mlp.shared_expert.gate_proj", &e->gate_proj},
+                       {"mlp.shared_expert.up_proj", &e->up_proj},
+                       {"mlp.shared_expert.down_proj", &e->down_proj}});
+  return s;
+}
 
 }  // namespace ndt::nn

@@ -151,8 +151,10 @@ class MoeBlock : public DecoderBlock {
   // the shared expert's gate and the routed experts are whole on every rank (expert parallelism,
   // not tensor parallelism, is how routed experts are split)
   TensorParallelPlan tensor_parallel_plan() override;
-  // self_attn.{q,k,v,o}_proj (the router and the experts carry no LoRA adapters, as in PEFT,
-  // whose targets are nn.Linear modules: transformers keeps experts and router as parameters)
+  // self_attn.{q,k,v,o}_proj, and Qwen2-MoE's mlp.shared_expert.{gate,up,down}_proj (the router
+  // and the routed experts carry no LoRA adapters, as in PEFT, whose targets are nn.Linear
+  // modules: transformers keeps experts and router as parameters; nor does the shared expert's
+  // gate, C -> 1, which PEFT's all-linear would adapt)
   std::vector<LinearSite> linear_sites() override;
   RMSNorm ln_1;
   GroupedQueryAttention attn;

@@ -3,6 +3,7 @@
 // in float32, every checkpointing mode gives the same bits and keeps less memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -186,6 +187,22 @@ models::GPTConfig gradcheck_qwen2_moe(bool losses) {
 TEST(GradcheckGPT, Qwen2MoeWithASharedExpert) { check_gpt(nn::ACMode::none, gradcheck_qwen2_moe(false)); }
 TEST(GradcheckGPT, Qwen2MoeWithASharedExpertBothRouterLossesCheckpointed) {
   check_gpt(nn::ACMode::full, gradcheck_qwen2_moe(true));
+}
+
+// LoRA reaches the shared expert's linears (nn.Linear modules, which PEFT's targets name), never
+// the router or the routed experts, nor the shared expert's gate (C -> 1: no rank above 1 fits).
+TEST(GPTLora, Qwen2MoeSharedExpertLinearsTakeAdapters) {
+  models::GPT gpt(gradcheck_qwen2_moe(false));
+  gpt.add_lora({.rank = 2, .targets = {"all-linear"}});
+  std::vector<std::string> names;
+  for (const nn::UnitSpec& u : gpt.adapter_units())
+    for (const auto& p : u.params) names.push_back(p.name);
+  for (const char* site : {"h.1.mlp.shared_expert.gate_proj.lora_A", "h.2.mlp.shared_expert.down_proj.lora_B",
+                           "h.0.mlp.gate_proj.lora_A"})
+    EXPECT_NE(std::find(names.begin(), names.end(), site), names.end()) << site;
+  for (const std::string& n : names) EXPECT_EQ(n.find("experts."), std::string::npos) << n;
+  EXPECT_EQ(std::find(names.begin(), names.end(), "h.1.mlp.gate.lora_A"), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), "h.1.mlp.shared_expert_gate.lora_A"), names.end());
 }
 
 // z = 1/L sum_l 1/N_l sum_n lse(logits_l[n])^2, over two MoE layers of different token counts,
