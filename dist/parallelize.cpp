@@ -197,6 +197,7 @@ void ParallelModel::reduce_router_stats(models::GPT& gpt) const {
       v.push_back(static_cast<double>(l.rows));
       for (int64_t c : l.counts) v.push_back(static_cast<double>(c));
       v.insert(v.end(), l.prob_sums.begin(), l.prob_sums.end());
+      v.push_back(l.z_sum);
     }
     for (Communicator* g : groups) {
       Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())}).to(g->device());
@@ -209,6 +210,7 @@ void ParallelModel::reduce_router_stats(models::GPT& gpt) const {
       l.rows = std::llround(v[at++]);
       for (int64_t& c : l.counts) c = std::llround(v[at++]);
       for (double& p : l.prob_sums) p = v[at++];
+      l.z_sum = v[at++];
     }
   };
 }
@@ -254,9 +256,12 @@ double ParallelModel::train(const std::vector<Batch>& micro, const std::function
   end_accumulation();
   // MoE: the load-balancing part of the loss, for the log (every rank has it, or none; a
   // pipeline's last stage only)
-  double aux = gpt_->take_aux_loss();
-  if (step_->schedule().p > 1) aux = mesh_->pp().all_reduce_scalar(std::max(aux, 0.0), ReduceOp::kSum);
+  auto from_last_stage = [&](double v) {
+    return step_->schedule().p > 1 ? mesh_->pp().all_reduce_scalar(std::max(v, 0.0), ReduceOp::kSum) : v;
+  };
+  const double aux = from_last_stage(gpt_->take_aux_loss()), z = from_last_stage(gpt_->take_z_loss());
   aux_loss_ = gpt_->cfg.moe() && gpt_->cfg.router_aux_loss_coef > 0 ? mean_over_ranks(aux) : -1;
+  z_loss_ = gpt_->cfg.moe() && gpt_->cfg.router_z_loss_coef > 0 ? mean_over_ranks(z) : -1;
   return mean_over_ranks(loss_sum / m);
 }
 

@@ -122,6 +122,7 @@ class ParallelModel {
   double train(const std::vector<Batch>& micro, const std::function<void(int64_t)>& on_action = {});
   // The last train()'s mean load-balancing loss, part of its loss (MoE; -1: none).
   double aux_loss() const { return aux_loss_; }
+  double z_loss() const { return z_loss_; }  // ... the router z-loss (router_z_loss_coef; -1: none)
   // The mean loss of these batches without gradients (a collective: every rank runs it).
   double evaluate(const std::vector<Batch>& batches);
   // prompt -> prompt and new tokens, every rank drawing the same (a collective where the
@@ -175,6 +176,7 @@ class ParallelModel {
   std::shared_ptr<Communicator> ends_;        // pp > 1: the first and the last stage
   bool tied_ends_ = false;                    // this rank is one of them and holds the tied embeddings
   double aux_loss_ = -1;                      // aux_loss()
+  double z_loss_ = -1;                        // z_loss()
   SequenceSplit split_;                       // read by CP, TP and the strategy
 };
 

@@ -239,19 +239,28 @@ Tensor GPT::trunk(const Tensor& idx, int64_t pos_offset, const Tensor& docs,
   return before_head(run_blocks(0, h.size(), x, block_pos));
 }
 
-double GPT::take_aux_loss() const {
-  if (aux_values_.empty()) return -1;
+namespace {
+// the mean of values, which it empties (-1: none)
+double take_mean(std::vector<double>& values) {
+  if (values.empty()) return -1;
   double sum = 0;
-  for (double v : aux_values_) sum += v;
-  const double mean = sum / static_cast<double>(aux_values_.size());
-  aux_values_.clear();
+  for (double v : values) sum += v;
+  const double mean = sum / static_cast<double>(values.size());
+  values.clear();
   return mean;
 }
+}  // namespace
+
+double GPT::take_aux_loss() const { return take_mean(aux_values_); }
+double GPT::take_z_loss() const { return take_mean(z_values_); }
 
 std::shared_ptr<nn::RouterLoss> GPT::router_loss() const {
   // training only: evaluation's loss is the cross-entropy alone
-  if (!cfg.moe() || cfg.router_aux_loss_coef == 0 || !training) return nullptr;
+  if (!cfg.moe() || (cfg.router_aux_loss_coef == 0 && cfg.router_z_loss_coef == 0) || !training)
+    return nullptr;
   auto stats = std::make_shared<nn::RouterLoss>(cfg.n_experts);
+  stats->balance = cfg.router_aux_loss_coef > 0;
+  stats->z = cfg.router_z_loss_coef > 0;
   stats->reduce = reduce_router_stats;
   stats->grad_scale = router_grad_scale;
   return stats;
@@ -261,10 +270,16 @@ std::shared_ptr<nn::RouterLoss> GPT::router_loss() const {
 GPTOutput GPT::head_forward(const Tensor& x_btc, const Tensor& idx, const Tensor& targets,
                             const std::shared_ptr<nn::RouterLoss>& router) const {
   GPTOutput out = head_logits(x_btc, idx, targets);
-  if (router && out.loss.defined()) {  // + coef * the load-balancing loss of every MoE layer (nn/moe.h)
+  if (!router || !out.loss.defined()) return out;
+  if (router->balance) {  // + coef * the load-balancing loss of every MoE layer (nn/moe.h)
     out.aux_loss = nn::aux_loss(x_btc, router);
     aux_values_.push_back(router->value());
     out.loss = add(out.loss, scale(out.aux_loss, cfg.router_aux_loss_coef));
+  }
+  if (router->z) {  // + coef * the router z-loss, averaged over the MoE layers
+    out.z_loss = nn::z_loss(x_btc, router);
+    z_values_.push_back(router->z_value());
+    out.loss = add(out.loss, scale(out.z_loss, cfg.router_z_loss_coef));
   }
   return out;
 }

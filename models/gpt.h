@@ -54,8 +54,9 @@ struct GPTOutput {
                     // forward with targets and gradients on (single process): the fused loss
                     // (cross_entropy_fused) keeps its gradient in their memory
   Tensor loss;      // scalar mean cross-entropy, when targets were given (training with mixture-of-
-                    // experts layers: + model.router_aux_loss_coef x aux_loss)
+                    // experts layers: + model.router_aux_loss_coef x aux_loss + router_z_loss_coef x z_loss)
   Tensor aux_loss;  // the routers' load-balancing loss (nn/moe.h), with router_aux_loss_coef > 0
+  Tensor z_loss;    // the routers' z-loss (nn/moe.h), with router_z_loss_coef > 0
 };
 
 class GPT : public nn::Module {
@@ -95,8 +96,9 @@ class GPT : public nn::Module {
   Tensor next_token_logits_chunk(size_t chunk, const Tensor& idx, const Tensor& x,
                                  int64_t pos_offset = 0) const;
   const PipelinePart& part() const { return part_; }
-  // A new RouterLoss for a training forward (nullptr without MoE or router_aux_loss_coef, or
-  // when not training: evaluation's loss is the cross-entropy alone)
+  // A new RouterLoss for a training forward (nullptr without MoE, or with neither
+  // router_aux_loss_coef nor router_z_loss_coef, or when not training: evaluation's loss is
+  // the cross-entropy alone)
   std::shared_ptr<nn::RouterLoss> router_loss() const;
 
   // Each block runs through these wrappers (nn/block_wrapper.h), added from outside: activation
@@ -205,11 +207,14 @@ class GPT : public nn::Module {
                                 const Tensor& docs) const;
   std::vector<nn::BlockWrapper> wrappers_;
   mutable std::vector<double> aux_values_;  // the load-balancing losses since take_aux_loss
+  mutable std::vector<double> z_values_;    // the z-losses since take_z_loss
 
  public:
   // The mean of the load-balancing losses of the forwards since the last call (MoE with
   // router_aux_loss_coef; -1: none), for the step's log.
   double take_aux_loss() const;
+  // ... and of the router z-losses (router_z_loss_coef; -1: none)
+  double take_z_loss() const;
 };
 
 }  // namespace ndt::models

@@ -50,7 +50,9 @@ struct GPTConfig {
   bool norm_topk_prob = false;        // the k weights divided by their sum (Mixtral always)
   int64_t moe_every = 1;              // layers i with (i + 1) % moe_every == 0 are MoE (decoder_sparse_step)
   std::string dense_layers;           // "0,5": layers that stay dense (mlp_only_layers)
-  double router_aux_loss_coef = 0;    // the load-balancing loss's weight in the training loss (0: none)
+  int64_t shared_expert_intermediate_size = 0;  // Qwen2-MoE's gated shared expert's hidden units (0: none)
+  double router_aux_loss_coef = 0;  // the load-balancing loss's weight in the training loss (0: none)
+  double router_z_loss_coef = 0;  // the router z-loss's weight in the training loss (0: none; ndtrain's own)
 
   const Family& family() const;  // of arch; throws ndt::Error for an unknown one
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
@@ -143,10 +145,23 @@ void visit_fields(Visit&& visit, C&... cs) {
   visit(Field{"dense_layers", "llama: layers that keep a dense MLP, \"0,5\" (mlp_only_layers)", "llama", 0, 0,
               true, /*optional=*/true},
         cs.dense_layers...);
+  visit(
+      Field{"shared_expert_intermediate_size",
+            "llama: hidden units of the MoE layers' shared expert, a SwiGLU every token goes through, gated "
+            "by sigmoid(x Wg) (Qwen2-MoE; 0: none)",
+            "llama", 0, kMaxI, true, /*optional=*/true},
+      cs.shared_expert_intermediate_size...);
   visit(Field{"router_aux_loss_coef",
               "llama: weight of the routers' load-balancing loss in the training loss (0: none)", "llama", 0,
               1e3, true, /*optional=*/true},
         cs.router_aux_loss_coef...);
+  visit(
+      Field{
+          "router_z_loss_coef",
+          "llama: weight of the router z-loss (ST-MoE: the mean squared log-sum-exp of the router's logits, "
+          "averaged over the MoE layers) in the training loss (0: none; not in Hugging Face folders)",
+          "llama", 0, 1e3, /*hf=*/false, /*optional=*/true},
+      cs.router_z_loss_coef...);
 }
 
 }  // namespace ndt::models

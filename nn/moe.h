@@ -1,4 +1,4 @@
-// ndtrain: mixture-of-experts layers (Qwen3-MoE, Mixtral), as transformers computes them.
+// ndtrain: mixture-of-experts layers (Qwen3-MoE, Qwen2-MoE, Mixtral), as transformers computes them.
 //
 // An MoE layer's MLP sends each token through k of E experts, SwiGLU MLPs of their own:
 //
@@ -7,6 +7,11 @@
 //   w, e   = top k of p per token     (N, k)  weights (divided by their sum: norm_topk_prob)
 //                                             and experts
 //   y[n]   = sum_j w[n,j] SwiGLU_{e[n,j]}(x[n])
+//
+// Qwen2-MoE adds a shared expert, a SwiGLU of its own that every token goes through, gated per
+// token by a linear C -> 1 (shared_expert_gate, no bias):
+//
+//   y[n] += sigmoid(x[n] Wg) SwiGLU_shared(x[n])
 //
 // Dropless and without a loop over experts on masks: the N k choices are sorted by expert
 // (moe_sort), the tokens copied into that order (moe_dispatch), each projection is one grouped
@@ -24,6 +29,16 @@
 // block, and that op's backward, which runs before any block's (it is created after them), leaves
 // its incoming gradient in the RouterLoss; each layer's p passed through balance() then gets
 // its share in backward. Activation checkpointing's recompute does not record them again.
+//
+// The router z-loss (ST-MoE, Zoph et al. 2022), which keeps the router's logits small: per MoE
+// layer l the mean over its R_l rows of the squared log-sum-exp of the logits, averaged over the
+// L MoE layers (Megatron-Core's moe_z_loss_coeff convention):
+//
+//   z = 1/L sum_l 1/R_l sum_n lse_l[n]^2,   lse_l[n] = log sum_e exp(logits_l[n,e])
+//
+// Its gradient in logits_l[n,e] is 2 lse_l[n] p_l[n,e] / (L R_l), one token's alone, but R_l and
+// L are the whole batch's: the same RouterLoss collects the sums (zloss_penalty), z_loss() takes
+// the value after the last block and its backward leaves d loss / d z for the layers.
 #pragma once
 
 #include <cstdint>
@@ -45,9 +60,13 @@ struct RouterLoss {
     int64_t rows = 0;
     std::vector<int64_t> counts;
     std::vector<double> prob_sums;
+    double z_sum = 0;  // sum over the rows of lse(logits)^2 (the z-loss)
   };
+  bool balance = true;  // collect the load-balancing statistics (router_aux_loss_coef > 0)
+  bool z = false;       // collect the z-loss's (router_z_loss_coef > 0)
   std::map<int64_t, Layer> layers;
-  double grad = 0;  // d loss / d aux, left by aux_loss's backward for the layers' balance()
+  double grad = 0;    // d loss / d aux, left by aux_loss's backward for the layers' balance()
+  double z_grad = 0;  // d loss / d z, left by z_loss's backward for the layers' logits
   // Data, context and Ulysses parallelism (and tensor parallelism's sequence parallelism): reduce
   // sums every layer's rows, counts and probability sums over the ranks that hold the parts of
   // one micro-step's batch (run by aux_loss before the value), so that aux is the whole batch's
@@ -58,17 +77,22 @@ struct RouterLoss {
   // set once aux_loss has taken its value: activation checkpointing's recompute then leaves the
   // statistics as they are (the whole batch's, after reduce)
   bool sealed = false;
+  // reduce (once) and seal: aux_loss and z_loss call it before their values
+  void seal();
   // aux = E / R^2 sum_e C_e S_e over the layers so far
   double value() const;
+  // z = 1/L sum_l z_sum_l / R_l over the layers so far (= sum_l z_sum_l / R: z_value)
+  double z_value() const;
+  int64_t rows() const;  // R, every layer's rows
   // d aux / d p[n,e] = E C_e / R^2, for every row (E)
   std::vector<double> row_gradient() const;
 
   // Pipeline parallelism: a stage holds some of the layers, so the statistics travel with the
-  // activations. totals(): (2E + 2) the rows, counts (E) and probability sums (E) of every
-  // layer so far, and grad. Forward: a stage carry()s what the stages before it recorded
+  // activations. totals(): (2E + 4) the rows, counts (E), probability sums (E) and z_sum of
+  // every layer so far, grad and z_grad. Forward: a stage carry()s what the stages before it recorded
   // (kept as one more layer, key kCarried), and its totals go on to the next. Backward: the
-  // last stage's totals (the whole model's, reduced) and d loss / d aux come back through
-  // every stage, which take_totals() before its layers' balance() needs them.
+  // last stage's totals (the whole model's, reduced), d loss / d aux and d loss / d z come
+  // back through every stage, which take_totals() before its layers' backward needs them.
   static constexpr int64_t kCarried = -1;
   std::vector<double> totals() const;
   void carry(const std::vector<double>& t);
@@ -79,6 +103,8 @@ struct RouterLoss {
 // last hidden state (B, T, C), only ties the op into the graph after every layer (it gets no
 // gradient); backward leaves d loss / d aux in stats.grad.
 Tensor aux_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats);
+// The router z-loss of stats, as aux_loss: backward leaves d loss / d z in stats.z_grad.
+Tensor z_loss(const Tensor& anchor, const std::shared_ptr<RouterLoss>& stats);
 
 // The SwiGLU experts of one MoE layer, stacked: gate_proj, up_proj (E, C, I), down_proj (E, I, C)
 // (each expert's matrices in the (in, out) layout of nn::Linear). Expert parallelism keeps a
@@ -97,7 +123,8 @@ class Experts : public Module {
 
 struct MoeDims {
   int64_t C, experts, k, intermediate;
-  bool normalize;  // norm_topk_prob
+  bool normalize;      // norm_topk_prob
+  int64_t shared = 0;  // the shared expert's hidden units (Qwen2-MoE; 0: none)
 };
 
 // Runs the experts on the routed tokens: xf (N, C), weights (N, k) in x's dtype, choices (N, k) i32
@@ -106,7 +133,7 @@ struct MoeDims {
 using ExpertsFn = std::function<Tensor(const Experts& experts, const Tensor& xf, const Tensor& weights,
                                        const Tensor& choices)>;
 
-// The MoE MLP: router ("gate", C -> E), top k, the experts.
+// The MoE MLP: router ("gate", C -> E), top k, the experts; and Qwen2-MoE's gated shared expert.
 class MoeMLP : public Module {
  public:
   MoeMLP(const MoeDims& d, float std, float proj_std);
@@ -118,23 +145,28 @@ class MoeMLP : public Module {
                               const Tensor& choices);
   Linear gate;
   Experts experts;
+  std::unique_ptr<SwiGLU> shared_expert;       // C -> shared -> C (nullptr: none)
+  std::unique_ptr<Linear> shared_expert_gate;  // C -> 1, no bias (with shared_expert)
   int64_t k;
   bool normalize;
   ExpertsFn run_experts;  // unset: local_experts
 };
 
-// A Llama-family block whose MLP is a mixture of experts (Qwen3-MoE, Mixtral): x + attn(ln_1(x)),
+// A Llama-family block whose MLP is a mixture of experts (Qwen3-MoE, Qwen2-MoE, Mixtral): x + attn(ln_1(x)),
 // then + moe(ln_2(x)), the attention nn::LlamaBlock's.
 class MoeBlock : public DecoderBlock {
  public:
   MoeBlock(const LlamaDims& d, const MoeDims& moe, int64_t layer, float std, float proj_std);
   Tensor forward(const Tensor& x, const Positions& pos) const override;
   AttendFn& attend() override { return attn.attend; }
-  // Tensor parallelism splits the attention only: the router and the experts are whole on every
-  // rank (expert parallelism, not tensor parallelism, is how experts are split)
+  // Tensor parallelism splits the attention and the shared expert (as the llama MLP): the router,
+  // the shared expert's gate and the routed experts are whole on every rank (expert parallelism,
+  // not tensor parallelism, is how routed experts are split)
   TensorParallelPlan tensor_parallel_plan() override;
-  // self_attn.{q,k,v,o}_proj (the router and the experts carry no LoRA adapters, as in PEFT,
-  // whose targets are nn.Linear modules: transformers keeps experts and router as parameters)
+  // self_attn.{q,k,v,o}_proj, and Qwen2-MoE's mlp.shared_expert.{gate,up,down}_proj (the router
+  // and the routed experts carry no LoRA adapters, as in PEFT, whose targets are nn.Linear
+  // modules: transformers keeps experts and router as parameters; nor does the shared expert's
+  // gate, C -> 1, which PEFT's all-linear would adapt)
   std::vector<LinearSite> linear_sites() override;
   RMSNorm ln_1;
   GroupedQueryAttention attn;

@@ -499,7 +499,9 @@ TEST(ShardedCheckpoint, EveryModelFieldIsAConfigKeyAndRoundTrips) {
                       .norm_topk_prob = true,
                       .moe_every = 2,  // layer 1 of 0..2
                       .dense_layers = "0",
-                      .router_aux_loss_coef = 0.5};
+                      .shared_expert_intermediate_size = 10,
+                      .router_aux_loss_coef = 0.5,
+                      .router_z_loss_coef = 0.25};
   c.rope.theta = 50000;
   const models::GPTConfig d;
   std::vector<std::string> args = {"train_gpt", "--data.train", "x.bin", "--train.seq_len", "8"};

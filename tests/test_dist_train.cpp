@@ -976,6 +976,29 @@ TEST_F(DistTrain, MixtureOfExpertsSplitSequencesEqualOneProcess) {
                 kQwen3Moe);
 }
 
+TEST_F(DistTrain, MixtureOfExpertsRouterZLossLayoutsEqualOneProcess) {
+  // the z-loss's token mean over the whole batch: its sums and rows summed over the data ranks
+  // (dp2) and over the ranks holding parts of the sequences (fsdp2 x cp2), beside the
+  // load-balancing loss's statistics
+  const Model z{"qwen3moe_z_", kQwen3Moe.args + " --model.router_z_loss_coef 0.5"};
+  check_layouts({{"dp2", 2, 1}, {"fsdp2_cp2", 1, 2, 2, 1}}, 2, nullptr, z);
+}
+
+TEST_F(DistTrain, Qwen2MoeSharedExpertLayoutsEqualOneProcess) {
+  // Qwen2-MoE's block: q, k, v biases, the routed experts beside a shared expert of 40 gated by
+  // sigmoid(x Wg); sharded whole by FSDP, and under tp with sequence parallelism the shared
+  // expert split as the llama MLP (gate and up by columns, down by rows) while its gate stays
+  // whole on every rank, as the router (without sequence parallelism every rank gates every token)
+  const Model q2{"qwen2moe_",
+                 kLlama.args +
+                     " --model.attention_bias true --model.n_experts 4 --model.n_experts_per_tok 2 "
+                     "--model.moe_intermediate_size 24 --model.dense_layers 0 "
+                     "--model.shared_expert_intermediate_size 40 --model.router_aux_loss_coef 0.1"};
+  check_layouts(
+      {{"fsdp2", 1, 2}, {"tp2", 1, 1, 1, 2}, {"tp2_sp", 1, 1, 1, 2, "--parallel.sequence_parallel true"}}, 2,
+      nullptr, q2);
+}
+
 TEST_F(DistTrain, MixtureOfExpertsUnderTensorParallelismEqualsOneProcess) {
   // the attention split over tp, the router and the experts whole on every rank: every rank
   // routes every token alike; with sequence parallelism each its part of the sequence (the
@@ -1000,6 +1023,10 @@ TEST_F(DistTrain, MixtureOfExpertsPipelinesEqualOneProcess) {
        {"pp2_dp2_ac", 2, 1, 1, 1, "--train.activation_checkpointing full", 2},
        {"pp2_fsdp2_ep2", 1, 2, 1, 1, "--parallel.ep_size 2", 2}},
       1, nullptr, moe_pp);
+  // with the router z-loss beside it: its sums travel too
+  const Model moe_pp_z{"qwen3moe_pp_z_", moe_pp.args + " --model.router_z_loss_coef 0.5", 4};
+  check_layouts({{"pp2_1f1b", 1, 1, 1, 1, "", 2}, {"pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2}},
+                1, nullptr, moe_pp_z);
 }
 
 TEST_F(DistTrain, MixtureOfExpertsFiveDimensionsWithExpertParallelismOnSixteenRanks) {

@@ -3,12 +3,15 @@
 // in float32, every checkpointing mode gives the same bits and keeps less memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "autograd/engine.h"
 #include "autograd/gradcheck.h"
 #include "models/gpt.h"
+#include "nn/moe.h"
 #include "tensor/kernels.h"
 #include "tensor/storage.h"
 
@@ -49,7 +52,8 @@ models::GPTConfig gradcheck_llama(int64_t n_kv_head, bool qkv_bias) {
   return c;
 }
 
-void check_gpt(nn::ACMode ac, const models::GPTConfig& cfg = gradcheck_gpt()) {
+// tol: the largest relative error of a parameter's gradient against its central difference
+void check_gpt(nn::ACMode ac, const models::GPTConfig& cfg = gradcheck_gpt(), double tol = 1e-5) {
   models::GPT gpt(cfg);
   if (ac != nn::ACMode::none) gpt.add_block_wrapper(nn::activation_checkpointing(ac, 1));
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 42);
@@ -68,7 +72,7 @@ void check_gpt(nn::ACMode ac, const models::GPTConfig& cfg = gradcheck_gpt()) {
   autograd::GradcheckResult r = autograd::gradcheck(fn, inputs);
   EXPECT_TRUE(r.ok) << r.message;
   EXPECT_GT(r.checked, 3000);
-  EXPECT_LT(r.max_rel_err, 1e-5);
+  EXPECT_LT(r.max_rel_err, tol);
   std::cout << "checked " << r.checked << " parameters, max abs err " << r.max_abs_err << ", max rel err "
             << r.max_rel_err << "\n";
 }
@@ -147,6 +151,111 @@ TEST(GradcheckGPT, MixtureOfExpertsWithTheLoadBalancingLoss) {
 }
 TEST(GradcheckGPT, MixtureOfExpertsRenormalisedAndCheckpointed) {
   check_gpt(nn::ACMode::full, gradcheck_moe(true));
+}
+
+// The router z-loss (nn/moe.h) at a weight large enough that its gradient in the routers, 2 lse p
+// per token and layer, is far above the check's tolerance (without it the check fails): alone, and
+// beside the load-balancing loss with whole blocks recomputed in backward.
+models::GPTConfig gradcheck_moe_z(bool balance) {
+  models::GPTConfig c = gradcheck_moe(false);
+  c.router_aux_loss_coef = balance ? 0.3 : 0.0;
+  c.router_z_loss_coef = 0.5;
+  return c;
+}
+TEST(GradcheckGPT, MixtureOfExpertsWithTheRouterZLoss) {
+  check_gpt(nn::ACMode::none, gradcheck_moe_z(false));
+}
+TEST(GradcheckGPT, MixtureOfExpertsWithBothRouterLossesCheckpointed) {
+  // the z-loss's squared logsumexp curves more than the other terms: the central differences'
+  // own error reaches 1e-5 relative on the smallest gradients (a dropped z-loss gradient is 2.0)
+  check_gpt(nn::ACMode::full, gradcheck_moe_z(true), 2e-5);
+}
+
+// Qwen2-MoE: q, k, v biases, the routed experts (layers 1 and 2) beside a shared expert of 6
+// hidden units gated per token by sigmoid(x Wg): every gradient of it and of its gate; plain, and
+// with the load-balancing and z losses and whole blocks recomputed in backward.
+models::GPTConfig gradcheck_qwen2_moe(bool losses) {
+  models::GPTConfig c = gradcheck_llama(2, true);
+  c.rope = {.theta = 1e4};
+  c.n_layer = 3;
+  c.n_experts = 4;
+  c.n_experts_per_tok = 2;
+  c.moe_intermediate_size = 8;
+  c.dense_layers = "0";
+  c.shared_expert_intermediate_size = 6;
+  c.router_aux_loss_coef = losses ? 0.3 : 0.0;
+  c.router_z_loss_coef = losses ? 0.5 : 0.0;
+  return c;
+}
+TEST(GradcheckGPT, Qwen2MoeWithASharedExpert) { check_gpt(nn::ACMode::none, gradcheck_qwen2_moe(false)); }
+TEST(GradcheckGPT, Qwen2MoeWithASharedExpertBothRouterLossesCheckpointed) {
+  check_gpt(nn::ACMode::full, gradcheck_qwen2_moe(true));
+}
+
+// LoRA reaches the shared expert's linears (nn.Linear modules, which PEFT's targets name), never
+// the router or the routed experts, nor the shared expert's gate (C -> 1: no rank above 1 fits).
+TEST(GPTLora, Qwen2MoeSharedExpertLinearsTakeAdapters) {
+  models::GPT gpt(gradcheck_qwen2_moe(false));
+  gpt.add_lora({.rank = 2, .targets = {"all-linear"}});
+  std::vector<std::string> names;
+  for (const nn::UnitSpec& u : gpt.adapter_units())
+    for (const auto& p : u.params) names.push_back(p.name);
+  for (const char* site : {"h.1.mlp.shared_expert.gate_proj.lora_A", "h.2.mlp.shared_expert.down_proj.lora_B",
+                           "h.0.mlp.gate_proj.lora_A"})
+    EXPECT_NE(std::find(names.begin(), names.end(), site), names.end()) << site;
+  for (const std::string& n : names) EXPECT_EQ(n.find("experts."), std::string::npos) << n;
+  EXPECT_EQ(std::find(names.begin(), names.end(), "h.1.mlp.gate.lora_A"), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), "h.1.mlp.shared_expert_gate.lora_A"), names.end());
+}
+
+// z = 1/L sum_l 1/N_l sum_n lse(logits_l[n])^2, over two MoE layers of different token counts,
+// against the routers' logits computed here; no load-balancing statistics without its weight.
+TEST(MoeRouterZLoss, IsTheLayersMeanOfTheTokensSquaredLogSumExp) {
+  const int64_t C = 6, E = 4;
+  nn::MoeMLP mlp({.C = C, .experts = E, .k = 2, .intermediate = 5, .normalize = false}, 0.5f, 0.5f);
+  nn::FlatParams params = nn::materialize({{"mlp", mlp.parameters("mlp")}}, Device::cpu(), DType::f64, 3);
+  auto stats = std::make_shared<nn::RouterLoss>(E);
+  stats->balance = false;
+  stats->z = true;
+  // two layers of one forward route the same tokens: N = 3 each
+  const Tensor x0 = Tensor::empty({1, 3, C}, DType::f64), x1 = Tensor::empty({3, 1, C}, DType::f64);
+  kernels::fill_normal(x0, 5, 0, 0, 0.0f, 1.0f);
+  kernels::fill_normal(x1, 5, 1, 0, 0.0f, 1.0f);
+  mlp.forward(x0, stats, 0);
+  mlp.forward(x1, stats, 2);
+  double want = 0;
+  for (const Tensor& x : {x0, x1}) {
+    const int64_t N = x.size(0) * x.size(1);
+    const std::vector<double> logits = mlp.gate.forward(x.view({N, C})).to_vector<double>();
+    double sum = 0;
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t e = 0; e < E; ++e) s += std::exp(logits[n * E + e]);
+      sum += std::log(s) * std::log(s);
+    }
+    want += sum / static_cast<double>(N) / 2.0;  // the token mean, averaged over the 2 layers
+  }
+  EXPECT_NEAR(nn::z_loss(x0, stats).item(), want, 1e-12 * want);
+  EXPECT_TRUE(stats->layers.at(0).counts.empty() && stats->layers.at(2).counts.empty());
+}
+
+// The training loss is the cross-entropy + router_z_loss_coef x z; evaluation's the cross-entropy.
+TEST(MoeRouterZLoss, IsAddedToTheTrainingLossOnly) {
+  models::GPTConfig with = gradcheck_moe_z(false), without = with;
+  without.router_z_loss_coef = 0;
+  models::GPT a(with), b(without);
+  nn::FlatParams pa = nn::materialize(a.units(), Device::cpu(), DType::f64, 42);
+  nn::FlatParams pb = nn::materialize(b.units(), Device::cpu(), DType::f64, 42);
+  const Tensor x = ids(2, 5, 11, 1), y = ids(2, 5, 11, 2);
+  const models::GPTOutput oa = a.forward(x, y), ob = b.forward(x, y);
+  ASSERT_TRUE(oa.z_loss.defined());
+  EXPECT_FALSE(ob.z_loss.defined());
+  EXPECT_GT(oa.z_loss.item(), 1.0);  // lse of 4 near-uniform logits is about log 4
+  EXPECT_NEAR(oa.loss.item(), ob.loss.item() + 0.5 * oa.z_loss.item(), 1e-12);
+  EXPECT_NEAR(a.take_z_loss(), oa.z_loss.item(), 1e-15);
+  EXPECT_EQ(a.take_z_loss(), -1);  // taken
+  a.training = false;
+  EXPECT_NEAR(a.forward(x, y).loss.item(), ob.loss.item(), 1e-12);
 }
 
 TEST(GPTUnits, WrappersLeaveLossAndGradientsBitIdentical) {

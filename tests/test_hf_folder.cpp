@@ -483,7 +483,7 @@ TEST(HfConfig, ToJsonRefusesWhatParseWould) {
 TEST(HfConfigErrors, UnknownModelType) {
   const std::string msg = error_of([&] { parse(with(kLlama31, {{"model_type", "falcon"}})); });
   EXPECT_NE(msg.find("unknown model_type 'falcon' in m/config.json; ndtrain reads gpt2, llama, mistral, "
-                     "qwen2, qwen3, qwen3_moe and mixtral"),
+                     "qwen2, qwen3, qwen3_moe, qwen2_moe and mixtral"),
             std::string::npos)
       << msg;
   expect_refused(with(kLlama31, {{"model_type", nullptr}}), "'model_type' is missing");
@@ -650,6 +650,37 @@ TEST(HfConfigErrors, MixtureOfExpertsAndQuantization) {
                  "quantization_config");
   // switched off is not refused
   EXPECT_EQ(parse(with(kQwen2, {{"num_experts", 0}, {"quantization_config", nullptr}}, true)), parse(kQwen2));
+}
+
+// Qwen2-MoE (Qwen1.5-MoE's keys on Qwen2's sizes): qkv_bias (absent: true), the routed experts and
+// the shared expert's size (required: transformers' default is not the model's), written back alike;
+// other model_types' shared experts refused by name.
+TEST(HfConfig, Qwen2MoeWithASharedExpert) {
+  const json moe = {{"model_type", "qwen2_moe"},
+                    {"architectures", {"Qwen2MoeForCausalLM"}},
+                    {"num_experts", 4},
+                    {"num_experts_per_tok", 2},
+                    {"moe_intermediate_size", 64},
+                    {"shared_expert_intermediate_size", 128},
+                    {"decoder_sparse_step", 1},
+                    {"mlp_only_layers", {1}}};
+  const io::HfConfig c = parse(with(kQwen2, moe));
+  EXPECT_EQ(c.model_type, "qwen2_moe");
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_FALSE(c.o_proj_bias());
+  EXPECT_EQ(c.num_experts, 4);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 128);
+  EXPECT_EQ(c.mlp_only_layers, std::vector<int64_t>{1});
+  EXPECT_EQ(parse(io::to_json(c)), c);
+  json no_bias = moe;
+  no_bias["qkv_bias"] = false;
+  EXPECT_FALSE(parse(with(kQwen2, no_bias)).attention_bias);
+  json absent = moe;
+  absent["shared_expert_intermediate_size"] = nullptr;
+  expect_refused(with(kQwen2, absent), "'shared_expert_intermediate_size'");
+  json qwen3 = moe;
+  qwen3["model_type"] = "qwen3_moe";
+  expect_refused(with(kQwen2, qwen3), "'shared_expert_intermediate_size' (shared experts) is not supported");
 }
 
 // ---- folders: reading ------------------------------------------------------------------

@@ -65,14 +65,16 @@ void check_against_transformers(const std::string& arch, const std::string& dtyp
   const models::GPTConfig cfg = ckpt::model_config(folder.config());
   EXPECT_EQ(cfg.arch, "llama");
   EXPECT_EQ(cfg.kv_heads(), 2);
-  EXPECT_EQ(cfg.attention_bias, arch == "qwen2");
-  const bool qwen3 = arch == "qwen3" || arch == "qwen3_moe", moe = arch == "qwen3_moe" || arch == "mixtral";
+  EXPECT_EQ(cfg.attention_bias, arch == "qwen2" || arch == "qwen2_moe");
+  const bool qwen3 = arch == "qwen3" || arch == "qwen3_moe",
+             moe = arch == "qwen3_moe" || arch == "qwen2_moe" || arch == "mixtral";
   EXPECT_EQ(cfg.qk_norm, qwen3);
   EXPECT_EQ(cfg.head_dim(), qwen3 ? 24 : 16);  // qwen3: 4 heads of 24 from a width of 64
   EXPECT_EQ(cfg.tied(), arch == "qwen3");
-  EXPECT_EQ(cfg.moe_layers(), arch == "qwen3_moe" ? 1
-                              : arch == "mixtral" ? 2
-                                                  : 0);  // qwen3_moe: layer 1 dense
+  EXPECT_EQ(cfg.moe_layers(), arch == "qwen3_moe" || arch == "qwen2_moe" ? 1
+                              : arch == "mixtral"                        ? 2
+                                                                         : 0);  // qwen*_moe: layer 1 dense
+  EXPECT_EQ(cfg.shared_expert_intermediate_size, arch == "qwen2_moe" ? 56 : 0);
   EXPECT_EQ(cfg.router_aux_loss_coef, moe ? 0.25 : 0.0);
   models::GPT gpt(cfg);
   const DType dt = dtype == "float64" ? DType::f64 : DType::f32;
@@ -128,6 +130,14 @@ TEST(HfModels, LlamaWithLlama3RopeEqualsTransformersInFloat64) {
 TEST(HfModels, Qwen3MoeEqualsTransformersInFloat64) {
   check_against_transformers("qwen3_moe", "float64", 1e-10);
 }
+// Qwen2-MoE: q, k, v biases, the routed experts (not renormalised) beside the shared expert, a
+// SwiGLU of its own gated per token by sigmoid(shared_expert_gate x), every gradient of it too.
+TEST(HfModels, Qwen2MoeWithASharedExpertEqualsTransformersInFloat64) {
+  check_against_transformers("qwen2_moe", "float64", 1e-10);
+}
+TEST(HfModels, Qwen2MoeEqualsTransformersInFloat32) {
+  check_against_transformers("qwen2_moe", "float32", 1e-5);
+}
 TEST(HfModels, MixtralEqualsTransformersInFloat64) {
   check_against_transformers("mixtral", "float64", 1e-10);
 }
@@ -155,7 +165,9 @@ void check_export(const std::string& arch, int64_t head_dim) {
   if (made.rc == 3) GTEST_SKIP() << made.out;
   ASSERT_EQ(made.rc, 0) << made.out;
   const io::HfFolder folder((d / "model").string());
-  models::GPT gpt(ckpt::model_config(folder.config()));
+  models::GPTConfig cfg = ckpt::model_config(folder.config());
+  if (cfg.moe()) cfg.router_z_loss_coef = 0.1;  // a training option of ndtrain's: not exported
+  models::GPT gpt(cfg);
   nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 1);
   ckpt::load_hf_local(folder, gpt, params);
   io::SafeTensorsReader ref((d / "reference.safetensors").string());
@@ -171,6 +183,10 @@ void check_export(const std::string& arch, int64_t head_dim) {
   EXPECT_EQ(back.model_type, arch);
   EXPECT_EQ(back.head_dim, head_dim);
   EXPECT_EQ(back.num_experts, gpt.cfg.n_experts);
+  EXPECT_EQ(back.shared_expert_intermediate_size, gpt.cfg.shared_expert_intermediate_size);
+  const models::GPTConfig again = ckpt::model_config(back);
+  EXPECT_EQ(again.router_z_loss_coef, 0.0);  // the folder has no z-loss
+  EXPECT_EQ(again.shared_expert_intermediate_size, gpt.cfg.shared_expert_intermediate_size);
   // 2 windows of 16 tokens (+1) from the vocabulary of 96
   std::vector<uint16_t> tokens;
   for (int i = 0; i < 33; ++i) tokens.push_back(static_cast<uint16_t>((i * 37 + 11) % 96));
@@ -201,6 +217,7 @@ void check_export(const std::string& arch, int64_t head_dim) {
 TEST(HfModels, Qwen3ExportedLoadsInTransformersWithTheSameLoss) { check_export("qwen3", 24); }
 TEST(HfModels, Qwen3MoeExportedLoadsInTransformersWithTheSameLoss) { check_export("qwen3_moe", 24); }
 TEST(HfModels, MixtralExportedLoadsInTransformersWithTheSameLoss) { check_export("mixtral", 16); }
+TEST(HfModels, Qwen2MoeExportedLoadsInTransformersWithTheSameLoss) { check_export("qwen2_moe", 16); }
 
 TEST(HfModels, LlamaEqualsTransformersInFloat32) { check_against_transformers("llama", "float32", 1e-5); }
 

@@ -92,6 +92,27 @@ TEST(TrainGpt, HelpListsEveryKeyWithDefaults) {
 
 // A model.vocab_size far past the tokenizer's ids (Hub configs pad theirs): the samples
 // never draw an id without text, the run says so once and finishes with its report.
+// The routers' two losses are logged apart from the loss they are part of: the step line,
+// metrics.jsonl (read back by a resumed run's report) and TensorBoard; none without them.
+TEST(StepLog, ShowsTheLoadBalancingAndRouterZLossesApart) {
+  train::StepLog s;
+  s.steps = 10, s.loss = 4.5, s.sec = 0.5, s.tokens = 100;
+  s.aux_loss = 2.0, s.z_loss = 0.125;
+  EXPECT_NE(train::step_line(s).find("loss 4.5000 (load-balancing 2.0000) (router z 0.1250) |"),
+            std::string::npos)
+      << train::step_line(s);
+  const nlohmann::json j = train::step_json(s);
+  EXPECT_EQ(j.at("z_loss").get<double>(), 0.125);
+  EXPECT_EQ(train::step_from_json(j, 1, 10, false).z_loss, 0.125);
+  int found = 0;
+  for (const auto& [tag, v] : train::step_scalars(s)) found += tag == "loss/router_z" && v == 0.125;
+  EXPECT_EQ(found, 1);
+  s.z_loss = -1;  // none
+  EXPECT_EQ(train::step_line(s).find("router z"), std::string::npos);
+  EXPECT_FALSE(train::step_json(s).contains("z_loss"));
+  EXPECT_EQ(train::step_from_json(train::step_json(s), 1, 10, false).z_loss, -1);
+}
+
 TEST(TrainGpt, SamplesOnlyTheTokenizersIdsOfAPaddedVocabulary) {
   fs::path d = make_data("padded_vocab");
   RunResult r = run({"--config", (d / "gpt.ini").string(), "--train.steps", "2", "--model.vocab_size", "4096",

@@ -9,19 +9,20 @@ namespace ndt::train {
 
 std::string step_line(const StepLog& s) {
   const double gflops = s.flops / s.sec / 1e9 / static_cast<double>(s.world_size);  // per rank
-  char aux[48] = "";
+  char aux[48] = "", z[32] = "";
   if (s.aux_loss >= 0) std::snprintf(aux, sizeof(aux), " (load-balancing %.4f)", s.aux_loss);
+  if (s.z_loss >= 0) std::snprintf(z, sizeof(z), " (router z %.4f)", s.z_loss);
   std::string comm = s.world_size > 1 ? " | comm " + io::format_bytes(static_cast<double>(s.comm_bytes)) : "";
   if (s.spans_hosts) comm += " (" + io::format_bytes(static_cast<double>(s.across_hosts)) + " across hosts)";
   char line[600];
-  std::snprintf(line, sizeof(line),
-                "step %5lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
-                "(peak %s) | eta %s",
-                (long long)s.step + 1, (long long)s.steps, s.loss, aux, s.lr, s.norm, s.sec * 1e3,
-                s.tokens / s.sec, speed_text(gflops, s.peak_flops).c_str(), comm.c_str(),
-                io::format_bytes(static_cast<double>(s.mem.in_use)).c_str(),
-                io::format_bytes(static_cast<double>(s.mem.peak)).c_str(),
-                io::format_duration(s.eta_sec).c_str());
+  std::snprintf(
+      line, sizeof(line),
+      "step %5lld/%lld | loss %.4f%s%s | lr %.2e | norm %.3f | %.1f ms | %.0f tok/s | %s%s | mem %s "
+      "(peak %s) | eta %s",
+      (long long)s.step + 1, (long long)s.steps, s.loss, aux, z, s.lr, s.norm, s.sec * 1e3, s.tokens / s.sec,
+      speed_text(gflops, s.peak_flops).c_str(), comm.c_str(),
+      io::format_bytes(static_cast<double>(s.mem.in_use)).c_str(),
+      io::format_bytes(static_cast<double>(s.mem.peak)).c_str(), io::format_duration(s.eta_sec).c_str());
   return line;
 }
 
@@ -38,6 +39,7 @@ nlohmann::json step_json(const StepLog& s) {
                       {"mem_in_use", s.mem.in_use},
                       {"mem_peak", s.mem.peak}};
   if (s.aux_loss >= 0) j["aux_loss"] = s.aux_loss;
+  if (s.z_loss >= 0) j["z_loss"] = s.z_loss;
   if (s.peak_flops > 0) j["mfu"] = s.flops / s.sec / static_cast<double>(s.world_size) / s.peak_flops;
   return j;
 }
@@ -50,6 +52,7 @@ StepLog step_from_json(const nlohmann::json& j, int world_size, int64_t steps, b
   s.lr = j.at("lr").get<double>();
   s.norm = j.at("grad_norm").get<double>();
   if (j.contains("aux_loss")) s.aux_loss = j.at("aux_loss").get<double>();
+  if (j.contains("z_loss")) s.z_loss = j.at("z_loss").get<double>();
   s.sec = j.at("ms").get<double>() / 1e3;
   s.tokens = j.at("tokens_per_sec").get<double>() * s.sec;
   s.flops = j.at("gflops_per_sec").get<double>() * 1e9 * s.sec;
@@ -77,6 +80,7 @@ io::Scalars step_scalars(const StepLog& s) {
   if (s.peak_flops > 0)
     v.push_back({"throughput/mfu", s.flops / s.sec / static_cast<double>(s.world_size) / s.peak_flops});
   if (s.aux_loss >= 0) v.push_back({"loss/load_balancing", s.aux_loss});
+  if (s.z_loss >= 0) v.push_back({"loss/router_z", s.z_loss});
   if (s.world_size > 1) v.push_back({"comm/bytes_sent", static_cast<double>(s.comm_bytes)});
   if (s.spans_hosts) v.push_back({"comm/bytes_across_hosts", static_cast<double>(s.across_hosts)});
   return v;

@@ -23,6 +23,7 @@ struct StepLog {
   int64_t step = 0, steps = 0;        // this step (0-based) of the run's train.steps
   double loss = 0, lr = 0, norm = 0;  // the mean loss, the learning rate, the global grad norm
   double aux_loss = -1;               // the routers' load-balancing loss, part of loss (MoE; < 0: none)
+  double z_loss = -1;                 // the routers' z-loss, part of loss (MoE; < 0: none)
   double sec = 0;                     // the step's wall time
   double tokens = 0;                  // tokens per step (every rank's)
   double flops = 0;                   // model FLOPs per step (every rank's)

@@ -547,7 +547,7 @@ StepLog Trainer::step_and_time(int64_t step) {
   const int64_t bytes0 = pm_->bytes_sent(), across0 = pm_->bytes_across_hosts();
   StepLog r;
   r.loss = train_step(step);
-  r.aux_loss = pm_->aux_loss();
+  r.aux_loss = pm_->aux_loss(), r.z_loss = pm_->z_loss();
   r.norm = pm_->strategy->grad_norm();  // global: the same number on every rank
   if (step == start_ && !c_.log.grads.empty())
     ckpt::write_whole_grads(c_.log.grads, mc_, *pm_, dims_.str(), *world_);

@@ -56,7 +56,7 @@ int Pipeline::source_of(const pp::Action& a, std::string& what) const {
 
 StageComm::Layout Pipeline::message(const Tensor& idx) const {
   StageComm::Layout m{{io_shape_(idx), io_dtype_}};
-  if (routes_) m.push_back({Shape{2 * gpt_.cfg.n_experts + 2}, DType::f64});  // RouterLoss::totals
+  if (routes_) m.push_back({Shape{2 * gpt_.cfg.n_experts + 4}, DType::f64});  // RouterLoss::totals
   return m;
 }
 

@@ -19,13 +19,17 @@ int64_t mlp_hidden(const GPTConfig& c) { return c.intermediate_size; }
 
 // c_attn C x (q + 2 kv) (q = NH HS, kv = n_kv_head HS: grouped-query attention), c_proj
 // q x C, gate, up and down C x I (q = C unless model.head_dim says otherwise); an MoE layer's
-// router C x E and the k experts a token goes through, 3 C I_moe each (averaged over the layers)
+// router C x E and the k experts a token goes through, 3 C I_moe each, and the shared expert's
+// 3 C I_shared and its gate's C (averaged over the layers)
 double linear_weights(const GPTConfig& c) {
   const double C = static_cast<double>(c.n_embd), HS = static_cast<double>(c.head_dim());
   const double q = static_cast<double>(c.n_head) * HS, kv = static_cast<double>(c.kv_heads()) * HS;
   const double dense = 3 * C * static_cast<double>(c.intermediate_size);
   const double moe = C * static_cast<double>(c.n_experts) +
-                     3 * C * static_cast<double>(c.moe_intermediate_size * c.n_experts_per_tok);
+                     3 * C * static_cast<double>(c.moe_intermediate_size * c.n_experts_per_tok) +
+                     (c.shared_expert_intermediate_size > 0
+                          ? 3 * C * static_cast<double>(c.shared_expert_intermediate_size) + C
+                          : 0.0);
   const double moe_share = static_cast<double>(c.moe_layers()) / static_cast<double>(c.n_layer);
   return C * (q + 2 * kv) + q * C + (1 - moe_share) * dense + moe_share * moe;
 }
@@ -41,11 +45,12 @@ bool qkv_bias(const GPTConfig& c) { return c.attention_bias; }
 // The mixture-of-experts fields: all at their defaults without experts
 void validate_moe(const GPTConfig& c) {
   if (!c.moe()) {
-    NDT_CHECK(
-        c.n_experts_per_tok == 0 && c.moe_intermediate_size == 0 && !c.norm_topk_prob && c.moe_every == 1 &&
-            c.dense_layers.empty() && c.router_aux_loss_coef == 0,
-        "model.n_experts_per_tok, moe_intermediate_size, norm_topk_prob, moe_every, dense_layers and "
-        "router_aux_loss_coef are for mixture-of-experts models: set model.n_experts > 0 or leave them out");
+    NDT_CHECK(c.n_experts_per_tok == 0 && c.moe_intermediate_size == 0 && !c.norm_topk_prob &&
+                  c.moe_every == 1 && c.dense_layers.empty() && c.router_aux_loss_coef == 0 &&
+                  c.router_z_loss_coef == 0,
+              "model.n_experts_per_tok, moe_intermediate_size, norm_topk_prob, moe_every, dense_layers, "
+              "router_aux_loss_coef and router_z_loss_coef are for mixture-of-experts models: set "
+              "model.n_experts > 0 or leave them out");
     return;
   }
   NDT_CHECK(c.n_experts_per_tok >= 1 && c.n_experts_per_tok <= c.n_experts, "model.n_experts_per_tok (",
@@ -84,7 +89,11 @@ void describe(const GPTConfig& c, Family::Part part, std::ostream& os) {
   if (c.moe())
     os << ", " << c.moe_layers() << " MoE layers of " << c.n_experts << " experts (top "
        << c.n_experts_per_tok << (c.norm_topk_prob ? ", renormalised" : "")
-       << ", I=" << c.moe_intermediate_size << ")";
+       << ", I=" << c.moe_intermediate_size
+       << (c.shared_expert_intermediate_size > 0
+               ? ", a shared expert of " + std::to_string(c.shared_expert_intermediate_size)
+               : std::string())
+       << ")";
   os << (c.tie_embeddings ? ", tied" : ", untied") << " head";
 }
 
@@ -93,8 +102,12 @@ std::unique_ptr<nn::DecoderBlock> make_block(const GPTConfig& c, int64_t layer, 
   const nn::LlamaDims d{c.n_embd,         c.n_head,   c.kv_heads(), c.intermediate_size,
                         c.attention_bias, c.norm_eps, c.head_dim(), c.qk_norm};
   if (!c.moe_layer(layer)) return std::make_unique<nn::LlamaBlock>(d, std, proj_std);
-  const nn::MoeDims moe{c.n_embd, c.n_experts, c.n_experts_per_tok, c.moe_intermediate_size,
-                        c.norm_topk_prob};
+  const nn::MoeDims moe{c.n_embd,
+                        c.n_experts,
+                        c.n_experts_per_tok,
+                        c.moe_intermediate_size,
+                        c.norm_topk_prob,
+                        c.shared_expert_intermediate_size};
   return std::make_unique<nn::MoeBlock>(d, moe, layer, std, proj_std);
 }
 

@@ -16,7 +16,7 @@ it; default ~/.cache/ndtrain/ref-venv, $NDT_REF_VENV):
 Exit codes: 0 done; 3 with the one line "transformers/torch not available: ..." when torch,
 transformers or safetensors cannot be imported (the C++ tests skip on it); 1 or 2 otherwise.
 
-make OUT --arch llama|qwen2|qwen3|qwen3_moe|mixtral [--dtype float64|float32] [--seed N] [--stock]
+make OUT --arch llama|qwen2|qwen3|qwen3_moe|qwen2_moe|mixtral [--dtype float64|float32] [--seed N] [--stock]
   A random tiny model built by transformers (LlamaForCausalLM, Qwen2ForCausalLM or
   Qwen3ForCausalLM, eager attention): hidden 64, 2 layers, 4 query heads and 2 key/value heads
   (head_dim 16), intermediate 176, vocab 96, max_position_embeddings 128, rms_norm_eps 1e-5,
@@ -29,6 +29,10 @@ make OUT --arch llama|qwen2|qwen3|qwen3_moe|mixtral [--dtype float64|float32] [-
            k and v 48), q_norm and k_norm, no biases, the lm_head tied to the embeddings
     qwen3_moe: qwen3's attention (untied); layer 0 a mixture of 4 experts (top 2, moe_intermediate_size
            40, not renormalised), layer 1 dense (mlp_only_layers); output_router_logits with
+           router_aux_loss_coef 0.25
+    qwen2_moe: qwen2's attention (biases on q, k and v); layer 0 a mixture of 4 experts (top 2,
+           moe_intermediate_size 40, not renormalised) beside a shared expert (SwiGLU of 56) gated by
+           sigmoid(shared_expert_gate), layer 1 dense (mlp_only_layers); output_router_logits with
            router_aux_loss_coef 0.25
     mixtral: rope_theta 1e6; both layers 4 experts of intermediate_size 48, top 2, renormalised;
            output_router_logits with router_aux_loss_coef 0.25
@@ -254,7 +258,7 @@ def set_inv_freq64(torch, model):
 
 
 PREFIXES = {"modeling_llama": "Llama", "modeling_qwen2": "Qwen2", "modeling_qwen3": "Qwen3",
-            "modeling_qwen3_moe": "Qwen3Moe", "modeling_mixtral": "Mixtral"}
+            "modeling_qwen3_moe": "Qwen3Moe", "modeling_qwen2_moe": "Qwen2Moe", "modeling_mixtral": "Mixtral"}
 
 
 def modeling_modules(transformers):
@@ -262,8 +266,10 @@ def modeling_modules(transformers):
     from transformers.models.qwen2 import modeling_qwen2
     from transformers.models.qwen3 import modeling_qwen3
     from transformers.models.qwen3_moe import modeling_qwen3_moe
+    from transformers.models.qwen2_moe import modeling_qwen2_moe
     from transformers.models.mixtral import modeling_mixtral
-    return [modeling_llama, modeling_qwen2, modeling_qwen3, modeling_qwen3_moe, modeling_mixtral]
+    return [modeling_llama, modeling_qwen2, modeling_qwen3, modeling_qwen3_moe, modeling_qwen2_moe,
+            modeling_mixtral]
 
 
 def dtype_of(torch, name):
@@ -349,6 +355,12 @@ def build_config(transformers, arch):
                                            use_sliding_window=False, num_experts=4, num_experts_per_tok=2,
                                            moe_intermediate_size=40, norm_topk_prob=False, mlp_only_layers=[1],
                                            output_router_logits=True, router_aux_loss_coef=0.25)
+    if arch == "qwen2_moe":  # a shared expert beside the routed ones; layer 1 dense (mlp_only_layers)
+        return transformers.Qwen2MoeConfig(**SIZES, rope_theta=1e6, qkv_bias=True, use_sliding_window=False,
+                                           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40,
+                                           shared_expert_intermediate_size=56, norm_topk_prob=False,
+                                           mlp_only_layers=[1], output_router_logits=True,
+                                           router_aux_loss_coef=0.25)
     if arch == "mixtral":  # every layer MoE, renormalised, experts of intermediate_size
         return transformers.MixtralConfig(**dict(SIZES, intermediate_size=48), rope_theta=1e6, num_local_experts=4,
                                           num_experts_per_tok=2, output_router_logits=True,
@@ -389,20 +401,23 @@ def randomise(torch, model, seed):
             p.copy_(v)
 
 
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
+
+
 def make(args):
     torch, transformers, st = imports()
     torch.manual_seed(args.seed)
     dtype = dtype_of(torch, args.dtype)
     config = build_config(transformers, args.arch)
     config._attn_implementation = "eager"
-    if args.arch in ("qwen3_moe", "mixtral"):
+    if args.arch in MOE_ARCHS:
         config._experts_implementation = "eager"  # the loop over experts: grouped_mm has no float64
     cls = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
            "qwen3": transformers.Qwen3ForCausalLM, "qwen3_moe": transformers.Qwen3MoeForCausalLM,
-           "mixtral": transformers.MixtralForCausalLM}[args.arch]
+           "qwen2_moe": transformers.Qwen2MoeForCausalLM, "mixtral": transformers.MixtralForCausalLM}[args.arch]
     model = cls(config).to(dtype)
     model.config._attn_implementation = "eager"
-    if args.arch in ("qwen3_moe", "mixtral"):
+    if args.arch in MOE_ARCHS:
         model.config._experts_implementation = "eager"
     randomise(torch, model, args.seed)
     model.train()  # dropout is 0 in both configs; train() only so nothing is cached
@@ -424,7 +439,7 @@ def make(args):
     x = torch.randint(0, config.vocab_size, (B, T + 1), generator=g)
     inputs, targets = x[:, :-1].contiguous(), x[:, 1:].contiguous()
 
-    moe = args.arch in ("qwen3_moe", "mixtral")
+    moe = args.arch in MOE_ARCHS
 
     def forward():
         return model(input_ids=inputs, use_cache=False).logits
@@ -616,7 +631,7 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make", help="a random tiny model and its logits, loss and gradients")
     m.add_argument("out")
-    m.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "qwen3_moe", "mixtral"], required=True)
+    m.add_argument("--arch", choices=["llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral"], required=True)
     m.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--stock", action="store_true",

@@ -28,7 +28,7 @@ void refuse_sliding_window(const io::HfKeys& k, const io::HfConfig& c) {
               " is smaller than max_position_embeddings ", c.max_position_embeddings,
               ": sliding-window attention is not supported (null turns it off)");
   }
-  if (c.model_type == "qwen2" || c.model_type == "qwen3_moe")
+  if (c.model_type == "qwen2" || c.model_type == "qwen3_moe" || c.model_type == "qwen2_moe")
     NDT_CHECK(!k.opt_bool("use_sliding_window", false), k.where,
               ": use_sliding_window true: sliding-window attention is not supported");
   if (c.model_type == "mixtral") {  // MixtralConfig's sliding_window: null (none) unless given
@@ -48,7 +48,7 @@ void refuse_sliding_window(const io::HfKeys& k, const io::HfConfig& c) {
   }
 }
 
-// The mixture of experts: Qwen3MoeConfig's and MixtralConfig's names and defaults
+// The mixture of experts: Qwen3MoeConfig's, Qwen2MoeConfig's and MixtralConfig's names and defaults
 void read_experts(const io::HfKeys& k, io::HfConfig& c) {
   const bool mixtral = c.model_type == "mixtral";
   // qwen3_moe: num_experts on the Hub, num_local_experts as transformers 5 saves it (its alias)
@@ -59,6 +59,9 @@ void read_experts(const io::HfKeys& k, io::HfConfig& c) {
   c.num_experts_per_tok = k.positive("num_experts_per_tok");
   c.moe_intermediate_size = mixtral ? c.intermediate_size : k.positive("moe_intermediate_size");
   c.norm_topk_prob = mixtral || k.opt_bool("norm_topk_prob", false);
+  // qwen2_moe: transformers would take 5632 for an absent key whatever the sizes: refused rather than guessed
+  if (c.model_type == "qwen2_moe")
+    c.shared_expert_intermediate_size = k.positive("shared_expert_intermediate_size");
   if (!mixtral) {
     c.decoder_sparse_step = k.opt_int("decoder_sparse_step").value_or(1);
     if (k.has("mlp_only_layers"))
@@ -86,6 +89,7 @@ void read_config(const io::HfKeys& k, io::HfConfig& c) {
             ": required key 'num_key_value_heads' is missing (transformers would take ",
             c.model_type == "mistral" || c.model_type == "mixtral" ? 8
             : c.model_type == "qwen3_moe"                          ? 4
+            : c.model_type == "qwen2_moe"                          ? 16
                                                                    : 32,
             " for ", c.model_type, ", not num_attention_heads; give it)");
   c.num_key_value_heads = k.opt_int("num_key_value_heads").value_or(c.num_attention_heads);
@@ -94,8 +98,10 @@ void read_config(const io::HfKeys& k, io::HfConfig& c) {
   c.hidden_act = k.opt_str("hidden_act").value_or("silu");
   c.tie_word_embeddings = k.opt_bool("tie_word_embeddings", false);
   c.mlp_bias = k.opt_bool("mlp_bias", false);
-  // qwen2: q, k, v biases always (Qwen2Attention), whatever the key says; mistral: none
-  c.attention_bias = k.opt_bool("attention_bias", c.model_type == "qwen2");
+  // qwen2: q, k, v biases always (Qwen2Attention), whatever the key says; mistral: none;
+  // qwen2_moe: its qkv_bias key (default true)
+  c.attention_bias = c.model_type == "qwen2_moe" ? k.opt_bool("qkv_bias", true)
+                                                 : k.opt_bool("attention_bias", c.model_type == "qwen2");
   // head_dim: absent or null, hidden_size / num_attention_heads; Qwen3Config's default is 128
   // whatever the sizes: refused rather than guessed
   NDT_CHECK(c.model_type != "qwen3" || k.has("head_dim"), k.where,
@@ -107,7 +113,8 @@ void read_config(const io::HfKeys& k, io::HfConfig& c) {
   c.head_dim = head_dim.value_or(c.hidden_size / c.num_attention_heads);
   io::parse_rope(k, c);
   refuse_sliding_window(k, c);
-  if (c.model_type == "qwen3_moe" || c.model_type == "mixtral") read_experts(k, c);
+  if (c.model_type == "qwen3_moe" || c.model_type == "qwen2_moe" || c.model_type == "mixtral")
+    read_experts(k, c);
 }
 
 void check_experts(const io::HfConfig& c, const std::string& where) {
@@ -127,11 +134,11 @@ void check_experts(const io::HfConfig& c, const std::string& where) {
 }
 
 void check_config(const io::HfConfig& c, const std::string& where) {
-  // head_dim: llama, mistral and qwen3 read it; Qwen2Config has no such key
-  io::check_sizes(
-      c, where,
-      {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-       "max_position_embeddings", "rms_norm_eps", c.model_type == "qwen2" ? nullptr : "head_dim"});
+  // head_dim: llama, mistral and qwen3 read it; Qwen2Config and Qwen2MoeConfig have no such key
+  const bool qwen2 = c.model_type == "qwen2" || c.model_type == "qwen2_moe";
+  io::check_sizes(c, where,
+                  {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                   "max_position_embeddings", "rms_norm_eps", qwen2 ? nullptr : "head_dim"});
   NDT_CHECK(c.hidden_act == "silu", where, ": hidden_act '", c.hidden_act, "' is not supported; ndtrain's ",
             c.model_type, " uses silu");
   NDT_CHECK(!c.mlp_bias, where, ": mlp_bias true is not supported (", c.model_type, " MLPs have no biases)");
@@ -161,6 +168,7 @@ void write_experts(const io::HfConfig& c, nlohmann::json& j) {
     j["decoder_sparse_step"] = c.decoder_sparse_step;
     j["mlp_only_layers"] = c.mlp_only_layers;
   }
+  if (c.model_type == "qwen2_moe") j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
   j["num_experts_per_tok"] = c.num_experts_per_tok;
   // transformers adds the load-balancing loss only with output_router_logits
   j["output_router_logits"] = c.router_aux_loss_coef > 0;
@@ -184,12 +192,14 @@ void write_config(const io::HfConfig& c, nlohmann::json& j) {
                          {"high_freq_factor", c.high_freq_factor},
                          {"original_max_position_embeddings", c.original_max_position_embeddings}};
   // each model's own keys only (qwen2's q, k, v biases and mistral's none are implied)
-  if (c.model_type != "qwen2") j["head_dim"] = c.head_dim;
+  if (c.model_type != "qwen2" && c.model_type != "qwen2_moe") j["head_dim"] = c.head_dim;
+  if (c.model_type == "qwen2_moe") j["qkv_bias"] = c.attention_bias;
   if (c.model_type == "llama") {
     j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = false;
   }
-  if (c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe")
+  if (c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "qwen3_moe" ||
+      c.model_type == "qwen2_moe")
     j["use_sliding_window"] = false;
   if (c.model_type == "qwen3" || c.model_type == "qwen3_moe") j["attention_bias"] = false;
   if (c.model_type == "mistral" || c.model_type == "mixtral") j["sliding_window"] = nullptr;  // mistral: 4096
@@ -215,6 +225,7 @@ void from_hf(const io::HfConfig& hf, models::GPTConfig& c) {
     for (size_t i = 0; i < hf.mlp_only_layers.size(); ++i)
       c.dense_layers += (i ? "," : "") + std::to_string(hf.mlp_only_layers[i]);
     c.router_aux_loss_coef = hf.router_aux_loss_coef;
+    c.shared_expert_intermediate_size = hf.shared_expert_intermediate_size;
   }
   c.intermediate_size = hf.intermediate_size;
   c.attention_bias = hf.attention_bias;
@@ -225,22 +236,36 @@ void from_hf(const io::HfConfig& hf, models::GPTConfig& c) {
                                           hf.original_max_position_embeddings};
 }
 
-// Qwen3-MoE (q/k norms) or Mixtral (experts everywhere, renormalised, no q/k norms)
-void experts_to_hf(const models::GPTConfig& c, io::HfConfig& hf) {
+// Qwen3-MoE (q/k norms), Qwen2-MoE (a shared expert) or Mixtral (experts everywhere, renormalised,
+// neither). model.router_z_loss_coef is a training option of ndtrain's that no folder has: ignored.
+const char* moe_model_type(const models::GPTConfig& c) {
+  if (c.qk_norm) {
+    NDT_CHECK(c.shared_expert_intermediate_size == 0,
+              "a qwen3_moe has no shared expert (model.shared_expert_intermediate_size = 0; without "
+              "model.qk_norm a model with one is exported as a qwen2_moe)");
+    NDT_CHECK(!c.attention_bias, "a qwen3_moe has no q, k, v biases (model.attention_bias = false)");
+    return "qwen3_moe";
+  }
+  if (c.shared_expert_intermediate_size > 0) return "qwen2_moe";
   NDT_CHECK(
-      c.qk_norm || (c.norm_topk_prob && c.moe_layers() == c.n_layer && !c.attention_bias),
-      "a mixture-of-experts llama without model.qk_norm is a Mixtral, which has experts in every layer "
-      "(model.moe_every = 1, no model.dense_layers), model.norm_topk_prob = true and no q, k, v biases; "
-      "this one has no Hugging Face model_type");
-  NDT_CHECK(!c.attention_bias, "a qwen3_moe has no q, k, v biases (model.attention_bias = false)");
+      c.norm_topk_prob && c.moe_layers() == c.n_layer && !c.attention_bias,
+      "a mixture-of-experts llama without model.qk_norm or a shared expert is a Mixtral, which has "
+      "experts in every layer (model.moe_every = 1, no model.dense_layers), model.norm_topk_prob = true "
+      "and no q, k, v biases; this one has no Hugging Face model_type (a qwen2_moe needs "
+      "model.shared_expert_intermediate_size)");
+  return "mixtral";
+}
+
+void experts_to_hf(const models::GPTConfig& c, io::HfConfig& hf) {
   hf.num_experts = c.n_experts;
   hf.num_experts_per_tok = c.n_experts_per_tok;
   hf.moe_intermediate_size = c.moe_intermediate_size;
-  if (!c.qk_norm) hf.intermediate_size = c.moe_intermediate_size;  // mixtral's experts' size
+  if (hf.model_type == "mixtral") hf.intermediate_size = c.moe_intermediate_size;  // its experts' size
   hf.norm_topk_prob = c.norm_topk_prob;
   hf.decoder_sparse_step = c.moe_every;
   for (int64_t i = 0; i < c.n_layer; ++i)
     if (!c.moe_layer(i) && (i + 1) % c.moe_every == 0) hf.mlp_only_layers.push_back(i);
+  hf.shared_expert_intermediate_size = c.shared_expert_intermediate_size;
   hf.router_aux_loss_coef = c.router_aux_loss_coef;
 }
 
@@ -248,10 +273,7 @@ void to_hf(const models::GPTConfig& c, io::HfConfig& hf) {
   NDT_CHECK(!(c.qk_norm && c.attention_bias),
             "a llama model with both model.qk_norm and model.attention_bias has no Hugging Face model_type "
             "(qwen3's attention_bias puts a bias on o_proj too); export one without q, k, v biases");
-  hf.model_type = c.moe()            ? (c.qk_norm ? "qwen3_moe" : "mixtral")
-                  : c.qk_norm        ? "qwen3"
-                  : c.attention_bias ? "qwen2"
-                                     : "llama";
+  hf.model_type = c.moe() ? moe_model_type(c) : c.qk_norm ? "qwen3" : c.attention_bias ? "qwen2" : "llama";
   if (c.moe()) experts_to_hf(c, hf);
   hf.hidden_act = "silu";
   hf.tie_word_embeddings = c.tie_embeddings;
@@ -266,13 +288,21 @@ void to_hf(const models::GPTConfig& c, io::HfConfig& hf) {
   }
 }
 
-// An MoE layer's router and experts: Qwen3-MoE's mlp.gate, mlp.experts.<e>.{gate,up,down}_proj;
+// An MoE layer's router and experts: Qwen3-MoE's (and Qwen2-MoE's) mlp.gate,
+// mlp.experts.<e>.{gate,up,down}_proj, Qwen2-MoE's mlp.shared_expert.{gate,up,down}_proj and
+// mlp.shared_expert_gate (C -> 1);
 // Mixtral's block_sparse_moe.gate, block_sparse_moe.experts.<e>.{w1,w3,w2} (as transformers 5
 // saves them: one (out, in) matrix per expert, which our (E, in, out) stacks transposed)
 void experts_sources(const models::GPTConfig& c, const std::string& ours, const std::string& hf,
                      std::map<std::string, HfSource>& s) {
-  const bool mixtral = !c.qk_norm;
+  const bool mixtral = !c.qk_norm && c.shared_expert_intermediate_size == 0;
   const std::string m = hf + (mixtral ? "block_sparse_moe." : "mlp.");
+  if (c.shared_expert_intermediate_size > 0) {
+    for (const char* p : {"gate_proj", "up_proj", "down_proj"})
+      s[ours + "mlp.shared_expert." + p + ".weight"] = {HfSource::transposed,
+                                                        {m + "shared_expert." + p + ".weight"}};
+    s[ours + "mlp.shared_expert_gate.weight"] = {HfSource::transposed, {m + "shared_expert_gate.weight"}};
+  }
   s[ours + "mlp.gate.weight"] = {HfSource::transposed, {m + "gate.weight"}};
   const char* names[3][2] = {{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}};
   for (const auto& [our, theirs] : names) {
@@ -475,6 +505,7 @@ extern const FamilyTools kTools_llama = {
                     {"qwen2", "Qwen2ForCausalLM"},
                     {"qwen3", "Qwen3ForCausalLM"},
                     {"qwen3_moe", "Qwen3MoeForCausalLM"},
+                    {"qwen2_moe", "Qwen2MoeForCausalLM"},
                     {"mixtral", "MixtralForCausalLM"}},
     .read_config = read_config,
     .check_config = check_config,

@@ -114,15 +114,17 @@ void refuse_unsupported(const HfKeys& k, const std::string& model_type) {
     if (v->is_object() || v->is_array() || v->is_string()) return !v->empty();
     return true;
   };
-  const bool moe = model_type == "qwen3_moe" || model_type == "mixtral";
+  const bool moe = model_type == "qwen3_moe" || model_type == "qwen2_moe" || model_type == "mixtral";
   for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok",
                           "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size"}) {
+    // qwen2_moe's one gated shared expert is read; other shared experts (DeepSeek's n_shared_experts) not
     const bool read = std::string_view(key) != "n_routed_experts" &&
                       !std::string_view(key).starts_with("n_shared") &&
-                      !std::string_view(key).starts_with("shared");
+                      (!std::string_view(key).starts_with("shared") || model_type == "qwen2_moe");
     NDT_CHECK(!on(key) || (moe && read), where, ": '", key,
               moe ? "' (shared experts) is not supported; ndtrain's experts are all routed"
-                  : "' is a mixture-of-experts option; ndtrain reads the experts of qwen3_moe and mixtral "
+                  : "' is a mixture-of-experts option; ndtrain reads the experts of qwen3_moe, qwen2_moe and "
+                    "mixtral "
                     "models only");
   }
   NDT_CHECK(!k.has("quantization_config"), where,

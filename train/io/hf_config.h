@@ -28,7 +28,8 @@ namespace ndt::io {
 // in old files) -> max_position_embeddings, n_inner (null: 4 * n_embd) -> intermediate_size,
 // layer_norm_epsilon -> norm_eps, activation_function -> hidden_act.
 struct HfConfig {
-  std::string model_type;  // "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral" or "gpt2"
+  std::string
+      model_type;  // "llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "mixtral" or "gpt2"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -45,7 +46,7 @@ struct HfConfig {
   // always on qwen2 (but none on o_proj), never on mistral, always on gpt2 (c_attn, c_proj).
   bool attention_bias = false;
   bool mlp_bias = false;  // false for the llama family (true is refused), true for gpt2
-  bool o_proj_bias() const { return attention_bias && model_type != "qwen2"; }
+  bool o_proj_bias() const { return attention_bias && model_type != "qwen2" && model_type != "qwen2_moe"; }
 
   // Rotary embeddings (llama family; gpt2 leaves these at their defaults). From rope_theta and
   // rope_scaling (transformers 4) or rope_parameters (transformers 5): the same fields either way.
@@ -54,13 +55,14 @@ struct HfConfig {
   double factor = 0, low_freq_factor = 0, high_freq_factor = 0;
   int64_t original_max_position_embeddings = 0;
 
-  // Mixture of experts (qwen3_moe, mixtral; none for the others).
+  // Mixture of experts (qwen3_moe, qwen2_moe, mixtral; none for the others).
   int64_t num_experts = 0;            // qwen3_moe: num_experts; mixtral: num_local_experts
   int64_t num_experts_per_tok = 0;    // k
   int64_t moe_intermediate_size = 0;  // mixtral: its intermediate_size (it has no dense MLPs)
   bool norm_topk_prob = false;        // mixtral: always
   int64_t decoder_sparse_step = 1;    // qwen3_moe
   std::vector<int64_t> mlp_only_layers;
+  int64_t shared_expert_intermediate_size = 0;  // qwen2_moe's shared expert (required there; 0: none)
   // router_aux_loss_coef when output_router_logits is true, else 0: transformers adds the
   // load-balancing loss to the loss only then
   double router_aux_loss_coef = 0;
