@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 using namespace ndt;
 using namespace ndt::testing;  // Layout, mpirun, run_shell (tests/support/launch.h)
@@ -23,12 +24,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// a Llama of 2 MoE blocks on C 32: E experts of 16 hidden units, each token through 2 of them
-std::string moe(int E) {
+// a Llama of 2 MoE blocks on C 32: E experts of 16 hidden units, each token through k of them
+std::string moe(int E, int k = 2) {
   return " --model.arch llama --model.n_kv_head 2 --model.intermediate_size 48 --model.rope_theta 10000 "
          "--model.n_experts " +
-         std::to_string(E) +
-         " --model.n_experts_per_tok 2 --model.moe_intermediate_size 16 --model.norm_topk_prob true "
+         std::to_string(E) + " --model.n_experts_per_tok " + std::to_string(k) +
+         " --model.moe_intermediate_size 16 --model.norm_topk_prob true "
          "--model.router_aux_loss_coef 0.1";
 }
 const std::string kMoe = moe(4);
@@ -157,6 +158,38 @@ TEST_F(DistEp, CheckpointUnderEp2ResumesOnOneProcess) {
 }
 
 // Bad layouts: one line naming the key and the fix, before anything trains.
+// The bytes a step's exchanges send, through train_gpt's own counters: with k = E every token
+// goes to every expert, so the routing, and the bytes, are known without running it. Inside
+// fsdp2 the rest of the traffic is the same with and without EP, so the difference per step is
+// the EP group's: per MoE layer and micro-step, the counts' all-gather ((n-1) E int32) and four
+// exchanges (dispatch and combine, forward and backward) of the rows bound to the other
+// member's experts, N E/ep (ep-1) rows of C floats.
+TEST_F(DistEp, ExchangedBytesPerStepFollowFromTheRouting) {
+  auto comm_bytes = [](const std::string& name) {  // rank 0's, every step
+    std::vector<int64_t> out;
+    std::ifstream f(dir_ / name / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("comm_bytes")) out.push_back(j["comm_bytes"].get<int64_t>());
+    }
+    return out;
+  };
+  const std::string every_expert = moe(4, 4) + " --train.micro_batch_size 1";
+  const std::string fsdp2 = " --parallel.dp_shard_size 2";
+  ASSERT_EQ(train("bytes_fsdp2", 2, every_expert + fsdp2).rc, 0);
+  ShellResult r = train("bytes_ep2_fsdp2", 2, every_expert + fsdp2 + " --parallel.ep_size 2");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const int64_t N = 16, E = 4, ep = 2, C = 32, layers = 2, micro = 2;  // gpt.ini's and moe()'s
+  const int64_t rows = N * E / ep * (ep - 1);
+  const int64_t want = layers * micro * ((ep - 1) * E * 4 + 4 * rows * C * 4);
+  const std::vector<int64_t> with = comm_bytes("bytes_ep2_fsdp2"), without = comm_bytes("bytes_fsdp2");
+  ASSERT_EQ(with.size(), 5u);
+  ASSERT_EQ(without.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(with[i] - without[i], want) << "step " << i + 1;
+  std::printf("ep2 in fsdp2, k = E = 4: %lld bytes a step more than fsdp2 (%lld planned from the routing)\n",
+              static_cast<long long>(with[0] - without[0]), static_cast<long long>(want));
+}
+
 TEST_F(DistEp, BadLayoutsAreRefused) {
   struct Case {
     int np;
