@@ -1051,6 +1051,15 @@ TEST_F(DistTrain, LlamaFourDimensionsOnSixteenRanks) {
   check_layouts({{"r2_s2_cp2_tp2", 2, 2, 2, 2}}, 1, nullptr, kLlama);
 }
 
+TEST_F(DistTrain, LlamaUlyssesInFiveDimensionsOnSixteenRanks) {
+  // dp_shard 2 x cp 2 x sp 2 x tp 2 with tp's sequence parallelism (USP: Ulysses inside the
+  // ring; each tp rank's kv head replicated over sp), and pp 2 x cp 2 x sp 2 x tp 2
+  check_layouts({{"s2_cp2_sp2_tp2_seqpar", 1, 2, 2, 2, "--parallel.sequence_parallel true", 1, 2}}, 1,
+                nullptr, kLlama);
+  const Model piped{"llama_pp_", kLlama.args + kPipeGPT2.args, 4};
+  check_layouts({{"pp2_cp2_sp2_tp2", 1, 1, 2, 2, "", 2, 2}}, 1, nullptr, piped);
+}
+
 TEST_F(DistTrain, LlamaShardedCheckpointsReshardAcrossLayouts) {
   // fsdp2 x tp2 -> cp2 -> one process, each reading the shards of the one before (lm_head's
   // vocabulary slices and FSDP shards); the last checkpoint exported to one file
