@@ -395,8 +395,12 @@ TEST_F(DistTrain, UlyssesLayoutsEqualOneProcess) {
   // Ulysses sequence parallelism: each rank a contiguous half (quarter) of every sequence,
   // attention all-to-all'ed to its heads of the whole sequence; its ranks shard parameters
   // (FSDP over sp), with data-parallel replicas too
-  check_layouts(
-      {{"sp2", 1, 1, 1, 1, "", 1, 2}, {"sp4", 1, 1, 1, 1, "", 1, 4}, {"dp2_sp2", 2, 1, 1, 1, "", 1, 2}}, 2);
+  check_layouts({{"sp2", 1, 1, 1, 1, "", 1, 2},
+                 {"sp4", 1, 1, 1, 1, "", 1, 4},
+                 {"dp2_sp2", 2, 1, 1, 1, "", 1, 2},
+                 {"hsdp2x2_sp2", 2, 2, 1, 1, "", 1, 2},
+                 {"sp2_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full", 1, 2}},
+                2);
 }
 
 TEST_F(DistTrain, LlamaUlyssesLayoutsEqualOneProcess) {
@@ -438,6 +442,37 @@ TEST_F(DistTrain, UlyssesInsidePipelineStagesEqualsOneProcess) {
                   "--parallel.pp_schedule interleaved --parallel.pp_virtual 2", 2, 2},
                  {"sp2_pp2_zb", 1, 1, 1, 1, "--parallel.pp_schedule zb-h1", 2, 2}},
                 2, nullptr, kPipeGPT2);
+}
+
+TEST_F(DistTrain, UlyssesSamplesAndEvaluatesAsOneProcess) {
+  // evaluation under Ulysses (each rank its part of the validation rows) and sampling (whole
+  // sequences: every rank draws the same tokens), alone, inside the ring and with tp
+  const std::string common =
+      " --model.n_layer 2 --train.steps 2 --sample.every 2 --sample.length 24 "
+      "--sample.prompt 'the cat ' --train.micro_batch_size 2 --train.eval_every 2 "
+      "--train.eval_steps 2 --data.val " +
+      (dir_ / "data" / "train_*.bin").string();
+  Result one = train("sp_sample_single", 1, common);
+  ASSERT_EQ(one.rc, 0) << one.out;
+  // from `start` to the end of the line after it ("sample at step 2:\n<the text>")
+  auto line = [](const std::string& out, const std::string& start) {
+    const size_t at = out.find(start);
+    return at == std::string::npos ? std::string("(none)")
+                                   : out.substr(at, out.find('\n', at + start.size() + 1) - at);
+  };
+  ASSERT_NE(line(one.out, "sample at step 2:"), "(none)") << one.out;
+  ASSERT_NE(line(one.out, "final val loss"), "(none)") << one.out;
+  const std::pair<const char*, int> layouts[] = {{" --parallel.sp_size 2", 2},
+                                                 {" --parallel.sp_size 2 --parallel.cp_size 2", 4},
+                                                 {" --parallel.sp_size 2 --parallel.tp_size 2", 4}};
+  int n = 0;  // each layout in a folder of its own
+  for (const auto& [layout, np] : layouts) {
+    Result r = train("sp_sample_" + std::to_string(n++), np, common + layout);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    EXPECT_EQ(line(r.out, "sample at step 2:"), line(one.out, "sample at step 2:")) << layout;
+    const double want = std::stod(line(one.out, "final val loss").substr(15));
+    EXPECT_NEAR(std::stod(line(r.out, "final val loss").substr(15)), want, 1e-5 * want) << layout;
+  }
 }
 
 TEST_F(DistTrain, UlyssesCheckpointsResumeInAnotherLayout) {
@@ -1040,6 +1075,7 @@ TEST_F(DistTrain, MixtureOfExpertsFiveDimensionsWithExpertParallelismOnSixteenRa
 
 TEST_F(DistTrain, LlamaBfloat16LayoutsFollowOneProcess) {
   check_bf16_layouts({{"bf16_fsdp2", 1, 2},
+                      {"bf16_sp2", 1, 1, 1, 1, "", 1, 2},
                       {"bf16_dp2", 2, 1},
                       {"bf16_tp2", 1, 1, 1, 2},
                       {"bf16_cp2", 1, 1, 2, 1},
