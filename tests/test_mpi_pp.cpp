@@ -5,7 +5,8 @@
 // rounding. The receives are posted both ways the executor knows (ahead of the action
 // before, as over MPI; grouped with that action's send, as over NCCL), so the NCCL order
 // runs here too. GPT-2's tied wte is held by the first and the last stage: their gradients,
-// summed between the two, are the single process's.
+// summed between the two, are the single process's. A mixture-of-experts llama with both
+// router losses too: its routers' statistics travel beside every message.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,6 +34,22 @@ models::GPTConfig pipeline_gpt(int64_t stages) {
   return {.n_layer = 2 * stages, .n_head = 2, .n_embd = 16, .vocab_size = 37, .block_size = 16};
 }
 
+// A mixture-of-experts llama of as many blocks, with both router losses: their statistics
+// travel between the stages beside every message (2 parts each way, grouped pairwise)
+models::GPTConfig pipeline_moe(int64_t stages) {
+  models::GPTConfig c{
+      .arch = "llama", .n_layer = 2 * stages, .n_head = 2, .n_embd = 16, .vocab_size = 37, .block_size = 16};
+  c.n_kv_head = 1;
+  c.intermediate_size = 20;
+  c.rope = {.theta = 100};
+  c.n_experts = 4;
+  c.n_experts_per_tok = 2;
+  c.moe_intermediate_size = 8;
+  c.router_aux_loss_coef = 0.3;
+  c.router_z_loss_coef = 0.2;
+  return c;
+}
+
 // Micro-batch m's inputs (which 0) or targets (which 1).
 Tensor tokens(int64_t m, uint64_t which) {
   Tensor u = Tensor::empty({kB, kT}, DType::f32);
@@ -42,13 +59,13 @@ Tensor tokens(int64_t m, uint64_t which) {
   return Tensor::from_vector(v, {kB, kT});
 }
 
-void check_schedule(dist::pp::Kind kind, bool grouped) {
+void check_schedule(dist::pp::Kind kind, bool grouped, bool moe = false) {
   auto world = ndt::testing::world();
   const int p = world->size();
   const int v = kind == dist::pp::Kind::kInterleaved ? 2 : 1;
   SCOPED_TRACE(dist::pp::kind_name(kind) + (grouped ? ", receives grouped with sends" : ", receives ahead"));
   dist::DeviceMesh mesh(dist::ParallelDims::resolve(p, 1, 1, 1, 1, p), world);
-  const models::GPTConfig cfg = pipeline_gpt(p);
+  const models::GPTConfig cfg = moe ? pipeline_moe(p) : pipeline_gpt(p);
   const int64_t kMicro =
       2 * p;  // a multiple of p (interleaved's rounds), and more than p (1F1B's steady state)
 
@@ -80,7 +97,7 @@ void check_schedule(dist::pp::Kind kind, bool grouped) {
   strategy.end_accumulation();
   EXPECT_NEAR(loss, ref_loss, 1e-12 * ref_loss) << "the sum of the micro-batches' losses, on every stage";
   // the tied embeddings: the first and the last stage's gradients summed
-  const bool end = gpt.part().first || gpt.part().last;
+  const bool end = !moe && (gpt.part().first || gpt.part().last);
   std::shared_ptr<dist::Communicator> ends =
       mesh.pp().split(end ? 0 : 1, gpt.part().first ? 0 : 1, "pp_ends");
   if (end) ends->all_reduce(par.units[0].grad, dist::ReduceOp::kSum)->wait();
@@ -105,6 +122,12 @@ class DistPP : public ::testing::TestWithParam<std::tuple<dist::pp::Kind, bool>>
 
 TEST_P(DistPP, PipelineGradientsEqualOneProcess) {
   check_schedule(std::get<0>(GetParam()), std::get<1>(GetParam()));
+}
+
+// the load-balancing and z losses of every stage's MoE layers, in every schedule, the receives
+// posted both ways
+TEST_P(DistPP, MixtureOfExpertsGradientsEqualOneProcess) {
+  check_schedule(std::get<0>(GetParam()), std::get<1>(GetParam()), /*moe=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(
