@@ -24,6 +24,7 @@
 //                      linear of every block (lora.targets = all-linear), the base frozen (no
 //                      gradients, no AdamW moments); the optimizer, clipping and the params
 //                      column see only the adapters (bench/bench_lora.py compares it to PEFT)
+//   --lora-targets T   the adapters' lora.targets instead (comma-separated: q_proj,v_proj)
 //
 // Prints a table: ms/step, tokens/s and achieved GFLOP/s (model FLOPs, 6N + attention; a
 // recompute is not counted), and on a GPU the MFU against the H100/H200 SXM dense peak of
@@ -159,6 +160,7 @@ struct Options {
   bool tf32 = false;
   int64_t batch = 0, steps = 10, warmup = 2;
   int64_t lora = 0;  // --lora R: rank of the all-linear adapters (0: full fine-tuning)
+  std::vector<std::string> lora_targets{"all-linear"};  // --lora-targets
   std::vector<std::string> positional;
 };
 
@@ -184,6 +186,8 @@ Options parse_options(int argc, char** argv) {
       o.warmup = integer(a, value());
     else if (a == "--lora")
       o.lora = integer(a, value());
+    else if (a == "--lora-targets")
+      o.lora_targets = split(value());
     else if (a.rfind("-", 0) == 0 && a.size() > 1)
       NDT_FAIL("unknown option ", a, " (see --help)");
     else
@@ -202,12 +206,13 @@ Options parse_options(int argc, char** argv) {
 
 constexpr const char* kUsage =
     "usage: bench_gpt_train [CONFIGS [THREADS [DEVICE [MODES]]]] [--dtype f32|bf16] [--tf32] [--batch B]\n"
-    "                       [--steps N] [--warmup N] [--lora R]\n"
+    "                       [--steps N] [--warmup N] [--lora R] [--lora-targets T]\n"
     "  CONFIGS  comma-separated S, M, GPT2, LS, LM, L1B, MS (default S,M)  THREADS  0: every core (default)\n"
     "  DEVICE   cpu (default), cuda or cuda:N               MODES    none,full,selective[/k] (default none)\n"
     "  --dtype  f32 (default) or bf16 mixed precision       --tf32   f32 GEMMs on TF32 tensor cores (GPU)\n"
     "  --batch  sequences per step (default: the config's)  --steps, --warmup  timed, warm-up steps (10, 2)\n"
     "  --lora   R: rank-R adapters on every linear, the base frozen (default 0: full fine-tuning)\n"
+    "  --lora-targets  the adapters' linears, comma-separated (default all-linear)\n"
     "prints ms/step, tokens/s, GFLOP/s (MFU on a GPU) per config and mode, then RESULT and PHASES lines\n";
 
 // The benchmark itself, on arguments parse_options has checked.
@@ -244,7 +249,7 @@ int run(const std::vector<Case>& cases, const Options& opt, const std::vector<st
         runs[m].gpt->add_block_wrapper(nn::activation_checkpointing(modes[m].ac, modes[m].every));
       const std::optional<DType> compute = bf16 ? std::optional<DType>(DType::bf16) : std::nullopt;
       if (opt.lora > 0) {  // the base frozen, the adapters trained (train_gpt's [lora])
-        runs[m].gpt->add_lora({.rank = opt.lora, .alpha = 2.0 * opt.lora, .targets = {"all-linear"}});
+        runs[m].gpt->add_lora({.rank = opt.lora, .alpha = 2.0 * opt.lora, .targets = opt.lora_targets});
         runs[m].base = nn::materialize(runs[m].gpt->units(), device, DType::f32, 1, {}, compute, true);
         runs[m].params = nn::materialize(runs[m].gpt->adapter_units(), device, DType::f32, 1, {}, compute);
       } else {

@@ -17,6 +17,7 @@ that whatever else the machine does slows them alike:
     bench/bench_lora.py                                  # LM, r 16, B 8, 2 threads, 3 rounds
     bench/bench_lora.py --config LS --rounds 1 --steps 2 # a quick check
     bench/bench_lora.py --compile                        # torch.compile's PEFT runs too
+    bench/bench_lora.py --ndtrain-only --targets q_proj,v_proj   # PEFT's default targets, ndtrain alone
 
 Memory, two figures per run: "peak RSS" is the process's resident-set high-water mark
 (getrusage of the child, whatever allocated it) minus its RSS before the model was built
@@ -57,7 +58,8 @@ def run_child(cmd, env):
 
 def ndtrain(args, lora):
     cmd = [args.bench, args.config, str(args.threads), "cpu", "none", "--batch", str(args.batch), "--steps",
-           str(args.steps), "--warmup", "1"] + (["--lora", str(args.rank)] if lora else [])
+           str(args.steps), "--warmup", "1"] + (["--lora", str(args.rank), "--lora-targets", args.targets]
+                                                 if lora else [])
     # bench_lora_twin.py --rss-of: runs the command and prints its peak RSS (ru_maxrss of that child)
     out, err = run_child([sys.executable, os.path.join(HERE, "bench_lora_twin.py"), "--rss-of", "--"] + cmd,
                          dict(os.environ))
@@ -72,7 +74,7 @@ def ndtrain(args, lora):
 def pytorch(args, lora, mode):
     cmd = [args.python, os.path.join(HERE, "bench_lora_twin.py"), "--config", args.config, "--threads",
            str(args.threads), "--batch", str(args.batch), "--steps", str(args.steps), "--mode", mode,
-           "--rank", str(args.rank if lora else 0)]
+           "--rank", str(args.rank if lora else 0), "--targets", args.targets]
     out, err = run_child(cmd, dict(os.environ))
     res = [l for l in out.splitlines() if l.startswith("RESULT")]
     if not res:
@@ -88,6 +90,9 @@ def main():
                     help="a Python with torch, transformers and peft (default: the reference venv)")
     ap.add_argument("--config", default="LM", choices=["LS", "LM", "L1B"])
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--targets", default="all-linear",
+                    help="the adapters' linears: all-linear (default) or comma-separated (q_proj,v_proj: PEFT's default)")
+    ap.add_argument("--ndtrain-only", action="store_true", help="ndtrain's full and LoRA runs only (no PyTorch)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per run (after 1 warm-up step)")
     ap.add_argument("--threads", type=int, default=2)
@@ -97,10 +102,12 @@ def main():
     args.bench = os.path.abspath(args.bench)
     if not os.access(args.bench, os.X_OK):
         sys.exit(f"bench_lora: {args.bench} is not built (cmake --build build --target bench_gpt_train)")
-    if not os.access(args.python, os.X_OK):
+    if not args.ndtrain_only and not os.access(args.python, os.X_OK):
         sys.exit(f"bench_lora: {args.python} not found; give --python with torch, transformers and peft")
-    impls = [("ndtrain", "full"), ("ndtrain", "lora"), ("eager", "full"), ("eager", "lora")]
-    if args.compile:
+    impls = [("ndtrain", "full"), ("ndtrain", "lora")]
+    if not args.ndtrain_only:
+        impls += [("eager", "full"), ("eager", "lora")]
+    if args.compile and not args.ndtrain_only:
         impls += [("compile", "full"), ("compile", "lora")]
     got = {i: [] for i in impls}
     for r in range(args.rounds):
@@ -114,7 +121,7 @@ def main():
                   f"loss {res['loss']:.4f}, others took {meter.cores:.2f} cores", flush=True)
     med = {i: statistics.median(x["ms"] for x in got[i]) for i in impls}
     names = {"ndtrain": "ndtrain", "eager": "PEFT eager", "compile": "PEFT torch.compile"}
-    print(f"\n{args.config}, B {args.batch}, r {args.rank} all-linear, {args.threads} threads, "
+    print(f"\n{args.config}, B {args.batch}, r {args.rank} {args.targets}, {args.threads} threads, "
           f"{args.rounds} rounds of {args.steps} steps, f32\n")
     print("| implementation | training | ms/step (median) | min-max | peak RSS MiB | allocator peak MiB | "
           "vs ndtrain full | vs ndtrain LoRA | others (max cores) |")
@@ -136,11 +143,12 @@ def main():
     def ratio(a, b):
         return statistics.median(got[a][r]["ms"] / got[b][r]["ms"] for r in range(args.rounds))
     nl = ("ndtrain", "lora")
-    pairs = [("lora_over_full_ndtrain", nl, ("ndtrain", "full")),
-             ("peft_eager_lora_over_ndtrain_lora", ("eager", "lora"), nl),
-             ("peft_eager_full_over_ndtrain_full", ("eager", "full"), ("ndtrain", "full")),
-             ("lora_over_full_peft_eager", ("eager", "lora"), ("eager", "full"))]
-    if args.compile:
+    pairs = [("lora_over_full_ndtrain", nl, ("ndtrain", "full"))]
+    if not args.ndtrain_only:
+        pairs += [("peft_eager_lora_over_ndtrain_lora", ("eager", "lora"), nl),
+                  ("peft_eager_full_over_ndtrain_full", ("eager", "full"), ("ndtrain", "full")),
+                  ("lora_over_full_peft_eager", ("eager", "lora"), ("eager", "full"))]
+    if args.compile and not args.ndtrain_only:
         pairs.append(("peft_compile_lora_over_ndtrain_lora", ("compile", "lora"), nl))
     print("\nper-round ratios (median over rounds): " +
           ", ".join(f"{name} {ratio(a, b):.2f}" for name, a, b in pairs))

@@ -41,6 +41,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="LM", choices=["LS", "LM", "L1B", "ltiny"])
     ap.add_argument("--rank", type=int, default=16, help="LoRA rank (0: full fine-tuning)")
+    ap.add_argument("--targets", default="all-linear",
+                    help="PEFT's target_modules: all-linear or comma-separated names (q_proj,v_proj)")
     ap.add_argument("--mode", default="eager", choices=["eager", "compile"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
@@ -57,7 +59,7 @@ def main():
     model = Llama(cfg, padded_vocab(cfg["vocab"]))
     if args.rank > 0:
         model.model = peft.get_peft_model(model.model, peft.LoraConfig(
-            r=args.rank, lora_alpha=2 * args.rank, target_modules="all-linear", lora_dropout=0.0))
+            r=args.rank, lora_alpha=2 * args.rank, target_modules=args.targets if args.targets == "all-linear" else args.targets.split(","), lora_dropout=0.0))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, fused=True)
     step_model = torch.compile(model, dynamic=False) if args.mode == "compile" else model
