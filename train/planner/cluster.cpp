@@ -40,11 +40,11 @@ constexpr Preset kPresets[] = {
     // bf16's element-wise rate: 0.57 of f32's (a + b in bf16 against f32, 2026-12-03). The
     // fused attention core: 2026-12-06, --plan.calibrate on 2 ranks at once (one a core, as
     // sp2 and cp2 run; the rates before are 4 ranks' on the 2 cores), bench_sp_cp.sh's llama
-    // (head size 16, and 64) at 2048 tokens: five calibrations gave 0.027-0.051 TFLOP/s and
-    // 1.4-1.8 ns a pass (10-17 ns a score forward and backward, as the machine's other
-    // load went), the median of each
+    // (head size 16, and 64) at 2048 tokens: eight calibrations over half an hour gave
+    // 0.027-0.098 TFLOP/s and 0.5-1.8 ns a pass (5-17 ns a score forward and backward, as
+    // the machine's other load went), the median of each
     {"cpu-sim", 2, 0.171474, 0.1058, 0.1058, 12.307 / 0.8, 12.638, 2.67713, 21.0, 0.60063, 19.3, 1.0, 0.45,
-     0.5, 0.57 * 12.307 / 0.8, 0.030, 1.62},
+     0.5, 0.57 * 12.307 / 0.8, 0.040, 1.5},
 };
 
 const Preset* find_preset(const std::string& name) {
