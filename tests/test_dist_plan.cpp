@@ -728,6 +728,30 @@ TEST(PlanTime, OnCpuRanksATransferBehindTheComputeTakesItsShareOfIt) {
   EXPECT_LT(tp_full, 1.1 * tp_free);
 }
 
+// The CPU's fused attention core runs at rates of its own where the cluster has them
+// (--plan.calibrate measures them): its products (4 S hd FLOPs forward, 10 S hd backward)
+// at attention_tflops, its softmax's 5 passes over the S scores (2 forward, 3 backward) at
+// score_pass_ns each. Config S: 4 blocks of 4 heads of 64, micro-batch 2 x 128 tokens, so S =
+// 2 x 4 x (64 x 64 + 64 x 128) scores a block (the fused kernel's blocks of 64 queries).
+TEST(PlanTime, TheCpuAttentionCoreRunsAtItsOwnRates) {
+  auto step_s = [](const std::string& attention) {
+    return cpu_plan_time("--cluster.hosts 1 --cluster.devices_per_host 1 --train.micro_batch_size 2 " +
+                         attention)["step_s"]
+        .get<double>();
+  };
+  const double S = 4 * 2 * 4 * (64.0 * 64 + 64.0 * 128), hd = 64;
+  const double base = step_s("--cluster.attention_tflops 0.05 --cluster.score_pass_ns 1");
+  // one more nanosecond a pass: 5 passes over every score
+  EXPECT_NEAR(step_s("--cluster.attention_tflops 0.05 --cluster.score_pass_ns 2") - base, 5 * S * 1e-9,
+              1e-6 * base);
+  // the products at half the rate: their 14 S hd FLOPs take twice as long
+  EXPECT_NEAR(step_s("--cluster.attention_tflops 0.025 --cluster.score_pass_ns 1") - base,
+              14 * S * hd / 0.05e12, 1e-6 * base);
+  // without them, the products at device_tflops (0.05 here) and each pass 4 bytes at
+  // memory_gbps (10 GB/s: 0.4 ns)
+  EXPECT_NEAR(step_s("") - base, 5 * S * (0.4e-9 - 1e-9), 1e-6 * base);
+}
+
 // Under bf16 the activations' element-wise passes (LayerNorm, GELU, residual adds, the
 // loss's passes) run at cluster.bf16_memory_gbps: half of memory_gbps, as on a CPU that
 // computes each bf16 value in f32, costs them about what they cost in f32. Matrix products,
@@ -924,6 +948,22 @@ TEST(PlanSearch, WhenEveryLayoutIsRefusedItSaysWhyAndWhereItWorks) {
   }
 }
 
+// 3 devices, one sequence of 1030 tokens, a llama of one block, 4 heads reading one kv head:
+// nothing splits it over 3 (nor over 4); the nearest world sizes with plans are 2, where only
+// Ulysses does (the ring needs a multiple of 4 tokens, tp the kv heads, a pipeline blocks),
+// and 1.
+TEST(PlanSearch, TheNearestWorldSizesCountUlysses) {
+  const Result r =
+      run_shell(std::string(NDT_TRAIN_GPT_BIN) +
+                " --plan --plan.search --plan.batch 1 --model.arch llama --model.n_layer 1"
+                " --model.n_head 4 --model.n_kv_head 1 --model.n_embd 64"
+                " --model.intermediate_size 192 --model.vocab_size 128 --train.seq_len 1030"
+                " --model.block_size 1030 --cluster.preset cpu-sim --cluster.devices_per_host 3");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("no layout of 3 devices passes the trainer's rules:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the nearest world sizes with plans: 2 1 devices"), std::string::npos) << r.out;
+}
+
 // 7 devices: no (tp, cp, dp) split of them fits 12 heads, a 1024-token sequence and 64
 // sequences, but a pipeline of 7 stages does (by cost: 2 blocks on each of the first five
 // stages, one on the sixth, one and the head on the last).
@@ -1056,11 +1096,15 @@ TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
   EXPECT_NE(text.find("[cluster]\nhosts             = 1\ndevices_per_host  = 1\n"), std::string::npos)
       << text;
   EXPECT_NE(text.find("c_fc"), std::string::npos) << "the shapes it measured, as comments: " << text;
+  EXPECT_NE(text.find("attention_tflops  = "), std::string::npos) << "the fused attention core's: " << text;
+  EXPECT_NE(text.find("score_pass_ns     = "), std::string::npos) << text;
   r = run_shell(bin + "--json --cluster " + file.string());
   ASSERT_EQ(r.rc, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["cluster"]["name"], "custom");
   EXPECT_GT(j["cluster"]["flops"].get<double>(), 1e8);
+  EXPECT_GT(j["cluster"]["attention_flops"].get<double>(), 1e8);
+  EXPECT_GT(j["cluster"]["score_pass_s"].get<double>(), 0);
   EXPECT_GT(j["time"]["step_s"].get<double>(), 0);
   // GPUs are not measured: a preset is the way
   r = run_shell(bin + "--train.device cuda --plan.calibrate " + (dir / "gpu.ini").string());

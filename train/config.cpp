@@ -201,7 +201,13 @@ po::options_description describe(Config& c) {
        "of a transfer inside a host, the share of its time it takes from the computation it runs under (CPU ranks copy "
        "its bytes on the cores that compute; 0 on GPUs; --plan.calibrate measures it)")
       ("cluster.inter_cpu_share", po::value(&c.cluster.inter_cpu_share)->default_value(c.cluster.inter_cpu_share),
-       "the same for a transfer between hosts");
+       "the same for a transfer between hosts")
+      ("cluster.attention_tflops", po::value(&c.cluster.attention_tflops)->default_value(c.cluster.attention_tflops),
+       "CPU ranks: TFLOP/s the fused attention core's products reach (q k^T, p v and backward's; 0: device_tflops; "
+       "--plan.calibrate measures it)")
+      ("cluster.score_pass_ns", po::value(&c.cluster.score_pass_ns)->default_value(c.cluster.score_pass_ns),
+       "CPU ranks: nanoseconds of one pass of the fused attention core's softmax over one score (0: 4 bytes at "
+       "memory_gbps; --plan.calibrate measures it)");
   po::options_description lora("[lora]");
   lora.add_options()
       ("lora.rank", po::value(&c.lora.rank)->default_value(c.lora.rank),
@@ -758,6 +764,8 @@ void validate_cluster(const Config& c, const Checks& ck) {
               "times a transfer's time (a calibration measures up to about 1.3)");
   ck.physical("cluster.inter_cpu_share", k.inter_cpu_share, 0, 10,
               "times a transfer's time (a calibration measures up to about 1.3)");
+  ck.physical("cluster.attention_tflops", k.attention_tflops, 1e-6, 1e5, "TFLOP/s per device");
+  ck.physical("cluster.score_pass_ns", k.score_pass_ns, 1e-6, 1e6, "nanoseconds a score and a pass");
 }
 
 // Ulysses sequence parallelism: the model and the sequence must split over sp ranks (inside

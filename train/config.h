@@ -160,6 +160,10 @@ struct ClusterSection {
   double inter_gbps = 0, inter_latency_us = 0;  // between hosts, per device, per direction
   // of a transfer's time, the share it takes from the computation it runs under (CPU ranks)
   double intra_cpu_share = 0, inter_cpu_share = 0;
+  // the CPU's fused attention core (0: at device_tflops and memory_gbps): the TFLOP/s its
+  // products reach (4 S hd forward, 10 S hd backward, S its scores) and the nanoseconds of
+  // one pass over one score (its softmax's: 2 forward, 3 backward)
+  double attention_tflops = 0, score_pass_ns = 0;
 };
 
 struct Config {

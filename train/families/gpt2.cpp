@@ -176,7 +176,7 @@ BlockWork block_work(const Shapes& shapes) {
   work.attn_in = {2 * N * C * 3 * Cl, 2 * Ns * C + copies * 6 * N * Cl};
   // q k^T and p v: 2 hd FLOPs per score each; the masked softmax reads and writes the
   // scores; the ring's copies (backward copies as much)
-  work.core = {4 * S * double(shapes.hd), 2 * S + ring_copies(shapes)};
+  work.core = {0, ring_copies(shapes), 4 * S * double(shapes.hd), 2 * S};
   // heads_to_back's copy; c_proj 2 N Cl C; the residual add
   work.attn_out = {2 * N * Cl * C, copies * 2 * N * Cl + 3 * Ns * C};
   // ln_2, c_fc 2 N C H with GELU (N H written again), c_proj 2 N H C, the residual add
@@ -190,7 +190,7 @@ BlockWork block_work(const Shapes& shapes) {
   work.attn_in_dw = {2 * N * C * 3 * Cl, 3 * (3 * C * Cl)};
   work.ln_1_b = {0, 4 * Ns * C};
   // (fused: q k^T once more, to make the probabilities again, 2.5x the forward's FLOPs)
-  work.core_b = {(fused(shapes.inner) ? 2.5 : 2.0) * work.core.flops, 3 * S + ring_copies(shapes)};
+  work.core_b = {0, ring_copies(shapes), (fused(shapes.inner) ? 2.5 : 2.0) * work.core.core_flops, 3 * S};
   work.attn_out_b = {2 * work.attn_out.flops, 2 * N * Cl + 2 * N * C + Ns * C + 3 * Cl * C};
   // c_proj's both gradients, GELU's, c_fc's input gradient; then c_fc's weight gradient
   work.mlp_in = {{{6 * N * C * H, 3 * N * H + N * (H + C) + 3 * (C * H)}, {2 * N * C * H, 3 * (C * H)}}};

@@ -447,7 +447,7 @@ BlockWork block_work(const Shapes& shapes) {
   // (q_norm and k_norm, model.qk_norm: read and write q and k once more)
   const double qkv_copies = 4 * N * Q + (shapes.qk_norm ? 4.0 : 2.0) * N * (Cl + KVl);
   work.attn_in = {2 * N * C * Q, 2 * Ns * C + qkv_copies};
-  work.core = {4 * S * double(shapes.hd), 2 * S + ring_copies(shapes)};
+  work.core = {0, ring_copies(shapes), 4 * S * double(shapes.hd), 2 * S};
   // heads_to_back's copy (every core: the output is (B, NHl, Tl, hd)); c_proj 2 N Cl C; the residual add
   work.attn_out = {2 * N * Cl * C, 2 * N * Cl + 3 * Ns * C};
   // ln_2, gate and up 2 N C H each, silu_mul (reads two, writes one), down 2 N H C, the residual add
@@ -457,7 +457,7 @@ BlockWork block_work(const Shapes& shapes) {
   work.attn_in_b = {2 * N * C * Q, qkv_copies + (shapes.qkv_bias ? N * Q : 0.0)};
   work.attn_in_dw = {2 * N * C * Q, 3 * (C * Q)};
   work.ln_1_b = {0, 4 * Ns * C};
-  work.core_b = {(fused(shapes.inner) ? 2.5 : 2.0) * work.core.flops, 3 * S + ring_copies(shapes)};
+  work.core_b = {0, ring_copies(shapes), (fused(shapes.inner) ? 2.5 : 2.0) * work.core.core_flops, 3 * S};
   work.attn_out_b = {2 * work.attn_out.flops, 2 * N * Cl + 2 * N * C + 3 * Cl * C};
   // down's both gradients, silu_mul's (reads gate, up and dm, writes dgate and dup), up's
   // input gradient, then up's weight gradient; gate's input gradient (and the sum of the

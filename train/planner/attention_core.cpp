@@ -6,18 +6,13 @@
 #include "train/planner/block_kinds.h"
 
 namespace ndt::train {
-namespace {
 
-// The fused kernel's query x key pairs on a diagonal block of T queries: blocks of 64
-// queries against the keys up to the block's last.
 double causal_pairs(int64_t T) {
   double pairs = 0;
   for (int64_t r0 = 0; r0 < T; r0 += 64)
     pairs += double(std::min<int64_t>(64, T - r0)) * double(std::min<int64_t>(T, r0 + 64));
   return pairs;
 }
-
-}  // namespace
 
 // The attention core's saved tensors in bytes (autograd/ops/attention.cpp or, with cp > 1,
 // the ring of dist/context_parallel/ring_attention.cpp), without the c_proj input. q is

@@ -38,9 +38,13 @@ struct BlockMem {
   Count mlp = 0, attn = 0;    // ... the larger of its MLP's and its attention's moments
 };
 
-// A piece of compute: matrix-product FLOPs and element-wise floats moved.
+// A piece of compute: matrix-product FLOPs and element-wise floats moved; and the attention
+// core's own: its products' FLOPs and its softmax's passes over the scores (each score read
+// and written once a pass), which the CPU's fused kernel reaches at rates of its own
+// (Cluster::attention_flops, score_pass_s).
 struct Work {
   double flops = 0, floats = 0;
+  double core_flops = 0, score_passes = 0;
 };
 
 // One block's pieces, forward and backward (the ops of nn::Block or nn::LlamaBlock and
@@ -119,6 +123,9 @@ Count core_saved(const Shapes& s);
 Count core_backward(const Shapes& s);
 // The attention scores one block computes (all query-key pairs it evaluates).
 double attention_scores(const Shapes& s);
+// The CPU's fused kernel's query x key pairs on a diagonal block of T queries (blocks of 64
+// queries against the keys up to the block's last), per head.
+double causal_pairs(int64_t T);
 // The ring's copies, elements read and written once each (0 without CP).
 double ring_copies(const Shapes& s);
 

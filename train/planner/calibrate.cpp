@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "autograd/engine.h"
+#include "autograd/ops.h"
 #include "dist/comm/mpi.h"
 #include "dist/mesh.h"
 #include "models/gpt.h"
@@ -216,6 +217,11 @@ struct Rates {
   double flops = 0;                            // the matrix products of one micro-step, per second
   double memory_bps = 0, bf16_memory_bps = 0;  // element-wise, over f32 and bf16 values
   std::string gemm_lines;                      // each product's rate, for the file's comment
+  // the fused attention core (Cluster::attention_flops, score_pass_s), measured at
+  // attention_T tokens, and its seconds per score forward and backward at hd and at 4 hd
+  double attention_flops = 0, score_pass_s = 0;
+  int64_t attention_T = 0;
+  double score_s_hd = 0, score_s_4hd = 0;
 };
 
 // The matrix products of one micro-step, every rank at once: their FLOPs over their time.
@@ -260,6 +266,46 @@ void measure_elementwise(dist::Communicator& world, const Config& c, Rates& rate
   rates.bf16_memory_bps = c.train.dtype == "bfloat16" ? add_bps(DType::bf16) : rates.memory_bps;
 }
 
+// Seconds per score of the fused attention core, forward and backward (ndt::attention, the
+// kernel Ulysses and the ring run; self-attention's is the same), every rank at once: B
+// sequences of T tokens, n_head query heads reading n_kv_head of head size hs.
+double attention_score_s(dist::Communicator& world, const Config& c, int64_t T, int64_t hs) {
+  const int64_t B = c.train.micro_batch_size, NH = c.model.n_head, NKV = c.model.kv_heads();
+  Tensor q = Tensor::empty({B, NH, T, hs}), k = Tensor::empty({B, NKV, T, hs}),
+         v = Tensor::empty({B, NKV, T, hs}), dout = Tensor::empty({B, NH, T, hs});
+  uint64_t stream = 0;
+  for (Tensor* t : {&q, &k, &v, &dout}) kernels::fill_uniform(*t, 3, stream++, 0, -1, 1);
+  for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+  world.barrier();
+  double t = 1e30;  // the fastest of 3 (the machine's other load only slows a measurement down)
+  for (int i = 0; i < 3; ++i)
+    t = std::min(t, time_per_call(
+                        [&] {
+                          backward({ndt::attention(q, k, v).out}, {dout});
+                          for (Tensor* x : {&q, &k, &v}) x->set_grad(Tensor());
+                        },
+                        0.1));
+  return mean_over(world, t, true) / (double(B * NH) * causal_pairs(T));
+}
+
+// The fused attention core's rates: its cost per score is about flat in T (one block of 64
+// queries' scores at a time) and grows with the head size through its products, so two head
+// sizes split it: 14 hs FLOPs a score (4 hs forward, 10 backward) at attention_flops, and 5
+// passes (2 forward, 3 backward: the softmax's, its exponentials) of score_pass_s each. T:
+// the config's sequence, within [256, 2048] tokens (cheap: about a second in all).
+void measure_attention(dist::Communicator& world, const Config& c, Rates& rates) {
+  const int64_t hd = c.model.head_dim(), T = std::clamp<int64_t>(c.train.seq_len, 256, 2048) / 64 * 64;
+  const double u1 = attention_score_s(world, c, T, hd), u4 = attention_score_s(world, c, T, 4 * hd);
+  // of u1, the products' share (u4 - u1 is 3 times it); a noisy pair is held to a tenth of
+  // u1 at least for each part
+  const double products_s = std::clamp((u4 - u1) / 3, 0.1 * u1, 0.9 * u1);
+  rates.attention_flops = 14.0 * double(hd) / products_s;
+  rates.score_pass_s = (u1 - products_s) / 5;
+  rates.attention_T = T;
+  rates.score_s_hd = u1;
+  rates.score_s_4hd = u4;
+}
+
 // The step the rates predict for one rank alone (tp = cp = 1, one micro-step, no
 // checkpointing), by the planner's own model.
 double predicted_step_s(const Config& c, const Rates& rates) {
@@ -269,6 +315,8 @@ double predicted_step_s(const Config& c, const Rates& rates) {
   one.flops = one.peak_flops = rates.flops;
   one.memory_bps = rates.memory_bps;
   one.bf16_memory_bps = rates.bf16_memory_bps;
+  one.attention_flops = rates.attention_flops;
+  one.score_pass_s = rates.score_pass_s;
   one.memory_bytes = 1e18;
   Config c1 = c;
   c1.parallel = ParallelSection{};
@@ -341,7 +389,10 @@ void write_cluster_file(const Config& c, const std::vector<std::string>& hosts, 
        << (c.train.dtype == "bfloat16"
                ? " (bfloat16: " + std::to_string(m.rates.bf16_memory_bps / 1e9) + " GB/s)"
                : "")
-       << "; the model's step alone on every rank at once (the slowest): " << m.step_measured * 1e3
+       << "; the fused attention core at " << m.rates.attention_T
+       << " tokens, forward and backward: " << m.rates.score_s_hd * 1e9 << " ns a score at head size "
+       << c.model.head_dim() << ", " << m.rates.score_s_4hd * 1e9 << " at " << 4 * c.model.head_dim()
+       << "\nthe model's step alone on every rank at once (the slowest): " << m.step_measured * 1e3
        << " ms, which these rates predict as " << m.step_predicted * 1e3 << " ms:\nboth are scaled by "
        << m.factor << " below\n"
        << m.inter_note
@@ -357,6 +408,7 @@ void write_cluster_file(const Config& c, const std::vector<std::string>& hosts, 
 Cluster measure(dist::Communicator& world, const Config& c, int64_t hosts, Measured& m) {
   measure_gemms(world, c, m.rates);
   measure_elementwise(world, c, m.rates);
+  measure_attention(world, c, m.rates);
   // the model's own step, every rank at once: what the two rates above leave out (the
   // element-wise kernels that compute more than they move, the autograd engine, threads
   // sharing cores) becomes a factor on both, so that they predict this step
@@ -372,6 +424,9 @@ Cluster measure(dist::Communicator& world, const Config& c, int64_t hosts, Measu
   k.flops = k.peak_flops = m.rates.flops * m.factor;
   k.memory_bps = m.rates.memory_bps * m.factor;
   k.bf16_memory_bps = m.rates.bf16_memory_bps * m.factor;
+  // (the attention core was timed whole, as the step runs it: its rates stand as measured)
+  k.attention_flops = m.rates.attention_flops;
+  k.score_pass_s = m.rates.score_pass_s;
   k.memory_bytes =
       double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / double(k.devices_per_host);
   if (k.devices_per_host > 1) measure_intra_host(world, c, m.step_measured, k);

@@ -5,7 +5,9 @@
 //
 // Every rank measures at once, as they will train: the matrix products of one micro-step
 // of the config's model (each linear's shape, the attention's batched products, lm_head,
-// in the proportions one micro-step runs them), an element-wise pass over memory, and then
+// in the proportions one micro-step runs them), an element-wise pass over memory, the CPU's
+// fused attention core (forward and backward at the model's head size and at 4 times it:
+// its products' rate and its softmax's cost per score, Cluster::attention_flops), and then
 // all-reduces of two sizes between pairs of ranks inside a host (every pair at once) and
 // between two hosts (every pair at once, and one pair alone: a host's links count as what
 // one pair moves, shared by the host's ranks, which is what training steps reach), and for

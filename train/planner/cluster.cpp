@@ -19,6 +19,7 @@ struct Preset {
   double efficiency;
   double intra_cpu_share = 0, inter_cpu_share = 0;  // GPUs: 0, their copy engines move the bytes
   double bf16_memory_gbps = 0;  // element-wise on bf16 values; 0: memory_gbps (bound by memory)
+  double attention_tflops = 0, score_pass_ns = 0;  // the CPU's fused attention core; 0: none
 };
 
 // cpu-sim: the simulated CPU cluster (scripts/cluster.sh: 2 hosts x 2 ranks of 1 thread on
@@ -36,9 +37,14 @@ constexpr Preset kPresets[] = {
     // measured 2026-12-02 (bench/bench_planner.py --dtype float32 / bfloat16, config S);
     // memory_gbps already reached. The CPU shares: 2026-12-02 and -03, both dtypes, four
     // calibrations each day, ranged 0.19-0.66 inside a host and 0.06-1.0 between: the middle.
-    // bf16's element-wise rate: 0.57 of f32's (a + b in bf16 against f32, 2026-12-03)
+    // bf16's element-wise rate: 0.57 of f32's (a + b in bf16 against f32, 2026-12-03). The
+    // fused attention core: 2026-12-06, --plan.calibrate on 2 ranks at once (one a core, as
+    // sp2 and cp2 run; the rates before are 4 ranks' on the 2 cores), bench_sp_cp.sh's llama
+    // (head size 16, and 64) at 2048 tokens: eight calibrations over half an hour gave
+    // 0.027-0.098 TFLOP/s and 0.5-1.8 ns a pass (5-17 ns a score forward and backward, as
+    // the machine's other load went), the median of each
     {"cpu-sim", 2, 0.171474, 0.1058, 0.1058, 12.307 / 0.8, 12.638, 2.67713, 21.0, 0.60063, 19.3, 1.0, 0.45,
-     0.5, 0.57 * 12.307 / 0.8},
+     0.5, 0.57 * 12.307 / 0.8, 0.040, 1.5},
 };
 
 const Preset* find_preset(const std::string& name) {
@@ -72,7 +78,7 @@ bool has_cluster(const ClusterSection& k) {
   for (const double v :
        {double(k.hosts), double(k.devices_per_host), k.device_tflops, k.memory_gbps, k.bf16_memory_gbps,
         k.device_memory_gb, k.intra_gbps, k.intra_latency_us, k.inter_gbps, k.inter_latency_us,
-        k.intra_cpu_share, k.inter_cpu_share, k.efficiency})
+        k.intra_cpu_share, k.inter_cpu_share, k.efficiency, k.attention_tflops, k.score_pass_ns})
     if (v > 0) return true;
   return !k.preset.empty();
 }
@@ -116,6 +122,8 @@ Cluster resolve_cluster(const ClusterSection& k, const std::string& device, cons
   c.inter_latency_s = pick(k.inter_latency_us, p ? p->inter_latency_us : 0) * 1e-6;
   c.intra_cpu_share = pick(k.intra_cpu_share, p ? p->intra_cpu_share : 0);
   c.inter_cpu_share = pick(k.inter_cpu_share, p ? p->inter_cpu_share : 0);
+  c.attention_flops = pick(k.attention_tflops, p ? p->attention_tflops : 0) * 1e12;
+  c.score_pass_s = pick(k.score_pass_ns, p ? p->score_pass_ns : 0) * 1e-9;
   std::string missing;
   auto need = [&](bool ok, const char* key) {
     if (!ok) missing += std::string(missing.empty() ? "" : ", ") + key;
@@ -164,6 +172,10 @@ std::string cluster_ini(const Cluster& c, const std::string& comment) {
         "GB/s per rank and direction between hosts (a host's links / its ranks)");
     num("inter_latency_us", c.inter_latency_s * 1e6, "us");
     num("inter_cpu_share", c.inter_cpu_share, "the same between hosts");
+  }
+  if (c.attention_flops > 0) {
+    num("attention_tflops", c.attention_flops / 1e12, "TFLOP/s the fused attention core's products reached");
+    num("score_pass_ns", c.score_pass_s * 1e9, "ns of one pass of its softmax over one score");
   }
   return o.str();
 }

@@ -36,6 +36,12 @@ struct Cluster {
   // Of a transfer's time, the share it costs the computation it runs under (CPU ranks,
   // whose cores copy the bytes and poll the transfers on; 0 for devices with copy engines)
   double intra_cpu_share = 0, inter_cpu_share = 0;
+  // The CPU's fused attention core (tensor/cpu/self_attention.cpp), whose products are thin
+  // (a head's hd columns) and whose softmax takes exponentials of every score: the FLOP/s
+  // its products reach (attention_flops; 4 S hd forward, 10 S hd backward for S scores) and
+  // the seconds of one pass over one score (score_pass_s; 2 passes forward, 3 backward). 0:
+  // the products at `flops` and each pass 4 bytes at memory_bps (GPUs; a cluster not measured)
+  double attention_flops = 0, score_pass_s = 0;
 
   int64_t devices() const { return hosts * devices_per_host; }
   int64_t host_of(int64_t rank) const { return rank / devices_per_host; }  // mpirun --map-by ppr:D:node

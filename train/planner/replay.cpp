@@ -264,7 +264,8 @@ void StepReplay::attention_core_backward() {
   }
   for (int64_t step = 0; step < cp; ++step) {
     if (!fused(shapes_.inner))
-      timeline_.run(ring_step(Work{block.core.flops, 2 * block.scores}), true);  // not the ring's copies
+      timeline_.run(ring_step(Work{0, 0, block.core.core_flops, 2 * block.scores}),
+                    true);  // not the ring's copies
     timeline_.run(ring_step(block.core_b), false);
     if (step + 1 < cp) timeline_.sync("cp", exchange_s(kv_bytes_, links_.cp));
   }
@@ -366,19 +367,28 @@ void StepReplay::wait_for_replicas() {
 Piece StepReplay::piece(const Work& work) const { return piece_of(work, double(plan_.act_bytes)); }
 
 // An element-wise pass over bf16 values runs at its own rate: a CPU computes each in f32
-// (a conversion in, one out) and moves half the bytes in about the time of an f32 pass
+// (a conversion in, one out) and moves half the bytes in about the time of an f32 pass. The
+// attention core's products and its passes over the scores run at the cluster's rates for
+// the CPU's fused kernel where it has them; otherwise at `flops`, and a pass as one over an
+// activation's values
 Piece StepReplay::piece_of(const Work& work, double bytes_each) const {
   const double bf16_bps = cluster_.bf16_memory_bps > 0 ? cluster_.bf16_memory_bps : cluster_.memory_bps;
+  const double pass_s = cluster_.score_pass_s > 0
+                            ? cluster_.score_pass_s
+                            : bytes_each / (bytes_each < kF ? bf16_bps : cluster_.memory_bps);
   Piece cost;
-  cost.gemm_s = work.flops / cluster_.flops;
-  cost.s = cost.gemm_s + work.floats * bytes_each / (bytes_each < kF ? bf16_bps : cluster_.memory_bps);
+  cost.gemm_s = work.flops / cluster_.flops +
+                work.core_flops / (cluster_.attention_flops > 0 ? cluster_.attention_flops : cluster_.flops);
+  cost.s = cost.gemm_s + work.floats * bytes_each / (bytes_each < kF ? bf16_bps : cluster_.memory_bps) +
+           work.score_passes * pass_s;
   return cost;
 }
 
 // One of ring attention's cp steps: 1/cp of the core's work
 Piece StepReplay::ring_step(const Work& work) const {
   const double share = 1.0 / double(plan_.dims.cp);
-  return piece(Work{work.flops * share, work.floats * share});
+  return piece(
+      Work{work.flops * share, work.floats * share, work.core_flops * share, work.score_passes * share});
 }
 
 }  // namespace ndt::train

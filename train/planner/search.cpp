@@ -55,25 +55,30 @@ std::string ms(double s) {
   return b;
 }
 
-// Whether any (tp, cp, data-parallel) split of `world` devices passes the trainer's rules
-// for c's model and sequence, with the batch splitting among the data-parallel ranks.
+// Whether any (pp, tp, cp, sp, data-parallel) split of `world` devices passes the trainer's
+// rules for c's model and sequence, with the batch splitting among the data-parallel ranks
+// (pipeline stages no more than the blocks, as the search takes them).
 bool some_layout_divides(const Config& c, int64_t world, int64_t batch) {
-  for (int64_t pp : divisors(world))
+  for (int64_t pp : divisors(world)) {
+    if (pp > c.model.n_layer) continue;
     for (int64_t tp : divisors(world / pp))
-      for (int64_t cp : divisors(world / (pp * tp))) {
-        const int64_t dp = world / (pp * tp * cp);
-        if (batch % dp) continue;
-        dist::ParallelDims dims;
-        dims.pp = pp;
-        dims.dp_shard = dp;
-        dims.cp = cp;
-        dims.tp = tp;
-        try {
-          dist::check_parallel_model(c.model, dims, c.train.seq_len);
-          return true;
-        } catch (const Error&) {
+      for (int64_t cp : divisors(world / (pp * tp)))
+        for (int64_t sp : divisors(world / (pp * tp * cp))) {
+          const int64_t dp = world / (pp * tp * cp * sp);
+          if (batch % dp) continue;
+          dist::ParallelDims dims;
+          dims.pp = pp;
+          dims.dp_shard = dp;
+          dims.cp = cp;
+          dims.sp = sp;
+          dims.tp = tp;
+          try {
+            dist::check_parallel_model(c.model, dims, c.train.seq_len);
+            return true;
+          } catch (const Error&) {
+          }
         }
-      }
+  }
   return false;
 }
 

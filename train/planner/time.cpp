@@ -194,6 +194,13 @@ void print_cluster(const Cluster& k, std::ostream& o) {
         k.intra_cpu_share, k.inter_cpu_share);
     o << line;
   }
+  if (k.attention_flops > 0) {
+    std::snprintf(line, sizeof(line),
+                  "  the fused attention core: products at %.3g TFLOP/s, %.3g ns a score and a pass of its "
+                  "softmax\n",
+                  k.attention_flops / 1e12, k.score_pass_s * 1e9);
+    o << line;
+  }
 }
 
 void print_time(const Plan& p, const StepTime& t, const Cluster& k, std::ostream& o) {
@@ -271,7 +278,9 @@ nlohmann::json cluster_to_json(const Cluster& k) {
           {"inter_bps", k.inter_bps},
           {"inter_latency_s", k.inter_latency_s},
           {"intra_cpu_share", k.intra_cpu_share},
-          {"inter_cpu_share", k.inter_cpu_share}};
+          {"inter_cpu_share", k.inter_cpu_share},
+          {"attention_flops", k.attention_flops},
+          {"score_pass_s", k.score_pass_s}};
 }
 
 }  // namespace ndt::train
