@@ -15,6 +15,7 @@
 #include "models/family.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include "models/gpt.h"
 #include "nn/block_wrapper.h"
 #include "nn/flat.h"
+#include "nn/moe.h"
 #include "tensor/checked.h"
 #include "tensor/cpu/onednn_gemm.h"
 #include "train/io/format.h"
@@ -66,9 +68,6 @@ BlockMem deferring(BlockMem m, const Shapes& s) {
 }  // namespace
 
 int64_t plan_world(const Config& c) {
-  if (c.parallel.ep_size > 1)
-    throw ConfigError("--plan with parallel.ep_size = " + std::to_string(c.parallel.ep_size) +
-                      ": the planner does not model expert parallelism yet; plan with ep_size = 1");
   if (c.plan_world > 0) return c.plan_world;
   if (c.parallel.dp_shard_size == -1)
     throw ConfigError(
@@ -126,6 +125,13 @@ UnitLayout plan_parameters(const Config& c, Plan& p, const StageView& v) {
   models::GPT gpt(mc, v.part());
   if (c.lora.on()) gpt.add_lora(c.lora);      // before TP, which splits them with their linears
   dist::split_tensor_parallel(gpt, D.tp, 0);  // rank 0's shapes: every rank's are the same
+  // expert parallelism over replicas: each rank's parameters hold E / ep experts of every MoE
+  // layer (dist::apply_expert_parallel's slice; inside FSDP they stay whole, sharded as the rest)
+  if (D.ep > 1 && !D.sharded())
+    for (auto& block : gpt.h)
+      if (auto* moe = dynamic_cast<nn::MoeBlock*>(block.get()))
+        for (const char* name : {"gate_proj", "up_proj", "down_proj"})
+          moe->mlp.experts.split_experts(name, D.ep, 0);
   UnitLayout l;
   l.units = nn::flat_layout(gpt.units(), nn::ShardSpec{0, D.fsdp()});
   Count params_rank = 0, shard = 0;
@@ -186,16 +192,24 @@ BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const
   BlocksMem blocks;
   Count prefix = input;
   // zb-h1: the later blocks of the chunk, whose B ran before this one's, keep their W inputs
-  const Count later = v.split_backward ? Count(end_unit - first_unit) * deferred_block(s) : Count(0);
+  // a MoE block (models::GPTConfig::moe_layer of its index in the model) its own shapes
+  auto shapes_of_unit = [&](int64_t u) {
+    return c.model.moe_layer(v.chunks[chunk].first + (u - first_unit)) ? moe_block(s) : s;
+  };
+  Count later = 0;
+  for (int64_t u = first_unit; v.split_backward && u < end_unit; ++u)
+    later += deferred_block(shapes_of_unit(u));
   for (int64_t u = first_unit; u < end_unit; ++u) {
     const nn::ACMode mode = nn::block_checkpointing(ac, c.train.ac_every, u - 1);
-    BlockMem m = s.kind->memory(s, mode);
+    const Shapes bs = shapes_of_unit(u);
+    BlockMem m = bs.kind->memory(bs, mode);
     if (mode != nn::ACMode::full) m.saved += adapters;
     m.during_backward += adapters;
     Count waiting = 0;
     if (v.split_backward) {
-      m = deferring(m, s);
-      waiting = later - Count(u - first_unit + 1) * deferred_block(s);
+      m = deferring(m, bs);
+      later = later - deferred_block(bs);
+      waiting = later;
     }
     if (prefix + waiting + m.during_backward + gathered_in_block(u) > blocks.worst + blocks.worst_gathered) {
       blocks.worst = prefix + waiting + m.during_backward;
@@ -348,6 +362,20 @@ void add_comm(Plan& p, const std::string& dim, const std::string& what, const st
   if (bytes > 0) p.comm.push_back({dim, what, formula, bytes.v});
 }
 
+// The elements of unit u's expert slices (dist::Strategy::expert_grads), and of its others.
+Count expert_numel(const nn::FlatUnit& u) {
+  Count n = 0;
+  for (const nn::FlatParam& q : u.params)
+    if (q.spec.tp.experts) n += nn::shard_part(u, q).size();
+  return n;
+}
+Count dense_numel(const nn::FlatUnit& u) {
+  Count n = 0;
+  for (const nn::FlatParam& q : u.params)
+    if (!q.spec.tp.experts) n += nn::shard_part(u, q).size();
+  return n;
+}
+
 // FSDP's all-gathers and reduce-scatters over its n ranks, and the all-reduces over the r
 // replicas (HSDP's of the gradient shards, DP's of the whole gradients). Under pipeline
 // parallelism FSDP's are counted along the schedule (fsdp_walk): a block is gathered again
@@ -404,8 +432,23 @@ void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, cons
              (n - 1) * (emb_full * rd / n));
   }
   if (r > 1 && p.lora_rank == 0) {
-    Count b = 0;
-    for (const nn::FlatUnit& u : units) b += all_reduce_bytes(Count(u.shard_numel) * kF, r);
+    Count b = 0, experts = 0;
+    for (size_t i = 0; i < units.size(); ++i) {
+      const Count e = expert_numel(units[i]);
+      if (e.v == 0 || D.ep == 1 || D.sharded() || i == 0) {
+        b += all_reduce_bytes(Count(units[i].shard_numel) * kF, r);
+        continue;
+      }
+      // expert parallelism over replicas (dist::DataParallel): the other parameters packed and
+      // averaged over the replicas, the experts over ep_data, the r / ep replicas that hold them
+      b += all_reduce_bytes(dense_numel(units[i]) * kF, r);
+      experts += all_reduce_bytes(e * kF, r / D.ep);
+    }
+    if (D.ep > 1 && !D.sharded())
+      add_comm(p, "replicate",
+               "EP: all-reduce of the experts' gradients over the replicas that hold them "
+               "(last micro-step)",
+               "2 (r/ep-1)/(r/ep) P_experts/ep 4", experts);
     if (D.sharded())
       add_comm(p, "replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
     else
@@ -537,24 +580,77 @@ void plan_ulysses_comm(Plan& p, const Shapes& s, int64_t L, int64_t recomputed_c
              "accum L_ac (sp-1)/sp (2 N Cl + " + kv + ") a", A * recomputed_cores * layer);
 }
 
+// Mixture of experts. Expert parallelism over its ep ranks (dist/expert_parallel/), per MoE
+// block and micro-step: the all-gather of every member's rows per expert (E i32), the
+// all-to-all-v of the routed rows to their experts' ranks (dispatch) and back (combine), the
+// same two in backward, and the forward's again in the blocks full checkpointing recomputes.
+// An all-to-all-v counts the bytes sent to the other members: with perfectly balanced routing
+// (ep-1)/ep of the M rows each way, x plan.ep_imbalance. The router's statistics (every MoE
+// layer's rows, E counts, E probability sums and z-sum, f64; under a pipeline the earlier
+// stages' totals as one more layer) are all-reduced once per micro-step on the stage with the
+// loss, over the cp, sp and data ranks (and tp's under sequence parallelism): dist::
+// ParallelModel::reduce_router_stats.
+void plan_expert_comm(const Config& c, Plan& p, const Shapes& s, const StageView& v) {
+  if (p.n_experts == 0) return;
+  const dist::ParallelDims& D = p.dims;
+  const Count A = p.accum, E = p.n_experts, ep = D.ep, a = s.act_bytes;
+  const nn::ACMode ac = ac_mode(c.train);
+  int64_t moe = 0, moe_full = 0;  // this rank's MoE blocks, and those full checkpointing recomputes
+  int64_t rank_block = 0;
+  for (const auto& [begin, end] : v.chunks)
+    for (int64_t i = begin; i < end; ++i, ++rank_block)
+      if (c.model.moe_layer(i)) {
+        ++moe;
+        if (nn::block_checkpointing(ac, c.train.ac_every, rank_block) == nn::ACMode::full) ++moe_full;
+      }
+  if (D.ep > 1 && moe > 0) {
+    const Shapes m = moe_block(s);
+    const Count gather = (ep - 1) * E * 4;
+    const Count rows =
+        Count(static_cast<int64_t>(std::ceil(p.ep_imbalance * double(((ep - 1) * m.M() / ep).v))));
+    const Count exchange = rows * m.C * a;
+    add_comm(p, "ep",
+             "all-gather of every member's rows per expert, each MoE block (and again where recomputed)",
+             "accum (L_moe + L_moe_full) (ep-1) E 4", A * (moe + moe_full) * gather);
+    add_comm(
+        p, "ep",
+        "all-to-all-v of the routed rows to their experts and back, forward and backward, each MoE block",
+        "accum L_moe 4 imbalance (ep-1)/ep M C a", A * moe * 4 * exchange);
+    if (moe_full)
+      add_comm(p, "ep", "the forward's all-to-alls again in the MoE blocks full checkpointing recomputes",
+               "accum L_moe_full 2 imbalance (ep-1)/ep M C a", A * moe_full * 2 * exchange);
+  }
+  if (p.router_stats && v.last) {
+    const Count values = (Count(p.moe_blocks) + (D.pp > 1 ? 1 : 0)) * (2 * E + 2) * 8;
+    Count b =
+        all_reduce_bytes(values, D.cp) + all_reduce_bytes(values, D.sp) + all_reduce_bytes(values, D.dp());
+    if (p.sequence_parallel) b += all_reduce_bytes(values, D.tp);
+    add_comm(p, "scalars", "all-reduce of the router's statistics, each micro-step",
+             "accum 2 (k-1)/k (L_moe + 1_pp) (2E+2) 8 per group", A * b);
+  }
+}
+
 // The pipeline's messages (dist/pipeline_parallel/comm.h): per micro-batch, each chunk but
 // the last stage's sends its output activation forward (F) and each but the first stage's
 // the gradient of its input back (B), B x Tl (x 1/tp sequence parallel) x C in the compute
 // dtype, counted as the tensor's bytes (a send). The tied embeddings' gradient (the shard
 // FSDP keeps, f32) is summed between the first and the last stage once per step, an
-// all-reduce over two.
+// all-reduce over two. With the router's statistics (a load-balancing or z-loss) each message
+// carries their totals beside the tensor, (2E + 4) f64 (RouterLoss::totals).
 void plan_pipeline_comm(const Config& c, Plan& p, const UnitLayout& l, const StageView& v) {
   if (p.dims.pp == 1) return;
   int64_t sends = 0;
   for (size_t k = 0; k < v.chunks.size(); ++k)
     sends += (v.last_chunk(k) ? 0 : 1) + (v.first_chunk(k) ? 0 : 1);
-  add_comm(p, "pp",
-           sends == 1 ? (v.first ? "activation of each micro-batch to the next stage (F)"
-                                 : "gradient of each micro-batch back to the previous stage (B)")
-                      : "activations to the next stage (F) and gradients back to the previous one (B), each "
-                        "micro-batch",
-           "accum " + std::to_string(sends) + (p.sequence_parallel ? " B Tl/t C a" : " B Tl C a"),
-           Count(p.accum) * sends * p.io_bytes);
+  add_comm(
+      p, "pp",
+      sends == 1 ? (v.first ? "activation of each micro-batch to the next stage (F)"
+                            : "gradient of each micro-batch back to the previous stage (B)")
+                 : "activations to the next stage (F) and gradients back to the previous one (B), each "
+                   "micro-batch",
+      "accum " + std::to_string(sends) + (p.sequence_parallel ? " B Tl/t C a" : " B Tl C a") +
+          (p.router_stats ? " + the router's totals (2E+4) 8" : ""),
+      Count(p.accum) * sends * (Count(p.io_bytes) + (p.router_stats ? (2 * Count(p.n_experts) + 4) * 8 : 0)));
   if (c.model.tied() && (v.first || v.last))
     add_comm(p, "pp", "the tied embeddings' gradient, summed between the first and the last stage",
              "2 (2-1)/2 P_emb/n 4", all_reduce_bytes(Count(l.units[0].shard_numel) * kF, 2));
@@ -602,6 +698,7 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
                A * recomputed_cores * (cp - 1) * block);
   }
   plan_pipeline_comm(c, p, l, v);
+  plan_expert_comm(c, p, s, v);
   // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp then sp ranks,
   // the gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group; with
   // a pipeline the loss's sum and the norm's over the stages
@@ -609,6 +706,16 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
                   all_reduce_bytes(8, t);
   if (D.sharded()) scalars += all_reduce_bytes(8, n);
   scalars += 2 * all_reduce_bytes(8, D.pp);
+  // ... and the router's load-balancing and z-loss values for the log, summed over the stages
+  // (ParallelModel::train: every model, 0 without experts)
+  scalars += 2 * all_reduce_bytes(8, D.pp);
+  if (D.ep > 1 && !D.sharded()) scalars += all_reduce_bytes(8, D.ep);  // the sliced experts' squares
+  // MoE: the load-balancing and z-loss values for the log, averaged as the loss
+  const int64_t router_losses =
+      (c.model.router_aux_loss_coef > 0 ? 1 : 0) + (c.model.router_z_loss_coef > 0 ? 1 : 0);
+  if (c.model.moe())
+    scalars +=
+        router_losses * (all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, D.sp));
   add_comm(p, "scalars",
            D.pp > 1 ? "loss mean and gradient norm (and their sums over the stages)"
                     : "loss mean and gradient norm",
@@ -616,6 +723,21 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
   Count comm_bytes = 0;
   for (const PlanComm& x : p.comm) comm_bytes += x.bytes;
   p.comm_bytes = comm_bytes.v;
+}
+
+// The mixture of experts' sizes (model.n_experts > 0), the stage's MoE blocks among its own.
+void plan_experts(const Config& c, Plan& p, const StageView& v) {
+  const models::GPTConfig& mc = c.model;
+  if (!mc.moe()) return;
+  p.n_experts = mc.n_experts;
+  p.experts_per_tok = mc.n_experts_per_tok;
+  p.expert_hidden = mc.moe_intermediate_size;
+  p.shared_hidden = mc.shared_expert_intermediate_size;
+  for (const auto& [begin, end] : v.chunks)
+    for (int64_t i = begin; i < end; ++i) p.moe_blocks += mc.moe_layer(i) ? 1 : 0;
+  p.router_stats = mc.router_aux_loss_coef > 0 || mc.router_z_loss_coef > 0;
+  p.router_z = mc.router_z_loss_coef > 0;
+  p.ep_imbalance = c.plan_ep_imbalance;
 }
 
 // Fills in the sizes, memory and communication of p, whose layout (p.dims) is resolved and
@@ -639,6 +761,7 @@ void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage
   p.qkv_bias = mc.family().qkv_bias(mc);
   p.head_dim = mc.head_dim();
   p.qk_norm = mc.qk_norm;
+  plan_experts(c, p, v);
   p.pp_schedule = v.schedule;
   p.pp_virtual = v.v;
   p.pp_blocks = v.blocks;
@@ -730,9 +853,6 @@ Plan plan_stage(const Config& c, int64_t world, int64_t stage) {
 }
 
 Plan plan(const Config& c, int64_t world) {
-  NDT_CHECK(!c.model.moe(),
-            "the planner does not model mixture-of-experts layers yet (model.n_experts = ", c.model.n_experts,
-            "); measure the run instead (train_gpt's log gives each rank's peak memory)");
   Plan first = plan_stage(c, world, 0);
   if (first.dims.pp == 1) return first;
   std::vector<Plan> all;
