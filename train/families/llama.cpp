@@ -416,9 +416,10 @@ Count moe_mlp_saved(const Shapes& s) {
   return router + experts + shared;
 }
 
-// Its backward on top of `saved`: moe_combine's backward (the rows' gradient M C and the
-// weights'), then down's (dh R Ie; its weight gradient El Ie C, and inside FSDP under ep the
-// split's whole E Ie C), silu_mul's (dgate, dup 2 R Ie, dh and the three outputs released) and
+// Its backward on top of `saved`: moe_combine's backward (the rows' gradient M C in the place
+// of the rows it kept, and the weights'), then down's (dh R Ie; its weight gradient El Ie C,
+// and inside FSDP under ep the split's whole E Ie C), silu_mul's (dgate, dup 2 R Ie beside dh,
+// down's input released) and
 // gate's and up's (two input gradients R C, a weight gradient); under ep the exchanges'
 // gradients of the R rows (R C) beside them. The shared expert's backward runs before, as
 // the llama MLP's.
@@ -426,8 +427,8 @@ Count moe_mlp_moment(const Shapes& s, Count saved) {
   const Count M = s.M(), R = s.R(), C = s.C, Ie = s.Ie, a = s.act_bytes;
   const Count w = Count(s.El()) * Ie * C * a + (s.ep > 1 && !s.experts_sliced ? Count(s.E) * Ie * C * a : 0);
   const Count rows = s.ep > 1 ? R * C * a : Count(0);  // an exchange's gradient
-  const Count down = saved + M * C * a + rows + R * Ie * a + w;
-  const Count silu = saved - M * C * a + rows + 3 * R * Ie * a;
+  const Count down = saved - M * C * a + M * C * a + rows + R * Ie * a + w;  // dy in y's place
+  const Count silu = saved - M * C * a - R * Ie * a + rows + 3 * R * Ie * a;  // h gone: dh, dgate, dup
   const Count released = saved - M * C * a - 3 * R * Ie * a;
   const Count gate_up = released + 2 * R * Ie * a + 2 * R * C * a + w;
   Count moment = std::max({down, silu, gate_up});
