@@ -246,13 +246,21 @@ TEST_P(DistPlanMoe, PlannedBytesMatchTheRun) {
 
 INSTANTIATE_TEST_SUITE_P(
     Moe, DistPlanMoe,
-    ::testing::Values(Layout{"single", 1, 1, 1, 1}, Layout{"dp2", 2, 1, 1, 1}, Layout{"fsdp2", 1, 2, 1, 1},
-                      Layout{"ep2_dp2", 2, 1, 1, 1, "--parallel.ep_size 2"},
-                      Layout{"ep2_fsdp2", 1, 2, 1, 1, "--parallel.ep_size 2"},
-                      Layout{"single_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full"},
-                      Layout{"ep2_fsdp2_full_ac", 1, 2, 1, 1,
-                             "--parallel.ep_size 2 --train.activation_checkpointing full"},
-                      Layout{"single_bf16", 1, 1, 1, 1, "--train.dtype bfloat16"}),
+    ::testing::Values(
+        Layout{"single", 1, 1, 1, 1}, Layout{"dp2", 2, 1, 1, 1}, Layout{"fsdp2", 1, 2, 1, 1},
+        Layout{"ep2_dp2", 2, 1, 1, 1, "--parallel.ep_size 2"},
+        Layout{"ep2_fsdp2", 1, 2, 1, 1, "--parallel.ep_size 2"},
+        Layout{"single_full_ac", 1, 1, 1, 1, "--train.activation_checkpointing full"},
+        Layout{"ep2_fsdp2_full_ac", 1, 2, 1, 1, "--parallel.ep_size 2 --train.activation_checkpointing full"},
+        Layout{"single_bf16", 1, 1, 1, 1, "--train.dtype bfloat16"},
+        // Qwen2-MoE's shared expert; the router z-loss (its logits kept, its value averaged)
+        Layout{"single_shared_expert", 1, 1, 1, 1, "--model.shared_expert_intermediate_size 192"},
+        Layout{"dp2_z_loss", 2, 1, 1, 1, "--model.router_z_loss_coef 0.001"},
+        // tensor parallelism splits the attention and the shared expert, not the routed MLP
+        Layout{"ep2_dp2_tp2", 2, 1, 1, 2, "--parallel.ep_size 2"},
+        Layout{"tp2_full_ac", 1, 1, 1, 2, "--train.activation_checkpointing full"},
+        Layout{"tp2_sp_shared_expert", 1, 1, 1, 2,
+               "--parallel.sequence_parallel true --model.shared_expert_intermediate_size 192"}),
     [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
 // Ulysses (parallel.sp_size): rank 0's planned peak within 10% of the measured one, and the

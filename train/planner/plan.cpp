@@ -466,6 +466,13 @@ std::string per_block(int64_t k, int64_t c) {
   return os.str();
 }
 
+// MoE blocks without a shared expert, whose MLP tensor parallelism leaves whole (the router and the
+// routed experts on every rank: nn::MoeBlock::tensor_parallel_plan): all of the rank's, and those
+// full checkpointing recomputes. L_mlp = L - blocks: the blocks whose MLP is split.
+struct RoutedOnly {
+  int64_t blocks = 0, full = 0;
+};
+
 // Tensor parallelism's f and g over its t ranks (again in the blocks full checkpointing
 // recomputes), sequence parallel's sum of the unsplit gradients, and the
 // vocabulary-parallel loss's statistics. f runs once per column-parallel linear: c_attn
@@ -475,11 +482,13 @@ std::string per_block(int64_t k, int64_t c) {
 // rank's blocks; the embedding's g (e = 1) on the first stage, lm_head's f and the loss
 // (h = 1) on the last (both without a pipeline).
 void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v,
-                               int64_t full_blocks) {
+                               int64_t full_blocks, const RoutedOnly& routed) {
   const Count N = s.N, C = s.C, a = s.act_bytes, A = p.accum, t = p.dims.tp;
   const int64_t L = v.block_count(), m = s.kind->mlp_inputs, e = v.first ? 1 : 0, h = v.last ? 1 : 0;
-  const bool whole = v.first && v.last;      // the formulas as the single process's plan words them
-  const Count columns = Count(L) * (1 + m);  // the blocks' column-parallel linears
+  const bool whole = v.first && v.last;  // the formulas as the single process's plan words them
+  // the blocks whose MLP tensor parallelism splits (all but MoE blocks without a shared expert)
+  const int64_t Lm = L - routed.blocks, Lm_full = full_blocks - routed.full;
+  const Count columns = Count(L) + Count(Lm) * m;  // the blocks' column-parallel linears
   // the formulas in the plan's words: gpt2's m = 1 gives 2L, 6L + 2, 2 (2L+1)
   const std::string f_ops = m == 1 ? "2L" : std::to_string(1 + m) + "L";
   if (t > 1 && p.sequence_parallel) {
@@ -489,7 +498,7 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
     // forward: before each column-parallel linear and lm_head; backward: the gradient after
     // each attention, MLP and the embedding (g's), and each column-parallel linear's input
     // again for its weight gradient
-    const Count gathers = (columns + h) + (2 * L + e) + columns;
+    const Count gathers = (columns + h) + (L + Lm + e) + columns;
     add_comm(p, "tp",
              m == 1
                  ? "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
@@ -498,10 +507,12 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
                  : "sequence parallel: all-gather before each attention, gate, up and lm_head (forward), of "
                    "the gradient after each attention, MLP and the embedding, and of the attention's, gate's "
                    "and up's input again for their weight gradients (backward)",
-             "accum " + per_block(2 * (1 + m) + 2, e + h) + " (t-1)/t N C a", A * gathers * gather);
+             Lm < L ? "accum " + std::to_string(gathers.v) + " (t-1)/t N C a (a MoE block's routed MLP: none)"
+                    : "accum " + per_block(2 * (1 + m) + 2, e + h) + " (t-1)/t N C a",
+             A * gathers * gather);
     // forward: after each attention, MLP and the embedding; backward: each column-parallel
     // linear's input gradient and lm_head's
-    const Count scatters = (2 * L + e) + (columns + h);
+    const Count scatters = (L + Lm + e) + (columns + h);
     add_comm(
         p, "tp",
         m == 1
@@ -509,14 +520,16 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
               "of the input gradient of each attention, MLP and lm_head (backward)"
             : "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and "
               "of the input gradient of each attention, gate, up and lm_head (backward)",
-        m == 1 && whole ? "accum 2 (2L+1) (t-1)/t N C a'"
-                        : "accum " + per_block(3 + m, e + h) + " (t-1)/t N C a'",
+        Lm < L ? "accum " + std::to_string(scatters.v) + " (t-1)/t N C a' (a MoE block's routed MLP: none)"
+        : m == 1 && whole ? "accum 2 (2L+1) (t-1)/t N C a'"
+                          : "accum " + per_block(3 + m, e + h) + " (t-1)/t N C a'",
         A * scatters * scatter);
     if (full_blocks)
-      add_comm(p, "tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
-               m == 1 ? "accum 2 L_full (t-1)/t N C (a + a')"
-                      : "accum L_full (t-1)/t N C (" + std::to_string(1 + m) + " a + 2 a')",
-               A * full_blocks * ((1 + m) * gather + 2 * scatter));
+      add_comm(
+          p, "tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
+          m == 1 ? "accum 2 L_full (t-1)/t N C (a + a')"
+                 : "accum L_full (t-1)/t N C (" + std::to_string(1 + m) + " a + 2 a')",
+          A * ((Count(full_blocks) + Count(Lm_full) * m) * gather + Count(full_blocks + Lm_full) * scatter));
     // the unsplit parameters' partial gradients (this rank's shards of them), summed once
     Count unsplit = 0;
     for (const nn::FlatUnit& u : l.units)
@@ -532,14 +545,18 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
     add_comm(p, "tp",
              whole || e ? "g: all-reduce after each attention and MLP, and the embedding (forward)"
                         : "g: all-reduce after each attention and MLP (forward)",
-             "accum " + per_block(2, e) + " 2 (t-1)/t N C a'", A * (2 * L + e) * all_reduce_bytes(x, t));
+             Lm < L ? "accum (L+L_mlp" + std::string(e ? "+1" : "") + ") 2 (t-1)/t N C a'"
+                    : "accum " + per_block(2, e) + " 2 (t-1)/t N C a'",
+             A * (L + Lm + e) * all_reduce_bytes(x, t));
     if (full_blocks)
       add_comm(p, "tp", "g again in the blocks full checkpointing recomputes",
-               "accum 2 L_full 2 (t-1)/t N C a'", A * 2 * full_blocks * all_reduce_bytes(x, t));
+               Lm < L ? "accum (L_full+L_mlp_full) 2 (t-1)/t N C a'" : "accum 2 L_full 2 (t-1)/t N C a'",
+               A * (full_blocks + Lm_full) * all_reduce_bytes(x, t));
     const std::string f_what = m == 1 ? "f: all-reduce of the input gradient of each attention, MLP"
                                       : "f: all-reduce of the input gradient of each attention, gate, up";
     add_comm(p, "tp", f_what + (h ? " and lm_head (backward)" : " (backward)"),
-             "accum (" + f_ops + (h ? "+1" : "") + ") 2 (t-1)/t N C a'",
+             Lm < L ? "accum (L+" + std::to_string(m) + " L_mlp" + (h ? "+1" : "") + ") 2 (t-1)/t N C a'"
+                    : "accum (" + f_ops + (h ? "+1" : "") + ") 2 (t-1)/t N C a'",
              A * (columns + h) * all_reduce_bytes(x, t));
     // q_norm's and k_norm's partial gradients (model.qk_norm: each rank's heads), summed once
     Count partial = 0;
@@ -675,12 +692,18 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
              "2 (d-1)/d P_adapters 4", all_reduce_bytes(Count(p.adapter_params) * kF, Count(D.dp()) * cp));
   // recomputed blocks run their forward communication again in backward
   int64_t full_blocks = 0, recomputed_cores = 0;
+  RoutedOnly routed;
+  std::vector<int64_t> blocks;  // the rank's blocks' indices in the model
+  for (const auto& [begin, end] : v.chunks)
+    for (int64_t i = begin; i < end; ++i) blocks.push_back(i);
   for (int64_t i = 0; i < L; ++i) {
     const nn::ACMode m = nn::block_checkpointing(ac, c.train.ac_every, i);
-    if (m == nn::ACMode::full) ++full_blocks;
+    const bool plain = c.model.moe_layer(blocks[size_t(i)]) && c.model.shared_expert_intermediate_size == 0;
+    if (m == nn::ACMode::full) ++full_blocks, routed.full += plain;
     if (m != nn::ACMode::none) ++recomputed_cores;
+    routed.blocks += plain;
   }
-  plan_tensor_parallel_comm(p, l, s, v, full_blocks);
+  plan_tensor_parallel_comm(p, l, s, v, full_blocks, routed);
   plan_ulysses_comm(p, s, L, recomputed_cores);
   if (cp > 1) {
     // K and V of this rank's two chunks: only the kv heads travel (KVl = Cl but under
