@@ -429,6 +429,11 @@ INSTANTIATE_TEST_SUITE_P(
             "--model.n_experts_per_tok 2 "
             "--model.moe_intermediate_size 128 --model.norm_topk_prob true --model.router_aux_loss_coef 0.1",
             2},
+        Layout{"pp2_moe_zb", 1, 1, 1, 1,
+               "--model.arch llama --model.n_kv_head 2 --model.intermediate_size 320 --model.n_experts 4 "
+               "--model.n_experts_per_tok 2 --model.moe_intermediate_size 128 --model.norm_topk_prob true "
+               "--model.router_aux_loss_coef 0.1 --parallel.pp_schedule zb-h1",
+               2},
         Layout{"pp2_llama_zb", 1, 1, 1, 1,
                "--model.arch llama --model.n_kv_head 2 --model.intermediate_size 320 --parallel.pp_schedule "
                "zb-h1",

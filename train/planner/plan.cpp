@@ -52,6 +52,13 @@ Count deferred_block(const Shapes& s) {
   return (Ns * C + N * Q + N * Cl + N * C + s.kind->deferred_mlp(s)) * a;
 }
 
+// The W inputs of the model's blocks [begin, end) (a MoE block's own: moe_block).
+Count deferred_blocks(const Config& c, const Shapes& s, int64_t begin, int64_t end) {
+  Count n = 0;
+  for (int64_t i = begin; i < end; ++i) n += deferred_block(c.model.moe_layer(i) ? moe_block(s) : s);
+  return n;
+}
+
 // ... and inside the block's own split backward: in the MLP's, the input of its last
 // linear (gpt2's c_proj: the GELU output; llama's down: the SwiGLU product, N H); in the
 // attention's, the MLP's whole share of the above and c_proj's input (N Cl) with its output
@@ -59,7 +66,7 @@ Count deferred_block(const Shapes& s) {
 // backward keeps).
 BlockMem deferring(BlockMem m, const Shapes& s) {
   const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, H = s.H, a = s.act_bytes;
-  m.mlp += N * H * a;
+  m.mlp += N * (s.moe ? s.Hs : H) * a;  // a MoE block: its shared expert's down (grouped GEMMs defer nothing)
   m.attn += (s.kind->deferred_mlp(s) + N * Cl + (N - Ns) * C) * a;
   m.during_backward = std::max(m.mlp, m.attn);
   return m;
@@ -332,7 +339,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
     activations += input + blocks.saved + (head ? head_saved : Count(0));
     ChunkMemory m;
     m.kept = (input + blocks.saved + (head ? head_saved + logits + ce_saved : Count(0))).v;
-    if (v.split_backward) m.deferred = (Count(v.chunks[k].second - v.chunks[k].first) * deferred_block(s)).v;
+    if (v.split_backward) m.deferred = deferred_blocks(c, s, v.chunks[k].first, v.chunks[k].second).v;
     auto moment = [&](const std::string& name, Count acts, Count gathered, Count transient) {
       m.backward.push_back({name, acts.v, gathered.v, transient.v, 0});
     };
@@ -350,7 +357,9 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
     chunks.push_back(m);
   }
   p.activation_bytes = activations.v;
-  p.deferred_bytes = v.split_backward ? (Count(v.block_count()) * deferred_block(s)).v : 0;
+  Count deferred = 0;
+  for (const auto& [begin, end] : v.chunks) deferred += deferred_blocks(c, s, begin, end);
+  p.deferred_bytes = v.split_backward ? deferred.v : 0;
 
   stage = "the peak memory";
   plan_peak(p, l, s, v, chunks);
