@@ -475,6 +475,16 @@ std::string per_block(int64_t k, int64_t c) {
   return os.str();
 }
 
+// Of this rank's shards, the elements of the parameters `which` picks.
+template <typename Which>
+Count shard_numel_of(const UnitLayout& l, Which which) {
+  Count n = 0;
+  for (const nn::FlatUnit& u : l.units)
+    for (const nn::FlatParam& q : u.params)
+      if (which(q)) n += nn::shard_part(u, q).size();
+  return n;
+}
+
 // MoE blocks without a shared expert, whose MLP tensor parallelism leaves whole (the router and the
 // routed experts on every rank: nn::MoeBlock::tensor_parallel_plan): all of the rank's, and those
 // full checkpointing recomputes. L_mlp = L - blocks: the blocks whose MLP is split.
@@ -483,8 +493,8 @@ struct RoutedOnly {
 };
 
 // Tensor parallelism's f and g over its t ranks (again in the blocks full checkpointing
-// recomputes), sequence parallel's sum of the unsplit gradients, and the
-// vocabulary-parallel loss's statistics. f runs once per column-parallel linear: c_attn
+// recomputes) and sequence parallel's sum of the unsplit gradients (the vocabulary-parallel
+// loss's statistics: plan_communication). f runs once per column-parallel linear: c_attn
 // and the MLP's m = 1 (gpt2's c_fc) or 2 (llama's gate and up, each its own
 // linear_shared_input: each sums its input gradient, and under sequence parallelism each
 // gathers its input, in forward and again in backward), and lm_head's input. L: the
@@ -495,7 +505,6 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
   const Count N = s.N, C = s.C, a = s.act_bytes, A = p.accum, t = p.dims.tp;
   const int64_t L = v.block_count(), m = s.kind->mlp_inputs, e = v.first ? 1 : 0, h = v.last ? 1 : 0;
   const bool whole = v.first && v.last;  // the formulas as the single process's plan words them
-  // the blocks whose MLP tensor parallelism splits (all but MoE blocks without a shared expert)
   const int64_t Lm = L - routed.blocks, Lm_full = full_blocks - routed.full;
   const Count columns = Count(L) + Count(Lm) * m;  // the blocks' column-parallel linears
   // the formulas in the plan's words: gpt2's m = 1 gives 2L, 6L + 2, 2 (2L+1)
@@ -540,10 +549,7 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
                  : "accum L_full (t-1)/t N C (" + std::to_string(1 + m) + " a + 2 a')",
           A * ((Count(full_blocks) + Count(Lm_full) * m) * gather + Count(full_blocks + Lm_full) * scatter));
     // the unsplit parameters' partial gradients (this rank's shards of them), summed once
-    Count unsplit = 0;
-    for (const nn::FlatUnit& u : l.units)
-      for (const nn::FlatParam& q : u.params)
-        if (!q.spec.tp.split()) unsplit += nn::shard_part(u, q).size();
+    const Count unsplit = shard_numel_of(l, [](const nn::FlatParam& q) { return !q.spec.tp.split(); });
     p.sp_grad_numel = unsplit.v;
     add_comm(
         p, "tp",
@@ -568,18 +574,12 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
                     : "accum (" + f_ops + (h ? "+1" : "") + ") 2 (t-1)/t N C a'",
              A * (columns + h) * all_reduce_bytes(x, t));
     // q_norm's and k_norm's partial gradients (model.qk_norm: each rank's heads), summed once
-    Count partial = 0;
-    for (const nn::FlatUnit& u : l.units)
-      for (const nn::FlatParam& q : u.params)
-        if (q.spec.tp.partial_grad) partial += nn::shard_part(u, q).size();
+    const Count partial = shard_numel_of(l, [](const nn::FlatParam& q) { return q.spec.tp.partial_grad; });
     p.sp_grad_numel = partial.v;
     if (partial.v > 0)
       add_comm(p, "tp", "all-reduce of q_norm's and k_norm's gradients, each rank's heads' (last micro-step)",
                "2 (t-1)/t P_partial 4", all_reduce_bytes(partial * kF, t));
   }
-  if (t > 1 && h)
-    add_comm(p, "tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
-             "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
 }
 
 // Ulysses' all-to-alls over its sp ranks (dist/ulysses/ulysses.cpp), each block and
@@ -713,6 +713,9 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
     routed.blocks += plain;
   }
   plan_tensor_parallel_comm(p, l, s, v, full_blocks, routed);
+  if (t > 1 && v.last)
+    add_comm(p, "tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
+             "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(Count(s.N) * kF, t));
   plan_ulysses_comm(p, s, L, recomputed_cores);
   if (cp > 1) {
     // K and V of this rank's two chunks: only the kv heads travel (KVl = Cl but under
