@@ -2,8 +2,9 @@
 // Hugging Face folders (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM;
 // the names and layouts train/checkpoint/hf.h lists), and its block (nn::LlamaBlock: RMSNorms,
 // grouped-query attention with rotary q and k, a SwiGLU MLP, no biases but q, k and v's under
-// model.attention_bias, Qwen3's q_norm and k_norm under model.qk_norm) for the planner:
-// train/planner/block_kinds.h. Legend:
+// model.attention_bias, Qwen3's q_norm and k_norm under model.qk_norm; and its mixture-of-experts
+// block, nn::MoeBlock, whose MLP the same description covers when Shapes::moe is set) for the
+// planner: train/planner/block_kinds.h. Legend:
 // train/planner/shapes.h (here Q = Cl + 2 KVl and H = intermediate_size / tp); bytes: a per
 // activation (the compute dtype's), 4 per statistic (kF).
 #include <algorithm>
@@ -426,8 +427,8 @@ Count moe_mlp_saved(const Shapes& s) {
 Count moe_mlp_moment(const Shapes& s, Count saved) {
   const Count M = s.M(), R = s.R(), C = s.C, Ie = s.Ie, a = s.act_bytes;
   const Count w = Count(s.El()) * Ie * C * a + (s.ep > 1 && !s.experts_sliced ? Count(s.E) * Ie * C * a : 0);
-  const Count rows = s.ep > 1 ? R * C * a : Count(0);  // an exchange's gradient
-  const Count down = saved - M * C * a + M * C * a + rows + R * Ie * a + w;  // dy in y's place
+  const Count rows = s.ep > 1 ? R * C * a : Count(0);                         // an exchange's gradient
+  const Count down = saved - M * C * a + M * C * a + rows + R * Ie * a + w;   // dy in y's place
   const Count silu = saved - M * C * a - R * Ie * a + rows + 3 * R * Ie * a;  // h gone: dh, dgate, dup
   const Count released = saved - M * C * a - 3 * R * Ie * a;
   const Count gate_up = released + 2 * R * Ie * a + 2 * R * C * a + w;
