@@ -332,6 +332,9 @@ po::options_description program_options(Config& c) {
                                          "micro_batch_size x grad_accum_steps x the config's "
                                          "data-parallel ranks)")(
       "plan.top", po::value(&c.plan_top), "with --plan.search: how many plans to print (default 10)")(
+      "plan.ep_imbalance", po::value(&c.plan_ep_imbalance),
+      "with --plan under parallel.ep_size > 1: the rows a rank's experts receive over perfectly balanced "
+      "routing's (default 1: balanced)")(
       "plan.calibrate", po::value(&c.plan_calibrate),
       "measure this machine (under mpirun: every rank; the hosts from their names) at the model's shapes and "
       "write a --cluster file here");
@@ -618,6 +621,10 @@ void validate_model(const Config& c, const Checks& ck) {
   ck.range("plan.world", c.plan_world, 0, kBig);
   ck.range("plan.batch", c.plan_batch, 0, kBig);
   ck.range("plan.top", c.plan_top, 1, 100000);
+  ck.need(
+      std::isfinite(c.plan_ep_imbalance) && c.plan_ep_imbalance >= 1 && c.plan_ep_imbalance <= 1024,
+      "plan.ep_imbalance = " + std::to_string(c.plan_ep_imbalance) +
+          " must be in [1, 1024]: the rows a rank's experts receive over balanced routing's (1: balanced)");
   ck.need(!c.plan_search || c.plan, "--plan.search needs --plan");
   ck.need(c.plan_calibrate.empty() || c.plan, "--plan.calibrate needs --plan");
   ck.need(c.plan || !c.data.train.empty(),

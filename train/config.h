@@ -192,6 +192,9 @@ struct Config {
   // the best plan.top by predicted tokens/s, at plan.batch sequences per step (0: the config's)
   bool plan_search = false;
   int64_t plan_batch = 0, plan_top = 10;
+  // --plan under expert parallelism: the rows a rank's experts receive (and its all-to-alls
+  // move) over perfectly balanced routing's; 1: balanced (docs/planner-model.md: reading it from a run)
+  double plan_ep_imbalance = 1.0;
   // --plan.calibrate FILE (under mpirun on the cluster itself): measure the matrix-product
   // rate at the model's shapes, the memory bandwidth and the links; write a --cluster file
   std::string plan_calibrate;

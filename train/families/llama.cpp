@@ -2,8 +2,9 @@
 // Hugging Face folders (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM;
 // the names and layouts train/checkpoint/hf.h lists), and its block (nn::LlamaBlock: RMSNorms,
 // grouped-query attention with rotary q and k, a SwiGLU MLP, no biases but q, k and v's under
-// model.attention_bias, Qwen3's q_norm and k_norm under model.qk_norm) for the planner:
-// train/planner/block_kinds.h. Legend:
+// model.attention_bias, Qwen3's q_norm and k_norm under model.qk_norm; and its mixture-of-experts
+// block, nn::MoeBlock, whose MLP the same description covers when Shapes::moe is set) for the
+// planner: train/planner/block_kinds.h. Legend:
 // train/planner/shapes.h (here Q = Cl + 2 KVl and H = intermediate_size / tp); bytes: a per
 // activation (the compute dtype's), 4 per statistic (kF).
 #include <algorithm>
@@ -380,22 +381,78 @@ Count fused_core_saved(const Shapes& s) {
 // core's (the core, its output's gradient N Cl, its backward) and after it the gradients
 // of q, k and v on their way back through heads_to_front, rotary and split_last (2 N Q)
 // and c_attn's (its output's gradient N Q, its input gradient N C, the gathered input).
+// The SwiGLU MLP's backward on top of `saved` (the block's forward set, its output gone and
+// its gradient come), as above.
+Count dense_mlp_moment(const Shapes& s, Count saved) {
+  const Count N = s.N, Ns = s.Ns, C = s.C, H = s.H, a = s.act_bytes;
+  const Count sp = Ns == N ? Count(0) : N * C * a;  // a gathered incoming gradient or input
+  const Count down = saved + N * H * a + sp, silu = saved + 2 * N * H * a;
+  const Count released = saved - 3 * N * H * a;  // gate, up and their product
+  const Count up_gate =
+      released + std::max(2 * N * H * a + N * C * a + sp, N * H * a + N * C * a + Ns * C * a + sp);
+  return std::max({down, silu, up_gate, released + 3 * Ns * C * a});
+}
+
+// nn::MoeMLP::forward's kept tensors after ln_2 (legend: shapes.h; i32 indices 4 bytes):
+// the router's probabilities p (Nr E, f32: its softmax runs in f32 at least), kept by softmax
+// and moe_topk, with the z-loss its logits too; moe_topk's choices (M i32); the weights
+// moe_combine keeps (M, a); moe_sort's order and moe_combine's slots (2 M i32). One process
+// (MoeMLP::local_experts): moe_dispatch's rows (M C), kept by gate's and up's grouped GEMMs,
+// their outputs (2 M Ie) kept by silu_mul, its product (M Ie) kept by down, down's output
+// (M C) kept by moe_combine. Expert parallelism (dist::expert_parallel_mlp): the dispatched
+// rows die in the all-to-all; kept are the R rows received, permuted by expert (R C), gate's,
+// up's and silu_mul's outputs on them (3 R Ie), the two permutations' orders (2 R i32), the
+// rows combined back (M C); inside FSDP (experts not sliced) the El experts' copies split
+// out of gate, up and down (3 El C Ie), kept by the grouped GEMMs. The shared expert (Hs):
+// the llama MLP's on its N rows (3 N Hs), its output and the gate's sigmoid spread over C
+// (2 N C) kept by their product, the gate's softmax of (g, 0) (N 2 f32) and its column (N a).
+Count moe_mlp_saved(const Shapes& s) {
+  const Count N = s.N, Nr = s.Nr(), M = s.M(), R = s.R(), C = s.C, E = s.E, Ie = s.Ie, a = s.act_bytes;
+  const Count router = Nr * E * kF * (s.router_z ? 2 : 1) + M * 4 /*choices*/ + M * a + 2 * M * 4;
+  Count experts = M * C * a + 3 * M * Ie * a + M * C * a;
+  if (s.ep > 1)
+    experts = R * C * a + 3 * R * Ie * a + 2 * R * 4 + M * C * a +
+              (s.experts_sliced ? Count(0) : 3 * Count(s.El()) * C * Ie * a);
+  const Count shared = s.Hs > 0 ? 3 * N * s.Hs * a + 2 * N * C * a + N * 2 * kF + N * a : Count(0);
+  return router + experts + shared;
+}
+
+// Its backward on top of `saved`: moe_combine's backward (the rows' gradient M C in the place
+// of the rows it kept, and the weights'), then down's (dh R Ie; its weight gradient El Ie C,
+// and inside FSDP under ep the split's whole E Ie C), silu_mul's (dgate, dup 2 R Ie beside dh,
+// down's input released) and
+// gate's and up's (two input gradients R C, a weight gradient); under ep the exchanges'
+// gradients of the R rows (R C) beside them. The shared expert's backward runs before, as
+// the llama MLP's.
+Count moe_mlp_moment(const Shapes& s, Count saved) {
+  const Count M = s.M(), R = s.R(), C = s.C, Ie = s.Ie, a = s.act_bytes;
+  const Count w = Count(s.El()) * Ie * C * a + (s.ep > 1 && !s.experts_sliced ? Count(s.E) * Ie * C * a : 0);
+  const Count rows = s.ep > 1 ? R * C * a : Count(0);                         // an exchange's gradient
+  const Count down = saved - M * C * a + M * C * a + rows + R * Ie * a + w;   // dy in y's place
+  const Count silu = saved - M * C * a - R * Ie * a + rows + 3 * R * Ie * a;  // h gone: dh, dgate, dup
+  const Count released = saved - M * C * a - 3 * R * Ie * a;
+  const Count gate_up = released + 2 * R * Ie * a + 2 * R * C * a + w;
+  Count moment = std::max({down, silu, gate_up});
+  if (s.Hs > 0) {
+    Shapes dense = s;
+    dense.H = s.Hs;
+    moment = std::max(moment, dense_mlp_moment(dense, saved));
+  }
+  return moment;
+}
+
 BlockMem block_memory(const Shapes& s, nn::ACMode mode) {
   const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, Q = s.Q, H = s.H, a = s.act_bytes, stat = Ns * kF;
   const Count qk_saved = s.qk_norm ? N * (Cl + s.KVl) * a + N * (s.NHl + s.KVl / s.hd) * kF : Count(0);
   const Count core = core_saved(s) + qk_saved;
   const Count sp = Ns == N ? Count(0) : N * C * a;  // a gathered incoming gradient or input
-  const Count mlp_part =
-      (Ns * C /*h*/ + Ns * C /*ln_2 out*/ + 3 * N * H /*gate, up, their product*/) * a + stat;
+  const Count mlp_part = (Ns * C /*h*/ + Ns * C /*ln_2 out*/) * a + stat +
+                         (s.moe ? moe_mlp_saved(s) : 3 * N * H * a /*gate, up, their product*/);
   const Count none_saved =
       Ns * C * a /*ln_1 out*/ + stat + core + N * Cl * a /*c_proj in*/ + mlp_part + Ns * C * a;
   // saved: the block's forward set; its output has gone and the output's gradient (Ns C) come
   auto mlp_moment = [&](Count saved) {
-    const Count down = saved + N * H * a + sp, silu = saved + 2 * N * H * a;
-    const Count released = saved - 3 * N * H * a;  // gate, up and their product
-    const Count up_gate =
-        released + std::max(2 * N * H * a + N * C * a + sp, N * H * a + N * C * a + Ns * C * a + sp);
-    return std::max({down, silu, up_gate, released + 3 * Ns * C * a});
+    return s.moe ? moe_mlp_moment(s, saved) : dense_mlp_moment(s, saved);
   };
   // core_kept: the core's tensors before its backward; core_again: those it makes again
   auto attn_moment = [&](Count core_kept, Count core_again) {
@@ -428,9 +485,47 @@ BlockMem block_memory(const Shapes& s, nn::ACMode mode) {
 }
 
 // zb-h1: gate and up (their one input Ns C, an output gradient N H each) and down (N H, N C).
+// A MoE block: the router's (its input Ns C, dy Nr E) and the shared expert's (as the llama
+// MLP's, and its gate's dy N); the grouped GEMMs make their weight gradients at once.
 Count deferred_mlp(const Shapes& s) {
-  const Count N = s.N, Ns = s.Ns, C = s.C, H = s.H;
-  return Ns * C + N * H + N * C + 2 * N * H;
+  const Count N = s.N, Ns = s.Ns, C = s.C, H = s.moe ? s.Hs : s.H;
+  const Count dense = H > 0 ? Ns * C + N * H + N * C + 2 * N * H : Count(0);
+  return s.moe ? Ns * C + Count(s.Nr()) * s.E + dense + (H > 0 ? N : Count(0)) : dense;
+}
+
+// A MoE block's MLP (nn::MoeMLP), forward: the router 2 Nr C E, its softmax and top k (read
+// and write Nr E, twice), moe_dispatch's copy of M rows, the grouped GEMMs on this rank's R
+// rows (gate and up 2 R C Ie each, down 2 R Ie C), silu_mul (3 R Ie), moe_combine (reads M C,
+// writes Nr C), the residual; the shared expert as the llama MLP (6 N C Hs) and its gate
+// (2 N C, the sigmoid spread over C, N C). Backward: the same products twice (input and
+// weight gradients), the element-wise passes about twice; under ep the permutations of the
+// R rows (read, write, each way).
+std::pair<Work, std::pair<Work, Work>> moe_mlp_work(const Shapes& s) {
+  const double N = s.N, Nr = double(s.Nr()), M = double(s.M()), R = double(s.R()), C = s.C, E = s.E,
+               Ie = s.Ie, Hs = s.Hs;
+  const double gemm = 2 * Nr * C * E + 6 * R * C * Ie + (Hs > 0 ? 6 * N * C * Hs + 2 * N * C : 0.0);
+  const double floats = 4 * Nr * E + 2 * M * C + 3 * R * Ie + M * C + Nr * C + 3 * Nr * C +
+                        (s.ep > 1 ? 4 * R * C : 0.0) + (Hs > 0 ? 3 * N * Hs + 3 * N * C : 0.0);
+  const double weights = 3 * double(s.El()) * C * Ie + C * E + (Hs > 0 ? 3 * C * Hs + C : 0.0);
+  return {{gemm, floats}, {{gemm, 2 * floats}, {gemm, 3 * weights}}};
+}
+
+// The work of a rank whose blocks are MoE in the share s.moe_share (model.moe_every,
+// model.dense_layers: the others dense): the MLP's pieces mixed in that share, the time
+// model's one block standing for them all.
+void mix_moe_mlp(const Shapes& s, BlockWork& w) {
+  const double f = s.moe_share;
+  auto mix = [f](const Work& dense, const Work& moe) {
+    return Work{(1 - f) * dense.flops + f * moe.flops, (1 - f) * dense.floats + f * moe.floats};
+  };
+  const auto [forward, backward] = moe_mlp_work(s);
+  w.mlp = mix(w.mlp, forward);
+  Work in, dw;  // the dense MLP's linears' backward, summed
+  for (const auto& [i, d] : w.mlp_in) {
+    in = {in.flops + i.flops, in.floats + i.floats};
+    dw = {dw.flops + d.flops, dw.floats + d.floats};
+  }
+  w.mlp_in = {{mix(in, backward.first), mix(dw, backward.second)}};
 }
 
 // llama's block (nn::LlamaBlock): RMSNorms (read, write), c_attn of Q = Cl + 2 KVl columns,
@@ -465,6 +560,7 @@ BlockWork block_work(const Shapes& shapes) {
   work.mlp_in = {{{6 * N * C * H, 5 * N * H + N * C + 3 * (C * H)}, {2 * N * C * H, 3 * (C * H)}},
                  {{2 * N * C * H, 3 * N * C}, {2 * N * C * H, 3 * (C * H)}}};
   work.ln_2_b = {0, 4 * Ns * C + 2 * Ns * C};
+  if (shapes.moe_share > 0) mix_moe_mlp(shapes, work);
   return work;
 }
 

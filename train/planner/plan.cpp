@@ -15,6 +15,7 @@
 #include "models/family.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -25,6 +26,7 @@
 #include "models/gpt.h"
 #include "nn/block_wrapper.h"
 #include "nn/flat.h"
+#include "nn/moe.h"
 #include "tensor/checked.h"
 #include "tensor/cpu/onednn_gemm.h"
 #include "train/io/format.h"
@@ -50,6 +52,13 @@ Count deferred_block(const Shapes& s) {
   return (Ns * C + N * Q + N * Cl + N * C + s.kind->deferred_mlp(s)) * a;
 }
 
+// The W inputs of the model's blocks [begin, end) (a MoE block's own: moe_block).
+Count deferred_blocks(const Config& c, const Shapes& s, int64_t begin, int64_t end) {
+  Count n = 0;
+  for (int64_t i = begin; i < end; ++i) n += deferred_block(c.model.moe_layer(i) ? moe_block(s) : s);
+  return n;
+}
+
 // ... and inside the block's own split backward: in the MLP's, the input of its last
 // linear (gpt2's c_proj: the GELU output; llama's down: the SwiGLU product, N H); in the
 // attention's, the MLP's whole share of the above and c_proj's input (N Cl) with its output
@@ -57,7 +66,7 @@ Count deferred_block(const Shapes& s) {
 // backward keeps).
 BlockMem deferring(BlockMem m, const Shapes& s) {
   const Count N = s.N, Ns = s.Ns, C = s.C, Cl = s.Cl, H = s.H, a = s.act_bytes;
-  m.mlp += N * H * a;
+  m.mlp += N * (s.moe ? s.Hs : H) * a;  // a MoE block: its shared expert's down (grouped GEMMs defer nothing)
   m.attn += (s.kind->deferred_mlp(s) + N * Cl + (N - Ns) * C) * a;
   m.during_backward = std::max(m.mlp, m.attn);
   return m;
@@ -66,9 +75,6 @@ BlockMem deferring(BlockMem m, const Shapes& s) {
 }  // namespace
 
 int64_t plan_world(const Config& c) {
-  if (c.parallel.ep_size > 1)
-    throw ConfigError("--plan with parallel.ep_size = " + std::to_string(c.parallel.ep_size) +
-                      ": the planner does not model expert parallelism yet; plan with ep_size = 1");
   if (c.plan_world > 0) return c.plan_world;
   if (c.parallel.dp_shard_size == -1)
     throw ConfigError(
@@ -126,6 +132,13 @@ UnitLayout plan_parameters(const Config& c, Plan& p, const StageView& v) {
   models::GPT gpt(mc, v.part());
   if (c.lora.on()) gpt.add_lora(c.lora);      // before TP, which splits them with their linears
   dist::split_tensor_parallel(gpt, D.tp, 0);  // rank 0's shapes: every rank's are the same
+  // expert parallelism over replicas: each rank's parameters hold E / ep experts of every MoE
+  // layer (dist::apply_expert_parallel's slice; inside FSDP they stay whole, sharded as the rest)
+  if (D.ep > 1 && !D.sharded())
+    for (auto& block : gpt.h)
+      if (auto* moe = dynamic_cast<nn::MoeBlock*>(block.get()))
+        for (const char* name : {"gate_proj", "up_proj", "down_proj"})
+          moe->mlp.experts.split_experts(name, D.ep, 0);
   UnitLayout l;
   l.units = nn::flat_layout(gpt.units(), nn::ShardSpec{0, D.fsdp()});
   Count params_rank = 0, shard = 0;
@@ -186,16 +199,24 @@ BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const
   BlocksMem blocks;
   Count prefix = input;
   // zb-h1: the later blocks of the chunk, whose B ran before this one's, keep their W inputs
-  const Count later = v.split_backward ? Count(end_unit - first_unit) * deferred_block(s) : Count(0);
+  // a MoE block (models::GPTConfig::moe_layer of its index in the model) its own shapes
+  auto shapes_of_unit = [&](int64_t u) {
+    return c.model.moe_layer(v.chunks[chunk].first + (u - first_unit)) ? moe_block(s) : s;
+  };
+  Count later = 0;
+  for (int64_t u = first_unit; v.split_backward && u < end_unit; ++u)
+    later += deferred_block(shapes_of_unit(u));
   for (int64_t u = first_unit; u < end_unit; ++u) {
     const nn::ACMode mode = nn::block_checkpointing(ac, c.train.ac_every, u - 1);
-    BlockMem m = s.kind->memory(s, mode);
+    const Shapes bs = shapes_of_unit(u);
+    BlockMem m = bs.kind->memory(bs, mode);
     if (mode != nn::ACMode::full) m.saved += adapters;
     m.during_backward += adapters;
     Count waiting = 0;
     if (v.split_backward) {
-      m = deferring(m, s);
-      waiting = later - Count(u - first_unit + 1) * deferred_block(s);
+      m = deferring(m, bs);
+      later = later - deferred_block(bs);
+      waiting = later;
     }
     if (prefix + waiting + m.during_backward + gathered_in_block(u) > blocks.worst + blocks.worst_gathered) {
       blocks.worst = prefix + waiting + m.during_backward;
@@ -318,7 +339,7 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
     activations += input + blocks.saved + (head ? head_saved : Count(0));
     ChunkMemory m;
     m.kept = (input + blocks.saved + (head ? head_saved + logits + ce_saved : Count(0))).v;
-    if (v.split_backward) m.deferred = (Count(v.chunks[k].second - v.chunks[k].first) * deferred_block(s)).v;
+    if (v.split_backward) m.deferred = deferred_blocks(c, s, v.chunks[k].first, v.chunks[k].second).v;
     auto moment = [&](const std::string& name, Count acts, Count gathered, Count transient) {
       m.backward.push_back({name, acts.v, gathered.v, transient.v, 0});
     };
@@ -336,7 +357,9 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
     chunks.push_back(m);
   }
   p.activation_bytes = activations.v;
-  p.deferred_bytes = v.split_backward ? (Count(v.block_count()) * deferred_block(s)).v : 0;
+  Count deferred = 0;
+  for (const auto& [begin, end] : v.chunks) deferred += deferred_blocks(c, s, begin, end);
+  p.deferred_bytes = v.split_backward ? deferred.v : 0;
 
   stage = "the peak memory";
   plan_peak(p, l, s, v, chunks);
@@ -346,6 +369,20 @@ void plan_memory(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
 void add_comm(Plan& p, const std::string& dim, const std::string& what, const std::string& formula,
               Count bytes) {
   if (bytes > 0) p.comm.push_back({dim, what, formula, bytes.v});
+}
+
+// The elements of unit u's expert slices (dist::Strategy::expert_grads), and of its others.
+Count expert_numel(const nn::FlatUnit& u) {
+  Count n = 0;
+  for (const nn::FlatParam& q : u.params)
+    if (q.spec.tp.experts) n += nn::shard_part(u, q).size();
+  return n;
+}
+Count dense_numel(const nn::FlatUnit& u) {
+  Count n = 0;
+  for (const nn::FlatParam& q : u.params)
+    if (!q.spec.tp.experts) n += nn::shard_part(u, q).size();
+  return n;
 }
 
 // FSDP's all-gathers and reduce-scatters over its n ranks, and the all-reduces over the r
@@ -404,8 +441,23 @@ void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, cons
              (n - 1) * (emb_full * rd / n));
   }
   if (r > 1 && p.lora_rank == 0) {
-    Count b = 0;
-    for (const nn::FlatUnit& u : units) b += all_reduce_bytes(Count(u.shard_numel) * kF, r);
+    Count b = 0, experts = 0;
+    for (size_t i = 0; i < units.size(); ++i) {
+      const Count e = expert_numel(units[i]);
+      if (e.v == 0 || D.ep == 1 || D.sharded() || i == 0) {
+        b += all_reduce_bytes(Count(units[i].shard_numel) * kF, r);
+        continue;
+      }
+      // expert parallelism over replicas (dist::DataParallel): the other parameters packed and
+      // averaged over the replicas, the experts over ep_data, the r / ep replicas that hold them
+      b += all_reduce_bytes(dense_numel(units[i]) * kF, r);
+      experts += all_reduce_bytes(e * kF, r / D.ep);
+    }
+    if (D.ep > 1 && !D.sharded())
+      add_comm(p, "replicate",
+               "EP: all-reduce of the experts' gradients over the replicas that hold them "
+               "(last micro-step)",
+               "2 (r/ep-1)/(r/ep) P_experts/ep 4", experts);
     if (D.sharded())
       add_comm(p, "replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
     else
@@ -423,20 +475,38 @@ std::string per_block(int64_t k, int64_t c) {
   return os.str();
 }
 
+// Of this rank's shards, the elements of the parameters `which` picks.
+template <typename Which>
+Count shard_numel_of(const UnitLayout& l, Which which) {
+  Count n = 0;
+  for (const nn::FlatUnit& u : l.units)
+    for (const nn::FlatParam& q : u.params)
+      if (which(q)) n += nn::shard_part(u, q).size();
+  return n;
+}
+
+// MoE blocks without a shared expert, whose MLP tensor parallelism leaves whole (the router and the
+// routed experts on every rank: nn::MoeBlock::tensor_parallel_plan): all of the rank's, and those
+// full checkpointing recomputes. L_mlp = L - blocks: the blocks whose MLP is split.
+struct RoutedOnly {
+  int64_t blocks = 0, full = 0;
+};
+
 // Tensor parallelism's f and g over its t ranks (again in the blocks full checkpointing
-// recomputes), sequence parallel's sum of the unsplit gradients, and the
-// vocabulary-parallel loss's statistics. f runs once per column-parallel linear: c_attn
+// recomputes) and sequence parallel's sum of the unsplit gradients (the vocabulary-parallel
+// loss's statistics: plan_communication). f runs once per column-parallel linear: c_attn
 // and the MLP's m = 1 (gpt2's c_fc) or 2 (llama's gate and up, each its own
 // linear_shared_input: each sums its input gradient, and under sequence parallelism each
 // gathers its input, in forward and again in backward), and lm_head's input. L: the
 // rank's blocks; the embedding's g (e = 1) on the first stage, lm_head's f and the loss
 // (h = 1) on the last (both without a pipeline).
 void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v,
-                               int64_t full_blocks) {
+                               int64_t full_blocks, const RoutedOnly& routed) {
   const Count N = s.N, C = s.C, a = s.act_bytes, A = p.accum, t = p.dims.tp;
   const int64_t L = v.block_count(), m = s.kind->mlp_inputs, e = v.first ? 1 : 0, h = v.last ? 1 : 0;
-  const bool whole = v.first && v.last;      // the formulas as the single process's plan words them
-  const Count columns = Count(L) * (1 + m);  // the blocks' column-parallel linears
+  const bool whole = v.first && v.last;  // the formulas as the single process's plan words them
+  const int64_t Lm = L - routed.blocks, Lm_full = full_blocks - routed.full;
+  const Count columns = Count(L) + Count(Lm) * m;  // the blocks' column-parallel linears
   // the formulas in the plan's words: gpt2's m = 1 gives 2L, 6L + 2, 2 (2L+1)
   const std::string f_ops = m == 1 ? "2L" : std::to_string(1 + m) + "L";
   if (t > 1 && p.sequence_parallel) {
@@ -446,7 +516,7 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
     // forward: before each column-parallel linear and lm_head; backward: the gradient after
     // each attention, MLP and the embedding (g's), and each column-parallel linear's input
     // again for its weight gradient
-    const Count gathers = (columns + h) + (2 * L + e) + columns;
+    const Count gathers = (columns + h) + (L + Lm + e) + columns;
     add_comm(p, "tp",
              m == 1
                  ? "sequence parallel: all-gather before each attention, MLP and lm_head (forward), of the "
@@ -455,10 +525,12 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
                  : "sequence parallel: all-gather before each attention, gate, up and lm_head (forward), of "
                    "the gradient after each attention, MLP and the embedding, and of the attention's, gate's "
                    "and up's input again for their weight gradients (backward)",
-             "accum " + per_block(2 * (1 + m) + 2, e + h) + " (t-1)/t N C a", A * gathers * gather);
+             Lm < L ? "accum " + std::to_string(gathers.v) + " (t-1)/t N C a (a MoE block's routed MLP: none)"
+                    : "accum " + per_block(2 * (1 + m) + 2, e + h) + " (t-1)/t N C a",
+             A * gathers * gather);
     // forward: after each attention, MLP and the embedding; backward: each column-parallel
     // linear's input gradient and lm_head's
-    const Count scatters = (2 * L + e) + (columns + h);
+    const Count scatters = (L + Lm + e) + (columns + h);
     add_comm(
         p, "tp",
         m == 1
@@ -466,19 +538,18 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
               "of the input gradient of each attention, MLP and lm_head (backward)"
             : "sequence parallel: reduce-scatter after each attention, MLP and the embedding (forward) and "
               "of the input gradient of each attention, gate, up and lm_head (backward)",
-        m == 1 && whole ? "accum 2 (2L+1) (t-1)/t N C a'"
-                        : "accum " + per_block(3 + m, e + h) + " (t-1)/t N C a'",
+        Lm < L ? "accum " + std::to_string(scatters.v) + " (t-1)/t N C a' (a MoE block's routed MLP: none)"
+        : m == 1 && whole ? "accum 2 (2L+1) (t-1)/t N C a'"
+                          : "accum " + per_block(3 + m, e + h) + " (t-1)/t N C a'",
         A * scatters * scatter);
     if (full_blocks)
-      add_comm(p, "tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
-               m == 1 ? "accum 2 L_full (t-1)/t N C (a + a')"
-                      : "accum L_full (t-1)/t N C (" + std::to_string(1 + m) + " a + 2 a')",
-               A * full_blocks * ((1 + m) * gather + 2 * scatter));
+      add_comm(
+          p, "tp", "the gathers and reduce-scatters again in the blocks full checkpointing recomputes",
+          m == 1 ? "accum 2 L_full (t-1)/t N C (a + a')"
+                 : "accum L_full (t-1)/t N C (" + std::to_string(1 + m) + " a + 2 a')",
+          A * ((Count(full_blocks) + Count(Lm_full) * m) * gather + Count(full_blocks + Lm_full) * scatter));
     // the unsplit parameters' partial gradients (this rank's shards of them), summed once
-    Count unsplit = 0;
-    for (const nn::FlatUnit& u : l.units)
-      for (const nn::FlatParam& q : u.params)
-        if (!q.spec.tp.split()) unsplit += nn::shard_part(u, q).size();
+    const Count unsplit = shard_numel_of(l, [](const nn::FlatParam& q) { return !q.spec.tp.split(); });
     p.sp_grad_numel = unsplit.v;
     add_comm(
         p, "tp",
@@ -489,28 +560,26 @@ void plan_tensor_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, co
     add_comm(p, "tp",
              whole || e ? "g: all-reduce after each attention and MLP, and the embedding (forward)"
                         : "g: all-reduce after each attention and MLP (forward)",
-             "accum " + per_block(2, e) + " 2 (t-1)/t N C a'", A * (2 * L + e) * all_reduce_bytes(x, t));
+             Lm < L ? "accum (L+L_mlp" + std::string(e ? "+1" : "") + ") 2 (t-1)/t N C a'"
+                    : "accum " + per_block(2, e) + " 2 (t-1)/t N C a'",
+             A * (L + Lm + e) * all_reduce_bytes(x, t));
     if (full_blocks)
       add_comm(p, "tp", "g again in the blocks full checkpointing recomputes",
-               "accum 2 L_full 2 (t-1)/t N C a'", A * 2 * full_blocks * all_reduce_bytes(x, t));
+               Lm < L ? "accum (L_full+L_mlp_full) 2 (t-1)/t N C a'" : "accum 2 L_full 2 (t-1)/t N C a'",
+               A * (full_blocks + Lm_full) * all_reduce_bytes(x, t));
     const std::string f_what = m == 1 ? "f: all-reduce of the input gradient of each attention, MLP"
                                       : "f: all-reduce of the input gradient of each attention, gate, up";
     add_comm(p, "tp", f_what + (h ? " and lm_head (backward)" : " (backward)"),
-             "accum (" + f_ops + (h ? "+1" : "") + ") 2 (t-1)/t N C a'",
+             Lm < L ? "accum (L+" + std::to_string(m) + " L_mlp" + (h ? "+1" : "") + ") 2 (t-1)/t N C a'"
+                    : "accum (" + f_ops + (h ? "+1" : "") + ") 2 (t-1)/t N C a'",
              A * (columns + h) * all_reduce_bytes(x, t));
     // q_norm's and k_norm's partial gradients (model.qk_norm: each rank's heads), summed once
-    Count partial = 0;
-    for (const nn::FlatUnit& u : l.units)
-      for (const nn::FlatParam& q : u.params)
-        if (q.spec.tp.partial_grad) partial += nn::shard_part(u, q).size();
+    const Count partial = shard_numel_of(l, [](const nn::FlatParam& q) { return q.spec.tp.partial_grad; });
     p.sp_grad_numel = partial.v;
     if (partial.v > 0)
       add_comm(p, "tp", "all-reduce of q_norm's and k_norm's gradients, each rank's heads' (last micro-step)",
                "2 (t-1)/t P_partial 4", all_reduce_bytes(partial * kF, t));
   }
-  if (t > 1 && h)
-    add_comm(p, "tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
-             "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(N * kF, t));
 }
 
 // Ulysses' all-to-alls over its sp ranks (dist/ulysses/ulysses.cpp), each block and
@@ -537,24 +606,77 @@ void plan_ulysses_comm(Plan& p, const Shapes& s, int64_t L, int64_t recomputed_c
              "accum L_ac (sp-1)/sp (2 N Cl + " + kv + ") a", A * recomputed_cores * layer);
 }
 
+// Mixture of experts. Expert parallelism over its ep ranks (dist/expert_parallel/), per MoE
+// block and micro-step: the all-gather of every member's rows per expert (E i32), the
+// all-to-all-v of the routed rows to their experts' ranks (dispatch) and back (combine), the
+// same two in backward, and the forward's again in the blocks full checkpointing recomputes.
+// An all-to-all-v counts the bytes sent to the other members: with perfectly balanced routing
+// (ep-1)/ep of the M rows each way, x plan.ep_imbalance. The router's statistics (every MoE
+// layer's rows, E counts, E probability sums and z-sum, f64; under a pipeline the earlier
+// stages' totals as one more layer) are all-reduced once per micro-step on the stage with the
+// loss, over the cp, sp and data ranks (and tp's under sequence parallelism): dist::
+// ParallelModel::reduce_router_stats.
+void plan_expert_comm(const Config& c, Plan& p, const Shapes& s, const StageView& v) {
+  if (p.n_experts == 0) return;
+  const dist::ParallelDims& D = p.dims;
+  const Count A = p.accum, E = p.n_experts, ep = D.ep, a = s.act_bytes;
+  const nn::ACMode ac = ac_mode(c.train);
+  int64_t moe = 0, moe_full = 0;  // this rank's MoE blocks, and those full checkpointing recomputes
+  int64_t rank_block = 0;
+  for (const auto& [begin, end] : v.chunks)
+    for (int64_t i = begin; i < end; ++i, ++rank_block)
+      if (c.model.moe_layer(i)) {
+        ++moe;
+        if (nn::block_checkpointing(ac, c.train.ac_every, rank_block) == nn::ACMode::full) ++moe_full;
+      }
+  if (D.ep > 1 && moe > 0) {
+    const Shapes m = moe_block(s);
+    const Count gather = (ep - 1) * E * 4;
+    const Count rows =
+        Count(static_cast<int64_t>(std::ceil(p.ep_imbalance * double(((ep - 1) * m.M() / ep).v))));
+    const Count exchange = rows * m.C * a;
+    add_comm(p, "ep",
+             "all-gather of every member's rows per expert, each MoE block (and again where recomputed)",
+             "accum (L_moe + L_moe_full) (ep-1) E 4", A * (moe + moe_full) * gather);
+    add_comm(
+        p, "ep",
+        "all-to-all-v of the routed rows to their experts and back, forward and backward, each MoE block",
+        "accum L_moe 4 imbalance (ep-1)/ep M C a", A * moe * 4 * exchange);
+    if (moe_full)
+      add_comm(p, "ep", "the forward's all-to-alls again in the MoE blocks full checkpointing recomputes",
+               "accum L_moe_full 2 imbalance (ep-1)/ep M C a", A * moe_full * 2 * exchange);
+  }
+  if (p.router_stats && v.last) {
+    const Count values = (Count(p.moe_blocks) + (D.pp > 1 ? 1 : 0)) * (2 * E + 2) * 8;
+    Count b =
+        all_reduce_bytes(values, D.cp) + all_reduce_bytes(values, D.sp) + all_reduce_bytes(values, D.dp());
+    if (p.sequence_parallel) b += all_reduce_bytes(values, D.tp);
+    add_comm(p, "scalars", "all-reduce of the router's statistics, each micro-step",
+             "accum 2 (k-1)/k (L_moe + 1_pp) (2E+2) 8 per group", A * b);
+  }
+}
+
 // The pipeline's messages (dist/pipeline_parallel/comm.h): per micro-batch, each chunk but
 // the last stage's sends its output activation forward (F) and each but the first stage's
 // the gradient of its input back (B), B x Tl (x 1/tp sequence parallel) x C in the compute
 // dtype, counted as the tensor's bytes (a send). The tied embeddings' gradient (the shard
 // FSDP keeps, f32) is summed between the first and the last stage once per step, an
-// all-reduce over two.
+// all-reduce over two. With the router's statistics (a load-balancing or z-loss) each message
+// carries their totals beside the tensor, (2E + 4) f64 (RouterLoss::totals).
 void plan_pipeline_comm(const Config& c, Plan& p, const UnitLayout& l, const StageView& v) {
   if (p.dims.pp == 1) return;
   int64_t sends = 0;
   for (size_t k = 0; k < v.chunks.size(); ++k)
     sends += (v.last_chunk(k) ? 0 : 1) + (v.first_chunk(k) ? 0 : 1);
-  add_comm(p, "pp",
-           sends == 1 ? (v.first ? "activation of each micro-batch to the next stage (F)"
-                                 : "gradient of each micro-batch back to the previous stage (B)")
-                      : "activations to the next stage (F) and gradients back to the previous one (B), each "
-                        "micro-batch",
-           "accum " + std::to_string(sends) + (p.sequence_parallel ? " B Tl/t C a" : " B Tl C a"),
-           Count(p.accum) * sends * p.io_bytes);
+  add_comm(
+      p, "pp",
+      sends == 1 ? (v.first ? "activation of each micro-batch to the next stage (F)"
+                            : "gradient of each micro-batch back to the previous stage (B)")
+                 : "activations to the next stage (F) and gradients back to the previous one (B), each "
+                   "micro-batch",
+      "accum " + std::to_string(sends) + (p.sequence_parallel ? " B Tl/t C a" : " B Tl C a") +
+          (p.router_stats ? " + the router's totals (2E+4) 8" : ""),
+      Count(p.accum) * sends * (Count(p.io_bytes) + (p.router_stats ? (2 * Count(p.n_experts) + 4) * 8 : 0)));
   if (c.model.tied() && (v.first || v.last))
     add_comm(p, "pp", "the tied embeddings' gradient, summed between the first and the last stage",
              "2 (2-1)/2 P_emb/n 4", all_reduce_bytes(Count(l.units[0].shard_numel) * kF, 2));
@@ -579,12 +701,21 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
              "2 (d-1)/d P_adapters 4", all_reduce_bytes(Count(p.adapter_params) * kF, Count(D.dp()) * cp));
   // recomputed blocks run their forward communication again in backward
   int64_t full_blocks = 0, recomputed_cores = 0;
+  RoutedOnly routed;
+  std::vector<int64_t> blocks;  // the rank's blocks' indices in the model
+  for (const auto& [begin, end] : v.chunks)
+    for (int64_t i = begin; i < end; ++i) blocks.push_back(i);
   for (int64_t i = 0; i < L; ++i) {
     const nn::ACMode m = nn::block_checkpointing(ac, c.train.ac_every, i);
-    if (m == nn::ACMode::full) ++full_blocks;
+    const bool plain = c.model.moe_layer(blocks[size_t(i)]) && c.model.shared_expert_intermediate_size == 0;
+    if (m == nn::ACMode::full) ++full_blocks, routed.full += plain;
     if (m != nn::ACMode::none) ++recomputed_cores;
+    routed.blocks += plain;
   }
-  plan_tensor_parallel_comm(p, l, s, v, full_blocks);
+  plan_tensor_parallel_comm(p, l, s, v, full_blocks, routed);
+  if (t > 1 && v.last)
+    add_comm(p, "tp", "vocabulary-parallel cross-entropy: max, sum of exponentials, target logit",
+             "accum 3 2 (t-1)/t N 4", A * 3 * all_reduce_bytes(Count(s.N) * kF, t));
   plan_ulysses_comm(p, s, L, recomputed_cores);
   if (cp > 1) {
     // K and V of this rank's two chunks: only the kv heads travel (KVl = Cl but under
@@ -602,6 +733,7 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
                A * recomputed_cores * (cp - 1) * block);
   }
   plan_pipeline_comm(c, p, l, v);
+  plan_expert_comm(c, p, s, v);
   // scalars (f64, Communicator::all_reduce_scalar): the loss over dp then cp then sp ranks,
   // the gradient norm's sum of squares over the FSDP group (FSDP/HSDP) and the tp group; with
   // a pipeline the loss's sum and the norm's over the stages
@@ -609,6 +741,16 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
                   all_reduce_bytes(8, t);
   if (D.sharded()) scalars += all_reduce_bytes(8, n);
   scalars += 2 * all_reduce_bytes(8, D.pp);
+  // ... and the router's load-balancing and z-loss values for the log, summed over the stages
+  // (ParallelModel::train: every model, 0 without experts)
+  scalars += 2 * all_reduce_bytes(8, D.pp);
+  if (D.ep > 1 && !D.sharded()) scalars += all_reduce_bytes(8, D.ep);  // the sliced experts' squares
+  // MoE: the load-balancing and z-loss values for the log, averaged as the loss
+  const int64_t router_losses =
+      (c.model.router_aux_loss_coef > 0 ? 1 : 0) + (c.model.router_z_loss_coef > 0 ? 1 : 0);
+  if (c.model.moe())
+    scalars +=
+        router_losses * (all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, D.sp));
   add_comm(p, "scalars",
            D.pp > 1 ? "loss mean and gradient norm (and their sums over the stages)"
                     : "loss mean and gradient norm",
@@ -616,6 +758,21 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
   Count comm_bytes = 0;
   for (const PlanComm& x : p.comm) comm_bytes += x.bytes;
   p.comm_bytes = comm_bytes.v;
+}
+
+// The mixture of experts' sizes (model.n_experts > 0), the stage's MoE blocks among its own.
+void plan_experts(const Config& c, Plan& p, const StageView& v) {
+  const models::GPTConfig& mc = c.model;
+  if (!mc.moe()) return;
+  p.n_experts = mc.n_experts;
+  p.experts_per_tok = mc.n_experts_per_tok;
+  p.expert_hidden = mc.moe_intermediate_size;
+  p.shared_hidden = mc.shared_expert_intermediate_size;
+  for (const auto& [begin, end] : v.chunks)
+    for (int64_t i = begin; i < end; ++i) p.moe_blocks += mc.moe_layer(i) ? 1 : 0;
+  p.router_stats = mc.router_aux_loss_coef > 0 || mc.router_z_loss_coef > 0;
+  p.router_z = mc.router_z_loss_coef > 0;
+  p.ep_imbalance = c.plan_ep_imbalance;
 }
 
 // Fills in the sizes, memory and communication of p, whose layout (p.dims) is resolved and
@@ -639,6 +796,7 @@ void plan_sizes(const Config& c, Plan& p, const StageView& v, const char*& stage
   p.qkv_bias = mc.family().qkv_bias(mc);
   p.head_dim = mc.head_dim();
   p.qk_norm = mc.qk_norm;
+  plan_experts(c, p, v);
   p.pp_schedule = v.schedule;
   p.pp_virtual = v.v;
   p.pp_blocks = v.blocks;
@@ -730,9 +888,6 @@ Plan plan_stage(const Config& c, int64_t world, int64_t stage) {
 }
 
 Plan plan(const Config& c, int64_t world) {
-  NDT_CHECK(!c.model.moe(),
-            "the planner does not model mixture-of-experts layers yet (model.n_experts = ", c.model.n_experts,
-            "); measure the run instead (train_gpt's log gives each rank's peak memory)");
   Plan first = plan_stage(c, world, 0);
   if (first.dims.pp == 1) return first;
   std::vector<Plan> all;

@@ -44,6 +44,16 @@ void print_stages(const Plan& p, std::ostream& o) {
   }
 }
 
+// "; 2 MoE blocks here of 8 experts (top 2, I=1408, shared expert 5632)"
+void print_experts(const Plan& p, std::ostream& o) {
+  if (p.n_experts == 0) return;
+  o << "; " << p.moe_blocks << " MoE blocks here of " << p.n_experts << " experts (top " << p.experts_per_tok
+    << ", I=" << p.expert_hidden;
+  if (p.shared_hidden > 0) o << ", shared expert " << p.shared_hidden;
+  o << ")";
+  if (p.dims.ep > 1 && p.ep_imbalance != 1) o << ", ep imbalance " << p.ep_imbalance;
+}
+
 }  // namespace
 
 void print_plan(const Plan& p, std::ostream& o) {
@@ -56,6 +66,7 @@ void print_plan(const Plan& p, std::ostream& o) {
     o << " (" << p.n_kv_head << " key/value heads" << (p.qk_norm ? ", q/k norms" : "") << ")";
   o << ", n_embd " << p.n_embd;
   if (p.arch == "llama") o << ", SwiGLU of " << p.mlp_hidden;
+  print_experts(p, o);
   o << ", vocabulary " << p.padded_vocab << " (padded); " << p.params_global << " parameters, "
     << p.params_rank << " on each tensor-parallel rank\n";
   o << "batch: " << p.micro_batch << " sequences x " << p.accum << " accumulation x " << D.dp()
@@ -172,6 +183,7 @@ nlohmann::json plan_to_json(const Plan& p) {
                  {"cp", p.dims.cp},
                  {"sp", p.dims.sp},
                  {"tp", p.dims.tp},
+                 {"ep", p.dims.ep},
                  {"world", p.dims.world()},
                  {"strategy", p.strategy}};
   j["dtype"] = p.dtype;
@@ -189,6 +201,10 @@ nlohmann::json plan_to_json(const Plan& p) {
                 {"padded_vocab", p.padded_vocab},
                 {"params", p.params_global},
                 {"params_per_tp_rank", p.params_rank}};
+  if (p.n_experts > 0)
+    j["moe"] = {{"n_experts", p.n_experts},         {"experts_per_tok", p.experts_per_tok},
+                {"expert_hidden", p.expert_hidden}, {"shared_hidden", p.shared_hidden},
+                {"moe_blocks", p.moe_blocks},       {"ep_imbalance", p.ep_imbalance}};
   if (p.lora_rank > 0)
     j["lora"] = {{"rank", p.lora_rank},
                  {"adapters_per_block", p.lora_adapters},

@@ -58,7 +58,15 @@ struct Plan {
   int64_t n_kv_head = 0, mlp_hidden = 0;
   int64_t head_dim = 0;  // n_embd / n_head unless llama's model.head_dim
   bool qkv_bias = true;
-  bool qk_norm = false;       // llama's model.qk_norm (Qwen3)
+  bool qk_norm = false;  // llama's model.qk_norm (Qwen3)
+  // mixture of experts (model.n_experts > 0, nn::MoeBlock): experts of a MoE layer, per
+  // token, each one's hidden units, the shared expert's (0: none); the MoE blocks of this
+  // rank (of its pipeline stage); the router's statistics all-reduced each micro-step (the
+  // load-balancing or the z-loss on), the z-loss's logits kept; plan.ep_imbalance
+  int64_t n_experts = 0, experts_per_tok = 0, expert_hidden = 0, shared_hidden = 0;
+  int64_t moe_blocks = 0;
+  bool router_stats = false, router_z = false;
+  double ep_imbalance = 1;
   int64_t params_global = 0;  // every parameter once
   int64_t params_rank = 0;    // on this rank after tensor parallelism, before FSDP sharding
   // the flat units (the embeddings, then each block) on this rank: whole (padded) and shard

@@ -26,6 +26,11 @@ double ulysses_s(const Shapes& s, const Plan& plan, const Links& links, bool out
   return all_to_all_s(N * double(s.Cl) * a, s.sp, links.sp) + 2 * all_to_all_s(N * kv * a, s.sp, links.sp);
 }
 
+// Whether tensor parallelism splits the blocks' MLP: not when every block is MoE without a
+// shared expert (the router and the routed experts whole on every rank, no f or g around
+// them); a model with dense or shared-expert blocks among them is timed with the MLP's.
+bool mlp_split(const Shapes& s) { return !(s.moe_share >= 1.0 && s.Hs == 0); }
+
 }  // namespace
 
 StepWork step_work(const Plan& plan, const Shapes& shapes) {
@@ -212,19 +217,31 @@ void StepReplay::block_forward(bool again) {
   timeline_.run(piece(block.attn_in), again);
   attention_core_forward(again);
   timeline_.run(piece(block.attn_out), again);
-  g_forward();                                                         // after the attention
-  for (int64_t i = 0; i < shapes_.kind->mlp_inputs; ++i) f_forward();  // before c_fc (gate, up)
+  g_forward();  // after the attention
+  const bool split = mlp_split(shapes_);
+  for (int64_t i = 0; split && i < shapes_.kind->mlp_inputs; ++i) f_forward();  // before c_fc (gate, up)
+  experts_exchange();  // EP: the routed rows to their experts (the MLP's piece computes them)
   timeline_.run(piece(block.mlp), again);
-  g_forward();  // after the MLP
+  experts_exchange();      // ... and back
+  if (split) g_forward();  // after the MLP
 }
 
 // Full checkpointing runs the block's forward again first, selective the attention core
 void StepReplay::block_backward(nn::ACMode mode) {
   const BlockWork& block = work_.block;
   if (mode == nn::ACMode::full) block_forward(true);
-  g_backward();                                               // the MLP's output gradient
-  for (const auto& [input_grad, weight_grad] : block.mlp_in)  // and the MLP's input gradients summed
-    column_parallel_backward(input_grad, weight_grad);
+  const bool split = mlp_split(shapes_);
+  if (split) g_backward();  // the MLP's output gradient
+  experts_exchange();       // EP: the combine's gradient to the experts' ranks
+  for (const auto& [input_grad, weight_grad] : block.mlp_in) {  // and the MLP's input gradients summed
+    if (split) {
+      column_parallel_backward(input_grad, weight_grad);
+      continue;
+    }
+    timeline_.run(piece(input_grad), false);
+    timeline_.run(piece(weight_grad), false);
+  }
+  experts_exchange();  // ... the dispatch's back
   timeline_.run(piece(block.ln_2_b), false);
   g_backward();  // the attention's output gradient
   timeline_.run(piece(block.attn_out_b), false);
@@ -285,6 +302,14 @@ void StepReplay::g_forward() { tp_collective(true); }
 void StepReplay::f_backward() { tp_collective(true); }  // lm_head's: the tied wte's gradient waits for it
 void StepReplay::g_backward() {
   if (plan_.sequence_parallel) tp_collective(false);
+}
+
+// the rows as plan.cpp counts them: imbalance x M rows of C, (ep-1)/ep of them leaving
+void StepReplay::experts_exchange() {
+  if (plan_.dims.ep == 1 || shapes_.moe_share == 0) return;
+  const Shapes m = moe_block(shapes_);
+  const double bytes = m.imbalance * double(m.M()) * double(m.C) * double(plan_.act_bytes);
+  timeline_.sync("ep", m.moe_share * all_to_all_s(bytes, plan_.dims.ep, links_.ep));
 }
 
 // reduce: an all-reduce (a reduce-scatter under sequence parallel); else an all-gather

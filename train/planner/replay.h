@@ -91,6 +91,9 @@ class StepReplay {
   void f_backward();
   void g_backward();
   void tp_collective(bool reduce);
+  // expert parallelism: one all-to-all of the MoE MLP's routed rows (dispatch or combine),
+  // waited for, over the blocks' MoE share
+  void experts_exchange();
   void column_parallel_backward(const Work& input_grad, const Work& weight_grad);
   // FSDP (dist/fsdp) and DP (dist/data_parallel.h): unit 0 the embeddings, unit u block u - 1
   void prefetch(int64_t unit);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "dist/parallelize.h"
 
@@ -22,13 +23,13 @@ std::vector<int64_t> divisors(int64_t n) {
   return d;
 }
 
-// "1 x 2 x 4 x 1 x 1 x 1" as pp x dp_replicate x dp_shard x cp x sp x tp
+// "1 x 2 x 4 x 1 x 1 x 1" as pp x dp_replicate x dp_shard x cp x sp x tp (", ep 2" with experts split)
 std::string sizes(const dist::ParallelDims& D) {
   char s[100];
   std::snprintf(s, sizeof(s), "%lld x %lld x %lld x %lld x %lld x %lld", (long long)D.pp,
                 (long long)D.dp_replicate, (long long)D.dp_shard, (long long)D.cp, (long long)D.sp,
                 (long long)D.tp);
-  return s;
+  return D.ep > 1 ? std::string(s) + ", ep " + std::to_string(D.ep) : std::string(s);
 }
 
 // "1f1b", "interleaved x2"; "-" without a pipeline
@@ -46,7 +47,7 @@ std::string describe(const Candidate& x) {
 bool same_layout(const Plan& a, const Plan& b) {
   return a.dims.pp == b.dims.pp && a.dims.dp_replicate == b.dims.dp_replicate &&
          a.dims.dp_shard == b.dims.dp_shard && a.dims.cp == b.dims.cp && a.dims.sp == b.dims.sp &&
-         a.dims.tp == b.dims.tp && schedule_of(a) == schedule_of(b);
+         a.dims.tp == b.dims.tp && a.dims.ep == b.dims.ep && schedule_of(a) == schedule_of(b);
 }
 
 std::string ms(double s) {
@@ -118,6 +119,20 @@ std::string why_first(const std::vector<Candidate>& r) {
          " slower (" + ms(b.step_s) + " against " + ms(a.step_s) + "): it " + part;
 }
 
+// The splits of dp data-parallel ranks into replicas (the rest shards), each with expert
+// parallelism's degrees for a MoE model: 1, and the divisors of the shard group (of the
+// replicas without FSDP) that divide model.n_experts (the ep ranks are consecutive data ranks:
+// dist::ParallelDims::set_expert_parallel). A dense model: ep 1.
+std::vector<std::pair<int64_t, int64_t>> replicas_and_experts(const Config& c, int64_t dp) {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t rep : divisors(dp)) {
+    const int64_t shard = dp / rep;
+    for (int64_t ep : divisors(shard > 1 ? shard : rep))
+      if (ep == 1 || (c.model.moe() && c.model.n_experts % ep == 0)) out.emplace_back(rep, ep);
+  }
+  return out;
+}
+
 // A pipeline of pp stages (1: none) and its schedule.
 struct Pipeline {
   int64_t pp;
@@ -134,7 +149,7 @@ void search_layout(const Config& c, const Cluster& k, const Pipeline& pipe, int6
   const int64_t W = out.world, dp = W / (pipe.pp * tp * cp * usp);
   const int64_t sps = tp > 1 ? 2 : 1;  // with tp, sequence parallelism off and on
   if (out.batch % dp) {
-    const int64_t n = static_cast<int64_t>(divisors(dp).size()) * 3 * sps;
+    const int64_t n = static_cast<int64_t>(replicas_and_experts(c, dp).size()) * 3 * sps;
     out.refused += n;
     out.tried += n;
     out.refusals["the batch of " + std::to_string(out.batch) + " sequences per step does not split among " +
@@ -144,7 +159,7 @@ void search_layout(const Config& c, const Cluster& k, const Pipeline& pipe, int6
     return;
   }
   const int64_t per_rank = out.batch / dp;
-  for (int64_t rep : divisors(dp))
+  for (const auto& [rep, ep] : replicas_and_experts(c, dp))
     for (int64_t micro : divisors(per_rank))
       for (const char* mode : modes)
         for (int64_t sp = 0; sp < sps; ++sp) {
@@ -160,6 +175,7 @@ void search_layout(const Config& c, const Cluster& k, const Pipeline& pipe, int6
           x.parallel.cp_size = cp;
           x.parallel.sp_size = usp;
           x.parallel.tp_size = tp;
+          x.parallel.ep_size = ep;
           x.train.micro_batch_size = micro;
           x.train.grad_accum_steps = per_rank / micro;  // under a pipeline, its micro-batches
           x.train.activation_checkpointing = mode;
@@ -297,8 +313,10 @@ void print_search(const SearchResult& s, const Cluster& k, int64_t top, std::ost
     }
     o << "--parallel.dp_replicate_size " << p.dims.dp_replicate << " --parallel.dp_shard_size "
       << p.dims.dp_shard << " --parallel.cp_size " << p.dims.cp << " --parallel.sp_size " << p.dims.sp
-      << " --parallel.tp_size " << p.dims.tp << " --train.micro_batch_size " << p.micro_batch
-      << " --train.grad_accum_steps " << p.accum << " --train.activation_checkpointing " << p.ac
+      << " --parallel.tp_size " << p.dims.tp
+      << (p.n_experts > 0 ? " --parallel.ep_size " + std::to_string(p.dims.ep) : std::string())
+      << " --train.micro_batch_size " << p.micro_batch << " --train.grad_accum_steps " << p.accum
+      << " --train.activation_checkpointing " << p.ac
       << (p.dims.tp > 1
               ? std::string(" --parallel.sequence_parallel ") + (p.sequence_parallel ? "true" : "false")
               : "")
@@ -332,6 +350,7 @@ void print_search_json(const SearchResult& s, const Cluster& k, int64_t top, std
                    {"cp", p.dims.cp},
                    {"sp", p.dims.sp},
                    {"tp", p.dims.tp},
+                   {"ep", p.dims.ep},
                    {"strategy", p.strategy}};
     x["micro_batch_size"] = p.micro_batch;
     x["grad_accum_steps"] = p.accum;

@@ -2,6 +2,7 @@
 #include "train/planner/shapes.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "tensor/checked.h"
 #include "train/planner/block_kinds.h"
@@ -45,7 +46,30 @@ Shapes shapes_of(const Plan& plan, const std::string& device) {
   shapes.act_bytes = plan.act_bytes;
   shapes.core = attention_core(device, plan.dtype, dims.cp, dims.sp);
   shapes.inner = attention_core(device, plan.dtype, dims.cp);
+  shapes.E = plan.n_experts;
+  shapes.k = plan.experts_per_tok;
+  shapes.Ie = plan.expert_hidden;
+  shapes.Hs = plan.shared_hidden / dims.tp;
+  shapes.ep = dims.ep;
+  shapes.experts_sliced = dims.ep > 1 && !dims.sharded();
+  shapes.router_z = plan.router_z;
+  shapes.imbalance = dims.ep > 1 ? plan.ep_imbalance : 1.0;
+  int64_t blocks = 0;
+  for (const auto& [begin, end] : plan.chunks) blocks += end - begin;
+  shapes.moe_share = blocks > 0 ? double(plan.moe_blocks) / double(blocks) : 0.0;
   return shapes;
+}
+
+int64_t Shapes::R() const {
+  if (ep == 1) return M();
+  return static_cast<int64_t>(std::ceil(imbalance * static_cast<double>(M())));
+}
+
+Shapes moe_block(const Shapes& s) {
+  NDT_CHECK(s.E > 0, "internal: moe_block of a model without experts");
+  Shapes m = s;
+  m.moe = true;
+  return m;
 }
 
 Shapes ulysses_view(const Shapes& s) {

@@ -25,6 +25,15 @@
 //       runs on ulysses_view(s): NHl / sp heads (kv heads: KVl / sp, at least one head, as
 //       the all-to-all replicates them) over the cp rank's T / cp tokens
 //   a   bytes of an activation (the compute dtype's: 4, or 2 under bfloat16)
+// Mixture of experts (model.n_experts > 0; nn::MoeBlock, whose MLP the kind describes when
+// `moe` is set for the block at hand):
+//   E   experts of a layer (router C -> E)   k    experts per token
+//   Ie  each expert's hidden units           Hs   the shared expert's: its size / tp (or 0)
+//   Nr  rows the router sees: Ns (under sequence parallelism each tp rank routes its part)
+//   M   = Nr k rows dispatched to experts    ep   the expert-parallel degree
+//   El  experts this rank computes with: E / ep
+//   R   rows its experts compute: M, or under ep > 1 the rows it receives, imbalance x M
+//       (plan.ep_imbalance: 1 is perfectly balanced routing)
 // The sizes divide: plan() refuses a layout where they do not, as the trainer does.
 #pragma once
 
@@ -65,6 +74,18 @@ struct Shapes {
   bool qk_norm = false;   // llama's q_norm and k_norm (model.qk_norm: Qwen3)
   AttentionCore core = AttentionCore::cpu_fused;
   AttentionCore inner = AttentionCore::cpu_fused;  // under Ulysses, the core inside the all-to-alls
+  // mixture of experts (legend above): set for a MoE block (shapes_of leaves it unset;
+  // moe_block(s) sets it); E = 0 for a dense model
+  bool moe = false;
+  int64_t E = 0, k = 0, Ie = 0, Hs = 0, ep = 1;
+  bool experts_sliced = false;  // ep over replicas: this rank's parameters hold only El experts
+  bool router_z = false;        // the z-loss keeps the router's logits
+  double imbalance = 1;         // R / M under ep > 1
+  double moe_share = 0;         // the rank's blocks that are MoE, of all (the time model's mix)
+  int64_t Nr() const { return Ns; }
+  int64_t M() const { return Ns * k; }
+  int64_t El() const { return E / ep; }
+  int64_t R() const;
 };
 
 // The shapes of the plan's rank on train.device `device`: from the plan's layout, batch,
@@ -76,5 +97,7 @@ Shapes shapes_of(const Plan& plan, const std::string& device);
 // (fewer kv heads than sp ranks: each replicated, one a rank), its core s.inner, sp = 1.
 // The same shapes without Ulysses. Per rank N Cl, the query and output elements, stay the same.
 Shapes ulysses_view(const Shapes& s);
+// The shapes of one of the model's MoE blocks (moe set; s.E > 0).
+Shapes moe_block(const Shapes& s);
 
 }  // namespace ndt::train

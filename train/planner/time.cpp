@@ -40,7 +40,8 @@ void count_bytes(const Plan& p, const Links& links, StepTime& t) {
   const std::pair<const char*, const Link*> named[] = {
       {"pp", &links.pp},         {"dp_replicate", &links.replicate},
       {"dp_shard", &links.fsdp}, {"cp", &links.cp},
-      {"sp", &links.sp},         {"tp", &links.tp}};
+      {"sp", &links.sp},         {"tp", &links.tp},
+      {"ep", &links.ep}};
   for (const auto& [name, l] : named)
     if (l->crosses) t.across_hosts.emplace_back(name);
 }
@@ -59,6 +60,7 @@ std::string bottleneck(const StepTime& t, const dist::ParallelDims& dims, const 
       {"cp", "ring attention's K/V exchange"},
       {"sp", "Ulysses' all-to-alls (each waited for)"},
       {"pp", "the pipeline's bubble and its messages between stages"},
+      {"ep", "expert parallelism's all-to-alls of the routed rows (each waited for)"},
       {"scalars", "the loss and norm all-reduces (latency)"}};
   if (worst > 0.2 * t.step_s)
     return "communication: " + words.at(worst_dim) + " not hidden, " + std::to_string(pct(worst)) +

@@ -39,7 +39,7 @@ void SharedLink::step(double until) {
 
 namespace {
 
-enum class Dim { replicate, fsdp, cp, sp, tp, dp, pp };
+enum class Dim { replicate, fsdp, cp, sp, tp, dp, pp, ep };
 
 // The next member of `rank`'s ring in dimension `dim` (the communicator's order).
 int64_t successor(const dist::ParallelDims& dims, int64_t rank, Dim dim) {
@@ -69,6 +69,13 @@ int64_t successor(const dist::ParallelDims& dims, int64_t rank, Dim dim) {
       break;
     case Dim::dp: {  // replicate x shard, shard inner
       const int64_t next = (c.replicate * dims.dp_shard + c.shard + 1) % dims.dp();
+      c.replicate = next / dims.dp_shard;
+      c.shard = next % dims.dp_shard;
+      break;
+    }
+    case Dim::ep: {  // ep consecutive data ranks (DeviceMesh::ep)
+      const int64_t d = c.replicate * dims.dp_shard + c.shard;
+      const int64_t next = d / dims.ep * dims.ep + (d % dims.ep + 1) % dims.ep;
       c.replicate = next / dims.dp_shard;
       c.shard = next % dims.dp_shard;
       break;
@@ -150,6 +157,7 @@ const Link& Links::of(const std::string& dim) const {
          : dim == "sp"      ? sp
          : dim == "fsdp"    ? fsdp
          : dim == "pp"      ? pp
+         : dim == "ep"      ? ep
          : dim == "scalars" ? dp
                             : replicate;
 }
@@ -163,6 +171,7 @@ Links links_of(const dist::ParallelDims& dims, const Cluster& cluster) {
   links.replicate = link_of(dims, cluster, Dim::replicate);
   links.dp = link_of(dims, cluster, Dim::dp);
   links.pp = link_of(dims, cluster, Dim::pp);
+  links.ep = link_of(dims, cluster, Dim::ep);
   return links;
 }
 
@@ -198,12 +207,14 @@ Timeline::Timeline(const Links& links)
                {"sp", links.sp.crosses},
                {"fsdp", links.fsdp.crosses},
                {"replicate", links.replicate.crosses},
+               {"ep", links.ep.crosses},
                {"scalars", false}},
       cpu_share_{{"tp", links.tp.cpu_share},
                  {"cp", links.cp.cpu_share},
                  {"sp", links.sp.cpu_share},
                  {"fsdp", links.fsdp.cpu_share},
                  {"replicate", links.replicate.cpu_share},
+                 {"ep", links.ep.cpu_share},
                  {"scalars", 0.0}} {}
 
 Ticket Timeline::start(const std::string& dim, double seconds) {

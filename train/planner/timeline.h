@@ -77,8 +77,9 @@ struct Link {
 // when a stage fills a host).
 struct Links {
   Link replicate, fsdp, cp, sp, tp, dp, pp;
+  Link ep;  // expert parallelism's all-to-alls: ep consecutive data ranks
   // The link of a dimension as the plan names it (PlanComm::dim, StepTime::exposed_by_dim):
-  // "tp", "cp", "sp", "fsdp", "pp", "scalars" (the loss's, on dp), else dp_replicate's.
+  // "tp", "cp", "sp", "fsdp", "pp", "ep", "scalars" (the loss's, on dp), else dp_replicate's.
   const Link& of(const std::string& dim) const;
 };
 
