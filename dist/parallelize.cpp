@@ -256,12 +256,13 @@ double ParallelModel::train(const std::vector<Batch>& micro, const std::function
   end_accumulation();
   // MoE: the load-balancing part of the loss, for the log (every rank has it, or none; a
   // pipeline's last stage only)
-  auto from_last_stage = [&](double v) {
-    return step_->schedule().p > 1 ? mesh_->pp().all_reduce_scalar(std::max(v, 0.0), ReduceOp::kSum) : v;
+  auto logged = [&](double v, double coef) {  // -1: not logged (a dense model, or the coef 0)
+    if (!gpt_->cfg.moe() || coef == 0) return -1.0;
+    if (step_->schedule().p > 1) v = mesh_->pp().all_reduce_scalar(std::max(v, 0.0), ReduceOp::kSum);
+    return mean_over_ranks(v);
   };
-  const double aux = from_last_stage(gpt_->take_aux_loss()), z = from_last_stage(gpt_->take_z_loss());
-  aux_loss_ = gpt_->cfg.moe() && gpt_->cfg.router_aux_loss_coef > 0 ? mean_over_ranks(aux) : -1;
-  z_loss_ = gpt_->cfg.moe() && gpt_->cfg.router_z_loss_coef > 0 ? mean_over_ranks(z) : -1;
+  aux_loss_ = logged(gpt_->take_aux_loss(), gpt_->cfg.router_aux_loss_coef);
+  z_loss_ = logged(gpt_->take_z_loss(), gpt_->cfg.router_z_loss_coef);
   return mean_over_ranks(loss_sum / m);
 }
 

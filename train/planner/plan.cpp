@@ -741,16 +741,14 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
                   all_reduce_bytes(8, t);
   if (D.sharded()) scalars += all_reduce_bytes(8, n);
   scalars += 2 * all_reduce_bytes(8, D.pp);
-  // ... and the router's load-balancing and z-loss values for the log, summed over the stages
-  // (ParallelModel::train: every model, 0 without experts)
-  scalars += 2 * all_reduce_bytes(8, D.pp);
   if (D.ep > 1 && !D.sharded()) scalars += all_reduce_bytes(8, D.ep);  // the sliced experts' squares
-  // MoE: the load-balancing and z-loss values for the log, averaged as the loss
+  // MoE: the load-balancing and z-loss values for the log, from the last stage (summed over the
+  // stages), then averaged as the loss (ParallelModel::train)
   const int64_t router_losses =
-      (c.model.router_aux_loss_coef > 0 ? 1 : 0) + (c.model.router_z_loss_coef > 0 ? 1 : 0);
-  if (c.model.moe())
-    scalars +=
-        router_losses * (all_reduce_bytes(8, D.dp()) + all_reduce_bytes(8, cp) + all_reduce_bytes(8, D.sp));
+      c.model.moe() ? (c.model.router_aux_loss_coef > 0 ? 1 : 0) + (c.model.router_z_loss_coef > 0 ? 1 : 0)
+                    : 0;
+  scalars += router_losses * (all_reduce_bytes(8, D.pp) + all_reduce_bytes(8, D.dp()) +
+                              all_reduce_bytes(8, cp) + all_reduce_bytes(8, D.sp));
   add_comm(p, "scalars",
            D.pp > 1 ? "loss mean and gradient norm (and their sums over the stages)"
                     : "loss mean and gradient norm",
