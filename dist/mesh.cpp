@@ -156,6 +156,16 @@ GroupRule ep_rule(const ParallelDims& d, const Coords& x) {
 GroupRule ep_data_rule(const ParallelDims& d, const Coords& x) {
   return in_stage(d, x, {(dp_of(d, x) % d.ep * CS(d) + cs(d, x)) * d.tp + x.tp, dp_of(d, x) / d.ep});
 }
+// expert parallelism inside FSDP: the FSDP ranks of this rank's replica that hold its experts
+// (dp_rank % ep alike: shard % ep, or with dp_shard = 1 the replica's own), and the replicas of
+// this rank's FSDP position that hold them (all of them when ep lies in the shard group)
+GroupRule ep_shard_rule(const ParallelDims& d, const Coords& x) {
+  return in_stage(d, x, {(x.replicate * d.dp_shard + x.shard % d.ep) * d.tp + x.tp, x.shard * CS(d) + cs(d, x)});
+}
+GroupRule ep_replicate_rule(const ParallelDims& d, const Coords& x) {
+  const int64_t slice = d.dp_shard == 1 ? x.replicate % d.ep : 0;  // ep over the replicas
+  return in_stage(d, x, {((x.shard + slice) * CS(d) + cs(d, x)) * d.tp + x.tp, x.replicate});
+}
 using Rule = GroupRule (*)(const ParallelDims&, const Coords&);
 
 // The world ranks of the group `rule` gives `rank`, in the group's order.
@@ -192,6 +202,8 @@ DeviceMesh::DeviceMesh(const ParallelDims& dims, std::shared_ptr<Communicator> w
   fsdp_ = split(fsdp_rule, "fsdp");
   ep_ = split(ep_rule, "ep");
   ep_data_ = split(ep_data_rule, "ep_data");
+  ep_shard_ = split(ep_shard_rule, "ep_shard");
+  ep_replicate_ = split(ep_replicate_rule, "ep_replicate");
   gather_hosts();
   describe_groups();
 }
@@ -257,6 +269,10 @@ void DeviceMesh::describe_groups() {
            of(false, false, true, true)},
       {ep_data_.get(), ep_data_rule,
        "the ranks holding expert slice " + std::to_string(ep_rank()) + of(false, false, true, true)},
+      {ep_shard_.get(), ep_shard_rule,
+       "the FSDP ranks holding expert slice " + std::to_string(ep_rank()) + of(true, false, false, true)},
+      {ep_replicate_.get(), ep_replicate_rule,
+       "the replicas holding expert slice " + std::to_string(ep_rank()) + of(false, true, true, true)},
   };
   for (const Group& g : groups) {
     std::vector<bool> remote;
@@ -273,7 +289,8 @@ void DeviceMesh::describe_groups() {
 
 std::vector<Communicator*> DeviceMesh::all() const {
   return {world_.get(), pp_.get(), replicate_.get(), shard_.get(), cp_.get(),     sp_.get(),
-          tp_.get(),    dp_.get(), fsdp_.get(),      ep_.get(),    ep_data_.get()};
+          tp_.get(),    dp_.get(), fsdp_.get(),      ep_.get(),    ep_data_.get(),
+          ep_shard_.get(), ep_replicate_.get()};
 }
 
 int64_t DeviceMesh::bytes_sent() const {

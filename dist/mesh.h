@@ -76,6 +76,9 @@ struct ParallelDims {
   int64_t dp() const { return dp_replicate * dp_shard; }                         // ranks with different data
   int64_t fsdp() const { return dp_shard * cp * sp; }  // ranks that shard parameters
   bool sharded() const { return fsdp() > 1; }
+  // expert parallelism inside FSDP: each MoE block's experts in a unit of their own
+  // (models::GPT::units), sharded over fsdp / ep ranks (DeviceMesh::ep_shard)
+  bool experts_apart() const { return ep > 1 && sharded(); }
 
   struct Coords {
     int64_t pp = 0, replicate = 0, shard = 0, cp = 0, tp = 0, sp = 0;
@@ -112,6 +115,10 @@ class DeviceMesh {
   // and the data ranks that hold the same experts (dp / ep of them: expert gradients sum there)
   Communicator& ep() const { return *ep_; }
   Communicator& ep_data() const { return *ep_data_; }
+  // Inside FSDP the experts' units are sharded over the FSDP ranks that hold the same experts
+  // (fsdp / ep of them) and averaged over the replicas that hold them (HSDP)
+  Communicator& ep_shard() const { return *ep_shard_; }
+  Communicator& ep_replicate() const { return *ep_replicate_; }
 
   // Every communicator once (the world first), for byte counters and the trace.
   std::vector<Communicator*> all() const;
@@ -137,7 +144,8 @@ class DeviceMesh {
   ParallelDims::Coords coords_;
   std::vector<std::string> hosts_;
   std::vector<int32_t> local_ranks_;
-  std::shared_ptr<Communicator> world_, pp_, replicate_, shard_, cp_, sp_, tp_, dp_, fsdp_, ep_, ep_data_;
+  std::shared_ptr<Communicator> world_, pp_, replicate_, shard_, cp_, sp_, tp_, dp_, fsdp_, ep_, ep_data_, ep_shard_,
+      ep_replicate_;
 };
 
 }  // namespace ndt::dist

@@ -42,20 +42,31 @@ models::PipelinePart model_part(const PipelineLayout& layout, const DeviceMesh& 
 
 namespace {
 
+// This rank's shard of every buffer: of the FSDP group's; the units of experts (expert
+// parallelism inside FSDP) of the FSDP ranks' that hold the same experts.
+nn::ShardSpec shard_spec(const DeviceMesh& mesh) {
+  nn::ShardSpec s{mesh.fsdp_rank(), mesh.dims().fsdp()};
+  if (mesh.dims().experts_apart()) s.experts = {mesh.ep_shard().rank(), mesh.ep_shard().size()};
+  return s;
+}
+ExpertGroups expert_groups(const DeviceMesh& mesh) {
+  if (!mesh.dims().experts_apart()) return {};
+  return {&mesh.ep_shard(), &mesh.ep_replicate()};
+}
+
 // LoRA's steps 4 and 5: the base frozen in this rank's shard of every buffer (FSDP's gatherer
 // around each block when sharded), the adapters whole (TP: split with their linears, step 1);
 // their strategy (dist/adapters.h).
 std::unique_ptr<Strategy> lora_memory(models::GPT& gpt, const DeviceMesh& mesh, const ParallelizeOptions& o,
                                       ParallelModel& pm) {
   const ParallelDims& dims = mesh.dims();
-  const nn::ShardSpec shard{mesh.fsdp_rank(), dims.fsdp()};
-  pm.base =
-      nn::materialize(gpt.units(), o.device, DType::f32, o.seed, shard, o.compute_dtype, /*frozen=*/true);
+  pm.base = nn::materialize(gpt.units(dims.experts_apart()), o.device, DType::f32, o.seed, shard_spec(mesh),
+                            o.compute_dtype, /*frozen=*/true);
   pm.params = nn::materialize(gpt.adapter_units(), o.device, DType::f32, o.seed, {}, o.compute_dtype);
   std::unique_ptr<FullyShardedDataParallel> gather;
   if (dims.sharded()) {
     gather = std::make_unique<FullyShardedDataParallel>(pm.base, mesh.fsdp(), nullptr, std::nullopt, nullptr,
-                                                        /*frozen=*/true);
+                                                        /*frozen=*/true, expert_groups(mesh));
     gather->set_trace(o.trace);
     gather->set_reshard_after_forward(o.reshard_after_forward);
     gpt.add_block_wrapper(gather->wrapper());  // outermost
@@ -86,8 +97,8 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   pm->split_.sequence_parallel = dims.tp > 1 && o.sequence_parallel;
   if (dims.tp > 1) apply_tensor_parallel(gpt, mesh.tp(), &pm->split_);
   if (dims.cp > 1) pm->cp_ = std::make_unique<ContextParallel>(gpt, mesh.cp(), o.seq_len, &pm->split_);
-  // the all-to-alls; DP: each rank's parameters are its experts; FSDP: shards of all of them
-  if (dims.ep > 1) apply_expert_parallel(gpt, mesh.ep(), /*slice=*/!dims.sharded());
+  // the all-to-alls; each rank's parameters are its experts (FSDP: shards of them, in units apart)
+  if (dims.ep > 1) apply_expert_parallel(gpt, mesh.ep());
   if (dims.sp > 1)  // inside the ring (USP) when cp > 1: it wraps CP's attention and positions
     pm->sp_ = std::make_unique<Ulysses>(gpt, mesh.sp(), o.seq_len, &pm->split_, dims.tp, dims.cp);
   if (gpt.cfg.moe()) pm->reduce_router_stats(gpt);
@@ -103,15 +114,15 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   if (gpt.has_lora())
     pm->strategy = lora_memory(gpt, mesh, o, *pm);
   else
-    pm->params = nn::materialize(gpt.units(), o.device, DType::f32, o.seed,
-                                 nn::ShardSpec{mesh.fsdp_rank(), dims.fsdp()}, o.compute_dtype);
+    pm->params = nn::materialize(gpt.units(dims.experts_apart()), o.device, DType::f32, o.seed, shard_spec(mesh),
+                                 o.compute_dtype);
   // 5: who reduces the gradients; the global norm also sums over the tp group
   Communicator* tp = dims.tp > 1 ? &mesh.tp() : nullptr;
   if (pm->strategy) {
     // LoRA's (lora_memory)
   } else if (dims.sharded()) {
     auto f = std::make_unique<FullyShardedDataParallel>(pm->params, mesh.fsdp(), &mesh.replicate(),
-                                                        o.reduce_dtype, tp);
+                                                        o.reduce_dtype, tp, /*frozen=*/false, expert_groups(mesh));
     f->set_trace(o.trace);
     f->set_reshard_after_forward(o.reshard_after_forward);
     gpt.add_block_wrapper(f->wrapper());  // outermost
@@ -124,7 +135,9 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
     pm->strategy = std::make_unique<NoParallelism>(pm->params, tp);
   }
   pm->strategy->read_sequence_split(&pm->split_);
-  if (dims.ep > 1 && !dims.sharded()) pm->strategy->read_experts(&mesh.ep());  // sliced experts
+  // the global norm sums over the FSDP group: the other ep ranks' experts, when they lie outside it
+  const bool ep_in_fsdp = dims.sharded() && dims.dp_shard > 1;
+  if (dims.ep > 1 && !ep_in_fsdp) pm->strategy->read_experts(&mesh.ep());
   // 6: the step's schedule over this rank's chunks (one stage: plain gradient accumulation)
   if (dims.pp > 1) pm->join_pipeline_ends(gpt, mesh, o.trace);
   pm->gpt_ = &gpt;

@@ -44,13 +44,15 @@ void Strategy::sum_partial_grads_over_tp() const {
   // every unsplit parameter's part of this rank's gradient shards (sequence parallel) or
   // those whose gradient is partial whatever the layout (Qwen3's q_norm, k_norm: each rank's
   // heads): the same offsets on every tp rank (their buffers differ only in the split
-  // parameters' contents)
+  // parameters' contents). Experts split over the ep group are whole on every tp rank: under
+  // sequence parallelism each tp rank's experts saw only its tokens.
   std::vector<Tensor> parts;
   int64_t n = 0;
   for (const nn::FlatUnit& u : params_.units) {
     for (const nn::FlatParam& p : u.params) {
       const nn::ShardPart s = nn::shard_part(u, p);
-      if (p.spec.tp.split() || s.size() == 0 || !(sequence_parallel || p.spec.tp.partial_grad)) continue;
+      const bool tp_split = p.spec.tp.split() && !p.spec.tp.experts;
+      if (tp_split || s.size() == 0 || !(sequence_parallel || p.spec.tp.partial_grad)) continue;
       parts.push_back(u.grad.narrow(0, s.begin, s.size()));
       n += s.size();
     }

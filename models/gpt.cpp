@@ -1,5 +1,6 @@
 #include "models/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <type_traits>
@@ -104,7 +105,7 @@ GPT::GPT(const GPTConfig& c, PipelinePart part)
   }
 }
 
-std::vector<nn::UnitSpec> GPT::units() const {
+std::vector<nn::UnitSpec> GPT::units(bool experts_apart) const {
   std::vector<nn::UnitSpec> u;
   nn::UnitSpec emb{"embeddings", {}};
   // tied: the first and the last stage hold the same unit (wte is used at both ends);
@@ -120,10 +121,22 @@ std::vector<nn::UnitSpec> GPT::units() const {
   if (lm_head && output)
     for (auto& p : lm_head->parameters("lm_head")) emb.params.push_back(p);
   u.push_back(emb);
+  std::vector<nn::UnitSpec> apart;  // experts_apart: each MoE block's experts, after the blocks
   for (size_t i = 0; i < h.size(); ++i) {
     const std::string name = "h." + std::to_string(block_index_[i]);
-    u.push_back({name, h[i]->parameters(name)});
+    nn::UnitSpec block{name, h[i]->parameters(name)};
+    const auto* moe = dynamic_cast<const nn::MoeBlock*>(h[i].get());
+    if (experts_apart && moe) {
+      nn::UnitSpec experts{name + ".experts", moe->mlp.experts.parameters(name + ".mlp.experts"), true};
+      std::erase_if(block.params, [&](const nn::ParamSpec& p) {
+        return std::any_of(experts.params.begin(), experts.params.end(),
+                           [&](const nn::ParamSpec& e) { return e.name == p.name; });
+      });
+      apart.push_back(std::move(experts));
+    }
+    u.push_back(std::move(block));
   }
+  u.insert(u.end(), apart.begin(), apart.end());
   return u;
 }
 

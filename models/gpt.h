@@ -130,8 +130,10 @@ class GPT : public nn::Module {
   // Under pipeline parallelism, this rank's: its blocks, and of the embeddings what its
   // stages use -- the tied embeddings (wte, wpe, ln_f) whole on the first and the last stage,
   // their gradients summed between the two; untied, wte on the first and ln_f, lm_head on the
-  // last; nothing (an empty unit) in between.
-  std::vector<nn::UnitSpec> units() const;
+  // last; nothing (an empty unit) in between. experts_apart (expert parallelism inside FSDP):
+  // each MoE block's routed experts leave its unit for one of their own, "h.i.experts"
+  // (UnitSpec::experts), after every block's unit, so that block i's unit stays i + 1.
+  std::vector<nn::UnitSpec> units(bool experts_apart = false) const;
   // h[i]'s index in the whole model.
   int64_t block_index(size_t i) const { return block_index_[i]; }
 

@@ -122,13 +122,15 @@ void init_range(const FlatParam& p, const Tensor& dst, int64_t lo, int64_t hi, u
 
 }  // namespace
 
-std::vector<FlatUnit> flat_layout(const std::vector<UnitSpec>& specs, ShardSpec shard) {
-  NDT_CHECK(shard.count >= 1 && shard.rank >= 0 && shard.rank < shard.count, "materialize: bad shard ",
-            shard.rank, " of ", shard.count);
+std::vector<FlatUnit> flat_layout(const std::vector<UnitSpec>& specs, ShardSpec all) {
   std::vector<FlatUnit> out;
   for (const UnitSpec& us : specs) {
+    const ShardSpec shard = all.of(us);
+    NDT_CHECK(shard.count >= 1 && shard.rank >= 0 && shard.rank < shard.count, "materialize: bad shard ",
+              shard.rank, " of ", shard.count, " for unit ", us.name);
     FlatUnit u;
     u.name = us.name;
+    u.experts = us.experts;
     // decayed parameters first, registration order within each group
     std::vector<ParamSpec> order;
     for (const ParamSpec& p : us.params)
@@ -150,23 +152,24 @@ std::vector<FlatUnit> flat_layout(const std::vector<UnitSpec>& specs, ShardSpec 
     u.padded_numel = (off + shard.count - 1) / shard.count * shard.count;
     u.shard_numel = u.padded_numel / shard.count;
     u.shard_offset = shard.rank * u.shard_numel;
+    u.shard_count = shard.count;
     out.push_back(std::move(u));
   }
   return out;
 }
 
 FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType dtype, uint64_t seed,
-                       ShardSpec shard, std::optional<DType> compute_dtype, bool frozen) {
+                       ShardSpec all, std::optional<DType> compute_dtype, bool frozen) {
   const DType cd = compute_dtype.value_or(dtype);
   FlatParams out;
-  for (FlatUnit& u : flat_layout(specs, shard)) {
-    u.shard_count = shard.count;
+  for (FlatUnit& u : flat_layout(specs, all)) {
+    const int64_t shards = u.sharded() ? std::max<int64_t>(u.shard_count, 2) : 1;  // 1: full is data
     u.data = Tensor::zeros({u.shard_numel}, dtype, device);
     if (!frozen) u.grad = Tensor::zeros({u.shard_numel}, dtype, device);
-    if (shard.count == 1 && cd == dtype) {
+    if (shards == 1 && cd == dtype) {
       u.full = u.data;
       u.full_grad = u.grad;
-    } else if (shard.count == 1) {  // mixed precision: the model's copy, and its gradient
+    } else if (shards == 1) {  // mixed precision: the model's copy, and its gradient
       u.full = Tensor::zeros({u.padded_numel}, cd, device);
       if (!frozen) u.full_grad = Tensor::zeros({u.padded_numel}, cd, device);
     } else {
@@ -174,7 +177,7 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
       if (!frozen) u.full_grad = released_buffer(u.padded_numel, cd, device);
     }
     u.compute_shard = cd == dtype        ? u.data
-                      : shard.count == 1 ? u.full
+                      : shards == 1 ? u.full
                                          : Tensor::zeros({u.shard_numel}, cd, device);
     const int64_t s0 = u.shard_offset, s1 = s0 + u.shard_numel;
     for (FlatParam& fp : u.params) {

@@ -34,6 +34,9 @@ constexpr int64_t kAlign = 32;  // elements; keeps every view 64-byte aligned in
 struct UnitSpec {
   std::string name;  // e.g. "h.3" or "embeddings"
   std::vector<ParamSpec> params;
+  // an MoE block's experts in a unit of their own ("h.3.experts"), sharded over the ranks that
+  // hold the same experts (ShardSpec::experts; expert parallelism inside FSDP)
+  bool experts = false;
 };
 
 struct FlatParam {
@@ -54,6 +57,7 @@ struct FlatUnit {
   int64_t shard_offset = 0;
   int64_t shard_numel = 0;
   int64_t shard_count = 1;
+  bool experts = false;  // UnitSpec::experts: sharded over the expert shard group
   Tensor data;       // (shard_numel) this rank's parameters: what the optimizer updates
   Tensor grad;       // (shard_numel) their gradients
   Tensor full;       // (padded_numel) the whole buffer, which every parameter views
@@ -68,7 +72,9 @@ struct FlatUnit {
   // copy of data that FSDP gathers from (unsharded: full itself). refresh_compute() makes
   // the copies after the optimizer has stepped; fold_grad() adds full_grad into grad.
   Tensor compute_shard;
-  bool sharded() const { return shard_count > 1; }
+  // units of experts are FSDP's also over a group of one rank (gathered into full and
+  // released like the others), so that a block's two units behave alike
+  bool sharded() const { return shard_count > 1 || experts; }
   bool mixed() const { return full.dtype() != data.dtype(); }
   int64_t param_count() const;  // parameters without padding
 };
@@ -86,9 +92,18 @@ struct FlatParams {
   int64_t shard_bytes() const;                           // data + grad of every shard
 };
 
-// Which part of every buffer this rank holds: shard `rank` of `count`.
+// Which part of every buffer this rank holds: shard `rank` of `count`. Units of experts
+// (UnitSpec::experts) are cut by `experts` when it is set: under expert parallelism inside
+// FSDP only the ranks holding the same experts share them.
 struct ShardSpec {
-  int64_t rank = 0, count = 1;
+  ShardSpec(int64_t r = 0, int64_t n = 1) : rank(r), count(n) {}
+  int64_t rank, count;
+  struct Part {
+    int64_t rank = 0, count = 0;  // count 0: as the other units
+  } experts;
+  ShardSpec of(const UnitSpec& u) const {  // the shard of u's buffer this rank holds
+    return u.experts && experts.count > 0 ? ShardSpec{experts.rank, experts.count} : *this;
+  }
 };
 
 // The layout of each unit's buffer (parameter offsets, decay_end, numel, the shard) without

@@ -27,6 +27,14 @@
 // all-gathers (n-1)/n P of every unit; backward again of every block but the last;
 // reduce-scatters (n-1)/n P of every block per micro-step, and of the embeddings once.
 // HSDP adds one all-reduce of the shard (2 (r-1)/r P/n) per unit and step.
+//
+// Expert parallelism: the ep ranks of a group hold different experts (their slices), so a
+// block's experts cannot share its unit. They have a unit of their own ("h.i.experts", after
+// every block's: models::GPT::units(experts_apart)), sharded over the FSDP ranks that hold the
+// same experts (n / ep of them) and gathered, released and reduced with its block's unit: a rank
+// gathers only its experts, 1/ep of them. An expert's gradient on a rank sums every ep member's
+// tokens (dist/expert_parallel/), so the mean over the n / ep shards (and over the replicas
+// that hold the same experts) is divided by ep more: the mean over all n ranks' tokens.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +48,12 @@
 
 namespace ndt::dist {
 
+// Expert parallelism inside FSDP: the groups of the units of experts (nn::FlatUnit::experts).
+struct ExpertGroups {
+  Communicator* shards = nullptr;    // the FSDP ranks holding the same experts (DeviceMesh::ep_shard)
+  Communicator* replicas = nullptr;  // the replicas holding them (DeviceMesh::ep_replicate), or nullptr
+};
+
 class FullyShardedDataParallel : public Strategy {
  public:
   // params: sharded over `shards` (materialized with ShardSpec{shard_group.rank(), shard_group.size()}).
@@ -51,13 +65,14 @@ class FullyShardedDataParallel : public Strategy {
   // are gathered for each block's forward and backward as above, and released once the
   // block's backward is over (when the backward of the block before it begins), but they
   // have no gradients: nothing is reduced.
+  // experts: the groups of the units of experts, when params has any.
   FullyShardedDataParallel(const nn::FlatParams& params, Communicator& shard_group,
                            Communicator* replicas = nullptr, std::optional<DType> reduce_dtype = std::nullopt,
-                           Communicator* tp = nullptr, bool frozen = false);
+                           Communicator* tp = nullptr, bool frozen = false, ExpertGroups experts = {});
   std::string name() const override;
 
   // Install on the model (GPT::add_block_wrapper): the wrapper of block i gathers and
-  // releases unit i + 1 (unit 0 is the embeddings).
+  // releases unit i + 1 (unit 0 is the embeddings) and the unit of its experts, if any.
   nn::BlockWrapper wrapper();
 
   void begin_micro(bool sync) override;
@@ -100,9 +115,16 @@ class FullyShardedDataParallel : public Strategy {
   };
   PendingReduce start_reduce(size_t unit);
 
-  void start_gather(size_t u);
-  void wait_gather(size_t u);
-  void release(size_t u);
+  // unit u's groups: its shard group and its replicas (HSDP; nullptr: none)
+  Communicator& shards_of(const nn::FlatUnit& u) const;
+  Communicator* replicas_of(const nn::FlatUnit& u) const;
+  // block unit b and, if it has one, the unit of its experts (these three take both)
+  void start_gather(size_t b);
+  void wait_gather(size_t b);
+  void release(size_t b);
+  void start_gather_unit(size_t u);
+  void wait_gather_unit(size_t u);
+  void release_unit(size_t u);
   void alloc_grad(size_t u);
   void reduce_unit(size_t u);      // start the reduce-scatter of unit u's full gradient
   void drain(size_t keep);         // finish all but the `keep` newest reduce-scatters
@@ -110,6 +132,10 @@ class FullyShardedDataParallel : public Strategy {
 
   Communicator& shard_group_;
   Communicator* replicas_;  // HSDP, or nullptr
+  ExpertGroups experts_;    // the units of experts' (replicas: nullptr when one)
+  double expert_scale_ = 1;  // their gradients' extra factor, 1 / ep
+  size_t blocks_end_ = 0;    // units [1, blocks_end_) are the blocks', then the experts'
+  std::vector<size_t> experts_of_;  // (units) block unit -> its experts' unit (0: none)
   std::vector<UnitState> state_;
   std::vector<PendingReduce> pending_;
   std::optional<DType> reduce_dtype_;
