@@ -157,6 +157,34 @@ TEST_F(DistEp, CheckpointUnderEp2ResumesOnOneProcess) {
   }
 }
 
+// model.init_from a Hugging Face folder (the Mixtral a one-process run exported): each rank of ep2
+// inside fsdp2 reads only its own experts' tensors; the losses equal one process started from the
+// same folder.
+TEST_F(DistEp, Ep2StartsFromAModelFolderAsOneProcess) {
+  ShellResult made =
+      train("hf_src", 1, "--train.micro_batch_size 4 --train.steps 2 --checkpoint.format sharded" + kMoe);
+  ASSERT_EQ(made.rc, 0) << made.out;
+  const fs::path folder = dir_ / "hf_folder";
+  ShellResult ex = run_shell(std::string(NDT_EXPORT_BIN) + " " +
+                             (dir_ / "hf_src" / "ck" / "step_00000002").string() + " " + folder.string());
+  ASSERT_EQ(ex.rc, 0) << ex.out;
+  const std::string from = " --train.steps 2 --model.init_from " + folder.string();
+  ShellResult one = train("hf_one", 1, "--train.micro_batch_size 4" + from);
+  ASSERT_EQ(one.rc, 0) << one.out;
+  ShellResult ep =
+      train("hf_ep2", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.ep_size 2" + from);
+  ASSERT_EQ(ep.rc, 0) << ep.out;
+  const std::vector<double> a = losses("hf_one"), b = losses("hf_ep2");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+    std::printf("step %zu from the folder: loss %.6f on one process, %.6f under ep2 x fsdp2\n", i + 1, a[i],
+                b[i]);
+  }
+  EXPECT_LT(a[0], losses("hf_src")[0]) << "the folder's weights are trained, not a fresh init";
+}
+
 // Bad layouts: one line naming the key and the fix, before anything trains.
 // The bytes a step's exchanges send, through train_gpt's own counters: with k = E every token
 // goes to every expert, so the routing, and the bytes, are known without running it. Inside
