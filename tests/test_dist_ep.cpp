@@ -4,7 +4,8 @@
 // inside HSDP 2 x 2; with cp, sp, tp and tp's sequence parallelism), and MoE under plain DP, against
 // the single process on the same global batch: the losses of every step, the first step's
 // gradients and the parameters after the last; a checkpoint written under ep2 resumes on one
-// process with the uninterrupted run's losses; bad layouts are refused with one line.
+// process with the uninterrupted run's losses; a run started from a Hugging Face folder under
+// ep2 x fsdp2 has one process's losses; bad layouts are refused with one line.
 #include <gtest/gtest.h>
 
 #include "support/corpus.h"
