@@ -4,7 +4,8 @@
 // inside HSDP 2 x 2; with cp, sp, tp and tp's sequence parallelism), and MoE under plain DP, against
 // the single process on the same global batch: the losses of every step, the first step's
 // gradients and the parameters after the last; a checkpoint written under ep2 resumes on one
-// process with the uninterrupted run's losses; bad layouts are refused with one line.
+// process with the uninterrupted run's losses; a run started from a Hugging Face folder under
+// ep2 x fsdp2 has one process's losses; bad layouts are refused with one line.
 #include <gtest/gtest.h>
 
 #include "support/corpus.h"
@@ -156,6 +157,34 @@ TEST_F(DistEp, CheckpointUnderEp2ResumesOnOneProcess) {
     for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
     EXPECT_LT(max_rel_diff(last_model(run.name), last_model("resume_ref")), 3e-5);
   }
+}
+
+// model.init_from a Hugging Face folder (the Mixtral a one-process run exported): each rank of ep2
+// inside fsdp2 reads only its own experts' tensors; the losses equal one process started from the
+// same folder.
+TEST_F(DistEp, Ep2StartsFromAModelFolderAsOneProcess) {
+  ShellResult made =
+      train("hf_src", 1, "--train.micro_batch_size 4 --train.steps 2 --checkpoint.format sharded" + kMoe);
+  ASSERT_EQ(made.rc, 0) << made.out;
+  const fs::path folder = dir_ / "hf_folder";
+  ShellResult ex = run_shell(std::string(NDT_EXPORT_BIN) + " " +
+                             (dir_ / "hf_src" / "ck" / "step_00000002").string() + " " + folder.string());
+  ASSERT_EQ(ex.rc, 0) << ex.out;
+  const std::string from = " --train.steps 2 --model.init_from " + folder.string();
+  ShellResult one = train("hf_one", 1, "--train.micro_batch_size 4" + from);
+  ASSERT_EQ(one.rc, 0) << one.out;
+  ShellResult ep =
+      train("hf_ep2", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.ep_size 2" + from);
+  ASSERT_EQ(ep.rc, 0) << ep.out;
+  const std::vector<double> a = losses("hf_one"), b = losses("hf_ep2");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+    std::printf("step %zu from the folder: loss %.6f on one process, %.6f under ep2 x fsdp2\n", i + 1, a[i],
+                b[i]);
+  }
+  EXPECT_LT(a[0], losses("hf_src")[0]) << "the folder's weights are trained, not a fresh init";
 }
 
 // Bad layouts: one line naming the key and the fix, before anything trains.

@@ -22,6 +22,7 @@
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "models/generate.h"
 #include "models/gpt.h"
+#include "nn/moe.h"
 #include "support/corpus.h"
 #include "support/hf_fixture.h"
 #include "support/launch.h"
@@ -534,5 +535,132 @@ TEST(HfFolders, AMissingMisShapedOrUnknownTensorIsNamed) {
   EXPECT_TRUE(load_error("nan").find("tensor model.layers.1.mlp.gate_proj.weight holds NaN values") !=
               std::string::npos)
       << load_error("nan");
+  fs::remove_all(d);
+}
+
+namespace {
+
+// A Qwen3-MoE of 4 experts in layer 1 (layer 0 dense), small enough to load in every layout.
+models::GPTConfig tiny_moe() {
+  models::GPTConfig c = tiny_llama();
+  c.attention_bias = false;
+  c.qk_norm = true;
+  c.n_experts = 4;
+  c.n_experts_per_tok = 2;
+  c.moe_intermediate_size = 8;
+  c.dense_layers = "0";
+  return c;
+}
+
+// The layout of rank r of expert parallelism 2 (dist::apply_expert_parallel's slices): every
+// MoE layer's experts (E, in, out) -> its E / 2 of them
+void hold_experts_of(models::GPT& gpt, int64_t r) {
+  for (auto& block : gpt.h)
+    if (auto* moe = dynamic_cast<nn::MoeBlock*>(block.get()))
+      for (const char* name : {"gate_proj", "up_proj", "down_proj"})
+        moe->mlp.experts.split_experts(name, 2, r);
+}
+
+// Checks every element a layout's load holds against the same element of the whole model's
+// values; returns how many it checked.
+int64_t expect_elements_of(const nn::FlatParams& whole, const nn::FlatParams& part) {
+  int64_t checked = 0;
+  for (const nn::FlatUnit& u : part.units)
+    for (const nn::FlatParam& p : u.params) {
+      const std::vector<float> w = whole.find(p.spec.name)->value.contiguous().to_vector<float>();
+      nn::for_each_shard_run(u, p, [&](int64_t dst, int64_t g, int64_t len) {
+        EXPECT_EQ(u.data.narrow(0, dst, len).to_vector<float>(),
+                  std::vector<float>(w.begin() + g, w.begin() + g + len))
+            << p.spec.name << " elements [" << g << ", " << g + len << ")";
+        checked += len;
+      });
+    }
+  return checked;
+}
+
+}  // namespace
+
+// An expert-parallel rank reads only its own experts' tensors from the folder (half the experts'
+// bytes at ep 2), an FSDP shard only the experts its part of the buffer touches, and every
+// element each holds is the whole model's.
+TEST(HfFolders, AnExpertParallelRankReadsOnlyItsExperts) {
+  const fs::path d = temp_dir("moe_slices");
+  models::GPT a(tiny_moe());
+  nn::FlatParams pa = nn::materialize(a.units(), Device::cpu(), DType::f32, 5);
+  ckpt::export_hf((d / "m").string(), a, pa, DType::f32);
+  int64_t all_bytes = 0, expert_bytes = 0;  // the folder's tensor data
+  {
+    const io::HfFolder f((d / "m").string());
+    ASSERT_EQ(f.config().model_type, "qwen3_moe");
+    for (const std::string& n : f.names()) {
+      const int64_t b = static_cast<int64_t>(f.entry(n).end - f.entry(n).begin);
+      all_bytes += b;
+      if (n.find(".mlp.experts.") != std::string::npos) expert_bytes += b;
+    }
+  }
+  EXPECT_EQ(expert_bytes, 3 * 4 * 8 * 16 * 4);  // {gate,up,down} x 4 experts x (8, 16) x f32
+  auto load = [&](int64_t ep_rank, nn::ShardSpec shard, int64_t* bytes) {
+    models::GPT b(tiny_moe());
+    if (ep_rank >= 0) hold_experts_of(b, ep_rank);
+    nn::FlatParams pb = nn::materialize(b.units(), Device::cpu(), DType::f32, 9, shard);
+    const io::HfFolder f((d / "m").string());
+    ckpt::load_hf_local(f, b, pb);
+    *bytes = f.bytes_read();
+    return pb;
+  };
+  int64_t bytes = 0;
+  const nn::FlatParams whole = load(-1, {}, &bytes);
+  EXPECT_EQ(ndt::testing::all_values(whole), ndt::testing::all_values(pa));
+  EXPECT_EQ(bytes, all_bytes);  // every tensor read once
+  int64_t n = 0;                // the model's elements
+  for (const nn::FlatUnit& u : pa.units)
+    for (const nn::FlatParam& p : u.params) n += numel_of(p.spec.shape);
+  const int64_t half_experts = 3 * 2 * 8 * 16;  // 2 of the 4 experts' elements
+  for (int64_t r = 0; r < 2; ++r) {
+    const nn::FlatParams ep = load(r, {}, &bytes);
+    EXPECT_EQ(expect_elements_of(pa, ep), n - half_experts) << "ep rank " << r;
+    EXPECT_EQ(bytes, all_bytes - expert_bytes / 2) << "ep rank " << r;
+    std::cout << "ep rank " << r << " of 2 read " << bytes << " bytes, the whole model " << all_bytes << "\n";
+  }
+  for (int64_t ep_rank : {-1, 0, 1}) {  // FSDP 2 alone, and on each ep rank: the shards cover it
+    int64_t checked = 0;
+    for (int64_t s = 0; s < 2; ++s) {
+      const nn::FlatParams part = load(ep_rank, {s, 2}, &bytes);
+      checked += expect_elements_of(pa, part);
+      EXPECT_LE(bytes, ep_rank < 0 ? all_bytes : all_bytes - expert_bytes / 2);
+      std::cout << "ep rank " << ep_rank << ", fsdp shard " << s << " of 2 read " << bytes << " bytes\n";
+    }
+    EXPECT_EQ(checked, ep_rank < 0 ? n : n - half_experts) << "ep rank " << ep_rank;
+  }
+  fs::remove_all(d);
+}
+
+// The finite check stays on what is read: a NaN in expert 3 is named by the ep rank holding it
+// (rank 1 of 2: experts 2 and 3); rank 0 never reads that tensor.
+TEST(HfFolders, ANonFiniteExpertIsNamedByTheRankThatReadsIt) {
+  const fs::path d = temp_dir("moe_nan");
+  models::GPT a(tiny_moe());
+  nn::FlatParams pa = nn::materialize(a.units(), Device::cpu(), DType::f32, 5);
+  const std::string bad = "model.layers.1.mlp.experts.3.down_proj.weight";
+  io::HfFolderWriter w;
+  for (auto& [name, t] : ckpt::hf_tensors(a, [&](const std::string& n) { return pa.find(n)->value; })) {
+    Tensor v = t.to(DType::f32).clone();
+    if (name == bad) v.data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+    w.add(name, v);
+  }
+  w.write((d / "m").string(), ckpt::hf_config(a.cfg, DType::f32));
+  auto load_error = [&](int64_t ep_rank) {
+    models::GPT b(tiny_moe());
+    hold_experts_of(b, ep_rank);
+    nn::FlatParams pb = nn::materialize(b.units(), Device::cpu(), DType::f32, 9);
+    try {
+      ckpt::load_hf_local(io::HfFolder((d / "m").string()), b, pb);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(load_error(0), "no error");
+  EXPECT_NE(load_error(1).find("tensor " + bad + " holds NaN values"), std::string::npos) << load_error(1);
   fs::remove_all(d);
 }

@@ -2,6 +2,7 @@
 // heads, NKV key/value heads, G = NH/NKV, HS head size, I intermediate size, V vocab, Vp padded.
 #include "train/checkpoint/hf.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -181,6 +182,41 @@ std::map<std::string, Source> folder_sources(const io::HfFolder& f, const models
   return src;
 }
 
+// An experts parameter p (E, in, out) from its E folder tensors (out, in), this rank's runs
+// of it only: an expert is read (whole, then transposed) when one of the runs touches its
+// elements [e in out, (e + 1) in out), so an expert-parallel rank reads its own experts only.
+void load_experts(const io::HfFolder& f, const Source& s, const nn::FlatUnit& u, const nn::FlatParam& p) {
+  const Shape g = p.spec.global_shape();  // (E, in, out)
+  const int64_t per = g[1] * g[2];
+  struct Run {
+    int64_t dst, global, len;
+  };
+  std::vector<Run> runs;
+  nn::for_each_shard_run(u, p, [&](int64_t dst, int64_t gl, int64_t len) { runs.push_back({dst, gl, len}); });
+  const DType dt = u.data.dtype();
+  const Tensor ours = Tensor::empty({g[1], g[2]}, dt);  // (in, out): expert e of ours
+  const Tensor flat = ours.view({per});
+  for (int64_t e = 0; e < g[0]; ++e) {
+    const int64_t lo = e * per, hi = lo + per;
+    bool read = false;
+    for (const Run& r : runs) {
+      const int64_t a = std::max(r.global, lo), b = std::min(r.global + r.len, hi);
+      if (a >= b) continue;  // this run holds none of expert e
+      if (!read) {
+        const std::string& name = s.names[static_cast<size_t>(e)];
+        const Tensor theirs = f.get(name, dt);  // (out, in)
+        check_finite(theirs, f.dir(), name);
+        if (dt == DType::f64)
+          transpose_all<double>(ours, {theirs}, false);
+        else
+          transpose_all<float>(ours, {theirs}, false);
+        read = true;
+      }
+      u.data.narrow(0, r.dst + (a - r.global), b - a).copy_(flat.narrow(0, a - lo, b - a));
+    }
+  }
+}
+
 }  // namespace
 
 void check_hf_folder(const io::HfFolder& f, const models::GPT& gpt) {
@@ -250,11 +286,15 @@ void load_hf_local(const io::HfFolder& f, const models::GPT& gpt, const nn::Flat
           for (int64_t k = 0; k < live; k += kPiece) {
             const int64_t n = std::min(kPiece, live - k);
             Tensor part = piece.narrow(0, 0, n);
-            f.reader(name).read_range(name, g + k, part);
+            f.read_range(name, g + k, part);
             check_finite(part, f.dir(), name);
             u.data.narrow(0, dst + k, n).copy_(part);
           }
         });
+        continue;
+      }
+      if (s.kind == Source::experts) {
+        load_experts(f, s, u, p);
         continue;
       }
       std::vector<Tensor> in;  // the folder's tensors, whole, in our dtype

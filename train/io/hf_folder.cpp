@@ -138,6 +138,20 @@ const SafeTensorsReader::Entry& HfFolder::entry(const std::string& name) const {
 
 const SafeTensorsReader& HfFolder::reader(const std::string& name) const { return *shards_[shard_of(name)]; }
 
+Tensor HfFolder::get(const std::string& name, DType dtype) const {
+  Tensor t = reader(name).get(name, dtype);
+  const SafeTensorsReader::Entry& e = entry(name);
+  bytes_read_ += static_cast<int64_t>(e.end - e.begin);
+  return t;
+}
+
+void HfFolder::read_range(const std::string& name, int64_t begin, const Tensor& dst) const {
+  reader(name).read_range(name, begin, dst);  // checks the range against the tensor
+  const SafeTensorsReader::Entry& e = entry(name);
+  const int64_t n = numel_of(e.shape);  // > 0: the range above held dst's elements
+  if (n > 0) bytes_read_ += dst.numel() * static_cast<int64_t>(e.end - e.begin) / n;
+}
+
 std::vector<std::string> HfFolder::names() const {
   std::vector<std::string> out;
   out.reserve(where_.size());

@@ -6,7 +6,8 @@
 //   io::HfFolder in("Llama-3.2-1B");                     // config.json parsed strictly, shards opened
 //   const io::HfConfig& c = in.config();                 // c.hidden_size, c.rope_theta, c.llama3_scaling
 //   Tensor w = in.get("model.layers.0.self_attn.q_proj.weight");          // f32 CPU copy
-//   in.reader(name).read_range(name, begin, dst);        // or piece by piece from its mapped shard
+//   in.read_range(name, begin, dst);                     // or piece by piece from its mapped shard
+//   in.bytes_read();                                     // the tensor bytes get and read_range read
 //
 //   io::HfFolderWriter out;
 //   out.add("model.embed_tokens.weight", emb);           // CPU tensors; dtype kept (bf16 -> BF16)
@@ -30,6 +31,7 @@
 //     of two exports; writing again repairs it. One writer per DIR at a time.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -56,9 +58,13 @@ class HfFolder {
   bool has(const std::string& name) const { return where_.count(name) > 0; }
   const SafeTensorsReader::Entry& entry(const std::string& name) const;  // dtype, shape, bytes
   const SafeTensorsReader& reader(const std::string& name) const;        // the shard holding it
-  Tensor get(const std::string& name, DType dtype = DType::f32) const {  // a CPU copy
-    return reader(name).get(name, dtype);
-  }
+  Tensor get(const std::string& name, DType dtype = DType::f32) const;   // a CPU copy
+  // Elements [begin, begin + dst.numel()) of the flattened tensor into dst (a contiguous CPU
+  // tensor): only those bytes of its shard are read (SafeTensorsReader::read_range).
+  void read_range(const std::string& name, int64_t begin, const Tensor& dst) const;
+  // The bytes of tensor data (as stored: 2 per bf16 element) read through get and read_range
+  // since the folder was opened; reads through reader(name) directly are not counted.
+  int64_t bytes_read() const { return bytes_read_; }
   std::vector<std::string> names() const;  // every tensor, sorted
   std::vector<std::string> files() const;  // the weight files' paths, in shard order
 
@@ -68,6 +74,7 @@ class HfFolder {
   HfConfig config_;
   std::vector<std::unique_ptr<SafeTensorsReader>> shards_;
   std::map<std::string, size_t> where_;  // tensor -> index in shards_
+  mutable std::atomic<int64_t> bytes_read_{0};
 };
 
 // Collects tensors, then writes a folder transformers loads (see the top of this file for how
