@@ -125,30 +125,42 @@ TEST_F(DistEp, WithSequenceAndTensorParallelismEqualsOneProcess) {
 
 // Stopped after 3 steps under ep2 (a full checkpoint: the experts gathered whole), resumed on one
 // process: the uninterrupted run's losses; the same under ep2 inside fsdp2 with a sharded one; and
-// ep2 x dp2's continued under ep4 inside fsdp4.
+// ep2 x dp2's continued under ep4 inside fsdp4. Sharded checkpoints of ep2 inside FSDP hold each
+// ep rank's experts in units of their own, sharded over the writers holding them: over one
+// writer (fsdp2), two (fsdp4, and fsdp2 x cp2: the cp ranks shard them too); read by one
+// process, by ep4 inside fsdp4 and by fsdp2 without EP.
 TEST_F(DistEp, CheckpointUnderEp2ResumesOnOneProcess) {
   ShellResult ref = train("resume_ref", 1, "--train.micro_batch_size 4" + kMoe);
   ASSERT_EQ(ref.rc, 0) << ref.out;
   struct Run {
-    std::string name, first;  // 3 steps on 2 ranks under ep2 in `first`
-    int np;                   // then 2 steps on np ranks in `then`
+    std::string name;
+    int first_np;       // 3 steps on first_np ranks under ep2 in `first`
+    std::string first;  //
+    int np;             // then 2 steps on np ranks in `then`
     std::string then;
   };
-  const Run runs[] = {{"resume_dp", "--parallel.dp_replicate_size 2 --checkpoint.format full", 1,
-                       "--train.micro_batch_size 4"},
-                      {"resume_fsdp", "--parallel.dp_shard_size 2 --checkpoint.format sharded", 1,
-                       "--train.micro_batch_size 4"},
-                      // the experts' slices of a full checkpoint, read as FSDP shards of whole experts
-                      {"resume_dp_fsdp4", "--parallel.dp_replicate_size 2 --checkpoint.format full", 4,
-                       "--train.micro_batch_size 1 --parallel.dp_shard_size 4 --parallel.ep_size 4"}};
+  const std::string full = " --checkpoint.format full", sharded = " --checkpoint.format sharded";
+  const std::string one = "--train.micro_batch_size 4",
+                    ep4_fsdp4 =
+                        "--train.micro_batch_size 1 --parallel.dp_shard_size 4 "
+                        "--parallel.ep_size 4";
+  const Run runs[] = {
+      {"resume_dp", 2, "--train.micro_batch_size 2 --parallel.dp_replicate_size 2" + full, 1, one},
+      {"resume_fsdp", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2" + sharded, 1, one},
+      // the experts' slices of a full checkpoint, read as FSDP shards of whole experts
+      {"resume_dp_fsdp4", 2, "--train.micro_batch_size 2 --parallel.dp_replicate_size 2" + full, 4,
+       ep4_fsdp4},
+      {"resume_fsdp_ep4", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2" + sharded, 4, ep4_fsdp4},
+      {"resume_fsdp4", 4, "--train.micro_batch_size 1 --parallel.dp_shard_size 4" + sharded, 2,
+       "--train.micro_batch_size 2 --parallel.dp_shard_size 2"},
+      {"resume_fsdp_cp", 4,
+       "--train.micro_batch_size 2 --parallel.dp_shard_size 2 --parallel.cp_size 2" + sharded, 1, one}};
   for (const Run& run : runs) {
     SCOPED_TRACE(run.name);
     ShellResult a =
-        train(run.name, 2,
-              "--train.micro_batch_size 2 --parallel.ep_size 2 --train.stop_after 3 " + run.first + kMoe);
+        train(run.name, run.first_np, run.first + " --parallel.ep_size 2 --train.stop_after 3" + kMoe);
     ASSERT_EQ(a.rc, 0) << a.out;
-    ShellResult b =
-        train(run.name, run.np, run.then + " --checkpoint.resume true --checkpoint.format full" + kMoe);
+    ShellResult b = train(run.name, run.np, run.then + " --checkpoint.resume true" + full + kMoe);
     ASSERT_EQ(b.rc, 0) << b.out;
     EXPECT_NE(b.out.find("resumed from"), std::string::npos) << b.out;
     std::vector<double> got = losses(run.name), want = losses("resume_ref");

@@ -17,10 +17,19 @@ void check_expert_parallel(const models::GPTConfig& cfg, const ParallelDims& dim
             " (each rank holds n_experts / ep_size experts of every MoE layer)");
 }
 
+namespace {
+void split_layer(nn::MoeMLP& mlp, int64_t parts, int64_t rank) {
+  for (const char* name : {"gate_proj", "up_proj", "down_proj"}) mlp.experts.split_experts(name, parts, rank);
+}
+}  // namespace
+
+void split_experts(models::GPT& gpt, int64_t parts, int64_t rank) {
+  for (auto& block : gpt.h)
+    if (auto* moe = dynamic_cast<nn::MoeBlock*>(block.get())) split_layer(moe->mlp, parts, rank);
+}
+
 void apply_expert_parallel(nn::MoeMLP& mlp, Communicator& ep, bool slice) {
-  if (slice)
-    for (const char* name : {"gate_proj", "up_proj", "down_proj"})
-      mlp.experts.split_experts(name, ep.size(), ep.rank());
+  if (slice) split_layer(mlp, ep.size(), ep.rank());
   mlp.run_experts = [&ep](const nn::Experts& ex, const Tensor& xf, const Tensor& w, const Tensor& choices) {
     return expert_parallel_mlp(ex, xf, w, choices, ep);
   };

@@ -28,6 +28,10 @@ namespace ndt::dist {
 // parallel.ep_size against the model: a model with experts, n_experts divisible by ep.
 void check_expert_parallel(const models::GPTConfig& cfg, const ParallelDims& dims);
 
+// Every MoE layer's experts described as rank `rank` of `parts` holds them (before materialize;
+// also to rebuild another layout's buffers, as a sharded checkpoint's reader does).
+void split_experts(models::GPT& gpt, int64_t parts, int64_t rank);
+
 // Installs expert_parallel_mlp as every MoE layer's ExpertsFn. slice: each rank's parameters
 // hold only its n_experts / ep experts (data parallelism); otherwise the experts stay whole
 // parameters, which FSDP shards like any other, and each rank computes with its rows of them.

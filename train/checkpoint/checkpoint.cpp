@@ -561,16 +561,12 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
   const std::vector<nn::FlatUnit> written = written_layout(st, gpt.cfg, whole);
   TrainState s = read_state(st, path, written, adam_steps);
   s.tokenizer = read_tokenizer_files(path);
-  // this rank's units by name among the whole model's: under pipeline parallelism it holds
-  // some of them (its blocks, and of "embeddings" only what its stage uses)
-  std::vector<const nn::FlatUnit*> from;
-  for (const nn::FlatUnit& u : params.units) {
-    const auto w =
-        std::find_if(written.begin(), written.end(), [&](const nn::FlatUnit& x) { return x.name == u.name; });
-    NDT_CHECK(w != written.end(), "checkpoint ", path, ": state.safetensors has no moments of unit ", u.name,
-              " (adam.m.", u.name, "); the model differs from the checkpoint's");
-    from.push_back(&*w);
-  }
+  // each of this rank's parameters by name in the whole model's units: under pipeline
+  // parallelism it holds some of them (its blocks, and of "embeddings" only what its stage
+  // uses); under expert parallelism inside FSDP its experts are in units of their own
+  std::map<std::string, std::pair<const nn::FlatUnit*, const nn::FlatParam*>> where;
+  for (const nn::FlatUnit& w : written)
+    for (const nn::FlatParam& q : w.params) where[q.spec.name] = {&w, &q};
   read_local_weights((dir / "model.safetensors").string(), gpt, params);
   // the moments: whole buffers of the single-process layout; each parameter at its offset there
   for (size_t i = 0; i < params.units.size(); ++i) {
@@ -578,11 +574,10 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
     kernels::fill(m[i], 0.0);
     kernels::fill(v[i], 0.0);
     for (const nn::FlatParam& p : u.params) {
-      const nn::FlatParam* wp = nullptr;
-      for (const nn::FlatParam& q : from[i]->params)
-        if (q.spec.name == p.spec.name) wp = &q;
-      NDT_CHECK(wp, "checkpoint ", path, ": state.safetensors holds no moments of ", p.spec.name, " in unit ",
-                from[i]->name, "; the model differs from the checkpoint's");
+      const auto found = where.find(p.spec.name);
+      NDT_CHECK(found != where.end(), "checkpoint ", path, ": state.safetensors holds no moments of ",
+                p.spec.name, " (unit ", u.name, "); the model differs from the checkpoint's");
+      const auto [from, wp] = found->second;
       // wte's rows past vocab_size are padding: zero in any layout, never read
       const int64_t live = models::GPT::vocab_rows(p.spec.name) ? gpt.cfg.vocab_size * gpt.cfg.n_embd
                                                                 : numel_of(p.spec.global_shape());
@@ -592,9 +587,9 @@ TrainState load_checkpoint_local(const std::string& path, const models::GPT& gpt
         for (int64_t k = 0; k < len; k += kPiece) {
           const int64_t n = std::min(kPiece, len - k);
           m[i].narrow(0, dst + k, n)
-              .copy_(st.get_range("adam.m." + u.name, wp->offset + g + k, n, m[i].dtype()));
+              .copy_(st.get_range("adam.m." + from->name, wp->offset + g + k, n, m[i].dtype()));
           v[i].narrow(0, dst + k, n)
-              .copy_(st.get_range("adam.v." + u.name, wp->offset + g + k, n, v[i].dtype()));
+              .copy_(st.get_range("adam.v." + from->name, wp->offset + g + k, n, v[i].dtype()));
         }
       });
     }

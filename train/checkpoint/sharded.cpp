@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "dist/expert_parallel/expert_parallel.h"
 #include "dist/pipeline_parallel/stages.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "tensor/kernels.h"
@@ -111,7 +112,7 @@ WrittenShard write_shard(const nn::FlatParams& params, const optim::AdamW& opt, 
 // checkpoint.json but its files and seal. pp_blocks: the blocks of each virtual stage.
 nlohmann::json manifest_of(const TrainState& state, int64_t adam_steps, const models::GPTConfig& cfg,
                            const dist::ParallelDims& d, const std::vector<int64_t>& pp_blocks) {
-  return {{"format", "sharded"},
+  nlohmann::json j = {{"format", "sharded"},
           {"step", state.step},
           {"adam_steps", adam_steps},
           {"loader_epoch", state.loader.epoch},
@@ -126,6 +127,10 @@ nlohmann::json manifest_of(const TrainState& state, int64_t adam_steps, const mo
             {"cp", d.cp * d.sp},  // (Ulysses' sp ranks shard like cp ranks: one flat fsdp index)
             {"tp", d.tp}}},
           {"files", nlohmann::json::object()}};
+  // expert parallelism inside FSDP: the experts' units of each ep rank's slice (written only then,
+  // so that other checkpoints keep their manifests)
+  if (d.experts_apart()) j["layout"]["ep"] = d.ep;
+  return j;
 }
 
 }  // namespace
@@ -427,6 +432,10 @@ void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& 
   r.layout.cp = in.integer(lj, "layout", "cp", 1, kRanks);
   r.layout.tp = in.integer(lj, "layout", "tp", 1, kRanks);
   read_pipeline(lj, in, r);
+  r.layout.ep = lj.contains("ep") ? in.integer(lj, "layout", "ep", 2, kRanks) : 1;
+  NDT_CHECK(r.layout.ep == 1 || (r.layout.dp_shard % r.layout.ep == 0 && r.model.n_experts % r.layout.ep == 0),
+            "checkpoint ", F, ": \"layout.ep\" is ", r.layout.ep, ", which must divide \"layout.dp_shard\" ",
+            r.layout.dp_shard, " and the model's ", r.model.n_experts, " experts", kFix);
   const int64_t tp = r.layout.tp;
   NDT_CHECK(r.model.n_head % tp == 0 && r.model.kv_heads() % tp == 0 && r.model.mlp_hidden() % tp == 0 &&
                 r.model.padded_vocab() % tp == 0,
@@ -510,7 +519,12 @@ class Writers {
     for (int64_t s = 0; s < m.layout.pp; ++s) {
       models::GPT old(m.model, dist::pipeline_part(m.pp_blocks, m.layout.pp, s));
       dist::split_tensor_parallel(old, m.layout.tp, 0);
-      units_.push_back(nn::flat_layout(old.units(), nn::ShardSpec{0, m.fsdp()}));
+      nn::ShardSpec shard{0, m.fsdp()};
+      if (m.layout.ep > 1) {  // each ep rank's experts in units apart, over fsdp / ep writers
+        dist::split_experts(old, m.layout.ep, 0);
+        shard.experts = {0, m.fsdp() / m.layout.ep};
+      }
+      units_.push_back(nn::flat_layout(old.units(m.layout.ep > 1), shard));
     }
     for (int64_t s = 0; s < m.layout.pp; ++s)
       for (size_t i = 0; i < units_[s].size(); ++i)
@@ -524,6 +538,16 @@ class Writers {
     NDT_CHECK(it != where_.end(), "checkpoint ", m_.dir, ": no parameter ", param, " in the layout of its ",
               kManifest);
     return it->second;
+  }
+
+  // Which writer (tp rank, fsdp rank) holds shard f of unit u for slice q of its parameters:
+  // tp rank q's; in a unit of experts (layout.ep > 1), ep rank q's experts, sharded over the
+  // writers holding them, every tp rank alike: shard f of those is fsdp rank (dp shard
+  // (f / CS) ep + q, cp x sp position f % CS), as DeviceMesh::ep_shard orders them
+  std::pair<int64_t, int64_t> writer(const nn::FlatUnit& u, int64_t q, int64_t f) const {
+    if (!u.experts) return {q, f};
+    const int64_t CS = m_.layout.cp;  // cp x sp (manifest_of)
+    return {0, ((f / CS) * m_.layout.ep + q) * CS + f % CS};
   }
 
   // the file of pipeline stage s, tensor-parallel rank t and FSDP shard f
@@ -610,7 +634,8 @@ void read_kind(Writers& w, const models::GPTConfig& cfg, const nn::FlatParams& p
           const int64_t f = off / ou.shard_numel, in = off % ou.shard_numel;
           const int64_t n = std::min({len - k, run, ou.shard_numel - in, kPiece});
           const Tensor target = dst[i].narrow(0, to + k, n);
-          const io::SafeTensorsReader& r = w.file(src.stage, q, f);
+          const auto [t, writer] = w.writer(ou, q, f);
+          const io::SafeTensorsReader& r = w.file(src.stage, t, writer);
           const Tensor piece = dst[i].device().is_cpu() ? target : staging.narrow(0, 0, n);
           r.read_range(tensor, in, piece);
           check_piece(piece, r.path(), tensor, p.spec.name, kind == "v");

@@ -7,8 +7,13 @@
 //     ...                            tensor-parallel rank and FSDP shard; replicas hold copies)
 //     checkpoint.json                format "sharded", step, loader position, AdamW steps, the
 //                                    model and layout that wrote it (pp, pp_blocks, dp_replicate,
-//                                    dp_shard, cp, tp), each file's size and checksum, and its
-//                                    own checksum (manifest_xxh64) -- written last, by rank 0
+//                                    dp_shard, cp, tp; ep under expert parallelism inside FSDP),
+//                                    each file's size and checksum, and its own checksum
+//                                    (manifest_xxh64) -- written last, by rank 0
+//
+// Expert parallelism inside FSDP: each writer's file also holds data.h.<i>.experts (and its
+// moments), its ep rank's experts of block i sharded over the fsdp / ep writers that hold them
+// (models::GPT::units(experts_apart)); every tp rank writes the same experts, tp rank 0's are read.
 //
 // Under pipeline parallelism (pp > 1) each stage's writers name their files
 // shard_pp<s>_tp<t>_fsdp<f>.safetensors and hold that stage's units only: its blocks h.<i>,

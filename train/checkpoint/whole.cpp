@@ -8,9 +8,10 @@
 namespace ndt::ckpt {
 namespace {
 
-// What a run trains: its adapters (LoRA), or its model's parameters
-std::vector<nn::UnitSpec> trained_units(const models::GPT& gpt) {
-  return gpt.has_lora() ? gpt.adapter_units() : gpt.units();
+// What a run trains: its adapters (LoRA), or its model's parameters (experts_apart: as
+// models::GPT::units lays them out under expert parallelism inside FSDP)
+std::vector<nn::UnitSpec> trained_units(const models::GPT& gpt, bool experts_apart = false) {
+  return gpt.has_lora() ? gpt.adapter_units() : gpt.units(experts_apart);
 }
 
 // the single-process layout, on the CPU (its initial values are overwritten); LoRA (`lora`
@@ -57,7 +58,7 @@ std::vector<nn::ParamSpec> stage_params(const models::GPTConfig& mc, const dist:
   models::GPT part(mc, dist::pipeline_part(pm.pp_blocks, p, stage));
   if (pm.gpt().has_lora()) part.add_lora(pm.gpt().lora_config);
   std::vector<nn::ParamSpec> out;
-  for (const nn::FlatUnit& u : nn::flat_layout(trained_units(part), nn::ShardSpec{0, 1}))
+  for (const nn::FlatUnit& u : nn::flat_layout(trained_units(part, pm.mesh().dims().experts_apart())))
     for (const nn::FlatParam& fp : u.params) out.push_back(fp.spec);
   return out;
 }
