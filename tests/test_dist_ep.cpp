@@ -199,7 +199,28 @@ TEST_F(DistEp, Ep2StartsFromAModelFolderAsOneProcess) {
   EXPECT_LT(a[0], losses("hf_src")[0]) << "the folder's weights are trained, not a fresh init";
 }
 
-// Bad layouts: one line naming the key and the fix, before anything trains.
+// LoRA adapters on a mixture-of-experts base under ep2 inside fsdp2 and fsdp4: the frozen
+// base's experts in units of their own, gathered with their blocks; one process's losses.
+TEST_F(DistEp, LoraOnAnMoeBaseUnderEp2InsideFsdpEqualsOneProcess) {
+  ShellResult base = train("lora_base", 1, "--train.micro_batch_size 4 --train.steps 2" + kMoe);
+  ASSERT_EQ(base.rc, 0) << base.out;
+  const std::string lora = " --lora.rank 4 --model.init_from " + (dir_ / "lora_base" / "ck").string() + kMoe;
+  ASSERT_EQ(train("lora_one", 1, "--train.micro_batch_size 4" + lora).rc, 0);
+  const std::vector<double> want = losses("lora_one");
+  ASSERT_EQ(want.size(), 5u);
+  for (const auto& [name, np, args] :
+       {std::tuple{"lora_ep2_fsdp2", 2, "--train.micro_batch_size 2 --parallel.dp_shard_size 2"},
+        std::tuple{"lora_ep2_fsdp4", 4, "--train.micro_batch_size 1 --parallel.dp_shard_size 4"}}) {
+    SCOPED_TRACE(name);
+    ShellResult r = train(name, np, std::string(args) + " --parallel.ep_size 2" + lora);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const std::vector<double> got = losses(name);
+    ASSERT_EQ(got.size(), 5u);
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+    std::printf("%s: losses %.6f..%.6f as one process\n", name, got.front(), got.back());
+  }
+}
+
 // The bytes a step's exchanges send, through train_gpt's own counters: with k = E every token
 // goes to every expert, so the routing, and the bytes, are known without running it. Against
 // fsdp2 without EP, ep2 inside fsdp2 adds the EP group's bytes: per MoE layer and micro-step,
@@ -240,6 +261,7 @@ TEST_F(DistEp, ExchangedBytesPerStepFollowFromTheRouting) {
       static_cast<long long>(exchanges), static_cast<long long>(experts_fsdp));
 }
 
+// Bad layouts: one line naming the key and the fix, before anything trains.
 TEST_F(DistEp, BadLayoutsAreRefused) {
   struct Case {
     int np;
