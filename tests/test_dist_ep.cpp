@@ -3,9 +3,11 @@
 // expert parallelism (ep2 over 2 replicas; ep2 and ep4 over 4; ep2 inside FSDP over 2 and 4 and
 // inside HSDP 2 x 2; with cp, sp, tp and tp's sequence parallelism), and MoE under plain DP, against
 // the single process on the same global batch: the losses of every step, the first step's
-// gradients and the parameters after the last; a checkpoint written under ep2 resumes on one
-// process with the uninterrupted run's losses; a run started from a Hugging Face folder under
-// ep2 x fsdp2 has one process's losses; bad layouts are refused with one line.
+// gradients and the parameters after the last; checkpoints written under ep2 (full, and sharded
+// with the experts in units of their own) resume in other layouts with the uninterrupted run's
+// losses; a run started from a Hugging Face folder and LoRA on an MoE base under ep2 inside FSDP
+// have one process's losses; a step's bytes follow from the routing; bad layouts are refused
+// with one line.
 #include <gtest/gtest.h>
 
 #include "support/corpus.h"
