@@ -79,6 +79,10 @@ struct ParallelDims {
   // expert parallelism inside FSDP: each MoE block's experts in a unit of their own
   // (models::GPT::units), sharded over fsdp / ep ranks (DeviceMesh::ep_shard)
   bool experts_apart() const { return ep > 1 && sharded(); }
+  // ... and the ranks each unit of experts is sharded over (DeviceMesh::ep_shard: fsdp / ep, or
+  // with ep over the replicas (dp_shard 1) the whole FSDP group) and averaged over (ep_replicate)
+  int64_t expert_shards() const { return dp_shard > 1 ? fsdp() / ep : fsdp(); }
+  int64_t expert_replicas() const { return dp_shard > 1 ? dp_replicate : dp_replicate / ep; }
 
   struct Coords {
     int64_t pp = 0, replicate = 0, shard = 0, cp = 0, tp = 0, sp = 0;
@@ -144,8 +148,8 @@ class DeviceMesh {
   ParallelDims::Coords coords_;
   std::vector<std::string> hosts_;
   std::vector<int32_t> local_ranks_;
-  std::shared_ptr<Communicator> world_, pp_, replicate_, shard_, cp_, sp_, tp_, dp_, fsdp_, ep_, ep_data_, ep_shard_,
-      ep_replicate_;
+  std::shared_ptr<Communicator> world_, pp_, replicate_, shard_, cp_, sp_, tp_, dp_, fsdp_, ep_, ep_data_,
+      ep_shard_, ep_replicate_;
 };
 
 }  // namespace ndt::dist

@@ -402,31 +402,26 @@ Count dense_mlp_moment(const Shapes& s, Count saved) {
 // (M C) kept by moe_combine. Expert parallelism (dist::expert_parallel_mlp): the dispatched
 // rows die in the all-to-all; kept are the R rows received, permuted by expert (R C), gate's,
 // up's and silu_mul's outputs on them (3 R Ie), the two permutations' orders (2 R i32), the
-// rows combined back (M C); inside FSDP (experts not sliced) the El experts' copies split
-// out of gate, up and down (3 El C Ie), kept by the grouped GEMMs. The shared expert (Hs):
+// rows combined back (M C). The shared expert (Hs):
 // the llama MLP's on its N rows (3 N Hs), its output and the gate's sigmoid spread over C
 // (2 N C) kept by their product, the gate's softmax of (g, 0) (N 2 f32) and its column (N a).
 Count moe_mlp_saved(const Shapes& s) {
   const Count N = s.N, Nr = s.Nr(), M = s.M(), R = s.R(), C = s.C, E = s.E, Ie = s.Ie, a = s.act_bytes;
   const Count router = Nr * E * kF * (s.router_z ? 2 : 1) + M * 4 /*choices*/ + M * a + 2 * M * 4;
   Count experts = M * C * a + 3 * M * Ie * a + M * C * a;
-  if (s.ep > 1)
-    experts = R * C * a + 3 * R * Ie * a + 2 * R * 4 + M * C * a +
-              (s.experts_sliced ? Count(0) : 3 * Count(s.El()) * C * Ie * a);
+  if (s.ep > 1) experts = R * C * a + 3 * R * Ie * a + 2 * R * 4 + M * C * a;
   const Count shared = s.Hs > 0 ? 3 * N * s.Hs * a + 2 * N * C * a + N * 2 * kF + N * a : Count(0);
   return router + experts + shared;
 }
 
 // Its backward on top of `saved`: moe_combine's backward (the rows' gradient M C in the place
-// of the rows it kept, and the weights'), then down's (dh R Ie; its weight gradient El Ie C,
-// and inside FSDP under ep the split's whole E Ie C), silu_mul's (dgate, dup 2 R Ie beside dh,
-// down's input released) and
-// gate's and up's (two input gradients R C, a weight gradient); under ep the exchanges'
-// gradients of the R rows (R C) beside them. The shared expert's backward runs before, as
-// the llama MLP's.
+// of the rows it kept, and the weights'), then down's (dh R Ie; its weight gradient El Ie C),
+// silu_mul's (dgate, dup 2 R Ie beside dh, down's input released) and gate's and up's (two
+// input gradients R C, a weight gradient); under ep the exchanges' gradients of the R rows
+// (R C) beside them. The shared expert's backward runs before, as the llama MLP's.
 Count moe_mlp_moment(const Shapes& s, Count saved) {
   const Count M = s.M(), R = s.R(), C = s.C, Ie = s.Ie, a = s.act_bytes;
-  const Count w = Count(s.El()) * Ie * C * a + (s.ep > 1 && !s.experts_sliced ? Count(s.E) * Ie * C * a : 0);
+  const Count w = Count(s.El()) * Ie * C * a;
   const Count rows = s.ep > 1 ? R * C * a : Count(0);                         // an exchange's gradient
   const Count down = saved - M * C * a + M * C * a + rows + R * Ie * a + w;   // dy in y's place
   const Count silu = saved - M * C * a - R * Ie * a + rows + 3 * R * Ie * a;  // h gone: dh, dgate, dup

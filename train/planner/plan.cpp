@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "dist/context_parallel/ring_attention.h"
+#include "dist/expert_parallel/expert_parallel.h"
 #include "dist/parallelize.h"
 #include "dist/tensor_parallel/tensor_parallel.h"
 #include "models/gpt.h"
@@ -132,26 +133,33 @@ UnitLayout plan_parameters(const Config& c, Plan& p, const StageView& v) {
   models::GPT gpt(mc, v.part());
   if (c.lora.on()) gpt.add_lora(c.lora);      // before TP, which splits them with their linears
   dist::split_tensor_parallel(gpt, D.tp, 0);  // rank 0's shapes: every rank's are the same
-  // expert parallelism over replicas: each rank's parameters hold E / ep experts of every MoE
-  // layer (dist::apply_expert_parallel's slice; inside FSDP they stay whole, sharded as the rest)
-  if (D.ep > 1 && !D.sharded())
-    for (auto& block : gpt.h)
-      if (auto* moe = dynamic_cast<nn::MoeBlock*>(block.get()))
-        for (const char* name : {"gate_proj", "up_proj", "down_proj"})
-          moe->mlp.experts.split_experts(name, D.ep, 0);
+  // expert parallelism: each rank's parameters hold E / ep experts of every MoE layer
+  // (dist::split_experts); inside FSDP in units of their own, sharded over the fsdp / ep ranks
+  // that hold the same experts (models::GPT::units(experts_apart))
+  if (D.ep > 1) dist::split_experts(gpt, D.ep, 0);
+  nn::ShardSpec shard_spec{0, D.fsdp()};
+  if (D.experts_apart()) shard_spec.experts = {0, D.expert_shards()};
   UnitLayout l;
-  l.units = nn::flat_layout(gpt.units(), nn::ShardSpec{0, D.fsdp()});
+  l.units = nn::flat_layout(gpt.units(D.experts_apart()), shard_spec);
   Count params_rank = 0, shard = 0;
-  for (size_t i = 0; i < l.units.size(); ++i) {
-    params_rank += l.units[i].param_count();
-    shard += l.units[i].shard_numel;
-    p.unit_numel.push_back(l.units[i].padded_numel);
-    p.unit_shard_numel.push_back(l.units[i].shard_numel);
-    if (i == 0)
-      l.emb_full = l.units[i].padded_numel;
-    else
-      l.block_full = std::max(l.block_full, Count(l.units[i].padded_numel));
+  for (const nn::FlatUnit& u : l.units) {
+    params_rank += u.param_count();
+    shard += u.shard_numel;
+    if (u.experts) continue;  // after every block's unit: placed below
+    p.unit_numel.push_back(u.padded_numel);
+    p.unit_shard_numel.push_back(u.shard_numel);
   }
+  p.experts_numel.assign(p.unit_numel.size(), 0);
+  p.experts_shard_numel.assign(p.unit_numel.size(), 0);
+  for (const nn::FlatUnit& u : l.units)
+    for (size_t b = 1; u.experts && b < p.unit_numel.size(); ++b)
+      if (u.name == l.units[b].name + ".experts") {
+        p.experts_numel[b] = u.padded_numel;
+        p.experts_shard_numel[b] = u.shard_numel;
+      }
+  l.emb_full = p.unit_numel[0];
+  for (size_t b = 1; b < p.unit_numel.size(); ++b)  // a block and its experts are whole together
+    l.block_full = std::max(l.block_full, Count(p.unit_numel[b] + p.experts_numel[b]));
   p.params_rank = params_rank.v;
   Count whole = 0;
   for (const nn::FlatUnit& u : l.units) whole += u.padded_numel;
@@ -385,18 +393,46 @@ Count dense_numel(const nn::FlatUnit& u) {
   return n;
 }
 
+// Expert parallelism inside FSDP: every block's experts in units of their own, gathered and
+// reduced with their block over the m ranks that hold them (n / ep; n when ep lies over the
+// replicas: dist/fsdp/fsdp.h): `gathers` (and `reduces`) whole sets of them, as often as the
+// blocks' are (`but_last`: every set but the last block's, forward's order), and their shards
+// averaged over their replicas (HSDP: r, or r / ep when ep lies over the replicas)
+void plan_expert_units(Plan& p, const Shapes& s, Count gathers, Count but_last, Count reduces) {
+  const dist::ParallelDims& D = p.dims;
+  if (!D.experts_apart()) return;
+  const Count a = s.act_bytes, rd = p.wire_reduce_bytes, m = D.expert_shards(), re = D.expert_replicas();
+  Count all = 0, last = 0, shards = 0;
+  for (size_t b = 1; b < p.experts_numel.size(); ++b) {
+    all += p.experts_numel[b];
+    if (p.experts_numel[b] > 0) last = p.experts_numel[b];
+    shards += all_reduce_bytes(Count(p.experts_shard_numel[b]) * kF, re);
+  }
+  add_comm(p, "ep_shard", "all-gather of the blocks' experts over the m ranks holding them",
+           "(gathers sum - but-last) (m-1)/m P_experts a",
+           (m - 1) * ((gathers * all - but_last * last) * a / m));
+  if (p.lora_rank > 0) return;  // a frozen base: gathered, never reduced
+  add_comm(p, "ep_shard", "reduce-scatter of the blocks' experts' gradients over the m ranks holding them",
+           "reduces (m-1)/m sum P_experts r'", reduces * (m - 1) * (all * rd / m));
+  add_comm(p, "ep_replicate", "HSDP all-reduce of the experts' gradient shards over their replicas",
+           "2 (r_e-1)/r_e sum P_experts/m", shards);
+}
+
 // FSDP's all-gathers and reduce-scatters over its n ranks, and the all-reduces over the r
 // replicas (HSDP's of the gradient shards, DP's of the whole gradients). Under pipeline
 // parallelism FSDP's are counted along the schedule (fsdp_walk): a block is gathered again
-// whenever an action needs it and it was released.
+// whenever an action needs it and it was released. The blocks' experts under expert
+// parallelism inside FSDP: plan_expert_units.
 void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v) {
   const dist::ParallelDims& D = p.dims;
   const std::vector<nn::FlatUnit>& units = l.units;
   const Count emb_full = l.emb_full, a = s.act_bytes, rd = p.wire_reduce_bytes;
   const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate;
+  const size_t nb = p.unit_numel.size();  // the embeddings and the blocks: units [0, nb)
   if (D.sharded() && D.pp > 1) {
     const FsdpWalk w = fsdp_walk(v, a.v != kF);
-    const Count block = l.block_full;
+    Count block = 0;  // the largest block without its experts
+    for (size_t b = 1; b < nb; ++b) block = std::max(block, Count(p.unit_numel[b]));
     add_comm(p, "fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb a",
              (n - 1) * (emb_full * a / n));
     add_comm(
@@ -404,6 +440,8 @@ void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, cons
         "all-gather of a block whenever an action needs it released (" + std::to_string(w.block_gathers) +
             " in the schedule: in each F, and in each B unless still whole)",
         std::to_string(w.block_gathers) + " (n-1)/n P_block a", w.block_gathers * (n - 1) * (block * a / n));
+    const Count blocks = Count(std::max<int64_t>(int64_t(nb) - 1, 1));  // the walk's counts: every block's
+    plan_expert_units(p, s, Count(w.block_gathers) / blocks, 0, Count(w.block_reduces) / blocks);
     if (p.lora_rank > 0) return;  // a frozen base: gathered, never reduced (dist/adapters.h)
     add_comm(p, "fsdp",
              "reduce-scatter of a block's gradient whenever its gradient group fires (" +
@@ -417,16 +455,16 @@ void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, cons
              w.emb_reduces * (n - 1) * (emb_full * rd / n));
     if (r > 1) {
       Count b = Count(w.emb_replica_reduces) * all_reduce_bytes(Count(units[0].shard_numel) * kF, r);
-      for (size_t i = 1; i < units.size(); ++i) b += all_reduce_bytes(Count(units[i].shard_numel) * kF, r);
+      for (size_t i = 1; i < nb; ++i) b += all_reduce_bytes(Count(p.unit_shard_numel[i]) * kF, r);
       add_comm(p, "replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
     }
     return;
   }
   if (D.sharded()) {
     Count blocks_full = 0, blocks_but_last = 0;  // elements
-    for (size_t i = 1; i < units.size(); ++i) {
-      blocks_full += units[i].padded_numel;
-      if (i + 1 < units.size()) blocks_but_last += units[i].padded_numel;
+    for (size_t i = 1; i < nb; ++i) {
+      blocks_full += p.unit_numel[i];
+      if (i + 1 < nb) blocks_but_last += p.unit_numel[i];
     }
     add_comm(p, "fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb a",
              (n - 1) * (emb_full * a / n));
@@ -434,6 +472,7 @@ void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, cons
              A * (n - 1) * (blocks_full * a / n));
     add_comm(p, "fsdp", "all-gather of every block but the last (backward)",
              "accum (n-1)/n sum P_block[<L] a", A * (n - 1) * (blocks_but_last * a / n));
+    plan_expert_units(p, s, 2 * A, A, A);
     if (p.lora_rank > 0) return;  // a frozen base: gathered, never reduced (dist/adapters.h)
     add_comm(p, "fsdp", "reduce-scatter of every block's gradient", "accum (n-1)/n sum P_block r'",
              A * (n - 1) * (blocks_full * rd / n));
@@ -442,7 +481,7 @@ void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, cons
   }
   if (r > 1 && p.lora_rank == 0) {
     Count b = 0, experts = 0;
-    for (size_t i = 0; i < units.size(); ++i) {
+    for (size_t i = 0; i < nb; ++i) {
       const Count e = expert_numel(units[i]);
       if (e.v == 0 || D.ep == 1 || D.sharded() || i == 0) {
         b += all_reduce_bytes(Count(units[i].shard_numel) * kF, r);

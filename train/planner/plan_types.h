@@ -72,6 +72,9 @@ struct Plan {
   // the flat units (the embeddings, then each block) on this rank: whole (padded) and shard
   // elements; the time model sends them
   std::vector<int64_t> unit_numel, unit_shard_numel;
+  // expert parallelism inside FSDP: unit i's experts in a unit of their own (0: none), gathered
+  // and reduced with it over the fsdp / ep ranks that hold them (models::GPT::units)
+  std::vector<int64_t> experts_numel, experts_shard_numel;
   // the dtype of training; bytes of an activation (4, or 2 under bfloat16) and of an
   // element of FSDP's reduce-scatters (parallel.reduce_dtype under bfloat16)
   std::string dtype = "float32";

@@ -342,13 +342,20 @@ void StepReplay::column_parallel_backward(const Work& input_grad, const Work& we
 
 // ---- FSDP and DP ----------------------------------------------------------------------------
 
-// FSDP's all-gather of unit u's whole buffer (dist/fsdp/fsdp.cpp), in the compute dtype
+// FSDP's all-gather of unit u's whole buffer (dist/fsdp/fsdp.cpp), in the compute dtype; under
+// expert parallelism with its experts' unit, over the fsdp / ep ranks that hold them (the
+// FSDP group's links), queued behind it
 void StepReplay::prefetch(int64_t unit) {
-  if (plan_.unit_numel[static_cast<size_t>(unit)] == 0) return;  // a middle stage's embeddings
-  const double bytes = double(plan_.unit_numel[static_cast<size_t>(unit)]) * double(plan_.act_bytes);
-  gathered_[static_cast<size_t>(unit)] =
-      timeline_.start("fsdp", gather_s(bytes, plan_.dims.fsdp(), links_.fsdp));
+  const auto u = static_cast<size_t>(unit);
+  if (plan_.unit_numel[u] == 0) return;  // a middle stage's embeddings
+  const double a = double(plan_.act_bytes), bytes = double(plan_.unit_numel[u]) * a;
+  gathered_[u] = timeline_.start("fsdp", gather_s(bytes, plan_.dims.fsdp(), links_.fsdp));
+  if (plan_.experts_numel[u] > 0)
+    gathered_[u] =
+        timeline_.start("fsdp", gather_s(double(plan_.experts_numel[u]) * a, expert_shards(), links_.fsdp));
 }
+
+int64_t StepReplay::expert_shards() const { return plan_.dims.expert_shards(); }
 
 void StepReplay::wait_gathered(int64_t unit) { timeline_.wait("fsdp", gathered_[static_cast<size_t>(unit)]); }
 
@@ -360,6 +367,11 @@ void StepReplay::reduce_gradient(int64_t unit) {
   if (sharded_) {
     const double bytes = numel * double(plan_.wire_reduce_bytes);
     reducing_.emplace_back(unit, timeline_.start("fsdp", gather_s(bytes, plan_.dims.fsdp(), links_.fsdp)));
+    const double experts = double(plan_.experts_numel[static_cast<size_t>(unit)]);
+    if (experts > 0)  // its experts' gradient group fires with it (the same backward)
+      reducing_.emplace_back(
+          -unit, timeline_.start("fsdp", gather_s(experts * double(plan_.wire_reduce_bytes), expert_shards(),
+                                                  links_.fsdp)));
   } else if (plan_.dims.dp_replicate > 1) {
     replica_done_.push_back(
         timeline_.start("replicate", all_reduce_s(numel * kF, plan_.dims.dp_replicate, links_.replicate)));
@@ -374,10 +386,13 @@ void StepReplay::drain(size_t keep, bool last_micro_step) {
     const auto [unit, done] = reducing_.front();
     reducing_.pop_front();
     timeline_.wait("fsdp", done);
-    if (last_micro_step && replicas > 1) {
-      const double shard_bytes = double(plan_.unit_shard_numel[static_cast<size_t>(unit)]) * kF;
-      replica_done_.push_back(
-          timeline_.start("replicate", all_reduce_s(shard_bytes, replicas, links_.replicate)));
+    // (-u: unit u's experts, averaged over the replicas that hold them)
+    const auto u = static_cast<size_t>(std::abs(unit));
+    const int64_t r = unit >= 0 ? replicas : plan_.dims.expert_replicas();
+    if (last_micro_step && r > 1) {
+      const double shard_bytes =
+          double(unit >= 0 ? plan_.unit_shard_numel[u] : plan_.experts_shard_numel[u]) * kF;
+      replica_done_.push_back(timeline_.start("replicate", all_reduce_s(shard_bytes, r, links_.replicate)));
     }
   }
 }

@@ -97,6 +97,7 @@ class StepReplay {
   void column_parallel_backward(const Work& input_grad, const Work& weight_grad);
   // FSDP (dist/fsdp) and DP (dist/data_parallel.h): unit 0 the embeddings, unit u block u - 1
   void prefetch(int64_t unit);
+  int64_t expert_shards() const;  // the ranks a unit of experts is sharded over
   void wait_gathered(int64_t unit);
   void reduce_gradient(int64_t unit);
   void drain(size_t keep, bool last_micro_step);
@@ -123,9 +124,10 @@ class StepReplay {
   // seconds: Ulysses' all-to-alls of q, k and v, and of the output (0 without it)
   const double a2a_in_s_, a2a_out_s_;
   Timeline timeline_;
-  std::vector<Ticket> gathered_;                     // FSDP's all-gathers, by unit
-  std::deque<std::pair<int64_t, Ticket>> reducing_;  // (unit, its reduce-scatter) not drained yet
-  std::vector<Ticket> replica_done_;                 // the all-reduces over dp_replicate
+  std::vector<Ticket> gathered_;  // FSDP's all-gathers, by unit
+  // (unit, its reduce-scatter) not drained yet; -unit: the unit of its experts
+  std::deque<std::pair<int64_t, Ticket>> reducing_;
+  std::vector<Ticket> replica_done_;  // the all-reduces over dp_replicate
 };
 
 }  // namespace ndt::train

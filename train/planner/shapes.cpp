@@ -51,7 +51,6 @@ Shapes shapes_of(const Plan& plan, const std::string& device) {
   shapes.Ie = plan.expert_hidden;
   shapes.Hs = plan.shared_hidden / dims.tp;
   shapes.ep = dims.ep;
-  shapes.experts_sliced = dims.ep > 1 && !dims.sharded();
   shapes.router_z = plan.router_z;
   shapes.imbalance = dims.ep > 1 ? plan.ep_imbalance : 1.0;
   int64_t blocks = 0;
