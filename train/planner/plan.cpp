@@ -418,48 +418,55 @@ void plan_expert_units(Plan& p, const Shapes& s, Count gathers, Count but_last, 
            "2 (r_e-1)/r_e sum P_experts/m", shards);
 }
 
+// FSDP's collectives under pipeline parallelism, counted along the schedule (fsdp_walk): a
+// block is gathered again whenever an action needs it and it was released.
+void plan_pipelined_fsdp_comm(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v) {
+  const dist::ParallelDims& D = p.dims;
+  const std::vector<nn::FlatUnit>& units = l.units;
+  const Count emb_full = l.emb_full, a = s.act_bytes, rd = p.wire_reduce_bytes;
+  const Count n = D.fsdp(), r = D.dp_replicate;
+  const size_t nb = p.unit_numel.size();
+  const FsdpWalk w = fsdp_walk(v, a.v != kF);
+  Count block = 0;  // the largest block without its experts
+  for (size_t b = 1; b < nb; ++b) block = std::max(block, Count(p.unit_numel[b]));
+  add_comm(p, "fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb a",
+           (n - 1) * (emb_full * a / n));
+  add_comm(p, "fsdp",
+           "all-gather of a block whenever an action needs it released (" + std::to_string(w.block_gathers) +
+               " in the schedule: in each F, and in each B unless still whole)",
+           std::to_string(w.block_gathers) + " (n-1)/n P_block a",
+           w.block_gathers * (n - 1) * (block * a / n));
+  const Count blocks = Count(std::max<int64_t>(int64_t(nb) - 1, 1));  // the walk's counts: every block's
+  plan_expert_units(p, s, Count(w.block_gathers) / blocks, 0, Count(w.block_reduces) / blocks);
+  if (p.lora_rank > 0) return;  // a frozen base: gathered, never reduced (dist/adapters.h)
+  add_comm(p, "fsdp",
+           "reduce-scatter of a block's gradient whenever its gradient group fires (" +
+               std::to_string(w.block_reduces) + ": each B, under zb-h1 each W that leaves none to come)",
+           std::to_string(w.block_reduces) + " (n-1)/n P_block r'",
+           w.block_reduces * (n - 1) * (block * rd / n));
+  add_comm(p, "fsdp",
+           w.emb_reduces == 1 ? "reduce-scatter of the embeddings' gradient (once per step)"
+                              : "reduce-scatter of the embeddings' gradient (after each B and W)",
+           std::to_string(w.emb_reduces) + " (n-1)/n P_emb r'",
+           w.emb_reduces * (n - 1) * (emb_full * rd / n));
+  if (r > 1) {
+    Count b = Count(w.emb_replica_reduces) * all_reduce_bytes(Count(units[0].shard_numel) * kF, r);
+    for (size_t i = 1; i < nb; ++i) b += all_reduce_bytes(Count(p.unit_shard_numel[i]) * kF, r);
+    add_comm(p, "replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
+  }
+}
+
 // FSDP's all-gathers and reduce-scatters over its n ranks, and the all-reduces over the r
-// replicas (HSDP's of the gradient shards, DP's of the whole gradients). Under pipeline
-// parallelism FSDP's are counted along the schedule (fsdp_walk): a block is gathered again
-// whenever an action needs it and it was released. The blocks' experts under expert
-// parallelism inside FSDP: plan_expert_units.
+// replicas (HSDP's of the gradient shards, DP's of the whole gradients); under pipeline
+// parallelism plan_pipelined_fsdp_comm's. The blocks' experts under expert parallelism inside
+// FSDP: plan_expert_units.
 void plan_data_parallel_comm(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v) {
   const dist::ParallelDims& D = p.dims;
   const std::vector<nn::FlatUnit>& units = l.units;
   const Count emb_full = l.emb_full, a = s.act_bytes, rd = p.wire_reduce_bytes;
   const Count A = p.accum, n = D.fsdp(), r = D.dp_replicate;
   const size_t nb = p.unit_numel.size();  // the embeddings and the blocks: units [0, nb)
-  if (D.sharded() && D.pp > 1) {
-    const FsdpWalk w = fsdp_walk(v, a.v != kF);
-    Count block = 0;  // the largest block without its experts
-    for (size_t b = 1; b < nb; ++b) block = std::max(block, Count(p.unit_numel[b]));
-    add_comm(p, "fsdp", "all-gather of the embeddings (once per step)", "(n-1)/n P_emb a",
-             (n - 1) * (emb_full * a / n));
-    add_comm(
-        p, "fsdp",
-        "all-gather of a block whenever an action needs it released (" + std::to_string(w.block_gathers) +
-            " in the schedule: in each F, and in each B unless still whole)",
-        std::to_string(w.block_gathers) + " (n-1)/n P_block a", w.block_gathers * (n - 1) * (block * a / n));
-    const Count blocks = Count(std::max<int64_t>(int64_t(nb) - 1, 1));  // the walk's counts: every block's
-    plan_expert_units(p, s, Count(w.block_gathers) / blocks, 0, Count(w.block_reduces) / blocks);
-    if (p.lora_rank > 0) return;  // a frozen base: gathered, never reduced (dist/adapters.h)
-    add_comm(p, "fsdp",
-             "reduce-scatter of a block's gradient whenever its gradient group fires (" +
-                 std::to_string(w.block_reduces) + ": each B, under zb-h1 each W that leaves none to come)",
-             std::to_string(w.block_reduces) + " (n-1)/n P_block r'",
-             w.block_reduces * (n - 1) * (block * rd / n));
-    add_comm(p, "fsdp",
-             w.emb_reduces == 1 ? "reduce-scatter of the embeddings' gradient (once per step)"
-                                : "reduce-scatter of the embeddings' gradient (after each B and W)",
-             std::to_string(w.emb_reduces) + " (n-1)/n P_emb r'",
-             w.emb_reduces * (n - 1) * (emb_full * rd / n));
-    if (r > 1) {
-      Count b = Count(w.emb_replica_reduces) * all_reduce_bytes(Count(units[0].shard_numel) * kF, r);
-      for (size_t i = 1; i < nb; ++i) b += all_reduce_bytes(Count(p.unit_shard_numel[i]) * kF, r);
-      add_comm(p, "replicate", "HSDP all-reduce of every gradient shard", "2 (r-1)/r sum P/n", b);
-    }
-    return;
-  }
+  if (D.sharded() && D.pp > 1) return plan_pipelined_fsdp_comm(p, l, s, v);
   if (D.sharded()) {
     Count blocks_full = 0, blocks_but_last = 0;  // elements
     for (size_t i = 1; i < nb; ++i) {
