@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "autograd/engine.h"
+#include "autograd/hooks.h"
 #include "autograd/ops.h"
 #include "dist/expert_parallel/comm.h"
 #include "dist/expert_parallel/expert_parallel.h"
@@ -155,7 +156,9 @@ TEST(ExpertParallel, MoeLayerOverWholeExpertsEqualsTheWholeLayer) { check_layer(
 
 // A router of zeros: every token's probabilities tie and its top 2 are experts 0 and 1 (the
 // lowest on ties), rank 0's; the other ranks' experts get no rows, yet every rank takes part in
-// both exchanges, forward and backward.
+// both exchanges, forward and backward, and every rank's experts get their (zero) gradient:
+// FSDP reduces a unit of experts when its gradient group fires, in step with the other ranks
+// holding those experts, so a group that never fired would leave them waiting.
 TEST(ExpertParallel, RanksWhoseExpertsGetNoRows) {
   auto& ep = *world();
   const int64_t n = ep.size(), r = ep.rank(), E = 2 * n;
@@ -165,6 +168,10 @@ TEST(ExpertParallel, RanksWhoseExpertsGetNoRows) {
   part.materialize();
   for (const Layer* l : {&whole, &part})
     l->p("gate.weight").value.copy_(Tensor::zeros({Layer::C, E}, DType::f64));
+  std::vector<Tensor> experts;
+  for (const char* name : {"experts.gate_proj", "experts.up_proj", "experts.down_proj"})
+    experts.push_back(part.p(name).value);
+  const auto arrived = autograd::GradGroup::create(experts, [] {});
   Tensor y_whole, x_whole;
   for (int64_t q = 0; q < n; ++q) {
     Tensor xq;
@@ -177,6 +184,7 @@ TEST(ExpertParallel, RanksWhoseExpertsGetNoRows) {
   const Tensor g = part.p("experts.down_proj").value.grad();
   EXPECT_LT(max_diff(whole.p("experts.down_proj").value.grad().narrow(0, 2 * r, 2), g), 1e-12);
   if (r > 0) EXPECT_EQ(sum(mul(g, g)).item(), 0.0) << "no rows, no gradient";
+  EXPECT_EQ(arrived->fired(), 1) << "the experts' gradients arrived on rank " << r;
 }
 
 // The same layer with the routing weights forgotten in the combine (every weight 1): the

@@ -113,14 +113,12 @@ Tensor expert_parallel_mlp(const nn::Experts& ex, const Tensor& xf, const Tensor
     back[static_cast<size_t>(x.by_expert[i])] = static_cast<int32_t>(i);
   const Tensor xr = dispatch_to_experts(moe_dispatch(xf, r), x.send, x.recv, ep);  // (R, C)
   const int64_t El = E / n, me = ep.rank();
-  Tensor yr = xr;  // no rows here: the exchanges still run both ways (xr (0, C) stands for the output)
-  if (xr.size(0) > 0) {
-    const Tensor xe = permute_rows(xr, x.by_expert);  // (R, C) by local expert
-    const Tensor ye =
-        nn::Experts::swiglu(xe, my_experts(ex.gate_proj, El, me), my_experts(ex.up_proj, El, me),
-                            my_experts(ex.down_proj, El, me), x.local);
-    yr = permute_rows(ye, back);  // (R, C) in the received order
-  }
+  // (R = 0, no rows here: the experts still run, on none, so that their (zero) gradients arrive
+  // every backward and FSDP reduces their unit with the other ranks holding them)
+  const Tensor xe = permute_rows(xr, x.by_expert);  // (R, C) by local expert
+  const Tensor ye = nn::Experts::swiglu(xe, my_experts(ex.gate_proj, El, me), my_experts(ex.up_proj, El, me),
+                                        my_experts(ex.down_proj, El, me), x.local);
+  const Tensor yr = permute_rows(ye, back);  // (R, C) in the received order
   const Tensor y = combine_from_experts(yr, x.send, x.recv, ep);  // (N k, C) in r's order
   return moe_combine(y, w, r);                                    // (N, C)
 }
