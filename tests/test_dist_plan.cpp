@@ -192,7 +192,8 @@ INSTANTIATE_TEST_SUITE_P(
 // the attention: a plan that forgot silu_mul's product (M Ie a block) is 10.1% short. Rank 0's planned
 // peak within 10% of the measured one; the bytes the routing does not decide (FSDP's, DP's, EP's counts, the
 // router's statistics) to the byte, and EP's all-to-alls, which depend on where the tokens go, within 15% of
-// the balanced routing's.
+// the balanced routing's. The "k4_" layouts send each token through all 4 experts, so that the
+// all-to-alls are the balanced routing's and every byte is known: the bytes to the byte.
 std::string moe_args() {
   return " --model.arch llama --model.n_kv_head 2 --model.intermediate_size 320 --model.n_experts 4"
          " --model.n_experts_per_tok 2 --model.moe_intermediate_size 128 --model.norm_topk_prob true"
@@ -202,8 +203,11 @@ std::string moe_args() {
 class DistPlanMoe : public DistPlan {};
 TEST_P(DistPlanMoe, PlannedBytesMatchTheRun) {
   const Layout& l = GetParam();
-  const std::string base = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() +
-                           moe_args() + " --model.n_layer 4" + l.args();
+  std::string moe = moe_args();  // the layout's n_experts_per_tok in the place of moe_args'
+  const bool every_expert = std::string(l.extra).find("--model.n_experts_per_tok 4") != std::string::npos;
+  if (every_expert) moe.replace(moe.find(" --model.n_experts_per_tok 2"), 28, "");
+  const std::string base = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + moe +
+                           " --model.n_layer 4" + l.args();
   const Result planned = run_shell(base + " --plan --json");
   ASSERT_EQ(planned.rc, 0) << planned.out;
   const nlohmann::json plan = nlohmann::json::parse(planned.out);
@@ -236,8 +240,8 @@ TEST_P(DistPlanMoe, PlannedBytesMatchTheRun) {
   EXPECT_EQ(plan["moe"]["moe_blocks"].get<int64_t>(), 4);
   if (l.np() == 1) {
     EXPECT_EQ(comm, 0);
-  } else if (routed == 0) {
-    EXPECT_EQ(fixed, comm) << planned.out;
+  } else if (routed == 0 || every_expert) {  // every token through every expert: routing decides nothing
+    EXPECT_EQ(fixed + routed, comm) << planned.out;
   } else {
     EXPECT_GT(comm, fixed);
     EXPECT_NEAR(double(comm - fixed) / double(routed), 1.0, 0.15) << planned.out;
@@ -260,7 +264,25 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"ep2_dp2_tp2", 2, 1, 1, 2, "--parallel.ep_size 2"},
         Layout{"tp2_full_ac", 1, 1, 1, 2, "--train.activation_checkpointing full"},
         Layout{"tp2_sp_shared_expert", 1, 1, 1, 2,
-               "--parallel.sequence_parallel true --model.shared_expert_intermediate_size 192"}),
+               "--parallel.sequence_parallel true --model.shared_expert_intermediate_size 192"},
+        // every token through every expert: the all-to-alls to the byte too (the gradient norm
+        // sums the experts' squares over ep under ep over the replicas with cp, dp_shard 1)
+        Layout{"k4_ep2_fsdp4", 1, 4, 1, 1, "--parallel.ep_size 2 --model.n_experts_per_tok 4"},
+        Layout{"k4_ep2_hsdp2x2", 2, 2, 1, 1, "--parallel.ep_size 2 --model.n_experts_per_tok 4"},
+        Layout{"k4_ep2_dp2_cp2", 2, 1, 2, 1, "--parallel.ep_size 2 --model.n_experts_per_tok 4"},
+        Layout{"k4_ep2_fsdp2_cp2", 1, 2, 2, 1, "--parallel.ep_size 2 --model.n_experts_per_tok 4"},
+        Layout{"k4_ep2_fsdp2_sp2", 1, 2, 1, 1, "--parallel.ep_size 2 --model.n_experts_per_tok 4", 1, 2},
+        Layout{"k4_ep2_dp2_tp2", 2, 1, 1, 2, "--parallel.ep_size 2 --model.n_experts_per_tok 4"},
+        // context and Ulysses parallelism: FSDP over their ranks too, the routing on their tokens
+        Layout{"cp2", 1, 1, 2, 1}, Layout{"sp2", 1, 1, 1, 1, "", 1, 2},
+        // expert parallelism inside FSDP: the experts sharded over the fsdp / ep ranks holding
+        // them (fsdp4: 2 of them), or, ep over the replicas (dp_shard 1), over the whole FSDP group
+        // (cp's ranks), averaged over the replicas that hold them
+        Layout{"ep2_fsdp4", 1, 4, 1, 1, "--parallel.ep_size 2"},
+        Layout{"ep2_hsdp2x2", 2, 2, 1, 1, "--parallel.ep_size 2"},
+        Layout{"ep2_dp2_cp2", 2, 1, 2, 1, "--parallel.ep_size 2"},
+        Layout{"ep2_fsdp2_cp2", 1, 2, 2, 1, "--parallel.ep_size 2"},
+        Layout{"ep2_fsdp2_sp2", 1, 2, 1, 1, "--parallel.ep_size 2", 1, 2}),
     [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
 // Ulysses (parallel.sp_size): rank 0's planned peak within 10% of the measured one, and the

@@ -787,7 +787,9 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
                   all_reduce_bytes(8, t);
   if (D.sharded()) scalars += all_reduce_bytes(8, n);
   scalars += 2 * all_reduce_bytes(8, D.pp);
-  if (D.ep > 1 && !D.sharded()) scalars += all_reduce_bytes(8, D.ep);  // the sliced experts' squares
+  // the sliced experts' squares, over ep where the FSDP group does not hold the ep ranks (DP, or
+  // ep over the replicas with dp_shard 1: dist::parallelize's read_experts)
+  if (D.ep > 1 && !(D.sharded() && D.dp_shard > 1)) scalars += all_reduce_bytes(8, D.ep);
   // MoE: the load-balancing and z-loss values for the log, from the last stage (summed over the
   // stages), then averaged as the loss (ParallelModel::train)
   const int64_t router_losses =
