@@ -958,6 +958,40 @@ TEST(PlanTime, AMixtureOfExpertsComputesItsTopKExperts) {
   EXPECT_EQ(j["moe"]["moe_blocks"].get<int64_t>(), 4);
 }
 
+// A model of dense and MoE blocks (model.dense_layers) is replayed block by block, each as its
+// own kind: under tp 2 a dense block's MLP is split (f and g around it, gate's and up's input
+// gradients summed over tp), a MoE block's routed MLP is not. Every piece of the step is a sum
+// over the blocks here (no FSDP, whose prefetches overlap), so the step of 1 dense and 3 MoE
+// blocks is 1/4 of the all-dense model's plus 3/4 of the all-MoE one's. One block standing for
+// the mix (the MoE MLP's work blended in) would time f and g around every block's MLP: +0.6%,
+// and its TP waits the all-dense model's.
+TEST(PlanTime, DenseAndMoeBlocksAreEachTimedAsTheirKind) {
+  const std::string bin =
+      std::string(NDT_TRAIN_GPT_BIN) +
+      " --model.arch llama --model.n_layer 4 --model.n_head 16 --model.n_kv_head 4 --model.n_embd 2048"
+      " --model.intermediate_size 6144 --model.n_experts 16 --model.n_experts_per_tok 2"
+      " --model.moe_intermediate_size 768 --model.norm_topk_prob true --model.vocab_size 32000"
+      " --model.block_size 1024 --train.seq_len 1024 --train.micro_batch_size 2 --train.device cuda"
+      " --train.dtype bfloat16 --cluster.preset h100-sxm-8 --cluster.devices_per_host 2"
+      " --parallel.tp_size 2 --plan --json";
+  auto time_of = [&](const std::string& dense_layers) {
+    const Result r = run_shell(bin + dense_layers);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json dense = time_of(" --model.dense_layers 0,1,2,3"), moe = time_of(""),
+                       mixed = time_of(" --model.dense_layers 0");
+  EXPECT_EQ(dense["moe"]["moe_blocks"].get<int64_t>(), 0);
+  EXPECT_EQ(mixed["moe"]["moe_blocks"].get<int64_t>(), 3);
+  for (const char* key : {"step_s", "compute_s", "gemm_s"}) {
+    const double blend = 0.25 * dense["time"][key].get<double>() + 0.75 * moe["time"][key].get<double>();
+    EXPECT_NEAR(mixed["time"][key].get<double>() / blend, 1.0, 1e-9) << key;
+  }
+  auto tp = [](const nlohmann::json& j) { return j["time"]["exposed_by_dim"]["tp"].get<double>(); };
+  EXPECT_GT(tp(dense), tp(moe));  // the dense MLP's f and g
+  EXPECT_NEAR(tp(mixed) / (0.25 * tp(dense) + 0.75 * tp(moe)), 1.0, 1e-9);
+}
+
 // plan.ep_imbalance scales the rows an ep rank's experts receive: EP's all-to-all bytes and
 // the peak grow with it; below 1 (better than balanced for the busiest rank) it is refused.
 TEST(Plan, TheRoutingImbalanceScalesTheExpertAllToAlls) {

@@ -815,7 +815,10 @@ void plan_experts(const Config& c, Plan& p, const StageView& v) {
   p.expert_hidden = mc.moe_intermediate_size;
   p.shared_hidden = mc.shared_expert_intermediate_size;
   for (const auto& [begin, end] : v.chunks)
-    for (int64_t i = begin; i < end; ++i) p.moe_blocks += mc.moe_layer(i) ? 1 : 0;
+    for (int64_t i = begin; i < end; ++i) {
+      p.block_moe.push_back(mc.moe_layer(i));
+      p.moe_blocks += mc.moe_layer(i) ? 1 : 0;
+    }
   p.router_stats = mc.router_aux_loss_coef > 0 || mc.router_z_loss_coef > 0;
   p.router_z = mc.router_z_loss_coef > 0;
   p.ep_imbalance = c.plan_ep_imbalance;
