@@ -958,6 +958,32 @@ TEST(PlanTime, AMixtureOfExpertsComputesItsTopKExperts) {
   EXPECT_EQ(j["moe"]["moe_blocks"].get<int64_t>(), 4);
 }
 
+// cluster.expert_tflops (what --plan.calibrate measures for an MoE model) is the rate of the
+// MoE MLP's grouped GEMMs alone: 6 M C Ie FLOPs a block forward (gate, up, down on the M = N k
+// routed rows), three times over with the backward's input and weight gradients; the router's
+// and the attention's products stay at the device's rate.
+TEST(PlanTime, TheGroupedGemmsRunAtTheExpertRate) {
+  const std::string bin = std::string(NDT_TRAIN_GPT_BIN) +
+                          " --model.arch llama --model.n_layer 4 --model.n_head 16 --model.n_kv_head 4"
+                          " --model.n_embd 2048 --model.intermediate_size 6144 --model.n_experts 128"
+                          " --model.n_experts_per_tok 8 --model.moe_intermediate_size 768"
+                          " --model.norm_topk_prob true --model.vocab_size 151936"
+                          " --model.block_size 1024 --train.seq_len 1024 --train.micro_batch_size 1"
+                          " --train.device cuda --train.dtype bfloat16 --cluster.preset h100-sxm-8"
+                          " --cluster.devices_per_host 1 --plan --json";
+  const Result device = run_shell(bin), expert = run_shell(bin + " --cluster.expert_tflops 100");
+  ASSERT_EQ(device.rc, 0) << device.out;
+  ASSERT_EQ(expert.rc, 0) << expert.out;
+  const nlohmann::json d = nlohmann::json::parse(device.out), e = nlohmann::json::parse(expert.out);
+  EXPECT_EQ(d["cluster"]["expert_flops"].get<double>(), 0);
+  EXPECT_EQ(e["cluster"]["expert_flops"].get<double>(), 100e12);
+  const double C = 2048, L = 4, k = 8, Ie = 768, T = 1024, grouped = 3 * L * 6 * T * k * C * Ie;
+  const double flops = d["cluster"]["flops"].get<double>();
+  EXPECT_NEAR(e["time"]["gemm_s"].get<double>() - d["time"]["gemm_s"].get<double>(),
+              grouped / 100e12 - grouped / flops, 1e-9 * d["time"]["gemm_s"].get<double>());
+  expect_one_config_error(bin + " --cluster.expert_tflops -1", "cluster.expert_tflops");
+}
+
 // A model of dense and MoE blocks (model.dense_layers) is replayed block by block, each as its
 // own kind: under tp 2 a dense block's MLP is split (f and g around it, gate's and up's input
 // gradients summed over tp), a MoE block's routed MLP is not. Every piece of the step is a sum
@@ -1325,6 +1351,7 @@ TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
   EXPECT_NE(text.find("c_fc"), std::string::npos) << "the shapes it measured, as comments: " << text;
   EXPECT_NE(text.find("attention_tflops  = "), std::string::npos) << "the fused attention core's: " << text;
   EXPECT_NE(text.find("score_pass_ns     = "), std::string::npos) << text;
+  EXPECT_EQ(text.find("expert_tflops"), std::string::npos) << "no experts, no rate of theirs: " << text;
   r = run_shell(bin + "--json --cluster " + file.string());
   ASSERT_EQ(r.rc, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -1358,6 +1385,32 @@ TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
   EXPECT_EQ(j16["dtype"], "bfloat16");
   EXPECT_GT(j16["time"]["step_s"].get<double>(), 0);
   expect_one_config_error(bin + "--cluster " + bf16.string(), "cluster.dtype = bfloat16");
+  fs::remove_all(dir);
+}
+
+// A mixture of experts: the calibration times its MoE MLP too (router, sort, grouped GEMMs,
+// combine) and writes the grouped GEMMs' rate, which the plan reads (a dense model's file has
+// none: PlanCalibrate.OneProcessWritesAClusterFileThePlannerReads).
+TEST(PlanCalibrate, AMixtureOfExpertsHasItsGroupedGemmsRate) {
+  const fs::path dir = ndt::testing::fresh_dir("plan_calibrate_moe");
+  const std::string bin =
+      std::string(NDT_TRAIN_GPT_BIN) +
+      " --model.arch llama --model.n_layer 2 --model.n_head 2 --model.n_kv_head 2 --model.n_embd 64"
+      " --model.intermediate_size 128 --model.n_experts 4 --model.n_experts_per_tok 2"
+      " --model.moe_intermediate_size 64 --model.vocab_size 96 --model.block_size 64 --train.seq_len 64"
+      " --train.micro_batch_size 4 --train.threads 1 --plan ";
+  const fs::path file = dir / "cluster.ini";
+  Result r = run_shell(bin + "--plan.calibrate " + file.string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::ifstream f(file);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("expert_tflops     = "), std::string::npos) << text;
+  EXPECT_NE(text.find("the MoE MLP (router, sort, grouped GEMMs, combine)"), std::string::npos) << text;
+  r = run_shell(bin + "--json --cluster " + file.string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["cluster"]["expert_flops"].get<double>(), 1e8);
+  EXPECT_GT(j["time"]["step_s"].get<double>(), 0);
   fs::remove_all(dir);
 }
 

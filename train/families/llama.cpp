@@ -494,15 +494,16 @@ Count deferred_mlp(const Shapes& s) {
 // writes Nr C), the residual; the shared expert as the llama MLP (6 N C Hs) and its gate
 // (2 N C, the sigmoid spread over C, N C). Backward: the same products twice (input and
 // weight gradients), the element-wise passes about twice; under ep the permutations of the
-// R rows (read, write, each way).
+// R rows (read, write, each way). The grouped GEMMs' FLOPs apart (Work::grouped_flops).
 std::pair<Work, std::pair<Work, Work>> moe_mlp_work(const Shapes& s) {
   const double N = s.N, Nr = double(s.Nr()), M = double(s.M()), R = double(s.R()), C = s.C, E = s.E,
                Ie = s.Ie, Hs = s.Hs;
-  const double gemm = 2 * Nr * C * E + 6 * R * C * Ie + (Hs > 0 ? 6 * N * C * Hs + 2 * N * C : 0.0);
+  const double gemm = 2 * Nr * C * E + (Hs > 0 ? 6 * N * C * Hs + 2 * N * C : 0.0), grouped = 6 * R * C * Ie;
   const double floats = 4 * Nr * E + 2 * M * C + 3 * R * Ie + M * C + Nr * C + 3 * Nr * C +
                         (s.ep > 1 ? 4 * R * C : 0.0) + (Hs > 0 ? 3 * N * Hs + 3 * N * C : 0.0);
   const double weights = 3 * double(s.El()) * C * Ie + C * E + (Hs > 0 ? 3 * C * Hs + C : 0.0);
-  return {{gemm, floats}, {{gemm, 2 * floats}, {gemm, 3 * weights}}};
+  return {{gemm, floats, 0, 0, grouped},
+          {{gemm, 2 * floats, 0, 0, grouped}, {gemm, 3 * weights, 0, 0, grouped}}};
 }
 
 // A MoE block's work (s.moe; model.moe_every and model.dense_layers leave others dense, each

@@ -101,7 +101,8 @@ void StepReplay::run() {
     double dw = 0;
     for (int64_t unit = chunk_units_[c].first; unit < chunk_units_[c].second; ++unit) {
       const BlockWork& block = work_of(unit);
-      dw += (block.attn_in.flops + block.attn_out.flops + block.mlp.flops) / cluster_.flops;
+      dw += (block.attn_in.flops + block.attn_out.flops + block.mlp.flops) / cluster_.flops +
+            block.mlp.grouped_flops / grouped_rate();
     }
     costs_.w[c] = std::min(costs_.b[c], dw);
   }
@@ -430,10 +431,16 @@ Piece StepReplay::piece_of(const Work& work, double bytes_each) const {
                             : bytes_each / (bytes_each < kF ? bf16_bps : cluster_.memory_bps);
   Piece cost;
   cost.gemm_s = work.flops / cluster_.flops +
-                work.core_flops / (cluster_.attention_flops > 0 ? cluster_.attention_flops : cluster_.flops);
+                work.core_flops / (cluster_.attention_flops > 0 ? cluster_.attention_flops : cluster_.flops) +
+                work.grouped_flops / grouped_rate();
   cost.s = cost.gemm_s + work.floats * bytes_each / (bytes_each < kF ? bf16_bps : cluster_.memory_bps) +
            work.score_passes * pass_s;
   return cost;
+}
+
+// A MoE MLP's grouped GEMMs: at the rate the cluster measured them reach, else at `flops`
+double StepReplay::grouped_rate() const {
+  return cluster_.expert_flops > 0 ? cluster_.expert_flops : cluster_.flops;
 }
 
 // One of ring attention's cp steps: 1/cp of the core's work

@@ -110,6 +110,7 @@ class StepReplay {
   Piece piece(const Work& work) const;
   Piece piece_of(const Work& work, double bytes_each) const;
   Piece ring_step(const Work& work) const;
+  double grouped_rate() const;  // FLOP/s of a MoE MLP's grouped GEMMs
 
   const Plan& plan_;
   const Cluster& cluster_;
