@@ -192,7 +192,8 @@ INSTANTIATE_TEST_SUITE_P(
 // the attention: a plan that forgot silu_mul's product (M Ie a block) is 10.1% short. Rank 0's planned
 // peak within 10% of the measured one; the bytes the routing does not decide (FSDP's, DP's, EP's counts, the
 // router's statistics) to the byte, and EP's all-to-alls, which depend on where the tokens go, within 15% of
-// the balanced routing's.
+// the balanced routing's. The "k4_" layouts send each token through all 4 experts, so that the
+// all-to-alls are the balanced routing's and every byte is known: the bytes to the byte.
 std::string moe_args() {
   return " --model.arch llama --model.n_kv_head 2 --model.intermediate_size 320 --model.n_experts 4"
          " --model.n_experts_per_tok 2 --model.moe_intermediate_size 128 --model.norm_topk_prob true"
@@ -202,8 +203,11 @@ std::string moe_args() {
 class DistPlanMoe : public DistPlan {};
 TEST_P(DistPlanMoe, PlannedBytesMatchTheRun) {
   const Layout& l = GetParam();
-  const std::string base = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() +
-                           moe_args() + " --model.n_layer 4" + l.args();
+  std::string moe = moe_args();  // the layout's n_experts_per_tok in the place of moe_args'
+  const bool every_expert = std::string(l.extra).find("--model.n_experts_per_tok 4") != std::string::npos;
+  if (every_expert) moe.replace(moe.find(" --model.n_experts_per_tok 2"), 28, "");
+  const std::string base = std::string(NDT_TRAIN_GPT_BIN) + " --config " + (dir_ / "gpt.ini").string() + moe +
+                           " --model.n_layer 4" + l.args();
   const Result planned = run_shell(base + " --plan --json");
   ASSERT_EQ(planned.rc, 0) << planned.out;
   const nlohmann::json plan = nlohmann::json::parse(planned.out);
@@ -236,8 +240,8 @@ TEST_P(DistPlanMoe, PlannedBytesMatchTheRun) {
   EXPECT_EQ(plan["moe"]["moe_blocks"].get<int64_t>(), 4);
   if (l.np() == 1) {
     EXPECT_EQ(comm, 0);
-  } else if (routed == 0) {
-    EXPECT_EQ(fixed, comm) << planned.out;
+  } else if (routed == 0 || every_expert) {  // every token through every expert: routing decides nothing
+    EXPECT_EQ(fixed + routed, comm) << planned.out;
   } else {
     EXPECT_GT(comm, fixed);
     EXPECT_NEAR(double(comm - fixed) / double(routed), 1.0, 0.15) << planned.out;
@@ -260,7 +264,25 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{"ep2_dp2_tp2", 2, 1, 1, 2, "--parallel.ep_size 2"},
         Layout{"tp2_full_ac", 1, 1, 1, 2, "--train.activation_checkpointing full"},
         Layout{"tp2_sp_shared_expert", 1, 1, 1, 2,
-               "--parallel.sequence_parallel true --model.shared_expert_intermediate_size 192"}),
+               "--parallel.sequence_parallel true --model.shared_expert_intermediate_size 192"},
+        // every token through every expert: the all-to-alls to the byte too (the gradient norm
+        // sums the experts' squares over ep under ep over the replicas with cp, dp_shard 1)
+        Layout{"k4_ep2_fsdp4", 1, 4, 1, 1, "--parallel.ep_size 2 --model.n_experts_per_tok 4"},
+        Layout{"k4_ep2_hsdp2x2", 2, 2, 1, 1, "--parallel.ep_size 2 --model.n_experts_per_tok 4"},
+        Layout{"k4_ep2_dp2_cp2", 2, 1, 2, 1, "--parallel.ep_size 2 --model.n_experts_per_tok 4"},
+        Layout{"k4_ep2_fsdp2_cp2", 1, 2, 2, 1, "--parallel.ep_size 2 --model.n_experts_per_tok 4"},
+        Layout{"k4_ep2_fsdp2_sp2", 1, 2, 1, 1, "--parallel.ep_size 2 --model.n_experts_per_tok 4", 1, 2},
+        Layout{"k4_ep2_dp2_tp2", 2, 1, 1, 2, "--parallel.ep_size 2 --model.n_experts_per_tok 4"},
+        // context and Ulysses parallelism: FSDP over their ranks too, the routing on their tokens
+        Layout{"cp2", 1, 1, 2, 1}, Layout{"sp2", 1, 1, 1, 1, "", 1, 2},
+        // expert parallelism inside FSDP: the experts sharded over the fsdp / ep ranks holding
+        // them (fsdp4: 2 of them), or, ep over the replicas (dp_shard 1), over the whole FSDP group
+        // (cp's ranks), averaged over the replicas that hold them
+        Layout{"ep2_fsdp4", 1, 4, 1, 1, "--parallel.ep_size 2"},
+        Layout{"ep2_hsdp2x2", 2, 2, 1, 1, "--parallel.ep_size 2"},
+        Layout{"ep2_dp2_cp2", 2, 1, 2, 1, "--parallel.ep_size 2"},
+        Layout{"ep2_fsdp2_cp2", 1, 2, 2, 1, "--parallel.ep_size 2"},
+        Layout{"ep2_fsdp2_sp2", 1, 2, 1, 1, "--parallel.ep_size 2", 1, 2}),
     [](const ::testing::TestParamInfo<Layout>& i) { return std::string(i.param.name); });
 
 // Ulysses (parallel.sp_size): rank 0's planned peak within 10% of the measured one, and the
@@ -936,6 +958,66 @@ TEST(PlanTime, AMixtureOfExpertsComputesItsTopKExperts) {
   EXPECT_EQ(j["moe"]["moe_blocks"].get<int64_t>(), 4);
 }
 
+// cluster.expert_tflops (what --plan.calibrate measures for an MoE model) is the rate of the
+// MoE MLP's grouped GEMMs alone: 6 M C Ie FLOPs a block forward (gate, up, down on the M = N k
+// routed rows), three times over with the backward's input and weight gradients; the router's
+// and the attention's products stay at the device's rate.
+TEST(PlanTime, TheGroupedGemmsRunAtTheExpertRate) {
+  const std::string bin = std::string(NDT_TRAIN_GPT_BIN) +
+                          " --model.arch llama --model.n_layer 4 --model.n_head 16 --model.n_kv_head 4"
+                          " --model.n_embd 2048 --model.intermediate_size 6144 --model.n_experts 128"
+                          " --model.n_experts_per_tok 8 --model.moe_intermediate_size 768"
+                          " --model.norm_topk_prob true --model.vocab_size 151936"
+                          " --model.block_size 1024 --train.seq_len 1024 --train.micro_batch_size 1"
+                          " --train.device cuda --train.dtype bfloat16 --cluster.preset h100-sxm-8"
+                          " --cluster.devices_per_host 1 --plan --json";
+  const Result device = run_shell(bin), expert = run_shell(bin + " --cluster.expert_tflops 100");
+  ASSERT_EQ(device.rc, 0) << device.out;
+  ASSERT_EQ(expert.rc, 0) << expert.out;
+  const nlohmann::json d = nlohmann::json::parse(device.out), e = nlohmann::json::parse(expert.out);
+  EXPECT_EQ(d["cluster"]["expert_flops"].get<double>(), 0);
+  EXPECT_EQ(e["cluster"]["expert_flops"].get<double>(), 100e12);
+  const double C = 2048, L = 4, k = 8, Ie = 768, T = 1024, grouped = 3 * L * 6 * T * k * C * Ie;
+  const double flops = d["cluster"]["flops"].get<double>();
+  EXPECT_NEAR(e["time"]["gemm_s"].get<double>() - d["time"]["gemm_s"].get<double>(),
+              grouped / 100e12 - grouped / flops, 1e-9 * d["time"]["gemm_s"].get<double>());
+  expect_one_config_error(bin + " --cluster.expert_tflops -1", "cluster.expert_tflops");
+}
+
+// A model of dense and MoE blocks (model.dense_layers) is replayed block by block, each as its
+// own kind: under tp 2 a dense block's MLP is split (f and g around it, gate's and up's input
+// gradients summed over tp), a MoE block's routed MLP is not. Every piece of the step is a sum
+// over the blocks here (no FSDP, whose prefetches overlap), so the step of 1 dense and 3 MoE
+// blocks is 1/4 of the all-dense model's plus 3/4 of the all-MoE one's. One block standing for
+// the mix (the MoE MLP's work blended in) would time f and g around every block's MLP: +0.6%,
+// and its TP waits the all-dense model's.
+TEST(PlanTime, DenseAndMoeBlocksAreEachTimedAsTheirKind) {
+  const std::string bin =
+      std::string(NDT_TRAIN_GPT_BIN) +
+      " --model.arch llama --model.n_layer 4 --model.n_head 16 --model.n_kv_head 4 --model.n_embd 2048"
+      " --model.intermediate_size 6144 --model.n_experts 16 --model.n_experts_per_tok 2"
+      " --model.moe_intermediate_size 768 --model.norm_topk_prob true --model.vocab_size 32000"
+      " --model.block_size 1024 --train.seq_len 1024 --train.micro_batch_size 2 --train.device cuda"
+      " --train.dtype bfloat16 --cluster.preset h100-sxm-8 --cluster.devices_per_host 2"
+      " --parallel.tp_size 2 --plan --json";
+  auto time_of = [&](const std::string& dense_layers) {
+    const Result r = run_shell(bin + dense_layers);
+    EXPECT_EQ(r.rc, 0) << r.out;
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json dense = time_of(" --model.dense_layers 0,1,2,3"), moe = time_of(""),
+                       mixed = time_of(" --model.dense_layers 0");
+  EXPECT_EQ(dense["moe"]["moe_blocks"].get<int64_t>(), 0);
+  EXPECT_EQ(mixed["moe"]["moe_blocks"].get<int64_t>(), 3);
+  for (const char* key : {"step_s", "compute_s", "gemm_s"}) {
+    const double blend = 0.25 * dense["time"][key].get<double>() + 0.75 * moe["time"][key].get<double>();
+    EXPECT_NEAR(mixed["time"][key].get<double>() / blend, 1.0, 1e-9) << key;
+  }
+  auto tp = [](const nlohmann::json& j) { return j["time"]["exposed_by_dim"]["tp"].get<double>(); };
+  EXPECT_GT(tp(dense), tp(moe));  // the dense MLP's f and g
+  EXPECT_NEAR(tp(mixed) / (0.25 * tp(dense) + 0.75 * tp(moe)), 1.0, 1e-9);
+}
+
 // plan.ep_imbalance scales the rows an ep rank's experts receive: EP's all-to-all bytes and
 // the peak grow with it; below 1 (better than balanced for the busiest rank) it is refused.
 TEST(Plan, TheRoutingImbalanceScalesTheExpertAllToAlls) {
@@ -1269,6 +1351,7 @@ TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
   EXPECT_NE(text.find("c_fc"), std::string::npos) << "the shapes it measured, as comments: " << text;
   EXPECT_NE(text.find("attention_tflops  = "), std::string::npos) << "the fused attention core's: " << text;
   EXPECT_NE(text.find("score_pass_ns     = "), std::string::npos) << text;
+  EXPECT_EQ(text.find("expert_tflops"), std::string::npos) << "no experts, no rate of theirs: " << text;
   r = run_shell(bin + "--json --cluster " + file.string());
   ASSERT_EQ(r.rc, 0) << r.out;
   const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -1302,6 +1385,32 @@ TEST(PlanCalibrate, OneProcessWritesAClusterFileThePlannerReads) {
   EXPECT_EQ(j16["dtype"], "bfloat16");
   EXPECT_GT(j16["time"]["step_s"].get<double>(), 0);
   expect_one_config_error(bin + "--cluster " + bf16.string(), "cluster.dtype = bfloat16");
+  fs::remove_all(dir);
+}
+
+// A mixture of experts: the calibration times its MoE MLP too (router, sort, grouped GEMMs,
+// combine) and writes the grouped GEMMs' rate, which the plan reads (a dense model's file has
+// none: PlanCalibrate.OneProcessWritesAClusterFileThePlannerReads).
+TEST(PlanCalibrate, AMixtureOfExpertsHasItsGroupedGemmsRate) {
+  const fs::path dir = ndt::testing::fresh_dir("plan_calibrate_moe");
+  const std::string bin =
+      std::string(NDT_TRAIN_GPT_BIN) +
+      " --model.arch llama --model.n_layer 2 --model.n_head 2 --model.n_kv_head 2 --model.n_embd 64"
+      " --model.intermediate_size 128 --model.n_experts 4 --model.n_experts_per_tok 2"
+      " --model.moe_intermediate_size 64 --model.vocab_size 96 --model.block_size 64 --train.seq_len 64"
+      " --train.micro_batch_size 4 --train.threads 1 --plan ";
+  const fs::path file = dir / "cluster.ini";
+  Result r = run_shell(bin + "--plan.calibrate " + file.string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::ifstream f(file);
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("expert_tflops     = "), std::string::npos) << text;
+  EXPECT_NE(text.find("the MoE MLP (router, sort, grouped GEMMs, combine)"), std::string::npos) << text;
+  r = run_shell(bin + "--json --cluster " + file.string());
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["cluster"]["expert_flops"].get<double>(), 1e8);
+  EXPECT_GT(j["time"]["step_s"].get<double>(), 0);
   fs::remove_all(dir);
 }
 

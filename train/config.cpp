@@ -205,6 +205,9 @@ po::options_description describe(Config& c) {
       ("cluster.attention_tflops", po::value(&c.cluster.attention_tflops)->default_value(c.cluster.attention_tflops),
        "CPU ranks: TFLOP/s the fused attention core's products reach (q k^T, p v and backward's; 0: device_tflops; "
        "--plan.calibrate measures it)")
+      ("cluster.expert_tflops", po::value(&c.cluster.expert_tflops)->default_value(c.cluster.expert_tflops),
+       "TFLOP/s a mixture of experts' grouped GEMMs reach in its MoE MLP (0: device_tflops; --plan.calibrate "
+       "measures it for an MoE model)")
       ("cluster.score_pass_ns", po::value(&c.cluster.score_pass_ns)->default_value(c.cluster.score_pass_ns),
        "CPU ranks: nanoseconds of one pass of the fused attention core's softmax over one score (0: 4 bytes at "
        "memory_gbps; --plan.calibrate measures it)");
@@ -773,6 +776,7 @@ void validate_cluster(const Config& c, const Checks& ck) {
               "times a transfer's time (a calibration measures up to about 1.3)");
   ck.physical("cluster.attention_tflops", k.attention_tflops, 1e-6, 1e5, "TFLOP/s per device");
   ck.physical("cluster.score_pass_ns", k.score_pass_ns, 1e-6, 1e6, "nanoseconds a score and a pass");
+  ck.physical("cluster.expert_tflops", k.expert_tflops, 1e-6, 1e5, "TFLOP/s per device");
 }
 
 // Ulysses sequence parallelism: the model and the sequence must split over sp ranks (inside

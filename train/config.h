@@ -164,6 +164,10 @@ struct ClusterSection {
   // products reach (4 S hd forward, 10 S hd backward, S its scores) and the nanoseconds of
   // one pass over one score (its softmax's: 2 forward, 3 backward)
   double attention_tflops = 0, score_pass_ns = 0;
+  // a mixture of experts' MLP (0: at device_tflops): the TFLOP/s its grouped GEMMs reach, the
+  // routed rows' gate, up and down products (6 M C Ie forward, twice that backward) as the MoE
+  // MLP runs them (router, sort, dispatch and combine around them)
+  double expert_tflops = 0;
 };
 
 struct Config {

@@ -494,33 +494,25 @@ Count deferred_mlp(const Shapes& s) {
 // writes Nr C), the residual; the shared expert as the llama MLP (6 N C Hs) and its gate
 // (2 N C, the sigmoid spread over C, N C). Backward: the same products twice (input and
 // weight gradients), the element-wise passes about twice; under ep the permutations of the
-// R rows (read, write, each way).
+// R rows (read, write, each way). The grouped GEMMs' FLOPs apart (Work::grouped_flops).
 std::pair<Work, std::pair<Work, Work>> moe_mlp_work(const Shapes& s) {
   const double N = s.N, Nr = double(s.Nr()), M = double(s.M()), R = double(s.R()), C = s.C, E = s.E,
                Ie = s.Ie, Hs = s.Hs;
-  const double gemm = 2 * Nr * C * E + 6 * R * C * Ie + (Hs > 0 ? 6 * N * C * Hs + 2 * N * C : 0.0);
+  const double gemm = 2 * Nr * C * E + (Hs > 0 ? 6 * N * C * Hs + 2 * N * C : 0.0), grouped = 6 * R * C * Ie;
   const double floats = 4 * Nr * E + 2 * M * C + 3 * R * Ie + M * C + Nr * C + 3 * Nr * C +
                         (s.ep > 1 ? 4 * R * C : 0.0) + (Hs > 0 ? 3 * N * Hs + 3 * N * C : 0.0);
   const double weights = 3 * double(s.El()) * C * Ie + C * E + (Hs > 0 ? 3 * C * Hs + C : 0.0);
-  return {{gemm, floats}, {{gemm, 2 * floats}, {gemm, 3 * weights}}};
+  return {{gemm, floats, 0, 0, grouped},
+          {{gemm, 2 * floats, 0, 0, grouped}, {gemm, 3 * weights, 0, 0, grouped}}};
 }
 
-// The work of a rank whose blocks are MoE in the share s.moe_share (model.moe_every,
-// model.dense_layers: the others dense): the MLP's pieces mixed in that share, the time
-// model's one block standing for them all.
-void mix_moe_mlp(const Shapes& s, BlockWork& w) {
-  const double f = s.moe_share;
-  auto mix = [f](const Work& dense, const Work& moe) {
-    return Work{(1 - f) * dense.flops + f * moe.flops, (1 - f) * dense.floats + f * moe.floats};
-  };
+// A MoE block's work (s.moe; model.moe_every and model.dense_layers leave others dense, each
+// replayed as its own kind): the MoE MLP's pieces in the place of the SwiGLU's, its backward one
+// piece (the grouped GEMMs' input and weight gradients), no column-parallel linear of its own.
+void moe_mlp(const Shapes& s, BlockWork& w) {
   const auto [forward, backward] = moe_mlp_work(s);
-  w.mlp = mix(w.mlp, forward);
-  Work in, dw;  // the dense MLP's linears' backward, summed
-  for (const auto& [i, d] : w.mlp_in) {
-    in = {in.flops + i.flops, in.floats + i.floats};
-    dw = {dw.flops + d.flops, dw.floats + d.floats};
-  }
-  w.mlp_in = {{mix(in, backward.first), mix(dw, backward.second)}};
+  w.mlp = forward;
+  w.mlp_in = {backward};
 }
 
 // llama's block (nn::LlamaBlock): RMSNorms (read, write), c_attn of Q = Cl + 2 KVl columns,
@@ -555,7 +547,7 @@ BlockWork block_work(const Shapes& shapes) {
   work.mlp_in = {{{6 * N * C * H, 5 * N * H + N * C + 3 * (C * H)}, {2 * N * C * H, 3 * (C * H)}},
                  {{2 * N * C * H, 3 * N * C}, {2 * N * C * H, 3 * (C * H)}}};
   work.ln_2_b = {0, 4 * Ns * C + 2 * Ns * C};
-  if (shapes.moe_share > 0) mix_moe_mlp(shapes, work);
+  if (shapes.moe) moe_mlp(shapes, work);
   return work;
 }
 

@@ -41,10 +41,12 @@ struct BlockMem {
 // A piece of compute: matrix-product FLOPs and element-wise floats moved; and the attention
 // core's own: its products' FLOPs and its softmax's passes over the scores (each score read
 // and written once a pass), which the CPU's fused kernel reaches at rates of its own
-// (Cluster::attention_flops, score_pass_s).
+// (Cluster::attention_flops, score_pass_s); and a MoE MLP's grouped GEMMs' FLOPs, at the rate
+// they reach in it (Cluster::expert_flops).
 struct Work {
   double flops = 0, floats = 0;
   double core_flops = 0, score_passes = 0;
+  double grouped_flops = 0;
 };
 
 // One block's pieces, forward and backward (the ops of nn::Block or nn::LlamaBlock and

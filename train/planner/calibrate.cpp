@@ -18,6 +18,7 @@
 #include "dist/mesh.h"
 #include "models/gpt.h"
 #include "nn/flat.h"
+#include "nn/moe.h"
 #include "optim/adamw.h"
 #include "tensor/kernels.h"
 #include "tensor/threads.h"
@@ -25,6 +26,7 @@
 #include "train/planner/block_kinds.h"
 #include "train/planner/cluster.h"
 #include "train/planner/plan.h"
+#include "train/planner/shapes.h"
 #include "train/planner/time.h"
 
 namespace ndt::train {
@@ -222,6 +224,9 @@ struct Rates {
   double attention_flops = 0, score_pass_s = 0;
   int64_t attention_T = 0;
   double score_s_hd = 0, score_s_4hd = 0;
+  // a mixture of experts' MLP (Cluster::expert_flops): its grouped GEMMs' rate, and its
+  // forward and backward's seconds on one micro-step's rows
+  double expert_flops = 0, moe_mlp_s = 0;
 };
 
 // The matrix products of one micro-step, every rank at once: their FLOPs over their time.
@@ -306,6 +311,72 @@ void measure_attention(dist::Communicator& world, const Config& c, Rates& rates)
   rates.score_s_4hd = u4;
 }
 
+// The config alone on one rank (tp = cp = 1, one micro-step, no checkpointing), and its plan.
+Config one_rank(const Config& c) {
+  Config c1 = c;
+  c1.parallel = ParallelSection{};
+  c1.train.grad_accum_steps = 1;
+  c1.train.activation_checkpointing = "none";
+  c1.train.device = "cpu";
+  return c1;
+}
+
+// Seconds of a mixture of experts' MLP (nn::MoeMLP: the router, top k, sort, dispatch, the
+// grouped GEMMs, combine; the shared expert), forward and backward on one micro-step's B T
+// rows of the config, every rank at once: the fastest of 3 (as the attention core's).
+double moe_mlp_s(dist::Communicator& world, const Config& c) {
+  const models::GPTConfig& m = c.model;
+  const bool bf16 = c.train.dtype == "bfloat16";
+  nn::MoeMLP mlp({.C = m.n_embd,
+                  .experts = m.n_experts,
+                  .k = m.n_experts_per_tok,
+                  .intermediate = m.moe_intermediate_size,
+                  .normalize = m.norm_topk_prob,
+                  .shared = m.shared_expert_intermediate_size},
+                 0.02f, 0.02f);
+  nn::FlatParams params =
+      nn::materialize({{"mlp", mlp.parameters("mlp")}}, Device::cpu(), DType::f32, c.train.seed,
+                      nn::ShardSpec{}, bf16 ? std::optional<DType>(DType::bf16) : std::nullopt);
+  Tensor x = Tensor::empty({c.train.micro_batch_size, c.train.seq_len, m.n_embd}),
+         dy = Tensor::empty(x.shape());
+  kernels::fill_uniform(x, 5, 0, 0, -1, 1);
+  kernels::fill_uniform(dy, 5, 1, 0, -1, 1);
+  if (bf16) x = x.to(DType::bf16), dy = dy.to(DType::bf16);
+  world.barrier();
+  double t = 1e30;
+  for (int i = 0; i < 3; ++i)
+    t = std::min(t, time_per_call(
+                        [&] {
+                          params.zero_grad();
+                          backward({mlp.forward(x, nullptr, 0)}, {dy});
+                        },
+                        0.1));
+  return mean_over(world, t, true);
+}
+
+// A MoE model's grouped GEMMs (Cluster::expert_flops): what is left of the MoE MLP's measured
+// time after the planner's model of the rest of it (a MoE block's MLP pieces, BlockKind::work:
+// the router's and the shared expert's products at `flops`, the element-wise passes at the
+// memory rate), held to a tenth of the time at least, for their FLOPs.
+void measure_moe_mlp(dist::Communicator& world, const Config& c, Rates& rates) {
+  if (c.model.moe_layers() == 0) return;
+  const double t = moe_mlp_s(world, c);
+  const Config c1 = one_rank(c);
+  const Shapes s = moe_block(shapes_of(plan(c1, 1), "cpu"));
+  const BlockWork w = s.kind->work(s);
+  const double bps = s.act_bytes < 4 ? rates.bf16_memory_bps : rates.memory_bps;
+  double rest = 0, grouped = 0;
+  std::vector<Work> pieces = {w.mlp};
+  for (const auto& [input_grad, weight_grad] : w.mlp_in)
+    pieces.insert(pieces.end(), {input_grad, weight_grad});
+  for (const Work& p : pieces) {
+    rest += p.flops / rates.flops + p.floats * double(s.act_bytes) / bps;
+    grouped += p.grouped_flops;
+  }
+  rates.moe_mlp_s = t;
+  rates.expert_flops = grouped / std::max(t - rest, 0.1 * t);
+}
+
 // The step the rates predict for one rank alone (tp = cp = 1, one micro-step, no
 // checkpointing), by the planner's own model.
 double predicted_step_s(const Config& c, const Rates& rates) {
@@ -317,12 +388,9 @@ double predicted_step_s(const Config& c, const Rates& rates) {
   one.bf16_memory_bps = rates.bf16_memory_bps;
   one.attention_flops = rates.attention_flops;
   one.score_pass_s = rates.score_pass_s;
+  one.expert_flops = rates.expert_flops;
   one.memory_bytes = 1e18;
-  Config c1 = c;
-  c1.parallel = ParallelSection{};
-  c1.train.grad_accum_steps = 1;
-  c1.train.activation_checkpointing = "none";
-  c1.train.device = "cpu";
+  const Config c1 = one_rank(c);
   return predict_time(c1, plan(c1, 1), one).step_s;
 }
 
@@ -392,6 +460,11 @@ void write_cluster_file(const Config& c, const std::vector<std::string>& hosts, 
        << "; the fused attention core at " << m.rates.attention_T
        << " tokens, forward and backward: " << m.rates.score_s_hd * 1e9 << " ns a score at head size "
        << c.model.head_dim() << ", " << m.rates.score_s_4hd * 1e9 << " at " << 4 * c.model.head_dim()
+       << (m.rates.moe_mlp_s > 0
+               ? "\nthe MoE MLP (router, sort, grouped GEMMs, combine), forward and backward: " +
+                     std::to_string(m.rates.moe_mlp_s * 1e3) + " ms, its grouped GEMMs at " +
+                     std::to_string(m.rates.expert_flops / 1e9) + " GFLOP/s"
+               : std::string())
        << "\nthe model's step alone on every rank at once (the slowest): " << m.step_measured * 1e3
        << " ms, which these rates predict as " << m.step_predicted * 1e3 << " ms:\nboth are scaled by "
        << m.factor << " below\n"
@@ -409,6 +482,7 @@ Cluster measure(dist::Communicator& world, const Config& c, int64_t hosts, Measu
   measure_gemms(world, c, m.rates);
   measure_elementwise(world, c, m.rates);
   measure_attention(world, c, m.rates);
+  measure_moe_mlp(world, c, m.rates);
   // the model's own step, every rank at once: what the two rates above leave out (the
   // element-wise kernels that compute more than they move, the autograd engine, threads
   // sharing cores) becomes a factor on both, so that they predict this step
@@ -427,6 +501,7 @@ Cluster measure(dist::Communicator& world, const Config& c, int64_t hosts, Measu
   // (the attention core was timed whole, as the step runs it: its rates stand as measured)
   k.attention_flops = m.rates.attention_flops;
   k.score_pass_s = m.rates.score_pass_s;
+  k.expert_flops = m.rates.expert_flops;  // (the MoE MLP timed whole too)
   k.memory_bytes =
       double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / double(k.devices_per_host);
   if (k.devices_per_host > 1) measure_intra_host(world, c, m.step_measured, k);

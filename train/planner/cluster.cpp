@@ -75,10 +75,10 @@ double device_peak_tflops(const std::string& device_name, const std::string& dty
 
 bool has_cluster(const ClusterSection& k) {
   // any number of the section given (a hand-written --cluster file need not have hosts)
-  for (const double v :
-       {double(k.hosts), double(k.devices_per_host), k.device_tflops, k.memory_gbps, k.bf16_memory_gbps,
-        k.device_memory_gb, k.intra_gbps, k.intra_latency_us, k.inter_gbps, k.inter_latency_us,
-        k.intra_cpu_share, k.inter_cpu_share, k.efficiency, k.attention_tflops, k.score_pass_ns})
+  for (const double v : {double(k.hosts), double(k.devices_per_host), k.device_tflops, k.memory_gbps,
+                         k.bf16_memory_gbps, k.device_memory_gb, k.intra_gbps, k.intra_latency_us,
+                         k.inter_gbps, k.inter_latency_us, k.intra_cpu_share, k.inter_cpu_share, k.efficiency,
+                         k.attention_tflops, k.score_pass_ns, k.expert_tflops})
     if (v > 0) return true;
   return !k.preset.empty();
 }
@@ -124,6 +124,7 @@ Cluster resolve_cluster(const ClusterSection& k, const std::string& device, cons
   c.inter_cpu_share = pick(k.inter_cpu_share, p ? p->inter_cpu_share : 0);
   c.attention_flops = pick(k.attention_tflops, p ? p->attention_tflops : 0) * 1e12;
   c.score_pass_s = pick(k.score_pass_ns, p ? p->score_pass_ns : 0) * 1e-9;
+  c.expert_flops = k.expert_tflops * 1e12;  // no preset has one
   std::string missing;
   auto need = [&](bool ok, const char* key) {
     if (!ok) missing += std::string(missing.empty() ? "" : ", ") + key;
@@ -177,6 +178,8 @@ std::string cluster_ini(const Cluster& c, const std::string& comment) {
     num("attention_tflops", c.attention_flops / 1e12, "TFLOP/s the fused attention core's products reached");
     num("score_pass_ns", c.score_pass_s * 1e9, "ns of one pass of its softmax over one score");
   }
+  if (c.expert_flops > 0)
+    num("expert_tflops", c.expert_flops / 1e12, "TFLOP/s the MoE MLP's grouped GEMMs reached in it");
   return o.str();
 }
 

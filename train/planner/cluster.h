@@ -42,6 +42,9 @@ struct Cluster {
   // the seconds of one pass over one score (score_pass_s; 2 passes forward, 3 backward). 0:
   // the products at `flops` and each pass 4 bytes at memory_bps (GPUs; a cluster not measured)
   double attention_flops = 0, score_pass_s = 0;
+  // A mixture of experts' grouped GEMMs (the routed rows' gate, up and down): the FLOP/s they
+  // reach in the MoE MLP as it runs them (--plan.calibrate times the MLP whole); 0: at `flops`
+  double expert_flops = 0;
 
   int64_t devices() const { return hosts * devices_per_host; }
   int64_t host_of(int64_t rank) const { return rank / devices_per_host; }  // mpirun --map-by ppr:D:node

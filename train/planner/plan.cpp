@@ -787,7 +787,9 @@ void plan_communication(const Config& c, Plan& p, const UnitLayout& l, const Sha
                   all_reduce_bytes(8, t);
   if (D.sharded()) scalars += all_reduce_bytes(8, n);
   scalars += 2 * all_reduce_bytes(8, D.pp);
-  if (D.ep > 1 && !D.sharded()) scalars += all_reduce_bytes(8, D.ep);  // the sliced experts' squares
+  // the sliced experts' squares, over ep where the FSDP group does not hold the ep ranks (DP, or
+  // ep over the replicas with dp_shard 1: dist::parallelize's read_experts)
+  if (D.ep > 1 && !(D.sharded() && D.dp_shard > 1)) scalars += all_reduce_bytes(8, D.ep);
   // MoE: the load-balancing and z-loss values for the log, from the last stage (summed over the
   // stages), then averaged as the loss (ParallelModel::train)
   const int64_t router_losses =
@@ -813,7 +815,10 @@ void plan_experts(const Config& c, Plan& p, const StageView& v) {
   p.expert_hidden = mc.moe_intermediate_size;
   p.shared_hidden = mc.shared_expert_intermediate_size;
   for (const auto& [begin, end] : v.chunks)
-    for (int64_t i = begin; i < end; ++i) p.moe_blocks += mc.moe_layer(i) ? 1 : 0;
+    for (int64_t i = begin; i < end; ++i) {
+      p.block_moe.push_back(mc.moe_layer(i));
+      p.moe_blocks += mc.moe_layer(i) ? 1 : 0;
+    }
   p.router_stats = mc.router_aux_loss_coef > 0 || mc.router_z_loss_coef > 0;
   p.router_z = mc.router_z_loss_coef > 0;
   p.ep_imbalance = c.plan_ep_imbalance;

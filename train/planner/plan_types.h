@@ -61,10 +61,11 @@ struct Plan {
   bool qk_norm = false;  // llama's model.qk_norm (Qwen3)
   // mixture of experts (model.n_experts > 0, nn::MoeBlock): experts of a MoE layer, per
   // token, each one's hidden units, the shared expert's (0: none); the MoE blocks of this
-  // rank (of its pipeline stage); the router's statistics all-reduced each micro-step (the
-  // load-balancing or the z-loss on), the z-loss's logits kept; plan.ep_imbalance
+  // rank (of its pipeline stage), and which they are; the router's statistics all-reduced each micro-step
+  // (the load-balancing or the z-loss on), the z-loss's logits kept; plan.ep_imbalance
   int64_t n_experts = 0, experts_per_tok = 0, expert_hidden = 0, shared_hidden = 0;
   int64_t moe_blocks = 0;
+  std::vector<bool> block_moe;  // this stage's blocks, in its chunks' order: whether each is MoE
   bool router_stats = false, router_z = false;
   double ep_imbalance = 1;
   int64_t params_global = 0;  // every parameter once

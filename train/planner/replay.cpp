@@ -26,16 +26,16 @@ double ulysses_s(const Shapes& s, const Plan& plan, const Links& links, bool out
   return all_to_all_s(N * double(s.Cl) * a, s.sp, links.sp) + 2 * all_to_all_s(N * kv * a, s.sp, links.sp);
 }
 
-// Whether tensor parallelism splits the blocks' MLP: not when every block is MoE without a
-// shared expert (the router and the routed experts whole on every rank, no f or g around
-// them); a model with dense or shared-expert blocks among them is timed with the MLP's.
-bool mlp_split(const Shapes& s) { return !(s.moe_share >= 1.0 && s.Hs == 0); }
+// Whether tensor parallelism splits a block's MLP: not a MoE block's without a shared expert
+// (the router and the routed experts whole on every rank, no f or g around them).
+bool mlp_split(const Shapes& s, bool moe) { return !(moe && s.Hs == 0); }
 
 }  // namespace
 
 StepWork step_work(const Plan& plan, const Shapes& shapes) {
   StepWork work;
   work.block = shapes.kind->work(shapes);
+  if (plan.moe_blocks > 0) work.moe_block = shapes.kind->work(moe_block(shapes));
   const double N = double(shapes.N), C = double(shapes.C), Vl = double(shapes.Vl), a = double(plan.act_bytes);
   // the embeddings: their kind's (gpt2 adds the positions' wpe(pos))
   const EmbeddingsWork embeddings = shapes.kind->embeddings(shapes);
@@ -94,13 +94,17 @@ void StepReplay::run() {
   costs_.b.assign(chunks, 0.0);
   costs_.w.assign(chunks, 0.0);
   for (int64_t micro = 0; micro < plan_.accum; ++micro) micro_step(micro == 0, micro + 1 == plan_.accum);
-  // the weight gradients' GEMMs (dW = x^T dy: the forward's FLOPs of every linear)
-  const BlockWork& block = work_.block;
-  const double dw = (block.attn_in.flops + block.attn_out.flops + block.mlp.flops) / cluster_.flops;
+  // the weight gradients' GEMMs (dW = x^T dy: the forward's FLOPs of every linear), each block's kind's
   for (size_t c = 0; c < chunks; ++c) {
     costs_.f[c] /= double(plan_.accum);
     costs_.b[c] /= double(plan_.accum);
-    costs_.w[c] = std::min(costs_.b[c], double(chunk_units_[c].second - chunk_units_[c].first) * dw);
+    double dw = 0;
+    for (int64_t unit = chunk_units_[c].first; unit < chunk_units_[c].second; ++unit) {
+      const BlockWork& block = work_of(unit);
+      dw += (block.attn_in.flops + block.attn_out.flops + block.mlp.flops) / cluster_.flops +
+            block.mlp.grouped_flops / grouped_rate();
+    }
+    costs_.w[c] = std::min(costs_.b[c], dw);
   }
   const double before = timeline_.now();
   step_end();
@@ -141,7 +145,7 @@ void StepReplay::forward(size_t chunk, bool first_micro_step) {
       wait_gathered(unit);
       if (unit + 1 < end) prefetch(unit + 1);
     }
-    block_forward(false);
+    block_forward(unit, false);
   }
   if (plan_.last_stage && chunk + 1 == chunk_units_.size()) loss_forward();
 }
@@ -176,7 +180,7 @@ void StepReplay::backward(size_t chunk, bool last_micro_step) {
       }
       if (unit > begin) prefetch(unit - 1);
     }
-    block_backward(nn::block_checkpointing(checkpointing_, plan_.ac_every, unit - 1));
+    block_backward(unit, nn::block_checkpointing(checkpointing_, plan_.ac_every, unit - 1));
     if (sharded_ || last_micro_step) reduce_gradient(unit);
   }
   if (plan_.first_stage && chunk == 0) embeddings_backward();
@@ -211,28 +215,37 @@ void StepReplay::step_end() {
 
 // ---- a block ------------------------------------------------------------------------------
 
-void StepReplay::block_forward(bool again) {
-  const BlockWork& block = work_.block;
+// Unit u holds the stage's block u - 1 (in its chunks' order)
+bool StepReplay::moe(int64_t unit) const {
+  const auto b = static_cast<size_t>(unit - 1);
+  return b < plan_.block_moe.size() && plan_.block_moe[b];
+}
+const BlockWork& StepReplay::work_of(int64_t unit) const { return moe(unit) ? work_.moe_block : work_.block; }
+
+void StepReplay::block_forward(int64_t unit, bool again) {
+  const BlockWork& block = work_of(unit);
+  const bool moe_mlp = moe(unit);
   f_forward();  // before c_attn
   timeline_.run(piece(block.attn_in), again);
   attention_core_forward(again);
   timeline_.run(piece(block.attn_out), again);
   g_forward();  // after the attention
-  const bool split = mlp_split(shapes_);
+  const bool split = mlp_split(shapes_, moe_mlp);
   for (int64_t i = 0; split && i < shapes_.kind->mlp_inputs; ++i) f_forward();  // before c_fc (gate, up)
-  experts_exchange();  // EP: the routed rows to their experts (the MLP's piece computes them)
+  if (moe_mlp) experts_exchange();  // EP: the routed rows to their experts (the MLP's piece computes them)
   timeline_.run(piece(block.mlp), again);
-  experts_exchange();      // ... and back
-  if (split) g_forward();  // after the MLP
+  if (moe_mlp) experts_exchange();  // ... and back
+  if (split) g_forward();           // after the MLP
 }
 
 // Full checkpointing runs the block's forward again first, selective the attention core
-void StepReplay::block_backward(nn::ACMode mode) {
-  const BlockWork& block = work_.block;
-  if (mode == nn::ACMode::full) block_forward(true);
-  const bool split = mlp_split(shapes_);
-  if (split) g_backward();  // the MLP's output gradient
-  experts_exchange();       // EP: the combine's gradient to the experts' ranks
+void StepReplay::block_backward(int64_t unit, nn::ACMode mode) {
+  const BlockWork& block = work_of(unit);
+  const bool moe_mlp = moe(unit);
+  if (mode == nn::ACMode::full) block_forward(unit, true);
+  const bool split = mlp_split(shapes_, moe_mlp);
+  if (split) g_backward();          // the MLP's output gradient
+  if (moe_mlp) experts_exchange();  // EP: the combine's gradient to the experts' ranks
   for (const auto& [input_grad, weight_grad] : block.mlp_in) {  // and the MLP's input gradients summed
     if (split) {
       column_parallel_backward(input_grad, weight_grad);
@@ -241,7 +254,7 @@ void StepReplay::block_backward(nn::ACMode mode) {
     timeline_.run(piece(input_grad), false);
     timeline_.run(piece(weight_grad), false);
   }
-  experts_exchange();  // ... the dispatch's back
+  if (moe_mlp) experts_exchange();  // ... the dispatch's back
   timeline_.run(piece(block.ln_2_b), false);
   g_backward();  // the attention's output gradient
   timeline_.run(piece(block.attn_out_b), false);
@@ -306,10 +319,10 @@ void StepReplay::g_backward() {
 
 // the rows as plan.cpp counts them: imbalance x M rows of C, (ep-1)/ep of them leaving
 void StepReplay::experts_exchange() {
-  if (plan_.dims.ep == 1 || shapes_.moe_share == 0) return;
+  if (plan_.dims.ep == 1) return;
   const Shapes m = moe_block(shapes_);
   const double bytes = m.imbalance * double(m.M()) * double(m.C) * double(plan_.act_bytes);
-  timeline_.sync("ep", m.moe_share * all_to_all_s(bytes, plan_.dims.ep, links_.ep));
+  timeline_.sync("ep", all_to_all_s(bytes, plan_.dims.ep, links_.ep));
 }
 
 // reduce: an all-reduce (a reduce-scatter under sequence parallel); else an all-gather
@@ -418,10 +431,16 @@ Piece StepReplay::piece_of(const Work& work, double bytes_each) const {
                             : bytes_each / (bytes_each < kF ? bf16_bps : cluster_.memory_bps);
   Piece cost;
   cost.gemm_s = work.flops / cluster_.flops +
-                work.core_flops / (cluster_.attention_flops > 0 ? cluster_.attention_flops : cluster_.flops);
+                work.core_flops / (cluster_.attention_flops > 0 ? cluster_.attention_flops : cluster_.flops) +
+                work.grouped_flops / grouped_rate();
   cost.s = cost.gemm_s + work.floats * bytes_each / (bytes_each < kF ? bf16_bps : cluster_.memory_bps) +
            work.score_passes * pass_s;
   return cost;
+}
+
+// A MoE MLP's grouped GEMMs: at the rate the cluster measured them reach, else at `flops`
+double StepReplay::grouped_rate() const {
+  return cluster_.expert_flops > 0 ? cluster_.expert_flops : cluster_.flops;
 }
 
 // One of ring attention's cp steps: 1/cp of the core's work

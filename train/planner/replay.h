@@ -41,7 +41,8 @@ namespace ndt::train {
 
 // The step's pieces: a block's, and those around the blocks.
 struct StepWork {
-  BlockWork block;
+  BlockWork block;                // a dense block's
+  BlockWork moe_block;            // a MoE block's (a model with experts: model.n_experts > 0)
   Work embeddings, embeddings_b;  // the lookup (BlockKind::embeddings); its backward's scatter
   Work head, head_b;              // ln_f, lm_head and the loss; lm_head's backward
   Work optimizer, fold;           // over f32 values: AdamW; bf16 gradients folded into f32 ones
@@ -80,9 +81,12 @@ class StepReplay {
   void embeddings_backward();
   void micro_step_end(bool last_micro_step);
   void step_end();
-  // a block (nn::Block, and what checkpointing does to it)
-  void block_forward(bool again);
-  void block_backward(nn::ACMode mode);
+  // the block of unit `unit` (nn::Block, and what checkpointing does to it), timed as its kind:
+  // dense or MoE (Plan::block_moe)
+  bool moe(int64_t unit) const;
+  const BlockWork& work_of(int64_t unit) const;
+  void block_forward(int64_t unit, bool again);
+  void block_backward(int64_t unit, nn::ACMode mode);
   void attention_core_forward(bool again);
   void attention_core_backward();
   // tensor parallelism (dist/tensor_parallel): f and g, and their collective
@@ -91,8 +95,8 @@ class StepReplay {
   void f_backward();
   void g_backward();
   void tp_collective(bool reduce);
-  // expert parallelism: one all-to-all of the MoE MLP's routed rows (dispatch or combine),
-  // waited for, over the blocks' MoE share
+  // expert parallelism: one all-to-all of a MoE block's routed rows (dispatch or combine),
+  // waited for
   void experts_exchange();
   void column_parallel_backward(const Work& input_grad, const Work& weight_grad);
   // FSDP (dist/fsdp) and DP (dist/data_parallel.h): unit 0 the embeddings, unit u block u - 1
@@ -106,6 +110,7 @@ class StepReplay {
   Piece piece(const Work& work) const;
   Piece piece_of(const Work& work, double bytes_each) const;
   Piece ring_step(const Work& work) const;
+  double grouped_rate() const;  // FLOP/s of a MoE MLP's grouped GEMMs
 
   const Plan& plan_;
   const Cluster& cluster_;

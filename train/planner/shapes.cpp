@@ -53,9 +53,6 @@ Shapes shapes_of(const Plan& plan, const std::string& device) {
   shapes.ep = dims.ep;
   shapes.router_z = plan.router_z;
   shapes.imbalance = dims.ep > 1 ? plan.ep_imbalance : 1.0;
-  int64_t blocks = 0;
-  for (const auto& [begin, end] : plan.chunks) blocks += end - begin;
-  shapes.moe_share = blocks > 0 ? double(plan.moe_blocks) / double(blocks) : 0.0;
   return shapes;
 }
 

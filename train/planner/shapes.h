@@ -80,7 +80,6 @@ struct Shapes {
   int64_t E = 0, k = 0, Ie = 0, Hs = 0, ep = 1;
   bool router_z = false;  // the z-loss keeps the router's logits
   double imbalance = 1;   // R / M under ep > 1
-  double moe_share = 0;   // the rank's blocks that are MoE, of all (the time model's mix)
   int64_t Nr() const { return Ns; }
   int64_t M() const { return Ns * k; }
   int64_t El() const { return E / ep; }

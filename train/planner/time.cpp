@@ -203,6 +203,11 @@ void print_cluster(const Cluster& k, std::ostream& o) {
                   k.attention_flops / 1e12, k.score_pass_s * 1e9);
     o << line;
   }
+  if (k.expert_flops > 0) {
+    std::snprintf(line, sizeof(line), "  the MoE MLP's grouped GEMMs at %.3g TFLOP/s\n",
+                  k.expert_flops / 1e12);
+    o << line;
+  }
 }
 
 void print_time(const Plan& p, const StepTime& t, const Cluster& k, std::ostream& o) {
@@ -282,7 +287,8 @@ nlohmann::json cluster_to_json(const Cluster& k) {
           {"intra_cpu_share", k.intra_cpu_share},
           {"inter_cpu_share", k.inter_cpu_share},
           {"attention_flops", k.attention_flops},
-          {"score_pass_s", k.score_pass_s}};
+          {"score_pass_s", k.score_pass_s},
+          {"expert_flops", k.expert_flops}};
 }
 
 }  // namespace ndt::train
