@@ -86,6 +86,24 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
   if (is_bf16) copy(c, c32);
 }
 
+// gemm whose row count changes from call to call (a grouped GEMM's groups, whose sizes follow
+// the router): f32 on OpenBLAS, whose sgemm costs nothing per shape, where oneDNN would build
+// and JIT-compile a primitive for every new row count (a few hundred per MoE step, more time
+// than the GEMMs they would save); other dtypes as gemm.
+void gemm_any_rows(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
+                   double beta) {
+  if (a.dtype() != DType::f32 || b.dtype() != DType::f32 || c.dtype() != DType::f32 || a.dim() != 2 ||
+      b.dim() != 2) {
+    gemm(a, ta, b, tb, c, alpha, beta);
+    return;
+  }
+  const GemmDims g = gemm_dims(a, ta, b, tb, c);
+  if (g.m == 0 || g.n == 0) return;
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k,
+              static_cast<float>(alpha), a.data<float>(), ta ? g.m : g.k, b.data<float>(), tb ? g.k : g.n,
+              static_cast<float>(beta), c.data<float>(), g.n);
+}
+
 // x (M,K) @ w (K,N) (+ bias) (-> GELU, keeping pre): the composed ops' arithmetic. With a
 // bias (f32, f64), y starts as the bias in every row and the GEMM adds x @ w to it (beta 1):
 // one pass over y instead of two (OpenBLAS's zeroing for beta 0, then the bias add), and the
