@@ -128,6 +128,24 @@ TEST(GroupedMatmul, F32MatchesF64ForwardAndBackward) {
   for (size_t e = 42; e < 84; ++e) EXPECT_EQ(got[1][2][e], 0.0) << e;
 }
 
+// A second backward adds onto the weight's .grad (the GEMM writes the first into it and adds
+// the second, beta 1): twice the gradient, the empty group's still zero.
+TEST(GroupedMatmul, WeightGradientsAccumulateOverBackwards) {
+  const std::vector<int64_t> counts = {3, 0, 5, 2};
+  for (DType dt : {DType::f64, DType::f32}) {
+    Tensor x = randn({10, 7}, dt, kCpu, 3), w = randn({4, 7, 6}, dt, kCpu, 4).set_requires_grad(true);
+    Tensor dout = randn({10, 6}, dt, kCpu, 5);
+    backward(sum(mul(grouped_matmul(x, w, counts), dout)));
+    const std::vector<double> once = w.grad().to_vector<double>();
+    backward(sum(mul(grouped_matmul(x, w, counts), dout)));
+    const std::vector<double> twice = w.grad().to_vector<double>();
+    for (size_t e = 0; e < once.size(); ++e) {
+      EXPECT_NEAR(twice[e], 2 * once[e], 1e-5 * (1 + std::abs(once[e]))) << e;
+      if (e >= 42 && e < 84) EXPECT_EQ(twice[e], 0.0) << e;
+    }
+  }
+}
+
 // The whole block, as transformers' Qwen3-MoE / Mixtral compute it, token by token:
 // out[n] = sum over the top k experts e of w_e * down_e(silu(gate_e x) * up_e x).
 TEST(MoeBlock, MatchesATokenByTokenReference) {
