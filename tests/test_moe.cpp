@@ -146,6 +146,30 @@ TEST(GroupedMatmul, WeightGradientsAccumulateOverBackwards) {
   }
 }
 
+// Dispatch then combine, forward and backward, in f32 and bf16 equal f64 on the same values:
+// the CPU kernels' row loops (f32 at the vector width, bf16 through f32) on C = 37 channels,
+// not a multiple of any vector width.
+TEST(MoeCombine, F32AndBf16MatchF64ForwardAndBackward) {
+  const int64_t N = 6, C = 37, E = 4, k = 3;
+  MoeRouting r = moe_sort(
+      Tensor::from_vector<int32_t>({2, 0, 1, 0, 3, 2, 1, 2, 3, 0, 1, 3, 3, 2, 0, 1, 0, 2}, {N, k}), E);
+  Tensor x = randn({N, C}, DType::f64, kCpu, 20), w = randn({N, k}, DType::f64, kCpu, 21);
+  Tensor dout = randn({N, C}, DType::f64, kCpu, 22);
+  std::vector<std::vector<double>> got[3];  // f64, f32, bf16: out, dx, dw
+  const DType dts[3] = {DType::f64, DType::f32, DType::bf16};
+  for (int i = 0; i < 3; ++i) {
+    Tensor xi = x.to(dts[i]).set_requires_grad(true), wi = w.to(dts[i]).set_requires_grad(true);
+    Tensor out = moe_combine(moe_dispatch(xi, r), wi, r);  // out[n] = sum_j w[n,j] x[n]
+    backward(sum(mul(out, dout.to(dts[i]))));
+    for (const Tensor& t : {out, xi.grad(), wi.grad()}) got[i].push_back(t.to_vector<double>());
+  }
+  for (int i = 1; i < 3; ++i)
+    for (size_t t = 0; t < 3; ++t)
+      for (size_t e = 0; e < got[0][t].size(); ++e)
+        EXPECT_NEAR(got[i][t][e], got[0][t][e], (i == 1 ? 1e-5 : 6e-2) * (1 + std::abs(got[0][t][e])))
+            << "dtype " << i << " result " << t << " element " << e;
+}
+
 // The whole block, as transformers' Qwen3-MoE / Mixtral compute it, token by token:
 // out[n] = sum over the top k experts e of w_e * down_e(silu(gate_e x) * up_e x).
 TEST(MoeBlock, MatchesATokenByTokenReference) {
