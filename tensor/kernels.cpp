@@ -563,6 +563,16 @@ void check_groups(const char* op, const Tensor& rows, const Tensor& per_group,
             counts.size(), " groups but the per-group tensor is ", per_group.desc());
 }
 
+// One group's GEMM, c = op(a) @ op(b). Its row count follows the router, so on a CPU the one
+// kind that builds nothing per shape (cpu::gemm_any_rows); on a GPU cuBLAS on the stream.
+void group_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                double beta = 0.0) {
+  if (a.device().is_cpu())
+    cpu::gemm_any_rows(a, trans_a, b, trans_b, c, 1.0, beta);
+  else
+    gemm(a, trans_a, b, trans_b, c, 1.0, beta);
+}
+
 }  // namespace
 
 void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
@@ -580,13 +590,14 @@ void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& 
   for (size_t g = 0; g < counts.size(); ++g) {
     const int64_t m = counts[g];
     if (m > 0)
-      gemm(a.narrow(0, lo, m), false, b.select(0, static_cast<int64_t>(g)), trans_b, c.narrow(0, lo, m));
+      group_gemm(a.narrow(0, lo, m), false, b.select(0, static_cast<int64_t>(g)), trans_b,
+                 c.narrow(0, lo, m));
     lo += m;
   }
 }
 
-void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts,
-                     const Tensor& dw) {
+void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts, const Tensor& dw,
+                     double beta) {
   same_device("grouped_gemm_dw", {&a, &dc, &dw});
   contiguous("grouped_gemm_dw", {&a, &dc, &dw});
   check_groups("grouped_gemm_dw", a, dw, counts);
@@ -597,9 +608,9 @@ void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_
     const int64_t m = counts[g];
     const Tensor dwg = dw.select(0, static_cast<int64_t>(g));
     if (m > 0)
-      gemm(a.narrow(0, lo, m), true, dc.narrow(0, lo, m), false, dwg);
-    else
-      fill(dwg, 0.0);  // its weights took no part
+      group_gemm(a.narrow(0, lo, m), true, dc.narrow(0, lo, m), false, dwg, beta);
+    else if (beta == 0.0)
+      fill(dwg, 0.0);  // its weights took no part (added: dw[g] stays)
     lo += m;
   }
 }

@@ -249,9 +249,10 @@ void moe_dispatch_backward(const Tensor& dout, const Tensor& slots, int64_t k, c
 // gemm on views of each group's block, so one definition serves every backend.
 void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
                   const std::vector<int64_t>& counts);
-// a (M,K), dc (M,N) in row blocks of counts (G) rows -> dw (G,K,N) written: dw[g] = a_g^T dc_g
-// (zero for an empty group).
-void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts, const Tensor& dw);
+// a (M,K), dc (M,N) in row blocks of counts (G) rows -> dw (G,K,N): dw[g] = a_g^T dc_g + beta dw[g]
+// (beta 0: written, zero for an empty group; beta 1: added, an empty group's left as it was).
+void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts, const Tensor& dw,
+                     double beta = 0.0);
 // y (M,C), weights (N,k), slots (M) -> out (N,C): out[n] = sum_j weights[n,j] y[slots[n*k+j]]
 void moe_combine_forward(const Tensor& y, const Tensor& weights, const Tensor& slots, const Tensor& out);
 // dout (N,C) -> dy (M,C): dy[r] = weights[c] dout[c / k] with c = order[r]; dweights (N,k):

@@ -596,6 +596,30 @@ TEST(F32Gemm, LinearWithBiasOnBothLibraries) {
   check_linear_with_bias(DType::f32, "NDT_F32_GEMM", {"onednn", "openblas"}, 1e-6, 1e-6, 2100);
 }
 
+// A grouped GEMM's groups (cpu::gemm_any_rows, one oneDNN primitive for every row count):
+// every transpose, row counts that change from call to call (a's rows: m, or k where a is
+// transposed), beta 0 and 1, on both libraries, against f64 from the same values.
+TEST(F32Gemm, AnyRowsOnBothLibrariesAgreeWithFloat64) {
+  if (!have_onednn()) GTEST_SKIP() << cpu::bf16_gemm_library();
+  for (const char* lib : {"onednn", "openblas"}) {
+    GemmChoice scoped("NDT_F32_GEMM", lib);
+    uint64_t seed = 2200;
+    for (int64_t rows : {1, 7, 40, 33, 7})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (double beta : {0.0, 1.0}) {
+            const int64_t m = ta ? 6 : rows, k = ta ? rows : 6, n = 5;  // op(a) (m,k) @ op(b) (k,n)
+            const Tensor a = randn(ta ? Shape{k, m} : Shape{m, k}, DType::f32, Device::cpu(), ++seed);
+            const Tensor b = randn(tb ? Shape{n, k} : Shape{k, n}, DType::f32, Device::cpu(), ++seed);
+            const Tensor c0 = randn({m, n}, DType::f32, Device::cpu(), ++seed);
+            const Tensor c = c0.clone();
+            cpu::gemm_any_rows(a, ta, b, tb, c, 1.0, beta);
+            ASSERT_LT(rel_error(c.to(DType::f64), gemm_f64(a, ta, b, tb, c0, 1.0, beta)), 1e-6)
+                << lib << " rows " << rows << " ta " << ta << " tb " << tb << " beta " << beta;
+          }
+  }
+}
+
 // More shapes than oneDNN's primitive table keeps (1024): the table empties and refills, and
 // every product stays right (a program that multiplies prompts of every length).
 TEST(F32Gemm, MoreShapesThanTheTableKeeps) {

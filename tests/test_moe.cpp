@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "autograd/ops.h"
 #include "support/op_cases.h"
 #include "support/testing.h"
@@ -102,6 +103,71 @@ TEST(GroupedMatmul, MatchesARowByRowProduct) {
         for (int64_t c = 0; c < 7; ++c) s += vx[row * 7 + c] * vw[(g * 7 + c) * 6 + o];
         EXPECT_NEAR(out[row * 6 + o], s, 1e-12) << "row " << row << " out " << o;
       }
+}
+
+// In f32 (on a CPU one sgemm per group, whatever the row counts), forward and both gradients
+// equal the f64 op's on the same values: the three GEMMs (x w, dout w^T, x^T dout) in f32.
+TEST(GroupedMatmul, F32MatchesF64ForwardAndBackward) {
+  const std::vector<int64_t> counts = {3, 0, 5, 2};
+  Tensor x = randn({10, 7}, DType::f64, kCpu, 3), w = randn({4, 7, 6}, DType::f64, kCpu, 4);
+  Tensor dout = randn({10, 6}, DType::f64, kCpu, 5);
+  std::vector<std::vector<double>> got[2];  // f64, f32: out, dx, dw
+  for (int i = 0; i < 2; ++i) {
+    const DType dt = i == 0 ? DType::f64 : DType::f32;
+    Tensor xi = x.to(dt).set_requires_grad(true), wi = w.to(dt).set_requires_grad(true);
+    Tensor out = grouped_matmul(xi, wi, counts);
+    backward(sum(mul(out, dout.to(dt))));  // d sum(out * dout) / d out = dout
+    for (const Tensor& t : {out, xi.grad(), wi.grad()}) got[i].push_back(t.to_vector<double>());
+  }
+  for (size_t t = 0; t < 3; ++t) {
+    ASSERT_EQ(got[0][t].size(), got[1][t].size());
+    for (size_t e = 0; e < got[0][t].size(); ++e)
+      EXPECT_NEAR(got[1][t][e], got[0][t][e], 1e-4) << "result " << t << " element " << e;
+  }
+  // the empty group's weights took no part: their gradient is zero
+  for (size_t e = 42; e < 84; ++e) EXPECT_EQ(got[1][2][e], 0.0) << e;
+}
+
+// A second backward adds onto the weight's .grad (the GEMM writes the first into it and adds
+// the second, beta 1): twice the gradient, the empty group's still zero.
+TEST(GroupedMatmul, WeightGradientsAccumulateOverBackwards) {
+  const std::vector<int64_t> counts = {3, 0, 5, 2};
+  for (DType dt : {DType::f64, DType::f32}) {
+    Tensor x = randn({10, 7}, dt, kCpu, 3), w = randn({4, 7, 6}, dt, kCpu, 4).set_requires_grad(true);
+    Tensor dout = randn({10, 6}, dt, kCpu, 5);
+    backward(sum(mul(grouped_matmul(x, w, counts), dout)));
+    const std::vector<double> once = w.grad().to_vector<double>();
+    backward(sum(mul(grouped_matmul(x, w, counts), dout)));
+    const std::vector<double> twice = w.grad().to_vector<double>();
+    for (size_t e = 0; e < once.size(); ++e) {
+      EXPECT_NEAR(twice[e], 2 * once[e], 1e-5 * (1 + std::abs(once[e]))) << e;
+      if (e >= 42 && e < 84) EXPECT_EQ(twice[e], 0.0) << e;
+    }
+  }
+}
+
+// Dispatch then combine, forward and backward, in f32 and bf16 equal f64 on the same values:
+// the CPU kernels' row loops (f32 at the vector width, bf16 through f32) on C = 37 channels,
+// not a multiple of any vector width.
+TEST(MoeCombine, F32AndBf16MatchF64ForwardAndBackward) {
+  const int64_t N = 6, C = 37, E = 4, k = 3;
+  MoeRouting r = moe_sort(
+      Tensor::from_vector<int32_t>({2, 0, 1, 0, 3, 2, 1, 2, 3, 0, 1, 3, 3, 2, 0, 1, 0, 2}, {N, k}), E);
+  Tensor x = randn({N, C}, DType::f64, kCpu, 20), w = randn({N, k}, DType::f64, kCpu, 21);
+  Tensor dout = randn({N, C}, DType::f64, kCpu, 22);
+  std::vector<std::vector<double>> got[3];  // f64, f32, bf16: out, dx, dw
+  const DType dts[3] = {DType::f64, DType::f32, DType::bf16};
+  for (int i = 0; i < 3; ++i) {
+    Tensor xi = x.to(dts[i]).set_requires_grad(true), wi = w.to(dts[i]).set_requires_grad(true);
+    Tensor out = moe_combine(moe_dispatch(xi, r), wi, r);  // out[n] = sum_j w[n,j] x[n]
+    backward(sum(mul(out, dout.to(dts[i]))));
+    for (const Tensor& t : {out, xi.grad(), wi.grad()}) got[i].push_back(t.to_vector<double>());
+  }
+  for (int i = 1; i < 3; ++i)
+    for (size_t t = 0; t < 3; ++t)
+      for (size_t e = 0; e < got[0][t].size(); ++e)
+        EXPECT_NEAR(got[i][t][e], got[0][t][e], (i == 1 ? 1e-5 : 6e-2) * (1 + std::abs(got[0][t][e])))
+            << "dtype " << i << " result " << t << " element " << e;
 }
 
 // The whole block, as transformers' Qwen3-MoE / Mixtral compute it, token by token:

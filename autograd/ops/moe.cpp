@@ -118,13 +118,15 @@ Tensor grouped_matmul(const Tensor& x_in, const Tensor& w_in, const std::vector<
   Tensor out = Tensor::empty({m, w.size(2)}, x.dtype(), x.device());
   kernels::grouped_gemm(x, w, /*trans_b=*/false, out, counts);
   const bool nx = x_in.requires_grad(), nw = w_in.requires_grad();
+  // a leaf weight's gradient is added straight into its .grad (see grad_to_accumulate_into)
+  std::shared_ptr<TensorImpl> w_leaf = nw ? autograd::accumulation_leaf(w_in) : nullptr;
   // dx needs w and dw needs x: save only what the backward will use
   autograd::record(
       "grouped_matmul", {out}, {x_in, w_in},
-      [x = nw ? x.detach() : Tensor(), w = nx ? w.detach() : Tensor(), xshape = x.shape(), wshape = w.shape(),
-       dt = x.dtype(), dev = x.device(), counts, nx, nw](const Grads& g) -> Grads {
+      [x = nw ? x.detach() : Tensor(), w = nx ? w.detach() : Tensor(), w_leaf, xshape = x.shape(),
+       wshape = w.shape(), dt = x.dtype(), dev = x.device(), counts, nx, nw](const Grads& g) -> Grads {
         // forward: out_g = x_g @ w[g]; so dx_g = dout_g @ w[g]^T and dw[g] = x_g^T @ dout_g
-        // (zero for a group without rows)
+        // (zero for a group without rows; added onto w.grad, beta 1, where w is a leaf)
         const Tensor dout = g[0].contiguous();
         Tensor dx, dw;
         if (nx) {
@@ -132,8 +134,10 @@ Tensor grouped_matmul(const Tensor& x_in, const Tensor& w_in, const std::vector<
           kernels::grouped_gemm(dout, w, /*trans_b=*/true, dx, counts);
         }
         if (nw) {
-          dw = Tensor::empty(wshape, dt, dev);
-          kernels::grouped_gemm_dw(x, dout, counts, dw);
+          double beta = 0.0;
+          dw = autograd::grad_to_accumulate_into(w_leaf, wshape, dt, dev, &beta);
+          if (!dw.defined()) dw = Tensor::empty(wshape, dt, dev);
+          kernels::grouped_gemm_dw(x, dout, counts, dw, beta);  // dw (+)= x_g^T @ dout_g
         }
         return {dx, dw};
       });

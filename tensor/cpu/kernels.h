@@ -13,6 +13,9 @@ void fill(const Tensor& t, double value);
 void copy(const Tensor& dst, const Tensor& src);
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, double alpha,
           double beta);
+// gemm for 2-D operands whose row count changes from call to call (see matmul.cpp)
+void gemm_any_rows(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                   double alpha, double beta);
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
                     const Tensor& pre);
 void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);

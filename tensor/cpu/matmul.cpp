@@ -86,6 +86,30 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
   if (is_bf16) copy(c, c32);
 }
 
+// gemm whose row count changes from call to call (a grouped GEMM's groups, whose sizes follow
+// the router). gemm's oneDNN primitives are built per shape, and building one (picking and
+// JIT-compiling a kernel) costs more than running it: a few hundred per MoE step. So f32 runs
+// on one oneDNN primitive for every row count where f32 goes to oneDNN
+// (onednn_gemm_any_rows), else on OpenBLAS's sgemm, which costs nothing per shape; other
+// dtypes as gemm.
+void gemm_any_rows(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
+                   double beta) {
+  if (a.dtype() != DType::f32 || b.dtype() != DType::f32 || c.dtype() != DType::f32 || a.dim() != 2 ||
+      b.dim() != 2) {
+    gemm(a, ta, b, tb, c, alpha, beta);
+    return;
+  }
+  const GemmDims g = gemm_dims(a, ta, b, tb, c);
+  if (g.m == 0 || g.n == 0) return;
+  if (g.k > 0 && f32_gemm_on_onednn()) {
+    onednn_gemm_any_rows(a, ta, b, tb, c, static_cast<float>(alpha), static_cast<float>(beta));
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k,
+              static_cast<float>(alpha), a.data<float>(), ta ? g.m : g.k, b.data<float>(), tb ? g.k : g.n,
+              static_cast<float>(beta), c.data<float>(), g.n);
+}
+
 // x (M,K) @ w (K,N) (+ bias) (-> GELU, keeping pre): the composed ops' arithmetic. With a
 // bias (f32, f64), y starts as the bias in every row and the GEMM adds x @ w to it (beta 1):
 // one pass over y instead of two (OpenBLAS's zeroing for beta 0, then the bias add), and the

@@ -4,9 +4,12 @@
 // G groups (experts), K and N a GEMM's inner and output dims. order (M): sorted row r holds
 // choice order[r] = n*k + j; slots (M) its inverse (choice c sits in sorted row slots[c]).
 // bf16 is computed in f32 and rounded once; f64 in f64.
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/cpu/dispatch.h"
+#include "tensor/cpu/fastmath.h"
 #include "tensor/cpu/kernels.h"
 
 namespace ndt::cpu {
@@ -21,6 +24,48 @@ const T* ptr(const Tensor& t) {
 template <typename T>
 T* mut(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
+}
+
+// out (C) = sum_j w[j] rows[j] (C), the rows base + at[j] C for j = 0..k-1 added in order
+// (w null: every weight 1), accumulated in acc (C), which may be out itself where T is A. A
+// row at a time: the k rows' loops run along c at the vector width, where a loop over j
+// inside one over c read k far-apart values per element. Always inlined (into the f32
+// clones below).
+template <typename T, typename A>
+[[gnu::always_inline]] inline void weighted_rows(const T* base, const int32_t* at, const T* w, int64_t k,
+                                                 int64_t C, A* acc, T* out) {
+  for (int64_t c = 0; c < C; ++c) acc[c] = A(0);
+  for (int64_t j = 0; j < k; ++j) {
+    const T* row = base + static_cast<int64_t>(at[j]) * C;
+    const A wj = w ? load(w[j]) : A(1);
+    for (int64_t c = 0; c < C; ++c) acc[c] += wj * load(row[c]);
+  }
+  if (static_cast<void*>(acc) != static_cast<void*>(out))
+    for (int64_t c = 0; c < C; ++c) out[c] = st<T>(acc[c]);
+}
+NDT_VECTOR_CLONES void weighted_rows_f32(const float* base, const int32_t* at, const float* w, int64_t k,
+                                         int64_t C, float* out) {
+  weighted_rows(base, at, w, k, C, out, out);
+}
+
+// Each of the N rows of out (N,C): weighted_rows of its k rows at[n k ..] (weights w + n k),
+// f32 through the vector clones, bf16 and f64 through an accumulator row per thread.
+template <typename T>
+void weighted_rows_all(const T* base, const int32_t* at, const T* w, int64_t N, int64_t k, int64_t C,
+                       T* out) {
+  using A = acc_t<T>;
+#pragma omp parallel if (N * k * C > kParallelElems)
+  {
+    std::vector<A> acc(std::is_same_v<T, float> ? 0 : static_cast<size_t>(C));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < N; ++n) {
+      const T* wn = w ? w + n * k : nullptr;
+      if constexpr (std::is_same_v<T, float>)
+        weighted_rows_f32(base, at + n * k, wn, k, C, out + n * C);
+      else
+        weighted_rows(base, at + n * k, wn, k, C, acc.data(), out + n * C);
+    }
+  }
 }
 
 }  // namespace
@@ -119,17 +164,7 @@ void moe_dispatch_backward(const Tensor& dout, const Tensor& slots, int64_t k, c
   const int64_t N = dx.size(0), C = dx.size(1);
   dispatch_float(dx.dtype(), "moe_dispatch_backward", [&](auto tag) {
     using T = decltype(tag);
-    using A = acc_t<T>;
-    const T* d = ptr<T>(dout);
-    const int32_t* s = ptr<int32_t>(slots);
-    T* out = mut<T>(dx);
-#pragma omp parallel for schedule(static) if (N * k * C > kParallelElems)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) {
-        A acc = 0;
-        for (int64_t j = 0; j < k; ++j) acc += load(d[s[n * k + j] * C + c]);
-        out[n * C + c] = st<T>(acc);
-      }
+    weighted_rows_all<T>(ptr<T>(dout), ptr<int32_t>(slots), nullptr, N, k, C, mut<T>(dx));
   });
 }
 
@@ -138,17 +173,7 @@ void moe_combine_forward(const Tensor& y, const Tensor& weights, const Tensor& s
   const int64_t N = weights.size(0), k = weights.size(1), C = y.size(1);
   dispatch_float(y.dtype(), "moe_combine_forward", [&](auto tag) {
     using T = decltype(tag);
-    using A = acc_t<T>;
-    const T *py = ptr<T>(y), *w = ptr<T>(weights);
-    const int32_t* s = ptr<int32_t>(slots);
-    T* o = mut<T>(out);
-#pragma omp parallel for schedule(static) if (N * k * C > kParallelElems)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t c = 0; c < C; ++c) {
-        A acc = 0;
-        for (int64_t j = 0; j < k; ++j) acc += load(w[n * k + j]) * load(py[s[n * k + j] * C + c]);
-        o[n * C + c] = st<T>(acc);
-      }
+    weighted_rows_all<T>(ptr<T>(y), ptr<int32_t>(slots), ptr<T>(weights), N, k, C, mut<T>(out));
   });
 }
 
@@ -172,9 +197,13 @@ void moe_combine_backward(const Tensor& y, const Tensor& weights, const Tensor& 
 #pragma omp parallel for schedule(static) if (N * k * C > kParallelElems)
     for (int64_t i = 0; i < N * k; ++i) {
       const T *yrow = py + s[i] * C, *drow = d + (i / k) * C;
-      A acc = 0;
-      for (int64_t c = 0; c < C; ++c) acc += load(drow[c]) * load(yrow[c]);
-      pdw[i] = st<T>(acc);
+      if constexpr (std::is_same_v<T, float>) {
+        pdw[i] = dot_f32(drow, yrow, C);  // in fixed lanes, at the vector width
+      } else {
+        A acc = 0;
+        for (int64_t c = 0; c < C; ++c) acc += load(drow[c]) * load(yrow[c]);
+        pdw[i] = st<T>(acc);
+      }
     }
   });
 }

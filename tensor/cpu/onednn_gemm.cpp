@@ -47,9 +47,10 @@ struct Key {
   int64_t batch, m, n, k;
   bool ta, tb, b_shared, has_bias, dst_f32;
   float alpha, beta;
-  bool src_f32;  // f32 operands (and bias, and result), else bf16
+  bool src_f32;   // f32 operands (and bias, and result), else bf16
+  bool any_rows;  // 2-D, a's row count (m, or k where a is transposed) given at each call (0 here)
   auto tie() const {
-    return std::tie(batch, m, n, k, ta, tb, b_shared, has_bias, dst_f32, alpha, beta, src_f32);
+    return std::tie(batch, m, n, k, ta, tb, b_shared, has_bias, dst_f32, alpha, beta, src_f32, any_rows);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -79,12 +80,14 @@ memory::desc matrix(int64_t batch, int64_t r, int64_t c, bool trans, bool shared
   return memory::desc({shared ? 1 : batch, r, c}, t, strides);
 }
 
-dnnl::matmul::primitive_desc describe(const Key& key, const dnnl::engine& engine) {
-  using dt = memory::data_type;
-  const dt src = key.src_f32 ? dt::f32 : dt::bf16;
-  const memory::desc a = matrix(key.batch, key.m, key.k, key.ta, false, src);
-  const memory::desc b = matrix(key.batch, key.k, key.n, key.tb, key.b_shared, src);
-  const memory::desc c = matrix(key.batch, key.m, key.n, false, false, key.dst_f32 ? dt::f32 : dt::bf16);
+// (r, c) of a 2-D row-major (r, c) matrix, read as its transpose when trans: op(x)'s dims,
+// the stored layout's strides (either may be DNNL_RUNTIME_DIM_VAL: given at each call)
+memory::desc matrix2d(memory::dim r, memory::dim c, bool trans, memory::data_type t) {
+  return memory::desc({r, c}, t, trans ? memory::dims{1, r} : memory::dims{c, 1});
+}
+
+// alpha as the output scale, beta as a sum post-op
+dnnl::primitive_attr attributes(const Key& key) {
   dnnl::primitive_attr attr;
   if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
   if (key.beta != 0.0f) {
@@ -92,6 +95,27 @@ dnnl::matmul::primitive_desc describe(const Key& key, const dnnl::engine& engine
     ops.append_sum(key.beta);
     attr.set_post_ops(ops);
   }
+  return attr;
+}
+
+// f32, 2-D, a's row count left to each call: op(a) (m, k) has m rows, or k where a is read
+// transposed. One primitive serves every row count (oneDNN's gemm:jit kernels).
+dnnl::matmul::primitive_desc describe_any_rows(const Key& key, const dnnl::engine& engine) {
+  const memory::dim any = DNNL_RUNTIME_DIM_VAL, m = key.ta ? key.m : any, k = key.ta ? any : key.k;
+  const memory::data_type t = memory::data_type::f32;
+  return {dnnl::matmul::desc(matrix2d(m, k, key.ta, t), matrix2d(k, key.n, key.tb, t),
+                             matrix2d(m, key.n, false, t)),
+          attributes(key), engine};
+}
+
+dnnl::matmul::primitive_desc describe(const Key& key, const dnnl::engine& engine) {
+  if (key.any_rows) return describe_any_rows(key, engine);
+  using dt = memory::data_type;
+  const dt src = key.src_f32 ? dt::f32 : dt::bf16;
+  const memory::desc a = matrix(key.batch, key.m, key.k, key.ta, false, src);
+  const memory::desc b = matrix(key.batch, key.k, key.n, key.tb, key.b_shared, src);
+  const memory::desc c = matrix(key.batch, key.m, key.n, false, false, key.dst_f32 ? dt::f32 : dt::bf16);
+  const dnnl::primitive_attr attr = attributes(key);
   if (key.has_bias) {
     const memory::desc bias({1, 1, key.n}, src, memory::dims{key.n, key.n, 1});
     return {dnnl::matmul::desc(a, b, bias, c), attr, engine};
@@ -121,7 +145,7 @@ Primitive primitive(Library& lib, const Key& key) {
 // over f32 conversions); for f32 "brg:avx512_core", "gemm:jit", ...
 std::string implementation(bool f32) {
   try {
-    const Key probe{1, 256, 256, 256, false, false, false, false, f32, 1.0f, 0.0f, f32};
+    const Key probe{1, 256, 256, 256, false, false, false, false, f32, 1.0f, 0.0f, f32, false};
     return describe(probe, library().engine).impl_info_str();
   } catch (const dnnl::error& e) {
     return std::string("none (") + e.what() + ")";
@@ -202,6 +226,30 @@ void onednn_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tenso
   stream.wait();
 }
 
+void onednn_gemm_any_rows(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, float alpha,
+                          float beta) {
+  NDT_CHECK(a.dtype() == DType::f32 && b.dtype() == DType::f32 && c.dtype() == DType::f32 && a.dim() == 2 &&
+                b.dim() == 2 && c.dim() == 2,
+            "onednn_gemm_any_rows: expected 2-D f32 operands, got ", a.desc(), ", ", b.desc(), ", ",
+            c.desc());
+  const int64_t m = ta ? a.size(1) : a.size(0), k = ta ? a.size(0) : a.size(1),
+                n = tb ? b.size(0) : b.size(1);
+  Key key{};
+  key.batch = 1, key.m = ta ? m : 0, key.k = ta ? 0 : k, key.n = n;  // a's row count: not in the key
+  key.ta = ta, key.tb = tb, key.dst_f32 = true, key.src_f32 = true, key.any_rows = true;
+  key.alpha = alpha, key.beta = beta;
+  Library& lib = library();
+  const Primitive p = primitive(lib, key);
+  const memory::data_type t = memory::data_type::f32;
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC, memory(matrix2d(m, k, ta, t), lib.engine, a.data_ptr())},
+      {DNNL_ARG_WEIGHTS, memory(matrix2d(k, n, tb, t), lib.engine, b.data_ptr())},
+      {DNNL_ARG_DST, memory(matrix2d(m, n, false, t), lib.engine, c.data_ptr())}};
+  dnnl::stream stream(lib.engine);
+  p.matmul.execute(stream, args);
+  stream.wait();
+}
+
 #else  // built without oneDNN
 
 bool bf16_gemm_native() { return false; }
@@ -212,6 +260,10 @@ std::string f32_gemm_library() {
 }
 void onednn_gemm(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float, const Tensor&) {
   NDT_CHECK(false, "onednn_gemm: this build has no oneDNN (install libdnnl-dev and configure again)");
+}
+void onednn_gemm_any_rows(const Tensor&, bool, const Tensor&, bool, const Tensor&, float, float) {
+  NDT_CHECK(false,
+            "onednn_gemm_any_rows: this build has no oneDNN (install libdnnl-dev and configure again)");
 }
 
 #endif

@@ -44,4 +44,9 @@ std::string f32_gemm_library();
 void onednn_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c, float alpha,
                  float beta, const Tensor& bias = Tensor());
 
+// The same for 2-D f32 operands whose row count (a's rows: m, or k with trans_a) changes from
+// call to call (a grouped GEMM's groups): one primitive for every row count, built once.
+void onednn_gemm_any_rows(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
+                          float alpha, float beta);
+
 }  // namespace ndt::cpu
