@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -38,10 +39,24 @@ Counter& counter(Device d) {
   return gpus[d.index];
 }
 
-// CPU blocks rounded up to 64 bytes; freed blocks wait in a per-size free list.
+// CPU blocks rounded up to 64 bytes; freed blocks wait in a free list per size class. Up to
+// 64 KiB a class is one size; above, the sizes between two powers of two fall into 8 classes,
+// each block allocated at its class's largest size (at most 1/8 more than asked for). So the
+// buffers whose sizes follow the data (a mixture of experts' routed rows: a few thousand
+// different sizes a run) reuse freed blocks: with one list per exact size each new size
+// would be a fresh allocation, pages the kernel zeroes on first touch (half an expert-parallel
+// step's time was those page faults).
+size_t size_class(size_t nbytes) {
+  constexpr size_t kExact = size_t(64) << 10;
+  if (nbytes <= kExact) return nbytes;
+  const size_t step = std::bit_floor(nbytes) / 8;
+  return (nbytes + step - 1) / step * step;
+}
+
 class CpuCache {
  public:
-  void* alloc(size_t nbytes) {
+  void* alloc(size_t asked) {
+    const size_t nbytes = size_class(asked);
     {
       std::lock_guard<std::mutex> g(mu_);
       auto it = free_.find(nbytes);
@@ -60,7 +75,8 @@ class CpuCache {
     NDT_CHECK(p != nullptr, "out of CPU memory allocating ", nbytes, " bytes");
     return p;
   }
-  void free(void* p, size_t nbytes) {
+  void free(void* p, size_t asked) {
+    const size_t nbytes = size_class(asked);
     std::lock_guard<std::mutex> g(mu_);
     if (cached_ + nbytes > kMaxCached) {
       std::free(p);

@@ -684,6 +684,32 @@ TEST(Memory, InUseAndPeakFollowAllocations) {
   EXPECT_EQ(memory_stats(cpu).in_use, base);
 }
 
+// Buffers whose sizes follow the data (a mixture of experts' routed rows) reuse freed blocks of
+// nearby sizes: above 64 KiB a freed block serves any size up to 1/8 of a power of two around
+// it, still counted at the size asked for; a size past its class gets a block of its own.
+TEST(Memory, NearbySizesReuseAFreedBlock) {
+  const Device cpu = Device::cpu();
+  empty_cache(cpu);
+  const int64_t base = memory_stats(cpu).in_use, mb = 1 << 20;
+  const void* first = nullptr;
+  {
+    Tensor a = Tensor::empty({mb / 4 + 1000});  // 1 MiB and 4000 bytes: the class (1, 1 + 1/8] MiB
+    first = a.data_ptr();
+  }
+  EXPECT_EQ(memory_stats(cpu).cached, mb + mb / 8);  // kept at its class's size
+  {
+    Tensor b = Tensor::empty({mb / 4 + 20000});  // 76000 bytes more: the same class
+    EXPECT_EQ(b.data_ptr(), first);
+    EXPECT_EQ(memory_stats(cpu).in_use, base + mb + 80000);  // counted as asked
+    EXPECT_EQ(memory_stats(cpu).cached, 0);
+    Tensor c = Tensor::empty({mb / 4 + mb / 16});  // past the class: a block of its own
+    EXPECT_NE(c.data_ptr(), first);
+  }
+  Tensor small = Tensor::empty({1000});  // small sizes keep exact lists: no rounding up
+  EXPECT_EQ(memory_stats(cpu).in_use, base + 4032);
+  empty_cache(cpu);
+}
+
 // ---- error messages ------------------------------------------------------------------------
 
 TEST(Errors, ShapeMismatchesNameTheOpAndShapes) {
