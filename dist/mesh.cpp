@@ -160,7 +160,8 @@ GroupRule ep_data_rule(const ParallelDims& d, const Coords& x) {
 // (dp_rank % ep alike: shard % ep, or with dp_shard = 1 the replica's own), and the replicas of
 // this rank's FSDP position that hold them (all of them when ep lies in the shard group)
 GroupRule ep_shard_rule(const ParallelDims& d, const Coords& x) {
-  return in_stage(d, x, {(x.replicate * d.dp_shard + x.shard % d.ep) * d.tp + x.tp, x.shard * CS(d) + cs(d, x)});
+  return in_stage(d, x,
+                  {(x.replicate * d.dp_shard + x.shard % d.ep) * d.tp + x.tp, x.shard * CS(d) + cs(d, x)});
 }
 GroupRule ep_replicate_rule(const ParallelDims& d, const Coords& x) {
   const int64_t slice = d.dp_shard == 1 ? x.replicate % d.ep : 0;  // ep over the replicas
@@ -288,9 +289,9 @@ void DeviceMesh::describe_groups() {
 }
 
 std::vector<Communicator*> DeviceMesh::all() const {
-  return {world_.get(), pp_.get(), replicate_.get(), shard_.get(), cp_.get(),     sp_.get(),
-          tp_.get(),    dp_.get(), fsdp_.get(),      ep_.get(),    ep_data_.get(),
-          ep_shard_.get(), ep_replicate_.get()};
+  return {world_.get(),   pp_.get(),       replicate_.get(),   shard_.get(), cp_.get(),
+          sp_.get(),      tp_.get(),       dp_.get(),          fsdp_.get(),  ep_.get(),
+          ep_data_.get(), ep_shard_.get(), ep_replicate_.get()};
 }
 
 int64_t DeviceMesh::bytes_sent() const {

@@ -114,15 +114,16 @@ std::unique_ptr<ParallelModel> parallelize(models::GPT& gpt, const DeviceMesh& m
   if (gpt.has_lora())
     pm->strategy = lora_memory(gpt, mesh, o, *pm);
   else
-    pm->params = nn::materialize(gpt.units(dims.experts_apart()), o.device, DType::f32, o.seed, shard_spec(mesh),
-                                 o.compute_dtype);
+    pm->params = nn::materialize(gpt.units(dims.experts_apart()), o.device, DType::f32, o.seed,
+                                 shard_spec(mesh), o.compute_dtype);
   // 5: who reduces the gradients; the global norm also sums over the tp group
   Communicator* tp = dims.tp > 1 ? &mesh.tp() : nullptr;
   if (pm->strategy) {
     // LoRA's (lora_memory)
   } else if (dims.sharded()) {
-    auto f = std::make_unique<FullyShardedDataParallel>(pm->params, mesh.fsdp(), &mesh.replicate(),
-                                                        o.reduce_dtype, tp, /*frozen=*/false, expert_groups(mesh));
+    auto f =
+        std::make_unique<FullyShardedDataParallel>(pm->params, mesh.fsdp(), &mesh.replicate(), o.reduce_dtype,
+                                                   tp, /*frozen=*/false, expert_groups(mesh));
     f->set_trace(o.trace);
     f->set_reshard_after_forward(o.reshard_after_forward);
     gpt.add_block_wrapper(f->wrapper());  // outermost

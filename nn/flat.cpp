@@ -176,9 +176,9 @@ FlatParams materialize(const std::vector<UnitSpec>& specs, Device device, DType 
       u.full = released_buffer(u.padded_numel, cd, device);
       if (!frozen) u.full_grad = released_buffer(u.padded_numel, cd, device);
     }
-    u.compute_shard = cd == dtype        ? u.data
+    u.compute_shard = cd == dtype   ? u.data
                       : shards == 1 ? u.full
-                                         : Tensor::zeros({u.shard_numel}, cd, device);
+                                    : Tensor::zeros({u.shard_numel}, cd, device);
     const int64_t s0 = u.shard_offset, s1 = s0 + u.shard_numel;
     for (FlatParam& fp : u.params) {
       // this rank's part of the parameter: buffer elements [a, b)

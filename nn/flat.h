@@ -58,10 +58,10 @@ struct FlatUnit {
   int64_t shard_numel = 0;
   int64_t shard_count = 1;
   bool experts = false;  // UnitSpec::experts: sharded over the expert shard group
-  Tensor data;       // (shard_numel) this rank's parameters: what the optimizer updates
-  Tensor grad;       // (shard_numel) their gradients
-  Tensor full;       // (padded_numel) the whole buffer, which every parameter views
-  Tensor full_grad;  // (padded_numel) its gradient, which every parameter's .grad views
+  Tensor data;           // (shard_numel) this rank's parameters: what the optimizer updates
+  Tensor grad;           // (shard_numel) their gradients
+  Tensor full;           // (padded_numel) the whole buffer, which every parameter views
+  Tensor full_grad;      // (padded_numel) its gradient, which every parameter's .grad views
   // Unsharded, full and data are one tensor (and full_grad and grad). Sharded, full and
   // full_grad start with their memory released: FSDP gathers into them when the unit runs
   // and releases them after (Storage::allocate/release), while the views stay valid.

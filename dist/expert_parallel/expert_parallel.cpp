@@ -118,7 +118,7 @@ Tensor expert_parallel_mlp(const nn::Experts& ex, const Tensor& xf, const Tensor
   const Tensor xe = permute_rows(xr, x.by_expert);  // (R, C) by local expert
   const Tensor ye = nn::Experts::swiglu(xe, my_experts(ex.gate_proj, El, me), my_experts(ex.up_proj, El, me),
                                         my_experts(ex.down_proj, El, me), x.local);
-  const Tensor yr = permute_rows(ye, back);  // (R, C) in the received order
+  const Tensor yr = permute_rows(ye, back);                       // (R, C) in the received order
   const Tensor y = combine_from_experts(yr, x.send, x.recv, ep);  // (N k, C) in r's order
   return moe_combine(y, w, r);                                    // (N, C)
 }

@@ -35,8 +35,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(const nn::FlatParams& params,
               " holds experts apart but no expert groups were given (ExpertGroups)");
     Communicator& g = shards_of(u);
     NDT_CHECK(u.shard_numel * g.size() == u.padded_numel, "FSDP: unit ", u.name, " is cut into ",
-              u.padded_numel / std::max<int64_t>(u.shard_numel, 1), " shards but the group ", g.name(), " has ",
-              g.size(), " ranks; materialize with a ShardSpec of ", g.size(), " shards");
+              u.padded_numel / std::max<int64_t>(u.shard_numel, 1), " shards but the group ", g.name(),
+              " has ", g.size(), " ranks; materialize with a ShardSpec of ", g.size(), " shards");
     if (u.experts) {  // "h.i.experts" after every block: its block's unit is "h.i"
       blocks_end_ = std::min(blocks_end_, i);
       const std::string block = u.name.substr(0, u.name.size() - std::string(".experts").size());
@@ -49,8 +49,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(const nn::FlatParams& params,
     autograd::GradGroup::create(ps, [this, i] { reduce_unit(i); });
   }
   if (experts_.shards)
-    expert_scale_ = static_cast<double>(experts.shards->size() * (experts.replicas ? experts.replicas->size() : 1)) /
-                    static_cast<double>(shard_group.size() * (replicas ? replicas->size() : 1));
+    expert_scale_ =
+        static_cast<double>(experts.shards->size() * (experts.replicas ? experts.replicas->size() : 1)) /
+        static_cast<double>(shard_group.size() * (replicas ? replicas->size() : 1));
 }
 
 Communicator& FullyShardedDataParallel::shards_of(const nn::FlatUnit& u) const {
@@ -197,7 +198,8 @@ void FullyShardedDataParallel::drain(size_t keep) {
     const nn::FlatUnit& u = params_.units[p.unit];
     storage_of(u.full_grad).release();
     state_[p.unit].grad_live = false;
-    if (u.experts && expert_scale_ != 1) kernels::scale(p.out, expert_scale_, p.out);  // the mean over n, not n / ep
+    if (u.experts && expert_scale_ != 1)
+      kernels::scale(p.out, expert_scale_, p.out);  // the mean over n, not n / ep
     kernels::add_(u.grad, p.out.dtype() == u.grad.dtype() ? p.out : p.out.to(u.grad.dtype()));  // accumulate
     if (Communicator* r = replicas_of(u); sync_ && r) {
       r->note_unit(u.name);

@@ -131,10 +131,10 @@ class FullyShardedDataParallel : public Strategy {
   void before_backward(size_t u);  // on_backward hook of block unit u
 
   Communicator& shard_group_;
-  Communicator* replicas_;  // HSDP, or nullptr
-  ExpertGroups experts_;    // the units of experts' (replicas: nullptr when one)
-  double expert_scale_ = 1;  // their gradients' extra factor, 1 / ep
-  size_t blocks_end_ = 0;    // units [1, blocks_end_) are the blocks', then the experts'
+  Communicator* replicas_;          // HSDP, or nullptr
+  ExpertGroups experts_;            // the units of experts' (replicas: nullptr when one)
+  double expert_scale_ = 1;         // their gradients' extra factor, 1 / ep
+  size_t blocks_end_ = 0;           // units [1, blocks_end_) are the blocks', then the experts'
   std::vector<size_t> experts_of_;  // (units) block unit -> its experts' unit (0: none)
   std::vector<UnitState> state_;
   std::vector<PendingReduce> pending_;

@@ -113,20 +113,20 @@ WrittenShard write_shard(const nn::FlatParams& params, const optim::AdamW& opt, 
 nlohmann::json manifest_of(const TrainState& state, int64_t adam_steps, const models::GPTConfig& cfg,
                            const dist::ParallelDims& d, const std::vector<int64_t>& pp_blocks) {
   nlohmann::json j = {{"format", "sharded"},
-          {"step", state.step},
-          {"adam_steps", adam_steps},
-          {"loader_epoch", state.loader.epoch},
-          {"loader_window", state.loader.window},
-          {"extra", state.extra},
-          {"model", model_json(cfg)},
-          {"layout",
-           {{"pp", d.pp},
-            {"pp_blocks", pp_blocks},
-            {"dp_replicate", d.dp_replicate},
-            {"dp_shard", d.dp_shard},
-            {"cp", d.cp * d.sp},  // (Ulysses' sp ranks shard like cp ranks: one flat fsdp index)
-            {"tp", d.tp}}},
-          {"files", nlohmann::json::object()}};
+                      {"step", state.step},
+                      {"adam_steps", adam_steps},
+                      {"loader_epoch", state.loader.epoch},
+                      {"loader_window", state.loader.window},
+                      {"extra", state.extra},
+                      {"model", model_json(cfg)},
+                      {"layout",
+                       {{"pp", d.pp},
+                        {"pp_blocks", pp_blocks},
+                        {"dp_replicate", d.dp_replicate},
+                        {"dp_shard", d.dp_shard},
+                        {"cp", d.cp * d.sp},  // (Ulysses' sp ranks shard like cp ranks: one flat fsdp index)
+                        {"tp", d.tp}}},
+                      {"files", nlohmann::json::object()}};
   // expert parallelism inside FSDP: the experts' units of each ep rank's slice (written only then,
   // so that other checkpoints keep their manifests)
   if (d.experts_apart()) j["layout"]["ep"] = d.ep;
@@ -433,9 +433,10 @@ void read_model_and_layout(const nlohmann::json& m, const Fields& in, Manifest& 
   r.layout.tp = in.integer(lj, "layout", "tp", 1, kRanks);
   read_pipeline(lj, in, r);
   r.layout.ep = lj.contains("ep") ? in.integer(lj, "layout", "ep", 2, kRanks) : 1;
-  NDT_CHECK(r.layout.ep == 1 || (r.layout.dp_shard % r.layout.ep == 0 && r.model.n_experts % r.layout.ep == 0),
-            "checkpoint ", F, ": \"layout.ep\" is ", r.layout.ep, ", which must divide \"layout.dp_shard\" ",
-            r.layout.dp_shard, " and the model's ", r.model.n_experts, " experts", kFix);
+  NDT_CHECK(
+      r.layout.ep == 1 || (r.layout.dp_shard % r.layout.ep == 0 && r.model.n_experts % r.layout.ep == 0),
+      "checkpoint ", F, ": \"layout.ep\" is ", r.layout.ep, ", which must divide \"layout.dp_shard\" ",
+      r.layout.dp_shard, " and the model's ", r.model.n_experts, " experts", kFix);
   const int64_t tp = r.layout.tp;
   NDT_CHECK(r.model.n_head % tp == 0 && r.model.kv_heads() % tp == 0 && r.model.mlp_hidden() % tp == 0 &&
                 r.model.padded_vocab() % tp == 0,
