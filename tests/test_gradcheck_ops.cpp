@@ -620,6 +620,28 @@ TEST(F32Gemm, AnyRowsOnBothLibrariesAgreeWithFloat64) {
   }
 }
 
+// The same in bf16 (oneDNN's bf16 kernels where this CPU has them): a bf16 product of the bf16
+// operands, against f64 from the same (bf16) values, within bf16's rounding of the result.
+TEST(Bf16Gemm, AnyRowsAgreeWithFloat64) {
+  if (!have_onednn() || !cpu::bf16_gemm_native()) GTEST_SKIP() << cpu::bf16_gemm_library();
+  uint64_t seed = 2300;
+  for (int64_t rows : {1, 7, 40, 33, 7})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (double beta : {0.0, 1.0}) {
+          const int64_t m = ta ? 6 : rows, k = ta ? rows : 6, n = 5;
+          const Tensor a =
+              randn(ta ? Shape{k, m} : Shape{m, k}, DType::f32, Device::cpu(), ++seed).to(DType::bf16);
+          const Tensor b =
+              randn(tb ? Shape{n, k} : Shape{k, n}, DType::f32, Device::cpu(), ++seed).to(DType::bf16);
+          const Tensor c0 = randn({m, n}, DType::f32, Device::cpu(), ++seed).to(DType::bf16);
+          const Tensor c = c0.clone();
+          cpu::gemm_any_rows(a, ta, b, tb, c, 1.0, beta);
+          ASSERT_LT(rel_error(c.to(DType::f64), gemm_f64(a, ta, b, tb, c0, 1.0, beta)), 1e-2)
+              << "rows " << rows << " ta " << ta << " tb " << tb << " beta " << beta;
+        }
+}
+
 // More shapes than oneDNN's primitive table keeps (1024): the table empties and refills, and
 // every product stays right (a program that multiplies prompts of every length).
 TEST(F32Gemm, MoreShapesThanTheTableKeeps) {

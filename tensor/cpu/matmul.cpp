@@ -94,6 +94,16 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, d
 // dtypes as gemm.
 void gemm_any_rows(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, double alpha,
                    double beta) {
+  const bool bf16 = a.dtype() == DType::bf16 && b.dtype() == DType::bf16 && c.dim() == 2 && a.dim() == 2 &&
+                    b.dim() == 2 && bf16_on_onednn(a, b, c);
+  if (bf16) {
+    const GemmDims g = gemm_dims(a, ta, b, tb, c);
+    if (g.m > 0 && g.n > 0 && g.k > 0)
+      onednn_gemm_any_rows(a, ta, b, tb, c, static_cast<float>(alpha), static_cast<float>(beta));
+    else if (g.m > 0 && g.n > 0)
+      gemm(a, ta, b, tb, c, alpha, beta);
+    return;
+  }
   if (a.dtype() != DType::f32 || b.dtype() != DType::f32 || c.dtype() != DType::f32 || a.dim() != 2 ||
       b.dim() != 2) {
     gemm(a, ta, b, tb, c, alpha, beta);

@@ -102,9 +102,10 @@ dnnl::primitive_attr attributes(const Key& key) {
 // transposed. One primitive serves every row count (oneDNN's gemm:jit kernels).
 dnnl::matmul::primitive_desc describe_any_rows(const Key& key, const dnnl::engine& engine) {
   const memory::dim any = DNNL_RUNTIME_DIM_VAL, m = key.ta ? key.m : any, k = key.ta ? any : key.k;
-  const memory::data_type t = memory::data_type::f32;
+  using dt = memory::data_type;
+  const dt t = key.src_f32 ? dt::f32 : dt::bf16, tc = key.dst_f32 ? dt::f32 : dt::bf16;
   return {dnnl::matmul::desc(matrix2d(m, k, key.ta, t), matrix2d(k, key.n, key.tb, t),
-                             matrix2d(m, key.n, false, t)),
+                             matrix2d(m, key.n, false, tc)),
           attributes(key), engine};
 }
 
@@ -228,23 +229,25 @@ void onednn_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tenso
 
 void onednn_gemm_any_rows(const Tensor& a, bool ta, const Tensor& b, bool tb, const Tensor& c, float alpha,
                           float beta) {
-  NDT_CHECK(a.dtype() == DType::f32 && b.dtype() == DType::f32 && c.dtype() == DType::f32 && a.dim() == 2 &&
-                b.dim() == 2 && c.dim() == 2,
-            "onednn_gemm_any_rows: expected 2-D f32 operands, got ", a.desc(), ", ", b.desc(), ", ",
+  const bool f32 = a.dtype() == DType::f32;
+  NDT_CHECK(a.dtype() == b.dtype() && (f32 ? c.dtype() == DType::f32 : a.dtype() == DType::bf16) &&
+                a.dim() == 2 && b.dim() == 2 && c.dim() == 2,
+            "onednn_gemm_any_rows: expected 2-D f32, or bf16 operands, got ", a.desc(), ", ", b.desc(), ", ",
             c.desc());
   const int64_t m = ta ? a.size(1) : a.size(0), k = ta ? a.size(0) : a.size(1),
                 n = tb ? b.size(0) : b.size(1);
   Key key{};
   key.batch = 1, key.m = ta ? m : 0, key.k = ta ? 0 : k, key.n = n;  // a's row count: not in the key
-  key.ta = ta, key.tb = tb, key.dst_f32 = true, key.src_f32 = true, key.any_rows = true;
+  key.ta = ta, key.tb = tb, key.dst_f32 = c.dtype() == DType::f32, key.src_f32 = f32, key.any_rows = true;
   key.alpha = alpha, key.beta = beta;
   Library& lib = library();
   const Primitive p = primitive(lib, key);
-  const memory::data_type t = memory::data_type::f32;
+  using dt = memory::data_type;
+  const dt t = f32 ? dt::f32 : dt::bf16, tc = key.dst_f32 ? dt::f32 : dt::bf16;
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, memory(matrix2d(m, k, ta, t), lib.engine, a.data_ptr())},
       {DNNL_ARG_WEIGHTS, memory(matrix2d(k, n, tb, t), lib.engine, b.data_ptr())},
-      {DNNL_ARG_DST, memory(matrix2d(m, n, false, t), lib.engine, c.data_ptr())}};
+      {DNNL_ARG_DST, memory(matrix2d(m, n, false, tc), lib.engine, c.data_ptr())}};
   dnnl::stream stream(lib.engine);
   p.matmul.execute(stream, args);
   stream.wait();
