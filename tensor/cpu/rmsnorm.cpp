@@ -1,4 +1,6 @@
 // CPU RMSNorm over the last dim (Llama, Qwen2, Mistral). Legend: N rows, C channels.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -9,9 +11,10 @@
 
 namespace ndt::cpu {
 
-// f32 rows at the machine's vector width, sums in kLanes fixed lanes (the same bits at every
-// width). sum_c a[c] b[c] (kernels.h; LayerNorm's backward uses it too):
-NDT_VECTOR_CLONES float dot_f32(const float* a, const float* b, int64_t n) {
+namespace {
+
+// sum_c a[c] b[c] in kLanes fixed lanes (the same bits at every vector width)
+[[gnu::always_inline]] inline float dot_lanes(const float* a, const float* b, int64_t n) {
   float lane[kLanes] = {};
   int64_t c = 0;
   for (; c + kLanes <= n; c += kLanes)
@@ -22,45 +25,72 @@ NDT_VECTOR_CLONES float dot_f32(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+}  // namespace
+
+// f32 rows at the machine's vector width (NDT_VECTOR_CLONES). sum_c a[c] b[c] (kernels.h;
+// LayerNorm's backward uses it too):
+NDT_VECTOR_CLONES float dot_f32(const float* a, const float* b, int64_t n) { return dot_lanes(a, b, n); }
+
 namespace {
 
-// out[c] = (x[c] r) w[c]
-NDT_VECTOR_CLONES void scale_rows_f32(const float* x, float r, const float* w, float* out, int64_t n) {
-  for (int64_t c = 0; c < n; ++c) out[c] = x[c] * r * w[c];
+// Rows [n0, n1) of the forward: rstd r = 1 / sqrt(mean_c x^2 + eps), out[c] = (x[c] r) w[c].
+// A whole range of rows per call: the q/k norms' rows are one head (32-128 channels), where a
+// call per row cost as much as the row.
+NDT_VECTOR_CLONES void rms_forward_rows_f32(const float* px, const float* pw, float eps, float* po, float* pr,
+                                            int64_t n0, int64_t n1, int64_t C) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* row = px + n * C;
+    const float r = 1.0f / std::sqrt(dot_lanes(row, row, C) / C + eps);
+    for (int64_t c = 0; c < C; ++c) po[n * C + c] = row[c] * r * pw[c];
+    pr[n] = r;
+  }
 }
 
-// dx[c] = r (d[c] w[c] - x[c] r m)
-NDT_VECTOR_CLONES void rms_dx_f32(const float* d, const float* x, const float* w, float r, float m, float* dx,
-                                  int64_t n) {
-  for (int64_t c = 0; c < n; ++c) dx[c] = r * (d[c] * w[c] - x[c] * r * m);
+// Rows [n0, n1) of dx: dxhat = d w, m = r sum_c dxhat x / C (sum_c dxhat xhat / C), dx[c] =
+// r (dxhat[c] - x[c] r m); dw (C) scratch
+NDT_VECTOR_CLONES void rms_dx_rows_f32(const float* pd, const float* px, const float* pw, const float* pr,
+                                       float* pdx, int64_t n0, int64_t n1, int64_t C, float* dw) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const float *drow = pd + n * C, *xrow = px + n * C;
+    for (int64_t c = 0; c < C; ++c) dw[c] = drow[c] * pw[c];
+    const float r = pr[n], m = dot_lanes(dw, xrow, C) * r / C;
+    for (int64_t c = 0; c < C; ++c) pdx[n * C + c] = r * (drow[c] * pw[c] - xrow[c] * r * m);
+  }
+}
+
+// Columns [c0, c1) of dw (at most 64): dw[c] = sum over the rows in order of (d x) r
+NDT_VECTOR_CLONES void rms_dw_columns_f32(const float* pd, const float* px, const float* pr, int64_t N,
+                                          int64_t C, int64_t c0, int64_t c1, float* pdw) {
+  float aw[64] = {};
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = c0; c < c1; ++c) aw[c - c0] += pd[n * C + c] * px[n * C + c] * pr[n];
+  for (int64_t c = c0; c < c1; ++c) pdw[c] = aw[c - c0];
+}
+
+// Rows [0, N) split into one contiguous range per thread: f(n0, n1) on each
+template <typename F>
+void row_ranges(int64_t N, int64_t C, F&& f) {
+#pragma omp parallel if (N * C > 16384)
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t n0 = N * t / nt, n1 = N * (t + 1) / nt;
+    if (n1 > n0) f(n0, n1);
+  }
 }
 
 // x (N,C), w (C) -> out, rstd as rmsnorm_forward below, f32
 void rmsnorm_forward_f32(const float* px, const float* pw, float eps, float* po, float* pr, int64_t N,
                          int64_t C) {
-#pragma omp parallel for schedule(static) if (N * C > 16384)
-  for (int64_t n = 0; n < N; ++n) {
-    const float* row = px + n * C;
-    const float r = 1.0f / std::sqrt(dot_f32(row, row, C) / C + eps);
-    scale_rows_f32(row, r, pw, po + n * C, C);
-    pr[n] = r;
-  }
+  row_ranges(N, C, [&](int64_t n0, int64_t n1) { rms_forward_rows_f32(px, pw, eps, po, pr, n0, n1, C); });
 }
 
 // dx as rmsnorm_backward below, f32: sum_c dxhat xhat = r sum_c (d w) x
 void rmsnorm_dx_f32(const float* pd, const float* px, const float* pw, const float* pr, float* pdx, int64_t N,
                     int64_t C) {
-#pragma omp parallel if (N * C > 16384)
-  {
-    std::vector<float> dw(C);
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      const float *drow = pd + n * C, *xrow = px + n * C;
-      for (int64_t c = 0; c < C; ++c) dw[c] = drow[c] * pw[c];
-      const float mean_dot = dot_f32(dw.data(), xrow, C) * pr[n] / C;
-      rms_dx_f32(drow, xrow, pw, pr[n], mean_dot, pdx + n * C, C);
-    }
-  }
+  row_ranges(N, C, [&](int64_t n0, int64_t n1) {
+    std::vector<float> dw(static_cast<size_t>(C));
+    rms_dx_rows_f32(pd, px, pw, pr, pdx, n0, n1, C, dw.data());
+  });
 }
 
 }  // namespace
@@ -125,6 +155,10 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& w, cons
 #pragma omp parallel for schedule(static) if (N * C > 16384)
     for (int64_t c0 = 0; c0 < C; c0 += 64) {
       const int64_t c1 = std::min(C, c0 + 64);
+      if constexpr (std::is_same_v<T, float>) {
+        rms_dw_columns_f32(pd, px, pr, N, C, c0, c1, pdw);
+        continue;
+      }
       A aw[64] = {};
       for (int64_t n = 0; n < N; ++n)
         for (int64_t c = c0; c < c1; ++c) aw[c - c0] += load(pd[n * C + c]) * load(px[n * C + c]) * pr[n];

@@ -36,6 +36,7 @@
 #include <cblas.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -69,23 +70,59 @@ T lanes_total(const T (&acc)[kLanes]) {
   return s;
 }
 
+// kLanes elements as one value of GCC's vector extension (lowered to the clone's vector width)
+template <typename T>
+struct LanesOf;
+template <>
+struct LanesOf<float> {
+  using type = float __attribute__((vector_size(kLanes * sizeof(float))));
+};
+template <>
+struct LanesOf<double> {
+  using type = double __attribute__((vector_size(kLanes * sizeof(double))));
+};
+
+// The row's visible keys [0, nvis) rounded up to whole groups of kLanes where the row [0, nk) has
+// room: the loops below run over whole groups, the keys past nvis masked, so that no row ends in
+// a scalar tail of up to kLanes - 1 exps (half the cost of short rows).
+inline int64_t lane_groups_end(int64_t nvis, int64_t nk) {
+  return std::min(nk, (nvis + kLanes - 1) / kLanes * kLanes) / kLanes * kLanes;
+}
+
 // One row of scaled scores s[0, nk), of which keys [0, nvis) are visible (none: lse -inf):
-// p = exp(s - lse) there and 0 beyond, in place; returns lse = log sum_visible exp(s).
+// p = exp(s - max) / sum_visible exp(s - max) there and 0 beyond, in place; returns lse = log
+// sum_visible exp(s). The max and the sum in kLanes lanes (the max is exact in any order; the
+// sum's order is fixed, the same at every vector width), one exp per key.
 // Always inlined: into each vector clone below, or GCC keeps one baseline (SSE2) copy that
 // every clone calls, and the clones vectorize nothing.
 template <typename T>
 [[gnu::always_inline]] inline T softmax_row(T* s, int64_t nvis, int64_t nk) {
-  T mx = -std::numeric_limits<T>::infinity();
-  for (int64_t j = 0; j < nvis; ++j) mx = s[j] > mx ? s[j] : mx;
-  T acc[kLanes] = {};
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const int64_t nv = lane_groups_end(nvis, nk);
+  // the max a vector of kLanes at a time (GCC's vector extension, lowered to the clone's width)
+  using Lanes = typename LanesOf<T>::type;
+  Lanes lane_max = Lanes{} + kNegInf;
   int64_t j = 0;
-  for (; j + kLanes <= nvis; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += fast_exp(s[j + l] - mx);
-  for (int l = 0; j < nvis; ++j, ++l) acc[l] += fast_exp(s[j] - mx);
-  const T lse = mx + std::log(lanes_total(acc));
-  for (j = 0; j < nvis; ++j) s[j] = fast_exp(s[j] - lse);
+  for (; j + kLanes <= nvis; j += kLanes) {
+    Lanes x;
+    std::memcpy(&x, s + j, sizeof x);
+    lane_max = x > lane_max ? x : lane_max;
+  }
+  T mx = kNegInf;
+  for (int l = 0; l < kLanes; ++l) mx = lane_max[l] > mx ? lane_max[l] : mx;
+  for (; j < nvis; ++j) mx = s[j] > mx ? s[j] : mx;
+  T acc[kLanes] = {};
+  for (j = 0; j < nv; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const T e = j + l < nvis ? fast_exp(s[j + l] - mx) : T(0);
+      s[j + l] = e;
+      acc[l] += e;
+    }
+  for (int l = 0; j < nvis; ++j, ++l) acc[l] += s[j] = fast_exp(s[j] - mx);
+  const T total = lanes_total(acc), inv = T(1) / total;
+  for (j = 0; j < nvis; ++j) s[j] *= inv;
   for (; j < nk; ++j) s[j] = T(0);
-  return lse;
+  return mx + std::log(total);
 }
 // The f32 rows, vectorized at the machine's width (NDT_VECTOR_CLONES).
 NDT_VECTOR_CLONES float softmax_row_f32(float* s, int64_t nvis, int64_t nk) {
@@ -94,10 +131,14 @@ NDT_VECTOR_CLONES float softmax_row_f32(float* s, int64_t nvis, int64_t nk) {
 float softmax_row_of(float* s, int64_t nvis, int64_t nk) { return softmax_row_f32(s, nvis, nk); }
 double softmax_row_of(double* s, int64_t nvis, int64_t nk) { return softmax_row(s, nvis, nk); }
 
-// The probabilities of one row again, from the scaled scores and the saved lse.
+// The probabilities of one row again, from the scaled scores and the saved lse (whole lane
+// groups, as softmax_row).
 template <typename T>
-void probs_row(T* s, int64_t nvis, int64_t nk, T lse) {
+[[gnu::always_inline]] inline void probs_row(T* s, int64_t nvis, int64_t nk, T lse) {
+  const int64_t nv = lane_groups_end(nvis, nk);
   int64_t j = 0;
+  for (; j < nv; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) s[j + l] = j + l < nvis ? fast_exp(s[j + l] - lse) : T(0);
   for (; j < nvis; ++j) s[j] = fast_exp(s[j] - lse);
   for (; j < nk; ++j) s[j] = T(0);
 }
