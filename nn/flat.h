@@ -72,8 +72,8 @@ struct FlatUnit {
   // copy of data that FSDP gathers from (unsharded: full itself). refresh_compute() makes
   // the copies after the optimizer has stepped; fold_grad() adds full_grad into grad.
   Tensor compute_shard;
-  // units of experts are FSDP's also over a group of one rank (gathered into full and
-  // released like the others), so that a block's two units behave alike
+  // units of experts are FSDP's also over a group of one rank, so that a block's two units
+  // behave alike (there full borrows compute_shard's memory while "gathered": no copy)
   bool sharded() const { return shard_count > 1 || experts; }
   bool mixed() const { return full.dtype() != data.dtype(); }
   int64_t param_count() const;  // parameters without padding

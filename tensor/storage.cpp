@@ -126,8 +126,20 @@ void Storage::allocate() {
   counter(device_).add(static_cast<int64_t>(n));
 }
 
+void Storage::borrow(void* data) {
+  NDT_CHECK(!data_, "Storage::borrow: the storage holds memory; release it first");
+  NDT_CHECK(data, "Storage::borrow: no memory to borrow");
+  data_ = data;
+  borrowed_ = true;
+}
+
 void Storage::release() {
   if (!data_) return;
+  if (borrowed_) {  // not ours: neither counted nor freed here
+    data_ = nullptr;
+    borrowed_ = false;
+    return;
+  }
   const size_t n = round_up(nbytes_);
   counter(device_).sub(static_cast<int64_t>(n));
   if (device_.is_cpu())

@@ -47,12 +47,18 @@ class Storage {
   // already in that state.
   void release();
   void allocate();
+  // FSDP over a group of one rank: the whole buffer is the rank's own shard, so instead of a
+  // copy the storage borrows the shard's memory (nbytes of it at `data`, owned and counted
+  // elsewhere) until release(), which then only lets go of it. Released storages only.
+  void borrow(void* data);
   bool allocated() const { return data_ != nullptr; }
+  bool borrowed() const { return borrowed_; }
   Device device() const { return device_; }
 
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;
+  bool borrowed_ = false;  // data_ is another storage's memory (borrow)
   Device device_;
 };
 

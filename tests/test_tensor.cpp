@@ -710,6 +710,30 @@ TEST(Memory, NearbySizesReuseAFreedBlock) {
   empty_cache(cpu);
 }
 
+// FSDP over a group of one rank: a released storage borrows another's memory (its views read
+// it in place), counts none of it and, released again, leaves it to its owner; a storage that
+// holds memory refuses to borrow.
+TEST(Memory, ABorrowedStorageIsNeitherCountedNorFreed) {
+  const Device cpu = Device::cpu();
+  Tensor owner = Tensor::full({1000}, 2.5);
+  const int64_t base = memory_stats(cpu).in_use;
+  auto storage = std::make_shared<Storage>(1000 * sizeof(float), cpu, /*allocate=*/false);
+  Storage& st = *storage;
+  st.borrow(owner.data_ptr());
+  EXPECT_TRUE(st.borrowed());
+  EXPECT_EQ(st.data(), owner.data_ptr());
+  EXPECT_EQ(memory_stats(cpu).in_use, base);
+  static_cast<float*>(st.data())[7] = -1.0f;  // one memory: the owner sees it
+  EXPECT_EQ(owner.to_vector<float>()[7], -1.0f);
+  st.release();
+  EXPECT_FALSE(st.allocated());
+  EXPECT_FALSE(st.borrowed());
+  EXPECT_EQ(memory_stats(cpu).in_use, base);
+  EXPECT_EQ(owner.to_vector<float>()[8], 2.5f);  // the owner's memory is still there
+  st.allocate();
+  EXPECT_CONTAINS(error_of([&] { st.borrow(owner.data_ptr()); }), "holds memory");
+}
+
 // ---- error messages ------------------------------------------------------------------------
 
 TEST(Errors, ShapeMismatchesNameTheOpAndShapes) {

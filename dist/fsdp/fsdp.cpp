@@ -85,11 +85,18 @@ void FullyShardedDataParallel::start_gather_unit(size_t i) {
   UnitState& s = state_[i];
   if (s.gathered || s.gather) return;
   const nn::FlatUnit& u = params_.units[i];
-  storage_of(u.full).allocate();
   Communicator& g = shards_of(u);
+  if (i > 0 && i < blocks_end_) max_gathered_ = std::max(max_gathered_, ++gathered_blocks_);
+  if (g.size() == 1) {  // a unit of experts over one rank: the whole buffer is its shard, borrowed
+    NDT_CHECK(u.compute_shard.numel() == u.padded_numel, "FSDP: unit ", u.name, " has a shard of ",
+              u.compute_shard.numel(), " elements of ", u.padded_numel, " on a group of one rank");
+    storage_of(u.full).borrow(u.compute_shard.data_ptr());
+    s.gathered = true;
+    return;
+  }
+  storage_of(u.full).allocate();
   g.note_unit(u.name);
   s.gather = g.all_gather(u.full, u.compute_shard);  // full (padded_numel) <- every rank's shard
-  if (i > 0 && i < blocks_end_) max_gathered_ = std::max(max_gathered_, ++gathered_blocks_);
 }
 
 void FullyShardedDataParallel::wait_gather_unit(size_t i) {
@@ -178,8 +185,12 @@ FullyShardedDataParallel::PendingReduce FullyShardedDataParallel::start_reduce(s
     storage_of(u.full_grad).release();
     state_[i].grad_live = false;
   }
-  p.out = Tensor::empty({u.shard_numel}, rd, u.grad.device());
   Communicator& g = shards_of(u);
+  if (g.size() == 1) {  // the mean over one rank: the gradient itself, no copy
+    p.out = p.in;
+    return p;
+  }
+  p.out = Tensor::empty({u.shard_numel}, rd, u.grad.device());
   g.note_unit(u.name);
   p.work = g.reduce_scatter(p.out, p.in, ReduceOp::kAvg);
   return p;
@@ -194,13 +205,13 @@ void FullyShardedDataParallel::drain(size_t keep) {
   size_t n = 0;
   for (; n + keep < pending_.size(); ++n) {
     PendingReduce& p = pending_[n];
-    p.work->wait();
+    if (p.work) p.work->wait();  // (none over a group of one rank)
     const nn::FlatUnit& u = params_.units[p.unit];
-    storage_of(u.full_grad).release();
-    state_[p.unit].grad_live = false;
     if (u.experts && expert_scale_ != 1)
       kernels::scale(p.out, expert_scale_, p.out);  // the mean over n, not n / ep
     kernels::add_(u.grad, p.out.dtype() == u.grad.dtype() ? p.out : p.out.to(u.grad.dtype()));  // accumulate
+    storage_of(u.full_grad).release();  // after the add: over one rank p.out may be full_grad itself
+    state_[p.unit].grad_live = false;
     if (Communicator* r = replicas_of(u); sync_ && r) {
       r->note_unit(u.name);
       replica_pending_.push_back(r->all_reduce(u.grad, ReduceOp::kAvg));

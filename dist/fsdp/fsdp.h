@@ -34,7 +34,10 @@
 // same experts (n / ep of them) and gathered, released and reduced with its block's unit: a rank
 // gathers only its experts, 1/ep of them. An expert's gradient on a rank sums every ep member's
 // tokens (dist/expert_parallel/), so the mean over the n / ep shards (and over the replicas
-// that hold the same experts) is divided by ep more: the mean over all n ranks' tokens.
+// that hold the same experts) is divided by ep more: the mean over all n ranks' tokens. With ep
+// = n (each rank's experts are its alone, an expert shard group of one rank) nothing is copied:
+// the unit's whole buffer borrows the rank's shard (Storage::borrow) and its gradient is added
+// to the shard's as it is, with no collective.
 #pragma once
 
 #include <cstdint>

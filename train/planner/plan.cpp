@@ -102,6 +102,10 @@ namespace {
 struct UnitLayout {
   std::vector<nn::FlatUnit> units;
   Count emb_full = 0, block_full = 0;  // the whole (padded) embeddings, the largest whole block
+  // the largest whole block gradient: a block's experts over an expert shard group of one rank
+  // (ep = the FSDP ranks that hold them) are not gathered, FSDP's whole buffer borrows the
+  // rank's own shard (dist/fsdp/fsdp.cpp), but their whole gradient is its own buffer
+  Count block_grad_full = 0;
 };
 // Under bf16 (nn::materialize with a compute dtype) the master, its gradient and AdamW's
 // moments are f32 shards; the model computes with bf16 copies: unsharded a whole buffer and
@@ -158,8 +162,12 @@ UnitLayout plan_parameters(const Config& c, Plan& p, const StageView& v) {
         p.experts_shard_numel[b] = u.shard_numel;
       }
   l.emb_full = p.unit_numel[0];
-  for (size_t b = 1; b < p.unit_numel.size(); ++b)  // a block and its experts are whole together
-    l.block_full = std::max(l.block_full, Count(p.unit_numel[b] + p.experts_numel[b]));
+  const bool experts_borrowed = D.experts_apart() && D.expert_shards() == 1;
+  for (size_t b = 1; b < p.unit_numel.size(); ++b) {  // a block and its experts are whole together
+    l.block_full =
+        std::max(l.block_full, Count(p.unit_numel[b] + (experts_borrowed ? 0 : p.experts_numel[b])));
+    l.block_grad_full = std::max(l.block_grad_full, Count(p.unit_numel[b] + p.experts_numel[b]));
+  }
   p.params_rank = params_rank.v;
   Count whole = 0;
   for (const nn::FlatUnit& u : l.units) whole += u.padded_numel;
@@ -190,7 +198,8 @@ struct BlocksMem {
 BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const Shapes& s,
                       const StageView& v, size_t chunk, Count input) {
   const nn::ACMode ac = ac_mode(c.train);
-  const Count emb_full = l.emb_full, block_full = l.block_full, a = s.act_bytes, rd = p.reduce_bytes;
+  const Count emb_full = l.emb_full, block_full = l.block_full, grad_full = l.block_grad_full,
+              a = s.act_bytes, rd = p.reduce_bytes;
   const bool sharded = p.dims.sharded();
   const auto [first_unit, end_unit] = v.chunk_units(chunk);
   const bool lora = p.lora_rank > 0;  // a frozen base: FSDP gathers no gradient of it
@@ -198,7 +207,7 @@ BlocksMem plan_blocks(const Config& c, const Plan& p, const UnitLayout& l, const
     if (!sharded) return 0;
     if (lora) return emb_full * a + block_full * a * (1 + (u > 1 ? 1 : 0));
     return 2 * emb_full * a + block_full * a * (1 + (u > 1 ? 1 : 0)) +
-           block_full * (a + (u + 1 < end_unit ? rd : 0));
+           grad_full * (a + (u + 1 < end_unit ? rd : 0));
   };
   // LoRA: each adapter's x A^T (N, r), kept by its matmul with B (nn::LoraAdapter::forward;
   // the linear's input it keeps for A's gradient is the one a trained linear keeps for its
@@ -243,7 +252,7 @@ void plan_peak(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v
                const std::vector<ChunkMemory>& chunks) {
   const dist::ParallelDims& D = p.dims;
   const bool sharded = D.sharded();
-  const Count Ns = s.Ns, C = s.C, a = s.act_bytes, block_full = l.block_full;
+  const Count Ns = s.Ns, C = s.C, a = s.act_bytes, block_full = l.block_full, grad_full = l.block_grad_full;
   const Count persistent = Count(p.param_bytes) + p.grad_bytes + p.optim_bytes + p.other_bytes;
   const FsdpWalk fsdp = sharded && D.pp > 1 ? fsdp_walk(v, a.v != kF) : FsdpWalk{};
   auto outside = [&](size_t action, size_t chunk) -> int64_t {
@@ -252,7 +261,9 @@ void plan_peak(Plan& p, const UnitLayout& l, const Shapes& s, const StageView& v
     Count b = 0;
     for (size_t u = 1; u < fsdp.whole_before[action].size(); ++u)
       if (int64_t(u) < begin || int64_t(u) >= end)
-        b += (Count(fsdp.whole_before[action][u]) + Count(fsdp.grad_before[action][u])) * block_full * a;
+        b += (Count(fsdp.whole_before[action][u]) * block_full +
+              Count(fsdp.grad_before[action][u]) * grad_full) *
+             a;
     return b.v;
   };
   const MemoryWalk walk = walk_memory(v, chunks, (Ns * C * a).v, persistent.v, outside);
@@ -277,12 +288,14 @@ Count f32_gemm_copies(const Plan& p, Count m, Count k, Count n) {
 // and the adapters' x A^T the blocks keep (Plan::adapter_activation_bytes).
 Count plan_gathered_and_adapters(const Config& c, Plan& p, const UnitLayout& l, const Shapes& s,
                                  const StageView& v) {
-  const Count emb_full = l.emb_full, block_full = l.block_full, a = s.act_bytes, N = s.N;
+  const Count emb_full = l.emb_full, block_full = l.block_full, grad_full = l.block_grad_full,
+              a = s.act_bytes, N = s.N;
   const bool sharded = p.dims.sharded(), lora = p.lora_rank > 0;
   const nn::ACMode ac = ac_mode(c.train);
-  p.gathered_max_bytes = !sharded ? 0
-                         : lora   ? ((emb_full + 2 * block_full) * a).v
-                                  : ((2 * emb_full + 3 * block_full) * a + block_full * p.reduce_bytes).v;
+  p.gathered_max_bytes =
+      !sharded ? 0
+      : lora   ? ((emb_full + 2 * block_full) * a).v
+               : ((2 * emb_full + 2 * block_full + grad_full) * a + grad_full * p.reduce_bytes).v;
   for (int64_t b = 0; lora && b < v.block_count(); ++b)  // the adapters' x A^T, blocks that keep it
     if (nn::block_checkpointing(ac, c.train.ac_every, b) != nn::ACMode::full)
       p.adapter_activation_bytes += (Count(p.lora_adapters) * N * p.lora_rank * a).v;
