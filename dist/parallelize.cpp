@@ -304,7 +304,16 @@ std::vector<int32_t> ParallelModel::generate(const std::vector<int32_t>& prompt,
     through_stages = [this](const Tensor& idx, int64_t pos_offset) {
       return step_->next_token_logits(idx, pos_offset);
     };
-  std::vector<int32_t> ids = models::generate(*gpt_, prompt, o, device_, {}, through_stages);
+  // every rank takes rank 0's tokens: with each rank's experts computing other ranks' rows
+  // (expert parallelism) the ranks' logits need not agree to the bit
+  models::SampleOptions same = o;
+  if (Communicator& world = mesh_->world(); world.size() > 1)
+    same.agree = [this, &world](int32_t token) {
+      const Tensor t = Tensor::from_vector<int32_t>({token}, {1}, device_);
+      world.broadcast(t, 0)->wait();
+      return t.to_vector<int32_t>()[0];
+    };
+  std::vector<int32_t> ids = models::generate(*gpt_, prompt, same, device_, {}, through_stages);
   split_.active = true;
   strategy->end_forward_only();
   return ids;

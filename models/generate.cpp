@@ -63,7 +63,8 @@ std::vector<int32_t> generate(const models::GPT& gpt, std::vector<int32_t> ids, 
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
     std::vector<float> row = logits.to_vector<float>();
     row.resize(V);
-    const int32_t next = sample_token(row, o, ids.size());
+    int32_t next = sample_token(row, o, ids.size());
+    if (o.agree) next = o.agree(next);
     ids.push_back(next);
     if (on_token && !on_token(next)) break;
     if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) break;

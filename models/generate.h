@@ -37,6 +37,11 @@ struct SampleOptions {
   // ids at or past this are never drawn (0: every id of model.vocab_size): a tokenizer with
   // fewer ids than the model's vocabulary (Hub configs pad it) has no text for the rest
   int64_t vocab_limit = 0;
+  // if set, each drawn token passes through it and the token it returns is the one taken: the
+  // ranks of a parallel model agree on every token (dist::ParallelModel::generate takes rank
+  // 0's), so that no rank's forward passes leave the others' (a logit one bit apart on one rank
+  // could draw another token, end the sample sooner and leave the others waiting in a collective)
+  std::function<int32_t(int32_t)> agree;
 };
 
 // The next token from one row of logits (V live entries; padded columns excluded), drawn

@@ -166,6 +166,34 @@ TEST(Generate, CachedEqualsUncached) {
   }
 }
 
+// The token an `agree` hook returns is the one taken: it continues the sequence, and a stop id
+// from it ends the sample (dist::ParallelModel::generate so takes rank 0's tokens on every rank).
+TEST(Generate, AgreedTokensAreTheOnesTaken) {
+  models::GPT gpt(llama_config());
+  nn::FlatParams params = nn::materialize(gpt.units(), Device::cpu(), DType::f64, 7);
+  models::SampleOptions o{.max_new_tokens = 10, .temperature = 1.0, .seed = 9};
+  o.stop_ids = {7};
+  std::vector<int32_t> drawn;
+  o.agree = [&](int32_t t) {
+    drawn.push_back(t);
+    return drawn.size() == 4 ? 7 : (t + 1) % 11;  // not what was drawn; the fourth a stop id
+  };
+  const std::vector<int32_t> prompt = {3, 1, 4};
+  const std::vector<int32_t> ids = models::generate(gpt, prompt, o, Device::cpu());
+  ASSERT_EQ(drawn.size(), 4u);
+  ASSERT_EQ(ids.size(), prompt.size() + 4);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(ids[prompt.size() + i], (drawn[i] + 1) % 11) << i;
+  EXPECT_EQ(ids.back(), 7);
+  // and each agreed token is what the model read next: the second draw follows the first agreed token
+  o.agree = {};
+  o.max_new_tokens = 1;
+  std::vector<int32_t> after_first = prompt;
+  after_first.push_back((drawn[0] + 1) % 11);
+  o.seed = 9;
+  const std::vector<int32_t> next = models::generate(gpt, after_first, o, Device::cpu());
+  EXPECT_EQ(next.back(), drawn[1]);
+}
+
 // Past block_size the context slides; the stop ids and on_token end a sample early.
 TEST(Generate, SlidesPastTheBlockAndStops) {
   models::GPT gpt(llama_config());
