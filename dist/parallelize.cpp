@@ -304,10 +304,11 @@ std::vector<int32_t> ParallelModel::generate(const std::vector<int32_t>& prompt,
     through_stages = [this](const Tensor& idx, int64_t pos_offset) {
       return step_->next_token_logits(idx, pos_offset);
     };
-  // every rank takes rank 0's tokens: with each rank's experts computing other ranks' rows
-  // (expert parallelism) the ranks' logits need not agree to the bit
+  // under expert parallelism every rank takes rank 0's tokens: with each rank's experts
+  // computing other ranks' rows the ranks' logits need not agree to the bit (elsewhere they do,
+  // and the ranks sample without waiting for each other)
   models::SampleOptions same = o;
-  if (Communicator& world = mesh_->world(); world.size() > 1)
+  if (Communicator& world = mesh_->world(); mesh_->dims().ep > 1)
     same.agree = [this, &world](int32_t token) {
       const Tensor t = Tensor::from_vector<int32_t>({token}, {1}, device_);
       world.broadcast(t, 0)->wait();

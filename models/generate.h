@@ -39,8 +39,9 @@ struct SampleOptions {
   int64_t vocab_limit = 0;
   // if set, each drawn token passes through it and the token it returns is the one taken: the
   // ranks of a parallel model agree on every token (dist::ParallelModel::generate takes rank
-  // 0's), so that no rank's forward passes leave the others' (a logit one bit apart on one rank
-  // could draw another token, end the sample sooner and leave the others waiting in a collective)
+  // 0's under expert parallelism), so that no rank's forward passes leave the others' (a logit
+  // one bit apart on one rank could draw another token, end the sample sooner and leave the
+  // others waiting in a collective)
   std::function<int32_t(int32_t)> agree;
 };
 

@@ -89,10 +89,23 @@ inline int64_t lane_groups_end(int64_t nvis, int64_t nk) {
   return std::min(nk, (nvis + kLanes - 1) / kLanes * kLanes) / kLanes * kLanes;
 }
 
+// The probabilities of one row again, from the scaled scores and the saved lse (whole lane
+// groups, as softmax_row).
+template <typename T>
+[[gnu::always_inline]] inline void probs_row(T* s, int64_t nvis, int64_t nk, T lse) {
+  const int64_t nv = lane_groups_end(nvis, nk);
+  int64_t j = 0;
+  for (; j < nv; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) s[j + l] = j + l < nvis ? fast_exp(s[j + l] - lse) : T(0);
+  for (; j < nvis; ++j) s[j] = fast_exp(s[j] - lse);
+  for (; j < nk; ++j) s[j] = T(0);
+}
+
 // One row of scaled scores s[0, nk), of which keys [0, nvis) are visible (none: lse -inf):
-// p = exp(s - max) / sum_visible exp(s - max) there and 0 beyond, in place; returns lse = log
-// sum_visible exp(s). The max and the sum in kLanes lanes (the max is exact in any order; the
-// sum's order is fixed, the same at every vector width), one exp per key.
+// p = exp(s - lse) there and 0 beyond, in place; returns lse = log sum_visible exp(s). The
+// max and the sum in kLanes lanes (the max is exact in any order; the sum's order is fixed,
+// the same at every vector width, the masked keys adding 0); p is exp(s - lse), the bits the
+// backward's probs_row computes again.
 // Always inlined: into each vector clone below, or GCC keeps one baseline (SSE2) copy that
 // every clone calls, and the clones vectorize nothing.
 template <typename T>
@@ -113,16 +126,11 @@ template <typename T>
   for (; j < nvis; ++j) mx = s[j] > mx ? s[j] : mx;
   T acc[kLanes] = {};
   for (j = 0; j < nv; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const T e = j + l < nvis ? fast_exp(s[j + l] - mx) : T(0);
-      s[j + l] = e;
-      acc[l] += e;
-    }
-  for (int l = 0; j < nvis; ++j, ++l) acc[l] += s[j] = fast_exp(s[j] - mx);
-  const T total = lanes_total(acc), inv = T(1) / total;
-  for (j = 0; j < nvis; ++j) s[j] *= inv;
-  for (; j < nk; ++j) s[j] = T(0);
-  return mx + std::log(total);
+    for (int l = 0; l < kLanes; ++l) acc[l] += j + l < nvis ? fast_exp(s[j + l] - mx) : T(0);
+  for (int l = 0; j < nvis; ++j, ++l) acc[l] += fast_exp(s[j] - mx);
+  const T lse = mx + std::log(lanes_total(acc));
+  probs_row(s, nvis, nk, lse);
+  return lse;
 }
 // The f32 rows, vectorized at the machine's width (NDT_VECTOR_CLONES).
 NDT_VECTOR_CLONES float softmax_row_f32(float* s, int64_t nvis, int64_t nk) {
@@ -131,17 +139,6 @@ NDT_VECTOR_CLONES float softmax_row_f32(float* s, int64_t nvis, int64_t nk) {
 float softmax_row_of(float* s, int64_t nvis, int64_t nk) { return softmax_row_f32(s, nvis, nk); }
 double softmax_row_of(double* s, int64_t nvis, int64_t nk) { return softmax_row(s, nvis, nk); }
 
-// The probabilities of one row again, from the scaled scores and the saved lse (whole lane
-// groups, as softmax_row).
-template <typename T>
-[[gnu::always_inline]] inline void probs_row(T* s, int64_t nvis, int64_t nk, T lse) {
-  const int64_t nv = lane_groups_end(nvis, nk);
-  int64_t j = 0;
-  for (; j < nv; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) s[j + l] = j + l < nvis ? fast_exp(s[j + l] - lse) : T(0);
-  for (; j < nvis; ++j) s[j] = fast_exp(s[j] - lse);
-  for (; j < nk; ++j) s[j] = T(0);
-}
 NDT_VECTOR_CLONES void probs_row_f32(float* s, int64_t nvis, int64_t nk, float lse) {
   probs_row(s, nvis, nk, lse);
 }
