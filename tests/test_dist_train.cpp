@@ -1083,6 +1083,14 @@ TEST_F(DistTrain, LlamaBfloat16LayoutsFollowOneProcess) {
                      kLlama);
 }
 
+// bf16 mixed precision with the experts inside FSDP: sharded over two ranks (ep2 in fsdp4),
+// and over one (ep2 in fsdp2: the whole buffer borrows the rank's bf16 compute shard)
+TEST_F(DistTrain, MixtureOfExpertsBfloat16UnderExpertParallelismFollowsOneProcess) {
+  check_bf16_layouts({{"bf16_ep2_fsdp2", 1, 2, 1, 1, "--parallel.ep_size 2"},
+                      {"bf16_ep2_fsdp4", 1, 4, 1, 1, "--parallel.ep_size 2"}},
+                     kQwen3Moe);
+}
+
 TEST_F(DistTrain, LlamaFourDimensionsOnSixteenRanks) {
   check_layouts({{"r2_s2_cp2_tp2", 2, 2, 2, 2}}, 1, nullptr, kLlama);
 }
