@@ -563,16 +563,6 @@ void check_groups(const char* op, const Tensor& rows, const Tensor& per_group,
             counts.size(), " groups but the per-group tensor is ", per_group.desc());
 }
 
-// One group's GEMM, c = op(a) @ op(b). Its row count follows the router, so on a CPU the one
-// kind that builds nothing per shape (cpu::gemm_any_rows); on a GPU cuBLAS on the stream.
-void group_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
-                double beta = 0.0) {
-  if (a.device().is_cpu())
-    cpu::gemm_any_rows(a, trans_a, b, trans_b, c, 1.0, beta);
-  else
-    gemm(a, trans_a, b, trans_b, c, 1.0, beta);
-}
-
 }  // namespace
 
 void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
@@ -585,13 +575,15 @@ void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& 
             "grouped_gemm: a ", a.desc(), " @ b ", b.desc(), trans_b ? " (transposed)" : "", " -> c ",
             c.desc());
   // each group's rows are one contiguous block: group g is a GEMM of a's rows [lo, lo + m) and
-  // b[g] into c's same rows, on either backend (BLAS on a CPU, cuBLAS on the device's stream)
+  // b[g] into c's same rows (on a CPU the groups spread over the threads: cpu::grouped_gemm; on
+  // a GPU one after the other on the device's stream)
+  if (a.device().is_cpu()) return cpu::grouped_gemm(a, b, trans_b, c, counts);
   int64_t lo = 0;
   for (size_t g = 0; g < counts.size(); ++g) {
     const int64_t m = counts[g];
     if (m > 0)
-      group_gemm(a.narrow(0, lo, m), false, b.select(0, static_cast<int64_t>(g)), trans_b,
-                 c.narrow(0, lo, m));
+      gemm(a.narrow(0, lo, m), false, b.select(0, static_cast<int64_t>(g)), trans_b, c.narrow(0, lo, m), 1.0,
+           0.0);
     lo += m;
   }
 }
@@ -603,14 +595,15 @@ void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_
   check_groups("grouped_gemm_dw", a, dw, counts);
   NDT_CHECK(dc.dim() == 2 && dc.size(0) == a.size(0) && dw.size(1) == a.size(1) && dw.size(2) == dc.size(1),
             "grouped_gemm_dw: a ", a.desc(), ", dc ", dc.desc(), " -> dw ", dw.desc());
+  for (size_t g = 0; g < counts.size(); ++g)  // a group without rows: its weights took no part
+    if (counts[g] == 0 && beta == 0.0) fill(dw.select(0, static_cast<int64_t>(g)), 0.0);  // (added: stays)
+  if (a.device().is_cpu()) return cpu::grouped_gemm_dw(a, dc, counts, dw, beta);
   int64_t lo = 0;
   for (size_t g = 0; g < counts.size(); ++g) {
     const int64_t m = counts[g];
-    const Tensor dwg = dw.select(0, static_cast<int64_t>(g));
     if (m > 0)
-      group_gemm(a.narrow(0, lo, m), true, dc.narrow(0, lo, m), false, dwg, beta);
-    else if (beta == 0.0)
-      fill(dwg, 0.0);  // its weights took no part (added: dw[g] stays)
+      gemm(a.narrow(0, lo, m), true, dc.narrow(0, lo, m), false, dw.select(0, static_cast<int64_t>(g)), 1.0,
+           beta);
     lo += m;
   }
 }

@@ -442,6 +442,29 @@ TEST(Attention, RefusesKvHeadsThatDoNotDivideTheQueryHeads) {
   EXPECT_THROW(kernels::attention_fused_forward(q, k3, k3, 0, 0, 0.5, y, lse), Error);
 }
 
+// A grouped GEMM with two groups or more per thread runs each group whole on one thread, the
+// groups spread over the threads (cpu::grouped_gemm): its product and both gradients are the same
+// bits on one thread and two, and within f32 of float64's at two threads.
+TEST(GroupedMatmul, GroupsOverTheThreadsSameBitsOnOneThreadAndTwo) {
+  const std::vector<int64_t> counts = {60, 0, 45, 70, 33, 52, 80, 60};  // 7 groups with rows
+  const OpCase c{"grouped_matmul_over_threads",
+                 [](DType dt, Device dev) {
+                   std::vector<Tensor> x = {randn({400, 32}, dt, dev, 930),
+                                            randn({8, 32, 24}, dt, dev, 931, 0.0f, 0.3f)};
+                   for (Tensor& t : x) t.set_requires_grad(true);
+                   return x;
+                 },
+                 [counts](const std::vector<Tensor>& x) {
+                   return std::vector<Tensor>{grouped_matmul(x[0], x[1], counts)};
+                 },
+                 {true, true}};
+  expect_same_bits_on_one_and_two_threads(c);
+  const int before = num_threads();
+  set_num_threads(2);
+  expect_consistent(c, DType::f32, DType::f64, 1e-5, "f32 at two threads");
+  set_num_threads(before);
+}
+
 // One thread and two give the same bits; q, k, v read through strides (a transposed view of
 // (B, T, NH, HS), as heads lie in c_attn's output) give the same bits as contiguous copies.
 TEST(Attention, FusedCpuKernelSameBitsOnThreadsAndStrides) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tensor/kernels.h"
 #include "tensor/tensor.h"
@@ -16,6 +17,11 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Te
 // gemm for 2-D operands whose row count changes from call to call (see matmul.cpp)
 void gemm_any_rows(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, const Tensor& c,
                    double alpha, double beta);
+// kernels::grouped_gemm and grouped_gemm_dw's GEMMs (their groups with rows; see matmul.cpp)
+void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
+                  const std::vector<int64_t>& counts);
+void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts, const Tensor& dw,
+                     double beta);
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& bias, bool gelu, const Tensor& out,
                     const Tensor& pre);
 void add(const Tensor& a, const Tensor& b, const Tensor& out, double alpha, double beta);

@@ -3,6 +3,9 @@
 // the CPU has bf16 instructions (tensor/cpu/onednn_gemm.cpp), otherwise converted to f32,
 // sgemm, rounded back. Either way f32 accumulation and one rounding to bf16, as on the GPU.
 #include <cblas.h>
+#include <omp.h>
+
+#include <exception>
 
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +15,7 @@
 #include "tensor/cpu/dispatch.h"
 #include "tensor/cpu/kernels.h"
 #include "tensor/cpu/onednn_gemm.h"
+#include "tensor/threads.h"
 
 namespace ndt::cpu {
 namespace {
@@ -118,6 +122,61 @@ void gemm_any_rows(const Tensor& a, bool ta, const Tensor& b, bool tb, const Ten
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k,
               static_cast<float>(alpha), a.data<float>(), ta ? g.m : g.k, b.data<float>(), tb ? g.k : g.n,
               static_cast<float>(beta), c.data<float>(), g.n);
+}
+
+namespace {
+
+// f(g, lo) for every group g with rows (lo: its first row). An expert's GEMM is small (its
+// share of the routed rows), and one split over the threads waits at each of its barriers, so
+// where there are at least two such groups per thread each runs whole on one thread, the
+// groups handed out to the threads in turn (gemm_any_rows then runs single-threaded: OpenBLAS
+// inside a parallel region, oneDNN on a primitive built for one thread). Each group's result
+// is then the same at any thread count. Fewer groups: one after the other, each GEMM on every
+// thread. An exception in a group (out of memory) is rethrown after the loop.
+template <typename F>
+void for_each_group(const std::vector<int64_t>& counts, F&& f) {
+  std::vector<int64_t> groups, first;  // the groups with rows, and their first rows
+  int64_t lo = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {
+    if (counts[g] > 0) groups.push_back(static_cast<int64_t>(g)), first.push_back(lo);
+    lo += counts[g];
+  }
+  const int64_t n = static_cast<int64_t>(groups.size());
+  if (num_threads() < 2 || n < 2 * num_threads()) {
+    for (int64_t i = 0; i < n; ++i) f(groups[i], first[i]);
+    return;
+  }
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      f(groups[i], first[i]);
+    } catch (...) {
+#pragma omp critical(ndt_grouped_gemm)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+// group g: c's rows [lo, lo + m) = a's rows times b[g] (transposed where trans_b)
+void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
+                  const std::vector<int64_t>& counts) {
+  for_each_group(counts, [&](int64_t g, int64_t lo) {
+    const int64_t m = counts[static_cast<size_t>(g)];
+    gemm_any_rows(a.narrow(0, lo, m), false, b.select(0, g), trans_b, c.narrow(0, lo, m), 1.0, 0.0);
+  });
+}
+
+// group g: dw[g] (+)= a's rows^T dc's rows (beta 1: added); groups without rows untouched
+void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts, const Tensor& dw,
+                     double beta) {
+  for_each_group(counts, [&](int64_t g, int64_t lo) {
+    const int64_t m = counts[static_cast<size_t>(g)];
+    gemm_any_rows(a.narrow(0, lo, m), true, dc.narrow(0, lo, m), false, dw.select(0, g), 1.0, beta);
+  });
 }
 
 // x (M,K) @ w (K,N) (+ bias) (-> GELU, keeping pre): the composed ops' arithmetic. With a

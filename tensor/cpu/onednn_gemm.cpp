@@ -22,11 +22,14 @@
 #if NDT_WITH_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <omp.h>
+
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 #endif
 
 #include <cstdlib>
@@ -49,8 +52,13 @@ struct Key {
   float alpha, beta;
   bool src_f32;   // f32 operands (and bias, and result), else bf16
   bool any_rows;  // 2-D, a's row count (m, or k where a is transposed) given at each call (0 here)
+  // any_rows: the threads it runs on, 1 inside a parallel region (each group of a grouped GEMM
+  // on one thread: cpu::grouped_gemm). oneDNN lays its work out for the threads it was built
+  // for, so a primitive runs where there are as many.
+  int threads = 0;
   auto tie() const {
-    return std::tie(batch, m, n, k, ta, tb, b_shared, has_bias, dst_f32, alpha, beta, src_f32, any_rows);
+    return std::tie(batch, m, n, k, ta, tb, b_shared, has_bias, dst_f32, alpha, beta, src_f32, any_rows,
+                    threads);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -60,6 +68,7 @@ struct Key {
 struct Primitive {
   dnnl::matmul matmul;
   memory::desc a, b, c, bias;
+  memory::desc scratch;  // any_rows: the scratchpad each call brings (user mode), maybe empty
 };
 struct Library {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
@@ -100,13 +109,18 @@ dnnl::primitive_attr attributes(const Key& key) {
 
 // f32, 2-D, a's row count left to each call: op(a) (m, k) has m rows, or k where a is read
 // transposed. One primitive serves every row count (oneDNN's gemm:jit kernels).
+// The scratchpad in user mode: each call brings its own, so that the threads of a parallel
+// region may run one primitive at once (oneDNN's own scratchpad is shared by all primitives
+// and ties each to the thread that built it).
 dnnl::matmul::primitive_desc describe_any_rows(const Key& key, const dnnl::engine& engine) {
   const memory::dim any = DNNL_RUNTIME_DIM_VAL, m = key.ta ? key.m : any, k = key.ta ? any : key.k;
   using dt = memory::data_type;
   const dt t = key.src_f32 ? dt::f32 : dt::bf16, tc = key.dst_f32 ? dt::f32 : dt::bf16;
+  dnnl::primitive_attr attr = attributes(key);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   return {dnnl::matmul::desc(matrix2d(m, k, key.ta, t), matrix2d(k, key.n, key.tb, t),
                              matrix2d(m, key.n, false, tc)),
-          attributes(key), engine};
+          attr, engine};
 }
 
 dnnl::matmul::primitive_desc describe(const Key& key, const dnnl::engine& engine) {
@@ -134,8 +148,12 @@ Primitive primitive(Library& lib, const Key& key) {
   if (it == lib.primitives.end()) {
     if (lib.primitives.size() >= kMaxPrimitives) lib.primitives.clear();
     const dnnl::matmul::primitive_desc pd = describe(key, lib.engine);
-    Primitive p{dnnl::matmul(pd), pd.src_desc(), pd.weights_desc(), pd.dst_desc(),
-                key.has_bias ? pd.bias_desc() : memory::desc()};
+    Primitive p{dnnl::matmul(pd),
+                pd.src_desc(),
+                pd.weights_desc(),
+                pd.dst_desc(),
+                key.has_bias ? pd.bias_desc() : memory::desc(),
+                key.any_rows ? pd.scratchpad_desc() : memory::desc()};
     it = lib.primitives.emplace(key, std::move(p)).first;
   }
   return it->second;
@@ -146,7 +164,7 @@ Primitive primitive(Library& lib, const Key& key) {
 // over f32 conversions); for f32 "brg:avx512_core", "gemm:jit", ...
 std::string implementation(bool f32) {
   try {
-    const Key probe{1, 256, 256, 256, false, false, false, false, f32, 1.0f, 0.0f, f32, false};
+    const Key probe{1, 256, 256, 256, false, false, false, false, f32, 1.0f, 0.0f, f32, false, 0};
     return describe(probe, library().engine).impl_info_str();
   } catch (const dnnl::error& e) {
     return std::string("none (") + e.what() + ")";
@@ -240,6 +258,7 @@ void onednn_gemm_any_rows(const Tensor& a, bool ta, const Tensor& b, bool tb, co
   key.batch = 1, key.m = ta ? m : 0, key.k = ta ? 0 : k, key.n = n;  // a's row count: not in the key
   key.ta = ta, key.tb = tb, key.dst_f32 = c.dtype() == DType::f32, key.src_f32 = f32, key.any_rows = true;
   key.alpha = alpha, key.beta = beta;
+  key.threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   Library& lib = library();
   const Primitive p = primitive(lib, key);
   using dt = memory::data_type;
@@ -248,6 +267,11 @@ void onednn_gemm_any_rows(const Tensor& a, bool ta, const Tensor& b, bool tb, co
       {DNNL_ARG_SRC, memory(matrix2d(m, k, ta, t), lib.engine, a.data_ptr())},
       {DNNL_ARG_WEIGHTS, memory(matrix2d(k, n, tb, t), lib.engine, b.data_ptr())},
       {DNNL_ARG_DST, memory(matrix2d(m, n, false, tc), lib.engine, c.data_ptr())}};
+  thread_local std::vector<char> scratch;  // this thread's, reused from call to call
+  if (const size_t bytes = p.scratch.get_size(); bytes > 0) {
+    if (scratch.size() < bytes) scratch.resize(bytes);
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(p.scratch, lib.engine, scratch.data()));
+  }
   dnnl::stream stream(lib.engine);
   p.matmul.execute(stream, args);
   stream.wait();
