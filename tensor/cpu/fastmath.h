@@ -59,10 +59,11 @@ inline double fast_tanh(double u) { return std::tanh(u); }
 constexpr int64_t kParallelMin = 32768;
 
 // Splits [0, n) into one contiguous chunk per thread: f(lo, hi) on each (a vectorized loop
-// over its chunk).
+// over its chunk). `per_item`: the elements each of the n items holds (rows of a matrix), which
+// decide whether threads pay off.
 template <typename F>
-void parallel_chunks(int64_t n, F&& f) {
-#pragma omp parallel if (n > kParallelMin)
+void parallel_chunks(int64_t n, F&& f, int64_t per_item = 1) {
+#pragma omp parallel if (n * per_item > kParallelMin)
   {
     const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
     const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;

@@ -3,7 +3,6 @@
 // the CPU has bf16 instructions (tensor/cpu/onednn_gemm.cpp), otherwise converted to f32,
 // sgemm, rounded back. Either way f32 accumulation and one rounding to bf16, as on the GPU.
 #include <cblas.h>
-#include <omp.h>
 
 #include <exception>
 
@@ -126,7 +125,7 @@ void gemm_any_rows(const Tensor& a, bool ta, const Tensor& b, bool tb, const Ten
 
 namespace {
 
-// f(g, lo) for every group g with rows (lo: its first row). An expert's GEMM is small (its
+// f(g, lo, m) for every group g with rows (its m rows from row lo). An expert's GEMM is small (its
 // share of the routed rows), and one split over the threads waits at each of its barriers, so
 // where there are at least two such groups per thread each runs whole on one thread, the
 // groups handed out to the threads in turn (gemm_any_rows then runs single-threaded: OpenBLAS
@@ -143,14 +142,14 @@ void for_each_group(const std::vector<int64_t>& counts, F&& f) {
   }
   const int64_t n = static_cast<int64_t>(groups.size());
   if (num_threads() < 2 || n < 2 * num_threads()) {
-    for (int64_t i = 0; i < n; ++i) f(groups[i], first[i]);
+    for (int64_t i = 0; i < n; ++i) f(groups[i], first[i], counts[static_cast<size_t>(groups[i])]);
     return;
   }
   std::exception_ptr error;
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < n; ++i) {
     try {
-      f(groups[i], first[i]);
+      f(groups[i], first[i], counts[static_cast<size_t>(groups[i])]);
     } catch (...) {
 #pragma omp critical(ndt_grouped_gemm)
       if (!error) error = std::current_exception();
@@ -164,8 +163,7 @@ void for_each_group(const std::vector<int64_t>& counts, F&& f) {
 // group g: c's rows [lo, lo + m) = a's rows times b[g] (transposed where trans_b)
 void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& c,
                   const std::vector<int64_t>& counts) {
-  for_each_group(counts, [&](int64_t g, int64_t lo) {
-    const int64_t m = counts[static_cast<size_t>(g)];
+  for_each_group(counts, [&](int64_t g, int64_t lo, int64_t m) {
     gemm_any_rows(a.narrow(0, lo, m), false, b.select(0, g), trans_b, c.narrow(0, lo, m), 1.0, 0.0);
   });
 }
@@ -173,8 +171,7 @@ void grouped_gemm(const Tensor& a, const Tensor& b, bool trans_b, const Tensor& 
 // group g: dw[g] (+)= a's rows^T dc's rows (beta 1: added); groups without rows untouched
 void grouped_gemm_dw(const Tensor& a, const Tensor& dc, const std::vector<int64_t>& counts, const Tensor& dw,
                      double beta) {
-  for_each_group(counts, [&](int64_t g, int64_t lo) {
-    const int64_t m = counts[static_cast<size_t>(g)];
+  for_each_group(counts, [&](int64_t g, int64_t lo, int64_t m) {
     gemm_any_rows(a.narrow(0, lo, m), true, dc.narrow(0, lo, m), false, dw.select(0, g), 1.0, beta);
   });
 }

@@ -1,6 +1,4 @@
 // CPU RMSNorm over the last dim (Llama, Qwen2, Mistral). Legend: N rows, C channels.
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -67,30 +65,23 @@ NDT_VECTOR_CLONES void rms_dw_columns_f32(const float* pd, const float* px, cons
   for (int64_t c = c0; c < c1; ++c) pdw[c] = aw[c - c0];
 }
 
-// Rows [0, N) split into one contiguous range per thread: f(n0, n1) on each
-template <typename F>
-void row_ranges(int64_t N, int64_t C, F&& f) {
-#pragma omp parallel if (N * C > 16384)
-  {
-    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t n0 = N * t / nt, n1 = N * (t + 1) / nt;
-    if (n1 > n0) f(n0, n1);
-  }
-}
-
 // x (N,C), w (C) -> out, rstd as rmsnorm_forward below, f32
 void rmsnorm_forward_f32(const float* px, const float* pw, float eps, float* po, float* pr, int64_t N,
                          int64_t C) {
-  row_ranges(N, C, [&](int64_t n0, int64_t n1) { rms_forward_rows_f32(px, pw, eps, po, pr, n0, n1, C); });
+  parallel_chunks(
+      N, [&](int64_t n0, int64_t n1) { rms_forward_rows_f32(px, pw, eps, po, pr, n0, n1, C); }, C);
 }
 
 // dx as rmsnorm_backward below, f32: sum_c dxhat xhat = r sum_c (d w) x
 void rmsnorm_dx_f32(const float* pd, const float* px, const float* pw, const float* pr, float* pdx, int64_t N,
                     int64_t C) {
-  row_ranges(N, C, [&](int64_t n0, int64_t n1) {
-    std::vector<float> dw(static_cast<size_t>(C));
-    rms_dx_rows_f32(pd, px, pw, pr, pdx, n0, n1, C, dw.data());
-  });
+  parallel_chunks(
+      N,
+      [&](int64_t n0, int64_t n1) {
+        std::vector<float> dw(static_cast<size_t>(C));
+        rms_dx_rows_f32(pd, px, pw, pr, pdx, n0, n1, C, dw.data());
+      },
+      C);
 }
 
 }  // namespace
